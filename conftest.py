@@ -1,0 +1,3 @@
+from properties.profiles import load
+
+load()

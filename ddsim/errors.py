@@ -1,0 +1,17 @@
+"""Error types. Every bad input raises a ``ValueError`` subclass whose message names the input."""
+
+
+class DDSimError(ValueError):
+    """Base class for bad input to ddsim. The command line turns it into one line and exit 2."""
+
+
+class TreeError(DDSimError):
+    """A malformed verify tree; the message names the first bad node and why."""
+
+
+class ConfigError(DDSimError):
+    """A model configuration or preset that cannot be built."""
+
+
+class InputError(DDSimError):
+    """Bad tensors, logits, files or options handed to a public function."""

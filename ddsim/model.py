@@ -1,0 +1,187 @@
+"""The fast path: a hybrid decoder that verifies a whole tree block at once (SPEC 4, 5).
+
+Attention layers use the ancestor mask (exact in every mode). GDN layers use the tree conv and the
+tree recurrence from gpu_backend with a per-mode choice of source states:
+
+  mode          conv window from          recurrent state from
+  exact         ancestors                 parent
+  leaky         previous nodes (batch)    previous node (batch order)
+  leaky-state   ancestors                 previous node
+  leaky-conv    previous nodes            parent
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import gpu_backend as gb
+from ddsim.config import ModelConfig
+from ddsim.errors import InputError
+from ddsim.state import ModelState, empty_state
+from ddsim.tree import Tree, chain
+
+VERIFY_MODES = ("exact", "leaky", "leaky-state", "leaky-conv")
+_LAYER_MODES = {  # mode -> (conv mode, recurrence mode)
+    "exact": ("exact", "exact"),
+    "leaky": ("leaky", "leaky"),
+    "leaky-state": ("exact", "leaky"),
+    "leaky-conv": ("leaky", "exact"),
+}
+
+
+@dataclass
+class VerifyResult:
+    """Per-node outputs of one verify pass.
+
+    logits [T, N] float32; hidden [L, T, d] residual stream after each layer;
+    ssm[l] [T, HV, K, V] state after each node and conv[l] [T, C, W-1] window after each node
+    (GDN layers, else None); kv[l] = (k [T, nkv, hd], v) per attention layer.
+    """
+    mode: str
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    ssm: list
+    conv: list
+    kv: list
+
+
+def _rmsnorm(x, w, eps):
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def _rope(x, pos, theta):
+    """x [T, n, hd]; pos [T] -> rotated x (rotate-half convention)."""
+    hd = x.shape[-1]
+    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64, device=x.device) / hd)
+    ang = pos.to(torch.float64)[:, None] * inv[None]  # [T, hd/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None].to(x.dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None].to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class HybridModel:
+    """Weights plus the batched tree forward. ``dtype`` is the fast path's compute dtype (float32
+    on the CPU); recurrent state is always float32 or wider."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict, *, dtype=torch.float32, device="cpu"):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.w = {k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()}
+        self.state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+
+    # ---- states --------------------------------------------------------------------------------
+    def empty_state(self) -> ModelState:
+        return empty_state(self.cfg, dtype=self.state_dtype, device=self.device)
+
+    def prefill(self, tokens, state: ModelState | None = None) -> tuple[ModelState, torch.Tensor]:
+        """Process ``tokens`` as one chain block and commit all of them.
+
+        Returns (state, logits [n, N]); an empty token list returns the state unchanged.
+        """
+        state = state or self.empty_state()
+        if len(tokens) == 0:
+            return state, torch.zeros(0, self.cfg.vocab_size)
+        tree = chain(list(tokens))
+        res = self.verify(state, tree, mode="exact")
+        return self.commit(state, tree, res, len(tree) - 1), res.logits
+
+    # ---- verify --------------------------------------------------------------------------------
+    def verify(self, state: ModelState, tree: Tree, *, mode: str = "exact") -> VerifyResult:
+        """All nodes of ``tree`` in one pass from the committed ``state``."""
+        if mode not in VERIFY_MODES:
+            raise InputError(f"mode: expected one of {VERIFY_MODES}, got {mode!r}")
+        cfg, w, dev = self.cfg, self.w, self.device
+        T = tree.size
+        if state.pos + int(tree.depths.max()) >= cfg.max_position_embeddings:
+            raise InputError(f"tree: positions up to {state.pos + int(tree.depths.max())} exceed the "
+                             f"model's {cfg.max_position_embeddings} positions")
+        toks = torch.tensor(tree.tokens, device=dev)
+        if int(toks.max()) >= cfg.vocab_size:
+            raise InputError(f"tree: token {int(toks.max())} is outside the vocabulary ({cfg.vocab_size})")
+        conv_mode, rec_mode = _LAYER_MODES[mode]
+        parents = torch.tensor(tree.parents, device=dev)[None]  # [1, T]
+        pos = torch.as_tensor(tree.positions(state.pos), device=dev)  # [T]
+        mask = torch.as_tensor(tree.ancestor_mask, device=dev)  # [T, T]
+        h = w["embed"][toks]  # [T, d]
+        hidden, ssm, conv, kv = [], [], [], []
+        for i, kind in enumerate(cfg.layer_pattern):
+            p = f"layers.{i}."
+            xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
+            if kind == "a":
+                out, k, v = self._attention(p, xn, pos, mask, state.kv[i])
+                kv.append((k, v))
+                ssm.append(None)
+                conv.append(None)
+            else:
+                out, S, win = self._gdn(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode)
+                kv.append(None)
+                ssm.append(S)
+                conv.append(win)
+            h = h + out
+            xn = _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps)
+            h = h + F.linear(F.silu(F.linear(xn, w[p + "mlp.gate"])) * F.linear(xn, w[p + "mlp.up"]), w[p + "mlp.down"])
+            hidden.append(h)
+        logits = F.linear(_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps), w["lm_head"]).float()
+        return VerifyResult(mode, logits, torch.stack(hidden), ssm, conv, kv)
+
+    def _attention(self, p, x, pos, mask, prefix):
+        cfg, w = self.cfg, self.w
+        T = x.shape[0]
+        nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q = _rope(F.linear(x, w[p + "attn.q"]).view(T, nh, hd), pos, cfg.rope_theta)
+        k = _rope(F.linear(x, w[p + "attn.k"]).view(T, nkv, hd), pos, cfg.rope_theta)
+        v = F.linear(x, w[p + "attn.v"]).view(T, nkv, hd)
+        o = gb.tree_attention(q, k, v, prefix_k=prefix[0], prefix_v=prefix[1], ancestor_mask=mask)
+        return F.linear(o.reshape(T, nh * hd), w[p + "attn.o"]), k, v
+
+    def _gdn(self, p, x, parents, S0, win0, conv_mode, rec_mode):
+        cfg, w = self.cfg, self.w
+        T = x.shape[0]
+        H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        xin = F.linear(x, w[p + "gdn.qkv"])[None]  # [1, T, C]
+        z = F.linear(x, w[p + "gdn.z"]).view(T, HV, V)
+        a = F.linear(x, w[p + "gdn.a"]).float()  # [T, HV]
+        b = F.linear(x, w[p + "gdn.b"]).float()
+        y, windows = gb.tree_causal_conv1d(xin, weight=w[p + "gdn.conv"], parents=parents,
+                                           initial_window=win0[None], mode=conv_mode, output_windows=True)
+        y = y[0]  # [T, C]
+        q = y[:, : H * K].view(1, T, H, K)
+        k = y[:, H * K: 2 * H * K].view(1, T, H, K)
+        v = y[:, 2 * H * K:].view(1, T, HV, V)
+        g = -torch.exp(w[p + "gdn.A_log"].float()) * F.softplus(a + w[p + "gdn.dt_bias"].float())  # [T, HV]
+        beta = torch.sigmoid(b)
+        o, states = gb.gdn_tree_verify(q, k, v, g[None], beta[None], parents=parents,
+                                       initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
+                                       output_states=True)
+        o = o[0].to(x.dtype)  # [T, HV, V]
+        o = _rmsnorm(o, w[p + "gdn.norm"], cfg.rms_norm_eps) * F.silu(z)
+        return F.linear(o.reshape(T, HV * V), w[p + "gdn.out"]), states[0], windows[0]
+
+    # ---- commit --------------------------------------------------------------------------------
+    def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int) -> ModelState:
+        """State after accepting the root path ending at node ``accepted``: the accepted nodes' KV
+        is appended in path order; S and the conv window become what this mode computed at that
+        node (a leaky pass commits its leaky state, as a serving stack copies the intermediate
+        state at the node's batch index)."""
+        if not 0 <= accepted < tree.size:
+            raise InputError(f"accepted: node {accepted} is outside 0..{tree.size - 1}")
+        path = torch.tensor(tree.root_path(accepted), device=self.device)
+        kv, ssm, conv = [], [], []
+        for i, kind in enumerate(self.cfg.layer_pattern):
+            if kind == "a":
+                k, v = res.kv[i]
+                kv.append((torch.cat([state.kv[i][0], k[path].to(state.kv[i][0].dtype)]),
+                           torch.cat([state.kv[i][1], v[path].to(state.kv[i][1].dtype)])))
+                ssm.append(None)
+                conv.append(None)
+            else:
+                kv.append(None)
+                ssm.append(res.ssm[i][accepted].clone())
+                conv.append(res.conv[i][accepted].to(state.conv[i].dtype).clone())
+        return ModelState(state.pos + len(path), kv, ssm, conv)

@@ -1,0 +1,51 @@
+"""The committed decoding state: a plain data container read by the oracle and the fast path alike."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ModelState:
+    """Everything committed before a verify block.
+
+    pos: committed positions with cached KV (= prefix_len; the block's root sits at position pos).
+    kv[l]: (K [P, nkv, hd], V [P, nkv, hd]) for attention layers, None for GDN layers.
+    ssm[l]: S [HV, K, V] for GDN layers (float32 in the fast path, float64 in the oracle).
+    conv[l]: the conv window [C, W-1], oldest first, for GDN layers.
+    """
+    pos: int
+    kv: list
+    ssm: list
+    conv: list
+
+    def to(self, dtype: torch.dtype | None = None, device=None) -> "ModelState":
+        def cv(x):
+            return None if x is None else x.to(device=device or x.device, dtype=dtype or x.dtype)
+        return ModelState(self.pos, [None if p is None else (cv(p[0]), cv(p[1])) for p in self.kv],
+                          [cv(s) for s in self.ssm], [cv(c) for c in self.conv])
+
+    def clone(self) -> "ModelState":
+        def c(x):
+            return None if x is None else x.clone()
+        return ModelState(self.pos, [None if p is None else (c(p[0]), c(p[1])) for p in self.kv],
+                          [c(s) for s in self.ssm], [c(w) for w in self.conv])
+
+
+def empty_state(cfg, *, dtype=torch.float32, device="cpu") -> ModelState:
+    """The state before any token: empty KV, zero recurrent state and conv window."""
+    kv, ssm, conv = [], [], []
+    for kind in cfg.layer_pattern:
+        if kind == "a":
+            shape = (0, cfg.num_key_value_heads, cfg.head_dim)
+            kv.append((torch.zeros(shape, dtype=dtype, device=device),
+                       torch.zeros(shape, dtype=dtype, device=device)))
+            ssm.append(None)
+            conv.append(None)
+        else:
+            kv.append(None)
+            ssm.append(torch.zeros(cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                                   cfg.linear_value_head_dim, dtype=dtype, device=device))
+            conv.append(torch.zeros(cfg.conv_dim, cfg.conv_kernel_size - 1, dtype=dtype, device=device))
+    return ModelState(0, kv, ssm, conv)

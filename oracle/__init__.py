@@ -1,0 +1,14 @@
+"""The exact sequential reference. Plain float64 code, one token at a time along each node's own
+root path. It shares no code with ddsim's fast paths or gpu_backend; only data (configs, weights,
+trees' parent arrays) crosses over.
+
+Layer-level twins of the gpu_backend kernels (same keyword-only signatures, SPEC 8):
+  gdn_tree_verify, gdn_tree_commit, tree_causal_conv1d, conv_tree_commit
+Model level: decode_step, prefill, verify_tree.
+"""
+from oracle.conv import conv_tree_commit, tree_causal_conv1d
+from oracle.gdn import gdn_tree_commit, gdn_tree_verify
+from oracle.model import OracleResult, decode_step, prefill, verify_tree
+
+__all__ = ["gdn_tree_verify", "gdn_tree_commit", "tree_causal_conv1d", "conv_tree_commit",
+           "decode_step", "prefill", "verify_tree", "OracleResult"]

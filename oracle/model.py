@@ -1,0 +1,193 @@
+"""The model-level oracle: plain float64 decoding, one token at a time.
+
+``verify_tree`` gives every node the state of its own root path: it walks the tree depth-first,
+computing each node with one ``decode_step`` from its parent's exact state (parent-state reuse),
+so only the states along the current root path are alive at once unless ``record_states`` asks
+for every node's state (for the leak metrics).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ddsim.state import ModelState, empty_state
+
+F64 = torch.float64
+
+
+def _rmsnorm(x, w, eps):
+    return x / torch.sqrt((x * x).mean() + eps) * w
+
+
+def _rope(x, pos, theta):
+    """x [n_heads, hd] rotated to position pos (rotate-half convention)."""
+    hd = x.shape[-1]
+    inv = theta ** (-torch.arange(0, hd, 2, dtype=F64) / hd)  # [hd/2]
+    ang = pos * inv
+    cos = torch.cat([torch.cos(ang), torch.cos(ang)])
+    sin = torch.cat([torch.sin(ang), torch.sin(ang)])
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def _attention(w, p, cfg, x, pos, ctx_k, ctx_v):
+    """One token of causal GQA. x [d]; ctx_k/ctx_v [n, nkv, hd] are all earlier visible tokens."""
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = _rope((w[p + "attn.q"] @ x).view(nh, hd), pos, cfg.rope_theta)
+    k = _rope((w[p + "attn.k"] @ x).view(nkv, hd), pos, cfg.rope_theta)
+    v = (w[p + "attn.v"] @ x).view(nkv, hd)
+    K = torch.cat([ctx_k, k[None]], dim=0)  # [n+1, nkv, hd]
+    Vv = torch.cat([ctx_v, v[None]], dim=0)
+    out = torch.zeros(nh, hd, dtype=F64)
+    for h in range(nh):
+        kv_h = h // (nh // nkv)
+        scores = K[:, kv_h] @ q[h] / math.sqrt(hd)  # [n+1]
+        out[h] = torch.softmax(scores, dim=0) @ Vv[:, kv_h]
+    return w[p + "attn.o"] @ out.reshape(-1), k, v
+
+
+def _gdn(w, p, cfg, x, S, window):
+    """One token of Gated DeltaNet. x [d]; S [HV, K, V]; window [C, W-1]."""
+    H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    xin = w[p + "gdn.qkv"] @ x  # [C]
+    z = (w[p + "gdn.z"] @ x).view(HV, V)
+    a = w[p + "gdn.a"] @ x
+    b = w[p + "gdn.b"] @ x
+    inputs = torch.cat([window, xin[:, None]], dim=1)  # [C, W] oldest first
+    y = F.silu((inputs * w[p + "gdn.conv"]).sum(dim=1))
+    new_window = inputs[:, 1:]
+    q = y[: H * K].view(H, K)
+    k = y[H * K: 2 * H * K].view(H, K)
+    v = y[2 * H * K:].view(HV, V)
+    q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    g = -torch.exp(w[p + "gdn.A_log"]) * F.softplus(a + w[p + "gdn.dt_bias"])  # [HV]
+    beta = torch.sigmoid(b)
+    eye = torch.eye(K, dtype=F64)
+    S_new = torch.empty_like(S)
+    o = torch.empty(HV, V, dtype=F64)
+    group = HV // H
+    for j in range(HV):
+        kj, qj = k[j // group], q[j // group]
+        S_new[j] = torch.exp(g[j]) * (eye - beta[j] * torch.outer(kj, kj)) @ S[j] + beta[j] * torch.outer(kj, v[j])
+        oj = S_new[j].T @ (qj * K ** -0.5)
+        o[j] = _rmsnorm(oj, w[p + "gdn.norm"], cfg.rms_norm_eps) * F.silu(z[j])
+    return w[p + "gdn.out"] @ o.reshape(-1), S_new, new_window
+
+
+def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv):
+    """One token through the whole model.
+
+    w: weight dict in float64; kv_ctx[l]: (K [n, nkv, hd], V) visible context for attention layers;
+    ssm[l], conv[l]: recurrent state before this token for GDN layers.
+    Returns (logits [N], hidden [L, d] after each layer, new_kv [l] -> (k, v), ssm', conv').
+    """
+    h = w["embed"][token]
+    hidden, new_kv, ssm2, conv2 = [], [], [], []
+    for i, kind in enumerate(cfg.layer_pattern):
+        p = f"layers.{i}."
+        xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
+        if kind == "a":
+            out, k, v = _attention(w, p, cfg, xn, pos, *kv_ctx[i])
+            new_kv.append((k, v))
+            ssm2.append(None)
+            conv2.append(None)
+        else:
+            out, S, win = _gdn(w, p, cfg, xn, ssm[i], conv[i])
+            new_kv.append(None)
+            ssm2.append(S)
+            conv2.append(win)
+        h = h + out
+        xn = _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps)
+        h = h + w[p + "mlp.down"] @ (F.silu(w[p + "mlp.gate"] @ xn) * (w[p + "mlp.up"] @ xn))
+        hidden.append(h)
+    logits = w["lm_head"] @ _rmsnorm(h, w["final_norm"], cfg.rms_norm_eps)
+    return logits, torch.stack(hidden), new_kv, ssm2, conv2
+
+
+def _f64(weights):
+    return {k: v.detach().to("cpu", F64) for k, v in weights.items()}
+
+
+def prefill(weights, cfg, tokens, *, state: ModelState | None = None):
+    """Decode ``tokens`` one at a time from ``state`` (default: empty).
+
+    Returns (state after all tokens in float64, logits [n, N] at each token).
+    """
+    w = _f64(weights)
+    st = (state or empty_state(cfg)).to(F64, "cpu").clone()
+    logits = []
+    for tok in tokens:
+        lg, _, new_kv, st.ssm, st.conv = decode_step(w, cfg, token=int(tok), pos=st.pos,
+                                                     kv_ctx=st.kv, ssm=st.ssm, conv=st.conv)
+        st.kv = [None if kv is None else (torch.cat([kv[0], nk[0][None]]), torch.cat([kv[1], nk[1][None]]))
+                 for kv, nk in zip(st.kv, new_kv)]
+        st.pos += 1
+        logits.append(lg)
+    return st, (torch.stack(logits) if logits else torch.zeros(0, cfg.vocab_size, dtype=F64))
+
+
+@dataclass
+class OracleResult:
+    """Per-node oracle outputs for a tree block (float64, CPU).
+
+    logits [T, N]; hidden [L, T, d] (residual stream after each layer);
+    ssm[l] [T, HV, K, V] and conv[l] [T, C, W-1] for GDN layers when recorded (else None);
+    kv[l] = (k [T, nkv, hd], v [T, nkv, hd]) for attention layers (each node's own entry).
+    """
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    ssm: list
+    conv: list
+    kv: list
+
+
+def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_states: bool = True) -> OracleResult:
+    """Every node of the block computed from its own root path, one decode step per node from its
+    parent's exact state (depth-first, so only the current root path's states are kept)."""
+    w = _f64(weights)
+    st = state.to(F64, "cpu")
+    parents = [int(x) for x in parents]
+    T, L = len(parents), cfg.num_layers
+    children = [[] for _ in range(T)]
+    for i in range(1, T):
+        children[parents[i]].append(i)
+    logits = torch.zeros(T, cfg.vocab_size, dtype=F64)
+    hidden = torch.zeros(L, T, cfg.hidden_size, dtype=F64)
+    kv_out = [None] * L
+    for i in cfg.attention_layers:
+        shape = (T, cfg.num_key_value_heads, cfg.head_dim)
+        kv_out[i] = (torch.zeros(shape, dtype=F64), torch.zeros(shape, dtype=F64))
+    ssm_out = [None] * L
+    conv_out = [None] * L
+    if record_states:
+        for i in cfg.gdn_layers:
+            ssm_out[i] = torch.zeros(T, *st.ssm[i].shape, dtype=F64)
+            conv_out[i] = torch.zeros(T, *st.conv[i].shape, dtype=F64)
+
+    # stack entries: (node, ssm before it, conv before it, kv context before it, position)
+    stack = [(0, st.ssm, st.conv, st.kv, st.pos)] if T else []
+    while stack:
+        node, ssm, conv, ctx, pos = stack.pop()
+        lg, hid, new_kv, ssm2, conv2 = decode_step(w, cfg, token=int(tokens[node]), pos=pos,
+                                                   kv_ctx=ctx, ssm=ssm, conv=conv)
+        logits[node] = lg
+        hidden[:, node] = hid
+        ctx2 = []
+        for i, (c, nk) in enumerate(zip(ctx, new_kv)):
+            if c is None:
+                ctx2.append(None)
+                continue
+            kv_out[i][0][node], kv_out[i][1][node] = nk
+            ctx2.append((torch.cat([c[0], nk[0][None]]), torch.cat([c[1], nk[1][None]])))
+        if record_states:
+            for i in cfg.gdn_layers:
+                ssm_out[i][node] = ssm2[i]
+                conv_out[i][node] = conv2[i]
+        for c in reversed(children[node]):
+            stack.append((c, ssm2, conv2, ctx2, pos + 1))
+    return OracleResult(logits, hidden, ssm_out, conv_out, kv_out)

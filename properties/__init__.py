@@ -1,0 +1,1 @@
+"""Hypothesis strategies and property suites: every fast path against the oracle."""

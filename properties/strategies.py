@@ -1,0 +1,152 @@
+"""Hypothesis strategies that build valid objects directly (no filtering), so failures shrink to
+tiny trees and tensors."""
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import torch
+
+from ddsim.config import ModelConfig
+from ddsim.tree import Tree
+
+TREE_SHAPES = ("chain", "star", "deep", "wide", "random", "single")
+
+
+@st.composite
+def trees(draw, *, min_size: int = 1, max_size: int = 12, vocab: int = 32, shape: str | None = None) -> Tree:
+    """Trees of every shape: chains, stars, deep and wide trees, random trees, the single root.
+
+    Tokens are distinct among siblings by construction.
+    """
+    shape = shape or draw(st.sampled_from(TREE_SHAPES))
+    size = 1 if shape == "single" else draw(st.integers(max(min_size, 1), max(max_size, min_size, 1)))
+    parents = [-1]
+    for i in range(1, size):
+        if shape == "chain":
+            p = i - 1
+        elif shape == "star":
+            p = 0
+        elif shape == "deep":  # mostly the previous node, sometimes a branch back
+            p = i - 1 if draw(st.integers(0, 3)) else draw(st.integers(0, i - 1))
+        elif shape == "wide":  # shallow: parents among the first few nodes
+            p = draw(st.integers(0, min(i - 1, 2)))
+        else:
+            p = draw(st.integers(0, i - 1))
+        parents.append(p)
+    used: dict[int, list[int]] = {}
+    tokens = [draw(st.integers(0, vocab - 1))]
+    for i in range(1, size):
+        taken = used.setdefault(parents[i], [])
+        free = [t for t in range(vocab) if t not in taken]
+        if not free:  # more siblings than tokens: re-parent to the previous node
+            parents[i] = i - 1
+            taken = used.setdefault(i - 1, [])
+            free = [t for t in range(vocab) if t not in taken]
+        t = free[draw(st.integers(0, len(free) - 1))]
+        taken.append(t)
+        tokens.append(t)
+    return Tree(parents, tokens)
+
+
+@st.composite
+def topological_orders(draw, tree: Tree) -> list[int]:
+    """A random topological order of ``tree`` (root first, parents before children)."""
+    order, ready = [0], list(tree.children[0])
+    while ready:
+        n = ready.pop(draw(st.integers(0, len(ready) - 1)))
+        order.append(n)
+        ready.extend(tree.children[n])
+    return order
+
+
+@st.composite
+def ddtree_logits(draw, *, max_depth: int = 4, max_vocab: int = 6) -> torch.Tensor:
+    """[D, V] draft logits; small integer values so that ties (and tie-breaking) are common."""
+    D = draw(st.integers(1, max_depth))
+    V = draw(st.integers(1, max_vocab))
+    vals = draw(st.lists(st.integers(-4, 4), min_size=D * V, max_size=D * V))
+    scale = draw(st.sampled_from([0.5, 1.0, 3.0]))
+    return torch.tensor(vals, dtype=torch.float64).view(D, V) * scale
+
+
+@st.composite
+def model_configs(draw) -> ModelConfig:
+    """Toy hybrid configs exercising grouped heads (HV/H in 1..3), GQA and both layer kinds."""
+    H = draw(st.integers(1, 2))
+    HV = H * draw(st.integers(1, 3))
+    nkv = draw(st.integers(1, 2))
+    n_layers = draw(st.integers(1, 4))
+    pat = "".join(draw(st.sampled_from("ga")) for _ in range(n_layers))
+    return ModelConfig(
+        name="hypothesis", vocab_size=draw(st.integers(8, 40)), hidden_size=draw(st.sampled_from([8, 16, 24])),
+        layer_pattern=pat, intermediate_size=16, num_attention_heads=nkv * draw(st.integers(1, 2)),
+        num_key_value_heads=nkv, head_dim=draw(st.sampled_from([4, 8])), linear_num_key_heads=H,
+        linear_num_value_heads=HV, linear_key_head_dim=draw(st.sampled_from([3, 4, 6])),
+        linear_value_head_dim=draw(st.sampled_from([3, 5, 8])), max_position_embeddings=256,
+        gate_halflife=(1.0, draw(st.sampled_from([4.0, 64.0, 1024.0]))),
+        logit_std=draw(st.sampled_from([1.0, 4.0])))
+
+
+@st.composite
+def gdn_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
+    """Layer inputs for gdn_tree_verify: a tree per sequence (same T), random q/k/v/g/beta/state."""
+    B = draw(st.integers(1, max_batch))
+    H = draw(st.integers(1, 2))
+    HV = H * draw(st.integers(1, 3))
+    K = draw(st.sampled_from([2, 3, 4, 5]))
+    V = draw(st.sampled_from([2, 3, 4, 6]))
+    T = draw(st.integers(1, max_nodes))
+    ts = [draw(trees(min_size=T, max_size=T)) for _ in range(B)]
+    ts = [t if t.size == T else Tree([-1] + list(range(T - 1)), range(T)) for t in ts]
+    seed = draw(st.integers(0, 2**31 - 1))
+    memory = draw(st.sampled_from(["fast", "long"]))
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=torch.float64)
+
+    g = -torch.rand(B, T, HV, generator=gen, dtype=torch.float64) * (2.0 if memory == "fast" else 0.05)
+    return dict(
+        q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, HV, V).to(dtype),
+        g=g.to(dtype), beta=torch.rand(B, T, HV, generator=gen, dtype=torch.float64).to(dtype),
+        parents=torch.tensor([t.parents for t in ts]), initial_state=rnd(B, HV, K, V).float(),
+        trees=ts)
+
+
+@st.composite
+def conv_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
+    B = draw(st.integers(1, max_batch))
+    C = draw(st.integers(1, 6))
+    W = draw(st.integers(2, 5))
+    T = draw(st.integers(1, max_nodes))
+    ts = [draw(trees(min_size=T, max_size=T)) for _ in range(B)]
+    ts = [t if t.size == T else Tree([-1] + list(range(T - 1)), range(T)) for t in ts]
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    return dict(x=torch.randn(B, T, C, generator=gen).to(dtype), weight=torch.randn(C, W, generator=gen).to(dtype),
+                bias=torch.randn(C, generator=gen).to(dtype) if draw(st.booleans()) else None,
+                parents=torch.tensor([t.parents for t in ts]),
+                initial_window=torch.randn(B, C, W - 1, generator=gen).to(dtype), trees=ts)
+
+
+def fixed_gdn_example(*, dtype=torch.float32, seed: int = 7) -> dict:
+    """A deterministic branching case (two sequences, grouped heads, odd K and V) for @example:
+    siblings and cousins, so every mode-dependent path is exercised even in the first examples."""
+    ts = [Tree([-1, 0, 0, 1, 1, 2], [5, 1, 2, 3, 4, 3]), Tree([-1, 0, 1, 0, 3, 3], [0, 1, 2, 3, 4, 5])]
+    gen = torch.Generator().manual_seed(seed)
+    B, T, H, HV, K, V = 2, 6, 1, 3, 3, 5
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=torch.float64)
+
+    return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, HV, V).to(dtype),
+                g=(-torch.rand(B, T, HV, generator=gen, dtype=torch.float64) * 0.3).to(dtype),
+                beta=torch.rand(B, T, HV, generator=gen, dtype=torch.float64).to(dtype),
+                parents=torch.tensor([t.parents for t in ts]), initial_state=rnd(B, HV, K, V).float(), trees=ts)
+
+
+def fixed_conv_example(*, dtype=torch.float32, seed: int = 7) -> dict:
+    ts = [Tree([-1, 0, 0, 1, 1, 2], [5, 1, 2, 3, 4, 3]), Tree([-1, 0, 1, 2, 0, 4], [0, 1, 2, 3, 4, 5])]
+    gen = torch.Generator().manual_seed(seed)
+    B, T, C, W = 2, 6, 3, 4
+    return dict(x=torch.randn(B, T, C, generator=gen).to(dtype), weight=torch.randn(C, W, generator=gen).to(dtype),
+                bias=None, parents=torch.tensor([t.parents for t in ts]),
+                initial_window=torch.randn(B, C, W - 1, generator=gen).to(dtype), trees=ts)

@@ -1,0 +1,112 @@
+"""Bad input gets a ValueError subclass naming the argument, never a wrong answer."""
+import pytest
+import torch
+
+import gpu_backend as gb
+import oracle
+from ddsim.builders import ddtree, random_tree
+from ddsim.config import ModelConfig, get_preset
+from ddsim.errors import ConfigError, InputError, TreeError
+from ddsim.model import HybridModel
+from ddsim.tree import Tree
+from ddsim.weights import init_weights
+
+
+@pytest.mark.parametrize("parents, tokens, msg", [
+    ([], [], "no nodes"),
+    ([0], [1], "node 0"),
+    ([-1, 0, 2], [1, 2, 3], "node 2: parent 2"),
+    ([-1, 0, -1], [1, 2, 3], "node 2: parent -1"),
+    ([-1, 0, 0], [1, 2, 2], "node 2: token 2 repeats sibling node 1"),
+    ([-1, 0], [1], "2 parents but 1 tokens"),
+    ([-1, 0], [1, -4], "node 1: token -4"),
+])
+def test_malformed_trees(parents, tokens, msg):
+    with pytest.raises(TreeError, match=msg):
+        Tree(parents, tokens)
+    assert issubclass(TreeError, ValueError)
+
+
+def test_relabel_rejects_non_topological_order():
+    t = Tree([-1, 0, 1], [0, 1, 2])
+    with pytest.raises(TreeError, match="before its parent"):
+        t.relabel([0, 2, 1])
+    with pytest.raises(TreeError, match="permutation"):
+        t.relabel([0, 1, 1])
+
+
+def test_builder_bad_input():
+    with pytest.raises(InputError, match="budget"):
+        ddtree(torch.zeros(2, 3), -1)
+    with pytest.raises(InputError, match="draft_logits: non-finite"):
+        ddtree(torch.tensor([[0.0, float("nan")]]), 2)
+    with pytest.raises(InputError, match="draft_logits: expected shape"):
+        ddtree(torch.zeros(2, 3, 4), 2)
+    with pytest.raises(InputError, match="size"):
+        random_tree(5, vocab=1, rng=__import__("numpy").random.default_rng(0), max_children=1).size  # fits: chain
+        random_tree(0, vocab=3, rng=__import__("numpy").random.default_rng(0))
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError, match="linear_num_value_heads"):
+        get_preset("micro").replace(linear_num_value_heads=3, linear_num_key_heads=2)
+    with pytest.raises(ConfigError, match="layer_pattern"):
+        get_preset("micro").replace(layer_pattern="ggx")
+    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+        get_preset("nope")
+    with pytest.raises(ConfigError, match="unknown field"):
+        ModelConfig.from_dict({**get_preset("micro").to_dict(), "bogus": 1})
+
+
+def _gdn_args(B=1, T=3, H=1, HV=2, K=4, V=4):
+    return dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, HV, V),
+                g=-torch.rand(B, T, HV), beta=torch.rand(B, T, HV),
+                parents=torch.tensor([[-1, 0, 0]] * B), initial_state=torch.zeros(B, HV, K, V))
+
+
+@pytest.mark.parametrize("impl", [gb.gdn_tree_verify, oracle.gdn_tree_verify], ids=["torch", "oracle"])
+@pytest.mark.parametrize("change, msg", [
+    (dict(q=torch.randn(1, 3, 2, 4), k=torch.randn(1, 3, 2, 4), v=torch.randn(1, 3, 3, 4), g=-torch.rand(1, 3, 3),
+          beta=torch.rand(1, 3, 3)), "HV=3 value heads is not a multiple of H=2"),
+    (dict(g=torch.zeros(1, 3, 5)), "g: expected"),
+    (dict(initial_state=torch.zeros(1, 2, 4, 5)), "initial_state"),
+    (dict(parents=torch.tensor([[-1, 0, 2]])), "parents: sequence 0 node 2"),
+    (dict(parents=torch.tensor([[0, 0, 0]])), "parents: sequence 0 node 0"),
+    (dict(k=torch.randn(1, 3, 1, 5)), "q, k"),
+    (dict(mode="sideways"), "mode"),
+])
+def test_gdn_bad_input(impl, change, msg):
+    args = {**_gdn_args(), **change}
+    with pytest.raises(ValueError, match=msg):
+        impl(**{k: args.pop(k) for k in ("q", "k", "v", "g", "beta")}, **args)
+
+
+def test_torch_path_rejects_float_parents_and_int_inputs():
+    args = _gdn_args()
+    with pytest.raises(ValueError, match="parents: expected an integer"):
+        gb.gdn_tree_verify(**{**args, "parents": torch.tensor([[-1.0, 0.0, 0.0]])})
+    with pytest.raises(ValueError, match="q: expected a floating"):
+        gb.gdn_tree_verify(**{**args, "q": torch.ones(1, 3, 1, 4, dtype=torch.int64)})
+
+
+def test_conv_bad_input():
+    x = torch.randn(1, 3, 4)
+    with pytest.raises(ValueError, match="weight"):
+        gb.tree_causal_conv1d(x, weight=torch.randn(5, 4), parents=[[-1, 0, 1]], initial_window=torch.zeros(1, 4, 3))
+    with pytest.raises(ValueError, match="initial_window"):
+        gb.tree_causal_conv1d(x, weight=torch.randn(4, 4), parents=[[-1, 0, 1]], initial_window=torch.zeros(1, 4, 2))
+    with pytest.raises(ValueError, match="accepted"):
+        gb.conv_tree_commit(x, parents=[[-1, 0, 1]], accepted=[3], initial_window=torch.zeros(1, 4, 3))
+
+
+def test_model_rejects_out_of_range_tokens_and_positions():
+    cfg = get_preset("micro")
+    m = HybridModel(cfg, init_weights(cfg, seed=0))
+    st = m.empty_state()
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        m.verify(st, Tree([-1, 0], [0, cfg.vocab_size]))
+    st.pos = cfg.max_position_embeddings - 1
+    with pytest.raises(InputError, match="positions"):
+        m.verify(st, Tree([-1, 0], [0, 1]))
+    with pytest.raises(InputError, match="mode"):
+        m.verify(m.empty_state(), Tree([-1], [0]), mode="fast")
