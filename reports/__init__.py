@@ -1,0 +1,1 @@
+"""Audit reports: terminal summary, report.json (with its JSON Schema) and a self-contained HTML file."""
