@@ -39,13 +39,10 @@ def _attention(w, p, cfg, x, pos, ctx_k, ctx_v):
     q = _rope((w[p + "attn.q"] @ x).view(nh, hd), pos, cfg.rope_theta)
     k = _rope((w[p + "attn.k"] @ x).view(nkv, hd), pos, cfg.rope_theta)
     v = (w[p + "attn.v"] @ x).view(nkv, hd)
-    K = torch.cat([ctx_k, k[None]], dim=0)  # [n+1, nkv, hd]
-    Vv = torch.cat([ctx_v, v[None]], dim=0)
-    out = torch.zeros(nh, hd, dtype=F64)
-    for h in range(nh):
-        kv_h = h // (nh // nkv)
-        scores = K[:, kv_h] @ q[h] / math.sqrt(hd)  # [n+1]
-        out[h] = torch.softmax(scores, dim=0) @ Vv[:, kv_h]
+    K = torch.cat([ctx_k, k[None]], dim=0).repeat_interleave(nh // nkv, dim=1)  # [n+1, nh, hd]
+    Vv = torch.cat([ctx_v, v[None]], dim=0).repeat_interleave(nh // nkv, dim=1)
+    scores = torch.einsum("nhd,hd->hn", K, q) / math.sqrt(hd)  # [nh, n+1]
+    out = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), Vv)  # [nh, hd]
     return w[p + "attn.o"] @ out.reshape(-1), k, v
 
 
@@ -67,15 +64,15 @@ def _gdn(w, p, cfg, x, S, window):
     k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     g = -torch.exp(w[p + "gdn.A_log"]) * F.softplus(a + w[p + "gdn.dt_bias"])  # [HV]
     beta = torch.sigmoid(b)
-    eye = torch.eye(K, dtype=F64)
-    S_new = torch.empty_like(S)
-    o = torch.empty(HV, V, dtype=F64)
     group = HV // H
-    for j in range(HV):
-        kj, qj = k[j // group], q[j // group]
-        S_new[j] = torch.exp(g[j]) * (eye - beta[j] * torch.outer(kj, kj)) @ S[j] + beta[j] * torch.outer(kj, v[j])
-        oj = S_new[j].T @ (qj * K ** -0.5)
-        o[j] = _rmsnorm(oj, w[p + "gdn.norm"], cfg.rms_norm_eps) * F.silu(z[j])
+    k = k.repeat_interleave(group, dim=0)  # [HV, K]: value head j reads key head j // group
+    q = q.repeat_interleave(group, dim=0)
+    # S_t = exp(g) (I - beta k k^T) S_{t-1} + beta k v^T, every value head at once
+    eye = torch.eye(K, dtype=F64)
+    decay = torch.exp(g)[:, None, None] * (eye - beta[:, None, None] * torch.einsum("hi,hj->hij", k, k))
+    S_new = decay @ S + beta[:, None, None] * torch.einsum("hk,hv->hkv", k, v)
+    o = torch.einsum("hkv,hk->hv", S_new, q * K ** -0.5)  # o_t = S_t^T (scale q_t)
+    o = o / torch.sqrt((o * o).mean(-1, keepdim=True) + cfg.rms_norm_eps) * w[p + "gdn.norm"] * F.silu(z)
     return w[p + "gdn.out"] @ o.reshape(-1), S_new, new_window
 
 

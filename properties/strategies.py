@@ -150,3 +150,37 @@ def fixed_conv_example(*, dtype=torch.float32, seed: int = 7) -> dict:
     return dict(x=torch.randn(B, T, C, generator=gen).to(dtype), weight=torch.randn(C, W, generator=gen).to(dtype),
                 bias=None, parents=torch.tensor([t.parents for t in ts]),
                 initial_window=torch.randn(B, C, W - 1, generator=gen).to(dtype), trees=ts)
+
+
+class RandomDrafter:
+    """A drafter of arbitrary seeded logits [depth, V] per step: any drafter at all, for the
+    lossless properties (acceptance must not depend on drafter quality for correctness)."""
+    needs_greedy = False
+    max_rank = None
+
+    def __init__(self, *, vocab_size: int, depth: int, seed: int, scale: float = 3.0):
+        self.vocab_size, self.depth, self.seed, self.scale = vocab_size, depth, seed, scale
+
+    def draft(self, ctx):
+        gen = torch.Generator().manual_seed(self.seed * 9973 + ctx.step)
+        return torch.randn(self.depth, self.vocab_size, generator=gen, dtype=torch.float64) * self.scale
+
+
+@st.composite
+def drafters(draw, *, vocab_size: int, greedy_ok: bool = True):
+    """Random drafters, and (when greedy_ok) the synthetic drafter with random knobs."""
+    depth = draw(st.integers(1, 4))
+    if greedy_ok and draw(st.booleans()):
+        from ddsim.drafters import SyntheticDrafter
+        return SyntheticDrafter(vocab_size=vocab_size, depth=depth, accuracy=draw(st.sampled_from([0.0, 0.5, 1.0])),
+                                sharpness=draw(st.sampled_from([0.0, 4.0, 8.0])), seed=draw(st.integers(0, 99)))
+    return RandomDrafter(vocab_size=vocab_size, depth=depth, seed=draw(st.integers(0, 10**6)),
+                         scale=draw(st.sampled_from([0.5, 3.0, 10.0])))
+
+
+@st.composite
+def tree_policies(draw):
+    from ddsim.generate import TreePolicy
+    if draw(st.integers(0, 3)) == 0:
+        return TreePolicy("chain")
+    return TreePolicy("ddtree", budget=draw(st.integers(0, 12)), topk_cap=draw(st.sampled_from([None, 1, 2, 3])))

@@ -1,0 +1,54 @@
+"""Acceptance (SPEC 6): a target token per node, then the DDTree walk.
+
+Greedy: t_i = argmax(logits_i). Sampling (temperature > 0): t_i ~ softmax(logits_i / temperature),
+drawn with the Gumbel-max trick from noise that depends only on (seed, absolute position). Nodes
+at the same depth share a position's noise — they never lie on one path — and autoregressive
+sampling with the same seed uses the same noise per position, so exact tree verification emits
+exactly the tokens of seeded autoregressive sampling (losslessness under coupled draws).
+
+Walk: from the root, step to the child whose token is the current node's target while one exists.
+Accepted = that path; bonus = the target at its last node.
+"""
+from __future__ import annotations
+
+import torch
+
+from ddsim.errors import InputError
+from ddsim.tree import Tree
+
+
+def gumbel_noise(*, seed: int, position: int, vocab: int) -> torch.Tensor:
+    """[vocab] float64 Gumbel(0, 1) noise, a pure function of (seed, position)."""
+    gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(position) * 7919 + 17) % (2**63 - 1))
+    u = torch.rand(vocab, generator=gen, dtype=torch.float64).clamp_(1e-300, 1.0 - 1e-16)
+    return -torch.log(-torch.log(u))
+
+
+def target_tokens(logits: torch.Tensor, positions, *, temperature: float = 0.0, seed: int = 0) -> list[int]:
+    """logits [T, N], positions [T] -> the target token of every node."""
+    if temperature < 0:
+        raise InputError(f"temperature: expected >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(-1).tolist()
+    lg = logits.double() / temperature
+    out = []
+    for i, p in enumerate(positions):
+        out.append(int((lg[i] + gumbel_noise(seed=seed, position=int(p), vocab=lg.shape[-1])).argmax()))
+    return out
+
+
+def walk(tree: Tree, targets) -> tuple[list[int], int]:
+    """The DDTree walk: (accepted path root..a as node indices, bonus token)."""
+    cur = 0
+    path = [0]
+    while True:
+        nxt = tree.child_with_token(cur, int(targets[cur]))
+        if nxt is None:
+            return path, int(targets[cur])
+        path.append(nxt)
+        cur = nxt
+
+
+def emitted_tokens(tree: Tree, path: list[int], bonus: int) -> list[int]:
+    """Tokens a step emits: the accepted draft tokens (path without the root) then the bonus."""
+    return [tree.tokens[n] for n in path[1:]] + [bonus]

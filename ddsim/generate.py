@@ -1,0 +1,233 @@
+"""Whole generations: prompt -> N tokens, autoregressive or speculative in one verify mode.
+
+A speculative step (SPEC 5-6): draft logits -> tree (root = last emitted token) -> verify the tree
+in the mode from the committed state -> a target token per node -> walk -> emit the accepted
+draft tokens and the bonus token -> commit what the mode computed at the accepted node.
+
+Every step is also judged against exact verification from the same committed state (a silent
+corruption step emits tokens that exact verification would not), and, when ``measure="full"``,
+against the float64 oracle per node and per layer, with the exact fast path's error beside it as
+the numerical noise floor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+import oracle
+from ddsim.acceptance import emitted_tokens, target_tokens, walk
+from ddsim.builders import ddtree
+from ddsim.drafters import DraftContext
+from ddsim.errors import InputError
+from ddsim.metrics import node_keys, node_metrics
+from ddsim.model import VERIFY_MODES, HybridModel
+from ddsim.tree import Tree, chain
+
+
+@dataclass(frozen=True)
+class TreePolicy:
+    """How a step's tree is built from draft logits: "ddtree" (best-first, ``budget`` nodes) or
+    "chain" (the linear DFlash/MTP baseline: budget = depth, top-1 only)."""
+    kind: str = "ddtree"
+    budget: int = 32
+    topk_cap: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("ddtree", "chain"):
+            raise InputError(f"tree policy: expected 'ddtree' or 'chain', got {self.kind!r}")
+        if self.kind == "ddtree" and (not isinstance(self.budget, int) or self.budget < 0):
+            raise InputError(f"budget: expected an integer >= 0, got {self.budget!r}")
+
+    def build(self, draft_logits: torch.Tensor, *, root_token: int, max_rank: int | None = None) -> Tree:
+        if self.kind == "chain":
+            return ddtree(draft_logits, draft_logits.shape[0], topk_cap=1, root_token=root_token)
+        caps = [c for c in (self.topk_cap, max_rank) if c]
+        return ddtree(draft_logits, self.budget, min(caps) if caps else None, root_token=root_token)
+
+    def label(self) -> str:
+        return "chain" if self.kind == "chain" else f"ddtree-{self.budget}" + (f"-cap{self.topk_cap}" if self.topk_cap else "")
+
+
+def _check_prompt(model: HybridModel, prompt, n_tokens: int, extra: int = 0) -> list[int]:
+    prompt = [int(t) for t in prompt]
+    cfg = model.cfg
+    if not prompt:
+        raise InputError("prompt: empty (at least one token is needed as the first root)")
+    if n_tokens < 1:
+        raise InputError(f"steps: expected at least 1 token to generate, got {n_tokens}")
+    bad = [t for t in prompt if not 0 <= t < cfg.vocab_size]
+    if bad:
+        raise InputError(f"prompt: token {bad[0]} is outside the vocabulary ({cfg.vocab_size})")
+    need = len(prompt) + n_tokens + extra
+    if need > cfg.max_position_embeddings:
+        raise InputError(f"prompt: {len(prompt)} tokens + {n_tokens} generated (+{extra} draft depth) exceed the "
+                         f"model's {cfg.max_position_embeddings} positions")
+    return prompt
+
+
+def autoregressive(model: HybridModel, prompt, n_tokens: int, *, temperature: float = 0.0, seed: int = 0) -> list[int]:
+    """Plain decoding of the target, one token per forward (greedy, or seeded sampling with the
+    per-position noise of ddsim.acceptance)."""
+    prompt = _check_prompt(model, prompt, n_tokens)
+    state, _ = model.prefill(prompt[:-1])
+    root, out = prompt[-1], []
+    while len(out) < n_tokens:
+        t = chain([root])
+        res = model.verify(state, t, mode="exact")
+        tok = target_tokens(res.logits, [state.pos], temperature=temperature, seed=seed)[0]
+        state = model.commit(state, t, res, 0)
+        out.append(tok)
+        root = tok
+    return out
+
+
+def greedy_continuation(model: HybridModel, state, root: int, n: int) -> list[int]:
+    """The target's greedy continuation of n tokens after ``root`` from an exact ``state``."""
+    out = []
+    for _ in range(n):
+        t = chain([root])
+        res = model.verify(state, t, mode="exact")
+        root = int(res.logits[0].argmax())
+        state = model.commit(state, t, res, 0)
+        out.append(root)
+    return out
+
+
+@dataclass
+class StepRecord:
+    step: int
+    position: int  # position of the root
+    tree_size: int
+    tree_depth: int
+    accepted: int  # draft tokens accepted (path length without the root)
+    bonus: int
+    emitted: list[int]
+    exact_emitted: list[int]  # what exact verification emits from the same committed state
+    silent_corruption: bool  # emitted != exact_emitted
+    decision_flips: int  # along the reference walk: nodes whose target token differs from the reference's
+    path: list[int] = field(default_factory=list)  # accepted node indices, root first
+    tree: Tree | None = None
+    # measure="full": {mode: node_metrics vs the oracle} for the generation's mode, "exact" (the
+    # noise floor) and any attribution modes, all on this step's tree and committed state
+    nodes: dict | None = None
+    keys: dict | None = None  # depth, rank, order_exact per node
+
+
+@dataclass
+class GenerationResult:
+    mode: str
+    policy: str
+    prompt: list[int]
+    tokens: list[int]
+    reference: list[int] | None
+    steps: list[StepRecord] = field(default_factory=list)
+
+    @property
+    def first_divergence(self) -> int | None:
+        """Index of the first generated token that differs from the reference (None: never)."""
+        if self.reference is None:
+            return None
+        for i, (a, b) in enumerate(zip(self.tokens, self.reference)):
+            if a != b:
+                return i
+        return None
+
+    @property
+    def agreement(self) -> float | None:
+        if self.reference is None:
+            return None
+        n = min(len(self.tokens), len(self.reference))
+        return float(np.mean([a == b for a, b in zip(self.tokens[:n], self.reference[:n])])) if n else 1.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return float(np.mean([len(s.emitted) for s in self.steps])) if self.steps else 0.0
+
+    @property
+    def silent_corruption_steps(self) -> int:
+        return sum(s.silent_corruption for s in self.steps)
+
+
+def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, drafter, policy: TreePolicy,
+                mode: str = "exact", steps: int | None = None, temperature: float = 0.0, seed: int = 0,
+                reference: list[int] | None = None, measure: str = "decisions", weights=None,
+                attribution: tuple[str, ...] = (), keep_trees: bool = False,
+                on_step: Callable[[StepRecord], None] | None = None) -> GenerationResult:
+    """Speculative decoding until ``n_tokens`` are emitted (cut to n_tokens) or ``steps`` steps ran.
+
+    measure: "decisions" (exact fast path from the same state: silent corruption and decision
+    flips) or "full" (also the oracle per node and layer; needs the float ``weights``).
+    attribution: extra modes evaluated vs the oracle on each step's tree and state (measure="full").
+    """
+    if n_tokens is None and steps is None:
+        raise InputError("steps: give n_tokens or steps")
+    if steps is not None and steps < 1:
+        raise InputError(f"steps: expected at least 1 step, got {steps}")
+    budget_tokens = n_tokens if n_tokens is not None else steps * (drafter.depth + 1)
+    if mode not in VERIFY_MODES:
+        raise InputError(f"mode: expected one of {VERIFY_MODES}, got {mode!r}")
+    if measure not in ("decisions", "full"):
+        raise InputError(f"measure: expected 'decisions' or 'full', got {measure!r}")
+    if measure == "full" and weights is None:
+        raise InputError("measure='full' needs the model weights for the oracle")
+    prompt = _check_prompt(model, prompt, budget_tokens, extra=drafter.depth + 1)
+    cfg = model.cfg
+    state, _ = model.prefill(prompt[:-1])
+    shadow = state  # an exact state of the same context, for the synthetic drafter's greedy path
+    root, out = prompt[-1], []
+    result = GenerationResult(mode, policy.label(), prompt, out, reference)
+    step = 0
+    while (n_tokens is None or len(out) < n_tokens) and (steps is None or step < steps):
+        greedy = None
+        if getattr(drafter, "needs_greedy", False):
+            n_done = len(out)
+            if reference is not None and temperature == 0 and out == reference[:n_done] \
+                    and len(reference) >= n_done + drafter.depth:
+                greedy = reference[n_done:n_done + drafter.depth]
+            else:
+                greedy = greedy_continuation(model, shadow, root, drafter.depth)
+        logits = drafter.draft(DraftContext(step=step, tokens=prompt + out, greedy=greedy))
+        tree = policy.build(logits, root_token=root, max_rank=drafter.max_rank)
+        positions = tree.positions(state.pos)
+        res = model.verify(state, tree, mode=mode)
+        targets = target_tokens(res.logits, positions, temperature=temperature, seed=seed)
+        path, bonus = walk(tree, targets)
+        emitted = emitted_tokens(tree, path, bonus)
+
+        res_x = res if mode == "exact" else model.verify(state, tree, mode="exact")
+        targets_x = targets if mode == "exact" else target_tokens(res_x.logits, positions,
+                                                                   temperature=temperature, seed=seed)
+        nodes = keys = None
+        if measure == "full":
+            ref = oracle.verify_tree(weights, cfg, state, tree.parents, tree.tokens)
+            targets_ref = target_tokens(ref.logits, positions, temperature=temperature, seed=seed)
+            nodes = {mode: node_metrics(tree, res, ref, cfg), "exact": node_metrics(tree, res_x, ref, cfg)}
+            for extra in attribution:
+                if extra not in nodes:
+                    nodes[extra] = node_metrics(tree, model.verify(state, tree, mode=extra), ref, cfg)
+            keys = node_keys(tree)
+        else:
+            targets_ref = targets_x
+        path_x, bonus_x = walk(tree, targets_x)
+        exact_emitted = emitted_tokens(tree, path_x, bonus_x)
+        ref_path, _ = walk(tree, targets_ref)
+        flips = sum(targets[n] != targets_ref[n] for n in ref_path)
+
+        rec = StepRecord(step, state.pos, tree.size, int(tree.depths.max()), len(path) - 1, bonus, emitted,
+                         exact_emitted, emitted != exact_emitted, int(flips), path,
+                         tree if keep_trees else None, nodes, keys)
+        result.steps.append(rec)
+        if on_step:
+            on_step(rec)
+        state = model.commit(state, tree, res, path[-1])
+        if getattr(drafter, "needs_greedy", False):
+            shadow = state if mode == "exact" else model.prefill([root] + emitted[:-1], state=shadow)[0]
+        out.extend(emitted)
+        root = bonus
+        step += 1
+    if n_tokens is not None:
+        del out[n_tokens:]
+    return result

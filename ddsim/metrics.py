@@ -1,0 +1,79 @@
+"""Leakage metrics (SPEC 7): a fast-path verify result against the oracle, per node and layer.
+
+Per node and layer: recurrent state relative error ||S - S_ref||_F / ||S_ref||_F, conv window
+relative error, hidden-state relative error. At the logits: KL(oracle || mode), max abs diff,
+the oracle's top-1 margin (logit gap top-1 minus top-2, in nats), argmax flip.
+Returned as plain numpy arrays; aggregation helpers group them by any per-node key.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ddsim.tree import Tree
+
+
+def _rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
+    """Row-wise ||a - ref|| / ||ref|| over all but the first dim: [T, ...] -> [T]."""
+    a, ref = a.double().flatten(1), ref.double().flatten(1)
+    num = torch.linalg.vector_norm(a - ref, dim=1)
+    den = torch.linalg.vector_norm(ref, dim=1)
+    rel = torch.where(den > 0, num / den.clamp_min(1e-300), torch.where(num > 0, torch.inf, 0.0))
+    return rel.numpy()
+
+
+def node_metrics(tree: Tree, res, ref, cfg) -> dict:
+    """Everything per node for one verify result ``res`` (ddsim.model.VerifyResult) against the
+    oracle's ``ref`` (oracle.OracleResult) on the same tree and committed state.
+
+    Returns {"kl", "max_abs", "margin", "flip"} as [T] arrays and {"hidden_rel" [L, T],
+    "state_rel" [G, T], "conv_rel" [G, T]} with G = the GDN layers in order.
+    """
+    lo, lm = ref.logits.double(), res.logits.double().cpu()
+    logp_o, logp_m = torch.log_softmax(lo, -1), torch.log_softmax(lm, -1)
+    kl = (logp_o.exp() * (logp_o - logp_m)).sum(-1).clamp_min(0.0)
+    top2 = lo.topk(min(2, lo.shape[-1]), -1).values
+    margin = (top2[:, 0] - top2[:, 1]) if top2.shape[-1] > 1 else torch.full_like(top2[:, 0], float("inf"))
+    out = {
+        "kl": kl.numpy(),
+        "max_abs": (lm - lo).abs().amax(-1).numpy(),
+        "margin": margin.numpy(),
+        "flip": (lm.argmax(-1) != lo.argmax(-1)).numpy(),
+        "hidden_rel": np.stack([_rel_rows(res.hidden[l].cpu(), ref.hidden[l]) for l in range(cfg.num_layers)]),
+    }
+    g = cfg.gdn_layers
+    if g and ref.ssm[g[0]] is not None:
+        out["state_rel"] = np.stack([_rel_rows(res.ssm[l].cpu(), ref.ssm[l]) for l in g])
+        out["conv_rel"] = np.stack([_rel_rows(res.conv[l].cpu(), ref.conv[l]) for l in g])
+    else:
+        out["state_rel"] = np.zeros((0, tree.size))
+        out["conv_rel"] = np.zeros((0, tree.size))
+    return out
+
+
+def node_keys(tree: Tree) -> dict:
+    """Per-node grouping keys: depth, sibling rank, order-exact flag."""
+    return {"depth": tree.depths.copy(), "rank": tree.sibling_rank.copy(), "order_exact": tree.order_exact.copy()}
+
+
+def summarize(values: np.ndarray) -> dict:
+    """Median / p90 / max / mean of a flat array (NaN-free), with its count."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return {"n": 0, "mean": None, "median": None, "p90": None, "max": None}
+    return {"n": int(v.size), "mean": float(v.mean()), "median": float(np.median(v)),
+            "p90": float(np.quantile(v, 0.9)), "max": float(v.max())}
+
+
+def group_by(keys: np.ndarray, values: np.ndarray, *, mask: np.ndarray | None = None) -> dict:
+    """{key: summarize(values[keys == key])} for each distinct key (values [N] or [..., N])."""
+    keys = np.asarray(keys).ravel()
+    values = np.asarray(values)
+    values = values.reshape(-1, keys.size) if values.ndim > 1 else values[None]
+    sel = np.ones(keys.size, bool) if mask is None else np.asarray(mask).ravel()
+    out = {}
+    for k in np.unique(keys[sel]):
+        m = sel & (keys == k)
+        out[int(k) if not isinstance(k, (bool, np.bool_)) else bool(k)] = summarize(values[:, m])
+    return out

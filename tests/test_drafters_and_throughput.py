@@ -1,0 +1,96 @@
+"""Trace replay, the synthetic drafter's knobs, generation bad input and the throughput model."""
+import json
+
+import pytest
+import torch
+
+from ddsim.config import get_preset
+from ddsim.drafters import DraftContext, SyntheticDrafter, TraceDrafter
+from ddsim.errors import InputError
+from ddsim.generate import TreePolicy, autoregressive, speculative
+from ddsim.model import HybridModel
+from ddsim.throughput import CostModel, speedup_table
+from ddsim.weights import init_weights
+
+CFG = get_preset("micro")
+
+
+def _write(tmp_path, lines, name="trace.jsonl"):
+    p = tmp_path / name
+    p.write_text("\n".join(l if isinstance(l, str) else json.dumps(l) for l in lines) + "\n")
+    return p
+
+
+def _rec(step, depths, vocab=CFG.vocab_size):
+    return {"step": step, "vocab_size": vocab, "depths": depths}
+
+
+def test_trace_replay_builds_the_listed_tree(tmp_path):
+    p = _write(tmp_path, [_rec(0, [[[5, -0.1], [7, -2.5]], [[3, -0.2], [9, -1.9]]])])
+    d = TraceDrafter(p, vocab_size=CFG.vocab_size)
+    logits = d.draft(DraftContext(step=0, tokens=[1]))
+    tree = TreePolicy("ddtree", 6).build(logits, root_token=1, max_rank=d.max_rank)
+    assert set(tree.tokens[1:]) <= {5, 7, 3, 9}
+    assert tree.tokens[1] == 5 and tree.size == 7  # 2 + 4 paths with top-k capped at the listed 2
+
+
+@pytest.mark.parametrize("lines, msg", [
+    ([_rec(0, [[[5, -0.1]], [[3, -0.2]]]), _rec(1, [[[5, -0.1]]])], r"trace.jsonl:2: 1 depths, earlier lines have 2"),
+    ([_rec(0, [[[5, -0.1]], []])], r"trace.jsonl:1: depth 2 has no candidates"),
+    ([_rec(0, [[[CFG.vocab_size, -0.1]]])], r"trace.jsonl:1: depth 1: unknown token"),
+    (['{"step": 0, "vocab_size": 48, "depths": [[[1, NaN]]]}'], r"trace.jsonl:1: depth 1: logprob nan"),
+    ([_rec(0, [[[1, -0.1]]], vocab=1000)], r"trace.jsonl:1: vocab_size 1000 differs"),
+    (["{not json"], r"trace.jsonl:1: malformed JSON"),
+    ([_rec(3, [[[1, -0.1]]])], r"trace.jsonl:1: step 3 out of order"),
+    ([], r"trace has no records"),
+])
+def test_trace_bad_input_names_file_and_line(tmp_path, lines, msg):
+    with pytest.raises(InputError, match=msg):
+        TraceDrafter(_write(tmp_path, lines), vocab_size=CFG.vocab_size)
+
+
+def test_trace_missing_file(tmp_path):
+    with pytest.raises(InputError, match="cannot read trace"):
+        TraceDrafter(tmp_path / "nope.jsonl", vocab_size=CFG.vocab_size)
+
+
+def test_synthetic_drafter_accuracy_knob():
+    greedy = list(range(8))
+    ctx = DraftContext(step=0, tokens=[0], greedy=greedy)
+    perfect = SyntheticDrafter(vocab_size=CFG.vocab_size, depth=8, accuracy=1.0, accuracy_decay=1.0).draft(ctx)
+    assert perfect.argmax(-1).tolist() == greedy
+    never = SyntheticDrafter(vocab_size=CFG.vocab_size, depth=8, accuracy=0.0, recall=0.5).draft(ctx)
+    assert all(never[d].argmax() != greedy[d] for d in range(8))
+    ranks = [(never[d] > never[d, greedy[d]]).sum().item() for d in range(8)]
+    assert max(ranks) <= 3  # recall keeps the right token near the top
+    with pytest.raises(InputError, match="accuracy"):
+        SyntheticDrafter(vocab_size=10, accuracy=1.5)
+
+
+def test_generation_bad_input():
+    m = HybridModel(CFG, init_weights(CFG, seed=0))
+    d = SyntheticDrafter(vocab_size=CFG.vocab_size, depth=2)
+    with pytest.raises(InputError, match="steps"):
+        autoregressive(m, [1], 0)
+    with pytest.raises(InputError, match="steps"):
+        speculative(m, [1], steps=0, drafter=d, policy=TreePolicy())
+    with pytest.raises(InputError, match="exceed the model's 512 positions"):
+        autoregressive(m, [1] * 600, 4)
+    with pytest.raises(InputError, match="prompt: empty"):
+        autoregressive(m, [], 4)
+
+
+def test_throughput_model(tmp_path):
+    cost = CostModel(node_cost=0.1, draft_cost=0.0)
+    rows = speedup_table([{"label": "chain", "mode": "exact", "tokens_per_step": 2.0, "nodes": 5},
+                          {"label": "ddtree-16", "mode": "exact", "tokens_per_step": 3.0, "nodes": 17}], cost)
+    assert rows[0]["speedup_vs_ar"] == pytest.approx(2.0 / 1.4)
+    assert rows[1]["speedup_vs_ar"] == pytest.approx(3.0 / 2.6)
+    assert rows[1]["speedup_vs_chain"] == pytest.approx((3.0 / 2.6) / (2.0 / 1.4))
+    f = tmp_path / "cost.json"
+    f.write_text(json.dumps({"ar_step_us": 100, "verify_us": {"1": 100, "65": 200}, "draft_us": 10}))
+    c = CostModel.from_file(f)
+    assert c.verify_cost(33) == pytest.approx(1.5) and c.draft_cost == pytest.approx(0.1)
+    f.write_text("{}")
+    with pytest.raises(InputError, match="not a cost file"):
+        CostModel.from_file(f)
