@@ -1,0 +1,300 @@
+"""The leakage audit: whole generations per budget and mode, node-level leak against the oracle,
+the noise floor beside every figure, and the throughput model; returns report.json's content.
+
+For every prompt: the reference (greedy, or seeded sampling) autoregressive continuation; the
+chain baseline (exact); then per budget:
+  exact        generation, decisions checked          -> lossless check, tokens per step
+  leaky        generation, every step against the oracle per node and layer, with exact
+               (noise floor), leaky-state and leaky-conv evaluated on the same tree and state
+  leaky-state, leaky-conv   generations, decisions checked (what each leak source alone does
+               to acceptance and to the output)
+"""
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ddsim.config import get_preset
+from ddsim.drafters import SyntheticDrafter, TraceDrafter
+from ddsim.errors import InputError
+from ddsim.generate import TreePolicy, autoregressive, speculative
+from ddsim.metrics import group_by, summarize
+from ddsim.model import HybridModel
+from ddsim.throughput import CostModel, speedup_table
+from ddsim.weights import init_weights
+
+SCHEMA_VERSION = 1
+LEAK_MODES = ("leaky", "leaky-state", "leaky-conv")
+ALL_MODES = ("exact",) + LEAK_MODES
+
+
+@dataclass
+class AuditConfig:
+    preset: str = "tiny"
+    budgets: list = field(default_factory=lambda: [16, 32, 64])
+    topk_cap: int | None = None
+    steps: int = 8  # speculative steps per generation
+    n_prompts: int = 3
+    prompt_len: int = 16
+    prompts_file: str | None = None
+    temperature: float = 0.0
+    seed: int = 0
+    device: str = "cpu"
+    depth: int = 8  # drafter depth
+    trace: str | None = None
+    cost_file: str | None = None
+
+    def validate(self):
+        if not self.budgets or any(not isinstance(b, int) or b < 1 for b in self.budgets):
+            raise InputError(f"--budget: expected positive integers, got {self.budgets}")
+        if self.topk_cap is not None and self.topk_cap < 1:
+            raise InputError(f"--topk-cap: expected >= 1, got {self.topk_cap}")
+        if self.steps < 1:
+            raise InputError(f"--steps: expected >= 1, got {self.steps}")
+        if self.temperature < 0:
+            raise InputError(f"--temperature: expected >= 0, got {self.temperature}")
+        if self.n_prompts < 1 or self.prompt_len < 1:
+            raise InputError("--prompts: need at least one prompt of at least one token")
+        if self.depth < 1:
+            raise InputError(f"--depth: expected >= 1, got {self.depth}")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise InputError(f"--device: {name} requested but no CUDA device is available")
+        dev = torch.device(name)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise InputError(f"--device: {name} does not exist ({torch.cuda.device_count()} CUDA devices)")
+        return dev
+    raise InputError(f"--device: expected cpu, cuda[:N] or auto, got {name!r}")
+
+
+def load_prompts(path: str, vocab: int) -> list[list[int]]:
+    """JSONL, one {"tokens": [ids...]} per line ({"text": ...} needs a checkpoint's tokenizer)."""
+    p = Path(path)
+    try:
+        lines = p.read_text().splitlines()
+    except OSError as e:
+        raise InputError(f"{p}: cannot read prompts ({e.strerror or e})") from None
+    out = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{p}:{n}: malformed JSON ({e.msg})") from None
+        if isinstance(rec, dict) and "text" in rec and "tokens" not in rec:
+            raise InputError(f"{p}:{n}: text prompts need a tokenizer; synthetic presets take {{\"tokens\": [...]}}")
+        toks = rec.get("tokens") if isinstance(rec, dict) else None
+        if not isinstance(toks, list) or not toks or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+            raise InputError(f"{p}:{n}: expected {{\"tokens\": [non-empty list of token ids]}}")
+        bad = [t for t in toks if not 0 <= t < vocab]
+        if bad:
+            raise InputError(f"{p}:{n}: token {bad[0]} is outside the vocabulary ({vocab})")
+        out.append(toks)
+    if not out:
+        raise InputError(f"{p}: no prompts")
+    return out
+
+
+def environment(device: torch.device) -> dict:
+    import matplotlib
+    import ddsim
+    env = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+           "numpy": np.__version__, "matplotlib": matplotlib.__version__, "ddsim": ddsim.__version__,
+           "device": str(device), "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def _gate_stats(cfg, w) -> dict:
+    """exp(g) at gate input 0 per GDN head: how long heads remember."""
+    decays = []
+    for l in cfg.gdn_layers:
+        A = torch.exp(w[f"layers.{l}.gdn.A_log"].double())
+        dt = torch.nn.functional.softplus(w[f"layers.{l}.gdn.dt_bias"].double())
+        decays.append(torch.exp(-A * dt))
+    d = torch.cat(decays).numpy() if decays else np.zeros(0)
+    return {"exp_g_typical": summarize(d), "halflife_tokens": summarize(np.log(0.5) / np.log(np.clip(d, 1e-12, 1 - 1e-12)))}
+
+
+class _Pool:
+    """Collects per-node metric arrays over many steps for one mode."""
+
+    def __init__(self):
+        self.cols: dict[str, list] = {}
+
+    def add(self, metrics: dict, keys: dict):
+        for k, v in {**metrics, **keys}.items():
+            self.cols.setdefault(k, []).append(np.asarray(v))
+
+    def get(self, k):
+        arrs = self.cols.get(k, [])
+        if not arrs:
+            return np.zeros(0)
+        return np.concatenate(arrs, axis=-1)
+
+    def table(self, cfg) -> dict:
+        ex = self.get("order_exact").astype(bool)
+        other = ~ex
+        flip = self.get("flip").astype(float)
+        depth, rank = self.get("depth"), self.get("rank")
+        state, conv, hidden = self.get("state_rel"), self.get("conv_rel"), self.get("hidden_rel")
+        last_hidden = hidden[-1] if hidden.size else np.zeros(0)
+        out = {
+            "nodes": int(ex.size), "order_exact_nodes": int(ex.sum()),
+            "argmax_flip_rate": {"order_exact": _rate(flip, ex), "other": _rate(flip, other), "all": _rate(flip, None)},
+        }
+        for name, arr in (("kl", self.get("kl")), ("max_abs_logit", self.get("max_abs")),
+                          ("state_rel", state), ("conv_rel", conv), ("hidden_rel_last", last_hidden)):
+            out[name] = {"order_exact": summarize(arr[..., ex]) if arr.size else summarize([]),
+                         "other": summarize(arr[..., other]) if arr.size else summarize([])}
+        out["by_depth"] = _rows("depth", group_by(depth, state, mask=None) if state.size else {},
+                                group_by(depth, flip), group_by(depth, last_hidden))
+        out["by_rank"] = _rows("rank", group_by(rank, state, mask=depth > 0) if state.size else {},
+                               group_by(rank, flip, mask=depth > 0), group_by(rank, last_hidden, mask=depth > 0))
+        out["by_layer"] = [{"layer": int(l), "kind": cfg.layer_pattern[l],
+                            "hidden_rel": summarize(hidden[l][other]) if other.any() else summarize([])}
+                           for l in range(cfg.num_layers)]
+        for gi, l in enumerate(cfg.gdn_layers):
+            out["by_layer"][l]["state_rel"] = summarize(state[gi][other]) if other.any() else summarize([])
+            out["by_layer"][l]["conv_rel"] = summarize(conv[gi][other]) if other.any() else summarize([])
+        margin = self.get("margin")
+        out["margin_of_flipped"] = summarize(margin[flip > 0]) if flip.size else summarize([])
+        out["margin_all"] = summarize(margin)
+        return out
+
+
+def _rate(flags: np.ndarray, mask) -> float | None:
+    f = flags if mask is None else flags[mask]
+    return float(f.mean()) if f.size else None
+
+
+def _rows(key, state_groups, flip_groups, hidden_groups) -> list:
+    keys = sorted(set(flip_groups) | set(state_groups))
+    return [{key: int(k), "nodes": flip_groups.get(k, {}).get("n", 0),
+             "state_rel": state_groups.get(k, summarize([])),
+             "hidden_rel_last": hidden_groups.get(k, summarize([])),
+             "argmax_flip_rate": flip_groups.get(k, {}).get("mean")} for k in keys]
+
+
+def _gen_record(g, prompt_index, budget) -> dict:
+    return {"prompt": prompt_index, "budget": budget, "mode": g.mode, "policy": g.policy, "tokens": g.tokens,
+            "first_divergence": g.first_divergence, "agreement": g.agreement,
+            "silent_corruption_steps": g.silent_corruption_steps, "tokens_per_step": g.tokens_per_step,
+            "accepted": [s.accepted for s in g.steps], "decision_flips": [s.decision_flips for s in g.steps],
+            "tree_sizes": [s.tree_size for s in g.steps]}
+
+
+def _mode_summary(gens: list, ref_len: int) -> dict:
+    steps = [s for g in gens for s in g.steps]
+    acc = [s.accepted for s in steps]
+    divs = [g.first_divergence for g in gens]
+    nodes_on_walk = sum(s.accepted + 1 for s in steps)
+    return {
+        "generations": len(gens), "steps": len(steps),
+        "tokens_per_step": float(np.mean([len(s.emitted) for s in steps])) if steps else 0.0,
+        "mean_tree_size": float(np.mean([s.tree_size for s in steps])) if steps else 0.0,
+        "accepted_histogram": np.bincount(acc, minlength=1).tolist() if acc else [],
+        "silent_corruption_steps": int(sum(s.silent_corruption for s in steps)),
+        "decision_flips": int(sum(s.decision_flips for s in steps)),
+        "decision_flip_rate": (sum(s.decision_flips for s in steps) / nodes_on_walk) if nodes_on_walk else 0.0,
+        "generations_leaving_greedy": int(sum(d is not None for d in divs)),
+        "first_divergence": divs,
+        "agreement": float(np.mean([g.agreement for g in gens])) if gens else None,
+        "survival": [float(np.mean([(d is None or d > i) for d in divs])) for i in range(ref_len)],
+    }
+
+
+def run_audit(ac: AuditConfig, *, progress=None) -> dict:
+    """Run the audit; ``progress(advance=1)`` is called once per speculative step if given."""
+    ac.validate()
+    device = resolve_device(ac.device)
+    cfg = get_preset(ac.preset)
+    weights = init_weights(cfg, seed=ac.seed)
+    model = HybridModel(cfg, weights, device=device)
+    cost = CostModel.from_file(ac.cost_file) if ac.cost_file else CostModel()
+    if ac.prompts_file:
+        prompts = load_prompts(ac.prompts_file, cfg.vocab_size)
+    else:
+        rng = np.random.default_rng(ac.seed)
+        prompts = [rng.integers(0, cfg.vocab_size, ac.prompt_len).tolist() for _ in range(ac.n_prompts)]
+    if ac.trace:
+        drafter = TraceDrafter(ac.trace, vocab_size=cfg.vocab_size)
+        if len(drafter.steps) < ac.steps:
+            raise InputError(f"{ac.trace}: trace has {len(drafter.steps)} steps, --steps asks for {ac.steps}")
+    else:
+        drafter = SyntheticDrafter(vocab_size=cfg.vocab_size, depth=ac.depth, seed=ac.seed)
+    ref_len = ac.steps * (drafter.depth + 1)
+    tick = (lambda rec: progress(advance=1)) if progress else None
+
+    references = [autoregressive(model, p, ref_len, temperature=ac.temperature, seed=ac.seed) for p in prompts]
+    common = dict(temperature=ac.temperature, seed=ac.seed, steps=ac.steps, on_step=tick)
+    generations, chain_gens = [], []
+    for i, (p, ref) in enumerate(zip(prompts, references)):
+        g = speculative(model, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref, **common)
+        chain_gens.append(g)
+        generations.append(_gen_record(g, i, None))
+
+    budgets = []
+    for budget in ac.budgets:
+        policy = TreePolicy("ddtree", budget, ac.topk_cap)
+        gens = {m: [] for m in ALL_MODES}
+        pools = {m: _Pool() for m in ALL_MODES}
+        for i, (p, ref) in enumerate(zip(prompts, references)):
+            for mode in ALL_MODES:
+                full = mode == "leaky"
+                g = speculative(model, p, drafter=drafter, policy=policy, mode=mode, reference=ref,
+                                measure="full" if full else "decisions", weights=weights if full else None,
+                                attribution=LEAK_MODES if full else (), **common)
+                gens[mode].append(g)
+                generations.append(_gen_record(g, i, budget))
+                if full:
+                    for s in g.steps:
+                        for m, metrics in s.nodes.items():
+                            pools[m].add(metrics, s.keys)
+        budgets.append({
+            "budget": budget, "policy": policy.label(),
+            "modes": {m: _mode_summary(gens[m], ref_len) for m in ALL_MODES},
+            "leak": {m: pools[m].table(cfg) for m in ALL_MODES},
+        })
+
+    rows = [{"label": "chain", "mode": "exact", "budget": None, "tokens_per_step": _mode_summary(chain_gens, ref_len)["tokens_per_step"],
+             "nodes": float(np.mean([s.tree_size for g in chain_gens for s in g.steps]))}]
+    for b in budgets:
+        for m in ALL_MODES:
+            rows.append({"label": b["policy"], "mode": m, "budget": b["budget"],
+                         "tokens_per_step": b["modes"][m]["tokens_per_step"], "nodes": b["modes"][m]["mean_tree_size"]})
+    noise = {b["budget"]: b["leak"]["exact"] for b in budgets}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "generated_at": None,  # filled by the writer; the only field that varies between runs
+        "config": {**asdict(ac), "drafter": drafter.params()},
+        "environment": environment(device),
+        "model": {**cfg.to_dict(), "gates": _gate_stats(cfg, weights)},
+        "prompts": [{"index": i, "tokens": p, "reference": r} for i, (p, r) in enumerate(zip(prompts, references))],
+        "chain": _mode_summary(chain_gens, ref_len),
+        "budgets": budgets,
+        "noise_floor": {str(k): {"state_rel_max": v["state_rel"]["other"]["max"] if v["state_rel"]["other"]["n"] else
+                                 v["state_rel"]["order_exact"]["max"],
+                                 "kl_max": max(x for x in (v["kl"]["other"]["max"], v["kl"]["order_exact"]["max"]) if x is not None),
+                                 "argmax_flip_rate": v["argmax_flip_rate"]["all"]} for k, v in noise.items()},
+        "throughput": {"cost_model": cost.to_dict(), "rows": speedup_table(rows, cost)},
+        "generations": generations,
+    }
+
+
+def total_steps(ac: AuditConfig, n_prompts: int) -> int:
+    return n_prompts * ac.steps * (1 + len(ac.budgets) * len(ALL_MODES))

@@ -1,0 +1,99 @@
+"""The CI gate: a TOML policy of upper bounds evaluated against a report. Fails closed: anything
+that cannot be evaluated is an error (exit 2), never a pass."""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddsim.errors import InputError
+
+GATED_MODES = ("leaky", "leaky-state", "leaky-conv")
+
+
+def _worst(values):
+    vals = [v for v in values if v is not None]
+    if not vals:
+        raise InputError("report: the rule's measurement is missing from every budget")
+    return max(vals)
+
+
+def _flip_excess(r, mode):
+    return _worst([(b["leak"][mode]["argmax_flip_rate"]["all"] or 0.0) - (b["leak"]["exact"]["argmax_flip_rate"]["all"] or 0.0)
+                   for b in r["budgets"]])
+
+
+RULES = {
+    "argmax_flip_rate_above_noise": (_flip_excess, "argmax flip rate of the mode minus the exact path's"),
+    "decision_flip_rate": (lambda r, m: _worst([b["modes"][m]["decision_flip_rate"] for b in r["budgets"]]),
+                           "accept decisions that differ along the reference walk, per walked node"),
+    "generations_leaving_greedy": (lambda r, m: _worst([b["modes"][m]["generations_leaving_greedy"] for b in r["budgets"]]),
+                                   "generations whose output leaves the reference"),
+    "silent_corruption_steps": (lambda r, m: _worst([b["modes"][m]["silent_corruption_steps"] for b in r["budgets"]]),
+                                "steps emitting tokens exact verification would not"),
+    "exact_generations_leaving_greedy": (lambda r, m: _worst([b["modes"]["exact"]["generations_leaving_greedy"]
+                                                              for b in r["budgets"]]),
+                                         "exact-mode generations leaving the reference (must be lossless)"),
+    "exact_state_rel_max": (lambda r, m: _worst([v["state_rel_max"] for v in r["noise_floor"].values()]),
+                            "largest recurrent-state relative error of the exact path vs the oracle"),
+    "exact_kl_max": (lambda r, m: _worst([v["kl_max"] for v in r["noise_floor"].values()]),
+                     "largest KL(oracle || exact)"),
+}
+
+
+@dataclass
+class Policy:
+    path: str
+    name: str
+    mode: str
+    rules: dict
+
+
+@dataclass
+class Verdict:
+    rule: str
+    measured: float
+    bound: float
+    holds: bool
+    meaning: str
+
+
+def load_policy(path: str | Path) -> Policy:
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as e:
+        raise InputError(f"{p}: cannot read policy ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"{p}: malformed TOML ({e})") from None
+    head = data.get("policy", {})
+    rules = data.get("rules")
+    if not isinstance(rules, dict) or not rules:
+        raise InputError(f"{p}: no [rules] table (a policy with no rules would pass anything)")
+    unknown = sorted(set(data) - {"policy", "rules"})
+    if unknown:
+        raise InputError(f"{p}: unknown table [{unknown[0]}]")
+    mode = head.get("mode", "leaky")
+    if mode not in GATED_MODES:
+        raise InputError(f"{p}: policy.mode {mode!r} is not one of {', '.join(GATED_MODES)}")
+    for k, v in rules.items():
+        if k not in RULES:
+            raise InputError(f"{p}: unknown rule {k!r} (known: {', '.join(sorted(RULES))})")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise InputError(f"{p}: rule {k!r} needs a finite bound >= 0, got {v!r}")
+    return Policy(str(p), str(head.get("name", p.stem)), mode, {k: float(v) for k, v in rules.items()})
+
+
+def evaluate(policy: Policy, report: dict) -> list[Verdict]:
+    out = []
+    for rule, bound in policy.rules.items():
+        fn, meaning = RULES[rule]
+        try:
+            measured = float(fn(report, policy.mode))
+        except (KeyError, TypeError, IndexError) as e:
+            raise InputError(f"report: cannot evaluate rule {rule!r} (missing {e})") from None
+        if not math.isfinite(measured):
+            raise InputError(f"report: rule {rule!r} measured a non-finite value")
+        out.append(Verdict(rule, measured, bound, measured <= bound, meaning))
+    return out

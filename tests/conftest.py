@@ -1,0 +1,28 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+FAST_AUDIT = ["--preset", "micro", "--budget", "4,8", "--steps", "3", "--seed", "5"]
+
+
+def run_cli(*args, cwd=None, timeout=600):
+    """Run the real command line in a subprocess; returns CompletedProcess (text)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
+    return subprocess.run([sys.executable, "-m", "ddsim.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def audit_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("audit")
+    r = run_cli("audit", *FAST_AUDIT, "--out", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def report(audit_dir):
+    return json.loads((audit_dir / "report.json").read_text())
