@@ -55,7 +55,7 @@ def _plot_by(report, key, title):
         ax.set_ylabel("median state rel. error")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(title)
+    fig.suptitle(title, y=1.04)
     return _png(fig)
 
 
@@ -105,7 +105,7 @@ def _plot_accept(report):
         ax.set_xlabel("accepted draft tokens per step")
         ax.set_ylabel("steps")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("Accepted length, exact vs leaky")
+    fig.suptitle("Accepted length, exact vs leaky", y=1.04)
     return _png(fig)
 
 
