@@ -56,3 +56,18 @@ def test_commit_then_verify_equals_longer_prefill():
         assert torch.allclose(st2.conv[l].double(), ref.conv[l], atol=1e-5)
     for l in cfg.attention_layers:
         assert torch.allclose(st2.kv[l][0].double(), ref.kv[l][0], atol=1e-5)
+
+
+def test_single_source_modes_leak_only_their_source():
+    """leaky-state keeps the exact conv windows; leaky-conv takes the flattened ones (first GDN
+    layer, where both see identical inputs)."""
+    cfg = get_preset("micro")
+    m = HybridModel(cfg, init_weights(cfg, seed=2))
+    st, _ = m.prefill([3, 4])
+    tree = Tree([-1, 0, 0, 1, 2, 2], [1, 2, 3, 4, 5, 6])
+    res = {mode: m.verify(st, tree, mode=mode) for mode in ("exact", "leaky", "leaky-state", "leaky-conv")}
+    l0 = cfg.gdn_layers[0]
+    assert torch.equal(res["leaky-state"].conv[l0], res["exact"].conv[l0])
+    assert torch.equal(res["leaky-conv"].conv[l0], res["leaky"].conv[l0])
+    assert not torch.equal(res["leaky-conv"].conv[l0], res["exact"].conv[l0])
+    assert not torch.allclose(res["leaky-state"].ssm[l0], res["exact"].ssm[l0])
