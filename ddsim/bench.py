@@ -48,3 +48,137 @@ def mode_table(*, preset: str = "tiny", repeats: int = 5, prefix: int = 64, devi
         lines.append(f"| {budget} | {tree.size} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
     lines.append("(trees per second)")
     return "\n".join(lines)
+
+
+# ---- GDN kernels on CUDA --------------------------------------------------------------------------
+KERNEL_SHAPES = ((1, 16), (1, 65), (8, 65), (32, 65))  # (sequences, nodes)
+
+
+def copy_bandwidth(device, nbytes: int = 2 << 30) -> float:
+    """Device copy bandwidth in bytes/s, counting bytes read and written."""
+    import triton.testing
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=10, rep=50, return_mode="median")
+    del a, b
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def ddtree_batch(B: int, T: int, *, vocab: int = 1000, depth: int = 15, topk: int = 8, seed: int = 0):
+    """B DDTree trees of T nodes (best-first, top-k cap 8, depth 15) from random draft logits."""
+    gen = torch.Generator().manual_seed(seed)
+    trees = [ddtree(torch.randn(depth, vocab, generator=gen) * 2.0, T - 1, topk) for _ in range(B)]
+    return trees, torch.tensor([t.parents for t in trees])
+
+
+def kernel_inputs(B, T, *, H=16, HV=48, K=128, V=128, dtype=torch.bfloat16, device="cuda", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        return torch.randn(*s, generator=gen).to(device=device, dtype=dtype)
+
+    g = (-torch.rand(B, T, HV, generator=gen) * 0.3).to(device)  # long-ish memory
+    return dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V), g=g, beta=torch.rand(B, T, HV, generator=gen).to(device),
+                initial_state=torch.randn(B, HV, K, V, generator=gen).to(device))
+
+
+def kernel_bytes(B, T, *, H=16, HV=48, K=128, V=128, in_bytes=2):
+    """Bytes each design must move at least: inputs + output + committed state (+ snapshots)."""
+    io = B * T * (2 * H * K + 2 * HV * V) * in_bytes + B * T * HV * 8
+    state = B * HV * K * V * 4
+    snaps = B * T * HV * K * V * 4
+    return {"leaky": io + state, "leaky+states": io + state + snaps, "parent-indexed": io + state + 2 * snaps,
+            "wy": io + state, "commit": 2 * state, "copy": 2 * state}
+
+
+def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf32x3")) -> tuple[str, list]:
+    """Median time per call of each GDN kernel design at Qwen3.6-27B GDN shapes, against the
+    memory floor of each design (bytes it must move / measured copy bandwidth)."""
+    import triton.testing
+
+    import gpu_backend as gb
+    bw = copy_bandwidth(device)
+    rows = []
+    for B, T in shapes:
+        trees, parents = ddtree_batch(B, T)
+        parents = parents.to(device)
+        inp = kernel_inputs(B, T, device=device)
+        nbytes = kernel_bytes(B, T)
+        acc = torch.tensor([int(t.depths.argmax()) for t in trees], device=device)  # commit the deepest path
+        qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
+        s0 = inp["initial_state"]
+        out_state = torch.empty_like(s0)
+        from gpu_backend.triton_commit import gdn_tree_commit_triton
+        from gpu_backend.triton_gdn import gdn_tree_verify_recurrent, gdn_tree_verify_wy
+        rec_cfgs = [dict(block_v=bv, num_warps=nw) for bv in (16, 32, 64) for nw in (1, 2, 4)]
+        wy_cfgs = [dict(block_v=bv, num_warps=nw) for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8))]
+        cases = {
+            "leaky": ("leaky", rec_cfgs, lambda c: gdn_tree_verify_recurrent(
+                **qkv, parents=parents, initial_state=s0, mode="leaky", **c)),
+            "leaky+states": ("leaky+states", rec_cfgs, lambda c: gdn_tree_verify_recurrent(
+                **qkv, parents=parents, initial_state=s0, mode="leaky", output_states=True, **c)),
+            "exact parent-indexed": ("parent-indexed", rec_cfgs, lambda c: gdn_tree_verify_recurrent(
+                **qkv, parents=parents, initial_state=s0, mode="exact", **c)),
+        }
+        for prec in precisions:
+            cases[f"exact wy ({prec})"] = ("wy", wy_cfgs, (lambda c, p=prec: gdn_tree_verify_wy(
+                **qkv, parents=parents, initial_state=s0, mode="exact", precision=p, **c)))
+        cases["commit"] = ("commit", rec_cfgs, lambda c: gdn_tree_commit_triton(
+            inp["k"], inp["v"], inp["g"], inp["beta"], parents=parents, accepted=acc, initial_state=s0, **c))
+        cases["state copy"] = ("copy", [{}], lambda c: out_state.copy_(s0))
+        for name, (design, cfgs, fn) in cases.items():
+            best = None
+            for c in cfgs:  # a fixed sweep instead of autotuning (state is read, never written in place here)
+                try:
+                    ms = triton.testing.do_bench(lambda: fn(c), warmup=10, rep=60, return_mode="median")
+                except Exception as e:  # a config that does not compile (e.g. out of resources) is skipped
+                    print(f"# {B}x{T} {name} {c}: skipped ({type(e).__name__})")
+                    continue
+                if best is None or ms < best[0]:
+                    best = (ms, c)
+            if best is None:
+                continue
+            ms, c = best
+            us = ms * 1e3
+            floor = nbytes[design] / bw * 1e6
+            rows.append({"B": B, "T": T, "kernel": name, "us": us, "floor_us": floor, "config": c,
+                         "GBps": nbytes[design] / (us * 1e-6) / 1e9,
+                         "snapshot_MiB": B * T * 48 * 128 * 128 * 4 / 2**20 if "states" in name or "parent" in name else 0.0})
+    lines = [f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)",
+             "| B x T | kernel | median us | memory floor us | achieved GB/s | snapshots MiB/layer | config |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())
+        lines.append(f"| {r['B']}x{r['T']} | {r['kernel']} | {r['us']:.1f} | {r['floor_us']:.1f} | {r['GBps']:.0f} | "
+                     f"{r['snapshot_MiB']:.0f} | {cfg} |")
+    return "\n".join(lines), rows
+
+
+def kernel_accuracy(*, device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1) -> str:
+    """Max relative error of each design's output vs the float64 oracle (bf16 and fp32 inputs)."""
+    import gpu_backend as gb
+    from ddsim.compare import rel_error
+    from gpu_backend.triton_gdn import gdn_tree_verify_wy
+    _, parents = ddtree_batch(B, T, seed=seed)
+    lines = ["| inputs | kernel | mode | relative error vs oracle (Frobenius) | max abs error |", "|---|---|---|---|---|"]
+    for dtype in (torch.float32, torch.bfloat16):
+        inp = kernel_inputs(B, T, H=H, HV=HV, K=K, V=V, dtype=dtype, device=device, seed=seed)
+        qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
+        cpu = {k: v.cpu() for k, v in qkv.items()}
+        for mode in ("exact", "leaky"):
+            ref = oracle.gdn_tree_verify(**cpu, parents=parents, initial_state=inp["initial_state"].cpu(), mode=mode)
+            outs = {"recurrent": gb.gdn_tree_verify(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
+                                                    mode=mode, backend="triton-recurrent").float()}
+            for prec in ("ieee", "tf32x3", "tf32"):
+                outs[f"wy {prec}"] = gdn_tree_verify_wy(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
+                                                        mode=mode, precision=prec).float()
+            outs["torch"] = gb.gdn_tree_verify(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
+                                               mode=mode, backend="torch").float()
+            if dtype != torch.float32:  # storing o in this dtype alone costs this much
+                lines.append(f"| {str(dtype).replace('torch.', '')} | (oracle rounded to {str(dtype).replace('torch.', '')}) "
+                             f"| {mode} | {rel_error(ref.to(dtype), ref):.2e} | {(ref.to(dtype).double() - ref).abs().max().item():.2e} |")
+            for name, o in outs.items():
+                err = rel_error(o.cpu(), ref)
+                lines.append(f"| {str(dtype).replace('torch.', '')} | {name} | {mode} | {err:.2e} | "
+                             f"{(o.cpu().double() - ref).abs().max().item():.2e} |")
+    return "\n".join(lines)

@@ -171,8 +171,12 @@ def cmd_bench(a, console) -> int:
     from ddsim.audit import resolve_device
     from ddsim.bench import mode_table
     dev = resolve_device(a.device)
-    print(mode_table(preset=a.preset, repeats=a.repeats, device=str(dev)))
-    print("Triton tree kernels and their memory-floor table are not part of this release.")
+    if dev.type == "cuda":
+        from ddsim.bench import kernel_accuracy, kernel_table
+        print(kernel_table(device=str(dev))[0])
+        print(kernel_accuracy(device=str(dev)))
+    else:
+        print(mode_table(preset=a.preset, repeats=a.repeats, device=str(dev)))
     return EXIT_OK
 
 
@@ -196,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--trace", metavar="FILE")
     pt.add_argument("--step", type=int, default=0)
     pt.add_argument("--format", choices=["text", "dot"], default="text")
-    pb = sub.add_parser("bench", help="verify throughput per mode (trees per second)")
+    pb = sub.add_parser("bench", help="CUDA: GDN kernel times against the memory floor; CPU: trees per second per mode")
     pb.add_argument("--preset", default="tiny")
     pb.add_argument("--repeats", type=int, default=5)
     pb.add_argument("--device", default="cpu")

@@ -65,10 +65,12 @@ def _rope(x, pos, theta):
 
 class HybridModel:
     """Weights plus the batched tree forward. ``dtype`` is the fast path's compute dtype (float32
-    on the CPU); recurrent state is always float32 or wider."""
+    on the CPU); recurrent state is always float32 or wider. On CUDA the GDN recurrence and conv
+    run the Triton kernels (the recurrent kernel, since the simulator keeps per-node states)."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict, *, dtype=torch.float32, device="cpu"):
+    def __init__(self, cfg: ModelConfig, weights: dict, *, dtype=torch.float32, device="cpu", backend=None):
         self.cfg = cfg
+        self.backend = backend  # gpu_backend backend: None = triton on CUDA, torch elsewhere
         self.dtype = dtype
         self.device = torch.device(device)
         self.w = {k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()}
@@ -149,7 +151,8 @@ class HybridModel:
         a = F.linear(x, w[p + "gdn.a"]).float()  # [T, HV]
         b = F.linear(x, w[p + "gdn.b"]).float()
         y, windows = gb.tree_causal_conv1d(xin, weight=w[p + "gdn.conv"], parents=parents,
-                                           initial_window=win0[None], mode=conv_mode, output_windows=True)
+                                           initial_window=win0[None], mode=conv_mode, output_windows=True,
+                                           backend=self.backend)
         y = y[0]  # [T, C]
         q = y[:, : H * K].view(1, T, H, K)
         k = y[:, H * K: 2 * H * K].view(1, T, H, K)
@@ -158,7 +161,7 @@ class HybridModel:
         beta = torch.sigmoid(b)
         o, states = gb.gdn_tree_verify(q, k, v, g[None], beta[None], parents=parents,
                                        initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
-                                       output_states=True)
+                                       output_states=True, backend=self.backend)
         o = o[0].to(x.dtype)  # [T, HV, V]
         o = _rmsnorm(o, w[p + "gdn.norm"], cfg.rms_norm_eps) * F.silu(z)
         return F.linear(o.reshape(T, HV * V), w[p + "gdn.out"]), states[0], windows[0]

@@ -1,15 +1,87 @@
 """Fast paths for tree verification (SPEC 8). Each op has a plain twin in ``oracle/`` with the same
 keyword-only signature.
 
-Backends: ``torch_ops`` (pure PyTorch, batched over the tree; serves CPU users and is the default
-everywhere in this release). Triton kernels for CUDA are a separate piece of work (issue 6).
+Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" otherwise):
+  torch             pure PyTorch, batched over the tree (serves CPU users)
+  triton            gdn_tree_verify: "triton-wy" unless per-node states are asked for, then
+                    "triton-recurrent"
+  triton-recurrent  leaky = flattened recurrence (per-node states optional);
+                    exact = parent-indexed recurrence over per-node snapshots
+  triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states
+Triton kernels also run on the CPU under TRITON_INTERPRET=1 (the tests do this).
 """
-from gpu_backend.torch_ops import (
-    conv_tree_commit,
-    gdn_tree_commit,
-    gdn_tree_verify,
-    tree_attention,
-    tree_causal_conv1d,
-)
+from __future__ import annotations
 
-__all__ = ["gdn_tree_verify", "gdn_tree_commit", "tree_causal_conv1d", "conv_tree_commit", "tree_attention"]
+from gpu_backend import torch_ops
+from gpu_backend.torch_ops import tree_attention
+
+BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy")
+
+
+def _backend(x, backend):
+    b = backend or ("triton" if x.is_cuda else "torch")
+    if b not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {b!r}")
+    return b
+
+
+def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
+                    use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
+                    dt_bias=None, backend=None):
+    """q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] (or fused a, b [B, T, HV] with A_log,
+    dt_bias [HV]); parents [B, T]; initial_state [B, HV, K, V] fp32 or a pool with state_indices [B].
+    Returns o [B, T, HV, V] and, with output_states, per-node states [B, T, HV, K, V]."""
+    be = _backend(q, backend)
+    kw = dict(parents=parents, initial_state=initial_state, mode=mode, scale=scale, use_qk_l2norm=use_qk_l2norm,
+              output_states=output_states, state_indices=state_indices, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    if be == "torch":
+        return torch_ops.gdn_tree_verify(q, k, v, g, beta, **kw)
+    from gpu_backend import triton_gdn
+    if be == "triton":
+        be = "triton-recurrent" if output_states else "triton-wy"
+    fn = triton_gdn.gdn_tree_verify_recurrent if be == "triton-recurrent" else triton_gdn.gdn_tree_verify_wy
+    return fn(q, k, v, g, beta, **kw)
+
+
+def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, use_qk_l2norm=True,
+                    state_indices=None, inplace=False, a=None, b=None, A_log=None, dt_bias=None, backend=None):
+    """State after the accepted path root..accepted[b], without per-node snapshots. inplace writes
+    the pool slots (Triton only); otherwise a new [B, HV, K, V] tensor."""
+    be = _backend(k, backend)
+    if be == "torch":
+        if inplace:
+            raise ValueError("inplace: the torch backend returns a new state; use a triton backend")
+        g, beta = torch_ops.resolve_gates(g, beta, a, b, A_log, dt_bias)
+        return torch_ops.gdn_tree_commit(k, v, g, beta, parents=parents, accepted=accepted,
+                                         initial_state=torch_ops.resolve_state(initial_state, state_indices),
+                                         use_qk_l2norm=use_qk_l2norm)
+    from gpu_backend.triton_commit import gdn_tree_commit_triton
+    return gdn_tree_commit_triton(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state,
+                                  use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, inplace=inplace,
+                                  a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+
+
+def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="exact", activation="silu",
+                       output_windows=False, backend=None):
+    """x [B, T, C]; weight [C, W]; initial_window [B, C, W-1] oldest first. Returns out [B, T, C]
+    and, with output_windows, each node's window [B, T, C, W-1]."""
+    be = _backend(x, backend)
+    kw = dict(weight=weight, bias=bias, parents=parents, initial_window=initial_window, mode=mode,
+              activation=activation, output_windows=output_windows)
+    if be == "torch":
+        return torch_ops.tree_causal_conv1d(x, **kw)
+    from gpu_backend.triton_conv import tree_causal_conv1d_triton
+    return tree_causal_conv1d_triton(x, **kw)
+
+
+def conv_tree_commit(x, *, parents, accepted, initial_window, backend=None):
+    """Window after root..accepted[b]: [B, C, W-1]."""
+    be = _backend(x, backend)
+    if be == "torch":
+        return torch_ops.conv_tree_commit(x, parents=parents, accepted=accepted, initial_window=initial_window)
+    from gpu_backend.triton_commit import conv_tree_commit_triton
+    return conv_tree_commit_triton(x, parents=parents, accepted=accepted, initial_window=initial_window)
+
+
+__all__ = ["gdn_tree_verify", "gdn_tree_commit", "tree_causal_conv1d", "conv_tree_commit", "tree_attention",
+           "BACKENDS"]

@@ -46,7 +46,8 @@ def _mode_parents(p: torch.Tensor, mode: str) -> torch.Tensor:
     return (torch.arange(T, device=p.device) - 1).expand_as(p)
 
 
-def _check_gdn(q, k, v, g, beta, initial_state):
+def _check_inputs(q, k, v, g, beta):
+    """Shapes and dtypes of q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] -> (B, T, H, HV, K, V)."""
     if q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q, k: expected equal shapes [B, T, H, K], got {tuple(q.shape)} and {tuple(k.shape)}")
     B, T, H, K = q.shape
@@ -58,16 +59,49 @@ def _check_gdn(q, k, v, g, beta, initial_state):
     for name, x in (("g", g), ("beta", beta)):
         if tuple(x.shape) != (B, T, HV):
             raise ValueError(f"{name}: expected [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
-    if tuple(initial_state.shape) != (B, HV, K, V):
-        raise ValueError(f"initial_state: expected [B, HV, K, V] = {(B, HV, K, V)}, got {tuple(initial_state.shape)}")
-    if initial_state.dtype != torch.float32 and initial_state.dtype != torch.float64:
-        raise ValueError(f"initial_state: expected float32 (or float64), got {initial_state.dtype}")
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not x.is_floating_point():
             raise ValueError(f"{name}: expected a floating dtype, got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"{name}: on {x.device}, q is on {q.device}")
     return B, T, H, HV, K, V
+
+
+def _check_state(initial_state, B, HV, K, V):
+    if tuple(initial_state.shape) != (B, HV, K, V):
+        raise ValueError(f"initial_state: expected [B, HV, K, V] = {(B, HV, K, V)}, got {tuple(initial_state.shape)}")
+    if initial_state.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"initial_state: expected float32 (or float64), got {initial_state.dtype}")
+
+
+def _check_gdn(q, k, v, g, beta, initial_state):
+    dims = _check_inputs(q, k, v, g, beta)
+    B, T, H, HV, K, V = dims
+    _check_state(initial_state, B, HV, K, V)
+    return dims
+
+
+def resolve_gates(g, beta, a, b, A_log, dt_bias):
+    """(g, beta) as given, or fused from (a, b, A_log, dt_bias):
+    g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)."""
+    if g is not None:
+        if beta is None:
+            raise ValueError("beta: required with g")
+        return g, beta
+    if any(x is None for x in (a, b, A_log, dt_bias)):
+        raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
+    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
+    return g, torch.sigmoid(b.float())
+
+
+def resolve_state(initial_state, state_indices):
+    """The committed states of the batch: initial_state itself, or pool slots state_indices."""
+    if state_indices is None:
+        return initial_state
+    idx = torch.as_tensor(state_indices, device=initial_state.device).long()
+    if idx.dim() != 1 or ((idx < 0) | (idx >= initial_state.shape[0])).any():
+        raise ValueError(f"state_indices: expected [B] slots in 0..{initial_state.shape[0] - 1}")
+    return initial_state[idx]
 
 
 def _prep_qk(x, HV, use_l2norm, dt):
@@ -79,14 +113,18 @@ def _prep_qk(x, HV, use_l2norm, dt):
 
 
 # ---- Gated DeltaNet ----------------------------------------------------------------------------
-def gdn_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", scale=None,
-                    use_qk_l2norm=True, output_states=False):
+def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
+                    use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
+                    dt_bias=None):
     """Tree verification of one GDN layer.
 
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g, beta: [B, T, HV]; parents: [B, T] int;
-    initial_state: [B, HV, K, V] float32. Returns o [B, T, HV, V] in v's dtype and, with
-    output_states, the state after every node [B, T, HV, K, V] in the state dtype.
+    initial_state: [B, HV, K, V] float32 (or a pool [N, HV, K, V] with state_indices [B]).
+    Gates from (g, beta) or fused from (a, b, A_log, dt_bias). Returns o [B, T, HV, V] in v's
+    dtype and, with output_states, the state after every node [B, T, HV, K, V] in the state dtype.
     """
+    g, beta = resolve_gates(g, beta, a, b, A_log, dt_bias)
+    initial_state = resolve_state(initial_state, state_indices)
     B, T, H, HV, K, V = _check_gdn(q, k, v, g, beta, initial_state)
     src = _mode_parents(_check_parents(parents, B, T, q.device), mode)  # [B, T]
     dt = initial_state.dtype

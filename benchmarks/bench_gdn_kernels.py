@@ -1,0 +1,28 @@
+"""GDN tree-verify kernels on CUDA at Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128, bf16 inputs),
+sequences x nodes in {1x16, 1x65, 8x65, 32x65}, DDTree trees (top-k 8, depth 15): median time per
+call, achieved bandwidth and the memory floor of each design; then accuracy against the float64
+oracle. Same as `ddsim bench --device cuda`.
+
+    python benchmarks/bench_gdn_kernels.py [--commit SHA]
+"""
+import argparse
+import platform
+import time
+
+import torch
+import triton
+
+from ddsim.bench import kernel_accuracy, kernel_table
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="?")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gdn_kernels: needs a CUDA device")
+    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
+          f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
+    table, _ = kernel_table()
+    print(table)
+    print()
+    print(kernel_accuracy())

@@ -1,0 +1,90 @@
+"""Shared launcher helpers for the Triton kernels: input validation, tree tables, dtypes."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from gpu_backend.torch_ops import _check_inputs, _check_parents, _mode_parents  # noqa: F401  (one validation)
+
+MODES = ("exact", "leaky")
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def next_pow2(n: int, lo: int = 16) -> int:
+    p = lo
+    while p < n:
+        p *= 2
+    return p
+
+
+def check_device(*tensors) -> None:
+    dev = tensors[0].device
+    if dev.type != "cuda" and not interpreting():
+        raise ValueError(f"triton kernels need CUDA tensors (or TRITON_INTERPRET=1), got {dev}")
+    for t in tensors:
+        if t is not None and t.device != dev:
+            raise ValueError(f"all tensors must be on {dev}, one is on {t.device}")
+
+
+def check_pool(initial_state, state_indices, B, HV, K, V):
+    """initial_state is [B, HV, K, V] or a pool [N, HV, K, V] addressed by state_indices [B]."""
+    if initial_state.dtype != torch.float32:
+        raise ValueError(f"initial_state: expected float32, got {initial_state.dtype}")
+    if initial_state.dim() != 4 or tuple(initial_state.shape[1:]) != (HV, K, V):
+        raise ValueError(f"initial_state: expected [N, HV, K, V] with HV, K, V = {(HV, K, V)}, got "
+                         f"{tuple(initial_state.shape)}")
+    if not initial_state.is_contiguous():
+        raise ValueError("initial_state: must be contiguous")
+    N = initial_state.shape[0]
+    if state_indices is None:
+        if N != B:
+            raise ValueError(f"initial_state: {N} states for {B} sequences; pass state_indices to address a pool")
+        return torch.arange(B, dtype=torch.int32, device=initial_state.device)
+    idx = torch.as_tensor(state_indices, device=initial_state.device)
+    if idx.dtype not in (torch.int32, torch.int64) or tuple(idx.shape) != (B,):
+        raise ValueError(f"state_indices: expected [B] = [{B}] integers, got {tuple(idx.shape)} {idx.dtype}")
+    if ((idx < 0) | (idx >= N)).any():
+        raise ValueError(f"state_indices: slots must lie in 0..{N - 1}")
+    if idx.unique().numel() != B:
+        raise ValueError("state_indices: slots must be distinct")
+    return idx.to(torch.int32).contiguous()
+
+
+def ancestor_mask(src: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """src [B, T] source parents -> (int8 [B, T, T] ancestor-or-self mask, max depth)."""
+    B, T = src.shape
+    dev = src.device
+    mask = torch.zeros(B, T, T, dtype=torch.int8, device=dev)
+    cur = torch.arange(T, device=dev).expand(B, T).clone()
+    bidx = torch.arange(B, device=dev)[:, None]
+    tidx = torch.arange(T, device=dev)[None, :].expand(B, T)
+    depth = 0
+    while True:
+        live = cur >= 0
+        if not live.any():
+            break
+        mask[bidx.expand(B, T)[live], tidx[live], cur[live]] = 1
+        cur = torch.where(live, src.gather(1, cur.clamp(min=0)), cur)
+        depth += 1
+    return mask.contiguous(), depth - 1
+
+
+def gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, device):
+    """Either (g, beta) or the fused (a, b, A_log, dt_bias); returns the four kernel tensors and FUSED."""
+    fused = g is None
+    if fused:
+        if any(x is None for x in (a, b, A_log, dt_bias)):
+            raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
+        for name, x, shape in (("a", a, (B, T, HV)), ("b", b, (B, T, HV)), ("A_log", A_log, (HV,)),
+                               ("dt_bias", dt_bias, (HV,))):
+            if tuple(x.shape) != shape:
+                raise ValueError(f"{name}: expected {shape}, got {tuple(x.shape)}")
+        return a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous(), True
+    if beta is None:
+        raise ValueError("beta: required with g")
+    dummy = torch.zeros(1, device=device, dtype=torch.float32)
+    return g.contiguous(), beta.contiguous(), dummy, dummy, False

@@ -1,0 +1,160 @@
+"""Triton commit kernels: the recurrent state and the conv window after an accepted path, written
+into a state-pool slot (in place, as a serving stack does) or into a new tensor, without per-node
+snapshots. Twins: oracle.gdn_tree_commit, oracle.conv_tree_commit.
+
+The GDN commit replays the delta rule along the accepted root path only (depth <= a few dozen
+steps) from the committed state: it reads the slot's state once and writes it once, so its memory
+floor is that of a state copy.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpu_backend import _common as C
+from gpu_backend.torch_ops import _conv_sources
+from gpu_backend.triton_gdn import _softplus
+
+
+@triton.jit
+def _gdn_commit_kernel(
+    k, v, g, beta, A_log, dt_bias,  # [B,T,H,K], [B,T,HV,V], [B,T,HV] x2 (or a, b), [HV] x2
+    path,  # [B, DMAX] int32: accepted node indices root first, -1 padded
+    state, state_idx, out, out_idx,  # read pool + slots, write pool + slots (may be the same)
+    T, DMAX,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mk = o_k < K
+    mv = o_v < V
+    mkv = mk[:, None] & mv[None, :]
+    slot = tl.load(state_idx + i_b).to(tl.int64)
+    S = tl.load(state + ((slot * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :], mask=mkv, other=0.0)
+    if FUSED:
+        neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+        bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    for d in range(0, DMAX):
+        n = tl.load(path + i_b * DMAX + d)
+        row = (i_b * T + tl.maximum(n, 0)).to(tl.int64)
+        b_k = tl.load(k + (row * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
+        b_v = tl.load(v + (row * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
+        if L2NORM:
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+        if FUSED:
+            b_g = neg_A * _softplus(tl.load(g + row * HV + i_hv).to(tl.float32) + bias)
+            b_beta = tl.sigmoid(tl.load(beta + row * HV + i_hv).to(tl.float32))
+        else:
+            b_g = tl.load(g + row * HV + i_hv).to(tl.float32)
+            b_beta = tl.load(beta + row * HV + i_hv).to(tl.float32)
+        S2 = S * tl.exp(b_g)
+        u = b_beta * (b_v - tl.sum(S2 * b_k[:, None], 0))
+        S2 = S2 + b_k[:, None] * u[None, :]
+        S = tl.where(n >= 0, S2, S)
+    oslot = tl.load(out_idx + i_b).to(tl.int64)
+    tl.store(out + ((oslot * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :], S, mask=mkv)
+
+
+def _paths(parents: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+    """[B, DMAX] int32 root-first accepted paths, -1 padded."""
+    B, T = parents.shape
+    cur = accepted.clone()
+    rows = []
+    while (cur >= 0).any():
+        rows.append(cur)
+        cur = torch.where(cur >= 0, parents.gather(1, cur.clamp(min=0)[:, None])[:, 0], cur)
+    rev = torch.stack(rows[::-1], dim=1)  # [B, DMAX] with -1 on the left for shorter paths
+    # shift each row so the root comes first
+    keep = rev >= 0
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+    return rev.gather(1, order).to(torch.int32).contiguous()
+
+
+def _accepted(accepted, B, T, device):
+    acc = torch.as_tensor(accepted, device=device).long().reshape(-1)
+    if acc.numel() != B or ((acc < 0) | (acc >= T)).any():
+        raise ValueError(f"accepted: expected [B] = [{B}] node indices in 0..{T - 1}, got {acc.tolist()}")
+    return acc
+
+
+def gdn_tree_commit_triton(k, v, g=None, beta=None, *, parents, accepted, initial_state, use_qk_l2norm=True,
+                           state_indices=None, inplace=False, a=None, b=None, A_log=None, dt_bias=None,
+                           block_v: int = 32, num_warps: int = 4):
+    """State after root..accepted[b]. inplace=True writes it into the pool slots (state_indices)
+    and returns the pool; otherwise returns a new [B, HV, K, V] tensor. Other slots are untouched."""
+    fused = g is None
+    if fused and (a is None or b is None):
+        raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
+    B, T, H, HV, K, V = C._check_inputs(k, k, v, a if fused else g, b if fused else beta)
+    C.check_device(k, v, initial_state)
+    p = C._check_parents(parents, B, T, k.device)
+    acc = _accepted(accepted, B, T, k.device)
+    idx = C.check_pool(initial_state, state_indices, B, HV, K, V)
+    g_, b_, al, db, fused = C.gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, k.device)
+    path = _paths(p, acc)
+    if inplace:
+        out, out_idx = initial_state, idx
+    else:
+        out = torch.full((B, HV, K, V), float("nan"), dtype=torch.float32, device=k.device)
+        out_idx = torch.arange(B, dtype=torch.int32, device=k.device)
+    BK, BV = triton.next_power_of_2(K), min(block_v, triton.next_power_of_2(V))
+    _gdn_commit_kernel[(triton.cdiv(V, BV), B * HV)](
+        k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, path=path, state=initial_state,
+        state_idx=idx, out=out, out_idx=out_idx, T=T, DMAX=path.shape[1], H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
+        FUSED=fused, L2NORM=use_qk_l2norm, num_warps=num_warps)
+    return out
+
+
+@triton.jit
+def _conv_commit_kernel(x, src, window, win_idx, out, out_idx, acc, T, C, W: tl.constexpr, BC: tl.constexpr):
+    """out slot <- the last W-1 inputs along the accepted path (src row of node acc[b])."""
+    i_c = tl.program_id(0)
+    i_b = tl.program_id(1)
+    o_c = i_c * BC + tl.arange(0, BC)
+    mc = o_c < C
+    a = tl.load(acc + i_b)
+    slot = tl.load(win_idx + i_b).to(tl.int64)
+    vals = []
+    for w in tl.static_range(1, W):
+        j = tl.load(src + (i_b * T + a) * W + w)
+        from_win = tl.load(window + (slot * C + o_c) * (W - 1) + tl.minimum(j, W - 2), mask=mc, other=0.0)
+        from_x = tl.load(x + (i_b * T + tl.maximum(j - (W - 1), 0)).to(tl.int64) * C + o_c, mask=mc, other=0.0)
+        vals.append(tl.where(j < W - 1, from_win, from_x.to(from_win.dtype)))
+    oslot = tl.load(out_idx + i_b).to(tl.int64)
+    for w in tl.static_range(1, W):  # all reads are done before the (possibly in-place) writes
+        tl.store(out + (oslot * C + o_c) * (W - 1) + (w - 1), vals[w - 1], mask=mc)
+
+
+def conv_tree_commit_triton(x, *, parents, accepted, initial_window, state_indices=None, inplace=False,
+                            block_c: int = 128):
+    """Window after root..accepted[b]: x [B, T, C]; initial_window [B or N, C, W-1]."""
+    B, T, Cn = x.shape
+    W = initial_window.shape[-1] + 1
+    C.check_device(x, initial_window)
+    p = C._check_parents(parents, B, T, x.device)
+    acc = _accepted(accepted, B, T, x.device)
+    N = initial_window.shape[0]
+    if initial_window.dim() != 3 or initial_window.shape[1] != Cn:
+        raise ValueError(f"initial_window: expected [N, C, W-1] with C={Cn}, got {tuple(initial_window.shape)}")
+    idx = (torch.arange(B, dtype=torch.int32, device=x.device) if state_indices is None
+           else torch.as_tensor(state_indices, device=x.device).to(torch.int32))
+    if state_indices is None and N != B:
+        raise ValueError(f"initial_window: {N} windows for {B} sequences; pass state_indices")
+    src = _conv_sources(p, W).to(torch.int32).contiguous()
+    if inplace:
+        out, out_idx = initial_window, idx
+    else:
+        out = torch.full((B, Cn, W - 1), float("nan"), dtype=initial_window.dtype, device=x.device)
+        out_idx = torch.arange(B, dtype=torch.int32, device=x.device)
+    BC = min(block_c, triton.next_power_of_2(Cn))
+    _conv_commit_kernel[(triton.cdiv(Cn, BC), B)](
+        x=x.contiguous(), src=src, window=initial_window, win_idx=idx, out=out, out_idx=out_idx,
+        acc=acc.to(torch.int32).contiguous(), T=T, C=Cn, W=W, BC=BC)
+    return out

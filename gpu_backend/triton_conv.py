@@ -1,0 +1,82 @@
+"""Triton depthwise causal conv1d over a tree (tree-aware "exact" or flattened "leaky"), width W,
+optional SiLU. Twin: oracle.tree_causal_conv1d.
+
+The launcher turns parents into a [B, T, W] table of input sources (each node's inputs, oldest
+first, as indices into cat(committed window, block inputs)); one program per (sequence, node,
+channel block) gathers its W inputs and writes the output and, optionally, its window.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpu_backend import _common as C
+from gpu_backend.torch_ops import _conv_sources
+
+
+@triton.jit
+def _tree_conv_kernel(x, weight, bias, src, window, win_idx, out, win_out, T, C,
+                      W: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                      STORE_WIN: tl.constexpr):
+    i_c = tl.program_id(0)
+    i_bt = tl.program_id(1)
+    i_b = i_bt // T
+    o_c = i_c * BC + tl.arange(0, BC)
+    mc = o_c < C
+    slot = tl.load(win_idx + i_b).to(tl.int64)
+    acc = tl.zeros([BC], dtype=tl.float32)
+    for w in tl.static_range(0, W):
+        j = tl.load(src + i_bt * W + w)
+        from_win = tl.load(window + (slot * C + o_c) * (W - 1) + tl.minimum(j, W - 2), mask=mc & (W > 1), other=0.0)
+        from_x = tl.load(x + (i_b * T + tl.maximum(j - (W - 1), 0)).to(tl.int64) * C + o_c, mask=mc, other=0.0)
+        val = tl.where(j < W - 1, from_win.to(tl.float32), from_x.to(tl.float32))
+        acc += val * tl.load(weight + o_c * W + w, mask=mc, other=0.0).to(tl.float32)
+        if STORE_WIN:
+            if w > 0:
+                tl.store(win_out + (i_bt.to(tl.int64) * C + o_c) * (W - 1) + (w - 1),
+                         val.to(win_out.dtype.element_ty), mask=mc)
+    if HAS_BIAS:
+        acc += tl.load(bias + o_c, mask=mc, other=0.0).to(tl.float32)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    tl.store(out + i_bt.to(tl.int64) * C + o_c, acc.to(out.dtype.element_ty), mask=mc)
+
+
+def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, mode="exact", activation="silu",
+                              output_windows=False, state_indices=None, block_c: int = 128):
+    """x [B, T, C]; weight [C, W]; bias [C] or None; initial_window [B, C, W-1] (or a pool
+    [N, C, W-1] with state_indices [B]). Returns out [B, T, C] (x's dtype) and, with
+    output_windows, each node's window after it [B, T, C, W-1]."""
+    if x.dim() != 3:
+        raise ValueError(f"x: expected [B, T, C], got {tuple(x.shape)}")
+    B, T, Cn = x.shape
+    if weight.dim() != 2 or weight.shape[0] != Cn:
+        raise ValueError(f"weight: expected [C, W] with C={Cn}, got {tuple(weight.shape)}")
+    W = weight.shape[1]
+    if W < 2:
+        raise ValueError(f"weight: width {W} < 2 has no window")
+    if initial_window.dim() != 3 or tuple(initial_window.shape[1:]) != (Cn, W - 1):
+        raise ValueError(f"initial_window: expected [N, C, W-1] = [N, {Cn}, {W - 1}], got {tuple(initial_window.shape)}")
+    if activation not in ("silu", None):
+        raise ValueError(f"activation: expected 'silu' or None, got {activation!r}")
+    if mode not in C.MODES:
+        raise ValueError(f"mode: expected one of {C.MODES}, got {mode!r}")
+    C.check_device(x, weight, initial_window)
+    src = C._mode_parents(C._check_parents(parents, B, T, x.device), mode)
+    table = _conv_sources(src, W).to(torch.int32).contiguous()
+    if state_indices is None:
+        if initial_window.shape[0] != B:
+            raise ValueError(f"initial_window: {initial_window.shape[0]} windows for {B} sequences; pass state_indices")
+        idx = torch.arange(B, dtype=torch.int32, device=x.device)
+    else:
+        idx = torch.as_tensor(state_indices, device=x.device).to(torch.int32).contiguous()
+    out = torch.full((B, T, Cn), float("nan"), dtype=x.dtype, device=x.device)
+    win_out = (torch.full((B, T, Cn, W - 1), float("nan"), dtype=x.dtype, device=x.device) if output_windows
+               else torch.zeros(1, dtype=x.dtype, device=x.device))
+    BC = min(block_c, triton.next_power_of_2(Cn))
+    _tree_conv_kernel[(triton.cdiv(Cn, BC), B * T)](
+        x=x.contiguous(), weight=weight.contiguous(), bias=bias if bias is not None else weight, src=table,
+        window=initial_window.contiguous(), win_idx=idx, out=out, win_out=win_out, T=T, C=Cn, W=W, BC=BC,
+        HAS_BIAS=bias is not None, SILU=activation == "silu", STORE_WIN=output_windows)
+    return (out, win_out) if output_windows else out

@@ -1,0 +1,213 @@
+"""Triton kernels for Gated DeltaNet tree verification, and their launchers.
+
+Two designs (twin: oracle.gdn_tree_verify):
+
+recurrent   one program per (sequence, value head, V tile) keeps S [K, BV] in registers and steps
+            over the nodes in index order. mode "leaky": S carries from node i-1 (flattened, the
+            hybrid-unsafe path), per-node states optional. mode "exact": parent-indexed, each node
+            reloads its parent's state from the per-node snapshot buffer (the snapshot design
+            serving stacks use for EAGLE top-k > 1), so snapshots are always written.
+wy          the tree-masked WY form (ANCHORS.md): reads the committed state once and writes no
+            per-node state. With G_t the sum of g over ancestors-or-self and A_t = exp(G_t):
+              (I + L) U = diag(beta) (V - diag(A) K S0),  L[t, j] = beta_t (A_t / A_j) k_t.k_j, j strict ancestor
+              O = diag(A) Q S0 + (M o D o Q K^T) U,         D[t, j] = A_t / A_j,  M ancestor-or-self
+            L is nilpotent (L^n = 0 beyond the tree depth), so (I + L)^-1 = prod_m (I + (-L)^(2^m))
+            over ceil(log2(depth + 1)) factors: a few matrix products instead of T sequential steps.
+            mode "leaky" uses the chain mask (every earlier node an ancestor).
+Both: q/k l2-norm in kernel, grouped heads (value head j reads key head j // (HV/H)), fp32 state,
+bf16/fp16/fp32 inputs, gates from (g, beta) or fused from (a, b, A_log, dt_bias), the committed
+state read from a pool slot (state_indices) and never written.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from gpu_backend import _common as C
+
+
+@triton.jit
+def _softplus(x):
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
+def _gdn_recurrent_kernel(
+    q, k, v, g, beta, A_log, dt_bias,  # [B,T,H,K] x2, [B,T,HV,V], [B,T,HV] x2 (or a, b), [HV] x2
+    src,  # [B, T] int32: source node of each node's state (-1: the committed state)
+    state, state_idx,  # pool [N, HV, K, V] fp32; [B] int32 slots
+    o, snap,  # [B, T, HV, V] out; [B, T, HV, K, V] fp32 per-node states (or a dummy)
+    T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    PARENT_INDEXED: tl.constexpr, STORE_STATES: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mk = o_k < K
+    mv = o_v < V
+    mkv = mk[:, None] & mv[None, :]
+    slot = tl.load(state_idx + i_b).to(tl.int64)
+    s0 = tl.load(state + ((slot * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :], mask=mkv, other=0.0)
+    S = s0
+    if FUSED:
+        neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+        bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    for t in range(0, T):
+        row = i_b * T + t
+        if PARENT_INDEXED:
+            p = tl.load(src + row)
+            pc = tl.maximum(p, 0).to(tl.int64)
+            sp = tl.load(snap + (((i_b * T + pc) * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                         mask=mkv, other=0.0)
+            S = tl.where(p >= 0, sp, s0)  # the root reads the committed state
+        b_q = tl.load(q + (row * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
+        b_k = tl.load(k + (row * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
+        b_v = tl.load(v + (row * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
+        if L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+        if FUSED:
+            b_g = neg_A * _softplus(tl.load(g + row * HV + i_hv).to(tl.float32) + bias)
+            b_beta = tl.sigmoid(tl.load(beta + row * HV + i_hv).to(tl.float32))
+        else:
+            b_g = tl.load(g + row * HV + i_hv).to(tl.float32)
+            b_beta = tl.load(beta + row * HV + i_hv).to(tl.float32)
+        S = S * tl.exp(b_g)
+        u = b_beta * (b_v - tl.sum(S * b_k[:, None], 0))  # [BV]
+        S = S + b_k[:, None] * u[None, :]
+        b_o = tl.sum(S * (b_q * scale)[:, None], 0)
+        tl.store(o + (row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
+        if STORE_STATES:
+            tl.store(snap + ((row.to(tl.int64) * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :], S, mask=mkv)
+            if PARENT_INDEXED:
+                tl.debug_barrier()  # the next node may read this snapshot through other threads
+
+
+@triton.jit
+def _gdn_wy_kernel(
+    q, k, v, g, beta, A_log, dt_bias,
+    mask,  # [B, T, T] int8 ancestor-or-self (chain mask for leaky)
+    state, state_idx, o,
+    T, scale, NSTEP,  # NSTEP = ceil(log2(max depth + 1)) doubling steps of the triangular solve
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mt = o_t < T
+    mk = o_k < K
+    mv = o_v < V
+    rows = (i_b * T + o_t).to(tl.int64)
+    b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+    b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    if L2NORM:
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+    if FUSED:
+        neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+        bias = tl.load(dt_bias + i_hv).to(tl.float32)
+        b_g = neg_A * _softplus(tl.load(g + rows * HV + i_hv, mask=mt, other=0.0).to(tl.float32) + bias)
+        b_beta = tl.sigmoid(tl.load(beta + rows * HV + i_hv, mask=mt, other=0.0).to(tl.float32))
+    else:
+        b_g = tl.load(g + rows * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
+        b_beta = tl.load(beta + rows * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
+    b_g = tl.where(mt, b_g, 0.0)
+    b_beta = tl.where(mt, b_beta, 0.0)
+    anc = tl.load(mask + rows[:, None] * T + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0  # [BT, BT]
+    G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each root path
+    D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
+    strict = anc & (o_t[:, None] != o_t[None, :])
+    KK = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+    NL = tl.where(strict, -b_beta[:, None] * D * KK, 0.0)  # -L
+    slot = tl.load(state_idx + i_b).to(tl.int64)
+    s0 = tl.load(state + ((slot * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                 mask=mk[:, None] & mv[None, :], other=0.0)
+    A = tl.exp(G)
+    U = b_beta[:, None] * (b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION))  # right-hand side
+    for _ in range(0, NSTEP):  # U <- (I + N) U, N <- N @ N : U = sum_n (-L)^n RHS
+        U = U + tl.dot(NL, U, input_precision=PRECISION)
+        NL = tl.dot(NL, NL, input_precision=PRECISION)
+    b_qs = b_q * scale
+    P = tl.where(anc, D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION), 0.0)
+    b_o = A[:, None] * tl.dot(b_qs, s0, input_precision=PRECISION) + tl.dot(P, U, input_precision=PRECISION)
+    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=mt[:, None] & mv[None, :])
+
+
+def _prep(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode):
+    """Validate (one set of checks shared with the torch path) and build the kernel arguments."""
+    fused = g is None
+    if fused and (a is None or b is None):
+        raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
+    B, T, H, HV, K, V = C._check_inputs(q, k, v, a if fused else g, b if fused else beta)
+    C.check_device(q, k, v, initial_state)
+    if mode not in C.MODES:
+        raise ValueError(f"mode: expected one of {C.MODES}, got {mode!r}")
+    src = C._mode_parents(C._check_parents(parents, B, T, q.device), mode)
+    idx = C.check_pool(initial_state, state_indices, B, HV, K, V)
+    gates = C.gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, q.device)
+    return B, T, H, HV, K, V, src, idx, gates
+
+
+def gdn_tree_verify_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
+                              use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
+                              A_log=None, dt_bias=None, block_v: int = 32, num_warps: int = 4):
+    """Recurrent Triton path. mode "leaky" (flattened) or "exact" (parent-indexed: snapshots are
+    written and read back). Returns o [B, T, HV, V] (v's dtype) and, with output_states, the per-node
+    states [B, T, HV, K, V] fp32."""
+    B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
+        q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
+    scale = K ** -0.5 if scale is None else float(scale)
+    parent_indexed = mode == "exact"
+    store = output_states or parent_indexed
+    o = torch.full((B, T, HV, V), float("nan"), dtype=v.dtype, device=v.device)
+    snap = (torch.full((B, T, HV, K, V), float("nan"), dtype=torch.float32, device=v.device) if store
+            else torch.zeros(1, dtype=torch.float32, device=v.device))
+    BK, BV = triton.next_power_of_2(K), min(block_v, triton.next_power_of_2(V))
+    grid = (triton.cdiv(V, BV), B * HV)
+    _gdn_recurrent_kernel[grid](
+        q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db,
+        src=src.to(torch.int32).contiguous(), state=initial_state, state_idx=idx, o=o, snap=snap,
+        T=T, scale=scale, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, PARENT_INDEXED=parent_indexed,
+        STORE_STATES=store, FUSED=fused, L2NORM=use_qk_l2norm, num_warps=num_warps)
+    return (o, snap) if output_states else o
+
+
+def gdn_tree_verify_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
+                       use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
+                       A_log=None, dt_bias=None, block_v: int = 32, num_warps: int = 4, precision: str = "ieee"):
+    """Tree-masked WY Triton path: no per-node states (output_states is refused)."""
+    if output_states:
+        raise ValueError("output_states: the WY kernel writes no per-node states; use the recurrent kernel")
+    if precision not in ("ieee", "tf32", "tf32x3"):
+        raise ValueError(f"precision: expected ieee, tf32 or tf32x3, got {precision!r}")
+    B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
+        q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
+    scale = K ** -0.5 if scale is None else float(scale)
+    mask, depth = C.ancestor_mask(src)
+    nstep = max(0, math.ceil(math.log2(depth + 1)))
+    o = torch.full((B, T, HV, V), float("nan"), dtype=v.dtype, device=v.device)
+    BT, BK, BV = C.next_pow2(T), max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))
+    grid = (triton.cdiv(V, BV), B * HV)
+    _gdn_wy_kernel[grid](
+        q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
+        state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
+        BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)
+    return o

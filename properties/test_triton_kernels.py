@@ -1,0 +1,159 @@
+"""Every Triton kernel against the oracle on hypothesis trees. Without a GPU they run under
+TRITON_INTERPRET=1 (set in the root conftest), so shapes stay small; outputs are NaN-poisoned by
+the launchers and state-pool slots outside the batch must stay bit-identical."""
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import gpu_backend as gb
+import oracle
+from ddsim.compare import assert_close
+from ddsim.tree import Tree
+from properties.strategies import fixed_conv_example, fixed_gdn_example, gdn_inputs, conv_inputs
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# compiled on a GPU when there is one, interpreted on the CPU otherwise
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _dev(x):
+    return x.to(DEVICE) if isinstance(x, torch.Tensor) else x
+
+
+def _long_example(T=20, seed=3):
+    """T above one 16-row block: a two-level tree with siblings and a deep chain."""
+    parents = [-1] + [0, 0, 1, 2] + list(range(4, 4 + T - 5))
+    ts = [Tree(parents, list(range(T)))]
+    gen = torch.Generator().manual_seed(seed)
+    B, H, HV, K, V = 1, 2, 4, 5, 6
+    return dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
+                v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen) * 0.2,
+                beta=torch.rand(B, T, HV, generator=gen), parents=torch.tensor([parents]),
+                initial_state=torch.randn(B, HV, K, V, generator=gen), trees=ts)
+
+
+def _pool(inp, extra=3, seed=0):
+    """Embed the batch's states in a larger pool at shuffled slots (on DEVICE)."""
+    s0 = inp["initial_state"]
+    B = s0.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.randn(B + extra, *s0.shape[1:], generator=gen)
+    slots = torch.randperm(B + extra, generator=gen)[:B]
+    pool[slots] = s0
+    return pool.to(DEVICE), slots.to(DEVICE)
+
+
+def _cast(inp, dtype):
+    """q, k, v in ``dtype``; everything on DEVICE (the oracle copies to the CPU itself)."""
+    return {k: _dev(inp[k].to(dtype) if k in ("q", "k", "v") else inp[k]) for k in ("q", "k", "v", "g", "beta")}
+
+
+@given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]), st.sampled_from(["triton-recurrent", "triton-wy"]),
+       st.sampled_from(DTYPES))
+@example(fixed_gdn_example(), "exact", "triton-wy", torch.float32)
+@example(fixed_gdn_example(), "leaky", "triton-wy", torch.float32)
+@example(fixed_gdn_example(), "exact", "triton-recurrent", torch.bfloat16)
+@example(_long_example(), "exact", "triton-wy", torch.float32)
+@example(_long_example(), "exact", "triton-recurrent", torch.float16)
+def test_triton_gdn_verify_matches_oracle(inp, mode, backend, dtype):
+    args = _cast(inp, dtype)
+    pool, slots = _pool(inp)
+    before = pool.clone()
+    o = gb.gdn_tree_verify(**args, parents=_dev(inp["parents"]), initial_state=pool, state_indices=slots, mode=mode,
+                           backend=backend)
+    ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
+    assert o.dtype == dtype
+    assert_close(f"o ({backend}, {mode})", o, ref, dtype=dtype, slack=5)
+    assert torch.equal(pool, before)  # verify never writes the committed state
+
+
+@given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]))
+@example(fixed_gdn_example(), "exact")
+def test_triton_recurrent_states_match_oracle(inp, mode):
+    args = _cast(inp, torch.float32)
+    o, states = gb.gdn_tree_verify(**args, parents=_dev(inp["parents"]), initial_state=_dev(inp["initial_state"]),
+                                   mode=mode, output_states=True, backend="triton-recurrent")
+    _, ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode,
+                                    output_states=True)
+    assert_close("per-node states", states, ref, dtype=torch.float32, slack=5)
+
+
+@given(gdn_inputs(max_nodes=6), st.sampled_from(["triton-recurrent", "triton-wy"]))
+@example(fixed_gdn_example(), "triton-wy")
+def test_triton_fused_gates_match_oracle(inp, backend):
+    B, T, HV = inp["g"].shape
+    gen = torch.Generator().manual_seed(11)
+    a, b = torch.randn(B, T, HV, generator=gen), torch.randn(B, T, HV, generator=gen)
+    A_log, dt_bias = torch.log(1 + 15 * torch.rand(HV, generator=gen)), torch.randn(HV, generator=gen) - 3
+    o = gb.gdn_tree_verify(*(_dev(inp[n]) for n in ("q", "k", "v")), a=_dev(a), b=_dev(b), A_log=_dev(A_log),
+                           dt_bias=_dev(dt_bias), parents=_dev(inp["parents"]), initial_state=_dev(inp["initial_state"]),
+                           backend=backend)
+    a64, b64 = a.double(), b.double()
+    g = -torch.exp(A_log.double()) * torch.nn.functional.softplus(a64 + dt_bias.double())  # plain reference gates
+    ref = oracle.gdn_tree_verify(inp["q"], inp["k"], inp["v"], g, torch.sigmoid(b64), parents=inp["parents"],
+                                 initial_state=inp["initial_state"])
+    assert_close("o (fused gates)", o, ref, dtype=torch.float32, slack=5)
+
+
+@given(gdn_inputs(max_nodes=6), st.lists(st.integers(0, 10**6), min_size=3, max_size=3), st.booleans())
+@example(fixed_gdn_example(), [5, 4, 0], True)
+def test_triton_commit_matches_oracle_and_leaves_other_slots(inp, picks, inplace):
+    acc = [picks[i] % t.size for i, t in enumerate(inp["trees"])]
+    pool, slots = _pool(inp)
+    before = pool.clone()
+    out = gb.gdn_tree_commit(*(_dev(inp[n]) for n in ("k", "v", "g", "beta")), parents=_dev(inp["parents"]),
+                             accepted=acc, initial_state=pool, state_indices=slots, inplace=inplace, backend="triton")
+    ref = oracle.gdn_tree_commit(inp["k"], inp["v"], inp["g"], inp["beta"], parents=inp["parents"], accepted=acc,
+                                 initial_state=inp["initial_state"])
+    others = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device)
+    others[slots] = False
+    if inplace:
+        assert out is pool
+        assert_close("committed slots", pool[slots], ref, dtype=torch.float32, slack=5)
+    else:
+        assert_close("committed state", out, ref, dtype=torch.float32, slack=5)
+        assert torch.equal(pool[slots], before[slots])
+    assert torch.equal(pool[others], before[others])  # slots outside the batch: bit-identical
+
+
+@given(conv_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]), st.sampled_from(DTYPES))
+@example(fixed_conv_example(), "exact", torch.float32)
+@example(fixed_conv_example(), "leaky", torch.bfloat16)
+def test_triton_conv_matches_oracle(inp, mode, dtype):
+    x, w = _dev(inp["x"].to(dtype)), _dev(inp["weight"].to(dtype))
+    bias = None if inp["bias"] is None else _dev(inp["bias"].to(dtype))
+    win0 = _dev(inp["initial_window"].to(dtype))
+    kw = dict(weight=w, bias=bias, parents=_dev(inp["parents"]), initial_window=win0, mode=mode, output_windows=True)
+    y, win = gb.tree_causal_conv1d(x, **kw, backend="triton")
+    y_ref, win_ref = oracle.tree_causal_conv1d(x, **kw)
+    assert_close("conv out", y, y_ref, dtype=dtype, slack=5)
+    assert torch.equal(win.cpu().double(), win_ref)  # windows copy inputs: bit-exact
+
+
+@given(conv_inputs(max_nodes=6), st.lists(st.integers(0, 10**6), min_size=2, max_size=2))
+@example(fixed_conv_example(), [5, 3])
+def test_triton_conv_commit_matches_oracle(inp, picks):
+    acc = [picks[b] % t.size for b, t in enumerate(inp["trees"])]
+    kw = dict(parents=inp["parents"], accepted=acc, initial_window=inp["initial_window"])
+    out = gb.conv_tree_commit(_dev(inp["x"]), **{k: _dev(v) for k, v in kw.items()}, backend="triton")
+    assert torch.equal(out.cpu().double(), oracle.conv_tree_commit(inp["x"], **kw))
+
+
+def test_triton_rejects_bad_input():
+    inp = fixed_gdn_example()
+    args = _cast(inp, torch.float32)
+    with pytest.raises(ValueError, match="output_states"):
+        gb.gdn_tree_verify(**args, parents=inp["parents"], initial_state=_dev(inp["initial_state"]), output_states=True,
+                           backend="triton-wy")
+    with pytest.raises(ValueError, match="state_indices: slots must be distinct"):
+        gb.gdn_tree_verify(**args, parents=inp["parents"], initial_state=_dev(torch.zeros(4, 3, 3, 5)),
+                           state_indices=_dev(torch.tensor([1, 1])), backend="triton-wy")
+    with pytest.raises(ValueError, match="initial_state: expected float32"):
+        gb.gdn_tree_verify(**args, parents=inp["parents"], initial_state=_dev(inp["initial_state"].double()),
+                           backend="triton-recurrent")
+    with pytest.raises(ValueError, match="backend"):
+        gb.gdn_tree_verify(**args, parents=inp["parents"], initial_state=_dev(inp["initial_state"]), backend="cuda-magic")
+    with pytest.raises(ValueError, match="gates"):
+        gb.gdn_tree_verify(_dev(inp["q"]), _dev(inp["k"]), _dev(inp["v"]), parents=inp["parents"], initial_state=_dev(inp["initial_state"]),
+                           backend="triton-wy")
