@@ -113,23 +113,26 @@ def gdn_tree_commit_triton(k, v, g=None, beta=None, *, parents, accepted, initia
 
 
 @triton.jit
-def _conv_commit_kernel(x, src, window, win_idx, out, out_idx, acc, T, C, W: tl.constexpr, BC: tl.constexpr):
+def _conv_commit_kernel(x, src, window, win_idx, out, out_idx, acc, T, C, W: tl.constexpr, BC: tl.constexpr,
+                        BW: tl.constexpr):
     """out slot <- the last W-1 inputs along the accepted path (src row of node acc[b])."""
     i_c = tl.program_id(0)
     i_b = tl.program_id(1)
     o_c = i_c * BC + tl.arange(0, BC)
+    o_w = tl.arange(0, BW)
     mc = o_c < C
+    mw = o_w < W - 1
+    m2 = mc[:, None] & mw[None, :]
     a = tl.load(acc + i_b)
     slot = tl.load(win_idx + i_b).to(tl.int64)
-    vals = []
-    for w in tl.static_range(1, W):
-        j = tl.load(src + (i_b * T + a) * W + w)
-        from_win = tl.load(window + (slot * C + o_c) * (W - 1) + tl.minimum(j, W - 2), mask=mc, other=0.0)
-        from_x = tl.load(x + (i_b * T + tl.maximum(j - (W - 1), 0)).to(tl.int64) * C + o_c, mask=mc, other=0.0)
-        vals.append(tl.where(j < W - 1, from_win, from_x.to(from_win.dtype)))
+    j = tl.load(src + (i_b * T + a) * W + 1 + o_w, mask=mw, other=0)  # [BW] sources of window positions
+    from_win = tl.load(window + (slot * C + o_c[:, None]) * (W - 1) + tl.minimum(j, W - 2)[None, :], mask=m2, other=0.0)
+    from_x = tl.load(x + (i_b * T + tl.maximum(j - (W - 1), 0)).to(tl.int64)[None, :] * C + o_c[:, None],
+                     mask=m2, other=0.0)
+    vals = tl.where((j < W - 1)[None, :], from_win, from_x.to(from_win.dtype))
+    tl.debug_barrier()  # every read of the old window is done before the (possibly in-place) write
     oslot = tl.load(out_idx + i_b).to(tl.int64)
-    for w in tl.static_range(1, W):  # all reads are done before the (possibly in-place) writes
-        tl.store(out + (oslot * C + o_c) * (W - 1) + (w - 1), vals[w - 1], mask=mc)
+    tl.store(out + (oslot * C + o_c[:, None]) * (W - 1) + o_w[None, :], vals, mask=m2)
 
 
 def conv_tree_commit_triton(x, *, parents, accepted, initial_window, state_indices=None, inplace=False,
@@ -156,5 +159,5 @@ def conv_tree_commit_triton(x, *, parents, accepted, initial_window, state_indic
     BC = min(block_c, triton.next_power_of_2(Cn))
     _conv_commit_kernel[(triton.cdiv(Cn, BC), B)](
         x=x.contiguous(), src=src, window=initial_window, win_idx=idx, out=out, out_idx=out_idx,
-        acc=acc.to(torch.int32).contiguous(), T=T, C=Cn, W=W, BC=BC)
+        acc=acc.to(torch.int32).contiguous(), T=T, C=Cn, W=W, BC=BC, BW=triton.next_power_of_2(W - 1))
     return out
