@@ -22,7 +22,8 @@ if __name__ == "__main__":
         raise SystemExit("bench_gdn_kernels: needs a CUDA device")
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
-    table, _ = kernel_table()
+    table, _ = kernel_table(progress=lambda r: print(f"# {r['B']}x{r['T']} {r['kernel']}: {r['us']:.1f} us "
+                                                     f"(floor {r['floor_us']:.1f}) {r['config']}", flush=True))
     print(table)
     print()
     print(kernel_accuracy())

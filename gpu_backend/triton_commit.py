@@ -84,11 +84,18 @@ def _accepted(accepted, B, T, device):
     return acc
 
 
-def gdn_tree_commit_triton(k, v, g=None, beta=None, *, parents, accepted, initial_state, use_qk_l2norm=True,
-                           state_indices=None, inplace=False, a=None, b=None, A_log=None, dt_bias=None,
-                           block_v: int = 32, num_warps: int = 4):
+def gdn_tree_commit_triton(*args, **kwargs):
     """State after root..accepted[b]. inplace=True writes it into the pool slots (state_indices)
     and returns the pool; otherwise returns a new [B, HV, K, V] tensor. Other slots are untouched."""
+    launch, out = plan_commit(*args, **kwargs)
+    launch()
+    return out
+
+
+def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, use_qk_l2norm=True,
+                state_indices=None, inplace=False, a=None, b=None, A_log=None, dt_bias=None,
+                block_v: int = 32, num_warps: int = 4, poison: bool = True):
+    """Validate, build the paths and allocate once; returns (launch, out)."""
     fused = g is None
     if fused and (a is None or b is None):
         raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
@@ -102,14 +109,14 @@ def gdn_tree_commit_triton(k, v, g=None, beta=None, *, parents, accepted, initia
     if inplace:
         out, out_idx = initial_state, idx
     else:
-        out = torch.full((B, HV, K, V), float("nan"), dtype=torch.float32, device=k.device)
+        out = (torch.full if poison else lambda s, _f, **kw: torch.empty(s, **kw))(
+            (B, HV, K, V), float("nan"), dtype=torch.float32, device=k.device)
         out_idx = torch.arange(B, dtype=torch.int32, device=k.device)
     BK, BV = triton.next_power_of_2(K), min(block_v, triton.next_power_of_2(V))
-    _gdn_commit_kernel[(triton.cdiv(V, BV), B * HV)](
-        k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, path=path, state=initial_state,
-        state_idx=idx, out=out, out_idx=out_idx, T=T, DMAX=path.shape[1], H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
-        FUSED=fused, L2NORM=use_qk_l2norm, num_warps=num_warps)
-    return out
+    kw = dict(k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, path=path, state=initial_state,
+              state_idx=idx, out=out, out_idx=out_idx, T=T, DMAX=path.shape[1], H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
+              FUSED=fused, L2NORM=use_qk_l2norm, num_warps=num_warps)
+    return (lambda: _gdn_commit_kernel[(triton.cdiv(V, BV), B * HV)](**kw)), out
 
 
 @triton.jit
