@@ -88,3 +88,10 @@ def gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, device):
         raise ValueError("beta: required with g")
     dummy = torch.zeros(1, device=device, dtype=torch.float32)
     return g.contiguous(), beta.contiguous(), dummy, dummy, False
+
+
+def alloc(shape, dtype, device, poison: bool = True):
+    """Fresh output: NaN-filled so an unwritten element cannot pass a comparison (poison=False for timing)."""
+    if poison:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)

@@ -109,8 +109,7 @@ def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, us
     if inplace:
         out, out_idx = initial_state, idx
     else:
-        out = (torch.full if poison else lambda s, _f, **kw: torch.empty(s, **kw))(
-            (B, HV, K, V), float("nan"), dtype=torch.float32, device=k.device)
+        out = C.alloc((B, HV, K, V), torch.float32, k.device, poison)
         out_idx = torch.arange(B, dtype=torch.int32, device=k.device)
     BK, BV = triton.next_power_of_2(K), min(block_v, triton.next_power_of_2(V))
     kw = dict(k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, path=path, state=initial_state,
@@ -161,7 +160,7 @@ def conv_tree_commit_triton(x, *, parents, accepted, initial_window, state_indic
     if inplace:
         out, out_idx = initial_window, idx
     else:
-        out = torch.full((B, Cn, W - 1), float("nan"), dtype=initial_window.dtype, device=x.device)
+        out = C.alloc((B, Cn, W - 1), initial_window.dtype, x.device)
         out_idx = torch.arange(B, dtype=torch.int32, device=x.device)
     BC = min(block_c, triton.next_power_of_2(Cn))
     _conv_commit_kernel[(triton.cdiv(Cn, BC), B)](

@@ -71,9 +71,9 @@ def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, 
         idx = torch.arange(B, dtype=torch.int32, device=x.device)
     else:
         idx = torch.as_tensor(state_indices, device=x.device).to(torch.int32).contiguous()
-    out = torch.full((B, T, Cn), float("nan"), dtype=x.dtype, device=x.device)
-    win_out = (torch.full((B, T, Cn, W - 1), float("nan"), dtype=x.dtype, device=x.device) if output_windows
-               else torch.zeros(1, dtype=x.dtype, device=x.device))
+    out = C.alloc((B, T, Cn), x.dtype, x.device)
+    win_out = C.alloc((B, T, Cn, W - 1), x.dtype, x.device) if output_windows else torch.zeros(1, dtype=x.dtype,
+                                                                                                device=x.device)
     BC = min(block_c, triton.next_power_of_2(Cn))
     _tree_conv_kernel[(triton.cdiv(Cn, BC), B * T)](
         x=x.contiguous(), weight=weight.contiguous(), bias=bias if bias is not None else weight, src=table,

@@ -151,11 +151,6 @@ def _gdn_wy_kernel(
              mask=mt[:, None] & mv[None, :])
 
 
-def _alloc(shape, dtype, device, poison):
-    """Fresh output: NaN-filled so an unwritten element cannot pass a comparison (poison=False for timing)."""
-    return torch.full(shape, float("nan"), dtype=dtype, device=device) if poison else torch.empty(shape, dtype=dtype, device=device)
-
-
 def _prep(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode):
     """Validate (one set of checks shared with the torch path) and build the kernel arguments."""
     fused = g is None
@@ -190,8 +185,8 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     scale = K ** -0.5 if scale is None else float(scale)
     parent_indexed = mode == "exact"
     store = output_states or parent_indexed
-    o = _alloc((B, T, HV, V), v.dtype, v.device, poison)
-    snap = _alloc((B, T, HV, K, V), torch.float32, v.device, poison) if store else torch.zeros(1, device=v.device)
+    o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
+    snap = C.alloc((B, T, HV, K, V), torch.float32, v.device, poison) if store else torch.zeros(1, device=v.device)
     BK, BV = triton.next_power_of_2(K), min(block_v, triton.next_power_of_2(V))
     grid = (triton.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db,
@@ -222,7 +217,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(depth + 1)))
-    o = _alloc((B, T, HV, V), v.dtype, v.device, poison)
+    o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK, BV = C.next_pow2(T), max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))
     grid = (triton.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
