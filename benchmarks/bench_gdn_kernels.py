@@ -17,12 +17,15 @@ from ddsim.bench import kernel_accuracy, kernel_table
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
+    ap.add_argument("--only", default=None, help="comma-separated kernel names to time (default: all)")
+    ap.add_argument("--precisions", default="ieee,tf32x3")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gdn_kernels: needs a CUDA device")
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
-    table, _ = kernel_table(progress=lambda r: print(f"# {r['B']}x{r['T']} {r['kernel']}: {r['us']:.1f} us "
+    table, _ = kernel_table(only=a.only.split(",") if a.only else None, precisions=tuple(a.precisions.split(",")),
+                            progress=lambda r: print(f"# {r['B']}x{r['T']} {r['kernel']}: {r['us']:.1f} us "
                                                      f"(floor {r['floor_us']:.1f}) {r['config']}", flush=True))
     print(table)
     print()

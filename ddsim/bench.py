@@ -91,7 +91,8 @@ def kernel_bytes(B, T, *, H=16, HV=48, K=128, V=128, in_bytes=2):
             "wy": io + state, "commit": 2 * state, "copy": 2 * state}
 
 
-def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf32x3"), progress=None) -> tuple[str, list]:
+def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf32x3"), only=None,
+                 progress=None) -> tuple[str, list]:
     """Median time per call of each GDN kernel design at Qwen3.6-27B GDN shapes, against the
     memory floor of each design (bytes it must move / measured copy bandwidth)."""
     import triton.testing
@@ -111,7 +112,7 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
         from gpu_backend.triton_commit import plan_commit
         from gpu_backend.triton_gdn import plan_recurrent, plan_wy
         rec_cfgs = [dict(block_v=bv, num_warps=nw) for bv, nw in ((16, 1), (32, 2), (32, 4), (64, 4))]
-        wy_cfgs = [dict(block_v=bv, num_warps=nw) for bv, nw in ((16, 4), (32, 8), (64, 8))]
+        wy_cfgs = [dict(block_v=bv, num_warps=nw) for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8))]
         common = dict(parents=parents, initial_state=s0, poison=False)
         cases = {
             "leaky": ("leaky", rec_cfgs, lambda c: plan_recurrent(**qkv, **common, mode="leaky", **c)),
@@ -128,6 +129,8 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
             poison=False, **c))
         cases["state copy"] = ("copy", [{}], lambda c: ((lambda: out_state.copy_(s0)), None))
         for name, (design, cfgs, plan) in cases.items():
+            if only and not any(name.startswith(o) for o in only):
+                continue
             best = None
             for c in cfgs:  # a fixed sweep instead of autotuning; only the kernel launch is timed
                 try:

@@ -102,6 +102,8 @@ def _gdn_wy_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
 ):
+    # The root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
+    # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // HV
@@ -110,10 +112,34 @@ def _gdn_wy_kernel(
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    mt = o_t < T
     mk = o_k < K
     mv = o_v < V
-    rows = (i_b * T + o_t).to(tl.int64)
+    if FUSED:
+        neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+        bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    # ---- the root, recurrently
+    r0 = (i_b * T).to(tl.int64)
+    q0 = tl.load(q + (r0 * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
+    k0 = tl.load(k + (r0 * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
+    v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
+    if L2NORM:
+        q0 = q0 / tl.sqrt(tl.sum(q0 * q0, 0) + 1e-6)
+        k0 = k0 / tl.sqrt(tl.sum(k0 * k0, 0) + 1e-6)
+    if FUSED:
+        g0 = neg_A * _softplus(tl.load(g + r0 * HV + i_hv).to(tl.float32) + bias)
+        beta0 = tl.sigmoid(tl.load(beta + r0 * HV + i_hv).to(tl.float32))
+    else:
+        g0 = tl.load(g + r0 * HV + i_hv).to(tl.float32)
+        beta0 = tl.load(beta + r0 * HV + i_hv).to(tl.float32)
+    slot = tl.load(state_idx + i_b).to(tl.int64)
+    s0 = tl.load(state + ((slot * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                 mask=mk[:, None] & mv[None, :], other=0.0)
+    s0 = s0 * tl.exp(g0)
+    s0 = s0 + k0[:, None] * (beta0 * (v0 - tl.sum(s0 * k0[:, None], 0)))[None, :]  # S_r
+    tl.store(o + (r0 * HV + i_hv) * V + o_v, tl.sum(s0 * (q0 * scale)[:, None], 0).to(o.dtype.element_ty), mask=mv)
+    # ---- the draft nodes 1..T-1 as one block
+    mt = o_t < T - 1
+    rows = (i_b * T + 1 + o_t).to(tl.int64)
     b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
     b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
@@ -121,8 +147,6 @@ def _gdn_wy_kernel(
         b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
         b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
     if FUSED:
-        neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-        bias = tl.load(dt_bias + i_hv).to(tl.float32)
         b_g = neg_A * _softplus(tl.load(g + rows * HV + i_hv, mask=mt, other=0.0).to(tl.float32) + bias)
         b_beta = tl.sigmoid(tl.load(beta + rows * HV + i_hv, mask=mt, other=0.0).to(tl.float32))
     else:
@@ -130,15 +154,12 @@ def _gdn_wy_kernel(
         b_beta = tl.load(beta + rows * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
     b_g = tl.where(mt, b_g, 0.0)
     b_beta = tl.where(mt, b_beta, 0.0)
-    anc = tl.load(mask + rows[:, None] * T + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0  # [BT, BT]
-    G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each root path
+    anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0
+    G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path below the root
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
     strict = anc & (o_t[:, None] != o_t[None, :])
     KK = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
     NL = tl.where(strict, -b_beta[:, None] * D * KK, 0.0)  # -L
-    slot = tl.load(state_idx + i_b).to(tl.int64)
-    s0 = tl.load(state + ((slot * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                 mask=mk[:, None] & mv[None, :], other=0.0)
     A = tl.exp(G)
     U = b_beta[:, None] * (b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION))  # right-hand side
     for _ in range(0, NSTEP):  # U <- (I + N) U, N <- N @ N : U = sum_n (-L)^n RHS
@@ -149,6 +170,9 @@ def _gdn_wy_kernel(
     b_o = A[:, None] * tl.dot(b_qs, s0, input_precision=PRECISION) + tl.dot(P, U, input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
+
+
+WY_MAX_NODES = 129  # the root + one block of at most 128 draft nodes
 
 
 def _prep(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode):
@@ -215,10 +239,13 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     scale = K ** -0.5 if scale is None else float(scale)
+    if T > WY_MAX_NODES:
+        raise ValueError(f"parents: the WY kernel takes at most {WY_MAX_NODES} nodes per tree, got {T}; "
+                         "use the recurrent kernel")
     mask, depth = C.ancestor_mask(src)
-    nstep = max(0, math.ceil(math.log2(depth + 1)))
+    nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
-    BT, BK, BV = C.next_pow2(T), max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))
+    BT, BK, BV = C.next_pow2(T - 1), max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))
     grid = (triton.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
