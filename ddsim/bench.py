@@ -60,7 +60,6 @@ def copy_bandwidth(device, nbytes: int = 2 << 30) -> float:
     a = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
     b = torch.empty_like(a)
     ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=10, rep=50, return_mode="median")
-    del a, b
     return 2 * nbytes / (ms * 1e-3)
 
 
@@ -97,7 +96,6 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
     memory floor of each design (bytes it must move / measured copy bandwidth)."""
     import triton.testing
 
-    import gpu_backend as gb
     bw = copy_bandwidth(device)
     rows = []
     for B, T in shapes:

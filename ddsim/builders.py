@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import heapq
-import math
 from typing import Sequence
 
 import numpy as np

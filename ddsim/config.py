@@ -14,7 +14,7 @@ Synthetic statistics that decide how large the leak is and whether it flips toke
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ddsim.errors import ConfigError
 

@@ -98,7 +98,6 @@ class HybridModel:
         if mode not in VERIFY_MODES:
             raise InputError(f"mode: expected one of {VERIFY_MODES}, got {mode!r}")
         cfg, w, dev = self.cfg, self.w, self.device
-        T = tree.size
         if state.pos + int(tree.depths.max()) >= cfg.max_position_embeddings:
             raise InputError(f"tree: positions up to {state.pos + int(tree.depths.max())} exceed the "
                              f"model's {cfg.max_position_embeddings} positions")

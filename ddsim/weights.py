@@ -52,8 +52,7 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             w[p + "attn.v"] = linear(nkv * hd, d)
             w[p + "attn.o"] = linear(d, nh * hd, out_scale)
         else:
-            H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-            K, V, W = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.conv_kernel_size
+            HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_kernel_size
             C = cfg.conv_dim
             w[p + "gdn.qkv"] = linear(C, d)
             w[p + "gdn.z"] = linear(HV * V, d)

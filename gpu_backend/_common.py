@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from gpu_backend.torch_ops import _check_inputs, _check_parents, _mode_parents  # noqa: F401  (one validation)
+from gpu_backend.torch_ops import _check_inputs, _check_parents, _mode_parents  # noqa: F401  (re-exported: one set of checks)
 
 MODES = ("exact", "leaky")
 

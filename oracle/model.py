@@ -8,7 +8,7 @@ for every node's state (for the leak metrics).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F

@@ -1,6 +1,5 @@
 """The oracle against itself: chains equal prefill, nodes equal decoding from scratch, and
 leaky equals exact exactly where the layout makes them the same."""
-import numpy as np
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st

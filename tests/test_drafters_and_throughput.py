@@ -2,7 +2,6 @@
 import json
 
 import pytest
-import torch
 
 from ddsim.config import get_preset
 from ddsim.drafters import DraftContext, SyntheticDrafter, TraceDrafter
