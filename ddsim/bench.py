@@ -110,7 +110,7 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
         from gpu_backend.triton_commit import plan_commit
         from gpu_backend.triton_gdn import plan_recurrent, plan_wy
         rec_cfgs = [dict(block_v=bv, num_warps=nw) for bv, nw in ((16, 1), (32, 2), (32, 4), (64, 4))]
-        wy_cfgs = [dict(block_v=bv, num_warps=nw) for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8))]
+        wy_cfgs = [dict(block_v=bv, num_warps=nw) for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8), (128, 8), (64, 4))]
         common = dict(parents=parents, initial_state=s0, poison=False)
         cases = {
             "leaky": ("leaky", rec_cfgs, lambda c: plan_recurrent(**qkv, **common, mode="leaky", **c)),
