@@ -50,6 +50,20 @@ class ModelConfig:
     gate_noise: float = 0.5
     logit_std: float = 4.0
     notes: str = ""
+    # real-architecture features (Qwen3-Next / Qwen3.5 checkpoints); the synthetic presets leave them off
+    architecture: str = "synthetic"
+    norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + weight): 1.0 for Qwen's zero-centred norms
+    attn_output_gate: bool = False  # attention output times sigmoid(gate), gate from q_proj's second half
+    qk_norm: bool = False  # RMSNorm of q and k per head before RoPE
+    partial_rotary_factor: float = 1.0  # RoPE on the first int(head_dim * factor) dims of each head
+    num_experts: int = 0  # MoE MLP (SwiGLU experts, softmax top-k router, shared expert) when > 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple = ()
+    tie_word_embeddings: bool = False
 
     def __post_init__(self):
         self.validate()
@@ -66,6 +80,13 @@ class ModelConfig:
     @property
     def attention_layers(self) -> list[int]:
         return [i for i, c in enumerate(self.layer_pattern) if c == "a"]
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.num_experts > 0 and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def conv_dim(self) -> int:
@@ -96,6 +117,13 @@ class ModelConfig:
         need(0 < lo <= hi, "gate_halflife", f"need 0 < min <= max, got {self.gate_halflife}")
         need(self.gate_noise >= 0, "gate_noise", "must be >= 0")
         need(self.logit_std > 0, "logit_std", "must be > 0")
+        need(0 < self.partial_rotary_factor <= 1 and self.rotary_dim % 2 == 0, "partial_rotary_factor",
+             f"needs an even rotary dim in (0, head_dim], got {self.partial_rotary_factor}")
+        if self.num_experts:
+            need(0 < self.num_experts_per_tok <= self.num_experts, "num_experts_per_tok",
+                 f"expected 1..{self.num_experts}, got {self.num_experts_per_tok}")
+            need(self.moe_intermediate_size >= 1, "moe_intermediate_size", "expected >= 1 with experts")
+            need(self.decoder_sparse_step >= 1, "decoder_sparse_step", "expected >= 1")
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
@@ -103,6 +131,7 @@ class ModelConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["gate_halflife"] = list(self.gate_halflife)
+        d["mlp_only_layers"] = list(self.mlp_only_layers)
         return d
 
     @classmethod
@@ -114,6 +143,8 @@ class ModelConfig:
         d = dict(d)
         if "gate_halflife" in d:
             d["gate_halflife"] = tuple(d["gate_halflife"])
+        if "mlp_only_layers" in d:
+            d["mlp_only_layers"] = tuple(d["mlp_only_layers"])
         return cls(**d)
 
 

@@ -52,15 +52,19 @@ def _rmsnorm(x, w, eps):
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
-def _rope(x, pos, theta):
-    """x [T, n, hd]; pos [T] -> rotated x (rotate-half convention)."""
-    hd = x.shape[-1]
-    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64, device=x.device) / hd)
-    ang = pos.to(torch.float64)[:, None] * inv[None]  # [T, hd/2]
+def _offset_norm(name: str) -> bool:
+    return name.endswith("norm") and not name.endswith("gdn.norm")
+
+
+def _rope(x, pos, theta, rot):
+    """x [T, n, hd]; pos [T] -> x with its first ``rot`` dims rotated (rotate-half convention)."""
+    inv = theta ** (-torch.arange(0, rot, 2, dtype=torch.float64, device=x.device) / rot)
+    ang = pos.to(torch.float64)[:, None] * inv[None]  # [T, rot/2]
     cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None].to(x.dtype)
     sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None].to(x.dtype)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+    xr, xp = x[..., :rot], x[..., rot:]
+    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+    return torch.cat([xr * cos + torch.cat([-x2, x1], -1) * sin, xp], -1)
 
 
 class HybridModel:
@@ -73,7 +77,9 @@ class HybridModel:
         self.backend = backend  # gpu_backend backend: None = triton on CUDA, torch elsewhere
         self.dtype = dtype
         self.device = torch.device(device)
-        self.w = {k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()}
+        # norm scales are (norm_offset + weight) for every RMSNorm but the GDN gated one
+        self.w = {k: (v.to(device=self.device, dtype=dtype) + (cfg.norm_offset if _offset_norm(k) else 0.0))
+                  for k, v in weights.items()}
         self.state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
 
     # ---- states --------------------------------------------------------------------------------
@@ -124,21 +130,50 @@ class HybridModel:
                 ssm.append(S)
                 conv.append(win)
             h = h + out
-            xn = _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps)
-            h = h + F.linear(F.silu(F.linear(xn, w[p + "mlp.gate"])) * F.linear(xn, w[p + "mlp.up"]), w[p + "mlp.down"])
+            h = h + self._mlp(p, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
             hidden.append(h)
         logits = F.linear(_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps), w["lm_head"]).float()
         return VerifyResult(mode, logits, torch.stack(hidden), ssm, conv, kv)
+
+    def _mlp(self, p, x, i):
+        """SwiGLU, or the MoE block: softmax router, top-k experts (renormalised when
+        norm_topk_prob), plus a sigmoid-gated shared expert."""
+        cfg, w = self.cfg, self.w
+        if not cfg.is_moe_layer(i):
+            return F.linear(F.silu(F.linear(x, w[p + "mlp.gate"])) * F.linear(x, w[p + "mlp.up"]), w[p + "mlp.down"])
+        probs = torch.softmax(F.linear(x, w[p + "mlp.router"]).float(), dim=-1)  # [T, E]
+        top, idx = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)  # [T, k]
+        if cfg.norm_topk_prob:
+            top = top / top.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in idx.unique().tolist():
+            rows, slot = (idx == e).nonzero(as_tuple=True)
+            xe = x[rows]
+            ye = F.linear(F.silu(F.linear(xe, w[p + "mlp.experts.gate"][e])) * F.linear(xe, w[p + "mlp.experts.up"][e]),
+                          w[p + "mlp.experts.down"][e])
+            out.index_add_(0, rows, ye * top[rows, slot, None].to(x.dtype))
+        if p + "mlp.shared.gate" in w:
+            shared = F.linear(F.silu(F.linear(x, w[p + "mlp.shared.gate"])) * F.linear(x, w[p + "mlp.shared.up"]),
+                              w[p + "mlp.shared.down"])
+            out = out + torch.sigmoid(F.linear(x, w[p + "mlp.shared_gate"])) * shared
+        return out
 
     def _attention(self, p, x, pos, mask, prefix):
         cfg, w = self.cfg, self.w
         T = x.shape[0]
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q = _rope(F.linear(x, w[p + "attn.q"]).view(T, nh, hd), pos, cfg.rope_theta)
-        k = _rope(F.linear(x, w[p + "attn.k"]).view(T, nkv, hd), pos, cfg.rope_theta)
+        q = F.linear(x, w[p + "attn.q"]).view(T, nh, hd)
+        k = F.linear(x, w[p + "attn.k"]).view(T, nkv, hd)
+        if cfg.qk_norm:
+            q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
+            k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
+        q = _rope(q, pos, cfg.rope_theta, cfg.rotary_dim)
+        k = _rope(k, pos, cfg.rope_theta, cfg.rotary_dim)
         v = F.linear(x, w[p + "attn.v"]).view(T, nkv, hd)
-        o = gb.tree_attention(q, k, v, prefix_k=prefix[0], prefix_v=prefix[1], ancestor_mask=mask)
-        return F.linear(o.reshape(T, nh * hd), w[p + "attn.o"]), k, v
+        o = gb.tree_attention(q, k, v, prefix_k=prefix[0], prefix_v=prefix[1], ancestor_mask=mask).reshape(T, nh * hd)
+        if cfg.attn_output_gate:
+            o = o * torch.sigmoid(F.linear(x, w[p + "attn.gate"]))
+        return F.linear(o, w[p + "attn.o"]), k, v
 
     def _gdn(self, p, x, parents, S0, win0, conv_mode, rec_mode):
         cfg, w = self.cfg, self.w

@@ -4,7 +4,13 @@ Weights are a flat dict of tensors with these names (shapes for hidden d, vocab 
   embed [N, d]; final_norm [d]; lm_head [N, d]
   layers.{i}.input_norm [d]; layers.{i}.post_norm [d]
   layers.{i}.mlp.gate [I, d]; .up [I, d]; .down [d, I]                       (SwiGLU)
-  attention layer: .attn.q [nh*hd, d]; .attn.k [nkv*hd, d]; .attn.v [nkv*hd, d]; .attn.o [d, nh*hd]
+  attention layer: .attn.q [nh*hd, d]; .attn.k [nkv*hd, d]; .attn.v [nkv*hd, d]; .attn.o [d, nh*hd];
+             with attn_output_gate .attn.gate [nh*hd, d]; with qk_norm .attn.q_norm [hd], .attn.k_norm [hd]
+  MoE layer (instead of .mlp.gate/up/down): .mlp.router [E, d]; .mlp.experts.gate [E, I, d];
+             .mlp.experts.up [E, I, d]; .mlp.experts.down [E, d, I]; .mlp.shared.gate/up/down;
+             .mlp.shared_gate [1, d]
+Norm weights are stored as checkpoints store them: the scale is (cfg.norm_offset + weight) for every
+RMSNorm except the GDN gated norm (plain weight).
   gdn layer: .gdn.qkv [2*H*K + HV*V, d]; .gdn.z [HV*V, d]; .gdn.a [HV, d]; .gdn.b [HV, d];
              .gdn.conv [2*H*K + HV*V, W]; .gdn.A_log [HV]; .gdn.dt_bias [HV]; .gdn.norm [V];
              .gdn.out [d, HV*V]
@@ -36,21 +42,41 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
     def linear(n_out, n_in, scale=1.0):
         return normal(n_out, n_in, std=scale / math.sqrt(n_in))
 
+    def norm_weight(n):  # scale (norm_offset + weight) near 1
+        return (1.0 - cfg.norm_offset) + normal(n, std=0.05)
+
     w: dict[str, torch.Tensor] = {"embed": normal(N, d)}
     for i, kind in enumerate(cfg.layer_pattern):
         p = f"layers.{i}."
-        w[p + "input_norm"] = 1.0 + normal(d, std=0.05)
-        w[p + "post_norm"] = 1.0 + normal(d, std=0.05)
-        I = cfg.intermediate_size
-        w[p + "mlp.gate"] = linear(I, d)
-        w[p + "mlp.up"] = linear(I, d)
-        w[p + "mlp.down"] = linear(d, I, out_scale)
+        w[p + "input_norm"] = norm_weight(d)
+        w[p + "post_norm"] = norm_weight(d)
+        if cfg.is_moe_layer(i):
+            E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+            w[p + "mlp.router"] = linear(E, d, 2.0)
+            w[p + "mlp.experts.gate"] = normal(E, I, d, std=1.0 / math.sqrt(d))
+            w[p + "mlp.experts.up"] = normal(E, I, d, std=1.0 / math.sqrt(d))
+            w[p + "mlp.experts.down"] = normal(E, d, I, std=out_scale / math.sqrt(I))
+            if Is:
+                w[p + "mlp.shared.gate"] = linear(Is, d)
+                w[p + "mlp.shared.up"] = linear(Is, d)
+                w[p + "mlp.shared.down"] = linear(d, Is, out_scale)
+                w[p + "mlp.shared_gate"] = linear(1, d)
+        else:
+            I = cfg.intermediate_size
+            w[p + "mlp.gate"] = linear(I, d)
+            w[p + "mlp.up"] = linear(I, d)
+            w[p + "mlp.down"] = linear(d, I, out_scale)
         if kind == "a":
             nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
             w[p + "attn.q"] = linear(nh * hd, d)
             w[p + "attn.k"] = linear(nkv * hd, d)
             w[p + "attn.v"] = linear(nkv * hd, d)
             w[p + "attn.o"] = linear(d, nh * hd, out_scale)
+            if cfg.attn_output_gate:
+                w[p + "attn.gate"] = linear(nh * hd, d)
+            if cfg.qk_norm:
+                w[p + "attn.q_norm"] = norm_weight(hd)
+                w[p + "attn.k_norm"] = norm_weight(hd)
         else:
             HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_kernel_size
             C = cfg.conv_dim
@@ -71,6 +97,6 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             w[p + "gdn.dt_bias"] = _inv_softplus(dt).float()
             w[p + "gdn.norm"] = 1.0 + normal(V, std=0.05)
             w[p + "gdn.out"] = linear(d, HV * V, out_scale)
-    w["final_norm"] = 1.0 + normal(d, std=0.05)
+    w["final_norm"] = norm_weight(d)
     w["lm_head"] = linear(N, d, cfg.logit_std)
     return {k: v.to(device=device, dtype=dtype) for k, v in w.items()}

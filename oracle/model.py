@@ -22,28 +22,59 @@ def _rmsnorm(x, w, eps):
     return x / torch.sqrt((x * x).mean() + eps) * w
 
 
-def _rope(x, pos, theta):
-    """x [n_heads, hd] rotated to position pos (rotate-half convention)."""
-    hd = x.shape[-1]
-    inv = theta ** (-torch.arange(0, hd, 2, dtype=F64) / hd)  # [hd/2]
+def _rope(x, pos, theta, rot):
+    """x [n_heads, hd]: its first ``rot`` dims rotated to position pos (rotate-half convention)."""
+    inv = theta ** (-torch.arange(0, rot, 2, dtype=F64) / rot)  # [rot/2]
     ang = pos * inv
     cos = torch.cat([torch.cos(ang), torch.cos(ang)])
     sin = torch.cat([torch.sin(ang), torch.sin(ang)])
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    xr = x[..., :rot]
+    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+    return torch.cat([xr * cos + torch.cat([-x2, x1], dim=-1) * sin, x[..., rot:]], dim=-1)
 
 
 def _attention(w, p, cfg, x, pos, ctx_k, ctx_v):
     """One token of causal GQA. x [d]; ctx_k/ctx_v [n, nkv, hd] are all earlier visible tokens."""
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q = _rope((w[p + "attn.q"] @ x).view(nh, hd), pos, cfg.rope_theta)
-    k = _rope((w[p + "attn.k"] @ x).view(nkv, hd), pos, cfg.rope_theta)
+    rot = int(hd * cfg.partial_rotary_factor)
+    q = (w[p + "attn.q"] @ x).view(nh, hd)
+    k = (w[p + "attn.k"] @ x).view(nkv, hd)
+    if cfg.qk_norm:
+        q = torch.stack([_rmsnorm(q[h], w[p + "attn.q_norm"], cfg.rms_norm_eps) for h in range(nh)])
+        k = torch.stack([_rmsnorm(k[h], w[p + "attn.k_norm"], cfg.rms_norm_eps) for h in range(nkv)])
+    q = _rope(q, pos, cfg.rope_theta, rot)
+    k = _rope(k, pos, cfg.rope_theta, rot)
     v = (w[p + "attn.v"] @ x).view(nkv, hd)
     K = torch.cat([ctx_k, k[None]], dim=0).repeat_interleave(nh // nkv, dim=1)  # [n+1, nh, hd]
     Vv = torch.cat([ctx_v, v[None]], dim=0).repeat_interleave(nh // nkv, dim=1)
     scores = torch.einsum("nhd,hd->hn", K, q) / math.sqrt(hd)  # [nh, n+1]
-    out = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), Vv)  # [nh, hd]
-    return w[p + "attn.o"] @ out.reshape(-1), k, v
+    out = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), Vv).reshape(-1)  # [nh * hd]
+    if cfg.attn_output_gate:
+        out = out * torch.sigmoid(w[p + "attn.gate"] @ x)
+    return w[p + "attn.o"] @ out, k, v
+
+
+def _swiglu(x, gate, up, down):
+    return down @ (F.silu(gate @ x) * (up @ x))
+
+
+def _mlp(w, p, cfg, x, i):
+    """One token's MLP: SwiGLU, or the MoE block (softmax router over experts, the top-k experts'
+    outputs weighted by their (renormalised) probabilities, plus the sigmoid-gated shared expert)."""
+    moe = cfg.num_experts > 0 and i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0
+    if not moe:
+        return _swiglu(x, w[p + "mlp.gate"], w[p + "mlp.up"], w[p + "mlp.down"])
+    probs = torch.softmax(w[p + "mlp.router"] @ x, dim=0)
+    top, idx = torch.topk(probs, cfg.num_experts_per_tok)
+    if cfg.norm_topk_prob:
+        top = top / top.sum()
+    out = torch.zeros_like(x)
+    for pr, e in zip(top, idx.tolist()):
+        out = out + pr * _swiglu(x, w[p + "mlp.experts.gate"][e], w[p + "mlp.experts.up"][e], w[p + "mlp.experts.down"][e])
+    if p + "mlp.shared.gate" in w:
+        out = out + torch.sigmoid(w[p + "mlp.shared_gate"] @ x) * _swiglu(
+            x, w[p + "mlp.shared.gate"], w[p + "mlp.shared.up"], w[p + "mlp.shared.down"])
+    return out
 
 
 def _gdn(w, p, cfg, x, S, window):
@@ -99,15 +130,21 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv):
             ssm2.append(S)
             conv2.append(win)
         h = h + out
-        xn = _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps)
-        h = h + w[p + "mlp.down"] @ (F.silu(w[p + "mlp.gate"] @ xn) * (w[p + "mlp.up"] @ xn))
+        h = h + _mlp(w, p, cfg, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
         hidden.append(h)
     logits = w["lm_head"] @ _rmsnorm(h, w["final_norm"], cfg.rms_norm_eps)
     return logits, torch.stack(hidden), new_kv, ssm2, conv2
 
 
-def _f64(weights):
-    return {k: v.detach().to("cpu", F64) for k, v in weights.items()}
+def _f64(weights, cfg):
+    """float64 CPU copies; every RMSNorm scale but the GDN gated norm's is (norm_offset + weight)."""
+    out = {}
+    for k, v in weights.items():
+        v = v.detach().to("cpu", F64)
+        if k.endswith("norm") and not k.endswith("gdn.norm"):
+            v = v + cfg.norm_offset
+        out[k] = v
+    return out
 
 
 def prefill(weights, cfg, tokens, *, state: ModelState | None = None):
@@ -115,7 +152,7 @@ def prefill(weights, cfg, tokens, *, state: ModelState | None = None):
 
     Returns (state after all tokens in float64, logits [n, N] at each token).
     """
-    w = _f64(weights)
+    w = _f64(weights, cfg)
     st = (state or empty_state(cfg)).to(F64, "cpu").clone()
     logits = []
     for tok in tokens:
@@ -146,7 +183,7 @@ class OracleResult:
 def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_states: bool = True) -> OracleResult:
     """Every node of the block computed from its own root path, one decode step per node from its
     parent's exact state (depth-first, so only the current root path's states are kept)."""
-    w = _f64(weights)
+    w = _f64(weights, cfg)
     st = state.to(F64, "cpu")
     parents = [int(x) for x in parents]
     T, L = len(parents), cfg.num_layers

@@ -70,12 +70,15 @@ def ddtree_logits(draw, *, max_depth: int = 4, max_vocab: int = 6) -> torch.Tens
 
 @st.composite
 def model_configs(draw) -> ModelConfig:
-    """Toy hybrid configs exercising grouped heads (HV/H in 1..3), GQA and both layer kinds."""
+    """Toy hybrid configs exercising grouped heads (HV/H in 1..3), GQA, both layer kinds and the
+    real-checkpoint features (gated attention, q/k norm, partial RoPE, zero-centred norms, MoE)."""
     H = draw(st.integers(1, 2))
     HV = H * draw(st.integers(1, 3))
     nkv = draw(st.integers(1, 2))
     n_layers = draw(st.integers(1, 4))
     pat = "".join(draw(st.sampled_from("ga")) for _ in range(n_layers))
+    moe = draw(st.booleans())
+    n_exp = draw(st.integers(2, 4)) if moe else 0
     return ModelConfig(
         name="hypothesis", vocab_size=draw(st.integers(8, 40)), hidden_size=draw(st.sampled_from([8, 16, 24])),
         layer_pattern=pat, intermediate_size=16, num_attention_heads=nkv * draw(st.integers(1, 2)),
@@ -83,7 +86,12 @@ def model_configs(draw) -> ModelConfig:
         linear_num_value_heads=HV, linear_key_head_dim=draw(st.sampled_from([3, 4, 6])),
         linear_value_head_dim=draw(st.sampled_from([3, 5, 8])), max_position_embeddings=256,
         gate_halflife=(1.0, draw(st.sampled_from([4.0, 64.0, 1024.0]))),
-        logit_std=draw(st.sampled_from([1.0, 4.0])))
+        logit_std=draw(st.sampled_from([1.0, 4.0])),
+        norm_offset=draw(st.sampled_from([0.0, 1.0])), attn_output_gate=draw(st.booleans()),
+        qk_norm=draw(st.booleans()), partial_rotary_factor=draw(st.sampled_from([1.0, 0.5])),
+        num_experts=n_exp, num_experts_per_tok=min(2, n_exp), moe_intermediate_size=8 if moe else 0,
+        shared_expert_intermediate_size=draw(st.sampled_from([0, 8])) if moe else 0,
+        norm_topk_prob=draw(st.booleans()), decoder_sparse_step=draw(st.sampled_from([1, 2])))
 
 
 @st.composite
