@@ -25,6 +25,39 @@ import torch
 from ddsim.config import ModelConfig
 
 
+def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every weight name of a config with its shape (the layout documented above)."""
+    d, N = cfg.hidden_size, cfg.vocab_size
+    out = {"embed": (N, d), "final_norm": (d,), "lm_head": (N, d)}
+    for i, kind in enumerate(cfg.layer_pattern):
+        p = f"layers.{i}."
+        out[p + "input_norm"] = out[p + "post_norm"] = (d,)
+        if cfg.is_moe_layer(i):
+            E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+            out.update({p + "mlp.router": (E, d), p + "mlp.experts.gate": (E, I, d), p + "mlp.experts.up": (E, I, d),
+                        p + "mlp.experts.down": (E, d, I)})
+            if Is:
+                out.update({p + "mlp.shared.gate": (Is, d), p + "mlp.shared.up": (Is, d), p + "mlp.shared.down": (d, Is),
+                            p + "mlp.shared_gate": (1, d)})
+        else:
+            I = cfg.intermediate_size
+            out.update({p + "mlp.gate": (I, d), p + "mlp.up": (I, d), p + "mlp.down": (d, I)})
+        if kind == "a":
+            nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+            out.update({p + "attn.q": (nh * hd, d), p + "attn.k": (nkv * hd, d), p + "attn.v": (nkv * hd, d),
+                        p + "attn.o": (d, nh * hd)})
+            if cfg.attn_output_gate:
+                out[p + "attn.gate"] = (nh * hd, d)
+            if cfg.qk_norm:
+                out[p + "attn.q_norm"] = out[p + "attn.k_norm"] = (hd,)
+        else:
+            HV, V, C = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_dim
+            out.update({p + "gdn.qkv": (C, d), p + "gdn.z": (HV * V, d), p + "gdn.a": (HV, d), p + "gdn.b": (HV, d),
+                        p + "gdn.conv": (C, cfg.conv_kernel_size), p + "gdn.A_log": (HV,), p + "gdn.dt_bias": (HV,),
+                        p + "gdn.norm": (V,), p + "gdn.out": (d, HV * V)})
+    return out
+
+
 def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
     return y + torch.log(-torch.expm1(-y))
 

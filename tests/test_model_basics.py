@@ -71,3 +71,12 @@ def test_single_source_modes_leak_only_their_source():
     assert torch.equal(res["leaky-conv"].conv[l0], res["leaky"].conv[l0])
     assert not torch.equal(res["leaky-conv"].conv[l0], res["exact"].conv[l0])
     assert not torch.allclose(res["leaky-state"].ssm[l0], res["exact"].ssm[l0])
+
+
+def test_weight_shapes_describe_init_weights():
+    from ddsim.weights import weight_shapes
+    for cfg in (get_preset("micro"), get_preset("tiny"),
+                get_preset("micro").replace(num_experts=3, num_experts_per_tok=2, moe_intermediate_size=8,
+                                            shared_expert_intermediate_size=8, attn_output_gate=True, qk_norm=True)):
+        w = init_weights(cfg, seed=0)
+        assert {k: tuple(v.shape) for k, v in w.items()} == weight_shapes(cfg)

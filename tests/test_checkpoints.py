@@ -1,0 +1,116 @@
+"""Real checkpoints against transformers, the reference implementation: tiny random configs of each
+supported architecture are built with transformers, saved (also sharded), loaded with ddsim, and
+must give the same logits (prefill and step-by-step decode) and the same greedy continuation, from
+both the fast path and the oracle. transformers is a test dependency only."""
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (pip install -e '.[test]')")
+
+import oracle  # noqa: E402
+from ddsim.checkpoint import SUPPORTED, load_checkpoint, read_config  # noqa: E402
+from ddsim.errors import InputError  # noqa: E402
+from ddsim.generate import autoregressive  # noqa: E402
+from ddsim.model import HybridModel  # noqa: E402
+from ddsim.tree import chain  # noqa: E402
+
+TEXT = dict(vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+            linear_value_head_dim=8, intermediate_size=48, max_position_embeddings=256)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24)
+VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32)
+
+
+def _hf_model(arch: str):
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig
+    from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
+    torch.manual_seed(0)
+    if arch == "qwen3_next":
+        cfg = Qwen3NextConfig(**TEXT, **MOE, decoder_sparse_step=2)  # MoE on every second layer, dense between
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    elif arch == "qwen3_5":
+        model = transformers.AutoModelForImageTextToText.from_config(Qwen3_5Config(text_config=TEXT, vision_config=VISION))
+    else:
+        model = transformers.AutoModelForImageTextToText.from_config(
+            Qwen3_5MoeConfig(text_config={**TEXT, **MOE}, vision_config=VISION))
+    with torch.no_grad():  # random, non-trivial weights everywhere (norms, gates, biases of the decay)
+        for name, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * (0.3 if p.dim() == 1 else 0.02))
+    return model.float().eval()
+
+
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5", "qwen3_5_moe"])
+def checkpoint(request, tmp_path_factory):
+    model = _hf_model(request.param)
+    d = tmp_path_factory.mktemp(request.param)
+    # sharded for one architecture, so the index path is exercised too
+    model.save_pretrained(d, max_shard_size="200KB" if request.param == "qwen3_next" else "2GB")
+    return request.param, d, model
+
+
+def test_supported_architectures_listed():
+    assert {"qwen3_next", "qwen3_5", "qwen3_5_moe"} <= set(SUPPORTED)
+
+
+def test_prefill_logits_match_transformers(checkpoint):
+    arch, d, hf = checkpoint
+    cfg, w, meta = load_checkpoint(d)
+    assert meta["model_type"] == arch and cfg.layer_pattern == "ggga"
+    toks = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(input_ids=toks).logits[0].double()
+    fast = HybridModel(cfg, {k: v.float() for k, v in w.items()})
+    _, lg = fast.prefill(toks[0].tolist())
+    scale = ref.abs().max().item()
+    assert scale > 0.5  # the comparison is not between near-zero logits
+    assert (lg.double() - ref).abs().max().item() < 1e-4 * scale
+    _, olg = oracle.prefill(w, cfg, toks[0].tolist())
+    assert (olg - ref).abs().max().item() < 1e-4 * scale
+
+
+def test_step_decode_and_greedy_continuation_match_transformers(checkpoint):
+    arch, d, hf = checkpoint
+    cfg, w, _ = load_checkpoint(d)
+    prompt = torch.randint(0, cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = hf.generate(input_ids=prompt, max_new_tokens=8, do_sample=False, output_logits=True,
+                          return_dict_in_generate=True, pad_token_id=0)
+    hf_tokens = out.sequences[0, prompt.shape[1]:].tolist()
+    fast = HybridModel(cfg, {k: v.float() for k, v in w.items()})
+    assert autoregressive(fast, prompt[0].tolist(), 8) == hf_tokens
+    # the logits of every decode step, one token at a time from the committed state
+    state, _ = fast.prefill(prompt[0, :-1].tolist())
+    root = int(prompt[0, -1])
+    for step, tok in enumerate(hf_tokens):
+        t = chain([root])
+        res = fast.verify(state, t)
+        ref = out.logits[step][0].double()
+        assert (res.logits[0].double() - ref).abs().max().item() < 1e-4 * ref.abs().max().item()
+        state, root = fast.commit(state, t, res, 0), tok
+
+
+def test_bad_checkpoints(tmp_path, checkpoint):
+    arch, d, _ = checkpoint
+    with pytest.raises(InputError, match="not a directory"):
+        read_config(tmp_path / "nope")
+    with pytest.raises(InputError, match="no config.json"):
+        read_config(tmp_path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(InputError, match="unsupported architecture 'llama'.*qwen3_next"):
+        read_config(bad)
+    # a copy with a truncated shard, then with a missing shard
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(d, broken)
+    shard = sorted(broken.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[: 4096])
+    with pytest.raises(InputError, match="truncated or not a safetensors file|missing"):
+        load_checkpoint(broken)
+    shard.unlink()
+    with pytest.raises(InputError, match="missing|no \\*.safetensors"):
+        load_checkpoint(broken)
