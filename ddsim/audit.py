@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ddsim.config import get_preset
+from ddsim.prompts import TextEncoder, builtin_prompts, load_prompts
 from ddsim.drafters import SyntheticDrafter, TraceDrafter
 from ddsim.errors import InputError
 from ddsim.generate import TreePolicy, autoregressive, speculative
@@ -36,6 +37,7 @@ ALL_MODES = ("exact",) + LEAK_MODES
 @dataclass
 class AuditConfig:
     preset: str = "tiny"
+    model_path: str | None = None  # a Hugging Face checkpoint directory instead of a preset
     budgets: list = field(default_factory=lambda: [16, 32, 64])
     topk_cap: int | None = None
     steps: int = 8  # speculative steps per generation
@@ -79,35 +81,6 @@ def resolve_device(name: str) -> torch.device:
     raise InputError(f"--device: expected cpu, cuda[:N] or auto, got {name!r}")
 
 
-def load_prompts(path: str, vocab: int) -> list[list[int]]:
-    """JSONL, one {"tokens": [ids...]} per line ({"text": ...} needs a checkpoint's tokenizer)."""
-    p = Path(path)
-    try:
-        lines = p.read_text().splitlines()
-    except OSError as e:
-        raise InputError(f"{p}: cannot read prompts ({e.strerror or e})") from None
-    out = []
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{p}:{n}: malformed JSON ({e.msg})") from None
-        if isinstance(rec, dict) and "text" in rec and "tokens" not in rec:
-            raise InputError(f"{p}:{n}: text prompts need a tokenizer; synthetic presets take {{\"tokens\": [...]}}")
-        toks = rec.get("tokens") if isinstance(rec, dict) else None
-        if not isinstance(toks, list) or not toks or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
-            raise InputError(f"{p}:{n}: expected {{\"tokens\": [non-empty list of token ids]}}")
-        bad = [t for t in toks if not 0 <= t < vocab]
-        if bad:
-            raise InputError(f"{p}:{n}: token {bad[0]} is outside the vocabulary ({vocab})")
-        out.append(toks)
-    if not out:
-        raise InputError(f"{p}: no prompts")
-    return out
-
-
 def environment(device: torch.device) -> dict:
     import matplotlib
     import ddsim
@@ -123,8 +96,8 @@ def _gate_stats(cfg, w) -> dict:
     """exp(g) at gate input 0 per GDN head: how long heads remember."""
     decays = []
     for l in cfg.gdn_layers:
-        A = torch.exp(w[f"layers.{l}.gdn.A_log"].double())
-        dt = torch.nn.functional.softplus(w[f"layers.{l}.gdn.dt_bias"].double())
+        A = torch.exp(w[f"layers.{l}.gdn.A_log"].double().cpu())
+        dt = torch.nn.functional.softplus(w[f"layers.{l}.gdn.dt_bias"].double().cpu())
         decays.append(torch.exp(-A * dt))
     d = torch.cat(decays).numpy() if decays else np.zeros(0)
     return {"exp_g_typical": summarize(d), "halflife_tokens": summarize(np.log(0.5) / np.log(np.clip(d, 1e-12, 1 - 1e-12)))}
@@ -218,19 +191,36 @@ def _mode_summary(gens: list, ref_len: int) -> dict:
     }
 
 
+def load_model(ac: AuditConfig, device):
+    """(config, weights, text encoder or None) for a preset or a checkpoint directory."""
+    if ac.model_path:
+        from ddsim.checkpoint import load_checkpoint
+        cfg, weights, _ = load_checkpoint(ac.model_path, device=device)
+        encoder = TextEncoder(ac.model_path) if (Path(ac.model_path) / "tokenizer.json").is_file() else None
+        return cfg, weights, encoder
+    cfg = get_preset(ac.preset)
+    return cfg, init_weights(cfg, seed=ac.seed, device=device), None
+
+
+def audit_prompts(ac: AuditConfig, cfg, encoder) -> list[list[int]]:
+    if ac.prompts_file:
+        return load_prompts(ac.prompts_file, cfg.vocab_size, encoder)
+    if encoder is not None:
+        return builtin_prompts(encoder, cfg.vocab_size)
+    rng = np.random.default_rng(ac.seed)
+    return [rng.integers(0, cfg.vocab_size, ac.prompt_len).tolist() for _ in range(ac.n_prompts)]
+
+
 def run_audit(ac: AuditConfig, *, progress=None) -> dict:
     """Run the audit; ``progress(advance=1)`` is called once per speculative step if given."""
     ac.validate()
     device = resolve_device(ac.device)
-    cfg = get_preset(ac.preset)
-    weights = init_weights(cfg, seed=ac.seed)
-    model = HybridModel(cfg, weights, device=device)
+    cfg, weights, encoder = load_model(ac, device)
+    # fast path: the checkpoint's dtype on CUDA, float32 on the CPU; recurrent state float32
+    compute = weights["embed"].dtype if device.type == "cuda" else torch.float32
+    model = HybridModel(cfg, weights, device=device, dtype=compute)
     cost = CostModel.from_file(ac.cost_file) if ac.cost_file else CostModel()
-    if ac.prompts_file:
-        prompts = load_prompts(ac.prompts_file, cfg.vocab_size)
-    else:
-        rng = np.random.default_rng(ac.seed)
-        prompts = [rng.integers(0, cfg.vocab_size, ac.prompt_len).tolist() for _ in range(ac.n_prompts)]
+    prompts = audit_prompts(ac, cfg, encoder)
     if ac.trace:
         drafter = TraceDrafter(ac.trace, vocab_size=cfg.vocab_size)
         if len(drafter.steps) < ac.steps:
@@ -283,7 +273,7 @@ def run_audit(ac: AuditConfig, *, progress=None) -> dict:
         "generated_at": None,  # filled by the writer; the only field that varies between runs
         "config": {**asdict(ac), "drafter": drafter.params()},
         "environment": environment(device),
-        "model": {**cfg.to_dict(), "gates": _gate_stats(cfg, weights)},
+        "model": {**cfg.to_dict(), "source": ac.model_path or f"preset {ac.preset}", "gates": _gate_stats(cfg, weights)},
         "prompts": [{"index": i, "tokens": p, "reference": r} for i, (p, r) in enumerate(zip(prompts, references))],
         "chain": _mode_summary(chain_gens, ref_len),
         "budgets": budgets,

@@ -32,7 +32,7 @@ def _budgets(text: str) -> list[int]:
 
 def _add_audit_options(p):
     p.add_argument("--preset", default="tiny", help="built-in model preset (default: tiny)")
-    p.add_argument("--model", metavar="PATH", help="a Hugging Face checkpoint directory (not yet supported)")
+    p.add_argument("--model", metavar="PATH", help="a Hugging Face checkpoint directory (qwen3_next, qwen3_5, qwen3_5_moe)")
     p.add_argument("--budget", type=_budgets, default=[16, 32, 64], metavar="B[,B...]", help="DDTree node budgets")
     p.add_argument("--topk-cap", type=int, default=None, help="cap on per-depth top-k")
     p.add_argument("--prompts", metavar="FILE", help='JSONL of {"tokens": [...]} prompts')
@@ -46,24 +46,32 @@ def _add_audit_options(p):
 
 def _audit_config(a):
     from ddsim.audit import AuditConfig
-    from ddsim.errors import InputError
-    if a.model:
-        raise InputError(f"--model {a.model}: loading Hugging Face checkpoints is not implemented in this release; "
-                         "use --preset")
-    return AuditConfig(preset=a.preset, budgets=a.budget, topk_cap=a.topk_cap, steps=a.steps, prompts_file=a.prompts,
+    return AuditConfig(preset=a.preset, model_path=a.model, budgets=a.budget, topk_cap=a.topk_cap, steps=a.steps, prompts_file=a.prompts,
                        temperature=a.temperature, seed=a.seed, device=a.device, trace=a.trace, cost_file=a.cost)
 
 
 def _run_audit(ac, console, *, quiet=False):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ddsim.audit import load_prompts, run_audit, total_steps
-    from ddsim.config import get_preset
-    n_prompts = len(load_prompts(ac.prompts_file, get_preset(ac.preset).vocab_size)) if ac.prompts_file else ac.n_prompts
+    from ddsim.audit import run_audit, total_steps
+    n_prompts = _count_prompts(ac)
     with Progress(TextColumn("audit"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                   disable=quiet, transient=True) as prog:
         task = prog.add_task("audit", total=total_steps(ac, n_prompts))
         return run_audit(ac, progress=lambda advance: prog.update(task, advance=advance))
+
+
+def _count_prompts(ac) -> int:
+    """How many prompts the audit will run (for the progress bar); bad files fail later, in the audit."""
+    if ac.prompts_file:
+        try:
+            return max(1, sum(1 for line in Path(ac.prompts_file).read_text().splitlines() if line.strip()))
+        except OSError:
+            return 1
+    if ac.model_path:
+        from ddsim.prompts import BUILTIN_PROMPTS
+        return len(BUILTIN_PROMPTS)
+    return ac.n_prompts
 
 
 def _write_report(report, out: Path):

@@ -42,13 +42,17 @@ def _hf_model(arch: str):
     return model.float().eval()
 
 
+def _save(arch, tmp_path_factory):
+    model = _hf_model(arch)
+    d = tmp_path_factory.mktemp(arch)
+    # sharded for one architecture, so the index path is exercised too
+    model.save_pretrained(d, max_shard_size="200KB" if arch == "qwen3_next" else "2GB")
+    return arch, d, model
+
+
 @pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5", "qwen3_5_moe"])
 def checkpoint(request, tmp_path_factory):
-    model = _hf_model(request.param)
-    d = tmp_path_factory.mktemp(request.param)
-    # sharded for one architecture, so the index path is exercised too
-    model.save_pretrained(d, max_shard_size="200KB" if request.param == "qwen3_next" else "2GB")
-    return request.param, d, model
+    return _save(request.param, tmp_path_factory)
 
 
 def test_supported_architectures_listed():
@@ -114,3 +118,49 @@ def test_bad_checkpoints(tmp_path, checkpoint):
     shard.unlink()
     with pytest.raises(InputError, match="missing|no \\*.safetensors"):
         load_checkpoint(broken)
+
+
+def _write_tokenizer(d, vocab_size):
+    """A small BPE tokenizer (trained here on the built-in prompts) plus a chat template, as a
+    checkpoint ships them: tokenizer.json and tokenizer_config.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from ddsim.prompts import BUILTIN_PROMPTS
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+                                  limit_alphabet=40)
+    tok.train_from_iterator([p["text"] for p in BUILTIN_PROMPTS] * 3, trainer)
+    assert tok.get_vocab_size() <= vocab_size
+    tok.save(str(d / "tokenizer.json"))
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+
+
+def test_audit_command_on_a_checkpoint_with_text_prompts(tmp_path_factory, tmp_path):
+    """One architecture through the command line; the others share the path."""
+    from tests.conftest import run_cli
+    _, d, _ = _save("qwen3_next", tmp_path_factory)
+    import shutil
+    ck = tmp_path / "ck"
+    shutil.copytree(d, ck)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"text": "Write a Python function that merges two sorted lists"}\n'
+                       '{"text": "What are the likely causes?", "chat": true}\n{"tokens": [1, 2, 3]}\n')
+    out = tmp_path / "out"
+    r = run_cli("audit", "--model", ck, "--prompts", prompts, "--budget", "4", "--steps", "2", "--out", out)
+    assert r.returncode == 2 and "tokenizer.json" in r.stderr  # text prompts need the checkpoint's tokenizer
+    _write_tokenizer(ck, TEXT["vocab_size"])
+    r = run_cli("audit", "--model", ck, "--prompts", prompts, "--budget", "4", "--steps", "2", "--out", out)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["model"]["architecture"] == "qwen3_next" and rep["model"]["source"] == str(ck)
+    assert len(rep["prompts"]) == 3 and rep["prompts"][2]["tokens"] == [1, 2, 3]
+    assert all(b["modes"]["exact"]["generations_leaving_greedy"] == 0 for b in rep["budgets"])
+    # no --prompts: the built-in math, code and chat prompts through the chat template
+    r = run_cli("audit", "--model", ck, "--budget", "4", "--steps", "1", "--out", tmp_path / "out2")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads((tmp_path / "out2" / "report.json").read_text())["prompts"]) == 3
+    r = run_cli("audit", "--model", tmp_path / "missing", "--out", tmp_path / "out3")
+    assert r.returncode == 2 and "not a directory" in r.stderr and not (tmp_path / "out3").exists()

@@ -120,7 +120,7 @@ def test_gate_missing_and_malformed_files(tmp_path):
     (["--steps", "0"], "--steps"),
     (["--device", "cuda:7"], "--device"),
     (["--device", "tpu"], "--device"),
-    (["--model", "/nonexistent"], "--model"),
+    (["--model", "/nonexistent"], "--model /nonexistent: not a directory"),
     (["--temperature", "-1"], "--temperature"),
 ])
 def test_audit_bad_options(tmp_path, args, needle):

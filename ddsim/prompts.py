@@ -1,0 +1,99 @@
+"""Prompts for the audit: JSONL files of token ids or text, and a small built-in set.
+
+One JSON object per line: {"tokens": [ids...]} or {"text": "..."} (tokenised with the checkpoint's
+own tokenizer.json through the `tokenizers` library), optionally with "chat": true to wrap the text
+in the checkpoint's chat template (tokenizer_config.json) as one user turn.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ddsim.errors import InputError
+
+# Written for this project: one math, one code and one chat prompt.
+BUILTIN_PROMPTS = (
+    {"text": "A train leaves a station at 3:40 pm and travels 192 km at an average speed of 72 km/h. "
+             "At what time does it arrive? Show each step of the calculation.", "chat": True},
+    {"text": "Write a Python function that merges two sorted lists into one sorted list in linear time, "
+             "then explain why it is linear.", "chat": True},
+    {"text": "My tomato plants have yellow leaves near the bottom but the new growth looks healthy. "
+             "What are the likely causes, and what should I check first?", "chat": True},
+)
+
+
+class TextEncoder:
+    """A checkpoint's tokenizer (tokenizer.json) and chat template (tokenizer_config.json)."""
+
+    def __init__(self, directory: str | Path):
+        d = Path(directory)
+        if not (d / "tokenizer.json").is_file():
+            raise InputError(f"--model {d}: no tokenizer.json, so text prompts cannot be tokenised "
+                             "(give {\"tokens\": [...]} prompts)")
+        from tokenizers import Tokenizer
+        try:
+            self.tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        except Exception as e:  # the tokenizers library raises its own exception type
+            raise InputError(f"{d / 'tokenizer.json'}: cannot load tokenizer ({e})") from None
+        self.template = None
+        tc = d / "tokenizer_config.json"
+        if tc.is_file():
+            try:
+                self.template = json.loads(tc.read_text()).get("chat_template")
+            except json.JSONDecodeError as e:
+                raise InputError(f"{tc}: malformed JSON ({e.msg})") from None
+
+    def encode(self, text: str, *, chat: bool = False) -> list[int]:
+        if chat and self.template:
+            import jinja2
+            env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+            env.globals["raise_exception"] = lambda msg: (_ for _ in ()).throw(InputError(f"chat template: {msg}"))
+            try:
+                text = env.from_string(self.template).render(messages=[{"role": "user", "content": text}],
+                                                             add_generation_prompt=True)
+            except jinja2.TemplateError as e:
+                raise InputError(f"chat template: {e}") from None
+            return self.tok.encode(text, add_special_tokens=False).ids
+        return self.tok.encode(text).ids
+
+
+def _check_tokens(toks, vocab, where):
+    if not isinstance(toks, list) or not toks or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+        raise InputError(f"{where}: expected {{\"tokens\": [non-empty list of token ids]}} or {{\"text\": ...}}")
+    bad = [t for t in toks if not 0 <= t < vocab]
+    if bad:
+        raise InputError(f"{where}: token {bad[0]} is outside the vocabulary ({vocab})")
+    return toks
+
+
+def load_prompts(path: str | Path, vocab: int, encoder: TextEncoder | None = None) -> list[list[int]]:
+    p = Path(path)
+    try:
+        lines = p.read_text().splitlines()
+    except OSError as e:
+        raise InputError(f"{p}: cannot read prompts ({e.strerror or e})") from None
+    out = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{p}:{n}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{where}: malformed JSON ({e.msg})") from None
+        if isinstance(rec, dict) and "text" in rec and "tokens" not in rec:
+            if encoder is None:
+                raise InputError(f"{where}: text prompts need a tokenizer (a --model checkpoint with tokenizer.json); "
+                                 "synthetic presets take {\"tokens\": [...]}")
+            if not isinstance(rec["text"], str) or not rec["text"]:
+                raise InputError(f"{where}: 'text' must be a non-empty string")
+            out.append(_check_tokens(encoder.encode(rec["text"], chat=bool(rec.get("chat"))), vocab, where))
+            continue
+        out.append(_check_tokens(rec.get("tokens") if isinstance(rec, dict) else None, vocab, where))
+    if not out:
+        raise InputError(f"{p}: no prompts")
+    return out
+
+
+def builtin_prompts(encoder: TextEncoder, vocab: int) -> list[list[int]]:
+    return [_check_tokens(encoder.encode(r["text"], chat=r["chat"]), vocab, "built-in prompt") for r in BUILTIN_PROMPTS]
