@@ -167,7 +167,8 @@ PRESETS: dict[str, ModelConfig] = {
         intermediate_size=17408, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
         linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
         linear_value_head_dim=128, max_position_embeddings=262144, rope_theta=10_000_000.0,
-        notes="Qwen3.5/3.6-27B shapes, random weights"),
+        architecture="qwen3_5", norm_offset=1.0, attn_output_gate=True, qk_norm=True, partial_rotary_factor=0.25,
+        notes="Qwen3.5/3.6-27B shapes and layer features (gated attention, q/k norm, partial RoPE), random weights"),
     "qwen3-next-80b": ModelConfig(
         name="qwen3-next-80b", vocab_size=151936, hidden_size=2048, layer_pattern=pattern(48),
         intermediate_size=5632, num_attention_heads=16, num_key_value_heads=2, head_dim=256,

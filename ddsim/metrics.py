@@ -15,11 +15,11 @@ from ddsim.tree import Tree
 
 def _rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
     """Row-wise ||a - ref|| / ||ref|| over all but the first dim: [T, ...] -> [T]."""
-    a, ref = a.double().flatten(1), ref.double().flatten(1)
+    a, ref = a.to(ref.device, torch.float64).flatten(1), ref.double().flatten(1)
     num = torch.linalg.vector_norm(a - ref, dim=1)
     den = torch.linalg.vector_norm(ref, dim=1)
     rel = torch.where(den > 0, num / den.clamp_min(1e-300), torch.where(num > 0, torch.inf, 0.0))
-    return rel.numpy()
+    return rel.cpu().numpy()
 
 
 def node_metrics(tree: Tree, res, ref, cfg) -> dict:
@@ -29,7 +29,7 @@ def node_metrics(tree: Tree, res, ref, cfg) -> dict:
     Returns {"kl", "max_abs", "margin", "flip"} as [T] arrays and {"hidden_rel" [L, T],
     "state_rel" [G, T], "conv_rel" [G, T]} with G = the GDN layers in order.
     """
-    lo, lm = ref.logits.double(), res.logits.double().cpu()
+    lo, lm = ref.logits.double().cpu(), res.logits.double().cpu()
     logp_o, logp_m = torch.log_softmax(lo, -1), torch.log_softmax(lm, -1)
     kl = (logp_o.exp() * (logp_o - logp_m)).sum(-1).clamp_min(0.0)
     top2 = lo.topk(min(2, lo.shape[-1]), -1).values
@@ -39,12 +39,12 @@ def node_metrics(tree: Tree, res, ref, cfg) -> dict:
         "max_abs": (lm - lo).abs().amax(-1).numpy(),
         "margin": margin.numpy(),
         "flip": (lm.argmax(-1) != lo.argmax(-1)).numpy(),
-        "hidden_rel": np.stack([_rel_rows(res.hidden[l].cpu(), ref.hidden[l]) for l in range(cfg.num_layers)]),
+        "hidden_rel": np.stack([_rel_rows(res.hidden[l], ref.hidden[l]) for l in range(cfg.num_layers)]),
     }
     g = cfg.gdn_layers
     if g and ref.ssm[g[0]] is not None:
-        out["state_rel"] = np.stack([_rel_rows(res.ssm[l].cpu(), ref.ssm[l]) for l in g])
-        out["conv_rel"] = np.stack([_rel_rows(res.conv[l].cpu(), ref.conv[l]) for l in g])
+        out["state_rel"] = np.stack([_rel_rows(res.ssm[l], ref.ssm[l]) for l in g])
+        out["conv_rel"] = np.stack([_rel_rows(res.conv[l], ref.conv[l]) for l in g])
     else:
         out["state_rel"] = np.zeros((0, tree.size))
         out["conv_rel"] = np.zeros((0, tree.size))

@@ -64,13 +64,17 @@ def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
 
 def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """Random weights with the gate and logit statistics of the config (see ddsim.config)."""
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    """Random weights with the gate and logit statistics of the config (see ddsim.config).
+
+    Generated on ``device`` itself (so a 27B-parameter preset never passes through host memory);
+    the same seed gives the same weights on the same kind of device."""
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(int(seed))
     d, N, L = cfg.hidden_size, cfg.vocab_size, cfg.num_layers
     out_scale = 1.0 / math.sqrt(2.0 * L)
 
     def normal(*shape, std=1.0):
-        return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
+        return (torch.randn(*shape, generator=gen, dtype=torch.float32, device=device) * std).to(dtype)
 
     def linear(n_out, n_in, scale=1.0):
         return normal(n_out, n_in, std=scale / math.sqrt(n_in))
@@ -120,16 +124,16 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             w[p + "gdn.b"] = linear(HV, d)
             w[p + "gdn.conv"] = normal(C, W, std=1.0 / math.sqrt(W))
             # A ~ U(1, 16) as initialised in Qwen3-Next; dt_bias sets each head's typical decay
-            A = 1.0 + 15.0 * torch.rand(HV, generator=gen)
+            A = 1.0 + 15.0 * torch.rand(HV, generator=gen, device=device)
             lo, hi = cfg.gate_halflife
-            frac = (torch.arange(HV, dtype=torch.float64) + 0.5) / HV
-            frac = frac[torch.randperm(HV, generator=gen)]
+            frac = (torch.arange(HV, dtype=torch.float64, device=device) + 0.5) / HV
+            frac = frac[torch.randperm(HV, generator=gen, device=device)]
             halflife = lo * (hi / lo) ** frac  # log-uniform quantiles, shuffled across heads
             dt = math.log(2.0) / (halflife * A.double())  # -g = A * dt = ln2 / halflife
-            w[p + "gdn.A_log"] = torch.log(A)
-            w[p + "gdn.dt_bias"] = _inv_softplus(dt).float()
+            w[p + "gdn.A_log"] = torch.log(A).to(dtype)
+            w[p + "gdn.dt_bias"] = _inv_softplus(dt).to(dtype)
             w[p + "gdn.norm"] = 1.0 + normal(V, std=0.05)
             w[p + "gdn.out"] = linear(d, HV * V, out_scale)
     w["final_norm"] = norm_weight(d)
     w["lm_head"] = linear(N, d, cfg.logit_std)
-    return {k: v.to(device=device, dtype=dtype) for k, v in w.items()}
+    return w

@@ -1,4 +1,5 @@
-"""The model-level oracle: plain float64 decoding, one token at a time.
+"""The model-level oracle: plain decoding, one token at a time, in float64 on the CPU (float32 when
+run on a GPU for full-size models: ``device``/``dtype``, default from where the weights are).
 
 ``verify_tree`` gives every node the state of its own root path: it walks the tree depth-first,
 computing each node with one ``decode_step`` from its parent's exact state (parent-state reuse),
@@ -24,10 +25,10 @@ def _rmsnorm(x, w, eps):
 
 def _rope(x, pos, theta, rot):
     """x [n_heads, hd]: its first ``rot`` dims rotated to position pos (rotate-half convention)."""
-    inv = theta ** (-torch.arange(0, rot, 2, dtype=F64) / rot)  # [rot/2]
+    inv = theta ** (-torch.arange(0, rot, 2, dtype=F64, device=x.device) / rot)  # [rot/2]
     ang = pos * inv
-    cos = torch.cat([torch.cos(ang), torch.cos(ang)])
-    sin = torch.cat([torch.sin(ang), torch.sin(ang)])
+    cos = torch.cat([torch.cos(ang), torch.cos(ang)]).to(x.dtype)
+    sin = torch.cat([torch.sin(ang), torch.sin(ang)]).to(x.dtype)
     xr = x[..., :rot]
     x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
     return torch.cat([xr * cos + torch.cat([-x2, x1], dim=-1) * sin, x[..., rot:]], dim=-1)
@@ -99,7 +100,7 @@ def _gdn(w, p, cfg, x, S, window):
     k = k.repeat_interleave(group, dim=0)  # [HV, K]: value head j reads key head j // group
     q = q.repeat_interleave(group, dim=0)
     # S_t = exp(g) (I - beta k k^T) S_{t-1} + beta k v^T, every value head at once
-    eye = torch.eye(K, dtype=F64)
+    eye = torch.eye(K, dtype=S.dtype, device=S.device)
     decay = torch.exp(g)[:, None, None] * (eye - beta[:, None, None] * torch.einsum("hi,hj->hij", k, k))
     S_new = decay @ S + beta[:, None, None] * torch.einsum("hk,hv->hkv", k, v)
     o = torch.einsum("hkv,hk->hv", S_new, q * K ** -0.5)  # o_t = S_t^T (scale q_t)
@@ -136,24 +137,49 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv):
     return logits, torch.stack(hidden), new_kv, ssm2, conv2
 
 
-def _f64(weights, cfg):
-    """float64 CPU copies; every RMSNorm scale but the GDN gated norm's is (norm_offset + weight)."""
-    out = {}
-    for k, v in weights.items():
-        v = v.detach().to("cpu", F64)
+class _Weights:
+    """The weights in the oracle's dtype and device; every RMSNorm scale but the GDN gated norm's is
+    (norm_offset + weight). Small models are converted once; large ones (a full-size checkpoint on a
+    GPU) tensor by tensor as each is used, so no second copy of the model is held."""
+
+    EAGER_BYTES = 2 << 30
+
+    def __init__(self, weights, cfg, device, dtype):
+        self.raw, self.cfg, self.device, self.dtype = weights, cfg, torch.device(device), dtype
+        total = sum(v.numel() for v in weights.values()) * torch.tensor([], dtype=dtype).element_size()
+        self.cache = {k: self._convert(k) for k in weights} if total <= self.EAGER_BYTES else None
+
+    def _convert(self, k):
+        v = self.raw[k].detach().to(self.device, self.dtype)
         if k.endswith("norm") and not k.endswith("gdn.norm"):
-            v = v + cfg.norm_offset
-        out[k] = v
-    return out
+            v = v + self.cfg.norm_offset
+        return v
+
+    def __getitem__(self, k):
+        return self.cache[k] if self.cache is not None else self._convert(k)
+
+    def __contains__(self, k):
+        return k in self.raw
 
 
-def prefill(weights, cfg, tokens, *, state: ModelState | None = None):
+def _placement(weights, device, dtype):
+    """float64 on the CPU unless told otherwise; float32 where the weights live on a GPU."""
+    if device is None:
+        device = weights["embed"].device
+    device = torch.device(device)
+    if dtype is None:
+        dtype = F64 if device.type == "cpu" else torch.float32
+    return device, dtype
+
+
+def prefill(weights, cfg, tokens, *, state: ModelState | None = None, device=None, dtype=None):
     """Decode ``tokens`` one at a time from ``state`` (default: empty).
 
-    Returns (state after all tokens in float64, logits [n, N] at each token).
+    Returns (state after all tokens, logits [n, N] at each token), in the oracle's dtype.
     """
-    w = _f64(weights, cfg)
-    st = (state or empty_state(cfg)).to(F64, "cpu").clone()
+    device, dtype = _placement(weights, device, dtype)
+    w = _Weights(weights, cfg, device, dtype)
+    st = (state or empty_state(cfg)).to(dtype, device).clone()
     logits = []
     for tok in tokens:
         lg, _, new_kv, st.ssm, st.conv = decode_step(w, cfg, token=int(tok), pos=st.pos,
@@ -162,12 +188,12 @@ def prefill(weights, cfg, tokens, *, state: ModelState | None = None):
                  for kv, nk in zip(st.kv, new_kv)]
         st.pos += 1
         logits.append(lg)
-    return st, (torch.stack(logits) if logits else torch.zeros(0, cfg.vocab_size, dtype=F64))
+    return st, (torch.stack(logits) if logits else torch.zeros(0, cfg.vocab_size, dtype=dtype, device=device))
 
 
 @dataclass
 class OracleResult:
-    """Per-node oracle outputs for a tree block (float64, CPU).
+    """Per-node oracle outputs for a tree block (float64 on the CPU; float32 on a GPU).
 
     logits [T, N]; hidden [L, T, d] (residual stream after each layer);
     ssm[l] [T, HV, K, V] and conv[l] [T, C, W-1] for GDN layers when recorded (else None);
@@ -180,28 +206,32 @@ class OracleResult:
     kv: list
 
 
-def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_states: bool = True) -> OracleResult:
+def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_states: bool = True,
+                device=None, dtype=None) -> OracleResult:
     """Every node of the block computed from its own root path, one decode step per node from its
-    parent's exact state (depth-first, so only the current root path's states are kept)."""
-    w = _f64(weights, cfg)
-    st = state.to(F64, "cpu")
+    parent's exact state (depth-first: besides what is recorded, only the states along the current
+    root path and its pending siblings' parents are alive, O(depth x branching) of them)."""
+    device, dtype = _placement(weights, device, dtype)
+    w = _Weights(weights, cfg, device, dtype)
+    st = state.to(dtype, device)
     parents = [int(x) for x in parents]
     T, L = len(parents), cfg.num_layers
     children = [[] for _ in range(T)]
     for i in range(1, T):
         children[parents[i]].append(i)
-    logits = torch.zeros(T, cfg.vocab_size, dtype=F64)
-    hidden = torch.zeros(L, T, cfg.hidden_size, dtype=F64)
+    f = dict(dtype=dtype, device=device)
+    logits = torch.zeros(T, cfg.vocab_size, **f)
+    hidden = torch.zeros(L, T, cfg.hidden_size, **f)
     kv_out = [None] * L
     for i in cfg.attention_layers:
         shape = (T, cfg.num_key_value_heads, cfg.head_dim)
-        kv_out[i] = (torch.zeros(shape, dtype=F64), torch.zeros(shape, dtype=F64))
+        kv_out[i] = (torch.zeros(shape, **f), torch.zeros(shape, **f))
     ssm_out = [None] * L
     conv_out = [None] * L
     if record_states:
         for i in cfg.gdn_layers:
-            ssm_out[i] = torch.zeros(T, *st.ssm[i].shape, dtype=F64)
-            conv_out[i] = torch.zeros(T, *st.conv[i].shape, dtype=F64)
+            ssm_out[i] = torch.zeros(T, *st.ssm[i].shape, **f)
+            conv_out[i] = torch.zeros(T, *st.conv[i].shape, **f)
 
     # stack entries: (node, ssm before it, conv before it, kv context before it, position)
     stack = [(0, st.ssm, st.conv, st.kv, st.pos)] if T else []

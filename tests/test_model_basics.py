@@ -80,3 +80,19 @@ def test_weight_shapes_describe_init_weights():
                                             shared_expert_intermediate_size=8, attn_output_gate=True, qk_norm=True)):
         w = init_weights(cfg, seed=0)
         assert {k: tuple(v.shape) for k, v in w.items()} == weight_shapes(cfg)
+
+
+def test_oracle_lazy_weights_and_float32_placement(monkeypatch):
+    """Full-size models convert weights tensor by tensor as used; same numbers as converting once."""
+    from oracle import model as om
+    cfg = get_preset("micro")
+    w = init_weights(cfg, seed=0)
+    tree = Tree([-1, 0, 0, 1], [1, 2, 3, 4])
+    st, _ = oracle.prefill(w, cfg, [5, 6])
+    eager = oracle.verify_tree(w, cfg, st, tree.parents, tree.tokens)
+    monkeypatch.setattr(om._Weights, "EAGER_BYTES", 0)
+    lazy = oracle.verify_tree(w, cfg, st, tree.parents, tree.tokens)
+    assert torch.equal(eager.logits, lazy.logits) and eager.logits.dtype == torch.float64
+    f32 = oracle.verify_tree(w, cfg, st, tree.parents, tree.tokens, dtype=torch.float32)
+    assert f32.logits.dtype == torch.float32
+    assert torch.allclose(f32.logits.double(), eager.logits, atol=1e-4)
