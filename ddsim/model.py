@@ -78,8 +78,10 @@ class HybridModel:
         self.dtype = dtype
         self.device = torch.device(device)
         # norm scales are (norm_offset + weight) for every RMSNorm but the GDN gated one
-        self.w = {k: (v.to(device=self.device, dtype=dtype) + (cfg.norm_offset if _offset_norm(k) else 0.0))
-                  for k, v in weights.items()}
+        self.w = {k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()}  # no copy when already so
+        for k in self.w:
+            if _offset_norm(k) and cfg.norm_offset:
+                self.w[k] = self.w[k] + cfg.norm_offset
         self.state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
 
     # ---- states --------------------------------------------------------------------------------
