@@ -21,7 +21,7 @@ from ddsim.model import HybridModel
 from ddsim.weights import init_weights
 
 
-def timed(fn, repeats=1):
+def timed(fn, repeats=1, keep=True):
     best = None
     for _ in range(repeats):
         torch.cuda.synchronize()
@@ -29,6 +29,8 @@ def timed(fn, repeats=1):
         out = fn()
         torch.cuda.synchronize()
         dt = time.perf_counter() - t
+        if repeats > 1 or keep is False:
+            out = None  # results of timed calls are not kept alive (they hold per-node states)
         best = dt if best is None else min(best, dt)
     return best, out
 
@@ -40,11 +42,15 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-audit", action="store_true")
+    ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--prompts", type=int, default=2)
     a = ap.parse_args()
     budgets = [int(b) for b in a.budgets.split(",")]
     cfg = get_preset("qwen3.6-27b")
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | commit {a.commit}",
           flush=True)
+    if a.skip_timing:
+        return run_full_audit(a, budgets)
     t, w = timed(lambda: init_weights(cfg, seed=0, dtype=torch.bfloat16, device="cuda"))
     n = sum(v.numel() for v in w.values())
     print(f"weights: {n / 1e9:.1f} B parameters, {torch.cuda.memory_allocated() / 2**30:.1f} GiB bf16, built in {t:.1f} s",
@@ -60,12 +66,13 @@ def main():
         row = {"budget": budget, "nodes": tree.size}
         for mode in ("leaky", "exact"):
             model.verify(state, tree, mode=mode)  # warm-up (Triton compiles)
-            row[f"{mode}_s"], _ = timed(lambda: model.verify(state, tree, mode=mode), repeats=3)
+            row[f"{mode}_s"], _ = timed(lambda: model.verify(state, tree, mode=mode), repeats=3, keep=False)
         for record in (False, True):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-            t, _ = timed(lambda: oracle.verify_tree(w, cfg, state, tree.parents, tree.tokens, record_states=record))
+            t, _ = timed(lambda: oracle.verify_tree(w, cfg, state, tree.parents, tree.tokens, record_states=record),
+                         keep=False)
             key = "oracle_record" if record else "oracle"
             row[f"{key}_s"] = t
             row[f"{key}_peak_extra_GiB"] = (torch.cuda.max_memory_allocated() - base) / 2**30
@@ -82,13 +89,17 @@ def main():
         return
     del model, w, state
     torch.cuda.empty_cache()
+    run_full_audit(a, budgets)
+
+
+def run_full_audit(a, budgets):
     from ddsim.audit import AuditConfig, run_audit
     from reports import json_report
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    rep = run_audit(AuditConfig(preset="qwen3.6-27b", device="cuda", budgets=budgets, steps=1, n_prompts=2,
+    rep = run_audit(AuditConfig(preset="qwen3.6-27b", device="cuda", budgets=budgets, steps=1, n_prompts=a.prompts,
                                 prompt_len=a.prompt_len))
-    print(f"audit (2 prompts x 1 step, budgets {budgets}): {time.perf_counter() - t0:.1f} s, "
+    print(f"audit ({a.prompts} prompts x 1 step, budgets {budgets}): {time.perf_counter() - t0:.1f} s, "
           f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
     for b in rep["budgets"]:
         lk = b["leak"]
