@@ -199,7 +199,9 @@ def load_model(ac: AuditConfig, device):
         encoder = TextEncoder(ac.model_path) if (Path(ac.model_path) / "tokenizer.json").is_file() else None
         return cfg, weights, encoder
     cfg = get_preset(ac.preset)
-    return cfg, init_weights(cfg, seed=ac.seed, device=device), None
+    # synthetic weights in bf16 on a GPU, as a served checkpoint would be (float32 on the CPU)
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return cfg, init_weights(cfg, seed=ac.seed, device=device, dtype=dtype), None
 
 
 def audit_prompts(ac: AuditConfig, cfg, encoder) -> list[list[int]]:
