@@ -49,8 +49,14 @@ def main():
     cfg = get_preset("qwen3.6-27b")
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | commit {a.commit}",
           flush=True)
-    if a.skip_timing:
-        return run_full_audit(a, budgets)
+    if not a.skip_timing:
+        run_timing(a, budgets, cfg)  # its model and weights are freed when it returns
+        torch.cuda.empty_cache()
+    if not a.skip_audit:
+        run_full_audit(a, budgets)
+
+
+def run_timing(a, budgets, cfg):
     t, w = timed(lambda: init_weights(cfg, seed=0, dtype=torch.bfloat16, device="cuda"))
     n = sum(v.numel() for v in w.values())
     print(f"weights: {n / 1e9:.1f} B parameters, {torch.cuda.memory_allocated() / 2**30:.1f} GiB bf16, built in {t:.1f} s",
@@ -85,11 +91,6 @@ def main():
         print(f"| {r['budget']} | {r['nodes']} | {r['leaky_s']:.3f} | {r['exact_s']:.3f} | {r['oracle_s']:.2f} | "
               f"{r['oracle_peak_extra_GiB']:.1f} | {r['oracle_record_s']:.2f} | {r['oracle_record_peak_extra_GiB']:.1f} |",
               flush=True)
-    if a.skip_audit:
-        return
-    del model, w, state
-    torch.cuda.empty_cache()
-    run_full_audit(a, budgets)
 
 
 def run_full_audit(a, budgets):

@@ -11,7 +11,6 @@ chain baseline (exact); then per budget:
 """
 from __future__ import annotations
 
-import json
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
