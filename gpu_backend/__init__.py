@@ -4,7 +4,7 @@ keyword-only signature.
 Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" otherwise):
   torch             pure PyTorch, batched over the tree (serves CPU users)
   triton            gdn_tree_verify: "triton-wy" unless per-node states are asked for (or the
-                    tree has more than 129 nodes), then "triton-recurrent"
+                    tree has more than 65 nodes), then "triton-recurrent"
   triton-recurrent  leaky = flattened recurrence (per-node states optional);
                     exact = parent-indexed recurrence over per-node snapshots
   triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states

@@ -172,7 +172,7 @@ def _gdn_wy_kernel(
              mask=mt[:, None] & mv[None, :])
 
 
-WY_MAX_NODES = 129  # the root + one block of at most 128 draft nodes
+WY_MAX_NODES = 65  # the root + one block of at most 64 draft nodes (a 128-row block exceeds shared memory in tf32x3)
 
 
 def _prep(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode):

@@ -157,3 +157,20 @@ def test_triton_rejects_bad_input():
     with pytest.raises(ValueError, match="gates"):
         gb.gdn_tree_verify(_dev(inp["q"]), _dev(inp["k"]), _dev(inp["v"]), parents=inp["parents"], initial_state=_dev(inp["initial_state"]),
                            backend="triton-wy")
+
+
+def test_wy_refuses_trees_beyond_one_block_and_dispatch_falls_back():
+    from gpu_backend.triton_gdn import WY_MAX_NODES
+    T = WY_MAX_NODES + 1
+    gen = torch.Generator().manual_seed(0)
+    args = dict(q=torch.randn(1, T, 1, 4, generator=gen), k=torch.randn(1, T, 1, 4, generator=gen),
+                v=torch.randn(1, T, 1, 4, generator=gen), g=-torch.rand(1, T, 1, generator=gen),
+                beta=torch.rand(1, T, 1, generator=gen))
+    args = {k: _dev(v) for k, v in args.items()}
+    parents = torch.tensor([[-1] + list(range(T - 1))])
+    s0 = _dev(torch.randn(1, 1, 4, 4, generator=gen))
+    with pytest.raises(ValueError, match="at most"):
+        gb.gdn_tree_verify(**args, parents=parents, initial_state=s0, backend="triton-wy")
+    o = gb.gdn_tree_verify(**args, parents=parents, initial_state=s0, backend="triton")  # recurrent fallback
+    ref = oracle.gdn_tree_verify(**args, parents=parents, initial_state=s0)
+    assert_close("o (fallback)", o, ref, dtype=torch.float32, slack=5)
