@@ -132,6 +132,10 @@ class _Mapper:
 
     def __call__(self, key: str, t: torch.Tensor) -> None:
         cfg, pre = self.cfg, self.meta["prefix"]
+        if key.startswith(pre) or key == "lm_head.weight":
+            if t.dtype not in _DTYPES.values():
+                raise InputError(f"{key}: dtype {str(t.dtype).replace('torch.', '')} is not supported "
+                                 "(bfloat16, float16 or float32; quantised checkpoints are not)")
         if key == "lm_head.weight":
             return self.put("lm_head", t)
         if not key.startswith(pre):
@@ -200,8 +204,6 @@ def load_checkpoint(path: str | Path, *, device="cpu") -> tuple[ModelConfig, dic
     cfg, meta = read_config(path)
     d = Path(path)
     dev = torch.device(device)
-    if dev.type == "cpu" and meta["dtype"] == torch.float16:
-        pass  # fp16 loads on the CPU; the fast path computes in float32 there
     out: dict[str, torch.Tensor] = {}
     mapper = _Mapper(cfg, meta, dev, out)
     for shard in _shards(d):
@@ -211,6 +213,8 @@ def load_checkpoint(path: str | Path, *, device="cpu") -> tuple[ModelConfig, dic
                     mapper(key, f.get_tensor(key))
         except SafetensorError as e:
             raise InputError(f"{shard}: truncated or not a safetensors file ({e})") from None
+        except InputError as e:
+            raise InputError(f"{shard}: {e}") from None
         except (RuntimeError, ValueError) as e:
             raise InputError(f"{shard}: tensor does not fit the config ({e})") from None
     if "lm_head" not in out and cfg.tie_word_embeddings and "embed" in out:

@@ -107,8 +107,20 @@ def test_bad_checkpoints(tmp_path, checkpoint):
     (bad / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(InputError, match="unsupported architecture 'llama'.*qwen3_next"):
         read_config(bad)
-    # a copy with a truncated shard, then with a missing shard
     import shutil
+    # a tensor in a dtype ddsim cannot run (as in a quantised checkpoint)
+    if arch == "qwen3_5":
+        from safetensors.torch import load_file, save_file
+        q8 = tmp_path / "q8"
+        shutil.copytree(d, q8)
+        f = sorted(q8.glob("*.safetensors"))[0]
+        tensors = load_file(str(f))
+        key = next(k for k in tensors if k.endswith("self_attn.k_proj.weight"))
+        tensors[key] = tensors[key].to(torch.float8_e4m3fn)
+        save_file(tensors, str(f), metadata={"format": "pt"})
+        with pytest.raises(InputError, match="k_proj.weight: dtype float8_e4m3fn is not supported"):
+            load_checkpoint(q8)
+    # a copy with a truncated shard, then with a missing shard
     broken = tmp_path / "broken"
     shutil.copytree(d, broken)
     shard = sorted(broken.glob("*.safetensors"))[0]
