@@ -140,11 +140,18 @@ th{background:#f2f2f2}h2{border-bottom:1px solid #ddd;padding-bottom:4px}img{max
 .note{color:#555;font-size:13px}"""
 
 
+def model_label(report: dict) -> str:
+    """What was audited: the checkpoint directory, or the preset."""
+    cfg = report["config"]
+    return f"checkpoint {cfg['model_path']}" if cfg.get("model_path") else f"preset {cfg['preset']}"
+
+
 def render(report: dict) -> str:
     cfg, env = report["config"], report["environment"]
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ddsim audit: {html.escape(cfg['preset'])}</title>"
+    subject = model_label(report)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ddsim audit: {html.escape(subject)}</title>"
              f"<style>{CSS}</style></head><body>",
-             f"<h1>ddsim leakage audit — {html.escape(cfg['preset'])}</h1>",
+             f"<h1>ddsim leakage audit — {html.escape(subject)}</h1>",
              f"<p class='note'>schema {report['schema_version']} · generated {html.escape(str(report['generated_at']))} · "
              f"seed {cfg['seed']} · device {html.escape(env['device'])} · torch {html.escape(env['torch'])} · "
              f"ddsim {html.escape(env['ddsim'])} · {len(report['prompts'])} prompts × {cfg['steps']} steps · "

@@ -14,7 +14,8 @@ def _g(x, spec=".2g"):
 def print_summary(report: dict, console: Console | None = None) -> None:
     console = console or Console()
     cfg = report["config"]
-    console.print(f"[bold]ddsim audit[/bold] preset {cfg['preset']} · seed {cfg['seed']} · "
+    from reports.html import model_label
+    console.print(f"[bold]ddsim audit[/bold] {model_label(report)} · seed {cfg['seed']} · "
                   f"{len(report['prompts'])} prompts × {cfg['steps']} steps · device {report['environment']['device']}")
     t = Table(title="Leak vs the float64 oracle (medians; exact = noise floor)", show_lines=False)
     for col in ("budget", "mode", "state err\norder-exact", "state err\nother", "KL other", "argmax flips\nother",

@@ -169,6 +169,7 @@ def test_audit_command_on_a_checkpoint_with_text_prompts(tmp_path_factory, tmp_p
     rep = json.loads((out / "report.json").read_text())
     assert rep["model"]["architecture"] == "qwen3_next" and rep["model"]["source"] == str(ck)
     assert len(rep["prompts"]) == 3 and rep["prompts"][2]["tokens"] == [1, 2, 3]
+    assert f"checkpoint {ck}" in (out / "report.html").read_text() and f"checkpoint {ck}" in r.stdout
     assert all(b["modes"]["exact"]["generations_leaving_greedy"] == 0 for b in rep["budgets"])
     # no --prompts: the built-in math, code and chat prompts through the chat template
     r = run_cli("audit", "--model", ck, "--budget", "4", "--steps", "1", "--out", tmp_path / "out2")
