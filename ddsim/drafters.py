@@ -22,7 +22,6 @@ a log-prob far below the listed ones, and the builder's top-k is capped at the l
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ddsim.errors import InputError
+from ddsim.jsonl import read_jsonl
 
 
 @dataclass
@@ -91,19 +91,8 @@ class TraceDrafter:
         self.path = Path(path)
         self.vocab_size = vocab_size
         self.steps: list[list[list[tuple[int, float]]]] = []
-        try:
-            text = self.path.read_text()
-        except OSError as e:
-            raise InputError(f"{self.path}: cannot read trace ({e.strerror or e})") from None
         depth = None
-        for n, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            where = f"{self.path}:{n}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{where}: malformed JSON ({e.msg})") from None
+        for where, rec in read_jsonl(self.path, "trace"):
             if not isinstance(rec, dict) or "depths" not in rec:
                 raise InputError(f"{where}: expected an object with 'depths'")
             if rec.get("vocab_size", vocab_size) != vocab_size:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from ddsim.errors import InputError
+from ddsim.jsonl import read_jsonl
 
 # Written for this project: one math, one code and one chat prompt.
 BUILTIN_PROMPTS = (
@@ -67,20 +68,8 @@ def _check_tokens(toks, vocab, where):
 
 
 def load_prompts(path: str | Path, vocab: int, encoder: TextEncoder | None = None) -> list[list[int]]:
-    p = Path(path)
-    try:
-        lines = p.read_text().splitlines()
-    except OSError as e:
-        raise InputError(f"{p}: cannot read prompts ({e.strerror or e})") from None
     out = []
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{p}:{n}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{where}: malformed JSON ({e.msg})") from None
+    for where, rec in read_jsonl(path, "prompts"):
         if isinstance(rec, dict) and "text" in rec and "tokens" not in rec:
             if encoder is None:
                 raise InputError(f"{where}: text prompts need a tokenizer (a --model checkpoint with tokenizer.json); "
@@ -91,7 +80,7 @@ def load_prompts(path: str | Path, vocab: int, encoder: TextEncoder | None = Non
             continue
         out.append(_check_tokens(rec.get("tokens") if isinstance(rec, dict) else None, vocab, where))
     if not out:
-        raise InputError(f"{p}: no prompts")
+        raise InputError(f"{path}: no prompts")
     return out
 
 
