@@ -25,12 +25,12 @@ from ddsim.errors import InputError
 from ddsim.generate import TreePolicy, autoregressive, speculative
 from ddsim.metrics import group_by, summarize
 from ddsim.model import HybridModel
+from ddsim.modes import LEAK_MODES, VERIFY_MODES
 from ddsim.throughput import CostModel, speedup_table
 from ddsim.weights import init_weights
 
 SCHEMA_VERSION = 1
-LEAK_MODES = ("leaky", "leaky-state", "leaky-conv")
-ALL_MODES = ("exact",) + LEAK_MODES
+ALL_MODES = VERIFY_MODES
 
 
 @dataclass

@@ -11,7 +11,8 @@ import torch
 import oracle
 from ddsim.builders import ddtree
 from ddsim.config import get_preset
-from ddsim.model import VERIFY_MODES, HybridModel
+from ddsim.model import HybridModel
+from ddsim.modes import VERIFY_MODES
 from ddsim.weights import init_weights
 
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddsim.errors import InputError
+from ddsim.modes import LEAK_MODES
 
-GATED_MODES = ("leaky", "leaky-state", "leaky-conv")
+GATED_MODES = LEAK_MODES
 
 
 def _worst(values):

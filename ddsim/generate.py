@@ -23,7 +23,8 @@ from ddsim.builders import ddtree
 from ddsim.drafters import DraftContext
 from ddsim.errors import InputError
 from ddsim.metrics import node_keys, node_metrics
-from ddsim.model import VERIFY_MODES, HybridModel
+from ddsim.model import HybridModel
+from ddsim.modes import VERIFY_MODES
 from ddsim.tree import Tree, chain
 
 

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 import gpu_backend as gb
 from ddsim.config import ModelConfig
 from ddsim.errors import InputError
+from ddsim.modes import VERIFY_MODES
 from ddsim.state import ModelState, empty_state
 from ddsim.tree import Tree, chain
 
-VERIFY_MODES = ("exact", "leaky", "leaky-state", "leaky-conv")
 _LAYER_MODES = {  # mode -> (conv mode, recurrence mode)
     "exact": ("exact", "exact"),
     "leaky": ("leaky", "leaky"),

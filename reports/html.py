@@ -8,11 +8,13 @@ import io
 
 import matplotlib
 
+from ddsim.modes import LEAK_MODES
+from reports import model_label
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 MODE_COLORS = {"exact": "#1f77b4", "leaky": "#d62728", "leaky-state": "#ff7f0e", "leaky-conv": "#9467bd"}
-LEAK_MODES = ("leaky", "leaky-state", "leaky-conv")
 
 
 def _png(fig) -> str:
@@ -138,12 +140,6 @@ CSS = """body{font-family:system-ui,sans-serif;margin:24px;max-width:1400px;colo
 table{border-collapse:collapse;margin:8px 0 18px}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}
 th{background:#f2f2f2}h2{border-bottom:1px solid #ddd;padding-bottom:4px}img{max-width:100%;display:block;margin:8px 0}
 .note{color:#555;font-size:13px}"""
-
-
-def model_label(report: dict) -> str:
-    """What was audited: the checkpoint directory, or the preset."""
-    cfg = report["config"]
-    return f"checkpoint {cfg['model_path']}" if cfg.get("model_path") else f"preset {cfg['preset']}"
 
 
 def render(report: dict) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-LEAK_MODES = ("leaky", "leaky-state", "leaky-conv")
+from ddsim.modes import LEAK_MODES
+from reports import model_label
+
 
 
 def _g(x, spec=".2g"):
@@ -14,7 +16,6 @@ def _g(x, spec=".2g"):
 def print_summary(report: dict, console: Console | None = None) -> None:
     console = console or Console()
     cfg = report["config"]
-    from reports.html import model_label
     console.print(f"[bold]ddsim audit[/bold] {model_label(report)} · seed {cfg['seed']} · "
                   f"{len(report['prompts'])} prompts × {cfg['steps']} steps · device {report['environment']['device']}")
     t = Table(title="Leak vs the float64 oracle (medians; exact = noise floor)", show_lines=False)
