@@ -5,7 +5,8 @@ import os
 
 import torch
 
-from gpu_backend.torch_ops import _check_inputs, _check_parents, _mode_parents  # noqa: F401  (re-exported: one set of checks)
+from gpu_backend.torch_ops import (  # noqa: F401  (re-exported: one set of checks for both backends)
+    _check_accepted, _check_inputs, _check_parents, _mode_parents)
 
 MODES = ("exact", "leaky")
 
@@ -51,6 +52,20 @@ def check_pool(initial_state, state_indices, B, HV, K, V):
         raise ValueError(f"state_indices: slots must lie in 0..{N - 1}")
     if idx.unique().numel() != B:
         raise ValueError("state_indices: slots must be distinct")
+    return idx.to(torch.int32).contiguous()
+
+
+def window_slots(initial_window, state_indices, B: int) -> torch.Tensor:
+    """int32 [B] slots of the batch's conv windows in initial_window [N, C, W-1]: the first B rows,
+    or the pool rows state_indices."""
+    N = initial_window.shape[0]
+    if state_indices is None:
+        if N != B:
+            raise ValueError(f"initial_window: {N} windows for {B} sequences; pass state_indices")
+        return torch.arange(B, dtype=torch.int32, device=initial_window.device)
+    idx = torch.as_tensor(state_indices, device=initial_window.device)
+    if tuple(idx.shape) != (B,) or ((idx < 0) | (idx >= N)).any():
+        raise ValueError(f"state_indices: expected [B] = [{B}] slots in 0..{N - 1}")
     return idx.to(torch.int32).contiguous()
 
 

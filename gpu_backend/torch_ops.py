@@ -37,6 +37,14 @@ def _check_parents(parents, B: int, T: int, device) -> torch.Tensor:
     return p
 
 
+def _check_accepted(accepted, B: int, T: int, device) -> torch.Tensor:
+    """accepted: one node index per sequence, [B] in 0..T-1."""
+    acc = torch.as_tensor(accepted, device=device).long().reshape(-1)
+    if acc.numel() != B or ((acc < 0) | (acc >= T)).any():
+        raise ValueError(f"accepted: expected [B] = [{B}] node indices in 0..{T - 1}, got {acc.tolist()}")
+    return acc
+
+
 def _mode_parents(p: torch.Tensor, mode: str) -> torch.Tensor:
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
@@ -158,9 +166,7 @@ def gdn_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, use_qk_l
     """
     B, T, H, HV, K, V = _check_gdn(k, k, v, g, beta, initial_state)
     p = _check_parents(parents, B, T, k.device)
-    acc = torch.as_tensor(accepted, device=k.device).long().reshape(-1)
-    if acc.numel() != B or ((acc < 0) | (acc >= T)).any():
-        raise ValueError(f"accepted: expected [B] = [{B}] node indices in 0..{T - 1}, got {acc.tolist()}")
+    acc = _check_accepted(accepted, B, T, k.device)
     dt = initial_state.dtype
     ke = _prep_qk(k, HV, use_qk_l2norm, dt)
     out = initial_state.clone()
@@ -231,9 +237,7 @@ def conv_tree_commit(x, *, parents, accepted, initial_window):
     B, T, C = x.shape
     W = initial_window.shape[-1] + 1
     p = _check_parents(parents, B, T, x.device)
-    acc = torch.as_tensor(accepted, device=x.device).long().reshape(-1)
-    if acc.numel() != B or ((acc < 0) | (acc >= T)).any():
-        raise ValueError(f"accepted: expected [B] = [{B}] node indices in 0..{T - 1}, got {acc.tolist()}")
+    acc = _check_accepted(accepted, B, T, x.device)
     idx = _conv_sources(p, W)[torch.arange(B, device=x.device), acc]  # [B, W]
     buf = torch.cat([initial_window.transpose(1, 2).to(x.dtype), x], dim=1)
     return buf[torch.arange(B, device=x.device)[:, None], idx[:, 1:]].transpose(1, 2).contiguous()

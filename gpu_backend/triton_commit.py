@@ -77,13 +77,6 @@ def _paths(parents: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
     return rev.gather(1, order).to(torch.int32).contiguous()
 
 
-def _accepted(accepted, B, T, device):
-    acc = torch.as_tensor(accepted, device=device).long().reshape(-1)
-    if acc.numel() != B or ((acc < 0) | (acc >= T)).any():
-        raise ValueError(f"accepted: expected [B] = [{B}] node indices in 0..{T - 1}, got {acc.tolist()}")
-    return acc
-
-
 def gdn_tree_commit_triton(*args, **kwargs):
     """State after root..accepted[b]. inplace=True writes it into the pool slots (state_indices)
     and returns the pool; otherwise returns a new [B, HV, K, V] tensor. Other slots are untouched."""
@@ -102,7 +95,7 @@ def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, us
     B, T, H, HV, K, V = C._check_inputs(k, k, v, a if fused else g, b if fused else beta)
     C.check_device(k, v, initial_state)
     p = C._check_parents(parents, B, T, k.device)
-    acc = _accepted(accepted, B, T, k.device)
+    acc = C._check_accepted(accepted, B, T, k.device)
     idx = C.check_pool(initial_state, state_indices, B, HV, K, V)
     g_, b_, al, db, fused = C.gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, k.device)
     path = _paths(p, acc)
@@ -148,14 +141,10 @@ def conv_tree_commit_triton(x, *, parents, accepted, initial_window, state_indic
     W = initial_window.shape[-1] + 1
     C.check_device(x, initial_window)
     p = C._check_parents(parents, B, T, x.device)
-    acc = _accepted(accepted, B, T, x.device)
-    N = initial_window.shape[0]
+    acc = C._check_accepted(accepted, B, T, x.device)
     if initial_window.dim() != 3 or initial_window.shape[1] != Cn:
         raise ValueError(f"initial_window: expected [N, C, W-1] with C={Cn}, got {tuple(initial_window.shape)}")
-    idx = (torch.arange(B, dtype=torch.int32, device=x.device) if state_indices is None
-           else torch.as_tensor(state_indices, device=x.device).to(torch.int32))
-    if state_indices is None and N != B:
-        raise ValueError(f"initial_window: {N} windows for {B} sequences; pass state_indices")
+    idx = C.window_slots(initial_window, state_indices, B)
     src = _conv_sources(p, W).to(torch.int32).contiguous()
     if inplace:
         out, out_idx = initial_window, idx

@@ -65,12 +65,7 @@ def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, 
     C.check_device(x, weight, initial_window)
     src = C._mode_parents(C._check_parents(parents, B, T, x.device), mode)
     table = _conv_sources(src, W).to(torch.int32).contiguous()
-    if state_indices is None:
-        if initial_window.shape[0] != B:
-            raise ValueError(f"initial_window: {initial_window.shape[0]} windows for {B} sequences; pass state_indices")
-        idx = torch.arange(B, dtype=torch.int32, device=x.device)
-    else:
-        idx = torch.as_tensor(state_indices, device=x.device).to(torch.int32).contiguous()
+    idx = C.window_slots(initial_window, state_indices, B)
     out = C.alloc((B, T, Cn), x.dtype, x.device)
     win_out = C.alloc((B, T, Cn, W - 1), x.dtype, x.device) if output_windows else torch.zeros(1, dtype=x.dtype,
                                                                                                 device=x.device)

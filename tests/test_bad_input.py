@@ -110,3 +110,13 @@ def test_model_rejects_out_of_range_tokens_and_positions():
         m.verify(st, Tree([-1, 0], [0, 1]))
     with pytest.raises(InputError, match="mode"):
         m.verify(m.empty_state(), Tree([-1], [0]), mode="fast")
+
+
+def test_triton_window_slots_are_checked():
+    from gpu_backend import _common as C
+    win = torch.zeros(3, 4, 3)
+    assert C.window_slots(win, [2, 0], 2).tolist() == [2, 0]
+    with pytest.raises(ValueError, match="3 windows for 2 sequences"):
+        C.window_slots(win, None, 2)
+    with pytest.raises(ValueError, match="state_indices: expected \\[B\\] = \\[2\\] slots in 0..2"):
+        C.window_slots(win, [0, 3], 2)
