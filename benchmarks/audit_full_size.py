@@ -6,7 +6,9 @@ and the fp32 oracle (one decode step per node from its parent's state, depth-fir
 memory, with and without the oracle recording every node's per-layer state.
 Part 2 runs the audit itself (ddsim.audit.run_audit) on a few prompts for budgets 16 and 64.
 
-    python benchmarks/audit_full_size.py [--budgets 16,64] [--commit SHA] [--out DIR]
+    python benchmarks/audit_full_size.py [--budgets 16,64] [--prompts 3] [--steps 2] [--commit SHA] [--out DIR]
+
+--out DIR writes the audit's report.json and report.html there (`ddsim gate` reads the former).
 """
 import argparse
 import json
@@ -43,7 +45,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-audit", action="store_true")
     ap.add_argument("--skip-timing", action="store_true")
-    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2)
     a = ap.parse_args()
     budgets = [int(b) for b in a.budgets.split(",")]
     cfg = get_preset("qwen3.6-27b")
@@ -95,22 +98,29 @@ def run_timing(a, budgets, cfg):
 
 def run_full_audit(a, budgets):
     from ddsim.audit import AuditConfig, run_audit
-    from reports import json_report
+    from reports import html, json_report
     torch.cuda.reset_peak_memory_stats()
+    steps = []
     t0 = time.perf_counter()
-    rep = run_audit(AuditConfig(preset="qwen3.6-27b", device="cuda", budgets=budgets, steps=1, n_prompts=a.prompts,
-                                prompt_len=a.prompt_len))
-    print(f"audit ({a.prompts} prompts x 1 step, budgets {budgets}): {time.perf_counter() - t0:.1f} s, "
-          f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    rep = run_audit(AuditConfig(preset="qwen3.6-27b", device="cuda", budgets=budgets, steps=a.steps,
+                                n_prompts=a.prompts, prompt_len=a.prompt_len),
+                    progress=lambda advance: steps.append(advance))
+    wall = time.perf_counter() - t0
+    print(f"audit ({a.prompts} prompts x {a.steps} steps, budgets {budgets}, {sum(steps)} speculative steps): "
+          f"{wall:.1f} s, peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
     for b in rep["budgets"]:
-        lk = b["leak"]
-        print(f"budget {b['budget']}: leaky state err (other) median {lk['leaky']['state_rel']['other']['median']}, "
-              f"noise floor {lk['exact']['state_rel']['other']['median']}, argmax flips (other) "
-              f"{lk['leaky']['argmax_flip_rate']['other']}, tokens/step exact {b['modes']['exact']['tokens_per_step']:.2f} "
-              f"leaky {b['modes']['leaky']['tokens_per_step']:.2f}", flush=True)
+        lk, md = b["leak"], b["modes"]
+        print(f"budget {b['budget']}: leaky state rel err (other nodes) median {lk['leaky']['state_rel']['other']['median']:.3g}, "
+              f"noise floor (exact) {lk['exact']['state_rel']['other']['median']:.3g}; argmax flips (other) leaky "
+              f"{lk['leaky']['argmax_flip_rate']['other']}, exact {lk['exact']['argmax_flip_rate']['other']}; "
+              f"tokens/step " + ", ".join(f"{m} {md[m]['tokens_per_step']:.2f}" for m in md)
+              + "; generations leaving greedy " + ", ".join(f"{m} {md[m]['generations_leaving_greedy']}" for m in md),
+              flush=True)
     if a.out:
         from pathlib import Path
-        json_report.write_atomic({Path(a.out) / "report.json": json_report.dumps(json_report.stamp(rep))})
+        rep = json_report.stamp(rep)
+        out = Path(a.out)
+        json_report.write_atomic({out / "report.json": json_report.dumps(rep), out / "report.html": html.render(rep)})
 
 
 if __name__ == "__main__":

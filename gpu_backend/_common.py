@@ -6,7 +6,7 @@ import os
 import torch
 
 from gpu_backend.torch_ops import (  # noqa: F401  (re-exported: one set of checks for both backends)
-    _check_accepted, _check_inputs, _check_parents, _mode_parents)
+    _check_accepted, _check_conv, _check_inputs, _check_parents, _mode_parents)
 
 MODES = ("exact", "leaky")
 
@@ -40,32 +40,29 @@ def check_pool(initial_state, state_indices, B, HV, K, V):
                          f"{tuple(initial_state.shape)}")
     if not initial_state.is_contiguous():
         raise ValueError("initial_state: must be contiguous")
-    N = initial_state.shape[0]
+    return pool_slots(initial_state, state_indices, B, "initial_state", "states")
+
+
+def window_slots(initial_window, state_indices, B: int) -> torch.Tensor:
+    """int32 [B] slots of the batch's conv windows in initial_window [N, C, W-1]."""
+    return pool_slots(initial_window, state_indices, B, "initial_window", "windows")
+
+
+def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tensor:
+    """int32 [B] rows of pool [N, ...] holding the batch: its first B rows when state_indices is
+    None (then N must be B), else state_indices [B], distinct and in 0..N-1."""
+    N = pool.shape[0]
     if state_indices is None:
         if N != B:
-            raise ValueError(f"initial_state: {N} states for {B} sequences; pass state_indices to address a pool")
-        return torch.arange(B, dtype=torch.int32, device=initial_state.device)
-    idx = torch.as_tensor(state_indices, device=initial_state.device)
+            raise ValueError(f"{name}: {N} {rows} for {B} sequences; pass state_indices to address a pool")
+        return torch.arange(B, dtype=torch.int32, device=pool.device)
+    idx = torch.as_tensor(state_indices, device=pool.device)
     if idx.dtype not in (torch.int32, torch.int64) or tuple(idx.shape) != (B,):
         raise ValueError(f"state_indices: expected [B] = [{B}] integers, got {tuple(idx.shape)} {idx.dtype}")
     if ((idx < 0) | (idx >= N)).any():
         raise ValueError(f"state_indices: slots must lie in 0..{N - 1}")
     if idx.unique().numel() != B:
         raise ValueError("state_indices: slots must be distinct")
-    return idx.to(torch.int32).contiguous()
-
-
-def window_slots(initial_window, state_indices, B: int) -> torch.Tensor:
-    """int32 [B] slots of the batch's conv windows in initial_window [N, C, W-1]: the first B rows,
-    or the pool rows state_indices."""
-    N = initial_window.shape[0]
-    if state_indices is None:
-        if N != B:
-            raise ValueError(f"initial_window: {N} windows for {B} sequences; pass state_indices")
-        return torch.arange(B, dtype=torch.int32, device=initial_window.device)
-    idx = torch.as_tensor(state_indices, device=initial_window.device)
-    if tuple(idx.shape) != (B,) or ((idx < 0) | (idx >= N)).any():
-        raise ValueError(f"state_indices: expected [B] = [{B}] slots in 0..{N - 1}")
     return idx.to(torch.int32).contiguous()
 
 

@@ -204,22 +204,30 @@ def _conv_sources(src: torch.Tensor, W: int) -> torch.Tensor:
     return torch.stack(cols[::-1], dim=-1)
 
 
-def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="exact",
-                       activation="silu", output_windows=False):
-    """Depthwise causal conv over a tree. x: [B, T, C]; weight: [C, W]; bias: [C] or None;
-    initial_window: [B, C, W-1] (oldest first). Returns out [B, T, C] and, with output_windows,
-    the window after each node [B, T, C, W-1]."""
+def _check_conv(x, weight, initial_window, parents, mode, activation, *, pooled: bool):
+    """Shapes of x [B, T, C], weight [C, W] and the committed windows ([B, C, W-1], or a pool
+    [N, C, W-1] when pooled), the activation and the mode -> (B, T, C, W, source parents [B, T])."""
     if x.dim() != 3:
         raise ValueError(f"x: expected [B, T, C], got {tuple(x.shape)}")
     B, T, C = x.shape
     if weight.dim() != 2 or weight.shape[0] != C:
         raise ValueError(f"weight: expected [C, W] with C={C}, got {tuple(weight.shape)}")
     W = weight.shape[1]
-    if tuple(initial_window.shape) != (B, C, W - 1):
-        raise ValueError(f"initial_window: expected [B, C, W-1] = {(B, C, W - 1)}, got {tuple(initial_window.shape)}")
+    lead = initial_window.shape[0] if pooled and initial_window.dim() == 3 else B
+    if tuple(initial_window.shape) != (lead, C, W - 1):
+        want = f"[N, C, W-1] = [N, {C}, {W - 1}]" if pooled else f"[B, C, W-1] = {(B, C, W - 1)}"
+        raise ValueError(f"initial_window: expected {want}, got {tuple(initial_window.shape)}")
     if activation not in ("silu", None):
         raise ValueError(f"activation: expected 'silu' or None, got {activation!r}")
-    src = _mode_parents(_check_parents(parents, B, T, x.device), mode)
+    return B, T, C, W, _mode_parents(_check_parents(parents, B, T, x.device), mode)
+
+
+def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="exact",
+                       activation="silu", output_windows=False):
+    """Depthwise causal conv over a tree. x: [B, T, C]; weight: [C, W]; bias: [C] or None;
+    initial_window: [B, C, W-1] (oldest first). Returns out [B, T, C] and, with output_windows,
+    the window after each node [B, T, C, W-1]."""
+    B, T, C, W, src = _check_conv(x, weight, initial_window, parents, mode, activation, pooled=False)
     idx = _conv_sources(src, W)  # [B, T, W]
     buf = torch.cat([initial_window.transpose(1, 2).to(x.dtype), x], dim=1)  # [B, W-1+T, C]
     gathered = buf[torch.arange(B, device=x.device)[:, None, None], idx]  # [B, T, W, C]

@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 
 from gpu_backend import _common as C
+from gpu_backend import triton_helpers as h
 from gpu_backend.torch_ops import _conv_sources
-from gpu_backend.triton_gdn import _softplus
 
 
 @triton.jit
@@ -26,40 +26,19 @@ def _gdn_commit_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr,
 ):
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b = i_bh // HV
-    i_hv = i_bh % HV
-    i_h = i_hv // (HV // H)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    mk = o_k < K
-    mv = o_v < V
+    i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
+    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     mkv = mk[:, None] & mv[None, :]
-    slot = tl.load(state_idx + i_b).to(tl.int64)
-    S = tl.load(state + ((slot * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :], mask=mkv, other=0.0)
-    if FUSED:
-        neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-        bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    S = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V), mask=mkv, other=0.0)
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     for d in range(0, DMAX):
         n = tl.load(path + i_b * DMAX + d)
         row = (i_b * T + tl.maximum(n, 0)).to(tl.int64)
-        b_k = tl.load(k + (row * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
-        b_v = tl.load(v + (row * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
-        if L2NORM:
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-        if FUSED:
-            b_g = neg_A * _softplus(tl.load(g + row * HV + i_hv).to(tl.float32) + bias)
-            b_beta = tl.sigmoid(tl.load(beta + row * HV + i_hv).to(tl.float32))
-        else:
-            b_g = tl.load(g + row * HV + i_hv).to(tl.float32)
-            b_beta = tl.load(beta + row * HV + i_hv).to(tl.float32)
-        S2 = S * tl.exp(b_g)
-        u = b_beta * (b_v - tl.sum(S2 * b_k[:, None], 0))
-        S2 = S2 + b_k[:, None] * u[None, :]
-        S = tl.where(n >= 0, S2, S)
-    oslot = tl.load(out_idx + i_b).to(tl.int64)
-    tl.store(out + ((oslot * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :], S, mask=mkv)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
+        b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
+        b_g, b_beta = h.gates(g, beta, row * HV + i_hv, row >= 0, neg_A, bias, FUSED)
+        S = tl.where(n >= 0, h.delta_step(S, b_k, b_v, b_g, b_beta), S)
+    tl.store(h.state_ptrs(out, tl.load(out_idx + i_b), i_hv, o_k, o_v, HV, K, V), S, mask=mkv)
 
 
 def _paths(parents: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:

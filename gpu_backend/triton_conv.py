@@ -48,22 +48,10 @@ def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, 
     """x [B, T, C]; weight [C, W]; bias [C] or None; initial_window [B, C, W-1] (or a pool
     [N, C, W-1] with state_indices [B]). Returns out [B, T, C] (x's dtype) and, with
     output_windows, each node's window after it [B, T, C, W-1]."""
-    if x.dim() != 3:
-        raise ValueError(f"x: expected [B, T, C], got {tuple(x.shape)}")
-    B, T, Cn = x.shape
-    if weight.dim() != 2 or weight.shape[0] != Cn:
-        raise ValueError(f"weight: expected [C, W] with C={Cn}, got {tuple(weight.shape)}")
-    W = weight.shape[1]
+    C.check_device(x, weight, initial_window)
+    B, T, Cn, W, src = C._check_conv(x, weight, initial_window, parents, mode, activation, pooled=True)
     if W < 2:
         raise ValueError(f"weight: width {W} < 2 has no window")
-    if initial_window.dim() != 3 or tuple(initial_window.shape[1:]) != (Cn, W - 1):
-        raise ValueError(f"initial_window: expected [N, C, W-1] = [N, {Cn}, {W - 1}], got {tuple(initial_window.shape)}")
-    if activation not in ("silu", None):
-        raise ValueError(f"activation: expected 'silu' or None, got {activation!r}")
-    if mode not in C.MODES:
-        raise ValueError(f"mode: expected one of {C.MODES}, got {mode!r}")
-    C.check_device(x, weight, initial_window)
-    src = C._mode_parents(C._check_parents(parents, B, T, x.device), mode)
     table = _conv_sources(src, W).to(torch.int32).contiguous()
     idx = C.window_slots(initial_window, state_indices, B)
     out = C.alloc((B, T, Cn), x.dtype, x.device)

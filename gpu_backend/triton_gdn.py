@@ -27,11 +27,7 @@ import triton
 import triton.language as tl
 
 from gpu_backend import _common as C
-
-
-@triton.jit
-def _softplus(x):
-    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+from gpu_backend import triton_helpers as h
 
 
 @triton.jit
@@ -45,49 +41,27 @@ def _gdn_recurrent_kernel(
     BK: tl.constexpr, BV: tl.constexpr,
     PARENT_INDEXED: tl.constexpr, STORE_STATES: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
 ):
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b = i_bh // HV
-    i_hv = i_bh % HV
-    i_h = i_hv // (HV // H)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    mk = o_k < K
-    mv = o_v < V
+    i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
+    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     mkv = mk[:, None] & mv[None, :]
-    slot = tl.load(state_idx + i_b).to(tl.int64)
-    s0 = tl.load(state + ((slot * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :], mask=mkv, other=0.0)
+    s0 = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V), mask=mkv, other=0.0)
     S = s0
-    if FUSED:
-        neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-        bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     for t in range(0, T):
-        row = i_b * T + t
+        row = (i_b * T + t).to(tl.int64)
         if PARENT_INDEXED:
             p = tl.load(src + row)
-            pc = tl.maximum(p, 0).to(tl.int64)
-            sp = tl.load(snap + (((i_b * T + pc) * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                         mask=mkv, other=0.0)
+            sp = tl.load(h.state_ptrs(snap, i_b * T + tl.maximum(p, 0), i_hv, o_k, o_v, HV, K, V), mask=mkv, other=0.0)
             S = tl.where(p >= 0, sp, s0)  # the root reads the committed state
-        b_q = tl.load(q + (row * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
-        b_k = tl.load(k + (row * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
-        b_v = tl.load(v + (row * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
-        if L2NORM:
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-        if FUSED:
-            b_g = neg_A * _softplus(tl.load(g + row * HV + i_hv).to(tl.float32) + bias)
-            b_beta = tl.sigmoid(tl.load(beta + row * HV + i_hv).to(tl.float32))
-        else:
-            b_g = tl.load(g + row * HV + i_hv).to(tl.float32)
-            b_beta = tl.load(beta + row * HV + i_hv).to(tl.float32)
-        S = S * tl.exp(b_g)
-        u = b_beta * (b_v - tl.sum(S * b_k[:, None], 0))  # [BV]
-        S = S + b_k[:, None] * u[None, :]
+        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, L2NORM, 0)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
+        b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
+        b_g, b_beta = h.gates(g, beta, row * HV + i_hv, row >= 0, neg_A, bias, FUSED)
+        S = h.delta_step(S, b_k, b_v, b_g, b_beta)
         b_o = tl.sum(S * (b_q * scale)[:, None], 0)
         tl.store(o + (row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
         if STORE_STATES:
-            tl.store(snap + ((row.to(tl.int64) * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :], S, mask=mkv)
+            tl.store(h.state_ptrs(snap, row, i_hv, o_k, o_v, HV, K, V), S, mask=mkv)
             if PARENT_INDEXED:
                 tl.debug_barrier()  # the next node may read this snapshot through other threads
 
@@ -104,54 +78,27 @@ def _gdn_wy_kernel(
 ):
     # The root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b = i_bh // HV
-    i_hv = i_bh % HV
-    i_h = i_hv // (HV // H)
+    i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    mk = o_k < K
-    mv = o_v < V
-    if FUSED:
-        neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-        bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     # ---- the root, recurrently
     r0 = (i_b * T).to(tl.int64)
-    q0 = tl.load(q + (r0 * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
-    k0 = tl.load(k + (r0 * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
-    v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
-    if L2NORM:
-        q0 = q0 / tl.sqrt(tl.sum(q0 * q0, 0) + 1e-6)
-        k0 = k0 / tl.sqrt(tl.sum(k0 * k0, 0) + 1e-6)
-    if FUSED:
-        g0 = neg_A * _softplus(tl.load(g + r0 * HV + i_hv).to(tl.float32) + bias)
-        beta0 = tl.sigmoid(tl.load(beta + r0 * HV + i_hv).to(tl.float32))
-    else:
-        g0 = tl.load(g + r0 * HV + i_hv).to(tl.float32)
-        beta0 = tl.load(beta + r0 * HV + i_hv).to(tl.float32)
-    slot = tl.load(state_idx + i_b).to(tl.int64)
-    s0 = tl.load(state + ((slot * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+    q0 = h.load_rows(q, r0, i_h, o_k, mk, H, K, L2NORM, 0)
+    k0 = h.load_rows(k, r0, i_h, o_k, mk, H, K, L2NORM, 0)
+    v0 = h.load_rows(v, r0, i_hv, o_v, mv, HV, V, False, 0)
+    g0, beta0 = h.gates(g, beta, r0 * HV + i_hv, r0 >= 0, neg_A, bias, FUSED)
+    s0 = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V),
                  mask=mk[:, None] & mv[None, :], other=0.0)
-    s0 = s0 * tl.exp(g0)
-    s0 = s0 + k0[:, None] * (beta0 * (v0 - tl.sum(s0 * k0[:, None], 0)))[None, :]  # S_r
+    s0 = h.delta_step(s0, k0, v0, g0, beta0)  # S_r
     tl.store(o + (r0 * HV + i_hv) * V + o_v, tl.sum(s0 * (q0 * scale)[:, None], 0).to(o.dtype.element_ty), mask=mv)
     # ---- the draft nodes 1..T-1 as one block
     mt = o_t < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
-    b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
-    b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
-    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
-    if L2NORM:
-        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-    if FUSED:
-        b_g = neg_A * _softplus(tl.load(g + rows * HV + i_hv, mask=mt, other=0.0).to(tl.float32) + bias)
-        b_beta = tl.sigmoid(tl.load(beta + rows * HV + i_hv, mask=mt, other=0.0).to(tl.float32))
-    else:
-        b_g = tl.load(g + rows * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
-        b_beta = tl.load(beta + rows * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
+    b_q = h.load_rows(q, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
+    b_k = h.load_rows(k, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
+    b_v = h.load_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V, False, 1)
+    b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED)
     b_g = tl.where(mt, b_g, 0.0)
     b_beta = tl.where(mt, b_beta, 0.0)
     anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0

@@ -118,5 +118,7 @@ def test_triton_window_slots_are_checked():
     assert C.window_slots(win, [2, 0], 2).tolist() == [2, 0]
     with pytest.raises(ValueError, match="3 windows for 2 sequences"):
         C.window_slots(win, None, 2)
-    with pytest.raises(ValueError, match="state_indices: expected \\[B\\] = \\[2\\] slots in 0..2"):
+    with pytest.raises(ValueError, match="state_indices: slots must lie in 0..2"):
         C.window_slots(win, [0, 3], 2)
+    with pytest.raises(ValueError, match="state_indices: slots must be distinct"):
+        C.window_slots(win, [1, 1], 2)

@@ -1,0 +1,84 @@
+"""@triton.jit building blocks shared by the GDN verify and commit kernels: program coordinates,
+row loads with the in-kernel q/k l2-norm, the gates (given, or fused from a, b, A_log, dt_bias),
+the committed state of a pool slot and one gated delta-rule step. Reference: the per-node step of
+oracle.gdn (float64), which the property suites compare every kernel against.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def softplus(x):
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
+def head_coords(H: tl.constexpr, HV: tl.constexpr):
+    """Grid (V tiles, B * HV): (V tile, sequence, value head, its key head HV/H-grouped)."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_hv = i_bh % HV
+    return i_v, i_bh // HV, i_hv, i_hv // (HV // H)
+
+
+@triton.jit
+def kv_tile(i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Offsets and masks of the key rows [BK] and of V tile i_v's columns [BV] of a state."""
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    return o_k, o_v, o_k < K, o_v < V
+
+
+@triton.jit
+def load_rows(ptr, rows, head, cols, m, NH: tl.constexpr, D: tl.constexpr, L2NORM: tl.constexpr,
+              AXIS: tl.constexpr):
+    """fp32 values of ptr [B*T, NH, D] at (rows, head, cols): a vector (AXIS 0) for a scalar row,
+    a block [R, C] (AXIS 1) for rows [R, 1] and cols [1, C]; with L2NORM each row is divided by
+    its l2 norm."""
+    x = tl.load(ptr + (rows * NH + head) * D + cols, mask=m, other=0.0).to(tl.float32)
+    if L2NORM:
+        x = x / tl.sqrt(tl.sum(x * x, axis=AXIS, keep_dims=True) + 1e-6)
+    return x
+
+
+@triton.jit
+def gate_params(A_log, dt_bias, i_hv, FUSED: tl.constexpr):
+    """(-exp(A_log), dt_bias) of one value head for fused gates; zeros otherwise (unused)."""
+    if FUSED:
+        neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+        bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    else:
+        neg_A = 0.0
+        bias = 0.0
+    return neg_A, bias
+
+
+@triton.jit
+def gates(g, beta, offs, m, neg_A, bias, FUSED: tl.constexpr):
+    """(log-decay g, beta) at offs of the [B*T, HV] gate inputs. FUSED: g = -exp(A_log) *
+    softplus(a + dt_bias) and beta = sigmoid(b) from the raw projections a (in g), b (in beta)."""
+    raw_g = tl.load(g + offs, mask=m, other=0.0).to(tl.float32)
+    raw_b = tl.load(beta + offs, mask=m, other=0.0).to(tl.float32)
+    if FUSED:
+        b_g = neg_A * softplus(raw_g + bias)
+        b_beta = tl.sigmoid(raw_b)
+    else:
+        b_g = raw_g
+        b_beta = raw_b
+    return b_g, b_beta
+
+
+@triton.jit
+def state_ptrs(state, slot, i_hv, o_k, o_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """Pointers [BK, BV] into a state pool [N, HV, K, V] at (slot, i_hv)."""
+    return state + ((slot.to(tl.int64) * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :]
+
+
+@triton.jit
+def delta_step(S, b_k, b_v, b_g, b_beta):
+    """One gated delta-rule step on S [BK, BV]: S <- exp(g) S + k (beta (v - (exp(g) S)^T k))^T."""
+    S = S * tl.exp(b_g)
+    u = b_beta * (b_v - tl.sum(S * b_k[:, None], 0))  # [BV]
+    return S + b_k[:, None] * u[None, :]
