@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import oracle
+
 from ddsim.config import get_preset
 from ddsim.prompts import TextEncoder, builtin_prompts, load_prompts
 from ddsim.drafters import SyntheticDrafter, TraceDrafter
@@ -28,8 +30,8 @@ from ddsim.model import HybridModel
 from ddsim.modes import LEAK_MODES, VERIFY_MODES
 from ddsim.throughput import CostModel, speedup_table
 from ddsim.weights import init_weights
+from reports.json_report import SCHEMA_VERSION
 
-SCHEMA_VERSION = 1
 ALL_MODES = VERIFY_MODES
 
 
@@ -89,6 +91,13 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
     return env
+
+
+def precision(compute: torch.dtype, device: torch.device) -> dict:
+    """The arithmetic compared: the fast path's weights and activations, its recurrent states, and
+    the oracle's. The gate's tolerance for the exact path depends on the first."""
+    name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
+    return {"fast_path": name(compute), "recurrent_state": "float32", "oracle": name(oracle.default_dtype(device))}
 
 
 def _gate_stats(cfg, w) -> dict:
@@ -274,6 +283,7 @@ def run_audit(ac: AuditConfig, *, progress=None) -> dict:
         "generated_at": None,  # filled by the writer; the only field that varies between runs
         "config": {**asdict(ac), "drafter": drafter.params()},
         "environment": environment(device),
+        "precision": precision(compute, device),
         "model": {**cfg.to_dict(), "source": ac.model_path or f"preset {ac.preset}", "gates": _gate_stats(cfg, weights)},
         "prompts": [{"index": i, "tokens": p, "reference": r} for i, (p, r) in enumerate(zip(prompts, references))],
         "chain": _mode_summary(chain_gens, ref_len),

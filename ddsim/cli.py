@@ -100,7 +100,7 @@ def cmd_audit(a, console) -> int:
 
 
 def cmd_gate(a, console) -> int:
-    from ddsim.gate import evaluate, load_policy
+    from ddsim.gate import evaluate, load_policy, report_precision
     from reports import json_report
     policy = load_policy(a.policy)
     if a.report:
@@ -114,10 +114,11 @@ def cmd_gate(a, console) -> int:
     bad = [v for v in verdicts if not v.holds]
     for v in bad:
         print(f"VIOLATED {v.rule}: measured {v.measured:.6g} > bound {v.bound:.6g} ({v.meaning}; mode {policy.mode})")
+    label = f"gate {policy.name} ({report_precision(report)} fast path)"
     if bad:
-        print(f"gate {policy.name}: {len(bad)} of {len(verdicts)} rules violated; keep hybrid-unsafe verification off")
+        print(f"{label}: {len(bad)} of {len(verdicts)} rules violated; keep hybrid-unsafe verification off")
         return EXIT_VIOLATED
-    print(f"gate {policy.name}: all {len(verdicts)} rules hold for mode {policy.mode}")
+    print(f"{label}: all {len(verdicts)} rules hold for mode {policy.mode}")
     return EXIT_OK
 
 

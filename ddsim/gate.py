@@ -1,5 +1,9 @@
 """The CI gate: a TOML policy of upper bounds evaluated against a report. Fails closed: anything
-that cannot be evaluated is an error (exit 2), never a pass."""
+that cannot be evaluated is an error (exit 2), never a pass.
+
+[rules] holds the bounds; a subtable [rules.<dtype>] (bfloat16, float16, float32, float64) replaces
+or adds bounds for reports whose fast path computes in that dtype (report.precision.fast_path):
+the exact path's distance from the oracle is a property of the arithmetic, the leak is not."""
 from __future__ import annotations
 
 import math
@@ -11,6 +15,7 @@ from ddsim.errors import InputError
 from ddsim.modes import LEAK_MODES
 
 GATED_MODES = LEAK_MODES
+PRECISIONS = ("float64", "float32", "bfloat16", "float16")
 
 
 def _worst(values):
@@ -48,7 +53,11 @@ class Policy:
     path: str
     name: str
     mode: str
-    rules: dict
+    rules: dict  # rule -> bound
+    by_precision: dict  # fast-path dtype -> {rule: bound} replacing or adding to rules
+
+    def bounds(self, precision: str) -> dict:
+        return {**self.rules, **self.by_precision.get(precision, {})}
 
 
 @dataclass
@@ -78,17 +87,41 @@ def load_policy(path: str | Path) -> Policy:
     mode = head.get("mode", "leaky")
     if mode not in GATED_MODES:
         raise InputError(f"{p}: policy.mode {mode!r} is not one of {', '.join(GATED_MODES)}")
-    for k, v in rules.items():
+    by_precision = {k: v for k, v in rules.items() if isinstance(v, dict)}
+    for dt, table in by_precision.items():
+        if dt not in PRECISIONS:
+            raise InputError(f"{p}: [rules.{dt}] names no dtype (known: {', '.join(PRECISIONS)})")
+        _check_bounds(p, table, f"rules.{dt}")
+    base = {k: v for k, v in rules.items() if k not in by_precision}
+    if not base:
+        raise InputError(f"{p}: [rules] has no bounds of its own (a report of another precision would pass anything)")
+    _check_bounds(p, base, "rules")
+    return Policy(str(p), str(head.get("name", p.stem)), mode, base, by_precision)
+
+
+def _check_bounds(p: Path, table: dict, where: str) -> None:
+    for k, v in table.items():
         if k not in RULES:
-            raise InputError(f"{p}: unknown rule {k!r} (known: {', '.join(sorted(RULES))})")
+            raise InputError(f"{p}: unknown rule {k!r} in [{where}] (known: {', '.join(sorted(RULES))})")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise InputError(f"{p}: rule {k!r} needs a finite bound >= 0, got {v!r}")
-    return Policy(str(p), str(head.get("name", p.stem)), mode, {k: float(v) for k, v in rules.items()})
+            raise InputError(f"{p}: rule {k!r} in [{where}] needs a finite bound >= 0, got {v!r}")
+        table[k] = float(v)
+
+
+def report_precision(report: dict) -> str:
+    """The fast path's dtype of an audit report (the key of the policy's per-precision bounds)."""
+    try:
+        dt = report["precision"]["fast_path"]
+    except (KeyError, TypeError):
+        raise InputError("report: no precision.fast_path (the gate cannot choose its bounds)") from None
+    if dt not in PRECISIONS:
+        raise InputError(f"report: precision.fast_path {dt!r} is not one of {', '.join(PRECISIONS)}")
+    return dt
 
 
 def evaluate(policy: Policy, report: dict) -> list[Verdict]:
     out = []
-    for rule, bound in policy.rules.items():
+    for rule, bound in policy.bounds(report_precision(report)).items():
         fn, meaning = RULES[rule]
         try:
             measured = float(fn(report, policy.mode))

@@ -162,14 +162,17 @@ class _Weights:
         return k in self.raw
 
 
+def default_dtype(device) -> torch.dtype:
+    """The oracle's arithmetic unless told otherwise: float64 on the CPU, float32 on a GPU."""
+    return F64 if torch.device(device).type == "cpu" else torch.float32
+
+
 def _placement(weights, device, dtype):
-    """float64 on the CPU unless told otherwise; float32 where the weights live on a GPU."""
+    """Where the weights live unless told otherwise, in default_dtype there."""
     if device is None:
         device = weights["embed"].device
     device = torch.device(device)
-    if dtype is None:
-        dtype = F64 if device.type == "cpu" else torch.float32
-    return device, dtype
+    return device, (default_dtype(device) if dtype is None else dtype)
 
 
 def prefill(weights, cfg, tokens, *, state: ModelState | None = None, device=None, dtype=None):

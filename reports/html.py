@@ -9,7 +9,7 @@ import io
 import matplotlib
 
 from ddsim.modes import LEAK_MODES
-from reports import model_label
+from reports import model_label, precision_label
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -163,7 +163,8 @@ def render(report: dict) -> str:
                          md[mode]["silent_corruption_steps"]])
     parts += ["<h2>Summary</h2>",
               "<p class='note'>Leak figures are medians over nodes, measured on each leaky-generation step's tree and "
-              "committed state against the float64 oracle; the exact rows are the numerical noise floor.</p>",
+              f"committed state against the oracle ({html.escape(precision_label(report))}); the exact rows are the "
+              "numerical noise floor.</p>",
               _table(["budget", "mode", "state err (order-exact)", "state err (other)", "KL (other)",
                       "argmax flip rate (other)", "decision flip rate", "tokens/step", "gens leaving greedy",
                       "silent-corruption steps"], rows),

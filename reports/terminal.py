@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ddsim.modes import LEAK_MODES
-from reports import model_label
+from reports import model_label, precision_label
 
 
 
@@ -17,8 +17,9 @@ def print_summary(report: dict, console: Console | None = None) -> None:
     console = console or Console()
     cfg = report["config"]
     console.print(f"[bold]ddsim audit[/bold] {model_label(report)} · seed {cfg['seed']} · "
-                  f"{len(report['prompts'])} prompts × {cfg['steps']} steps · device {report['environment']['device']}")
-    t = Table(title="Leak vs the float64 oracle (medians; exact = noise floor)", show_lines=False)
+                  f"{len(report['prompts'])} prompts × {cfg['steps']} steps · device {report['environment']['device']} · "
+                  f"{precision_label(report)}")
+    t = Table(title=f"Leak vs the {report['precision']['oracle']} oracle (medians; exact = noise floor)", show_lines=False)
     for col in ("budget", "mode", "state err\norder-exact", "state err\nother", "KL other", "argmax flips\nother",
                 "decision\nflips", "tokens/\nstep", "gens leaving\ngreedy (first at)", "silent\nsteps", "speedup\nvs AR"):
         t.add_column(col, justify="right")

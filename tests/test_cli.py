@@ -22,7 +22,9 @@ def _one_line_error(r, *needles):
 
 def test_audit_writes_valid_report_and_html(audit_dir, report):
     assert json_report.validate(report) is None
-    assert report["schema_version"] == 1
+    assert report["schema_version"] == 2
+    # a CPU audit compares a float32 fast path with the float64 oracle
+    assert report["precision"] == {"fast_path": "float32", "recurrent_state": "float32", "oracle": "float64"}
     assert (audit_dir / "report.html").read_text().startswith("<!doctype html>")
     assert not [p for p in audit_dir.iterdir() if p.name.startswith(".")]  # no temp files left
     # every prompt carries its token ids and the reference continuation beside each mode's output
@@ -44,17 +46,22 @@ def test_same_seed_same_report(tmp_path, report):
     assert strip(again) == strip(report)
 
 
-def test_gate_passes_and_fails_on_the_numbers(tmp_path, report):
+def _without_leak(report):
     clean = copy.deepcopy(report)
     for b in clean["budgets"]:
         for m in ("leaky", "leaky-state", "leaky-conv"):
             b["modes"][m].update(generations_leaving_greedy=0, silent_corruption_steps=0, decision_flip_rate=0.0)
             b["leak"][m]["argmax_flip_rate"]["all"] = b["leak"]["exact"]["argmax_flip_rate"]["all"]
+    return clean
+
+
+def test_gate_passes_and_fails_on_the_numbers(tmp_path, report):
+    clean = _without_leak(report)
     good = tmp_path / "good.json"
     good.write_text(json.dumps(clean))
     r = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", good)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "all 7 rules hold" in r.stdout
+    assert "gate hybrid-unsafe (float32 fast path): all 7 rules hold" in r.stdout
 
     bad = copy.deepcopy(clean)
     bad["budgets"][-1]["modes"]["leaky"]["generations_leaving_greedy"] = 2
@@ -65,6 +72,24 @@ def test_gate_passes_and_fails_on_the_numbers(tmp_path, report):
     assert r.returncode == 1
     assert "VIOLATED generations_leaving_greedy: measured 2 > bound 0" in r.stdout
     assert "VIOLATED silent_corruption_steps: measured 3 > bound 0" in r.stdout
+
+
+@pytest.mark.parametrize("fast_path, holds", [("float32", False), ("bfloat16", True), ("float16", False)])
+def test_gate_bounds_follow_the_fast_paths_precision(tmp_path, report, fast_path, holds):
+    """A bfloat16 exact path 1e-2 from the oracle passes [rules.bfloat16]; the same figures under a
+    float32 fast path, or a dtype with no table of its own (float32's bounds), do not."""
+    d = _without_leak(report)
+    d["precision"]["fast_path"] = fast_path
+    for v in d["noise_floor"].values():
+        v.update(state_rel_max=1e-2, kl_max=8e-3)
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(d))
+    r = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", p)
+    assert r.returncode == (0 if holds else 1), r.stdout + r.stderr
+    assert f"({fast_path} fast path)" in r.stdout
+    if not holds:
+        assert "VIOLATED exact_state_rel_max: measured 0.01 > bound 0.0001" in r.stdout
+        assert "VIOLATED exact_kl_max: measured 0.008 > bound 1e-06" in r.stdout
 
 
 def test_gate_on_the_default_audit_report_is_1_or_0_never_2(audit_dir):
@@ -82,6 +107,8 @@ def test_gate_runs_the_audit_itself(tmp_path):
     (lambda d: d.update(schema_version=99), "schema_version 99"),
     (lambda d: d.pop("budgets"), "does not match the report schema"),
     (lambda d: d["budgets"][0]["modes"].pop("leaky"), "does not match the report schema"),
+    (lambda d: d.pop("precision"), "does not match the report schema"),
+    (lambda d: d["precision"].update(fast_path="int8"), "does not match the report schema"),
 ])
 def test_gate_rejects_foreign_reports(tmp_path, report, mutate, needle):
     d = copy.deepcopy(report)
@@ -97,6 +124,9 @@ def test_gate_rejects_foreign_reports(tmp_path, report, mutate, needle):
     ("[rules]\nbogus_rule = 1\n", "unknown rule 'bogus_rule'"),
     ("[rules]\ndecision_flip_rate = -1\n", "needs a finite bound"),
     ("[policy]\nmode = 'exact'\n[rules]\ndecision_flip_rate = 0\n", "policy.mode 'exact'"),
+    ("[rules]\ndecision_flip_rate = 0\n[rules.bf16]\nexact_kl_max = 1\n", "[rules.bf16] names no dtype"),
+    ("[rules]\ndecision_flip_rate = 0\n[rules.bfloat16]\nexact_kl_max = -1\n", "in [rules.bfloat16] needs a finite"),
+    ("[rules.bfloat16]\nexact_kl_max = 1\n", "[rules] has no bounds of its own"),
 ])
 def test_gate_rejects_bad_policies(tmp_path, audit_dir, policy_text, needle):
     p = tmp_path / "policy.toml"
