@@ -8,6 +8,10 @@
     recall        when the top-1 is wrong, y_d still gets recall * sharpness extra logit, so
                   it tends to sit at rank 2-4, where branching recovers it
     noise         std of the Gaussian background logits
+  The background weighs as much as BACKGROUND_TOKENS tokens at most: beyond that vocabulary size
+  the planted tokens are lifted by log(V / BACKGROUND_TOKENS), so the knobs mean the same on a
+  512-token preset and a 248k-token checkpoint (without it, a real vocabulary's tail would swallow
+  the planted tokens and DDTree would spend its budget on depth-1 siblings).
   Deterministic from (seed, step).
 - TraceDrafter: replays per-step, per-depth top-k (token, logprob) records from a JSONL file as a
   serving stack can dump them (format below).
@@ -42,6 +46,7 @@ class DraftContext:
 
 class SyntheticDrafter:
     needs_greedy = True
+    BACKGROUND_TOKENS = 512
 
     def __init__(self, *, vocab_size: int, depth: int = 8, accuracy: float = 0.75, accuracy_decay: float = 0.92,
                  sharpness: float = 8.0, recall: float = 0.6, noise: float = 1.0, seed: int = 0):
@@ -70,17 +75,18 @@ class SyntheticDrafter:
         gen = torch.Generator().manual_seed(self.seed * 1_000_033 + ctx.step * 131 + 7)
         D, V = self.depth, self.vocab_size
         logits = torch.randn(D, V, generator=gen, dtype=torch.float64) * self.noise
+        lift = math.log(max(V, self.BACKGROUND_TOKENS) / self.BACKGROUND_TOKENS)  # 0 up to 512 tokens
         u = torch.rand(D, generator=gen, dtype=torch.float64)
         wrong = torch.randint(0, V, (D,), generator=gen)
         for d in range(D):
             y = int(ctx.greedy[d])
             acc = self.accuracy * self.accuracy_decay ** d
             if u[d] < acc or V == 1:
-                logits[d, y] += self.sharpness
+                logits[d, y] += self.sharpness + lift
             else:
                 w = int(wrong[d]) if int(wrong[d]) != y else (y + 1) % V
-                logits[d, w] += self.sharpness
-                logits[d, y] += self.recall * self.sharpness
+                logits[d, w] += self.sharpness + lift
+                logits[d, y] += self.recall * self.sharpness + lift
         return logits
 
 

@@ -66,6 +66,26 @@ def test_synthetic_drafter_accuracy_knob():
         SyntheticDrafter(vocab_size=10, accuracy=1.5)
 
 
+def test_synthetic_drafter_means_the_same_at_a_real_vocabulary():
+    """The knobs give the planted tokens the same probability on the 512-token preset and at
+    Qwen3.6's 248,320 tokens, so DDTree grows the same depth there instead of depth-1 siblings."""
+    def stats(V):
+        d = SyntheticDrafter(vocab_size=V, depth=8, seed=3)
+        probs, depths = [], []
+        for step in range(40):
+            greedy = [(step * 97 + 13 * i) % V for i in range(8)]
+            logits = d.draft(DraftContext(step=step, tokens=[0], greedy=greedy))
+            p = logits.softmax(-1)
+            probs += p.max(-1).values.tolist()
+            depths.append(max(TreePolicy("ddtree", 16).build(logits, root_token=0).depths))
+        return sum(probs) / len(probs), sum(depths) / len(depths)
+
+    (p_small, depth_small), (p_big, depth_big) = stats(512), stats(248320)
+    assert 0.5 < p_small < 0.95
+    assert abs(p_big - p_small) < 0.05, (p_small, p_big)
+    assert depth_big >= depth_small - 1, (depth_small, depth_big)
+
+
 def test_generation_bad_input():
     m = HybridModel(CFG, init_weights(CFG, seed=0))
     d = SyntheticDrafter(vocab_size=CFG.vocab_size, depth=2)
