@@ -24,17 +24,31 @@ def gumbel_noise(*, seed: int, position: int, vocab: int) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
-def target_tokens(logits: torch.Tensor, positions, *, temperature: float = 0.0, seed: int = 0) -> list[int]:
-    """logits [T, N], positions [T] -> the target token of every node."""
+def decision_scores(logits: torch.Tensor, positions, *, temperature: float = 0.0, seed: int = 0) -> torch.Tensor:
+    """logits [T, N], positions [T] -> [T, N] float64 scores whose argmax is each node's target:
+    the logits (greedy), or logits / temperature plus the position's Gumbel noise."""
     if temperature < 0:
         raise InputError(f"temperature: expected >= 0, got {temperature}")
     if temperature == 0:
-        return logits.argmax(-1).tolist()
+        return logits.double()
     lg = logits.double() / temperature
-    out = []
-    for i, p in enumerate(positions):
-        out.append(int((lg[i] + gumbel_noise(seed=seed, position=int(p), vocab=lg.shape[-1])).argmax()))
-    return out
+    return torch.stack([lg[i] + gumbel_noise(seed=seed, position=int(p), vocab=lg.shape[-1])
+                        for i, p in enumerate(positions)]) if len(lg) else lg
+
+
+def target_tokens(logits: torch.Tensor, positions, *, temperature: float = 0.0, seed: int = 0) -> list[int]:
+    """logits [T, N], positions [T] -> the target token of every node."""
+    if temperature == 0:
+        return logits.argmax(-1).tolist()  # the argmax of the logits' own dtype, no float64 copy
+    return decision_scores(logits, positions, temperature=temperature, seed=seed).argmax(-1).tolist()
+
+
+def decision_margin(scores: torch.Tensor) -> float:
+    """[N] decision scores -> how far the winner leads the runner-up (inf with one candidate)."""
+    if scores.numel() < 2:
+        return float("inf")
+    top = torch.topk(scores, 2).values
+    return float(top[0] - top[1])
 
 
 def walk(tree: Tree, targets) -> tuple[list[int], int]:

@@ -24,7 +24,7 @@ from ddsim.config import get_preset
 from ddsim.prompts import TextEncoder, builtin_prompts, load_prompts
 from ddsim.drafters import SyntheticDrafter, TraceDrafter
 from ddsim.errors import InputError
-from ddsim.generate import TreePolicy, autoregressive, speculative
+from ddsim.generate import TreePolicy, reference_decode, speculative
 from ddsim.metrics import group_by, summarize
 from ddsim.model import HybridModel
 from ddsim.modes import LEAK_MODES, VERIFY_MODES
@@ -171,18 +171,36 @@ def _rows(key, state_groups, flip_groups, hidden_groups) -> list:
              "argmax_flip_rate": flip_groups.get(k, {}).get("mean")} for k in keys]
 
 
-def _gen_record(g, prompt_index, budget) -> dict:
+def _divergence_margin(g, margins: list[float]) -> float | None:
+    """The reference's decision margin where generation g first leaves it (None: it never does)."""
+    d = g.first_divergence
+    return None if d is None else margins[d]
+
+
+def _gen_record(g, prompt_index, budget, margins) -> dict:
     return {"prompt": prompt_index, "budget": budget, "mode": g.mode, "policy": g.policy, "tokens": g.tokens,
-            "first_divergence": g.first_divergence, "agreement": g.agreement,
+            "first_divergence": g.first_divergence, "divergence_margin": _divergence_margin(g, margins),
+            "agreement": g.agreement,
             "silent_corruption_steps": g.silent_corruption_steps, "tokens_per_step": g.tokens_per_step,
             "accepted": [s.accepted for s in g.steps], "decision_flips": [s.decision_flips for s in g.steps],
             "tree_sizes": [s.tree_size for s in g.steps]}
 
 
-def _mode_summary(gens: list, ref_len: int) -> dict:
+def _noise_margin(exact_leak: dict, temperature: float) -> float:
+    """How large a decision margin the fast path's own arithmetic was seen to overturn: the largest
+    oracle top-1 margin among the nodes where the exact path's argmax differs from the oracle's
+    (0 when it never does), in decision-score units (nats / temperature when sampling)."""
+    flipped = exact_leak["margin_of_flipped"]
+    m = float(flipped["max"]) if flipped["n"] else 0.0
+    return m / temperature if temperature > 0 else m
+
+
+def _mode_summary(gens: list, ref_len: int, margins: list[list[float]], noise_margin: float) -> dict:
+    """gens[i] ran on prompt i, whose reference decision margins are margins[i]."""
     steps = [s for g in gens for s in g.steps]
     acc = [s.accepted for s in steps]
     divs = [g.first_divergence for g in gens]
+    div_margins = [_divergence_margin(g, m) for g, m in zip(gens, margins)]
     nodes_on_walk = sum(s.accepted + 1 for s in steps)
     return {
         "generations": len(gens), "steps": len(steps),
@@ -193,6 +211,9 @@ def _mode_summary(gens: list, ref_len: int) -> dict:
         "decision_flips": int(sum(s.decision_flips for s in steps)),
         "decision_flip_rate": (sum(s.decision_flips for s in steps) / nodes_on_walk) if nodes_on_walk else 0.0,
         "generations_leaving_greedy": int(sum(d is not None for d in divs)),
+        # ... where the reference's choice led its runner-up by more than the exact path's arithmetic
+        # was seen to overturn (noise_margin)
+        "generations_leaving_greedy_above_noise": int(sum(m is not None and m > noise_margin for m in div_margins)),
         "first_divergence": divs,
         "agreement": float(np.mean([g.agreement for g in gens])) if gens else None,
         "survival": [float(np.mean([(d is None or d > i) for d in divs])) for i in range(ref_len)],
@@ -240,13 +261,14 @@ def run_audit(ac: AuditConfig, *, progress=None) -> dict:
     ref_len = ac.steps * (drafter.depth + 1)
     tick = (lambda rec: progress(advance=1)) if progress else None
 
-    references = [autoregressive(model, p, ref_len, temperature=ac.temperature, seed=ac.seed) for p in prompts]
+    decoded = [reference_decode(model, p, ref_len, temperature=ac.temperature, seed=ac.seed) for p in prompts]
+    references, margins = [r for r, _ in decoded], [m for _, m in decoded]
     common = dict(temperature=ac.temperature, seed=ac.seed, steps=ac.steps, on_step=tick)
     generations, chain_gens = [], []
     for i, (p, ref) in enumerate(zip(prompts, references)):
         g = speculative(model, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref, **common)
         chain_gens.append(g)
-        generations.append(_gen_record(g, i, None))
+        generations.append(_gen_record(g, i, None, margins[i]))
 
     budgets = []
     for budget in ac.budgets:
@@ -260,18 +282,21 @@ def run_audit(ac: AuditConfig, *, progress=None) -> dict:
                                 measure="full" if full else "decisions", weights=weights if full else None,
                                 attribution=LEAK_MODES if full else (), **common)
                 gens[mode].append(g)
-                generations.append(_gen_record(g, i, budget))
+                generations.append(_gen_record(g, i, budget, margins[i]))
                 if full:
                     for s in g.steps:
                         for m, metrics in s.nodes.items():
                             pools[m].add(metrics, s.keys)
+        leak = {m: pools[m].table(cfg) for m in ALL_MODES}
+        noise_margin = _noise_margin(leak["exact"], ac.temperature)
         budgets.append({
-            "budget": budget, "policy": policy.label(),
-            "modes": {m: _mode_summary(gens[m], ref_len) for m in ALL_MODES},
-            "leak": {m: pools[m].table(cfg) for m in ALL_MODES},
+            "budget": budget, "policy": policy.label(), "noise_margin": noise_margin,
+            "modes": {m: _mode_summary(gens[m], ref_len, margins, noise_margin) for m in ALL_MODES},
+            "leak": leak,
         })
+    chain = _mode_summary(chain_gens, ref_len, margins, max(b["noise_margin"] for b in budgets))
 
-    rows = [{"label": "chain", "mode": "exact", "budget": None, "tokens_per_step": _mode_summary(chain_gens, ref_len)["tokens_per_step"],
+    rows = [{"label": "chain", "mode": "exact", "budget": None, "tokens_per_step": chain["tokens_per_step"],
              "nodes": float(np.mean([s.tree_size for g in chain_gens for s in g.steps]))}]
     for b in budgets:
         for m in ALL_MODES:
@@ -285,8 +310,9 @@ def run_audit(ac: AuditConfig, *, progress=None) -> dict:
         "environment": environment(device),
         "precision": precision(compute, device),
         "model": {**cfg.to_dict(), "source": ac.model_path or f"preset {ac.preset}", "gates": _gate_stats(cfg, weights)},
-        "prompts": [{"index": i, "tokens": p, "reference": r} for i, (p, r) in enumerate(zip(prompts, references))],
-        "chain": _mode_summary(chain_gens, ref_len),
+        "prompts": [{"index": i, "tokens": p, "reference": r, "reference_margins": m}
+                    for i, (p, r, m) in enumerate(zip(prompts, references, margins))],
+        "chain": chain,
         "budgets": budgets,
         "noise_floor": {str(k): {"state_rel_max": v["state_rel"]["other"]["max"] if v["state_rel"]["other"]["n"] else
                                  v["state_rel"]["order_exact"]["max"],

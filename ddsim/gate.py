@@ -36,11 +36,17 @@ RULES = {
                            "accept decisions that differ along the reference walk, per walked node"),
     "generations_leaving_greedy": (lambda r, m: _worst([b["modes"][m]["generations_leaving_greedy"] for b in r["budgets"]]),
                                    "generations whose output leaves the reference"),
+    "generations_leaving_greedy_above_noise": (
+        lambda r, m: _worst([b["modes"][m]["generations_leaving_greedy_above_noise"] for b in r["budgets"]]),
+        "generations leaving the reference where its choice led by more than the noise margin"),
     "silent_corruption_steps": (lambda r, m: _worst([b["modes"][m]["silent_corruption_steps"] for b in r["budgets"]]),
                                 "steps emitting tokens exact verification would not"),
     "exact_generations_leaving_greedy": (lambda r, m: _worst([b["modes"]["exact"]["generations_leaving_greedy"]
                                                               for b in r["budgets"]]),
                                          "exact-mode generations leaving the reference (must be lossless)"),
+    "exact_generations_leaving_greedy_above_noise": (
+        lambda r, m: _worst([b["modes"]["exact"]["generations_leaving_greedy_above_noise"] for b in r["budgets"]]),
+        "exact-mode generations leaving the reference where its choice led by more than the noise margin"),
     "exact_state_rel_max": (lambda r, m: _worst([v["state_rel_max"] for v in r["noise_floor"].values()]),
                             "largest recurrent-state relative error of the exact path vs the oracle"),
     "exact_kl_max": (lambda r, m: _worst([v["kl_max"] for v in r["noise_floor"].values()]),

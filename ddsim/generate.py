@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 import oracle
-from ddsim.acceptance import emitted_tokens, target_tokens, walk
+from ddsim.acceptance import decision_margin, decision_scores, emitted_tokens, target_tokens, walk
 from ddsim.builders import ddtree
 from ddsim.drafters import DraftContext
 from ddsim.errors import InputError
@@ -72,17 +72,26 @@ def _check_prompt(model: HybridModel, prompt, n_tokens: int, extra: int = 0) -> 
 def autoregressive(model: HybridModel, prompt, n_tokens: int, *, temperature: float = 0.0, seed: int = 0) -> list[int]:
     """Plain decoding of the target, one token per forward (greedy, or seeded sampling with the
     per-position noise of ddsim.acceptance)."""
+    return reference_decode(model, prompt, n_tokens, temperature=temperature, seed=seed)[0]
+
+
+def reference_decode(model: HybridModel, prompt, n_tokens: int, *, temperature: float = 0.0,
+                     seed: int = 0) -> tuple[list[int], list[float]]:
+    """autoregressive() plus each token's decision margin: how far it led the runner-up in the
+    decision scores (logits in nats when greedy), a measure of how near a tie the choice was."""
     prompt = _check_prompt(model, prompt, n_tokens)
     state, _ = model.prefill(prompt[:-1])
-    root, out = prompt[-1], []
+    root, out, margins = prompt[-1], [], []
     while len(out) < n_tokens:
         t = chain([root])
         res = model.verify(state, t, mode="exact")
-        tok = target_tokens(res.logits, [state.pos], temperature=temperature, seed=seed)[0]
+        scores = decision_scores(res.logits, [state.pos], temperature=temperature, seed=seed)[0]
+        tok = int(scores.argmax())
         state = model.commit(state, t, res, 0)
         out.append(tok)
+        margins.append(decision_margin(scores))
         root = tok
-    return out
+    return out, margins
 
 
 def greedy_continuation(model: HybridModel, state, root: int, n: int) -> list[int]:

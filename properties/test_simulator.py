@@ -4,8 +4,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import oracle
-from ddsim.acceptance import target_tokens, walk
-from ddsim.generate import TreePolicy, autoregressive, speculative
+from ddsim.acceptance import gumbel_noise, target_tokens, walk
+from ddsim.generate import TreePolicy, autoregressive, reference_decode, speculative
 from ddsim.model import HybridModel
 from ddsim.weights import init_weights
 from properties.strategies import RandomDrafter, drafters, model_configs, tree_policies, trees
@@ -94,3 +94,22 @@ def test_leaky_walk_uses_the_leaky_logits(cfg, data, seed):
     path, bonus = walk(t, target_tokens(res.logits, t.positions(state.pos)))
     assert path[0] == 0 and all(t.parents[b] == a for a, b in zip(path, path[1:]))
     assert bonus == int(res.logits[path[-1]].argmax())
+
+
+@given(model_configs(), st.data(), st.integers(0, 2**16), st.sampled_from([0.0, 0.7]))
+def test_reference_margins_are_the_leads_of_the_decisions(cfg, data, seed, temperature):
+    """reference_decode emits autoregressive()'s tokens, and each margin is the lead of that token's
+    decision score (logits, or logits / T plus the position's Gumbel noise) over the runner-up."""
+    w, m = _model64(cfg, seed)
+    prompt = data.draw(st.lists(st.integers(0, cfg.vocab_size - 1), min_size=1, max_size=3))
+    tokens, margins = reference_decode(m, prompt, 5, temperature=temperature, seed=seed)
+    assert tokens == autoregressive(m, prompt, 5, temperature=temperature, seed=seed)
+    ctx = list(prompt)
+    for tok, margin in zip(tokens, margins):
+        _, logits = oracle.prefill(w, cfg, ctx)  # float64 logits at every position of the context
+        scores = logits[-1] if temperature == 0 else (
+            logits[-1] / temperature + gumbel_noise(seed=seed, position=len(ctx) - 1, vocab=cfg.vocab_size))
+        top = torch.topk(scores, 2).values
+        assert int(scores.argmax()) == tok
+        assert abs(margin - float(top[0] - top[1])) <= 1e-6 * (1 + abs(float(top[0])))
+        ctx.append(tok)

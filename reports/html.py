@@ -160,14 +160,17 @@ def render(report: dict) -> str:
                          _med(lk[mode]["kl"]["other"]), lk[mode]["argmax_flip_rate"]["other"],
                          md[mode]["decision_flip_rate"], md[mode]["tokens_per_step"],
                          f"{md[mode]['generations_leaving_greedy']}/{md[mode]['generations']}",
-                         md[mode]["silent_corruption_steps"]])
+                         md[mode]["generations_leaving_greedy_above_noise"], md[mode]["silent_corruption_steps"]])
     parts += ["<h2>Summary</h2>",
               "<p class='note'>Leak figures are medians over nodes, measured on each leaky-generation step's tree and "
               f"committed state against the oracle ({html.escape(precision_label(report))}); the exact rows are the "
-              "numerical noise floor.</p>",
+              "numerical noise floor. A generation leaves greedy <em>above the noise</em> where the reference's "
+              "choice led its runner-up by more than the noise margin, the largest margin the exact path's own "
+              "arithmetic overturned (" + ", ".join(f"budget {b['budget']}: {b['noise_margin']:.3g}"
+                                                    for b in report["budgets"]) + ").</p>",
               _table(["budget", "mode", "state err (order-exact)", "state err (other)", "KL (other)",
                       "argmax flip rate (other)", "decision flip rate", "tokens/step", "gens leaving greedy",
-                      "silent-corruption steps"], rows),
+                      "… above the noise", "silent-corruption steps"], rows),
               f"<p>Chain baseline (exact): {report['chain']['tokens_per_step']:.3g} tokens per step.</p>",
               "<h2>Leak by depth</h2>", _plot_by(report, "by_depth", "Recurrent-state error by depth"),
               "<h2>Leak by sibling rank</h2>", _plot_by(report, "by_rank", "Recurrent-state error by sibling rank"),

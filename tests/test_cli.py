@@ -50,7 +50,8 @@ def _without_leak(report):
     clean = copy.deepcopy(report)
     for b in clean["budgets"]:
         for m in ("leaky", "leaky-state", "leaky-conv"):
-            b["modes"][m].update(generations_leaving_greedy=0, silent_corruption_steps=0, decision_flip_rate=0.0)
+            b["modes"][m].update(generations_leaving_greedy=0, generations_leaving_greedy_above_noise=0,
+                                 silent_corruption_steps=0, decision_flip_rate=0.0)
             b["leak"][m]["argmax_flip_rate"]["all"] = b["leak"]["exact"]["argmax_flip_rate"]["all"]
     return clean
 
@@ -64,14 +65,16 @@ def test_gate_passes_and_fails_on_the_numbers(tmp_path, report):
     assert "gate hybrid-unsafe (float32 fast path): all 7 rules hold" in r.stdout
 
     bad = copy.deepcopy(clean)
-    bad["budgets"][-1]["modes"]["leaky"]["generations_leaving_greedy"] = 2
+    bad["budgets"][-1]["modes"]["leaky"]["generations_leaving_greedy_above_noise"] = 2
     bad["budgets"][0]["modes"]["leaky"]["silent_corruption_steps"] = 3
+    bad["budgets"][0]["modes"]["exact"]["generations_leaving_greedy_above_noise"] = 1
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
     r = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", path)
     assert r.returncode == 1
-    assert "VIOLATED generations_leaving_greedy: measured 2 > bound 0" in r.stdout
+    assert "VIOLATED generations_leaving_greedy_above_noise: measured 2 > bound 0" in r.stdout
     assert "VIOLATED silent_corruption_steps: measured 3 > bound 0" in r.stdout
+    assert "VIOLATED exact_generations_leaving_greedy_above_noise: measured 1 > bound 0" in r.stdout
 
 
 @pytest.mark.parametrize("fast_path, holds", [("float32", False), ("bfloat16", True), ("float16", False)])
