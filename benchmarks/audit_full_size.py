@@ -114,8 +114,10 @@ def run_full_audit(a, budgets):
               f"noise floor (exact) {lk['exact']['state_rel']['other']['median']:.3g}; argmax flips (other) leaky "
               f"{lk['leaky']['argmax_flip_rate']['other']}, exact {lk['exact']['argmax_flip_rate']['other']}; "
               f"tokens/step " + ", ".join(f"{m} {md[m]['tokens_per_step']:.2f}" for m in md)
-              + "; generations leaving greedy " + ", ".join(f"{m} {md[m]['generations_leaving_greedy']}" for m in md),
+              + "; generations leaving greedy (above the noise margin) " + ", ".join(
+                  f"{m} {md[m]['generations_leaving_greedy']} ({md[m]['generations_leaving_greedy_above_noise']})" for m in md),
               flush=True)
+    print(f"noise margin {rep['noise_margin']:.3g}; precision {rep['precision']}", flush=True)
     if a.out:
         from pathlib import Path
         rep = json_report.stamp(rep)

@@ -35,10 +35,10 @@ def print_summary(report: dict, console: Console | None = None) -> None:
                       str(md["silent_corruption_steps"]), _g(speed.get((b["budget"], mode)), ".2f"))
     console.print(t)
     console.print(f"chain baseline (exact): {report['chain']['tokens_per_step']:.2f} tokens/step")
-    if any(b["noise_margin"] > 0 for b in report["budgets"]):
-        console.print("noise margin (the largest decision margin the exact path's arithmetic overturned) and "
-                      "generations leaving greedy above it: " + "; ".join(
-                          f"budget {b['budget']}: {b['noise_margin']:.3g}, " + ", ".join(
+    if report["noise_margin"] > 0:
+        console.print(f"noise margin {report['noise_margin']:.3g} (the largest decision margin the exact path's arithmetic "
+                      "overturned); generations leaving greedy above it: " + "; ".join(
+                          f"budget {b['budget']}: " + ", ".join(
                               f"{m} {b['modes'][m]['generations_leaving_greedy_above_noise']}" for m in ("exact",) + LEAK_MODES)
                           for b in report["budgets"]))
     worst = max(b["modes"]["leaky"]["generations_leaving_greedy"] for b in report["budgets"])
