@@ -36,7 +36,7 @@ def _gdn_commit_kernel(
         row = (i_b * T + tl.maximum(n, 0)).to(tl.int64)
         b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
         b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
-        b_g, b_beta = h.gates(g, beta, row * HV + i_hv, row >= 0, neg_A, bias, FUSED)
+        b_g, b_beta = h.gates(g, beta, row * HV + i_hv, 0, neg_A, bias, FUSED, False)
         S = tl.where(n >= 0, h.delta_step(S, b_k, b_v, b_g, b_beta), S)
     tl.store(h.state_ptrs(out, tl.load(out_idx + i_b), i_hv, o_k, o_v, HV, K, V), S, mask=mkv)
 

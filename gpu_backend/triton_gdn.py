@@ -48,7 +48,7 @@ def _gdn_recurrent_kernel(
     S = s0
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     for t in range(0, T):
-        row = (i_b * T + t).to(tl.int64)
+        row = i_b * T + t  # int32 offsets inside the loop (the flattened kernel is latency-bound)
         if PARENT_INDEXED:
             p = tl.load(src + row)
             sp = tl.load(h.state_ptrs(snap, i_b * T + tl.maximum(p, 0), i_hv, o_k, o_v, HV, K, V), mask=mkv, other=0.0)
@@ -56,7 +56,7 @@ def _gdn_recurrent_kernel(
         b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, L2NORM, 0)
         b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
         b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
-        b_g, b_beta = h.gates(g, beta, row * HV + i_hv, row >= 0, neg_A, bias, FUSED)
+        b_g, b_beta = h.gates(g, beta, row * HV + i_hv, 0, neg_A, bias, FUSED, False)
         S = h.delta_step(S, b_k, b_v, b_g, b_beta)
         b_o = tl.sum(S * (b_q * scale)[:, None], 0)
         tl.store(o + (row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
@@ -87,7 +87,7 @@ def _gdn_wy_kernel(
     q0 = h.load_rows(q, r0, i_h, o_k, mk, H, K, L2NORM, 0)
     k0 = h.load_rows(k, r0, i_h, o_k, mk, H, K, L2NORM, 0)
     v0 = h.load_rows(v, r0, i_hv, o_v, mv, HV, V, False, 0)
-    g0, beta0 = h.gates(g, beta, r0 * HV + i_hv, r0 >= 0, neg_A, bias, FUSED)
+    g0, beta0 = h.gates(g, beta, r0 * HV + i_hv, 0, neg_A, bias, FUSED, False)
     s0 = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V),
                  mask=mk[:, None] & mv[None, :], other=0.0)
     s0 = h.delta_step(s0, k0, v0, g0, beta0)  # S_r
@@ -98,7 +98,7 @@ def _gdn_wy_kernel(
     b_q = h.load_rows(q, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
     b_k = h.load_rows(k, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
     b_v = h.load_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V, False, 1)
-    b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED)
+    b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
     b_g = tl.where(mt, b_g, 0.0)
     b_beta = tl.where(mt, b_beta, 0.0)
     anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0

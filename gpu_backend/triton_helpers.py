@@ -56,11 +56,16 @@ def gate_params(A_log, dt_bias, i_hv, FUSED: tl.constexpr):
 
 
 @triton.jit
-def gates(g, beta, offs, m, neg_A, bias, FUSED: tl.constexpr):
-    """(log-decay g, beta) at offs of the [B*T, HV] gate inputs. FUSED: g = -exp(A_log) *
-    softplus(a + dt_bias) and beta = sigmoid(b) from the raw projections a (in g), b (in beta)."""
-    raw_g = tl.load(g + offs, mask=m, other=0.0).to(tl.float32)
-    raw_b = tl.load(beta + offs, mask=m, other=0.0).to(tl.float32)
+def gates(g, beta, offs, m, neg_A, bias, FUSED: tl.constexpr, MASKED: tl.constexpr):
+    """(log-decay g, beta) at offs of the [B*T, HV] gate inputs (masked by m when MASKED). FUSED:
+    g = -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b) from the raw projections a (in g),
+    b (in beta)."""
+    if MASKED:
+        raw_g = tl.load(g + offs, mask=m, other=0.0).to(tl.float32)
+        raw_b = tl.load(beta + offs, mask=m, other=0.0).to(tl.float32)
+    else:
+        raw_g = tl.load(g + offs).to(tl.float32)
+        raw_b = tl.load(beta + offs).to(tl.float32)
     if FUSED:
         b_g = neg_A * softplus(raw_g + bias)
         b_beta = tl.sigmoid(raw_b)
