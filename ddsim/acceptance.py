@@ -32,7 +32,8 @@ def decision_scores(logits: torch.Tensor, positions, *, temperature: float = 0.0
     if temperature == 0:
         return logits.double()
     lg = logits.double() / temperature
-    return torch.stack([lg[i] + gumbel_noise(seed=seed, position=int(p), vocab=lg.shape[-1])
+    # the noise is drawn on the CPU (the same numbers on every device), then joins the logits
+    return torch.stack([lg[i] + gumbel_noise(seed=seed, position=int(p), vocab=lg.shape[-1]).to(lg.device)
                         for i, p in enumerate(positions)]) if len(lg) else lg
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ddsim.errors import InputError
 
-SCHEMA_VERSION = 2  # 2 added "precision" (the arithmetic of the fast path and of the oracle)
+SCHEMA_VERSION = 2  # 2 added "precision" and the noise margin (reference and divergence margins)
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 
 

@@ -1,11 +1,15 @@
 """Which divergences from the reference the audit attributes to arithmetic: a generation leaves the
 reference "above the noise" only where the reference's choice led its runner-up by more than the
 largest margin the exact path was seen to overturn against the oracle."""
+import copy
 import math
+
+from rich.console import Console
 
 from ddsim.audit import _mode_summary, _noise_margin
 from ddsim.generate import GenerationResult
 from ddsim.metrics import summarize
+from reports.terminal import print_summary
 
 
 def _gen(tokens, reference):
@@ -31,3 +35,23 @@ def test_noise_margin_is_the_largest_overturned_oracle_margin():
     assert math.isclose(_noise_margin(flipped, 0.0), 0.26)
     assert math.isclose(_noise_margin(flipped, 0.5), 0.52)  # decision scores are logits / temperature
     assert _noise_margin({"margin_of_flipped": summarize([])}, 0.0) == 0.0
+
+
+def _set_leaky(report, *, left, above):
+    r = copy.deepcopy(report)
+    for b in r["budgets"]:
+        b["modes"]["leaky"].update(generations_leaving_greedy=left, generations_leaving_greedy_above_noise=above)
+    return r
+
+
+def test_terminal_summary_tells_near_ties_from_the_leak(report):
+    """The summary's verdict line follows the above-noise count, and names near-ties apart."""
+    def verdict(r):
+        console = Console(record=True, width=200)
+        print_summary(r, console)
+        return console.export_text()
+
+    assert "changes the output" in verdict(_set_leaky(report, left=2, above=1))
+    near = verdict(_set_leaky(report, left=2, above=0))
+    assert "only at near-ties within the noise margin" in near and "changes the output" not in near
+    assert "No generation left greedy decoding" in verdict(_set_leaky(report, left=0, above=0))
