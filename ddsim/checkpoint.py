@@ -13,7 +13,6 @@ multimodal RoPE the plain partial RoPE.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -21,19 +20,11 @@ import torch
 
 from ddsim.config import ModelConfig
 from ddsim.errors import InputError
+from ddsim.jsonl import read_json
 from ddsim.weights import weight_shapes
 
 SUPPORTED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text")
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except OSError as e:
-        raise InputError(f"{path}: cannot read {what} ({e.strerror or e})") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: malformed JSON at line {e.lineno} ({e.msg})") from None
 
 
 def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
@@ -43,7 +34,7 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
         raise InputError(f"--model {d}: not a directory")
     if not (d / "config.json").is_file():
         raise InputError(f"--model {d}: no config.json (not a Hugging Face checkpoint directory)")
-    raw = _read_json(d / "config.json", "config")
+    raw = read_json(d / "config.json", "config")
     mt = raw.get("model_type")
     if mt not in SUPPORTED:
         raise InputError(f"{d / 'config.json'}: unsupported architecture {mt!r} (supported: {', '.join(SUPPORTED)})")
@@ -99,7 +90,7 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
 def _shards(d: Path) -> list[Path]:
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(_read_json(index, "shard index").get("weight_map", {}).values()))
+        files = sorted(set(read_json(index, "shard index").get("weight_map", {}).values()))
         if not files:
             raise InputError(f"{index}: empty weight_map")
         missing = [f for f in files if not (d / f).is_file()]

@@ -1,5 +1,5 @@
-"""Reading JSONL input files (drafter traces, prompts): every problem is an InputError naming the
-file and, for a bad line, the line number."""
+"""Reading JSON and JSONL input files (checkpoint configs, reports, cost files; drafter traces,
+prompts): every problem is an InputError naming the file and, where it has one, the line."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,17 @@ from pathlib import Path
 from typing import Iterator
 
 from ddsim.errors import InputError
+
+
+def read_json(path: str | Path, what: str):
+    """The parsed content of the JSON file ``path`` (``what`` names it in errors)."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except OSError as e:
+        raise InputError(f"{p}: cannot read {what} ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{p}: malformed JSON at line {e.lineno} ({e.msg})") from None
 
 
 def read_jsonl(path: str | Path, what: str) -> Iterator[tuple[str, object]]:

@@ -6,11 +6,10 @@ in the checkpoint's chat template (tokenizer_config.json) as one user turn.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ddsim.errors import InputError
-from ddsim.jsonl import read_jsonl
+from ddsim.jsonl import read_json, read_jsonl
 
 # Written for this project: one math, one code and one chat prompt.
 BUILTIN_PROMPTS = (
@@ -39,10 +38,8 @@ class TextEncoder:
         self.template = None
         tc = d / "tokenizer_config.json"
         if tc.is_file():
-            try:
-                self.template = json.loads(tc.read_text()).get("chat_template")
-            except json.JSONDecodeError as e:
-                raise InputError(f"{tc}: malformed JSON ({e.msg})") from None
+            config = read_json(tc, "tokenizer config")
+            self.template = config.get("chat_template") if isinstance(config, dict) else None
 
     def encode(self, text: str, *, chat: bool = False) -> list[int]:
         if chat and self.template:

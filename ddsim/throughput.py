@@ -12,13 +12,13 @@ draft_cost 0.15 (a block-diffusion drafter's one forward), mode factors 1.0.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ddsim.errors import InputError
+from ddsim.jsonl import read_json
 
 
 @dataclass
@@ -49,16 +49,14 @@ class CostModel:
         """JSON: {"ar_step_us": float, "verify_us": {"<nodes>": us, ...}, "draft_us": float,
         "mode_factor": {...}} -> costs in AR steps."""
         path = Path(path)
+        d = read_json(path, "cost file")
         try:
-            d = json.loads(path.read_text())
             ar = float(d["ar_step_us"])
             table = sorted((int(n), float(us) / ar) for n, us in d["verify_us"].items())
             if ar <= 0 or not table or any(c <= 0 for _, c in table):
                 raise ValueError("non-positive time")
             return cls(draft_cost=float(d.get("draft_us", 0.0)) / ar, mode_factor=dict(d.get("mode_factor", {})),
                        table=table, source=str(path))
-        except OSError as e:
-            raise InputError(f"{path}: cannot read cost file ({e.strerror or e})") from None
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise InputError(f"{path}: not a cost file ({e})") from None
 

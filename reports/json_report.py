@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ddsim.errors import InputError
+from ddsim.jsonl import read_json
 
 SCHEMA_VERSION = 2  # 2 added "precision" and the noise margin (reference and divergence margins)
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
@@ -62,14 +63,7 @@ def write_atomic(files: dict[Path, str]) -> None:
 def load(path: str | Path) -> dict:
     """Read and check a report: a clear InputError for unreadable, malformed or foreign files."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError(f"{p}: cannot read report ({e.strerror or e})") from None
-    try:
-        report = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{p}: malformed JSON at line {e.lineno} ({e.msg})") from None
+    report = read_json(p, "report")
     if not isinstance(report, dict) or "schema_version" not in report:
         raise InputError(f"{p}: not a ddsim report (no schema_version)")
     if report["schema_version"] != SCHEMA_VERSION:
