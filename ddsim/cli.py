@@ -107,9 +107,7 @@ def cmd_gate(a, console) -> int:
         report = json_report.load(a.report)
     else:
         report = _run_audit(_audit_config(a), console, quiet=True)
-        report = json_report.stamp(report)
-        if a.out:
-            report = _write_report(report, Path(a.out))
+        report = _write_report(report, Path(a.out)) if a.out else json_report.stamp(report)
     verdicts = evaluate(policy, report)
     bad = [v for v in verdicts if not v.holds]
     for v in bad:

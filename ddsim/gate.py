@@ -30,22 +30,26 @@ def _flip_excess(r, mode):
                    for b in r["budgets"]])
 
 
+def _mode_field(field: str, mode: str | None = None):
+    """The worst over budgets of a mode summary's ``field``, for the gated mode (or ``mode``)."""
+    return lambda r, m: _worst([b["modes"][mode or m][field] for b in r["budgets"]])
+
+
 RULES = {
     "argmax_flip_rate_above_noise": (_flip_excess, "argmax flip rate of the mode minus the exact path's"),
-    "decision_flip_rate": (lambda r, m: _worst([b["modes"][m]["decision_flip_rate"] for b in r["budgets"]]),
+    "decision_flip_rate": (_mode_field("decision_flip_rate"),
                            "accept decisions that differ along the reference walk, per walked node"),
-    "generations_leaving_greedy": (lambda r, m: _worst([b["modes"][m]["generations_leaving_greedy"] for b in r["budgets"]]),
+    "generations_leaving_greedy": (_mode_field("generations_leaving_greedy"),
                                    "generations whose output leaves the reference"),
     "generations_leaving_greedy_above_noise": (
-        lambda r, m: _worst([b["modes"][m]["generations_leaving_greedy_above_noise"] for b in r["budgets"]]),
+        _mode_field("generations_leaving_greedy_above_noise"),
         "generations leaving the reference where its choice led by more than the noise margin"),
-    "silent_corruption_steps": (lambda r, m: _worst([b["modes"][m]["silent_corruption_steps"] for b in r["budgets"]]),
+    "silent_corruption_steps": (_mode_field("silent_corruption_steps"),
                                 "steps emitting tokens exact verification would not"),
-    "exact_generations_leaving_greedy": (lambda r, m: _worst([b["modes"]["exact"]["generations_leaving_greedy"]
-                                                              for b in r["budgets"]]),
+    "exact_generations_leaving_greedy": (_mode_field("generations_leaving_greedy", "exact"),
                                          "exact-mode generations leaving the reference (must be lossless)"),
     "exact_generations_leaving_greedy_above_noise": (
-        lambda r, m: _worst([b["modes"]["exact"]["generations_leaving_greedy_above_noise"] for b in r["budgets"]]),
+        _mode_field("generations_leaving_greedy_above_noise", "exact"),
         "exact-mode generations leaving the reference where its choice led by more than the noise margin"),
     "exact_state_rel_max": (lambda r, m: _worst([v["state_rel_max"] for v in r["noise_floor"].values()]),
                             "largest recurrent-state relative error of the exact path vs the oracle"),
@@ -93,25 +97,26 @@ def load_policy(path: str | Path) -> Policy:
     mode = head.get("mode", "leaky")
     if mode not in GATED_MODES:
         raise InputError(f"{p}: policy.mode {mode!r} is not one of {', '.join(GATED_MODES)}")
-    by_precision = {k: v for k, v in rules.items() if isinstance(v, dict)}
-    for dt, table in by_precision.items():
-        if dt not in PRECISIONS:
-            raise InputError(f"{p}: [rules.{dt}] names no dtype (known: {', '.join(PRECISIONS)})")
-        _check_bounds(p, table, f"rules.{dt}")
+    by_precision = {}
+    for dt, table in rules.items():
+        if isinstance(table, dict):
+            if dt not in PRECISIONS:
+                raise InputError(f"{p}: [rules.{dt}] names no dtype (known: {', '.join(PRECISIONS)})")
+            by_precision[dt] = _bounds(p, table, f"rules.{dt}")
     base = {k: v for k, v in rules.items() if k not in by_precision}
     if not base:
         raise InputError(f"{p}: [rules] has no bounds of its own (a report of another precision would pass anything)")
-    _check_bounds(p, base, "rules")
-    return Policy(str(p), str(head.get("name", p.stem)), mode, base, by_precision)
+    return Policy(str(p), str(head.get("name", p.stem)), mode, _bounds(p, base, "rules"), by_precision)
 
 
-def _check_bounds(p: Path, table: dict, where: str) -> None:
+def _bounds(p: Path, table: dict, where: str) -> dict:
+    """{rule: float bound} from a policy table, every rule known and every bound finite and >= 0."""
     for k, v in table.items():
         if k not in RULES:
             raise InputError(f"{p}: unknown rule {k!r} in [{where}] (known: {', '.join(sorted(RULES))})")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise InputError(f"{p}: rule {k!r} in [{where}] needs a finite bound >= 0, got {v!r}")
-        table[k] = float(v)
+    return {k: float(v) for k, v in table.items()}
 
 
 def report_precision(report: dict) -> str:
