@@ -44,12 +44,13 @@ def target_tokens(logits: torch.Tensor, positions, *, temperature: float = 0.0, 
     return decision_scores(logits, positions, temperature=temperature, seed=seed).argmax(-1).tolist()
 
 
-def decision_margin(scores: torch.Tensor) -> float:
-    """[N] decision scores -> how far the winner leads the runner-up (inf with one candidate)."""
-    if scores.numel() < 2:
-        return float("inf")
-    top = torch.topk(scores, 2).values
-    return float(top[0] - top[1])
+def decision_margins(scores: torch.Tensor) -> torch.Tensor:
+    """[..., N] scores -> [...] how far each row's winner leads its runner-up (inf with one
+    candidate). On logits this is the top-1 margin in nats."""
+    if scores.shape[-1] < 2:
+        return torch.full(scores.shape[:-1], float("inf"), dtype=scores.dtype, device=scores.device)
+    top = torch.topk(scores, 2, dim=-1).values
+    return top[..., 0] - top[..., 1]
 
 
 def walk(tree: Tree, targets) -> tuple[list[int], int]:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 import oracle
-from ddsim.acceptance import decision_margin, decision_scores, emitted_tokens, target_tokens, walk
+from ddsim.acceptance import decision_margins, decision_scores, emitted_tokens, target_tokens, walk
 from ddsim.builders import ddtree
 from ddsim.drafters import DraftContext
 from ddsim.errors import InputError
@@ -81,29 +81,28 @@ def reference_decode(model: HybridModel, prompt, n_tokens: int, *, temperature: 
     decision scores (logits in nats when greedy), a measure of how near a tie the choice was."""
     prompt = _check_prompt(model, prompt, n_tokens)
     state, _ = model.prefill(prompt[:-1])
-    root, out, margins = prompt[-1], [], []
-    while len(out) < n_tokens:
+    return decode_from(model, state, prompt[-1], n_tokens, temperature=temperature, seed=seed)
+
+
+def decode_from(model: HybridModel, state, root: int, n: int, *, temperature: float = 0.0,
+                seed: int = 0) -> tuple[list[int], list[float]]:
+    """n tokens after ``root`` from an exact ``state``, one forward each, with each token's decision
+    margin (the Gumbel noise of a token's absolute position when sampling)."""
+    out, margins = [], []
+    for _ in range(n):
         t = chain([root])
         res = model.verify(state, t, mode="exact")
         scores = decision_scores(res.logits, [state.pos], temperature=temperature, seed=seed)[0]
-        tok = int(scores.argmax())
+        root = int(scores.argmax())
         state = model.commit(state, t, res, 0)
-        out.append(tok)
-        margins.append(decision_margin(scores))
-        root = tok
+        out.append(root)
+        margins.append(float(decision_margins(scores)))
     return out, margins
 
 
 def greedy_continuation(model: HybridModel, state, root: int, n: int) -> list[int]:
     """The target's greedy continuation of n tokens after ``root`` from an exact ``state``."""
-    out = []
-    for _ in range(n):
-        t = chain([root])
-        res = model.verify(state, t, mode="exact")
-        root = int(res.logits[0].argmax())
-        state = model.commit(state, t, res, 0)
-        out.append(root)
-    return out
+    return decode_from(model, state, root, n)[0]
 
 
 @dataclass

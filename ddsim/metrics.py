@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ddsim.acceptance import decision_margins
 from ddsim.tree import Tree
 
 
@@ -32,12 +33,10 @@ def node_metrics(tree: Tree, res, ref, cfg) -> dict:
     lo, lm = ref.logits.double().cpu(), res.logits.double().cpu()
     logp_o, logp_m = torch.log_softmax(lo, -1), torch.log_softmax(lm, -1)
     kl = (logp_o.exp() * (logp_o - logp_m)).sum(-1).clamp_min(0.0)
-    top2 = lo.topk(min(2, lo.shape[-1]), -1).values
-    margin = (top2[:, 0] - top2[:, 1]) if top2.shape[-1] > 1 else torch.full_like(top2[:, 0], float("inf"))
     out = {
         "kl": kl.numpy(),
         "max_abs": (lm - lo).abs().amax(-1).numpy(),
-        "margin": margin.numpy(),
+        "margin": decision_margins(lo).numpy(),
         "flip": (lm.argmax(-1) != lo.argmax(-1)).numpy(),
         "hidden_rel": np.stack([_rel_rows(res.hidden[l], ref.hidden[l]) for l in range(cfg.num_layers)]),
     }
