@@ -96,11 +96,12 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-def precision(compute: torch.dtype, device: torch.device) -> dict:
+def precision(model: HybridModel) -> dict:
     """The arithmetic compared: the fast path's weights and activations, its recurrent states, and
-    the oracle's. The gate's tolerance for the exact path depends on the first."""
+    the oracle's where the model lives. The gate's tolerance for the exact path depends on the first."""
     name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
-    return {"fast_path": name(compute), "recurrent_state": "float32", "oracle": name(oracle.default_dtype(device))}
+    return {"fast_path": name(model.dtype), "recurrent_state": name(model.state_dtype),
+            "oracle": name(oracle.default_dtype(model.device))}
 
 
 def _gate_stats(cfg, w) -> dict:
@@ -311,7 +312,7 @@ def run_audit(ac: AuditConfig, *, progress=None) -> dict:
         "generated_at": None,  # filled by the writer; the only field that varies between runs
         "config": {**asdict(ac), "drafter": drafter.params()},
         "environment": environment(device),
-        "precision": precision(compute, device),
+        "precision": precision(model),
         "model": {**cfg.to_dict(), "source": ac.model_path or f"preset {ac.preset}", "gates": _gate_stats(cfg, weights)},
         "prompts": [{"index": i, "tokens": p, "reference": r, "reference_margins": m}
                     for i, (p, r, m) in enumerate(zip(prompts, references, margins))],
