@@ -54,7 +54,7 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
             raise ValueError("inplace: the torch backend returns a new state; use a triton backend")
         g, beta = torch_ops.resolve_gates(g, beta, a, b, A_log, dt_bias)
         return torch_ops.gdn_tree_commit(k, v, g, beta, parents=parents, accepted=accepted,
-                                         initial_state=torch_ops.resolve_state(initial_state, state_indices),
+                                         initial_state=torch_ops.resolve_state(initial_state, state_indices, k.shape[0]),
                                          use_qk_l2norm=use_qk_l2norm)
     from gpu_backend.triton_commit import gdn_tree_commit_triton
     return gdn_tree_commit_triton(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state,

@@ -6,7 +6,7 @@ import os
 import torch
 
 from gpu_backend.torch_ops import (  # noqa: F401  (re-exported: one set of checks for both backends)
-    _check_accepted, _check_conv, _check_inputs, _check_parents, _mode_parents)
+    _check_accepted, _check_conv, _check_inputs, _check_parents, _mode_parents, pool_slots)
 
 MODES = ("exact", "leaky")
 
@@ -46,24 +46,6 @@ def check_pool(initial_state, state_indices, B, HV, K, V):
 def window_slots(initial_window, state_indices, B: int) -> torch.Tensor:
     """int32 [B] slots of the batch's conv windows in initial_window [N, C, W-1]."""
     return pool_slots(initial_window, state_indices, B, "initial_window", "windows")
-
-
-def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tensor:
-    """int32 [B] rows of pool [N, ...] holding the batch: its first B rows when state_indices is
-    None (then N must be B), else state_indices [B], distinct and in 0..N-1."""
-    N = pool.shape[0]
-    if state_indices is None:
-        if N != B:
-            raise ValueError(f"{name}: {N} {rows} for {B} sequences; pass state_indices to address a pool")
-        return torch.arange(B, dtype=torch.int32, device=pool.device)
-    idx = torch.as_tensor(state_indices, device=pool.device)
-    if idx.dtype not in (torch.int32, torch.int64) or tuple(idx.shape) != (B,):
-        raise ValueError(f"state_indices: expected [B] = [{B}] integers, got {tuple(idx.shape)} {idx.dtype}")
-    if ((idx < 0) | (idx >= N)).any():
-        raise ValueError(f"state_indices: slots must lie in 0..{N - 1}")
-    if idx.unique().numel() != B:
-        raise ValueError("state_indices: slots must be distinct")
-    return idx.to(torch.int32).contiguous()
 
 
 def ancestor_mask(src: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -102,14 +102,30 @@ def resolve_gates(g, beta, a, b, A_log, dt_bias):
     return g, torch.sigmoid(b.float())
 
 
-def resolve_state(initial_state, state_indices):
-    """The committed states of the batch: initial_state itself, or pool slots state_indices."""
+def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tensor:
+    """int32 [B] rows of pool [N, ...] holding the batch: its first B rows when state_indices is
+    None (then N must be B), else state_indices [B], distinct and in 0..N-1."""
+    N = pool.shape[0]
+    if state_indices is None:
+        if N != B:
+            raise ValueError(f"{name}: {N} {rows} for {B} sequences; pass state_indices to address a pool")
+        return torch.arange(B, dtype=torch.int32, device=pool.device)
+    idx = torch.as_tensor(state_indices, device=pool.device)
+    if idx.dtype not in (torch.int32, torch.int64) or tuple(idx.shape) != (B,):
+        raise ValueError(f"state_indices: expected [B] = [{B}] integers, got {tuple(idx.shape)} {idx.dtype}")
+    if ((idx < 0) | (idx >= N)).any():
+        raise ValueError(f"state_indices: slots must lie in 0..{N - 1}")
+    if idx.unique().numel() != B:
+        raise ValueError("state_indices: slots must be distinct")
+    return idx.to(torch.int32).contiguous()
+
+
+def resolve_state(initial_state, state_indices, B: int):
+    """The committed states of the batch: initial_state itself, or the pool slots state_indices
+    (checked as the Triton backend checks them)."""
     if state_indices is None:
         return initial_state
-    idx = torch.as_tensor(state_indices, device=initial_state.device).long()
-    if idx.dim() != 1 or ((idx < 0) | (idx >= initial_state.shape[0])).any():
-        raise ValueError(f"state_indices: expected [B] slots in 0..{initial_state.shape[0] - 1}")
-    return initial_state[idx]
+    return initial_state[pool_slots(initial_state, state_indices, B, "initial_state", "states").long()]
 
 
 def _prep_qk(x, HV, use_l2norm, dt):
@@ -132,7 +148,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     dtype and, with output_states, the state after every node [B, T, HV, K, V] in the state dtype.
     """
     g, beta = resolve_gates(g, beta, a, b, A_log, dt_bias)
-    initial_state = resolve_state(initial_state, state_indices)
+    initial_state = resolve_state(initial_state, state_indices, q.shape[0])
     B, T, H, HV, K, V = _check_gdn(q, k, v, g, beta, initial_state)
     src = _mode_parents(_check_parents(parents, B, T, q.device), mode)  # [B, T]
     dt = initial_state.dtype

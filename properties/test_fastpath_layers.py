@@ -36,6 +36,36 @@ def test_gdn_commit_matches_oracle(inp, data):
     assert torch.equal(s0, s0_before)
 
 
+@given(gdn_inputs(), st.data())
+@example(fixed_gdn_example(), None)
+def test_gdn_pool_slots_and_fused_gates_match_oracle(inp, data):
+    """The torch path's state-pool addressing and fused gates (g = -exp(A_log) softplus(a + dt_bias),
+    beta = sigmoid(b)), verify and commit, against the oracle on the plain gates and states; pool
+    slots outside the batch stay bit-identical."""
+    B, T, HV = inp["g"].shape
+    gen = torch.Generator().manual_seed(7)
+    a, b = torch.randn(B, T, HV, generator=gen), torch.randn(B, T, HV, generator=gen)
+    A_log, dt_bias = torch.log(1 + 15 * torch.rand(HV, generator=gen)), torch.randn(HV, generator=gen) - 3
+    g = -torch.exp(A_log.double()) * torch.nn.functional.softplus(a.double() + dt_bias.double())  # plain gates
+    beta = torch.sigmoid(b.double())
+    pool = torch.randn(B + 2, *inp["initial_state"].shape[1:], generator=gen)
+    slots = torch.randperm(B + 2, generator=gen)[:B]
+    pool[slots] = inp["initial_state"]
+    before = pool.clone()
+    fused = dict(a=a, b=b, A_log=A_log, dt_bias=dt_bias, parents=inp["parents"], initial_state=pool,
+                 state_indices=slots, backend="torch")
+    o = gb.gdn_tree_verify(inp["q"], inp["k"], inp["v"], mode="exact", **fused)
+    ref = oracle.gdn_tree_verify(inp["q"], inp["k"], inp["v"], g, beta, parents=inp["parents"],
+                                 initial_state=inp["initial_state"])
+    assert_close("o (pool slots, fused gates)", o, ref, dtype=torch.float32, slack=5)
+    acc = [0] * B if data is None else [data.draw(st.integers(0, t.size - 1)) for t in inp["trees"]]
+    out = gb.gdn_tree_commit(inp["k"], inp["v"], accepted=acc, **fused)
+    ref = oracle.gdn_tree_commit(inp["k"], inp["v"], g, beta, parents=inp["parents"], accepted=acc,
+                                 initial_state=inp["initial_state"])
+    assert_close("committed state (pool slots, fused gates)", out, ref, dtype=torch.float32, slack=5)
+    assert torch.equal(pool, before)  # the torch path writes no pool slot
+
+
 @given(conv_inputs(), st.sampled_from(["exact", "leaky"]))
 @example(fixed_conv_example(), "exact")
 @example(fixed_conv_example(), "leaky")
