@@ -67,8 +67,19 @@ def ancestor_mask(src: torch.Tensor) -> tuple[torch.Tensor, int]:
     return mask.contiguous(), depth - 1
 
 
+def check_gdn_args(q, k, v, g, beta, a, b) -> tuple:
+    """Shapes of q, k, v and of the gates, given (g, beta) or to be fused from (a, b) ->
+    (B, T, H, HV, K, V)."""
+    if g is None and (a is None or b is None):
+        raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
+    if g is not None and beta is None:
+        raise ValueError("beta: required with g")
+    return _check_inputs(q, k, v, a if g is None else g, b if g is None else beta)
+
+
 def gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, device):
-    """Either (g, beta) or the fused (a, b, A_log, dt_bias); returns the four kernel tensors and FUSED."""
+    """Either (g, beta) or the fused (a, b, A_log, dt_bias) (after check_gdn_args); returns the four
+    kernel tensors and FUSED."""
     fused = g is None
     if fused:
         if any(x is None for x in (a, b, A_log, dt_bias)):
@@ -78,8 +89,6 @@ def gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, device):
             if tuple(x.shape) != shape:
                 raise ValueError(f"{name}: expected {shape}, got {tuple(x.shape)}")
         return a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous(), True
-    if beta is None:
-        raise ValueError("beta: required with g")
     dummy = torch.zeros(1, device=device, dtype=torch.float32)
     return g.contiguous(), beta.contiguous(), dummy, dummy, False
 

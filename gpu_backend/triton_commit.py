@@ -68,10 +68,7 @@ def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, us
                 state_indices=None, inplace=False, a=None, b=None, A_log=None, dt_bias=None,
                 block_v: int = 32, num_warps: int = 4, poison: bool = True):
     """Validate, build the paths and allocate once; returns (launch, out)."""
-    fused = g is None
-    if fused and (a is None or b is None):
-        raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
-    B, T, H, HV, K, V = C._check_inputs(k, k, v, a if fused else g, b if fused else beta)
+    B, T, H, HV, K, V = C.check_gdn_args(k, k, v, g, beta, a, b)
     C.check_device(k, v, initial_state)
     p = C._check_parents(parents, B, T, k.device)
     acc = C._check_accepted(accepted, B, T, k.device)

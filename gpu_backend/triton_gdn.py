@@ -124,10 +124,7 @@ WY_MAX_NODES = 65  # the root + one block of at most 64 draft nodes (a 128-row b
 
 def _prep(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode):
     """Validate (one set of checks shared with the torch path) and build the kernel arguments."""
-    fused = g is None
-    if fused and (a is None or b is None):
-        raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
-    B, T, H, HV, K, V = C._check_inputs(q, k, v, a if fused else g, b if fused else beta)
+    B, T, H, HV, K, V = C.check_gdn_args(q, k, v, g, beta, a, b)
     C.check_device(q, k, v, initial_state)
     if mode not in C.MODES:
         raise ValueError(f"mode: expected one of {C.MODES}, got {mode!r}")

@@ -157,6 +157,9 @@ def test_triton_rejects_bad_input():
     with pytest.raises(ValueError, match="gates"):
         gb.gdn_tree_verify(_dev(inp["q"]), _dev(inp["k"]), _dev(inp["v"]), parents=inp["parents"], initial_state=_dev(inp["initial_state"]),
                            backend="triton-wy")
+    with pytest.raises(ValueError, match="beta: required with g"):
+        gb.gdn_tree_verify(_dev(inp["q"]), _dev(inp["k"]), _dev(inp["v"]), _dev(inp["g"]), parents=inp["parents"],
+                           initial_state=_dev(inp["initial_state"]), backend="triton-recurrent")
 
 
 def test_wy_refuses_trees_beyond_one_block_and_dispatch_falls_back():
