@@ -148,7 +148,8 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
             floor = nbytes[design] / bw * 1e6
             row = {"B": B, "T": T, "kernel": name, "us": us, "floor_us": floor, "config": c,
                    "GBps": nbytes[design] / (us * 1e-6) / 1e9,
-                   "snapshot_MiB": B * T * 48 * 128 * 128 * 4 / 2**20 if "states" in name or "parent" in name else 0.0}
+                   "snapshot_MiB": (nbytes["leaky+states"] - nbytes["leaky"]) / 2**20
+                   if design in ("leaky+states", "parent-indexed") else 0.0}
             rows.append(row)
             if progress:
                 progress(row)
