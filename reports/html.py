@@ -188,9 +188,10 @@ def render(report: dict) -> str:
                      [[r["label"], r["mode"], r["tokens_per_step"], r["nodes"], r["step_cost"], r["speedup_vs_ar"],
                        r["speedup_vs_chain"]] for r in tp["rows"]])]
     gen_rows = [[g["prompt"], g["budget"] if g["budget"] is not None else "chain", g["mode"], g["first_divergence"],
-                 g["agreement"], g["silent_corruption_steps"], g["tokens_per_step"]] for g in report["generations"]]
+                 g["divergence_margin"], g["agreement"], g["silent_corruption_steps"], g["tokens_per_step"]]
+                for g in report["generations"]]
     parts += ["<h2>Generations</h2>",
-              _table(["prompt", "budget", "mode", "first divergence", "agreement", "silent-corruption steps",
-                      "tokens/step"], gen_rows),
+              _table(["prompt", "budget", "mode", "first divergence", "reference's margin there", "agreement",
+                      "silent-corruption steps", "tokens/step"], gen_rows),
               "</body></html>"]
     return "\n".join(parts)
