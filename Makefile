@@ -1,7 +1,7 @@
 # Two entry points for a fresh machine: `make audit` and `make test`.
 # Both create .venv on first use: torch is pinned to the CPU wheel 2.13.0 when the venv has no
-# torch (an unpinned torch would pull a multi-GB CUDA build), then the project is installed
-# editable with its test extras.
+# torch (an unpinned torch would pull a multi-GB CUDA build), then the project (distribution
+# ddsim-spec, import package and command ddsim) is installed editable with its test extras.
 PYTHON ?= python3
 VENV   ?= .venv
 VPY    := $(VENV)/bin/python
@@ -9,18 +9,31 @@ STAMP  := $(VENV)/.ddsim-installed
 TORCH_PIN ?= torch==2.13.0
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: setup test audit bench clean
+.PHONY: setup test lint audit bench mutation browser clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(TORCH_PIN)
+	@# an older install of this project under the distribution name "ddsim" (or PyPI's unrelated
+	@# project of that name) would shadow the import package: remove it first
+	$(VPY) -m pip uninstall -y -q ddsim 2>/dev/null || true
 	$(VPY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
 
+# The report.html screenshot test needs a headless browser: Debian's chromium, installed here
+# (CI runs as root), never from inside a test. Without it the test fails; it does not skip.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
 # pytest exits 5 when it collects no test: make treats any non-zero exit as failure.
-test: $(STAMP)
+test: $(STAMP) browser lint
 	$(VPY) -m pytest -q
 
 audit: $(STAMP)
@@ -30,5 +43,12 @@ audit: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/ddsim bench --device auto
 
+# Mutation testing of the chain that decides the gate's verdict (audit aggregation -> report
+# model -> gate); the score and the surviving mutants are recorded in tests/MUTATION.md.
+mutation: $(STAMP)
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children 2 || true
+	$(VENV)/bin/mutmut results
+
 clean:
-	rm -rf $(VENV) ddsim-report .hypothesis .pytest_cache
+	rm -rf $(VENV) ddsim-report .hypothesis .pytest_cache mutants

@@ -6,6 +6,6 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from properties.profiles import load  # noqa: E402
+from ddsim.properties.profiles import load  # noqa: E402
 
 load()

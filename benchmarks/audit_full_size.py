@@ -16,7 +16,7 @@ import time
 
 import torch
 
-import oracle
+from ddsim import oracle
 from ddsim.builders import ddtree
 from ddsim.config import get_preset
 from ddsim.model import HybridModel
@@ -98,7 +98,7 @@ def run_timing(a, budgets, cfg):
 
 def run_full_audit(a, budgets):
     from ddsim.audit import AuditConfig, run_audit
-    from reports import html, json_report
+    from ddsim.reports import html, json_report
     torch.cuda.reset_peak_memory_stats()
     steps = []
     t0 = time.perf_counter()

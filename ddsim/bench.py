@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-import oracle
+from ddsim import oracle
 from ddsim.builders import ddtree
 from ddsim.config import get_preset
 from ddsim.model import HybridModel
@@ -108,8 +108,8 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
         qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
         s0 = inp["initial_state"]
         out_state = torch.empty_like(s0)
-        from gpu_backend.triton_commit import plan_commit
-        from gpu_backend.triton_gdn import plan_recurrent, plan_wy
+        from ddsim.gpu_backend.triton_commit import plan_commit
+        from ddsim.gpu_backend.triton_gdn import plan_recurrent, plan_wy
         rec_cfgs = [dict(block_v=bv, num_warps=nw) for bv, nw in ((16, 1), (32, 2), (32, 4), (64, 4))]
         wy_cfgs = [dict(block_v=bv, num_warps=nw) for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8), (128, 8), (64, 4))]
         common = dict(parents=parents, initial_state=s0, poison=False)
@@ -166,9 +166,9 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
 
 def kernel_accuracy(*, device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1) -> str:
     """Max relative error of each design's output vs the float64 oracle (bf16 and fp32 inputs)."""
-    import gpu_backend as gb
+    import ddsim.gpu_backend as gb
     from ddsim.compare import rel_error
-    from gpu_backend.triton_gdn import gdn_tree_verify_wy
+    from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
     _, parents = ddtree_batch(B, T, seed=seed)
     lines = ["| inputs | kernel | mode | relative error vs oracle (Frobenius) | max abs error |", "|---|---|---|---|---|"]
     for dtype in (torch.float32, torch.bfloat16):

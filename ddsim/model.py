@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-import gpu_backend as gb
+import ddsim.gpu_backend as gb
 from ddsim.config import ModelConfig
 from ddsim.errors import InputError
 from ddsim.modes import VERIFY_MODES

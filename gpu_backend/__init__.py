@@ -12,8 +12,8 @@ Triton kernels also run on the CPU under TRITON_INTERPRET=1 (the tests do this).
 """
 from __future__ import annotations
 
-from gpu_backend import torch_ops
-from gpu_backend.torch_ops import tree_attention
+from ddsim.gpu_backend import torch_ops
+from ddsim.gpu_backend.torch_ops import tree_attention
 
 BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy")
 
@@ -36,7 +36,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
               output_states=output_states, state_indices=state_indices, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
     if be == "torch":
         return torch_ops.gdn_tree_verify(q, k, v, g, beta, **kw)
-    from gpu_backend import triton_gdn
+    from ddsim.gpu_backend import triton_gdn
     if be == "triton":
         T = q.shape[1]
         be = "triton-recurrent" if output_states or T > triton_gdn.WY_MAX_NODES else "triton-wy"
@@ -56,7 +56,7 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
         return torch_ops.gdn_tree_commit(k, v, g, beta, parents=parents, accepted=accepted,
                                          initial_state=torch_ops.resolve_state(initial_state, state_indices, k.shape[0]),
                                          use_qk_l2norm=use_qk_l2norm)
-    from gpu_backend.triton_commit import gdn_tree_commit_triton
+    from ddsim.gpu_backend.triton_commit import gdn_tree_commit_triton
     return gdn_tree_commit_triton(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state,
                                   use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, inplace=inplace,
                                   a=a, b=b, A_log=A_log, dt_bias=dt_bias)
@@ -71,7 +71,7 @@ def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="e
               activation=activation, output_windows=output_windows)
     if be == "torch":
         return torch_ops.tree_causal_conv1d(x, **kw)
-    from gpu_backend.triton_conv import tree_causal_conv1d_triton
+    from ddsim.gpu_backend.triton_conv import tree_causal_conv1d_triton
     return tree_causal_conv1d_triton(x, **kw)
 
 
@@ -80,7 +80,7 @@ def conv_tree_commit(x, *, parents, accepted, initial_window, backend=None):
     be = _backend(x, backend)
     if be == "torch":
         return torch_ops.conv_tree_commit(x, parents=parents, accepted=accepted, initial_window=initial_window)
-    from gpu_backend.triton_commit import conv_tree_commit_triton
+    from ddsim.gpu_backend.triton_commit import conv_tree_commit_triton
     return conv_tree_commit_triton(x, parents=parents, accepted=accepted, initial_window=initial_window)
 
 

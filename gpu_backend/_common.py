@@ -5,8 +5,7 @@ import os
 
 import torch
 
-from gpu_backend.torch_ops import (  # noqa: F401  (re-exported: one set of checks for both backends)
-    _check_accepted, _check_conv, _check_inputs, _check_parents, _mode_parents, pool_slots)
+from ddsim.gpu_backend.torch_ops import _check_accepted, _check_conv, _check_inputs, _check_parents, _mode_parents, pool_slots  # noqa: F401  (re-exported: one set of checks for both backends)
 
 MODES = ("exact", "leaky")
 

@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_backend import _common as C
-from gpu_backend import triton_helpers as h
-from gpu_backend.torch_ops import _conv_sources
+from ddsim.gpu_backend import _common as C
+from ddsim.gpu_backend import triton_helpers as h
+from ddsim.gpu_backend.torch_ops import _conv_sources
 
 
 @triton.jit

@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_backend import _common as C
-from gpu_backend.torch_ops import _conv_sources
+from ddsim.gpu_backend import _common as C
+from ddsim.gpu_backend.torch_ops import _conv_sources
 
 
 @triton.jit

@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_backend import _common as C
-from gpu_backend import triton_helpers as h
+from ddsim.gpu_backend import _common as C
+from ddsim.gpu_backend import triton_helpers as h
 
 
 @triton.jit

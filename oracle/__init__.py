@@ -6,9 +6,9 @@ Layer-level twins of the gpu_backend kernels (same keyword-only signatures, SPEC
   gdn_tree_verify, gdn_tree_commit, tree_causal_conv1d, conv_tree_commit
 Model level: decode_step, prefill, verify_tree (default_dtype: float64 on the CPU, float32 on a GPU).
 """
-from oracle.conv import conv_tree_commit, tree_causal_conv1d
-from oracle.gdn import gdn_tree_commit, gdn_tree_verify
-from oracle.model import OracleResult, decode_step, default_dtype, prefill, verify_tree
+from ddsim.oracle.conv import conv_tree_commit, tree_causal_conv1d
+from ddsim.oracle.gdn import gdn_tree_commit, gdn_tree_verify
+from ddsim.oracle.model import OracleResult, decode_step, default_dtype, prefill, verify_tree
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "tree_causal_conv1d", "conv_tree_commit",
            "decode_step", "prefill", "verify_tree", "OracleResult", "default_dtype"]

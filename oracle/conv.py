@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from oracle._paths import check_mode, history, parent_rows
+from ddsim.oracle._paths import check_mode, history, parent_rows
 
 F64 = torch.float64
 

@@ -3,10 +3,10 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import gpu_backend as gb
-import oracle
+import ddsim.gpu_backend as gb
+from ddsim import oracle
 from ddsim.compare import assert_close
-from properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs
+from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs
 
 
 @given(gdn_inputs(), st.sampled_from(["exact", "leaky"]))

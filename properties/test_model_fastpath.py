@@ -3,11 +3,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import oracle
+from ddsim import oracle
 from ddsim.compare import MODEL_SLACK, assert_close
 from ddsim.model import HybridModel
+from ddsim.properties.strategies import model_configs, topological_orders, trees
 from ddsim.weights import init_weights
-from properties.strategies import model_configs, topological_orders, trees
 
 
 def _setup(cfg, seed, prefix):

@@ -4,11 +4,10 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import oracle
+from ddsim import oracle
 from ddsim.config import get_preset
+from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs, model_configs, trees
 from ddsim.weights import init_weights
-from properties.strategies import (conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs, model_configs,
-                                   trees)
 
 MICRO = get_preset("micro")
 MICRO_W = init_weights(MICRO, seed=1)

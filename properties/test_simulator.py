@@ -3,12 +3,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import oracle
+from ddsim import oracle
 from ddsim.acceptance import gumbel_noise, target_tokens, walk
 from ddsim.generate import TreePolicy, autoregressive, reference_decode, speculative
 from ddsim.model import HybridModel
+from ddsim.properties.strategies import RandomDrafter, drafters, model_configs, tree_policies, trees
 from ddsim.weights import init_weights
-from properties.strategies import RandomDrafter, drafters, model_configs, tree_policies, trees
 
 
 def _model64(cfg, seed):

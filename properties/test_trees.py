@@ -8,8 +8,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ddsim.builders import ddtree, path_score, static_tree, topk_logprobs
+from ddsim.properties.strategies import ddtree_logits, topological_orders, trees
 from ddsim.tree import Tree
-from properties.strategies import ddtree_logits, topological_orders, trees
 
 
 @given(trees(max_size=20))

@@ -6,11 +6,11 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import gpu_backend as gb
-import oracle
+import ddsim.gpu_backend as gb
+from ddsim import oracle
 from ddsim.compare import assert_close
+from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs
 from ddsim.tree import Tree
-from properties.strategies import fixed_conv_example, fixed_gdn_example, gdn_inputs, conv_inputs
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # compiled on a GPU when there is one, interpreted on the CPU otherwise
@@ -163,7 +163,7 @@ def test_triton_rejects_bad_input():
 
 
 def test_wy_refuses_trees_beyond_one_block_and_dispatch_falls_back():
-    from gpu_backend.triton_gdn import WY_MAX_NODES
+    from ddsim.gpu_backend.triton_gdn import WY_MAX_NODES
     T = WY_MAX_NODES + 1
     gen = torch.Generator().manual_seed(0)
     args = dict(q=torch.randn(1, T, 1, 4, generator=gen), k=torch.randn(1, T, 1, 4, generator=gen),

@@ -1,9 +1,10 @@
 """Bad input gets a ValueError subclass naming the argument, never a wrong answer."""
+import numpy as np
 import pytest
 import torch
 
-import gpu_backend as gb
-import oracle
+import ddsim.gpu_backend as gb
+from ddsim import oracle
 from ddsim.builders import ddtree, random_tree
 from ddsim.config import ModelConfig, get_preset
 from ddsim.errors import ConfigError, InputError, TreeError
@@ -42,9 +43,10 @@ def test_builder_bad_input():
         ddtree(torch.tensor([[0.0, float("nan")]]), 2)
     with pytest.raises(InputError, match="draft_logits: expected shape"):
         ddtree(torch.zeros(2, 3, 4), 2)
+    # one token and one child per node still fits a chain; a tree of no nodes does not
+    assert random_tree(5, vocab=1, rng=np.random.default_rng(0), max_children=1).size == 5
     with pytest.raises(InputError, match="size"):
-        random_tree(5, vocab=1, rng=__import__("numpy").random.default_rng(0), max_children=1).size  # fits: chain
-        random_tree(0, vocab=3, rng=__import__("numpy").random.default_rng(0))
+        random_tree(0, vocab=3, rng=np.random.default_rng(0))
 
 
 def test_config_errors():
@@ -113,7 +115,7 @@ def test_model_rejects_out_of_range_tokens_and_positions():
 
 
 def test_triton_window_slots_are_checked():
-    from gpu_backend import _common as C
+    from ddsim.gpu_backend import _common as C
     win = torch.zeros(3, 4, 3)
     assert C.window_slots(win, [2, 0], 2).tolist() == [2, 0]
     with pytest.raises(ValueError, match="3 windows for 2 sequences"):

@@ -6,10 +6,9 @@ import json
 
 import pytest
 import torch
-
 import transformers  # a declared test dependency: a missing install must fail, not skip
 
-import oracle
+from ddsim import oracle
 from ddsim.checkpoint import SUPPORTED, load_checkpoint, read_config
 from ddsim.errors import InputError
 from ddsim.generate import autoregressive
@@ -37,7 +36,7 @@ def _hf_model(arch: str):
         model = transformers.AutoModelForImageTextToText.from_config(
             Qwen3_5MoeConfig(text_config={**TEXT, **MOE}, vision_config=VISION))
     with torch.no_grad():  # random, non-trivial weights everywhere (norms, gates, biases of the decay)
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             p.add_(torch.randn_like(p) * (0.3 if p.dim() == 1 else 0.02))
     return model.float().eval()
 

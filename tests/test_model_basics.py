@@ -3,7 +3,7 @@ import math
 
 import torch
 
-import oracle
+from ddsim import oracle
 from ddsim.config import PRESETS, get_preset
 from ddsim.model import HybridModel
 from ddsim.tree import Tree
@@ -84,7 +84,7 @@ def test_weight_shapes_describe_init_weights():
 
 def test_oracle_lazy_weights_and_float32_placement(monkeypatch):
     """Full-size models convert weights tensor by tensor as used; same numbers as converting once."""
-    from oracle import model as om
+    from ddsim.oracle import model as om
     cfg = get_preset("micro")
     w = init_weights(cfg, seed=0)
     tree = Tree([-1, 0, 0, 1], [1, 2, 3, 4])

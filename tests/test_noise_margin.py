@@ -9,7 +9,7 @@ from rich.console import Console
 from ddsim.audit import _mode_summary, _noise_margin
 from ddsim.generate import GenerationResult
 from ddsim.metrics import summarize
-from reports.terminal import print_summary
+from ddsim.reports.terminal import print_summary
 
 
 def _gen(tokens, reference):
