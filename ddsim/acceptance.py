@@ -1,4 +1,4 @@
-"""Acceptance (SPEC 6): a target token per node, then the DDTree walk.
+"""Acceptance (README, Contracts: acceptance): a target token per node, then the DDTree walk.
 
 Greedy: t_i = argmax(logits_i). Sampling (temperature > 0): t_i ~ softmax(logits_i / temperature),
 drawn with the Gumbel-max trick from noise that depends only on (seed, absolute position). Nodes
@@ -14,12 +14,13 @@ from __future__ import annotations
 import torch
 
 from ddsim.errors import InputError
+from ddsim.seeds import derive_seed
 from ddsim.tree import Tree
 
 
 def gumbel_noise(*, seed: int, position: int, vocab: int) -> torch.Tensor:
     """[vocab] float64 Gumbel(0, 1) noise, a pure function of (seed, position)."""
-    gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(position) * 7919 + 17) % (2**63 - 1))
+    gen = torch.Generator().manual_seed(derive_seed(int(seed), "sampling-noise", int(position)))
     u = torch.rand(vocab, generator=gen, dtype=torch.float64).clamp_(1e-300, 1.0 - 1e-16)
     return -torch.log(-torch.log(u))
 

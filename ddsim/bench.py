@@ -71,7 +71,19 @@ def ddtree_batch(B: int, T: int, *, vocab: int = 1000, depth: int = 15, topk: in
     return trees, torch.tensor([t.parents for t in trees])
 
 
-def kernel_inputs(B, T, *, H=16, HV=48, K=128, V=128, dtype=torch.bfloat16, device="cuda", seed=0):
+def gdn_shape(preset: str = "qwen3.6-27b") -> dict:
+    """A preset's GDN head shape {H, HV, K, V}: the kernel benchmarks take their shapes from the
+    presets instead of restating them (default: Qwen3.6-27B, H=16, HV=48, K=V=128)."""
+    cfg = get_preset(preset)
+    return dict(H=cfg.linear_num_key_heads, HV=cfg.linear_num_value_heads, K=cfg.linear_key_head_dim,
+                V=cfg.linear_value_head_dim)
+
+
+BENCH_SHAPE = gdn_shape()
+
+
+def kernel_inputs(B, T, *, H=BENCH_SHAPE["H"], HV=BENCH_SHAPE["HV"], K=BENCH_SHAPE["K"], V=BENCH_SHAPE["V"],
+                  dtype=torch.bfloat16, device="cuda", seed=0):
     gen = torch.Generator().manual_seed(seed)
 
     def r(*s):
@@ -82,7 +94,8 @@ def kernel_inputs(B, T, *, H=16, HV=48, K=128, V=128, dtype=torch.bfloat16, devi
                 initial_state=torch.randn(B, HV, K, V, generator=gen).to(device))
 
 
-def kernel_bytes(B, T, *, H=16, HV=48, K=128, V=128, in_bytes=2):
+def kernel_bytes(B, T, *, H=BENCH_SHAPE["H"], HV=BENCH_SHAPE["HV"], K=BENCH_SHAPE["K"], V=BENCH_SHAPE["V"],
+                 in_bytes=2):
     """Bytes each design must move at least: inputs + output + committed state (+ snapshots)."""
     io = B * T * (2 * H * K + 2 * HV * V) * in_bytes + B * T * HV * 8
     state = B * HV * K * V * 4

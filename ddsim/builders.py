@@ -27,21 +27,34 @@ def _check_logits(draft_logits, name: str = "draft_logits") -> torch.Tensor:
     return x.detach().to("cpu", torch.float64)
 
 
-def topk_logprobs(draft_logits, k: int) -> tuple[np.ndarray, np.ndarray]:
+ARITHMETICS = ("published", "float64")
+
+
+def topk_logprobs(draft_logits, k: int, *, arithmetic: str = "float64") -> tuple[np.ndarray, np.ndarray]:
     """Per depth, the k best log-probs and their tokens: ``lp[d] = topk(logits[d]) - logsumexp``.
 
-    Returns (lp [D, k] float64, tok [D, k] int64), ranks in descending order. Ties break towards
-    the lower token id (stable sort), so the result is deterministic.
+    Returns (lp [D, k], tok [D, k] int64), ranks in descending order.
+    arithmetic "published": as the published DDTree implementation computes them: logits in float32,
+    torch.topk (its order among equal logits), log-probs rounded to float32.
+    arithmetic "float64": float64 throughout; ties break towards the lower token id (stable sort).
     """
+    if arithmetic not in ARITHMETICS:
+        raise InputError(f"arithmetic: expected one of {ARITHMETICS}, got {arithmetic!r}")
     x = _check_logits(draft_logits)
+    if arithmetic == "published":
+        x32 = x.float()
+        vals, order = torch.topk(x32, k, dim=-1)  # [D, k]
+        lp = (vals - torch.logsumexp(x32, dim=-1, keepdim=True)).numpy()  # float32
+        return lp, order.numpy()
     lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [D, 1]
     order = torch.sort(-x, dim=-1, stable=True).indices[:, :k]  # [D, k]
     lp = (torch.gather(x, 1, order) - lse).numpy()
     return lp, order.numpy()
 
 
-def ddtree(draft_logits, budget: int, topk_cap: int | None = None, *, root_token: int = 0) -> Tree:
-    """The published DDTree construction, node for node.
+def ddtree(draft_logits, budget: int, topk_cap: int | None = None, *, root_token: int = 0,
+           arithmetic: str = "published") -> Tree:
+    """The published DDTree construction, node for node, ties included.
 
     draft_logits: [D, V], row d-1 holds the drafter's logits for depth d.
     Per depth, ``k = min(budget, V, topk_cap or inf)`` top log-probs. Best-first over rank paths
@@ -49,23 +62,33 @@ def ddtree(draft_logits, budget: int, topk_cap: int | None = None, *, root_token
     per-depth log-probs. Start with (depth 1, rank 0) under the root. Each pop creates the next
     node (index = pop order) and pushes its next sibling (rank+1 < k) and its first child
     (depth < D). Stops at ``budget`` non-root nodes; budget 0 gives the root alone.
+
+    arithmetic "published" (default) reproduces the published implementation's numbers: float32
+    log-probs (topk_logprobs), scores accumulated in Python floats, a first child's score its
+    parent's plus the depth's best log-prob, and a sibling's score updated from the previous
+    sibling's (score - lp[rank] + lp[rank + 1]), so at exact ties the same tree comes out.
+    "float64": float64 log-probs and each sibling's score the parent's plus its own log-prob (the
+    exact path sum).
     """
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
         raise InputError(f"budget: expected an integer >= 0, got {budget!r}")
     if topk_cap is not None and (not isinstance(topk_cap, (int, np.integer)) or topk_cap < 1):
         raise InputError(f"topk_cap: expected an integer >= 1 or None, got {topk_cap!r}")
+    if arithmetic not in ARITHMETICS:
+        raise InputError(f"arithmetic: expected one of {ARITHMETICS}, got {arithmetic!r}")
     x = _check_logits(draft_logits)
     D, V = x.shape
     parents, tokens = [-1], [int(root_token)]
     if budget == 0 or D == 0:
         return Tree(parents, tokens)
     k = min(int(budget), V, int(topk_cap) if topk_cap else V)
-    lp, tok = topk_logprobs(x, k)
-    lp_list = lp.tolist()  # python floats: the same arithmetic as the brute-force reference
+    lp, tok = topk_logprobs(x, k, arithmetic=arithmetic)
+    lp_list = lp.tolist()  # python floats (float32 values exactly, under "published")
+    incremental = arithmetic == "published"
 
     # heap entries: (-score, rank_path, parent_index, parent_score); depth = len(rank_path).
     # Rank paths are unique, so comparison never reaches the later fields.
-    heap: list[tuple[float, tuple[int, ...], int, float]] = [(-(0.0 + lp_list[0][0]), (0,), 0, 0.0)]
+    heap: list[tuple[float, tuple[int, ...], int, float]] = [(-lp_list[0][0], (0,), 0, 0.0)]
     while heap and len(parents) - 1 < budget:
         neg, path, parent, parent_score = heapq.heappop(heap)
         depth, rank = len(path), path[-1]
@@ -74,7 +97,8 @@ def ddtree(draft_logits, budget: int, topk_cap: int | None = None, *, root_token
         tokens.append(int(tok[depth - 1][rank]))
         score = -neg
         if rank + 1 < k:  # next sibling: same parent, next rank at this depth
-            sib = parent_score + lp_list[depth - 1][rank + 1]
+            row = lp_list[depth - 1]
+            sib = score - row[rank] + row[rank + 1] if incremental else parent_score + row[rank + 1]
             heapq.heappush(heap, (-sib, path[:-1] + (rank + 1,), parent, parent_score))
         if depth < D:  # first child: rank 0 one depth down
             heapq.heappush(heap, (-(score + lp_list[depth][0]), path + (0,), node, score))

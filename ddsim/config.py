@@ -1,4 +1,4 @@
-"""Model configurations and presets for the synthetic hybrid decoder (SPEC 4).
+"""Model configurations and presets for the synthetic hybrid decoder (README, Contracts: the model).
 
 A layer pattern is a string over {'g', 'a'}: 'g' a Gated DeltaNet layer, 'a' an attention layer,
 one character per layer in order. ``pattern(n_layers, gdn=3, attn=1)`` gives the Qwen3-Next /

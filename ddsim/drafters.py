@@ -29,11 +29,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from ddsim.errors import InputError
 from ddsim.jsonl import read_jsonl
+from ddsim.seeds import derive_seed
+
+
+class Drafter(Protocol):
+    """What the speculative loop needs of a drafter (ddsim.generate.speculative, ddsim.audit)."""
+    depth: int  # rows of draft logits per step: the deepest draft position
+    max_rank: int | None  # a cap on the per-depth top-k the drafter can rank (None: the vocabulary)
+    needs_greedy: bool  # whether draft() wants the target's greedy continuation in ctx.greedy
+
+    def draft(self, ctx: "DraftContext") -> torch.Tensor:
+        """[depth, V] float draft logits for one step."""
+
+    def params(self) -> dict:
+        """What the report records about this drafter: {"kind": ..., knobs...}."""
 
 
 @dataclass
@@ -72,7 +87,7 @@ class SyntheticDrafter:
         """[D, V] float64 draft logits."""
         if ctx.greedy is None or len(ctx.greedy) < self.depth:
             raise InputError("synthetic drafter: needs the target's greedy continuation of `depth` tokens")
-        gen = torch.Generator().manual_seed(self.seed * 1_000_033 + ctx.step * 131 + 7)
+        gen = torch.Generator().manual_seed(derive_seed(self.seed, "synthetic-drafter", ctx.step))
         D, V = self.depth, self.vocab_size
         logits = torch.randn(D, V, generator=gen, dtype=torch.float64) * self.noise
         lift = math.log(max(V, self.BACKGROUND_TOKENS) / self.BACKGROUND_TOKENS)  # 0 up to 512 tokens

@@ -1,4 +1,4 @@
-"""The fast path: a hybrid decoder that verifies a whole tree block at once (SPEC 4, 5).
+"""The fast path: a hybrid decoder that verifies a whole tree block at once (README, Contracts: the model and the verify modes).
 
 Attention layers use the ancestor mask (exact in every mode). GDN layers use the tree conv and the
 tree recurrence from gpu_backend with a per-mode choice of source states:

@@ -1,4 +1,4 @@
-"""Fast paths for tree verification (SPEC 8). Each op has a plain twin in ``oracle/`` with the same
+"""Fast paths for tree verification (README: Contracts, kernel interface). Each op has a plain twin in ``oracle/`` with the same
 keyword-only signature.
 
 Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" otherwise):
@@ -12,7 +12,7 @@ Triton kernels also run on the CPU under TRITON_INTERPRET=1 (the tests do this).
 """
 from __future__ import annotations
 
-from ddsim.gpu_backend import torch_ops
+from ddsim.gpu_backend import checks, torch_ops
 from ddsim.gpu_backend.torch_ops import tree_attention
 
 BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy")
@@ -46,16 +46,18 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
 
 def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, use_qk_l2norm=True,
                     state_indices=None, inplace=False, a=None, b=None, A_log=None, dt_bias=None, backend=None):
-    """State after the accepted path root..accepted[b], without per-node snapshots. inplace writes
-    the pool slots (Triton only); otherwise a new [B, HV, K, V] tensor."""
+    """State after the accepted path root..accepted[b], without per-node snapshots. initial_state
+    [B, HV, K, V], or a pool [N, HV, K, V] addressed by state_indices [B]. inplace writes the result
+    into the batch's pool slots and returns the pool; otherwise a new [B, HV, K, V] tensor."""
     be = _backend(k, backend)
     if be == "torch":
+        g, beta = checks.resolve_gates(g, beta, a, b, A_log, dt_bias)
+        new = torch_ops.gdn_tree_commit(k, v, g, beta, parents=parents, accepted=accepted,
+                                        initial_state=checks.resolve_state(initial_state, state_indices, k.shape[0]),
+                                        use_qk_l2norm=use_qk_l2norm)
         if inplace:
-            raise ValueError("inplace: the torch backend returns a new state; use a triton backend")
-        g, beta = torch_ops.resolve_gates(g, beta, a, b, A_log, dt_bias)
-        return torch_ops.gdn_tree_commit(k, v, g, beta, parents=parents, accepted=accepted,
-                                         initial_state=torch_ops.resolve_state(initial_state, state_indices, k.shape[0]),
-                                         use_qk_l2norm=use_qk_l2norm)
+            return checks.write_slots(initial_state, state_indices, k.shape[0], new, "initial_state", "states")
+        return new
     from ddsim.gpu_backend.triton_commit import gdn_tree_commit_triton
     return gdn_tree_commit_triton(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state,
                                   use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, inplace=inplace,
@@ -63,25 +65,33 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
 
 
 def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="exact", activation="silu",
-                       output_windows=False, backend=None):
-    """x [B, T, C]; weight [C, W]; initial_window [B, C, W-1] oldest first. Returns out [B, T, C]
-    and, with output_windows, each node's window [B, T, C, W-1]."""
+                       output_windows=False, state_indices=None, backend=None):
+    """x [B, T, C]; weight [C, W]; initial_window [B, C, W-1] oldest first, or a pool [N, C, W-1]
+    addressed by state_indices [B]. Returns out [B, T, C] and, with output_windows, each node's
+    window [B, T, C, W-1]. The windows are read, never written."""
     be = _backend(x, backend)
-    kw = dict(weight=weight, bias=bias, parents=parents, initial_window=initial_window, mode=mode,
-              activation=activation, output_windows=output_windows)
+    kw = dict(weight=weight, bias=bias, parents=parents, mode=mode, activation=activation,
+              output_windows=output_windows)
     if be == "torch":
-        return torch_ops.tree_causal_conv1d(x, **kw)
+        return torch_ops.tree_causal_conv1d(
+            x, initial_window=checks.resolve_window(initial_window, state_indices, x.shape[0]), **kw)
     from ddsim.gpu_backend.triton_conv import tree_causal_conv1d_triton
-    return tree_causal_conv1d_triton(x, **kw)
+    return tree_causal_conv1d_triton(x, initial_window=initial_window, state_indices=state_indices, **kw)
 
 
-def conv_tree_commit(x, *, parents, accepted, initial_window, backend=None):
-    """Window after root..accepted[b]: [B, C, W-1]."""
+def conv_tree_commit(x, *, parents, accepted, initial_window, state_indices=None, inplace=False, backend=None):
+    """Window after root..accepted[b]: [B, C, W-1]; with a pool and state_indices, the batch's slots
+    are read, and with inplace written (the pool is returned). Other slots are not touched."""
     be = _backend(x, backend)
     if be == "torch":
-        return torch_ops.conv_tree_commit(x, parents=parents, accepted=accepted, initial_window=initial_window)
+        new = torch_ops.conv_tree_commit(x, parents=parents, accepted=accepted,
+                                         initial_window=checks.resolve_window(initial_window, state_indices, x.shape[0]))
+        if inplace:
+            return checks.write_slots(initial_window, state_indices, x.shape[0], new, "initial_window", "windows")
+        return new
     from ddsim.gpu_backend.triton_commit import conv_tree_commit_triton
-    return conv_tree_commit_triton(x, parents=parents, accepted=accepted, initial_window=initial_window)
+    return conv_tree_commit_triton(x, parents=parents, accepted=accepted, initial_window=initial_window,
+                                   state_indices=state_indices, inplace=inplace)
 
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "tree_causal_conv1d", "conv_tree_commit", "tree_attention",

@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from ddsim.gpu_backend.torch_ops import _check_accepted, _check_conv, _check_inputs, _check_parents, _mode_parents, pool_slots  # noqa: F401  (re-exported: one set of checks for both backends)
+from ddsim.gpu_backend.checks import check_inputs, pool_slots
 
 MODES = ("exact", "leaky")
 
@@ -73,7 +73,7 @@ def check_gdn_args(q, k, v, g, beta, a, b) -> tuple:
         raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
     if g is not None and beta is None:
         raise ValueError("beta: required with g")
-    return _check_inputs(q, k, v, a if g is None else g, b if g is None else beta)
+    return check_inputs(q, k, v, a if g is None else g, b if g is None else beta)
 
 
 def gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, device):

@@ -13,121 +13,19 @@ import math
 import torch
 import torch.nn.functional as F
 
-MODES = ("exact", "leaky")
+from ddsim.gpu_backend.checks import (
+    check_accepted,
+    check_conv,
+    check_gdn,
+    check_parents,
+    conv_sources,
+    mode_parents,
+    resolve_gates,
+    resolve_state,
+)
 
 
 # ---- input checks ------------------------------------------------------------------------------
-def _check_parents(parents, B: int, T: int, device) -> torch.Tensor:
-    p = torch.as_tensor(parents, device=device)
-    if p.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"parents: expected an integer tensor, got {p.dtype}")
-    if tuple(p.shape) != (B, T):
-        raise ValueError(f"parents: expected [B, T] = {(B, T)}, got {tuple(p.shape)}")
-    p = p.long()
-    if T:
-        idx = torch.arange(T, device=p.device)
-        bad_root = p[:, 0] != -1
-        bad = (p[:, 1:] < 0) | (p[:, 1:] >= idx[1:])
-        if bad_root.any():
-            b = int(bad_root.nonzero()[0, 0])
-            raise ValueError(f"parents: sequence {b} node 0 must have parent -1, got {int(p[b, 0])}")
-        if bad.any():
-            b, i = (int(x) for x in bad.nonzero()[0])
-            raise ValueError(f"parents: sequence {b} node {i + 1}: parent {int(p[b, i + 1])} is not an earlier node")
-    return p
-
-
-def _check_accepted(accepted, B: int, T: int, device) -> torch.Tensor:
-    """accepted: one node index per sequence, [B] in 0..T-1."""
-    acc = torch.as_tensor(accepted, device=device).long().reshape(-1)
-    if acc.numel() != B or ((acc < 0) | (acc >= T)).any():
-        raise ValueError(f"accepted: expected [B] = [{B}] node indices in 0..{T - 1}, got {acc.tolist()}")
-    return acc
-
-
-def _mode_parents(p: torch.Tensor, mode: str) -> torch.Tensor:
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    if mode == "exact":
-        return p
-    T = p.shape[1]
-    return (torch.arange(T, device=p.device) - 1).expand_as(p)
-
-
-def _check_inputs(q, k, v, g, beta):
-    """Shapes and dtypes of q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] -> (B, T, H, HV, K, V)."""
-    if q.dim() != 4 or k.shape != q.shape:
-        raise ValueError(f"q, k: expected equal shapes [B, T, H, K], got {tuple(q.shape)} and {tuple(k.shape)}")
-    B, T, H, K = q.shape
-    if v.dim() != 4 or tuple(v.shape[:2]) != (B, T):
-        raise ValueError(f"v: expected [B, T, HV, V] with B={B}, T={T}, got {tuple(v.shape)}")
-    HV, V = v.shape[2], v.shape[3]
-    if HV % H:
-        raise ValueError(f"v: HV={HV} value heads is not a multiple of H={H} key heads")
-    for name, x in (("g", g), ("beta", beta)):
-        if tuple(x.shape) != (B, T, HV):
-            raise ValueError(f"{name}: expected [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if not x.is_floating_point():
-            raise ValueError(f"{name}: expected a floating dtype, got {x.dtype}")
-        if x.device != q.device:
-            raise ValueError(f"{name}: on {x.device}, q is on {q.device}")
-    return B, T, H, HV, K, V
-
-
-def _check_state(initial_state, B, HV, K, V):
-    if tuple(initial_state.shape) != (B, HV, K, V):
-        raise ValueError(f"initial_state: expected [B, HV, K, V] = {(B, HV, K, V)}, got {tuple(initial_state.shape)}")
-    if initial_state.dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"initial_state: expected float32 (or float64), got {initial_state.dtype}")
-
-
-def _check_gdn(q, k, v, g, beta, initial_state):
-    dims = _check_inputs(q, k, v, g, beta)
-    B, T, H, HV, K, V = dims
-    _check_state(initial_state, B, HV, K, V)
-    return dims
-
-
-def resolve_gates(g, beta, a, b, A_log, dt_bias):
-    """(g, beta) as given, or fused from (a, b, A_log, dt_bias):
-    g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)."""
-    if g is not None:
-        if beta is None:
-            raise ValueError("beta: required with g")
-        return g, beta
-    if any(x is None for x in (a, b, A_log, dt_bias)):
-        raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
-    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
-    return g, torch.sigmoid(b.float())
-
-
-def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tensor:
-    """int32 [B] rows of pool [N, ...] holding the batch: its first B rows when state_indices is
-    None (then N must be B), else state_indices [B], distinct and in 0..N-1."""
-    N = pool.shape[0]
-    if state_indices is None:
-        if N != B:
-            raise ValueError(f"{name}: {N} {rows} for {B} sequences; pass state_indices to address a pool")
-        return torch.arange(B, dtype=torch.int32, device=pool.device)
-    idx = torch.as_tensor(state_indices, device=pool.device)
-    if idx.dtype not in (torch.int32, torch.int64) or tuple(idx.shape) != (B,):
-        raise ValueError(f"state_indices: expected [B] = [{B}] integers, got {tuple(idx.shape)} {idx.dtype}")
-    if ((idx < 0) | (idx >= N)).any():
-        raise ValueError(f"state_indices: slots must lie in 0..{N - 1}")
-    if idx.unique().numel() != B:
-        raise ValueError("state_indices: slots must be distinct")
-    return idx.to(torch.int32).contiguous()
-
-
-def resolve_state(initial_state, state_indices, B: int):
-    """The committed states of the batch: initial_state itself, or the pool slots state_indices
-    (checked as the Triton backend checks them)."""
-    if state_indices is None:
-        return initial_state
-    return initial_state[pool_slots(initial_state, state_indices, B, "initial_state", "states").long()]
-
-
 def _prep_qk(x, HV, use_l2norm, dt):
     """[B, T, H, K] -> [B, T, HV, K] in the state dtype, l2-normalised, heads repeated for groups."""
     x = x.to(dt)
@@ -149,8 +47,8 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     """
     g, beta = resolve_gates(g, beta, a, b, A_log, dt_bias)
     initial_state = resolve_state(initial_state, state_indices, q.shape[0])
-    B, T, H, HV, K, V = _check_gdn(q, k, v, g, beta, initial_state)
-    src = _mode_parents(_check_parents(parents, B, T, q.device), mode)  # [B, T]
+    B, T, H, HV, K, V = check_gdn(q, k, v, g, beta, initial_state)
+    src = mode_parents(check_parents(parents, B, T, q.device), mode)  # [B, T]
     dt = initial_state.dtype
     scale = K ** -0.5 if scale is None else float(scale)
     qe = _prep_qk(q, HV, use_qk_l2norm, dt) * scale  # [B, T, HV, K]
@@ -180,9 +78,9 @@ def gdn_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, use_qk_l
     k: [B, T, H, K]; v: [B, T, HV, V]; g, beta: [B, T, HV]; parents: [B, T]; accepted: [B];
     initial_state: [B, HV, K, V]. Returns a new [B, HV, K, V] tensor (input untouched).
     """
-    B, T, H, HV, K, V = _check_gdn(k, k, v, g, beta, initial_state)
-    p = _check_parents(parents, B, T, k.device)
-    acc = _check_accepted(accepted, B, T, k.device)
+    B, T, H, HV, K, V = check_gdn(k, k, v, g, beta, initial_state)
+    p = check_parents(parents, B, T, k.device)
+    acc = check_accepted(accepted, B, T, k.device)
     dt = initial_state.dtype
     ke = _prep_qk(k, HV, use_qk_l2norm, dt)
     out = initial_state.clone()
@@ -201,50 +99,13 @@ def gdn_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, use_qk_l
 
 
 # ---- causal conv1d -----------------------------------------------------------------------------
-def _conv_sources(src: torch.Tensor, W: int) -> torch.Tensor:
-    """[B, T, W] indices into cat(window [W-1], nodes [T]) of each node's inputs, oldest first.
-
-    Lag l walks l steps up the source chain; past the root it continues into the committed window
-    (newest at W-2).
-    """
-    B, T = src.shape
-    cur = torch.arange(T, device=src.device).expand(B, T).clone()  # node at current lag, or <0
-    over = torch.zeros(B, T, dtype=torch.long, device=src.device)  # steps taken past the root
-    cols = [cur + (W - 1)]
-    for _ in range(1, W):
-        inside = cur >= 0
-        nxt = torch.where(inside, src.gather(1, cur.clamp(min=0)), cur)
-        over = torch.where(inside & (nxt >= 0), over, over + 1)
-        cur = torch.where(inside, nxt, cur)
-        cols.append(torch.where(cur >= 0, cur + (W - 1), (W - 1) - over))
-    return torch.stack(cols[::-1], dim=-1)
-
-
-def _check_conv(x, weight, initial_window, parents, mode, activation, *, pooled: bool):
-    """Shapes of x [B, T, C], weight [C, W] and the committed windows ([B, C, W-1], or a pool
-    [N, C, W-1] when pooled), the activation and the mode -> (B, T, C, W, source parents [B, T])."""
-    if x.dim() != 3:
-        raise ValueError(f"x: expected [B, T, C], got {tuple(x.shape)}")
-    B, T, C = x.shape
-    if weight.dim() != 2 or weight.shape[0] != C:
-        raise ValueError(f"weight: expected [C, W] with C={C}, got {tuple(weight.shape)}")
-    W = weight.shape[1]
-    lead = initial_window.shape[0] if pooled and initial_window.dim() == 3 else B
-    if tuple(initial_window.shape) != (lead, C, W - 1):
-        want = f"[N, C, W-1] = [N, {C}, {W - 1}]" if pooled else f"[B, C, W-1] = {(B, C, W - 1)}"
-        raise ValueError(f"initial_window: expected {want}, got {tuple(initial_window.shape)}")
-    if activation not in ("silu", None):
-        raise ValueError(f"activation: expected 'silu' or None, got {activation!r}")
-    return B, T, C, W, _mode_parents(_check_parents(parents, B, T, x.device), mode)
-
-
 def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="exact",
                        activation="silu", output_windows=False):
     """Depthwise causal conv over a tree. x: [B, T, C]; weight: [C, W]; bias: [C] or None;
     initial_window: [B, C, W-1] (oldest first). Returns out [B, T, C] and, with output_windows,
     the window after each node [B, T, C, W-1]."""
-    B, T, C, W, src = _check_conv(x, weight, initial_window, parents, mode, activation, pooled=False)
-    idx = _conv_sources(src, W)  # [B, T, W]
+    B, T, C, W, src = check_conv(x, weight, initial_window, parents, mode, activation, pooled=False)
+    idx = conv_sources(src, W)  # [B, T, W]
     buf = torch.cat([initial_window.transpose(1, 2).to(x.dtype), x], dim=1)  # [B, W-1+T, C]
     gathered = buf[torch.arange(B, device=x.device)[:, None, None], idx]  # [B, T, W, C]
     y = torch.einsum("btwc,cw->btc", gathered, weight.to(x.dtype))
@@ -260,9 +121,9 @@ def conv_tree_commit(x, *, parents, accepted, initial_window):
     """Window after accepting root..accepted[b]. x: [B, T, C] -> [B, C, W-1]."""
     B, T, C = x.shape
     W = initial_window.shape[-1] + 1
-    p = _check_parents(parents, B, T, x.device)
-    acc = _check_accepted(accepted, B, T, x.device)
-    idx = _conv_sources(p, W)[torch.arange(B, device=x.device), acc]  # [B, W]
+    p = check_parents(parents, B, T, x.device)
+    acc = check_accepted(accepted, B, T, x.device)
+    idx = conv_sources(p, W)[torch.arange(B, device=x.device), acc]  # [B, W]
     buf = torch.cat([initial_window.transpose(1, 2).to(x.dtype), x], dim=1)
     return buf[torch.arange(B, device=x.device)[:, None], idx[:, 1:]].transpose(1, 2).contiguous()
 

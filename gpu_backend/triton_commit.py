@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 
 from ddsim.gpu_backend import _common as C
+from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
-from ddsim.gpu_backend.torch_ops import _conv_sources
 
 
 @triton.jit
@@ -70,8 +70,8 @@ def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, us
     """Validate, build the paths and allocate once; returns (launch, out)."""
     B, T, H, HV, K, V = C.check_gdn_args(k, k, v, g, beta, a, b)
     C.check_device(k, v, initial_state)
-    p = C._check_parents(parents, B, T, k.device)
-    acc = C._check_accepted(accepted, B, T, k.device)
+    p = checks.check_parents(parents, B, T, k.device)
+    acc = checks.check_accepted(accepted, B, T, k.device)
     idx = C.check_pool(initial_state, state_indices, B, HV, K, V)
     g_, b_, al, db, fused = C.gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, k.device)
     path = _paths(p, acc)
@@ -116,12 +116,12 @@ def conv_tree_commit_triton(x, *, parents, accepted, initial_window, state_indic
     B, T, Cn = x.shape
     W = initial_window.shape[-1] + 1
     C.check_device(x, initial_window)
-    p = C._check_parents(parents, B, T, x.device)
-    acc = C._check_accepted(accepted, B, T, x.device)
+    p = checks.check_parents(parents, B, T, x.device)
+    acc = checks.check_accepted(accepted, B, T, x.device)
     if initial_window.dim() != 3 or initial_window.shape[1] != Cn:
         raise ValueError(f"initial_window: expected [N, C, W-1] with C={Cn}, got {tuple(initial_window.shape)}")
     idx = C.window_slots(initial_window, state_indices, B)
-    src = _conv_sources(p, W).to(torch.int32).contiguous()
+    src = checks.conv_sources(p, W).to(torch.int32).contiguous()
     if inplace:
         out, out_idx = initial_window, idx
     else:

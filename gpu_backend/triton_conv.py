@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ddsim.gpu_backend import _common as C
-from ddsim.gpu_backend.torch_ops import _conv_sources
+from ddsim.gpu_backend import checks
 
 
 @triton.jit
@@ -49,10 +49,10 @@ def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, 
     [N, C, W-1] with state_indices [B]). Returns out [B, T, C] (x's dtype) and, with
     output_windows, each node's window after it [B, T, C, W-1]."""
     C.check_device(x, weight, initial_window)
-    B, T, Cn, W, src = C._check_conv(x, weight, initial_window, parents, mode, activation, pooled=True)
+    B, T, Cn, W, src = checks.check_conv(x, weight, initial_window, parents, mode, activation, pooled=True)
     if W < 2:
         raise ValueError(f"weight: width {W} < 2 has no window")
-    table = _conv_sources(src, W).to(torch.int32).contiguous()
+    table = checks.conv_sources(src, W).to(torch.int32).contiguous()
     idx = C.window_slots(initial_window, state_indices, B)
     out = C.alloc((B, T, Cn), x.dtype, x.device)
     win_out = C.alloc((B, T, Cn, W - 1), x.dtype, x.device) if output_windows else torch.zeros(1, dtype=x.dtype,

@@ -7,7 +7,7 @@ recurrent   one program per (sequence, value head, V tile) keeps S [K, BV] in re
             hybrid-unsafe path), per-node states optional. mode "exact": parent-indexed, each node
             reloads its parent's state from the per-node snapshot buffer (the snapshot design
             serving stacks use for EAGLE top-k > 1), so snapshots are always written.
-wy          the tree-masked WY form (ANCHORS.md): reads the committed state once and writes no
+wy          the tree-masked WY form (derived in the README, Contracts): reads the committed state once, writes no
             per-node state. With G_t the sum of g over ancestors-or-self and A_t = exp(G_t):
               (I + L) U = diag(beta) (V - diag(A) K S0),  L[t, j] = beta_t (A_t / A_j) k_t.k_j, j strict ancestor
               O = diag(A) Q S0 + (M o D o Q K^T) U,         D[t, j] = A_t / A_j,  M ancestor-or-self
@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ddsim.gpu_backend import _common as C
+from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 
 
@@ -128,7 +129,7 @@ def _prep(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_
     C.check_device(q, k, v, initial_state)
     if mode not in C.MODES:
         raise ValueError(f"mode: expected one of {C.MODES}, got {mode!r}")
-    src = C._mode_parents(C._check_parents(parents, B, T, q.device), mode)
+    src = checks.mode_parents(checks.check_parents(parents, B, T, q.device), mode)
     idx = C.check_pool(initial_state, state_indices, B, HV, K, V)
     gates = C.gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, q.device)
     return B, T, H, HV, K, V, src, idx, gates

@@ -2,7 +2,7 @@
 root path. It shares no code with ddsim's fast paths or gpu_backend; only data (configs, weights,
 trees' parent arrays) crosses over.
 
-Layer-level twins of the gpu_backend kernels (same keyword-only signatures, SPEC 8):
+Layer-level twins of the gpu_backend kernels (same keyword-only signatures, README, Contracts: kernel interface):
   gdn_tree_verify, gdn_tree_commit, tree_causal_conv1d, conv_tree_commit
 Model level: decode_step, prefill, verify_tree (default_dtype: float64 on the CPU, float32 on a GPU).
 """

@@ -6,6 +6,7 @@ import hypothesis.strategies as st
 import torch
 
 from ddsim.config import ModelConfig
+from ddsim.seeds import derive_seed
 from ddsim.tree import Tree
 
 TREE_SHAPES = ("chain", "star", "deep", "wide", "random", "single")
@@ -170,8 +171,11 @@ class RandomDrafter:
         self.vocab_size, self.depth, self.seed, self.scale = vocab_size, depth, seed, scale
 
     def draft(self, ctx):
-        gen = torch.Generator().manual_seed(self.seed * 9973 + ctx.step)
+        gen = torch.Generator().manual_seed(derive_seed(self.seed, "random-drafter", ctx.step))
         return torch.randn(self.depth, self.vocab_size, generator=gen, dtype=torch.float64) * self.scale
+
+    def params(self) -> dict:
+        return {"kind": "random", "depth": self.depth, "seed": self.seed, "scale": self.scale}
 
 
 @st.composite

@@ -85,3 +85,59 @@ def test_conv_commit_matches_oracle(inp, picks):
     kw = dict(parents=inp["parents"], accepted=acc, initial_window=inp["initial_window"])
     c = gb.conv_tree_commit(inp["x"], **kw)
     assert torch.equal(c.double(), oracle.conv_tree_commit(inp["x"], **kw))
+
+
+@given(conv_inputs(), st.lists(st.integers(0, 10**6), min_size=2, max_size=2), st.sampled_from(["torch", "triton"]),
+       st.booleans())
+@example(fixed_conv_example(), [5, 3], "torch", True)
+@example(fixed_conv_example(), [5, 3], "triton", True)
+def test_conv_pool_slots_and_inplace_commit_through_the_public_api(inp, picks, backend, inplace):
+    """The public conv functions address a window pool by state_indices on both backends: the tree
+    conv reads the batch's slots, the commit writes them only when inplace; every other slot stays
+    bit-identical, and the results equal the oracle on the plain per-sequence windows."""
+    B = inp["x"].shape[0]
+    gen = torch.Generator().manual_seed(11)
+    win = inp["initial_window"]
+    pool = torch.randn(B + 3, *win.shape[1:], generator=gen, dtype=win.dtype)
+    slots = torch.randperm(B + 3, generator=gen)[:B]
+    pool[slots] = win
+    before = pool.clone()
+    kw = dict(parents=inp["parents"], state_indices=slots, backend=backend)
+    y = gb.tree_causal_conv1d(inp["x"], weight=inp["weight"], bias=inp["bias"], initial_window=pool, **kw)
+    y_ref = oracle.tree_causal_conv1d(inp["x"], weight=inp["weight"], bias=inp["bias"], parents=inp["parents"],
+                                      initial_window=win)
+    assert_close("conv out (pool slots)", y, y_ref, dtype=torch.float32)
+    assert torch.equal(pool, before)  # reading the pool writes nothing
+    acc = [picks[b] % t.size for b, t in enumerate(inp["trees"])]
+    out = gb.conv_tree_commit(inp["x"], accepted=acc, initial_window=pool, inplace=inplace, **kw)
+    ref = oracle.conv_tree_commit(inp["x"], parents=inp["parents"], accepted=acc, initial_window=win)
+    others = torch.ones(B + 3, dtype=torch.bool)
+    others[slots] = False
+    if inplace:
+        assert out is pool
+        assert torch.equal(pool[slots].double(), ref)
+        assert torch.equal(pool[others], before[others])  # slots outside the batch: bit-identical
+    else:
+        assert torch.equal(out.double(), ref) and torch.equal(pool, before)
+
+
+@given(gdn_inputs(), st.data())
+def test_gdn_inplace_commit_on_the_torch_backend(inp, data):
+    """The torch backend commits into pool slots in place like the Triton one."""
+    B = inp["k"].shape[0]
+    gen = torch.Generator().manual_seed(5)
+    s0 = inp["initial_state"]
+    pool = torch.randn(B + 2, *s0.shape[1:], generator=gen)
+    slots = torch.randperm(B + 2, generator=gen)[:B]
+    pool[slots] = s0
+    before = pool.clone()
+    acc = [data.draw(st.integers(0, t.size - 1)) for t in inp["trees"]]
+    out = gb.gdn_tree_commit(inp["k"], inp["v"], inp["g"], inp["beta"], parents=inp["parents"], accepted=acc,
+                             initial_state=pool, state_indices=slots, inplace=True, backend="torch")
+    ref = oracle.gdn_tree_commit(inp["k"], inp["v"], inp["g"], inp["beta"], parents=inp["parents"], accepted=acc,
+                                 initial_state=s0)
+    others = torch.ones(B + 2, dtype=torch.bool)
+    others[slots] = False
+    assert out is pool
+    assert_close("committed state (in place)", pool[slots], ref, dtype=torch.float32, slack=5)
+    assert torch.equal(pool[others], before[others])

@@ -48,9 +48,10 @@ def test_relabel_preserves_paths(data, t: Tree):
 
 
 def _brute_force(logits, budget, topk_cap):
+    """float64 arithmetic: every rank path scored by its exact sum, the best ``budget`` taken."""
     D, V = logits.shape
     k = min(budget, V, topk_cap or V)
-    lp, tok = topk_logprobs(logits, k)
+    lp, tok = topk_logprobs(logits, k, arithmetic="float64")
     lpl = lp.tolist()
     paths = [p for depth in range(1, D + 1) for p in itertools.product(range(k), repeat=depth)]
     paths.sort(key=lambda p: (-path_score(lpl, p), p))
@@ -66,8 +67,58 @@ def _brute_force(logits, budget, topk_cap):
 
 @given(ddtree_logits(), st.integers(0, 12), st.sampled_from([None, 1, 2, 3]))
 @example(torch.zeros(3, 4, dtype=torch.float64), 7, None)  # all ties: ranks decide everything
-def test_ddtree_equals_brute_force(logits, budget, cap):
-    assert ddtree(logits, budget, cap) == _brute_force(logits, budget, cap)
+def test_ddtree_float64_equals_brute_force(logits, budget, cap):
+    assert ddtree(logits, budget, cap, arithmetic="float64") == _brute_force(logits, budget, cap)
+
+
+def _published_by_scan(logits, budget, topk_cap):
+    """The published construction's arithmetic, selected by a linear scan instead of a heap: float32
+    log-probs from torch.topk, a first child scored parent + lp[d][0], each next sibling scored from
+    the previous one as score - lp[d][r] + lp[d][r + 1]; the best (score, then rank path) goes next."""
+    D, V = logits.shape
+    if budget == 0:
+        return Tree([-1], [0])
+    k = min(budget, V, topk_cap or V)
+    x = logits.float()
+    vals, tok = torch.topk(x, k, dim=-1)
+    lp = (vals - torch.logsumexp(x, -1, keepdim=True)).tolist()
+    frontier = [(lp[0][0], (0,), 0)]  # (score, rank path, parent index)
+    parents, tokens = [-1], [0]
+    while frontier and len(parents) - 1 < budget:
+        best = min(frontier, key=lambda e: (-e[0], e[1]))
+        frontier.remove(best)
+        score, path, parent = best
+        node = len(parents)
+        parents.append(parent)
+        tokens.append(int(tok[len(path) - 1][path[-1]]))
+        d, r = len(path) - 1, path[-1]
+        if r + 1 < k:
+            frontier.append((score - lp[d][r] + lp[d][r + 1], path[:-1] + (r + 1,), parent))
+        if d + 1 < D:
+            frontier.append((score + lp[d + 1][0], path + (0,), node))
+    return Tree(parents, tokens)
+
+
+# Equal per-depth distributions put many rank paths at exactly tied scores; the float32 rounding of
+# the incremental sibling update then decides between them as the published implementation does.
+TIED = torch.tensor([[2.3, 1.7, 1.7, 0.4, 0.4, 0.1]] * 4, dtype=torch.float64)
+
+
+@given(ddtree_logits(), st.integers(0, 12), st.sampled_from([None, 1, 2, 3]))
+@example(TIED, 12, None)
+@example(torch.zeros(3, 4, dtype=torch.float64), 7, None)
+def test_ddtree_published_arithmetic(logits, budget, cap):
+    assert ddtree(logits, budget, cap) == _published_by_scan(logits, budget, cap)
+
+
+def test_published_and_float64_arithmetic_part_at_exact_ties():
+    """Proof that the choice matters: on tied per-depth distributions the two arithmetics build
+    different trees from the same logits (and each equals its own reference)."""
+    differ = [b for b in range(1, 40) if ddtree(TIED, b) != ddtree(TIED, b, arithmetic="float64")]
+    assert differ, "no budget separates the arithmetics on TIED"
+    b = differ[0]
+    assert ddtree(TIED, b) == _published_by_scan(TIED, b, None)
+    assert ddtree(TIED, b, arithmetic="float64") == _brute_force(TIED, b, None)
 
 
 @given(ddtree_logits(), st.integers(0, 12))

@@ -37,7 +37,8 @@ def test_trace_replay_builds_the_listed_tree(tmp_path):
     ([_rec(0, [[[5, -0.1]], [[3, -0.2]]]), _rec(1, [[[5, -0.1]]])], r"trace.jsonl:2: 1 depths, earlier lines have 2"),
     ([_rec(0, [[[5, -0.1]], []])], r"trace.jsonl:1: depth 2 has no candidates"),
     ([_rec(0, [[[CFG.vocab_size, -0.1]]])], r"trace.jsonl:1: depth 1: unknown token"),
-    (['{"step": 0, "vocab_size": 48, "depths": [[[1, NaN]]]}'], r"trace.jsonl:1: depth 1: logprob nan"),
+    (['{"step": 0, "vocab_size": 48, "depths": [[[1, NaN]]]}'], r"trace.jsonl:1: NaN is not a JSON number"),
+    (['{"step": 0, "step": 1, "vocab_size": 48, "depths": [[[1, -0.1]]]}'], r"trace.jsonl:1: key 'step' appears twice"),
     ([_rec(0, [[[1, -0.1]]], vocab=1000)], r"trace.jsonl:1: vocab_size 1000 differs"),
     (["{not json"], r"trace.jsonl:1: malformed JSON"),
     ([_rec(3, [[[1, -0.1]]])], r"trace.jsonl:1: step 3 out of order"),
@@ -60,8 +61,15 @@ def test_synthetic_drafter_accuracy_knob():
     assert perfect.argmax(-1).tolist() == greedy
     never = SyntheticDrafter(vocab_size=CFG.vocab_size, depth=8, accuracy=0.0, recall=0.5).draft(ctx)
     assert all(never[d].argmax() != greedy[d] for d in range(8))
-    ranks = [(never[d] > never[d, greedy[d]]).sum().item() for d in range(8)]
-    assert max(ranks) <= 3  # recall keeps the right token near the top
+    # recall keeps the right token near the top: over 240 draws, second place typically, rank <= 3
+    # (0-based: how many tokens beat it) in at least 95% of draws
+    ranks = []
+    for seed in range(10):
+        for step in range(3):
+            d = SyntheticDrafter(vocab_size=CFG.vocab_size, depth=8, accuracy=0.0, recall=0.5, seed=seed)
+            x = d.draft(DraftContext(step=step, tokens=[0], greedy=greedy))
+            ranks += [(x[i] > x[i, greedy[i]]).sum().item() for i in range(8)]
+    assert sorted(ranks)[len(ranks) // 2] == 1 and sum(r <= 3 for r in ranks) >= 0.95 * len(ranks)
     with pytest.raises(InputError, match="accuracy"):
         SyntheticDrafter(vocab_size=10, accuracy=1.5)
 
@@ -113,3 +121,46 @@ def test_throughput_model(tmp_path):
     f.write_text("{}")
     with pytest.raises(InputError, match="not a cost file"):
         CostModel.from_file(f)
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('{"ar_step_us": NaN, "verify_us": {"1": 100}}', "NaN is not a JSON number"),
+    ('{"ar_step_us": 100, "verify_us": {"1": -5}}', r"verify_us\[1\] must be a finite number > 0"),
+    ('{"ar_step_us": 0, "verify_us": {"1": 5}}', "ar_step_us must be a finite number > 0"),
+    ('{"ar_step_us": 1e999, "verify_us": {"1": 5}}', "ar_step_us must be a finite number > 0"),
+    ('{"ar_step_us": 100, "verify_us": {"1": 5}, "draft_us": -1}', "draft_us must be a finite number >= 0"),
+    ('{"ar_step_us": 100, "verify_us": {"x": 5}}', "verify_us key 'x' is not a node count"),
+    ('{"ar_step_us": 100, "verify_us": {"1": 5}, "mode_factor": {"leakey": 2}}', "mode_factor names no verify mode"),
+    ('{"ar_step_us": 100, "verify_us": {"1": 5}, "mode_factor": {"leaky": 0}}', r"mode_factor\[leaky\] must be"),
+    ('{"ar_step_us": 100, "verify_us": {"1": 5}, "draftus": 3}', "unknown key 'draftus'"),
+    ('{"ar_step_us": 100, "ar_step_us": 5, "verify_us": {"1": 5}}', "key 'ar_step_us' appears twice"),
+])
+def test_cost_file_refuses_figures_it_cannot_trust(tmp_path, content, needle):
+    """A cost file with a NaN, negative, zero or unknown figure would turn speedups null or negative."""
+    f = tmp_path / "cost.json"
+    f.write_text(content)
+    with pytest.raises(InputError, match=needle):
+        CostModel.from_file(f)
+
+
+def test_every_drafter_satisfies_the_protocol():
+    """The loop and the audit use depth, max_rank, needs_greedy, draft() and params() of any drafter."""
+    import inspect
+
+    from ddsim.drafters import Drafter, SyntheticDrafter
+    from ddsim.properties.strategies import RandomDrafter
+    members = ("depth", "max_rank", "needs_greedy", "draft", "params")
+    for d in (SyntheticDrafter(vocab_size=48, depth=3), RandomDrafter(vocab_size=48, depth=3, seed=1)):
+        for name in members:
+            assert hasattr(d, name), (type(d).__name__, name)
+        assert isinstance(d.params()["kind"], str)
+    assert {n for n, _ in inspect.getmembers(Drafter) if not n.startswith("_")} >= {"draft", "params"}
+
+
+def test_derived_seeds_are_stable_and_separate_streams():
+    from ddsim.seeds import derive_seed
+    assert derive_seed(0, "a", 1) == derive_seed(0, "a", 1)
+    assert len({derive_seed(s, st, i) for s in (0, 1) for st in ("a", "b") for i in (0, 1)}) == 8
+    assert 0 <= derive_seed(2**62, "x", 10**9) < 2**63
+    with pytest.raises(ValueError):
+        derive_seed(-1, "a")
