@@ -2,5 +2,5 @@
 from ddsim.errors import ConfigError, DDSimError, InputError, TreeError
 from ddsim.tree import Tree, chain
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["Tree", "chain", "DDSimError", "TreeError", "InputError", "ConfigError", "__version__"]

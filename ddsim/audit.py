@@ -14,60 +14,32 @@ reference's choice led by no more than that is counted apart, as possibly the ar
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import platform
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-import oracle
-
+from ddsim import oracle
+from ddsim.aggregate import NodePool
 from ddsim.config import get_preset
-from ddsim.prompts import TextEncoder, builtin_prompts, load_prompts
 from ddsim.drafters import SyntheticDrafter, TraceDrafter
 from ddsim.errors import InputError
 from ddsim.generate import TreePolicy, reference_decode, speculative
-from ddsim.metrics import group_by, summarize
+from ddsim.metrics import summarize
 from ddsim.model import HybridModel
 from ddsim.modes import LEAK_MODES, VERIFY_MODES
+from ddsim.prompts import TextEncoder, builtin_prompts, load_prompts
+from ddsim.report_model import SCHEMA_VERSION, Generation, LeakTable, ModeSummary, NoiseFloor, Report, noise_margin_of
+from ddsim.reports.json_report import from_audit
+from ddsim.settings import AuditConfig
 from ddsim.throughput import CostModel, speedup_table
 from ddsim.weights import init_weights
-from reports.json_report import SCHEMA_VERSION
 
 ALL_MODES = VERIFY_MODES
-
-
-@dataclass
-class AuditConfig:
-    preset: str = "tiny"
-    model_path: str | None = None  # a Hugging Face checkpoint directory instead of a preset
-    budgets: list = field(default_factory=lambda: [16, 32, 64])
-    topk_cap: int | None = None
-    steps: int = 8  # speculative steps per generation
-    n_prompts: int = 3
-    prompt_len: int = 16
-    prompts_file: str | None = None
-    temperature: float = 0.0
-    seed: int = 0
-    device: str = "cpu"
-    depth: int = 8  # drafter depth
-    trace: str | None = None
-    cost_file: str | None = None
-
-    def validate(self):
-        if not self.budgets or any(not isinstance(b, int) or b < 1 for b in self.budgets):
-            raise InputError(f"--budget: expected positive integers, got {self.budgets}")
-        if self.topk_cap is not None and self.topk_cap < 1:
-            raise InputError(f"--topk-cap: expected >= 1, got {self.topk_cap}")
-        if self.steps < 1:
-            raise InputError(f"--steps: expected >= 1, got {self.steps}")
-        if self.temperature < 0:
-            raise InputError(f"--temperature: expected >= 0, got {self.temperature}")
-        if self.n_prompts < 1 or self.prompt_len < 1:
-            raise InputError("--prompts: need at least one prompt of at least one token")
-        if self.depth < 1:
-            raise InputError(f"--depth: expected >= 1, got {self.depth}")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,9 +59,12 @@ def resolve_device(name: str) -> torch.device:
 
 def environment(device: torch.device) -> dict:
     import matplotlib
+    import pydantic
+
     import ddsim
     env = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
-           "numpy": np.__version__, "matplotlib": matplotlib.__version__, "ddsim": ddsim.__version__,
+           "numpy": np.__version__, "matplotlib": matplotlib.__version__, "pydantic": pydantic.__version__,
+           "ddsim": ddsim.__version__,
            "device": str(device), "threads": torch.get_num_threads()}
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
@@ -115,114 +90,23 @@ def _gate_stats(cfg, w) -> dict:
     return {"exp_g_typical": summarize(d), "halflife_tokens": summarize(np.log(0.5) / np.log(np.clip(d, 1e-12, 1 - 1e-12)))}
 
 
-class _Pool:
-    """Collects per-node metric arrays over many steps for one mode."""
-
-    def __init__(self):
-        self.cols: dict[str, list] = {}
-
-    def add(self, metrics: dict, keys: dict):
-        for k, v in {**metrics, **keys}.items():
-            self.cols.setdefault(k, []).append(np.asarray(v))
-
-    def get(self, k):
-        arrs = self.cols.get(k, [])
-        if not arrs:
-            return np.zeros(0)
-        return np.concatenate(arrs, axis=-1)
-
-    def table(self, cfg) -> dict:
-        ex = self.get("order_exact").astype(bool)
-        other = ~ex
-        flip = self.get("flip").astype(float)
-        depth, rank = self.get("depth"), self.get("rank")
-        state, conv, hidden = self.get("state_rel"), self.get("conv_rel"), self.get("hidden_rel")
-        last_hidden = hidden[-1] if hidden.size else np.zeros(0)
-        out = {
-            "nodes": int(ex.size), "order_exact_nodes": int(ex.sum()),
-            "argmax_flip_rate": {"order_exact": _rate(flip, ex), "other": _rate(flip, other), "all": _rate(flip, None)},
-        }
-        for name, arr in (("kl", self.get("kl")), ("max_abs_logit", self.get("max_abs")),
-                          ("state_rel", state), ("conv_rel", conv), ("hidden_rel_last", last_hidden)):
-            out[name] = {"order_exact": summarize(arr[..., ex]) if arr.size else summarize([]),
-                         "other": summarize(arr[..., other]) if arr.size else summarize([])}
-        out["by_depth"] = _rows("depth", group_by(depth, state, mask=None) if state.size else {},
-                                group_by(depth, flip), group_by(depth, last_hidden))
-        out["by_rank"] = _rows("rank", group_by(rank, state, mask=depth > 0) if state.size else {},
-                               group_by(rank, flip, mask=depth > 0), group_by(rank, last_hidden, mask=depth > 0))
-        out["by_layer"] = [{"layer": int(l), "kind": cfg.layer_pattern[l],
-                            "hidden_rel": summarize(hidden[l][other]) if other.any() else summarize([])}
-                           for l in range(cfg.num_layers)]
-        for gi, l in enumerate(cfg.gdn_layers):
-            out["by_layer"][l]["state_rel"] = summarize(state[gi][other]) if other.any() else summarize([])
-            out["by_layer"][l]["conv_rel"] = summarize(conv[gi][other]) if other.any() else summarize([])
-        margin = self.get("margin")
-        out["margin_of_flipped"] = summarize(margin[flip > 0]) if flip.size else summarize([])
-        out["margin_all"] = summarize(margin)
-        return out
-
-
-def _rate(flags: np.ndarray, mask) -> float | None:
-    f = flags if mask is None else flags[mask]
-    return float(f.mean()) if f.size else None
-
-
-def _rows(key, state_groups, flip_groups, hidden_groups) -> list:
-    keys = sorted(set(flip_groups) | set(state_groups))
-    return [{key: int(k), "nodes": flip_groups.get(k, {}).get("n", 0),
-             "state_rel": state_groups.get(k, summarize([])),
-             "hidden_rel_last": hidden_groups.get(k, summarize([])),
-             "argmax_flip_rate": flip_groups.get(k, {}).get("mean")} for k in keys]
-
-
-def _divergence_margin(g, margins: list[float]) -> float | None:
-    """The reference's decision margin where generation g first leaves it (None: it never does)."""
+def _gen_record(g, prompt_index, budget, margins) -> Generation:
     d = g.first_divergence
-    return None if d is None else margins[d]
+    return Generation(
+        prompt=prompt_index, budget=budget, mode=g.mode, policy=g.policy, tokens=list(g.tokens),
+        first_divergence=d, divergence_margin=None if d is None else margins[d], agreement=g.agreement,
+        silent_corruption_steps=int(g.silent_corruption_steps), tokens_per_step=g.tokens_per_step,
+        accepted=[int(s.accepted) for s in g.steps], decision_flips=[int(s.decision_flips) for s in g.steps],
+        reference_walk=[int(s.reference_walk) for s in g.steps],
+        tree_sizes=[int(s.tree_size) for s in g.steps])
 
 
-def _gen_record(g, prompt_index, budget, margins) -> dict:
-    return {"prompt": prompt_index, "budget": budget, "mode": g.mode, "policy": g.policy, "tokens": g.tokens,
-            "first_divergence": g.first_divergence, "divergence_margin": _divergence_margin(g, margins),
-            "agreement": g.agreement,
-            "silent_corruption_steps": g.silent_corruption_steps, "tokens_per_step": g.tokens_per_step,
-            "accepted": [s.accepted for s in g.steps], "decision_flips": [s.decision_flips for s in g.steps],
-            "tree_sizes": [s.tree_size for s in g.steps]}
-
-
-def _noise_margin(exact_leak: dict, temperature: float) -> float:
-    """How large a decision margin the fast path's own arithmetic was seen to overturn on one
-    budget's trees: the largest oracle top-1 margin among the nodes where the exact path's argmax
-    differs from the oracle's (0 when it never does), in decision-score units (nats / temperature
-    when sampling). The audit's noise margin is the largest over its budgets."""
-    flipped = exact_leak["margin_of_flipped"]
-    m = float(flipped["max"]) if flipped["n"] else 0.0
-    return m / temperature if temperature > 0 else m
-
-
-def _mode_summary(gens: list, ref_len: int, margins: list[list[float]], noise_margin: float) -> dict:
-    """gens[i] ran on prompt i, whose reference decision margins are margins[i]."""
-    steps = [s for g in gens for s in g.steps]
-    acc = [s.accepted for s in steps]
-    divs = [g.first_divergence for g in gens]
-    div_margins = [_divergence_margin(g, m) for g, m in zip(gens, margins)]
-    nodes_on_walk = sum(s.accepted + 1 for s in steps)
-    return {
-        "generations": len(gens), "steps": len(steps),
-        "tokens_per_step": float(np.mean([len(s.emitted) for s in steps])) if steps else 0.0,
-        "mean_tree_size": float(np.mean([s.tree_size for s in steps])) if steps else 0.0,
-        "accepted_histogram": np.bincount(acc, minlength=1).tolist() if acc else [],
-        "silent_corruption_steps": int(sum(s.silent_corruption for s in steps)),
-        "decision_flips": int(sum(s.decision_flips for s in steps)),
-        "decision_flip_rate": (sum(s.decision_flips for s in steps) / nodes_on_walk) if nodes_on_walk else 0.0,
-        "generations_leaving_greedy": int(sum(d is not None for d in divs)),
-        # ... where the reference's choice led its runner-up by more than the exact path's arithmetic
-        # was seen to overturn (noise_margin)
-        "generations_leaving_greedy_above_noise": int(sum(m is not None and m > noise_margin for m in div_margins)),
-        "first_divergence": divs,
-        "agreement": float(np.mean([g.agreement for g in gens])) if gens else None,
-        "survival": [float(np.mean([(d is None or d > i) for d in divs])) for i in range(ref_len)],
-    }
+def read_model_config(ac: AuditConfig):
+    """The model configuration alone (a preset, or a checkpoint's config.json), before any weights."""
+    if ac.model_path:
+        from ddsim.checkpoint import read_config
+        return read_config(ac.model_path)[0]
+    return get_preset(ac.preset)
 
 
 def load_model(ac: AuditConfig, device):
@@ -247,15 +131,58 @@ def audit_prompts(ac: AuditConfig, cfg, encoder) -> list[list[int]]:
     return [rng.integers(0, cfg.vocab_size, ac.prompt_len).tolist() for _ in range(ac.n_prompts)]
 
 
-def run_audit(ac: AuditConfig, *, progress=None) -> dict:
-    """Run the audit; ``progress(advance=1)`` is called once per speculative step if given."""
-    ac.validate()
+def weights_digest(ac: AuditConfig, weights: dict) -> str:
+    """sha256 of what was audited: a checkpoint's config.json and weight files (read back from disk,
+    so ``gate --model DIR`` can check a report without loading the model), or a preset's generated
+    tensors (name, dtype, shape and bytes, in name order)."""
+    if ac.model_path:
+        from ddsim.checkpoint import checkpoint_digest
+        return checkpoint_digest(ac.model_path)
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name].detach()
+        h.update(f"{name}:{str(t.dtype).removeprefix('torch.')}:{tuple(t.shape)}".encode())
+        flat = t.reshape(-1)
+        step = max(1, (64 << 20) // max(1, t.element_size()))  # 64 MiB at a time through the host
+        for i in range(0, flat.numel(), step):
+            h.update(flat[i:i + step].contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def file_digest(path: str | Path) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
+    return h.hexdigest()
+
+
+def input_digests(ac: AuditConfig) -> dict:
+    return {k: file_digest(v) for k, v in (("prompts", ac.prompts_file), ("trace", ac.trace), ("cost", ac.cost_file)) if v}
+
+
+def fast_path_name(model: HybridModel) -> str:
+    """The verify implementation the audit's fast path ran."""
+    backend = model.backend or ("triton" if model.device.type == "cuda" else "torch")
+    return f"ddsim-{backend}"
+
+
+def run_audit(ac: AuditConfig, *, progress=None) -> Report:
+    """Run the audit and return its validated report; ``progress(advance=1)`` is called once per
+    speculative step if given. Every input is checked before the first generation starts."""
     device = resolve_device(ac.device)
-    cfg, weights, encoder = load_model(ac, device)
-    # fast path: the checkpoint's dtype on CUDA, float32 on the CPU; recurrent state float32
-    compute = weights["embed"].dtype if device.type == "cuda" else torch.float32
-    model = HybridModel(cfg, weights, device=device, dtype=compute)
     cost = CostModel.from_file(ac.cost_file) if ac.cost_file else CostModel()
+    cfg = read_model_config(ac)
+    check_memory(ac, cfg, device, 2 if device.type == "cuda" else 4)
+    cfg, weights, encoder = load_model(ac, device)
+    # fast path: the checkpoint's dtype on CUDA (float32 for a float64 checkpoint, as a serving stack
+    # would run it), float32 on the CPU; recurrent state float32
+    compute = weights["embed"].dtype if device.type == "cuda" else torch.float32
+    compute = torch.float32 if compute == torch.float64 else compute
+    model = HybridModel(cfg, weights, device=device, dtype=compute)
     prompts = audit_prompts(ac, cfg, encoder)
     if ac.trace:
         drafter = TraceDrafter(ac.trace, vocab_size=cfg.vocab_size)
@@ -263,69 +190,110 @@ def run_audit(ac: AuditConfig, *, progress=None) -> dict:
             raise InputError(f"{ac.trace}: trace has {len(drafter.steps)} steps, --steps asks for {ac.steps}")
     else:
         drafter = SyntheticDrafter(vocab_size=cfg.vocab_size, depth=ac.depth, seed=ac.seed)
+    provenance = {"ddsim_version": environment(device)["ddsim"],
+                  "source": f"checkpoint {ac.model_path}" if ac.model_path else f"preset {ac.preset}",
+                  "weights_sha256": weights_digest(ac, weights), "fast_path": fast_path_name(model),
+                  "inputs_sha256": input_digests(ac)}
     ref_len = ac.steps * (drafter.depth + 1)
     tick = (lambda rec: progress(advance=1)) if progress else None
 
     decoded = [reference_decode(model, p, ref_len, temperature=ac.temperature, seed=ac.seed) for p in prompts]
     references, margins = [r for r, _ in decoded], [m for _, m in decoded]
     common = dict(temperature=ac.temperature, seed=ac.seed, steps=ac.steps, on_step=tick)
-    generations, chain_gens = [], []
+    chain_gens = []
     for i, (p, ref) in enumerate(zip(prompts, references)):
         g = speculative(model, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref, **common)
-        chain_gens.append(g)
-        generations.append(_gen_record(g, i, None, margins[i]))
+        chain_gens.append(_gen_record(g, i, None, margins[i]))
 
-    measured = []  # (budget, policy, generations per mode, leak table per mode)
+    measured = []  # (budget, policy, generation records per mode, leak table per mode)
     for budget in ac.budgets:
         policy = TreePolicy("ddtree", budget, ac.topk_cap)
         gens = {m: [] for m in ALL_MODES}
-        pools = {m: _Pool() for m in ALL_MODES}
+        pools = {m: NodePool() for m in ALL_MODES}
         for i, (p, ref) in enumerate(zip(prompts, references)):
             for mode in ALL_MODES:
                 full = mode == "leaky"
                 g = speculative(model, p, drafter=drafter, policy=policy, mode=mode, reference=ref,
                                 measure="full" if full else "decisions", weights=weights if full else None,
                                 attribution=LEAK_MODES if full else (), **common)
-                gens[mode].append(g)
-                generations.append(_gen_record(g, i, budget, margins[i]))
+                gens[mode].append(_gen_record(g, i, budget, margins[i]))
                 if full:
                     for s in g.steps:
                         for m, metrics in s.nodes.items():
                             pools[m].add(metrics, s.keys)
-        measured.append((budget, policy, gens, {m: pools[m].table(cfg) for m in ALL_MODES}))
+        leak = {m: LeakTable.model_validate_json(json.dumps(pools[m].table(cfg))) for m in ALL_MODES}
+        measured.append((budget, policy, gens, leak))
     # the arithmetic's noise is the audit's, not a budget's: pooled over every budget's trees
-    noise_margin = max(_noise_margin(leak["exact"], ac.temperature) for *_, leak in measured)
-    budgets = [{"budget": budget, "policy": policy.label(),
-                "modes": {m: _mode_summary(gens[m], ref_len, margins, noise_margin) for m in ALL_MODES},
+    noise_margin = noise_margin_of([leak["exact"] for *_, leak in measured], ac.temperature)
+    summary = lambda gs: ModeSummary.of(gs, ref_len=ref_len, noise_margin=noise_margin)  # noqa: E731
+    budgets = [{"budget": budget, "policy": policy.label(), "modes": {m: summary(gens[m]) for m in ALL_MODES},
                 "leak": leak} for budget, policy, gens, leak in measured]
-    chain = _mode_summary(chain_gens, ref_len, margins, noise_margin)
+    chain = summary(chain_gens)
 
-    rows = [{"label": "chain", "mode": "exact", "budget": None, "tokens_per_step": chain["tokens_per_step"],
-             "nodes": float(np.mean([s.tree_size for g in chain_gens for s in g.steps]))}]
+    rows = [{"label": "chain", "mode": "exact", "budget": None, "tokens_per_step": chain.tokens_per_step,
+             "nodes": chain.mean_tree_size}]
     for b in budgets:
         for m in ALL_MODES:
             rows.append({"label": b["policy"], "mode": m, "budget": b["budget"],
-                         "tokens_per_step": b["modes"][m]["tokens_per_step"], "nodes": b["modes"][m]["mean_tree_size"]})
-    noise = {b["budget"]: b["leak"]["exact"] for b in budgets}
-    return {
+                         "tokens_per_step": b["modes"][m].tokens_per_step, "nodes": b["modes"][m].mean_tree_size})
+    generations = chain_gens + [g for *_, gens, _ in measured for m in ALL_MODES for g in gens[m]]
+    generations.sort(key=lambda g: (g.budget is not None, g.budget or 0, g.prompt, ALL_MODES.index(g.mode)))
+    return from_audit({
         "schema_version": SCHEMA_VERSION,
         "generated_at": None,  # filled by the writer; the only field that varies between runs
-        "config": {**asdict(ac), "drafter": drafter.params()},
+        "config": {**ac.model_dump(), "drafter": drafter.params()},
+        "provenance": provenance,
         "environment": environment(device),
         "precision": precision(model),
-        "model": {**cfg.to_dict(), "source": ac.model_path or f"preset {ac.preset}", "gates": _gate_stats(cfg, weights)},
+        "model": {"config": cfg.to_dict(), "source": provenance["source"], "gates": _gate_stats(cfg, weights)},
         "prompts": [{"index": i, "tokens": p, "reference": r, "reference_margins": m}
                     for i, (p, r, m) in enumerate(zip(prompts, references, margins))],
-        "chain": chain,
-        "budgets": budgets,
+        "chain": chain.model_dump(),
+        "budgets": [{**b, "modes": {m: v.model_dump() for m, v in b["modes"].items()},
+                     "leak": {m: v.model_dump() for m, v in b["leak"].items()}} for b in budgets],
         "noise_margin": noise_margin,
-        "noise_floor": {str(k): {"state_rel_max": v["state_rel"]["other"]["max"] if v["state_rel"]["other"]["n"] else
-                                 v["state_rel"]["order_exact"]["max"],
-                                 "kl_max": max(x for x in (v["kl"]["other"]["max"], v["kl"]["order_exact"]["max"]) if x is not None),
-                                 "argmax_flip_rate": v["argmax_flip_rate"]["all"]} for k, v in noise.items()},
+        "noise_floor": {str(b["budget"]): NoiseFloor.of(b["leak"]["exact"]).model_dump() for b in budgets},
         "throughput": {"cost_model": cost.to_dict(), "rows": speedup_table(rows, cost)},
-        "generations": generations,
-    }
+        "generations": [g.model_dump() for g in generations],
+    })
+
+
+def check_memory(ac: AuditConfig, cfg, device: torch.device, weight_bytes_per_param: int) -> None:
+    """Refuse, before any weights are made or loaded, an audit that would not fit: the weights (and
+    the oracle's copy of a small model), and for the largest tree, per node, the recurrent state and
+    conv window of every GDN layer for four fast-path modes and the oracle, hidden states and logits,
+    plus the KV of every attention layer over the whole context."""
+    from ddsim.weights import weight_shapes
+    params = sum(math.prod(s) for s in weight_shapes(cfg).values())
+    oracle_bytes = torch.finfo(oracle.default_dtype(device)).bits // 8
+    weights = params * weight_bytes_per_param + min(params * oracle_bytes, 2 << 30)
+    nodes = max(ac.budgets) + 1
+    state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+    conv = cfg.conv_dim * (cfg.conv_kernel_size - 1)
+    per_node = (len(cfg.gdn_layers) * (state + conv) * (4 * 4 + 8) + cfg.num_layers * cfg.hidden_size * 8 * 5
+                + 5 * cfg.vocab_size * 8)
+    context = ac.prompt_len + ac.steps * (ac.depth + 1) + nodes
+    kv = len(cfg.attention_layers) * 2 * cfg.num_key_value_heads * cfg.head_dim * context * 8
+    need = weights + nodes * per_node + kv
+    free = available_memory(device)
+    if free is not None and need > free:
+        what = f"--budget {max(ac.budgets)}" if nodes * per_node > weights else (
+            f"--model {ac.model_path}" if ac.model_path else f"--preset {ac.preset}")
+        raise InputError(f"{what}: the audit needs about {need / 2**30:.1f} GiB on {device} (weights "
+                         f"{weights / 2**30:.1f} GiB, per-node states and logits {nodes * per_node / 2**30:.1f} GiB), "
+                         f"more than the {free / 2**30:.1f} GiB available")
+
+
+def available_memory(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def total_steps(ac: AuditConfig, n_prompts: int) -> int:

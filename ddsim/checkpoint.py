@@ -24,7 +24,7 @@ from ddsim.jsonl import read_json
 from ddsim.weights import weight_shapes
 
 SUPPORTED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text")
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
 def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
@@ -126,7 +126,7 @@ class _Mapper:
         if key.startswith(pre) or key == "lm_head.weight":
             if t.dtype not in _DTYPES.values():
                 raise InputError(f"{key}: dtype {str(t.dtype).replace('torch.', '')} is not supported "
-                                 "(bfloat16, float16 or float32; quantised checkpoints are not)")
+                                 "(bfloat16, float16, float32 or float64; quantised checkpoints are not)")
         if key == "lm_head.weight":
             return self.put("lm_head", t)
         if not key.startswith(pre):
@@ -138,10 +138,12 @@ class _Mapper:
             return self.put("final_norm", t)
         m = _LAYER.fullmatch(k)
         if not m:
-            return
+            raise InputError(f"tensor {key!r} is not part of a {self.meta['model_type']} text decoder "
+                             "(refused rather than ignored: the audit would run another model)")
         i, rest = int(m.group(1)), m.group(2)
         if i >= cfg.num_layers:
-            return
+            raise InputError(f"tensor {key!r} is for layer {i}, but config.json lists {cfg.num_layers} layers "
+                             "(the audit would drop layers and run another model)")
         p = f"layers.{i}."
         H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         K, V, r = cfg.linear_key_head_dim, cfg.linear_value_head_dim, HV // H
@@ -186,6 +188,26 @@ class _Mapper:
             return self.put(p + "mlp.experts.up", t[:, I:])
         if rest == "mlp.experts.down_proj":
             return self.put(p + "mlp.experts.down", t)
+        raise InputError(f"tensor {key!r} is not part of a {self.meta['model_type']} layer as ddsim reads it "
+                         "(refused rather than ignored)")
+
+
+def checkpoint_digest(path: str | Path) -> str:
+    """sha256 over config.json and every weight file (name and bytes, in name order): what a report
+    records as the audited weights, and what ``gate --report R --model DIR`` checks DIR against."""
+    import hashlib
+    d = Path(path)
+    read_config(d)  # a clear error for a directory that is not a supported checkpoint
+    h = hashlib.sha256()
+    for f in [d / "config.json", *_shards(d)]:
+        h.update(f"{f.name}\0".encode())
+        try:
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 24), b""):
+                    h.update(chunk)
+        except OSError as e:
+            raise InputError(f"{f}: cannot read ({e.strerror or e})") from None
+    return h.hexdigest()
 
 
 def load_checkpoint(path: str | Path, *, device="cpu") -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:

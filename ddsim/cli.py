@@ -7,9 +7,10 @@ and exit 2, so the gate can never pass by accident.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from ddsim.settings import MAX_BUDGET, MAX_STEPS
 
 EXIT_OK, EXIT_VIOLATED, EXIT_ERROR = 0, 1, 2
 
@@ -30,24 +31,39 @@ def _budgets(text: str) -> list[int]:
     return vals
 
 
-def _add_audit_options(p):
-    p.add_argument("--preset", default="tiny", help="built-in model preset (default: tiny)")
+# audit option -> AuditConfig field
+AUDIT_FIELDS = {"preset": "preset", "model": "model_path", "budget": "budgets", "topk_cap": "topk_cap",
+                "prompts": "prompts_file", "steps": "steps", "temperature": "temperature", "device": "device",
+                "seed": "seed", "trace": "trace", "cost": "cost_file"}
+
+
+def _add_audit_options(p, *, defaults: bool = True):
+    """The audit's options. Without defaults (gate) an option left out is None, so the gate can tell
+    which ones were given and check them against a --report."""
+    d = (lambda v: v) if defaults else (lambda v: None)
+    p.add_argument("--preset", default=d("tiny"), help="built-in model preset (default: tiny)")
     p.add_argument("--model", metavar="PATH", help="a Hugging Face checkpoint directory (qwen3_next, qwen3_5, qwen3_5_moe)")
-    p.add_argument("--budget", type=_budgets, default=[16, 32, 64], metavar="B[,B...]", help="DDTree node budgets")
+    p.add_argument("--budget", type=_budgets, default=d([16, 32, 64]), metavar="B[,B...]",
+                   help=f"DDTree node budgets (each at most {MAX_BUDGET})")
     p.add_argument("--topk-cap", type=int, default=None, help="cap on per-depth top-k")
     p.add_argument("--prompts", metavar="FILE", help='JSONL of {"tokens": [...]} prompts')
-    p.add_argument("--steps", type=int, default=8, help="speculative steps per generation (default: 8)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=d(8), help=f"speculative steps per generation (default: 8, at most {MAX_STEPS})")
+    p.add_argument("--temperature", type=float, default=d(0.0), help="0: greedy; > 0: seeded sampling")
+    p.add_argument("--device", default=d("cpu"), help="cpu, cuda[:N] or auto")
+    p.add_argument("--seed", type=int, default=d(0))
     p.add_argument("--trace", metavar="FILE", help="replay a drafter trace (JSONL) instead of the synthetic drafter")
     p.add_argument("--cost", metavar="FILE", help="verify-cost JSON for the throughput model")
 
 
+def _given_audit_options(a) -> dict:
+    """{option: value} for the audit options given on a gate's command line."""
+    return {opt: getattr(a, opt) for opt in AUDIT_FIELDS if getattr(a, opt) is not None}
+
+
 def _audit_config(a):
-    from ddsim.audit import AuditConfig
-    return AuditConfig(preset=a.preset, model_path=a.model, budgets=a.budget, topk_cap=a.topk_cap, steps=a.steps, prompts_file=a.prompts,
-                       temperature=a.temperature, seed=a.seed, device=a.device, trace=a.trace, cost_file=a.cost)
+    from ddsim.settings import AuditConfig
+    kw = {AUDIT_FIELDS[opt]: v for opt, v in vars(a).items() if opt in AUDIT_FIELDS and v is not None}
+    return AuditConfig.build(**kw)
 
 
 def _run_audit(ac, console, *, quiet=False):
@@ -66,7 +82,7 @@ def _count_prompts(ac) -> int:
     if ac.prompts_file:
         try:
             return max(1, sum(1 for line in Path(ac.prompts_file).read_text().splitlines() if line.strip()))
-        except OSError:
+        except (OSError, UnicodeDecodeError):
             return 1
     if ac.model_path:
         from ddsim.prompts import BUILTIN_PROMPTS
@@ -74,45 +90,99 @@ def _count_prompts(ac) -> int:
     return ac.n_prompts
 
 
+def check_writable(out: Path, option: str = "--out") -> None:
+    """Refuse an output directory that cannot be written, before any work and without leaving
+    anything behind: a temporary directory is made and removed in it, or in its nearest existing
+    ancestor when it does not exist yet."""
+    import tempfile
+
+    from ddsim.errors import InputError
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{option} {out}: exists and is not a directory")
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InputError(f"{option} {out}: {probe} is not a directory")
+    try:
+        tempfile.TemporaryDirectory(dir=probe).cleanup()
+    except OSError as e:
+        raise InputError(f"{option} {out}: cannot write there ({e.strerror or e})") from None
+
+
 def _write_report(report, out: Path):
-    from reports import html as html_report
-    from reports import json_report
+    from ddsim.reports import html as html_report
+    from ddsim.reports import json_report
     report = json_report.stamp(report)
-    problem = json_report.validate(json.loads(json_report.dumps(report)))
-    if problem:
-        raise RuntimeError(f"internal: report does not match its schema ({problem})")
-    page = html_report.render(report)
-    json_report.write_atomic({out / "report.json": json_report.dumps(report), out / "report.html": page})
+    json_report.write_report(report, html_report.render(report), out)
     return report
 
 
 def cmd_audit(a, console) -> int:
-    from reports.terminal import print_summary
+    from ddsim.reports.terminal import print_summary
     ac = _audit_config(a)
     out = Path(a.out)
-    if out.exists() and not out.is_dir():
-        from ddsim.errors import InputError
-        raise InputError(f"--out {out}: exists and is not a directory")
+    check_writable(out)
     report = _write_report(_run_audit(ac, console), out)
     print_summary(report, console)
     console.print(f"wrote {out / 'report.json'} and {out / 'report.html'}")
     return EXIT_OK
 
 
+def check_report_matches(report, given: dict) -> None:
+    """``gate --report`` with audit options: each option given must describe the report, else the
+    report is of another model, budget or run and the gate refuses it."""
+    from ddsim.errors import InputError
+    cfg, prov = report.config, report.provenance
+    for opt, value in given.items():
+        flag = "--" + opt.replace("_", "-")
+        if opt == "model":
+            from ddsim.checkpoint import checkpoint_digest
+            same = cfg.model_path is not None and checkpoint_digest(value) == prov.weights_sha256
+            recorded = f"{prov.source}, weights sha256 {prov.weights_sha256[:12]}"
+        elif opt in ("prompts", "trace", "cost"):
+            from ddsim.audit import file_digest
+            key = {"prompts": "prompts", "trace": "trace", "cost": "cost"}[opt]
+            same = prov.inputs_sha256.get(key) == file_digest(value)
+            recorded = f"{key} sha256 {prov.inputs_sha256.get(key, 'none')[:12]}"
+        elif opt == "preset":
+            same = cfg.model_path is None and cfg.preset == value
+            recorded = prov.source
+        elif opt == "device":
+            same = report.environment.device == value or cfg.device == value
+            recorded = report.environment.device
+        else:
+            recorded = getattr(cfg, AUDIT_FIELDS[opt])
+            same = recorded == value
+        if not same:
+            raise InputError(f"{flag} {value}: the report does not match (it records {recorded}); "
+                             "it audited something else")
+
+
 def cmd_gate(a, console) -> int:
-    from ddsim.gate import evaluate, load_policy, report_precision
-    from reports import json_report
+    from ddsim.errors import InputError
+    from ddsim.gate import evaluate, leak_nodes, load_policy
+    from ddsim.reports import json_report
     policy = load_policy(a.policy)
     if a.report:
+        if a.out:
+            raise InputError("--out: only with an audit the gate runs itself (not with --report)")
         report = json_report.load(a.report)
+        check_report_matches(report, _given_audit_options(a))
     else:
-        report = _run_audit(_audit_config(a), console, quiet=True)
+        ac = _audit_config(a)
+        if a.out:
+            check_writable(Path(a.out))
+        report = _run_audit(ac, console, quiet=True)
         report = _write_report(report, Path(a.out)) if a.out else json_report.stamp(report)
     verdicts = evaluate(policy, report)
     bad = [v for v in verdicts if not v.holds]
     for v in bad:
-        print(f"VIOLATED {v.rule}: measured {v.measured:.6g} > bound {v.bound:.6g} ({v.meaning}; mode {policy.mode})")
-    label = f"gate {policy.name} ({report_precision(report)} fast path)"
+        print(v.line(policy.mode))
+    if leak_nodes(report, policy.mode) == 0:
+        print("the audit never exercised the leak: some budget verified no node outside order-exact positions "
+              "(raise --budget or --topk-cap), so it cannot approve hybrid-unsafe verification")
+    label = f"gate {policy.name} ({report.precision.fast_path} fast path, {report.provenance.source})"
     if bad:
         print(f"{label}: {len(bad)} of {len(verdicts)} rules violated; keep hybrid-unsafe verification off")
         return EXIT_VIOLATED
@@ -194,10 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit_options(pa)
     pa.add_argument("--out", default="ddsim-report", help="output directory (default: ./ddsim-report)")
     pg = sub.add_parser("gate", help="evaluate a policy: exit 0 holds, 1 violated, 2 error")
-    pg.add_argument("--policy", required=True, metavar="FILE", help="TOML policy, e.g. policies/hybrid-unsafe.toml")
-    pg.add_argument("--report", metavar="FILE", help="an existing report.json (otherwise the audit runs)")
+    pg.add_argument("--policy", required=True, metavar="FILE",
+                    help="TOML policy file, or the name of a built-in policy (hybrid-unsafe)")
+    pg.add_argument("--report", metavar="FILE",
+                    help="an existing report.json (otherwise the audit runs); audit options given with it must match it")
     pg.add_argument("--out", metavar="DIR", help="also write the audit's report here (without --report)")
-    _add_audit_options(pg)
+    _add_audit_options(pg, defaults=False)
     pt = sub.add_parser("tree", help="draw a DDTree with node order and order-exact nodes")
     pt.add_argument("--seed", type=int, default=0)
     pt.add_argument("--budget", type=int, default=16)
@@ -217,21 +289,46 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {"audit": cmd_audit, "gate": cmd_gate, "tree": cmd_tree, "bench": cmd_bench}
 
 
+class Terminated(Exception):
+    """SIGTERM, raised in the main thread so that every ``finally`` runs (temporary files removed)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv=None) -> int:
+    """Exit 0 success (gate: the policy holds), 1 gate violated, 2 anything else. ``--debug`` or
+    DDSIM_DEBUG=1 adds the traceback of an internal error (still exit 2)."""
+    import os
+    import signal
+    import traceback
+
     from rich.console import Console
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("DDSIM_DEBUG", "") not in ("", "0")
+    if "--debug" in argv:
+        argv.remove("--debug")
+        debug = True
     args = build_parser().parse_args(argv)
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough for the summary table
         console = Console(width=160)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from ddsim.errors import DDSimError
         return COMMANDS[args.command](args, console)
     except DDSimError as e:
         print(f"ddsim {args.command}: error: {e}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print(f"ddsim {args.command}: interrupted", file=sys.stderr)
-    except Exception as e:  # fail closed: never a traceback, never exit 0
-        print(f"ddsim {args.command}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+    except (KeyboardInterrupt, Terminated) as e:
+        print(f"ddsim {args.command}: {'terminated' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
+    except Exception as e:  # fail closed: never exit 0; the traceback only when asked for
+        if debug:
+            traceback.print_exc()
+        print(f"ddsim {args.command}: internal error: {type(e).__name__}: {e}"
+              + ("" if debug else " (--debug or DDSIM_DEBUG=1 shows the traceback)"), file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return EXIT_ERROR
 
 

@@ -15,3 +15,7 @@ class ConfigError(DDSimError):
 
 class InputError(DDSimError):
     """Bad tensors, logits, files or options handed to a public function."""
+
+
+class MeasurementError(DDSimError):
+    """A measurement came out non-finite (a fast path produced NaN or Inf): never summarised away."""

@@ -1,99 +1,161 @@
-"""The CI gate: a TOML policy of upper bounds evaluated against a report. Fails closed: anything
-that cannot be evaluated is an error (exit 2), never a pass.
+"""The CI gate: a TOML policy evaluated against a validated report. Fails closed: anything that
+cannot be evaluated is an error (exit 2), never a pass; an audit that never exercised the leak is a
+violation (exit 1), whatever the other rules say.
 
-[rules] holds the bounds; a subtable [rules.<dtype>] (bfloat16, float16, float32, float64) replaces
-or adds bounds for reports whose fast path computes in that dtype (report.precision.fast_path):
-the exact path's distance from the oracle is a property of the arithmetic, the leak is not."""
+Policy file:
+  [policy]   name = "...", mode = "leaky" | "leaky-state" | "leaky-conv" (the mode being approved)
+  [rules]    upper bounds on measured values, worst case over every budget of the audit
+  [rules.<dtype>]  (bfloat16, float16, float32, float64) bounds that replace or add to [rules] for
+             reports whose fast path computes in that dtype: the exact path's distance from the
+             oracle is a property of the arithmetic, the leak is not
+  [require]  lower bounds: how much of the leak the audit must have exercised
+Unknown tables and keys at any level are refused: a typo must not quietly gate something else.
+"""
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomllib
+
 from ddsim.errors import InputError
 from ddsim.modes import LEAK_MODES
+from ddsim.report_model import Report
 
 GATED_MODES = LEAK_MODES
 PRECISIONS = ("float64", "float32", "bfloat16", "float16")
+BUILTIN_POLICIES = Path(__file__).with_name("policies")
 
 
-def _worst(values):
-    vals = [v for v in values if v is not None]
-    if not vals:
-        raise InputError("report: the rule's measurement is missing from every budget")
-    return max(vals)
+def _worst(values: list[float]) -> float:
+    """The largest of one value per budget; every value must be there (the report model guarantees
+    it, this guards the rule functions against an empty audit)."""
+    if not values or any(v is None or not math.isfinite(v) for v in values):
+        raise InputError("report: a rule's measurement is missing or non-finite in some budget")
+    return max(values)
 
 
-def _flip_excess(r, mode):
-    return _worst([(b["leak"][mode]["argmax_flip_rate"]["all"] or 0.0) - (b["leak"]["exact"]["argmax_flip_rate"]["all"] or 0.0)
-                   for b in r["budgets"]])
+def _flip_excess(r: Report, mode: str) -> float:
+    """How much more often the mode flips a node's argmax against the oracle than the exact path's
+    arithmetic does, worst budget (rates over every measured node)."""
+    out = []
+    for b in r.budgets:
+        leak, exact = b.leak[mode].argmax_flip_rate.all, b.leak["exact"].argmax_flip_rate.all
+        if leak is None or exact is None:
+            raise InputError(f"report: budget {b.budget} measured no node (argmax flip rate is null)")
+        out.append(leak - exact)
+    return _worst(out)
 
 
-def _mode_field(field: str, mode: str | None = None):
-    """The worst over budgets of a mode summary's ``field``, for the gated mode (or ``mode``)."""
-    return lambda r, m: _worst([b["modes"][mode or m][field] for b in r["budgets"]])
+def _mode_worst(r: Report, field: str, mode: str) -> float:
+    """The worst over budgets of a mode summary's ``field``."""
+    return _worst([getattr(b.modes[mode], field) for b in r.budgets])
 
 
+def _floor_worst(r: Report, field: str) -> float:
+    """The worst over budgets of a noise-floor ``field`` (the exact path against the oracle)."""
+    return _worst([getattr(v, field) for v in r.noise_floor.values()])
+
+
+# rule -> (measurement, meaning); every rule is an upper bound
 RULES = {
     "argmax_flip_rate_above_noise": (_flip_excess, "argmax flip rate of the mode minus the exact path's"),
-    "decision_flip_rate": (_mode_field("decision_flip_rate"),
-                           "accept decisions that differ along the reference walk, per walked node"),
-    "generations_leaving_greedy": (_mode_field("generations_leaving_greedy"),
+    "decision_flip_rate": (lambda r, m: _mode_worst(r, "decision_flip_rate", m),
+                           "accept decisions that differ along the reference walk, per node on it"),
+    "generations_leaving_greedy": (lambda r, m: _mode_worst(r, "generations_leaving_greedy", m),
                                    "generations whose output leaves the reference"),
     "generations_leaving_greedy_above_noise": (
-        _mode_field("generations_leaving_greedy_above_noise"),
+        lambda r, m: _mode_worst(r, "generations_leaving_greedy_above_noise", m),
         "generations leaving the reference where its choice led by more than the noise margin"),
-    "silent_corruption_steps": (_mode_field("silent_corruption_steps"),
+    "silent_corruption_steps": (lambda r, m: _mode_worst(r, "silent_corruption_steps", m),
                                 "steps emitting tokens exact verification would not"),
-    "exact_generations_leaving_greedy": (_mode_field("generations_leaving_greedy", "exact"),
+    "exact_generations_leaving_greedy": (lambda r, m: _mode_worst(r, "generations_leaving_greedy", "exact"),
                                          "exact-mode generations leaving the reference (must be lossless)"),
     "exact_generations_leaving_greedy_above_noise": (
-        _mode_field("generations_leaving_greedy_above_noise", "exact"),
+        lambda r, m: _mode_worst(r, "generations_leaving_greedy_above_noise", "exact"),
         "exact-mode generations leaving the reference where its choice led by more than the noise margin"),
-    "exact_state_rel_max": (lambda r, m: _worst([v["state_rel_max"] for v in r["noise_floor"].values()]),
+    "exact_state_rel_max": (lambda r, m: _floor_worst(r, "state_rel_max"),
                             "largest recurrent-state relative error of the exact path vs the oracle"),
-    "exact_kl_max": (lambda r, m: _worst([v["kl_max"] for v in r["noise_floor"].values()]),
-                     "largest KL(oracle || exact)"),
+    "exact_kl_max": (lambda r, m: _floor_worst(r, "kl_max"), "largest KL(oracle || exact)"),
 }
 
 
-@dataclass
+def leak_nodes(r: Report, mode: str) -> int:
+    """The fewest verified nodes, over budgets, that were not order-exact: where a flattened pass
+    hands over a wrong state. Zero means the audit never exercised the leak in some budget."""
+    return min(b.leak[mode].not_order_exact_nodes for b in r.budgets)
+
+
+# requirement -> (measurement, meaning); every requirement is a lower bound
+REQUIREMENTS = {
+    "leak_nodes_per_budget": (leak_nodes, "verified nodes that were not order-exact, fewest over budgets"),
+}
+POLICY_KEYS = {"name", "mode", "description"}
+
+
+@dataclass(frozen=True)
 class Policy:
     path: str
     name: str
     mode: str
-    rules: dict  # rule -> bound
+    rules: dict  # rule -> upper bound
     by_precision: dict  # fast-path dtype -> {rule: bound} replacing or adding to rules
+    require: dict  # requirement -> lower bound
 
     def bounds(self, precision: str) -> dict:
         return {**self.rules, **self.by_precision.get(precision, {})}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Verdict:
     rule: str
     measured: float
     bound: float
     holds: bool
     meaning: str
+    kind: str = "max"  # "max": measured <= bound; "min": measured >= bound
+
+    def line(self, mode: str) -> str:
+        op = ">" if self.kind == "max" else "<"
+        return f"VIOLATED {self.rule}: measured {self.measured:.6g} {op} bound {self.bound:.6g} ({self.meaning}; mode {mode})"
+
+
+def resolve_policy(name: str) -> Path:
+    """A policy file path, or the name of a built-in policy (``hybrid-unsafe``) when no such file exists."""
+    p = Path(name)
+    if p.exists() or p.suffix:
+        return p
+    builtin = BUILTIN_POLICIES / f"{name}.toml"
+    if builtin.is_file():
+        return builtin
+    known = ", ".join(sorted(x.stem for x in BUILTIN_POLICIES.glob("*.toml")))
+    raise InputError(f"--policy {name}: no such file and no built-in policy of that name (built-in: {known})")
 
 
 def load_policy(path: str | Path) -> Policy:
-    p = Path(path)
+    p = resolve_policy(str(path))
     try:
         data = tomllib.loads(p.read_text())
-    except OSError as e:
-        raise InputError(f"{p}: cannot read policy ({e.strerror or e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{p}: cannot read policy ({getattr(e, 'strerror', None) or e})") from None
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{p}: malformed TOML ({e})") from None
+    unknown = sorted(set(data) - {"policy", "rules", "require"})
+    if unknown:
+        raise InputError(f"{p}: unknown table [{unknown[0]}] (known: [policy], [rules], [rules.<dtype>], [require])")
     head = data.get("policy", {})
+    if not isinstance(head, dict):
+        raise InputError(f"{p}: 'policy' must be a table")
+    bad = sorted(set(head) - POLICY_KEYS)
+    if bad:
+        raise InputError(f"{p}: unknown key {bad[0]!r} in [policy] (known: {', '.join(sorted(POLICY_KEYS))})")
+    for k in ("name", "description"):
+        if k in head and not isinstance(head[k], str):
+            raise InputError(f"{p}: policy.{k} must be a string")
     rules = data.get("rules")
     if not isinstance(rules, dict) or not rules:
         raise InputError(f"{p}: no [rules] table (a policy with no rules would pass anything)")
-    unknown = sorted(set(data) - {"policy", "rules"})
-    if unknown:
-        raise InputError(f"{p}: unknown table [{unknown[0]}]")
     mode = head.get("mode", "leaky")
     if mode not in GATED_MODES:
         raise InputError(f"{p}: policy.mode {mode!r} is not one of {', '.join(GATED_MODES)}")
@@ -102,43 +164,39 @@ def load_policy(path: str | Path) -> Policy:
         if isinstance(table, dict):
             if dt not in PRECISIONS:
                 raise InputError(f"{p}: [rules.{dt}] names no dtype (known: {', '.join(PRECISIONS)})")
-            by_precision[dt] = _bounds(p, table, f"rules.{dt}")
+            by_precision[dt] = _bounds(p, table, f"rules.{dt}", RULES)
     base = {k: v for k, v in rules.items() if k not in by_precision}
     if not base:
         raise InputError(f"{p}: [rules] has no bounds of its own (a report of another precision would pass anything)")
-    return Policy(str(p), str(head.get("name", p.stem)), mode, _bounds(p, base, "rules"), by_precision)
+    require = data.get("require", {})
+    if not isinstance(require, dict):
+        raise InputError(f"{p}: 'require' must be a table")
+    return Policy(str(p), str(head.get("name", p.stem)), mode, _bounds(p, base, "rules", RULES), by_precision,
+                  _bounds(p, require, "require", REQUIREMENTS))
 
 
-def _bounds(p: Path, table: dict, where: str) -> dict:
-    """{rule: float bound} from a policy table, every rule known and every bound finite and >= 0."""
+def _bounds(p: Path, table: dict, where: str, known: dict) -> dict:
+    """{key: float bound} from a policy table, every key known and every bound finite and >= 0."""
     for k, v in table.items():
-        if k not in RULES:
-            raise InputError(f"{p}: unknown rule {k!r} in [{where}] (known: {', '.join(sorted(RULES))})")
+        if k not in known:
+            raise InputError(f"{p}: unknown key {k!r} in [{where}] (known: {', '.join(sorted(known))})")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise InputError(f"{p}: rule {k!r} in [{where}] needs a finite bound >= 0, got {v!r}")
+            raise InputError(f"{p}: {k!r} in [{where}] needs a finite bound >= 0, got {v!r}")
     return {k: float(v) for k, v in table.items()}
 
 
-def report_precision(report: dict) -> str:
-    """The fast path's dtype of an audit report (the key of the policy's per-precision bounds)."""
-    try:
-        dt = report["precision"]["fast_path"]
-    except (KeyError, TypeError):
-        raise InputError("report: no precision.fast_path (the gate cannot choose its bounds)") from None
-    if dt not in PRECISIONS:
-        raise InputError(f"report: precision.fast_path {dt!r} is not one of {', '.join(PRECISIONS)}")
-    return dt
-
-
-def evaluate(policy: Policy, report: dict) -> list[Verdict]:
+def evaluate(policy: Policy, report: Report) -> list[Verdict]:
+    """Every rule and requirement of the policy, then the built-in coverage rule: at least one verified
+    node outside order-exact positions in every budget, whatever the policy requires."""
     out = []
-    for rule, bound in policy.bounds(report_precision(report)).items():
+    for rule, bound in policy.bounds(report.precision.fast_path).items():
         fn, meaning = RULES[rule]
-        try:
-            measured = float(fn(report, policy.mode))
-        except (KeyError, TypeError, IndexError) as e:
-            raise InputError(f"report: cannot evaluate rule {rule!r} (missing {e})") from None
-        if not math.isfinite(measured):
-            raise InputError(f"report: rule {rule!r} measured a non-finite value")
+        measured = float(fn(report, policy.mode))
         out.append(Verdict(rule, measured, bound, measured <= bound, meaning))
+    require = {"leak_nodes_per_budget": 1.0, **policy.require}
+    require["leak_nodes_per_budget"] = max(1.0, require["leak_nodes_per_budget"])
+    for name, bound in require.items():
+        fn, meaning = REQUIREMENTS[name]
+        measured = float(fn(report, policy.mode))
+        out.append(Verdict(name, measured, bound, measured >= bound, meaning, kind="min"))
     return out

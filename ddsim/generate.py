@@ -1,6 +1,6 @@
 """Whole generations: prompt -> N tokens, autoregressive or speculative in one verify mode.
 
-A speculative step (SPEC 5-6): draft logits -> tree (root = last emitted token) -> verify the tree
+A speculative step (README, Contracts: verify modes and acceptance): draft logits -> tree (root = last emitted token) -> verify the tree
 in the mode from the committed state -> a target token per node -> walk -> emit the accepted
 draft tokens and the bonus token -> commit what the mode computed at the accepted node.
 
@@ -11,16 +11,17 @@ the numerical noise floor.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
 
-import oracle
+from ddsim import oracle
 from ddsim.acceptance import decision_margins, decision_scores, emitted_tokens, target_tokens, walk
 from ddsim.builders import ddtree
-from ddsim.drafters import DraftContext
+from ddsim.drafters import DraftContext, Drafter
 from ddsim.errors import InputError
 from ddsim.metrics import node_keys, node_metrics
 from ddsim.model import HybridModel
@@ -96,7 +97,8 @@ def decode_from(model: HybridModel, state, root: int, n: int, *, temperature: fl
         root = int(scores.argmax())
         state = model.commit(state, t, res, 0)
         out.append(root)
-        margins.append(float(decision_margins(scores)))
+        m = float(decision_margins(scores))
+        margins.append(m if math.isfinite(m) else None)  # None: no runner-up (a one-token vocabulary)
     return out, margins
 
 
@@ -117,6 +119,7 @@ class StepRecord:
     exact_emitted: list[int]  # what exact verification emits from the same committed state
     silent_corruption: bool  # emitted != exact_emitted
     decision_flips: int  # along the reference walk: nodes whose target token differs from the reference's
+    reference_walk: int  # nodes on the reference walk (root included): the decisions looked at
     path: list[int] = field(default_factory=list)  # accepted node indices, root first
     tree: Tree | None = None
     # measure="full": {mode: node_metrics vs the oracle} for the generation's mode, "exact" (the
@@ -160,7 +163,7 @@ class GenerationResult:
         return sum(s.silent_corruption for s in self.steps)
 
 
-def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, drafter, policy: TreePolicy,
+def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, drafter: Drafter, policy: TreePolicy,
                 mode: str = "exact", steps: int | None = None, temperature: float = 0.0, seed: int = 0,
                 reference: list[int] | None = None, measure: str = "decisions", weights=None,
                 attribution: tuple[str, ...] = (), keep_trees: bool = False,
@@ -191,7 +194,7 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
     step = 0
     while (n_tokens is None or len(out) < n_tokens) and (steps is None or step < steps):
         greedy = None
-        if getattr(drafter, "needs_greedy", False):
+        if drafter.needs_greedy:
             n_done = len(out)
             if reference is not None and temperature == 0 and out == reference[:n_done] \
                     and len(reference) >= n_done + drafter.depth:
@@ -226,13 +229,13 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
         flips = sum(targets[n] != targets_ref[n] for n in ref_path)
 
         rec = StepRecord(step, state.pos, tree.size, int(tree.depths.max()), len(path) - 1, bonus, emitted,
-                         exact_emitted, emitted != exact_emitted, int(flips), path,
+                         exact_emitted, emitted != exact_emitted, int(flips), len(ref_path), path,
                          tree if keep_trees else None, nodes, keys)
         result.steps.append(rec)
         if on_step:
             on_step(rec)
         state = model.commit(state, tree, res, path[-1])
-        if getattr(drafter, "needs_greedy", False):
+        if drafter.needs_greedy:
             shadow = state if mode == "exact" else model.prefill([root] + emitted[:-1], state=shadow)[0]
         out.extend(emitted)
         root = bonus

@@ -1,4 +1,4 @@
-"""Leakage metrics (SPEC 7): a fast-path verify result against the oracle, per node and layer.
+"""Leakage metrics (README, Contracts: leakage metrics): a fast-path verify result against the oracle, per node and layer.
 
 Per node and layer: recurrent state relative error ||S - S_ref||_F / ||S_ref||_F, conv window
 relative error, hidden-state relative error. At the logits: KL(oracle || mode), max abs diff,
@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ddsim.acceptance import decision_margins
+from ddsim.errors import MeasurementError
 from ddsim.tree import Tree
 
 
@@ -56,9 +57,12 @@ def node_keys(tree: Tree) -> dict:
 
 
 def summarize(values: np.ndarray) -> dict:
-    """Median / p90 / max / mean of a flat array (NaN-free), with its count."""
+    """Median / p90 / max / mean of a flat array, with its count. A non-finite value is an error,
+    not a value to skip: it means a fast path produced NaN or Inf, the worst leak there is."""
     v = np.asarray(values, dtype=np.float64).ravel()
-    v = v[np.isfinite(v)]
+    if not np.isfinite(v).all():
+        raise MeasurementError(f"{int((~np.isfinite(v)).sum())} of {v.size} measured values are NaN or infinite "
+                               "(the fast path produced non-finite output)")
     if v.size == 0:
         return {"n": 0, "mean": None, "median": None, "p90": None, "max": None}
     return {"n": int(v.size), "mean": float(v.mean()), "median": float(np.median(v)),

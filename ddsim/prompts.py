@@ -27,6 +27,7 @@ class TextEncoder:
 
     def __init__(self, directory: str | Path):
         d = Path(directory)
+        self.directory = d
         if not (d / "tokenizer.json").is_file():
             raise InputError(f"--model {d}: no tokenizer.json, so text prompts cannot be tokenised "
                              "(give {\"tokens\": [...]} prompts)")
@@ -43,16 +44,35 @@ class TextEncoder:
 
     def encode(self, text: str, *, chat: bool = False) -> list[int]:
         if chat and self.template:
-            import jinja2
-            env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-            env.globals["raise_exception"] = lambda msg: (_ for _ in ()).throw(InputError(f"chat template: {msg}"))
-            try:
-                text = env.from_string(self.template).render(messages=[{"role": "user", "content": text}],
-                                                             add_generation_prompt=True)
-            except jinja2.TemplateError as e:
-                raise InputError(f"chat template: {e}") from None
+            text = render_chat_template(self.template, text, where=f"{self.directory / 'tokenizer_config.json'}")
             return self.tok.encode(text, add_special_tokens=False).ids
         return self.tok.encode(text).ids
+
+
+def render_chat_template(template: str, text: str, *, where: str) -> str:
+    """One user turn through a checkpoint's chat template, in jinja2's immutable sandbox (as
+    transformers renders them): a template is data from a checkpoint ddsim did not write, so it may
+    not reach Python internals, call unsafe methods or change its arguments. A template that tries
+    is refused with one line; nothing in it runs."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(msg):
+        raise InputError(f"{where}: chat template raised: {msg}")
+
+    env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(messages=[{"role": "user", "content": text}],
+                                                add_generation_prompt=True)
+    except jinja2.exceptions.SecurityError as e:
+        raise InputError(f"{where}: chat template refused: it reaches outside the sandbox ({e})") from None
+    except jinja2.TemplateError as e:
+        raise InputError(f"{where}: chat template: {e}") from None
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as e:
+        if isinstance(e, InputError):
+            raise
+        raise InputError(f"{where}: chat template failed ({type(e).__name__}: {e})") from None
 
 
 def _check_tokens(toks, vocab, where):

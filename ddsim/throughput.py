@@ -12,6 +12,7 @@ draft_cost 0.15 (a block-diffusion drafter's one forward), mode factors 1.0.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from ddsim.errors import InputError
 from ddsim.jsonl import read_json
+from ddsim.modes import VERIFY_MODES
 
 
 @dataclass
@@ -47,18 +49,44 @@ class CostModel:
     @classmethod
     def from_file(cls, path: str | Path) -> "CostModel":
         """JSON: {"ar_step_us": float, "verify_us": {"<nodes>": us, ...}, "draft_us": float,
-        "mode_factor": {...}} -> costs in AR steps."""
+        "mode_factor": {mode: factor}} -> costs in AR steps. Every figure must be a finite number,
+        times and factors > 0 (draft_us >= 0), node counts integers >= 1, modes known; unknown keys
+        are refused (a typo would silently leave a default in place)."""
         path = Path(path)
         d = read_json(path, "cost file")
-        try:
-            ar = float(d["ar_step_us"])
-            table = sorted((int(n), float(us) / ar) for n, us in d["verify_us"].items())
-            if ar <= 0 or not table or any(c <= 0 for _, c in table):
-                raise ValueError("non-positive time")
-            return cls(draft_cost=float(d.get("draft_us", 0.0)) / ar, mode_factor=dict(d.get("mode_factor", {})),
-                       table=table, source=str(path))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise InputError(f"{path}: not a cost file ({e})") from None
+
+        def bad(why):
+            return InputError(f"{path}: not a cost file ({why})")
+
+        def number(v, name, *, zero_ok=False):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+                raise bad(f"{name} must be a finite number {'>= 0' if zero_ok else '> 0'}, got {v!r}")
+            return float(v)
+
+        if not isinstance(d, dict):
+            raise bad("expected a JSON object")
+        unknown = sorted(set(d) - {"ar_step_us", "verify_us", "draft_us", "mode_factor"})
+        if unknown:
+            raise bad(f"unknown key {unknown[0]!r}")
+        if "ar_step_us" not in d or "verify_us" not in d:
+            raise bad("needs ar_step_us and verify_us")
+        ar = number(d["ar_step_us"], "ar_step_us")
+        if not isinstance(d["verify_us"], dict) or not d["verify_us"]:
+            raise bad("verify_us must be a non-empty object of node count -> microseconds")
+        table = []
+        for n, us in d["verify_us"].items():
+            if not n.isdigit() or int(n) < 1:
+                raise bad(f"verify_us key {n!r} is not a node count >= 1")
+            table.append((int(n), number(us, f"verify_us[{n}]") / ar))
+        factors = d.get("mode_factor", {})
+        if not isinstance(factors, dict):
+            raise bad("mode_factor must be an object of mode -> factor")
+        for m, f in factors.items():
+            if m not in VERIFY_MODES:
+                raise bad(f"mode_factor names no verify mode: {m!r} (known: {', '.join(VERIFY_MODES)})")
+            number(f, f"mode_factor[{m}]")
+        return cls(draft_cost=number(d.get("draft_us", 0.0), "draft_us", zero_ok=True) / ar,
+                   mode_factor={m: float(f) for m, f in factors.items()}, table=sorted(table), source=str(path))
 
 
 def expected_speedup(*, tokens_per_step: float, nodes: float, mode: str, cost: CostModel) -> float:

@@ -1,13 +1,19 @@
-"""Audit reports: terminal summary, report.json (with its JSON Schema) and a self-contained HTML file."""
+"""Audit reports: the typed report model (model.py), report.json (json_report.py, with the JSON
+Schema generated from the model), a self-contained HTML file and the terminal summary."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ddsim.report_model import Report
 
 
-def precision_label(report: dict) -> str:
+def precision_label(report: Report) -> str:
     """The arithmetic compared, e.g. 'bfloat16 fast path (float32 states) vs float32 oracle'."""
-    p = report["precision"]
-    return f"{p['fast_path']} fast path ({p['recurrent_state']} states) vs {p['oracle']} oracle"
+    p = report.precision
+    return f"{p.fast_path} fast path ({p.recurrent_state} states) vs {p.oracle} oracle"
 
 
-def model_label(report: dict) -> str:
+def model_label(report: Report) -> str:
     """What was audited: the checkpoint directory, or the preset."""
-    cfg = report["config"]
-    return f"checkpoint {cfg['model_path']}" if cfg.get("model_path") else f"preset {cfg['preset']}"
+    return report.provenance.source

@@ -26,3 +26,9 @@ def audit_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def report(audit_dir):
     return json.loads((audit_dir / "report.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def typed_report(audit_dir):
+    from ddsim.reports import json_report
+    return json_report.load(audit_dir / "report.json")

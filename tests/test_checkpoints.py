@@ -166,7 +166,19 @@ def test_audit_command_on_a_checkpoint_with_text_prompts(tmp_path_factory, tmp_p
     r = run_cli("audit", "--model", ck, "--prompts", prompts, "--budget", "4", "--steps", "2", "--out", out)
     assert r.returncode == 0, r.stderr
     rep = json.loads((out / "report.json").read_text())
-    assert rep["model"]["architecture"] == "qwen3_next" and rep["model"]["source"] == str(ck)
+    assert rep["model"]["config"]["architecture"] == "qwen3_next" and rep["model"]["source"] == f"checkpoint {ck}"
+    from ddsim.checkpoint import checkpoint_digest
+    assert rep["provenance"]["weights_sha256"] == checkpoint_digest(ck)
+    # the gate checks a report against the checkpoint it names, by content
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", out / "report.json", "--model", ck)
+    assert g.returncode == 1, g.stdout + g.stderr  # matches (and budget 4 barely exercises the leak)
+    other = tmp_path / "other"
+    shutil.copytree(ck, other)
+    cfgj = json.loads((other / "config.json").read_text())
+    cfgj["rms_norm_eps"] = 1e-5
+    (other / "config.json").write_text(json.dumps(cfgj))
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", out / "report.json", "--model", other)
+    assert g.returncode == 2 and "the report does not match" in g.stderr, g.stderr
     assert len(rep["prompts"]) == 3 and rep["prompts"][2]["tokens"] == [1, 2, 3]
     assert f"checkpoint {ck}" in (out / "report.html").read_text() and f"checkpoint {ck}" in r.stdout
     assert all(b["modes"]["exact"]["generations_leaving_greedy"] == 0 for b in rep["budgets"])
@@ -176,3 +188,101 @@ def test_audit_command_on_a_checkpoint_with_text_prompts(tmp_path_factory, tmp_p
     assert len(json.loads((tmp_path / "out2" / "report.json").read_text())["prompts"]) == 3
     r = run_cli("audit", "--model", tmp_path / "missing", "--out", tmp_path / "out3")
     assert r.returncode == 2 and "not a directory" in r.stderr and not (tmp_path / "out3").exists()
+
+
+def _edit_tensors(d, edit):
+    """Apply ``edit(tensors)`` to every shard of the checkpoint copy ``d`` (and its index)."""
+    from safetensors.torch import load_file, save_file
+    index = d / "model.safetensors.index.json"
+    for f in sorted(d.glob("*.safetensors")):
+        tensors = load_file(str(f))
+        edit(tensors)
+        save_file(tensors, str(f), metadata={"format": "pt"})
+        if index.is_file():
+            idx = json.loads(index.read_text())
+            idx["weight_map"] = {**{k: v for k, v in idx["weight_map"].items() if k in tensors or v != f.name},
+                                 **{k: f.name for k in tensors}}
+            index.write_text(json.dumps(idx))
+
+
+def test_checkpoints_whose_tensors_and_config_disagree_are_refused(tmp_path_factory, tmp_path):
+    """A config that lists fewer layers than the weights hold, or a tensor ddsim does not read: the
+    audit would run another model than the checkpoint, so it refuses instead of dropping them."""
+    import shutil
+    _, d, _ = _save("qwen3_5", tmp_path_factory)
+    fewer = tmp_path / "fewer"
+    shutil.copytree(d, fewer)
+    cfg = json.loads((fewer / "config.json").read_text())
+    cfg["text_config"]["num_hidden_layers"] = 3
+    cfg["text_config"]["layer_types"] = cfg["text_config"]["layer_types"][:3]
+    (fewer / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=r"is for layer 3, but config.json lists 3 layers"):
+        load_checkpoint(fewer)
+    extra = tmp_path / "extra"
+    shutil.copytree(d, extra)
+    _edit_tensors(extra, lambda t: t.__setitem__("model.language_model.layers.0.linear_attn.out_proj.bias",
+                                                  torch.zeros(TEXT["hidden_size"])))
+    with pytest.raises(InputError, match=r"linear_attn.out_proj.bias' is not part of a qwen3_5 layer"):
+        load_checkpoint(extra)
+
+
+def test_float64_checkpoint_loads_and_audits(tmp_path_factory, tmp_path):
+    """float64 weights load as they are (the oracle computes in float64 on the CPU, the fast path in
+    float32), with the same logits as the float32 checkpoint."""
+    import shutil
+
+    from tests.conftest import run_cli
+    _, d, _ = _save("qwen3_next", tmp_path_factory)
+    f64 = tmp_path / "f64"
+    shutil.copytree(d, f64)
+    _edit_tensors(f64, lambda t: t.update({k: v.double() for k, v in t.items()}))
+    cfg = json.loads((f64 / "config.json").read_text())
+    cfg["dtype"] = "float64"
+    cfg.pop("torch_dtype", None)
+    (f64 / "config.json").write_text(json.dumps(cfg))
+    c64, w64, meta = load_checkpoint(f64)
+    assert meta["dtype"] == torch.float64 and w64["embed"].dtype == torch.float64
+    c32, w32, _ = load_checkpoint(d)
+    toks = [1, 5, 7, 9]
+    _, a = HybridModel(c64, w64).prefill(toks)
+    _, b = HybridModel(c32, {k: v.float() for k, v in w32.items()}).prefill(toks)
+    assert torch.allclose(a, b, atol=1e-5)
+    r = run_cli("audit", "--model", f64, "--budget", "4", "--steps", "1", "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+
+
+HOSTILE_TEMPLATES = [
+    "{{ cycler.__init__.__globals__.os.system('touch PWNED') }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{% set x = messages.append({'role': 'system'}) %}{{ messages }}",
+    "{{ joiner.__init__.__globals__['os'].popen('touch PWNED').read() }}",
+]
+
+
+@pytest.mark.parametrize("template", HOSTILE_TEMPLATES)
+def test_a_hostile_chat_template_runs_nothing(tmp_path_factory, tmp_path, template, monkeypatch):
+    """A checkpoint's chat template is rendered in jinja2's immutable sandbox: a template reaching for
+    Python internals or mutating its arguments is refused in one line (exit 2), and nothing runs."""
+    import shutil
+
+    from tests.conftest import run_cli
+    _, d, _ = _save("qwen3_next", tmp_path_factory)
+    ck = tmp_path / "ck"
+    shutil.copytree(d, ck)
+    _write_tokenizer(ck, TEXT["vocab_size"])
+    (ck / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"text": "hello there", "chat": true}\n')
+    r = run_cli("audit", "--model", ck, "--prompts", prompts, "--budget", "4", "--steps", "1",
+                "--out", tmp_path / "out", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "tokenizer_config.json: chat template" in lines[0], r.stderr
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_plain_chat_template_still_renders():
+    from ddsim.prompts import render_chat_template
+    t = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    assert render_chat_template(t, "hi", where="t") == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -1,14 +1,16 @@
 """The command line through subprocesses: audit, report determinism, gate exit codes, tree, and
 bad input (one line, exit 2, no traceback, nothing half-written)."""
-import copy
 import json
 
 import pytest
 
-from reports import json_report
+from ddsim.reports import json_report
+from tests import report_fixtures
 from tests.conftest import FAST_AUDIT, run_cli
 
-DEFAULT_POLICY = "policies/hybrid-unsafe.toml"
+DEFAULT_POLICY = "hybrid-unsafe"  # the built-in policy, ddsim/policies/hybrid-unsafe.toml
+
+
 
 
 def _one_line_error(r, *needles):
@@ -21,10 +23,12 @@ def _one_line_error(r, *needles):
 
 
 def test_audit_writes_valid_report_and_html(audit_dir, report):
-    assert json_report.validate(report) is None
-    assert report["schema_version"] == 2
+    typed = json_report.load(audit_dir / "report.json")  # validates fully, consistency included
+    assert typed.schema_version == 3 and report["schema_version"] == 3
     # a CPU audit compares a float32 fast path with the float64 oracle
     assert report["precision"] == {"fast_path": "float32", "recurrent_state": "float32", "oracle": "float64"}
+    assert typed.provenance.source == "preset micro" and typed.provenance.fast_path == "ddsim-torch"
+    assert len(typed.provenance.weights_sha256) == 64 and typed.provenance.inputs_sha256 == {}
     assert (audit_dir / "report.html").read_text().startswith("<!doctype html>")
     assert not [p for p in audit_dir.iterdir() if p.name.startswith(".")]  # no temp files left
     # every prompt carries its token ids and the reference continuation beside each mode's output
@@ -35,7 +39,7 @@ def test_audit_writes_valid_report_and_html(audit_dir, report):
     for b in report["budgets"]:
         assert b["modes"]["exact"]["generations_leaving_greedy"] == 0
         assert b["modes"]["exact"]["silent_corruption_steps"] == 0
-        assert b["leak"]["leaky"]["argmax_flip_rate"]["order_exact"] in (0.0, None)
+        assert b["leak"]["leaky"]["argmax_flip_rate"]["order_exact"] == 0.0
 
 
 def test_same_seed_same_report(tmp_path, report):
@@ -46,85 +50,94 @@ def test_same_seed_same_report(tmp_path, report):
     assert strip(again) == strip(report)
 
 
-def _without_leak(report):
-    clean = copy.deepcopy(report)
-    for b in clean["budgets"]:
-        for m in ("leaky", "leaky-state", "leaky-conv"):
-            b["modes"][m].update(generations_leaving_greedy=0, generations_leaving_greedy_above_noise=0,
-                                 silent_corruption_steps=0, decision_flip_rate=0.0)
-            b["leak"][m]["argmax_flip_rate"]["all"] = b["leak"]["exact"]["argmax_flip_rate"]["all"]
-    return clean
+def test_fixture_reports_are_what_the_audit_produces():
+    """The committed planted-leak / no-leak reports the fast gate tests read are this code's output."""
+    for kind in report_fixtures.KINDS:
+        fresh = report_fixtures.comparable(report_fixtures.make(kind))
+        assert fresh == report_fixtures.comparable(json_report.load(report_fixtures.path(kind))), kind
 
 
-def test_gate_passes_and_fails_on_the_numbers(tmp_path, report):
-    clean = _without_leak(report)
-    good = tmp_path / "good.json"
-    good.write_text(json.dumps(clean))
-    r = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", good)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "gate hybrid-unsafe (float32 fast path): all 7 rules hold" in r.stdout
-
-    bad = copy.deepcopy(clean)
-    bad["budgets"][-1]["modes"]["leaky"]["generations_leaving_greedy_above_noise"] = 2
-    bad["budgets"][0]["modes"]["leaky"]["silent_corruption_steps"] = 3
-    bad["budgets"][0]["modes"]["exact"]["generations_leaving_greedy_above_noise"] = 1
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(bad))
-    r = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", path)
-    assert r.returncode == 1
-    assert "VIOLATED generations_leaving_greedy_above_noise: measured 2 > bound 0" in r.stdout
-    assert "VIOLATED silent_corruption_steps: measured 3 > bound 0" in r.stdout
-    assert "VIOLATED exact_generations_leaving_greedy_above_noise: measured 1 > bound 0" in r.stdout
-
-
-@pytest.mark.parametrize("fast_path, holds", [("float32", False), ("bfloat16", True), ("float16", False)])
-def test_gate_bounds_follow_the_fast_paths_precision(tmp_path, report, fast_path, holds):
-    """A bfloat16 exact path 1e-2 from the oracle passes [rules.bfloat16]; the same figures under a
-    float32 fast path, or a dtype with no table of its own (float32's bounds), do not."""
-    d = _without_leak(report)
-    d["precision"]["fast_path"] = fast_path
-    for v in d["noise_floor"].values():
-        v.update(state_rel_max=1e-2, kl_max=8e-3)
-    p = tmp_path / "r.json"
-    p.write_text(json.dumps(d))
-    r = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", p)
-    assert r.returncode == (0 if holds else 1), r.stdout + r.stderr
-    assert f"({fast_path} fast path)" in r.stdout
-    if not holds:
-        assert "VIOLATED exact_state_rel_max: measured 0.01 > bound 0.0001" in r.stdout
-        assert "VIOLATED exact_kl_max: measured 0.008 > bound 1e-06" in r.stdout
-
-
-def test_gate_on_the_default_audit_report_is_1_or_0_never_2(audit_dir):
+def test_gate_verdict_on_the_fast_audit_is_exact(audit_dir):
+    """The deterministic FAST_AUDIT: budgets 4 and 8 under a depth-8 drafter build chains only, so no
+    node is outside order-exact positions and every leak rule reads 0 -- the vacuous pass the gate
+    must refuse. The verdict and every line are asserted."""
     r = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", audit_dir / "report.json")
-    assert r.returncode in (0, 1), r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        "VIOLATED leak_nodes_per_budget: measured 0 < bound 100 (verified nodes that were not order-exact, fewest "
+        "over budgets; mode leaky)",
+        "the audit never exercised the leak: some budget verified no node outside order-exact positions (raise "
+        "--budget or --topk-cap), so it cannot approve hybrid-unsafe verification",
+        "gate hybrid-unsafe (float32 fast path, preset micro): 1 of 8 rules violated; keep hybrid-unsafe verification off"]
 
 
-def test_gate_runs_the_audit_itself(tmp_path):
+def test_gate_runs_the_audit_itself_and_checks_what_it_wrote(tmp_path, audit_dir):
     r = run_cli("gate", "--policy", DEFAULT_POLICY, *FAST_AUDIT, "--out", tmp_path / "rep")
-    assert r.returncode in (0, 1), r.stderr
-    assert (tmp_path / "rep" / "report.json").exists()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "VIOLATED leak_nodes_per_budget: measured 0 < bound 100" in r.stdout
+    written = json.loads((tmp_path / "rep" / "report.json").read_text())
+    before = json.loads((audit_dir / "report.json").read_text())
+    assert {k: v for k, v in written.items() if k != "generated_at"} == {k: v for k, v in before.items() if k != "generated_at"}
 
 
-@pytest.mark.parametrize("mutate, needle", [
-    (lambda d: d.update(schema_version=99), "schema_version 99"),
-    (lambda d: d.pop("budgets"), "does not match the report schema"),
-    (lambda d: d["budgets"][0]["modes"].pop("leaky"), "does not match the report schema"),
-    (lambda d: d.pop("precision"), "does not match the report schema"),
-    (lambda d: d["precision"].update(fast_path="int8"), "does not match the report schema"),
-])
-def test_gate_rejects_foreign_reports(tmp_path, report, mutate, needle):
-    d = copy.deepcopy(report)
-    mutate(d)
+def test_gate_on_an_audit_that_never_exercised_the_leak(tmp_path):
+    """--topk-cap 1 builds chains: every node is order-exact, nothing can leak, and the gate must
+    not read the clean numbers as approval."""
+    r = run_cli("gate", "--policy", DEFAULT_POLICY, "--preset", "micro", "--budget", "8", "--steps", "2",
+                "--topk-cap", "1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "VIOLATED leak_nodes_per_budget: measured 0 < bound 100" in r.stdout
+    assert "the audit never exercised the leak" in r.stdout
+    assert [l for l in r.stdout.splitlines() if l.startswith("VIOLATED")] == [
+        l for l in r.stdout.splitlines() if l.startswith("VIOLATED leak_nodes")]
+
+
+def test_gate_report_must_match_the_audit_options_given(tmp_path):
+    leak = report_fixtures.path("leak")
+    settings = report_fixtures.SETTINGS
+    ok = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", leak, "--preset", "micro", "--budget", "24,32",
+                 "--steps", settings["steps"], "--seed", settings["seed"], "--temperature", "0", "--device", "cpu")
+    assert ok.returncode == 1, ok.stdout + ok.stderr  # matches: the verdict is the report's
+    for args, needle in [(["--preset", "tiny"], "--preset tiny: the report does not match (it records preset micro)"),
+                         (["--budget", "16,64"], "--budget [16, 64]: the report does not match (it records [24, 32])"),
+                         (["--steps", "8"], "--steps 8: the report does not match (it records 4)"),
+                         (["--seed", "0"], "--seed 0: the report does not match"),
+                         (["--temperature", "0.5"], "--temperature 0.5: the report does not match"),
+                         (["--topk-cap", "4"], "--topk-cap 4: the report does not match (it records None)"),
+                         (["--device", "cuda"], "--device cuda: the report does not match"),
+                         (["--out", tmp_path / "o"], "--out: only with an audit the gate runs itself")]:
+        _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", leak, *args), needle)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"tokens": [1, 2]}\n')
+    _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", leak, "--prompts", prompts),
+                    "--prompts", "the report does not match")
+
+
+def test_gate_refuses_a_tampered_report_in_one_line(tmp_path):
+    d = json.loads(report_fixtures.path("inert").read_text())
+    d["budgets"][0]["modes"]["leaky"]["silent_corruption_steps"] = None
     p = tmp_path / "r.json"
     p.write_text(json.dumps(d))
-    _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", p), needle)
+    _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", p),
+                    "r.json: invalid report at budgets.0.modes.leaky.silent_corruption_steps")
+    d = json.loads(report_fixtures.path("inert").read_text())
+    d["config"]["budgets"] = [24, 32, 48]
+    p.write_text(json.dumps(d))
+    _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", p), "config.budgets is [24, 32, 48]")
 
 
 @pytest.mark.parametrize("policy_text, needle", [
     ("[rules\n", "malformed TOML"),
     ("[policy]\nmode = 'leaky'\n", "no [rules] table"),
-    ("[rules]\nbogus_rule = 1\n", "unknown rule 'bogus_rule'"),
+    ("[rules]\nbogus_rule = 1\n", "unknown key 'bogus_rule' in [rules]"),
+    ("[policy]\nmdoe = 'leaky-conv'\n[rules]\ndecision_flip_rate = 0\n", "unknown key 'mdoe' in [policy]"),
+    ("[policy]\nname = 3\n[rules]\ndecision_flip_rate = 0\n", "policy.name must be a string"),
+    ("[rules]\ndecision_flip_rate = 0\n[require]\nleak_nodes = 5\n", "unknown key 'leak_nodes' in [require]"),
+    ("[rules]\ndecision_flip_rate = 0\n[require]\nleak_nodes_per_budget = -5\n", "needs a finite bound"),
+    ("[rules]\ndecision_flip_rate = nan\n", "needs a finite bound"),
+    ("[rules]\ndecision_flip_rate = inf\n", "needs a finite bound"),
+    ("[rules]\ndecision_flip_rate = true\n", "needs a finite bound"),
+    ("[rule]\ndecision_flip_rate = 0\n", "unknown table [rule]"),
     ("[rules]\ndecision_flip_rate = -1\n", "needs a finite bound"),
     ("[policy]\nmode = 'exact'\n[rules]\ndecision_flip_rate = 0\n", "policy.mode 'exact'"),
     ("[rules]\ndecision_flip_rate = 0\n[rules.bf16]\nexact_kl_max = 1\n", "[rules.bf16] names no dtype"),
@@ -154,7 +167,15 @@ def test_gate_missing_and_malformed_files(tmp_path):
     (["--device", "cuda:7"], "--device"),
     (["--device", "tpu"], "--device"),
     (["--model", "/nonexistent"], "--model /nonexistent: not a directory"),
-    (["--temperature", "-1"], "--temperature"),
+    (["--temperature", "-1"], "--temperature: Input should be greater than or equal to 0"),
+    (["--temperature", "nan"], "--temperature: expected a finite number, got nan"),
+    (["--temperature", "inf"], "--temperature: expected a finite number, got inf"),
+    (["--budget", "5000"], "--budget: Input should be less than or equal to 1024"),
+    (["--budget", "8,8"], "--budget: budgets repeat"),
+    (["--steps", "100000"], "--steps: Input should be less than or equal to 4096"),
+    (["--topk-cap", "0"], "--topk-cap: Input should be greater than or equal to 1"),
+    (["--seed", "-3"], "--seed: Input should be greater than or equal to 0"),
+    (["--preset", "qwen3.6-27b"], "--preset qwen3.6-27b: the audit needs about"),
 ])
 def test_audit_bad_options(tmp_path, args, needle):
     out = tmp_path / "out"
@@ -176,6 +197,9 @@ def test_audit_bad_files(tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("x")
     _one_line_error(run_cli("audit", *FAST_AUDIT, "--out", a_file), "not a directory")
+    _one_line_error(run_cli("audit", *FAST_AUDIT, "--out", a_file / "sub"), "is not a directory")
+    # found before the audit runs, not after it: /proc takes no new directories
+    _one_line_error(run_cli("audit", *FAST_AUDIT, "--out", "/proc/ddsim-out/x"), "--out /proc/ddsim-out/x: cannot write there")
     assert not out.exists()
 
 
@@ -189,6 +213,7 @@ def test_audit_with_prompts_and_trace(tmp_path):
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "o" / "report.json").read_text())
     assert rep["config"]["drafter"]["kind"] == "trace" and len(rep["prompts"]) == 1
+    assert sorted(rep["provenance"]["inputs_sha256"]) == ["prompts", "trace"]
 
 
 def test_tree_command(tmp_path):

@@ -1,0 +1,494 @@
+"""The chain that decides the gate's verdict — per-node metrics -> aggregation -> report model ->
+gate — tested on values: hand-built records with hand-computed results, the committed planted-leak
+/ no-leak reports with their exact verdicts, and every class of report the gate must refuse.
+
+Fast (no audit runs here): `make mutation` runs these tests against mutants of ddsim/metrics.py,
+ddsim/aggregate.py, ddsim/report_model.py and ddsim/gate.py.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from ddsim import cli
+from ddsim.aggregate import NodePool
+from ddsim.config import get_preset
+from ddsim.errors import InputError, MeasurementError
+from ddsim.gate import evaluate, leak_nodes, load_policy
+from ddsim.metrics import group_by, node_metrics, summarize
+from ddsim.report_model import LeakTable, ModeSummary, NoiseFloor, Summary, noise_margin_of
+from ddsim.reports import json_report
+from ddsim.tree import Tree
+from tests.report_fixtures import path as fixture_path
+
+POLICY = load_policy("hybrid-unsafe")
+
+
+@pytest.fixture(scope="module")
+def raw():
+    return {k: json.loads(fixture_path(k).read_text()) for k in ("leak", "inert")}
+
+
+@pytest.fixture(scope="module")
+def reports(raw):
+    return {k: json_report.load(fixture_path(k)) for k in raw}
+
+
+# --- per-node metrics and their aggregation, on hand-built values -------------------------------
+
+def test_summarize_values_and_refuses_non_finite():
+    s = summarize([3.0, 1.0, 2.0, 10.0])
+    assert s == {"n": 4, "mean": 4.0, "median": 2.5, "p90": pytest.approx(7.9), "max": 10.0}
+    assert summarize([]) == {"n": 0, "mean": None, "median": None, "p90": None, "max": None}
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(MeasurementError, match="1 of 3 measured values are NaN or infinite"):
+            summarize([1.0, bad, 2.0])
+
+
+def test_group_by_groups_and_masks():
+    keys = np.array([0, 1, 1, 2])
+    vals = np.array([[1.0, 2.0, 4.0, 8.0], [0.0, 0.0, 0.0, 16.0]])  # [layers, nodes]: a group pools both rows
+    g = group_by(keys, vals)
+    assert sorted(g) == [0, 1, 2]
+    assert g[1] == {"n": 4, "mean": 1.5, "median": 1.0, "p90": pytest.approx(3.4), "max": 4.0}
+    assert g[2]["max"] == 16.0 and g[2]["n"] == 2
+    assert sorted(group_by(keys, vals[0], mask=keys > 0)) == [1, 2]
+
+
+def test_kl_is_oracle_against_mode_and_flags_and_margins():
+    """KL(oracle || mode), not the reverse: the two differ on these logits."""
+    cfg = get_preset("micro")
+    lo = torch.tensor([[3.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64)  # oracle
+    lm = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 2.5]], dtype=torch.float64)  # mode
+    hid = [torch.ones(2, 4)] * cfg.num_layers
+    ref = SimpleNamespace(logits=lo, hidden=hid, ssm=[None] * cfg.num_layers)
+    res = SimpleNamespace(logits=lm, hidden=[h * 1.5 for h in hid], ssm=[None] * cfg.num_layers)
+    tree = Tree(parents=[-1, 0], tokens=[0, 1])
+    m = node_metrics(tree, res, ref, cfg)
+    p, q = torch.softmax(lo, -1), torch.softmax(lm, -1)
+    forward = (p * (p.log() - q.log())).sum(-1).numpy()
+    backward = (q * (q.log() - p.log())).sum(-1).numpy()
+    assert np.allclose(m["kl"], forward) and not np.allclose(m["kl"], backward)
+    assert m["flip"].tolist() == [False, True]  # node 0: the uniform row ties, argmax takes the first
+    assert np.allclose(m["margin"], [3.0, 1.0])  # the oracle's top-1 minus top-2
+    assert np.allclose(m["max_abs"], [2.0, 2.5])
+    assert np.allclose(m["hidden_rel"], 0.5)
+
+
+def _step_metrics():
+    """A 4-node tree (0 root; 1, 2 children of 0; 3 child of 2): order-exact [T, T, F, F]."""
+    tree = Tree(parents=[-1, 0, 0, 2], tokens=[0, 1, 2, 3])
+    assert tree.order_exact.tolist() == [True, True, False, False]
+    G, L = 3, 4
+    metrics = {
+        "kl": np.array([0.0, 0.1, 0.5, 0.9]), "max_abs": np.array([0.0, 1.0, 2.0, 3.0]),
+        "margin": np.array([1.0, 2.0, 3.0, 4.0]), "flip": np.array([False, False, True, True]),
+        "state_rel": np.arange(G * 4, dtype=float).reshape(G, 4) / 100,
+        "conv_rel": np.arange(G * 4, dtype=float).reshape(G, 4) / 10,
+        "hidden_rel": np.arange(L * 4, dtype=float).reshape(L, 4) / 1000,
+    }
+    keys = {"depth": tree.depths.copy(), "rank": tree.sibling_rank.copy(), "order_exact": tree.order_exact.copy()}
+    return metrics, keys
+
+
+def test_pool_table_splits_groups_and_counts():
+    cfg = get_preset("micro")  # ggga: GDN layers 0, 1, 2
+    pool = NodePool()
+    metrics, keys = _step_metrics()
+    pool.add(metrics, keys)
+    pool.add(metrics, keys)  # two steps: 8 nodes
+    t = pool.table(cfg)
+    LeakTable(**t)  # the report model accepts it
+    assert (t["nodes"], t["order_exact_nodes"], t["not_order_exact_nodes"]) == (8, 4, 4)
+    assert t["argmax_flip_rate"] == {"order_exact": 0.0, "other": 1.0, "all": 0.5}
+    assert t["kl"]["other"] == summarize([0.5, 0.9, 0.5, 0.9]) and t["kl"]["order_exact"]["max"] == 0.1
+    assert t["max_abs_logit"]["other"]["max"] == 3.0
+    # state rows of order-exact nodes (columns 0, 1) and the others (2, 3), every GDN layer pooled
+    st = metrics["state_rel"]
+    assert t["state_rel"]["other"] == summarize(np.concatenate([st[:, 2:], st[:, 2:]], 1))
+    assert t["state_rel"]["order_exact"] == summarize(np.concatenate([st[:, :2], st[:, :2]], 1))
+    # hidden_rel_last is the last layer's
+    assert t["hidden_rel_last"]["other"]["max"] == metrics["hidden_rel"][-1, 3]
+    by_depth = {r["depth"]: r for r in t["by_depth"]}
+    assert {d: r["nodes"] for d, r in by_depth.items()} == {0: 2, 1: 4, 2: 2}
+    assert by_depth[1]["argmax_flip_rate"] == 0.5 and by_depth[2]["argmax_flip_rate"] == 1.0
+    assert by_depth[2]["state_rel"] == summarize(np.concatenate([st[:, 3:], st[:, 3:]], 1))
+    by_rank = {r["rank"]: r for r in t["by_rank"]}  # the root (depth 0) is no one's sibling
+    assert {k: r["nodes"] for k, r in by_rank.items()} == {0: 4, 1: 2}
+    assert by_rank[1]["argmax_flip_rate"] == 1.0 and by_rank[0]["argmax_flip_rate"] == 0.5
+    layers = t["by_layer"]
+    assert [r["kind"] for r in layers] == list("ggga") and "state_rel" not in layers[3]
+    assert layers[1]["state_rel"] == summarize(np.concatenate([st[1, 2:], st[1, 2:]]))
+    assert layers[2]["conv_rel"]["max"] == metrics["conv_rel"][2, 3]
+    assert layers[3]["hidden_rel"] == summarize(np.concatenate([metrics["hidden_rel"][3, 2:]] * 2))
+    assert t["margin_of_flipped"] == summarize([3.0, 4.0, 3.0, 4.0])
+    assert t["margin_all"]["n"] == 8
+
+
+def test_noise_floor_is_the_worst_node_of_either_group():
+    cfg = get_preset("micro")
+    pool = NodePool()
+    metrics, keys = _step_metrics()
+    metrics["state_rel"] = metrics["state_rel"][:, ::-1].copy()  # the worst state error on an order-exact node
+    pool.add(metrics, keys)
+    floor = NoiseFloor.of(LeakTable(**pool.table(cfg)))
+    assert floor.state_rel_max == metrics["state_rel"].max()
+    assert floor.kl_max == 0.9 and floor.argmax_flip_rate == 0.5
+
+
+def _gen(prompt, accepted, flips, tokens_first=None, margin=None, silent=0, walks=None):
+    from ddsim.report_model import Generation
+    n = sum(a + 1 for a in accepted)
+    return Generation(prompt=prompt, budget=8, mode="leaky", policy="ddtree-8", tokens=[1] * n,
+                      first_divergence=tokens_first, divergence_margin=margin, agreement=0.5 if tokens_first is not None else 1.0,
+                      silent_corruption_steps=silent, tokens_per_step=n / len(accepted), accepted=accepted,
+                      decision_flips=flips, reference_walk=walks or [a + 1 for a in accepted], tree_sizes=[9] * len(accepted))
+
+
+def test_mode_summary_from_generations():
+    gens = [_gen(0, [2, 0, 3], [0, 1, 2], tokens_first=3, margin=0.7, silent=2, walks=[3, 4, 4]),
+            _gen(1, [1, 1, 1], [0, 0, 0])]
+    s = ModeSummary.of(gens, ref_len=6, noise_margin=0.5)
+    assert s.generations == 2 and s.steps == 6
+    assert s.tokens_per_step == pytest.approx(14 / 6)  # each step emits accepted + 1
+    assert s.accepted_histogram == [1, 3, 1, 1]
+    # decision flips per node of the reference walk (3 + 4 + 4 + 2 + 2 + 2), not of the mode's walk
+    assert s.decision_flips == 3 and s.decision_flip_rate == pytest.approx(3 / 17)
+    assert s.silent_corruption_steps == 2
+    assert s.generations_leaving_greedy == 1 and s.generations_leaving_greedy_above_noise == 1
+    assert s.first_divergence == [3, None]
+    assert s.agreement == 0.75 and s.mean_tree_size == 9.0
+    assert s.survival == [1.0, 1.0, 1.0, 0.5, 0.5, 0.5]  # generation 0 leaves at token 3
+    assert ModeSummary.of(gens, ref_len=6, noise_margin=0.7).generations_leaving_greedy_above_noise == 0
+
+
+def test_noise_margin_of_tables_and_temperature():
+    t = lambda xs: SimpleNamespace(margin_of_flipped=Summary(**summarize(xs)))  # noqa: E731
+    assert noise_margin_of([t([0.3]), t([0.1, 0.5]), t([])], 0.0) == 0.5
+    assert noise_margin_of([t([0.3])], 2.0) == 0.15
+    assert noise_margin_of([t([])], 1.0) == 0.0
+
+
+# --- the gate on the committed planted-leak / no-leak pair --------------------------------------
+
+LEAK_VIOLATIONS = {
+    "argmax_flip_rate_above_noise": 0.305556, "decision_flip_rate": 0.172414,
+    "generations_leaving_greedy_above_noise": 3, "silent_corruption_steps": 4,
+}
+
+
+def _measured(verdicts):
+    return {v.rule: v.measured for v in verdicts}
+
+
+def test_gate_refuses_the_planted_leak(reports):
+    verdicts = evaluate(POLICY, reports["leak"])
+    bad = {v.rule: v.measured for v in verdicts if not v.holds}
+    assert bad.keys() == LEAK_VIOLATIONS.keys()
+    for rule, value in LEAK_VIOLATIONS.items():
+        assert bad[rule] == pytest.approx(value, rel=1e-5), rule
+    m = _measured(verdicts)
+    assert m["exact_generations_leaving_greedy_above_noise"] == 0 and m["exact_kl_max"] < 1e-9
+    assert m["leak_nodes_per_budget"] == leak_nodes(reports["leak"], "leaky") >= 100
+
+
+def test_gate_approves_the_inert_model(reports):
+    verdicts = evaluate(POLICY, reports["inert"])
+    assert all(v.holds for v in verdicts), [v for v in verdicts if not v.holds]
+    assert len(verdicts) == 8
+    m = _measured(verdicts)
+    assert m["argmax_flip_rate_above_noise"] == 0.0 and m["silent_corruption_steps"] == 0
+    # the state did leak (the rules are about what reaches the tokens), and coverage is real
+    leaky = reports["inert"].budgets[0].leak["leaky"]
+    assert leaky.state_rel.other.median > 0.1 and m["leak_nodes_per_budget"] >= 100
+
+
+def test_gate_exit_codes_in_process(capsys):
+    assert cli.main(["gate", "--policy", "hybrid-unsafe", "--report", str(fixture_path("leak"))]) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATED silent_corruption_steps: measured 4 > bound 0" in out and "4 of 8 rules violated" in out
+    assert cli.main(["gate", "--policy", "hybrid-unsafe", "--report", str(fixture_path("inert"))]) == 0
+    assert "all 8 rules hold for mode leaky" in capsys.readouterr().out
+
+
+def _with_leak_nodes(report, n):
+    budgets = [b.model_copy(update={"leak": {m: t.model_copy(update={"not_order_exact_nodes": n})
+                                             for m, t in b.leak.items()}}) for b in report.budgets]
+    return report.model_copy(update={"budgets": budgets})
+
+
+def test_no_exercised_leak_is_a_violation_whatever_the_policy(reports, tmp_path):
+    """An audit with no node outside order-exact positions cannot approve, even if its policy
+    requires nothing; a policy may require more."""
+    vacuous = _with_leak_nodes(reports["inert"], 0)
+    lax = tmp_path / "lax.toml"
+    lax.write_text("[rules]\nsilent_corruption_steps = 0\n")
+    v = {x.rule: x for x in evaluate(load_policy(lax), vacuous)}
+    assert not v["leak_nodes_per_budget"].holds and v["leak_nodes_per_budget"].bound == 1.0
+    assert v["silent_corruption_steps"].holds
+    assert v["leak_nodes_per_budget"].line("leaky").startswith("VIOLATED leak_nodes_per_budget: measured 0 < bound 1")
+    few = {x.rule: x for x in evaluate(POLICY, _with_leak_nodes(reports["inert"], 99))}
+    assert not few["leak_nodes_per_budget"].holds and few["leak_nodes_per_budget"].bound == 100
+    assert all(x.holds for x in evaluate(POLICY, _with_leak_nodes(reports["inert"], 100)))
+
+
+@pytest.mark.parametrize("fast_path, holds", [("float32", False), ("bfloat16", True), ("float16", False)])
+def test_gate_bounds_follow_the_fast_paths_precision(reports, fast_path, holds):
+    """A bfloat16 exact path 1e-2 from the oracle passes [rules.bfloat16]; the same figures under a
+    float32 fast path, or a dtype with no table of its own (float32's bounds), do not."""
+    r = reports["inert"]
+    r = r.model_copy(update={
+        "precision": r.precision.model_copy(update={"fast_path": fast_path}),
+        "noise_floor": {k: v.model_copy(update={"state_rel_max": 1e-2, "kl_max": 8e-3}) for k, v in r.noise_floor.items()}})
+    v = {x.rule: x for x in evaluate(POLICY, r)}
+    assert v["exact_state_rel_max"].holds == holds and v["exact_kl_max"].holds == holds
+    assert v["exact_state_rel_max"].bound == (5e-2 if fast_path == "bfloat16" else 1e-4)
+
+
+# --- reports the gate must refuse ---------------------------------------------------------------
+
+def _mode(d, b, m):
+    return d["budgets"][b]["modes"][m]
+
+
+TAMPER = [
+    # bad measurements are refused, not skipped
+    ("null rate", lambda d: _mode(d, 0, "leaky").update(decision_flip_rate=None), "budgets.0.modes.leaky.decision_flip_rate"),
+    ("negative count", lambda d: _mode(d, 1, "leaky").update(silent_corruption_steps=-1), "silent_corruption_steps"),
+    ("rate above 1", lambda d: d["budgets"][0]["leak"]["leaky"]["argmax_flip_rate"].update(all=1.5), "argmax_flip_rate.all"),
+    ("string count", lambda d: _mode(d, 0, "leaky").update(generations_leaving_greedy="0"), "generations_leaving_greedy"),
+    ("bool count", lambda d: _mode(d, 0, "leaky").update(silent_corruption_steps=False), "silent_corruption_steps"),
+    ("missing field", lambda d: _mode(d, 0, "leaky").pop("generations_leaving_greedy_above_noise"), "Field required"),
+    ("untyped noise floor", lambda d: d["noise_floor"]["24"].update(kl_max="tiny"), "noise_floor.24.kl_max"),
+    ("negative noise floor", lambda d: d["noise_floor"]["24"].update(state_rel_max=-1.0), "noise_floor.24.state_rel_max"),
+    ("unknown field", lambda d: d["budgets"][0].update(notes="x"), "Extra inputs are not permitted"),
+    ("summary stats out of order", lambda d: d["budgets"][0]["leak"]["leaky"]["kl"]["other"].update(max=0.0), "above max"),
+    # inconsistent reports
+    ("budget listed but absent", lambda d: d["budgets"].pop(), "config.budgets is [24, 32]"),
+    ("budget repeated", lambda d: d["config"].update(budgets=[24, 24]), "budgets repeat"),
+    ("mode missing", lambda d: d["budgets"][0]["modes"].pop("leaky-conv"), "mode 'leaky-conv' missing"),
+    ("summary disagrees with generations",
+     lambda d: _mode(d, 0, "leaky").update(silent_corruption_steps=0), "but generations[] give"),
+    ("rate disagrees with generations", lambda d: _mode(d, 1, "leaky").update(decision_flip_rate=0.0), "decision_flip_rate"),
+    ("generation dropped", lambda d: d["generations"].pop(), "is missing"),
+    ("generation duplicated", lambda d: d["generations"].append(copy.deepcopy(d["generations"][-1])), "appears twice"),
+    ("generation of another prompt", lambda d: d["generations"][3]["tokens"].__setitem__(0, 47), "first_divergence"),
+    ("precision not the environment's", lambda d: d["precision"].update(fast_path="bfloat16"),
+     "a CPU audit compares a float32 fast path"),
+    ("oracle not the environment's", lambda d: d["precision"].update(oracle="float32"), "precision"),
+    ("noise floor from another run", lambda d: d["noise_floor"]["32"].update(kl_max=1e-3), "noise_floor[32].kl_max"),
+    ("noise margin from another run", lambda d: d.update(noise_margin=0.5), "noise_margin"),
+    ("noise floor budget missing", lambda d: d["noise_floor"].pop("32"), "noise_floor"),
+    ("leak coverage inflated", lambda d: d["budgets"][0]["leak"]["leaky"].update(not_order_exact_nodes=10**6),
+     "not_order_exact_nodes"),
+    ("leak tables of different trees", lambda d: d["budgets"][0]["leak"]["leaky-conv"].update(
+        nodes=1, order_exact_nodes=1, not_order_exact_nodes=0), "leak"),
+    ("provenance version", lambda d: d["provenance"].update(ddsim_version="0.0.1"), "provenance.ddsim_version"),
+    ("provenance source", lambda d: d["provenance"].update(source="preset tiny"), "provenance.source"),
+    ("weights hash", lambda d: d["provenance"].update(weights_sha256="xyz"), "weights_sha256"),
+    ("throughput row", lambda d: d["throughput"]["rows"][1].update(tokens_per_step=99.0), "throughput.rows"),
+    ("other schema", lambda d: d.update(schema_version=2), "schema_version 2"),
+    ("unstamped", lambda d: d.update(generated_at=None), "generated_at missing"),
+]
+
+
+@pytest.mark.parametrize("name, mutate, needle", TAMPER, ids=[t[0] for t in TAMPER])
+def test_tampered_reports_do_not_load(raw, name, mutate, needle):
+    d = copy.deepcopy(raw["leak"])
+    mutate(d)
+    with pytest.raises(InputError) as e:
+        json_report.loads(json.dumps(d), "r.json")
+    assert needle in str(e.value), str(e.value)
+    assert str(e.value).startswith("r.json: ")
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('{"schema_version": 3, "schema_version": 3}', "key 'schema_version' appears twice"),
+    ('{"schema_version": NaN}', "NaN is not a JSON number"),
+    ('{"schema_version": 3, "x": -Infinity}', "-Infinity is not a JSON number"),
+    ("[1, 2]", "not a ddsim report"),
+    ("{oops", "malformed JSON"),
+])
+def test_malformed_report_text(text, needle):
+    with pytest.raises(InputError, match=needle):
+        json_report.loads(text, "r.json")
+
+
+def test_duplicate_key_deep_inside_a_real_report(raw):
+    text = json.dumps(raw["inert"])
+    text = text.replace('"silent_corruption_steps": 0', '"silent_corruption_steps": 5, "silent_corruption_steps": 0', 1)
+    with pytest.raises(InputError, match="'silent_corruption_steps' appears twice"):
+        json_report.loads(text, "r.json")
+
+
+def test_fixture_reports_load_and_round_trip(raw, reports):
+    for k, r in reports.items():
+        assert json.loads(json_report.dumps(r)) == raw[k]
+        assert math.isclose(r.noise_margin, 0.0)
+
+
+def test_schema_file_is_generated_from_the_model():
+    assert json.loads(json_report.SCHEMA_PATH.read_text()) == json_report.schema()
+
+
+# --- edge cases the mutation run showed untested ------------------------------------------------
+
+def test_rel_rows_with_zero_references():
+    from ddsim.metrics import _rel_rows
+    ref = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 0.0]], dtype=torch.float64)
+    a = torch.tensor([[0.0, 0.0], [3.0, 4.5], [1.0, 0.0]], dtype=torch.float32)
+    rel = _rel_rows(a, ref)
+    assert rel[0] == 0.0 and rel[1] == pytest.approx(0.1) and rel[2] == np.inf
+    assert _rel_rows(torch.full((1, 2), 0.5), torch.full((1, 2), 0.25, dtype=torch.float64))[0] == 1.0
+
+
+def test_node_metrics_per_gdn_layer_states_and_windows():
+    """state_rel and conv_rel: one row per GDN layer, in layer order, each node its own column."""
+    cfg = get_preset("micro")  # ggga
+    T, L = 2, cfg.num_layers
+    lo = torch.zeros(T, 5, dtype=torch.float64)
+    ssm_ref = [torch.ones(T, 2, 3, dtype=torch.float64) * (i + 1) if cfg.layer_pattern[i] == "g" else None for i in range(L)]
+    conv_ref = [torch.ones(T, 4, 3, dtype=torch.float64) if cfg.layer_pattern[i] == "g" else None for i in range(L)]
+    ssm = [None if s is None else s * torch.tensor([1.0, 1.5], dtype=torch.float64)[:, None, None] for s in ssm_ref]
+    conv = [None if c is None else c * (1 + 0.1 * i) for i, c in enumerate(conv_ref)]
+    hid = [torch.ones(T, 4)] * L
+    ref = SimpleNamespace(logits=lo, hidden=hid, ssm=ssm_ref, conv=conv_ref)
+    res = SimpleNamespace(logits=lo.clone(), hidden=hid, ssm=ssm, conv=conv)
+    m = node_metrics(Tree(parents=[-1, 0], tokens=[0, 1]), res, ref, cfg)
+    assert m["state_rel"].shape == (3, 2) and np.allclose(m["state_rel"], [[0.0, 0.5]] * 3)
+    assert np.allclose(m["conv_rel"], [[0.0, 0.0], [0.1, 0.1], [0.2, 0.2]])
+    assert np.allclose(m["kl"], 0.0) and not m["flip"].any()
+
+
+def test_group_by_on_one_row_and_boolean_keys():
+    assert group_by(np.array([0, 0, 1]), np.array([1.0, 3.0, 5.0]))[0]["mean"] == 2.0
+    g = group_by(np.array([True, False, True]), np.array([1.0, 2.0, 3.0]))
+    assert set(g) == {False, True} and all(isinstance(k, bool) for k in g) and g[True]["n"] == 2
+
+
+def test_empty_pool_and_empty_summaries():
+    cfg = get_preset("micro")
+    t = NodePool().table(cfg)
+    assert (t["nodes"], t["not_order_exact_nodes"]) == (0, 0)
+    assert t["argmax_flip_rate"] == {"order_exact": None, "other": None, "all": None}
+    assert t["by_depth"] == [] and t["margin_of_flipped"]["n"] == 0 and t["hidden_rel_last"]["other"]["n"] == 0
+    assert NodePool().get("kl").shape == (0,)
+    s = ModeSummary.of([], ref_len=3, noise_margin=0.0)
+    assert (s.steps, s.tokens_per_step, s.mean_tree_size, s.decision_flip_rate) == (0, 0.0, 0.0, 0.0)
+    assert s.accepted_histogram == [] and s.agreement is None and s.survival == []
+
+
+def test_by_rank_leaves_the_root_out_of_every_group():
+    cfg = get_preset("micro")
+    pool = NodePool()
+    metrics, keys = _step_metrics()
+    pool.add(metrics, keys)
+    by_rank = {r["rank"]: r for r in pool.table(cfg)["by_rank"]}
+    st, hid = metrics["state_rel"], metrics["hidden_rel"][-1]
+    assert by_rank[0]["state_rel"] == summarize(st[:, [1, 3]])  # nodes 1 and 3, not the root
+    assert by_rank[0]["hidden_rel_last"] == summarize(hid[[1, 3]])
+    assert by_rank[1]["state_rel"] == summarize(st[:, [2]])
+
+
+def test_agreement_of_an_empty_generation_is_one():
+    from ddsim.report_model import Generation
+    g = Generation(prompt=0, budget=None, mode="exact", policy="chain", tokens=[], first_divergence=None,
+                   divergence_margin=None, agreement=1.0, silent_corruption_steps=0, tokens_per_step=0.0,
+                   accepted=[], decision_flips=[], reference_walk=[], tree_sizes=[])
+    g.check_against([], [], "g")
+    with pytest.raises(ValueError, match="agreement"):
+        g.model_copy(update={"agreement": 0.0}).check_against([], [], "g")
+
+
+def test_worst_refuses_what_it_cannot_trust():
+    from ddsim.gate import _worst
+    assert _worst([0.5, 2.0, 1.0]) == 2.0
+    for bad in ([], [1.0, None], [float("nan")], [float("inf"), 0.0]):
+        with pytest.raises(InputError, match="missing or non-finite"):
+            _worst(bad)
+
+
+def test_flip_excess_subtracts_the_exact_paths_flips(reports):
+    from ddsim.gate import _flip_excess
+
+    def with_rates(r, leaky, exact):
+        def leak(b):
+            upd = {m: t.model_copy(update={"argmax_flip_rate": t.argmax_flip_rate.model_copy(
+                update={"all": {"leaky": leaky, "exact": exact}.get(m, t.argmax_flip_rate.all)})})
+                for m, t in b.leak.items()}
+            return b.model_copy(update={"leak": upd})
+        return r.model_copy(update={"budgets": [leak(b) for b in r.budgets]})
+
+    assert _flip_excess(with_rates(reports["inert"], 0.3, 0.1), "leaky") == pytest.approx(0.2)
+    null = with_rates(reports["inert"], None, 0.1)
+    with pytest.raises(InputError, match="measured no node"):
+        _flip_excess(null, "leaky")
+    with pytest.raises(InputError, match="measured no node"):
+        _flip_excess(with_rates(reports["inert"], 0.1, None), "leaky")
+
+
+def test_each_rule_reads_its_own_field_and_mode(reports):
+    """Every rule's measurement, checked against the report's own numbers (worst budget)."""
+    from ddsim.gate import RULES
+    r = reports["leak"]
+    worst = lambda mode, f: max(getattr(b.modes[mode], f) for b in r.budgets)  # noqa: E731
+    expect = {
+        "decision_flip_rate": worst("leaky", "decision_flip_rate"),
+        "generations_leaving_greedy": worst("leaky", "generations_leaving_greedy"),
+        "generations_leaving_greedy_above_noise": worst("leaky", "generations_leaving_greedy_above_noise"),
+        "silent_corruption_steps": worst("leaky", "silent_corruption_steps"),
+        "exact_generations_leaving_greedy": worst("exact", "generations_leaving_greedy"),
+        "exact_generations_leaving_greedy_above_noise": worst("exact", "generations_leaving_greedy_above_noise"),
+        "exact_state_rel_max": max(v.state_rel_max for v in r.noise_floor.values()),
+        "exact_kl_max": max(v.kl_max for v in r.noise_floor.values()),
+    }
+    for rule, value in expect.items():
+        assert RULES[rule][0](r, "leaky") == value, rule
+    # the gated mode is the policy's: leaky-conv reads leaky-conv's summaries
+    assert RULES["silent_corruption_steps"][0](r, "leaky-conv") == worst("leaky-conv", "silent_corruption_steps")
+    assert len({RULES["decision_flip_rate"][0](r, m) for m in ("leaky", "leaky-state", "leaky-conv")}) > 1
+
+
+MORE_TAMPER = [
+    ("a checkpoint path on a preset report", lambda d: d["config"].update(model_path="/x"), "provenance.source"),
+    ("device not the environment's", lambda d: d["config"].update(device="cuda"), "environment.device"),
+    ("reference margin dropped", lambda d: d["prompts"][0]["reference_margins"].pop(), "prompts[0]"),
+    ("prompt token at the vocabulary size", lambda d: d["prompts"][1]["tokens"].__setitem__(0, 48),
+     "token outside the vocabulary (48)"),
+    ("layer kind changed", lambda d: d["budgets"][0]["leak"]["exact"]["by_layer"][0].update(kind="a"),
+     "does not match the model's layers"),
+    ("prompt numbered wrong", lambda d: d["prompts"][1].update(index=5), "prompts[1].index"),
+    ("steps changed", lambda d: d["config"].update(steps=3), "expected 27"),
+    ("an input digest without its file", lambda d: d["provenance"]["inputs_sha256"].update(trace="0" * 64),
+     "provenance.inputs_sha256"),
+]
+
+
+@pytest.mark.parametrize("name, mutate, needle", MORE_TAMPER, ids=[t[0] for t in MORE_TAMPER])
+def test_more_tampered_reports_do_not_load(raw, name, mutate, needle):
+    d = copy.deepcopy(raw["leak"])
+    mutate(d)
+    with pytest.raises(InputError) as e:
+        json_report.loads(json.dumps(d), "r.json")
+    assert needle in str(e.value), str(e.value)
+
+
+def test_a_cuda_report_needs_the_float32_oracle(raw):
+    d = copy.deepcopy(raw["inert"])
+    d["environment"]["device"] = "cuda:0"
+    d["config"]["device"] = "cuda"
+    with pytest.raises(InputError, match="a CUDA audit runs the float32 oracle"):
+        json_report.loads(json.dumps(d), "r.json")
+    d["precision"].update(oracle="float32", fast_path="bfloat16")
+    assert json_report.loads(json.dumps(d), "r.json").precision.fast_path == "bfloat16"
+
+
+def test_report_matches_the_generated_json_schema(raw):
+    import jsonschema
+    jsonschema.Draft202012Validator(json_report.schema()).validate(raw["leak"])

@@ -1,0 +1,88 @@
+"""How reports reach the disk: report.html and report.json as a pair (a new report.json never stands
+beside an old report.html), temporary files removed on failure and on SIGTERM, file modes that
+follow the umask; and what the command line says about an internal error."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddsim import cli
+from ddsim.reports import json_report
+from tests import report_fixtures
+from tests.conftest import FAST_AUDIT
+
+
+def _leftovers(d):
+    return sorted(p.name for p in d.iterdir() if p.name.startswith("."))
+
+
+def test_pair_is_written_html_first_and_json_last(tmp_path, monkeypatch):
+    report = json_report.load(report_fixtures.path("inert"))
+    order = []
+    real = os.replace
+    monkeypatch.setattr(json_report.os, "replace", lambda a, b: (order.append(os.path.basename(b)), real(a, b)))
+    json_report.write_report(report, "<html>new</html>", tmp_path)
+    assert order == ["report.html", "report.json"]
+    assert json_report.load(tmp_path / "report.json") == report
+
+
+def test_a_failed_write_leaves_the_old_json_and_no_temporary_files(tmp_path, monkeypatch):
+    (tmp_path / "report.json").write_text("old json")
+    (tmp_path / "report.html").write_text("old html")
+    report = json_report.load(report_fixtures.path("inert"))
+    real = os.replace
+
+    def replace(a, b):
+        if str(b).endswith("report.json"):
+            raise cli.Terminated()  # SIGTERM between the two renames
+        return real(a, b)
+
+    monkeypatch.setattr(json_report.os, "replace", replace)
+    with pytest.raises(cli.Terminated):
+        json_report.write_report(report, "<html>new</html>", tmp_path)
+    assert (tmp_path / "report.json").read_text() == "old json"  # the commit point was never reached
+    assert _leftovers(tmp_path) == []
+
+
+def test_report_files_follow_the_umask(tmp_path):
+    code = ("import os, sys; os.umask(0o027); from ddsim.cli import main; "
+            f"sys.exit(main(['audit', *{FAST_AUDIT!r}, '--out', {str(tmp_path / 'o')!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    for name in ("report.json", "report.html"):
+        assert oct((tmp_path / "o" / name).stat().st_mode & 0o777) == oct(0o640), name
+
+
+def test_sigterm_during_an_audit_exits_2_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "ddsim.cli", "audit", "--preset", "tiny", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(4.0)  # inside the audit (it takes tens of seconds)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 2, err
+    assert err.strip().splitlines() == ["ddsim audit: terminated"]
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_internal_errors_are_one_line_unless_debug(monkeypatch, capsys, tmp_path):
+    import ddsim.audit
+
+    def boom(*a, **k):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(ddsim.audit, "run_audit", boom)
+    args = ["audit", "--preset", "micro", "--out", str(tmp_path / "o")]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "ddsim audit: internal error: RuntimeError: planted (--debug or DDSIM_DEBUG=1 shows the traceback)"]
+    assert cli.main(["--debug", *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.strip().endswith("ddsim audit: internal error: RuntimeError: planted")
+    monkeypatch.setenv("DDSIM_DEBUG", "1")
+    assert cli.main(args) == 2 and "Traceback" in capsys.readouterr().err
