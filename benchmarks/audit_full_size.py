@@ -2,8 +2,9 @@
 the device, no download) verified through the same code path as a checkpoint.
 
 Part 1 times one DDTree tree per budget: the fast path per mode (Triton kernels inside the model)
-and the fp32 oracle (one decode step per node from its parent's state, depth-first), with peak GPU
-memory, with and without the oracle recording every node's per-layer state.
+and the fp32 oracle (one decode step per node from its parent's state: each depth level as one
+batch, and one node at a time for comparison), with peak GPU memory, with and without the oracle
+recording every node's per-layer state.
 Part 2 runs the audit itself (ddsim.audit.run_audit) on a few prompts for budgets 16 and 64.
 
     python benchmarks/audit_full_size.py [--budgets 16,64] [--prompts 3] [--steps 2] [--commit SHA] [--out DIR]
@@ -76,29 +77,30 @@ def run_timing(a, budgets, cfg):
         for mode in ("leaky", "exact"):
             model.verify(state, tree, mode=mode)  # warm-up (Triton compiles)
             row[f"{mode}_s"], _ = timed(lambda: model.verify(state, tree, mode=mode), repeats=3, keep=False)
-        for record in (False, True):
+        for key, order, record in (("oracle", "level", False), ("oracle_record", "level", True),
+                                   ("oracle_by_node", "node", False)):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-            t, _ = timed(lambda: oracle.verify_tree(w, cfg, state, tree.parents, tree.tokens, record_states=record),
-                         keep=False)
-            key = "oracle_record" if record else "oracle"
+            t, _ = timed(lambda: oracle.verify_tree(w, cfg, state, tree.parents, tree.tokens, record_states=record,
+                                                    order=order), keep=False)
             row[f"{key}_s"] = t
             row[f"{key}_peak_extra_GiB"] = (torch.cuda.max_memory_allocated() - base) / 2**30
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print("| budget | nodes | leaky s/tree | exact s/tree | oracle fp32 s/tree | oracle peak extra GiB | "
-          "oracle recording states s/tree | its peak extra GiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| budget | nodes | leaky s/tree | exact s/tree | oracle fp32 by level s/tree | its peak extra GiB | "
+          "recording states s/tree | its peak extra GiB | oracle one node at a time s/tree |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['budget']} | {r['nodes']} | {r['leaky_s']:.3f} | {r['exact_s']:.3f} | {r['oracle_s']:.2f} | "
-              f"{r['oracle_peak_extra_GiB']:.1f} | {r['oracle_record_s']:.2f} | {r['oracle_record_peak_extra_GiB']:.1f} |",
-              flush=True)
+              f"{r['oracle_peak_extra_GiB']:.1f} | {r['oracle_record_s']:.2f} | {r['oracle_record_peak_extra_GiB']:.1f} | "
+              f"{r['oracle_by_node_s']:.2f} |", flush=True)
 
 
 def run_full_audit(a, budgets):
-    from ddsim.audit import AuditConfig, run_audit
+    from ddsim.audit import run_audit
     from ddsim.reports import html, json_report
+    from ddsim.settings import AuditConfig
     torch.cuda.reset_peak_memory_stats()
     steps = []
     t0 = time.perf_counter()
@@ -108,21 +110,21 @@ def run_full_audit(a, budgets):
     wall = time.perf_counter() - t0
     print(f"audit ({a.prompts} prompts x {a.steps} steps, budgets {budgets}, {sum(steps)} speculative steps): "
           f"{wall:.1f} s, peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
-    for b in rep["budgets"]:
-        lk, md = b["leak"], b["modes"]
-        print(f"budget {b['budget']}: leaky state rel err (other nodes) median {lk['leaky']['state_rel']['other']['median']:.3g}, "
-              f"noise floor (exact) {lk['exact']['state_rel']['other']['median']:.3g}; argmax flips (other) leaky "
-              f"{lk['leaky']['argmax_flip_rate']['other']}, exact {lk['exact']['argmax_flip_rate']['other']}; "
-              f"tokens/step " + ", ".join(f"{m} {md[m]['tokens_per_step']:.2f}" for m in md)
+    for b in rep.budgets:
+        lk, md = b.leak, b.modes
+        print(f"budget {b.budget}: leaky state rel err (other nodes) median {lk['leaky'].state_rel.other.median:.3g}, "
+              f"noise floor (exact) {lk['exact'].state_rel.other.median:.3g}; argmax flips (other) leaky "
+              f"{lk['leaky'].argmax_flip_rate.other}, exact {lk['exact'].argmax_flip_rate.other}; "
+              f"leak nodes {lk['leaky'].not_order_exact_nodes}; tokens/step "
+              + ", ".join(f"{m} {md[m].tokens_per_step:.2f}" for m in md)
               + "; generations leaving greedy (above the noise margin) " + ", ".join(
-                  f"{m} {md[m]['generations_leaving_greedy']} ({md[m]['generations_leaving_greedy_above_noise']})" for m in md),
+                  f"{m} {md[m].generations_leaving_greedy} ({md[m].generations_leaving_greedy_above_noise})" for m in md),
               flush=True)
-    print(f"noise margin {rep['noise_margin']:.3g}; precision {rep['precision']}", flush=True)
+    print(f"noise margin {rep.noise_margin:.3g}; precision {rep.precision.model_dump()}", flush=True)
     if a.out:
         from pathlib import Path
         rep = json_report.stamp(rep)
-        out = Path(a.out)
-        json_report.write_atomic({out / "report.json": json_report.dumps(rep), out / "report.html": html.render(rep)})
+        json_report.write_report(rep, html.render(rep), Path(a.out))
 
 
 if __name__ == "__main__":

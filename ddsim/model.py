@@ -113,7 +113,7 @@ class HybridModel:
         if int(toks.max()) >= cfg.vocab_size:
             raise InputError(f"tree: token {int(toks.max())} is outside the vocabulary ({cfg.vocab_size})")
         conv_mode, rec_mode = _LAYER_MODES[mode]
-        parents = torch.tensor(tree.parents, device=dev)[None]  # [1, T]
+        parents = gb.TreePlan(torch.tensor(tree.parents, device=dev)[None])  # [1, T], checked once for every layer
         pos = torch.as_tensor(tree.positions(state.pos), device=dev)  # [T]
         mask = torch.as_tensor(tree.ancestor_mask, device=dev)  # [T, T]
         h = w["embed"][toks]  # [T, d]

@@ -9,10 +9,15 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
                     exact = parent-indexed recurrence over per-node snapshots
   triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states
 Triton kernels also run on the CPU under TRITON_INTERPRET=1 (the tests do this).
+
+``parents=`` takes a [B, T] integer tensor, or a ``TreePlan`` built once per tree and shared by every
+layer: validated when built, its index tables derived once and cached, so the per-layer calls do
+no host synchronisation for the tree.
 """
 from __future__ import annotations
 
 from ddsim.gpu_backend import checks, torch_ops
+from ddsim.gpu_backend.checks import TreePlan
 from ddsim.gpu_backend.torch_ops import tree_attention
 
 BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy")
@@ -94,5 +99,5 @@ def conv_tree_commit(x, *, parents, accepted, initial_window, state_indices=None
                                    state_indices=state_indices, inplace=inplace)
 
 
-__all__ = ["gdn_tree_verify", "gdn_tree_commit", "tree_causal_conv1d", "conv_tree_commit", "tree_attention",
+__all__ = ["gdn_tree_verify", "gdn_tree_commit", "tree_causal_conv1d", "conv_tree_commit", "tree_attention", "TreePlan",
            "BACKENDS"]

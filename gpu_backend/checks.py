@@ -12,7 +12,58 @@ import torch.nn.functional as F
 MODES = ("exact", "leaky")
 
 
+class TreePlan:
+    """The parents of a batch of trees [B, T], validated once, and the index tables every layer's
+    kernels derive from them, each built on first use and cached: source parents per mode, conv
+    source tables per (mode, W), ancestor-or-self masks per mode. A model builds one per verify step
+    and passes it as ``parents=`` to every layer, so no layer re-validates or re-derives them (the
+    validation's host syncs happen once per step, not once per layer)."""
+
+    def __init__(self, parents, *, device=None):
+        p = torch.as_tensor(parents, device=device)
+        if p.dim() != 2:
+            raise ValueError(f"parents: expected [B, T], got {tuple(p.shape)}")
+        self.B, self.T = p.shape
+        self.parents = check_parents(p, self.B, self.T, p.device)  # [B, T] int64
+        self.device = self.parents.device
+        self._cache: dict = {}
+
+    def _cached(self, key, build):
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def src(self, mode: str) -> torch.Tensor:
+        """[B, T] each node's source of state in ``mode`` (its parent, or the previous node)."""
+        return self._cached(("src", mode), lambda: mode_parents(self.parents, mode))
+
+    def conv_table(self, mode: str, W: int) -> torch.Tensor:
+        """int32 [B, T, W]: conv_sources of ``mode``'s source parents."""
+        return self._cached(("conv", mode, W), lambda: conv_sources(self.src(mode), W).to(torch.int32).contiguous())
+
+    def ancestors(self, mode: str):
+        """(int8 [B, T, T] ancestor-or-self mask, max depth) of ``mode``'s source parents."""
+        from ddsim.gpu_backend._common import ancestor_mask
+        return self._cached(("anc", mode), lambda: ancestor_mask(self.src(mode)))
+
+
+def source_parents(parents, B: int, T: int, device, mode: str) -> torch.Tensor:
+    """[B, T] source parents of ``mode`` from raw parents (checked) or a TreePlan (cached)."""
+    if isinstance(parents, TreePlan):
+        check_parents(parents, B, T, device)  # the plan's shape and device
+        return parents.src(mode)
+    return mode_parents(check_parents(parents, B, T, device), mode)
+
+
 def check_parents(parents, B: int, T: int, device) -> torch.Tensor:
+    """parents [B, T] as int64 on ``device``, every tree valid: node 0 the root (-1), every other
+    node's parent an earlier node. A TreePlan was validated when built: only its shape is checked."""
+    if isinstance(parents, TreePlan):
+        if (parents.B, parents.T) != (B, T):
+            raise ValueError(f"parents: a plan for [B, T] = {(parents.B, parents.T)}, the inputs have {(B, T)}")
+        if parents.device != torch.device(device):
+            raise ValueError(f"parents: a plan on {parents.device}, the inputs on {device}")
+        return parents.parents
     p = torch.as_tensor(parents, device=device)
     if p.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"parents: expected an integer tensor, got {p.dtype}")
@@ -138,6 +189,13 @@ def write_slots(pool, state_indices, B: int, new: torch.Tensor, name: str, rows:
     return pool
 
 
+def conv_table(parents, src: torch.Tensor, W: int, mode: str) -> torch.Tensor:
+    """int32 [B, T, W] conv source table: a TreePlan's cached one, or built from ``src``."""
+    if isinstance(parents, TreePlan):
+        return parents.conv_table(mode, W)
+    return conv_sources(src, W).to(torch.int32).contiguous()
+
+
 def conv_sources(src: torch.Tensor, W: int) -> torch.Tensor:
     """[B, T, W] indices into cat(window [W-1], nodes [T]) of each node's inputs, oldest first.
 
@@ -172,6 +230,6 @@ def check_conv(x, weight, initial_window, parents, mode, activation, *, pooled: 
         raise ValueError(f"initial_window: expected {want}, got {tuple(initial_window.shape)}")
     if activation not in ("silu", None):
         raise ValueError(f"activation: expected 'silu' or None, got {activation!r}")
-    return B, T, C, W, mode_parents(check_parents(parents, B, T, x.device), mode)
+    return B, T, C, W, source_parents(parents, B, T, x.device, mode)
 
 

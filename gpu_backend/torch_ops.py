@@ -19,9 +19,10 @@ from ddsim.gpu_backend.checks import (
     check_gdn,
     check_parents,
     conv_sources,
-    mode_parents,
+    conv_table,
     resolve_gates,
     resolve_state,
+    source_parents,
 )
 
 
@@ -48,7 +49,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     g, beta = resolve_gates(g, beta, a, b, A_log, dt_bias)
     initial_state = resolve_state(initial_state, state_indices, q.shape[0])
     B, T, H, HV, K, V = check_gdn(q, k, v, g, beta, initial_state)
-    src = mode_parents(check_parents(parents, B, T, q.device), mode)  # [B, T]
+    src = source_parents(parents, B, T, q.device, mode)  # [B, T]
     dt = initial_state.dtype
     scale = K ** -0.5 if scale is None else float(scale)
     qe = _prep_qk(q, HV, use_qk_l2norm, dt) * scale  # [B, T, HV, K]
@@ -105,7 +106,7 @@ def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="e
     initial_window: [B, C, W-1] (oldest first). Returns out [B, T, C] and, with output_windows,
     the window after each node [B, T, C, W-1]."""
     B, T, C, W, src = check_conv(x, weight, initial_window, parents, mode, activation, pooled=False)
-    idx = conv_sources(src, W)  # [B, T, W]
+    idx = conv_table(parents, src, W, mode).long()  # [B, T, W]
     buf = torch.cat([initial_window.transpose(1, 2).to(x.dtype), x], dim=1)  # [B, W-1+T, C]
     gathered = buf[torch.arange(B, device=x.device)[:, None, None], idx]  # [B, T, W, C]
     y = torch.einsum("btwc,cw->btc", gathered, weight.to(x.dtype))

@@ -52,7 +52,7 @@ def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, 
     B, T, Cn, W, src = checks.check_conv(x, weight, initial_window, parents, mode, activation, pooled=True)
     if W < 2:
         raise ValueError(f"weight: width {W} < 2 has no window")
-    table = checks.conv_sources(src, W).to(torch.int32).contiguous()
+    table = checks.conv_table(parents, src, W, mode)
     idx = C.window_slots(initial_window, state_indices, B)
     out = C.alloc((B, T, Cn), x.dtype, x.device)
     win_out = C.alloc((B, T, Cn, W - 1), x.dtype, x.device) if output_windows else torch.zeros(1, dtype=x.dtype,

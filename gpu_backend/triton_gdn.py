@@ -129,7 +129,7 @@ def _prep(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_
     C.check_device(q, k, v, initial_state)
     if mode not in C.MODES:
         raise ValueError(f"mode: expected one of {C.MODES}, got {mode!r}")
-    src = checks.mode_parents(checks.check_parents(parents, B, T, q.device), mode)
+    src = checks.source_parents(parents, B, T, q.device, mode)
     idx = C.check_pool(initial_state, state_indices, B, HV, K, V)
     gates = C.gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, q.device)
     return B, T, H, HV, K, V, src, idx, gates
@@ -190,7 +190,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     if T > WY_MAX_NODES:
         raise ValueError(f"parents: the WY kernel takes at most {WY_MAX_NODES} nodes per tree, got {T}; "
                          "use the recurrent kernel")
-    mask, depth = C.ancestor_mask(src)
+    mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK, BV = C.next_pow2(T - 1), max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))

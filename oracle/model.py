@@ -1,10 +1,11 @@
 """The model-level oracle: plain decoding, one token at a time, in float64 on the CPU (float32 when
 run on a GPU for full-size models: ``device``/``dtype``, default from where the weights are).
 
-``verify_tree`` gives every node the state of its own root path: it walks the tree depth-first,
-computing each node with one ``decode_step`` from its parent's exact state (parent-state reuse),
-so only the states along the current root path are alive at once unless ``record_states`` asks
-for every node's state (for the leak metrics).
+``verify_tree`` gives every node the state of its own root path, computing each node with one
+``decode_step`` from its parent's exact state (parent-state reuse): by default the nodes of one
+depth together, as one batch of rows (``decode_step`` takes n rows, each its own sequence), or one
+node at a time depth-first (``order="node"``). Only the states of the current level (or root path)
+are alive unless ``record_states`` asks for every node's state (for the leak metrics).
 """
 from __future__ import annotations
 
@@ -20,102 +21,116 @@ F64 = torch.float64
 
 
 def _rmsnorm(x, w, eps):
-    return x / torch.sqrt((x * x).mean() + eps) * w
+    """RMSNorm over the last dim of x [..., d]."""
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
 def _rope(x, pos, theta, rot):
-    """x [n_heads, hd]: its first ``rot`` dims rotated to position pos (rotate-half convention)."""
+    """x [n, heads, hd]: each row's first ``rot`` dims rotated to its position pos [n] (rotate-half)."""
     inv = theta ** (-torch.arange(0, rot, 2, dtype=F64, device=x.device) / rot)  # [rot/2]
-    ang = pos * inv
-    cos = torch.cat([torch.cos(ang), torch.cos(ang)]).to(x.dtype)
-    sin = torch.cat([torch.sin(ang), torch.sin(ang)]).to(x.dtype)
+    ang = pos.to(F64)[:, None] * inv[None]  # [n, rot/2]
+    cos = torch.cat([torch.cos(ang), torch.cos(ang)], -1).to(x.dtype)[:, None]  # [n, 1, rot]
+    sin = torch.cat([torch.sin(ang), torch.sin(ang)], -1).to(x.dtype)[:, None]
     xr = x[..., :rot]
     x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
     return torch.cat([xr * cos + torch.cat([-x2, x1], dim=-1) * sin, x[..., rot:]], dim=-1)
 
 
 def _attention(w, p, cfg, x, pos, ctx_k, ctx_v):
-    """One token of causal GQA. x [d]; ctx_k/ctx_v [n, nkv, hd] are all earlier visible tokens."""
+    """One token per row of causal GQA. x [n, d]; pos [n]; ctx_k/ctx_v [n, m, nkv, hd]: each row's
+    earlier visible tokens (every row sees the same number m of them)."""
+    n = x.shape[0]
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     rot = int(hd * cfg.partial_rotary_factor)
-    q = (w[p + "attn.q"] @ x).view(nh, hd)
-    k = (w[p + "attn.k"] @ x).view(nkv, hd)
+    q = (x @ w[p + "attn.q"].T).view(n, nh, hd)
+    k = (x @ w[p + "attn.k"].T).view(n, nkv, hd)
     if cfg.qk_norm:
-        q = torch.stack([_rmsnorm(q[h], w[p + "attn.q_norm"], cfg.rms_norm_eps) for h in range(nh)])
-        k = torch.stack([_rmsnorm(k[h], w[p + "attn.k_norm"], cfg.rms_norm_eps) for h in range(nkv)])
+        q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)  # per head, over hd
+        k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
     q = _rope(q, pos, cfg.rope_theta, rot)
     k = _rope(k, pos, cfg.rope_theta, rot)
-    v = (w[p + "attn.v"] @ x).view(nkv, hd)
-    K = torch.cat([ctx_k, k[None]], dim=0).repeat_interleave(nh // nkv, dim=1)  # [n+1, nh, hd]
-    Vv = torch.cat([ctx_v, v[None]], dim=0).repeat_interleave(nh // nkv, dim=1)
-    scores = torch.einsum("nhd,hd->hn", K, q) / math.sqrt(hd)  # [nh, n+1]
-    out = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), Vv).reshape(-1)  # [nh * hd]
+    v = (x @ w[p + "attn.v"].T).view(n, nkv, hd)
+    K = torch.cat([ctx_k, k[:, None]], dim=1).repeat_interleave(nh // nkv, dim=2)  # [n, m+1, nh, hd]
+    Vv = torch.cat([ctx_v, v[:, None]], dim=1).repeat_interleave(nh // nkv, dim=2)
+    scores = torch.einsum("nmhd,nhd->nhm", K, q) / math.sqrt(hd)  # [n, nh, m+1]
+    out = torch.einsum("nhm,nmhd->nhd", torch.softmax(scores, dim=-1), Vv).reshape(n, nh * hd)
     if cfg.attn_output_gate:
-        out = out * torch.sigmoid(w[p + "attn.gate"] @ x)
-    return w[p + "attn.o"] @ out, k, v
+        out = out * torch.sigmoid(x @ w[p + "attn.gate"].T)
+    return out @ w[p + "attn.o"].T, k, v
 
 
 def _swiglu(x, gate, up, down):
-    return down @ (F.silu(gate @ x) * (up @ x))
+    """x [n, d] (or [d])."""
+    return (F.silu(x @ gate.T) * (x @ up.T)) @ down.T
 
 
 def _mlp(w, p, cfg, x, i):
-    """One token's MLP: SwiGLU, or the MoE block (softmax router over experts, the top-k experts'
-    outputs weighted by their (renormalised) probabilities, plus the sigmoid-gated shared expert)."""
+    """Each row's MLP: SwiGLU, or the MoE block (softmax router over experts, the top-k experts'
+    outputs weighted by their (renormalised) probabilities, plus the sigmoid-gated shared expert),
+    routed row by row."""
     moe = cfg.num_experts > 0 and i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0
     if not moe:
         return _swiglu(x, w[p + "mlp.gate"], w[p + "mlp.up"], w[p + "mlp.down"])
-    probs = torch.softmax(w[p + "mlp.router"] @ x, dim=0)
-    top, idx = torch.topk(probs, cfg.num_experts_per_tok)
-    if cfg.norm_topk_prob:
-        top = top / top.sum()
     out = torch.zeros_like(x)
-    for pr, e in zip(top, idx.tolist()):
-        out = out + pr * _swiglu(x, w[p + "mlp.experts.gate"][e], w[p + "mlp.experts.up"][e], w[p + "mlp.experts.down"][e])
+    for r in range(x.shape[0]):
+        probs = torch.softmax(w[p + "mlp.router"] @ x[r], dim=0)
+        top, idx = torch.topk(probs, cfg.num_experts_per_tok)
+        if cfg.norm_topk_prob:
+            top = top / top.sum()
+        for pr, e in zip(top, idx.tolist()):
+            out[r] = out[r] + pr * _swiglu(x[r], w[p + "mlp.experts.gate"][e], w[p + "mlp.experts.up"][e],
+                                           w[p + "mlp.experts.down"][e])
     if p + "mlp.shared.gate" in w:
-        out = out + torch.sigmoid(w[p + "mlp.shared_gate"] @ x) * _swiglu(
+        out = out + torch.sigmoid(x @ w[p + "mlp.shared_gate"].T) * _swiglu(
             x, w[p + "mlp.shared.gate"], w[p + "mlp.shared.up"], w[p + "mlp.shared.down"])
     return out
 
 
 def _gdn(w, p, cfg, x, S, window):
-    """One token of Gated DeltaNet. x [d]; S [HV, K, V]; window [C, W-1]."""
+    """One token per row of Gated DeltaNet. x [n, d]; S [n, HV, K, V]; window [n, C, W-1]."""
+    n = x.shape[0]
     H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    xin = w[p + "gdn.qkv"] @ x  # [C]
-    z = (w[p + "gdn.z"] @ x).view(HV, V)
-    a = w[p + "gdn.a"] @ x
-    b = w[p + "gdn.b"] @ x
-    inputs = torch.cat([window, xin[:, None]], dim=1)  # [C, W] oldest first
-    y = F.silu((inputs * w[p + "gdn.conv"]).sum(dim=1))
-    new_window = inputs[:, 1:]
-    q = y[: H * K].view(H, K)
-    k = y[H * K: 2 * H * K].view(H, K)
-    v = y[2 * H * K:].view(HV, V)
+    xin = x @ w[p + "gdn.qkv"].T  # [n, C]
+    z = (x @ w[p + "gdn.z"].T).view(n, HV, V)
+    a = x @ w[p + "gdn.a"].T  # [n, HV]
+    b = x @ w[p + "gdn.b"].T
+    inputs = torch.cat([window, xin[:, :, None]], dim=2)  # [n, C, W] oldest first
+    y = F.silu((inputs * w[p + "gdn.conv"]).sum(dim=2))  # [n, C]
+    new_window = inputs[:, :, 1:]
+    q = y[:, : H * K].view(n, H, K)
+    k = y[:, H * K: 2 * H * K].view(n, H, K)
+    v = y[:, 2 * H * K:].view(n, HV, V)
     q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
     k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    g = -torch.exp(w[p + "gdn.A_log"]) * F.softplus(a + w[p + "gdn.dt_bias"])  # [HV]
+    g = -torch.exp(w[p + "gdn.A_log"]) * F.softplus(a + w[p + "gdn.dt_bias"])  # [n, HV]
     beta = torch.sigmoid(b)
     group = HV // H
-    k = k.repeat_interleave(group, dim=0)  # [HV, K]: value head j reads key head j // group
-    q = q.repeat_interleave(group, dim=0)
-    # S_t = exp(g) (I - beta k k^T) S_{t-1} + beta k v^T, every value head at once
+    k = k.repeat_interleave(group, dim=1)  # [n, HV, K]: value head j reads key head j // group
+    q = q.repeat_interleave(group, dim=1)
+    # S_t = exp(g) (I - beta k k^T) S_{t-1} + beta k v^T, every row and value head at once
     eye = torch.eye(K, dtype=S.dtype, device=S.device)
-    decay = torch.exp(g)[:, None, None] * (eye - beta[:, None, None] * torch.einsum("hi,hj->hij", k, k))
-    S_new = decay @ S + beta[:, None, None] * torch.einsum("hk,hv->hkv", k, v)
-    o = torch.einsum("hkv,hk->hv", S_new, q * K ** -0.5)  # o_t = S_t^T (scale q_t)
+    bb = beta[..., None, None]
+    decay = torch.exp(g)[..., None, None] * (eye - bb * torch.einsum("nhi,nhj->nhij", k, k))
+    S_new = decay @ S + bb * torch.einsum("nhk,nhv->nhkv", k, v)
+    o = torch.einsum("nhkv,nhk->nhv", S_new, q * K ** -0.5)  # o_t = S_t^T (scale q_t)
     o = o / torch.sqrt((o * o).mean(-1, keepdim=True) + cfg.rms_norm_eps) * w[p + "gdn.norm"] * F.silu(z)
-    return w[p + "gdn.out"] @ o.reshape(-1), S_new, new_window
+    return o.reshape(n, HV * V) @ w[p + "gdn.out"].T, S_new, new_window
 
 
 def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv):
-    """One token through the whole model.
+    """One token through the whole model, for each of n rows at once (each row its own sequence).
 
-    w: weight dict in float64; kv_ctx[l]: (K [n, nkv, hd], V) visible context for attention layers;
-    ssm[l], conv[l]: recurrent state before this token for GDN layers.
-    Returns (logits [N], hidden [L, d] after each layer, new_kv [l] -> (k, v), ssm', conv').
+    token, pos: [n] (or ints, for one row); kv_ctx[l]: (K [n, m, nkv, hd], V) each row's visible
+    context for attention layers (the same length m for every row); ssm[l] [n, HV, K, V],
+    conv[l] [n, C, W-1]: each row's recurrent state before its token for GDN layers.
+    Returns (logits [n, N], hidden [L, n, d] after each layer, new_kv[l] -> (k [n, nkv, hd], v),
+    ssm', conv').
     """
-    h = w["embed"][token]
+    dev = w["embed"].device
+    token = torch.as_tensor(token, device=dev).reshape(-1)
+    pos = torch.as_tensor(pos, device=dev).reshape(-1)
+    h = w["embed"][token]  # [n, d]
     hidden, new_kv, ssm2, conv2 = [], [], [], []
     for i, kind in enumerate(cfg.layer_pattern):
         p = f"layers.{i}."
@@ -133,7 +148,7 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv):
         h = h + out
         h = h + _mlp(w, p, cfg, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
         hidden.append(h)
-    logits = w["lm_head"] @ _rmsnorm(h, w["final_norm"], cfg.rms_norm_eps)
+    logits = _rmsnorm(h, w["final_norm"], cfg.rms_norm_eps) @ w["lm_head"].T
     return logits, torch.stack(hidden), new_kv, ssm2, conv2
 
 
@@ -175,6 +190,12 @@ def _placement(weights, device, dtype):
     return device, (default_dtype(device) if dtype is None else dtype)
 
 
+def _rows(state: ModelState):
+    """A committed state as one batch row: kv (K [1, n, nkv, hd], V), ssm [1, ...], conv [1, ...]."""
+    kv = [None if kv is None else (kv[0][None], kv[1][None]) for kv in state.kv]
+    return kv, [None if s is None else s[None] for s in state.ssm], [None if c is None else c[None] for c in state.conv]
+
+
 def prefill(weights, cfg, tokens, *, state: ModelState | None = None, device=None, dtype=None):
     """Decode ``tokens`` one at a time from ``state`` (default: empty).
 
@@ -183,14 +204,17 @@ def prefill(weights, cfg, tokens, *, state: ModelState | None = None, device=Non
     device, dtype = _placement(weights, device, dtype)
     w = _Weights(weights, cfg, device, dtype)
     st = (state or empty_state(cfg)).to(dtype, device).clone()
+    kv, ssm, conv = _rows(st)
     logits = []
     for tok in tokens:
-        lg, _, new_kv, st.ssm, st.conv = decode_step(w, cfg, token=int(tok), pos=st.pos,
-                                                     kv_ctx=st.kv, ssm=st.ssm, conv=st.conv)
-        st.kv = [None if kv is None else (torch.cat([kv[0], nk[0][None]]), torch.cat([kv[1], nk[1][None]]))
-                 for kv, nk in zip(st.kv, new_kv)]
+        lg, _, new_kv, ssm, conv = decode_step(w, cfg, token=[int(tok)], pos=[st.pos], kv_ctx=kv, ssm=ssm, conv=conv)
+        kv = [None if c is None else (torch.cat([c[0], nk[0][:, None]], 1), torch.cat([c[1], nk[1][:, None]], 1))
+              for c, nk in zip(kv, new_kv)]
         st.pos += 1
-        logits.append(lg)
+        logits.append(lg[0])
+    st.kv = [None if c is None else (c[0][0], c[1][0]) for c in kv]
+    st.ssm = [None if s is None else s[0] for s in ssm]
+    st.conv = [None if c is None else c[0] for c in conv]
     return st, (torch.stack(logits) if logits else torch.zeros(0, cfg.vocab_size, dtype=dtype, device=device))
 
 
@@ -210,10 +234,19 @@ class OracleResult:
 
 
 def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_states: bool = True,
-                device=None, dtype=None) -> OracleResult:
+                order: str = "level", device=None, dtype=None) -> OracleResult:
     """Every node of the block computed from its own root path, one decode step per node from its
-    parent's exact state (depth-first: besides what is recorded, only the states along the current
-    root path and its pending siblings' parents are alive, O(depth x branching) of them)."""
+    parent's exact state.
+
+    order "level" (default): the nodes of one depth decoded together as one batch, each row from its
+    parent's exact state (a level's rows share their position and context length, so they stack
+    without padding); only two levels' states are alive besides what is recorded.
+    order "node": one node at a time, depth-first (besides what is recorded, only the states along
+    the current root path and its pending siblings' parents are alive). Both are the same per-node
+    computation; they differ only in reassociation of batched matrix products.
+    """
+    if order not in ("level", "node"):
+        raise ValueError(f"order: expected 'level' or 'node', got {order!r}")
     device, dtype = _placement(weights, device, dtype)
     w = _Weights(weights, cfg, device, dtype)
     st = state.to(dtype, device)
@@ -236,25 +269,47 @@ def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_stat
             ssm_out[i] = torch.zeros(T, *st.ssm[i].shape, **f)
             conv_out[i] = torch.zeros(T, *st.conv[i].shape, **f)
 
-    # stack entries: (node, ssm before it, conv before it, kv context before it, position)
-    stack = [(0, st.ssm, st.conv, st.kv, st.pos)] if T else []
-    while stack:
-        node, ssm, conv, ctx, pos = stack.pop()
-        lg, hid, new_kv, ssm2, conv2 = decode_step(w, cfg, token=int(tokens[node]), pos=pos,
-                                                   kv_ctx=ctx, ssm=ssm, conv=conv)
-        logits[node] = lg
-        hidden[:, node] = hid
-        ctx2 = []
-        for i, (c, nk) in enumerate(zip(ctx, new_kv)):
+    def step(nodes, pos, kv, ssm, conv):
+        """Decode ``nodes`` (one row each) and record their outputs; returns their states after."""
+        lg, hid, new_kv, ssm2, conv2 = decode_step(w, cfg, token=[int(tokens[n]) for n in nodes], pos=[pos] * len(nodes),
+                                                   kv_ctx=kv, ssm=ssm, conv=conv)
+        idx = torch.tensor(nodes, device=device)
+        logits[idx] = lg
+        hidden[:, idx] = hid
+        kv2 = []
+        for i, (c, nk) in enumerate(zip(kv, new_kv)):
             if c is None:
-                ctx2.append(None)
+                kv2.append(None)
                 continue
-            kv_out[i][0][node], kv_out[i][1][node] = nk
-            ctx2.append((torch.cat([c[0], nk[0][None]]), torch.cat([c[1], nk[1][None]])))
+            kv_out[i][0][idx], kv_out[i][1][idx] = nk
+            kv2.append((torch.cat([c[0], nk[0][:, None]], 1), torch.cat([c[1], nk[1][:, None]], 1)))
         if record_states:
             for i in cfg.gdn_layers:
-                ssm_out[i][node] = ssm2[i]
-                conv_out[i][node] = conv2[i]
-        for c in reversed(children[node]):
-            stack.append((c, ssm2, conv2, ctx2, pos + 1))
+                ssm_out[i][idx] = ssm2[i]
+                conv_out[i][idx] = conv2[i]
+        return kv2, ssm2, conv2
+
+    def take(rows, xs):
+        """Rows ``rows`` of every layer's batched state (kv pairs, S or windows)."""
+        r = torch.tensor(rows, device=device)
+        return [None if x is None else ((x[0][r], x[1][r]) if isinstance(x, tuple) else x[r]) for x in xs]
+
+    root_kv, root_ssm, root_conv = _rows(st)
+    if T and order == "level":
+        level, pos = [0], st.pos
+        kv, ssm, conv = root_kv, root_ssm, root_conv
+        while level:
+            kv, ssm, conv = step(level, pos, kv, ssm, conv)
+            nxt = [(c, row) for row, n in enumerate(level) for c in children[n]]  # (child, its parent's row)
+            level, rows = [c for c, _ in nxt], [row for _, row in nxt]
+            if level:
+                kv, ssm, conv = take(rows, kv), take(rows, ssm), take(rows, conv)
+            pos += 1
+    elif T:
+        stack = [(0, st.pos, root_kv, root_ssm, root_conv)]
+        while stack:
+            node, pos, kv, ssm, conv = stack.pop()
+            kv2, ssm2, conv2 = step([node], pos, kv, ssm, conv)
+            for c in reversed(children[node]):
+                stack.append((c, pos + 1, kv2, ssm2, conv2))
     return OracleResult(logits, hidden, ssm_out, conv_out, kv_out)

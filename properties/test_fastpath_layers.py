@@ -141,3 +141,37 @@ def test_gdn_inplace_commit_on_the_torch_backend(inp, data):
     assert out is pool
     assert_close("committed state (in place)", pool[slots], ref, dtype=torch.float32, slack=5)
     assert torch.equal(pool[others], before[others])
+
+
+@given(gdn_inputs(), conv_inputs(), st.sampled_from(["exact", "leaky"]), st.sampled_from(["torch", "triton"]))
+@example(fixed_gdn_example(), fixed_conv_example(), "exact", "triton")
+def test_a_tree_plan_gives_the_same_results_as_raw_parents(inp, cinp, mode, backend):
+    """A TreePlan (validated once, tables cached) is interchangeable with raw parents on both
+    backends, reused across calls and modes as every layer of a model reuses it."""
+    args = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
+    plan = gb.TreePlan(inp["parents"])
+    for _ in range(2):  # the second call reads the cached tables
+        o_raw = gb.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode,
+                                   backend=backend)
+        o_plan = gb.gdn_tree_verify(**args, parents=plan, initial_state=inp["initial_state"], mode=mode, backend=backend)
+        assert torch.equal(o_raw, o_plan)
+    cplan = gb.TreePlan(cinp["parents"])
+    kw = dict(weight=cinp["weight"], bias=cinp["bias"], initial_window=cinp["initial_window"], mode=mode,
+              output_windows=True, backend=backend)
+    y_raw, w_raw = gb.tree_causal_conv1d(cinp["x"], parents=cinp["parents"], **kw)
+    y_plan, w_plan = gb.tree_causal_conv1d(cinp["x"], parents=cplan, **kw)
+    assert torch.equal(y_raw, y_plan) and torch.equal(w_raw, w_plan)
+
+
+def test_a_tree_plan_is_checked_once_and_must_fit():
+    import pytest
+    with pytest.raises(ValueError, match="node 2: parent 5 is not an earlier node"):
+        gb.TreePlan(torch.tensor([[-1, 0, 5]]))
+    with pytest.raises(ValueError, match=r"parents: expected \[B, T\]"):
+        gb.TreePlan(torch.tensor([-1, 0]))
+    inp = fixed_gdn_example()
+    B, T = inp["parents"].shape
+    other = gb.TreePlan(torch.tensor([[-1] + list(range(T))] * B))  # one node too many
+    with pytest.raises(ValueError, match="a plan for"):
+        gb.gdn_tree_verify(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], parents=other,
+                           initial_state=inp["initial_state"])

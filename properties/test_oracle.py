@@ -28,7 +28,7 @@ def test_oracle_node_equals_root_path_from_scratch(cfg, data, seed):
     prefix = data.draw(st.lists(st.integers(0, cfg.vocab_size - 1), max_size=3))
     t = data.draw(trees(max_size=7, vocab=cfg.vocab_size))
     st0, _ = oracle.prefill(w, cfg, prefix)
-    res = oracle.verify_tree(w, cfg, st0, t.parents, t.tokens)
+    res = oracle.verify_tree(w, cfg, st0, t.parents, t.tokens, order="node")
     for i in range(t.size):
         path_tokens = [t.tokens[n] for n in t.root_path(i)]
         st_i, lg = oracle.prefill(w, cfg, prefix + path_tokens)
@@ -36,6 +36,38 @@ def test_oracle_node_equals_root_path_from_scratch(cfg, data, seed):
         for l in cfg.gdn_layers:
             assert torch.allclose(res.ssm[l][i], st_i.ssm[l], rtol=0, atol=1e-12)
             assert torch.equal(res.conv[l][i], st_i.conv[l])
+
+
+@given(model_configs(), st.data(), st.integers(0, 2**16))
+def test_oracle_by_level_equals_one_node_at_a_time(cfg, data, seed):
+    """The batched oracle (each depth level decoded as one batch of rows, each from its parent's
+    exact state) equals the one-node-at-a-time oracle up to the reassociation of batched products."""
+    w = init_weights(cfg, seed=seed)
+    prefix = data.draw(st.lists(st.integers(0, cfg.vocab_size - 1), max_size=3))
+    t = data.draw(trees(max_size=9, vocab=cfg.vocab_size))
+    st0, _ = oracle.prefill(w, cfg, prefix)
+    lvl = oracle.verify_tree(w, cfg, st0, t.parents, t.tokens, order="level")
+    one = oracle.verify_tree(w, cfg, st0, t.parents, t.tokens, order="node")
+    assert torch.allclose(lvl.logits, one.logits, rtol=0, atol=1e-12)
+    assert torch.allclose(lvl.hidden, one.hidden, rtol=0, atol=1e-12)
+    for l in cfg.gdn_layers:
+        assert torch.allclose(lvl.ssm[l], one.ssm[l], rtol=0, atol=1e-12)
+        assert torch.allclose(lvl.conv[l], one.conv[l], rtol=0, atol=1e-12)
+    for l in cfg.attention_layers:
+        assert torch.allclose(lvl.kv[l][0], one.kv[l][0], rtol=0, atol=1e-12)
+
+
+def test_oracle_by_level_in_float32_and_order_checked():
+    """In float32 (the oracle's arithmetic on a GPU) the two orders agree to fp32 reassociation."""
+    st0, _ = oracle.prefill(MICRO_W, MICRO, [1, 2, 3], dtype=torch.float32)
+    parents, tokens = [-1, 0, 0, 1, 1, 2, 3], [4, 5, 6, 7, 8, 9, 10]
+    lvl = oracle.verify_tree(MICRO_W, MICRO, st0, parents, tokens, dtype=torch.float32)
+    one = oracle.verify_tree(MICRO_W, MICRO, st0, parents, tokens, order="node", dtype=torch.float32)
+    assert lvl.logits.dtype == torch.float32
+    assert torch.allclose(lvl.logits, one.logits, rtol=1e-5, atol=1e-5)
+    import pytest
+    with pytest.raises(ValueError, match="order"):
+        oracle.verify_tree(MICRO_W, MICRO, st0, parents, tokens, order="dfs")
 
 
 @given(gdn_inputs(dtype=torch.float64))
