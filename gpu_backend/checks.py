@@ -46,6 +46,17 @@ class TreePlan:
         from ddsim.gpu_backend._common import ancestor_mask
         return self._cached(("anc", mode), lambda: ancestor_mask(self.src(mode)))
 
+    def root_paths(self) -> torch.Tensor:
+        """int32 [B, T, depth + 1]: each node's root path (its ancestors-or-self in the tree), root
+        first, -1 padded; a commit picks its accepted node's row with one gather, no host sync."""
+        def build():
+            mask, depth = self.ancestors("exact")
+            idx = torch.arange(self.T, device=self.device)
+            key = torch.where(mask.bool(), idx, idx + self.T)  # ancestors sort first, in node order
+            first = key.sort(dim=-1).values[..., : depth + 1]
+            return torch.where(first < self.T, first, -1).to(torch.int32).contiguous()
+        return self._cached(("paths",), build)
+
 
 def source_parents(parents, B: int, T: int, device, mode: str) -> torch.Tensor:
     """[B, T] source parents of ``mode`` from raw parents (checked) or a TreePlan (cached)."""

@@ -74,7 +74,10 @@ def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, us
     acc = checks.check_accepted(accepted, B, T, k.device)
     idx = C.check_pool(initial_state, state_indices, B, HV, K, V)
     g_, b_, al, db, fused = C.gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, k.device)
-    path = _paths(p, acc)
+    if isinstance(parents, checks.TreePlan):  # the plan's cached root paths: one gather, no host loop
+        path = parents.root_paths()[torch.arange(B, device=k.device), acc].contiguous()
+    else:
+        path = _paths(p, acc)
     if inplace:
         out, out_idx = initial_state, idx
     else:

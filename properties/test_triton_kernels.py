@@ -177,3 +177,19 @@ def test_wy_refuses_trees_beyond_one_block_and_dispatch_falls_back():
     o = gb.gdn_tree_verify(**args, parents=parents, initial_state=s0, backend="triton")  # recurrent fallback
     ref = oracle.gdn_tree_verify(**args, parents=parents, initial_state=s0)
     assert_close("o (fallback)", o, ref, dtype=torch.float32, slack=5)
+
+
+@given(gdn_inputs(), st.data())
+def test_triton_commit_with_a_tree_plan_equals_raw_parents(inp, data):
+    """The commit reads root paths from the plan's cached table instead of walking parents per call."""
+    acc = torch.tensor([data.draw(st.integers(0, t.size - 1)) for t in inp["trees"]])
+    kw = dict(accepted=_dev(acc), initial_state=_dev(inp["initial_state"]), backend="triton")
+    args = [_dev(inp[k]) for k in ("k", "v", "g", "beta")]
+    raw = gb.gdn_tree_commit(*args, parents=_dev(inp["parents"]), **kw)
+    planned = gb.gdn_tree_commit(*args, parents=gb.TreePlan(_dev(inp["parents"])), **kw)
+    assert torch.equal(raw, planned)
+    paths = gb.TreePlan(inp["parents"]).root_paths()
+    for b, t in enumerate(inp["trees"]):
+        for n in range(t.size):
+            row = [int(x) for x in paths[b, n] if x >= 0]
+            assert row == list(t.root_path(n))
