@@ -8,6 +8,16 @@ from ddsim import oracle
 from ddsim.compare import assert_close
 from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs
 
+# the Triton backend compiled on a GPU when there is one, interpreted on the CPU otherwise
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _on(backend, inp):
+    """inp's tensors on the device ``backend`` runs on (the torch backend: where they are)."""
+    if backend == "torch":
+        return inp
+    return {k: v.to(TRITON_DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inp.items()}
+
 
 @given(gdn_inputs(), st.sampled_from(["exact", "leaky"]))
 @example(fixed_gdn_example(), "exact")
@@ -95,30 +105,33 @@ def test_conv_pool_slots_and_inplace_commit_through_the_public_api(inp, picks, b
     """The public conv functions address a window pool by state_indices on both backends: the tree
     conv reads the batch's slots, the commit writes them only when inplace; every other slot stays
     bit-identical, and the results equal the oracle on the plain per-sequence windows."""
+    ref_inp = inp
+    inp = _on(backend, inp)
     B = inp["x"].shape[0]
     gen = torch.Generator().manual_seed(11)
     win = inp["initial_window"]
-    pool = torch.randn(B + 3, *win.shape[1:], generator=gen, dtype=win.dtype)
-    slots = torch.randperm(B + 3, generator=gen)[:B]
+    pool = torch.randn(B + 3, *win.shape[1:], generator=gen, dtype=win.dtype).to(win.device)
+    slots = torch.randperm(B + 3, generator=gen)[:B].to(win.device)
     pool[slots] = win
     before = pool.clone()
     kw = dict(parents=inp["parents"], state_indices=slots, backend=backend)
     y = gb.tree_causal_conv1d(inp["x"], weight=inp["weight"], bias=inp["bias"], initial_window=pool, **kw)
-    y_ref = oracle.tree_causal_conv1d(inp["x"], weight=inp["weight"], bias=inp["bias"], parents=inp["parents"],
-                                      initial_window=win)
-    assert_close("conv out (pool slots)", y, y_ref, dtype=torch.float32)
+    y_ref = oracle.tree_causal_conv1d(ref_inp["x"], weight=ref_inp["weight"], bias=ref_inp["bias"],
+                                      parents=ref_inp["parents"], initial_window=ref_inp["initial_window"])
+    assert_close("conv out (pool slots)", y.cpu(), y_ref, dtype=torch.float32)
     assert torch.equal(pool, before)  # reading the pool writes nothing
     acc = [picks[b] % t.size for b, t in enumerate(inp["trees"])]
     out = gb.conv_tree_commit(inp["x"], accepted=acc, initial_window=pool, inplace=inplace, **kw)
-    ref = oracle.conv_tree_commit(inp["x"], parents=inp["parents"], accepted=acc, initial_window=win)
-    others = torch.ones(B + 3, dtype=torch.bool)
+    ref = oracle.conv_tree_commit(ref_inp["x"], parents=ref_inp["parents"], accepted=acc,
+                                  initial_window=ref_inp["initial_window"])
+    others = torch.ones(B + 3, dtype=torch.bool, device=pool.device)
     others[slots] = False
     if inplace:
         assert out is pool
-        assert torch.equal(pool[slots].double(), ref)
+        assert torch.equal(pool[slots].double().cpu(), ref)
         assert torch.equal(pool[others], before[others])  # slots outside the batch: bit-identical
     else:
-        assert torch.equal(out.double(), ref) and torch.equal(pool, before)
+        assert torch.equal(out.double().cpu(), ref) and torch.equal(pool, before)
 
 
 @given(gdn_inputs(), st.data())
@@ -148,6 +161,7 @@ def test_gdn_inplace_commit_on_the_torch_backend(inp, data):
 def test_a_tree_plan_gives_the_same_results_as_raw_parents(inp, cinp, mode, backend):
     """A TreePlan (validated once, tables cached) is interchangeable with raw parents on both
     backends, reused across calls and modes as every layer of a model reuses it."""
+    inp, cinp = _on(backend, inp), _on(backend, cinp)
     args = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
     plan = gb.TreePlan(inp["parents"])
     for _ in range(2):  # the second call reads the cached tables
