@@ -187,7 +187,9 @@ def test_triton_commit_with_a_tree_plan_equals_raw_parents(inp, data):
     args = [_dev(inp[k]) for k in ("k", "v", "g", "beta")]
     raw = gb.gdn_tree_commit(*args, parents=_dev(inp["parents"]), **kw)
     planned = gb.gdn_tree_commit(*args, parents=gb.TreePlan(_dev(inp["parents"])), **kw)
-    assert torch.equal(raw, planned)
+    # the same steps; the plan pads every path to the tree's depth, so the loop bound (a kernel
+    # argument Triton may specialise when it is 1) can differ: equal to fp32 rounding, not bitwise
+    assert_close("commit with a plan", planned.cpu(), raw.cpu(), dtype=torch.float32)
     paths = gb.TreePlan(inp["parents"]).root_paths()
     for b, t in enumerate(inp["trees"]):
         for n in range(t.size):
