@@ -1,4 +1,4 @@
-"""The ddsim command line: audit, gate, tree, bench.
+"""The ddsim command line: audit, gate, tree, bench, check-kernel.
 
 Exit codes: 0 success (gate: the policy holds), 1 gate violated, 2 any error or bad input.
 Errors are one line naming the input and the problem; an unexpected exception is also one line
@@ -257,6 +257,40 @@ def cmd_bench(a, console) -> int:
     return EXIT_OK
 
 
+def cmd_check_kernel(a, console) -> int:
+    from rich.table import Table
+
+    from ddsim.check_kernel import check, prepare_device, write_counterexamples
+    from ddsim.engines import load
+    if a.max_examples < 1:
+        from ddsim.errors import InputError
+        raise InputError(f"--max-examples: expected >= 1, got {a.max_examples}")
+    device = prepare_device(a.device)
+    kernel = load(a.impl, convention=a.convention)
+    kernel.check_mode(a.mode)
+    out = Path(a.out)
+    check_writable(out.parent if str(out.parent) else Path("."), "--out")
+    results = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples)
+    t = Table(title=f"{kernel.name} ({kernel.package or '?'} {kernel.version or ''}) mode {a.mode} on {device} "
+                    "against the oracle")
+    for col in ("property", "verdict", "detail"):
+        t.add_column(col)
+    for r in results:
+        t.add_row(r.name, "holds" if r.holds else "[bold red]FAILS[/bold red]", r.detail)
+    console.print(t)
+    if kernel.source_sha256:
+        console.print(f"kernel source {kernel.source} sha256 {kernel.source_sha256[:16]}…")
+    failed = [r for r in results if not r.holds]
+    if failed:
+        write_counterexamples(results, out)
+        for r in failed:
+            print(f"FAILED {r.name}: {r.detail}")
+        print(f"{len(failed)} of {len(results)} properties failed; shrunk counterexamples in {out}")
+        return EXIT_VIOLATED
+    print(f"all {len(results)} properties hold")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ddsim", description="Tree speculative decoding on hybrid models, checked against an exact oracle")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -279,6 +313,15 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--trace", metavar="FILE")
     pt.add_argument("--step", type=int, default=0)
     pt.add_argument("--format", choices=["text", "dot"], default="text")
+    pk = sub.add_parser("check-kernel", help="the property suite against the oracle for an engine's GDN kernel")
+    pk.add_argument("--impl", required=True, help="ddsim, fla, or MODULE:FUNCTION (with --convention)")
+    pk.add_argument("--convention", choices=["ddsim", "fla"], default=None,
+                    help="the calling convention of a MODULE:FUNCTION kernel")
+    pk.add_argument("--mode", required=True, choices=["exact", "leaky"])
+    pk.add_argument("--device", default="cpu", help="cpu (Triton kernels in Triton's interpreter) or cuda[:N]")
+    pk.add_argument("--max-examples", type=int, default=100, help="hypothesis examples per property")
+    pk.add_argument("--out", default="check-kernel-counterexamples.json",
+                    help="where the shrunk counterexamples go when a property fails")
     pb = sub.add_parser("bench", help="CUDA: GDN kernel times against the memory floor; CPU: trees per second per mode")
     pb.add_argument("--preset", default="tiny")
     pb.add_argument("--repeats", type=int, default=5)
@@ -286,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-COMMANDS = {"audit": cmd_audit, "gate": cmd_gate, "tree": cmd_tree, "bench": cmd_bench}
+COMMANDS = {"audit": cmd_audit, "gate": cmd_gate, "tree": cmd_tree, "bench": cmd_bench, "check-kernel": cmd_check_kernel}
 
 
 class Terminated(Exception):

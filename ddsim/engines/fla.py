@@ -1,0 +1,34 @@
+"""flash-linear-attention (package fla-core): ``fused_recurrent_gated_delta_rule``, the recurrence a
+serving stack runs when it verifies a tree without parent pointers. It takes no tree, so on a tree
+it is the flattened ("leaky") path; exact mode is refused.
+
+Layout translation: fla's q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] and state
+[N, HV, K, V] match ddsim's; fla normalises q and k in kernel with ``use_qk_l2norm_in_kernel``."""
+from __future__ import annotations
+
+from ddsim.errors import InputError
+
+
+def as_contract(fn):
+    """fn with fla's signature (q, k, v, g=, beta=, scale=, initial_state=, output_final_state=,
+    use_qk_l2norm_in_kernel=) -> (o, final_state)."""
+    def verify(q, k, v, g, beta, *, parents, initial_state, mode, scale):
+        o, _ = fn(q.contiguous(), k.contiguous(), v.contiguous(), g=g.contiguous(), beta=beta.contiguous(),
+                  scale=scale, initial_state=initial_state, output_final_state=False, use_qk_l2norm_in_kernel=True)
+        return o
+    return verify
+
+
+def adapter():
+    import warnings
+    try:
+        with warnings.catch_warnings():  # fla warns on import when it finds no GPU (the CPU runs the interpreter)
+            warnings.simplefilter("ignore")
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except ModuleNotFoundError as e:
+        raise InputError(f"--impl fla: the package fla-core is not installed (missing module {e.name!r}; "
+                         "pip install fla-core einops)") from None
+    from ddsim.engines import EngineKernel, _source_of, _version
+    src, digest = _source_of(fused_recurrent_gated_delta_rule)
+    return EngineKernel("fla.fused_recurrent_gated_delta_rule", ("leaky",), as_contract(fused_recurrent_gated_delta_rule),
+                        "fla-core", _version("fla-core"), src, digest)

@@ -1,0 +1,78 @@
+"""`ddsim check-kernel` against the oracle: ddsim's own kernels and flash-linear-attention's pass
+(fla-core is installed by the Makefile's setup, --no-deps), and kernels with planted bugs are
+caught, each with its shrunk counterexample naming the first wrong node."""
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def _verdict(r):
+    return [l for l in r.stdout.splitlines() if l.startswith("FAILED") or "properties" in l]
+
+
+@pytest.mark.parametrize("mode", ["exact", "leaky"])
+def test_ddsims_own_kernel_passes(tmp_path, mode):
+    r = run_cli("check-kernel", "--impl", "ddsim", "--mode", mode, "--max-examples", "25", "--out", tmp_path / "ce.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().endswith(f"all {4 if mode == 'exact' else 5} properties hold")
+    assert not (tmp_path / "ce.json").exists()
+
+
+def test_fla_passes_as_the_flattened_path_and_refuses_exact(tmp_path):
+    import fla  # noqa: F401  a declared test dependency: missing must fail, not skip
+    r = run_cli("check-kernel", "--impl", "fla", "--mode", "leaky", "--max-examples", "6", "--out", tmp_path / "ce.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "fla-core 0.6.0" in r.stdout and "leaks off order-exact nodes" in r.stdout
+    r = run_cli("check-kernel", "--impl", "fla", "--mode", "exact")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "ddsim check-kernel: error: --mode exact: fla.fused_recurrent_gated_delta_rule offers only leaky (it takes "
+        "no tree: on a tree it is the flattened path)"]
+
+
+@pytest.mark.parametrize("kernel, failing, node", [
+    ("parent_off_by_one", ["exact on order-exact nodes", "exact on every node"], 2),
+    ("wrong_gate_sign", ["exact on order-exact nodes", "exact on every node"], 0),
+    ("writes_the_committed_state", ["state untouched"], None),
+])
+def test_planted_bugs_are_caught_with_the_first_wrong_node(tmp_path, kernel, failing, node):
+    out = tmp_path / "ce.json"
+    r = run_cli("check-kernel", "--impl", f"tests.planted_kernels:{kernel}", "--convention", "ddsim", "--mode", "exact",
+                "--max-examples", "40", "--out", out)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
+    ces = json.loads(out.read_text())["counterexamples"]
+    assert [c["property"] for c in ces] == failing
+    if node is not None:
+        first = ces[0]["first_wrong_node"]
+        # the first wrong node is where the bug first acts: the first node with a grandparent (2), or the
+        # root itself for a wrong gate
+        assert first["node"] == node and first["max_abs_error"] > first["bound"], ces[0]
+        assert f"first wrong node {node} of sequence {first['sequence']}" in r.stdout
+    else:
+        assert ces[0]["state_untouched"] is False
+
+
+def test_a_kernel_that_never_leaks_is_not_the_flattened_path(tmp_path):
+    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:exact_calling_itself_leaky", "--convention", "ddsim",
+                "--mode", "leaky", "--max-examples", "20", "--out", tmp_path / "ce.json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED flattened semantics on every node" in r.stdout
+    assert "FAILED leaks off order-exact nodes: never differed from exact verification" in r.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--impl", "nope", "--mode", "exact"], "--impl nope: expected ddsim, fla or MODULE:FUNCTION"),
+    (["--impl", "no_such_module:f", "--convention", "ddsim", "--mode", "exact"], "cannot import 'no_such_module'"),
+    (["--impl", "tests.planted_kernels:nothing", "--convention", "ddsim", "--mode", "exact"], "has no 'nothing'"),
+    (["--impl", "tests.planted_kernels:wrong_gate_sign", "--mode", "exact"], "--convention: MODULE:FUNCTION needs"),
+    (["--impl", "sglang", "--mode", "exact"], "--impl sglang: no adapter in this release"),
+    (["--impl", "ddsim", "--mode", "exact", "--max-examples", "0"], "--max-examples: expected >= 1"),
+    (["--impl", "ddsim", "--mode", "exact", "--device", "cuda:3"], "--device"),
+])
+def test_check_kernel_bad_input(args, needle):
+    r = run_cli("check-kernel", *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
