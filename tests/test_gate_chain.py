@@ -492,3 +492,119 @@ def test_a_cuda_report_needs_the_float32_oracle(raw):
 def test_report_matches_the_generated_json_schema(raw):
     import jsonschema
     jsonschema.Draft202012Validator(json_report.schema()).validate(raw["leak"])
+
+
+# --- policies, loaded in process ------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, needle", [
+    ("[rule]\ndecision_flip_rate = 0\n", "unknown table [rule]"),
+    ("policy = 3\n[rules]\ndecision_flip_rate = 0\n", "'policy' must be a table"),
+    ("[policy]\nmdoe = 'leaky'\n[rules]\ndecision_flip_rate = 0\n", "unknown key 'mdoe' in [policy]"),
+    ("[policy]\nname = 3\n[rules]\ndecision_flip_rate = 0\n", "policy.name must be a string"),
+    ("[policy]\ndescription = []\n[rules]\ndecision_flip_rate = 0\n", "policy.description must be a string"),
+    ("[policy]\nmode = 'leaky'\n", "no [rules] table"),
+    ("rules = 1\n", "no [rules] table"),
+    ("[policy]\nmode = 'exact'\n[rules]\ndecision_flip_rate = 0\n", "policy.mode 'exact'"),
+    ("[rules]\ndecision_flip_rate = 0\n[rules.bf16]\nexact_kl_max = 1\n", "[rules.bf16] names no dtype"),
+    ("[rules.bfloat16]\nexact_kl_max = 1\n", "[rules] has no bounds of its own"),
+    ("[rules]\nbogus = 1\n", "unknown key 'bogus' in [rules]"),
+    ("[rules]\ndecision_flip_rate = -1\n", "'decision_flip_rate' in [rules] needs a finite bound"),
+    ("[rules]\ndecision_flip_rate = nan\n", "needs a finite bound >= 0, got nan"),
+    ("[rules]\ndecision_flip_rate = inf\n", "needs a finite bound >= 0, got inf"),
+    ("[rules]\ndecision_flip_rate = true\n", "needs a finite bound >= 0, got True"),
+    ("[rules]\ndecision_flip_rate = '0'\n", "needs a finite bound >= 0, got '0'"),
+    ("[rules]\ndecision_flip_rate = 0\n[rules.bfloat16]\nexact_kl_max = -2\n", "'exact_kl_max' in [rules.bfloat16]"),
+    ("[rules]\ndecision_flip_rate = 0\nrequire = 3\n", "unknown key 'require' in [rules]"),
+    ("require = 3\n[rules]\ndecision_flip_rate = 0\n", "'require' must be a table"),
+    ("[rules]\ndecision_flip_rate = 0\n[require]\nleak_nodes = 5\n", "unknown key 'leak_nodes' in [require]"),
+    ("[rules]\ndecision_flip_rate = 0\n[require]\nleak_nodes_per_budget = -5\n", "in [require] needs a finite"),
+    ("[rules\n", "malformed TOML"),
+])
+def test_bad_policies_in_process(tmp_path, text, needle):
+    p = tmp_path / "p.toml"
+    p.write_text(text)
+    with pytest.raises(InputError) as e:
+        load_policy(p)
+    assert needle in str(e.value) and str(e.value).startswith(str(p)), str(e.value)
+
+
+def test_policy_fields_and_builtin_lookup(tmp_path):
+    p = tmp_path / "mine.toml"
+    p.write_text("[policy]\nmode = 'leaky-conv'\n[rules]\ndecision_flip_rate = 0.5\n[rules.bfloat16]\nexact_kl_max = 2\n"
+                 "[require]\nleak_nodes_per_budget = 7\n")
+    pol = load_policy(p)
+    assert (pol.path, pol.name, pol.mode) == (str(p), "mine", "leaky-conv")  # the name defaults to the file's stem
+    assert pol.rules == {"decision_flip_rate": 0.5} and pol.by_precision == {"bfloat16": {"exact_kl_max": 2.0}}
+    assert pol.require == {"leak_nodes_per_budget": 7.0}
+    assert pol.bounds("bfloat16") == {"decision_flip_rate": 0.5, "exact_kl_max": 2.0}
+    assert pol.bounds("float32") == {"decision_flip_rate": 0.5}
+    p.write_text("[policy]\nname = 'named'\n[rules]\ndecision_flip_rate = 0\n")
+    assert load_policy(p).name == "named" and load_policy(p).mode == "leaky"
+    assert POLICY.name == "hybrid-unsafe" and POLICY.path.endswith("ddsim/policies/hybrid-unsafe.toml")
+    with pytest.raises(InputError, match="no such file and no built-in policy of that name .built-in: hybrid-unsafe."):
+        load_policy("no-such-policy")
+    with pytest.raises(InputError, match="cannot read policy"):
+        load_policy(tmp_path / "missing.toml")  # a path (it has a suffix) is never a built-in name
+
+
+def test_verdict_lines_name_the_bound_and_its_direction():
+    from ddsim.gate import Verdict
+    v = [x for x in evaluate(POLICY, json_report.load(fixture_path("leak"))) if not x.holds]
+    assert v[0].line("leaky") == (f"VIOLATED {v[0].rule}: measured {v[0].measured:.6g} > bound 0 ({v[0].meaning}; mode leaky)")
+    assert Verdict("leak_nodes_per_budget", 3, 100, False, "m", kind="min").line("leaky") == \
+        "VIOLATED leak_nodes_per_budget: measured 3 < bound 100 (m; mode leaky)"
+    kinds = {x.rule: x.kind for x in evaluate(POLICY, json_report.load(fixture_path("inert")))}
+    assert kinds["leak_nodes_per_budget"] == "min" and kinds["silent_corruption_steps"] == "max"
+
+
+def test_close_is_none_safe_and_relative():
+    from ddsim.report_model import _close
+    assert _close(None, None) and not _close(None, 0.0) and not _close(0.0, None)
+    assert _close(1.0, 1.0 + 1e-12) and not _close(1.0, 1.0 + 1e-6) and _close(0.0, 0.0)
+
+
+def test_a_pool_with_no_gdn_layers_still_tables_depths_and_ranks():
+    cfg = get_preset("micro").replace(layer_pattern="aa")
+    pool = NodePool()
+    metrics, keys = _step_metrics()
+    metrics.update(state_rel=np.zeros((0, 4)), conv_rel=np.zeros((0, 4)), hidden_rel=metrics["hidden_rel"][:2])
+    pool.add(metrics, keys)
+    t = pool.table(cfg)
+    LeakTable(**t)
+    assert [(r["depth"], r["nodes"]) for r in t["by_depth"]] == [(0, 1), (1, 2), (2, 1)]
+    assert all(r["state_rel"]["n"] == 0 for r in t["by_depth"] + t["by_rank"])
+    assert [(r["rank"], r["nodes"]) for r in t["by_rank"]] == [(0, 2), (1, 1)]
+
+
+def _reload(d):
+    return json_report.loads(json.dumps(d), "r.json")
+
+
+def test_consistent_variants_still_load(raw):
+    """What a real report may say: config.device "auto" on a CPU run, a trace file with its digest."""
+    d = copy.deepcopy(raw["inert"])
+    d["config"]["device"] = "auto"
+    assert _reload(d).config.device == "auto"
+    d = copy.deepcopy(raw["inert"])
+    d["config"]["trace"], d["provenance"]["inputs_sha256"]["trace"] = "t.jsonl", "0" * 64
+    d["config"]["cost_file"], d["provenance"]["inputs_sha256"]["cost"] = "c.json", "1" * 64
+    assert set(_reload(d).provenance.inputs_sha256) == {"trace", "cost"}
+
+
+@pytest.mark.parametrize("name, mutate, needle", [
+    ("generation token at the vocabulary size", lambda d: d["generations"][0]["tokens"].__setitem__(0, 48),
+     "token outside the vocabulary (48)"),
+    ("survival edited", lambda d: d["budgets"][0]["modes"]["leaky"]["survival"].__setitem__(0, 0.5), ".survival"),
+    ("histogram edited", lambda d: d["budgets"][0]["modes"]["exact"]["accepted_histogram"].append(0),
+     "accepted_histogram"),
+])
+def test_list_fields_are_compared_element_by_element(raw, name, mutate, needle):
+    d = copy.deepcopy(raw["leak"])
+    mutate(d)
+    with pytest.raises(InputError, match=re_escape(needle)):
+        _reload(d)
+
+
+def re_escape(s):
+    import re
+    return re.escape(s)
