@@ -7,6 +7,7 @@ VENV   ?= .venv
 VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.ddsim-installed
 TORCH_PIN ?= torch==2.13.0
+ENGINES := .engines
 export HYPOTHESIS_PROFILE ?= ci
 
 .PHONY: setup test lint audit bench mutation browser clean
@@ -18,6 +19,9 @@ $(STAMP): pyproject.toml
 	@# project of that name) would shadow the import package: remove it first
 	$(VPY) -m pip uninstall -y -q ddsim 2>/dev/null || true
 	$(VPY) -m pip install -q -e '.[test]'
+	@# engine kernels `ddsim check-kernel` is tested against, kept out of the venv (transformers would
+	@# pick fla up as its own GDN backend): flash-linear-attention's fla-core, pinned, no dependencies
+	$(VPY) -m pip install -q --no-deps --upgrade --target $(ENGINES) fla-core==0.6.0 einops==0.8.1
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -53,4 +57,4 @@ mutation: $(STAMP)
 	  $(VENV)/bin/mutmut results | grep -v ': killed' ; true
 
 clean:
-	rm -rf $(VENV) ddsim-report .hypothesis .pytest_cache mutants
+	rm -rf $(VENV) $(ENGINES) ddsim-report .hypothesis .pytest_cache mutants

@@ -8,9 +8,12 @@ import pytest
 FAST_AUDIT = ["--preset", "micro", "--budget", "4,8", "--steps", "3", "--seed", "5"]
 
 
-def run_cli(*args, cwd=None, timeout=600):
-    """Run the real command line in a subprocess; returns CompletedProcess (text)."""
+def run_cli(*args, cwd=None, timeout=600, pythonpath=None):
+    """Run the real command line in a subprocess; returns CompletedProcess (text). ``pythonpath``:
+    a directory put first on the subprocess's import path (the engine packages under .engines)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.run([sys.executable, "-m", "ddsim.cli", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, timeout=timeout, env=env)
 

@@ -1,11 +1,15 @@
 """`ddsim check-kernel` against the oracle: ddsim's own kernels and flash-linear-attention's pass
-(fla-core is installed by the Makefile's setup, --no-deps), and kernels with planted bugs are
-caught, each with its shrunk counterexample naming the first wrong node."""
+(fla-core is installed by the Makefile's setup into .engines, outside the venv, where transformers
+would take it for its own GDN backend), and kernels with planted bugs are caught, each with its
+shrunk counterexample naming the first wrong node."""
 import json
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli
+
+ENGINES = Path(__file__).resolve().parents[1] / ".engines"
 
 
 def _verdict(r):
@@ -21,11 +25,13 @@ def test_ddsims_own_kernel_passes(tmp_path, mode):
 
 
 def test_fla_passes_as_the_flattened_path_and_refuses_exact(tmp_path):
-    import fla  # noqa: F401  a declared test dependency: missing must fail, not skip
-    r = run_cli("check-kernel", "--impl", "fla", "--mode", "leaky", "--max-examples", "6", "--out", tmp_path / "ce.json")
+    # a test dependency: missing must fail, not skip
+    assert (ENGINES / "fla").is_dir(), "fla-core is missing from .engines: `make test` installs it"
+    r = run_cli("check-kernel", "--impl", "fla", "--mode", "leaky", "--max-examples", "6", "--out", tmp_path / "ce.json",
+                pythonpath=ENGINES)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "fla-core 0.6.0" in r.stdout and "leaks off order-exact nodes" in r.stdout
-    r = run_cli("check-kernel", "--impl", "fla", "--mode", "exact")
+    r = run_cli("check-kernel", "--impl", "fla", "--mode", "exact", pythonpath=ENGINES)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "ddsim check-kernel: error: --mode exact: fla.fused_recurrent_gated_delta_rule offers only leaky (it takes "
         "no tree: on a tree it is the flattened path)"]
@@ -68,6 +74,7 @@ def test_a_kernel_that_never_leaks_is_not_the_flattened_path(tmp_path):
     (["--impl", "tests.planted_kernels:nothing", "--convention", "ddsim", "--mode", "exact"], "has no 'nothing'"),
     (["--impl", "tests.planted_kernels:wrong_gate_sign", "--mode", "exact"], "--convention: MODULE:FUNCTION needs"),
     (["--impl", "sglang", "--mode", "exact"], "--impl sglang: no adapter in this release"),
+    (["--impl", "fla", "--mode", "leaky"], "--impl fla: the package fla-core is not installed"),
     (["--impl", "ddsim", "--mode", "exact", "--max-examples", "0"], "--max-examples: expected >= 1"),
     (["--impl", "ddsim", "--mode", "exact", "--device", "cuda:3"], "--device"),
 ])
