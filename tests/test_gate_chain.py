@@ -549,8 +549,11 @@ def test_policy_fields_and_builtin_lookup(tmp_path):
 
 def test_verdict_lines_name_the_bound_and_its_direction():
     from ddsim.gate import Verdict
-    v = [x for x in evaluate(POLICY, json_report.load(fixture_path("leak"))) if not x.holds]
-    assert v[0].line("leaky") == (f"VIOLATED {v[0].rule}: measured {v[0].measured:.6g} > bound 0 ({v[0].meaning}; mode leaky)")
+    v = {x.rule: x for x in evaluate(POLICY, json_report.load(fixture_path("leak")))}
+    assert v["silent_corruption_steps"].line("leaky") == (
+        "VIOLATED silent_corruption_steps: measured 4 > bound 0 (steps emitting tokens exact verification would not; "
+        "mode leaky)")
+    assert v["leak_nodes_per_budget"].meaning == "verified nodes that were not order-exact, fewest over budgets"
     assert Verdict("leak_nodes_per_budget", 3, 100, False, "m", kind="min").line("leaky") == \
         "VIOLATED leak_nodes_per_budget: measured 3 < bound 100 (m; mode leaky)"
     kinds = {x.rule: x.kind for x in evaluate(POLICY, json_report.load(fixture_path("inert")))}
