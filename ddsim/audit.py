@@ -26,6 +26,7 @@ import torch
 from ddsim import oracle
 from ddsim.aggregate import NodePool
 from ddsim.config import get_preset
+from ddsim.digest import file_digest
 from ddsim.drafters import SyntheticDrafter, TraceDrafter
 from ddsim.errors import InputError
 from ddsim.generate import TreePolicy, reference_decode, speculative
@@ -146,17 +147,6 @@ def weights_digest(ac: AuditConfig, weights: dict) -> str:
         step = max(1, (64 << 20) // max(1, t.element_size()))  # 64 MiB at a time through the host
         for i in range(0, flat.numel(), step):
             h.update(flat[i:i + step].contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def file_digest(path: str | Path) -> str:
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                h.update(chunk)
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
     return h.hexdigest()
 
 

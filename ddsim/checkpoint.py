@@ -195,19 +195,10 @@ class _Mapper:
 def checkpoint_digest(path: str | Path) -> str:
     """sha256 over config.json and every weight file (name and bytes, in name order): what a report
     records as the audited weights, and what ``gate --report R --model DIR`` checks DIR against."""
-    import hashlib
+    from ddsim.digest import files_digest
     d = Path(path)
     read_config(d)  # a clear error for a directory that is not a supported checkpoint
-    h = hashlib.sha256()
-    for f in [d / "config.json", *_shards(d)]:
-        h.update(f"{f.name}\0".encode())
-        try:
-            with open(f, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 24), b""):
-                    h.update(chunk)
-        except OSError as e:
-            raise InputError(f"{f}: cannot read ({e.strerror or e})") from None
-    return h.hexdigest()
+    return files_digest([d / "config.json", *_shards(d)])
 
 
 def load_checkpoint(path: str | Path, *, device="cpu") -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:

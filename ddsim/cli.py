@@ -141,7 +141,7 @@ def check_report_matches(report, given: dict) -> None:
             same = cfg.model_path is not None and checkpoint_digest(value) == prov.weights_sha256
             recorded = f"{prov.source}, weights sha256 {prov.weights_sha256[:12]}"
         elif opt in ("prompts", "trace", "cost"):
-            from ddsim.audit import file_digest
+            from ddsim.digest import file_digest
             key = {"prompts": "prompts", "trace": "trace", "cost": "cost"}[opt]
             same = prov.inputs_sha256.get(key) == file_digest(value)
             recorded = f"{key} sha256 {prov.inputs_sha256.get(key, 'none')[:12]}"

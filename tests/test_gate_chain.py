@@ -298,6 +298,21 @@ TAMPER = [
 ]
 
 
+TAMPER += [  # more classes, found by the mutation run
+    ("a checkpoint path on a preset report", lambda d: d["config"].update(model_path="/x"), "provenance.source"),
+    ("device not the environment's", lambda d: d["config"].update(device="cuda"), "environment.device"),
+    ("reference margin dropped", lambda d: d["prompts"][0]["reference_margins"].pop(), "prompts[0]"),
+    ("prompt token at the vocabulary size", lambda d: d["prompts"][1]["tokens"].__setitem__(0, 48),
+     "token outside the vocabulary (48)"),
+    ("layer kind changed", lambda d: d["budgets"][0]["leak"]["exact"]["by_layer"][0].update(kind="a"),
+     "does not match the model's layers"),
+    ("prompt numbered wrong", lambda d: d["prompts"][1].update(index=5), "prompts[1].index"),
+    ("steps changed", lambda d: d["config"].update(steps=3), "expected 27"),
+    ("an input digest without its file", lambda d: d["provenance"]["inputs_sha256"].update(trace="0" * 64),
+     "provenance.inputs_sha256"),
+]
+
+
 @pytest.mark.parametrize("name, mutate, needle", TAMPER, ids=[t[0] for t in TAMPER])
 def test_tampered_reports_do_not_load(raw, name, mutate, needle):
     d = copy.deepcopy(raw["leak"])
@@ -453,30 +468,6 @@ def test_each_rule_reads_its_own_field_and_mode(reports):
     # the gated mode is the policy's: leaky-conv reads leaky-conv's summaries
     assert RULES["silent_corruption_steps"][0](r, "leaky-conv") == worst("leaky-conv", "silent_corruption_steps")
     assert len({RULES["decision_flip_rate"][0](r, m) for m in ("leaky", "leaky-state", "leaky-conv")}) > 1
-
-
-MORE_TAMPER = [
-    ("a checkpoint path on a preset report", lambda d: d["config"].update(model_path="/x"), "provenance.source"),
-    ("device not the environment's", lambda d: d["config"].update(device="cuda"), "environment.device"),
-    ("reference margin dropped", lambda d: d["prompts"][0]["reference_margins"].pop(), "prompts[0]"),
-    ("prompt token at the vocabulary size", lambda d: d["prompts"][1]["tokens"].__setitem__(0, 48),
-     "token outside the vocabulary (48)"),
-    ("layer kind changed", lambda d: d["budgets"][0]["leak"]["exact"]["by_layer"][0].update(kind="a"),
-     "does not match the model's layers"),
-    ("prompt numbered wrong", lambda d: d["prompts"][1].update(index=5), "prompts[1].index"),
-    ("steps changed", lambda d: d["config"].update(steps=3), "expected 27"),
-    ("an input digest without its file", lambda d: d["provenance"]["inputs_sha256"].update(trace="0" * 64),
-     "provenance.inputs_sha256"),
-]
-
-
-@pytest.mark.parametrize("name, mutate, needle", MORE_TAMPER, ids=[t[0] for t in MORE_TAMPER])
-def test_more_tampered_reports_do_not_load(raw, name, mutate, needle):
-    d = copy.deepcopy(raw["leak"])
-    mutate(d)
-    with pytest.raises(InputError) as e:
-        json_report.loads(json.dumps(d), "r.json")
-    assert needle in str(e.value), str(e.value)
 
 
 def test_a_cuda_report_needs_the_float32_oracle(raw):
