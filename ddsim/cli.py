@@ -142,9 +142,8 @@ def check_report_matches(report, given: dict) -> None:
             recorded = f"{prov.source}, weights sha256 {prov.weights_sha256[:12]}"
         elif opt in ("prompts", "trace", "cost"):
             from ddsim.digest import file_digest
-            key = {"prompts": "prompts", "trace": "trace", "cost": "cost"}[opt]
-            same = prov.inputs_sha256.get(key) == file_digest(value)
-            recorded = f"{key} sha256 {prov.inputs_sha256.get(key, 'none')[:12]}"
+            same = prov.inputs_sha256.get(opt) == file_digest(value)  # keyed by the option's name
+            recorded = f"{opt} sha256 {prov.inputs_sha256.get(opt, 'none')[:12]}"
         elif opt == "preset":
             same = cfg.model_path is None and cfg.preset == value
             recorded = prov.source
