@@ -155,9 +155,28 @@ def input_digests(ac: AuditConfig) -> dict:
 
 
 def fast_path_name(model: HybridModel) -> str:
-    """The verify implementation the audit's fast path ran."""
+    """The verify implementation the audit's fast path ran: ddsim's backend, or the engine kernel
+    and the recurrence modes it computed (ddsim's backend did the rest)."""
     backend = model.backend or ("triton" if model.device.type == "cuda" else "torch")
-    return f"ddsim-{backend}"
+    if model.engine is None:
+        return f"ddsim-{backend}"
+    return f"{model.engine.name} ({'/'.join(model.engine.modes)} recurrences; ddsim-{backend} otherwise)"
+
+
+def load_engine(ac: AuditConfig, device: torch.device):
+    """The --fast-path kernel (None for ddsim's own), loaded before any work: a missing engine
+    package, or an engine that offers no recurrence mode the audit runs, is refused up front."""
+    if ac.fast_path == "ddsim":
+        if ac.convention is not None:
+            raise InputError("--convention: only with a MODULE:FUNCTION --fast-path")
+        return None
+    from ddsim.check_kernel import prepare_device
+    from ddsim.engines import load
+    prepare_device(str(device))  # Triton kernels of an engine run in Triton's interpreter on the CPU
+    kernel = load(ac.fast_path, convention=ac.convention)
+    if not set(kernel.modes) & {"exact", "leaky"}:
+        raise InputError(f"--fast-path {ac.fast_path}: offers no recurrence mode the audit runs")
+    return kernel
 
 
 def run_audit(ac: AuditConfig, *, progress=None) -> Report:
@@ -165,6 +184,7 @@ def run_audit(ac: AuditConfig, *, progress=None) -> Report:
     speculative step if given. Every input is checked before the first generation starts."""
     device = resolve_device(ac.device)
     cost = CostModel.from_file(ac.cost_file) if ac.cost_file else CostModel()
+    engine = load_engine(ac, device)
     cfg = read_model_config(ac)
     check_memory(ac, cfg, device, 2 if device.type == "cuda" else 4)
     cfg, weights, encoder = load_model(ac, device)
@@ -172,7 +192,7 @@ def run_audit(ac: AuditConfig, *, progress=None) -> Report:
     # would run it), float32 on the CPU; recurrent state float32
     compute = weights["embed"].dtype if device.type == "cuda" else torch.float32
     compute = torch.float32 if compute == torch.float64 else compute
-    model = HybridModel(cfg, weights, device=device, dtype=compute)
+    model = HybridModel(cfg, weights, device=device, dtype=compute, engine=engine)
     prompts = audit_prompts(ac, cfg, encoder)
     if ac.trace:
         drafter = TraceDrafter(ac.trace, vocab_size=cfg.vocab_size)
@@ -183,6 +203,7 @@ def run_audit(ac: AuditConfig, *, progress=None) -> Report:
     provenance = {"ddsim_version": environment(device)["ddsim"],
                   "source": f"checkpoint {ac.model_path}" if ac.model_path else f"preset {ac.preset}",
                   "weights_sha256": weights_digest(ac, weights), "fast_path": fast_path_name(model),
+                  "engine": engine.provenance() if engine is not None else None,
                   "inputs_sha256": input_digests(ac)}
     ref_len = ac.steps * (drafter.depth + 1)
     tick = (lambda rec: progress(advance=1)) if progress else None

@@ -34,7 +34,8 @@ def _budgets(text: str) -> list[int]:
 # audit option -> AuditConfig field
 AUDIT_FIELDS = {"preset": "preset", "model": "model_path", "budget": "budgets", "topk_cap": "topk_cap",
                 "prompts": "prompts_file", "steps": "steps", "temperature": "temperature", "device": "device",
-                "seed": "seed", "trace": "trace", "cost": "cost_file"}
+                "seed": "seed", "trace": "trace", "cost": "cost_file", "fast_path": "fast_path",
+                "convention": "convention"}
 
 
 def _add_audit_options(p, *, defaults: bool = True):
@@ -53,6 +54,10 @@ def _add_audit_options(p, *, defaults: bool = True):
     p.add_argument("--seed", type=int, default=d(0))
     p.add_argument("--trace", metavar="FILE", help="replay a drafter trace (JSONL) instead of the synthetic drafter")
     p.add_argument("--cost", metavar="FILE", help="verify-cost JSON for the throughput model")
+    p.add_argument("--fast-path", default=d("ddsim"), metavar="IMPL",
+                   help="the GDN kernel every layer runs: ddsim (default), fla or MODULE:FUNCTION")
+    p.add_argument("--convention", choices=["ddsim", "fla"], default=None,
+                   help="the calling convention of a MODULE:FUNCTION fast path")
 
 
 def _given_audit_options(a) -> dict:
@@ -150,6 +155,9 @@ def check_report_matches(report, given: dict) -> None:
         elif opt == "device":
             same = report.environment.device == value or cfg.device == value
             recorded = report.environment.device
+        elif opt == "fast_path":
+            same = cfg.fast_path == value
+            recorded = prov.fast_path
         else:
             recorded = getattr(cfg, AUDIT_FIELDS[opt])
             same = recorded == value

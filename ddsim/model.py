@@ -70,11 +70,18 @@ def _rope(x, pos, theta, rot):
 class HybridModel:
     """Weights plus the batched tree forward. ``dtype`` is the fast path's compute dtype (float32
     on the CPU); recurrent state is always float32 or wider. On CUDA the GDN recurrence and conv
-    run the Triton kernels (the recurrent kernel, since the simulator keeps per-node states)."""
+    run the Triton kernels (the recurrent kernel, since the simulator keeps per-node states).
 
-    def __init__(self, cfg: ModelConfig, weights: dict, *, dtype=torch.float32, device="cpu", backend=None):
+    ``engine`` (a ddsim.engines.EngineKernel): an external GDN tree-verify kernel that computes every
+    GDN layer's outputs in the recurrence modes it offers, so the logits, and every decision taken
+    from them, are that kernel's. The per-node states kept for the leak metrics and the commit stay
+    ddsim's own computation of the same mode (an engine kernel returns outputs only)."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict, *, dtype=torch.float32, device="cpu", backend=None,
+                 engine=None):
         self.cfg = cfg
         self.backend = backend  # gpu_backend backend: None = triton on CUDA, torch elsewhere
+        self.engine = engine
         self.dtype = dtype
         self.device = torch.device(device)
         # norm scales are (norm_offset + weight) for every RMSNorm but the GDN gated one
@@ -198,6 +205,9 @@ class HybridModel:
         o, states = gb.gdn_tree_verify(q, k, v, g[None], beta[None], parents=parents,
                                        initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
                                        output_states=True, backend=self.backend)
+        if self.engine is not None and rec_mode in self.engine.modes:  # the engine's outputs [1, T, HV, V]
+            o = self.engine.verify(q, k, v, g[None], beta[None], parents=parents.parents,
+                                   initial_state=S0[None].to(torch.float32).clone(), mode=rec_mode, scale=None)
         o = o[0].to(x.dtype)  # [T, HV, V]
         o = _rmsnorm(o, w[p + "gdn.norm"], cfg.rms_norm_eps) * F.silu(z)
         return F.linear(o.reshape(T, HV * V), w[p + "gdn.out"]), states[0], windows[0]

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ddsim.modes import LEAK_MODES, VERIFY_MODES
 from ddsim.settings import AuditConfig
 
-SCHEMA_VERSION = 3  # 3: typed model, provenance, leak coverage (not_order_exact_nodes), noise floor over all nodes
+SCHEMA_VERSION = 3  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -293,12 +293,23 @@ class Environment(_Strict):
     device_name: str | None = None
 
 
+class EngineRecord(_Strict):
+    """An external GDN kernel the fast path ran (``--fast-path``), as ddsim.engines loaded it."""
+    name: str
+    modes: list[Literal["exact", "leaky"]]  # the recurrence modes it computed
+    package: str | None
+    version: str | None
+    source: str | None  # the file the kernel lives in, and its sha256
+    source_sha256: Sha256 | None
+
+
 class Provenance(_Strict):
     """What was audited: enough to refuse a report of another model, run or version."""
     ddsim_version: str
     source: str  # "preset NAME" or "checkpoint DIR"
     weights_sha256: Sha256  # preset: the generated tensors; checkpoint: config.json and the weight files
     fast_path: str  # the verify implementation the audit ran
+    engine: EngineRecord | None  # the external kernel behind it (--fast-path), None for ddsim's own
     inputs_sha256: dict[Literal["prompts", "trace", "cost"], Sha256]  # the files given, by option
 
 
@@ -448,6 +459,8 @@ def check_consistency(r: Report) -> None:
               "a CPU audit compares a float32 fast path with the float64 oracle")
     else:
         _need(r.precision.oracle == "float32", "precision.oracle", "a CUDA audit runs the float32 oracle")
+    _need((cfg.fast_path == "ddsim") == (r.provenance.engine is None), "provenance.engine",
+          f"config.fast_path is {cfg.fast_path!r} but the engine record is {r.provenance.engine!r}")
     given = {k for k, v in (("prompts", cfg.prompts_file), ("trace", cfg.trace), ("cost", cfg.cost_file)) if v}
     _need(set(r.provenance.inputs_sha256) == given, "provenance.inputs_sha256",
           f"digests for {sorted(r.provenance.inputs_sha256)} but the files given are {sorted(given)}")

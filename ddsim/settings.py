@@ -8,7 +8,7 @@ No torch here: the gate and the report loader import this without loading a mode
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -25,7 +25,7 @@ MAX_TEMPERATURE = 100.0
 OPTION = {"preset": "--preset", "model_path": "--model", "budgets": "--budget", "topk_cap": "--topk-cap",
           "steps": "--steps", "n_prompts": "--prompts", "prompt_len": "--prompts", "prompts_file": "--prompts",
           "temperature": "--temperature", "seed": "--seed", "device": "--device", "depth": "--depth",
-          "trace": "--trace", "cost_file": "--cost"}
+          "trace": "--trace", "cost_file": "--cost", "fast_path": "--fast-path", "convention": "--convention"}
 
 
 class AuditConfig(BaseModel):
@@ -46,6 +46,8 @@ class AuditConfig(BaseModel):
     depth: Annotated[int, Field(ge=1, le=MAX_DEPTH)] = 8  # drafter depth
     trace: str | None = None
     cost_file: str | None = None
+    fast_path: str = "ddsim"  # ddsim, fla or MODULE:FUNCTION: the GDN kernel the fast path runs
+    convention: Literal["ddsim", "fla"] | None = None  # a MODULE:FUNCTION fast path's calling convention
 
     @field_validator("budgets")
     @classmethod

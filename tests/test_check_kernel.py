@@ -83,3 +83,55 @@ def test_check_kernel_bad_input(args, needle):
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_an_engine_kernel_in_the_whole_model_audit(tmp_path, report):
+    """`--fast-path` runs an engine's kernel in every GDN layer: a kernel with a wrong gate sign makes
+    the exact path's logits wrong, and the gate says so through the exact-path rules; the report
+    names the kernel and the hash of its source."""
+    from tests.conftest import FAST_AUDIT
+    out = tmp_path / "planted"
+    r = run_cli("audit", *FAST_AUDIT, "--fast-path", "tests.planted_kernels:wrong_gate_sign", "--convention", "ddsim",
+                "--out", out)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    engine = rep["provenance"]["engine"]
+    assert engine["name"] == "tests.planted_kernels:wrong_gate_sign" and engine["modes"] == ["exact", "leaky"]
+    assert len(engine["source_sha256"]) == 64 and engine["source"].endswith("tests/planted_kernels.py")
+    assert rep["provenance"]["fast_path"].startswith("tests.planted_kernels:wrong_gate_sign (exact/leaky recurrences")
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", out / "report.json")
+    assert g.returncode == 1
+    violated = {l.split(":")[0].removeprefix("VIOLATED ") for l in g.stdout.splitlines() if l.startswith("VIOLATED")}
+    assert {"exact_state_rel_max", "exact_kl_max"} <= violated  # the default fast path holds both (report fixture)
+    assert report["noise_floor"]["4"]["kl_max"] < 1e-9
+    m = run_cli("gate", "--policy", "hybrid-unsafe", "--report", out / "report.json", "--fast-path", "ddsim")
+    assert m.returncode == 2 and "--fast-path ddsim: the report does not match" in m.stderr
+
+
+def test_fla_in_the_whole_model_audit_matches_ddsims_flattened_path(tmp_path, report):
+    """fla's kernel computes the leaky recurrences of the FAST_AUDIT: every generation comes out
+    token for token as with ddsim's own kernel, and the report records fla-core."""
+    from tests.conftest import FAST_AUDIT
+    assert (ENGINES / "fla").is_dir(), "fla-core is missing from .engines: `make test` installs it"
+    out = tmp_path / "fla"
+    r = run_cli("audit", *FAST_AUDIT, "--fast-path", "fla", "--out", out, pythonpath=ENGINES)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["provenance"]["engine"]["package"] == "fla-core" and rep["provenance"]["engine"]["modes"] == ["leaky"]
+    assert [g["tokens"] for g in rep["generations"]] == [g["tokens"] for g in report["generations"]]
+    leak = rep["budgets"][1]["leak"]["leaky"]["kl"]["order_exact"]["max"]
+    assert leak < 1e-9  # fla is exact where the layout makes the flattened path exact
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--fast-path", "fla"], "--impl fla: the package fla-core is not installed"),
+    (["--convention", "fla"], "--convention: only with a MODULE:FUNCTION --fast-path"),
+    (["--fast-path", "tests.planted_kernels:wrong_gate_sign"], "--convention: MODULE:FUNCTION needs"),
+])
+def test_audit_fast_path_bad_input(tmp_path, args, needle):
+    from tests.conftest import FAST_AUDIT
+    r = run_cli("audit", *FAST_AUDIT, *args, "--out", tmp_path / "o")
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert not (tmp_path / "o").exists()

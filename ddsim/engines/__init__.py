@@ -43,8 +43,9 @@ class EngineKernel:
                              + (" (it takes no tree: on a tree it is the flattened path)" if self.modes == ("leaky",) else ""))
 
     def provenance(self) -> dict:
-        return {"name": self.name, "package": self.package, "version": self.version, "source": self.source,
-                "source_sha256": self.source_sha256}
+        """What a report records about the kernel (ddsim.report_model.EngineRecord)."""
+        return {"name": self.name, "modes": list(self.modes), "package": self.package, "version": self.version,
+                "source": self.source, "source_sha256": self.source_sha256}
 
 
 def _source_of(fn) -> tuple[str | None, str | None]:
