@@ -1,0 +1,46 @@
+"""`ddsim check-kernel` for every engine kernel this machine has, on one device: each property's
+verdict and the wall time of the whole suite per (kernel, mode). On CUDA the kernels are compiled;
+on the CPU, Triton's interpreter runs them.
+
+    python benchmarks/check_kernels.py [--device cuda] [--max-examples 100] [--commit SHA]
+"""
+import argparse
+import platform
+import time
+
+import torch
+
+from ddsim.check_kernel import check, prepare_device
+from ddsim.engines import load
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--max-examples", type=int, default=100)
+    ap.add_argument("--commit", default="?")
+    a = ap.parse_args()
+    device = prepare_device(a.device)
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
+    print(f"# {time.strftime('%Y-%m-%d')} | {name} | torch {torch.__version__} | commit {a.commit} | "
+          f"{a.max_examples} examples per property")
+    print("| kernel | package | mode | properties held | failed | wall s |")
+    print("|---|---|---|---|---|---|")
+    for impl, modes in (("ddsim", ("exact", "leaky")), ("fla", ("leaky",))):
+        try:
+            kernel = load(impl)
+        except ValueError as e:
+            print(f"| {impl} | not installed ({e}) | | | | |")
+            continue
+        for mode in modes:
+            t = time.perf_counter()
+            results = check(kernel, mode=mode, device=device, max_examples=a.max_examples)
+            wall = time.perf_counter() - t
+            held = sum(r.holds for r in results)
+            failed = "; ".join(f"{r.name}: {r.detail}" for r in results if not r.holds) or "none"
+            print(f"| {kernel.name} | {kernel.package} {kernel.version} | {mode} | {held}/{len(results)} | {failed} | "
+                  f"{wall:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
