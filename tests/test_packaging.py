@@ -1,8 +1,9 @@
 """The installed package is the one namespace the README promises: every sub-package of ddsim/ and
 every mapped top-level folder is listed for setuptools (an unlisted one works in the editable
 install and is missing from a wheel), and nothing else installs at the top level."""
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
