@@ -583,6 +583,8 @@ def test_consistent_variants_still_load(raw):
     d["config"]["trace"], d["provenance"]["inputs_sha256"]["trace"] = "t.jsonl", "0" * 64
     d["config"]["cost_file"], d["provenance"]["inputs_sha256"]["cost"] = "c.json", "1" * 64
     assert set(_reload(d).provenance.inputs_sha256) == {"trace", "cost"}
+    d["config"]["prompts_file"], d["provenance"]["inputs_sha256"]["prompts"] = "p.jsonl", "2" * 64
+    assert set(_reload(d).provenance.inputs_sha256) == {"prompts", "trace", "cost"}
 
 
 @pytest.mark.parametrize("name, mutate, needle", [
