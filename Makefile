@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml
 	@# engine kernels `ddsim check-kernel` is tested against, kept out of the venv (transformers would
 	@# pick fla up as its own GDN backend): flash-linear-attention's fla-core, pinned, no dependencies
 	$(VPY) -m pip install -q --no-deps --upgrade --target $(ENGINES) fla-core==0.6.0 einops==0.8.1
+	@# and SGLang's GDN kernel module (0.5.23) from its wheel, with the test fixture's shims
+	$(VPY) tests/engine_setup.py $(ENGINES)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -37,6 +37,18 @@ def test_fla_passes_as_the_flattened_path_and_refuses_exact(tmp_path):
         "no tree: on a tree it is the flattened path)"]
 
 
+@pytest.mark.parametrize("mode, held", [("exact", 4), ("leaky", 5)])
+def test_sglang_target_verify_kernel_in_both_modes(tmp_path, mode, held):
+    """SGLang 0.5.23's fused_sigmoid_gating_delta_rule_update (its source from the wheel, in Triton's
+    interpreter): with retrieve_parent_token it is exact on every node, without it it is the
+    flattened path, and disable_state_update leaves the pool slot alone."""
+    assert (ENGINES / "sglang" / "kernels").is_dir(), "SGLang's kernel is missing from .engines: `make test` fetches it"
+    r = run_cli("check-kernel", "--impl", "sglang", "--mode", mode, "--max-examples", "8", "--out", tmp_path / "ce.json",
+                pythonpath=ENGINES)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(sglang 0.5.23)" in r.stdout and r.stdout.strip().endswith(f"all {held} properties hold")
+
+
 @pytest.mark.parametrize("kernel, failing, node", [
     ("parent_off_by_one", ["exact on order-exact nodes", "exact on every node"], 2),
     ("wrong_gate_sign", ["exact on order-exact nodes", "exact on every node"], 0),
@@ -69,11 +81,12 @@ def test_a_kernel_that_never_leaks_is_not_the_flattened_path(tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--impl", "nope", "--mode", "exact"], "--impl nope: expected ddsim, fla or MODULE:FUNCTION"),
+    (["--impl", "nope", "--mode", "exact"], "--impl nope: expected ddsim, fla, sglang or MODULE:FUNCTION"),
     (["--impl", "no_such_module:f", "--convention", "ddsim", "--mode", "exact"], "cannot import 'no_such_module'"),
     (["--impl", "tests.planted_kernels:nothing", "--convention", "ddsim", "--mode", "exact"], "has no 'nothing'"),
     (["--impl", "tests.planted_kernels:wrong_gate_sign", "--mode", "exact"], "--convention: MODULE:FUNCTION needs"),
-    (["--impl", "sglang", "--mode", "exact"], "--impl sglang: no adapter in this release"),
+    (["--impl", "vllm", "--mode", "exact"], "--impl vllm: no adapter in this release"),
+    (["--impl", "sglang", "--mode", "exact"], "--impl sglang: the package sglang is not installed"),
     (["--impl", "fla", "--mode", "leaky"], "--impl fla: the package fla-core is not installed"),
     (["--impl", "ddsim", "--mode", "exact", "--max-examples", "0"], "--max-examples: expected >= 1"),
     (["--impl", "ddsim", "--mode", "exact", "--device", "cuda:3"], "--device"),

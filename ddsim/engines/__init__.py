@@ -10,6 +10,8 @@ initial_state [B, HV, K, V] float32 (read, never written). ``mode`` is one of th
     load("ddsim")                 ddsim's own fast path (exact and leaky)
     load("fla")                   flash-linear-attention's fused_recurrent_gated_delta_rule (leaky only:
                                   it takes no tree, so on a tree it is the flattened path)
+    load("sglang")                SGLang's fused_sigmoid_gating_delta_rule_update (exact with
+                                  retrieve_parent_token, leaky without)
     load("pkg.module:function", convention="ddsim" | "fla")   anything else with one of those signatures
 """
 from __future__ import annotations
@@ -60,10 +62,16 @@ def _source_of(fn) -> tuple[str | None, str | None]:
 
 
 def _version(dist: str) -> str | None:
+    """The installed distribution's version, else the package's own ``<dist>.version.__version__``
+    (a kernel module taken from a wheel without its metadata), else None."""
     from importlib.metadata import PackageNotFoundError, version
     try:
         return version(dist)
     except PackageNotFoundError:
+        pass
+    try:
+        return str(importlib.import_module(f"{dist}.version").__version__)
+    except (ImportError, AttributeError):
         return None
 
 
@@ -75,11 +83,14 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
     if impl == "fla":
         from ddsim.engines import fla
         return fla.adapter()
-    if impl in ("sglang", "vllm"):
+    if impl == "sglang":
+        from ddsim.engines import sglang
+        return sglang.adapter()
+    if impl == "vllm":
         raise InputError(f"--impl {impl}: no adapter in this release (use MODULE:FUNCTION with --convention "
-                         "ddsim or fla, or --impl fla)")
+                         "ddsim or fla, or --impl sglang or fla)")
     if ":" not in impl:
-        raise InputError(f"--impl {impl}: expected ddsim, fla or MODULE:FUNCTION")
+        raise InputError(f"--impl {impl}: expected ddsim, fla, sglang or MODULE:FUNCTION")
     module, _, name = impl.partition(":")
     if os.getcwd() not in sys.path:  # a serving repo's own module, run from its checkout
         sys.path.insert(0, os.getcwd())
