@@ -26,7 +26,7 @@ def main():
           f"{a.max_examples} examples per property")
     print("| kernel | package | mode | properties held | failed | wall s |")
     print("|---|---|---|---|---|---|")
-    for impl, modes in (("ddsim", ("exact", "leaky")), ("fla", ("leaky",))):
+    for impl, modes in (("ddsim", ("exact", "leaky")), ("sglang", ("exact", "leaky")), ("fla", ("leaky",))):
         try:
             kernel = load(impl)
         except ValueError as e:
