@@ -4,6 +4,11 @@ tables rebuilt every call, as before TreePlan), with a TreePlan built once (what
 one plan per tree, shared by every layer), and the kernel launch alone (plan_wy / plan_commit's
 launch). Qwen3.6-27B GDN shapes (from the preset), bf16 inputs, DDTree trees (top-k 8, depth 15).
 
+Where SGLang's GDN kernel module is importable (the .engines folder `make test` fills: SGLang
+0.5.23's module with the test fixture's shims, so no PDL), its public function is timed side by side
+in its target-verify call (fused gates, [HV, V, K] pool, retrieve_parent_token, per-node intermediate
+states, disable_state_update), with its inputs prepared once, as a serving stack holds them.
+
 Each figure is the wall time of n back-to-back calls / n, synchronised at the end: the rate a
 layer loop could sustain, i.e. max(host time, device time) per call.
 
@@ -37,9 +42,14 @@ def main():
     ap.add_argument("--n", type=int, default=200)
     a = ap.parse_args()
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | commit {a.commit}")
+    try:
+        from ddsim.engines.sglang import _kernel
+        sglang_fn = _kernel()[0]
+    except ValueError:
+        sglang_fn = None
     print("| sequences x nodes | verify: raw parents (us) | verify: TreePlan (us) | verify: kernel alone (us) | "
-          "commit: raw parents (us) | commit: TreePlan (us) | commit: kernel alone (us) |")
-    print("|---|---|---|---|---|---|---|")
+          "commit: raw parents (us) | commit: TreePlan (us) | commit: kernel alone (us) | SGLang target verify (us) |")
+    print("|---|---|---|---|---|---|---|---|")
     for B, T in ((1, 17), (1, 65), (8, 65), (32, 65)):
         _, parents = ddtree_batch(B, T)
         parents = parents.cuda()
@@ -57,8 +67,20 @@ def main():
         plan_c = per_call(lambda: gb.gdn_tree_commit(*cargs, parents=plan, accepted=acc, initial_state=s0), a.n)
         launch_c, _ = plan_commit(*cargs, parents=plan, accepted=acc, initial_state=s0, poison=False)
         kern_c = per_call(launch_c, a.n)
-        print(f"| {B} x {T} | {raw_v:.1f} | {plan_v:.1f} | {kern_v:.1f} | {raw_c:.1f} | {plan_c:.1f} | {kern_c:.1f} |",
-              flush=True)
+        sgl = "–"
+        if sglang_fn is not None:
+            HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]
+            neg_g = (-inp["g"].float()).clamp_min(1e-30)
+            ga = torch.log(torch.expm1(neg_g)).contiguous()
+            gb_ = torch.logit(inp["beta"].float().clamp(1e-7, 1 - 1e-7)).contiguous()
+            zeros = torch.zeros(HV, device="cuda")
+            pool = s0.transpose(-1, -2).contiguous()
+            slots = torch.arange(B, dtype=torch.int32, device="cuda")
+            buf = torch.empty(B, T, HV, V, K, device="cuda")
+            rp = parents.to(torch.int32).contiguous()
+            sgl = f"{per_call(lambda: sglang_fn(zeros, ga, zeros, 1.0, 20.0, inp['q'], inp['k'], inp['v'], gb_, pool, slots, use_qk_l2norm_in_kernel=True, disable_state_update=True, intermediate_states_buffer=buf, intermediate_state_indices=slots, cache_steps=T, retrieve_parent_token=rp), a.n):.1f}"  # noqa: E501
+        print(f"| {B} x {T} | {raw_v:.1f} | {plan_v:.1f} | {kern_v:.1f} | {raw_c:.1f} | {plan_c:.1f} | {kern_c:.1f} | "
+              f"{sgl} |", flush=True)
 
 
 if __name__ == "__main__":
