@@ -46,8 +46,12 @@ def _strategies():
     return gdn_inputs
 
 
-def _bound(ref: torch.Tensor) -> float:
-    atol, rtol = TOLERANCES[torch.float32]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _bound(ref: torch.Tensor, dtype: torch.dtype = torch.float32) -> float:
+    """The comparison bound of one layer's output in ``dtype`` (ddsim.compare's table)."""
+    atol, rtol = TOLERANCES[dtype]
     return atol + rtol * (ref.abs().max().item() if ref.numel() else 0.0)
 
 
@@ -60,8 +64,8 @@ def _node_errors(o: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 class _Runner:
     """One kernel, one mode, on one device: runs the kernel and the oracle on drawn inputs."""
 
-    def __init__(self, kernel, mode: str, device: str):
-        self.kernel, self.mode, self.device = kernel, mode, device
+    def __init__(self, kernel, mode: str, device: str, dtype: torch.dtype = torch.float32):
+        self.kernel, self.mode, self.device, self.dtype = kernel, mode, device, dtype
 
     def run(self, inp) -> dict:
         from ddsim import oracle
@@ -81,7 +85,7 @@ class _Runner:
         """name -> predicate(run result) that must hold on every drawn input."""
         def close(r, m, nodes):
             err = _node_errors(r["o"], r["ref"][m])
-            return bool((err[nodes] <= _bound(r["ref"][m])).all())
+            return bool((err[nodes] <= _bound(r["ref"][m], self.dtype)).all())
 
         props = {
             "output finite": lambda r: bool(torch.isfinite(r["o"]).all()),
@@ -95,12 +99,12 @@ class _Runner:
         return props
 
 
-def _describe(inp, r, prop: str, mode: str) -> dict:
+def _describe(inp, r, prop: str, mode: str, dtype: torch.dtype) -> dict:
     """The counterexample as JSON: the trees (parents and tokens), shapes, and the first node whose
     output is wrong against the reference the property names."""
     ref_mode = "leaky" if prop.startswith("flattened") else "exact"
     err = _node_errors(r["o"], r["ref"][ref_mode])
-    bound = _bound(r["ref"][ref_mode])
+    bound = _bound(r["ref"][ref_mode], dtype)
     bad = (err > bound).nonzero().tolist()
     first = None
     if bad:
@@ -108,30 +112,33 @@ def _describe(inp, r, prop: str, mode: str) -> dict:
         first = {"sequence": b, "node": n, "max_abs_error": float(err[b, n]), "bound": bound,
                  "order_exact": bool(r["order_exact"][b, n])}
     B, T, H, K = inp["q"].shape
-    return {"property": prop, "mode": mode, "reference": ref_mode,
+    return {"property": prop, "mode": mode, "dtype": str(dtype).removeprefix("torch."), "reference": ref_mode,
             "trees": [{"parents": list(t.parents), "tokens": list(t.tokens)} for t in inp["trees"]],
             "shapes": {"B": B, "T": T, "H": H, "HV": inp["v"].shape[2], "K": K, "V": inp["v"].shape[3]},
             "first_wrong_node": first, "state_untouched": r["untouched"]}
 
 
-def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, seed: int = 0) -> list[PropertyResult]:
-    """Search each property for a counterexample; the results, with shrunk counterexamples."""
+def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100,
+          dtype: torch.dtype = torch.float32) -> list[PropertyResult]:
+    """Search each property for a counterexample; the results, with shrunk counterexamples. q, k, v
+    and the gates are drawn in ``dtype`` (the state stays float32); the oracle computes in float64
+    from the same rounded values, and outputs are compared within ``dtype``'s tolerance."""
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
     gdn_inputs = _strategies()
     kernel.check_mode(mode)
-    runner = _Runner(kernel, mode, device)
+    runner = _Runner(kernel, mode, device, dtype)
     cfg = settings(max_examples=max_examples, database=None, derandomize=True, deadline=None,
                    suppress_health_check=list(HealthCheck))
     results = []
-    strategy = gdn_inputs(max_nodes=10)
+    strategy = gdn_inputs(max_nodes=10, dtype=dtype)
     for name, pred in runner.properties().items():
         try:
             bad = find(strategy, lambda inp, pred=pred: not pred(runner.run(inp)), settings=cfg)
         except NoSuchExample:
             results.append(PropertyResult(name, True, f"held on {max_examples} drawn inputs"))
             continue
-        ce = _describe(bad, runner.run(bad), name, mode)
+        ce = _describe(bad, runner.run(bad), name, mode, dtype)
         node = ce["first_wrong_node"]
         where = (f"first wrong node {node['node']} of sequence {node['sequence']} (parents "
                  f"{ce['trees'][node['sequence']]['parents']}), error {node['max_abs_error']:.3g} > {node['bound']:.3g}"
@@ -142,7 +149,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, se
         def differs(inp):
             r = runner.run(inp)
             err = _node_errors(r["o"], r["ref"]["exact"])
-            return bool((err[~r["order_exact"]] > 10 * _bound(r["ref"]["exact"])).any())
+            return bool((err[~r["order_exact"]] > 10 * _bound(r["ref"]["exact"], dtype)).any())
         try:
             ex = find(strategy, differs, settings=cfg)
             results.append(PropertyResult("leaks off order-exact nodes", True,

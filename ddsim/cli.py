@@ -267,7 +267,7 @@ def cmd_bench(a, console) -> int:
 def cmd_check_kernel(a, console) -> int:
     from rich.table import Table
 
-    from ddsim.check_kernel import check, prepare_device, write_counterexamples
+    from ddsim.check_kernel import DTYPES, check, prepare_device, write_counterexamples
     from ddsim.engines import load
     if a.max_examples < 1:
         from ddsim.errors import InputError
@@ -277,9 +277,9 @@ def cmd_check_kernel(a, console) -> int:
     kernel.check_mode(a.mode)
     out = Path(a.out)
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
-    results = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples)
-    t = Table(title=f"{kernel.name} ({kernel.package or '?'} {kernel.version or ''}) mode {a.mode} on {device} "
-                    "against the oracle")
+    results = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype])
+    t = Table(title=f"{kernel.name} ({kernel.package or '?'} {kernel.version or ''}) mode {a.mode}, {a.dtype} inputs, "
+                    f"on {device} against the oracle")
     for col in ("property", "verdict", "detail"):
         t.add_column(col)
     for r in results:
@@ -327,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--mode", required=True, choices=["exact", "leaky"])
     pk.add_argument("--device", default="cpu", help="cpu (Triton kernels in Triton's interpreter) or cuda[:N]")
     pk.add_argument("--max-examples", type=int, default=100, help="hypothesis examples per property")
+    pk.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="q, k, v and gates drawn in this dtype (states float32); outputs compared within its tolerance")
     pk.add_argument("--out", default="check-kernel-counterexamples.json",
                     help="where the shrunk counterexamples go when a property fails")
     pb = sub.add_parser("bench", help="CUDA: GDN kernel times against the memory floor; CPU: trees per second per mode")

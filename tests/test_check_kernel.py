@@ -16,10 +16,13 @@ def _verdict(r):
     return [l for l in r.stdout.splitlines() if l.startswith("FAILED") or "properties" in l]
 
 
-@pytest.mark.parametrize("mode", ["exact", "leaky"])
-def test_ddsims_own_kernel_passes(tmp_path, mode):
-    r = run_cli("check-kernel", "--impl", "ddsim", "--mode", mode, "--max-examples", "25", "--out", tmp_path / "ce.json")
+@pytest.mark.parametrize("mode, dtype", [("exact", "float32"), ("leaky", "float32"), ("exact", "bfloat16"),
+                                         ("leaky", "bfloat16")])
+def test_ddsims_own_kernel_passes(tmp_path, mode, dtype):
+    r = run_cli("check-kernel", "--impl", "ddsim", "--mode", mode, "--dtype", dtype, "--max-examples", "25",
+                "--out", tmp_path / "ce.json")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{dtype} inputs" in r.stdout
     assert r.stdout.strip().endswith(f"all {4 if mode == 'exact' else 5} properties hold")
     assert not (tmp_path / "ce.json").exists()
 
@@ -70,6 +73,16 @@ def test_planted_bugs_are_caught_with_the_first_wrong_node(tmp_path, kernel, fai
         assert f"first wrong node {node} of sequence {first['sequence']}" in r.stdout
     else:
         assert ces[0]["state_untouched"] is False
+
+
+def test_a_planted_bug_is_caught_in_bfloat16_too(tmp_path):
+    """bf16 inputs widen the tolerance to bf16's, not enough to hide a wrong gate."""
+    out = tmp_path / "ce.json"
+    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:wrong_gate_sign", "--convention", "ddsim", "--mode",
+                "exact", "--dtype", "bfloat16", "--max-examples", "30", "--out", out)
+    assert r.returncode == 1, r.stdout + r.stderr
+    ce = json.loads(out.read_text())["counterexamples"][0]
+    assert ce["dtype"] == "bfloat16" and ce["first_wrong_node"]["node"] == 0
 
 
 def test_a_kernel_that_never_leaks_is_not_the_flattened_path(tmp_path):
