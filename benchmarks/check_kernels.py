@@ -2,7 +2,7 @@
 verdict and the wall time of the whole suite per (kernel, mode). On CUDA the kernels are compiled;
 on the CPU, Triton's interpreter runs them.
 
-    python benchmarks/check_kernels.py [--device cuda] [--max-examples 100] [--commit SHA]
+    python benchmarks/check_kernels.py [--device cuda] [--max-examples 100] [--dtype float32|bfloat16] [--commit SHA]
 """
 import argparse
 import platform
@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from ddsim.check_kernel import check, prepare_device
+from ddsim.check_kernel import DTYPES, check, prepare_device
 from ddsim.engines import load
 
 
@@ -19,11 +19,12 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--max-examples", type=int, default=100)
     ap.add_argument("--commit", default="?")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     a = ap.parse_args()
     device = prepare_device(a.device)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
     print(f"# {time.strftime('%Y-%m-%d')} | {name} | torch {torch.__version__} | commit {a.commit} | "
-          f"{a.max_examples} examples per property")
+          f"{a.max_examples} examples per property | {a.dtype} inputs")
     print("| kernel | package | mode | properties held | failed | wall s |")
     print("|---|---|---|---|---|---|")
     for impl, modes in (("ddsim", ("exact", "leaky")), ("sglang", ("exact", "leaky")), ("fla", ("leaky",))):
@@ -34,7 +35,7 @@ def main():
             continue
         for mode in modes:
             t = time.perf_counter()
-            results = check(kernel, mode=mode, device=device, max_examples=a.max_examples)
+            results = check(kernel, mode=mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype])
             wall = time.perf_counter() - t
             held = sum(r.holds for r in results)
             failed = "; ".join(f"{r.name}: {r.detail}" for r in results if not r.holds) or "none"
