@@ -172,7 +172,6 @@ def prepare_device(device: str) -> str:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         return "cpu"
     if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise InputError(f"--device: {device} requested but no CUDA device is available")
-        return device
+        from ddsim.audit import resolve_device  # the audit's check: CUDA present, the index exists
+        return str(resolve_device(device))
     raise InputError(f"--device: expected cpu or cuda[:N], got {device!r}")

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ddsim.modes import LEAK_MODES, VERIFY_MODES
+from ddsim.modes import VERIFY_MODES
 from ddsim.settings import AuditConfig
 
 SCHEMA_VERSION = 3  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes
@@ -429,9 +429,6 @@ class Report(_Strict):
     throughput: Throughput
     generations: list[Generation]
 
-    def budget(self, b: int) -> BudgetRecord:
-        return next(x for x in self.budgets if x.budget == b)
-
     @model_validator(mode="after")
     def _consistent(self):
         check_consistency(self)
@@ -527,5 +524,3 @@ def check_consistency(r: Report) -> None:
         _need((bud, mode) in want and _close(row.tokens_per_step, want[(bud, mode)]), "throughput.rows",
               f"budget {bud} mode {mode}: tokens_per_step does not match its summary")
 
-
-GATED_MODES = LEAK_MODES

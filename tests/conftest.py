@@ -18,6 +18,16 @@ def run_cli(*args, cwd=None, timeout=600, pythonpath=None):
                           cwd=cwd, timeout=timeout, env=env)
 
 
+def one_line_error(r, *needles):
+    """A bad-input refusal: exit 2, one line on stderr naming every needle, no traceback."""
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
 @pytest.fixture(scope="session")
 def audit_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("audit")

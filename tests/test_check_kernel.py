@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import one_line_error, run_cli
 
 ENGINES = Path(__file__).resolve().parents[1] / ".engines"
 
@@ -105,10 +105,7 @@ def test_a_kernel_that_never_leaks_is_not_the_flattened_path(tmp_path):
     (["--impl", "ddsim", "--mode", "exact", "--device", "cuda:3"], "--device"),
 ])
 def test_check_kernel_bad_input(args, needle):
-    r = run_cli("check-kernel", *args)
-    assert r.returncode == 2, r.stdout + r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], r.stderr
+    one_line_error(run_cli("check-kernel", *args), needle)
 
 
 def test_an_engine_kernel_in_the_whole_model_audit(tmp_path, report):
@@ -156,8 +153,5 @@ def test_fla_in_the_whole_model_audit_matches_ddsims_flattened_path(tmp_path, re
 ])
 def test_audit_fast_path_bad_input(tmp_path, args, needle):
     from tests.conftest import FAST_AUDIT
-    r = run_cli("audit", *FAST_AUDIT, *args, "--out", tmp_path / "o")
-    assert r.returncode == 2, r.stdout + r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], r.stderr
+    one_line_error(run_cli("audit", *FAST_AUDIT, *args, "--out", tmp_path / "o"), needle)
     assert not (tmp_path / "o").exists()

@@ -7,19 +7,9 @@ import pytest
 from ddsim.reports import json_report
 from tests import report_fixtures
 from tests.conftest import FAST_AUDIT, run_cli
+from tests.conftest import one_line_error as _one_line_error
 
 DEFAULT_POLICY = "hybrid-unsafe"  # the built-in policy, ddsim/policies/hybrid-unsafe.toml
-
-
-
-
-def _one_line_error(r, *needles):
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_audit_writes_valid_report_and_html(audit_dir, report):

@@ -16,7 +16,6 @@ initial_state [B, HV, K, V] float32 (read, never written). ``mode`` is one of th
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import inspect
 import os
@@ -57,8 +56,8 @@ def _source_of(fn) -> tuple[str | None, str | None]:
         return None, None
     if not path:
         return None, None
-    with open(path, "rb") as f:
-        return path, hashlib.sha256(f.read()).hexdigest()
+    from ddsim.digest import file_digest
+    return path, file_digest(path)
 
 
 def _version(dist: str) -> str | None:
