@@ -25,21 +25,25 @@ def main():
     name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
     print(f"# {time.strftime('%Y-%m-%d')} | {name} | torch {torch.__version__} | commit {a.commit} | "
           f"{a.max_examples} examples per property | {a.dtype} inputs")
-    print("| kernel | package | mode | properties held | failed | wall s |")
-    print("|---|---|---|---|---|---|")
-    for impl, modes in (("ddsim", ("exact", "leaky")), ("sglang", ("exact", "leaky")), ("fla", ("leaky",))):
+    print("| kernel | package | op | mode | properties held | failed | wall s |")
+    print("|---|---|---|---|---|---|---|")
+    for impl, op, modes in (("ddsim", "gdn", ("exact", "leaky")), ("ddsim", "conv", ("exact", "leaky")),
+                            ("sglang", "gdn", ("exact", "leaky")), ("sglang", "conv", ("exact", "leaky")),
+                            ("vllm", "gdn", ("leaky",)), ("fla", "gdn", ("leaky",))):
         try:
             kernel = load(impl)
         except ValueError as e:
-            print(f"| {impl} | not installed ({e}) | | | | |")
+            print(f"| {impl} | not installed ({e}) | | | | | |")
             continue
+        name = kernel.conv_name if op == "conv" else kernel.name
         for mode in modes:
             t = time.perf_counter()
-            results = check(kernel, mode=mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype])
+            results = check(kernel, mode=mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype],
+                            op=op)
             wall = time.perf_counter() - t
             held = sum(r.holds for r in results)
             failed = "; ".join(f"{r.name}: {r.detail}" for r in results if not r.holds) or "none"
-            print(f"| {kernel.name} | {kernel.package} {kernel.version} | {mode} | {held}/{len(results)} | {failed} | "
+            print(f"| {name} | {kernel.package} {kernel.version} | {op} | {mode} | {held}/{len(results)} | {failed} | "
                   f"{wall:.1f} |", flush=True)
 
 

@@ -4,9 +4,13 @@ Hypothesis draws trees of every shape (chains, stars, deep and bushy, as ddsim.p
 makes them), grouped heads (HV/H in 1..3), fast- and long-memory gates; for each property it
 searches for a counterexample (``hypothesis.find``), which comes back shrunk to the smallest tree.
 
+The committed states live in a state pool, as in a serving engine: each sequence in a shuffled slot,
+every other slot NaN (a kernel that reads a slot it was not given turns its outputs NaN).
+
 Properties (mode "exact"):
   output finite           no NaN or Inf in any node's output
-  state untouched         the committed state passed in is bit-identical after the call
+  committed state untouched   the batch's pool slots are bit-identical after the call (verify reads)
+  other pool slots untouched  so is every slot outside the batch
   exact on order-exact    every order-exact node equals the oracle's exact output
   exact on every node     every node equals the oracle's exact output
 Mode "leaky" (the flattened path) replaces the last by
@@ -19,7 +23,6 @@ exact, the flattened recurrence elsewhere.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,11 +42,11 @@ class PropertyResult:
 
 def _strategies():
     try:
-        from ddsim.properties.strategies import gdn_inputs
+        from ddsim.properties import strategies
     except ModuleNotFoundError as e:
         raise InputError(f"check-kernel needs hypothesis (missing module {e.name!r}; "
                          "pip install 'ddsim-spec[properties]')") from None
-    return gdn_inputs
+    return strategies
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -61,6 +64,12 @@ def _node_errors(o: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(o.double().cpu()).flatten(2).all(-1), err, torch.inf)
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit pattern (so NaN slots compare equal to themselves)."""
+    return t.contiguous().view(torch.int32 if t.element_size() == 4 else torch.int64 if t.element_size() == 8
+                               else torch.int16)
+
+
 class _Runner:
     """One kernel, one mode, on one device: runs the kernel and the oracle on drawn inputs."""
 
@@ -72,31 +81,90 @@ class _Runner:
         dev = self.device
         # copies: a kernel that writes its inputs must not change what the oracle reads
         args = {k: inp[k].to(dev, copy=True) for k in ("q", "k", "v", "g", "beta")}
-        s0 = inp["initial_state"].to(dev, copy=True).contiguous()
-        before = s0.clone()
-        o = self.kernel.verify(**args, parents=inp["parents"].to(dev), initial_state=s0, mode=self.mode, scale=None)
+        pool = inp["pool"].to(dev, copy=True).contiguous()  # [N, HV, K, V]
+        slots = inp["slots"].to(dev)
+        before = _bits(pool).clone()
+        o = self.kernel.verify(**args, parents=inp["parents"].to(dev), state_pool=pool, slots=slots, mode=self.mode,
+                               scale=None)
+        writes = _pool_writes(pool, before, slots)
         plain = {k: inp[k].double() for k in ("q", "k", "v", "g", "beta")}
         ref = {m: oracle.gdn_tree_verify(**plain, parents=inp["parents"], initial_state=inp["initial_state"].double(),
                                          mode=m) for m in ("exact", "leaky")}
         order_exact = torch.tensor([list(t.order_exact) for t in inp["trees"]])
-        return {"o": o.detach().cpu(), "untouched": torch.equal(s0, before), "ref": ref, "order_exact": order_exact}
+        return {"o": o.detach().cpu(), **writes, "ref": ref, "order_exact": order_exact}
 
     def properties(self) -> dict:
-        """name -> predicate(run result) that must hold on every drawn input."""
-        def close(r, m, nodes):
-            err = _node_errors(r["o"], r["ref"][m])
-            return bool((err[nodes] <= _bound(r["ref"][m], self.dtype)).all())
+        return _properties(self.mode, self.dtype)
 
-        props = {
-            "output finite": lambda r: bool(torch.isfinite(r["o"]).all()),
-            "state untouched": lambda r: r["untouched"],
-            "exact on order-exact nodes": lambda r: close(r, "exact", r["order_exact"]),
-        }
-        if self.mode == "exact":
-            props["exact on every node"] = lambda r: close(r, "exact", torch.ones_like(r["order_exact"]))
+
+def _pool_writes(pool: torch.Tensor, before: torch.Tensor, slots: torch.Tensor) -> dict:
+    """Which pool slots a call wrote (bitwise), split into the batch's and the others."""
+    changed = (_bits(pool) != before).flatten(1).any(-1).cpu()  # [N]
+    in_batch = torch.zeros_like(changed)
+    in_batch[slots.long().cpu()] = True
+    return {"committed_untouched": not bool(changed[in_batch].any()), "others_untouched": not bool(changed[~in_batch].any()),
+            "written_slots": changed.nonzero().flatten().tolist()}
+
+
+def _properties(mode: str, dtype: torch.dtype, committed: tuple | None = None) -> dict:
+    """name -> predicate(run result) that must hold on every drawn input. ``committed`` replaces the
+    committed-slot property for a kernel whose verify rewrites its slot by design: (name, predicate)."""
+    def close(r, m, nodes):
+        err = _node_errors(r["o"], r["ref"][m])
+        return bool((err[nodes] <= _bound(r["ref"][m], dtype)).all())
+
+    name, pred = committed or ("committed state untouched", lambda r: r["committed_untouched"])
+    props = {
+        "output finite": lambda r: bool(torch.isfinite(r["o"]).all()),
+        name: pred,
+        "other pool slots untouched": lambda r: r["others_untouched"],
+        "exact on order-exact nodes": lambda r: close(r, "exact", r["order_exact"]),
+    }
+    if mode == "exact":
+        props["exact on every node"] = lambda r: close(r, "exact", torch.ones_like(r["order_exact"]))
+    else:
+        props["flattened semantics on every node"] = lambda r: close(r, "leaky", torch.ones_like(r["order_exact"]))
+    return props
+
+
+class _ConvRunner:
+    """The engine's tree causal conv, one mode, on one device, against the oracle's conv."""
+
+    def __init__(self, kernel, mode: str, device: str, dtype: torch.dtype = torch.float32):
+        self.kernel, self.mode, self.device, self.dtype = kernel, mode, device, dtype
+
+    def run(self, inp) -> dict:
+        from ddsim import oracle
+        dev = self.device
+        x = inp["x"].to(dev, copy=True)
+        weight = inp["weight"].to(dev, copy=True)
+        bias = None if inp["bias"] is None else inp["bias"].to(dev, copy=True)
+        pool = inp["pool"].to(dev, copy=True).contiguous()  # [N, C, W-1]
+        slots = inp["slots"].to(dev)
+        before = _bits(pool).clone()
+        o = self.kernel.conv(x, weight=weight, bias=bias, parents=inp["parents"].to(dev), window_pool=pool,
+                             slots=slots, mode=self.mode, activation="silu")
+        writes = _pool_writes(pool, before, slots)
+        plain = dict(weight=inp["weight"].double(), bias=None if inp["bias"] is None else inp["bias"].double())
+        ref = {m: oracle.tree_causal_conv1d(inp["x"].double(), **plain, parents=inp["parents"],
+                                            initial_window=inp["initial_window"].double(), mode=m)
+               for m in ("exact", "leaky")}
+        W1 = inp["initial_window"].shape[-1]
+        # the window after the whole flattened draft: what a verify that rewrites its slot writes there
+        flat = torch.cat([inp["initial_window"], inp["x"].transpose(1, 2).to(inp["initial_window"].dtype)], -1)
+        flat = flat[..., flat.shape[-1] - W1:]
+        batch = pool.cpu()[inp["slots"].long()]
+        order_exact = torch.tensor([list(t.order_exact) for t in inp["trees"]])
+        return {"o": o.detach().cpu(), **writes, "slot_is_flattened_window": torch.equal(_bits(batch), _bits(flat)),
+                "ref": ref, "order_exact": order_exact}
+
+    def properties(self) -> dict:
+        committed = None
+        if self.kernel.conv_writes_slot == "flattened window":
+            committed = ("committed window = the flattened draft's window", lambda r: r["slot_is_flattened_window"])
         else:
-            props["flattened semantics on every node"] = lambda r: close(r, "leaky", torch.ones_like(r["order_exact"]))
-        return props
+            committed = ("committed window untouched", lambda r: r["committed_untouched"])
+        return _properties(self.mode, self.dtype, committed)
 
 
 def _describe(inp, r, prop: str, mode: str, dtype: torch.dtype) -> dict:
@@ -111,27 +179,44 @@ def _describe(inp, r, prop: str, mode: str, dtype: torch.dtype) -> dict:
         b, n = bad[0]
         first = {"sequence": b, "node": n, "max_abs_error": float(err[b, n]), "bound": bound,
                  "order_exact": bool(r["order_exact"][b, n])}
-    B, T, H, K = inp["q"].shape
-    return {"property": prop, "mode": mode, "dtype": str(dtype).removeprefix("torch."), "reference": ref_mode,
+    if "q" in inp:
+        B, T, H, K = inp["q"].shape
+        shapes = {"B": B, "T": T, "H": H, "HV": inp["v"].shape[2], "K": K, "V": inp["v"].shape[3]}
+    else:
+        B, T, C = inp["x"].shape
+        shapes = {"B": B, "T": T, "C": C, "W": inp["weight"].shape[1], "bias": inp["bias"] is not None}
+    return {"property": prop, "op": "gdn" if "q" in inp else "conv", "mode": mode,
+            "dtype": str(dtype).removeprefix("torch."), "reference": ref_mode,
             "trees": [{"parents": list(t.parents), "tokens": list(t.tokens)} for t in inp["trees"]],
-            "shapes": {"B": B, "T": T, "H": H, "HV": inp["v"].shape[2], "K": K, "V": inp["v"].shape[3]},
-            "first_wrong_node": first, "state_untouched": r["untouched"]}
+            "shapes": shapes,
+            "pool": {"slots": inp["pool"].shape[0], "batch_slots": inp["slots"].tolist(),
+                     "written_slots": r["written_slots"]},
+            "first_wrong_node": first}
+
+
+OPS = ("gdn", "conv")
 
 
 def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100,
-          dtype: torch.dtype = torch.float32) -> list[PropertyResult]:
-    """Search each property for a counterexample; the results, with shrunk counterexamples. q, k, v
-    and the gates are drawn in ``dtype`` (the state stays float32); the oracle computes in float64
-    from the same rounded values, and outputs are compared within ``dtype``'s tolerance."""
+          dtype: torch.dtype = torch.float32, op: str = "gdn") -> list[PropertyResult]:
+    """Search each property for a counterexample; the results, with shrunk counterexamples. Inputs
+    are drawn in ``dtype`` (recurrent states stay float32); the oracle computes in float64 from the
+    same rounded values, and outputs are compared within ``dtype``'s tolerance. ``op`` "gdn" checks
+    the recurrence (kernel.verify), "conv" the tree causal conv (kernel.conv)."""
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
-    gdn_inputs = _strategies()
-    kernel.check_mode(mode)
-    runner = _Runner(kernel, mode, device, dtype)
+    strategies = _strategies()
+    if op == "conv":
+        kernel.check_conv(mode)
+        runner = _ConvRunner(kernel, mode, device, dtype)
+        strategy = strategies.conv_pool_inputs(max_nodes=10, dtype=dtype, widths=kernel.conv_widths)
+    else:
+        kernel.check_mode(mode)
+        runner = _Runner(kernel, mode, device, dtype)
+        strategy = strategies.gdn_pool_inputs(max_nodes=10, dtype=dtype)
     cfg = settings(max_examples=max_examples, database=None, derandomize=True, deadline=None,
                    suppress_health_check=list(HealthCheck))
     results = []
-    strategy = gdn_inputs(max_nodes=10, dtype=dtype)
     for name, pred in runner.properties().items():
         try:
             bad = find(strategy, lambda inp, pred=pred: not pred(runner.run(inp)), settings=cfg)
@@ -142,7 +227,8 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100,
         node = ce["first_wrong_node"]
         where = (f"first wrong node {node['node']} of sequence {node['sequence']} (parents "
                  f"{ce['trees'][node['sequence']]['parents']}), error {node['max_abs_error']:.3g} > {node['bound']:.3g}"
-                 if node else f"trees {[t['parents'] for t in ce['trees']]}")
+                 if node else f"trees {[t['parents'] for t in ce['trees']]}, batch slots {ce['pool']['batch_slots']} "
+                 f"of {ce['pool']['slots']}, slots written {ce['pool']['written_slots']}")
         results.append(PropertyResult(name, False, where, ce))
     if mode == "leaky":
         # the leak must be there: some non-order-exact node differs from the exact output
@@ -169,7 +255,8 @@ def write_counterexamples(results: list[PropertyResult], path: Path) -> None:
 def prepare_device(device: str) -> str:
     """'cpu' runs Triton kernels in Triton's interpreter (set before triton is imported)."""
     if device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        from ddsim.triton_interpret import prepare
+        prepare()
         return "cpu"
     if device.startswith("cuda"):
         from ddsim.audit import resolve_device  # the audit's check: CUDA present, the index exists

@@ -47,7 +47,7 @@ class AuditConfig(BaseModel):
     trace: str | None = None
     cost_file: str | None = None
     fast_path: str = "ddsim"  # ddsim, fla or MODULE:FUNCTION: the GDN kernel the fast path runs
-    convention: Literal["ddsim", "fla"] | None = None  # a MODULE:FUNCTION fast path's calling convention
+    convention: Literal["ddsim", "sglang", "vllm", "fla"] | None = None  # a MODULE:FUNCTION fast path's calling convention
 
     @field_validator("budgets")
     @classmethod

@@ -122,6 +122,20 @@ def gdn_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.floa
 
 
 @st.composite
+def gdn_pool_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
+    """gdn_inputs with the committed states in a state pool, as a serving engine keeps them:
+    pool [N, HV, K, V] float32 with N = B + 1..3 slots, the batch's sequences in shuffled slots
+    ``slots`` [B] (int32), every other slot NaN (a kernel that reads a slot it was not given shows it)."""
+    inp = draw(gdn_inputs(max_batch=max_batch, max_nodes=max_nodes, dtype=dtype))
+    B, HV, K, V = inp["initial_state"].shape
+    N = B + draw(st.integers(1, 3))
+    slots = draw(st.permutations(range(N)))[:B]
+    pool = torch.full((N, HV, K, V), float("nan"))
+    pool[list(slots)] = inp["initial_state"]
+    return dict(inp, pool=pool, slots=torch.tensor(slots, dtype=torch.int32))
+
+
+@st.composite
 def conv_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
     B = draw(st.integers(1, max_batch))
     C = draw(st.integers(1, 6))
@@ -134,6 +148,28 @@ def conv_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.flo
                 bias=torch.randn(C, generator=gen).to(dtype) if draw(st.booleans()) else None,
                 parents=torch.tensor([t.parents for t in ts]),
                 initial_window=torch.randn(B, C, W - 1, generator=gen).to(dtype), trees=ts)
+
+
+@st.composite
+def conv_pool_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32, widths=(2, 3, 4, 5)):
+    """Tree-conv inputs with the committed windows in a pool: pool [N, C, W-1] with N = B + 1..3, the
+    batch's windows in shuffled slots ``slots`` [B] (int32), every other slot NaN."""
+    B = draw(st.integers(1, max_batch))
+    C = draw(st.integers(1, 6))
+    W = draw(st.sampled_from(sorted(widths)))
+    T = draw(st.integers(1, max_nodes))
+    ts = [draw(trees(min_size=T, max_size=T)) for _ in range(B)]
+    ts = [t if t.size == T else Tree([-1] + list(range(T - 1)), range(T)) for t in ts]
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    window = torch.randn(B, C, W - 1, generator=gen).to(dtype)
+    N = B + draw(st.integers(1, 3))
+    slots = draw(st.permutations(range(N)))[:B]
+    pool = torch.full((N, C, W - 1), float("nan"), dtype=dtype)
+    pool[list(slots)] = window
+    return dict(x=torch.randn(B, T, C, generator=gen).to(dtype), weight=torch.randn(C, W, generator=gen).to(dtype),
+                bias=torch.randn(C, generator=gen).to(dtype) if draw(st.booleans()) else None,
+                parents=torch.tensor([t.parents for t in ts]), initial_window=window, pool=pool,
+                slots=torch.tensor(slots, dtype=torch.int32), trees=ts)
 
 
 def fixed_gdn_example(*, dtype=torch.float32, seed: int = 7) -> dict:

@@ -1,8 +1,8 @@
-"""Test setup for `ddsim check-kernel --impl sglang`: SGLang's GDN kernel module at a pinned release,
-taken from its wheel (downloaded with --no-deps: SGLang's own dependencies are a serving stack), with
-shims for the two helper modules it imports, into the engines folder the tests put on the path.
-The shims live here, in the test fixture; the adapter (ddsim/engines/sglang.py) imports the kernel
-exactly as it would from an installed SGLang.
+"""Test setup for `ddsim check-kernel --impl sglang|vllm`: each engine's GDN verify kernel module at a
+pinned release, taken from its wheel (downloaded with --no-deps: an engine's own dependencies are a
+serving stack), with shims for the few helper modules it imports, into the engines folder the tests
+put on the path. The shims live here, in the test fixture; the adapters (ddsim/engines/) import the
+kernels exactly as they would from an installed engine.
 
     python tests/engine_setup.py .engines      # run by the Makefile's setup
 """
@@ -12,32 +12,45 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-SGLANG = "sglang==0.5.23"
-FROM_WHEEL = ["sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py", "sglang/version.py",
-              "sglang/_version.py"]
-# what the kernel module imports besides torch and triton, answered for a machine without SGLang's
-# runtime (no PDL, no AMD, architecture unknown: the kernel's portable launch path)
-SHIMS = {
-    "sglang/kernels/jit/utils.py": "def is_arch_support_pdl():\n    return False\n",
-    "sglang/srt/utils.py": "".join(f"def {name}():\n    return {value}\n\n\n" for name, value in (
-        ("get_device_sm", 0), ("is_cuda", False), ("is_gfx95_supported", False), ("is_hip", False),
-        ("is_sm90_supported", False))),
+# pinned release -> (files taken from its wheel, shims: path -> text)
+ENGINES = {
+    "sglang==0.5.23": (
+        ["sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py",
+         "sglang/kernels/ops/mamba/causal_conv1d_triton.py", "sglang/version.py", "sglang/_version.py"],
+        # what the kernel modules import besides torch and triton, answered for a machine without
+        # SGLang's runtime (no PDL, no AMD, architecture unknown: the kernel's portable launch path)
+        {"sglang/kernels/jit/utils.py": "def is_arch_support_pdl():\n    return False\n",
+         "sglang/srt/utils.py": "".join(f"def {name}():\n    return {value}\n\n\n" for name, value in (
+             ("get_device_sm", 0), ("is_cuda", False), ("is_gfx95_supported", False), ("is_hip", False),
+             ("is_sm90_supported", False)))}),
+    "vllm==0.33.0": (
+        ["vllm/third_party/flash_linear_attention/ops/fused_sigmoid_gating.py", "vllm/version.py", "vllm/_version.py"],
+        # vllm.triton_utils re-exports triton (and reads vLLM's environment and platform): just triton here
+        {"vllm/triton_utils/__init__.py": "import triton\nimport triton.language as tl\n\n__all__ = ['tl', 'triton']\n"}),
 }
 
 
-def main(dest: Path) -> None:
+def fetch(pin: str, dest: Path) -> None:
+    files, shims = ENGINES[pin]
+    name = pin.split("==")[0]
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", d, SGLANG], check=True)
-        wheel = next(Path(d).glob("sglang-*.whl"))
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", "-d", d,
+                        pin], check=True)
+        wheel = next(Path(d).glob(f"{name}-*.whl"))
         with zipfile.ZipFile(wheel) as z:
-            for name in FROM_WHEEL:
-                (dest / name).parent.mkdir(parents=True, exist_ok=True)
-                (dest / name).write_bytes(z.read(name))
-    for name, text in SHIMS.items():
-        (dest / name).parent.mkdir(parents=True, exist_ok=True)
-        (dest / name).write_text(text)
-    for folder in [dest / "sglang", *(p for p in (dest / "sglang").rglob("*") if p.is_dir())]:
+            for f in files:
+                (dest / f).parent.mkdir(parents=True, exist_ok=True)
+                (dest / f).write_bytes(z.read(f))
+    for f, text in shims.items():
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        (dest / f).write_text(text)
+    for folder in [dest / name, *(p for p in (dest / name).rglob("*") if p.is_dir() and p.name != "__pycache__")]:
         (folder / "__init__.py").touch()
+
+
+def main(dest: Path) -> None:
+    for pin in ENGINES:
+        fetch(pin, dest)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def test_ddsims_own_kernel_passes(tmp_path, mode, dtype):
                 "--out", tmp_path / "ce.json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"{dtype} inputs" in r.stdout
-    assert r.stdout.strip().endswith(f"all {4 if mode == 'exact' else 5} properties hold")
+    assert r.stdout.strip().endswith(f"all {5 if mode == 'exact' else 6} properties hold")
     assert not (tmp_path / "ce.json").exists()
 
 
@@ -40,11 +40,12 @@ def test_fla_passes_as_the_flattened_path_and_refuses_exact(tmp_path):
         "no tree: on a tree it is the flattened path)"]
 
 
-@pytest.mark.parametrize("mode, held", [("exact", 4), ("leaky", 5)])
+@pytest.mark.parametrize("mode, held", [("exact", 5), ("leaky", 6)])
 def test_sglang_target_verify_kernel_in_both_modes(tmp_path, mode, held):
     """SGLang 0.5.23's fused_sigmoid_gating_delta_rule_update (its source from the wheel, in Triton's
     interpreter): with retrieve_parent_token it is exact on every node, without it it is the
-    flattened path, and disable_state_update leaves the pool slot alone."""
+    flattened path, and disable_state_update leaves the pool alone: it reads each sequence's own shuffled
+    slot and writes none."""
     assert (ENGINES / "sglang" / "kernels").is_dir(), "SGLang's kernel is missing from .engines: `make test` fetches it"
     r = run_cli("check-kernel", "--impl", "sglang", "--mode", mode, "--max-examples", "8", "--out", tmp_path / "ce.json",
                 pythonpath=ENGINES)
@@ -52,10 +53,25 @@ def test_sglang_target_verify_kernel_in_both_modes(tmp_path, mode, held):
     assert "(sglang 0.5.23)" in r.stdout and r.stdout.strip().endswith(f"all {held} properties hold")
 
 
+def test_vllm_spec_decode_kernel_is_the_flattened_path(tmp_path):
+    """vLLM 0.33.0's fused_sigmoid_gating_delta_rule_update on its spec-decode path (per-token state
+    slots, the committed slot read through ssm_state_indices and num_accepted_tokens): on a tree it is
+    the flattened path, it reads the slot it is given and writes only the per-token slots."""
+    assert (ENGINES / "vllm" / "third_party").is_dir(), "vLLM's kernel is missing from .engines: `make test` fetches it"
+    r = run_cli("check-kernel", "--impl", "vllm", "--mode", "leaky", "--max-examples", "8", "--out", tmp_path / "ce.json",
+                pythonpath=ENGINES)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(vllm 0.33.0)" in r.stdout and r.stdout.strip().endswith("all 6 properties hold")
+    r = run_cli("check-kernel", "--impl", "vllm", "--mode", "exact", pythonpath=ENGINES)
+    assert r.returncode == 2 and "--mode exact: vllm.fused_sigmoid_gating_delta_rule_update offers only leaky" in r.stderr
+
+
 @pytest.mark.parametrize("kernel, failing, node", [
     ("parent_off_by_one", ["exact on order-exact nodes", "exact on every node"], 2),
     ("wrong_gate_sign", ["exact on order-exact nodes", "exact on every node"], 0),
-    ("writes_the_committed_state", ["state untouched"], None),
+    ("writes_the_committed_state", ["committed state untouched"], None),
+    ("writes_a_slot_outside_the_batch", ["other pool slots untouched"], None),
+    ("reads_slot_by_batch_index", ["output finite", "exact on order-exact nodes", "exact on every node"], 0),
 ])
 def test_planted_bugs_are_caught_with_the_first_wrong_node(tmp_path, kernel, failing, node):
     out = tmp_path / "ce.json"
@@ -66,13 +82,46 @@ def test_planted_bugs_are_caught_with_the_first_wrong_node(tmp_path, kernel, fai
     ces = json.loads(out.read_text())["counterexamples"]
     assert [c["property"] for c in ces] == failing
     if node is not None:
-        first = ces[0]["first_wrong_node"]
+        first = ces[-1]["first_wrong_node"]
         # the first wrong node is where the bug first acts: the first node with a grandparent (2), or the
-        # root itself for a wrong gate
-        assert first["node"] == node and first["max_abs_error"] > first["bound"], ces[0]
+        # root itself for a wrong gate or a wrong slot
+        assert first["node"] == node and first["max_abs_error"] > first["bound"], ces[-1]
         assert f"first wrong node {node} of sequence {first['sequence']}" in r.stdout
-    else:
-        assert ces[0]["state_untouched"] is False
+    else:  # the slots written, and whose they are
+        pool = ces[0]["pool"]
+        owned = set(pool["batch_slots"])
+        written = set(pool["written_slots"])
+        assert written and (written <= owned if kernel == "writes_the_committed_state" else not written & owned), pool
+        assert f"slots written {pool['written_slots']}" in r.stdout
+
+
+@pytest.mark.parametrize("mode, held", [("exact", 5), ("leaky", 6)])
+def test_sglang_tree_conv_in_both_modes(tmp_path, mode, held):
+    """SGLang 0.5.23's causal_conv1d_update: with retrieve_next_token/next_sibling (built from the
+    parents) exact on every node, without them the flattened conv; it reads each sequence's own
+    shuffled window slot and, by its design, rewrites that slot with the window after the whole
+    flattened draft (its commit restores the accepted node's window), and no other slot."""
+    r = run_cli("check-kernel", "--impl", "sglang", "--op", "conv", "--mode", mode, "--max-examples", "8",
+                "--out", tmp_path / "ce.json", pythonpath=ENGINES)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "committed window = the flattened draft's window" in r.stdout and "causal_conv1d_triton.py" in r.stdout
+    assert r.stdout.strip().endswith(f"all {held} properties hold")
+
+
+def test_a_planted_tree_conv_bug_and_a_missing_conv(tmp_path):
+    out = tmp_path / "ce.json"
+    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:conv_skips_the_grandparent", "--convention", "ddsim",
+                "--op", "conv", "--mode", "exact", "--max-examples", "40", "--out", out)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [
+        "FAILED exact on order-exact nodes", "FAILED exact on every node"]
+    ce = json.loads(out.read_text())["counterexamples"][-1]
+    assert ce["op"] == "conv" and ce["first_wrong_node"]["node"] == 2, ce
+    r = run_cli("check-kernel", "--impl", "ddsim", "--op", "conv", "--mode", "leaky", "--max-examples", "10",
+                "--out", out)
+    assert r.returncode == 0 and r.stdout.strip().endswith("all 6 properties hold"), r.stdout + r.stderr
+    one_line_error(run_cli("check-kernel", "--impl", "fla", "--op", "conv", "--mode", "leaky", pythonpath=ENGINES),
+                   "--op conv: fla.fused_recurrent_gated_delta_rule has no tree causal conv")
 
 
 def test_a_planted_bug_is_caught_in_bfloat16_too(tmp_path):
@@ -94,11 +143,11 @@ def test_a_kernel_that_never_leaks_is_not_the_flattened_path(tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--impl", "nope", "--mode", "exact"], "--impl nope: expected ddsim, fla, sglang or MODULE:FUNCTION"),
+    (["--impl", "nope", "--mode", "exact"], "--impl nope: expected ddsim, fla, sglang, vllm or MODULE:FUNCTION"),
     (["--impl", "no_such_module:f", "--convention", "ddsim", "--mode", "exact"], "cannot import 'no_such_module'"),
     (["--impl", "tests.planted_kernels:nothing", "--convention", "ddsim", "--mode", "exact"], "has no 'nothing'"),
     (["--impl", "tests.planted_kernels:wrong_gate_sign", "--mode", "exact"], "--convention: MODULE:FUNCTION needs"),
-    (["--impl", "vllm", "--mode", "exact"], "--impl vllm: no adapter in this release"),
+    (["--impl", "vllm", "--mode", "leaky"], "--impl vllm: the package vllm is not installed"),
     (["--impl", "sglang", "--mode", "exact"], "--impl sglang: the package sglang is not installed"),
     (["--impl", "fla", "--mode", "leaky"], "--impl fla: the package fla-core is not installed"),
     (["--impl", "ddsim", "--mode", "exact", "--max-examples", "0"], "--max-examples: expected >= 1"),
@@ -155,3 +204,24 @@ def test_audit_fast_path_bad_input(tmp_path, args, needle):
     from tests.conftest import FAST_AUDIT
     one_line_error(run_cli("audit", *FAST_AUDIT, *args, "--out", tmp_path / "o"), needle)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("engine, package, modes", [("sglang", "sglang", ["exact", "leaky"]),
+                                                    ("vllm", "vllm", ["leaky"])])
+def test_serving_engines_in_the_whole_model_audit(tmp_path, report, engine, package, modes):
+    """SGLang's and vLLM's kernels run in every GDN layer of the FAST_AUDIT (Triton's interpreter):
+    the generations come out token for token as with ddsim's own kernels, SGLang's exact mode is exact
+    on every node, both engines' flattened paths on the order-exact nodes, and the report names the
+    engine, its version and the hash of its kernel's source."""
+    from tests.conftest import FAST_AUDIT
+    out = tmp_path / engine
+    r = run_cli("audit", *FAST_AUDIT, "--fast-path", engine, "--out", out, pythonpath=ENGINES)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    rec = rep["provenance"]["engine"]
+    assert rec["package"] == package and rec["modes"] == modes and len(rec["source_sha256"]) == 64
+    assert [g["tokens"] for g in rep["generations"]] == [g["tokens"] for g in report["generations"]]
+    kl = [b["leak"][m]["kl"][part]["max"] for b in rep["budgets"] for m in modes for part in ("order_exact", "other")
+          if m == "exact" or part == "order_exact"]
+    assert kl and max(x or 0.0 for x in kl) < 1e-9
+    # (the FAST_AUDIT's trees are chains: the leak itself is check-kernel's to show, above)

@@ -2,17 +2,26 @@
 engine (the core never imports an engine; each adapter translates layouts and flags at the edge).
 
 The contract every adapter meets (shapes as in the README, Contracts: kernel interface):
-    verify(q, k, v, g, beta, *, parents, initial_state, mode, scale) -> o [B, T, HV, V]
+    verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale) -> o [B, T, HV, V]
 with q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] (g in log space), parents [B, T],
-initial_state [B, HV, K, V] float32 (read, never written). ``mode`` is one of the adapter's
-``modes``; an adapter refuses the others in one line.
+state_pool [N, HV, K, V] float32 holding sequence b's committed state in slot slots[b] (slots [B]
+int32; a verify reads the pool, never writes it). ``mode`` is one of the adapter's ``modes``; an
+adapter refuses the others in one line.
+
+An engine with a tree causal conv offers it as
+    conv(x, *, weight, bias, parents, window_pool, slots, mode, activation) -> out [B, T, C]
+with x [B, T, C], weight [C, W], bias [C] or None, window_pool [N, C, W-1] (sequence b's committed
+window, oldest first, in slot slots[b]), activation "silu" or None.
 
     load("ddsim")                 ddsim's own fast path (exact and leaky)
     load("fla")                   flash-linear-attention's fused_recurrent_gated_delta_rule (leaky only:
                                   it takes no tree, so on a tree it is the flattened path)
     load("sglang")                SGLang's fused_sigmoid_gating_delta_rule_update (exact with
                                   retrieve_parent_token, leaky without)
-    load("pkg.module:function", convention="ddsim" | "fla")   anything else with one of those signatures
+    load("vllm")                  vLLM's fused_sigmoid_gating_delta_rule_update on its spec-decode
+                                  path (per-token state slots; no tree: leaky only)
+    load("pkg.module:function", convention="ddsim" | "sglang" | "vllm" | "fla")
+                                  anything else with one of those calling conventions
 """
 from __future__ import annotations
 
@@ -25,7 +34,7 @@ from typing import Callable
 
 from ddsim.errors import InputError
 
-CONVENTIONS = ("ddsim", "fla")
+CONVENTIONS = ("ddsim", "sglang", "vllm", "fla")
 
 
 @dataclass(frozen=True)
@@ -37,11 +46,25 @@ class EngineKernel:
     version: str | None = None
     source: str | None = None  # the file the kernel lives in
     source_sha256: str | None = field(default=None)
+    # the engine's tree causal conv, where it has one (contract below), and what its verify writes
+    conv: Callable | None = None
+    conv_name: str | None = None
+    conv_modes: tuple[str, ...] = ("exact", "leaky")
+    conv_widths: tuple[int, ...] = (2, 3, 4, 5)  # the kernel widths it supports
+    conv_writes_slot: str | None = None  # None: reads the window pool only; "flattened window": rewrites the slot
+    conv_source: str | None = None
+    conv_source_sha256: str | None = None
 
     def check_mode(self, mode: str) -> None:
         if mode not in self.modes:
             raise InputError(f"--mode {mode}: {self.name} offers only {', '.join(self.modes)}"
                              + (" (it takes no tree: on a tree it is the flattened path)" if self.modes == ("leaky",) else ""))
+
+    def check_conv(self, mode: str) -> None:
+        if self.conv is None:
+            raise InputError(f"--op conv: {self.name} has no tree causal conv")
+        if mode not in self.conv_modes:
+            raise InputError(f"--mode {mode}: {self.conv_name} offers only {', '.join(self.conv_modes)}")
 
     def provenance(self) -> dict:
         """What a report records about the kernel (ddsim.report_model.EngineRecord)."""
@@ -86,10 +109,10 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
         from ddsim.engines import sglang
         return sglang.adapter()
     if impl == "vllm":
-        raise InputError(f"--impl {impl}: no adapter in this release (use MODULE:FUNCTION with --convention "
-                         "ddsim or fla, or --impl sglang or fla)")
+        from ddsim.engines import vllm
+        return vllm.adapter()
     if ":" not in impl:
-        raise InputError(f"--impl {impl}: expected ddsim, fla, sglang or MODULE:FUNCTION")
+        raise InputError(f"--impl {impl}: expected ddsim, fla, sglang, vllm or MODULE:FUNCTION")
     module, _, name = impl.partition(":")
     if os.getcwd() not in sys.path:  # a serving repo's own module, run from its checkout
         sys.path.insert(0, os.getcwd())
@@ -105,8 +128,13 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
         raise InputError(f"--impl {impl}: {name!r} is not callable")
     src, digest = _source_of(fn)
     top = module.split(".")[0]
-    if convention == "ddsim":
-        from ddsim.engines.ddsim_kernels import as_contract
-        return EngineKernel(impl, ("exact", "leaky"), as_contract(fn), top, _version(top), src, digest)
-    from ddsim.engines.fla import as_contract
-    return EngineKernel(impl, ("leaky",), as_contract(fn), top, _version(top), src, digest)
+    from ddsim.engines import ddsim_kernels, fla, sglang, vllm
+    wrap, modes = {"ddsim": (ddsim_kernels.as_contract, ("exact", "leaky")),
+                   "sglang": (sglang.as_contract, ("exact", "leaky")),
+                   "vllm": (vllm.as_contract, ("leaky",)), "fla": (fla.as_contract, ("leaky",))}[convention]
+    # the same function as a tree conv (`check-kernel --op conv`), in the conventions that have one
+    conv = {"ddsim": ddsim_kernels.as_conv_contract, "sglang": sglang.as_conv_contract}.get(convention)
+    conv_kw = {} if conv is None else dict(conv=conv(fn), conv_name=impl, conv_source=src, conv_source_sha256=digest,
+                                           conv_widths=(2, 3, 4) if convention == "sglang" else (2, 3, 4, 5),
+                                           conv_writes_slot="flattened window" if convention == "sglang" else None)
+    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw)

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 
 def as_contract(fn):
-    """fn(q, k, v, g, beta, *, parents, initial_state, mode, scale, ...) -> o, as gdn_tree_verify."""
-    def verify(q, k, v, g, beta, *, parents, initial_state, mode, scale):
-        out = fn(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale)
+    """fn(q, k, v, g, beta, *, parents, initial_state, state_indices, mode, scale) -> o (or (o, ...)),
+    as gdn_tree_verify: initial_state is the pool [N, HV, K, V], state_indices [B] the batch's slots."""
+    def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
+        out = fn(q, k, v, g, beta, parents=parents, initial_state=state_pool, state_indices=slots, mode=mode,
+                 scale=scale)
         return out[0] if isinstance(out, tuple) else out
     return verify
+
+
+def as_conv_contract(fn):
+    """fn(x, *, weight, bias, parents, initial_window, state_indices, mode, activation) -> out, as
+    gpu_backend.tree_causal_conv1d: initial_window is the window pool [N, C, W-1]."""
+    def conv(x, *, weight, bias, parents, window_pool, slots, mode, activation):
+        return fn(x, weight=weight, bias=bias, parents=parents, initial_window=window_pool, state_indices=slots,
+                  mode=mode, activation=activation)
+    return conv
 
 
 def adapter():
@@ -16,5 +27,7 @@ def adapter():
     import ddsim.gpu_backend as gb
     from ddsim.engines import EngineKernel, _source_of
     src, digest = _source_of(gb.gdn_tree_verify)
+    csrc, cdigest = _source_of(gb.tree_causal_conv1d)
     return EngineKernel("ddsim", ("exact", "leaky"), as_contract(gb.gdn_tree_verify), "ddsim-spec", ddsim.__version__,
-                        src, digest)
+                        src, digest, conv=as_conv_contract(gb.tree_causal_conv1d), conv_name="ddsim.tree_causal_conv1d", conv_source=csrc,
+                        conv_source_sha256=cdigest)

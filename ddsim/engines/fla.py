@@ -3,7 +3,9 @@ serving stack runs when it verifies a tree without parent pointers. It takes no 
 it is the flattened ("leaky") path; exact mode is refused.
 
 Layout translation: fla's q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] and state
-[N, HV, K, V] match ddsim's; fla normalises q and k in kernel with ``use_qk_l2norm_in_kernel``."""
+[N, HV, K, V] match ddsim's; fla normalises q and k in kernel with ``use_qk_l2norm_in_kernel``.
+fla takes one initial state per sequence and no pool indices, so the adapter gathers the batch's
+slots from the pool (the slot handling checked is the adapter's, not fla's)."""
 from __future__ import annotations
 
 from ddsim.errors import InputError
@@ -12,7 +14,8 @@ from ddsim.errors import InputError
 def as_contract(fn):
     """fn with fla's signature (q, k, v, g=, beta=, scale=, initial_state=, output_final_state=,
     use_qk_l2norm_in_kernel=) -> (o, final_state)."""
-    def verify(q, k, v, g, beta, *, parents, initial_state, mode, scale):
+    def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
+        initial_state = state_pool.index_select(0, slots.long())  # [B, HV, K, V], a copy
         o, _ = fn(q.contiguous(), k.contiguous(), v.contiguous(), g=g.contiguous(), beta=beta.contiguous(),
                   scale=scale, initial_state=initial_state, output_final_state=False, use_qk_l2norm_in_kernel=True)
         return o

@@ -4,11 +4,12 @@ without it the flattened recurrence (leaky, the hybrid-unsafe path); ``disable_s
 the pool slot's state unwritten in both.
 
 Layout translation at the edge: SGLang keeps states as [HV, V, K] (ddsim: [HV, K, V]) in a pool
-addressed by slot indices, takes the gates fused (g = -exp(A_log) softplus(a + dt_bias),
-beta = sigmoid(b)), and returns o with a leading split-K axis. The adapter passes A_log = dt_bias = 0,
-a = softplus^-1(-g), b = logit(beta) (float32; beta is kept 1e-7 inside (0, 1)), and reflects any
-write the kernel makes to its copy of the state back into the caller's state, so "state untouched"
-checks SGLang's own no-write-back.
+addressed by slot indices (the caller's pool is handed over transposed, with the batch's slots),
+takes the gates fused (g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)), and returns o with
+a leading split-K axis. The adapter passes A_log = dt_bias = 0, a = softplus^-1(-g), b = logit(beta)
+(float32; beta is kept 1e-7 inside (0, 1)), and reflects any write the kernel makes to its copy of
+the pool back into the caller's pool, so the pool properties check SGLang's own no-write-back. In
+exact mode the per-node state buffer starts NaN: a node that reads a state before it is written shows.
 """
 from __future__ import annotations
 
@@ -37,7 +38,11 @@ def _kernel():
 
 
 def as_contract(fn):
-    def verify(q, k, v, g, beta, *, parents, initial_state, mode, scale):
+    """fn with SGLang's signature: (A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b,
+    initial_state_source [N, HV, V, K], initial_state_indices [B], *, scale, use_qk_l2norm_in_kernel,
+    disable_state_update, intermediate_states_buffer, intermediate_state_indices, cache_steps,
+    retrieve_parent_token) -> o [1 or NK, B, T, HV, V]."""
+    def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
         B, T = q.shape[:2]
         HV = v.shape[2]
         dev = q.device
@@ -45,18 +50,20 @@ def as_contract(fn):
         a = torch.where(neg_g > 20.0, neg_g, torch.log(torch.expm1(neg_g)))  # softplus(a) = -g (threshold 20)
         b = torch.logit(beta.float().clamp(1e-7, 1 - 1e-7))
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
-        pool = initial_state.transpose(-1, -2).contiguous()  # [B, HV, V, K]
+        pool = state_pool.transpose(-1, -2).contiguous()  # [N, HV, V, K], SGLang's layout
         before = pool.clone()
-        slots = torch.arange(B, dtype=torch.int32, device=dev)
         tree = {}
-        if mode == "exact":
-            tree = dict(intermediate_states_buffer=torch.zeros(B, T, HV, v.shape[3], q.shape[3], device=dev),
-                        intermediate_state_indices=slots, cache_steps=T,
+        if mode == "exact":  # per-node states, NaN until the kernel writes them
+            tree = dict(intermediate_states_buffer=torch.full((B, T, HV, v.shape[3], q.shape[3]), float("nan"),
+                                                              device=dev),
+                        intermediate_state_indices=torch.arange(B, dtype=torch.int32, device=dev), cache_steps=T,
                         retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous())
         o = fn(zeros, a.contiguous(), zeros, 1.0, 20.0, q.contiguous(), k.contiguous(), v.contiguous(), b.contiguous(),
-               pool, slots, scale=scale, use_qk_l2norm_in_kernel=True, disable_state_update=True, **tree)
-        if not torch.equal(pool, before):  # show the caller what the kernel wrote into its slot
-            initial_state.copy_(pool.transpose(-1, -2))
+               pool, slots.to(device=dev, dtype=torch.int32), scale=scale, use_qk_l2norm_in_kernel=True,
+               disable_state_update=True, **tree)
+        wrote = (pool.view(torch.int32) != before.view(torch.int32)).flatten(1).any(-1)  # [N]
+        if wrote.any():  # show the caller what the kernel wrote into the pool
+            state_pool[wrote] = pool[wrote].transpose(-1, -2)
         return o[0] if o.dim() == 5 else o
     return verify
 
@@ -65,5 +72,66 @@ def adapter():
     from ddsim.engines import EngineKernel, _source_of, _version
     fn, _ = _kernel()
     src, digest = _source_of(fn)
+    conv = _conv_kernel()
+    extra = {}
+    if conv is not None:
+        csrc, cdigest = _source_of(conv)
+        extra = dict(conv=as_conv_contract(conv), conv_name="sglang.causal_conv1d_update", conv_widths=(2, 3, 4),
+                     conv_writes_slot="flattened window", conv_source=csrc, conv_source_sha256=cdigest)
     return EngineKernel("sglang.fused_sigmoid_gating_delta_rule_update", ("exact", "leaky"), as_contract(fn), "sglang",
-                        _version("sglang"), src, digest)
+                        _version("sglang"), src, digest, **extra)
+
+
+# ---- tree causal conv ------------------------------------------------------------------------------
+CONV_LOCATIONS = (
+    "sglang.kernels.ops.mamba.causal_conv1d_triton",  # 0.5.23
+    "sglang.srt.layers.attention.mamba.causal_conv1d_triton",  # earlier 0.5.x
+)
+
+
+def _conv_kernel():
+    for loc in CONV_LOCATIONS:
+        try:
+            return importlib.import_module(loc).causal_conv1d_update
+        except ModuleNotFoundError:
+            continue
+    return None
+
+
+def next_token_and_sibling(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's tree encoding from parent indices [B, T]: retrieve_next_token[i] is node i's first
+    child, retrieve_next_sibling[i] its next sibling (both in node order; -1 for none). int32 [B, T]."""
+    par = parents.tolist()
+    nxt = [[-1] * len(row) for row in par]
+    sib = [[-1] * len(row) for row in par]
+    for b, row in enumerate(par):
+        last_child: dict[int, int] = {}
+        for i, p in enumerate(row):
+            if p < 0:
+                continue
+            if p in last_child:
+                sib[b][last_child[p]] = i
+            else:
+                nxt[b][p] = i
+            last_child[p] = i
+    return torch.tensor(nxt, dtype=torch.int32), torch.tensor(sib, dtype=torch.int32)
+
+
+def as_conv_contract(fn):
+    """fn with SGLang's causal_conv1d_update signature: (x [B, C, T], conv_state [N, C, W-1], weight
+    [C, W], bias, activation, conv_state_indices=, retrieve_next_token=, retrieve_next_sibling=,
+    retrieve_parent_token=) -> out [B, C, T]. Tree mode (retrieve_next_token/next_sibling given) is
+    exact; without them the conv runs over the flattened draft (leaky). Either way the kernel rewrites
+    the sequence's conv_state slot with the window after the whole flattened draft (SGLang's commit
+    then restores the accepted node's window from its intermediate windows)."""
+    def conv(x, *, weight, bias, parents, window_pool, slots, mode, activation):
+        dev = x.device
+        tree = {}
+        if mode == "exact":
+            nxt, sib = next_token_and_sibling(parents.cpu())
+            tree = dict(retrieve_next_token=nxt.to(dev), retrieve_next_sibling=sib.to(dev),
+                        retrieve_parent_token=torch.full_like(nxt, -2).to(dev))
+        out = fn(x.transpose(1, 2).contiguous(), window_pool, weight.contiguous(), bias, activation,
+                 conv_state_indices=slots.to(device=dev, dtype=torch.int32), **tree)
+        return out.transpose(1, 2)
+    return conv

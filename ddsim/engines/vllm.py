@@ -1,0 +1,77 @@
+"""vLLM's GDN verify kernel on its speculative-decoding path, ``fused_sigmoid_gating_delta_rule_update``
+with ``ssm_state_indices`` [B, T] and ``num_accepted_tokens`` [B]: vLLM verifies a chain of draft
+tokens, reading the committed state from slot ``ssm_state_indices[b, num_accepted_tokens[b] - 1]``
+and writing the state after each token t into slot ``ssm_state_indices[b, t]`` (the engine later
+keeps the accepted token's slot). It takes no tree, so on a tree it is the flattened path: leaky
+only, exact refused.
+
+Layout translation at the edge: vLLM keeps states as [HV, V, K] (ddsim: [HV, K, V]) and reserves
+slot 0 as its null block (a sequence pointed at slot 0 is skipped). The adapter hands the kernel the
+caller's pool transposed and shifted by one slot, plus T scratch slots per sequence for the
+per-token states, with each sequence's committed slot in the last column of its index row
+(num_accepted_tokens = T + 1), so a kernel that writes only the per-token slots leaves the caller's
+pool untouched; any write it makes to the caller's slots is reflected back, for the pool properties
+to see. Gates as for SGLang: A_log = dt_bias = 0, a = softplus^-1(-g), b = logit(beta).
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from ddsim.errors import InputError
+
+# where each supported vLLM release keeps the kernel, newest first
+LOCATIONS = (
+    "vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating",  # 0.33
+    "vllm.model_executor.layers.fla.ops.fused_sigmoid_gating",  # earlier releases
+)
+
+
+def _kernel():
+    missing = None
+    for loc in LOCATIONS:
+        try:
+            return importlib.import_module(loc).fused_sigmoid_gating_delta_rule_update
+        except ModuleNotFoundError as e:
+            missing = missing or e.name
+    raise InputError(f"--impl vllm: the package vllm is not installed (missing module {missing!r}; "
+                     "pip install vllm, or its wheel with --no-deps)")
+
+
+def as_contract(fn):
+    """fn with vLLM's signature: (A_log, a, b, dt_bias, q, k, v, beta=, threshold=, scale=,
+    initial_state= [S, HV, V, K], inplace_final_state=, cu_seqlens=, ssm_state_indices=,
+    num_accepted_tokens=, use_qk_l2norm_in_kernel=) -> (o, final_state)."""
+    def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
+        B, T, HV, V = v.shape
+        N, K = state_pool.shape[0], q.shape[3]
+        dev = q.device
+        neg_g = (-g.float()).clamp_min(1e-30)
+        a = torch.where(neg_g > 20.0, neg_g, torch.log(torch.expm1(neg_g)))  # softplus(a) = -g (threshold 20)
+        b = torch.logit(beta.float().clamp(1e-7, 1 - 1e-7))
+        zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
+        null = torch.zeros(1, HV, V, K, device=dev)
+        scratch = torch.full((B * T, HV, V, K), float("nan"), device=dev)  # per-token states
+        vpool = torch.cat([null, state_pool.transpose(-1, -2), scratch]).contiguous()  # [1 + N + B*T, HV, V, K]
+        before = vpool[1:1 + N].clone()
+        per_token = 1 + N + torch.arange(B * T, device=dev, dtype=torch.int32).view(B, T)
+        indices = torch.cat([per_token, (slots.to(dev, torch.int32) + 1)[:, None]], 1).contiguous()  # [B, T + 1]
+        accepted = torch.full((B,), T + 1, dtype=torch.int32, device=dev)
+        o, _ = fn(zeros, a.contiguous(), b.contiguous(), zeros, q.contiguous(), k.contiguous(), v.contiguous(),
+                  scale=scale, initial_state=vpool, inplace_final_state=True, ssm_state_indices=indices,
+                  num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True)
+        caller = vpool[1:1 + N]
+        wrote = (caller.view(torch.int32) != before.view(torch.int32)).flatten(1).any(-1)  # [N]
+        if wrote.any():
+            state_pool[wrote] = caller[wrote].transpose(-1, -2)
+        return o[0] if o.dim() == 5 else o
+    return verify
+
+
+def adapter():
+    from ddsim.engines import EngineKernel, _source_of, _version
+    fn = _kernel()
+    src, digest = _source_of(fn)
+    return EngineKernel("vllm.fused_sigmoid_gating_delta_rule_update", ("leaky",), as_contract(fn), "vllm",
+                        _version("vllm"), src, digest)
