@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ddsim.engines import CONVENTIONS
 from ddsim.settings import MAX_BUDGET, MAX_STEPS
 
 EXIT_OK, EXIT_VIOLATED, EXIT_ERROR = 0, 1, 2
@@ -56,7 +57,7 @@ def _add_audit_options(p, *, defaults: bool = True):
     p.add_argument("--cost", metavar="FILE", help="verify-cost JSON for the throughput model")
     p.add_argument("--fast-path", default=d("ddsim"), metavar="IMPL",
                    help="the GDN kernel every layer runs: ddsim (default), fla or MODULE:FUNCTION")
-    p.add_argument("--convention", choices=["ddsim", "fla"], default=None,
+    p.add_argument("--convention", choices=list(CONVENTIONS), default=None,
                    help="the calling convention of a MODULE:FUNCTION fast path")
 
 
@@ -171,6 +172,8 @@ def cmd_gate(a, console) -> int:
     from ddsim.gate import evaluate, leak_nodes, load_policy
     from ddsim.reports import json_report
     policy = load_policy(a.policy)
+    if a.dump:
+        return _gate_dump(a, policy)
     if a.report:
         if a.out:
             raise InputError("--out: only with an audit the gate runs itself (not with --report)")
@@ -194,6 +197,57 @@ def cmd_gate(a, console) -> int:
         print(f"{label}: {len(bad)} of {len(verdicts)} rules violated; keep hybrid-unsafe verification off")
         return EXIT_VIOLATED
     print(f"{label}: all {len(verdicts)} rules hold for mode {policy.mode}")
+    return EXIT_OK
+
+
+def _gate_dump(a, policy) -> int:
+    from ddsim import replay
+    from ddsim.errors import InputError
+    from ddsim.gate import evaluate_replay
+    if a.report or not a.model:
+        raise InputError("--dump: needs --model DIR (the checkpoint the engine served) and no --report")
+    others = [o for o, v in _given_audit_options(a).items() if v is not None and o not in ("model", "device")]
+    if others:
+        raise InputError(f"--{others[0].replace('_', '-')}: not an option of a replay (--dump takes --model, --device)")
+    if a.out:
+        check_writable(Path(a.out))
+    rep = replay.run(a.model, a.dump, device=_replay_device(a.device))
+    if a.out:
+        replay.write(rep, Path(a.out))
+    verdicts = evaluate_replay(policy, rep["summary"])
+    bad = [v for v in verdicts if not v.holds]
+    for v in bad:
+        print(v.line("replay"))
+    label = f"gate {policy.name} (replay of {rep['summary']['steps']} engine verify steps)"
+    if bad:
+        print(f"{label}: {len(bad)} of {len(verdicts)} rules violated; keep hybrid-unsafe verification off")
+        return EXIT_VIOLATED
+    print(f"{label}: all {len(verdicts)} rules hold")
+    return EXIT_OK
+
+
+def _replay_device(device):
+    from ddsim.audit import resolve_device
+    return resolve_device(device or "cpu")
+
+
+def cmd_replay(a, console) -> int:
+    from ddsim import replay
+    out = Path(a.out)
+    check_writable(out)
+    if a.noise_kl is not None and not (a.noise_kl >= 0 and a.noise_kl < float("inf")):
+        from ddsim.errors import InputError
+        raise InputError(f"--noise-kl: expected a finite value >= 0, got {a.noise_kl}")
+    rep = replay.run(a.model, a.dump, device=_replay_device(a.device), noise_kl=a.noise_kl)
+    replay.write(rep, out)
+    s = rep["summary"]
+    for r in rep["steps"]:
+        if r["diagnosis"] != "within noise" or r["silent_corruption"]:
+            print(f"step {r['step']} ({r['request']}): {r['diagnosis']}"
+                  + (" — SILENT CORRUPTION" if r["silent_corruption"] else "") + f": {r['evidence']}")
+    diag = ", ".join(f"{k} {v}" for k, v in s["diagnoses"].items() if v)
+    print(f"replayed {s['steps']} steps ({s['requests']} requests, {s['nodes']} nodes): {diag}; silent corruption in "
+          f"{s['silent_corruption_steps']} steps; report in {out}")
     return EXIT_OK
 
 
@@ -274,19 +328,24 @@ def cmd_check_kernel(a, console) -> int:
         raise InputError(f"--max-examples: expected >= 1, got {a.max_examples}")
     device = prepare_device(a.device)
     kernel = load(a.impl, convention=a.convention)
-    kernel.check_mode(a.mode)
+    if a.op == "conv":
+        kernel.check_conv(a.mode)
+    else:
+        kernel.check_mode(a.mode)
     out = Path(a.out)
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
-    results = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype])
-    t = Table(title=f"{kernel.name} ({kernel.package or '?'} {kernel.version or ''}) mode {a.mode}, {a.dtype} inputs, "
+    results = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op)
+    name, source, digest = ((kernel.conv_name, kernel.conv_source, kernel.conv_source_sha256) if a.op == "conv"
+                            else (kernel.name, kernel.source, kernel.source_sha256))
+    t = Table(title=f"{name} ({kernel.package or '?'} {kernel.version or ''}) mode {a.mode}, {a.dtype} inputs, "
                     f"on {device} against the oracle")
     for col in ("property", "verdict", "detail"):
         t.add_column(col)
     for r in results:
         t.add_row(r.name, "holds" if r.holds else "[bold red]FAILS[/bold red]", r.detail)
     console.print(t)
-    if kernel.source_sha256:
-        console.print(f"kernel source {kernel.source} sha256 {kernel.source_sha256[:16]}…")
+    if digest:
+        console.print(f"kernel source {source} sha256 {digest[:16]}…")
     failed = [r for r in results if not r.holds]
     if failed:
         write_counterexamples(results, out)
@@ -309,8 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="TOML policy file, or the name of a built-in policy (hybrid-unsafe)")
     pg.add_argument("--report", metavar="FILE",
                     help="an existing report.json (otherwise the audit runs); audit options given with it must match it")
-    pg.add_argument("--out", metavar="DIR", help="also write the audit's report here (without --report)")
+    pg.add_argument("--out", metavar="DIR", help="also write the audit's (or replay's) report here (without --report)")
+    pg.add_argument("--dump", metavar="DIR", help="gate a replay of an engine's verify-step dump (with --model DIR)")
     _add_audit_options(pg, defaults=False)
+    pr = sub.add_parser("replay", help="replay a serving engine's verify-step dump against the exact oracle")
+    pr.add_argument("--model", required=True, metavar="DIR", help="the checkpoint the engine served")
+    pr.add_argument("--dump", required=True, metavar="DIR", help="the engine's verify-step dump (ddsim.dump)")
+    pr.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    pr.add_argument("--noise-kl", type=float, default=None,
+                    help="KL within which the engine counts as exact (default: by the dump's compute dtype)")
+    pr.add_argument("--out", default="ddsim-replay", help="where report.json and report.html go")
     pt = sub.add_parser("tree", help="draw a DDTree with node order and order-exact nodes")
     pt.add_argument("--seed", type=int, default=0)
     pt.add_argument("--budget", type=int, default=16)
@@ -320,11 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--trace", metavar="FILE")
     pt.add_argument("--step", type=int, default=0)
     pt.add_argument("--format", choices=["text", "dot"], default="text")
-    pk = sub.add_parser("check-kernel", help="the property suite against the oracle for an engine's GDN kernel")
-    pk.add_argument("--impl", required=True, help="ddsim, fla, or MODULE:FUNCTION (with --convention)")
-    pk.add_argument("--convention", choices=["ddsim", "fla"], default=None,
+    pk = sub.add_parser("check-kernel", help="the property suite against the oracle for an engine's GDN kernel "
+                                                         "or tree conv")
+    pk.add_argument("--impl", required=True, help="ddsim, sglang, vllm, fla, or MODULE:FUNCTION (with --convention)")
+    pk.add_argument("--convention", choices=list(CONVENTIONS), default=None,
                     help="the calling convention of a MODULE:FUNCTION kernel")
     pk.add_argument("--mode", required=True, choices=["exact", "leaky"])
+    pk.add_argument("--op", default="gdn", choices=["gdn", "conv"],
+                    help="gdn: the GDN recurrence (default); conv: the engine's tree causal conv")
     pk.add_argument("--device", default="cpu", help="cpu (Triton kernels in Triton's interpreter) or cuda[:N]")
     pk.add_argument("--max-examples", type=int, default=100, help="hypothesis examples per property")
     pk.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
@@ -338,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-COMMANDS = {"audit": cmd_audit, "gate": cmd_gate, "tree": cmd_tree, "bench": cmd_bench, "check-kernel": cmd_check_kernel}
+COMMANDS = {"audit": cmd_audit, "gate": cmd_gate, "tree": cmd_tree, "bench": cmd_bench, "check-kernel": cmd_check_kernel,
+            "replay": cmd_replay}
 
 
 class Terminated(Exception):

@@ -102,6 +102,7 @@ class Policy:
     rules: dict  # rule -> upper bound
     by_precision: dict  # fast-path dtype -> {rule: bound} replacing or adding to rules
     require: dict  # requirement -> lower bound
+    replay: dict = None  # `gate --dump`: replay rule -> upper bound (REPLAY_RULES; 0 where the policy is silent)
 
     def bounds(self, precision: str) -> dict:
         return {**self.rules, **self.by_precision.get(precision, {})}
@@ -141,9 +142,13 @@ def load_policy(path: str | Path) -> Policy:
         raise InputError(f"{p}: cannot read policy ({getattr(e, 'strerror', None) or e})") from None
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{p}: malformed TOML ({e})") from None
-    unknown = sorted(set(data) - {"policy", "rules", "require"})
+    unknown = sorted(set(data) - {"policy", "rules", "require", "replay"})
     if unknown:
-        raise InputError(f"{p}: unknown table [{unknown[0]}] (known: [policy], [rules], [rules.<dtype>], [require])")
+        raise InputError(f"{p}: unknown table [{unknown[0]}] (known: [policy], [rules], [rules.<dtype>], [require], "
+                         "[replay])")
+    replay = data.get("replay", {})
+    if not isinstance(replay, dict):
+        raise InputError(f"{p}: 'replay' must be a table")
     head = data.get("policy", {})
     if not isinstance(head, dict):
         raise InputError(f"{p}: 'policy' must be a table")
@@ -172,7 +177,31 @@ def load_policy(path: str | Path) -> Policy:
     if not isinstance(require, dict):
         raise InputError(f"{p}: 'require' must be a table")
     return Policy(str(p), str(head.get("name", p.stem)), mode, _bounds(p, base, "rules", RULES), by_precision,
-                  _bounds(p, require, "require", REQUIREMENTS))
+                  _bounds(p, require, "require", REQUIREMENTS),
+                  {**{k: 0.0 for k in REPLAY_RULES}, **_bounds(p, replay, "replay", REPLAY_RULES)})
+
+
+# `ddsim gate --dump`: upper bounds on a replay of the engine's own verify steps (ddsim.replay)
+REPLAY_RULES = {
+    "silent_corruption_steps": (lambda s: s["silent_corruption_steps"],
+                                "steps where the engine accepted what exact verification would not"),
+    "diagnosed_steps": (lambda s: s["diagnosed_steps"],
+                        "steps whose engine logits are not within noise of the oracle's (any diagnosis)"),
+    "top1_disagreements": (lambda s: s["top1_disagreements"], "nodes whose engine argmax is not the oracle's"),
+}
+
+
+def evaluate_replay(policy: Policy, summary: dict) -> list[Verdict]:
+    """The policy's replay bounds on a replay summary, and the fail-closed rule that a dump with no
+    step approves nothing."""
+    out = []
+    for rule, bound in policy.replay.items():
+        fn, meaning = REPLAY_RULES[rule]
+        measured = float(fn(summary))
+        out.append(Verdict(rule, measured, bound, math.isfinite(measured) and measured <= bound, meaning))
+    out.append(Verdict("replayed_steps", float(summary["steps"]), 1.0, summary["steps"] >= 1,
+                       "a dump with no verify step approves nothing", "min"))
+    return out
 
 
 def _bounds(p: Path, table: dict, where: str, known: dict) -> dict:

@@ -108,8 +108,11 @@ class HybridModel:
         return self.commit(state, tree, res, len(tree) - 1), res.logits
 
     # ---- verify --------------------------------------------------------------------------------
-    def verify(self, state: ModelState, tree: Tree, *, mode: str = "exact") -> VerifyResult:
-        """All nodes of ``tree`` in one pass from the committed ``state``."""
+    def verify(self, state: ModelState, tree: Tree, *, mode: str = "exact", positions=None,
+               ancestor_mask=None) -> VerifyResult:
+        """All nodes of ``tree`` in one pass from the committed ``state``. ``positions`` [T] and
+        ``ancestor_mask`` [T, T] (bool) replace the tree's own RoPE positions and attention mask: what
+        an engine with an integration bug computes (ddsim.replay's hypotheses and its test engine)."""
         if mode not in VERIFY_MODES:
             raise InputError(f"mode: expected one of {VERIFY_MODES}, got {mode!r}")
         cfg, w, dev = self.cfg, self.w, self.device
@@ -121,8 +124,8 @@ class HybridModel:
             raise InputError(f"tree: token {int(toks.max())} is outside the vocabulary ({cfg.vocab_size})")
         conv_mode, rec_mode = _LAYER_MODES[mode]
         parents = gb.TreePlan(torch.tensor(tree.parents, device=dev)[None])  # [1, T], checked once for every layer
-        pos = torch.as_tensor(tree.positions(state.pos), device=dev)  # [T]
-        mask = torch.as_tensor(tree.ancestor_mask, device=dev)  # [T, T]
+        pos = torch.as_tensor(tree.positions(state.pos) if positions is None else positions, device=dev)  # [T]
+        mask = torch.as_tensor(tree.ancestor_mask if ancestor_mask is None else ancestor_mask, device=dev)  # [T, T]
         h = w["embed"][toks]  # [T, d]
         hidden, ssm, conv, kv = [], [], [], []
         for i, kind in enumerate(cfg.layer_pattern):
@@ -207,7 +210,8 @@ class HybridModel:
                                        output_states=True, backend=self.backend)
         if self.engine is not None and rec_mode in self.engine.modes:  # the engine's outputs [1, T, HV, V]
             o = self.engine.verify(q, k, v, g[None], beta[None], parents=parents.parents,
-                                   initial_state=S0[None].to(torch.float32).clone(), mode=rec_mode, scale=None)
+                                   state_pool=S0[None].to(torch.float32).clone(),
+                                   slots=torch.zeros(1, dtype=torch.int32, device=q.device), mode=rec_mode, scale=None)
         o = o[0].to(x.dtype)  # [T, HV, V]
         o = _rmsnorm(o, w[p + "gdn.norm"], cfg.rms_norm_eps) * F.silu(z)
         return F.linear(o.reshape(T, HV * V), w[p + "gdn.out"]), states[0], windows[0]

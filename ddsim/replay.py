@@ -1,0 +1,305 @@
+"""`ddsim replay`: a serving engine's verify steps (a dump, ddsim.dump) against the exact oracle.
+
+For every dumped step the committed context is decoded by the oracle (float64, one token at a time,
+continued from the same request's previous step where the context extends it), the tree is verified
+by the oracle (every node from its parent's exact state) and by ddsim's exact fast path, and each
+node's engine logits are compared with the oracle's: KL(oracle || engine), top-1 agreement, the
+oracle's top-1 margin. Exact greedy verification's accepted path is walked on the oracle's logits;
+an engine that accepted anything else corrupted the output silently.
+
+A step whose engine logits are not within the noise of the oracle's gets a diagnosis, each one a
+recomputation of the step with ddsim's fast path that reproduces the engine's logits within noise:
+
+  sibling leak     the flattened (leaky) recurrence: errors only on nodes that are not order-exact
+  position error   RoPE positions ignored (context + node index) or shifted by a few tokens
+  mask error       one node's ancestor set with one node added (a sibling blended in) or removed
+  state drift      the committed state wrong: the root node already wrong (no tree bug can do that),
+                   or order-exact nodes wrong that no tree hypothesis reproduces; the error growing
+                   across the request's steps (approximate rollback, a drifting recurrent state)
+  stale state      the committed state wrong without growth (a stale recurrent block, e.g. a
+                   prefix-cache hit)
+  unexplained      none of the above reproduces the engine's logits
+
+The noise bound is the compute dtype's KL tolerance (the default policy's: 1e-6 for float32 and
+float64, 5e-2 for bf16 and fp16) or --noise-kl.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ddsim.dump import Dump, DumpStep
+from ddsim.tree import Tree
+
+NOISE_KL = {"float32": 1e-6, "float64": 1e-6, "bfloat16": 5e-2, "float16": 5e-2}
+DIAGNOSES = ("within noise", "sibling leak", "position error", "mask error", "state drift", "stale state",
+             "unexplained")
+SHIFTS = (-3, -2, -1, 1, 2, 3)
+
+
+@dataclass
+class NodeRecord:
+    node: int
+    order_exact: bool
+    kl: float | None  # KL(oracle || engine), full logits only
+    logprob_err: float  # max |log p_oracle - log p_engine| over the engine's reported tokens
+    top1_agrees: bool
+    oracle_margin: float  # the oracle's top-1 lead over its runner-up, in logits
+    fast_path_kl: float  # KL(oracle || ddsim's exact fast path): ddsim's own arithmetic noise here
+
+
+@dataclass
+class StepRecord:
+    step: int
+    request: str
+    nodes: list[NodeRecord]
+    positions_as_expected: bool
+    engine_accepted: list[int]
+    exact_accepted: list[int]
+    silent_corruption: bool
+    diagnosis: str
+    evidence: str
+
+
+def _logprobs(logits: torch.Tensor) -> torch.Tensor:
+    return F.log_softmax(logits.double(), dim=-1)
+
+
+def _engine_error(ref_lp: torch.Tensor, eng, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per node: max abs log-prob error over the engine's tokens [T], and KL(ref || engine) [T]
+    (full logits; None for top-k)."""
+    if mode == "full":
+        lp = _logprobs(eng)
+        kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).clamp_min(0.0)
+        return (ref_lp - lp).abs().amax(-1), kl
+    ids, lp = eng
+    return (ref_lp.gather(-1, ids) - lp.double()).abs().amax(-1), None
+
+
+def _score(err: tuple) -> torch.Tensor:
+    """The per-node discrepancy a hypothesis is judged by: KL where there are full logits."""
+    lp_err, kl = err
+    return kl if kl is not None else lp_err
+
+
+def greedy_walk(tree: Tree, logits: torch.Tensor) -> list[int]:
+    """Exact greedy verification: from the root, follow the child whose token is the argmax."""
+    children = tree.children
+    path, node = [0], 0
+    while True:
+        want = int(logits[node].argmax())
+        nxt = [c for c in children[node] if tree.tokens[c] == want]
+        if not nxt:
+            return path
+        node = nxt[0]
+        path.append(node)
+
+
+class Replayer:
+    """Replays a dump against one checkpoint: the oracle, ddsim's exact fast path, the hypotheses."""
+
+    def __init__(self, cfg, weights, *, device="cpu", noise_kl: float | None = None):
+        from ddsim.model import HybridModel
+        self.cfg, self.weights, self.device = cfg, weights, device
+        self.model = HybridModel(cfg, weights, device=device, dtype=torch.float32)
+        self.noise_kl = noise_kl
+        self._oracle_ctx: dict[str, tuple[list[int], object]] = {}  # request -> (context, oracle state)
+        self._fast_ctx: dict[str, tuple[list[int], object]] = {}
+
+    def _state(self, cache, request, context, prefill):
+        """The committed state after ``context``, continued from the request's last one if it extends it."""
+        old = cache.get(request)
+        if old is not None and context[: len(old[0])] == old[0]:
+            st = prefill(context[len(old[0]):], old[1])
+        else:
+            st = prefill(context, None)
+        cache[request] = (list(context), st)
+        return st
+
+    def _oracle_state(self, request, context):
+        from ddsim import oracle
+        return self._state(self._oracle_ctx, request, context,
+                           lambda toks, st: oracle.prefill(self.weights, self.cfg, toks, state=st)[0])
+
+    def _fast_state(self, request, context):
+        return self._state(self._fast_ctx, request, context, lambda toks, st: self.model.prefill(toks, st)[0])
+
+    def replay(self, dump: Dump) -> list[StepRecord]:
+        noise = self.noise_kl if self.noise_kl is not None else NOISE_KL[dump.header["compute_dtype"]]
+        records = [self._step(s, dump.header["logits"], noise) for s in dump.steps]
+        _label_state_errors(records)
+        return records
+
+    def _step(self, s: DumpStep, mode: str, noise: float) -> StepRecord:
+        from ddsim import oracle
+        tree = Tree(s.parents, s.tokens)
+        ost = self._oracle_state(s.request, s.context)
+        ref = oracle.verify_tree(self.weights, self.cfg, ost, s.parents, s.tokens, record_states=False).logits
+        ref_lp = _logprobs(ref.cpu())
+        fst = self._fast_state(s.request, s.context)
+        fast = self.model.verify(fst, tree, mode="exact").logits.cpu()
+        fast_kl = _engine_error(ref_lp, fast, "full")[1]
+        eng = s.tensors["logits"] if mode == "full" else (s.tensors["topk_ids"], s.tensors["topk_logprobs"])
+        lp_err, kl = _engine_error(ref_lp, eng, mode)
+        eng_top1 = eng.argmax(-1) if mode == "full" else eng[0][:, 0]
+        top2 = ref.double().topk(min(2, ref.shape[-1]), dim=-1).values
+        margin = (top2[:, 0] - top2[:, -1]).cpu()
+        oe = tree.order_exact
+        nodes = [NodeRecord(i, bool(oe[i]), None if kl is None else float(kl[i]), float(lp_err[i]),
+                            bool(eng_top1[i] == ref[i].argmax()), float(margin[i]), float(fast_kl[i]))
+                 for i in range(tree.size)]
+        exact_path = greedy_walk(tree, ref)
+        expected_pos = [int(p) for p in tree.positions(len(s.context))]
+        diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos)
+        return StepRecord(s.step, s.request, nodes, s.positions == expected_pos, list(s.accepted), exact_path,
+                          list(s.accepted) != exact_path, diagnosis, evidence)
+
+    def _diagnose(self, s, tree, fst, eng, mode, ref_lp, noise, expected_pos) -> tuple[str, str]:
+        base = _score(_engine_error(ref_lp, eng, mode))
+        worst = float(base.max())
+        if worst <= noise:
+            return "within noise", f"max discrepancy {worst:.3g} <= noise {noise:.3g}"
+
+        def fit(**kw) -> float:
+            logits = self.model.verify(fst, tree, **kw).logits.cpu()
+            return float(_score(_engine_error(_logprobs(logits), eng, mode)).max())
+
+        def found(name, how, err):
+            return name, f"{how} reproduces the engine within {err:.3g} (exact: {worst:.3g})"
+
+        wrong = (base > noise).nonzero().flatten().tolist()
+        if 0 not in wrong:  # the root is right: a tree-handling bug, not the state
+            if tree.size > 1:
+                err = fit(mode="leaky")
+                if err <= noise:
+                    return found("sibling leak", "the flattened recurrence", err)
+            T = tree.size
+            candidates = [("positions context + node index (per-node positions ignored)",
+                           [len(s.context) + i for i in range(T)])]
+            candidates += [(f"positions shifted by {d:+d}", [p + d for p in expected_pos]) for d in SHIFTS]
+            if s.positions != expected_pos:
+                candidates.insert(0, ("the dumped positions", s.positions))
+            for how, pos in candidates:
+                if min(pos) < 0 or pos == expected_pos:
+                    continue
+                err = fit(positions=pos)
+                if err <= noise:
+                    return found("position error", how, err)
+            t = wrong[0]
+            anc = tree.ancestor_mask
+            for j in range(T):  # add a non-ancestor, or remove a strict ancestor, from node t's set
+                if j == t:
+                    continue
+                m = anc.copy()
+                m[t, j] = not m[t, j]
+                err = fit(ancestor_mask=m)
+                if err <= noise:
+                    kind = "added" if m[t, j] else "removed"
+                    return found("mask error", f"node {t}'s ancestor set with node {j} {kind}", err)
+            if not any(tree.order_exact[i] for i in wrong):
+                return "unexplained", f"errors above noise on nodes {wrong[:8]}; no hypothesis reproduces them"
+            return "stale state", (f"errors above noise on nodes {wrong[:8]}, order-exact ones among them, that no tree "
+                                   "hypothesis reproduces: the committed state")
+        return "stale state", f"the root node is already wrong (discrepancy {float(base[0]):.3g}): the committed state"
+
+
+def _label_state_errors(records: list[StepRecord]) -> None:
+    """A request whose steps with a wrong root grow in error step after step drifts; otherwise stale."""
+    by_request: dict[str, list[StepRecord]] = {}
+    for r in records:
+        if r.diagnosis == "stale state":
+            by_request.setdefault(r.request, []).append(r)
+    for recs in by_request.values():
+        worst = [max(n.kl if n.kl is not None else n.logprob_err for n in r.nodes) for r in recs]
+        if len(recs) >= 2 and all(b > a for a, b in zip(worst, worst[1:])):
+            for r in recs:
+                r.diagnosis = "state drift"
+                r.evidence += f"; growing across the request's steps ({', '.join(f'{x:.3g}' for x in worst)})"
+
+
+# ---- the command: checks first, then the replay, then report.json / report.html --------------------
+REPORT_FORMAT = "ddsim-replay-report"
+REPORT_VERSION = 1
+
+
+def prepare(model_dir, dump_path, *, device="cpu"):
+    """Checkpoint and dump, both read and checked before any replay work: (cfg, weights, dump, meta)."""
+    from ddsim.checkpoint import checkpoint_digest, load_checkpoint
+    from ddsim.dump import load_dump
+    cfg, weights, _ = load_checkpoint(model_dir, device=device)
+    layers = {}
+    for i, kind in enumerate(cfg.layer_pattern):
+        if kind != "a":
+            layers[f"ssm.{i}"] = (cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+            layers[f"conv.{i}"] = (cfg.conv_dim, cfg.conv_kernel_size - 1)
+    dump = load_dump(dump_path, vocab_size=cfg.vocab_size, layers=layers)
+    from ddsim.digest import files_digest
+    meta = {"model": str(model_dir), "weights_sha256": checkpoint_digest(model_dir),
+            "dump": str(dump_path), "dump_sha256": files_digest(
+                [dump.path / "index.jsonl", *(dump.path / s.tensors_file for s in dump.steps)])}
+    return cfg, weights, dump, meta
+
+
+def summarize(records: list[StepRecord]) -> dict:
+    nodes = [n for r in records for n in r.nodes]
+    kls = [n.kl for n in nodes if n.kl is not None]
+    return {"steps": len(records), "requests": len({r.request for r in records}), "nodes": len(nodes),
+            "silent_corruption_steps": sum(r.silent_corruption for r in records),
+            "diagnosed_steps": sum(r.diagnosis != "within noise" for r in records),
+            "diagnoses": {d: sum(r.diagnosis == d for r in records) for d in DIAGNOSES},
+            "top1_disagreements": sum(not n.top1_agrees for n in nodes),
+            "kl_max": max(kls) if kls else None,
+            "logprob_err_max": max((n.logprob_err for n in nodes), default=None),
+            "fast_path_kl_max": max((n.fast_path_kl for n in nodes), default=None),
+            "positions_unexpected_steps": sum(not r.positions_as_expected for r in records)}
+
+
+def run(model_dir, dump_path, *, device="cpu", noise_kl: float | None = None) -> dict:
+    from dataclasses import asdict
+
+    import ddsim
+    cfg, weights, dump, meta = prepare(model_dir, dump_path, device=device)
+    rp = Replayer(cfg, weights, device=device, noise_kl=noise_kl)
+    records = rp.replay(dump)
+    noise = noise_kl if noise_kl is not None else NOISE_KL[dump.header["compute_dtype"]]
+    return {"format": REPORT_FORMAT, "version": REPORT_VERSION,
+            "provenance": {"ddsim_version": ddsim.__version__, **meta, "engine": dump.header.get("engine", {}),
+                           "compute_dtype": dump.header["compute_dtype"], "logits": dump.header["logits"]},
+            "noise_kl": noise, "summary": summarize(records), "steps": [asdict(r) for r in records]}
+
+
+def render_html(rep: dict) -> str:
+    import html
+    s = rep["summary"]
+    rows = "".join(
+        f"<tr><td>{r['step']}</td><td>{html.escape(r['request'])}</td><td>{len(r['nodes'])}</td>"
+        f"<td>{max((n['kl'] or 0.0) for n in r['nodes']):.3g}</td>"
+        f"<td>{sum(n['top1_agrees'] for n in r['nodes'])}/{len(r['nodes'])}</td>"
+        f"<td>{r['engine_accepted']}</td><td>{r['exact_accepted']}</td>"
+        f"<td>{'<b>yes</b>' if r['silent_corruption'] else 'no'}</td><td>{html.escape(r['diagnosis'])}</td>"
+        f"<td>{html.escape(r['evidence'])}</td></tr>" for r in rep["steps"])
+    diag = ", ".join(f"{k}: {v}" for k, v in s["diagnoses"].items() if v)
+    p = rep["provenance"]
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>ddsim replay</title><style>"
+            "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+            "padding:3px 6px;font-size:13px}</style></head><body>"
+            f"<h1>ddsim replay: {html.escape(str(p.get('engine', {}).get('name', 'engine')))}</h1>"
+            f"<p>model {html.escape(p['model'])} (sha256 {p['weights_sha256'][:16]}…), dump {html.escape(p['dump'])}, "
+            f"{p['compute_dtype']} engine, {p['logits']} logits; noise bound KL {rep['noise_kl']:.3g}</p>"
+            f"<p>{s['steps']} steps of {s['requests']} requests, {s['nodes']} nodes; silent corruption in "
+            f"<b>{s['silent_corruption_steps']}</b> steps; diagnoses: {html.escape(diag)}; top-1 disagreements "
+            f"{s['top1_disagreements']}</p><table><tr><th>step</th><th>request</th><th>nodes</th><th>max KL</th>"
+            "<th>top-1 agree</th><th>engine accepted</th><th>exact accepts</th><th>silent corruption</th>"
+            f"<th>diagnosis</th><th>evidence</th></tr>{rows}</table></body></html>\n")
+
+
+def write(rep: dict, out) -> None:
+    import json
+    from pathlib import Path
+
+    from ddsim.reports.json_report import write_atomic
+    out = Path(out)
+    write_atomic({out / "report.html": render_html(rep),
+                  out / "report.json": json.dumps(rep, indent=1, allow_nan=False) + "\n"})

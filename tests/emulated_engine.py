@@ -1,0 +1,101 @@
+"""A serving engine emulated with ddsim's own layers, writing verify-step dumps (ddsim.dump) clean or
+with one planted integration bug, for tests/test_replay.py.
+
+Each step the engine verifies a tree around the target's greedy continuation: node 1, 3, 5, ... the
+greedy tokens, each with a sibling after it (node 2, 4, 6, ...), so the greedy path's nodes below
+depth 1 are not order-exact and the flattened recurrence reaches them. It accepts greedily on its own
+logits, emits the accepted tokens and the bonus token, and dumps what it computed.
+
+Bugs (one per engine):
+  leak          the flattened recurrence (hybrid-unsafe verification)
+  positions     per-node RoPE positions ignored: context + node index (the dump still records the
+                intended positions, as an engine's position buffer would)
+  mask          node 3's ancestor set has node 2 blended in
+  drift         noise added to the committed recurrent state, one more of its scale every step
+                (an approximate rollback that drifts)
+  stale         at step 2 the GDN state and conv window are the previous step's (a stale cache block)
+For the tree bugs and the stale read the engine commits from an exact verify, so each step shows
+the bug alone and the state stays right; drift corrupts the committed state itself.
+"""
+import torch
+
+from ddsim.dump import VerifyDumpWriter
+from ddsim.replay import greedy_walk
+from ddsim.tree import Tree
+
+BUGS = (None, "leak", "positions", "mask", "drift", "stale")
+
+
+def _tree(model, state, root: int, depth: int) -> Tree:
+    """Root, then per depth the greedy token and a sibling (the next token id that differs)."""
+    greedy, st, tok = [], state, root
+    for _ in range(depth):
+        t = Tree([-1], [tok])
+        res = model.verify(st, t, mode="exact")
+        st = model.commit(st, t, res, 0)
+        tok = int(res.logits[0].argmax())
+        greedy.append(tok)
+    parents, tokens = [-1], [root]
+    prev = 0
+    for g in greedy:
+        parents += [prev, prev]
+        tokens += [g, (g + 1) % model.cfg.vocab_size]
+        prev = len(tokens) - 2
+    return Tree(parents, tokens)
+
+
+class EmulatedEngine:
+    def __init__(self, model, *, bug: str | None = None, depth: int = 3):
+        assert bug in BUGS, bug
+        self.model, self.bug, self.depth = model, bug, depth
+
+    def serve(self, writer: VerifyDumpWriter, *, request: str, prompt: list[int], steps: int) -> None:
+        m = self.model
+        context, root = list(prompt[:-1]), prompt[-1]
+        state, _ = m.prefill(context)
+        previous = state
+        for k in range(steps):
+            tree = _tree(m, state, root, self.depth)
+            T = tree.size
+            verify_state = state
+            if self.bug == "stale" and k == 2:
+                verify_state = m.empty_state()
+                verify_state.pos, verify_state.kv = state.pos, state.kv
+                verify_state.ssm, verify_state.conv = previous.ssm, previous.conv
+            kw = {}
+            if self.bug == "positions":
+                kw["positions"] = [len(context) + i for i in range(T)]
+            if self.bug == "mask":
+                mask = tree.ancestor_mask.copy()
+                mask[3, 2] = True
+                kw["ancestor_mask"] = mask
+            res = m.verify(verify_state, tree, mode="leaky" if self.bug == "leak" else "exact", **kw)
+            path = greedy_walk(tree, res.logits)
+            bonus = int(res.logits[path[-1]].argmax())
+            writer.write_step(request=request, context=context, parents=tree.parents, tokens=tree.tokens,
+                              positions=[int(p) for p in tree.positions(len(context))], logits=res.logits,
+                              accepted=path, emitted=[tree.tokens[i] for i in path[1:]] + [bonus])
+            if self.bug in ("leak", "positions", "mask", "stale"):
+                res = m.verify(state, tree, mode="exact")  # the state stays right: the bug shows alone
+            previous = state
+            state = m.commit(state, tree, res, path[-1])
+            if self.bug == "drift":  # an error that grows with every step: the state's own scale per step
+                gen = torch.Generator().manual_seed(k)
+                state.ssm = [None if s is None else s + (k + 1) * s.abs().mean() * torch.randn(
+                    s.shape, generator=gen, dtype=s.dtype) for s in state.ssm]
+            context += [tree.tokens[i] for i in path]
+            root = bonus
+
+
+def write_dump(path, model, *, bug=None, prompts=((3, 1, 4, 1, 5), (2, 7, 1, 8)), steps: int = 4) -> None:
+    with VerifyDumpWriter(path, vocab_size=model.cfg.vocab_size, engine={"name": f"emulated-{bug or 'clean'}"}) as w:
+        eng = EmulatedEngine(model, bug=bug)
+        for r, prompt in enumerate(prompts):
+            eng.serve(w, request=f"req-{r}", prompt=list(prompt), steps=steps)
+
+
+def load_model(ckpt):
+    from ddsim.checkpoint import load_checkpoint
+    from ddsim.model import HybridModel
+    cfg, weights, _ = load_checkpoint(ckpt)
+    return HybridModel(cfg, weights, dtype=torch.float32)

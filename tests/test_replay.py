@@ -1,0 +1,139 @@
+"""`ddsim replay` and `ddsim gate --dump`: an engine emulated from ddsim's own layers (tests/emulated_engine.py)
+serves a tiny transformers-built Qwen3.5 checkpoint and dumps its verify steps, clean and with each
+planted integration bug; the replay must pass the clean dump and name the right class for each bug,
+step by step. Bad dumps get one line and exit 2."""
+import json
+
+import pytest
+import torch
+
+from tests.conftest import one_line_error, run_cli
+from tests.emulated_engine import load_model, write_dump
+
+# per bug: the diagnosis of each of the 8 steps (2 requests x 4 steps)
+EXPECTED = {
+    None: ["within noise"] * 8,
+    "leak": ["sibling leak"] * 8,
+    "positions": ["position error"] * 8,
+    "mask": ["mask error"] * 8,
+    # the first step of each request starts from an exact prefill; then the drift grows
+    "drift": ["within noise"] + ["state drift"] * 3 + ["within noise"] + ["state drift"] * 3,
+    # only step 2 of each request read the stale block
+    "stale": ["within noise"] * 2 + ["stale state"] + ["within noise"] * 3 + ["stale state", "within noise"],
+}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from tests.test_checkpoints import _hf_model
+    d = tmp_path_factory.mktemp("replay") / "qwen3_5"
+    _hf_model("qwen3_5").save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def dumps(ckpt, tmp_path_factory):
+    model = load_model(ckpt)
+    root = tmp_path_factory.mktemp("dumps")
+    out = {}
+    for bug in EXPECTED:
+        write_dump(root / str(bug), model, bug=bug)
+        out[bug] = root / str(bug)
+    return out
+
+
+@pytest.mark.parametrize("bug", list(EXPECTED))
+def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
+    r = run_cli("replay", "--model", ckpt, "--dump", dumps[bug], "--out", tmp_path / "r")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert (tmp_path / "r" / "report.html").is_file()
+    assert [s["diagnosis"] for s in rep["steps"]] == EXPECTED[bug]
+    s = rep["summary"]
+    assert s["steps"] == 8 and s["requests"] == 2 and s["fast_path_kl_max"] < 1e-9
+    assert rep["provenance"]["engine"] == {"name": f"emulated-{bug or 'clean'}"}
+    if bug is None:
+        assert s["silent_corruption_steps"] == 0 and s["top1_disagreements"] == 0 and s["kl_max"] < 1e-9
+        assert all(st["engine_accepted"] == st["exact_accepted"] for st in rep["steps"])
+    else:
+        assert s["diagnosed_steps"] == sum(d != "within noise" for d in EXPECTED[bug])
+    if bug == "leak":  # the leak reaches only nodes that are not order-exact, and here it changes what is accepted
+        for st in rep["steps"]:
+            assert all(n["kl"] < 1e-9 for n in st["nodes"] if n["order_exact"])
+        assert s["silent_corruption_steps"] > 0 and "SILENT CORRUPTION" in r.stdout
+
+
+def test_gate_on_a_dump(tmp_path, ckpt, dumps):
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps[None], "--model", ckpt)
+    assert g.returncode == 0, g.stdout + g.stderr
+    assert "all 4 rules hold" in g.stdout
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps["leak"], "--model", ckpt, "--out", tmp_path / "g")
+    assert g.returncode == 1, g.stdout + g.stderr
+    violated = [l.split(":")[0] for l in g.stdout.splitlines() if l.startswith("VIOLATED")]
+    assert violated == ["VIOLATED silent_corruption_steps", "VIOLATED diagnosed_steps", "VIOLATED top1_disagreements"]
+    assert json.loads((tmp_path / "g" / "report.json").read_text())["summary"]["diagnoses"]["sibling leak"] == 8
+    # a dump with no verify step approves nothing
+    from ddsim.dump import VerifyDumpWriter
+    with VerifyDumpWriter(tmp_path / "empty", vocab_size=96):
+        pass
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", tmp_path / "empty", "--model", ckpt)
+    assert g.returncode == 1 and "VIOLATED replayed_steps: measured 0 < bound 1" in g.stdout
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps[None]), "--dump: needs --model DIR")
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps[None], "--model", ckpt, "--budget", "4"),
+                   "--budget: not an option of a replay")
+
+
+def _edit(src, dst, *, header=None, step=None, tensors=None, drop_end=False):
+    """A copy of the dump at src with its header, first step line or first step's tensors edited."""
+    import shutil
+    shutil.copytree(src, dst)
+    lines = (dst / "index.jsonl").read_text().splitlines()
+    if header:
+        lines[0] = json.dumps({**json.loads(lines[0]), **header})
+    if step:
+        lines[1] = json.dumps({**json.loads(lines[1]), **step})
+    if drop_end:
+        lines = lines[:-1]
+    (dst / "index.jsonl").write_text("\n".join(lines) + "\n")
+    if tensors:
+        from safetensors.torch import load_file, save_file
+        f = dst / "steps" / "000000.safetensors"
+        save_file(tensors(load_file(str(f))), str(f))
+    return dst
+
+
+def _nan_logits(t):
+    t["logits"][0, 0] = float("nan")
+    return t
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (dict(drop_end=True), "truncated: no end marker"),
+    (dict(header={"version": 9}), "schema version 9 is not supported"),
+    (dict(header={"vocab_size": 50}), "vocab_size 50 does not fit the checkpoint's 96"),
+    (dict(step={"tokens": [500, 1, 2, 3, 4, 5, 6]}), "step 0: tokens token 500 is outside the vocabulary"),
+    (dict(tensors=_nan_logits), "step 0: logits has non-finite values"),
+    (dict(tensors=lambda t: {"logits": t["logits"][:, :10].contiguous()}), "step 0: logits has shape (7, 10)"),
+    (dict(tensors=lambda t: {**t, "ssm.0": torch.zeros(3, 3)}), "step 0: ssm.0 has shape (3, 3)"),
+    (dict(step={"parents": [-1, 0, 0, 1, 1, 9, 3]}), "step 0:"),
+    (dict(step={"accepted": [0, 2, 3]}), "step 0: accepted [0, 2, 3] is not a root path"),
+    (dict(step={"tensors": "steps/nope.safetensors"}), "tensor file 'steps/nope.safetensors' is missing"),
+])
+def test_bad_dumps_get_one_line_and_exit_2(tmp_path, ckpt, dumps, edit, needle):
+    bad = _edit(dumps[None], tmp_path / "bad", **edit)
+    one_line_error(run_cli("replay", "--model", ckpt, "--dump", bad, "--out", tmp_path / "r"), needle)
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_writer_refuses_to_overwrite_and_a_crash_leaves_a_truncated_dump(tmp_path, ckpt):
+    from ddsim.dump import VerifyDumpWriter, load_dump
+    with pytest.raises(FileExistsError):
+        VerifyDumpWriter(tmp_path, vocab_size=96)
+    with pytest.raises(RuntimeError):
+        with VerifyDumpWriter(tmp_path / "d", vocab_size=96) as w:
+            w.write_step(request="r", context=[1], parents=[-1], tokens=[2], positions=[1], accepted=[0], emitted=[3],
+                         logits=torch.zeros(1, 96))
+            raise RuntimeError("the engine crashed")
+    from ddsim.errors import InputError
+    with pytest.raises(InputError, match="truncated"):
+        load_dump(tmp_path / "d", vocab_size=96)
