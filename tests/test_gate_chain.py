@@ -604,3 +604,34 @@ def test_list_fields_are_compared_element_by_element(raw, name, mutate, needle):
 def re_escape(s):
     import re
     return re.escape(s)
+
+
+def test_replay_rules_on_hand_built_summaries():
+    """gate --dump's verdicts: every [replay] bound is an upper bound (0 where the policy is silent),
+    and a dump with no step fails whatever the bounds."""
+    from ddsim.gate import evaluate_replay, load_policy
+    policy = load_policy("hybrid-unsafe")
+    assert policy.replay == {"silent_corruption_steps": 0.0, "diagnosed_steps": 0.0, "top1_disagreements": 0.0}
+    clean = {"steps": 3, "silent_corruption_steps": 0, "diagnosed_steps": 0, "top1_disagreements": 0}
+    v = evaluate_replay(policy, clean)
+    assert [(x.rule, x.measured, x.bound, x.holds) for x in v] == [
+        ("silent_corruption_steps", 0.0, 0.0, True), ("diagnosed_steps", 0.0, 0.0, True),
+        ("top1_disagreements", 0.0, 0.0, True), ("replayed_steps", 3.0, 1.0, True)]
+    bad = evaluate_replay(policy, {**clean, "diagnosed_steps": 1, "top1_disagreements": 2})
+    assert [x.rule for x in bad if not x.holds] == ["diagnosed_steps", "top1_disagreements"]
+    assert [x.holds for x in evaluate_replay(policy, {**clean, "steps": 0})][-1] is False
+    assert bad[1].line("replay").startswith("VIOLATED diagnosed_steps: measured 1 > bound 0")
+
+
+def test_replay_table_of_a_policy_is_checked(tmp_path):
+    from ddsim.errors import InputError
+    from ddsim.gate import load_policy
+    p = tmp_path / "p.toml"
+    p.write_text('[rules]\nexact_kl_max = 1e-6\n[replay]\ndiagnosed_steps = 2\n')
+    assert load_policy(p).replay == {"silent_corruption_steps": 0.0, "diagnosed_steps": 2.0, "top1_disagreements": 0.0}
+    p.write_text('[rules]\nexact_kl_max = 1e-6\n[replay]\nsilent = 2\n')
+    with pytest.raises(InputError, match="unknown key 'silent' in \\[replay\\]"):
+        load_policy(p)
+    p.write_text('[rules]\nexact_kl_max = 1e-6\n[replay]\ndiagnosed_steps = -1\n')
+    with pytest.raises(InputError, match="needs a finite bound >= 0"):
+        load_policy(p)
