@@ -34,6 +34,9 @@ from ddsim.dump import Dump, DumpStep
 from ddsim.tree import Tree
 
 NOISE_KL = {"float32": 1e-6, "float64": 1e-6, "bfloat16": 5e-2, "float16": 5e-2}
+# a dumped committed state (ssm.L, conv.L) further than this from the oracle's, relative, is wrong
+# (the default policy's exact_state_rel_max per precision)
+STATE_REL = {"float32": 1e-4, "float64": 1e-4, "bfloat16": 5e-2, "float16": 5e-2}
 DIAGNOSES = ("within noise", "sibling leak", "position error", "mask error", "state drift", "stale state",
              "unexplained")
 SHIFTS = (-3, -2, -1, 1, 2, 3)
@@ -61,6 +64,7 @@ class StepRecord:
     silent_corruption: bool
     diagnosis: str
     evidence: str
+    state_rel_max: float | None = None  # the dumped committed state against the oracle's (None: not dumped)
 
 
 def _logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -128,6 +132,7 @@ class Replayer:
 
     def replay(self, dump: Dump) -> list[StepRecord]:
         noise = self.noise_kl if self.noise_kl is not None else NOISE_KL[dump.header["compute_dtype"]]
+        self.state_rel = STATE_REL[dump.header["compute_dtype"]]
         records = [self._step(s, dump.header["logits"], noise) for s in dump.steps]
         _label_state_errors(records)
         return records
@@ -152,15 +157,22 @@ class Replayer:
                  for i in range(tree.size)]
         exact_path = greedy_walk(tree, ref)
         expected_pos = [int(p) for p in tree.positions(len(s.context))]
-        diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos)
+        state_rel = _state_errors(s, ost)
+        diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel)
         return StepRecord(s.step, s.request, nodes, s.positions == expected_pos, list(s.accepted), exact_path,
-                          list(s.accepted) != exact_path, diagnosis, evidence)
+                          list(s.accepted) != exact_path, diagnosis, evidence,
+                          max(state_rel.values()) if state_rel else None)
 
-    def _diagnose(self, s, tree, fst, eng, mode, ref_lp, noise, expected_pos) -> tuple[str, str]:
+    def _diagnose(self, s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel) -> tuple[str, str]:
         base = _score(_engine_error(ref_lp, eng, mode))
         worst = float(base.max())
         if worst <= noise:
             return "within noise", f"max discrepancy {worst:.3g} <= noise {noise:.3g}"
+        off = {k: v for k, v in state_rel.items() if v > self.state_rel}
+        if off:  # the engine dumped its committed state, and it is not the oracle's
+            k = max(off, key=off.get)
+            return "stale state", (f"the dumped committed state {k} is {off[k]:.3g} (relative) from the oracle's "
+                                   f"(bound {self.state_rel:.3g}; {len(off)} tensors off): the committed state")
 
         def fit(**kw) -> float:
             logits = self.model.verify(fst, tree, **kw).logits.cpu()
@@ -203,6 +215,18 @@ class Replayer:
             return "stale state", (f"errors above noise on nodes {wrong[:8]}, order-exact ones among them, that no tree "
                                    "hypothesis reproduces: the committed state")
         return "stale state", f"the root node is already wrong (discrepancy {float(base[0]):.3g}): the committed state"
+
+
+def _state_errors(s: DumpStep, ost) -> dict[str, float]:
+    """{"ssm.L" | "conv.L": relative error} of the engine's dumped committed state against the oracle's."""
+    out = {}
+    for name, t in s.tensors.items():
+        kind, _, layer = name.partition(".")
+        if kind not in ("ssm", "conv"):
+            continue
+        ref = (ost.ssm if kind == "ssm" else ost.conv)[int(layer)].double().cpu()
+        out[name] = float((t.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+    return out
 
 
 def _label_state_errors(records: list[StepRecord]) -> None:

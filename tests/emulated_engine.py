@@ -45,9 +45,9 @@ def _tree(model, state, root: int, depth: int) -> Tree:
 
 
 class EmulatedEngine:
-    def __init__(self, model, *, bug: str | None = None, depth: int = 3):
+    def __init__(self, model, *, bug: str | None = None, depth: int = 3, dump_states: bool = False):
         assert bug in BUGS, bug
-        self.model, self.bug, self.depth = model, bug, depth
+        self.model, self.bug, self.depth, self.dump_states = model, bug, depth, dump_states
 
     def serve(self, writer: VerifyDumpWriter, *, request: str, prompt: list[int], steps: int) -> None:
         m = self.model
@@ -72,9 +72,14 @@ class EmulatedEngine:
             res = m.verify(verify_state, tree, mode="leaky" if self.bug == "leak" else "exact", **kw)
             path = greedy_walk(tree, res.logits)
             bonus = int(res.logits[path[-1]].argmax())
+            states = {}
+            if self.dump_states:  # the engine's committed recurrent state and conv window before the step
+                for i, kind in enumerate(m.cfg.layer_pattern):
+                    if kind != "a":
+                        states[f"ssm.{i}"], states[f"conv.{i}"] = state.ssm[i], state.conv[i]
             writer.write_step(request=request, context=context, parents=tree.parents, tokens=tree.tokens,
                               positions=[int(p) for p in tree.positions(len(context))], logits=res.logits,
-                              accepted=path, emitted=[tree.tokens[i] for i in path[1:]] + [bonus])
+                              accepted=path, emitted=[tree.tokens[i] for i in path[1:]] + [bonus], states=states)
             if self.bug in ("leak", "positions", "mask", "stale"):
                 res = m.verify(state, tree, mode="exact")  # the state stays right: the bug shows alone
             previous = state
@@ -87,9 +92,10 @@ class EmulatedEngine:
             root = bonus
 
 
-def write_dump(path, model, *, bug=None, prompts=((3, 1, 4, 1, 5), (2, 7, 1, 8)), steps: int = 4) -> None:
+def write_dump(path, model, *, bug=None, prompts=((3, 1, 4, 1, 5), (2, 7, 1, 8)), steps: int = 4,
+               dump_states: bool = False) -> None:
     with VerifyDumpWriter(path, vocab_size=model.cfg.vocab_size, engine={"name": f"emulated-{bug or 'clean'}"}) as w:
-        eng = EmulatedEngine(model, bug=bug)
+        eng = EmulatedEngine(model, bug=bug, dump_states=dump_states)
         for r, prompt in enumerate(prompts):
             eng.serve(w, request=f"req-{r}", prompt=list(prompt), steps=steps)
 

@@ -63,6 +63,23 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
         assert s["silent_corruption_steps"] > 0 and "SILENT CORRUPTION" in r.stdout
 
 
+def test_a_dumped_committed_state_is_checked_against_the_oracles(tmp_path, ckpt):
+    """With the engine's committed state in the dump, a drifting state is named by the tensor that is
+    off, from the first drifted step on; a clean engine's dumped state is within fp32 noise."""
+    from ddsim import replay
+    model = load_model(ckpt)
+    for bug in (None, "drift"):
+        write_dump(tmp_path / str(bug), model, bug=bug, dump_states=True, prompts=((3, 1, 4, 1, 5),), steps=3)
+        steps = replay.run(ckpt, tmp_path / str(bug))["steps"]
+        rel = [s["state_rel_max"] for s in steps]
+        if bug is None:
+            assert max(rel) < 1e-5 and [s["diagnosis"] for s in steps] == ["within noise"] * 3
+        else:
+            assert rel[0] < 1e-5 and min(rel[1:]) > 0.1
+            assert [s["diagnosis"] for s in steps] == ["within noise", "state drift", "state drift"]
+            assert "the dumped committed state ssm." in steps[1]["evidence"]
+
+
 def test_gate_on_a_dump(tmp_path, ckpt, dumps):
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps[None], "--model", ckpt)
     assert g.returncode == 0, g.stdout + g.stderr
