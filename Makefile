@@ -42,8 +42,13 @@ lint: $(STAMP)
 test: $(STAMP) browser lint
 	$(VPY) -m pytest -q
 
+# The default audit: the trained hybrid shipped in ddsim/models (Qwen3.5 architecture, trained on the
+# Python standard library's sources, benchmarks/train_stdlib_hybrid.py) with its trained drafter
+# running in the loop, on three code prompts. `ddsim audit` alone audits the random `tiny` preset.
+STDLIB := ddsim/models
 audit: $(STAMP)
-	$(VENV)/bin/ddsim audit
+	$(VENV)/bin/ddsim audit --model $(STDLIB)/hybrid-stdlib --drafter-model $(STDLIB)/drafter-stdlib \
+	  --prompts $(STDLIB)/prompts-stdlib.jsonl
 
 # CUDA: the GDN kernel table against the memory floor; CPU: trees per second per verify mode
 bench: $(STAMP)

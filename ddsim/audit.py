@@ -27,14 +27,23 @@ from ddsim import oracle
 from ddsim.aggregate import NodePool
 from ddsim.config import get_preset
 from ddsim.digest import file_digest
-from ddsim.drafters import SyntheticDrafter, TraceDrafter
+from ddsim.drafters import ModelDrafter, SyntheticDrafter, TraceDrafter
 from ddsim.errors import InputError
 from ddsim.generate import TreePolicy, reference_decode, speculative
 from ddsim.metrics import summarize
 from ddsim.model import HybridModel
 from ddsim.modes import LEAK_MODES, VERIFY_MODES
 from ddsim.prompts import TextEncoder, builtin_prompts, load_prompts
-from ddsim.report_model import SCHEMA_VERSION, Generation, LeakTable, ModeSummary, NoiseFloor, Report, noise_margin_of
+from ddsim.report_model import (
+    SCHEMA_VERSION,
+    Generation,
+    LeakTable,
+    ModeSummary,
+    NoiseFloor,
+    ReferenceFragility,
+    Report,
+    noise_margin_of,
+)
 from ddsim.reports.json_report import from_audit
 from ddsim.settings import AuditConfig
 from ddsim.throughput import CostModel, speedup_table
@@ -186,6 +195,16 @@ def run_audit(ac: AuditConfig, *, progress=None) -> Report:
     cost = CostModel.from_file(ac.cost_file) if ac.cost_file else CostModel()
     engine = load_engine(ac, device)
     cfg = read_model_config(ac)
+    if ac.trace and ac.drafter_model:
+        raise InputError("--drafter-model: not with --trace (an audit has one drafter)")
+    if ac.trace:
+        drafter = TraceDrafter(ac.trace, vocab_size=cfg.vocab_size)
+        if len(drafter.steps) < ac.steps:
+            raise InputError(f"{ac.trace}: trace has {len(drafter.steps)} steps, --steps asks for {ac.steps}")
+    elif ac.drafter_model:
+        drafter = ModelDrafter(ac.drafter_model, vocab_size=cfg.vocab_size, depth=ac.depth)
+    else:
+        drafter = SyntheticDrafter(vocab_size=cfg.vocab_size, depth=ac.depth, seed=ac.seed)
     check_memory(ac, cfg, device, 2 if device.type == "cuda" else 4)
     cfg, weights, encoder = load_model(ac, device)
     # fast path: the checkpoint's dtype on CUDA (float32 for a float64 checkpoint, as a serving stack
@@ -194,12 +213,6 @@ def run_audit(ac: AuditConfig, *, progress=None) -> Report:
     compute = torch.float32 if compute == torch.float64 else compute
     model = HybridModel(cfg, weights, device=device, dtype=compute, engine=engine)
     prompts = audit_prompts(ac, cfg, encoder)
-    if ac.trace:
-        drafter = TraceDrafter(ac.trace, vocab_size=cfg.vocab_size)
-        if len(drafter.steps) < ac.steps:
-            raise InputError(f"{ac.trace}: trace has {len(drafter.steps)} steps, --steps asks for {ac.steps}")
-    else:
-        drafter = SyntheticDrafter(vocab_size=cfg.vocab_size, depth=ac.depth, seed=ac.seed)
     provenance = {"ddsim_version": environment(device)["ddsim"],
                   "source": f"checkpoint {ac.model_path}" if ac.model_path else f"preset {ac.preset}",
                   "weights_sha256": weights_digest(ac, weights), "fast_path": fast_path_name(model),
@@ -263,6 +276,7 @@ def run_audit(ac: AuditConfig, *, progress=None) -> Report:
         "budgets": [{**b, "modes": {m: v.model_dump() for m, v in b["modes"].items()},
                      "leak": {m: v.model_dump() for m, v in b["leak"].items()}} for b in budgets],
         "noise_margin": noise_margin,
+        "reference_fragility": ReferenceFragility.of(margins, noise_margin).model_dump(),
         "noise_floor": {str(b["budget"]): NoiseFloor.of(b["leak"]["exact"]).model_dump() for b in budgets},
         "throughput": {"cost_model": cost.to_dict(), "rows": speedup_table(rows, cost)},
         "generations": [g.model_dump() for g in generations],

@@ -35,7 +35,8 @@ def _budgets(text: str) -> list[int]:
 # audit option -> AuditConfig field
 AUDIT_FIELDS = {"preset": "preset", "model": "model_path", "budget": "budgets", "topk_cap": "topk_cap",
                 "prompts": "prompts_file", "steps": "steps", "temperature": "temperature", "device": "device",
-                "seed": "seed", "trace": "trace", "cost": "cost_file", "fast_path": "fast_path",
+                "seed": "seed", "trace": "trace", "drafter_model": "drafter_model", "cost": "cost_file",
+                "fast_path": "fast_path",
                 "convention": "convention"}
 
 
@@ -54,6 +55,8 @@ def _add_audit_options(p, *, defaults: bool = True):
     p.add_argument("--device", default=d("cpu"), help="cpu, cuda[:N] or auto")
     p.add_argument("--seed", type=int, default=d(0))
     p.add_argument("--trace", metavar="FILE", help="replay a drafter trace (JSONL) instead of the synthetic drafter")
+    p.add_argument("--drafter-model", metavar="DIR",
+                   help="a draft checkpoint (same vocabulary) run autoregressively as the drafter")
     p.add_argument("--cost", metavar="FILE", help="verify-cost JSON for the throughput model")
     p.add_argument("--fast-path", default=d("ddsim"), metavar="IMPL",
                    help="the GDN kernel every layer runs: ddsim (default), fla or MODULE:FUNCTION")
@@ -159,6 +162,10 @@ def check_report_matches(report, given: dict) -> None:
         elif opt == "fast_path":
             same = cfg.fast_path == value
             recorded = prov.fast_path
+        elif opt == "drafter_model":
+            from ddsim.checkpoint import checkpoint_digest
+            same = getattr(cfg.drafter, "sha256", None) == checkpoint_digest(value)
+            recorded = f"drafter {cfg.drafter.kind}"
         else:
             recorded = getattr(cfg, AUDIT_FIELDS[opt])
             same = recorded == value

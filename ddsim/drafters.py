@@ -15,6 +15,9 @@
   Deterministic from (seed, step).
 - TraceDrafter: replays per-step, per-depth top-k (token, logprob) records from a JSONL file as a
   serving stack can dump them (format below).
+- ModelDrafter: a draft model (a checkpoint ddsim reads) run autoregressively on each generation's
+  own prefix: depth d's logits are the draft model's after the root and its own top-1 tokens of
+  depths 1..d-1 (a chain drafter's marginals, as EAGLE's and MTP's are).
 - The chain baseline (DFlash / MTP linear draft) is the tree policy "chain": budget = depth,
   top-1 only, over any drafter's logits.
 
@@ -170,3 +173,39 @@ class TraceDrafter:
             for tok, lp in row:
                 logits[d, tok] = lp
         return logits
+
+
+class ModelDrafter:
+    """A real drafter in the loop: a small checkpoint of the same vocabulary, decoding greedily from
+    each step's committed tokens (prefilled afresh each step, so a draft depends on the prefix alone,
+    not on the calls before it). Deterministic: greedy, float32 on the CPU."""
+    needs_greedy = False
+    max_rank = None
+
+    def __init__(self, path: str | Path, *, vocab_size: int, depth: int = 8, device="cpu"):
+        from ddsim.checkpoint import checkpoint_digest, load_checkpoint
+        from ddsim.model import HybridModel
+        cfg, weights, _ = load_checkpoint(path, device=device)
+        if cfg.vocab_size != vocab_size:
+            raise InputError(f"--drafter-model {path}: vocabulary of {cfg.vocab_size} tokens, the target has {vocab_size}")
+        if depth < 1:
+            raise InputError(f"depth: expected >= 1, got {depth}")
+        self.path, self.depth, self.vocab_size = str(path), depth, vocab_size
+        self.sha256 = checkpoint_digest(path)
+        self.model = HybridModel(cfg, weights, device=device, dtype=torch.float32)
+
+    def params(self) -> dict:
+        return {"kind": "model", "path": self.path, "sha256": self.sha256, "depth": self.depth}
+
+    def draft(self, ctx: DraftContext) -> torch.Tensor:
+        """[D, V] float64: the draft model's logits at depths 1..D along its own greedy chain."""
+        from ddsim.tree import Tree
+        state, _ = self.model.prefill(list(ctx.tokens[:-1]))  # a function of the prefix alone
+        rows, tok = [], int(ctx.tokens[-1])
+        for _ in range(self.depth):
+            t = Tree([-1], [tok])
+            res = self.model.verify(state, t, mode="exact")
+            state = self.model.commit(state, t, res, 0)
+            rows.append(res.logits[0].double())
+            tok = int(res.logits[0].argmax())
+        return torch.stack(rows)

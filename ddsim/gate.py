@@ -87,9 +87,18 @@ def leak_nodes(r: Report, mode: str) -> int:
     return min(b.leak[mode].not_order_exact_nodes for b in r.budgets)
 
 
+def reference_decisions_above_noise(r: Report, mode: str) -> float:
+    """The fraction of the reference's decisions taken by more than the noise margin: where a
+    divergence can be told from the exact path's own arithmetic."""
+    return 1.0 - r.reference_fragility.fraction
+
+
 # requirement -> (measurement, meaning); every requirement is a lower bound
 REQUIREMENTS = {
     "leak_nodes_per_budget": (leak_nodes, "verified nodes that were not order-exact, fewest over budgets"),
+    "reference_decisions_above_noise": (reference_decisions_above_noise,
+                                        "fraction of the reference's decisions taken by more than the noise margin "
+                                        "(below 0.5 the reference is too fragile to judge)"),
 }
 POLICY_KEYS = {"name", "mode", "description"}
 
@@ -222,8 +231,10 @@ def evaluate(policy: Policy, report: Report) -> list[Verdict]:
         fn, meaning = RULES[rule]
         measured = float(fn(report, policy.mode))
         out.append(Verdict(rule, measured, bound, measured <= bound, meaning))
-    require = {"leak_nodes_per_budget": 1.0, **policy.require}
+    require = {"leak_nodes_per_budget": 1.0, "reference_decisions_above_noise": 0.5, **policy.require}
     require["leak_nodes_per_budget"] = max(1.0, require["leak_nodes_per_budget"])
+    # a reference too fragile to judge fails whatever the policy says (ddsim.report_model.FRAGILE_FRACTION)
+    require["reference_decisions_above_noise"] = max(0.5, require["reference_decisions_above_noise"])
     for name, bound in require.items():
         fn, meaning = REQUIREMENTS[name]
         measured = float(fn(report, policy.mode))

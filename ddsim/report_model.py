@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ddsim.modes import VERIFY_MODES
 from ddsim.settings import AuditConfig
 
-SCHEMA_VERSION = 3  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes
+SCHEMA_VERSION = 4  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
+# 4: reference_fragility, a model drafter
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -332,8 +333,15 @@ class TraceDrafterParams(_Strict):
     topk: Positive
 
 
+class ModelDrafterParams(_Strict):
+    kind: Literal["model"]
+    path: str
+    sha256: Sha256  # config.json and the weight files, as for the target
+    depth: Positive
+
+
 class ReportConfig(AuditConfig):
-    drafter: Annotated[SyntheticDrafterParams | TraceDrafterParams, Field(discriminator="kind")]
+    drafter: Annotated[SyntheticDrafterParams | TraceDrafterParams | ModelDrafterParams, Field(discriminator="kind")]
 
 
 class GateStats(_Strict):
@@ -413,8 +421,28 @@ class Throughput(_Strict):
     rows: list[ThroughputRow]
 
 
+FRAGILE_FRACTION = 0.5  # a reference whose decisions lie within the noise margin more often than this is too fragile
+
+
+class ReferenceFragility(_Strict):
+    """How many of the reference decoding's decisions (every prompt's every token) the reference took
+    by no more than the noise margin: there, the exact path's own arithmetic could have chosen the
+    runner-up, so a divergence says nothing about the leak. Too many, and the audit cannot judge."""
+    decisions: Count
+    within_noise_margin: Count
+    fraction: Rate
+    fragile: bool
+
+    @classmethod
+    def of(cls, margins: list[list[float | None]], noise_margin: float) -> "ReferenceFragility":
+        flat = [m for ms in margins for m in ms]
+        within = sum(m is not None and m <= noise_margin for m in flat)
+        frac = within / len(flat) if flat else 1.0
+        return cls(decisions=len(flat), within_noise_margin=within, fraction=frac, fragile=frac > FRAGILE_FRACTION)
+
+
 class Report(_Strict):
-    schema_version: Literal[3]
+    schema_version: Literal[4]
     generated_at: str | None  # the only field that differs between two runs of one seed; set by the writer
     config: ReportConfig
     provenance: Provenance
@@ -425,6 +453,7 @@ class Report(_Strict):
     chain: ModeSummary
     budgets: Annotated[list[BudgetRecord], Field(min_length=1)]
     noise_margin: NonNeg
+    reference_fragility: ReferenceFragility
     noise_floor: dict[str, NoiseFloor]
     throughput: Throughput
     generations: list[Generation]
@@ -492,6 +521,9 @@ def check_consistency(r: Report) -> None:
     # the noise margin and floor follow from the exact path's leak tables
     margin = noise_margin_of([b.leak["exact"] for b in r.budgets], cfg.temperature)
     _need(_close(r.noise_margin, margin), "noise_margin", f"{r.noise_margin!r} but the exact leak tables give {margin!r}")
+    frag = ReferenceFragility.of([p.reference_margins for p in r.prompts], r.noise_margin)
+    _need(r.reference_fragility == frag, "reference_fragility", f"{r.reference_fragility!r} but the prompts' reference "
+          f"margins and the noise margin give {frag!r}")
     _need(set(r.noise_floor) == {str(b) for b in cfg.budgets}, "noise_floor",
           f"budgets {sorted(r.noise_floor)} but config.budgets is {list(cfg.budgets)}")
     for b in r.budgets:

@@ -25,7 +25,8 @@ MAX_TEMPERATURE = 100.0
 OPTION = {"preset": "--preset", "model_path": "--model", "budgets": "--budget", "topk_cap": "--topk-cap",
           "steps": "--steps", "n_prompts": "--prompts", "prompt_len": "--prompts", "prompts_file": "--prompts",
           "temperature": "--temperature", "seed": "--seed", "device": "--device", "depth": "--depth",
-          "trace": "--trace", "cost_file": "--cost", "fast_path": "--fast-path", "convention": "--convention"}
+          "trace": "--trace", "drafter_model": "--drafter-model", "cost_file": "--cost", "fast_path": "--fast-path",
+          "convention": "--convention"}
 
 
 class AuditConfig(BaseModel):
@@ -45,6 +46,7 @@ class AuditConfig(BaseModel):
     device: str = "cpu"
     depth: Annotated[int, Field(ge=1, le=MAX_DEPTH)] = 8  # drafter depth
     trace: str | None = None
+    drafter_model: str | None = None  # a draft checkpoint run autoregressively (ddsim.drafters.ModelDrafter)
     cost_file: str | None = None
     fast_path: str = "ddsim"  # ddsim, fla or MODULE:FUNCTION: the GDN kernel the fast path runs
     convention: Literal["ddsim", "sglang", "vllm", "fla"] | None = None  # a MODULE:FUNCTION fast path's calling convention

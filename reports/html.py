@@ -170,7 +170,10 @@ def render(report: Report) -> str:
               "choice led its runner-up by more than the noise margin, the largest margin the exact path's own "
               f"arithmetic overturned on any budget's trees ({report.noise_margin:.3g}). <em>Leak nodes</em>: verified "
               "nodes that were not order-exact, where a flattened pass hands over a wrong state (an audit without "
-              "them never exercised the leak).</p>",
+              "them never exercised the leak). Reference decisions within the noise margin: "
+              f"{report.reference_fragility.within_noise_margin} of {report.reference_fragility.decisions}"
+              + (" &mdash; <strong>too fragile to judge</strong>" if report.reference_fragility.fragile else "")
+              + ".</p>",
               _table(["budget", "mode", "leak nodes", "state err (order-exact)", "state err (other)", "KL (other)",
                       "argmax flip rate (other)", "decision flip rate", "tokens/step", "gens leaving greedy",
                       "… above the noise", "silent-corruption steps"], rows),

@@ -41,6 +41,11 @@ def print_summary(report: Report, console: Console | None = None) -> None:
                           f"budget {b.budget}: " + ", ".join(
                               f"{m} {b.modes[m].generations_leaving_greedy_above_noise}" for m in ("exact",) + LEAK_MODES)
                           for b in report.budgets))
+    fr = report.reference_fragility
+    if fr.fragile:
+        console.print(f"[bold yellow]The reference is too fragile to judge: {fr.within_noise_margin} of {fr.decisions} "
+                      f"of its decisions ({fr.fraction:.0%}) led the runner-up by no more than the noise margin, where "
+                      "the exact path's own arithmetic could choose either; the gate refuses to approve this audit.")
     if not min(b.leak["leaky"].not_order_exact_nodes for b in report.budgets):
         console.print("[bold yellow]A budget verified no node outside order-exact positions: the leak was never "
                       "exercised there, so this audit cannot approve hybrid-unsafe verification.[/bold yellow]")

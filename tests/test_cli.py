@@ -14,7 +14,7 @@ DEFAULT_POLICY = "hybrid-unsafe"  # the built-in policy, ddsim/policies/hybrid-u
 
 def test_audit_writes_valid_report_and_html(audit_dir, report):
     typed = json_report.load(audit_dir / "report.json")  # validates fully, consistency included
-    assert typed.schema_version == 3 and report["schema_version"] == 3
+    assert typed.schema_version == 4 and report["schema_version"] == 4
     # a CPU audit compares a float32 fast path with the float64 oracle
     assert report["precision"] == {"fast_path": "float32", "recurrent_state": "float32", "oracle": "float64"}
     assert typed.provenance.source == "preset micro" and typed.provenance.fast_path == "ddsim-torch"
@@ -58,7 +58,7 @@ def test_gate_verdict_on_the_fast_audit_is_exact(audit_dir):
         "over budgets; mode leaky)",
         "the audit never exercised the leak: some budget verified no node outside order-exact positions (raise "
         "--budget or --topk-cap), so it cannot approve hybrid-unsafe verification",
-        "gate hybrid-unsafe (float32 fast path, preset micro): 1 of 8 rules violated; keep hybrid-unsafe verification off"]
+        "gate hybrid-unsafe (float32 fast path, preset micro): 1 of 9 rules violated; keep hybrid-unsafe verification off"]
 
 
 def test_gate_runs_the_audit_itself_and_checks_what_it_wrote(tmp_path, audit_dir):

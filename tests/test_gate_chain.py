@@ -201,7 +201,7 @@ def test_gate_refuses_the_planted_leak(reports):
 def test_gate_approves_the_inert_model(reports):
     verdicts = evaluate(POLICY, reports["inert"])
     assert all(v.holds for v in verdicts), [v for v in verdicts if not v.holds]
-    assert len(verdicts) == 8
+    assert len(verdicts) == 9
     m = _measured(verdicts)
     assert m["argmax_flip_rate_above_noise"] == 0.0 and m["silent_corruption_steps"] == 0
     # the state did leak (the rules are about what reaches the tokens), and coverage is real
@@ -212,9 +212,9 @@ def test_gate_approves_the_inert_model(reports):
 def test_gate_exit_codes_in_process(capsys):
     assert cli.main(["gate", "--policy", "hybrid-unsafe", "--report", str(fixture_path("leak"))]) == 1
     out = capsys.readouterr().out
-    assert "VIOLATED silent_corruption_steps: measured 4 > bound 0" in out and "4 of 8 rules violated" in out
+    assert "VIOLATED silent_corruption_steps: measured 4 > bound 0" in out and "4 of 9 rules violated" in out
     assert cli.main(["gate", "--policy", "hybrid-unsafe", "--report", str(fixture_path("inert"))]) == 0
-    assert "all 8 rules hold for mode leaky" in capsys.readouterr().out
+    assert "all 9 rules hold for mode leaky" in capsys.readouterr().out
 
 
 def _with_leak_nodes(report, n):
@@ -324,9 +324,9 @@ def test_tampered_reports_do_not_load(raw, name, mutate, needle):
 
 
 @pytest.mark.parametrize("text, needle", [
-    ('{"schema_version": 3, "schema_version": 3}', "key 'schema_version' appears twice"),
+    ('{"schema_version": 4, "schema_version": 4}', "key 'schema_version' appears twice"),
     ('{"schema_version": NaN}', "NaN is not a JSON number"),
-    ('{"schema_version": 3, "x": -Infinity}', "-Infinity is not a JSON number"),
+    ('{"schema_version": 4, "x": -Infinity}', "-Infinity is not a JSON number"),
     ("[1, 2]", "not a ddsim report"),
     ("{oops", "malformed JSON"),
 ])
@@ -635,3 +635,34 @@ def test_replay_table_of_a_policy_is_checked(tmp_path):
     p.write_text('[rules]\nexact_kl_max = 1e-6\n[replay]\ndiagnosed_steps = -1\n')
     with pytest.raises(InputError, match="needs a finite bound >= 0"):
         load_policy(p)
+
+
+def test_reference_fragility_counts_decisions_within_the_noise_margin():
+    from ddsim.report_model import ReferenceFragility
+    f = ReferenceFragility.of([[0.1, 0.3, None], [0.2, 2.0]], 0.25)
+    assert (f.decisions, f.within_noise_margin, f.fraction, f.fragile) == (5, 2, 0.4, False)
+    f = ReferenceFragility.of([[0.1, 0.3, None], [0.2, 0.25]], 0.25)  # ties at the margin count as within
+    assert (f.within_noise_margin, f.fraction, f.fragile) == (3, 0.6, True)
+    assert ReferenceFragility.of([[0.5]], 0.0).fragile is False
+
+
+def test_a_fragile_reference_fails_the_gate_whatever_the_policy(reports):
+    """A report whose reference decisions mostly lie within the noise margin cannot approve anything;
+    the requirement cannot be lowered below 0.5 by a policy."""
+    from ddsim.gate import Policy
+    from ddsim.report_model import ReferenceFragility
+    rep = reports["inert"].model_copy(update={"reference_fragility": ReferenceFragility(
+        decisions=10, within_noise_margin=6, fraction=0.6, fragile=True)})
+    lax = Policy(POLICY.path, "lax", POLICY.mode, POLICY.rules, POLICY.by_precision,
+                 {"reference_decisions_above_noise": 0.0}, POLICY.replay)
+    for policy in (POLICY, lax):
+        bad = [v for v in evaluate(policy, rep) if not v.holds]
+        assert [(v.rule, round(v.measured, 6), v.bound) for v in bad] == [("reference_decisions_above_noise", 0.4, 0.5)]
+
+
+def test_a_tampered_fragility_is_refused(tmp_path):
+    from ddsim.reports import json_report
+    data = json.loads(fixture_path("leak").read_text())
+    data["reference_fragility"]["within_noise_margin"] = 1
+    with pytest.raises(InputError, match="reference_fragility"):
+        json_report.loads(json.dumps(data), "r.json")
