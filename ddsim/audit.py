@@ -188,9 +188,13 @@ def load_engine(ac: AuditConfig, device: torch.device):
     return kernel
 
 
-def run_audit(ac: AuditConfig, *, progress=None) -> Report:
+def run_audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
     """Run the audit and return its validated report; ``progress(advance=1)`` is called once per
-    speculative step if given. Every input is checked before the first generation starts."""
+    speculative step if given. Every input is checked before the first generation starts.
+    ``shard`` (ddsim.distributed.Shard): this process's share of the prompts under torchrun; the
+    report is assembled on rank 0 (other ranks return None)."""
+    from ddsim.distributed import Shard
+    shard = shard or Shard.single()
     device = resolve_device(ac.device)
     cost = CostModel.from_file(ac.cost_file) if ac.cost_file else CostModel()
     engine = load_engine(ac, device)
@@ -221,30 +225,46 @@ def run_audit(ac: AuditConfig, *, progress=None) -> Report:
     ref_len = ac.steps * (drafter.depth + 1)
     tick = (lambda rec: progress(advance=1)) if progress else None
 
-    decoded = [reference_decode(model, p, ref_len, temperature=ac.temperature, seed=ac.seed) for p in prompts]
-    references, margins = [r for r, _ in decoded], [m for _, m in decoded]
     common = dict(temperature=ac.temperature, seed=ac.seed, steps=ac.steps, on_step=tick)
-    chain_gens = []
-    for i, (p, ref) in enumerate(zip(prompts, references)):
-        g = speculative(model, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref, **common)
-        chain_gens.append(_gen_record(g, i, None, margins[i]))
 
-    measured = []  # (budget, policy, generation records per mode, leak table per mode)
-    for budget in ac.budgets:
-        policy = TreePolicy("ddtree", budget, ac.topk_cap)
-        gens = {m: [] for m in ALL_MODES}
-        pools = {m: NodePool() for m in ALL_MODES}
-        for i, (p, ref) in enumerate(zip(prompts, references)):
+    def one_prompt(i: int) -> dict:
+        """Everything the audit measures on prompt i: its reference, its chain generation, and per
+        budget its generation records and leak-node records per mode (merged below in prompt order)."""
+        p = prompts[i]
+        ref, margins = reference_decode(model, p, ref_len, temperature=ac.temperature, seed=ac.seed)
+        g = speculative(model, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref, **common)
+        out = {"index": i, "reference": ref, "margins": margins, "chain": _gen_record(g, i, None, margins), "budgets": {}}
+        for budget in ac.budgets:
+            policy = TreePolicy("ddtree", budget, ac.topk_cap)
+            gens, nodes = {}, {m: [] for m in ALL_MODES}
             for mode in ALL_MODES:
                 full = mode == "leaky"
                 g = speculative(model, p, drafter=drafter, policy=policy, mode=mode, reference=ref,
                                 measure="full" if full else "decisions", weights=weights if full else None,
                                 attribution=LEAK_MODES if full else (), **common)
-                gens[mode].append(_gen_record(g, i, budget, margins[i]))
+                gens[mode] = _gen_record(g, i, budget, margins)
                 if full:
-                    for s in g.steps:
-                        for m, metrics in s.nodes.items():
-                            pools[m].add(metrics, s.keys)
+                    for st in g.steps:
+                        for m, metrics in st.nodes.items():
+                            nodes[m].append((metrics, st.keys))
+            out["budgets"][budget] = {"gens": gens, "nodes": nodes}
+        return out
+
+    per_prompt = shard.run(one_prompt, len(prompts))  # every prompt here, or this rank's share gathered on rank 0
+    if per_prompt is None:
+        return None
+    references = [r["reference"] for r in per_prompt]
+    margins = [r["margins"] for r in per_prompt]
+    chain_gens = [r["chain"] for r in per_prompt]
+    measured = []  # (budget, policy, generation records per mode, leak table per mode)
+    for budget in ac.budgets:
+        policy = TreePolicy("ddtree", budget, ac.topk_cap)
+        gens = {m: [r["budgets"][budget]["gens"][m] for r in per_prompt] for m in ALL_MODES}
+        pools = {m: NodePool() for m in ALL_MODES}
+        for r in per_prompt:  # in prompt order, as one process adds them
+            for m in ALL_MODES:
+                for metrics, keys in r["budgets"][budget]["nodes"][m]:
+                    pools[m].add(metrics, keys)
         leak = {m: LeakTable.model_validate_json(json.dumps(pools[m].table(cfg))) for m in ALL_MODES}
         measured.append((budget, policy, gens, leak))
     # the arithmetic's noise is the audit's, not a budget's: pooled over every budget's trees

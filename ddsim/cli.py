@@ -128,13 +128,26 @@ def _write_report(report, out: Path):
 
 
 def cmd_audit(a, console) -> int:
+    from ddsim.distributed import Shard
     from ddsim.reports.terminal import print_summary
     ac = _audit_config(a)
     out = Path(a.out)
     check_writable(out)
-    report = _write_report(_run_audit(ac, console), out)
+    shard = Shard.from_env(ac.device)  # under torchrun: this rank's share of the prompts
+    try:
+        if shard.distributed:
+            from ddsim.audit import run_audit
+            report = run_audit(ac, shard=shard)
+            if report is None:  # not rank 0: its records went to rank 0
+                return EXIT_OK
+        else:
+            report = _run_audit(ac, console)
+        report = _write_report(report, out)
+    finally:
+        shard.close()
     print_summary(report, console)
-    console.print(f"wrote {out / 'report.json'} and {out / 'report.html'}")
+    console.print(f"wrote {out / 'report.json'} and {out / 'report.html'}"
+                  + (f" ({shard.world} ranks)" if shard.distributed else ""))
     return EXIT_OK
 
 
