@@ -1,0 +1,93 @@
+"""ddsim's exact kernel in SGLang's calling convention (ddsim.gpu_backend.engine_api) against SGLang's own
+target-verify kernel, side by side in one run on one GPU, at Qwen3.6-27B GDN shapes (H=16, HV=48,
+K=V=128, bf16 inputs, fp32 state pool), DDTree trees, through the public functions (host work
+included), one GDN layer per call:
+
+  sglang exact        fused_sigmoid_gating_delta_rule_update with retrieve_parent_token, writing every
+                      node's state to the intermediate buffer; + its commit: copying the accepted
+                      node's state from the buffer into the pool slot
+  ddsim drop-in       engine_api.target_verify with the same buffer (same semantics)
+  ddsim snapshot-free engine_api.target_verify (no buffer) + engine_api.commit_accepted
+  sglang flattened    the hybrid-unsafe path, for reference
+
+    python benchmarks/bench_engine_api.py [--commit SHA]     # needs CUDA and SGLang's kernel importable
+"""
+import argparse
+import time
+
+import torch
+import triton
+import triton.testing
+
+from ddsim.bench import KERNEL_SHAPES, ddtree_batch, kernel_inputs
+from ddsim.engines.sglang import _kernel
+from ddsim.gpu_backend import engine_api
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3  # us
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="?")
+    a = ap.parse_args()
+    sgl, where = _kernel()
+    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
+          f"{triton.__version__} | commit {a.commit} | SGLang kernel {where}")
+    print("| B x T | sglang exact verify | + commit copy | ddsim drop-in (buffer) | ddsim snapshot-free verify | "
+          "+ commit_accepted | sglang flattened | buffer MiB/layer |")
+    print("|---|---|---|---|---|---|---|---|")
+    dev = "cuda"
+    for B, T in KERNEL_SHAPES:
+        trees, parents = ddtree_batch(B, T)
+        inp = kernel_inputs(B, T, device=dev)
+        HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]
+        neg_g = (-inp["g"].float()).clamp_min(1e-30)
+        a_ = torch.where(neg_g > 20.0, neg_g, torch.log(torch.expm1(neg_g))).contiguous()
+        b_ = torch.logit(inp["beta"].float().clamp(1e-7, 1 - 1e-7)).contiguous()
+        zeros = torch.zeros(HV, device=dev)
+        N = 2 * B
+        pool = torch.randn(N, HV, V, K, device=dev)
+        slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=dev)
+        par = parents.to(dev).int().contiguous()
+        rows = torch.arange(B, dtype=torch.int32, device=dev)
+        buf = torch.empty(B, T, HV, V, K, device=dev)
+        acc = torch.tensor([int(t.depths.argmax()) for t in trees], device=dev)
+        q, k, v = inp["q"], inp["k"], inp["v"]
+
+        def sg_exact():
+            sgl(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, use_qk_l2norm_in_kernel=True,
+                disable_state_update=True, intermediate_states_buffer=buf, intermediate_state_indices=rows,
+                cache_steps=T, retrieve_parent_token=par)
+
+        def sg_commit():
+            pool[slots.long()] = buf[rows.long(), acc]
+
+        def sg_flat():
+            sgl(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, use_qk_l2norm_in_kernel=True,
+                disable_state_update=True)
+
+        def dd_dropin():
+            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, retrieve_parent_token=par,
+                                     intermediate_states_buffer=buf, intermediate_state_indices=rows, cache_steps=T)
+
+        def dd_verify():
+            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, retrieve_parent_token=par)
+
+        pool_copy = pool.clone()
+
+        def dd_commit():
+            engine_api.commit_accepted(zeros, a_, zeros, k, v, b_, pool_copy, slots, retrieve_parent_token=par,
+                                       accepted=acc)
+
+        t = {name: bench(fn) for name, fn in (("sg_exact", sg_exact), ("sg_commit", sg_commit),
+                                              ("dd_dropin", dd_dropin), ("dd_verify", dd_verify),
+                                              ("dd_commit", dd_commit), ("sg_flat", sg_flat))}
+        print(f"| {B} x {T} | {t['sg_exact']:.1f} | {t['sg_commit']:.1f} | {t['dd_dropin']:.1f} | {t['dd_verify']:.1f} | "
+              f"{t['dd_commit']:.1f} | {t['sg_flat']:.1f} | {buf.numel() * 4 / 2**20:.1f} |", flush=True)
+    print("times in microseconds per call, median of do_bench (CUDA events around the public call)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""ddsim's exact snapshot-free GDN tree verify behind SGLang's calling convention for target verify, so
+an engine can swap it in for ``fused_sigmoid_gating_delta_rule_update`` (and ``ddsim check-kernel
+--impl ddsim.gpu_backend.engine_api:target_verify --convention sglang`` checks it like any engine's):
+
+    o = target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b,
+                      initial_state_source, initial_state_indices, *, scale=None,
+                      use_qk_l2norm_in_kernel=True, disable_state_update=True,
+                      retrieve_parent_token=None, cu_seqlens=None, ...)
+    commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_state_indices, *,
+                    retrieve_parent_token, accepted, ...)
+
+Shapes as SGLang's: q, k [B, T, H, K] (or [1, B*T, H, K] with cu_seqlens of B equal segments),
+v [B, T, HV, V], a, b [B, T, HV], A_log, dt_bias [HV], the state pool initial_state_source
+[N, HV, V, K] float32 addressed by initial_state_indices [B], retrieve_parent_token [B, T] (the
+parent's index, -1 at the root; None: the flattened recurrence, the hybrid-unsafe path).
+
+target_verify reads the pool and never writes it (``disable_state_update=False`` is refused rather
+than half-honoured). Two ways to use it:
+  - drop-in: pass SGLang's ``intermediate_states_buffer`` [*, >=T, HV, V, K] and
+    ``intermediate_state_indices`` [B] as today, and every node's state is written there, exactly
+    as SGLang's kernel does (the parent-indexed recurrence with per-node states), for the engine's
+    own commit to copy the accepted node's;
+  - snapshot-free: pass no buffer; the tree-masked WY form verifies without per-node states, and
+    after acceptance commit_accepted writes the state after root..accepted[b] into the sequence's
+    slot, from the committed state and the accepted nodes alone.
+On CUDA (and in Triton's interpreter) Triton kernels run (WY up to its node limit, else the
+recurrent one); on the CPU otherwise, the torch path.
+"""
+from __future__ import annotations
+
+import torch
+
+from ddsim.gpu_backend import _common, checks
+
+
+def _backend(x: torch.Tensor) -> str:
+    return "triton" if x.is_cuda or _common.interpreting() else "torch"
+
+
+def _unpack(x, cu_seqlens, B_T):
+    """[1, B*T, ...] with cu_seqlens of equal segments -> [B, T, ...]; [B, T, ...] as given."""
+    if cu_seqlens is None:
+        return x
+    B, T = B_T
+    return x.reshape(B, T, *x.shape[2:])
+
+
+def _batch_shape(q, cu_seqlens):
+    if cu_seqlens is None:
+        return q.shape[0], q.shape[1]
+    lens = torch.diff(torch.as_tensor(cu_seqlens).cpu())
+    if q.shape[0] != 1 or lens.numel() == 0 or not bool((lens == lens[0]).all()):
+        raise ValueError("cu_seqlens: expected q [1, B*T, H, K] and B segments of one length T (one tree size)")
+    return int(lens.numel()), int(lens[0])
+
+
+def _check_gating(softplus_beta, softplus_threshold):
+    if float(softplus_beta) != 1.0 or float(softplus_threshold) != 20.0:
+        raise ValueError("softplus_beta, softplus_threshold: only 1.0 and 20.0 (torch's softplus) are supported, "
+                         f"got {softplus_beta}, {softplus_threshold}")
+
+
+def _committed(pool, slots, B):
+    """The batch's committed states [B, HV, K, V] (ddsim's layout) from SGLang's [N, HV, V, K] pool."""
+    idx = checks.pool_slots(pool, slots, B, "initial_state_source", "states")
+    return pool.index_select(0, idx.long()).transpose(-1, -2).float().contiguous()
+
+
+def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
+                  initial_state_indices, *, scale=None, use_qk_l2norm_in_kernel=True, disable_state_update=True,
+                  retrieve_parent_token=None, cu_seqlens=None, intermediate_states_buffer=None,
+                  intermediate_state_indices=None, cache_steps=None):
+    """o [B, T, HV, V] (or [1, B*T, HV, V] with cu_seqlens): exact tree verification with
+    retrieve_parent_token, the flattened recurrence without it. The pool is only read."""
+    if not disable_state_update:
+        raise ValueError("disable_state_update=False: target_verify never writes the pool; call commit_accepted "
+                         "with the accepted node")
+    _check_gating(softplus_beta, softplus_threshold)
+    B, T = _batch_shape(q, cu_seqlens)
+    q, k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (q, k, v, a, b))
+    s0 = _committed(initial_state_source, initial_state_indices, B)
+    if retrieve_parent_token is None:
+        parents, mode = torch.arange(-1, T - 1, device=q.device).expand(B, T), "leaky"
+    else:
+        parents, mode = retrieve_parent_token.reshape(B, T).long(), "exact"
+    from ddsim import gpu_backend as gb
+    keep = intermediate_states_buffer is not None
+    out = gb.gdn_tree_verify(q, k, v, parents=parents, initial_state=s0, mode=mode, scale=scale,
+                             use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                             output_states=keep, backend=_backend(q))
+    o = out[0] if isinstance(out, tuple) else out
+    if keep:  # SGLang's layout: buffer[intermediate_state_indices[b], t] = node t's state [HV, V, K]
+        rows = torch.arange(B, device=q.device) if intermediate_state_indices is None else \
+            torch.as_tensor(intermediate_state_indices, device=q.device).long()
+        intermediate_states_buffer[rows, :T] = out[1].transpose(-1, -2).to(intermediate_states_buffer.dtype)
+    return o.reshape(1, B * T, *o.shape[2:]) if cu_seqlens is not None else o
+
+
+def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_state_indices, *,
+                    retrieve_parent_token, accepted, use_qk_l2norm_in_kernel=True, cu_seqlens=None):
+    """Write the state after root..accepted[b] into sequence b's slot of the [N, HV, V, K] pool; no
+    other slot is touched. Returns the pool."""
+    B, T = _batch_shape(k, cu_seqlens)
+    k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (k, v, a, b))
+    pool = initial_state_source
+    idx = checks.pool_slots(pool, initial_state_indices, B, "initial_state_source", "states").long()
+    from ddsim import gpu_backend as gb
+    new = gb.gdn_tree_commit(k, v, parents=retrieve_parent_token.reshape(B, T).long(), accepted=accepted,
+                             initial_state=_committed(pool, initial_state_indices, B),
+                             use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                             backend=_backend(k))  # [B, HV, K, V]
+    pool.index_copy_(0, idx, new.transpose(-1, -2).to(pool.dtype))
+    return pool

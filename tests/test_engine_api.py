@@ -1,0 +1,97 @@
+"""ddsim's exact kernel behind SGLang's calling convention (ddsim.gpu_backend.engine_api), in Triton's
+interpreter: `check-kernel --convention sglang` holds every property (drop-in with SGLang's
+intermediate-state buffer, and flattened), the snapshot-free path equals the oracle, commit_accepted
+writes the oracle's state after the accepted path into the sequence's slot and nothing else."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ddsim import oracle
+from ddsim.gpu_backend import engine_api
+from tests.conftest import run_cli
+
+IMPL = "ddsim.gpu_backend.engine_api:target_verify"
+
+
+@pytest.mark.parametrize("mode, held", [("exact", 5), ("leaky", 6)])
+def test_check_kernel_holds_in_sglangs_convention(tmp_path, mode, held):
+    r = run_cli("check-kernel", "--impl", IMPL, "--convention", "sglang", "--mode", mode, "--max-examples", "12",
+                "--out", tmp_path / "ce.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().endswith(f"all {held} properties hold")
+
+
+def _inputs(seed=0, B=2, T=6, H=1, HV=2, K=4, V=3, N=5):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2], [-1, 0, 1, 0, 3, 3]])[:B, :T]
+    pool = r(N, HV, V, K)  # SGLang's layout
+    slots = torch.tensor([3, 1], dtype=torch.int32)[:B]
+    return dict(A_log=r(HV) * 0.3, a=r(B, T, HV), dt_bias=r(HV) * 0.3, q=r(B, T, H, K), k=r(B, T, H, K),
+                v=r(B, T, HV, V), b=r(B, T, HV)), parents, pool, slots
+
+
+def _oracle_gates(x):
+    gate = -torch.exp(x["A_log"].double()) * F.softplus(x["a"].double() + x["dt_bias"].double())
+    return gate, torch.sigmoid(x["b"].double())
+
+
+def test_snapshot_free_verify_and_commit_equal_the_oracle():
+    x, parents, pool, slots = _inputs()
+    before = pool.clone()
+    o = engine_api.target_verify(x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool,
+                                 slots, retrieve_parent_token=parents.int())
+    assert torch.equal(pool, before)  # verify reads the pool only
+    gate, beta = _oracle_gates(x)
+    s0 = before[slots.long()].transpose(-1, -2).double()
+    ref = oracle.gdn_tree_verify(x["q"].double(), x["k"].double(), x["v"].double(), gate, beta, parents=parents,
+                                 initial_state=s0, mode="exact")
+    torch.testing.assert_close(o.double(), ref, rtol=1e-5, atol=1e-5)
+    # packed as SGLang packs a batch of trees: [1, B*T, ...] with cu_seqlens
+    B, T = parents.shape
+    packed = engine_api.target_verify(x["A_log"], x["a"].reshape(1, B * T, -1), x["dt_bias"], 1.0, 20.0,
+                                      *(x[n].reshape(1, B * T, *x[n].shape[2:]) for n in ("q", "k", "v", "b")), pool,
+                                      slots, retrieve_parent_token=parents.int(),
+                                      cu_seqlens=torch.arange(0, B * T + 1, T))
+    torch.testing.assert_close(packed.reshape(B, T, *packed.shape[2:]), o)
+    accepted = torch.tensor([4, 5])
+    engine_api.commit_accepted(x["A_log"], x["a"], x["dt_bias"], x["k"], x["v"], x["b"], pool, slots,
+                               retrieve_parent_token=parents.int(), accepted=accepted)
+    want = oracle.gdn_tree_commit(x["k"].double(), x["v"].double(), gate, beta, parents=parents, accepted=accepted,
+                                  initial_state=s0)
+    torch.testing.assert_close(pool[slots.long()].transpose(-1, -2).double(), want, rtol=1e-5, atol=1e-5)
+    others = [i for i in range(pool.shape[0]) if i not in slots.tolist()]
+    assert torch.equal(pool[others], before[others])  # no other slot touched
+
+
+def test_drop_in_fills_sglangs_intermediate_buffer_with_each_nodes_state():
+    x, parents, pool, slots = _inputs(seed=1)
+    B, T = parents.shape
+    buf = torch.full((4, T, 2, 3, 4), float("nan"))  # [rows, T, HV, V, K]
+    rows = torch.tensor([2, 0], dtype=torch.int32)
+    engine_api.target_verify(x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool, slots,
+                             retrieve_parent_token=parents.int(), intermediate_states_buffer=buf,
+                             intermediate_state_indices=rows, cache_steps=T)
+    gate, beta = _oracle_gates(x)
+    s0 = pool[slots.long()].transpose(-1, -2).double()
+    for bi in range(B):
+        for t in range(T):
+            want = oracle.gdn_tree_commit(x["k"][bi:bi + 1].double(), x["v"][bi:bi + 1].double(), gate[bi:bi + 1],
+                                          beta[bi:bi + 1], parents=parents[bi:bi + 1], accepted=torch.tensor([t]),
+                                          initial_state=s0[bi:bi + 1])[0]
+            torch.testing.assert_close(buf[rows[bi], t].transpose(-1, -2).double(), want, rtol=1e-5, atol=1e-5)
+    assert torch.isnan(buf[[1, 3]]).all()  # rows of no sequence stay as they were
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(disable_state_update=False), "never writes the pool"),
+    (dict(softplus_beta=2.0), "softplus_beta"),
+])
+def test_refusals(kw, needle):
+    x, parents, pool, slots = _inputs()
+    args = dict(softplus_beta=1.0, softplus_threshold=20.0)
+    args.update({k: v for k, v in kw.items() if k.startswith("softplus")})
+    with pytest.raises(ValueError, match=needle):
+        engine_api.target_verify(x["A_log"], x["a"], x["dt_bias"], args["softplus_beta"], args["softplus_threshold"],
+                                 x["q"], x["k"], x["v"], x["b"], pool, slots, retrieve_parent_token=parents.int(),
+                                 **{k: v for k, v in kw.items() if not k.startswith("softplus")})
