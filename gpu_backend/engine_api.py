@@ -12,7 +12,9 @@ an engine can swap it in for ``fused_sigmoid_gating_delta_rule_update`` (and ``d
 Shapes as SGLang's: q, k [B, T, H, K] (or [1, B*T, H, K] with cu_seqlens of B equal segments),
 v [B, T, HV, V], a, b [B, T, HV], A_log, dt_bias [HV], the state pool initial_state_source
 [N, HV, V, K] float32 addressed by initial_state_indices [B], retrieve_parent_token [B, T] (the
-parent's index, -1 at the root; None: the flattened recurrence, the hybrid-unsafe path).
+parent's index, -1 at the root; None: the flattened recurrence, the hybrid-unsafe path), or better
+``plan_tree(retrieve_parent_token)`` built once per step and passed to every layer (a raw tensor is
+validated, with host syncs, on every call).
 
 target_verify reads the pool and never writes it (``disable_state_update=False`` is refused rather
 than half-honoured). Two ways to use it:
@@ -54,6 +56,16 @@ def _batch_shape(q, cu_seqlens):
     return int(lens.numel()), int(lens[0])
 
 
+def plan_tree(retrieve_parent_token) -> checks.TreePlan:
+    """The step's trees validated once (host syncs here), their index tables cached: pass the plan as
+    ``retrieve_parent_token`` to every layer's target_verify and commit_accepted of the step."""
+    return checks.TreePlan(retrieve_parent_token.long())
+
+
+def _parents(p, B, T):
+    return p if isinstance(p, checks.TreePlan) else p.reshape(B, T).long()
+
+
 def _check_gating(softplus_beta, softplus_threshold):
     if float(softplus_beta) != 1.0 or float(softplus_threshold) != 20.0:
         raise ValueError("softplus_beta, softplus_threshold: only 1.0 and 20.0 (torch's softplus) are supported, "
@@ -82,7 +94,7 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     if retrieve_parent_token is None:
         parents, mode = torch.arange(-1, T - 1, device=q.device).expand(B, T), "leaky"
     else:
-        parents, mode = retrieve_parent_token.reshape(B, T).long(), "exact"
+        parents, mode = _parents(retrieve_parent_token, B, T), "exact"
     from ddsim import gpu_backend as gb
     keep = intermediate_states_buffer is not None
     out = gb.gdn_tree_verify(q, k, v, parents=parents, initial_state=s0, mode=mode, scale=scale,
@@ -105,7 +117,7 @@ def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_st
     pool = initial_state_source
     idx = checks.pool_slots(pool, initial_state_indices, B, "initial_state_source", "states").long()
     from ddsim import gpu_backend as gb
-    new = gb.gdn_tree_commit(k, v, parents=retrieve_parent_token.reshape(B, T).long(), accepted=accepted,
+    new = gb.gdn_tree_commit(k, v, parents=_parents(retrieve_parent_token, B, T), accepted=accepted,
                              initial_state=_committed(pool, initial_state_indices, B),
                              use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                              backend=_backend(k))  # [B, HV, K, V]

@@ -95,3 +95,11 @@ def test_refusals(kw, needle):
         engine_api.target_verify(x["A_log"], x["a"], x["dt_bias"], args["softplus_beta"], args["softplus_threshold"],
                                  x["q"], x["k"], x["v"], x["b"], pool, slots, retrieve_parent_token=parents.int(),
                                  **{k: v for k, v in kw.items() if not k.startswith("softplus")})
+
+
+def test_a_plan_built_once_per_step_gives_the_same_outputs():
+    x, parents, pool, slots = _inputs(seed=2)
+    args = (x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool, slots)
+    plan = engine_api.plan_tree(parents.int())
+    assert torch.equal(engine_api.target_verify(*args, retrieve_parent_token=plan),
+                       engine_api.target_verify(*args, retrieve_parent_token=parents.int()))
