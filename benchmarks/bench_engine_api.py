@@ -20,6 +20,7 @@ import triton
 import triton.testing
 
 from ddsim.bench import KERNEL_SHAPES, ddtree_batch, kernel_inputs
+from ddsim.engines import fused_gates
 from ddsim.engines.sglang import _kernel
 from ddsim.gpu_backend import engine_api
 
@@ -43,9 +44,7 @@ def main():
         trees, parents = ddtree_batch(B, T)
         inp = kernel_inputs(B, T, device=dev)
         HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]
-        neg_g = (-inp["g"].float()).clamp_min(1e-30)
-        a_ = torch.where(neg_g > 20.0, neg_g, torch.log(torch.expm1(neg_g))).contiguous()
-        b_ = torch.logit(inp["beta"].float().clamp(1e-7, 1 - 1e-7)).contiguous()
+        a_, b_ = fused_gates(inp["g"], inp["beta"])
         zeros = torch.zeros(HV, device=dev)
         N = 2 * B
         pool = torch.randn(N, HV, V, K, device=dev)

@@ -72,6 +72,15 @@ class EngineKernel:
                 "source": self.source, "source_sha256": self.source_sha256}
 
 
+def fused_gates(g, beta):
+    """(a, b) float32 such that an engine's fused gating with A_log = dt_bias = 0 gives back g and beta:
+    -softplus(a) = g (softplus threshold 20) and sigmoid(b) = beta (beta kept 1e-7 inside (0, 1))."""
+    import torch
+    neg_g = (-g.float()).clamp_min(1e-30)
+    a = torch.where(neg_g > 20.0, neg_g, torch.log(torch.expm1(neg_g)))
+    return a.contiguous(), torch.logit(beta.float().clamp(1e-7, 1 - 1e-7)).contiguous()
+
+
 def _source_of(fn) -> tuple[str | None, str | None]:
     try:
         path = inspect.getsourcefile(inspect.unwrap(fn))

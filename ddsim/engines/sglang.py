@@ -46,9 +46,8 @@ def as_contract(fn):
         B, T = q.shape[:2]
         HV = v.shape[2]
         dev = q.device
-        neg_g = (-g.float()).clamp_min(1e-30)
-        a = torch.where(neg_g > 20.0, neg_g, torch.log(torch.expm1(neg_g)))  # softplus(a) = -g (threshold 20)
-        b = torch.logit(beta.float().clamp(1e-7, 1 - 1e-7))
+        from ddsim.engines import fused_gates
+        a, b = fused_gates(g, beta)
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
         pool = state_pool.transpose(-1, -2).contiguous()  # [N, HV, V, K], SGLang's layout
         before = pool.clone()

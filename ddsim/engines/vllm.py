@@ -47,9 +47,8 @@ def as_contract(fn):
         B, T, HV, V = v.shape
         N, K = state_pool.shape[0], q.shape[3]
         dev = q.device
-        neg_g = (-g.float()).clamp_min(1e-30)
-        a = torch.where(neg_g > 20.0, neg_g, torch.log(torch.expm1(neg_g)))  # softplus(a) = -g (threshold 20)
-        b = torch.logit(beta.float().clamp(1e-7, 1 - 1e-7))
+        from ddsim.engines import fused_gates
+        a, b = fused_gates(g, beta)
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
         null = torch.zeros(1, HV, V, K, device=dev)
         scratch = torch.full((B * T, HV, V, K), float("nan"), device=dev)  # per-token states
