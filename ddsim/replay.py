@@ -25,6 +25,7 @@ float64, 5e-2 for bf16 and fp16) or --noise-kl.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import torch
@@ -266,7 +267,8 @@ def prepare(model_dir, dump_path, *, device="cpu"):
     return cfg, weights, dump, meta
 
 
-def summarize(records: list[StepRecord]) -> dict:
+def summarize(records) -> dict:
+    """The replay's summary from its step records (StepRecord, or the report model's StepFigures)."""
     nodes = [n for r in records for n in r.nodes]
     kls = [n.kl for n in nodes if n.kl is not None]
     return {"steps": len(records), "requests": len({r.request for r in records}), "nodes": len(nodes),
@@ -288,10 +290,13 @@ def run(model_dir, dump_path, *, device="cpu", noise_kl: float | None = None) ->
     rp = Replayer(cfg, weights, device=device, noise_kl=noise_kl)
     records = rp.replay(dump)
     noise = noise_kl if noise_kl is not None else NOISE_KL[dump.header["compute_dtype"]]
-    return {"format": REPORT_FORMAT, "version": REPORT_VERSION,
-            "provenance": {"ddsim_version": ddsim.__version__, **meta, "engine": dump.header.get("engine", {}),
-                           "compute_dtype": dump.header["compute_dtype"], "logits": dump.header["logits"]},
-            "noise_kl": noise, "summary": summarize(records), "steps": [asdict(r) for r in records]}
+    from ddsim.replay_report import ReplayReport
+    rep = {"format": REPORT_FORMAT, "version": REPORT_VERSION,
+           "provenance": {"ddsim_version": ddsim.__version__, **meta, "engine": dump.header.get("engine", {}),
+                          "compute_dtype": dump.header["compute_dtype"], "logits": dump.header["logits"]},
+           "noise_kl": noise, "summary": summarize(records), "steps": [asdict(r) for r in records]}
+    # validated through the typed model (a round trip through JSON, as a reader will see it)
+    return json.loads(ReplayReport.model_validate_json(json.dumps(rep, allow_nan=False)).model_dump_json())
 
 
 def render_html(rep: dict) -> str:

@@ -1,7 +1,7 @@
 """report.json: the serialised ddsim.report_model.Report — versioned, deterministic for a seed
 (apart from ``generated_at``), written atomically together with report.html, validated on load.
 
-    python -m ddsim.reports.json_report --write-schema   # regenerate report.schema.json from the model
+    python -m ddsim.reports.json_report --write-schema   # regenerate report.schema.json (and the replay's)
 """
 from __future__ import annotations
 
@@ -123,8 +123,19 @@ def write_report(report: Report, html: str, out: Path) -> None:
     write_atomic({out / "report.html": html, out / "report.json": dumps(report)})
 
 
+REPLAY_SCHEMA_PATH = Path(__file__).with_name("replay-report.schema.json")
+
+
+def replay_schema() -> dict:
+    """The JSON Schema of a replay's report.json, generated from ddsim.replay_report."""
+    from ddsim.replay_report import ReplayReport
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "ddsim/replay-report.schema.json",
+            **ReplayReport.model_json_schema()}
+
+
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write-schema"]:
         raise SystemExit("usage: python -m ddsim.reports.json_report --write-schema")
-    SCHEMA_PATH.write_text(json.dumps(schema(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {SCHEMA_PATH}")
+    for path, sch in ((SCHEMA_PATH, schema()), (REPLAY_SCHEMA_PATH, replay_schema())):
+        path.write_text(json.dumps(sch, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {path}")

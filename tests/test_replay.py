@@ -154,3 +154,27 @@ def test_the_writer_refuses_to_overwrite_and_a_crash_leaves_a_truncated_dump(tmp
     from ddsim.errors import InputError
     with pytest.raises(InputError, match="truncated"):
         load_dump(tmp_path / "d", vocab_size=96)
+
+
+def test_the_replay_report_is_typed_and_checked(tmp_path, ckpt, dumps):
+    """report.json validates against the generated schema, and a tampered summary or step is refused."""
+    import jsonschema
+    from pydantic import ValidationError
+
+    from ddsim.replay_report import ReplayReport
+    from ddsim.reports import json_report
+    assert json.loads(json_report.REPLAY_SCHEMA_PATH.read_text()) == json_report.replay_schema()
+    r = run_cli("replay", "--model", ckpt, "--dump", dumps["leak"], "--out", tmp_path / "r")
+    assert r.returncode == 0, r.stderr
+    data = json.loads((tmp_path / "r" / "report.json").read_text())
+    jsonschema.validate(data, json_report.replay_schema())
+    ReplayReport.model_validate_json(json.dumps(data))
+    for tamper, needle in ((lambda d: d["summary"].update(silent_corruption_steps=0), "silent_corruption_steps"),
+                           (lambda d: next(s for s in d["steps"] if s["silent_corruption"]).update(
+                               silent_corruption=False), "silent_corruption disagrees"),
+                           (lambda d: d["steps"][0].update(diagnosis="fine"), "diagnosis"),
+                           (lambda d: d.update(extra=1), "extra")):
+        bad = json.loads(json.dumps(data))
+        tamper(bad)
+        with pytest.raises(ValidationError, match=needle):
+            ReplayReport.model_validate_json(json.dumps(bad))
