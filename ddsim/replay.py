@@ -68,6 +68,11 @@ class StepRecord:
     state_rel_max: float | None = None  # the dumped committed state against the oracle's (None: not dumped)
 
 
+def noise_bound(dump: Dump, noise_kl: float | None) -> float:
+    """The KL within which the engine counts as exact: --noise-kl, else the dump's compute dtype's."""
+    return noise_kl if noise_kl is not None else NOISE_KL[dump.header["compute_dtype"]]
+
+
 def _logprobs(logits: torch.Tensor) -> torch.Tensor:
     return F.log_softmax(logits.double(), dim=-1)
 
@@ -132,7 +137,7 @@ class Replayer:
         return self._state(self._fast_ctx, request, context, lambda toks, st: self.model.prefill(toks, st)[0])
 
     def replay(self, dump: Dump) -> list[StepRecord]:
-        noise = self.noise_kl if self.noise_kl is not None else NOISE_KL[dump.header["compute_dtype"]]
+        noise = noise_bound(dump, self.noise_kl)
         self.state_rel = STATE_REL[dump.header["compute_dtype"]]
         records = [self._step(s, dump.header["logits"], noise) for s in dump.steps]
         _label_state_errors(records)
@@ -231,7 +236,8 @@ def _state_errors(s: DumpStep, ost) -> dict[str, float]:
 
 
 def _label_state_errors(records: list[StepRecord]) -> None:
-    """A request whose steps with a wrong root grow in error step after step drifts; otherwise stale."""
+    """The steps diagnosed with a wrong committed state: a request whose such steps grow in error step
+    after step drifts ("state drift"); otherwise they stay "stale state"."""
     by_request: dict[str, list[StepRecord]] = {}
     for r in records:
         if r.diagnosis == "stale state":
@@ -254,11 +260,10 @@ def prepare(model_dir, dump_path, *, device="cpu"):
     from ddsim.checkpoint import checkpoint_digest, load_checkpoint
     from ddsim.dump import load_dump
     cfg, weights, _ = load_checkpoint(model_dir, device=device)
-    layers = {}
-    for i, kind in enumerate(cfg.layer_pattern):
-        if kind != "a":
-            layers[f"ssm.{i}"] = (cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
-            layers[f"conv.{i}"] = (cfg.conv_dim, cfg.conv_kernel_size - 1)
+    from ddsim.state import empty_state
+    st = empty_state(cfg)  # the committed state's shapes, as the model keeps it
+    layers = {f"{kind}.{i}": tuple(t.shape) for kind, ts in (("ssm", st.ssm), ("conv", st.conv))
+              for i, t in enumerate(ts) if t is not None}
     dump = load_dump(dump_path, vocab_size=cfg.vocab_size, layers=layers)
     from ddsim.digest import files_digest
     meta = {"model": str(model_dir), "weights_sha256": checkpoint_digest(model_dir),
@@ -289,7 +294,7 @@ def run(model_dir, dump_path, *, device="cpu", noise_kl: float | None = None) ->
     cfg, weights, dump, meta = prepare(model_dir, dump_path, device=device)
     rp = Replayer(cfg, weights, device=device, noise_kl=noise_kl)
     records = rp.replay(dump)
-    noise = noise_kl if noise_kl is not None else NOISE_KL[dump.header["compute_dtype"]]
+    noise = noise_bound(dump, noise_kl)
     from ddsim.replay_report import ReplayReport
     rep = {"format": REPORT_FORMAT, "version": REPORT_VERSION,
            "provenance": {"ddsim_version": ddsim.__version__, **meta, "engine": dump.header.get("engine", {}),
@@ -325,7 +330,6 @@ def render_html(rep: dict) -> str:
 
 
 def write(rep: dict, out) -> None:
-    import json
     from pathlib import Path
 
     from ddsim.reports.json_report import write_atomic

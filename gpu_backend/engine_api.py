@@ -72,10 +72,14 @@ def _check_gating(softplus_beta, softplus_threshold):
                          f"got {softplus_beta}, {softplus_threshold}")
 
 
-def _committed(pool, slots, B):
-    """The batch's committed states [B, HV, K, V] (ddsim's layout) from SGLang's [N, HV, V, K] pool."""
-    idx = checks.pool_slots(pool, slots, B, "initial_state_source", "states")
-    return pool.index_select(0, idx.long()).transpose(-1, -2).float().contiguous()
+def _slots(pool, slots, B) -> torch.Tensor:
+    """The batch's pool rows, checked (distinct, in range) as every backend checks them: int64 [B]."""
+    return checks.pool_slots(pool, slots, B, "initial_state_source", "states").long()
+
+
+def _committed(pool, idx):
+    """The committed states [B, HV, K, V] (ddsim's layout) in rows idx of SGLang's [N, HV, V, K] pool."""
+    return pool.index_select(0, idx).transpose(-1, -2).float().contiguous()
 
 
 def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
@@ -90,7 +94,7 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     _check_gating(softplus_beta, softplus_threshold)
     B, T = _batch_shape(q, cu_seqlens)
     q, k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (q, k, v, a, b))
-    s0 = _committed(initial_state_source, initial_state_indices, B)
+    s0 = _committed(initial_state_source, _slots(initial_state_source, initial_state_indices, B))
     if retrieve_parent_token is None:
         parents, mode = torch.arange(-1, T - 1, device=q.device).expand(B, T), "leaky"
     else:
@@ -115,10 +119,10 @@ def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_st
     B, T = _batch_shape(k, cu_seqlens)
     k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (k, v, a, b))
     pool = initial_state_source
-    idx = checks.pool_slots(pool, initial_state_indices, B, "initial_state_source", "states").long()
+    idx = _slots(pool, initial_state_indices, B)
     from ddsim import gpu_backend as gb
     new = gb.gdn_tree_commit(k, v, parents=_parents(retrieve_parent_token, B, T), accepted=accepted,
-                             initial_state=_committed(pool, initial_state_indices, B),
+                             initial_state=_committed(pool, idx),
                              use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                              backend=_backend(k))  # [B, HV, K, V]
     pool.index_copy_(0, idx, new.transpose(-1, -2).to(pool.dtype))

@@ -81,6 +81,16 @@ def fused_gates(g, beta):
     return a.contiguous(), torch.logit(beta.float().clamp(1e-7, 1 - 1e-7)).contiguous()
 
 
+def reflect_writes(engine_pool, before, state_pool) -> None:
+    """Copy back into the caller's state_pool [N, HV, K, V] every slot the engine wrote in its own
+    [N, HV, V, K] copy engine_pool (compared bitwise with ``before``, so NaN slots count as unchanged):
+    the caller's pool properties then check the engine's own writes."""
+    import torch  # here, not at import: the command line imports this module for its conventions
+    wrote = (engine_pool.view(torch.int32) != before.view(torch.int32)).flatten(1).any(-1)  # [N]
+    if wrote.any():
+        state_pool[wrote] = engine_pool[wrote].transpose(-1, -2)
+
+
 def _source_of(fn) -> tuple[str | None, str | None]:
     try:
         path = inspect.getsourcefile(inspect.unwrap(fn))

@@ -46,7 +46,7 @@ def as_contract(fn):
         B, T = q.shape[:2]
         HV = v.shape[2]
         dev = q.device
-        from ddsim.engines import fused_gates
+        from ddsim.engines import fused_gates, reflect_writes
         a, b = fused_gates(g, beta)
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
         pool = state_pool.transpose(-1, -2).contiguous()  # [N, HV, V, K], SGLang's layout
@@ -60,9 +60,7 @@ def as_contract(fn):
         o = fn(zeros, a.contiguous(), zeros, 1.0, 20.0, q.contiguous(), k.contiguous(), v.contiguous(), b.contiguous(),
                pool, slots.to(device=dev, dtype=torch.int32), scale=scale, use_qk_l2norm_in_kernel=True,
                disable_state_update=True, **tree)
-        wrote = (pool.view(torch.int32) != before.view(torch.int32)).flatten(1).any(-1)  # [N]
-        if wrote.any():  # show the caller what the kernel wrote into the pool
-            state_pool[wrote] = pool[wrote].transpose(-1, -2)
+        reflect_writes(pool, before, state_pool)  # show the caller what the kernel wrote into the pool
         return o[0] if o.dim() == 5 else o
     return verify
 

@@ -47,7 +47,7 @@ def as_contract(fn):
         B, T, HV, V = v.shape
         N, K = state_pool.shape[0], q.shape[3]
         dev = q.device
-        from ddsim.engines import fused_gates
+        from ddsim.engines import fused_gates, reflect_writes
         a, b = fused_gates(g, beta)
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
         null = torch.zeros(1, HV, V, K, device=dev)
@@ -60,10 +60,7 @@ def as_contract(fn):
         o, _ = fn(zeros, a.contiguous(), b.contiguous(), zeros, q.contiguous(), k.contiguous(), v.contiguous(),
                   scale=scale, initial_state=vpool, inplace_final_state=True, ssm_state_indices=indices,
                   num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True)
-        caller = vpool[1:1 + N]
-        wrote = (caller.view(torch.int32) != before.view(torch.int32)).flatten(1).any(-1)  # [N]
-        if wrote.any():
-            state_pool[wrote] = caller[wrote].transpose(-1, -2)
+        reflect_writes(vpool[1:1 + N], before, state_pool)
         return o[0] if o.dim() == 5 else o
     return verify
 
