@@ -8,6 +8,9 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
   triton-recurrent  leaky = flattened recurrence (per-node states optional);
                     exact = parent-indexed recurrence over per-node snapshots
   triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states
+Mamba2 (mamba2_tree_verify / mamba2_tree_commit) takes "torch", "triton" ("triton-ssd" unless
+per-node states are asked for), "triton-recurrent" and "triton-ssd" (the tree-masked SSD form: no
+per-node states, any tree size).
 Triton kernels also run on the CPU under TRITON_INTERPRET=1 (the tests do this).
 
 ``parents=`` takes a [B, T] integer tensor, or a ``TreePlan`` built once per tree and shared by every
@@ -16,17 +19,20 @@ no host synchronisation for the tree.
 """
 from __future__ import annotations
 
-from ddsim.gpu_backend import checks, torch_ops
+import math
+
+from ddsim.gpu_backend import checks, torch_mamba2, torch_ops
 from ddsim.gpu_backend.checks import TreePlan
 from ddsim.gpu_backend.torch_ops import tree_attention
 
 BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy")
+MAMBA2_BACKENDS = ("torch", "triton", "triton-recurrent", "triton-ssd")
 
 
-def _backend(x, backend):
+def _backend(x, backend, known=BACKENDS):
     b = backend or ("triton" if x.is_cuda else "torch")
-    if b not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {b!r}")
+    if b not in known:
+        raise ValueError(f"backend: expected one of {known}, got {b!r}")
     return b
 
 
@@ -99,5 +105,40 @@ def conv_tree_commit(x, *, parents, accepted, initial_window, state_indices=None
                                    state_indices=state_indices, inplace=inplace)
 
 
-__all__ = ["gdn_tree_verify", "gdn_tree_commit", "tree_causal_conv1d", "conv_tree_commit", "tree_attention", "TreePlan",
-           "BACKENDS"]
+def mamba2_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf),
+                       parents, initial_state, state_indices=None, mode="exact", output_states=False, backend=None):
+    """One Mamba2 SSM over a tree. x [B, T, H, P]; dt [B, T, H] raw (dt_bias added, softplus and
+    dt_limit applied in the op); A [H] negative; B, C [B, T, G, N]; D, dt_bias [H] or None;
+    parents [B, T] or a TreePlan; initial_state [B, H, P, N] fp32, or a pool with state_indices [B]
+    (read, never written). Returns y [B, T, H, P] in x's dtype and, with output_states, the state
+    after every node [B, T, H, P, N] fp32."""
+    be = _backend(x, backend, MAMBA2_BACKENDS)
+    kw = dict(D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, parents=parents,
+              initial_state=initial_state, state_indices=state_indices, mode=mode, output_states=output_states)
+    if be == "torch":
+        return torch_mamba2.mamba2_tree_verify(x, dt, A, B, C, **kw)
+    from ddsim.gpu_backend import triton_mamba2
+    if be == "triton":
+        be = "triton-recurrent" if output_states else "triton-ssd"
+    fn = triton_mamba2.mamba2_tree_verify_recurrent if be == "triton-recurrent" else triton_mamba2.mamba2_tree_verify_ssd
+    return fn(x, dt, A, B, C, **kw)
+
+
+def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), parents, accepted,
+                       initial_state, state_indices=None, inplace=False, backend=None):
+    """SSM state after the accepted path root..accepted[b], without per-node snapshots. inplace
+    writes it into the batch's pool slots and returns the pool; otherwise a new [B, H, P, N]."""
+    be = _backend(x, backend, MAMBA2_BACKENDS)
+    kw = dict(dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, parents=parents, accepted=accepted,
+              initial_state=initial_state, state_indices=state_indices)
+    if be == "torch":
+        new = torch_mamba2.mamba2_tree_commit(x, dt, A, B, **kw)
+        if inplace:
+            return checks.write_slots(initial_state, state_indices, x.shape[0], new, "initial_state", "states")
+        return new
+    from ddsim.gpu_backend.triton_mamba2 import mamba2_tree_commit_triton
+    return mamba2_tree_commit_triton(x, dt, A, B, inplace=inplace, **kw)
+
+
+__all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_tree_commit", "tree_causal_conv1d",
+           "conv_tree_commit", "tree_attention", "TreePlan", "BACKENDS", "MAMBA2_BACKENDS"]

@@ -244,3 +244,61 @@ def check_conv(x, weight, initial_window, parents, mode, activation, *, pooled: 
     return B, T, C, W, source_parents(parents, B, T, x.device, mode)
 
 
+
+
+# ---- Mamba2 ------------------------------------------------------------------------------------
+def check_mamba2(x, dt, A, B, C, D=None, dt_bias=None, dt_limit=(0.0, float("inf"))):
+    """Shapes and dtypes of x [B, T, H, P], dt [B, T, H], A [H], B and C [B, T, G, N] (C may be None
+    for a commit), D and dt_bias [H] or None, dt_limit (lo, hi) -> (B, T, H, P, G, N)."""
+    if x.dim() != 4:
+        raise ValueError(f"x: expected [B, T, H, P], got {tuple(x.shape)}")
+    Bn, T, H, P = x.shape
+    if B.dim() != 4 or tuple(B.shape[:2]) != (Bn, T):
+        raise ValueError(f"B: expected [B, T, G, N] with B={Bn}, T={T}, got {tuple(B.shape)}")
+    G, N = B.shape[2], B.shape[3]
+    if H % G:
+        raise ValueError(f"B: H={H} heads is not a multiple of G={G} groups")
+    want = {"dt": (Bn, T, H), "A": (H,), "C": tuple(B.shape), "D": (H,), "dt_bias": (H,)}
+    for name, t in (("dt", dt), ("A", A), ("C", C), ("D", D), ("dt_bias", dt_bias)):
+        if t is None:
+            if name in ("dt", "A"):
+                raise ValueError(f"{name}: required")
+            continue
+        if tuple(t.shape) != want[name]:
+            raise ValueError(f"{name}: expected {list(want[name])}, got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name}: expected a floating dtype, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name}: on {t.device}, x is on {x.device}")
+    for name, t in (("x", x), ("B", B)):
+        if not t.is_floating_point():
+            raise ValueError(f"{name}: expected a floating dtype, got {t.dtype}")
+    if B.device != x.device:
+        raise ValueError(f"B: on {B.device}, x is on {x.device}")
+    lo, hi = (float(v) for v in dt_limit)
+    if not 0.0 <= lo <= hi:
+        raise ValueError(f"dt_limit: expected 0 <= lo <= hi, got {tuple(dt_limit)}")
+    return Bn, T, H, P, G, N
+
+
+def check_mamba2_state(initial_state, state_indices, Bn, H, P, N):
+    """The committed SSM states: [B, H, P, N], or a pool [N_slots, H, P, N] with state_indices [B]."""
+    if initial_state.dim() != 4 or tuple(initial_state.shape[1:]) != (H, P, N):
+        raise ValueError(f"initial_state: expected [B or slots, H, P, N] with H, P, N = {(H, P, N)}, got "
+                         f"{tuple(initial_state.shape)}")
+    if initial_state.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"initial_state: expected float32 (or float64), got {initial_state.dtype}")
+    return pool_slots(initial_state, state_indices, Bn, "initial_state", "states")
+
+
+def mamba2_dt(dt, dt_bias, dt_softplus: bool, dt_limit, dtype) -> torch.Tensor:
+    """[B, T, H] discretisation steps: clamp(softplus(dt + dt_bias), *dt_limit) in ``dtype``."""
+    d = dt.to(dtype)
+    if dt_bias is not None:
+        d = d + dt_bias.to(dtype)
+    if dt_softplus:
+        d = F.softplus(d)
+    lo, hi = (float(v) for v in dt_limit)
+    if lo > 0.0 or hi < float("inf"):
+        d = d.clamp(min=lo, max=hi)
+    return d

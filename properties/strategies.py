@@ -136,6 +136,65 @@ def gdn_pool_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch
 
 
 @st.composite
+def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
+    """Layer inputs for mamba2_tree_verify: a tree per sequence (same T), x [B, T, H, P],
+    raw dt [B, T, H], A [H] < 0, grouped B, C [B, T, G, N], D and dt_bias [H] (or None), dt limits,
+    and the committed states in a pool (N = B + 1..3 slots, the batch in shuffled slots, every other
+    slot NaN)."""
+    B = draw(st.integers(1, max_batch))
+    G = draw(st.integers(1, 2))
+    H = G * draw(st.integers(1, 3))
+    P = draw(st.sampled_from([2, 3, 4, 6]))
+    N = draw(st.sampled_from([2, 3, 5, 8]))
+    T = draw(st.integers(1, max_nodes))
+    ts = [draw(trees(min_size=T, max_size=T)) for _ in range(B)]
+    ts = [t if t.size == T else Tree([-1] + list(range(T - 1)), range(T)) for t in ts]
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    memory = draw(st.sampled_from(["fast", "long"]))
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=torch.float64)
+
+    A = -torch.rand(H, generator=gen, dtype=torch.float64) * (4.0 if memory == "fast" else 0.1) - 1e-3
+    state = rnd(B, H, P, N).float()
+    n_slots = B + draw(st.integers(1, 3))
+    slots = draw(st.permutations(range(n_slots)))[:B]
+    pool = torch.full((n_slots, H, P, N), float("nan"))
+    pool[list(slots)] = state
+    return dict(x=rnd(B, T, H, P).to(dtype), dt=rnd(B, T, H).to(dtype), A=A.float(), B=rnd(B, T, G, N).to(dtype),
+                C=rnd(B, T, G, N).to(dtype), D=rnd(H).float() if draw(st.booleans()) else None,
+                dt_bias=rnd(H).float() if draw(st.booleans()) else None,
+                dt_softplus=draw(st.sampled_from([True, True, False])),
+                dt_limit=draw(st.sampled_from([(0.0, float("inf")), (0.05, 1.5)])),
+                parents=torch.tensor([t.parents for t in ts]), initial_state=state, pool=pool,
+                slots=torch.tensor(slots, dtype=torch.int32), trees=ts)
+
+
+def fixed_mamba2_example(*, dtype=torch.float32, seed: int = 7, T: int = 6) -> dict:
+    """A deterministic branching case for @example: two sequences, grouped B/C (H=4, G=2), odd P and
+    N, D, dt_bias and a clamping dt_limit; with T > 6 a deep chain follows the branching prefix (more
+    than one 32-row block of the SSD kernel at T > 32)."""
+    pa = [[-1, 0, 0, 1, 1, 2], [-1, 0, 1, 0, 3, 3]]
+    pa = [row + list(range(len(row) - 1, T - 1)) for row in pa] if T > 6 else [row[:T] for row in pa]
+    ts = [Tree(row, list(range(T))) for row in pa]
+    gen = torch.Generator().manual_seed(seed)
+    B, H, G, P, N = 2, 4, 2, 3, 5
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=torch.float64)
+
+    state = rnd(B, H, P, N).float()
+    pool = torch.full((B + 2, H, P, N), float("nan"))
+    slots = [3, 0]
+    pool[slots] = state
+    return dict(x=rnd(B, T, H, P).to(dtype), dt=rnd(B, T, H).to(dtype),
+                A=(-torch.rand(H, generator=gen, dtype=torch.float64) * 0.5).float(), B=rnd(B, T, G, N).to(dtype),
+                C=rnd(B, T, G, N).to(dtype), D=rnd(H).float(), dt_bias=rnd(H).float(), dt_softplus=True,
+                dt_limit=(0.05, 1.5), parents=torch.tensor(pa), initial_state=state, pool=pool,
+                slots=torch.tensor(slots, dtype=torch.int32), trees=ts)
+
+
+@st.composite
 def conv_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
     B = draw(st.integers(1, max_batch))
     C = draw(st.integers(1, 6))
