@@ -1,5 +1,5 @@
 """Aggregation of per-node leak metrics into the report's leak tables: split by order-exact or
-not, grouped by depth, sibling rank and layer. The gate's coverage rule and argmax-flip rule read
+not, grouped by depth, sibling rank, layer and recurrent family (GDN, Mamba2). The gate's coverage rule and argmax-flip rule read
 what this computes, so every number here has a value test on hand-built records
 (tests/test_gate_chain.py) and is under mutation testing (make mutation)."""
 from __future__ import annotations
@@ -48,9 +48,16 @@ class NodePool:
         out["by_layer"] = [{"layer": int(l), "kind": cfg.layer_pattern[l],
                             "hidden_rel": summarize(hidden[l][other]) if other.any() else summarize([])}
                            for l in range(cfg.num_layers)]
-        for gi, l in enumerate(cfg.gdn_layers):
+        rec = cfg.recurrent_layers
+        for gi, l in enumerate(rec):
             out["by_layer"][l]["state_rel"] = summarize(state[gi][other]) if other.any() else summarize([])
             out["by_layer"][l]["conv_rel"] = summarize(conv[gi][other]) if other.any() else summarize([])
+        out["by_family"] = []
+        for fam in sorted({cfg.family(l) for l in rec}):
+            rows = [gi for gi, l in enumerate(rec) if cfg.family(l) == fam]
+            pick = (lambda a: a[rows][:, other]) if other.any() else (lambda a: [])  # noqa: E731
+            out["by_family"].append({"family": fam, "layers": len(rows), "state_rel": summarize(pick(state)),
+                                     "conv_rel": summarize(pick(conv))})
         margin = self.get("margin")
         out["margin_of_flipped"] = summarize(margin[flip > 0]) if flip.size else summarize([])
         out["margin_all"] = summarize(margin)

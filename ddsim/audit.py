@@ -90,11 +90,13 @@ def precision(model: HybridModel) -> dict:
 
 
 def _gate_stats(cfg, w) -> dict:
-    """exp(g) at gate input 0 per GDN head: how long heads remember."""
+    """The decay per step at gate input 0 of every recurrent head, exp(-exp(A_log) softplus(dt_bias))
+    (GDN's exp(g), Mamba2's exp(dt A)): how long heads remember."""
     decays = []
-    for l in cfg.gdn_layers:
-        A = torch.exp(w[f"layers.{l}.gdn.A_log"].double().cpu())
-        dt = torch.nn.functional.softplus(w[f"layers.{l}.gdn.dt_bias"].double().cpu())
+    for l in cfg.recurrent_layers:
+        pre = f"layers.{l}.{'gdn' if cfg.family(l) == 'gdn' else 'mamba'}."
+        A = torch.exp(w[pre + "A_log"].double().cpu())
+        dt = torch.nn.functional.softplus(w[pre + "dt_bias"].double().cpu())
         decays.append(torch.exp(-A * dt))
     d = torch.cat(decays).numpy() if decays else np.zeros(0)
     return {"exp_g_typical": summarize(d), "halflife_tokens": summarize(np.log(0.5) / np.log(np.clip(d, 1e-12, 1 - 1e-12)))}
@@ -313,10 +315,8 @@ def check_memory(ac: AuditConfig, cfg, device: torch.device, weight_bytes_per_pa
     oracle_bytes = torch.finfo(oracle.default_dtype(device)).bits // 8
     weights = params * weight_bytes_per_param + min(params * oracle_bytes, 2 << 30)
     nodes = max(ac.budgets) + 1
-    state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
-    conv = cfg.conv_dim * (cfg.conv_kernel_size - 1)
-    per_node = (len(cfg.gdn_layers) * (state + conv) * (4 * 4 + 8) + cfg.num_layers * cfg.hidden_size * 8 * 5
-                + 5 * cfg.vocab_size * 8)
+    rec = sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
+    per_node = rec * (4 * 4 + 8) + cfg.num_layers * cfg.hidden_size * 8 * 5 + 5 * cfg.vocab_size * 8
     context = ac.prompt_len + ac.steps * (ac.depth + 1) + nodes
     kv = len(cfg.attention_layers) * 2 * cfg.num_key_value_heads * cfg.head_dim * context * 8
     need = weights + nodes * per_node + kv

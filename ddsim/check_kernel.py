@@ -1,4 +1,5 @@
-"""``ddsim check-kernel``: the property suite against the oracle for an engine's own GDN kernel.
+"""``ddsim check-kernel``: the property suite against the oracle for an engine's own GDN kernel (``--op
+gdn``), tree causal conv (``--op conv``) or Mamba2 tree verify (``--op mamba2``).
 
 Hypothesis draws trees of every shape (chains, stars, deep and bushy, as ddsim.properties.strategies
 makes them), grouped heads (HV/H in 1..3), fast- and long-memory gates; for each property it
@@ -167,6 +168,35 @@ class _ConvRunner:
         return _properties(self.mode, self.dtype, committed)
 
 
+class _Mamba2Runner:
+    """The engine's Mamba2 tree verify, one mode, on one device, against the oracle's."""
+
+    def __init__(self, kernel, mode: str, device: str, dtype: torch.dtype = torch.float32):
+        self.kernel, self.mode, self.device, self.dtype = kernel, mode, device, dtype
+
+    def run(self, inp) -> dict:
+        from ddsim import oracle
+        dev = self.device
+        names = ("x", "dt", "A", "B", "C", "D", "dt_bias")
+        args = {k: None if inp[k] is None else inp[k].to(dev, copy=True) for k in names}
+        pool = inp["pool"].to(dev, copy=True).contiguous()  # [N, H, P, N]
+        slots = inp["slots"].to(dev)
+        before = _bits(pool).clone()
+        y = self.kernel.mamba2(args.pop("x"), args.pop("dt"), args.pop("A"), args.pop("B"), args.pop("C"), **args,
+                               parents=inp["parents"].to(dev), state_pool=pool, slots=slots, mode=self.mode)
+        writes = _pool_writes(pool, before, slots)
+        plain = {k: None if inp[k] is None else inp[k].double() for k in names}
+        ref = {m: oracle.mamba2_tree_verify(plain["x"], plain["dt"], plain["A"],
+                                            plain["B"], plain["C"], D=plain["D"], dt_bias=plain["dt_bias"],
+                                            parents=inp["parents"], initial_state=inp["initial_state"].double(), mode=m)
+               for m in ("exact", "leaky")}
+        order_exact = torch.tensor([list(t.order_exact) for t in inp["trees"]])
+        return {"o": y.detach().cpu(), **writes, "ref": ref, "order_exact": order_exact}
+
+    def properties(self) -> dict:
+        return _properties(self.mode, self.dtype)
+
+
 def _describe(inp, r, prop: str, mode: str, dtype: torch.dtype) -> dict:
     """The counterexample as JSON: the trees (parents and tokens), shapes, and the first node whose
     output is wrong against the reference the property names."""
@@ -182,10 +212,13 @@ def _describe(inp, r, prop: str, mode: str, dtype: torch.dtype) -> dict:
     if "q" in inp:
         B, T, H, K = inp["q"].shape
         shapes = {"B": B, "T": T, "H": H, "HV": inp["v"].shape[2], "K": K, "V": inp["v"].shape[3]}
+    elif "dt" in inp:
+        B, T, H, P = inp["x"].shape
+        shapes = {"B": B, "T": T, "H": H, "P": P, "G": inp["B"].shape[2], "N": inp["B"].shape[3]}
     else:
         B, T, C = inp["x"].shape
         shapes = {"B": B, "T": T, "C": C, "W": inp["weight"].shape[1], "bias": inp["bias"] is not None}
-    return {"property": prop, "op": "gdn" if "q" in inp else "conv", "mode": mode,
+    return {"property": prop, "op": "gdn" if "q" in inp else "mamba2" if "dt" in inp else "conv", "mode": mode,
             "dtype": str(dtype).removeprefix("torch."), "reference": ref_mode,
             "trees": [{"parents": list(t.parents), "tokens": list(t.tokens)} for t in inp["trees"]],
             "shapes": shapes,
@@ -194,7 +227,7 @@ def _describe(inp, r, prop: str, mode: str, dtype: torch.dtype) -> dict:
             "first_wrong_node": first}
 
 
-OPS = ("gdn", "conv")
+OPS = ("gdn", "conv", "mamba2")
 
 
 def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100,
@@ -202,7 +235,8 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100,
     """Search each property for a counterexample; the results, with shrunk counterexamples. Inputs
     are drawn in ``dtype`` (recurrent states stay float32); the oracle computes in float64 from the
     same rounded values, and outputs are compared within ``dtype``'s tolerance. ``op`` "gdn" checks
-    the recurrence (kernel.verify), "conv" the tree causal conv (kernel.conv)."""
+    the recurrence (kernel.verify), "conv" the tree causal conv (kernel.conv), "mamba2" the Mamba2 tree
+    verify (kernel.mamba2)."""
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
     strategies = _strategies()
@@ -210,6 +244,10 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100,
         kernel.check_conv(mode)
         runner = _ConvRunner(kernel, mode, device, dtype)
         strategy = strategies.conv_pool_inputs(max_nodes=10, dtype=dtype, widths=kernel.conv_widths)
+    elif op == "mamba2":
+        kernel.check_mamba2(mode)
+        runner = _Mamba2Runner(kernel, mode, device, dtype)
+        strategy = strategies.mamba2_inputs(max_nodes=10, dtype=dtype, engine=True)
     else:
         kernel.check_mode(mode)
         runner = _Runner(kernel, mode, device, dtype)

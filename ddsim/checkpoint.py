@@ -1,7 +1,8 @@
 """Real checkpoints: a local Hugging Face directory (config.json, safetensors, optional sharded
 index) of the architectures transformers calls ``qwen3_next``, ``qwen3_5`` (the text decoder of the
 multimodal checkpoint; vision and MTP weights are skipped) and ``qwen3_5_moe`` (also their
-``*_text`` variants). Weights are mapped to ddsim's layout (ddsim.weights) tensor by tensor, shard
+``*_text`` variants), and the Mamba2 hybrids ``nemotron_h``, ``bamba``, ``granitemoehybrid`` and
+``falcon_h1`` (ddsim.checkpoint_mamba). Weights are mapped to ddsim's layout (ddsim.weights) tensor by tensor, shard
 by shard, straight onto the target device in the checkpoint's dtype, so no second copy of the
 model is held in host memory. Anything wrong raises InputError before a model is returned.
 
@@ -18,12 +19,14 @@ from pathlib import Path
 
 import torch
 
+from ddsim.checkpoint_mamba import ARCHS as MAMBA_ARCHS
+from ddsim.checkpoint_mamba import MambaMapper, read_mamba_config
 from ddsim.config import ModelConfig
 from ddsim.errors import InputError
 from ddsim.jsonl import read_json
 from ddsim.weights import weight_shapes
 
-SUPPORTED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text")
+SUPPORTED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text") + MAMBA_ARCHS
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
@@ -38,6 +41,13 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     mt = raw.get("model_type")
     if mt not in SUPPORTED:
         raise InputError(f"{d / 'config.json'}: unsupported architecture {mt!r} (supported: {', '.join(SUPPORTED)})")
+    if mt in MAMBA_ARCHS:
+        dtype_name = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
+        if dtype_name not in _DTYPES:
+            raise InputError(f"{d / 'config.json'}: unsupported dtype {dtype_name!r}")
+        cfg = read_mamba_config(mt, raw, d)
+        prefix = "backbone." if mt == "nemotron_h" else "model."
+        return cfg, {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": prefix, "path": str(d), "raw": raw}
     text = raw.get("text_config", raw) if mt in ("qwen3_5", "qwen3_5_moe") else raw
     if text.get("hidden_act", "silu") != "silu":
         raise InputError(f"{d / 'config.json'}: hidden_act {text.get('hidden_act')!r} is not supported (silu only)")
@@ -123,10 +133,6 @@ class _Mapper:
 
     def __call__(self, key: str, t: torch.Tensor) -> None:
         cfg, pre = self.cfg, self.meta["prefix"]
-        if key.startswith(pre) or key == "lm_head.weight":
-            if t.dtype not in _DTYPES.values():
-                raise InputError(f"{key}: dtype {str(t.dtype).replace('torch.', '')} is not supported "
-                                 "(bfloat16, float16, float32 or float64; quantised checkpoints are not)")
         if key == "lm_head.weight":
             return self.put("lm_head", t)
         if not key.startswith(pre):
@@ -209,12 +215,16 @@ def load_checkpoint(path: str | Path, *, device="cpu") -> tuple[ModelConfig, dic
     d = Path(path)
     dev = torch.device(device)
     out: dict[str, torch.Tensor] = {}
-    mapper = _Mapper(cfg, meta, dev, out)
+    mapper = MambaMapper(cfg, meta, dev, out, meta["raw"]) if meta["model_type"] in MAMBA_ARCHS else _Mapper(cfg, meta, dev, out)
     for shard in _shards(d):
         try:
             with safe_open(str(shard), framework="pt", device="cpu" if dev.type == "cpu" else str(dev)) as f:
                 for key in f.keys():
-                    mapper(key, f.get_tensor(key))
+                    t = f.get_tensor(key)
+                    if (key.startswith(meta["prefix"]) or key == "lm_head.weight") and t.dtype not in _DTYPES.values():
+                        raise InputError(f"{key}: dtype {str(t.dtype).replace('torch.', '')} is not supported "
+                                         "(bfloat16, float16, float32 or float64; quantised checkpoints are not)")
+                    mapper(key, t)
         except SafetensorError as e:
             raise InputError(f"{shard}: truncated or not a safetensors file ({e})") from None
         except InputError as e:

@@ -348,15 +348,13 @@ def cmd_check_kernel(a, console) -> int:
         raise InputError(f"--max-examples: expected >= 1, got {a.max_examples}")
     device = prepare_device(a.device)
     kernel = load(a.impl, convention=a.convention)
-    if a.op == "conv":
-        kernel.check_conv(a.mode)
-    else:
-        kernel.check_mode(a.mode)
+    {"conv": kernel.check_conv, "mamba2": kernel.check_mamba2}.get(a.op, kernel.check_mode)(a.mode)
     out = Path(a.out)
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
     results = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op)
-    name, source, digest = ((kernel.conv_name, kernel.conv_source, kernel.conv_source_sha256) if a.op == "conv"
-                            else (kernel.name, kernel.source, kernel.source_sha256))
+    name, source, digest = {"conv": (kernel.conv_name, kernel.conv_source, kernel.conv_source_sha256),
+                            "mamba2": (kernel.mamba2_name, kernel.mamba2_source, kernel.mamba2_source_sha256)}.get(
+        a.op, (kernel.name, kernel.source, kernel.source_sha256))
     t = Table(title=f"{name} ({kernel.package or '?'} {kernel.version or ''}) mode {a.mode}, {a.dtype} inputs, "
                     f"on {device} against the oracle")
     for col in ("property", "verdict", "detail"):
@@ -407,14 +405,15 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--trace", metavar="FILE")
     pt.add_argument("--step", type=int, default=0)
     pt.add_argument("--format", choices=["text", "dot"], default="text")
-    pk = sub.add_parser("check-kernel", help="the property suite against the oracle for an engine's GDN kernel "
-                                                         "or tree conv")
+    pk = sub.add_parser("check-kernel", help="the property suite against the oracle for an engine's GDN kernel, "
+                                             "tree conv or Mamba2 tree verify")
     pk.add_argument("--impl", required=True, help="ddsim, sglang, vllm, fla, or MODULE:FUNCTION (with --convention)")
     pk.add_argument("--convention", choices=list(CONVENTIONS), default=None,
                     help="the calling convention of a MODULE:FUNCTION kernel")
     pk.add_argument("--mode", required=True, choices=["exact", "leaky"])
-    pk.add_argument("--op", default="gdn", choices=["gdn", "conv"],
-                    help="gdn: the GDN recurrence (default); conv: the engine's tree causal conv")
+    pk.add_argument("--op", default="gdn", choices=["gdn", "conv", "mamba2"],
+                    help="gdn: the GDN recurrence (default); conv: the engine's tree causal conv; mamba2: its Mamba2 "
+                         "tree verify (SSM)")
     pk.add_argument("--device", default="cpu", help="cpu (Triton kernels in Triton's interpreter) or cuda[:N]")
     pk.add_argument("--max-examples", type=int, default=100, help="hypothesis examples per property")
     pk.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",

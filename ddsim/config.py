@@ -1,8 +1,14 @@
 """Model configurations and presets for the synthetic hybrid decoder (README, Contracts: the model).
 
-A layer pattern is a string over {'g', 'a'}: 'g' a Gated DeltaNet layer, 'a' an attention layer,
-one character per layer in order. ``pattern(n_layers, gdn=3, attn=1)`` gives the Qwen3-Next /
-Qwen3.5 layout (three GDN layers, then one attention layer, repeated).
+A layer pattern is a string, one character per layer in order:
+  'g'  Gated DeltaNet mixer            (Qwen3-Next, Qwen3.5/3.6)
+  'a'  attention mixer
+  'm'  Mamba2 mixer                    (Nemotron-H, Bamba, Granite-4.0-H)
+  'p'  attention and Mamba2 in parallel on the same normed input, outputs summed (Falcon-H1)
+  'f'  an MLP block alone              (Nemotron-H's '-' layers)
+A mixer layer is input norm, mixer, residual, then (when ``layer_mlp``) post norm, MLP, residual;
+Nemotron-H has ``layer_mlp=False`` and its MLPs in 'f' layers. ``pattern(n_layers, gdn=3, attn=1)``
+gives the Qwen3-Next / Qwen3.5 layout (three GDN layers, then one attention layer, repeated).
 
 Synthetic statistics that decide how large the leak is and whether it flips tokens:
 - gates: every GDN layer's value heads get typical memory half-lives spread log-uniformly over
@@ -14,14 +20,18 @@ Synthetic statistics that decide how large the leak is and whether it flips toke
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from ddsim.errors import ConfigError
 
+LAYER_KINDS = "gampf"
+FAMILIES = {"g": "gdn", "m": "mamba2", "p": "mamba2"}  # recurrent layer kind -> family
 
-def pattern(n_layers: int, *, gdn: int = 3, attn: int = 1) -> str:
-    """'ggga' repeated to n_layers layers (gdn GDN layers then attn attention layers)."""
-    unit = "g" * gdn + "a" * attn
+
+def pattern(n_layers: int, *, gdn: int = 3, attn: int = 1, kind: str = "g") -> str:
+    """'ggga' repeated to n_layers layers (gdn recurrent layers of ``kind`` then attn attention layers)."""
+    unit = kind * gdn + "a" * attn
     return (unit * (n_layers // len(unit) + 1))[:n_layers]
 
 
@@ -64,6 +74,25 @@ class ModelConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple = ()
     tie_word_embeddings: bool = False
+    # Mamba2 mixers ('m', 'p'): H heads of P channels, state size N, G groups of B/C; the conv over
+    # x || B || C has conv_kernel_size taps. dt = clamp(softplus(dt_raw + dt_bias), *mamba_dt_limit).
+    mamba_num_heads: int = 4  # H
+    mamba_head_dim: int = 16  # P
+    mamba_state_size: int = 16  # N
+    mamba_n_groups: int = 1  # G
+    mamba_conv_bias: bool = True
+    mamba_dt_limit: tuple[float, float] = (0.0, float("inf"))
+    # "gated": rmsnorm(y * silu(z)) per group (Mamba2's norm_before_gate=False); "gated-before":
+    # rmsnorm(y) * silu(z); "gate": y * silu(z), no norm (Falcon-H1's mamba_rms_norm=False)
+    mamba_norm: str = "gated"
+    # block structure and scalings (Nemotron-H, Granite-4.0-H, Falcon-H1 fold theirs into these)
+    layer_mlp: bool = True  # every mixer layer has its own post-norm MLP
+    mlp_act: str = "swiglu"  # "swiglu": down(silu(gate x) * up x); "relu2": down(relu(up x)^2)
+    use_rope: bool = True  # False: attention without positional encoding (NoPE)
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0  # each block's output is scaled before the residual add
+    attention_scale: float = 0.0  # 0: head_dim ** -0.5
+    logits_scaling: float = 1.0  # logits are divided by it
 
     def __post_init__(self):
         self.validate()
@@ -78,8 +107,47 @@ class ModelConfig:
         return [i for i, c in enumerate(self.layer_pattern) if c == "g"]
 
     @property
+    def mamba_layers(self) -> list[int]:
+        """Layers with a Mamba2 mixer ('m', and the parallel 'p')."""
+        return [i for i, c in enumerate(self.layer_pattern) if c in "mp"]
+
+    @property
+    def recurrent_layers(self) -> list[int]:
+        """Layers that keep a recurrent state and a conv window (GDN and Mamba2)."""
+        return [i for i, c in enumerate(self.layer_pattern) if c in FAMILIES]
+
+    @property
     def attention_layers(self) -> list[int]:
-        return [i for i, c in enumerate(self.layer_pattern) if c == "a"]
+        """Layers with an attention mixer ('a', and the parallel 'p')."""
+        return [i for i, c in enumerate(self.layer_pattern) if c in "ap"]
+
+    def has_mlp(self, i: int) -> bool:
+        return self.layer_pattern[i] == "f" or self.layer_mlp
+
+    def family(self, i: int) -> str | None:
+        """The recurrent family of layer i ('gdn', 'mamba2') or None."""
+        return FAMILIES.get(self.layer_pattern[i])
+
+    @property
+    def mamba_inner(self) -> int:
+        """Mamba2 inner width I = H * P."""
+        return self.mamba_num_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of the Mamba2 conv: x || B || C = I + 2 G N."""
+        return self.mamba_inner + 2 * self.mamba_n_groups * self.mamba_state_size
+
+    def state_shape(self, i: int) -> tuple[int, ...]:
+        """Recurrent state of layer i: [HV, K, V] (GDN) or [H, P, N] (Mamba2)."""
+        if self.layer_pattern[i] == "g":
+            return (self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim)
+        return (self.mamba_num_heads, self.mamba_head_dim, self.mamba_state_size)
+
+    def window_shape(self, i: int) -> tuple[int, int]:
+        """Conv window of layer i: [C, W-1]."""
+        C = self.conv_dim if self.layer_pattern[i] == "g" else self.mamba_conv_dim
+        return (C, self.conv_kernel_size - 1)
 
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
@@ -102,12 +170,26 @@ class ModelConfig:
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
                   "linear_key_head_dim", "linear_value_head_dim", "conv_kernel_size",
-                  "max_position_embeddings"):
+                  "max_position_embeddings", "mamba_num_heads", "mamba_head_dim", "mamba_state_size",
+                  "mamba_n_groups"):
             v = getattr(self, f)
             need(isinstance(v, int) and v >= 1, f, f"expected a positive integer, got {v!r}")
         need(len(self.layer_pattern) >= 1, "layer_pattern", "no layers")
-        need(set(self.layer_pattern) <= {"g", "a"}, "layer_pattern",
-             f"only 'g' (gdn) and 'a' (attention) are allowed, got {self.layer_pattern!r}")
+        need(set(self.layer_pattern) <= set(LAYER_KINDS), "layer_pattern",
+             f"only 'g' (gdn), 'a' (attention), 'm' (mamba2), 'p' (parallel attention + mamba2) and 'f' (MLP) "
+             f"are allowed, got {self.layer_pattern!r}")
+        need(self.mamba_num_heads % self.mamba_n_groups == 0, "mamba_num_heads",
+             f"{self.mamba_num_heads} heads is not a multiple of mamba_n_groups={self.mamba_n_groups}")
+        lo, hi = self.mamba_dt_limit
+        need(0.0 <= lo <= hi, "mamba_dt_limit", f"need 0 <= lo <= hi, got {self.mamba_dt_limit}")
+        need(self.mamba_norm in ("gated", "gated-before", "gate"), "mamba_norm",
+             f"expected 'gated', 'gated-before' or 'gate', got {self.mamba_norm!r}")
+        need(self.mlp_act in ("swiglu", "relu2"), "mlp_act", f"expected 'swiglu' or 'relu2', got {self.mlp_act!r}")
+        need(self.layer_mlp or "f" in self.layer_pattern or not self.layer_pattern, "layer_mlp",
+             "False needs 'f' layers (the model would have no MLP at all)")
+        for f in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            need(getattr(self, f) > 0, f, "must be > 0")
+        need(self.attention_scale >= 0, "attention_scale", "must be >= 0 (0: head_dim ** -0.5)")
         need(self.linear_num_value_heads % self.linear_num_key_heads == 0, "linear_num_value_heads",
              f"HV={self.linear_num_value_heads} is not a multiple of H={self.linear_num_key_heads}")
         need(self.num_attention_heads % self.num_key_value_heads == 0, "num_attention_heads",
@@ -132,6 +214,8 @@ class ModelConfig:
         d = dataclasses.asdict(self)
         d["gate_halflife"] = list(self.gate_halflife)
         d["mlp_only_layers"] = list(self.mlp_only_layers)
+        d["mamba_dt_limit"] = [self.mamba_dt_limit[0], self.mamba_dt_limit[1] if math.isfinite(self.mamba_dt_limit[1])
+                               else None]  # JSON has no infinity: null is "no upper limit"
         return d
 
     @classmethod
@@ -145,6 +229,9 @@ class ModelConfig:
             d["gate_halflife"] = tuple(d["gate_halflife"])
         if "mlp_only_layers" in d:
             d["mlp_only_layers"] = tuple(d["mlp_only_layers"])
+        if "mamba_dt_limit" in d:
+            lo, hi = d["mamba_dt_limit"]
+            d["mamba_dt_limit"] = (float(lo), math.inf if hi is None else float(hi))
         return cls(**d)
 
 
@@ -176,6 +263,34 @@ PRESETS: dict[str, ModelConfig] = {
         linear_value_head_dim=128, max_position_embeddings=262144, rope_theta=10_000_000.0,
         notes="Qwen3-Next-80B-A3B shapes; the MoE is replaced by a dense SwiGLU of the active width "
               "(shared expert + 10 routed experts of 512)"),
+    # Mamba2 hybrids. CPU size: Bamba's layout (a Mamba2 mixer and a SwiGLU MLP per layer, one
+    # attention layer in four), grouped B/C.
+    "tiny-mamba2": ModelConfig(
+        name="tiny-mamba2", vocab_size=512, hidden_size=128, layer_pattern=pattern(8, kind="m"),
+        intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32, mamba_num_heads=8,
+        mamba_head_dim=16, mamba_state_size=16, mamba_n_groups=2, notes="CPU Mamba2-hybrid audit preset"),
+    "micro-mamba2": ModelConfig(
+        name="micro-mamba2", vocab_size=48, hidden_size=32, layer_pattern="mfmapf", intermediate_size=64,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, mamba_num_heads=4, mamba_head_dim=4,
+        mamba_state_size=6, mamba_n_groups=2, max_position_embeddings=512, layer_mlp=False, mlp_act="relu2",
+        use_rope=False, notes="property-test preset: Mamba2, parallel, MLP-only layers, Nemotron-H's block layout"),
+    # Real shapes (random weights; meant for the GPU).
+    "nemotron-h-8b": ModelConfig(
+        name="nemotron-h-8b", vocab_size=131072, hidden_size=4096,
+        layer_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-".translate(str.maketrans("M*-", "maf")),
+        intermediate_size=21504, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        mamba_num_heads=128, mamba_head_dim=64, mamba_state_size=128, mamba_n_groups=8,
+        mamba_dt_limit=(0.001, float("inf")), rms_norm_eps=1e-5, max_position_embeddings=8192, layer_mlp=False,
+        mlp_act="relu2", use_rope=False, architecture="nemotron_h",
+        notes="Nemotron-H-8B shapes and block layout (24 Mamba2, 4 attention without RoPE, 24 relu^2 MLP blocks), "
+              "random weights"),
+    "falcon-h1-7b": ModelConfig(
+        name="falcon-h1-7b", vocab_size=130048, hidden_size=3072, layer_pattern="p" * 44, intermediate_size=12288,
+        num_attention_heads=12, num_key_value_heads=2, head_dim=128, rope_theta=1e11, mamba_num_heads=24,
+        mamba_head_dim=128, mamba_state_size=256, mamba_n_groups=1, mamba_norm="gate", rms_norm_eps=1e-5,
+        max_position_embeddings=262144, architecture="falcon_h1",
+        notes="Falcon-H1-7B shapes (44 layers of attention and Mamba2 in parallel; d_state 256), random weights "
+              "with the multipliers at 1 (a checkpoint's are folded into its weights)"),
 }
 
 

@@ -29,7 +29,7 @@ def node_metrics(tree: Tree, res, ref, cfg) -> dict:
     oracle's ``ref`` (oracle.OracleResult) on the same tree and committed state.
 
     Returns {"kl", "max_abs", "margin", "flip"} as [T] arrays and {"hidden_rel" [L, T],
-    "state_rel" [G, T], "conv_rel" [G, T]} with G = the GDN layers in order.
+    "state_rel" [G, T], "conv_rel" [G, T]} with G = the recurrent layers (GDN and Mamba2) in order.
     """
     lo, lm = ref.logits.double().cpu(), res.logits.double().cpu()
     logp_o, logp_m = torch.log_softmax(lo, -1), torch.log_softmax(lm, -1)
@@ -41,7 +41,7 @@ def node_metrics(tree: Tree, res, ref, cfg) -> dict:
         "flip": (lm.argmax(-1) != lo.argmax(-1)).numpy(),
         "hidden_rel": np.stack([_rel_rows(res.hidden[l], ref.hidden[l]) for l in range(cfg.num_layers)]),
     }
-    g = cfg.gdn_layers
+    g = cfg.recurrent_layers
     if g and ref.ssm[g[0]] is not None:
         out["state_rel"] = np.stack([_rel_rows(res.ssm[l], ref.ssm[l]) for l in g])
         out["conv_rel"] = np.stack([_rel_rows(res.conv[l], ref.conv[l]) for l in g])

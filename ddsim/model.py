@@ -1,7 +1,7 @@
 """The fast path: a hybrid decoder that verifies a whole tree block at once (README, Contracts: the model and the verify modes).
 
-Attention layers use the ancestor mask (exact in every mode). GDN layers use the tree conv and the
-tree recurrence from gpu_backend with a per-mode choice of source states:
+Attention layers use the ancestor mask (exact in every mode). Recurrent layers (GDN, Mamba2) use the
+tree conv and the tree recurrence from gpu_backend with a per-mode choice of source states:
 
   mode          conv window from          recurrent state from
   exact         ancestors                 parent
@@ -36,8 +36,8 @@ class VerifyResult:
     """Per-node outputs of one verify pass.
 
     logits [T, N] float32; hidden [L, T, d] residual stream after each layer;
-    ssm[l] [T, HV, K, V] state after each node and conv[l] [T, C, W-1] window after each node
-    (GDN layers, else None); kv[l] = (k [T, nkv, hd], v) per attention layer.
+    ssm[l] [T, *state] state after each node and conv[l] [T, C, W-1] window after each node
+    (recurrent layers, else None); kv[l] = (k [T, nkv, hd], v) per attention layer.
     """
     mode: str
     logits: torch.Tensor
@@ -53,7 +53,7 @@ def _rmsnorm(x, w, eps):
 
 
 def _offset_norm(name: str) -> bool:
-    return name.endswith("norm") and not name.endswith("gdn.norm")
+    return name.endswith("norm") and not name.endswith(("gdn.norm", "mamba.norm"))
 
 
 def _rope(x, pos, theta, rot):
@@ -126,31 +126,42 @@ class HybridModel:
         parents = gb.TreePlan(torch.tensor(tree.parents, device=dev)[None])  # [1, T], checked once for every layer
         pos = torch.as_tensor(tree.positions(state.pos) if positions is None else positions, device=dev)  # [T]
         mask = torch.as_tensor(tree.ancestor_mask if ancestor_mask is None else ancestor_mask, device=dev)  # [T, T]
-        h = w["embed"][toks]  # [T, d]
+        h = w["embed"][toks] * cfg.embedding_multiplier  # [T, d]
+        r = cfg.residual_multiplier
         hidden, ssm, conv, kv = [], [], [], []
         for i, kind in enumerate(cfg.layer_pattern):
             p = f"layers.{i}."
             xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
-            if kind == "a":
-                out, k, v = self._attention(p, xn, pos, mask, state.kv[i])
-                kv.append((k, v))
-                ssm.append(None)
-                conv.append(None)
+            nk, S, win = None, None, None
+            if kind == "f":
+                h = h + r * self._mlp(p, xn, i)
             else:
-                out, S, win = self._gdn(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode)
-                kv.append(None)
-                ssm.append(S)
-                conv.append(win)
-            h = h + out
-            h = h + self._mlp(p, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
+                out = torch.zeros_like(h)
+                if kind in "ap":
+                    a, k, v = self._attention(p, xn, pos, mask, state.kv[i])
+                    out, nk = out + a, (k, v)
+                if kind == "g":
+                    g, S, win = self._gdn(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode)
+                    out = out + g
+                if kind in "mp":
+                    m, S, win = self._mamba2(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode)
+                    out = out + m
+                h = h + r * out
+                if cfg.layer_mlp:
+                    h = h + r * self._mlp(p, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
+            kv.append(nk)
+            ssm.append(S)
+            conv.append(win)
             hidden.append(h)
-        logits = F.linear(_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps), w["lm_head"]).float()
+        logits = F.linear(_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps), w["lm_head"]).float() / cfg.logits_scaling
         return VerifyResult(mode, logits, torch.stack(hidden), ssm, conv, kv)
 
     def _mlp(self, p, x, i):
-        """SwiGLU, or the MoE block: softmax router, top-k experts (renormalised when
+        """SwiGLU (or relu^2), or the MoE block: softmax router, top-k experts (renormalised when
         norm_topk_prob), plus a sigmoid-gated shared expert."""
         cfg, w = self.cfg, self.w
+        if not cfg.is_moe_layer(i) and cfg.mlp_act == "relu2":
+            return F.linear(torch.relu(F.linear(x, w[p + "mlp.up"])).square(), w[p + "mlp.down"])
         if not cfg.is_moe_layer(i):
             return F.linear(F.silu(F.linear(x, w[p + "mlp.gate"])) * F.linear(x, w[p + "mlp.up"]), w[p + "mlp.down"])
         probs = torch.softmax(F.linear(x, w[p + "mlp.router"]).float(), dim=-1)  # [T, E]
@@ -179,10 +190,12 @@ class HybridModel:
         if cfg.qk_norm:
             q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
             k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
-        q = _rope(q, pos, cfg.rope_theta, cfg.rotary_dim)
-        k = _rope(k, pos, cfg.rope_theta, cfg.rotary_dim)
+        if cfg.use_rope:
+            q = _rope(q, pos, cfg.rope_theta, cfg.rotary_dim)
+            k = _rope(k, pos, cfg.rope_theta, cfg.rotary_dim)
         v = F.linear(x, w[p + "attn.v"]).view(T, nkv, hd)
-        o = gb.tree_attention(q, k, v, prefix_k=prefix[0], prefix_v=prefix[1], ancestor_mask=mask).reshape(T, nh * hd)
+        o = gb.tree_attention(q, k, v, prefix_k=prefix[0], prefix_v=prefix[1], ancestor_mask=mask,
+                              scale=cfg.attention_scale or None).reshape(T, nh * hd)
         if cfg.attn_output_gate:
             o = o * torch.sigmoid(F.linear(x, w[p + "attn.gate"]))
         return F.linear(o, w[p + "attn.o"]), k, v
@@ -216,6 +229,42 @@ class HybridModel:
         o = _rmsnorm(o, w[p + "gdn.norm"], cfg.rms_norm_eps) * F.silu(z)
         return F.linear(o.reshape(T, HV * V), w[p + "gdn.out"]), states[0], windows[0]
 
+    def _mamba2(self, p, x, parents, S0, win0, conv_mode, rec_mode):
+        """x [T, d]; S0 [H, P, N]; win0 [Cm, W-1] -> (out [T, d], states [T, H, P, N], windows [T, Cm, W-1])."""
+        cfg, w = self.cfg, self.w
+        T = x.shape[0]
+        H, P, N, G, I = (cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.mamba_state_size, cfg.mamba_n_groups,
+                         cfg.mamba_inner)
+        z = F.linear(x, w[p + "mamba.z"])  # [T, I]
+        xbc = F.linear(x, w[p + "mamba.xbc"])[None]  # [1, T, Cm]
+        dt = F.linear(x, w[p + "mamba.dt"]).float()[None]  # [1, T, H]
+        y, windows = gb.tree_causal_conv1d(xbc, weight=w[p + "mamba.conv"], bias=w.get(p + "mamba.conv_bias"),
+                                           parents=parents, initial_window=win0[None], mode=conv_mode,
+                                           output_windows=True, backend=self.backend)
+        y = y[0]  # [T, Cm]
+        xs = y[:, :I].reshape(1, T, H, P)
+        Bm = y[:, I: I + G * N].reshape(1, T, G, N)
+        Cm = y[:, I + G * N:].reshape(1, T, G, N)
+        o, states = gb.mamba2_tree_verify(xs, dt, -torch.exp(w[p + "mamba.A_log"].float()), Bm, Cm,
+                                          D=w[p + "mamba.D"].float(), dt_bias=w[p + "mamba.dt_bias"].float(),
+                                          dt_limit=cfg.mamba_dt_limit, parents=parents,
+                                          initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
+                                          output_states=True, backend=self.backend)
+        o = o[0].reshape(T, I).float()
+        zf = F.silu(z.float())
+
+        def group_rms(v):  # RMSNorm over each of the G groups of I/G channels (float32), times the weight
+            g = v.view(T, G, I // G)
+            return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)).view(T, I) * w[p + "mamba.norm"]
+
+        if cfg.mamba_norm == "gated":
+            o = group_rms(o * zf)
+        elif cfg.mamba_norm == "gated-before":
+            o = group_rms(o) * zf
+        else:
+            o = o * zf
+        return F.linear(o.to(x.dtype), w[p + "mamba.out"]), states[0], windows[0]
+
     # ---- commit --------------------------------------------------------------------------------
     def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int) -> ModelState:
         """State after accepting the root path ending at node ``accepted``: the accepted nodes' KV
@@ -225,16 +274,13 @@ class HybridModel:
         if not 0 <= accepted < tree.size:
             raise InputError(f"accepted: node {accepted} is outside 0..{tree.size - 1}")
         path = torch.tensor(tree.root_path(accepted), device=self.device)
-        kv, ssm, conv = [], [], []
-        for i, kind in enumerate(self.cfg.layer_pattern):
-            if kind == "a":
-                k, v = res.kv[i]
-                kv.append((torch.cat([state.kv[i][0], k[path].to(state.kv[i][0].dtype)]),
-                           torch.cat([state.kv[i][1], v[path].to(state.kv[i][1].dtype)])))
-                ssm.append(None)
-                conv.append(None)
-            else:
-                kv.append(None)
-                ssm.append(res.ssm[i][accepted].clone())
-                conv.append(res.conv[i][accepted].to(state.conv[i].dtype).clone())
+        L = self.cfg.num_layers
+        kv, ssm, conv = [None] * L, [None] * L, [None] * L
+        for i in self.cfg.attention_layers:
+            k, v = res.kv[i]
+            kv[i] = (torch.cat([state.kv[i][0], k[path].to(state.kv[i][0].dtype)]),
+                     torch.cat([state.kv[i][1], v[path].to(state.kv[i][1].dtype)]))
+        for i in self.cfg.recurrent_layers:
+            ssm[i] = res.ssm[i][accepted].clone()
+            conv[i] = res.conv[i][accepted].to(state.conv[i].dtype).clone()
         return ModelState(state.pos + len(path), kv, ssm, conv)

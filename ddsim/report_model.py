@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ddsim.modes import VERIFY_MODES
 from ddsim.settings import AuditConfig
 
-SCHEMA_VERSION = 4  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
-# 4: reference_fragility, a model drafter
+SCHEMA_VERSION = 5  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
+# 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -99,10 +99,25 @@ class RankRow(_Strict):
 
 class LayerRow(_Strict):
     layer: Count
-    kind: Literal["g", "a"]
+    kind: Literal["g", "a", "m", "p", "f"]  # ddsim.config.LAYER_KINDS
     hidden_rel: Summary
-    state_rel: Summary | None = None  # GDN layers only
+    state_rel: Summary | None = None  # recurrent layers (g, m, p) only
     conv_rel: Summary | None = None
+
+    @model_validator(mode="after")
+    def _recurrent(self):
+        rec = self.kind in "gmp"
+        _need((self.state_rel is not None) == rec and (self.conv_rel is not None) == rec, f"by_layer[{self.layer}]",
+              "state_rel and conv_rel are given exactly for recurrent layers")
+        return self
+
+
+class FamilyRow(_Strict):
+    """The leak of one recurrent family (all its layers, nodes that are not order-exact)."""
+    family: Literal["gdn", "mamba2"]
+    layers: Positive
+    state_rel: Summary
+    conv_rel: Summary
 
 
 class LeakTable(_Strict):
@@ -119,6 +134,7 @@ class LeakTable(_Strict):
     by_depth: list[DepthRow]
     by_rank: list[RankRow]
     by_layer: list[LayerRow]
+    by_family: list[FamilyRow]
     margin_of_flipped: Summary
     margin_all: Summary
 
@@ -350,15 +366,15 @@ class GateStats(_Strict):
 
 
 class ModelRecord(_Strict):
-    config: dict[str, str | int | float | bool | list[int | float] | None]  # ddsim.config.ModelConfig fields
+    config: dict[str, str | int | float | bool | list[int | float | None] | None]  # ddsim.config.ModelConfig fields
     source: str
     gates: GateStats
 
     @model_validator(mode="after")
     def _pattern(self):
         lp = self.config.get("layer_pattern")
-        _need(isinstance(lp, str) and len(lp) >= 1 and set(lp) <= {"g", "a"}, "model.config.layer_pattern",
-              f"expected a non-empty string of 'g' and 'a', got {lp!r}")
+        _need(isinstance(lp, str) and len(lp) >= 1 and set(lp) <= set("gampf"), "model.config.layer_pattern",
+              f"expected a non-empty string over 'gampf', got {lp!r}")
         v = self.config.get("vocab_size")
         _need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "model.config.vocab_size",
               f"expected a positive integer, got {v!r}")
@@ -442,7 +458,7 @@ class ReferenceFragility(_Strict):
 
 
 class Report(_Strict):
-    schema_version: Literal[4]
+    schema_version: Literal[5]
     generated_at: str | None  # the only field that differs between two runs of one seed; set by the writer
     config: ReportConfig
     provenance: Provenance
@@ -546,6 +562,9 @@ def check_consistency(r: Report) -> None:
         for m, t in b.leak.items():
             _need([row.kind for row in t.by_layer] == list(pattern) and [row.layer for row in t.by_layer] ==
                   list(range(len(pattern))), f"budgets[{b.budget}].leak.{m}.by_layer", "does not match the model's layers")
+            fams = {"gdn": pattern.count("g"), "mamba2": pattern.count("m") + pattern.count("p")}
+            _need([(f.family, f.layers) for f in t.by_family] == [(k, n) for k, n in sorted(fams.items()) if n],
+                  f"budgets[{b.budget}].leak.{m}.by_family", "does not match the model's recurrent layers")
     # throughput rows: one per (chain) and (budget, mode), with the summaries' tokens per step
     rows = {(row.budget, row.mode, row.label): row for row in r.throughput.rows}
     _need(len(rows) == len(r.throughput.rows) == 1 + len(r.budgets) * len(VERIFY_MODES), "throughput.rows",

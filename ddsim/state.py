@@ -11,9 +11,10 @@ class ModelState:
     """Everything committed before a verify block.
 
     pos: committed positions with cached KV (= prefix_len; the block's root sits at position pos).
-    kv[l]: (K [P, nkv, hd], V [P, nkv, hd]) for attention layers, None for GDN layers.
-    ssm[l]: S [HV, K, V] for GDN layers (float32 in the fast path, float64 in the oracle).
-    conv[l]: the conv window [C, W-1], oldest first, for GDN layers.
+    kv[l]: (K [P, nkv, hd], V [P, nkv, hd]) for layers with attention ('a', 'p'), else None.
+    ssm[l]: the recurrent state, S [HV, K, V] for GDN layers, h [H, P, N] for Mamba2 layers ('m',
+            'p'), else None (float32 in the fast path, float64 in the oracle).
+    conv[l]: the conv window [C, W-1], oldest first, for recurrent layers, else None.
     """
     pos: int
     kv: list
@@ -35,17 +36,11 @@ class ModelState:
 
 def empty_state(cfg, *, dtype=torch.float32, device="cpu") -> ModelState:
     """The state before any token: empty KV, zero recurrent state and conv window."""
-    kv, ssm, conv = [], [], []
-    for kind in cfg.layer_pattern:
-        if kind == "a":
-            shape = (0, cfg.num_key_value_heads, cfg.head_dim)
-            kv.append((torch.zeros(shape, dtype=dtype, device=device),
-                       torch.zeros(shape, dtype=dtype, device=device)))
-            ssm.append(None)
-            conv.append(None)
-        else:
-            kv.append(None)
-            ssm.append(torch.zeros(cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                                   cfg.linear_value_head_dim, dtype=dtype, device=device))
-            conv.append(torch.zeros(cfg.conv_dim, cfg.conv_kernel_size - 1, dtype=dtype, device=device))
+    kv, ssm, conv = [None] * cfg.num_layers, [None] * cfg.num_layers, [None] * cfg.num_layers
+    shape = (0, cfg.num_key_value_heads, cfg.head_dim)
+    for i in cfg.attention_layers:
+        kv[i] = (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+    for i in cfg.recurrent_layers:
+        ssm[i] = torch.zeros(cfg.state_shape(i), dtype=dtype, device=device)
+        conv[i] = torch.zeros(cfg.window_shape(i), dtype=dtype, device=device)
     return ModelState(0, kv, ssm, conv)

@@ -12,10 +12,16 @@ import os
 
 
 def prepare() -> None:
-    """Set TRITON_INTERPRET=1 (before triton is imported) and apply the mask fix once."""
+    """Set TRITON_INTERPRET=1 (before triton is imported) and apply the fixes once."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    import contextlib
+
     import numpy as np
+    import torch
     from triton.runtime import interpreter
+
+    if not hasattr(torch.cpu, "device"):
+        torch.cpu.device = lambda index=None: contextlib.nullcontext()
 
     builder = interpreter.InterpreterBuilder
     if getattr(builder, "_ddsim_bool_masks", False):

@@ -10,10 +10,16 @@ Weights are a flat dict of tensors with these names (shapes for hidden d, vocab 
              .mlp.experts.up [E, I, d]; .mlp.experts.down [E, d, I]; .mlp.shared.gate/up/down;
              .mlp.shared_gate [1, d]
 Norm weights are stored as checkpoints store them: the scale is (cfg.norm_offset + weight) for every
-RMSNorm except the GDN gated norm (plain weight).
+RMSNorm except the GDN and Mamba2 gated norms (plain weight).
   gdn layer: .gdn.qkv [2*H*K + HV*V, d]; .gdn.z [HV*V, d]; .gdn.a [HV, d]; .gdn.b [HV, d];
              .gdn.conv [2*H*K + HV*V, W]; .gdn.A_log [HV]; .gdn.dt_bias [HV]; .gdn.norm [V];
              .gdn.out [d, HV*V]
+  mamba2 layer ('m', 'p'; I = H*P, Cm = I + 2*G*N): .mamba.z [I, d]; .mamba.xbc [Cm, d];
+             .mamba.dt [H, d]; .mamba.conv [Cm, W]; with mamba_conv_bias .mamba.conv_bias [Cm];
+             .mamba.dt_bias [H]; .mamba.A_log [H]; .mamba.D [H]; unless mamba_norm == "gate"
+             .mamba.norm [I]; .mamba.out [d, I]
+  'f' layers have the MLP under input_norm and no post_norm; with layer_mlp=False mixer layers have
+  no MLP and no post_norm; mlp_act "relu2" MLPs have .mlp.up and .mlp.down only.
 The oracle and the fast path read the same dict; nothing else is shared.
 """
 from __future__ import annotations
@@ -31,18 +37,12 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     out = {"embed": (N, d), "final_norm": (d,), "lm_head": (N, d)}
     for i, kind in enumerate(cfg.layer_pattern):
         p = f"layers.{i}."
-        out[p + "input_norm"] = out[p + "post_norm"] = (d,)
-        if cfg.is_moe_layer(i):
-            E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-            out.update({p + "mlp.router": (E, d), p + "mlp.experts.gate": (E, I, d), p + "mlp.experts.up": (E, I, d),
-                        p + "mlp.experts.down": (E, d, I)})
-            if Is:
-                out.update({p + "mlp.shared.gate": (Is, d), p + "mlp.shared.up": (Is, d), p + "mlp.shared.down": (d, Is),
-                            p + "mlp.shared_gate": (1, d)})
-        else:
-            I = cfg.intermediate_size
-            out.update({p + "mlp.gate": (I, d), p + "mlp.up": (I, d), p + "mlp.down": (d, I)})
-        if kind == "a":
+        out[p + "input_norm"] = (d,)
+        if cfg.has_mlp(i):
+            if kind != "f":
+                out[p + "post_norm"] = (d,)
+            out.update(_mlp_shapes(cfg, p, i))
+        if kind in "ap":
             nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
             out.update({p + "attn.q": (nh * hd, d), p + "attn.k": (nkv * hd, d), p + "attn.v": (nkv * hd, d),
                         p + "attn.o": (d, nh * hd)})
@@ -50,11 +50,37 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                 out[p + "attn.gate"] = (nh * hd, d)
             if cfg.qk_norm:
                 out[p + "attn.q_norm"] = out[p + "attn.k_norm"] = (hd,)
-        else:
+        if kind == "g":
             HV, V, C = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_dim
             out.update({p + "gdn.qkv": (C, d), p + "gdn.z": (HV * V, d), p + "gdn.a": (HV, d), p + "gdn.b": (HV, d),
                         p + "gdn.conv": (C, cfg.conv_kernel_size), p + "gdn.A_log": (HV,), p + "gdn.dt_bias": (HV,),
                         p + "gdn.norm": (V,), p + "gdn.out": (d, HV * V)})
+        if kind in "mp":
+            H, I, Cm = cfg.mamba_num_heads, cfg.mamba_inner, cfg.mamba_conv_dim
+            out.update({p + "mamba.z": (I, d), p + "mamba.xbc": (Cm, d), p + "mamba.dt": (H, d),
+                        p + "mamba.conv": (Cm, cfg.conv_kernel_size), p + "mamba.dt_bias": (H,), p + "mamba.A_log": (H,),
+                        p + "mamba.D": (H,), p + "mamba.out": (d, I)})
+            if cfg.mamba_conv_bias:
+                out[p + "mamba.conv_bias"] = (Cm,)
+            if cfg.mamba_norm != "gate":
+                out[p + "mamba.norm"] = (I,)
+    return out
+
+
+def _mlp_shapes(cfg: ModelConfig, p: str, i: int) -> dict:
+    d = cfg.hidden_size
+    if cfg.is_moe_layer(i):
+        E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+        out = {p + "mlp.router": (E, d), p + "mlp.experts.gate": (E, I, d), p + "mlp.experts.up": (E, I, d),
+               p + "mlp.experts.down": (E, d, I)}
+        if Is:
+            out.update({p + "mlp.shared.gate": (Is, d), p + "mlp.shared.up": (Is, d), p + "mlp.shared.down": (d, Is),
+                        p + "mlp.shared_gate": (1, d)})
+        return out
+    I = cfg.intermediate_size
+    out = {p + "mlp.up": (I, d), p + "mlp.down": (d, I)}
+    if cfg.mlp_act == "swiglu":
+        out[p + "mlp.gate"] = (I, d)
     return out
 
 
@@ -82,28 +108,41 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
     def norm_weight(n):  # scale (norm_offset + weight) near 1
         return (1.0 - cfg.norm_offset) + normal(n, std=0.05)
 
+    def decays(n):
+        """(A, dt) of n heads: A ~ U(1, 16) as initialised in Qwen3-Next, dt at each head's typical
+        memory half-life, log-uniform quantiles over gate_halflife, shuffled across heads."""
+        A = 1.0 + 15.0 * torch.rand(n, generator=gen, device=device)
+        lo, hi = cfg.gate_halflife
+        frac = (torch.arange(n, dtype=torch.float64, device=device) + 0.5) / n
+        frac = frac[torch.randperm(n, generator=gen, device=device)]
+        halflife = lo * (hi / lo) ** frac
+        return A, math.log(2.0) / (halflife * A.double())  # -g = A * dt = ln2 / halflife
+
     w: dict[str, torch.Tensor] = {"embed": normal(N, d)}
     for i, kind in enumerate(cfg.layer_pattern):
         p = f"layers.{i}."
         w[p + "input_norm"] = norm_weight(d)
-        w[p + "post_norm"] = norm_weight(d)
-        if cfg.is_moe_layer(i):
-            E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-            w[p + "mlp.router"] = linear(E, d, 2.0)
-            w[p + "mlp.experts.gate"] = normal(E, I, d, std=1.0 / math.sqrt(d))
-            w[p + "mlp.experts.up"] = normal(E, I, d, std=1.0 / math.sqrt(d))
-            w[p + "mlp.experts.down"] = normal(E, d, I, std=out_scale / math.sqrt(I))
-            if Is:
-                w[p + "mlp.shared.gate"] = linear(Is, d)
-                w[p + "mlp.shared.up"] = linear(Is, d)
-                w[p + "mlp.shared.down"] = linear(d, Is, out_scale)
-                w[p + "mlp.shared_gate"] = linear(1, d)
-        else:
-            I = cfg.intermediate_size
-            w[p + "mlp.gate"] = linear(I, d)
-            w[p + "mlp.up"] = linear(I, d)
-            w[p + "mlp.down"] = linear(d, I, out_scale)
-        if kind == "a":
+        if cfg.has_mlp(i):
+            if kind != "f":
+                w[p + "post_norm"] = norm_weight(d)
+            if cfg.is_moe_layer(i):
+                E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+                w[p + "mlp.router"] = linear(E, d, 2.0)
+                w[p + "mlp.experts.gate"] = normal(E, I, d, std=1.0 / math.sqrt(d))
+                w[p + "mlp.experts.up"] = normal(E, I, d, std=1.0 / math.sqrt(d))
+                w[p + "mlp.experts.down"] = normal(E, d, I, std=out_scale / math.sqrt(I))
+                if Is:
+                    w[p + "mlp.shared.gate"] = linear(Is, d)
+                    w[p + "mlp.shared.up"] = linear(Is, d)
+                    w[p + "mlp.shared.down"] = linear(d, Is, out_scale)
+                    w[p + "mlp.shared_gate"] = linear(1, d)
+            else:
+                I = cfg.intermediate_size
+                if cfg.mlp_act == "swiglu":
+                    w[p + "mlp.gate"] = linear(I, d)
+                w[p + "mlp.up"] = linear(I, d)
+                w[p + "mlp.down"] = linear(d, I, out_scale)
+        if kind in "ap":
             nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
             w[p + "attn.q"] = linear(nh * hd, d)
             w[p + "attn.k"] = linear(nkv * hd, d)
@@ -114,7 +153,7 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             if cfg.qk_norm:
                 w[p + "attn.q_norm"] = norm_weight(hd)
                 w[p + "attn.k_norm"] = norm_weight(hd)
-        else:
+        if kind == "g":
             HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_kernel_size
             C = cfg.conv_dim
             w[p + "gdn.qkv"] = linear(C, d)
@@ -123,17 +162,26 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             w[p + "gdn.a"] = linear(HV, d, cfg.gate_noise)
             w[p + "gdn.b"] = linear(HV, d)
             w[p + "gdn.conv"] = normal(C, W, std=1.0 / math.sqrt(W))
-            # A ~ U(1, 16) as initialised in Qwen3-Next; dt_bias sets each head's typical decay
-            A = 1.0 + 15.0 * torch.rand(HV, generator=gen, device=device)
-            lo, hi = cfg.gate_halflife
-            frac = (torch.arange(HV, dtype=torch.float64, device=device) + 0.5) / HV
-            frac = frac[torch.randperm(HV, generator=gen, device=device)]
-            halflife = lo * (hi / lo) ** frac  # log-uniform quantiles, shuffled across heads
-            dt = math.log(2.0) / (halflife * A.double())  # -g = A * dt = ln2 / halflife
+            A, dt = decays(HV)
             w[p + "gdn.A_log"] = torch.log(A).to(dtype)
             w[p + "gdn.dt_bias"] = _inv_softplus(dt).to(dtype)
             w[p + "gdn.norm"] = 1.0 + normal(V, std=0.05)
             w[p + "gdn.out"] = linear(d, HV * V, out_scale)
+        if kind in "mp":
+            H, I, Cm, W = cfg.mamba_num_heads, cfg.mamba_inner, cfg.mamba_conv_dim, cfg.conv_kernel_size
+            w[p + "mamba.z"] = linear(I, d)
+            w[p + "mamba.xbc"] = linear(Cm, d)
+            w[p + "mamba.dt"] = linear(H, d, cfg.gate_noise)  # the token-dependent part of log dt
+            w[p + "mamba.conv"] = normal(Cm, W, std=1.0 / math.sqrt(W))
+            if cfg.mamba_conv_bias:
+                w[p + "mamba.conv_bias"] = normal(Cm, std=0.1)
+            A, dt = decays(H)
+            w[p + "mamba.A_log"] = torch.log(A).to(dtype)
+            w[p + "mamba.dt_bias"] = _inv_softplus(dt).to(dtype)
+            w[p + "mamba.D"] = 1.0 + normal(H, std=0.1)
+            if cfg.mamba_norm != "gate":
+                w[p + "mamba.norm"] = 1.0 + normal(I, std=0.05)
+            w[p + "mamba.out"] = linear(d, I, out_scale)
     w["final_norm"] = norm_weight(d)
     w["lm_head"] = linear(N, d, cfg.logit_std)
     return w

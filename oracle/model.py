@@ -47,12 +47,14 @@ def _attention(w, p, cfg, x, pos, ctx_k, ctx_v):
     if cfg.qk_norm:
         q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)  # per head, over hd
         k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
-    q = _rope(q, pos, cfg.rope_theta, rot)
-    k = _rope(k, pos, cfg.rope_theta, rot)
+    if cfg.use_rope:
+        q = _rope(q, pos, cfg.rope_theta, rot)
+        k = _rope(k, pos, cfg.rope_theta, rot)
     v = (x @ w[p + "attn.v"].T).view(n, nkv, hd)
     K = torch.cat([ctx_k, k[:, None]], dim=1).repeat_interleave(nh // nkv, dim=2)  # [n, m+1, nh, hd]
     Vv = torch.cat([ctx_v, v[:, None]], dim=1).repeat_interleave(nh // nkv, dim=2)
-    scores = torch.einsum("nmhd,nhd->nhm", K, q) / math.sqrt(hd)  # [n, nh, m+1]
+    scale = cfg.attention_scale or 1.0 / math.sqrt(hd)
+    scores = torch.einsum("nmhd,nhd->nhm", K, q) * scale  # [n, nh, m+1]
     out = torch.einsum("nhm,nmhd->nhd", torch.softmax(scores, dim=-1), Vv).reshape(n, nh * hd)
     if cfg.attn_output_gate:
         out = out * torch.sigmoid(x @ w[p + "attn.gate"].T)
@@ -65,10 +67,12 @@ def _swiglu(x, gate, up, down):
 
 
 def _mlp(w, p, cfg, x, i):
-    """Each row's MLP: SwiGLU, or the MoE block (softmax router over experts, the top-k experts'
-    outputs weighted by their (renormalised) probabilities, plus the sigmoid-gated shared expert),
-    routed row by row."""
+    """Each row's MLP: SwiGLU (or relu^2: down(relu(up x)^2)), or the MoE block (softmax router over
+    experts, the top-k experts' outputs weighted by their (renormalised) probabilities, plus the
+    sigmoid-gated shared expert), routed row by row."""
     moe = cfg.num_experts > 0 and i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0
+    if not moe and cfg.mlp_act == "relu2":
+        return torch.relu(x @ w[p + "mlp.up"].T).pow(2) @ w[p + "mlp.down"].T
     if not moe:
         return _swiglu(x, w[p + "mlp.gate"], w[p + "mlp.up"], w[p + "mlp.down"])
     out = torch.zeros_like(x)
@@ -118,42 +122,89 @@ def _gdn(w, p, cfg, x, S, window):
     return o.reshape(n, HV * V) @ w[p + "gdn.out"].T, S_new, new_window
 
 
+def _mamba2(w, p, cfg, x, S, window):
+    """One token per row of a Mamba2 mixer. x [n, d]; S [n, H, P, N]; window [n, Cm, W-1]."""
+    n = x.shape[0]
+    H, P, N, G, I = cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.mamba_state_size, cfg.mamba_n_groups, cfg.mamba_inner
+    z = x @ w[p + "mamba.z"].T  # [n, I]
+    xbc = x @ w[p + "mamba.xbc"].T  # [n, Cm]
+    dt_raw = x @ w[p + "mamba.dt"].T  # [n, H]
+    inputs = torch.cat([window, xbc[:, :, None]], dim=2)  # [n, Cm, W] oldest first
+    y = (inputs * w[p + "mamba.conv"]).sum(dim=2)
+    if p + "mamba.conv_bias" in w:
+        y = y + w[p + "mamba.conv_bias"]
+    y = F.silu(y)
+    xs = y[:, :I].view(n, H, P)
+    Bg = y[:, I: I + G * N].view(n, G, N).repeat_interleave(H // G, dim=1)  # [n, H, N]: head h reads group h // (H/G)
+    Cg = y[:, I + G * N:].view(n, G, N).repeat_interleave(H // G, dim=1)
+    dt = F.softplus(dt_raw + w[p + "mamba.dt_bias"])  # [n, H]
+    lo, hi = cfg.mamba_dt_limit
+    dt = dt.clamp(min=lo, max=hi) if (lo > 0 or hi < math.inf) else dt
+    A = -torch.exp(w[p + "mamba.A_log"])  # [H]
+    # S_t = exp(dt A) S_{t-1} + dt x B^T;  y_t = S_t C_t + D x_t
+    S_new = torch.exp(dt * A)[..., None, None] * S + (dt[..., None] * xs)[..., None] * Bg[:, :, None, :]
+    out = torch.einsum("nhpk,nhk->nhp", S_new, Cg) + w[p + "mamba.D"][:, None] * xs
+    out = out.reshape(n, I)
+
+    def group_rms(v):  # RMSNorm over each of the G groups of I/G channels, times the weight
+        g = v.view(n, G, I // G)
+        return (g / torch.sqrt((g * g).mean(-1, keepdim=True) + cfg.rms_norm_eps)).view(n, I) * w[p + "mamba.norm"]
+
+    if cfg.mamba_norm == "gated":
+        out = group_rms(out * F.silu(z))
+    elif cfg.mamba_norm == "gated-before":
+        out = group_rms(out) * F.silu(z)
+    else:
+        out = out * F.silu(z)
+    return out @ w[p + "mamba.out"].T, S_new, inputs[:, :, 1:]
+
+
 def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv):
     """One token through the whole model, for each of n rows at once (each row its own sequence).
 
     token, pos: [n] (or ints, for one row); kv_ctx[l]: (K [n, m, nkv, hd], V) each row's visible
     context for attention layers (the same length m for every row); ssm[l] [n, HV, K, V],
-    conv[l] [n, C, W-1]: each row's recurrent state before its token for GDN layers.
+    conv[l] [n, C, W-1]: each row's recurrent state before its token for recurrent layers (GDN S
+    [n, HV, K, V], Mamba2 h [n, H, P, N]).
     Returns (logits [n, N], hidden [L, n, d] after each layer, new_kv[l] -> (k [n, nkv, hd], v),
     ssm', conv').
     """
     dev = w["embed"].device
     token = torch.as_tensor(token, device=dev).reshape(-1)
     pos = torch.as_tensor(pos, device=dev).reshape(-1)
-    h = w["embed"][token]  # [n, d]
+    h = w["embed"][token] * cfg.embedding_multiplier  # [n, d]
+    r = cfg.residual_multiplier
     hidden, new_kv, ssm2, conv2 = [], [], [], []
     for i, kind in enumerate(cfg.layer_pattern):
         p = f"layers.{i}."
         xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
-        if kind == "a":
-            out, k, v = _attention(w, p, cfg, xn, pos, *kv_ctx[i])
-            new_kv.append((k, v))
-            ssm2.append(None)
-            conv2.append(None)
+        nk, S, win = None, None, None
+        if kind == "f":
+            h = h + r * _mlp(w, p, cfg, xn, i)
         else:
-            out, S, win = _gdn(w, p, cfg, xn, ssm[i], conv[i])
-            new_kv.append(None)
-            ssm2.append(S)
-            conv2.append(win)
-        h = h + out
-        h = h + _mlp(w, p, cfg, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
+            out = torch.zeros_like(h)
+            if kind in "ap":
+                a, k, v = _attention(w, p, cfg, xn, pos, *kv_ctx[i])
+                out, nk = out + a, (k, v)
+            if kind == "g":
+                g, S, win = _gdn(w, p, cfg, xn, ssm[i], conv[i])
+                out = out + g
+            if kind in "mp":
+                m, S, win = _mamba2(w, p, cfg, xn, ssm[i], conv[i])
+                out = out + m
+            h = h + r * out
+            if cfg.layer_mlp:
+                h = h + r * _mlp(w, p, cfg, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
+        new_kv.append(nk)
+        ssm2.append(S)
+        conv2.append(win)
         hidden.append(h)
-    logits = _rmsnorm(h, w["final_norm"], cfg.rms_norm_eps) @ w["lm_head"].T
+    logits = (_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps) @ w["lm_head"].T) / cfg.logits_scaling
     return logits, torch.stack(hidden), new_kv, ssm2, conv2
 
 
 class _Weights:
-    """The weights in the oracle's dtype and device; every RMSNorm scale but the GDN gated norm's is
+    """The weights in the oracle's dtype and device; every RMSNorm scale but the gated norms' is
     (norm_offset + weight). Small models are converted once; large ones (a full-size checkpoint on a
     GPU) tensor by tensor as each is used, so no second copy of the model is held."""
 
@@ -166,7 +217,7 @@ class _Weights:
 
     def _convert(self, k):
         v = self.raw[k].detach().to(self.device, self.dtype)
-        if k.endswith("norm") and not k.endswith("gdn.norm"):
+        if k.endswith("norm") and not k.endswith(("gdn.norm", "mamba.norm")):
             v = v + self.cfg.norm_offset
         return v
 
@@ -223,7 +274,7 @@ class OracleResult:
     """Per-node oracle outputs for a tree block (float64 on the CPU; float32 on a GPU).
 
     logits [T, N]; hidden [L, T, d] (residual stream after each layer);
-    ssm[l] [T, HV, K, V] and conv[l] [T, C, W-1] for GDN layers when recorded (else None);
+    ssm[l] [T, *state] and conv[l] [T, C, W-1] for recurrent layers when recorded (else None);
     kv[l] = (k [T, nkv, hd], v [T, nkv, hd]) for attention layers (each node's own entry).
     """
     logits: torch.Tensor
@@ -265,7 +316,7 @@ def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_stat
     ssm_out = [None] * L
     conv_out = [None] * L
     if record_states:
-        for i in cfg.gdn_layers:
+        for i in cfg.recurrent_layers:
             ssm_out[i] = torch.zeros(T, *st.ssm[i].shape, **f)
             conv_out[i] = torch.zeros(T, *st.conv[i].shape, **f)
 
@@ -284,7 +335,7 @@ def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_stat
             kv_out[i][0][idx], kv_out[i][1][idx] = nk
             kv2.append((torch.cat([c[0], nk[0][:, None]], 1), torch.cat([c[1], nk[1][:, None]], 1)))
         if record_states:
-            for i in cfg.gdn_layers:
+            for i in cfg.recurrent_layers:
                 ssm_out[i][idx] = ssm2[i]
                 conv_out[i][idx] = conv2[i]
         return kv2, ssm2, conv2

@@ -71,15 +71,19 @@ def ddtree_logits(draw, *, max_depth: int = 4, max_vocab: int = 6) -> torch.Tens
 
 @st.composite
 def model_configs(draw) -> ModelConfig:
-    """Toy hybrid configs exercising grouped heads (HV/H in 1..3), GQA, both layer kinds and the
-    real-checkpoint features (gated attention, q/k norm, partial RoPE, zero-centred norms, MoE)."""
+    """Toy hybrid configs exercising grouped heads (HV/H in 1..3), GQA, every layer kind (GDN,
+    attention, Mamba2, parallel attention + Mamba2, MLP-only blocks), the real-checkpoint features
+    (gated attention, q/k norm, partial RoPE, zero-centred norms, MoE) and the Mamba2-hybrid ones
+    (grouped B/C, dt limits, the three gated-norm forms, relu^2 MLPs, NoPE, scalings)."""
     H = draw(st.integers(1, 2))
     HV = H * draw(st.integers(1, 3))
     nkv = draw(st.integers(1, 2))
     n_layers = draw(st.integers(1, 4))
-    pat = "".join(draw(st.sampled_from("ga")) for _ in range(n_layers))
+    pat = "".join(draw(st.sampled_from("gagampf")) for _ in range(n_layers))
+    layer_mlp = "f" not in pat or draw(st.booleans())
     moe = draw(st.booleans())
     n_exp = draw(st.integers(2, 4)) if moe else 0
+    mG = draw(st.integers(1, 2))
     return ModelConfig(
         name="hypothesis", vocab_size=draw(st.integers(8, 40)), hidden_size=draw(st.sampled_from([8, 16, 24])),
         layer_pattern=pat, intermediate_size=16, num_attention_heads=nkv * draw(st.integers(1, 2)),
@@ -92,7 +96,13 @@ def model_configs(draw) -> ModelConfig:
         qk_norm=draw(st.booleans()), partial_rotary_factor=draw(st.sampled_from([1.0, 0.5])),
         num_experts=n_exp, num_experts_per_tok=min(2, n_exp), moe_intermediate_size=8 if moe else 0,
         shared_expert_intermediate_size=draw(st.sampled_from([0, 8])) if moe else 0,
-        norm_topk_prob=draw(st.booleans()), decoder_sparse_step=draw(st.sampled_from([1, 2])))
+        norm_topk_prob=draw(st.booleans()), decoder_sparse_step=draw(st.sampled_from([1, 2])),
+        mamba_n_groups=mG, mamba_num_heads=mG * draw(st.integers(1, 2)), mamba_head_dim=draw(st.sampled_from([2, 4])),
+        mamba_state_size=draw(st.sampled_from([3, 4])), mamba_conv_bias=draw(st.booleans()),
+        mamba_dt_limit=draw(st.sampled_from([(0.0, float("inf")), (0.01, 0.5)])),
+        mamba_norm=draw(st.sampled_from(["gated", "gated-before", "gate"])), layer_mlp=layer_mlp,
+        mlp_act=draw(st.sampled_from(["swiglu", "relu2"])), use_rope=draw(st.booleans()),
+        residual_multiplier=draw(st.sampled_from([1.0, 0.5])), logits_scaling=draw(st.sampled_from([1.0, 2.0])))
 
 
 @st.composite
@@ -136,11 +146,11 @@ def gdn_pool_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch
 
 
 @st.composite
-def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
+def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32, engine: bool = False):
     """Layer inputs for mamba2_tree_verify: a tree per sequence (same T), x [B, T, H, P],
     raw dt [B, T, H], A [H] < 0, grouped B, C [B, T, G, N], D and dt_bias [H] (or None), dt limits,
     and the committed states in a pool (N = B + 1..3 slots, the batch in shuffled slots, every other
-    slot NaN)."""
+    slot NaN). ``engine``: what an engine's Mamba2 contract takes (softplus always, no dt limit)."""
     B = draw(st.integers(1, max_batch))
     G = draw(st.integers(1, 2))
     H = G * draw(st.integers(1, 3))
@@ -164,8 +174,8 @@ def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.f
     return dict(x=rnd(B, T, H, P).to(dtype), dt=rnd(B, T, H).to(dtype), A=A.float(), B=rnd(B, T, G, N).to(dtype),
                 C=rnd(B, T, G, N).to(dtype), D=rnd(H).float() if draw(st.booleans()) else None,
                 dt_bias=rnd(H).float() if draw(st.booleans()) else None,
-                dt_softplus=draw(st.sampled_from([True, True, False])),
-                dt_limit=draw(st.sampled_from([(0.0, float("inf")), (0.05, 1.5)])),
+                dt_softplus=True if engine else draw(st.sampled_from([True, True, False])),
+                dt_limit=(0.0, float("inf")) if engine else draw(st.sampled_from([(0.0, float("inf")), (0.05, 1.5)])),
                 parents=torch.tensor([t.parents for t in ts]), initial_state=state, pool=pool,
                 slots=torch.tensor(slots, dtype=torch.int32), trees=ts)
 

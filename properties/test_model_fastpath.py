@@ -27,7 +27,7 @@ def test_exact_equals_oracle_per_node_and_layer(cfg, data, seed):
     ref = oracle.verify_tree(w, cfg, rs, t.parents, t.tokens)
     assert_close("logits", res.logits, ref.logits, dtype=torch.float32, slack=MODEL_SLACK)
     assert_close("hidden", res.hidden, ref.hidden, dtype=torch.float32, slack=MODEL_SLACK)
-    for l in cfg.gdn_layers:
+    for l in cfg.recurrent_layers:
         assert_close(f"layer {l} state", res.ssm[l], ref.ssm[l], dtype=torch.float32, slack=MODEL_SLACK)
         assert_close(f"layer {l} conv", res.conv[l], ref.conv[l], dtype=torch.float32, slack=MODEL_SLACK)
 

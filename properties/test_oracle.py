@@ -33,7 +33,7 @@ def test_oracle_node_equals_root_path_from_scratch(cfg, data, seed):
         path_tokens = [t.tokens[n] for n in t.root_path(i)]
         st_i, lg = oracle.prefill(w, cfg, prefix + path_tokens)
         assert torch.allclose(res.logits[i], lg[-1], rtol=0, atol=1e-12)
-        for l in cfg.gdn_layers:
+        for l in cfg.recurrent_layers:
             assert torch.allclose(res.ssm[l][i], st_i.ssm[l], rtol=0, atol=1e-12)
             assert torch.equal(res.conv[l][i], st_i.conv[l])
 
@@ -50,7 +50,7 @@ def test_oracle_by_level_equals_one_node_at_a_time(cfg, data, seed):
     one = oracle.verify_tree(w, cfg, st0, t.parents, t.tokens, order="node")
     assert torch.allclose(lvl.logits, one.logits, rtol=0, atol=1e-12)
     assert torch.allclose(lvl.hidden, one.hidden, rtol=0, atol=1e-12)
-    for l in cfg.gdn_layers:
+    for l in cfg.recurrent_layers:
         assert torch.allclose(lvl.ssm[l], one.ssm[l], rtol=0, atol=1e-12)
         assert torch.allclose(lvl.conv[l], one.conv[l], rtol=0, atol=1e-12)
     for l in cfg.attention_layers:

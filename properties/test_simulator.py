@@ -54,7 +54,7 @@ def test_commit_equals_oracle_state_at_path_end(cfg, data, seed):
     committed = m.commit(state, t, m.verify(state, t, mode="exact"), a)
     ref, _ = oracle.prefill(w, cfg, prefix + [t.tokens[n] for n in t.root_path(a)])
     assert committed.pos == ref.pos
-    for l in cfg.gdn_layers:
+    for l in cfg.recurrent_layers:
         assert torch.allclose(committed.ssm[l].double(), ref.ssm[l], rtol=1e-4, atol=1e-5)
         assert torch.allclose(committed.conv[l].double(), ref.conv[l], rtol=1e-5, atol=1e-5)
     for l in cfg.attention_layers:

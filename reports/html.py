@@ -70,10 +70,10 @@ def _plot_layers(report):
         ys = [max(_med(r.hidden_rel) or 1e-12, 1e-12) for r in rows]
         ax.plot([r.layer for r in rows], ys, "o-", color=MODE_COLORS[mode], label=mode)
     for r in b.leak["exact"].by_layer:
-        if r.kind == "a":
-            ax.axvspan(r.layer - 0.4, r.layer + 0.4, color="#cccccc", alpha=0.4)
+        if r.kind in "am":
+            ax.axvspan(r.layer - 0.4, r.layer + 0.4, color="#cccccc" if r.kind == "a" else "#cfe3f7", alpha=0.4)
     ax.set_yscale("log")
-    ax.set_xlabel("layer (grey: attention)")
+    ax.set_xlabel("layer (grey: attention only; light blue: Mamba2)")
     ax.set_ylabel("median hidden rel. error\n(non-order-exact nodes)")
     ax.set_title(f"Leak by layer, budget {b.budget}")
     ax.legend(fontsize=7)
@@ -181,6 +181,15 @@ def render(report: Report) -> str:
               "<h2>Leak by depth</h2>", _plot_by(report, "by_depth", "Recurrent-state error by depth"),
               "<h2>Leak by sibling rank</h2>", _plot_by(report, "by_rank", "Recurrent-state error by sibling rank"),
               "<h2>Leak by layer</h2>", _plot_layers(report),
+              "<h2>Leak by recurrent family</h2>",
+              "<p class='note'>Recurrent-state and conv-window relative error over every layer of one family "
+              "(gdn: Gated DeltaNet; mamba2: Mamba2 SSM, also the Mamba2 half of parallel layers), nodes that are not "
+              "order-exact.</p>",
+              _table(["budget", "mode", "family", "layers", "state err median", "state err max", "conv err median",
+                      "conv err max"],
+                     [[b.budget, mode, f.family, f.layers, _med(f.state_rel), f.state_rel.max, _med(f.conv_rel),
+                       f.conv_rel.max] for b in report.budgets for mode in ("exact",) + LEAK_MODES
+                      for f in b.leak[mode].by_family]),
               "<h2>Flip rates</h2>", _plot_flips(report),
               "<h2>Accepted length</h2>", _plot_accept(report),
               "<h2>Divergence along the generation</h2>", _plot_survival(report)]

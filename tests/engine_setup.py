@@ -1,4 +1,5 @@
-"""Test setup for `ddsim check-kernel --impl sglang|vllm`: each engine's GDN verify kernel module at a
+"""Test setup for `ddsim check-kernel --impl sglang|vllm`: each engine's GDN verify kernel module (and
+SGLang's tree conv and Mamba2 selective_state_update) at a
 pinned release, taken from its wheel (downloaded with --no-deps: an engine's own dependencies are a
 serving stack), with shims for the few helper modules it imports, into the engines folder the tests
 put on the path. The shims live here, in the test fixture; the adapters (ddsim/engines/) import the
@@ -16,7 +17,8 @@ from pathlib import Path
 ENGINES = {
     "sglang==0.5.23": (
         ["sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py",
-         "sglang/kernels/ops/mamba/causal_conv1d_triton.py", "sglang/version.py", "sglang/_version.py"],
+         "sglang/kernels/ops/mamba/causal_conv1d_triton.py", "sglang/kernels/ops/mamba/triton_ops/mamba_ssm.py",
+         "sglang/version.py", "sglang/_version.py"],
         # what the kernel modules import besides torch and triton, answered for a machine without
         # SGLang's runtime (no PDL, no AMD, architecture unknown: the kernel's portable launch path)
         {"sglang/kernels/jit/utils.py": "def is_arch_support_pdl():\n    return False\n",

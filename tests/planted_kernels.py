@@ -68,3 +68,21 @@ def conv_skips_the_grandparent(x, *, weight, bias=None, parents, initial_window,
     p[deep] = torch.gather(parents, 1, p.clamp(min=0))[deep]
     return gb.tree_causal_conv1d(x, weight=weight, bias=bias, parents=p, initial_window=initial_window,
                                  state_indices=state_indices, mode=mode, activation=activation, backend="torch")
+
+
+def mamba2_parent_off_by_one(x, dt, A, B, C, *, D=None, dt_bias=None, parents, initial_state, state_indices=None,
+                             mode="exact"):
+    """A Mamba2 tree verify (ddsim's mamba2_tree_verify signature) whose nodes below depth 1 read
+    their grandparent's state instead of their parent's."""
+    p = parents.clone()
+    deep = p > 0
+    p[deep] = torch.gather(parents, 1, p.clamp(min=0))[deep]
+    return gb.mamba2_tree_verify(x, dt, A, B, C, D=D, dt_bias=dt_bias, parents=p, initial_state=initial_state,
+                                 state_indices=state_indices, mode=mode, backend="torch")
+
+
+def mamba2_forgets_dt_bias(x, dt, A, B, C, *, D=None, dt_bias=None, parents, initial_state, state_indices=None,
+                           mode="exact"):
+    """A Mamba2 tree verify that drops dt_bias from the step (softplus(dt) instead of softplus(dt + dt_bias))."""
+    return gb.mamba2_tree_verify(x, dt, A, B, C, D=D, dt_bias=None, parents=parents, initial_state=initial_state,
+                                 state_indices=state_indices, mode=mode, backend="torch")

@@ -225,3 +225,36 @@ def test_serving_engines_in_the_whole_model_audit(tmp_path, report, engine, pack
           if m == "exact" or part == "order_exact"]
     assert kl and max(x or 0.0 for x in kl) < 1e-9
     # (the FAST_AUDIT's trees are chains: the leak itself is check-kernel's to show, above)
+
+
+@pytest.mark.parametrize("mode, held, dtype", [("exact", 5, "float32"), ("leaky", 6, "float32"), ("exact", 5, "bfloat16")])
+def test_sglang_mamba2_selective_state_update_in_both_modes(tmp_path, mode, held, dtype):
+    """SGLang 0.5.23's Mamba2 selective_state_update (from the wheel, in Triton's interpreter): with
+    retrieve_parent_token and a per-node state buffer it is exact on every node, without them the
+    flattened path; disable_state_update leaves every pool slot alone."""
+    assert (ENGINES / "sglang" / "kernels" / "ops" / "mamba" / "triton_ops").is_dir(), \
+        "SGLang's Mamba2 kernel is missing from .engines: `make test` fetches it"
+    r = run_cli("check-kernel", "--impl", "sglang", "--op", "mamba2", "--mode", mode, "--dtype", dtype,
+                "--max-examples", "8", "--out", tmp_path / "ce.json", pythonpath=ENGINES)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "sglang.selective_state_update (sglang 0.5.23)" in r.stdout
+    assert r.stdout.strip().endswith(f"all {held} properties hold")
+
+
+def test_ddsims_mamba2_kernel_passes_and_planted_mamba2_bugs_are_caught(tmp_path):
+    r = run_cli("check-kernel", "--impl", "ddsim", "--op", "mamba2", "--mode", "exact", "--max-examples", "15",
+                "--out", tmp_path / "ce.json")
+    assert r.returncode == 0 and r.stdout.strip().endswith("all 5 properties hold"), r.stdout + r.stderr
+    for fn, failing in (("mamba2_parent_off_by_one", {"exact on order-exact nodes", "exact on every node"}),
+                        ("mamba2_forgets_dt_bias", {"exact on order-exact nodes", "exact on every node"})):
+        out = tmp_path / f"{fn}.json"
+        r = run_cli("check-kernel", "--impl", f"tests.planted_kernels:{fn}", "--convention", "ddsim", "--op", "mamba2",
+                    "--mode", "exact", "--max-examples", "30", "--out", out)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert {l.split(":")[0].removeprefix("FAILED ") for l in r.stdout.splitlines() if l.startswith("FAILED")} == failing
+        ce = json.loads(out.read_text())["counterexamples"]
+        assert all(c["op"] == "mamba2" and c["first_wrong_node"] is not None for c in ce)
+        if fn == "mamba2_parent_off_by_one":  # the first wrong node sits below depth 1
+            assert ce[0]["first_wrong_node"]["node"] >= 2
+    r = run_cli("check-kernel", "--impl", "fla", "--op", "mamba2", "--mode", "leaky", pythonpath=ENGINES)
+    one_line_error(r, "--op mamba2", "has no Mamba2 tree verify")

@@ -13,6 +13,11 @@ An engine with a tree causal conv offers it as
 with x [B, T, C], weight [C, W], bias [C] or None, window_pool [N, C, W-1] (sequence b's committed
 window, oldest first, in slot slots[b]), activation "silu" or None.
 
+An engine with a Mamba2 tree verify (the SSM of a Nemotron-H / Falcon-H1 layer) offers it as
+    mamba2(x, dt, A, B, C, *, D, dt_bias, parents, state_pool, slots, mode) -> y [B, T, H, P]
+with x [B, T, H, P], raw dt [B, T, H] (softplus(dt + dt_bias) is the step; no dt limit), A [H] < 0,
+B, C [B, T, G, N], D and dt_bias [H], state_pool [N, H, P, N] float32 (read, never written).
+
     load("ddsim")                 ddsim's own fast path (exact and leaky)
     load("fla")                   flash-linear-attention's fused_recurrent_gated_delta_rule (leaky only:
                                   it takes no tree, so on a tree it is the flattened path)
@@ -54,6 +59,12 @@ class EngineKernel:
     conv_writes_slot: str | None = None  # None: reads the window pool only; "flattened window": rewrites the slot
     conv_source: str | None = None
     conv_source_sha256: str | None = None
+    # the engine's Mamba2 tree verify, where it has one (contract above)
+    mamba2: Callable | None = None
+    mamba2_name: str | None = None
+    mamba2_modes: tuple[str, ...] = ("exact", "leaky")
+    mamba2_source: str | None = None
+    mamba2_source_sha256: str | None = None
 
     def check_mode(self, mode: str) -> None:
         if mode not in self.modes:
@@ -65,6 +76,12 @@ class EngineKernel:
             raise InputError(f"--op conv: {self.name} has no tree causal conv")
         if mode not in self.conv_modes:
             raise InputError(f"--mode {mode}: {self.conv_name} offers only {', '.join(self.conv_modes)}")
+
+    def check_mamba2(self, mode: str) -> None:
+        if self.mamba2 is None:
+            raise InputError(f"--op mamba2: {self.name} has no Mamba2 tree verify")
+        if mode not in self.mamba2_modes:
+            raise InputError(f"--mode {mode}: {self.mamba2_name} offers only {', '.join(self.mamba2_modes)}")
 
     def provenance(self) -> dict:
         """What a report records about the kernel (ddsim.report_model.EngineRecord)."""
@@ -156,4 +173,7 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
     conv_kw = {} if conv is None else dict(conv=conv(fn), conv_name=impl, conv_source=src, conv_source_sha256=digest,
                                            conv_widths=(2, 3, 4) if convention == "sglang" else (2, 3, 4, 5),
                                            conv_writes_slot="flattened window" if convention == "sglang" else None)
-    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw)
+    # and as a Mamba2 tree verify (`check-kernel --op mamba2`): ddsim's or SGLang's selective_state_update signature
+    m2 = {"ddsim": ddsim_kernels.as_mamba2_contract, "sglang": sglang.as_mamba2_contract}.get(convention)
+    m2_kw = {} if m2 is None else dict(mamba2=m2(fn), mamba2_name=impl, mamba2_source=src, mamba2_source_sha256=digest)
+    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **m2_kw)

@@ -1,5 +1,6 @@
-"""ddsim's own fast path as an engine: gpu_backend.gdn_tree_verify (Triton on CUDA, torch on the
-CPU), and the ddsim calling convention for a kernel of anyone's that shares its signature."""
+"""ddsim's own fast path as an engine: gpu_backend.gdn_tree_verify, tree_causal_conv1d and
+mamba2_tree_verify (Triton on CUDA, torch on the CPU), and the ddsim calling convention for a kernel
+of anyone's that shares their signatures."""
 from __future__ import annotations
 
 
@@ -22,12 +23,24 @@ def as_conv_contract(fn):
     return conv
 
 
+def as_mamba2_contract(fn):
+    """fn(x, dt, A, B, C, *, D, dt_bias, parents, initial_state, state_indices, mode) -> y, as
+    gpu_backend.mamba2_tree_verify: initial_state is the pool [N, H, P, N]."""
+    def mamba2(x, dt, A, B, C, *, D, dt_bias, parents, state_pool, slots, mode):
+        out = fn(x, dt, A, B, C, D=D, dt_bias=dt_bias, parents=parents, initial_state=state_pool,
+                 state_indices=slots, mode=mode)
+        return out[0] if isinstance(out, tuple) else out
+    return mamba2
+
+
 def adapter():
     import ddsim
     import ddsim.gpu_backend as gb
     from ddsim.engines import EngineKernel, _source_of
     src, digest = _source_of(gb.gdn_tree_verify)
     csrc, cdigest = _source_of(gb.tree_causal_conv1d)
+    msrc, mdigest = _source_of(gb.mamba2_tree_verify)
     return EngineKernel("ddsim", ("exact", "leaky"), as_contract(gb.gdn_tree_verify), "ddsim-spec", ddsim.__version__,
-                        src, digest, conv=as_conv_contract(gb.tree_causal_conv1d), conv_name="ddsim.tree_causal_conv1d", conv_source=csrc,
-                        conv_source_sha256=cdigest)
+                        src, digest, conv=as_conv_contract(gb.tree_causal_conv1d), conv_name="ddsim.tree_causal_conv1d",
+                        conv_source=csrc, conv_source_sha256=cdigest, mamba2=as_mamba2_contract(gb.mamba2_tree_verify),
+                        mamba2_name="ddsim.mamba2_tree_verify", mamba2_source=msrc, mamba2_source_sha256=mdigest)

@@ -65,6 +65,48 @@ def as_contract(fn):
     return verify
 
 
+# SGLang's Mamba2 selective_state_update, with retrieve_parent_token for trees
+MAMBA2_LOCATIONS = ("sglang.kernels.ops.mamba.triton_ops.mamba_ssm",  # 0.5.23
+                    "sglang.srt.layers.attention.mamba.ops.mamba_ssm")  # earlier 0.5.x
+
+
+def _mamba2_kernel():
+    for loc in MAMBA2_LOCATIONS:
+        try:
+            return importlib.import_module(loc).selective_state_update
+        except ModuleNotFoundError:
+            continue
+    return None
+
+
+def as_mamba2_contract(fn):
+    """fn with SGLang's selective_state_update signature: (state [N, H, P, N], x [B, T, H, P],
+    dt [B, T, H, P], A [H, P, N], B, C [B, T, G, N], D [H, P], z, dt_bias [H, P], dt_softplus,
+    state_batch_indices [B], *, out, disable_state_update, intermediate_states_buffer, cache_steps,
+    retrieve_parent_token, intermediate_state_indices). dt, A, D and dt_bias are passed per head,
+    broadcast over P and N with stride 0 (SGLang's Mamba2 mixer does the same; the kernel then takes
+    its one-scalar-per-head path). A missing D or dt_bias is passed as zeros (the launcher needs both:
+    it reads their strides). exact: retrieve_parent_token = parents and a NaN-filled per-node state
+    buffer; leaky: neither. disable_state_update=True in both (a verify)."""
+    def mamba2(x, dt, A, B, C, *, D, dt_bias, parents, state_pool, slots, mode):
+        Bn, T, H, P = x.shape
+        N = B.shape[-1]
+        dev = x.device
+        tree = {}
+        if mode == "exact":
+            tree = dict(intermediate_states_buffer=torch.full((Bn, T, H, P, N), float("nan"), device=dev),
+                        cache_steps=T, retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous(),
+                        intermediate_state_indices=torch.arange(Bn, dtype=torch.int32, device=dev))
+        out = torch.full_like(x, float("nan"))
+        fn(state_pool, x.contiguous(), dt.float()[..., None].expand(Bn, T, H, P), A.float()[:, None, None].expand(H, P, N),
+           B.contiguous(), C.contiguous(), D=(torch.zeros(H, device=dev) if D is None else D.float())[:, None].expand(H, P),
+           dt_bias=(torch.zeros(H, device=dev) if dt_bias is None else dt_bias.float())[:, None].expand(H, P),
+           dt_softplus=True,
+           state_batch_indices=slots.to(device=dev, dtype=torch.int32), out=out, disable_state_update=True, **tree)
+        return out
+    return mamba2
+
+
 def adapter():
     from ddsim.engines import EngineKernel, _source_of, _version
     fn, _ = _kernel()
@@ -75,6 +117,11 @@ def adapter():
         csrc, cdigest = _source_of(conv)
         extra = dict(conv=as_conv_contract(conv), conv_name="sglang.causal_conv1d_update", conv_widths=(2, 3, 4),
                      conv_writes_slot="flattened window", conv_source=csrc, conv_source_sha256=cdigest)
+    m2 = _mamba2_kernel()
+    if m2 is not None:
+        msrc, mdigest = _source_of(m2)
+        extra.update(mamba2=as_mamba2_contract(m2), mamba2_name="sglang.selective_state_update", mamba2_source=msrc,
+                     mamba2_source_sha256=mdigest)
     return EngineKernel("sglang.fused_sigmoid_gating_delta_rule_update", ("exact", "leaky"), as_contract(fn), "sglang",
                         _version("sglang"), src, digest, **extra)
 

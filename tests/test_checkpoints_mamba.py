@@ -1,0 +1,175 @@
+"""Mamba2-hybrid checkpoints against transformers, the reference implementation: tiny random configs
+of nemotron_h, bamba, granitemoehybrid (dense) and falcon_h1 are built with transformers (non-trivial
+multipliers, grouped B/C, every gated-norm form), saved, loaded with ddsim, and must give the same
+logits (prefill and step-by-step decode) and the same greedy continuation, from both the fast path
+and the oracle; an audit runs on one of them from the command line."""
+import json
+import re
+import shutil
+
+import pytest
+import torch
+import transformers  # a declared test dependency: a missing install must fail, not skip
+
+from ddsim import oracle
+from ddsim.checkpoint import SUPPORTED, load_checkpoint, read_config
+from ddsim.errors import InputError
+from ddsim.generate import autoregressive
+from ddsim.model import HybridModel
+from ddsim.tree import chain
+
+COMMON = dict(vocab_size=96, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+              max_position_embeddings=256)
+MAMBA = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=6, mamba_n_groups=2, mamba_expand=2, mamba_chunk_size=8)
+
+
+def _config(arch: str):
+    from transformers import BambaConfig, FalconH1Config, GraniteMoeHybridConfig, NemotronHConfig
+    if arch == "nemotron_h":  # M Mamba2, - relu^2 MLP, * attention (no RoPE); one mixer per block
+        return NemotronHConfig(**COMMON, head_dim=8, hybrid_override_pattern="M-M*-M", num_hidden_layers=6,
+                               mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=6, n_groups=2, conv_kernel=4,
+                               chunk_size=8)
+    if arch == "bamba":
+        return BambaConfig(**COMMON, **MAMBA, num_hidden_layers=4, attn_layer_indices=[2])
+    if arch == "granitemoehybrid":
+        return GraniteMoeHybridConfig(**COMMON, **MAMBA, num_hidden_layers=4,
+                                      layer_types=["mamba", "mamba", "attention", "mamba"], num_local_experts=0,
+                                      shared_intermediate_size=48, embedding_multiplier=3.0, residual_multiplier=0.5,
+                                      attention_multiplier=0.2, logits_scaling=2.0, position_embedding_type="rope")
+    if arch == "falcon_h1":  # attention and Mamba2 in parallel; every multiplier away from 1
+        return FalconH1Config(**COMMON, **{k: v for k, v in MAMBA.items() if k != "mamba_expand"}, mamba_d_ssm=64,
+                              num_hidden_layers=3, head_dim=8, mamba_rms_norm=True, mamba_norm_before_gate=False,
+                              embedding_multiplier=1.5, lm_head_multiplier=0.7, mlp_multipliers=[0.8, 1.3],
+                              key_multiplier=0.6, attention_in_multiplier=1.2, attention_out_multiplier=0.9,
+                              ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3], ssm_in_multiplier=0.7, ssm_out_multiplier=1.4)
+    if arch == "falcon_h1_gate":  # Falcon-H1's default: no Mamba2 norm, y * silu(z)
+        return FalconH1Config(**COMMON, **{k: v for k, v in MAMBA.items() if k != "mamba_expand"}, mamba_d_ssm=64,
+                              num_hidden_layers=2, head_dim=8)
+    raise AssertionError(arch)
+
+
+def _hf_model(arch: str):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_config(arch))
+    with torch.no_grad():  # random, non-trivial weights everywhere (norms, D, dt_bias, conv bias)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * (0.3 if p.dim() == 1 else 0.02))
+    return model.float().eval()
+
+
+ARCHS = ["nemotron_h", "bamba", "granitemoehybrid", "falcon_h1", "falcon_h1_gate"]
+PATTERNS = {"nemotron_h": "mfmafm", "bamba": "mmam", "granitemoehybrid": "mmam", "falcon_h1": "ppp",
+            "falcon_h1_gate": "pp"}
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def checkpoint(request, tmp_path_factory):
+    model = _hf_model(request.param)
+    d = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(d, max_shard_size="100KB" if request.param == "bamba" else "2GB")  # one sharded
+    return request.param, d, model
+
+
+def test_supported_architectures_listed():
+    assert {"nemotron_h", "bamba", "granitemoehybrid", "falcon_h1"} <= set(SUPPORTED)
+
+
+def test_prefill_logits_match_transformers(checkpoint):
+    arch, d, hf = checkpoint
+    cfg, w, meta = load_checkpoint(d)
+    assert cfg.layer_pattern == PATTERNS[arch] and meta["model_type"] == arch.removesuffix("_gate")
+    toks = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(input_ids=toks).logits[0].double()
+    fast = HybridModel(cfg, {k: v.float() for k, v in w.items()})
+    _, lg = fast.prefill(toks[0].tolist())
+    scale = ref.abs().max().item()
+    assert scale > 0.1  # the comparison is not between near-zero logits
+    assert (lg.double() - ref).abs().max().item() < 1e-4 * scale
+    _, olg = oracle.prefill(w, cfg, toks[0].tolist())
+    assert (olg - ref).abs().max().item() < 1e-4 * scale
+
+
+def test_step_decode_and_greedy_continuation_match_transformers(checkpoint):
+    arch, d, hf = checkpoint
+    cfg, w, _ = load_checkpoint(d)
+    prompt = torch.randint(0, cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = hf.generate(input_ids=prompt, max_new_tokens=8, do_sample=False, output_logits=True,
+                          return_dict_in_generate=True, pad_token_id=0)
+    hf_tokens = out.sequences[0, prompt.shape[1]:].tolist()
+    fast = HybridModel(cfg, {k: v.float() for k, v in w.items()})
+    assert autoregressive(fast, prompt[0].tolist(), 8) == hf_tokens
+    state, _ = fast.prefill(prompt[0, :-1].tolist())
+    ostate, _ = oracle.prefill(w, cfg, prompt[0, :-1].tolist())
+    root = int(prompt[0, -1])
+    for step, tok in enumerate(hf_tokens):  # every decode step's logits, one token from the committed state
+        t = chain([root])
+        res = fast.verify(state, t)
+        ref = out.logits[step][0].double()
+        bound = 1e-4 * ref.abs().max().item()
+        assert (res.logits[0].double() - ref).abs().max().item() < bound
+        ores = oracle.verify_tree(w, cfg, ostate, t.parents, t.tokens)
+        assert (ores.logits[0] - ref).abs().max().item() < bound
+        state, root = fast.commit(state, t, res, 0), tok
+        ostate, _ = oracle.prefill(w, cfg, [t.tokens[0]], state=ostate)
+
+
+def test_mamba_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint):
+    arch, d, _ = checkpoint
+    if arch != "granitemoehybrid":
+        return
+    for field, value, needle in (("num_local_experts", 4, "routed experts are not supported"),
+                                 ("mamba_proj_bias", True, "mamba_proj_bias=true is not supported"),
+                                 ("layer_types", ["mamba", "moe", "attention", "mamba"], "routed-expert blocks"),
+                                 ("mamba_d_head", 7, "mamba_n_heads * mamba_d_head = 28")):
+        bad = tmp_path / field
+        shutil.copytree(d, bad)
+        cfgj = json.loads((bad / "config.json").read_text())
+        cfgj[field] = value
+        (bad / "config.json").write_text(json.dumps(cfgj))
+        with pytest.raises(InputError, match=re.escape(needle)):
+            read_config(bad)
+    # a tensor ddsim does not read is refused, not dropped
+    from safetensors.torch import load_file, save_file
+    extra = tmp_path / "extra"
+    shutil.copytree(d, extra)
+    f = sorted(extra.glob("*.safetensors"))[0]
+    tensors = load_file(str(f))
+    tensors["model.layers.0.mamba.mystery"] = torch.zeros(3)
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    with pytest.raises(InputError, match="mamba.mystery.*refused rather than ignored"):
+        load_checkpoint(extra)
+
+
+def test_audit_command_on_a_nemotron_h_checkpoint(tmp_path_factory, tmp_path):
+    """The audit, report and gate unchanged in use on a Mamba2 hybrid: exact verification stays
+    lossless, the leak tables carry a mamba2 family row, and the per-layer rows name the kinds."""
+    from tests.conftest import run_cli
+    model = _hf_model("nemotron_h")
+    ck = tmp_path / "nemotron"
+    model.save_pretrained(ck)
+    out = tmp_path / "out"
+    r = run_cli("audit", "--model", ck, "--prompts", _prompts(tmp_path), "--budget", "16", "--steps", "3",
+                "--out", out)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["model"]["config"]["architecture"] == "nemotron_h"
+    assert rep["model"]["config"]["layer_pattern"] == "mfmafm"
+    for b in rep["budgets"]:
+        assert b["modes"]["exact"]["generations_leaving_greedy"] == 0
+        leak = b["leak"]["leaky"]
+        assert [f["family"] for f in leak["by_family"]] == ["mamba2"] and leak["by_family"][0]["layers"] == 3
+        assert [row["kind"] for row in leak["by_layer"]] == list("mfmafm")
+        assert leak["by_family"][0]["state_rel"]["n"] == 3 * leak["not_order_exact_nodes"]
+        assert leak["by_family"][0]["state_rel"]["max"] > 1e-3  # siblings inherit each other's state
+    html = (out / "report.html").read_text()
+    assert "mamba2" in html
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", out / "report.json", "--model", ck)
+    assert g.returncode in (0, 1), g.stdout + g.stderr
+
+
+def _prompts(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"tokens": [1, 2, 3, 4]}\n{"tokens": [9, 8, 7]}\n')
+    return p
