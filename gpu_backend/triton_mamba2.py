@@ -168,7 +168,8 @@ def _mamba2_ssd_kernel(
         g_j = tl.load(Gp + rows_j * H + i_h, mask=mj, other=0.0)
         d_j = tl.load(dtp + rows_j * H + i_h, mask=mj, other=0.0)
         anc = tl.load(mask + rows_i[:, None] * T + rj[None, :], mask=mi[:, None] & mj[None, :], other=0) != 0
-        w = tl.where(anc, tl.exp(tl.minimum(g_i[:, None] - g_j[None, :], 0.0)) * d_j[None, :], 0.0)
+        # exp only where j is an ancestor (elsewhere exp(0)): a non-ancestor's difference may be any size
+        w = tl.where(anc, tl.exp(tl.where(anc, g_i[:, None] - g_j[None, :], 0.0)) * d_j[None, :], 0.0)
         scores = tl.dot(c_i, tl.trans(b_j), input_precision=PRECISION) * w  # [BI, BJ]
         acc += tl.dot(scores, x_j, input_precision=PRECISION)
     if HAS_D:

@@ -180,10 +180,12 @@ def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.f
                 slots=torch.tensor(slots, dtype=torch.int32), trees=ts)
 
 
-def fixed_mamba2_example(*, dtype=torch.float32, seed: int = 7, T: int = 6) -> dict:
+def fixed_mamba2_example(*, dtype=torch.float32, seed: int = 7, T: int = 6, growing: bool = False) -> dict:
     """A deterministic branching case for @example: two sequences, grouped B/C (H=4, G=2), odd P and
     N, D, dt_bias and a clamping dt_limit; with T > 6 a deep chain follows the branching prefix (more
-    than one 32-row block of the SSD kernel at T > 32)."""
+    than one 32-row block of the SSD kernel at T > 32). ``growing``: dt taken as given (no softplus,
+    no limit) and some of it negative, so exp(dt A) > 1 at those nodes: a state that grows along a
+    path (the case hypothesis found a decay-only assumption in the SSD kernel with)."""
     pa = [[-1, 0, 0, 1, 1, 2], [-1, 0, 1, 0, 3, 3]]
     pa = [row + list(range(len(row) - 1, T - 1)) for row in pa] if T > 6 else [row[:T] for row in pa]
     ts = [Tree(row, list(range(T))) for row in pa]
@@ -197,10 +199,12 @@ def fixed_mamba2_example(*, dtype=torch.float32, seed: int = 7, T: int = 6) -> d
     pool = torch.full((B + 2, H, P, N), float("nan"))
     slots = [3, 0]
     pool[slots] = state
-    return dict(x=rnd(B, T, H, P).to(dtype), dt=rnd(B, T, H).to(dtype),
+    dt = rnd(B, T, H) * (0.1 if growing else 1.0)
+    return dict(x=rnd(B, T, H, P).to(dtype), dt=dt.to(dtype),
                 A=(-torch.rand(H, generator=gen, dtype=torch.float64) * 0.5).float(), B=rnd(B, T, G, N).to(dtype),
-                C=rnd(B, T, G, N).to(dtype), D=rnd(H).float(), dt_bias=rnd(H).float(), dt_softplus=True,
-                dt_limit=(0.05, 1.5), parents=torch.tensor(pa), initial_state=state, pool=pool,
+                C=rnd(B, T, G, N).to(dtype), D=rnd(H).float(), dt_bias=None if growing else rnd(H).float(),
+                dt_softplus=not growing, dt_limit=(0.0, float("inf")) if growing else (0.05, 1.5),
+                parents=torch.tensor(pa), initial_state=state, pool=pool,
                 slots=torch.tensor(slots, dtype=torch.int32), trees=ts)
 
 

@@ -44,6 +44,7 @@ def _oracle(inp, args, mode, **kw):
 @example(fixed_mamba2_example(T=40), "exact", "triton-ssd", torch.float32)
 @example(fixed_mamba2_example(T=40), "leaky", "triton-ssd", torch.float16)
 @example(fixed_mamba2_example(T=40), "exact", "torch", torch.float32)
+@example(fixed_mamba2_example(T=40, growing=True), "exact", "triton-ssd", torch.float32)
 def test_mamba2_verify_matches_oracle(inp, mode, backend, dtype):
     args = _args(inp, dtype)
     pool, slots = inp["pool"].to(DEVICE), inp["slots"].to(DEVICE)

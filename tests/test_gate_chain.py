@@ -131,6 +131,29 @@ def test_pool_table_splits_groups_and_counts():
     assert t["margin_all"]["n"] == 8
 
 
+def test_pool_table_by_family_pools_each_family_apart():
+    """A mixed model (layers g, m, a with the same three recurrent rows as micro's GDN layers): the
+    family rows pool the non-order-exact nodes of their own layers only, in family order."""
+    cfg = get_preset("micro").replace(layer_pattern="gmpa")  # recurrent rows: 0 -> gdn, 1 and 2 -> mamba2
+    pool = NodePool()
+    metrics, keys = _step_metrics()
+    pool.add(metrics, keys)
+    t = pool.table(cfg)
+    LeakTable(**t)
+    st, cv = metrics["state_rel"], metrics["conv_rel"]
+    fam = {r["family"]: r for r in t["by_family"]}
+    assert [r["family"] for r in t["by_family"]] == ["gdn", "mamba2"]
+    assert (fam["gdn"]["layers"], fam["mamba2"]["layers"]) == (1, 2)
+    assert fam["gdn"]["state_rel"] == summarize(st[0, 2:])
+    assert fam["mamba2"]["state_rel"] == summarize(st[1:, 2:])
+    assert fam["mamba2"]["conv_rel"] == summarize(cv[1:, 2:])
+    assert [r["kind"] for r in t["by_layer"]] == list("gmpa") and "state_rel" in t["by_layer"][2]
+    none = NodePool()
+    ex = {k: v[..., :2] for k, v in metrics.items()}  # order-exact nodes only: the families are empty
+    none.add(ex, {k: v[:2] for k, v in keys.items()})
+    assert all(r["state_rel"]["n"] == 0 for r in none.table(cfg)["by_family"])
+
+
 def test_noise_floor_is_the_worst_node_of_either_group():
     cfg = get_preset("micro")
     pool = NodePool()
@@ -304,8 +327,13 @@ TAMPER += [  # more classes, found by the mutation run
     ("reference margin dropped", lambda d: d["prompts"][0]["reference_margins"].pop(), "prompts[0]"),
     ("prompt token at the vocabulary size", lambda d: d["prompts"][1]["tokens"].__setitem__(0, 48),
      "token outside the vocabulary (48)"),
-    ("layer kind changed", lambda d: d["budgets"][0]["leak"]["exact"]["by_layer"][0].update(kind="a"),
+    ("layer kind changed", lambda d: d["budgets"][0]["leak"]["exact"]["by_layer"][0].update(kind="m"),
      "does not match the model's layers"),
+    ("attention layer given a state", lambda d: d["budgets"][0]["leak"]["exact"]["by_layer"][3].update(
+        state_rel=d["budgets"][0]["leak"]["exact"]["by_layer"][0]["state_rel"]),
+     "state_rel and conv_rel are given exactly for recurrent layers"),
+    ("family row dropped", lambda d: d["budgets"][0]["leak"]["leaky"]["by_family"].clear(),
+     "does not match the model's recurrent layers"),
     ("prompt numbered wrong", lambda d: d["prompts"][1].update(index=5), "prompts[1].index"),
     ("steps changed", lambda d: d["config"].update(steps=3), "expected 27"),
     ("an input digest without its file", lambda d: d["provenance"]["inputs_sha256"].update(trace="0" * 64),
