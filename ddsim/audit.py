@@ -121,17 +121,38 @@ def read_model_config(ac: AuditConfig):
     return get_preset(ac.preset)
 
 
-def load_model(ac: AuditConfig, device):
-    """(config, weights, text encoder or None) for a preset or a checkpoint directory."""
+def load_model(ac: AuditConfig, device, layer_devices=None):
+    """(config, weights, text encoder or None) for a preset or a checkpoint directory; with
+    ``layer_devices`` each layer's weights made or loaded straight onto its device."""
     if ac.model_path:
         from ddsim.checkpoint import load_checkpoint
-        cfg, weights, _ = load_checkpoint(ac.model_path, device=device)
+        cfg, weights, _ = load_checkpoint(ac.model_path, device=device, layer_devices=layer_devices)
         encoder = TextEncoder(ac.model_path) if (Path(ac.model_path) / "tokenizer.json").is_file() else None
         return cfg, weights, encoder
     cfg = get_preset(ac.preset)
     # synthetic weights in bf16 on a GPU, as a served checkpoint would be (float32 on the CPU)
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    return cfg, init_weights(cfg, seed=ac.seed, device=device, dtype=dtype), None
+    return cfg, init_weights(cfg, seed=ac.seed, device=device, dtype=dtype, layer_devices=layer_devices), None
+
+
+def resolve_placement(ac: AuditConfig, cfg, device: torch.device, shard) -> tuple[torch.device, list | None]:
+    """(primary device, each layer's device or None) for ``--devices``: this rank's group of GPUs (under
+    torchrun rank r takes the r-th group of len(--devices) GPUs, counted from the listed ones),
+    layers in contiguous blocks balanced by bytes."""
+    if not ac.devices:
+        return device, None
+    from ddsim.placement import parse_devices, plan_layers
+    devs = parse_devices(ac.devices)
+    if torch.device(ac.device) != devs[0]:
+        raise InputError(f"--device {ac.device}: with --devices the model lives on {ac.devices} (leave --device out)")
+    if shard.world > 1 and devs[0].type == "cuda":
+        k = len(devs)
+        devs = [torch.device("cuda", d.index + shard.rank * k) for d in devs]
+        if max(d.index for d in devs) >= torch.cuda.device_count():
+            raise InputError(f"--devices {ac.devices}: rank {shard.rank} of {shard.world} needs GPUs "
+                             f"{[str(d) for d in devs]}, {torch.cuda.device_count()} exist")
+        torch.cuda.set_device(devs[0])
+    return devs[0], plan_layers(cfg, devs)
 
 
 def audit_prompts(ac: AuditConfig, cfg, encoder) -> list[list[int]]:
@@ -197,10 +218,10 @@ def run_audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
     report is assembled on rank 0 (other ranks return None)."""
     from ddsim.distributed import Shard
     shard = shard or Shard.single()
-    device = resolve_device(ac.device)
+    cfg = read_model_config(ac)
+    device, layer_devices = resolve_placement(ac, cfg, resolve_device(ac.device), shard)
     cost = CostModel.from_file(ac.cost_file) if ac.cost_file else CostModel()
     engine = load_engine(ac, device)
-    cfg = read_model_config(ac)
     if ac.trace and ac.drafter_model:
         raise InputError("--drafter-model: not with --trace (an audit has one drafter)")
     if ac.trace:
@@ -211,8 +232,8 @@ def run_audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
         drafter = ModelDrafter(ac.drafter_model, vocab_size=cfg.vocab_size, depth=ac.depth)
     else:
         drafter = SyntheticDrafter(vocab_size=cfg.vocab_size, depth=ac.depth, seed=ac.seed)
-    check_memory(ac, cfg, device, 2 if device.type == "cuda" else 4)
-    cfg, weights, encoder = load_model(ac, device)
+    check_memory(ac, cfg, device, 2 if device.type == "cuda" else 4, layer_devices=layer_devices)
+    cfg, weights, encoder = load_model(ac, device, layer_devices)
     # fast path: the checkpoint's dtype on CUDA (float32 for a float64 checkpoint, as a serving stack
     # would run it), float32 on the CPU; recurrent state float32
     compute = weights["embed"].dtype if device.type == "cuda" else torch.float32
@@ -305,11 +326,13 @@ def run_audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
     })
 
 
-def check_memory(ac: AuditConfig, cfg, device: torch.device, weight_bytes_per_param: int) -> None:
+def check_memory(ac: AuditConfig, cfg, device: torch.device, weight_bytes_per_param: int, *,
+                 layer_devices=None) -> None:
     """Refuse, before any weights are made or loaded, an audit that would not fit: the weights (and
     the oracle's copy of a small model), and for the largest tree, per node, the recurrent state and
-    conv window of every GDN layer for four fast-path modes and the oracle, hidden states and logits,
-    plus the KV of every attention layer over the whole context."""
+    conv window of every recurrent layer for four fast-path modes and the oracle, hidden states and
+    logits, plus the KV of every attention layer over the whole context. With a placement, the same
+    total against the memory free on all its devices together."""
     from ddsim.weights import weight_shapes
     params = sum(math.prod(s) for s in weight_shapes(cfg).values())
     oracle_bytes = torch.finfo(oracle.default_dtype(device)).bits // 8
@@ -320,7 +343,11 @@ def check_memory(ac: AuditConfig, cfg, device: torch.device, weight_bytes_per_pa
     context = ac.prompt_len + ac.steps * (ac.depth + 1) + nodes
     kv = len(cfg.attention_layers) * 2 * cfg.num_key_value_heads * cfg.head_dim * context * 8
     need = weights + nodes * per_node + kv
-    free = available_memory(device)
+    devs = sorted(set(layer_devices), key=str) if layer_devices else [device]
+    frees = [available_memory(d) for d in devs]
+    free = None if any(f is None for f in frees) else (sum(frees) if devs[0].type == "cuda" else frees[0])
+    if len(devs) > 1:
+        device = ",".join(map(str, devs))
     if free is not None and need > free:
         what = f"--budget {max(ac.budgets)}" if nodes * per_node > weights else (
             f"--model {ac.model_path}" if ac.model_path else f"--preset {ac.preset}")

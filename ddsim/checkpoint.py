@@ -123,13 +123,20 @@ class _Mapper:
         self.cfg, self.meta, self.device, self.out = cfg, meta, device, out
         self.shapes = weight_shapes(cfg)
 
+    def dev(self, name):
+        """Where a tensor goes: the one device, or its layer's under a placement."""
+        if self.meta.get("layer_devices") is None:
+            return self.device
+        from ddsim.placement import weight_device
+        return weight_device(name, self.meta["layer_devices"])
+
     def put(self, name, t):
-        self.out[name] = t.to(self.device)
+        self.out[name] = t.to(self.dev(name))
 
     def expert(self, name, e, t):
         if name not in self.out:
-            self.out[name] = torch.empty(self.shapes[name], dtype=t.dtype, device=self.device)
-        self.out[name][e] = t.to(self.device)
+            self.out[name] = torch.empty(self.shapes[name], dtype=t.dtype, device=self.dev(name))
+        self.out[name][e] = t.to(self.dev(name))
 
     def __call__(self, key: str, t: torch.Tensor) -> None:
         cfg, pre = self.cfg, self.meta["prefix"]
@@ -207,18 +214,21 @@ def checkpoint_digest(path: str | Path) -> str:
     return files_digest([d / "config.json", *_shards(d)])
 
 
-def load_checkpoint(path: str | Path, *, device="cpu") -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:
-    """(config, weights in the checkpoint's dtype on ``device``, meta). Reads shard by shard."""
+def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:
+    """(config, weights in the checkpoint's dtype on ``device``, meta). Reads shard by shard; with
+    ``layer_devices`` (ddsim.placement) each tensor goes straight to its layer's device."""
     from safetensors import SafetensorError, safe_open
 
     cfg, meta = read_config(path)
+    meta["layer_devices"] = layer_devices
     d = Path(path)
     dev = torch.device(device)
     out: dict[str, torch.Tensor] = {}
     mapper = MambaMapper(cfg, meta, dev, out, meta["raw"]) if meta["model_type"] in MAMBA_ARCHS else _Mapper(cfg, meta, dev, out)
     for shard in _shards(d):
         try:
-            with safe_open(str(shard), framework="pt", device="cpu" if dev.type == "cpu" else str(dev)) as f:
+            on = "cpu" if dev.type == "cpu" or layer_devices is not None else str(dev)  # placed: to each layer's device from the host
+            with safe_open(str(shard), framework="pt", device=on) as f:
                 for key in f.keys():
                     t = f.get_tensor(key)
                     if (key.startswith(meta["prefix"]) or key == "lm_head.weight") and t.dtype not in _DTYPES.values():
@@ -232,7 +242,7 @@ def load_checkpoint(path: str | Path, *, device="cpu") -> tuple[ModelConfig, dic
         except (RuntimeError, ValueError) as e:
             raise InputError(f"{shard}: tensor does not fit the config ({e})") from None
     if "lm_head" not in out and cfg.tie_word_embeddings and "embed" in out:
-        out["lm_head"] = out["embed"]
+        out["lm_head"] = out["embed"] if layer_devices is None else out["embed"].to(layer_devices[-1])
     shapes = weight_shapes(cfg)
     missing = sorted(set(shapes) - set(out))
     if missing:

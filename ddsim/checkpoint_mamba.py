@@ -155,7 +155,11 @@ class MambaMapper:
         if scale is not None:  # a folded multiplier: scaled in float32, stored in the checkpoint's dtype
             s = torch.as_tensor(scale, dtype=torch.float32)
             t = (t.float() * (s[:, None] if s.dim() == 1 else s)).to(t.dtype)
-        self.out[name] = t.to(self.device)
+        dev = self.device
+        if self.meta.get("layer_devices") is not None:
+            from ddsim.placement import weight_device
+            dev = weight_device(name, self.meta["layer_devices"])
+        self.out[name] = t.to(dev)
 
     def __call__(self, key: str, t: torch.Tensor) -> None:
         cfg, raw = self.cfg, self.raw

@@ -36,8 +36,7 @@ def _budgets(text: str) -> list[int]:
 AUDIT_FIELDS = {"preset": "preset", "model": "model_path", "budget": "budgets", "topk_cap": "topk_cap",
                 "prompts": "prompts_file", "steps": "steps", "temperature": "temperature", "device": "device",
                 "seed": "seed", "trace": "trace", "drafter_model": "drafter_model", "cost": "cost_file",
-                "fast_path": "fast_path",
-                "convention": "convention"}
+                "fast_path": "fast_path", "convention": "convention", "devices": "devices"}
 
 
 def _add_audit_options(p, *, defaults: bool = True):
@@ -45,7 +44,8 @@ def _add_audit_options(p, *, defaults: bool = True):
     which ones were given and check them against a --report."""
     d = (lambda v: v) if defaults else (lambda v: None)
     p.add_argument("--preset", default=d("tiny"), help="built-in model preset (default: tiny)")
-    p.add_argument("--model", metavar="PATH", help="a Hugging Face checkpoint directory (qwen3_next, qwen3_5, qwen3_5_moe)")
+    p.add_argument("--model", metavar="PATH", help="a Hugging Face checkpoint directory (qwen3_next, qwen3_5, qwen3_5_moe, "
+                                                  "nemotron_h, bamba, granitemoehybrid, falcon_h1)")
     p.add_argument("--budget", type=_budgets, default=d([16, 32, 64]), metavar="B[,B...]",
                    help=f"DDTree node budgets (each at most {MAX_BUDGET})")
     p.add_argument("--topk-cap", type=int, default=None, help="cap on per-depth top-k")
@@ -53,6 +53,9 @@ def _add_audit_options(p, *, defaults: bool = True):
     p.add_argument("--steps", type=int, default=d(8), help=f"speculative steps per generation (default: 8, at most {MAX_STEPS})")
     p.add_argument("--temperature", type=float, default=d(0.0), help="0: greedy; > 0: seeded sampling")
     p.add_argument("--device", default=d("cpu"), help="cpu, cuda[:N] or auto")
+    p.add_argument("--devices", default=None, metavar="DEV[,DEV...]",
+                   help="place the model's layers across these GPUs (cuda:0,cuda:1,...): contiguous blocks balanced "
+                        "by bytes; under torchrun each rank takes the next group of as many GPUs")
     p.add_argument("--seed", type=int, default=d(0))
     p.add_argument("--trace", metavar="FILE", help="replay a drafter trace (JSONL) instead of the synthetic drafter")
     p.add_argument("--drafter-model", metavar="DIR",

@@ -258,11 +258,14 @@ PRESETS: dict[str, ModelConfig] = {
         notes="Qwen3.5/3.6-27B shapes and layer features (gated attention, q/k norm, partial RoPE), random weights"),
     "qwen3-next-80b": ModelConfig(
         name="qwen3-next-80b", vocab_size=151936, hidden_size=2048, layer_pattern=pattern(48),
-        intermediate_size=5632, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        intermediate_size=5120, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
         linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
         linear_value_head_dim=128, max_position_embeddings=262144, rope_theta=10_000_000.0,
-        notes="Qwen3-Next-80B-A3B shapes; the MoE is replaced by a dense SwiGLU of the active width "
-              "(shared expert + 10 routed experts of 512)"),
+        architecture="qwen3_next", norm_offset=1.0, attn_output_gate=True, qk_norm=True, partial_rotary_factor=0.25,
+        num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        notes="Qwen3-Next-80B-A3B shapes and layer features: every layer's MLP the routed MoE (512 experts of 512, "
+              "top 10, renormalised) plus the sigmoid-gated shared expert; 79.7B parameters, 159 GB in bf16: more than "
+              "one H200 holds (--devices places it across GPUs); random weights"),
     # Mamba2 hybrids. CPU size: Bamba's layout (a Mamba2 mixer and a SwiGLU MLP per layer, one
     # attention layer in four), grouped B/C.
     "tiny-mamba2": ModelConfig(

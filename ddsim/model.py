@@ -20,6 +20,7 @@ import ddsim.gpu_backend as gb
 from ddsim.config import ModelConfig
 from ddsim.errors import InputError
 from ddsim.modes import VERIFY_MODES
+from ddsim.placement import is_placed, layer_devices_of
 from ddsim.state import ModelState, empty_state
 from ddsim.tree import Tree, chain
 
@@ -72,6 +73,10 @@ class HybridModel:
     on the CPU); recurrent state is always float32 or wider. On CUDA the GDN recurrence and conv
     run the Triton kernels (the recurrent kernel, since the simulator keeps per-node states).
 
+    Weights placed over several devices (ddsim.placement) stay where they are: each layer runs on its
+    own device, the hidden state moves between layers, and each device gets its own tree tables;
+    ``device`` is then the embedding's device, ``head_device`` the LM head's.
+
     ``engine`` (a ddsim.engines.EngineKernel): an external GDN tree-verify kernel that computes every
     GDN layer's outputs in the recurrence modes it offers, so the logits, and every decision taken
     from them, are that kernel's. The per-node states kept for the leak metrics and the commit stay
@@ -83,9 +88,13 @@ class HybridModel:
         self.backend = backend  # gpu_backend backend: None = triton on CUDA, torch elsewhere
         self.engine = engine
         self.dtype = dtype
-        self.device = torch.device(device)
-        # norm scales are (norm_offset + weight) for every RMSNorm but the GDN gated one
-        self.w = {k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()}  # no copy when already so
+        placed = is_placed(weights)
+        self.device = weights["embed"].device if placed else torch.device(device)
+        self.layer_devices = layer_devices_of(weights, cfg) if placed else [self.device] * cfg.num_layers
+        self.head_device = weights["lm_head"].device if placed else self.device
+        # norm scales are (norm_offset + weight) for every RMSNorm but the gated ones;
+        # placed weights stay on their devices (no copy when already in dtype there)
+        self.w = {k: v.to(device=v.device if placed else self.device, dtype=dtype) for k, v in weights.items()}
         for k in self.w:
             if _offset_norm(k) and cfg.norm_offset:
                 self.w[k] = self.w[k] + cfg.norm_offset
@@ -93,7 +102,7 @@ class HybridModel:
 
     # ---- states --------------------------------------------------------------------------------
     def empty_state(self) -> ModelState:
-        return empty_state(self.cfg, dtype=self.state_dtype, device=self.device)
+        return empty_state(self.cfg, dtype=self.state_dtype, device=self.device, layer_devices=self.layer_devices)
 
     def prefill(self, tokens, state: ModelState | None = None) -> tuple[ModelState, torch.Tensor]:
         """Process ``tokens`` as one chain block and commit all of them.
@@ -123,14 +132,25 @@ class HybridModel:
         if int(toks.max()) >= cfg.vocab_size:
             raise InputError(f"tree: token {int(toks.max())} is outside the vocabulary ({cfg.vocab_size})")
         conv_mode, rec_mode = _LAYER_MODES[mode]
-        parents = gb.TreePlan(torch.tensor(tree.parents, device=dev)[None])  # [1, T], checked once for every layer
-        pos = torch.as_tensor(tree.positions(state.pos) if positions is None else positions, device=dev)  # [T]
-        mask = torch.as_tensor(tree.ancestor_mask if ancestor_mask is None else ancestor_mask, device=dev)  # [T, T]
+        pos0 = tree.positions(state.pos) if positions is None else positions
+        mask0 = tree.ancestor_mask if ancestor_mask is None else ancestor_mask
+        tables = {}
+
+        def on(d):
+            """The tree's tables on device d, built once per verify: the TreePlan (parents [1, T],
+            checked once for every layer there), positions [T], ancestor mask [T, T]."""
+            if d not in tables:
+                tables[d] = (gb.TreePlan(torch.tensor(tree.parents, device=d)[None]), torch.as_tensor(pos0, device=d),
+                             torch.as_tensor(mask0, device=d))
+            return tables[d]
+
         h = w["embed"][toks] * cfg.embedding_multiplier  # [T, d]
         r = cfg.residual_multiplier
         hidden, ssm, conv, kv = [], [], [], []
         for i, kind in enumerate(cfg.layer_pattern):
             p = f"layers.{i}."
+            h = h.to(self.layer_devices[i])  # a placed model hands the hidden state on (no copy otherwise)
+            parents, pos, mask = on(h.device)
             xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
             nk, S, win = None, None, None
             if kind == "f":
@@ -152,7 +172,8 @@ class HybridModel:
             kv.append(nk)
             ssm.append(S)
             conv.append(win)
-            hidden.append(h)
+            hidden.append(h.to(self.head_device))
+        h = h.to(self.head_device)
         logits = F.linear(_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps), w["lm_head"]).float() / cfg.logits_scaling
         return VerifyResult(mode, logits, torch.stack(hidden), ssm, conv, kv)
 
@@ -273,14 +294,15 @@ class HybridModel:
         state at the node's batch index)."""
         if not 0 <= accepted < tree.size:
             raise InputError(f"accepted: node {accepted} is outside 0..{tree.size - 1}")
-        path = torch.tensor(tree.root_path(accepted), device=self.device)
+        rp = tree.root_path(accepted)
         L = self.cfg.num_layers
         kv, ssm, conv = [None] * L, [None] * L, [None] * L
         for i in self.cfg.attention_layers:
             k, v = res.kv[i]
+            path = torch.tensor(rp, device=k.device)
             kv[i] = (torch.cat([state.kv[i][0], k[path].to(state.kv[i][0].dtype)]),
                      torch.cat([state.kv[i][1], v[path].to(state.kv[i][1].dtype)]))
         for i in self.cfg.recurrent_layers:
             ssm[i] = res.ssm[i][accepted].clone()
             conv[i] = res.conv[i][accepted].to(state.conv[i].dtype).clone()
-        return ModelState(state.pos + len(path), kv, ssm, conv)
+        return ModelState(state.pos + len(rp), kv, ssm, conv)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ddsim.errors import InputError
 
@@ -26,7 +26,7 @@ OPTION = {"preset": "--preset", "model_path": "--model", "budgets": "--budget", 
           "steps": "--steps", "n_prompts": "--prompts", "prompt_len": "--prompts", "prompts_file": "--prompts",
           "temperature": "--temperature", "seed": "--seed", "device": "--device", "depth": "--depth",
           "trace": "--trace", "drafter_model": "--drafter-model", "cost_file": "--cost", "fast_path": "--fast-path",
-          "convention": "--convention"}
+          "convention": "--convention", "devices": "--devices"}
 
 
 class AuditConfig(BaseModel):
@@ -44,12 +44,21 @@ class AuditConfig(BaseModel):
     temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE)] = 0.0
     seed: Annotated[int, Field(ge=0, lt=1 << 63)] = 0
     device: str = "cpu"
+    devices: str | None = None  # a layer placement over several GPUs (ddsim.placement), e.g. "cuda:0,cuda:1"
     depth: Annotated[int, Field(ge=1, le=MAX_DEPTH)] = 8  # drafter depth
     trace: str | None = None
     drafter_model: str | None = None  # a draft checkpoint run autoregressively (ddsim.drafters.ModelDrafter)
     cost_file: str | None = None
     fast_path: str = "ddsim"  # ddsim, fla or MODULE:FUNCTION: the GDN kernel the fast path runs
     convention: Literal["ddsim", "sglang", "vllm", "fla"] | None = None  # a MODULE:FUNCTION fast path's calling convention
+
+    @model_validator(mode="before")
+    @classmethod
+    def _placement(cls, d):
+        """With --devices and --device left at its default, the audit's device is the first listed."""
+        if isinstance(d, dict) and d.get("devices") and d.get("device", "cpu") in ("cpu", "auto"):
+            d = {**d, "device": str(d["devices"]).split(",")[0].strip()}
+        return d
 
     @field_validator("budgets")
     @classmethod

@@ -34,13 +34,15 @@ class ModelState:
                           [c(s) for s in self.ssm], [c(w) for w in self.conv])
 
 
-def empty_state(cfg, *, dtype=torch.float32, device="cpu") -> ModelState:
-    """The state before any token: empty KV, zero recurrent state and conv window."""
+def empty_state(cfg, *, dtype=torch.float32, device="cpu", layer_devices=None) -> ModelState:
+    """The state before any token: empty KV, zero recurrent state and conv window, each layer's on
+    ``device`` or, with a placement, on its own entry of ``layer_devices``."""
     kv, ssm, conv = [None] * cfg.num_layers, [None] * cfg.num_layers, [None] * cfg.num_layers
+    devs = layer_devices or [device] * cfg.num_layers
     shape = (0, cfg.num_key_value_heads, cfg.head_dim)
     for i in cfg.attention_layers:
-        kv[i] = (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        kv[i] = (torch.zeros(shape, dtype=dtype, device=devs[i]), torch.zeros(shape, dtype=dtype, device=devs[i]))
     for i in cfg.recurrent_layers:
-        ssm[i] = torch.zeros(cfg.state_shape(i), dtype=dtype, device=device)
-        conv[i] = torch.zeros(cfg.window_shape(i), dtype=dtype, device=device)
+        ssm[i] = torch.zeros(cfg.state_shape(i), dtype=dtype, device=devs[i])
+        conv[i] = torch.zeros(cfg.window_shape(i), dtype=dtype, device=devs[i])
     return ModelState(0, kv, ssm, conv)

@@ -89,18 +89,30 @@ def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
 
 
 def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+                 device: str | torch.device = "cpu", layer_devices=None) -> dict[str, torch.Tensor]:
     """Random weights with the gate and logit statistics of the config (see ddsim.config).
 
     Generated on ``device`` itself (so a 27B-parameter preset never passes through host memory);
-    the same seed gives the same weights on the same kind of device."""
+    the same seed gives the same weights on the same kind of device. ``layer_devices`` (one device
+    per layer, ddsim.placement.plan_layers): each layer's tensors generated on its own device, the
+    embedding on the first and the head on the last, each device with its own generator of the same
+    seed (so a placed model's weights differ from the one-device model's of the same seed)."""
     device = torch.device(device)
-    gen = torch.Generator(device=device).manual_seed(int(seed))
+    placed = layer_devices is not None and len(set(layer_devices)) > 1
+    gens = {}
+
+    def gen_on(dev):
+        if dev not in gens:
+            gens[dev] = torch.Generator(device=dev).manual_seed(int(seed))
+        return gens[dev]
+
     d, N, L = cfg.hidden_size, cfg.vocab_size, cfg.num_layers
     out_scale = 1.0 / math.sqrt(2.0 * L)
+    where = {"dev": torch.device(layer_devices[0]) if placed else device}  # the device being filled
 
     def normal(*shape, std=1.0):
-        return (torch.randn(*shape, generator=gen, dtype=torch.float32, device=device) * std).to(dtype)
+        dev = where["dev"]
+        return (torch.randn(*shape, generator=gen_on(dev), dtype=torch.float32, device=dev) * std).to(dtype)
 
     def linear(n_out, n_in, scale=1.0):
         return normal(n_out, n_in, std=scale / math.sqrt(n_in))
@@ -111,16 +123,19 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
     def decays(n):
         """(A, dt) of n heads: A ~ U(1, 16) as initialised in Qwen3-Next, dt at each head's typical
         memory half-life, log-uniform quantiles over gate_halflife, shuffled across heads."""
-        A = 1.0 + 15.0 * torch.rand(n, generator=gen, device=device)
+        dev = where["dev"]
+        A = 1.0 + 15.0 * torch.rand(n, generator=gen_on(dev), device=dev)
         lo, hi = cfg.gate_halflife
-        frac = (torch.arange(n, dtype=torch.float64, device=device) + 0.5) / n
-        frac = frac[torch.randperm(n, generator=gen, device=device)]
+        frac = (torch.arange(n, dtype=torch.float64, device=dev) + 0.5) / n
+        frac = frac[torch.randperm(n, generator=gen_on(dev), device=dev)]
         halflife = lo * (hi / lo) ** frac
         return A, math.log(2.0) / (halflife * A.double())  # -g = A * dt = ln2 / halflife
 
     w: dict[str, torch.Tensor] = {"embed": normal(N, d)}
     for i, kind in enumerate(cfg.layer_pattern):
         p = f"layers.{i}."
+        if placed:
+            where["dev"] = torch.device(layer_devices[i])
         w[p + "input_norm"] = norm_weight(d)
         if cfg.has_mlp(i):
             if kind != "f":
@@ -182,6 +197,8 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             if cfg.mamba_norm != "gate":
                 w[p + "mamba.norm"] = 1.0 + normal(I, std=0.05)
             w[p + "mamba.out"] = linear(d, I, out_scale)
+    if placed:
+        where["dev"] = torch.device(layer_devices[-1])
     w["final_norm"] = norm_weight(d)
     w["lm_head"] = linear(N, d, cfg.logit_std)
     return w

@@ -1,5 +1,7 @@
 """The model-level oracle: plain decoding, one token at a time, in float64 on the CPU (float32 when
-run on a GPU for full-size models: ``device``/``dtype``, default from where the weights are).
+run on a GPU for full-size models: ``device``/``dtype``, default from where the weights are). Weights
+spread over several devices (a layer placement) are used where they are: each layer computes on its
+own weights' device and the hidden state follows.
 
 ``verify_tree`` gives every node the state of its own root path, computing each node with one
 ``decode_step`` from its parent's exact state (parent-state reuse): by default the nodes of one
@@ -82,8 +84,8 @@ def _mlp(w, p, cfg, x, i):
         if cfg.norm_topk_prob:
             top = top / top.sum()
         for pr, e in zip(top, idx.tolist()):
-            out[r] = out[r] + pr * _swiglu(x[r], w[p + "mlp.experts.gate"][e], w[p + "mlp.experts.up"][e],
-                                           w[p + "mlp.experts.down"][e])
+            out[r] = out[r] + pr * _swiglu(x[r], w.expert(p + "mlp.experts.gate", e), w.expert(p + "mlp.experts.up", e),
+                                           w.expert(p + "mlp.experts.down", e))
     if p + "mlp.shared.gate" in w:
         out = out + torch.sigmoid(x @ w[p + "mlp.shared_gate"].T) * _swiglu(
             x, w[p + "mlp.shared.gate"], w[p + "mlp.shared.up"], w[p + "mlp.shared.down"])
@@ -169,15 +171,17 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv):
     Returns (logits [n, N], hidden [L, n, d] after each layer, new_kv[l] -> (k [n, nkv, hd], v),
     ssm', conv').
     """
-    dev = w["embed"].device
-    token = torch.as_tensor(token, device=dev).reshape(-1)
-    pos = torch.as_tensor(pos, device=dev).reshape(-1)
-    h = w["embed"][token] * cfg.embedding_multiplier  # [n, d]
+    token = torch.as_tensor(token).reshape(-1)
+    pos0 = torch.as_tensor(pos).reshape(-1)
+    h = w.rows("embed", token) * cfg.embedding_multiplier  # [n, d]
     r = cfg.residual_multiplier
     hidden, new_kv, ssm2, conv2 = [], [], [], []
+    head = w["final_norm"].device
     for i, kind in enumerate(cfg.layer_pattern):
         p = f"layers.{i}."
-        xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
+        norm = w[p + "input_norm"]
+        h, pos = h.to(norm.device), pos0.to(norm.device)  # this layer's device (the same one unless placed)
+        xn = _rmsnorm(h, norm, cfg.rms_norm_eps)
         nk, S, win = None, None, None
         if kind == "f":
             h = h + r * _mlp(w, p, cfg, xn, i)
@@ -198,7 +202,8 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv):
         new_kv.append(nk)
         ssm2.append(S)
         conv2.append(win)
-        hidden.append(h)
+        hidden.append(h.to(head))
+    h = h.to(head)
     logits = (_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps) @ w["lm_head"].T) / cfg.logits_scaling
     return logits, torch.stack(hidden), new_kv, ssm2, conv2
 
@@ -211,12 +216,27 @@ class _Weights:
     EAGER_BYTES = 2 << 30
 
     def __init__(self, weights, cfg, device, dtype):
-        self.raw, self.cfg, self.device, self.dtype = weights, cfg, torch.device(device), dtype
+        """device None: every weight where it is (a placed model)."""
+        self.raw, self.cfg, self.dtype = weights, cfg, dtype
+        self.device = None if device is None else torch.device(device)
         total = sum(v.numel() for v in weights.values()) * torch.tensor([], dtype=dtype).element_size()
         self.cache = {k: self._convert(k) for k in weights} if total <= self.EAGER_BYTES else None
 
+    def rows(self, k, idx):
+        """Rows idx of a 2-D weight (the embedding's tokens), converting those rows alone when large."""
+        if self.cache is not None:
+            return self.cache[k][idx.to(self.cache[k].device)]
+        raw = self.raw[k]
+        return raw[idx.to(raw.device)].detach().to(self.device or raw.device, self.dtype)
+
+    def expert(self, k, e):
+        """Expert e of a stacked expert tensor [E, ...], converting that slice alone when large."""
+        if self.cache is not None:
+            return self.cache[k][e]
+        return self.raw[k][e].detach().to(self.device or self.raw[k].device, self.dtype)
+
     def _convert(self, k):
-        v = self.raw[k].detach().to(self.device, self.dtype)
+        v = self.raw[k].detach().to(self.device or self.raw[k].device, self.dtype)
         if k.endswith("norm") and not k.endswith(("gdn.norm", "mamba.norm")):
             v = v + self.cfg.norm_offset
         return v
@@ -234,11 +254,20 @@ def default_dtype(device) -> torch.dtype:
 
 
 def _placement(weights, device, dtype):
-    """Where the weights live unless told otherwise, in default_dtype there."""
+    """(device, dtype): where the weights live unless told otherwise, in default_dtype there. Weights
+    spread over several devices with no device given: (None, dtype), every weight used in place."""
     if device is None:
+        devs = {v.device for v in weights.values()}
+        if len(devs) > 1:
+            return None, (default_dtype(weights["embed"].device) if dtype is None else dtype)
         device = weights["embed"].device
     device = torch.device(device)
     return device, (default_dtype(device) if dtype is None else dtype)
+
+
+def _layer_devices(weights, cfg, device):
+    """Each layer's device: ``device``, or for a placed model its weights' own."""
+    return [device or weights[f"layers.{i}.input_norm"].device for i in range(cfg.num_layers)]
 
 
 def _rows(state: ModelState):
@@ -254,7 +283,7 @@ def prefill(weights, cfg, tokens, *, state: ModelState | None = None, device=Non
     """
     device, dtype = _placement(weights, device, dtype)
     w = _Weights(weights, cfg, device, dtype)
-    st = (state or empty_state(cfg)).to(dtype, device).clone()
+    st = (state or empty_state(cfg, layer_devices=_layer_devices(weights, cfg, device))).to(dtype, device).clone()
     kv, ssm, conv = _rows(st)
     logits = []
     for tok in tokens:
@@ -266,7 +295,8 @@ def prefill(weights, cfg, tokens, *, state: ModelState | None = None, device=Non
     st.kv = [None if c is None else (c[0][0], c[1][0]) for c in kv]
     st.ssm = [None if s is None else s[0] for s in ssm]
     st.conv = [None if c is None else c[0] for c in conv]
-    return st, (torch.stack(logits) if logits else torch.zeros(0, cfg.vocab_size, dtype=dtype, device=device))
+    return st, (torch.stack(logits) if logits else torch.zeros(0, cfg.vocab_size, dtype=dtype,
+                                                              device=device or weights["lm_head"].device))
 
 
 @dataclass
@@ -301,30 +331,31 @@ def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_stat
     device, dtype = _placement(weights, device, dtype)
     w = _Weights(weights, cfg, device, dtype)
     st = state.to(dtype, device)
+    ldev = _layer_devices(weights, cfg, device)
+    head = device or weights["lm_head"].device
     parents = [int(x) for x in parents]
     T, L = len(parents), cfg.num_layers
     children = [[] for _ in range(T)]
     for i in range(1, T):
         children[parents[i]].append(i)
-    f = dict(dtype=dtype, device=device)
-    logits = torch.zeros(T, cfg.vocab_size, **f)
-    hidden = torch.zeros(L, T, cfg.hidden_size, **f)
+    logits = torch.zeros(T, cfg.vocab_size, dtype=dtype, device=head)
+    hidden = torch.zeros(L, T, cfg.hidden_size, dtype=dtype, device=head)
     kv_out = [None] * L
-    for i in cfg.attention_layers:
+    for i in cfg.attention_layers:  # each layer's outputs on its own device
         shape = (T, cfg.num_key_value_heads, cfg.head_dim)
-        kv_out[i] = (torch.zeros(shape, **f), torch.zeros(shape, **f))
+        kv_out[i] = (torch.zeros(shape, dtype=dtype, device=ldev[i]), torch.zeros(shape, dtype=dtype, device=ldev[i]))
     ssm_out = [None] * L
     conv_out = [None] * L
     if record_states:
         for i in cfg.recurrent_layers:
-            ssm_out[i] = torch.zeros(T, *st.ssm[i].shape, **f)
-            conv_out[i] = torch.zeros(T, *st.conv[i].shape, **f)
+            ssm_out[i] = torch.zeros(T, *st.ssm[i].shape, dtype=dtype, device=ldev[i])
+            conv_out[i] = torch.zeros(T, *st.conv[i].shape, dtype=dtype, device=ldev[i])
 
     def step(nodes, pos, kv, ssm, conv):
         """Decode ``nodes`` (one row each) and record their outputs; returns their states after."""
         lg, hid, new_kv, ssm2, conv2 = decode_step(w, cfg, token=[int(tokens[n]) for n in nodes], pos=[pos] * len(nodes),
                                                    kv_ctx=kv, ssm=ssm, conv=conv)
-        idx = torch.tensor(nodes, device=device)
+        idx = nodes  # a list of row indices indexes a tensor on any device
         logits[idx] = lg
         hidden[:, idx] = hid
         kv2 = []
@@ -342,8 +373,7 @@ def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_stat
 
     def take(rows, xs):
         """Rows ``rows`` of every layer's batched state (kv pairs, S or windows)."""
-        r = torch.tensor(rows, device=device)
-        return [None if x is None else ((x[0][r], x[1][r]) if isinstance(x, tuple) else x[r]) for x in xs]
+        return [None if x is None else ((x[0][rows], x[1][rows]) if isinstance(x, tuple) else x[rows]) for x in xs]
 
     root_kv, root_ssm, root_conv = _rows(st)
     if T and order == "level":

@@ -74,9 +74,8 @@ class EmulatedEngine:
             bonus = int(res.logits[path[-1]].argmax())
             states = {}
             if self.dump_states:  # the engine's committed recurrent state and conv window before the step
-                for i, kind in enumerate(m.cfg.layer_pattern):
-                    if kind != "a":
-                        states[f"ssm.{i}"], states[f"conv.{i}"] = state.ssm[i], state.conv[i]
+                for i in m.cfg.recurrent_layers:
+                    states[f"ssm.{i}"], states[f"conv.{i}"] = state.ssm[i], state.conv[i]
             writer.write_step(request=request, context=context, parents=tree.parents, tokens=tree.tokens,
                               positions=[int(p) for p in tree.positions(len(context))], logits=res.logits,
                               accepted=path, emitted=[tree.tokens[i] for i in path[1:]] + [bonus], states=states)
