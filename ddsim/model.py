@@ -11,6 +11,7 @@ tree conv and the tree recurrence from gpu_backend with a per-mode choice of sou
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,11 @@ def _rmsnorm(x, w, eps):
 
 def _offset_norm(name: str) -> bool:
     return name.endswith("norm") and not name.endswith(("gdn.norm", "mamba.norm"))
+
+
+def _current(device: torch.device):
+    """The CUDA device guard for ``device`` (nothing for the CPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _rope(x, pos, theta, rot):
@@ -145,30 +151,13 @@ class HybridModel:
             return tables[d]
 
         h = w["embed"][toks] * cfg.embedding_multiplier  # [T, d]
-        r = cfg.residual_multiplier
         hidden, ssm, conv, kv = [], [], [], []
         for i, kind in enumerate(cfg.layer_pattern):
             p = f"layers.{i}."
             h = h.to(self.layer_devices[i])  # a placed model hands the hidden state on (no copy otherwise)
             parents, pos, mask = on(h.device)
-            xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
-            nk, S, win = None, None, None
-            if kind == "f":
-                h = h + r * self._mlp(p, xn, i)
-            else:
-                out = torch.zeros_like(h)
-                if kind in "ap":
-                    a, k, v = self._attention(p, xn, pos, mask, state.kv[i])
-                    out, nk = out + a, (k, v)
-                if kind == "g":
-                    g, S, win = self._gdn(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode)
-                    out = out + g
-                if kind in "mp":
-                    m, S, win = self._mamba2(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode)
-                    out = out + m
-                h = h + r * out
-                if cfg.layer_mlp:
-                    h = h + r * self._mlp(p, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
+            with _current(h.device):  # Triton launches on the current CUDA device: make it this layer's
+                h, nk, S, win = self._layer(i, kind, p, h, state, parents, pos, mask, conv_mode, rec_mode)
             kv.append(nk)
             ssm.append(S)
             conv.append(win)
@@ -176,6 +165,30 @@ class HybridModel:
         h = h.to(self.head_device)
         logits = F.linear(_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps), w["lm_head"]).float() / cfg.logits_scaling
         return VerifyResult(mode, logits, torch.stack(hidden), ssm, conv, kv)
+
+    def _layer(self, i, kind, p, h, state, parents, pos, mask, conv_mode, rec_mode):
+        """Layer i on h [T, d] -> (h after it, its new KV or None, per-node states and windows or None)."""
+        cfg, w = self.cfg, self.w
+        r = cfg.residual_multiplier
+        xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
+        nk, S, win = None, None, None
+        if kind == "f":
+            h = h + r * self._mlp(p, xn, i)
+        else:
+            out = torch.zeros_like(h)
+            if kind in "ap":
+                a, k, v = self._attention(p, xn, pos, mask, state.kv[i])
+                out, nk = out + a, (k, v)
+            if kind == "g":
+                g, S, win = self._gdn(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode)
+                out = out + g
+            if kind in "mp":
+                m, S, win = self._mamba2(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode)
+                out = out + m
+            h = h + r * out
+            if cfg.layer_mlp:
+                h = h + r * self._mlp(p, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
+        return h, nk, S, win
 
     def _mlp(self, p, x, i):
         """SwiGLU (or relu^2), or the MoE block: softmax router, top-k experts (renormalised when

@@ -29,6 +29,15 @@ BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy")
 MAMBA2_BACKENDS = ("torch", "triton", "triton-recurrent", "triton-ssd")
 
 
+def _on(x):
+    """Triton launches on the current CUDA device: run a launcher under x's device (a guard: inputs on a
+    GPU other than the current one, as in a model placed over several GPUs)."""
+    import contextlib
+
+    import torch
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
 def _backend(x, backend, known=BACKENDS):
     b = backend or ("triton" if x.is_cuda else "torch")
     if b not in known:
@@ -52,7 +61,8 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         T = q.shape[1]
         be = "triton-recurrent" if output_states or T > triton_gdn.WY_MAX_NODES else "triton-wy"
     fn = triton_gdn.gdn_tree_verify_recurrent if be == "triton-recurrent" else triton_gdn.gdn_tree_verify_wy
-    return fn(q, k, v, g, beta, **kw)
+    with _on(q):
+        return fn(q, k, v, g, beta, **kw)
 
 
 def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, use_qk_l2norm=True,
@@ -70,7 +80,8 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
             return checks.write_slots(initial_state, state_indices, k.shape[0], new, "initial_state", "states")
         return new
     from ddsim.gpu_backend.triton_commit import gdn_tree_commit_triton
-    return gdn_tree_commit_triton(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state,
+    with _on(k):
+        return gdn_tree_commit_triton(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state,
                                   use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, inplace=inplace,
                                   a=a, b=b, A_log=A_log, dt_bias=dt_bias)
 
@@ -87,7 +98,8 @@ def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="e
         return torch_ops.tree_causal_conv1d(
             x, initial_window=checks.resolve_window(initial_window, state_indices, x.shape[0]), **kw)
     from ddsim.gpu_backend.triton_conv import tree_causal_conv1d_triton
-    return tree_causal_conv1d_triton(x, initial_window=initial_window, state_indices=state_indices, **kw)
+    with _on(x):
+        return tree_causal_conv1d_triton(x, initial_window=initial_window, state_indices=state_indices, **kw)
 
 
 def conv_tree_commit(x, *, parents, accepted, initial_window, state_indices=None, inplace=False, backend=None):
@@ -101,7 +113,8 @@ def conv_tree_commit(x, *, parents, accepted, initial_window, state_indices=None
             return checks.write_slots(initial_window, state_indices, x.shape[0], new, "initial_window", "windows")
         return new
     from ddsim.gpu_backend.triton_commit import conv_tree_commit_triton
-    return conv_tree_commit_triton(x, parents=parents, accepted=accepted, initial_window=initial_window,
+    with _on(x):
+        return conv_tree_commit_triton(x, parents=parents, accepted=accepted, initial_window=initial_window,
                                    state_indices=state_indices, inplace=inplace)
 
 
@@ -121,7 +134,8 @@ def mamba2_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True
     if be == "triton":
         be = "triton-recurrent" if output_states else "triton-ssd"
     fn = triton_mamba2.mamba2_tree_verify_recurrent if be == "triton-recurrent" else triton_mamba2.mamba2_tree_verify_ssd
-    return fn(x, dt, A, B, C, **kw)
+    with _on(x):
+        return fn(x, dt, A, B, C, **kw)
 
 
 def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), parents, accepted,
@@ -137,7 +151,8 @@ def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=
             return checks.write_slots(initial_state, state_indices, x.shape[0], new, "initial_state", "states")
         return new
     from ddsim.gpu_backend.triton_mamba2 import mamba2_tree_commit_triton
-    return mamba2_tree_commit_triton(x, dt, A, B, inplace=inplace, **kw)
+    with _on(x):
+        return mamba2_tree_commit_triton(x, dt, A, B, inplace=inplace, **kw)
 
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_tree_commit", "tree_causal_conv1d",
