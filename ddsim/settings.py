@@ -56,7 +56,7 @@ class AuditConfig(BaseModel):
     @classmethod
     def _placement(cls, d):
         """With --devices and --device left at its default, the audit's device is the first listed."""
-        if isinstance(d, dict) and d.get("devices") and d.get("device", "cpu") in ("cpu", "auto"):
+        if isinstance(d, dict) and d.get("devices") and d.get("device", "cpu") in ("cpu", "auto", "cuda"):
             d = {**d, "device": str(d["devices"]).split(",")[0].strip()}
         return d
 
