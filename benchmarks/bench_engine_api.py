@@ -10,7 +10,8 @@ included), one GDN layer per call:
   ddsim snapshot-free engine_api.target_verify (no buffer) + engine_api.commit_accepted
   sglang flattened    the hybrid-unsafe path, for reference
 
-    python benchmarks/bench_engine_api.py [--commit SHA]     # needs CUDA and SGLang's kernel importable
+    python benchmarks/bench_engine_api.py [--commit SHA] [--shapes 1x16,...,8x129]
+        # needs CUDA and SGLang's kernel importable; trees above 65 nodes run ddsim's chunked WY form
 """
 import argparse
 import time
@@ -32,7 +33,10 @@ def bench(fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
+    ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in KERNEL_SHAPES) + ",1x129,8x129,1x257",
+                    help="sequences x nodes, comma-separated")
     a = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     sgl, where = _kernel()
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | commit {a.commit} | SGLang kernel {where}")
@@ -40,7 +44,7 @@ def main():
           "+ commit_accepted | sglang flattened | buffer MiB/layer |")
     print("|---|---|---|---|---|---|---|---|")
     dev = "cuda"
-    for B, T in KERNEL_SHAPES:
+    for B, T in shapes:
         trees, parents = ddtree_batch(B, T)
         inp = kernel_inputs(B, T, device=dev)
         HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]

@@ -3,11 +3,12 @@ keyword-only signature.
 
 Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" otherwise):
   torch             pure PyTorch, batched over the tree (serves CPU users)
-  triton            gdn_tree_verify: "triton-wy" unless per-node states are asked for (or the
-                    tree has more than 65 nodes), then "triton-recurrent"
+  triton            gdn_tree_verify: "triton-wy" unless per-node states are asked for, then
+                    "triton-recurrent"
   triton-recurrent  leaky = flattened recurrence (per-node states optional);
                     exact = parent-indexed recurrence over per-node snapshots
-  triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states
+  triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states; one block
+                    up to 65 nodes, chunk by chunk beyond (budgets 128, 256, ...)
 Mamba2 (mamba2_tree_verify / mamba2_tree_commit) takes "torch", "triton" ("triton-ssd" unless
 per-node states are asked for), "triton-recurrent" and "triton-ssd" (the tree-masked SSD form: no
 per-node states, any tree size).
@@ -58,8 +59,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         return torch_ops.gdn_tree_verify(q, k, v, g, beta, **kw)
     from ddsim.gpu_backend import triton_gdn
     if be == "triton":
-        T = q.shape[1]
-        be = "triton-recurrent" if output_states or T > triton_gdn.WY_MAX_NODES else "triton-wy"
+        be = "triton-recurrent" if output_states else "triton-wy"
     fn = triton_gdn.gdn_tree_verify_recurrent if be == "triton-recurrent" else triton_gdn.gdn_tree_verify_wy
     with _on(q):
         return fn(q, k, v, g, beta, **kw)

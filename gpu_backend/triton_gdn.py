@@ -120,7 +120,8 @@ def _gdn_wy_kernel(
              mask=mt[:, None] & mv[None, :])
 
 
-WY_MAX_NODES = 65  # the root + one block of at most 64 draft nodes (a 128-row block exceeds shared memory in tf32x3)
+WY_MAX_NODES = 65  # the root + one block of at most 64 draft nodes (a 128-row block exceeds shared memory in
+# tf32x3); larger trees go to the chunked form in triton_wy_blocked (block forward substitution over chunks)
 
 
 def _prep(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode):
@@ -187,9 +188,11 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     scale = K ** -0.5 if scale is None else float(scale)
-    if T > WY_MAX_NODES:
-        raise ValueError(f"parents: the WY kernel takes at most {WY_MAX_NODES} nodes per tree, got {T}; "
-                         "use the recurrent kernel")
+    if T > WY_MAX_NODES:  # more draft nodes than one block: the chunked form (triton_wy_blocked)
+        from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
+        return plan_wy_blocked(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
+                               use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
+                               dt_bias=dt_bias, precision=precision, poison=poison)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)

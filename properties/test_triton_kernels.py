@@ -162,21 +162,40 @@ def test_triton_rejects_bad_input():
                            initial_state=_dev(inp["initial_state"]), backend="triton-recurrent")
 
 
-def test_wy_refuses_trees_beyond_one_block_and_dispatch_falls_back():
-    from ddsim.gpu_backend.triton_gdn import WY_MAX_NODES
-    T = WY_MAX_NODES + 1
-    gen = torch.Generator().manual_seed(0)
-    args = dict(q=torch.randn(1, T, 1, 4, generator=gen), k=torch.randn(1, T, 1, 4, generator=gen),
-                v=torch.randn(1, T, 1, 4, generator=gen), g=-torch.rand(1, T, 1, generator=gen),
-                beta=torch.rand(1, T, 1, generator=gen))
-    args = {k: _dev(v) for k, v in args.items()}
-    parents = torch.tensor([[-1] + list(range(T - 1))])
-    s0 = _dev(torch.randn(1, 1, 4, 4, generator=gen))
-    with pytest.raises(ValueError, match="at most"):
-        gb.gdn_tree_verify(**args, parents=parents, initial_state=s0, backend="triton-wy")
-    o = gb.gdn_tree_verify(**args, parents=parents, initial_state=s0, backend="triton")  # recurrent fallback
-    ref = oracle.gdn_tree_verify(**args, parents=parents, initial_state=s0)
-    assert_close("o (fallback)", o, ref, dtype=torch.float32, slack=5)
+@pytest.mark.parametrize("T, mode", [(66, "exact"), (70, "leaky"), (131, "exact")])
+def test_wy_verifies_trees_beyond_one_block_chunk_by_chunk(T, mode):
+    """Budgets past 64 draft nodes: the WY kernel's chunked form (block forward substitution over
+    64-row chunks), exact without per-node states; DDTree trees, grouped heads, fused gates."""
+    from ddsim.bench import ddtree_batch
+    _, parents = ddtree_batch(2, T, vocab=60, depth=12, topk=4, seed=T)
+    gen = torch.Generator().manual_seed(T)
+    B, H, HV, K, V = 2, 1, 2, 8, 4
+    q, k = torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, K, generator=gen)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    a, b = torch.randn(B, T, HV, generator=gen), torch.randn(B, T, HV, generator=gen)
+    A_log, dt_bias = torch.log(1 + 15 * torch.rand(HV, generator=gen)), torch.randn(HV, generator=gen) - 3
+    s0 = torch.randn(B, HV, K, V, generator=gen)
+    o = gb.gdn_tree_verify(*(_dev(x) for x in (q, k, v)), a=_dev(a), b=_dev(b), A_log=_dev(A_log), dt_bias=_dev(dt_bias),
+                           parents=_dev(parents), initial_state=_dev(s0), mode=mode, backend="triton")
+    g = -torch.exp(A_log.double()) * torch.nn.functional.softplus(a.double() + dt_bias.double())
+    ref = oracle.gdn_tree_verify(q, k, v, g, torch.sigmoid(b.double()), parents=parents, initial_state=s0, mode=mode)
+    assert_close(f"o (T={T}, {mode})", o, ref, dtype=torch.float32, slack=5)
+
+
+@given(gdn_inputs(max_nodes=40), st.sampled_from(["exact", "leaky"]))
+@example(_long_example(T=37), "exact")
+def test_wy_in_chunks_of_16_matches_the_oracle(inp, mode):
+    """The chunked form with 16-row chunks, so hypothesis's small trees span several chunks."""
+    from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
+    args = _cast(inp, torch.float32)
+    pool, slots = _pool(inp)
+    before = pool.clone()
+    launch, o = plan_wy_blocked(**args, parents=_dev(inp["parents"]), initial_state=pool, state_indices=slots,
+                                mode=mode, block_t=16)
+    launch()
+    ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
+    assert_close(f"o (chunks of 16, {mode})", o, ref, dtype=torch.float32, slack=5)
+    assert torch.equal(pool, before)
 
 
 @given(gdn_inputs(), st.data())
