@@ -192,7 +192,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
         from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
         return plan_wy_blocked(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
                                use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
-                               dt_bias=dt_bias, precision=precision, poison=poison, block_v=min(block_v, 64),
+                               dt_bias=dt_bias, precision=precision, poison=poison, block_v=min(block_v, 32),
                                num_warps=num_warps)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
