@@ -171,10 +171,12 @@ def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.f
     slots = draw(st.permutations(range(n_slots)))[:B]
     pool = torch.full((n_slots, H, P, N), float("nan"))
     pool[list(slots)] = state
-    return dict(x=rnd(B, T, H, P).to(dtype), dt=rnd(B, T, H).to(dtype), A=A.float(), B=rnd(B, T, G, N).to(dtype),
+    softplus = True if engine else draw(st.sampled_from([True, True, False]))
+    dt = rnd(B, T, H) if softplus else rnd(B, T, H).abs()  # taken as given, dt is a step: >= 0 (decays)
+    return dict(x=rnd(B, T, H, P).to(dtype), dt=dt.to(dtype), A=A.float(), B=rnd(B, T, G, N).to(dtype),
                 C=rnd(B, T, G, N).to(dtype), D=rnd(H).float() if draw(st.booleans()) else None,
-                dt_bias=rnd(H).float() if draw(st.booleans()) else None,
-                dt_softplus=True if engine else draw(st.sampled_from([True, True, False])),
+                dt_bias=None if not softplus else (rnd(H).float() if draw(st.booleans()) else None),
+                dt_softplus=softplus,
                 dt_limit=(0.0, float("inf")) if engine else draw(st.sampled_from([(0.0, float("inf")), (0.05, 1.5)])),
                 parents=torch.tensor([t.parents for t in ts]), initial_state=state, pool=pool,
                 slots=torch.tensor(slots, dtype=torch.int32), trees=ts)
