@@ -76,8 +76,8 @@ def _rope(x, pos, theta, rot):
 
 class HybridModel:
     """Weights plus the batched tree forward. ``dtype`` is the fast path's compute dtype (float32
-    on the CPU); recurrent state is always float32 or wider. On CUDA the GDN recurrence and conv
-    run the Triton kernels (the recurrent kernel, since the simulator keeps per-node states).
+    on the CPU); recurrent state is always float32 or wider. On CUDA the recurrences (GDN, Mamba2) and
+    convs run the Triton kernels (the recurrent ones, since the simulator keeps per-node states).
 
     Weights placed over several devices (ddsim.placement) stay where they are: each layer runs on its
     own device, the hidden state moves between layers, and each device gets its own tree tables;

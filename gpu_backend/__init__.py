@@ -82,8 +82,8 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
     from ddsim.gpu_backend.triton_commit import gdn_tree_commit_triton
     with _on(k):
         return gdn_tree_commit_triton(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state,
-                                  use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, inplace=inplace,
-                                  a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+                                      use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, inplace=inplace,
+                                      a=a, b=b, A_log=A_log, dt_bias=dt_bias)
 
 
 def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="exact", activation="silu",
@@ -115,7 +115,7 @@ def conv_tree_commit(x, *, parents, accepted, initial_window, state_indices=None
     from ddsim.gpu_backend.triton_commit import conv_tree_commit_triton
     with _on(x):
         return conv_tree_commit_triton(x, parents=parents, accepted=accepted, initial_window=initial_window,
-                                   state_indices=state_indices, inplace=inplace)
+                                       state_indices=state_indices, inplace=inplace)
 
 
 def mamba2_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf),
