@@ -154,6 +154,25 @@ def test_pool_table_by_family_pools_each_family_apart():
     assert all(r["state_rel"]["n"] == 0 for r in none.table(cfg)["by_family"])
 
 
+def test_node_metrics_on_hand_built_logits_and_a_model_without_recurrent_layers():
+    """KL, max |diff| and flips per row of [T, V] logits (not over the flattened array), and empty
+    [0, T] state tables for a model whose layers keep no state."""
+    cfg = get_preset("micro").replace(layer_pattern="aa")
+    tree = Tree([-1, 0, 0], [1, 2, 3])
+    ref_logits = torch.tensor([[3.0, 0.0, 0.0], [0.0, 0.0, 5.0], [0.0, 2.0, 0.0]], dtype=torch.float64)
+    res_logits = torch.tensor([[3.0, 0.0, 0.0], [0.0, 6.0, 5.0], [0.0, 2.0, 1.0]])
+    none = [None, None]
+    ref = SimpleNamespace(logits=ref_logits, hidden=torch.ones(2, 3, 4, dtype=torch.float64), ssm=none, conv=none)
+    res = SimpleNamespace(logits=res_logits, hidden=torch.ones(2, 3, 4), ssm=none, conv=none)
+    m = node_metrics(tree, res, ref, cfg)
+    assert m["flip"].tolist() == [False, True, False]  # per row: node 1's argmax moved from 2 to 1
+    assert m["max_abs"].tolist() == [0.0, 6.0, 1.0]
+    lo, lm = torch.log_softmax(ref_logits, -1), torch.log_softmax(res_logits.double(), -1)
+    assert np.allclose(m["kl"], (lo.exp() * (lo - lm)).sum(-1).numpy()) and m["kl"][0] == 0.0
+    assert m["state_rel"].shape == (0, 3) and m["conv_rel"].shape == (0, 3)
+    assert m["hidden_rel"].shape == (2, 3) and not m["hidden_rel"].any()
+
+
 def test_noise_floor_is_the_worst_node_of_either_group():
     cfg = get_preset("micro")
     pool = NodePool()
@@ -649,6 +668,10 @@ def test_replay_rules_on_hand_built_summaries():
     assert [x.rule for x in bad if not x.holds] == ["diagnosed_steps", "top1_disagreements"]
     assert [x.holds for x in evaluate_replay(policy, {**clean, "steps": 0})][-1] is False
     assert bad[1].line("replay").startswith("VIOLATED diagnosed_steps: measured 1 > bound 0")
+    assert [x.holds for x in evaluate_replay(policy, {**clean, "steps": 1})][-1] is True  # one step is enough
+    empty = evaluate_replay(policy, {**clean, "steps": 0})[-1]
+    assert empty.line("replay") == ("VIOLATED replayed_steps: measured 0 < bound 1 (a dump with no verify step "
+                                    "approves nothing; mode replay)")
 
 
 def test_replay_table_of_a_policy_is_checked(tmp_path):
@@ -694,3 +717,35 @@ def test_a_tampered_fragility_is_refused(tmp_path):
     data["reference_fragility"]["within_noise_margin"] = 1
     with pytest.raises(InputError, match="reference_fragility"):
         json_report.loads(json.dumps(data), "r.json")
+
+
+@pytest.fixture(scope="module")
+def mamba_report_dict():
+    """A small deterministic audit of the micro-mamba2 preset (Mamba2, parallel and MLP-only blocks)."""
+    import ddsim.audit as audit
+    from ddsim.settings import AuditConfig
+    rep = audit.run_audit(AuditConfig(preset="micro-mamba2", budgets=[16], steps=2, n_prompts=1, seed=5))
+    return json.loads(json_report.dumps(json_report.stamp(rep)))
+
+
+def test_a_mamba2_report_loads_and_its_family_rows_are_checked(tmp_path, mamba_report_dict):
+    d = copy.deepcopy(mamba_report_dict)
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(d))
+    typed = json_report.load(p)  # consistent as written: m, m and p layers make one mamba2 family of 3
+    fam = typed.budgets[0].leak["leaky"].by_family
+    assert [(f.family, f.layers) for f in fam] == [("mamba2", 3)]
+    for what, edit, needle in (
+            ("family renamed", lambda x: x["budgets"][0]["leak"]["leaky"]["by_family"][0].update(family="gdn"),
+             "does not match the model's recurrent layers"),
+            ("family layer count", lambda x: x["budgets"][0]["leak"]["exact"]["by_family"][0].update(layers=2),
+             "does not match the model's recurrent layers"),
+            ("MLP layer given a state", lambda x: x["budgets"][0]["leak"]["exact"]["by_layer"][1].update(
+                state_rel=x["budgets"][0]["leak"]["exact"]["by_layer"][0]["state_rel"]),
+             "state_rel and conv_rel are given exactly for recurrent layers")):
+        bad = copy.deepcopy(d)
+        edit(bad)
+        p.write_text(json.dumps(bad))
+        with pytest.raises(InputError, match=needle):
+            json_report.load(p)
+        assert what  # the case, named in a failure's locals
