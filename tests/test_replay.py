@@ -178,3 +178,30 @@ def test_the_replay_report_is_typed_and_checked(tmp_path, ckpt, dumps):
         tamper(bad)
         with pytest.raises(ValidationError, match=needle):
             ReplayReport.model_validate_json(json.dumps(bad))
+
+
+MAMBA_EXPECTED = {
+    None: ["within noise"] * 8,
+    "leak": ["sibling leak"] * 8,
+    "stale": ["within noise"] * 2 + ["stale state"] + ["within noise"] * 3 + ["stale state", "within noise"],
+}
+
+
+@pytest.fixture(scope="module")
+def mamba_ckpt(tmp_path_factory):
+    from tests.test_checkpoints_mamba import _hf_model
+    d = tmp_path_factory.mktemp("replay") / "nemotron_h"
+    _hf_model("nemotron_h").save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("bug", list(MAMBA_EXPECTED))
+def test_replay_of_a_mamba2_hybrid_names_each_planted_bug(tmp_path, mamba_ckpt, bug):
+    """The same replay on a Nemotron-H checkpoint (Mamba2 SSM states and conv windows dumped and
+    recomputed like GDN's): clean, the sibling leak, a stale committed state."""
+    model = load_model(mamba_ckpt)
+    write_dump(tmp_path / "dump", model, bug=bug, dump_states=bug == "stale")
+    r = run_cli("replay", "--model", mamba_ckpt, "--dump", tmp_path / "dump", "--out", tmp_path / "r")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert [s["diagnosis"] for s in rep["steps"]] == MAMBA_EXPECTED[bug]
