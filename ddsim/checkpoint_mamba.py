@@ -69,6 +69,15 @@ def _layer_kinds(mt: str, raw: dict, where: Path) -> str:
 
 def read_mamba_config(mt: str, raw: dict, d: Path) -> ModelConfig:
     """A ModelConfig from the config.json of one of ARCHS (checked; InputError naming the field)."""
+    try:
+        return _read_mamba_config(mt, raw, d)
+    except KeyError as e:
+        raise InputError(f"{d / 'config.json'}: missing field {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{d / 'config.json'}: {e}") from None
+
+
+def _read_mamba_config(mt: str, raw: dict, d: Path) -> ModelConfig:
     where = d / "config.json"
     for flag in ("attention_bias", "mlp_bias", "mamba_proj_bias", "use_bias", "projectors_bias"):
         if raw.get(flag):
@@ -114,23 +123,18 @@ def read_mamba_config(mt: str, raw: dict, d: Path) -> ModelConfig:
         extra = dict(embedding_multiplier=float(raw.get("embedding_multiplier", 1.0)),
                      logits_scaling=1.0 / float(raw.get("lm_head_multiplier", 1.0)))
     inter = raw.get("shared_intermediate_size") if mt == "granitemoehybrid" else raw.get("intermediate_size")
-    try:
-        return ModelConfig(
-            name=d.name, architecture=mt, vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
-            layer_pattern=pattern, intermediate_size=int(inter or 1), num_attention_heads=nh,
-            num_key_value_heads=int(raw.get("num_key_value_heads") or nh), head_dim=head_dim,
-            rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
-            partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
-            conv_kernel_size=int(W), rms_norm_eps=float(eps),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-            mamba_num_heads=int(H), mamba_head_dim=int(P), mamba_state_size=int(N), mamba_n_groups=int(G),
-            mamba_conv_bias=bool(bias), mamba_dt_limit=limit, mamba_norm=norm, layer_mlp=mt != "nemotron_h",
-            mlp_act="relu2" if mt == "nemotron_h" else "swiglu", use_rope=use_rope,
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), notes=f"checkpoint {d}", **extra)
-    except KeyError as e:
-        raise InputError(f"{where}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{where}: {e}") from None
+    return ModelConfig(
+        name=d.name, architecture=mt, vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
+        layer_pattern=pattern, intermediate_size=int(inter or 1), num_attention_heads=nh,
+        num_key_value_heads=int(raw.get("num_key_value_heads") or nh), head_dim=head_dim,
+        rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
+        partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
+        conv_kernel_size=int(W), rms_norm_eps=float(eps),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        mamba_num_heads=int(H), mamba_head_dim=int(P), mamba_state_size=int(N), mamba_n_groups=int(G),
+        mamba_conv_bias=bool(bias), mamba_dt_limit=limit, mamba_norm=norm, layer_mlp=mt != "nemotron_h",
+        mlp_act="relu2" if mt == "nemotron_h" else "swiglu", use_rope=use_rope,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), notes=f"checkpoint {d}", **extra)
 
 
 def _mup_rows(raw: dict, cfg: ModelConfig) -> torch.Tensor:

@@ -119,14 +119,18 @@ def test_mamba_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint):
     arch, d, _ = checkpoint
     if arch != "granitemoehybrid":
         return
-    for field, value, needle in (("num_local_experts", 4, "routed experts are not supported"),
+    for field, value, needle in (("mamba_n_heads", None, "missing field 'mamba_n_heads'"),
+                                 ("num_local_experts", 4, "routed experts are not supported"),
                                  ("mamba_proj_bias", True, "mamba_proj_bias=true is not supported"),
                                  ("layer_types", ["mamba", "moe", "attention", "mamba"], "routed-expert blocks"),
                                  ("mamba_d_head", 7, "mamba_n_heads * mamba_d_head = 28")):
         bad = tmp_path / field
         shutil.copytree(d, bad)
         cfgj = json.loads((bad / "config.json").read_text())
-        cfgj[field] = value
+        if value is None:
+            del cfgj[field]
+        else:
+            cfgj[field] = value
         (bad / "config.json").write_text(json.dumps(cfgj))
         with pytest.raises(InputError, match=re.escape(needle)):
             read_config(bad)
