@@ -12,7 +12,9 @@ Layout notes (from the reference implementation in transformers):
 - Bamba: a mixer and a SwiGLU MLP per layer; attention with (partial) RoPE.
 - Granite-4.0-H: Bamba's layout plus scalings (embedding, residual, attention scale, logits), the
   SwiGLU packed as input_linear [gate; up]; attention without RoPE unless position_embedding_type
-  is "rope". Routed experts (num_local_experts > 0) are refused, not approximated.
+  is "rope". With num_local_experts > 0 every layer's MLP is the routed MoE (experts of
+  intermediate_size, top-k of the router's logits softmaxed over the k chosen, i.e. the softmax over
+  all experts renormalised over the top k) plus the shared MLP added ungated.
 - Falcon-H1: attention and Mamba2 in parallel in every layer (kind 'p'); its multipliers are folded
   into the weights they scale (in float32, then back to the checkpoint's dtype): attention in/out
   and key multipliers into q/k/v/o, ssm in/out multipliers and the per-section mup vector into
@@ -82,9 +84,6 @@ def _read_mamba_config(mt: str, raw: dict, d: Path) -> ModelConfig:
     for flag in ("attention_bias", "mlp_bias", "mamba_proj_bias", "use_bias", "projectors_bias"):
         if raw.get(flag):
             raise InputError(f"{where}: {flag}=true is not supported")
-    if mt == "granitemoehybrid" and int(raw.get("num_local_experts") or 0) > 0:
-        raise InputError(f"{where}: num_local_experts={raw['num_local_experts']}: routed experts are not supported "
-                         "(the dense Granite-4.0-H models are)")
     act = raw.get("mlp_hidden_act" if mt == "nemotron_h" else "hidden_act", "silu")
     if act not in (("relu2",) if mt == "nemotron_h" else ("silu",)):
         raise InputError(f"{where}: MLP activation {act!r} is not supported")
@@ -123,6 +122,12 @@ def _read_mamba_config(mt: str, raw: dict, d: Path) -> ModelConfig:
         extra = dict(embedding_multiplier=float(raw.get("embedding_multiplier", 1.0)),
                      logits_scaling=1.0 / float(raw.get("lm_head_multiplier", 1.0)))
     inter = raw.get("shared_intermediate_size") if mt == "granitemoehybrid" else raw.get("intermediate_size")
+    E = int(raw.get("num_local_experts") or 0) if mt == "granitemoehybrid" else 0
+    if E:  # every layer's MLP: routed experts of intermediate_size (top-k softmax) plus the shared MLP
+        extra.update(num_experts=E, num_experts_per_tok=int(raw.get("num_experts_per_tok", 1)),
+                     moe_intermediate_size=int(raw["intermediate_size"]),
+                     shared_expert_intermediate_size=int(raw.get("shared_intermediate_size") or 0),
+                     shared_expert_gate=False, norm_topk_prob=True)
     return ModelConfig(
         name=d.name, architecture=mt, vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
         layer_pattern=pattern, intermediate_size=int(inter or 1), num_attention_heads=nh,
@@ -203,7 +208,6 @@ class MambaMapper:
             "feed_forward.up_proj.weight": ("mlp.up", None),
             "feed_forward.down_proj.weight": ("mlp.down", (raw.get("mlp_multipliers") or [1.0, 1.0])[1] if falcon else None),
             "mlp.up_proj.weight": ("mlp.up", None), "mlp.down_proj.weight": ("mlp.down", None),
-            "shared_mlp.output_linear.weight": ("mlp.down", None),
             "mamba.dt_bias": ("mamba.dt_bias", None), "mamba.A_log": ("mamba.A_log", None), "mamba.D": ("mamba.D", None),
             "mamba.conv1d.bias": ("mamba.conv_bias", None), "mamba.norm.weight": ("mamba.norm", None),
             "mamba.out_proj.weight": ("mamba.out", float(raw.get("ssm_out_multiplier", 1.0)) if falcon else None),
@@ -220,8 +224,19 @@ class MambaMapper:
             self.put(p + "mamba.z", t[:I])
             self.put(p + "mamba.xbc", t[I:I + Cm])
             return self.put(p + "mamba.dt", t[I + Cm:])
-        if rest == "shared_mlp.input_linear.weight":  # [gate; up]
-            I = cfg.intermediate_size
-            self.put(p + "mlp.gate", t[:I])
-            return self.put(p + "mlp.up", t[I:])
+        moe = cfg.is_moe_layer(i)
+        if rest == "shared_mlp.input_linear.weight":  # [gate; up]: the layer's MLP, or its shared expert
+            I = cfg.shared_expert_intermediate_size if moe else cfg.intermediate_size
+            self.put(p + ("mlp.shared.gate" if moe else "mlp.gate"), t[:I])
+            return self.put(p + ("mlp.shared.up" if moe else "mlp.up"), t[I:])
+        if rest == "shared_mlp.output_linear.weight":
+            return self.put(p + ("mlp.shared.down" if moe else "mlp.down"), t)
+        if rest == "block_sparse_moe.router.layer.weight":  # [E, d]
+            return self.put(p + "mlp.router", t)
+        if rest == "block_sparse_moe.input_linear.weight":  # [E, 2I, d]: per expert [gate; up]
+            I = cfg.moe_intermediate_size
+            self.put(p + "mlp.experts.gate", t[:, :I])
+            return self.put(p + "mlp.experts.up", t[:, I:])
+        if rest == "block_sparse_moe.output_linear.weight":  # [E, d, I]
+            return self.put(p + "mlp.experts.down", t)
         raise InputError(f"tensor {key!r} is not part of a {self.mt} layer as ddsim reads it (refused rather than ignored)")

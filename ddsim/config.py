@@ -67,6 +67,7 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm of q and k per head before RoPE
     partial_rotary_factor: float = 1.0  # RoPE on the first int(head_dim * factor) dims of each head
     num_experts: int = 0  # MoE MLP (SwiGLU experts, softmax top-k router, shared expert) when > 0
+    shared_expert_gate: bool = True  # the shared expert's output scaled by sigmoid(x . w) (False: Granite's plain sum)
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0

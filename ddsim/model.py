@@ -212,7 +212,9 @@ class HybridModel:
         if p + "mlp.shared.gate" in w:
             shared = F.linear(F.silu(F.linear(x, w[p + "mlp.shared.gate"])) * F.linear(x, w[p + "mlp.shared.up"]),
                               w[p + "mlp.shared.down"])
-            out = out + torch.sigmoid(F.linear(x, w[p + "mlp.shared_gate"])) * shared
+            if p + "mlp.shared_gate" in w:  # Qwen's gated shared expert; Granite's is a plain sum
+                shared = torch.sigmoid(F.linear(x, w[p + "mlp.shared_gate"])) * shared
+            out = out + shared
         return out
 
     def _attention(self, p, x, pos, mask, prefix):

@@ -8,7 +8,7 @@ Weights are a flat dict of tensors with these names (shapes for hidden d, vocab 
              with attn_output_gate .attn.gate [nh*hd, d]; with qk_norm .attn.q_norm [hd], .attn.k_norm [hd]
   MoE layer (instead of .mlp.gate/up/down): .mlp.router [E, d]; .mlp.experts.gate [E, I, d];
              .mlp.experts.up [E, I, d]; .mlp.experts.down [E, d, I]; .mlp.shared.gate/up/down;
-             .mlp.shared_gate [1, d]
+             .mlp.shared_gate [1, d] (with shared_expert_gate)
 Norm weights are stored as checkpoints store them: the scale is (cfg.norm_offset + weight) for every
 RMSNorm except the GDN and Mamba2 gated norms (plain weight).
   gdn layer: .gdn.qkv [2*H*K + HV*V, d]; .gdn.z [HV*V, d]; .gdn.a [HV, d]; .gdn.b [HV, d];
@@ -74,8 +74,9 @@ def _mlp_shapes(cfg: ModelConfig, p: str, i: int) -> dict:
         out = {p + "mlp.router": (E, d), p + "mlp.experts.gate": (E, I, d), p + "mlp.experts.up": (E, I, d),
                p + "mlp.experts.down": (E, d, I)}
         if Is:
-            out.update({p + "mlp.shared.gate": (Is, d), p + "mlp.shared.up": (Is, d), p + "mlp.shared.down": (d, Is),
-                        p + "mlp.shared_gate": (1, d)})
+            out.update({p + "mlp.shared.gate": (Is, d), p + "mlp.shared.up": (Is, d), p + "mlp.shared.down": (d, Is)})
+            if cfg.shared_expert_gate:
+                out[p + "mlp.shared_gate"] = (1, d)
         return out
     I = cfg.intermediate_size
     out = {p + "mlp.up": (I, d), p + "mlp.down": (d, I)}
@@ -150,7 +151,8 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
                     w[p + "mlp.shared.gate"] = linear(Is, d)
                     w[p + "mlp.shared.up"] = linear(Is, d)
                     w[p + "mlp.shared.down"] = linear(d, Is, out_scale)
-                    w[p + "mlp.shared_gate"] = linear(1, d)
+                    if cfg.shared_expert_gate:
+                        w[p + "mlp.shared_gate"] = linear(1, d)
             else:
                 I = cfg.intermediate_size
                 if cfg.mlp_act == "swiglu":

@@ -87,8 +87,10 @@ def _mlp(w, p, cfg, x, i):
             out[r] = out[r] + pr * _swiglu(x[r], w.expert(p + "mlp.experts.gate", e), w.expert(p + "mlp.experts.up", e),
                                            w.expert(p + "mlp.experts.down", e))
     if p + "mlp.shared.gate" in w:
-        out = out + torch.sigmoid(x @ w[p + "mlp.shared_gate"].T) * _swiglu(
-            x, w[p + "mlp.shared.gate"], w[p + "mlp.shared.up"], w[p + "mlp.shared.down"])
+        shared = _swiglu(x, w[p + "mlp.shared.gate"], w[p + "mlp.shared.up"], w[p + "mlp.shared.down"])
+        if p + "mlp.shared_gate" in w:  # gated (Qwen), or a plain sum (Granite)
+            shared = torch.sigmoid(x @ w[p + "mlp.shared_gate"].T) * shared
+        out = out + shared
     return out
 
 

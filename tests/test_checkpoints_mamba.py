@@ -1,5 +1,5 @@
 """Mamba2-hybrid checkpoints against transformers, the reference implementation: tiny random configs
-of nemotron_h, bamba, granitemoehybrid (dense) and falcon_h1 are built with transformers (non-trivial
+of nemotron_h, bamba, granitemoehybrid (dense and with routed experts) and falcon_h1 are built with transformers (non-trivial
 multipliers, grouped B/C, every gated-norm form), saved, loaded with ddsim, and must give the same
 logits (prefill and step-by-step decode) and the same greedy continuation, from both the fast path
 and the oracle; an audit runs on one of them from the command line."""
@@ -36,6 +36,11 @@ def _config(arch: str):
                                       layer_types=["mamba", "mamba", "attention", "mamba"], num_local_experts=0,
                                       shared_intermediate_size=48, embedding_multiplier=3.0, residual_multiplier=0.5,
                                       attention_multiplier=0.2, logits_scaling=2.0, position_embedding_type="rope")
+    if arch == "granitemoehybrid_moe":  # Granite-4.0-H-Tiny's kind: routed experts plus the shared MLP
+        return GraniteMoeHybridConfig(**{**COMMON, "intermediate_size": 16}, **MAMBA, num_hidden_layers=3,
+                                      layer_types=["mamba", "attention", "mamba"], num_local_experts=4,
+                                      num_experts_per_tok=2, shared_intermediate_size=24, embedding_multiplier=2.0,
+                                      residual_multiplier=0.7, logits_scaling=1.5)
     if arch == "falcon_h1":  # attention and Mamba2 in parallel; every multiplier away from 1
         return FalconH1Config(**COMMON, **{k: v for k, v in MAMBA.items() if k != "mamba_expand"}, mamba_d_ssm=64,
                               num_hidden_layers=3, head_dim=8, mamba_rms_norm=True, mamba_norm_before_gate=False,
@@ -57,9 +62,9 @@ def _hf_model(arch: str):
     return model.float().eval()
 
 
-ARCHS = ["nemotron_h", "bamba", "granitemoehybrid", "falcon_h1", "falcon_h1_gate"]
-PATTERNS = {"nemotron_h": "mfmafm", "bamba": "mmam", "granitemoehybrid": "mmam", "falcon_h1": "ppp",
-            "falcon_h1_gate": "pp"}
+ARCHS = ["nemotron_h", "bamba", "granitemoehybrid", "granitemoehybrid_moe", "falcon_h1", "falcon_h1_gate"]
+PATTERNS = {"nemotron_h": "mfmafm", "bamba": "mmam", "granitemoehybrid": "mmam", "granitemoehybrid_moe": "mam",
+            "falcon_h1": "ppp", "falcon_h1_gate": "pp"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -77,7 +82,8 @@ def test_supported_architectures_listed():
 def test_prefill_logits_match_transformers(checkpoint):
     arch, d, hf = checkpoint
     cfg, w, meta = load_checkpoint(d)
-    assert cfg.layer_pattern == PATTERNS[arch] and meta["model_type"] == arch.removesuffix("_gate")
+    assert cfg.layer_pattern == PATTERNS[arch] and meta["model_type"] == arch.removesuffix("_gate").removesuffix("_moe")
+    assert (cfg.num_experts, cfg.shared_expert_gate) == ((4, False) if arch.endswith("_moe") else (0, True))
     toks = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(input_ids=toks).logits[0].double()
@@ -120,7 +126,6 @@ def test_mamba_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint):
     if arch != "granitemoehybrid":
         return
     for field, value, needle in (("mamba_n_heads", None, "missing field 'mamba_n_heads'"),
-                                 ("num_local_experts", 4, "routed experts are not supported"),
                                  ("mamba_proj_bias", True, "mamba_proj_bias=true is not supported"),
                                  ("layer_types", ["mamba", "moe", "attention", "mamba"], "routed-expert blocks"),
                                  ("mamba_d_head", 7, "mamba_n_heads * mamba_d_head = 28")):
