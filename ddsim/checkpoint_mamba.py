@@ -7,8 +7,10 @@ Layout notes (from the reference implementation in transformers):
 - every Mamba2 mixer packs in_proj as [z (I), x || B || C (I + 2GN), dt (H)]; the conv runs over
   x || B || C with a bias; the gated RMSNorm normalises each of the G groups of I/G channels.
 - Nemotron-H: tensors under "backbone." (as its checkpoints and transformers' save_pretrained name
-  them; "model." is read too); one mixer per block ('M' Mamba2, '*' attention without RoPE, '-' a relu^2 MLP), so
-  ``layer_mlp=False``; its Mamba2 mixer clamps dt from below at time_step_min.
+  them; "model." is read too); one mixer per block ('M' Mamba2, '*' attention without RoPE, '-' a relu^2
+  MLP, 'E' the MoE: relu^2 experts stored one by one, a sigmoid router with a score-correction bias
+  and grouped top-k, a relu^2 shared expert), so ``layer_mlp=False``; its Mamba2 mixer clamps dt from
+  below at time_step_min.
 - Bamba: a mixer and a SwiGLU MLP per layer; attention with (partial) RoPE.
 - Granite-4.0-H: Bamba's layout plus scalings (embedding, residual, attention scale, logits), the
   SwiGLU packed as input_linear [gate; up]; attention without RoPE unless position_embedding_type
@@ -60,9 +62,11 @@ def _layer_kinds(mt: str, raw: dict, where: Path) -> str:
     if not types:
         raise InputError(f"{where}: no layer types (layer_types / layers_block_type)")
     kinds = {"mamba": "m", "linear_attention": "m", "attention": "a", "full_attention": "a", "mlp": "f"}
+    if mt == "nemotron_h":
+        kinds["moe"] = "f"  # an MLP block whose MLP is the routed MoE (moe_blocks tells them apart)
     bad = [t for t in types if t not in kinds]
     if bad:
-        why = "routed-expert blocks are not supported" if bad[0] == "moe" else "unknown layer type"
+        why = "routed-expert blocks are supported for nemotron_h only" if bad[0] == "moe" else "unknown layer type"
         raise InputError(f"{where}: {why} ({bad[0]!r})")
     if n is not None and len(types) != n:
         raise InputError(f"{where}: {len(types)} layer types for {n} layers")
@@ -88,6 +92,8 @@ def _read_mamba_config(mt: str, raw: dict, d: Path) -> ModelConfig:
     if act not in (("relu2",) if mt == "nemotron_h" else ("silu",)):
         raise InputError(f"{where}: MLP activation {act!r} is not supported")
     pattern = _layer_kinds(mt, raw, where)
+    types = raw.get("layers_block_type") or [{"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}.get(c, c)
+                                             for c in raw.get("hybrid_override_pattern", "")]
     nh = int(raw["num_attention_heads"])
     head_dim = int(raw.get("head_dim") or raw["hidden_size"] // nh)
     rope = raw.get("rope_parameters") or {}
@@ -122,6 +128,19 @@ def _read_mamba_config(mt: str, raw: dict, d: Path) -> ModelConfig:
         extra = dict(embedding_multiplier=float(raw.get("embedding_multiplier", 1.0)),
                      logits_scaling=1.0 / float(raw.get("lm_head_multiplier", 1.0)))
     inter = raw.get("shared_intermediate_size") if mt == "granitemoehybrid" else raw.get("intermediate_size")
+    if mt == "nemotron_h" and "moe" in types:  # Nemotron-H's MoE blocks: relu^2 experts, grouped sigmoid router
+        if raw.get("moe_latent_size") is not None:
+            raise InputError(f"{where}: moe_latent_size={raw['moe_latent_size']}: latent MoE projections are not supported")
+        if int(raw.get("n_shared_experts", 1) or 0) > 1:
+            raise InputError(f"{where}: n_shared_experts={raw['n_shared_experts']}: one shared expert is supported")
+        extra.update(num_experts=int(raw["n_routed_experts"]), num_experts_per_tok=int(raw["num_experts_per_tok"]),
+                     moe_intermediate_size=int(raw["moe_intermediate_size"]),
+                     shared_expert_intermediate_size=int(raw.get("moe_shared_expert_intermediate_size") or 0)
+                     if int(raw.get("n_shared_experts", 1) or 0) else 0,
+                     shared_expert_gate=False, norm_topk_prob=bool(raw.get("norm_topk_prob", True)), moe_router="sigmoid",
+                     moe_n_group=int(raw.get("n_group", 1)), moe_topk_group=int(raw.get("topk_group", 1)),
+                     routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
+                     mlp_only_layers=tuple(i for i, t in enumerate(types) if t != "moe"))
     E = int(raw.get("num_local_experts") or 0) if mt == "granitemoehybrid" else 0
     if E:  # every layer's MLP: routed experts of intermediate_size (top-k softmax) plus the shared MLP
         extra.update(num_experts=E, num_experts_per_tok=int(raw.get("num_experts_per_tok", 1)),
@@ -169,6 +188,17 @@ class MambaMapper:
             from ddsim.placement import weight_device
             dev = weight_device(name, self.meta["layer_devices"])
         self.out[name] = t.to(dev)
+
+    def expert(self, name, e, t):
+        """Expert e's slice of a stacked [E, ...] expert tensor, allocated on first use."""
+        if name not in self.out:
+            from ddsim.weights import weight_shapes
+            dev = self.device
+            if self.meta.get("layer_devices") is not None:
+                from ddsim.placement import weight_device
+                dev = weight_device(name, self.meta["layer_devices"])
+            self.out[name] = torch.empty(weight_shapes(self.cfg)[name], dtype=t.dtype, device=dev)
+        self.out[name][e] = t.to(self.out[name].device)
 
     def __call__(self, key: str, t: torch.Tensor) -> None:
         cfg, raw = self.cfg, self.raw
@@ -239,4 +269,12 @@ class MambaMapper:
             return self.put(p + "mlp.experts.up", t[:, I:])
         if rest == "block_sparse_moe.output_linear.weight":  # [E, d, I]
             return self.put(p + "mlp.experts.down", t)
+        m = re.fullmatch(r"mlp\.experts\.(\d+)\.(up|down)_proj\.weight", rest)  # Nemotron-H: one expert at a time
+        if m and moe:
+            return self.expert(p + f"mlp.experts.{m.group(2)}", int(m.group(1)), t)
+        nemotron_moe = {"mlp.gate.weight": "mlp.router", "mlp.gate.e_score_correction_bias": "mlp.router_bias",
+                        "mlp.shared_experts.up_proj.weight": "mlp.shared.up",
+                        "mlp.shared_experts.down_proj.weight": "mlp.shared.down"}
+        if moe and rest in nemotron_moe:
+            return self.put(p + nemotron_moe[rest], t)
         raise InputError(f"tensor {key!r} is not part of a {self.mt} layer as ddsim reads it (refused rather than ignored)")

@@ -68,6 +68,13 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0  # RoPE on the first int(head_dim * factor) dims of each head
     num_experts: int = 0  # MoE MLP (SwiGLU experts, softmax top-k router, shared expert) when > 0
     shared_expert_gate: bool = True  # the shared expert's output scaled by sigmoid(x . w) (False: Granite's plain sum)
+    # "softmax": softmax over experts, top k (renormalised with norm_topk_prob); "sigmoid" (Nemotron-H):
+    # sigmoid scores, top k chosen by score + router_bias among the best moe_topk_group of moe_n_group
+    # groups, weights the chosen scores (renormalised) times routed_scaling_factor
+    moe_router: str = "softmax"
+    moe_n_group: int = 1
+    moe_topk_group: int = 1
+    routed_scaling_factor: float = 1.0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
@@ -186,6 +193,14 @@ class ModelConfig:
         need(self.mamba_norm in ("gated", "gated-before", "gate"), "mamba_norm",
              f"expected 'gated', 'gated-before' or 'gate', got {self.mamba_norm!r}")
         need(self.mlp_act in ("swiglu", "relu2"), "mlp_act", f"expected 'swiglu' or 'relu2', got {self.mlp_act!r}")
+        need(self.moe_router in ("softmax", "sigmoid"), "moe_router", f"expected 'softmax' or 'sigmoid', got {self.moe_router!r}")
+        if self.num_experts:
+            need(self.moe_n_group >= 1 and self.num_experts % self.moe_n_group == 0, "moe_n_group",
+                 f"{self.num_experts} experts are not split into {self.moe_n_group} equal groups")
+            need(1 <= self.moe_topk_group <= self.moe_n_group, "moe_topk_group",
+                 f"expected 1..{self.moe_n_group}, got {self.moe_topk_group}")
+            need(self.num_experts_per_tok <= self.moe_topk_group * (self.num_experts // self.moe_n_group),
+                 "num_experts_per_tok", "more experts per token than the kept groups hold")
         need(self.layer_mlp or "f" in self.layer_pattern or not self.layer_pattern, "layer_mlp",
              "False needs 'f' layers (the model would have no MLP at all)")
         for f in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):

@@ -190,29 +190,52 @@ class HybridModel:
                 h = h + r * self._mlp(p, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
         return h, nk, S, win
 
-    def _mlp(self, p, x, i):
-        """SwiGLU (or relu^2), or the MoE block: softmax router, top-k experts (renormalised when
-        norm_topk_prob), plus a sigmoid-gated shared expert."""
+    def _ffn(self, x, up, down, gate):
+        """SwiGLU down(silu(gate x) * up x), or relu^2 down(relu(up x)^2) when the config says so."""
+        if self.cfg.mlp_act == "relu2":
+            return F.linear(torch.relu(F.linear(x, up)).square(), down)
+        return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+    def _route(self, p, x):
+        """(weights [T, k], expert indices [T, k]): softmax top-k (renormalised when norm_topk_prob), or
+        Nemotron-H's sigmoid scores chosen with the router bias among the best groups, scaled."""
         cfg, w = self.cfg, self.w
-        if not cfg.is_moe_layer(i) and cfg.mlp_act == "relu2":
-            return F.linear(torch.relu(F.linear(x, w[p + "mlp.up"])).square(), w[p + "mlp.down"])
-        if not cfg.is_moe_layer(i):
-            return F.linear(F.silu(F.linear(x, w[p + "mlp.gate"])) * F.linear(x, w[p + "mlp.up"]), w[p + "mlp.down"])
-        probs = torch.softmax(F.linear(x, w[p + "mlp.router"]).float(), dim=-1)  # [T, E]
-        top, idx = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)  # [T, k]
+        logits = F.linear(x, w[p + "mlp.router"]).float()  # [T, E]
+        k = cfg.num_experts_per_tok
+        if cfg.moe_router == "softmax":
+            top, idx = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+            return (top / top.sum(-1, keepdim=True) if cfg.norm_topk_prob else top), idx
+        scores = torch.sigmoid(logits)
+        choice = scores + w[p + "mlp.router_bias"].float()
+        T, E, G = choice.shape[0], choice.shape[1], cfg.moe_n_group
+        group_scores = choice.view(T, G, E // G).topk(min(2, E // G), dim=-1).values.sum(-1)  # [T, G]
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, torch.topk(group_scores, cfg.moe_topk_group, dim=-1).indices, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(E // G, dim=1), float("-inf"))
+        idx = torch.topk(choice, k, dim=-1).indices
+        top = scores.gather(1, idx)
         if cfg.norm_topk_prob:
-            top = top / top.sum(-1, keepdim=True)
+            top = top / (top.sum(-1, keepdim=True) + 1e-20)
+        return top * cfg.routed_scaling_factor, idx
+
+    def _mlp(self, p, x, i):
+        """The layer's MLP (SwiGLU or relu^2), or the MoE block: the routed top-k experts plus the
+        shared expert (sigmoid-gated for Qwen, a plain sum for Granite and Nemotron-H)."""
+        cfg, w = self.cfg, self.w
+        gated = cfg.mlp_act == "swiglu"
+        if not cfg.is_moe_layer(i):
+            return self._ffn(x, w[p + "mlp.up"], w[p + "mlp.down"], w[p + "mlp.gate"] if gated else None)
+        top, idx = self._route(p, x)
         out = torch.zeros_like(x)
         for e in idx.unique().tolist():
             rows, slot = (idx == e).nonzero(as_tuple=True)
-            xe = x[rows]
-            ye = F.linear(F.silu(F.linear(xe, w[p + "mlp.experts.gate"][e])) * F.linear(xe, w[p + "mlp.experts.up"][e]),
-                          w[p + "mlp.experts.down"][e])
+            ye = self._ffn(x[rows], w[p + "mlp.experts.up"][e], w[p + "mlp.experts.down"][e],
+                           w[p + "mlp.experts.gate"][e] if gated else None)
             out.index_add_(0, rows, ye * top[rows, slot, None].to(x.dtype))
-        if p + "mlp.shared.gate" in w:
-            shared = F.linear(F.silu(F.linear(x, w[p + "mlp.shared.gate"])) * F.linear(x, w[p + "mlp.shared.up"]),
-                              w[p + "mlp.shared.down"])
-            if p + "mlp.shared_gate" in w:  # Qwen's gated shared expert; Granite's is a plain sum
+        if p + "mlp.shared.down" in w:
+            shared = self._ffn(x, w[p + "mlp.shared.up"], w[p + "mlp.shared.down"],
+                               w[p + "mlp.shared.gate"] if gated else None)
+            if p + "mlp.shared_gate" in w:  # Qwen's gated shared expert; Granite's and Nemotron-H's a plain sum
                 shared = torch.sigmoid(F.linear(x, w[p + "mlp.shared_gate"])) * shared
             out = out + shared
         return out

@@ -69,18 +69,24 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def _mlp_shapes(cfg: ModelConfig, p: str, i: int) -> dict:
     d = cfg.hidden_size
+    gated = cfg.mlp_act == "swiglu"  # relu^2 MLPs and experts have up and down only
     if cfg.is_moe_layer(i):
         E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-        out = {p + "mlp.router": (E, d), p + "mlp.experts.gate": (E, I, d), p + "mlp.experts.up": (E, I, d),
-               p + "mlp.experts.down": (E, d, I)}
+        out = {p + "mlp.router": (E, d), p + "mlp.experts.up": (E, I, d), p + "mlp.experts.down": (E, d, I)}
+        if gated:
+            out[p + "mlp.experts.gate"] = (E, I, d)
+        if cfg.moe_router == "sigmoid":
+            out[p + "mlp.router_bias"] = (E,)
         if Is:
-            out.update({p + "mlp.shared.gate": (Is, d), p + "mlp.shared.up": (Is, d), p + "mlp.shared.down": (d, Is)})
+            out.update({p + "mlp.shared.up": (Is, d), p + "mlp.shared.down": (d, Is)})
+            if gated:
+                out[p + "mlp.shared.gate"] = (Is, d)
             if cfg.shared_expert_gate:
                 out[p + "mlp.shared_gate"] = (1, d)
         return out
     I = cfg.intermediate_size
     out = {p + "mlp.up": (I, d), p + "mlp.down": (d, I)}
-    if cfg.mlp_act == "swiglu":
+    if gated:
         out[p + "mlp.gate"] = (I, d)
     return out
 
@@ -143,12 +149,17 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
                 w[p + "post_norm"] = norm_weight(d)
             if cfg.is_moe_layer(i):
                 E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+                gated = cfg.mlp_act == "swiglu"
                 w[p + "mlp.router"] = linear(E, d, 2.0)
-                w[p + "mlp.experts.gate"] = normal(E, I, d, std=1.0 / math.sqrt(d))
+                if gated:
+                    w[p + "mlp.experts.gate"] = normal(E, I, d, std=1.0 / math.sqrt(d))
                 w[p + "mlp.experts.up"] = normal(E, I, d, std=1.0 / math.sqrt(d))
                 w[p + "mlp.experts.down"] = normal(E, d, I, std=out_scale / math.sqrt(I))
+                if cfg.moe_router == "sigmoid":
+                    w[p + "mlp.router_bias"] = normal(E, std=0.1)
                 if Is:
-                    w[p + "mlp.shared.gate"] = linear(Is, d)
+                    if gated:
+                        w[p + "mlp.shared.gate"] = linear(Is, d)
                     w[p + "mlp.shared.up"] = linear(Is, d)
                     w[p + "mlp.shared.down"] = linear(d, Is, out_scale)
                     if cfg.shared_expert_gate:

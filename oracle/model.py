@@ -68,27 +68,54 @@ def _swiglu(x, gate, up, down):
     return (F.silu(x @ gate.T) * (x @ up.T)) @ down.T
 
 
+def _ffn(x, up, down, gate, act):
+    """One feed-forward of x [..., d]: SwiGLU down(silu(gate x) * up x), or relu^2 down(relu(up x)^2)."""
+    if act == "relu2":
+        return torch.relu(x @ up.T).pow(2) @ down.T
+    return _swiglu(x, gate, up, down)
+
+
+def _route(w, p, cfg, xr):
+    """(weights [k], expert indices [k]) for one row xr [d]."""
+    logits = w[p + "mlp.router"] @ xr  # [E]
+    k = cfg.num_experts_per_tok
+    if cfg.moe_router == "softmax":
+        top, idx = torch.topk(torch.softmax(logits, dim=0), k)
+        return (top / top.sum() if cfg.norm_topk_prob else top), idx
+    # sigmoid scores; choose by score + bias, among the best groups (each group scored by its top two)
+    scores = torch.sigmoid(logits)
+    choice = scores + w[p + "mlp.router_bias"]
+    G = cfg.moe_n_group
+    groups = choice.view(G, -1).topk(min(2, choice.numel() // G), dim=-1).values.sum(-1)  # [G]
+    keep = torch.zeros(G, dtype=torch.bool, device=xr.device)
+    keep[torch.topk(groups, cfg.moe_topk_group).indices] = True
+    choice = choice.masked_fill(~keep.repeat_interleave(choice.numel() // G), float("-inf"))
+    idx = torch.topk(choice, k).indices
+    top = scores[idx]
+    if cfg.norm_topk_prob:
+        top = top / (top.sum() + 1e-20)
+    return top * cfg.routed_scaling_factor, idx
+
+
 def _mlp(w, p, cfg, x, i):
-    """Each row's MLP: SwiGLU (or relu^2: down(relu(up x)^2)), or the MoE block (softmax router over
-    experts, the top-k experts' outputs weighted by their (renormalised) probabilities, plus the
-    sigmoid-gated shared expert), routed row by row."""
+    """Each row's MLP (SwiGLU or relu^2), or the MoE block, routed row by row: the top-k experts'
+    outputs weighted by the router (softmax, or Nemotron-H's grouped sigmoid), plus the shared expert
+    (sigmoid-gated for Qwen, a plain sum for Granite and Nemotron-H)."""
     moe = cfg.num_experts > 0 and i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0
-    if not moe and cfg.mlp_act == "relu2":
-        return torch.relu(x @ w[p + "mlp.up"].T).pow(2) @ w[p + "mlp.down"].T
+    act = cfg.mlp_act
     if not moe:
-        return _swiglu(x, w[p + "mlp.gate"], w[p + "mlp.up"], w[p + "mlp.down"])
+        return _ffn(x, w[p + "mlp.up"], w[p + "mlp.down"], w[p + "mlp.gate"] if act == "swiglu" else None, act)
     out = torch.zeros_like(x)
     for r in range(x.shape[0]):
-        probs = torch.softmax(w[p + "mlp.router"] @ x[r], dim=0)
-        top, idx = torch.topk(probs, cfg.num_experts_per_tok)
-        if cfg.norm_topk_prob:
-            top = top / top.sum()
+        top, idx = _route(w, p, cfg, x[r])
         for pr, e in zip(top, idx.tolist()):
-            out[r] = out[r] + pr * _swiglu(x[r], w.expert(p + "mlp.experts.gate", e), w.expert(p + "mlp.experts.up", e),
-                                           w.expert(p + "mlp.experts.down", e))
-    if p + "mlp.shared.gate" in w:
-        shared = _swiglu(x, w[p + "mlp.shared.gate"], w[p + "mlp.shared.up"], w[p + "mlp.shared.down"])
-        if p + "mlp.shared_gate" in w:  # gated (Qwen), or a plain sum (Granite)
+            gate = w.expert(p + "mlp.experts.gate", e) if act == "swiglu" else None
+            out[r] = out[r] + pr * _ffn(x[r], w.expert(p + "mlp.experts.up", e), w.expert(p + "mlp.experts.down", e),
+                                        gate, act)
+    if p + "mlp.shared.down" in w:
+        shared = _ffn(x, w[p + "mlp.shared.up"], w[p + "mlp.shared.down"],
+                      w[p + "mlp.shared.gate"] if act == "swiglu" else None, act)
+        if p + "mlp.shared_gate" in w:  # gated (Qwen), or a plain sum (Granite, Nemotron-H)
             shared = torch.sigmoid(x @ w[p + "mlp.shared_gate"].T) * shared
         out = out + shared
     return out

@@ -83,6 +83,11 @@ def model_configs(draw) -> ModelConfig:
     layer_mlp = "f" not in pat or draw(st.booleans())
     moe = draw(st.booleans())
     n_exp = draw(st.integers(2, 4)) if moe else 0
+    router = draw(st.sampled_from(["softmax", "sigmoid"])) if moe else "softmax"
+    n_group = 2 if router == "sigmoid" and n_exp % 2 == 0 else 1
+    topk_group = draw(st.integers(1, n_group))
+    if min(2, n_exp) > topk_group * (n_exp // n_group if n_exp else 1):
+        topk_group = n_group
     mG = draw(st.integers(1, 2))
     return ModelConfig(
         name="hypothesis", vocab_size=draw(st.integers(8, 40)), hidden_size=draw(st.sampled_from([8, 16, 24])),
@@ -97,7 +102,8 @@ def model_configs(draw) -> ModelConfig:
         num_experts=n_exp, num_experts_per_tok=min(2, n_exp), moe_intermediate_size=8 if moe else 0,
         shared_expert_intermediate_size=draw(st.sampled_from([0, 8])) if moe else 0,
         norm_topk_prob=draw(st.booleans()), decoder_sparse_step=draw(st.sampled_from([1, 2])),
-        shared_expert_gate=draw(st.booleans()), mamba_n_groups=mG, mamba_num_heads=mG * draw(st.integers(1, 2)),
+        shared_expert_gate=draw(st.booleans()), moe_router=router, moe_n_group=n_group, moe_topk_group=topk_group,
+        routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])), mamba_n_groups=mG, mamba_num_heads=mG * draw(st.integers(1, 2)),
         mamba_head_dim=draw(st.sampled_from([2, 4])),
         mamba_state_size=draw(st.sampled_from([3, 4])), mamba_conv_bias=draw(st.booleans()),
         mamba_dt_limit=draw(st.sampled_from([(0.0, float("inf")), (0.01, 0.5)])),
