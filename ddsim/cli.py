@@ -332,7 +332,16 @@ def cmd_bench(a, console) -> int:
     from ddsim.audit import resolve_device
     from ddsim.bench import mode_table
     dev = resolve_device(a.device)
-    if dev.type == "cuda":
+    if dev.type == "cuda" and a.op == "mamba2":
+        from ddsim.bench_mamba2 import mamba2_kernel_accuracy, mamba2_kernel_table
+        from ddsim.config import get_preset
+        from ddsim.errors import InputError
+        preset = a.preset if a.preset != "tiny" else "nemotron-h-8b"
+        if not get_preset(preset).mamba_layers:
+            raise InputError(f"--preset {preset}: has no Mamba2 layers to take the kernel shapes from")
+        print(mamba2_kernel_table(preset=preset, device=str(dev))[0])
+        print(mamba2_kernel_accuracy(device=str(dev)))
+    elif dev.type == "cuda":
         from ddsim.bench import kernel_accuracy, kernel_table
         print(kernel_table(device=str(dev))[0])
         print(kernel_accuracy(device=str(dev)))
@@ -426,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     pb = sub.add_parser("bench", help="CUDA: GDN kernel times against the memory floor; CPU: trees per second per mode")
     pb.add_argument("--preset", default="tiny")
     pb.add_argument("--repeats", type=int, default=5)
+    pb.add_argument("--op", choices=["gdn", "mamba2"], default="gdn",
+                    help="CUDA: the GDN kernels (default) or the Mamba2 kernels at --preset's SSM shape "
+                         "(default nemotron-h-8b)")
     pb.add_argument("--device", default="cpu")
     return p
 
