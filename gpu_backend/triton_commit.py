@@ -56,6 +56,14 @@ def _paths(parents: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
     return rev.gather(1, order).to(torch.int32).contiguous()
 
 
+def accepted_paths(parents, p: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+    """[B, DMAX] int32 root-first accepted paths (-1 padded) for checked parents p [B, T] and accepted
+    nodes acc [B]: a TreePlan's cached root paths (one gather, no host loop), else walked here."""
+    if isinstance(parents, checks.TreePlan):
+        return parents.root_paths()[torch.arange(p.shape[0], device=p.device), acc].contiguous()
+    return _paths(p, acc)
+
+
 def gdn_tree_commit_triton(*args, **kwargs):
     """State after root..accepted[b]. inplace=True writes it into the pool slots (state_indices)
     and returns the pool; otherwise returns a new [B, HV, K, V] tensor. Other slots are untouched."""
@@ -74,10 +82,7 @@ def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, us
     acc = checks.check_accepted(accepted, B, T, k.device)
     idx = C.check_pool(initial_state, state_indices, B, HV, K, V)
     g_, b_, al, db, fused = C.gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, k.device)
-    if isinstance(parents, checks.TreePlan):  # the plan's cached root paths: one gather, no host loop
-        path = parents.root_paths()[torch.arange(B, device=k.device), acc].contiguous()
-    else:
-        path = _paths(p, acc)
+    path = accepted_paths(parents, p, acc)
     if inplace:
         out, out_idx = initial_state, idx
     else:

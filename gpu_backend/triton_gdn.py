@@ -83,25 +83,14 @@ def _gdn_wy_kernel(
     o_t = tl.arange(0, BT)
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
-    # ---- the root, recurrently
-    r0 = (i_b * T).to(tl.int64)
-    q0 = h.load_rows(q, r0, i_h, o_k, mk, H, K, L2NORM, 0)
-    k0 = h.load_rows(k, r0, i_h, o_k, mk, H, K, L2NORM, 0)
-    v0 = h.load_rows(v, r0, i_hv, o_v, mv, HV, V, False, 0)
-    g0, beta0 = h.gates(g, beta, r0 * HV + i_hv, 0, neg_A, bias, FUSED, False)
-    s0 = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V),
-                 mask=mk[:, None] & mv[None, :], other=0.0)
-    s0 = h.delta_step(s0, k0, v0, g0, beta0)  # S_r
-    tl.store(o + (r0 * HV + i_hv) * V + o_v, tl.sum(s0 * (q0 * scale)[:, None], 0).to(o.dtype.element_ty), mask=mv)
+    # ---- the root, recurrently: S_r
+    s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
+                   H, HV, K, V, FUSED, L2NORM)
     # ---- the draft nodes 1..T-1 as one block
     mt = o_t < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
-    b_q = h.load_rows(q, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
-    b_k = h.load_rows(k, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
-    b_v = h.load_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V, False, 1)
-    b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
-    b_g = tl.where(mt, b_g, 0.0)
-    b_beta = tl.where(mt, b_beta, 0.0)
+    b_q, b_k, b_v, b_g, b_beta = h.wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
+                                           H, HV, K, V, FUSED, L2NORM)
     anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path below the root
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self

@@ -1,6 +1,7 @@
 """@triton.jit building blocks shared by the GDN verify and commit kernels: program coordinates,
 row loads with the in-kernel q/k l2-norm, the gates (given, or fused from a, b, A_log, dt_bias),
-the committed state of a pool slot and one gated delta-rule step. Reference: the per-node step of
+the committed state of a pool slot, one gated delta-rule step, and the two pieces both WY kernels
+(one block, chunked) start from: the root's recurrent step and a block of draft rows. Reference: the per-node step of
 oracle.gdn (float64), which the property suites compare every kernel against.
 """
 from __future__ import annotations
@@ -87,3 +88,34 @@ def delta_step(S, b_k, b_v, b_g, b_beta):
     S = S * tl.exp(b_g)
     u = b_beta * (b_v - tl.sum(S * b_k[:, None], 0))  # [BV]
     return S + b_k[:, None] * u[None, :]
+
+
+@triton.jit
+def wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
+            H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, FUSED: tl.constexpr,
+            L2NORM: tl.constexpr):
+    """The root (node 0, every node's ancestor) of sequence i_b, recurrently: stores its output o_0
+    [BV] and returns its state S_r [BK, BV], the state the draft nodes build on."""
+    r0 = (i_b * T).to(tl.int64)
+    q0 = load_rows(q, r0, i_h, o_k, mk, H, K, L2NORM, 0)
+    k0 = load_rows(k, r0, i_h, o_k, mk, H, K, L2NORM, 0)
+    v0 = load_rows(v, r0, i_hv, o_v, mv, HV, V, False, 0)
+    g0, beta0 = gates(g, beta, r0 * HV + i_hv, 0, neg_A, bias, FUSED, False)
+    s0 = tl.load(state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V),
+                 mask=mk[:, None] & mv[None, :], other=0.0)
+    s0 = delta_step(s0, k0, v0, g0, beta0)
+    tl.store(o + (r0 * HV + i_hv) * V + o_v, tl.sum(s0 * (q0 * scale)[:, None], 0).to(o.dtype.element_ty), mask=mv)
+    return s0
+
+
+@triton.jit
+def wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
+            H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, FUSED: tl.constexpr,
+            L2NORM: tl.constexpr):
+    """A block of draft rows (rows [BT], valid where mt): q, k [BT, BK] (l2-normed), v [BT, BV] and
+    the gates g, beta [BT] (0 on padding rows)."""
+    b_q = load_rows(q, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
+    b_k = load_rows(k, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
+    b_v = load_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V, False, 1)
+    b_g, b_beta = gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
+    return b_q, b_k, b_v, tl.where(mt, b_g, 0.0), tl.where(mt, b_beta, 0.0)

@@ -56,6 +56,25 @@ def _ssm_step(S, b_x, b_B, d, a):
 
 
 @triton.jit
+def _head_tile(H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BP: tl.constexpr,
+               BN: tl.constexpr):
+    """Grid (P tiles, B * H): (sequence, head, its B/C group, P offsets [BP], N offsets [BN], their masks)."""
+    i_p = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_p = i_p * BP + tl.arange(0, BP)
+    o_n = tl.arange(0, BN)
+    return i_b, i_h, i_h // (H // G), o_p, o_n, o_p < P, o_n < N
+
+
+@triton.jit
+def _state_ptrs(base, row, i_h, o_p, o_n, H: tl.constexpr, P: tl.constexpr, N: tl.constexpr):
+    """Pointers [BP, BN] to head i_h's state in row ``row`` (an int64 pool slot or node row) of
+    base [rows, H, P, N]."""
+    return base + ((row * H + i_h) * P + o_p[:, None]) * N + o_n[None, :]
+
+
+@triton.jit
 def _mamba2_recurrent_kernel(
     x, dt, A, Bm, Cm, D, dt_bias,  # [B,T,H,P], [B,T,H], [H], [B,T,G,N] x2, [H], [H]
     src,  # [B, T] int32 source node of each node's state (-1: the committed state)
@@ -66,16 +85,10 @@ def _mamba2_recurrent_kernel(
     PARENT_INDEXED: tl.constexpr, STORE_STATES: tl.constexpr, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
     SOFTPLUS: tl.constexpr, CLAMP: tl.constexpr,
 ):
-    i_p = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_g = i_h // (H // G)
-    o_p = i_p * BP + tl.arange(0, BP)
-    o_n = tl.arange(0, BN)
-    mp, mn = o_p < P, o_n < N
+    i_b, i_h, i_g, o_p, o_n, mp, mn = _head_tile(H, G, P, N, BP, BN)
     mpn = mp[:, None] & mn[None, :]
     slot = tl.load(state_idx + i_b).to(tl.int64)
-    s0 = tl.load(state + ((slot * H + i_h) * P + o_p[:, None]) * N + o_n[None, :], mask=mpn, other=0.0)
+    s0 = tl.load(_state_ptrs(state, slot, i_h, o_p, o_n, H, P, N), mask=mpn, other=0.0)
     S = s0
     a = tl.load(A + i_h).to(tl.float32)
     dsk = tl.load(D + i_h).to(tl.float32) if HAS_D else 0.0
@@ -84,7 +97,7 @@ def _mamba2_recurrent_kernel(
         if PARENT_INDEXED:
             pa = tl.load(src + row)
             prow = (i_b * T + tl.maximum(pa, 0)).to(tl.int64)
-            sp = tl.load(snap + ((prow * H + i_h) * P + o_p[:, None]) * N + o_n[None, :], mask=mpn, other=0.0)
+            sp = tl.load(_state_ptrs(snap, prow, i_h, o_p, o_n, H, P, N), mask=mpn, other=0.0)
             S = tl.where(pa >= 0, sp, s0)  # the root reads the committed state
         b_x = tl.load(x + (row * H + i_h) * P + o_p, mask=mp, other=0.0).to(tl.float32)
         b_B = tl.load(Bm + (row * G + i_g) * N + o_n, mask=mn, other=0.0).to(tl.float32)
@@ -94,7 +107,7 @@ def _mamba2_recurrent_kernel(
         b_y = tl.sum(S * b_C[None, :], 1) + dsk * b_x
         tl.store(y + (row * H + i_h) * P + o_p, b_y.to(y.dtype.element_ty), mask=mp)
         if STORE_STATES:
-            tl.store(snap + ((row * H + i_h) * P + o_p[:, None]) * N + o_n[None, :], S, mask=mpn)
+            tl.store(_state_ptrs(snap, row, i_h, o_p, o_n, H, P, N), S, mask=mpn)
             if PARENT_INDEXED:
                 tl.debug_barrier()  # the next node may read this snapshot through other threads
 
@@ -154,7 +167,7 @@ def _mamba2_ssd_kernel(
                   other=0.0).to(tl.float32)  # [BI, BN]
     g_i = tl.load(Gp + rows_i * H + i_h, mask=mi, other=0.0)  # [BI]
     slot = tl.load(state_idx + i_b).to(tl.int64)
-    s0 = tl.load(state + ((slot * H + i_h) * P + o_p[:, None]) * N + o_n[None, :], mask=mp[:, None] & mn[None, :],
+    s0 = tl.load(_state_ptrs(state, slot, i_h, o_p, o_n, H, P, N), mask=mp[:, None] & mn[None, :],
                  other=0.0)  # [BP, BN]
     acc = tl.exp(g_i)[:, None] * tl.dot(c_i, tl.trans(s0), input_precision=PRECISION)  # [BI, BP]
     for j0 in range(0, (i_i + 1) * BI, BI):
@@ -189,16 +202,10 @@ def _mamba2_commit_kernel(
     H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, CLAMP: tl.constexpr,
 ):
-    i_p = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_g = i_h // (H // G)
-    o_p = i_p * BP + tl.arange(0, BP)
-    o_n = tl.arange(0, BN)
-    mp, mn = o_p < P, o_n < N
+    i_b, i_h, i_g, o_p, o_n, mp, mn = _head_tile(H, G, P, N, BP, BN)
     mpn = mp[:, None] & mn[None, :]
     slot = tl.load(state_idx + i_b).to(tl.int64)
-    S = tl.load(state + ((slot * H + i_h) * P + o_p[:, None]) * N + o_n[None, :], mask=mpn, other=0.0)
+    S = tl.load(_state_ptrs(state, slot, i_h, o_p, o_n, H, P, N), mask=mpn, other=0.0)
     a = tl.load(A + i_h).to(tl.float32)
     for k in range(0, DMAX):
         n = tl.load(path + i_b * DMAX + k)
@@ -209,7 +216,7 @@ def _mamba2_commit_kernel(
         S = tl.where(n >= 0, _ssm_step(S, b_x, b_B, d, a), S)
     tl.debug_barrier()  # every read of the old state is done before the (possibly in-place) write
     oslot = tl.load(out_idx + i_b).to(tl.int64)
-    tl.store(out + ((oslot * H + i_h) * P + o_p[:, None]) * N + o_n[None, :], S, mask=mpn)
+    tl.store(_state_ptrs(out, oslot, i_h, o_p, o_n, H, P, N), S, mask=mpn)
 
 
 def _prep(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state, state_indices):
@@ -306,15 +313,12 @@ def plan_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=(0.0, m
                 initial_state, state_indices=None, inplace=False, block_p: int = 32, num_warps: int = 4,
                 poison: bool = True):
     """Validate, build the accepted paths and allocate once; returns (launch, out)."""
-    from ddsim.gpu_backend.triton_commit import _paths
+    from ddsim.gpu_backend.triton_commit import accepted_paths
     (Bn, T, H, P, G, N), idx, common, _ = _prep(x, dt, A, B, None, None, dt_bias, dt_limit, initial_state,
                                                 state_indices)
     p = checks.check_parents(parents, Bn, T, x.device)
     acc = checks.check_accepted(accepted, Bn, T, x.device)
-    if isinstance(parents, checks.TreePlan):
-        path = parents.root_paths()[torch.arange(Bn, device=x.device), acc].contiguous()
-    else:
-        path = _paths(p, acc)
+    path = accepted_paths(parents, p, acc)
     if inplace:
         out, out_idx = initial_state, idx
     else:

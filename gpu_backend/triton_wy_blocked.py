@@ -29,18 +29,6 @@ from ddsim.gpu_backend import triton_helpers as h
 
 
 @triton.jit
-def _chunk(q, k, v, g, beta, A_log, dt_bias, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
-           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, FUSED: tl.constexpr,
-           L2NORM: tl.constexpr):
-    """One chunk's q, k [BT, BK] (l2-normed), v [BT, BV] and gates g, beta [BT] (0 on padding rows)."""
-    b_q = h.load_rows(q, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
-    b_k = h.load_rows(k, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
-    b_v = h.load_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V, False, 1)
-    b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
-    return b_q, b_k, b_v, tl.where(mt, b_g, 0.0), tl.where(mt, b_beta, 0.0)
-
-
-@triton.jit
 def _gdn_wy_blocked_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self (chain mask for leaky)
@@ -56,15 +44,8 @@ def _gdn_wy_blocked_kernel(
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     # ---- the root, recurrently: S_r and o_0
-    r0 = (i_b * T).to(tl.int64)
-    q0 = h.load_rows(q, r0, i_h, o_k, mk, H, K, L2NORM, 0)
-    k0 = h.load_rows(k, r0, i_h, o_k, mk, H, K, L2NORM, 0)
-    v0 = h.load_rows(v, r0, i_hv, o_v, mv, HV, V, False, 0)
-    g0, beta0 = h.gates(g, beta, r0 * HV + i_hv, 0, neg_A, bias, FUSED, False)
-    s0 = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V),
-                 mask=mk[:, None] & mv[None, :], other=0.0)
-    s0 = h.delta_step(s0, k0, v0, g0, beta0)  # S_r
-    tl.store(o + (r0 * HV + i_hv) * V + o_v, tl.sum(s0 * (q0 * scale)[:, None], 0).to(o.dtype.element_ty), mask=mv)
+    s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
+                   H, HV, K, V, FUSED, L2NORM)
     n = T - 1  # draft nodes, at rows 1..T-1
     # ---- prologue: G per draft node, chunk by chunk (mask-row sums over the chunks up to its own)
     for c0 in range(0, n, BT):
@@ -85,8 +66,8 @@ def _gdn_wy_blocked_kernel(
         rc = c0 + o_t
         mc = rc < n
         rows = (i_b * T + 1 + rc).to(tl.int64)
-        b_q, b_k, b_v, b_g, b_beta = _chunk(q, k, v, g, beta, A_log, dt_bias, rows, mc, i_h, i_hv, o_k, o_v, mk, mv,
-                                            neg_A, bias, H, HV, K, V, FUSED, L2NORM)
+        b_q, b_k, b_v, b_g, b_beta = h.wy_rows(q, k, v, g, beta, rows, mc, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
+                                               H, HV, K, V, FUSED, L2NORM)
         b_qs = b_q * scale
         G = tl.load(Gs + rows * HV + i_hv, mask=mc, other=0.0)
         A = tl.exp(G)
