@@ -108,8 +108,6 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
                  progress=None) -> tuple[str, list]:
     """Median time per call of each GDN kernel design at Qwen3.6-27B GDN shapes, against the
     memory floor of each design (bytes it must move / measured copy bandwidth)."""
-    import triton.testing
-
     bw = copy_bandwidth(device)
     rows = []
     for B, T in shapes:
@@ -140,41 +138,60 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
             inp["k"], inp["v"], inp["g"], inp["beta"], parents=parents, accepted=acc, initial_state=s0,
             poison=False, **c))
         cases["state copy"] = ("copy", [{}], lambda c: ((lambda: out_state.copy_(s0)), None))
-        for name, (design, cfgs, plan) in cases.items():
-            if only and not any(name.startswith(o) for o in only):
+        rows += sweep(B, T, cases, nbytes, bw, only=only, progress=progress)
+    return "\n".join([f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)"] + table_lines(rows)), rows
+
+
+def _do_bench(launch) -> float:
+    import triton.testing
+    return triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median")
+
+
+def sweep(B: int, T: int, cases: dict, nbytes: dict, bw: float, *, only=None, progress=None, timer=_do_bench) -> list:
+    """One row per case {name: (design, launch configurations, plan(config) -> (launch, result))}:
+    the best median ms over a fixed configuration sweep (no autotuning; only the launch is timed by
+    ``timer``), against the design's memory floor nbytes[design] / bw. A configuration that does not
+    compile (out of resources) is skipped and said so; a case with none left has no row."""
+    rows = []
+    for name, (design, cfgs, plan) in cases.items():
+        if only and not any(name.startswith(o) for o in only):
+            continue
+        best = None
+        for c in cfgs:
+            try:
+                launch, result = plan(c)
+                ms = timer(launch)
+                del result
+            except Exception as e:  # a config that does not compile (e.g. out of resources) is skipped
+                print(f"# {B}x{T} {name} {c}: skipped ({type(e).__name__}: {str(e)[:80]})", flush=True)
                 continue
-            best = None
-            for c in cfgs:  # a fixed sweep instead of autotuning; only the kernel launch is timed
-                try:
-                    launch, result = plan(c)
-                    ms = triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median")
-                    del result
-                except Exception as e:  # a config that does not compile (e.g. out of resources) is skipped
-                    print(f"# {B}x{T} {name} {c}: skipped ({type(e).__name__}: {str(e)[:80]})", flush=True)
-                    continue
-                if best is None or ms < best[0]:
-                    best = (ms, c)
-            if best is None:
-                continue
-            ms, c = best
-            us = ms * 1e3
-            floor = nbytes[design] / bw * 1e6
-            row = {"B": B, "T": T, "kernel": name, "us": us, "floor_us": floor, "config": c,
-                   "GBps": nbytes[design] / (us * 1e-6) / 1e9,
-                   "snapshot_MiB": (nbytes["leaky+states"] - nbytes["leaky"]) / 2**20
-                   if design in ("leaky+states", "parent-indexed") else 0.0}
-            rows.append(row)
-            if progress:
-                progress(row)
+            if best is None or ms < best[0]:
+                best = (ms, c)
+        if best is None:
+            continue
+        ms, c = best
+        us = ms * 1e3
+        row = {"B": B, "T": T, "kernel": name, "us": us, "floor_us": nbytes[design] / bw * 1e6, "config": c,
+               "GBps": nbytes[design] / (us * 1e-6) / 1e9,
+               "snapshot_MiB": (nbytes["leaky+states"] - nbytes["leaky"]) / 2**20
+               if design in ("leaky+states", "parent-indexed") else 0.0}
+        rows.append(row)
+        if progress:
+            progress(row)
+        if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    lines = [f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)",
-             "| B x T | kernel | median us | memory floor us | achieved GB/s | snapshots MiB/layer | config |",
+    return rows
+
+
+def table_lines(rows: list) -> list[str]:
+    """The kernel table's markdown header and one line per sweep row."""
+    lines = ["| B x T | kernel | median us | memory floor us | achieved GB/s | snapshots MiB/layer | config |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())
         lines.append(f"| {r['B']}x{r['T']} | {r['kernel']} | {r['us']:.1f} | {r['floor_us']:.1f} | {r['GBps']:.0f} | "
                      f"{r['snapshot_MiB']:.0f} | {cfg} |")
-    return "\n".join(lines), rows
+    return lines
 
 
 def kernel_accuracy(*, device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ddsim import oracle
-from ddsim.bench import copy_bandwidth, ddtree_batch
+from ddsim.bench import copy_bandwidth, ddtree_batch, sweep, table_lines
 from ddsim.config import get_preset
 
 SHAPES = ((1, 16), (1, 65), (8, 65), (32, 65), (1, 129), (8, 129))  # (sequences, nodes)
@@ -44,8 +44,6 @@ def mamba2_bytes(B, T, *, H, P, N, G, in_bytes=2) -> dict:
 def mamba2_kernel_table(*, preset="nemotron-h-8b", device="cuda", shapes=SHAPES, progress=None) -> tuple[str, list]:
     """Median time per call of every Mamba2 design at a preset's SSM shape; a fixed sweep of
     launch configurations per design (no autotuning), only the kernel launches timed."""
-    import triton.testing
-
     from ddsim.gpu_backend.triton_mamba2 import plan_commit, plan_recurrent, plan_ssd
     shp = mamba2_shape(preset)
     bw = copy_bandwidth(device)
@@ -75,38 +73,10 @@ def mamba2_kernel_table(*, preset="nemotron-h-8b", device="cuda", shapes=SHAPES,
                                                             initial_state=s0, poison=False, **c)),
             "state copy": ("copy", [{}], lambda c: ((lambda: out_state.copy_(s0)), None)),
         }
-        for name, (design, cfgs, plan) in cases.items():
-            best = None
-            for c in cfgs:
-                try:
-                    launch, result = plan(c)
-                    ms = triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median")
-                    del result
-                except Exception as e:  # a configuration that does not compile is skipped, and said so
-                    print(f"# {Bn}x{T} {name} {c}: skipped ({type(e).__name__}: {str(e)[:80]})", flush=True)
-                    continue
-                if best is None or ms < best[0]:
-                    best = (ms, c)
-            if best is None:
-                continue
-            ms, c = best
-            row = {"B": Bn, "T": T, "kernel": name, "us": ms * 1e3, "floor_us": nbytes[design] / bw * 1e6, "config": c,
-                   "GBps": nbytes[design] / (ms * 1e-3) / 1e9,
-                   "snapshot_MiB": (nbytes["leaky+states"] - nbytes["leaky"]) / 2**20
-                   if design in ("leaky+states", "parent-indexed") else 0.0}
-            rows.append(row)
-            if progress:
-                progress(row)
-            torch.cuda.empty_cache()
-    lines = [f"{preset}: H={shp['H']} P={shp['P']} N={shp['N']} G={shp['G']}, bf16 inputs, fp32 state; "
-             f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)",
-             "| B x T | kernel | median us | memory floor us | achieved GB/s | snapshots MiB/layer | config |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())
-        lines.append(f"| {r['B']}x{r['T']} | {r['kernel']} | {r['us']:.1f} | {r['floor_us']:.1f} | {r['GBps']:.0f} | "
-                     f"{r['snapshot_MiB']:.0f} | {cfg} |")
-    return "\n".join(lines), rows
+        rows += sweep(Bn, T, cases, nbytes, bw, progress=progress)
+    head = (f"{preset}: H={shp['H']} P={shp['P']} N={shp['N']} G={shp['G']}, bf16 inputs, fp32 state; "
+            f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)")
+    return "\n".join([head] + table_lines(rows)), rows
 
 
 def mamba2_kernel_accuracy(*, device="cuda", B=2, T=65, H=4, P=64, N=128, G=2, seed=1) -> str:

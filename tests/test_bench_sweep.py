@@ -1,0 +1,58 @@
+"""The kernel benchmarks' shared configuration sweep (ddsim.bench.sweep, table_lines), on the CPU with
+a stand-in timer: the best configuration per case, a configuration that fails skipped and said so, a
+case with none left dropped, floors and bandwidths from the byte counts; and one real Mamba2 plan
+launched through it in Triton's interpreter (the wiring the CUDA tables use)."""
+import pytest
+import torch
+
+from ddsim.bench import sweep, table_lines
+from ddsim.bench_mamba2 import mamba2_bytes, mamba2_inputs
+
+
+def test_sweep_picks_the_best_configuration_and_skips_failures(capsys):
+    times = {1: 0.5, 2: 0.2, 3: 0.9}
+
+    def plan(c):
+        if c["n"] == 3:
+            raise RuntimeError("out of resource: shared memory")
+        return (lambda: c["n"]), None
+
+    nbytes = {"leaky": 2e6, "leaky+states": 6e6, "parent-indexed": 10e6, "copy": 1e6}
+    cases = {"exact parent-indexed": ("parent-indexed", [{"n": 1}, {"n": 2}, {"n": 3}], plan),
+             "never compiles": ("copy", [{"n": 3}], plan),
+             "leaky": ("leaky", [{"n": 1}], plan)}
+    seen = []
+    rows = sweep(4, 65, cases, nbytes, bw=1e12, only=["exact", "never"], progress=seen.append,
+                 timer=lambda launch: times[launch()])
+    assert [r["kernel"] for r in rows] == ["exact parent-indexed"] and seen == rows  # "leaky" not asked for
+    r = rows[0]
+    assert r["config"] == {"n": 2} and r["us"] == pytest.approx(200.0) and r["floor_us"] == pytest.approx(10.0)
+    assert r["GBps"] == pytest.approx(50.0) and r["snapshot_MiB"] == pytest.approx(4e6 / 2**20)
+    out = capsys.readouterr().out
+    assert "# 4x65 exact parent-indexed {'n': 3}: skipped (RuntimeError: out of resource" in out
+    assert "never compiles" in out
+    lines = table_lines(rows)
+    assert lines[2] == "| 4x65 | exact parent-indexed | 200.0 | 10.0 | 50 | 4 | n=2 |"
+
+
+def test_a_real_mamba2_plan_runs_through_the_sweep():
+    from ddsim.bench import ddtree_batch
+    from ddsim.gpu_backend.triton_mamba2 import plan_ssd
+    shp = dict(H=2, P=4, N=8, G=1)
+    _, parents = ddtree_batch(1, 9, vocab=20, depth=4, topk=3)
+    inp = mamba2_inputs(1, 9, **shp, dtype=torch.float32, device="cpu")
+    lay = {k: inp[k] for k in ("x", "dt", "A", "B", "C", "D", "dt_bias")}
+    outs = []
+
+    def plan(c):
+        launch, y = plan_ssd(**lay, parents=parents, initial_state=inp["initial_state"], poison=False, **c)
+        outs.append(y)
+        return launch, y
+
+    def timer(launch):
+        launch()
+        return 1.0
+
+    rows = sweep(1, 9, {"exact ssd": ("ssd", [dict(block_i=16, block_p=16)], plan)}, mamba2_bytes(1, 9, **shp),
+                 bw=1e12, timer=timer)
+    assert len(rows) == 1 and torch.isfinite(outs[0]).all()
