@@ -112,6 +112,23 @@ def model_configs(draw) -> ModelConfig:
         residual_multiplier=draw(st.sampled_from([1.0, 0.5])), logits_scaling=draw(st.sampled_from([1.0, 2.0])))
 
 
+def _trees_of_size(draw, B: int, T: int) -> list[Tree]:
+    """B drawn trees of exactly T nodes each (a chain where a shape cannot reach T)."""
+    ts = [draw(trees(min_size=T, max_size=T)) for _ in range(B)]
+    return [t if t.size == T else Tree([-1] + list(range(T - 1)), range(T)) for t in ts]
+
+
+def _pooled(draw, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pool, slots): the batch's rows [B, ...] in a pool of B + 1..3 rows at shuffled slots (int32 [B]),
+    every other row NaN, so a kernel that reads a slot it was not given shows it."""
+    B = batch.shape[0]
+    n = B + draw(st.integers(1, 3))
+    slots = draw(st.permutations(range(n)))[:B]
+    pool = torch.full((n, *batch.shape[1:]), float("nan"), dtype=batch.dtype)
+    pool[list(slots)] = batch
+    return pool, torch.tensor(slots, dtype=torch.int32)
+
+
 @st.composite
 def gdn_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
     """Layer inputs for gdn_tree_verify: a tree per sequence (same T), random q/k/v/g/beta/state."""
@@ -121,8 +138,7 @@ def gdn_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.floa
     K = draw(st.sampled_from([2, 3, 4, 5]))
     V = draw(st.sampled_from([2, 3, 4, 6]))
     T = draw(st.integers(1, max_nodes))
-    ts = [draw(trees(min_size=T, max_size=T)) for _ in range(B)]
-    ts = [t if t.size == T else Tree([-1] + list(range(T - 1)), range(T)) for t in ts]
+    ts = _trees_of_size(draw, B, T)
     seed = draw(st.integers(0, 2**31 - 1))
     memory = draw(st.sampled_from(["fast", "long"]))
     gen = torch.Generator().manual_seed(seed)
@@ -145,11 +161,8 @@ def gdn_pool_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch
     ``slots`` [B] (int32), every other slot NaN (a kernel that reads a slot it was not given shows it)."""
     inp = draw(gdn_inputs(max_batch=max_batch, max_nodes=max_nodes, dtype=dtype))
     B, HV, K, V = inp["initial_state"].shape
-    N = B + draw(st.integers(1, 3))
-    slots = draw(st.permutations(range(N)))[:B]
-    pool = torch.full((N, HV, K, V), float("nan"))
-    pool[list(slots)] = inp["initial_state"]
-    return dict(inp, pool=pool, slots=torch.tensor(slots, dtype=torch.int32))
+    pool, slots = _pooled(draw, inp["initial_state"])
+    return dict(inp, pool=pool, slots=slots)
 
 
 @st.composite
@@ -164,8 +177,7 @@ def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.f
     P = draw(st.sampled_from([2, 3, 4, 6]))
     N = draw(st.sampled_from([2, 3, 5, 8]))
     T = draw(st.integers(1, max_nodes))
-    ts = [draw(trees(min_size=T, max_size=T)) for _ in range(B)]
-    ts = [t if t.size == T else Tree([-1] + list(range(T - 1)), range(T)) for t in ts]
+    ts = _trees_of_size(draw, B, T)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     memory = draw(st.sampled_from(["fast", "long"]))
 
@@ -174,10 +186,7 @@ def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.f
 
     A = -torch.rand(H, generator=gen, dtype=torch.float64) * (4.0 if memory == "fast" else 0.1) - 1e-3
     state = rnd(B, H, P, N).float()
-    n_slots = B + draw(st.integers(1, 3))
-    slots = draw(st.permutations(range(n_slots)))[:B]
-    pool = torch.full((n_slots, H, P, N), float("nan"))
-    pool[list(slots)] = state
+    pool, slots = _pooled(draw, state)
     softplus = True if engine else draw(st.sampled_from([True, True, False]))
     dt = rnd(B, T, H) if softplus else rnd(B, T, H).abs()  # taken as given, dt is a step: >= 0 (decays)
     return dict(x=rnd(B, T, H, P).to(dtype), dt=dt.to(dtype), A=A.float(), B=rnd(B, T, G, N).to(dtype),
@@ -185,8 +194,7 @@ def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.f
                 dt_bias=None if not softplus else (rnd(H).float() if draw(st.booleans()) else None),
                 dt_softplus=softplus,
                 dt_limit=(0.0, float("inf")) if engine else draw(st.sampled_from([(0.0, float("inf")), (0.05, 1.5)])),
-                parents=torch.tensor([t.parents for t in ts]), initial_state=state, pool=pool,
-                slots=torch.tensor(slots, dtype=torch.int32), trees=ts)
+                parents=torch.tensor([t.parents for t in ts]), initial_state=state, pool=pool, slots=slots, trees=ts)
 
 
 def fixed_mamba2_example(*, dtype=torch.float32, seed: int = 7, T: int = 6, growing: bool = False) -> dict:
@@ -223,8 +231,7 @@ def conv_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.flo
     C = draw(st.integers(1, 6))
     W = draw(st.integers(2, 5))
     T = draw(st.integers(1, max_nodes))
-    ts = [draw(trees(min_size=T, max_size=T)) for _ in range(B)]
-    ts = [t if t.size == T else Tree([-1] + list(range(T - 1)), range(T)) for t in ts]
+    ts = _trees_of_size(draw, B, T)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     return dict(x=torch.randn(B, T, C, generator=gen).to(dtype), weight=torch.randn(C, W, generator=gen).to(dtype),
                 bias=torch.randn(C, generator=gen).to(dtype) if draw(st.booleans()) else None,
@@ -240,18 +247,14 @@ def conv_pool_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torc
     C = draw(st.integers(1, 6))
     W = draw(st.sampled_from(sorted(widths)))
     T = draw(st.integers(1, max_nodes))
-    ts = [draw(trees(min_size=T, max_size=T)) for _ in range(B)]
-    ts = [t if t.size == T else Tree([-1] + list(range(T - 1)), range(T)) for t in ts]
+    ts = _trees_of_size(draw, B, T)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     window = torch.randn(B, C, W - 1, generator=gen).to(dtype)
-    N = B + draw(st.integers(1, 3))
-    slots = draw(st.permutations(range(N)))[:B]
-    pool = torch.full((N, C, W - 1), float("nan"), dtype=dtype)
-    pool[list(slots)] = window
+    pool, slots = _pooled(draw, window)
     return dict(x=torch.randn(B, T, C, generator=gen).to(dtype), weight=torch.randn(C, W, generator=gen).to(dtype),
                 bias=torch.randn(C, generator=gen).to(dtype) if draw(st.booleans()) else None,
-                parents=torch.tensor([t.parents for t in ts]), initial_window=window, pool=pool,
-                slots=torch.tensor(slots, dtype=torch.int32), trees=ts)
+                parents=torch.tensor([t.parents for t in ts]), initial_window=window, pool=pool, slots=slots,
+                trees=ts)
 
 
 def fixed_gdn_example(*, dtype=torch.float32, seed: int = 7) -> dict:
