@@ -1,13 +1,16 @@
 """The audit at full size on a GPU: a Qwen3.6-27B-shaped model (random weights, built directly on
 the device, no download) verified through the same code path as a checkpoint.
 
-Part 1 times one DDTree tree per budget: the fast path per mode (Triton kernels inside the model)
-and the fp32 oracle (one decode step per node from its parent's state: each depth level as one
+Part 1 times one DDTree tree per budget: the fast path per mode (Triton kernels inside the model):
+with per-node states (what the audit's leak metrics read), and as a server verifies (no per-node
+states; the snapshot-free WY kernel), eagerly and replayed from CUDA graphs (ddsim.graphs), with the
+commit of each; and the fp32 oracle (one decode step per node from its parent's state: each depth level as one
 batch, and one node at a time for comparison), with peak GPU memory, with and without the oracle
 recording every node's per-layer state.
 Part 2 runs the audit itself (ddsim.audit.run_audit) on a few prompts for budgets 16 and 64.
 
     python benchmarks/audit_full_size.py [--budgets 16,64] [--prompts 3] [--steps 2] [--commit SHA] [--out DIR]
+                                         [--skip-oracle-by-node]
 
 --out DIR writes the audit's report.json and report.html there (`ddsim gate` reads the former).
 """
@@ -20,6 +23,7 @@ import torch
 from ddsim import oracle
 from ddsim.builders import ddtree
 from ddsim.config import get_preset
+from ddsim.graphs import GraphedModel
 from ddsim.model import HybridModel
 from ddsim.weights import init_weights
 
@@ -48,6 +52,7 @@ def main():
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--skip-oracle-by-node", action="store_true")
     a = ap.parse_args()
     budgets = [int(b) for b in a.budgets.split(",")]
     cfg = get_preset("qwen3.6-27b")
@@ -66,6 +71,7 @@ def run_timing(a, budgets, cfg):
     print(f"weights: {n / 1e9:.1f} B parameters, {torch.cuda.memory_allocated() / 2**30:.1f} GiB bf16, built in {t:.1f} s",
           flush=True)
     model = HybridModel(cfg, w, device="cuda", dtype=torch.bfloat16)
+    graphed = GraphedModel(model)
     prompt = torch.randint(0, cfg.vocab_size, (a.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     t, (state, _) = timed(lambda: model.prefill(prompt[:-1]))
     print(f"prefill of {a.prompt_len - 1} tokens: {t:.2f} s", flush=True)
@@ -77,8 +83,11 @@ def run_timing(a, budgets, cfg):
         for mode in ("leaky", "exact"):
             model.verify(state, tree, mode=mode)  # warm-up (Triton compiles)
             row[f"{mode}_s"], _ = timed(lambda: model.verify(state, tree, mode=mode), repeats=3, keep=False)
-        for key, order, record in (("oracle", "level", False), ("oracle_record", "level", True),
-                                   ("oracle_by_node", "node", False)):
+        row.update(serving(model, graphed, state, tree))
+        order_keys = (("oracle", "level", False), ("oracle_record", "level", True))
+        if not a.skip_oracle_by_node:
+            order_keys += (("oracle_by_node", "node", False),)
+        for key, order, record in order_keys:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
@@ -92,9 +101,44 @@ def run_timing(a, budgets, cfg):
           "recording states s/tree | its peak extra GiB | oracle one node at a time s/tree |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        by_node = f"{r['oracle_by_node_s']:.2f}" if "oracle_by_node_s" in r else "–"
         print(f"| {r['budget']} | {r['nodes']} | {r['leaky_s']:.3f} | {r['exact_s']:.3f} | {r['oracle_s']:.2f} | "
               f"{r['oracle_peak_extra_GiB']:.1f} | {r['oracle_record_s']:.2f} | {r['oracle_record_peak_extra_GiB']:.1f} | "
-              f"{r['oracle_by_node_s']:.2f} |", flush=True)
+              f"{by_node} |", flush=True)
+    print()
+    print("Serving verify (no per-node states), ms per tree; commit = the accepted path replayed (deepest node); "
+          "per-node commit = copying the snapshot at that node")
+    print("| budget | nodes | mode | with states: verify | per-node commit | serving eager: verify | commit | "
+          "CUDA graphs: verify | capture s | max abs logit diff graphs vs eager |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        for mode in ("exact", "leaky"):
+            print(f"| {r['budget']} | {r['nodes']} | {mode} | {r[f'{mode}_s'] * 1e3:.1f} | "
+                  f"{r[f'{mode}_snapshot_commit_ms']:.2f} | {r[f'{mode}_serving_ms']:.1f} | "
+                  f"{r[f'{mode}_serving_commit_ms']:.2f} | {r[f'{mode}_graphed_ms']:.1f} | "
+                  f"{r[f'{mode}_capture_s']:.1f} | {r[f'{mode}_graph_vs_eager']:.3g} |", flush=True)
+
+
+def serving(model, graphed, state, tree) -> dict:
+    """ms per tree of the serving verify (eager and graphed) and of its commit, beside the per-node
+    path's commit; the graphed logits against the eager ones."""
+    acc = int(tree.depths.argmax())
+    row = {}
+    for mode in ("exact", "leaky"):
+        full = model.verify(state, tree, mode=mode)
+        row[f"{mode}_snapshot_commit_ms"] = 1e3 * timed(lambda: model.commit(state, tree, full, acc), repeats=5)[0]
+        full = None
+        model.verify(state, tree, mode=mode, keep_states=False)  # warm-up (the WY kernel compiles)
+        row[f"{mode}_serving_ms"] = 1e3 * timed(lambda: model.verify(state, tree, mode=mode, keep_states=False),
+                                                repeats=5)[0]
+        eager = model.verify(state, tree, mode=mode, keep_states=False)
+        row[f"{mode}_serving_commit_ms"] = 1e3 * timed(lambda: model.commit(state, tree, eager, acc), repeats=5)[0]
+        row[f"{mode}_capture_s"], _ = timed(lambda: graphed.verify(state, tree, mode=mode))
+        row[f"{mode}_graphed_ms"] = 1e3 * timed(lambda: graphed.verify(state, tree, mode=mode), repeats=5)[0]
+        replay = graphed.verify(state, tree, mode=mode)
+        row[f"{mode}_graph_vs_eager"] = (replay.logits - eager.logits).abs().max().item()
+        eager = replay = None
+    return row
 
 
 def run_full_audit(a, budgets):

@@ -40,13 +40,51 @@ class VerifyResult:
     logits [T, N] float32; hidden [L, T, d] residual stream after each layer;
     ssm[l] [T, *state] state after each node and conv[l] [T, C, W-1] window after each node
     (recurrent layers, else None); kv[l] = (k [T, nkv, hd], v) per attention layer.
+
+    A verify without per-node states (``keep_states=False``, what a serving stack runs) has
+    hidden, ssm and conv None and keeps instead, per recurrent layer, the inputs its commit replays
+    along the accepted path: commit_inputs[l] (CommitInputs), else None. ``fresh`` says whether those
+    inputs are still this verify's (a CUDA-graph replay reuses its buffers: ddsim.graphs).
     """
     mode: str
     logits: torch.Tensor
-    hidden: torch.Tensor
+    hidden: torch.Tensor | None
+    ssm: list | None
+    conv: list | None
+    kv: list
+    commit_inputs: list | None = None
+    fresh: object = None  # () -> bool, or None: always fresh
+
+
+@dataclass
+class CommitInputs:
+    """What one recurrent layer's commit replays along the accepted path, [1, T, ...] each.
+
+    conv_x [1, T, C] the conv's inputs; GDN: k [1, T, H, K], v [1, T, HV, V] (after the conv),
+    g, beta [1, T, HV]; Mamba2: x [1, T, H, P], dt [1, T, H] raw, B [1, T, G, N] (after the conv)."""
+    conv_x: torch.Tensor
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+    g: torch.Tensor | None = None
+    beta: torch.Tensor | None = None
+    x: torch.Tensor | None = None
+    dt: torch.Tensor | None = None
+    B: torch.Tensor | None = None
+
+
+@dataclass
+class LayerOutputs:
+    """Per-layer outputs of a verify pass, filled layer by layer (lists of num_layers entries)."""
+    keep_states: bool
+    kv: list
+    hidden: list
     ssm: list
     conv: list
-    kv: list
+    commit_inputs: list
+
+    @classmethod
+    def empty(cls, n_layers: int, keep_states: bool) -> "LayerOutputs":
+        return cls(keep_states, *([None] * n_layers for _ in range(5)))
 
 
 def _rmsnorm(x, w, eps):
@@ -124,54 +162,86 @@ class HybridModel:
 
     # ---- verify --------------------------------------------------------------------------------
     def verify(self, state: ModelState, tree: Tree, *, mode: str = "exact", positions=None,
-               ancestor_mask=None) -> VerifyResult:
+               ancestor_mask=None, keep_states: bool = True) -> VerifyResult:
         """All nodes of ``tree`` in one pass from the committed ``state``. ``positions`` [T] and
         ``ancestor_mask`` [T, T] (bool) replace the tree's own RoPE positions and attention mask: what
-        an engine with an integration bug computes (ddsim.replay's hypotheses and its test engine)."""
+        an engine with an integration bug computes (ddsim.replay's hypotheses and its test engine).
+
+        keep_states=False verifies as a serving stack does: no per-node states or hidden states (the
+        recurrences run their snapshot-free kernels on CUDA: WY, SSD), and the commit replays the
+        accepted path from the inputs the result keeps."""
+        self.check_tree(state, tree, mode)
+        tables = self.tables(tree, state.pos, positions, ancestor_mask)
+        out = LayerOutputs.empty(self.cfg.num_layers, keep_states)
+        h = self.embed(tree)
+        h = self.run_layers(range(self.cfg.num_layers), h, state, tables, mode, out)
+        return self.finish(h, out, mode)
+
+    def check_tree(self, state: ModelState, tree: Tree, mode: str) -> None:
+        """The mode, the tree's positions and tokens against the model (host values: no device sync)."""
         if mode not in VERIFY_MODES:
             raise InputError(f"mode: expected one of {VERIFY_MODES}, got {mode!r}")
-        cfg, w, dev = self.cfg, self.w, self.device
+        cfg = self.cfg
         if state.pos + int(tree.depths.max()) >= cfg.max_position_embeddings:
             raise InputError(f"tree: positions up to {state.pos + int(tree.depths.max())} exceed the "
                              f"model's {cfg.max_position_embeddings} positions")
-        toks = torch.tensor(tree.tokens, device=dev)
-        if int(toks.max()) >= cfg.vocab_size:
-            raise InputError(f"tree: token {int(toks.max())} is outside the vocabulary ({cfg.vocab_size})")
-        conv_mode, rec_mode = _LAYER_MODES[mode]
-        pos0 = tree.positions(state.pos) if positions is None else positions
+        if max(tree.tokens) >= cfg.vocab_size or min(tree.tokens) < 0:
+            bad = max(tree.tokens) if max(tree.tokens) >= cfg.vocab_size else min(tree.tokens)
+            raise InputError(f"tree: token {bad} is outside the vocabulary ({cfg.vocab_size})")
+
+    def tables(self, tree: Tree, pos: int, positions=None, ancestor_mask=None):
+        """d -> the tree's tables on device d, built on first use and shared by every layer there: the
+        TreePlan (parents [1, T], checked once), positions [T], ancestor mask [T, T]."""
+        pos0 = tree.positions(pos) if positions is None else positions
         mask0 = tree.ancestor_mask if ancestor_mask is None else ancestor_mask
-        tables = {}
+        cache = {}
 
         def on(d):
-            """The tree's tables on device d, built once per verify: the TreePlan (parents [1, T],
-            checked once for every layer there), positions [T], ancestor mask [T, T]."""
-            if d not in tables:
-                tables[d] = (gb.TreePlan(torch.tensor(tree.parents, device=d)[None]), torch.as_tensor(pos0, device=d),
-                             torch.as_tensor(mask0, device=d))
-            return tables[d]
+            if d not in cache:
+                cache[d] = (gb.TreePlan(torch.tensor(tree.parents, device=d)[None]), torch.as_tensor(pos0, device=d),
+                            torch.as_tensor(mask0, device=d))
+            return cache[d]
+        return on
 
-        h = w["embed"][toks] * cfg.embedding_multiplier  # [T, d]
-        hidden, ssm, conv, kv = [], [], [], []
-        for i, kind in enumerate(cfg.layer_pattern):
-            p = f"layers.{i}."
+    def embed(self, tree: Tree) -> torch.Tensor:
+        """[T, d] the tree's token embeddings (times the embedding multiplier)."""
+        toks = torch.tensor(tree.tokens, device=self.device)
+        return self.w["embed"][toks] * self.cfg.embedding_multiplier
+
+    def run_layers(self, layers, h, state: ModelState, tables, mode: str, out: "LayerOutputs"):
+        """h [T, d] through ``layers`` (indices, in order) from ``state``; each layer's outputs go to
+        ``out``. Returns h after the last one."""
+        conv_mode, rec_mode = _LAYER_MODES[mode]
+        for i in layers:
+            kind = self.cfg.layer_pattern[i]
             h = h.to(self.layer_devices[i])  # a placed model hands the hidden state on (no copy otherwise)
-            parents, pos, mask = on(h.device)
+            parents, pos, mask = tables(h.device)
             with _current(h.device):  # Triton launches on the current CUDA device: make it this layer's
-                h, nk, S, win = self._layer(i, kind, p, h, state, parents, pos, mask, conv_mode, rec_mode)
-            kv.append(nk)
-            ssm.append(S)
-            conv.append(win)
-            hidden.append(h.to(self.head_device))
-        h = h.to(self.head_device)
-        logits = F.linear(_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps), w["lm_head"]).float() / cfg.logits_scaling
-        return VerifyResult(mode, logits, torch.stack(hidden), ssm, conv, kv)
+                h, out.kv[i], S, win, cin = self._layer(i, kind, f"layers.{i}.", h, state, parents, pos, mask,
+                                                        conv_mode, rec_mode, out.keep_states)
+            if out.keep_states:
+                out.ssm[i], out.conv[i] = S, win
+                out.hidden[i] = h.to(self.head_device)
+            else:
+                out.commit_inputs[i] = cin
+        return h
 
-    def _layer(self, i, kind, p, h, state, parents, pos, mask, conv_mode, rec_mode):
-        """Layer i on h [T, d] -> (h after it, its new KV or None, per-node states and windows or None)."""
+    def finish(self, h, out: "LayerOutputs", mode: str, fresh=None) -> VerifyResult:
+        """The final norm and the LM head on h [T, d] -> the VerifyResult."""
+        h = h.to(self.head_device)
+        logits = F.linear(_rmsnorm(h, self.w["final_norm"], self.cfg.rms_norm_eps), self.w["lm_head"]).float()
+        logits = logits / self.cfg.logits_scaling
+        if out.keep_states:
+            return VerifyResult(mode, logits, torch.stack(out.hidden), out.ssm, out.conv, out.kv)
+        return VerifyResult(mode, logits, None, None, None, out.kv, out.commit_inputs, fresh)
+
+    def _layer(self, i, kind, p, h, state, parents, pos, mask, conv_mode, rec_mode, keep_states=True):
+        """Layer i on h [T, d] -> (h after it, its new KV or None, per-node states and windows or None,
+        its CommitInputs or None)."""
         cfg, w = self.cfg, self.w
         r = cfg.residual_multiplier
         xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
-        nk, S, win = None, None, None
+        nk, S, win, cin = None, None, None, None
         if kind == "f":
             h = h + r * self._mlp(p, xn, i)
         else:
@@ -180,15 +250,17 @@ class HybridModel:
                 a, k, v = self._attention(p, xn, pos, mask, state.kv[i])
                 out, nk = out + a, (k, v)
             if kind == "g":
-                g, S, win = self._gdn(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode)
+                g, S, win, cin = self._gdn(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode,
+                                           keep_states)
                 out = out + g
             if kind in "mp":
-                m, S, win = self._mamba2(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode)
+                m, S, win, cin = self._mamba2(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode,
+                                              keep_states)
                 out = out + m
             h = h + r * out
             if cfg.layer_mlp:
                 h = h + r * self._mlp(p, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
-        return h, nk, S, win
+        return h, nk, S, win, cin
 
     def _ffn(self, x, up, down, gate):
         """SwiGLU down(silu(gate x) * up x), or relu^2 down(relu(up x)^2) when the config says so."""
@@ -259,7 +331,9 @@ class HybridModel:
             o = o * torch.sigmoid(F.linear(x, w[p + "attn.gate"]))
         return F.linear(o, w[p + "attn.o"]), k, v
 
-    def _gdn(self, p, x, parents, S0, win0, conv_mode, rec_mode):
+    def _gdn(self, p, x, parents, S0, win0, conv_mode, rec_mode, keep_states=True):
+        """x [T, d] -> (out [T, d], per-node states [T, HV, K, V] and windows [T, C, W-1], or None and
+        None and the CommitInputs without keep_states)."""
         cfg, w = self.cfg, self.w
         T = x.shape[0]
         H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -268,28 +342,33 @@ class HybridModel:
         z = F.linear(x, w[p + "gdn.z"]).view(T, HV, V)
         a = F.linear(x, w[p + "gdn.a"]).float()  # [T, HV]
         b = F.linear(x, w[p + "gdn.b"]).float()
-        y, windows = gb.tree_causal_conv1d(xin, weight=w[p + "gdn.conv"], parents=parents,
-                                           initial_window=win0[None], mode=conv_mode, output_windows=True,
-                                           backend=self.backend)
+        y = gb.tree_causal_conv1d(xin, weight=w[p + "gdn.conv"], parents=parents, initial_window=win0[None],
+                                  mode=conv_mode, output_windows=keep_states, backend=self.backend)
+        y, windows = y if keep_states else (y, None)
         y = y[0]  # [T, C]
         q = y[:, : H * K].view(1, T, H, K)
         k = y[:, H * K: 2 * H * K].view(1, T, H, K)
         v = y[:, 2 * H * K:].view(1, T, HV, V)
         g = -torch.exp(w[p + "gdn.A_log"].float()) * F.softplus(a + w[p + "gdn.dt_bias"].float())  # [T, HV]
         beta = torch.sigmoid(b)
-        o, states = gb.gdn_tree_verify(q, k, v, g[None], beta[None], parents=parents,
-                                       initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
-                                       output_states=True, backend=self.backend)
+        o = gb.gdn_tree_verify(q, k, v, g[None], beta[None], parents=parents,
+                               initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
+                               output_states=keep_states, backend=self.backend)
+        o, states = o if keep_states else (o, None)
         if self.engine is not None and rec_mode in self.engine.modes:  # the engine's outputs [1, T, HV, V]
             o = self.engine.verify(q, k, v, g[None], beta[None], parents=parents.parents,
                                    state_pool=S0[None].to(torch.float32).clone(),
                                    slots=torch.zeros(1, dtype=torch.int32, device=q.device), mode=rec_mode, scale=None)
         o = o[0].to(x.dtype)  # [T, HV, V]
         o = _rmsnorm(o, w[p + "gdn.norm"], cfg.rms_norm_eps) * F.silu(z)
-        return F.linear(o.reshape(T, HV * V), w[p + "gdn.out"]), states[0], windows[0]
+        out = F.linear(o.reshape(T, HV * V), w[p + "gdn.out"])
+        if keep_states:
+            return out, states[0], windows[0], None
+        return out, None, None, CommitInputs(xin, k=k, v=v, g=g[None], beta=beta[None])
 
-    def _mamba2(self, p, x, parents, S0, win0, conv_mode, rec_mode):
-        """x [T, d]; S0 [H, P, N]; win0 [Cm, W-1] -> (out [T, d], states [T, H, P, N], windows [T, Cm, W-1])."""
+    def _mamba2(self, p, x, parents, S0, win0, conv_mode, rec_mode, keep_states=True):
+        """x [T, d]; S0 [H, P, N]; win0 [Cm, W-1] -> (out [T, d], states [T, H, P, N], windows [T, Cm, W-1],
+        None), or (out, None, None, CommitInputs) without keep_states."""
         cfg, w = self.cfg, self.w
         T = x.shape[0]
         H, P, N, G, I = (cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.mamba_state_size, cfg.mamba_n_groups,
@@ -297,18 +376,20 @@ class HybridModel:
         z = F.linear(x, w[p + "mamba.z"])  # [T, I]
         xbc = F.linear(x, w[p + "mamba.xbc"])[None]  # [1, T, Cm]
         dt = F.linear(x, w[p + "mamba.dt"]).float()[None]  # [1, T, H]
-        y, windows = gb.tree_causal_conv1d(xbc, weight=w[p + "mamba.conv"], bias=w.get(p + "mamba.conv_bias"),
-                                           parents=parents, initial_window=win0[None], mode=conv_mode,
-                                           output_windows=True, backend=self.backend)
+        y = gb.tree_causal_conv1d(xbc, weight=w[p + "mamba.conv"], bias=w.get(p + "mamba.conv_bias"),
+                                  parents=parents, initial_window=win0[None], mode=conv_mode,
+                                  output_windows=keep_states, backend=self.backend)
+        y, windows = y if keep_states else (y, None)
         y = y[0]  # [T, Cm]
         xs = y[:, :I].reshape(1, T, H, P)
         Bm = y[:, I: I + G * N].reshape(1, T, G, N)
         Cm = y[:, I + G * N:].reshape(1, T, G, N)
-        o, states = gb.mamba2_tree_verify(xs, dt, -torch.exp(w[p + "mamba.A_log"].float()), Bm, Cm,
-                                          D=w[p + "mamba.D"].float(), dt_bias=w[p + "mamba.dt_bias"].float(),
-                                          dt_limit=cfg.mamba_dt_limit, parents=parents,
-                                          initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
-                                          output_states=True, backend=self.backend)
+        o = gb.mamba2_tree_verify(xs, dt, -torch.exp(w[p + "mamba.A_log"].float()), Bm, Cm,
+                                  D=w[p + "mamba.D"].float(), dt_bias=w[p + "mamba.dt_bias"].float(),
+                                  dt_limit=cfg.mamba_dt_limit, parents=parents,
+                                  initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
+                                  output_states=keep_states, backend=self.backend)
+        o, states = o if keep_states else (o, None)
         o = o[0].reshape(T, I).float()
         zf = F.silu(z.float())
 
@@ -322,16 +403,24 @@ class HybridModel:
             o = group_rms(o) * zf
         else:
             o = o * zf
-        return F.linear(o.to(x.dtype), w[p + "mamba.out"]), states[0], windows[0]
+        out = F.linear(o.to(x.dtype), w[p + "mamba.out"])
+        if keep_states:
+            return out, states[0], windows[0], None
+        return out, None, None, CommitInputs(xbc, x=xs, dt=dt, B=Bm)
 
     # ---- commit --------------------------------------------------------------------------------
     def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int) -> ModelState:
         """State after accepting the root path ending at node ``accepted``: the accepted nodes' KV
         is appended in path order; S and the conv window become what this mode computed at that
         node (a leaky pass commits its leaky state, as a serving stack copies the intermediate
-        state at the node's batch index)."""
+        state at the node's batch index). A result without per-node states is committed by replaying
+        its mode's source path root..accepted from ``state`` (the commit kernels): the same state
+        within float32 reassociation."""
         if not 0 <= accepted < tree.size:
             raise InputError(f"accepted: node {accepted} is outside 0..{tree.size - 1}")
+        if res.fresh is not None and not res.fresh():
+            raise InputError("commit: this verify result's buffers were reused by a later verify of the same "
+                             "shape (a CUDA-graph replay); commit a result before verifying the next tree")
         rp = tree.root_path(accepted)
         L = self.cfg.num_layers
         kv, ssm, conv = [None] * L, [None] * L, [None] * L
@@ -340,7 +429,43 @@ class HybridModel:
             path = torch.tensor(rp, device=k.device)
             kv[i] = (torch.cat([state.kv[i][0], k[path].to(state.kv[i][0].dtype)]),
                      torch.cat([state.kv[i][1], v[path].to(state.kv[i][1].dtype)]))
-        for i in self.cfg.recurrent_layers:
-            ssm[i] = res.ssm[i][accepted].clone()
-            conv[i] = res.conv[i][accepted].to(state.conv[i].dtype).clone()
+        if res.ssm is not None:
+            for i in self.cfg.recurrent_layers:
+                ssm[i] = res.ssm[i][accepted].clone()
+                conv[i] = res.conv[i][accepted].to(state.conv[i].dtype).clone()
+        else:
+            ssm, conv = self._commit_replay(state, tree, res, accepted)
         return ModelState(state.pos + len(rp), kv, ssm, conv)
+
+    def _commit_replay(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int):
+        """(ssm, conv) per layer after node ``accepted``, replayed along res.mode's source paths (the
+        tree's parents, or the batch order for a leaky recurrence or conv) from the inputs kept."""
+        conv_mode, rec_mode = _LAYER_MODES[res.mode]
+        chain_parents = list(range(-1, tree.size - 1))
+        source = {"exact": list(tree.parents), "leaky": chain_parents}
+        plans, acc = {}, [accepted]
+
+        def plan(mode, d):  # one TreePlan per (source order, device), shared by every layer there
+            if (mode, d) not in plans:
+                plans[mode, d] = gb.TreePlan(torch.tensor(source[mode], device=d)[None])
+            return plans[mode, d]
+
+        cfg, w, L = self.cfg, self.w, self.cfg.num_layers
+        ssm, conv = [None] * L, [None] * L
+        for i in cfg.recurrent_layers:
+            ci, p, d = res.commit_inputs[i], f"layers.{i}.", self.layer_devices[i]
+            with _current(d):
+                window = gb.conv_tree_commit(ci.conv_x, parents=plan(conv_mode, d), accepted=acc,
+                                             initial_window=state.conv[i][None], backend=self.backend)
+                conv[i] = window[0].to(state.conv[i].dtype)
+                S0 = state.ssm[i][None].to(self.state_dtype)
+                if cfg.layer_pattern[i] == "g":
+                    S = gb.gdn_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plan(rec_mode, d), accepted=acc,
+                                           initial_state=S0, backend=self.backend)
+                else:
+                    S = gb.mamba2_tree_commit(ci.x, ci.dt, -torch.exp(w[p + "mamba.A_log"].float()), ci.B,
+                                              dt_bias=w[p + "mamba.dt_bias"].float(), dt_limit=cfg.mamba_dt_limit,
+                                              parents=plan(rec_mode, d), accepted=acc, initial_state=S0,
+                                              backend=self.backend)
+                ssm[i] = S[0]
+        return ssm, conv

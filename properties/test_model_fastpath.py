@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from ddsim import oracle
 from ddsim.compare import MODEL_SLACK, assert_close
 from ddsim.model import HybridModel
-from ddsim.properties.strategies import model_configs, topological_orders, trees
+from ddsim.properties.strategies import TREE_SHAPES, model_configs, topological_orders, trees
 from ddsim.weights import init_weights
 
 
@@ -52,3 +52,45 @@ def test_relabeling_leaves_exact_results_unchanged(cfg, data, seed):
     a = m.verify(fs, t, mode="exact")
     b = m.verify(fs, t.relabel(order), mode="exact")
     assert_close("logits", b.logits, a.logits[order], dtype=torch.float32, slack=MODEL_SLACK)
+
+
+@given(model_configs(), st.data(), st.integers(0, 2**16), st.sampled_from(["exact", "leaky", "leaky-state", "leaky-conv"]))
+def test_serving_verify_and_replayed_commit_equal_the_per_node_path(cfg, data, seed, mode):
+    """A verify without per-node states gives the same logits, and its commit (the accepted path
+    replayed from the committed state) the same state, as the per-node verify and its snapshot."""
+    t = data.draw(trees(max_size=9, vocab=cfg.vocab_size))
+    accepted = data.draw(st.integers(0, t.size - 1))
+    w, m, fs, _ = _setup(cfg, seed, [1, 2])
+    full = m.verify(fs, t, mode=mode)
+    lean = m.verify(fs, t, mode=mode, keep_states=False)
+    assert lean.ssm is None and lean.hidden is None
+    assert_close("logits", lean.logits, full.logits, dtype=torch.float32, slack=MODEL_SLACK)
+    a, b = m.commit(fs, t, full, accepted), m.commit(fs, t, lean, accepted)
+    assert b.pos == a.pos
+    for l in cfg.recurrent_layers:
+        assert_close(f"layer {l} committed state", b.ssm[l], a.ssm[l], dtype=torch.float32, slack=MODEL_SLACK)
+        assert_close(f"layer {l} committed window", b.conv[l], a.conv[l], dtype=torch.float32, slack=MODEL_SLACK)
+    for l in cfg.attention_layers:
+        assert torch.equal(b.kv[l][0], a.kv[l][0]) and torch.equal(b.kv[l][1], a.kv[l][1])
+
+
+@given(model_configs(), st.data(), st.integers(0, 2**16), st.sampled_from(["exact", "leaky", "leaky-state", "leaky-conv"]))
+def test_graph_pieces_equal_the_serving_verify(cfg, data, seed, mode):
+    """ddsim.graphs' pieces (fixed buffers, a refilled StaticPlan, attention layers between them), run
+    without capture, are the serving verify bit for bit, tree after tree on one key."""
+    from hypothesis import assume
+
+    from ddsim.graphs import GraphedModel
+    assume(not any(cfg.is_moe_layer(i) for i in range(cfg.num_layers)))
+    T = data.draw(st.integers(1, 9))
+    w, m, fs, _ = _setup(cfg, seed, [1, 2])
+    gm = GraphedModel(m, capture=False)
+    for _ in range(2):
+        shape = "single" if T == 1 else data.draw(st.sampled_from([s for s in TREE_SHAPES if s != "single"]))
+        t = data.draw(trees(min_size=T, max_size=T, vocab=cfg.vocab_size, shape=shape))
+        a, b = m.verify(fs, t, mode=mode, keep_states=False), gm.verify(fs, t, mode=mode)
+        assert torch.equal(a.logits, b.logits)
+        acc = data.draw(st.integers(0, T - 1))
+        sa, sb = m.commit(fs, t, a, acc), gm.commit(fs, t, b, acc)
+        assert all(torch.equal(sa.ssm[l], sb.ssm[l]) and torch.equal(sa.conv[l], sb.conv[l])
+                   for l in cfg.recurrent_layers)

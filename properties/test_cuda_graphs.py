@@ -1,0 +1,54 @@
+"""CUDA-graph replays of the serving verify against the eager serving verify (GPU only: skipped
+without CUDA; the same machinery runs uncaptured on the CPU in tests/test_serving_verify.py).
+
+Trees of one key replay one captured graph set: a replay reading a stale table, state or input
+buffer gives another tree's logits, which these comparisons catch."""
+import pytest
+import torch
+
+from ddsim.config import get_preset
+from ddsim.errors import InputError
+from ddsim.graphs import GraphedModel
+from ddsim.model import HybridModel
+from ddsim.tree import Tree
+from ddsim.weights import init_weights
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+TREES = [Tree([-1, 0, 0, 1, 1, 2, 3, 4], [5, 1, 2, 3, 4, 6, 7, 8]),
+         Tree([-1, 0, 1, 1, 0, 2, 3, 5], [5, 9, 1, 2, 3, 4, 6, 7]),
+         Tree([-1, 0, 0, 0, 1, 2, 3, 6], [5, 1, 2, 3, 4, 6, 7, 8])]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2", "micro-mamba2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_replays_equal_the_eager_serving_verify(preset, dtype):
+    cfg = get_preset(preset)
+    m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=dtype)
+    gm = GraphedModel(m)
+    st, _ = m.prefill([1, 2, 3, 4, 5])
+    tol = dict(rtol=0, atol=0) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    for mode in ("exact", "leaky", "leaky-state", "leaky-conv"):
+        for step, t in enumerate(TREES + TREES[:1]):
+            a, b = m.verify(st, t, mode=mode, keep_states=False), gm.verify(st, t, mode=mode)
+            assert torch.isfinite(b.logits).all()
+            torch.testing.assert_close(b.logits, a.logits, **tol, msg=lambda s: f"{mode} tree {step}: {s}")
+            sa, sb = m.commit(st, t, a, 7), gm.commit(st, t, b, 7)
+            for i in cfg.recurrent_layers:
+                torch.testing.assert_close(sb.ssm[i], sa.ssm[i], **tol)
+                torch.testing.assert_close(sb.conv[i], sa.conv[i], **tol)
+            st2 = sb  # the next tree from a new committed state: the state buffers are refilled
+            a2, b2 = m.verify(st2, t, mode=mode, keep_states=False), gm.verify(st2, t, mode=mode)
+            torch.testing.assert_close(b2.logits, a2.logits, **tol)
+    assert len(gm.captured()) == 4
+
+
+def test_a_stale_replay_result_is_refused():
+    cfg = get_preset("tiny")
+    m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda")
+    gm = GraphedModel(m)
+    st, _ = m.prefill([1, 2, 3])
+    first = gm.verify(st, TREES[0])
+    gm.verify(st, TREES[1])
+    with pytest.raises(InputError, match="reused"):
+        gm.commit(st, TREES[0], first, 2)
