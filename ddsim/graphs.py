@@ -48,8 +48,8 @@ class StaticPlan(gb.TreePlan):
 
     def __init__(self, T: int, device):
         self.B, self.T = 1, T
-        self.device = torch.device(device)
-        self.parents = torch.zeros(1, T, dtype=torch.long, device=self.device)
+        self.parents = torch.zeros(1, T, dtype=torch.long, device=device)
+        self.device = self.parents.device  # "cuda" resolved to its index, as the layers' tensors report it
         self._cache = {}
         self._host = None
 
