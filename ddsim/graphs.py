@@ -1,26 +1,30 @@
-"""CUDA graphs for the serving verify: a tree's pass through the model replayed, not re-launched.
+"""CUDA graphs for the serving verify and its commit: a tree's pass through the whole model, and the
+commit of its accepted path, replayed rather than launched op by op from Python.
 
-``GraphedModel(model)`` verifies as ``model.verify(..., keep_states=False)`` does (no per-node
-states; the commit replays the accepted path) with the recurrent layers captured as CUDA graphs,
-piecewise as vLLM captures a model: every maximal run of layers without attention is one graph,
-and the attention layers run eagerly between them (their KV prefix grows every step, so their
-shapes change; the recurrent layers' do not). Graphs are captured on first use per key
-(mode, nodes T, the doubling rounds of the WY solve, which the tree's depth sets) and replayed for
-every later tree of that key.
+``GraphedModel(model)`` verifies as ``model.verify(..., keep_states=False)`` does (no per-node states;
+the commit replays the accepted path through the commit kernels) with the whole pass captured once
+per key and replayed for every later tree of that key. The key is (mode, nodes T, the doubling
+rounds of the WY solve, which the tree's depth sets, the KV prefix capacity): attention reads the
+committed prefix from fixed buffers of that capacity (a power of two, at least 256 rows) with the
+rows past the prefix masked out, so a growing prefix changes the key only when it crosses a power
+of two.
 
-What a replay reads it reads at fixed addresses: the tree's index tables (a ``StaticPlan``, filled
-on the host from the tree's parents and copied in), the committed recurrent states and conv windows
-(copied into fixed buffers), the hidden state entering each piece. Each key has its own memory pool,
-so no two keys share memory; within a key, a replay reuses the buffers of the previous one, so a
-result's commit inputs are only valid until the next verify of its key: ``VerifyResult.fresh`` says
-so and the model's commit refuses a stale result.
+What a replay reads it reads at fixed addresses, refilled before each replay: the tree's tokens,
+positions, ancestor mask and index tables (a ``StaticPlan``, built on the host from the tree's
+parents and copied in), the committed recurrent states and conv windows, the KV prefix. Each key has
+its own memory pool, so no two keys share memory; within a key a replay reuses the buffers of the
+previous one, so a result's KV and commit inputs are valid until the next verify of its key:
+``VerifyResult.fresh`` says so and the commit refuses a stale result (logits are copied out).
 
-``capture=False`` runs the same pieces, buffers and tables eagerly (no graphs): the CPU tests check
-that machinery bit for bit against ``model.verify``; the GPU suite checks the replays
-(properties/test_cuda_graphs.py).
+Attention over a fixed-capacity prefix sums the same terms as over the prefix alone but the
+reduction may group them differently: a replay equals the eager serving verify within float32
+rounding, not bit for bit. ``capture=False`` runs the same buffers, tables and masks eagerly (no
+graph): the CPU tests check that machinery against ``model.verify``; properties/test_cuda_graphs.py
+checks the replays on a GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -31,23 +35,31 @@ from ddsim.model import _LAYER_MODES, HybridModel, LayerOutputs, VerifyResult
 from ddsim.state import ModelState
 from ddsim.tree import Tree
 
+MIN_PREFIX_CAPACITY = 256
+
 
 def wy_rounds(depth: int) -> int:
     """Doubling rounds of the WY solve for a tree of this depth (what the kernel is specialised on)."""
     return max(0, math.ceil(math.log2(max(depth, 1))))
 
 
+def prefix_capacity(P: int) -> int:
+    """KV rows a graph keeps for a committed prefix of P tokens: a power of two >= max(P, 256)."""
+    return max(MIN_PREFIX_CAPACITY, 1 << max(P - 1, 0).bit_length())
+
+
 class StaticPlan(gb.TreePlan):
     """A TreePlan for one sequence of T nodes whose tables live in fixed device buffers. ``load(tree)``
     builds the tree's tables on the host (validating its parents) and copies them into the buffers,
     so a graph captured against this plan reads the current tree's tables. Tables are allocated on
-    first use, which must come before capture (the warm-up run does it).
+    first use, which must come before capture (a warm-up run does it).
 
-    ``ancestors(mode)`` reports the depth of the tree it was first built for: kernels read it only
-    as their number of doubling rounds, which the graph's key fixes (``load`` checks it)."""
+    Trees up to ``max_depth`` deep fit: root paths are padded to max_depth + 1 entries (-1).
+    ``ancestors(mode)`` reports the depth of the first tree it was built for: kernels read it only as
+    their number of doubling rounds, which must not change (``load`` checks it)."""
 
-    def __init__(self, T: int, device):
-        self.B, self.T = 1, T
+    def __init__(self, T: int, device, max_depth: int):
+        self.B, self.T, self.max_depth = 1, T, max_depth
         self.parents = torch.zeros(1, T, dtype=torch.long, device=device)
         self.device = self.parents.device  # "cuda" resolved to its index, as the layers' tensors report it
         self._cache = {}
@@ -56,6 +68,8 @@ class StaticPlan(gb.TreePlan):
     def load(self, tree: Tree) -> None:
         if tree.size != self.T:
             raise InputError(f"tree: {tree.size} nodes, this plan holds {self.T}")
+        if int(tree.depths.max()) > self.max_depth:
+            raise InputError(f"tree: depth {int(tree.depths.max())}, this plan holds trees up to {self.max_depth}")
         self._host = gb.TreePlan(torch.tensor(tree.parents)[None])  # validated on the host, no device sync
         self.parents.copy_(self._host.parents, non_blocking=True)
         for key, value in self._cache.items():
@@ -76,7 +90,9 @@ class StaticPlan(gb.TreePlan):
             return h.conv_table(key[1], key[2])
         if key[0] == "anc":
             return h.ancestors(key[1])
-        return h.root_paths()
+        paths = h.root_paths()  # [1, T, depth + 1] -> [1, T, max_depth + 1]
+        pad = self.max_depth + 1 - paths.shape[-1]
+        return torch.nn.functional.pad(paths, (0, pad), value=-1)
 
     def _cached(self, key, build):
         if key not in self._cache:
@@ -92,32 +108,73 @@ class StaticPlan(gb.TreePlan):
         return self._cache[key]
 
 
-class _Piece:
-    """Consecutive layers without attention, run from a fixed input buffer (captured or not)."""
+class _Prefix:
+    """The KV prefix at a fixed capacity: per attention layer (K, V) [capacity, nkv, hd] in the
+    state's dtype, and the committed length as a device scalar (rows past it are masked out)."""
 
-    def __init__(self, layers: list[int]):
-        self.layers = layers
-        self.h_in = None
-        self.h_out = None
-        self.out = None
-        self.graph = None
+    def __init__(self, model: HybridModel, capacity: int):
+        cfg = model.cfg
+        self.capacity = capacity
+        self.kv = [None] * cfg.num_layers
+        for i in cfg.attention_layers:
+            shape = (capacity, cfg.num_key_value_heads, cfg.head_dim)
+            d = model.layer_devices[i]
+            self.kv[i] = (torch.zeros(shape, dtype=model.state_dtype, device=d),
+                          torch.zeros(shape, dtype=model.state_dtype, device=d))
+        self.length = torch.zeros((), dtype=torch.long, device=model.device)
+        self.rows = torch.arange(capacity, device=model.device)
+
+    def load(self, state: ModelState) -> None:
+        for i, kv in enumerate(self.kv):
+            if kv is not None:
+                P = state.kv[i][0].shape[0]
+                kv[0][:P].copy_(state.kv[i][0], non_blocking=True)
+                kv[1][:P].copy_(state.kv[i][1], non_blocking=True)
+        self.length.fill_(state.pos)
+
+
+class _Epoch:
+    """VerifyResult.fresh of a replayed result: true until its key's next verify."""
+
+    def __init__(self, captured: "_Captured"):
+        self.captured, self.epoch = captured, captured.epoch
+
+    def __call__(self) -> bool:
+        return self.captured.epoch == self.epoch
 
 
 class _Captured:
-    """Everything one key's replays use: its plan, its pieces, its pool, the number of replays."""
+    """One key: its plans (the tree's, and the batch order's for leaky sources), input buffers,
+    graphs, static outputs and memory pool."""
 
-    def __init__(self, model: HybridModel, T: int, pieces: list[list[int]], pool):
-        self.plan = StaticPlan(T, model.device)
-        self.pieces = [_Piece(layers) for layers in pieces]
-        self.pool = pool
+    def __init__(self, model: HybridModel, key: tuple, prefix: _Prefix, pool):
+        mode, T, rounds, _ = key
+        dev = model.device
+        exact_rec = _LAYER_MODES[mode][1] == "exact"
+        self.mode, self.T, self.prefix, self.pool = mode, T, prefix, pool
+        self.plan = StaticPlan(T, dev, 2 ** rounds if exact_rec else T - 1)
+        self.chain = StaticPlan(T, dev, T - 1)
+        self.chain.load(Tree(range(-1, T - 1), range(T)))
+        self.tokens = torch.zeros(T, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(T, dtype=torch.long, device=dev)
+        self.mask = torch.zeros(T, T, dtype=torch.bool, device=dev)
+        self.accepted = torch.zeros(1, dtype=torch.long, device=dev)
+        self.verify_graph = self.commit_graph = None
+        self.logits = self.out = self.committed = None
         self.epoch = 0
-        self.ready = False
+
+    def load(self, tree: Tree, state: ModelState) -> None:
+        self.plan.load(tree)
+        self.tokens.copy_(torch.tensor(tree.tokens), non_blocking=True)
+        self.positions.copy_(torch.as_tensor(tree.positions(state.pos)), non_blocking=True)
+        self.mask.copy_(torch.as_tensor(tree.ancestor_mask), non_blocking=True)
+        self.prefix.load(state)
 
 
 class GraphedModel:
-    """``model`` with its serving verify replayed from CUDA graphs (see the module docstring). Also
-    a drop-in for ``model`` where a verify without per-node states is enough: ``verify`` always
-    keeps no states; prefill, commit and the rest are the model's."""
+    """``model`` with its serving verify and commit replayed from CUDA graphs (see the module
+    docstring); ``verify`` always keeps no states, ``commit`` takes its results (and the model's),
+    prefill and the rest are the model's. A drop-in for ``model`` in ddsim.generate."""
 
     def __init__(self, model: HybridModel, *, capture: bool = True):
         cfg = model.cfg
@@ -130,27 +187,30 @@ class GraphedModel:
         if any(cfg.is_moe_layer(i) for i in range(cfg.num_layers)):
             raise InputError("cuda graphs: MoE layers route on the host (a device sync per layer)")
         self.model, self.cfg, self.capture = model, cfg, capture
-        self.segments = _segments(cfg.layer_pattern)
         self._keys: dict = {}
-        # committed recurrent states and windows at fixed addresses, shared by every key (replays run
-        # one after another on one stream, each after copying its state in)
+        self._prefixes: dict = {}
+        # committed recurrent states and windows at fixed addresses, shared by every key: each verify
+        # and each commit copies its state in before it replays (replays run one after another)
         L = cfg.num_layers
         ssm, conv = [None] * L, [None] * L
         for i in cfg.recurrent_layers:
-            d = model.layer_devices[i]
-            ssm[i] = torch.zeros(cfg.state_shape(i), dtype=model.state_dtype, device=d)
-            conv[i] = torch.zeros(cfg.window_shape(i), dtype=model.state_dtype, device=d)
-        self._state = ModelState(0, [None] * L, ssm, conv)
+            ssm[i] = torch.zeros(cfg.state_shape(i), dtype=model.state_dtype, device=model.device)
+            conv[i] = torch.zeros(cfg.window_shape(i), dtype=model.state_dtype, device=model.device)
+        self._ssm, self._conv = ssm, conv
 
-    def __getattr__(self, name):  # prefill, commit, empty_state, cfg, device, ... are the model's
+    def __getattr__(self, name):  # prefill, empty_state, cfg, device, ... are the model's
         return getattr(self.model, name)
 
-    def key(self, tree: Tree, mode: str) -> tuple:
-        """(mode, T, WY rounds of the recurrence's source order): one graph set per key."""
-        rec = _LAYER_MODES[mode][1]
-        depth = int(tree.depths.max()) if rec == "exact" else tree.size - 1
-        return mode, tree.size, wy_rounds(depth)
+    def key(self, state: ModelState, tree: Tree, mode: str) -> tuple:
+        """(mode, T, WY rounds of the recurrence's source order, KV prefix capacity)."""
+        depth = int(tree.depths.max()) if _LAYER_MODES[mode][1] == "exact" else tree.size - 1
+        return mode, tree.size, wy_rounds(depth), prefix_capacity(state.pos)
 
+    def captured(self) -> list[tuple]:
+        """The keys whose verify graph exists (or, uncaptured, that ran)."""
+        return sorted(k for k, c in self._keys.items() if c.out is not None)
+
+    # ---- verify --------------------------------------------------------------------------------
     def verify(self, state: ModelState, tree: Tree, *, mode: str = "exact", keep_states: bool = False,
                **kw) -> VerifyResult:
         if keep_states or kw:
@@ -158,72 +218,82 @@ class GraphedModel:
                              "and mask (use the model itself otherwise)")
         m = self.model
         m.check_tree(state, tree, mode)
-        key = self.key(tree, mode)
+        key = self.key(state, tree, mode)
         cap = self._keys.get(key)
         if cap is None:
-            pool = torch.cuda.graph_pool_handle() if self.capture else None
-            cap = self._keys[key] = _Captured(m, tree.size, [s for kind, s in self.segments if kind == "graph"], pool)
-        cap.plan.load(tree)
-        for i in self.cfg.recurrent_layers:
-            self._state.ssm[i].copy_(state.ssm[i], non_blocking=True)
-            self._state.conv[i].copy_(state.conv[i], non_blocking=True)
-        pos = torch.as_tensor(tree.positions(state.pos), device=m.device)
-        mask = torch.as_tensor(tree.ancestor_mask, device=m.device)
-        tables = lambda d: (cap.plan, pos, mask)  # noqa: E731 (the attention layers read pos and mask only)
-        out = LayerOutputs.empty(self.cfg.num_layers, keep_states=False)
-        h = m.embed(tree)
-        pieces = iter(cap.pieces)
-        for kind, layers in self.segments:
-            if kind == "eager":
-                h = m.run_layers(layers, h, state, tables, mode, out)
-            else:
-                h = self._run_piece(cap, next(pieces), h, mode, out)
-        cap.ready = True
+            prefix = self._prefixes.get(key[3]) or self._prefixes.setdefault(key[3], _Prefix(m, key[3]))
+            cap = self._keys[key] = _Captured(m, key, prefix, torch.cuda.graph_pool_handle() if self.capture else None)
+        cap.load(tree, state)
+        self._load_state(state)
+        self._run(cap, "verify_graph", lambda: self._verify_body(cap))
         cap.epoch += 1
-        epoch = cap.epoch
-        return m.finish(h, out, mode, fresh=lambda: cap.epoch == epoch)
+        return VerifyResult(mode, cap.logits.clone(), None, None, None, list(cap.out.kv), list(cap.out.commit_inputs),
+                            _Epoch(cap))
 
-    def _run_piece(self, cap: _Captured, piece: _Piece, h, mode: str, out: LayerOutputs):
+    def _verify_body(self, cap: _Captured) -> None:
+        """The whole pass from the fixed buffers into cap.logits [T, vocab] and cap.out."""
         m = self.model
-        plan_tables = lambda d: (cap.plan, None, None)  # noqa: E731 (no attention inside a piece)
-        if piece.h_in is None:
-            piece.h_in = torch.empty_like(h)
-        piece.h_in.copy_(h)
+        T, P = cap.T, cap.prefix.capacity
+        mask = torch.cat([(cap.prefix.rows < cap.prefix.length).expand(T, P), cap.mask], dim=1)  # [T, P + T]
+        tables = lambda d: (cap.plan, cap.positions, mask)  # noqa: E731 (one device: not placed)
+        state = ModelState(0, cap.prefix.kv, self._ssm, self._conv)
+        out = LayerOutputs.empty(self.cfg.num_layers, keep_states=False)
+        h = m.run_layers(range(self.cfg.num_layers), m.embed_tokens(cap.tokens), state, tables, cap.mode, out)
+        cap.logits, cap.out = m.head(h), out
+
+    # ---- commit --------------------------------------------------------------------------------
+    def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int) -> ModelState:
+        """The model's commit; for a replayed result, the recurrent layers' commits replayed too (one
+        graph per key), from ``state``."""
+        if not isinstance(res.fresh, _Epoch):
+            return self.model.commit(state, tree, res, accepted)
+        cap = res.fresh.captured
+        if not 0 <= accepted < tree.size:
+            raise InputError(f"accepted: node {accepted} is outside 0..{tree.size - 1}")
+        if not res.fresh():
+            raise InputError("commit: this verify result's buffers were reused by a later verify of the same "
+                             "shape (a CUDA-graph replay); commit a result before verifying the next tree")
+        if tree.size != cap.T:
+            raise InputError(f"tree: {tree.size} nodes, the verify result has {cap.T}")
+        cap.accepted.fill_(accepted)
+        self._load_state(state)
+        self._run(cap, "commit_graph", lambda: self._commit_body(cap))
+        ssm, conv = cap.committed
+        kv = self.model.commit_kv(state, tree, res, accepted)
+        return ModelState(state.pos + len(tree.root_path(accepted)), kv,
+                          [None if s is None else s.clone() for s in ssm], [None if c is None else c.clone() for c in conv])
+
+    def _commit_body(self, cap: _Captured) -> None:
+        checked = gb.CheckedIndices(cap.accepted, cap.T)
+        tables = lambda d: ({"exact": cap.plan, "leaky": cap.chain}, checked)  # noqa: E731
+        state = ModelState(0, [None] * self.cfg.num_layers, self._ssm, self._conv)
+        cap.committed = self.model.replay_states(state, cap.mode, cap.out.commit_inputs, tables)
+
+    # ---- capture -------------------------------------------------------------------------------
+    def _load_state(self, state: ModelState) -> None:
+        for i in self.cfg.recurrent_layers:
+            self._ssm[i].copy_(state.ssm[i], non_blocking=True)
+            self._conv[i].copy_(state.conv[i], non_blocking=True)
+
+    def _run(self, cap: _Captured, name: str, body) -> None:
+        """Run ``body`` eagerly (capture=False), or capture it on first use (after a warm-up that
+        compiles the kernels and allocates the plans' tables) and replay it."""
         if not self.capture:
-            piece.out = LayerOutputs.empty(self.cfg.num_layers, keep_states=False)
-            piece.h_out = m.run_layers(piece.layers, piece.h_in, self._state, plan_tables, mode, piece.out)
-        elif piece.graph is None:
+            body()
+            return
+        graph = getattr(cap, name)
+        if graph is None:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up: compiles the kernels, allocates the plan's tables
-                m.run_layers(piece.layers, piece.h_in, self._state, plan_tables, mode,
-                             LayerOutputs.empty(self.cfg.num_layers, keep_states=False))
+            with torch.cuda.stream(side):
+                body()
             torch.cuda.current_stream().wait_stream(side)
-            piece.out = LayerOutputs.empty(self.cfg.num_layers, keep_states=False)
-            piece.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(piece.graph, pool=cap.pool):
-                piece.h_out = m.run_layers(piece.layers, piece.h_in, self._state, plan_tables, mode, piece.out)
-            piece.graph.replay()
-        else:
-            piece.graph.replay()
-        for i in piece.layers:
-            out.commit_inputs[i] = piece.out.commit_inputs[i]
-        return piece.h_out
-
-    def captured(self) -> list[tuple]:
-        """The keys captured so far."""
-        return sorted(k for k, c in self._keys.items() if c.ready)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=cap.pool), _no_grad():
+                body()
+            setattr(cap, name, graph)
+        graph.replay()
 
 
-def _segments(pattern: str) -> list[tuple[str, list[int]]]:
-    """[("graph", layers) | ("eager", [i])]: maximal runs of layers without attention, and each
-    attention layer ('a', 'p') on its own."""
-    segs: list[tuple[str, list[int]]] = []
-    for i, kind in enumerate(pattern):
-        if kind in "ap":
-            segs.append(("eager", [i]))
-        elif segs and segs[-1][0] == "graph":
-            segs[-1][1].append(i)
-        else:
-            segs.append(("graph", [i]))
-    return segs
+def _no_grad():
+    return torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()

@@ -205,7 +205,10 @@ class HybridModel:
 
     def embed(self, tree: Tree) -> torch.Tensor:
         """[T, d] the tree's token embeddings (times the embedding multiplier)."""
-        toks = torch.tensor(tree.tokens, device=self.device)
+        return self.embed_tokens(torch.tensor(tree.tokens, device=self.device))
+
+    def embed_tokens(self, toks: torch.Tensor) -> torch.Tensor:
+        """toks [T] (checked against the vocabulary by the caller) -> [T, d]."""
         return self.w["embed"][toks] * self.cfg.embedding_multiplier
 
     def run_layers(self, layers, h, state: ModelState, tables, mode: str, out: "LayerOutputs"):
@@ -226,11 +229,15 @@ class HybridModel:
                 out.commit_inputs[i] = cin
         return h
 
-    def finish(self, h, out: "LayerOutputs", mode: str, fresh=None) -> VerifyResult:
-        """The final norm and the LM head on h [T, d] -> the VerifyResult."""
+    def head(self, h) -> torch.Tensor:
+        """The final norm and the LM head: h [T, d] -> logits [T, vocab] float32."""
         h = h.to(self.head_device)
         logits = F.linear(_rmsnorm(h, self.w["final_norm"], self.cfg.rms_norm_eps), self.w["lm_head"]).float()
-        logits = logits / self.cfg.logits_scaling
+        return logits / self.cfg.logits_scaling
+
+    def finish(self, h, out: "LayerOutputs", mode: str, fresh=None, logits=None) -> VerifyResult:
+        """The VerifyResult of a pass ending in h [T, d] (its logits computed here unless given)."""
+        logits = self.head(h) if logits is None else logits
         if out.keep_states:
             return VerifyResult(mode, logits, torch.stack(out.hidden), out.ssm, out.conv, out.kv)
         return VerifyResult(mode, logits, None, None, None, out.kv, out.commit_inputs, fresh)
@@ -423,12 +430,7 @@ class HybridModel:
                              "shape (a CUDA-graph replay); commit a result before verifying the next tree")
         rp = tree.root_path(accepted)
         L = self.cfg.num_layers
-        kv, ssm, conv = [None] * L, [None] * L, [None] * L
-        for i in self.cfg.attention_layers:
-            k, v = res.kv[i]
-            path = torch.tensor(rp, device=k.device)
-            kv[i] = (torch.cat([state.kv[i][0], k[path].to(state.kv[i][0].dtype)]),
-                     torch.cat([state.kv[i][1], v[path].to(state.kv[i][1].dtype)]))
+        kv, ssm, conv = self.commit_kv(state, tree, res, accepted), [None] * L, [None] * L
         if res.ssm is not None:
             for i in self.cfg.recurrent_layers:
                 ssm[i] = res.ssm[i][accepted].clone()
@@ -437,35 +439,53 @@ class HybridModel:
             ssm, conv = self._commit_replay(state, tree, res, accepted)
         return ModelState(state.pos + len(rp), kv, ssm, conv)
 
+    def commit_kv(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int) -> list:
+        """Per attention layer, the committed KV with the accepted path's rows appended in path order."""
+        path = tree.root_path(accepted)
+        kv = [None] * self.cfg.num_layers
+        for i in self.cfg.attention_layers:
+            k, v = res.kv[i]
+            rows = torch.tensor(path, device=k.device)
+            kv[i] = (torch.cat([state.kv[i][0], k[rows].to(state.kv[i][0].dtype)]),
+                     torch.cat([state.kv[i][1], v[rows].to(state.kv[i][1].dtype)]))
+        return kv
+
     def _commit_replay(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int):
         """(ssm, conv) per layer after node ``accepted``, replayed along res.mode's source paths (the
-        tree's parents, or the batch order for a leaky recurrence or conv) from the inputs kept."""
-        conv_mode, rec_mode = _LAYER_MODES[res.mode]
-        chain_parents = list(range(-1, tree.size - 1))
-        source = {"exact": list(tree.parents), "leaky": chain_parents}
-        plans, acc = {}, [accepted]
+        tree's parents, or the batch order for a leaky recurrence or conv) from the inputs kept.
+        Tree plans and the accepted index are checked once per device, not once per layer."""
+        source = {"exact": list(tree.parents), "leaky": list(range(-1, tree.size - 1))}
+        plans = {}
 
-        def plan(mode, d):  # one TreePlan per (source order, device), shared by every layer there
-            if (mode, d) not in plans:
-                plans[mode, d] = gb.TreePlan(torch.tensor(source[mode], device=d)[None])
-            return plans[mode, d]
+        def tables(d):
+            if d not in plans:
+                plans[d] = ({m: gb.TreePlan(torch.tensor(p, device=d)[None]) for m, p in source.items()},
+                            gb.checked_accepted([accepted], 1, tree.size, d))
+            return plans[d]
+        return self.replay_states(state, res.mode, res.commit_inputs, tables)
 
+    def replay_states(self, state: ModelState, mode: str, commit_inputs: list, tables):
+        """(ssm, conv) per recurrent layer: each layer's commit kernels over its CommitInputs from
+        ``state``; tables(d) -> ({"exact": plan of the tree, "leaky": plan of the batch order},
+        CheckedIndices of the accepted node) on device d."""
+        conv_mode, rec_mode = _LAYER_MODES[mode]
         cfg, w, L = self.cfg, self.w, self.cfg.num_layers
         ssm, conv = [None] * L, [None] * L
         for i in cfg.recurrent_layers:
-            ci, p, d = res.commit_inputs[i], f"layers.{i}.", self.layer_devices[i]
+            ci, p, d = commit_inputs[i], f"layers.{i}.", self.layer_devices[i]
+            plans, acc = tables(d)
             with _current(d):
-                window = gb.conv_tree_commit(ci.conv_x, parents=plan(conv_mode, d), accepted=acc,
+                window = gb.conv_tree_commit(ci.conv_x, parents=plans[conv_mode], accepted=acc,
                                              initial_window=state.conv[i][None], backend=self.backend)
                 conv[i] = window[0].to(state.conv[i].dtype)
                 S0 = state.ssm[i][None].to(self.state_dtype)
                 if cfg.layer_pattern[i] == "g":
-                    S = gb.gdn_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plan(rec_mode, d), accepted=acc,
+                    S = gb.gdn_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plans[rec_mode], accepted=acc,
                                            initial_state=S0, backend=self.backend)
                 else:
                     S = gb.mamba2_tree_commit(ci.x, ci.dt, -torch.exp(w[p + "mamba.A_log"].float()), ci.B,
                                               dt_bias=w[p + "mamba.dt_bias"].float(), dt_limit=cfg.mamba_dt_limit,
-                                              parents=plan(rec_mode, d), accepted=acc, initial_state=S0,
+                                              parents=plans[rec_mode], accepted=acc, initial_state=S0,
                                               backend=self.backend)
                 ssm[i] = S[0]
         return ssm, conv

@@ -94,8 +94,36 @@ def check_parents(parents, B: int, T: int, device) -> torch.Tensor:
     return p
 
 
+class CheckedIndices:
+    """Accepted node indices [B] validated once (``checked_accepted``) and passed as ``accepted=`` to
+    the commit of every layer, which then checks only their shape and device: no per-layer host sync.
+    ``indices`` is int64 on its device; a CUDA graph may refill it in place between replays."""
+
+    def __init__(self, indices: torch.Tensor, T: int):
+        self.indices, self.T = indices, T
+
+
+def checked_accepted(accepted, B: int, T: int, device) -> CheckedIndices:
+    """Validate accepted [B] in 0..T-1 once: on the host when given host values (no device sync),
+    else with one sync."""
+    if isinstance(accepted, CheckedIndices):
+        return CheckedIndices(check_accepted(accepted, B, T, device), T)
+    host = accepted.tolist() if isinstance(accepted, torch.Tensor) else accepted
+    host = [int(a) for a in (host if isinstance(host, (list, tuple)) else [host])]
+    if len(host) != B or any(not 0 <= a < T for a in host):
+        raise ValueError(f"accepted: expected [B] = [{B}] node indices in 0..{T - 1}, got {host}")
+    return CheckedIndices(torch.tensor(host, dtype=torch.long, device=device), T)
+
+
 def check_accepted(accepted, B: int, T: int, device) -> torch.Tensor:
-    """accepted: one node index per sequence, [B] in 0..T-1."""
+    """accepted: one node index per sequence, [B] in 0..T-1 (values checked with one host sync), or
+    CheckedIndices (checked once before: only its shape, tree size and device here)."""
+    if isinstance(accepted, CheckedIndices):
+        idx = accepted.indices
+        if tuple(idx.shape) != (B,) or accepted.T != T or idx.device != torch.device(device):
+            raise ValueError(f"accepted: checked indices {tuple(idx.shape)} for {accepted.T} nodes on {idx.device}; "
+                             f"the inputs have [B] = [{B}], {T} nodes, on {device}")
+        return idx
     acc = torch.as_tensor(accepted, device=device).long().reshape(-1)
     if acc.numel() != B or ((acc < 0) | (acc >= T)).any():
         raise ValueError(f"accepted: expected [B] = [{B}] node indices in 0..{T - 1}, got {acc.tolist()}")

@@ -134,7 +134,9 @@ def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None):
     """Tree attention over a committed KV prefix (PyTorch SDPA with a boolean mask).
 
     q: [T, nh, hd]; k, v: [T, nkv, hd] (already rotated); prefix_k, prefix_v: [P, nkv, hd];
-    ancestor_mask: [T, T] bool (M[i, j]: j on root..i). Returns [T, nh, hd].
+    ancestor_mask: [T, T] bool (M[i, j]: j on root..i), every prefix row attended; or [T, P + T], the
+    mask over prefix and tree together (a fixed-capacity prefix whose unused rows are masked out, as
+    ddsim.graphs keeps it). Returns [T, nh, hd].
     """
     T, nh, hd = q.shape
     nkv, P = k.shape[1], prefix_k.shape[0]
@@ -142,8 +144,11 @@ def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None):
     Vv = torch.cat([prefix_v.to(q.dtype), v], 0).transpose(0, 1)
     K = K.repeat_interleave(nh // nkv, dim=0)  # [nh, P+T, hd]
     Vv = Vv.repeat_interleave(nh // nkv, dim=0)
-    mask = torch.cat([torch.ones(T, P, dtype=torch.bool, device=q.device),
-                      torch.as_tensor(ancestor_mask, device=q.device)], dim=1)  # [T, P+T]
+    mask = torch.as_tensor(ancestor_mask, device=q.device)
+    if tuple(mask.shape) == (T, T) and P:
+        mask = torch.cat([torch.ones(T, P, dtype=torch.bool, device=q.device), mask], dim=1)  # [T, P+T]
+    elif tuple(mask.shape) != (T, P + T):
+        raise ValueError(f"ancestor_mask: expected [T, T] or [T, P + T] = {(T, P + T)}, got {tuple(mask.shape)}")
     out = F.scaled_dot_product_attention(q.transpose(0, 1), K, Vv, attn_mask=mask,
                                          scale=scale if scale is not None else 1.0 / math.sqrt(hd))
     return out.transpose(0, 1)

@@ -27,7 +27,8 @@ def test_replays_equal_the_eager_serving_verify(preset, dtype):
     m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=dtype)
     gm = GraphedModel(m)
     st, _ = m.prefill([1, 2, 3, 4, 5])
-    tol = dict(rtol=0, atol=0) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    # attention over the fixed-capacity prefix groups its sums differently: float32 rounding, not bits
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     for mode in ("exact", "leaky", "leaky-state", "leaky-conv"):
         for step, t in enumerate(TREES + TREES[:1]):
             a, b = m.verify(st, t, mode=mode, keep_states=False), gm.verify(st, t, mode=mode)
@@ -40,7 +41,7 @@ def test_replays_equal_the_eager_serving_verify(preset, dtype):
             st2 = sb  # the next tree from a new committed state: the state buffers are refilled
             a2, b2 = m.verify(st2, t, mode=mode, keep_states=False), gm.verify(st2, t, mode=mode)
             torch.testing.assert_close(b2.logits, a2.logits, **tol)
-    assert len(gm.captured()) == 4
+    assert [k[0] for k in gm.captured()] == ["exact", "leaky", "leaky-conv", "leaky-state"]
 
 
 def test_a_stale_replay_result_is_refused():

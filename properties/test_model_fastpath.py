@@ -75,9 +75,10 @@ def test_serving_verify_and_replayed_commit_equal_the_per_node_path(cfg, data, s
 
 
 @given(model_configs(), st.data(), st.integers(0, 2**16), st.sampled_from(["exact", "leaky", "leaky-state", "leaky-conv"]))
-def test_graph_pieces_equal_the_serving_verify(cfg, data, seed, mode):
-    """ddsim.graphs' pieces (fixed buffers, a refilled StaticPlan, attention layers between them), run
-    without capture, are the serving verify bit for bit, tree after tree on one key."""
+def test_graph_machinery_equals_the_serving_verify(cfg, data, seed, mode):
+    """ddsim.graphs' path (fixed buffers, a refilled StaticPlan, the KV prefix at a fixed capacity),
+    run without capture, is the serving verify and its commit within float32 rounding, tree after
+    tree on one key."""
     from hypothesis import assume
 
     from ddsim.graphs import GraphedModel
@@ -89,8 +90,13 @@ def test_graph_pieces_equal_the_serving_verify(cfg, data, seed, mode):
         shape = "single" if T == 1 else data.draw(st.sampled_from([s for s in TREE_SHAPES if s != "single"]))
         t = data.draw(trees(min_size=T, max_size=T, vocab=cfg.vocab_size, shape=shape))
         a, b = m.verify(fs, t, mode=mode, keep_states=False), gm.verify(fs, t, mode=mode)
-        assert torch.equal(a.logits, b.logits)
+        assert_close("logits", b.logits, a.logits, dtype=torch.float32, slack=MODEL_SLACK)
         acc = data.draw(st.integers(0, T - 1))
         sa, sb = m.commit(fs, t, a, acc), gm.commit(fs, t, b, acc)
-        assert all(torch.equal(sa.ssm[l], sb.ssm[l]) and torch.equal(sa.conv[l], sb.conv[l])
-                   for l in cfg.recurrent_layers)
+        for l in cfg.recurrent_layers:
+            assert_close(f"layer {l} committed state", sb.ssm[l], sa.ssm[l], dtype=torch.float32, slack=MODEL_SLACK)
+            assert_close(f"layer {l} committed window", sb.conv[l], sa.conv[l], dtype=torch.float32,
+                         slack=MODEL_SLACK)
+        for l in cfg.attention_layers:
+            assert_close(f"layer {l} committed keys", sb.kv[l][0], sa.kv[l][0], dtype=torch.float32,
+                         slack=MODEL_SLACK)

@@ -1,13 +1,14 @@
 """The serving verify (no per-node states, commit by replay) and ddsim.graphs' machinery on the CPU:
-the pieces, fixed buffers and refilled StaticPlan of the CUDA-graph path run without capture, with
-the Triton kernels in the interpreter (the GPU suite replays real graphs: properties/test_cuda_graphs.py)."""
+the fixed buffers, fixed-capacity KV prefix and refilled StaticPlan of the CUDA-graph path run without
+capture, with the Triton kernels in the interpreter (the GPU suite replays real graphs:
+properties/test_cuda_graphs.py)."""
 import pytest
 import torch
 
 from ddsim.config import get_preset
 from ddsim.errors import InputError
 from ddsim.generate import TreePolicy, speculative
-from ddsim.graphs import GraphedModel, StaticPlan, wy_rounds
+from ddsim.graphs import GraphedModel, StaticPlan, prefix_capacity, wy_rounds
 from ddsim.model import HybridModel
 from ddsim.tree import Tree
 from ddsim.weights import init_weights
@@ -31,10 +32,11 @@ def test_the_trees_share_one_key():
 
 
 @pytest.mark.parametrize("preset", ["micro", "micro-mamba2"])
-def test_graph_pieces_with_triton_kernels_equal_the_serving_verify(preset):
-    """Triton kernels read the StaticPlan's tables (conv sources, ancestor masks): refilled per tree,
-    the pieces equal the model's own serving verify bit for bit, and the per-node torch path within
-    float32 rounding, tree after tree on one key."""
+def test_graph_machinery_with_triton_kernels_equals_the_serving_verify(preset):
+    """Triton kernels read the StaticPlan's tables (conv sources, ancestor masks, root paths): refilled
+    per tree, the graph path equals the model's own serving verify and the per-node torch path within
+    float32 rounding (attention over the fixed-capacity prefix groups its sums differently), tree
+    after tree on one key."""
     cfg, ref, fast = _models(preset, backend="triton")
     gm = GraphedModel(fast, capture=False)
     st, _ = ref.prefill([1, 2, 3, 4, 5])
@@ -42,14 +44,18 @@ def test_graph_pieces_with_triton_kernels_equal_the_serving_verify(preset):
         for t in TREES:
             a, b, full = fast.verify(st, t, mode=mode, keep_states=False), gm.verify(st, t, mode=mode), \
                 ref.verify(st, t, mode=mode)
-            assert torch.equal(a.logits, b.logits)
+            torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(b.logits, full.logits, rtol=1e-4, atol=1e-4)
             sa, sb, sf = fast.commit(st, t, a, 7), gm.commit(st, t, b, 7), ref.commit(st, t, full, 7)
+            assert sb.pos == sa.pos == st.pos + len(t.root_path(7))
+            for i in cfg.attention_layers:
+                torch.testing.assert_close(sb.kv[i][0], sa.kv[i][0], rtol=1e-5, atol=1e-5)
             for i in cfg.recurrent_layers:
-                assert torch.equal(sa.ssm[i], sb.ssm[i]) and torch.equal(sa.conv[i], sb.conv[i])
+                torch.testing.assert_close(sb.ssm[i], sa.ssm[i], rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(sb.conv[i], sa.conv[i], rtol=1e-5, atol=1e-6)
                 torch.testing.assert_close(sb.ssm[i], sf.ssm[i], rtol=1e-4, atol=1e-5)
                 torch.testing.assert_close(sb.conv[i], sf.conv[i], rtol=1e-5, atol=1e-6)
-    assert gm.captured() == [("exact", 8, 2), ("leaky", 8, 3)]
+    assert gm.captured() == [("exact", 8, 2, 256), ("leaky", 8, 3, 256)]
 
 
 def test_a_result_is_stale_after_the_next_verify_of_its_key():
@@ -81,18 +87,29 @@ def test_speculative_decoding_through_the_graph_path_emits_the_same_tokens(mode)
 
 
 def test_static_plan_refuses_what_its_graphs_cannot_replay():
-    plan = StaticPlan(8, "cpu")
+    plan = StaticPlan(8, "cpu", max_depth=4)
     with pytest.raises(RuntimeError, match="load a tree"):
         plan.src("exact")
     plan.load(TREES[0])
     plan.ancestors("exact")  # allocated for depth 3: two rounds
+    plan.root_paths()
     with pytest.raises(InputError, match="9 nodes"):
         plan.load(Tree(list(range(-1, 8)), list(range(9))))
+    with pytest.raises(InputError, match="depth 7, this plan holds trees up to 4"):
+        plan.load(Tree([-1, 0, 1, 2, 3, 4, 5, 6], list(range(8))))
     with pytest.raises(InputError, match="captured for 2"):
-        plan.load(Tree([-1, 0, 1, 2, 3, 4, 5, 6], list(range(8))))  # a chain: depth 7, three rounds
+        plan.load(Tree([-1, 0, 0, 0, 0, 0, 0, 0], list(range(8))))  # a star: depth 1, no rounds
     plan.load(TREES[1])
     assert torch.equal(plan.ancestors("exact")[0], torch.as_tensor(TREES[1].ancestor_mask)[None].to(torch.int8))
     assert torch.equal(plan.parents, torch.tensor([TREES[1].parents]))
+    paths = plan.root_paths()[0]  # padded to max_depth + 1 = 5 entries
+    assert paths.shape == (8, 5) and paths[7].tolist() == [0, 1, 2, 5, 7]
+    assert paths[0].tolist() == [0, -1, -1, -1, -1]
+
+
+def test_prefix_capacity_is_a_power_of_two_of_at_least_256():
+    assert [prefix_capacity(P) for P in (0, 1, 255, 256, 257, 1000, 1024, 1025)] == \
+        [256, 256, 256, 256, 512, 1024, 1024, 2048]
 
 
 def test_graphed_model_refuses_what_it_cannot_capture():
@@ -108,3 +125,32 @@ def test_graphed_model_refuses_what_it_cannot_capture():
     moe = get_preset("micro").replace(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8)
     with pytest.raises(InputError, match="MoE"):
         GraphedModel(HybridModel(moe, init_weights(moe, seed=0)), capture=False)
+
+
+def test_checked_accepted_is_validated_once_and_then_only_its_shape():
+    import ddsim.gpu_backend as gb
+    from ddsim.gpu_backend.checks import check_accepted
+    acc = gb.checked_accepted([3], 1, 8, "cpu")
+    assert check_accepted(acc, 1, 8, torch.device("cpu")).tolist() == [3]
+    for bad in ([8], [-1], [1, 2]):
+        with pytest.raises(ValueError, match="node indices in 0..7"):
+            gb.checked_accepted(bad, 1, 8, "cpu")
+    with pytest.raises(ValueError, match="checked indices"):
+        check_accepted(acc, 1, 9, torch.device("cpu"))  # checked for another tree size
+    with pytest.raises(ValueError, match="checked indices"):
+        check_accepted(acc, 2, 8, torch.device("cpu"))
+
+
+def test_tree_attention_takes_a_mask_over_prefix_and_tree():
+    import ddsim.gpu_backend as gb
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 4, generator=g) for _ in range(3))
+    pk, pv = torch.randn(5, 2, 4, generator=g), torch.randn(5, 2, 4, generator=g)
+    anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    short = gb.tree_attention(q, k, v, prefix_k=pk[:2], prefix_v=pv[:2], ancestor_mask=anc)
+    valid = torch.tensor([1, 1, 0, 0, 0], dtype=torch.bool)  # a 5-row capacity holding 2 rows
+    full = gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv,
+                             ancestor_mask=torch.cat([valid.expand(3, 5), anc], dim=1))
+    torch.testing.assert_close(full, short)
+    with pytest.raises(ValueError, match="ancestor_mask"):
+        gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=torch.ones(3, 4, dtype=torch.bool))
