@@ -129,7 +129,7 @@ def conv_tree_commit_triton(x, *, parents, accepted, initial_window, state_indic
     if initial_window.dim() != 3 or initial_window.shape[1] != Cn:
         raise ValueError(f"initial_window: expected [N, C, W-1] with C={Cn}, got {tuple(initial_window.shape)}")
     idx = C.window_slots(initial_window, state_indices, B)
-    src = checks.conv_sources(p, W).to(torch.int32).contiguous()
+    src = checks.conv_table(parents, p, W, "exact")  # a TreePlan's cached table: no per-layer rebuild
     if inplace:
         out, out_idx = initial_window, idx
     else:
