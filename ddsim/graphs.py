@@ -31,7 +31,7 @@ import torch
 
 import ddsim.gpu_backend as gb
 from ddsim.errors import InputError
-from ddsim.model import _LAYER_MODES, HybridModel, LayerOutputs, VerifyResult
+from ddsim.model import _LAYER_MODES, HybridModel, LayerOutputs, Rope, VerifyResult
 from ddsim.state import ModelState
 from ddsim.tree import Tree
 
@@ -123,8 +123,12 @@ class _Prefix:
                           torch.zeros(shape, dtype=model.state_dtype, device=d))
         self.length = torch.zeros((), dtype=torch.long, device=model.device)
         self.rows = torch.arange(capacity, device=model.device)
+        self.resident = None  # the state whose prefix the buffers hold (states are never written in place)
 
     def load(self, state: ModelState) -> None:
+        if state is self.resident:
+            return
+        self.resident = state
         for i, kv in enumerate(self.kv):
             if kv is not None:
                 P = state.kv[i][0].shape[0]
@@ -197,6 +201,7 @@ class GraphedModel:
             ssm[i] = torch.zeros(cfg.state_shape(i), dtype=model.state_dtype, device=model.device)
             conv[i] = torch.zeros(cfg.window_shape(i), dtype=model.state_dtype, device=model.device)
         self._ssm, self._conv = ssm, conv
+        self._resident = None  # the state the buffers hold (states are never written in place)
 
     def __getattr__(self, name):  # prefill, empty_state, cfg, device, ... are the model's
         return getattr(self.model, name)
@@ -235,7 +240,8 @@ class GraphedModel:
         m = self.model
         T, P = cap.T, cap.prefix.capacity
         mask = torch.cat([(cap.prefix.rows < cap.prefix.length).expand(T, P), cap.mask], dim=1)  # [T, P + T]
-        tables = lambda d: (cap.plan, cap.positions, mask)  # noqa: E731 (one device: not placed)
+        rope = Rope(cap.positions)  # built inside the graph: the RoPE tables of the refilled positions
+        tables = lambda d: (cap.plan, rope, mask)  # noqa: E731 (one device: not placed)
         state = ModelState(0, cap.prefix.kv, self._ssm, self._conv)
         out = LayerOutputs.empty(self.cfg.num_layers, keep_states=False)
         h = m.run_layers(range(self.cfg.num_layers), m.embed_tokens(cap.tokens), state, tables, cap.mode, out)
@@ -271,6 +277,9 @@ class GraphedModel:
 
     # ---- capture -------------------------------------------------------------------------------
     def _load_state(self, state: ModelState) -> None:
+        if state is self._resident:
+            return
+        self._resident = state
         for i in self.cfg.recurrent_layers:
             self._ssm[i].copy_(state.ssm[i], non_blocking=True)
             self._conv[i].copy_(state.conv[i], non_blocking=True)

@@ -88,8 +88,8 @@ class LayerOutputs:
 
 
 def _rmsnorm(x, w, eps):
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+    """RMSNorm over the last dim in float32 (one fused kernel on CUDA), back in x's dtype, times w."""
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype) * w
 
 
 def _offset_norm(name: str) -> bool:
@@ -101,12 +101,28 @@ def _current(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _rope(x, pos, theta, rot):
-    """x [T, n, hd]; pos [T] -> x with its first ``rot`` dims rotated (rotate-half convention)."""
-    inv = theta ** (-torch.arange(0, rot, 2, dtype=torch.float64, device=x.device) / rot)
-    ang = pos.to(torch.float64)[:, None] * inv[None]  # [T, rot/2]
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None].to(x.dtype)
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None].to(x.dtype)
+class Rope:
+    """RoPE tables of one set of positions [T], built once per (theta, rot, dtype) and shared by every
+    attention layer of a verify (rotate-half convention)."""
+
+    def __init__(self, pos: torch.Tensor):
+        self.pos = pos
+        self._tables: dict = {}
+
+    def tables(self, theta: float, rot: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [T, 1, rot] in dtype."""
+        key = (theta, rot, dtype)
+        if key not in self._tables:
+            inv = theta ** (-torch.arange(0, rot, 2, dtype=torch.float64, device=self.pos.device) / rot)
+            ang = self.pos.to(torch.float64)[:, None] * inv[None]  # [T, rot/2]
+            cos, sin = ang.cos(), ang.sin()
+            self._tables[key] = (torch.cat([cos, cos], -1)[:, None].to(dtype), torch.cat([sin, sin], -1)[:, None].to(dtype))
+        return self._tables[key]
+
+
+def _rope(x, rope: Rope, theta, rot):
+    """x [T, n, hd] -> x with its first ``rot`` dims rotated by the positions' angles."""
+    cos, sin = rope.tables(theta, rot, x.dtype)
     xr, xp = x[..., :rot], x[..., rot:]
     x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
     return torch.cat([xr * cos + torch.cat([-x2, x1], -1) * sin, xp], -1)
@@ -143,6 +159,15 @@ class HybridModel:
             if _offset_norm(k) and cfg.norm_offset:
                 self.w[k] = self.w[k] + cfg.norm_offset
         self.state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        self._consts: dict = {}
+
+    def _const(self, name: str) -> torch.Tensor:
+        """A per-layer constant in float32, derived from its weight once (not once per verify):
+        A = -exp(A_log) for a ``*.A_log`` weight, else the weight itself (dt_bias, D)."""
+        if name not in self._consts:
+            x = self.w[name].float()
+            self._consts[name] = -torch.exp(x) if name.endswith("A_log") else x
+        return self._consts[name]
 
     # ---- states --------------------------------------------------------------------------------
     def empty_state(self) -> ModelState:
@@ -191,14 +216,14 @@ class HybridModel:
 
     def tables(self, tree: Tree, pos: int, positions=None, ancestor_mask=None):
         """d -> the tree's tables on device d, built on first use and shared by every layer there: the
-        TreePlan (parents [1, T], checked once), positions [T], ancestor mask [T, T]."""
+        TreePlan (parents [1, T], checked once), the RoPE tables of its positions [T], ancestor mask [T, T]."""
         pos0 = tree.positions(pos) if positions is None else positions
         mask0 = tree.ancestor_mask if ancestor_mask is None else ancestor_mask
         cache = {}
 
         def on(d):
             if d not in cache:
-                cache[d] = (gb.TreePlan(torch.tensor(tree.parents, device=d)[None]), torch.as_tensor(pos0, device=d),
+                cache[d] = (gb.TreePlan(torch.tensor(tree.parents, device=d)[None]), Rope(torch.as_tensor(pos0, device=d)),
                             torch.as_tensor(mask0, device=d))
             return cache[d]
         return on
@@ -252,18 +277,19 @@ class HybridModel:
         if kind == "f":
             h = h + r * self._mlp(p, xn, i)
         else:
-            out = torch.zeros_like(h)
+            parts = []  # the mixers' outputs, summed (attention first)
             if kind in "ap":
                 a, k, v = self._attention(p, xn, pos, mask, state.kv[i])
-                out, nk = out + a, (k, v)
+                parts, nk = [a], (k, v)
             if kind == "g":
                 g, S, win, cin = self._gdn(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode,
                                            keep_states)
-                out = out + g
+                parts.append(g)
             if kind in "mp":
                 m, S, win, cin = self._mamba2(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode,
                                               keep_states)
-                out = out + m
+                parts.append(m)
+            out = parts[0] if len(parts) == 1 else parts[0] + parts[1]
             h = h + r * out
             if cfg.layer_mlp:
                 h = h + r * self._mlp(p, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
@@ -356,7 +382,7 @@ class HybridModel:
         q = y[:, : H * K].view(1, T, H, K)
         k = y[:, H * K: 2 * H * K].view(1, T, H, K)
         v = y[:, 2 * H * K:].view(1, T, HV, V)
-        g = -torch.exp(w[p + "gdn.A_log"].float()) * F.softplus(a + w[p + "gdn.dt_bias"].float())  # [T, HV]
+        g = self._const(p + "gdn.A_log") * F.softplus(a + self._const(p + "gdn.dt_bias"))  # [T, HV]
         beta = torch.sigmoid(b)
         o = gb.gdn_tree_verify(q, k, v, g[None], beta[None], parents=parents,
                                initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
@@ -391,8 +417,8 @@ class HybridModel:
         xs = y[:, :I].reshape(1, T, H, P)
         Bm = y[:, I: I + G * N].reshape(1, T, G, N)
         Cm = y[:, I + G * N:].reshape(1, T, G, N)
-        o = gb.mamba2_tree_verify(xs, dt, -torch.exp(w[p + "mamba.A_log"].float()), Bm, Cm,
-                                  D=w[p + "mamba.D"].float(), dt_bias=w[p + "mamba.dt_bias"].float(),
+        o = gb.mamba2_tree_verify(xs, dt, self._const(p + "mamba.A_log"), Bm, Cm,
+                                  D=self._const(p + "mamba.D"), dt_bias=self._const(p + "mamba.dt_bias"),
                                   dt_limit=cfg.mamba_dt_limit, parents=parents,
                                   initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
                                   output_states=keep_states, backend=self.backend)
@@ -469,7 +495,7 @@ class HybridModel:
         ``state``; tables(d) -> ({"exact": plan of the tree, "leaky": plan of the batch order},
         CheckedIndices of the accepted node) on device d."""
         conv_mode, rec_mode = _LAYER_MODES[mode]
-        cfg, w, L = self.cfg, self.w, self.cfg.num_layers
+        cfg, L = self.cfg, self.cfg.num_layers
         ssm, conv = [None] * L, [None] * L
         for i in cfg.recurrent_layers:
             ci, p, d = commit_inputs[i], f"layers.{i}.", self.layer_devices[i]
@@ -483,8 +509,8 @@ class HybridModel:
                     S = gb.gdn_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plans[rec_mode], accepted=acc,
                                            initial_state=S0, backend=self.backend)
                 else:
-                    S = gb.mamba2_tree_commit(ci.x, ci.dt, -torch.exp(w[p + "mamba.A_log"].float()), ci.B,
-                                              dt_bias=w[p + "mamba.dt_bias"].float(), dt_limit=cfg.mamba_dt_limit,
+                    S = gb.mamba2_tree_commit(ci.x, ci.dt, self._const(p + "mamba.A_log"), ci.B,
+                                              dt_bias=self._const(p + "mamba.dt_bias"), dt_limit=cfg.mamba_dt_limit,
                                               parents=plans[rec_mode], accepted=acc, initial_state=S0,
                                               backend=self.backend)
                 ssm[i] = S[0]
