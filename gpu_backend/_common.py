@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from ddsim.gpu_backend.checks import check_inputs, pool_slots
+from ddsim.gpu_backend.checks import check_inputs, constant, pool_slots
 
 MODES = ("exact", "leaky")
 
@@ -88,7 +88,7 @@ def gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, device):
             if tuple(x.shape) != shape:
                 raise ValueError(f"{name}: expected {shape}, got {tuple(x.shape)}")
         return a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous(), True
-    dummy = torch.zeros(1, device=device, dtype=torch.float32)
+    dummy = constant("dummy", 1, device)
     return g.contiguous(), beta.contiguous(), dummy, dummy, False
 
 

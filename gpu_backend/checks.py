@@ -187,6 +187,26 @@ def resolve_gates(g, beta, a, b, A_log, dt_bias):
     return g, torch.sigmoid(b.float())
 
 
+_CONSTANTS: dict = {}
+
+
+def constant(kind: str, n: int, device, dtype=torch.float32) -> torch.Tensor:
+    """A read-only launcher argument made once per (kind, n, device, dtype) instead of once per call:
+    "slots" = arange(n) int32 (a batch's own rows), "dummy" = zeros(n) (an unused pointer argument).
+    Kernels never write them. Not cached while a CUDA graph is being captured (a tensor made there is
+    only filled when the graph replays)."""
+    device = torch.device(device)
+    key = (kind, n, device, dtype)
+    hit = _CONSTANTS.get(key)
+    if hit is not None:
+        return hit
+    value = torch.arange(n, dtype=torch.int32, device=device) if kind == "slots" else \
+        torch.zeros(n, dtype=dtype, device=device)
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _CONSTANTS[key] = value
+    return value
+
+
 def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tensor:
     """int32 [B] rows of pool [N, ...] holding the batch: its first B rows when state_indices is
     None (then N must be B), else state_indices [B], distinct and in 0..N-1."""
@@ -194,7 +214,7 @@ def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tenso
     if state_indices is None:
         if N != B:
             raise ValueError(f"{name}: {N} {rows} for {B} sequences; pass state_indices to address a pool")
-        return torch.arange(B, dtype=torch.int32, device=pool.device)
+        return constant("slots", B, pool.device)
     idx = torch.as_tensor(state_indices, device=pool.device)
     if idx.dtype not in (torch.int32, torch.int64) or tuple(idx.shape) != (B,):
         raise ValueError(f"state_indices: expected [B] = [{B}] integers, got {tuple(idx.shape)} {idx.dtype}")

@@ -87,7 +87,7 @@ def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, us
         out, out_idx = initial_state, idx
     else:
         out = C.alloc((B, HV, K, V), torch.float32, k.device, poison)
-        out_idx = torch.arange(B, dtype=torch.int32, device=k.device)
+        out_idx = checks.constant("slots", B, k.device)
     BK, BV = triton.next_power_of_2(K), min(block_v, triton.next_power_of_2(V))
     kw = dict(k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, path=path, state=initial_state,
               state_idx=idx, out=out, out_idx=out_idx, T=T, DMAX=path.shape[1], H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
@@ -134,7 +134,7 @@ def conv_tree_commit_triton(x, *, parents, accepted, initial_window, state_indic
         out, out_idx = initial_window, idx
     else:
         out = C.alloc((B, Cn, W - 1), initial_window.dtype, x.device)
-        out_idx = torch.arange(B, dtype=torch.int32, device=x.device)
+        out_idx = checks.constant("slots", B, x.device)
     BC = min(block_c, triton.next_power_of_2(Cn))
     _conv_commit_kernel[(triton.cdiv(Cn, BC), B)](
         x=x.contiguous(), src=src, window=initial_window, win_idx=idx, out=out, out_idx=out_idx,

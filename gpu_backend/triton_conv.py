@@ -7,7 +7,6 @@ channel block) gathers its W inputs and writes the output and, optionally, its w
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -55,8 +54,8 @@ def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, 
     table = checks.conv_table(parents, src, W, mode)
     idx = C.window_slots(initial_window, state_indices, B)
     out = C.alloc((B, T, Cn), x.dtype, x.device)
-    win_out = C.alloc((B, T, Cn, W - 1), x.dtype, x.device) if output_windows else torch.zeros(1, dtype=x.dtype,
-                                                                                                device=x.device)
+    win_out = (C.alloc((B, T, Cn, W - 1), x.dtype, x.device) if output_windows
+               else checks.constant("dummy", 1, x.device, x.dtype))
     BC = min(block_c, triton.next_power_of_2(Cn))
     _tree_conv_kernel[(triton.cdiv(Cn, BC), B * T)](
         x=x.contiguous(), weight=weight.contiguous(), bias=bias if bias is not None else weight, src=table,

@@ -145,7 +145,7 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     parent_indexed = mode == "exact"
     store = output_states or parent_indexed
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
-    snap = C.alloc((B, T, HV, K, V), torch.float32, v.device, poison) if store else torch.zeros(1, device=v.device)
+    snap = C.alloc((B, T, HV, K, V), torch.float32, v.device, poison) if store else checks.constant("dummy", 1, v.device)
     BK, BV = triton.next_power_of_2(K), min(block_v, triton.next_power_of_2(V))
     grid = (triton.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db,

@@ -226,7 +226,7 @@ def _prep(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state, state_indices):
         raise ValueError(f"initial_state: expected a contiguous float32 pool, got {initial_state.dtype}")
     idx = checks.check_mamba2_state(initial_state, state_indices, Bn, H, P, N)
     lo, hi = (float(v) for v in dt_limit)
-    dummy = torch.zeros(1, device=x.device, dtype=torch.float32)
+    dummy = checks.constant("dummy", 1, x.device)
     common = dict(A=A.contiguous(), dt_bias=dummy if dt_bias is None else dt_bias.contiguous(), LO=lo,
                   HI=min(hi, 3.0e38), HAS_BIAS=dt_bias is not None, CLAMP=lo > 0.0 or hi < math.inf)
     return (Bn, T, H, P, G, N), idx, common, dummy
@@ -323,7 +323,7 @@ def plan_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=(0.0, m
         out, out_idx = initial_state, idx
     else:
         out = Cm.alloc((Bn, H, P, N), torch.float32, x.device, poison)
-        out_idx = torch.arange(Bn, dtype=torch.int32, device=x.device)
+        out_idx = checks.constant("slots", Bn, x.device)
     BP, BN = min(block_p, triton.next_power_of_2(P)), triton.next_power_of_2(N)
     kw = dict(x=x.contiguous(), dt=dt.contiguous(), Bm=B.contiguous(), path=path, state=initial_state, state_idx=idx,
               out=out, out_idx=out_idx, T=T, DMAX=path.shape[1], H=H, G=G, P=P, N=N, BP=BP, BN=BN,
