@@ -9,6 +9,8 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
                     exact = parent-indexed recurrence over per-node snapshots
   triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states; one block
                     up to 65 nodes, chunk by chunk beyond (budgets 128, 256, ...)
+  triton-wy-split   the same form in two kernels (up to 65 nodes; chunked beyond): the
+                    value-independent half (K.K^T, Q.K^T, the solve) once per head, not per V tile
 Mamba2 (mamba2_tree_verify / mamba2_tree_commit) takes "torch", "triton" ("triton-ssd" unless
 per-node states are asked for), "triton-recurrent" and "triton-ssd" (the tree-masked SSD form: no
 per-node states, any tree size).
@@ -27,7 +29,7 @@ from ddsim.gpu_backend import checks, torch_mamba2, torch_ops
 from ddsim.gpu_backend.checks import CheckedIndices, TreePlan, checked_accepted
 from ddsim.gpu_backend.torch_ops import tree_attention
 
-BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy")
+BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy", "triton-wy-split")
 MAMBA2_BACKENDS = ("torch", "triton", "triton-recurrent", "triton-ssd")
 
 
@@ -61,7 +63,11 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     from ddsim.gpu_backend import triton_gdn
     if be == "triton":
         be = "triton-recurrent" if output_states else "triton-wy"
-    fn = triton_gdn.gdn_tree_verify_recurrent if be == "triton-recurrent" else triton_gdn.gdn_tree_verify_wy
+    if be == "triton-recurrent":
+        fn = triton_gdn.gdn_tree_verify_recurrent
+    else:
+        fn = triton_gdn.gdn_tree_verify_wy
+        kw["design"] = "split" if be == "triton-wy-split" else "fused"
     with _on(q):
         return fn(q, k, v, g, beta, **kw)
 

@@ -168,8 +168,11 @@ def gdn_tree_verify_wy(*args, **kwargs):
 def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
             use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
             A_log=None, dt_bias=None, block_v: int = 64, num_warps: int = 8, precision: str = "tf32x3",
-            poison: bool = True):
-    """Validate, build the ancestor mask and allocate once; returns (launch, o)."""
+            poison: bool = True, design: str = "fused", solve_warps: int = 8):
+    """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
+    kernel; "split": the value-independent half once per head (triton_wy_split)."""
+    if design not in ("fused", "split"):
+        raise ValueError(f"design: expected 'fused' or 'split', got {design!r}")
     if output_states:
         raise ValueError("output_states: the WY kernel writes no per-node states; use the recurrent kernel")
     if precision not in ("ieee", "tf32", "tf32x3"):
@@ -185,6 +188,12 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
                                num_warps=num_warps)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
+    if design == "split":
+        from ddsim.gpu_backend.triton_wy_split import plan_wy_split
+        return plan_wy_split(q, k, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=initial_state,
+                             idx=idx, scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, use_qk_l2norm=use_qk_l2norm,
+                             precision=precision, poison=poison, block_v=block_v, num_warps=num_warps,
+                             solve_warps=solve_warps)
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK, BV = C.next_pow2(T - 1), max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))
     grid = (triton.cdiv(V, BV), B * HV)

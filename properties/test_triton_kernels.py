@@ -49,12 +49,15 @@ def _cast(inp, dtype):
     return {k: _dev(inp[k].to(dtype) if k in ("q", "k", "v") else inp[k]) for k in ("q", "k", "v", "g", "beta")}
 
 
-@given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]), st.sampled_from(["triton-recurrent", "triton-wy"]),
-       st.sampled_from(DTYPES))
+@given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]),
+       st.sampled_from(["triton-recurrent", "triton-wy", "triton-wy-split"]), st.sampled_from(DTYPES))
 @example(fixed_gdn_example(), "exact", "triton-wy", torch.float32)
 @example(fixed_gdn_example(), "leaky", "triton-wy", torch.float32)
 @example(fixed_gdn_example(), "exact", "triton-recurrent", torch.bfloat16)
+@example(fixed_gdn_example(), "exact", "triton-wy-split", torch.float16)
+@example(fixed_gdn_example(), "leaky", "triton-wy-split", torch.bfloat16)
 @example(_long_example(), "exact", "triton-wy", torch.float32)
+@example(_long_example(), "exact", "triton-wy-split", torch.float16)
 @example(_long_example(), "exact", "triton-recurrent", torch.float16)
 def test_triton_gdn_verify_matches_oracle(inp, mode, backend, dtype):
     args = _cast(inp, dtype)
@@ -79,8 +82,9 @@ def test_triton_recurrent_states_match_oracle(inp, mode):
     assert_close("per-node states", states, ref, dtype=torch.float32, slack=5)
 
 
-@given(gdn_inputs(max_nodes=6), st.sampled_from(["triton-recurrent", "triton-wy"]))
+@given(gdn_inputs(max_nodes=6), st.sampled_from(["triton-recurrent", "triton-wy", "triton-wy-split"]))
 @example(fixed_gdn_example(), "triton-wy")
+@example(fixed_gdn_example(), "triton-wy-split")
 def test_triton_fused_gates_match_oracle(inp, backend):
     B, T, HV = inp["g"].shape
     gen = torch.Generator().manual_seed(11)

@@ -1,0 +1,147 @@
+"""The tree-masked WY form in two kernels: the value-independent half once per (sequence, value
+head), the rest once per V tile. Same mathematics as ``triton_gdn._gdn_wy_kernel`` (its docstring
+and the README derive it; twin: oracle.gdn_tree_verify); the one-kernel form recomputes K.K^T,
+Q.K^T and the triangular solve in every V tile of a head.
+
+solve   grid (B * HV,): for the draft block (nodes 1..T-1, at most 64) builds the path decays
+        A_t = exp(G_t), the strictly-lower -L and the inverse of (I + L) by doubling,
+          W = (I + N)(I + N^2)(I + N^4)... diag(beta),   N = -L  (nilpotent below the tree depth),
+        and P = M o D o (Q K^T) scale, and stores W, P [BT, BT] and A [BT] (fp32 scratch).
+        K.K^T and Q.K^T take the raw 16-bit q, k into one MMA (products exact in fp32) and divide
+        by the l2 norms after the product; fp32 inputs use three-pass tf32 (tf32x3) like the rest.
+apply   grid (V tiles, B * HV): the root's recurrent step S_r (as the one-kernel form), then
+          U = W (V - diag(A) K S_r),   O = diag(A) Q S_r scale + P U.
+
+The solve costs 2 (rounds - 1) products of [BT, BT] per head instead of 2 rounds per V tile.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ddsim.gpu_backend import triton_helpers as h
+
+
+@triton.jit
+def _raw_rows(ptr, rows, head, cols, m, NH: tl.constexpr, D: tl.constexpr):
+    """Rows [R, C] of ptr [B*T, NH, D] in their own dtype (no conversion, no norm)."""
+    return tl.load(ptr + (rows * NH + head) * D + cols, mask=m, other=0.0)
+
+
+@triton.jit
+def _gram(a, b, ra, rb, RAW16: tl.constexpr, PRECISION: tl.constexpr):
+    """a b^T [Ra, Rb] in fp32, each entry divided by ra_i rb_j (the rows' l2 norms, or ones).
+    RAW16: a, b are 16-bit (products exact in fp32: one MMA); else fp32 in ``PRECISION``."""
+    if RAW16:
+        ab = tl.dot(a, tl.trans(b))
+    else:
+        ab = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision=PRECISION)
+    return ab / (ra[:, None] * rb[None, :])
+
+
+@triton.jit
+def _gdn_wy_solve_kernel(
+    q, k, g, beta, A_log, dt_bias,
+    mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
+    W, P, Ad,  # out: [B, HV, BT, BT] x2 fp32, [B, HV, BT] fp32
+    T, scale, NSTEP,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_bh = tl.program_id(0)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    mk = o_k < K
+    mt = o_t < T - 1
+    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    m2 = mt[:, None] & mk[None, :]
+    b_k = _raw_rows(k, rows[:, None], i_h, o_k[None, :], m2, H, K)  # [BT, BK] raw
+    b_q = _raw_rows(q, rows[:, None], i_h, o_k[None, :], m2, H, K)
+    if L2NORM:
+        kf, qf = b_k.to(tl.float32), b_q.to(tl.float32)
+        rk = tl.sqrt(tl.sum(kf * kf, 1) + 1e-6)
+        rq = tl.sqrt(tl.sum(qf * qf, 1) + 1e-6)
+    else:
+        rk = tl.full([BT], 1.0, tl.float32)
+        rq = tl.full([BT], 1.0, tl.float32)
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+    b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
+    b_g = tl.where(mt, b_g, 0.0)
+    b_beta = tl.where(mt, b_beta, 0.0)
+    anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0
+    G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path below the root
+    D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
+    strict = anc & (o_t[:, None] != o_t[None, :])
+    N = tl.where(strict, -b_beta[:, None] * D * _gram(b_k, b_k, rk, rk, RAW16, PRECISION), 0.0)  # -L
+    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    X = eye + N  # (I + N)
+    for _ in range(1, NSTEP):  # X <- (I + N^(2^r)) X
+        N = tl.dot(N, N, input_precision=PRECISION)
+        X = X + tl.dot(N, X, input_precision=PRECISION)
+    X = X * b_beta[None, :]  # W = (I + L)^-1 diag(beta)
+    Pm = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale
+    base = i_bh.to(tl.int64) * BT * BT
+    tl.store(W + base + o_t[:, None] * BT + o_t[None, :], X)
+    tl.store(P + base + o_t[:, None] * BT + o_t[None, :], Pm)
+    tl.store(Ad + i_bh.to(tl.int64) * BT + o_t, tl.exp(G))
+
+
+@triton.jit
+def _gdn_wy_apply_kernel(
+    q, k, v, g, beta, A_log, dt_bias,
+    W, P, Ad,  # from the solve kernel
+    state, state_idx, o,
+    T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
+    o_t = tl.arange(0, BT)
+    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+    s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
+                   H, HV, K, V, FUSED, L2NORM)
+    mt = o_t < T - 1
+    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    b_q, b_k, b_v, _, _ = h.wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
+                                    H, HV, K, V, FUSED, L2NORM)
+    i_bh = i_b * HV + i_hv
+    base = i_bh.to(tl.int64) * BT * BT
+    Wm = tl.load(W + base + o_t[:, None] * BT + o_t[None, :])
+    Pm = tl.load(P + base + o_t[:, None] * BT + o_t[None, :])
+    A = tl.load(Ad + i_bh.to(tl.int64) * BT + o_t)
+    R = b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION)
+    U = tl.dot(Wm, R, input_precision=PRECISION)
+    b_o = A[:, None] * tl.dot(b_q * scale, s0, input_precision=PRECISION) + tl.dot(Pm, U, input_precision=PRECISION)
+    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=mt[:, None] & mv[None, :])
+
+
+def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
+                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=8):
+    """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o)."""
+    from ddsim.gpu_backend import _common as C
+    o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
+    BT, BK = C.next_pow2(T - 1), max(16, triton.next_power_of_2(K))
+    BV = min(block_v, max(16, triton.next_power_of_2(V)))
+    Wm = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
+    Pm = torch.empty_like(Wm)
+    Ad = torch.empty(B, HV, BT, dtype=torch.float32, device=v.device)
+    # Triton's interpreter multiplies bf16 tiles as raw bits (fp16 is right): there bf16 takes the fp32 path
+    raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
+    qc, kc = q.contiguous(), k.contiguous()
+    solve = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, W=Wm, P=Pm, Ad=Ad, T=T, scale=scale,
+                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
+                 PRECISION=precision, num_warps=solve_warps)
+    apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, W=Wm, P=Pm, Ad=Ad, state=state,
+                 state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
+                 L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)
+
+    def launch():
+        _gdn_wy_solve_kernel[(B * HV,)](**solve)
+        _gdn_wy_apply_kernel[(triton.cdiv(V, BV), B * HV)](**apply)
+    return launch, o
