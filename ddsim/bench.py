@@ -133,7 +133,7 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
         }
         for prec in precisions:
             cases[f"exact wy ({prec})"] = ("wy", wy_cfgs, (lambda c, p=prec: plan_wy(
-                **qkv, **common, mode="exact", precision=p, **c)))
+                **qkv, **common, mode="exact", precision=p, design="fused", **c)))
         split_cfgs = [dict(block_v=bv, num_warps=nw, solve_warps=sw)
                       for bv, nw, sw in ((32, 4, 8), (64, 4, 8), (64, 8, 8), (128, 8, 8), (64, 4, 4))]
         cases["exact wy split (tf32x3)"] = ("wy", split_cfgs, lambda c: plan_wy(
@@ -215,7 +215,7 @@ def kernel_accuracy(*, device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1
                                                     mode=mode, backend="triton-recurrent").float()}
             for prec in ("ieee", "tf32x3", "tf32"):
                 outs[f"wy {prec}"] = gdn_tree_verify_wy(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
-                                                        mode=mode, precision=prec).float()
+                                                        mode=mode, precision=prec, design="fused").float()
             outs["wy split tf32x3"] = gdn_tree_verify_wy(**qkv, parents=parents.to(device),
                                                          initial_state=inp["initial_state"], mode=mode,
                                                          design="split").float()

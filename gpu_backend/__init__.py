@@ -7,10 +7,12 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
                     "triton-recurrent"
   triton-recurrent  leaky = flattened recurrence (per-node states optional);
                     exact = parent-indexed recurrence over per-node snapshots
-  triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states; one block
-                    up to 65 nodes, chunk by chunk beyond (budgets 128, 256, ...)
-  triton-wy-split   the same form in two kernels (up to 65 nodes; chunked beyond): the
-                    value-independent half (K.K^T, Q.K^T, the solve) once per head, not per V tile
+  triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states; up to 65
+                    nodes in two kernels (the value-independent half, K.K^T, Q.K^T and the solve,
+                    once per head; one kernel for a single sequence of <= 17 nodes), chunk by chunk
+                    beyond (budgets 128, 256, ...)
+  triton-wy-fused   the WY form in one kernel (the solve repeated per V tile)
+  triton-wy-split   the WY form in two kernels at every size up to 65 nodes
 Mamba2 (mamba2_tree_verify / mamba2_tree_commit) takes "torch", "triton" ("triton-ssd" unless
 per-node states are asked for), "triton-recurrent" and "triton-ssd" (the tree-masked SSD form: no
 per-node states, any tree size).
@@ -29,7 +31,7 @@ from ddsim.gpu_backend import checks, torch_mamba2, torch_ops
 from ddsim.gpu_backend.checks import CheckedIndices, TreePlan, checked_accepted
 from ddsim.gpu_backend.torch_ops import tree_attention
 
-BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy", "triton-wy-split")
+BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split")
 MAMBA2_BACKENDS = ("torch", "triton", "triton-recurrent", "triton-ssd")
 
 
@@ -67,7 +69,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         fn = triton_gdn.gdn_tree_verify_recurrent
     else:
         fn = triton_gdn.gdn_tree_verify_wy
-        kw["design"] = "split" if be == "triton-wy-split" else "fused"
+        kw["design"] = {"triton-wy-split": "split", "triton-wy-fused": "fused"}.get(be, "auto")
     with _on(q):
         return fn(q, k, v, g, beta, **kw)
 

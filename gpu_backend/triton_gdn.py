@@ -167,12 +167,15 @@ def gdn_tree_verify_wy(*args, **kwargs):
 
 def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
             use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
-            A_log=None, dt_bias=None, block_v: int = 64, num_warps: int = 8, precision: str = "tf32x3",
-            poison: bool = True, design: str = "fused", solve_warps: int = 8):
+            A_log=None, dt_bias=None, block_v: int | None = None, num_warps: int | None = None,
+            precision: str = "tf32x3", poison: bool = True, design: str = "auto", solve_warps: int = 8):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
-    kernel; "split": the value-independent half once per head (triton_wy_split)."""
-    if design not in ("fused", "split"):
-        raise ValueError(f"design: expected 'fused' or 'split', got {design!r}")
+    kernel; "split": the value-independent half once per head (triton_wy_split); "auto": split,
+    except for one sequence of at most 17 nodes, where the one kernel measured faster on the H200
+    (15.6 against 17.2 us; split 33 / 132 / 483 against 40 / 218 / 827 us at 1x65 / 8x65 / 32x65,
+    benchmarks/RESULTS.md). block_v / num_warps default to each design's sweep choice."""
+    if design not in ("auto", "fused", "split"):
+        raise ValueError(f"design: expected 'auto', 'fused' or 'split', got {design!r}")
     if output_states:
         raise ValueError("output_states: the WY kernel writes no per-node states; use the recurrent kernel")
     if precision not in ("ieee", "tf32", "tf32x3"):
@@ -184,16 +187,20 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
         from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
         return plan_wy_blocked(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
                                use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
-                               dt_bias=dt_bias, precision=precision, poison=poison, block_v=min(block_v, 32),
-                               num_warps=num_warps)
+                               dt_bias=dt_bias, precision=precision, poison=poison, block_v=min(block_v or 32, 32),
+                               num_warps=num_warps or 8)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
+    if design == "auto":
+        design = "fused" if B == 1 and T <= 17 else "split"
     if design == "split":
+        block_v, num_warps = block_v or 32, num_warps or 4
         from ddsim.gpu_backend.triton_wy_split import plan_wy_split
         return plan_wy_split(q, k, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=initial_state,
                              idx=idx, scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, use_qk_l2norm=use_qk_l2norm,
                              precision=precision, poison=poison, block_v=block_v, num_warps=num_warps,
                              solve_warps=solve_warps)
+    block_v, num_warps = block_v or 64, num_warps or 8
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK, BV = C.next_pow2(T - 1), max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))
     grid = (triton.cdiv(V, BV), B * HV)

@@ -50,9 +50,9 @@ def _cast(inp, dtype):
 
 
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]),
-       st.sampled_from(["triton-recurrent", "triton-wy", "triton-wy-split"]), st.sampled_from(DTYPES))
-@example(fixed_gdn_example(), "exact", "triton-wy", torch.float32)
-@example(fixed_gdn_example(), "leaky", "triton-wy", torch.float32)
+       st.sampled_from(["triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split"]), st.sampled_from(DTYPES))
+@example(fixed_gdn_example(), "exact", "triton-wy-fused", torch.float32)
+@example(fixed_gdn_example(), "leaky", "triton-wy-fused", torch.float32)
 @example(fixed_gdn_example(), "exact", "triton-recurrent", torch.bfloat16)
 @example(fixed_gdn_example(), "exact", "triton-wy-split", torch.float16)
 @example(fixed_gdn_example(), "leaky", "triton-wy-split", torch.bfloat16)
@@ -82,8 +82,8 @@ def test_triton_recurrent_states_match_oracle(inp, mode):
     assert_close("per-node states", states, ref, dtype=torch.float32, slack=5)
 
 
-@given(gdn_inputs(max_nodes=6), st.sampled_from(["triton-recurrent", "triton-wy", "triton-wy-split"]))
-@example(fixed_gdn_example(), "triton-wy")
+@given(gdn_inputs(max_nodes=6), st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split"]))
+@example(fixed_gdn_example(), "triton-wy-fused")
 @example(fixed_gdn_example(), "triton-wy-split")
 def test_triton_fused_gates_match_oracle(inp, backend):
     B, T, HV = inp["g"].shape
