@@ -3,7 +3,7 @@ TRITON_INTERPRET=1 (set in the root conftest), so shapes stay small; outputs are
 the launchers and state-pool slots outside the batch must stay bit-identical."""
 import pytest
 import torch
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import ddsim.gpu_backend as gb
@@ -218,3 +218,22 @@ def test_triton_commit_with_a_tree_plan_equals_raw_parents(inp, data):
         for n in range(t.size):
             row = [int(x) for x in paths[b, n] if x >= 0]
             assert row == list(t.root_path(n))
+
+
+@settings(max_examples=12)
+@given(gdn_inputs(max_nodes=40), st.sampled_from(["exact", "leaky"]), st.sampled_from([0, 16]),
+       st.sampled_from([torch.float32, torch.float16]))
+@example(_long_example(T=40), "exact", 16, torch.float32)
+@example(_long_example(T=33), "leaky", 16, torch.float16)
+def test_triton_wy_split_solves_match_oracle(inp, mode, solve_block, dtype):
+    """The two-kernel WY form with the solve by doubling (0) or by 16-row block forward substitution,
+    on trees of up to 40 nodes (three 16-row blocks)."""
+    from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
+    args = _cast(inp, dtype)
+    pool, slots = _pool(inp)
+    before = pool.clone()
+    o = gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), initial_state=pool, state_indices=slots, mode=mode,
+                           design="split", solve_block=solve_block, block_v=16)
+    ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
+    assert_close(f"o (split, solve_block={solve_block}, {mode})", o, ref, dtype=dtype, slack=5)
+    assert torch.equal(pool, before)
