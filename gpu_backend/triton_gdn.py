@@ -168,7 +168,7 @@ def gdn_tree_verify_wy(*args, **kwargs):
 def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
             use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
             A_log=None, dt_bias=None, block_v: int | None = None, num_warps: int | None = None,
-            precision: str = "tf32x3", poison: bool = True, design: str = "auto", solve_warps: int = 8,
+            precision: str = "tf32x3", poison: bool = True, design: str = "auto", solve_warps: int = 4,
             solve_block: int = 0):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
     kernel; "split": the value-independent half once per head (triton_wy_split); "auto": split,

@@ -157,7 +157,7 @@ def _gdn_wy_apply_kernel(
 
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
-                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=8, solve_block=0):
+                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, solve_block=0):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o)."""
     from ddsim.gpu_backend import _common as C
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
