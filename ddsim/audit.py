@@ -30,6 +30,7 @@ from ddsim.digest import file_digest
 from ddsim.drafters import ModelDrafter, SyntheticDrafter, TraceDrafter
 from ddsim.errors import InputError
 from ddsim.generate import TreePolicy, reference_decode, speculative
+from ddsim.graphs import serving_model
 from ddsim.metrics import summarize
 from ddsim.model import HybridModel
 from ddsim.modes import LEAK_MODES, VERIFY_MODES
@@ -186,13 +187,17 @@ def input_digests(ac: AuditConfig) -> dict:
     return {k: file_digest(v) for k, v in (("prompts", ac.prompts_file), ("trace", ac.trace), ("cost", ac.cost_file)) if v}
 
 
-def fast_path_name(model: HybridModel) -> str:
+def fast_path_name(model: HybridModel, serving=None) -> str:
     """The verify implementation the audit's fast path ran: ddsim's backend, or the engine kernel
-    and the recurrence modes it computed (ddsim's backend did the rest)."""
+    and the recurrence modes it computed (ddsim's backend did the rest); and where the decision-only
+    generations replayed CUDA graphs (``serving`` a GraphedModel), that."""
     backend = model.backend or ("triton" if model.device.type == "cuda" else "torch")
-    if model.engine is None:
-        return f"ddsim-{backend}"
-    return f"{model.engine.name} ({'/'.join(model.engine.modes)} recurrences; ddsim-{backend} otherwise)"
+    name = f"ddsim-{backend}"
+    if model.engine is not None:
+        name = f"{model.engine.name} ({'/'.join(model.engine.modes)} recurrences; ddsim-{backend} otherwise)"
+    if serving is not None and serving is not model:
+        name += " (decision-only generations: the serving verify replayed from CUDA graphs)"
+    return name
 
 
 def load_engine(ac: AuditConfig, device: torch.device):
@@ -239,10 +244,11 @@ def run_audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
     compute = weights["embed"].dtype if device.type == "cuda" else torch.float32
     compute = torch.float32 if compute == torch.float64 else compute
     model = HybridModel(cfg, weights, device=device, dtype=compute, engine=engine)
+    serving = serving_model(model)  # decision-only generations: no per-node states, CUDA graphs where possible
     prompts = audit_prompts(ac, cfg, encoder)
     provenance = {"ddsim_version": environment(device)["ddsim"],
                   "source": f"checkpoint {ac.model_path}" if ac.model_path else f"preset {ac.preset}",
-                  "weights_sha256": weights_digest(ac, weights), "fast_path": fast_path_name(model),
+                  "weights_sha256": weights_digest(ac, weights), "fast_path": fast_path_name(model, serving),
                   "engine": engine.provenance() if engine is not None else None,
                   "inputs_sha256": input_digests(ac)}
     ref_len = ac.steps * (drafter.depth + 1)
@@ -255,14 +261,14 @@ def run_audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
         budget its generation records and leak-node records per mode (merged below in prompt order)."""
         p = prompts[i]
         ref, margins = reference_decode(model, p, ref_len, temperature=ac.temperature, seed=ac.seed)
-        g = speculative(model, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref, **common)
+        g = speculative(serving, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref, **common)
         out = {"index": i, "reference": ref, "margins": margins, "chain": _gen_record(g, i, None, margins), "budgets": {}}
         for budget in ac.budgets:
             policy = TreePolicy("ddtree", budget, ac.topk_cap)
             gens, nodes = {}, {m: [] for m in ALL_MODES}
             for mode in ALL_MODES:
                 full = mode == "leaky"
-                g = speculative(model, p, drafter=drafter, policy=policy, mode=mode, reference=ref,
+                g = speculative(model if full else serving, p, drafter=drafter, policy=policy, mode=mode, reference=ref,
                                 measure="full" if full else "decisions", weights=weights if full else None,
                                 attribution=LEAK_MODES if full else (), **common)
                 gens[mode] = _gen_record(g, i, budget, margins)

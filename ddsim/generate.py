@@ -171,7 +171,9 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
     """Speculative decoding until ``n_tokens`` are emitted (cut to n_tokens) or ``steps`` steps ran.
 
     measure: "decisions" (exact fast path from the same state: silent corruption and decision
-    flips) or "full" (also the oracle per node and layer; needs the float ``weights``).
+    flips; verifies keep no per-node states, the commit replays the accepted path, so ``model`` may
+    be a ddsim.graphs.GraphedModel) or "full" (also the oracle per node and layer; needs the float
+    ``weights`` and a model that keeps per-node states).
     attribution: extra modes evaluated vs the oracle on each step's tree and state (measure="full").
     """
     if n_tokens is None and steps is None:
@@ -204,12 +206,13 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
         logits = drafter.draft(DraftContext(step=step, tokens=prompt + out, greedy=greedy))
         tree = policy.build(logits, root_token=root, max_rank=drafter.max_rank)
         positions = tree.positions(state.pos)
-        res = model.verify(state, tree, mode=mode)
+        keep = measure == "full"  # decisions need logits only: the serving verify (no per-node states)
+        res = model.verify(state, tree, mode=mode, keep_states=keep)
         targets = target_tokens(res.logits, positions, temperature=temperature, seed=seed)
         path, bonus = walk(tree, targets)
         emitted = emitted_tokens(tree, path, bonus)
 
-        res_x = res if mode == "exact" else model.verify(state, tree, mode="exact")
+        res_x = res if mode == "exact" else model.verify(state, tree, mode="exact", keep_states=keep)
         targets_x = targets if mode == "exact" else target_tokens(res_x.logits, positions,
                                                                    temperature=temperature, seed=seed)
         nodes = keys = None

@@ -182,14 +182,9 @@ class GraphedModel:
 
     def __init__(self, model: HybridModel, *, capture: bool = True):
         cfg = model.cfg
-        if capture and model.device.type != "cuda":
-            raise InputError(f"cuda graphs: the model is on {model.device}, not a CUDA device")
-        if len(set(model.layer_devices)) > 1:
-            raise InputError("cuda graphs: a model placed over several devices is not captured")
-        if model.engine is not None:
-            raise InputError("cuda graphs: an engine kernel's launcher is not known to be capturable")
-        if any(cfg.is_moe_layer(i) for i in range(cfg.num_layers)):
-            raise InputError("cuda graphs: MoE layers route on the host (a device sync per layer)")
+        why = not_capturable(model, capture=capture)
+        if why:
+            raise InputError(f"cuda graphs: {why}")
         self.model, self.cfg, self.capture = model, cfg, capture
         self._keys: dict = {}
         self._prefixes: dict = {}
@@ -302,6 +297,25 @@ class GraphedModel:
                 body()
             setattr(cap, name, graph)
         graph.replay()
+
+
+def not_capturable(model: HybridModel, *, capture: bool = True) -> str | None:
+    """Why ``model``'s verify cannot be captured (None: it can)."""
+    if capture and model.device.type != "cuda":
+        return f"the model is on {model.device}, not a CUDA device"
+    if len(set(model.layer_devices)) > 1:
+        return "a model placed over several devices is not captured"
+    if model.engine is not None:
+        return "an engine kernel's launcher is not known to be capturable"
+    if any(model.cfg.is_moe_layer(i) for i in range(model.cfg.num_layers)):
+        return "MoE layers route on the host (a device sync per layer)"
+    return None
+
+
+def serving_model(model: HybridModel):
+    """What runs a serving verify (no per-node states) fastest here: the model replayed from CUDA
+    graphs where it can be captured, else the model itself (its verify with keep_states=False)."""
+    return model if not_capturable(model) else GraphedModel(model)
 
 
 def _no_grad():

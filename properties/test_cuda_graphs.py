@@ -53,3 +53,15 @@ def test_a_stale_replay_result_is_refused():
     gm.verify(st, TREES[1])
     with pytest.raises(InputError, match="reused"):
         gm.commit(st, TREES[0], first, 2)
+
+
+def test_a_cuda_audit_runs_its_decision_generations_from_graphs():
+    """The audit on CUDA: decision-only generations through GraphedModel (named in the provenance),
+    the leaky generation with per-node states against the oracle; the exact path stays lossless."""
+    from ddsim.audit import run_audit
+    from ddsim.settings import AuditConfig
+    rep = run_audit(AuditConfig(preset="micro", device="cuda", budgets=[4, 8], steps=2, n_prompts=2))
+    assert rep.provenance.fast_path == ("ddsim-triton (decision-only generations: the serving verify replayed "
+                                        "from CUDA graphs)")
+    for b in rep.budgets:
+        assert b.modes["exact"].generations_leaving_greedy_above_noise == 0
