@@ -260,12 +260,12 @@ class HybridModel:
         logits = F.linear(_rmsnorm(h, self.w["final_norm"], self.cfg.rms_norm_eps), self.w["lm_head"]).float()
         return logits / self.cfg.logits_scaling
 
-    def finish(self, h, out: "LayerOutputs", mode: str, fresh=None, logits=None) -> VerifyResult:
-        """The VerifyResult of a pass ending in h [T, d] (its logits computed here unless given)."""
-        logits = self.head(h) if logits is None else logits
+    def finish(self, h, out: "LayerOutputs", mode: str) -> VerifyResult:
+        """The VerifyResult of a pass ending in h [T, d]."""
+        logits = self.head(h)
         if out.keep_states:
             return VerifyResult(mode, logits, torch.stack(out.hidden), out.ssm, out.conv, out.kv)
-        return VerifyResult(mode, logits, None, None, None, out.kv, out.commit_inputs, fresh)
+        return VerifyResult(mode, logits, None, None, None, out.kv, out.commit_inputs)
 
     def _layer(self, i, kind, p, h, state, parents, pos, mask, conv_mode, rec_mode, keep_states=True):
         """Layer i on h [T, d] -> (h after it, its new KV or None, per-node states and windows or None,
