@@ -13,7 +13,9 @@ wy          the tree-masked WY form (derived in the README, Contracts): reads th
               O = diag(A) Q S0 + (M o D o Q K^T) U,         D[t, j] = A_t / A_j,  M ancestor-or-self
             L is nilpotent (L^n = 0 beyond the tree depth), so (I + L)^-1 = prod_m (I + (-L)^(2^m))
             over ceil(log2(depth + 1)) factors: a few matrix products instead of T sequential steps.
-            mode "leaky" uses the chain mask (every earlier node an ancestor).
+            mode "leaky" uses the chain mask (every earlier node an ancestor). The same form in two
+            kernels (the value-independent half once per head): triton_wy_split, the default
+            (design="auto"); above 65 nodes, chunk by chunk: triton_wy_blocked.
 Both: q/k l2-norm in kernel, grouped heads (value head j reads key head j // (HV/H)), fp32 state,
 bf16/fp16/fp32 inputs, gates from (g, beta) or fused from (a, b, A_log, dt_bias), the committed
 state read from a pool slot (state_indices) and never written.
