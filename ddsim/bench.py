@@ -136,9 +136,8 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
                 **qkv, **common, mode="exact", precision=p, design="fused", **c)))
         split_cfgs = [dict(block_v=bv, num_warps=nw, solve_warps=sw)
                       for bv, nw, sw in ((32, 4, 8), (64, 4, 8), (64, 8, 8), (32, 4, 4), (64, 4, 4))]
-        for name, sb in (("exact wy split (tf32x3)", 0), ("exact wy split, blocked solve (tf32x3)", 16)):
-            cases[name] = ("wy", split_cfgs, (lambda c, sb=sb: plan_wy(
-                **qkv, **common, mode="exact", design="split", solve_block=sb, **c)))
+        cases["exact wy split (tf32x3)"] = ("wy", split_cfgs, lambda c: plan_wy(
+            **qkv, **common, mode="exact", design="split", **c))
         cases["commit"] = ("commit", rec_cfgs, lambda c: plan_commit(
             inp["k"], inp["v"], inp["g"], inp["beta"], parents=parents, accepted=acc, initial_state=s0,
             poison=False, **c))

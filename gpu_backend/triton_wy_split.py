@@ -4,11 +4,11 @@ and the README derive it; twin: oracle.gdn_tree_verify); the one-kernel form rec
 Q.K^T and the triangular solve in every V tile of a head.
 
 solve   grid (B * HV,): for the draft block (nodes 1..T-1, at most 64) builds the path decays
-        A_t = exp(G_t), the strictly-lower N = -L and the inverse of (I + L),
-          W = (I - N)^-1 = (I + N)(I + N^2)(I + N^4)...   (N nilpotent below the tree depth)
-        by doubling on the whole block, or (solve_block=16) by block forward substitution over
-        16-row blocks (doubling only inside the diagonal blocks), and P = M o D o (Q K^T) scale,
-        and stores W, P [BT, BT] and A [BT] (fp32 scratch).
+        A_t = exp(G_t), the strictly-lower N = -L and the inverse of (I + L) by doubling,
+          W = (I - N)^-1 = (I + N)(I + N^2)(I + N^4)...   (N nilpotent below the tree depth),
+        and P = M o D o (Q K^T) scale, and stores W, P [BT, BT] and A [BT] (fp32 scratch).
+        (A solve by 16-row block forward substitution was tried and measured slower at every shape:
+        RESULTS.md; the code is in the history at 21a9c3b.)
         K.K^T and Q.K^T take the raw 16-bit q, k into one MMA (products exact in fp32) and divide
         by the l2 norms after the product; fp32 inputs use three-pass tf32 (tf32x3) like the rest.
 apply   grid (V tiles, B * HV): the root's recurrent step S_r (as the one-kernel form), then
@@ -47,11 +47,9 @@ def _gdn_wy_solve_kernel(
     q, k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     W, P, Ad,  # out: [B, HV, BT, BT] x2 fp32, [B, HV, BT] fp32
-    Nscr,  # [B, HV, BT, BT] fp32 scratch for -L (blocked solve only)
-    T, scale, NSTEP, NSTEP_BLOCK,
+    T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
-    BS: tl.constexpr,  # 0: doubling on the whole block; 16: block forward substitution over 16-row blocks
 ):
     i_bh = tl.program_id(0)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -84,44 +82,11 @@ def _gdn_wy_solve_kernel(
     base = i_bh.to(tl.int64) * BT * BT
     tl.store(P + base + o_t[:, None] * BT + o_t[None, :], Pm)
     tl.store(Ad + i_bh.to(tl.int64) * BT + o_t, tl.exp(G))
-    if BS == 0:  # W = (I - N)^-1 = (I + N)(I + N^2)(I + N^4)... by doubling on the whole block
-        X = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0) + N
-        for _ in range(1, NSTEP):  # X <- (I + N^(2^r)) X
-            N = tl.dot(N, N, input_precision=PRECISION)
-            X = X + tl.dot(N, X, input_precision=PRECISION)
-        tl.store(W + base + o_t[:, None] * BT + o_t[None, :], X)
-    else:
-        _blocked_inverse(N, Nscr + base, W + base, NSTEP_BLOCK, BT, BS, PRECISION)
-
-
-@triton.jit
-def _blocked_inverse(N, Ns, Ws, NSTEP_BLOCK, BT: tl.constexpr, BS: tl.constexpr, PRECISION: tl.constexpr):
-    """Ws [BT, BT] <- (I - N)^-1 for strictly lower N [BT, BT] by block forward substitution over
-    BS-row blocks: X_ii = (I - N_ii)^-1 by doubling (NSTEP_BLOCK rounds), then for j < i
-    X_ij = X_ii sum_{j <= k < i} N_ik X_kj, reading N and the finished blocks back through Ns, Ws."""
-    o_t = tl.arange(0, BT)
-    tl.store(Ns + o_t[:, None] * BT + o_t[None, :], N)
-    tl.debug_barrier()
-    o_s = tl.arange(0, BS)
-    NB: tl.constexpr = BT // BS
-    for i in tl.static_range(NB):
-        ri = (i * BS + o_s)[:, None] * BT
-        Nc = tl.load(Ns + ri + (i * BS + o_s)[None, :])
-        X = tl.where(o_s[:, None] == o_s[None, :], 1.0, 0.0) + Nc
-        for _ in range(1, NSTEP_BLOCK):
-            Nc = tl.dot(Nc, Nc, input_precision=PRECISION)
-            X = X + tl.dot(Nc, X, input_precision=PRECISION)
-        tl.store(Ws + ri + (i * BS + o_s)[None, :], X)
-        for j in tl.static_range(i):
-            acc = tl.zeros([BS, BS], dtype=tl.float32)
-            for kk in tl.static_range(j, i):
-                Nik = tl.load(Ns + ri + (kk * BS + o_s)[None, :])
-                Xkj = tl.load(Ws + (kk * BS + o_s)[:, None] * BT + (j * BS + o_s)[None, :])
-                acc += tl.dot(Nik, Xkj, input_precision=PRECISION)
-            tl.store(Ws + ri + (j * BS + o_s)[None, :], tl.dot(X, acc, input_precision=PRECISION))
-        for j in tl.static_range(i + 1, NB):
-            tl.store(Ws + ri + (j * BS + o_s)[None, :], tl.zeros([BS, BS], dtype=tl.float32))
-        tl.debug_barrier()  # the next block row reads this one's blocks (through other threads)
+    X = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0) + N  # W = (I - N)^-1 = (I + N)(I + N^2)(I + N^4)...
+    for _ in range(1, NSTEP):  # X <- (I + N^(2^r)) X
+        N = tl.dot(N, N, input_precision=PRECISION)
+        X = X + tl.dot(N, X, input_precision=PRECISION)
+    tl.store(W + base + o_t[:, None] * BT + o_t[None, :], X)
 
 
 @triton.jit
@@ -157,7 +122,7 @@ def _gdn_wy_apply_kernel(
 
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
-                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, solve_block=0):
+                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o)."""
     from ddsim.gpu_backend import _common as C
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
@@ -166,16 +131,12 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     Wm = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     Pm = torch.empty_like(Wm)
     Ad = torch.empty(B, HV, BT, dtype=torch.float32, device=v.device)
-    if solve_block not in (0, 16):
-        raise ValueError(f"solve_block: expected 0 (doubling) or 16, got {solve_block}")
-    BS = min(solve_block, BT)
-    Ns = torch.empty_like(Wm) if BS else Wm  # never read without the blocked solve
     # Triton's interpreter multiplies bf16 tiles as raw bits (fp16 is right): there bf16 takes the fp32 path
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
     qc, kc = q.contiguous(), k.contiguous()
-    solve = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, W=Wm, P=Pm, Ad=Ad, Nscr=Ns, T=T,
-                 scale=scale, NSTEP=nstep, NSTEP_BLOCK=min(nstep, 4), H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused,
-                 L2NORM=use_qk_l2norm, RAW16=raw16, PRECISION=precision, BS=BS, num_warps=solve_warps)
+    solve = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, W=Wm, P=Pm, Ad=Ad, T=T, scale=scale,
+                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
+                 PRECISION=precision, num_warps=solve_warps)
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, W=Wm, P=Pm, Ad=Ad, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
                  L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)
