@@ -244,25 +244,21 @@ class GraphedModel:
 
     # ---- commit --------------------------------------------------------------------------------
     def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int) -> ModelState:
-        """The model's commit; for a replayed result, the recurrent layers' commits replayed too (one
-        graph per key), from ``state``."""
+        """The model's commit (its checks, the KV rows); for a replayed result the recurrent layers'
+        replay runs from a CUDA graph too (one per key), from ``state``."""
         if not isinstance(res.fresh, _Epoch):
             return self.model.commit(state, tree, res, accepted)
+        return self.model.commit(state, tree, res, accepted, replay=self._replay_from_graph)
+
+    def _replay_from_graph(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int):
+        """(ssm, conv) after node ``accepted``: the key's commit graph from ``state``, its outputs copied
+        out (the next commit of the key rewrites them)."""
         cap = res.fresh.captured
-        if not 0 <= accepted < tree.size:
-            raise InputError(f"accepted: node {accepted} is outside 0..{tree.size - 1}")
-        if not res.fresh():
-            raise InputError("commit: this verify result's buffers were reused by a later verify of the same "
-                             "shape (a CUDA-graph replay); commit a result before verifying the next tree")
-        if tree.size != cap.T:
-            raise InputError(f"tree: {tree.size} nodes, the verify result has {cap.T}")
         cap.accepted.fill_(accepted)
         self._load_state(state)
         self._run(cap, "commit_graph", lambda: self._commit_body(cap))
         ssm, conv = cap.committed
-        kv = self.model.commit_kv(state, tree, res, accepted)
-        return ModelState(state.pos + len(tree.root_path(accepted)), kv,
-                          [None if s is None else s.clone() for s in ssm], [None if c is None else c.clone() for c in conv])
+        return [None if s is None else s.clone() for s in ssm], [None if c is None else c.clone() for c in conv]
 
     def _commit_body(self, cap: _Captured) -> None:
         checked = gb.CheckedIndices(cap.accepted, cap.T)

@@ -442,58 +442,55 @@ class HybridModel:
         return out, None, None, CommitInputs(xbc, x=xs, dt=dt, B=Bm)
 
     # ---- commit --------------------------------------------------------------------------------
-    def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int) -> ModelState:
+    def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int, *, replay=None) -> ModelState:
         """State after accepting the root path ending at node ``accepted``: the accepted nodes' KV
         is appended in path order; S and the conv window become what this mode computed at that
         node (a leaky pass commits its leaky state, as a serving stack copies the intermediate
         state at the node's batch index). A result without per-node states is committed by replaying
         its mode's source path root..accepted from ``state`` (the commit kernels): the same state
-        within float32 reassociation."""
+        within float32 reassociation. ``replay(state, tree, res, accepted) -> (ssm, conv)`` replaces
+        that replay (ddsim.graphs replays it from a CUDA graph)."""
         if not 0 <= accepted < tree.size:
             raise InputError(f"accepted: node {accepted} is outside 0..{tree.size - 1}")
+        if res.logits.shape[0] != tree.size:
+            raise InputError(f"tree: {tree.size} nodes, the verify result has {res.logits.shape[0]}")
         if res.fresh is not None and not res.fresh():
             raise InputError("commit: this verify result's buffers were reused by a later verify of the same "
                              "shape (a CUDA-graph replay); commit a result before verifying the next tree")
-        rp = tree.root_path(accepted)
-        L = self.cfg.num_layers
-        kv, ssm, conv = self.commit_kv(state, tree, res, accepted), [None] * L, [None] * L
-        if res.ssm is not None:
-            for i in self.cfg.recurrent_layers:
-                ssm[i] = res.ssm[i][accepted].clone()
-                conv[i] = res.conv[i][accepted].to(state.conv[i].dtype).clone()
-        else:
-            ssm, conv = self._commit_replay(state, tree, res, accepted)
-        return ModelState(state.pos + len(rp), kv, ssm, conv)
-
-    def commit_kv(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int) -> list:
-        """Per attention layer, the committed KV with the accepted path's rows appended in path order."""
         path = tree.root_path(accepted)
-        kv = [None] * self.cfg.num_layers
+        L = self.cfg.num_layers
+        kv, ssm, conv = [None] * L, [None] * L, [None] * L
         for i in self.cfg.attention_layers:
             k, v = res.kv[i]
             rows = torch.tensor(path, device=k.device)
             kv[i] = (torch.cat([state.kv[i][0], k[rows].to(state.kv[i][0].dtype)]),
                      torch.cat([state.kv[i][1], v[rows].to(state.kv[i][1].dtype)]))
-        return kv
+        if res.ssm is not None:
+            for i in self.cfg.recurrent_layers:
+                ssm[i] = res.ssm[i][accepted].clone()
+                conv[i] = res.conv[i][accepted].to(state.conv[i].dtype).clone()
+        else:
+            ssm, conv = (replay or self._commit_replay)(state, tree, res, accepted)
+        return ModelState(state.pos + len(path), kv, ssm, conv)
 
     def _commit_replay(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int):
         """(ssm, conv) per layer after node ``accepted``, replayed along res.mode's source paths (the
         tree's parents, or the batch order for a leaky recurrence or conv) from the inputs kept.
-        Tree plans and the accepted index are checked once per device, not once per layer."""
+        The source orders the mode uses are planned, and the accepted index checked, once per device."""
         source = {"exact": list(tree.parents), "leaky": list(range(-1, tree.size - 1))}
         plans = {}
 
         def tables(d):
             if d not in plans:
-                plans[d] = ({m: gb.TreePlan(torch.tensor(p, device=d)[None]) for m, p in source.items()},
+                plans[d] = ({m: gb.TreePlan(torch.tensor(source[m], device=d)[None]) for m in set(_LAYER_MODES[res.mode])},
                             gb.checked_accepted([accepted], 1, tree.size, d))
             return plans[d]
         return self.replay_states(state, res.mode, res.commit_inputs, tables)
 
     def replay_states(self, state: ModelState, mode: str, commit_inputs: list, tables):
         """(ssm, conv) per recurrent layer: each layer's commit kernels over its CommitInputs from
-        ``state``; tables(d) -> ({"exact": plan of the tree, "leaky": plan of the batch order},
-        CheckedIndices of the accepted node) on device d."""
+        ``state``; tables(d) -> ({"exact": plan of the tree, "leaky": plan of the batch order; the
+        source orders of ``mode`` at least}, CheckedIndices of the accepted node) on device d."""
         conv_mode, rec_mode = _LAYER_MODES[mode]
         cfg, L = self.cfg, self.cfg.num_layers
         ssm, conv = [None] * L, [None] * L

@@ -154,3 +154,14 @@ def test_tree_attention_takes_a_mask_over_prefix_and_tree():
     torch.testing.assert_close(full, short)
     with pytest.raises(ValueError, match="ancestor_mask"):
         gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=torch.ones(3, 4, dtype=torch.bool))
+
+
+def test_a_commit_refuses_a_tree_of_another_size_than_its_result():
+    cfg, m, _ = _models("tiny")
+    gm = GraphedModel(m, capture=False)
+    st, _ = m.prefill([1, 2])
+    other = Tree([-1, 0, 0], [5, 1, 2])
+    for model, res in ((m, m.verify(st, TREES[0], keep_states=False)), (m, m.verify(st, TREES[0])),
+                       (gm, gm.verify(st, TREES[0]))):
+        with pytest.raises(InputError, match="3 nodes, the verify result has 8"):
+            model.commit(st, other, res, 1)
