@@ -60,7 +60,7 @@ def test_serving_verify_and_replayed_commit_equal_the_per_node_path(cfg, data, s
     replayed from the committed state) the same state, as the per-node verify and its snapshot."""
     t = data.draw(trees(max_size=9, vocab=cfg.vocab_size))
     accepted = data.draw(st.integers(0, t.size - 1))
-    w, m, fs, _ = _setup(cfg, seed, [1, 2])
+    w, m, fs, rs = _setup(cfg, seed, [1, 2])
     full = m.verify(fs, t, mode=mode)
     lean = m.verify(fs, t, mode=mode, keep_states=False)
     assert lean.ssm is None and lean.hidden is None
@@ -70,6 +70,14 @@ def test_serving_verify_and_replayed_commit_equal_the_per_node_path(cfg, data, s
     for l in cfg.recurrent_layers:
         assert_close(f"layer {l} committed state", b.ssm[l], a.ssm[l], dtype=torch.float32, slack=MODEL_SLACK)
         assert_close(f"layer {l} committed window", b.conv[l], a.conv[l], dtype=torch.float32, slack=MODEL_SLACK)
+    if mode == "exact":  # and directly against the oracle: its logits and its state at the accepted node
+        ref = oracle.verify_tree(w, cfg, rs, t.parents, t.tokens)
+        assert_close("logits vs oracle", lean.logits, ref.logits, dtype=torch.float32, slack=MODEL_SLACK)
+        for l in cfg.recurrent_layers:
+            assert_close(f"layer {l} committed state vs oracle", b.ssm[l], ref.ssm[l][accepted], dtype=torch.float32,
+                         slack=MODEL_SLACK)
+            assert_close(f"layer {l} committed window vs oracle", b.conv[l], ref.conv[l][accepted],
+                         dtype=torch.float32, slack=MODEL_SLACK)
     for l in cfg.attention_layers:
         assert torch.equal(b.kv[l][0], a.kv[l][0]) and torch.equal(b.kv[l][1], a.kv[l][1])
 
