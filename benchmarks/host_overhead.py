@@ -2,7 +2,10 @@
 gdn_tree_verify / gdn_tree_commit through the public function with raw parents (validated and
 tables rebuilt every call, as before TreePlan), with a TreePlan built once (what the model does:
 one plan per tree, shared by every layer), and the kernel launch alone (plan_wy / plan_commit's
-launch). Qwen3.6-27B GDN shapes (from the preset), bf16 inputs, DDTree trees (top-k 8, depth 15).
+launch), both as ddsim launches (gpu_backend.launch: the compiled kernel called directly) and through
+Triton's per-call dispatch (kernel[grid](...)); the commit with raw accepted indices (validated with
+a sync per call) and with checked ones (validated once per step, as the model passes them).
+Qwen3.6-27B GDN shapes (from the preset), bf16 inputs, DDTree trees (top-k 8, depth 15).
 
 Where SGLang's GDN kernel module is importable (the .engines folder `make test` fills: SGLang
 0.5.23's module with the test fixture's shims, so no PDL), its public function is timed side by side
@@ -21,6 +24,7 @@ import torch
 
 import ddsim.gpu_backend as gb
 from ddsim.bench import ddtree_batch, kernel_inputs
+from ddsim.gpu_backend import launch as launches
 from ddsim.gpu_backend.triton_commit import plan_commit
 from ddsim.gpu_backend.triton_gdn import plan_wy
 
@@ -48,8 +52,10 @@ def main():
     except ValueError:
         sglang_fn = None
     print("| sequences x nodes | verify: raw parents (us) | verify: TreePlan (us) | verify: kernel alone (us) | "
-          "commit: raw parents (us) | commit: TreePlan (us) | commit: kernel alone (us) | SGLang target verify (us) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "verify: kernel alone, Triton dispatch (us) | verify: TreePlan, Triton dispatch (us) | "
+          "commit: raw parents (us) | commit: TreePlan (us) | commit: TreePlan, checked accepted (us) | "
+          "commit: kernel alone (us) | SGLang target verify (us) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for B, T in ((1, 17), (1, 65), (8, 65), (32, 65)):
         _, parents = ddtree_batch(B, T)
         parents = parents.cuda()
@@ -62,9 +68,16 @@ def main():
         plan_v = per_call(lambda: gb.gdn_tree_verify(**qkv, parents=plan, initial_state=s0), a.n)
         launch, _ = plan_wy(**qkv, parents=plan, initial_state=s0, poison=False)
         kern_v = per_call(launch, a.n)
+        launches.DIRECT = False
+        launch, _ = plan_wy(**qkv, parents=plan, initial_state=s0, poison=False)
+        kern_v_triton = per_call(launch, a.n)
+        plan_v_triton = per_call(lambda: gb.gdn_tree_verify(**qkv, parents=plan, initial_state=s0), a.n)
+        launches.DIRECT = True
         cargs = (inp["k"], inp["v"], inp["g"], inp["beta"])
         raw_c = per_call(lambda: gb.gdn_tree_commit(*cargs, parents=parents, accepted=acc, initial_state=s0), a.n)
         plan_c = per_call(lambda: gb.gdn_tree_commit(*cargs, parents=plan, accepted=acc, initial_state=s0), a.n)
+        cacc = gb.checked_accepted(acc, B, T, "cuda")
+        checked_c = per_call(lambda: gb.gdn_tree_commit(*cargs, parents=plan, accepted=cacc, initial_state=s0), a.n)
         launch_c, _ = plan_commit(*cargs, parents=plan, accepted=acc, initial_state=s0, poison=False)
         kern_c = per_call(launch_c, a.n)
         sgl = "–"
@@ -79,8 +92,8 @@ def main():
             buf = torch.empty(B, T, HV, V, K, device="cuda")
             rp = parents.to(torch.int32).contiguous()
             sgl = f"{per_call(lambda: sglang_fn(zeros, ga, zeros, 1.0, 20.0, inp['q'], inp['k'], inp['v'], gb_, pool, slots, use_qk_l2norm_in_kernel=True, disable_state_update=True, intermediate_states_buffer=buf, intermediate_state_indices=slots, cache_steps=T, retrieve_parent_token=rp), a.n):.1f}"  # noqa: E501
-        print(f"| {B} x {T} | {raw_v:.1f} | {plan_v:.1f} | {kern_v:.1f} | {raw_c:.1f} | {plan_c:.1f} | {kern_c:.1f} | "
-              f"{sgl} |", flush=True)
+        print(f"| {B} x {T} | {raw_v:.1f} | {plan_v:.1f} | {kern_v:.1f} | {kern_v_triton:.1f} | {plan_v_triton:.1f} | "
+              f"{raw_c:.1f} | {plan_c:.1f} | {checked_c:.1f} | {kern_c:.1f} | {sgl} |", flush=True)
 
 
 if __name__ == "__main__":

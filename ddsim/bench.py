@@ -138,12 +138,27 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
                       for bv, nw, sw in ((32, 4, 8), (64, 4, 8), (64, 8, 8), (32, 4, 4), (64, 4, 4))]
         cases["exact wy split (tf32x3)"] = ("wy", split_cfgs, lambda c: plan_wy(
             **qkv, **common, mode="exact", design="split", **c))
+        fold_cfgs = [dict(block_v=bv, num_warps=nw, solve_warps=sw) for bv, nw, sw in (
+            (32, 4, 4), (32, 4, 8), (64, 4, 4), (64, 4, 8), (64, 8, 8), (128, 8, 8), (16, 4, 4), (32, 2, 4))]
+        cases["exact wy fold (tf32x3)"] = ("wy", fold_cfgs, lambda c: plan_wy(
+            **qkv, **common, mode="exact", design="fold", **c))
+        for i, part in enumerate(("solve", "apply")):  # each kernel of the two alone (where the time goes)
+            cases[f"exact wy fold: {part} kernel"] = ("wy", fold_cfgs, (lambda c, i=i: _part(plan_wy(
+                **qkv, **common, mode="exact", design="fold", **c), i)))
+            cases[f"exact wy split: {part} kernel"] = ("wy", split_cfgs, (lambda c, i=i: _part(plan_wy(
+                **qkv, **common, mode="exact", design="split", **c), i)))
         cases["commit"] = ("commit", rec_cfgs, lambda c: plan_commit(
             inp["k"], inp["v"], inp["g"], inp["beta"], parents=parents, accepted=acc, initial_state=s0,
             poison=False, **c))
         cases["state copy"] = ("copy", [{}], lambda c: ((lambda: out_state.copy_(s0)), None))
         rows += sweep(B, T, cases, nbytes, bw, only=only, progress=progress)
     return "\n".join([f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)"] + table_lines(rows)), rows
+
+
+def _part(plan, i: int):
+    """(launch of the i-th kernel of a two-kernel plan alone, result)."""
+    launch, result = plan
+    return launch.parts[i], result
 
 
 def _do_bench(launch) -> float:
@@ -219,6 +234,9 @@ def kernel_accuracy(*, device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1
             outs["wy split tf32x3"] = gdn_tree_verify_wy(**qkv, parents=parents.to(device),
                                                          initial_state=inp["initial_state"], mode=mode,
                                                          design="split").float()
+            outs["wy fold tf32x3"] = gdn_tree_verify_wy(**qkv, parents=parents.to(device),
+                                                        initial_state=inp["initial_state"], mode=mode,
+                                                        design="fold").float()
             outs["torch"] = gb.gdn_tree_verify(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
                                                mode=mode, backend="torch").float()
             if dtype != torch.float32:  # storing o in this dtype alone costs this much

@@ -31,7 +31,7 @@ from ddsim.gpu_backend import checks, torch_mamba2, torch_ops
 from ddsim.gpu_backend.checks import CheckedIndices, TreePlan, checked_accepted
 from ddsim.gpu_backend.torch_ops import tree_attention
 
-BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split")
+BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split", "triton-wy-fold")
 MAMBA2_BACKENDS = ("torch", "triton", "triton-recurrent", "triton-ssd")
 
 
@@ -69,7 +69,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         fn = triton_gdn.gdn_tree_verify_recurrent
     else:
         fn = triton_gdn.gdn_tree_verify_wy
-        kw["design"] = {"triton-wy-split": "split", "triton-wy-fused": "fused"}.get(be, "auto")
+        kw["design"] = {"triton-wy-split": "split", "triton-wy-fused": "fused", "triton-wy-fold": "fold"}.get(be, "auto")
     with _on(q):
         return fn(q, k, v, g, beta, **kw)
 

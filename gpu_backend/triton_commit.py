@@ -15,6 +15,7 @@ import triton.language as tl
 from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
+from ddsim.gpu_backend.launch import bind, launch
 
 
 @triton.jit
@@ -60,7 +61,7 @@ def accepted_paths(parents, p: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
     """[B, DMAX] int32 root-first accepted paths (-1 padded) for checked parents p [B, T] and accepted
     nodes acc [B]: a TreePlan's cached root paths (one gather, no host loop), else walked here."""
     if isinstance(parents, checks.TreePlan):
-        return parents.root_paths()[torch.arange(p.shape[0], device=p.device), acc].contiguous()
+        return parents.root_paths()[checks.constant("rows", p.shape[0], p.device), acc].contiguous()
     return _paths(p, acc)
 
 
@@ -92,7 +93,7 @@ def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, us
     kw = dict(k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, path=path, state=initial_state,
               state_idx=idx, out=out, out_idx=out_idx, T=T, DMAX=path.shape[1], H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
               FUSED=fused, L2NORM=use_qk_l2norm, num_warps=num_warps)
-    return (lambda: _gdn_commit_kernel[(triton.cdiv(V, BV), B * HV)](**kw)), out
+    return bind(_gdn_commit_kernel, (triton.cdiv(V, BV), B * HV), kw), out
 
 
 @triton.jit
@@ -136,7 +137,7 @@ def conv_tree_commit_triton(x, *, parents, accepted, initial_window, state_indic
         out = C.alloc((B, Cn, W - 1), initial_window.dtype, x.device)
         out_idx = checks.constant("slots", B, x.device)
     BC = min(block_c, triton.next_power_of_2(Cn))
-    _conv_commit_kernel[(triton.cdiv(Cn, BC), B)](
-        x=x.contiguous(), src=src, window=initial_window, win_idx=idx, out=out, out_idx=out_idx,
-        acc=acc.to(torch.int32).contiguous(), T=T, C=Cn, W=W, BC=BC, BW=triton.next_power_of_2(W - 1))
+    launch(_conv_commit_kernel, (triton.cdiv(Cn, BC), B),
+           x=x.contiguous(), src=src, window=initial_window, win_idx=idx, out=out, out_idx=out_idx,
+           acc=acc.to(torch.int32).contiguous(), T=T, C=Cn, W=W, BC=BC, BW=triton.next_power_of_2(W - 1))
     return out

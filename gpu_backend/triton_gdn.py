@@ -31,6 +31,7 @@ import triton.language as tl
 from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
+from ddsim.gpu_backend.launch import bind
 
 
 @triton.jit
@@ -154,7 +155,7 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
               src=src.to(torch.int32).contiguous(), state=initial_state, state_idx=idx, o=o, snap=snap,
               T=T, scale=scale, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, PARENT_INDEXED=parent_indexed,
               STORE_STATES=store, FUSED=fused, L2NORM=use_qk_l2norm, num_warps=num_warps)
-    return (lambda: _gdn_recurrent_kernel[grid](**kw)), ((o, snap) if output_states else o)
+    return bind(_gdn_recurrent_kernel, grid, kw), ((o, snap) if output_states else o)
 
 
 def gdn_tree_verify_wy(*args, **kwargs):
@@ -176,8 +177,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     except for one sequence of at most 17 nodes, where the one kernel measured faster on the H200
     (15.6 against 17.2 us; split 33 / 132 / 483 against 40 / 218 / 827 us at 1x65 / 8x65 / 32x65,
     benchmarks/RESULTS.md). block_v / num_warps default to each design's sweep choice."""
-    if design not in ("auto", "fused", "split"):
-        raise ValueError(f"design: expected 'auto', 'fused' or 'split', got {design!r}")
+    if design not in ("auto", "fused", "split", "fold"):
+        raise ValueError(f"design: expected 'auto', 'fused', 'split' or 'fold', got {design!r}")
     if output_states:
         raise ValueError("output_states: the WY kernel writes no per-node states; use the recurrent kernel")
     if precision not in ("ieee", "tf32", "tf32x3"):
@@ -195,13 +196,13 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
     if design == "auto":
         design = "fused" if B == 1 and T <= 17 else "split"
-    if design == "split":
+    if design in ("split", "fold"):
         block_v, num_warps = block_v or 32, num_warps or 4
         from ddsim.gpu_backend.triton_wy_split import plan_wy_split
         return plan_wy_split(q, k, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=initial_state,
                              idx=idx, scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, use_qk_l2norm=use_qk_l2norm,
                              precision=precision, poison=poison, block_v=block_v, num_warps=num_warps,
-                             solve_warps=solve_warps)
+                             solve_warps=solve_warps, fold=design == "fold")
     block_v, num_warps = block_v or 64, num_warps or 8
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK, BV = C.next_pow2(T - 1), max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))
@@ -209,4 +210,4 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)
-    return (lambda: _gdn_wy_kernel[grid](**kw)), o
+    return bind(_gdn_wy_kernel, grid, kw), o

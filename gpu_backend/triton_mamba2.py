@@ -29,6 +29,7 @@ import triton.language as tl
 from ddsim.gpu_backend import _common as Cm
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
+from ddsim.gpu_backend.launch import bind
 
 
 @triton.jit
@@ -257,7 +258,7 @@ def plan_recurrent(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, dt
               state_idx=idx, y=y, snap=snap, T=T, H=H, G=G, P=P, N=N, BP=BP, BN=BN, PARENT_INDEXED=parent_indexed,
               STORE_STATES=store, HAS_D=D is not None, SOFTPLUS=bool(dt_softplus), num_warps=num_warps, **common)
     grid = (triton.cdiv(P, BP), Bn * H)
-    return (lambda: _mamba2_recurrent_kernel[grid](**kw)), ((y, snap) if output_states else y)
+    return bind(_mamba2_recurrent_kernel, grid, kw), ((y, snap) if output_states else y)
 
 
 def mamba2_tree_verify_ssd(*args, **kwargs):
@@ -296,9 +297,11 @@ def plan_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, dt_limit
               BP=BP, BN=BN, HAS_D=D is not None, PRECISION=precision, num_warps=num_warps)
     grid = (triton.cdiv(P, BP), triton.cdiv(T, BI), Bn * H)
 
+    prologue, ssd = bind(_mamba2_ssd_prologue, (Bn * H,), pro), bind(_mamba2_ssd_kernel, grid, kw)
+
     def launch():
-        _mamba2_ssd_prologue[(Bn * H,)](**pro)
-        _mamba2_ssd_kernel[grid](**kw)
+        prologue()
+        ssd()
     return launch, y
 
 
@@ -328,4 +331,4 @@ def plan_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=(0.0, m
     kw = dict(x=x.contiguous(), dt=dt.contiguous(), Bm=B.contiguous(), path=path, state=initial_state, state_idx=idx,
               out=out, out_idx=out_idx, T=T, DMAX=path.shape[1], H=H, G=G, P=P, N=N, BP=BP, BN=BN,
               SOFTPLUS=bool(dt_softplus), num_warps=num_warps, **common)
-    return (lambda: _mamba2_commit_kernel[(triton.cdiv(P, BP), Bn * H)](**kw)), out
+    return bind(_mamba2_commit_kernel, (triton.cdiv(P, BP), Bn * H), kw), out

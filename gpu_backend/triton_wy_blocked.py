@@ -26,6 +26,7 @@ import triton.language as tl
 from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
+from ddsim.gpu_backend.launch import bind
 
 
 @triton.jit
@@ -125,4 +126,4 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, Gs=Gs, Us=Us, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K,
               V=V, BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)
-    return (lambda: _gdn_wy_blocked_kernel[grid](**kw)), o
+    return bind(_gdn_wy_blocked_kernel, grid, kw), o

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ddsim.gpu_backend import triton_helpers as h
+from ddsim.gpu_backend.launch import bind
 
 
 @triton.jit
@@ -121,9 +122,109 @@ def _gdn_wy_apply_kernel(
              mask=mt[:, None] & mv[None, :])
 
 
+@triton.jit
+def _tf32_hi(x):
+    """x rounded to the nearest tf32 (10-bit mantissa; x - hi is exact in fp32, at most 2^-11 |x|)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot_exact_rhs(a, b, EXACT_B: tl.constexpr, PRECISION: tl.constexpr):
+    """a [M, R] fp32 times b [R, N] in fp32-level precision. EXACT_B: b's values are exact in tf32
+    (16-bit inputs widened), so two tf32 MMAs (a's tf32 head and its remainder) replace tf32x3's
+    three; otherwise ``PRECISION``."""
+    if EXACT_B:
+        hi = _tf32_hi(a)
+        return tl.dot(hi, b, input_precision="tf32") + tl.dot(a - hi, b, input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _gdn_wy_fold_kernel(
+    q, k, g, beta, A_log, dt_bias,
+    mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
+    Qe, Ve,  # out: [B, HV, BT, BK] fp32 (the output's weights on S_r), [B, HV, BT, BT] fp32 (on v)
+    T, scale, NSTEP,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # O = diag(A) Q S_r scale + P W diag(beta) (V - diag(A) K S_r) = Qe S_r + Ve V with Y = P W:
+    #   Qe = diag(A scale / rq) Q_raw - Y diag(beta A / rk) K_raw,   Ve = Y diag(beta)
+    i_bh = tl.program_id(0)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    mk = o_k < K
+    mt = o_t < T - 1
+    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    m2 = mt[:, None] & mk[None, :]
+    b_k = _raw_rows(k, rows[:, None], i_h, o_k[None, :], m2, H, K)  # [BT, BK] raw
+    b_q = _raw_rows(q, rows[:, None], i_h, o_k[None, :], m2, H, K)
+    kf, qf = b_k.to(tl.float32), b_q.to(tl.float32)
+    if L2NORM:
+        rk = tl.sqrt(tl.sum(kf * kf, 1) + 1e-6)
+        rq = tl.sqrt(tl.sum(qf * qf, 1) + 1e-6)
+    else:
+        rk = tl.full([BT], 1.0, tl.float32)
+        rq = tl.full([BT], 1.0, tl.float32)
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+    b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
+    b_g = tl.where(mt, b_g, 0.0)
+    b_beta = tl.where(mt, b_beta, 0.0)
+    anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0
+    G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path below the root
+    A = tl.exp(G)
+    D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
+    strict = anc & (o_t[:, None] != o_t[None, :])
+    N = tl.where(strict, -b_beta[:, None] * D * _gram(b_k, b_k, rk, rk, RAW16, PRECISION), 0.0)  # -L
+    Y = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale  # P
+    Y = Y + tl.dot(Y, N, input_precision=PRECISION)  # Y = P (I + N)(I + N^2)(I + N^4)... = P W
+    for _ in range(1, NSTEP):
+        N = tl.dot(N, N, input_precision=PRECISION)
+        Y = Y + tl.dot(Y, N, input_precision=PRECISION)
+    Z = Y * (b_beta * A / rk)[None, :]
+    Qm = (A * scale / rq)[:, None] * qf - _dot_exact_rhs(Z, kf, RAW16, PRECISION)
+    base = i_bh.to(tl.int64) * BT
+    tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
+    tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Y * b_beta[None, :])
+
+
+@triton.jit
+def _gdn_wy_fold_apply_kernel(
+    q, k, v, g, beta, A_log, dt_bias,
+    Qe, Ve,  # from the fold kernel
+    state, state_idx, o,
+    T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16V: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
+    o_t = tl.arange(0, BT)
+    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+    s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
+                   H, HV, K, V, FUSED, L2NORM)
+    mt = o_t < T - 1
+    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :],
+                  other=0.0).to(tl.float32)  # [BT, BV]
+    base = (i_b * HV + i_hv).to(tl.int64) * BT
+    Qm = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :])
+    Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
+    b_o = tl.dot(Qm, s0, input_precision=PRECISION) + _dot_exact_rhs(Vm, b_v, RAW16V, PRECISION)
+    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=mt[:, None] & mv[None, :])
+
+
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
-                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4):
-    """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o)."""
+                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, fold=False):
+    """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
+    fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
+    (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four."""
     from ddsim.gpu_backend import _common as C
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, triton.next_power_of_2(K))
@@ -141,7 +242,39 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
                  L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)
 
+    if fold:
+        return _plan_fold(qc, kc, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=state, idx=idx,
+                          scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
+                          raw16v=v.dtype == torch.float16 or (v.dtype == torch.bfloat16 and not C.interpreting()),
+                          use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
+                          solve_warps=solve_warps)
+
+    first = bind(_gdn_wy_solve_kernel, (B * HV,), solve)
+    second = bind(_gdn_wy_apply_kernel, (triton.cdiv(V, BV), B * HV), apply)
+
     def launch():
-        _gdn_wy_solve_kernel[(B * HV,)](**solve)
-        _gdn_wy_apply_kernel[(triton.cdiv(V, BV), B * HV)](**apply)
+        first()
+        second()
+    launch.parts = (first, second)  # each kernel alone (benchmarks)
+    return launch, o
+
+
+def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
+               raw16, raw16v, use_qk_l2norm, precision, o, num_warps, solve_warps):
+    Qe = torch.empty(B, HV, BT, BK, dtype=torch.float32, device=v.device)
+    Ve = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
+    fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, T=T, scale=scale,
+                NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
+                PRECISION=precision, num_warps=solve_warps)
+    apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, state=state,
+                 state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
+                 L2NORM=use_qk_l2norm, RAW16V=raw16v, PRECISION=precision, num_warps=num_warps)
+
+    first = bind(_gdn_wy_fold_kernel, (B * HV,), fold)
+    second = bind(_gdn_wy_fold_apply_kernel, (triton.cdiv(V, BV), B * HV), apply)
+
+    def launch():
+        first()
+        second()
+    launch.parts = (first, second)  # each kernel alone (benchmarks)
     return launch, o

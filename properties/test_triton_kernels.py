@@ -50,7 +50,8 @@ def _cast(inp, dtype):
 
 
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]),
-       st.sampled_from(["triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split"]), st.sampled_from(DTYPES))
+       st.sampled_from(["triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split", "triton-wy-fold"]),
+       st.sampled_from(DTYPES))
 @example(fixed_gdn_example(), "exact", "triton-wy-fused", torch.float32)
 @example(fixed_gdn_example(), "leaky", "triton-wy-fused", torch.float32)
 @example(fixed_gdn_example(), "exact", "triton-recurrent", torch.bfloat16)
@@ -58,6 +59,9 @@ def _cast(inp, dtype):
 @example(fixed_gdn_example(), "leaky", "triton-wy-split", torch.bfloat16)
 @example(_long_example(), "exact", "triton-wy", torch.float32)
 @example(_long_example(), "exact", "triton-wy-split", torch.float16)
+@example(fixed_gdn_example(), "exact", "triton-wy-fold", torch.float16)
+@example(fixed_gdn_example(), "leaky", "triton-wy-fold", torch.float32)
+@example(_long_example(), "exact", "triton-wy-fold", torch.float16)
 @example(_long_example(), "exact", "triton-recurrent", torch.float16)
 def test_triton_gdn_verify_matches_oracle(inp, mode, backend, dtype):
     args = _cast(inp, dtype)
@@ -82,9 +86,11 @@ def test_triton_recurrent_states_match_oracle(inp, mode):
     assert_close("per-node states", states, ref, dtype=torch.float32, slack=5)
 
 
-@given(gdn_inputs(max_nodes=6), st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split"]))
+@given(gdn_inputs(max_nodes=6), st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split",
+                                                 "triton-wy-fold"]))
 @example(fixed_gdn_example(), "triton-wy-fused")
 @example(fixed_gdn_example(), "triton-wy-split")
+@example(fixed_gdn_example(), "triton-wy-fold")
 def test_triton_fused_gates_match_oracle(inp, backend):
     B, T, HV = inp["g"].shape
     gen = torch.Generator().manual_seed(11)
@@ -221,17 +227,20 @@ def test_triton_commit_with_a_tree_plan_equals_raw_parents(inp, data):
 
 
 @settings(max_examples=12)
-@given(gdn_inputs(max_nodes=40), st.sampled_from(["exact", "leaky"]), st.sampled_from([torch.float32, torch.float16]))
-@example(_long_example(T=40), "exact", torch.float32)
-@example(_long_example(T=33), "leaky", torch.float16)
-def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype):
-    """The two-kernel WY form on trees of up to 40 nodes (a 64-row block, several doubling rounds)."""
+@given(gdn_inputs(max_nodes=40), st.sampled_from(["exact", "leaky"]), st.sampled_from([torch.float32, torch.float16]),
+       st.sampled_from(["split", "fold"]))
+@example(_long_example(T=40), "exact", torch.float32, "split")
+@example(_long_example(T=33), "leaky", torch.float16, "split")
+@example(_long_example(T=40), "exact", torch.float16, "fold")
+@example(_long_example(T=33), "leaky", torch.float32, "fold")
+def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design):
+    """The two-kernel WY forms on trees of up to 40 nodes (a 64-row block, several doubling rounds)."""
     from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
     args = _cast(inp, dtype)
     pool, slots = _pool(inp)
     before = pool.clone()
     o = gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), initial_state=pool, state_indices=slots, mode=mode,
-                           design="split", block_v=16)
+                           design=design, block_v=16)
     ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
-    assert_close(f"o (split, {mode})", o, ref, dtype=dtype, slack=5)
+    assert_close(f"o ({design}, {mode})", o, ref, dtype=dtype, slack=5)
     assert torch.equal(pool, before)

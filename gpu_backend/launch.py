@@ -1,0 +1,92 @@
+"""Kernel launches at the cost of the driver call.
+
+``kernel[grid](**kw)`` goes through Triton's ``JITFunction.run`` on every call: bind the
+arguments, compute their specialization and the cache key, look the compiled kernel up, check the
+kernel's globals, then launch. On the H200's host that took 24-42 us per launch (RESULTS.md), more
+than the WY kernel itself at one sequence. ``bind`` keeps the compiled kernel of a specialization
+once Triton has made it and launches it directly afterwards (``CompiledKernel.run``, the call
+``JITFunction.run`` ends in, with the same arguments in the same order).
+
+The key a compiled kernel is kept under is finer than Triton's specialization, so a kernel found
+here is the one Triton would pick: every tensor's dtype and 16-byte alignment, every int, bool,
+string and dtype by value, floats by type (Triton does not specialize on float values), the launch
+options, the kernel and the device. Under Triton's interpreter, or with a launch hook installed
+(profilers), every launch goes through ``kernel[grid]`` as before.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+_COMPILED: dict = {}  # key -> CompiledKernel
+_PARAMS: dict = {}  # kernel -> (argument names in order, option names)
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+DIRECT = True  # False: every launch through kernel[grid] (benchmarks compare the two)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _params(kernel):
+    hit = _PARAMS.get(kernel)
+    if hit is None:
+        hit = _PARAMS[kernel] = tuple(kernel.arg_names)
+    return hit
+
+
+def _spec(a):
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() & 15 == 0
+    if isinstance(a, float):
+        return float
+    return a  # int, bool, str, None, dtype: by value
+
+
+def _hooked() -> bool:
+    from triton import knobs
+    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+
+
+def key_of(kernel, kw: dict, device: int) -> tuple:
+    """(the key a compiled specialization is kept under, the kernel's arguments in its order)."""
+    names = _params(kernel)
+    args = tuple(kw[n] for n in names)
+    if len(kw) != len(names) + sum(1 for o in _OPTIONS if o in kw):
+        unknown = sorted(set(kw) - set(names) - set(_OPTIONS))
+        raise TypeError(f"{kernel.__name__}: unknown arguments {unknown}")
+    return (kernel, device, tuple(kw.get(o) for o in _OPTIONS), tuple(_spec(a) for a in args)), args
+
+
+def bind(kernel, grid, kw: dict):
+    """A launcher of ``kernel`` over ``grid`` (up to three ints) with the keyword arguments ``kw``
+    (the kernel's arguments and launch options), bound now: calling it launches. The first call of a
+    specialization goes through Triton (compiling if needed); later ones launch the compiled kernel."""
+    if not DIRECT or _interpreting() or not torch.cuda.is_available():
+        return lambda: kernel[grid](**kw)
+    device = torch.cuda.current_device()
+    key, args = key_of(kernel, kw, device)
+    g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
+
+    def launch():
+        ck = _COMPILED.get(key)
+        if ck is None or _hooked():
+            ck = kernel[grid](**kw)
+            ck = ck.result() if hasattr(ck, "result") else ck
+            if all(hasattr(ck, a) for a in ("run", "function", "packed_metadata")):
+                _COMPILED[key] = ck
+            return
+        ck.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), ck.function, ck.packed_metadata,
+               None, None, None, *args)
+    return launch
+
+
+def launch(kernel, grid, **kw) -> None:
+    """Launch now (``bind(kernel, grid, kw)()``)."""
+    bind(kernel, grid, kw)()
+
+
+def cached() -> int:
+    """How many compiled specializations are kept (tests)."""
+    return len(_COMPILED)

@@ -1,0 +1,66 @@
+"""Direct launches of compiled kernels (gpu_backend.launch) against Triton's own dispatch, on a GPU:
+the same bits from every public function, the second call of a specialization never entering
+JITFunction.run, and a new specialization (another tree size) compiled through Triton again.
+GPU only: under the interpreter every launch goes through kernel[grid] (tests/test_launch.py)."""
+import pytest
+import torch
+import triton.runtime.jit as jit
+
+import ddsim.gpu_backend as gb
+from ddsim.bench import ddtree_batch, kernel_inputs
+from ddsim.gpu_backend import launch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="direct launches need a GPU")
+
+
+def _calls(fn, monkeypatch):
+    """(result of fn(), number of JITFunction.run calls it made)."""
+    n = [0]
+    orig = jit.JITFunction.run
+
+    def counted(self, *a, **k):
+        n[0] += 1
+        return orig(self, *a, **k)
+    monkeypatch.setattr(jit.JITFunction, "run", counted)
+    try:
+        return fn(), n[0]
+    finally:
+        monkeypatch.setattr(jit.JITFunction, "run", orig)
+
+
+@pytest.mark.parametrize("B,T,backend", [(1, 17, "triton-wy"), (2, 33, "triton-wy-split"), (2, 33, "triton-wy-fold"),
+                                         (2, 9, "triton-recurrent"), (1, 80, "triton-wy")])
+def test_direct_launches_equal_triton_dispatch(B, T, backend, monkeypatch):
+    _, parents = ddtree_batch(B, T)
+    inp = kernel_inputs(B, T, H=2, HV=4, K=64, V=64)
+    qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
+    plan = gb.TreePlan(parents.cuda())
+    acc = gb.checked_accepted([T - 1] * B, B, T, "cuda")
+
+    def run():
+        o = gb.gdn_tree_verify(**qkv, parents=plan, initial_state=inp["initial_state"], backend=backend)
+        c = gb.gdn_tree_commit(inp["k"], inp["v"], inp["g"], inp["beta"], parents=plan, accepted=acc,
+                               initial_state=inp["initial_state"])
+        return o.clone(), c.clone()
+    monkeypatch.setattr(launch, "DIRECT", False)
+    (o_ref, c_ref), n_ref = _calls(run, monkeypatch)
+    monkeypatch.setattr(launch, "DIRECT", True)
+    (o1, c1), _ = _calls(run, monkeypatch)  # compiles into the direct cache through Triton
+    (o2, c2), n2 = _calls(run, monkeypatch)
+    assert n_ref >= 2 and n2 == 0, (n_ref, n2)  # the second call never entered Triton's dispatch
+    for a, b in ((o1, o_ref), (o2, o_ref), (c1, c_ref), (c2, c_ref)):
+        assert torch.equal(a, b)
+
+
+def test_a_new_specialization_goes_through_triton_again(monkeypatch):
+    outs = []
+    for T in (9, 17, 9):
+        _, parents = ddtree_batch(1, T)
+        inp = kernel_inputs(1, T, H=2, HV=4, K=64, V=64)
+        qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
+        o, n = _calls(lambda: gb.gdn_tree_verify(**qkv, parents=parents.cuda(), initial_state=inp["initial_state"],
+                                                 backend="triton-wy-fused"), monkeypatch)
+        ref = gb.gdn_tree_verify(**qkv, parents=parents.cuda(), initial_state=inp["initial_state"], backend="torch")
+        torch.testing.assert_close(o.float(), ref.float(), rtol=2e-2, atol=2e-2)
+        outs.append(n)
+    assert outs[1] >= 1 and outs[2] == 0  # another T: through Triton (its own cache); T = 9 again: direct

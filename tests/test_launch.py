@@ -1,0 +1,60 @@
+"""gpu_backend.launch: the key a compiled kernel is kept under separates every specialization Triton
+makes (dtypes, 16-byte alignment, ints and constexprs by value), so a direct launch runs the kernel
+Triton would have picked. The launches themselves are compared on a GPU (properties/test_launch_gpu.py);
+under the interpreter every launch goes through kernel[grid]."""
+import pytest
+import torch
+
+from ddsim.gpu_backend import launch
+from ddsim.gpu_backend.triton_commit import _gdn_commit_kernel
+
+
+def _kw(**over):
+    k = torch.zeros(1, 2, 1, 16)
+    v = torch.zeros(1, 2, 2, 16)
+    kw = dict(k=k, v=v, g=torch.zeros(1, 2, 2), beta=torch.zeros(1, 2, 2), A_log=torch.zeros(1), dt_bias=torch.zeros(1),
+              path=torch.zeros(1, 2, dtype=torch.int32), state=torch.zeros(1, 2, 16, 16),
+              state_idx=torch.zeros(1, dtype=torch.int32), out=torch.zeros(1, 2, 16, 16),
+              out_idx=torch.zeros(1, dtype=torch.int32), T=2, DMAX=2, H=1, HV=2, K=16, V=16, BK=16, BV=16,
+              FUSED=False, L2NORM=True, num_warps=4)
+    kw.update(over)
+    return kw
+
+
+def test_the_key_separates_every_specialization():
+    base, args = launch.key_of(_gdn_commit_kernel, _kw(), 0)
+    assert args[0] is not None and len(args) == len(_gdn_commit_kernel.arg_names)
+    assert launch.key_of(_gdn_commit_kernel, _kw(), 0)[0] == base  # same specialization, same key
+    buf = torch.zeros(64)
+    differs = {
+        "dtype": _kw(k=torch.zeros(1, 2, 1, 16, dtype=torch.bfloat16)),
+        "alignment": _kw(state=buf[1:].view(1, 1, 7, 9)),  # 4 bytes off a 16-byte boundary
+        "int value": _kw(T=3),
+        "int 1": _kw(DMAX=1),
+        "constexpr": _kw(BV=32),
+        "bool constexpr": _kw(L2NORM=False),
+        "launch option": _kw(num_warps=8),
+    }
+    for what, kw in differs.items():
+        assert launch.key_of(_gdn_commit_kernel, kw, 0)[0] != base, what
+    assert launch.key_of(_gdn_commit_kernel, _kw(), 1)[0] != base  # another device
+
+
+def test_unknown_or_missing_arguments_are_refused():
+    with pytest.raises(TypeError, match="unknown arguments"):
+        launch.key_of(_gdn_commit_kernel, _kw(bogus=1), 0)
+    kw = _kw()
+    del kw["T"]
+    with pytest.raises(KeyError):
+        launch.key_of(_gdn_commit_kernel, kw, 0)
+
+
+def test_the_interpreter_launches_through_triton():
+    assert launch.cached() == 0 or not torch.cuda.is_available()
+    calls = []
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda **kw: calls.append((grid, kw))
+    launch.bind(Fake(), (3, 1), {"x": 1})()
+    assert calls == [((3, 1), {"x": 1})]
