@@ -138,8 +138,8 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
                       for bv, nw, sw in ((32, 4, 8), (64, 4, 8), (64, 8, 8), (32, 4, 4), (64, 4, 4))]
         cases["exact wy split (tf32x3)"] = ("wy", split_cfgs, lambda c: plan_wy(
             **qkv, **common, mode="exact", design="split", **c))
-        fold_cfgs = [dict(block_v=bv, num_warps=nw, solve_warps=sw) for bv, nw, sw in (
-            (32, 4, 4), (32, 4, 8), (64, 4, 4), (64, 4, 8), (64, 8, 8), (128, 8, 8), (16, 4, 4), (32, 2, 4))]
+        fold_cfgs = [dict(block_v=bv, num_warps=nw, solve_warps=sw, exact16=e) for bv, nw, sw in (
+            (32, 4, 4), (32, 4, 8), (64, 4, 4), (64, 4, 8), (64, 8, 8), (16, 4, 4)) for e in ("bf16x3", "tf32x2")]
         cases["exact wy fold (tf32x3)"] = ("wy", fold_cfgs, lambda c: plan_wy(
             **qkv, **common, mode="exact", design="fold", **c))
         for i, part in enumerate(("solve", "apply")):  # each kernel of the two alone (where the time goes)
@@ -234,9 +234,10 @@ def kernel_accuracy(*, device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1
             outs["wy split tf32x3"] = gdn_tree_verify_wy(**qkv, parents=parents.to(device),
                                                          initial_state=inp["initial_state"], mode=mode,
                                                          design="split").float()
-            outs["wy fold tf32x3"] = gdn_tree_verify_wy(**qkv, parents=parents.to(device),
-                                                        initial_state=inp["initial_state"], mode=mode,
-                                                        design="fold").float()
+            for e in ("bf16x3", "tf32x2"):
+                outs[f"wy fold tf32x3, 16-bit operands {e}"] = gdn_tree_verify_wy(
+                    **qkv, parents=parents.to(device), initial_state=inp["initial_state"], mode=mode, design="fold",
+                    exact16=e).float()
             outs["torch"] = gb.gdn_tree_verify(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
                                                mode=mode, backend="torch").float()
             if dtype != torch.float32:  # storing o in this dtype alone costs this much

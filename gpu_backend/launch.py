@@ -44,9 +44,14 @@ def _spec(a):
     return a  # int, bool, str, None, dtype: by value
 
 
+def _active(hook) -> bool:
+    """A launch hook is installed: None, or an empty HookChain (Triton >= 3.4's default), is none."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def _hooked() -> bool:
     from triton import knobs
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    return _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook)
 
 
 def key_of(kernel, kw: dict, device: int) -> tuple:

@@ -130,15 +130,23 @@ def _tf32_hi(x):
 
 
 @triton.jit
-def _dot_exact_rhs(a, b, EXACT_B: tl.constexpr, PRECISION: tl.constexpr):
-    """a [M, R] fp32 times b [R, N] in fp32-level precision. EXACT_B: b's values are exact in tf32
-    (16-bit inputs widened), so two tf32 MMAs (a's tf32 head and its remainder) replace tf32x3's
-    three; otherwise ``PRECISION``."""
-    if EXACT_B:
+def _dot_exact_rhs(a, b, EXACT: tl.constexpr, PRECISION: tl.constexpr):
+    """a [M, R] fp32 times b [R, N] (b in its own dtype) to fp32-level precision. EXACT 1: b is
+    16-bit, exact in tf32, so two tf32 MMAs (a's tf32 head and its remainder) replace tf32x3's three;
+    EXACT 2: b is bf16, and a is split into three bf16 parts (8 + 8 + 8 significant bits) for three
+    bf16 MMAs at twice tf32's rate; EXACT 0: ``PRECISION`` on fp32 operands."""
+    if EXACT == 2:
+        a1 = a.to(tl.bfloat16)
+        r1 = a - a1.to(tl.float32)
+        a2 = r1.to(tl.bfloat16)
+        a3 = (r1 - a2.to(tl.float32)).to(tl.bfloat16)
+        return tl.dot(a3, b) + tl.dot(a2, b) + tl.dot(a1, b)
+    elif EXACT == 1:
+        bf = b.to(tl.float32)
         hi = _tf32_hi(a)
-        return tl.dot(hi, b, input_precision="tf32") + tl.dot(a - hi, b, input_precision="tf32")
+        return tl.dot(a - hi, bf, input_precision="tf32") + tl.dot(hi, bf, input_precision="tf32")
     else:
-        return tl.dot(a, b, input_precision=PRECISION)
+        return tl.dot(a, b.to(tl.float32), input_precision=PRECISION)
 
 
 @triton.jit
@@ -148,7 +156,7 @@ def _gdn_wy_fold_kernel(
     Qe, Ve,  # out: [B, HV, BT, BK] fp32 (the output's weights on S_r), [B, HV, BT, BT] fp32 (on v)
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     # O = diag(A) Q S_r scale + P W diag(beta) (V - diag(A) K S_r) = Qe S_r + Ve V with Y = P W:
     #   Qe = diag(A scale / rq) Q_raw - Y diag(beta A / rk) K_raw,   Ve = Y diag(beta)
@@ -161,12 +169,11 @@ def _gdn_wy_fold_kernel(
     mt = o_t < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
     m2 = mt[:, None] & mk[None, :]
-    b_k = _raw_rows(k, rows[:, None], i_h, o_k[None, :], m2, H, K)  # [BT, BK] raw
+    b_k = _raw_rows(k, rows[:, None], i_h, o_k[None, :], m2, H, K)  # [BT, BK] raw (kept 16-bit: registers)
     b_q = _raw_rows(q, rows[:, None], i_h, o_k[None, :], m2, H, K)
-    kf, qf = b_k.to(tl.float32), b_q.to(tl.float32)
     if L2NORM:
-        rk = tl.sqrt(tl.sum(kf * kf, 1) + 1e-6)
-        rq = tl.sqrt(tl.sum(qf * qf, 1) + 1e-6)
+        rk = tl.sqrt(tl.sum(b_k.to(tl.float32) * b_k.to(tl.float32), 1) + 1e-6)
+        rq = tl.sqrt(tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1) + 1e-6)
     else:
         rk = tl.full([BT], 1.0, tl.float32)
         rq = tl.full([BT], 1.0, tl.float32)
@@ -186,7 +193,7 @@ def _gdn_wy_fold_kernel(
         N = tl.dot(N, N, input_precision=PRECISION)
         Y = Y + tl.dot(Y, N, input_precision=PRECISION)
     Z = Y * (b_beta * A / rk)[None, :]
-    Qm = (A * scale / rq)[:, None] * qf - _dot_exact_rhs(Z, kf, RAW16, PRECISION)
+    Qm = (A * scale / rq)[:, None] * b_q.to(tl.float32) - _dot_exact_rhs(Z, b_k, EXACT, PRECISION)
     base = i_bh.to(tl.int64) * BT
     tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
     tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Y * b_beta[None, :])
@@ -200,7 +207,7 @@ def _gdn_wy_fold_apply_kernel(
     T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16V: tl.constexpr, PRECISION: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     o_t = tl.arange(0, BT)
@@ -211,17 +218,17 @@ def _gdn_wy_fold_apply_kernel(
     mt = o_t < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :],
-                  other=0.0).to(tl.float32)  # [BT, BV]
+                  other=0.0)  # [BT, BV] in v's dtype
     base = (i_b * HV + i_hv).to(tl.int64) * BT
     Qm = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :])
     Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
-    b_o = tl.dot(Qm, s0, input_precision=PRECISION) + _dot_exact_rhs(Vm, b_v, RAW16V, PRECISION)
+    b_o = tl.dot(Qm, s0, input_precision=PRECISION) + _dot_exact_rhs(Vm, b_v, EXACT, PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
 
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
-                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, fold=False):
+                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, fold=False, exact16="bf16x3"):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four."""
@@ -245,7 +252,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     if fold:
         return _plan_fold(qc, kc, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=state, idx=idx,
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
-                          raw16v=v.dtype == torch.float16 or (v.dtype == torch.bfloat16 and not C.interpreting()),
+                          exact=_exact_mode(q, k, v, exact16, C.interpreting()),
                           use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
                           solve_warps=solve_warps)
 
@@ -260,15 +267,15 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
 
 
 def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
-               raw16, raw16v, use_qk_l2norm, precision, o, num_warps, solve_warps):
+               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps):
     Qe = torch.empty(B, HV, BT, BK, dtype=torch.float32, device=v.device)
     Ve = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, T=T, scale=scale,
                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
-                PRECISION=precision, num_warps=solve_warps)
+                EXACT=exact, PRECISION=precision, num_warps=solve_warps)
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
-                 L2NORM=use_qk_l2norm, RAW16V=raw16v, PRECISION=precision, num_warps=num_warps)
+                 L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, num_warps=num_warps)
 
     first = bind(_gdn_wy_fold_kernel, (B * HV,), fold)
     second = bind(_gdn_wy_fold_apply_kernel, (triton.cdiv(V, BV), B * HV), apply)
@@ -278,3 +285,15 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
         second()
     launch.parts = (first, second)  # each kernel alone (benchmarks)
     return launch, o
+
+
+def _exact_mode(q, k, v, exact16: str, interpreting: bool) -> int:
+    """_dot_exact_rhs's EXACT for the fold kernels' products by raw k and v: 2 (bf16x3) for bf16
+    inputs when ``exact16`` asks for it (not in the interpreter, whose bf16 tl.dot is wrong), 1 (two
+    tf32 passes) for other 16-bit inputs, 0 for fp32 (tf32x3)."""
+    if exact16 not in ("bf16x3", "tf32x2"):
+        raise ValueError(f"exact16: expected 'bf16x3' or 'tf32x2', got {exact16!r}")
+    dtypes = {q.dtype, k.dtype, v.dtype}
+    if dtypes == {torch.bfloat16} and exact16 == "bf16x3" and not interpreting:
+        return 2
+    return 1 if dtypes <= {torch.float16, torch.bfloat16} else 0
