@@ -8,11 +8,15 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
   triton-recurrent  leaky = flattened recurrence (per-node states optional);
                     exact = parent-indexed recurrence over per-node snapshots
   triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states; up to 65
-                    nodes in two kernels (the value-independent half, K.K^T, Q.K^T and the solve,
-                    once per head; one kernel for a single sequence of <= 17 nodes), chunk by chunk
-                    beyond (budgets 128, 256, ...)
+                    nodes in two kernels (the value-independent half once per head, then per V
+                    tile), in one kernel for a single sequence of <= 17 nodes; chunk by chunk beyond
+                    (budgets 128, 256, ...). Which two-kernel form: "split" for one sequence, "fold"
+                    for a batch (what measured fastest on the H200)
   triton-wy-fused   the WY form in one kernel (the solve repeated per V tile)
-  triton-wy-split   the WY form in two kernels at every size up to 65 nodes
+  triton-wy-split   two kernels: K.K^T, Q.K^T and the solve once per head; the root step, U and O per
+                    V tile
+  triton-wy-fold    two kernels: the solve also folds W, P, the gates and K into the output's weights
+                    on the root state and on v; per V tile two products (O = Qe S_r + Ve V)
 Mamba2 (mamba2_tree_verify / mamba2_tree_commit) takes "torch", "triton" ("triton-ssd" unless
 per-node states are asked for), "triton-recurrent" and "triton-ssd" (the tree-masked SSD form: no
 per-node states, any tree size).

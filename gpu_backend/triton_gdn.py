@@ -174,10 +174,13 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
             precision: str = "tf32x3", poison: bool = True, design: str = "auto", solve_warps: int = 4,
             exact16: str = "bf16x3"):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
-    kernel; "split": the value-independent half once per head (triton_wy_split); "auto": split,
-    except for one sequence of at most 17 nodes, where the one kernel measured faster on the H200
-    (15.6 against 17.2 us; split 33 / 132 / 483 against 40 / 218 / 827 us at 1x65 / 8x65 / 32x65,
-    benchmarks/RESULTS.md). block_v / num_warps default to each design's sweep choice."""
+    kernel; "split": the value-independent half once per head (triton_wy_split); "fold": the same with
+    W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
+    instead of four; "auto" takes what measured fastest on the H200 (benchmarks/RESULTS.md): fused for
+    one sequence of at most 17 nodes (16.2 us at 1x16), split for one sequence (32.1 us at 1x65, fold
+    35.7), fold for a batch (111.8 / 329.3 us at 8x65 / 32x65, split 127.5 / 432.5). block_v /
+    num_warps / solve_warps default to each design's sweep choice; exact16: how the fold kernels
+    multiply by the raw 16-bit k and v ("bf16x3", the default, or "tf32x2")."""
     if design not in ("auto", "fused", "split", "fold"):
         raise ValueError(f"design: expected 'auto', 'fused', 'split' or 'fold', got {design!r}")
     if output_states:
@@ -196,9 +199,9 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
     if design == "auto":
-        design = "fused" if B == 1 and T <= 17 else "split"
+        design = ("fused" if T <= 17 else "split") if B == 1 else "fold"
     if design in ("split", "fold"):
-        block_v, num_warps = block_v or 32, num_warps or 4
+        block_v, num_warps = block_v or (64 if design == "fold" else 32), num_warps or 4
         from ddsim.gpu_backend.triton_wy_split import plan_wy_split
         return plan_wy_split(q, k, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=initial_state,
                              idx=idx, scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, use_qk_l2norm=use_qk_l2norm,
