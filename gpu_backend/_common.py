@@ -15,10 +15,14 @@ def interpreting() -> bool:
 
 
 def next_pow2(n: int, lo: int = 16) -> int:
-    p = lo
-    while p < n:
-        p *= 2
-    return p
+    """The least power of two >= max(n, lo) (lo a power of two)."""
+    return max(lo, 1 << max(0, int(n) - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for launch grids. (Plain Python: triton.cdiv and triton.next_power_of_2 are
+    constexpr functions whose calls cost microseconds of host time in a launcher.)"""
+    return -(-a // b)
 
 
 def check_device(*tensors) -> None:

@@ -25,14 +25,14 @@ _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 DIRECT = True  # False: every launch through kernel[grid] (benchmarks compare the two)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _params(kernel):
+    """(argument names in order, whether the kernel is compiled: a JITFunction, not the interpreter's
+    InterpretedFunction, which @triton.jit makes under TRITON_INTERPRET=1)."""
     hit = _PARAMS.get(kernel)
     if hit is None:
-        hit = _PARAMS[kernel] = tuple(kernel.arg_names)
+        from triton.runtime.jit import JITFunction
+        compiled = isinstance(kernel, JITFunction) and os.environ.get("TRITON_INTERPRET", "0") != "1"
+        hit = _PARAMS[kernel] = (tuple(getattr(kernel, "arg_names", ())), compiled)
     return hit
 
 
@@ -56,19 +56,19 @@ def _hooked() -> bool:
 
 def key_of(kernel, kw: dict, device: int) -> tuple:
     """(the key a compiled specialization is kept under, the kernel's arguments in its order)."""
-    names = _params(kernel)
+    names = _params(kernel)[0]
     args = tuple(kw[n] for n in names)
     if len(kw) != len(names) + sum(1 for o in _OPTIONS if o in kw):
         unknown = sorted(set(kw) - set(names) - set(_OPTIONS))
         raise TypeError(f"{kernel.__name__}: unknown arguments {unknown}")
-    return (kernel, device, tuple(kw.get(o) for o in _OPTIONS), tuple(_spec(a) for a in args)), args
+    return (kernel, device, tuple(kw.get(o) for o in _OPTIONS), tuple(map(_spec, args))), args
 
 
 def bind(kernel, grid, kw: dict):
     """A launcher of ``kernel`` over ``grid`` (up to three ints) with the keyword arguments ``kw``
     (the kernel's arguments and launch options), bound now: calling it launches. The first call of a
     specialization goes through Triton (compiling if needed); later ones launch the compiled kernel."""
-    if not DIRECT or _interpreting() or not torch.cuda.is_available():
+    if not (DIRECT and _params(kernel)[1]):
         return lambda: kernel[grid](**kw)
     device = torch.cuda.current_device()
     key, args = key_of(kernel, kw, device)

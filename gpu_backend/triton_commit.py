@@ -21,9 +21,9 @@ from ddsim.gpu_backend.launch import bind, launch
 @triton.jit
 def _gdn_commit_kernel(
     k, v, g, beta, A_log, dt_bias,  # [B,T,H,K], [B,T,HV,V], [B,T,HV] x2 (or a, b), [HV] x2
-    path,  # [B, DMAX] int32: accepted node indices root first, -1 padded
+    paths, acc,  # [B, TP, DMAX] int32: root paths (root first, -1 padded); [B] int64: the row of each sequence's
     state, state_idx, out, out_idx,  # read pool + slots, write pool + slots (may be the same)
-    T, DMAX,
+    T, TP, DMAX,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr,
 ):
@@ -32,8 +32,9 @@ def _gdn_commit_kernel(
     mkv = mk[:, None] & mv[None, :]
     S = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V), mask=mkv, other=0.0)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+    path = paths + (i_b * TP + tl.load(acc + i_b)) * DMAX  # the accepted node's root path
     for d in range(0, DMAX):
-        n = tl.load(path + i_b * DMAX + d)
+        n = tl.load(path + d)
         row = (i_b * T + tl.maximum(n, 0)).to(tl.int64)
         b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
         b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
@@ -57,12 +58,14 @@ def _paths(parents: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
     return rev.gather(1, order).to(torch.int32).contiguous()
 
 
-def accepted_paths(parents, p: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-    """[B, DMAX] int32 root-first accepted paths (-1 padded) for checked parents p [B, T] and accepted
-    nodes acc [B]: a TreePlan's cached root paths (one gather, no host loop), else walked here."""
+def accepted_paths(parents, p: torch.Tensor, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(paths [B, TP, DMAX] int32, rows [B]): row rows[b] of paths[b] is sequence b's root-first accepted
+    path (-1 padded), for checked parents p [B, T] and accepted nodes acc [B]. A TreePlan's cached
+    root paths of every node with acc as the rows (the kernel picks the row: no gather launched),
+    else the accepted paths walked here (TP = 1, rows 0)."""
     if isinstance(parents, checks.TreePlan):
-        return parents.root_paths()[checks.constant("rows", p.shape[0], p.device), acc].contiguous()
-    return _paths(p, acc)
+        return parents.root_paths(), acc
+    return _paths(p, acc)[:, None, :].contiguous(), checks.constant("dummy", p.shape[0], p.device, torch.int64)
 
 
 def gdn_tree_commit_triton(*args, **kwargs):
@@ -83,17 +86,18 @@ def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, us
     acc = checks.check_accepted(accepted, B, T, k.device)
     idx = C.check_pool(initial_state, state_indices, B, HV, K, V)
     g_, b_, al, db, fused = C.gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, k.device)
-    path = accepted_paths(parents, p, acc)
+    paths, rows = accepted_paths(parents, p, acc)
     if inplace:
         out, out_idx = initial_state, idx
     else:
         out = C.alloc((B, HV, K, V), torch.float32, k.device, poison)
         out_idx = checks.constant("slots", B, k.device)
-    BK, BV = triton.next_power_of_2(K), min(block_v, triton.next_power_of_2(V))
-    kw = dict(k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, path=path, state=initial_state,
-              state_idx=idx, out=out, out_idx=out_idx, T=T, DMAX=path.shape[1], H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
-              FUSED=fused, L2NORM=use_qk_l2norm, num_warps=num_warps)
-    return bind(_gdn_commit_kernel, (triton.cdiv(V, BV), B * HV), kw), out
+    BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
+    kw = dict(k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, paths=paths, acc=rows,
+              state=initial_state, state_idx=idx, out=out, out_idx=out_idx, T=T, TP=paths.shape[1],
+              DMAX=paths.shape[2], H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm,
+              num_warps=num_warps)
+    return bind(_gdn_commit_kernel, (C.cdiv(V, BV), B * HV), kw), out
 
 
 @triton.jit
@@ -136,8 +140,8 @@ def conv_tree_commit_triton(x, *, parents, accepted, initial_window, state_indic
     else:
         out = C.alloc((B, Cn, W - 1), initial_window.dtype, x.device)
         out_idx = checks.constant("slots", B, x.device)
-    BC = min(block_c, triton.next_power_of_2(Cn))
-    launch(_conv_commit_kernel, (triton.cdiv(Cn, BC), B),
+    BC = min(block_c, C.next_pow2(Cn, 1))
+    launch(_conv_commit_kernel, (C.cdiv(Cn, BC), B),
            x=x.contiguous(), src=src, window=initial_window, win_idx=idx, out=out, out_idx=out_idx,
-           acc=acc.to(torch.int32).contiguous(), T=T, C=Cn, W=W, BC=BC, BW=triton.next_power_of_2(W - 1))
+           acc=acc.to(torch.int32).contiguous(), T=T, C=Cn, W=W, BC=BC, BW=C.next_pow2(W - 1, 1))
     return out

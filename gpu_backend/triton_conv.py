@@ -57,8 +57,8 @@ def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, 
     out = C.alloc((B, T, Cn), x.dtype, x.device)
     win_out = (C.alloc((B, T, Cn, W - 1), x.dtype, x.device) if output_windows
                else checks.constant("dummy", 1, x.device, x.dtype))
-    BC = min(block_c, triton.next_power_of_2(Cn))
-    launch(_tree_conv_kernel, (triton.cdiv(Cn, BC), B * T),
+    BC = min(block_c, C.next_pow2(Cn, 1))
+    launch(_tree_conv_kernel, (C.cdiv(Cn, BC), B * T),
            x=x.contiguous(), weight=weight.contiguous(), bias=bias if bias is not None else weight, src=table,
            window=initial_window.contiguous(), win_idx=idx, out=out, win_out=win_out, T=T, C=Cn, W=W, BC=BC,
            HAS_BIAS=bias is not None, SILU=activation == "silu", STORE_WIN=output_windows)

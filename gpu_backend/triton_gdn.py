@@ -149,8 +149,8 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     store = output_states or parent_indexed
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     snap = C.alloc((B, T, HV, K, V), torch.float32, v.device, poison) if store else checks.constant("dummy", 1, v.device)
-    BK, BV = triton.next_power_of_2(K), min(block_v, triton.next_power_of_2(V))
-    grid = (triton.cdiv(V, BV), B * HV)
+    BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
+    grid = (C.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db,
               src=src.to(torch.int32).contiguous(), state=initial_state, state_idx=idx, o=o, snap=snap,
               T=T, scale=scale, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, PARENT_INDEXED=parent_indexed,
@@ -209,8 +209,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
                              solve_warps=solve_warps, fold=design == "fold", exact16=exact16)
     block_v, num_warps = block_v or 64, num_warps or 8
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
-    BT, BK, BV = C.next_pow2(T - 1), max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))
-    grid = (triton.cdiv(V, BV), B * HV)
+    BT, BK, BV = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))
+    grid = (C.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)

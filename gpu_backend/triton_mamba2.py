@@ -197,9 +197,9 @@ def _mamba2_ssd_kernel(
 @triton.jit
 def _mamba2_commit_kernel(
     x, dt, A, Bm, dt_bias,
-    path,  # [B, DMAX] int32 accepted nodes root first, -1 padded
+    paths, acc,  # [B, TP, DMAX] int32 root paths (root first, -1 padded); [B] int64: each sequence's row
     state, state_idx, out, out_idx,
-    T, DMAX, LO, HI,
+    T, TP, DMAX, LO, HI,
     H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, CLAMP: tl.constexpr,
 ):
@@ -208,8 +208,9 @@ def _mamba2_commit_kernel(
     slot = tl.load(state_idx + i_b).to(tl.int64)
     S = tl.load(_state_ptrs(state, slot, i_h, o_p, o_n, H, P, N), mask=mpn, other=0.0)
     a = tl.load(A + i_h).to(tl.float32)
+    path = paths + (i_b * TP + tl.load(acc + i_b)) * DMAX  # the accepted node's root path
     for k in range(0, DMAX):
-        n = tl.load(path + i_b * DMAX + k)
+        n = tl.load(path + k)
         row = (i_b * T + tl.maximum(n, 0)).to(tl.int64)
         b_x = tl.load(x + (row * H + i_h) * P + o_p, mask=mp, other=0.0).to(tl.float32)
         b_B = tl.load(Bm + (row * G + i_g) * N + o_n, mask=mn, other=0.0).to(tl.float32)
@@ -252,12 +253,12 @@ def plan_recurrent(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, dt
     store = output_states or parent_indexed
     y = Cm.alloc((Bn, T, H, P), x.dtype, x.device, poison)
     snap = Cm.alloc((Bn, T, H, P, N), torch.float32, x.device, poison) if store else dummy
-    BP, BN = min(block_p, triton.next_power_of_2(P)), triton.next_power_of_2(N)
+    BP, BN = min(block_p, Cm.next_pow2(P, 1)), Cm.next_pow2(N, 1)
     kw = dict(x=x.contiguous(), dt=dt.contiguous(), Bm=B.contiguous(), Cm=C.contiguous(),
               D=dummy if D is None else D.contiguous(), src=src.to(torch.int32).contiguous(), state=initial_state,
               state_idx=idx, y=y, snap=snap, T=T, H=H, G=G, P=P, N=N, BP=BP, BN=BN, PARENT_INDEXED=parent_indexed,
               STORE_STATES=store, HAS_D=D is not None, SOFTPLUS=bool(dt_softplus), num_warps=num_warps, **common)
-    grid = (triton.cdiv(P, BP), Bn * H)
+    grid = (Cm.cdiv(P, BP), Bn * H)
     return bind(_mamba2_recurrent_kernel, grid, kw), ((y, snap) if output_states else y)
 
 
@@ -288,14 +289,14 @@ def plan_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, dt_limit
     y = Cm.alloc((Bn, T, H, P), x.dtype, x.device, poison)
     dtp = torch.empty(Bn, T, H, device=x.device, dtype=torch.float32)
     Gp = torch.empty(Bn, T, H, device=x.device, dtype=torch.float32)
-    BI, BP, BN = block_i, min(block_p, max(16, triton.next_power_of_2(P))), max(16, triton.next_power_of_2(N))
+    BI, BP, BN = block_i, min(block_p, max(16, Cm.next_pow2(P, 1))), max(16, Cm.next_pow2(N, 1))
     pro = dict(dt=dt.contiguous(), A=common["A"], dt_bias=common["dt_bias"], mask=mask, dt_out=dtp, G_out=Gp, T=T,
                LO=common["LO"], HI=common["HI"], H=H, BI=BI, HAS_BIAS=common["HAS_BIAS"], SOFTPLUS=bool(dt_softplus),
                CLAMP=common["CLAMP"])
     kw = dict(x=x.contiguous(), Bm=B.contiguous(), Cm=C.contiguous(), D=dummy if D is None else D.contiguous(),
               dtp=dtp, Gp=Gp, mask=mask, state=initial_state, state_idx=idx, y=y, T=T, H=H, G=G, P=P, N=N, BI=BI,
               BP=BP, BN=BN, HAS_D=D is not None, PRECISION=precision, num_warps=num_warps)
-    grid = (triton.cdiv(P, BP), triton.cdiv(T, BI), Bn * H)
+    grid = (Cm.cdiv(P, BP), Cm.cdiv(T, BI), Bn * H)
 
     prologue, ssd = bind(_mamba2_ssd_prologue, (Bn * H,), pro), bind(_mamba2_ssd_kernel, grid, kw)
 
@@ -321,14 +322,14 @@ def plan_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=(0.0, m
                                                 state_indices)
     p = checks.check_parents(parents, Bn, T, x.device)
     acc = checks.check_accepted(accepted, Bn, T, x.device)
-    path = accepted_paths(parents, p, acc)
+    paths, rows = accepted_paths(parents, p, acc)
     if inplace:
         out, out_idx = initial_state, idx
     else:
         out = Cm.alloc((Bn, H, P, N), torch.float32, x.device, poison)
         out_idx = checks.constant("slots", Bn, x.device)
-    BP, BN = min(block_p, triton.next_power_of_2(P)), triton.next_power_of_2(N)
-    kw = dict(x=x.contiguous(), dt=dt.contiguous(), Bm=B.contiguous(), path=path, state=initial_state, state_idx=idx,
-              out=out, out_idx=out_idx, T=T, DMAX=path.shape[1], H=H, G=G, P=P, N=N, BP=BP, BN=BN,
+    BP, BN = min(block_p, Cm.next_pow2(P, 1)), Cm.next_pow2(N, 1)
+    kw = dict(x=x.contiguous(), dt=dt.contiguous(), Bm=B.contiguous(), paths=paths, acc=rows, state=initial_state,
+              state_idx=idx, out=out, out_idx=out_idx, T=T, TP=paths.shape[1], DMAX=paths.shape[2], H=H, G=G, P=P, N=N, BP=BP, BN=BN,
               SOFTPLUS=bool(dt_softplus), num_warps=num_warps, **common)
-    return bind(_mamba2_commit_kernel, (triton.cdiv(P, BP), Bn * H), kw), out
+    return bind(_mamba2_commit_kernel, (Cm.cdiv(P, BP), Bn * H), kw), out

@@ -121,8 +121,8 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     Gs = torch.empty(B, T, HV, dtype=torch.float32, device=v.device)
     Us = torch.empty(B, T, HV, V, dtype=torch.float32, device=v.device)
-    BT, BK, BV = block_t, max(16, triton.next_power_of_2(K)), min(block_v, max(16, triton.next_power_of_2(V)))
-    grid = (triton.cdiv(V, BV), B * HV)
+    BT, BK, BV = block_t, max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))
+    grid = (C.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, Gs=Gs, Us=Us, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K,
               V=V, BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)

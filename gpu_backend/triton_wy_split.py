@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
 
@@ -232,10 +233,9 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four."""
-    from ddsim.gpu_backend import _common as C
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
-    BT, BK = C.next_pow2(T - 1), max(16, triton.next_power_of_2(K))
-    BV = min(block_v, max(16, triton.next_power_of_2(V)))
+    BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
+    BV = min(block_v, max(16, C.next_pow2(V, 1)))
     Wm = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     Pm = torch.empty_like(Wm)
     Ad = torch.empty(B, HV, BT, dtype=torch.float32, device=v.device)
@@ -257,7 +257,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                           solve_warps=solve_warps)
 
     first = bind(_gdn_wy_solve_kernel, (B * HV,), solve)
-    second = bind(_gdn_wy_apply_kernel, (triton.cdiv(V, BV), B * HV), apply)
+    second = bind(_gdn_wy_apply_kernel, (C.cdiv(V, BV), B * HV), apply)
 
     def launch():
         first()
@@ -278,7 +278,7 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
                  L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, num_warps=num_warps)
 
     first = bind(_gdn_wy_fold_kernel, (B * HV,), fold)
-    second = bind(_gdn_wy_fold_apply_kernel, (triton.cdiv(V, BV), B * HV), apply)
+    second = bind(_gdn_wy_fold_apply_kernel, (C.cdiv(V, BV), B * HV), apply)
 
     def launch():
         first()

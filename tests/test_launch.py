@@ -13,9 +13,10 @@ def _kw(**over):
     k = torch.zeros(1, 2, 1, 16)
     v = torch.zeros(1, 2, 2, 16)
     kw = dict(k=k, v=v, g=torch.zeros(1, 2, 2), beta=torch.zeros(1, 2, 2), A_log=torch.zeros(1), dt_bias=torch.zeros(1),
-              path=torch.zeros(1, 2, dtype=torch.int32), state=torch.zeros(1, 2, 16, 16),
+              paths=torch.zeros(1, 2, 2, dtype=torch.int32), acc=torch.zeros(1, dtype=torch.int64),
+              state=torch.zeros(1, 2, 16, 16),
               state_idx=torch.zeros(1, dtype=torch.int32), out=torch.zeros(1, 2, 16, 16),
-              out_idx=torch.zeros(1, dtype=torch.int32), T=2, DMAX=2, H=1, HV=2, K=16, V=16, BK=16, BV=16,
+              out_idx=torch.zeros(1, dtype=torch.int32), T=2, TP=2, DMAX=2, H=1, HV=2, K=16, V=16, BK=16, BV=16,
               FUSED=False, L2NORM=True, num_warps=4)
     kw.update(over)
     return kw
