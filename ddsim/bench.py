@@ -138,8 +138,8 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
                       for bv, nw, sw in ((32, 4, 8), (64, 4, 8), (64, 8, 8), (32, 4, 4), (64, 4, 4))]
         cases["exact wy split (tf32x3)"] = ("wy", split_cfgs, lambda c: plan_wy(
             **qkv, **common, mode="exact", design="split", **c))
-        fold_cfgs = [dict(block_v=bv, num_warps=nw, solve_warps=sw, solve_split=ss) for bv, nw, sw, ss in (
-            (64, 4, 4, 1), (64, 4, 4, 2), (64, 4, 8, 2), (32, 4, 4, 2), (64, 4, 4, 4), (64, 4, 8, 1), (32, 4, 4, 1))]
+        fold_cfgs = [dict(block_v=bv, num_warps=nw, solve_warps=sw, exact16=e) for bv, nw, sw in (
+            (32, 4, 4), (32, 4, 8), (64, 4, 4), (64, 4, 8), (64, 8, 8), (16, 4, 4)) for e in ("bf16x3", "tf32x2")]
         cases["exact wy fold (tf32x3)"] = ("wy", fold_cfgs, lambda c: plan_wy(
             **qkv, **common, mode="exact", design="fold", **c))
         for i, part in enumerate(("solve", "apply")):  # each kernel of the two alone (where the time goes)
