@@ -156,33 +156,28 @@ def _gdn_wy_fold_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     Qe, Ve,  # out: [B, HV, BT, BK] fp32 (the output's weights on S_r), [B, HV, BT, BT] fp32 (on v)
     T, scale, NSTEP,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     # O = diag(A) Q S_r scale + P W diag(beta) (V - diag(A) K S_r) = Qe S_r + Ve V with Y = P W:
     #   Qe = diag(A scale / rq) Q_raw - Y diag(beta A / rk) K_raw,   Ve = Y diag(beta)
-    # Grid (B * HV, BT / BR): each program makes BR rows of Y (rows of Y are independent: Y_r = P_r W);
-    # every program of a head squares the same N (more programs where a batch leaves SMs idle).
     i_bh = tl.program_id(0)
-    i_r = tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     o_t = tl.arange(0, BT)
-    o_r = i_r * BR + tl.arange(0, BR)  # this program's rows
     o_k = tl.arange(0, BK)
     mk = o_k < K
     mt = o_t < T - 1
-    mr = o_r < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
-    rrows = (i_b * T + 1 + o_r).to(tl.int64)
-    b_k = _raw_rows(k, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K)  # [BT, BK] raw 16-bit
-    b_q = _raw_rows(q, rrows[:, None], i_h, o_k[None, :], mr[:, None] & mk[None, :], H, K)  # [BR, BK]
+    m2 = mt[:, None] & mk[None, :]
+    b_k = _raw_rows(k, rows[:, None], i_h, o_k[None, :], m2, H, K)  # [BT, BK] raw (kept 16-bit: registers)
+    b_q = _raw_rows(q, rows[:, None], i_h, o_k[None, :], m2, H, K)
     if L2NORM:
         rk = tl.sqrt(tl.sum(b_k.to(tl.float32) * b_k.to(tl.float32), 1) + 1e-6)
         rq = tl.sqrt(tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1) + 1e-6)
     else:
         rk = tl.full([BT], 1.0, tl.float32)
-        rq = tl.full([BR], 1.0, tl.float32)
+        rq = tl.full([BT], 1.0, tl.float32)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
     b_g = tl.where(mt, b_g, 0.0)
@@ -193,19 +188,16 @@ def _gdn_wy_fold_kernel(
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
     strict = anc & (o_t[:, None] != o_t[None, :])
     N = tl.where(strict, -b_beta[:, None] * D * _gram(b_k, b_k, rk, rk, RAW16, PRECISION), 0.0)  # -L
-    anc_r = tl.load(mask + rrows[:, None] * T + 1 + o_t[None, :], mask=mr[:, None] & mt[None, :], other=0) != 0
-    G_r = tl.sum(tl.where(anc_r, b_g[None, :], 0.0), 1)  # [BR] = G at this program's rows
-    D_r = tl.where(anc_r, tl.exp(G_r[:, None] - G[None, :]), 0.0)
-    Y = tl.where(anc_r, D_r * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale  # P's rows [BR, BT]
+    Y = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale  # P
     Y = Y + tl.dot(Y, N, input_precision=PRECISION)  # Y = P (I + N)(I + N^2)(I + N^4)... = P W
     for _ in range(1, NSTEP):
         N = tl.dot(N, N, input_precision=PRECISION)
         Y = Y + tl.dot(Y, N, input_precision=PRECISION)
     Z = Y * (b_beta * A / rk)[None, :]
-    Qm = (tl.exp(G_r) * scale / rq)[:, None] * b_q.to(tl.float32) - _dot_exact_rhs(Z, b_k, EXACT, PRECISION)
+    Qm = (A * scale / rq)[:, None] * b_q.to(tl.float32) - _dot_exact_rhs(Z, b_k, EXACT, PRECISION)
     base = i_bh.to(tl.int64) * BT
-    tl.store(Qe + (base + o_r[:, None]) * BK + o_k[None, :], Qm)
-    tl.store(Ve + (base + o_r[:, None]) * BT + o_t[None, :], Y * b_beta[None, :])
+    tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
+    tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Y * b_beta[None, :])
 
 
 @triton.jit
@@ -237,8 +229,7 @@ def _gdn_wy_fold_apply_kernel(
 
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
-                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, fold=False, exact16="bf16x3",
-                  solve_split=1):
+                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, fold=False, exact16="bf16x3"):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four."""
@@ -263,7 +254,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
                           exact=_exact_mode(q, k, v, exact16, C.interpreting()),
                           use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
-                          solve_warps=solve_warps, solve_split=solve_split)
+                          solve_warps=solve_warps)
 
     first = bind(_gdn_wy_solve_kernel, (B * HV,), solve)
     second = bind(_gdn_wy_apply_kernel, (C.cdiv(V, BV), B * HV), apply)
@@ -276,20 +267,17 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
 
 
 def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
-               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, solve_split):
-    if solve_split not in (1, 2, 4):
-        raise ValueError(f"solve_split: expected 1, 2 or 4 programs per head, got {solve_split!r}")
-    BR = max(16, BT // solve_split)
+               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps):
     Qe = torch.empty(B, HV, BT, BK, dtype=torch.float32, device=v.device)
     Ve = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, T=T, scale=scale,
-                NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, BR=BR, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
+                NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
                 EXACT=exact, PRECISION=precision, num_warps=solve_warps)
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
                  L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, num_warps=num_warps)
 
-    first = bind(_gdn_wy_fold_kernel, (B * HV, BT // BR), fold)
+    first = bind(_gdn_wy_fold_kernel, (B * HV,), fold)
     second = bind(_gdn_wy_fold_apply_kernel, (C.cdiv(V, BV), B * HV), apply)
 
     def launch():
