@@ -38,9 +38,10 @@ def _rope(x, pos, theta, rot):
     return torch.cat([xr * cos + torch.cat([-x2, x1], dim=-1) * sin, x[..., rot:]], dim=-1)
 
 
-def _attention(w, p, cfg, x, pos, ctx_k, ctx_v):
+def _attention(w, p, cfg, x, pos, ctx_k, ctx_v, ctx_valid=None):
     """One token per row of causal GQA. x [n, d]; pos [n]; ctx_k/ctx_v [n, m, nkv, hd]: each row's
-    earlier visible tokens (every row sees the same number m of them)."""
+    earlier visible tokens; ctx_valid [n, m] bool, or None when every row sees all m (rows of
+    different prompts stacked together pad their contexts: the padding is masked out)."""
     n = x.shape[0]
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     rot = int(hd * cfg.partial_rotary_factor)
@@ -57,6 +58,9 @@ def _attention(w, p, cfg, x, pos, ctx_k, ctx_v):
     Vv = torch.cat([ctx_v, v[:, None]], dim=1).repeat_interleave(nh // nkv, dim=2)
     scale = cfg.attention_scale or 1.0 / math.sqrt(hd)
     scores = torch.einsum("nmhd,nhd->nhm", K, q) * scale  # [n, nh, m+1]
+    if ctx_valid is not None:  # padded context entries get no weight (each row's own token always does)
+        seen = torch.cat([ctx_valid, torch.ones_like(ctx_valid[:, :1])], dim=1)  # [n, m+1]
+        scores = scores.masked_fill(~seen[:, None, :], float("-inf"))
     out = torch.einsum("nhm,nmhd->nhd", torch.softmax(scores, dim=-1), Vv).reshape(n, nh * hd)
     if cfg.attn_output_gate:
         out = out * torch.sigmoid(x @ w[p + "attn.gate"].T)
@@ -190,11 +194,12 @@ def _mamba2(w, p, cfg, x, S, window):
     return out @ w[p + "mamba.out"].T, S_new, inputs[:, :, 1:]
 
 
-def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv):
+def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
     """One token through the whole model, for each of n rows at once (each row its own sequence).
 
     token, pos: [n] (or ints, for one row); kv_ctx[l]: (K [n, m, nkv, hd], V) each row's visible
-    context for attention layers (the same length m for every row); ssm[l] [n, HV, K, V],
+    context for attention layers, padded to one length m where ctx_valid [n, m] (bool) says which
+    entries are real (None: all of them); ssm[l] [n, HV, K, V],
     conv[l] [n, C, W-1]: each row's recurrent state before its token for recurrent layers (GDN S
     [n, HV, K, V], Mamba2 h [n, H, P, N]).
     Returns (logits [n, N], hidden [L, n, d] after each layer, new_kv[l] -> (k [n, nkv, hd], v),
@@ -217,7 +222,8 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv):
         else:
             out = torch.zeros_like(h)
             if kind in "ap":
-                a, k, v = _attention(w, p, cfg, xn, pos, *kv_ctx[i])
+                valid = None if ctx_valid is None else ctx_valid.to(norm.device)
+                a, k, v = _attention(w, p, cfg, xn, pos, *kv_ctx[i], valid)
                 out, nk = out + a, (k, v)
             if kind == "g":
                 g, S, win = _gdn(w, p, cfg, xn, ssm[i], conv[i])
@@ -343,6 +349,110 @@ class OracleResult:
     kv: list
 
 
+class _TreeOut:
+    """One tree's outputs as the oracle fills them (OracleResult's fields)."""
+
+    def __init__(self, cfg, st: ModelState, parents, tokens, record_states, dtype, ldev, head):
+        self.st, self.pos = st, st.pos
+        self.parents = [int(x) for x in parents]
+        self.tokens = [int(x) for x in tokens]
+        T, L = len(self.parents), cfg.num_layers
+        self.children = [[] for _ in range(T)]
+        for i in range(1, T):
+            self.children[self.parents[i]].append(i)
+        self.logits = torch.zeros(T, cfg.vocab_size, dtype=dtype, device=head)
+        self.hidden = torch.zeros(L, T, cfg.hidden_size, dtype=dtype, device=head)
+        self.kv = [None] * L
+        for i in cfg.attention_layers:  # each layer's outputs on its own device
+            shape = (T, cfg.num_key_value_heads, cfg.head_dim)
+            self.kv[i] = (torch.zeros(shape, dtype=dtype, device=ldev[i]), torch.zeros(shape, dtype=dtype, device=ldev[i]))
+        self.ssm, self.conv = [None] * L, [None] * L
+        if record_states:
+            for i in cfg.recurrent_layers:
+                self.ssm[i] = torch.zeros(T, *st.ssm[i].shape, dtype=dtype, device=ldev[i])
+                self.conv[i] = torch.zeros(T, *st.conv[i].shape, dtype=dtype, device=ldev[i])
+
+    def result(self) -> OracleResult:
+        return OracleResult(self.logits, self.hidden, self.ssm, self.conv, self.kv)
+
+    def record(self, cfg, nodes, rows, lg, hid, new_kv, ssm2, conv2, record_states):
+        """Outputs of this tree's ``nodes``, rows ``rows`` of a decoded batch."""
+        self.logits[nodes] = lg[rows]
+        self.hidden[:, nodes] = hid[:, rows]
+        for i, nk in enumerate(new_kv):
+            if nk is not None:
+                self.kv[i][0][nodes], self.kv[i][1][nodes] = nk[0][rows], nk[1][rows]
+        if record_states:
+            for i in cfg.recurrent_layers:
+                self.ssm[i][nodes] = ssm2[i][rows]
+                self.conv[i][nodes] = conv2[i][rows]
+
+
+def _take(rows, xs):
+    """Rows ``rows`` of every layer's batched state (kv pairs, S or windows)."""
+    return [None if x is None else ((x[0][rows], x[1][rows]) if isinstance(x, tuple) else x[rows]) for x in xs]
+
+
+def _stack_roots(cfg, trees):
+    """The committed states of every tree as one batch, a row each: kv contexts padded to the longest
+    (ctx_valid [n, m] marks the real entries; None when every context has the same length), ssm, conv."""
+    L = cfg.num_layers
+    lens = [t.st.kv[cfg.attention_layers[0]][0].shape[0] if cfg.attention_layers else 0 for t in trees]
+    m = max(lens)
+    kv, ssm, conv = [None] * L, [None] * L, [None] * L
+    for i in cfg.attention_layers:
+        def padded(x, n):
+            return torch.cat([x, x.new_zeros(m - n, *x.shape[1:])]) if n < m else x
+        kv[i] = (torch.stack([padded(t.st.kv[i][0], n) for t, n in zip(trees, lens)]),
+                 torch.stack([padded(t.st.kv[i][1], n) for t, n in zip(trees, lens)]))
+    for i in cfg.recurrent_layers:
+        ssm[i] = torch.stack([t.st.ssm[i] for t in trees])
+        conv[i] = torch.stack([t.st.conv[i] for t in trees])
+    valid = None
+    if len(set(lens)) > 1:
+        valid = torch.arange(m)[None, :] < torch.tensor(lens)[:, None]  # [n, m]
+    return kv, ssm, conv, valid
+
+
+def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None, dtype=None) -> list[OracleResult]:
+    """``verify_tree`` for several trees at once, items [(state, parents, tokens), ...] (each tree on
+    its own committed state: the prompts of an audit): depth by depth, the nodes of that depth in
+    every tree decoded as one batch, each row from its parent's exact state. Rows of different
+    trees carry their own positions and contexts (padded to one length, the padding masked out of
+    attention). Per node the same computation as one tree alone; only the reassociation of batched
+    matrix products differs."""
+    device, dtype = _placement(weights, device, dtype)
+    w = _Weights(weights, cfg, device, dtype)
+    ldev = _layer_devices(weights, cfg, device)
+    head = device or weights["lm_head"].device
+    trees = [_TreeOut(cfg, state.to(dtype, device), parents, tokens, record_states, dtype, ldev, head)
+             for state, parents, tokens in items]
+    live = [j for j, t in enumerate(trees) if t.parents]
+    if not live:
+        return [t.result() for t in trees]
+    kv, ssm, conv, valid = _stack_roots(cfg, [trees[j] for j in live])
+    level = [(j, 0) for j in live]  # (tree, node) per batch row
+    depth = 0
+    while level:
+        lg, hid, new_kv, ssm, conv = decode_step(
+            w, cfg, token=[trees[j].tokens[n] for j, n in level], pos=[trees[j].pos + depth for j, _ in level],
+            kv_ctx=kv, ssm=ssm, conv=conv, ctx_valid=valid)
+        for j in dict.fromkeys(j for j, _ in level):  # each tree's rows, in order
+            rows = [r for r, (jj, _) in enumerate(level) if jj == j]
+            trees[j].record(cfg, [level[r][1] for r in rows], rows, lg, hid, new_kv, ssm, conv, record_states)
+        kv = [None if c is None else (torch.cat([c[0], nk[0][:, None]], 1), torch.cat([c[1], nk[1][:, None]], 1))
+              for c, nk in zip(kv, new_kv)]
+        if valid is not None:
+            valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
+        nxt = [((j, c), r) for r, (j, n) in enumerate(level) for c in trees[j].children[n]]  # (child, parent's row)
+        level, rows = [x for x, _ in nxt], [r for _, r in nxt]
+        if level:
+            kv, ssm, conv = _take(rows, kv), _take(rows, ssm), _take(rows, conv)
+            valid = None if valid is None else valid[rows]
+        depth += 1
+    return [t.result() for t in trees]
+
+
 def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_states: bool = True,
                 order: str = "level", device=None, dtype=None) -> OracleResult:
     """Every node of the block computed from its own root path, one decode step per node from its
@@ -350,76 +460,33 @@ def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_stat
 
     order "level" (default): the nodes of one depth decoded together as one batch, each row from its
     parent's exact state (a level's rows share their position and context length, so they stack
-    without padding); only two levels' states are alive besides what is recorded.
+    without padding); only two levels' states are alive besides what is recorded (``verify_trees``
+    with one tree).
     order "node": one node at a time, depth-first (besides what is recorded, only the states along
     the current root path and its pending siblings' parents are alive). Both are the same per-node
     computation; they differ only in reassociation of batched matrix products.
     """
     if order not in ("level", "node"):
         raise ValueError(f"order: expected 'level' or 'node', got {order!r}")
+    if order == "level":
+        return verify_trees(weights, cfg, [(state, parents, tokens)], record_states=record_states, device=device,
+                            dtype=dtype)[0]
     device, dtype = _placement(weights, device, dtype)
     w = _Weights(weights, cfg, device, dtype)
-    st = state.to(dtype, device)
     ldev = _layer_devices(weights, cfg, device)
-    head = device or weights["lm_head"].device
-    parents = [int(x) for x in parents]
-    T, L = len(parents), cfg.num_layers
-    children = [[] for _ in range(T)]
-    for i in range(1, T):
-        children[parents[i]].append(i)
-    logits = torch.zeros(T, cfg.vocab_size, dtype=dtype, device=head)
-    hidden = torch.zeros(L, T, cfg.hidden_size, dtype=dtype, device=head)
-    kv_out = [None] * L
-    for i in cfg.attention_layers:  # each layer's outputs on its own device
-        shape = (T, cfg.num_key_value_heads, cfg.head_dim)
-        kv_out[i] = (torch.zeros(shape, dtype=dtype, device=ldev[i]), torch.zeros(shape, dtype=dtype, device=ldev[i]))
-    ssm_out = [None] * L
-    conv_out = [None] * L
-    if record_states:
-        for i in cfg.recurrent_layers:
-            ssm_out[i] = torch.zeros(T, *st.ssm[i].shape, dtype=dtype, device=ldev[i])
-            conv_out[i] = torch.zeros(T, *st.conv[i].shape, dtype=dtype, device=ldev[i])
-
-    def step(nodes, pos, kv, ssm, conv):
-        """Decode ``nodes`` (one row each) and record their outputs; returns their states after."""
-        lg, hid, new_kv, ssm2, conv2 = decode_step(w, cfg, token=[int(tokens[n]) for n in nodes], pos=[pos] * len(nodes),
-                                                   kv_ctx=kv, ssm=ssm, conv=conv)
-        idx = nodes  # a list of row indices indexes a tensor on any device
-        logits[idx] = lg
-        hidden[:, idx] = hid
-        kv2 = []
-        for i, (c, nk) in enumerate(zip(kv, new_kv)):
-            if c is None:
-                kv2.append(None)
-                continue
-            kv_out[i][0][idx], kv_out[i][1][idx] = nk
-            kv2.append((torch.cat([c[0], nk[0][:, None]], 1), torch.cat([c[1], nk[1][:, None]], 1)))
-        if record_states:
-            for i in cfg.recurrent_layers:
-                ssm_out[i][idx] = ssm2[i]
-                conv_out[i][idx] = conv2[i]
-        return kv2, ssm2, conv2
-
-    def take(rows, xs):
-        """Rows ``rows`` of every layer's batched state (kv pairs, S or windows)."""
-        return [None if x is None else ((x[0][rows], x[1][rows]) if isinstance(x, tuple) else x[rows]) for x in xs]
-
-    root_kv, root_ssm, root_conv = _rows(st)
-    if T and order == "level":
-        level, pos = [0], st.pos
-        kv, ssm, conv = root_kv, root_ssm, root_conv
-        while level:
-            kv, ssm, conv = step(level, pos, kv, ssm, conv)
-            nxt = [(c, row) for row, n in enumerate(level) for c in children[n]]  # (child, its parent's row)
-            level, rows = [c for c, _ in nxt], [row for _, row in nxt]
-            if level:
-                kv, ssm, conv = take(rows, kv), take(rows, ssm), take(rows, conv)
-            pos += 1
-    elif T:
-        stack = [(0, st.pos, root_kv, root_ssm, root_conv)]
-        while stack:
-            node, pos, kv, ssm, conv = stack.pop()
-            kv2, ssm2, conv2 = step([node], pos, kv, ssm, conv)
-            for c in reversed(children[node]):
-                stack.append((c, pos + 1, kv2, ssm2, conv2))
-    return OracleResult(logits, hidden, ssm_out, conv_out, kv_out)
+    tree = _TreeOut(cfg, state.to(dtype, device), parents, tokens, record_states, dtype, ldev,
+                    device or weights["lm_head"].device)
+    if not tree.parents:
+        return tree.result()
+    root_kv, root_ssm, root_conv, _ = _stack_roots(cfg, [tree])
+    stack = [(0, tree.pos, root_kv, root_ssm, root_conv)]
+    while stack:
+        node, pos, kv, ssm, conv = stack.pop()
+        lg, hid, new_kv, ssm2, conv2 = decode_step(w, cfg, token=[tree.tokens[node]], pos=[pos], kv_ctx=kv, ssm=ssm,
+                                                   conv=conv)
+        tree.record(cfg, [node], [0], lg, hid, new_kv, ssm2, conv2, record_states)
+        kv2 = [None if c is None else (torch.cat([c[0], nk[0][:, None]], 1), torch.cat([c[1], nk[1][:, None]], 1))
+               for c, nk in zip(kv, new_kv)]
+        for c in reversed(tree.children[node]):
+            stack.append((c, pos + 1, kv2, ssm2, conv2))
+    return tree.result()

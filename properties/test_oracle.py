@@ -57,6 +57,47 @@ def test_oracle_by_level_equals_one_node_at_a_time(cfg, data, seed):
         assert torch.allclose(lvl.kv[l][0], one.kv[l][0], rtol=0, atol=1e-12)
 
 
+@given(model_configs(), st.data(), st.integers(0, 2**16))
+def test_oracle_trees_of_several_prompts_equal_each_tree_alone(cfg, data, seed):
+    """The oracle over the trees of several prompts at once (each depth of every tree one batch; the
+    contexts of different lengths padded and masked) equals each tree alone, node by node, up to the
+    reassociation of batched products: logits, hidden states, recurrent states, windows and KV."""
+    w = init_weights(cfg, seed=seed)
+    n = data.draw(st.integers(1, 3), label="prompts")
+    items = []
+    for _ in range(n):
+        prefix = data.draw(st.lists(st.integers(0, cfg.vocab_size - 1), max_size=4))  # lengths differ
+        t = data.draw(trees(max_size=7, vocab=cfg.vocab_size))
+        items.append((oracle.prefill(w, cfg, prefix)[0], t.parents, t.tokens))
+    together = oracle.verify_trees(w, cfg, items)
+    for (st0, parents, tokens), got in zip(items, together):
+        alone = oracle.verify_tree(w, cfg, st0, parents, tokens, order="node")
+        assert torch.allclose(got.logits, alone.logits, rtol=0, atol=1e-12)
+        assert torch.allclose(got.hidden, alone.hidden, rtol=0, atol=1e-12)
+        for l in cfg.recurrent_layers:
+            assert torch.allclose(got.ssm[l], alone.ssm[l], rtol=0, atol=1e-12)
+            assert torch.allclose(got.conv[l], alone.conv[l], rtol=0, atol=1e-12)
+        for l in cfg.attention_layers:
+            assert torch.allclose(got.kv[l][0], alone.kv[l][0], rtol=0, atol=1e-12)
+            assert torch.allclose(got.kv[l][1], alone.kv[l][1], rtol=0, atol=1e-12)
+
+
+def test_oracle_trees_mask_the_padding_of_shorter_contexts():
+    """Two prompts of different lengths: a context padded without its mask would give the padding
+    softmax weight and change the shorter prompt's logits (the case the property above relies on)."""
+    st_short, _ = oracle.prefill(MICRO_W, MICRO, [1])
+    st_long, _ = oracle.prefill(MICRO_W, MICRO, [1, 2, 3, 4, 5])
+    items = [(st_short, [-1, 0, 0], [6, 7, 8]), (st_long, [-1, 0, 1], [9, 10, 11])]
+    together = oracle.verify_trees(MICRO_W, MICRO, items)
+    for (st0, parents, tokens), got in zip(items, together):
+        alone = oracle.verify_tree(MICRO_W, MICRO, st0, parents, tokens)
+        assert torch.allclose(got.logits, alone.logits, rtol=0, atol=1e-12)
+    assert oracle.verify_trees(MICRO_W, MICRO, []) == []
+    empty = oracle.verify_trees(MICRO_W, MICRO, [(st_short, [], [])] + items[:1])
+    assert empty[0].logits.shape == (0, MICRO.vocab_size)
+    assert torch.allclose(empty[1].logits, together[0].logits, rtol=0, atol=1e-12)
+
+
 def test_oracle_by_level_in_float32_and_order_checked():
     """In float32 (the oracle's arithmetic on a GPU) the two orders agree to fp32 reassociation."""
     st0, _ = oracle.prefill(MICRO_W, MICRO, [1, 2, 3], dtype=torch.float32)
