@@ -29,7 +29,7 @@ from ddsim.config import get_preset
 from ddsim.digest import file_digest
 from ddsim.drafters import ModelDrafter, SyntheticDrafter, TraceDrafter
 from ddsim.errors import InputError
-from ddsim.generate import TreePolicy, reference_decode, speculative
+from ddsim.generate import TreePolicy, reference_decode, speculative, speculative_lockstep
 from ddsim.graphs import serving_model
 from ddsim.metrics import summarize
 from ddsim.model import HybridModel
@@ -257,29 +257,40 @@ def run_audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
     common = dict(temperature=ac.temperature, seed=ac.seed, steps=ac.steps, on_step=tick)
 
     def one_prompt(i: int) -> dict:
-        """Everything the audit measures on prompt i: its reference, its chain generation, and per
-        budget its generation records and leak-node records per mode (merged below in prompt order)."""
+        """What the audit measures on prompt i alone: its reference, its chain generation, and per
+        budget the decision-only generations (the leaky one, against the oracle, runs below with
+        every prompt's in lock step)."""
         p = prompts[i]
         ref, margins = reference_decode(model, p, ref_len, temperature=ac.temperature, seed=ac.seed)
         g = speculative(serving, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref, **common)
         out = {"index": i, "reference": ref, "margins": margins, "chain": _gen_record(g, i, None, margins), "budgets": {}}
         for budget in ac.budgets:
             policy = TreePolicy("ddtree", budget, ac.topk_cap)
-            gens, nodes = {}, {m: [] for m in ALL_MODES}
-            for mode in ALL_MODES:
-                full = mode == "leaky"
-                g = speculative(model if full else serving, p, drafter=drafter, policy=policy, mode=mode, reference=ref,
-                                measure="full" if full else "decisions", weights=weights if full else None,
-                                attribution=LEAK_MODES if full else (), **common)
-                gens[mode] = _gen_record(g, i, budget, margins)
-                if full:
-                    for st in g.steps:
-                        for m, metrics in st.nodes.items():
-                            nodes[m].append((metrics, st.keys))
-            out["budgets"][budget] = {"gens": gens, "nodes": nodes}
+            gens = {m: _gen_record(speculative(serving, p, drafter=drafter, policy=policy, mode=m, reference=ref,
+                                               **common), i, budget, margins)
+                    for m in ALL_MODES if m != "leaky"}
+            out["budgets"][budget] = {"gens": gens, "nodes": {m: [] for m in ALL_MODES}}
         return out
 
-    per_prompt = shard.run(one_prompt, len(prompts))  # every prompt here, or this rank's share gathered on rank 0
+    def share(indices: list[int]) -> list[dict]:
+        """Every prompt of this process's share: each alone, then per budget the leaky generations of
+        them all stepping together, so the oracle takes each round's trees as one batch (as many as
+        fit in memory), with the exact, leaky-state and leaky-conv fast paths on the same trees."""
+        outs = [one_prompt(i) for i in indices]
+        for budget in ac.budgets:
+            policy = TreePolicy("ddtree", budget, ac.topk_cap)
+            leaky = speculative_lockstep(model, [prompts[i] for i in indices], references=[o["reference"] for o in outs],
+                                         max_trees=oracle_trees_at_once(cfg, budget + 1, device, len(indices)),
+                                         drafter=drafter, policy=policy, mode="leaky", measure="full", weights=weights,
+                                         attribution=LEAK_MODES, **common)
+            for i, o, g in zip(indices, outs, leaky):
+                o["budgets"][budget]["gens"]["leaky"] = _gen_record(g, i, budget, o["margins"])
+                for st in g.steps:
+                    for m, metrics in st.nodes.items():
+                        o["budgets"][budget]["nodes"][m].append((metrics, st.keys))
+        return outs
+
+    per_prompt = shard.run_group(share, len(prompts))  # every prompt here, or this rank's share gathered on rank 0
     if per_prompt is None:
         return None
     references = [r["reference"] for r in per_prompt]
@@ -360,6 +371,17 @@ def check_memory(ac: AuditConfig, cfg, device: torch.device, weight_bytes_per_pa
         raise InputError(f"{what}: the audit needs about {need / 2**30:.1f} GiB on {device} (weights "
                          f"{weights / 2**30:.1f} GiB, per-node states and logits {nodes * per_node / 2**30:.1f} GiB), "
                          f"more than the {free / 2**30:.1f} GiB available")
+
+
+def oracle_trees_at_once(cfg, nodes: int, device: torch.device, n: int) -> int:
+    """How many trees of ``nodes`` nodes the oracle takes in one batch (1..n): as many as fit in half
+    the memory free now, each recording every node's recurrent states and windows (with room for
+    two levels' working states), its hidden states and logits, in the oracle's dtype."""
+    b = torch.finfo(oracle.default_dtype(device)).bits // 8
+    rec = sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
+    per_tree = nodes * b * (3 * rec + cfg.num_layers * cfg.hidden_size + cfg.vocab_size)
+    free = available_memory(device)
+    return 1 if free is None else max(1, min(n, int(free // 2 // max(1, per_tree))))
 
 
 def available_memory(device: torch.device) -> int | None:

@@ -65,13 +65,19 @@ class Shard:
     def run(self, fn, n: int):
         """[fn(0), ..., fn(n-1)] on rank 0 (None on the others), each i computed on rank i % world.
         An error on any rank fails rank 0 too, after every rank has reported (no rank waits forever)."""
+        return self.run_group(lambda idx: [fn(i) for i in idx], n)
+
+    def run_group(self, fn, n: int):
+        """``run`` for a function of a whole share: fn([i, ...]) -> [result of i, ...] is called once
+        with this rank's indices (i % world == rank), so its items can be computed together."""
         if not self.distributed:
-            return [fn(i) for i in range(n)]
+            return fn(list(range(n)))
         import torch.distributed as dist
         mine, err = {}, None
         try:
-            for i in range(self.rank, n, self.world):
-                mine[i] = _to_cpu(fn(i))
+            idx = list(range(self.rank, n, self.world))
+            for i, r in zip(idx, fn(idx), strict=True):
+                mine[i] = _to_cpu(r)
         except InputError as e:
             err = ("input", str(e))
         except Exception as e:  # reported to rank 0, then raised here as well

@@ -163,6 +163,16 @@ class GenerationResult:
         return sum(s.silent_corruption for s in self.steps)
 
 
+@dataclass(frozen=True)
+class OracleRequest:
+    """A step's question to the oracle (measure="full"): every node of ``tree`` from the committed
+    ``state``. A generation yields it and is sent the OracleResult back, so whoever runs several
+    generations together can put the trees of one round into one oracle batch (``speculative_lockstep``)."""
+    state: object
+    parents: list
+    tokens: list
+
+
 def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, drafter: Drafter, policy: TreePolicy,
                 mode: str = "exact", steps: int | None = None, temperature: float = 0.0, seed: int = 0,
                 reference: list[int] | None = None, measure: str = "decisions", weights=None,
@@ -176,6 +186,60 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
     ``weights`` and a model that keeps per-node states).
     attribution: extra modes evaluated vs the oracle on each step's tree and state (measure="full").
     """
+    return speculative_lockstep(model, [prompt], n_tokens, references=[reference], drafter=drafter, policy=policy,
+                                mode=mode, steps=steps, temperature=temperature, seed=seed, measure=measure,
+                                weights=weights, attribution=attribution, keep_trees=keep_trees, on_step=on_step)[0]
+
+
+def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = None, *, references=None,
+                         max_trees: int | None = None, **kw) -> list[GenerationResult]:
+    """``speculative`` for each of ``prompts`` (``references[i]`` its reference), the generations
+    stepping together: with measure="full", the oracle takes the trees of one round of steps as one
+    batch (``oracle.verify_trees``, at most ``max_trees`` trees at once; default all). Each
+    generation is the same as alone: its steps see only its own state, and the oracle computes every
+    node the same way (up to the reassociation of batched products). Every input is checked before
+    the first step of any generation."""
+    references = [None] * len(prompts) if references is None else list(references)
+    if len(references) != len(prompts):
+        raise InputError(f"references: {len(references)} for {len(prompts)} prompts")
+    if max_trees is not None and max_trees < 1:
+        raise InputError(f"max_trees: expected at least 1, got {max_trees}")
+    checked = [_checked_generation(model, p, n_tokens, **kw) for p in prompts]
+    gens = [_generation(model, p, n_tokens, reference=r, **kw) for p, r in zip(checked, references)]
+    return run_lockstep(gens, lambda reqs: oracle.verify_trees(kw.get("weights"), model.cfg, [
+        (q.state, q.parents, q.tokens) for q in reqs]), max_trees=max_trees)
+
+
+def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, max_trees: int | None = None) -> list:
+    """Run generators that yield OracleRequests (and return their result) together: each round, the
+    pending requests of every unfinished generator are answered by ``answer`` (a list of requests ->
+    the list of their answers), at most ``max_trees`` at a time, and sent back; returns each
+    generator's return value, in order."""
+    results, pending = [None] * len(gens), {}
+
+    def advance(i, value):
+        try:
+            pending[i] = gens[i].send(value)
+        except StopIteration as stop:
+            results[i] = stop.value
+
+    for i in range(len(gens)):
+        advance(i, None)
+    while pending:
+        round_ = sorted(pending.items())
+        pending.clear()
+        size = max_trees or len(round_)
+        for lo in range(0, len(round_), size):
+            chunk = round_[lo:lo + size]
+            for (i, _), out in zip(chunk, answer([q for _, q in chunk])):
+                advance(i, out)
+    return results
+
+
+def _checked_generation(model, prompt, n_tokens, *, drafter, policy, mode="exact", steps=None, measure="decisions",
+                        weights=None, **_):
+    """The prompt as checked token ids: every argument of a generation refused before any work, one
+    line naming it."""
     if n_tokens is None and steps is None:
         raise InputError("steps: give n_tokens or steps")
     if steps is not None and steps < 1:
@@ -187,7 +251,16 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
         raise InputError(f"measure: expected 'decisions' or 'full', got {measure!r}")
     if measure == "full" and weights is None:
         raise InputError("measure='full' needs the model weights for the oracle")
-    prompt = _check_prompt(model, prompt, budget_tokens, extra=drafter.depth + 1)
+    return _check_prompt(model, prompt, budget_tokens, extra=drafter.depth + 1)
+
+
+def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, drafter: Drafter,
+                policy: TreePolicy, mode: str = "exact", steps: int | None = None, temperature: float = 0.0,
+                seed: int = 0, reference: list[int] | None = None, measure: str = "decisions", weights=None,
+                attribution: tuple[str, ...] = (), keep_trees: bool = False,
+                on_step: Callable[[StepRecord], None] | None = None):
+    """One speculative generation (arguments checked) as a generator: yields an OracleRequest per
+    step when measure="full" and is sent its OracleResult; returns the GenerationResult."""
     cfg = model.cfg
     state, _ = model.prefill(prompt[:-1])
     shadow = state  # an exact state of the same context, for the synthetic drafter's greedy path
@@ -206,6 +279,8 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
         logits = drafter.draft(DraftContext(step=step, tokens=prompt + out, greedy=greedy))
         tree = policy.build(logits, root_token=root, max_rank=drafter.max_rank)
         positions = tree.positions(state.pos)
+        # the oracle first: a generation waiting for it (in lock step with others) holds no per-node state
+        ref = (yield OracleRequest(state, tree.parents, tree.tokens)) if measure == "full" else None
         keep = measure == "full"  # decisions need logits only: the serving verify (no per-node states)
         res = model.verify(state, tree, mode=mode, keep_states=keep)
         targets = target_tokens(res.logits, positions, temperature=temperature, seed=seed)
@@ -217,7 +292,6 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
                                                                    temperature=temperature, seed=seed)
         nodes = keys = None
         if measure == "full":
-            ref = oracle.verify_tree(weights, cfg, state, tree.parents, tree.tokens)
             targets_ref = target_tokens(ref.logits, positions, temperature=temperature, seed=seed)
             nodes = {mode: node_metrics(tree, res, ref, cfg), "exact": node_metrics(tree, res_x, ref, cfg)}
             for extra in attribution:

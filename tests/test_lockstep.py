@@ -1,0 +1,97 @@
+"""Generations in lock step (ddsim.generate.speculative_lockstep): the oracle answers each round's trees
+of every prompt as one batch, and every generation is the one it would be alone."""
+import numpy as np
+import pytest
+
+from ddsim import oracle
+from ddsim.config import get_preset
+from ddsim.distributed import Shard
+from ddsim.drafters import SyntheticDrafter
+from ddsim.errors import InputError
+from ddsim.generate import OracleRequest, TreePolicy, run_lockstep, speculative, speculative_lockstep
+from ddsim.model import HybridModel
+from ddsim.weights import init_weights
+
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9], [7, 7]]  # contexts of different lengths
+
+
+def _setup():
+    cfg = get_preset("micro")
+    w = init_weights(cfg, seed=0)
+    kw = dict(drafter=SyntheticDrafter(vocab_size=cfg.vocab_size, depth=4, seed=1), policy=TreePolicy("ddtree", 8),
+              mode="leaky", steps=3, measure="full", weights=w, attribution=("leaky-state",))
+    return cfg, HybridModel(cfg, w), kw
+
+
+def _batches(monkeypatch):
+    sizes = []
+    real = oracle.verify_trees
+
+    def counted(weights, cfg, items, **k):
+        sizes.append(len(items))
+        return real(weights, cfg, items, **k)
+    monkeypatch.setattr(oracle, "verify_trees", counted)
+    return sizes
+
+
+def test_lockstep_generations_equal_each_alone_with_the_oracle_batched(monkeypatch):
+    cfg, m, kw = _setup()
+    alone = [speculative(m, p, **kw) for p in PROMPTS]
+    sizes = _batches(monkeypatch)
+    together = speculative_lockstep(m, PROMPTS, **kw)
+    assert sizes == [3, 3, 3]  # three rounds, each the three prompts' trees in one oracle batch
+    for a, b in zip(alone, together):
+        assert b.tokens == a.tokens
+        assert [s.emitted for s in b.steps] == [s.emitted for s in a.steps]
+        assert [s.decision_flips for s in b.steps] == [s.decision_flips for s in a.steps]
+        for sa, sb in zip(a.steps, b.steps):
+            assert sa.nodes.keys() == sb.nodes.keys() == {"leaky", "exact", "leaky-state"}
+            for mode in sa.nodes:
+                for key, va in sa.nodes[mode].items():
+                    np.testing.assert_allclose(sb.nodes[mode][key], va, rtol=1e-6, atol=1e-12, err_msg=f"{mode} {key}")
+
+
+def test_max_trees_splits_a_round(monkeypatch):
+    cfg, m, kw = _setup()
+    sizes = _batches(monkeypatch)
+    speculative_lockstep(m, PROMPTS, max_trees=2, **{**kw, "steps": 1})
+    assert sizes == [2, 1]
+    with pytest.raises(InputError, match="max_trees"):
+        speculative_lockstep(m, PROMPTS, max_trees=0, **kw)
+
+
+def test_every_prompt_is_checked_before_any_generation_starts():
+    cfg, m, kw = _setup()
+    steps = []
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        speculative_lockstep(m, [PROMPTS[0], [cfg.vocab_size]], on_step=steps.append, **kw)
+    assert steps == []
+    with pytest.raises(InputError, match="references"):
+        speculative_lockstep(m, PROMPTS, references=[None], **kw)
+
+
+def test_run_lockstep_answers_each_round_together_in_order():
+    def gen(name, rounds):
+        got = []
+        for r in range(rounds):
+            got.append((yield OracleRequest(state=None, parents=[name, r], tokens=[])))
+        return name, got
+    asked = []
+
+    def answer(reqs):
+        asked.append([q.parents for q in reqs])
+        return [f"{q.parents[0]}{q.parents[1]}" for q in reqs]
+    out = run_lockstep([gen("a", 2), gen("b", 0), gen("c", 3)], answer)
+    assert out == [("a", ["a0", "a1"]), ("b", []), ("c", ["c0", "c1", "c2"])]
+    assert asked == [[["a", 0], ["c", 0]], [["a", 1], ["c", 1]], [["c", 2]]]
+
+
+def test_a_share_is_computed_as_one_group():
+    calls = []
+
+    def fn(idx):
+        calls.append(idx)
+        return [i * 10 for i in idx]
+    assert Shard.single().run_group(fn, 4) == [0, 10, 20, 30]
+    assert calls == [[0, 1, 2, 3]]
+    assert Shard.single().run(lambda i: i + 1, 3) == [1, 2, 3]
