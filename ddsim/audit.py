@@ -261,7 +261,7 @@ def run_audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
         budget the decision-only generations (the leaky one, against the oracle, runs below with
         every prompt's in lock step)."""
         p = prompts[i]
-        ref, margins = reference_decode(model, p, ref_len, temperature=ac.temperature, seed=ac.seed)
+        ref, margins = reference_decode(serving, p, ref_len, temperature=ac.temperature, seed=ac.seed)
         g = speculative(serving, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref, **common)
         out = {"index": i, "reference": ref, "margins": margins, "chain": _gen_record(g, i, None, margins), "budgets": {}}
         for budget in ac.budgets:

@@ -165,3 +165,16 @@ def test_a_commit_refuses_a_tree_of_another_size_than_its_result():
                        (gm, gm.verify(st, TREES[0]))):
         with pytest.raises(InputError, match="3 nodes, the verify result has 8"):
             model.commit(st, other, res, 1)
+
+
+def test_reference_decoding_through_the_graph_path_is_the_models():
+    """The audit decodes its references through the serving model (one-node trees, replayed from
+    graphs on a GPU): the same tokens and margins as the model's own verify."""
+    from ddsim.generate import reference_decode
+    cfg, m, _ = _models("tiny")
+    gm = GraphedModel(m, capture=False)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    (ta, ma), (tb, mb) = reference_decode(m, prompt, 6), reference_decode(gm, prompt, 6)
+    assert tb == ta
+    assert mb == pytest.approx(ma, rel=1e-5, abs=1e-5)
+    assert any(key[1] == 1 for key in gm.captured())  # the one-node key ran
