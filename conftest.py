@@ -2,6 +2,9 @@ import os
 
 import torch
 
+# Every fast-path output is NaN-filled before its kernel writes it (read when ddsim.gpu_backend is
+# imported; test_poisoning_is_on_in_the_tests guards it).
+os.environ.setdefault("DDSIM_POISON", "1")
 # Without a GPU the Triton kernels run in Triton's interpreter (set before triton is imported).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -220,7 +220,14 @@ def run_audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
     """Run the audit and return its validated report; ``progress(advance=1)`` is called once per
     speculative step if given. Every input is checked before the first generation starts.
     ``shard`` (ddsim.distributed.Shard): this process's share of the prompts under torchrun; the
-    report is assembled on rank 0 (other ranks return None)."""
+    report is assembled on rank 0 (other ranks return None). The fast path's outputs are
+    NaN-poisoned throughout (gpu_backend.poisoned)."""
+    from ddsim.gpu_backend import poisoned
+    with poisoned():
+        return _audit(ac, progress=progress, shard=shard)
+
+
+def _audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
     from ddsim.distributed import Shard
     shard = shard or Shard.single()
     cfg = read_model_config(ac)

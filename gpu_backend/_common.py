@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from ddsim.gpu_backend.checks import check_inputs, constant, pool_slots
+from ddsim.gpu_backend.checks import check_inputs, constant, poisoning, pool_slots
 
 MODES = ("exact", "leaky")
 
@@ -96,8 +96,10 @@ def gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, device):
     return g.contiguous(), beta.contiguous(), dummy, dummy, False
 
 
-def alloc(shape, dtype, device, poison: bool = True):
-    """Fresh output: NaN-filled so an unwritten element cannot pass a comparison (poison=False for timing)."""
-    if poison:
+def alloc(shape, dtype, device, poison: bool | None = None):
+    """A fresh output: NaN-filled when poisoning (``poison``, or by default ``checks.poisoning()``:
+    in the tests and audits) so an unwritten element cannot pass a comparison; else left unfilled,
+    as a serving engine allocates."""
+    if poisoning() if poison is None else poison:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)

@@ -6,6 +6,9 @@ states [B or N, HV, K, V]; conv x [B, T, C], weight [C, W], windows [B or N, C, 
 """
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -185,6 +188,27 @@ def resolve_gates(g, beta, a, b, A_log, dt_bias):
         raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
     g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
     return g, torch.sigmoid(b.float())
+
+
+_POISON = [os.environ.get("DDSIM_POISON", "0") == "1"]
+
+
+def poisoning() -> bool:
+    """Whether the Triton launchers NaN-fill the outputs they allocate before their kernels write
+    them (an element a kernel failed to write then fails every comparison). On in the test suites
+    (the root conftest sets DDSIM_POISON=1) and in audits (``poisoned``); off otherwise: the fill is
+    a launch per output, which serving engines do not pay (they allocate with torch.empty)."""
+    return _POISON[0]
+
+
+@contextlib.contextmanager
+def poisoned(enabled: bool = True):
+    """Poison (or not) the launchers' outputs inside the block."""
+    before, _POISON[0] = _POISON[0], enabled
+    try:
+        yield
+    finally:
+        _POISON[0] = before
 
 
 _CONSTANTS: dict = {}

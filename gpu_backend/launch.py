@@ -27,19 +27,25 @@ DIRECT = True  # False: every launch through kernel[grid] (benchmarks compare th
 
 def _params(kernel):
     """(argument names in order, whether the kernel is compiled: a JITFunction, not the interpreter's
-    InterpretedFunction, which @triton.jit makes under TRITON_INTERPRET=1)."""
+    InterpretedFunction, which @triton.jit makes under TRITON_INTERPRET=1, a getter of the arguments
+    in order from the keyword dict)."""
     hit = _PARAMS.get(kernel)
     if hit is None:
+        from operator import itemgetter
+
         from triton.runtime.jit import JITFunction
         compiled = isinstance(kernel, JITFunction) and os.environ.get("TRITON_INTERPRET", "0") != "1"
-        hit = _PARAMS[kernel] = (tuple(getattr(kernel, "arg_names", ())), compiled)
+        names = tuple(getattr(kernel, "arg_names", ()))
+        get = itemgetter(*names) if len(names) > 1 else (lambda kw: tuple(kw[n] for n in names))
+        hit = _PARAMS[kernel] = (names, compiled, get)
     return hit
 
 
 def _spec(a):
-    if isinstance(a, torch.Tensor):
+    t = type(a)
+    if t is torch.Tensor or isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() & 15 == 0
-    if isinstance(a, float):
+    if t is float:
         return float
     return a  # int, bool, str, None, dtype: by value
 
@@ -56,12 +62,13 @@ def _hooked() -> bool:
 
 def key_of(kernel, kw: dict, device: int) -> tuple:
     """(the key a compiled specialization is kept under, the kernel's arguments in its order)."""
-    names = _params(kernel)[0]
-    args = tuple(kw[n] for n in names)
-    if len(kw) != len(names) + sum(1 for o in _OPTIONS if o in kw):
+    names, _, get = _params(kernel)
+    args = get(kw)
+    options = (kw.get("num_warps"), kw.get("num_stages"), kw.get("num_ctas"), kw.get("maxnreg"))  # _OPTIONS
+    if len(kw) != len(names) + len(options) - options.count(None):
         unknown = sorted(set(kw) - set(names) - set(_OPTIONS))
         raise TypeError(f"{kernel.__name__}: unknown arguments {unknown}")
-    return (kernel, device, tuple(kw.get(o) for o in _OPTIONS), tuple(map(_spec, args))), args
+    return (kernel, device, options, tuple(map(_spec, args))), args
 
 
 def bind(kernel, grid, kw: dict):

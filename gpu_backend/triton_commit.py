@@ -78,7 +78,7 @@ def gdn_tree_commit_triton(*args, **kwargs):
 
 def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, use_qk_l2norm=True,
                 state_indices=None, inplace=False, a=None, b=None, A_log=None, dt_bias=None,
-                block_v: int = 32, num_warps: int = 4, poison: bool = True):
+                block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
     """Validate, build the paths and allocate once; returns (launch, out)."""
     B, T, H, HV, K, V = C.check_gdn_args(k, k, v, g, beta, a, b)
     C.check_device(k, v, initial_state)

@@ -139,7 +139,7 @@ def gdn_tree_verify_recurrent(*args, **kwargs):
 
 def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                    use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
-                   A_log=None, dt_bias=None, block_v: int = 32, num_warps: int = 4, poison: bool = True):
+                   A_log=None, dt_bias=None, block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
     """Validate and allocate once; returns (launch, result): launch() runs the kernel alone (what
     the benchmarks time). poison=False skips the NaN fill of fresh outputs."""
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
@@ -171,7 +171,7 @@ def gdn_tree_verify_wy(*args, **kwargs):
 def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
             use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
             A_log=None, dt_bias=None, block_v: int | None = None, num_warps: int | None = None,
-            precision: str = "tf32x3", poison: bool = True, design: str = "auto", solve_warps: int = 4,
+            precision: str = "tf32x3", poison: bool | None = None, design: str = "auto", solve_warps: int = 4,
             exact16: str = "bf16x3"):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
     kernel; "split": the value-independent half once per head (triton_wy_split); "fold": the same with

@@ -244,7 +244,7 @@ def mamba2_tree_verify_recurrent(*args, **kwargs):
 
 def plan_recurrent(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), parents,
                    initial_state, state_indices=None, mode="exact", output_states=False, block_p: int = 32,
-                   num_warps: int = 4, poison: bool = True):
+                   num_warps: int = 4, poison: bool | None = None):
     """Validate and allocate once; returns (launch, result)."""
     (Bn, T, H, P, G, N), idx, common, dummy = _prep(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state,
                                                     state_indices)
@@ -271,7 +271,7 @@ def mamba2_tree_verify_ssd(*args, **kwargs):
 
 def plan_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), parents,
              initial_state, state_indices=None, mode="exact", output_states=False, block_i: int = 32,
-             block_p: int = 64, num_warps: int = 4, precision: str = "tf32x3", poison: bool = True):
+             block_p: int = 64, num_warps: int = 4, precision: str = "tf32x3", poison: bool | None = None):
     """Validate, build the ancestor mask and allocate once; returns (launch, y)."""
     if output_states:
         raise ValueError("output_states: the SSD kernel writes no per-node states; use the recurrent kernel")
@@ -315,7 +315,7 @@ def mamba2_tree_commit_triton(*args, **kwargs):
 
 def plan_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), parents, accepted,
                 initial_state, state_indices=None, inplace=False, block_p: int = 32, num_warps: int = 4,
-                poison: bool = True):
+                poison: bool | None = None):
     """Validate, build the accepted paths and allocate once; returns (launch, out)."""
     from ddsim.gpu_backend.triton_commit import accepted_paths
     (Bn, T, H, P, G, N), idx, common, _ = _prep(x, dt, A, B, None, None, dt_bias, dt_limit, initial_state,

@@ -106,7 +106,7 @@ def _gdn_wy_blocked_kernel(
 def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                     use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
                     dt_bias=None, block_t: int = 64, block_v: int = 32, num_warps: int = 8, precision: str = "tf32x3",
-                    poison: bool = True):
+                    poison: bool | None = None):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). Any tree size."""
     from ddsim.gpu_backend.triton_gdn import _prep
     if output_states:
