@@ -7,7 +7,11 @@ states; the snapshot-free WY kernel), eagerly and replayed from CUDA graphs (dds
 commit of each; and the fp32 oracle (one decode step per node from its parent's state: each depth level as one
 batch, and one node at a time for comparison), with peak GPU memory, with and without the oracle
 recording every node's per-layer state.
-Part 2 runs the audit itself (ddsim.audit.run_audit) on a few prompts for budgets 16 and 64.
+Part 2 runs the audit itself (ddsim.audit.run_audit) on a few prompts for budgets 16 and 64, with its
+wall seconds per phase (references, chain, decision-only generations, the leaky generations in lock
+step and the oracle's share of them, with its batch sizes). The audit at the size issue #10 names
+(32 prompts x 16 steps) fits the device's 10-minute command limit one budget at a time:
+--skip-timing --prompts 32 --steps 16 --budgets 16 (then 64).
 
     python benchmarks/audit_full_size.py [--budgets 16,64] [--prompts 3] [--steps 2] [--commit SHA] [--out DIR]
                                          [--skip-oracle-by-node]
@@ -156,12 +160,15 @@ def run_full_audit(a, budgets):
     torch.cuda.reset_peak_memory_stats()
     steps = []
     t0 = time.perf_counter()
+    timings = {}
     rep = run_audit(AuditConfig(preset="qwen3.6-27b", device="cuda", budgets=budgets, steps=a.steps,
                                 n_prompts=a.prompts, prompt_len=a.prompt_len),
-                    progress=lambda advance: steps.append(advance))
+                    progress=lambda advance: steps.append(advance), timings=timings)
     wall = time.perf_counter() - t0
     print(f"audit ({a.prompts} prompts x {a.steps} steps, budgets {budgets}, {sum(steps)} speculative steps): "
           f"{wall:.1f} s, peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    for name, v in timings.items():  # the rest of the wall time: model build, weight digest, report assembly
+        print(f"  {name}: {v:.1f} s" if isinstance(v, float) else f"  {name}: {v}", flush=True)
     for b in rep.budgets:
         lk, md = b.leak, b.modes
         print(f"budget {b.budget}: leaky state rel err (other nodes) median {lk['leaky'].state_rel.other.median:.3g}, "

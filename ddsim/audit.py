@@ -14,10 +14,12 @@ reference's choice led by no more than that is counted apart, as possibly the ar
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import platform
+import time
 from pathlib import Path
 
 import numpy as np
@@ -216,18 +218,19 @@ def load_engine(ac: AuditConfig, device: torch.device):
     return kernel
 
 
-def run_audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
+def run_audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None = None) -> Report | None:
     """Run the audit and return its validated report; ``progress(advance=1)`` is called once per
     speculative step if given. Every input is checked before the first generation starts.
     ``shard`` (ddsim.distributed.Shard): this process's share of the prompts under torchrun; the
     report is assembled on rank 0 (other ranks return None). The fast path's outputs are
-    NaN-poisoned throughout (gpu_backend.poisoned)."""
+    NaN-poisoned throughout (gpu_backend.poisoned). ``timings``: a dict this process's wall seconds
+    per phase are added to (benchmarks/audit_full_size.py prints them)."""
     from ddsim.gpu_backend import poisoned
     with poisoned():
-        return _audit(ac, progress=progress, shard=shard)
+        return _audit(ac, progress=progress, shard=shard, timings=timings)
 
 
-def _audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
+def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None = None) -> Report | None:
     from ddsim.distributed import Shard
     shard = shard or Shard.single()
     cfg = read_model_config(ac)
@@ -263,19 +266,35 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
 
     common = dict(temperature=ac.temperature, seed=ac.seed, steps=ac.steps, on_step=tick)
 
+    @contextlib.contextmanager
+    def phase(name: str):
+        """Adds the block's wall seconds to timings[name] (synchronised on a GPU) when timings are asked for."""
+        if timings is None:
+            yield
+            return
+        t = time.perf_counter()
+        yield
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+
     def one_prompt(i: int) -> dict:
         """What the audit measures on prompt i alone: its reference, its chain generation, and per
         budget the decision-only generations (the leaky one, against the oracle, runs below with
         every prompt's in lock step)."""
         p = prompts[i]
-        ref, margins = reference_decode(serving, p, ref_len, temperature=ac.temperature, seed=ac.seed)
-        g = speculative(serving, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref, **common)
+        with phase("references"):
+            ref, margins = reference_decode(serving, p, ref_len, temperature=ac.temperature, seed=ac.seed)
+        with phase("chain"):
+            g = speculative(serving, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref,
+                            **common)
         out = {"index": i, "reference": ref, "margins": margins, "chain": _gen_record(g, i, None, margins), "budgets": {}}
         for budget in ac.budgets:
             policy = TreePolicy("ddtree", budget, ac.topk_cap)
-            gens = {m: _gen_record(speculative(serving, p, drafter=drafter, policy=policy, mode=m, reference=ref,
-                                               **common), i, budget, margins)
-                    for m in ALL_MODES if m != "leaky"}
+            with phase(f"decision-only generations, budget {budget}"):
+                gens = {m: _gen_record(speculative(serving, p, drafter=drafter, policy=policy, mode=m, reference=ref,
+                                                   **common), i, budget, margins)
+                        for m in ALL_MODES if m != "leaky"}
             out["budgets"][budget] = {"gens": gens, "nodes": {m: [] for m in ALL_MODES}}
         return out
 
@@ -286,10 +305,16 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None) -> Report | None:
         outs = [one_prompt(i) for i in indices]
         for budget in ac.budgets:
             policy = TreePolicy("ddtree", budget, ac.topk_cap)
-            leaky = speculative_lockstep(model, [prompts[i] for i in indices], references=[o["reference"] for o in outs],
-                                         max_trees=oracle_trees_at_once(cfg, budget + 1, device, len(indices)),
-                                         drafter=drafter, policy=policy, mode="leaky", measure="full", weights=weights,
-                                         attribution=LEAK_MODES, **common)
+            inner = {} if timings is not None else None
+            with phase(f"leaky generations in lock step, budget {budget}"):
+                leaky = speculative_lockstep(model, [prompts[i] for i in indices],
+                                             references=[o["reference"] for o in outs],
+                                             max_trees=oracle_trees_at_once(cfg, budget + 1, device, len(indices)),
+                                             timings=inner, drafter=drafter, policy=policy, mode="leaky",
+                                             measure="full", weights=weights, attribution=LEAK_MODES, **common)
+            if inner:
+                timings[f"  of which the oracle, budget {budget}"] = inner["oracle"]
+                timings[f"  oracle batches (trees), budget {budget}"] = inner["oracle_batches"]
             for i, o, g in zip(indices, outs, leaky):
                 o["budgets"][budget]["gens"]["leaky"] = _gen_record(g, i, budget, o["margins"])
                 for st in g.steps:

@@ -12,6 +12,7 @@ the numerical noise floor.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -192,13 +193,14 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
 
 
 def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = None, *, references=None,
-                         max_trees: int | None = None, **kw) -> list[GenerationResult]:
+                         max_trees: int | None = None, timings: dict | None = None, **kw) -> list[GenerationResult]:
     """``speculative`` for each of ``prompts`` (``references[i]`` its reference), the generations
     stepping together: with measure="full", the oracle takes the trees of one round of steps as one
     batch (``oracle.verify_trees``, at most ``max_trees`` trees at once; default all). Each
     generation is the same as alone: its steps see only its own state, and the oracle computes every
     node the same way (up to the reassociation of batched products). Every input is checked before
-    the first step of any generation."""
+    the first step of any generation. ``timings``: a dict to which the oracle's wall seconds
+    ("oracle") and its batch sizes ("oracle_batches") are added."""
     references = [None] * len(prompts) if references is None else list(references)
     if len(references) != len(prompts):
         raise InputError(f"references: {len(references)} for {len(prompts)} prompts")
@@ -206,8 +208,16 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
         raise InputError(f"max_trees: expected at least 1, got {max_trees}")
     checked = [_checked_generation(model, p, n_tokens, **kw) for p in prompts]
     gens = [_generation(model, p, n_tokens, reference=r, **kw) for p, r in zip(checked, references)]
-    return run_lockstep(gens, lambda reqs: oracle.verify_trees(kw.get("weights"), model.cfg, [
-        (q.state, q.parents, q.tokens) for q in reqs]), max_trees=max_trees)
+    def answer(reqs):
+        t = time.perf_counter()
+        out = oracle.verify_trees(kw.get("weights"), model.cfg, [(q.state, q.parents, q.tokens) for q in reqs])
+        if timings is not None:
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            timings["oracle"] = timings.get("oracle", 0.0) + time.perf_counter() - t
+            timings.setdefault("oracle_batches", []).append(len(reqs))
+        return out
+    return run_lockstep(gens, answer, max_trees=max_trees)
 
 
 def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, max_trees: int | None = None) -> list:

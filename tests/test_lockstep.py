@@ -95,3 +95,14 @@ def test_a_share_is_computed_as_one_group():
     assert Shard.single().run_group(fn, 4) == [0, 10, 20, 30]
     assert calls == [[0, 1, 2, 3]]
     assert Shard.single().run(lambda i: i + 1, 3) == [1, 2, 3]
+
+
+def test_the_audit_reports_its_phases_and_oracle_batches():
+    from ddsim.audit import run_audit
+    from ddsim.settings import AuditConfig
+    timings = {}
+    run_audit(AuditConfig(preset="micro", budgets=[4], steps=2, n_prompts=3, seed=2), timings=timings)
+    assert {"references", "chain", "decision-only generations, budget 4", "leaky generations in lock step, budget 4",
+            "  of which the oracle, budget 4"} <= timings.keys()
+    assert timings["  oracle batches (trees), budget 4"] == [3, 3]  # two rounds of the three prompts' trees
+    assert 0 < timings["  of which the oracle, budget 4"] < timings["leaky generations in lock step, budget 4"]
