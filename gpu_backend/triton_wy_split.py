@@ -45,29 +45,25 @@ def _gram(a, b, ra, rb, RAW16: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _gdn_wy_solve_kernel(
-    q, k, g, beta, A_log, dt_bias,
-    mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
-    W, P, Ad,  # out: [B, HV, BT, BT] x2 fp32, [B, HV, BT] fp32
-    T, scale, NSTEP,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
-):
-    i_bh = tl.program_id(0)
+def _solve_prologue(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H: tl.constexpr, HV: tl.constexpr,
+                    K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
+                    RAW16: tl.constexpr, PRECISION: tl.constexpr):
+    """What both per-head kernels start from, for the draft block of (sequence, value head) i_bh: the
+    offsets o_t [BT], o_k [BK]; the raw q, k rows [BT, BK] (kept 16-bit: registers) and their l2 norms
+    rq, rk [BT]; beta [BT]; the path log-decays G [BT]; D = A_t / A_j on ancestors-or-self and the
+    mask anc [BT, BT]; N = -L [BT, BT]."""
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
-    mk = o_k < K
     mt = o_t < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
-    m2 = mt[:, None] & mk[None, :]
-    b_k = _raw_rows(k, rows[:, None], i_h, o_k[None, :], m2, H, K)  # [BT, BK] raw
+    m2 = mt[:, None] & (o_k < K)[None, :]
+    b_k = _raw_rows(k, rows[:, None], i_h, o_k[None, :], m2, H, K)
     b_q = _raw_rows(q, rows[:, None], i_h, o_k[None, :], m2, H, K)
     if L2NORM:
-        kf, qf = b_k.to(tl.float32), b_q.to(tl.float32)
-        rk = tl.sqrt(tl.sum(kf * kf, 1) + 1e-6)
-        rq = tl.sqrt(tl.sum(qf * qf, 1) + 1e-6)
+        rk = tl.sqrt(tl.sum(b_k.to(tl.float32) * b_k.to(tl.float32), 1) + 1e-6)
+        rq = tl.sqrt(tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1) + 1e-6)
     else:
         rk = tl.full([BT], 1.0, tl.float32)
         rq = tl.full([BT], 1.0, tl.float32)
@@ -80,6 +76,21 @@ def _gdn_wy_solve_kernel(
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
     strict = anc & (o_t[:, None] != o_t[None, :])
     N = tl.where(strict, -b_beta[:, None] * D * _gram(b_k, b_k, rk, rk, RAW16, PRECISION), 0.0)  # -L
+    return o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N
+
+
+@triton.jit
+def _gdn_wy_solve_kernel(
+    q, k, g, beta, A_log, dt_bias,
+    mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
+    W, P, Ad,  # out: [B, HV, BT, BT] x2 fp32, [B, HV, BT] fp32
+    T, scale, NSTEP,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_bh = tl.program_id(0)
+    o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _solve_prologue(
+        q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, PRECISION)
     Pm = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale
     base = i_bh.to(tl.int64) * BT * BT
     tl.store(P + base + o_t[:, None] * BT + o_t[None, :], Pm)
@@ -162,32 +173,9 @@ def _gdn_wy_fold_kernel(
     # O = diag(A) Q S_r scale + P W diag(beta) (V - diag(A) K S_r) = Qe S_r + Ve V with Y = P W:
     #   Qe = diag(A scale / rq) Q_raw - Y diag(beta A / rk) K_raw,   Ve = Y diag(beta)
     i_bh = tl.program_id(0)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    mk = o_k < K
-    mt = o_t < T - 1
-    rows = (i_b * T + 1 + o_t).to(tl.int64)
-    m2 = mt[:, None] & mk[None, :]
-    b_k = _raw_rows(k, rows[:, None], i_h, o_k[None, :], m2, H, K)  # [BT, BK] raw (kept 16-bit: registers)
-    b_q = _raw_rows(q, rows[:, None], i_h, o_k[None, :], m2, H, K)
-    if L2NORM:
-        rk = tl.sqrt(tl.sum(b_k.to(tl.float32) * b_k.to(tl.float32), 1) + 1e-6)
-        rq = tl.sqrt(tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1) + 1e-6)
-    else:
-        rk = tl.full([BT], 1.0, tl.float32)
-        rq = tl.full([BT], 1.0, tl.float32)
-    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
-    b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
-    b_g = tl.where(mt, b_g, 0.0)
-    b_beta = tl.where(mt, b_beta, 0.0)
-    anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0
-    G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path below the root
+    o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _solve_prologue(
+        q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, PRECISION)
     A = tl.exp(G)
-    D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
-    strict = anc & (o_t[:, None] != o_t[None, :])
-    N = tl.where(strict, -b_beta[:, None] * D * _gram(b_k, b_k, rk, rk, RAW16, PRECISION), 0.0)  # -L
     Y = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale  # P
     Y = Y + tl.dot(Y, N, input_precision=PRECISION)  # Y = P (I + N)(I + N^2)(I + N^4)... = P W
     for _ in range(1, NSTEP):
