@@ -208,6 +208,7 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
         raise InputError(f"max_trees: expected at least 1, got {max_trees}")
     checked = [_checked_generation(model, p, n_tokens, **kw) for p in prompts]
     gens = [_generation(model, p, n_tokens, reference=r, **kw) for p, r in zip(checked, references)]
+
     def answer(reqs):
         t = time.perf_counter()
         out = oracle.verify_trees(kw.get("weights"), model.cfg, [(q.state, q.parents, q.tokens) for q in reqs])
@@ -270,7 +271,8 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                 attribution: tuple[str, ...] = (), keep_trees: bool = False,
                 on_step: Callable[[StepRecord], None] | None = None):
     """One speculative generation (arguments checked) as a generator: yields an OracleRequest per
-    step when measure="full" and is sent its OracleResult; returns the GenerationResult."""
+    step when measure="full" and is sent its OracleResult (computed by the caller from ``weights``);
+    returns the GenerationResult."""
     cfg = model.cfg
     state, _ = model.prefill(prompt[:-1])
     shadow = state  # an exact state of the same context, for the synthetic drafter's greedy path

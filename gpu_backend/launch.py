@@ -20,7 +20,7 @@ import os
 import torch
 
 _COMPILED: dict = {}  # key -> CompiledKernel
-_PARAMS: dict = {}  # kernel -> (argument names in order, option names)
+_PARAMS: dict = {}  # kernel -> (argument names in order, compiled?, getter of the arguments)
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 DIRECT = True  # False: every launch through kernel[grid] (benchmarks compare the two)
 
