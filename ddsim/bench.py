@@ -104,11 +104,39 @@ def kernel_bytes(B, T, *, H=BENCH_SHAPE["H"], HV=BENCH_SHAPE["HV"], K=BENCH_SHAP
             "wy": io + state, "commit": 2 * state, "copy": 2 * state}
 
 
+def kernel_flops(B, T, *, H=BENCH_SHAPE["H"], HV=BENCH_SHAPE["HV"], K=BENCH_SHAPE["K"], V=BENCH_SHAPE["V"]):
+    """Floating-point operations each design must do at least (multiply-adds count two), per layer:
+    the recurrences 7 K V per node and value head (decay, k.S, the rank-one update, q.S); the WY form,
+    with n = T - 1 draft nodes under a recurrent root, 7 K V + 4 n K V (K S_r, Q S_r) + 2 n^2 K (the
+    lower triangles of K K^T and Q K^T) + 2 n^2 V (the triangular solve applied to the values, and
+    P U), by value head. No floor for the commit (its path length varies) or the copy."""
+    n = T - 1
+    rec = B * HV * T * 7 * K * V
+    wy = B * HV * (7 * K * V + 4 * n * K * V + 2 * n * n * K + 2 * n * n * V)
+    return {"leaky": rec, "leaky+states": rec, "parent-indexed": rec, "wy": wy}
+
+
+# dense tf32 tensor-core peaks (FLOP/s); fp32-level accuracy on tensor cores takes three tf32 passes
+TF32_PEAK = {"H100": 494e12, "H200": 494e12}
+
+
+def fp32_tensor_rate(device="cuda") -> float | None:
+    """The device's fp32-accurate tensor-core rate: its dense tf32 peak over the three passes of
+    tf32x3 (None for a device not in TF32_PEAK)."""
+    if torch.device(device).type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = next((v for k, v in TF32_PEAK.items() if k in name), None)
+    return None if peak is None else peak / 3
+
+
 def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf32x3"), only=None,
                  progress=None) -> tuple[str, list]:
     """Median time per call of each GDN kernel design at Qwen3.6-27B GDN shapes, against the
-    memory floor of each design (bytes it must move / measured copy bandwidth)."""
+    memory floor of each design (bytes it must move / measured copy bandwidth) and its FLOP floor
+    (kernel_flops / fp32_tensor_rate, where the device's peak is known)."""
     bw = copy_bandwidth(device)
+    rate = fp32_tensor_rate(device)
     rows = []
     for B, T in shapes:
         trees, parents = ddtree_batch(B, T)
@@ -151,8 +179,10 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
             inp["k"], inp["v"], inp["g"], inp["beta"], parents=parents, accepted=acc, initial_state=s0,
             poison=False, **c))
         cases["state copy"] = ("copy", [{}], lambda c: ((lambda: out_state.copy_(s0)), None))
-        rows += sweep(B, T, cases, nbytes, bw, only=only, progress=progress)
-    return "\n".join([f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)"] + table_lines(rows)), rows
+        rows += sweep(B, T, cases, nbytes, bw, only=only, progress=progress, flops=kernel_flops(B, T), flop_rate=rate)
+    head = f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)" + (
+        f"; FLOP floor at {rate / 1e12:.0f} TFLOP/s (dense tf32 peak / 3: fp32-level accuracy)" if rate else "")
+    return "\n".join([head] + table_lines(rows)), rows
 
 
 def _part(plan, i: int):
@@ -166,11 +196,13 @@ def _do_bench(launch) -> float:
     return triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median")
 
 
-def sweep(B: int, T: int, cases: dict, nbytes: dict, bw: float, *, only=None, progress=None, timer=_do_bench) -> list:
+def sweep(B: int, T: int, cases: dict, nbytes: dict, bw: float, *, only=None, progress=None, timer=_do_bench,
+          flops: dict | None = None, flop_rate: float | None = None) -> list:
     """One row per case {name: (design, launch configurations, plan(config) -> (launch, result))}:
     the best median ms over a fixed configuration sweep (no autotuning; only the launch is timed by
-    ``timer``), against the design's memory floor nbytes[design] / bw. A configuration that does not
-    compile (out of resources) is skipped and said so; a case with none left has no row."""
+    ``timer``), against the design's memory floor nbytes[design] / bw and, where given, its FLOP
+    floor flops[design] / flop_rate. A configuration that does not compile (out of resources) is
+    skipped and said so; a case with none left has no row."""
     rows = []
     for name, (design, cfgs, plan) in cases.items():
         if only and not any(name.startswith(o) for o in only):
@@ -190,7 +222,9 @@ def sweep(B: int, T: int, cases: dict, nbytes: dict, bw: float, *, only=None, pr
             continue
         ms, c = best
         us = ms * 1e3
+        f = (flops or {}).get(design)
         row = {"B": B, "T": T, "kernel": name, "us": us, "floor_us": nbytes[design] / bw * 1e6, "config": c,
+               "flop_floor_us": f / flop_rate * 1e6 if f and flop_rate else None,
                "GBps": nbytes[design] / (us * 1e-6) / 1e9,
                "snapshot_MiB": (nbytes["leaky+states"] - nbytes["leaky"]) / 2**20
                if design in ("leaky+states", "parent-indexed") else 0.0}
@@ -204,12 +238,13 @@ def sweep(B: int, T: int, cases: dict, nbytes: dict, bw: float, *, only=None, pr
 
 def table_lines(rows: list) -> list[str]:
     """The kernel table's markdown header and one line per sweep row."""
-    lines = ["| B x T | kernel | median us | memory floor us | achieved GB/s | snapshots MiB/layer | config |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| B x T | kernel | median us | memory floor us | FLOP floor us | achieved GB/s | snapshots MiB/layer | "
+             "config |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())
-        lines.append(f"| {r['B']}x{r['T']} | {r['kernel']} | {r['us']:.1f} | {r['floor_us']:.1f} | {r['GBps']:.0f} | "
-                     f"{r['snapshot_MiB']:.0f} | {cfg} |")
+        ff = "–" if r.get("flop_floor_us") is None else f"{r['flop_floor_us']:.1f}"
+        lines.append(f"| {r['B']}x{r['T']} | {r['kernel']} | {r['us']:.1f} | {r['floor_us']:.1f} | {ff} | "
+                     f"{r['GBps']:.0f} | {r['snapshot_MiB']:.0f} | {cfg} |")
     return lines
 
 

@@ -23,16 +23,26 @@ def test_sweep_picks_the_best_configuration_and_skips_failures(capsys):
              "leaky": ("leaky", [{"n": 1}], plan)}
     seen = []
     rows = sweep(4, 65, cases, nbytes, bw=1e12, only=["exact", "never"], progress=seen.append,
-                 timer=lambda launch: times[launch()])
+                 timer=lambda launch: times[launch()], flops={"parent-indexed": 3e9}, flop_rate=1e14)
     assert [r["kernel"] for r in rows] == ["exact parent-indexed"] and seen == rows  # "leaky" not asked for
     r = rows[0]
     assert r["config"] == {"n": 2} and r["us"] == pytest.approx(200.0) and r["floor_us"] == pytest.approx(10.0)
     assert r["GBps"] == pytest.approx(50.0) and r["snapshot_MiB"] == pytest.approx(4e6 / 2**20)
+    assert r["flop_floor_us"] == pytest.approx(30.0)
     out = capsys.readouterr().out
     assert "# 4x65 exact parent-indexed {'n': 3}: skipped (RuntimeError: out of resource" in out
     assert "never compiles" in out
     lines = table_lines(rows)
-    assert lines[2] == "| 4x65 | exact parent-indexed | 200.0 | 10.0 | 50 | 4 | n=2 |"
+    assert lines[2] == "| 4x65 | exact parent-indexed | 200.0 | 10.0 | 30.0 | 50 | 4 | n=2 |"
+
+
+def test_flop_floors_count_the_designs_arithmetic():
+    from ddsim.bench import kernel_flops
+    f = kernel_flops(2, 5, H=1, HV=3, K=4, V=8)
+    assert f["leaky"] == f["parent-indexed"] == 2 * 3 * 5 * 7 * 4 * 8
+    n = 4  # draft nodes under the root
+    assert f["wy"] == 2 * 3 * (7 * 4 * 8 + 4 * n * 4 * 8 + 2 * n * n * 4 + 2 * n * n * 8)
+    assert "commit" not in f and "copy" not in f
 
 
 def test_a_real_mamba2_plan_runs_through_the_sweep():
