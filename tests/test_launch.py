@@ -84,3 +84,13 @@ def test_audits_poison_their_fast_path(monkeypatch):
     with poisoned(False):
         audit.run_audit(None)
     assert seen == [True]
+
+
+def test_only_an_installed_launch_hook_sends_launches_through_triton():
+    """Triton >= 3.4's default hooks are empty HookChains (its dispatch builds launch metadata for them
+    on every launch); only a hook that would run (a profiler's) makes launches go through kernel[grid]."""
+    from types import SimpleNamespace
+    assert not launch._active(None)
+    assert not launch._active(SimpleNamespace(calls=[]))
+    assert launch._active(SimpleNamespace(calls=[print]))
+    assert launch._active(print)  # older Triton: the hook itself, or None

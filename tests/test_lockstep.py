@@ -1,5 +1,7 @@
 """Generations in lock step (ddsim.generate.speculative_lockstep): the oracle answers each round's trees
 of every prompt as one batch, and every generation is the one it would be alone."""
+import math
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,17 @@ def test_the_audit_reports_its_phases_and_oracle_batches():
             "  of which the oracle, budget 4"} <= timings.keys()
     assert timings["  oracle batches (trees), budget 4"] == [3, 3]  # two rounds of the three prompts' trees
     assert 0 < timings["  of which the oracle, budget 4"] < timings["leaky generations in lock step, budget 4"]
+
+
+def test_the_oracle_batch_fits_half_the_free_memory(monkeypatch):
+    import torch
+
+    from ddsim import audit
+    cfg = get_preset("micro")
+    b = 8  # float64 on the CPU
+    rec = sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
+    per_tree = 9 * b * (3 * rec + cfg.num_layers * cfg.hidden_size + cfg.vocab_size)
+    cpu = torch.device("cpu")
+    for free, want in ((None, 1), (0, 1), (2 * per_tree * 3 + 1, 3), (10**15, 32)):
+        monkeypatch.setattr(audit, "available_memory", lambda d, f=free: f)
+        assert audit.oracle_trees_at_once(cfg, 9, cpu, 32) == want, free
