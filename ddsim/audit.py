@@ -412,6 +412,8 @@ def oracle_trees_at_once(cfg, nodes: int, device: torch.device, n: int) -> int:
     b = torch.finfo(oracle.default_dtype(device)).bits // 8
     rec = sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
     per_tree = nodes * b * (3 * rec + cfg.num_layers * cfg.hidden_size + cfg.vocab_size)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # blocks the allocator keeps but no tensor uses count as free
     free = available_memory(device)
     return 1 if free is None else max(1, min(n, int(free // 2 // max(1, per_tree))))
 
