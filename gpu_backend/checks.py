@@ -216,8 +216,7 @@ _CONSTANTS: dict = {}
 
 def constant(kind: str, n: int, device, dtype=torch.float32) -> torch.Tensor:
     """A read-only launcher argument made once per (kind, n, device, dtype) instead of once per call:
-    "slots" = arange(n) int32 (a batch's own rows), "rows" = the same in int64 (an index), "dummy" =
-    zeros(n) (an unused pointer argument).
+    "slots" = arange(n) int32 (a batch's own rows), "dummy" = zeros(n) (an unused pointer argument).
     Kernels never write them. Not cached while a CUDA graph is being captured (a tensor made there is
     only filled when the graph replays)."""
     device = torch.device(device)
@@ -225,8 +224,8 @@ def constant(kind: str, n: int, device, dtype=torch.float32) -> torch.Tensor:
     hit = _CONSTANTS.get(key)
     if hit is not None:
         return hit
-    if kind in ("slots", "rows"):
-        value = torch.arange(n, dtype=torch.int32 if kind == "slots" else torch.int64, device=device)
+    if kind == "slots":
+        value = torch.arange(n, dtype=torch.int32, device=device)
     else:
         value = torch.zeros(n, dtype=dtype, device=device)
     if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
