@@ -311,6 +311,13 @@ def _rows(state: ModelState):
     return kv, [None if s is None else s[None] for s in state.ssm], [None if c is None else c[None] for c in state.conv]
 
 
+def _append_kv(kv, new_kv):
+    """Every row's context grown by its decoded token: kv[l] (K [n, m, nkv, hd], V) and new_kv[l]
+    (k [n, nkv, hd], v) -> [n, m + 1, nkv, hd] (None for layers without attention)."""
+    return [None if c is None else (torch.cat([c[0], nk[0][:, None]], 1), torch.cat([c[1], nk[1][:, None]], 1))
+            for c, nk in zip(kv, new_kv)]
+
+
 def prefill(weights, cfg, tokens, *, state: ModelState | None = None, device=None, dtype=None):
     """Decode ``tokens`` one at a time from ``state`` (default: empty).
 
@@ -323,8 +330,7 @@ def prefill(weights, cfg, tokens, *, state: ModelState | None = None, device=Non
     logits = []
     for tok in tokens:
         lg, _, new_kv, ssm, conv = decode_step(w, cfg, token=[int(tok)], pos=[st.pos], kv_ctx=kv, ssm=ssm, conv=conv)
-        kv = [None if c is None else (torch.cat([c[0], nk[0][:, None]], 1), torch.cat([c[1], nk[1][:, None]], 1))
-              for c, nk in zip(kv, new_kv)]
+        kv = _append_kv(kv, new_kv)
         st.pos += 1
         logits.append(lg[0])
     st.kv = [None if c is None else (c[0][0], c[1][0]) for c in kv]
@@ -440,8 +446,7 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
         for j in dict.fromkeys(j for j, _ in level):  # each tree's rows, in order
             rows = [r for r, (jj, _) in enumerate(level) if jj == j]
             trees[j].record(cfg, [level[r][1] for r in rows], rows, lg, hid, new_kv, ssm, conv, record_states)
-        kv = [None if c is None else (torch.cat([c[0], nk[0][:, None]], 1), torch.cat([c[1], nk[1][:, None]], 1))
-              for c, nk in zip(kv, new_kv)]
+        kv = _append_kv(kv, new_kv)
         if valid is not None:
             valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
         nxt = [((j, c), r) for r, (j, n) in enumerate(level) for c in trees[j].children[n]]  # (child, parent's row)
@@ -485,8 +490,7 @@ def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_stat
         lg, hid, new_kv, ssm2, conv2 = decode_step(w, cfg, token=[tree.tokens[node]], pos=[pos], kv_ctx=kv, ssm=ssm,
                                                    conv=conv)
         tree.record(cfg, [node], [0], lg, hid, new_kv, ssm2, conv2, record_states)
-        kv2 = [None if c is None else (torch.cat([c[0], nk[0][:, None]], 1), torch.cat([c[1], nk[1][:, None]], 1))
-               for c, nk in zip(kv, new_kv)]
+        kv2 = _append_kv(kv, new_kv)
         for c in reversed(tree.children[node]):
             stack.append((c, pos + 1, kv2, ssm2, conv2))
     return tree.result()
