@@ -387,7 +387,7 @@ def check_memory(ac: AuditConfig, cfg, device: torch.device, weight_bytes_per_pa
     oracle_bytes = torch.finfo(oracle.default_dtype(device)).bits // 8
     weights = params * weight_bytes_per_param + min(params * oracle_bytes, 2 << 30)
     nodes = max(ac.budgets) + 1
-    rec = sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
+    rec = recurrent_values(cfg)
     per_node = rec * (4 * 4 + 8) + cfg.num_layers * cfg.hidden_size * 8 * 5 + 5 * cfg.vocab_size * 8
     context = ac.prompt_len + ac.steps * (ac.depth + 1) + nodes
     kv = len(cfg.attention_layers) * 2 * cfg.num_key_value_heads * cfg.head_dim * context * 8
@@ -405,12 +405,17 @@ def check_memory(ac: AuditConfig, cfg, device: torch.device, weight_bytes_per_pa
                          f"more than the {free / 2**30:.1f} GiB available")
 
 
+def recurrent_values(cfg) -> int:
+    """Values one node's recurrent states and conv windows hold, over every recurrent layer."""
+    return sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
+
+
 def oracle_trees_at_once(cfg, nodes: int, device: torch.device, n: int) -> int:
     """How many trees of ``nodes`` nodes the oracle takes in one batch (1..n): as many as fit in half
     the memory free now, each recording every node's recurrent states and windows (with room for
     two levels' working states), its hidden states and logits, in the oracle's dtype."""
     b = torch.finfo(oracle.default_dtype(device)).bits // 8
-    rec = sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
+    rec = recurrent_values(cfg)
     per_tree = nodes * b * (3 * rec + cfg.num_layers * cfg.hidden_size + cfg.vocab_size)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # blocks the allocator keeps but no tensor uses count as free
