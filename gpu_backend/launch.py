@@ -64,7 +64,7 @@ def key_of(kernel, kw: dict, device: int) -> tuple:
     """(the key a compiled specialization is kept under, the kernel's arguments in its order)."""
     names, _, get = _params(kernel)
     args = get(kw)
-    options = (kw.get("num_warps"), kw.get("num_stages"), kw.get("num_ctas"), kw.get("maxnreg"))  # _OPTIONS
+    options = tuple(map(kw.get, _OPTIONS))
     if len(kw) != len(names) + len(options) - options.count(None):
         unknown = sorted(set(kw) - set(names) - set(_OPTIONS))
         raise TypeError(f"{kernel.__name__}: unknown arguments {unknown}")
