@@ -82,16 +82,9 @@ def _gdn_wy_kernel(
 ):
     # The root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
-    i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
-    o_t = tl.arange(0, BT)
-    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
-    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
-    # ---- the root, recurrently: S_r
-    s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
-                   H, HV, K, V, FUSED, L2NORM)
-    # ---- the draft nodes 1..T-1 as one block
-    mt = o_t < T - 1
-    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    # the root, recurrently: S_r; then the draft nodes 1..T-1 as one block
+    i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
+        q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM)
     b_q, b_k, b_v, b_g, b_beta = h.wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
                                            H, HV, K, V, FUSED, L2NORM)
     anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0

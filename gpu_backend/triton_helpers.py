@@ -1,7 +1,7 @@
 """@triton.jit building blocks shared by the GDN verify and commit kernels: program coordinates,
 row loads with the in-kernel q/k l2-norm, the gates (given, or fused from a, b, A_log, dt_bias),
-the committed state of a pool slot, one gated delta-rule step, and the two pieces both WY kernels
-(one block, chunked) start from: the root's recurrent step and a block of draft rows. Reference: the per-node step of
+the committed state of a pool slot, one gated delta-rule step, and the pieces the WY kernels start
+from: the root's recurrent step, a block of draft rows, and the whole per-V-tile prologue (wy_tile). Reference: the per-node step of
 oracle.gdn (float64), which the property suites compare every kernel against.
 """
 from __future__ import annotations
@@ -106,6 +106,25 @@ def wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k
     s0 = delta_step(s0, k0, v0, g0, beta0)
     tl.store(o + (r0 * HV + i_hv) * V + o_v, tl.sum(s0 * (q0 * scale)[:, None], 0).to(o.dtype.element_ty), mask=mv)
     return s0
+
+
+@triton.jit
+def wy_tile(q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H: tl.constexpr, HV: tl.constexpr,
+            K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+            FUSED: tl.constexpr, L2NORM: tl.constexpr):
+    """What every per-V-tile WY kernel (grid (V tiles, B * HV)) starts from: its coordinates
+    (sequence i_b, key head i_h, value head i_hv), the offsets o_t [BT], o_k [BK], o_v [BV] with
+    masks mk, mv, the gate parameters, the root's state S_r [BK, BV] (wy_root, which stores o_0),
+    and the draft rows: mask mt [BT] and rows [BT] (int64) of nodes 1..T-1."""
+    i_v, i_b, i_hv, i_h = head_coords(H, HV)
+    o_t = tl.arange(0, BT)
+    o_k, o_v, mk, mv = kv_tile(i_v, K, V, BK, BV)
+    neg_A, bias = gate_params(A_log, dt_bias, i_hv, FUSED)
+    s0 = wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
+                 H, HV, K, V, FUSED, L2NORM)
+    mt = o_t < T - 1
+    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    return i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows
 
 
 @triton.jit

@@ -112,14 +112,8 @@ def _gdn_wy_apply_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
-    o_t = tl.arange(0, BT)
-    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
-    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
-    s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
-                   H, HV, K, V, FUSED, L2NORM)
-    mt = o_t < T - 1
-    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
+        q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM)
     b_q, b_k, b_v, _, b_beta = h.wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
                                          H, HV, K, V, FUSED, L2NORM)
     i_bh = i_b * HV + i_hv
@@ -198,14 +192,8 @@ def _gdn_wy_fold_apply_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
-    o_t = tl.arange(0, BT)
-    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
-    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
-    s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
-                   H, HV, K, V, FUSED, L2NORM)
-    mt = o_t < T - 1
-    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
+        q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :],
                   other=0.0)  # [BT, BV] in v's dtype
     base = (i_b * HV + i_hv).to(tl.int64) * BT
