@@ -180,6 +180,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
         raise ValueError("output_states: the WY kernel writes no per-node states; use the recurrent kernel")
     if precision not in ("ieee", "tf32", "tf32x3"):
         raise ValueError(f"precision: expected ieee, tf32 or tf32x3, got {precision!r}")
+    if exact16 not in ("bf16x3", "tf32x2"):
+        raise ValueError(f"exact16: expected 'bf16x3' or 'tf32x2', got {exact16!r}")
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     scale = K ** -0.5 if scale is None else float(scale)

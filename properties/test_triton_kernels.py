@@ -244,3 +244,13 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
     ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
     assert_close(f"o ({design}, {mode})", o, ref, dtype=dtype, slack=5)
     assert torch.equal(pool, before)
+
+
+def test_the_wy_launcher_refuses_unknown_options_before_any_work():
+    from ddsim.gpu_backend.triton_gdn import plan_wy
+    inp = fixed_gdn_example()
+    args = dict(**_cast(inp, torch.float32), parents=_dev(inp["parents"]), initial_state=_dev(inp["initial_state"]))
+    for kw, what in ((dict(design="blocked"), "design"), (dict(precision="fp16"), "precision"),
+                     (dict(exact16="fp16x2"), "exact16"), (dict(exact16="fp16x2", design="split"), "exact16")):
+        with pytest.raises(ValueError, match=what):
+            plan_wy(**args, **kw)
