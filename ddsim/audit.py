@@ -32,7 +32,7 @@ from ddsim.digest import file_digest
 from ddsim.drafters import ModelDrafter, SyntheticDrafter, TraceDrafter
 from ddsim.errors import InputError
 from ddsim.generate import TreePolicy, reference_decode, speculative, speculative_lockstep
-from ddsim.graphs import serving_model
+from ddsim.graphs import GraphedModel, not_capturable, serving_model
 from ddsim.metrics import summarize
 from ddsim.model import HybridModel
 from ddsim.modes import LEAK_MODES, VERIFY_MODES
@@ -192,13 +192,15 @@ def input_digests(ac: AuditConfig) -> dict:
 def fast_path_name(model: HybridModel, serving=None) -> str:
     """The verify implementation the audit's fast path ran: ddsim's backend, or the engine kernel
     and the recurrence modes it computed (ddsim's backend did the rest); and where the decision-only
-    generations replayed CUDA graphs (``serving`` a GraphedModel), that."""
+    generations replayed CUDA graphs (``serving`` a GraphedModel), that (the audit then replays the
+    leaky generations' verifies with per-node states from graphs too)."""
     backend = model.backend or ("triton" if model.device.type == "cuda" else "torch")
     name = f"ddsim-{backend}"
     if model.engine is not None:
         name = f"{model.engine.name} ({'/'.join(model.engine.modes)} recurrences; ddsim-{backend} otherwise)"
     if serving is not None and serving is not model:
-        name += " (decision-only generations: the serving verify replayed from CUDA graphs)"
+        name += (" (replayed from CUDA graphs: the serving verify of decision-only generations, the verify with "
+                 "per-node states of the leaky ones)")
     return name
 
 
@@ -301,20 +303,29 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
     def share(indices: list[int]) -> list[dict]:
         """Every prompt of this process's share: each alone, then per budget the leaky generations of
         them all stepping together, so the oracle takes each round's trees as one batch (as many as
-        fit in memory), with the exact, leaky-state and leaky-conv fast paths on the same trees."""
+        fit in memory), with the exact, leaky-state and leaky-conv fast paths on the same trees (their
+        verifies with per-node states replayed from CUDA graphs where the model can be captured: one
+        graph set per budget, freed after it)."""
         outs = [one_prompt(i) for i in indices]
         for budget in ac.budgets:
             policy = TreePolicy("ddtree", budget, ac.topk_cap)
             inner = {} if timings is not None else None
+            full = model if not_capturable(model) else GraphedModel(model)
+            graphs = 0 if full is model else len(ALL_MODES) * (budget + 1) * fast_path_state_bytes(model)
             with phase(f"leaky generations in lock step, budget {budget}"):
-                leaky = speculative_lockstep(model, [prompts[i] for i in indices],
+                leaky = speculative_lockstep(full, [prompts[i] for i in indices],
                                              references=[o["reference"] for o in outs],
-                                             max_trees=oracle_trees_at_once(cfg, budget + 1, device, len(indices)),
+                                             max_trees=oracle_trees_at_once(cfg, budget + 1, device, len(indices),
+                                                                            reserve=graphs),
                                              timings=inner, drafter=drafter, policy=policy, mode="leaky",
-                                             measure="full", weights=weights, attribution=LEAK_MODES, **common)
+                                             measure="full", weights=weights, attribution=LEAK_MODES,
+                                             serving=serving, **common)
+            del full
             if inner:
-                timings[f"  of which the oracle, budget {budget}"] = inner["oracle"]
-                timings[f"  oracle batches (trees), budget {budget}"] = inner["oracle_batches"]
+                timings[f"  of which the oracle, budget {budget}"] = inner.pop("oracle")
+                timings[f"  oracle batches (trees), budget {budget}"] = inner.pop("oracle_batches")
+                for name, v in inner.items():
+                    timings[f"  of which {name}, budget {budget}"] = v
             for i, o, g in zip(indices, outs, leaky):
                 o["budgets"][budget]["gens"]["leaky"] = _gen_record(g, i, budget, o["margins"])
                 for st in g.steps:
@@ -410,17 +421,27 @@ def recurrent_values(cfg) -> int:
     return sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
 
 
-def oracle_trees_at_once(cfg, nodes: int, device: torch.device, n: int) -> int:
+def fast_path_state_bytes(model: HybridModel) -> int:
+    """Bytes one node's per-node states, windows and hidden states take in a fast-path verify that
+    keeps them (what one CUDA graph with per-node states holds per node)."""
+    cfg = model.cfg
+    state = torch.finfo(model.state_dtype).bits // 8
+    hidden = torch.finfo(model.dtype).bits // 8
+    return recurrent_values(cfg) * state + cfg.num_layers * cfg.hidden_size * hidden + cfg.vocab_size * 4
+
+
+def oracle_trees_at_once(cfg, nodes: int, device: torch.device, n: int, *, reserve: int = 0) -> int:
     """How many trees of ``nodes`` nodes the oracle takes in one batch (1..n): as many as fit in half
-    the memory free now, each recording every node's recurrent states and windows (with room for
-    two levels' working states), its hidden states and logits, in the oracle's dtype."""
+    the memory free now less ``reserve`` bytes (what the fast path will still allocate, e.g. its CUDA
+    graphs' per-node states), each recording every node's recurrent states and windows (with room
+    for two levels' working states), its hidden states and logits, in the oracle's dtype."""
     b = torch.finfo(oracle.default_dtype(device)).bits // 8
     rec = recurrent_values(cfg)
     per_tree = nodes * b * (3 * rec + cfg.num_layers * cfg.hidden_size + cfg.vocab_size)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # blocks the allocator keeps but no tensor uses count as free
     free = available_memory(device)
-    return 1 if free is None else max(1, min(n, int(free // 2 // max(1, per_tree))))
+    return 1 if free is None else max(1, min(n, int(max(0, free - reserve) // 2 // max(1, per_tree))))
 
 
 def available_memory(device: torch.device) -> int | None:

@@ -168,7 +168,10 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
             **qkv, **common, mode="exact", design="split", **c))
         fold_cfgs = [dict(block_v=bv, num_warps=nw, solve_warps=sw, exact16=e) for bv, nw, sw in (
             (32, 4, 4), (32, 4, 8), (64, 4, 4), (64, 4, 8), (64, 8, 8), (16, 4, 4)) for e in ("bf16x3", "tf32x2")]
+        pdl_cfgs = [dict(c, pdl=True) for c in fold_cfgs if c["exact16"] == "bf16x3"]
         cases["exact wy fold (tf32x3)"] = ("wy", fold_cfgs, lambda c: plan_wy(
+            **qkv, **common, mode="exact", design="fold", **c))
+        cases["exact wy fold, PDL (tf32x3)"] = ("wy", pdl_cfgs, lambda c: plan_wy(
             **qkv, **common, mode="exact", design="fold", **c))
         for i, part in enumerate(("solve", "apply")):  # each kernel of the two alone (where the time goes)
             cases[f"exact wy fold: {part} kernel"] = ("wy", fold_cfgs, (lambda c, i=i: _part(plan_wy(

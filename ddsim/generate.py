@@ -11,6 +11,7 @@ the numerical noise floor.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -164,6 +165,29 @@ class GenerationResult:
         return sum(s.silent_corruption for s in self.steps)
 
 
+STEP_PARTS = ("fast-path verifies", "node metrics", "commits", "drafter's greedy continuations")
+
+
+class _Parts:
+    """``with part(name):`` adds the block's wall seconds to timings[name] (synchronised on a GPU
+    first, so a part's queued kernels are its own); nothing when timings is None."""
+
+    def __init__(self, timings: dict | None, device: torch.device):
+        self.timings, self.device = timings, device
+
+    def __call__(self, name: str):
+        return contextlib.nullcontext() if self.timings is None else self._timed(name)
+
+    @contextlib.contextmanager
+    def _timed(self, name):
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda d: None)
+        sync(self.device)
+        t = time.perf_counter()
+        yield
+        sync(self.device)
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t
+
+
 @dataclass(frozen=True)
 class OracleRequest:
     """A step's question to the oracle (measure="full"): every node of ``tree`` from the committed
@@ -177,7 +201,7 @@ class OracleRequest:
 def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, drafter: Drafter, policy: TreePolicy,
                 mode: str = "exact", steps: int | None = None, temperature: float = 0.0, seed: int = 0,
                 reference: list[int] | None = None, measure: str = "decisions", weights=None,
-                attribution: tuple[str, ...] = (), keep_trees: bool = False,
+                attribution: tuple[str, ...] = (), keep_trees: bool = False, serving=None,
                 on_step: Callable[[StepRecord], None] | None = None) -> GenerationResult:
     """Speculative decoding until ``n_tokens`` are emitted (cut to n_tokens) or ``steps`` steps ran.
 
@@ -186,10 +210,14 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
     be a ddsim.graphs.GraphedModel) or "full" (also the oracle per node and layer; needs the float
     ``weights`` and a model that keeps per-node states).
     attribution: extra modes evaluated vs the oracle on each step's tree and state (measure="full").
+    serving: the model for the exact computations that need logits only, the drafter's greedy
+    continuation and the exact shadow state it starts from (default ``model``; with measure="full", a
+    ddsim.graphs.GraphedModel of the same weights spares those their per-node states).
     """
     return speculative_lockstep(model, [prompt], n_tokens, references=[reference], drafter=drafter, policy=policy,
                                 mode=mode, steps=steps, temperature=temperature, seed=seed, measure=measure,
-                                weights=weights, attribution=attribution, keep_trees=keep_trees, on_step=on_step)[0]
+                                weights=weights, attribution=attribution, keep_trees=keep_trees, serving=serving,
+                                on_step=on_step)[0]
 
 
 def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = None, *, references=None,
@@ -200,14 +228,15 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     generation is the same as alone: its steps see only its own state, and the oracle computes every
     node the same way (up to the reassociation of batched products). Every input is checked before
     the first step of any generation. ``timings``: a dict to which the oracle's wall seconds
-    ("oracle") and its batch sizes ("oracle_batches") are added."""
+    ("oracle") and its batch sizes ("oracle_batches") are added, and the generations' own wall
+    seconds per part of a step (``STEP_PARTS``; synchronised on a GPU)."""
     references = [None] * len(prompts) if references is None else list(references)
     if len(references) != len(prompts):
         raise InputError(f"references: {len(references)} for {len(prompts)} prompts")
     if max_trees is not None and max_trees < 1:
         raise InputError(f"max_trees: expected at least 1, got {max_trees}")
     checked = [_checked_generation(model, p, n_tokens, **kw) for p in prompts]
-    gens = [_generation(model, p, n_tokens, reference=r, **kw) for p, r in zip(checked, references)]
+    gens = [_generation(model, p, n_tokens, reference=r, timings=timings, **kw) for p, r in zip(checked, references)]
 
     def answer(reqs):
         t = time.perf_counter()
@@ -268,12 +297,14 @@ def _checked_generation(model, prompt, n_tokens, *, drafter, policy, mode="exact
 def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, drafter: Drafter,
                 policy: TreePolicy, mode: str = "exact", steps: int | None = None, temperature: float = 0.0,
                 seed: int = 0, reference: list[int] | None = None, measure: str = "decisions", weights=None,
-                attribution: tuple[str, ...] = (), keep_trees: bool = False,
-                on_step: Callable[[StepRecord], None] | None = None):
+                attribution: tuple[str, ...] = (), keep_trees: bool = False, serving=None,
+                on_step: Callable[[StepRecord], None] | None = None, timings: dict | None = None):
     """One speculative generation (arguments checked) as a generator: yields an OracleRequest per
     step when measure="full" and is sent its OracleResult (computed by the caller from ``weights``);
     returns the GenerationResult."""
     cfg = model.cfg
+    helper = serving or model
+    part = _Parts(timings, model.device)
     state, _ = model.prefill(prompt[:-1])
     shadow = state  # an exact state of the same context, for the synthetic drafter's greedy path
     root, out = prompt[-1], []
@@ -287,28 +318,36 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                     and len(reference) >= n_done + drafter.depth:
                 greedy = reference[n_done:n_done + drafter.depth]
             else:
-                greedy = greedy_continuation(model, shadow, root, drafter.depth)
+                with part("drafter's greedy continuations"):
+                    greedy = greedy_continuation(helper, shadow, root, drafter.depth)
         logits = drafter.draft(DraftContext(step=step, tokens=prompt + out, greedy=greedy))
         tree = policy.build(logits, root_token=root, max_rank=drafter.max_rank)
         positions = tree.positions(state.pos)
         # the oracle first: a generation waiting for it (in lock step with others) holds no per-node state
         ref = (yield OracleRequest(state, tree.parents, tree.tokens)) if measure == "full" else None
         keep = measure == "full"  # decisions need logits only: the serving verify (no per-node states)
-        res = model.verify(state, tree, mode=mode, keep_states=keep)
-        targets = target_tokens(res.logits, positions, temperature=temperature, seed=seed)
+        with part("fast-path verifies"):
+            res = model.verify(state, tree, mode=mode, keep_states=keep)
+            targets = target_tokens(res.logits, positions, temperature=temperature, seed=seed)
         path, bonus = walk(tree, targets)
         emitted = emitted_tokens(tree, path, bonus)
 
-        res_x = res if mode == "exact" else model.verify(state, tree, mode="exact", keep_states=keep)
-        targets_x = targets if mode == "exact" else target_tokens(res_x.logits, positions,
-                                                                   temperature=temperature, seed=seed)
+        with part("fast-path verifies"):
+            res_x = res if mode == "exact" else model.verify(state, tree, mode="exact", keep_states=keep)
+            targets_x = targets if mode == "exact" else target_tokens(res_x.logits, positions,
+                                                                       temperature=temperature, seed=seed)
         nodes = keys = None
         if measure == "full":
             targets_ref = target_tokens(ref.logits, positions, temperature=temperature, seed=seed)
-            nodes = {mode: node_metrics(tree, res, ref, cfg), "exact": node_metrics(tree, res_x, ref, cfg)}
+            with part("node metrics"):
+                nodes = {mode: node_metrics(tree, res, ref, cfg), "exact": node_metrics(tree, res_x, ref, cfg)}
             for extra in attribution:
                 if extra not in nodes:
-                    nodes[extra] = node_metrics(tree, model.verify(state, tree, mode=extra), ref, cfg)
+                    with part("fast-path verifies"):
+                        res_e = model.verify(state, tree, mode=extra, keep_states=True)
+                    with part("node metrics"):
+                        nodes[extra] = node_metrics(tree, res_e, ref, cfg)
+                    del res_e
             keys = node_keys(tree)
         else:
             targets_ref = targets_x
@@ -323,9 +362,13 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         result.steps.append(rec)
         if on_step:
             on_step(rec)
-        state = model.commit(state, tree, res, path[-1])
+        del res_x
+        with part("commits"):
+            state = model.commit(state, tree, res, path[-1])
+        del res
         if drafter.needs_greedy:
-            shadow = state if mode == "exact" else model.prefill([root] + emitted[:-1], state=shadow)[0]
+            with part("drafter's greedy continuations"):
+                shadow = state if mode == "exact" else helper.prefill([root] + emitted[:-1], state=shadow)[0]
         out.extend(emitted)
         root = bonus
         step += 1

@@ -1,10 +1,12 @@
 """CUDA graphs for the serving verify and its commit: a tree's pass through the whole model, and the
-commit of its accepted path, replayed rather than launched op by op from Python.
+commit of its accepted path, replayed rather than launched op by op from Python; and for the verify
+that keeps every node's states (what the audit's leak metrics read).
 
 ``GraphedModel(model)`` verifies as ``model.verify(..., keep_states=False)`` does (no per-node states;
 the commit replays the accepted path through the commit kernels) with the whole pass captured once
 per key and replayed for every later tree of that key. The key is (mode, nodes T, the doubling
-rounds of the WY solve, which the tree's depth sets, the KV prefix capacity): attention reads the
+rounds of the WY solve, which the tree's depth sets, the KV prefix capacity, whether per-node states
+are kept): attention reads the
 committed prefix from fixed buffers of that capacity (a power of two, at least 256 rows) with the
 rows past the prefix masked out, so a growing prefix changes the key only when it crosses a power
 of two.
@@ -15,6 +17,11 @@ parents and copied in), the committed recurrent states and conv windows, the KV 
 its own memory pool, so no two keys share memory; within a key a replay reuses the buffers of the
 previous one, so a result's KV and commit inputs are valid until the next verify of its key:
 ``VerifyResult.fresh`` says so and the commit refuses a stale result (logits are copied out).
+``verify(..., keep_states=True)`` replays the verify with per-node states (the recurrent kernels that
+write every node's state; no WY solve, so its key's rounds are 0 and any tree of T nodes fits): its
+per-node states, windows and hidden states are the key's buffers too, read in place (not copied:
+at full size they are gigabytes), valid while the result is fresh; its commit copies the accepted
+node's state as the model's does.
 
 Attention over a fixed-capacity prefix sums the same terms as over the prefix alone but the
 reduction may group them differently: a replay equals the eager serving verify within float32
@@ -152,10 +159,10 @@ class _Captured:
     graphs, static outputs and memory pool."""
 
     def __init__(self, model: HybridModel, key: tuple, prefix: _Prefix, pool):
-        mode, T, rounds, _ = key
+        mode, T, rounds, _, keep_states = key
         dev = model.device
-        exact_rec = _LAYER_MODES[mode][1] == "exact"
-        self.mode, self.T, self.prefix, self.pool = mode, T, prefix, pool
+        exact_rec = _LAYER_MODES[mode][1] == "exact" and not keep_states
+        self.mode, self.T, self.prefix, self.pool, self.keep_states = mode, T, prefix, pool, keep_states
         self.plan = StaticPlan(T, dev, 2 ** rounds if exact_rec else T - 1)
         self.chain = StaticPlan(T, dev, T - 1)
         self.chain.load(Tree(range(-1, T - 1), range(T)))
@@ -164,7 +171,7 @@ class _Captured:
         self.mask = torch.zeros(T, T, dtype=torch.bool, device=dev)
         self.accepted = torch.zeros(1, dtype=torch.long, device=dev)
         self.verify_graph = self.commit_graph = None
-        self.logits = self.out = self.committed = None
+        self.logits = self.out = self.committed = self.hidden = None
         self.epoch = 0
 
     def load(self, tree: Tree, state: ModelState) -> None:
@@ -176,8 +183,8 @@ class _Captured:
 
 
 class GraphedModel:
-    """``model`` with its serving verify and commit replayed from CUDA graphs (see the module
-    docstring); ``verify`` always keeps no states, ``commit`` takes its results (and the model's),
+    """``model`` with its verify and commit replayed from CUDA graphs (see the module docstring);
+    ``verify`` keeps no per-node states unless asked, ``commit`` takes its results (and the model's),
     prefill and the rest are the model's. A drop-in for ``model`` in ddsim.generate."""
 
     def __init__(self, model: HybridModel, *, capture: bool = True):
@@ -201,10 +208,12 @@ class GraphedModel:
     def __getattr__(self, name):  # prefill, empty_state, cfg, device, ... are the model's
         return getattr(self.model, name)
 
-    def key(self, state: ModelState, tree: Tree, mode: str) -> tuple:
-        """(mode, T, WY rounds of the recurrence's source order, KV prefix capacity)."""
+    def key(self, state: ModelState, tree: Tree, mode: str, keep_states: bool = False) -> tuple:
+        """(mode, T, WY rounds of the recurrence's source order (0 with per-node states: no WY solve),
+        KV prefix capacity, keep_states)."""
         depth = int(tree.depths.max()) if _LAYER_MODES[mode][1] == "exact" else tree.size - 1
-        return mode, tree.size, wy_rounds(depth), prefix_capacity(state.pos)
+        rounds = 0 if keep_states else wy_rounds(depth)
+        return mode, tree.size, rounds, prefix_capacity(state.pos), bool(keep_states)
 
     def captured(self) -> list[tuple]:
         """The keys whose verify graph exists (or, uncaptured, that ran)."""
@@ -213,12 +222,12 @@ class GraphedModel:
     # ---- verify --------------------------------------------------------------------------------
     def verify(self, state: ModelState, tree: Tree, *, mode: str = "exact", keep_states: bool = False,
                **kw) -> VerifyResult:
-        if keep_states or kw:
-            raise InputError("cuda graphs: verify keeps no per-node states and takes the tree's own positions "
-                             "and mask (use the model itself otherwise)")
+        if kw:
+            raise InputError("cuda graphs: verify takes the tree's own positions and mask (use the model itself "
+                             "otherwise)")
         m = self.model
         m.check_tree(state, tree, mode)
-        key = self.key(state, tree, mode)
+        key = self.key(state, tree, mode, keep_states)
         cap = self._keys.get(key)
         if cap is None:
             prefix = self._prefixes.get(key[3]) or self._prefixes.setdefault(key[3], _Prefix(m, key[3]))
@@ -227,7 +236,11 @@ class GraphedModel:
         self._load_state(state)
         self._run(cap, "verify_graph", lambda: self._verify_body(cap))
         cap.epoch += 1
-        return VerifyResult(mode, cap.logits.clone(), None, None, None, list(cap.out.kv), list(cap.out.commit_inputs),
+        out = cap.out
+        if cap.keep_states:
+            return VerifyResult(mode, cap.logits.clone(), cap.hidden, list(out.ssm), list(out.conv), list(out.kv),
+                                None, _Epoch(cap))
+        return VerifyResult(mode, cap.logits.clone(), None, None, None, list(out.kv), list(out.commit_inputs),
                             _Epoch(cap))
 
     def _verify_body(self, cap: _Captured) -> None:
@@ -238,15 +251,17 @@ class GraphedModel:
         rope = Rope(cap.positions)  # built inside the graph: the RoPE tables of the refilled positions
         tables = lambda d: (cap.plan, rope, mask)  # noqa: E731 (one device: not placed)
         state = ModelState(0, cap.prefix.kv, self._ssm, self._conv)
-        out = LayerOutputs.empty(self.cfg.num_layers, keep_states=False)
+        out = LayerOutputs.empty(self.cfg.num_layers, keep_states=cap.keep_states)
         h = m.run_layers(range(self.cfg.num_layers), m.embed_tokens(cap.tokens), state, tables, cap.mode, out)
         cap.logits, cap.out = m.head(h), out
+        cap.hidden = torch.stack(out.hidden) if cap.keep_states else None  # [L, T, d]
 
     # ---- commit --------------------------------------------------------------------------------
     def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int) -> ModelState:
-        """The model's commit (its checks, the KV rows); for a replayed result the recurrent layers'
-        replay runs from a CUDA graph too (one per key), from ``state``."""
-        if not isinstance(res.fresh, _Epoch):
+        """The model's commit (its checks, the KV rows); for a replayed serving result the recurrent
+        layers' replay runs from a CUDA graph too (one per key), from ``state``; a result with per-node
+        states commits its accepted node's (copied)."""
+        if not isinstance(res.fresh, _Epoch) or res.ssm is not None:
             return self.model.commit(state, tree, res, accepted)
         return self.model.commit(state, tree, res, accepted, replay=self._replay_from_graph)
 

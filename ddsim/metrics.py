@@ -15,36 +15,50 @@ from ddsim.errors import MeasurementError
 from ddsim.tree import Tree
 
 
-def _rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
-    """Row-wise ||a - ref|| / ||ref|| over all but the first dim: [T, ...] -> [T]."""
+def _rel_rows_on_device(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Row-wise ||a - ref|| / ||ref|| over all but the first dim, in float64 on ref's device: [T, ...] -> [T]."""
     a, ref = a.to(ref.device, torch.float64).flatten(1), ref.double().flatten(1)
     num = torch.linalg.vector_norm(a - ref, dim=1)
     den = torch.linalg.vector_norm(ref, dim=1)
-    rel = torch.where(den > 0, num / den.clamp_min(1e-300), torch.where(num > 0, torch.inf, 0.0))
-    return rel.cpu().numpy()
+    return torch.where(den > 0, num / den.clamp_min(1e-300), torch.where(num > 0, torch.inf, 0.0))
+
+
+def _rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
+    """Row-wise ||a - ref|| / ||ref|| over all but the first dim: [T, ...] -> [T]."""
+    return _rel_rows_on_device(a, ref).cpu().numpy()
+
+
+def _rel_table(pairs) -> np.ndarray:
+    """[len(pairs), T]: _rel_rows of each (a, ref) pair, computed where the references are and
+    brought to the host in one transfer (one device sync for every layer, not one per layer)."""
+    return torch.stack([_rel_rows_on_device(a, ref).to(pairs[0][1].device) for a, ref in pairs]).cpu().numpy()
 
 
 def node_metrics(tree: Tree, res, ref, cfg) -> dict:
     """Everything per node for one verify result ``res`` (ddsim.model.VerifyResult) against the
-    oracle's ``ref`` (oracle.OracleResult) on the same tree and committed state.
+    oracle's ``ref`` (oracle.OracleResult) on the same tree and committed state, computed in float64
+    on the oracle's device.
 
     Returns {"kl", "max_abs", "margin", "flip"} as [T] arrays and {"hidden_rel" [L, T],
     "state_rel" [G, T], "conv_rel" [G, T]} with G = the recurrent layers (GDN and Mamba2) in order.
     """
-    lo, lm = ref.logits.double().cpu(), res.logits.double().cpu()
+    lo = ref.logits.double()
+    lm = res.logits.to(lo.device, torch.float64)
     logp_o, logp_m = torch.log_softmax(lo, -1), torch.log_softmax(lm, -1)
     kl = (logp_o.exp() * (logp_o - logp_m)).sum(-1).clamp_min(0.0)
+    logit_rows = torch.stack([kl, (lm - lo).abs().amax(-1), decision_margins(lo),
+                              (lm.argmax(-1) != lo.argmax(-1)).double()]).cpu().numpy()
     out = {
-        "kl": kl.numpy(),
-        "max_abs": (lm - lo).abs().amax(-1).numpy(),
-        "margin": decision_margins(lo).numpy(),
-        "flip": (lm.argmax(-1) != lo.argmax(-1)).numpy(),
-        "hidden_rel": np.stack([_rel_rows(res.hidden[l], ref.hidden[l]) for l in range(cfg.num_layers)]),
+        "kl": logit_rows[0],
+        "max_abs": logit_rows[1],
+        "margin": logit_rows[2],
+        "flip": logit_rows[3] != 0,
+        "hidden_rel": _rel_table([(res.hidden[l], ref.hidden[l]) for l in range(cfg.num_layers)]),
     }
     g = cfg.recurrent_layers
     if g and ref.ssm[g[0]] is not None:
-        out["state_rel"] = np.stack([_rel_rows(res.ssm[l], ref.ssm[l]) for l in g])
-        out["conv_rel"] = np.stack([_rel_rows(res.conv[l], ref.conv[l]) for l in g])
+        out["state_rel"] = _rel_table([(res.ssm[l], ref.ssm[l]) for l in g])
+        out["conv_rel"] = _rel_table([(res.conv[l], ref.conv[l]) for l in g])
     else:
         out["state_rel"] = np.zeros((0, tree.size))
         out["conv_rel"] = np.zeros((0, tree.size))

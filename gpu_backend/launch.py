@@ -21,7 +21,7 @@ import torch
 
 _COMPILED: dict = {}  # key -> CompiledKernel
 _PARAMS: dict = {}  # kernel -> (argument names in order, compiled?, getter of the arguments)
-_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
 DIRECT = True  # False: every launch through kernel[grid] (benchmarks compare the two)
 
 

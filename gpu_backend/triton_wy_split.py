@@ -26,6 +26,11 @@ from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
 
+try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: pdl is refused by plan_wy_split
+    gdc_launch_dependents = gdc_wait = None
+
 
 @triton.jit
 def _raw_rows(ptr, rows, head, cols, m, NH: tl.constexpr, D: tl.constexpr):
@@ -163,9 +168,12 @@ def _gdn_wy_fold_kernel(
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # O = diag(A) Q S_r scale + P W diag(beta) (V - diag(A) K S_r) = Qe S_r + Ve V with Y = P W:
     #   Qe = diag(A scale / rq) Q_raw - Y diag(beta A / rk) K_raw,   Ve = Y diag(beta)
+    if PDL:  # the apply kernel may start its independent prologue now (it waits before reading Qe, Ve)
+        gdc_launch_dependents()
     i_bh = tl.program_id(0)
     o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _solve_prologue(
         q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, PRECISION)
@@ -191,11 +199,16 @@ def _gdn_wy_fold_apply_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    # launched with programmatic dependent launch (PDL), everything before gdc_wait overlaps the fold
+    # kernel: nothing there reads what it writes
     i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
         q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :],
                   other=0.0)  # [BT, BV] in v's dtype
+    if PDL:
+        gdc_wait()  # the fold kernel's Qe, Ve complete and visible
     base = (i_b * HV + i_hv).to(tl.int64) * BT
     Qm = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :])
     Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
@@ -205,10 +218,13 @@ def _gdn_wy_fold_apply_kernel(
 
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
-                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, fold=False, exact16="bf16x3"):
+                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, fold=False, exact16="bf16x3",
+                  pdl=False):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
-    (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four."""
+    (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four. pdl (fold
+    only; compiled kernels on Hopper or later): the apply kernel is launched with programmatic
+    dependent launch and runs its root step and loads while the fold kernel finishes."""
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     BV = min(block_v, max(16, C.next_pow2(V, 1)))
@@ -220,7 +236,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
                           exact=_exact_mode(q, k, v, exact16, C.interpreting()),
                           use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
-                          solve_warps=solve_warps)
+                          solve_warps=solve_warps, pdl=_pdl(pdl))
     Wm = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     Pm = torch.empty_like(Wm)
     Ad = torch.empty(B, HV, BT, dtype=torch.float32, device=v.device)
@@ -245,18 +261,31 @@ def _in_order(first, second):
 
 
 def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
-               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps):
+               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl):
     Qe = torch.empty(B, HV, BT, BK, dtype=torch.float32, device=v.device)
     Ve = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, T=T, scale=scale,
                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
-                EXACT=exact, PRECISION=precision, num_warps=solve_warps)
+                EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=solve_warps)
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
-                 L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, num_warps=num_warps)
+                 L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=num_warps)
+    if pdl:
+        apply["launch_pdl"] = True
+    launch = _in_order(bind(_gdn_wy_fold_kernel, (B * HV,), fold),
+                       bind(_gdn_wy_fold_apply_kernel, (C.cdiv(V, BV), B * HV), apply))
+    launch.scratch = (Qe, Ve)  # what the second kernel reads from the first (the PDL test poisons it)
+    return launch, o
 
-    return _in_order(bind(_gdn_wy_fold_kernel, (B * HV,), fold),
-                     bind(_gdn_wy_fold_apply_kernel, (C.cdiv(V, BV), B * HV), apply)), o
+
+def _pdl(asked: bool) -> bool:
+    """Whether the fold kernels use programmatic dependent launch: when asked, compiled (the
+    interpreter runs programs one after another) and on a GPU that has it (compute capability 9+)."""
+    if not asked or C.interpreting():
+        return False
+    if gdc_wait is None:
+        raise ValueError("pdl: this Triton has no grid dependency control (triton.language.extra.cuda.gdc_wait)")
+    return torch.cuda.get_device_capability()[0] >= 9
 
 
 def _exact_mode(q, k, v, exact16: str, interpreting: bool) -> int:

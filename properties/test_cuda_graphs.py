@@ -44,6 +44,33 @@ def test_replays_equal_the_eager_serving_verify(preset, dtype):
     assert [k[0] for k in gm.captured()] == ["exact", "leaky", "leaky-conv", "leaky-state"]
 
 
+@pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_replays_with_per_node_states_equal_the_eager_verify(preset, dtype):
+    """The verify that keeps every node's states (the audit's leaky generations), replayed: logits,
+    hidden states, per-node states and windows equal the eager verify's, tree after tree of different
+    depths on one key per mode, and the commit takes the accepted node's state."""
+    cfg = get_preset(preset)
+    m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=dtype)
+    gm = GraphedModel(m)
+    st, _ = m.prefill([1, 2, 3, 4, 5])
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    deep = Tree(list(range(-1, 7)), [5, 1, 2, 3, 4, 6, 7, 8])
+    for mode in ("exact", "leaky", "leaky-state", "leaky-conv"):
+        for step, t in enumerate(TREES + [deep, TREES[0]]):
+            a, b = m.verify(st, t, mode=mode), gm.verify(st, t, mode=mode, keep_states=True)
+            torch.testing.assert_close(b.logits, a.logits, **tol, msg=lambda s: f"{mode} tree {step}: {s}")
+            torch.testing.assert_close(b.hidden, a.hidden, **tol)
+            for i in cfg.recurrent_layers:
+                torch.testing.assert_close(b.ssm[i], a.ssm[i], **tol)
+                torch.testing.assert_close(b.conv[i], a.conv[i], **tol)
+            sa, sb = m.commit(st, t, a, 6), gm.commit(st, t, b, 6)
+            for i in cfg.recurrent_layers:
+                torch.testing.assert_close(sb.ssm[i], sa.ssm[i], **tol)
+    assert [k[0] for k in gm.captured()] == ["exact", "leaky", "leaky-conv", "leaky-state"]
+    assert all(k[2] == 0 and k[4] for k in gm.captured())
+
+
 def test_a_stale_replay_result_is_refused():
     cfg = get_preset("tiny")
     m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda")
@@ -61,7 +88,8 @@ def test_a_cuda_audit_runs_its_decision_generations_from_graphs():
     from ddsim.audit import run_audit
     from ddsim.settings import AuditConfig
     rep = run_audit(AuditConfig(preset="micro", device="cuda", budgets=[4, 8], steps=2, n_prompts=2))
-    assert rep.provenance.fast_path == ("ddsim-triton (decision-only generations: the serving verify replayed "
-                                        "from CUDA graphs)")
+    assert rep.provenance.fast_path == ("ddsim-triton (replayed from CUDA graphs: the serving verify of "
+                                        "decision-only generations, the verify with per-node states of the leaky "
+                                        "ones)")
     for b in rep.budgets:
         assert b.modes["exact"].generations_leaving_greedy_above_noise == 0

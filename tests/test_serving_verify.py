@@ -55,7 +55,37 @@ def test_graph_machinery_with_triton_kernels_equals_the_serving_verify(preset):
                 torch.testing.assert_close(sb.conv[i], sa.conv[i], rtol=1e-5, atol=1e-6)
                 torch.testing.assert_close(sb.ssm[i], sf.ssm[i], rtol=1e-4, atol=1e-5)
                 torch.testing.assert_close(sb.conv[i], sf.conv[i], rtol=1e-5, atol=1e-6)
-    assert gm.captured() == [("exact", 8, 2, 256), ("leaky", 8, 3, 256)]
+    assert gm.captured() == [("exact", 8, 2, 256, False), ("leaky", 8, 3, 256, False)]
+
+
+@pytest.mark.parametrize("preset", ["micro", "micro-mamba2"])
+def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
+    """verify(keep_states=True) through the fixed buffers (uncaptured): every node's states, windows,
+    hidden states and logits equal the model's own verify with states within float32 rounding, tree
+    after tree of different depths on one key per mode (no WY solve: rounds 0); the commit takes the
+    accepted node's states, and a result whose buffers a later verify of its key reused is refused."""
+    cfg, ref, fast = _models(preset, backend="triton")
+    gm = GraphedModel(fast, capture=False)
+    st, _ = ref.prefill([1, 2, 3, 4, 5])
+    deep = Tree(list(range(-1, 7)), [5, 1, 2, 3, 4, 6, 7, 8])  # depth 7: three WY rounds in a serving key
+    tol = dict(rtol=1e-5, atol=1e-5)
+    for mode in ("exact", "leaky"):
+        for t in TREES + [deep]:
+            b, full = gm.verify(st, t, mode=mode, keep_states=True), ref.verify(st, t, mode=mode)
+            torch.testing.assert_close(b.logits, full.logits, **tol)
+            torch.testing.assert_close(b.hidden, full.hidden, **tol)
+            for i in cfg.recurrent_layers:
+                torch.testing.assert_close(b.ssm[i], full.ssm[i], **tol)
+                torch.testing.assert_close(b.conv[i], full.conv[i], **tol)
+            sb, sf = gm.commit(st, t, b, 5), ref.commit(st, t, full, 5)
+            for i in cfg.recurrent_layers:
+                torch.testing.assert_close(sb.ssm[i], sf.ssm[i], **tol)
+            assert sb.pos == sf.pos
+    assert gm.captured() == [("exact", 8, 0, 256, True), ("leaky", 8, 0, 256, True)]
+    first = gm.verify(st, TREES[0], keep_states=True)
+    gm.verify(st, TREES[1], keep_states=True)
+    with pytest.raises(InputError, match="reused"):
+        gm.commit(st, TREES[0], first, 2)
 
 
 def test_a_result_is_stale_after_the_next_verify_of_its_key():
@@ -118,10 +148,10 @@ def test_graphed_model_refuses_what_it_cannot_capture():
         GraphedModel(m)
     gm = GraphedModel(m, capture=False)
     st, _ = m.prefill([1, 2])
-    with pytest.raises(InputError, match="keeps no per-node states"):
-        gm.verify(st, TREES[0], keep_states=True)
-    with pytest.raises(InputError, match="keeps no per-node states"):
+    with pytest.raises(InputError, match="the tree's own positions and mask"):
         gm.verify(st, TREES[0], positions=torch.arange(8))
+    with pytest.raises(InputError, match="the tree's own positions and mask"):
+        gm.verify(st, TREES[0], keep_states=True, ancestor_mask=torch.ones(8, 8, dtype=torch.bool))
     moe = get_preset("micro").replace(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8)
     with pytest.raises(InputError, match="MoE"):
         GraphedModel(HybridModel(moe, init_weights(moe, seed=0)), capture=False)
