@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--skip-oracle-by-node", action="store_true")
+    ap.add_argument("--memory-history", action="store_true",
+                    help="record every CUDA allocation's stack; on running out of memory print the largest live ones")
     a = ap.parse_args()
     budgets = [int(b) for b in a.budgets.split(",")]
     cfg = get_preset("qwen3.6-27b")
@@ -153,6 +155,24 @@ def serving(model, graphed, state, tree) -> dict:
     return row
 
 
+def print_largest_live_allocations(snapshot, n=25):
+    """The n largest live CUDA allocations of a memory snapshot, each with the innermost Python frames
+    of ddsim (or the script) that made it, summed by that stack."""
+    by_stack = {}
+    for seg in snapshot["segments"]:
+        for blk in seg["blocks"]:
+            if blk["state"] != "active_allocated":
+                continue
+            frames = [f for f in blk.get("frames", []) if "ddsim" in f["filename"] or "benchmarks" in f["filename"]]
+            where = " <- ".join(f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}" for f in frames[:4])
+            pool = "graph pool" if seg.get("segment_pool_id", (0, 0)) != (0, 0) else "pool 0"
+            key = (pool, where or "?")
+            size, count = by_stack.get(key, (0, 0))
+            by_stack[key] = (size + blk["size"], count + 1)
+    for (pool, where), (size, count) in sorted(by_stack.items(), key=lambda kv: -kv[1][0])[:n]:
+        print(f"  {size / 2**30:8.2f} GiB in {count:5d} blocks ({pool}): {where}", flush=True)
+
+
 def run_full_audit(a, budgets):
     from ddsim.audit import run_audit
     from ddsim.reports import html, json_report
@@ -161,9 +181,17 @@ def run_full_audit(a, budgets):
     steps = []
     t0 = time.perf_counter()
     timings = {}
-    rep = run_audit(AuditConfig(preset="qwen3.6-27b", device="cuda", budgets=budgets, steps=a.steps,
-                                n_prompts=a.prompts, prompt_len=a.prompt_len),
-                    progress=lambda advance: steps.append(advance), timings=timings)
+    if a.memory_history:
+        torch.cuda.memory._record_memory_history(max_entries=200000)
+    try:
+        rep = run_audit(AuditConfig(preset="qwen3.6-27b", device="cuda", budgets=budgets, steps=a.steps,
+                                    n_prompts=a.prompts, prompt_len=a.prompt_len),
+                        progress=lambda advance: steps.append(advance), timings=timings)
+    except torch.OutOfMemoryError:
+        print(f"out of memory after {sum(steps)} speculative steps; phases so far: {timings}", flush=True)
+        if a.memory_history:
+            print_largest_live_allocations(torch.cuda.memory._snapshot())
+        raise
     wall = time.perf_counter() - t0
     print(f"audit ({a.prompts} prompts x {a.steps} steps, budgets {budgets}, {sum(steps)} speculative steps): "
           f"{wall:.1f} s, peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)

@@ -324,6 +324,8 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
             if inner:
                 timings[f"  of which the oracle, budget {budget}"] = inner.pop("oracle")
                 timings[f"  oracle batches (trees), budget {budget}"] = inner.pop("oracle_batches")
+                if "oracle_batch_memory_gib" in inner:
+                    timings[f"  memory after each oracle batch (GiB), budget {budget}"] = inner.pop("oracle_batch_memory_gib")
                 for name, v in inner.items():
                     timings[f"  of which {name}, budget {budget}"] = v
             for i, o, g in zip(indices, outs, leaky):

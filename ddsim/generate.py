@@ -246,6 +246,9 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
                 torch.cuda.synchronize(model.device)
             timings["oracle"] = timings.get("oracle", 0.0) + time.perf_counter() - t
             timings.setdefault("oracle_batches", []).append(len(reqs))
+            if model.device.type == "cuda":  # memory held when the batch came back (GiB), for the record
+                timings.setdefault("oracle_batch_memory_gib", []).append(
+                    round(torch.cuda.memory_allocated(model.device) / 2**30, 1))
         return out
     return run_lockstep(gens, answer, max_trees=max_trees)
 
