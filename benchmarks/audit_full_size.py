@@ -155,6 +155,28 @@ def serving(model, graphed, state, tree) -> dict:
     return row
 
 
+class Progress(dict):
+    """The audit's phase timings, printed as each phase first starts counting and every minute with
+    the speculative steps done (so a run cut off by the device's time limit still says how far it got)."""
+
+    def __init__(self, t0):
+        super().__init__()
+        self.t0, self.last = t0, t0
+
+    def __setitem__(self, name, value):
+        if name not in self:
+            print(f"  [{time.perf_counter() - self.t0:6.0f} s] {name.strip()}", flush=True)
+        super().__setitem__(name, value)
+
+    def step(self, steps, advance):
+        steps.append(advance)
+        now = time.perf_counter()
+        if now - self.last >= 60:
+            self.last = now
+            done = {k: round(v, 1) for k, v in self.items() if isinstance(v, float)}
+            print(f"  [{now - self.t0:6.0f} s] {sum(steps)} speculative steps; {done}", flush=True)
+
+
 def print_largest_live_allocations(snapshot, n=25):
     """The n largest live CUDA allocations of a memory snapshot, each with the innermost Python frames
     of ddsim (or the script) that made it, summed by that stack."""
@@ -180,13 +202,13 @@ def run_full_audit(a, budgets):
     torch.cuda.reset_peak_memory_stats()
     steps = []
     t0 = time.perf_counter()
-    timings = {}
+    timings = Progress(t0)
     if a.memory_history:
         torch.cuda.memory._record_memory_history(max_entries=200000)
     try:
         rep = run_audit(AuditConfig(preset="qwen3.6-27b", device="cuda", budgets=budgets, steps=a.steps,
                                     n_prompts=a.prompts, prompt_len=a.prompt_len),
-                        progress=lambda advance: steps.append(advance), timings=timings)
+                        progress=lambda advance: timings.step(steps, advance), timings=timings)
     except torch.OutOfMemoryError:
         print(f"out of memory after {sum(steps)} speculative steps; phases so far: {timings}", flush=True)
         if a.memory_history:

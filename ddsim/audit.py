@@ -305,13 +305,13 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
         them all stepping together, so the oracle takes each round's trees as one batch (as many as
         fit in memory), with the exact, leaky-state and leaky-conv fast paths on the same trees (their
         verifies with per-node states replayed from CUDA graphs where the model can be captured: one
-        graph set per budget, freed after it)."""
+        graph, and one set of per-node buffers, for every mode, freed after the budget)."""
         outs = [one_prompt(i) for i in indices]
         for budget in ac.budgets:
             policy = TreePolicy("ddtree", budget, ac.topk_cap)
             inner = {} if timings is not None else None
             full = model if not_capturable(model) else GraphedModel(model)
-            graphs = 0 if full is model else len(ALL_MODES) * (budget + 1) * fast_path_state_bytes(model)
+            graphs = 0 if full is model else (budget + 1) * fast_path_state_bytes(model)  # one set, every mode
             with phase(f"leaky generations in lock step, budget {budget}"):
                 leaky = speculative_lockstep(full, [prompts[i] for i in indices],
                                              references=[o["reference"] for o in outs],
@@ -326,6 +326,8 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
                 timings[f"  oracle batches (trees), budget {budget}"] = inner.pop("oracle_batches")
                 if "oracle_batch_memory_gib" in inner:
                     timings[f"  memory after each oracle batch (GiB), budget {budget}"] = inner.pop("oracle_batch_memory_gib")
+                if "oracle_splits" in inner:
+                    timings[f"  oracle batches split for memory, budget {budget}"] = inner.pop("oracle_splits")
                 for name, v in inner.items():
                     timings[f"  of which {name}, budget {budget}"] = v
             for i, o, g in zip(indices, outs, leaky):
@@ -433,17 +435,18 @@ def fast_path_state_bytes(model: HybridModel) -> int:
 
 
 def oracle_trees_at_once(cfg, nodes: int, device: torch.device, n: int, *, reserve: int = 0) -> int:
-    """How many trees of ``nodes`` nodes the oracle takes in one batch (1..n): as many as fit in half
-    the memory free now less ``reserve`` bytes (what the fast path will still allocate, e.g. its CUDA
-    graphs' per-node states), each recording every node's recurrent states and windows (with room
-    for two levels' working states), its hidden states and logits, in the oracle's dtype."""
+    """How many trees of ``nodes`` nodes the oracle takes in one batch (1..n): as many as fit in 3/4
+    of the memory free now less ``reserve`` bytes (what the fast path will still allocate, e.g. its
+    CUDA graph's per-node states), each recording every node's recurrent states and windows (with
+    room for two levels' working states), its hidden states and logits, in the oracle's dtype. (A
+    batch that runs out of memory anyway is split: ddsim.generate.speculative_lockstep.)"""
     b = torch.finfo(oracle.default_dtype(device)).bits // 8
     rec = recurrent_values(cfg)
     per_tree = nodes * b * (3 * rec + cfg.num_layers * cfg.hidden_size + cfg.vocab_size)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # blocks the allocator keeps but no tensor uses count as free
     free = available_memory(device)
-    return 1 if free is None else max(1, min(n, int(max(0, free - reserve) // 2 // max(1, per_tree))))
+    return 1 if free is None else max(1, min(n, int(max(0, free - reserve) * 3 // 4 // max(1, per_tree))))
 
 
 def available_memory(device: torch.device) -> int | None:

@@ -228,7 +228,8 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     generation is the same as alone: its steps see only its own state, and the oracle computes every
     node the same way (up to the reassociation of batched products). Every input is checked before
     the first step of any generation. ``timings``: a dict to which the oracle's wall seconds
-    ("oracle") and its batch sizes ("oracle_batches") are added, and the generations' own wall
+    ("oracle"), its batch sizes ("oracle_batches") and how often a batch was split for memory
+    ("oracle_splits") are added, and the generations' own wall
     seconds per part of a step (``STEP_PARTS``; synchronised on a GPU)."""
     references = [None] * len(prompts) if references is None else list(references)
     if len(references) != len(prompts):
@@ -238,9 +239,23 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     checked = [_checked_generation(model, p, n_tokens, **kw) for p in prompts]
     gens = [_generation(model, p, n_tokens, reference=r, timings=timings, **kw) for p, r in zip(checked, references)]
 
+    def verify(reqs):
+        """The oracle on a batch of requests; a batch that runs out of device memory is split in two
+        (the estimate of what fits is an estimate: a split batch is the same computation)."""
+        try:
+            return oracle.verify_trees(kw.get("weights"), model.cfg, [(q.state, q.parents, q.tokens) for q in reqs])
+        except torch.OutOfMemoryError:
+            if len(reqs) == 1:
+                raise
+            torch.cuda.empty_cache()
+            if timings is not None:
+                timings["oracle_splits"] = timings.get("oracle_splits", 0) + 1
+            half = len(reqs) // 2
+            return verify(reqs[:half]) + verify(reqs[half:])
+
     def answer(reqs):
         t = time.perf_counter()
-        out = oracle.verify_trees(kw.get("weights"), model.cfg, [(q.state, q.parents, q.tokens) for q in reqs])
+        out = verify(reqs)
         if timings is not None:
             if model.device.type == "cuda":
                 torch.cuda.synchronize(model.device)
@@ -329,21 +344,34 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         # the oracle first: a generation waiting for it (in lock step with others) holds no per-node state
         ref = (yield OracleRequest(state, tree.parents, tree.tokens)) if measure == "full" else None
         keep = measure == "full"  # decisions need logits only: the serving verify (no per-node states)
+        targets_ref = target_tokens(ref.logits, positions, temperature=temperature, seed=seed) if ref is not None else None
+        nodes = {} if measure == "full" else None
+        # each verify's result is measured, and the mode's committed, before the next verify: a CUDA-graph
+        # replay with per-node states (ddsim.graphs) reuses one set of buffers for every mode
         with part("fast-path verifies"):
             res = model.verify(state, tree, mode=mode, keep_states=keep)
             targets = target_tokens(res.logits, positions, temperature=temperature, seed=seed)
         path, bonus = walk(tree, targets)
         emitted = emitted_tokens(tree, path, bonus)
-
-        with part("fast-path verifies"):
-            res_x = res if mode == "exact" else model.verify(state, tree, mode="exact", keep_states=keep)
-            targets_x = targets if mode == "exact" else target_tokens(res_x.logits, positions,
-                                                                       temperature=temperature, seed=seed)
-        nodes = keys = None
-        if measure == "full":
-            targets_ref = target_tokens(ref.logits, positions, temperature=temperature, seed=seed)
+        if keep:
             with part("node metrics"):
-                nodes = {mode: node_metrics(tree, res, ref, cfg), "exact": node_metrics(tree, res_x, ref, cfg)}
+                nodes[mode] = node_metrics(tree, res, ref, cfg)
+        with part("commits"):
+            committed = model.commit(state, tree, res, path[-1])
+        del res
+
+        if mode == "exact":
+            targets_x = targets
+        else:
+            with part("fast-path verifies"):
+                res_x = model.verify(state, tree, mode="exact", keep_states=keep)
+                targets_x = target_tokens(res_x.logits, positions, temperature=temperature, seed=seed)
+            if keep:
+                with part("node metrics"):
+                    nodes["exact"] = node_metrics(tree, res_x, ref, cfg)
+            del res_x
+        keys = None
+        if measure == "full":
             for extra in attribution:
                 if extra not in nodes:
                     with part("fast-path verifies"):
@@ -365,10 +393,7 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         result.steps.append(rec)
         if on_step:
             on_step(rec)
-        del res_x
-        with part("commits"):
-            state = model.commit(state, tree, res, path[-1])
-        del res
+        state = committed
         if drafter.needs_greedy:
             with part("drafter's greedy continuations"):
                 shadow = state if mode == "exact" else helper.prefill([root] + emitted[:-1], state=shadow)[0]

@@ -17,11 +17,15 @@ parents and copied in), the committed recurrent states and conv windows, the KV 
 its own memory pool, so no two keys share memory; within a key a replay reuses the buffers of the
 previous one, so a result's KV and commit inputs are valid until the next verify of its key:
 ``VerifyResult.fresh`` says so and the commit refuses a stale result (logits are copied out).
-``verify(..., keep_states=True)`` replays the verify with per-node states (the recurrent kernels that
-write every node's state; no WY solve, so its key's rounds are 0 and any tree of T nodes fits): its
-per-node states, windows and hidden states are the key's buffers too, read in place (not copied:
-at full size they are gigabytes), valid while the result is fresh; its commit copies the accepted
-node's state as the model's does.
+``verify(..., keep_states=True)`` replays the verify with per-node states: one graph per (T, prefix
+capacity) for every mode (key ("any", T, 0, capacity, True)), captured with the parent-indexed
+kernels (each node reads its source's stored state) and refilled per verify with the mode's source
+tables (a leaky recurrence or conv reads the previous node instead of the parent, as
+``AnyModePlan`` maps them): at full size one set of per-node states is ~10 GB, so four modes'
+graphs would not fit beside the oracle. Its per-node states, windows and hidden states are read in
+place (not copied), valid while the result is fresh, i.e. until the next verify with states of the
+same T: measure a result, and commit it, before verifying the next mode. Its commit copies the
+accepted node's state as the model's does.
 
 Attention over a fixed-capacity prefix sums the same terms as over the prefix alone but the
 reduction may group them differently: a replay equals the eager serving verify within float32
@@ -115,6 +119,28 @@ class StaticPlan(gb.TreePlan):
         return self._cache[key]
 
 
+class AnyModePlan(StaticPlan):
+    """A StaticPlan for the verify with per-node states in any mode: the kernels run their exact
+    (parent-indexed) form and ask for the "exact" tables, and get the current mode's instead, the
+    recurrence's source parents as ``src`` and the conv's as ``conv_table`` (``load(tree, mode)``
+    refills both). Other tables (ancestor masks, root paths: the snapshot-free kernels') are refused."""
+
+    def __init__(self, T: int, device):
+        super().__init__(T, device, T - 1)
+        self.conv_mode = self.rec_mode = "exact"
+
+    def load(self, tree: Tree, mode: str = "exact") -> None:
+        self.conv_mode, self.rec_mode = _LAYER_MODES[mode]
+        super().load(tree)
+
+    def _host_value(self, key):
+        if key[0] == "src":
+            return self._host.src(self.rec_mode)
+        if key[0] == "conv":
+            return self._host.conv_table(self.conv_mode, key[2])
+        raise RuntimeError(f"AnyModePlan: table {key[0]!r} asked for; it serves source and conv tables only")
+
+
 class _Prefix:
     """The KV prefix at a fixed capacity: per attention layer (K, V) [capacity, nkv, hd] in the
     state's dtype, and the committed length as a device scalar (rows past it are masked out)."""
@@ -161,9 +187,12 @@ class _Captured:
     def __init__(self, model: HybridModel, key: tuple, prefix: _Prefix, pool):
         mode, T, rounds, _, keep_states = key
         dev = model.device
-        exact_rec = _LAYER_MODES[mode][1] == "exact" and not keep_states
-        self.mode, self.T, self.prefix, self.pool, self.keep_states = mode, T, prefix, pool, keep_states
-        self.plan = StaticPlan(T, dev, 2 ** rounds if exact_rec else T - 1)
+        self.T, self.prefix, self.pool, self.keep_states = T, prefix, pool, keep_states
+        if keep_states:  # the parent-indexed kernels, reading the refilled mode's source tables
+            self.mode, self.plan = "exact", AnyModePlan(T, dev)
+        else:
+            self.mode = mode
+            self.plan = StaticPlan(T, dev, 2 ** rounds if _LAYER_MODES[mode][1] == "exact" else T - 1)
         self.chain = StaticPlan(T, dev, T - 1)
         self.chain.load(Tree(range(-1, T - 1), range(T)))
         self.tokens = torch.zeros(T, dtype=torch.long, device=dev)
@@ -174,8 +203,11 @@ class _Captured:
         self.logits = self.out = self.committed = self.hidden = None
         self.epoch = 0
 
-    def load(self, tree: Tree, state: ModelState) -> None:
-        self.plan.load(tree)
+    def load(self, tree: Tree, state: ModelState, mode: str) -> None:
+        if self.keep_states:
+            self.plan.load(tree, mode)
+        else:
+            self.plan.load(tree)
         self.tokens.copy_(torch.tensor(tree.tokens), non_blocking=True)
         self.positions.copy_(torch.as_tensor(tree.positions(state.pos)), non_blocking=True)
         self.mask.copy_(torch.as_tensor(tree.ancestor_mask), non_blocking=True)
@@ -209,11 +241,12 @@ class GraphedModel:
         return getattr(self.model, name)
 
     def key(self, state: ModelState, tree: Tree, mode: str, keep_states: bool = False) -> tuple:
-        """(mode, T, WY rounds of the recurrence's source order (0 with per-node states: no WY solve),
-        KV prefix capacity, keep_states)."""
+        """(mode, T, WY rounds of the recurrence's source order, KV prefix capacity, keep_states); with
+        per-node states ("any", T, 0, capacity, True): one graph for every mode, no WY solve."""
+        if keep_states:
+            return "any", tree.size, 0, prefix_capacity(state.pos), True
         depth = int(tree.depths.max()) if _LAYER_MODES[mode][1] == "exact" else tree.size - 1
-        rounds = 0 if keep_states else wy_rounds(depth)
-        return mode, tree.size, rounds, prefix_capacity(state.pos), bool(keep_states)
+        return mode, tree.size, wy_rounds(depth), prefix_capacity(state.pos), False
 
     def captured(self) -> list[tuple]:
         """The keys whose verify graph exists (or, uncaptured, that ran)."""
@@ -232,7 +265,7 @@ class GraphedModel:
         if cap is None:
             prefix = self._prefixes.get(key[3]) or self._prefixes.setdefault(key[3], _Prefix(m, key[3]))
             cap = self._keys[key] = _Captured(m, key, prefix, torch.cuda.graph_pool_handle() if self.capture else None)
-        cap.load(tree, state)
+        cap.load(tree, state, mode)
         self._load_state(state)
         self._run(cap, "verify_graph", lambda: self._verify_body(cap))
         cap.epoch += 1

@@ -42,6 +42,10 @@ def node_metrics(tree: Tree, res, ref, cfg) -> dict:
     Returns {"kl", "max_abs", "margin", "flip"} as [T] arrays and {"hidden_rel" [L, T],
     "state_rel" [G, T], "conv_rel" [G, T]} with G = the recurrent layers (GDN and Mamba2) in order.
     """
+    fresh = getattr(res, "fresh", None)
+    if fresh is not None and not fresh():
+        raise MeasurementError("verify result: its per-node buffers were reused by a later verify (a CUDA-graph "
+                               "replay); measure a result before verifying the next")
     lo = ref.logits.double()
     lm = res.logits.to(lo.device, torch.float64)
     logp_o, logp_m = torch.log_softmax(lo, -1), torch.log_softmax(lm, -1)

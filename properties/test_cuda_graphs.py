@@ -47,9 +47,10 @@ def test_replays_equal_the_eager_serving_verify(preset, dtype):
 @pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_replays_with_per_node_states_equal_the_eager_verify(preset, dtype):
-    """The verify that keeps every node's states (the audit's leaky generations), replayed: logits,
-    hidden states, per-node states and windows equal the eager verify's, tree after tree of different
-    depths on one key per mode, and the commit takes the accepted node's state."""
+    """The verify that keeps every node's states (the audit's leaky generations), replayed from one
+    graph for every mode (parent-indexed kernels on the mode's refilled source tables): logits,
+    hidden states, per-node states and windows equal the eager verify's in each mode, tree after tree
+    of different depths, and the commit takes the accepted node's state."""
     cfg = get_preset(preset)
     m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=dtype)
     gm = GraphedModel(m)
@@ -67,8 +68,7 @@ def test_replays_with_per_node_states_equal_the_eager_verify(preset, dtype):
             sa, sb = m.commit(st, t, a, 6), gm.commit(st, t, b, 6)
             for i in cfg.recurrent_layers:
                 torch.testing.assert_close(sb.ssm[i], sa.ssm[i], **tol)
-    assert [k[0] for k in gm.captured()] == ["exact", "leaky", "leaky-conv", "leaky-state"]
-    assert all(k[2] == 0 and k[4] for k in gm.captured())
+    assert gm.captured() == [("any", 8, 0, 256, True)]  # one graph for every mode and tree
 
 
 def test_a_stale_replay_result_is_refused():

@@ -53,6 +53,30 @@ def test_lockstep_generations_equal_each_alone_with_the_oracle_batched(monkeypat
                     np.testing.assert_allclose(sb.nodes[mode][key], va, rtol=1e-6, atol=1e-12, err_msg=f"{mode} {key}")
 
 
+def test_lockstep_through_the_graph_machinery_with_states_equals_the_model():
+    """The audit's leaky generations on a GPU: verifies with per-node states through ddsim.graphs (here
+    uncaptured, Triton kernels in the interpreter), one set of buffers for every mode, and the drafter's
+    greedy continuations through the serving path. Each result is measured and committed before the
+    next verify reuses the buffers (node_metrics refuses a reused one), so the generations equal the
+    model's own: the same tokens, decisions and, within float32 rounding, leak metrics."""
+    from ddsim.graphs import GraphedModel
+    cfg, m, kw = _setup()
+    fast = HybridModel(cfg, kw["weights"], backend="triton")
+    gm = GraphedModel(fast, capture=False)
+    kw = {**kw, "steps": 2, "attribution": ("leaky-state", "leaky-conv")}
+    plain = speculative_lockstep(m, PROMPTS[:2], **kw)
+    graphed = speculative_lockstep(gm, PROMPTS[:2], serving=gm, **kw)
+    assert [k[0] for k in gm.captured()] == ["any", "exact"]  # the states' graph; the greedy decodes' serving one
+    for a, b in zip(plain, graphed):
+        assert b.tokens == a.tokens and [s.emitted for s in b.steps] == [s.emitted for s in a.steps]
+        for sa, sb in zip(a.steps, b.steps):
+            assert list(sb.nodes) == list(sa.nodes) == ["leaky", "exact", "leaky-state", "leaky-conv"]
+            for mode in sa.nodes:
+                for key in ("state_rel", "conv_rel", "hidden_rel", "kl"):
+                    np.testing.assert_allclose(sb.nodes[mode][key], sa.nodes[mode][key], rtol=1e-3, atol=1e-5,
+                                               err_msg=f"{mode} {key}")
+
+
 def test_max_trees_splits_a_round(monkeypatch):
     cfg, m, kw = _setup()
     sizes = _batches(monkeypatch)
@@ -110,7 +134,7 @@ def test_the_audit_reports_its_phases_and_oracle_batches():
     assert 0 < timings["  of which the oracle, budget 4"] < timings["leaky generations in lock step, budget 4"]
 
 
-def test_the_oracle_batch_fits_half_the_free_memory(monkeypatch):
+def test_the_oracle_batch_fits_three_quarters_of_the_free_memory_less_the_reserve(monkeypatch):
     import torch
 
     from ddsim import audit
@@ -119,6 +143,34 @@ def test_the_oracle_batch_fits_half_the_free_memory(monkeypatch):
     rec = sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
     per_tree = 9 * b * (3 * rec + cfg.num_layers * cfg.hidden_size + cfg.vocab_size)
     cpu = torch.device("cpu")
-    for free, want in ((None, 1), (0, 1), (2 * per_tree * 3 + 1, 3), (10**15, 32)):
+    for free, want in ((None, 1), (0, 1), (4 * per_tree, 3), (4 * per_tree - 4, 2), (10**15, 32)):
         monkeypatch.setattr(audit, "available_memory", lambda d, f=free: f)
         assert audit.oracle_trees_at_once(cfg, 9, cpu, 32) == want, free
+    monkeypatch.setattr(audit, "available_memory", lambda d: 4 * per_tree + 100)
+    assert audit.oracle_trees_at_once(cfg, 9, cpu, 32, reserve=100) == 3
+    assert audit.oracle_trees_at_once(cfg, 9, cpu, 32, reserve=101) == 2
+
+
+def test_an_oracle_batch_that_runs_out_of_memory_is_split(monkeypatch):
+    """The batch size is an estimate: a batch that runs out of device memory is answered in halves
+    (the same generations), and a single tree that does not fit is an error, not a skip."""
+    import torch
+    cfg, m, kw = _setup()
+    real, sizes = oracle.verify_trees, []
+
+    def tight(weights, cfg, items, **k):
+        sizes.append(len(items))
+        if len(items) > 1:
+            raise torch.OutOfMemoryError("planted")
+        return real(weights, cfg, items, **k)
+    monkeypatch.setattr(oracle, "verify_trees", tight)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    timings = {}
+    split = speculative_lockstep(m, PROMPTS, timings=timings, **{**kw, "steps": 1})
+    assert sizes == [3, 1, 2, 1, 1] and timings["oracle_splits"] == 2
+    monkeypatch.setattr(oracle, "verify_trees", real)
+    whole = speculative_lockstep(m, PROMPTS, **{**kw, "steps": 1})
+    assert [g.tokens for g in split] == [g.tokens for g in whole]
+    monkeypatch.setattr(oracle, "verify_trees", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
+    with pytest.raises(torch.OutOfMemoryError):
+        speculative_lockstep(m, PROMPTS, max_trees=1, **{**kw, "steps": 1})

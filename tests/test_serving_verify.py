@@ -81,11 +81,37 @@ def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
             for i in cfg.recurrent_layers:
                 torch.testing.assert_close(sb.ssm[i], sf.ssm[i], **tol)
             assert sb.pos == sf.pos
-    assert gm.captured() == [("exact", 8, 0, 256, True), ("leaky", 8, 0, 256, True)]
-    first = gm.verify(st, TREES[0], keep_states=True)
-    gm.verify(st, TREES[1], keep_states=True)
+    assert gm.captured() == [("any", 8, 0, 256, True)]  # one graph (and one set of buffers) for every mode
+    first = gm.verify(st, TREES[0], mode="leaky", keep_states=True)
+    gm.verify(st, TREES[0], mode="exact", keep_states=True)
     with pytest.raises(InputError, match="reused"):
         gm.commit(st, TREES[0], first, 2)
+    from ddsim import oracle
+    from ddsim.errors import MeasurementError
+    from ddsim.metrics import node_metrics
+    ref_out = oracle.verify_tree(init_weights(cfg, seed=0), cfg, st, TREES[0].parents, TREES[0].tokens)
+    with pytest.raises(MeasurementError, match="reused"):
+        node_metrics(TREES[0], first, ref_out, cfg)
+
+
+def test_a_plan_for_any_mode_refills_the_modes_source_tables():
+    """AnyModePlan hands the kernels' "exact" tables over as the current mode's: the recurrence's
+    source parents and the conv's (leaky-state: recurrence from the previous node, conv from the
+    ancestors; leaky-conv the other way round); the snapshot-free kernels' tables are refused."""
+    from ddsim.graphs import AnyModePlan
+    t = TREES[1]
+    plan = AnyModePlan(8, "cpu")
+    plan.load(t, "leaky-state")
+    chain = list(range(-1, 7))
+    assert plan.src("exact")[0].tolist() == chain
+    own = plan.conv_table("exact", 4).clone()
+    plan.load(t, "leaky-conv")
+    assert plan.src("exact")[0].tolist() == list(t.parents)
+    assert not torch.equal(plan.conv_table("exact", 4), own)  # refilled in place with the chain's windows
+    plan.load(t, "leaky-state")
+    assert torch.equal(plan.conv_table("exact", 4), own)
+    with pytest.raises(RuntimeError, match="source and conv tables only"):
+        plan.ancestors("exact")
 
 
 def test_a_result_is_stale_after_the_next_verify_of_its_key():
