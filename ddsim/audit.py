@@ -31,7 +31,7 @@ from ddsim.config import get_preset
 from ddsim.digest import file_digest
 from ddsim.drafters import ModelDrafter, SyntheticDrafter, TraceDrafter
 from ddsim.errors import InputError
-from ddsim.generate import TreePolicy, reference_decode, speculative, speculative_lockstep
+from ddsim.generate import TreePolicy, reference_rows, speculative_lockstep
 from ddsim.graphs import GraphedModel, not_capturable, serving_model
 from ddsim.metrics import summarize
 from ddsim.model import HybridModel
@@ -250,23 +250,6 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
     else:
         drafter = SyntheticDrafter(vocab_size=cfg.vocab_size, depth=ac.depth, seed=ac.seed)
     check_memory(ac, cfg, device, 2 if device.type == "cuda" else 4, layer_devices=layer_devices)
-    cfg, weights, encoder = load_model(ac, device, layer_devices)
-    # fast path: the checkpoint's dtype on CUDA (float32 for a float64 checkpoint, as a serving stack
-    # would run it), float32 on the CPU; recurrent state float32
-    compute = weights["embed"].dtype if device.type == "cuda" else torch.float32
-    compute = torch.float32 if compute == torch.float64 else compute
-    model = HybridModel(cfg, weights, device=device, dtype=compute, engine=engine)
-    serving = serving_model(model)  # decision-only generations: no per-node states, CUDA graphs where possible
-    prompts = audit_prompts(ac, cfg, encoder)
-    provenance = {"ddsim_version": environment(device)["ddsim"],
-                  "source": f"checkpoint {ac.model_path}" if ac.model_path else f"preset {ac.preset}",
-                  "weights_sha256": weights_digest(ac, weights), "fast_path": fast_path_name(model, serving),
-                  "engine": engine.provenance() if engine is not None else None,
-                  "inputs_sha256": input_digests(ac)}
-    ref_len = ac.steps * (drafter.depth + 1)
-    tick = (lambda rec: progress(advance=1)) if progress else None
-
-    common = dict(temperature=ac.temperature, seed=ac.seed, steps=ac.steps, on_step=tick)
 
     @contextlib.contextmanager
     def phase(name: str):
@@ -280,43 +263,69 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
             torch.cuda.synchronize(device)
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
 
-    def one_prompt(i: int) -> dict:
-        """What the audit measures on prompt i alone: its reference, its chain generation, and per
-        budget the decision-only generations (the leaky one, against the oracle, runs below with
-        every prompt's in lock step)."""
-        p = prompts[i]
-        with phase("references"):
-            ref, margins = reference_decode(serving, p, ref_len, temperature=ac.temperature, seed=ac.seed)
-        with phase("chain"):
-            g = speculative(serving, p, drafter=drafter, policy=TreePolicy("chain"), mode="exact", reference=ref,
-                            **common)
-        out = {"index": i, "reference": ref, "margins": margins, "chain": _gen_record(g, i, None, margins), "budgets": {}}
-        for budget in ac.budgets:
-            policy = TreePolicy("ddtree", budget, ac.topk_cap)
-            with phase(f"decision-only generations, budget {budget}"):
-                gens = {m: _gen_record(speculative(serving, p, drafter=drafter, policy=policy, mode=m, reference=ref,
-                                                   **common), i, budget, margins)
-                        for m in ALL_MODES if m != "leaky"}
-            out["budgets"][budget] = {"gens": gens, "nodes": {m: [] for m in ALL_MODES}}
-        return out
+    with phase("model build"):
+        cfg, weights, encoder = load_model(ac, device, layer_devices)
+    # fast path: the checkpoint's dtype on CUDA (float32 for a float64 checkpoint, as a serving stack
+    # would run it), float32 on the CPU; recurrent state float32
+    compute = weights["embed"].dtype if device.type == "cuda" else torch.float32
+    compute = torch.float32 if compute == torch.float64 else compute
+    model = HybridModel(cfg, weights, device=device, dtype=compute, engine=engine)
+    serving = serving_model(model)  # decision-only generations: no per-node states, CUDA graphs where possible
+    prompts = audit_prompts(ac, cfg, encoder)
+    with phase("weights digest"):
+        digest = weights_digest(ac, weights)
+    provenance = {"ddsim_version": environment(device)["ddsim"],
+                  "source": f"checkpoint {ac.model_path}" if ac.model_path else f"preset {ac.preset}",
+                  "weights_sha256": digest, "fast_path": fast_path_name(model, serving),
+                  "engine": engine.provenance() if engine is not None else None,
+                  "inputs_sha256": input_digests(ac)}
+    ref_len = ac.steps * (drafter.depth + 1)
+    tick = (lambda rec: progress(advance=1)) if progress else None
+
+    common = dict(temperature=ac.temperature, seed=ac.seed, steps=ac.steps, on_step=tick)
 
     def share(indices: list[int]) -> list[dict]:
-        """Every prompt of this process's share: each alone, then per budget the leaky generations of
-        them all stepping together, so the oracle takes each round's trees as one batch (as many as
-        fit in memory), with the exact, leaky-state and leaky-conv fast paths on the same trees (their
+        """Every prompt of this process's share, all stepping together (each generation is the one it
+        would be alone; their greedy continuations, and references, are decoded as one batch): the
+        references, the chain generations, per budget the decision-only generations, then per budget
+        the leaky generations, so the oracle takes each round's trees as one batch (as many as fit in
+        memory), with the exact, leaky-state and leaky-conv fast paths on the same trees (their
         verifies with per-node states replayed from CUDA graphs where the model can be captured: one
         graph, and one set of per-node buffers, for every mode, freed after the budget)."""
-        outs = [one_prompt(i) for i in indices]
+        ps = [prompts[i] for i in indices]
+        with phase("references"):
+            refs = reference_rows(serving, ps, ref_len, temperature=ac.temperature, seed=ac.seed)
+        outs = [{"index": i, "reference": ref, "margins": margins, "budgets": {}}
+                for i, (ref, margins) in zip(indices, refs)]
+        references = [o["reference"] for o in outs]
+        with phase("chain"):
+            chain_gens = speculative_lockstep(serving, ps, references=references, drafter=drafter,
+                                              policy=TreePolicy("chain"), mode="exact", **common)
+        for o, g in zip(outs, chain_gens):
+            o["chain"] = _gen_record(g, o["index"], None, o["margins"])
+        for budget in ac.budgets:
+            policy = TreePolicy("ddtree", budget, ac.topk_cap)
+            for o in outs:
+                o["budgets"][budget] = {"gens": {}, "nodes": {m: [] for m in ALL_MODES}}
+            parts = {} if timings is not None else None
+            with phase(f"decision-only generations, budget {budget}"):
+                for m in ALL_MODES:
+                    if m == "leaky":
+                        continue
+                    gens = speculative_lockstep(serving, ps, references=references, drafter=drafter, policy=policy,
+                                                mode=m, timings=parts, **common)
+                    for o, g in zip(outs, gens):
+                        o["budgets"][budget]["gens"][m] = _gen_record(g, o["index"], budget, o["margins"])
+            for name, v in (parts or {}).items():
+                timings[f"  of which {name}, budget {budget}"] = v
         for budget in ac.budgets:
             policy = TreePolicy("ddtree", budget, ac.topk_cap)
             inner = {} if timings is not None else None
             full = model if not_capturable(model) else GraphedModel(model)
             graphs = 0 if full is model else (budget + 1) * fast_path_state_bytes(model)  # one set, every mode
             with phase(f"leaky generations in lock step, budget {budget}"):
-                leaky = speculative_lockstep(full, [prompts[i] for i in indices],
-                                             references=[o["reference"] for o in outs],
-                                             max_trees=oracle_trees_at_once(cfg, budget + 1, device, len(indices),
-                                                                            reserve=graphs),
+                leaky = speculative_lockstep(full, ps, references=references,
+                                             max_trees=oracle_batches(cfg, device, reserve=graphs),
                                              timings=inner, drafter=drafter, policy=policy, mode="leaky",
                                              measure="full", weights=weights, attribution=LEAK_MODES,
                                              serving=serving, **common)
@@ -434,19 +443,32 @@ def fast_path_state_bytes(model: HybridModel) -> int:
     return recurrent_values(cfg) * state + cfg.num_layers * cfg.hidden_size * hidden + cfg.vocab_size * 4
 
 
-def oracle_trees_at_once(cfg, nodes: int, device: torch.device, n: int, *, reserve: int = 0) -> int:
-    """How many trees of ``nodes`` nodes the oracle takes in one batch (1..n): as many as fit in 3/4
-    of the memory free now less ``reserve`` bytes (what the fast path will still allocate, e.g. its
-    CUDA graph's per-node states), each recording every node's recurrent states and windows (with
-    room for two levels' working states), its hidden states and logits, in the oracle's dtype. (A
-    batch that runs out of memory anyway is split: ddsim.generate.speculative_lockstep.)"""
+def oracle_tree_bytes(cfg, parents, device: torch.device) -> int:
+    """Bytes the oracle holds for one tree (its ``parents``) in its dtype: every node's recorded
+    recurrent states and windows, hidden states and logits, and the working states of its widest
+    level four times over (the level being decoded, the states it produces, its children's gathered
+    copies, and one more for the step's transients: measured on the CPU within 10%)."""
     b = torch.finfo(oracle.default_dtype(device)).bits // 8
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    width = max(depth.count(d) for d in set(depth))
     rec = recurrent_values(cfg)
-    per_tree = nodes * b * (3 * rec + cfg.num_layers * cfg.hidden_size + cfg.vocab_size)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # blocks the allocator keeps but no tensor uses count as free
-    free = available_memory(device)
-    return 1 if free is None else max(1, min(n, int(max(0, free - reserve) * 3 // 4 // max(1, per_tree))))
+    return b * (len(parents) * (rec + cfg.num_layers * cfg.hidden_size + cfg.vocab_size) + 4 * width * rec)
+
+
+def oracle_batches(cfg, device: torch.device, *, reserve: int = 0):
+    """speculative_lockstep's max_trees for the audit: a round's oracle requests -> how many trees the
+    oracle takes at once (at least 1): as many of the largest's need as fit in 3/4 of the memory free
+    now less ``reserve`` bytes (what the fast path will still allocate, e.g. its CUDA graph's per-node
+    states). A batch that runs out of memory anyway is split (speculative_lockstep)."""
+    def fit(requests) -> int:
+        need = max(oracle_tree_bytes(cfg, q.parents, device) for q in requests)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # blocks the allocator keeps but no tensor uses count as free
+        free = available_memory(device)
+        return 1 if free is None else max(1, min(len(requests), int(max(0, free - reserve) * 3 // 4 // need)))
+    return fit
 
 
 def available_memory(device: torch.device) -> int | None:

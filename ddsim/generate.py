@@ -28,7 +28,7 @@ from ddsim.errors import InputError
 from ddsim.metrics import node_keys, node_metrics
 from ddsim.model import HybridModel
 from ddsim.modes import VERIFY_MODES
-from ddsim.tree import Tree, chain
+from ddsim.tree import Tree
 
 
 @dataclass(frozen=True)
@@ -82,31 +82,45 @@ def reference_decode(model: HybridModel, prompt, n_tokens: int, *, temperature: 
                      seed: int = 0) -> tuple[list[int], list[float]]:
     """autoregressive() plus each token's decision margin: how far it led the runner-up in the
     decision scores (logits in nats when greedy), a measure of how near a tie the choice was."""
-    prompt = _check_prompt(model, prompt, n_tokens)
-    state, _ = model.prefill(prompt[:-1])
-    return decode_from(model, state, prompt[-1], n_tokens, temperature=temperature, seed=seed)
+    return reference_rows(model, [prompt], n_tokens, temperature=temperature, seed=seed)[0]
 
 
-def decode_from(model: HybridModel, state, root: int, n: int, *, temperature: float = 0.0,
-                seed: int = 0) -> tuple[list[int], list[float]]:
-    """n tokens after ``root`` from an exact ``state``, one forward each, with each token's decision
-    margin (the Gumbel noise of a token's absolute position when sampling)."""
-    out, margins = [], []
-    for _ in range(n):
-        t = chain([root])
-        res = model.verify(state, t, mode="exact")
-        scores = decision_scores(res.logits, [state.pos], temperature=temperature, seed=seed)[0]
-        root = int(scores.argmax())
-        state = model.commit(state, t, res, 0)
-        out.append(root)
-        m = float(decision_margins(scores))
-        margins.append(m if math.isfinite(m) else None)  # None: no runner-up (a one-token vocabulary)
-    return out, margins
+def reference_rows(model: HybridModel, prompts, n_tokens: int, *, temperature: float = 0.0,
+                   seed: int = 0) -> list[tuple[list[int], list[float]]]:
+    """reference_decode() of every prompt, decoded together: each step one token of every prompt in
+    one pass (HybridModel.decode_rows). Every prompt is checked before any work."""
+    prompts = [_check_prompt(model, p, n_tokens) for p in prompts]
+    states = [model.prefill(p[:-1])[0] for p in prompts]
+    roots = [p[-1] for p in prompts]
+    out = [([], []) for _ in prompts]
+    for _ in range(n_tokens):
+        positions = [st.pos for st in states]  # each root's own position (the sampling noise's)
+        logits, states = model.decode_rows(states, roots)
+        scores = decision_scores(logits, positions, temperature=temperature, seed=seed)
+        roots = [int(x) for x in scores.argmax(-1)]
+        lead = decision_margins(scores).tolist()
+        for (toks, margins), r, m in zip(out, roots, lead):
+            toks.append(r)
+            margins.append(m if math.isfinite(m) else None)  # None: no runner-up (a one-token vocabulary)
+    return out
+
+
+def greedy_rows(model: HybridModel, requests) -> list[list[int]]:
+    """The target's greedy continuation of ``q.n`` tokens after ``q.root`` from each exact ``q.state``
+    (GreedyRequests), every request's token of a step decoded in one pass (HybridModel.decode_rows)."""
+    states, roots = [q.state for q in requests], [int(q.root) for q in requests]
+    out = [[] for _ in requests]
+    for _ in range(max(q.n for q in requests)):
+        logits, states = model.decode_rows(states, roots)
+        roots = [int(x) for x in logits.argmax(-1)]
+        for o, r in zip(out, roots):
+            o.append(r)
+    return [o[:q.n] for o, q in zip(out, requests)]
 
 
 def greedy_continuation(model: HybridModel, state, root: int, n: int) -> list[int]:
     """The target's greedy continuation of n tokens after ``root`` from an exact ``state``."""
-    return decode_from(model, state, root, n)[0]
+    return greedy_rows(model, [GreedyRequest(state, root, n)])[0]
 
 
 @dataclass
@@ -189,6 +203,16 @@ class _Parts:
 
 
 @dataclass(frozen=True)
+class GreedyRequest:
+    """A step's question to the target for a synthetic drafter: its greedy continuation of ``n``
+    tokens after ``root`` from the exact ``state``. A generation yields it and is sent the tokens back,
+    so generations running together decode their continuations as one batch (``greedy_rows``)."""
+    state: object
+    root: int
+    n: int
+
+
+@dataclass(frozen=True)
 class OracleRequest:
     """A step's question to the oracle (measure="full"): every node of ``tree`` from the committed
     ``state``. A generation yields it and is sent the OracleResult back, so whoever runs several
@@ -224,7 +248,8 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
                          max_trees: int | None = None, timings: dict | None = None, **kw) -> list[GenerationResult]:
     """``speculative`` for each of ``prompts`` (``references[i]`` its reference), the generations
     stepping together: with measure="full", the oracle takes the trees of one round of steps as one
-    batch (``oracle.verify_trees``, at most ``max_trees`` trees at once; default all). Each
+    batch (``oracle.verify_trees``, at most ``max_trees`` trees at once, or ``max_trees(requests)``
+    asked each round; default all). Each
     generation is the same as alone: its steps see only its own state, and the oracle computes every
     node the same way (up to the reassociation of batched products). Every input is checked before
     the first step of any generation. ``timings``: a dict to which the oracle's wall seconds
@@ -234,7 +259,7 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     references = [None] * len(prompts) if references is None else list(references)
     if len(references) != len(prompts):
         raise InputError(f"references: {len(references)} for {len(prompts)} prompts")
-    if max_trees is not None and max_trees < 1:
+    if max_trees is not None and not callable(max_trees) and max_trees < 1:
         raise InputError(f"max_trees: expected at least 1, got {max_trees}")
     checked = [_checked_generation(model, p, n_tokens, **kw) for p in prompts]
     gens = [_generation(model, p, n_tokens, reference=r, timings=timings, **kw) for p, r in zip(checked, references)]
@@ -265,13 +290,27 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
                 timings.setdefault("oracle_batch_memory_gib", []).append(
                     round(torch.cuda.memory_allocated(model.device) / 2**30, 1))
         return out
-    return run_lockstep(gens, answer, max_trees=max_trees)
+    helper = kw.get("serving") or model
+
+    def decode(reqs):
+        t = time.perf_counter()
+        out = greedy_rows(helper, reqs)
+        if timings is not None:
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            key = "drafter's greedy continuations"
+            timings[key] = timings.get(key, 0.0) + time.perf_counter() - t
+        return out
+    return run_lockstep(gens, answer, max_trees=max_trees, decode=decode)
 
 
-def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, max_trees: int | None = None) -> list:
-    """Run generators that yield OracleRequests (and return their result) together: each round, the
-    pending requests of every unfinished generator are answered by ``answer`` (a list of requests ->
-    the list of their answers), at most ``max_trees`` at a time, and sent back; returns each
+def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, max_trees: int | None = None,
+                 decode: Callable[[list[GreedyRequest]], list] | None = None) -> list:
+    """Run generators that yield OracleRequests and GreedyRequests (and return their result)
+    together: each round, the pending oracle requests of every unfinished generator are answered by
+    ``answer`` (a list of requests -> the list of their answers), at most ``max_trees`` at a time
+    (or ``max_trees(requests)``, asked each round),
+    and the pending greedy requests by ``decode`` all at once, each answer sent back; returns each
     generator's return value, in order."""
     results, pending = [None] * len(gens), {}
 
@@ -286,9 +325,17 @@ def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, m
     while pending:
         round_ = sorted(pending.items())
         pending.clear()
-        size = max_trees or len(round_)
-        for lo in range(0, len(round_), size):
-            chunk = round_[lo:lo + size]
+        greedy = [(i, q) for i, q in round_ if isinstance(q, GreedyRequest)]
+        oracle_reqs = [(i, q) for i, q in round_ if not isinstance(q, GreedyRequest)]
+        if greedy:
+            if decode is None:
+                raise ValueError("run_lockstep: a generation asked for a greedy continuation and no decode was given")
+            for (i, _), out in zip(greedy, decode([q for _, q in greedy])):
+                advance(i, out)
+        size = (max_trees([q for _, q in oracle_reqs]) if callable(max_trees) and oracle_reqs
+                else max_trees if not callable(max_trees) and max_trees else len(oracle_reqs) or 1)
+        for lo in range(0, len(oracle_reqs), size):
+            chunk = oracle_reqs[lo:lo + size]
             for (i, _), out in zip(chunk, answer([q for _, q in chunk])):
                 advance(i, out)
     return results
@@ -336,8 +383,7 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                     and len(reference) >= n_done + drafter.depth:
                 greedy = reference[n_done:n_done + drafter.depth]
             else:
-                with part("drafter's greedy continuations"):
-                    greedy = greedy_continuation(helper, shadow, root, drafter.depth)
+                greedy = yield GreedyRequest(shadow, root, drafter.depth)
         logits = drafter.draft(DraftContext(step=step, tokens=prompt + out, greedy=greedy))
         tree = policy.build(logits, root_token=root, max_rank=drafter.max_rank)
         positions = tree.positions(state.pos)

@@ -44,7 +44,7 @@ import ddsim.gpu_backend as gb
 from ddsim.errors import InputError
 from ddsim.model import _LAYER_MODES, HybridModel, LayerOutputs, Rope, VerifyResult
 from ddsim.state import ModelState
-from ddsim.tree import Tree
+from ddsim.tree import Tree, chain
 
 MIN_PREFIX_CAPACITY = 256
 
@@ -237,8 +237,18 @@ class GraphedModel:
         self._ssm, self._conv = ssm, conv
         self._resident = None  # the state the buffers hold (states are never written in place)
 
-    def __getattr__(self, name):  # prefill, empty_state, cfg, device, ... are the model's
+    def __getattr__(self, name):  # empty_state, cfg, device, ... are the model's
         return getattr(self.model, name)
+
+    def prefill(self, tokens, state: ModelState | None = None) -> tuple[ModelState, torch.Tensor]:
+        """The model's prefill (``tokens`` as one chain, all committed) through the replayed serving
+        verify and commit: one key per chain length, where the model's own keeps every node's state."""
+        state = state or self.model.empty_state()
+        if len(tokens) == 0:
+            return state, torch.zeros(0, self.cfg.vocab_size)
+        tree = chain(list(tokens))
+        res = self.verify(state, tree, mode="exact")
+        return self.commit(state, tree, res, len(tree) - 1), res.logits
 
     def key(self, state: ModelState, tree: Tree, mode: str, keep_states: bool = False) -> tuple:
         """(mode, T, WY rounds of the recurrence's source order, KV prefix capacity, keep_states); with

@@ -12,6 +12,7 @@ tree conv and the tree recurrence from gpu_backend with a per-mode choice of sou
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -244,11 +245,14 @@ class HybridModel:
             kind = self.cfg.layer_pattern[i]
             h = h.to(self.layer_devices[i])  # a placed model hands the hidden state on (no copy otherwise)
             parents, pos, mask = tables(h.device)
+            attend = lambda p, xn, i=i: self._attention(p, xn, pos, mask, state.kv[i])  # noqa: E731
+            S0 = None if state.ssm[i] is None else state.ssm[i][None]
+            win0 = None if state.conv[i] is None else state.conv[i][None]
             with _current(h.device):  # Triton launches on the current CUDA device: make it this layer's
-                h, out.kv[i], S, win, cin = self._layer(i, kind, f"layers.{i}.", h, state, parents, pos, mask,
+                h, out.kv[i], S, win, cin = self._layer(i, kind, f"layers.{i}.", h, attend, S0, win0, parents,
                                                         conv_mode, rec_mode, out.keep_states)
             if out.keep_states:
-                out.ssm[i], out.conv[i] = S, win
+                out.ssm[i], out.conv[i] = (None, None) if S is None else (S[0], win[0])
                 out.hidden[i] = h.to(self.head_device)
             else:
                 out.commit_inputs[i] = cin
@@ -267,9 +271,11 @@ class HybridModel:
             return VerifyResult(mode, logits, torch.stack(out.hidden), out.ssm, out.conv, out.kv)
         return VerifyResult(mode, logits, None, None, None, out.kv, out.commit_inputs)
 
-    def _layer(self, i, kind, p, h, state, parents, pos, mask, conv_mode, rec_mode, keep_states=True):
-        """Layer i on h [T, d] -> (h after it, its new KV or None, per-node states and windows or None,
-        its CommitInputs or None)."""
+    def _layer(self, i, kind, p, h, attend, S0, win0, parents, conv_mode, rec_mode, keep_states=True):
+        """Layer i on h [B*T, d] (B sequences of T nodes, row-major) -> (h after it, its new KV or None,
+        per-node states [B, T, ...] and windows or None, its CommitInputs or None). attend(p, xn) ->
+        (out, k, v) is the attention of these rows; S0, win0 [B, ...] each sequence's committed
+        recurrent state and window (recurrent layers)."""
         cfg, w = self.cfg, self.w
         r = cfg.residual_multiplier
         xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
@@ -279,15 +285,13 @@ class HybridModel:
         else:
             parts = []  # the mixers' outputs, summed (attention first)
             if kind in "ap":
-                a, k, v = self._attention(p, xn, pos, mask, state.kv[i])
+                a, k, v = attend(p, xn)
                 parts, nk = [a], (k, v)
             if kind == "g":
-                g, S, win, cin = self._gdn(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode,
-                                           keep_states)
+                g, S, win, cin = self._gdn(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
                 parts.append(g)
             if kind in "mp":
-                m, S, win, cin = self._mamba2(p, xn, parents, state.ssm[i], state.conv[i], conv_mode, rec_mode,
-                                              keep_states)
+                m, S, win, cin = self._mamba2(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
                 parts.append(m)
             out = parts[0] if len(parts) == 1 else parts[0] + parts[1]
             h = h + r * out
@@ -365,70 +369,71 @@ class HybridModel:
         return F.linear(o, w[p + "attn.o"]), k, v
 
     def _gdn(self, p, x, parents, S0, win0, conv_mode, rec_mode, keep_states=True):
-        """x [T, d] -> (out [T, d], per-node states [T, HV, K, V] and windows [T, C, W-1], or None and
-        None and the CommitInputs without keep_states)."""
+        """x [B*T, d] (B sequences of T nodes); S0 [B, HV, K, V], win0 [B, C, W-1] -> (out [B*T, d],
+        per-node states [B, T, HV, K, V] and windows [B, T, C, W-1], or None and None and the
+        CommitInputs without keep_states)."""
         cfg, w = self.cfg, self.w
-        T = x.shape[0]
+        N, B = x.shape[0], S0.shape[0]
+        T = N // B
         H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        xin = F.linear(x, w[p + "gdn.qkv"])[None]  # [1, T, C]
-        z = F.linear(x, w[p + "gdn.z"]).view(T, HV, V)
-        a = F.linear(x, w[p + "gdn.a"]).float()  # [T, HV]
+        xin = F.linear(x, w[p + "gdn.qkv"]).view(B, T, -1)  # [B, T, C]
+        z = F.linear(x, w[p + "gdn.z"]).view(N, HV, V)
+        a = F.linear(x, w[p + "gdn.a"]).float()  # [N, HV]
         b = F.linear(x, w[p + "gdn.b"]).float()
-        y = gb.tree_causal_conv1d(xin, weight=w[p + "gdn.conv"], parents=parents, initial_window=win0[None],
+        y = gb.tree_causal_conv1d(xin, weight=w[p + "gdn.conv"], parents=parents, initial_window=win0,
                                   mode=conv_mode, output_windows=keep_states, backend=self.backend)
-        y, windows = y if keep_states else (y, None)
-        y = y[0]  # [T, C]
-        q = y[:, : H * K].view(1, T, H, K)
-        k = y[:, H * K: 2 * H * K].view(1, T, H, K)
-        v = y[:, 2 * H * K:].view(1, T, HV, V)
-        g = self._const(p + "gdn.A_log") * F.softplus(a + self._const(p + "gdn.dt_bias"))  # [T, HV]
-        beta = torch.sigmoid(b)
-        o = gb.gdn_tree_verify(q, k, v, g[None], beta[None], parents=parents,
-                               initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
-                               output_states=keep_states, backend=self.backend)
+        y, windows = y if keep_states else (y, None)  # y [B, T, C]
+        q = y[..., : H * K].view(B, T, H, K)
+        k = y[..., H * K: 2 * H * K].view(B, T, H, K)
+        v = y[..., 2 * H * K:].view(B, T, HV, V)
+        g = (self._const(p + "gdn.A_log") * F.softplus(a + self._const(p + "gdn.dt_bias"))).view(B, T, HV)
+        beta = torch.sigmoid(b).view(B, T, HV)
+        o = gb.gdn_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0.to(self.state_dtype),
+                               mode=rec_mode, output_states=keep_states, backend=self.backend)
         o, states = o if keep_states else (o, None)
-        if self.engine is not None and rec_mode in self.engine.modes:  # the engine's outputs [1, T, HV, V]
-            o = self.engine.verify(q, k, v, g[None], beta[None], parents=parents.parents,
-                                   state_pool=S0[None].to(torch.float32).clone(),
-                                   slots=torch.zeros(1, dtype=torch.int32, device=q.device), mode=rec_mode, scale=None)
-        o = o[0].to(x.dtype)  # [T, HV, V]
+        if self.engine is not None and rec_mode in self.engine.modes:  # the engine's outputs [B, T, HV, V]
+            o = self.engine.verify(q, k, v, g, beta, parents=parents.parents, state_pool=S0.to(torch.float32).clone(),
+                                   slots=torch.arange(B, dtype=torch.int32, device=q.device), mode=rec_mode,
+                                   scale=None)
+        o = o.reshape(N, HV, V).to(x.dtype)
         o = _rmsnorm(o, w[p + "gdn.norm"], cfg.rms_norm_eps) * F.silu(z)
-        out = F.linear(o.reshape(T, HV * V), w[p + "gdn.out"])
+        out = F.linear(o.reshape(N, HV * V), w[p + "gdn.out"])
         if keep_states:
-            return out, states[0], windows[0], None
-        return out, None, None, CommitInputs(xin, k=k, v=v, g=g[None], beta=beta[None])
+            return out, states, windows, None
+        return out, None, None, CommitInputs(xin, k=k, v=v, g=g, beta=beta)
 
     def _mamba2(self, p, x, parents, S0, win0, conv_mode, rec_mode, keep_states=True):
-        """x [T, d]; S0 [H, P, N]; win0 [Cm, W-1] -> (out [T, d], states [T, H, P, N], windows [T, Cm, W-1],
-        None), or (out, None, None, CommitInputs) without keep_states."""
+        """x [B*T, d] (B sequences of T nodes); S0 [B, H, P, N]; win0 [B, Cm, W-1] -> (out [B*T, d],
+        states [B, T, H, P, N], windows [B, T, Cm, W-1], None), or (out, None, None, CommitInputs)
+        without keep_states."""
         cfg, w = self.cfg, self.w
-        T = x.shape[0]
+        Nr, Bs = x.shape[0], S0.shape[0]
+        T = Nr // Bs
         H, P, N, G, I = (cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.mamba_state_size, cfg.mamba_n_groups,
                          cfg.mamba_inner)
-        z = F.linear(x, w[p + "mamba.z"])  # [T, I]
-        xbc = F.linear(x, w[p + "mamba.xbc"])[None]  # [1, T, Cm]
-        dt = F.linear(x, w[p + "mamba.dt"]).float()[None]  # [1, T, H]
+        z = F.linear(x, w[p + "mamba.z"])  # [B*T, I]
+        xbc = F.linear(x, w[p + "mamba.xbc"]).view(Bs, T, -1)  # [B, T, Cm]
+        dt = F.linear(x, w[p + "mamba.dt"]).float().view(Bs, T, H)
         y = gb.tree_causal_conv1d(xbc, weight=w[p + "mamba.conv"], bias=w.get(p + "mamba.conv_bias"),
-                                  parents=parents, initial_window=win0[None], mode=conv_mode,
+                                  parents=parents, initial_window=win0, mode=conv_mode,
                                   output_windows=keep_states, backend=self.backend)
-        y, windows = y if keep_states else (y, None)
-        y = y[0]  # [T, Cm]
-        xs = y[:, :I].reshape(1, T, H, P)
-        Bm = y[:, I: I + G * N].reshape(1, T, G, N)
-        Cm = y[:, I + G * N:].reshape(1, T, G, N)
+        y, windows = y if keep_states else (y, None)  # y [B, T, Cm]
+        xs = y[..., :I].reshape(Bs, T, H, P)
+        Bm = y[..., I: I + G * N].reshape(Bs, T, G, N)
+        Cm = y[..., I + G * N:].reshape(Bs, T, G, N)
         o = gb.mamba2_tree_verify(xs, dt, self._const(p + "mamba.A_log"), Bm, Cm,
                                   D=self._const(p + "mamba.D"), dt_bias=self._const(p + "mamba.dt_bias"),
                                   dt_limit=cfg.mamba_dt_limit, parents=parents,
-                                  initial_state=S0[None].to(self.state_dtype), mode=rec_mode,
+                                  initial_state=S0.to(self.state_dtype), mode=rec_mode,
                                   output_states=keep_states, backend=self.backend)
         o, states = o if keep_states else (o, None)
-        o = o[0].reshape(T, I).float()
+        o = o.reshape(Nr, I).float()
         zf = F.silu(z.float())
 
         def group_rms(v):  # RMSNorm over each of the G groups of I/G channels (float32), times the weight
-            g = v.view(T, G, I // G)
-            return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)).view(T, I) * w[p + "mamba.norm"]
+            g = v.view(Nr, G, I // G)
+            return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)).view(Nr, I) * w[p + "mamba.norm"]
 
         if cfg.mamba_norm == "gated":
             o = group_rms(o * zf)
@@ -438,8 +443,87 @@ class HybridModel:
             o = o * zf
         out = F.linear(o.to(x.dtype), w[p + "mamba.out"])
         if keep_states:
-            return out, states[0], windows[0], None
+            return out, states, windows, None
         return out, None, None, CommitInputs(xbc, x=xs, dt=dt, B=Bm)
+
+    # ---- one plain decode step of several sequences ----------------------------------------------
+    def decode_rows(self, states: list, tokens) -> tuple[torch.Tensor, list]:
+        """One token for each of B sequences, row b from its own committed ``states[b]``: what a
+        serving stack's batched decode does, and what ``verify`` of the one-node tree [tokens[b]] then
+        ``commit`` of it does per row (the products run over B rows instead of one: the same within
+        the arithmetic's rounding). Returns (logits [B, vocab] float32, the state after each row's
+        token). The audit decodes every prompt's reference, and every generation's greedy
+        continuation, this way: one pass over the weights for all of them."""
+        B = len(states)
+        if B == 0 or len(tokens) != B:
+            raise InputError(f"decode_rows: {B} states and {len(tokens)} tokens (one each, at least one)")
+        cfg = self.cfg
+        toks = [int(t) for t in tokens]
+        if max(toks) >= cfg.vocab_size or min(toks) < 0:
+            raise InputError(f"decode_rows: a token outside the vocabulary ({cfg.vocab_size})")
+        if max(st.pos for st in states) >= cfg.max_position_embeddings:
+            raise InputError(f"decode_rows: a position beyond the model's {cfg.max_position_embeddings}")
+        L = cfg.num_layers
+        tables = {}
+
+        def on(d):  # a one-node tree per row, and the rows' RoPE positions, on device d
+            if d not in tables:
+                tables[d] = (gb.TreePlan(torch.full((B, 1), -1, dtype=torch.long, device=d)),
+                             Rope(torch.tensor([st.pos for st in states], device=d)))
+            return tables[d]
+        h = self.embed_tokens(torch.tensor(toks, device=self.device))  # [B, d]
+        kv, ssm, conv = [None] * L, [None] * L, [None] * L
+        for i, kind in enumerate(cfg.layer_pattern):
+            d = self.layer_devices[i]
+            h = h.to(d)
+            plan, rope = on(h.device)
+            rec = states[0].ssm[i] is not None
+            S0 = torch.stack([st.ssm[i] for st in states]) if rec else None  # [B, ...]
+            win0 = torch.stack([st.conv[i] for st in states]) if rec else None
+            attend = lambda p, xn, i=i, rope=rope: self._attention_rows(p, xn, rope, [st.kv[i] for st in states])  # noqa: E731
+            with _current(h.device):
+                h, kv[i], S, win, _ = self._layer(i, kind, f"layers.{i}.", h, attend, S0, win0, plan, "exact", "exact")
+            if S is not None:
+                ssm[i], conv[i] = S[:, 0], win[:, 0]  # [B, ...]: each row's state after its token
+        logits = self.head(h)
+        out = []
+        for b, st in enumerate(states):
+            kv_b = [None if kv[i] is None else (torch.cat([st.kv[i][0], kv[i][0][b:b + 1].to(st.kv[i][0].dtype)]),
+                                                torch.cat([st.kv[i][1], kv[i][1][b:b + 1].to(st.kv[i][1].dtype)]))
+                    for i in range(L)]
+            out.append(ModelState(st.pos + 1, kv_b, [None if s is None else s[b] for s in ssm],
+                                  [None if c is None else c[b].to(st.conv[i].dtype) for i, c in enumerate(conv)]))
+        return logits, out
+
+    def _attention_rows(self, p, x, rope: Rope, prefixes: list):
+        """Attention of one token per row, x [B, d], row b over its own committed prefix (prefixes[b] =
+        (K [P_b, nkv, hd], V), lengths may differ: padded, the padding masked out) and itself."""
+        cfg, w = self.cfg, self.w
+        B = x.shape[0]
+        nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q = F.linear(x, w[p + "attn.q"]).view(B, nh, hd)
+        k = F.linear(x, w[p + "attn.k"]).view(B, nkv, hd)
+        if cfg.qk_norm:
+            q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
+            k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
+        if cfg.use_rope:
+            q = _rope(q, rope, cfg.rope_theta, cfg.rotary_dim)
+            k = _rope(k, rope, cfg.rope_theta, cfg.rotary_dim)
+        v = F.linear(x, w[p + "attn.v"]).view(B, nkv, hd)
+        lens = torch.tensor([pk.shape[0] for pk, _ in prefixes], device=x.device)
+        P = int(lens.max())
+        pad = torch.nn.utils.rnn.pad_sequence
+        Kp = pad([pk.to(q.dtype) for pk, _ in prefixes] + [k.new_zeros(P, nkv, hd)], batch_first=True)[:B]
+        Vp = pad([pv.to(q.dtype) for _, pv in prefixes] + [v.new_zeros(P, nkv, hd)], batch_first=True)[:B]
+        K = torch.cat([Kp, k[:, None]], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)  # [B, nh, P+1, hd]
+        Vv = torch.cat([Vp, v[:, None]], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)
+        seen = torch.arange(P + 1, device=x.device)[None, :] < lens[:, None]
+        seen[:, P] = True  # each row's own token
+        o = F.scaled_dot_product_attention(q[:, :, None], K, Vv, attn_mask=seen[:, None, None, :],
+                                           scale=cfg.attention_scale or 1.0 / math.sqrt(hd)).reshape(B, nh * hd)
+        if cfg.attn_output_gate:
+            o = o * torch.sigmoid(F.linear(x, w[p + "attn.gate"]))
+        return F.linear(o, w[p + "attn.o"]), k, v
 
     # ---- commit --------------------------------------------------------------------------------
     def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int, *, replay=None) -> ModelState:

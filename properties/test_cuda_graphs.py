@@ -93,3 +93,28 @@ def test_a_cuda_audit_runs_its_decision_generations_from_graphs():
                                         "ones)")
     for b in rep.budgets:
         assert b.modes["exact"].generations_leaving_greedy_above_noise == 0
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_rows_on_the_gpu_equals_one_node_verifies(preset, dtype):
+    """The batched decode of the audit's references and greedy continuations (HybridModel.decode_rows,
+    Triton kernels over B one-node trees, attention over padded prefixes) against each row's own
+    one-node verify and commit, step after step."""
+    from ddsim.tree import chain
+    cfg = get_preset(preset)
+    m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=dtype)
+    states = [m.prefill(p)[0] for p in ([3, 1, 4, 1, 5], [9, 2], [7, 7, 7, 7, 7, 7, 7, 7, 7])]
+    roots = [2, 6, 5]
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
+    for _ in range(3):
+        logits, after = m.decode_rows(states, roots)
+        for b, (st, root) in enumerate(zip(states, roots)):
+            res = m.verify(st, chain([root]))
+            one = m.commit(st, chain([root]), res, 0)
+            torch.testing.assert_close(logits[b], res.logits[0], **tol)
+            for i in cfg.recurrent_layers:
+                torch.testing.assert_close(after[b].ssm[i], one.ssm[i], **tol)
+            for i in cfg.attention_layers:
+                torch.testing.assert_close(after[b].kv[i][0], one.kv[i][0], **tol)
+        states, roots = after, [int(x) for x in logits.argmax(-1)]

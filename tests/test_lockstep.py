@@ -66,7 +66,8 @@ def test_lockstep_through_the_graph_machinery_with_states_equals_the_model():
     kw = {**kw, "steps": 2, "attribution": ("leaky-state", "leaky-conv")}
     plain = speculative_lockstep(m, PROMPTS[:2], **kw)
     graphed = speculative_lockstep(gm, PROMPTS[:2], serving=gm, **kw)
-    assert [k[0] for k in gm.captured()] == ["any", "exact"]  # the states' graph; the greedy decodes' serving one
+    keys = gm.captured()  # one graph with states; the prefills' and greedy decodes' serving ones
+    assert [k for k in keys if k[4]] == [("any", 9, 0, 256, True)] and {k[0] for k in keys if not k[4]} == {"exact"}
     for a, b in zip(plain, graphed):
         assert b.tokens == a.tokens and [s.emitted for s in b.steps] == [s.emitted for s in a.steps]
         for sa, sb in zip(a.steps, b.steps):
@@ -141,14 +142,22 @@ def test_the_oracle_batch_fits_three_quarters_of_the_free_memory_less_the_reserv
     cfg = get_preset("micro")
     b = 8  # float64 on the CPU
     rec = sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
-    per_tree = 9 * b * (3 * rec + cfg.num_layers * cfg.hidden_size + cfg.vocab_size)
-    cpu = torch.device("cpu")
-    for free, want in ((None, 1), (0, 1), (4 * per_tree, 3), (4 * per_tree - 4, 2), (10**15, 32)):
+    wide, deep = [-1, 0, 0, 0, 1, 1, 2, 2, 3], [-1, 0, 1, 2, 3, 4, 5, 6, 0]  # widest levels: 5 and 2 nodes
+    row = cfg.num_layers * cfg.hidden_size + cfg.vocab_size
+    assert audit.oracle_tree_bytes(cfg, wide, torch.device("cpu")) == b * (9 * (rec + row) + 4 * 5 * rec)
+    assert audit.oracle_tree_bytes(cfg, deep, torch.device("cpu")) == b * (9 * (rec + row) + 4 * 2 * rec)
+    need = audit.oracle_tree_bytes(cfg, wide, torch.device("cpu"))
+    reqs = [OracleRequest(None, deep, None)] * 31 + [OracleRequest(None, wide, None)]  # the largest sets the size
+    for free, want in ((None, 1), (0, 1), (4 * need, 3), (4 * need - 4, 2), (10**15, 32)):
         monkeypatch.setattr(audit, "available_memory", lambda d, f=free: f)
-        assert audit.oracle_trees_at_once(cfg, 9, cpu, 32) == want, free
-    monkeypatch.setattr(audit, "available_memory", lambda d: 4 * per_tree + 100)
-    assert audit.oracle_trees_at_once(cfg, 9, cpu, 32, reserve=100) == 3
-    assert audit.oracle_trees_at_once(cfg, 9, cpu, 32, reserve=101) == 2
+        assert audit.oracle_batches(cfg, torch.device("cpu"))(reqs) == want, free
+    monkeypatch.setattr(audit, "available_memory", lambda d: 4 * need + 100)
+    assert audit.oracle_batches(cfg, torch.device("cpu"), reserve=100)(reqs) == 3
+    assert audit.oracle_batches(cfg, torch.device("cpu"), reserve=101)(reqs) == 2
+    sizes = _batches(monkeypatch)
+    cfg, m, kw = _setup()
+    speculative_lockstep(m, PROMPTS, max_trees=lambda reqs: len(reqs) - 1, **{**kw, "steps": 1})
+    assert sizes == [2, 1]  # asked per round
 
 
 def test_an_oracle_batch_that_runs_out_of_memory_is_split(monkeypatch):

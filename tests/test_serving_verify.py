@@ -224,8 +224,8 @@ def test_a_commit_refuses_a_tree_of_another_size_than_its_result():
 
 
 def test_reference_decoding_through_the_graph_path_is_the_models():
-    """The audit decodes its references through the serving model (one-node trees, replayed from
-    graphs on a GPU): the same tokens and margins as the model's own verify."""
+    """The audit decodes its references through the serving model (the prompt's prefill replayed from
+    a graph on a GPU, then the model's batched decode): the same tokens and margins as the model's own."""
     from ddsim.generate import reference_decode
     cfg, m, _ = _models("tiny")
     gm = GraphedModel(m, capture=False)
@@ -233,4 +233,22 @@ def test_reference_decoding_through_the_graph_path_is_the_models():
     (ta, ma), (tb, mb) = reference_decode(m, prompt, 6), reference_decode(gm, prompt, 6)
     assert tb == ta
     assert mb == pytest.approx(ma, rel=1e-5, abs=1e-5)
-    assert any(key[1] == 1 for key in gm.captured())  # the one-node key ran
+    assert [key[1] for key in gm.captured()] == [7]  # the prompt's prefill (7 tokens before the root)
+
+
+def test_the_graphed_prefill_equals_the_models():
+    """GraphedModel.prefill runs the chain through the serving verify and commit (uncaptured here):
+    the committed state and the logits equal the model's own prefill within float32 rounding."""
+    cfg, ref, fast = _models("micro", backend="triton")
+    gm = GraphedModel(fast, capture=False)
+    st, lg = ref.prefill([1, 2, 3, 4, 5])
+    st2, lg2 = gm.prefill([1, 2, 3, 4, 5])
+    torch.testing.assert_close(lg2, lg, rtol=1e-5, atol=1e-5)
+    a, b = ref.prefill([6, 7], state=st)[0], gm.prefill([6, 7], state=st2)[0]
+    assert (a.pos, b.pos) == (7, 7)
+    for i in cfg.recurrent_layers:
+        torch.testing.assert_close(b.ssm[i], a.ssm[i], rtol=1e-5, atol=1e-6)
+    for i in cfg.attention_layers:
+        torch.testing.assert_close(b.kv[i][0], a.kv[i][0], rtol=1e-5, atol=1e-6)
+    assert sorted(k[1] for k in gm.captured()) == [2, 5]  # one key per chain length
+    assert gm.prefill([], state=a)[0] is a
