@@ -336,8 +336,11 @@ def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, m
                 else max_trees if not callable(max_trees) and max_trees else len(oracle_reqs) or 1)
         for lo in range(0, len(oracle_reqs), size):
             chunk = oracle_reqs[lo:lo + size]
-            for (i, _), out in zip(chunk, answer([q for _, q in chunk])):
+            outs = answer([q for _, q in chunk])
+            for k, (i, _) in enumerate(chunk):  # each answer let go once its generation has it
+                out, outs[k] = outs[k], None
                 advance(i, out)
+            del out, outs
     return results
 
 
@@ -426,6 +429,7 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                         nodes[extra] = node_metrics(tree, res_e, ref, cfg)
                     del res_e
             keys = node_keys(tree)
+            ref = None  # the oracle's per-node states (gigabytes at full size): not held while the others step
         else:
             targets_ref = targets_x
         path_x, bonus_x = walk(tree, targets_x)

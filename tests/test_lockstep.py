@@ -78,6 +78,26 @@ def test_lockstep_through_the_graph_machinery_with_states_equals_the_model():
                                                err_msg=f"{mode} {key}")
 
 
+def test_no_generation_holds_an_oracle_answer_past_its_step(monkeypatch):
+    """The oracle's answers carry every node's per-layer states (gigabytes per tree at full size): by
+    the time the oracle answers a round, every answer of the round before is gone."""
+    import gc
+    import weakref
+    cfg, m, kw = _setup()
+    real, earlier, alive = oracle.verify_trees, [], []
+
+    def watched(weights, cfg, items, **k):
+        gc.collect()
+        alive.append(sum(r() is not None for r in earlier))
+        out = real(weights, cfg, items, **k)
+        earlier.extend(weakref.ref(o) for o in out)
+        return out
+    monkeypatch.setattr(oracle, "verify_trees", watched)
+    speculative_lockstep(m, PROMPTS, max_trees=2, **kw)
+    assert len(alive) == 6 and alive[0] == 0
+    assert all(n <= 0 for n in alive[1:]), alive  # not one answer of an earlier batch outlives it
+
+
 def test_max_trees_splits_a_round(monkeypatch):
     cfg, m, kw = _setup()
     sizes = _batches(monkeypatch)

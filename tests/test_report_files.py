@@ -86,3 +86,27 @@ def test_internal_errors_are_one_line_unless_debug(monkeypatch, capsys, tmp_path
     assert "Traceback (most recent call last)" in err and err.strip().endswith("ddsim audit: internal error: RuntimeError: planted")
     monkeypatch.setenv("DDSIM_DEBUG", "1")
     assert cli.main(args) == 2 and "Traceback" in capsys.readouterr().err
+
+
+def test_a_presets_weight_digest_covers_every_byte_name_dtype_and_shape():
+    """weights_digest of a preset (per-tensor sha256, hashed in parallel, then the lines in name order):
+    the same weights give the same digest; one changed byte, a renamed tensor, another dtype or shape
+    give another."""
+    import torch
+
+    from ddsim.audit import weights_digest
+    from ddsim.config import get_preset
+    from ddsim.settings import AuditConfig
+    from ddsim.weights import init_weights
+    cfg = get_preset("micro")
+    w = init_weights(cfg, seed=0)
+    ac = AuditConfig(preset="micro")
+    d = weights_digest(ac, w)
+    assert d == weights_digest(ac, dict(reversed(list(w.items())))) and len(d) == 64
+    name = next(k for k in sorted(w) if w[k].dim() == 2)
+    changed = dict(w, **{name: w[name].clone()})
+    changed[name].view(-1)[-1] += 1
+    renamed = {(k + "x" if k == name else k): v for k, v in w.items()}
+    others = [changed, renamed, dict(w, **{name: w[name].double()}), dict(w, **{name: w[name].reshape(-1)})]
+    assert len({d} | {weights_digest(ac, o) for o in others}) == 5
+    assert weights_digest(ac, {k: v.to(torch.float32) for k, v in w.items()}) == d  # float32 already
