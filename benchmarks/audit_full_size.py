@@ -7,14 +7,16 @@ states; the snapshot-free WY kernel), eagerly and replayed from CUDA graphs (dds
 commit of each; and the fp32 oracle (one decode step per node from its parent's state: each depth level as one
 batch, and one node at a time for comparison), with peak GPU memory, with and without the oracle
 recording every node's per-layer state.
-Part 2 runs the audit itself (ddsim.audit.run_audit) on a few prompts for budgets 16 and 64, with its
-wall seconds per phase (references, chain, decision-only generations, the leaky generations in lock
-step and the oracle's share of them, with its batch sizes). The audit at the size issue #10 names
-(32 prompts x 16 steps) fits the device's 10-minute command limit one budget at a time:
---skip-timing --prompts 32 --steps 16 --budgets 16 (then 64).
+Part 2 runs the audit itself (ddsim.audit.run_audit) on a few prompts for budgets 16 and 64, printing
+each phase as it first finishes and, every minute, the seconds per phase so far (model build, weight
+digest, references, chain, decision-only generations, the leaky generations in lock step, with the
+oracle's share, its batch sizes and the memory after each batch, and the parts of a step), so a run
+cut off by the device's 10-minute limit still says how far it got. The audit at the size issue #10
+names (32 prompts x 16 steps) takes about half an hour on an H200 (RESULTS.md): more than one
+command; --prompts 32 --steps 4 is a quarter of it.
 
     python benchmarks/audit_full_size.py [--budgets 16,64] [--prompts 3] [--steps 2] [--commit SHA] [--out DIR]
-                                         [--skip-oracle-by-node]
+                                         [--skip-oracle-by-node] [--skip-timing] [--skip-audit] [--memory-history]
 
 --out DIR writes the audit's report.json and report.html there (`ddsim gate` reads the former).
 """
