@@ -749,3 +749,36 @@ def test_a_mamba2_report_loads_and_its_family_rows_are_checked(tmp_path, mamba_r
         with pytest.raises(InputError, match=needle):
             json_report.load(p)
         assert what  # the case, named in a failure's locals
+
+
+def test_node_metrics_refuses_a_result_whose_buffers_were_reused():
+    """A verify result replayed from a CUDA graph is read in place: once a later verify reused its
+    buffers (fresh() false) its numbers are another tree's, so measuring it is an error; a fresh
+    result, or one without the notion (fresh None), is measured."""
+    cfg = get_preset("micro")
+    T, L = 2, cfg.num_layers
+    lo = torch.zeros(T, 5, dtype=torch.float64)
+    ssm = [torch.ones(T, 2, 3, dtype=torch.float64) if cfg.layer_pattern[i] == "g" else None for i in range(L)]
+    conv = [torch.ones(T, 4, 3, dtype=torch.float64) if cfg.layer_pattern[i] == "g" else None for i in range(L)]
+    hid = [torch.ones(T, 4)] * L
+    ref = SimpleNamespace(logits=lo, hidden=hid, ssm=ssm, conv=conv)
+    tree = Tree(parents=[-1, 0], tokens=[0, 1])
+    for fresh in (None, lambda: True):
+        m = node_metrics(tree, SimpleNamespace(logits=lo.clone(), hidden=hid, ssm=ssm, conv=conv, fresh=fresh), ref, cfg)
+        assert np.allclose(m["state_rel"], 0.0)
+    with pytest.raises(MeasurementError, match="reused by a later verify"):
+        node_metrics(tree, SimpleNamespace(logits=lo.clone(), hidden=hid, ssm=ssm, conv=conv, fresh=lambda: False), ref, cfg)
+
+
+def test_node_metrics_measures_float32_logits_in_float64():
+    """The fast path's logits are float32: KL against the oracle is taken in float64, where a KL of
+    1e-9 is resolved (in float32 the log-softmax's rounding alone is 1e-8)."""
+    cfg = get_preset("micro").replace(layer_pattern="a")
+    lo = torch.zeros(1, 2, dtype=torch.float64)
+    lm = torch.tensor([[1e-4, 0.0]], dtype=torch.float32)
+    ref = SimpleNamespace(logits=lo, hidden=[torch.ones(1, 4)], ssm=[None], conv=[None])
+    res = SimpleNamespace(logits=lm, hidden=[torch.ones(1, 4)], ssm=[None], conv=[None])
+    m = node_metrics(Tree(parents=[-1], tokens=[0]), res, ref, cfg)
+    x = float(lm[0, 0].double())
+    exact = 0.5 * math.log(0.5 * (1 + math.exp(x)) / math.exp(x)) + 0.5 * math.log(0.5 * (1 + math.exp(x)))
+    assert m["kl"][0] == pytest.approx(exact, rel=1e-6, abs=1e-15)
