@@ -245,7 +245,8 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
 
 
 def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = None, *, references=None,
-                         max_trees: int | None = None, timings: dict | None = None, **kw) -> list[GenerationResult]:
+                         max_trees: int | Callable | None = None, timings: dict | None = None,
+                         **kw) -> list[GenerationResult]:
     """``speculative`` for each of ``prompts`` (``references[i]`` its reference), the generations
     stepping together: with measure="full", the oracle takes the trees of one round of steps as one
     batch (``oracle.verify_trees``, at most ``max_trees`` trees at once, or ``max_trees(requests)``
@@ -304,14 +305,15 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     return run_lockstep(gens, answer, max_trees=max_trees, decode=decode)
 
 
-def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, max_trees: int | None = None,
+def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, max_trees=None,
                  decode: Callable[[list[GreedyRequest]], list] | None = None) -> list:
     """Run generators that yield OracleRequests and GreedyRequests (and return their result)
-    together: each round, the pending oracle requests of every unfinished generator are answered by
-    ``answer`` (a list of requests -> the list of their answers), at most ``max_trees`` at a time
-    (or ``max_trees(requests)``, asked each round),
-    and the pending greedy requests by ``decode`` all at once, each answer sent back; returns each
-    generator's return value, in order."""
+    together; returns each generator's return value, in order. Each round, first the pending greedy
+    requests are answered by ``decode`` (a list of requests -> the list of their answers), all at
+    once, until every unfinished generator waits on the oracle, so the round's oracle batch holds
+    every generation's tree whether its step needed a greedy continuation or not; then the oracle
+    requests are answered by ``answer``, at most ``max_trees`` at a time (or ``max_trees(requests)``,
+    asked each round), each answer handed over and let go."""
     results, pending = [None] * len(gens), {}
 
     def advance(i, value):
@@ -323,19 +325,21 @@ def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, m
     for i in range(len(gens)):
         advance(i, None)
     while pending:
-        round_ = sorted(pending.items())
-        pending.clear()
-        greedy = [(i, q) for i, q in round_ if isinstance(q, GreedyRequest)]
-        oracle_reqs = [(i, q) for i, q in round_ if not isinstance(q, GreedyRequest)]
-        if greedy:
+        while greedy := sorted((i, q) for i, q in pending.items() if isinstance(q, GreedyRequest)):
             if decode is None:
                 raise ValueError("run_lockstep: a generation asked for a greedy continuation and no decode was given")
+            for i, _ in greedy:
+                del pending[i]
             for (i, _), out in zip(greedy, decode([q for _, q in greedy])):
                 advance(i, out)
-        size = (max_trees([q for _, q in oracle_reqs]) if callable(max_trees) and oracle_reqs
-                else max_trees if not callable(max_trees) and max_trees else len(oracle_reqs) or 1)
-        for lo in range(0, len(oracle_reqs), size):
-            chunk = oracle_reqs[lo:lo + size]
+        round_ = sorted(pending.items())
+        pending.clear()
+        if callable(max_trees):
+            size = max_trees([q for _, q in round_]) if round_ else 1
+        else:
+            size = max_trees or len(round_) or 1
+        for lo in range(0, len(round_), size):
+            chunk = round_[lo:lo + size]
             outs = answer([q for _, q in chunk])
             for k, (i, _) in enumerate(chunk):  # each answer let go once its generation has it
                 out, outs[k] = outs[k], None
@@ -367,9 +371,10 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                 seed: int = 0, reference: list[int] | None = None, measure: str = "decisions", weights=None,
                 attribution: tuple[str, ...] = (), keep_trees: bool = False, serving=None,
                 on_step: Callable[[StepRecord], None] | None = None, timings: dict | None = None):
-    """One speculative generation (arguments checked) as a generator: yields an OracleRequest per
-    step when measure="full" and is sent its OracleResult (computed by the caller from ``weights``);
-    returns the GenerationResult."""
+    """One speculative generation (arguments checked) as a generator: yields a GreedyRequest when its
+    synthetic drafter needs the target's greedy continuation (and the reference does not give it) and
+    is sent the tokens; yields an OracleRequest per step when measure="full" and is sent its
+    OracleResult (computed by the caller from ``weights``); returns the GenerationResult."""
     cfg = model.cfg
     helper = serving or model
     part = _Parts(timings, model.device)

@@ -98,6 +98,27 @@ def test_no_generation_holds_an_oracle_answer_past_its_step(monkeypatch):
     assert all(n <= 0 for n in alive[1:]), alive  # not one answer of an earlier batch outlives it
 
 
+def test_generations_that_need_greedy_continuations_share_the_rounds_oracle_batch(monkeypatch):
+    """A generation on its reference takes its drafter's greedy path from it; one without a reference
+    asks for a continuation first. Both kinds reach the same round's oracle batch, and the
+    continuations of one round are decoded as one batch."""
+    import ddsim.generate as gen
+    cfg, m, kw = _setup()
+    refs = [speculative(m, p, **{**kw, "measure": "decisions", "mode": "exact"}).tokens for p in PROMPTS]
+    sizes = _batches(monkeypatch)
+    decoded, real = [], gen.greedy_rows
+
+    def counted(model, reqs):
+        decoded.append(len(reqs))
+        return real(model, reqs)
+    monkeypatch.setattr(gen, "greedy_rows", counted)
+    mixed = speculative_lockstep(m, PROMPTS, references=[refs[0], None, refs[2]], **kw)
+    assert sizes == [3, 3, 3]  # every round one batch of all three trees
+    assert decoded and max(decoded) >= 1 and sum(decoded) >= 3  # prompt 1 asks every step
+    alone = [speculative(m, p, reference=r, **kw) for p, r in zip(PROMPTS, [refs[0], None, refs[2]])]
+    assert [g.tokens for g in mixed] == [g.tokens for g in alone]
+
+
 def test_max_trees_splits_a_round(monkeypatch):
     cfg, m, kw = _setup()
     sizes = _batches(monkeypatch)
