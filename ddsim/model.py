@@ -349,24 +349,35 @@ class HybridModel:
             out = out + shared
         return out
 
-    def _attention(self, p, x, pos, mask, prefix):
+    def _qkv(self, p, x, rope: Rope):
+        """x [n, d] -> q [n, nh, hd], k, v [n, nkv, hd]: the projections, with the q/k norms and RoPE
+        at rope's positions where the config has them."""
         cfg, w = self.cfg, self.w
-        T = x.shape[0]
+        n = x.shape[0]
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q = F.linear(x, w[p + "attn.q"]).view(T, nh, hd)
-        k = F.linear(x, w[p + "attn.k"]).view(T, nkv, hd)
+        q = F.linear(x, w[p + "attn.q"]).view(n, nh, hd)
+        k = F.linear(x, w[p + "attn.k"]).view(n, nkv, hd)
         if cfg.qk_norm:
             q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
             k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
         if cfg.use_rope:
-            q = _rope(q, pos, cfg.rope_theta, cfg.rotary_dim)
-            k = _rope(k, pos, cfg.rope_theta, cfg.rotary_dim)
-        v = F.linear(x, w[p + "attn.v"]).view(T, nkv, hd)
+            q = _rope(q, rope, cfg.rope_theta, cfg.rotary_dim)
+            k = _rope(k, rope, cfg.rope_theta, cfg.rotary_dim)
+        return q, k, F.linear(x, w[p + "attn.v"]).view(n, nkv, hd)
+
+    def _attend_out(self, p, x, o):
+        """The attention's output o [n, nh * hd] gated (where the config says) and projected: [n, d]."""
+        if self.cfg.attn_output_gate:
+            o = o * torch.sigmoid(F.linear(x, self.w[p + "attn.gate"]))
+        return F.linear(o, self.w[p + "attn.o"])
+
+    def _attention(self, p, x, pos, mask, prefix):
+        """The tree's rows x [T, d] over the committed prefix and their ancestors -> (out [T, d], k, v)."""
+        cfg = self.cfg
+        q, k, v = self._qkv(p, x, pos)
         o = gb.tree_attention(q, k, v, prefix_k=prefix[0], prefix_v=prefix[1], ancestor_mask=mask,
-                              scale=cfg.attention_scale or None).reshape(T, nh * hd)
-        if cfg.attn_output_gate:
-            o = o * torch.sigmoid(F.linear(x, w[p + "attn.gate"]))
-        return F.linear(o, w[p + "attn.o"]), k, v
+                              scale=cfg.attention_scale or None).reshape(x.shape[0], -1)
+        return self._attend_out(p, x, o), k, v
 
     def _gdn(self, p, x, parents, S0, win0, conv_mode, rec_mode, keep_states=True):
         """x [B*T, d] (B sequences of T nodes); S0 [B, HV, K, V], win0 [B, C, W-1] -> (out [B*T, d],
@@ -498,18 +509,10 @@ class HybridModel:
     def _attention_rows(self, p, x, rope: Rope, prefixes: list):
         """Attention of one token per row, x [B, d], row b over its own committed prefix (prefixes[b] =
         (K [P_b, nkv, hd], V), lengths may differ: padded, the padding masked out) and itself."""
-        cfg, w = self.cfg, self.w
+        cfg = self.cfg
         B = x.shape[0]
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q = F.linear(x, w[p + "attn.q"]).view(B, nh, hd)
-        k = F.linear(x, w[p + "attn.k"]).view(B, nkv, hd)
-        if cfg.qk_norm:
-            q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
-            k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
-        if cfg.use_rope:
-            q = _rope(q, rope, cfg.rope_theta, cfg.rotary_dim)
-            k = _rope(k, rope, cfg.rope_theta, cfg.rotary_dim)
-        v = F.linear(x, w[p + "attn.v"]).view(B, nkv, hd)
+        q, k, v = self._qkv(p, x, rope)
         lens = torch.tensor([pk.shape[0] for pk, _ in prefixes], device=x.device)
         P = int(lens.max())
         pad = torch.nn.utils.rnn.pad_sequence
@@ -521,9 +524,7 @@ class HybridModel:
         seen[:, P] = True  # each row's own token
         o = F.scaled_dot_product_attention(q[:, :, None], K, Vv, attn_mask=seen[:, None, None, :],
                                            scale=cfg.attention_scale or 1.0 / math.sqrt(hd)).reshape(B, nh * hd)
-        if cfg.attn_output_gate:
-            o = o * torch.sigmoid(F.linear(x, w[p + "attn.gate"]))
-        return F.linear(o, w[p + "attn.o"]), k, v
+        return self._attend_out(p, x, o), k, v
 
     # ---- commit --------------------------------------------------------------------------------
     def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int, *, replay=None) -> ModelState:
