@@ -47,6 +47,7 @@ from ddsim.state import ModelState
 from ddsim.tree import Tree, chain
 
 MIN_PREFIX_CAPACITY = 256
+PREFILL_GRAPH_NODES = 65  # longer prefills run eagerly (GraphedModel.prefill)
 
 
 def wy_rounds(depth: int) -> int:
@@ -241,12 +242,18 @@ class GraphedModel:
         return getattr(self.model, name)
 
     def prefill(self, tokens, state: ModelState | None = None) -> tuple[ModelState, torch.Tensor]:
-        """The model's prefill (``tokens`` as one chain, all committed) through the replayed serving
-        verify and commit: one key per chain length, where the model's own keeps every node's state."""
+        """The model's prefill (``tokens`` as one chain, all committed) as a server runs it, without
+        per-node states (the model's own keeps every node's state): chains of up to
+        PREFILL_GRAPH_NODES tokens (a drafter's shadow context, a short prompt) replayed from graphs,
+        one key per length; longer ones (a long prompt, once) by the eager serving verify and commit,
+        so they leave no graph and no memory pool behind."""
         state = state or self.model.empty_state()
         if len(tokens) == 0:
             return state, torch.zeros(0, self.cfg.vocab_size)
         tree = chain(list(tokens))
+        if len(tokens) > PREFILL_GRAPH_NODES:
+            res = self.model.verify(state, tree, mode="exact", keep_states=False)
+            return self.model.commit(state, tree, res, len(tree) - 1), res.logits
         res = self.verify(state, tree, mode="exact")
         return self.commit(state, tree, res, len(tree) - 1), res.logits
 

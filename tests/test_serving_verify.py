@@ -252,3 +252,20 @@ def test_the_graphed_prefill_equals_the_models():
         torch.testing.assert_close(b.kv[i][0], a.kv[i][0], rtol=1e-5, atol=1e-6)
     assert sorted(k[1] for k in gm.captured()) == [2, 5]  # one key per chain length
     assert gm.prefill([], state=a)[0] is a
+
+
+def test_a_long_prefill_leaves_no_graph_behind(monkeypatch):
+    """A prefill longer than PREFILL_GRAPH_NODES (a long prompt, once per generation) runs the eager
+    serving verify and commit: the same state, and no key (no graph, no memory pool) kept for it."""
+    import ddsim.graphs as graphs
+    monkeypatch.setattr(graphs, "PREFILL_GRAPH_NODES", 3)
+    cfg, ref, fast = _models("micro", backend="triton")
+    gm = GraphedModel(fast, capture=False)
+    st, lg = ref.prefill([1, 2, 3, 4, 5])
+    st2, lg2 = gm.prefill([1, 2, 3, 4, 5])
+    torch.testing.assert_close(lg2, lg, rtol=1e-5, atol=1e-5)
+    for i in cfg.recurrent_layers:
+        torch.testing.assert_close(st2.ssm[i], st.ssm[i], rtol=1e-5, atol=1e-6)
+    assert gm.captured() == []
+    gm.prefill([6, 7], state=st2)
+    assert [k[1] for k in gm.captured()] == [2]
