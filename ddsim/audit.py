@@ -14,12 +14,10 @@ reference's choice led by no more than that is counted apart, as possibly the ar
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +48,7 @@ from ddsim.report_model import (
 from ddsim.reports.json_report import from_audit
 from ddsim.settings import AuditConfig
 from ddsim.throughput import CostModel, speedup_table
+from ddsim.timing import timed
 from ddsim.weights import init_weights
 
 ALL_MODES = VERIFY_MODES
@@ -260,17 +259,9 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
         drafter = SyntheticDrafter(vocab_size=cfg.vocab_size, depth=ac.depth, seed=ac.seed)
     check_memory(ac, cfg, device, 2 if device.type == "cuda" else 4, layer_devices=layer_devices)
 
-    @contextlib.contextmanager
     def phase(name: str):
-        """Adds the block's wall seconds to timings[name] (synchronised on a GPU) when timings are asked for."""
-        if timings is None:
-            yield
-            return
-        t = time.perf_counter()
-        yield
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+        """Adds the block's wall seconds to timings[name] when timings are asked for."""
+        return timed(timings, name, device)
 
     with phase("model build"):
         cfg, weights, encoder = load_model(ac, device, layer_devices)

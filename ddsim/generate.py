@@ -11,9 +11,7 @@ the numerical noise floor.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,6 +26,7 @@ from ddsim.errors import InputError
 from ddsim.metrics import node_keys, node_metrics
 from ddsim.model import HybridModel
 from ddsim.modes import VERIFY_MODES
+from ddsim.timing import timed
 from ddsim.tree import Tree
 
 
@@ -179,29 +178,6 @@ class GenerationResult:
         return sum(s.silent_corruption for s in self.steps)
 
 
-STEP_PARTS = ("fast-path verifies", "node metrics", "commits", "drafter's greedy continuations")
-
-
-class _Parts:
-    """``with part(name):`` adds the block's wall seconds to timings[name] (synchronised on a GPU
-    first, so a part's queued kernels are its own); nothing when timings is None."""
-
-    def __init__(self, timings: dict | None, device: torch.device):
-        self.timings, self.device = timings, device
-
-    def __call__(self, name: str):
-        return contextlib.nullcontext() if self.timings is None else self._timed(name)
-
-    @contextlib.contextmanager
-    def _timed(self, name):
-        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda d: None)
-        sync(self.device)
-        t = time.perf_counter()
-        yield
-        sync(self.device)
-        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t
-
-
 @dataclass(frozen=True)
 class GreedyRequest:
     """A step's question to the target for a synthetic drafter: its greedy continuation of ``n``
@@ -256,7 +232,8 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     the first step of any generation. ``timings``: a dict to which the oracle's wall seconds
     ("oracle"), its batch sizes ("oracle_batches") and how often a batch was split for memory
     ("oracle_splits") are added, and the generations' own wall
-    seconds per part of a step (``STEP_PARTS``; synchronised on a GPU)."""
+    seconds per part of a step ("fast-path verifies", "node metrics", "commits", "drafter's greedy
+    continuations"; ddsim.timing.timed, synchronised on a GPU)."""
     references = [None] * len(prompts) if references is None else list(references)
     if len(references) != len(prompts):
         raise InputError(f"references: {len(references)} for {len(prompts)} prompts")
@@ -280,12 +257,9 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
             return verify(reqs[:half]) + verify(reqs[half:])
 
     def answer(reqs):
-        t = time.perf_counter()
-        out = verify(reqs)
+        with timed(timings, "oracle", model.device):
+            out = verify(reqs)
         if timings is not None:
-            if model.device.type == "cuda":
-                torch.cuda.synchronize(model.device)
-            timings["oracle"] = timings.get("oracle", 0.0) + time.perf_counter() - t
             timings.setdefault("oracle_batches", []).append(len(reqs))
             if model.device.type == "cuda":  # memory held when the batch came back (GiB), for the record
                 timings.setdefault("oracle_batch_memory_gib", []).append(
@@ -294,14 +268,8 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     helper = kw.get("serving") or model
 
     def decode(reqs):
-        t = time.perf_counter()
-        out = greedy_rows(helper, reqs)
-        if timings is not None:
-            if model.device.type == "cuda":
-                torch.cuda.synchronize(model.device)
-            key = "drafter's greedy continuations"
-            timings[key] = timings.get(key, 0.0) + time.perf_counter() - t
-        return out
+        with timed(timings, "drafter's greedy continuations", model.device):
+            return greedy_rows(helper, reqs)
     return run_lockstep(gens, answer, max_trees=max_trees, decode=decode)
 
 
@@ -377,7 +345,7 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
     OracleResult (computed by the caller from ``weights``); returns the GenerationResult."""
     cfg = model.cfg
     helper = serving or model
-    part = _Parts(timings, model.device)
+    part = lambda name: timed(timings, name, model.device)  # noqa: E731
     state, _ = model.prefill(prompt[:-1])
     shadow = state  # an exact state of the same context, for the synthetic drafter's greedy path
     root, out = prompt[-1], []

@@ -194,8 +194,10 @@ class _Captured:
         else:
             self.mode = mode
             self.plan = StaticPlan(T, dev, 2 ** rounds if _LAYER_MODES[mode][1] == "exact" else T - 1)
-        self.chain = StaticPlan(T, dev, T - 1)
-        self.chain.load(Tree(range(-1, T - 1), range(T)))
+        self.chain = None  # the batch order's plan, for a serving key's leaky commit replay
+        if not keep_states:
+            self.chain = StaticPlan(T, dev, T - 1)
+            self.chain.load(Tree(range(-1, T - 1), range(T)))
         self.tokens = torch.zeros(T, dtype=torch.long, device=dev)
         self.positions = torch.zeros(T, dtype=torch.long, device=dev)
         self.mask = torch.zeros(T, T, dtype=torch.bool, device=dev)

@@ -23,13 +23,8 @@ def _rel_rows_on_device(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / den.clamp_min(1e-300), torch.where(num > 0, torch.inf, 0.0))
 
 
-def _rel_rows(a: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
-    """Row-wise ||a - ref|| / ||ref|| over all but the first dim: [T, ...] -> [T]."""
-    return _rel_rows_on_device(a, ref).cpu().numpy()
-
-
 def _rel_table(pairs) -> np.ndarray:
-    """[len(pairs), T]: _rel_rows of each (a, ref) pair, computed where the references are and
+    """[len(pairs), T]: _rel_rows_on_device of each (a, ref) pair, computed where the references are and
     brought to the host in one transfer (one device sync for every layer, not one per layer)."""
     return torch.stack([_rel_rows_on_device(a, ref).to(pairs[0][1].device) for a, ref in pairs]).cpu().numpy()
 

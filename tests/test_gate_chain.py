@@ -402,12 +402,12 @@ def test_schema_file_is_generated_from_the_model():
 # --- edge cases the mutation run showed untested ------------------------------------------------
 
 def test_rel_rows_with_zero_references():
-    from ddsim.metrics import _rel_rows
+    from ddsim.metrics import _rel_table
     ref = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 0.0]], dtype=torch.float64)
     a = torch.tensor([[0.0, 0.0], [3.0, 4.5], [1.0, 0.0]], dtype=torch.float32)
-    rel = _rel_rows(a, ref)
+    rel = _rel_table([(a, ref)])[0]
     assert rel[0] == 0.0 and rel[1] == pytest.approx(0.1) and rel[2] == np.inf
-    assert _rel_rows(torch.full((1, 2), 0.5), torch.full((1, 2), 0.25, dtype=torch.float64))[0] == 1.0
+    assert _rel_table([(torch.full((1, 2), 0.5), torch.full((1, 2), 0.25, dtype=torch.float64))])[0][0] == 1.0
 
 
 def test_node_metrics_per_gdn_layer_states_and_windows():
