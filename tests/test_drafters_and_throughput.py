@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from ddsim.config import get_preset
 from ddsim.drafters import DraftContext, SyntheticDrafter, TraceDrafter
@@ -72,6 +73,20 @@ def test_synthetic_drafter_accuracy_knob():
     assert sorted(ranks)[len(ranks) // 2] == 1 and sum(r <= 3 for r in ranks) >= 0.95 * len(ranks)
     with pytest.raises(InputError, match="accuracy"):
         SyntheticDrafter(vocab_size=10, accuracy=1.5)
+
+
+def test_synthetic_drafter_kept_draws_are_the_fresh_ones():
+    """A step's draws are kept for the generations that ask for the same step later: each draft is
+    bit for bit what a fresh drafter draws, in any order of steps, past the steps kept, and planting
+    the tokens never writes into the kept background."""
+    def ctx(step, g):
+        return DraftContext(step=step, tokens=[0], greedy=[(g * 31 + step * 7 + d) % CFG.vocab_size for d in range(6)])
+    shared = SyntheticDrafter(vocab_size=CFG.vocab_size, depth=6, seed=5, accuracy=0.5)
+    order = [0, 0, 1, 0, 2, 3, 4, 5, 0, 5, 5, 1]  # step 0 revisited after it was let go
+    for g, step in enumerate(order):
+        fresh = SyntheticDrafter(vocab_size=CFG.vocab_size, depth=6, seed=5, accuracy=0.5).draft(ctx(step, g))
+        assert torch.equal(shared.draft(ctx(step, g)), fresh), (g, step)
+    assert len(shared._kept) == SyntheticDrafter.DRAWS_KEPT
 
 
 def test_synthetic_drafter_means_the_same_at_a_real_vocabulary():
