@@ -27,7 +27,7 @@ from ddsim.metrics import node_keys, node_metrics
 from ddsim.model import HybridModel
 from ddsim.modes import VERIFY_MODES
 from ddsim.timing import timed
-from ddsim.tree import Tree
+from ddsim.tree import Tree, chain
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,113 @@ class GreedyRequest:
 
 
 @dataclass(frozen=True)
+class VerifyRequest:
+    """A step's serving verify (no per-node states: measure="decisions") of ``tree`` in ``mode`` from
+    ``state``. A generation yields it and is sent the VerifyResult back, so generations running
+    together verify one round's trees of a size and mode in one pass (``verify_requests``)."""
+    state: object
+    tree: Tree
+    mode: str
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """A step's commit of a serving verify's ``result`` at node ``accepted``: a generation yields it and
+    is sent the committed ModelState, so the round's results of one batched verify are committed
+    together (``commit_requests``)."""
+    state: object
+    tree: Tree
+    result: object
+    accepted: int
+
+
+@dataclass(frozen=True)
+class PrefillRequest:
+    """A synthetic drafter's shadow context moved on by the tokens emitted since it was last used:
+    ``tokens`` committed as one chain after ``state`` (the exact path). A generation yields it and is
+    sent the new state, so the round's shadows move on in one pass (``prefill_requests``)."""
+    state: object
+    tokens: list
+
+
+MAX_VERIFY_ROWS = 4096  # nodes of all trees together in one batched serving verify (verify_requests)
+
+
+def verify_requests(model, requests) -> list:
+    """The VerifyResult of each request, in order: requests of one mode and tree size verified
+    together (``model.verify_rows``, at most MAX_VERIFY_ROWS nodes a pass); one alone by
+    ``model.verify`` (a ddsim.graphs.GraphedModel replays it from a CUDA graph). Every result is
+    valid until its generation commits it (the batched ones are fresh tensors; a replayed one is the
+    only one of its graph's key here)."""
+    out = [None] * len(requests)
+    groups: dict = {}
+    for k, q in enumerate(requests):
+        groups.setdefault((q.mode, q.tree.size), []).append(k)
+    for (mode, T), ks in groups.items():
+        if len(ks) == 1:
+            q = requests[ks[0]]
+            out[ks[0]] = model.verify(q.state, q.tree, mode=mode, keep_states=False)
+            continue
+        per = max(1, MAX_VERIFY_ROWS // T)
+        for lo in range(0, len(ks), per):
+            chunk = ks[lo:lo + per]
+            res = model.verify_rows([requests[k].state for k in chunk], [requests[k].tree for k in chunk], mode=mode)
+            for k, r in zip(chunk, res):
+                out[k] = r
+    return out
+
+
+def commit_requests(model, requests) -> list:
+    """The committed state of each CommitRequest, in order: results of one verify_rows pass
+    committed together (``model.commit_rows``, which commits a partial or reordered pass one by one),
+    any other (a CUDA-graph replay's) by ``model.commit``."""
+    out = [None] * len(requests)
+    groups: dict = {}
+    for k, q in enumerate(requests):
+        if q.result.batch is None:
+            out[k] = model.commit(q.state, q.tree, q.result, q.accepted)
+        else:
+            groups.setdefault(id(q.result.batch[0]), []).append(k)
+    for ks in groups.values():
+        qs = [requests[k] for k in ks]
+        states = model.commit_rows([q.state for q in qs], [q.tree for q in qs], [q.result for q in qs],
+                                   [q.accepted for q in qs])
+        for k, st in zip(ks, states):
+            out[k] = st
+    return out
+
+
+def prefill_requests(model, requests) -> list:
+    """The state after each PrefillRequest's tokens, in order: one request by ``model.prefill`` (a
+    ddsim.graphs.GraphedModel replays it); several as one batch of chains, each padded to the
+    longest with copies of its last token (nodes after the last real one, which nothing real attends
+    to), verified by ``model.verify_rows`` and committed at each chain's own last node
+    (``model.commit_rows``): the same states within the arithmetic's rounding."""
+    out = [None] * len(requests)
+    todo = []
+    for k, q in enumerate(requests):
+        if q.tokens:
+            todo.append(k)
+        else:
+            out[k] = q.state
+    if len(todo) == 1:
+        q = requests[todo[0]]
+        out[todo[0]] = model.prefill(list(q.tokens), state=q.state)[0]
+        return out
+    n = max((len(requests[k].tokens) for k in todo), default=1)
+    per = max(1, MAX_VERIFY_ROWS // n)
+    for lo in range(0, len(todo), per):
+        ks = todo[lo:lo + per]
+        qs = [requests[k] for k in ks]
+        trees = [chain(list(q.tokens) + [q.tokens[-1]] * (n - len(q.tokens))) for q in qs]
+        states = [q.state for q in qs]
+        res = model.verify_rows(states, trees, mode="exact")
+        for k, st in zip(ks, model.commit_rows(states, trees, res, [len(q.tokens) - 1 for q in qs])):
+            out[k] = st
+    return out
+
+
+@dataclass(frozen=True)
 class OracleRequest:
     """A step's question to the oracle (measure="full"): every node of ``tree`` from the committed
     ``state``. A generation yields it and is sent the OracleResult back, so whoever runs several
@@ -270,19 +377,40 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     def decode(reqs):
         with timed(timings, "drafter's greedy continuations", model.device):
             return greedy_rows(helper, reqs)
-    return run_lockstep(gens, answer, max_trees=max_trees, decode=decode)
+
+    def verify_batch(reqs):
+        with timed(timings, "fast-path verifies", model.device):
+            return verify_requests(model, reqs)
+
+    def commit_batch(reqs):
+        with timed(timings, "commits", model.device):
+            return commit_requests(model, reqs)
+
+    def prefill_batch(reqs):
+        with timed(timings, "drafter's greedy continuations", model.device):
+            return prefill_requests(helper, reqs)
+    return run_lockstep(gens, answer, max_trees=max_trees, decode=decode, verify=verify_batch, commit=commit_batch,
+                        prefill=prefill_batch)
 
 
 def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, max_trees=None,
-                 decode: Callable[[list[GreedyRequest]], list] | None = None) -> list:
-    """Run generators that yield OracleRequests and GreedyRequests (and return their result)
-    together; returns each generator's return value, in order. Each round, first the pending greedy
-    requests are answered by ``decode`` (a list of requests -> the list of their answers), all at
-    once, until every unfinished generator waits on the oracle, so the round's oracle batch holds
-    every generation's tree whether its step needed a greedy continuation or not; then the oracle
-    requests are answered by ``answer``, at most ``max_trees`` at a time (or ``max_trees(requests)``,
-    asked each round), each answer handed over and let go."""
+                 decode: Callable[[list[GreedyRequest]], list] | None = None,
+                 verify: Callable[[list[VerifyRequest]], list] | None = None,
+                 commit: Callable[[list[CommitRequest]], list] | None = None,
+                 prefill: Callable[[list[PrefillRequest]], list] | None = None) -> list:
+    """Run generators that yield OracleRequests and the requests of a step's other batched work
+    (PrefillRequest, GreedyRequest, VerifyRequest, CommitRequest) together; returns each generator's
+    return value, in order. Each round, the pending requests of one kind are answered all at once
+    by their handler (``prefill``, ``decode``, ``verify``, ``commit``: a list of requests -> the list
+    of their answers), the kinds in that order of precedence (the order they come in a step: a
+    generation waiting on an earlier stage is answered first, so the others wait for it and every
+    batch holds the whole round), until every unfinished generator waits on the oracle, so the
+    round's oracle batch holds every generation's tree; then the oracle requests are answered by
+    ``answer``, at most ``max_trees`` at a time (or ``max_trees(requests)``, asked each round), each
+    answer handed over and let go."""
     results, pending = [None] * len(gens), {}
+    handlers = ((PrefillRequest, prefill, "prefill", "a prefill"), (GreedyRequest, decode, "decode", "a greedy continuation"),
+                (VerifyRequest, verify, "verify", "a verify"), (CommitRequest, commit, "commit", "a commit"))
 
     def advance(i, value):
         try:
@@ -293,12 +421,18 @@ def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, m
     for i in range(len(gens)):
         advance(i, None)
     while pending:
-        while greedy := sorted((i, q) for i, q in pending.items() if isinstance(q, GreedyRequest)):
-            if decode is None:
-                raise ValueError("run_lockstep: a generation asked for a greedy continuation and no decode was given")
-            for i, _ in greedy:
+        while True:
+            for kind, handle, name, what in handlers:  # noqa: B007 (the kind found is used after the loop)
+                asked = sorted((i, q) for i, q in pending.items() if isinstance(q, kind))
+                if asked:
+                    break
+            else:
+                break
+            if handle is None:
+                raise ValueError(f"run_lockstep: a generation asked for {what} and no {name} was given")
+            for i, _ in asked:
                 del pending[i]
-            for (i, _), out in zip(greedy, decode([q for _, q in greedy])):
+            for (i, _), out in zip(asked, handle([q for _, q in asked])):
                 advance(i, out)
         round_ = sorted(pending.items())
         pending.clear()
@@ -342,12 +476,18 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
     """One speculative generation (arguments checked) as a generator: yields a GreedyRequest when its
     synthetic drafter needs the target's greedy continuation (and the reference does not give it) and
     is sent the tokens; yields an OracleRequest per step when measure="full" and is sent its
-    OracleResult (computed by the caller from ``weights``); returns the GenerationResult."""
+    OracleResult (computed by the caller from ``weights``); with measure="decisions" yields a
+    VerifyRequest for each serving verify (its mode's, then exact's from the same state) and is sent
+    the VerifyResult, and a CommitRequest for the commit of its mode's, and is sent the state; yields a
+    PrefillRequest, before a GreedyRequest, to move the drafter's exact shadow context on by the tokens
+    emitted since it last asked (a mode other than exact), and is sent the new shadow state; returns
+    the GenerationResult."""
     cfg = model.cfg
-    helper = serving or model
     part = lambda name: timed(timings, name, model.device)  # noqa: E731
     state, _ = model.prefill(prompt[:-1])
-    shadow = state  # an exact state of the same context, for the synthetic drafter's greedy path
+    # an exact state of the context for the synthetic drafter's greedy path: ``shadow`` after the tokens
+    # ``behind`` (moved on only when a step asks the target for its continuation)
+    shadow, behind = state, []
     root, out = prompt[-1], []
     result = GenerationResult(mode, policy.label(), prompt, out, reference)
     step = 0
@@ -359,6 +499,8 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                     and len(reference) >= n_done + drafter.depth:
                 greedy = reference[n_done:n_done + drafter.depth]
             else:
+                if behind:  # the shadow catches up with the tokens emitted since (with the round's others)
+                    shadow, behind = (yield PrefillRequest(shadow, behind)), []
                 greedy = yield GreedyRequest(shadow, root, drafter.depth)
         logits = drafter.draft(DraftContext(step=step, tokens=prompt + out, greedy=greedy))
         tree = policy.build(logits, root_token=root, max_rank=drafter.max_rank)
@@ -370,24 +512,33 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         nodes = {} if measure == "full" else None
         # each verify's result is measured, and the mode's committed, before the next verify: a CUDA-graph
         # replay with per-node states (ddsim.graphs) reuses one set of buffers for every mode
-        with part("fast-path verifies"):
-            res = model.verify(state, tree, mode=mode, keep_states=keep)
-            targets = target_tokens(res.logits, positions, temperature=temperature, seed=seed)
+        if keep:
+            with part("fast-path verifies"):
+                res = model.verify(state, tree, mode=mode, keep_states=True)
+        else:  # the serving verify, batched with the other generations' of this round
+            res = yield VerifyRequest(state, tree, mode)
+        targets = target_tokens(res.logits, positions, temperature=temperature, seed=seed)
         path, bonus = walk(tree, targets)
         emitted = emitted_tokens(tree, path, bonus)
         if keep:
             with part("node metrics"):
                 nodes[mode] = node_metrics(tree, res, ref, cfg)
-        with part("commits"):
-            committed = model.commit(state, tree, res, path[-1])
+        if keep:
+            with part("commits"):
+                committed = model.commit(state, tree, res, path[-1])
+        else:  # committed with the round's other results of the same batched verify
+            committed = yield CommitRequest(state, tree, res, path[-1])
         del res
 
         if mode == "exact":
             targets_x = targets
         else:
-            with part("fast-path verifies"):
-                res_x = model.verify(state, tree, mode="exact", keep_states=keep)
-                targets_x = target_tokens(res_x.logits, positions, temperature=temperature, seed=seed)
+            if keep:
+                with part("fast-path verifies"):
+                    res_x = model.verify(state, tree, mode="exact", keep_states=True)
+            else:
+                res_x = yield VerifyRequest(state, tree, "exact")
+            targets_x = target_tokens(res_x.logits, positions, temperature=temperature, seed=seed)
             if keep:
                 with part("node metrics"):
                     nodes["exact"] = node_metrics(tree, res_x, ref, cfg)
@@ -418,8 +569,10 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
             on_step(rec)
         state = committed
         if drafter.needs_greedy:
-            with part("drafter's greedy continuations"):
-                shadow = state if mode == "exact" else helper.prefill([root] + emitted[:-1], state=shadow)[0]
+            if mode == "exact":
+                shadow = state  # exact verification's own committed state
+            else:
+                behind += [root] + emitted[:-1]
         out.extend(emitted)
         root = bonus
         step += 1

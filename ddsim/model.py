@@ -55,6 +55,16 @@ class VerifyResult:
     kv: list
     commit_inputs: list | None = None
     fresh: object = None  # () -> bool, or None: always fresh
+    batch: tuple | None = None  # (RowBatch, b): row b of a verify_rows pass (commit_rows commits them together)
+
+
+@dataclass
+class RowBatch:
+    """What one verify_rows pass keeps for committing its trees together (``commit_rows``): its mode,
+    its trees and, per recurrent layer, the CommitInputs of all of them [B, T, ...] (else None)."""
+    mode: str
+    trees: list
+    commit_inputs: list
 
 
 @dataclass
@@ -457,7 +467,7 @@ class HybridModel:
             return out, states, windows, None
         return out, None, None, CommitInputs(xbc, x=xs, dt=dt, B=Bm)
 
-    # ---- one plain decode step of several sequences ----------------------------------------------
+    # ---- several sequences in one pass: batched decode and batched serving verify --------------
     def decode_rows(self, states: list, tokens) -> tuple[torch.Tensor, list]:
         """One token for each of B sequences, row b from its own committed ``states[b]``: what a
         serving stack's batched decode does, and what ``verify`` of the one-node tree [tokens[b]] then
@@ -475,56 +485,98 @@ class HybridModel:
         if max(st.pos for st in states) >= cfg.max_position_embeddings:
             raise InputError(f"decode_rows: a position beyond the model's {cfg.max_position_embeddings}")
         L = cfg.num_layers
-        tables = {}
-
-        def on(d):  # a one-node tree per row, and the rows' RoPE positions, on device d
-            if d not in tables:
-                tables[d] = (gb.TreePlan(torch.full((B, 1), -1, dtype=torch.long, device=d)),
-                             Rope(torch.tensor([st.pos for st in states], device=d)))
-            return tables[d]
-        h = self.embed_tokens(torch.tensor(toks, device=self.device))  # [B, d]
-        kv, ssm, conv = [None] * L, [None] * L, [None] * L
-        for i, kind in enumerate(cfg.layer_pattern):
-            d = self.layer_devices[i]
-            h = h.to(d)
-            plan, rope = on(h.device)
-            rec = states[0].ssm[i] is not None
-            S0 = torch.stack([st.ssm[i] for st in states]) if rec else None  # [B, ...]
-            win0 = torch.stack([st.conv[i] for st in states]) if rec else None
-            attend = lambda p, xn, i=i, rope=rope: self._attention_rows(p, xn, rope, [st.kv[i] for st in states])  # noqa: E731
-            with _current(h.device):
-                h, kv[i], S, win, _ = self._layer(i, kind, f"layers.{i}.", h, attend, S0, win0, plan, "exact", "exact")
-            if S is not None:
-                ssm[i], conv[i] = S[:, 0], win[:, 0]  # [B, ...]: each row's state after its token
+        h, kv, ssm, conv, _ = self._pass_rows(states, toks, [[-1]] * B, [st.pos for st in states],
+                                              torch.ones(B, 1, 1, dtype=torch.bool), "exact", keep_states=True)
         logits = self.head(h)
         out = []
         for b, st in enumerate(states):
             kv_b = [None if kv[i] is None else (torch.cat([st.kv[i][0], kv[i][0][b:b + 1].to(st.kv[i][0].dtype)]),
                                                 torch.cat([st.kv[i][1], kv[i][1][b:b + 1].to(st.kv[i][1].dtype)]))
                     for i in range(L)]
-            out.append(ModelState(st.pos + 1, kv_b, [None if s is None else s[b] for s in ssm],
-                                  [None if c is None else c[b].to(st.conv[i].dtype) for i, c in enumerate(conv)]))
+            out.append(ModelState(st.pos + 1, kv_b, [None if s is None else s[b, 0] for s in ssm],
+                                  [None if c is None else c[b, 0].to(st.conv[i].dtype) for i, c in enumerate(conv)]))
         return logits, out
 
-    def _attention_rows(self, p, x, rope: Rope, prefixes: list):
-        """Attention of one token per row, x [B, d], row b over its own committed prefix (prefixes[b] =
-        (K [P_b, nkv, hd], V), lengths may differ: padded, the padding masked out) and itself."""
+    def verify_rows(self, states: list, trees: list, *, mode: str = "exact") -> list[VerifyResult]:
+        """The serving verify (``verify(..., keep_states=False)``) of B trees of the same size in one
+        pass, tree b from its own committed ``states[b]``: the recurrences run B sequences of T nodes,
+        attention runs each tree over its own prefix (padded, the padding masked out) and ancestors,
+        the projections over all B*T rows at once. Each result is tree b's: its logits [T, vocab],
+        KV and commit inputs (views into the batch's tensors), committed by ``commit`` as any
+        serving result; the same as the tree's own verify within the arithmetic's rounding."""
+        B = len(states)
+        if B == 0 or len(trees) != B:
+            raise InputError(f"verify_rows: {B} states and {len(trees)} trees (one each, at least one)")
+        T = trees[0].size
+        if any(t.size != T for t in trees):
+            raise InputError(f"verify_rows: trees of {sorted({t.size for t in trees})} nodes (one size per batch)")
+        for st, tree in zip(states, trees):
+            self.check_tree(st, tree, mode)
+        masks = torch.stack([torch.as_tensor(t.ancestor_mask, dtype=torch.bool) for t in trees])  # [B, T, T]
+        positions = [int(p) for st, t in zip(states, trees) for p in t.positions(st.pos)]
+        h, kv, _, _, cin = self._pass_rows(states, [x for t in trees for x in t.tokens], [list(t.parents) for t in trees],
+                                           positions, masks, mode, keep_states=False)
+        logits = self.head(h)  # [B*T, vocab]
+        batch = RowBatch(mode, list(trees), cin)
+        out = []
+        for b in range(B):
+            rows = slice(b * T, (b + 1) * T)
+            kv_b = [None if x is None else (x[0][rows], x[1][rows]) for x in kv]
+            cin_b = [None if c is None else CommitInputs(**{f: None if getattr(c, f) is None else getattr(c, f)[b:b + 1]
+                                                            for f in c.__dataclass_fields__}) for c in cin]
+            out.append(VerifyResult(mode, logits[rows], None, None, None, kv_b, cin_b, batch=(batch, b)))
+        return out
+
+    def _pass_rows(self, states: list, tokens: list, parents: list, positions: list, masks: torch.Tensor,
+                   mode: str, *, keep_states: bool):
+        """B sequences of T nodes through every layer, sequence b from ``states[b]``: tokens and
+        positions [B*T] (row-major), parents [B][T], masks [B, T, T] (bool ancestor masks). Returns
+        (h [B*T, d] after the last layer, per layer: the new (k, v) [B*T, nkv, hd] or None, per-node
+        states [B, T, ...] and windows or None (keep_states), CommitInputs [B, T, ...] or None)."""
+        conv_mode, rec_mode = _LAYER_MODES[mode]
+        L = self.cfg.num_layers
+        tables = {}
+
+        def on(d):  # the batch's tree plan, RoPE positions and ancestor masks on device d
+            if d not in tables:
+                tables[d] = (gb.TreePlan(torch.tensor(parents, dtype=torch.long, device=d)),
+                             Rope(torch.tensor(positions, device=d)), masks.to(d))
+            return tables[d]
+        h = self.embed_tokens(torch.tensor(tokens, device=self.device))  # [B*T, d]
+        kv, ssm, conv, cin = [None] * L, [None] * L, [None] * L, [None] * L
+        for i, kind in enumerate(self.cfg.layer_pattern):
+            h = h.to(self.layer_devices[i])
+            plan, rope, mask = on(h.device)
+            rec = states[0].ssm[i] is not None
+            S0 = torch.stack([st.ssm[i] for st in states]) if rec else None  # [B, ...]
+            win0 = torch.stack([st.conv[i] for st in states]) if rec else None
+            attend = lambda p, xn, i=i, rope=rope, mask=mask: self._attention_rows(  # noqa: E731
+                p, xn, rope, [st.kv[i] for st in states], mask)
+            with _current(h.device):
+                h, kv[i], ssm[i], conv[i], cin[i] = self._layer(i, kind, f"layers.{i}.", h, attend, S0, win0, plan,
+                                                                conv_mode, rec_mode, keep_states)
+        return h, kv, ssm, conv, cin
+
+    def _attention_rows(self, p, x, rope: Rope, prefixes: list, masks: torch.Tensor):
+        """Attention of B sequences of T nodes, x [B*T, d]: sequence b's nodes over its own committed
+        prefix (prefixes[b] = (K [P_b, nkv, hd], V); lengths may differ: padded, the padding masked
+        out) and over the nodes masks[b] [T, T] (bool: its ancestor mask) lets them see."""
         cfg = self.cfg
-        B = x.shape[0]
+        B, T = masks.shape[0], masks.shape[1]
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q, k, v = self._qkv(p, x, rope)
+        q, k, v = self._qkv(p, x, rope)  # [B*T, nh | nkv, hd]
         lens = torch.tensor([pk.shape[0] for pk, _ in prefixes], device=x.device)
         P = int(lens.max())
         pad = torch.nn.utils.rnn.pad_sequence
         Kp = pad([pk.to(q.dtype) for pk, _ in prefixes] + [k.new_zeros(P, nkv, hd)], batch_first=True)[:B]
         Vp = pad([pv.to(q.dtype) for _, pv in prefixes] + [v.new_zeros(P, nkv, hd)], batch_first=True)[:B]
-        K = torch.cat([Kp, k[:, None]], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)  # [B, nh, P+1, hd]
-        Vv = torch.cat([Vp, v[:, None]], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)
-        seen = torch.arange(P + 1, device=x.device)[None, :] < lens[:, None]
-        seen[:, P] = True  # each row's own token
-        o = F.scaled_dot_product_attention(q[:, :, None], K, Vv, attn_mask=seen[:, None, None, :],
-                                           scale=cfg.attention_scale or 1.0 / math.sqrt(hd)).reshape(B, nh * hd)
-        return self._attend_out(p, x, o), k, v
+        K = torch.cat([Kp, k.view(B, T, nkv, hd)], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)  # [B, nh, P+T, hd]
+        Vv = torch.cat([Vp, v.view(B, T, nkv, hd)], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)
+        seen = (torch.arange(P, device=x.device)[None, :] < lens[:, None])[:, None, :].expand(B, T, P)
+        seen = torch.cat([seen, masks], -1)  # [B, T, P+T]
+        o = F.scaled_dot_product_attention(q.view(B, T, nh, hd).transpose(1, 2), K, Vv, attn_mask=seen[:, None],
+                                           scale=cfg.attention_scale or 1.0 / math.sqrt(hd))  # [B, nh, T, hd]
+        return self._attend_out(p, x, o.transpose(1, 2).reshape(B * T, nh * hd)), k, v
 
     # ---- commit --------------------------------------------------------------------------------
     def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int, *, replay=None) -> ModelState:
@@ -534,14 +586,9 @@ class HybridModel:
         state at the node's batch index). A result without per-node states is committed by replaying
         its mode's source path root..accepted from ``state`` (the commit kernels): the same state
         within float32 reassociation. ``replay(state, tree, res, accepted) -> (ssm, conv)`` replaces
-        that replay (ddsim.graphs replays it from a CUDA graph)."""
-        if not 0 <= accepted < tree.size:
-            raise InputError(f"accepted: node {accepted} is outside 0..{tree.size - 1}")
-        if res.logits.shape[0] != tree.size:
-            raise InputError(f"tree: {tree.size} nodes, the verify result has {res.logits.shape[0]}")
-        if res.fresh is not None and not res.fresh():
-            raise InputError("commit: this verify result's buffers were reused by a later verify of the same "
-                             "shape (a CUDA-graph replay); commit a result before verifying the next tree")
+        that replay (ddsim.graphs replays it from a CUDA graph; commit_rows hands each row its share
+        of one batched replay)."""
+        self._check_commit(tree, res, accepted)
         path = tree.root_path(accepted)
         L = self.cfg.num_layers
         kv, ssm, conv = [None] * L, [None] * L, [None] * L
@@ -557,6 +604,47 @@ class HybridModel:
         else:
             ssm, conv = (replay or self._commit_replay)(state, tree, res, accepted)
         return ModelState(state.pos + len(path), kv, ssm, conv)
+
+    @staticmethod
+    def _check_commit(tree: Tree, res: VerifyResult, accepted: int) -> None:
+        if not 0 <= accepted < tree.size:
+            raise InputError(f"accepted: node {accepted} is outside 0..{tree.size - 1}")
+        if res.logits.shape[0] != tree.size:
+            raise InputError(f"tree: {tree.size} nodes, the verify result has {res.logits.shape[0]}")
+        if res.fresh is not None and not res.fresh():
+            raise InputError("commit: this verify result's buffers were reused by a later verify of the same "
+                             "shape (a CUDA-graph replay); commit a result before verifying the next tree")
+
+    def commit_rows(self, states: list, trees: list, results: list, accepted: list) -> list[ModelState]:
+        """``commit`` of each (states[b], trees[b], results[b], accepted[b]). Results that are one
+        whole verify_rows pass, in its order, have their recurrent layers replayed together (each
+        layer's commit kernels over the B sequences, each from its own state to its own accepted
+        node); others are committed one by one. The same states within float32 reassociation."""
+        B = len(results)
+        batch = results[0].batch[0] if B and results[0].batch is not None else None
+        whole = batch is not None and len(batch.trees) == B and len(states) == len(trees) == len(accepted) == B and all(
+            r.batch is not None and r.batch[0] is batch and r.batch[1] == b and t is batch.trees[b]
+            for b, (r, t) in enumerate(zip(results, trees)))
+        if not whole:
+            return [self.commit(st, t, r, a) for st, t, r, a in zip(states, trees, results, accepted)]
+        for t, r, a in zip(trees, results, accepted):
+            self._check_commit(t, r, a)
+        T = trees[0].size
+        source = {"exact": [list(t.parents) for t in trees], "leaky": [list(range(-1, T - 1))] * B}
+        plans = {}
+
+        def tables(d):
+            if d not in plans:
+                plans[d] = ({m: gb.TreePlan(torch.tensor(source[m], device=d)) for m in set(_LAYER_MODES[batch.mode])},
+                            gb.checked_accepted([int(a) for a in accepted], B, T, d))
+            return plans[d]
+        ssm, conv = self._replay(lambda i: (torch.stack([st.ssm[i] for st in states]),
+                                            torch.stack([st.conv[i] for st in states])),
+                                 batch.mode, batch.commit_inputs, tables)
+        return [self.commit(st, t, r, a, replay=lambda *_, b=b, st=st: (
+            [None if x is None else x[b] for x in ssm],
+            [None if x is None else x[b].to(st.conv[i].dtype) for i, x in enumerate(conv)]))
+            for b, (st, t, r, a) in enumerate(zip(states, trees, results, accepted))]
 
     def _commit_replay(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int):
         """(ssm, conv) per layer after node ``accepted``, replayed along res.mode's source paths (the
@@ -576,24 +664,30 @@ class HybridModel:
         """(ssm, conv) per recurrent layer: each layer's commit kernels over its CommitInputs from
         ``state``; tables(d) -> ({"exact": plan of the tree, "leaky": plan of the batch order; the
         source orders of ``mode`` at least}, CheckedIndices of the accepted node) on device d."""
+        ssm, conv = self._replay(lambda i: (state.ssm[i][None], state.conv[i][None]), mode, commit_inputs, tables)
+        return ([None if x is None else x[0] for x in ssm],
+                [None if x is None else x[0].to(state.conv[i].dtype) for i, x in enumerate(conv)])
+
+    def _replay(self, initial, mode: str, commit_inputs: list, tables):
+        """(ssm [B, ...], conv [B, ...]) per recurrent layer (else None): the commit kernels of B
+        sequences, CommitInputs [B, T, ...], from initial(i) -> (S0 [B, ...], window0 [B, C, W-1])."""
         conv_mode, rec_mode = _LAYER_MODES[mode]
         cfg, L = self.cfg, self.cfg.num_layers
         ssm, conv = [None] * L, [None] * L
         for i in cfg.recurrent_layers:
             ci, p, d = commit_inputs[i], f"layers.{i}.", self.layer_devices[i]
             plans, acc = tables(d)
+            S0, win0 = initial(i)
             with _current(d):
-                window = gb.conv_tree_commit(ci.conv_x, parents=plans[conv_mode], accepted=acc,
-                                             initial_window=state.conv[i][None], backend=self.backend)
-                conv[i] = window[0].to(state.conv[i].dtype)
-                S0 = state.ssm[i][None].to(self.state_dtype)
+                conv[i] = gb.conv_tree_commit(ci.conv_x, parents=plans[conv_mode], accepted=acc,
+                                              initial_window=win0, backend=self.backend)
+                S0 = S0.to(self.state_dtype)
                 if cfg.layer_pattern[i] == "g":
-                    S = gb.gdn_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plans[rec_mode], accepted=acc,
-                                           initial_state=S0, backend=self.backend)
+                    ssm[i] = gb.gdn_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plans[rec_mode], accepted=acc,
+                                                initial_state=S0, backend=self.backend)
                 else:
-                    S = gb.mamba2_tree_commit(ci.x, ci.dt, self._const(p + "mamba.A_log"), ci.B,
-                                              dt_bias=self._const(p + "mamba.dt_bias"), dt_limit=cfg.mamba_dt_limit,
-                                              parents=plans[rec_mode], accepted=acc, initial_state=S0,
-                                              backend=self.backend)
-                ssm[i] = S[0]
+                    ssm[i] = gb.mamba2_tree_commit(ci.x, ci.dt, self._const(p + "mamba.A_log"), ci.B,
+                                                   dt_bias=self._const(p + "mamba.dt_bias"), dt_limit=cfg.mamba_dt_limit,
+                                                   parents=plans[rec_mode], accepted=acc, initial_state=S0,
+                                                   backend=self.backend)
         return ssm, conv

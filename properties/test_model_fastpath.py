@@ -108,3 +108,42 @@ def test_graph_machinery_equals_the_serving_verify(cfg, data, seed, mode):
         for l in cfg.attention_layers:
             assert_close(f"layer {l} committed keys", sb.kv[l][0], sa.kv[l][0], dtype=torch.float32,
                          slack=MODEL_SLACK)
+
+
+@given(model_configs(), st.data(), st.integers(0, 2**16), st.sampled_from(["exact", "leaky", "leaky-state", "leaky-conv"]))
+def test_verify_rows_equals_each_trees_serving_verify(cfg, data, seed, mode):
+    """HybridModel.verify_rows (the decision-only generations' verifies: every prompt's tree in one
+    pass): tree b, from its own committed state (prefixes of different lengths), gets its own serving
+    verify's logits and, committed at any node, the same state; in exact mode, the oracle's logits and
+    the oracle's state at the accepted node."""
+    n = data.draw(st.integers(1, 7))
+    shapes = [s for s in TREE_SHAPES if n == 1 or s != "single"]
+    B = data.draw(st.integers(1, 3))
+    ts = [data.draw(trees(min_size=n, max_size=n, vocab=cfg.vocab_size, shape=data.draw(st.sampled_from(shapes))))
+          for _ in range(B)]
+    prefixes = [data.draw(st.lists(st.integers(0, cfg.vocab_size - 1), max_size=4)) for _ in range(B)]
+    accepted = [data.draw(st.integers(0, n - 1)) for _ in range(B)]
+    w = init_weights(cfg, seed=seed)
+    m = HybridModel(cfg, w)
+    states = [m.prefill(p)[0] for p in prefixes]
+    rows = m.verify_rows(states, ts, mode=mode)
+    assert len(rows) == B
+    for b, (fs, t, acc, res) in enumerate(zip(states, ts, accepted, rows)):
+        one = m.verify(fs, t, mode=mode, keep_states=False)
+        assert res.mode == mode and res.ssm is None
+        assert_close(f"tree {b} logits", res.logits, one.logits, dtype=torch.float32, slack=MODEL_SLACK)
+        a, c = m.commit(fs, t, one, acc), m.commit(fs, t, res, acc)
+        assert c.pos == a.pos
+        for l in cfg.recurrent_layers:
+            assert_close(f"tree {b} layer {l} committed state", c.ssm[l], a.ssm[l], dtype=torch.float32, slack=MODEL_SLACK)
+            assert_close(f"tree {b} layer {l} committed window", c.conv[l], a.conv[l], dtype=torch.float32,
+                         slack=MODEL_SLACK)
+        for l in cfg.attention_layers:
+            assert_close(f"tree {b} layer {l} committed K", c.kv[l][0], a.kv[l][0], dtype=torch.float32, slack=MODEL_SLACK)
+            assert_close(f"tree {b} layer {l} committed V", c.kv[l][1], a.kv[l][1], dtype=torch.float32, slack=MODEL_SLACK)
+        if mode == "exact":
+            ref = oracle.verify_tree(w, cfg, oracle.prefill(w, cfg, prefixes[b])[0], t.parents, t.tokens)
+            assert_close(f"tree {b} logits vs oracle", res.logits, ref.logits, dtype=torch.float32, slack=MODEL_SLACK)
+            for l in cfg.recurrent_layers:
+                assert_close(f"tree {b} layer {l} committed state vs oracle", c.ssm[l], ref.ssm[l][acc],
+                             dtype=torch.float32, slack=MODEL_SLACK)

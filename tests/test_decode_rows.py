@@ -1,12 +1,14 @@
 """HybridModel.decode_rows: one plain decode step of several sequences at once (the audit's references
-and greedy continuations), against verify + commit of a one-node tree per sequence."""
+and greedy continuations), against verify + commit of a one-node tree per sequence; and
+HybridModel.verify_rows: the serving verify of several trees at once (the decision-only generations'),
+against each tree's own serving verify and commit."""
 import pytest
 import torch
 
 from ddsim.config import get_preset
 from ddsim.errors import InputError
 from ddsim.model import HybridModel
-from ddsim.tree import chain
+from ddsim.tree import Tree, chain
 from ddsim.weights import init_weights
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [7]]  # prefixes of different lengths: padded, the padding masked out
@@ -47,3 +49,92 @@ def test_decode_rows_refuses_what_it_cannot_decode():
         m.decode_rows([], [])
     with pytest.raises(InputError, match="outside the vocabulary"):
         m.decode_rows([st], [cfg.vocab_size])
+
+
+TREES = [Tree([-1, 0, 0, 1, 1], [5, 6, 7, 8, 9]), Tree([-1, 0, 1, 2, 0], [2, 3, 4, 5, 6]),
+         Tree([-1, 0, 0, 0, 0], [1, 2, 3, 4, 7])]  # one size, three shapes
+
+
+@pytest.mark.parametrize("preset,backend", [("micro", "triton"), ("micro-mamba2", "triton"), ("tiny", None)])
+@pytest.mark.parametrize("mode", ["exact", "leaky", "leaky-state", "leaky-conv"])
+def test_verify_rows_equals_each_trees_serving_verify(preset, backend, mode):
+    """The Triton kernels (the interpreter here) on B sequences, in every mode: a leaky recurrence or
+    conv reads the previous node of its own tree, never the last node of the tree before it."""
+    cfg = get_preset(preset)
+    m = HybridModel(cfg, init_weights(cfg, seed=0), backend=backend)
+    states = [m.prefill(p[:-1])[0] for p in PROMPTS]
+    rows = m.verify_rows(states, TREES, mode=mode)
+    for st, t, res in zip(states, TREES, rows):
+        one = m.verify(st, t, mode=mode, keep_states=False)
+        torch.testing.assert_close(res.logits, one.logits, rtol=1e-5, atol=1e-5)
+        a, c = m.commit(st, t, one, 3), m.commit(st, t, res, 3)
+        for i in cfg.recurrent_layers:
+            torch.testing.assert_close(c.ssm[i], a.ssm[i], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(c.conv[i], a.conv[i], rtol=1e-5, atol=1e-6)
+        for i in cfg.attention_layers:
+            torch.testing.assert_close(c.kv[i][0], a.kv[i][0], rtol=1e-5, atol=1e-6)
+
+
+def test_verify_rows_refuses_what_it_cannot_verify():
+    cfg = get_preset("micro")
+    m = HybridModel(cfg, init_weights(cfg, seed=0))
+    st = m.prefill([1, 2])[0]
+    with pytest.raises(InputError, match="one size per batch"):
+        m.verify_rows([st, st], [TREES[0], chain([1, 2])])
+    with pytest.raises(InputError, match="one each"):
+        m.verify_rows([st], TREES[:2])
+    with pytest.raises(InputError, match="mode"):
+        m.verify_rows([st], TREES[:1], mode="sloppy")
+
+
+def _assert_states_close(got, want):
+    assert got.pos == want.pos
+    for a, b in zip(got.ssm + got.conv, want.ssm + want.conv):
+        if b is not None:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got.kv, want.kv):
+        if b is not None:
+            torch.testing.assert_close(a[0], b[0], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(a[1], b[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("preset,backend", [("micro", "triton"), ("micro-mamba2", None)])
+@pytest.mark.parametrize("mode", ["exact", "leaky"])
+def test_commit_rows_replays_a_whole_pass_together(preset, backend, mode, monkeypatch):
+    """commit_rows of a whole verify_rows pass replays every recurrent layer once for all its trees
+    (each to its own accepted node, from its own state); a part of a pass is committed tree by tree.
+    Both equal each tree's own commit."""
+    import ddsim.gpu_backend as gb
+    cfg = get_preset(preset)
+    m = HybridModel(cfg, init_weights(cfg, seed=0), backend=backend)
+    states = [m.prefill(p[:-1])[0] for p in PROMPTS]
+    rows = m.verify_rows(states, TREES, mode=mode)
+    accepted = [3, 2, 4]
+    want = [m.commit(st, t, r, a) for st, t, r, a in zip(states, TREES, rows, accepted)]
+    calls = []
+    for name in ("gdn_tree_commit", "mamba2_tree_commit"):
+        real = getattr(gb, name)
+        monkeypatch.setattr(gb, name, lambda *a, real=real, **k: calls.append(k["initial_state"].shape[0]) or real(*a, **k))
+    got = m.commit_rows(states, TREES, rows, accepted)
+    assert calls == [3] * len(cfg.recurrent_layers)  # one replay per layer, all three trees
+    for g, w in zip(got, want):
+        _assert_states_close(g, w)
+    calls.clear()
+    part = m.commit_rows(states[1:], TREES[1:], rows[1:], accepted[1:])
+    assert calls == [1] * (2 * len(cfg.recurrent_layers))  # not the whole pass: tree by tree
+    for g, w in zip(part, want[1:]):
+        _assert_states_close(g, w)
+
+
+def test_prefill_requests_pad_chains_and_commit_each_at_its_end():
+    """Shadow contexts moved on together: chains of different lengths padded to the longest, each
+    committed at its own last token: the state its own prefill gives."""
+    from ddsim.generate import PrefillRequest, prefill_requests
+    cfg = get_preset("micro")
+    m = HybridModel(cfg, init_weights(cfg, seed=0))
+    states = [m.prefill(p[:-1])[0] for p in PROMPTS]
+    chains = [[4, 4, 2], [8], [1, 6, 3, 5, 2]]
+    got = prefill_requests(m, [PrefillRequest(st, c) for st, c in zip(states, chains)] + [PrefillRequest(states[0], [])])
+    assert got[3] is states[0]  # nothing to move on by
+    for st, c, g in zip(states, chains, got):
+        _assert_states_close(g, m.prefill(c, state=st)[0])

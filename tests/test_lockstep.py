@@ -224,3 +224,52 @@ def test_an_oracle_batch_that_runs_out_of_memory_is_split(monkeypatch):
     monkeypatch.setattr(oracle, "verify_trees", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
     with pytest.raises(torch.OutOfMemoryError):
         speculative_lockstep(m, PROMPTS, max_trees=1, **{**kw, "steps": 1})
+
+
+def test_decision_only_generations_verify_each_rounds_trees_in_one_pass(monkeypatch):
+    """measure="decisions": every round's serving verifies of one mode go through one batched pass
+    (HybridModel.verify_rows: the mode's, then the exact one from the same states), and every
+    generation is the one it is alone (where each verify is its own pass): the same tokens, steps
+    and decisions."""
+    cfg, m, kw = _setup()
+    kw = {**kw, "measure": "decisions", "weights": None, "attribution": (), "mode": "leaky-state"}
+    alone = [speculative(m, p, **kw) for p in PROMPTS]
+    batches, real = [], HybridModel.verify_rows
+
+    def counted(self, states, trees, *, mode="exact"):
+        batches.append((mode if trees[0].size == 9 else "shadow", len(trees)))  # DDTree: 9 nodes; shadows: <= 5
+        return real(self, states, trees, mode=mode)
+    monkeypatch.setattr(HybridModel, "verify_rows", counted)
+    assert all(len(a.steps) == 3 for a in alone) and batches == []  # alone: one tree a pass, never batched
+    together = speculative_lockstep(m, PROMPTS, **kw)
+    # per step the mode's verifies, then the exact ones; from the second step on, every generation's
+    # drafter shadow (no reference: each step asks for the target's continuation) first moves on by
+    # the tokens the step before emitted, all three chains in one pass
+    assert batches == [("leaky-state", 3), ("exact", 3)] + [("shadow", 3), ("leaky-state", 3), ("exact", 3)] * 2
+    for a, b in zip(alone, together):
+        assert b.tokens == a.tokens
+        assert [s.emitted for s in b.steps] == [s.emitted for s in a.steps]
+        assert [s.exact_emitted for s in b.steps] == [s.exact_emitted for s in a.steps]
+        assert [s.decision_flips for s in b.steps] == [s.decision_flips for s in a.steps]
+
+
+def test_verify_requests_groups_by_mode_and_size_and_keeps_the_order(monkeypatch):
+    from ddsim.generate import VerifyRequest, verify_requests
+    from ddsim.tree import Tree, chain
+    cfg, m, _ = _setup()
+    st = m.prefill([1, 2, 3])[0]
+    a, b = Tree([-1, 0, 0], [4, 5, 6]), chain([7, 8])
+    reqs = [VerifyRequest(st, a, "exact"), VerifyRequest(st, b, "exact"), VerifyRequest(st, a, "leaky"),
+            VerifyRequest(st, a, "exact")]
+    out = verify_requests(m, reqs)
+    for q, r in zip(reqs, out):
+        one = m.verify(q.state, q.tree, mode=q.mode, keep_states=False)
+        assert r.mode == q.mode and r.logits.shape == one.logits.shape
+        np.testing.assert_allclose(r.logits.numpy(), one.logits.numpy(), rtol=1e-5, atol=1e-5)
+    import ddsim.generate as gen
+    monkeypatch.setattr(gen, "MAX_VERIFY_ROWS", 3)  # one tree of three nodes a pass
+    batches, real = [], HybridModel.verify_rows
+    monkeypatch.setattr(HybridModel, "verify_rows",
+                        lambda self, s, t, mode="exact": batches.append(len(t)) or real(self, s, t, mode=mode))
+    verify_requests(m, reqs)
+    assert batches == [1, 1]  # the two exact trees of three nodes, one per pass
