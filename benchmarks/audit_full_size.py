@@ -158,16 +158,18 @@ def serving(model, graphed, state, tree) -> dict:
 
 
 class Progress(dict):
-    """The audit's phase timings, printed as each phase first starts counting and every minute with
-    the speculative steps done (so a run cut off by the device's time limit still says how far it got)."""
+    """The audit's phase timings, printed with their value as each is first set (a phase's when it
+    ends) and every minute with the speculative steps done (so a run cut off by the device's time
+    limit still says how far it got)."""
 
     def __init__(self, t0):
         super().__init__()
         self.t0, self.last = t0, t0
 
     def __setitem__(self, name, value):
-        if name not in self:
-            print(f"  [{time.perf_counter() - self.t0:6.0f} s] {name.strip()}", flush=True)
+        if name not in self:  # a phase's first value is its whole time; a part's, its first share
+            shown = f"{value:.1f} s" if isinstance(value, float) else value
+            print(f"  [{time.perf_counter() - self.t0:6.0f} s] {name.strip()}: {shown}", flush=True)
         super().__setitem__(name, value)
 
     def step(self, steps, advance):

@@ -125,3 +125,42 @@ def test_decode_rows_on_the_gpu_equals_one_node_verifies(preset):
             ones[b] = m16.commit(ones[b], chain([root]), res, 0)
         rows = {dt: out[dt][1] for dt in models}
         roots = [int(x) for x in ref.argmax(-1)]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2"])
+@pytest.mark.parametrize("mode", ["exact", "leaky", "leaky-state", "leaky-conv"])
+def test_verify_rows_and_commit_rows_on_the_gpu_equal_each_trees_own(preset, mode):
+    """The decision-only generations' batched serving verify and commit (HybridModel.verify_rows,
+    commit_rows: the WY and commit kernels over B trees, attention over padded prefixes) against each
+    tree's own serving verify and commit: within float32 rounding in float32; in bfloat16 no further
+    from the float32 result than the tree's own bfloat16 verify is (plus 1e-2)."""
+    cfg = get_preset(preset)
+    w = init_weights(cfg, seed=0, device="cuda")
+    models = {dt: HybridModel(cfg, w, device="cuda", dtype=dt) for dt in (torch.float32, torch.bfloat16)}
+    prompts = ([3, 1, 4, 1, 5], [9, 2], [7, 7, 7, 7, 7, 7, 7, 7, 7])
+    accepted = [7, 3, 5]
+    ref = {}
+    for dt, m in models.items():
+        states = [m.prefill(p)[0] for p in prompts]
+        rows = m.verify_rows(states, TREES, mode=mode)
+        assert all(torch.isfinite(r.logits).all() for r in rows)
+        ones = [m.verify(st, t, mode=mode, keep_states=False) for st, t in zip(states, TREES)]
+        together = m.commit_rows(states, TREES, rows, accepted)
+        alone = [m.commit(st, t, r, a) for st, t, r, a in zip(states, TREES, ones, accepted)]
+        if dt == torch.float32:
+            ref = {"logits": [r.logits for r in ones], "states": alone}
+            for b in range(len(TREES)):
+                torch.testing.assert_close(rows[b].logits, ones[b].logits, rtol=1e-4, atol=1e-4)
+                for i in cfg.recurrent_layers:
+                    torch.testing.assert_close(together[b].ssm[i], alone[b].ssm[i], rtol=1e-4, atol=1e-5)
+                    torch.testing.assert_close(together[b].conv[i], alone[b].conv[i], rtol=1e-4, atol=1e-5)
+            continue
+        for b in range(len(TREES)):
+            err_rows = (rows[b].logits - ref["logits"][b]).abs().max().item()
+            err_one = (ones[b].logits - ref["logits"][b]).abs().max().item()
+            assert err_rows <= 2 * err_one + 1e-2, (b, err_rows, err_one)
+            for i in cfg.recurrent_layers:
+                want = ref["states"][b].ssm[i]
+                e_rows = (together[b].ssm[i] - want).abs().max().item()
+                e_one = (alone[b].ssm[i] - want).abs().max().item()
+                assert e_rows <= 2 * e_one + 1e-2, (b, i, e_rows, e_one)
