@@ -444,30 +444,51 @@ def fast_path_state_bytes(model: HybridModel) -> int:
 
 
 def oracle_tree_bytes(cfg, parents, device: torch.device) -> int:
-    """Bytes the oracle holds for one tree (its ``parents``) in its dtype: every node's recorded
-    recurrent states and windows, hidden states and logits, and the working states of its widest
-    level four times over (the level being decoded, the states it produces, its children's gathered
-    copies, and one more for the step's transients: measured on the CPU within 10%)."""
+    """Bytes the oracle holds for one tree (its ``parents``) in its dtype (oracle.verify_trees, layer by
+    layer): every node's recorded recurrent states and windows, hidden states and logits, one
+    layer's activations of every node (its input, projections and MLP rows), and one layer's
+    working states of the tree's widest depth four times over (the depth being decoded, the states
+    it produces, its children's gathered copies, and one more for the step's transients)."""
     b = torch.finfo(oracle.default_dtype(device)).bits // 8
     depth = [0] * len(parents)
     for i in range(1, len(parents)):
         depth[i] = depth[parents[i]] + 1
     width = max(depth.count(d) for d in set(depth))
-    rec = recurrent_values(cfg)
-    return b * (len(parents) * (rec + cfg.num_layers * cfg.hidden_size + cfg.vocab_size) + 4 * width * rec)
+    layer = max((math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers), default=0)
+    d = cfg.hidden_size
+    activations = 8 * d + 3 * cfg.intermediate_size + max((cfg.window_shape(l)[0] for l in cfg.recurrent_layers), default=0)
+    per_node = recurrent_values(cfg) + cfg.num_layers * d + cfg.vocab_size + activations
+    return b * (len(parents) * per_node + 4 * width * layer)
+
+
+def oracle_batch_bytes(cfg, device: torch.device) -> int:
+    """Bytes the oracle holds once per batch, whatever its trees: the largest of one layer's weights
+    and the LM head's, converted to its dtype (each is converted once per batch and let go)."""
+    from ddsim.weights import weight_shapes
+    b = torch.finfo(oracle.default_dtype(device)).bits // 8
+    per_layer = {}
+    for name, shape in weight_shapes(cfg).items():
+        if name == "embed":  # only the tokens' rows are converted
+            continue
+        key = ".".join(name.split(".")[:2]) if name.startswith("layers.") else name
+        per_layer[key] = per_layer.get(key, 0) + math.prod(shape)
+    return b * max(per_layer.values())
 
 
 def oracle_batches(cfg, device: torch.device, *, reserve: int = 0):
     """speculative_lockstep's max_trees for the audit: a round's oracle requests -> how many trees the
     oracle takes at once (at least 1): as many of the largest's need as fit in 3/4 of the memory free
     now less ``reserve`` bytes (what the fast path will still allocate, e.g. its CUDA graph's per-node
-    states). A batch that runs out of memory anyway is split (speculative_lockstep)."""
+    states) and less what the oracle holds once per batch (oracle_batch_bytes). A batch that runs out
+    of memory anyway is split (speculative_lockstep)."""
+    fixed = oracle_batch_bytes(cfg, device)
+
     def fit(requests) -> int:
         need = max(oracle_tree_bytes(cfg, q.parents, device) for q in requests)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # blocks the allocator keeps but no tensor uses count as free
         free = available_memory(device)
-        return 1 if free is None else max(1, min(len(requests), int(max(0, free - reserve) * 3 // 4 // need)))
+        return 1 if free is None else max(1, min(len(requests), int(max(0, free - reserve - fixed) * 3 // 4 // need)))
     return fit
 
 

@@ -4,10 +4,13 @@ spread over several devices (a layer placement) are used where they are: each la
 own weights' device and the hidden state follows.
 
 ``verify_tree`` gives every node the state of its own root path, computing each node with one
-``decode_step`` from its parent's exact state (parent-state reuse): by default the nodes of one
-depth together, as one batch of rows (``decode_step`` takes n rows, each its own sequence), or one
-node at a time depth-first (``order="node"``). Only the states of the current level (or root path)
-are alive unless ``record_states`` asks for every node's state (for the leak metrics).
+decode step from its parent's exact state (parent-state reuse): by default scheduled layer by layer
+over the whole tree (``verify_trees``: a layer's projections of every node at once, its conv,
+recurrence and attention depth by depth, the nodes of one depth as one batch of rows, each its own
+sequence), or one node at a time depth-first through ``decode_step`` (``order="node"``). Only one
+layer's states of two depths (or the root path's) are alive unless ``record_states`` asks for every
+node's state (for the leak metrics). Every layer is the same code in both schedules
+(``_attention_proj``/``_core``/``_out``, ``_gdn_*``, ``_mamba2_*``).
 """
 from __future__ import annotations
 
@@ -38,10 +41,9 @@ def _rope(x, pos, theta, rot):
     return torch.cat([xr * cos + torch.cat([-x2, x1], dim=-1) * sin, x[..., rot:]], dim=-1)
 
 
-def _attention(w, p, cfg, x, pos, ctx_k, ctx_v, ctx_valid=None):
-    """One token per row of causal GQA. x [n, d]; pos [n]; ctx_k/ctx_v [n, m, nkv, hd]: each row's
-    earlier visible tokens; ctx_valid [n, m] bool, or None when every row sees all m (rows of
-    different prompts stacked together pad their contexts: the padding is masked out)."""
+def _attention_proj(w, p, cfg, x, pos):
+    """Each row's query, key and value, x [n, d], pos [n] -> q [n, nh, hd], k, v [n, nkv, hd] (q/k
+    norms and RoPE where the config has them)."""
     n = x.shape[0]
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     rot = int(hd * cfg.partial_rotary_factor)
@@ -53,7 +55,16 @@ def _attention(w, p, cfg, x, pos, ctx_k, ctx_v, ctx_valid=None):
     if cfg.use_rope:
         q = _rope(q, pos, cfg.rope_theta, rot)
         k = _rope(k, pos, cfg.rope_theta, rot)
-    v = (x @ w[p + "attn.v"].T).view(n, nkv, hd)
+    return q, k, (x @ w[p + "attn.v"].T).view(n, nkv, hd)
+
+
+def _attention_core(cfg, q, k, v, ctx_k, ctx_v, ctx_valid=None):
+    """One token per row of causal GQA: q [n, nh, hd], k, v [n, nkv, hd]; ctx_k/ctx_v [n, m, nkv, hd]:
+    each row's earlier visible tokens; ctx_valid [n, m] bool, or None when every row sees all m (rows
+    of different prompts stacked together pad their contexts: the padding is masked out).
+    Returns [n, nh * hd]."""
+    n, nh, hd = q.shape
+    nkv = k.shape[1]
     K = torch.cat([ctx_k, k[:, None]], dim=1).repeat_interleave(nh // nkv, dim=2)  # [n, m+1, nh, hd]
     Vv = torch.cat([ctx_v, v[:, None]], dim=1).repeat_interleave(nh // nkv, dim=2)
     scale = cfg.attention_scale or 1.0 / math.sqrt(hd)
@@ -61,10 +72,21 @@ def _attention(w, p, cfg, x, pos, ctx_k, ctx_v, ctx_valid=None):
     if ctx_valid is not None:  # padded context entries get no weight (each row's own token always does)
         seen = torch.cat([ctx_valid, torch.ones_like(ctx_valid[:, :1])], dim=1)  # [n, m+1]
         scores = scores.masked_fill(~seen[:, None, :], float("-inf"))
-    out = torch.einsum("nhm,nmhd->nhd", torch.softmax(scores, dim=-1), Vv).reshape(n, nh * hd)
+    return torch.einsum("nhm,nmhd->nhd", torch.softmax(scores, dim=-1), Vv).reshape(n, nh * hd)
+
+
+def _attention_out(w, p, cfg, x, o):
+    """The attention output o [n, nh * hd] gated by x [n, d] (where the config says) and projected."""
     if cfg.attn_output_gate:
-        out = out * torch.sigmoid(x @ w[p + "attn.gate"].T)
-    return out @ w[p + "attn.o"].T, k, v
+        o = o * torch.sigmoid(x @ w[p + "attn.gate"].T)
+    return o @ w[p + "attn.o"].T
+
+
+def _attention(w, p, cfg, x, pos, ctx_k, ctx_v, ctx_valid=None):
+    """One token per row of causal GQA. x [n, d]; pos [n]; ctx_k/ctx_v [n, m, nkv, hd]: each row's
+    earlier visible tokens (_attention_core). Returns (out [n, d], k, v)."""
+    q, k, v = _attention_proj(w, p, cfg, x, pos)
+    return _attention_out(w, p, cfg, x, _attention_core(cfg, q, k, v, ctx_k, ctx_v, ctx_valid)), k, v
 
 
 def _swiglu(x, gate, up, down):
@@ -125,18 +147,22 @@ def _mlp(w, p, cfg, x, i):
     return out
 
 
-def _gdn(w, p, cfg, x, S, window):
-    """One token per row of Gated DeltaNet. x [n, d]; S [n, HV, K, V]; window [n, C, W-1]."""
+def _gdn_proj(w, p, cfg, x):
+    """Gated DeltaNet's input projections of each row x [n, d]: (conv input [n, C], z [n, HV, V],
+    a [n, HV], b [n, HV])."""
     n = x.shape[0]
+    return (x @ w[p + "gdn.qkv"].T, (x @ w[p + "gdn.z"].T).view(n, cfg.linear_num_value_heads, -1),
+            x @ w[p + "gdn.a"].T, x @ w[p + "gdn.b"].T)
+
+
+def _gdn_core(w, p, cfg, xin, a, b, S, window):
+    """One token per row of Gated DeltaNet's conv and recurrence from the row's own state: xin [n, C],
+    a, b [n, HV]; S [n, HV, K, V]; window [n, C, W-1] -> (o [n, HV, V] = S_t^T q_t, S_t, window')."""
+    n = xin.shape[0]
     H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    xin = x @ w[p + "gdn.qkv"].T  # [n, C]
-    z = (x @ w[p + "gdn.z"].T).view(n, HV, V)
-    a = x @ w[p + "gdn.a"].T  # [n, HV]
-    b = x @ w[p + "gdn.b"].T
     inputs = torch.cat([window, xin[:, :, None]], dim=2)  # [n, C, W] oldest first
     y = F.silu((inputs * w[p + "gdn.conv"]).sum(dim=2))  # [n, C]
-    new_window = inputs[:, :, 1:]
     q = y[:, : H * K].view(n, H, K)
     k = y[:, H * K: 2 * H * K].view(n, H, K)
     v = y[:, 2 * H * K:].view(n, HV, V)
@@ -153,17 +179,33 @@ def _gdn(w, p, cfg, x, S, window):
     decay = torch.exp(g)[..., None, None] * (eye - bb * torch.einsum("nhi,nhj->nhij", k, k))
     S_new = decay @ S + bb * torch.einsum("nhk,nhv->nhkv", k, v)
     o = torch.einsum("nhkv,nhk->nhv", S_new, q * K ** -0.5)  # o_t = S_t^T (scale q_t)
+    return o, S_new, inputs[:, :, 1:]
+
+
+def _gdn_out(w, p, cfg, o, z):
+    """The gated RMSNorm of o [n, HV, V] times silu(z), projected: [n, d]."""
+    n = o.shape[0]
     o = o / torch.sqrt((o * o).mean(-1, keepdim=True) + cfg.rms_norm_eps) * w[p + "gdn.norm"] * F.silu(z)
-    return o.reshape(n, HV * V) @ w[p + "gdn.out"].T, S_new, new_window
+    return o.reshape(n, -1) @ w[p + "gdn.out"].T
 
 
-def _mamba2(w, p, cfg, x, S, window):
-    """One token per row of a Mamba2 mixer. x [n, d]; S [n, H, P, N]; window [n, Cm, W-1]."""
-    n = x.shape[0]
+def _gdn(w, p, cfg, x, S, window):
+    """One token per row of Gated DeltaNet. x [n, d]; S [n, HV, K, V]; window [n, C, W-1]."""
+    xin, z, a, b = _gdn_proj(w, p, cfg, x)
+    o, S_new, new_window = _gdn_core(w, p, cfg, xin, a, b, S, window)
+    return _gdn_out(w, p, cfg, o, z), S_new, new_window
+
+
+def _mamba2_proj(w, p, cfg, x):
+    """A Mamba2 mixer's input projections of each row x [n, d]: (z [n, I], conv input [n, Cm], dt [n, H] raw)."""
+    return x @ w[p + "mamba.z"].T, x @ w[p + "mamba.xbc"].T, x @ w[p + "mamba.dt"].T
+
+
+def _mamba2_core(w, p, cfg, xbc, dt_raw, S, window):
+    """One token per row of a Mamba2 mixer's conv and recurrence from the row's own state: xbc [n, Cm],
+    dt_raw [n, H]; S [n, H, P, N]; window [n, Cm, W-1] -> (y [n, I] = S_t C_t + D x_t, S_t, window')."""
+    n = xbc.shape[0]
     H, P, N, G, I = cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.mamba_state_size, cfg.mamba_n_groups, cfg.mamba_inner
-    z = x @ w[p + "mamba.z"].T  # [n, I]
-    xbc = x @ w[p + "mamba.xbc"].T  # [n, Cm]
-    dt_raw = x @ w[p + "mamba.dt"].T  # [n, H]
     inputs = torch.cat([window, xbc[:, :, None]], dim=2)  # [n, Cm, W] oldest first
     y = (inputs * w[p + "mamba.conv"]).sum(dim=2)
     if p + "mamba.conv_bias" in w:
@@ -179,19 +221,31 @@ def _mamba2(w, p, cfg, x, S, window):
     # S_t = exp(dt A) S_{t-1} + dt x B^T;  y_t = S_t C_t + D x_t
     S_new = torch.exp(dt * A)[..., None, None] * S + (dt[..., None] * xs)[..., None] * Bg[:, :, None, :]
     out = torch.einsum("nhpk,nhk->nhp", S_new, Cg) + w[p + "mamba.D"][:, None] * xs
-    out = out.reshape(n, I)
+    return out.reshape(n, I), S_new, inputs[:, :, 1:]
+
+
+def _mamba2_out(w, p, cfg, y, z):
+    """y [n, I] gated by z [n, I] (before or after the grouped RMSNorm, or without one), projected: [n, d]."""
+    n, I, G = y.shape[0], cfg.mamba_inner, cfg.mamba_n_groups
 
     def group_rms(v):  # RMSNorm over each of the G groups of I/G channels, times the weight
         g = v.view(n, G, I // G)
         return (g / torch.sqrt((g * g).mean(-1, keepdim=True) + cfg.rms_norm_eps)).view(n, I) * w[p + "mamba.norm"]
 
     if cfg.mamba_norm == "gated":
-        out = group_rms(out * F.silu(z))
+        y = group_rms(y * F.silu(z))
     elif cfg.mamba_norm == "gated-before":
-        out = group_rms(out) * F.silu(z)
+        y = group_rms(y) * F.silu(z)
     else:
-        out = out * F.silu(z)
-    return out @ w[p + "mamba.out"].T, S_new, inputs[:, :, 1:]
+        y = y * F.silu(z)
+    return y @ w[p + "mamba.out"].T
+
+
+def _mamba2(w, p, cfg, x, S, window):
+    """One token per row of a Mamba2 mixer. x [n, d]; S [n, H, P, N]; window [n, Cm, W-1]."""
+    z, xbc, dt_raw = _mamba2_proj(w, p, cfg, x)
+    y, S_new, new_window = _mamba2_core(w, p, cfg, xbc, dt_raw, S, window)
+    return _mamba2_out(w, p, cfg, y, z), S_new, new_window
 
 
 def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
@@ -420,13 +474,52 @@ def _stack_roots(cfg, trees):
     return kv, ssm, conv, valid
 
 
+class _Held:
+    """One layer's weights, each converted once (``_Weights`` converts a large model's weight at every
+    use) and kept while that layer runs over every level of the batch, then let go with it."""
+
+    def __init__(self, w: _Weights):
+        self.w, self.cache = w, {}
+
+    def __getitem__(self, k):
+        if k not in self.cache:
+            self.cache[k] = self.w[k]
+        return self.cache[k]
+
+    def __contains__(self, k):
+        return k in self.w
+
+    def rows(self, k, idx):
+        return self.w.rows(k, idx)
+
+    def expert(self, k, e):
+        return self.w.expert(k, e)
+
+
+def _levels(trees, live):
+    """The batch's schedule, the same for every layer: per depth, its rows [(tree, node)] (every live
+    tree's nodes of that depth, trees in order, children in order under their parents in order) and
+    each row's parent row in the depth before (None at depth 0)."""
+    level, out = [(j, 0) for j in live], []
+    parents = None
+    while level:
+        out.append((level, parents))
+        nxt = [((j, c), r) for r, (j, n) in enumerate(level) for c in trees[j].children[n]]
+        level, parents = [x for x, _ in nxt], [r for _, r in nxt]
+    return out
+
+
 def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None, dtype=None) -> list[OracleResult]:
     """``verify_tree`` for several trees at once, items [(state, parents, tokens), ...] (each tree on
-    its own committed state: the prompts of an audit): depth by depth, the nodes of that depth in
-    every tree decoded as one batch, each row from its parent's exact state. Rows of different
-    trees carry their own positions and contexts (padded to one length, the padding masked out of
-    attention). Per node the same computation as one tree alone; only the reassociation of batched
-    matrix products differs."""
+    its own committed state: the prompts of an audit). Every node is one decode step from its parent's
+    exact state, as ``decode_step`` computes it, scheduled layer by layer: for each layer, its input
+    projections of every node of every tree at once, then depth by depth the conv, recurrence and
+    attention of the nodes of that depth (each row from its parent's state and context at this layer,
+    computed the depth before; rows of different trees carry their own positions and contexts,
+    padded to one length, the padding masked out), then its output projection and MLP of every node
+    at once; then the LM head of every node. Each layer's weights are converted to the oracle's dtype
+    once per batch, not once per depth. Per node the same computation as one tree alone, one node
+    at a time; only the reassociation of batched matrix products differs."""
     device, dtype = _placement(weights, device, dtype)
     w = _Weights(weights, cfg, device, dtype)
     ldev = _layer_devices(weights, cfg, device)
@@ -436,26 +529,104 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
     live = [j for j, t in enumerate(trees) if t.parents]
     if not live:
         return [t.result() for t in trees]
-    kv, ssm, conv, valid = _stack_roots(cfg, [trees[j] for j in live])
-    level = [(j, 0) for j in live]  # (tree, node) per batch row
-    depth = 0
-    while level:
-        lg, hid, new_kv, ssm, conv = decode_step(
-            w, cfg, token=[trees[j].tokens[n] for j, n in level], pos=[trees[j].pos + depth for j, _ in level],
-            kv_ctx=kv, ssm=ssm, conv=conv, ctx_valid=valid)
-        for j in dict.fromkeys(j for j, _ in level):  # each tree's rows, in order
-            rows = [r for r, (jj, _) in enumerate(level) if jj == j]
-            trees[j].record(cfg, [level[r][1] for r in rows], rows, lg, hid, new_kv, ssm, conv, record_states)
-        kv = _append_kv(kv, new_kv)
-        if valid is not None:
-            valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
-        nxt = [((j, c), r) for r, (j, n) in enumerate(level) for c in trees[j].children[n]]  # (child, parent's row)
-        level, rows = [x for x, _ in nxt], [r for _, r in nxt]
-        if level:
-            kv, ssm, conv = _take(rows, kv), _take(rows, ssm), _take(rows, conv)
-            valid = None if valid is None else valid[rows]
-        depth += 1
+    kv0, ssm0, conv0, valid0 = _stack_roots(cfg, [trees[j] for j in live])
+    levels = _levels(trees, live)
+    offsets = [0]
+    for rows, _ in levels:
+        offsets.append(offsets[-1] + len(rows))
+    spans = [slice(a, b) for a, b in zip(offsets, offsets[1:])]
+    order = [x for rows, _ in levels for x in rows]  # (tree, node) of every batch row, depth by depth
+    # each level's context validity: the roots' padded prefixes, grown by one real entry per depth
+    valids, valid = [], valid0
+    for d, (_, parents) in enumerate(levels):
+        if d and valid is not None:
+            valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)[parents]
+        valids.append(valid)
+    by_tree = {}  # tree -> (its nodes, their batch rows)
+    for r, (j, n) in enumerate(order):
+        nodes, rows = by_tree.setdefault(j, ([], []))
+        nodes.append(n)
+        rows.append(r)
+    groups = []  # per depth: [(tree, its nodes of that depth, their rows within the depth)]
+    for rows, _ in levels:
+        g = {}
+        for r, (j, n) in enumerate(rows):
+            nodes, local = g.setdefault(j, ([], []))
+            nodes.append(n)
+            local.append(r)
+        groups.append([(j, nodes, local) for j, (nodes, local) in g.items()])
+    tokens = torch.tensor([trees[j].tokens[n] for j, n in order])
+    pos_all = torch.tensor([trees[j].pos + d for d, (rows, _) in enumerate(levels) for j, _ in rows])
+    h = w.rows("embed", tokens) * cfg.embedding_multiplier  # [N, d]
+    r_mul = cfg.residual_multiplier
+    for i, kind in enumerate(cfg.layer_pattern):
+        p, lw = f"layers.{i}.", _Held(w)
+        norm = lw[p + "input_norm"]
+        h, pos = h.to(norm.device), pos_all.to(norm.device)
+        xn = _rmsnorm(h, norm, cfg.rms_norm_eps)
+        if kind == "f":
+            h = h + r_mul * _mlp(lw, p, cfg, xn, i)
+        else:
+            out = torch.zeros_like(h)
+            if kind in "ap":
+                out = out + _attention_out(lw, p, cfg, xn, _tree_attention(lw, p, cfg, xn, pos, kv0[i], levels, spans,
+                                                                            valids, trees, by_tree, i))
+            if kind == "g":
+                xin, z, a, b = _gdn_proj(lw, p, cfg, xn)
+                o = _tree_recurrence(lambda sl, S, win: _gdn_core(lw, p, cfg, xin[sl], a[sl], b[sl], S, win),
+                                     ssm0[i], conv0[i], levels, spans, trees, groups, i, record_states)
+                out = out + _gdn_out(lw, p, cfg, o, z)
+            if kind in "mp":
+                z, xbc, dt_raw = _mamba2_proj(lw, p, cfg, xn)
+                o = _tree_recurrence(lambda sl, S, win: _mamba2_core(lw, p, cfg, xbc[sl], dt_raw[sl], S, win),
+                                     ssm0[i], conv0[i], levels, spans, trees, groups, i, record_states)
+                out = out + _mamba2_out(lw, p, cfg, o, z)
+            h = h + r_mul * out
+            if cfg.layer_mlp:
+                h = h + r_mul * _mlp(lw, p, cfg, _rmsnorm(h, lw[p + "post_norm"], cfg.rms_norm_eps), i)
+        hid = h.to(head)
+        for j, (nodes, rows) in by_tree.items():
+            trees[j].hidden[i, nodes] = hid[rows]
+    lw = None  # the last layer's converted weights go before the LM head's are made
+    h = h.to(head)
+    logits = (_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps) @ w["lm_head"].T) / cfg.logits_scaling
+    for j, (nodes, rows) in by_tree.items():
+        trees[j].logits[nodes] = logits[rows]
     return [t.result() for t in trees]
+
+
+def _tree_attention(w, p, cfg, xn, pos, root_kv, levels, spans, valids, trees, by_tree, i):
+    """Attention layer i over every node of the batch, xn [N, d] -> [N, nh * hd]: the projections of all
+    rows at once, then depth by depth each row over its own prefix (root_kv, the roots' contexts) and
+    its ancestors' keys and values at this layer. Records each node's key and value."""
+    q, k, v = _attention_proj(w, p, cfg, xn, pos)
+    o = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+    ctx = root_kv
+    for d, ((_, parents), sl) in enumerate(zip(levels, spans)):
+        if d:  # each row's context: its parent's, grown by the parent's own key and value
+            before = spans[d - 1]
+            ctx = (torch.cat([ctx[0], k[before][:, None]], 1)[parents], torch.cat([ctx[1], v[before][:, None]], 1)[parents])
+        o[sl] = _attention_core(cfg, q[sl], k[sl], v[sl], ctx[0], ctx[1], None if valids[d] is None else valids[d].to(q.device))
+    for j, (nodes, rows) in by_tree.items():
+        trees[j].kv[i][0][nodes], trees[j].kv[i][1][nodes] = k[rows], v[rows]
+    return o
+
+
+def _tree_recurrence(core, S, win, levels, spans, trees, groups, i, record_states):
+    """Recurrent layer i over every node, depth by depth: core(rows, S, window) -> (out, S', window')
+    for the rows of one depth, each from its parent's state and window at this layer (the roots' S,
+    win before depth 0). Returns every row's output [N, ...]; records each node's state and window
+    (groups[d]: each tree's nodes of depth d and their rows within it)."""
+    outs = []
+    for d, ((_, parents), sl) in enumerate(zip(levels, spans)):
+        if d:
+            S, win = S[parents], win[parents]
+        o, S, win = core(sl, S, win)
+        outs.append(o)
+        if record_states:
+            for j, nodes, local in groups[d]:
+                trees[j].ssm[i][nodes], trees[j].conv[i][nodes] = S[local], win[local]
+    return torch.cat(outs)
 
 
 def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_states: bool = True,

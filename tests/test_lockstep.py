@@ -13,6 +13,7 @@ from ddsim.errors import InputError
 from ddsim.generate import OracleRequest, TreePolicy, run_lockstep, speculative, speculative_lockstep
 from ddsim.model import HybridModel
 from ddsim.weights import init_weights
+from ddsim.weights import weight_shapes as audit_shapes
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9], [7, 7]]  # contexts of different lengths
 
@@ -183,16 +184,23 @@ def test_the_oracle_batch_fits_three_quarters_of_the_free_memory_less_the_reserv
     cfg = get_preset("micro")
     b = 8  # float64 on the CPU
     rec = sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
+    layer = max(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
+    assert 0 < layer < rec
     wide, deep = [-1, 0, 0, 0, 1, 1, 2, 2, 3], [-1, 0, 1, 2, 3, 4, 5, 6, 0]  # widest levels: 5 and 2 nodes
-    row = cfg.num_layers * cfg.hidden_size + cfg.vocab_size
-    assert audit.oracle_tree_bytes(cfg, wide, torch.device("cpu")) == b * (9 * (rec + row) + 4 * 5 * rec)
-    assert audit.oracle_tree_bytes(cfg, deep, torch.device("cpu")) == b * (9 * (rec + row) + 4 * 2 * rec)
+    d = cfg.hidden_size
+    act = 8 * d + 3 * cfg.intermediate_size + max(cfg.window_shape(l)[0] for l in cfg.recurrent_layers)
+    row = cfg.num_layers * d + cfg.vocab_size + act
+    assert audit.oracle_tree_bytes(cfg, wide, torch.device("cpu")) == b * (9 * (rec + row) + 4 * 5 * layer)
+    assert audit.oracle_tree_bytes(cfg, deep, torch.device("cpu")) == b * (9 * (rec + row) + 4 * 2 * layer)
+    fixed = audit.oracle_batch_bytes(cfg, torch.device("cpu"))  # the LM head or a layer, converted once a batch
+    assert fixed == b * max(cfg.vocab_size * d, max(sum(math.prod(s) for n, s in audit_shapes(cfg).items()
+                                                        if n.startswith(f"layers.{i}.")) for i in range(cfg.num_layers)))
     need = audit.oracle_tree_bytes(cfg, wide, torch.device("cpu"))
     reqs = [OracleRequest(None, deep, None)] * 31 + [OracleRequest(None, wide, None)]  # the largest sets the size
-    for free, want in ((None, 1), (0, 1), (4 * need, 3), (4 * need - 4, 2), (10**15, 32)):
+    for free, want in ((None, 1), (0, 1), (fixed + 4 * need, 3), (fixed + 4 * need - 4, 2), (10**15, 32)):
         monkeypatch.setattr(audit, "available_memory", lambda d, f=free: f)
         assert audit.oracle_batches(cfg, torch.device("cpu"))(reqs) == want, free
-    monkeypatch.setattr(audit, "available_memory", lambda d: 4 * need + 100)
+    monkeypatch.setattr(audit, "available_memory", lambda d: fixed + 4 * need + 100)
     assert audit.oracle_batches(cfg, torch.device("cpu"), reserve=100)(reqs) == 3
     assert audit.oracle_batches(cfg, torch.device("cpu"), reserve=101)(reqs) == 2
     sizes = _batches(monkeypatch)
