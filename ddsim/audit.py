@@ -14,10 +14,13 @@ reference's choice led by no more than that is counted apart, as possibly the ar
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import platform
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -170,18 +173,26 @@ def weights_digest(ac: AuditConfig, weights: dict) -> str:
     """sha256 of what was audited: a checkpoint's config.json and weight files (read back from disk,
     so ``gate --model DIR`` can check a report without loading the model), or a preset's generated
     tensors: the sha256 of the lines "name:dtype:shape:sha256 of the tensor's bytes", in name order
-    (the tensors hashed in parallel: a full-size preset is 50 GB)."""
+    (the tensors hashed in parallel: a full-size preset is 50 GB). GPU tensors are copied out on a
+    stream of their own, which first waits for the work queued so far (the weights' making), so the
+    copies run beside whatever the audit launches meanwhile (the audit digests in the background)."""
     if ac.model_path:
         from ddsim.checkpoint import checkpoint_digest
         return checkpoint_digest(ac.model_path)
-    from concurrent.futures import ThreadPoolExecutor
+    streams = {}
+    for t in weights.values():
+        if t.device.type == "cuda" and t.device not in streams:
+            streams[t.device] = torch.cuda.Stream(t.device)
+            streams[t.device].wait_stream(torch.cuda.current_stream(t.device))
 
     def tensor_digest(t: torch.Tensor) -> str:
         h = hashlib.sha256()
         flat = t.detach().reshape(-1)
         step = max(1, (64 << 20) // max(1, t.element_size()))  # 64 MiB at a time through the host
-        for i in range(0, flat.numel(), step):
-            h.update(memoryview(flat[i:i + step].contiguous().cpu().view(torch.uint8).numpy()))
+        side = streams.get(t.device)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            for i in range(0, flat.numel(), step):
+                h.update(memoryview(flat[i:i + step].contiguous().cpu().view(torch.uint8).numpy()))
         return h.hexdigest()
     names = sorted(weights)
     with ThreadPoolExecutor(max_workers=min(16, len(names) or 1)) as pool:  # hashlib releases the GIL
@@ -272,13 +283,22 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
     model = HybridModel(cfg, weights, device=device, dtype=compute, engine=engine)
     serving = serving_model(model)  # decision-only generations: no per-node states, CUDA graphs where possible
     prompts = audit_prompts(ac, cfg, encoder)
-    with phase("weights digest"):
-        digest = weights_digest(ac, weights)
-    provenance = {"ddsim_version": environment(device)["ddsim"],
-                  "source": f"checkpoint {ac.model_path}" if ac.model_path else f"preset {ac.preset}",
-                  "weights_sha256": digest, "fast_path": fast_path_name(model, serving),
-                  "engine": engine.provenance() if engine is not None else None,
-                  "inputs_sha256": input_digests(ac)}
+    # the weights' digest is taken while the audit runs (the weights are read, never written): a
+    # full-size preset's 50 GB cost ~40 s of host hashing, hidden behind the GPU's work
+    digest_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddsim-digest")
+    digest_started = time.perf_counter()
+    digest_future = digest_pool.submit(weights_digest, ac, weights)
+    digest_pool.shutdown(wait=False)
+
+    def provenance() -> dict:
+        digest = digest_future.result()  # an error in the digest is the audit's error
+        if timings is not None:
+            timings["weights digest (in the background, from the start)"] = time.perf_counter() - digest_started
+        return {"ddsim_version": environment(device)["ddsim"],
+                "source": f"checkpoint {ac.model_path}" if ac.model_path else f"preset {ac.preset}",
+                "weights_sha256": digest, "fast_path": fast_path_name(model, serving),
+                "engine": engine.provenance() if engine is not None else None,
+                "inputs_sha256": input_digests(ac)}
     ref_len = ac.steps * (drafter.depth + 1)
     tick = (lambda rec: progress(advance=1)) if progress else None
 
@@ -338,7 +358,7 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
                 if "oracle_splits" in inner:
                     timings[f"  oracle batches split for memory, budget {budget}"] = inner.pop("oracle_splits")
                 for name, v in inner.items():
-                    timings[f"  of which {name}, budget {budget}"] = v
+                    timings[f"  of which (leaky generations) {name}, budget {budget}"] = v
             for i, o, g in zip(indices, outs, leaky):
                 o["budgets"][budget]["gens"]["leaky"] = _gen_record(g, i, budget, o["margins"])
                 for st in g.steps:
@@ -348,7 +368,9 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
 
     per_prompt = shard.run_group(share, len(prompts))  # every prompt here, or this rank's share gathered on rank 0
     if per_prompt is None:
+        digest_future.result()  # a rank that assembles no report still waits for its digest's thread
         return None
+    provenance = provenance()
     references = [r["reference"] for r in per_prompt]
     margins = [r["margins"] for r in per_prompt]
     chain_gens = [r["chain"] for r in per_prompt]

@@ -16,10 +16,14 @@ from ddsim.tree import Tree
 
 
 def _rel_rows_on_device(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Row-wise ||a - ref|| / ||ref|| over all but the first dim, in float64 on ref's device: [T, ...] -> [T]."""
-    a, ref = a.to(ref.device, torch.float64).flatten(1), ref.double().flatten(1)
-    num = torch.linalg.vector_norm(a - ref, dim=1)
-    den = torch.linalg.vector_norm(ref, dim=1)
+    """Row-wise ||a - ref|| / ||ref|| over all but the first dim, on ref's device: [T, ...] -> [T] float64.
+    Computed in the wider of the two dtypes (the oracle's: float64 on the CPU, float32 on a GPU,
+    where a per-node state set is gigabytes): the difference of two values of that dtype is exactly
+    rounded, and the norms carry that dtype's relative rounding, far below any error reported."""
+    dt = torch.promote_types(torch.promote_types(a.dtype, ref.dtype), torch.float32)
+    a, ref = a.to(ref.device, dt).flatten(1), ref.to(dt).flatten(1)
+    num = torch.linalg.vector_norm(a - ref, dim=1).double()
+    den = torch.linalg.vector_norm(ref, dim=1).double()
     return torch.where(den > 0, num / den.clamp_min(1e-300), torch.where(num > 0, torch.inf, 0.0))
 
 
@@ -31,8 +35,9 @@ def _rel_table(pairs) -> np.ndarray:
 
 def node_metrics(tree: Tree, res, ref, cfg) -> dict:
     """Everything per node for one verify result ``res`` (ddsim.model.VerifyResult) against the
-    oracle's ``ref`` (oracle.OracleResult) on the same tree and committed state, computed in float64
-    on the oracle's device.
+    oracle's ``ref`` (oracle.OracleResult) on the same tree and committed state, computed on the
+    oracle's device: the logits in float64, the state, window and hidden errors in the oracle's dtype
+    (_rel_rows_on_device).
 
     Returns {"kl", "max_abs", "margin", "flip"} as [T] arrays and {"hidden_rel" [L, T],
     "state_rel" [G, T], "conv_rel" [G, T]} with G = the recurrent layers (GDN and Mamba2) in order.
