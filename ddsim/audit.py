@@ -169,11 +169,11 @@ def audit_prompts(ac: AuditConfig, cfg, encoder) -> list[list[int]]:
     return [rng.integers(0, cfg.vocab_size, ac.prompt_len).tolist() for _ in range(ac.n_prompts)]
 
 
-def weights_digest(ac: AuditConfig, weights: dict) -> str:
+def weights_digest(ac: AuditConfig, weights: dict, *, workers: int = 16) -> str:
     """sha256 of what was audited: a checkpoint's config.json and weight files (read back from disk,
     so ``gate --model DIR`` can check a report without loading the model), or a preset's generated
     tensors: the sha256 of the lines "name:dtype:shape:sha256 of the tensor's bytes", in name order
-    (the tensors hashed in parallel: a full-size preset is 50 GB). GPU tensors are copied out on a
+    (the tensors hashed by ``workers`` threads: a full-size preset is 50 GB). GPU tensors are copied out on a
     stream of their own, which first waits for the work queued so far (the weights' making), so the
     copies run beside whatever the audit launches meanwhile (the audit digests in the background)."""
     if ac.model_path:
@@ -188,14 +188,14 @@ def weights_digest(ac: AuditConfig, weights: dict) -> str:
     def tensor_digest(t: torch.Tensor) -> str:
         h = hashlib.sha256()
         flat = t.detach().reshape(-1)
-        step = max(1, (64 << 20) // max(1, t.element_size()))  # 64 MiB at a time through the host
+        step = max(1, (256 << 20) // max(1, t.element_size()))  # 256 MiB at a time through the host
         side = streams.get(t.device)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             for i in range(0, flat.numel(), step):
                 h.update(memoryview(flat[i:i + step].contiguous().cpu().view(torch.uint8).numpy()))
         return h.hexdigest()
     names = sorted(weights)
-    with ThreadPoolExecutor(max_workers=min(16, len(names) or 1)) as pool:  # hashlib releases the GIL
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(names)))) as pool:  # hashlib releases the GIL
         digests = list(pool.map(tensor_digest, (weights[n] for n in names)))
     h = hashlib.sha256()
     for name, d in zip(names, digests):
@@ -284,10 +284,12 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
     serving = serving_model(model)  # decision-only generations: no per-node states, CUDA graphs where possible
     prompts = audit_prompts(ac, cfg, encoder)
     # the weights' digest is taken while the audit runs (the weights are read, never written): a
-    # full-size preset's 50 GB cost ~40 s of host hashing, hidden behind the GPU's work
+    # full-size preset's 50 GB cost ~40 s of host hashing, hidden behind the GPU's work; by two
+    # threads (sixteen took the main thread's interpreter lock often enough to slow its eager passes
+    # threefold on the H200's host)
     digest_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddsim-digest")
     digest_started = time.perf_counter()
-    digest_future = digest_pool.submit(weights_digest, ac, weights)
+    digest_future = digest_pool.submit(weights_digest, ac, weights, workers=2)
     digest_pool.shutdown(wait=False)
 
     def provenance() -> dict:
@@ -342,7 +344,9 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
             policy = TreePolicy("ddtree", budget, ac.topk_cap)
             inner = {} if timings is not None else None
             full = model if not_capturable(model) else GraphedModel(model)
-            graphs = 0 if full is model else (budget + 1) * fast_path_state_bytes(model)  # one set, every mode
+            # what the graph with per-node states will allocate (one set, every mode), until it has
+            graphs = 0 if full is model else (
+                lambda full=full, n=(budget + 1) * fast_path_state_bytes(model): 0 if full.captured() else n)
             with phase(f"leaky generations in lock step, budget {budget}"):
                 leaky = speculative_lockstep(full, ps, references=references,
                                              max_trees=oracle_batches(cfg, device, reserve=graphs),
@@ -497,12 +501,13 @@ def oracle_batch_bytes(cfg, device: torch.device) -> int:
     return b * max(per_layer.values())
 
 
-def oracle_batches(cfg, device: torch.device, *, reserve: int = 0):
+def oracle_batches(cfg, device: torch.device, *, reserve=0):
     """speculative_lockstep's max_trees for the audit: a round's oracle requests -> how many trees the
     oracle takes at once (at least 1): as many of the largest's need as fit in 3/4 of the memory free
     now less ``reserve`` bytes (what the fast path will still allocate, e.g. its CUDA graph's per-node
-    states) and less what the oracle holds once per batch (oracle_batch_bytes). A batch that runs out
-    of memory anyway is split (speculative_lockstep)."""
+    states; an int, or a function asked each round, which says 0 once they are allocated) and less
+    what the oracle holds once per batch (oracle_batch_bytes). A batch that runs out of memory anyway
+    is split (speculative_lockstep)."""
     fixed = oracle_batch_bytes(cfg, device)
 
     def fit(requests) -> int:
@@ -510,7 +515,8 @@ def oracle_batches(cfg, device: torch.device, *, reserve: int = 0):
         if device.type == "cuda":
             torch.cuda.empty_cache()  # blocks the allocator keeps but no tensor uses count as free
         free = available_memory(device)
-        return 1 if free is None else max(1, min(len(requests), int(max(0, free - reserve - fixed) * 3 // 4 // need)))
+        held = reserve() if callable(reserve) else reserve
+        return 1 if free is None else max(1, min(len(requests), int(max(0, free - held - fixed) * 3 // 4 // need)))
     return fit
 
 

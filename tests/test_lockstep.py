@@ -203,6 +203,11 @@ def test_the_oracle_batch_fits_three_quarters_of_the_free_memory_less_the_reserv
     monkeypatch.setattr(audit, "available_memory", lambda d: fixed + 4 * need + 100)
     assert audit.oracle_batches(cfg, torch.device("cpu"), reserve=100)(reqs) == 3
     assert audit.oracle_batches(cfg, torch.device("cpu"), reserve=101)(reqs) == 2
+    held = [101]  # asked each round: what the fast path will still allocate, 0 once it has
+    fit = audit.oracle_batches(cfg, torch.device("cpu"), reserve=lambda: held[0])
+    assert fit(reqs) == 2
+    held[0] = 0
+    assert fit(reqs) == 3
     sizes = _batches(monkeypatch)
     cfg, m, kw = _setup()
     speculative_lockstep(m, PROMPTS, max_trees=lambda reqs: len(reqs) - 1, **{**kw, "steps": 1})
