@@ -104,22 +104,25 @@ def reference_rows(model: HybridModel, prompts, n_tokens: int, *, temperature: f
     return out
 
 
-def greedy_rows(model: HybridModel, requests) -> list[list[int]]:
+def greedy_rows(model: HybridModel, requests) -> list[tuple[list[int], object]]:
     """The target's greedy continuation of ``q.n`` tokens after ``q.root`` from each exact ``q.state``
-    (GreedyRequests), every request's token of a step decoded in one pass (HybridModel.decode_rows)."""
+    (GreedyRequests), the tokens of a step of every request still decoding in one pass
+    (HybridModel.decode_rows). Returns per request (its tokens y_1..y_n, its tip: the state after
+    root, y_1..y_{n-1}, from which feeding y_n continues the same greedy path)."""
     states, roots = [q.state for q in requests], [int(q.root) for q in requests]
     out = [[] for _ in requests]
-    for _ in range(max(q.n for q in requests)):
-        logits, states = model.decode_rows(states, roots)
-        roots = [int(x) for x in logits.argmax(-1)]
-        for o, r in zip(out, roots):
-            o.append(r)
-    return [o[:q.n] for o, q in zip(out, requests)]
+    for t in range(max(q.n for q in requests)):
+        live = [b for b, q in enumerate(requests) if t < q.n]
+        logits, after = model.decode_rows([states[b] for b in live], [roots[b] for b in live])
+        for b, st, y in zip(live, after, logits.argmax(-1).tolist()):
+            states[b], roots[b] = st, int(y)
+            out[b].append(int(y))
+    return list(zip(out, states))
 
 
 def greedy_continuation(model: HybridModel, state, root: int, n: int) -> list[int]:
     """The target's greedy continuation of n tokens after ``root`` from an exact ``state``."""
-    return greedy_rows(model, [GreedyRequest(state, root, n)])[0]
+    return greedy_rows(model, [GreedyRequest(state, root, n)])[0][0]
 
 
 @dataclass
@@ -181,8 +184,9 @@ class GenerationResult:
 @dataclass(frozen=True)
 class GreedyRequest:
     """A step's question to the target for a synthetic drafter: its greedy continuation of ``n``
-    tokens after ``root`` from the exact ``state``. A generation yields it and is sent the tokens back,
-    so generations running together decode their continuations as one batch (``greedy_rows``)."""
+    tokens after ``root`` from the exact ``state``. A generation yields it and is sent back the tokens
+    and the continuation's tip (``greedy_rows``), so generations running together decode their
+    continuations as one batch."""
     state: object
     root: int
     n: int
@@ -485,9 +489,12 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
     cfg = model.cfg
     part = lambda name: timed(timings, name, model.device)  # noqa: E731
     state, _ = model.prefill(prompt[:-1])
-    # an exact state of the context for the synthetic drafter's greedy path: ``shadow`` after the tokens
-    # ``behind`` (moved on only when a step asks the target for its continuation)
+    # the synthetic drafter's greedy path. ``own``: the target's greedy tokens from output index
+    # own_at on, as far as decoded, and ``tip``: the exact state that continues them (own[-1] is its
+    # next input); valid while the output follows them. Else ``shadow``, an exact state of the
+    # context before the tokens ``behind`` (moved on only when a step asks for a new continuation).
     shadow, behind = state, []
+    own, own_at, tip = [], 0, None
     root, out = prompt[-1], []
     result = GenerationResult(mode, policy.label(), prompt, out, reference)
     step = 0
@@ -498,10 +505,18 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
             if reference is not None and temperature == 0 and out == reference[:n_done] \
                     and len(reference) >= n_done + drafter.depth:
                 greedy = reference[n_done:n_done + drafter.depth]
+            elif tip is not None and own_at <= n_done <= own_at + len(own) and out[own_at:] == own[:n_done - own_at]:
+                # still on its own greedy path: decode only the tokens past what is known, from the tip
+                ahead = own[n_done - own_at:]
+                if len(ahead) < drafter.depth:
+                    more, tip = yield GreedyRequest(tip, own[-1], drafter.depth - len(ahead))
+                    own += more
+                greedy = own[n_done - own_at:n_done - own_at + drafter.depth]
             else:
                 if behind:  # the shadow catches up with the tokens emitted since (with the round's others)
                     shadow, behind = (yield PrefillRequest(shadow, behind)), []
-                greedy = yield GreedyRequest(shadow, root, drafter.depth)
+                greedy, tip = yield GreedyRequest(shadow, root, drafter.depth)
+                own, own_at = list(greedy), n_done
         logits = drafter.draft(DraftContext(step=step, tokens=prompt + out, greedy=greedy))
         tree = policy.build(logits, root_token=root, max_rank=drafter.max_rank)
         positions = tree.positions(state.pos)
