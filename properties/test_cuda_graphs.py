@@ -164,3 +164,31 @@ def test_verify_rows_and_commit_rows_on_the_gpu_equal_each_trees_own(preset, mod
                 e_rows = (together[b].ssm[i] - want).abs().max().item()
                 e_one = (alone[b].ssm[i] - want).abs().max().item()
                 assert e_rows <= 2 * e_one + 1e-2, (b, i, e_rows, e_one)
+
+
+def test_a_capture_survives_another_threads_copies():
+    """The audit digests the weights in a background thread (device-to-host copies on its own stream)
+    while the main thread captures its graphs: a global-mode capture is invalidated by them."""
+    import threading
+    cfg = get_preset("tiny")
+    m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda")
+    big = torch.randn(64 << 20, device="cuda")
+    stop = threading.Event()
+
+    def copy_out():
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            while not stop.is_set():
+                big.cpu()
+    t = threading.Thread(target=copy_out)
+    t.start()
+    try:
+        gm = GraphedModel(m)
+        st, _ = m.prefill([1, 2, 3])
+        for tree in TREES:  # each a capture while the other thread copies
+            gm.verify(st, tree)
+            gm.verify(st, tree, mode="leaky")
+    finally:
+        stop.set()
+        t.join()
+    assert len(gm.captured()) == 2
