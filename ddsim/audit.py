@@ -19,7 +19,6 @@ import hashlib
 import json
 import math
 import platform
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -174,8 +173,9 @@ def weights_digest(ac: AuditConfig, weights: dict, *, workers: int = 16) -> str:
     so ``gate --model DIR`` can check a report without loading the model), or a preset's generated
     tensors: the sha256 of the lines "name:dtype:shape:sha256 of the tensor's bytes", in name order
     (the tensors hashed by ``workers`` threads: a full-size preset is 50 GB). GPU tensors are copied out on a
-    stream of their own, which first waits for the work queued so far (the weights' making), so the
-    copies run beside whatever the audit launches meanwhile (the audit digests in the background)."""
+    stream of their own, which first waits for the work queued so far (the weights' making). Taken in
+    the foreground: run beside the audit (tried on the H200), its threads' interpreter-lock traffic
+    slowed the audit's eager passes more than the digest's ~40 s."""
     if ac.model_path:
         from ddsim.checkpoint import checkpoint_digest
         return checkpoint_digest(ac.model_path)
@@ -188,7 +188,7 @@ def weights_digest(ac: AuditConfig, weights: dict, *, workers: int = 16) -> str:
     def tensor_digest(t: torch.Tensor) -> str:
         h = hashlib.sha256()
         flat = t.detach().reshape(-1)
-        step = max(1, (256 << 20) // max(1, t.element_size()))  # 256 MiB at a time through the host
+        step = max(1, (64 << 20) // max(1, t.element_size()))  # 64 MiB at a time through the host
         side = streams.get(t.device)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             for i in range(0, flat.numel(), step):
@@ -283,24 +283,13 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
     model = HybridModel(cfg, weights, device=device, dtype=compute, engine=engine)
     serving = serving_model(model)  # decision-only generations: no per-node states, CUDA graphs where possible
     prompts = audit_prompts(ac, cfg, encoder)
-    # the weights' digest is taken while the audit runs (the weights are read, never written): a
-    # full-size preset's 50 GB cost ~40 s of host hashing, hidden behind the GPU's work; by two
-    # threads (sixteen took the main thread's interpreter lock often enough to slow its eager passes
-    # threefold on the H200's host)
-    digest_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddsim-digest")
-    digest_started = time.perf_counter()
-    digest_future = digest_pool.submit(weights_digest, ac, weights, workers=2)
-    digest_pool.shutdown(wait=False)
-
-    def provenance() -> dict:
-        digest = digest_future.result()  # an error in the digest is the audit's error
-        if timings is not None:
-            timings["weights digest (in the background, from the start)"] = time.perf_counter() - digest_started
-        return {"ddsim_version": environment(device)["ddsim"],
-                "source": f"checkpoint {ac.model_path}" if ac.model_path else f"preset {ac.preset}",
-                "weights_sha256": digest, "fast_path": fast_path_name(model, serving),
-                "engine": engine.provenance() if engine is not None else None,
-                "inputs_sha256": input_digests(ac)}
+    with phase("weights digest"):
+        digest = weights_digest(ac, weights)
+    provenance = {"ddsim_version": environment(device)["ddsim"],
+                  "source": f"checkpoint {ac.model_path}" if ac.model_path else f"preset {ac.preset}",
+                  "weights_sha256": digest, "fast_path": fast_path_name(model, serving),
+                  "engine": engine.provenance() if engine is not None else None,
+                  "inputs_sha256": input_digests(ac)}
     ref_len = ac.steps * (drafter.depth + 1)
     tick = (lambda rec: progress(advance=1)) if progress else None
 
@@ -372,9 +361,7 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
 
     per_prompt = shard.run_group(share, len(prompts))  # every prompt here, or this rank's share gathered on rank 0
     if per_prompt is None:
-        digest_future.result()  # a rank that assembles no report still waits for its digest's thread
         return None
-    provenance = provenance()
     references = [r["reference"] for r in per_prompt]
     margins = [r["margins"] for r in per_prompt]
     chain_gens = [r["chain"] for r in per_prompt]

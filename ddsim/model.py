@@ -493,8 +493,10 @@ class HybridModel:
             kv_b = [None if kv[i] is None else (torch.cat([st.kv[i][0], kv[i][0][b:b + 1].to(st.kv[i][0].dtype)]),
                                                 torch.cat([st.kv[i][1], kv[i][1][b:b + 1].to(st.kv[i][1].dtype)]))
                     for i in range(L)]
-            out.append(ModelState(st.pos + 1, kv_b, [None if s is None else s[b, 0] for s in ssm],
-                                  [None if c is None else c[b, 0].to(st.conv[i].dtype) for i, c in enumerate(conv)]))
+            # each row's state its own copy: a view would keep the whole batch's tensors alive for as
+            # long as any one row's state lives (gigabytes per pass at full size)
+            out.append(ModelState(st.pos + 1, kv_b, [None if s is None else s[b, 0].clone() for s in ssm],
+                                  [None if c is None else c[b, 0].to(st.conv[i].dtype, copy=True) for i, c in enumerate(conv)]))
         return logits, out
 
     def verify_rows(self, states: list, trees: list, *, mode: str = "exact") -> list[VerifyResult]:
@@ -537,10 +539,15 @@ class HybridModel:
         L = self.cfg.num_layers
         tables = {}
 
-        def on(d):  # the batch's tree plan, RoPE positions and ancestor masks on device d
+        lens = [st.kv[self.cfg.attention_layers[0]][0].shape[0] for st in states] if self.cfg.attention_layers else []
+        P = max(lens, default=0)
+        B, T = masks.shape[0], masks.shape[1]
+
+        def on(d):  # the batch's tree plan, RoPE positions and attention masks [B, T, P + T] on device d
             if d not in tables:
+                prefix = (torch.arange(P)[None, :] < torch.tensor(lens or [0] * B)[:, None])[:, None, :].expand(B, T, P)
                 tables[d] = (gb.TreePlan(torch.tensor(parents, dtype=torch.long, device=d)),
-                             Rope(torch.tensor(positions, device=d)), masks.to(d))
+                             Rope(torch.tensor(positions, device=d)), torch.cat([prefix, masks], -1).to(d))
             return tables[d]
         h = self.embed_tokens(torch.tensor(tokens, device=self.device))  # [B*T, d]
         kv, ssm, conv, cin = [None] * L, [None] * L, [None] * L, [None] * L
@@ -557,23 +564,20 @@ class HybridModel:
                                                                 conv_mode, rec_mode, keep_states)
         return h, kv, ssm, conv, cin
 
-    def _attention_rows(self, p, x, rope: Rope, prefixes: list, masks: torch.Tensor):
+    def _attention_rows(self, p, x, rope: Rope, prefixes: list, seen: torch.Tensor):
         """Attention of B sequences of T nodes, x [B*T, d]: sequence b's nodes over its own committed
-        prefix (prefixes[b] = (K [P_b, nkv, hd], V); lengths may differ: padded, the padding masked
-        out) and over the nodes masks[b] [T, T] (bool: its ancestor mask) lets them see."""
+        prefix (prefixes[b] = (K [P_b, nkv, hd], V); lengths may differ: padded to the longest, P)
+        and its nodes, as seen[b] [T, P + T] (bool: the prefix's real rows, then the ancestor mask)
+        lets them (the lengths come from the host: no device sync per layer)."""
         cfg = self.cfg
-        B, T = masks.shape[0], masks.shape[1]
+        B, T, P = seen.shape[0], seen.shape[1], seen.shape[2] - seen.shape[1]
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         q, k, v = self._qkv(p, x, rope)  # [B*T, nh | nkv, hd]
-        lens = torch.tensor([pk.shape[0] for pk, _ in prefixes], device=x.device)
-        P = int(lens.max())
         pad = torch.nn.utils.rnn.pad_sequence
         Kp = pad([pk.to(q.dtype) for pk, _ in prefixes] + [k.new_zeros(P, nkv, hd)], batch_first=True)[:B]
         Vp = pad([pv.to(q.dtype) for _, pv in prefixes] + [v.new_zeros(P, nkv, hd)], batch_first=True)[:B]
         K = torch.cat([Kp, k.view(B, T, nkv, hd)], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)  # [B, nh, P+T, hd]
         Vv = torch.cat([Vp, v.view(B, T, nkv, hd)], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)
-        seen = (torch.arange(P, device=x.device)[None, :] < lens[:, None])[:, None, :].expand(B, T, P)
-        seen = torch.cat([seen, masks], -1)  # [B, T, P+T]
         o = F.scaled_dot_product_attention(q.view(B, T, nh, hd).transpose(1, 2), K, Vv, attn_mask=seen[:, None],
                                            scale=cfg.attention_scale or 1.0 / math.sqrt(hd))  # [B, nh, T, hd]
         return self._attend_out(p, x, o.transpose(1, 2).reshape(B * T, nh * hd)), k, v
@@ -641,9 +645,9 @@ class HybridModel:
         ssm, conv = self._replay(lambda i: (torch.stack([st.ssm[i] for st in states]),
                                             torch.stack([st.conv[i] for st in states])),
                                  batch.mode, batch.commit_inputs, tables)
-        return [self.commit(st, t, r, a, replay=lambda *_, b=b, st=st: (
-            [None if x is None else x[b] for x in ssm],
-            [None if x is None else x[b].to(st.conv[i].dtype) for i, x in enumerate(conv)]))
+        return [self.commit(st, t, r, a, replay=lambda *_, b=b, st=st: (  # copies: see decode_rows
+            [None if x is None else x[b].clone() for x in ssm],
+            [None if x is None else x[b].to(st.conv[i].dtype, copy=True) for i, x in enumerate(conv)]))
             for b, (st, t, r, a) in enumerate(zip(states, trees, results, accepted))]
 
     def _commit_replay(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int):

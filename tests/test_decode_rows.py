@@ -138,3 +138,19 @@ def test_prefill_requests_pad_chains_and_commit_each_at_its_end():
     assert got[3] is states[0]  # nothing to move on by
     for st, c, g in zip(states, chains, got):
         _assert_states_close(g, m.prefill(c, state=st)[0])
+
+
+def test_rows_states_are_their_own_memory():
+    """The states decode_rows and commit_rows hand back are each row's own copies: a view into the
+    batch's tensors would keep all of it alive for as long as any one row's state lives (gigabytes
+    per pass at full size, once generations move on at different times)."""
+    cfg = get_preset("micro")
+    m = HybridModel(cfg, init_weights(cfg, seed=0))
+    states = [m.prefill(p[:-1])[0] for p in PROMPTS]
+    _, after = m.decode_rows(states, [p[-1] for p in PROMPTS])
+    rows = m.verify_rows(states, TREES, mode="leaky")
+    committed = m.commit_rows(states, TREES, rows, [3, 2, 4])
+    for st in after + committed:
+        for x in st.ssm + st.conv:
+            if x is not None:
+                assert x.untyped_storage().nbytes() == x.numel() * x.element_size()
