@@ -40,7 +40,11 @@ def topk_logprobs(draft_logits, k: int, *, arithmetic: str = "float64") -> tuple
     """
     if arithmetic not in ARITHMETICS:
         raise InputError(f"arithmetic: expected one of {ARITHMETICS}, got {arithmetic!r}")
-    x = _check_logits(draft_logits)
+    return _topk_logprobs(_check_logits(draft_logits), k, arithmetic)
+
+
+def _topk_logprobs(x: torch.Tensor, k: int, arithmetic: str) -> tuple[np.ndarray, np.ndarray]:
+    """topk_logprobs of logits already checked (_check_logits: [D, V] finite float64 on the CPU)."""
     if arithmetic == "published":
         x32 = x.float()
         vals, order = torch.topk(x32, k, dim=-1)  # [D, k]
@@ -82,7 +86,7 @@ def ddtree(draft_logits, budget: int, topk_cap: int | None = None, *, root_token
     if budget == 0 or D == 0:
         return Tree(parents, tokens)
     k = min(int(budget), V, int(topk_cap) if topk_cap else V)
-    lp, tok = topk_logprobs(x, k, arithmetic=arithmetic)
+    lp, tok = _topk_logprobs(x, k, arithmetic)  # x checked once above (a full scan at a 248k vocabulary)
     lp_list = lp.tolist()  # python floats (float32 values exactly, under "published")
     incremental = arithmetic == "published"
 

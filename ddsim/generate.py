@@ -115,7 +115,8 @@ def greedy_rows(model: HybridModel, requests) -> list[tuple[list[int], object]]:
         live = [b for b, q in enumerate(requests) if t < q.n]
         logits, after = model.decode_rows([states[b] for b in live], [roots[b] for b in live])
         for b, st, y in zip(live, after, logits.argmax(-1).tolist()):
-            states[b], roots[b] = st, int(y)
+            # a row that stops here keeps its tip: copied out of the pass (decode_rows' states are views)
+            states[b], roots[b] = (st.clone() if t == requests[b].n - 1 and len(live) > 1 else st), int(y)
             out[b].append(int(y))
     return list(zip(out, states))
 

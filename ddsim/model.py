@@ -474,7 +474,10 @@ class HybridModel:
         ``commit`` of it does per row (the products run over B rows instead of one: the same within
         the arithmetic's rounding). Returns (logits [B, vocab] float32, the state after each row's
         token). The audit decodes every prompt's reference, and every generation's greedy
-        continuation, this way: one pass over the weights for all of them."""
+        continuation, this way: one pass over the weights for all of them. Each row's recurrent
+        state and window are views into the pass's batch tensors (no copy per row and layer: a pass
+        is host-bound): a caller that keeps one row's state past the others' copies it
+        (``ModelState.clone``), or the whole batch stays alive with it."""
         B = len(states)
         if B == 0 or len(tokens) != B:
             raise InputError(f"decode_rows: {B} states and {len(tokens)} tokens (one each, at least one)")
@@ -488,15 +491,16 @@ class HybridModel:
         h, kv, ssm, conv, _ = self._pass_rows(states, toks, [[-1]] * B, [st.pos for st in states],
                                               torch.ones(B, 1, 1, dtype=torch.bool), "exact", keep_states=True)
         logits = self.head(h)
+        # the new keys and values in the states' dtype, one conversion per layer (not per row)
+        kv = [None if x is None else (x[0].to(states[0].kv[i][0].dtype), x[1].to(states[0].kv[i][1].dtype))
+              for i, x in enumerate(kv)]
+        conv = [None if c is None else c.to(states[0].conv[i].dtype) for i, c in enumerate(conv)]
         out = []
         for b, st in enumerate(states):
-            kv_b = [None if kv[i] is None else (torch.cat([st.kv[i][0], kv[i][0][b:b + 1].to(st.kv[i][0].dtype)]),
-                                                torch.cat([st.kv[i][1], kv[i][1][b:b + 1].to(st.kv[i][1].dtype)]))
-                    for i in range(L)]
-            # each row's state its own copy: a view would keep the whole batch's tensors alive for as
-            # long as any one row's state lives (gigabytes per pass at full size)
-            out.append(ModelState(st.pos + 1, kv_b, [None if s is None else s[b, 0].clone() for s in ssm],
-                                  [None if c is None else c[b, 0].to(st.conv[i].dtype, copy=True) for i, c in enumerate(conv)]))
+            kv_b = [None if kv[i] is None else (torch.cat([st.kv[i][0], kv[i][0][b:b + 1]]),
+                                                torch.cat([st.kv[i][1], kv[i][1][b:b + 1]])) for i in range(L)]
+            out.append(ModelState(st.pos + 1, kv_b, [None if s is None else s[b, 0] for s in ssm],
+                                  [None if c is None else c[b, 0] for c in conv]))
         return logits, out
 
     def verify_rows(self, states: list, trees: list, *, mode: str = "exact") -> list[VerifyResult]:
@@ -573,9 +577,9 @@ class HybridModel:
         B, T, P = seen.shape[0], seen.shape[1], seen.shape[2] - seen.shape[1]
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         q, k, v = self._qkv(p, x, rope)  # [B*T, nh | nkv, hd]
-        pad = torch.nn.utils.rnn.pad_sequence
-        Kp = pad([pk.to(q.dtype) for pk, _ in prefixes] + [k.new_zeros(P, nkv, hd)], batch_first=True)[:B]
-        Vp = pad([pv.to(q.dtype) for _, pv in prefixes] + [v.new_zeros(P, nkv, hd)], batch_first=True)[:B]
+        pad = torch.nn.utils.rnn.pad_sequence  # in the prefixes' dtype, converted once (not per row)
+        Kp = pad([pk for pk, _ in prefixes] + [prefixes[0][0].new_zeros(P, nkv, hd)], batch_first=True)[:B].to(q.dtype)
+        Vp = pad([pv for _, pv in prefixes] + [prefixes[0][1].new_zeros(P, nkv, hd)], batch_first=True)[:B].to(q.dtype)
         K = torch.cat([Kp, k.view(B, T, nkv, hd)], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)  # [B, nh, P+T, hd]
         Vv = torch.cat([Vp, v.view(B, T, nkv, hd)], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)
         o = F.scaled_dot_product_attention(q.view(B, T, nh, hd).transpose(1, 2), K, Vv, attn_mask=seen[:, None],

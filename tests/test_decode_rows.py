@@ -140,17 +140,21 @@ def test_prefill_requests_pad_chains_and_commit_each_at_its_end():
         _assert_states_close(g, m.prefill(c, state=st)[0])
 
 
-def test_rows_states_are_their_own_memory():
-    """The states decode_rows and commit_rows hand back are each row's own copies: a view into the
-    batch's tensors would keep all of it alive for as long as any one row's state lives (gigabytes
-    per pass at full size, once generations move on at different times)."""
+def test_states_kept_past_their_batch_are_their_own_memory():
+    """A state kept while others of its batch move on is its own copy (a view into the batch's tensors
+    would keep all of it alive: gigabytes per pass at full size): commit_rows' states (shadows and
+    committed states move on at different times), and greedy_rows' tips of rows that stop before the
+    others. decode_rows' own states are views (a pass is host-bound; its callers copy what they keep)."""
+    from ddsim.generate import GreedyRequest, greedy_rows
     cfg = get_preset("micro")
     m = HybridModel(cfg, init_weights(cfg, seed=0))
     states = [m.prefill(p[:-1])[0] for p in PROMPTS]
+
+    def own(st):
+        return all(x.untyped_storage().nbytes() == x.numel() * x.element_size() for x in st.ssm + st.conv if x is not None)
     _, after = m.decode_rows(states, [p[-1] for p in PROMPTS])
+    assert not any(own(st) for st in after)  # views, by design
     rows = m.verify_rows(states, TREES, mode="leaky")
-    committed = m.commit_rows(states, TREES, rows, [3, 2, 4])
-    for st in after + committed:
-        for x in st.ssm + st.conv:
-            if x is not None:
-                assert x.untyped_storage().nbytes() == x.numel() * x.element_size()
+    assert all(own(st) for st in m.commit_rows(states, TREES, rows, [3, 2, 4]))
+    tips = greedy_rows(m, [GreedyRequest(st, p[-1], n) for st, p, n in zip(states, PROMPTS, (1, 3, 2))])
+    assert own(tips[0][1]) and own(tips[2][1])  # stopped before the last row
