@@ -12,8 +12,8 @@ each phase as it first finishes and, every minute, the seconds per phase so far 
 digest, references, chain, decision-only generations, the leaky generations in lock step, with the
 oracle's share, its batch sizes and the memory after each batch, and the parts of a step), so a run
 cut off by the device's 10-minute limit still says how far it got. The audit at the size issue #10
-names (32 prompts x 16 steps) takes about half an hour on an H200 (RESULTS.md): more than one
-command; --prompts 32 --steps 4 is a quarter of it.
+names (32 prompts x 16 steps) comes to about 16.5 minutes on an H200 by its phases (RESULTS.md): more
+than one command; --prompts 32 --steps 4 is a quarter of it.
 
     python benchmarks/audit_full_size.py [--budgets 16,64] [--prompts 3] [--steps 2] [--commit SHA] [--out DIR]
                                          [--skip-oracle-by-node] [--skip-timing] [--skip-audit] [--memory-history]
