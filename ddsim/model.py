@@ -600,9 +600,12 @@ class HybridModel:
         path = tree.root_path(accepted)
         L = self.cfg.num_layers
         kv, ssm, conv = [None] * L, [None] * L, [None] * L
+        on = {}  # the path's rows on each device, copied there once (a copy per layer stalls the host)
         for i in self.cfg.attention_layers:
             k, v = res.kv[i]
-            rows = torch.tensor(path, device=k.device)
+            rows = on.get(k.device)
+            if rows is None:
+                rows = on[k.device] = torch.tensor(path, device=k.device)
             kv[i] = (torch.cat([state.kv[i][0], k[rows].to(state.kv[i][0].dtype)]),
                      torch.cat([state.kv[i][1], v[rows].to(state.kv[i][1].dtype)]))
         if res.ssm is not None:

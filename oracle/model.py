@@ -496,6 +496,24 @@ class _Held:
         return self.w.expert(k, e)
 
 
+class _Index:
+    """The batch's index lists, each made a tensor once per device it is used on: indexing a GPU
+    tensor with a Python list copies the list to the device at every use, a synchronous copy that
+    holds the host until the GPU has caught up (thousands of them per batch)."""
+
+    def __init__(self):
+        self.host, self.made = {}, {}
+
+    def add(self, key, values: list) -> None:
+        self.host[key] = values
+
+    def __call__(self, key, device) -> torch.Tensor:
+        t = self.made.get((key, device))
+        if t is None:
+            t = self.made[(key, device)] = torch.tensor(self.host[key], dtype=torch.long, device=device)
+        return t
+
+
 def _levels(trees, live):
     """The batch's schedule, the same for every layer: per depth, its rows [(tree, node)] (every live
     tree's nodes of that depth, trees in order, children in order under their parents in order) and
@@ -542,19 +560,29 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
         if d and valid is not None:
             valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)[parents]
         valids.append(valid)
-    by_tree = {}  # tree -> (its nodes, their batch rows)
+    ix = _Index()  # ("parents", d): each row's parent row; ("nodes"|"rows", j): tree j's nodes and their
+    # batch rows; ("nodes"|"rows", j, d): those of depth d, rows within the depth
+    by_tree = {}
     for r, (j, n) in enumerate(order):
         nodes, rows = by_tree.setdefault(j, ([], []))
         nodes.append(n)
         rows.append(r)
-    groups = []  # per depth: [(tree, its nodes of that depth, their rows within the depth)]
-    for rows, _ in levels:
+    for j, (nodes, rows) in by_tree.items():
+        ix.add(("nodes", j), nodes)
+        ix.add(("rows", j), rows)
+    groups = []  # per depth: the trees with nodes there
+    for d, (rows, parents) in enumerate(levels):
         g = {}
         for r, (j, n) in enumerate(rows):
             nodes, local = g.setdefault(j, ([], []))
             nodes.append(n)
             local.append(r)
-        groups.append([(j, nodes, local) for j, (nodes, local) in g.items()])
+        for j, (nodes, local) in g.items():
+            ix.add(("nodes", j, d), nodes)
+            ix.add(("rows", j, d), local)
+        if d:
+            ix.add(("parents", d), parents)
+        groups.append(list(g))
     tokens = torch.tensor([trees[j].tokens[n] for j, n in order])
     pos_all = torch.tensor([trees[j].pos + d for d, (rows, _) in enumerate(levels) for j, _ in rows])
     h = w.rows("embed", tokens) * cfg.embedding_multiplier  # [N, d]
@@ -569,62 +597,66 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
         else:
             out = torch.zeros_like(h)
             if kind in "ap":
-                out = out + _attention_out(lw, p, cfg, xn, _tree_attention(lw, p, cfg, xn, pos, kv0[i], levels, spans,
-                                                                            valids, trees, by_tree, i))
+                out = out + _attention_out(lw, p, cfg, xn, _tree_attention(lw, p, cfg, xn, pos, kv0[i], spans, valids,
+                                                                            trees, ix, i))
             if kind == "g":
                 xin, z, a, b = _gdn_proj(lw, p, cfg, xn)
                 o = _tree_recurrence(lambda sl, S, win: _gdn_core(lw, p, cfg, xin[sl], a[sl], b[sl], S, win),
-                                     ssm0[i], conv0[i], levels, spans, trees, groups, i, record_states)
+                                     ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
                 out = out + _gdn_out(lw, p, cfg, o, z)
             if kind in "mp":
                 z, xbc, dt_raw = _mamba2_proj(lw, p, cfg, xn)
                 o = _tree_recurrence(lambda sl, S, win: _mamba2_core(lw, p, cfg, xbc[sl], dt_raw[sl], S, win),
-                                     ssm0[i], conv0[i], levels, spans, trees, groups, i, record_states)
+                                     ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
                 out = out + _mamba2_out(lw, p, cfg, o, z)
             h = h + r_mul * out
             if cfg.layer_mlp:
                 h = h + r_mul * _mlp(lw, p, cfg, _rmsnorm(h, lw[p + "post_norm"], cfg.rms_norm_eps), i)
         hid = h.to(head)
-        for j, (nodes, rows) in by_tree.items():
-            trees[j].hidden[i, nodes] = hid[rows]
+        for j in by_tree:
+            trees[j].hidden[i, ix(("nodes", j), head)] = hid[ix(("rows", j), head)]
     lw = None  # the last layer's converted weights go before the LM head's are made
     h = h.to(head)
     logits = (_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps) @ w["lm_head"].T) / cfg.logits_scaling
-    for j, (nodes, rows) in by_tree.items():
-        trees[j].logits[nodes] = logits[rows]
+    for j in by_tree:
+        trees[j].logits[ix(("nodes", j), head)] = logits[ix(("rows", j), head)]
     return [t.result() for t in trees]
 
 
-def _tree_attention(w, p, cfg, xn, pos, root_kv, levels, spans, valids, trees, by_tree, i):
+def _tree_attention(w, p, cfg, xn, pos, root_kv, spans, valids, trees, ix, i):
     """Attention layer i over every node of the batch, xn [N, d] -> [N, nh * hd]: the projections of all
     rows at once, then depth by depth each row over its own prefix (root_kv, the roots' contexts) and
     its ancestors' keys and values at this layer. Records each node's key and value."""
     q, k, v = _attention_proj(w, p, cfg, xn, pos)
     o = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
-    ctx = root_kv
-    for d, ((_, parents), sl) in enumerate(zip(levels, spans)):
+    ctx, dev = root_kv, q.device
+    for d, sl in enumerate(spans):
         if d:  # each row's context: its parent's, grown by the parent's own key and value
-            before = spans[d - 1]
+            before, parents = spans[d - 1], ix(("parents", d), dev)
             ctx = (torch.cat([ctx[0], k[before][:, None]], 1)[parents], torch.cat([ctx[1], v[before][:, None]], 1)[parents])
-        o[sl] = _attention_core(cfg, q[sl], k[sl], v[sl], ctx[0], ctx[1], None if valids[d] is None else valids[d].to(q.device))
-    for j, (nodes, rows) in by_tree.items():
-        trees[j].kv[i][0][nodes], trees[j].kv[i][1][nodes] = k[rows], v[rows]
+        o[sl] = _attention_core(cfg, q[sl], k[sl], v[sl], ctx[0], ctx[1], None if valids[d] is None else valids[d].to(dev))
+    for j, t in enumerate(trees):
+        if t.parents:
+            nodes, rows = ix(("nodes", j), dev), ix(("rows", j), dev)
+            t.kv[i][0][nodes], t.kv[i][1][nodes] = k[rows], v[rows]
     return o
 
 
-def _tree_recurrence(core, S, win, levels, spans, trees, groups, i, record_states):
+def _tree_recurrence(core, S, win, spans, trees, groups, ix, i, record_states):
     """Recurrent layer i over every node, depth by depth: core(rows, S, window) -> (out, S', window')
     for the rows of one depth, each from its parent's state and window at this layer (the roots' S,
     win before depth 0). Returns every row's output [N, ...]; records each node's state and window
-    (groups[d]: each tree's nodes of depth d and their rows within it)."""
-    outs = []
-    for d, ((_, parents), sl) in enumerate(zip(levels, spans)):
+    (groups[d]: the trees with nodes of depth d)."""
+    outs, dev = [], S.device
+    for d, sl in enumerate(spans):
         if d:
+            parents = ix(("parents", d), dev)
             S, win = S[parents], win[parents]
         o, S, win = core(sl, S, win)
         outs.append(o)
         if record_states:
-            for j, nodes, local in groups[d]:
+            for j in groups[d]:
+                nodes, local = ix(("nodes", j, d), dev), ix(("rows", j, d), dev)
                 trees[j].ssm[i][nodes], trees[j].conv[i][nodes] = S[local], win[local]
     return torch.cat(outs)
 
