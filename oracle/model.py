@@ -504,13 +504,16 @@ class _Index:
     def __init__(self):
         self.host, self.made = {}, {}
 
-    def add(self, key, values: list) -> None:
+    def add(self, key, values) -> None:
+        """values: a list of indices, or a (host) tensor."""
         self.host[key] = values
 
     def __call__(self, key, device) -> torch.Tensor:
         t = self.made.get((key, device))
         if t is None:
-            t = self.made[(key, device)] = torch.tensor(self.host[key], dtype=torch.long, device=device)
+            v = self.host[key]
+            t = self.made[(key, device)] = (v.to(device) if isinstance(v, torch.Tensor)
+                                            else torch.tensor(v, dtype=torch.long, device=device))
         return t
 
 
@@ -561,7 +564,8 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
             valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)[parents]
         valids.append(valid)
     ix = _Index()  # ("parents", d): each row's parent row; ("nodes"|"rows", j): tree j's nodes and their
-    # batch rows; ("nodes"|"rows", j, d): those of depth d, rows within the depth
+    # batch rows; ("nodes"|"rows", j, d): those of depth d, rows within the depth; ("valid", d): its
+    # rows' context masks
     by_tree = {}
     for r, (j, n) in enumerate(order):
         nodes, rows = by_tree.setdefault(j, ([], []))
@@ -582,6 +586,8 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
             ix.add(("rows", j, d), local)
         if d:
             ix.add(("parents", d), parents)
+        if valids[d] is not None:
+            ix.add(("valid", d), valids[d])
         groups.append(list(g))
     tokens = torch.tensor([trees[j].tokens[n] for j, n in order])
     pos_all = torch.tensor([trees[j].pos + d for d, (rows, _) in enumerate(levels) for j, _ in rows])
@@ -634,7 +640,7 @@ def _tree_attention(w, p, cfg, xn, pos, root_kv, spans, valids, trees, ix, i):
         if d:  # each row's context: its parent's, grown by the parent's own key and value
             before, parents = spans[d - 1], ix(("parents", d), dev)
             ctx = (torch.cat([ctx[0], k[before][:, None]], 1)[parents], torch.cat([ctx[1], v[before][:, None]], 1)[parents])
-        o[sl] = _attention_core(cfg, q[sl], k[sl], v[sl], ctx[0], ctx[1], None if valids[d] is None else valids[d].to(dev))
+        o[sl] = _attention_core(cfg, q[sl], k[sl], v[sl], ctx[0], ctx[1], None if valids[d] is None else ix(("valid", d), dev))
     for j, t in enumerate(trees):
         if t.parents:
             nodes, rows = ix(("nodes", j), dev), ix(("rows", j), dev)
