@@ -17,11 +17,10 @@ from ddsim.tree import Tree
 
 def _rel_rows_on_device(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """Row-wise ||a - ref|| / ||ref|| over all but the first dim, on ref's device: [T, ...] -> [T] float64.
-    Computed in the wider of the two dtypes (the oracle's: float64 on the CPU, float32 on a GPU,
-    where a per-node state set is gigabytes): the difference of two values of that dtype is exactly
-    rounded, and the norms carry that dtype's relative rounding, far below any error reported."""
-    dt = torch.promote_types(torch.promote_types(a.dtype, ref.dtype), torch.float32)
-    a, ref = a.to(ref.device, dt).flatten(1), ref.to(dt).flatten(1)
+    Computed in the wider of the two dtypes (type promotion: the oracle's, float64 on the CPU and
+    float32 on a GPU, where a per-node state set is gigabytes): the difference of two values of that
+    dtype is exactly rounded, and the norms carry its relative rounding, far below any error reported."""
+    a, ref = a.to(ref.device).flatten(1), ref.flatten(1)
     num = torch.linalg.vector_norm(a - ref, dim=1).double()
     den = torch.linalg.vector_norm(ref, dim=1).double()
     return torch.where(den > 0, num / den.clamp_min(1e-300), torch.where(num > 0, torch.inf, 0.0))
