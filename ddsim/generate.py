@@ -277,17 +277,15 @@ def prefill_requests(model, requests) -> list:
     to), verified by ``model.verify_rows`` and committed at each chain's own last node
     (``model.commit_rows``): the same states within the arithmetic's rounding."""
     out = [None] * len(requests)
-    todo = []
-    for k, q in enumerate(requests):
-        if q.tokens:
-            todo.append(k)
-        else:
-            out[k] = q.state
-    if len(todo) == 1:
-        q = requests[todo[0]]
-        out[todo[0]] = model.prefill(list(q.tokens), state=q.state)[0]
-        return out
+    todo = [k for k, q in enumerate(requests) if q.tokens]
     n = max((len(requests[k].tokens) for k in todo), default=1)
+    for k, q in enumerate(requests):
+        if not q.tokens:
+            out[k] = q.state
+        elif len(todo) == 1 or q.state.pos + n > model.cfg.max_position_embeddings:
+            # alone, or a chain whose padding would run past the model's positions: its own prefill
+            out[k] = model.prefill(list(q.tokens), state=q.state)[0]
+    todo = [k for k in todo if out[k] is None]
     per = max(1, MAX_VERIFY_ROWS // n)
     for lo in range(0, len(todo), per):
         ks = todo[lo:lo + per]
@@ -479,9 +477,10 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                 attribution: tuple[str, ...] = (), keep_trees: bool = False, serving=None,
                 on_step: Callable[[StepRecord], None] | None = None, timings: dict | None = None):
     """One speculative generation (arguments checked) as a generator: yields a GreedyRequest when its
-    synthetic drafter needs the target's greedy continuation (and the reference does not give it) and
-    is sent the tokens; yields an OracleRequest per step when measure="full" and is sent its
-    OracleResult (computed by the caller from ``weights``); with measure="decisions" yields a
+    synthetic drafter needs the target's greedy continuation (and neither the reference nor its own
+    continuation so far gives it) and is sent the tokens and the continuation's tip; yields an
+    OracleRequest per step when measure="full" and is sent its OracleResult (computed by the caller
+    from ``weights``); with measure="decisions" yields a
     VerifyRequest for each serving verify (its mode's, then exact's from the same state) and is sent
     the VerifyResult, and a CommitRequest for the commit of its mode's, and is sent the state; yields a
     PrefillRequest, before a GreedyRequest, to move the drafter's exact shadow context on by the tokens

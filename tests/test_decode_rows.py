@@ -158,3 +158,16 @@ def test_states_kept_past_their_batch_are_their_own_memory():
     assert all(own(st) for st in m.commit_rows(states, TREES, rows, [3, 2, 4]))
     tips = greedy_rows(m, [GreedyRequest(st, p[-1], n) for st, p, n in zip(states, PROMPTS, (1, 3, 2))])
     assert own(tips[0][1]) and own(tips[2][1])  # stopped before the last row
+
+
+def test_prefill_requests_never_pad_past_the_models_positions():
+    """A chain whose padding to the batch's longest would run past the model's last position is
+    prefilled on its own (the padding is the batch's, not the request's)."""
+    from ddsim.generate import PrefillRequest, prefill_requests
+    cfg = get_preset("micro")
+    m = HybridModel(cfg, init_weights(cfg, seed=0))
+    near_end = m.prefill([1] * (cfg.max_position_embeddings - 3))[0]  # room for 3 more tokens
+    short = m.prefill([2, 3])[0]
+    got = prefill_requests(m, [PrefillRequest(near_end, [4, 5]), PrefillRequest(short, [6, 7, 8, 9, 5])])
+    _assert_states_close(got[0], m.prefill([4, 5], state=near_end)[0])
+    _assert_states_close(got[1], m.prefill([6, 7, 8, 9, 5], state=short)[0])
