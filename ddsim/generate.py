@@ -377,23 +377,17 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
         return out
     helper = kw.get("serving") or model
 
-    def decode(reqs):
-        with timed(timings, "drafter's greedy continuations", model.device):
-            return greedy_rows(helper, reqs)
-
-    def verify_batch(reqs):
-        with timed(timings, "fast-path verifies", model.device):
-            return verify_requests(model, reqs)
-
-    def commit_batch(reqs):
-        with timed(timings, "commits", model.device):
-            return commit_requests(model, reqs)
-
-    def prefill_batch(reqs):
-        with timed(timings, "drafter's greedy continuations", model.device):
-            return prefill_requests(helper, reqs)
-    return run_lockstep(gens, answer, max_trees=max_trees, decode=decode, verify=verify_batch, commit=commit_batch,
-                        prefill=prefill_batch)
+    def handler(part: str, answer_all, on):
+        """A batch of requests -> answer_all(on, requests), its wall time added to the step part."""
+        def run(reqs):
+            with timed(timings, part, model.device):
+                return answer_all(on, reqs)
+        return run
+    greedy = "drafter's greedy continuations"
+    return run_lockstep(gens, answer, max_trees=max_trees, decode=handler(greedy, greedy_rows, helper),
+                        prefill=handler(greedy, prefill_requests, helper),
+                        verify=handler("fast-path verifies", verify_requests, model),
+                        commit=handler("commits", commit_requests, model))
 
 
 def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, max_trees=None,

@@ -517,6 +517,16 @@ class _Index:
         return t
 
 
+def _by_tree(rows) -> dict:
+    """{tree: (its nodes, their places in ``rows``)} of rows [(tree, node), ...], trees in order seen."""
+    out = {}
+    for r, (j, n) in enumerate(rows):
+        nodes, places = out.setdefault(j, ([], []))
+        nodes.append(n)
+        places.append(r)
+    return out
+
+
 def _levels(trees, live):
     """The batch's schedule, the same for every layer: per depth, its rows [(tree, node)] (every live
     tree's nodes of that depth, trees in order, children in order under their parents in order) and
@@ -566,21 +576,13 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
     ix = _Index()  # ("parents", d): each row's parent row; ("nodes"|"rows", j): tree j's nodes and their
     # batch rows; ("nodes"|"rows", j, d): those of depth d, rows within the depth; ("valid", d): its
     # rows' context masks
-    by_tree = {}
-    for r, (j, n) in enumerate(order):
-        nodes, rows = by_tree.setdefault(j, ([], []))
-        nodes.append(n)
-        rows.append(r)
+    by_tree = _by_tree(order)
     for j, (nodes, rows) in by_tree.items():
         ix.add(("nodes", j), nodes)
         ix.add(("rows", j), rows)
     groups = []  # per depth: the trees with nodes there
     for d, (rows, parents) in enumerate(levels):
-        g = {}
-        for r, (j, n) in enumerate(rows):
-            nodes, local = g.setdefault(j, ([], []))
-            nodes.append(n)
-            local.append(r)
+        g = _by_tree(rows)
         for j, (nodes, local) in g.items():
             ix.add(("nodes", j, d), nodes)
             ix.add(("rows", j, d), local)
