@@ -14,7 +14,6 @@ reference's choice led by no more than that is counted apart, as possibly the ar
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -168,34 +167,26 @@ def audit_prompts(ac: AuditConfig, cfg, encoder) -> list[list[int]]:
     return [rng.integers(0, cfg.vocab_size, ac.prompt_len).tolist() for _ in range(ac.n_prompts)]
 
 
-def weights_digest(ac: AuditConfig, weights: dict, *, workers: int = 16) -> str:
+def weights_digest(ac: AuditConfig, weights: dict) -> str:
     """sha256 of what was audited: a checkpoint's config.json and weight files (read back from disk,
     so ``gate --model DIR`` can check a report without loading the model), or a preset's generated
     tensors: the sha256 of the lines "name:dtype:shape:sha256 of the tensor's bytes", in name order
-    (the tensors hashed by ``workers`` threads: a full-size preset is 50 GB). GPU tensors are copied out on a
-    stream of their own, which first waits for the work queued so far (the weights' making). Taken in
-    the foreground: run beside the audit (tried on the H200), its threads' interpreter-lock traffic
-    slowed the audit's eager passes more than the digest's ~40 s."""
+    (the tensors hashed in parallel: a full-size preset is 50 GB). Taken in the foreground: run in a
+    thread beside the audit (tried on the H200), its threads' interpreter-lock traffic slowed the
+    audit's host-bound eager passes by more than the digest's ~40 s."""
     if ac.model_path:
         from ddsim.checkpoint import checkpoint_digest
         return checkpoint_digest(ac.model_path)
-    streams = {}
-    for t in weights.values():
-        if t.device.type == "cuda" and t.device not in streams:
-            streams[t.device] = torch.cuda.Stream(t.device)
-            streams[t.device].wait_stream(torch.cuda.current_stream(t.device))
 
     def tensor_digest(t: torch.Tensor) -> str:
         h = hashlib.sha256()
         flat = t.detach().reshape(-1)
         step = max(1, (64 << 20) // max(1, t.element_size()))  # 64 MiB at a time through the host
-        side = streams.get(t.device)
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            for i in range(0, flat.numel(), step):
-                h.update(memoryview(flat[i:i + step].contiguous().cpu().view(torch.uint8).numpy()))
+        for i in range(0, flat.numel(), step):
+            h.update(memoryview(flat[i:i + step].contiguous().cpu().view(torch.uint8).numpy()))
         return h.hexdigest()
     names = sorted(weights)
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(names)))) as pool:  # hashlib releases the GIL
+    with ThreadPoolExecutor(max_workers=min(16, len(names) or 1)) as pool:  # hashlib releases the GIL
         digests = list(pool.map(tensor_digest, (weights[n] for n in names)))
     h = hashlib.sha256()
     for name, d in zip(names, digests):

@@ -356,8 +356,8 @@ class GraphedModel:
                 body()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            # thread-local capture: another thread's CUDA calls (the audit digests the weights in the
-            # background, copying them out on its own stream) must not invalidate this capture
+            # thread-local capture: another thread's CUDA calls (a weight digest copying tensors out
+            # beside the audit did, on the H200) must not invalidate this capture
             with torch.cuda.graph(graph, pool=cap.pool, capture_error_mode="thread_local"), _no_grad():
                 body()
             setattr(cap, name, graph)

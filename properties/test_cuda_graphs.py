@@ -167,8 +167,8 @@ def test_verify_rows_and_commit_rows_on_the_gpu_equal_each_trees_own(preset, mod
 
 
 def test_a_capture_survives_another_threads_copies():
-    """The audit digests the weights in a background thread (device-to-host copies on its own stream)
-    while the main thread captures its graphs: a global-mode capture is invalidated by them."""
+    """Another thread copying device memory out (on its own stream: a weight digest run beside the
+    audit did) while the main thread captures its graphs: a global-mode capture is invalidated."""
     import threading
     cfg = get_preset("tiny")
     m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda")
