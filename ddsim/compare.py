@@ -59,3 +59,14 @@ def assert_close(name: str, actual, expected, *, dtype=None, slack: float = 1.0)
     if not c.ok:
         raise AssertionError(str(c))
     return c
+
+
+def assert_per_node_close(got, want, recurrent_layers, *, msg: str = "", **tol) -> None:
+    """Two verify results with per-node states (ddsim.model.VerifyResult) equal within ``tol``
+    (torch.testing.assert_close's rtol and atol): logits, hidden states, and every recurrent layer's
+    per-node states and conv windows."""
+    pairs = [("logits", got.logits, want.logits), ("hidden", got.hidden, want.hidden)]
+    pairs += [(f"layer {i} {name}", g[i], w[i]) for i in recurrent_layers
+              for name, g, w in (("states", got.ssm, want.ssm), ("windows", got.conv, want.conv))]
+    for name, g, w in pairs:
+        torch.testing.assert_close(g, w, **tol, msg=lambda s, name=name: f"{msg}{name}: {s}")

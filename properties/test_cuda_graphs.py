@@ -6,6 +6,7 @@ buffer gives another tree's logits, which these comparisons catch."""
 import pytest
 import torch
 
+from ddsim.compare import assert_per_node_close
 from ddsim.config import get_preset
 from ddsim.errors import InputError
 from ddsim.graphs import GraphedModel
@@ -60,11 +61,7 @@ def test_replays_with_per_node_states_equal_the_eager_verify(preset, dtype):
     for mode in ("exact", "leaky", "leaky-state", "leaky-conv"):
         for step, t in enumerate(TREES + [deep, TREES[0]]):
             a, b = m.verify(st, t, mode=mode), gm.verify(st, t, mode=mode, keep_states=True)
-            torch.testing.assert_close(b.logits, a.logits, **tol, msg=lambda s: f"{mode} tree {step}: {s}")
-            torch.testing.assert_close(b.hidden, a.hidden, **tol)
-            for i in cfg.recurrent_layers:
-                torch.testing.assert_close(b.ssm[i], a.ssm[i], **tol)
-                torch.testing.assert_close(b.conv[i], a.conv[i], **tol)
+            assert_per_node_close(b, a, cfg.recurrent_layers, msg=f"{mode} tree {step}: ", **tol)
             sa, sb = m.commit(st, t, a, 6), gm.commit(st, t, b, 6)
             for i in cfg.recurrent_layers:
                 torch.testing.assert_close(sb.ssm[i], sa.ssm[i], **tol)

@@ -5,6 +5,7 @@ properties/test_cuda_graphs.py)."""
 import pytest
 import torch
 
+from ddsim.compare import assert_per_node_close
 from ddsim.config import get_preset
 from ddsim.errors import InputError
 from ddsim.generate import TreePolicy, speculative
@@ -72,11 +73,7 @@ def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
     for mode in ("exact", "leaky"):
         for t in TREES + [deep]:
             b, full = gm.verify(st, t, mode=mode, keep_states=True), ref.verify(st, t, mode=mode)
-            torch.testing.assert_close(b.logits, full.logits, **tol)
-            torch.testing.assert_close(b.hidden, full.hidden, **tol)
-            for i in cfg.recurrent_layers:
-                torch.testing.assert_close(b.ssm[i], full.ssm[i], **tol)
-                torch.testing.assert_close(b.conv[i], full.conv[i], **tol)
+            assert_per_node_close(b, full, cfg.recurrent_layers, msg=f"{mode}: ", **tol)
             sb, sf = gm.commit(st, t, b, 5), ref.commit(st, t, full, 5)
             for i in cfg.recurrent_layers:
                 torch.testing.assert_close(sb.ssm[i], sf.ssm[i], **tol)
