@@ -448,11 +448,6 @@ class _TreeOut:
                 self.conv[i][nodes] = conv2[i][rows]
 
 
-def _take(rows, xs):
-    """Rows ``rows`` of every layer's batched state (kv pairs, S or windows)."""
-    return [None if x is None else ((x[0][rows], x[1][rows]) if isinstance(x, tuple) else x[rows]) for x in xs]
-
-
 def _stack_roots(cfg, trees):
     """The committed states of every tree as one batch, a row each: kv contexts padded to the longest
     (ctx_valid [n, m] marks the real entries; None when every context has the same length), ssm, conv."""
@@ -674,10 +669,10 @@ def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_stat
     """Every node of the block computed from its own root path, one decode step per node from its
     parent's exact state.
 
-    order "level" (default): the nodes of one depth decoded together as one batch, each row from its
-    parent's exact state (a level's rows share their position and context length, so they stack
-    without padding); only two levels' states are alive besides what is recorded (``verify_trees``
-    with one tree).
+    order "level" (default): ``verify_trees`` with one tree: layer by layer, the nodes of one depth
+    decoded together as one batch at each layer, each row from its parent's exact state at that layer
+    (a level's rows share their position and context length, so they stack without padding); only one
+    layer's states of two depths are alive besides what is recorded.
     order "node": one node at a time, depth-first (besides what is recorded, only the states along
     the current root path and its pending siblings' parents are alive). Both are the same per-node
     computation; they differ only in reassociation of batched matrix products.
