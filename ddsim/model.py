@@ -640,18 +640,9 @@ class HybridModel:
             return [self.commit(st, t, r, a) for st, t, r, a in zip(states, trees, results, accepted)]
         for t, r, a in zip(trees, results, accepted):
             self._check_commit(t, r, a)
-        T = trees[0].size
-        source = {"exact": [list(t.parents) for t in trees], "leaky": [list(range(-1, T - 1))] * B}
-        plans = {}
-
-        def tables(d):
-            if d not in plans:
-                plans[d] = ({m: gb.TreePlan(torch.tensor(source[m], device=d)) for m in set(_LAYER_MODES[batch.mode])},
-                            gb.checked_accepted([int(a) for a in accepted], B, T, d))
-            return plans[d]
         ssm, conv = self._replay(lambda i: (torch.stack([st.ssm[i] for st in states]),
                                             torch.stack([st.conv[i] for st in states])),
-                                 batch.mode, batch.commit_inputs, tables)
+                                 batch.mode, batch.commit_inputs, _replay_tables(trees, accepted, batch.mode))
         return [self.commit(st, t, r, a, replay=lambda *_, b=b, st=st: (  # copies: see decode_rows
             [None if x is None else x[b].clone() for x in ssm],
             [None if x is None else x[b].to(st.conv[i].dtype, copy=True) for i, x in enumerate(conv)]))
@@ -661,15 +652,7 @@ class HybridModel:
         """(ssm, conv) per layer after node ``accepted``, replayed along res.mode's source paths (the
         tree's parents, or the batch order for a leaky recurrence or conv) from the inputs kept.
         The source orders the mode uses are planned, and the accepted index checked, once per device."""
-        source = {"exact": list(tree.parents), "leaky": list(range(-1, tree.size - 1))}
-        plans = {}
-
-        def tables(d):
-            if d not in plans:
-                plans[d] = ({m: gb.TreePlan(torch.tensor(source[m], device=d)[None]) for m in set(_LAYER_MODES[res.mode])},
-                            gb.checked_accepted([accepted], 1, tree.size, d))
-            return plans[d]
-        return self.replay_states(state, res.mode, res.commit_inputs, tables)
+        return self.replay_states(state, res.mode, res.commit_inputs, _replay_tables([tree], [accepted], res.mode))
 
     def replay_states(self, state: ModelState, mode: str, commit_inputs: list, tables):
         """(ssm, conv) per recurrent layer: each layer's commit kernels over its CommitInputs from
@@ -702,3 +685,19 @@ class HybridModel:
                                                    parents=plans[rec_mode], accepted=acc, initial_state=S0,
                                                    backend=self.backend)
         return ssm, conv
+
+
+def _replay_tables(trees: list, accepted: list, mode: str):
+    """tables(d) for HybridModel._replay of B trees of one size: ({source order: its TreePlan [B, T]}
+    for the orders ``mode`` uses (the trees' parents, "exact"; the batch order, "leaky"), the accepted
+    nodes checked), built once per device."""
+    B, T = len(trees), trees[0].size
+    source = {"exact": [list(t.parents) for t in trees], "leaky": [list(range(-1, T - 1))] * B}
+    plans = {}
+
+    def tables(d):
+        if d not in plans:
+            plans[d] = ({m: gb.TreePlan(torch.tensor(source[m], device=d)) for m in set(_LAYER_MODES[mode])},
+                        gb.checked_accepted([int(a) for a in accepted], B, T, d))
+        return plans[d]
+    return tables
