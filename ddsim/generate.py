@@ -87,15 +87,14 @@ def reference_decode(model: HybridModel, prompt, n_tokens: int, *, temperature: 
 def reference_rows(model: HybridModel, prompts, n_tokens: int, *, temperature: float = 0.0,
                    seed: int = 0) -> list[tuple[list[int], list[float]]]:
     """reference_decode() of every prompt, decoded together: each step one token of every prompt in
-    one pass (HybridModel.decode_rows). Every prompt is checked before any work."""
+    one pass, the rows packed once (``model.decoder``). Every prompt is checked before any work."""
     prompts = [_check_prompt(model, p, n_tokens) for p in prompts]
-    states = [model.prefill(p[:-1])[0] for p in prompts]
+    dec = model.decoder([model.prefill(p[:-1])[0] for p in prompts], steps=n_tokens)
     roots = [p[-1] for p in prompts]
     out = [([], []) for _ in prompts]
-    for _ in range(n_tokens):
-        positions = [st.pos for st in states]  # each root's own position (the sampling noise's)
-        logits, states = model.decode_rows(states, roots)
-        scores = decision_scores(logits, positions, temperature=temperature, seed=seed)
+    for t in range(n_tokens):
+        positions = [len(p) - 1 + t for p in prompts]  # each root's own position (the sampling noise's)
+        scores = decision_scores(dec.step(roots), positions, temperature=temperature, seed=seed)
         roots = [int(x) for x in scores.argmax(-1)]
         lead = decision_margins(scores).tolist()
         for (toks, margins), r, m in zip(out, roots, lead):
@@ -106,19 +105,21 @@ def reference_rows(model: HybridModel, prompts, n_tokens: int, *, temperature: f
 
 def greedy_rows(model: HybridModel, requests) -> list[tuple[list[int], object]]:
     """The target's greedy continuation of ``q.n`` tokens after ``q.root`` from each exact ``q.state``
-    (GreedyRequests), the tokens of a step of every request still decoding in one pass
-    (HybridModel.decode_rows). Returns per request (its tokens y_1..y_n, its tip: the state after
+    (GreedyRequests), one token of every request per pass, the rows packed once (``model.decoder``:
+    a ddsim.graphs.GraphedModel replays the passes from a CUDA graph). Returns per request (its tokens y_1..y_n, its tip: the state after
     root, y_1..y_{n-1}, from which feeding y_n continues the same greedy path)."""
-    states, roots = [q.state for q in requests], [int(q.root) for q in requests]
-    out = [[] for _ in requests]
-    for t in range(max(q.n for q in requests)):
-        live = [b for b, q in enumerate(requests) if t < q.n]
-        logits, after = model.decode_rows([states[b] for b in live], [roots[b] for b in live])
-        for b, st, y in zip(live, after, logits.argmax(-1).tolist()):
-            # a row that stops here keeps its tip: copied out of the pass (decode_rows' states are views)
-            states[b], roots[b] = (st.clone() if t == requests[b].n - 1 and len(live) > 1 else st), int(y)
-            out[b].append(int(y))
-    return list(zip(out, states))
+    n = max(q.n for q in requests)
+    dec = model.decoder([q.state for q in requests], steps=n)
+    roots, out, tips = [int(q.root) for q in requests], [[] for _ in requests], [q.state for q in requests]
+    for t in range(n):
+        # every row decodes until the longest is done (a row's passes past its own n are never read)
+        for b, y in enumerate(dec.step(roots).argmax(-1).tolist()):
+            if t < requests[b].n:
+                out[b].append(int(y))
+                if t == requests[b].n - 1:  # the tip: after root, y_1..y_{n-1}, copied out of the buffers
+                    tips[b] = dec.state(b)
+            roots[b] = int(y)
+    return list(zip(out, tips))
 
 
 def greedy_continuation(model: HybridModel, state, root: int, n: int) -> list[int]:

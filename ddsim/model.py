@@ -468,40 +468,75 @@ class HybridModel:
         return out, None, None, CommitInputs(xbc, x=xs, dt=dt, B=Bm)
 
     # ---- several sequences in one pass: batched decode and batched serving verify --------------
+    def decoder(self, states: list, *, steps: int):
+        """A ddsim.decode.RowDecoder of ``states`` for ``steps`` one-token passes: the rows packed into
+        fresh buffers once, each pass eager (``decode_pass``)."""
+        from ddsim.decode import DecodeBuffers, RowDecoder
+        if not states:
+            raise InputError("decoder: no states (at least one row)")
+        buf = DecodeBuffers(self, len(states), max(st.pos for st in states) + max(1, steps))
+        return RowDecoder(self, buf, states, run=lambda: self.decode_pass(buf))
+
     def decode_rows(self, states: list, tokens) -> tuple[torch.Tensor, list]:
         """One token for each of B sequences, row b from its own committed ``states[b]``: what a
         serving stack's batched decode does, and what ``verify`` of the one-node tree [tokens[b]] then
         ``commit`` of it does per row (the products run over B rows instead of one: the same within
         the arithmetic's rounding). Returns (logits [B, vocab] float32, the state after each row's
-        token). The audit decodes every prompt's reference, and every generation's greedy
-        continuation, this way: one pass over the weights for all of them. Each row's recurrent
-        state and window are views into the pass's batch tensors (no copy per row and layer: a pass
-        is host-bound): a caller that keeps one row's state past the others' copies it
-        (``ModelState.clone``), or the whole batch stays alive with it."""
+        token). Each row's state is a view into the pass's buffers (no copy per row and layer: a
+        pass is host-bound): a caller that keeps one row's state past the others' copies it
+        (``ModelState.clone``), or the whole batch stays alive with it. A run of tokens is decoded
+        by one ``decoder`` (the rows packed once)."""
         B = len(states)
         if B == 0 or len(tokens) != B:
             raise InputError(f"decode_rows: {B} states and {len(tokens)} tokens (one each, at least one)")
+        dec = self.decoder(states, steps=1)
+        logits = dec.step(tokens)
+        return logits, [dec.state(b, copy=False) for b in range(B)]
+
+    def decode_pass(self, buf, *, advance: bool = True) -> torch.Tensor:
+        """One token of each of ``buf``'s rows (ddsim.decode.DecodeBuffers: buf.tokens at
+        buf.positions [B]) -> logits [B, vocab] float32. Every row's new key and value are written at its
+        position (attention then reads the row's slots up to it); with ``advance`` each recurrent
+        layer's state and window move on in place (without it, only the keys and values are written,
+        which a repeated pass writes the same: a CUDA graph's warm-up)."""
         cfg = self.cfg
-        toks = [int(t) for t in tokens]
-        if max(toks) >= cfg.vocab_size or min(toks) < 0:
-            raise InputError(f"decode_rows: a token outside the vocabulary ({cfg.vocab_size})")
-        if max(st.pos for st in states) >= cfg.max_position_embeddings:
-            raise InputError(f"decode_rows: a position beyond the model's {cfg.max_position_embeddings}")
-        L = cfg.num_layers
-        h, kv, ssm, conv, _ = self._pass_rows(states, toks, [[-1]] * B, [st.pos for st in states],
-                                              torch.ones(B, 1, 1, dtype=torch.bool), "exact", keep_states=True)
-        logits = self.head(h)
-        # the new keys and values in the states' dtype, one conversion per layer (not per row)
-        kv = [None if x is None else (x[0].to(states[0].kv[i][0].dtype), x[1].to(states[0].kv[i][1].dtype))
-              for i, x in enumerate(kv)]
-        conv = [None if c is None else c.to(states[0].conv[i].dtype) for i, c in enumerate(conv)]
-        out = []
-        for b, st in enumerate(states):
-            kv_b = [None if kv[i] is None else (torch.cat([st.kv[i][0], kv[i][0][b:b + 1]]),
-                                                torch.cat([st.kv[i][1], kv[i][1][b:b + 1]])) for i in range(L)]
-            out.append(ModelState(st.pos + 1, kv_b, [None if s is None else s[b, 0] for s in ssm],
-                                  [None if c is None else c[b, 0] for c in conv]))
-        return logits, out
+        tables = {}
+
+        def on(d):  # (plan, RoPE of the positions, positions [B], row indices [B], slots seen [B, capacity])
+            if d not in tables:
+                plan, rows, slots = buf.tables(d)
+                pos = buf.positions.to(d)
+                tables[d] = (plan, Rope(pos), pos, rows, slots[None, :] <= pos[:, None])
+            return tables[d]
+        h = self.embed_tokens(buf.tokens)  # [B, d]
+        for i, kind in enumerate(cfg.layer_pattern):
+            h = h.to(self.layer_devices[i])
+            plan, rope, pos, rows, seen = on(h.device)
+            attend = lambda p, xn, i=i, t=(rope, pos, rows, seen): self._attention_decode(  # noqa: E731
+                p, xn, *t, kv=buf.kv[i])
+            with _current(h.device):
+                h, _, S, win, _ = self._layer(i, kind, f"layers.{i}.", h, attend, buf.ssm[i], buf.conv[i], plan,
+                                              "exact", "exact", True)
+                if advance and S is not None:
+                    buf.ssm[i].copy_(S[:, 0])  # [B, ...]
+                    buf.conv[i].copy_(win[:, 0])
+        return self.head(h)
+
+    def _attention_decode(self, p, x, rope: Rope, pos, rows, seen, *, kv):
+        """One token of each of B rows, x [B, d], at positions pos [B]: its key and value written into
+        the row's slot pos of kv = (K, V) [B, capacity, nkv, hd], then attention over the row's slots
+        seen [B, capacity] (bool: 0..pos) -> (out [B, d], k, v)."""
+        cfg = self.cfg
+        B, nh, nkv, hd = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q, k, v = self._qkv(p, x, rope)  # [B, nh | nkv, hd]
+        K, V = kv
+        K.index_put_((rows, pos), k.to(K.dtype))
+        V.index_put_((rows, pos), v.to(V.dtype))
+        Kq = K.to(q.dtype).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)  # [B, nh, capacity, hd]
+        Vq = V.to(q.dtype).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)
+        o = F.scaled_dot_product_attention(q[:, :, None], Kq, Vq, attn_mask=seen[:, None, None, :],
+                                           scale=cfg.attention_scale or 1.0 / math.sqrt(hd))  # [B, nh, 1, hd]
+        return self._attend_out(p, x, o.reshape(B, nh * hd)), k, v
 
     def verify_rows(self, states: list, trees: list, *, mode: str = "exact") -> list[VerifyResult]:
         """The serving verify (``verify(..., keep_states=False)``) of B trees of the same size in one

@@ -189,3 +189,36 @@ def test_a_capture_survives_another_threads_copies():
         stop.set()
         t.join()
     assert len(gm.captured()) == 2
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_replayed_decode_passes_equal_the_eager_decoder(preset, dtype):
+    """GraphedModel.decoder (the audit's references and greedy continuations replayed from one graph per
+    (rows, capacity)) against the model's eager decoder, step after step: logits and every row's state.
+    The warm-up before the capture must leave the states where they were (a pass applied twice would
+    show at the first step); a second decoder of the same key (other rows, other positions) replays the
+    same graph from its own rows."""
+    cfg = get_preset(preset)
+    m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=dtype)
+    gm = GraphedModel(m)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for prompts in (([3, 1, 4, 1, 5], [9, 2], [7] * 9), ([2, 7, 1, 8], [2, 8, 1, 8, 2, 8], [4], [5, 9])):
+        states = [m.prefill(p)[0] for p in prompts]
+        eager, replayed = m.decoder(states, steps=5), gm.decoder(states, steps=5)
+        assert replayed.buffers.rows == 4
+        roots = [6, 5, 4, 3][: len(prompts)]
+        for step in range(5):
+            a, b = eager.step(roots), replayed.step(roots)
+            assert torch.isfinite(b).all()
+            torch.testing.assert_close(b, a, **tol, msg=lambda s: f"step {step}: {s}")
+            for r in range(len(prompts)):
+                sa, sb = eager.state(r, copy=False), replayed.state(r, copy=False)
+                assert sa.pos == sb.pos
+                for i in cfg.recurrent_layers:
+                    torch.testing.assert_close(sb.ssm[i], sa.ssm[i], **tol)
+                    torch.testing.assert_close(sb.conv[i], sa.conv[i], **tol)
+                for i in cfg.attention_layers:
+                    torch.testing.assert_close(sb.kv[i][0], sa.kv[i][0], **tol)
+            roots = [int(x) for x in a.argmax(-1)]
+    assert gm._decode.graph is not None

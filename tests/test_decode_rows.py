@@ -171,3 +171,76 @@ def test_prefill_requests_never_pad_past_the_models_positions():
     got = prefill_requests(m, [PrefillRequest(near_end, [4, 5]), PrefillRequest(short, [6, 7, 8, 9, 5])])
     _assert_states_close(got[0], m.prefill([4, 5], state=near_end)[0])
     _assert_states_close(got[1], m.prefill([6, 7, 8, 9, 5], state=short)[0])
+
+
+def _one_node_step(m, st, root):
+    """verify + commit of the one-node tree [root]: the plain decode step the decoders must equal."""
+    t = chain([root])
+    res = m.verify(st, t, mode="exact")
+    return res.logits[0], m.commit(st, t, res, 0)
+
+
+@pytest.mark.parametrize("preset,backend", [("micro", None), ("micro-mamba2", "triton"), ("tiny", None)])
+@pytest.mark.parametrize("graphed", [False, True])
+def test_a_decoder_runs_many_steps_from_rows_packed_once(preset, backend, graphed):
+    """model.decoder (the audit's references and greedy continuations): the rows packed once, each step
+    writing every row's key at its own position and moving its recurrent state on in place, equals
+    each row's one-node verify and commit from the row's state before the step, step after step (and
+    the chain of them from the start, within the rounding that compounds); a GraphedModel's decoder
+    (uncaptured here: the same buffers and pass) rounds its rows up to a power of two (the extra row
+    is never read) and its capacity to prefix_capacity."""
+    from ddsim.graphs import GraphedModel, prefix_capacity
+    cfg = get_preset(preset)
+    m = HybridModel(cfg, init_weights(cfg, seed=0), backend=backend)
+    states = [m.prefill(p[:-1])[0] for p in PROMPTS]
+    on = GraphedModel(m, capture=False) if graphed else m
+    dec = on.decoder(states, steps=4)
+    if graphed:
+        assert (dec.buffers.rows, dec.buffers.capacity) == (4, prefix_capacity(max(st.pos for st in states) + 4))
+    roots = [p[-1] for p in PROMPTS]
+    for _step in range(4):
+        before = [dec.state(b) for b in range(len(PROMPTS))]
+        logits = dec.step(roots)
+        assert logits.shape == (len(PROMPTS), cfg.vocab_size)
+        for b in range(len(PROMPTS)):
+            want, one = _one_node_step(m, before[b], roots[b])
+            torch.testing.assert_close(logits[b], want, rtol=1e-5, atol=1e-5)
+            _assert_states_close(dec.state(b), one)
+            _, states[b] = _one_node_step(m, states[b], roots[b])  # each row's own chain from the start
+            for x, y in zip(dec.state(b).ssm, states[b].ssm):
+                if y is not None:
+                    torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+        roots = [int(x) for x in logits.argmax(-1)]
+
+
+def test_a_graphed_decoder_hands_its_buffers_on_and_refuses_to_step_after():
+    """One decode key at a time: a second decoder of the same shape takes the buffers over (the first
+    then refuses to step or read a state: its rows are gone), a decoder of another shape frees the
+    old key; the decoder checks tokens, the vocabulary and its capacity before a pass."""
+    from ddsim.graphs import GraphedModel
+    cfg = get_preset("micro")
+    m = HybridModel(cfg, init_weights(cfg, seed=0))
+    gm = GraphedModel(m, capture=False)
+    states = [m.prefill(p[:-1])[0] for p in PROMPTS]
+    first = gm.decoder(states, steps=2)
+    second = gm.decoder(states[:1] * 4, steps=2)  # 4 rows: the same key (4, 256)
+    assert second.buffers is first.buffers
+    with pytest.raises(InputError, match="taken by a later decoder"):
+        first.step([1, 2, 3])
+    with pytest.raises(InputError, match="taken by a later decoder"):
+        first.state(0)
+    second.step([1, 2, 3, 4])
+    third = gm.decoder(states[:1] * 5, steps=2)  # 8 rows: a new key, the old one freed
+    assert third.buffers is not second.buffers and gm._decode.key == (8, 256)
+    with pytest.raises(InputError, match="taken by a later decoder"):
+        second.step([1, 2, 3, 4])
+    with pytest.raises(InputError, match="one each"):
+        third.step([1, 2])
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        third.step([cfg.vocab_size] * 5)
+    short = m.decoder(states, steps=1)  # eager buffers hold exactly the positions asked for
+    short.step([1, 2, 3])
+    with pytest.raises(InputError, match="past the buffers"):
+        short.step([1, 2, 3])
+    gm.release_decoder()
+    assert gm._decode is None
