@@ -320,6 +320,8 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
                         o["budgets"][budget]["gens"][m] = _gen_record(g, o["index"], budget, o["margins"])
             for name, v in (parts or {}).items():
                 timings[f"  of which {name}, budget {budget}"] = v
+        if serving is not model:  # the decode graph's buffers (GBs at full size) would be oracle batch room
+            serving.set_decode_graphs(False)
         for budget in ac.budgets:
             policy = TreePolicy("ddtree", budget, ac.topk_cap)
             inner = {} if timings is not None else None
@@ -348,6 +350,8 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
                 for st in g.steps:
                     for m, metrics in st.nodes.items():
                         o["budgets"][budget]["nodes"][m].append((metrics, st.keys))
+        if serving is not model:
+            serving.set_decode_graphs(True)
         return outs
 
     per_prompt = shard.run_group(share, len(prompts))  # every prompt here, or this rank's share gathered on rank 0

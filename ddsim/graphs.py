@@ -240,6 +240,7 @@ class GraphedModel:
         self._ssm, self._conv = ssm, conv
         self._resident = None  # the state the buffers hold (states are never written in place)
         self._decode = None  # the decode key (ddsim.decode): its buffers and graph
+        self.decode_graphs = True
 
     def __getattr__(self, name):  # empty_state, cfg, device, ... are the model's
         return getattr(self.model, name)
@@ -343,6 +344,8 @@ class GraphedModel:
         6 GB at Qwen3.6-27B shapes for 32 rows). The decoder's buffers are the key's: a later decoder
         of the same key takes them over (the earlier one then refuses to step)."""
         from ddsim.decode import DecodeBuffers, RowDecoder
+        if not self.decode_graphs:
+            return self.model.decoder(states, steps=steps)
         if not states:
             raise InputError("decoder: no states (at least one row)")
         key = (1 << (len(states) - 1).bit_length(), prefix_capacity(max(st.pos for st in states) + max(1, steps)))
@@ -356,9 +359,13 @@ class GraphedModel:
         return RowDecoder(self.model, dk.buffers, states, run=lambda: self._decode_pass(dk),
                           fresh=lambda: dk.epoch == epoch and self._decode is dk)
 
-    def release_decoder(self) -> None:
-        """Free the decode key's buffers and graph (the next decoder makes its own)."""
-        self._decode = None
+    def set_decode_graphs(self, on: bool) -> None:
+        """Whether ``decoder`` replays its passes from a graph (the default) or is the model's eager
+        decoder, whose buffers live only as long as it does; off frees the kept key (the audit's leaky
+        phases: its memory is the oracle's batch room there)."""
+        self.decode_graphs = on
+        if not on:
+            self._decode = None
 
     def _decode_pass(self, dk: "_DecodeKey") -> torch.Tensor:
         """One pass of dk's buffers -> logits [rows, vocab] (the graph's own output: read before the next)."""

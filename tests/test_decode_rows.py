@@ -242,5 +242,7 @@ def test_a_graphed_decoder_hands_its_buffers_on_and_refuses_to_step_after():
     short.step([1, 2, 3])
     with pytest.raises(InputError, match="past the buffers"):
         short.step([1, 2, 3])
-    gm.release_decoder()
+    gm.set_decode_graphs(False)  # off: the key freed, the model's own decoder
     assert gm._decode is None
+    eager = gm.decoder(states, steps=2)
+    assert eager.buffers.rows == 3 and gm._decode is None

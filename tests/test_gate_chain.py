@@ -410,6 +410,22 @@ def test_rel_rows_with_zero_references():
     assert _rel_table([(torch.full((1, 2), 0.5), torch.full((1, 2), 0.25, dtype=torch.float64))])[0][0] == 1.0
 
 
+def test_rel_rows_are_the_same_in_any_chunking(monkeypatch):
+    """_rel_rows runs the pairs' rows through the foreach difference and norm in chunks of about
+    REL_CHUNK_BYTES: a chunk per pair, or all in one, gives each row its own plain norm ratio."""
+    import ddsim.metrics as metrics
+    gen = torch.Generator().manual_seed(0)
+    pairs = [(torch.randn(3, 4, 5, generator=gen), torch.randn(3, 4, 5, generator=gen, dtype=torch.float64))
+             for _ in range(4)]
+    want = np.stack([(torch.linalg.vector_norm(a.double().flatten(1) - r.flatten(1), dim=1)
+                      / torch.linalg.vector_norm(r.flatten(1), dim=1)).numpy() for a, r in pairs])
+    whole = metrics._rel_table(pairs)
+    monkeypatch.setattr(metrics, "REL_CHUNK_BYTES", 1)
+    np.testing.assert_array_equal(metrics._rel_table(pairs), whole)
+    np.testing.assert_allclose(whole, want, rtol=1e-14)
+    assert whole.shape == (4, 3)
+
+
 def test_node_metrics_per_gdn_layer_states_and_windows():
     """state_rel and conv_rel: one row per GDN layer, in layer order, each node its own column."""
     cfg = get_preset("micro")  # ggga
