@@ -14,7 +14,6 @@ from ddsim.acceptance import decision_margins
 from ddsim.errors import MeasurementError
 from ddsim.tree import Tree
 
-
 REL_CHUNK_BYTES = 1 << 30  # differences alive at once in _rel_rows (a per-node state set is ~10 GB at full size)
 
 
