@@ -340,8 +340,10 @@ class GraphedModel:
         """The model's RowDecoder (ddsim.decode) with each pass replayed from a CUDA graph: one key
         (rows, capacity) kept at a time, its rows the states' count rounded up to a power of two (the
         rows past them decode token 0 and are never read), its capacity ``prefix_capacity`` of the
-        furthest position the steps reach. A new key frees the old one (its buffers and graph: about
-        6 GB at Qwen3.6-27B shapes for 32 rows). The decoder's buffers are the key's: a later decoder
+        furthest position the steps reach. Decoders that fit the key kept use it; one that does not
+        gets a key as large as both, which frees the old one (its buffers and graph: about 6 GB at
+        Qwen3.6-27B shapes for 32 rows), so keys only grow and a run of decoders of varying sizes
+        captures a few graphs, not one per size. The decoder's buffers are the key's: a later decoder
         of the same key takes them over (the earlier one then refuses to step)."""
         from ddsim.decode import DecodeBuffers, RowDecoder
         if not self.decode_graphs:
@@ -350,6 +352,10 @@ class GraphedModel:
             raise InputError("decoder: no states (at least one row)")
         key = (1 << (len(states) - 1).bit_length(), prefix_capacity(max(st.pos for st in states) + max(1, steps)))
         dk = self._decode
+        if dk is not None and dk.key[0] >= key[0] and dk.key[1] >= key[1]:
+            key = dk.key  # it fits the key kept (its extra rows and slots are masked out, never read)
+        elif dk is not None:
+            key = (max(key[0], dk.key[0]), max(key[1], dk.key[1]))  # keys only grow: no capture back and forth
         if dk is None or dk.key != key:
             self._decode = dk = None  # the old key's buffers and graph go before the new ones are made
             dk = self._decode = _DecodeKey(key, DecodeBuffers(self.model, *key),

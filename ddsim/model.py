@@ -555,8 +555,8 @@ class HybridModel:
             self.check_tree(st, tree, mode)
         masks = torch.stack([torch.as_tensor(t.ancestor_mask, dtype=torch.bool) for t in trees])  # [B, T, T]
         positions = [int(p) for st, t in zip(states, trees) for p in t.positions(st.pos)]
-        h, kv, _, _, cin = self._pass_rows(states, [x for t in trees for x in t.tokens], [list(t.parents) for t in trees],
-                                           positions, masks, mode, keep_states=False)
+        h, kv, cin = self._pass_rows(states, [x for t in trees for x in t.tokens], [list(t.parents) for t in trees],
+                                     positions, masks, mode)
         logits = self.head(h)  # [B*T, vocab]
         batch = RowBatch(mode, list(trees), cin)
         out = []
@@ -568,12 +568,11 @@ class HybridModel:
             out.append(VerifyResult(mode, logits[rows], None, None, None, kv_b, cin_b, batch=(batch, b)))
         return out
 
-    def _pass_rows(self, states: list, tokens: list, parents: list, positions: list, masks: torch.Tensor,
-                   mode: str, *, keep_states: bool):
-        """B sequences of T nodes through every layer, sequence b from ``states[b]``: tokens and
-        positions [B*T] (row-major), parents [B][T], masks [B, T, T] (bool ancestor masks). Returns
-        (h [B*T, d] after the last layer, per layer: the new (k, v) [B*T, nkv, hd] or None, per-node
-        states [B, T, ...] and windows or None (keep_states), CommitInputs [B, T, ...] or None)."""
+    def _pass_rows(self, states: list, tokens: list, parents: list, positions: list, masks: torch.Tensor, mode: str):
+        """B sequences of T nodes through every layer as a server verifies them (no per-node states),
+        sequence b from ``states[b]``: tokens and positions [B*T] (row-major), parents [B][T], masks
+        [B, T, T] (bool ancestor masks). Returns (h [B*T, d] after the last layer, per layer: the new
+        (k, v) [B*T, nkv, hd] or None, CommitInputs [B, T, ...] or None)."""
         conv_mode, rec_mode = _LAYER_MODES[mode]
         L = self.cfg.num_layers
         tables = {}
@@ -589,7 +588,7 @@ class HybridModel:
                              Rope(torch.tensor(positions, device=d)), torch.cat([prefix, masks], -1).to(d))
             return tables[d]
         h = self.embed_tokens(torch.tensor(tokens, device=self.device))  # [B*T, d]
-        kv, ssm, conv, cin = [None] * L, [None] * L, [None] * L, [None] * L
+        kv, cin = [None] * L, [None] * L
         for i, kind in enumerate(self.cfg.layer_pattern):
             h = h.to(self.layer_devices[i])
             plan, rope, mask = on(h.device)
@@ -599,9 +598,9 @@ class HybridModel:
             attend = lambda p, xn, i=i, rope=rope, mask=mask: self._attention_rows(  # noqa: E731
                 p, xn, rope, [st.kv[i] for st in states], mask)
             with _current(h.device):
-                h, kv[i], ssm[i], conv[i], cin[i] = self._layer(i, kind, f"layers.{i}.", h, attend, S0, win0, plan,
-                                                                conv_mode, rec_mode, keep_states)
-        return h, kv, ssm, conv, cin
+                h, kv[i], _, _, cin[i] = self._layer(i, kind, f"layers.{i}.", h, attend, S0, win0, plan,
+                                                     conv_mode, rec_mode, keep_states=False)
+        return h, kv, cin
 
     def _attention_rows(self, p, x, rope: Rope, prefixes: list, seen: torch.Tensor):
         """Attention of B sequences of T nodes, x [B*T, d]: sequence b's nodes over its own committed

@@ -234,6 +234,10 @@ def test_a_graphed_decoder_hands_its_buffers_on_and_refuses_to_step_after():
     assert third.buffers is not second.buffers and gm._decode.key == (8, 256)
     with pytest.raises(InputError, match="taken by a later decoder"):
         second.step([1, 2, 3, 4])
+    assert gm.decoder(states[:2], steps=2).buffers.rows == 8  # a smaller one fits the key kept
+    far = gm.decoder(states[:1], steps=300)  # positions past 256: a key as large as both
+    assert gm._decode.key == (8, 512) and far.buffers.capacity == 512
+    third = gm.decoder(states[:1] * 5, steps=2)
     with pytest.raises(InputError, match="one each"):
         third.step([1, 2])
     with pytest.raises(InputError, match="outside the vocabulary"):
