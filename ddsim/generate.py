@@ -23,7 +23,7 @@ from ddsim.acceptance import decision_margins, decision_scores, emitted_tokens, 
 from ddsim.builders import ddtree
 from ddsim.drafters import DraftContext, Drafter
 from ddsim.errors import InputError
-from ddsim.metrics import node_keys, node_metrics
+from ddsim.metrics import node_keys, node_metrics, reference_norms
 from ddsim.model import HybridModel
 from ddsim.modes import VERIFY_MODES
 from ddsim.timing import timed
@@ -520,6 +520,14 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         keep = measure == "full"  # decisions need logits only: the serving verify (no per-node states)
         targets_ref = target_tokens(ref.logits, positions, temperature=temperature, seed=seed) if ref is not None else None
         nodes = {} if measure == "full" else None
+        norms = []  # the oracle's row norms, computed at the step's first measurement and shared by the others
+
+        def measured(result):
+            """node_metrics of ``result`` against the step's oracle result."""
+            with part("node metrics"):
+                if not norms:
+                    norms.append(reference_norms(ref, cfg))
+                return node_metrics(tree, result, ref, cfg, ref_norms=norms[0])
         # each verify's result is measured, and the mode's committed, before the next verify: a CUDA-graph
         # replay with per-node states (ddsim.graphs) reuses one set of buffers for every mode
         if keep:
@@ -531,8 +539,7 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         path, bonus = walk(tree, targets)
         emitted = emitted_tokens(tree, path, bonus)
         if keep:
-            with part("node metrics"):
-                nodes[mode] = node_metrics(tree, res, ref, cfg)
+            nodes[mode] = measured(res)
         if keep:
             with part("commits"):
                 committed = model.commit(state, tree, res, path[-1])
@@ -550,8 +557,7 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                 res_x = yield VerifyRequest(state, tree, "exact")
             targets_x = target_tokens(res_x.logits, positions, temperature=temperature, seed=seed)
             if keep:
-                with part("node metrics"):
-                    nodes["exact"] = node_metrics(tree, res_x, ref, cfg)
+                nodes["exact"] = measured(res_x)
             del res_x
         keys = None
         if measure == "full":
@@ -559,11 +565,11 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                 if extra not in nodes:
                     with part("fast-path verifies"):
                         res_e = model.verify(state, tree, mode=extra, keep_states=True)
-                    with part("node metrics"):
-                        nodes[extra] = node_metrics(tree, res_e, ref, cfg)
+                    nodes[extra] = measured(res_e)
                     del res_e
             keys = node_keys(tree)
             ref = None  # the oracle's per-node states (gigabytes at full size): not held while the others step
+            norms.clear()
         else:
             targets_ref = targets_x
         path_x, bonus_x = walk(tree, targets_x)

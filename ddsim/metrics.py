@@ -14,38 +14,46 @@ from ddsim.acceptance import decision_margins
 from ddsim.errors import MeasurementError
 from ddsim.tree import Tree
 
-REL_CHUNK_BYTES = 1 << 30  # differences alive at once in _rel_rows (a per-node state set is ~10 GB at full size)
+
+def _layers(x, cfg, states: bool) -> list:
+    """x's per-layer tensors (a VerifyResult or OracleResult), [T, ...] each, in the order of the metric
+    tables: the hidden states of every layer, then (``states``) the recurrent layers' states, then their
+    conv windows."""
+    g = cfg.recurrent_layers
+    return [x.hidden[l] for l in range(cfg.num_layers)] + ([x.ssm[l] for l in g] + [x.conv[l] for l in g] if states else [])
 
 
-def _rel_rows(pairs) -> torch.Tensor:
-    """[len(pairs), T] float64 on the references' device: for each (a [T, ...], ref [T, ...]) pair,
+def _has_states(ref, cfg) -> bool:
+    g = cfg.recurrent_layers
+    return bool(g) and ref.ssm[g[0]] is not None
+
+
+def _row_norms(tensors: list, device) -> torch.Tensor:
+    """[len(tensors), T] float64 on ``device``: each tensor's row norms ||x[t]|| over all but the first dim."""
+    return torch.stack([torch.linalg.vector_norm(x.flatten(1), dim=1).to(device) for x in tensors]).double()
+
+
+def reference_norms(ref, cfg) -> torch.Tensor:
+    """The oracle's row norms of every table node_metrics reads ([P, T] float64 on the oracle's logits'
+    device): the same for every fast-path mode measured against ``ref``, so a step computes them once
+    and hands them to each node_metrics call."""
+    return _row_norms(_layers(ref, cfg, _has_states(ref, cfg)), ref.logits.device)
+
+
+def _rel_rows(pairs, den: torch.Tensor | None = None) -> torch.Tensor:
+    """[len(pairs), T] float64 on the first reference's device: for each (a [T, ...], ref [T, ...]) pair,
     row-wise ||a - ref|| / ||ref|| over all but the first dim (a row with ||ref|| = 0: 0 when a equals
-    it, else inf). Computed in the wider of the two dtypes (the oracle's: float64 on the CPU, float32 on
-    a GPU, where a per-node state set is gigabytes): the difference of two values of that dtype is
-    exactly rounded, and the norms carry its relative rounding, far below any error reported. Every
-    row of every pair goes through the multi-tensor (foreach) difference and norm, a few launches per
-    chunk of about REL_CHUNK_BYTES instead of several per layer."""
+    it, else inf); ``den``: the references' row norms, when known (reference_norms). Computed in the
+    wider of the two dtypes (type promotion in the difference: the oracle's, float64 on the CPU and
+    float32 on a GPU, where a per-node state set is gigabytes): the difference of two values of that
+    dtype is exactly rounded, and the norms carry its relative rounding, far below any error reported.
+    Two launches per pair (the difference, its norm) and a few for the whole table: a call is
+    launch-bound at full size, not memory-bound."""
     dev = pairs[0][1].device
-    num, den, chunk = [], [], {"a": [], "ref": [], "bytes": 0, "device": None}
-
-    def flush():
-        if chunk["a"]:
-            num.append(torch.stack(torch._foreach_norm(torch._foreach_sub(chunk["a"], chunk["ref"]))).to(dev))
-            den.append(torch.stack(torch._foreach_norm(chunk["ref"])).to(dev))
-        chunk.update(a=[], ref=[], bytes=0)
-    for a, ref in pairs:
-        if ref.device != chunk["device"] or chunk["bytes"] >= REL_CHUNK_BYTES:
-            flush()  # a chunk is one device's (a placed oracle's layers are on theirs)
-            chunk["device"] = ref.device
-        wide = torch.promote_types(a.dtype, ref.dtype)
-        a, ref = a.to(device=ref.device, dtype=wide).flatten(1), ref.to(wide).flatten(1)  # [T, X]
-        chunk["a"].extend(a.unbind(0))
-        chunk["ref"].extend(ref.unbind(0))
-        chunk["bytes"] += ref.numel() * ref.element_size()
-    flush()
-    n, d = torch.cat(num).double(), torch.cat(den).double()
-    rel = torch.where(d > 0, n / d.clamp_min(1e-300), torch.where(n > 0, torch.inf, 0.0))
-    return rel.view(len(pairs), -1)
+    num = torch.stack([torch.linalg.vector_norm(a.to(ref.device).flatten(1) - ref.flatten(1), dim=1).to(dev)
+                       for a, ref in pairs]).double()
+    den = _row_norms([ref for _, ref in pairs], dev) if den is None else den.to(dev)
+    return torch.where(den > 0, num / den.clamp_min(1e-300), torch.where(num > 0, torch.inf, 0.0))
 
 
 def _rel_table(pairs) -> np.ndarray:
@@ -53,11 +61,12 @@ def _rel_table(pairs) -> np.ndarray:
     return _rel_rows(pairs).cpu().numpy()
 
 
-def node_metrics(tree: Tree, res, ref, cfg) -> dict:
+def node_metrics(tree: Tree, res, ref, cfg, *, ref_norms: torch.Tensor | None = None) -> dict:
     """Everything per node for one verify result ``res`` (ddsim.model.VerifyResult) against the
     oracle's ``ref`` (oracle.OracleResult) on the same tree and committed state, computed on the
     oracle's device: the logits in float64, the state, window and hidden errors in the oracle's dtype
-    (_rel_rows).
+    (_rel_rows). ``ref_norms``: reference_norms(ref, cfg), when the caller measures several results
+    against one ref.
 
     Returns {"kl", "max_abs", "margin", "flip"} as [T] arrays and {"hidden_rel" [L, T],
     "state_rel" [G, T], "conv_rel" [G, T]} with G = the recurrent layers (GDN and Mamba2) in order.
@@ -66,24 +75,22 @@ def node_metrics(tree: Tree, res, ref, cfg) -> dict:
     if fresh is not None and not fresh():
         raise MeasurementError("verify result: its per-node buffers were reused by a later verify (a CUDA-graph "
                                "replay); measure a result before verifying the next")
+    L, G = cfg.num_layers, len(cfg.recurrent_layers) if _has_states(ref, cfg) else 0
+    if ref_norms is not None and tuple(ref_norms.shape) != (L + 2 * G, tree.size):
+        raise MeasurementError(f"ref_norms: shape {tuple(ref_norms.shape)}, the oracle's tables are "
+                               f"{(L + 2 * G, tree.size)}")
     lo = ref.logits.double()
     lm = res.logits.to(lo.device, torch.float64)
     logp_o, logp_m = torch.log_softmax(lo, -1), torch.log_softmax(lm, -1)
     kl = (logp_o.exp() * (logp_o - logp_m)).sum(-1).clamp_min(0.0)
-    L, g = cfg.num_layers, cfg.recurrent_layers
-    pairs = [(res.hidden[l], ref.hidden[l]) for l in range(L)]
-    states = bool(g) and ref.ssm[g[0]] is not None
-    if states:
-        pairs += [(res.ssm[l], ref.ssm[l]) for l in g] + [(res.conv[l], ref.conv[l]) for l in g]
+    pairs = list(zip(_layers(res, cfg, G > 0), _layers(ref, cfg, G > 0)))
     # every row of every table, brought to the host in one transfer (one device sync per call)
     rows = torch.cat([torch.stack([kl, (lm - lo).abs().amax(-1), decision_margins(lo),
                                    (lm.argmax(-1) != lo.argmax(-1)).double()]),
-                      _rel_rows(pairs).to(lo.device)]).cpu().numpy()
-    out = {"kl": rows[0], "max_abs": rows[1], "margin": rows[2], "flip": rows[3] != 0, "hidden_rel": rows[4:4 + L]}
-    G = len(g) if states else 0
-    out["state_rel"] = rows[4 + L:4 + L + G] if states else np.zeros((0, tree.size))
-    out["conv_rel"] = rows[4 + L + G:] if states else np.zeros((0, tree.size))
-    return out
+                      _rel_rows(pairs, ref_norms).to(lo.device)]).cpu().numpy()
+    return {"kl": rows[0], "max_abs": rows[1], "margin": rows[2], "flip": rows[3] != 0, "hidden_rel": rows[4:4 + L],
+            "state_rel": rows[4 + L:4 + L + G] if G else np.zeros((0, tree.size)),
+            "conv_rel": rows[4 + L + G:] if G else np.zeros((0, tree.size))}
 
 
 def node_keys(tree: Tree) -> dict:

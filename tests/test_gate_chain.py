@@ -410,22 +410,6 @@ def test_rel_rows_with_zero_references():
     assert _rel_table([(torch.full((1, 2), 0.5), torch.full((1, 2), 0.25, dtype=torch.float64))])[0][0] == 1.0
 
 
-def test_rel_rows_are_the_same_in_any_chunking(monkeypatch):
-    """_rel_rows runs the pairs' rows through the foreach difference and norm in chunks of about
-    REL_CHUNK_BYTES: a chunk per pair, or all in one, gives each row its own plain norm ratio."""
-    import ddsim.metrics as metrics
-    gen = torch.Generator().manual_seed(0)
-    pairs = [(torch.randn(3, 4, 5, generator=gen), torch.randn(3, 4, 5, generator=gen, dtype=torch.float64))
-             for _ in range(4)]
-    want = np.stack([(torch.linalg.vector_norm(a.double().flatten(1) - r.flatten(1), dim=1)
-                      / torch.linalg.vector_norm(r.flatten(1), dim=1)).numpy() for a, r in pairs])
-    whole = metrics._rel_table(pairs)
-    monkeypatch.setattr(metrics, "REL_CHUNK_BYTES", 1)
-    np.testing.assert_array_equal(metrics._rel_table(pairs), whole)
-    np.testing.assert_allclose(whole, want, rtol=1e-14)
-    assert whole.shape == (4, 3)
-
-
 def test_node_metrics_per_gdn_layer_states_and_windows():
     """state_rel and conv_rel: one row per GDN layer, in layer order, each node its own column."""
     cfg = get_preset("micro")  # ggga
@@ -442,6 +426,34 @@ def test_node_metrics_per_gdn_layer_states_and_windows():
     assert m["state_rel"].shape == (3, 2) and np.allclose(m["state_rel"], [[0.0, 0.5]] * 3)
     assert np.allclose(m["conv_rel"], [[0.0, 0.0], [0.1, 0.1], [0.2, 0.2]])
     assert np.allclose(m["kl"], 0.0) and not m["flip"].any()
+
+
+def test_node_metrics_with_the_oracles_norms_handed_in():
+    """A step measures several modes against one oracle result: reference_norms(ref) computed once and
+    handed in gives every table what node_metrics computes alone; norms of another shape are refused,
+    and wrong norms of the right shape show in the errors (they are used, not recomputed)."""
+    from ddsim.metrics import MeasurementError, reference_norms
+    cfg = get_preset("micro")  # ggga
+    T, L = 2, cfg.num_layers
+    gen = torch.Generator().manual_seed(1)
+    rnd = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    g = [i for i in range(L) if cfg.layer_pattern[i] == "g"]
+    ref = SimpleNamespace(logits=rnd(T, 5), hidden=[rnd(T, 4) for _ in range(L)],
+                          ssm=[rnd(T, 2, 3) if i in g else None for i in range(L)],
+                          conv=[rnd(T, 4, 3) if i in g else None for i in range(L)])
+    res = SimpleNamespace(logits=rnd(T, 5).float(), hidden=[h.float() + 0.1 for h in ref.hidden],
+                          ssm=[None if x is None else x.float() * 1.5 for x in ref.ssm],
+                          conv=[None if x is None else x.float() - 0.2 for x in ref.conv])
+    tree = Tree(parents=[-1, 0], tokens=[0, 1])
+    alone, norms = node_metrics(tree, res, ref, cfg), reference_norms(ref, cfg)
+    assert norms.shape == (L + 2 * len(g), T)
+    given = node_metrics(tree, res, ref, cfg, ref_norms=norms)
+    for k in ("hidden_rel", "state_rel", "conv_rel", "kl"):
+        np.testing.assert_array_equal(given[k], alone[k])
+    with pytest.raises(MeasurementError, match="ref_norms: shape"):
+        node_metrics(tree, res, ref, cfg, ref_norms=norms[1:])
+    halved = node_metrics(tree, res, ref, cfg, ref_norms=norms * 2)
+    np.testing.assert_allclose(halved["state_rel"], alone["state_rel"] / 2, rtol=1e-12)
 
 
 def test_group_by_on_one_row_and_boolean_keys():
