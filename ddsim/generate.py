@@ -344,7 +344,7 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     ("oracle"), its batch sizes ("oracle_batches") and how often a batch was split for memory
     ("oracle_splits") are added, and the generations' own wall
     seconds per part of a step ("fast-path verifies", "node metrics", "commits", "drafter's greedy
-    continuations"; ddsim.timing.timed, synchronised on a GPU)."""
+    continuations", "drafter's shadow prefills"; ddsim.timing.timed, synchronised on a GPU)."""
     references = [None] * len(prompts) if references is None else list(references)
     if len(references) != len(prompts):
         raise InputError(f"references: {len(references)} for {len(prompts)} prompts")
@@ -386,7 +386,7 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
         return run
     greedy = "drafter's greedy continuations"
     return run_lockstep(gens, answer, max_trees=max_trees, decode=handler(greedy, greedy_rows, helper),
-                        prefill=handler(greedy, prefill_requests, helper),
+                        prefill=handler("drafter's shadow prefills", prefill_requests, helper),
                         verify=handler("fast-path verifies", verify_requests, model),
                         commit=handler("commits", commit_requests, model))
 
