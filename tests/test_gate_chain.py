@@ -450,10 +450,29 @@ def test_node_metrics_with_the_oracles_norms_handed_in():
     given = node_metrics(tree, res, ref, cfg, ref_norms=norms)
     for k in ("hidden_rel", "state_rel", "conv_rel", "kl"):
         np.testing.assert_array_equal(given[k], alone[k])
-    with pytest.raises(MeasurementError, match="ref_norms: shape"):
+    with pytest.raises(MeasurementError, match=r"ref_norms: shape \(9, 2\), the oracle's tables are \(10, 2\)"):
         node_metrics(tree, res, ref, cfg, ref_norms=norms[1:])
     halved = node_metrics(tree, res, ref, cfg, ref_norms=norms * 2)
     np.testing.assert_allclose(halved["state_rel"], alone["state_rel"] / 2, rtol=1e-12)
+
+
+def test_node_metrics_tables_of_a_model_with_one_recurrent_layer():
+    """The tables' rows in order for a model with a single recurrent layer (the edge of "any recurrent
+    layer recorded"): hidden_rel one row per layer, then the one state row, then the one window row."""
+    from ddsim.metrics import reference_norms
+    cfg = SimpleNamespace(num_layers=2, recurrent_layers=[1])
+    T = 3
+    ones = lambda *shape: torch.ones(*shape, dtype=torch.float64)  # noqa: E731
+    ref = SimpleNamespace(logits=ones(T, 4), hidden=[ones(T, 2), ones(T, 2)], ssm=[None, ones(T, 2, 2)],
+                          conv=[None, ones(T, 3)])
+    res = SimpleNamespace(logits=ones(T, 4), hidden=[ones(T, 2) * 1.25, ones(T, 2) * 1.5],
+                          ssm=[None, ones(T, 2, 2) * 3], conv=[None, ones(T, 3) * 0.5])
+    tree = Tree(parents=[-1, 0, 1], tokens=[0, 1, 2])
+    for norms in (None, reference_norms(ref, cfg)):
+        m = node_metrics(tree, res, ref, cfg, ref_norms=norms)
+        np.testing.assert_allclose(m["hidden_rel"], [[0.25] * T, [0.5] * T])
+        np.testing.assert_allclose(m["state_rel"], [[2.0] * T])
+        np.testing.assert_allclose(m["conv_rel"], [[0.5] * T])
 
 
 def test_group_by_on_one_row_and_boolean_keys():
