@@ -33,7 +33,11 @@ so an element a kernel fails to write cannot pass a comparison.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import math
+
+import torch
 
 from ddsim.gpu_backend import checks, torch_mamba2, torch_ops
 from ddsim.gpu_backend.checks import CheckedIndices, TreePlan, checked_accepted, poisoned, poisoning
@@ -43,13 +47,26 @@ BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy", "triton-wy-fused
 MAMBA2_BACKENDS = ("torch", "triton", "triton-recurrent", "triton-ssd")
 
 
+_SAME = contextlib.nullcontext()
+_TRITON: dict = {}  # the Triton launcher modules, imported on first use (they import triton)
+
+
 def _on(x):
     """Triton launches on the current CUDA device: run a launcher under x's device (a guard: inputs on a
-    GPU other than the current one, as in a model placed over several GPUs)."""
-    import contextlib
+    GPU other than the current one, as in a model placed over several GPUs); nothing to do when x is
+    on the current device already, or on the CPU."""
+    if not x.is_cuda or x.device.index == torch._C._cuda_getDevice():
+        return _SAME
+    return torch.cuda.device(x.device)
 
-    import torch
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+def _triton(name: str):
+    """ddsim.gpu_backend.<name>, imported once (an import statement in a launcher costs a microsecond
+    a call)."""
+    mod = _TRITON.get(name)
+    if mod is None:
+        mod = _TRITON[name] = importlib.import_module(f"ddsim.gpu_backend.{name}")
+    return mod
 
 
 def _backend(x, backend, known=BACKENDS):
@@ -70,7 +87,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
               output_states=output_states, state_indices=state_indices, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
     if be == "torch":
         return torch_ops.gdn_tree_verify(q, k, v, g, beta, **kw)
-    from ddsim.gpu_backend import triton_gdn
+    triton_gdn = _triton("triton_gdn")
     if be == "triton":
         be = "triton-recurrent" if output_states else "triton-wy"
     if be == "triton-recurrent":
@@ -96,11 +113,10 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
         if inplace:
             return checks.write_slots(initial_state, state_indices, k.shape[0], new, "initial_state", "states")
         return new
-    from ddsim.gpu_backend.triton_commit import gdn_tree_commit_triton
     with _on(k):
-        return gdn_tree_commit_triton(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state,
-                                      use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, inplace=inplace,
-                                      a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+        return _triton("triton_commit").gdn_tree_commit_triton(
+            k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
+            state_indices=state_indices, inplace=inplace, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
 
 
 def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="exact", activation="silu",
@@ -114,9 +130,8 @@ def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="e
     if be == "torch":
         return torch_ops.tree_causal_conv1d(
             x, initial_window=checks.resolve_window(initial_window, state_indices, x.shape[0]), **kw)
-    from ddsim.gpu_backend.triton_conv import tree_causal_conv1d_triton
     with _on(x):
-        return tree_causal_conv1d_triton(x, initial_window=initial_window, state_indices=state_indices, **kw)
+        return _triton("triton_conv").tree_causal_conv1d_triton(x, initial_window=initial_window, state_indices=state_indices, **kw)
 
 
 def conv_tree_commit(x, *, parents, accepted, initial_window, state_indices=None, inplace=False, backend=None):
@@ -129,9 +144,8 @@ def conv_tree_commit(x, *, parents, accepted, initial_window, state_indices=None
         if inplace:
             return checks.write_slots(initial_window, state_indices, x.shape[0], new, "initial_window", "windows")
         return new
-    from ddsim.gpu_backend.triton_commit import conv_tree_commit_triton
     with _on(x):
-        return conv_tree_commit_triton(x, parents=parents, accepted=accepted, initial_window=initial_window,
+        return _triton("triton_commit").conv_tree_commit_triton(x, parents=parents, accepted=accepted, initial_window=initial_window,
                                        state_indices=state_indices, inplace=inplace)
 
 
@@ -147,7 +161,7 @@ def mamba2_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True
               initial_state=initial_state, state_indices=state_indices, mode=mode, output_states=output_states)
     if be == "torch":
         return torch_mamba2.mamba2_tree_verify(x, dt, A, B, C, **kw)
-    from ddsim.gpu_backend import triton_mamba2
+    triton_mamba2 = _triton("triton_mamba2")
     if be == "triton":
         be = "triton-recurrent" if output_states else "triton-ssd"
     fn = triton_mamba2.mamba2_tree_verify_recurrent if be == "triton-recurrent" else triton_mamba2.mamba2_tree_verify_ssd
@@ -167,9 +181,8 @@ def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=
         if inplace:
             return checks.write_slots(initial_state, state_indices, x.shape[0], new, "initial_state", "states")
         return new
-    from ddsim.gpu_backend.triton_mamba2 import mamba2_tree_commit_triton
     with _on(x):
-        return mamba2_tree_commit_triton(x, dt, A, B, inplace=inplace, **kw)
+        return _triton("triton_mamba2").mamba2_tree_commit_triton(x, dt, A, B, inplace=inplace, **kw)
 
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_tree_commit", "tree_causal_conv1d",

@@ -219,7 +219,7 @@ def constant(kind: str, n: int, device, dtype=torch.float32) -> torch.Tensor:
     "slots" = arange(n) int32 (a batch's own rows), "dummy" = zeros(n) (an unused pointer argument).
     Kernels never write them. Not cached while a CUDA graph is being captured (a tensor made there is
     only filled when the graph replays)."""
-    device = torch.device(device)
+    device = device if isinstance(device, torch.device) else torch.device(device)
     key = (kind, n, device, dtype)
     hit = _CONSTANTS.get(key)
     if hit is not None:

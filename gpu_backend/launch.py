@@ -28,8 +28,9 @@ DIRECT = True  # False: every launch through kernel[grid] (benchmarks compare th
 def _params(kernel):
     """(argument names in order, whether the kernel is compiled: a JITFunction, not the interpreter's
     InterpretedFunction, which @triton.jit makes under TRITON_INTERPRET=1, a getter of the arguments
-    in order from the keyword dict)."""
-    hit = _PARAMS.get(kernel)
+    in order from the keyword dict). Kept by the kernel's id: hashing a JITFunction computes its cache
+    key, about a microsecond a call (kernels are module-level objects that live as long as the process)."""
+    hit = _PARAMS.get(id(kernel))
     if hit is None:
         from operator import itemgetter
 
@@ -37,17 +38,8 @@ def _params(kernel):
         compiled = isinstance(kernel, JITFunction) and os.environ.get("TRITON_INTERPRET", "0") != "1"
         names = tuple(getattr(kernel, "arg_names", ()))
         get = itemgetter(*names) if len(names) > 1 else (lambda kw: tuple(kw[n] for n in names))
-        hit = _PARAMS[kernel] = (names, compiled, get)
+        hit = _PARAMS[id(kernel)] = (names, compiled, get, kernel)  # the kernel kept: its id stays its own
     return hit
-
-
-def _spec(a):
-    t = type(a)
-    if t is torch.Tensor or isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() & 15 == 0
-    if t is float:
-        return float
-    return a  # int, bool, str, None, dtype: by value
 
 
 def _active(hook) -> bool:
@@ -55,20 +47,29 @@ def _active(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+_RUNTIME: list = []  # triton's runtime knobs, imported once (an import statement costs a microsecond a call)
+
+
 def _hooked() -> bool:
-    from triton import knobs
-    return _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook)
+    if not _RUNTIME:
+        from triton import knobs
+        _RUNTIME.append(knobs.runtime)
+    rt = _RUNTIME[0]
+    return _active(rt.launch_enter_hook) or _active(rt.launch_exit_hook)
 
 
 def key_of(kernel, kw: dict, device: int) -> tuple:
     """(the key a compiled specialization is kept under, the kernel's arguments in its order)."""
-    names, _, get = _params(kernel)
+    names, _, get, _ = _params(kernel)
     args = get(kw)
     options = tuple(map(kw.get, _OPTIONS))
     if len(kw) != len(names) + len(options) - options.count(None):
         unknown = sorted(set(kw) - set(names) - set(_OPTIONS))
         raise TypeError(f"{kernel.__name__}: unknown arguments {unknown}")
-    return (kernel, device, options, tuple(map(_spec, args))), args
+    T = torch.Tensor  # every tensor's dtype and alignment, a float's type, anything else by value
+    spec = tuple([(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, T) else (float if type(a) is float else a)
+                  for a in args])
+    return (id(kernel), device, options, spec), args
 
 
 def bind(kernel, grid, kw: dict):
@@ -77,7 +78,7 @@ def bind(kernel, grid, kw: dict):
     specialization goes through Triton (compiling if needed); later ones launch the compiled kernel."""
     if not (DIRECT and _params(kernel)[1]):
         return lambda: kernel[grid](**kw)
-    device = torch.cuda.current_device()
+    device = torch._C._cuda_getDevice()  # the current device (torch.cuda.current_device, without its checks)
     key, args = key_of(kernel, kw, device)
     g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
 
