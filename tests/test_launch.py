@@ -51,14 +51,14 @@ def test_unknown_or_missing_arguments_are_refused():
 
 
 def test_the_interpreter_launches_through_triton():
-    assert launch.cached() == 0 or not torch.cuda.is_available()
+    before = launch.cached()  # other tests' compiled kernels on a GPU: this one adds none
     calls = []
 
     class Fake:
         def __getitem__(self, grid):
             return lambda **kw: calls.append((grid, kw))
     launch.bind(Fake(), (3, 1), {"x": 1})()
-    assert calls == [((3, 1), {"x": 1})]
+    assert calls == [((3, 1), {"x": 1})] and launch.cached() == before
 
 
 def test_poisoning_is_on_in_the_tests_and_scoped_elsewhere():
