@@ -106,8 +106,9 @@ def reference_rows(model: HybridModel, prompts, n_tokens: int, *, temperature: f
 def greedy_rows(model: HybridModel, requests) -> list[tuple[list[int], object]]:
     """The target's greedy continuation of ``q.n`` tokens after ``q.root`` from each exact ``q.state``
     (GreedyRequests), one token of every request per pass, the rows packed once (``model.decoder``:
-    a ddsim.graphs.GraphedModel replays the passes from a CUDA graph). Returns per request (its tokens y_1..y_n, its tip: the state after
-    root, y_1..y_{n-1}, from which feeding y_n continues the same greedy path)."""
+    a ddsim.graphs.GraphedModel replays the passes from a CUDA graph). Returns per request (its tokens
+    y_1..y_n, its tip: the state after root, y_1..y_{n-1}, from which feeding y_n continues the same
+    greedy path; a request of no tokens keeps its state as its tip)."""
     n = max(q.n for q in requests)
     dec = model.decoder([q.state for q in requests], steps=n)
     roots, out, tips = [int(q.root) for q in requests], [[] for _ in requests], [q.state for q in requests]
