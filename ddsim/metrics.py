@@ -47,8 +47,8 @@ def _rel_rows(pairs, den: torch.Tensor | None = None) -> torch.Tensor:
     wider of the two dtypes (type promotion in the difference: the oracle's, float64 on the CPU and
     float32 on a GPU, where a per-node state set is gigabytes): the difference of two values of that
     dtype is exactly rounded, and the norms carry its relative rounding, far below any error reported.
-    Two launches per pair (the difference, its norm) and a few for the whole table: a call is
-    launch-bound at full size, not memory-bound."""
+    Two launches per pair (the difference, its norm; a third for the reference's norm unless handed
+    in) and a few for the whole table: a call is launch-bound at full size, not memory-bound."""
     dev = pairs[0][1].device
     num = torch.stack([torch.linalg.vector_norm(a.to(ref.device).flatten(1) - ref.flatten(1), dim=1).to(dev)
                        for a, ref in pairs]).double()
