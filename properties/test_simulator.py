@@ -136,3 +136,31 @@ def test_decode_rows_equals_the_oracle_decoding_each_row(cfg, data, seed):
         for l in cfg.attention_layers:
             assert torch.allclose(after[b].kv[l][0].double(), ref.kv[l][0], rtol=1e-4, atol=1e-5)
             assert torch.allclose(after[b].kv[l][1].double(), ref.kv[l][1], rtol=1e-4, atol=1e-5)
+
+
+@given(model_configs(), st.data(), st.integers(0, 2**16))
+def test_a_decoder_over_several_steps_equals_the_oracle_decoding_each_row(cfg, data, seed):
+    """model.decoder (the rows packed once, each pass writing every row's key at its position and moving
+    its recurrent state on in place): after each of several steps, each row's logits and committed state
+    are what the oracle's plain decode of that row's context gives, the rows at different positions."""
+    w = init_weights(cfg, seed=seed)
+    m = HybridModel(cfg, w)
+    contexts = data.draw(st.lists(st.lists(st.integers(0, cfg.vocab_size - 1), max_size=4), min_size=1, max_size=3))
+    feeds = data.draw(st.lists(st.lists(st.integers(0, cfg.vocab_size - 1), min_size=len(contexts),
+                                        max_size=len(contexts)), min_size=1, max_size=3))
+    dec = m.decoder([m.prefill(c)[0] for c in contexts], steps=len(feeds))
+    ctx = [list(c) for c in contexts]
+    for tokens in feeds:
+        logits = dec.step(tokens)
+        for b, tok in enumerate(tokens):
+            ctx[b].append(tok)
+            ref, ref_logits = oracle.prefill(w, cfg, ctx[b])
+            assert torch.allclose(logits[b].double(), ref_logits[-1], rtol=1e-4, atol=1e-4)
+            got = dec.state(b, copy=False)
+            assert got.pos == ref.pos == len(ctx[b])
+            for l in cfg.recurrent_layers:
+                assert torch.allclose(got.ssm[l].double(), ref.ssm[l], rtol=1e-4, atol=1e-5)
+                assert torch.allclose(got.conv[l].double(), ref.conv[l], rtol=1e-5, atol=1e-5)
+            for l in cfg.attention_layers:
+                assert torch.allclose(got.kv[l][0].double(), ref.kv[l][0], rtol=1e-4, atol=1e-5)
+                assert torch.allclose(got.kv[l][1].double(), ref.kv[l][1], rtol=1e-4, atol=1e-5)
