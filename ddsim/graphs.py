@@ -374,19 +374,12 @@ class GraphedModel:
             self._decode = None
 
     def _decode_pass(self, dk: "_DecodeKey") -> torch.Tensor:
-        """One pass of dk's buffers -> logits [rows, vocab] (the graph's own output: read before the next)."""
-        if not self.capture:
-            return self.model.decode_pass(dk.buffers)
-        if dk.graph is None:
-            side = torch.cuda.Stream()  # warm-up: compiles, builds the plan's tables; leaves the states as they are
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), _no_grad():
-                self.model.decode_pass(dk.buffers, advance=False)
-            torch.cuda.current_stream().wait_stream(side)
-            dk.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(dk.graph, pool=dk.pool, capture_error_mode="thread_local"), _no_grad():
-                dk.logits = self.model.decode_pass(dk.buffers)
-        dk.graph.replay()
+        """One pass of dk's buffers -> logits [rows, vocab] (the graph's own output: read before the next).
+        The warm-up before the capture writes only the keys (a pass that also moved the states on would
+        be applied twice)."""
+        m, buf = self.model, dk.buffers
+        self._run(dk, "graph", lambda: setattr(dk, "logits", m.decode_pass(buf)),
+                  warmup=lambda: m.decode_pass(buf, advance=False))
         return dk.logits
 
     # ---- capture -------------------------------------------------------------------------------
@@ -398,9 +391,11 @@ class GraphedModel:
             self._ssm[i].copy_(state.ssm[i], non_blocking=True)
             self._conv[i].copy_(state.conv[i], non_blocking=True)
 
-    def _run(self, cap: _Captured, name: str, body) -> None:
-        """Run ``body`` eagerly (capture=False), or capture it on first use (after a warm-up that
-        compiles the kernels and allocates the plans' tables) and replay it."""
+    def _run(self, cap, name: str, body, *, warmup=None) -> None:
+        """Run ``body`` eagerly (capture=False), or capture it on first use into ``cap.<name>`` (from
+        ``cap.pool``), after a warm-up that compiles the kernels and allocates the plans' tables
+        (``warmup``, default ``body``: a body that is not idempotent warms up with a version that is),
+        and replay it."""
         if not self.capture:
             body()
             return
@@ -408,8 +403,8 @@ class GraphedModel:
         if graph is None:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                body()
+            with torch.cuda.stream(side), _no_grad():
+                (warmup or body)()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # thread-local capture: another thread's CUDA calls (a weight digest copying tensors out
