@@ -130,12 +130,13 @@ def _pooled(draw, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @st.composite
-def gdn_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
-    """Layer inputs for gdn_tree_verify: a tree per sequence (same T), random q/k/v/g/beta/state."""
+def gdn_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32, ks=(2, 3, 4, 5)):
+    """Layer inputs for gdn_tree_verify: a tree per sequence (same T), random q/k/v/g/beta/state;
+    the key width K drawn from ``ks``."""
     B = draw(st.integers(1, max_batch))
     H = draw(st.integers(1, 2))
     HV = H * draw(st.integers(1, 3))
-    K = draw(st.sampled_from([2, 3, 4, 5]))
+    K = draw(st.sampled_from(list(ks)))
     V = draw(st.sampled_from([2, 3, 4, 6]))
     T = draw(st.integers(1, max_nodes))
     ts = _trees_of_size(draw, B, T)
