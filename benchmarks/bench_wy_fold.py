@@ -24,10 +24,33 @@ from ddsim.compare import rel_error
 from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy, plan_wy
 
-SOLVE = [dict(solve_warps=sw, solve_maxnreg=r) for sw in (4, 8) for r in (None, 128, 168)]
-TILE = [dict(block_v=bv, num_warps=nw) for bv, nw in ((32, 4), (64, 4), (64, 8), (128, 8))]
-STREAM = [dict(block_v=bv, num_warps=nw, stream_k=sk, stages=st)
-          for bv in (32, 64, 128) for nw in (4, 8) for sk in (32, 64) for st in (1, 2, 3)]
+SOLVE = [dict(solve_warps=sw) for sw in (4, 8)]
+WARPS = (4, 8)  # --apply-warps narrows this (a faulting configuration poisons the process's CUDA context)
+
+
+def tile_cfgs():
+    return [dict(block_v=bv, num_warps=nw) for bv in (32, 64, 128) for nw in WARPS]
+
+
+def stream_cfgs():
+    return [dict(block_v=bv, num_warps=nw, stream_k=sk, stages=st)
+            for bv in (64, 128) for nw in WARPS for sk in (32, 64) for st in (1, 2, 3)] + [
+            dict(block_v=32, num_warps=nw, stream_k=32, stages=2) for nw in WARPS]
+
+
+def resources(launch_fn):
+    """Time launch_fn (triton's do_bench, median ms) and print the registers, spills and shared memory
+    of each kernel it compiled (what bounds how many programs an SM holds)."""
+    from triton.testing import do_bench
+
+    from ddsim.gpu_backend import launch as L
+    before = set(L._COMPILED)
+    ms = do_bench(launch_fn, warmup=10, rep=50, return_mode="median")
+    for key in sorted(set(L._COMPILED) - before, key=str):
+        ck, name = L._COMPILED[key], L._PARAMS[key[0]][3].__name__
+        print(f"#   {name} {key[2]}: {getattr(ck, 'n_regs', '?')} registers, {getattr(ck, 'n_spills', '?')} spilled, "
+              f"{getattr(ck.metadata, 'shared', '?')} B shared", flush=True)
+    return ms
 
 
 class Paired:
@@ -63,11 +86,11 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None):
                   initial_state=inp["initial_state"], poison=False)
     nbytes, flops = kernel_bytes(B, T), kernel_flops(B, T)
     kw = dict(progress=lambda r: print(f"# {B}x{T} {r['kernel']}: {r['us']:.1f} us {r['config']}", flush=True),
-              flops=flops, flop_rate=rate, **({"timer": timer} if timer else {}))
+              flops=flops, flop_rate=rate, timer=timer or resources)
     cases = {"fold kernel, rounds paired": ("wy", SOLVE, planner(common, 0, True)),
              "fold kernel, rounds in sequence": ("wy", SOLVE, planner(common, 0, False)),
-             "apply kernel, state held whole": ("wy", TILE, planner(common, 1)),
-             "apply kernel, state streamed": ("wy", STREAM, planner(common, 1))}
+             "apply kernel, state held whole": ("wy", tile_cfgs(), planner(common, 1)),
+             "apply kernel, state streamed": ("wy", stream_cfgs(), planner(common, 1))}
     rows = sweep(B, T, cases, nbytes, bw, **kw)
     solve = {r["kernel"]: r for r in rows if r["kernel"].startswith("fold kernel")}
     if not solve:
@@ -114,7 +137,10 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="8x65,32x65,1x65")
+    ap.add_argument("--apply-warps", default="4,8", help="num_warps of the per-V-tile kernel to sweep")
+    ap.add_argument("--skip-accuracy", action="store_true")
     a = ap.parse_args()
+    WARPS = tuple(int(w) for w in a.apply_warps.split(","))
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_fold: needs a CUDA device")
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
@@ -126,5 +152,6 @@ if __name__ == "__main__":
         rows += shape_rows(B, T, bw, rate)
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s" + (f"; FLOP floor at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
     print("\n".join(table_lines(rows)))
-    print()
-    print(accuracy())
+    if not a.skip_accuracy:
+        print()
+        print(accuracy())

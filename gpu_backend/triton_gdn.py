@@ -165,8 +165,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
             use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
             A_log=None, dt_bias=None, block_v: int | None = None, num_warps: int | None = None,
             precision: str = "tf32x3", poison: bool | None = None, design: str = "auto", solve_warps: int = 4,
-            exact16: str = "bf16x3", pdl: bool = False, stream_k: int = 0, stages: int = 1,
-            solve_maxnreg: int | None = None):
+            exact16: str = "bf16x3", pdl: bool = False, stream_k: int = 0, stages: int = 1):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
     kernel; "split": the value-independent half once per head (triton_wy_split); "fold": the same with
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
@@ -177,8 +176,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     multiply by the raw 16-bit k and v ("bf16x3", the default, or "tf32x2"); pdl: launch the folded
     form's second kernel with programmatic dependent launch (Hopper or later; ignored by the others);
     stream_k, stages: the folded form's second kernel streams the root state in chunks of stream_k
-    key rows, its loads pipelined over ``stages`` (0: the state held whole); solve_maxnreg: a register
-    cap for the split and folded forms' per-head kernel (None: Triton's choice)."""
+    key rows, its loads pipelined over ``stages`` (0: the state held whole)."""
     if design not in ("auto", "fused", "split", "fold"):
         raise ValueError(f"design: expected 'auto', 'fused', 'split' or 'fold', got {design!r}")
     if output_states:
@@ -209,7 +207,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
                              idx=idx, scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, use_qk_l2norm=use_qk_l2norm,
                              precision=precision, poison=poison, block_v=block_v, num_warps=num_warps,
                              solve_warps=solve_warps, fold=design == "fold", exact16=exact16, pdl=pdl,
-                             stream_k=stream_k, stages=stages, solve_maxnreg=solve_maxnreg)
+                             stream_k=stream_k, stages=stages)
     block_v, num_warps = block_v or 64, num_warps or 8
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK, BV = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))

@@ -297,15 +297,14 @@ PAIRED_SOLVE = True  # False: the fold kernel's rounds square N before multiplyi
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
                   use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, fold=False, exact16="bf16x3",
-                  pdl=False, stream_k=0, stages=1, solve_maxnreg=None):
+                  pdl=False, stream_k=0, stages=1):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four. pdl (fold
     only; compiled kernels on Hopper or later): the apply kernel is launched with programmatic
     dependent launch and runs its root step and loads while the fold kernel finishes. stream_k (fold
     only): the second kernel streams the root state in chunks of that many K rows (loads pipelined
-    over ``stages``) instead of holding it whole (0). solve_maxnreg: a register cap for the per-head
-    kernel (None: Triton's choice)."""
+    over ``stages``) instead of holding it whole (0)."""
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     BV = min(block_v, max(16, C.next_pow2(V, 1)))
@@ -317,16 +316,13 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
                           exact=_exact_mode(q, k, v, exact16, C.interpreting()),
                           use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
-                          solve_warps=solve_warps, pdl=_pdl(pdl), stream_k=stream_k, stages=stages,
-                          solve_maxnreg=solve_maxnreg)
+                          solve_warps=solve_warps, pdl=_pdl(pdl), stream_k=stream_k, stages=stages)
     Wm = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     Pm = torch.empty_like(Wm)
     Ad = torch.empty(B, HV, BT, dtype=torch.float32, device=v.device)
     solve = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, W=Wm, P=Pm, Ad=Ad, T=T, scale=scale,
                  NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
                  PRECISION=precision, num_warps=solve_warps)
-    if solve_maxnreg:
-        solve["maxnreg"] = solve_maxnreg
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, W=Wm, P=Pm, Ad=Ad, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
                  L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)
@@ -345,15 +341,13 @@ def _in_order(first, second):
 
 
 def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
-               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, stream_k, stages,
-               solve_maxnreg):
+               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, stream_k, stages):
     Qe = torch.empty(B, HV, BT, BK, dtype=torch.float32, device=v.device)
     Ve = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, T=T, scale=scale,
                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
                 EXACT=exact, PRECISION=precision, PDL=pdl, PAIRED=PAIRED_SOLVE, num_warps=solve_warps)
-    if solve_maxnreg:
-        fold["maxnreg"] = solve_maxnreg
+
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
                  L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=num_warps)
