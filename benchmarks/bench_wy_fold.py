@@ -1,13 +1,18 @@
 """The folded WY form's two kernels, alone and together, over a wider configuration sweep than
-bench_gdn_kernels.py (issue #13: <= 100 us at 8 x 65, <= 350 us at 32 x 65 on the H200):
+bench_gdn_kernels.py (issue #13: <= 100 us at 8 x 65, <= 350 us at 32 x 65 on the H200). Side by
+side in one run, each variant of the code the module flags of gpu_backend.triton_wy_split select:
 
-- the per-head (fold) kernel with each doubling round's two products paired (both read the same N)
-  or in sequence (square, then multiply), by warps and register cap;
-- the per-V-tile kernel holding the root state whole (BV x K in registers) or streaming it over K in
-  chunks (the root step as a rank-1 update; loads pipelined over ``stages``);
-- the two together from the best configurations of each, with and without programmatic dependent
-  launch;
-then each variant's error against the float64 oracle (fp32 and bf16 inputs).
+- PAIRED_SOLVE: each doubling round's two products read the same N (paired) or square N first
+  and then multiply by it (in sequence);
+- LEAN: the raw q, k loaded again after the solve instead of held in registers through it, and
+  the partial products of each fp32-level product accumulated by the MMAs themselves (one
+  accumulator) instead of apart and summed (the registers and spills each compiled kernel needs are
+  printed);
+
+then the two kernels together from the best configurations of each, with and without programmatic
+dependent launch, and each variant's error against the float64 oracle (fp32 and bf16 inputs).
+(A second kernel that streamed the root state over K in chunks was measured slower, 62 / 219 us
+against 55 / 182 at 8 x 65 / 32 x 65, and removed: results/2026-11-30-h200-bench-wy-fold-w4-d6b9890.txt.)
 
     python benchmarks/bench_wy_fold.py [--commit SHA] [--shapes 8x65,32x65]
 """
@@ -24,18 +29,37 @@ from ddsim.compare import rel_error
 from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy, plan_wy
 
-SOLVE = [dict(solve_warps=sw) for sw in (4, 8)]
-WARPS = (4, 8)  # --apply-warps narrows this (a faulting configuration poisons the process's CUDA context)
+SOLVE = [dict(solve_warps=sw, maxnreg=r) for sw in (4, 8) for r in (None, 168)]
+APPLY = [dict(block_v=bv, num_warps=nw, maxnreg=r) for bv in (32, 64, 128) for nw in (4, 8) for r in (None, 168)]
+VARIANTS = {f"rounds {'paired' if p else 'in sequence'}, {'lean' if lean else 'not lean'}": dict(paired=p, lean=lean)
+            for p in (True, False) for lean in (True, False)}
 
 
-def tile_cfgs():
-    return [dict(block_v=bv, num_warps=nw) for bv in (32, 64, 128) for nw in WARPS]
+class Flags:
+    """Sets ws.PAIRED_SOLVE, ws.LEAN and ws.MAXNREG for the plans made inside (read at plan time)."""
+
+    def __init__(self, paired: bool, lean: bool, maxnreg=(None, None)):
+        self.new = (paired, lean, maxnreg)
+
+    def __enter__(self):
+        self.old = (ws.PAIRED_SOLVE, ws.LEAN, ws.MAXNREG)
+        ws.PAIRED_SOLVE, ws.LEAN, ws.MAXNREG = self.new
+
+    def __exit__(self, *exc):
+        ws.PAIRED_SOLVE, ws.LEAN, ws.MAXNREG = self.old
 
 
-def stream_cfgs():
-    return [dict(block_v=bv, num_warps=nw, stream_k=sk, stages=st)
-            for bv in (64, 128) for nw in WARPS for sk in (32, 64) for st in (1, 2, 3)] + [
-            dict(block_v=32, num_warps=nw, stream_k=32, stages=2) for nw in WARPS]
+def planner(common, part, flags):
+    """plan(config) of the fold design under ``flags``; a config's "maxnreg" caps the kernel ``part``
+    (both kernels' caps, a pair, when part is None)."""
+    def plan(c):
+        c = dict(c)
+        cap = c.pop("maxnreg", None)
+        caps = cap if part is None else tuple(cap if i == part else None for i in range(2))
+        with Flags(**flags, maxnreg=caps or (None, None)):
+            launch, o = plan_wy(**common, mode="exact", design="fold", **c)
+        return (launch.parts[part] if part is not None else launch), o
+    return plan
 
 
 def resources(launch_fn):
@@ -53,32 +77,6 @@ def resources(launch_fn):
     return ms
 
 
-class Paired:
-    """Sets ws.PAIRED_SOLVE for the plans made inside (the kernel reads it as a constexpr at plan time)."""
-
-    def __init__(self, on: bool):
-        self.on = on
-
-    def __enter__(self):
-        self.was, ws.PAIRED_SOLVE = ws.PAIRED_SOLVE, self.on
-
-    def __exit__(self, *exc):
-        ws.PAIRED_SOLVE = self.was
-
-
-def planner(common, part=None, paired=True):
-    def plan(c):
-        with Paired(paired):
-            launch, o = plan_wy(**common, mode="exact", design="fold", **c)
-        return (launch.parts[part] if part is not None else launch), o
-    return plan
-
-
-def best(rows, name):
-    hits = [r for r in rows if r["kernel"] == name]
-    return hits[0]["config"] if hits else None
-
-
 def shape_rows(B, T, bw, rate, device="cuda", timer=None):
     _, parents = ddtree_batch(B, T)
     inp = kernel_inputs(B, T, device=device)
@@ -87,34 +85,27 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None):
     nbytes, flops = kernel_bytes(B, T), kernel_flops(B, T)
     kw = dict(progress=lambda r: print(f"# {B}x{T} {r['kernel']}: {r['us']:.1f} us {r['config']}", flush=True),
               flops=flops, flop_rate=rate, timer=timer or resources)
-    cases = {"fold kernel, rounds paired": ("wy", SOLVE, planner(common, 0, True)),
-             "fold kernel, rounds in sequence": ("wy", SOLVE, planner(common, 0, False)),
-             "apply kernel, state held whole": ("wy", tile_cfgs(), planner(common, 1)),
-             "apply kernel, state streamed": ("wy", stream_cfgs(), planner(common, 1))}
+    cases = {f"fold kernel, {name}": ("wy", SOLVE, planner(common, 0, f)) for name, f in VARIANTS.items()}
+    for lean in (True, False):
+        cases[f"apply kernel, {'lean' if lean else 'not lean'}"] = ("wy", APPLY, planner(common, 1, dict(
+            paired=True, lean=lean)))
     rows = sweep(B, T, cases, nbytes, bw, **kw)
-    solve = {r["kernel"]: r for r in rows if r["kernel"].startswith("fold kernel")}
-    if not solve:
-        return rows
-    fastest = min(solve, key=lambda n: solve[n]["us"])
-    s, paired = solve[fastest]["config"], fastest.endswith("paired")
+    got = {r["kernel"]: r for r in rows}
     whole = {}
-    for name, part in (("state held whole", "apply kernel, state held whole"),
-                       ("state streamed", "apply kernel, state streamed")):
-        a = best(rows, part)
-        if a is None:
-            continue
-        rounds = "paired" if paired else "in sequence"
-        whole[f"fold + apply, {name} (rounds {rounds})"] = ("wy", [dict(a, **s)], planner(common, None, paired))
-        whole[f"fold + apply, {name} (rounds {rounds}), PDL"] = ("wy", [dict(a, **s, pdl=True)],
-                                                                planner(common, None, paired))
+    for name, f in VARIANTS.items():
+        s, a = got.get(f"fold kernel, {name}"), got.get(f"apply kernel, {'lean' if f['lean'] else 'not lean'}")
+        if s and a:
+            sc, ac = dict(s["config"]), dict(a["config"])
+            caps = (sc.pop("maxnreg"), ac.pop("maxnreg"))
+            c = dict(ac, **sc, maxnreg=caps)
+            whole[f"fold + apply, {name}"] = ("wy", [c], planner(common, None, f))
+            whole[f"fold + apply, {name}, PDL"] = ("wy", [dict(c, pdl=True)], planner(common, None, f))
     return rows + sweep(B, T, whole, nbytes, bw, **kw)
 
 
 def accuracy(device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1):
     _, parents = ddtree_batch(B, T, seed=seed)
     lines = ["| inputs | variant | mode | relative error vs oracle (Frobenius) |", "|---|---|---|---|"]
-    variants = {"state held whole": {}, "state streamed by 32": dict(stream_k=32, stages=2),
-                "state streamed by 64": dict(stream_k=64, stages=3)}
     for dtype in (torch.float32, torch.bfloat16):
         inp = kernel_inputs(B, T, H=H, HV=HV, K=K, V=V, dtype=dtype, device=device, seed=seed)
         qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
@@ -123,13 +114,11 @@ def accuracy(device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1):
                                          initial_state=inp["initial_state"].cpu(), mode=mode)
             if dtype != torch.float32:
                 lines.append(f"| bf16 | (oracle rounded to bf16) | {mode} | {rel_error(ref.to(dtype), ref):.2e} |")
-            for paired in (True, False):
-                for name, kw in variants.items():
-                    with Paired(paired):
-                        o = gdn_tree_verify_wy(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
-                                               mode=mode, design="fold", **kw)
-                    lines.append(f"| {str(dtype).replace('torch.', '')} | rounds {'paired' if paired else 'in sequence'}"
-                                 f", {name} | {mode} | {rel_error(o.cpu(), ref):.2e} |")
+            for name, f in VARIANTS.items():
+                with Flags(**f):
+                    o = gdn_tree_verify_wy(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
+                                           mode=mode, design="fold")
+                lines.append(f"| {str(dtype).replace('torch.', '')} | {name} | {mode} | {rel_error(o.cpu(), ref):.2e} |")
     return "\n".join(lines)
 
 
@@ -137,10 +126,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="8x65,32x65,1x65")
-    ap.add_argument("--apply-warps", default="4,8", help="num_warps of the per-V-tile kernel to sweep")
     ap.add_argument("--skip-accuracy", action="store_true")
     a = ap.parse_args()
-    WARPS = tuple(int(w) for w in a.apply_warps.split(","))
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_fold: needs a CUDA device")
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]

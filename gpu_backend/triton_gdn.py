@@ -165,7 +165,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
             use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
             A_log=None, dt_bias=None, block_v: int | None = None, num_warps: int | None = None,
             precision: str = "tf32x3", poison: bool | None = None, design: str = "auto", solve_warps: int = 4,
-            exact16: str = "bf16x3", pdl: bool = False, stream_k: int = 0, stages: int = 1):
+            exact16: str = "bf16x3", pdl: bool = False):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
     kernel; "split": the value-independent half once per head (triton_wy_split); "fold": the same with
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
@@ -174,9 +174,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     35.7), fold for a batch (111.8 / 329.3 us at 8x65 / 32x65, split 127.5 / 432.5). block_v /
     num_warps / solve_warps default to each design's sweep choice; exact16: how the fold kernels
     multiply by the raw 16-bit k and v ("bf16x3", the default, or "tf32x2"); pdl: launch the folded
-    form's second kernel with programmatic dependent launch (Hopper or later; ignored by the others);
-    stream_k, stages: the folded form's second kernel streams the root state in chunks of stream_k
-    key rows, its loads pipelined over ``stages`` (0: the state held whole)."""
+    form's second kernel with programmatic dependent launch (Hopper or later; ignored by the others)."""
     if design not in ("auto", "fused", "split", "fold"):
         raise ValueError(f"design: expected 'auto', 'fused', 'split' or 'fold', got {design!r}")
     if output_states:
@@ -185,8 +183,6 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
         raise ValueError(f"precision: expected ieee, tf32 or tf32x3, got {precision!r}")
     if exact16 not in ("bf16x3", "tf32x2"):
         raise ValueError(f"exact16: expected 'bf16x3' or 'tf32x2', got {exact16!r}")
-    if type(stream_k) is not int or stream_k < 0 or type(stages) is not int or stages < 1:
-        raise ValueError(f"stream_k, stages: expected ints >= 0 and >= 1, got {stream_k!r}, {stages!r}")
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     scale = K ** -0.5 if scale is None else float(scale)
@@ -206,8 +202,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
         return plan_wy_split(q, k, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=initial_state,
                              idx=idx, scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, use_qk_l2norm=use_qk_l2norm,
                              precision=precision, poison=poison, block_v=block_v, num_warps=num_warps,
-                             solve_warps=solve_warps, fold=design == "fold", exact16=exact16, pdl=pdl,
-                             stream_k=stream_k, stages=stages)
+                             solve_warps=solve_warps, fold=design == "fold", exact16=exact16, pdl=pdl)
     block_v, num_warps = block_v or 64, num_warps or 8
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK, BV = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))

@@ -141,23 +141,55 @@ def _tf32_hi(x):
 
 
 @triton.jit
-def _dot_exact_rhs(a, b, EXACT: tl.constexpr, PRECISION: tl.constexpr):
-    """a [M, R] fp32 times b [R, N] (b in its own dtype) to fp32-level precision. EXACT 1: b is
-    16-bit, exact in tf32, so two tf32 MMAs (a's tf32 head and its remainder) replace tf32x3's three;
-    EXACT 2: b is bf16, and a is split into three bf16 parts (8 + 8 + 8 significant bits) for three
-    bf16 MMAs at twice tf32's rate; EXACT 0: ``PRECISION`` on fp32 operands."""
+def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr, LEAN: tl.constexpr):
+    """acc + a b for a [M, R] fp32 and b [R, N] in its own dtype, to fp32-level precision. EXACT 1: b
+    is 16-bit, exact in tf32, so two tf32 MMAs (a's tf32 head and its remainder) replace tf32x3's
+    three; EXACT 2: b is bf16, and a is split into three bf16 parts (8 + 8 + 8 significant bits) for
+    three bf16 MMAs at twice tf32's rate; EXACT 0: ``PRECISION`` on fp32 operands. The partial
+    products are added smallest first; LEAN: each MMA accumulates onto the last (one accumulator
+    live), else each has its own and they are summed after."""
     if EXACT == 2:
         a1 = a.to(tl.bfloat16)
         r1 = a - a1.to(tl.float32)
         a2 = r1.to(tl.bfloat16)
         a3 = (r1 - a2.to(tl.float32)).to(tl.bfloat16)
-        return tl.dot(a3, b) + tl.dot(a2, b) + tl.dot(a1, b)
+        if LEAN:
+            return tl.dot(a1, b, tl.dot(a2, b, tl.dot(a3, b, acc)))
+        return acc + (tl.dot(a3, b) + tl.dot(a2, b) + tl.dot(a1, b))
     elif EXACT == 1:
         bf = b.to(tl.float32)
         hi = _tf32_hi(a)
-        return tl.dot(a - hi, bf, input_precision="tf32") + tl.dot(hi, bf, input_precision="tf32")
+        if LEAN:
+            return tl.dot(hi, bf, tl.dot(a - hi, bf, acc, input_precision="tf32"), input_precision="tf32")
+        return acc + (tl.dot(a - hi, bf, input_precision="tf32") + tl.dot(hi, bf, input_precision="tf32"))
     else:
-        return tl.dot(a, b.to(tl.float32), input_precision=PRECISION)
+        if LEAN:
+            return tl.dot(a, b.to(tl.float32), acc, input_precision=PRECISION)
+        return acc + tl.dot(a, b.to(tl.float32), input_precision=PRECISION)
+
+
+@triton.jit
+def _acc_dot(a, b, acc, PRECISION: tl.constexpr, LEAN: tl.constexpr):
+    """acc + a b: accumulated by the MMA itself (LEAN), or a separate product added after."""
+    if LEAN:
+        return tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc + tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _draft_qk_again(q, k, i_bh, T, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                    BK: tl.constexpr):
+    """The raw draft q, k rows [BT, BK] of _solve_prologue loaded again (from L2: ``.cg``), so that
+    they need not stay in registers through the solve."""
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    m2 = (o_t < T - 1)[:, None] & (o_k < K)[None, :]
+    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
+    return (tl.load(q + offs, mask=m2, other=0.0, cache_modifier=".cg"),
+            tl.load(k + offs, mask=m2, other=0.0, cache_modifier=".cg"))
 
 
 @triton.jit
@@ -168,7 +200,7 @@ def _gdn_wy_fold_kernel(
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr, PAIRED: tl.constexpr,
+    PDL: tl.constexpr, PAIRED: tl.constexpr, LEAN: tl.constexpr,
 ):
     # O = diag(A) Q S_r scale + P W diag(beta) (V - diag(A) K S_r) = Qe S_r + Ve V with Y = P W:
     #   Qe = diag(A scale / rq) Q_raw - Y diag(beta A / rk) K_raw,   Ve = Y diag(beta)
@@ -183,16 +215,18 @@ def _gdn_wy_fold_kernel(
     if PAIRED:  # a round's two products read the same N, so they can issue together (chain NSTEP deep)
         for _ in range(1, NSTEP):
             N2 = tl.dot(N, N, input_precision=PRECISION)
-            Y = Y + tl.dot(Y, N, input_precision=PRECISION)
+            Y = _acc_dot(Y, N, Y, PRECISION, LEAN)
             N = N2
-        Y = Y + tl.dot(Y, N, input_precision=PRECISION)
+        Y = _acc_dot(Y, N, Y, PRECISION, LEAN)
     else:  # each round squares N, then multiplies by it (chain 2 NSTEP - 1 deep)
-        Y = Y + tl.dot(Y, N, input_precision=PRECISION)
+        Y = _acc_dot(Y, N, Y, PRECISION, LEAN)
         for _ in range(1, NSTEP):
             N = tl.dot(N, N, input_precision=PRECISION)
-            Y = Y + tl.dot(Y, N, input_precision=PRECISION)
+            Y = _acc_dot(Y, N, Y, PRECISION, LEAN)
+    if LEAN:  # q, k again from L2 rather than held in registers through the solve
+        b_q, b_k = _draft_qk_again(q, k, i_bh, T, H, HV, K, BT, BK)
     Z = Y * (b_beta * A / rk)[None, :]
-    Qm = (A * scale / rq)[:, None] * b_q.to(tl.float32) - _dot_exact_rhs(Z, b_k, EXACT, PRECISION)
+    Qm = _dot_exact_rhs(-Z, b_k, (A * scale / rq)[:, None] * b_q.to(tl.float32), EXACT, PRECISION, LEAN)
     base = i_bh.to(tl.int64) * BT
     tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
     tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Y * b_beta[None, :])
@@ -207,7 +241,7 @@ def _gdn_wy_fold_apply_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, LEAN: tl.constexpr,
 ):
     # launched with programmatic dependent launch (PDL), everything before gdc_wait overlaps the fold
     # kernel: nothing there reads what it writes
@@ -220,91 +254,25 @@ def _gdn_wy_fold_apply_kernel(
     base = (i_b * HV + i_hv).to(tl.int64) * BT
     Qm = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :])
     Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
-    b_o = tl.dot(Qm, s0, input_precision=PRECISION) + _dot_exact_rhs(Vm, b_v, EXACT, PRECISION)
-    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
-             mask=mt[:, None] & mv[None, :])
-
-
-@triton.jit
-def _gdn_wy_fold_stream_kernel(
-    q, k, v, g, beta, A_log, dt_bias,
-    Qe, Ve,  # from the fold kernel
-    state, state_idx, o,
-    T, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, STAGES: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    # The fold's second kernel with the root state streamed in BKC-row chunks of K (pipelined loads,
-    # fewer registers) instead of held whole. The root step is a rank-1 update,
-    #   S_r = a S + k0 u^T,   u = beta0 (v0 - a S^T k0),   a = exp(g0),
-    # so O = Qe S_r + Ve V = a (Qe S) + (Qe k0) u^T + Ve V and o_0 = scale q0^T S_r
-    # = scale (a q0^T S + (q0 . k0) u): one pass over S accumulates Qe S, S^T k0, S^T q0 and Qe k0.
-    i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
-    o_t = tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    mv = o_v < V
-    mt = o_t < T - 1
-    rows = (i_b * T + 1 + o_t).to(tl.int64)
-    r0 = (i_b * T).to(tl.int64)
-    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
-    g0, beta0 = h.gates(g, beta, r0 * HV + i_hv, 0, neg_A, bias, FUSED, False)
-    a0 = tl.exp(g0)
-    o_kf = tl.arange(0, BK)
-    q0 = tl.load(q + (r0 * H + i_h) * K + o_kf, mask=o_kf < K, other=0.0).to(tl.float32)  # [BK] raw
-    k0 = tl.load(k + (r0 * H + i_h) * K + o_kf, mask=o_kf < K, other=0.0).to(tl.float32)
-    if L2NORM:
-        rq0 = tl.sqrt(tl.sum(q0 * q0, 0) + 1e-6)
-        rk0 = tl.sqrt(tl.sum(k0 * k0, 0) + 1e-6)
-    else:
-        rq0 = 1.0
-        rk0 = 1.0
-    q0k0 = tl.sum(q0 * k0, 0) / (rq0 * rk0)
-    v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)  # [BV]
-    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :],
-                  other=0.0)  # [BT, BV] in v's dtype
-    slot = tl.load(state_idx + i_b).to(tl.int64)
-    base = (i_b * HV + i_hv).to(tl.int64) * BT
-    if PDL:
-        gdc_wait()  # the fold kernel's Qe, Ve complete and visible
-    Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
-    acc = _dot_exact_rhs(Vm, b_v, EXACT, PRECISION)  # [BT, BV]: Ve V, then + a Qe S
-    sk = tl.zeros([BV], tl.float32)  # S^T k0 (raw k0)
-    sq = tl.zeros([BV], tl.float32)  # S^T q0 (raw q0)
-    qk = tl.zeros([BT], tl.float32)  # Qe k0 (raw k0)
-    for kc in tl.range(0, BK, BKC, num_stages=STAGES):
-        o_k = kc + tl.arange(0, BKC)
-        mk = o_k < K
-        S = tl.load(state + ((slot * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                    mask=mk[:, None] & mv[None, :], other=0.0)  # [BKC, BV]
-        Qc = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :])  # [BT, BKC]
-        kc0 = tl.load(k + (r0 * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
-        qc0 = tl.load(q + (r0 * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
-        acc = tl.dot(Qc * a0, S, acc, input_precision=PRECISION)
-        sk += tl.sum(S * kc0[:, None], 0)
-        sq += tl.sum(S * qc0[:, None], 0)
-        qk += tl.sum(Qc * kc0[None, :], 1)
-    u = beta0 * (v0 - a0 * sk / rk0)  # [BV]
-    tl.store(o + (r0 * HV + i_hv) * V + o_v, (scale * (a0 * sq / rq0 + q0k0 * u)).to(o.dtype.element_ty), mask=mv)
-    b_o = acc + (qk / rk0)[:, None] * u[None, :]
+    b_o = _acc_dot(Qm, s0, _dot_exact_rhs(Vm, b_v, tl.zeros([BT, BV], tl.float32), EXACT, PRECISION, LEAN),
+                   PRECISION, LEAN)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
 
 
 PAIRED_SOLVE = True  # False: the fold kernel's rounds square N before multiplying (benchmarks compare)
+LEAN = True  # False: the fold kernels keep q, k live through the solve and each partial product apart
+MAXNREG = (None, None)  # register caps of the fold kernels (per-head, per-V-tile); None: Triton's choice
 
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
                   use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, fold=False, exact16="bf16x3",
-                  pdl=False, stream_k=0, stages=1):
+                  pdl=False):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four. pdl (fold
     only; compiled kernels on Hopper or later): the apply kernel is launched with programmatic
-    dependent launch and runs its root step and loads while the fold kernel finishes. stream_k (fold
-    only): the second kernel streams the root state in chunks of that many K rows (loads pipelined
-    over ``stages``) instead of holding it whole (0)."""
+    dependent launch and runs its root step and loads while the fold kernel finishes."""
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     BV = min(block_v, max(16, C.next_pow2(V, 1)))
@@ -316,7 +284,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
                           exact=_exact_mode(q, k, v, exact16, C.interpreting()),
                           use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
-                          solve_warps=solve_warps, pdl=_pdl(pdl), stream_k=stream_k, stages=stages)
+                          solve_warps=solve_warps, pdl=_pdl(pdl))
     Wm = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     Pm = torch.empty_like(Wm)
     Ad = torch.empty(B, HV, BT, dtype=torch.float32, device=v.device)
@@ -341,23 +309,23 @@ def _in_order(first, second):
 
 
 def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
-               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, stream_k, stages):
+               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl):
     Qe = torch.empty(B, HV, BT, BK, dtype=torch.float32, device=v.device)
     Ve = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, T=T, scale=scale,
                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
-                EXACT=exact, PRECISION=precision, PDL=pdl, PAIRED=PAIRED_SOLVE, num_warps=solve_warps)
+                EXACT=exact, PRECISION=precision, PDL=pdl, PAIRED=PAIRED_SOLVE, LEAN=LEAN, num_warps=solve_warps)
 
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
-                 L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=num_warps)
-    second = _gdn_wy_fold_apply_kernel
-    if stream_k:
-        apply.update(BKC=min(BK, max(16, C.next_pow2(stream_k, 1))), STAGES=stages)
-        second = _gdn_wy_fold_stream_kernel
+                 L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl, LEAN=LEAN, num_warps=num_warps)
     if pdl:
         apply["launch_pdl"] = True
-    launch = _in_order(bind(_gdn_wy_fold_kernel, (B * HV,), fold), bind(second, (C.cdiv(V, BV), B * HV), apply))
+    for kw, cap in zip((fold, apply), MAXNREG):
+        if cap:
+            kw["maxnreg"] = cap
+    launch = _in_order(bind(_gdn_wy_fold_kernel, (B * HV,), fold),
+                       bind(_gdn_wy_fold_apply_kernel, (C.cdiv(V, BV), B * HV), apply))
     launch.scratch = (Qe, Ve)  # what the second kernel reads from the first (the PDL test poisons it)
     return launch, o
 
