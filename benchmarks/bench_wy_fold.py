@@ -1,18 +1,14 @@
 """The folded WY form's two kernels, alone and together, over a wider configuration sweep than
-bench_gdn_kernels.py (issue #13: <= 100 us at 8 x 65, <= 350 us at 32 x 65 on the H200). Side by
-side in one run, each variant of the code the module flags of gpu_backend.triton_wy_split select:
+bench_gdn_kernels.py (issue #13: <= 100 us at 8 x 65, <= 350 us at 32 x 65 on the H200): value
+tile, warps and a register cap (gpu_backend.triton_wy_split.MAXNREG) for each kernel, printing the
+registers, spills and shared memory of each compiled kernel (what bounds how many programs an SM
+holds); then the two together at the best configuration of each and at the defaults, with and
+without programmatic dependent launch, and their error against the float64 oracle.
 
-- PAIRED_SOLVE: each doubling round's two products read the same N (paired) or square N first
-  and then multiply by it (in sequence);
-- LEAN: the raw q, k loaded again after the solve instead of held in registers through it, and
-  the partial products of each fp32-level product accumulated by the MMAs themselves (one
-  accumulator) instead of apart and summed (the registers and spills each compiled kernel needs are
-  printed);
-
-then the two kernels together from the best configurations of each, with and without programmatic
-dependent launch, and each variant's error against the float64 oracle (fp32 and bf16 inputs).
-(A second kernel that streamed the root state over K in chunks was measured slower, 62 / 219 us
-against 55 / 182 at 8 x 65 / 32 x 65, and removed: results/2026-11-30-h200-bench-wy-fold-w4-d6b9890.txt.)
+Variants measured with this script and since removed (results/2026-11-30-h200-bench-wy-fold-*.txt):
+a second kernel that streamed the root state over K in chunks (62 / 219 us against 55 / 182 at
+8 x 65 / 32 x 65, d6b9890); the doubling rounds in sequence (square, then multiply) rather than
+paired, and the raw q, k loaded again after the solve (bfc0150).
 
     python benchmarks/bench_wy_fold.py [--commit SHA] [--shapes 8x65,32x65]
 """
@@ -30,33 +26,31 @@ from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy, plan_wy
 
 SOLVE = [dict(solve_warps=sw, maxnreg=r) for sw in (4, 8) for r in (None, 168)]
-APPLY = [dict(block_v=bv, num_warps=nw, maxnreg=r) for bv in (32, 64, 128) for nw in (4, 8) for r in (None, 168)]
-VARIANTS = {f"rounds {'paired' if p else 'in sequence'}, {'lean' if lean else 'not lean'}": dict(paired=p, lean=lean)
-            for p in (True, False) for lean in (True, False)}
+APPLY = [dict(block_v=bv, num_warps=nw, maxnreg=r) for bv in (32, 64) for nw in (4, 8) for r in (None, 168)]
 
 
-class Flags:
-    """Sets ws.PAIRED_SOLVE, ws.LEAN and ws.MAXNREG for the plans made inside (read at plan time)."""
+class Caps:
+    """Sets ws.MAXNREG for the plans made inside (read at plan time)."""
 
-    def __init__(self, paired: bool, lean: bool, maxnreg=(None, None)):
-        self.new = (paired, lean, maxnreg)
+    def __init__(self, caps):
+        self.new = caps
 
     def __enter__(self):
-        self.old = (ws.PAIRED_SOLVE, ws.LEAN, ws.MAXNREG)
-        ws.PAIRED_SOLVE, ws.LEAN, ws.MAXNREG = self.new
+        self.old, ws.MAXNREG = ws.MAXNREG, self.new
 
     def __exit__(self, *exc):
-        ws.PAIRED_SOLVE, ws.LEAN, ws.MAXNREG = self.old
+        ws.MAXNREG = self.old
 
 
-def planner(common, part, flags):
-    """plan(config) of the fold design under ``flags``; a config's "maxnreg" caps the kernel ``part``
-    (both kernels' caps, a pair, when part is None)."""
+def planner(common, part):
+    """plan(config) of the fold design; a config's "maxnreg" caps the kernel ``part`` (0: per head,
+    1: per V tile; both, a pair, when part is None); without one, the module's defaults."""
     def plan(c):
         c = dict(c)
-        cap = c.pop("maxnreg", None)
-        caps = cap if part is None else tuple(cap if i == part else None for i in range(2))
-        with Flags(**flags, maxnreg=caps or (None, None)):
+        caps = c.pop("maxnreg", ws.MAXNREG if part is None else None)
+        if part is not None:
+            caps = tuple(caps if i == part else None for i in range(2))
+        with Caps(caps):
             launch, o = plan_wy(**common, mode="exact", design="fold", **c)
         return (launch.parts[part] if part is not None else launch), o
     return plan
@@ -64,7 +58,7 @@ def planner(common, part, flags):
 
 def resources(launch_fn):
     """Time launch_fn (triton's do_bench, median ms) and print the registers, spills and shared memory
-    of each kernel it compiled (what bounds how many programs an SM holds)."""
+    of each kernel it compiled."""
     from triton.testing import do_bench
 
     from ddsim.gpu_backend import launch as L
@@ -85,40 +79,34 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None):
     nbytes, flops = kernel_bytes(B, T), kernel_flops(B, T)
     kw = dict(progress=lambda r: print(f"# {B}x{T} {r['kernel']}: {r['us']:.1f} us {r['config']}", flush=True),
               flops=flops, flop_rate=rate, timer=timer or resources)
-    cases = {f"fold kernel, {name}": ("wy", SOLVE, planner(common, 0, f)) for name, f in VARIANTS.items()}
-    for lean in (True, False):
-        cases[f"apply kernel, {'lean' if lean else 'not lean'}"] = ("wy", APPLY, planner(common, 1, dict(
-            paired=True, lean=lean)))
-    rows = sweep(B, T, cases, nbytes, bw, **kw)
-    got = {r["kernel"]: r for r in rows}
-    whole = {}
-    for name, f in VARIANTS.items():
-        s, a = got.get(f"fold kernel, {name}"), got.get(f"apply kernel, {'lean' if f['lean'] else 'not lean'}")
-        if s and a:
-            sc, ac = dict(s["config"]), dict(a["config"])
-            caps = (sc.pop("maxnreg"), ac.pop("maxnreg"))
-            c = dict(ac, **sc, maxnreg=caps)
-            whole[f"fold + apply, {name}"] = ("wy", [c], planner(common, None, f))
-            whole[f"fold + apply, {name}, PDL"] = ("wy", [dict(c, pdl=True)], planner(common, None, f))
-    return rows + sweep(B, T, whole, nbytes, bw, **kw)
+    rows = sweep(B, T, {"fold kernel (per head)": ("wy", SOLVE, planner(common, 0)),
+                        "apply kernel (per V tile)": ("wy", APPLY, planner(common, 1))}, nbytes, bw, **kw)
+    got = {r["kernel"]: dict(r["config"]) for r in rows}
+    cases = {"fold + apply, defaults": ("wy", [{}], planner(common, None)),
+             "fold + apply, defaults, PDL": ("wy", [dict(pdl=True)], planner(common, None))}
+    if len(got) == 2:
+        s, a = got["fold kernel (per head)"], got["apply kernel (per V tile)"]
+        caps = (s.pop("maxnreg"), a.pop("maxnreg"))
+        c = dict(a, **s, maxnreg=caps)
+        cases["fold + apply, best of each"] = ("wy", [c], planner(common, None))
+        cases["fold + apply, best of each, PDL"] = ("wy", [dict(c, pdl=True)], planner(common, None))
+    return rows + sweep(B, T, cases, nbytes, bw, **kw)
 
 
 def accuracy(device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1):
     _, parents = ddtree_batch(B, T, seed=seed)
-    lines = ["| inputs | variant | mode | relative error vs oracle (Frobenius) |", "|---|---|---|---|"]
+    lines = ["| inputs | mode | fold, defaults: relative error vs oracle (Frobenius) | oracle rounded to the inputs' dtype |",
+             "|---|---|---|---|"]
     for dtype in (torch.float32, torch.bfloat16):
         inp = kernel_inputs(B, T, H=H, HV=HV, K=K, V=V, dtype=dtype, device=device, seed=seed)
         qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
         for mode in ("exact", "leaky"):
             ref = oracle.gdn_tree_verify(**{k: x.cpu() for k, x in qkv.items()}, parents=parents,
                                          initial_state=inp["initial_state"].cpu(), mode=mode)
-            if dtype != torch.float32:
-                lines.append(f"| bf16 | (oracle rounded to bf16) | {mode} | {rel_error(ref.to(dtype), ref):.2e} |")
-            for name, f in VARIANTS.items():
-                with Flags(**f):
-                    o = gdn_tree_verify_wy(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
-                                           mode=mode, design="fold")
-                lines.append(f"| {str(dtype).replace('torch.', '')} | {name} | {mode} | {rel_error(o.cpu(), ref):.2e} |")
+            o = gdn_tree_verify_wy(**qkv, parents=parents.to(device), initial_state=inp["initial_state"], mode=mode,
+                                   design="fold")
+            lines.append(f"| {str(dtype).replace('torch.', '')} | {mode} | {rel_error(o.cpu(), ref):.2e} | "
+                         f"{rel_error(ref.to(dtype), ref) if dtype != torch.float32 else 0.0:.2e} |")
     return "\n".join(lines)
 
 

@@ -197,7 +197,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     if design == "auto":
         design = ("fused" if T <= 17 else "split") if B == 1 else "fold"
     if design in ("split", "fold"):
-        block_v, num_warps = block_v or (64 if design == "fold" else 32), num_warps or 4
+        block_v, num_warps = block_v or 32, num_warps or 4
         from ddsim.gpu_backend.triton_wy_split import plan_wy_split
         return plan_wy_split(q, k, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=initial_state,
                              idx=idx, scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, use_qk_l2norm=use_qk_l2norm,

@@ -141,55 +141,24 @@ def _tf32_hi(x):
 
 
 @triton.jit
-def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr, LEAN: tl.constexpr):
+def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
     """acc + a b for a [M, R] fp32 and b [R, N] in its own dtype, to fp32-level precision. EXACT 1: b
     is 16-bit, exact in tf32, so two tf32 MMAs (a's tf32 head and its remainder) replace tf32x3's
     three; EXACT 2: b is bf16, and a is split into three bf16 parts (8 + 8 + 8 significant bits) for
-    three bf16 MMAs at twice tf32's rate; EXACT 0: ``PRECISION`` on fp32 operands. The partial
-    products are added smallest first; LEAN: each MMA accumulates onto the last (one accumulator
-    live), else each has its own and they are summed after."""
+    three bf16 MMAs at twice tf32's rate; EXACT 0: ``PRECISION`` on fp32 operands. The MMAs
+    accumulate onto acc, smallest part first (one accumulator live)."""
     if EXACT == 2:
         a1 = a.to(tl.bfloat16)
         r1 = a - a1.to(tl.float32)
         a2 = r1.to(tl.bfloat16)
         a3 = (r1 - a2.to(tl.float32)).to(tl.bfloat16)
-        if LEAN:
-            return tl.dot(a1, b, tl.dot(a2, b, tl.dot(a3, b, acc)))
-        return acc + (tl.dot(a3, b) + tl.dot(a2, b) + tl.dot(a1, b))
+        return tl.dot(a1, b, tl.dot(a2, b, tl.dot(a3, b, acc)))
     elif EXACT == 1:
         bf = b.to(tl.float32)
         hi = _tf32_hi(a)
-        if LEAN:
-            return tl.dot(hi, bf, tl.dot(a - hi, bf, acc, input_precision="tf32"), input_precision="tf32")
-        return acc + (tl.dot(a - hi, bf, input_precision="tf32") + tl.dot(hi, bf, input_precision="tf32"))
+        return tl.dot(hi, bf, tl.dot(a - hi, bf, acc, input_precision="tf32"), input_precision="tf32")
     else:
-        if LEAN:
-            return tl.dot(a, b.to(tl.float32), acc, input_precision=PRECISION)
-        return acc + tl.dot(a, b.to(tl.float32), input_precision=PRECISION)
-
-
-@triton.jit
-def _acc_dot(a, b, acc, PRECISION: tl.constexpr, LEAN: tl.constexpr):
-    """acc + a b: accumulated by the MMA itself (LEAN), or a separate product added after."""
-    if LEAN:
-        return tl.dot(a, b, acc, input_precision=PRECISION)
-    return acc + tl.dot(a, b, input_precision=PRECISION)
-
-
-@triton.jit
-def _draft_qk_again(q, k, i_bh, T, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                    BK: tl.constexpr):
-    """The raw draft q, k rows [BT, BK] of _solve_prologue loaded again (from L2: ``.cg``), so that
-    they need not stay in registers through the solve."""
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    rows = (i_b * T + 1 + o_t).to(tl.int64)
-    m2 = (o_t < T - 1)[:, None] & (o_k < K)[None, :]
-    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    return (tl.load(q + offs, mask=m2, other=0.0, cache_modifier=".cg"),
-            tl.load(k + offs, mask=m2, other=0.0, cache_modifier=".cg"))
+        return tl.dot(a, b.to(tl.float32), acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -200,7 +169,7 @@ def _gdn_wy_fold_kernel(
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr, PAIRED: tl.constexpr, LEAN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # O = diag(A) Q S_r scale + P W diag(beta) (V - diag(A) K S_r) = Qe S_r + Ve V with Y = P W:
     #   Qe = diag(A scale / rq) Q_raw - Y diag(beta A / rk) K_raw,   Ve = Y diag(beta)
@@ -211,22 +180,16 @@ def _gdn_wy_fold_kernel(
         q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, PRECISION)
     A = tl.exp(G)
     Y = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale  # P
-    # Y = P (I + N)(I + N^2)(I + N^4)... = P W
-    if PAIRED:  # a round's two products read the same N, so they can issue together (chain NSTEP deep)
-        for _ in range(1, NSTEP):
-            N2 = tl.dot(N, N, input_precision=PRECISION)
-            Y = _acc_dot(Y, N, Y, PRECISION, LEAN)
-            N = N2
-        Y = _acc_dot(Y, N, Y, PRECISION, LEAN)
-    else:  # each round squares N, then multiplies by it (chain 2 NSTEP - 1 deep)
-        Y = _acc_dot(Y, N, Y, PRECISION, LEAN)
-        for _ in range(1, NSTEP):
-            N = tl.dot(N, N, input_precision=PRECISION)
-            Y = _acc_dot(Y, N, Y, PRECISION, LEAN)
-    if LEAN:  # q, k again from L2 rather than held in registers through the solve
-        b_q, b_k = _draft_qk_again(q, k, i_bh, T, H, HV, K, BT, BK)
+    # Y = P (I + N)(I + N^2)(I + N^4)... = P W. A round's two products read the same N, so they issue
+    # together: the chain is NSTEP products deep (squaring first, then multiplying, made it 2 NSTEP - 1
+    # and measured slower: RESULTS.md)
+    for _ in range(1, NSTEP):
+        N2 = tl.dot(N, N, input_precision=PRECISION)
+        Y = tl.dot(Y, N, Y, input_precision=PRECISION)
+        N = N2
+    Y = tl.dot(Y, N, Y, input_precision=PRECISION)
     Z = Y * (b_beta * A / rk)[None, :]
-    Qm = _dot_exact_rhs(-Z, b_k, (A * scale / rq)[:, None] * b_q.to(tl.float32), EXACT, PRECISION, LEAN)
+    Qm = _dot_exact_rhs(-Z, b_k, (A * scale / rq)[:, None] * b_q.to(tl.float32), EXACT, PRECISION)
     base = i_bh.to(tl.int64) * BT
     tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
     tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Y * b_beta[None, :])
@@ -241,7 +204,7 @@ def _gdn_wy_fold_apply_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr, LEAN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # launched with programmatic dependent launch (PDL), everything before gdc_wait overlaps the fold
     # kernel: nothing there reads what it writes
@@ -254,15 +217,17 @@ def _gdn_wy_fold_apply_kernel(
     base = (i_b * HV + i_hv).to(tl.int64) * BT
     Qm = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :])
     Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
-    b_o = _acc_dot(Qm, s0, _dot_exact_rhs(Vm, b_v, tl.zeros([BT, BV], tl.float32), EXACT, PRECISION, LEAN),
-                   PRECISION, LEAN)
+    b_o = tl.dot(Qm, s0, _dot_exact_rhs(Vm, b_v, tl.zeros([BT, BV], tl.float32), EXACT, PRECISION),
+                 input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
 
 
-PAIRED_SOLVE = True  # False: the fold kernel's rounds square N before multiplying (benchmarks compare)
-LEAN = True  # False: the fold kernels keep q, k live through the solve and each partial product apart
-MAXNREG = (None, None)  # register caps of the fold kernels (per-head, per-V-tile); None: Triton's choice
+# Register caps of the fold kernels (per-head, per-V-tile; None: Triton's choice). 168 lets an SM hold
+# three 4-warp programs of the per-V-tile kernel (212 registers uncapped: two); the H200 sweep chose it
+# at 8 x 65 and 32 x 65 (benchmarks/bench_wy_fold.py, RESULTS.md). The per-head kernel spills under
+# any cap (255 registers uncapped), so it has none. Benchmarks may set this.
+MAXNREG = (None, 168)
 
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
@@ -314,11 +279,11 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
     Ve = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, T=T, scale=scale,
                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
-                EXACT=exact, PRECISION=precision, PDL=pdl, PAIRED=PAIRED_SOLVE, LEAN=LEAN, num_warps=solve_warps)
+                EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=solve_warps)
 
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
-                 L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl, LEAN=LEAN, num_warps=num_warps)
+                 L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=num_warps)
     if pdl:
         apply["launch_pdl"] = True
     for kw, cap in zip((fold, apply), MAXNREG):
