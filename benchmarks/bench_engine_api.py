@@ -8,6 +8,8 @@ included), one GDN layer per call:
                       node's state from the buffer into the pool slot
   ddsim drop-in       engine_api.target_verify with the same buffer (same semantics)
   ddsim snapshot-free engine_api.target_verify (no buffer) + engine_api.commit_accepted
+(ddsim's calls take the step's trees, pool rows and accepted nodes planned once, as an engine would
+build them once per step for every layer: plan_tree, plan_slots, plan_accepted)
   sglang flattened    the hybrid-unsafe path, for reference
 
     python benchmarks/bench_engine_api.py [--commit SHA] [--shapes 1x16,...,8x129]
@@ -55,9 +57,11 @@ def main():
         slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=dev)
         par = parents.to(dev).int().contiguous()
         plan = engine_api.plan_tree(par)  # once per step, shared by every layer (as an engine would)
+        pslots = engine_api.plan_slots(pool, slots)  # likewise the pool rows and the accepted nodes
         rows = torch.arange(B, dtype=torch.int32, device=dev)
         buf = torch.empty(B, T, HV, V, K, device=dev)
         acc = torch.tensor([int(t.depths.argmax()) for t in trees], device=dev)
+        pacc = engine_api.plan_accepted(plan, acc)
         q, k, v = inp["q"], inp["k"], inp["v"]
 
         def sg_exact():
@@ -73,17 +77,17 @@ def main():
                 disable_state_update=True)
 
         def dd_dropin():
-            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, retrieve_parent_token=plan,
+            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, pslots, retrieve_parent_token=plan,
                                      intermediate_states_buffer=buf, intermediate_state_indices=rows, cache_steps=T)
 
         def dd_verify():
-            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, retrieve_parent_token=plan)
+            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, pslots, retrieve_parent_token=plan)
 
         pool_copy = pool.clone()
 
         def dd_commit():
-            engine_api.commit_accepted(zeros, a_, zeros, k, v, b_, pool_copy, slots, retrieve_parent_token=plan,
-                                       accepted=acc)
+            engine_api.commit_accepted(zeros, a_, zeros, k, v, b_, pool_copy, pslots, retrieve_parent_token=plan,
+                                       accepted=pacc)
 
         t = {name: bench(fn) for name, fn in (("sg_exact", sg_exact), ("sg_commit", sg_commit),
                                               ("dd_dropin", dd_dropin), ("dd_verify", dd_verify),

@@ -25,7 +25,8 @@ Triton kernels also run on the CPU under TRITON_INTERPRET=1 (the tests do this).
 ``parents=`` takes a [B, T] integer tensor, or a ``TreePlan`` built once per tree and shared by every
 layer: validated when built, its index tables derived once and cached, so the per-layer calls do
 no host synchronisation for the tree. Likewise the commits take ``accepted=`` as ``checked_accepted(...)``
-(validated once per step, on the host when given host values) in place of raw indices.
+(validated once per step, on the host when given host values) in place of raw indices, and every
+pooled call ``state_indices=`` as ``checked_slots(...)`` (the pool rows validated once).
 
 Outputs are allocated unfilled, as an engine allocates them, except where ``poisoning()`` is on (the
 test suites, audits and ``ddsim check-kernel``: ``poisoned()``), where the launchers NaN-fill them first
@@ -40,7 +41,7 @@ import math
 import torch
 
 from ddsim.gpu_backend import checks, torch_mamba2, torch_ops
-from ddsim.gpu_backend.checks import CheckedIndices, TreePlan, checked_accepted, poisoned, poisoning
+from ddsim.gpu_backend.checks import CheckedIndices, CheckedSlots, TreePlan, checked_accepted, checked_slots, poisoned, poisoning
 from ddsim.gpu_backend.torch_ops import tree_attention
 
 BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split", "triton-wy-fold")
@@ -186,5 +187,5 @@ def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=
 
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_tree_commit", "tree_causal_conv1d",
-           "conv_tree_commit", "tree_attention", "TreePlan", "CheckedIndices", "checked_accepted", "poisoned", "poisoning",
-           "BACKENDS", "MAMBA2_BACKENDS"]
+           "conv_tree_commit", "tree_attention", "TreePlan", "CheckedIndices", "checked_accepted", "CheckedSlots",
+           "checked_slots", "poisoned", "poisoning", "BACKENDS", "MAMBA2_BACKENDS"]

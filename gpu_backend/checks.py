@@ -15,6 +15,34 @@ import torch.nn.functional as F
 MODES = ("exact", "leaky")
 
 
+class CheckedSlots:
+    """A batch's pool rows [B] validated once (``checked_slots``: distinct, in 0..N-1) and passed as
+    ``state_indices=`` to every layer's call, which then checks only the pool's row count, the shape
+    and the device: no per-layer host sync. ``indices`` is int32, ``rows`` the same as int64."""
+
+    def __init__(self, indices: torch.Tensor, N: int):
+        self.indices, self.N = indices.to(torch.int32).contiguous(), N
+        self.rows = self.indices.long()
+
+
+def checked_slots(state_indices, N: int, B: int, device) -> CheckedSlots:
+    """Validate the pool rows state_indices [B] of a pool of N rows once: on the host when given host
+    values (no device sync), else with one sync."""
+    if isinstance(state_indices, CheckedSlots):
+        return state_indices
+    if isinstance(state_indices, torch.Tensor) and (state_indices.dtype not in (torch.int32, torch.int64)
+                                                    or state_indices.dim() != 1):
+        raise ValueError(f"state_indices: expected [B] integers, got {tuple(state_indices.shape)} {state_indices.dtype}")
+    host = state_indices.tolist() if isinstance(state_indices, torch.Tensor) else list(state_indices)
+    if len(host) != B or any(not isinstance(x, int) for x in host):
+        raise ValueError(f"state_indices: expected [B] = [{B}] integers, got {host}")
+    if any(not 0 <= x < N for x in host):
+        raise ValueError(f"state_indices: slots must lie in 0..{N - 1}, got {host}")
+    if len(set(host)) != B:
+        raise ValueError(f"state_indices: slots must be distinct, got {host}")
+    return CheckedSlots(torch.tensor(host, dtype=torch.int32, device=device), N)
+
+
 class TreePlan:
     """The parents of a batch of trees [B, T], validated once, and the index tables every layer's
     kernels derive from them, each built on first use and cached: source parents per mode, conv
@@ -235,8 +263,15 @@ def constant(kind: str, n: int, device, dtype=torch.float32) -> torch.Tensor:
 
 def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tensor:
     """int32 [B] rows of pool [N, ...] holding the batch: its first B rows when state_indices is
-    None (then N must be B), else state_indices [B], distinct and in 0..N-1."""
+    None (then N must be B), else state_indices [B], distinct and in 0..N-1 (two host syncs), or
+    CheckedSlots (validated before: only the pool size, shape and device here)."""
     N = pool.shape[0]
+    if isinstance(state_indices, CheckedSlots):
+        idx = state_indices.indices
+        if state_indices.N != N or tuple(idx.shape) != (B,) or idx.device != pool.device:
+            raise ValueError(f"state_indices: checked slots {tuple(idx.shape)} of a {state_indices.N}-row pool on "
+                             f"{idx.device}; {name} has {N} {rows} on {pool.device} for {B} sequences")
+        return idx
     if state_indices is None:
         if N != B:
             raise ValueError(f"{name}: {N} {rows} for {B} sequences; pass state_indices to address a pool")

@@ -12,9 +12,13 @@ an engine can swap it in for ``fused_sigmoid_gating_delta_rule_update`` (and ``d
 Shapes as SGLang's: q, k [B, T, H, K] (or [1, B*T, H, K] with cu_seqlens of B equal segments),
 v [B, T, HV, V], a, b [B, T, HV], A_log, dt_bias [HV], the state pool initial_state_source
 [N, HV, V, K] float32 addressed by initial_state_indices [B], retrieve_parent_token [B, T] (the
-parent's index, -1 at the root; None: the flattened recurrence, the hybrid-unsafe path), or better
-``plan_tree(retrieve_parent_token)`` built once per step and passed to every layer (a raw tensor is
-validated, with host syncs, on every call).
+parent's index, -1 at the root; None: the flattened recurrence, the hybrid-unsafe path). Per step, as
+an engine would, build once and pass to every layer (raw tensors are validated, with host syncs, on
+every call):
+  - ``plan_tree(retrieve_parent_token)`` as retrieve_parent_token;
+  - ``plan_slots(initial_state_source, initial_state_indices)`` as initial_state_indices (the pool
+    rows: distinct, in range);
+  - ``plan_accepted(tree_plan, accepted)`` as commit_accepted's accepted.
 
 target_verify reads the pool and never writes it (``disable_state_update=False`` is refused rather
 than half-honoured). Two ways to use it:
@@ -62,6 +66,20 @@ def plan_tree(retrieve_parent_token) -> checks.TreePlan:
     return checks.TreePlan(retrieve_parent_token.long())
 
 
+def plan_slots(initial_state_source, initial_state_indices) -> checks.CheckedSlots:
+    """The step's pool rows [B] validated once (one host sync for a device tensor, none for host
+    values): pass as ``initial_state_indices`` to every layer's target_verify and commit_accepted."""
+    idx = initial_state_indices
+    B = len(idx) if not isinstance(idx, torch.Tensor) else (idx.shape[0] if idx.dim() == 1 else -1)
+    return checks.checked_slots(idx, initial_state_source.shape[0], B, initial_state_source.device)
+
+
+def plan_accepted(tree: checks.TreePlan, accepted) -> checks.CheckedIndices:
+    """The step's accepted nodes [B] validated once against the planned trees: pass as ``accepted``
+    to every layer's commit_accepted."""
+    return checks.checked_accepted(accepted, tree.B, tree.T, tree.device)
+
+
 def _parents(p, B, T):
     return p if isinstance(p, checks.TreePlan) else p.reshape(B, T).long()
 
@@ -73,7 +91,11 @@ def _check_gating(softplus_beta, softplus_threshold):
 
 
 def _slots(pool, slots, B) -> torch.Tensor:
-    """The batch's pool rows, checked (distinct, in range) as every backend checks them: int64 [B]."""
+    """The batch's pool rows, checked (distinct, in range) as every backend checks them, or checked
+    once before (plan_slots): int64 [B]."""
+    if isinstance(slots, checks.CheckedSlots):
+        checks.pool_slots(pool, slots, B, "initial_state_source", "states")  # its pool size, shape, device
+        return slots.rows
     return checks.pool_slots(pool, slots, B, "initial_state_source", "states").long()
 
 

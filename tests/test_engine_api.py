@@ -103,3 +103,30 @@ def test_a_plan_built_once_per_step_gives_the_same_outputs():
     plan = engine_api.plan_tree(parents.int())
     assert torch.equal(engine_api.target_verify(*args, retrieve_parent_token=plan),
                        engine_api.target_verify(*args, retrieve_parent_token=parents.int()))
+
+
+def test_slots_and_accepted_planned_once_per_step_give_the_same_state():
+    """plan_slots / plan_accepted validate once (host values: no sync) and every layer's call then
+    checks only the pool size, shape and device; the outputs and the committed pool are the same
+    bits as with raw tensors, and bad plans are refused before any work."""
+    x, parents, pool, slots = _inputs(seed=3)
+    tree = engine_api.plan_tree(parents.int())
+    ps, pa = engine_api.plan_slots(pool, slots), engine_api.plan_accepted(tree, torch.tensor([4, 5]))
+    args = (x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool)
+    assert torch.equal(engine_api.target_verify(*args, ps, retrieve_parent_token=tree),
+                       engine_api.target_verify(*args, slots, retrieve_parent_token=parents.int()))
+    raw, planned = pool.clone(), pool.clone()
+    cargs = (x["A_log"], x["a"], x["dt_bias"], x["k"], x["v"], x["b"])
+    engine_api.commit_accepted(*cargs, raw, slots, retrieve_parent_token=parents.int(), accepted=torch.tensor([4, 5]))
+    engine_api.commit_accepted(*cargs, planned, engine_api.plan_slots(planned, slots), retrieve_parent_token=tree,
+                               accepted=pa)
+    assert torch.equal(planned, raw)
+    for bad, needle in (([3, 3], "distinct"), ([3, 5], "0..4"), (torch.zeros(2, 1, dtype=torch.int32), "integers")):
+        with pytest.raises(ValueError, match=needle):
+            engine_api.plan_slots(pool, torch.as_tensor(bad, dtype=torch.int32))
+    with pytest.raises(ValueError, match="5-row pool"):  # planned for another pool size
+        engine_api.target_verify(*args[:-1], torch.zeros(7, *pool.shape[1:]), ps, retrieve_parent_token=tree)
+    with pytest.raises(ValueError, match="checked slots"):  # planned for another batch
+        engine_api.target_verify(*args, engine_api.plan_slots(pool, [3]), retrieve_parent_token=tree)
+    with pytest.raises(ValueError, match="accepted"):
+        engine_api.plan_accepted(tree, [4, 6])
