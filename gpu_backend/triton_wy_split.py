@@ -27,9 +27,9 @@ from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
 
 try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    from triton.language.extra.cuda import gdc_launch_dependents
 except ImportError:  # pragma: no cover - older Triton: pdl is refused by plan_wy_split
-    gdc_launch_dependents = gdc_wait = None
+    gdc_launch_dependents = None
 
 
 @triton.jit
@@ -166,6 +166,7 @@ def _gdn_wy_fold_kernel(
     q, k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     Qe, Ve,  # out: [B, HV, BT, BK] fp32 (the output's weights on S_r), [B, HV, BT, BT] fp32 (on v)
+    ready,  # [B * HV] int32, zeroed before the launch; PDL: set to 1 once this head's Qe, Ve are written
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
@@ -193,12 +194,15 @@ def _gdn_wy_fold_kernel(
     base = i_bh.to(tl.int64) * BT
     tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
     tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Y * b_beta[None, :])
+    if PDL:  # every thread's stores done (barrier), then published at GPU scope (release is cumulative)
+        tl.debug_barrier()
+        tl.atomic_xchg(ready + i_bh, 1, sem="release", scope="gpu")
 
 
 @triton.jit
 def _gdn_wy_fold_apply_kernel(
     q, k, v, g, beta, A_log, dt_bias,
-    Qe, Ve,  # from the fold kernel
+    Qe, Ve, ready,  # from the fold kernel
     state, state_idx, o,
     T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -206,17 +210,25 @@ def _gdn_wy_fold_apply_kernel(
     FUSED: tl.constexpr, L2NORM: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    # launched with programmatic dependent launch (PDL), everything before gdc_wait overlaps the fold
-    # kernel: nothing there reads what it writes
+    # Launched with programmatic dependent launch (PDL), this grid starts once every fold program has
+    # started, and each program waits for its own head's fold program only (its ready flag), not for
+    # the whole fold grid: the heads the fold's first wave finished are applied while its last wave
+    # runs. (No deadlock: every fold program is resident or done before any program here starts.)
+    # Everything before the wait overlaps the fold kernel: nothing there reads what it writes.
     i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
         q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :],
                   other=0.0)  # [BT, BV] in v's dtype
+    i_bh = i_b * HV + i_hv
+    base = i_bh.to(tl.int64) * BT
     if PDL:
-        gdc_wait()  # the fold kernel's Qe, Ve complete and visible
-    base = (i_b * HV + i_hv).to(tl.int64) * BT
-    Qm = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :])
-    Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
+        while tl.atomic_add(ready + i_bh, 0, sem="acquire", scope="gpu") == 0:
+            pass
+        Qm = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :], cache_modifier=".cg")
+        Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :], cache_modifier=".cg")
+    else:
+        Qm = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :])
+        Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
     b_o = tl.dot(Qm, s0, _dot_exact_rhs(Vm, b_v, tl.zeros([BT, BV], tl.float32), EXACT, PRECISION),
                  input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
@@ -277,11 +289,13 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
                raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl):
     Qe = torch.empty(B, HV, BT, BK, dtype=torch.float32, device=v.device)
     Ve = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
-    fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, T=T, scale=scale,
+    ready = torch.zeros(B * HV, dtype=torch.int32, device=v.device)
+    fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, ready=ready, T=T, scale=scale,
                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
                 EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=solve_warps)
 
-    apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, state=state,
+    apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, ready=ready,
+                 state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
                  L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=num_warps)
     if pdl:
@@ -289,8 +303,14 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
     for kw, cap in zip((fold, apply), MAXNREG):
         if cap:
             kw["maxnreg"] = cap
-    launch = _in_order(bind(_gdn_wy_fold_kernel, (B * HV,), fold),
-                       bind(_gdn_wy_fold_apply_kernel, (C.cdiv(V, BV), B * HV), apply))
+    first = bind(_gdn_wy_fold_kernel, (B * HV,), fold)
+    if pdl:  # the flags are zeroed before every launch (a CUDA graph captures the memset too)
+        fold_alone = first
+
+        def first():
+            ready.zero_()
+            fold_alone()
+    launch = _in_order(first, bind(_gdn_wy_fold_apply_kernel, (C.cdiv(V, BV), B * HV), apply))
     launch.scratch = (Qe, Ve)  # what the second kernel reads from the first (the PDL test poisons it)
     return launch, o
 
@@ -300,8 +320,8 @@ def _pdl(asked: bool) -> bool:
     interpreter runs programs one after another) and on a GPU that has it (compute capability 9+)."""
     if not asked or C.interpreting():
         return False
-    if gdc_wait is None:
-        raise ValueError("pdl: this Triton has no grid dependency control (triton.language.extra.cuda.gdc_wait)")
+    if gdc_launch_dependents is None:
+        raise ValueError("pdl: this Triton has no grid dependency control (triton.language.extra.cuda)")
     return torch.cuda.get_device_capability()[0] >= 9
 
 

@@ -71,9 +71,10 @@ def test_a_new_specialization_goes_through_triton_again(monkeypatch):
 
 @pytest.mark.parametrize("B,T", [(2, 33), (8, 65), (32, 65)])
 def test_programmatic_dependent_launch_gives_the_same_bits(B, T):
-    """The folded WY form with its second kernel launched early (pdl=True) waits for the first: with
-    the scratch between them poisoned (NaN) before every call, a read before the first kernel's
-    writes would show as NaN; the outputs equal the plain launch's bit for bit, call after call."""
+    """The folded WY form with its second kernel launched early (pdl=True) waits for its head's fold
+    program (a per-head ready flag, release/acquire): with the scratch between them poisoned (NaN)
+    before every call, a read before that program's writes would show as NaN; the outputs equal the
+    plain launch's bit for bit, call after call."""
     from ddsim.gpu_backend.triton_gdn import plan_wy
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
@@ -84,7 +85,7 @@ def test_programmatic_dependent_launch_gives_the_same_bits(B, T):
     plain, o_ref = plan_wy(**qkv, **common)
     early, o = plan_wy(**qkv, **common, pdl=True)
     plain()
-    for _ in range(5):
+    for _ in range(20):
         for t in early.scratch:
             t.fill_(float("nan"))
         early()
