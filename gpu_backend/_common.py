@@ -41,9 +41,20 @@ def check_pool(initial_state, state_indices, B, HV, K, V):
     if initial_state.dim() != 4 or tuple(initial_state.shape[1:]) != (HV, K, V):
         raise ValueError(f"initial_state: expected [N, HV, K, V] with HV, K, V = {(HV, K, V)}, got "
                          f"{tuple(initial_state.shape)}")
-    if not initial_state.is_contiguous():
-        raise ValueError("initial_state: must be contiguous")
+    state_vk(initial_state)  # contiguous, or SGLang's pool seen through a transpose
     return pool_slots(initial_state, state_indices, B, "initial_state", "states")
+
+
+def state_vk(pool: torch.Tensor) -> bool:
+    """The kernels' STATE_VK of a state pool [N, HV, K, V]: False when contiguous, True when it is the
+    transpose of a contiguous [N, HV, V, K] pool (``sglang_pool.transpose(-1, -2)``: read and written
+    in place, no copy); any other layout is refused."""
+    if pool.is_contiguous():
+        return False
+    if pool.transpose(-1, -2).is_contiguous():
+        return True
+    raise ValueError(f"initial_state: expected a contiguous [N, HV, K, V] pool or the transpose of a contiguous "
+                     f"[N, HV, V, K] one, got strides {tuple(pool.stride())}")
 
 
 def window_slots(initial_window, state_indices, B: int) -> torch.Tensor:

@@ -29,6 +29,9 @@ than half-honoured). Two ways to use it:
   - snapshot-free: pass no buffer; the tree-masked WY form verifies without per-node states, and
     after acceptance commit_accepted writes the state after root..accepted[b] into the sequence's
     slot, from the committed state and the accepted nodes alone.
+SGLang's fp32 pool is neither copied nor transposed: the kernels read it (and commit_accepted writes
+the accepted state into it) through its [N, HV, K, V] transpose view; a pool of another dtype is
+gathered into a float32 copy of the batch's rows and written back.
 On CUDA (and in Triton's interpreter) Triton kernels run (WY up to its node limit, else the
 recurrent one); on the CPU otherwise, the torch path.
 """
@@ -90,18 +93,15 @@ def _check_gating(softplus_beta, softplus_threshold):
                          f"got {softplus_beta}, {softplus_threshold}")
 
 
-def _slots(pool, slots, B) -> torch.Tensor:
-    """The batch's pool rows, checked (distinct, in range) as every backend checks them, or checked
-    once before (plan_slots): int64 [B]."""
-    if isinstance(slots, checks.CheckedSlots):
-        checks.pool_slots(pool, slots, B, "initial_state_source", "states")  # its pool size, shape, device
-        return slots.rows
-    return checks.pool_slots(pool, slots, B, "initial_state_source", "states").long()
-
-
-def _committed(pool, idx):
-    """The committed states [B, HV, K, V] (ddsim's layout) in rows idx of SGLang's [N, HV, V, K] pool."""
-    return pool.index_select(0, idx).transpose(-1, -2).float().contiguous()
+def _state_view(pool, slots, B):
+    """(initial_state, state_indices) for ddsim's functions: SGLang's fp32 pool [N, HV, V, K] seen
+    through a transpose as [N, HV, K, V] (read, and by the commit written, in place: no copy) with
+    the batch's rows (checked: distinct, in range; or checked once by plan_slots). Another dtype is
+    gathered into a float32 copy of the batch's rows (state_indices None)."""
+    if pool.dtype == torch.float32 and pool.dim() == 4 and pool.is_contiguous():
+        return pool.transpose(-1, -2), slots
+    idx = checks.pool_slots(pool, slots, B, "initial_state_source", "states").long()
+    return pool.index_select(0, idx).transpose(-1, -2).float().contiguous(), None
 
 
 def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
@@ -116,14 +116,14 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     _check_gating(softplus_beta, softplus_threshold)
     B, T = _batch_shape(q, cu_seqlens)
     q, k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (q, k, v, a, b))
-    s0 = _committed(initial_state_source, _slots(initial_state_source, initial_state_indices, B))
+    s0, slots = _state_view(initial_state_source, initial_state_indices, B)
     if retrieve_parent_token is None:
         parents, mode = torch.arange(-1, T - 1, device=q.device).expand(B, T), "leaky"
     else:
         parents, mode = _parents(retrieve_parent_token, B, T), "exact"
     from ddsim import gpu_backend as gb
     keep = intermediate_states_buffer is not None
-    out = gb.gdn_tree_verify(q, k, v, parents=parents, initial_state=s0, mode=mode, scale=scale,
+    out = gb.gdn_tree_verify(q, k, v, parents=parents, initial_state=s0, state_indices=slots, mode=mode, scale=scale,
                              use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                              output_states=keep, backend=_backend(q))
     o = out[0] if isinstance(out, tuple) else out
@@ -141,11 +141,13 @@ def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_st
     B, T = _batch_shape(k, cu_seqlens)
     k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (k, v, a, b))
     pool = initial_state_source
-    idx = _slots(pool, initial_state_indices, B)
+    s0, slots = _state_view(pool, initial_state_indices, B)
     from ddsim import gpu_backend as gb
     new = gb.gdn_tree_commit(k, v, parents=_parents(retrieve_parent_token, B, T), accepted=accepted,
-                             initial_state=_committed(pool, idx),
+                             initial_state=s0, state_indices=slots, inplace=slots is not None,
                              use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                             backend=_backend(k))  # [B, HV, K, V]
-    pool.index_copy_(0, idx, new.transpose(-1, -2).to(pool.dtype))
+                             backend=_backend(k))
+    if slots is None:  # a pool of another dtype: its batch rows were copied; write them back
+        idx = checks.pool_slots(pool, initial_state_indices, B, "initial_state_source", "states").long()
+        pool.index_copy_(0, idx, new.transpose(-1, -2).to(pool.dtype))
     return pool

@@ -25,12 +25,13 @@ def _gdn_commit_kernel(
     state, state_idx, out, out_idx,  # read pool + slots, write pool + slots (may be the same)
     T, TP, DMAX,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, STATE_VK: tl.constexpr, OUT_VK: tl.constexpr,  # h.state_ptrs
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     mkv = mk[:, None] & mv[None, :]
-    S = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V), mask=mkv, other=0.0)
+    S = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mkv,
+                other=0.0)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     path = paths + (i_b * TP + tl.load(acc + i_b)) * DMAX  # the accepted node's root path
     for d in range(0, DMAX):
@@ -40,7 +41,7 @@ def _gdn_commit_kernel(
         b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
         b_g, b_beta = h.gates(g, beta, row * HV + i_hv, 0, neg_A, bias, FUSED, False)
         S = tl.where(n >= 0, h.delta_step(S, b_k, b_v, b_g, b_beta), S)
-    tl.store(h.state_ptrs(out, tl.load(out_idx + i_b), i_hv, o_k, o_v, HV, K, V), S, mask=mkv)
+    tl.store(h.state_ptrs(out, tl.load(out_idx + i_b), i_hv, o_k, o_v, HV, K, V, OUT_VK), S, mask=mkv)
 
 
 def _paths(parents: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
@@ -96,7 +97,7 @@ def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, us
     kw = dict(k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, paths=paths, acc=rows,
               state=initial_state, state_idx=idx, out=out, out_idx=out_idx, T=T, TP=paths.shape[1],
               DMAX=paths.shape[2], H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm,
-              num_warps=num_warps)
+              STATE_VK=C.state_vk(initial_state), OUT_VK=C.state_vk(out), num_warps=num_warps)
     return bind(_gdn_commit_kernel, (C.cdiv(V, BV), B * HV), kw), out
 
 

@@ -44,18 +44,21 @@ def _gdn_recurrent_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     PARENT_INDEXED: tl.constexpr, STORE_STATES: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
+    STATE_VK: tl.constexpr,  # the pool is the transpose of a contiguous [N, HV, V, K] one (h.state_ptrs)
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     mkv = mk[:, None] & mv[None, :]
-    s0 = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V), mask=mkv, other=0.0)
+    s0 = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mkv,
+                 other=0.0)
     S = s0
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     for t in range(0, T):
         row = i_b * T + t  # int32 offsets inside the loop (the flattened kernel is latency-bound)
         if PARENT_INDEXED:
             p = tl.load(src + row)
-            sp = tl.load(h.state_ptrs(snap, i_b * T + tl.maximum(p, 0), i_hv, o_k, o_v, HV, K, V), mask=mkv, other=0.0)
+            sp = tl.load(h.state_ptrs(snap, i_b * T + tl.maximum(p, 0), i_hv, o_k, o_v, HV, K, V, False), mask=mkv,
+                         other=0.0)
             S = tl.where(p >= 0, sp, s0)  # the root reads the committed state
         b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, L2NORM, 0)
         b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
@@ -65,7 +68,7 @@ def _gdn_recurrent_kernel(
         b_o = tl.sum(S * (b_q * scale)[:, None], 0)
         tl.store(o + (row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
         if STORE_STATES:
-            tl.store(h.state_ptrs(snap, row, i_hv, o_k, o_v, HV, K, V), S, mask=mkv)
+            tl.store(h.state_ptrs(snap, row, i_hv, o_k, o_v, HV, K, V, False), S, mask=mkv)
             if PARENT_INDEXED:
                 tl.debug_barrier()  # the next node may read this snapshot through other threads
 
@@ -78,13 +81,14 @@ def _gdn_wy_kernel(
     T, scale, NSTEP,  # NSTEP = ceil(log2(max depth + 1)) doubling steps of the triangular solve
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
 ):
     # The root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
     # the root, recurrently: S_r; then the draft nodes 1..T-1 as one block
     i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
-        q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM)
+        q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM,
+        STATE_VK)
     b_q, b_k, b_v, b_g, b_beta = h.wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
                                            H, HV, K, V, FUSED, L2NORM)
     anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0
@@ -147,7 +151,8 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db,
               src=src.to(torch.int32).contiguous(), state=initial_state, state_idx=idx, o=o, snap=snap,
               T=T, scale=scale, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, PARENT_INDEXED=parent_indexed,
-              STORE_STATES=store, FUSED=fused, L2NORM=use_qk_l2norm, num_warps=num_warps)
+              STORE_STATES=store, FUSED=fused, L2NORM=use_qk_l2norm, STATE_VK=C.state_vk(initial_state),
+              num_warps=num_warps)
     return bind(_gdn_recurrent_kernel, grid, kw), ((o, snap) if output_states else o)
 
 
@@ -209,5 +214,6 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     grid = (C.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
-              BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)
+              BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
+              STATE_VK=C.state_vk(initial_state), num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

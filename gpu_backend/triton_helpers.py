@@ -77,8 +77,12 @@ def gates(g, beta, offs, m, neg_A, bias, FUSED: tl.constexpr, MASKED: tl.constex
 
 
 @triton.jit
-def state_ptrs(state, slot, i_hv, o_k, o_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
-    """Pointers [BK, BV] into a state pool [N, HV, K, V] at (slot, i_hv)."""
+def state_ptrs(state, slot, i_hv, o_k, o_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, VK: tl.constexpr):
+    """Pointers [BK, BV] to the (K, V) entries of a state pool [N, HV, K, V] at (slot, i_hv): stored
+    so (contiguous), or with VK as the transpose of a contiguous [N, HV, V, K] pool (SGLang's layout,
+    read and written in place without a transposing copy)."""
+    if VK:
+        return state + ((slot.to(tl.int64) * HV + i_hv) * V + o_v[None, :]) * K + o_k[:, None]
     return state + ((slot.to(tl.int64) * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :]
 
 
@@ -93,7 +97,7 @@ def delta_step(S, b_k, b_v, b_g, b_beta):
 @triton.jit
 def wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, FUSED: tl.constexpr,
-            L2NORM: tl.constexpr):
+            L2NORM: tl.constexpr, STATE_VK: tl.constexpr):
     """The root (node 0, every node's ancestor) of sequence i_b, recurrently: stores its output o_0
     [BV] and returns its state S_r [BK, BV], the state the draft nodes build on."""
     r0 = (i_b * T).to(tl.int64)
@@ -101,7 +105,7 @@ def wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k
     k0 = load_rows(k, r0, i_h, o_k, mk, H, K, L2NORM, 0)
     v0 = load_rows(v, r0, i_hv, o_v, mv, HV, V, False, 0)
     g0, beta0 = gates(g, beta, r0 * HV + i_hv, 0, neg_A, bias, FUSED, False)
-    s0 = tl.load(state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V),
+    s0 = tl.load(state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK),
                  mask=mk[:, None] & mv[None, :], other=0.0)
     s0 = delta_step(s0, k0, v0, g0, beta0)
     tl.store(o + (r0 * HV + i_hv) * V + o_v, tl.sum(s0 * (q0 * scale)[:, None], 0).to(o.dtype.element_ty), mask=mv)
@@ -111,7 +115,7 @@ def wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k
 @triton.jit
 def wy_tile(q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H: tl.constexpr, HV: tl.constexpr,
             K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-            FUSED: tl.constexpr, L2NORM: tl.constexpr):
+            FUSED: tl.constexpr, L2NORM: tl.constexpr, STATE_VK: tl.constexpr):
     """What every per-V-tile WY kernel (grid (V tiles, B * HV)) starts from: its coordinates
     (sequence i_b, key head i_h, value head i_hv), the offsets o_t [BT], o_k [BK], o_v [BV] with
     masks mk, mv, the gate parameters, the root's state S_r [BK, BV] (wy_root, which stores o_0),
@@ -121,7 +125,7 @@ def wy_tile(q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H: 
     o_k, o_v, mk, mv = kv_tile(i_v, K, V, BK, BV)
     neg_A, bias = gate_params(A_log, dt_bias, i_hv, FUSED)
     s0 = wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
-                 H, HV, K, V, FUSED, L2NORM)
+                 H, HV, K, V, FUSED, L2NORM, STATE_VK)
     mt = o_t < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
     return i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows

@@ -38,7 +38,7 @@ def _gdn_wy_blocked_kernel(
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     o_t = tl.arange(0, BT)
@@ -46,7 +46,7 @@ def _gdn_wy_blocked_kernel(
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     # ---- the root, recurrently: S_r and o_0
     s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
-                   H, HV, K, V, FUSED, L2NORM)
+                   H, HV, K, V, FUSED, L2NORM, STATE_VK)
     n = T - 1  # draft nodes, at rows 1..T-1
     # ---- prologue: G per draft node, chunk by chunk (mask-row sums over the chunks up to its own)
     for c0 in range(0, n, BT):
@@ -125,5 +125,6 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     grid = (C.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, Gs=Gs, Us=Us, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K,
-              V=V, BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)
+              V=V, BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
+              STATE_VK=C.state_vk(initial_state), num_warps=num_warps)
     return bind(_gdn_wy_blocked_kernel, grid, kw), o

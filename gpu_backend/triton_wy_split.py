@@ -115,10 +115,11 @@ def _gdn_wy_apply_kernel(
     T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
 ):
     i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
-        q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM)
+        q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM,
+        STATE_VK)
     b_q, b_k, b_v, _, b_beta = h.wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
                                          H, HV, K, V, FUSED, L2NORM)
     i_bh = i_b * HV + i_hv
@@ -208,7 +209,7 @@ def _gdn_wy_fold_apply_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, STATE_VK: tl.constexpr,
 ):
     # Launched with programmatic dependent launch (PDL), this grid starts once every fold program has
     # started, and each program waits for its own head's fold program only (its ready flag), not for
@@ -216,7 +217,8 @@ def _gdn_wy_fold_apply_kernel(
     # runs. (No deadlock: every fold program is resident or done before any program here starts.)
     # Everything before the wait overlaps the fold kernel: nothing there reads what it writes.
     i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
-        q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM)
+        q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM,
+        STATE_VK)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :],
                   other=0.0)  # [BT, BV] in v's dtype
     i_bh = i_b * HV + i_hv
@@ -270,7 +272,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                  PRECISION=precision, num_warps=solve_warps)
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, W=Wm, P=Pm, Ad=Ad, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
-                 L2NORM=use_qk_l2norm, PRECISION=precision, num_warps=num_warps)
+                 L2NORM=use_qk_l2norm, PRECISION=precision, STATE_VK=C.state_vk(state), num_warps=num_warps)
     return _in_order(bind(_gdn_wy_solve_kernel, (B * HV,), solve),
                      bind(_gdn_wy_apply_kernel, (C.cdiv(V, BV), B * HV), apply)), o
 
@@ -297,7 +299,8 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, ready=ready,
                  state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
-                 L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=num_warps)
+                 L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl, STATE_VK=C.state_vk(state),
+                 num_warps=num_warps)
     if pdl:
         apply["launch_pdl"] = True
     for kw, cap in zip((fold, apply), MAXNREG):

@@ -247,6 +247,56 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
     assert torch.equal(pool, before)
 
 
+@settings(max_examples=12)
+@given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]),
+       st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split", "triton-wy-fold"]), st.booleans())
+@example(fixed_gdn_example(), "exact", "triton-wy-fold", True)
+@example(_long_example(T=20), "exact", "triton-recurrent", True)
+def test_a_pool_in_sglangs_layout_is_read_and_written_in_place(inp, mode, backend, per_node_states):
+    """SGLang keeps states as [N, HV, V, K]; its transpose, a [N, HV, K, V] view, is read (and the
+    commit writes it) in place, with no transposing copy: outputs, per-node states and the whole pool
+    after a commit equal the contiguous pool's bit for bit, other slots untouched."""
+    args = _cast(inp, torch.float32)
+    pool, slots = _pool(inp)  # contiguous [N, HV, K, V]
+    sglang = pool.transpose(-1, -2).contiguous()  # [N, HV, V, K]
+    view = sglang.transpose(-1, -2)  # [N, HV, K, V], SGLang's memory
+    before = sglang.clone()
+    states = per_node_states and backend == "triton-recurrent"
+    kw = dict(parents=_dev(inp["parents"]), state_indices=slots, mode=mode, backend=backend, output_states=states)
+    want, got = gb.gdn_tree_verify(**args, initial_state=pool, **kw), gb.gdn_tree_verify(**args, initial_state=view, **kw)
+    for w, x in zip(want if states else [want], got if states else [got]):
+        assert torch.equal(x, w)
+    assert torch.equal(sglang, before)  # verify only reads
+    acc = [t.size - 1 for t in inp["trees"]]
+    for p in (pool, view):
+        gb.gdn_tree_commit(*(args[n] for n in ("k", "v", "g", "beta")), parents=_dev(inp["parents"]), accepted=acc,
+                           initial_state=p, state_indices=slots, inplace=True, backend="triton")
+    assert torch.equal(view, pool)  # the committed slots alike, and every other slot as it was
+    assert not torch.equal(sglang, before)
+
+
+def test_a_pool_neither_contiguous_nor_sglangs_transpose_is_refused():
+    inp = fixed_gdn_example()
+    pool = _dev(inp["initial_state"]).permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3)  # heads outermost
+    with pytest.raises(ValueError, match="transpose of a contiguous"):
+        gb.gdn_tree_verify(**_cast(inp, torch.float32), parents=_dev(inp["parents"]), initial_state=pool,
+                           backend="triton-wy-fold")
+
+
+def test_the_chunked_wy_form_reads_sglangs_layout_in_place():
+    from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
+    inp = _long_example(T=40)
+    args = _cast(inp, torch.float32)
+    s0 = _dev(inp["initial_state"])
+    view = s0.transpose(-1, -2).contiguous().transpose(-1, -2)
+    outs = []
+    for st_ in (s0, view):
+        launch, o = plan_wy_blocked(**args, parents=_dev(inp["parents"]), initial_state=st_, block_t=16, block_v=16)
+        launch()
+        outs.append(o)
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_the_wy_launcher_refuses_unknown_options_before_any_work():
     from ddsim.gpu_backend.triton_gdn import plan_wy
     inp = fixed_gdn_example()

@@ -130,3 +130,29 @@ def test_slots_and_accepted_planned_once_per_step_give_the_same_state():
         engine_api.target_verify(*args, engine_api.plan_slots(pool, [3]), retrieve_parent_token=tree)
     with pytest.raises(ValueError, match="accepted"):
         engine_api.plan_accepted(tree, [4, 6])
+
+
+def test_an_fp32_pool_is_used_in_place_and_a_bf16_pool_through_a_copy_of_its_rows(monkeypatch):
+    """SGLang's fp32 pool is read and committed through a transposed view (no copy, other slots
+    untouched); a bf16 pool (--mamba-ssm-dtype bfloat16) gives the results of an fp32 pool holding the
+    same values, its committed rows rounded to bf16."""
+    x, parents, pool, slots = _inputs(seed=4)
+    copied = []
+    for name in ("index_select", "index_copy_"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _r=real, _n=name, **k: (copied.append((_n, self.dtype)),
+                                                                                     _r(self, *a, **k))[1])
+    pool16 = pool.to(torch.bfloat16)
+    pool32 = pool16.float()  # the same values in fp32
+    args = lambda p: (x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], p, slots)  # noqa: E731
+    o32 = engine_api.target_verify(*args(pool32), retrieve_parent_token=parents.int())
+    assert torch.equal(engine_api.target_verify(*args(pool16), retrieve_parent_token=parents.int()), o32)
+    cargs = (x["A_log"], x["a"], x["dt_bias"], x["k"], x["v"], x["b"])
+    before = pool32.clone()
+    for p in (pool32, pool16):
+        engine_api.commit_accepted(*cargs, p, slots, retrieve_parent_token=parents.int(), accepted=torch.tensor([3, 2]))
+    assert torch.equal(pool16, pool32.to(torch.bfloat16))
+    others = [i for i in range(pool.shape[0]) if i not in slots.tolist()]
+    assert torch.equal(pool32[others], before[others]) and not torch.equal(pool32, before)
+    assert {c for c in copied if c[1] == torch.float32} == set()  # the fp32 pool: no row gathered or scattered
+    assert ("index_select", torch.bfloat16) in copied and ("index_copy_", torch.bfloat16) in copied
