@@ -254,8 +254,10 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
 @example(_long_example(T=20), "exact", "triton-recurrent", True)
 def test_a_pool_in_sglangs_layout_is_read_and_written_in_place(inp, mode, backend, per_node_states):
     """SGLang keeps states as [N, HV, V, K]; its transpose, a [N, HV, K, V] view, is read (and the
-    commit writes it) in place, with no transposing copy: outputs, per-node states and the whole pool
-    after a commit equal the contiguous pool's bit for bit, other slots untouched."""
+    commit writes it) in place, with no transposing copy: outputs, per-node states and the committed
+    slots equal the contiguous pool's (bit for bit in the interpreter; compiled, the tile layouts
+    follow memory and so the order of a sum may differ: within fp32 rounding), other slots untouched
+    bit for bit."""
     args = _cast(inp, torch.float32)
     pool, slots = _pool(inp)  # contiguous [N, HV, K, V]
     sglang = pool.transpose(-1, -2).contiguous()  # [N, HV, V, K]
@@ -265,14 +267,25 @@ def test_a_pool_in_sglangs_layout_is_read_and_written_in_place(inp, mode, backen
     kw = dict(parents=_dev(inp["parents"]), state_indices=slots, mode=mode, backend=backend, output_states=states)
     want, got = gb.gdn_tree_verify(**args, initial_state=pool, **kw), gb.gdn_tree_verify(**args, initial_state=view, **kw)
     for w, x in zip(want if states else [want], got if states else [got]):
-        assert torch.equal(x, w)
+        _same(x, w)
     assert torch.equal(sglang, before)  # verify only reads
     acc = [t.size - 1 for t in inp["trees"]]
     for p in (pool, view):
         gb.gdn_tree_commit(*(args[n] for n in ("k", "v", "g", "beta")), parents=_dev(inp["parents"]), accepted=acc,
                            initial_state=p, state_indices=slots, inplace=True, backend="triton")
-    assert torch.equal(view, pool)  # the committed slots alike, and every other slot as it was
-    assert not torch.equal(sglang, before)
+    _same(view[slots], pool[slots])
+    assert not torch.equal(view[slots], before.transpose(-1, -2)[slots])
+    others = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device)
+    others[slots] = False
+    assert torch.equal(sglang[others], before[others])
+
+
+def _same(x, want):
+    """Equal bit for bit in Triton's interpreter, within fp32 rounding when compiled (see above)."""
+    if DEVICE == "cpu":
+        assert torch.equal(x, want)
+    else:
+        assert_close("the other layout's result", x, want, dtype=torch.float32)
 
 
 def test_a_pool_neither_contiguous_nor_sglangs_transpose_is_refused():
@@ -294,7 +307,7 @@ def test_the_chunked_wy_form_reads_sglangs_layout_in_place():
         launch, o = plan_wy_blocked(**args, parents=_dev(inp["parents"]), initial_state=st_, block_t=16, block_v=16)
         launch()
         outs.append(o)
-    assert torch.equal(outs[0], outs[1])
+    _same(outs[1], outs[0])
 
 
 def test_the_wy_launcher_refuses_unknown_options_before_any_work():
