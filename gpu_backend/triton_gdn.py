@@ -176,7 +176,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
     instead of four; "auto" takes what measured fastest on the H200 (benchmarks/RESULTS.md): fused for
     one sequence of at most 17 nodes (16.2 us at 1x16), split for one sequence (32.1 us at 1x65, fold
-    35.7), fold for a batch (111.8 / 329.3 us at 8x65 / 32x65, split 127.5 / 432.5). block_v /
+    35.7), fold for a batch (107-108 / 314-315 us at 8x65 / 32x65, split 127.5 / 432.5). block_v /
     num_warps / solve_warps default to each design's sweep choice; exact16: how the fold kernels
     multiply by the raw 16-bit k and v ("bf16x3", the default, or "tf32x2"); pdl: launch the folded
     form's second kernel with programmatic dependent launch (Hopper or later; ignored by the others)."""
