@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.testing
 
-from ddsim.bench import KERNEL_SHAPES, ddtree_batch, kernel_inputs
+from ddsim.bench import KERNEL_SHAPES, copy_bandwidth, ddtree_batch, fp32_tensor_rate, kernel_bytes, kernel_flops, kernel_inputs
 from ddsim.engines import fused_gates
 from ddsim.engines.sglang import _kernel
 from ddsim.gpu_backend import engine_api
@@ -35,16 +35,21 @@ def bench(fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
-    ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in KERNEL_SHAPES) + ",1x129,8x129,1x257",
+    ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in KERNEL_SHAPES) + ",1x129,8x129",
                     help="sequences x nodes, comma-separated")
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     sgl, where = _kernel()
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | commit {a.commit} | SGLang kernel {where}")
+    bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda")
+    print(f"# floors: the snapshot-free verify's least bytes (inputs, output, committed states) over the measured copy "
+          f"bandwidth {bw / 1e9:.0f} GB/s, and the WY form's least FLOPs over "
+          + (f"{rate / 1e12:.0f} TFLOP/s (dense tf32 peak / 3)" if rate else "(no known peak for this device)")
+          + "; the commit's floor: its slots' states read and written once")
     print("| B x T | sglang exact verify | + commit copy | ddsim drop-in (buffer) | ddsim snapshot-free verify | "
-          "+ commit_accepted | sglang flattened | buffer MiB/layer |")
-    print("|---|---|---|---|---|---|---|---|")
+          "+ commit_accepted | sglang flattened | verify floor: bytes / FLOPs | commit floor | buffer MiB/layer |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     dev = "cuda"
     for B, T in shapes:
         trees, parents = ddtree_batch(B, T)
@@ -92,8 +97,11 @@ def main():
         t = {name: bench(fn) for name, fn in (("sg_exact", sg_exact), ("sg_commit", sg_commit),
                                               ("dd_dropin", dd_dropin), ("dd_verify", dd_verify),
                                               ("dd_commit", dd_commit), ("sg_flat", sg_flat))}
+        nb, fl = kernel_bytes(B, T), kernel_flops(B, T)
+        floor = f"{nb['wy'] / bw * 1e6:.1f} / " + (f"{fl['wy'] / rate * 1e6:.1f}" if rate else "–")
         print(f"| {B} x {T} | {t['sg_exact']:.1f} | {t['sg_commit']:.1f} | {t['dd_dropin']:.1f} | {t['dd_verify']:.1f} | "
-              f"{t['dd_commit']:.1f} | {t['sg_flat']:.1f} | {buf.numel() * 4 / 2**20:.1f} |", flush=True)
+              f"{t['dd_commit']:.1f} | {t['sg_flat']:.1f} | {floor} | {nb['commit'] / bw * 1e6:.1f} | "
+              f"{buf.numel() * 4 / 2**20:.1f} |", flush=True)
     print("times in microseconds per call, median of do_bench (CUDA events around the public call)")
 
 
