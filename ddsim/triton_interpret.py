@@ -34,11 +34,13 @@ def prepare() -> None:
 
     load, store = builder.create_masked_load, builder.create_masked_store
 
-    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
-        return load(self, ptrs, as_bool(mask), other, cache_policy, is_volatile)
+    # the builder's trailing arguments (cache and eviction policies, volatility) differ between
+    # Triton versions (3.6 passes one more than 3.9): passed on as they come
+    def create_masked_load(self, ptrs, mask, *rest):
+        return load(self, ptrs, as_bool(mask), *rest)
 
-    def create_masked_store(self, ptrs, value, mask, cache_policy):
-        return store(self, ptrs, value, as_bool(mask), cache_policy)
+    def create_masked_store(self, ptrs, value, mask, *rest):
+        return store(self, ptrs, value, as_bool(mask), *rest)
 
     builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
     builder._ddsim_bool_masks = True
