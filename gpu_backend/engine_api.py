@@ -94,14 +94,15 @@ def _check_gating(softplus_beta, softplus_threshold):
 
 
 def _state_view(pool, slots, B):
-    """(initial_state, state_indices) for ddsim's functions: SGLang's fp32 pool [N, HV, V, K] seen
-    through a transpose as [N, HV, K, V] (read, and by the commit written, in place: no copy) with
-    the batch's rows (checked: distinct, in range; or checked once by plan_slots). Another dtype is
-    gathered into a float32 copy of the batch's rows (state_indices None)."""
+    """(initial_state, state_indices, rows) for ddsim's functions: SGLang's fp32 pool [N, HV, V, K]
+    seen through a transpose as [N, HV, K, V] (read, and by the commit written, in place: no copy)
+    with the batch's rows as given (checked downstream: distinct, in range; or once by plan_slots),
+    rows None. A pool of another dtype: a float32 copy of the batch's rows, state_indices None, and
+    the checked rows int64 [B] (to write the commit back)."""
     if pool.dtype == torch.float32 and pool.dim() == 4 and pool.is_contiguous():
-        return pool.transpose(-1, -2), slots
+        return pool.transpose(-1, -2), slots, None
     idx = checks.pool_slots(pool, slots, B, "initial_state_source", "states").long()
-    return pool.index_select(0, idx).transpose(-1, -2).float().contiguous(), None
+    return pool.index_select(0, idx).transpose(-1, -2).float().contiguous(), None, idx
 
 
 def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
@@ -116,7 +117,7 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     _check_gating(softplus_beta, softplus_threshold)
     B, T = _batch_shape(q, cu_seqlens)
     q, k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (q, k, v, a, b))
-    s0, slots = _state_view(initial_state_source, initial_state_indices, B)
+    s0, slots, _ = _state_view(initial_state_source, initial_state_indices, B)
     if retrieve_parent_token is None:
         parents, mode = torch.arange(-1, T - 1, device=q.device).expand(B, T), "leaky"
     else:
@@ -141,13 +142,12 @@ def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_st
     B, T = _batch_shape(k, cu_seqlens)
     k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (k, v, a, b))
     pool = initial_state_source
-    s0, slots = _state_view(pool, initial_state_indices, B)
+    s0, slots, rows = _state_view(pool, initial_state_indices, B)
     from ddsim import gpu_backend as gb
     new = gb.gdn_tree_commit(k, v, parents=_parents(retrieve_parent_token, B, T), accepted=accepted,
-                             initial_state=s0, state_indices=slots, inplace=slots is not None,
+                             initial_state=s0, state_indices=slots, inplace=rows is None,
                              use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                              backend=_backend(k))
-    if slots is None:  # a pool of another dtype: its batch rows were copied; write them back
-        idx = checks.pool_slots(pool, initial_state_indices, B, "initial_state_source", "states").long()
-        pool.index_copy_(0, idx, new.transpose(-1, -2).to(pool.dtype))
+    if rows is not None:  # a pool of another dtype: its batch rows were copied; write them back
+        pool.index_copy_(0, rows, new.transpose(-1, -2).to(pool.dtype))
     return pool

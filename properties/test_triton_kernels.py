@@ -249,8 +249,10 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
 
 @settings(max_examples=12)
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]),
-       st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split", "triton-wy-fold"]), st.booleans())
+       st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split", "triton-wy-fold", "torch"]),
+       st.booleans())
 @example(fixed_gdn_example(), "exact", "triton-wy-fold", True)
+@example(fixed_gdn_example(), "leaky", "torch", True)
 @example(_long_example(T=20), "exact", "triton-recurrent", True)
 def test_a_pool_in_sglangs_layout_is_read_and_written_in_place(inp, mode, backend, per_node_states):
     """SGLang keeps states as [N, HV, V, K]; its transpose, a [N, HV, K, V] view, is read (and the
@@ -263,7 +265,7 @@ def test_a_pool_in_sglangs_layout_is_read_and_written_in_place(inp, mode, backen
     sglang = pool.transpose(-1, -2).contiguous()  # [N, HV, V, K]
     view = sglang.transpose(-1, -2)  # [N, HV, K, V], SGLang's memory
     before = sglang.clone()
-    states = per_node_states and backend == "triton-recurrent"
+    states = per_node_states and backend in ("triton-recurrent", "torch")
     kw = dict(parents=_dev(inp["parents"]), state_indices=slots, mode=mode, backend=backend, output_states=states)
     want, got = gb.gdn_tree_verify(**args, initial_state=pool, **kw), gb.gdn_tree_verify(**args, initial_state=view, **kw)
     for w, x in zip(want if states else [want], got if states else [got]):
@@ -272,7 +274,8 @@ def test_a_pool_in_sglangs_layout_is_read_and_written_in_place(inp, mode, backen
     acc = [t.size - 1 for t in inp["trees"]]
     for p in (pool, view):
         gb.gdn_tree_commit(*(args[n] for n in ("k", "v", "g", "beta")), parents=_dev(inp["parents"]), accepted=acc,
-                           initial_state=p, state_indices=slots, inplace=True, backend="triton")
+                           initial_state=p, state_indices=slots, inplace=True,
+                           backend="torch" if backend == "torch" else "triton")
     _same(view[slots], pool[slots])
     assert not torch.equal(view[slots], before.transpose(-1, -2)[slots])
     others = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device)
