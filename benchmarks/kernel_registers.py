@@ -1,0 +1,101 @@
+"""Registers, spills and shared memory of the folded WY kernels, compiled offline for an sm_90 GPU
+(no GPU needed: Triton compiles to a cubin and cuobjdump reads its resource usage), and of three
+small kernels that isolate what costs the per-head kernel its registers: one fp32-level (tf32x3)
+64 x 64 product, one doubling round of two such products (N N and Y N from one N, as the fold kernel
+pairs them), and the same round with the three tf32 MMAs of each product chained by hand.
+
+The figures match the device's (bench_wy_fold.py prints the loaded kernels' registers) when the
+Triton here is the device's: RESULTS.md's came from Triton 3.6, the H200's version, installed
+beside the project's own (pip install --no-deps --target DIR triton==3.6.0; PYTHONPATH=DIR).
+
+    python benchmarks/kernel_registers.py
+"""
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from ddsim.gpu_backend import triton_wy_split as ws  # noqa: E402
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+SHAPE = dict(H=16, HV=48, K=128, BT=64, BK=128, FUSED=False, L2NORM=True, PRECISION="tf32x3")  # Qwen3.6-27B GDN
+FOLD = dict(q="*bf16", k="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", mask="*i8", Qe="*fp32",
+            Ve="*fp32", ready="*i32", T="i32", scale="fp32", NSTEP="i32")
+APPLY = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", Qe="*fp32",
+             Ve="*fp32", ready="*i32", state="*fp32", state_idx="*i32", o="*bf16", T="i32", scale="fp32")
+TILES = dict(N="*fp32", Y="*fp32", out="*fp32")
+
+
+def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None) -> str:
+    """'R registers, S bytes of stack (spills), M bytes of shared memory' of fn compiled for sm_90,
+    every pointer 16-byte aligned (as torch allocates)."""
+    names = list(fn.arg_names)
+    full = dict(signature, **{k: "constexpr" for k in constexprs})
+    src = ASTSource(fn=fn, signature={n: full[n] for n in names},
+                    constexprs={(names.index(k),): v for k, v in constexprs.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t[0] == "*"})
+    opts = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        res = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    reg, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
+    return (f"{reg.group(1) if reg else '?'} registers, {stack.group(1) if stack else '?'} B stack (spills), "
+            f"{ck.metadata.shared} B shared")
+
+
+@triton.jit
+def _tf32_hi(x):
+    bits = x.to(tl.uint32, bitcast=True)
+    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot3_by_hand(a, b, acc):
+    """acc + a b to fp32 level: three tf32 MMAs on explicit head / remainder splits, chained."""
+    ah = _tf32_hi(a)
+    bh = _tf32_hi(b)
+    acc = tl.dot(a - ah, bh, acc, input_precision="tf32")
+    acc = tl.dot(ah, b - bh, acc, input_precision="tf32")
+    return tl.dot(ah, bh, acc, input_precision="tf32")
+
+
+@triton.jit
+def _products(N, Y, out, BT: tl.constexpr, WHAT: tl.constexpr):
+    """WHAT 0: one tf32x3 product N N; 1: a paired round, N N and Y + Y N (Triton's tf32x3);
+    2: the same round with each product's MMAs chained by hand."""
+    o = tl.arange(0, BT)
+    off = o[:, None] * BT + o[None, :]
+    n = tl.load(N + off)
+    y = tl.load(Y + off)
+    if WHAT == 0:
+        x = tl.dot(n, n, input_precision="tf32x3")
+    elif WHAT == 1:
+        x = tl.dot(n, n, input_precision="tf32x3") + tl.dot(y, n, y, input_precision="tf32x3")
+    else:
+        x = _dot3_by_hand(n, n, tl.zeros([BT, BT], tl.float32)) + _dot3_by_hand(y, n, y)
+    tl.store(out + off, x)
+
+
+if __name__ == "__main__":
+    print(f"# Triton {triton.__version__}, compiled for sm_90 (no GPU); Qwen3.6-27B GDN shapes, bf16 inputs")
+    for cap in (None, 168):
+        for nw in (4, 8):
+            print(f"fold kernel (per head), {nw} warps, cap {cap}: "
+                  + usage(ws._gdn_wy_fold_kernel, FOLD, dict(SHAPE, RAW16=True, EXACT=2, PDL=False), nw, cap))
+    for bv in (32, 64):
+        for cap in (None, 168):
+            print(f"apply kernel (per V tile), {bv}-wide tiles, 4 warps, cap {cap}: "
+                  + usage(ws._gdn_wy_fold_apply_kernel, APPLY, dict(SHAPE, V=128, BV=bv, EXACT=2, PDL=False, STATE_VK=False), 4,
+                        cap))
+    for what, name in enumerate(("one tf32x3 64 x 64 product", "a paired round (Triton's tf32x3)",
+                                 "a paired round, tf32 MMAs chained by hand")):
+        print(f"{name}, 4 warps: " + usage(_products, TILES, dict(BT=64, WHAT=what), 4))
