@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ddsim.gpu_backend import _common as C
+from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
 
@@ -167,7 +168,7 @@ def _gdn_wy_fold_kernel(
     q, k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     Qe, Ve,  # out: [B, HV, BT, BK] fp32 (the output's weights on S_r), [B, HV, BT, BT] fp32 (on v)
-    ready,  # [B * HV] int32, zeroed before the launch; PDL: set to 1 once this head's Qe, Ve are written
+    ready,  # PDL: [B * HV] int32, zeroed before each launch, set to 1 once this head's Qe, Ve are written
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
@@ -291,7 +292,9 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
                raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl):
     Qe = torch.empty(B, HV, BT, BK, dtype=torch.float32, device=v.device)
     Ve = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
-    ready = torch.zeros(B * HV, dtype=torch.int32, device=v.device)
+    # the per-head ready flags (pdl only; otherwise an unused pointer: no allocation, no memset per call)
+    ready = (torch.empty(B * HV, dtype=torch.int32, device=v.device) if pdl else
+             checks.constant("dummy", 1, v.device, torch.int32))
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, ready=ready, T=T, scale=scale,
                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
                 EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=solve_warps)
