@@ -83,7 +83,12 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None):
                         "apply kernel (per V tile)": ("wy", APPLY, planner(common, 1))}, nbytes, bw, **kw)
     got = {r["kernel"]: dict(r["config"]) for r in rows}
     cases = {"fold + apply, defaults": ("wy", [{}], planner(common, None)),
-             "fold + apply, defaults, PDL": ("wy", [dict(pdl=True)], planner(common, None))}
+             "fold + apply, defaults, PDL": ("wy", [dict(pdl=True)], planner(common, None)),
+             # the per-head kernel capped too: one wave of it at 8 x 65, whatever its time alone (bfc0150's
+             # fastest whole, 102.9 us, had both caps; the per-kernel sweep above cannot see that)
+             "fold + apply, both kernels capped at 168": ("wy", [dict(maxnreg=(168, 168))], planner(common, None)),
+             "fold + apply, both kernels capped at 168, PDL": ("wy", [dict(maxnreg=(168, 168), pdl=True)],
+                                                               planner(common, None))}
     if len(got) == 2:
         s, a = got["fold kernel (per head)"], got["apply kernel (per V tile)"]
         caps = (s.pop("maxnreg"), a.pop("maxnreg"))
