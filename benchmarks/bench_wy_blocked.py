@@ -1,26 +1,68 @@
-"""The GDN WY kernel past one block (budgets 128 and 256: 129 and 257 nodes, chunked form) on CUDA at
-Qwen3.6-27B GDN shapes: kernel launches alone against the flattened and parent-indexed recurrent
-kernels and the memory floor (ddsim.bench.kernel_table), then accuracy against the float64 oracle.
+"""The GDN WY kernel past one block (budgets 128 and 256: 129 and 257 nodes) on CUDA at Qwen3.6-27B
+GDN shapes: the three-kernel split form (the default past 64 draft nodes) and the one-kernel chunked
+form it replaces, each over a small configuration sweep, the split form's three kernels alone, and
+the flattened / parent-indexed recurrent kernels and the commit beside them, against the memory and
+FLOP floors (ddsim.bench); then every design's accuracy against the float64 oracle.
 
-    python benchmarks/bench_wy_blocked.py [--commit SHA]
+    python benchmarks/bench_wy_blocked.py [--commit SHA] [--shapes 1x129,8x129,1x257,8x257]
 """
 import argparse
+import platform
 import time
 
 import torch
 import triton
 
-from ddsim.bench import kernel_accuracy, kernel_table
+from ddsim import bench
+from ddsim.bench import copy_bandwidth, fp32_tensor_rate, kernel_accuracy, kernel_table, sweep, table_lines
+from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
+
+SPLIT = [dict(block_v=bv, num_warps=nw, solve_warps=sw) for bv in (32, 16) for nw in (4, 8) for sw in (4, 8)]
+CHUNKED = [dict(block_v=bv, num_warps=nw) for bv, nw in ((32, 8), (32, 4), (16, 4))]
+PARTS = ("diag", "solve", "apply")
+
+
+def blocked_rows(B, T, bw, rate, progress):
+    _, parents = bench.ddtree_batch(B, T)
+    inp = bench.kernel_inputs(B, T, device="cuda")
+    common = dict(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
+                  initial_state=inp["initial_state"], poison=False, mode="exact")
+
+    def plan(design, part=None):
+        def p(c):
+            launch, o = plan_wy_blocked(**common, design=design, **c)
+            return (launch.parts[part] if part is not None else launch), o
+        return p
+    cases = {"wy split (3 kernels)": ("wy", SPLIT, plan("split")),
+             "wy chunked (1 kernel)": ("wy", CHUNKED, plan("chunked"))}
+    for i, part in enumerate(PARTS):
+        cases[f"wy split: {part} kernel alone"] = ("wy", SPLIT, plan("split", i))
+    return sweep(B, T, cases, bench.kernel_bytes(B, T), bw, progress=progress, flops=bench.kernel_flops(B, T),
+                 flop_rate=rate)
+
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
+    ap.add_argument("--shapes", default="1x129,8x129,1x257,8x257")
+    ap.add_argument("--skip-accuracy", action="store_true")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_wy_blocked: needs a CUDA device")
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-          f"triton {triton.__version__} | commit {a.commit}", flush=True)
-    print(kernel_accuracy(T=129), flush=True)
-    print(kernel_accuracy(B=1, T=257), flush=True)
-    table, _ = kernel_table(shapes=((1, 129), (8, 129), (1, 257)), precisions=("tf32x3",),
-                            only=["leaky", "exact parent-indexed", "exact wy", "commit"],
-                            progress=lambda r: print(f"# {r['B']}x{r['T']} {r['kernel']}: {r['us']:.1f} us", flush=True))
+          f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}", flush=True)
+    bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda")
+
+    def progress(r):
+        print(f"# {r['B']}x{r['T']} {r['kernel']}: {r['us']:.1f} us {r['config']}", flush=True)
+    rows = []
+    for B, T in shapes:
+        rows += blocked_rows(B, T, bw, rate, progress)
+    print("\n".join(table_lines(rows)), flush=True)
+    table, _ = kernel_table(shapes=shapes, precisions=(), only=["leaky", "exact parent-indexed", "commit"],
+                            progress=progress)
     print(table, flush=True)
+    if not a.skip_accuracy:
+        print(kernel_accuracy(T=129), flush=True)
+        print(kernel_accuracy(B=1, T=257), flush=True)

@@ -14,6 +14,20 @@ ancestor), is solved chunk by chunk (block forward substitution):
 U (a vector per node and value column, not a state) goes to a scratch buffer [B, T, HV, V] that each
 program writes and reads back only in its own V tile. A prologue loop writes G per node the same
 way (mask-row sums). Exponents are taken on ancestor entries only (elsewhere exp(0)).
+
+That one kernel (design "chunked") walks the chunks in sequence inside every V tile's program, so it
+redoes the whole solve per V tile and runs one program per (V tile, head). Design "split" (the
+default) is the blocked form of triton_wy_split: the value-independent half once per head, in
+parallel over the chunks, then the rest per (V tile, chunk). With N = -L, P = M o D o (Q K^T) scale
+and Y = P (I - N)^-1, so that O = diag(A) Q S_r scale + Ve (V - diag(A) K S_r) with Ve = Y diag(beta)
+(the one-block derivation; here every matrix is block lower triangular over the chunks):
+
+    diag    grid (chunks, B * HV): G_c (stored) and W_cc = (I - N_cc)^-1 by doubling (stored).
+    solve   grid (chunks, B * HV): row chunk i, from Y = P + Y N, right to left over j = i..0:
+              Y_ij = (P_ij + sum_{j < l <= i} Y_il N_lj) W_jj,   and  Y_il N_lj = -Ve_il M_lj
+            (N_lj = -diag(beta_l) M_lj, M_lj = D o (K_l K_j^T) on ancestors); stores Ve_ij.
+    apply   grid (V tiles, B * HV, chunks): S_r, then for row chunk i
+              O_i = diag(A_i) Q_i S_r scale + sum_{j <= i} Ve_ij (V_j - diag(A_j) K_j S_r).
 """
 from __future__ import annotations
 
@@ -103,12 +117,145 @@ def _gdn_wy_blocked_kernel(
         tl.debug_barrier()  # this chunk's U is read back (through other threads) by the next chunks
 
 
+@triton.jit
+def _chunk_rows(i_b, c, T, BT: tl.constexpr):
+    """Chunk c's draft rows: their flat rows [BT] (int64, nodes 1 + c BT ...) and validity [BT]."""
+    r = c * BT + tl.arange(0, BT)
+    return (i_b * T + 1 + r).to(tl.int64), r < T - 1
+
+
+@triton.jit
+def _path_decay(mask, rows_a, ma, rows_b, mb, G_a, G_b, T, STRICT: tl.constexpr):
+    """D [BTa, BTb] = exp(G_t - G_s) where s (rows_b) is an ancestor-or-self (STRICT: a strict
+    ancestor) of t (rows_a) in the mask [B, T, T] (rows as flat b T + node); 0 elsewhere."""
+    anc = tl.load(mask + rows_a[:, None] * T + (rows_b % T)[None, :], mask=ma[:, None] & mb[None, :], other=0) != 0
+    if STRICT:
+        anc = anc & (rows_a[:, None] != rows_b[None, :])
+    return tl.where(anc, tl.exp(tl.where(anc, G_a[:, None] - G_b[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def _gdn_wy_blocked_diag_kernel(
+    k, g, beta, A_log, dt_bias,
+    mask,  # [B, T, T] int8 ancestor-or-self
+    Gs, Wd,  # out: [B * HV, NP] fp32 path log-decays, [B * HV, NC, BT, BT] fp32 (I - N_cc)^-1
+    T, NSTEP, NP, NC,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_t, o_k = tl.arange(0, BT), tl.arange(0, BK)
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+    rows, mc = _chunk_rows(i_b, i_c, T, BT)
+    G = tl.zeros([BT], dtype=tl.float32)  # mask-row sums of g over the chunks up to this one
+    for j in range(0, i_c + 1):
+        rows_j, mj = _chunk_rows(i_b, j, T, BT)
+        g_j, _ = h.gates(g, beta, rows_j * HV + i_hv, mj, neg_A, bias, FUSED, True)
+        anc = tl.load(mask + rows[:, None] * T + (rows_j % T)[None, :], mask=mc[:, None] & mj[None, :], other=0) != 0
+        G += tl.sum(tl.where(anc, tl.where(mj, g_j, 0.0)[None, :], 0.0), 1)
+    tl.store(Gs + i_bh.to(tl.int64) * NP + i_c * BT + o_t, G)
+    b_k = h.load_rows(k, rows[:, None], i_h, o_k[None, :], mc[:, None] & (o_k < K)[None, :], H, K, L2NORM, 1)
+    _, b_beta = h.gates(g, beta, rows * HV + i_hv, mc, neg_A, bias, FUSED, True)
+    D = _path_decay(mask, rows, mc, rows, mc, G, G, T, True)
+    N = -tl.where(mc, b_beta, 0.0)[:, None] * D * tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+    X = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0) + N  # (I - N)^-1 = (I + N)(I + N^2)(I + N^4)...
+    for _ in range(1, NSTEP):
+        N = tl.dot(N, N, input_precision=PRECISION)
+        X = X + tl.dot(N, X, input_precision=PRECISION)
+    tl.store(Wd + ((i_bh.to(tl.int64) * NC + i_c) * BT + o_t[:, None]) * BT + o_t[None, :], X)
+
+
+@triton.jit
+def _gdn_wy_blocked_solve_kernel(
+    q, k, g, beta, A_log, dt_bias,
+    mask,  # [B, T, T] int8 ancestor-or-self
+    Gs, Wd,  # from the diag kernel
+    Ve,  # out: [B * HV, NP, NP] fp32, the lower chunk blocks of Y diag(beta)
+    T, scale, NP, NC,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_i, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_t, o_k = tl.arange(0, BT), tl.arange(0, BK)
+    mk = o_k < K
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+    gbase = i_bh.to(tl.int64) * NP
+    vbase = i_bh.to(tl.int64) * NP * NP
+    rows_i, mi = _chunk_rows(i_b, i_i, T, BT)
+    b_q = h.load_rows(q, rows_i[:, None], i_h, o_k[None, :], mi[:, None] & mk[None, :], H, K, L2NORM, 1) * scale
+    G_i = tl.load(Gs + gbase + i_i * BT + o_t)
+    for jj in range(0, i_i + 1):  # right to left: Y_il for l > j is stored before chunk j needs it
+        j = i_i - jj
+        rows_j, mj = _chunk_rows(i_b, j, T, BT)
+        k_j = h.load_rows(k, rows_j[:, None], i_h, o_k[None, :], mj[:, None] & mk[None, :], H, K, L2NORM, 1)
+        G_j = tl.load(Gs + gbase + j * BT + o_t)
+        X = _path_decay(mask, rows_i, mi, rows_j, mj, G_i, G_j, T, False) * tl.dot(b_q, tl.trans(k_j),
+                                                                                  input_precision=PRECISION)
+        for l in range(j + 1, i_i + 1):  # X -= Ve_il M_lj
+            rows_l, ml = _chunk_rows(i_b, l, T, BT)
+            k_l = h.load_rows(k, rows_l[:, None], i_h, o_k[None, :], ml[:, None] & mk[None, :], H, K, L2NORM, 1)
+            G_l = tl.load(Gs + gbase + l * BT + o_t)
+            M = _path_decay(mask, rows_l, ml, rows_j, mj, G_l, G_j, T, False) * tl.dot(
+                k_l, tl.trans(k_j), input_precision=PRECISION)
+            Ve_il = tl.load(Ve + vbase + (i_i * BT + o_t[:, None]) * NP + l * BT + o_t[None, :])
+            X -= tl.dot(Ve_il, M, input_precision=PRECISION)
+        W = tl.load(Wd + ((i_bh.to(tl.int64) * NC + j) * BT + o_t[:, None]) * BT + o_t[None, :])
+        _, beta_j = h.gates(g, beta, rows_j * HV + i_hv, mj, neg_A, bias, FUSED, True)
+        Y = tl.dot(X, W, input_precision=PRECISION) * tl.where(mj, beta_j, 0.0)[None, :]
+        tl.store(Ve + vbase + (i_i * BT + o_t[:, None]) * NP + j * BT + o_t[None, :], Y)
+        tl.debug_barrier()  # read back (through other threads) by the chunks to its left
+
+
+@triton.jit
+def _gdn_wy_blocked_apply_kernel(
+    q, k, v, g, beta, A_log, dt_bias,
+    Gs, Ve,  # from the diag and solve kernels
+    state, state_idx, o,
+    T, scale, NP,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
+):
+    i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
+    i_i = tl.program_id(2)
+    o_t = tl.arange(0, BT)
+    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+    # every chunk's program stores the root's output o_0 too: the same bits (same inputs, same code)
+    s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
+                   H, HV, K, V, FUSED, L2NORM, STATE_VK)
+    i_bh = i_b * HV + i_hv
+    gbase = i_bh.to(tl.int64) * NP
+    rows_i, mi = _chunk_rows(i_b, i_i, T, BT)
+    b_q = h.load_rows(q, rows_i[:, None], i_h, o_k[None, :], mi[:, None] & mk[None, :], H, K, L2NORM, 1)
+    A_i = tl.exp(tl.load(Gs + gbase + i_i * BT + o_t))
+    O = A_i[:, None] * tl.dot(b_q * scale, s0, input_precision=PRECISION)
+    for j in range(0, i_i + 1):
+        rows_j, mj = _chunk_rows(i_b, j, T, BT)
+        k_j = h.load_rows(k, rows_j[:, None], i_h, o_k[None, :], mj[:, None] & mk[None, :], H, K, L2NORM, 1)
+        v_j = h.load_rows(v, rows_j[:, None], i_hv, o_v[None, :], mj[:, None] & mv[None, :], HV, V, False, 1)
+        A_j = tl.exp(tl.load(Gs + gbase + j * BT + o_t))
+        R = v_j - A_j[:, None] * tl.dot(k_j, s0, input_precision=PRECISION)  # [BT, BV]
+        Ve_ij = tl.load(Ve + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * NP + j * BT + o_t[None, :])
+        O += tl.dot(Ve_ij, R, input_precision=PRECISION)
+    tl.store(o + (rows_i[:, None] * HV + i_hv) * V + o_v[None, :], O.to(o.dtype.element_ty),
+             mask=mi[:, None] & mv[None, :])
+
+
 def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                     use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
-                    dt_bias=None, block_t: int = 64, block_v: int = 32, num_warps: int = 8, precision: str = "tf32x3",
-                    poison: bool | None = None):
-    """Validate, build the ancestor mask and allocate once; returns (launch, o). Any tree size."""
+                    dt_bias=None, block_t: int = 64, block_v: int = 32, num_warps: int = 4, solve_warps: int = 4,
+                    precision: str = "tf32x3", poison: bool | None = None, design: str = "split"):
+    """Validate, build the ancestor mask and allocate once; returns (launch, o). Any tree size.
+    design "split": three kernels (diag, solve per head and chunk; apply per V tile and chunk);
+    "chunked": the one kernel that walks the chunks in every V tile (num_warps 8 was its choice)."""
     from ddsim.gpu_backend.triton_gdn import _prep
+    if design not in ("split", "chunked"):
+        raise ValueError(f"design: expected 'split' or 'chunked' past one block, got {design!r}")
     if output_states:
         raise ValueError("output_states: the WY kernel writes no per-node states; use the recurrent kernel")
     if precision not in ("ieee", "tf32", "tf32x3"):
@@ -119,12 +266,35 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
-    Gs = torch.empty(B, T, HV, dtype=torch.float32, device=v.device)
-    Us = torch.empty(B, T, HV, V, dtype=torch.float32, device=v.device)
     BT, BK, BV = block_t, max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))
-    grid = (C.cdiv(V, BV), B * HV)
-    kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
-              state=initial_state, state_idx=idx, o=o, Gs=Gs, Us=Us, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K,
-              V=V, BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
-              STATE_VK=C.state_vk(initial_state), num_warps=num_warps)
-    return bind(_gdn_wy_blocked_kernel, grid, kw), o
+    qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
+    gates = dict(g=g_, beta=b_, A_log=al, dt_bias=db)
+    shapes = dict(H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision)
+    if design == "chunked":
+        Gs = torch.empty(B, T, HV, dtype=torch.float32, device=v.device)
+        Us = torch.empty(B, T, HV, V, dtype=torch.float32, device=v.device)
+        kw = dict(q=qc, k=kc, v=vc, **gates, mask=mask, state=initial_state, state_idx=idx, o=o, Gs=Gs, Us=Us, T=T,
+                  scale=scale, NSTEP=nstep, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state),
+                  num_warps=num_warps)
+        return bind(_gdn_wy_blocked_kernel, (C.cdiv(V, BV), B * HV), kw), o
+    NC = max(1, C.cdiv(T - 1, BT))  # chunks (one, empty, for a root alone: the apply stores o_0)
+    NP = NC * BT
+    Gs = torch.empty(B * HV, NP, dtype=torch.float32, device=v.device)
+    Wd = torch.empty(B * HV, NC, BT, BT, dtype=torch.float32, device=v.device)
+    Ve = torch.empty(B * HV, NP, NP, dtype=torch.float32, device=v.device)  # lower chunk blocks only
+    diag = dict(k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, T=T, NSTEP=nstep, NP=NP, NC=NC, **shapes,
+                num_warps=solve_warps)
+    solve = dict(q=qc, k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, Ve=Ve, T=T, scale=scale, NP=NP, NC=NC, **shapes,
+                 num_warps=solve_warps)
+    apply = dict(q=qc, k=kc, v=vc, **gates, Gs=Gs, Ve=Ve, state=initial_state, state_idx=idx, o=o, T=T, scale=scale,
+                 NP=NP, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state), num_warps=num_warps)
+    parts = (bind(_gdn_wy_blocked_diag_kernel, (NC, B * HV), diag),
+             bind(_gdn_wy_blocked_solve_kernel, (NC, B * HV), solve),
+             bind(_gdn_wy_blocked_apply_kernel, (C.cdiv(V, BV), B * HV, NC), apply))
+
+    def launch():
+        for part in parts:
+            part()
+    launch.parts = parts  # each kernel alone (the benchmarks time them apart)
+    launch.scratch = (Gs, Wd, Ve)
+    return launch, o

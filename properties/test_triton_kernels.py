@@ -172,10 +172,12 @@ def test_triton_rejects_bad_input():
                            initial_state=_dev(inp["initial_state"]), backend="triton-recurrent")
 
 
-@pytest.mark.parametrize("T, mode", [(66, "exact"), (70, "leaky"), (131, "exact")])
-def test_wy_verifies_trees_beyond_one_block_chunk_by_chunk(T, mode):
-    """Budgets past 64 draft nodes: the WY kernel's chunked form (block forward substitution over
-    64-row chunks), exact without per-node states; DDTree trees, grouped heads, fused gates."""
+@pytest.mark.parametrize("T, mode, backend", [(66, "exact", "triton"), (70, "leaky", "triton"), (131, "exact", "triton"),
+                                              (131, "leaky", "triton-wy-fused")])
+def test_wy_verifies_trees_beyond_one_block_chunk_by_chunk(T, mode, backend):
+    """Budgets past 64 draft nodes: the WY kernel over 64-row chunks (the default three-kernel split
+    form; "triton-wy-fused" the one-kernel chunked form), exact without per-node states; DDTree
+    trees, grouped heads, fused gates."""
     from ddsim.bench import ddtree_batch
     _, parents = ddtree_batch(2, T, vocab=60, depth=12, topk=4, seed=T)
     gen = torch.Generator().manual_seed(T)
@@ -186,25 +188,29 @@ def test_wy_verifies_trees_beyond_one_block_chunk_by_chunk(T, mode):
     A_log, dt_bias = torch.log(1 + 15 * torch.rand(HV, generator=gen)), torch.randn(HV, generator=gen) - 3
     s0 = torch.randn(B, HV, K, V, generator=gen)
     o = gb.gdn_tree_verify(*(_dev(x) for x in (q, k, v)), a=_dev(a), b=_dev(b), A_log=_dev(A_log), dt_bias=_dev(dt_bias),
-                           parents=_dev(parents), initial_state=_dev(s0), mode=mode, backend="triton")
+                           parents=_dev(parents), initial_state=_dev(s0), mode=mode, backend=backend)
     g = -torch.exp(A_log.double()) * torch.nn.functional.softplus(a.double() + dt_bias.double())
     ref = oracle.gdn_tree_verify(q, k, v, g, torch.sigmoid(b.double()), parents=parents, initial_state=s0, mode=mode)
     assert_close(f"o (T={T}, {mode})", o, ref, dtype=torch.float32, slack=5)
 
 
-@given(gdn_inputs(max_nodes=40), st.sampled_from(["exact", "leaky"]))
-@example(_long_example(T=37), "exact")
-def test_wy_in_chunks_of_16_matches_the_oracle(inp, mode):
-    """The chunked form with 16-row chunks, so hypothesis's small trees span several chunks."""
+@given(gdn_inputs(max_nodes=40), st.sampled_from(["exact", "leaky"]), st.sampled_from(["split", "chunked"]),
+       st.sampled_from(DTYPES))
+@example(_long_example(T=37), "exact", "chunked", torch.float32)
+@example(_long_example(T=37), "exact", "split", torch.float32)
+@example(_long_example(T=50), "leaky", "split", torch.bfloat16)
+def test_wy_in_chunks_of_16_matches_the_oracle(inp, mode, design, dtype):
+    """Both forms past one block with 16-row chunks, so hypothesis's small trees span several chunks
+    (the split form's solve then walks up to three chunks to the left of its own)."""
     from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
-    args = _cast(inp, torch.float32)
+    args = _cast(inp, dtype)
     pool, slots = _pool(inp)
     before = pool.clone()
     launch, o = plan_wy_blocked(**args, parents=_dev(inp["parents"]), initial_state=pool, state_indices=slots,
-                                mode=mode, block_t=16)
+                                mode=mode, block_t=16, design=design)
     launch()
     ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
-    assert_close(f"o (chunks of 16, {mode})", o, ref, dtype=torch.float32, slack=5)
+    assert_close(f"o ({design}, chunks of 16, {mode})", o, ref, dtype=dtype, slack=5)
     assert torch.equal(pool, before)
 
 
@@ -299,7 +305,8 @@ def test_a_pool_neither_contiguous_nor_sglangs_transpose_is_refused():
                            backend="triton-wy-fold")
 
 
-def test_the_chunked_wy_form_reads_sglangs_layout_in_place():
+@pytest.mark.parametrize("design", ["split", "chunked"])
+def test_the_chunked_wy_form_reads_sglangs_layout_in_place(design):
     from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
     inp = _long_example(T=40)
     args = _cast(inp, torch.float32)
@@ -307,7 +314,8 @@ def test_the_chunked_wy_form_reads_sglangs_layout_in_place():
     view = s0.transpose(-1, -2).contiguous().transpose(-1, -2)
     outs = []
     for st_ in (s0, view):
-        launch, o = plan_wy_blocked(**args, parents=_dev(inp["parents"]), initial_state=st_, block_t=16, block_v=16)
+        launch, o = plan_wy_blocked(**args, parents=_dev(inp["parents"]), initial_state=st_, block_t=16, block_v=16,
+                                    design=design)
         launch()
         outs.append(o)
     _same(outs[1], outs[0])
