@@ -1,6 +1,6 @@
 """The GDN WY kernel past one block (budgets 128 and 256: 129 and 257 nodes) on CUDA at Qwen3.6-27B
-GDN shapes: the three-kernel split form (the default past 64 draft nodes) and the one-kernel chunked
-form it replaces, each over a small configuration sweep, the split form's three kernels alone, and
+GDN shapes: the three-kernel split form (the default past 64 draft nodes, folded or not) and the
+one-kernel chunked form it replaces, each over a small configuration sweep, the split form's three kernels alone, and
 the flattened / parent-indexed recurrent kernels and the commit beside them, against the memory and
 FLOP floors (ddsim.bench); then every design's accuracy against the float64 oracle.
 
@@ -28,15 +28,16 @@ def blocked_rows(B, T, bw, rate, progress):
     common = dict(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
                   initial_state=inp["initial_state"], poison=False, mode="exact")
 
-    def plan(design, part=None):
+    def plan(design, part=None, **kw):
         def p(c):
-            launch, o = plan_wy_blocked(**common, design=design, **c)
+            launch, o = plan_wy_blocked(**common, design=design, **kw, **c)
             return (launch.parts[part] if part is not None else launch), o
         return p
-    cases = {"wy split (3 kernels)": ("wy", SPLIT, plan("split")),
-             "wy chunked (1 kernel)": ("wy", CHUNKED, plan("chunked"))}
+    cases = {"wy split, folded (3 kernels, the default)": ("wy", SPLIT, plan("split", fold=True)),
+             "wy split, unfolded (3 kernels)": ("wy", SPLIT, plan("split", fold=False)),
+             "wy chunked (1 kernel, before)": ("wy", CHUNKED, plan("chunked"))}
     for i, part in enumerate(PARTS):
-        cases[f"wy split: {part} kernel alone"] = ("wy", SPLIT, plan("split", i))
+        cases[f"wy split, folded: {part} kernel alone"] = ("wy", SPLIT, plan("split", i, fold=True))
     return sweep(B, T, cases, bench.kernel_bytes(B, T), bw, progress=progress, flops=bench.kernel_flops(B, T),
                  flop_rate=rate)
 

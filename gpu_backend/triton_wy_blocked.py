@@ -28,6 +28,9 @@ and Y = P (I - N)^-1, so that O = diag(A) Q S_r scale + Ve (V - diag(A) K S_r) w
             (N_lj = -diag(beta_l) M_lj, M_lj = D o (K_l K_j^T) on ancestors); stores Ve_ij.
     apply   grid (V tiles, B * HV, chunks): S_r, then for row chunk i
               O_i = diag(A_i) Q_i S_r scale + sum_{j <= i} Ve_ij (V_j - diag(A_j) K_j S_r).
+    fold    (the default) the solve also forms Qe_i = diag(A_i) Q_i scale - sum_j Ve_ij diag(A_j) K_j
+            per head, so that the apply's O_i = Qe_i S_r + sum_j Ve_ij V_j (as triton_wy_split's
+            fold design for one block).
 """
 from __future__ import annotations
 
@@ -173,10 +176,13 @@ def _gdn_wy_blocked_solve_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self
     Gs, Wd,  # from the diag kernel
     Ve,  # out: [B * HV, NP, NP] fp32, the lower chunk blocks of Y diag(beta)
+    Qe,  # out (FOLD): [B * HV, NP, BK] fp32, the output's weights on S_r
     T, scale, NP, NC,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr,
 ):
+    # FOLD: Qe_i = diag(A_i) Q_i scale - sum_{j <= i} Ve_ij diag(A_j) K_j, so that the apply kernel's
+    # O_i = Qe_i S_r + sum_{j <= i} Ve_ij V_j takes one product by S_r instead of i + 2
     i_i, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -188,6 +194,8 @@ def _gdn_wy_blocked_solve_kernel(
     rows_i, mi = _chunk_rows(i_b, i_i, T, BT)
     b_q = h.load_rows(q, rows_i[:, None], i_h, o_k[None, :], mi[:, None] & mk[None, :], H, K, L2NORM, 1) * scale
     G_i = tl.load(Gs + gbase + i_i * BT + o_t)
+    if FOLD:
+        Qacc = tl.exp(G_i)[:, None] * b_q
     for jj in range(0, i_i + 1):  # right to left: Y_il for l > j is stored before chunk j needs it
         j = i_i - jj
         rows_j, mj = _chunk_rows(i_b, j, T, BT)
@@ -207,18 +215,22 @@ def _gdn_wy_blocked_solve_kernel(
         _, beta_j = h.gates(g, beta, rows_j * HV + i_hv, mj, neg_A, bias, FUSED, True)
         Y = tl.dot(X, W, input_precision=PRECISION) * tl.where(mj, beta_j, 0.0)[None, :]
         tl.store(Ve + vbase + (i_i * BT + o_t[:, None]) * NP + j * BT + o_t[None, :], Y)
+        if FOLD:
+            Qacc -= tl.dot(Y * tl.exp(G_j)[None, :], k_j, input_precision=PRECISION)
         tl.debug_barrier()  # read back (through other threads) by the chunks to its left
+    if FOLD:
+        tl.store(Qe + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * BK + o_k[None, :], Qacc)
 
 
 @triton.jit
 def _gdn_wy_blocked_apply_kernel(
     q, k, v, g, beta, A_log, dt_bias,
-    Gs, Ve,  # from the diag and solve kernels
+    Gs, Ve, Qe,  # from the diag and solve kernels (Qe: FOLD only)
     state, state_idx, o,
     T, scale, NP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr, FOLD: tl.constexpr,
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     i_i = tl.program_id(2)
@@ -231,15 +243,20 @@ def _gdn_wy_blocked_apply_kernel(
     i_bh = i_b * HV + i_hv
     gbase = i_bh.to(tl.int64) * NP
     rows_i, mi = _chunk_rows(i_b, i_i, T, BT)
-    b_q = h.load_rows(q, rows_i[:, None], i_h, o_k[None, :], mi[:, None] & mk[None, :], H, K, L2NORM, 1)
-    A_i = tl.exp(tl.load(Gs + gbase + i_i * BT + o_t))
-    O = A_i[:, None] * tl.dot(b_q * scale, s0, input_precision=PRECISION)
+    if FOLD:
+        Qm = tl.load(Qe + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * BK + o_k[None, :])
+        O = tl.dot(Qm, s0, input_precision=PRECISION)
+    else:
+        b_q = h.load_rows(q, rows_i[:, None], i_h, o_k[None, :], mi[:, None] & mk[None, :], H, K, L2NORM, 1)
+        A_i = tl.exp(tl.load(Gs + gbase + i_i * BT + o_t))
+        O = A_i[:, None] * tl.dot(b_q * scale, s0, input_precision=PRECISION)
     for j in range(0, i_i + 1):
         rows_j, mj = _chunk_rows(i_b, j, T, BT)
-        k_j = h.load_rows(k, rows_j[:, None], i_h, o_k[None, :], mj[:, None] & mk[None, :], H, K, L2NORM, 1)
-        v_j = h.load_rows(v, rows_j[:, None], i_hv, o_v[None, :], mj[:, None] & mv[None, :], HV, V, False, 1)
-        A_j = tl.exp(tl.load(Gs + gbase + j * BT + o_t))
-        R = v_j - A_j[:, None] * tl.dot(k_j, s0, input_precision=PRECISION)  # [BT, BV]
+        R = h.load_rows(v, rows_j[:, None], i_hv, o_v[None, :], mj[:, None] & mv[None, :], HV, V, False, 1)
+        if not FOLD:  # R_j = V_j - diag(A_j) K_j S_r [BT, BV]
+            k_j = h.load_rows(k, rows_j[:, None], i_h, o_k[None, :], mj[:, None] & mk[None, :], H, K, L2NORM, 1)
+            A_j = tl.exp(tl.load(Gs + gbase + j * BT + o_t))
+            R = R - A_j[:, None] * tl.dot(k_j, s0, input_precision=PRECISION)
         Ve_ij = tl.load(Ve + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * NP + j * BT + o_t[None, :])
         O += tl.dot(Ve_ij, R, input_precision=PRECISION)
     tl.store(o + (rows_i[:, None] * HV + i_hv) * V + o_v[None, :], O.to(o.dtype.element_ty),
@@ -249,10 +266,14 @@ def _gdn_wy_blocked_apply_kernel(
 def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                     use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
                     dt_bias=None, block_t: int = 64, block_v: int = 32, num_warps: int = 4, solve_warps: int = 4,
-                    precision: str = "tf32x3", poison: bool | None = None, design: str = "split"):
+                    precision: str = "tf32x3", poison: bool | None = None, design: str = "split", fold: bool = True,
+                    num_stages: int = 1):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). Any tree size.
     design "split": three kernels (diag, solve per head and chunk; apply per V tile and chunk);
-    "chunked": the one kernel that walks the chunks in every V tile (num_warps 8 was its choice)."""
+    fold: the solve kernel also forms Qe (the apply then multiplies S_r once per chunk, not i + 2
+    times); "chunked": the one kernel that walks the chunks in every V tile (num_warps 8 was its
+    choice). num_stages: Triton's software pipelining of the chunk loops (its default, 3, asks for
+    more shared memory than an H200 SM has in the solve kernel)."""
     from ddsim.gpu_backend.triton_gdn import _prep
     if design not in ("split", "chunked"):
         raise ValueError(f"design: expected 'split' or 'chunked' past one block, got {design!r}")
@@ -282,12 +303,16 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     Gs = torch.empty(B * HV, NP, dtype=torch.float32, device=v.device)
     Wd = torch.empty(B * HV, NC, BT, BT, dtype=torch.float32, device=v.device)
     Ve = torch.empty(B * HV, NP, NP, dtype=torch.float32, device=v.device)  # lower chunk blocks only
+    Qe = (torch.empty(B * HV, NP, BK, dtype=torch.float32, device=v.device) if fold else
+          checks.constant("dummy", 1, v.device, torch.float32))
+    opts = dict(num_stages=num_stages)
     diag = dict(k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, T=T, NSTEP=nstep, NP=NP, NC=NC, **shapes,
-                num_warps=solve_warps)
-    solve = dict(q=qc, k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, Ve=Ve, T=T, scale=scale, NP=NP, NC=NC, **shapes,
-                 num_warps=solve_warps)
-    apply = dict(q=qc, k=kc, v=vc, **gates, Gs=Gs, Ve=Ve, state=initial_state, state_idx=idx, o=o, T=T, scale=scale,
-                 NP=NP, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state), num_warps=num_warps)
+                num_warps=solve_warps, **opts)
+    solve = dict(q=qc, k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, Ve=Ve, Qe=Qe, T=T, scale=scale, NP=NP, NC=NC, **shapes,
+                 FOLD=fold, num_warps=solve_warps, **opts)
+    apply = dict(q=qc, k=kc, v=vc, **gates, Gs=Gs, Ve=Ve, Qe=Qe, state=initial_state, state_idx=idx, o=o, T=T,
+                 scale=scale, NP=NP, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state), FOLD=fold,
+                 num_warps=num_warps, **opts)
     parts = (bind(_gdn_wy_blocked_diag_kernel, (NC, B * HV), diag),
              bind(_gdn_wy_blocked_solve_kernel, (NC, B * HV), solve),
              bind(_gdn_wy_blocked_apply_kernel, (C.cdiv(V, BV), B * HV, NC), apply))
@@ -296,5 +321,5 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         for part in parts:
             part()
     launch.parts = parts  # each kernel alone (the benchmarks time them apart)
-    launch.scratch = (Gs, Wd, Ve)
+    launch.scratch = (Gs, Wd, Ve) + ((Qe,) if fold else ())
     return launch, o

@@ -173,11 +173,11 @@ def test_triton_rejects_bad_input():
 
 
 @pytest.mark.parametrize("T, mode, backend", [(66, "exact", "triton"), (70, "leaky", "triton"), (131, "exact", "triton"),
-                                              (131, "leaky", "triton-wy-fused")])
+                                              (131, "leaky", "triton-wy-split"), (131, "leaky", "triton-wy-fused")])
 def test_wy_verifies_trees_beyond_one_block_chunk_by_chunk(T, mode, backend):
     """Budgets past 64 draft nodes: the WY kernel over 64-row chunks (the default three-kernel split
-    form; "triton-wy-fused" the one-kernel chunked form), exact without per-node states; DDTree
-    trees, grouped heads, fused gates."""
+    form, folded; "triton-wy-split" unfolded; "triton-wy-fused" the one-kernel chunked form), exact
+    without per-node states; DDTree trees, grouped heads, fused gates."""
     from ddsim.bench import ddtree_batch
     _, parents = ddtree_batch(2, T, vocab=60, depth=12, topk=4, seed=T)
     gen = torch.Generator().manual_seed(T)
@@ -194,23 +194,25 @@ def test_wy_verifies_trees_beyond_one_block_chunk_by_chunk(T, mode, backend):
     assert_close(f"o (T={T}, {mode})", o, ref, dtype=torch.float32, slack=5)
 
 
-@given(gdn_inputs(max_nodes=40), st.sampled_from(["exact", "leaky"]), st.sampled_from(["split", "chunked"]),
-       st.sampled_from(DTYPES))
-@example(_long_example(T=37), "exact", "chunked", torch.float32)
-@example(_long_example(T=37), "exact", "split", torch.float32)
-@example(_long_example(T=50), "leaky", "split", torch.bfloat16)
-def test_wy_in_chunks_of_16_matches_the_oracle(inp, mode, design, dtype):
-    """Both forms past one block with 16-row chunks, so hypothesis's small trees span several chunks
+BLOCKED = [dict(design="split", fold=True), dict(design="split", fold=False), dict(design="chunked")]
+
+
+@given(gdn_inputs(max_nodes=40), st.sampled_from(["exact", "leaky"]), st.sampled_from(BLOCKED), st.sampled_from(DTYPES))
+@example(_long_example(T=37), "exact", BLOCKED[2], torch.float32)
+@example(_long_example(T=37), "exact", BLOCKED[1], torch.float32)
+@example(_long_example(T=50), "leaky", BLOCKED[0], torch.bfloat16)
+def test_wy_in_chunks_of_16_matches_the_oracle(inp, mode, form, dtype):
+    """Every form past one block with 16-row chunks, so hypothesis's small trees span several chunks
     (the split form's solve then walks up to three chunks to the left of its own)."""
     from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
     args = _cast(inp, dtype)
     pool, slots = _pool(inp)
     before = pool.clone()
     launch, o = plan_wy_blocked(**args, parents=_dev(inp["parents"]), initial_state=pool, state_indices=slots,
-                                mode=mode, block_t=16, design=design)
+                                mode=mode, block_t=16, **form)
     launch()
     ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
-    assert_close(f"o ({design}, chunks of 16, {mode})", o, ref, dtype=dtype, slack=5)
+    assert_close(f"o ({form}, chunks of 16, {mode})", o, ref, dtype=dtype, slack=5)
     assert torch.equal(pool, before)
 
 
@@ -305,8 +307,8 @@ def test_a_pool_neither_contiguous_nor_sglangs_transpose_is_refused():
                            backend="triton-wy-fold")
 
 
-@pytest.mark.parametrize("design", ["split", "chunked"])
-def test_the_chunked_wy_form_reads_sglangs_layout_in_place(design):
+@pytest.mark.parametrize("form", BLOCKED)
+def test_the_chunked_wy_form_reads_sglangs_layout_in_place(form):
     from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
     inp = _long_example(T=40)
     args = _cast(inp, torch.float32)
@@ -315,7 +317,7 @@ def test_the_chunked_wy_form_reads_sglangs_layout_in_place(design):
     outs = []
     for st_ in (s0, view):
         launch, o = plan_wy_blocked(**args, parents=_dev(inp["parents"]), initial_state=st_, block_t=16, block_v=16,
-                                    design=design)
+                                    **form)
         launch()
         outs.append(o)
     _same(outs[1], outs[0])
