@@ -33,11 +33,11 @@ def blocked_rows(B, T, bw, rate, progress):
             launch, o = plan_wy_blocked(**common, design=design, **kw, **c)
             return (launch.parts[part] if part is not None else launch), o
         return p
-    cases = {"wy split, folded (3 kernels, the default)": ("wy", SPLIT, plan("split", fold=True)),
-             "wy split, unfolded (3 kernels)": ("wy", SPLIT, plan("split", fold=False)),
+    cases = {"wy split (3 kernels, the default)": ("wy", SPLIT, plan("split", fold=False)),
+             "wy split, folded (3 kernels)": ("wy", SPLIT, plan("split", fold=True)),
              "wy chunked (1 kernel, before)": ("wy", CHUNKED, plan("chunked"))}
     for i, part in enumerate(PARTS):
-        cases[f"wy split, folded: {part} kernel alone"] = ("wy", SPLIT, plan("split", i, fold=True))
+        cases[f"wy split: {part} kernel alone"] = ("wy", SPLIT, plan("split", i, fold=False))
     return sweep(B, T, cases, bench.kernel_bytes(B, T), bw, progress=progress, flops=bench.kernel_flops(B, T),
                  flop_rate=rate)
 

@@ -193,12 +193,12 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     scale = K ** -0.5 if scale is None else float(scale)
     if T > WY_MAX_NODES:  # more draft nodes than one block: the chunked form (triton_wy_blocked)
         from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
-        chunked = design == "fused"  # the one-kernel form; otherwise the three-kernel split form, folded but for "split"
+        chunked = design == "fused"  # the one-kernel form; otherwise the three-kernel split form, folded for "fold"
         return plan_wy_blocked(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
                                use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
                                dt_bias=dt_bias, precision=precision, poison=poison, block_v=min(block_v or 32, 32),
                                num_warps=num_warps or (8 if chunked else 4), solve_warps=solve_warps,
-                               design="chunked" if chunked else "split", fold=design != "split")
+                               design="chunked" if chunked else "split", fold=design == "fold")
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
     if design == "auto":

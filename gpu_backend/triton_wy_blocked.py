@@ -28,7 +28,7 @@ and Y = P (I - N)^-1, so that O = diag(A) Q S_r scale + Ve (V - diag(A) K S_r) w
             (N_lj = -diag(beta_l) M_lj, M_lj = D o (K_l K_j^T) on ancestors); stores Ve_ij.
     apply   grid (V tiles, B * HV, chunks): S_r, then for row chunk i
               O_i = diag(A_i) Q_i S_r scale + sum_{j <= i} Ve_ij (V_j - diag(A_j) K_j S_r).
-    fold    (the default) the solve also forms Qe_i = diag(A_i) Q_i scale - sum_j Ve_ij diag(A_j) K_j
+    fold    (an option) the solve also forms Qe_i = diag(A_i) Q_i scale - sum_j Ve_ij diag(A_j) K_j
             per head, so that the apply's O_i = Qe_i S_r + sum_j Ve_ij V_j (as triton_wy_split's
             fold design for one block).
 """
@@ -44,6 +44,7 @@ from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
+from ddsim.gpu_backend.triton_wy_split import _dot_exact_rhs, _exact_mode, _gram
 
 
 @triton.jit
@@ -128,6 +129,18 @@ def _chunk_rows(i_b, c, T, BT: tl.constexpr):
 
 
 @triton.jit
+def _raw_block(ptr, rows, m, head, o_k, mk, NH: tl.constexpr, D: tl.constexpr, L2NORM: tl.constexpr):
+    """Rows [BT, BK] of q or k [B*T, NH, D] in their own dtype (16-bit inputs stay 16-bit: one exact
+    MMA per product, half the shared memory) and their l2 norms [BT] (ones without L2NORM)."""
+    x = tl.load(ptr + (rows[:, None] * NH + head) * D + o_k[None, :], mask=m[:, None] & mk[None, :], other=0.0)
+    if L2NORM:
+        r = tl.sqrt(tl.sum(x.to(tl.float32) * x.to(tl.float32), 1) + 1e-6)
+    else:
+        r = tl.full([x.shape[0]], 1.0, tl.float32)
+    return x, r
+
+
+@triton.jit
 def _path_decay(mask, rows_a, ma, rows_b, mb, G_a, G_b, T, STRICT: tl.constexpr):
     """D [BTa, BTb] = exp(G_t - G_s) where s (rows_b) is an ancestor-or-self (STRICT: a strict
     ancestor) of t (rows_a) in the mask [B, T, T] (rows as flat b T + node); 0 elsewhere."""
@@ -144,7 +157,7 @@ def _gdn_wy_blocked_diag_kernel(
     Gs, Wd,  # out: [B * HV, NP] fp32 path log-decays, [B * HV, NC, BT, BT] fp32 (I - N_cc)^-1
     T, NSTEP, NP, NC,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -159,10 +172,10 @@ def _gdn_wy_blocked_diag_kernel(
         anc = tl.load(mask + rows[:, None] * T + (rows_j % T)[None, :], mask=mc[:, None] & mj[None, :], other=0) != 0
         G += tl.sum(tl.where(anc, tl.where(mj, g_j, 0.0)[None, :], 0.0), 1)
     tl.store(Gs + i_bh.to(tl.int64) * NP + i_c * BT + o_t, G)
-    b_k = h.load_rows(k, rows[:, None], i_h, o_k[None, :], mc[:, None] & (o_k < K)[None, :], H, K, L2NORM, 1)
+    b_k, rk = _raw_block(k, rows, mc, i_h, o_k, o_k < K, H, K, L2NORM)
     _, b_beta = h.gates(g, beta, rows * HV + i_hv, mc, neg_A, bias, FUSED, True)
     D = _path_decay(mask, rows, mc, rows, mc, G, G, T, True)
-    N = -tl.where(mc, b_beta, 0.0)[:, None] * D * tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+    N = -tl.where(mc, b_beta, 0.0)[:, None] * D * _gram(b_k, b_k, rk, rk, RAW16, PRECISION)
     X = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0) + N  # (I - N)^-1 = (I + N)(I + N^2)(I + N^4)...
     for _ in range(1, NSTEP):
         N = tl.dot(N, N, input_precision=PRECISION)
@@ -179,7 +192,8 @@ def _gdn_wy_blocked_solve_kernel(
     Qe,  # out (FOLD): [B * HV, NP, BK] fp32, the output's weights on S_r
     T, scale, NP, NC,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
+    FOLD: tl.constexpr,
 ):
     # FOLD: Qe_i = diag(A_i) Q_i scale - sum_{j <= i} Ve_ij diag(A_j) K_j, so that the apply kernel's
     # O_i = Qe_i S_r + sum_{j <= i} Ve_ij V_j takes one product by S_r instead of i + 2
@@ -192,23 +206,24 @@ def _gdn_wy_blocked_solve_kernel(
     gbase = i_bh.to(tl.int64) * NP
     vbase = i_bh.to(tl.int64) * NP * NP
     rows_i, mi = _chunk_rows(i_b, i_i, T, BT)
-    b_q = h.load_rows(q, rows_i[:, None], i_h, o_k[None, :], mi[:, None] & mk[None, :], H, K, L2NORM, 1) * scale
     G_i = tl.load(Gs + gbase + i_i * BT + o_t)
     if FOLD:
-        Qacc = tl.exp(G_i)[:, None] * b_q
+        b_q, rq = _raw_block(q, rows_i, mi, i_h, o_k, mk, H, K, L2NORM)
+        Qacc = (tl.exp(G_i) * scale / rq)[:, None] * b_q.to(tl.float32)
     for jj in range(0, i_i + 1):  # right to left: Y_il for l > j is stored before chunk j needs it
         j = i_i - jj
         rows_j, mj = _chunk_rows(i_b, j, T, BT)
-        k_j = h.load_rows(k, rows_j[:, None], i_h, o_k[None, :], mj[:, None] & mk[None, :], H, K, L2NORM, 1)
+        b_q, rq = _raw_block(q, rows_i, mi, i_h, o_k, mk, H, K, L2NORM)  # loaded again (cached): fewer live registers
+        k_j, rk_j = _raw_block(k, rows_j, mj, i_h, o_k, mk, H, K, L2NORM)
         G_j = tl.load(Gs + gbase + j * BT + o_t)
-        X = _path_decay(mask, rows_i, mi, rows_j, mj, G_i, G_j, T, False) * tl.dot(b_q, tl.trans(k_j),
-                                                                                  input_precision=PRECISION)
+        X = _path_decay(mask, rows_i, mi, rows_j, mj, G_i, G_j, T, False) * _gram(b_q, k_j, rq, rk_j, RAW16,
+                                                                                 PRECISION) * scale
         for l in range(j + 1, i_i + 1):  # X -= Ve_il M_lj
             rows_l, ml = _chunk_rows(i_b, l, T, BT)
-            k_l = h.load_rows(k, rows_l[:, None], i_h, o_k[None, :], ml[:, None] & mk[None, :], H, K, L2NORM, 1)
+            k_l, rk_l = _raw_block(k, rows_l, ml, i_h, o_k, mk, H, K, L2NORM)
             G_l = tl.load(Gs + gbase + l * BT + o_t)
-            M = _path_decay(mask, rows_l, ml, rows_j, mj, G_l, G_j, T, False) * tl.dot(
-                k_l, tl.trans(k_j), input_precision=PRECISION)
+            M = _path_decay(mask, rows_l, ml, rows_j, mj, G_l, G_j, T, False) * _gram(k_l, k_j, rk_l, rk_j, RAW16,
+                                                                                     PRECISION)
             Ve_il = tl.load(Ve + vbase + (i_i * BT + o_t[:, None]) * NP + l * BT + o_t[None, :])
             X -= tl.dot(Ve_il, M, input_precision=PRECISION)
         W = tl.load(Wd + ((i_bh.to(tl.int64) * NC + j) * BT + o_t[:, None]) * BT + o_t[None, :])
@@ -216,7 +231,7 @@ def _gdn_wy_blocked_solve_kernel(
         Y = tl.dot(X, W, input_precision=PRECISION) * tl.where(mj, beta_j, 0.0)[None, :]
         tl.store(Ve + vbase + (i_i * BT + o_t[:, None]) * NP + j * BT + o_t[None, :], Y)
         if FOLD:
-            Qacc -= tl.dot(Y * tl.exp(G_j)[None, :], k_j, input_precision=PRECISION)
+            Qacc = _dot_exact_rhs(-Y * (tl.exp(G_j) / rk_j)[None, :], k_j, Qacc, EXACT, PRECISION)
         tl.debug_barrier()  # read back (through other threads) by the chunks to its left
     if FOLD:
         tl.store(Qe + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * BK + o_k[None, :], Qacc)
@@ -266,12 +281,12 @@ def _gdn_wy_blocked_apply_kernel(
 def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                     use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
                     dt_bias=None, block_t: int = 64, block_v: int = 32, num_warps: int = 4, solve_warps: int = 4,
-                    precision: str = "tf32x3", poison: bool | None = None, design: str = "split", fold: bool = True,
+                    precision: str = "tf32x3", poison: bool | None = None, design: str = "split", fold: bool = False,
                     num_stages: int = 1):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). Any tree size.
     design "split": three kernels (diag, solve per head and chunk; apply per V tile and chunk);
     fold: the solve kernel also forms Qe (the apply then multiplies S_r once per chunk, not i + 2
-    times); "chunked": the one kernel that walks the chunks in every V tile (num_warps 8 was its
+    times; measured slower on the H200, RESULTS.md); "chunked": the one kernel that walks the chunks in every V tile (num_warps 8 was its
     choice). num_stages: Triton's software pipelining of the chunk loops (its default, 3, asks for
     more shared memory than an H200 SM has in the solve kernel)."""
     from ddsim.gpu_backend.triton_gdn import _prep
@@ -306,10 +321,14 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     Qe = (torch.empty(B * HV, NP, BK, dtype=torch.float32, device=v.device) if fold else
           checks.constant("dummy", 1, v.device, torch.float32))
     opts = dict(num_stages=num_stages)
-    diag = dict(k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, T=T, NSTEP=nstep, NP=NP, NC=NC, **shapes,
+    # q, k stay 16-bit in the per-head kernels' products by k (as triton_wy_split's; not in the
+    # interpreter, whose bf16 tl.dot multiplies raw bits)
+    raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
+    diag = dict(k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, T=T, NSTEP=nstep, NP=NP, NC=NC, **shapes, RAW16=raw16,
                 num_warps=solve_warps, **opts)
     solve = dict(q=qc, k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, Ve=Ve, Qe=Qe, T=T, scale=scale, NP=NP, NC=NC, **shapes,
-                 FOLD=fold, num_warps=solve_warps, **opts)
+                 RAW16=raw16, EXACT=_exact_mode(q, k, q, "bf16x3", C.interpreting()), FOLD=fold,
+                 num_warps=solve_warps, **opts)
     apply = dict(q=qc, k=kc, v=vc, **gates, Gs=Gs, Ve=Ve, Qe=Qe, state=initial_state, state_idx=idx, o=o, T=T,
                  scale=scale, NP=NP, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state), FOLD=fold,
                  num_warps=num_warps, **opts)
