@@ -15,7 +15,7 @@ wy          the tree-masked WY form (derived in the README, Contracts): reads th
             over ceil(log2(depth + 1)) factors: a few matrix products instead of T sequential steps.
             mode "leaky" uses the chain mask (every earlier node an ancestor). The same form in two
             kernels (the value-independent half once per head): triton_wy_split, the default
-            (design="auto"); above 65 nodes, chunk by chunk: triton_wy_blocked.
+            (design="auto"); above 65 nodes, over 64-row chunks: triton_wy_blocked.
 Both: q/k l2-norm in kernel, grouped heads (value head j reads key head j // (HV/H)), fp32 state,
 bf16/fp16/fp32 inputs, gates from (g, beta) or fused from (a, b, A_log, dt_bias), the committed
 state read from a pool slot (state_indices) and never written.
@@ -110,7 +110,7 @@ def _gdn_wy_kernel(
 
 
 WY_MAX_NODES = 65  # the root + one block of at most 64 draft nodes (a 128-row block exceeds shared memory in
-# tf32x3); larger trees go to the chunked form in triton_wy_blocked (block forward substitution over chunks)
+# tf32x3); larger trees go to triton_wy_blocked (the same form over 64-row chunks, block back-substitution)
 
 
 def _prep(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode):
@@ -179,7 +179,9 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     35.7), fold for a batch (107-108 / 314-315 us at 8x65 / 32x65, split 127.5 / 432.5). block_v /
     num_warps / solve_warps default to each design's sweep choice; exact16: how the fold kernels
     multiply by the raw 16-bit k and v ("bf16x3", the default, or "tf32x2"); pdl: launch the folded
-    form's second kernel with programmatic dependent launch (Hopper or later; ignored by the others)."""
+    form's second kernel with programmatic dependent launch (Hopper or later; ignored by the others).
+    Past 65 nodes (triton_wy_blocked): "fused" is the one-kernel chunked form, "split" / "fold" the
+    three-kernel split form unfolded / folded, "auto" the split form, folded for a batch."""
     if design not in ("auto", "fused", "split", "fold"):
         raise ValueError(f"design: expected 'auto', 'fused', 'split' or 'fold', got {design!r}")
     if output_states:
@@ -193,12 +195,16 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     scale = K ** -0.5 if scale is None else float(scale)
     if T > WY_MAX_NODES:  # more draft nodes than one block: the chunked form (triton_wy_blocked)
         from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
-        chunked = design == "fused"  # the one-kernel form; otherwise the three-kernel split form, folded for "fold"
+        # "fused": the one-kernel chunked form; otherwise the three-kernel split form, folded for "fold" and, as
+        # "auto", for a batch (H200, RESULTS.md: folded 354 / 974 us at 8 x 129 / 8 x 257 against 374 / 1052;
+        # unfolded 89 / 205 us at 1 x 129 / 1 x 257 against 94 / 210)
+        chunked = design == "fused"
         return plan_wy_blocked(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
                                use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
                                dt_bias=dt_bias, precision=precision, poison=poison, block_v=min(block_v or 32, 32),
                                num_warps=num_warps or (8 if chunked else 4), solve_warps=solve_warps,
-                               design="chunked" if chunked else "split", fold=design == "fold")
+                               design="chunked" if chunked else "split",
+                               fold=design == "fold" or (design == "auto" and B > 1))
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
     if design == "auto":

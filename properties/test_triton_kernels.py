@@ -173,10 +173,10 @@ def test_triton_rejects_bad_input():
 
 
 @pytest.mark.parametrize("T, mode, backend", [(66, "exact", "triton"), (70, "leaky", "triton"), (131, "exact", "triton"),
-                                              (131, "leaky", "triton-wy-fold"), (131, "leaky", "triton-wy-fused")])
+                                              (131, "leaky", "triton-wy-split"), (131, "leaky", "triton-wy-fused")])
 def test_wy_verifies_trees_beyond_one_block_chunk_by_chunk(T, mode, backend):
     """Budgets past 64 draft nodes: the WY kernel over 64-row chunks (the default three-kernel split
-    form; "triton-wy-fold" folded; "triton-wy-fused" the one-kernel chunked form), exact
+    form, folded for a batch; "triton-wy-split" unfolded; "triton-wy-fused" the one-kernel chunked form), exact
     without per-node states; DDTree trees, grouped heads, fused gates."""
     from ddsim.bench import ddtree_batch
     _, parents = ddtree_batch(2, T, vocab=60, depth=12, topk=4, seed=T)
