@@ -32,8 +32,8 @@ than half-honoured). Two ways to use it:
 SGLang's fp32 pool is neither copied nor transposed: the kernels read it (and commit_accepted writes
 the accepted state into it) through its [N, HV, K, V] transpose view; a pool of another dtype is
 gathered into a float32 copy of the batch's rows and written back.
-On CUDA (and in Triton's interpreter) Triton kernels run (WY up to its node limit, else the
-recurrent one); on the CPU otherwise, the torch path.
+On CUDA (and in Triton's interpreter) Triton kernels run (the WY form; past 65 nodes, its form over
+64-row chunks); on the CPU otherwise, the torch path.
 """
 from __future__ import annotations
 

@@ -156,3 +156,29 @@ def test_an_fp32_pool_is_used_in_place_and_a_bf16_pool_through_a_copy_of_its_row
     assert torch.equal(pool32[others], before[others]) and not torch.equal(pool32, before)
     assert {c for c in copied if c[1] == torch.float32} == set()  # the fp32 pool: no row gathered or scattered
     assert ("index_select", torch.bfloat16) in copied and ("index_copy_", torch.bfloat16) in copied
+
+
+def test_trees_past_one_block_verify_and_commit_equal_the_oracle():
+    """Budget 128 (129 nodes and past): the engine entry point goes through the WY form over 64-row
+    chunks, folded for a batch, and stays exact without per-node states; the commit likewise."""
+    from ddsim.bench import ddtree_batch
+    trees, parents = ddtree_batch(2, 131, vocab=60, depth=12, topk=4, seed=5)
+    B, T = parents.shape
+    x, _, pool, slots = _inputs(seed=2, B=B, T=T)
+    x = {n: (t if n in ("A_log", "dt_bias") else torch.randn(B, T, *t.shape[2:], generator=torch.Generator().manual_seed(i)))
+         for i, (n, t) in enumerate(x.items())}
+    before = pool.clone()
+    o = engine_api.target_verify(x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool,
+                                 slots, retrieve_parent_token=parents.int())
+    assert torch.equal(pool, before)
+    gate, beta = _oracle_gates(x)
+    s0 = before[slots.long()].transpose(-1, -2).double()
+    ref = oracle.gdn_tree_verify(x["q"].double(), x["k"].double(), x["v"].double(), gate, beta, parents=parents,
+                                 initial_state=s0, mode="exact")
+    torch.testing.assert_close(o.double(), ref, rtol=1e-5, atol=1e-5)
+    accepted = torch.tensor([int(t.depths.argmax()) for t in trees])  # the deepest path
+    engine_api.commit_accepted(x["A_log"], x["a"], x["dt_bias"], x["k"], x["v"], x["b"], pool, slots,
+                               retrieve_parent_token=parents.int(), accepted=accepted)
+    want = oracle.gdn_tree_commit(x["k"].double(), x["v"].double(), gate, beta, parents=parents, accepted=accepted,
+                                  initial_state=s0)
+    torch.testing.assert_close(pool[slots.long()].transpose(-1, -2).double(), want, rtol=1e-5, atol=1e-5)
