@@ -1,10 +1,12 @@
 """The GDN WY kernel past one block (budgets 128 and 256: 129 and 257 nodes) on CUDA at Qwen3.6-27B
-GDN shapes: the three-kernel split form (the default past 64 draft nodes, folded or not) and the
+GDN shapes: the three-kernel split form (the default past 64 draft nodes: unfolded for one sequence,
+folded for a batch) and the
 one-kernel chunked form it replaces, each over a small configuration sweep, the split form's three kernels alone, and
 the flattened / parent-indexed recurrent kernels and the commit beside them, against the memory and
 FLOP floors (ddsim.bench); then every design's accuracy against the float64 oracle.
 
-    python benchmarks/bench_wy_blocked.py [--commit SHA] [--shapes 1x129,8x129,1x257,8x257]
+    python benchmarks/bench_wy_blocked.py [--commit SHA] [--shapes 1x129,8x129,1x257,8x257] [--block-t 64,32]
+                                          [--skip-chunked] [--skip-accuracy]
 """
 import argparse
 import platform
@@ -22,7 +24,9 @@ CHUNKED = [dict(block_v=bv, num_warps=nw) for bv, nw in ((32, 8), (32, 4), (16, 
 PARTS = ("diag", "solve", "apply")
 
 
-def blocked_rows(B, T, bw, rate, progress):
+def blocked_rows(B, T, bw, rate, progress, block_ts=(64,), chunked=True):
+    """The split form (unfolded, folded, each kernel alone) at each chunk height in block_ts (32: twice
+    the chunks, products an eighth the size), and the chunked form it replaced."""
     _, parents = bench.ddtree_batch(B, T)
     inp = bench.kernel_inputs(B, T, device="cuda")
     common = dict(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
@@ -33,11 +37,15 @@ def blocked_rows(B, T, bw, rate, progress):
             launch, o = plan_wy_blocked(**common, design=design, **kw, **c)
             return (launch.parts[part] if part is not None else launch), o
         return p
-    cases = {"wy split (3 kernels, the default)": ("wy", SPLIT, plan("split", fold=False)),
-             "wy split, folded (3 kernels)": ("wy", SPLIT, plan("split", fold=True)),
-             "wy chunked (1 kernel, before)": ("wy", CHUNKED, plan("chunked"))}
-    for i, part in enumerate(PARTS):
-        cases[f"wy split: {part} kernel alone"] = ("wy", SPLIT, plan("split", i, fold=False))
+    cases = {}
+    for bt in block_ts:
+        at = "" if bt == 64 else f", {bt}-row chunks"
+        cases[f"wy split, unfolded{at} (3 kernels)"] = ("wy", SPLIT, plan("split", fold=False, block_t=bt))
+        cases[f"wy split, folded{at} (3 kernels)"] = ("wy", SPLIT, plan("split", fold=True, block_t=bt))
+        for i, part in enumerate(PARTS):
+            cases[f"wy split{at}: {part} kernel alone"] = ("wy", SPLIT, plan("split", i, fold=False, block_t=bt))
+    if chunked:
+        cases["wy chunked (1 kernel, before)"] = ("wy", CHUNKED, plan("chunked"))
     return sweep(B, T, cases, bench.kernel_bytes(B, T), bw, progress=progress, flops=bench.kernel_flops(B, T),
                  flop_rate=rate)
 
@@ -46,7 +54,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x129,8x129,1x257,8x257")
+    ap.add_argument("--block-t", default="64")
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--skip-chunked", action="store_true", help="leave out the one-kernel chunked form (slow)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_blocked: needs a CUDA device")
@@ -59,7 +69,8 @@ if __name__ == "__main__":
         print(f"# {r['B']}x{r['T']} {r['kernel']}: {r['us']:.1f} us {r['config']}", flush=True)
     rows = []
     for B, T in shapes:
-        rows += blocked_rows(B, T, bw, rate, progress)
+        rows += blocked_rows(B, T, bw, rate, progress, tuple(int(x) for x in a.block_t.split(",")),
+                             not a.skip_chunked)
     print("\n".join(table_lines(rows)), flush=True)
     table, _ = kernel_table(shapes=shapes, precisions=(), only=["leaky", "exact parent-indexed", "commit"],
                             progress=progress)

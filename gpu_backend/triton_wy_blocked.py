@@ -177,9 +177,13 @@ def _gdn_wy_blocked_diag_kernel(
     D = _path_decay(mask, rows, mc, rows, mc, G, G, T, True)
     N = -tl.where(mc, b_beta, 0.0)[:, None] * D * _gram(b_k, b_k, rk, rk, RAW16, PRECISION)
     X = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0) + N  # (I - N)^-1 = (I + N)(I + N^2)(I + N^4)...
-    for _ in range(1, NSTEP):
+    if NSTEP > 1:  # X <- X (I + N^(2^r)) and N^(2^(r+1)) read the same N: paired, NSTEP products deep
         N = tl.dot(N, N, input_precision=PRECISION)
-        X = X + tl.dot(N, X, input_precision=PRECISION)
+        for _ in range(2, NSTEP):
+            N2 = tl.dot(N, N, input_precision=PRECISION)
+            X = tl.dot(X, N, X, input_precision=PRECISION)
+            N = N2
+        X = tl.dot(X, N, X, input_precision=PRECISION)
     tl.store(Wd + ((i_bh.to(tl.int64) * NC + i_c) * BT + o_t[:, None]) * BT + o_t[None, :], X)
 
 
