@@ -179,7 +179,7 @@ def _gdn_wy_blocked_diag_kernel(
     X = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0) + N  # (I - N)^-1 = (I + N)(I + N^2)(I + N^4)...
     if NSTEP > 1:  # X <- X (I + N^(2^r)) and N^(2^(r+1)) read the same N: paired, NSTEP products deep
         N = tl.dot(N, N, input_precision=PRECISION)
-        for _ in range(2, NSTEP):
+        for _r in range(2, NSTEP):
             N2 = tl.dot(N, N, input_precision=PRECISION)
             X = tl.dot(X, N, X, input_precision=PRECISION)
             N = N2

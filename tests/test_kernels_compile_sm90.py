@@ -1,0 +1,23 @@
+"""Every kernel the GDN WY launchers would launch compiles for an sm_90 GPU, on a CPU (tests/sm90_compile.py,
+in a subprocess without TRITON_INTERPRET): the interpreter, which runs the other kernel tests here,
+never compiles, so a kernel can pass them all and still fail on the device (d8862be did: a loop
+variable that changed type)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("sm90_compile.py")
+
+
+def test_every_wy_kernel_compiles_for_sm90():
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env,
+                       cwd=SCRIPT.parent.parent, timeout=900)
+    ok = [line for line in r.stdout.splitlines() if line.startswith("ok ")]
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert len(ok) == 24, r.stdout  # 5 + 5 one-block launches, 7 + 7 past one block (bf16, fp32)
+    assert any("_gdn_wy_blocked_solve_kernel" in line for line in ok)
