@@ -15,10 +15,10 @@ U (a vector per node and value column, not a state) goes to a scratch buffer [B,
 program writes and reads back only in its own V tile. A prologue loop writes G per node the same
 way (mask-row sums). Exponents are taken on ancestor entries only (elsewhere exp(0)).
 
-That one kernel (design "chunked") walks the chunks in sequence inside every V tile's program, so it
-redoes the whole solve per V tile and runs one program per (V tile, head). Design "split" (the
-default) is the blocked form of triton_wy_split: the value-independent half once per head, in
-parallel over the chunks, then the rest per (V tile, chunk). With N = -L, P = M o D o (Q K^T) scale
+That one kernel (design "chunked") walks the chunks in sequence inside every V tile's program, so
+it redoes the whole solve per V tile and runs one program per (V tile, head). Design "split" (the
+default past 65 nodes) is the blocked form of triton_wy_split: the value-independent half once per
+head, in parallel over the chunks, then the rest per (V tile, chunk). With N = -L, P = M o D o (Q K^T) scale
 and Y = P (I - N)^-1, so that O = diag(A) Q S_r scale + Ve (V - diag(A) K S_r) with Ve = Y diag(beta)
 (the one-block derivation; here every matrix is block lower triangular over the chunks):
 
@@ -287,10 +287,12 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
                     num_stages: int = 1):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). Any tree size.
     design "split": three kernels (diag, solve per head and chunk; apply per V tile and chunk);
-    fold: the solve kernel also forms Qe (the apply then multiplies S_r once per chunk, not i + 2
-    times; measured slower on the H200, RESULTS.md); "chunked": the one kernel that walks the chunks in every V tile (num_warps 8 was its
-    choice). num_stages: Triton's software pipelining of the chunk loops (its default, 3, asks for
-    more shared memory than an H200 SM has in the solve kernel)."""
+    fold: the solve kernel also forms Qe, and the apply multiplies S_r once per chunk instead of
+    i + 2 times (on the H200 5-7% faster at 8 sequences, 2-5% slower at one: RESULTS.md; plan_wy's
+    "auto" folds for a batch). Scratch: B HV NP^2 fp32 for Ve (NP: the nodes rounded up to chunks;
+    25 MB at 8 x 129). "chunked": the one kernel that walks the chunks in every V tile (num_warps 8
+    was its choice). num_stages: Triton's software pipelining of the chunk loops (its default, 3,
+    asks for more shared memory than an H200 SM has in the solve kernel)."""
     from ddsim.gpu_backend.triton_gdn import _prep
     if design not in ("split", "chunked"):
         raise ValueError(f"design: expected 'split' or 'chunked' past one block, got {design!r}")
