@@ -19,8 +19,7 @@ from ddsim import bench
 from ddsim.bench import copy_bandwidth, fp32_tensor_rate, kernel_accuracy, kernel_table, sweep, table_lines
 from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
 
-SPLIT = [dict(block_v=bv, num_warps=4, solve_warps=sw, apply_maxnreg=r) for bv in (32, 16) for sw in (4, 8)
-         for r in (None, 168)]
+SPLIT = [dict(block_v=bv, num_warps=nw, solve_warps=sw) for bv in (32, 16) for nw in (4, 8) for sw in (4, 8)]
 CHUNKED = [dict(block_v=bv, num_warps=nw) for bv, nw in ((32, 8), (32, 4), (16, 4))]
 PARTS = ("diag", "solve", "apply")
 

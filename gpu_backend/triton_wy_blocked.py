@@ -44,7 +44,7 @@ from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
-from ddsim.gpu_backend.triton_wy_split import _dot_exact_lhs, _dot_exact_rhs, _exact_mode, _gram
+from ddsim.gpu_backend.triton_wy_split import _dot_exact_rhs, _exact_mode, _gram
 
 
 @triton.jit
@@ -247,11 +247,8 @@ def _gdn_wy_blocked_apply_kernel(
     T, scale, NP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
-    FOLD: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr, FOLD: tl.constexpr,
 ):
-    # q, k, v are multiplied in their own dtype (EXACT, as in the solve kernel): the products by 16-bit
-    # rows take two tf32 or three bf16 MMAs instead of tf32x3's three tf32 ones, and half the shared memory
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     i_i = tl.program_id(2)
     o_t = tl.arange(0, BT)
@@ -263,25 +260,22 @@ def _gdn_wy_blocked_apply_kernel(
     i_bh = i_b * HV + i_hv
     gbase = i_bh.to(tl.int64) * NP
     rows_i, mi = _chunk_rows(i_b, i_i, T, BT)
-    zero = tl.zeros([BT, BV], dtype=tl.float32)
     if FOLD:
         Qm = tl.load(Qe + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * BK + o_k[None, :])
         O = tl.dot(Qm, s0, input_precision=PRECISION)
     else:
-        b_q, rq = _raw_block(q, rows_i, mi, i_h, o_k, mk, H, K, L2NORM)
+        b_q = h.load_rows(q, rows_i[:, None], i_h, o_k[None, :], mi[:, None] & mk[None, :], H, K, L2NORM, 1)
         A_i = tl.exp(tl.load(Gs + gbase + i_i * BT + o_t))
-        O = (A_i * scale / rq)[:, None] * _dot_exact_lhs(b_q, s0, zero, EXACT, PRECISION)
+        O = A_i[:, None] * tl.dot(b_q * scale, s0, input_precision=PRECISION)
     for j in range(0, i_i + 1):
         rows_j, mj = _chunk_rows(i_b, j, T, BT)
-        v_j = tl.load(v + (rows_j[:, None] * HV + i_hv) * V + o_v[None, :], mask=mj[:, None] & mv[None, :], other=0.0)
-        Ve_ij = tl.load(Ve + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * NP + j * BT + o_t[None, :])
-        if FOLD:  # O += Ve_ij V_j, V_j in its own dtype
-            O = _dot_exact_rhs(Ve_ij, v_j, O, EXACT, PRECISION)
-        else:  # O += Ve_ij R_j, R_j = V_j - diag(A_j) K_j S_r [BT, BV]
-            k_j, rk_j = _raw_block(k, rows_j, mj, i_h, o_k, mk, H, K, L2NORM)
+        R = h.load_rows(v, rows_j[:, None], i_hv, o_v[None, :], mj[:, None] & mv[None, :], HV, V, False, 1)
+        if not FOLD:  # R_j = V_j - diag(A_j) K_j S_r [BT, BV]
+            k_j = h.load_rows(k, rows_j[:, None], i_h, o_k[None, :], mj[:, None] & mk[None, :], H, K, L2NORM, 1)
             A_j = tl.exp(tl.load(Gs + gbase + j * BT + o_t))
-            R = v_j.to(tl.float32) - (A_j / rk_j)[:, None] * _dot_exact_lhs(k_j, s0, zero, EXACT, PRECISION)
-            O += tl.dot(Ve_ij, R, input_precision=PRECISION)
+            R = R - A_j[:, None] * tl.dot(k_j, s0, input_precision=PRECISION)
+        Ve_ij = tl.load(Ve + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * NP + j * BT + o_t[None, :])
+        O += tl.dot(Ve_ij, R, input_precision=PRECISION)
     tl.store(o + (rows_i[:, None] * HV + i_hv) * V + o_v[None, :], O.to(o.dtype.element_ty),
              mask=mi[:, None] & mv[None, :])
 
@@ -290,7 +284,7 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
                     use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
                     dt_bias=None, block_t: int = 64, block_v: int = 32, num_warps: int = 4, solve_warps: int = 4,
                     precision: str = "tf32x3", poison: bool | None = None, design: str = "split", fold: bool = False,
-                    num_stages: int = 1, apply_maxnreg: int | None = None):
+                    num_stages: int = 1):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). Any tree size.
     design "split": three kernels (diag, solve per head and chunk; apply per V tile and chunk);
     fold: the solve kernel also forms Qe, and the apply multiplies S_r once per chunk instead of
@@ -298,8 +292,7 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     "auto" folds for a batch). Scratch: B HV NP^2 fp32 for Ve (NP: the nodes rounded up to chunks;
     25 MB at 8 x 129). "chunked": the one kernel that walks the chunks in every V tile (num_warps 8
     was its choice). num_stages: Triton's software pipelining of the chunk loops (its default, 3,
-    asks for more shared memory than an H200 SM has in the solve kernel). apply_maxnreg: a register
-    cap on the apply kernel (168: three 4-warp programs an SM, as triton_wy_split's apply)."""
+    asks for more shared memory than an H200 SM has in the solve kernel)."""
     from ddsim.gpu_backend.triton_gdn import _prep
     if design not in ("split", "chunked"):
         raise ValueError(f"design: expected 'split' or 'chunked' past one block, got {design!r}")
@@ -341,10 +334,8 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
                  RAW16=raw16, EXACT=_exact_mode(q, k, q, "bf16x3", C.interpreting()), FOLD=fold,
                  num_warps=solve_warps, **opts)
     apply = dict(q=qc, k=kc, v=vc, **gates, Gs=Gs, Ve=Ve, Qe=Qe, state=initial_state, state_idx=idx, o=o, T=T,
-                 scale=scale, NP=NP, **shapes, V=V, BV=BV, EXACT=_exact_mode(q, k, v, "bf16x3", C.interpreting()),
-                 STATE_VK=C.state_vk(initial_state), FOLD=fold, num_warps=num_warps, **opts)
-    if apply_maxnreg:
-        apply["maxnreg"] = apply_maxnreg
+                 scale=scale, NP=NP, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state), FOLD=fold,
+                 num_warps=num_warps, **opts)
     parts = (bind(_gdn_wy_blocked_diag_kernel, (NC, B * HV), diag),
              bind(_gdn_wy_blocked_solve_kernel, (NC, B * HV), solve),
              bind(_gdn_wy_blocked_apply_kernel, (C.cdiv(V, BV), B * HV, NC), apply))

@@ -164,25 +164,6 @@ def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _dot_exact_lhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + a b for a [M, R] in its own dtype and b [R, N] fp32, to fp32-level precision: the mirror
-    of _dot_exact_rhs (EXACT 2: b split into three bf16 parts for three bf16 MMAs by the bf16 a;
-    1: two tf32 MMAs by b's tf32 head and remainder; 0: ``PRECISION`` on fp32 operands)."""
-    if EXACT == 2:
-        b1 = b.to(tl.bfloat16)
-        r1 = b - b1.to(tl.float32)
-        b2 = r1.to(tl.bfloat16)
-        b3 = (r1 - b2.to(tl.float32)).to(tl.bfloat16)
-        return tl.dot(a, b1, tl.dot(a, b2, tl.dot(a, b3, acc)))
-    elif EXACT == 1:
-        af = a.to(tl.float32)
-        hi = _tf32_hi(b)
-        return tl.dot(af, hi, tl.dot(af, b - hi, acc, input_precision="tf32"), input_precision="tf32")
-    else:
-        return tl.dot(a.to(tl.float32), b, acc, input_precision=PRECISION)
-
-
-@triton.jit
 def _gdn_wy_fold_kernel(
     q, k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
