@@ -9,14 +9,16 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
                     exact = parent-indexed recurrence over per-node snapshots
   triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states; up to 65
                     nodes in two kernels (the value-independent half once per head, then per V
-                    tile), in one kernel for a single sequence of <= 17 nodes; chunk by chunk beyond
-                    (budgets 128, 256, ...). Which two-kernel form: "split" for one sequence, "fold"
-                    for a batch (what measured fastest on the H200)
-  triton-wy-fused   the WY form in one kernel (the solve repeated per V tile)
+                    tile), in one kernel for a single sequence of <= 17 nodes; over 64-row chunks
+                    beyond (budgets 128, 256, ...: three kernels, triton_wy_blocked). Which form:
+                    "split" for one sequence, "fold" for a batch (what measured fastest on the H200)
+  triton-wy-fused   the WY form in one kernel (the solve repeated per V tile); past 65 nodes the
+                    one-kernel chunked form
   triton-wy-split   two kernels: K.K^T, Q.K^T and the solve once per head; the root step, U and O per
-                    V tile
+                    V tile (past 65 nodes: three, the solve per head and chunk)
   triton-wy-fold    two kernels: the solve also folds W, P, the gates and K into the output's weights
-                    on the root state and on v; per V tile two products (O = Qe S_r + Ve V)
+                    on the root state and on v; per V tile two products (O = Qe S_r + Ve V); past 65
+                    nodes the same fold over chunks
 Mamba2 (mamba2_tree_verify / mamba2_tree_commit) takes "torch", "triton" ("triton-ssd" unless
 per-node states are asked for), "triton-recurrent" and "triton-ssd" (the tree-masked SSD form: no
 per-node states, any tree size).
