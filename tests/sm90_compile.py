@@ -1,6 +1,8 @@
 """Compile, for an sm_90 (Hopper) GPU and without one, every kernel the GDN WY launchers would launch
 at Qwen3.6-27B GDN shapes: one block (65 nodes: fused, split, fold) and past it (131 nodes: the
-chunked form and the split form, unfolded and folded), bf16 and fp32 inputs. Triton's interpreter
+chunked form and the split form, unfolded and folded), bf16 and fp32 inputs; and every other Triton
+kernel the public functions launch (recurrent GDN, the commits, the tree conv, Mamba2's recurrent,
+SSD and commit kernels) at the property suites' fixed examples (small shapes). Triton's interpreter
 runs kernels without compiling them, so a kernel it runs may still not compile (a loop variable that
 changes type, shared memory past the SM's); this catches that on a CPU. Run as a script (it must
 import Triton without TRITON_INTERPRET); prints a line per kernel, exits 1 if any fails.
@@ -17,29 +19,81 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+import ddsim.gpu_backend as gb  # noqa: E402
 from ddsim.bench import ddtree_batch, kernel_inputs  # noqa: E402
-from ddsim.gpu_backend import _common, triton_gdn, triton_wy_blocked, triton_wy_split  # noqa: E402
+from ddsim.gpu_backend import (  # noqa: E402
+    _common,
+    triton_commit,
+    triton_conv,
+    triton_gdn,
+    triton_mamba2,
+    triton_wy_blocked,
+    triton_wy_split,
+)
+from ddsim.properties.strategies import fixed_conv_example, fixed_gdn_example, fixed_mamba2_example  # noqa: E402
 
 DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int8: "i8", torch.int32: "i32",
          torch.int64: "i64"}
 SHARED_PER_SM = 232448  # the H200's (sm_90) largest shared memory per block, in bytes
 
 
+GOT = []  # (kernel, keyword arguments) of each launch asked for since the last clear
+
+
+def _bind(kernel, grid, kw):
+    GOT.append((kernel, dict(kw)))
+    return lambda: None
+
+
+def _launch(kernel, grid, **kw):
+    GOT.append((kernel, dict(kw)))
+
+
+for _m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit, triton_mamba2):
+    _m.bind = _bind
+for _m in (triton_commit, triton_conv):
+    _m.launch = _launch
+_common.check_device = lambda *xs: None  # CPU tensors: nothing is launched
+
+
 def launches(B, T, dtype, design):
     """(kernel, keyword arguments) of each launch plan_wy would make."""
-    got = []
-
-    def capture(kernel, grid, kw):
-        got.append((kernel, dict(kw)))
-        return lambda: None
-    for m in (triton_gdn, triton_wy_split, triton_wy_blocked):
-        m.bind = capture
-    _common.check_device = lambda *xs: None  # CPU tensors: nothing is launched
+    GOT.clear()
     _, parents = ddtree_batch(B, T)
     inp = kernel_inputs(B, T, dtype=dtype, device="cpu")
     triton_gdn.plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                        initial_state=inp["initial_state"], design=design, poison=False)
-    return got
+    return list(GOT)
+
+
+def other_calls():
+    """(name, call) of every other public Triton path, at the fixed examples (bf16 inputs)."""
+    g = fixed_gdn_example(dtype=torch.bfloat16)
+    qkv = {n: g[n] for n in ("q", "k", "v", "g", "beta")}
+    acc = torch.tensor([4, 5])
+    c = fixed_conv_example(dtype=torch.bfloat16)
+    m = fixed_mamba2_example(dtype=torch.bfloat16)
+    mk = {n: m[n] for n in ("x", "dt", "A", "B", "C", "D", "dt_bias", "dt_softplus", "dt_limit")}
+    mc = {n: mk[n] for n in ("x", "dt", "A", "B", "dt_bias", "dt_softplus", "dt_limit")}
+    return [
+        ("gdn recurrent, exact", lambda: gb.gdn_tree_verify(**qkv, parents=g["parents"], initial_state=g["initial_state"],
+                                                            backend="triton-recurrent")),
+        ("gdn recurrent, leaky with states", lambda: gb.gdn_tree_verify(
+            **qkv, parents=g["parents"], initial_state=g["initial_state"], mode="leaky", output_states=True,
+            backend="triton-recurrent")),
+        ("gdn commit", lambda: gb.gdn_tree_commit(g["k"], g["v"], g["g"], g["beta"], parents=g["parents"], accepted=acc,
+                                                  initial_state=g["initial_state"], backend="triton")),
+        ("tree conv", lambda: gb.tree_causal_conv1d(c["x"], weight=c["weight"], parents=c["parents"],
+                                                    initial_window=c["initial_window"], backend="triton")),
+        ("conv commit", lambda: gb.conv_tree_commit(c["x"], parents=c["parents"], accepted=acc,
+                                                    initial_window=c["initial_window"], backend="triton")),
+        ("mamba2 recurrent", lambda: gb.mamba2_tree_verify(**mk, parents=m["parents"], initial_state=m["initial_state"],
+                                                           backend="triton-recurrent")),
+        ("mamba2 ssd", lambda: gb.mamba2_tree_verify(**mk, parents=m["parents"], initial_state=m["initial_state"],
+                                                     backend="triton-ssd")),
+        ("mamba2 commit", lambda: gb.mamba2_tree_commit(**mc, parents=m["parents"], accepted=acc,
+                                                        initial_state=m["initial_state"], backend="triton")),
+    ]
 
 
 def compile_sm90(kernel, kw):
@@ -63,19 +117,37 @@ def compile_sm90(kernel, kw):
     return ck.metadata.shared
 
 
+def check(what, kernel, kw) -> bool:
+    """Compile; print one line; False on failure (every kernel is tried)."""
+    what = f"{what}: {kernel.__name__}"
+    try:
+        shared = compile_sm90(kernel, kw)
+        if shared > SHARED_PER_SM:
+            raise RuntimeError(f"{shared} B of shared memory, more than {SHARED_PER_SM}")
+        print(f"ok   {what} ({shared} B shared)", flush=True)
+        return True
+    except Exception as e:
+        print(f"FAIL {what}: {type(e).__name__}: {(str(e).splitlines() or [''])[-1][:300]}", flush=True)
+        return False
+
+
 if __name__ == "__main__":
     failed = 0
     for T, designs in ((65, ("fused", "split", "fold")), (131, ("fused", "split", "fold"))):
         for dtype in (torch.bfloat16, torch.float32):
             for design in designs:
                 for kernel, kw in launches(2, T, dtype, design):
-                    what = f"{T} nodes, {str(dtype)[6:]}, design {design}: {kernel.__name__}"
-                    try:
-                        shared = compile_sm90(kernel, kw)
-                        if shared > SHARED_PER_SM:
-                            raise RuntimeError(f"{shared} B of shared memory, more than {SHARED_PER_SM}")
-                        print(f"ok   {what} ({shared} B shared)", flush=True)
-                    except Exception as e:  # every kernel is tried; each failure is one line
-                        failed += 1
-                        print(f"FAIL {what}: {type(e).__name__}: {str(e).splitlines()[-1][:300]}", flush=True)
+                    failed += not check(f"{T} nodes, {str(dtype)[6:]}, design {design}", kernel, kw)
+    for name, call in other_calls():
+        GOT.clear()
+        try:
+            call()
+        except Exception as e:  # a launcher that fails before launching counts as a failure too
+            failed += 1
+            print(f"FAIL {name}: the launcher raised {type(e).__name__}: {e}", flush=True)
+        if not GOT:
+            failed += 1
+            print(f"FAIL {name}: nothing launched", flush=True)
+        for kernel, kw in list(GOT):
+            failed += not check(name, kernel, kw)
     sys.exit(1 if failed else 0)

@@ -1,7 +1,7 @@
-"""Every kernel the GDN WY launchers would launch compiles for an sm_90 GPU, on a CPU (tests/sm90_compile.py,
-in a subprocess without TRITON_INTERPRET): the interpreter, which runs the other kernel tests here,
-never compiles, so a kernel can pass them all and still fail on the device (d8862be did: a loop
-variable that changed type)."""
+"""Every Triton kernel the public functions and the WY launchers would launch compiles for an sm_90
+GPU, on a CPU (tests/sm90_compile.py, in a subprocess without TRITON_INTERPRET): the interpreter,
+which runs the other kernel tests here, never compiles, so a kernel can pass them all and still fail
+on the device (d8862be did: a loop variable that changed type)."""
 import os
 import subprocess
 import sys
@@ -12,12 +12,15 @@ import pytest
 SCRIPT = Path(__file__).with_name("sm90_compile.py")
 
 
-def test_every_wy_kernel_compiles_for_sm90():
+def test_every_triton_kernel_compiles_for_sm90():
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env,
                        cwd=SCRIPT.parent.parent, timeout=900)
     ok = [line for line in r.stdout.splitlines() if line.startswith("ok ")]
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert len(ok) == 24, r.stdout  # 5 + 5 one-block launches, 7 + 7 past one block (bf16, fp32)
-    assert any("_gdn_wy_blocked_solve_kernel" in line for line in ok)
+    # WY: 5 + 5 one-block launches, 7 + 7 past one block (bf16, fp32); the others: 9 launches
+    assert len(ok) == 33, r.stdout
+    for name in ("_gdn_wy_blocked_solve_kernel", "_gdn_wy_fold_kernel", "_gdn_recurrent_kernel", "_gdn_commit_kernel",
+                 "_tree_conv_kernel", "_conv_commit_kernel", "_mamba2_ssd_kernel", "_mamba2_commit_kernel"):
+        assert any(name in line for line in ok), name
