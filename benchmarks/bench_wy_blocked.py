@@ -1,9 +1,9 @@
 """The GDN WY kernel past one block (budgets 128 and 256: 129 and 257 nodes) on CUDA at Qwen3.6-27B
 GDN shapes: the three-kernel split form (the default past 64 draft nodes: unfolded for one sequence,
-folded for a batch) and the
-one-kernel chunked form it replaces, each over a small configuration sweep, the split form's three kernels alone, and
-the flattened / parent-indexed recurrent kernels and the commit beside them, against the memory and
-FLOP floors (ddsim.bench); then every design's accuracy against the float64 oracle.
+folded for a batch) and the one-kernel chunked form it replaced, each over a small configuration
+sweep; the split form's three kernels alone; the flattened / parent-indexed recurrent kernels and the
+commit beside them, against the memory and FLOP floors (ddsim.bench); then every design's accuracy
+against the float64 oracle.
 
     python benchmarks/bench_wy_blocked.py [--commit SHA] [--shapes 1x129,8x129,1x257,8x257] [--block-t 64,32]
                                           [--skip-chunked] [--skip-accuracy]
