@@ -190,21 +190,22 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
         raise ValueError(f"precision: expected ieee, tf32 or tf32x3, got {precision!r}")
     if exact16 not in ("bf16x3", "tf32x2"):
         raise ValueError(f"exact16: expected 'bf16x3' or 'tf32x2', got {exact16!r}")
-    B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
-        q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
-    scale = K ** -0.5 if scale is None else float(scale)
-    if T > WY_MAX_NODES:  # more draft nodes than one block: the chunked form (triton_wy_blocked)
+    if q.dim() == 4 and q.shape[1] > WY_MAX_NODES:  # more draft nodes than one block: triton_wy_blocked
         from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
-        # "fused": the one-kernel chunked form; otherwise the three-kernel split form, folded for "fold" and, as
-        # "auto", for a batch (H200, RESULTS.md: folded 354 / 974 us at 8 x 129 / 8 x 257 against 374 / 1052;
-        # unfolded 89 / 205 us at 1 x 129 / 1 x 257 against 94 / 210)
+        # (which validates the inputs itself: once per call). "fused": the one-kernel chunked form; otherwise
+        # the three-kernel split form, folded for "fold" and, as "auto", for a batch (H200, RESULTS.md: folded
+        # 354 / 974 us at 8 x 129 / 8 x 257 against 374 / 1052; unfolded 89 / 205 us at 1 x 129 / 1 x 257
+        # against 94 / 210)
         chunked = design == "fused"
         return plan_wy_blocked(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
                                use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
                                dt_bias=dt_bias, precision=precision, poison=poison, block_v=min(block_v or 32, 32),
                                num_warps=num_warps or (8 if chunked else 4), solve_warps=solve_warps,
                                design="chunked" if chunked else "split",
-                               fold=design == "fold" or (design == "auto" and B > 1))
+                               fold=design == "fold" or (design == "auto" and q.shape[0] > 1))
+    B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
+        q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
+    scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
     if design == "auto":
