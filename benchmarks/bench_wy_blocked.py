@@ -58,9 +58,17 @@ if __name__ == "__main__":
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--skip-chunked", action="store_true", help="leave out the one-kernel chunked form (slow)")
     a = ap.parse_args()
+    try:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+        block_ts = tuple(int(x) for x in a.block_t.split(","))
+    except ValueError:
+        ap.error(f"--shapes {a.shapes!r} / --block-t {a.block_t!r}: expected BxT,BxT,... and integers")
+    if any(len(s) != 2 or min(s) < 1 for s in shapes):
+        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,... with B, T >= 1")
+    if any(bt < 16 or bt & (bt - 1) for bt in block_ts):
+        ap.error(f"--block-t {a.block_t!r}: expected powers of two >= 16")
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_blocked: needs a CUDA device")
-    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}", flush=True)
     bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda")
@@ -69,8 +77,7 @@ if __name__ == "__main__":
         print(f"# {r['B']}x{r['T']} {r['kernel']}: {r['us']:.1f} us {r['config']}", flush=True)
     rows = []
     for B, T in shapes:
-        rows += blocked_rows(B, T, bw, rate, progress, tuple(int(x) for x in a.block_t.split(",")),
-                             not a.skip_chunked)
+        rows += blocked_rows(B, T, bw, rate, progress, block_ts, not a.skip_chunked)
     print("\n".join(table_lines(rows)), flush=True)
     table, _ = kernel_table(shapes=shapes, precisions=(), only=["leaky", "exact parent-indexed", "commit"],
                             progress=progress)
