@@ -263,8 +263,8 @@ def constant(kind: str, n: int, device, dtype=torch.float32) -> torch.Tensor:
 
 def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tensor:
     """int32 [B] rows of pool [N, ...] holding the batch: its first B rows when state_indices is
-    None (then N must be B), else state_indices [B], distinct and in 0..N-1 (two host syncs), or
-    CheckedSlots (validated before: only the pool size, shape and device here)."""
+    None (then N must be B), else state_indices [B], distinct and in 0..N-1 (checked_slots: one host
+    sync), or CheckedSlots (validated before: only the pool size, shape and device here)."""
     N = pool.shape[0]
     if isinstance(state_indices, CheckedSlots):
         idx = state_indices.indices
@@ -276,14 +276,7 @@ def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tenso
         if N != B:
             raise ValueError(f"{name}: {N} {rows} for {B} sequences; pass state_indices to address a pool")
         return constant("slots", B, pool.device)
-    idx = torch.as_tensor(state_indices, device=pool.device)
-    if idx.dtype not in (torch.int32, torch.int64) or tuple(idx.shape) != (B,):
-        raise ValueError(f"state_indices: expected [B] = [{B}] integers, got {tuple(idx.shape)} {idx.dtype}")
-    if ((idx < 0) | (idx >= N)).any():
-        raise ValueError(f"state_indices: slots must lie in 0..{N - 1}")
-    if idx.unique().numel() != B:
-        raise ValueError("state_indices: slots must be distinct")
-    return idx.to(torch.int32).contiguous()
+    return checked_slots(torch.as_tensor(state_indices), N, B, pool.device).indices  # the same checks, one sync
 
 
 def resolve_state(initial_state, state_indices, B: int):
