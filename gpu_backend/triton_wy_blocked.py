@@ -44,7 +44,7 @@ from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
-from ddsim.gpu_backend.triton_wy_split import _dot_exact_rhs, _exact_mode, _gram, _raw_rows
+from ddsim.gpu_backend.triton_wy_split import _dot_exact_rhs, _exact_mode, _gram, _raw_block
 
 
 @triton.jit
@@ -126,18 +126,6 @@ def _chunk_rows(i_b, c, T, BT: tl.constexpr):
     """Chunk c's draft rows: their flat rows [BT] (int64, nodes 1 + c BT ...) and validity [BT]."""
     r = c * BT + tl.arange(0, BT)
     return (i_b * T + 1 + r).to(tl.int64), r < T - 1
-
-
-@triton.jit
-def _raw_block(ptr, rows, m, head, o_k, mk, NH: tl.constexpr, D: tl.constexpr, L2NORM: tl.constexpr):
-    """Rows [BT, BK] of q or k [B*T, NH, D] in their own dtype (16-bit inputs stay 16-bit: one exact
-    MMA per product, half the shared memory) and their l2 norms [BT] (ones without L2NORM)."""
-    x = _raw_rows(ptr, rows[:, None], head, o_k[None, :], m[:, None] & mk[None, :], NH, D)
-    if L2NORM:
-        r = tl.sqrt(tl.sum(x.to(tl.float32) * x.to(tl.float32), 1) + 1e-6)
-    else:
-        r = tl.full([x.shape[0]], 1.0, tl.float32)
-    return x, r
 
 
 @triton.jit
