@@ -6,7 +6,7 @@ commit beside them, against the memory and FLOP floors (ddsim.bench); then every
 against the float64 oracle.
 
     python benchmarks/bench_wy_blocked.py [--commit SHA] [--shapes 1x129,8x129,1x257,8x257] [--block-t 64,32]
-                                          [--skip-chunked] [--skip-accuracy]
+                                          [--precisions tf32x3] [--skip-chunked] [--skip-accuracy]
 """
 import argparse
 import platform
@@ -17,6 +17,7 @@ import triton
 
 from ddsim import bench
 from ddsim.bench import copy_bandwidth, fp32_tensor_rate, kernel_accuracy, kernel_table, sweep, table_lines
+from ddsim.gpu_backend import _common
 from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
 
 SPLIT = [dict(block_v=bv, num_warps=nw, solve_warps=sw) for bv in (32, 16) for nw in (4, 8) for sw in (4, 8)]
@@ -24,9 +25,10 @@ CHUNKED = [dict(block_v=bv, num_warps=nw) for bv, nw in ((32, 8), (32, 4), (16, 
 PARTS = ("diag", "solve", "apply")
 
 
-def blocked_rows(B, T, bw, rate, progress, block_ts=(64,), chunked=True):
+def blocked_rows(B, T, bw, rate, progress, block_ts=(64,), chunked=True, precisions=()):
     """The split form (unfolded, folded, each kernel alone) at each chunk height in block_ts (32: twice
-    the chunks, products an eighth the size), and the chunked form it replaced."""
+    the chunks, products an eighth the size), unfolded and folded at each dot precision in precisions
+    too, and the chunked form it replaced."""
     _, parents = bench.ddtree_batch(B, T)
     inp = bench.kernel_inputs(B, T, device="cuda")
     common = dict(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
@@ -44,6 +46,9 @@ def blocked_rows(B, T, bw, rate, progress, block_ts=(64,), chunked=True):
         cases[f"wy split, folded{at} (3 kernels)"] = ("wy", SPLIT, plan("split", fold=True, block_t=bt))
         for i, part in enumerate(PARTS):
             cases[f"wy split{at}: {part} kernel alone"] = ("wy", SPLIT, plan("split", i, fold=False, block_t=bt))
+    for prec in precisions:
+        cases[f"wy split, unfolded, {prec} (3 kernels)"] = ("wy", SPLIT, plan("split", fold=False, precision=prec))
+        cases[f"wy split, folded, {prec} (3 kernels)"] = ("wy", SPLIT, plan("split", fold=True, precision=prec))
     if chunked:
         cases["wy chunked (1 kernel, before)"] = ("wy", CHUNKED, plan("chunked"))
     return sweep(B, T, cases, bench.kernel_bytes(B, T), bw, progress=progress, flops=bench.kernel_flops(B, T),
@@ -56,13 +61,18 @@ if __name__ == "__main__":
     ap.add_argument("--shapes", default="1x129,8x129,1x257,8x257")
     ap.add_argument("--block-t", default="64")
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--precisions", default="", help="dot precisions to time beside the default, e.g. tf32x3")
     ap.add_argument("--skip-chunked", action="store_true", help="leave out the one-kernel chunked form (slow)")
     a = ap.parse_args()
     try:
         shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
         block_ts = tuple(int(x) for x in a.block_t.split(","))
+        precisions = tuple(p for p in a.precisions.split(",") if p)
+        for p in precisions:
+            _common.check_precision(p)
     except ValueError:
-        ap.error(f"--shapes {a.shapes!r} / --block-t {a.block_t!r}: expected BxT,BxT,... and integers")
+        ap.error(f"--shapes {a.shapes!r} / --block-t {a.block_t!r} / --precisions {a.precisions!r}: expected "
+                 f"BxT,BxT,..., integers and dot precisions ({', '.join(_common.DOT_PRECISIONS)})")
     if any(len(s) != 2 or min(s) < 1 for s in shapes):
         ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,... with B, T >= 1")
     if any(bt < 16 or bt & (bt - 1) for bt in block_ts):
@@ -77,7 +87,7 @@ if __name__ == "__main__":
         print(f"# {r['B']}x{r['T']} {r['kernel']}: {r['us']:.1f} us {r['config']}", flush=True)
     rows = []
     for B, T in shapes:
-        rows += blocked_rows(B, T, bw, rate, progress, block_ts, not a.skip_chunked)
+        rows += blocked_rows(B, T, bw, rate, progress, block_ts, not a.skip_chunked, precisions)
     print("\n".join(table_lines(rows)), flush=True)
     table, _ = kernel_table(shapes=shapes, precisions=(), only=["leaky", "exact parent-indexed", "commit"],
                             progress=progress)

@@ -20,7 +20,17 @@ import torch
 import triton
 
 from ddsim import oracle
-from ddsim.bench import copy_bandwidth, ddtree_batch, fp32_tensor_rate, kernel_bytes, kernel_flops, kernel_inputs, sweep, table_lines
+from ddsim.bench import (
+    copy_bandwidth,
+    ddtree_batch,
+    fp32_tensor_rate,
+    kernel_bytes,
+    kernel_flops,
+    kernel_inputs,
+    off_rounded,
+    sweep,
+    table_lines,
+)
 from ddsim.compare import rel_error
 from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy, plan_wy
@@ -88,7 +98,10 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None):
              # fastest whole, 102.9 us, had both caps; the per-kernel sweep above cannot see that)
              "fold + apply, both kernels capped at 168": ("wy", [dict(maxnreg=(168, 168))], planner(common, None)),
              "fold + apply, both kernels capped at 168, PDL": ("wy", [dict(maxnreg=(168, 168), pdl=True)],
-                                                               planner(common, None))}
+                                                               planner(common, None)),
+             # the dot precision of the fp32 products before bf16x3 became bf16 inputs' default
+             "fold + apply, defaults, tf32x3": ("wy", [dict(precision="tf32x3")], planner(common, None)),
+             "fold + apply, defaults, tf32x3, PDL": ("wy", [dict(precision="tf32x3", pdl=True)], planner(common, None))}
     if len(got) == 2:
         s, a = got["fold kernel (per head)"], got["apply kernel (per V tile)"]
         caps = (s.pop("maxnreg"), a.pop("maxnreg"))
@@ -100,18 +113,21 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None):
 
 def accuracy(device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1):
     _, parents = ddtree_batch(B, T, seed=seed)
-    lines = ["| inputs | mode | fold, defaults: relative error vs oracle (Frobenius) | oracle rounded to the inputs' dtype |",
-             "|---|---|---|---|"]
+    lines = ["| inputs | mode | dot precision | fold: relative error vs oracle (Frobenius) | "
+             "oracle rounded to the inputs' dtype | outputs off the rounded oracle (%) |", "|---|---|---|---|---|---|"]
     for dtype in (torch.float32, torch.bfloat16):
         inp = kernel_inputs(B, T, H=H, HV=HV, K=K, V=V, dtype=dtype, device=device, seed=seed)
         qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
         for mode in ("exact", "leaky"):
             ref = oracle.gdn_tree_verify(**{k: x.cpu() for k, x in qkv.items()}, parents=parents,
                                          initial_state=inp["initial_state"].cpu(), mode=mode)
-            o = gdn_tree_verify_wy(**qkv, parents=parents.to(device), initial_state=inp["initial_state"], mode=mode,
-                                   design="fold")
-            lines.append(f"| {str(dtype).replace('torch.', '')} | {mode} | {rel_error(o.cpu(), ref):.2e} | "
-                         f"{rel_error(ref.to(dtype), ref) if dtype != torch.float32 else 0.0:.2e} |")
+            for prec in (None, "tf32x3", "bf16x3", "tf32"):
+                o = gdn_tree_verify_wy(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
+                                       mode=mode, design="fold", precision=prec)
+                lines.append(f"| {str(dtype).replace('torch.', '')} | {mode} | {prec or 'default'} | "
+                             f"{rel_error(o.cpu(), ref):.2e} | "
+                             f"{rel_error(ref.to(dtype), ref) if dtype != torch.float32 else 0.0:.2e} | "
+                             f"{100 * off_rounded(o, ref) if dtype != torch.float32 else float('nan'):.2f} |")
     return "\n".join(lines)
 
 

@@ -14,6 +14,26 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# input_precision of the WY kernels' products of fp32 operands. "bf16x3" (three bf16 MMAs of 8-bit head
+# and remainder splits: about 2^-16 relative per product, at twice tf32's MMA rate) is the default for
+# 16-bit inputs, whose outputs are rounded to 2^-9; fp32 inputs take "tf32x3" (about 2^-22).
+DOT_PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16x3")
+
+
+def check_precision(precision: str | None) -> None:
+    if precision is not None and precision not in DOT_PRECISIONS:
+        raise ValueError(f"precision: expected one of {', '.join(DOT_PRECISIONS)} (or None), got {precision!r}")
+
+
+def dot_precision(precision: str | None, *inputs: torch.Tensor) -> str:
+    """The WY kernels' PRECISION for a checked ``precision`` (None: the default of the inputs' dtypes,
+    bf16x3 when every input is 16-bit, tf32x3 otherwise). Triton's interpreter knows no bf16x3 (its
+    products are plain fp32 matmuls whatever the precision), so there it runs as tf32x3."""
+    if precision is None:
+        precision = "bf16x3" if all(t.dtype in (torch.float16, torch.bfloat16) for t in inputs) else "tf32x3"
+    return "tf32x3" if precision == "bf16x3" and interpreting() else precision
+
+
 def next_pow2(n: int, lo: int = 16) -> int:
     """The least power of two >= max(n, lo) (lo a power of two)."""
     return max(lo, 1 << max(0, int(n) - 1).bit_length())

@@ -169,7 +169,7 @@ def gdn_tree_verify_wy(*args, **kwargs):
 def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
             use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
             A_log=None, dt_bias=None, block_v: int | None = None, num_warps: int | None = None,
-            precision: str = "tf32x3", poison: bool | None = None, design: str = "auto", solve_warps: int = 4,
+            precision: str | None = None, poison: bool | None = None, design: str = "auto", solve_warps: int = 4,
             exact16: str = "bf16x3", pdl: bool = False):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
     kernel; "split": the value-independent half once per head (triton_wy_split); "fold": the same with
@@ -186,8 +186,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
         raise ValueError(f"design: expected 'auto', 'fused', 'split' or 'fold', got {design!r}")
     if output_states:
         raise ValueError("output_states: the WY kernel writes no per-node states; use the recurrent kernel")
-    if precision not in ("ieee", "tf32", "tf32x3"):
-        raise ValueError(f"precision: expected ieee, tf32 or tf32x3, got {precision!r}")
+    C.check_precision(precision)
     if exact16 not in ("bf16x3", "tf32x2"):
         raise ValueError(f"exact16: expected 'bf16x3' or 'tf32x2', got {exact16!r}")
     if q.dim() == 4 and q.shape[1] > WY_MAX_NODES:  # more draft nodes than one block: triton_wy_blocked
@@ -205,6 +204,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
                                fold=design == "fold" or (design == "auto" and q.shape[0] > 1))
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
+    precision = C.dot_precision(precision, q, k, v)
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1

@@ -271,7 +271,7 @@ def _gdn_wy_blocked_apply_kernel(
 def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                     use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
                     dt_bias=None, block_t: int = 64, block_v: int = 32, num_warps: int = 4, solve_warps: int = 4,
-                    precision: str = "tf32x3", poison: bool | None = None, design: str = "split", fold: bool = False,
+                    precision: str | None = None, poison: bool | None = None, design: str = "split", fold: bool = False,
                     num_stages: int = 1):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). Any tree size.
     design "split": three kernels (diag, solve per head and chunk; apply per V tile and chunk);
@@ -286,10 +286,10 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         raise ValueError(f"design: expected 'split' or 'chunked' past one block, got {design!r}")
     if output_states:
         raise ValueError("output_states: the WY kernel writes no per-node states; use the recurrent kernel")
-    if precision not in ("ieee", "tf32", "tf32x3"):
-        raise ValueError(f"precision: expected ieee, tf32 or tf32x3, got {precision!r}")
+    C.check_precision(precision)
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
+    precision = C.dot_precision(precision, q, k, v)
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))

@@ -124,7 +124,8 @@ def check(what, kernel, kw) -> bool:
         shared = compile_sm90(kernel, kw)
         if shared > SHARED_PER_SM:
             raise RuntimeError(f"{shared} B of shared memory, more than {SHARED_PER_SM}")
-        print(f"ok   {what} ({shared} B shared)", flush=True)
+        prec = f"{kw['PRECISION']}, " if "PRECISION" in kw else ""  # the dot precision the launcher chose
+        print(f"ok   {what} ({prec}{shared} B shared)", flush=True)
         return True
     except Exception as e:
         print(f"FAIL {what}: {type(e).__name__}: {(str(e).splitlines() or [''])[-1][:300]}", flush=True)
