@@ -10,7 +10,7 @@ a second kernel that streamed the root state over K in chunks (62 / 219 us again
 8 x 65 / 32 x 65, d6b9890); the doubling rounds in sequence (square, then multiply) rather than
 paired, and the raw q, k loaded again after the solve (bfc0150).
 
-    python benchmarks/bench_wy_fold.py [--commit SHA] [--shapes 8x65,32x65]
+    python benchmarks/bench_wy_fold.py [--commit SHA] [--shapes 8x65,32x65] [--cases-only] [--skip-accuracy]
 """
 import argparse
 import platform
@@ -81,7 +81,7 @@ def resources(launch_fn):
     return ms
 
 
-def shape_rows(B, T, bw, rate, device="cuda", timer=None):
+def shape_rows(B, T, bw, rate, device="cuda", timer=None, cases_only=False):
     _, parents = ddtree_batch(B, T)
     inp = kernel_inputs(B, T, device=device)
     common = dict(q=inp["q"], k=inp["k"], v=inp["v"], g=inp["g"], beta=inp["beta"], parents=parents.to(device),
@@ -89,8 +89,9 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None):
     nbytes, flops = kernel_bytes(B, T), kernel_flops(B, T)
     kw = dict(progress=lambda r: print(f"# {B}x{T} {r['kernel']}: {r['us']:.1f} us {r['config']}", flush=True),
               flops=flops, flop_rate=rate, timer=timer or resources)
-    rows = sweep(B, T, {"fold kernel (per head)": ("wy", SOLVE, planner(common, 0)),
-                        "apply kernel (per V tile)": ("wy", APPLY, planner(common, 1))}, nbytes, bw, **kw)
+    rows = [] if cases_only else sweep(B, T, {"fold kernel (per head)": ("wy", SOLVE, planner(common, 0)),
+                                              "apply kernel (per V tile)": ("wy", APPLY, planner(common, 1))},
+                                       nbytes, bw, **kw)
     got = {r["kernel"]: dict(r["config"]) for r in rows}
     cases = {"fold + apply, defaults": ("wy", [{}], planner(common, None)),
              "fold + apply, defaults, PDL": ("wy", [dict(pdl=True)], planner(common, None)),
@@ -101,7 +102,14 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None):
                                                                planner(common, None)),
              # the dot precision of the fp32 products before bf16x3 became bf16 inputs' default
              "fold + apply, defaults, tf32x3": ("wy", [dict(precision="tf32x3")], planner(common, None)),
-             "fold + apply, defaults, tf32x3, PDL": ("wy", [dict(precision="tf32x3", pdl=True)], planner(common, None))}
+             "fold + apply, defaults, tf32x3, PDL": ("wy", [dict(precision="tf32x3", pdl=True)], planner(common, None)),
+             # a762c8f's sweep with bf16x3 products picked 64-wide V tiles for the apply kernel at both shapes
+             "fold + apply, 64-wide V tiles, no caps": ("wy", [dict(block_v=64, maxnreg=(None, None))],
+                                                        planner(common, None)),
+             "fold + apply, 64-wide V tiles, no caps, PDL": ("wy", [dict(block_v=64, maxnreg=(None, None), pdl=True)],
+                                                             planner(common, None)),
+             "fold + apply, 64-wide V tiles, fold kernel capped at 168": (
+                 "wy", [dict(block_v=64, maxnreg=(168, None))], planner(common, None))}
     if len(got) == 2:
         s, a = got["fold kernel (per head)"], got["apply kernel (per V tile)"]
         caps = (s.pop("maxnreg"), a.pop("maxnreg"))
@@ -136,6 +144,7 @@ if __name__ == "__main__":
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="8x65,32x65,1x65")
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--cases-only", action="store_true", help="leave out each kernel's own sweep")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_fold: needs a CUDA device")
@@ -145,7 +154,7 @@ if __name__ == "__main__":
     bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda")
     rows = []
     for B, T in shapes:
-        rows += shape_rows(B, T, bw, rate)
+        rows += shape_rows(B, T, bw, rate, cases_only=a.cases_only)
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s" + (f"; FLOP floor at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
     print("\n".join(table_lines(rows)))
     if not a.skip_accuracy:

@@ -268,6 +268,12 @@ def _gdn_wy_blocked_apply_kernel(
              mask=mi[:, None] & mv[None, :])
 
 
+# Dot precisions the chunked form refuses: with bf16x3 products its kernel faulted (an illegal memory
+# access) on the H200 under Triton 3.6 (B = 2, T = 131, K = V = 128; the 16-row-chunk hypothesis
+# properties passed). benchmarks/repro_chunked_bf16x3.py empties this to reproduce it.
+CHUNKED_REFUSES = ("bf16x3",)
+
+
 def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                     use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
                     dt_bias=None, block_t: int = 64, block_v: int = 32, num_warps: int = 4, solve_warps: int = 4,
@@ -287,9 +293,13 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     if output_states:
         raise ValueError("output_states: the WY kernel writes no per-node states; use the recurrent kernel")
     C.check_precision(precision)
+    if design == "chunked" and precision in CHUNKED_REFUSES:
+        raise ValueError(f"precision: {precision} is refused for the chunked form (its kernel faulted with an illegal "
+                         f"memory access on the H200 under Triton 3.6 at 131 nodes: RESULTS.md); use tf32x3")
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
-    precision = C.dot_precision(precision, q, k, v)
+    # (the chunked form, kept as the "before" of the split form, stays at tf32x3 for every dtype)
+    precision = C.dot_precision(precision or ("tf32x3" if design == "chunked" else None), q, k, v)
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))

@@ -350,6 +350,21 @@ def test_the_wy_dot_precision_is_bf16x3_for_16_bit_inputs_and_tf32x3_otherwise(m
         check_precision("bf16x6")
 
 
+def test_the_chunked_wy_form_refuses_bf16x3_and_runs_tf32x3_for_16_bit_inputs(monkeypatch):
+    from ddsim.gpu_backend import triton_wy_blocked as wb
+    inp = _long_example(T=20)
+    args = dict(**_cast(inp, torch.bfloat16), parents=_dev(inp["parents"]), initial_state=_dev(inp["initial_state"]))
+    with pytest.raises(ValueError, match="precision: bf16x3 is refused for the chunked form"):
+        wb.plan_wy_blocked(**args, design="chunked", precision="bf16x3", block_t=16)
+    got = []
+    monkeypatch.setattr(wb, "bind", lambda kernel, grid, kw: got.append(kw["PRECISION"]))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the compiled default, resolved without launching
+    monkeypatch.setattr(wb.C, "check_device", lambda *xs: None)
+    wb.plan_wy_blocked(**args, design="chunked", block_t=16)
+    wb.plan_wy_blocked(**args, design="split", block_t=16)
+    assert got == ["tf32x3"] + ["bf16x3"] * 3
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16x3 products run compiled only")
 @pytest.mark.parametrize("T", [65, 131])
 @pytest.mark.parametrize("design", ["fused", "split", "fold"])
