@@ -13,7 +13,7 @@ build them once per step for every layer: plan_tree, plan_slots, plan_accepted)
   sglang flattened    the hybrid-unsafe path, for reference
 
     python benchmarks/bench_engine_api.py [--commit SHA] [--shapes 1x16,...,8x129]
-        # needs CUDA and SGLang's kernel importable; trees above 65 nodes run ddsim's chunked WY form
+        # needs CUDA and SGLang's kernel importable; trees above 65 nodes run ddsim's split WY form
 """
 import argparse
 import time
@@ -42,10 +42,11 @@ def main():
     sgl, where = _kernel()
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | commit {a.commit} | SGLang kernel {where}")
-    bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda")
+    bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda", "bf16x3")  # bf16 inputs' default
     print(f"# floors: the snapshot-free verify's least bytes (inputs, output, committed states) over the measured copy "
           f"bandwidth {bw / 1e9:.0f} GB/s, and the WY form's least FLOPs over "
-          + (f"{rate / 1e12:.0f} TFLOP/s (dense tf32 peak / 3)" if rate else "(no known peak for this device)")
+          + (f"{rate / 1e12:.0f} TFLOP/s (dense bf16 peak / 3: bf16x3 products, the default for bf16 inputs)" if rate
+             else "(no known peak for this device)")
           + "; the commit's floor: its slots' states read and written once")
     print("| B x T | sglang exact verify | + commit copy | ddsim drop-in (buffer) | ddsim snapshot-free verify | "
           "+ commit_accepted | sglang flattened | verify floor: bytes / FLOPs | commit floor | buffer MiB/layer |")

@@ -81,7 +81,8 @@ if __name__ == "__main__":
         raise SystemExit("bench_wy_blocked: needs a CUDA device")
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}", flush=True)
-    bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda")
+    bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda", "bf16x3")  # bf16 inputs' default
+    print(f"# floors: copy bandwidth {bw / 1e9:.0f} GB/s" + (f", bf16x3 products at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
 
     def progress(r):
         print(f"# {r['B']}x{r['T']} {r['kernel']}: {r['us']:.1f} us {r['config']}", flush=True)

@@ -151,11 +151,11 @@ if __name__ == "__main__":
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
-    bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda")
+    bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda", "bf16x3")  # bf16 inputs' default
     rows = []
     for B, T in shapes:
         rows += shape_rows(B, T, bw, rate, cases_only=a.cases_only)
-    print(f"copy bandwidth {bw / 1e9:.0f} GB/s" + (f"; FLOP floor at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s" + (f"; FLOP floor at {rate / 1e12:.0f} TFLOP/s (bf16x3)" if rate else ""))
     print("\n".join(table_lines(rows)))
     if not a.skip_accuracy:
         print()

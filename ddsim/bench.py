@@ -120,14 +120,15 @@ def kernel_flops(B, T, *, H=BENCH_SHAPE["H"], HV=BENCH_SHAPE["HV"], K=BENCH_SHAP
 TF32_PEAK = {"H100": 494e12, "H200": 494e12}
 
 
-def fp32_tensor_rate(device="cuda") -> float | None:
-    """The device's fp32-accurate tensor-core rate: its dense tf32 peak over the three passes of
-    tf32x3 (None for a device not in TF32_PEAK)."""
+def fp32_tensor_rate(device="cuda", precision: str = "tf32x3") -> float | None:
+    """The device's tensor-core rate for products of fp32 operands at ``precision``: its dense tf32
+    peak over the three passes of tf32x3, or for bf16x3 (the WY kernels' default for 16-bit inputs)
+    its dense bf16 peak (twice tf32's) over three (None for a device not in TF32_PEAK)."""
     if torch.device(device).type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
     peak = next((v for k, v in TF32_PEAK.items() if k in name), None)
-    return None if peak is None else peak / 3
+    return None if peak is None else peak * (2 if precision == "bf16x3" else 1) / 3
 
 
 def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf32x3"), only=None,

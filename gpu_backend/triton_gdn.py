@@ -176,12 +176,16 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
     instead of four; "auto" takes what measured fastest on the H200 (benchmarks/RESULTS.md): fused for
     one sequence of at most 17 nodes (16.2 us at 1x16), split for one sequence (32.1 us at 1x65, fold
-    35.7), fold for a batch (107-108 / 314-315 us at 8x65 / 32x65, split 127.5 / 432.5). block_v /
-    num_warps / solve_warps default to each design's sweep choice; exact16: how the fold kernels
+    35.7), fold for a batch (with bf16x3 products 80.7 / 234.4 us at 8x65 / 32x65; with tf32x3
+    107-108 / 314-315, split 127.5 / 432.5). block_v / num_warps / solve_warps default to each
+    design's sweep choice (triton_wy_split.FOLD_DEFAULTS for fold); precision: the input_precision of
+    the products of fp32 operands (None: bf16x3 for 16-bit inputs, tf32x3 for fp32: _common.dot_precision;
+    the products by raw 16-bit q, k are single exact MMAs whatever it is); exact16: how the fold kernels
     multiply by the raw 16-bit k and v ("bf16x3", the default, or "tf32x2"); pdl: launch the folded
     form's second kernel with programmatic dependent launch (Hopper or later; ignored by the others).
     Past 65 nodes (triton_wy_blocked): "fused" is the one-kernel chunked form, "split" / "fold" the
-    three-kernel split form unfolded / folded, "auto" the split form, folded for a batch."""
+    three-kernel split form unfolded / folded, "auto" the split form, folded for a batch with tf32x3
+    products (triton_wy_blocked.plan_wy_blocked's fold=None)."""
     if design not in ("auto", "fused", "split", "fold"):
         raise ValueError(f"design: expected 'auto', 'fused', 'split' or 'fold', got {design!r}")
     if output_states:
@@ -192,16 +196,14 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     if q.dim() == 4 and q.shape[1] > WY_MAX_NODES:  # more draft nodes than one block: triton_wy_blocked
         from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
         # (which validates the inputs itself: once per call). "fused": the one-kernel chunked form; otherwise
-        # the three-kernel split form, folded for "fold" and, as "auto", for a batch (H200, RESULTS.md: folded
-        # 354 / 974 us at 8 x 129 / 8 x 257 against 374 / 1052; unfolded 89 / 205 us at 1 x 129 / 1 x 257
-        # against 94 / 210)
+        # the three-kernel split form, folded for "fold", unfolded for "split", and as "auto" its own choice
         chunked = design == "fused"
         return plan_wy_blocked(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
                                use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
                                dt_bias=dt_bias, precision=precision, poison=poison, block_v=min(block_v or 32, 32),
                                num_warps=num_warps or (8 if chunked else 4), solve_warps=solve_warps,
                                design="chunked" if chunked else "split",
-                               fold=design == "fold" or (design == "auto" and q.shape[0] > 1))
+                               fold={"fold": True, "split": False}.get(design))
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     precision = C.dot_precision(precision, q, k, v)
@@ -211,7 +213,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     if design == "auto":
         design = ("fused" if T <= 17 else "split") if B == 1 else "fold"
     if design in ("split", "fold"):
-        block_v, num_warps = block_v or 32, num_warps or 4
+        num_warps = num_warps or 4
         from ddsim.gpu_backend.triton_wy_split import plan_wy_split
         return plan_wy_split(q, k, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=initial_state,
                              idx=idx, scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, use_qk_l2norm=use_qk_l2norm,

@@ -268,22 +268,25 @@ def _gdn_wy_blocked_apply_kernel(
              mask=mi[:, None] & mv[None, :])
 
 
-# Dot precisions the chunked form refuses: with bf16x3 products its kernel faulted (an illegal memory
-# access) on the H200 under Triton 3.6 (B = 2, T = 131, K = V = 128; the 16-row-chunk hypothesis
-# properties passed). benchmarks/repro_chunked_bf16x3.py empties this to reproduce it.
+# Dot precisions the chunked form refuses: with bf16x3 products its compiled kernel is wrong on the H200
+# under Triton 3.6 at 64-row chunks (B = 2, T = 131, K = V = 128: 8.5e-2 relative to the oracle against
+# tf32x3's 1.65e-3, compute-sanitizer clean; in a pytest process it faulted with an illegal memory
+# access), while its 16-row-chunk hypothesis properties pass. benchmarks/repro_chunked_bf16x3.py empties
+# this to reproduce it (RESULTS.md). The form is kept only as the split form's "before".
 CHUNKED_REFUSES = ("bf16x3",)
 
 
 def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                     use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
                     dt_bias=None, block_t: int = 64, block_v: int = 32, num_warps: int = 4, solve_warps: int = 4,
-                    precision: str | None = None, poison: bool | None = None, design: str = "split", fold: bool = False,
-                    num_stages: int = 1):
+                    precision: str | None = None, poison: bool | None = None, design: str = "split",
+                    fold: bool | None = False, num_stages: int = 1):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). Any tree size.
     design "split": three kernels (diag, solve per head and chunk; apply per V tile and chunk);
     fold: the solve kernel also forms Qe, and the apply multiplies S_r once per chunk instead of
-    i + 2 times (on the H200 5-7% faster at 8 sequences, 2-5% slower at one: RESULTS.md; plan_wy's
-    "auto" folds for a batch). Scratch: B HV NP^2 fp32 for Ve (NP: the nodes rounded up to chunks;
+    i + 2 times; None: fold for a batch with tf32x3 products only (on the H200, RESULTS.md: with tf32x3
+    5-7% faster at 8 sequences, 2-5% slower at one; with bf16x3 0.1-5% slower at 8 x 257 / 8 x 129
+    and 8% slower at one sequence). Scratch: B HV NP^2 fp32 for Ve (NP: the nodes rounded up to chunks;
     25 MB at 8 x 129). "chunked": the one kernel that walks the chunks in every V tile (num_warps 8
     was its choice). num_stages: Triton's software pipelining of the chunk loops (its default, 3,
     asks for more shared memory than an H200 SM has in the solve kernel)."""
@@ -294,12 +297,14 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         raise ValueError("output_states: the WY kernel writes no per-node states; use the recurrent kernel")
     C.check_precision(precision)
     if design == "chunked" and precision in CHUNKED_REFUSES:
-        raise ValueError(f"precision: {precision} is refused for the chunked form (its kernel faulted with an illegal "
-                         f"memory access on the H200 under Triton 3.6 at 131 nodes: RESULTS.md); use tf32x3")
+        raise ValueError(f"precision: {precision} is refused for the chunked form (its kernel compiled with it gave "
+                         f"wrong outputs on the H200 under Triton 3.6 at 131 nodes: RESULTS.md); use tf32x3")
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     # (the chunked form, kept as the "before" of the split form, stays at tf32x3 for every dtype)
     precision = C.dot_precision(precision or ("tf32x3" if design == "chunked" else None), q, k, v)
+    if fold is None:
+        fold = B > 1 and precision != "bf16x3"
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))

@@ -252,16 +252,19 @@ def _gdn_wy_fold_apply_kernel(
              mask=mt[:, None] & mv[None, :])
 
 
-# Register caps of the fold kernels (per-head, per-V-tile; None: Triton's choice). 168 lets an SM hold
-# three 4-warp programs of the per-V-tile kernel (212 registers uncapped: two); the H200 sweep chose it
-# at 8 x 65 and 32 x 65 (benchmarks/bench_wy_fold.py, RESULTS.md). The per-head kernel spills under
-# any cap (255 registers uncapped), so it has none. Benchmarks may set this.
-MAXNREG = (None, 168)
+# The folded form's defaults by dot precision: the apply kernel's V tile and the register caps of the
+# (per-head, per-V-tile) kernels, None for Triton's choice; the H200 sweeps' choices at 8 x 65 and
+# 32 x 65 (benchmarks/bench_wy_fold.py, RESULTS.md). With tf32x3 products a 168 cap lets an SM hold
+# three 4-warp programs of 32-wide tiles (212 registers uncapped: two); with bf16x3 ones 64-wide tiles
+# uncapped measured fastest at both shapes (80.7 / 234.4 us against 83.2 / 253.2). The per-head kernel
+# spills under any cap (255 registers uncapped), so it has none. Other precisions take tf32x3's.
+FOLD_DEFAULTS = {"tf32x3": (32, (None, 168)), "bf16x3": (64, (None, None))}
+MAXNREG = None  # a (per-head, per-V-tile) pair here overrides FOLD_DEFAULTS' caps (the benchmarks set it)
 
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
-                  use_qk_l2norm, precision, poison, block_v, num_warps, solve_warps=4, fold=False, exact16="bf16x3",
-                  pdl=False):
+                  use_qk_l2norm, precision, poison, block_v=None, num_warps=4, solve_warps=4, fold=False,
+                  exact16="bf16x3", pdl=False):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four. pdl (fold
@@ -269,7 +272,8 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     dependent launch and runs its root step and loads while the fold kernel finishes."""
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
-    BV = min(block_v, max(16, C.next_pow2(V, 1)))
+    fold_bv, caps = FOLD_DEFAULTS.get(precision, FOLD_DEFAULTS["tf32x3"])
+    BV = min(block_v or (fold_bv if fold else 32), max(16, C.next_pow2(V, 1)))
     # Triton's interpreter multiplies bf16 tiles as raw bits (fp16 is right): there bf16 takes the fp32 path
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
     qc, kc = q.contiguous(), k.contiguous()
@@ -278,7 +282,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
                           exact=_exact_mode(q, k, v, exact16, C.interpreting()),
                           use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
-                          solve_warps=solve_warps, pdl=_pdl(pdl))
+                          solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps if MAXNREG is None else MAXNREG)
     Wm = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     Pm = torch.empty_like(Wm)
     Ad = torch.empty(B, HV, BT, dtype=torch.float32, device=v.device)
@@ -303,7 +307,7 @@ def _in_order(first, second):
 
 
 def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
-               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl):
+               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, caps):
     Qe = torch.empty(B, HV, BT, BK, dtype=torch.float32, device=v.device)
     Ve = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
     # the per-head ready flags (pdl only; otherwise an unused pointer: no allocation, no memset per call)
@@ -318,7 +322,7 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
                  num_warps=num_warps)
     if pdl:
         apply["launch_pdl"] = True
-    for kw, cap in zip((fold, apply), MAXNREG):
+    for kw, cap in zip((fold, apply), caps):
         if cap:
             kw["maxnreg"] = cap
     first = bind(_gdn_wy_fold_kernel, (B * HV,), fold)

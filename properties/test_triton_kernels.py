@@ -366,7 +366,7 @@ def test_the_chunked_wy_form_refuses_bf16x3_and_runs_tf32x3_for_16_bit_inputs(mo
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16x3 products run compiled only")
-@pytest.mark.parametrize("T", [65, 131])
+@pytest.mark.parametrize("T", [17, 65, 131, 257])
 @pytest.mark.parametrize("design", ["fused", "split", "fold"])
 def test_bf16_inputs_lose_no_more_than_the_rounding_of_the_output(design, T):
     """Issue #13's bar for 16-bit inputs: the error of rounding the oracle's output to bf16. The default
