@@ -49,8 +49,9 @@ def main():
              else "(no known peak for this device)")
           + "; the commit's floor: its slots' states read and written once")
     print("| B x T | sglang exact verify | + commit copy | ddsim drop-in (buffer) | ddsim snapshot-free verify | "
-          "+ commit_accepted | sglang flattened | verify floor: bytes / FLOPs | commit floor | buffer MiB/layer |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "+ commit_accepted | sglang flattened | verify floor: bytes / FLOPs | commit floor | buffer MiB/layer | "
+          "ddsim snapshot-free verify: peak allocations MiB/layer (output + scratch) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     dev = "cuda"
     for B, T in shapes:
         trees, parents = ddtree_batch(B, T)
@@ -95,6 +96,12 @@ def main():
             engine_api.commit_accepted(zeros, a_, zeros, k, v, b_, pool_copy, pslots, retrieve_parent_token=plan,
                                        accepted=pacc)
 
+        torch.cuda.synchronize()  # what one snapshot-free verify allocates at its peak (its output and scratch)
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        dd_verify()
+        torch.cuda.synchronize()
+        dd_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
         t = {name: bench(fn) for name, fn in (("sg_exact", sg_exact), ("sg_commit", sg_commit),
                                               ("dd_dropin", dd_dropin), ("dd_verify", dd_verify),
                                               ("dd_commit", dd_commit), ("sg_flat", sg_flat))}
@@ -102,7 +109,7 @@ def main():
         floor = f"{nb['wy'] / bw * 1e6:.1f} / " + (f"{fl['wy'] / rate * 1e6:.1f}" if rate else "–")
         print(f"| {B} x {T} | {t['sg_exact']:.1f} | {t['sg_commit']:.1f} | {t['dd_dropin']:.1f} | {t['dd_verify']:.1f} | "
               f"{t['dd_commit']:.1f} | {t['sg_flat']:.1f} | {floor} | {nb['commit'] / bw * 1e6:.1f} | "
-              f"{buf.numel() * 4 / 2**20:.1f} |", flush=True)
+              f"{buf.numel() * 4 / 2**20:.1f} | {dd_mib:.1f} |", flush=True)
     print("times in microseconds per call, median of do_bench (CUDA events around the public call)")
 
 

@@ -1,0 +1,75 @@
+"""The exact WY verify's kernels alone at plan_wy's defaults (design "auto", default configuration) at
+every bench shape, with the dot precision bf16 inputs now default to (bf16x3) beside the one they had
+before (tf32x3), and the memory the verify allocates per layer call (its output and its scratch:
+W / P / Qe / Ve / G buffers; nothing per node). Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees,
+median us (do_bench).
+
+    python benchmarks/bench_wy_defaults.py [--commit SHA] [--shapes 1x16,1x65,...]
+"""
+import argparse
+import time
+
+import torch
+import triton
+import triton.testing
+
+from ddsim.bench import copy_bandwidth, ddtree_batch, fp32_tensor_rate, kernel_bytes, kernel_flops, kernel_inputs
+from ddsim.gpu_backend import _common
+from ddsim.gpu_backend.triton_gdn import WY_MAX_NODES, plan_wy
+
+SHAPES = "1x16,1x65,8x65,32x65,1x129,8x129,1x257,8x257"
+
+
+def auto_design(B, T, precision):
+    """The form plan_wy's "auto" takes (its rule, restated for the table)."""
+    if T > WY_MAX_NODES:
+        return "split, folded" if B > 1 and precision != "bf16x3" else "split, unfolded"
+    return ("fused" if T <= 17 else "split") if B == 1 else "fold"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="?")
+    ap.add_argument("--shapes", default=SHAPES)
+    a = ap.parse_args()
+    try:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    except ValueError:
+        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,...")
+    if any(len(s) != 2 or s[0] < 1 or s[1] < 2 for s in shapes):
+        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,... with B >= 1, T >= 2")
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_wy_defaults: needs a CUDA device")
+    bw = copy_bandwidth("cuda")
+    rates = {p: fp32_tensor_rate("cuda", p) for p in ("bf16x3", "tf32x3")}
+    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
+          f"{triton.__version__} | commit {a.commit}")
+    print("| B x T | design (auto) | bf16x3 (default) us | tf32x3 us | memory floor us | FLOP floor us: bf16x3 / tf32x3 "
+          "| verify allocations MiB/layer (output + scratch) |")
+    print("|---|---|---|---|---|---|---|")
+    for B, T in shapes:
+        _, parents = ddtree_batch(B, T)
+        inp = kernel_inputs(B, T, device="cuda")
+        common = dict(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
+                      initial_state=inp["initial_state"], poison=False)
+        assert _common.dot_precision(None, inp["q"], inp["k"], inp["v"]) == "bf16x3"
+        us, mib = {}, None
+        for prec in ("bf16x3", "tf32x3"):
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            launch, o = plan_wy(**common, precision=None if prec == "bf16x3" else prec)
+            if prec == "bf16x3":
+                mib = (torch.cuda.memory_allocated() - before) / 2**20
+            us[prec] = triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median") * 1e3
+            del launch, o
+        fl = kernel_flops(B, T)["wy"]
+        print(f"| {B} x {T} | {auto_design(B, T, 'bf16x3')} | {us['bf16x3']:.1f} | {us['tf32x3']:.1f} | "
+              f"{kernel_bytes(B, T)['wy'] / bw * 1e6:.1f} | "
+              + (" / ".join(f"{fl / rates[p] * 1e6:.1f}" for p in ("bf16x3", "tf32x3")) if rates["bf16x3"] else "–")
+              + f" | {mib:.1f} |", flush=True)
+    print("kernels alone (the launch plan_wy returns), median us of do_bench; tf32x3 at auto's form for tf32x3 "
+          "(past one block a batch folds)")
+
+
+if __name__ == "__main__":
+    main()
