@@ -157,10 +157,12 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
 
 
 def gdn_tree_verify_wy(*args, **kwargs):
-    """Tree-masked WY Triton path: no per-node states (output_states is refused). Dots default to
-    tf32x3 (three tf32 MMAs: fp32-level error, measured 3.8e-7 vs the oracle on an H200, against
-    2.3e-7 with plain fp32 'ieee' dots at 12-18x the time); single-pass 'tf32' does not hold the
-    fp32 tolerance. The default block_v / num_warps are the H200 sweep's choice at 65 nodes."""
+    """Tree-masked WY Triton path: no per-node states (output_states is refused). Products of fp32
+    operands run as tf32x3 for fp32 inputs (three tf32 MMAs: fp32-level error, measured 3.8e-7 vs the
+    oracle on an H200, against 2.3e-7 with plain fp32 'ieee' dots at 12-18x the time; single-pass
+    'tf32' does not hold the fp32 tolerance) and as bf16x3 for 16-bit inputs (three bf16 MMAs: the
+    bf16 output equals the oracle rounded to bf16 but for a few entries in a thousand, 1.3-1.4x
+    faster). The default configurations are the H200 sweeps' choices (plan_wy)."""
     launch, result = plan_wy(*args, **kwargs)
     launch()
     return result
@@ -174,11 +176,12 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
     kernel; "split": the value-independent half once per head (triton_wy_split); "fold": the same with
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
-    instead of four; "auto" takes what measured fastest on the H200 (benchmarks/RESULTS.md): fused for
-    one sequence of at most 17 nodes (16.2 us at 1x16), split for one sequence (32.1 us at 1x65, fold
-    35.7), fold for a batch (with bf16x3 products 80.7 / 234.4 us at 8x65 / 32x65; with tf32x3
-    107-108 / 314-315, split 127.5 / 432.5). block_v / num_warps / solve_warps default to each
-    design's sweep choice (triton_wy_split.FOLD_DEFAULTS for fold); precision: the input_precision of
+    instead of four; "auto" takes what measured fastest on the H200 (benchmarks/RESULTS.md, bf16
+    inputs): fused for one sequence of at most 17 nodes (12.4 us at 1x16 with bf16x3 products, 16.2-17.3
+    with tf32x3), split for one sequence (29.6 us at 1x65; with tf32x3 32.1, fold 35.7), fold for a
+    batch (81 / 236 us at 8x65 / 32x65; with tf32x3 107-108 / 314-315, split 127.5 / 432.5). block_v
+    / num_warps / solve_warps default to each design's sweep choice (triton_wy_split.FOLD_DEFAULTS for
+    fold); precision: the input_precision of
     the products of fp32 operands (None: bf16x3 for 16-bit inputs, tf32x3 for fp32: _common.dot_precision;
     the products by raw 16-bit q, k are single exact MMAs whatever it is); exact16: how the fold kernels
     multiply by the raw 16-bit k and v ("bf16x3", the default, or "tf32x2"); pdl: launch the folded

@@ -365,14 +365,19 @@ def test_the_chunked_wy_form_refuses_bf16x3_and_runs_tf32x3_for_16_bit_inputs(mo
     assert got == ["tf32x3"] + ["bf16x3"] * 3
 
 
+# the share of bf16 outputs off the correctly rounded oracle a kernel may move (H200, RESULTS.md: bf16x3
+# 0.15-0.5%, tf32x3 0.03%, single-pass tf32 9.5-30%)
+OFF_ROUNDED_MAX = 0.02
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16x3 products run compiled only")
 @pytest.mark.parametrize("T", [17, 65, 131, 257])
 @pytest.mark.parametrize("design", ["fused", "split", "fold"])
 def test_bf16_inputs_lose_no_more_than_the_rounding_of_the_output(design, T):
     """Issue #13's bar for 16-bit inputs: the error of rounding the oracle's output to bf16. The default
     bf16x3 products (about 2^-16 relative) leave the output the correctly rounded oracle except where
-    the oracle lies within that error of a rounding midpoint; single-pass tf32 (2^-11) moves several
-    times as many entries (RESULTS.md)."""
+    the oracle lies within that error of a rounding midpoint; single-pass tf32 (2^-11) moves a fifth of
+    them (RESULTS.md). (Design "fused" past 65 nodes is the chunked form, which stays at tf32x3.)"""
     from ddsim.bench import ddtree_batch, kernel_inputs, off_rounded
     from ddsim.compare import rel_error
     from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
@@ -386,5 +391,3 @@ def test_bf16_inputs_lose_no_more_than_the_rounding_of_the_output(design, T):
     assert rel_error(o.cpu(), ref) <= 1.01 * rounding, (rel_error(o.cpu(), ref), rounding)
     assert off_rounded(o, ref) <= OFF_ROUNDED_MAX, off_rounded(o, ref)
 
-
-OFF_ROUNDED_MAX = 0.02  # share of bf16 outputs off the correctly rounded oracle (H200: see RESULTS.md)
