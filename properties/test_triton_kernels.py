@@ -391,3 +391,23 @@ def test_bf16_inputs_lose_no_more_than_the_rounding_of_the_output(design, T):
     assert rel_error(o.cpu(), ref) <= 1.01 * rounding, (rel_error(o.cpu(), ref), rounding)
     assert off_rounded(o, ref) <= OFF_ROUNDED_MAX, off_rounded(o, ref)
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16x3 products run compiled only")
+@pytest.mark.parametrize("B,T", [(1, 17), (1, 65), (2, 65), (2, 129), (1, 257)])
+def test_full_size_bf16_verify_at_the_defaults_loses_only_the_rounding(B, T):
+    """The same bar at Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128: the constexprs the served kernels
+    compile with; a miscompile can depend on them, as the chunked form's did on its chunk height), through
+    design "auto": fused, split, fold, and past one block the split form."""
+    from ddsim.bench import ddtree_batch, kernel_inputs, off_rounded
+    from ddsim.compare import rel_error
+    from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
+    _, parents = ddtree_batch(B, T, seed=2)
+    inp = kernel_inputs(B, T, dtype=torch.bfloat16, device="cuda", seed=2)
+    qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
+    ref = oracle.gdn_tree_verify(**{k: x.cpu() for k, x in qkv.items()}, parents=parents,
+                                 initial_state=inp["initial_state"].cpu(), mode="exact")
+    o = gdn_tree_verify_wy(**qkv, parents=parents.cuda(), initial_state=inp["initial_state"])
+    rounding = rel_error(ref.to(torch.bfloat16), ref)
+    assert rel_error(o.cpu(), ref) <= 1.01 * rounding, (rel_error(o.cpu(), ref), rounding)
+    assert off_rounded(o, ref) <= OFF_ROUNDED_MAX, off_rounded(o, ref)
