@@ -411,3 +411,36 @@ def test_full_size_bf16_verify_at_the_defaults_loses_only_the_rounding(B, T):
     rounding = rel_error(ref.to(torch.bfloat16), ref)
     assert rel_error(o.cpu(), ref) <= 1.01 * rounding, (rel_error(o.cpu(), ref), rounding)
     assert off_rounded(o, ref) <= OFF_ROUNDED_MAX, off_rounded(o, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
+    """What design "auto" launches for a batch, resolved as compiled (nothing launches): with bf16 inputs
+    (bf16x3) the folded form's apply kernel takes 64-wide V tiles and no register caps, and past one block
+    the split form is not folded; with fp32 inputs (tf32x3) 32-wide tiles with the apply kernel capped at
+    168, and past one block folded (triton_wy_split.FOLD_DEFAULTS, RESULTS.md)."""
+    from ddsim.bench import ddtree_batch, kernel_inputs
+    from ddsim.gpu_backend import triton_wy_blocked as wb
+    from ddsim.gpu_backend import triton_wy_split as ws
+    from ddsim.gpu_backend.triton_gdn import plan_wy
+    got = []
+    for mod in (ws, wb):
+        monkeypatch.setattr(mod, "bind", lambda kernel, grid, kw: got.append((kernel.__name__, kw)))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(ws.C, "check_device", lambda *xs: None)
+    bf16 = dtype == torch.bfloat16
+    for T in (65, 131):
+        got.clear()
+        _, parents = ddtree_batch(2, T)
+        inp = kernel_inputs(2, T, H=2, HV=4, K=128, V=128, dtype=dtype, device="cpu")
+        plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents,
+                initial_state=inp["initial_state"], poison=False)
+        kws = dict(got)
+        assert {kw["PRECISION"] for kw in kws.values()} == {"bf16x3" if bf16 else "tf32x3"}
+        if T == 65:
+            assert set(kws) == {"_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel"}
+            apply = kws["_gdn_wy_fold_apply_kernel"]
+            assert apply["BV"] == (64 if bf16 else 32) and apply.get("maxnreg") == (None if bf16 else 168)
+            assert "maxnreg" not in kws["_gdn_wy_fold_kernel"]
+        else:
+            assert kws["_gdn_wy_blocked_solve_kernel"]["FOLD"] is (not bf16)
