@@ -16,6 +16,7 @@ build them once per step for every layer: plan_tree, plan_slots, plan_accepted)
         # needs CUDA and SGLang's kernel importable; trees above 65 nodes run ddsim's split WY form
 """
 import argparse
+import sys
 import time
 
 import torch
@@ -25,6 +26,7 @@ import triton.testing
 from ddsim.bench import KERNEL_SHAPES, copy_bandwidth, ddtree_batch, fp32_tensor_rate, kernel_bytes, kernel_flops, kernel_inputs
 from ddsim.engines import fused_gates
 from ddsim.engines.sglang import _kernel
+from ddsim.errors import InputError
 from ddsim.gpu_backend import engine_api
 
 
@@ -38,8 +40,19 @@ def main():
     ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in KERNEL_SHAPES) + ",1x129,8x129",
                     help="sequences x nodes, comma-separated")
     a = ap.parse_args()
-    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
-    sgl, where = _kernel()
+    try:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    except ValueError:
+        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,...")
+    if any(len(s) != 2 or s[0] < 1 or s[1] < 2 for s in shapes):
+        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,... with B >= 1, T >= 2")
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_engine_api: needs a CUDA device")
+    try:
+        sgl, where = _kernel()
+    except InputError as e:  # SGLang's kernel not importable: one line, before any work
+        print(f"bench_engine_api: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | commit {a.commit} | SGLang kernel {where}")
     bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda", "bf16x3")  # bf16 inputs' default

@@ -146,9 +146,14 @@ if __name__ == "__main__":
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--cases-only", action="store_true", help="leave out each kernel's own sweep")
     a = ap.parse_args()
+    try:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    except ValueError:
+        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,...")
+    if any(len(s) != 2 or s[0] < 1 or s[1] < 2 for s in shapes):
+        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,... with B >= 1, T >= 2")
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_fold: needs a CUDA device")
-    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
     bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda", "bf16x3")  # bf16 inputs' default
