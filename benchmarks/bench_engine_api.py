@@ -23,7 +23,16 @@ import torch
 import triton
 import triton.testing
 
-from ddsim.bench import KERNEL_SHAPES, copy_bandwidth, ddtree_batch, fp32_tensor_rate, kernel_bytes, kernel_flops, kernel_inputs
+from ddsim.bench import (
+    KERNEL_SHAPES,
+    copy_bandwidth,
+    ddtree_batch,
+    fp32_tensor_rate,
+    kernel_bytes,
+    kernel_flops,
+    kernel_inputs,
+    parse_shapes,
+)
 from ddsim.engines import fused_gates
 from ddsim.engines.sglang import _kernel
 from ddsim.errors import InputError
@@ -40,12 +49,7 @@ def main():
     ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in KERNEL_SHAPES) + ",1x129,8x129",
                     help="sequences x nodes, comma-separated")
     a = ap.parse_args()
-    try:
-        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
-    except ValueError:
-        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,...")
-    if any(len(s) != 2 or s[0] < 1 or s[1] < 2 for s in shapes):
-        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,... with B >= 1, T >= 2")
+    shapes = parse_shapes(ap, a.shapes)
     if not torch.cuda.is_available():
         raise SystemExit("bench_engine_api: needs a CUDA device")
     try:

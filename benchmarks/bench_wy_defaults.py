@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.testing
 
-from ddsim.bench import copy_bandwidth, ddtree_batch, fp32_tensor_rate, kernel_bytes, kernel_flops, kernel_inputs
+from ddsim.bench import copy_bandwidth, ddtree_batch, fp32_tensor_rate, kernel_bytes, kernel_flops, kernel_inputs, parse_shapes
 from ddsim.gpu_backend import _common
 from ddsim.gpu_backend.triton_gdn import WY_MAX_NODES, plan_wy
 
@@ -32,12 +32,7 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default=SHAPES)
     a = ap.parse_args()
-    try:
-        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
-    except ValueError:
-        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,...")
-    if any(len(s) != 2 or s[0] < 1 or s[1] < 2 for s in shapes):
-        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,... with B >= 1, T >= 2")
+    shapes = parse_shapes(ap, a.shapes)
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_defaults: needs a CUDA device")
     bw = copy_bandwidth("cuda")

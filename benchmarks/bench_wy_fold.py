@@ -28,6 +28,7 @@ from ddsim.bench import (
     kernel_flops,
     kernel_inputs,
     off_rounded,
+    parse_shapes,
     sweep,
     table_lines,
 )
@@ -146,12 +147,7 @@ if __name__ == "__main__":
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--cases-only", action="store_true", help="leave out each kernel's own sweep")
     a = ap.parse_args()
-    try:
-        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
-    except ValueError:
-        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,...")
-    if any(len(s) != 2 or s[0] < 1 or s[1] < 2 for s in shapes):
-        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,... with B >= 1, T >= 2")
+    shapes = parse_shapes(ap, a.shapes)
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_fold: needs a CUDA device")
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "

@@ -64,6 +64,18 @@ def copy_bandwidth(device, nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3)
 
 
+def parse_shapes(ap, text: str) -> list[tuple[int, int]]:
+    """A bench's --shapes "BxT,BxT,..." as [(B, T), ...], B >= 1 and T >= 2; anything else is refused
+    through ``ap.error`` (argparse's one line, exit 2) before any work."""
+    try:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in text.split(",")]
+    except ValueError:
+        ap.error(f"--shapes {text!r}: expected BxT,BxT,...")
+    if any(len(s) != 2 or s[0] < 1 or s[1] < 2 for s in shapes):
+        ap.error(f"--shapes {text!r}: expected BxT,BxT,... with B >= 1, T >= 2")
+    return shapes
+
+
 def ddtree_batch(B: int, T: int, *, vocab: int = 1000, depth: int = 15, topk: int = 8, seed: int = 0):
     """B DDTree trees of T nodes (best-first, top-k cap 8, depth 15) from random draft logits."""
     gen = torch.Generator().manual_seed(seed)

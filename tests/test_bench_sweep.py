@@ -66,3 +66,16 @@ def test_a_real_mamba2_plan_runs_through_the_sweep():
     rows = sweep(1, 9, {"exact ssd": ("ssd", [dict(block_i=16, block_p=16)], plan)}, mamba2_bytes(1, 9, **shp),
                  bw=1e12, timer=timer)
     assert len(rows) == 1 and torch.isfinite(outs[0]).all()
+
+
+def test_bench_shapes_parse_or_are_refused_with_one_line_and_exit_2(capsys):
+    import argparse
+
+    from ddsim.bench import parse_shapes
+    ap = argparse.ArgumentParser(prog="bench")
+    assert parse_shapes(ap, "1x16,8x65") == [(1, 16), (8, 65)]
+    for bad in ("8x", "8x65,x", "8", "0x65", "8x1", "1x2x3"):
+        with pytest.raises(SystemExit) as e:
+            parse_shapes(ap, bad)
+        assert e.value.code == 2
+        assert f"--shapes {bad!r}" in capsys.readouterr().err
