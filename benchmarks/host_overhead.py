@@ -1,7 +1,9 @@
 """Host overhead of the public GDN tree functions on CUDA: wall time per call of
 gdn_tree_verify / gdn_tree_commit through the public function with raw parents (validated and
 tables rebuilt every call, as before TreePlan), with a TreePlan built once (what the model does:
-one plan per tree, shared by every layer), and the kernel launch alone (plan_wy / plan_commit's
+one plan per tree, shared by every layer; after the first call of a signature the call is replayed
+in C++, gpu_backend.fastcall), the same through the Python path (a plan that keeps no recipe:
+fastcall.python_path), and the kernel launch alone (plan_wy / plan_commit's
 launch), both as ddsim launches (gpu_backend.launch: the compiled kernel called directly) and through
 Triton's per-call dispatch (kernel[grid](...)); the commit with raw accepted indices (validated with
 a sync per call) and with checked ones (validated once per step, as the model passes them).
@@ -24,6 +26,7 @@ import torch
 
 import ddsim.gpu_backend as gb
 from ddsim.bench import ddtree_batch, kernel_inputs
+from ddsim.gpu_backend import fastcall
 from ddsim.gpu_backend import launch as launches
 from ddsim.gpu_backend.triton_commit import plan_commit
 from ddsim.gpu_backend.triton_gdn import plan_wy
@@ -51,11 +54,13 @@ def main():
         sglang_fn = _kernel()[0]
     except ValueError:
         sglang_fn = None
-    print("| sequences x nodes | verify: raw parents (us) | verify: TreePlan (us) | verify: kernel alone (us) | "
-          "verify: kernel alone, Triton dispatch (us) | verify: TreePlan, Triton dispatch (us) | "
+    fastcall.ext()
+    print(f"# fastcall: {fastcall.status()}")
+    print("| sequences x nodes | verify: raw parents (us) | verify: TreePlan (us) | verify: TreePlan, Python path (us) | "
+          "verify: kernel alone (us) | verify: kernel alone, Triton dispatch (us) | verify: TreePlan, Triton dispatch (us) | "
           "commit: raw parents (us) | commit: TreePlan (us) | commit: TreePlan, checked accepted (us) | "
-          "commit: kernel alone (us) | SGLang target verify (us) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "commit: checked accepted, Python path (us) | commit: kernel alone (us) | SGLang target verify (us) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for B, T in ((1, 17), (1, 65), (8, 65), (32, 65)):
         _, parents = ddtree_batch(B, T)
         parents = parents.cuda()
@@ -66,6 +71,9 @@ def main():
         acc = torch.full((B,), T - 1, dtype=torch.long, device="cuda")
         raw_v = per_call(lambda: gb.gdn_tree_verify(**qkv, parents=parents, initial_state=s0), a.n)
         plan_v = per_call(lambda: gb.gdn_tree_verify(**qkv, parents=plan, initial_state=s0), a.n)
+        with fastcall.python_path():
+            py_plan = gb.TreePlan(parents)
+            py_v = per_call(lambda: gb.gdn_tree_verify(**qkv, parents=py_plan, initial_state=s0), a.n)
         launch, _ = plan_wy(**qkv, parents=plan, initial_state=s0, poison=False)
         kern_v = per_call(launch, a.n)
         launches.DIRECT = False
@@ -78,6 +86,8 @@ def main():
         plan_c = per_call(lambda: gb.gdn_tree_commit(*cargs, parents=plan, accepted=acc, initial_state=s0), a.n)
         cacc = gb.checked_accepted(acc, B, T, "cuda")
         checked_c = per_call(lambda: gb.gdn_tree_commit(*cargs, parents=plan, accepted=cacc, initial_state=s0), a.n)
+        with fastcall.python_path():
+            py_c = per_call(lambda: gb.gdn_tree_commit(*cargs, parents=py_plan, accepted=cacc, initial_state=s0), a.n)
         launch_c, _ = plan_commit(*cargs, parents=plan, accepted=acc, initial_state=s0, poison=False)
         kern_c = per_call(launch_c, a.n)
         sgl = "–"
@@ -92,8 +102,10 @@ def main():
             buf = torch.empty(B, T, HV, V, K, device="cuda")
             rp = parents.to(torch.int32).contiguous()
             sgl = f"{per_call(lambda: sglang_fn(zeros, ga, zeros, 1.0, 20.0, inp['q'], inp['k'], inp['v'], gb_, pool, slots, use_qk_l2norm_in_kernel=True, disable_state_update=True, intermediate_states_buffer=buf, intermediate_state_indices=slots, cache_steps=T, retrieve_parent_token=rp), a.n):.1f}"  # noqa: E501
-        print(f"| {B} x {T} | {raw_v:.1f} | {plan_v:.1f} | {kern_v:.1f} | {kern_v_triton:.1f} | {plan_v_triton:.1f} | "
-              f"{raw_c:.1f} | {plan_c:.1f} | {checked_c:.1f} | {kern_c:.1f} | {sgl} |", flush=True)
+        print(f"| {B} x {T} | {raw_v:.1f} | {plan_v:.1f} | {py_v:.1f} | {kern_v:.1f} | {kern_v_triton:.1f} | "
+              f"{plan_v_triton:.1f} | {raw_c:.1f} | {plan_c:.1f} | {checked_c:.1f} | {py_c:.1f} | {kern_c:.1f} | {sgl} |",
+              flush=True)
+    print(f"# fastcall: {fastcall.stats()}")
 
 
 if __name__ == "__main__":

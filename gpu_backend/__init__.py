@@ -42,7 +42,8 @@ import math
 
 import torch
 
-from ddsim.gpu_backend import checks, torch_mamba2, torch_ops
+from ddsim.gpu_backend import checks, fastcall, torch_mamba2, torch_ops
+from ddsim.gpu_backend import launch as _launch
 from ddsim.gpu_backend.checks import CheckedIndices, CheckedSlots, TreePlan, checked_accepted, checked_slots, poisoned, poisoning
 from ddsim.gpu_backend.torch_ops import tree_attention
 
@@ -72,6 +73,25 @@ def _triton(name: str):
     return mod
 
 
+# fastcall: the positions of the public calls' arguments a recipe may read as tensors (the data and the
+# state; never state_indices or accepted, whose raw values are checked on every call)
+_VERIFY_TENSORS = frozenset((0, 1, 2, 3, 4, 5, 11, 12, 13, 14))
+_COMMIT_TENSORS = frozenset((0, 1, 2, 3, 5, 9, 10, 11, 12))
+_FAST: list = [None]  # fastcall's C++ call, once its extension is built
+
+
+def _recordable(parents, x) -> bool:
+    """A call on a TreePlan on the current CUDA device, with the extension at hand: recorded."""
+    if type(parents) is not TreePlan or not x.is_cuda or not _launch.DIRECT or _on(x) is not _SAME:
+        return False
+    if _FAST[0] is None:
+        mod = fastcall.ext()
+        if mod is None:
+            return False
+        _FAST[0] = mod.call
+    return True
+
+
 def _backend(x, backend, known=BACKENDS):
     b = backend or ("triton" if x.is_cuda else "torch")
     if b not in known:
@@ -85,6 +105,11 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     """q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] (or fused a, b [B, T, HV] with A_log,
     dt_bias [HV]); parents [B, T]; initial_state [B, HV, K, V] fp32 or a pool with state_indices [B].
     Returns o [B, T, HV, V] and, with output_states, per-node states [B, T, HV, K, V]."""
+    if type(parents) is TreePlan and parents.fast_verify and _launch.DIRECT:  # a recorded signature: C++ serves it
+        out = _FAST[0](parents.fast_verify, q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states,
+                       state_indices, a, b, A_log, dt_bias, backend)
+        if out is not None:
+            return out
     be = _backend(q, backend)
     kw = dict(parents=parents, initial_state=initial_state, mode=mode, scale=scale, use_qk_l2norm=use_qk_l2norm,
               output_states=output_states, state_indices=state_indices, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
@@ -98,6 +123,11 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     else:
         fn = triton_gdn.gdn_tree_verify_wy
         kw["design"] = {"triton-wy-split": "split", "triton-wy-fused": "fused", "triton-wy-fold": "fold"}.get(be, "auto")
+    if _recordable(parents, q):
+        args = (q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states, state_indices, a, b, A_log,
+                dt_bias, backend)
+        return fastcall.record(parents.fast_verify, args, _VERIFY_TENSORS, (parents, state_indices),
+                       lambda: fn(q, k, v, g, beta, **kw))
     with _on(q):
         return fn(q, k, v, g, beta, **kw)
 
@@ -107,6 +137,11 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
     """State after the accepted path root..accepted[b], without per-node snapshots. initial_state
     [B, HV, K, V], or a pool [N, HV, K, V] addressed by state_indices [B]. inplace writes the result
     into the batch's pool slots and returns the pool; otherwise a new [B, HV, K, V] tensor."""
+    if type(parents) is TreePlan and parents.fast_commit and _launch.DIRECT:
+        out = _FAST[0](parents.fast_commit, k, v, g, beta, accepted, initial_state, use_qk_l2norm, state_indices,
+                       inplace, a, b, A_log, dt_bias, backend)
+        if out is not None:
+            return out
     be = _backend(k, backend)
     if be == "torch":
         g, beta = checks.resolve_gates(g, beta, a, b, A_log, dt_bias)
@@ -116,10 +151,16 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
         if inplace:
             return checks.write_slots(initial_state, state_indices, k.shape[0], new, "initial_state", "states")
         return new
-    with _on(k):
+    def run():
         return _triton("triton_commit").gdn_tree_commit_triton(
             k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
             state_indices=state_indices, inplace=inplace, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    if _recordable(parents, k):
+        args = (k, v, g, beta, accepted, initial_state, use_qk_l2norm, state_indices, inplace, a, b, A_log, dt_bias,
+                backend)
+        return fastcall.record(parents.fast_commit, args, _COMMIT_TENSORS, (parents, accepted, state_indices), run)
+    with _on(k):
+        return run()
 
 
 def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="exact", activation="silu",

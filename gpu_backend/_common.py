@@ -6,6 +6,7 @@ import os
 import torch
 
 from ddsim.gpu_backend.checks import check_inputs, constant, poisoning, pool_slots
+from ddsim.gpu_backend.launch import _RECORDING
 
 MODES = ("exact", "leaky")
 
@@ -132,5 +133,19 @@ def alloc(shape, dtype, device, poison: bool | None = None):
     in the tests and audits) so an unwritten element cannot pass a comparison; else left unfilled,
     as a serving engine allocates."""
     if poisoning() if poison is None else poison:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
+        t = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    else:
+        t = torch.empty(shape, dtype=dtype, device=device)
+    rec = _RECORDING[0]
+    if rec is not None:  # fastcall is recording this call: a replay allocates (and poisons) the same
+        rec.allocs.append((t, poison is None))
+    return t
+
+
+def scratch(shape, dtype, device):
+    """A launcher's intermediate buffer (kernels write it before any kernel reads it): never filled."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    rec = _RECORDING[0]
+    if rec is not None:
+        rec.allocs.append((t, False))
+    return t

@@ -58,6 +58,9 @@ class TreePlan:
         self.parents = check_parents(p, self.B, self.T, p.device)  # [B, T] int64
         self.device = self.parents.device
         self._cache: dict = {}
+        # fastcall's recipes of the public calls made with this plan (CUDA only)
+        self.fast_verify: list = []
+        self.fast_commit: list = []
 
     def _cached(self, key, build):
         if key not in self._cache:

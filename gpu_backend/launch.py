@@ -76,7 +76,10 @@ def bind(kernel, grid, kw: dict):
     """A launcher of ``kernel`` over ``grid`` (up to three ints) with the keyword arguments ``kw``
     (the kernel's arguments and launch options), bound now: calling it launches. The first call of a
     specialization goes through Triton (compiling if needed); later ones launch the compiled kernel."""
+    rec = _RECORDING[0]
     if not (DIRECT and _params(kernel)[1]):
+        if rec is not None:
+            return _recorded(rec, (kernel, grid, kw, None), lambda: kernel[grid](**kw))
         return lambda: kernel[grid](**kw)
     device = torch._C._cuda_getDevice()  # the current device (torch.cuda.current_device, without its checks)
     key, args = key_of(kernel, kw, device)
@@ -92,7 +95,20 @@ def bind(kernel, grid, kw: dict):
             return
         ck.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), ck.function, ck.packed_metadata,
                None, None, None, *args)
+    if rec is not None:  # a call fastcall records: its launches are kept with the compiled kernel's key
+        return _recorded(rec, (kernel, grid, kw, None if _hooked() else key), launch)
     return launch
+
+
+_RECORDING: list = [None]  # fastcall's recording in progress, if any (a list lookup a bind)
+
+
+def _recorded(rec, entry, launch):
+    """launch, noting entry in the recording when it runs (the recipe keeps the launch order)."""
+    def run():
+        launch()
+        rec.launches.append(entry)
+    return run
 
 
 def launch(kernel, grid, **kw) -> None:

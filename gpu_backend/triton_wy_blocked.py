@@ -314,18 +314,18 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     gates = dict(g=g_, beta=b_, A_log=al, dt_bias=db)
     shapes = dict(H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision)
     if design == "chunked":
-        Gs = torch.empty(B, T, HV, dtype=torch.float32, device=v.device)
-        Us = torch.empty(B, T, HV, V, dtype=torch.float32, device=v.device)
+        Gs = C.scratch((B, T, HV), torch.float32, v.device)
+        Us = C.scratch((B, T, HV, V), torch.float32, v.device)
         kw = dict(q=qc, k=kc, v=vc, **gates, mask=mask, state=initial_state, state_idx=idx, o=o, Gs=Gs, Us=Us, T=T,
                   scale=scale, NSTEP=nstep, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state),
                   num_warps=num_warps)
         return bind(_gdn_wy_blocked_kernel, (C.cdiv(V, BV), B * HV), kw), o
     NC = max(1, C.cdiv(T - 1, BT))  # chunks (one, empty, for a root alone: the apply stores o_0)
     NP = NC * BT
-    Gs = torch.empty(B * HV, NP, dtype=torch.float32, device=v.device)
-    Wd = torch.empty(B * HV, NC, BT, BT, dtype=torch.float32, device=v.device)
-    Ve = torch.empty(B * HV, NP, NP, dtype=torch.float32, device=v.device)  # lower chunk blocks only
-    Qe = (torch.empty(B * HV, NP, BK, dtype=torch.float32, device=v.device) if fold else
+    Gs = C.scratch((B * HV, NP), torch.float32, v.device)
+    Wd = C.scratch((B * HV, NC, BT, BT), torch.float32, v.device)
+    Ve = C.scratch((B * HV, NP, NP), torch.float32, v.device)  # lower chunk blocks only
+    Qe = (C.scratch((B * HV, NP, BK), torch.float32, v.device) if fold else
           checks.constant("dummy", 1, v.device, torch.float32))
     opts = dict(num_stages=num_stages)
     # q, k stay 16-bit in the per-head kernels' products by k (as triton_wy_split's; not in the

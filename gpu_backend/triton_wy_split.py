@@ -283,9 +283,9 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                           exact=_exact_mode(q, k, v, exact16, C.interpreting()),
                           use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
                           solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps if MAXNREG is None else MAXNREG)
-    Wm = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
-    Pm = torch.empty_like(Wm)
-    Ad = torch.empty(B, HV, BT, dtype=torch.float32, device=v.device)
+    Wm = C.scratch((B, HV, BT, BT), torch.float32, v.device)
+    Pm = C.scratch(Wm.shape, torch.float32, v.device)
+    Ad = C.scratch((B, HV, BT), torch.float32, v.device)
     solve = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, W=Wm, P=Pm, Ad=Ad, T=T, scale=scale,
                  NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
                  PRECISION=precision, num_warps=solve_warps)
@@ -308,10 +308,10 @@ def _in_order(first, second):
 
 def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
                raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, caps):
-    Qe = torch.empty(B, HV, BT, BK, dtype=torch.float32, device=v.device)
-    Ve = torch.empty(B, HV, BT, BT, dtype=torch.float32, device=v.device)
+    Qe = C.scratch((B, HV, BT, BK), torch.float32, v.device)
+    Ve = C.scratch((B, HV, BT, BT), torch.float32, v.device)
     # the per-head ready flags (pdl only; otherwise an unused pointer: no allocation, no memset per call)
-    ready = (torch.empty(B * HV, dtype=torch.int32, device=v.device) if pdl else
+    ready = (C.scratch((B * HV,), torch.int32, v.device) if pdl else
              checks.constant("dummy", 1, v.device, torch.int32))
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, ready=ready, T=T, scale=scale,
                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
