@@ -209,6 +209,9 @@ def _recipe(rec: _Recording, args: tuple, tensor_positions: frozenset, owners: t
                 params.append((FIXED, packed + bytes(8 - len(packed))))
             else:
                 return _refuse(f"a parameter of type {ty!r}")
+        # Triton's launcher passes a pointer per scratch area after the kernel's own parameters (3.6: global
+        # and profile scratch, null when unused); the compiled kernel declares them whatever their size
+        params += [(FIXED, bytes(8))] * sum(hasattr(md, f) for f in ("global_scratch_size", "profile_scratch_size"))
         g = (tuple(grid) + (1, 1))[:3]
         made.append((ck.function, g[0], g[1], g[2], 32 * md.num_warps, md.shared, tuple(params)))
     outs = result if isinstance(result, tuple) else (result,)

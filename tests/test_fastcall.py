@@ -119,8 +119,9 @@ def test_the_recorder_accounts_for_every_parameter(ext):
     assert ext.match(recipe, *_args())
     slots = ext.params(recipe, 0, *args)
     scale = struct.unpack("<I", struct.pack("<f", 0.5))[0]
-    # q, state: the arguments; idx: the constant's fixed address; o: the allocation; T, scale: bytes; BT: constexpr
-    assert slots == (args[0].data_ptr(), args[1].data_ptr(), kw["idx"].data_ptr(), 0, 3, scale)
+    # q, state: the arguments; idx: the constant's fixed address; o: the allocation; T, scale: bytes; BT: constexpr;
+    # then the global and profile scratch pointers Triton's launcher appends (null)
+    assert slots == (args[0].data_ptr(), args[1].data_ptr(), kw["idx"].data_ptr(), 0, 3, scale, 0, 0)
 
 
 @pytest.mark.parametrize("what", ["copy", "tensor position", "aliased", "pdl", "scratch memory", "output", "pointer"])
