@@ -126,7 +126,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     if _recordable(parents, q):
         args = (q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states, state_indices, a, b, A_log,
                 dt_bias, backend)
-        return fastcall.record(parents.fast_verify, args, _VERIFY_TENSORS, (parents, state_indices),
+        return fastcall.record(parents, "verify", args, _VERIFY_TENSORS, (parents, state_indices),
                        lambda: fn(q, k, v, g, beta, **kw))
     with _on(q):
         return fn(q, k, v, g, beta, **kw)
@@ -158,7 +158,7 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
     if _recordable(parents, k):
         args = (k, v, g, beta, accepted, initial_state, use_qk_l2norm, state_indices, inplace, a, b, A_log, dt_bias,
                 backend)
-        return fastcall.record(parents.fast_commit, args, _COMMIT_TENSORS, (parents, accepted, state_indices), run)
+        return fastcall.record(parents, "commit", args, _COMMIT_TENSORS, (parents, accepted, state_indices), run)
     with _on(k):
         return run()
 

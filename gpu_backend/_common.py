@@ -6,7 +6,7 @@ import os
 import torch
 
 from ddsim.gpu_backend.checks import check_inputs, constant, poisoning, pool_slots
-from ddsim.gpu_backend.launch import _RECORDING
+from ddsim.gpu_backend.launch import recording
 
 MODES = ("exact", "leaky")
 
@@ -136,7 +136,7 @@ def alloc(shape, dtype, device, poison: bool | None = None):
         t = torch.full(shape, float("nan"), dtype=dtype, device=device)
     else:
         t = torch.empty(shape, dtype=dtype, device=device)
-    rec = _RECORDING[0]
+    rec = recording()
     if rec is not None:  # fastcall is recording this call: a replay allocates (and poisons) the same
         rec.allocs.append((t, poison is None))
     return t
@@ -145,7 +145,7 @@ def alloc(shape, dtype, device, poison: bool | None = None):
 def scratch(shape, dtype, device):
     """A launcher's intermediate buffer (kernels write it before any kernel reads it): never filled."""
     t = torch.empty(shape, dtype=dtype, device=device)
-    rec = _RECORDING[0]
+    rec = recording()
     if rec is not None:
         rec.allocs.append((t, False))
     return t

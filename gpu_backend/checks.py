@@ -61,6 +61,7 @@ class TreePlan:
         # fastcall's recipes of the public calls made with this plan (CUDA only)
         self.fast_verify: list = []
         self.fast_commit: list = []
+        self.fast_tries = {"verify": 0, "commit": 0}
 
     def _cached(self, key, build):
         if key not in self._cache:

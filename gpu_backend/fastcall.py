@@ -41,7 +41,7 @@ import threading
 import torch
 
 ENABLED = os.environ.get("DDSIM_FASTCALL", "1") != "0"
-MAX_RECIPES = 8  # per plan and function: a caller that changes signatures on every call gets the Python path
+MAX_RECIPES = 4  # calls recorded per plan and function, kept or refused; then every new signature takes the Python path
 
 ARG, ALLOC, FIXED = 0, 1, 2
 _EXT: list = []  # [module or None, why not]
@@ -103,7 +103,7 @@ def stats() -> dict:
 
 
 # ---- recording ------------------------------------------------------------------------------------
-class _Recording:
+class _RecordingState:
     def __init__(self):
         self.launches: list = []  # (kernel, grid, kw, key) in the order launched
         self.allocs: list = []  # (tensor, poisonable) in the order allocated
@@ -114,24 +114,30 @@ def _refuse(reason: str):
     return None
 
 
-def record(recipes: list, args: tuple, tensor_positions: frozenset, owners: tuple, run):
+def record(plan, op: str, args: tuple, tensor_positions: frozenset, owners: tuple, run):
     """Run the Python path ``run()`` (validating and launching as always) under a recorder and keep
-    what it did as a recipe in ``recipes`` when it can be replayed. args: every argument of the public
-    call, in the order ``call`` receives them; tensor_positions: the positions whose tensors a recipe may
-    read (the data: never indices that are value-checked per call); owners: the TreePlan and the checked
-    index objects whose tensors the kernels may read as fixed pointers. Returns run()'s result."""
-    if len(recipes) >= MAX_RECIPES or _OFF[0] or ext() is None or torch.cuda.is_current_stream_capturing():
+    what it did as a recipe in ``plan.fast_<op>`` when it can be replayed. args: every argument of the
+    public call, in the order ``call`` receives them; tensor_positions: the positions whose tensors a
+    recipe may read (the data: never indices that are value-checked per call); owners: the TreePlan and
+    the checked index objects whose tensors the kernels may read as fixed pointers. A plan records at
+    most MAX_RECIPES calls per function, kept or refused (a caller whose calls are refused, such as the
+    model's with views of its conv output, pays the recorder that many times a plan, then never).
+    Returns run()'s result."""
+    tries = plan.fast_tries
+    if tries[op] >= MAX_RECIPES or _OFF[0] or ext() is None or (
+            torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         return run()
     from ddsim.gpu_backend.launch import _RECORDING  # where launch.bind and _common.alloc look
-    rec = _Recording()
-    _RECORDING[0] = rec
+    rec = _RecordingState()
+    _RECORDING.rec = rec
     try:
-        result = run()
+        result = run()  # bad input raises here, as on any call, and counts as no try
     finally:
-        _RECORDING[0] = None
+        _RECORDING.rec = None
+    tries[op] += 1
     recipe = _recipe(rec, args, tensor_positions, owners, result)
     if recipe is not None:
-        recipes.append(recipe)
+        getattr(plan, f"fast_{op}").append(recipe)
         _STATS["recorded"] += 1
     return result
 
@@ -158,7 +164,7 @@ def _stable_tensors(owners) -> dict:
     return found
 
 
-def _recipe(rec: _Recording, args: tuple, tensor_positions: frozenset, owners: tuple, result):
+def _recipe(rec: _RecordingState, args: tuple, tensor_positions: frozenset, owners: tuple, result):
     from ddsim.gpu_backend import launch as launches
     if not rec.launches:
         return _refuse("no launch")
@@ -222,5 +228,5 @@ def _recipe(rec: _Recording, args: tuple, tensor_positions: frozenset, owners: t
             return _refuse("an output that is no allocation or argument")
         res.append(where)
     positions = tuple((i in tensor_positions and isinstance(a, torch.Tensor), a) for i, a in enumerate(args))
-    keep = (list(stable.values()), owners)
+    keep = list(stable.values())  # tensors only: a reference to the plan would make a cycle through the capsule
     return ext().make(positions, tuple(rec.allocs), tuple(made), tuple(res), isinstance(result, tuple), device, keep)

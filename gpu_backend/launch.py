@@ -16,6 +16,7 @@ options, the kernel and the device. Under Triton's interpreter, or with a launch
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -76,7 +77,7 @@ def bind(kernel, grid, kw: dict):
     """A launcher of ``kernel`` over ``grid`` (up to three ints) with the keyword arguments ``kw``
     (the kernel's arguments and launch options), bound now: calling it launches. The first call of a
     specialization goes through Triton (compiling if needed); later ones launch the compiled kernel."""
-    rec = _RECORDING[0]
+    rec = recording()
     if not (DIRECT and _params(kernel)[1]):
         if rec is not None:
             return _recorded(rec, (kernel, grid, kw, None), lambda: kernel[grid](**kw))
@@ -100,7 +101,12 @@ def bind(kernel, grid, kw: dict):
     return launch
 
 
-_RECORDING: list = [None]  # fastcall's recording in progress, if any (a list lookup a bind)
+_RECORDING = threading.local()  # .rec: fastcall's recording in progress in this thread, if any
+
+
+def recording():
+    """The recording of the public call this thread is running under fastcall.record, or None."""
+    return getattr(_RECORDING, "rec", None)
 
 
 def _recorded(rec, entry, launch):

@@ -95,9 +95,9 @@ def _compiled(**md):
     return SimpleNamespace(function=0xABC, metadata=SimpleNamespace(**meta), src=SimpleNamespace(signature=sig))
 
 
-def _record(args, kw_over=None, result=None, ck=None, positions=frozenset((0, 1))):
+def _record(args, kw_over=None, result=None, ck=None, positions=frozenset((0, 1)), owners=()):
     """A recording of one launch of _Kernel with kw (q, state: the call's; idx: a constant; o: allocated)."""
-    rec = fastcall._Recording()
+    rec = fastcall._RecordingState()
     q, state = args[0], args[1]
     o = torch.empty(1, 3, 2, 16)
     rec.allocs.append((o, True))
@@ -107,7 +107,7 @@ def _record(args, kw_over=None, result=None, ck=None, positions=frozenset((0, 1)
     launches._COMPILED[key] = ck or _compiled()
     rec.launches.append((_Kernel, (2, 3), kw, key))
     try:
-        return fastcall._recipe(rec, args, positions, (), o if result is None else result), kw
+        return fastcall._recipe(rec, args, positions, owners, o if result is None else result), kw
     finally:
         del launches._COMPILED[key]
 
@@ -145,13 +145,13 @@ def test_the_recorder_refuses_what_a_replay_would_get_wrong(ext, what):
 
 
 def test_the_allocations_of_a_recorded_call_are_noted_as_poisonable_or_not():
-    rec = fastcall._Recording()
-    launches._RECORDING[0] = rec
+    rec = fastcall._RecordingState()
+    launches._RECORDING.rec = rec
     try:
         o = C.alloc((2, 3), torch.float32, "cpu")
         s = C.scratch((4,), torch.float32, "cpu")
     finally:
-        launches._RECORDING[0] = None
+        launches._RECORDING.rec = None
     assert [(t is o, p) for t, p in rec.allocs[:1]] == [(True, True)]
     assert rec.allocs[1][0] is s and rec.allocs[1][1] is False
     C.alloc((1,), torch.float32, "cpu")  # not recording: nothing noted
@@ -165,3 +165,35 @@ def test_cpu_calls_are_never_recorded():
     gb.gdn_tree_verify(q, q.clone(), torch.randn(1, 3, 1, 16), torch.zeros(1, 3, 1), torch.rand(1, 3, 1),
                        parents=plan, initial_state=torch.zeros(1, 1, 16, 16))
     assert plan.fast_verify == []
+
+
+def test_a_plan_records_a_bounded_number_of_calls_and_bad_input_is_no_try(ext):
+    import ddsim.gpu_backend as gb
+    plan = gb.TreePlan(torch.tensor([[-1, 0, 0]]))
+    before = sum(fastcall.stats()["refused"].values())
+
+    def bad():
+        raise ValueError("q: bad")
+    with pytest.raises(ValueError, match="q: bad"):
+        fastcall.record(plan, "verify", _args(), frozenset((0, 1)), (plan,), bad)
+    assert plan.fast_tries["verify"] == 0
+    for _ in range(fastcall.MAX_RECIPES + 3):  # no launch: refused, and tried at most MAX_RECIPES times
+        assert fastcall.record(plan, "verify", _args(), frozenset((0, 1)), (plan,), lambda: "ran") == "ran"
+    assert plan.fast_tries == {"verify": fastcall.MAX_RECIPES, "commit": 0}
+    assert sum(fastcall.stats()["refused"].values()) == before + fastcall.MAX_RECIPES
+
+
+def test_a_recipe_does_not_keep_its_plan_alive(ext):
+    import gc
+    import weakref
+
+    import ddsim.gpu_backend as gb
+    plan = gb.TreePlan(torch.tensor([[-1, 0, 0]]))
+    plan.ancestors("exact")  # a cached table the recipe may point into
+    recipe, _ = _record(_args(), owners=(plan,))
+    assert recipe is not None
+    plan.fast_verify.append(recipe)
+    ref = weakref.ref(plan)
+    del plan, recipe
+    gc.collect()
+    assert ref() is None  # one plan per tree per step: a cycle through the recipe would keep every one
