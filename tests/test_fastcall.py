@@ -197,3 +197,16 @@ def test_a_recipe_does_not_keep_its_plan_alive(ext):
     del plan, recipe
     gc.collect()
     assert ref() is None  # one plan per tree per step: a cycle through the recipe would keep every one
+
+
+def test_a_recording_is_seen_only_by_its_own_thread():
+    import threading
+    seen = []
+    launches._RECORDING.rec = "this thread's"
+    try:
+        t = threading.Thread(target=lambda: seen.append(launches.recording()))
+        t.start()
+        t.join()
+        assert launches.recording() == "this thread's" and seen == [None]
+    finally:
+        launches._RECORDING.rec = None
