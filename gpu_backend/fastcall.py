@@ -127,6 +127,11 @@ def record(plan, op: str, args: tuple, tensor_positions: frozenset, owners: tupl
     if tries[op] >= MAX_RECIPES or _OFF[0] or ext() is None or (
             torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         return run()
+    if any(isinstance(a, (torch.Tensor, list, tuple)) for i, a in enumerate(args) if i not in tensor_positions):
+        # raw indices (accepted, state_indices), value-checked on every call: never replayed, and no try spent,
+        # so the same plan's calls with checked indices are still recorded
+        _refuse("raw indices, checked on every call")
+        return run()
     from ddsim.gpu_backend.launch import _RECORDING  # where launch.bind and _common.alloc look
     rec = _RecordingState()
     _RECORDING.rec = rec

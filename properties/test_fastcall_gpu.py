@@ -147,13 +147,18 @@ def test_another_signature_takes_the_python_path_and_bad_input_still_raises():
     assert fastcall.stats()["refused"] != n and len(plan.fast_verify) == 2  # never recorded: a copy is read
 
 
-def test_raw_indices_are_never_replayed():
+def test_raw_indices_are_never_replayed_and_spend_no_try():
     plan, inp = _layer()
     acc = torch.tensor([3, 5], device="cuda")
-    for _ in range(2):
-        gb.gdn_tree_commit(inp["k"], inp["v"], inp["g"], inp["beta"], parents=plan, accepted=acc,
-                           initial_state=inp["initial_state"])
+    cargs = (inp["k"], inp["v"], inp["g"], inp["beta"])
+    for _ in range(fastcall.MAX_RECIPES + 2):
+        gb.gdn_tree_commit(*cargs, parents=plan, accepted=acc, initial_state=inp["initial_state"])
     assert plan.fast_commit == []  # value-checked every call: no recipe
+    checked = gb.checked_accepted(acc, 2, plan.T, "cuda")
+    served = fastcall.stats()["served"]
+    for _ in range(2):  # the same plan's calls with checked indices: recorded, then replayed
+        gb.gdn_tree_commit(*cargs, parents=plan, accepted=checked, initial_state=inp["initial_state"])
+    assert len(plan.fast_commit) == 1 and fastcall.stats()["served"] == served + 1
 
 
 def test_replayed_outputs_are_poisoned_when_poisoning():

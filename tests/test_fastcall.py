@@ -177,6 +177,10 @@ def test_a_plan_records_a_bounded_number_of_calls_and_bad_input_is_no_try(ext):
     with pytest.raises(ValueError, match="q: bad"):
         fastcall.record(plan, "verify", _args(), frozenset((0, 1)), (plan,), bad)
     assert plan.fast_tries["verify"] == 0
+    for raw in (torch.tensor([2]), [2]):  # raw indices at a position that takes none: no try spent
+        assert fastcall.record(plan, "verify", _args(scale=raw), frozenset((0, 1)), (plan,), lambda: "ran") == "ran"
+    assert plan.fast_tries["verify"] == 0
+    before = sum(fastcall.stats()["refused"].values())
     for _ in range(fastcall.MAX_RECIPES + 3):  # no launch: refused, and tried at most MAX_RECIPES times
         assert fastcall.record(plan, "verify", _args(), frozenset((0, 1)), (plan,), lambda: "ran") == "ran"
     assert plan.fast_tries == {"verify": fastcall.MAX_RECIPES, "commit": 0}
