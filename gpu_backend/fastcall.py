@@ -1,6 +1,6 @@
 """Replayed launches: the public GDN verify and commit at the cost of a C++ call.
 
-Through Python, one call of ``gdn_tree_verify`` with a TreePlan takes 45-50 us of host time on the
+Through Python, one call of ``gdn_tree_verify`` with a TreePlan takes 40-70 us of host time on the
 H200's lent hosts (RESULTS.md): the checks, the output's allocation and the launch call are each a few
 microseconds of interpreted code. At one sequence the kernel itself takes about 8 us, so the public
 function was host-bound at 5-6x the kernel.
@@ -24,12 +24,20 @@ a dtype conversion) is none of these, so such calls are never replayed. Raw ``st
 ``accepted`` (value-checked with a host sync on every call) are never replayed either. Nor are launches
 Triton would not make with cuLaunchKernel (programmatic dependent launch, clusters, cooperative grids,
 scratch memory), or calls while a launch hook is installed (profilers) or while a CUDA graph is being
-captured (the first, recording call; replayed calls are captured like any launch).
+captured (the first, recording call; replayed calls are captured like any launch). Only calls on the
+current CUDA device are recorded or replayed (a model placed over several GPUs calls its other devices'
+layers under a device guard: those take the Python path).
 
-The extension is built on first use with torch.utils.cpp_extension (ninja and a C++ compiler; about a
-minute, then cached). Where it cannot be built, or with DDSIM_FASTCALL=0, every call takes the Python
-path; ``status()`` says which. Installing a Triton launch hook after a recipe was recorded does not see
-the replayed launches: set DDSIM_FASTCALL=0 when profiling through Triton's hooks.
+What a recipe replays was decided when it was recorded, so the launchers' module settings
+(triton_wy_split.MAXNREG, FOLD_DEFAULTS, launch.DIRECT aside: replays stop while it is False) apply
+to plans built after they change. A plan records at most MAX_RECIPES calls per function (one TreePlan
+per tree per step, one signature per layer kind: one or two are used); the recording state is per thread.
+
+The extension is built on first use with torch.utils.cpp_extension (ninja and a C++ compiler; 12-16 s
+measured, then cached under torch's extensions folder). Where it cannot be built, or with
+DDSIM_FASTCALL=0, every call takes the Python path; ``status()`` says which. Installing a Triton launch
+hook after a recipe was recorded does not see the replayed launches: set DDSIM_FASTCALL=0 when
+profiling through Triton's hooks.
 """
 from __future__ import annotations
 
