@@ -127,7 +127,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         args = (q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states, state_indices, a, b, A_log,
                 dt_bias, backend)
         return fastcall.record(parents, "verify", args, _VERIFY_TENSORS, (parents, state_indices),
-                       lambda: fn(q, k, v, g, beta, **kw))
+                               lambda: fn(q, k, v, g, beta, **kw))
     with _on(q):
         return fn(q, k, v, g, beta, **kw)
 
