@@ -36,7 +36,7 @@ from ddsim.bench import (
 from ddsim.engines import fused_gates
 from ddsim.engines.sglang import _kernel
 from ddsim.errors import InputError
-from ddsim.gpu_backend import engine_api
+from ddsim.gpu_backend import engine_api, fastcall
 
 
 def bench(fn):
@@ -127,6 +127,7 @@ def main():
         print(f"| {B} x {T} | {t['sg_exact']:.1f} | {t['sg_commit']:.1f} | {t['dd_dropin']:.1f} | {t['dd_verify']:.1f} | "
               f"{t['dd_commit']:.1f} | {t['sg_flat']:.1f} | {floor} | {nb['commit'] / bw * 1e6:.1f} | "
               f"{buf.numel() * 4 / 2**20:.1f} | {dd_mib:.1f} |", flush=True)
+        print(f"# after {B} x {T}, ddsim's replayed calls (gpu_backend.fastcall): {fastcall.stats()}", flush=True)
     print("times in microseconds per call, median of do_bench (CUDA events around the public call)")
 
 
