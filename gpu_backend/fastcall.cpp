@@ -46,7 +46,8 @@ struct TensorSig {
 struct Position {
   bool tensor;
   TensorSig sig;
-  PyObject* value;  // owned (non-tensor positions)
+  PyObject* value;   // owned (non-tensor positions)
+  int same_as = -1;  // a tensor that was also an earlier argument when recorded: that argument again
 };
 
 struct Alloc {
@@ -105,7 +106,11 @@ bool matches(const Recipe& r, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != static_cast<Py_ssize_t>(r.positions.size())) return false;
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     const Position& p = r.positions[i];
-    if (p.tensor ? !same_sig(p.sig, args[i]) : !same_value(p.value, args[i])) return false;
+    if (p.same_as >= 0) {  // the kernels read this tensor through the earlier argument's pointer
+      if (args[i] != args[p.same_as]) return false;
+    } else if (p.tensor ? !same_sig(p.sig, args[i]) : !same_value(p.value, args[i])) {
+      return false;
+    }
   }
   return true;
 }
@@ -139,7 +144,9 @@ int as_int(PyObject* seq, Py_ssize_t i) {
 }
 
 // make(positions, allocs, launches, result, as_tuple, device, keep) -> a recipe (a capsule).
-//   positions: tuple of (True, tensor) or (False, value); allocs: tuple of (tensor, poisonable);
+//   positions: tuple of (True, tensor), (True, tensor, j) for a tensor that was also argument j < its
+//   position (a replay then requires the same object there), or (False, value); allocs: tuple of
+//   (tensor, poisonable);
 //   launches: tuple of (function, gx, gy, gz, block, shared, params) with params a tuple of
 //   (ARG, position) / (ALLOC, index) / (FIXED, 8 bytes); result: tuple of (ARG or ALLOC, index).
 PyObject* make(PyObject*, PyObject* args) {
@@ -166,6 +173,11 @@ PyObject* make(PyObject*, PyObject* args) {
       if (PyObject_IsTrue(PyTuple_GET_ITEM(p, 0))) {
         if (!THPVariable_Check(obj)) throw std::runtime_error("a tensor position holds no tensor");
         r->positions.push_back(Position{true, sig_of(obj), nullptr});
+        if (PyTuple_GET_SIZE(p) > 2) {
+          int j = as_int(p, 2);
+          if (j < 0 || j >= i || !r->positions[j].tensor) throw std::runtime_error("a tensor aliases no earlier tensor");
+          r->positions.back().same_as = j;
+        }
       } else {
         Py_INCREF(obj);
         r->positions.push_back(Position{false, TensorSig{}, obj});

@@ -182,13 +182,15 @@ def _recipe(rec: _RecordingState, args: tuple, tensor_positions: frozenset, owne
     if not rec.launches:
         return _refuse("no launch")
     by_id = {}
+    aliases = {}  # position -> the earlier position holding the same tensor (a replay requires it there again)
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
             if i not in tensor_positions:
                 return _refuse("a tensor where a recipe takes none (raw indices are checked per call)")
-            if id(a) in by_id:  # one tensor as two arguments: a replay would read one for both
-                return _refuse("one tensor passed as two arguments")
-            by_id[id(a)] = (ARG, i)
+            if id(a) in by_id:  # one tensor as two arguments (zeros as both A_log and dt_bias, say)
+                aliases[i] = by_id[id(a)][1]
+            else:
+                by_id[id(a)] = (ARG, i)
     for j, (t, _) in enumerate(rec.allocs):
         by_id.setdefault(id(t), (ALLOC, j))
     stable = _stable_tensors(owners)
@@ -240,6 +242,7 @@ def _recipe(rec: _RecordingState, args: tuple, tensor_positions: frozenset, owne
         if where is None:
             return _refuse("an output that is no allocation or argument")
         res.append(where)
-    positions = tuple((i in tensor_positions and isinstance(a, torch.Tensor), a) for i, a in enumerate(args))
+    positions = tuple(((True, a, aliases[i]) if i in aliases else (i in tensor_positions and isinstance(a, torch.Tensor), a))
+                      for i, a in enumerate(args))
     keep = list(stable.values())  # tensors only: a reference to the plan would make a cycle through the capsule
     return ext().make(positions, tuple(rec.allocs), tuple(made), tuple(res), isinstance(result, tuple), device, keep)

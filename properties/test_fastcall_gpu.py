@@ -193,3 +193,27 @@ def test_replayed_calls_capture_into_cuda_graphs():
         g.replay()
         torch.cuda.synchronize()
         _same(o, _python_path(lambda: gb.gdn_tree_verify(**static, parents=gb.TreePlan(plan.parents), initial_state=s0)))
+
+
+def test_one_tensor_as_two_arguments_is_replayed_for_the_same_tensor_only():
+    """An engine passing one zeros tensor as both A_log and dt_bias: replayed while it does; distinct
+    tensors there take the Python path (a replay would read the first for both)."""
+    from ddsim.engines import fused_gates
+    plan, inp = _layer()
+    a, b = fused_gates(inp["g"], inp["beta"])
+    zeros = torch.zeros(inp["v"].shape[2], device="cuda")
+    qkv = {n: inp[n] for n in ("q", "k", "v")}
+
+    def verify(A_log, dt_bias, p=plan):
+        return gb.gdn_tree_verify(**qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, parents=p,
+                                  initial_state=inp["initial_state"])
+    verify(zeros, zeros)
+    served = fastcall.stats()["served"]
+    same = torch.zeros_like(zeros)
+    o = verify(same, same)
+    assert fastcall.stats()["served"] == served + 1
+    _same(o, _python_path(lambda: verify(same, same, gb.TreePlan(plan.parents))))
+    bias = torch.linspace(0, 1, zeros.numel(), device="cuda")
+    o = verify(same, bias)
+    assert fastcall.stats()["served"] == served + 1 and len(plan.fast_verify) == 2
+    _same(o, _python_path(lambda: verify(same, bias, gb.TreePlan(plan.parents))))

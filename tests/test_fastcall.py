@@ -124,21 +124,28 @@ def test_the_recorder_accounts_for_every_parameter(ext):
     assert slots == (args[0].data_ptr(), args[1].data_ptr(), kw["idx"].data_ptr(), 0, 3, scale, 0, 0)
 
 
-@pytest.mark.parametrize("what", ["copy", "tensor position", "aliased", "pdl", "scratch memory", "output", "pointer"])
+def test_one_tensor_as_two_arguments_is_replayed_only_for_the_same_tensor_twice(ext):
+    shared = torch.randn(1, 3, 2, 16)
+    recipe, _ = _record((shared, shared) + _args()[2:], kw_over=dict(state=shared))
+    assert recipe is not None
+    other = torch.randn(1, 3, 2, 16)
+    assert ext.match(recipe, other, other, *_args()[2:])  # the same object in both places again
+    assert not ext.match(recipe, other, torch.randn(1, 3, 2, 16), *_args()[2:])  # the kernel would read the first
+    assert ext.params(recipe, 0, other, other, *_args()[2:])[:2] == (other.data_ptr(), other.data_ptr())
+
+
+@pytest.mark.parametrize("what", ["copy", "tensor position", "pdl", "scratch memory", "output", "pointer"])
 def test_the_recorder_refuses_what_a_replay_would_get_wrong(ext, what):
     args = _args()
     before = sum(fastcall.stats()["refused"].values())
     cases = {
         "copy": dict(kw_over=dict(q=args[0].clone())),  # a tensor the call made: replaying would read stale data
         "tensor position": dict(positions=frozenset((0,))),  # state where no tensor is allowed (e.g. raw indices)
-        "aliased": dict(),
         "pdl": dict(ck=_compiled(launch_pdl=True)),
         "scratch memory": dict(ck=_compiled(global_scratch_size=128)),
         "output": dict(result=torch.zeros(1)),  # an output that is neither an allocation nor an argument
         "pointer": dict(kw_over=dict(idx=5)),  # an int where the kernel takes a pointer
     }
-    if what == "aliased":
-        args = (args[0], args[0]) + args[2:]  # one tensor as q and as state
     recipe, _ = _record(args, **cases[what])
     assert recipe is None
     assert sum(fastcall.stats()["refused"].values()) == before + 1
