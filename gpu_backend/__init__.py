@@ -92,6 +92,20 @@ def _recordable(parents, x) -> bool:
     return True
 
 
+def _unreplayable(recurrent: bool, *data) -> bool:
+    """Calls whose launchers make a tensor per call, so that a recipe could never be kept, told apart
+    before recording (a plan records a bounded number of calls: these would spend them): the recurrent
+    verify (it converts the plan's source table), and non-contiguous data (made contiguous: the
+    model's slices of its conv output). Counted among fastcall's refusals."""
+    if recurrent:
+        fastcall.skip("the recurrent verify (its launcher converts the plan's source table per call)")
+        return True
+    if not all(x is None or x.is_contiguous() for x in data):
+        fastcall.skip("non-contiguous data (the launcher copies it)")
+        return True
+    return False
+
+
 def _backend(x, backend, known=BACKENDS):
     b = backend or ("triton" if x.is_cuda else "torch")
     if b not in known:
@@ -123,7 +137,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     else:
         fn = triton_gdn.gdn_tree_verify_wy
         kw["design"] = {"triton-wy-split": "split", "triton-wy-fused": "fused", "triton-wy-fold": "fold"}.get(be, "auto")
-    if _recordable(parents, q):
+    if _recordable(parents, q) and not _unreplayable(be == "triton-recurrent", q, k, v, g, beta, a, b, A_log, dt_bias):
         args = (q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states, state_indices, a, b, A_log,
                 dt_bias, backend)
         return fastcall.record(parents, "verify", args, _VERIFY_TENSORS, (parents, state_indices),
@@ -155,7 +169,7 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
         return _triton("triton_commit").gdn_tree_commit_triton(
             k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
             state_indices=state_indices, inplace=inplace, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
-    if _recordable(parents, k):
+    if _recordable(parents, k) and not _unreplayable(False, k, v, g, beta, a, b, A_log, dt_bias):
         args = (k, v, g, beta, accepted, initial_state, use_qk_l2norm, state_indices, inplace, a, b, A_log, dt_bias,
                 backend)
         return fastcall.record(parents, "commit", args, _COMMIT_TENSORS, (parents, accepted, state_indices), run)

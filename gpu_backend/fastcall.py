@@ -117,6 +117,11 @@ class _RecordingState:
         self.allocs: list = []  # (tensor, poisonable) in the order allocated
 
 
+def skip(reason: str) -> None:
+    """A call the public functions did not record (told apart before recording), counted by reason."""
+    _refuse(reason)
+
+
 def _refuse(reason: str):
     _STATS["refused"][reason] = _STATS["refused"].get(reason, 0) + 1
     return None

@@ -221,3 +221,14 @@ def test_a_recording_is_seen_only_by_its_own_thread():
         assert launches.recording() == "this thread's" and seen == [None]
     finally:
         launches._RECORDING.rec = None
+
+
+def test_calls_a_recipe_could_never_keep_are_told_apart_before_recording():
+    import ddsim.gpu_backend as gb
+    q = torch.randn(1, 3, 2, 16)
+    before = fastcall.stats()["refused"]
+    assert gb._unreplayable(True, q)  # the recurrent verify
+    assert gb._unreplayable(False, q, q.transpose(1, 2))  # a non-contiguous input: the launcher copies it
+    assert not gb._unreplayable(False, q, None, torch.zeros(3))
+    after = fastcall.stats()["refused"]
+    assert sum(after.values()) == sum(before.values()) + 2
