@@ -239,12 +239,13 @@ PyObject* make(PyObject*, PyObject* args) {
 }
 
 // The parameters of launch L for these arguments and allocations (pointers filled in its slots).
-void fill(Launch& L, PyObject* const* args, const std::vector<at::Tensor>& out) {
+// out: the allocations' addresses, in the recipe's order.
+void fill(Launch& L, PyObject* const* args, const std::vector<uint64_t>& out) {
   for (size_t j = 0; j < L.kind.size(); ++j) {
     if (L.kind[j] == ARG)
       L.slot[j] = reinterpret_cast<uint64_t>(THPVariable_Unpack(args[L.index[j]]).data_ptr());
     else if (L.kind[j] == ALLOC)
-      L.slot[j] = reinterpret_cast<uint64_t>(out[L.index[j]].data_ptr());
+      L.slot[j] = out[L.index[j]];
   }
 }
 
@@ -291,14 +292,16 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     void* stream = impl->getStream(r->device).native_handle();
     bool poison = poison_flag != nullptr && PyObject_IsTrue(PyList_GET_ITEM(poison_flag, 0)) == 1;
     std::vector<at::Tensor> out;
+    std::vector<uint64_t> addresses;
     out.reserve(r->allocs.size());
     for (const Alloc& a : r->allocs) {
       out.push_back(at::empty(a.sizes, at::TensorOptions().dtype(a.dtype).device(r->device)));
       if (poison && a.poisonable) out.back().fill_(NAN);
+      addresses.push_back(reinterpret_cast<uint64_t>(out.back().data_ptr()));
     }
     PyObject* const* in = args + 1;
     for (Launch& L : r->launches) {
-      fill(L, in, out);
+      fill(L, in, addresses);
       int err = cu_launch(L.function, L.grid[0], L.grid[1], L.grid[2], L.block, 1, 1, L.shared, stream,
                           L.ptrs.data(), nullptr);
       if (err != 0) {
@@ -342,10 +345,7 @@ PyObject* params(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   Launch L = r->launches[i];
-  for (size_t j = 0; j < L.kind.size(); ++j) {
-    if (L.kind[j] == ARG) L.slot[j] = reinterpret_cast<uint64_t>(THPVariable_Unpack(args[2 + L.index[j]]).data_ptr());
-    if (L.kind[j] == ALLOC) L.slot[j] = 0;
-  }
+  fill(L, args + 2, std::vector<uint64_t>(r->allocs.size(), 0));  // what call() passes, allocations at 0
   PyObject* tup = PyTuple_New(static_cast<Py_ssize_t>(L.slot.size()));
   for (size_t j = 0; j < L.slot.size(); ++j)
     PyTuple_SET_ITEM(tup, static_cast<Py_ssize_t>(j), PyLong_FromUnsignedLongLong(L.slot[j]));
