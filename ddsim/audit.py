@@ -43,7 +43,6 @@ from ddsim.report_model import (
     ModeSummary,
     NoiseFloor,
     ReferenceFragility,
-    Report,
     noise_margin_of,
 )
 from ddsim.reports.json_report import from_audit
@@ -230,19 +229,23 @@ def load_engine(ac: AuditConfig, device: torch.device):
     return kernel
 
 
-def run_audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None = None) -> Report | None:
+def run_audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None = None,
+              prompt_subset: list[int] | None = None):
     """Run the audit and return its validated report; ``progress(advance=1)`` is called once per
     speculative step if given. Every input is checked before the first generation starts.
     ``shard`` (ddsim.distributed.Shard): this process's share of the prompts under torchrun; the
     report is assembled on rank 0 (other ranks return None). The fast path's outputs are
     NaN-poisoned throughout (gpu_backend.poisoned). ``timings``: a dict this process's wall seconds
-    per phase are added to (benchmarks/audit_full_size.py prints them)."""
+    per phase are added to (benchmarks/audit_full_size.py prints them). ``prompt_subset``: run only
+    these prompts' generations (each exactly as in the whole audit) and return {prompt index: its
+    reference, margins and Generation records} instead of a report (ddsim.recheck)."""
     from ddsim.gpu_backend import poisoned
     with poisoned():
-        return _audit(ac, progress=progress, shard=shard, timings=timings)
+        return _audit(ac, progress=progress, shard=shard, timings=timings, prompt_subset=prompt_subset)
 
 
-def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None = None) -> Report | None:
+def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None = None,
+           prompt_subset: list[int] | None = None):
     from ddsim.distributed import Shard
     shard = shard or Shard.single()
     cfg = read_model_config(ac)
@@ -354,6 +357,14 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
             serving.set_decode_graphs(True)
         return outs
 
+    if prompt_subset is not None:
+        bad = [i for i in prompt_subset if not 0 <= i < len(prompts)]
+        if bad:
+            raise InputError(f"prompt {bad[0]}: the audit has {len(prompts)} prompts")
+        return {o["index"]: {"prompt": prompts[o["index"]], "reference": o["reference"], "margins": o["margins"],
+                             "generations": [o["chain"]] + [g for b in ac.budgets for g in o["budgets"][b]["gens"].values()],
+                             "provenance": provenance}
+                for o in share(sorted(set(prompt_subset)))}
     per_prompt = shard.run_group(share, len(prompts))  # every prompt here, or this rank's share gathered on rank 0
     if per_prompt is None:
         return None

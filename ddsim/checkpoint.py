@@ -97,20 +97,36 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     return cfg, {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": prefix, "path": str(d)}
 
 
+def _inside(d: Path, f: Path, where: str) -> Path:
+    """``f`` if it resolves inside the checkpoint directory ``d`` (no absolute path, no '..', no symlink
+    leading out of it), else InputError: a checkpoint names only its own files."""
+    root = d.resolve()
+    if root != f.resolve() and root not in f.resolve().parents:
+        raise InputError(f"{where}: weight file {f.name} resolves outside the checkpoint directory {d}")
+    return f
+
+
 def _shards(d: Path) -> list[Path]:
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(read_json(index, "shard index").get("weight_map", {}).values()))
+        wm = read_json(index, "shard index").get("weight_map", {})
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            raise InputError(f"{index}: weight_map must map tensor names to file names")
+        files = sorted(set(wm.values()))
         if not files:
             raise InputError(f"{index}: empty weight_map")
+        for f in files:
+            p = Path(f)
+            if p.is_absolute() or ".." in p.parts or f.strip() != f or not f:
+                raise InputError(f"{index}: shard {f!r} is not a file name inside the checkpoint directory")
         missing = [f for f in files if not (d / f).is_file()]
         if missing:
             raise InputError(f"{d}: shard {missing[0]} listed in model.safetensors.index.json is missing")
-        return [d / f for f in files]
+        return [_inside(d, d / f, str(index)) for f in files]
     files = sorted(d.glob("*.safetensors"))
     if not files:
         raise InputError(f"--model {d}: no *.safetensors weights")
-    return files
+    return [_inside(d, f, f"--model {d}") for f in files]
 
 
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")

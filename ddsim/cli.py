@@ -32,6 +32,16 @@ def _budgets(text: str) -> list[int]:
     return vals
 
 
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return v
+
+
 # audit option -> AuditConfig field
 AUDIT_FIELDS = {"preset": "preset", "model": "model_path", "budget": "budgets", "topk_cap": "topk_cap",
                 "prompts": "prompts_file", "steps": "steps", "temperature": "temperature", "device": "device",
@@ -190,6 +200,26 @@ def check_report_matches(report, given: dict) -> None:
                              "it audited something else")
 
 
+def check_version(report, accept: bool) -> None:
+    """A report written by another ddsim version is refused unless the caller accepts it explicitly."""
+    import ddsim
+    from ddsim.errors import InputError
+    got = report.provenance.ddsim_version
+    if got != ddsim.__version__ and not accept:
+        raise InputError(f"--report: written by ddsim {got}, this is ddsim {ddsim.__version__} (its figures and rules may "
+                         "mean something else here; --accept-other-version gates it anyway, and the verdict says so)")
+
+
+def _policy_lines(policy, precision: str | None) -> list[str]:
+    """What the verdict says of the policy itself: its source and sha256, and every built-in rule it relaxes."""
+    from ddsim.gate import relaxations
+    lines = [f"policy {policy.name}: {policy.source()}"]
+    relaxed = relaxations(policy, precision)
+    if relaxed:
+        lines.append(f"policy relaxes {len(relaxed)} built-in rule{'s' if len(relaxed) > 1 else ''}: " + "; ".join(relaxed))
+    return lines
+
+
 def cmd_gate(a, console) -> int:
     from ddsim.errors import InputError
     from ddsim.gate import evaluate, leak_nodes, load_policy
@@ -197,17 +227,34 @@ def cmd_gate(a, console) -> int:
     policy = load_policy(a.policy)
     if a.dump:
         return _gate_dump(a, policy)
+    caveats = []
     if a.report:
         if a.out:
             raise InputError("--out: only with an audit the gate runs itself (not with --report)")
         report = json_report.load(a.report)
-        check_report_matches(report, _given_audit_options(a))
+        check_version(report, a.accept_other_version)
+        given = _given_audit_options(a)
+        check_report_matches(report, given)
+        if "fast_path" in given:
+            from ddsim.recheck import check_engine_source
+            check_engine_source(report, given["fast_path"], given.get("convention"))
+        if report.provenance.ddsim_version != _version():
+            caveats.append(f"the report was written by ddsim {report.provenance.ddsim_version} (accepted explicitly)")
+        if a.recheck:
+            from ddsim.recheck import recheck
+            print(recheck(report, prompts=a.recheck_prompts).line())
+        else:
+            caveats.append("reached without a recheck (--no-recheck): the report's figures were taken on trust")
     else:
+        if a.accept_other_version or not a.recheck:
+            raise InputError("--accept-other-version, --no-recheck: only with --report")
         ac = _audit_config(a)
         if a.out:
             check_writable(Path(a.out))
         report = _run_audit(ac, console, quiet=True)
         report = _write_report(report, Path(a.out)) if a.out else json_report.stamp(report)
+    for line in _policy_lines(policy, report.precision.fast_path):
+        print(line)
     verdicts = evaluate(policy, report)
     bad = [v for v in verdicts if not v.holds]
     for v in bad:
@@ -216,11 +263,17 @@ def cmd_gate(a, console) -> int:
         print("the audit never exercised the leak: some budget verified no node outside order-exact positions "
               "(raise --budget or --topk-cap), so it cannot approve hybrid-unsafe verification")
     label = f"gate {policy.name} ({report.precision.fast_path} fast path, {report.provenance.source})"
+    caveat = "".join(f"; {c}" for c in caveats)
     if bad:
-        print(f"{label}: {len(bad)} of {len(verdicts)} rules violated; keep hybrid-unsafe verification off")
+        print(f"{label}: {len(bad)} of {len(verdicts)} rules violated; keep hybrid-unsafe verification off{caveat}")
         return EXIT_VIOLATED
-    print(f"{label}: all {len(verdicts)} rules hold for mode {policy.mode}")
+    print(f"{label}: all {len(verdicts)} rules hold for mode {policy.mode}{caveat}")
     return EXIT_OK
+
+
+def _version() -> str:
+    import ddsim
+    return ddsim.__version__
 
 
 def _gate_dump(a, policy) -> int:
@@ -232,16 +285,23 @@ def _gate_dump(a, policy) -> int:
     others = [o for o, v in _given_audit_options(a).items() if v is not None and o not in ("model", "device")]
     if others:
         raise InputError(f"--{others[0].replace('_', '-')}: not an option of a replay (--dump takes --model, --device)")
+    if a.accept_other_version or not a.recheck:
+        raise InputError("--accept-other-version, --no-recheck: only with --report")
     if a.out:
         check_writable(Path(a.out))
-    rep = replay.run(a.model, a.dump, device=_replay_device(a.device))
+    tolerance = {"engine": policy.noise_kl(a.engine_dtype), "dtype": policy.noise_kl}
+    rep = replay.run(a.model, a.dump, device=_replay_device(a.device), tolerance=tolerance)
     if a.out:
         replay.write(rep, Path(a.out))
+    for line in _policy_lines(policy, None):
+        print(line)
     verdicts = evaluate_replay(policy, rep["summary"])
     bad = [v for v in verdicts if not v.holds]
     for v in bad:
         print(v.line("replay"))
-    label = f"gate {policy.name} (replay of {rep['summary']['steps']} engine verify steps)"
+    label = (f"gate {policy.name} (replay of {rep['summary']['steps']} engine verify steps; logits within KL "
+             f"{rep['noise_kl']:.3g} of the oracle's count as exact: the policy's tolerance for a {a.engine_dtype} engine"
+             f"{', tightened by the dump' if rep['noise_kl'] < policy.noise_kl(a.engine_dtype) else ''})")
     if bad:
         print(f"{label}: {len(bad)} of {len(verdicts)} rules violated; keep hybrid-unsafe verification off")
         return EXIT_VIOLATED
@@ -261,7 +321,8 @@ def cmd_replay(a, console) -> int:
     if a.noise_kl is not None and not (a.noise_kl >= 0 and a.noise_kl < float("inf")):
         from ddsim.errors import InputError
         raise InputError(f"--noise-kl: expected a finite value >= 0, got {a.noise_kl}")
-    rep = replay.run(a.model, a.dump, device=_replay_device(a.device), noise_kl=a.noise_kl)
+    tolerance = replay.default_tolerance(a.noise_kl, a.engine_dtype)
+    rep = replay.run(a.model, a.dump, device=_replay_device(a.device), tolerance=tolerance)
     replay.write(rep, out)
     s = rep["summary"]
     for r in rep["steps"]:
@@ -269,8 +330,8 @@ def cmd_replay(a, console) -> int:
             print(f"step {r['step']} ({r['request']}): {r['diagnosis']}"
                   + (" — SILENT CORRUPTION" if r["silent_corruption"] else "") + f": {r['evidence']}")
     diag = ", ".join(f"{k} {v}" for k, v in s["diagnoses"].items() if v)
-    print(f"replayed {s['steps']} steps ({s['requests']} requests, {s['nodes']} nodes): {diag}; silent corruption in "
-          f"{s['silent_corruption_steps']} steps; report in {out}")
+    print(f"replayed {s['steps']} steps ({s['requests']} requests, {s['nodes']} nodes) within KL {rep['noise_kl']:.3g}: "
+          f"{diag}; silent corruption in {s['silent_corruption_steps']} steps; report in {out}")
     return EXIT_OK
 
 
@@ -400,13 +461,26 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an existing report.json (otherwise the audit runs); audit options given with it must match it")
     pg.add_argument("--out", metavar="DIR", help="also write the audit's (or replay's) report here (without --report)")
     pg.add_argument("--dump", metavar="DIR", help="gate a replay of an engine's verify-step dump (with --model DIR)")
+    pg.add_argument("--recheck", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --report: re-run a sample of the audit from the report's provenance and refuse a report "
+                         "that does not reproduce (default: on; --no-recheck takes its figures on trust, and says so)")
+    pg.add_argument("--recheck-prompts", type=_positive, default=1, metavar="N",
+                    help="prompts the recheck re-runs in every budget and mode (all of them: the whole audit)")
+    pg.add_argument("--accept-other-version", action="store_true",
+                    help="with --report: gate a report written by another ddsim version (refused otherwise)")
+    pg.add_argument("--engine-dtype", choices=["float32", "bfloat16", "float16", "float64"], default="float32",
+                    help="with --dump: the dtype the engine computes in, which picks the policy's replay tolerance "
+                         "([replay.<dtype>]); a dump's own header can only tighten it (default: float32)")
     _add_audit_options(pg, defaults=False)
     pr = sub.add_parser("replay", help="replay a serving engine's verify-step dump against the exact oracle")
     pr.add_argument("--model", required=True, metavar="DIR", help="the checkpoint the engine served")
     pr.add_argument("--dump", required=True, metavar="DIR", help="the engine's verify-step dump (ddsim.dump)")
     pr.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     pr.add_argument("--noise-kl", type=float, default=None,
-                    help="KL within which the engine counts as exact (default: by the dump's compute dtype)")
+                    help="KL within which the engine counts as exact (default: the default policy's for --engine-dtype); "
+                         "a dump's declared compute dtype can only tighten it")
+    pr.add_argument("--engine-dtype", choices=["float32", "bfloat16", "float16", "float64"], default="float32",
+                    help="the dtype the engine computes in: picks the default policy's tolerance (default: float32)")
     pr.add_argument("--out", default="ddsim-replay", help="where report.json and report.html go")
     pt = sub.add_parser("tree", help="draw a DDTree with node order and order-exact nodes")
     pt.add_argument("--seed", type=int, default=0)

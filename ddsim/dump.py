@@ -130,12 +130,14 @@ def _fail(path, msg):
     raise InputError(f"--dump {path}: {msg}")
 
 
-def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None) -> Dump:
+def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None,
+              max_positions: int | None = None) -> Dump:
     """Read and check a whole dump before any work: the header (format, version), every step (a
     valid tree; positions, tokens in the vocabulary, the accepted path a root path of the tree, the
     emitted tokens the accepted nodes' after the root plus one), its tensors (shapes, finite), the
     end marker. ``vocab_size``: the checkpoint's; ``layers``: {"ssm.L": shape, "conv.L": shape} of
-    the checkpoint's state tensors. Every problem is one InputError naming the dump and the step."""
+    the checkpoint's state tensors; ``max_positions``: the checkpoint's position limit (every position
+    an integer in [0, max_positions)). Every problem is one InputError naming the dump and the step."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -177,7 +179,7 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
             if n != len(lines):
                 _fail(path, f"line {n}: the end marker is not the last line")
             break
-        steps.append(_step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tree))
+        steps.append(_step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tree, max_positions))
     if end is None:
         _fail(path, "truncated: no end marker (the engine stopped mid-dump)")
     if end.get("steps") != len(steps):
@@ -185,7 +187,7 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
     return Dump(root, header, steps)
 
 
-def _step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tree) -> DumpStep:
+def _step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tree, max_positions) -> DumpStep:
     where = f"step line {n}"
     keys = {"step", "request", "context", "parents", "tokens", "positions", "accepted", "emitted", "tensors"}
     if set(rec) != keys:
@@ -210,6 +212,12 @@ def _step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tre
         bad = [t for t in rec[key] if not 0 <= t < V]
         if bad:
             _fail(path, f"{where}: {key} token {bad[0]} is outside the vocabulary (0..{V - 1})")
+    limit = max_positions if max_positions is not None else 2**31
+    bad = [p for p in rec["positions"] if not 0 <= p < limit]
+    if bad:
+        _fail(path, f"{where}: position {bad[0]} is outside [0, {limit}) (the checkpoint's max positions)")
+    if len(rec["context"]) >= limit:
+        _fail(path, f"{where}: a context of {len(rec['context'])} tokens leaves no position below the checkpoint's {limit}")
     acc = rec["accepted"]
     if not acc or not 0 <= acc[-1] < T or acc != tree.root_path(acc[-1]):
         _fail(path, f"{where}: accepted {acc} is not a root path of the tree")

@@ -9,15 +9,28 @@ Policy file:
              reports whose fast path computes in that dtype: the exact path's distance from the
              oracle is a property of the arithmetic, the leak is not
   [require]  lower bounds: how much of the leak the audit must have exercised
+  [replay]   upper bounds on a replay of an engine's dump (``gate --dump``), and ``noise_kl``: the KL
+             within which an engine's logits count as the oracle's; [replay.<dtype>] gives the
+             tolerance for an engine that computes in that dtype (chosen on the gate's command line;
+             a dump's own header can only tighten it)
 Unknown tables and keys at any level are refused: a typo must not quietly gate something else.
+
+A bare name (no path separator, no suffix) is a built-in policy and nothing else: a file of that name
+in the working directory is never read in its place. A file is given as a path. Every verdict names
+the policy's source and sha256, and a policy that omits or loosens a rule of the built-in default
+says so in the verdict, rule by rule (``relaxations``).
 """
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from ddsim.errors import InputError
 from ddsim.modes import LEAK_MODES
@@ -26,6 +39,7 @@ from ddsim.report_model import Report
 GATED_MODES = LEAK_MODES
 PRECISIONS = ("float64", "float32", "bfloat16", "float16")
 BUILTIN_POLICIES = Path(__file__).with_name("policies")
+DEFAULT_POLICY = "hybrid-unsafe"
 
 
 def _worst(values: list[float]) -> float:
@@ -112,9 +126,20 @@ class Policy:
     by_precision: dict  # fast-path dtype -> {rule: bound} replacing or adding to rules
     require: dict  # requirement -> lower bound
     replay: dict = None  # `gate --dump`: replay rule -> upper bound (REPLAY_RULES; 0 where the policy is silent)
+    replay_noise_kl: dict = field(default_factory=dict)  # engine dtype ("" for any) -> KL tolerance of a replay
+    builtin: bool = False  # a built-in policy, named by its bare name
+    sha256: str = ""  # of the policy file's bytes
 
     def bounds(self, precision: str) -> dict:
         return {**self.rules, **self.by_precision.get(precision, {})}
+
+    def noise_kl(self, engine_dtype: str) -> float:
+        """The replay's KL tolerance for an engine computing in ``engine_dtype`` ([replay.<dtype>], else [replay])."""
+        return self.replay_noise_kl.get(engine_dtype, self.replay_noise_kl[""])
+
+    def source(self) -> str:
+        """What the verdict names: built-in or the file, and the sha256 of its bytes."""
+        return f"{'built-in ' + self.name if self.builtin else self.path}, sha256 {self.sha256[:16]}"
 
 
 @dataclass(frozen=True)
@@ -131,22 +156,28 @@ class Verdict:
         return f"VIOLATED {self.rule}: measured {self.measured:.6g} {op} bound {self.bound:.6g} ({self.meaning}; mode {mode})"
 
 
-def resolve_policy(name: str) -> Path:
-    """A policy file path, or the name of a built-in policy (``hybrid-unsafe``) when no such file exists."""
-    p = Path(name)
-    if p.exists() or p.suffix:
-        return p
+def _is_bare_name(name: str) -> bool:
+    return "/" not in name and "\\" not in name and not Path(name).suffix and name not in (".", "..")
+
+
+def resolve_policy(name: str) -> tuple[Path, bool]:
+    """(file, built-in?): a bare name (no separator, no suffix) is a built-in policy only, never a file
+    of that name in the working directory; anything else is a path."""
+    if not _is_bare_name(name):
+        return Path(name), False
     builtin = BUILTIN_POLICIES / f"{name}.toml"
     if builtin.is_file():
-        return builtin
+        return builtin, True
     known = ", ".join(sorted(x.stem for x in BUILTIN_POLICIES.glob("*.toml")))
-    raise InputError(f"--policy {name}: no such file and no built-in policy of that name (built-in: {known})")
+    raise InputError(f"--policy {name}: no built-in policy of that name (built-in: {known}; a policy file is given as "
+                     "a path, e.g. ./{name}.toml)".replace("{name}", name))
 
 
 def load_policy(path: str | Path) -> Policy:
-    p = resolve_policy(str(path))
+    p, builtin = resolve_policy(str(path))
     try:
-        data = tomllib.loads(p.read_text())
+        raw = p.read_bytes()
+        data = tomllib.loads(raw.decode())
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"{p}: cannot read policy ({getattr(e, 'strerror', None) or e})") from None
     except tomllib.TOMLDecodeError as e:
@@ -158,6 +189,12 @@ def load_policy(path: str | Path) -> Policy:
     replay = data.get("replay", {})
     if not isinstance(replay, dict):
         raise InputError(f"{p}: 'replay' must be a table")
+    replay_kl = {"": _bounds(p, {"noise_kl": replay.get("noise_kl", REPLAY_NOISE_KL)}, "replay", {"noise_kl": 0})["noise_kl"]}
+    for dt in [k for k, v in replay.items() if isinstance(v, dict)]:
+        if dt not in PRECISIONS:
+            raise InputError(f"{p}: [replay.{dt}] names no dtype (known: {', '.join(PRECISIONS)})")
+        replay_kl[dt] = _bounds(p, replay[dt], f"replay.{dt}", {"noise_kl": 0}).get("noise_kl", replay_kl[""])
+    replay = {k: v for k, v in replay.items() if not isinstance(v, dict) and k != "noise_kl"}
     head = data.get("policy", {})
     if not isinstance(head, dict):
         raise InputError(f"{p}: 'policy' must be a table")
@@ -187,16 +224,53 @@ def load_policy(path: str | Path) -> Policy:
         raise InputError(f"{p}: 'require' must be a table")
     return Policy(str(p), str(head.get("name", p.stem)), mode, _bounds(p, base, "rules", RULES), by_precision,
                   _bounds(p, require, "require", REQUIREMENTS),
-                  {**{k: 0.0 for k in REPLAY_RULES}, **_bounds(p, replay, "replay", REPLAY_RULES)})
+                  {**{k: 0.0 for k in REPLAY_RULES}, **_bounds(p, replay, "replay", REPLAY_RULES)},
+                  replay_kl, builtin, hashlib.sha256(raw).hexdigest())
 
 
-# `ddsim gate --dump`: upper bounds on a replay of the engine's own verify steps (ddsim.replay)
+def relaxations(policy: Policy, precision: str | None) -> list[str]:
+    """Each rule of the built-in default policy that ``policy`` omits or loosens, as "rule (built-in B,
+    policy P)": for a report of fast-path dtype ``precision`` (its [rules] and [require]); for a replay
+    (``precision`` None) its [replay] bounds and tolerance. Empty for the built-in policy itself."""
+    base = load_policy(DEFAULT_POLICY)
+    out = []
+
+    def cmp(where, ours: dict, theirs: dict, looser):
+        for rule, b in ours.items():
+            v = theirs.get(rule)
+            if v is None or looser(v, b):
+                out.append(f"{where}{rule} (built-in {b:g}, policy {'omits it' if v is None else format(v, 'g')})")
+    if policy.mode != base.mode:
+        out.append(f"mode (built-in {base.mode}, policy {policy.mode})")
+    if precision is None:
+        cmp("replay.", base.replay, policy.replay, lambda v, b: v > b)
+        for dt in ("", *PRECISIONS):
+            ours, theirs = base.noise_kl(dt), policy.noise_kl(dt)
+            if theirs > ours:
+                out.append(f"replay{'.' + dt if dt else ''}.noise_kl (built-in {ours:g}, policy {theirs:g})")
+        return out
+    cmp("", base.bounds(precision), policy.bounds(precision), lambda v, b: v > b)
+    require = {"leak_nodes_per_budget": 1.0, "reference_decisions_above_noise": 0.5, **policy.require}
+    cmp("require.", base.require, require, lambda v, b: v < b)
+    return out
+
+
+# `ddsim gate --dump`: the KL within which an engine's logits count as the oracle's, where a policy
+# gives none (the exact path's float32 tolerance)
+REPLAY_NOISE_KL = 1e-6
+# upper bounds on a replay of the engine's own verify steps (ddsim.replay)
 REPLAY_RULES = {
     "silent_corruption_steps": (lambda s: s["silent_corruption_steps"],
                                 "steps where the engine accepted what exact verification would not"),
     "diagnosed_steps": (lambda s: s["diagnosed_steps"],
                         "steps whose engine logits are not within noise of the oracle's (any diagnosis)"),
     "top1_disagreements": (lambda s: s["top1_disagreements"], "nodes whose engine argmax is not the oracle's"),
+    "bonus_error_steps": (lambda s: s["bonus_error_steps"],
+                          "steps whose bonus token is not the engine's own argmax at its last accepted node"),
+    "commit_error_steps": (lambda s: s["commit_error_steps"],
+                           "steps that do not continue their request (context plus what was committed, root the bonus)"),
+    "positions_unexpected_steps": (lambda s: s["positions_unexpected_steps"],
+                                   "steps whose positions are not prefix length + depth"),
 }
 
 

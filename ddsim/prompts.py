@@ -36,24 +36,45 @@ class TextEncoder:
             self.tok = Tokenizer.from_file(str(d / "tokenizer.json"))
         except Exception as e:  # the tokenizers library raises its own exception type
             raise InputError(f"{d / 'tokenizer.json'}: cannot load tokenizer ({e})") from None
-        self.template = None
-        tc = d / "tokenizer_config.json"
-        if tc.is_file():
+        self.template, self.template_file = None, None
+        jinja_file, tc = d / "chat_template.jinja", d / "tokenizer_config.json"
+        if jinja_file.is_file():  # transformers 4.43+ saves the template beside the tokenizer, and prefers it
+            try:
+                self.template, self.template_file = jinja_file.read_text(), jinja_file
+            except (OSError, UnicodeDecodeError) as e:
+                raise InputError(f"{jinja_file}: cannot read chat template ({getattr(e, 'strerror', None) or e})") from None
+        elif tc.is_file():
             config = read_json(tc, "tokenizer config")
             self.template = config.get("chat_template") if isinstance(config, dict) else None
+            self.template_file = tc
+        if self.template is not None and not isinstance(self.template, str):
+            raise InputError(f"{self.template_file}: chat_template must be a string (named templates are not supported)")
 
     def encode(self, text: str, *, chat: bool = False) -> list[int]:
         if chat and self.template:
-            text = render_chat_template(self.template, text, where=f"{self.directory / 'tokenizer_config.json'}")
+            text = render_chat_template(self.template, text, where=str(self.template_file))
             return self.tok.encode(text, add_special_tokens=False).ids
         return self.tok.encode(text).ids
 
 
-def render_chat_template(template: str, text: str, *, where: str) -> str:
+TEMPLATE_SECONDS = 2.0  # a chat template renders one user turn: far below a millisecond for real ones
+TEMPLATE_OUTPUT = 1 << 20  # characters
+
+
+class _TemplateLimit(Exception):
+    pass
+
+
+def render_chat_template(template: str, text: str, *, where: str, seconds: float = TEMPLATE_SECONDS,
+                         max_chars: int = TEMPLATE_OUTPUT) -> str:
     """One user turn through a checkpoint's chat template, in jinja2's immutable sandbox (as
     transformers renders them): a template is data from a checkpoint ddsim did not write, so it may
-    not reach Python internals, call unsafe methods or change its arguments. A template that tries
-    is refused with one line; nothing in it runs."""
+    not reach Python internals, call unsafe methods or change its arguments, and it gets ``seconds``
+    of time (checked on every line the compiled template runs, so a loop that prints nothing is
+    stopped too) and ``max_chars`` of output. A template that oversteps is refused with one line."""
+    import sys
+    import time
+
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -62,9 +83,29 @@ def render_chat_template(template: str, text: str, *, where: str) -> str:
 
     env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    deadline = time.monotonic() + seconds
+
+    def tracer(frame, event, arg):
+        if time.monotonic() > deadline:
+            raise _TemplateLimit(f"did not finish within {seconds:g} s")
+        return tracer
+
+    previous = sys.gettrace()
     try:
-        return env.from_string(template).render(messages=[{"role": "user", "content": text}],
-                                                add_generation_prompt=True)
+        compiled = env.from_string(template)
+        parts, size = [], 0
+        sys.settrace(tracer)
+        try:
+            for chunk in compiled.generate(messages=[{"role": "user", "content": text}], add_generation_prompt=True):
+                size += len(chunk)
+                if size > max_chars:
+                    raise _TemplateLimit(f"rendered more than {max_chars} characters for one user turn")
+                parts.append(chunk)
+        finally:
+            sys.settrace(previous)
+        return "".join(parts)
+    except _TemplateLimit as e:
+        raise InputError(f"{where}: chat template refused: it {e}") from None
     except jinja2.exceptions.SecurityError as e:
         raise InputError(f"{where}: chat template refused: it reaches outside the sandbox ({e})") from None
     except jinja2.TemplateError as e:

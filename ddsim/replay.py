@@ -20,8 +20,21 @@ recomputation of the step with ddsim's fast path that reproduces the engine's lo
                    prefix-cache hit)
   unexplained      none of the above reproduces the engine's logits
 
-The noise bound is the compute dtype's KL tolerance (the default policy's: 1e-6 for float32 and
-float64, 5e-2 for bf16 and fp16) or --noise-kl.
+A step is judged whole, beyond its logits:
+
+  bonus error      the emitted bonus token is not the argmax of the engine's own logits at the last
+                   accepted node (the engine sampled or read the wrong row)
+  commit error     within a request, the step's context is not the previous step's context plus its
+                   root and the tokens it emitted before the bonus, or its root is not the previous
+                   bonus (the engine committed a rejected sibling, dropped or repeated a token)
+
+Silent corruption compares what the engine emitted (accepted draft tokens and the bonus) with what
+exact greedy verification on the oracle's logits emits. Positions are checked against the tree's
+(prefix length + depth); unexpected ones are counted and fail the default policy.
+
+The noise bound is the policy's KL tolerance for the engine's dtype (ddsim.gate.Policy.noise_kl, the
+default policy's 1e-6; 5e-2 for a bf16 or fp16 engine named on the command line); a dump's declared
+compute dtype can only tighten it, never loosen it.
 """
 from __future__ import annotations
 
@@ -34,12 +47,11 @@ import torch.nn.functional as F
 from ddsim.dump import Dump, DumpStep
 from ddsim.tree import Tree
 
-NOISE_KL = {"float32": 1e-6, "float64": 1e-6, "bfloat16": 5e-2, "float16": 5e-2}
 # a dumped committed state (ssm.L, conv.L) further than this from the oracle's, relative, is wrong
 # (the default policy's exact_state_rel_max per precision)
 STATE_REL = {"float32": 1e-4, "float64": 1e-4, "bfloat16": 5e-2, "float16": 5e-2}
 DIAGNOSES = ("within noise", "sibling leak", "position error", "mask error", "state drift", "stale state",
-             "unexplained")
+             "unexplained", "bonus error", "commit error")
 SHIFTS = (-3, -2, -1, 1, 2, 3)
 
 
@@ -66,11 +78,25 @@ class StepRecord:
     diagnosis: str
     evidence: str
     state_rel_max: float | None = None  # the dumped committed state against the oracle's (None: not dumped)
+    engine_emitted: list[int] | None = None  # what the engine appended: accepted draft tokens, then the bonus
+    exact_emitted: list[int] | None = None  # what exact greedy verification on the oracle's logits appends
+    bonus_ok: bool = True  # the bonus is the argmax of the engine's own logits at its last accepted node
+    commit_ok: bool = True  # the context and root continue the request's previous step
 
 
-def noise_bound(dump: Dump, noise_kl: float | None) -> float:
-    """The KL within which the engine counts as exact: --noise-kl, else the dump's compute dtype's."""
-    return noise_kl if noise_kl is not None else NOISE_KL[dump.header["compute_dtype"]]
+def noise_bound(dump: Dump, tolerance: dict) -> float:
+    """The KL within which the engine counts as exact: ``tolerance`` {"engine": the policy's bound for the
+    engine dtype the caller named, "dtype": {dtype: the policy's bound}}; the dump's declared compute
+    dtype picks its own bound only where that is tighter."""
+    return min(tolerance["engine"], tolerance["dtype"](dump.header["compute_dtype"]))
+
+
+def default_tolerance(noise_kl: float | None = None, engine_dtype: str = "float32") -> dict:
+    """The default policy's replay tolerance for an engine computing in ``engine_dtype`` (or a fixed
+    ``noise_kl`` given by the caller, which the dump's dtype can still only tighten)."""
+    from ddsim.gate import load_policy
+    pol = load_policy("hybrid-unsafe")
+    return {"engine": pol.noise_kl(engine_dtype) if noise_kl is None else noise_kl, "dtype": pol.noise_kl}
 
 
 def _logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -110,11 +136,11 @@ def greedy_walk(tree: Tree, logits: torch.Tensor) -> list[int]:
 class Replayer:
     """Replays a dump against one checkpoint: the oracle, ddsim's exact fast path, the hypotheses."""
 
-    def __init__(self, cfg, weights, *, device="cpu", noise_kl: float | None = None):
+    def __init__(self, cfg, weights, *, device="cpu", tolerance: dict | None = None):
         from ddsim.model import HybridModel
         self.cfg, self.weights, self.device = cfg, weights, device
         self.model = HybridModel(cfg, weights, device=device, dtype=torch.float32)
-        self.noise_kl = noise_kl
+        self.tolerance = tolerance or default_tolerance()
         self._oracle_ctx: dict[str, tuple[list[int], object]] = {}  # request -> (context, oracle state)
         self._fast_ctx: dict[str, tuple[list[int], object]] = {}
 
@@ -137,10 +163,11 @@ class Replayer:
         return self._state(self._fast_ctx, request, context, lambda toks, st: self.model.prefill(toks, st)[0])
 
     def replay(self, dump: Dump) -> list[StepRecord]:
-        noise = noise_bound(dump, self.noise_kl)
+        noise = noise_bound(dump, self.tolerance)
         self.state_rel = STATE_REL[dump.header["compute_dtype"]]
         records = [self._step(s, dump.header["logits"], noise) for s in dump.steps]
         _label_state_errors(records)
+        _judge_continuity(dump.steps, records)
         return records
 
     def _step(self, s: DumpStep, mode: str, noise: float) -> StepRecord:
@@ -162,12 +189,18 @@ class Replayer:
                             bool(eng_top1[i] == ref[i].argmax()), float(margin[i]), float(fast_kl[i]))
                  for i in range(tree.size)]
         exact_path = greedy_walk(tree, ref)
+        exact_emitted = [tree.tokens[i] for i in exact_path[1:]] + [int(ref[exact_path[-1]].argmax())]
         expected_pos = [int(p) for p in tree.positions(len(s.context))]
         state_rel = _state_errors(s, ost)
         diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel)
+        bonus_ok = s.emitted[-1] == int(eng_top1[s.accepted[-1]])
+        if not bonus_ok and diagnosis == "within noise":
+            diagnosis, evidence = "bonus error", (
+                f"the engine emitted bonus {s.emitted[-1]} at node {s.accepted[-1]}, its own logits' argmax there is "
+                f"{int(eng_top1[s.accepted[-1]])}")
         return StepRecord(s.step, s.request, nodes, s.positions == expected_pos, list(s.accepted), exact_path,
-                          list(s.accepted) != exact_path, diagnosis, evidence,
-                          max(state_rel.values()) if state_rel else None)
+                          list(s.emitted) != exact_emitted, diagnosis, evidence,
+                          max(state_rel.values()) if state_rel else None, list(s.emitted), exact_emitted, bonus_ok)
 
     def _diagnose(self, s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel) -> tuple[str, str]:
         base = _score(_engine_error(ref_lp, eng, mode))
@@ -235,6 +268,30 @@ def _state_errors(s: DumpStep, ost) -> dict[str, float]:
     return out
 
 
+def _judge_continuity(steps: list[DumpStep], records: list[StepRecord]) -> None:
+    """Within each request, step n continues step n-1: its context is the previous context plus the
+    previous root and the tokens emitted before the bonus (the committed path), its root the previous
+    bonus. A step that does not is a commit error (its diagnosis, whatever its logits say)."""
+    last: dict[str, DumpStep] = {}
+    for s, r in zip(steps, records):
+        prev = last.get(s.request)
+        last[s.request] = s
+        if prev is None:
+            continue
+        want = prev.context + [prev.tokens[0]] + prev.emitted[:-1]
+        problems = []
+        if s.context != want:
+            at = next((i for i, (a, b) in enumerate(zip(s.context, want)) if a != b), min(len(s.context), len(want)))
+            problems.append(f"its context ({len(s.context)} tokens) is not step {prev.step}'s context plus what that "
+                            f"step committed ({len(want)} tokens; first difference at position {at})")
+        if s.tokens[0] != prev.emitted[-1]:
+            problems.append(f"its root {s.tokens[0]} is not step {prev.step}'s bonus {prev.emitted[-1]}")
+        if problems:
+            r.commit_ok = False
+            r.diagnosis, r.evidence = "commit error", "; ".join(problems) + (
+                f" (logits: {r.diagnosis}, {r.evidence})" if r.diagnosis != "within noise" else "")
+
+
 def _label_state_errors(records: list[StepRecord]) -> None:
     """The steps diagnosed with a wrong committed state: a request whose such steps grow in error step
     after step drifts ("state drift"); otherwise they stay "stale state"."""
@@ -264,7 +321,7 @@ def prepare(model_dir, dump_path, *, device="cpu"):
     st = empty_state(cfg)  # the committed state's shapes, as the model keeps it
     layers = {f"{kind}.{i}": tuple(t.shape) for kind, ts in (("ssm", st.ssm), ("conv", st.conv))
               for i, t in enumerate(ts) if t is not None}
-    dump = load_dump(dump_path, vocab_size=cfg.vocab_size, layers=layers)
+    dump = load_dump(dump_path, vocab_size=cfg.vocab_size, layers=layers, max_positions=cfg.max_position_embeddings)
     from ddsim.digest import files_digest
     meta = {"model": str(model_dir), "weights_sha256": checkpoint_digest(model_dir),
             "dump": str(dump_path), "dump_sha256": files_digest(
@@ -284,17 +341,21 @@ def summarize(records) -> dict:
             "kl_max": max(kls) if kls else None,
             "logprob_err_max": max((n.logprob_err for n in nodes), default=None),
             "fast_path_kl_max": max((n.fast_path_kl for n in nodes), default=None),
-            "positions_unexpected_steps": sum(not r.positions_as_expected for r in records)}
+            "positions_unexpected_steps": sum(not r.positions_as_expected for r in records),
+            "bonus_error_steps": sum(not r.bonus_ok for r in records),
+            "commit_error_steps": sum(not r.commit_ok for r in records)}
 
 
-def run(model_dir, dump_path, *, device="cpu", noise_kl: float | None = None) -> dict:
+def run(model_dir, dump_path, *, device="cpu", tolerance: dict | None = None) -> dict:
+    """The replay's report. ``tolerance``: the policy's KL tolerance (default_tolerance(); see noise_bound)."""
     from dataclasses import asdict
 
     import ddsim
+    tolerance = tolerance or default_tolerance()
     cfg, weights, dump, meta = prepare(model_dir, dump_path, device=device)
-    rp = Replayer(cfg, weights, device=device, noise_kl=noise_kl)
+    rp = Replayer(cfg, weights, device=device, tolerance=tolerance)
     records = rp.replay(dump)
-    noise = noise_bound(dump, noise_kl)
+    noise = noise_bound(dump, tolerance)
     from ddsim.replay_report import ReplayReport
     rep = {"format": REPORT_FORMAT, "version": REPORT_VERSION,
            "provenance": {"ddsim_version": ddsim.__version__, **meta, "engine": dump.header.get("engine", {}),

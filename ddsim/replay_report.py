@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 from ddsim.report_model import Count, NonNeg, Sha256, _Strict
 
 Diagnosis = Literal["within noise", "sibling leak", "position error", "mask error", "state drift", "stale state",
-                    "unexplained"]
+                    "unexplained", "bonus error", "commit error"]
 
 
 class NodeFigures(_Strict):
@@ -36,11 +36,21 @@ class StepFigures(_Strict):
     diagnosis: Diagnosis
     evidence: str
     state_rel_max: NonNeg | None = None
+    engine_emitted: Annotated[list[Count], Field(min_length=1)]
+    exact_emitted: Annotated[list[Count], Field(min_length=1)]
+    bonus_ok: bool
+    commit_ok: bool
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.silent_corruption != (self.engine_accepted != self.exact_accepted):
-            raise ValueError(f"step {self.step}: silent_corruption disagrees with the accepted paths")
+        if self.silent_corruption != (self.engine_emitted != self.exact_emitted):
+            raise ValueError(f"step {self.step}: silent_corruption disagrees with the emitted tokens")
+        if len(self.exact_emitted) != len(self.exact_accepted) or len(self.engine_emitted) != len(self.engine_accepted):
+            raise ValueError(f"step {self.step}: emitted tokens are not one per accepted node after the root plus a bonus")
+        if self.diagnosis == "commit error" and self.commit_ok:
+            raise ValueError(f"step {self.step}: diagnosed a commit error with commit_ok true")
+        if not self.commit_ok and self.diagnosis != "commit error":
+            raise ValueError(f"step {self.step}: commit_ok false without the commit error diagnosis")
         return self
 
 
@@ -56,6 +66,8 @@ class ReplaySummary(_Strict):
     logprob_err_max: NonNeg | None
     fast_path_kl_max: NonNeg | None
     positions_unexpected_steps: Count
+    bonus_error_steps: Count
+    commit_error_steps: Count
 
 
 class ReplayProvenance(_Strict):

@@ -59,6 +59,14 @@ def dumps(report: Report) -> str:
     return json.dumps(report.model_dump(mode="json"), indent=1, sort_keys=True, allow_nan=False) + "\n"
 
 
+def comparable(report: Report) -> dict:
+    """What two runs of one seed share: everything but the time stamp and the machine."""
+    d = report.model_dump(mode="json")
+    d.pop("generated_at")
+    d.pop("environment")
+    return d
+
+
 def stamp(report: Report) -> Report:
     return report.model_copy(update={"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
 

@@ -45,14 +45,6 @@ def make(kind: str):
         return audit.run_audit(ac)
 
 
-def comparable(report) -> dict:
-    """What two runs of one seed share: everything but the time stamp and the machine."""
-    d = report.model_dump(mode="json")
-    d.pop("generated_at")
-    d.pop("environment")
-    return d
-
-
 if __name__ == "__main__":
     from ddsim.reports import json_report
     DATA.mkdir(exist_ok=True)

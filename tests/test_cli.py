@@ -43,17 +43,24 @@ def test_same_seed_same_report(tmp_path, report):
 def test_fixture_reports_are_what_the_audit_produces():
     """The committed planted-leak / no-leak reports the fast gate tests read are this code's output."""
     for kind in report_fixtures.KINDS:
-        fresh = report_fixtures.comparable(report_fixtures.make(kind))
-        assert fresh == report_fixtures.comparable(json_report.load(report_fixtures.path(kind))), kind
+        fresh = json_report.comparable(report_fixtures.make(kind))
+        assert fresh == json_report.comparable(json_report.load(report_fixtures.path(kind))), kind
 
 
 def test_gate_verdict_on_the_fast_audit_is_exact(audit_dir):
     """The deterministic FAST_AUDIT: budgets 4 and 8 under a depth-8 drafter build chains only, so no
     node is outside order-exact positions and every leak rule reads 0 -- the vacuous pass the gate
     must refuse. The verdict and every line are asserted."""
-    r = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", audit_dir / "report.json")
+    import hashlib
+
+    from ddsim.gate import BUILTIN_POLICIES
+    sha = hashlib.sha256((BUILTIN_POLICIES / "hybrid-unsafe.toml").read_bytes()).hexdigest()
+    r = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", audit_dir / "report.json", "--recheck-prompts", "9")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert r.stdout.splitlines() == [
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("recheck: the whole audit re-run; ") and lines[0].endswith(" figures reproduce the report")
+    assert lines[1:] == [
+        f"policy hybrid-unsafe: built-in hybrid-unsafe, sha256 {sha[:16]}",
         "VIOLATED leak_nodes_per_budget: measured 0 < bound 100 (verified nodes that were not order-exact, fewest "
         "over budgets; mode leaky)",
         "the audit never exercised the leak: some budget verified no node outside order-exact positions (raise "
@@ -104,13 +111,13 @@ def test_gate_report_must_match_the_audit_options_given(tmp_path):
 
 
 def test_gate_refuses_a_tampered_report_in_one_line(tmp_path):
-    d = json.loads(report_fixtures.path("inert").read_text())
+    d = json.loads(report_fixtures.path("leak").read_text())
     d["budgets"][0]["modes"]["leaky"]["silent_corruption_steps"] = None
     p = tmp_path / "r.json"
     p.write_text(json.dumps(d))
     _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", p),
                     "r.json: invalid report at budgets.0.modes.leaky.silent_corruption_steps")
-    d = json.loads(report_fixtures.path("inert").read_text())
+    d = json.loads(report_fixtures.path("leak").read_text())
     d["config"]["budgets"] = [24, 32, 48]
     p.write_text(json.dumps(d))
     _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", p), "config.budgets is [24, 32, 48]")

@@ -255,8 +255,13 @@ def test_gate_exit_codes_in_process(capsys):
     assert cli.main(["gate", "--policy", "hybrid-unsafe", "--report", str(fixture_path("leak"))]) == 1
     out = capsys.readouterr().out
     assert "VIOLATED silent_corruption_steps: measured 4 > bound 0" in out and "4 of 9 rules violated" in out
-    assert cli.main(["gate", "--policy", "hybrid-unsafe", "--report", str(fixture_path("inert"))]) == 0
-    assert "all 9 rules hold for mode leaky" in capsys.readouterr().out
+    # the inert report's weights were edited after the preset made them: it does not reproduce, so only
+    # --no-recheck gates it, and the verdict says it took the figures on trust
+    assert cli.main(["gate", "--policy", "hybrid-unsafe", "--report", str(fixture_path("inert"))]) == 2
+    assert "does not reproduce: provenance.weights_sha256" in capsys.readouterr().err
+    assert cli.main(["gate", "--policy", "hybrid-unsafe", "--report", str(fixture_path("inert")), "--no-recheck"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        "all 9 rules hold for mode leaky; reached without a recheck (--no-recheck): the report's figures were taken on trust")
 
 
 def _with_leak_nodes(report, n):
@@ -626,7 +631,8 @@ def test_policy_fields_and_builtin_lookup(tmp_path):
     p.write_text("[policy]\nname = 'named'\n[rules]\ndecision_flip_rate = 0\n")
     assert load_policy(p).name == "named" and load_policy(p).mode == "leaky"
     assert POLICY.name == "hybrid-unsafe" and POLICY.path.endswith("ddsim/policies/hybrid-unsafe.toml")
-    with pytest.raises(InputError, match="no such file and no built-in policy of that name .built-in: hybrid-unsafe."):
+    with pytest.raises(InputError, match="no built-in policy of that name .built-in: hybrid-unsafe; a policy file is "
+                                         "given as a path, e.g. ./no-such-policy.toml."):
         load_policy("no-such-policy")
     with pytest.raises(InputError, match="cannot read policy"):
         load_policy(tmp_path / "missing.toml")  # a path (it has a suffix) is never a built-in name
@@ -705,14 +711,17 @@ def test_replay_rules_on_hand_built_summaries():
     and a dump with no step fails whatever the bounds."""
     from ddsim.gate import evaluate_replay, load_policy
     policy = load_policy("hybrid-unsafe")
-    assert policy.replay == {"silent_corruption_steps": 0.0, "diagnosed_steps": 0.0, "top1_disagreements": 0.0}
-    clean = {"steps": 3, "silent_corruption_steps": 0, "diagnosed_steps": 0, "top1_disagreements": 0}
+    rules = ("silent_corruption_steps", "diagnosed_steps", "top1_disagreements", "bonus_error_steps",
+             "commit_error_steps", "positions_unexpected_steps")
+    assert policy.replay == {r: 0.0 for r in rules}
+    clean = {"steps": 3, **{r: 0 for r in rules}}
     v = evaluate_replay(policy, clean)
     assert [(x.rule, x.measured, x.bound, x.holds) for x in v] == [
-        ("silent_corruption_steps", 0.0, 0.0, True), ("diagnosed_steps", 0.0, 0.0, True),
-        ("top1_disagreements", 0.0, 0.0, True), ("replayed_steps", 3.0, 1.0, True)]
+        *[(r, 0.0, 0.0, True) for r in rules], ("replayed_steps", 3.0, 1.0, True)]
     bad = evaluate_replay(policy, {**clean, "diagnosed_steps": 1, "top1_disagreements": 2})
     assert [x.rule for x in bad if not x.holds] == ["diagnosed_steps", "top1_disagreements"]
+    for r in rules:  # each step-level check is a rule of its own
+        assert [x.rule for x in evaluate_replay(policy, {**clean, r: 1}) if not x.holds] == [r]
     assert [x.holds for x in evaluate_replay(policy, {**clean, "steps": 0})][-1] is False
     assert bad[1].line("replay").startswith("VIOLATED diagnosed_steps: measured 1 > bound 0")
     assert [x.holds for x in evaluate_replay(policy, {**clean, "steps": 1})][-1] is True  # one step is enough
@@ -726,7 +735,9 @@ def test_replay_table_of_a_policy_is_checked(tmp_path):
     from ddsim.gate import load_policy
     p = tmp_path / "p.toml"
     p.write_text('[rules]\nexact_kl_max = 1e-6\n[replay]\ndiagnosed_steps = 2\n')
-    assert load_policy(p).replay == {"silent_corruption_steps": 0.0, "diagnosed_steps": 2.0, "top1_disagreements": 0.0}
+    assert load_policy(p).replay == {"silent_corruption_steps": 0.0, "diagnosed_steps": 2.0, "top1_disagreements": 0.0,
+                                     "bonus_error_steps": 0.0, "commit_error_steps": 0.0,
+                                     "positions_unexpected_steps": 0.0}
     p.write_text('[rules]\nexact_kl_max = 1e-6\n[replay]\nsilent = 2\n')
     with pytest.raises(InputError, match="unknown key 'silent' in \\[replay\\]"):
         load_policy(p)

@@ -133,6 +133,19 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _import_behind_installed(module: str):
+    """Import ``module`` with the working directory searched last: a serving repo's own module is found
+    from its checkout, but a file there never shadows an installed package (torch, ddsim, an engine).
+    Modules already imported stay what they are."""
+    cwd = {"", ".", os.getcwd()}
+    saved = list(sys.path)
+    sys.path[:] = [p for p in saved if p not in cwd] + [os.getcwd()]
+    try:
+        return importlib.import_module(module)
+    finally:
+        sys.path[:] = saved
+
+
 def load(impl: str, *, convention: str | None = None) -> EngineKernel:
     """The adapter for ``impl``; a missing engine package is one InputError naming it."""
     if impl == "ddsim":
@@ -150,12 +163,10 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
     if ":" not in impl:
         raise InputError(f"--impl {impl}: expected ddsim, fla, sglang, vllm or MODULE:FUNCTION")
     module, _, name = impl.partition(":")
-    if os.getcwd() not in sys.path:  # a serving repo's own module, run from its checkout
-        sys.path.insert(0, os.getcwd())
     if convention not in CONVENTIONS:
         raise InputError(f"--convention: MODULE:FUNCTION needs one of {', '.join(CONVENTIONS)}, got {convention!r}")
     try:
-        fn = getattr(importlib.import_module(module), name)
+        fn = getattr(_import_behind_installed(module), name)
     except ModuleNotFoundError as e:
         raise InputError(f"--impl {impl}: cannot import {e.name!r}") from None
     except AttributeError:

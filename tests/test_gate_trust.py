@@ -1,0 +1,178 @@
+"""The gate trusts only what it can check (the second hostile probe): a bare policy name is the
+built-in policy, never a file in the working directory; a report from another ddsim version, of a
+kernel whose source changed, or whose figures do not reproduce is refused (exit 2); a policy that
+omits or loosens built-in rules says so in its verdict; MODULE:FUNCTION never shadows an installed
+package. Each class is planted and must come out red or refused."""
+import hashlib
+import json
+import sys
+
+import pytest
+
+from ddsim import cli
+from ddsim.gate import BUILTIN_POLICIES, load_policy, relaxations
+from tests import report_fixtures
+from tests.conftest import FAST_AUDIT, one_line_error, run_cli
+
+LEAK = report_fixtures.path("leak")
+LAX = "[policy]\nname = 'hybrid-unsafe'\n[rules]\nsilent_corruption_steps = 1e308\n"
+
+
+def _gate(capsys, *args):
+    code = cli.main(["gate", *map(str, args)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_file_in_the_working_directory_never_replaces_the_builtin_policy(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hybrid-unsafe").write_text(LAX)  # would approve the leaking report
+    (tmp_path / "hybrid-unsafe.toml").write_text(LAX)
+    code, out, _ = _gate(capsys, "--policy", "hybrid-unsafe", "--report", LEAK, "--no-recheck")
+    assert code == 1, out
+    sha = hashlib.sha256((BUILTIN_POLICIES / "hybrid-unsafe.toml").read_bytes()).hexdigest()
+    assert f"policy hybrid-unsafe: built-in hybrid-unsafe, sha256 {sha[:16]}" in out.splitlines()
+    # the file is used only when named as a path, and then the verdict names it and what it relaxes
+    code, out, _ = _gate(capsys, "--policy", "./hybrid-unsafe.toml", "--report", LEAK, "--no-recheck")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("policy hybrid-unsafe: hybrid-unsafe.toml, sha256 ")
+    assert lines[1].startswith("policy relaxes 8 built-in rules: argmax_flip_rate_above_noise (built-in 0, policy omits it)")
+    assert "silent_corruption_steps (built-in 0, policy 1e+308)" in lines[1]
+    assert "require.leak_nodes_per_budget (built-in 100, policy 1)" in lines[1]
+    code, _, err = _gate(capsys, "--policy", "no-such", "--report", LEAK)
+    assert code == 2 and "--policy no-such: no built-in policy of that name" in err and "./no-such.toml" in err
+
+
+@pytest.mark.parametrize("text, relaxed", [
+    # a [rules.float32] table loosening every rule of a float32 report
+    ("[rules]\n" + "".join(f"{r} = 0\n" for r in ("argmax_flip_rate_above_noise", "decision_flip_rate",
+                                                  "generations_leaving_greedy_above_noise", "silent_corruption_steps",
+                                                  "exact_generations_leaving_greedy_above_noise")) +
+     "exact_state_rel_max = 1e-4\nexact_kl_max = 1e-6\n[rules.float32]\nexact_state_rel_max = 1\nexact_kl_max = 1\n"
+     "decision_flip_rate = 0.5\n[require]\nleak_nodes_per_budget = 100\n",
+     ["decision_flip_rate (built-in 0, policy 0.5)", "exact_state_rel_max (built-in 0.0001, policy 1)",
+      "exact_kl_max (built-in 1e-06, policy 1)"]),
+    # the built-in's own text, copied to a file: nothing relaxed
+    ((BUILTIN_POLICIES / "hybrid-unsafe.toml").read_text(), []),
+    # a stricter policy: nothing relaxed
+    ((BUILTIN_POLICIES / "hybrid-unsafe.toml").read_text().replace("leak_nodes_per_budget = 100",
+                                                                    "leak_nodes_per_budget = 500"), []),
+    # the leak mode changed, and a replay tolerance loosened
+    ((BUILTIN_POLICIES / "hybrid-unsafe.toml").read_text().replace('mode = "leaky"', 'mode = "leaky-conv"'),
+     ["mode (built-in leaky, policy leaky-conv)"]),
+])
+def test_relaxations_name_each_loosened_rule(tmp_path, text, relaxed):
+    p = tmp_path / "p.toml"
+    p.write_text(text)
+    assert relaxations(load_policy(p), "float32") == relaxed
+
+
+def test_replay_relaxations_and_tolerances(tmp_path):
+    base = load_policy("hybrid-unsafe")
+    assert base.noise_kl("float32") == 1e-6 and base.noise_kl("bfloat16") == 5e-2 and base.noise_kl("float64") == 1e-6
+    p = tmp_path / "p.toml"
+    p.write_text("[rules]\nsilent_corruption_steps = 0\n[replay]\ndiagnosed_steps = 3\nnoise_kl = 1e-3\n"
+                 "[replay.bfloat16]\nnoise_kl = 0.5\n")
+    r = relaxations(load_policy(p), None)
+    assert r == ["replay.diagnosed_steps (built-in 0, policy 3)", "replay.noise_kl (built-in 1e-06, policy 0.001)",
+                 "replay.float64.noise_kl (built-in 1e-06, policy 0.001)",
+                 "replay.float32.noise_kl (built-in 1e-06, policy 0.001)",
+                 "replay.bfloat16.noise_kl (built-in 0.05, policy 0.5)"]
+    p.write_text("[rules]\nsilent_corruption_steps = 0\n[replay.bf16]\nnoise_kl = 1\n")
+    from ddsim.errors import InputError
+    with pytest.raises(InputError, match=r"\[replay.bf16\] names no dtype"):
+        load_policy(p)
+
+
+def _forge_leaky_as_exact(d: dict) -> dict:
+    """The leaking report with every leaky figure replaced by the exact mode's: self-consistent, and
+    what a gate that trusts names would approve."""
+    for b in d["budgets"]:
+        b["modes"]["leaky"] = json.loads(json.dumps(b["modes"]["exact"]))
+        b["leak"]["leaky"] = json.loads(json.dumps(b["leak"]["exact"]))
+    exact = {(g["prompt"], g["budget"]): g for g in d["generations"] if g["mode"] == "exact"}
+    for g in d["generations"]:
+        if g["mode"] == "leaky":
+            g.update({k: v for k, v in exact[(g["prompt"], g["budget"])].items() if k != "mode"})
+    rows = {(r["budget"], r["mode"]): r for r in d["throughput"]["rows"]}
+    for (bud, mode), r in rows.items():
+        if mode == "leaky":
+            r.update({k: v for k, v in rows[(bud, "exact")].items() if k not in ("mode",)})
+    return d
+
+
+def test_a_forged_report_passes_on_trust_and_fails_the_recheck(tmp_path, capsys):
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps(_forge_leaky_as_exact(json.loads(LEAK.read_text()))))
+    opts = ["--preset", "micro", "--budget", "24,32", "--steps", "4", "--seed", "5"]
+    code, out, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", forged, *opts, "--no-recheck")
+    assert code == 0, out + err  # every number is self-consistent: on trust, the forgery passes
+    assert "taken on trust" in out.splitlines()[-1]
+    code, out, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", forged, *opts)
+    assert code == 2 and "does not reproduce: generations[prompt" in err and "mode leaky]" in err, out + err
+    # the genuine report reproduces, whichever prompt the digest picks, and the whole audit too
+    code, out, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", LEAK, "--recheck-prompts", "99")
+    assert code == 1 and out.startswith("recheck: the whole audit re-run"), out + err
+
+
+def test_a_report_of_another_ddsim_version_is_refused(tmp_path, capsys):
+    d = json.loads(LEAK.read_text())
+    d["provenance"]["ddsim_version"] = d["environment"]["ddsim"] = "0.1.9"
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps(d))
+    code, _, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", p)
+    assert code == 2 and "--report: written by ddsim 0.1.9, this is ddsim" in err
+    code, out, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", p, "--accept-other-version")
+    assert code == 1, out + err
+    assert "the report was written by ddsim 0.1.9 (accepted explicitly)" in out.splitlines()[-1]
+
+
+KERNEL = '''import ddsim.gpu_backend as gb
+
+
+def verify(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    return gb.gdn_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state,
+                              state_indices=state_indices, mode=mode, scale=scale, backend="torch")
+'''
+
+
+def test_a_kernel_whose_source_changed_or_vanished_is_refused(tmp_path):
+    (tmp_path / "mykernel.py").write_text(KERNEL)
+    r = run_cli("audit", *FAST_AUDIT, "--fast-path", "mykernel:verify", "--convention", "ddsim", "--out", "a",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rep = tmp_path / "a" / "report.json"
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, cwd=tmp_path)
+    assert g.returncode == 1 and g.stdout.startswith("recheck: "), g.stdout + g.stderr  # FAST_AUDIT: no leak exercised
+    (tmp_path / "mykernel.py").write_text(KERNEL + "# patched after the audit\n")
+    for extra in ([], ["--fast-path", "mykernel:verify", "--convention", "ddsim", "--no-recheck"]):
+        one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, *extra, cwd=tmp_path),
+                       "--fast-path mykernel:verify: its source", "is not the kernel the report audited")
+    (tmp_path / "mykernel.py").unlink()
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, "--fast-path", "mykernel:verify",
+                           "--convention", "ddsim", "--no-recheck", cwd=tmp_path), "cannot import 'mykernel'")
+
+
+def test_the_recheck_refuses_what_is_not_at_hand(tmp_path, capsys):
+    d = json.loads(LEAK.read_text())
+    d["environment"]["device"] = "cuda:0"
+    d["config"]["device"] = "cuda"
+    d["precision"]["oracle"] = "float32"
+    p = tmp_path / "cuda.json"
+    p.write_text(json.dumps(d))
+    code, _, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", p)
+    assert code == 2 and "cannot recheck a cuda:0 audit without a CUDA device" in err and "--no-recheck" in err
+
+
+def test_module_function_never_shadows_an_installed_package(tmp_path, monkeypatch):
+    """A jsonschema.py in the working directory (first on sys.path, as under `python -m`) is not what
+    `jsonschema:validate` imports: the installed package is."""
+    from ddsim.engines import load
+    (tmp_path / "jsonschema.py").write_text("def validate(*a, **k):\n    return 'shadow'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.delitem(sys.modules, "jsonschema", raising=False)
+    kernel = load("jsonschema:validate", convention="ddsim")
+    assert kernel.source and str(tmp_path) not in kernel.source, kernel.source
+    assert sys.path[0] == str(tmp_path)  # the caller's path is left as it was
