@@ -14,6 +14,10 @@ Bugs (one per engine):
   drift         noise added to the committed recurrent state, one more of its scale every step
                 (an approximate rollback that drifts)
   stale         at step 2 the GDN state and conv window are the previous step's (a stale cache block)
+  bonus         at step 1 the bonus emitted is the runner-up of the engine's own logits, not their argmax
+  commit        after step 1 the engine commits the rejected sibling of the last accepted node (its
+                logits and accepted path are right; the next step's context is not)
+  root          at step 2 the root is not the previous bonus (a token dropped between steps)
 For the tree bugs and the stale read the engine commits from an exact verify, so each step shows
 the bug alone and the state stays right; drift corrupts the committed state itself.
 """
@@ -23,7 +27,7 @@ from ddsim.dump import VerifyDumpWriter
 from ddsim.replay import greedy_walk
 from ddsim.tree import Tree
 
-BUGS = (None, "leak", "positions", "mask", "drift", "stale")
+BUGS = (None, "leak", "positions", "mask", "drift", "stale", "bonus", "commit", "root")
 
 
 def _tree(model, state, root: int, depth: int) -> Tree:
@@ -72,6 +76,14 @@ class EmulatedEngine:
             res = m.verify(verify_state, tree, mode="leaky" if self.bug == "leak" else "exact", **kw)
             path = greedy_walk(tree, res.logits)
             bonus = int(res.logits[path[-1]].argmax())
+            if self.bug == "bonus" and k == 1:
+                bonus = int(res.logits[path[-1]].topk(2).indices[1])
+            if self.bug == "root" and k == 2:
+                root = (root + 1) % m.cfg.vocab_size
+                tree = Tree(tree.parents, [root, *tree.tokens[1:]])
+                res = m.verify(verify_state, tree, mode="exact")
+                path = greedy_walk(tree, res.logits)
+                bonus = int(res.logits[path[-1]].argmax())
             states = {}
             if self.dump_states:  # the engine's committed recurrent state and conv window before the step
                 for i in m.cfg.recurrent_layers:
@@ -82,12 +94,15 @@ class EmulatedEngine:
             if self.bug in ("leak", "positions", "mask", "stale"):
                 res = m.verify(state, tree, mode="exact")  # the state stays right: the bug shows alone
             previous = state
-            state = m.commit(state, tree, res, path[-1])
+            committed = path
+            if self.bug == "commit" and k == 1 and len(path) > 1:  # the sibling after the last accepted node
+                committed = path[:-1] + [path[-1] + 1]
+            state = m.commit(state, tree, res, committed[-1])
             if self.bug == "drift":  # an error that grows with every step: the state's own scale per step
                 gen = torch.Generator().manual_seed(k)
                 state.ssm = [None if s is None else s + (k + 1) * s.abs().mean() * torch.randn(
                     s.shape, generator=gen, dtype=s.dtype) for s in state.ssm]
-            context += [tree.tokens[i] for i in path]
+            context += [tree.tokens[i] for i in committed]
             root = bonus
 
 

@@ -286,3 +286,66 @@ def test_a_plain_chat_template_still_renders():
     t = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     assert render_chat_template(t, "hi", where="t") == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("template, needle", [
+    # an endless render: nested loops that print nothing (the sandbox caps range() at 100,000 items)
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "did not finish within"),
+    # a render that never stops growing
+    ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "rendered more than"),
+])
+def test_a_looping_or_bloating_chat_template_is_refused_in_time(template, needle):
+    import time
+
+    from ddsim.prompts import render_chat_template
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match=f"where: chat template refused: it {needle}"):
+        render_chat_template(template, "hi", where="where", seconds=0.5)
+    assert time.monotonic() - t0 < 30  # bounded: the hang is cut, not waited out
+
+
+def test_chat_template_jinja_is_read_and_preferred(tmp_path_factory, tmp_path):
+    """transformers saves chat_template.jinja beside the tokenizer and prefers it to tokenizer_config.json's."""
+    import shutil
+
+    from ddsim.prompts import TextEncoder
+    _, d, _ = _save("qwen3_next", tmp_path_factory)
+    ck = tmp_path / "ck"
+    shutil.copytree(d, ck)
+    _write_tokenizer(ck, TEXT["vocab_size"])
+    (ck / "chat_template.jinja").write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    enc = TextEncoder(ck)
+    assert enc.template_file == ck / "chat_template.jinja"
+    assert enc.encode("hi", chat=True) == enc.tok.encode("[hi]", add_special_tokens=False).ids
+    (ck / "chat_template.jinja").write_text("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                                            "{% endfor %}")
+    with pytest.raises(InputError, match="chat_template.jinja: chat template refused"):
+        TextEncoder(ck).encode("hi", chat=True)
+
+
+@pytest.mark.parametrize("target", ["/etc/hostname", "../outside.safetensors", "sub/../../outside.safetensors"])
+def test_a_shard_index_naming_files_outside_the_checkpoint_is_refused(tmp_path_factory, tmp_path, target):
+    import shutil
+    _, d, _ = _save("qwen3_next", tmp_path_factory)  # the sharded one
+    ck = tmp_path / "ck"
+    shutil.copytree(d, ck)
+    (tmp_path / "outside.safetensors").write_bytes(next(ck.glob("*.safetensors")).read_bytes())
+    index = json.loads((ck / "model.safetensors.index.json").read_text())
+    key = next(iter(index["weight_map"]))
+    index["weight_map"][key] = target
+    (ck / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(InputError, match="is not a file name inside the checkpoint directory"):
+        load_checkpoint(ck)
+
+
+def test_a_symlinked_shard_leaving_the_checkpoint_is_refused(tmp_path_factory, tmp_path):
+    import shutil
+    _, d, _ = _save("qwen3_5", tmp_path_factory)  # one unsharded file
+    ck = tmp_path / "ck"
+    shutil.copytree(d, ck)
+    f = next(ck.glob("*.safetensors"))
+    outside = tmp_path / "elsewhere.safetensors"
+    f.rename(outside)
+    f.symlink_to(outside)
+    with pytest.raises(InputError, match="resolves outside the checkpoint directory"):
+        load_checkpoint(ck)

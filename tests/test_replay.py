@@ -20,6 +20,12 @@ EXPECTED = {
     "drift": ["within noise"] + ["state drift"] * 3 + ["within noise"] + ["state drift"] * 3,
     # only step 2 of each request read the stale block
     "stale": ["within noise"] * 2 + ["stale state"] + ["within noise"] * 3 + ["stale state", "within noise"],
+    # step 1 of each request emits a bonus its own logits do not pick (and so the next root follows it)
+    "bonus": ["within noise", "bonus error", "within noise", "within noise"] * 2,
+    # after step 1 the rejected sibling is committed: step 2's context does not continue the request
+    "commit": ["within noise", "within noise", "commit error", "within noise"] * 2,
+    # step 2's root is not step 1's bonus
+    "root": ["within noise", "within noise", "commit error", "within noise"] * 2,
 }
 
 
@@ -55,12 +61,22 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
     if bug is None:
         assert s["silent_corruption_steps"] == 0 and s["top1_disagreements"] == 0 and s["kl_max"] < 1e-9
         assert all(st["engine_accepted"] == st["exact_accepted"] for st in rep["steps"])
+        assert all(st["engine_emitted"] == st["exact_emitted"] for st in rep["steps"])
     else:
         assert s["diagnosed_steps"] == sum(d != "within noise" for d in EXPECTED[bug])
     if bug == "leak":  # the leak reaches only nodes that are not order-exact, and here it changes what is accepted
         for st in rep["steps"]:
             assert all(n["kl"] < 1e-9 for n in st["nodes"] if n["order_exact"])
         assert s["silent_corruption_steps"] > 0 and "SILENT CORRUPTION" in r.stdout
+    if bug == "bonus":  # the accepted path is right, the emitted bonus is not: silent corruption all the same
+        bad = [st for st in rep["steps"] if st["diagnosis"] == "bonus error"]
+        assert all(st["engine_accepted"] == st["exact_accepted"] and st["silent_corruption"] for st in bad)
+        assert s["bonus_error_steps"] == 2 and "its own logits' argmax there is" in bad[0]["evidence"]
+    if bug in ("commit", "root"):
+        assert s["commit_error_steps"] == 2 and s["kl_max"] < 1e-9  # every logit right, the request broken
+        ev = next(st["evidence"] for st in rep["steps"] if st["diagnosis"] == "commit error")
+        assert ("is not step 1's context plus what that step committed" in ev if bug == "commit"
+                else "is not step 1's bonus" in ev), ev
 
 
 def test_a_dumped_committed_state_is_checked_against_the_oracles(tmp_path, ckpt):
@@ -83,7 +99,8 @@ def test_a_dumped_committed_state_is_checked_against_the_oracles(tmp_path, ckpt)
 def test_gate_on_a_dump(tmp_path, ckpt, dumps):
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps[None], "--model", ckpt)
     assert g.returncode == 0, g.stdout + g.stderr
-    assert "all 4 rules hold" in g.stdout
+    assert g.stdout.splitlines()[-1].endswith("logits within KL 1e-06 of the oracle's count as exact: the policy's "
+                                              "tolerance for a float32 engine): all 7 rules hold")
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps["leak"], "--model", ckpt, "--out", tmp_path / "g")
     assert g.returncode == 1, g.stdout + g.stderr
     violated = [l.split(":")[0] for l in g.stdout.splitlines() if l.startswith("VIOLATED")]
@@ -135,11 +152,27 @@ def _nan_logits(t):
     (dict(step={"parents": [-1, 0, 0, 1, 1, 9, 3]}), "step 0:"),
     (dict(step={"accepted": [0, 2, 3]}), "step 0: accepted [0, 2, 3] is not a root path"),
     (dict(step={"tensors": "steps/nope.safetensors"}), "tensor file 'steps/nope.safetensors' is missing"),
+    (dict(step={"positions": [-1000000] * 7}), "step 0: position -1000000 is outside [0, "),
+    (dict(step={"positions": [2**70] * 7}), f"step 0: position {2**70} is outside [0, "),
 ])
 def test_bad_dumps_get_one_line_and_exit_2(tmp_path, ckpt, dumps, edit, needle):
     bad = _edit(dumps[None], tmp_path / "bad", **edit)
     one_line_error(run_cli("replay", "--model", ckpt, "--dump", bad, "--out", tmp_path / "r"), needle)
     assert not (tmp_path / "r").exists()
+
+
+def test_the_tolerance_is_the_policys_and_a_dump_can_only_tighten_it(tmp_path, ckpt, dumps):
+    """A dump declaring bf16 is judged at float32's KL unless the command line names a bf16 engine; a
+    float32 dump stays at float32's even then. The verdict line prints the tolerance applied."""
+    from ddsim import replay
+    bf16 = _edit(dumps["leak"], tmp_path / "bf16", header={"compute_dtype": "bfloat16"})
+    assert replay.run(ckpt, bf16)["noise_kl"] == 1e-6
+    assert replay.run(ckpt, bf16, tolerance=replay.default_tolerance(engine_dtype="bfloat16"))["noise_kl"] == 5e-2
+    assert replay.run(ckpt, dumps[None], tolerance=replay.default_tolerance(engine_dtype="bfloat16"))["noise_kl"] == 1e-6
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", bf16, "--model", ckpt)
+    assert g.returncode == 1 and "logits within KL 1e-06 of the oracle's count as exact" in g.stdout, g.stdout
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps[None], "--model", ckpt, "--engine-dtype", "bfloat16")
+    assert g.returncode == 0 and "KL 1e-06" in g.stdout and "bfloat16 engine, tightened by the dump" in g.stdout, g.stdout
 
 
 def test_the_writer_refuses_to_overwrite_and_a_crash_leaves_a_truncated_dump(tmp_path, ckpt):
