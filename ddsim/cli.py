@@ -414,38 +414,52 @@ def cmd_bench(a, console) -> int:
 def cmd_check_kernel(a, console) -> int:
     from rich.table import Table
 
-    from ddsim.check_kernel import DTYPES, check, prepare_device, write_counterexamples
-    from ddsim.engines import load
+    from ddsim.check_kernel import DTYPES, check, prepare_device, write_result
     if a.max_examples < 1:
         from ddsim.errors import InputError
         raise InputError(f"--max-examples: expected >= 1, got {a.max_examples}")
     device = prepare_device(a.device)
-    kernel = load(a.impl, convention=a.convention)
+    kernel = _load_kernel(a)
     {"conv": kernel.check_conv, "mamba2": kernel.check_mamba2}.get(a.op, kernel.check_mode)(a.mode)
     out = Path(a.out)
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
-    results = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op)
+    result = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op,
+                   profile=a.profile)
     name, source, digest = {"conv": (kernel.conv_name, kernel.conv_source, kernel.conv_source_sha256),
                             "mamba2": (kernel.mamba2_name, kernel.mamba2_source, kernel.mamba2_source_sha256)}.get(
         a.op, (kernel.name, kernel.source, kernel.source_sha256))
     t = Table(title=f"{name} ({kernel.package or '?'} {kernel.version or ''}) mode {a.mode}, {a.dtype} inputs, "
-                    f"on {device} against the oracle")
+                    f"on {device} against the oracle, {result.profile} profile")
     for col in ("property", "verdict", "detail"):
         t.add_column(col)
-    for r in results:
+    for r in result:
         t.add_row(r.name, "holds" if r.holds else "[bold red]FAILS[/bold red]", r.detail)
     console.print(t)
+    cov = Table(title=f"coverage: {result.examples} serving examples ({result.profile}) and the drawn ones")
+    cov.add_column("dimension")
+    cov.add_column("values run")
+    for dim, vals in result.coverage.items():
+        cov.add_row(dim, ", ".join(map(str, vals)) if isinstance(vals, list) else f"{vals:.3g}")
+    console.print(cov)
     if digest:
         console.print(f"kernel source {source} sha256 {digest[:16]}…")
-    failed = [r for r in results if not r.holds]
+    write_result(result, out, kernel={"name": name, "package": kernel.package, "version": kernel.version,
+                                      "source": source, "source_sha256": digest, "op": a.op, "mode": a.mode,
+                                      "dtype": a.dtype, "device": device, "max_examples": a.max_examples})
+    failed = [r for r in result if not r.holds]
     if failed:
-        write_counterexamples(results, out)
         for r in failed:
             print(f"FAILED {r.name}: {r.detail}")
-        print(f"{len(failed)} of {len(results)} properties failed; shrunk counterexamples in {out}")
+        print(f"{len(failed)} of {len(result.properties)} properties failed; counterexamples in {out}")
         return EXIT_VIOLATED
-    print(f"all {len(results)} properties hold")
+    print(f"all {len(result.properties)} properties hold ({result.profile} profile: {result.examples} serving examples "
+          f"and {a.max_examples} drawn per property; coverage in {out})")
     return EXIT_OK
+
+
+def _load_kernel(a):
+    from ddsim.engines import load
+    return load(a.impl, convention=a.convention)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -501,11 +515,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="gdn: the GDN recurrence (default); conv: the engine's tree causal conv; mamba2: its Mamba2 "
                          "tree verify (SSM)")
     pk.add_argument("--device", default="cpu", help="cpu (Triton kernels in Triton's interpreter) or cuda[:N]")
-    pk.add_argument("--max-examples", type=int, default=100, help="hypothesis examples per property")
-    pk.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                    help="q, k, v and gates drawn in this dtype (states float32); outputs compared within its tolerance")
-    pk.add_argument("--out", default="check-kernel-counterexamples.json",
-                    help="where the shrunk counterexamples go when a property fails")
+    pk.add_argument("--max-examples", type=int, default=100,
+                    help="hypothesis examples drawn per property, besides the profile's serving examples (always run)")
+    pk.add_argument("--profile", choices=["quick", "serving"], default=None,
+                    help="the explicit serving examples: quick (default on the CPU, where Triton's interpreter is slow: "
+                         "a few of each wide dimension) or serving (default on CUDA: every value)")
+    pk.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                    help="q, k, v and gates drawn in this dtype (states float32); outputs compared within its tolerance "
+                         "(the serving examples add the other dtypes)")
+    pk.add_argument("--out", default="check-kernel.json",
+                    help="the verdicts, coverage and counterexamples (JSON, written atomically)")
     pb = sub.add_parser("bench", help="CUDA: GDN kernel times against the memory floor; CPU: trees per second per mode")
     pb.add_argument("--preset", default="tiny")
     pb.add_argument("--repeats", type=int, default=5)

@@ -86,3 +86,84 @@ def mamba2_forgets_dt_bias(x, dt, A, B, C, *, D=None, dt_bias=None, parents, ini
     """A Mamba2 tree verify that drops dt_bias from the step (softplus(dt) instead of softplus(dt + dt_bias))."""
     return gb.mamba2_tree_verify(x, dt, A, B, C, D=D, dt_bias=None, parents=parents, initial_state=initial_state,
                                  state_indices=state_indices, mode=mode, backend="torch")
+
+
+# ---- kernels wrong along one serving dimension only (the second hostile probe): every one passed the
+# small drawn examples, each must be caught by the quick profile's explicit examples ---------------------
+
+def _nudged(o, rows):
+    """o with the rows selected by the boolean ``rows`` (broadcast over o's leading dims) scaled by 1.01."""
+    return torch.where(rows, o * 1.01, o)
+
+
+def wrong_past_16_nodes(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    """Right on trees of up to 16 nodes; past that, nodes 16 and on are 1% off (a block boundary bug)."""
+    o = _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices, mode=mode,
+                scale=scale)
+    nodes = torch.arange(o.shape[1], device=o.device)[None, :, None, None] >= 16
+    return _nudged(o, nodes)
+
+
+def wrong_past_key_width_16(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    """Right for K <= 16; for wider keys only the first 16 key channels enter the output's scale."""
+    o = _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices, mode=mode,
+                scale=scale)
+    return o * 1.01 if q.shape[-1] > 16 else o
+
+
+def wrong_from_the_third_sequence(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact",
+                                  scale=None):
+    """Right for the first two sequences of a batch, 1% off from the third on."""
+    o = _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices, mode=mode,
+                scale=scale)
+    return _nudged(o, torch.arange(o.shape[0], device=o.device)[:, None, None, None] >= 2)
+
+
+def wrong_for_slot_ids_above_7(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact",
+                               scale=None):
+    """A slot index kept in 3 bits: a sequence in slot 8 or above reads slot id & 7."""
+    idx = state_indices.long() & 7
+    pool = initial_state.clone()
+    pool[state_indices.long()] = initial_state[idx]
+    return _verify(q, k, v, g, beta, parents=parents, initial_state=pool, state_indices=state_indices, mode=mode,
+                   scale=scale)
+
+
+def wrong_for_4_value_heads_per_key_head(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact",
+                                         scale=None):
+    """A head mapping that holds for up to 3 value heads per key head and breaks from 4 on (shown here as
+    the wrong key heads and a 1% error on those calls)."""
+    H, HV = q.shape[2], v.shape[2]
+    if HV // H >= 4:
+        heads = (torch.arange(HV, device=q.device) // 2) % H
+        qq, kk = q[:, :, heads], k[:, :, heads]  # one key head per value head, the wrong ones
+        o = _verify(qq, kk, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices,
+                    mode=mode, scale=scale)
+        return o * 1.01
+    return _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices, mode=mode,
+                   scale=scale)
+
+
+def clamps_strong_decay(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    """Gates clamped at g >= -5 (an exp underflow guard): right for slowly decaying gates only."""
+    return _verify(q, k, v, g.clamp(min=-5.0), beta, parents=parents, initial_state=initial_state,
+                   state_indices=state_indices, mode=mode, scale=scale)
+
+
+_CALLS = [0]
+
+
+def wrong_on_one_call_in_twenty(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact",
+                                scale=None):
+    """Right, except on every twentieth call (a race)."""
+    _CALLS[0] += 1
+    o = _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices, mode=mode,
+                scale=scale)
+    return o * 1.01 if _CALLS[0] % 20 == 0 else o
+
+
+def normalises_k_in_place(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    """Right outputs, but k is l2-normalised in place: the caller's tensor is changed."""
+    k.div_(torch.sqrt((k.float() ** 2).sum(-1, keepdim=True) + 1e-6).to(k.dtype))
+    return _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices,
+                   mode=mode, scale=scale)
