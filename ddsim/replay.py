@@ -45,13 +45,24 @@ import torch
 import torch.nn.functional as F
 
 from ddsim.dump import Dump, DumpStep
+from ddsim.replay_verdict import (
+    DIAGNOSES,
+    bonus_error,
+    default_tolerance,
+    emitted_by_exact_greedy,
+    greedy_walk,
+    judge_continuity,
+    noise_bound,
+    summarize,
+)
 from ddsim.tree import Tree
+
+__all__ = ["DIAGNOSES", "Replayer", "default_tolerance", "greedy_walk", "noise_bound", "prepare", "run", "summarize",
+           "write"]
 
 # a dumped committed state (ssm.L, conv.L) further than this from the oracle's, relative, is wrong
 # (the default policy's exact_state_rel_max per precision)
 STATE_REL = {"float32": 1e-4, "float64": 1e-4, "bfloat16": 5e-2, "float16": 5e-2}
-DIAGNOSES = ("within noise", "sibling leak", "position error", "mask error", "state drift", "stale state",
-             "unexplained", "bonus error", "commit error")
 SHIFTS = (-3, -2, -1, 1, 2, 3)
 
 
@@ -84,21 +95,6 @@ class StepRecord:
     commit_ok: bool = True  # the context and root continue the request's previous step
 
 
-def noise_bound(dump: Dump, tolerance: dict) -> float:
-    """The KL within which the engine counts as exact: ``tolerance`` {"engine": the policy's bound for the
-    engine dtype the caller named, "dtype": {dtype: the policy's bound}}; the dump's declared compute
-    dtype picks its own bound only where that is tighter."""
-    return min(tolerance["engine"], tolerance["dtype"](dump.header["compute_dtype"]))
-
-
-def default_tolerance(noise_kl: float | None = None, engine_dtype: str = "float32") -> dict:
-    """The default policy's replay tolerance for an engine computing in ``engine_dtype`` (or a fixed
-    ``noise_kl`` given by the caller, which the dump's dtype can still only tighten)."""
-    from ddsim.gate import load_policy
-    pol = load_policy("hybrid-unsafe")
-    return {"engine": pol.noise_kl(engine_dtype) if noise_kl is None else noise_kl, "dtype": pol.noise_kl}
-
-
 def _logprobs(logits: torch.Tensor) -> torch.Tensor:
     return F.log_softmax(logits.double(), dim=-1)
 
@@ -118,19 +114,6 @@ def _score(err: tuple) -> torch.Tensor:
     """The per-node discrepancy a hypothesis is judged by: KL where there are full logits."""
     lp_err, kl = err
     return kl if kl is not None else lp_err
-
-
-def greedy_walk(tree: Tree, logits: torch.Tensor) -> list[int]:
-    """Exact greedy verification: from the root, follow the child whose token is the argmax."""
-    children = tree.children
-    path, node = [0], 0
-    while True:
-        want = int(logits[node].argmax())
-        nxt = [c for c in children[node] if tree.tokens[c] == want]
-        if not nxt:
-            return path
-        node = nxt[0]
-        path.append(node)
 
 
 class Replayer:
@@ -167,7 +150,7 @@ class Replayer:
         self.state_rel = STATE_REL[dump.header["compute_dtype"]]
         records = [self._step(s, dump.header["logits"], noise) for s in dump.steps]
         _label_state_errors(records)
-        _judge_continuity(dump.steps, records)
+        judge_continuity(dump.steps, records)
         return records
 
     def _step(self, s: DumpStep, mode: str, noise: float) -> StepRecord:
@@ -189,18 +172,16 @@ class Replayer:
                             bool(eng_top1[i] == ref[i].argmax()), float(margin[i]), float(fast_kl[i]))
                  for i in range(tree.size)]
         exact_path = greedy_walk(tree, ref)
-        exact_emitted = [tree.tokens[i] for i in exact_path[1:]] + [int(ref[exact_path[-1]].argmax())]
+        exact_emitted = emitted_by_exact_greedy(tree, ref, exact_path)
         expected_pos = [int(p) for p in tree.positions(len(s.context))]
         state_rel = _state_errors(s, ost)
         diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel)
-        bonus_ok = s.emitted[-1] == int(eng_top1[s.accepted[-1]])
-        if not bonus_ok and diagnosis == "within noise":
-            diagnosis, evidence = "bonus error", (
-                f"the engine emitted bonus {s.emitted[-1]} at node {s.accepted[-1]}, its own logits' argmax there is "
-                f"{int(eng_top1[s.accepted[-1]])}")
+        wrong_bonus = bonus_error(s.emitted, s.accepted, eng_top1)
+        if wrong_bonus and diagnosis == "within noise":
+            diagnosis, evidence = "bonus error", wrong_bonus
         return StepRecord(s.step, s.request, nodes, s.positions == expected_pos, list(s.accepted), exact_path,
                           list(s.emitted) != exact_emitted, diagnosis, evidence,
-                          max(state_rel.values()) if state_rel else None, list(s.emitted), exact_emitted, bonus_ok)
+                          max(state_rel.values()) if state_rel else None, list(s.emitted), exact_emitted, wrong_bonus is None)
 
     def _diagnose(self, s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel) -> tuple[str, str]:
         base = _score(_engine_error(ref_lp, eng, mode))
@@ -268,30 +249,6 @@ def _state_errors(s: DumpStep, ost) -> dict[str, float]:
     return out
 
 
-def _judge_continuity(steps: list[DumpStep], records: list[StepRecord]) -> None:
-    """Within each request, step n continues step n-1: its context is the previous context plus the
-    previous root and the tokens emitted before the bonus (the committed path), its root the previous
-    bonus. A step that does not is a commit error (its diagnosis, whatever its logits say)."""
-    last: dict[str, DumpStep] = {}
-    for s, r in zip(steps, records):
-        prev = last.get(s.request)
-        last[s.request] = s
-        if prev is None:
-            continue
-        want = prev.context + [prev.tokens[0]] + prev.emitted[:-1]
-        problems = []
-        if s.context != want:
-            at = next((i for i, (a, b) in enumerate(zip(s.context, want)) if a != b), min(len(s.context), len(want)))
-            problems.append(f"its context ({len(s.context)} tokens) is not step {prev.step}'s context plus what that "
-                            f"step committed ({len(want)} tokens; first difference at position {at})")
-        if s.tokens[0] != prev.emitted[-1]:
-            problems.append(f"its root {s.tokens[0]} is not step {prev.step}'s bonus {prev.emitted[-1]}")
-        if problems:
-            r.commit_ok = False
-            r.diagnosis, r.evidence = "commit error", "; ".join(problems) + (
-                f" (logits: {r.diagnosis}, {r.evidence})" if r.diagnosis != "within noise" else "")
-
-
 def _label_state_errors(records: list[StepRecord]) -> None:
     """The steps diagnosed with a wrong committed state: a request whose such steps grow in error step
     after step drifts ("state drift"); otherwise they stay "stale state"."""
@@ -327,23 +284,6 @@ def prepare(model_dir, dump_path, *, device="cpu"):
             "dump": str(dump_path), "dump_sha256": files_digest(
                 [dump.path / "index.jsonl", *(dump.path / s.tensors_file for s in dump.steps)])}
     return cfg, weights, dump, meta
-
-
-def summarize(records) -> dict:
-    """The replay's summary from its step records (StepRecord, or the report model's StepFigures)."""
-    nodes = [n for r in records for n in r.nodes]
-    kls = [n.kl for n in nodes if n.kl is not None]
-    return {"steps": len(records), "requests": len({r.request for r in records}), "nodes": len(nodes),
-            "silent_corruption_steps": sum(r.silent_corruption for r in records),
-            "diagnosed_steps": sum(r.diagnosis != "within noise" for r in records),
-            "diagnoses": {d: sum(r.diagnosis == d for r in records) for d in DIAGNOSES},
-            "top1_disagreements": sum(not n.top1_agrees for n in nodes),
-            "kl_max": max(kls) if kls else None,
-            "logprob_err_max": max((n.logprob_err for n in nodes), default=None),
-            "fast_path_kl_max": max((n.fast_path_kl for n in nodes), default=None),
-            "positions_unexpected_steps": sum(not r.positions_as_expected for r in records),
-            "bonus_error_steps": sum(not r.bonus_ok for r in records),
-            "commit_error_steps": sum(not r.commit_ok for r in records)}
 
 
 def run(model_dir, dump_path, *, device="cpu", tolerance: dict | None = None) -> dict:

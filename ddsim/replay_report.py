@@ -91,7 +91,7 @@ class ReplayReport(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self):
-        from ddsim.replay import summarize
+        from ddsim.replay_verdict import summarize
         want = ReplaySummary(**summarize(self.steps))
         if self.summary != want:
             bad = next(k for k in ReplaySummary.model_fields if getattr(self.summary, k) != getattr(want, k))

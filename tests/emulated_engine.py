@@ -24,7 +24,7 @@ the bug alone and the state stays right; drift corrupts the committed state itse
 import torch
 
 from ddsim.dump import VerifyDumpWriter
-from ddsim.replay import greedy_walk
+from ddsim.replay_verdict import greedy_walk
 from ddsim.tree import Tree
 
 BUGS = (None, "leak", "positions", "mask", "drift", "stale", "bonus", "commit", "root")

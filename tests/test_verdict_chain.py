@@ -1,0 +1,233 @@
+"""Fast value tests of the two other chains that decide a verdict, for mutation testing (`make mutation`):
+replay's judging (ddsim.replay_verdict: exact greedy's walk and what it emits, the bonus, a request's
+continuity, the noise bound, the summary the gate reads) and check-kernel's property chain
+(ddsim.check_kernel: the calls, the pool and input bits, the tolerance, every property's predicate,
+the coverage). No model, no subprocess: every expected value is written out by hand."""
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from ddsim import check_kernel as ck
+from ddsim import replay_verdict as rv
+from ddsim.tree import Tree
+
+# ---- replay ---------------------------------------------------------------------------------------
+
+TREE = Tree([-1, 0, 0, 1, 1, 3], [7, 1, 2, 3, 4, 5])  # root 7; 1 and 2 under it; 3, 4 under 1; 5 under 3
+
+
+def _logits(argmax: list[int], V: int = 8) -> torch.Tensor:
+    x = torch.zeros(len(argmax), V)
+    for i, a in enumerate(argmax):
+        x[i, a] = 1.0
+    return x
+
+
+def test_greedy_walk_follows_the_argmax_token_down_the_tree():
+    assert rv.greedy_walk(TREE, _logits([1, 3, 0, 5, 0, 6])) == [0, 1, 3, 5]
+    assert rv.greedy_walk(TREE, _logits([2, 0, 0, 0, 0, 0])) == [0, 2]
+    assert rv.greedy_walk(TREE, _logits([6, 0, 0, 0, 0, 0])) == [0]  # no child carries the argmax
+    assert rv.greedy_walk(TREE, _logits([1, 4, 0, 0, 0, 0])) == [0, 1, 4]  # the second child
+    assert rv.emitted_by_exact_greedy(TREE, _logits([1, 3, 0, 5, 0, 6]), [0, 1, 3, 5]) == [1, 3, 5, 6]
+    assert rv.emitted_by_exact_greedy(TREE, _logits([6, 0, 0, 0, 0, 0]), [0]) == [6]
+
+
+def test_bonus_error_names_the_node_and_both_tokens():
+    top1 = torch.tensor([1, 3, 0, 5, 2, 6])
+    assert rv.bonus_error([1, 3, 5], [0, 1, 3], top1) is None
+    assert rv.bonus_error([1, 3, 4], [0, 1, 3], top1) == (
+        "the engine emitted bonus 4 at node 3, its own logits' argmax there is 5")
+    assert rv.bonus_error([1], [0], top1) is None
+    assert rv.bonus_error([2], [0], top1) is not None
+
+
+def _step(step, request, context, tokens, emitted):
+    return NS(step=step, request=request, context=context, tokens=tokens, emitted=emitted)
+
+
+def _rec(diagnosis="within noise", evidence="fine"):
+    return NS(diagnosis=diagnosis, evidence=evidence, commit_ok=True)
+
+
+def test_a_request_must_continue_from_what_its_previous_step_committed():
+    steps = [_step(0, "a", [1, 2], [3, 9, 8], [9, 4]),  # committed: root 3, then 9; bonus 4
+             _step(1, "b", [5], [6], [7]),
+             _step(2, "a", [1, 2, 3, 9], [4, 1], [1, 2]),  # continues a
+             _step(3, "b", [5, 6], [7], [0]),  # continues b
+             _step(4, "a", [1, 2, 3, 9, 4, 9], [2], [3]),  # context wrong at position 5 (9 for 1)
+             _step(5, "b", [5, 6, 7], [1], [2])]  # root 1 is not b's last bonus 0
+    recs = [_rec() for _ in steps]
+    recs[5].diagnosis, recs[5].evidence = "sibling leak", "the flattened recurrence"
+    rv.judge_continuity(steps, recs)
+    assert [r.commit_ok for r in recs] == [True, True, True, True, False, False]
+    assert [r.diagnosis for r in recs] == ["within noise"] * 4 + ["commit error"] * 2
+    assert recs[4].evidence == ("its context (6 tokens) is not step 2's context plus what that step committed (6 "
+                                "tokens; first difference at position 5)")
+    assert recs[5].evidence == ("its root 1 is not step 3's bonus 0 (logits: sibling leak, the flattened recurrence)")
+    # a shorter context differs at its end; both faults are named
+    steps = [_step(0, "a", [1], [2], [3, 4]), _step(1, "a", [1, 2], [5], [6])]
+    recs = [_rec(), _rec()]
+    rv.judge_continuity(steps, recs)
+    assert recs[1].evidence == ("its context (2 tokens) is not step 0's context plus what that step committed (3 "
+                                "tokens; first difference at position 2); its root 5 is not step 0's bonus 4")
+
+
+def test_the_noise_bound_is_the_tighter_of_the_engines_and_the_dumps():
+    tol = {"engine": 0.05, "dtype": {"float32": 1e-6, "bfloat16": 0.05, "float16": 0.04}.get}
+    dump = lambda dt: NS(header={"compute_dtype": dt})  # noqa: E731
+    assert rv.noise_bound(dump("float32"), tol) == 1e-6
+    assert rv.noise_bound(dump("bfloat16"), tol) == 0.05
+    assert rv.noise_bound(dump("float16"), tol) == 0.04
+    assert rv.noise_bound(dump("bfloat16"), {**tol, "engine": 1e-3}) == 1e-3
+    d = rv.default_tolerance()
+    assert d["engine"] == 1e-6 and d["dtype"]("bfloat16") == 5e-2
+    assert rv.default_tolerance(engine_dtype="float16")["engine"] == 5e-2
+    assert rv.default_tolerance(0.3, "bfloat16")["engine"] == 0.3
+
+
+def test_the_summary_counts_every_step_level_fault_apart():
+    node = lambda kl, top1, lp=0.0, fast=0.0: NS(kl=kl, top1_agrees=top1, logprob_err=lp, fast_path_kl=fast)  # noqa: E731
+    recs = [NS(request="a", nodes=[node(0.0, True), node(0.2, False, 1.5, 1e-9)], silent_corruption=True,
+               diagnosis="sibling leak", positions_as_expected=True, bonus_ok=True, commit_ok=True),
+            NS(request="a", nodes=[node(None, True, 0.1)], silent_corruption=False, diagnosis="commit error",
+               positions_as_expected=False, bonus_ok=True, commit_ok=False),
+            NS(request="b", nodes=[node(0.01, False)], silent_corruption=True, diagnosis="bonus error",
+               positions_as_expected=True, bonus_ok=False, commit_ok=True),
+            NS(request="b", nodes=[node(0.0, True, 0.0, 2e-9)], silent_corruption=False, diagnosis="within noise",
+               positions_as_expected=True, bonus_ok=True, commit_ok=True)]
+    s = rv.summarize(recs)
+    assert s == {"steps": 4, "requests": 2, "nodes": 5, "silent_corruption_steps": 2, "diagnosed_steps": 3,
+                 "diagnoses": {"within noise": 1, "sibling leak": 1, "position error": 0, "mask error": 0,
+                               "state drift": 0, "stale state": 0, "unexplained": 0, "bonus error": 1, "commit error": 1},
+                 "top1_disagreements": 2, "kl_max": 0.2, "logprob_err_max": 1.5, "fast_path_kl_max": 2e-9,
+                 "positions_unexpected_steps": 1, "bonus_error_steps": 1, "commit_error_steps": 1}
+    empty = rv.summarize([])
+    assert empty["steps"] == 0 and empty["kl_max"] is None and empty["logprob_err_max"] is None
+
+
+# ---- check-kernel -----------------------------------------------------------------------------------
+
+def test_bits_pools_and_bounds():
+    x = torch.tensor([float("nan"), 1.0])
+    assert torch.equal(ck._bits(x), ck._bits(x.clone()))  # NaN slots equal themselves bit for bit
+    assert ck._bits(torch.tensor([1.0], dtype=torch.bfloat16)).dtype == torch.int16
+    assert ck._bits(torch.tensor([1], dtype=torch.int64)).dtype == torch.int64
+    assert ck._bits(torch.tensor([True])).dtype == torch.uint8
+    assert ck._bound(torch.tensor([[2.0, -4.0]]), torch.float32) == pytest.approx(1e-5 + 2e-5 * 4.0)
+    assert ck._bound(torch.tensor([[2.0, -4.0]]), torch.bfloat16) == pytest.approx(1e-2 + 1.6e-2 * 4.0)
+    assert ck._bound(torch.zeros(0), torch.float32) == pytest.approx(1e-5)
+    pool = torch.zeros(5, 2)
+    before = ck._bits(pool).clone()
+    pool[1, 0] = 1.0
+    pool[4, 1] = 2.0
+    w = ck._pool_writes(pool, before, torch.tensor([1, 3], dtype=torch.int32))
+    assert w == {"committed_untouched": False, "others_untouched": False, "written_slots": [1, 4]}
+    w = ck._pool_writes(pool, ck._bits(pool).clone(), torch.tensor([0], dtype=torch.int32))
+    assert w == {"committed_untouched": True, "others_untouched": True, "written_slots": []}
+
+
+def test_node_errors_are_inf_where_the_output_is_not_finite():
+    ref = torch.zeros(1, 3, 1, 2)
+    o = torch.tensor([[[[0.0, 0.5]], [[float("nan"), 0.0]], [[-0.25, 0.0]]]])
+    assert ck._node_errors(o, ref).tolist() == [[0.5, float("inf"), 0.25]]
+
+
+def _result(o, ref_exact, ref_leaky=None, *, order_exact=(True, True, False), **kw):
+    return {"o": o, "ref": {"exact": ref_exact, "leaky": ref_exact if ref_leaky is None else ref_leaky},
+            "order_exact": torch.tensor([list(order_exact)]), "dtype": torch.float32, "inputs_changed": [],
+            "repeatable": True, "committed_untouched": True, "others_untouched": True, **kw}
+
+
+def test_every_property_predicate_on_hand_built_results():
+    ref = torch.ones(1, 3, 1, 1)
+    exact = ck._properties("exact")
+    leaky = ck._properties("leaky")
+    assert list(exact) == ["output finite", "inputs untouched", "repeatable", "committed state untouched",
+                           "other pool slots untouched", "exact on order-exact nodes", "exact on every node"]
+    assert list(leaky)[-1] == "flattened semantics on every node" and len(leaky) == 7
+    ok = _result(ref.clone(), ref)
+    assert all(p(ok) for p in exact.values())
+    off = ref.clone()
+    off[0, 2] += 1e-3  # node 2 (not order-exact) off by more than float32's bound 3e-5
+    r = _result(off, ref)
+    assert [n for n, p in exact.items() if not p(r)] == ["exact on every node"]
+    off[0, 1] += 1e-3  # an order-exact node too
+    assert [n for n, p in exact.items() if not p(_result(off, ref))] == ["exact on order-exact nodes",
+                                                                       "exact on every node"]
+    within = ref.clone()
+    within[0, 2] += 2.9e-5  # inside atol 1e-5 + rtol 2e-5 * 1
+    assert exact["exact on every node"](_result(within, ref))
+    within[0, 2] += 2e-6
+    assert not exact["exact on every node"](_result(within, ref))
+    nan = ref.clone()
+    nan[0, 0] = float("nan")
+    assert not exact["output finite"](_result(nan, ref))
+    assert not exact["inputs untouched"](_result(ref, ref, inputs_changed=["k"]))
+    assert not exact["repeatable"](_result(ref, ref, repeatable=False))
+    assert not exact["committed state untouched"](_result(ref, ref, committed_untouched=False))
+    assert not exact["other pool slots untouched"](_result(ref, ref, others_untouched=False))
+    # leaky: the flattened reference on every node, the exact one on order-exact nodes
+    flat = ref.clone()
+    flat[0, 2] = 5.0
+    assert leaky["flattened semantics on every node"](_result(flat.clone(), ref, flat))
+    assert leaky["exact on order-exact nodes"](_result(flat.clone(), ref, flat))
+    assert not leaky["flattened semantics on every node"](_result(ref.clone(), ref, flat))
+    # a bf16 input dtype widens the bound
+    assert exact["exact on every node"](_result(ref + 1e-3, ref, dtype=torch.bfloat16))
+    committed = ck._properties("exact", ("window rewritten", lambda r: r["x"]))
+    assert "committed state untouched" not in committed and committed["window rewritten"]({"x": True})
+
+
+class _Kernel:
+    """A fake kernel that records its calls, optionally writes an argument or varies its output."""
+
+    def __init__(self, *, write=None, vary=False):
+        self.calls, self.write, self.vary = 0, write, vary
+
+    def __call__(self, args, pool, slots):
+        self.calls += 1
+        if self.write == "q":
+            args["q"].add_(1.0)
+        if self.write == "parents":
+            args["parents"][0, 0] = 5
+        if self.write == "slots":
+            slots[0] = 3
+        if self.write == "pool":
+            pool[slots.long()] += 1.0
+        out = args["q"] * 2.0
+        return out + (self.calls * 1e-3 if self.vary and self.calls == 3 else 0.0)
+
+
+def _inp(burst=2):
+    return {"q": torch.ones(1, 2, 1, 1), "k": None, "parents": torch.tensor([[-1, 0]]),
+            "slots": torch.tensor([1], dtype=torch.int32), "pool": torch.zeros(3, 1), "burst": burst}
+
+
+@pytest.mark.parametrize("write, changed", [(None, []), ("q", ["q"]), ("parents", ["parents"]), ("slots", ["slots"]),
+                                            ("pool", [])])
+def test_calls_see_every_argument_written(write, changed):
+    k = _Kernel(write=write)
+    r = ck._calls(k, _inp(), ("q", "k"), "cpu")
+    assert k.calls == 2 and r["inputs_changed"] == changed and r["repeatable"]
+    assert torch.equal(r["o"], torch.full((1, 2, 1, 1), 2.0) + (2.0 if write == "q" else 0.0))
+    assert r["committed_untouched"] == (write != "pool") and r["others_untouched"]
+    assert r["written_slots"] == ([1] if write == "pool" else [])
+
+
+def test_calls_burst_and_repeatability():
+    k = _Kernel(vary=True)  # its third call differs
+    assert ck._calls(k, _inp(burst=2), ("q",), "cpu")["repeatable"] and k.calls == 2
+    k = _Kernel(vary=True)
+    r = ck._calls(k, _inp(burst=5), ("q",), "cpu")
+    assert k.calls == 5 and not r["repeatable"]
+    assert ck._calls(_Kernel(), _inp(burst=0), ("q",), "cpu")["repeatable"]  # at least two calls whatever burst says
+
+
+def test_coverage_sums_totals_and_takes_range_ends():
+    cov = ck._coverage([{"nodes": 3, "g min": -2.0, "g max": -0.5, "tree": "chain", "not order-exact nodes total": 4},
+                        {"nodes": 17, "g min": -30.0, "g max": -1e-4, "tree": "drawn", "not order-exact nodes total": 0},
+                        {"nodes": 3, "g min": -1.0, "g max": -0.1, "tree": "chain", "not order-exact nodes total": 5}])
+    assert cov == {"nodes": [3, 17], "g min": -30.0, "g max": -1e-4, "tree": ["chain", "drawn"],
+                   "not order-exact nodes total": 9}
+    assert ck._coverage([]) == {}
