@@ -160,6 +160,10 @@ def test_every_property_predicate_on_hand_built_results():
     assert exact["exact on every node"](_result(within, ref))
     within[0, 2] += 2e-6
     assert not exact["exact on every node"](_result(within, ref))
+    zero = torch.zeros(1, 3, 1, 1, dtype=torch.float64)
+    at = zero.clone()
+    at[0, 2] = 1e-5  # exactly float32's bound on a zero reference: still within
+    assert exact["exact on every node"](_result(at, zero))
     nan = ref.clone()
     nan[0, 0] = float("nan")
     assert not exact["output finite"](_result(nan, ref))
@@ -195,22 +199,35 @@ class _Kernel:
             slots[0] = 3
         if self.write == "pool":
             pool[slots.long()] += 1.0
+        if self.write == "q once" and self.calls == 1:
+            args["q"].add_(1.0)
         out = args["q"] * 2.0
         return out + (self.calls * 1e-3 if self.vary and self.calls == 3 else 0.0)
 
 
 def _inp(burst=2):
-    return {"q": torch.ones(1, 2, 1, 1), "k": None, "parents": torch.tensor([[-1, 0]]),
-            "slots": torch.tensor([1], dtype=torch.int32), "pool": torch.zeros(3, 1), "burst": burst}
+    inp = {"q": torch.ones(1, 2, 1, 1), "k": None, "parents": torch.tensor([[-1, 0]]),
+           "slots": torch.tensor([1], dtype=torch.int32), "pool": torch.zeros(3, 1), "burst": burst}
+    if burst is None:
+        del inp["burst"]
+    return inp
 
 
 @pytest.mark.parametrize("write, changed", [(None, []), ("q", ["q"]), ("parents", ["parents"]), ("slots", ["slots"]),
-                                            ("pool", [])])
+                                            ("pool", []), ("q once", ["q"])])
 def test_calls_see_every_argument_written(write, changed):
     k = _Kernel(write=write)
-    r = ck._calls(k, _inp(), ("q", "k"), "cpu")
-    assert k.calls == 2 and r["inputs_changed"] == changed and r["repeatable"]
-    assert torch.equal(r["o"], torch.full((1, 2, 1, 1), 2.0) + (2.0 if write == "q" else 0.0))
+    inp = _inp()
+    kept = {n: ck._bits(inp[n]).clone() for n in ("q", "parents", "slots", "pool")}
+    r = ck._calls(k, inp, ("q", "k"), "cpu")
+    assert k.calls == 2 and r["inputs_changed"] == changed and r["repeatable"] is (write != "q once")
+    # every call worked on copies: the caller's tensors are as they were
+    assert all(torch.equal(ck._bits(inp[n]), b) for n, b in kept.items())
+    want_pool = torch.zeros(3, 1)
+    if write == "pool":
+        want_pool[1] = 1.0
+    assert torch.equal(r["pool_after"], want_pool)  # the pool as the first call left it
+    assert torch.equal(r["o"], torch.full((1, 2, 1, 1), 2.0) + (2.0 if write in ("q", "q once") else 0.0))
     assert r["committed_untouched"] == (write != "pool") and r["others_untouched"]
     assert r["written_slots"] == ([1] if write == "pool" else [])
 
@@ -220,7 +237,10 @@ def test_calls_burst_and_repeatability():
     assert ck._calls(k, _inp(burst=2), ("q",), "cpu")["repeatable"] and k.calls == 2
     k = _Kernel(vary=True)
     r = ck._calls(k, _inp(burst=5), ("q",), "cpu")
-    assert k.calls == 5 and not r["repeatable"]
+    assert k.calls == 5 and r["repeatable"] is False
+    k = _Kernel()
+    ck._calls(k, _inp(burst=None), ("q",), "cpu")
+    assert k.calls == 2  # no burst asked: two calls
     assert ck._calls(_Kernel(), _inp(burst=0), ("q",), "cpu")["repeatable"]  # at least two calls whatever burst says
 
 
@@ -231,3 +251,77 @@ def test_coverage_sums_totals_and_takes_range_ends():
     assert cov == {"nodes": [3, 17], "g min": -30.0, "g max": -1e-4, "tree": ["chain", "drawn"],
                    "not order-exact nodes total": 9}
     assert ck._coverage([]) == {}
+    assert ck._coverage([{"nodes": 5, "tree": "star"}]) == {"nodes": [5], "tree": ["star"]}
+
+
+# ---- check-kernel's orchestration, in process on ddsim's torch path (about a second each) ----------------
+
+def _load(name):
+    from ddsim.engines import load
+    return load(name, convention="ddsim") if ":" in name else load(name)
+
+
+def test_check_holds_on_ddsims_kernel_with_its_coverage():
+    res = ck.check(_load("ddsim"), mode="exact", max_examples=2)
+    assert res.profile == "quick" and res.examples == 10 and len(res.properties) == 7
+    assert all(r.holds for r in res) and all(r.counterexample is None for r in res)
+    assert res.properties[-1].detail == "held on 10 serving examples (quick) and 2 drawn inputs"
+    cov = res.coverage
+    assert max(cov["nodes"]) == 129 and max(cov["K"]) == 128 and max(cov["batch"]) == 8 and max(cov["HV/H"]) == 8
+    assert cov["g min"] < -29 and cov["beta min"] == 0.0 and cov["beta max"] == 1.0 and max(cov["calls"]) == 24
+    assert cov["dtype"] == ["bfloat16", "float16", "float32"] and "drawn" in cov["tree"]
+    assert cov["not order-exact nodes total"] > 300
+
+
+def test_check_reports_a_serving_only_bug_by_its_example():
+    res = ck.check(_load("tests.planted_kernels:wrong_past_16_nodes"), mode="exact", max_examples=2)
+    bad = [r for r in res if not r.holds]
+    assert [r.name for r in bad] == ["exact on every node"]
+    ce = bad[0].counterexample
+    assert ce["example"].startswith("ddtree budget 16 top-k 8 T=17") and ce["first_wrong_node"]["node"] == 16
+    assert bad[0].detail.startswith(f"serving example [{ce['example']}]: first wrong node 16 of sequence 0")
+
+
+def test_check_shrinks_a_bug_drawn_inputs_reach_too():
+    res = ck.check(_load("tests.planted_kernels:parent_off_by_one"), mode="exact", max_examples=30)
+    ce = next(r for r in res if r.name == "exact on every node").counterexample
+    assert ce["example"] == "drawn" and ce["first_wrong_node"]["node"] == 2 and "serving_example" in ce
+    assert ce["shapes"]["T"] <= 4  # shrunk
+
+
+def test_check_in_leaky_mode_needs_the_leak():
+    res = {r.name: r for r in ck.check(_load("tests.planted_kernels:exact_calling_itself_leaky"), mode="leaky",
+                                       max_examples=2)}
+    assert list(res)[-2:] == ["flattened semantics on every node", "leaks off order-exact nodes"]
+    assert not res["flattened semantics on every node"].holds and not res["leaks off order-exact nodes"].holds
+    assert res["exact on order-exact nodes"].holds
+    ok = {r.name: r for r in ck.check(_load("ddsim"), mode="leaky", max_examples=2)}
+    assert all(r.holds for r in ok.values()) and ok["leaks off order-exact nodes"].detail.startswith("e.g. serving example")
+
+
+def test_a_kernel_that_raises_fails_every_property(tmp_path, monkeypatch):
+    from ddsim.engines import EngineKernel
+
+    def refuses_wide(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
+        if q.shape[1] > 64:
+            raise ValueError("T > 64 not supported")
+        return _load("ddsim").verify(q, k, v, g, beta, parents=parents, state_pool=state_pool, slots=slots, mode=mode,
+                                     scale=scale)
+    res = ck.check(EngineKernel("refuses", ("exact",), refuses_wide), mode="exact", max_examples=2)
+    assert not any(r.holds for r in res)
+    assert res.properties[0].detail.startswith("serving example [ddtree budget 128 top-k 4 T=129") and \
+        "the kernel raised ValueError: T > 64 not supported" in res.properties[0].detail
+
+
+def test_check_conv_and_mamba2_and_bad_profiles():
+    conv = ck.check(_load("ddsim"), mode="exact", max_examples=2, op="conv")
+    assert all(r.holds for r in conv) and [r.name for r in conv][3] == "committed window untouched"
+    assert 1024 in conv.coverage["C"] and conv.coverage["W"] == [2, 3, 4, 5]
+    m2 = ck.check(_load("ddsim"), mode="exact", max_examples=2, op="mamba2")
+    assert all(r.holds for r in m2) and max(m2.coverage["P"]) == 64 and max(m2.coverage["N"]) == 128
+    bad = ck.check(_load("tests.planted_kernels:mamba2_forgets_dt_bias"), mode="exact", max_examples=2, op="mamba2")
+    assert {r.name for r in bad if not r.holds} == {"exact on order-exact nodes", "exact on every node"}
+    from ddsim.errors import InputError
+    with pytest.raises(InputError, match="--profile: expected one of quick, serving"):
+        ck.check(_load("ddsim"), mode="exact", profile="huge")
+    assert ck.default_profile("cuda:0") == "serving" and ck.default_profile("cpu") == "quick"
