@@ -10,5 +10,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from ddsim.properties.profiles import load  # noqa: E402
+from ddsim.threads import configure  # noqa: E402
 
 load()
+configure()  # in-process tests run as the command line does: OMP_NUM_THREADS, else one thread

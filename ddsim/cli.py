@@ -132,11 +132,13 @@ def check_writable(out: Path, option: str = "--out") -> None:
         raise InputError(f"{option} {out}: cannot write there ({e.strerror or e})") from None
 
 
-def _write_report(report, out: Path):
+def _write_report(report, out: Path, policy=None):
+    """Stamp and write report.json and report.html (its verdict by ``policy``, the default's if None)."""
     from ddsim.reports import html as html_report
     from ddsim.reports import json_report
+    from ddsim.reports import verdict as verdicts
     report = json_report.stamp(report)
-    json_report.write_report(report, html_report.render(report), out)
+    json_report.write_report(report, html_report.render(report, verdicts.of(report, policy)), out)
     return report
 
 
@@ -158,7 +160,7 @@ def cmd_audit(a, console) -> int:
         report = _write_report(report, out)
     finally:
         shard.close()
-    print_summary(report, console)
+    print_summary(report, console, wide=a.wide)
     console.print(f"wrote {out / 'report.json'} and {out / 'report.html'}"
                   + (f" ({shard.world} ranks)" if shard.distributed else ""))
     return EXIT_OK
@@ -252,7 +254,7 @@ def cmd_gate(a, console) -> int:
         if a.out:
             check_writable(Path(a.out))
         report = _run_audit(ac, console, quiet=True)
-        report = _write_report(report, Path(a.out)) if a.out else json_report.stamp(report)
+        report = _write_report(report, Path(a.out), policy) if a.out else json_report.stamp(report)
     for line in _policy_lines(policy, report.precision.fast_path):
         print(line)
     verdicts = evaluate(policy, report)
@@ -462,12 +464,29 @@ def _load_kernel(a):
     return load(a.impl, convention=a.convention)
 
 
+def _threads(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..1024, got {text!r}") from None
+    if not 1 <= v <= 1024:
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..1024, got {text!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ddsim", description="Tree speculative decoding on hybrid models, checked against an exact oracle")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--threads", type=_threads, default=None, metavar="N",
+                        help="CPU threads for torch (default: OMP_NUM_THREADS when set, else 1: ddsim's CPU work is "
+                             "small ops that a thread pool slows down, most of all on a busy machine)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add = sub.add_parser
+    sub.add_parser = lambda *a, **k: _add(*a, parents=[common], **k)  # every command takes --threads
     pa = sub.add_parser("audit", help="leakage audit; writes report.json and report.html")
     _add_audit_options(pa)
     pa.add_argument("--out", default="ddsim-report", help="output directory (default: ./ddsim-report)")
+    pa.add_argument("--wide", action="store_true", help="the summary with every column (state errors, modelled speedup)")
     pg = sub.add_parser("gate", help="evaluate a policy: exit 0 holds, 1 violated, 2 error")
     pg.add_argument("--policy", required=True, metavar="FILE",
                     help="TOML policy file, or the name of a built-in policy (hybrid-unsafe)")
@@ -562,11 +581,13 @@ def main(argv=None) -> int:
         debug = True
     args = build_parser().parse_args(argv)
     console = Console()
-    if not console.is_terminal:  # logs and CI: wide enough for the summary table
-        console = Console(width=160)
+    if not console.is_terminal:  # logs and CI: the summary fits 100 columns (--wide needs more)
+        console = Console(width=160 if getattr(args, "wide", False) else 100)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from ddsim.errors import DDSimError
+        from ddsim.threads import configure
+        configure(args.threads)
         return COMMANDS[args.command](args, console)
     except DDSimError as e:
         print(f"ddsim {args.command}: error: {e}", file=sys.stderr)

@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ddsim.modes import VERIFY_MODES
 from ddsim.settings import AuditConfig
 
-SCHEMA_VERSION = 5  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
-# 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family
+SCHEMA_VERSION = 6  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
+# 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family;
+# 6: good and corrupted tokens per step
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -237,6 +238,8 @@ class ModeSummary(_Strict):
     tokens_per_step: NonNeg
     mean_tree_size: NonNeg
     accepted_histogram: list[Count]
+    good_tokens_per_step: NonNeg  # of tokens_per_step, those emitted before the generation left the reference
+    corrupted_tokens_per_step: NonNeg  # the rest: emitted after it left (a leaky mode's output is no longer the model's)
     silent_corruption_steps: Count
     decision_flips: Count
     decision_flip_rate: Rate
@@ -260,9 +263,13 @@ class ModeSummary(_Strict):
         hist = [0] * (max(acc) + 1) if acc else []
         for a in acc:
             hist[a] += 1
+        # tokens that agree with the reference: everything before each generation's first divergence
+        good = sum(len(g.tokens) if g.first_divergence is None else min(g.first_divergence, len(g.tokens)) for g in gens)
         return cls(
             generations=len(gens), steps=steps,
             tokens_per_step=(on_walk / steps) if steps else 0.0,
+            good_tokens_per_step=(good / steps) if steps else 0.0,
+            corrupted_tokens_per_step=((on_walk - good) / steps) if steps else 0.0,
             mean_tree_size=(sum(s for g in gens for s in g.tree_sizes) / steps) if steps else 0.0,
             accepted_histogram=hist,
             silent_corruption_steps=sum(g.silent_corruption_steps for g in gens),
@@ -458,7 +465,7 @@ class ReferenceFragility(_Strict):
 
 
 class Report(_Strict):
-    schema_version: Literal[5]
+    schema_version: Literal[6]
     generated_at: str | None  # the only field that differs between two runs of one seed; set by the writer
     config: ReportConfig
     provenance: Provenance

@@ -15,7 +15,15 @@ from ddsim.reports import model_label, precision_label
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-MODE_COLORS = {"exact": "#1f77b4", "leaky": "#d62728", "leaky-state": "#ff7f0e", "leaky-conv": "#9467bd"}
+# Okabe-Ito (colour-blind safe), and a line style and marker per mode, so no mode hides under another
+MODE_COLORS = {"exact": "#0072B2", "leaky": "#D55E00", "leaky-state": "#009E73", "leaky-conv": "#CC79A7"}
+MODE_STYLES = {"exact": ("-", "o"), "leaky": ("--", "s"), "leaky-state": (":", "^"), "leaky-conv": ("-.", "D")}
+
+
+def _line(ax, xs, ys, mode, label=None):
+    style, marker = MODE_STYLES[mode]
+    ax.plot(xs, ys, linestyle=style, marker=marker, color=MODE_COLORS[mode], label=label or mode, linewidth=1.6,
+            markersize=5, alpha=0.9)
 
 
 def _png(fig) -> str:
@@ -37,6 +45,13 @@ def _fmt(x, spec=".3g"):
     return html.escape(str(x))
 
 
+def _drafter(d) -> str:
+    """The drafter in words, not a dict."""
+    p = d.model_dump()
+    kind = p.pop("kind")
+    return f"{kind} (" + ", ".join(f"{k} {v}" for k, v in p.items()) + ")"
+
+
 def _table(headers, rows) -> str:
     h = "".join(f"<th>{html.escape(str(c))}</th>" for c in headers)
     body = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in r) + "</tr>" for r in rows)
@@ -44,123 +59,169 @@ def _table(headers, rows) -> str:
 
 
 def _plot_by(report, key, title):
-    fig, axes = plt.subplots(1, len(report.budgets), figsize=(4.2 * len(report.budgets), 3.2), squeeze=False)
-    for ax, b in zip(axes[0], report.budgets):
+    from matplotlib.ticker import MaxNLocator
+    n = len(report.budgets)
+    fig, axes = plt.subplots(1, n, figsize=(min(4.2 * n, 13), 3.6), squeeze=False, layout="constrained")
+    for j, (ax, b) in enumerate(zip(axes[0], report.budgets)):
         for mode in ("exact",) + LEAK_MODES:
             rows = getattr(b.leak[mode], key)
             xs = [getattr(r, key.split("_")[1]) for r in rows if _med(r.state_rel) is not None]
             ys = [max(_med(r.state_rel), 1e-12) for r in rows if _med(r.state_rel) is not None]
             if xs:
-                ax.plot(xs, ys, "o-", color=MODE_COLORS[mode], label=mode if mode != "exact" else "exact (noise floor)")
+                _line(ax, xs, ys, mode, mode if mode != "exact" else "exact (noise floor)")
         ax.set_yscale("log")
-        ax.set_title(f"budget {b.budget}")
+        ax.set_title(f"budget {b.budget}", fontsize=10)
         ax.set_xlabel(key.split("_")[1])
-        ax.set_ylabel("median state rel. error")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if j == 0:
+            ax.set_ylabel("median state rel. error")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(title, y=1.04)
+    fig.suptitle(title, fontsize=11)
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     return _png(fig)
 
 
 def _plot_layers(report):
+    from matplotlib.ticker import MaxNLocator
     b = report.budgets[-1]
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = plt.subplots(figsize=(9, 3.6), layout="constrained")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for mode in ("exact",) + LEAK_MODES:
         rows = b.leak[mode].by_layer
         ys = [max(_med(r.hidden_rel) or 1e-12, 1e-12) for r in rows]
-        ax.plot([r.layer for r in rows], ys, "o-", color=MODE_COLORS[mode], label=mode)
+        _line(ax, [r.layer for r in rows], ys, mode)
     for r in b.leak["exact"].by_layer:
         if r.kind in "am":
             ax.axvspan(r.layer - 0.4, r.layer + 0.4, color="#cccccc" if r.kind == "a" else "#cfe3f7", alpha=0.4)
     ax.set_yscale("log")
     ax.set_xlabel("layer (grey: attention only; light blue: Mamba2)")
     ax.set_ylabel("median hidden rel. error\n(non-order-exact nodes)")
-    ax.set_title(f"Leak by layer, budget {b.budget}")
-    ax.legend(fontsize=7)
+    ax.set_title(f"Leak by layer, budget {b.budget}", fontsize=11)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
     return _png(fig)
 
 
 def _plot_flips(report):
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = plt.subplots(figsize=(9, 3.8), layout="constrained")
     budgets = [b.budget for b in report.budgets]
     width = 0.2
     for j, mode in enumerate(("exact",) + LEAK_MODES):
         arg = [b.leak[mode].argmax_flip_rate.other or 0.0 for b in report.budgets]
         dec = [b.modes[mode].decision_flip_rate for b in report.budgets]
         xs = [i + (j - 1.5) * width for i in range(len(budgets))]
-        ax.bar(xs, arg, width, color=MODE_COLORS[mode], label=f"{mode}: argmax flips (non-order-exact)")
+        ax.bar(xs, arg, width, color=MODE_COLORS[mode], hatch={"exact": "", "leaky": "//", "leaky-state": "..",
+                                                               "leaky-conv": "xx"}[mode], edgecolor="white",
+               label=f"{mode}: argmax flips (nodes not order-exact)")
         ax.plot(xs, dec, "k_", markersize=14)
     ax.set_xticks(range(len(budgets)), [f"budget {b}" for b in budgets])
     ax.set_ylabel("rate")
-    ax.set_title("Argmax flip rate (bars) and accept-decision flip rate (black ticks)")
-    ax.legend(fontsize=7)
+    ax.set_title("Argmax flip rate (bars) and accept-decision flip rate (black ticks)", fontsize=11)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     return _png(fig)
 
 
 def _plot_accept(report):
-    fig, axes = plt.subplots(1, len(report.budgets), figsize=(4.2 * len(report.budgets), 3.0), squeeze=False)
-    for ax, b in zip(axes[0], report.budgets):
+    from matplotlib.ticker import MaxNLocator
+    n = len(report.budgets)
+    fig, axes = plt.subplots(1, n, figsize=(min(4.2 * n, 13), 3.4), squeeze=False, layout="constrained")
+    for j, (ax, b) in enumerate(zip(axes[0], report.budgets)):
         for mode, off in (("exact", -0.2), ("leaky", 0.2)):
             h = b.modes[mode].accepted_histogram
-            ax.bar([i + off for i in range(len(h))], h, 0.4, color=MODE_COLORS[mode], label=mode)
-        ax.set_title(f"budget {b.budget}")
+            ax.bar([i + off for i in range(len(h))], h, 0.4, color=MODE_COLORS[mode], label=mode,
+                   hatch="" if mode == "exact" else "//", edgecolor="white")
+        ax.set_title(f"budget {b.budget}", fontsize=10)
         ax.set_xlabel("accepted draft tokens per step")
-        ax.set_ylabel("steps")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("Accepted length, exact vs leaky", y=1.04)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if j == 0:
+            ax.set_ylabel("steps")
+    fig.suptitle("Accepted length, exact vs leaky", fontsize=11)
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     return _png(fig)
 
 
 def _plot_survival(report):
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    for b, style in zip(report.budgets, ("-", "--", ":", "-.") * 4):
+    n = len(report.budgets)
+    fig, axes = plt.subplots(1, n, figsize=(min(4.2 * n, 13), 3.4), squeeze=False, layout="constrained", sharey=True)
+    for j, (ax, b) in enumerate(zip(axes[0], report.budgets)):
         for mode in LEAK_MODES:
             s = b.modes[mode].survival
-            ax.plot(range(len(s)), s, style, color=MODE_COLORS[mode], label=f"{mode}, budget {b.budget}")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_xlabel("generated token")
-    ax.set_ylabel("fraction of generations\nstill equal to the reference")
-    ax.set_title("Divergence along the generation")
-    ax.legend(fontsize=6, ncol=3)
+            style, _ = MODE_STYLES[mode]
+            ax.plot(range(len(s)), s, linestyle=style, color=MODE_COLORS[mode], label=mode, linewidth=1.8)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_title(f"budget {b.budget}", fontsize=10)
+        ax.set_xlabel("generated token")
+        if j == 0:
+            ax.set_ylabel("generations still\nequal to the reference")
+        ax.grid(alpha=0.3)
+    fig.suptitle("Divergence along the generation", fontsize=11)
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     return _png(fig)
 
 
 def _plot_throughput(report):
     rows = report.throughput.rows
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    labels = [f"{r.label}\n{r.mode}" for r in rows]
-    ax.bar(range(len(rows)), [r.speedup_vs_ar for r in rows], color=[MODE_COLORS.get(r.mode, "#777") for r in rows])
-    ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=90)
-    ax.set_ylabel("expected speedup vs AR")
-    ax.set_title("Throughput model")
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.2), layout="constrained")
+    ys = list(range(len(rows)))[::-1]
+    ax.barh(ys, [r.speedup_vs_ar for r in rows], color=[MODE_COLORS.get(r.mode, "#777") for r in rows])
+    ax.set_yticks(ys, [f"{r.label} · {r.mode}" for r in rows], fontsize=9)
+    ax.set_xlabel("modelled speedup vs autoregressive decoding (cost model, not measured)")
+    ax.set_title("Throughput (modelled)", fontsize=11)
+    ax.grid(axis="x", alpha=0.3)
     return _png(fig)
 
 
 CSS = """body{font-family:system-ui,sans-serif;margin:24px;max-width:1400px;color:#222}
+#verdict{border:2px solid;border-radius:6px;padding:10px 16px;margin:0 0 18px}
+#verdict.fail{border-color:#D55E00;background:#fff4ee}#verdict.pass{border-color:#009E73;background:#effaf5}
+#verdict h1{margin:4px 0 8px;font-size:22px}#verdict td:first-child,#verdict th:first-child{text-align:left}
+.bad{color:#b00020;font-weight:600}.ok{color:#00704a}
 table{border-collapse:collapse;margin:8px 0 18px}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}
 th{background:#f2f2f2}h2{border-bottom:1px solid #ddd;padding-bottom:4px}img{max-width:100%;display:block;margin:8px 0}
 .note{color:#555;font-size:13px}"""
 
 
-def render(report: Report) -> str:
+def _verdict(report: Report, v) -> str:
+    """The verdict section: the headline, what it means for this model, every rule with its measured
+    value and bound, and what a non-default policy relaxes."""
+    from ddsim.reports.verdict import meaning
+    rows = "".join(
+        f"<tr><td>{html.escape(x.rule)}</td><td>{x.measured:.4g}</td><td>{'≤' if x.kind == 'max' else '≥'} {x.bound:.4g}</td>"
+        f"<td class='{'ok' if x.holds else 'bad'}'>{'pass' if x.holds else 'FAIL'}</td><td>{html.escape(x.meaning)}</td></tr>"
+        for x in v.rules)
+    relaxed = (f"<p class='bad'>This policy relaxes {len(v.relaxed)} built-in rules: {html.escape('; '.join(v.relaxed))}</p>"
+               if v.relaxed else "")
+    return (f"<section id='verdict' class='{'pass' if v.holds else 'fail'}'><h1>{html.escape(v.headline())}</h1>"
+            f"<p>{html.escape(meaning(report, v))}</p>"
+            f"<p class='note'>policy {html.escape(v.policy.name)} ({html.escape(v.policy.source())}), mode "
+            f"{html.escape(v.policy.mode)}; `ddsim gate` exits {0 if v.holds else 1} on this report.</p>{relaxed}"
+            "<table><tr><th>rule</th><th>measured</th><th>bound</th><th>verdict</th><th>meaning</th></tr>"
+            f"{rows}</table></section>")
+
+
+def render(report: Report, verdict=None) -> str:
+    """report.html: the verdict (``verdict``, ddsim.reports.verdict.of: the default policy unless the gate
+    passes its own) as the body's first element, then the evidence."""
+    from ddsim.reports import verdict as verdicts
     cfg, env = report.config, report.environment
     subject = model_label(report)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ddsim audit: {html.escape(subject)}</title>"
              f"<style>{CSS}</style></head><body>",
-             f"<h1>ddsim leakage audit — {html.escape(subject)}</h1>",
+             _verdict(report, verdict or verdicts.of(report)),
+             f"<h2>ddsim leakage audit — {html.escape(subject)}</h2>",
              f"<p class='note'>schema {report.schema_version} · generated {html.escape(str(report.generated_at))} · "
              f"seed {cfg.seed} · device {html.escape(env.device)} · torch {html.escape(env.torch)} · "
              f"ddsim {html.escape(env.ddsim)} · {len(report.prompts)} prompts × {cfg.steps} steps · "
              f"temperature {cfg.temperature} · fast path {html.escape(report.provenance.fast_path)} · "
              f"weights sha256 {report.provenance.weights_sha256[:16]}… · "
-             f"drafter {html.escape(str(cfg.drafter.model_dump()))}</p>"]
+             f"drafter: {html.escape(_drafter(cfg.drafter))}</p>"]
     rows = []
     for b in report.budgets:
         for mode in ("exact",) + LEAK_MODES:
             lk, md = b.leak[mode], b.modes[mode]
             rows.append([b.budget, mode, lk.not_order_exact_nodes, _med(lk.state_rel.order_exact), _med(lk.state_rel.other),
                          _med(lk.kl.other), lk.argmax_flip_rate.other, md.decision_flip_rate, md.tokens_per_step,
+                         md.good_tokens_per_step, md.corrupted_tokens_per_step,
                          f"{md.generations_leaving_greedy}/{md.generations}",
                          md.generations_leaving_greedy_above_noise, md.silent_corruption_steps])
     parts += ["<h2>Summary</h2>",
@@ -175,7 +236,8 @@ def render(report: Report) -> str:
               + (" &mdash; <strong>too fragile to judge</strong>" if report.reference_fragility.fragile else "")
               + ".</p>",
               _table(["budget", "mode", "leak nodes", "state err (order-exact)", "state err (other)", "KL (other)",
-                      "argmax flip rate (other)", "decision flip rate", "tokens/step", "gens leaving greedy",
+                      "argmax flip rate (other)", "decision flip rate", "tokens/step", "of which good",
+                      "of which corrupted", "gens leaving greedy",
                       "… above the noise", "silent-corruption steps"], rows),
               f"<p>Chain baseline (exact): {report.chain.tokens_per_step:.3g} tokens per step.</p>",
               "<h2>Leak by depth</h2>", _plot_by(report, "by_depth", "Recurrent-state error by depth"),
@@ -196,8 +258,14 @@ def render(report: Report) -> str:
     parts.append(_table(["budget", "noise floor: max state rel. error", "max KL", "argmax flip rate"],
                         [[k, v.state_rel_max, v.kl_max, v.argmax_flip_rate] for k, v in report.noise_floor.items()]))
     tp = report.throughput
-    parts += ["<h2>Throughput model</h2>",
-              f"<p class='note'>Costs in autoregressive steps: {html.escape(str(tp.cost_model.model_dump()))}</p>",
+    cm = tp.cost_model
+    parts += ["<h2>Throughput (modelled, not measured)</h2>",
+              f"<p class='note'>Modelled from a cost model ({html.escape(cm.source)}), in autoregressive steps: a tree "
+              f"node costs {cm.node_cost:g}, a draft step {cm.draft_cost:g}, and the modes' verify kernels are weighed "
+              f"{html.escape(', '.join(f'{m} x{f:g}' for m, f in cm.mode_factor.items()))}. A modelled speedup cannot "
+              "show what one mode's kernel saves over another's unless the cost file says so; measured kernel times "
+              "are in benchmarks/RESULTS.md. Leaky modes' tokens per step count corrupted tokens as well "
+              "(the summary shows them apart).</p>",
               _plot_throughput(report),
               _table(["tree", "mode", "tokens/step", "nodes", "step cost", "speedup vs AR", "speedup vs chain"],
                      [[r.label, r.mode, r.tokens_per_step, r.nodes, r.step_cost, r.speedup_vs_ar, r.speedup_vs_chain]

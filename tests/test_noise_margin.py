@@ -50,14 +50,37 @@ def _set_leaky(report, *, left, above):
     return report.model_copy(update={"budgets": budgets})
 
 
-def test_terminal_summary_tells_near_ties_from_the_leak(typed_report):
-    """The summary's verdict line follows the above-noise count, and names near-ties apart."""
-    def verdict(r):
-        console = Console(record=True, width=200)
-        print_summary(r, console)
-        return console.export_text()
+def test_the_verdict_sentence_tells_near_ties_from_the_leak():
+    """The verdict's sentence follows the above-noise count, names near-ties apart, and says when the leak
+    was never exercised (the FAST_AUDIT-like case: no leak node)."""
+    from ddsim.reports import json_report
+    from ddsim.reports.verdict import meaning, of
+    from tests.report_fixtures import path
 
-    assert "changes the output" in verdict(_set_leaky(typed_report, left=2, above=1))
-    near = verdict(_set_leaky(typed_report, left=2, above=0))
-    assert "only at near-ties within the noise margin" in near and "changes the output" not in near
-    assert "No generation left greedy decoding" in verdict(_set_leaky(typed_report, left=0, above=0))
+    def sentence(r):
+        console = Console(record=True, width=100)
+        print_summary(r, console)
+        return meaning(r, of(r)), console.export_text()
+
+    leak = json_report.load(path("leak"))
+    s, text = sentence(_set_leaky(leak, left=2, above=1))
+    assert "changes the output" in s and text.splitlines()[0].startswith("Verdict: keep hybrid-unsafe verification off")
+    s, _ = sentence(_set_leaky(leak, left=2, above=0))
+    assert "only at near-ties within the noise margin" in s and "changes the output" not in s
+    inert = json_report.load(path("inert"))
+    s, text = sentence(inert)
+    assert "the leak did not reach the tokens" in s and text.splitlines()[0].startswith("Verdict: policy hybrid-unsafe holds")
+    none = inert.model_copy(update={"budgets": [b.model_copy(update={"leak": {m: t.model_copy(update={
+        "not_order_exact_nodes": 0}) for m, t in b.leak.items()}}) for b in inert.budgets]})
+    assert sentence(none)[0].startswith("The audit never exercised the leak")
+
+
+def test_the_summary_fits_100_columns(typed_report):
+    console = Console(record=True, width=100)
+    print_summary(typed_report, console)
+    lines = console.export_text().splitlines()
+    assert max(map(len, lines)) <= 100
+    assert any(" leaky-state " in l for l in lines) and any(" leaky-conv " in l for l in lines)  # never cut
+    wide = Console(record=True, width=160)
+    print_summary(typed_report, wide, wide=True)
+    assert "speedup vs AR" in wide.export_text() and "(modelled)" in wide.export_text()
