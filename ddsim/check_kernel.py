@@ -426,7 +426,10 @@ def write_result(result: CheckResult, path: Path, *, kernel: dict) -> None:
 
 
 def prepare_device(device: str) -> str:
-    """'cpu' runs Triton kernels in Triton's interpreter (set before triton is imported)."""
+    """'cpu' runs Triton kernels in Triton's interpreter (set before triton is imported); 'auto' is cuda
+    where there is one."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         from ddsim.triton_interpret import prepare
         prepare()
@@ -434,4 +437,4 @@ def prepare_device(device: str) -> str:
     if device.startswith("cuda"):
         from ddsim.audit import resolve_device  # the audit's check: CUDA present, the index exists
         return str(resolve_device(device))
-    raise InputError(f"--device: expected cpu or cuda[:N], got {device!r}")
+    raise InputError(f"--device: expected auto, cpu or cuda[:N], got {device!r}")

@@ -53,20 +53,25 @@ def _add_audit_options(p, *, defaults: bool = True):
     """The audit's options. Without defaults (gate) an option left out is None, so the gate can tell
     which ones were given and check them against a --report."""
     d = (lambda v: v) if defaults else (lambda v: None)
-    p.add_argument("--preset", default=d("tiny"), help="built-in model preset (default: tiny)")
-    p.add_argument("--model", metavar="PATH", help="a Hugging Face checkpoint directory (qwen3_next, qwen3_5, qwen3_5_moe, "
+    from ddsim.config import PRESETS
+    p.add_argument("--preset", default=d("tiny"), metavar="NAME",
+                   help=f"built-in model preset with random weights (default: tiny): {', '.join(sorted(PRESETS))}")
+    p.add_argument("--model", metavar="PATH", help="a Hugging Face checkpoint directory, or 'stdlib' for the trained "
+                                                  "hybrid ddsim ships (qwen3_next, qwen3_5, qwen3_5_moe, "
                                                   "nemotron_h, bamba, granitemoehybrid, falcon_h1)")
     p.add_argument("--budget", type=_budgets, default=d([16, 32, 64]), metavar="B[,B...]",
                    help=f"DDTree node budgets (each at most {MAX_BUDGET})")
     p.add_argument("--topk-cap", type=int, default=None, help="cap on per-depth top-k")
-    p.add_argument("--prompts", metavar="FILE", help='JSONL of {"tokens": [...]} prompts')
+    p.add_argument("--prompts", metavar="FILE", help='JSONL of {"tokens": [...]} or {"text": ...} prompts, or '
+                                                    "'stdlib' for the shipped model's prompts (default: 3 random prompts, "
+                                                    "or a checkpoint's built-in text prompts)")
     p.add_argument("--steps", type=int, default=d(8), help=f"speculative steps per generation (default: 8, at most {MAX_STEPS})")
     p.add_argument("--temperature", type=float, default=d(0.0), help="0: greedy; > 0: seeded sampling")
-    p.add_argument("--device", default=d("cpu"), help="cpu, cuda[:N] or auto")
+    p.add_argument("--device", default=d("auto"), help="auto (default: cuda when there is one, else cpu), cpu or cuda[:N]")
     p.add_argument("--devices", default=None, metavar="DEV[,DEV...]",
                    help="place the model's layers across these GPUs (cuda:0,cuda:1,...): contiguous blocks balanced "
                         "by bytes; under torchrun each rank takes the next group of as many GPUs")
-    p.add_argument("--seed", type=int, default=d(0))
+    p.add_argument("--seed", type=int, default=d(0), help="seed of the random weights, prompts and drafter (default: 0)")
     p.add_argument("--trace", metavar="FILE", help="replay a drafter trace (JSONL) instead of the synthetic drafter")
     p.add_argument("--drafter-model", metavar="DIR",
                    help="a draft checkpoint (same vocabulary) run autoregressively as the drafter")
@@ -79,12 +84,24 @@ def _add_audit_options(p, *, defaults: bool = True):
 
 def _given_audit_options(a) -> dict:
     """{option: value} for the audit options given on a gate's command line."""
-    return {opt: getattr(a, opt) for opt in AUDIT_FIELDS if getattr(a, opt) is not None}
+    return {opt: shipped(opt, getattr(a, opt)) for opt in AUDIT_FIELDS if getattr(a, opt) is not None}
+
+
+# the shipped trained hybrid (ddsim/models), by name: a bare 'stdlib' means it and nothing else (a
+# directory of that name is given as ./stdlib), as a bare policy name is the built-in policy
+SHIPPED = {"model": "hybrid-stdlib", "drafter_model": "drafter-stdlib", "prompts": "prompts-stdlib.jsonl"}
+
+
+def shipped(option: str, value):
+    """``value``, or the shipped model's path for the bare name 'stdlib'."""
+    if value == "stdlib" and option in SHIPPED:
+        return str(Path(__file__).with_name("models") / SHIPPED[option])
+    return value
 
 
 def _audit_config(a):
     from ddsim.settings import AuditConfig
-    kw = {AUDIT_FIELDS[opt]: v for opt, v in vars(a).items() if opt in AUDIT_FIELDS and v is not None}
+    kw = {AUDIT_FIELDS[opt]: shipped(opt, v) for opt, v in vars(a).items() if opt in AUDIT_FIELDS and v is not None}
     return AuditConfig.build(**kw)
 
 
@@ -223,13 +240,27 @@ def _policy_lines(policy, precision: str | None) -> list[str]:
 
 
 def cmd_gate(a, console) -> int:
+    """The gate; with --json / --junit its verdict (or its error) is also written for CI systems."""
+    from ddsim.errors import DDSimError
+    from ddsim.reports import gate_files
+    try:
+        code, doc = (_gate_dump if a.dump else _gate_report)(a, console)
+    except DDSimError as e:
+        if a.json or a.junit:
+            gate_files.write(gate_files.document(exit_code=EXIT_ERROR, error=str(e), version=_version()),
+                             json_path=a.json, junit_path=a.junit)
+        raise
+    gate_files.write(doc, json_path=a.json, junit_path=a.junit)
+    return code
+
+
+def _gate_report(a, console):
     from ddsim.errors import InputError
-    from ddsim.gate import evaluate, leak_nodes, load_policy
-    from ddsim.reports import json_report
+    from ddsim.gate import leak_nodes, load_policy
+    from ddsim.reports import gate_files, json_report
+    from ddsim.reports import verdict as verdicts
     policy = load_policy(a.policy)
-    if a.dump:
-        return _gate_dump(a, policy)
-    caveats = []
+    caveats, notes = [], []  # caveats end the verdict line; notes (the recheck) only go to --json
     if a.report:
         if a.out:
             raise InputError("--out: only with an audit the gate runs itself (not with --report)")
@@ -244,7 +275,8 @@ def cmd_gate(a, console) -> int:
             caveats.append(f"the report was written by ddsim {report.provenance.ddsim_version} (accepted explicitly)")
         if a.recheck:
             from ddsim.recheck import recheck
-            print(recheck(report, prompts=a.recheck_prompts).line())
+            notes.append(recheck(report, prompts=a.recheck_prompts).line())
+            print(notes[-1])
         else:
             caveats.append("reached without a recheck (--no-recheck): the report's figures were taken on trust")
     else:
@@ -255,22 +287,24 @@ def cmd_gate(a, console) -> int:
             check_writable(Path(a.out))
         report = _run_audit(ac, console, quiet=True)
         report = _write_report(report, Path(a.out), policy) if a.out else json_report.stamp(report)
+    v = verdicts.of(report, policy)
     for line in _policy_lines(policy, report.precision.fast_path):
         print(line)
-    verdicts = evaluate(policy, report)
-    bad = [v for v in verdicts if not v.holds]
-    for v in bad:
-        print(v.line(policy.mode))
+    for x in v.violated:
+        print(x.line(policy.mode))
     if leak_nodes(report, policy.mode) == 0:
         print("the audit never exercised the leak: some budget verified no node outside order-exact positions "
               "(raise --budget or --topk-cap), so it cannot approve hybrid-unsafe verification")
     label = f"gate {policy.name} ({report.precision.fast_path} fast path, {report.provenance.source})"
     caveat = "".join(f"; {c}" for c in caveats)
-    if bad:
-        print(f"{label}: {len(bad)} of {len(verdicts)} rules violated; keep hybrid-unsafe verification off{caveat}")
-        return EXIT_VIOLATED
-    print(f"{label}: all {len(verdicts)} rules hold for mode {policy.mode}{caveat}")
-    return EXIT_OK
+    code = EXIT_OK if v.holds else EXIT_VIOLATED
+    if v.holds:
+        print(f"{label}: all {len(v.rules)} rules hold for mode {policy.mode}{caveat}")
+    else:
+        print(f"{label}: {len(v.violated)} of {len(v.rules)} rules violated; keep hybrid-unsafe verification off{caveat}")
+    return code, gate_files.document(exit_code=code, policy=policy, verdicts=v.rules, relaxed=v.relaxed,
+                                     subject=report.provenance.source, notes=notes + caveats,
+                                     version=_version())
 
 
 def _version() -> str:
@@ -278,10 +312,12 @@ def _version() -> str:
     return ddsim.__version__
 
 
-def _gate_dump(a, policy) -> int:
+def _gate_dump(a, console):
     from ddsim import replay
     from ddsim.errors import InputError
-    from ddsim.gate import evaluate_replay
+    from ddsim.gate import evaluate_replay, load_policy, relaxations
+    from ddsim.reports import gate_files
+    policy = load_policy(a.policy)
     if a.report or not a.model:
         raise InputError("--dump: needs --model DIR (the checkpoint the engine served) and no --report")
     others = [o for o, v in _given_audit_options(a).items() if v is not None and o not in ("model", "device")]
@@ -292,7 +328,7 @@ def _gate_dump(a, policy) -> int:
     if a.out:
         check_writable(Path(a.out))
     tolerance = {"engine": policy.noise_kl(a.engine_dtype), "dtype": policy.noise_kl}
-    rep = replay.run(a.model, a.dump, device=_replay_device(a.device), tolerance=tolerance)
+    rep = replay.run(shipped("model", a.model), a.dump, device=_replay_device(a.device), tolerance=tolerance)
     if a.out:
         replay.write(rep, Path(a.out))
     for line in _policy_lines(policy, None):
@@ -306,14 +342,17 @@ def _gate_dump(a, policy) -> int:
              f"{', tightened by the dump' if rep['noise_kl'] < policy.noise_kl(a.engine_dtype) else ''})")
     if bad:
         print(f"{label}: {len(bad)} of {len(verdicts)} rules violated; keep hybrid-unsafe verification off")
-        return EXIT_VIOLATED
-    print(f"{label}: all {len(verdicts)} rules hold")
-    return EXIT_OK
+    else:
+        print(f"{label}: all {len(verdicts)} rules hold")
+    code = EXIT_VIOLATED if bad else EXIT_OK
+    return code, gate_files.document(exit_code=code, policy=policy, verdicts=verdicts, relaxed=relaxations(policy, None),
+                                     subject=f"replay of {a.dump}", notes=[f"noise KL {rep['noise_kl']:.3g}"],
+                                     version=_version())
 
 
 def _replay_device(device):
     from ddsim.audit import resolve_device
-    return resolve_device(device or "cpu")
+    return resolve_device(device or "auto")
 
 
 def cmd_replay(a, console) -> int:
@@ -324,7 +363,7 @@ def cmd_replay(a, console) -> int:
         from ddsim.errors import InputError
         raise InputError(f"--noise-kl: expected a finite value >= 0, got {a.noise_kl}")
     tolerance = replay.default_tolerance(a.noise_kl, a.engine_dtype)
-    rep = replay.run(a.model, a.dump, device=_replay_device(a.device), tolerance=tolerance)
+    rep = replay.run(shipped("model", a.model), a.dump, device=_replay_device(a.device), tolerance=tolerance)
     replay.write(rep, out)
     s = rep["summary"]
     for r in rep["steps"]:
@@ -475,7 +514,9 @@ def _threads(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import ddsim
     p = _Parser(prog="ddsim", description="Tree speculative decoding on hybrid models, checked against an exact oracle")
+    p.add_argument("--version", action="version", version=f"ddsim {ddsim.__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--threads", type=_threads, default=None, metavar="N",
                         help="CPU threads for torch (default: OMP_NUM_THREADS when set, else 1: ddsim's CPU work is "
@@ -501,14 +542,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompts the recheck re-runs in every budget and mode (all of them: the whole audit)")
     pg.add_argument("--accept-other-version", action="store_true",
                     help="with --report: gate a report written by another ddsim version (refused otherwise)")
+    pg.add_argument("--json", metavar="PATH", help="also write the verdict as JSON (every rule, the policy's sha256; "
+                                                    "an error too), for CI systems")
+    pg.add_argument("--junit", metavar="PATH", help="also write the verdict as JUnit XML (a test case per rule)")
     pg.add_argument("--engine-dtype", choices=["float32", "bfloat16", "float16", "float64"], default="float32",
                     help="with --dump: the dtype the engine computes in, which picks the policy's replay tolerance "
                          "([replay.<dtype>]); a dump's own header can only tighten it (default: float32)")
     _add_audit_options(pg, defaults=False)
     pr = sub.add_parser("replay", help="replay a serving engine's verify-step dump against the exact oracle")
-    pr.add_argument("--model", required=True, metavar="DIR", help="the checkpoint the engine served")
+    pr.add_argument("--model", required=True, metavar="DIR", help="the checkpoint the engine served ('stdlib': the shipped one)")
     pr.add_argument("--dump", required=True, metavar="DIR", help="the engine's verify-step dump (ddsim.dump)")
-    pr.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    pr.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
     pr.add_argument("--noise-kl", type=float, default=None,
                     help="KL within which the engine counts as exact (default: the default policy's for --engine-dtype); "
                          "a dump's declared compute dtype can only tighten it")
@@ -516,14 +560,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the dtype the engine computes in: picks the default policy's tolerance (default: float32)")
     pr.add_argument("--out", default="ddsim-replay", help="where report.json and report.html go")
     pt = sub.add_parser("tree", help="draw a DDTree with node order and order-exact nodes")
-    pt.add_argument("--seed", type=int, default=0)
-    pt.add_argument("--budget", type=int, default=16)
-    pt.add_argument("--topk-cap", type=int, default=None)
-    pt.add_argument("--depth", type=int, default=6)
+    pt.add_argument("--seed", type=int, default=0, help="seed of the random draft logits (default: 0)")
+    pt.add_argument("--budget", type=int, default=16, help="DDTree node budget (default: 16)")
+    pt.add_argument("--topk-cap", type=int, default=None, help="cap on per-depth top-k")
+    pt.add_argument("--depth", type=int, default=6, help="drafter depth (default: 6)")
     pt.add_argument("--vocab", type=int, default=None, help="vocabulary size (default 32; required with --trace)")
-    pt.add_argument("--trace", metavar="FILE")
-    pt.add_argument("--step", type=int, default=0)
-    pt.add_argument("--format", choices=["text", "dot"], default="text")
+    pt.add_argument("--trace", metavar="FILE", help="build the tree from a drafter trace (JSONL) instead")
+    pt.add_argument("--step", type=int, default=0, help="the trace's step to build (default: 0)")
+    pt.add_argument("--format", choices=["text", "dot"], default="text", help="text (default) or Graphviz dot")
     pk = sub.add_parser("check-kernel", help="the property suite against the oracle for an engine's GDN kernel, "
                                              "tree conv or Mamba2 tree verify")
     pk.add_argument("--impl", required=True, help="ddsim, sglang, vllm, fla, or MODULE:FUNCTION (with --convention)")
@@ -533,7 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--op", default="gdn", choices=["gdn", "conv", "mamba2"],
                     help="gdn: the GDN recurrence (default); conv: the engine's tree causal conv; mamba2: its Mamba2 "
                          "tree verify (SSM)")
-    pk.add_argument("--device", default="cpu", help="cpu (Triton kernels in Triton's interpreter) or cuda[:N]")
+    pk.add_argument("--device", default="auto",
+                    help="auto (default: cuda when there is one), cpu (Triton kernels in Triton's interpreter) or cuda[:N]")
     pk.add_argument("--max-examples", type=int, default=100,
                     help="hypothesis examples drawn per property, besides the profile's serving examples (always run)")
     pk.add_argument("--profile", choices=["quick", "serving"], default=None,
@@ -545,12 +590,13 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--out", default="check-kernel.json",
                     help="the verdicts, coverage and counterexamples (JSON, written atomically)")
     pb = sub.add_parser("bench", help="CUDA: GDN kernel times against the memory floor; CPU: trees per second per mode")
-    pb.add_argument("--preset", default="tiny")
-    pb.add_argument("--repeats", type=int, default=5)
+    pb.add_argument("--preset", default="tiny", metavar="NAME", help="model preset whose shapes the kernels take "
+                                                                     "(default: tiny)")
+    pb.add_argument("--repeats", type=int, default=5, help="CPU: timed repeats per mode (default: 5)")
     pb.add_argument("--op", choices=["gdn", "mamba2"], default="gdn",
                     help="CUDA: the GDN kernels (default) or the Mamba2 kernels at --preset's SSM shape "
                          "(default nemotron-h-8b)")
-    pb.add_argument("--device", default="cpu")
+    pb.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
     return p
 
 
@@ -581,8 +627,9 @@ def main(argv=None) -> int:
         debug = True
     args = build_parser().parse_args(argv)
     console = Console()
-    if not console.is_terminal:  # logs and CI: the summary fits 100 columns (--wide needs more)
-        console = Console(width=160 if getattr(args, "wide", False) else 100)
+    if not console.is_terminal:  # logs and CI: the audit's summary fits 100 columns (--wide and the tables of
+        # check-kernel need more)
+        console = Console(width=100 if args.command in ("audit", "gate") and not getattr(args, "wide", False) else 160)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from ddsim.errors import DDSimError

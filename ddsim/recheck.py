@@ -59,10 +59,13 @@ def sample(report, k: int) -> list[int]:
 
 
 def audit_config(report):
-    """The AuditConfig the report records (its drafter record aside)."""
+    """The AuditConfig the report records (its drafter record aside), on the device it ran on (an 'auto'
+    audit re-runs where it resolved, not wherever 'auto' resolves here)."""
     from ddsim.settings import AuditConfig
     cfg = report.config.model_dump()
     cfg.pop("drafter")
+    if cfg["device"] == "auto":
+        cfg["device"] = report.environment.device
     return AuditConfig(**cfg)
 
 
@@ -168,6 +171,7 @@ def _recheck(report, prompts: int) -> RecheckResult:
         from ddsim.reports.json_report import comparable
         again = comparable(run_audit(ac))
         again["provenance"]["ddsim_version"] = report.provenance.ddsim_version
+        again["config"]["device"] = report.config.device  # the device 'auto' resolved to, as above
         n = compare(again, comparable(report), tol)
         return RecheckResult(chosen, True, n)
     got = run_audit(ac, prompt_subset=chosen)

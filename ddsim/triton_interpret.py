@@ -1,10 +1,14 @@
 """Running engines' Triton kernels on the CPU, in Triton's interpreter (TRITON_INTERPRET=1).
 
-One interpreter defect is worked around here: a mask built as ``scalar_bool & block_bool`` (SGLang's
-causal_conv1d_update does this) comes out of the interpreter's numpy arithmetic as int64, and the
-interpreter's masked load and store refuse any mask that is not bool. Nonzero is true either way, so
-the masked load and store cast such a mask to bool; a bool mask passes unchanged. Compiled kernels on
-a GPU never see this code.
+Two interpreter defects are worked around here; compiled kernels on a GPU never see this code.
+
+- A mask built as ``scalar_bool & block_bool`` (SGLang's causal_conv1d_update does this) comes out of
+  the interpreter's numpy arithmetic as int64, and the interpreter's masked load and store refuse any
+  mask that is not bool. Nonzero is true either way, so the masked load and store cast such a mask to
+  bool; a bool mask passes unchanged.
+- The interpreter stores bfloat16 values as their uint16 bit patterns and does arithmetic on those
+  integers (a bf16 ``x * w`` came out as 1e35). Arithmetic on bf16 operands is done here in float32
+  and rounded back to bf16, as a GPU's bf16 instructions round; comparisons return their bools.
 """
 from __future__ import annotations
 
@@ -43,4 +47,27 @@ def prepare() -> None:
         return store(self, ptrs, value, as_bool(mask), *rest)
 
     builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
+
+    import triton.language as tl
+    binary, unary = builder.binary_op, builder.unary_op
+
+    def bf16(h) -> bool:
+        return h.dtype.scalar == tl.bfloat16
+
+    def back(self, out):
+        """A float32 result of bf16 arithmetic rounded back to bf16 (bools and integers unchanged)."""
+        return self.cast_impl(out, tl.bfloat16) if out.data.dtype == np.float32 else out
+
+    def binary_op(self, lhs, rhs, op):
+        if bf16(lhs) or bf16(rhs):
+            f32 = lambda h: self.cast_impl(h, tl.float32) if bf16(h) else h  # noqa: E731
+            return back(self, binary(self, f32(lhs), f32(rhs), op))
+        return binary(self, lhs, rhs, op)
+
+    def unary_op(self, arg, op):
+        if bf16(arg):
+            return back(self, unary(self, self.cast_impl(arg, tl.float32), op))
+        return unary(self, arg, op)
+
+    builder.binary_op, builder.unary_op = binary_op, unary_op
     builder._ddsim_bool_masks = True

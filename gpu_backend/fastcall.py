@@ -52,6 +52,24 @@ import threading
 import torch
 
 ENABLED = os.environ.get("DDSIM_FASTCALL", "1") != "0"
+# Triton releases whose launcher ABI (the parameters cuLaunchKernel gets, the two scratch pointers 3.6
+# appends included) the replay was checked against, bit for bit, on a GPU: on any other release a GPU
+# call takes the Python path (Triton's own launcher), since a wrong parameter layout would launch
+# a kernel with wrong pointers
+CHECKED_TRITON = ("3.6",)
+
+
+def _triton_minor() -> str | None:
+    try:
+        from importlib.metadata import version
+        return ".".join(version("triton").split(".")[:2])
+    except Exception:  # noqa: BLE001 (no triton, or no metadata: nothing is replayed)
+        return None
+
+
+def launcher_abi_checked() -> bool:
+    """Whether this Triton's launcher ABI is one the replay was checked against (CHECKED_TRITON)."""
+    return _triton_minor() in CHECKED_TRITON
 MAX_RECIPES = 4  # calls recorded per plan and function, kept or refused; then every new signature takes the Python path
 
 ARG, ALLOC, FIXED = 0, 1, 2
@@ -102,8 +120,12 @@ def python_path():
 
 
 def status() -> str:
-    """'built', 'disabled (DDSIM_FASTCALL=0)', 'not built: <why>', or 'not loaded yet'."""
-    return _EXT[1] if _EXT else "not loaded yet"
+    """'built', 'disabled (DDSIM_FASTCALL=0)', 'not built: <why>', or 'not loaded yet'; and on a GPU with a
+    Triton whose launcher ABI was not checked, that no call is replayed."""
+    s = _EXT[1] if _EXT else "not loaded yet"
+    if torch.cuda.is_available() and not launcher_abi_checked():
+        s += f" (Triton {_triton_minor()}: launcher ABI not checked, every GPU call takes the Python path)"
+    return s
 
 
 def stats() -> dict:
@@ -141,7 +163,7 @@ def record(plan, op: str, args: tuple, tensor_positions: frozenset, owners: tupl
     Returns run()'s result."""
     tries = plan.fast_tries
     if tries[op] >= MAX_RECIPES or _OFF[0] or ext() is None or (
-            torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            torch.cuda.is_available() and (not launcher_abi_checked() or torch.cuda.is_current_stream_capturing())):
         return run()
     if any(isinstance(a, (torch.Tensor, list, tuple)) for i, a in enumerate(args) if i not in tensor_positions):
         # raw indices (accepted, state_indices), value-checked on every call: never replayed, and no try spent,

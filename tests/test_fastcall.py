@@ -232,3 +232,19 @@ def test_calls_a_recipe_could_never_keep_are_told_apart_before_recording():
     assert not gb._unreplayable(False, q, None, torch.zeros(3))
     after = fastcall.stats()["refused"]
     assert sum(after.values()) == sum(before.values()) + 2
+
+
+def test_a_triton_whose_launcher_abi_was_not_checked_replays_nothing_on_a_gpu(ext, monkeypatch):
+    """On a GPU, a Triton release other than the ones the replay was checked against (CHECKED_TRITON)
+    records no recipe: every call runs Triton's own launcher."""
+    import ddsim.gpu_backend as gb
+    plan = gb.TreePlan(torch.tensor([[-1, 0, 0]]))
+    monkeypatch.setattr(fastcall, "_triton_minor", lambda: "3.9")
+    assert not fastcall.launcher_abi_checked()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    before = fastcall.stats()["recorded"]
+    assert fastcall.record(plan, "verify", _args(), frozenset((0, 1)), (plan,), lambda: "ran") == "ran"
+    assert fastcall.stats()["recorded"] == before and plan.fast_tries["verify"] == 0
+    assert "launcher ABI not checked" in fastcall.status()
+    monkeypatch.setattr(fastcall, "_triton_minor", lambda: "3.6")
+    assert fastcall.launcher_abi_checked()

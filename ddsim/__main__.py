@@ -1,0 +1,6 @@
+"""``python -m ddsim``: the command line (ddsim.cli)."""
+import sys
+
+from ddsim.cli import main
+
+sys.exit(main())
