@@ -24,6 +24,8 @@ def main():
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--profile", choices=["quick", "serving"], default=None)
     ap.add_argument("--only", default=None, help="comma-separated engines to run (default: every one installed)")
+    ap.add_argument("--op", default=None, help="one op only (gdn, conv, mamba2)")
+    ap.add_argument("--mode", default=None, help="one mode only (exact, leaky)")
     a = ap.parse_args()
     device = prepare_device(a.device)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
@@ -37,7 +39,7 @@ def main():
                             ("sglang", "gdn", ("exact", "leaky")), ("sglang", "conv", ("exact", "leaky")),
                             ("sglang", "mamba2", ("exact", "leaky")),
                             ("vllm", "gdn", ("leaky",)), ("fla", "gdn", ("leaky",))):
-        if only is not None and impl not in only:
+        if (only is not None and impl not in only) or (a.op and op != a.op):
             continue
         try:
             kernel = load(impl)
@@ -47,6 +49,8 @@ def main():
         name = {"conv": kernel.conv_name, "mamba2": kernel.mamba2_name}.get(op, kernel.name)
         coverage = {}
         for mode in modes:
+            if a.mode and mode != a.mode:
+                continue
             t = time.perf_counter()
             results = check(kernel, mode=mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype],
                             op=op, profile=a.profile)
