@@ -138,12 +138,12 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
         cases = [
             gdn_case(T=17, kind=("ddtree", 16, 8), K=128, V=128, ratio=2, seed=1, dtype=dtype),
             gdn_case(T=129, kind=("ddtree", 128, 4), B=1, ratio=1, seed=2, dtype=dtype),
-            gdn_case(T=33, kind="deep", B=8, pool="high", pool_size=300, seed=3, dtype=dtype),
+            gdn_case(T=17, kind="deep", B=8, pool="high", pool_size=300, seed=3, dtype=dtype),
             gdn_case(T=17, kind="wide", B=3, pool="last", pool_size=64, seed=4, dtype=dtype),
             gdn_case(T=16, kind="star", B=1, H=2, ratio=4, K=24, V=20, gates="fast", seed=5, dtype=dtype),
             gdn_case(T=15, kind="chain", B=2, H=1, ratio=6, K=32, V=32, gates="long", pool="descending", seed=6,
                      dtype=dtype),
-            gdn_case(T=66, kind="random", B=1, H=1, ratio=8, gates="fast", pool="sparse", pool_size=40, seed=7,
+            gdn_case(T=17, kind="random", B=1, H=1, ratio=8, gates="fast", pool="sparse", pool_size=40, seed=7,
                      dtype=dtype),
             gdn_case(T=9, kind="random", B=2, burst=24, seed=8, dtype=dtype, label="burst of 24 calls"),
         ]
@@ -258,7 +258,7 @@ def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
     if profile == "quick":
         cases = [mamba2_case(T=17, kind=("ddtree", 16, 8), G=1, ratio=2, P=64, N=128, seed=1, dtype=dtype),
                  mamba2_case(T=129, kind=("ddtree", 128, 4), B=1, seed=2, dtype=dtype),
-                 mamba2_case(T=33, kind="deep", B=8, pool="high", pool_size=300, seed=3, dtype=dtype),
+                 mamba2_case(T=17, kind="deep", B=8, pool="high", pool_size=300, seed=3, dtype=dtype),
                  mamba2_case(T=16, kind="star", B=3, G=2, ratio=4, P=6, N=10, decay="fast", pool="last",
                              pool_size=64, seed=4, dtype=dtype),
                  mamba2_case(T=15, kind="chain", B=2, G=1, ratio=8, decay="long", pool="descending", seed=5,

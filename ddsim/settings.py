@@ -43,7 +43,7 @@ class AuditConfig(BaseModel):
     prompts_file: str | None = None
     temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE)] = 0.0
     seed: Annotated[int, Field(ge=0, lt=1 << 63)] = 0
-    device: str = "cpu"
+    device: str = "auto"  # cuda where there is one, else cpu
     devices: str | None = None  # a layer placement over several GPUs (ddsim.placement), e.g. "cuda:0,cuda:1"
     depth: Annotated[int, Field(ge=1, le=MAX_DEPTH)] = 8  # drafter depth
     trace: str | None = None

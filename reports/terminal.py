@@ -43,7 +43,7 @@ def print_summary(report: Report, console: Console | None = None, *, wide: bool 
             "corrupt\n/step", "off\ngreedy", "silent\nsteps"]
     if wide:
         cols[3:3] = ["state err\norder-exact", "state err\nother"]
-        cols.append("speedup vs AR\n(modelled)")
+        cols.append("modelled\nspeedup")
     for c in cols:
         t.add_column(c, justify="left" if c == "mode" else "right", no_wrap=c == "mode", min_width=11 if c == "mode" else None)
     speed = {(r.budget, r.mode): r.speedup_vs_ar for r in report.throughput.rows}

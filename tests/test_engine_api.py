@@ -13,12 +13,12 @@ from tests.conftest import run_cli
 IMPL = "ddsim.gpu_backend.engine_api:target_verify"
 
 
-@pytest.mark.parametrize("mode, held", [("exact", 5), ("leaky", 6)])
+@pytest.mark.parametrize("mode, held", [("exact", 7), ("leaky", 8)])
 def test_check_kernel_holds_in_sglangs_convention(tmp_path, mode, held):
-    r = run_cli("check-kernel", "--impl", IMPL, "--convention", "sglang", "--mode", mode, "--max-examples", "12",
+    r = run_cli("check-kernel", "--impl", IMPL, "--convention", "sglang", "--mode", mode, "--max-examples", "3",
                 "--out", tmp_path / "ce.json")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.strip().endswith(f"all {held} properties hold")
+    assert f"all {held} properties hold (quick profile" in r.stdout
 
 
 def _inputs(seed=0, B=2, T=6, H=1, HV=2, K=4, V=3, N=5):

@@ -90,10 +90,12 @@ def test_an_audit_placed_over_cpu_devices_is_the_unplaced_audit(tmp_path):
     assert r.returncode == 0, r.stderr
     a, b = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("a", "b"))
     assert b["config"]["devices"] == "cpu,cpu" and a["config"]["devices"] is None
+    assert (a["config"]["device"], b["config"]["device"]) == ("auto", "cpu")  # a placement names its first device
     for d in (a, b):
         for k in ("generated_at", "environment"):
             d.pop(k)
         d["config"].pop("devices")
+        d["config"].pop("device")
     assert a == b
 
 
