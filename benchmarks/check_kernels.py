@@ -16,6 +16,15 @@ from ddsim.check_kernel import DTYPES, check, prepare_device
 from ddsim.engines import load
 
 
+def _hung(name, kernel, op, mode, label, seconds):
+    """A kernel that does not return on a serving example: its row says so, and the process ends (a hung
+    GPU kernel cannot be interrupted)."""
+    import os
+    print(f"| {name} | {kernel.package} {kernel.version} | {op} | {mode} | did not return on [{label}] within "
+          f"{seconds:g} s | | hung | |", flush=True)
+    os._exit(1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -53,7 +62,8 @@ def main():
                 continue
             t = time.perf_counter()
             results = check(kernel, mode=mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype],
-                            op=op, profile=a.profile)
+                            op=op, profile=a.profile, example_timeout=600.0,
+                            on_hang=lambda label, sec, name=name, op=op, mode=mode: _hung(name, kernel, op, mode, label, sec))
             wall = time.perf_counter() - t
             held = sum(r.holds for r in results)
             failed = "; ".join(f"{r.name}: {r.detail}" for r in results if not r.holds) or "none"

@@ -312,13 +312,15 @@ def _coverage(described: list[dict]) -> dict:
 
 
 def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dtype: torch.dtype = torch.float32,
-          op: str = "gdn", profile: str | None = None) -> CheckResult:
+          op: str = "gdn", profile: str | None = None, example_timeout: float | None = None, on_hang=None) -> CheckResult:
     """Check each property on the profile's explicit examples, then search it for a counterexample on
     drawn inputs; the results, with counterexamples (drawn ones shrunk), and the coverage. Inputs
     are drawn in ``dtype`` (recurrent states stay float32; the explicit examples add the other
     dtypes); the oracle computes in float64 from the same rounded values, and outputs are compared
     within the input dtype's tolerance. ``op`` "gdn" checks the recurrence (kernel.verify), "conv"
-    the tree causal conv (kernel.conv), "mamba2" the Mamba2 tree verify (kernel.mamba2)."""
+    the tree causal conv (kernel.conv), "mamba2" the Mamba2 tree verify (kernel.mamba2).
+    ``example_timeout``: seconds an explicit example may take; past it ``on_hang(label, seconds)`` is called
+    from a watchdog thread (a hung GPU kernel cannot be interrupted: the command line reports it and exits)."""
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
 
@@ -354,9 +356,15 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
         return bool((err[~r["order_exact"]] > 10 * _bound(r["ref"]["exact"], r["dtype"])).any())
 
     explicit = kernel_cases.cases(op, profile, dtype, **extra)
+    import threading
     with poisoned():  # ddsim's own kernels (the ddsim adapter) NaN-fill their outputs here too
         for inp in explicit:
             described.append(kernel_cases.describe(inp))
+            watchdog = None
+            if example_timeout is not None and on_hang is not None:
+                watchdog = threading.Timer(example_timeout, on_hang, (inp["label"], example_timeout))
+                watchdog.daemon = True
+                watchdog.start()
             try:
                 r = runner.run(inp)
             except Exception as e:  # a kernel that refuses or crashes on a serving shape fails every property
@@ -364,6 +372,9 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                     failed.setdefault(name, {"property": name, "example": inp["label"], "error": f"{type(e).__name__}: "
                                                                                                f"{_short(e, 300)}"})
                 continue
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
             for name, pred in props.items():
                 if name not in failed and not pred(r):
                     failed[name] = _describe(inp, r, name, mode)

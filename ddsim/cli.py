@@ -465,7 +465,7 @@ def cmd_check_kernel(a, console) -> int:
     out = Path(a.out)
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
     result = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op,
-                   profile=a.profile)
+                   profile=a.profile, example_timeout=a.example_timeout, on_hang=lambda label, s: _hung(out, label, s))
     name, source, digest = {"conv": (kernel.conv_name, kernel.conv_source, kernel.conv_source_sha256),
                             "mamba2": (kernel.mamba2_name, kernel.mamba2_source, kernel.mamba2_source_sha256)}.get(
         a.op, (kernel.name, kernel.source, kernel.source_sha256))
@@ -496,6 +496,23 @@ def cmd_check_kernel(a, console) -> int:
     print(f"all {len(result.properties)} properties hold ({result.profile} profile: {result.examples} serving examples "
           f"and {a.max_examples} drawn per property; coverage in {out})")
     return EXIT_OK
+
+
+def _hung(out: Path, label: str, seconds: float) -> None:
+    """A kernel that did not return on a serving example fails, and the process exits 1: a hung kernel
+    cannot be interrupted, and a check that never ends must not read as one that passed."""
+    import json
+    import os
+
+    from ddsim.reports.json_report import write_atomic
+    line = f"serving example [{label}] did not return within {seconds:g} s: the kernel hangs there"
+    try:
+        write_atomic({out: json.dumps({"holds": False, "hung": {"example": label, "seconds": seconds},
+                                       "properties": [], "counterexamples": []}, indent=1) + "\n"})
+    finally:
+        print(f"FAILED every property: {line}", flush=True)
+        print(f"the check did not finish; exit 1 (verdict in {out})", flush=True)
+        os._exit(EXIT_VIOLATED)
 
 
 def _load_kernel(a):
@@ -584,6 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--profile", choices=["quick", "serving"], default=None,
                     help="the explicit serving examples: quick (default on the CPU, where Triton's interpreter is slow: "
                          "a few of each wide dimension) or serving (default on CUDA: every value)")
+    pk.add_argument("--example-timeout", type=float, default=900.0, metavar="S",
+                    help="seconds a serving example may take before the kernel is judged hung: every property fails and "
+                         "the command exits 1 (default: 900)")
     pk.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                     help="q, k, v and gates drawn in this dtype (states float32); outputs compared within its tolerance "
                          "(the serving examples add the other dtypes)")

@@ -37,9 +37,13 @@ def wanted(threads: int | None) -> int:
 
 
 def configure(threads: int | None = None) -> int:
-    """Set torch's intra-op (and, where still possible, inter-op) thread count; returns it."""
-    import torch
+    """Set torch's intra-op (and, where still possible, inter-op) thread count; returns it. Without torch
+    (the gate on a report needs none) there is nothing to set."""
     n = wanted(threads)
+    try:
+        import torch
+    except ImportError:
+        return n
     torch.set_num_threads(n)
     try:
         torch.set_num_interop_threads(n)

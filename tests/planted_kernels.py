@@ -167,3 +167,13 @@ def normalises_k_in_place(q, k, v, g, beta, *, parents, initial_state, state_ind
     k.div_(torch.sqrt((k.float() ** 2).sum(-1, keepdim=True) + 1e-6).to(k.dtype))
     return _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices,
                    mode=mode, scale=scale)
+
+
+def hangs_past_128_nodes(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    """Right up to 128 nodes; past that it never returns (as SGLang 0.5.23's tree conv did at 257 nodes on
+    an H200)."""
+    if q.shape[1] > 128:
+        import time
+        time.sleep(3600)
+    return _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices,
+                   mode=mode, scale=scale)

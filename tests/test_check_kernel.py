@@ -213,25 +213,34 @@ def test_audit_fast_path_bad_input(tmp_path, args, needle):
     assert not (tmp_path / "o").exists()
 
 
+SMALL_AUDIT = ["--preset", "micro", "--budget", "4", "--steps", "2", "--seed", "5"]
+
+
+@pytest.fixture(scope="module")
+def small_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("small")
+    assert run_cli("audit", *SMALL_AUDIT, "--out", out).returncode == 0
+    return json.loads((out / "report.json").read_text())
+
+
 @pytest.mark.parametrize("engine, package, modes", [("sglang", "sglang", ["exact", "leaky"]),
                                                     ("vllm", "vllm", ["leaky"])])
-def test_serving_engines_in_the_whole_model_audit(tmp_path, report, engine, package, modes):
-    """SGLang's and vLLM's kernels run in every GDN layer of the FAST_AUDIT (Triton's interpreter):
-    the generations come out token for token as with ddsim's own kernels, SGLang's exact mode is exact
-    on every node, both engines' flattened paths on the order-exact nodes, and the report names the
-    engine, its version and the hash of its kernel's source."""
-    from tests.conftest import FAST_AUDIT
+def test_serving_engines_in_the_whole_model_audit(tmp_path, small_report, engine, package, modes):
+    """SGLang's and vLLM's kernels run in every GDN layer of a small audit (Triton's interpreter): the
+    generations come out token for token as with ddsim's own kernels, SGLang's exact mode is exact on
+    every node, both engines' flattened paths on the order-exact nodes, and the report names the engine,
+    its version and the hash of its kernel's source."""
     out = tmp_path / engine
-    r = run_cli("audit", *FAST_AUDIT, "--fast-path", engine, "--out", out, pythonpath=ENGINES)
+    r = run_cli("audit", *SMALL_AUDIT, "--fast-path", engine, "--out", out, pythonpath=ENGINES)
     assert r.returncode == 0, r.stderr
     rep = json.loads((out / "report.json").read_text())
     rec = rep["provenance"]["engine"]
     assert rec["package"] == package and rec["modes"] == modes and len(rec["source_sha256"]) == 64
-    assert [g["tokens"] for g in rep["generations"]] == [g["tokens"] for g in report["generations"]]
+    assert [g["tokens"] for g in rep["generations"]] == [g["tokens"] for g in small_report["generations"]]
     kl = [b["leak"][m]["kl"][part]["max"] for b in rep["budgets"] for m in modes for part in ("order_exact", "other")
           if m == "exact" or part == "order_exact"]
     assert kl and max(x or 0.0 for x in kl) < 1e-9
-    # (the FAST_AUDIT's trees are chains: the leak itself is check-kernel's to show, above)
+    # (the small audit's trees are chains: the leak itself is check-kernel's to show, above)
 
 
 # (bf16 and fp16 inputs: the quick profile's explicit examples, whatever --dtype says)
@@ -301,3 +310,16 @@ def test_the_coverage_and_verdicts_are_written_even_when_every_property_holds(tm
         "exact on order-exact nodes", "exact on every node"]
     assert doc["kernel"]["name"] == "ddsim.tree_causal_conv1d" and 1024 in doc["coverage"]["C"]
     assert "coverage: " in r.stdout and "largest slot id" in r.stdout
+
+
+def test_a_kernel_that_hangs_on_a_serving_shape_fails(tmp_path):
+    """A kernel that never returns on the 129-node example: the check fails (exit 1) within the example
+    timeout, naming the example, rather than running forever."""
+    out = tmp_path / "ck.json"
+    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:hangs_past_128_nodes", "--convention", "ddsim", "--mode",
+                "exact", "--max-examples", "2", "--example-timeout", "5", "--out", out, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED every property: serving example [ddtree budget 128 top-k 4 T=129" in r.stdout
+    assert "did not return within 5 s" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["holds"] is False and doc["hung"]["example"].startswith("ddtree budget 128 top-k 4 T=129")
