@@ -176,3 +176,22 @@ def test_module_function_never_shadows_an_installed_package(tmp_path, monkeypatc
     kernel = load("jsonschema:validate", convention="ddsim")
     assert kernel.source and str(tmp_path) not in kernel.source, kernel.source
     assert sys.path[0] == str(tmp_path)  # the caller's path is left as it was
+
+
+def test_gate_json_and_junit_carry_the_verdict_or_the_error(tmp_path, capsys):
+    from xml.etree import ElementTree
+    j, x = tmp_path / "g.json", tmp_path / "g.xml"
+    code, out, _ = _gate(capsys, "--policy", "hybrid-unsafe", "--report", LEAK, "--no-recheck", "--json", j, "--junit", x)
+    doc = json.loads(j.read_text())
+    assert code == 1 and doc["verdict"] == "violated" and doc["exit_code"] == 1 and doc["error"] is None
+    assert doc["policy"]["builtin"] and len(doc["policy"]["sha256"]) == 64
+    assert [r["rule"] for r in doc["rules"] if not r["holds"]] == [
+        l.split(":")[0].removeprefix("VIOLATED ") for l in out.splitlines() if l.startswith("VIOLATED")]
+    assert any("taken on trust" in n for n in doc["notes"])
+    suite = ElementTree.parse(x).getroot()
+    assert int(suite.get("tests")) == len(doc["rules"]) and int(suite.get("failures")) == 4
+    code, _, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", tmp_path / "nope.json", "--json", j,
+                         "--junit", x)
+    doc = json.loads(j.read_text())
+    assert code == 2 and doc["verdict"] == "error" and doc["exit_code"] == 2 and "cannot read report" in doc["error"]
+    assert ElementTree.parse(x).getroot().get("errors") == "1"
