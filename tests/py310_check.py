@@ -43,7 +43,7 @@ def venv(path: Path) -> Path:
 
 def main() -> None:
     print(f"py310: {compile_all()} modules compile under Python {sys.version.split()[0]}")
-    py = venv(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / ".venv310")
+    py = venv(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT / ".venv310")
     env = {**os.environ, "PYTHONPATH": ""}
     v = subprocess.run([str(py), "-m", "ddsim", "--version"], capture_output=True, text=True, cwd="/", env=env)
     assert v.returncode == 0 and v.stdout.startswith("ddsim "), (v.stdout, v.stderr)
