@@ -3,11 +3,11 @@ the device, no download) verified through the same code path as a checkpoint.
 
 Part 1 times one DDTree tree per budget: the fast path per mode (Triton kernels inside the model):
 with per-node states (what the audit's leak metrics read), and as a server verifies (no per-node
-states; the snapshot-free WY kernel), eagerly and replayed from CUDA graphs (ddsim.graphs), with the
+states; the snapshot-free WY kernel), eagerly and replayed from CUDA graphs (ddsim.model.graphs), with the
 commit of each; and the fp32 oracle (one decode step per node from its parent's state: each depth level as one
 batch, and one node at a time for comparison), with peak GPU memory, with and without the oracle
 recording every node's per-layer state.
-Part 2 runs the audit itself (ddsim.audit.run_audit) on a few prompts for budgets 16 and 64, printing
+Part 2 runs the audit itself (ddsim.measure.audit.run_audit) on a few prompts for budgets 16 and 64, printing
 each phase as it first finishes and, every minute, the seconds per phase so far (model build, weight
 digest, references, chain, decision-only generations, the leaky generations in lock step, with the
 oracle's share, its batch sizes and the memory after each batch, and the parts of a step), so a run
@@ -33,11 +33,11 @@ import time
 import torch
 
 from ddsim import oracle
-from ddsim.builders import ddtree
-from ddsim.config import get_preset
-from ddsim.graphs import GraphedModel
-from ddsim.model import HybridModel
-from ddsim.weights import init_weights
+from ddsim.model.config import get_preset
+from ddsim.model.graphs import GraphedModel
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.trees.builders import ddtree
 
 
 def timed(fn, repeats=1, keep=True):
@@ -211,12 +211,12 @@ def print_largest_live_allocations(snapshot, n=25):
 
 
 def run_full_audit(a, budgets):
-    import ddsim.audit
-    from ddsim.audit import run_audit
+    import ddsim.measure.audit
+    from ddsim.measure.audit import run_audit
     if a.skip_digest:  # a placeholder the report model accepts; the report is not written (main checks)
-        ddsim.audit.weights_digest = lambda ac, weights, **kw: "0" * 64
+        ddsim.measure.audit.weights_digest = lambda ac, weights, **kw: "0" * 64
+    from ddsim.measure.settings import AuditConfig
     from ddsim.reports import html, json_report
-    from ddsim.settings import AuditConfig
     torch.cuda.reset_peak_memory_stats()
     steps = []
     t0 = time.perf_counter()

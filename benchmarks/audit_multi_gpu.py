@@ -22,11 +22,11 @@ import torch
 def check_placement(devices):
     """A tiny model on one GPU and the same weights placed over ``devices``: identical results."""
     from ddsim import oracle
-    from ddsim.builders import ddtree
-    from ddsim.config import get_preset
-    from ddsim.model import HybridModel
-    from ddsim.placement import describe, parse_devices, place, plan_layers
-    from ddsim.weights import init_weights
+    from ddsim.model.config import get_preset
+    from ddsim.model.model import HybridModel
+    from ddsim.model.placement import describe, parse_devices, place, plan_layers
+    from ddsim.model.weights import init_weights
+    from ddsim.trees.builders import ddtree
     cfg = get_preset("tiny")
     devs = parse_devices(devices)
     w = init_weights(cfg, seed=0, device=devs[0])
@@ -60,9 +60,9 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--check-placement", default=None, metavar="DEVICES")
     a = ap.parse_args()
-    from ddsim.audit import run_audit
-    from ddsim.distributed import Shard
-    from ddsim.settings import AuditConfig
+    from ddsim.measure.audit import run_audit
+    from ddsim.measure.distributed import Shard
+    from ddsim.measure.settings import AuditConfig
     shard = Shard.from_env("cuda")
     if shard.is_main:
         print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.device_count()} x {torch.cuda.get_device_name()} | "

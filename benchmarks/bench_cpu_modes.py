@@ -6,7 +6,7 @@ Prints a table; record it in benchmarks/RESULTS.md with date, machine and commit
 """
 import argparse
 
-from ddsim.bench import mode_table
+from ddsim.bench.bench import mode_table
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.testing
 
-from ddsim.bench import (
+from ddsim.bench.bench import (
     KERNEL_SHAPES,
     copy_bandwidth,
     ddtree_batch,

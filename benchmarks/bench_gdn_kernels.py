@@ -12,7 +12,7 @@ import time
 import torch
 import triton
 
-from ddsim.bench import kernel_accuracy, kernel_table
+from ddsim.bench.bench import kernel_accuracy, kernel_table
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

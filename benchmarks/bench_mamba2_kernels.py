@@ -13,7 +13,7 @@ import time
 import torch
 import triton
 
-from ddsim.bench_mamba2 import mamba2_kernel_accuracy, mamba2_kernel_table
+from ddsim.bench.bench_mamba2 import mamba2_kernel_accuracy, mamba2_kernel_table
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

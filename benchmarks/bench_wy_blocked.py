@@ -2,7 +2,7 @@
 GDN shapes: the three-kernel split form (the default past 64 draft nodes: unfolded for one sequence,
 folded for a batch) and the one-kernel chunked form it replaced, each over a small configuration
 sweep; the split form's three kernels alone; the flattened / parent-indexed recurrent kernels and the
-commit beside them, against the memory and FLOP floors (ddsim.bench); then every design's accuracy
+commit beside them, against the memory and FLOP floors (ddsim.bench.bench); then every design's accuracy
 against the float64 oracle.
 
     python benchmarks/bench_wy_blocked.py [--commit SHA] [--shapes 1x129,8x129,1x257,8x257] [--block-t 64,32]
@@ -15,8 +15,8 @@ import time
 import torch
 import triton
 
-from ddsim import bench
-from ddsim.bench import copy_bandwidth, fp32_tensor_rate, kernel_accuracy, kernel_table, sweep, table_lines
+from ddsim.bench import bench
+from ddsim.bench.bench import copy_bandwidth, fp32_tensor_rate, kernel_accuracy, kernel_table, sweep, table_lines
 from ddsim.gpu_backend import _common
 from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
 

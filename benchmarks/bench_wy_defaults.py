@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.testing
 
-from ddsim.bench import copy_bandwidth, ddtree_batch, fp32_tensor_rate, kernel_bytes, kernel_flops, kernel_inputs, parse_shapes
+from ddsim.bench.bench import copy_bandwidth, ddtree_batch, fp32_tensor_rate, kernel_bytes, kernel_flops, kernel_inputs, parse_shapes
 from ddsim.gpu_backend import _common
 from ddsim.gpu_backend.triton_gdn import WY_MAX_NODES, plan_wy
 

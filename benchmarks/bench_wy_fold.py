@@ -20,7 +20,7 @@ import torch
 import triton
 
 from ddsim import oracle
-from ddsim.bench import (
+from ddsim.bench.bench import (
     copy_bandwidth,
     ddtree_batch,
     fp32_tensor_rate,
@@ -32,9 +32,9 @@ from ddsim.bench import (
     sweep,
     table_lines,
 )
-from ddsim.compare import rel_error
 from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy, plan_wy
+from ddsim.measure.compare import rel_error
 
 SOLVE = [dict(solve_warps=sw, maxnreg=r) for sw in (4, 8) for r in (None, 168)]
 APPLY = [dict(block_v=bv, num_warps=nw, maxnreg=r) for bv in (32, 64) for nw in (4, 8) for r in (None, 168)]

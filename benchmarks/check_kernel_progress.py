@@ -8,9 +8,8 @@ import time
 
 import torch
 
-from ddsim import check_kernel as ck
-from ddsim import kernel_cases
-from ddsim.engines import load
+from ddsim.engines import check_kernel as ck
+from ddsim.engines import kernel_cases, load
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--impl", required=True)
@@ -19,7 +18,7 @@ ap.add_argument("--mode", default="exact")
 ap.add_argument("--profile", default="serving")
 ap.add_argument("--device", default="cuda")
 a = ap.parse_args()
-device = ck.prepare_device(a.device)
+device = ck.prepare_engine_device(a.device)
 kernel = load(a.impl)
 runner = {"gdn": ck._Runner, "conv": ck._ConvRunner, "mamba2": ck._Mamba2Runner}[a.op](kernel, a.mode, device)
 props = runner.properties()

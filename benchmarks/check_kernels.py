@@ -12,8 +12,9 @@ import time
 
 import torch
 
-from ddsim.check_kernel import DTYPES, check, prepare_device
+from ddsim.devices import prepare_engine_device
 from ddsim.engines import load
+from ddsim.engines.check_kernel import DTYPES, check
 
 
 def _hung(name, kernel, op, mode, label, seconds):
@@ -36,7 +37,7 @@ def main():
     ap.add_argument("--op", default=None, help="one op only (gdn, conv, mamba2)")
     ap.add_argument("--mode", default=None, help="one mode only (exact, leaky)")
     a = ap.parse_args()
-    device = prepare_device(a.device)
+    device = prepare_engine_device(a.device)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
     print(f"# {time.strftime('%Y-%m-%d')} | {name} | torch {torch.__version__} | commit {a.commit} | "
           f"{a.max_examples} drawn examples per property | {a.dtype} inputs | profile {a.profile or 'default'}")

@@ -25,7 +25,7 @@ import time
 import torch
 
 import ddsim.gpu_backend as gb
-from ddsim.bench import ddtree_batch, kernel_inputs
+from ddsim.bench.bench import ddtree_batch, kernel_inputs
 from ddsim.gpu_backend import fastcall
 from ddsim.gpu_backend import launch as launches
 from ddsim.gpu_backend.triton_commit import plan_commit

@@ -10,9 +10,9 @@ import argparse
 import numpy as np
 import torch
 
-from ddsim.config import get_preset
-from ddsim.model import HybridModel
-from ddsim.weights import init_weights
+from ddsim.model.config import get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

@@ -13,9 +13,9 @@ import time
 
 from torch.profiler import ProfilerActivity, profile
 
-from ddsim.config import get_preset
-from ddsim.model import HybridModel
-from ddsim.weights import init_weights
+from ddsim.model.config import get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
 
 WIDTHS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
           "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "vocab_size")

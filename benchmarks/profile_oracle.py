@@ -15,10 +15,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ddsim import oracle
-from ddsim.builders import ddtree
-from ddsim.config import get_preset
-from ddsim.model import HybridModel
-from ddsim.weights import init_weights
+from ddsim.model.config import get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.trees.builders import ddtree
 
 
 def main():

@@ -15,7 +15,7 @@ import time
 import torch
 
 import ddsim.gpu_backend as gb
-from ddsim.bench import ddtree_batch, kernel_inputs
+from ddsim.bench.bench import ddtree_batch, kernel_inputs
 
 
 def main():

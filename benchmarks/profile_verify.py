@@ -1,6 +1,6 @@
 """Where a serving verify's GPU time goes at full size: the eager serving verify (no per-node states)
 of one DDTree tree through the Qwen3.6-27B-shaped model (random bf16 weights) under torch.profiler,
-kernels grouped by name, beside the time of the CUDA-graph replay of the same tree (ddsim.graphs).
+kernels grouped by name, beside the time of the CUDA-graph replay of the same tree (ddsim.model.graphs).
 
     python benchmarks/profile_verify.py [--budget 64] [--top 30] [--commit SHA]
 """
@@ -10,11 +10,11 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ddsim.builders import ddtree
-from ddsim.config import get_preset
-from ddsim.graphs import GraphedModel
-from ddsim.model import HybridModel
-from ddsim.weights import init_weights
+from ddsim.model.config import get_preset
+from ddsim.model.graphs import GraphedModel
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.trees.builders import ddtree
 
 
 def main():

@@ -12,10 +12,10 @@ import argparse
 import torch
 
 from ddsim import oracle
-from ddsim.bench import ddtree_batch, kernel_inputs
-from ddsim.compare import rel_error
+from ddsim.bench.bench import ddtree_batch, kernel_inputs
 from ddsim.gpu_backend import triton_wy_blocked
 from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
+from ddsim.measure.compare import rel_error
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

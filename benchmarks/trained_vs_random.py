@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from ddsim.audit import run_audit
+from ddsim.measure.audit import run_audit
+from ddsim.measure.settings import AuditConfig
 from ddsim.reports.json_report import dumps, stamp
-from ddsim.settings import AuditConfig
 
 MODELS = Path(__file__).resolve().parents[1] / "ddsim" / "models"
 

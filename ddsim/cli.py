@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ddsim.engines import CONVENTIONS
-from ddsim.settings import MAX_BUDGET, MAX_STEPS
+from ddsim.measure.settings import MAX_BUDGET, MAX_STEPS
 
 EXIT_OK, EXIT_VIOLATED, EXIT_ERROR = 0, 1, 2
 
@@ -53,7 +53,7 @@ def _add_audit_options(p, *, defaults: bool = True):
     """The audit's options. Without defaults (gate) an option left out is None, so the gate can tell
     which ones were given and check them against a --report."""
     d = (lambda v: v) if defaults else (lambda v: None)
-    from ddsim.config import PRESETS
+    from ddsim.model.config import PRESETS
     p.add_argument("--preset", default=d("tiny"), metavar="NAME",
                    help=f"built-in model preset with random weights (default: tiny): {', '.join(sorted(PRESETS))}")
     p.add_argument("--model", metavar="PATH", help="a Hugging Face checkpoint directory, or 'stdlib' for the trained "
@@ -100,7 +100,7 @@ def shipped(option: str, value):
 
 
 def _audit_config(a):
-    from ddsim.settings import AuditConfig
+    from ddsim.measure.settings import AuditConfig
     kw = {AUDIT_FIELDS[opt]: shipped(opt, v) for opt, v in vars(a).items() if opt in AUDIT_FIELDS and v is not None}
     return AuditConfig.build(**kw)
 
@@ -108,7 +108,7 @@ def _audit_config(a):
 def _run_audit(ac, console, *, quiet=False):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ddsim.audit import run_audit, total_steps
+    from ddsim.measure.audit import run_audit, total_steps
     n_prompts = _count_prompts(ac)
     with Progress(TextColumn("audit"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                   disable=quiet, transient=True) as prog:
@@ -124,7 +124,7 @@ def _count_prompts(ac) -> int:
         except (OSError, UnicodeDecodeError):
             return 1
     if ac.model_path:
-        from ddsim.prompts import BUILTIN_PROMPTS
+        from ddsim.model.prompts import BUILTIN_PROMPTS
         return len(BUILTIN_PROMPTS)
     return ac.n_prompts
 
@@ -160,7 +160,7 @@ def _write_report(report, out: Path, policy=None):
 
 
 def cmd_audit(a, console) -> int:
-    from ddsim.distributed import Shard
+    from ddsim.measure.distributed import Shard
     from ddsim.reports.terminal import print_summary
     ac = _audit_config(a)
     out = Path(a.out)
@@ -168,7 +168,7 @@ def cmd_audit(a, console) -> int:
     shard = Shard.from_env(ac.device)  # under torchrun: this rank's share of the prompts
     try:
         if shard.distributed:
-            from ddsim.audit import run_audit
+            from ddsim.measure.audit import run_audit
             report = run_audit(ac, shard=shard)
             if report is None:  # not rank 0: its records went to rank 0
                 return EXIT_OK
@@ -191,7 +191,7 @@ def check_report_matches(report, given: dict) -> None:
     for opt, value in given.items():
         flag = "--" + opt.replace("_", "-")
         if opt == "model":
-            from ddsim.checkpoint import checkpoint_digest
+            from ddsim.model.checkpoint import checkpoint_digest
             same = cfg.model_path is not None and checkpoint_digest(value) == prov.weights_sha256
             recorded = f"{prov.source}, weights sha256 {prov.weights_sha256[:12]}"
         elif opt in ("prompts", "trace", "cost"):
@@ -208,7 +208,7 @@ def check_report_matches(report, given: dict) -> None:
             same = cfg.fast_path == value
             recorded = prov.fast_path
         elif opt == "drafter_model":
-            from ddsim.checkpoint import checkpoint_digest
+            from ddsim.model.checkpoint import checkpoint_digest
             same = getattr(cfg.drafter, "sha256", None) == checkpoint_digest(value)
             recorded = f"drafter {cfg.drafter.kind}"
         else:
@@ -231,7 +231,7 @@ def check_version(report, accept: bool) -> None:
 
 def _policy_lines(policy, precision: str | None) -> list[str]:
     """What the verdict says of the policy itself: its source and sha256, and every built-in rule it relaxes."""
-    from ddsim.gate import relaxations
+    from ddsim.verdict.gate import relaxations
     lines = [f"policy {policy.name}: {policy.source()}"]
     relaxed = relaxations(policy, precision)
     if relaxed:
@@ -256,9 +256,9 @@ def cmd_gate(a, console) -> int:
 
 def _gate_report(a, console):
     from ddsim.errors import InputError
-    from ddsim.gate import leak_nodes, load_policy
     from ddsim.reports import gate_files, json_report
     from ddsim.reports import verdict as verdicts
+    from ddsim.verdict.gate import leak_nodes, load_policy
     policy = load_policy(a.policy)
     caveats, notes = [], []  # caveats end the verdict line; notes (the recheck) only go to --json
     if a.report:
@@ -269,12 +269,12 @@ def _gate_report(a, console):
         given = _given_audit_options(a)
         check_report_matches(report, given)
         if "fast_path" in given:
-            from ddsim.recheck import check_engine_source
+            from ddsim.measure.recheck import check_engine_source
             check_engine_source(report, given["fast_path"], given.get("convention"))
         if report.provenance.ddsim_version != _version():
             caveats.append(f"the report was written by ddsim {report.provenance.ddsim_version} (accepted explicitly)")
         if a.recheck:
-            from ddsim.recheck import recheck
+            from ddsim.measure.recheck import recheck
             notes.append(recheck(report, prompts=a.recheck_prompts).line())
             print(notes[-1])
         else:
@@ -313,10 +313,10 @@ def _version() -> str:
 
 
 def _gate_dump(a, console):
-    from ddsim import replay
+    from ddsim.engines import replay
     from ddsim.errors import InputError
-    from ddsim.gate import evaluate_replay, load_policy, relaxations
     from ddsim.reports import gate_files
+    from ddsim.verdict.gate import evaluate_replay, load_policy, relaxations
     policy = load_policy(a.policy)
     if a.report or not a.model:
         raise InputError("--dump: needs --model DIR (the checkpoint the engine served) and no --report")
@@ -351,12 +351,12 @@ def _gate_dump(a, console):
 
 
 def _replay_device(device):
-    from ddsim.audit import resolve_device
+    from ddsim.devices import resolve_device
     return resolve_device(device or "auto")
 
 
 def cmd_replay(a, console) -> int:
-    from ddsim import replay
+    from ddsim.engines import replay
     out = Path(a.out)
     check_writable(out)
     if a.noise_kl is not None and not (a.noise_kl >= 0 and a.noise_kl < float("inf")):
@@ -379,10 +379,10 @@ def cmd_replay(a, console) -> int:
 def cmd_tree(a, console) -> int:
     import torch
 
-    from ddsim.builders import ddtree
     from ddsim.errors import InputError
+    from ddsim.trees.builders import ddtree
     if a.trace:
-        from ddsim.drafters import DraftContext, TraceDrafter
+        from ddsim.sim.drafters import DraftContext, TraceDrafter
         if a.vocab is None:
             raise InputError("--vocab: needed with --trace (the trace's vocab_size)")
         d = TraceDrafter(a.trace, vocab_size=a.vocab)
@@ -431,20 +431,20 @@ def draw_tree(tree, console) -> None:
 
 
 def cmd_bench(a, console) -> int:
-    from ddsim.audit import resolve_device
-    from ddsim.bench import mode_table
+    from ddsim.bench.bench import mode_table
+    from ddsim.devices import resolve_device
     dev = resolve_device(a.device)
     if dev.type == "cuda" and a.op == "mamba2":
-        from ddsim.bench_mamba2 import mamba2_kernel_accuracy, mamba2_kernel_table
-        from ddsim.config import get_preset
+        from ddsim.bench.bench_mamba2 import mamba2_kernel_accuracy, mamba2_kernel_table
         from ddsim.errors import InputError
+        from ddsim.model.config import get_preset
         preset = a.preset if a.preset != "tiny" else "nemotron-h-8b"
         if not get_preset(preset).mamba_layers:
             raise InputError(f"--preset {preset}: has no Mamba2 layers to take the kernel shapes from")
         print(mamba2_kernel_table(preset=preset, device=str(dev))[0])
         print(mamba2_kernel_accuracy(device=str(dev)))
     elif dev.type == "cuda":
-        from ddsim.bench import kernel_accuracy, kernel_table
+        from ddsim.bench.bench import kernel_accuracy, kernel_table
         print(kernel_table(device=str(dev))[0])
         print(kernel_accuracy(device=str(dev)))
     else:
@@ -455,11 +455,12 @@ def cmd_bench(a, console) -> int:
 def cmd_check_kernel(a, console) -> int:
     from rich.table import Table
 
-    from ddsim.check_kernel import DTYPES, check, prepare_device, write_result
+    from ddsim.devices import prepare_engine_device
+    from ddsim.engines.check_kernel import DTYPES, check, write_result
     if a.max_examples < 1:
         from ddsim.errors import InputError
         raise InputError(f"--max-examples: expected >= 1, got {a.max_examples}")
-    device = prepare_device(a.device)
+    device = prepare_engine_device(a.device)
     kernel = _load_kernel(a)
     {"conv": kernel.check_conv, "mamba2": kernel.check_mamba2}.get(a.op, kernel.check_mode)(a.mode)
     out = Path(a.out)
@@ -568,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit_options(pg, defaults=False)
     pr = sub.add_parser("replay", help="replay a serving engine's verify-step dump against the exact oracle")
     pr.add_argument("--model", required=True, metavar="DIR", help="the checkpoint the engine served ('stdlib': the shipped one)")
-    pr.add_argument("--dump", required=True, metavar="DIR", help="the engine's verify-step dump (ddsim.dump)")
+    pr.add_argument("--dump", required=True, metavar="DIR", help="the engine's verify-step dump (ddsim.engines.dump)")
     pr.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]")
     pr.add_argument("--noise-kl", type=float, default=None,
                     help="KL within which the engine counts as exact (default: the default policy's for --engine-dtype); "

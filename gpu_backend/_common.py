@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from ddsim.gpu_backend.checks import check_inputs, constant, poisoning, pool_slots
+from ddsim.gpu_backend.checks import check_inputs, constant, poisoning, pool_slots, source_parents
 from ddsim.gpu_backend.launch import recording
 
 MODES = ("exact", "leaky")
@@ -83,25 +83,6 @@ def window_slots(initial_window, state_indices, B: int) -> torch.Tensor:
     return pool_slots(initial_window, state_indices, B, "initial_window", "windows")
 
 
-def ancestor_mask(src: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """src [B, T] source parents -> (int8 [B, T, T] ancestor-or-self mask, max depth)."""
-    B, T = src.shape
-    dev = src.device
-    mask = torch.zeros(B, T, T, dtype=torch.int8, device=dev)
-    cur = torch.arange(T, device=dev).expand(B, T).clone()
-    bidx = torch.arange(B, device=dev)[:, None]
-    tidx = torch.arange(T, device=dev)[None, :].expand(B, T)
-    depth = 0
-    while True:
-        live = cur >= 0
-        if not live.any():
-            break
-        mask[bidx.expand(B, T)[live], tidx[live], cur[live]] = 1
-        cur = torch.where(live, src.gather(1, cur.clamp(min=0)), cur)
-        depth += 1
-    return mask.contiguous(), depth - 1
-
-
 def check_gdn_args(q, k, v, g, beta, a, b) -> tuple:
     """Shapes of q, k, v and of the gates, given (g, beta) or to be fused from (a, b) ->
     (B, T, H, HV, K, V)."""
@@ -149,3 +130,16 @@ def scratch(shape, dtype, device):
     if rec is not None:
         rec.allocs.append((t, False))
     return t
+
+
+def prep_gdn(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode):
+    """Validate a GDN Triton call (one set of checks shared with the torch path) and build its kernel arguments:
+    (B, T, H, HV, K, V, source parents, pool indices, gates)."""
+    B, T, H, HV, K, V = check_gdn_args(q, k, v, g, beta, a, b)
+    check_device(q, k, v, initial_state)
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    src = source_parents(parents, B, T, q.device, mode)
+    idx = check_pool(initial_state, state_indices, B, HV, K, V)
+    gates = gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, q.device)
+    return B, T, H, HV, K, V, src, idx, gates

@@ -78,7 +78,6 @@ class TreePlan:
 
     def ancestors(self, mode: str):
         """(int8 [B, T, T] ancestor-or-self mask, max depth) of ``mode``'s source parents."""
-        from ddsim.gpu_backend._common import ancestor_mask
         return self._cached(("anc", mode), lambda: ancestor_mask(self.src(mode)))
 
     def root_paths(self) -> torch.Tensor:
@@ -408,3 +407,22 @@ def mamba2_dt(dt, dt_bias, dt_softplus: bool, dt_limit, dtype) -> torch.Tensor:
     if lo > 0.0 or hi < float("inf"):
         d = d.clamp(min=lo, max=hi)
     return d
+
+
+def ancestor_mask(src: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """src [B, T] source parents -> (int8 [B, T, T] ancestor-or-self mask, max depth)."""
+    B, T = src.shape
+    dev = src.device
+    mask = torch.zeros(B, T, T, dtype=torch.int8, device=dev)
+    cur = torch.arange(T, device=dev).expand(B, T).clone()
+    bidx = torch.arange(B, device=dev)[:, None]
+    tidx = torch.arange(T, device=dev)[None, :].expand(B, T)
+    depth = 0
+    while True:
+        live = cur >= 0
+        if not live.any():
+            break
+        mask[bidx.expand(B, T)[live], tidx[live], cur[live]] = 1
+        cur = torch.where(live, src.gather(1, cur.clamp(min=0)), cur)
+        depth += 1
+    return mask.contiguous(), depth - 1

@@ -136,7 +136,7 @@ def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None):
     q: [T, nh, hd]; k, v: [T, nkv, hd] (already rotated); prefix_k, prefix_v: [P, nkv, hd];
     ancestor_mask: [T, T] bool (M[i, j]: j on root..i), every prefix row attended; or [T, P + T], the
     mask over prefix and tree together (a fixed-capacity prefix whose unused rows are masked out, as
-    ddsim.graphs keeps it). Returns [T, nh, hd].
+    ddsim.model.graphs keeps it). Returns [T, nh, hd].
     """
     T, nh, hd = q.shape
     nkv, P = k.shape[1], prefix_k.shape[0]

@@ -113,18 +113,6 @@ WY_MAX_NODES = 65  # the root + one block of at most 64 draft nodes (a 128-row b
 # tf32x3); larger trees go to triton_wy_blocked (the same form over 64-row chunks, block back-substitution)
 
 
-def _prep(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode):
-    """Validate (one set of checks shared with the torch path) and build the kernel arguments."""
-    B, T, H, HV, K, V = C.check_gdn_args(q, k, v, g, beta, a, b)
-    C.check_device(q, k, v, initial_state)
-    if mode not in C.MODES:
-        raise ValueError(f"mode: expected one of {C.MODES}, got {mode!r}")
-    src = checks.source_parents(parents, B, T, q.device, mode)
-    idx = C.check_pool(initial_state, state_indices, B, HV, K, V)
-    gates = C.gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, q.device)
-    return B, T, H, HV, K, V, src, idx, gates
-
-
 def gdn_tree_verify_recurrent(*args, **kwargs):
     """Recurrent Triton path. mode "leaky" (flattened) or "exact" (parent-indexed: snapshots are
     written and read back). Returns o [B, T, HV, V] (v's dtype) and, with output_states, the per-node
@@ -139,7 +127,7 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
                    A_log=None, dt_bias=None, block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
     """Validate and allocate once; returns (launch, result): launch() runs the kernel alone (what
     the benchmarks time). poison=False skips the NaN fill of fresh outputs."""
-    B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
+    B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = C.prep_gdn(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     scale = K ** -0.5 if scale is None else float(scale)
     parent_indexed = mode == "exact"
@@ -207,11 +195,11 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
                                num_warps=num_warps or (8 if chunked else 4), solve_warps=solve_warps,
                                design="chunked" if chunked else "split",
                                fold={"fold": True, "split": False}.get(design))
-    B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
+    B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = C.prep_gdn(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     precision = C.dot_precision(precision, q, k, v)
     scale = K ** -0.5 if scale is None else float(scale)
-    mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
+    mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else checks.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
     if design == "auto":
         design = ("fused" if T <= 17 else "split") if B == 1 else "fold"

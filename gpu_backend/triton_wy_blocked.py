@@ -290,7 +290,6 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     25 MB at 8 x 129). "chunked": the one kernel that walks the chunks in every V tile (num_warps 8
     was its choice). num_stages: Triton's software pipelining of the chunk loops (its default, 3,
     asks for more shared memory than an H200 SM has in the solve kernel)."""
-    from ddsim.gpu_backend.triton_gdn import _prep
     if design not in ("split", "chunked"):
         raise ValueError(f"design: expected 'split' or 'chunked' past one block, got {design!r}")
     if output_states:
@@ -299,14 +298,14 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     if design == "chunked" and precision in CHUNKED_REFUSES:
         raise ValueError(f"precision: {precision} is refused for the chunked form (its kernel compiled with it gave "
                          f"wrong outputs on the H200 under Triton 3.6 at 131 nodes: RESULTS.md); use tf32x3")
-    B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = _prep(
+    B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = C.prep_gdn(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     # (the chunked form, kept as the "before" of the split form, stays at tf32x3 for every dtype)
     precision = C.dot_precision(precision or ("tf32x3" if design == "chunked" else None), q, k, v)
     if fold is None:
         fold = B > 1 and precision != "bf16x3"
     scale = K ** -0.5 if scale is None else float(scale)
-    mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else C.ancestor_mask(src)
+    mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else checks.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK, BV = block_t, max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ddsim.state import ModelState, empty_state
+from ddsim.model.state import ModelState, empty_state
 
 F64 = torch.float64
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import torch
 
-from ddsim.config import ModelConfig
-from ddsim.seeds import derive_seed
-from ddsim.tree import Tree
+from ddsim.model.config import ModelConfig
+from ddsim.trees.seeds import derive_seed
+from ddsim.trees.tree import Tree
 
 TREE_SHAPES = ("chain", "star", "deep", "wide", "random", "single")
 
@@ -305,7 +305,7 @@ def drafters(draw, *, vocab_size: int, greedy_ok: bool = True):
     """Random drafters, and (when greedy_ok) the synthetic drafter with random knobs."""
     depth = draw(st.integers(1, 4))
     if greedy_ok and draw(st.booleans()):
-        from ddsim.drafters import SyntheticDrafter
+        from ddsim.sim.drafters import SyntheticDrafter
         return SyntheticDrafter(vocab_size=vocab_size, depth=depth, accuracy=draw(st.sampled_from([0.0, 0.5, 1.0])),
                                 sharpness=draw(st.sampled_from([0.0, 4.0, 8.0])), seed=draw(st.integers(0, 99)))
     return RandomDrafter(vocab_size=vocab_size, depth=depth, seed=draw(st.integers(0, 10**6)),
@@ -314,7 +314,7 @@ def drafters(draw, *, vocab_size: int, greedy_ok: bool = True):
 
 @st.composite
 def tree_policies(draw):
-    from ddsim.generate import TreePolicy
+    from ddsim.sim.generate import TreePolicy
     if draw(st.integers(0, 3)) == 0:
         return TreePolicy("chain")
     return TreePolicy("ddtree", budget=draw(st.integers(0, 12)), topk_cap=draw(st.sampled_from([None, 1, 2, 3])))

@@ -6,13 +6,13 @@ buffer gives another tree's logits, which these comparisons catch."""
 import pytest
 import torch
 
-from ddsim.compare import assert_per_node_close
-from ddsim.config import get_preset
 from ddsim.errors import InputError
-from ddsim.graphs import GraphedModel
-from ddsim.model import HybridModel
-from ddsim.tree import Tree
-from ddsim.weights import init_weights
+from ddsim.measure.compare import assert_per_node_close
+from ddsim.model.config import get_preset
+from ddsim.model.graphs import GraphedModel
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.trees.tree import Tree
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
@@ -82,8 +82,8 @@ def test_a_stale_replay_result_is_refused():
 def test_a_cuda_audit_runs_its_decision_generations_from_graphs():
     """The audit on CUDA: decision-only generations through GraphedModel (named in the provenance),
     the leaky generation with per-node states against the oracle; the exact path stays lossless."""
-    from ddsim.audit import run_audit
-    from ddsim.settings import AuditConfig
+    from ddsim.measure.audit import run_audit
+    from ddsim.measure.settings import AuditConfig
     rep = run_audit(AuditConfig(preset="micro", device="cuda", budgets=[4, 8], steps=2, n_prompts=2))
     assert rep.provenance.fast_path == ("ddsim-triton (replayed from CUDA graphs: the serving verify of "
                                         "decision-only generations, the verify with per-node states of the leaky "
@@ -99,7 +99,7 @@ def test_decode_rows_on_the_gpu_equals_one_node_verifies(preset):
     one-node verify and commit, step after step: equal within float32 rounding in float32; in bfloat16
     (where another grouping of the products moves logits by a few hundredths over random layers) no
     further from the float32 decode than the one-node verify is."""
-    from ddsim.tree import chain
+    from ddsim.trees.tree import chain
     cfg = get_preset(preset)
     w = init_weights(cfg, seed=0, device="cuda")
     models = {dt: HybridModel(cfg, w, device="cuda", dtype=dt) for dt in (torch.float32, torch.bfloat16)}

@@ -117,7 +117,7 @@ def test_replayed_calls_equal_the_python_path(inp, dtype, backend, mode, fused, 
 
 
 def _layer(T=9, B=2, dtype=torch.bfloat16):
-    from ddsim.bench import ddtree_batch, kernel_inputs
+    from ddsim.bench.bench import ddtree_batch, kernel_inputs
     _, parents = ddtree_batch(B, T)
     inp = kernel_inputs(B, T, H=2, HV=4, K=64, V=64, dtype=dtype)
     return gb.TreePlan(parents.cuda()), inp

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 import ddsim.gpu_backend as gb
 from ddsim import oracle
-from ddsim.compare import assert_close
+from ddsim.measure.compare import assert_close
 from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs
 
 # the Triton backend compiled on a GPU when there is one, interpreted on the CPU otherwise

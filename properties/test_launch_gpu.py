@@ -7,7 +7,7 @@ import torch
 import triton.runtime.jit as jit
 
 import ddsim.gpu_backend as gb
-from ddsim.bench import ddtree_batch, kernel_inputs
+from ddsim.bench.bench import ddtree_batch, kernel_inputs
 from ddsim.gpu_backend import launch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="direct launches need a GPU")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import ddsim.gpu_backend as gb
 from ddsim import oracle
-from ddsim.compare import assert_close, compare
+from ddsim.measure.compare import assert_close, compare
 from ddsim.properties.strategies import fixed_mamba2_example, mamba2_inputs
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -4,10 +4,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddsim import oracle
-from ddsim.compare import MODEL_SLACK, assert_close
-from ddsim.model import HybridModel
+from ddsim.measure.compare import MODEL_SLACK, assert_close
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
 from ddsim.properties.strategies import TREE_SHAPES, model_configs, topological_orders, trees
-from ddsim.weights import init_weights
 
 
 def _setup(cfg, seed, prefix):
@@ -84,12 +84,12 @@ def test_serving_verify_and_replayed_commit_equal_the_per_node_path(cfg, data, s
 
 @given(model_configs(), st.data(), st.integers(0, 2**16), st.sampled_from(["exact", "leaky", "leaky-state", "leaky-conv"]))
 def test_graph_machinery_equals_the_serving_verify(cfg, data, seed, mode):
-    """ddsim.graphs' path (fixed buffers, a refilled StaticPlan, the KV prefix at a fixed capacity),
+    """ddsim.model.graphs' path (fixed buffers, a refilled StaticPlan, the KV prefix at a fixed capacity),
     run without capture, is the serving verify and its commit within float32 rounding, tree after
     tree on one key."""
     from hypothesis import assume
 
-    from ddsim.graphs import GraphedModel
+    from ddsim.model.graphs import GraphedModel
     assume(not any(cfg.is_moe_layer(i) for i in range(cfg.num_layers)))
     T = data.draw(st.integers(1, 9))
     w, m, fs, _ = _setup(cfg, seed, [1, 2])

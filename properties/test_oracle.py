@@ -5,9 +5,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ddsim import oracle
-from ddsim.config import get_preset
+from ddsim.model.config import get_preset
+from ddsim.model.weights import init_weights
 from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs, model_configs, trees
-from ddsim.weights import init_weights
 
 MICRO = get_preset("micro")
 MICRO_W = init_weights(MICRO, seed=1)

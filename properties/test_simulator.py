@@ -4,11 +4,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddsim import oracle
-from ddsim.acceptance import gumbel_noise, target_tokens, walk
-from ddsim.generate import TreePolicy, autoregressive, reference_decode, speculative
-from ddsim.model import HybridModel
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
 from ddsim.properties.strategies import RandomDrafter, drafters, model_configs, tree_policies, trees
-from ddsim.weights import init_weights
+from ddsim.sim.acceptance import gumbel_noise, target_tokens, walk
+from ddsim.sim.generate import TreePolicy, autoregressive, reference_decode, speculative
 
 
 def _model64(cfg, seed):

@@ -7,9 +7,9 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ddsim.builders import ddtree, path_score, static_tree, topk_logprobs
 from ddsim.properties.strategies import ddtree_logits, topological_orders, trees
-from ddsim.tree import Tree
+from ddsim.trees.builders import ddtree, path_score, static_tree, topk_logprobs
+from ddsim.trees.tree import Tree
 
 
 @given(trees(max_size=20))

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 import ddsim.gpu_backend as gb
 from ddsim import oracle
-from ddsim.compare import assert_close
+from ddsim.measure.compare import assert_close
 from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs
-from ddsim.tree import Tree
+from ddsim.trees.tree import Tree
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # compiled on a GPU when there is one, interpreted on the CPU otherwise
@@ -178,7 +178,7 @@ def test_wy_verifies_trees_beyond_one_block_chunk_by_chunk(T, mode, backend):
     """Budgets past 64 draft nodes: the WY kernel over 64-row chunks (the default three-kernel split
     form, folded for a batch; "triton-wy-split" unfolded; "triton-wy-fused" the one-kernel chunked form), exact
     without per-node states; DDTree trees, grouped heads, fused gates."""
-    from ddsim.bench import ddtree_batch
+    from ddsim.bench.bench import ddtree_batch
     _, parents = ddtree_batch(2, T, vocab=60, depth=12, topk=4, seed=T)
     gen = torch.Generator().manual_seed(T)
     B, H, HV, K, V = 2, 1, 2, 8, 4
@@ -374,9 +374,9 @@ def _assert_bf16_bar(B, T, *, seed, design, **shape):
     """The WY verify of bf16 DDTree inputs ([B, T], heads ``shape`` or the preset's) against the float64
     oracle: at most 1.01x the error of rounding the oracle to bf16, and at most OFF_ROUNDED_MAX of the
     entries off the rounded oracle."""
-    from ddsim.bench import ddtree_batch, kernel_inputs, off_rounded
-    from ddsim.compare import rel_error
+    from ddsim.bench.bench import ddtree_batch, kernel_inputs, off_rounded
     from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
+    from ddsim.measure.compare import rel_error
     _, parents = ddtree_batch(B, T, seed=seed)
     inp = kernel_inputs(B, T, **shape, dtype=torch.bfloat16, device="cuda", seed=seed)
     qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
@@ -415,7 +415,7 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
     (bf16x3) the folded form's apply kernel takes 64-wide V tiles and no register caps, and past one block
     the split form is not folded; with fp32 inputs (tf32x3) 32-wide tiles with the apply kernel capped at
     168, and past one block folded (triton_wy_split.FOLD_DEFAULTS, RESULTS.md)."""
-    from ddsim.bench import ddtree_batch, kernel_inputs
+    from ddsim.bench.bench import ddtree_batch, kernel_inputs
     from ddsim.gpu_backend import triton_wy_blocked as wb
     from ddsim.gpu_backend import triton_wy_split as ws
     from ddsim.gpu_backend.triton_gdn import plan_wy

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ddsim.report_model import Report
+    from ddsim.verdict.report_model import Report
 
 
 def precision_label(report: Report) -> str:

@@ -33,9 +33,9 @@ def junit(doc: dict) -> str:
         op = "<=" if r["kind"] == "max" else ">="
         message = "measured {:.6g}, bound {} {:.6g}".format(r["measured"], op, r["bound"])
         body = "" if r["holds"] else f"<failure message={quoteattr(message)}>{escape(r['meaning'])}</failure>"
-        cases.append(f'  <testcase classname="ddsim.gate" name={quoteattr(r["rule"])}>{body}</testcase>')
+        cases.append(f'  <testcase classname="ddsim.verdict.gate" name={quoteattr(r["rule"])}>{body}</testcase>')
     if doc["error"] is not None:
-        cases.append(f'  <testcase classname="ddsim.gate" name="gate"><error message={quoteattr(doc["error"])}/></testcase>')
+        cases.append(f'  <testcase classname="ddsim.verdict.gate" name="gate"><error message={quoteattr(doc["error"])}/></testcase>')
     name = f"ddsim gate {doc['policy']['name'] if doc['policy'] else ''}".strip()
     return ('<?xml version="1.0" encoding="utf-8"?>\n'
             f'<testsuite name={quoteattr(name)} tests="{len(cases)}" failures="{failures}" '

@@ -8,9 +8,9 @@ import io
 
 import matplotlib
 
-from ddsim.modes import LEAK_MODES
-from ddsim.report_model import Report
 from ddsim.reports import model_label, precision_label
+from ddsim.trees.modes import LEAK_MODES
+from ddsim.verdict.report_model import Report
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

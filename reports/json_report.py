@@ -1,4 +1,4 @@
-"""report.json: the serialised ddsim.report_model.Report — versioned, deterministic for a seed
+"""report.json: the serialised ddsim.verdict.report_model.Report — versioned, deterministic for a seed
 (apart from ``generated_at``), written atomically together with report.html, validated on load.
 
     python -m ddsim.reports.json_report --write-schema   # regenerate report.schema.json (and the replay's)
@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from ddsim.errors import InputError
 from ddsim.jsonl import read_text, strict_loads
-from ddsim.report_model import SCHEMA_VERSION, Report
+from ddsim.verdict.report_model import SCHEMA_VERSION, Report
 
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 
@@ -135,8 +135,8 @@ REPLAY_SCHEMA_PATH = Path(__file__).with_name("replay-report.schema.json")
 
 
 def replay_schema() -> dict:
-    """The JSON Schema of a replay's report.json, generated from ddsim.replay_report."""
-    from ddsim.replay_report import ReplayReport
+    """The JSON Schema of a replay's report.json, generated from ddsim.engines.replay_report."""
+    from ddsim.engines.replay_report import ReplayReport
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "ddsim/replay-report.schema.json",
             **ReplayReport.model_json_schema()}
 

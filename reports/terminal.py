@@ -4,9 +4,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ddsim.modes import LEAK_MODES
-from ddsim.report_model import Report
 from ddsim.reports import model_label, precision_label
+from ddsim.trees.modes import LEAK_MODES
+from ddsim.verdict.report_model import Report
 
 
 def _g(x, spec=".2g"):

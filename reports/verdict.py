@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddsim.gate import Policy, Verdict, evaluate, leak_nodes, load_policy, relaxations
-from ddsim.report_model import Report
+from ddsim.verdict.gate import Policy, Verdict, evaluate, leak_nodes, load_policy, relaxations
+from ddsim.verdict.report_model import Report
 
 
 @dataclass(frozen=True)

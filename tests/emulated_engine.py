@@ -1,4 +1,4 @@
-"""A serving engine emulated with ddsim's own layers, writing verify-step dumps (ddsim.dump) clean or
+"""A serving engine emulated with ddsim's own layers, writing verify-step dumps (ddsim.engines.dump) clean or
 with one planted integration bug, for tests/test_replay.py.
 
 Each step the engine verifies a tree around the target's greedy continuation: node 1, 3, 5, ... the
@@ -23,9 +23,9 @@ the bug alone and the state stays right; drift corrupts the committed state itse
 """
 import torch
 
-from ddsim.dump import VerifyDumpWriter
-from ddsim.replay_verdict import greedy_walk
-from ddsim.tree import Tree
+from ddsim.engines.dump import VerifyDumpWriter
+from ddsim.engines.replay_verdict import greedy_walk
+from ddsim.trees.tree import Tree
 
 BUGS = (None, "leak", "positions", "mask", "drift", "stale", "bonus", "commit", "root")
 
@@ -115,7 +115,7 @@ def write_dump(path, model, *, bug=None, prompts=((3, 1, 4, 1, 5), (2, 7, 1, 8))
 
 
 def load_model(ckpt):
-    from ddsim.checkpoint import load_checkpoint
-    from ddsim.model import HybridModel
+    from ddsim.model.checkpoint import load_checkpoint
+    from ddsim.model.model import HybridModel
     cfg, weights, _ = load_checkpoint(ckpt)
     return HybridModel(cfg, weights, dtype=torch.float32)

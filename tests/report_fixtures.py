@@ -27,8 +27,8 @@ def make(kind: str):
     """Run the fixture audit ``kind`` in-process and return its (unstamped) Report."""
     from unittest import mock
 
-    import ddsim.audit as audit
-    from ddsim.settings import AuditConfig
+    import ddsim.measure.audit as audit
+    from ddsim.measure.settings import AuditConfig
     ac = AuditConfig(**SETTINGS)
     if kind == "leak":
         return audit.run_audit(ac)

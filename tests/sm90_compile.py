@@ -20,7 +20,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 import ddsim.gpu_backend as gb  # noqa: E402
-from ddsim.bench import ddtree_batch, kernel_inputs  # noqa: E402
+from ddsim.bench.bench import ddtree_batch, kernel_inputs  # noqa: E402
 from ddsim.gpu_backend import (  # noqa: E402
     _common,
     triton_commit,

@@ -5,12 +5,12 @@ import torch
 
 import ddsim.gpu_backend as gb
 from ddsim import oracle
-from ddsim.builders import ddtree, random_tree
-from ddsim.config import ModelConfig, get_preset
 from ddsim.errors import ConfigError, InputError, TreeError
-from ddsim.model import HybridModel
-from ddsim.tree import Tree
-from ddsim.weights import init_weights
+from ddsim.model.config import ModelConfig, get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.trees.builders import ddtree, random_tree
+from ddsim.trees.tree import Tree
 
 
 @pytest.mark.parametrize("parents, tokens, msg", [

@@ -1,12 +1,12 @@
-"""The kernel benchmarks' shared configuration sweep (ddsim.bench.sweep, table_lines), on the CPU with
+"""The kernel benchmarks' shared configuration sweep (ddsim.bench.bench.sweep, table_lines), on the CPU with
 a stand-in timer: the best configuration per case, a configuration that fails skipped and said so, a
 case with none left dropped, floors and bandwidths from the byte counts; and one real Mamba2 plan
 launched through it in Triton's interpreter (the wiring the CUDA tables use)."""
 import pytest
 import torch
 
-from ddsim.bench import sweep, table_lines
-from ddsim.bench_mamba2 import mamba2_bytes, mamba2_inputs
+from ddsim.bench.bench import sweep, table_lines
+from ddsim.bench.bench_mamba2 import mamba2_bytes, mamba2_inputs
 
 
 def test_sweep_picks_the_best_configuration_and_skips_failures(capsys):
@@ -37,7 +37,7 @@ def test_sweep_picks_the_best_configuration_and_skips_failures(capsys):
 
 
 def test_flop_floors_count_the_designs_arithmetic():
-    from ddsim.bench import kernel_flops
+    from ddsim.bench.bench import kernel_flops
     f = kernel_flops(2, 5, H=1, HV=3, K=4, V=8)
     assert f["leaky"] == f["parent-indexed"] == 2 * 3 * 5 * 7 * 4 * 8
     n = 4  # draft nodes under the root
@@ -46,7 +46,7 @@ def test_flop_floors_count_the_designs_arithmetic():
 
 
 def test_a_real_mamba2_plan_runs_through_the_sweep():
-    from ddsim.bench import ddtree_batch
+    from ddsim.bench.bench import ddtree_batch
     from ddsim.gpu_backend.triton_mamba2 import plan_ssd
     shp = dict(H=2, P=4, N=8, G=1)
     _, parents = ddtree_batch(1, 9, vocab=20, depth=4, topk=3)
@@ -71,7 +71,7 @@ def test_a_real_mamba2_plan_runs_through_the_sweep():
 def test_bench_shapes_parse_or_are_refused_with_one_line_and_exit_2(capsys):
     import argparse
 
-    from ddsim.bench import parse_shapes
+    from ddsim.bench.bench import parse_shapes
     ap = argparse.ArgumentParser(prog="bench")
     assert parse_shapes(ap, "1x16,8x65") == [(1, 16), (8, 65)]
     for bad in ("8x", "8x65,x", "8", "0x65", "8x1", "1x2x3"):

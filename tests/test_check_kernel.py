@@ -291,7 +291,7 @@ def test_kernels_wrong_along_one_serving_dimension_are_caught_by_the_quick_profi
     """Each passed the small drawn examples alone (the second probe's 'all 5 properties hold'); the quick
     profile's explicit examples catch each at its defaults, and name the example that reaches it."""
     import ddsim.engines as engines
-    from ddsim.check_kernel import check
+    from ddsim.engines.check_kernel import check
     from tests import planted_kernels
     planted_kernels._CALLS[0] = 0
     res = check(engines.load(f"tests.planted_kernels:{kernel}", convention="ddsim"), mode="exact", max_examples=5)

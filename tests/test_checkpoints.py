@@ -9,11 +9,11 @@ import torch
 import transformers  # a declared test dependency: a missing install must fail, not skip
 
 from ddsim import oracle
-from ddsim.checkpoint import SUPPORTED, load_checkpoint, read_config
 from ddsim.errors import InputError
-from ddsim.generate import autoregressive
-from ddsim.model import HybridModel
-from ddsim.tree import chain
+from ddsim.model.checkpoint import SUPPORTED, load_checkpoint, read_config
+from ddsim.model.model import HybridModel
+from ddsim.sim.generate import autoregressive
+from ddsim.trees.tree import chain
 
 TEXT = dict(vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
@@ -136,7 +136,7 @@ def _write_tokenizer(d, vocab_size):
     checkpoint ships them: tokenizer.json and tokenizer_config.json."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from ddsim.prompts import BUILTIN_PROMPTS
+    from ddsim.model.prompts import BUILTIN_PROMPTS
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
@@ -167,7 +167,7 @@ def test_audit_command_on_a_checkpoint_with_text_prompts(tmp_path_factory, tmp_p
     assert r.returncode == 0, r.stderr
     rep = json.loads((out / "report.json").read_text())
     assert rep["model"]["config"]["architecture"] == "qwen3_next" and rep["model"]["source"] == f"checkpoint {ck}"
-    from ddsim.checkpoint import checkpoint_digest
+    from ddsim.model.checkpoint import checkpoint_digest
     assert rep["provenance"]["weights_sha256"] == checkpoint_digest(ck)
     # the gate checks a report against the checkpoint it names, by content
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", out / "report.json", "--model", ck)
@@ -282,7 +282,7 @@ def test_a_hostile_chat_template_runs_nothing(tmp_path_factory, tmp_path, templa
 
 
 def test_a_plain_chat_template_still_renders():
-    from ddsim.prompts import render_chat_template
+    from ddsim.model.prompts import render_chat_template
     t = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     assert render_chat_template(t, "hi", where="t") == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
@@ -297,7 +297,7 @@ def test_a_plain_chat_template_still_renders():
 def test_a_looping_or_bloating_chat_template_is_refused_in_time(template, needle):
     import time
 
-    from ddsim.prompts import render_chat_template
+    from ddsim.model.prompts import render_chat_template
     t0 = time.monotonic()
     with pytest.raises(InputError, match=f"where: chat template refused: it {needle}"):
         render_chat_template(template, "hi", where="where", seconds=0.5)
@@ -308,7 +308,7 @@ def test_chat_template_jinja_is_read_and_preferred(tmp_path_factory, tmp_path):
     """transformers saves chat_template.jinja beside the tokenizer and prefers it to tokenizer_config.json's."""
     import shutil
 
-    from ddsim.prompts import TextEncoder
+    from ddsim.model.prompts import TextEncoder
     _, d, _ = _save("qwen3_next", tmp_path_factory)
     ck = tmp_path / "ck"
     shutil.copytree(d, ck)

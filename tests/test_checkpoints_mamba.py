@@ -12,11 +12,11 @@ import torch
 import transformers  # a declared test dependency: a missing install must fail, not skip
 
 from ddsim import oracle
-from ddsim.checkpoint import SUPPORTED, load_checkpoint, read_config
 from ddsim.errors import InputError
-from ddsim.generate import autoregressive
-from ddsim.model import HybridModel
-from ddsim.tree import chain
+from ddsim.model.checkpoint import SUPPORTED, load_checkpoint, read_config
+from ddsim.model.model import HybridModel
+from ddsim.sim.generate import autoregressive
+from ddsim.trees.tree import chain
 
 COMMON = dict(vocab_size=96, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
               max_position_embeddings=256)

@@ -9,7 +9,7 @@ from tests import report_fixtures
 from tests.conftest import FAST_AUDIT, run_cli
 from tests.conftest import one_line_error as _one_line_error
 
-DEFAULT_POLICY = "hybrid-unsafe"  # the built-in policy, ddsim/policies/hybrid-unsafe.toml
+DEFAULT_POLICY = "hybrid-unsafe"  # the built-in policy, ddsim/verdict/policies/hybrid-unsafe.toml
 
 
 def test_audit_writes_valid_report_and_html(audit_dir, report):
@@ -53,7 +53,7 @@ def test_gate_verdict_on_the_fast_audit_is_exact(audit_dir):
     must refuse. The verdict and every line are asserted."""
     import hashlib
 
-    from ddsim.gate import BUILTIN_POLICIES
+    from ddsim.verdict.gate import BUILTIN_POLICIES
     sha = hashlib.sha256((BUILTIN_POLICIES / "hybrid-unsafe.toml").read_bytes()).hexdigest()
     r = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", audit_dir / "report.json", "--recheck-prompts", "9")
     assert r.returncode == 1, r.stdout + r.stderr

@@ -5,11 +5,11 @@ against each tree's own serving verify and commit."""
 import pytest
 import torch
 
-from ddsim.config import get_preset
 from ddsim.errors import InputError
-from ddsim.model import HybridModel
-from ddsim.tree import Tree, chain
-from ddsim.weights import init_weights
+from ddsim.model.config import get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.trees.tree import Tree, chain
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [7]]  # prefixes of different lengths: padded, the padding masked out
 
@@ -129,7 +129,7 @@ def test_commit_rows_replays_a_whole_pass_together(preset, backend, mode, monkey
 def test_prefill_requests_pad_chains_and_commit_each_at_its_end():
     """Shadow contexts moved on together: chains of different lengths padded to the longest, each
     committed at its own last token: the state its own prefill gives."""
-    from ddsim.generate import PrefillRequest, prefill_requests
+    from ddsim.sim.generate import PrefillRequest, prefill_requests
     cfg = get_preset("micro")
     m = HybridModel(cfg, init_weights(cfg, seed=0))
     states = [m.prefill(p[:-1])[0] for p in PROMPTS]
@@ -145,7 +145,7 @@ def test_states_kept_past_their_batch_are_their_own_memory():
     would keep all of it alive: gigabytes per pass at full size): commit_rows' states (shadows and
     committed states move on at different times), and greedy_rows' tips of rows that stop before the
     others. decode_rows' own states are views (a pass is host-bound; its callers copy what they keep)."""
-    from ddsim.generate import GreedyRequest, greedy_rows
+    from ddsim.sim.generate import GreedyRequest, greedy_rows
     cfg = get_preset("micro")
     m = HybridModel(cfg, init_weights(cfg, seed=0))
     states = [m.prefill(p[:-1])[0] for p in PROMPTS]
@@ -163,7 +163,7 @@ def test_states_kept_past_their_batch_are_their_own_memory():
 def test_prefill_requests_never_pad_past_the_models_positions():
     """A chain whose padding to the batch's longest would run past the model's last position is
     prefilled on its own (the padding is the batch's, not the request's)."""
-    from ddsim.generate import PrefillRequest, prefill_requests
+    from ddsim.sim.generate import PrefillRequest, prefill_requests
     cfg = get_preset("micro")
     m = HybridModel(cfg, init_weights(cfg, seed=0))
     near_end = m.prefill([1] * (cfg.max_position_embeddings - 3))[0]  # room for 3 more tokens
@@ -189,7 +189,7 @@ def test_a_decoder_runs_many_steps_from_rows_packed_once(preset, backend, graphe
     the chain of them from the start, within the rounding that compounds); a GraphedModel's decoder
     (uncaptured here: the same buffers and pass) rounds its rows up to a power of two (the extra row
     is never read) and its capacity to prefix_capacity."""
-    from ddsim.graphs import GraphedModel, prefix_capacity
+    from ddsim.model.graphs import GraphedModel, prefix_capacity
     cfg = get_preset(preset)
     m = HybridModel(cfg, init_weights(cfg, seed=0), backend=backend)
     states = [m.prefill(p[:-1])[0] for p in PROMPTS]
@@ -217,7 +217,7 @@ def test_a_graphed_decoder_hands_its_buffers_on_and_refuses_to_step_after():
     """One decode key at a time: a second decoder of the same shape takes the buffers over (the first
     then refuses to step or read a state: its rows are gone), a decoder of another shape frees the
     old key; the decoder checks tokens, the vocabulary and its capacity before a pass."""
-    from ddsim.graphs import GraphedModel
+    from ddsim.model.graphs import GraphedModel
     cfg = get_preset("micro")
     m = HybridModel(cfg, init_weights(cfg, seed=0))
     gm = GraphedModel(m, capture=False)

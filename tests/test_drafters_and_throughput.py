@@ -4,13 +4,13 @@ import json
 import pytest
 import torch
 
-from ddsim.config import get_preset
-from ddsim.drafters import DraftContext, SyntheticDrafter, TraceDrafter
 from ddsim.errors import InputError
-from ddsim.generate import TreePolicy, autoregressive, speculative
-from ddsim.model import HybridModel
-from ddsim.throughput import CostModel, speedup_table
-from ddsim.weights import init_weights
+from ddsim.measure.throughput import CostModel, speedup_table
+from ddsim.model.config import get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.sim.drafters import DraftContext, SyntheticDrafter, TraceDrafter
+from ddsim.sim.generate import TreePolicy, autoregressive, speculative
 
 CFG = get_preset("micro")
 
@@ -162,8 +162,8 @@ def test_every_drafter_satisfies_the_protocol():
     """The loop and the audit use depth, max_rank, needs_greedy, draft() and params() of any drafter."""
     import inspect
 
-    from ddsim.drafters import Drafter, SyntheticDrafter
     from ddsim.properties.strategies import RandomDrafter
+    from ddsim.sim.drafters import Drafter, SyntheticDrafter
     members = ("depth", "max_rank", "needs_greedy", "draft", "params")
     for d in (SyntheticDrafter(vocab_size=48, depth=3), RandomDrafter(vocab_size=48, depth=3, seed=1)):
         for name in members:
@@ -173,7 +173,7 @@ def test_every_drafter_satisfies_the_protocol():
 
 
 def test_derived_seeds_are_stable_and_separate_streams():
-    from ddsim.seeds import derive_seed
+    from ddsim.trees.seeds import derive_seed
     assert derive_seed(0, "a", 1) == derive_seed(0, "a", 1)
     assert len({derive_seed(s, st, i) for s in (0, 1) for st in ("a", "b") for i in (0, 1)}) == 8
     assert 0 <= derive_seed(2**62, "x", 10**9) < 2**63

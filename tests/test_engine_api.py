@@ -161,7 +161,7 @@ def test_an_fp32_pool_is_used_in_place_and_a_bf16_pool_through_a_copy_of_its_row
 def test_trees_past_one_block_verify_and_commit_equal_the_oracle():
     """Budget 128 (129 nodes and past): the engine entry point goes through the WY form over 64-row
     chunks, folded for a batch, and stays exact without per-node states; the commit likewise."""
-    from ddsim.bench import ddtree_batch
+    from ddsim.bench.bench import ddtree_batch
     trees, parents = ddtree_batch(2, 131, vocab=60, depth=12, topk=4, seed=5)
     B, T = parents.shape
     x, _, pool, slots = _inputs(seed=2, B=B, T=T)  # its own parents are for T <= 6: the DDTree trees' instead

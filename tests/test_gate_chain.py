@@ -2,8 +2,8 @@
 gate — tested on values: hand-built records with hand-computed results, the committed planted-leak
 / no-leak reports with their exact verdicts, and every class of report the gate must refuse.
 
-Fast (no audit runs here): `make mutation` runs these tests against mutants of ddsim/metrics.py,
-ddsim/aggregate.py, ddsim/report_model.py and ddsim/gate.py.
+Fast (no audit runs here): `make mutation` runs these tests against mutants of ddsim/measure/metrics.py,
+ddsim/measure/aggregate.py, ddsim/verdict/report_model.py and ddsim/verdict/gate.py.
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import pytest
 import torch
 
 from ddsim import cli
-from ddsim.aggregate import NodePool
-from ddsim.config import get_preset
 from ddsim.errors import InputError, MeasurementError
-from ddsim.gate import evaluate, leak_nodes, load_policy
-from ddsim.metrics import group_by, node_metrics, summarize
-from ddsim.report_model import LeakTable, ModeSummary, NoiseFloor, Summary, noise_margin_of
+from ddsim.measure.aggregate import NodePool
+from ddsim.measure.metrics import group_by, node_metrics, summarize
+from ddsim.model.config import get_preset
 from ddsim.reports import json_report
-from ddsim.tree import Tree
+from ddsim.trees.tree import Tree
+from ddsim.verdict.gate import evaluate, leak_nodes, load_policy
+from ddsim.verdict.report_model import LeakTable, ModeSummary, NoiseFloor, Summary, noise_margin_of
 from tests.report_fixtures import path as fixture_path
 
 POLICY = load_policy("hybrid-unsafe")
@@ -185,7 +185,7 @@ def test_noise_floor_is_the_worst_node_of_either_group():
 
 
 def _gen(prompt, accepted, flips, tokens_first=None, margin=None, silent=0, walks=None):
-    from ddsim.report_model import Generation
+    from ddsim.verdict.report_model import Generation
     n = sum(a + 1 for a in accepted)
     return Generation(prompt=prompt, budget=8, mode="leaky", policy="ddtree-8", tokens=[1] * n,
                       first_divergence=tokens_first, divergence_margin=margin, agreement=0.5 if tokens_first is not None else 1.0,
@@ -407,7 +407,7 @@ def test_schema_file_is_generated_from_the_model():
 # --- edge cases the mutation run showed untested ------------------------------------------------
 
 def test_rel_rows_with_zero_references():
-    from ddsim.metrics import _rel_table
+    from ddsim.measure.metrics import _rel_table
     ref = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 0.0]], dtype=torch.float64)
     a = torch.tensor([[0.0, 0.0], [3.0, 4.5], [1.0, 0.0]], dtype=torch.float32)
     rel = _rel_table([(a, ref)])[0]
@@ -437,7 +437,7 @@ def test_node_metrics_with_the_oracles_norms_handed_in():
     """A step measures several modes against one oracle result: reference_norms(ref) computed once and
     handed in gives every table what node_metrics computes alone; norms of another shape are refused,
     and wrong norms of the right shape show in the errors (they are used, not recomputed)."""
-    from ddsim.metrics import MeasurementError, reference_norms
+    from ddsim.measure.metrics import MeasurementError, reference_norms
     cfg = get_preset("micro")  # ggga
     T, L = 2, cfg.num_layers
     gen = torch.Generator().manual_seed(1)
@@ -464,7 +464,7 @@ def test_node_metrics_with_the_oracles_norms_handed_in():
 def test_node_metrics_tables_of_a_model_with_one_recurrent_layer():
     """The tables' rows in order for a model with a single recurrent layer (the edge of "any recurrent
     layer recorded"): hidden_rel one row per layer, then the one state row, then the one window row."""
-    from ddsim.metrics import reference_norms
+    from ddsim.measure.metrics import reference_norms
     cfg = SimpleNamespace(num_layers=2, recurrent_layers=[1])
     T = 3
     ones = lambda *shape: torch.ones(*shape, dtype=torch.float64)  # noqa: E731
@@ -511,7 +511,7 @@ def test_by_rank_leaves_the_root_out_of_every_group():
 
 
 def test_agreement_of_an_empty_generation_is_one():
-    from ddsim.report_model import Generation
+    from ddsim.verdict.report_model import Generation
     g = Generation(prompt=0, budget=None, mode="exact", policy="chain", tokens=[], first_divergence=None,
                    divergence_margin=None, agreement=1.0, silent_corruption_steps=0, tokens_per_step=0.0,
                    accepted=[], decision_flips=[], reference_walk=[], tree_sizes=[])
@@ -521,7 +521,7 @@ def test_agreement_of_an_empty_generation_is_one():
 
 
 def test_worst_refuses_what_it_cannot_trust():
-    from ddsim.gate import _worst
+    from ddsim.verdict.gate import _worst
     assert _worst([0.5, 2.0, 1.0]) == 2.0
     for bad in ([], [1.0, None], [float("nan")], [float("inf"), 0.0]):
         with pytest.raises(InputError, match="missing or non-finite"):
@@ -529,7 +529,7 @@ def test_worst_refuses_what_it_cannot_trust():
 
 
 def test_flip_excess_subtracts_the_exact_paths_flips(reports):
-    from ddsim.gate import _flip_excess
+    from ddsim.verdict.gate import _flip_excess
 
     def with_rates(r, leaky, exact):
         def leak(b):
@@ -549,7 +549,7 @@ def test_flip_excess_subtracts_the_exact_paths_flips(reports):
 
 def test_each_rule_reads_its_own_field_and_mode(reports):
     """Every rule's measurement, checked against the report's own numbers (worst budget)."""
-    from ddsim.gate import RULES
+    from ddsim.verdict.gate import RULES
     r = reports["leak"]
     worst = lambda mode, f: max(getattr(b.modes[mode], f) for b in r.budgets)  # noqa: E731
     expect = {
@@ -630,7 +630,7 @@ def test_policy_fields_and_builtin_lookup(tmp_path):
     assert pol.bounds("float32") == {"decision_flip_rate": 0.5}
     p.write_text("[policy]\nname = 'named'\n[rules]\ndecision_flip_rate = 0\n")
     assert load_policy(p).name == "named" and load_policy(p).mode == "leaky"
-    assert POLICY.name == "hybrid-unsafe" and POLICY.path.endswith("ddsim/policies/hybrid-unsafe.toml")
+    assert POLICY.name == "hybrid-unsafe" and POLICY.path.endswith("ddsim/verdict/policies/hybrid-unsafe.toml")
     with pytest.raises(InputError, match="no built-in policy of that name .built-in: hybrid-unsafe; a policy file is "
                                          "given as a path, e.g. ./no-such-policy.toml."):
         load_policy("no-such-policy")
@@ -639,7 +639,7 @@ def test_policy_fields_and_builtin_lookup(tmp_path):
 
 
 def test_verdict_lines_name_the_bound_and_its_direction():
-    from ddsim.gate import Verdict
+    from ddsim.verdict.gate import Verdict
     v = {x.rule: x for x in evaluate(POLICY, json_report.load(fixture_path("leak")))}
     assert v["silent_corruption_steps"].line("leaky") == (
         "VIOLATED silent_corruption_steps: measured 4 > bound 0 (steps emitting tokens exact verification would not; "
@@ -652,7 +652,7 @@ def test_verdict_lines_name_the_bound_and_its_direction():
 
 
 def test_close_is_none_safe_and_relative():
-    from ddsim.report_model import _close
+    from ddsim.verdict.report_model import _close
     assert _close(None, None) and not _close(None, 0.0) and not _close(0.0, None)
     assert _close(1.0, 1.0 + 1e-12) and not _close(1.0, 1.0 + 1e-6) and _close(0.0, 0.0)
 
@@ -709,7 +709,7 @@ def re_escape(s):
 def test_replay_rules_on_hand_built_summaries():
     """gate --dump's verdicts: every [replay] bound is an upper bound (0 where the policy is silent),
     and a dump with no step fails whatever the bounds."""
-    from ddsim.gate import evaluate_replay, load_policy
+    from ddsim.verdict.gate import evaluate_replay, load_policy
     policy = load_policy("hybrid-unsafe")
     rules = ("silent_corruption_steps", "diagnosed_steps", "top1_disagreements", "bonus_error_steps",
              "commit_error_steps", "positions_unexpected_steps")
@@ -732,7 +732,7 @@ def test_replay_rules_on_hand_built_summaries():
 
 def test_replay_table_of_a_policy_is_checked(tmp_path):
     from ddsim.errors import InputError
-    from ddsim.gate import load_policy
+    from ddsim.verdict.gate import load_policy
     p = tmp_path / "p.toml"
     p.write_text('[rules]\nexact_kl_max = 1e-6\n[replay]\ndiagnosed_steps = 2\n')
     assert load_policy(p).replay == {"silent_corruption_steps": 0.0, "diagnosed_steps": 2.0, "top1_disagreements": 0.0,
@@ -747,7 +747,7 @@ def test_replay_table_of_a_policy_is_checked(tmp_path):
 
 
 def test_reference_fragility_counts_decisions_within_the_noise_margin():
-    from ddsim.report_model import ReferenceFragility
+    from ddsim.verdict.report_model import ReferenceFragility
     f = ReferenceFragility.of([[0.1, 0.3, None], [0.2, 2.0]], 0.25)
     assert (f.decisions, f.within_noise_margin, f.fraction, f.fragile) == (5, 2, 0.4, False)
     f = ReferenceFragility.of([[0.1, 0.3, None], [0.2, 0.25]], 0.25)  # ties at the margin count as within
@@ -758,8 +758,8 @@ def test_reference_fragility_counts_decisions_within_the_noise_margin():
 def test_a_fragile_reference_fails_the_gate_whatever_the_policy(reports):
     """A report whose reference decisions mostly lie within the noise margin cannot approve anything;
     the requirement cannot be lowered below 0.5 by a policy."""
-    from ddsim.gate import Policy
-    from ddsim.report_model import ReferenceFragility
+    from ddsim.verdict.gate import Policy
+    from ddsim.verdict.report_model import ReferenceFragility
     rep = reports["inert"].model_copy(update={"reference_fragility": ReferenceFragility(
         decisions=10, within_noise_margin=6, fraction=0.6, fragile=True)})
     lax = Policy(POLICY.path, "lax", POLICY.mode, POLICY.rules, POLICY.by_precision,
@@ -780,8 +780,8 @@ def test_a_tampered_fragility_is_refused(tmp_path):
 @pytest.fixture(scope="module")
 def mamba_report_dict():
     """A small deterministic audit of the micro-mamba2 preset (Mamba2, parallel and MLP-only blocks)."""
-    import ddsim.audit as audit
-    from ddsim.settings import AuditConfig
+    import ddsim.measure.audit as audit
+    from ddsim.measure.settings import AuditConfig
     rep = audit.run_audit(AuditConfig(preset="micro-mamba2", budgets=[16], steps=2, n_prompts=1, seed=5))
     return json.loads(json_report.dumps(json_report.stamp(rep)))
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ddsim import cli
-from ddsim.gate import BUILTIN_POLICIES, load_policy, relaxations
+from ddsim.verdict.gate import BUILTIN_POLICIES, load_policy, relaxations
 from tests import report_fixtures
 from tests.conftest import FAST_AUDIT, one_line_error, run_cli
 

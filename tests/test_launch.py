@@ -78,8 +78,8 @@ def test_poisoning_is_on_in_the_tests_and_scoped_elsewhere():
 
 
 def test_audits_poison_their_fast_path(monkeypatch):
-    from ddsim import audit
     from ddsim.gpu_backend import poisoned, poisoning
+    from ddsim.measure import audit
     seen = []
     monkeypatch.setattr(audit, "_audit", lambda ac, **kw: seen.append(poisoning()))
     with poisoned(False):

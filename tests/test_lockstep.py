@@ -1,4 +1,4 @@
-"""Generations in lock step (ddsim.generate.speculative_lockstep): the oracle answers each round's trees
+"""Generations in lock step (ddsim.sim.generate.speculative_lockstep): the oracle answers each round's trees
 of every prompt as one batch, and every generation is the one it would be alone."""
 import math
 
@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from ddsim import oracle
-from ddsim.config import get_preset
-from ddsim.distributed import Shard
-from ddsim.drafters import SyntheticDrafter
 from ddsim.errors import InputError
-from ddsim.generate import OracleRequest, TreePolicy, run_lockstep, speculative, speculative_lockstep
-from ddsim.model import HybridModel
-from ddsim.weights import init_weights
-from ddsim.weights import weight_shapes as audit_shapes
+from ddsim.measure.distributed import Shard
+from ddsim.model.config import get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.model.weights import weight_shapes as audit_shapes
+from ddsim.sim.drafters import SyntheticDrafter
+from ddsim.sim.generate import OracleRequest, TreePolicy, run_lockstep, speculative, speculative_lockstep
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9], [7, 7]]  # contexts of different lengths
 
@@ -55,12 +55,12 @@ def test_lockstep_generations_equal_each_alone_with_the_oracle_batched(monkeypat
 
 
 def test_lockstep_through_the_graph_machinery_with_states_equals_the_model():
-    """The audit's leaky generations on a GPU: verifies with per-node states through ddsim.graphs (here
+    """The audit's leaky generations on a GPU: verifies with per-node states through ddsim.model.graphs (here
     uncaptured, Triton kernels in the interpreter), one set of buffers for every mode, and the drafter's
     greedy continuations through the serving path. Each result is measured and committed before the
     next verify reuses the buffers (node_metrics refuses a reused one), so the generations equal the
     model's own: the same tokens, decisions and, within float32 rounding, leak metrics."""
-    from ddsim.graphs import GraphedModel
+    from ddsim.model.graphs import GraphedModel
     cfg, m, kw = _setup()
     fast = HybridModel(cfg, kw["weights"], backend="triton")
     gm = GraphedModel(fast, capture=False)
@@ -103,7 +103,7 @@ def test_generations_that_need_greedy_continuations_share_the_rounds_oracle_batc
     """A generation on its reference takes its drafter's greedy path from it; one without a reference
     asks for a continuation first. Both kinds reach the same round's oracle batch, and the
     continuations of one round are decoded as one batch."""
-    import ddsim.generate as gen
+    import ddsim.sim.generate as gen
     cfg, m, kw = _setup()
     refs = [speculative(m, p, **{**kw, "measure": "decisions", "mode": "exact"}).tokens for p in PROMPTS]
     sizes = _batches(monkeypatch)
@@ -167,8 +167,8 @@ def test_a_share_is_computed_as_one_group():
 
 
 def test_the_audit_reports_its_phases_and_oracle_batches():
-    from ddsim.audit import run_audit
-    from ddsim.settings import AuditConfig
+    from ddsim.measure.audit import run_audit
+    from ddsim.measure.settings import AuditConfig
     timings = {}
     run_audit(AuditConfig(preset="micro", budgets=[4], steps=2, n_prompts=3, seed=2), timings=timings)
     assert {"references", "chain", "decision-only generations, budget 4", "leaky generations in lock step, budget 4",
@@ -180,7 +180,7 @@ def test_the_audit_reports_its_phases_and_oracle_batches():
 def test_the_oracle_batch_fits_three_quarters_of_the_free_memory_less_the_reserve(monkeypatch):
     import torch
 
-    from ddsim import audit
+    from ddsim.measure import audit
     cfg = get_preset("micro")
     b = 8  # float64 on the CPU
     rec = sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
@@ -267,8 +267,8 @@ def test_decision_only_generations_verify_each_rounds_trees_in_one_pass(monkeypa
 
 
 def test_verify_requests_groups_by_mode_and_size_and_keeps_the_order(monkeypatch):
-    from ddsim.generate import VerifyRequest, verify_requests
-    from ddsim.tree import Tree, chain
+    from ddsim.sim.generate import VerifyRequest, verify_requests
+    from ddsim.trees.tree import Tree, chain
     cfg, m, _ = _setup()
     st = m.prefill([1, 2, 3])[0]
     a, b = Tree([-1, 0, 0], [4, 5, 6]), chain([7, 8])
@@ -279,7 +279,7 @@ def test_verify_requests_groups_by_mode_and_size_and_keeps_the_order(monkeypatch
         one = m.verify(q.state, q.tree, mode=q.mode, keep_states=False)
         assert r.mode == q.mode and r.logits.shape == one.logits.shape
         np.testing.assert_allclose(r.logits.numpy(), one.logits.numpy(), rtol=1e-5, atol=1e-5)
-    import ddsim.generate as gen
+    import ddsim.sim.generate as gen
     monkeypatch.setattr(gen, "MAX_VERIFY_ROWS", 3)  # one tree of three nodes a pass
     batches, real = [], HybridModel.verify_rows
     monkeypatch.setattr(HybridModel, "verify_rows",
@@ -309,8 +309,8 @@ def test_the_drafters_greedy_path_is_the_targets_greedy_continuation_of_the_cont
     extended from the tip, or the shadow moved on and decoded afresh), every step sees the target's
     greedy continuation of exactly its context; a generation still on its own path decodes only the
     tokens past what it knows."""
-    import ddsim.generate as gen
-    from ddsim.generate import autoregressive
+    import ddsim.sim.generate as gen
+    from ddsim.sim.generate import autoregressive
     cfg, m, kw = _setup()
     rec = _Recording(SyntheticDrafter(vocab_size=cfg.vocab_size, depth=4, seed=1))
     asked, real = [], gen.greedy_rows
@@ -327,7 +327,7 @@ def test_the_drafters_greedy_path_is_the_targets_greedy_continuation_of_the_cont
 def test_greedy_rows_continue_from_their_tips():
     """greedy_rows' tip continues the same greedy path: n tokens then m more from the tip equal n + m
     tokens at once, rows of different lengths in one call."""
-    from ddsim.generate import GreedyRequest, greedy_rows
+    from ddsim.sim.generate import GreedyRequest, greedy_rows
     cfg, m, _ = _setup()
     states = [m.prefill(p[:-1])[0] for p in PROMPTS]
     roots = [p[-1] for p in PROMPTS]

@@ -4,10 +4,10 @@ import math
 import torch
 
 from ddsim import oracle
-from ddsim.config import PRESETS, get_preset
-from ddsim.model import HybridModel
-from ddsim.tree import Tree
-from ddsim.weights import init_weights
+from ddsim.model.config import PRESETS, get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.trees.tree import Tree
 
 
 def test_weights_deterministic_from_seed():
@@ -74,7 +74,7 @@ def test_single_source_modes_leak_only_their_source():
 
 
 def test_weight_shapes_describe_init_weights():
-    from ddsim.weights import weight_shapes
+    from ddsim.model.weights import weight_shapes
     for cfg in (get_preset("micro"), get_preset("tiny"),
                 get_preset("micro").replace(num_experts=3, num_experts_per_tok=2, moe_intermediate_size=8,
                                             shared_expert_intermediate_size=8, attn_output_gate=True, qk_norm=True)):

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from ddsim.metrics import summarize
-from ddsim.report_model import Generation, ModeSummary, Summary, noise_margin_of
+from ddsim.measure.metrics import summarize
 from ddsim.reports.terminal import print_summary
+from ddsim.verdict.report_model import Generation, ModeSummary, Summary, noise_margin_of
 
 
 def _gen(prompt, tokens, first, margin):

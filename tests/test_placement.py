@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from ddsim.builders import ddtree
-from ddsim.config import get_preset
 from ddsim.errors import InputError
-from ddsim.model import HybridModel
-from ddsim.placement import describe, layer_bytes, parse_devices, plan_layers, weight_device
-from ddsim.weights import init_weights
+from ddsim.model.config import get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.placement import describe, layer_bytes, parse_devices, plan_layers, weight_device
+from ddsim.model.weights import init_weights
+from ddsim.trees.builders import ddtree
 from tests.conftest import one_line_error, run_cli
 
 GPUS = [torch.device(f"cuda:{i}") for i in range(4)]  # device names only: nothing is allocated on them
@@ -68,7 +68,7 @@ def test_weights_on_one_device_per_layer_are_the_one_device_weights():
 def test_the_per_layer_path_computes_what_the_one_device_path_does(monkeypatch):
     """A model that takes itself for placed (every layer looked up, the hidden state handed on, tree
     tables per device) gives bit-identical results on one device."""
-    import ddsim.model as model_mod
+    import ddsim.model.model as model_mod
     cfg = get_preset("micro-mamba2").replace(layer_pattern="mgpaf")
     w = init_weights(cfg, seed=1)
     tree = ddtree(torch.randn(4, cfg.vocab_size, generator=torch.Generator().manual_seed(0)) * 3.0, 12)

@@ -82,7 +82,7 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
 def test_a_dumped_committed_state_is_checked_against_the_oracles(tmp_path, ckpt):
     """With the engine's committed state in the dump, a drifting state is named by the tensor that is
     off, from the first drifted step on; a clean engine's dumped state is within fp32 noise."""
-    from ddsim import replay
+    from ddsim.engines import replay
     model = load_model(ckpt)
     for bug in (None, "drift"):
         write_dump(tmp_path / str(bug), model, bug=bug, dump_states=True, prompts=((3, 1, 4, 1, 5),), steps=3)
@@ -107,7 +107,7 @@ def test_gate_on_a_dump(tmp_path, ckpt, dumps):
     assert violated == ["VIOLATED silent_corruption_steps", "VIOLATED diagnosed_steps", "VIOLATED top1_disagreements"]
     assert json.loads((tmp_path / "g" / "report.json").read_text())["summary"]["diagnoses"]["sibling leak"] == 8
     # a dump with no verify step approves nothing
-    from ddsim.dump import VerifyDumpWriter
+    from ddsim.engines.dump import VerifyDumpWriter
     with VerifyDumpWriter(tmp_path / "empty", vocab_size=96):
         pass
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", tmp_path / "empty", "--model", ckpt)
@@ -164,7 +164,7 @@ def test_bad_dumps_get_one_line_and_exit_2(tmp_path, ckpt, dumps, edit, needle):
 def test_the_tolerance_is_the_policys_and_a_dump_can_only_tighten_it(tmp_path, ckpt, dumps):
     """A dump declaring bf16 is judged at float32's KL unless the command line names a bf16 engine; a
     float32 dump stays at float32's even then. The verdict line prints the tolerance applied."""
-    from ddsim import replay
+    from ddsim.engines import replay
     bf16 = _edit(dumps["leak"], tmp_path / "bf16", header={"compute_dtype": "bfloat16"})
     assert replay.run(ckpt, bf16)["noise_kl"] == 1e-6
     assert replay.run(ckpt, bf16, tolerance=replay.default_tolerance(engine_dtype="bfloat16"))["noise_kl"] == 5e-2
@@ -176,7 +176,7 @@ def test_the_tolerance_is_the_policys_and_a_dump_can_only_tighten_it(tmp_path, c
 
 
 def test_the_writer_refuses_to_overwrite_and_a_crash_leaves_a_truncated_dump(tmp_path, ckpt):
-    from ddsim.dump import VerifyDumpWriter, load_dump
+    from ddsim.engines.dump import VerifyDumpWriter, load_dump
     with pytest.raises(FileExistsError):
         VerifyDumpWriter(tmp_path, vocab_size=96)
     with pytest.raises(RuntimeError):
@@ -194,7 +194,7 @@ def test_the_replay_report_is_typed_and_checked(tmp_path, ckpt, dumps):
     import jsonschema
     from pydantic import ValidationError
 
-    from ddsim.replay_report import ReplayReport
+    from ddsim.engines.replay_report import ReplayReport
     from ddsim.reports import json_report
     assert json.loads(json_report.REPLAY_SCHEMA_PATH.read_text()) == json_report.replay_schema()
     r = run_cli("replay", "--model", ckpt, "--dump", dumps["leak"], "--out", tmp_path / "r")

@@ -70,12 +70,12 @@ def test_sigterm_during_an_audit_exits_2_and_writes_nothing(tmp_path):
 
 
 def test_internal_errors_are_one_line_unless_debug(monkeypatch, capsys, tmp_path):
-    import ddsim.audit
+    import ddsim.measure.audit
 
     def boom(*a, **k):
         raise RuntimeError("planted")
 
-    monkeypatch.setattr(ddsim.audit, "run_audit", boom)
+    monkeypatch.setattr(ddsim.measure.audit, "run_audit", boom)
     args = ["audit", "--preset", "micro", "--out", str(tmp_path / "o")]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
@@ -94,10 +94,10 @@ def test_a_presets_weight_digest_covers_every_byte_name_dtype_and_shape():
     give another."""
     import torch
 
-    from ddsim.audit import weights_digest
-    from ddsim.config import get_preset
-    from ddsim.settings import AuditConfig
-    from ddsim.weights import init_weights
+    from ddsim.measure.audit import weights_digest
+    from ddsim.measure.settings import AuditConfig
+    from ddsim.model.config import get_preset
+    from ddsim.model.weights import init_weights
     cfg = get_preset("micro")
     w = init_weights(cfg, seed=0)
     ac = AuditConfig(preset="micro")

@@ -1,18 +1,18 @@
-"""The serving verify (no per-node states, commit by replay) and ddsim.graphs' machinery on the CPU:
+"""The serving verify (no per-node states, commit by replay) and ddsim.model.graphs' machinery on the CPU:
 the fixed buffers, fixed-capacity KV prefix and refilled StaticPlan of the CUDA-graph path run without
 capture, with the Triton kernels in the interpreter (the GPU suite replays real graphs:
 properties/test_cuda_graphs.py)."""
 import pytest
 import torch
 
-from ddsim.compare import assert_per_node_close
-from ddsim.config import get_preset
 from ddsim.errors import InputError
-from ddsim.generate import TreePolicy, speculative
-from ddsim.graphs import GraphedModel, StaticPlan, prefix_capacity, wy_rounds
-from ddsim.model import HybridModel
-from ddsim.tree import Tree
-from ddsim.weights import init_weights
+from ddsim.measure.compare import assert_per_node_close
+from ddsim.model.config import get_preset
+from ddsim.model.graphs import GraphedModel, StaticPlan, prefix_capacity, wy_rounds
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.sim.generate import TreePolicy, speculative
+from ddsim.trees.tree import Tree
 
 # three trees of 8 nodes whose depths (3, 4, 3) need the same two WY doubling rounds: one graph key
 TREES = [Tree([-1, 0, 0, 1, 1, 2, 3, 4], [5, 1, 2, 3, 4, 6, 7, 8]),
@@ -85,7 +85,7 @@ def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
         gm.commit(st, TREES[0], first, 2)
     from ddsim import oracle
     from ddsim.errors import MeasurementError
-    from ddsim.metrics import node_metrics
+    from ddsim.measure.metrics import node_metrics
     ref_out = oracle.verify_tree(init_weights(cfg, seed=0), cfg, st, TREES[0].parents, TREES[0].tokens)
     with pytest.raises(MeasurementError, match="reused"):
         node_metrics(TREES[0], first, ref_out, cfg)
@@ -95,7 +95,7 @@ def test_a_plan_for_any_mode_refills_the_modes_source_tables():
     """AnyModePlan hands the kernels' "exact" tables over as the current mode's: the recurrence's
     source parents and the conv's (leaky-state: recurrence from the previous node, conv from the
     ancestors; leaky-conv the other way round); the snapshot-free kernels' tables are refused."""
-    from ddsim.graphs import AnyModePlan
+    from ddsim.model.graphs import AnyModePlan
     t = TREES[1]
     plan = AnyModePlan(8, "cpu")
     plan.load(t, "leaky-state")
@@ -128,7 +128,7 @@ def test_a_result_is_stale_after_the_next_verify_of_its_key():
 @pytest.mark.parametrize("mode", MODES)
 def test_speculative_decoding_through_the_graph_path_emits_the_same_tokens(mode):
     """speculative() over GraphedModel (serving verify + replayed commit) against the model."""
-    from ddsim.drafters import SyntheticDrafter
+    from ddsim.sim.drafters import SyntheticDrafter
     cfg, m, _ = _models("tiny")
     gm = GraphedModel(m, capture=False)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
@@ -223,7 +223,7 @@ def test_a_commit_refuses_a_tree_of_another_size_than_its_result():
 def test_reference_decoding_through_the_graph_path_is_the_models():
     """The audit decodes its references through the serving model (the prompt's prefill replayed from
     a graph on a GPU, then the model's batched decode): the same tokens and margins as the model's own."""
-    from ddsim.generate import reference_decode
+    from ddsim.sim.generate import reference_decode
     cfg, m, _ = _models("tiny")
     gm = GraphedModel(m, capture=False)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
@@ -254,7 +254,7 @@ def test_the_graphed_prefill_equals_the_models():
 def test_a_long_prefill_leaves_no_graph_behind(monkeypatch):
     """A prefill longer than PREFILL_GRAPH_NODES (a long prompt, once per generation) runs the eager
     serving verify and commit: the same state, and no key (no graph, no memory pool) kept for it."""
-    import ddsim.graphs as graphs
+    import ddsim.model.graphs as graphs
     monkeypatch.setattr(graphs, "PREFILL_GRAPH_NODES", 3)
     cfg, ref, fast = _models("micro", backend="triton")
     gm = GraphedModel(fast, capture=False)

@@ -15,7 +15,7 @@ AUDIT = ["--model", TARGET, "--drafter-model", DRAFTER, "--prompts", PROMPTS, "-
 
 
 def test_the_shipped_checkpoints_are_small_qwen35_hybrids():
-    from ddsim.checkpoint import read_config
+    from ddsim.model.checkpoint import read_config
     for d, pattern in ((TARGET, "ggga"), (DRAFTER, "ga")):
         cfg, meta = read_config(d)
         assert meta["model_type"] == "qwen3_5_text" and cfg.layer_pattern == pattern
@@ -31,9 +31,9 @@ def test_the_shipped_checkpoints_are_small_qwen35_hybrids():
 
 
 def test_the_model_drafter_follows_its_own_greedy_chain():
-    from ddsim.checkpoint import load_checkpoint
-    from ddsim.drafters import DraftContext, ModelDrafter
-    from ddsim.model import HybridModel
+    from ddsim.model.checkpoint import load_checkpoint
+    from ddsim.model.model import HybridModel
+    from ddsim.sim.drafters import DraftContext, ModelDrafter
     d = ModelDrafter(DRAFTER, vocab_size=2048, depth=3)
     ctx = [5, 17, 300, 42]
     rows = d.draft(DraftContext(step=0, tokens=ctx))
@@ -62,7 +62,7 @@ def test_the_gate_on_the_trained_model(tmp_path):
     rep = json.loads((tmp_path / "g" / "report.json").read_text())
     assert rep["config"]["drafter"] == {"kind": "model", "path": str(DRAFTER), "sha256": rep["config"]["drafter"]["sha256"],
                                         "depth": 8}
-    from ddsim.checkpoint import checkpoint_digest
+    from ddsim.model.checkpoint import checkpoint_digest
     assert rep["config"]["drafter"]["sha256"] == checkpoint_digest(DRAFTER)
     assert rep["provenance"]["source"] == f"checkpoint {TARGET}"
     assert all(b["modes"]["exact"]["generations_leaving_greedy"] == 0 for b in rep["budgets"])

@@ -1,16 +1,16 @@
 """Fast value tests of the two other chains that decide a verdict, for mutation testing (`make mutation`):
-replay's judging (ddsim.replay_verdict: exact greedy's walk and what it emits, the bonus, a request's
+replay's judging (ddsim.engines.replay_verdict: exact greedy's walk and what it emits, the bonus, a request's
 continuity, the noise bound, the summary the gate reads) and check-kernel's property chain
-(ddsim.check_kernel: the calls, the pool and input bits, the tolerance, every property's predicate,
+(ddsim.engines.check_kernel: the calls, the pool and input bits, the tolerance, every property's predicate,
 the coverage). No model, no subprocess: every expected value is written out by hand."""
 from types import SimpleNamespace as NS
 
 import pytest
 import torch
 
-from ddsim import check_kernel as ck
-from ddsim import replay_verdict as rv
-from ddsim.tree import Tree
+from ddsim.engines import check_kernel as ck
+from ddsim.engines import replay_verdict as rv
+from ddsim.trees.tree import Tree
 
 # ---- replay ---------------------------------------------------------------------------------------
 

@@ -84,7 +84,7 @@ class EngineKernel:
             raise InputError(f"--mode {mode}: {self.mamba2_name} offers only {', '.join(self.mamba2_modes)}")
 
     def provenance(self) -> dict:
-        """What a report records about the kernel (ddsim.report_model.EngineRecord)."""
+        """What a report records about the kernel (ddsim.verdict.report_model.EngineRecord)."""
         return {"name": self.name, "modes": list(self.modes), "package": self.package, "version": self.version,
                 "source": self.source, "source_sha256": self.source_sha256}
 

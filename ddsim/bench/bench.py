@@ -1,0 +1,313 @@
+"""Verify-throughput benchmark of the pure-torch fast path and the oracle (trees per second)."""
+from __future__ import annotations
+
+import platform
+import subprocess
+import time
+
+import numpy as np
+import torch
+
+from ddsim import oracle
+from ddsim.model.config import get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.trees.builders import ddtree
+from ddsim.trees.modes import VERIFY_MODES
+
+
+def mode_table(*, preset: str = "tiny", repeats: int = 5, prefix: int = 64, device: str = "cpu",
+               budgets=(16, 32, 64)) -> str:
+    cfg = get_preset(preset)
+    w = init_weights(cfg, seed=0)
+    m = HybridModel(cfg, w, device=device)
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prefix).tolist()
+    state, _ = m.prefill(prompt)
+    ostate, _ = oracle.prefill(w, cfg, prompt)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines = [f"# {time.strftime('%Y-%m-%d')} | {platform.machine()} | device {device} | torch {torch.__version__} | "
+             f"threads {torch.get_num_threads()} | commit {commit or '?'} | preset {cfg.name}",
+             "| budget | nodes | " + " | ".join(VERIFY_MODES) + " | oracle |",
+             "|---|---|" + "---|" * (len(VERIFY_MODES) + 1)]
+    for budget in budgets:
+        gen = torch.Generator().manual_seed(budget)
+        tree = ddtree(torch.randn(8, cfg.vocab_size, generator=gen) * 3, budget)
+        cells = []
+        for mode in VERIFY_MODES:
+            m.verify(state, tree, mode=mode)  # warm-up
+            if m.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                m.verify(state, tree, mode=mode)
+            if m.device.type == "cuda":
+                torch.cuda.synchronize()
+            cells.append(repeats / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        oracle.verify_tree(w, cfg, ostate, tree.parents, tree.tokens)
+        cells.append(1.0 / (time.perf_counter() - t0))
+        lines.append(f"| {budget} | {tree.size} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    lines.append("(trees per second)")
+    return "\n".join(lines)
+
+
+# ---- GDN kernels on CUDA --------------------------------------------------------------------------
+KERNEL_SHAPES = ((1, 16), (1, 65), (8, 65), (32, 65))  # (sequences, nodes)
+
+
+def copy_bandwidth(device, nbytes: int = 2 << 30) -> float:
+    """Device copy bandwidth in bytes/s, counting bytes read and written."""
+    import triton.testing
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=10, rep=50, return_mode="median")
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def parse_shapes(ap, text: str) -> list[tuple[int, int]]:
+    """A bench's --shapes "BxT,BxT,..." as [(B, T), ...], B >= 1 and T >= 2; anything else is refused
+    through ``ap.error`` (argparse's one line, exit 2) before any work."""
+    try:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in text.split(",")]
+    except ValueError:
+        ap.error(f"--shapes {text!r}: expected BxT,BxT,...")
+    if any(len(s) != 2 or s[0] < 1 or s[1] < 2 for s in shapes):
+        ap.error(f"--shapes {text!r}: expected BxT,BxT,... with B >= 1, T >= 2")
+    return shapes
+
+
+def ddtree_batch(B: int, T: int, *, vocab: int = 1000, depth: int = 15, topk: int = 8, seed: int = 0):
+    """B DDTree trees of T nodes (best-first, top-k cap 8, depth 15) from random draft logits."""
+    gen = torch.Generator().manual_seed(seed)
+    trees = [ddtree(torch.randn(depth, vocab, generator=gen) * 2.0, T - 1, topk) for _ in range(B)]
+    return trees, torch.tensor([t.parents for t in trees])
+
+
+def gdn_shape(preset: str = "qwen3.6-27b") -> dict:
+    """A preset's GDN head shape {H, HV, K, V}: the kernel benchmarks take their shapes from the
+    presets instead of restating them (default: Qwen3.6-27B, H=16, HV=48, K=V=128)."""
+    cfg = get_preset(preset)
+    return dict(H=cfg.linear_num_key_heads, HV=cfg.linear_num_value_heads, K=cfg.linear_key_head_dim,
+                V=cfg.linear_value_head_dim)
+
+
+BENCH_SHAPE = gdn_shape()
+
+
+def kernel_inputs(B, T, *, H=BENCH_SHAPE["H"], HV=BENCH_SHAPE["HV"], K=BENCH_SHAPE["K"], V=BENCH_SHAPE["V"],
+                  dtype=torch.bfloat16, device="cuda", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        return torch.randn(*s, generator=gen).to(device=device, dtype=dtype)
+
+    g = (-torch.rand(B, T, HV, generator=gen) * 0.3).to(device)  # long-ish memory
+    return dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V), g=g, beta=torch.rand(B, T, HV, generator=gen).to(device),
+                initial_state=torch.randn(B, HV, K, V, generator=gen).to(device))
+
+
+def kernel_bytes(B, T, *, H=BENCH_SHAPE["H"], HV=BENCH_SHAPE["HV"], K=BENCH_SHAPE["K"], V=BENCH_SHAPE["V"],
+                 in_bytes=2):
+    """Bytes each design must move at least: inputs + output + committed state (+ snapshots)."""
+    io = B * T * (2 * H * K + 2 * HV * V) * in_bytes + B * T * HV * 8
+    state = B * HV * K * V * 4
+    snaps = B * T * HV * K * V * 4
+    return {"leaky": io + state, "leaky+states": io + state + snaps, "parent-indexed": io + state + 2 * snaps,
+            "wy": io + state, "commit": 2 * state, "copy": 2 * state}
+
+
+def kernel_flops(B, T, *, H=BENCH_SHAPE["H"], HV=BENCH_SHAPE["HV"], K=BENCH_SHAPE["K"], V=BENCH_SHAPE["V"]):
+    """Floating-point operations each design must do at least (multiply-adds count two), per layer:
+    the recurrences 7 K V per node and value head (decay, k.S, the rank-one update, q.S); the WY form,
+    with n = T - 1 draft nodes under a recurrent root, 7 K V + 4 n K V (K S_r, Q S_r) + 2 n^2 K (the
+    lower triangles of K K^T and Q K^T) + 2 n^2 V (the triangular solve applied to the values, and
+    P U), by value head. No floor for the commit (its path length varies) or the copy."""
+    n = T - 1
+    rec = B * HV * T * 7 * K * V
+    wy = B * HV * (7 * K * V + 4 * n * K * V + 2 * n * n * K + 2 * n * n * V)
+    return {"leaky": rec, "leaky+states": rec, "parent-indexed": rec, "wy": wy}
+
+
+# dense tf32 tensor-core peaks (FLOP/s); fp32-level accuracy on tensor cores takes three tf32 passes
+TF32_PEAK = {"H100": 494e12, "H200": 494e12}
+
+
+def fp32_tensor_rate(device="cuda", precision: str = "tf32x3") -> float | None:
+    """The device's tensor-core rate for products of fp32 operands at ``precision``: its dense tf32
+    peak over the three passes of tf32x3, or for bf16x3 (the WY kernels' default for 16-bit inputs)
+    its dense bf16 peak (twice tf32's) over three (None for a device not in TF32_PEAK)."""
+    if torch.device(device).type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = next((v for k, v in TF32_PEAK.items() if k in name), None)
+    return None if peak is None else peak * (2 if precision == "bf16x3" else 1) / 3
+
+
+def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf32x3"), only=None,
+                 progress=None) -> tuple[str, list]:
+    """Median time per call of each GDN kernel design at Qwen3.6-27B GDN shapes, against the
+    memory floor of each design (bytes it must move / measured copy bandwidth) and its FLOP floor
+    (kernel_flops / fp32_tensor_rate, where the device's peak is known)."""
+    bw = copy_bandwidth(device)
+    rate = fp32_tensor_rate(device)
+    rows = []
+    for B, T in shapes:
+        trees, parents = ddtree_batch(B, T)
+        parents = parents.to(device)
+        inp = kernel_inputs(B, T, device=device)
+        nbytes = kernel_bytes(B, T)
+        acc = torch.tensor([int(t.depths.argmax()) for t in trees], device=device)  # commit the deepest path
+        qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
+        s0 = inp["initial_state"]
+        out_state = torch.empty_like(s0)
+        from ddsim.gpu_backend.triton_commit import plan_commit
+        from ddsim.gpu_backend.triton_gdn import plan_recurrent, plan_wy
+        rec_cfgs = [dict(block_v=bv, num_warps=nw) for bv, nw in ((16, 1), (32, 2), (32, 4), (64, 4))]
+        wy_cfgs = [dict(block_v=bv, num_warps=nw) for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8), (128, 8), (64, 4))]
+        common = dict(parents=parents, initial_state=s0, poison=False)
+        cases = {
+            "leaky": ("leaky", rec_cfgs, lambda c: plan_recurrent(**qkv, **common, mode="leaky", **c)),
+            "leaky+states": ("leaky+states", rec_cfgs, lambda c: plan_recurrent(
+                **qkv, **common, mode="leaky", output_states=True, **c)),
+            "exact parent-indexed": ("parent-indexed", rec_cfgs, lambda c: plan_recurrent(
+                **qkv, **common, mode="exact", **c)),
+        }
+        for prec in precisions:
+            cases[f"exact wy ({prec})"] = ("wy", wy_cfgs, (lambda c, p=prec: plan_wy(
+                **qkv, **common, mode="exact", precision=p, design="fused", **c)))
+        split_cfgs = [dict(block_v=bv, num_warps=nw, solve_warps=sw)
+                      for bv, nw, sw in ((32, 4, 8), (64, 4, 8), (64, 8, 8), (32, 4, 4), (64, 4, 4))]
+        cases["exact wy split (tf32x3)"] = ("wy", split_cfgs, lambda c: plan_wy(
+            **qkv, **common, mode="exact", design="split", **c))
+        fold_cfgs = [dict(block_v=bv, num_warps=nw, solve_warps=sw, exact16=e) for bv, nw, sw in (
+            (32, 4, 4), (32, 4, 8), (64, 4, 4), (64, 4, 8), (64, 8, 8), (16, 4, 4)) for e in ("bf16x3", "tf32x2")]
+        pdl_cfgs = [dict(c, pdl=True) for c in fold_cfgs if c["exact16"] == "bf16x3"]
+        cases["exact wy fold (tf32x3)"] = ("wy", fold_cfgs, lambda c: plan_wy(
+            **qkv, **common, mode="exact", design="fold", **c))
+        cases["exact wy fold, PDL (tf32x3)"] = ("wy", pdl_cfgs, lambda c: plan_wy(
+            **qkv, **common, mode="exact", design="fold", **c))
+        for i, part in enumerate(("solve", "apply")):  # each kernel of the two alone (where the time goes)
+            cases[f"exact wy fold: {part} kernel"] = ("wy", fold_cfgs, (lambda c, i=i: _part(plan_wy(
+                **qkv, **common, mode="exact", design="fold", **c), i)))
+            cases[f"exact wy split: {part} kernel"] = ("wy", split_cfgs, (lambda c, i=i: _part(plan_wy(
+                **qkv, **common, mode="exact", design="split", **c), i)))
+        cases["commit"] = ("commit", rec_cfgs, lambda c: plan_commit(
+            inp["k"], inp["v"], inp["g"], inp["beta"], parents=parents, accepted=acc, initial_state=s0,
+            poison=False, **c))
+        cases["state copy"] = ("copy", [{}], lambda c: ((lambda: out_state.copy_(s0)), None))
+        rows += sweep(B, T, cases, nbytes, bw, only=only, progress=progress, flops=kernel_flops(B, T), flop_rate=rate)
+    head = f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)" + (
+        f"; FLOP floor at {rate / 1e12:.0f} TFLOP/s (dense tf32 peak / 3: fp32-level accuracy)" if rate else "")
+    return "\n".join([head] + table_lines(rows)), rows
+
+
+def _part(plan, i: int):
+    """(launch of the i-th kernel of a two-kernel plan alone, result)."""
+    launch, result = plan
+    return launch.parts[i], result
+
+
+def _do_bench(launch) -> float:
+    import triton.testing
+    return triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median")
+
+
+def sweep(B: int, T: int, cases: dict, nbytes: dict, bw: float, *, only=None, progress=None, timer=_do_bench,
+          flops: dict | None = None, flop_rate: float | None = None) -> list:
+    """One row per case {name: (design, launch configurations, plan(config) -> (launch, result))}:
+    the best median ms over a fixed configuration sweep (no autotuning; only the launch is timed by
+    ``timer``), against the design's memory floor nbytes[design] / bw and, where given, its FLOP
+    floor flops[design] / flop_rate. A configuration that does not compile (out of resources) is
+    skipped and said so; a case with none left has no row."""
+    rows = []
+    for name, (design, cfgs, plan) in cases.items():
+        if only and not any(name.startswith(o) for o in only):
+            continue
+        best = None
+        for c in cfgs:
+            try:
+                launch, result = plan(c)
+                ms = timer(launch)
+                del result
+            except Exception as e:  # a config that does not compile (e.g. out of resources) is skipped
+                print(f"# {B}x{T} {name} {c}: skipped ({type(e).__name__}: {str(e)[:80]})", flush=True)
+                continue
+            if best is None or ms < best[0]:
+                best = (ms, c)
+        if best is None:
+            continue
+        ms, c = best
+        us = ms * 1e3
+        f = (flops or {}).get(design)
+        row = {"B": B, "T": T, "kernel": name, "us": us, "floor_us": nbytes[design] / bw * 1e6, "config": c,
+               "flop_floor_us": f / flop_rate * 1e6 if f and flop_rate else None,
+               "GBps": nbytes[design] / (us * 1e-6) / 1e9,
+               "snapshot_MiB": (nbytes["leaky+states"] - nbytes["leaky"]) / 2**20
+               if design in ("leaky+states", "parent-indexed") else 0.0}
+        rows.append(row)
+        if progress:
+            progress(row)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
+
+
+def table_lines(rows: list) -> list[str]:
+    """The kernel table's markdown header and one line per sweep row."""
+    lines = ["| B x T | kernel | median us | memory floor us | FLOP floor us | achieved GB/s | snapshots MiB/layer | "
+             "config |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())
+        ff = "–" if r.get("flop_floor_us") is None else f"{r['flop_floor_us']:.1f}"
+        lines.append(f"| {r['B']}x{r['T']} | {r['kernel']} | {r['us']:.1f} | {r['floor_us']:.1f} | {ff} | "
+                     f"{r['GBps']:.0f} | {r['snapshot_MiB']:.0f} | {cfg} |")
+    return lines
+
+
+def off_rounded(o: torch.Tensor, ref: torch.Tensor) -> float:
+    """The share of a 16-bit output's entries that differ from the float64 oracle rounded to its dtype:
+    what the kernel's own error adds to the rounding of its output (0 for a correctly rounded output;
+    an internal error d relative moves about 2 d / 2^-8 of the entries of a bf16 output)."""
+    return (o.cpu() != ref.to(o.dtype)).double().mean().item()
+
+
+def kernel_accuracy(*, device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1) -> str:
+    """Error of each design's output vs the float64 oracle (bf16 and fp32 inputs): Frobenius-relative,
+    max abs, and for bf16 outputs the share of entries off the correctly rounded oracle. The one-kernel
+    form at each dot precision; the split and folded forms at their default (tf32x3 for fp32 inputs,
+    bf16x3 for 16-bit ones) and at tf32x3."""
+    import ddsim.gpu_backend as gb
+    from ddsim.gpu_backend import _common
+    from ddsim.gpu_backend.triton_gdn import WY_MAX_NODES, gdn_tree_verify_wy
+    from ddsim.gpu_backend.triton_wy_blocked import CHUNKED_REFUSES
+    from ddsim.measure.compare import rel_error
+    _, parents = ddtree_batch(B, T, seed=seed)
+    lines = ["| inputs | kernel | mode | relative error vs oracle (Frobenius) | max abs error | "
+             "outputs off the rounded oracle (%) |", "|---|---|---|---|---|---|"]
+    for dtype in (torch.float32, torch.bfloat16):
+        inp = kernel_inputs(B, T, H=H, HV=HV, K=K, V=V, dtype=dtype, device=device, seed=seed)
+        qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
+        cpu = {k: v.cpu() for k, v in qkv.items()}
+        default = _common.dot_precision(None, qkv["q"], qkv["k"], qkv["v"])  # (g, beta are fp32 whatever q's dtype)
+        name = str(dtype).replace('torch.', '')
+        for mode in ("exact", "leaky"):
+            ref = oracle.gdn_tree_verify(**cpu, parents=parents, initial_state=inp["initial_state"].cpu(), mode=mode)
+            args = dict(**qkv, parents=parents.to(device), initial_state=inp["initial_state"], mode=mode)
+            outs = {"recurrent": gb.gdn_tree_verify(**args, backend="triton-recurrent")}
+            for prec in ("ieee", "tf32x3", "bf16x3", "tf32"):
+                if not (T > WY_MAX_NODES and prec in CHUNKED_REFUSES):  # past one block "fused" is chunked
+                    outs[f"wy {prec}"] = gdn_tree_verify_wy(**args, precision=prec, design="fused")
+            for prec in dict.fromkeys((default, "tf32x3")):
+                outs[f"wy split {prec}"] = gdn_tree_verify_wy(**args, precision=prec, design="split")
+                for e in ("bf16x3", "tf32x2"):
+                    outs[f"wy fold {prec}, 16-bit operands {e}"] = gdn_tree_verify_wy(
+                        **args, precision=prec, design="fold", exact16=e)
+            outs["torch"] = gb.gdn_tree_verify(**args, backend="torch")
+            if dtype != torch.float32:  # storing o in this dtype alone costs this much
+                lines.append(f"| {name} | (oracle rounded to {name}) | {mode} | {rel_error(ref.to(dtype), ref):.2e} | "
+                             f"{(ref.to(dtype).double() - ref).abs().max().item():.2e} | 0 |")
+            for kernel, o in outs.items():
+                off = f"{100 * off_rounded(o, ref):.2f}" if dtype != torch.float32 else "–"
+                lines.append(f"| {name} | {kernel} | {mode} | {rel_error(o.cpu(), ref):.2e} | "
+                             f"{(o.cpu().double() - ref).abs().max().item():.2e} | {off} |")
+    return "\n".join(lines)

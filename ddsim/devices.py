@@ -1,0 +1,36 @@
+"""Devices named on the command line: ``auto``, ``cpu`` or ``cuda[:N]``, checked before any work (CUDA
+present, the index existing); for engine kernels on the CPU, Triton's interpreter set up first."""
+from __future__ import annotations
+
+import torch
+
+from ddsim.errors import InputError
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise InputError(f"--device: {name} requested but no CUDA device is available")
+        dev = torch.device(name)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise InputError(f"--device: {name} does not exist ({torch.cuda.device_count()} CUDA devices)")
+        return dev
+    raise InputError(f"--device: expected cpu, cuda[:N] or auto, got {name!r}")
+
+
+def prepare_engine_device(device: str) -> str:
+    """The device an engine kernel runs on, as a string: 'cpu' runs Triton kernels in Triton's
+    interpreter (set before triton is imported); 'auto' is cuda where there is one."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        from ddsim.engines.triton_interpret import prepare
+        prepare()
+        return "cpu"
+    if device.startswith("cuda"):
+        return str(resolve_device(device))
+    raise InputError(f"--device: expected auto, cpu or cuda[:N], got {device!r}")

@@ -1,0 +1,436 @@
+"""``ddsim check-kernel``: the property suite against the oracle for an engine's own GDN kernel (``--op
+gdn``), tree causal conv (``--op conv``) or Mamba2 tree verify (``--op mamba2``).
+
+Every property is checked first on the profile's explicit examples (ddsim.engines.kernel_cases: every
+dimension a server runs, one example per value, whatever ``--max-examples`` says; ``quick`` on the CPU
+where Triton's interpreter is slow, ``serving`` on CUDA), then hypothesis draws small trees of every
+shape (chains, stars, deep and bushy, as ddsim.properties.strategies makes them), grouped heads,
+fast- and long-memory gates and searches each property for a counterexample (``hypothesis.find``),
+which comes back shrunk to the smallest tree. A property holds only if it held on every explicit
+example too; an explicit example that fails is reported by its label (it covers one serving
+dimension, so it names what the kernel gets wrong). The coverage (trees, widths, head ratios,
+batches, pools, dtypes, gate ranges, calls) is printed and written into the JSON.
+
+The committed states live in a state pool, as in a serving engine: each sequence in a shuffled slot,
+every other slot NaN (a kernel that reads a slot it was not given turns its outputs NaN).
+
+Properties (mode "exact"):
+  output finite           no NaN or Inf in any node's output
+  inputs untouched        every argument (q, k, v, gates, the index tables) bit-identical after the call
+  repeatable              two calls on one input (a burst of them on some examples) give bit-identical
+                          outputs
+  committed state untouched   the batch's pool slots are bit-identical after the call (verify reads)
+  other pool slots untouched  so is every slot outside the batch
+  exact on order-exact    every order-exact node equals the oracle's exact output
+  exact on every node     every node equals the oracle's exact output
+Mode "leaky" (the flattened path) replaces the last by
+  flattened semantics     every node equals the oracle's flattened (leaky) output
+  leaks off order         some node that is not order-exact differs from the exact output: the leak
+                          is there (a "leaky" kernel that never leaks is not what it claims)
+so a leaky kernel passes when the leak is identified and bounded: exact where the layout makes it
+exact, the flattened recurrence elsewhere.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ddsim.errors import InputError
+from ddsim.measure.compare import TOLERANCES
+
+
+@dataclass
+class PropertyResult:
+    name: str
+    holds: bool
+    detail: str = ""
+    counterexample: dict | None = None
+
+
+@dataclass
+class CheckResult:
+    properties: list[PropertyResult]
+    profile: str
+    examples: int  # explicit examples run
+    coverage: dict  # dimension -> sorted values seen (explicit and drawn examples)
+
+    def __iter__(self):  # the properties, as the older list result was read
+        return iter(self.properties)
+
+
+def _strategies():
+    try:
+        from ddsim.properties import strategies
+    except ModuleNotFoundError as e:
+        raise InputError(f"check-kernel needs hypothesis (missing module {e.name!r}; "
+                         "pip install 'ddsim-spec[properties]')") from None
+    return strategies
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _bound(ref: torch.Tensor, dtype: torch.dtype = torch.float32) -> float:
+    """The comparison bound of one layer's output in ``dtype`` (ddsim.measure.compare's table)."""
+    atol, rtol = TOLERANCES[dtype]
+    return atol + rtol * (ref.abs().max().item() if ref.numel() else 0.0)
+
+
+def _node_errors(o: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """[B, T] max abs error per node (inf where the output is not finite)."""
+    err = (o.double().cpu() - ref.double().cpu()).abs().flatten(2).amax(-1)
+    return torch.where(torch.isfinite(o.double().cpu()).flatten(2).all(-1), err, torch.inf)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit pattern (so NaN slots compare equal to themselves)."""
+    size = t.element_size()
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
+
+
+def _input_dtype(inp: dict) -> torch.dtype:
+    """The dtype an example's inputs were drawn in: its comparison tolerance."""
+    return (inp["q"] if "q" in inp else inp["x"]).dtype
+
+
+def _calls(call, inp: dict, names: tuple[str, ...], device: str) -> dict:
+    """Call the kernel ``max(2, inp['burst'])`` times, each on fresh copies of the inputs ``names`` (None
+    kept), the index tables and the pool: the first call's output and pool writes, which arguments any
+    call changed, and whether every call's output is bit-identical to the first's."""
+    outs, changed, writes = None, set(), None
+    identical = True
+    for n in range(max(2, int(inp.get("burst", 2)))):
+        args = {k: None if inp[k] is None else inp[k].to(device, copy=True) for k in names}
+        args["parents"] = inp["parents"].to(device, copy=True)
+        slots = inp["slots"].to(device, copy=True)
+        pool = inp["pool"].to(device, copy=True).contiguous()
+        seen = {k: _bits(v).clone() for k, v in {**args, "slots": slots}.items() if v is not None}
+        before = _bits(pool).clone()
+        o = call(args, pool, slots)
+        changed |= {k for k, v in {**args, "slots": slots}.items() if v is not None and not torch.equal(_bits(v), seen[k])}
+        o = o.detach().cpu()
+        if n == 0:
+            outs, writes = o.clone(), _pool_writes(pool, before, inp["slots"])
+            writes["pool_after"] = pool.cpu()
+        elif o.shape != outs.shape or o.dtype != outs.dtype or not torch.equal(_bits(o), _bits(outs)):
+            identical = False
+    return {"o": outs, **writes, "inputs_changed": sorted(changed), "repeatable": identical}
+
+
+class _Runner:
+    """One kernel, one mode, on one device: runs the kernel (on copies: a kernel that writes its inputs
+    must not change what the oracle reads) and the oracle on an example."""
+
+    def __init__(self, kernel, mode: str, device: str):
+        self.kernel, self.mode, self.device = kernel, mode, device
+
+    def run(self, inp) -> dict:
+        from ddsim import oracle
+        r = _calls(lambda a, pool, slots: self.kernel.verify(**a, state_pool=pool, slots=slots, mode=self.mode,
+                                                             scale=None),
+                   inp, ("q", "k", "v", "g", "beta"), self.device)
+        plain = {k: inp[k].double() for k in ("q", "k", "v", "g", "beta")}
+        r["ref"] = {m: oracle.gdn_tree_verify(**plain, parents=inp["parents"], initial_state=inp["initial_state"].double(),
+                                              mode=m) for m in ("exact", "leaky")}
+        r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
+        r["dtype"] = _input_dtype(inp)
+        return r
+
+    def properties(self) -> dict:
+        return _properties(self.mode)
+
+
+def _pool_writes(pool: torch.Tensor, before: torch.Tensor, slots: torch.Tensor) -> dict:
+    """Which pool slots a call wrote (bitwise), split into the batch's and the others."""
+    changed = (_bits(pool) != before).flatten(1).any(-1).cpu()  # [N]
+    in_batch = torch.zeros_like(changed)
+    in_batch[slots.long().cpu()] = True
+    return {"committed_untouched": not bool(changed[in_batch].any()), "others_untouched": not bool(changed[~in_batch].any()),
+            "written_slots": changed.nonzero().flatten().tolist()}
+
+
+def _properties(mode: str, committed: tuple | None = None) -> dict:
+    """name -> predicate(run result) that must hold on every input. ``committed`` replaces the
+    committed-slot property for a kernel whose verify rewrites its slot by design: (name, predicate)."""
+    def close(r, m, nodes):
+        err = _node_errors(r["o"], r["ref"][m])
+        return bool((err[nodes] <= _bound(r["ref"][m], r["dtype"])).all())
+
+    name, pred = committed or ("committed state untouched", lambda r: r["committed_untouched"])
+    props = {
+        "output finite": lambda r: bool(torch.isfinite(r["o"]).all()),
+        "inputs untouched": lambda r: not r["inputs_changed"],
+        "repeatable": lambda r: r["repeatable"],
+        name: pred,
+        "other pool slots untouched": lambda r: r["others_untouched"],
+        "exact on order-exact nodes": lambda r: close(r, "exact", r["order_exact"]),
+    }
+    if mode == "exact":
+        props["exact on every node"] = lambda r: close(r, "exact", torch.ones_like(r["order_exact"]))
+    else:
+        props["flattened semantics on every node"] = lambda r: close(r, "leaky", torch.ones_like(r["order_exact"]))
+    return props
+
+
+class _ConvRunner:
+    """The engine's tree causal conv, one mode, on one device, against the oracle's conv."""
+
+    def __init__(self, kernel, mode: str, device: str):
+        self.kernel, self.mode, self.device = kernel, mode, device
+
+    def run(self, inp) -> dict:
+        from ddsim import oracle
+        r = _calls(lambda a, pool, slots: self.kernel.conv(a.pop("x"), **a, window_pool=pool, slots=slots,
+                                                           mode=self.mode, activation="silu"),
+                   inp, ("x", "weight", "bias"), self.device)
+        plain = dict(weight=inp["weight"].double(), bias=None if inp["bias"] is None else inp["bias"].double())
+        r["ref"] = {m: oracle.tree_causal_conv1d(inp["x"].double(), **plain, parents=inp["parents"],
+                                                 initial_window=inp["initial_window"].double(), mode=m)
+                    for m in ("exact", "leaky")}
+        W1 = inp["initial_window"].shape[-1]
+        # the window after the whole flattened draft: what a verify that rewrites its slot writes there
+        flat = torch.cat([inp["initial_window"], inp["x"].transpose(1, 2).to(inp["initial_window"].dtype)], -1)
+        flat = flat[..., flat.shape[-1] - W1:]
+        batch = r.pop("pool_after")[inp["slots"].long()]
+        r["slot_is_flattened_window"] = torch.equal(_bits(batch), _bits(flat))
+        r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
+        r["dtype"] = _input_dtype(inp)
+        return r
+
+    def properties(self) -> dict:
+        if self.kernel.conv_writes_slot == "flattened window":
+            committed = ("committed window = the flattened draft's window", lambda r: r["slot_is_flattened_window"])
+        else:
+            committed = ("committed window untouched", lambda r: r["committed_untouched"])
+        return _properties(self.mode, committed)
+
+
+class _Mamba2Runner:
+    """The engine's Mamba2 tree verify, one mode, on one device, against the oracle's."""
+
+    def __init__(self, kernel, mode: str, device: str):
+        self.kernel, self.mode, self.device = kernel, mode, device
+
+    def run(self, inp) -> dict:
+        from ddsim import oracle
+        names = ("x", "dt", "A", "B", "C", "D", "dt_bias")
+
+        def call(a, pool, slots):
+            return self.kernel.mamba2(a.pop("x"), a.pop("dt"), a.pop("A"), a.pop("B"), a.pop("C"), **a, state_pool=pool,
+                                      slots=slots, mode=self.mode)
+        r = _calls(call, inp, names, self.device)
+        plain = {k: None if inp[k] is None else inp[k].double() for k in names}
+        r["ref"] = {m: oracle.mamba2_tree_verify(plain["x"], plain["dt"], plain["A"], plain["B"], plain["C"], D=plain["D"],
+                                                 dt_bias=plain["dt_bias"], parents=inp["parents"],
+                                                 initial_state=inp["initial_state"].double(), mode=m)
+                    for m in ("exact", "leaky")}
+        r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
+        r["dtype"] = _input_dtype(inp)
+        return r
+
+    def properties(self) -> dict:
+        return _properties(self.mode)
+
+
+def _describe(inp, r, prop: str, mode: str) -> dict:
+    """The counterexample as JSON: the example's label (an explicit one) or "drawn", the trees (parents
+    and tokens), shapes, and the first node whose output is wrong against the reference the property names."""
+    ref_mode = "leaky" if prop.startswith("flattened") else "exact"
+    dtype = _input_dtype(inp)
+    err = _node_errors(r["o"], r["ref"][ref_mode])
+    bound = _bound(r["ref"][ref_mode], dtype)
+    bad = (err > bound).nonzero().tolist()
+    first = None
+    if bad:
+        b, n = bad[0]
+        first = {"sequence": b, "node": n, "max_abs_error": float(err[b, n]), "bound": bound,
+                 "order_exact": bool(r["order_exact"][b, n])}
+    if "q" in inp:
+        B, T, H, K = inp["q"].shape
+        shapes = {"B": B, "T": T, "H": H, "HV": inp["v"].shape[2], "K": K, "V": inp["v"].shape[3]}
+    elif "dt" in inp:
+        B, T, H, P = inp["x"].shape
+        shapes = {"B": B, "T": T, "H": H, "P": P, "G": inp["B"].shape[2], "N": inp["B"].shape[3]}
+    else:
+        B, T, C = inp["x"].shape
+        shapes = {"B": B, "T": T, "C": C, "W": inp["weight"].shape[1], "bias": inp["bias"] is not None}
+    return {"property": prop, "op": "gdn" if "q" in inp else "mamba2" if "dt" in inp else "conv", "mode": mode,
+            "example": inp.get("label", "drawn"), "dtype": str(dtype).removeprefix("torch."), "reference": ref_mode,
+            "trees": [{"parents": list(t.parents), "tokens": list(t.tokens)} for t in inp["trees"]],
+            "shapes": shapes,
+            "pool": {"slots": inp["pool"].shape[0], "batch_slots": inp["slots"].tolist(),
+                     "written_slots": r["written_slots"]},
+            "inputs_changed": r["inputs_changed"], "repeatable": r["repeatable"],
+            "first_wrong_node": first}
+
+
+def _where(ce: dict) -> str:
+    """One line locating a counterexample for the terminal."""
+    node = ce["first_wrong_node"]
+    at = "" if ce["example"] == "drawn" else f"serving example [{ce['example']}]: "
+    if ce["property"] == "inputs untouched":
+        return f"{at}the kernel wrote its arguments {', '.join(ce['inputs_changed'])}"
+    if ce["property"] == "repeatable":
+        return f"{at}repeated calls on one input gave outputs that differ bit for bit"
+    if node and "untouched" not in ce["property"]:
+        return (f"{at}first wrong node {node['node']} of sequence {node['sequence']} (parents "
+                f"{_short(ce['trees'][node['sequence']]['parents'])}), error {node['max_abs_error']:.3g} > "
+                f"{node['bound']:.3g}")
+    return (f"{at}trees {_short([t['parents'] for t in ce['trees']])}, batch slots {_short(ce['pool']['batch_slots'])} of "
+            f"{ce['pool']['slots']}, slots written {_short(ce['pool']['written_slots'])}")
+
+
+def _short(x, limit: int = 160) -> str:
+    s = str(x)
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+OPS = ("gdn", "conv", "mamba2")
+
+
+def default_profile(device: str) -> str:
+    return "serving" if str(device).startswith("cuda") else "quick"
+
+
+def _coverage(described: list[dict]) -> dict:
+    """dimension -> the values seen: sorted distinct values, or [min, max] for ranges."""
+    out: dict = {}
+    for key in described[0] if described else []:
+        vals = [d[key] for d in described if key in d]
+        if key.endswith(" total"):
+            out[key] = sum(vals)
+        elif key.endswith(" min"):
+            out[key] = min(vals)
+        elif key.endswith(" max"):
+            out[key] = max(vals)
+        else:
+            out[key] = sorted(set(vals), key=lambda v: (isinstance(v, str), v))
+    return out
+
+
+def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dtype: torch.dtype = torch.float32,
+          op: str = "gdn", profile: str | None = None, example_timeout: float | None = None, on_hang=None) -> CheckResult:
+    """Check each property on the profile's explicit examples, then search it for a counterexample on
+    drawn inputs; the results, with counterexamples (drawn ones shrunk), and the coverage. Inputs
+    are drawn in ``dtype`` (recurrent states stay float32; the explicit examples add the other
+    dtypes); the oracle computes in float64 from the same rounded values, and outputs are compared
+    within the input dtype's tolerance. ``op`` "gdn" checks the recurrence (kernel.verify), "conv"
+    the tree causal conv (kernel.conv), "mamba2" the Mamba2 tree verify (kernel.mamba2).
+    ``example_timeout``: seconds an explicit example may take; past it ``on_hang(label, seconds)`` is called
+    from a watchdog thread (a hung GPU kernel cannot be interrupted: the command line reports it and exits)."""
+    from hypothesis import HealthCheck, find, settings
+    from hypothesis.errors import NoSuchExample
+
+    from ddsim.engines import kernel_cases
+    from ddsim.gpu_backend import poisoned
+    profile = profile or default_profile(device)
+    if profile not in kernel_cases.PROFILES:
+        raise InputError(f"--profile: expected one of {', '.join(kernel_cases.PROFILES)}, got {profile!r}")
+    strategies = _strategies()
+    extra = {}
+    if op == "conv":
+        kernel.check_conv(mode)
+        runner = _ConvRunner(kernel, mode, device)
+        strategy = strategies.conv_pool_inputs(max_nodes=10, dtype=dtype, widths=kernel.conv_widths)
+        extra = {"widths": kernel.conv_widths}
+    elif op == "mamba2":
+        kernel.check_mamba2(mode)
+        runner = _Mamba2Runner(kernel, mode, device)
+        strategy = strategies.mamba2_inputs(max_nodes=10, dtype=dtype, engine=True)
+    else:
+        kernel.check_mode(mode)
+        runner = _Runner(kernel, mode, device)
+        strategy = strategies.gdn_pool_inputs(max_nodes=10, dtype=dtype)
+    cfg = settings(max_examples=max_examples, database=None, derandomize=True, deadline=None,
+                   suppress_health_check=list(HealthCheck))
+    props = runner.properties()
+    described = []
+    failed: dict[str, dict] = {}  # property -> counterexample (the first explicit example that fails it)
+    leak_seen = None
+
+    def leaks(r) -> bool:
+        err = _node_errors(r["o"], r["ref"]["exact"])
+        return bool((err[~r["order_exact"]] > 10 * _bound(r["ref"]["exact"], r["dtype"])).any())
+
+    explicit = kernel_cases.cases(op, profile, dtype, **extra)
+    import threading
+    with poisoned():  # ddsim's own kernels (the ddsim adapter) NaN-fill their outputs here too
+        for inp in explicit:
+            described.append(kernel_cases.describe(inp))
+            watchdog = None
+            if example_timeout is not None and on_hang is not None:
+                watchdog = threading.Timer(example_timeout, on_hang, (inp["label"], example_timeout))
+                watchdog.daemon = True
+                watchdog.start()
+            try:
+                r = runner.run(inp)
+            except Exception as e:  # a kernel that refuses or crashes on a serving shape fails every property
+                for name in props:
+                    failed.setdefault(name, {"property": name, "example": inp["label"], "error": f"{type(e).__name__}: "
+                                                                                               f"{_short(e, 300)}"})
+                continue
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
+            for name, pred in props.items():
+                if name not in failed and not pred(r):
+                    failed[name] = _describe(inp, r, name, mode)
+            if mode == "leaky" and leak_seen is None and leaks(r):
+                leak_seen = inp["label"]
+    results = []
+    drawn = []
+
+    def run_drawn(inp):
+        drawn.append(kernel_cases.describe(inp))
+        return runner.run(inp)
+
+    for name, pred in props.items():
+        explicit_ce = failed.get(name)
+        try:
+            with poisoned():
+                bad = find(strategy, lambda inp, pred=pred: not pred(run_drawn(inp)), settings=cfg)
+        except NoSuchExample:
+            if explicit_ce is None:
+                results.append(PropertyResult(name, True, f"held on {len(explicit)} serving examples ({profile}) and "
+                                                          f"{max_examples} drawn inputs"))
+            else:  # only a serving shape reaches the bug: the explicit example is the counterexample
+                detail = (f"serving example [{explicit_ce['example']}]: the kernel raised {explicit_ce['error']}"
+                          if "error" in explicit_ce else _where(explicit_ce))
+                results.append(PropertyResult(name, False, detail, explicit_ce))
+            continue
+        except Exception as e:  # the kernel raised on a drawn input
+            results.append(PropertyResult(name, False, f"the kernel raised {type(e).__name__}: {_short(e, 300)} on a "
+                                                       "drawn input", explicit_ce))
+            continue
+        ce = _describe(bad, runner.run(bad), name, mode)  # shrunk: the smallest tree that shows the bug
+        if explicit_ce is not None:
+            ce["serving_example"] = explicit_ce["example"]
+        results.append(PropertyResult(name, False, _where(ce) + (f" (also on serving example [{ce['serving_example']}])"
+                                                                 if explicit_ce is not None else ""), ce))
+    if mode == "leaky":
+        # the leak must be there: some non-order-exact node differs from the exact output
+        if leak_seen is not None:
+            results.append(PropertyResult("leaks off order-exact nodes", True, f"e.g. serving example [{leak_seen}]"))
+        else:
+            try:
+                with poisoned():
+                    ex = find(strategy, lambda inp: leaks(runner.run(inp)), settings=cfg)
+                results.append(PropertyResult("leaks off order-exact nodes", True,
+                                              f"e.g. parents {[list(t.parents) for t in ex['trees']]}"))
+            except NoSuchExample:
+                results.append(PropertyResult("leaks off order-exact nodes", False,
+                                              "never differed from exact verification: not the flattened path"))
+    return CheckResult(results, profile, len(explicit), _coverage(described + drawn))
+
+
+def write_result(result: CheckResult, path: Path, *, kernel: dict) -> None:
+    """The check's JSON: the kernel, profile, every property's verdict, the counterexamples and the coverage."""
+    from ddsim.reports.json_report import write_atomic
+    failing = [r.counterexample for r in result.properties if r.counterexample is not None]
+    doc = {"kernel": kernel, "profile": result.profile, "explicit_examples": result.examples,
+           "properties": [{"name": r.name, "holds": r.holds, "detail": r.detail} for r in result.properties],
+           "holds": all(r.holds for r in result.properties), "coverage": result.coverage, "counterexamples": failing}
+    write_atomic({path: json.dumps(doc, indent=1) + "\n"})

@@ -1,0 +1,252 @@
+"""The verify-step dump: what a serving engine computed at each tree-verify step, for `ddsim replay`.
+
+A dump is a directory (format "ddsim-verify-dump", version 1):
+
+    index.jsonl                 line 1: the header; then one line per verify step; last: the end marker
+    steps/000000.safetensors    the step's tensors (one file per step, written before its index line)
+
+Header: {"format": "ddsim-verify-dump", "version": 1, "vocab_size": V, "logits": "full" | "topk",
+"topk": k | null, "acceptance": "greedy", "compute_dtype": "float32" | "bfloat16" | "float16",
+"engine": {free-form: name, version, ...}}.
+
+Step: {"step": i (0, 1, 2, ... in file order), "request": id, "context": [token ids committed before
+the step], "parents": [T ints, -1 at the root, parents[i] < i], "tokens": [T ids; the root is the
+pending token, the last one the engine emitted], "positions": [T RoPE positions the engine used],
+"accepted": [node ids of the accepted path, root first], "emitted": [tokens appended this step: the
+accepted nodes after the root, then the bonus token], "tensors": "steps/NNNNNN.safetensors"}.
+
+Tensors: "logits" [T, V] float32 (full), or "topk_ids" [T, k] int64 and "topk_logprobs" [T, k]
+float32 (topk); optionally the engine's committed recurrent state before the step, "ssm.L" [HV, K, V]
+and "conv.L" [C, W-1] for GDN layer L.
+
+End marker: {"end": true, "steps": N}. A dump without it is truncated and refused.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ddsim.errors import InputError
+
+FORMAT = "ddsim-verify-dump"
+VERSION = 1
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+class VerifyDumpWriter:
+    """What an engine calls at its verify step (greedy acceptance):
+
+        w = VerifyDumpWriter(path, vocab_size=V, engine={"name": "my-engine", "version": "1.2"})
+        w.write_step(request=rid, context=ctx, parents=par, tokens=toks, positions=pos,
+                     logits=logits, accepted=path, emitted=out)      # or topk=(ids, logprobs)
+        w.close()
+
+    Each step's tensors are written (to a temporary name, then renamed) before its index line, and
+    the index line is flushed, so a crash leaves a dump that the reader refuses as truncated."""
+
+    def __init__(self, path, *, vocab_size: int, logits: str = "full", topk: int | None = None,
+                 compute_dtype: str = "float32", engine: dict | None = None):
+        if logits not in ("full", "topk") or (logits == "topk") != (topk is not None):
+            raise ValueError("logits: 'full' without topk, or 'topk' with topk=k")
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype: expected one of {COMPUTE_DTYPES}")
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=False)  # a dump is never written over anything
+        (self.path / "steps").mkdir()
+        self.vocab_size, self.mode, self.topk = vocab_size, logits, topk
+        self.steps = 0
+        self._index = open(self.path / "index.jsonl", "w")
+        self._line({"format": FORMAT, "version": VERSION, "vocab_size": vocab_size, "logits": logits, "topk": topk,
+                    "acceptance": "greedy", "compute_dtype": compute_dtype, "engine": engine or {}})
+
+    def _line(self, obj: dict) -> None:
+        self._index.write(json.dumps(obj, allow_nan=False) + "\n")
+        self._index.flush()
+
+    def write_step(self, *, request: str, context, parents, tokens, positions, accepted, emitted, logits=None,
+                   topk=None, states: dict | None = None) -> None:
+        from safetensors.torch import save_file
+        tensors = {}
+        if self.mode == "full":
+            tensors["logits"] = torch.as_tensor(logits).detach().float().cpu().contiguous()
+        else:
+            ids, lp = topk
+            tensors["topk_ids"] = torch.as_tensor(ids).detach().long().cpu().contiguous()
+            tensors["topk_logprobs"] = torch.as_tensor(lp).detach().float().cpu().contiguous()
+        for k, v in (states or {}).items():
+            tensors[k] = torch.as_tensor(v).detach().float().cpu().contiguous()
+        rel = f"steps/{self.steps:06d}.safetensors"
+        tmp = self.path / f"{rel}.tmp"
+        save_file(tensors, str(tmp))
+        os.replace(tmp, self.path / rel)
+
+        def ints(x):
+            return [int(t) for t in (x.tolist() if hasattr(x, "tolist") else x)]
+        self._line({"step": self.steps, "request": str(request), "context": ints(context), "parents": ints(parents),
+                    "tokens": ints(tokens), "positions": ints(positions), "accepted": ints(accepted),
+                    "emitted": ints(emitted), "tensors": rel})
+        self.steps += 1
+
+    def close(self) -> None:
+        self._line({"end": True, "steps": self.steps})
+        self._index.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            self.close()
+        else:  # no end marker: the reader will call the dump truncated
+            self._index.close()
+
+
+@dataclass
+class DumpStep:
+    step: int
+    request: str
+    context: list[int]
+    parents: list[int]
+    tokens: list[int]
+    positions: list[int]
+    accepted: list[int]
+    emitted: list[int]
+    tensors_file: str
+    tensors: dict = field(repr=False)  # name -> tensor
+
+
+@dataclass
+class Dump:
+    path: Path
+    header: dict
+    steps: list[DumpStep]
+
+
+def _fail(path, msg):
+    raise InputError(f"--dump {path}: {msg}")
+
+
+def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None,
+              max_positions: int | None = None) -> Dump:
+    """Read and check a whole dump before any work: the header (format, version), every step (a
+    valid tree; positions, tokens in the vocabulary, the accepted path a root path of the tree, the
+    emitted tokens the accepted nodes' after the root plus one), its tensors (shapes, finite), the
+    end marker. ``vocab_size``: the checkpoint's; ``layers``: {"ssm.L": shape, "conv.L": shape} of
+    the checkpoint's state tensors; ``max_positions``: the checkpoint's position limit (every position
+    an integer in [0, max_positions)). Every problem is one InputError naming the dump and the step."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from ddsim.jsonl import strict_loads
+    from ddsim.trees.tree import Tree
+    root = Path(path)
+    index = root / "index.jsonl"
+    if not index.is_file():
+        _fail(path, "no index.jsonl (not a verify-step dump)")
+    lines = index.read_text().splitlines()
+    if not lines:
+        _fail(path, "index.jsonl is empty")
+    header = strict_loads(lines[0], f"--dump {path}: index.jsonl line 1")
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        _fail(path, f"line 1: not a {FORMAT} header")
+    if header.get("version") != VERSION:
+        _fail(path, f"schema version {header.get('version')!r} is not supported (this ddsim reads version {VERSION})")
+    V = header.get("vocab_size")
+    if not isinstance(V, int) or V < 2:
+        _fail(path, f"header vocab_size {V!r}: expected an integer >= 2")
+    if vocab_size is not None and V != vocab_size:
+        _fail(path, f"vocab_size {V} does not fit the checkpoint's {vocab_size}")
+    if header.get("logits") not in ("full", "topk"):
+        _fail(path, f"header logits {header.get('logits')!r}: expected 'full' or 'topk'")
+    k = header.get("topk")
+    if header["logits"] == "topk" and not (isinstance(k, int) and 1 <= k <= V):
+        _fail(path, f"header topk {k!r}: expected an integer in 1..{V}")
+    if header.get("acceptance") != "greedy":
+        _fail(path, f"header acceptance {header.get('acceptance')!r}: only 'greedy' is replayed in this version")
+    if header.get("compute_dtype") not in COMPUTE_DTYPES:
+        _fail(path, f"header compute_dtype {header.get('compute_dtype')!r}: expected one of {COMPUTE_DTYPES}")
+    steps, end = [], None
+    for n, line in enumerate(lines[1:], start=2):
+        rec = strict_loads(line, f"--dump {path}: index.jsonl line {n}")
+        if not isinstance(rec, dict):
+            _fail(path, f"line {n}: expected an object")
+        if rec.get("end") is True:
+            end = rec
+            if n != len(lines):
+                _fail(path, f"line {n}: the end marker is not the last line")
+            break
+        steps.append(_step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tree, max_positions))
+    if end is None:
+        _fail(path, "truncated: no end marker (the engine stopped mid-dump)")
+    if end.get("steps") != len(steps):
+        _fail(path, f"the end marker counts {end.get('steps')!r} steps, the index has {len(steps)}")
+    return Dump(root, header, steps)
+
+
+def _step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tree, max_positions) -> DumpStep:
+    where = f"step line {n}"
+    keys = {"step", "request", "context", "parents", "tokens", "positions", "accepted", "emitted", "tensors"}
+    if set(rec) != keys:
+        _fail(path, f"{where}: keys {sorted(set(rec) ^ keys)} missing or unknown")
+    if rec["step"] != n - 2:
+        _fail(path, f"{where}: step {rec['step']!r}, expected {n - 2} (steps in file order from 0)")
+    for key in ("context", "parents", "tokens", "positions", "accepted", "emitted"):
+        if not isinstance(rec[key], list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in rec[key]):
+            _fail(path, f"{where}: {key} must be a list of integers")
+    where = f"step {rec['step']}"
+    if not isinstance(rec["request"], str) or not isinstance(rec["tensors"], str):
+        _fail(path, f"{where}: request and tensors must be strings")
+    T = len(rec["parents"])
+    if T == 0 or len(rec["tokens"]) != T or len(rec["positions"]) != T:
+        _fail(path, f"{where}: parents, tokens and positions must be one per node (got {T}, {len(rec['tokens'])}, "
+                    f"{len(rec['positions'])})")
+    try:
+        tree = Tree(rec["parents"], rec["tokens"])
+    except (ValueError, InputError) as e:
+        _fail(path, f"{where}: {e}")
+    for key in ("context", "tokens", "emitted"):
+        bad = [t for t in rec[key] if not 0 <= t < V]
+        if bad:
+            _fail(path, f"{where}: {key} token {bad[0]} is outside the vocabulary (0..{V - 1})")
+    limit = max_positions if max_positions is not None else 2**31
+    bad = [p for p in rec["positions"] if not 0 <= p < limit]
+    if bad:
+        _fail(path, f"{where}: position {bad[0]} is outside [0, {limit}) (the checkpoint's max positions)")
+    if len(rec["context"]) >= limit:
+        _fail(path, f"{where}: a context of {len(rec['context'])} tokens leaves no position below the checkpoint's {limit}")
+    acc = rec["accepted"]
+    if not acc or not 0 <= acc[-1] < T or acc != tree.root_path(acc[-1]):
+        _fail(path, f"{where}: accepted {acc} is not a root path of the tree")
+    if rec["emitted"][:-1] != [rec["tokens"][i] for i in acc[1:]] or len(rec["emitted"]) != len(acc):
+        _fail(path, f"{where}: emitted {rec['emitted']} is not the accepted nodes' tokens after the root plus the "
+                    "bonus token")
+    f = root / rec["tensors"]
+    if not f.is_file() or root.resolve() not in f.resolve().parents:
+        _fail(path, f"{where}: tensor file {rec['tensors']!r} is missing")
+    try:
+        tensors = load_file(str(f))
+    except (SafetensorError, OSError, ValueError) as e:
+        _fail(path, f"{where}: tensor file {rec['tensors']!r} is unreadable ({e})")
+    want = {"logits": (T, V)} if header["logits"] == "full" else {"topk_ids": (T, header["topk"]),
+                                                                  "topk_logprobs": (T, header["topk"])}
+    for name, shape in want.items():
+        if name not in tensors:
+            _fail(path, f"{where}: tensor {name!r} is missing")
+        if tuple(tensors[name].shape) != shape:
+            _fail(path, f"{where}: {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
+    extra = set(tensors) - set(want) - set(layers or {})
+    if extra:
+        _fail(path, f"{where}: tensor {sorted(extra)[0]!r} does not fit the checkpoint")
+    for name, t in tensors.items():
+        if name in (layers or {}) and tuple(t.shape) != tuple(layers[name]):
+            _fail(path, f"{where}: {name} has shape {tuple(t.shape)}, expected {tuple(layers[name])}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            _fail(path, f"{where}: {name} has non-finite values")
+    if "topk_ids" in tensors and not bool(((tensors["topk_ids"] >= 0) & (tensors["topk_ids"] < V)).all()):
+        _fail(path, f"{where}: topk_ids outside the vocabulary")
+    return DumpStep(rec["step"], rec["request"], rec["context"], rec["parents"], rec["tokens"], rec["positions"], acc,
+                    rec["emitted"], rec["tensors"], tensors)

@@ -1,0 +1,319 @@
+"""The explicit examples ``ddsim check-kernel`` always runs, whatever ``--max-examples`` says: every
+dimension a serving engine runs, one example per value, the others held at small values so that a
+kernel wrong only along one dimension is caught by the example that reaches it.
+
+Profiles:
+  quick    (the CPU default: Triton kernels run in Triton's interpreter) a few examples of each wide
+           dimension: one K = V = 128 example, one tree past 128 nodes, one batch of 8 in a pool of
+           300 slots (ids above 255 and the last slot), head ratios 4, 6 and 8, a width that is not a
+           power of two, strong decay (g down to -30) and long memory (g up to -1e-4), beta at 0
+           and 1, 16-bit inputs, and a burst of 24 calls on one input
+  serving  (the CUDA default) every value: T in {1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 66, 127,
+           128, 129, 257}, DDTree trees at budgets 15/16/64/128/256 with top-k caps 1-8, chains,
+           stars, deep and wide trees; K and V in {16, 32, 64, 128} and widths that are not powers of
+           two; HV/H in {1, 2, 3, 4, 6, 8}; batches of 1, 3, 8 and 32; pools of 1024 slots with
+           the batch shuffled, sparse, descending, above 255 and at the last slot; gates from fast
+           forgetting to long memory; bf16 / fp16 / fp32 inputs; bursts of repeated calls
+
+Each example is the dict the drawn strategies make (ddsim.properties.strategies) plus ``label`` (what
+it covers) and ``burst`` (how many calls on the same input must agree bit for bit). The recurrent
+states are float32; q, k, v, gates (and the conv's and Mamba2's inputs) are in the example's dtype,
+and its comparison uses that dtype's tolerance.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ddsim.trees.tree import Tree
+
+PROFILES = ("quick", "serving")
+SERVING_NODES = (1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 66, 127, 128, 129, 257)
+SHAPES = ("chain", "star", "deep", "wide", "random")
+
+
+def tree(kind: str, T: int, rng: np.random.Generator) -> Tree:
+    """A tree of exactly T nodes of one shape (tokens distinct among siblings: node i carries token i)."""
+    parents = [-1]
+    for i in range(1, T):
+        if kind == "chain":
+            p = i - 1
+        elif kind == "star":
+            p = 0
+        elif kind == "deep":  # a long chain that branches back now and then
+            p = i - 1 if i % 5 else int(rng.integers(0, i))
+        elif kind == "wide":  # a few roots of many siblings each
+            p = int(rng.integers(0, min(i, 4)))
+        else:
+            p = int(rng.integers(0, i))
+        parents.append(p)
+    return Tree(parents, range(T))
+
+
+def ddtree(budget: int, cap: int, rng: np.random.Generator, depth: int = 15, vocab: int = 64) -> Tree:
+    """DDTree's best-first tree over random draft logits (ddsim.trees.builders.ddtree), as a server builds it."""
+    from ddsim.trees.builders import ddtree as build
+    logits = torch.from_numpy(rng.standard_normal((depth, vocab)) * 3.0)
+    return build(logits, budget, cap)
+
+
+def _gates(kind: str, shape, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, beta) float64: "fast" g in [-30, -1], "long" in [-1e-2, -1e-4], "mixed" log-uniform over
+    [-30, -1e-4]; beta uniform in [0, 1] with exact 0 and 1 among them."""
+    u = torch.rand(*shape, generator=gen, dtype=torch.float64)
+    if kind == "fast":
+        g = -(1.0 + 29.0 * u)
+    elif kind == "long":
+        g = -(1e-4 + (1e-2 - 1e-4) * u)
+    else:
+        g = -torch.exp(np.log(1e-4) + (np.log(30.0) - np.log(1e-4)) * u)
+    beta = torch.rand(*shape, generator=gen, dtype=torch.float64)
+    flat = beta.view(-1)
+    flat[::7] = 0.0
+    flat[3::7] = 1.0
+    return g, beta
+
+
+def _pool(batch: torch.Tensor, kind: str, n: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pool [n, ...] NaN but for the batch's rows, slots int32 [B]): "shuffled" random distinct slots,
+    "sparse" spread over the pool, "descending", "high" (every id above 255), "last" (the last slot
+    among them)."""
+    B = batch.shape[0]
+    if kind == "sparse":
+        slots = [int(i * (n // B)) + int(rng.integers(0, max(1, n // B))) for i in range(B)]
+    elif kind == "descending":
+        slots = sorted(rng.choice(n, B, replace=False).tolist(), reverse=True)
+    elif kind == "high":
+        slots = (256 + rng.choice(n - 256, B, replace=False)).tolist()
+    elif kind == "last":
+        slots = [n - 1] + rng.choice(n - 1, B - 1, replace=False).tolist()
+        rng.shuffle(slots)
+    else:
+        slots = rng.choice(n, B, replace=False).tolist()
+    pool = torch.full((n, *batch.shape[1:]), float("nan"), dtype=batch.dtype)
+    pool[slots] = batch
+    return pool, torch.tensor(slots, dtype=torch.int32)
+
+
+def _trees(kind, T: int, B: int, rng) -> list[Tree]:
+    """B trees: of one shape at T nodes, or DDTree trees ("ddtree", budget, cap) padded or cut to one size."""
+    if isinstance(kind, tuple):
+        ts = [ddtree(kind[1], kind[2], rng) for _ in range(B)]
+        T = min(t.size for t in ts)
+        return [Tree(t.parents[:T], t.tokens[:T]) for t in ts]  # a topological prefix is a tree
+    return [tree(kind, T, rng) for _ in range(B)]
+
+
+def _label(kind) -> str:
+    return f"ddtree budget {kind[1]} top-k {kind[2]}" if isinstance(kind, tuple) else kind
+
+
+def gdn_case(*, T: int = 17, kind="random", B: int = 2, H: int = 1, ratio: int = 2, K: int = 16, V: int = 16,
+             gates: str = "mixed", pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32,
+             burst: int = 2, seed: int = 0, label: str = "") -> dict:
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    ts = _trees(kind, T, B, rng)
+    T = ts[0].size
+    HV = H * ratio
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=torch.float64)
+
+    g, beta = _gates(gates, (B, T, HV), gen)
+    state = rnd(B, HV, K, V).float()
+    p, slots = _pool(state, pool, pool_size or B + 3, rng)
+    return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, HV, V).to(dtype),
+                g=g.to(dtype), beta=beta.to(dtype), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
+                trees=ts, pool=p, slots=slots, burst=burst, tree=_label(kind),
+                label=label or f"{_label(kind)} T={T} B={B} H={H} HV={HV} K={K} V={V} gates {gates} pool {pool} "
+                               f"{str(dtype).removeprefix('torch.')}")
+
+
+def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
+    """The explicit GDN examples of a profile (inputs in ``dtype``, plus the other 16-bit and 32-bit
+    dtypes once each)."""
+    other = [d for d in (torch.float32, torch.bfloat16, torch.float16) if d != dtype]
+    if profile == "quick":
+        cases = [
+            gdn_case(T=17, kind=("ddtree", 16, 8), K=128, V=128, ratio=2, seed=1, dtype=dtype),
+            gdn_case(T=129, kind=("ddtree", 128, 4), B=1, ratio=1, seed=2, dtype=dtype),
+            gdn_case(T=17, kind="deep", B=8, pool="high", pool_size=300, seed=3, dtype=dtype),
+            gdn_case(T=17, kind="wide", B=3, pool="last", pool_size=64, seed=4, dtype=dtype),
+            gdn_case(T=16, kind="star", B=1, H=2, ratio=4, K=24, V=20, gates="fast", seed=5, dtype=dtype),
+            gdn_case(T=15, kind="chain", B=2, H=1, ratio=6, K=32, V=32, gates="long", pool="descending", seed=6,
+                     dtype=dtype),
+            gdn_case(T=17, kind="random", B=1, H=1, ratio=8, gates="fast", pool="sparse", pool_size=40, seed=7,
+                     dtype=dtype),
+            gdn_case(T=9, kind="random", B=2, burst=24, seed=8, dtype=dtype, label="burst of 24 calls"),
+        ]
+        cases += [gdn_case(T=17, kind=("ddtree", 16, 4), B=2, ratio=3, K=32, V=32, seed=9 + i, dtype=d)
+                  for i, d in enumerate(other)]
+        return cases
+    assert profile == "serving", profile
+    cases, seed = [], 100
+    for i, T in enumerate(SERVING_NODES):
+        cases.append(gdn_case(T=T, kind=SHAPES[i % len(SHAPES)], B=2, K=64, V=64, seed=seed + i, dtype=dtype))
+    for i, (budget, cap) in enumerate([(15, 8), (16, 1), (64, 8), (128, 8), (256, 8), (64, 2), (64, 3), (64, 4),
+                                       (64, 5), (64, 6), (64, 7), (16, 8)]):
+        cases.append(gdn_case(kind=("ddtree", budget, cap), B=2, K=64, V=64, seed=seed + 30 + i, dtype=dtype))
+    for i, (K, V) in enumerate([(16, 16), (32, 32), (64, 64), (128, 128), (128, 64), (64, 128), (96, 80), (24, 40)]):
+        cases.append(gdn_case(T=33, kind=("ddtree", 32, 8), B=2, K=K, V=V, seed=seed + 50 + i, dtype=dtype))
+    for i, ratio in enumerate((1, 2, 3, 4, 6, 8)):
+        cases.append(gdn_case(T=17, kind=("ddtree", 16, 8), B=2, H=2, ratio=ratio, K=128, V=128, seed=seed + 60 + i,
+                              dtype=dtype))
+    for i, B in enumerate((1, 3, 8, 32)):
+        cases.append(gdn_case(T=65, kind=("ddtree", 64, 8), B=B, K=64, V=64, pool="shuffled", pool_size=2 * B + 3,
+                              seed=seed + 70 + i, dtype=dtype))
+    for i, pool in enumerate(("shuffled", "sparse", "descending", "high", "last")):
+        cases.append(gdn_case(T=17, kind="random", B=32, K=16, V=16, pool=pool, pool_size=1024, seed=seed + 80 + i,
+                              dtype=dtype))
+    for i, gates in enumerate(("fast", "long", "mixed")):
+        cases.append(gdn_case(T=65, kind=("ddtree", 64, 8), B=2, K=128, V=128, gates=gates, seed=seed + 90 + i,
+                              dtype=dtype))
+    for i, d in enumerate(other):
+        cases.append(gdn_case(T=65, kind=("ddtree", 64, 8), B=4, ratio=3, K=128, V=128, seed=seed + 95 + i, dtype=d))
+    cases += [gdn_case(T=65, kind=("ddtree", 64, 8), B=8, K=128, V=128, burst=24, seed=seed + 99, dtype=dtype,
+                       label="burst of 24 calls at 8 x 65, K = V = 128"),
+              gdn_case(T=9, kind="random", B=2, burst=48, seed=seed + 98, dtype=dtype, label="burst of 48 calls")]
+    return cases
+
+
+def conv_case(*, T: int = 17, kind="random", B: int = 2, C: int = 8, W: int = 4, bias: bool = True,
+              pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32, burst: int = 2, seed: int = 0,
+              label: str = "") -> dict:
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    ts = _trees(kind, T, B, rng)
+    T = ts[0].size
+    window = torch.randn(B, C, W - 1, generator=gen).to(dtype)
+    p, slots = _pool(window, pool, pool_size or B + 3, rng)
+    return dict(x=torch.randn(B, T, C, generator=gen).to(dtype), weight=torch.randn(C, W, generator=gen).to(dtype),
+                bias=torch.randn(C, generator=gen).to(dtype) if bias else None,
+                parents=torch.tensor([t.parents for t in ts]), initial_window=window, pool=p, slots=slots, trees=ts,
+                burst=burst, tree=_label(kind), label=label or f"{_label(kind)} T={T} B={B} C={C} W={W} pool {pool} "
+                                            f"{str(dtype).removeprefix('torch.')}")
+
+
+def conv_cases(profile: str, dtype=torch.float32, widths=(2, 3, 4, 5)) -> list[dict]:
+    other = [d for d in (torch.float32, torch.bfloat16, torch.float16) if d != dtype]
+    W = 4 if 4 in widths else max(widths)
+    if profile == "quick":
+        cases = [conv_case(T=129, kind=("ddtree", 128, 4), B=1, C=16, W=W, seed=1, dtype=dtype),
+                 conv_case(T=17, kind="deep", B=8, C=1024, W=W, pool="high", pool_size=300, seed=2, dtype=dtype),
+                 conv_case(T=33, kind="wide", B=3, C=24, W=W, pool="last", pool_size=64, seed=3, dtype=dtype),
+                 conv_case(T=9, kind="random", B=2, C=8, W=W, burst=24, seed=4, dtype=dtype, label="burst of 24 calls")]
+        cases += [conv_case(T=17, kind="random", B=2, C=8, W=w, bias=w % 2 == 0, seed=5 + w, dtype=dtype)
+                  for w in sorted(widths) if w != W]
+        cases += [conv_case(T=17, kind=("ddtree", 16, 8), B=2, C=8, W=W, seed=10 + i, dtype=d) for i, d in enumerate(other)]
+        return cases
+    cases, seed = [], 100
+    for i, T in enumerate(SERVING_NODES):
+        cases.append(conv_case(T=T, kind=SHAPES[i % len(SHAPES)], B=2, C=64, W=W, seed=seed + i, dtype=dtype))
+    for i, (budget, cap) in enumerate([(15, 8), (16, 1), (64, 8), (128, 8), (256, 8), (64, 4)]):
+        cases.append(conv_case(kind=("ddtree", budget, cap), B=2, C=64, W=W, seed=seed + 30 + i, dtype=dtype))
+    cases += [conv_case(T=65, kind=("ddtree", 64, 8), B=2, C=C, W=W, seed=seed + 40 + i, dtype=dtype)
+              for i, C in enumerate((1, 130, 2048, 10240))]
+    cases += [conv_case(T=33, kind="random", B=2, C=64, W=w, seed=seed + 50 + w, dtype=dtype) for w in sorted(widths)]
+    cases += [conv_case(T=65, kind=("ddtree", 64, 8), B=B, C=256, W=W, pool_size=2 * B + 3, seed=seed + 60 + i,
+                        dtype=dtype) for i, B in enumerate((1, 3, 8, 32))]
+    cases += [conv_case(T=17, kind="random", B=32, C=64, W=W, pool=pool, pool_size=1024, seed=seed + 70 + i, dtype=dtype)
+              for i, pool in enumerate(("shuffled", "sparse", "descending", "high", "last"))]
+    cases += [conv_case(T=65, kind=("ddtree", 64, 8), B=4, C=256, W=W, seed=seed + 80 + i, dtype=d)
+              for i, d in enumerate(other)]
+    cases.append(conv_case(T=65, kind=("ddtree", 64, 8), B=8, C=2048, W=W, burst=24, seed=seed + 90, dtype=dtype,
+                           label="burst of 24 calls at 8 x 65, C = 2048"))
+    return cases
+
+
+def mamba2_case(*, T: int = 17, kind="random", B: int = 2, G: int = 1, ratio: int = 2, P: int = 8, N: int = 16,
+                decay: str = "mixed", pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32,
+                burst: int = 2, seed: int = 0, label: str = "") -> dict:
+    """An engine's Mamba2 contract: softplus always, no dt limit; A < 0 ("fast": |A| up to 16 with large
+    steps, "long": |A| near 1e-3, "mixed"); D and dt_bias given."""
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    ts = _trees(kind, T, B, rng)
+    T = ts[0].size
+    H = G * ratio
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=torch.float64)
+
+    scale = {"fast": 16.0, "long": 1e-3, "mixed": 4.0}[decay]
+    A = -(torch.rand(H, generator=gen, dtype=torch.float64) * scale + 1e-4)
+    dt = rnd(B, T, H) + (3.0 if decay == "fast" else 0.0)
+    state = rnd(B, H, P, N).float()
+    p, slots = _pool(state, pool, pool_size or B + 3, rng)
+    return dict(x=rnd(B, T, H, P).to(dtype), dt=dt.to(dtype), A=A.float(), B=rnd(B, T, G, N).to(dtype),
+                C=rnd(B, T, G, N).to(dtype), D=rnd(H).float(), dt_bias=rnd(H).float(), dt_softplus=True,
+                dt_limit=(0.0, float("inf")), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
+                pool=p, slots=slots, trees=ts, burst=burst, tree=_label(kind),
+                label=label or f"{_label(kind)} T={T} B={B} G={G} H={H} P={P} N={N} decay {decay} pool {pool} "
+                               f"{str(dtype).removeprefix('torch.')}")
+
+
+def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
+    other = [d for d in (torch.float32, torch.bfloat16, torch.float16) if d != dtype]
+    if profile == "quick":
+        cases = [mamba2_case(T=17, kind=("ddtree", 16, 8), G=1, ratio=2, P=64, N=128, seed=1, dtype=dtype),
+                 mamba2_case(T=129, kind=("ddtree", 128, 4), B=1, seed=2, dtype=dtype),
+                 mamba2_case(T=17, kind="deep", B=8, pool="high", pool_size=300, seed=3, dtype=dtype),
+                 mamba2_case(T=16, kind="star", B=3, G=2, ratio=4, P=6, N=10, decay="fast", pool="last",
+                             pool_size=64, seed=4, dtype=dtype),
+                 mamba2_case(T=15, kind="chain", B=2, G=1, ratio=8, decay="long", pool="descending", seed=5,
+                             dtype=dtype),
+                 mamba2_case(T=9, kind="random", B=2, burst=24, seed=6, dtype=dtype, label="burst of 24 calls")]
+        cases += [mamba2_case(T=17, kind=("ddtree", 16, 8), B=2, seed=7 + i, dtype=d) for i, d in enumerate(other)]
+        return cases
+    cases, seed = [], 100
+    for i, T in enumerate(SERVING_NODES):
+        cases.append(mamba2_case(T=T, kind=SHAPES[i % len(SHAPES)], B=2, P=32, N=64, seed=seed + i, dtype=dtype))
+    for i, (budget, cap) in enumerate([(15, 8), (16, 1), (64, 8), (128, 8), (256, 8), (64, 4)]):
+        cases.append(mamba2_case(kind=("ddtree", budget, cap), B=2, P=32, N=64, seed=seed + 30 + i, dtype=dtype))
+    for i, (G, ratio, P, N) in enumerate([(1, 8, 64, 128), (8, 2, 64, 128), (2, 4, 64, 64), (1, 1, 80, 96),
+                                          (4, 6, 16, 32), (1, 3, 64, 128)]):
+        cases.append(mamba2_case(T=33, kind=("ddtree", 32, 8), B=2, G=G, ratio=ratio, P=P, N=N, seed=seed + 40 + i,
+                                 dtype=dtype))
+    cases += [mamba2_case(T=65, kind=("ddtree", 64, 8), B=B, P=32, N=64, pool_size=2 * B + 3, seed=seed + 50 + i,
+                          dtype=dtype) for i, B in enumerate((1, 3, 8, 32))]
+    cases += [mamba2_case(T=17, kind="random", B=32, P=8, N=16, pool=pool, pool_size=1024, seed=seed + 60 + i,
+                          dtype=dtype) for i, pool in enumerate(("shuffled", "sparse", "descending", "high", "last"))]
+    cases += [mamba2_case(T=65, kind=("ddtree", 64, 8), B=2, P=64, N=128, decay=d, seed=seed + 70 + i, dtype=dtype)
+              for i, d in enumerate(("fast", "long", "mixed"))]
+    cases += [mamba2_case(T=65, kind=("ddtree", 64, 8), B=4, P=64, N=128, seed=seed + 80 + i, dtype=d)
+              for i, d in enumerate(other)]
+    cases.append(mamba2_case(T=65, kind=("ddtree", 64, 8), B=8, ratio=8, P=64, N=128, burst=24, seed=seed + 90,
+                             dtype=dtype, label="burst of 24 calls at 8 x 65"))
+    return cases
+
+
+def cases(op: str, profile: str, dtype=torch.float32, **kw) -> list[dict]:
+    return {"gdn": gdn_cases, "conv": conv_cases, "mamba2": mamba2_cases}[op](profile, dtype, **kw)
+
+
+def describe(inp: dict) -> dict:
+    """The dimensions an example covers, for the coverage table."""
+    trees = inp["trees"]
+    out = {"nodes": trees[0].size, "batch": len(trees), "pool slots": int(inp["pool"].shape[0]),
+           "largest slot id": int(inp["slots"].max()), "dtype": str(_first_input(inp).dtype).removeprefix("torch."),
+           "tree": inp.get("tree", "drawn"),
+           "not order-exact nodes total": int(sum(int((~t.order_exact).sum()) for t in trees))}
+    if "q" in inp:
+        H, K = inp["q"].shape[2:]
+        HV, V = inp["v"].shape[2:]
+        g = inp["g"].double()
+        out.update({"K": K, "V": V, "HV/H": HV // H, "g min": float(g.min()), "g max": float(g.max()),
+                    "beta min": float(inp["beta"].min()), "beta max": float(inp["beta"].max())})
+    elif "dt" in inp:
+        H, P = inp["x"].shape[2:]
+        G, N = inp["B"].shape[2:]
+        out.update({"H/G": H // G, "P": P, "N": N, "A min": float(inp["A"].min()), "A max": float(inp["A"].max())})
+    else:
+        out.update({"C": int(inp["x"].shape[2]), "W": int(inp["weight"].shape[1])})
+    out["calls"] = max(2, int(inp.get("burst", 2)))
+    return out
+
+
+def _first_input(inp: dict) -> torch.Tensor:
+    return inp["q"] if "q" in inp else inp["x"]

@@ -1,0 +1,191 @@
+"""``gate --report R`` re-runs a sample of R's audit from R's own provenance and refuses a report that
+does not reproduce: a report is trusted for what it can be shown to compute, not for its name.
+
+What is rechecked: before any work, that everything the audit read is at hand and is what R records
+(the preset, or the checkpoint with its weights' sha256; the prompts, trace and cost files by sha256;
+the drafter checkpoint; the device kind; an engine kernel by its source's sha256). Then a sample of
+R's prompts, chosen from R's own digest (so a forger cannot choose which prompt is looked at), is
+audited again: the prompt's tokens, its reference decoding, and its generation in the chain and in
+every budget and mode must come out as R records them. A sample that covers every prompt re-runs
+the whole audit and compares every figure the gate reads, leak tables included.
+
+The recheck runs with the torch thread count the report's environment records (a float32 reduction's
+order, and so its last bits, follow it). Token sequences, accepted lengths and decisions compare
+exactly; floats within the report's precision (ddsim.measure.compare's tolerance for its fast-path dtype,
+with the model slack: 4e-4 relative for float32), with an absolute floor of 1e-9, and logit-scale
+fields (margins) within that tolerance's absolute term as well.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddsim.errors import InputError
+
+ABS_FLOOR = 1e-9
+
+
+def tolerance(precision: str) -> tuple[float, float]:
+    """(atol for logit-scale fields, rtol) of a report whose fast path computes in ``precision``."""
+    import torch
+
+    from ddsim.measure.compare import MODEL_SLACK, TOLERANCES
+    atol, rtol = TOLERANCES[getattr(torch, precision)]
+    return MODEL_SLACK * atol, MODEL_SLACK * rtol
+
+
+@dataclass(frozen=True)
+class RecheckResult:
+    prompts: list[int]  # the prompts re-run
+    whole: bool  # the sample covered every prompt: the whole report was compared
+    compared: int  # values compared
+
+    def line(self) -> str:
+        what = "the whole audit re-run" if self.whole else f"prompts {self.prompts} re-run in every budget and mode"
+        return f"recheck: {what}; {self.compared} figures reproduce the report"
+
+
+def sample(report, k: int) -> list[int]:
+    """k distinct prompt indices chosen by the report's own content digest (generated_at aside)."""
+    n = len(report.prompts)
+    d = report.model_dump(mode="json")
+    d.pop("generated_at")
+    seed = int.from_bytes(hashlib.sha256(json.dumps(d, sort_keys=True).encode()).digest()[:8], "big")
+    order = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
+    return sorted(order[:min(k, n)])
+
+
+def audit_config(report):
+    """The AuditConfig the report records (its drafter record aside), on the device it ran on (an 'auto'
+    audit re-runs where it resolved, not wherever 'auto' resolves here)."""
+    from ddsim.measure.settings import AuditConfig
+    cfg = report.config.model_dump()
+    cfg.pop("drafter")
+    if cfg["device"] == "auto":
+        cfg["device"] = report.environment.device
+    return AuditConfig(**cfg)
+
+
+def check_at_hand(report) -> None:
+    """Everything the audit read is here and is what the report records; else one InputError saying
+    what is missing (``--no-recheck`` skips the recheck, and the verdict then says so)."""
+    import torch
+
+    from ddsim.digest import file_digest
+    cfg, prov = report.config, report.provenance
+    hint = " (--no-recheck gates the report unchecked, and says so)"
+    if cfg.model_path:
+        from ddsim.model.checkpoint import checkpoint_digest
+        if not Path(cfg.model_path).is_dir():
+            raise InputError(f"--report: cannot recheck: the audited checkpoint {cfg.model_path} is not here{hint}")
+        if checkpoint_digest(cfg.model_path) != prov.weights_sha256:
+            raise InputError(f"--report: the checkpoint at {cfg.model_path} is not the one audited (weights sha256 "
+                             f"differs){hint}")
+    for opt, path in (("prompts", cfg.prompts_file), ("trace", cfg.trace), ("cost", cfg.cost_file)):
+        if path is None:
+            continue
+        if not Path(path).is_file():
+            raise InputError(f"--report: cannot recheck: the audited --{opt} file {path} is not here{hint}")
+        if file_digest(path) != prov.inputs_sha256.get(opt):
+            raise InputError(f"--report: the --{opt} file {path} is not the one audited (sha256 differs){hint}")
+    if cfg.drafter_model:
+        from ddsim.model.checkpoint import checkpoint_digest
+        if not Path(cfg.drafter_model).is_dir():
+            raise InputError(f"--report: cannot recheck: the audited drafter {cfg.drafter_model} is not here{hint}")
+        if checkpoint_digest(cfg.drafter_model) != getattr(cfg.drafter, "sha256", None):
+            raise InputError(f"--report: the drafter at {cfg.drafter_model} is not the one audited{hint}")
+    device = report.environment.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--report: cannot recheck a {device} audit without a CUDA device{hint}")
+    if report.provenance.engine is not None:
+        check_engine_source(report, report.config.fast_path, report.config.convention)
+
+
+def check_engine_source(report, impl: str, convention: str | None) -> None:
+    """The engine kernel ``impl`` as imported here has the source the report audited; else InputError."""
+    from ddsim.engines import load
+    rec = report.provenance.engine
+    if impl == "ddsim":
+        if rec is not None:
+            raise InputError(f"--fast-path ddsim: the report audited {rec.name}, not ddsim's own kernels")
+        return
+    if rec is None:
+        raise InputError(f"--fast-path {impl}: the report audited ddsim's own kernels")
+    kernel = load(impl, convention=convention or report.config.convention)
+    if kernel.source_sha256 is None or kernel.source_sha256 != rec.source_sha256:
+        got = (kernel.source_sha256 or "no source")[:16]
+        raise InputError(f"--fast-path {impl}: its source {kernel.source} (sha256 {got}) is not the kernel the report "
+                         f"audited (sha256 {(rec.source_sha256 or 'none')[:16]})")
+
+
+def _close(a, b, tol: tuple[float, float], where: str) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return a == b
+    atol = tol[0] if "margin" in where.rsplit(".", 1)[-1] else ABS_FLOOR
+    return abs(a - b) <= atol + tol[1] * max(abs(a), abs(b))
+
+
+def compare(got, want, tol: tuple[float, float], where: str = "") -> int:
+    """Values compared; InputError at the first that differs (lists and dicts recursively)."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or set(got) != set(want):
+            raise InputError(f"--report: does not reproduce: {where or 'report'} has other fields on recheck")
+        return sum(compare(got[k], want[k], tol, f"{where}.{k}" if where else str(k)) for k in want)
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            raise InputError(f"--report: does not reproduce: {where} has {len(got) if isinstance(got, list) else got!r} "
+                             f"entries on recheck, the report {len(want)}")
+        return sum(compare(g, w, tol, f"{where}[{i}]") for i, (g, w) in enumerate(zip(got, want)))
+    if not _close(got, want, tol, where):
+        raise InputError(f"--report: does not reproduce: {where} is {want!r} in the report, {got!r} on recheck "
+                         "(the report was not produced by this audit)")
+    return 1
+
+
+def recheck(report, *, prompts: int = 1) -> RecheckResult:
+    """Re-run ``prompts`` of the report's prompts (all of them: the whole audit) and compare."""
+    import torch
+
+    check_at_hand(report)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(report.environment.threads)
+    try:
+        return _recheck(report, prompts)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _recheck(report, prompts: int) -> RecheckResult:
+    from ddsim.measure.audit import run_audit
+    ac = audit_config(report)
+    tol = tolerance(report.precision.fast_path)
+    chosen = sample(report, prompts)
+    if len(chosen) == len(report.prompts):
+        from ddsim.reports.json_report import comparable
+        again = comparable(run_audit(ac))
+        again["provenance"]["ddsim_version"] = report.provenance.ddsim_version
+        again["config"]["device"] = report.config.device  # the device 'auto' resolved to, as above
+        n = compare(again, comparable(report), tol)
+        return RecheckResult(chosen, True, n)
+    got = run_audit(ac, prompt_subset=chosen)
+    # the version was checked (or its difference accepted) before the recheck
+    mine = {**next(iter(got.values()))["provenance"], "ddsim_version": report.provenance.ddsim_version}
+    n = compare(mine, report.provenance.model_dump(mode="json"), tol, "provenance")
+    for i in chosen:
+        rec, p = got[i], report.prompts[i]
+        n += compare({"tokens": rec["prompt"], "reference": rec["reference"]},
+                     {"tokens": p.tokens, "reference": p.reference}, tol, f"prompts[{i}]")
+        mine = {(g.budget, g.mode): g.model_dump(mode="json") for g in rec["generations"]}
+        theirs = {(g.budget, g.mode): g.model_dump(mode="json") for g in report.generations if g.prompt == i}
+        if set(mine) != set(theirs):
+            raise InputError(f"--report: does not reproduce: prompt {i}'s generations are not one per budget and mode")
+        for key in sorted(theirs, key=str):
+            n += compare(mine[key], theirs[key], tol, f"generations[prompt {i}, budget {key[0]}, mode {key[1]}]")
+    return RecheckResult(chosen, False, n)

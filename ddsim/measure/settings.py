@@ -1,0 +1,83 @@
+"""What an audit is asked to do, checked before any work starts: one typed definition the command
+line fills, the audit runs and report.json records (its ``config``).
+
+Every bound below is stated so that a bad option is refused up front with one line naming it,
+instead of growing memory until the process is killed or meaning something else than asked.
+No torch here: the gate and the report loader import this without loading a model stack.
+"""
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ddsim.errors import InputError
+
+MAX_BUDGET = 1024  # DDTree's published speedup peaked at a budget of 512
+MAX_STEPS = 4096
+MAX_DEPTH = 64
+MAX_PROMPTS = 4096
+MAX_PROMPT_LEN = 1 << 20
+MAX_TEMPERATURE = 100.0
+
+# the command-line option behind each field, for error lines
+OPTION = {"preset": "--preset", "model_path": "--model", "budgets": "--budget", "topk_cap": "--topk-cap",
+          "steps": "--steps", "n_prompts": "--prompts", "prompt_len": "--prompts", "prompts_file": "--prompts",
+          "temperature": "--temperature", "seed": "--seed", "device": "--device", "depth": "--depth",
+          "trace": "--trace", "drafter_model": "--drafter-model", "cost_file": "--cost", "fast_path": "--fast-path",
+          "convention": "--convention", "devices": "--devices"}
+
+
+class AuditConfig(BaseModel):
+    """The audit's options. Constructing one validates every field (see ``OPTION`` for the flags)."""
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+    preset: str = "tiny"
+    model_path: str | None = None  # a Hugging Face checkpoint directory instead of a preset
+    budgets: list[Annotated[int, Field(ge=1, le=MAX_BUDGET)]] = Field(default_factory=lambda: [16, 32, 64], min_length=1)
+    topk_cap: Annotated[int, Field(ge=1)] | None = None
+    steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 8  # speculative steps per generation
+    n_prompts: Annotated[int, Field(ge=1, le=MAX_PROMPTS)] = 3
+    prompt_len: Annotated[int, Field(ge=1, le=MAX_PROMPT_LEN)] = 16
+    prompts_file: str | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE)] = 0.0
+    seed: Annotated[int, Field(ge=0, lt=1 << 63)] = 0
+    device: str = "auto"  # cuda where there is one, else cpu
+    devices: str | None = None  # a layer placement over several GPUs (ddsim.model.placement), e.g. "cuda:0,cuda:1"
+    depth: Annotated[int, Field(ge=1, le=MAX_DEPTH)] = 8  # drafter depth
+    trace: str | None = None
+    drafter_model: str | None = None  # a draft checkpoint run autoregressively (ddsim.sim.drafters.ModelDrafter)
+    cost_file: str | None = None
+    fast_path: str = "ddsim"  # ddsim, fla or MODULE:FUNCTION: the GDN kernel the fast path runs
+    convention: Literal["ddsim", "sglang", "vllm", "fla"] | None = None  # a MODULE:FUNCTION fast path's calling convention
+
+    @model_validator(mode="before")
+    @classmethod
+    def _placement(cls, d):
+        """With --devices and --device left at its default, the audit's device is the first listed."""
+        if isinstance(d, dict) and d.get("devices") and d.get("device", "cpu") in ("cpu", "auto", "cuda"):
+            d = {**d, "device": str(d["devices"]).split(",")[0].strip()}
+        return d
+
+    @field_validator("budgets")
+    @classmethod
+    def _distinct(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"budgets repeat ({v}); each budget is audited once")
+        return v
+
+    @classmethod
+    def build(cls, **kw) -> "AuditConfig":
+        """Like the constructor, but a bad value is an InputError naming the command-line option."""
+        try:
+            return cls(**kw)
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = str(err["loc"][0]) if err["loc"] else "?"
+            value = kw.get(field)
+            if isinstance(value, float) and not math.isfinite(value):
+                why = "expected a finite number"
+            else:
+                why = err["msg"].removeprefix("Value error, ")
+            raise InputError(f"{OPTION.get(field, field)}: {why}, got {value!r}") from None

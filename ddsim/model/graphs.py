@@ -1,0 +1,448 @@
+"""CUDA graphs for the serving verify and its commit: a tree's pass through the whole model, and the
+commit of its accepted path, replayed rather than launched op by op from Python; and for the verify
+that keeps every node's states (what the audit's leak metrics read).
+
+``GraphedModel(model)`` verifies as ``model.verify(..., keep_states=False)`` does (no per-node states;
+the commit replays the accepted path through the commit kernels) with the whole pass captured once
+per key and replayed for every later tree of that key. The key is (mode, nodes T, the doubling
+rounds of the WY solve, which the tree's depth sets, the KV prefix capacity, whether per-node states
+are kept): attention reads the
+committed prefix from fixed buffers of that capacity (a power of two, at least 256 rows) with the
+rows past the prefix masked out, so a growing prefix changes the key only when it crosses a power
+of two.
+
+What a replay reads it reads at fixed addresses, refilled before each replay: the tree's tokens,
+positions, ancestor mask and index tables (a ``StaticPlan``, built on the host from the tree's
+parents and copied in), the committed recurrent states and conv windows, the KV prefix. Each key has
+its own memory pool, so no two keys share memory; within a key a replay reuses the buffers of the
+previous one, so a result's KV and commit inputs are valid until the next verify of its key:
+``VerifyResult.fresh`` says so and the commit refuses a stale result (logits are copied out).
+``verify(..., keep_states=True)`` replays the verify with per-node states: one graph per (T, prefix
+capacity) for every mode (key ("any", T, 0, capacity, True)), captured with the parent-indexed
+kernels (each node reads its source's stored state) and refilled per verify with the mode's source
+tables (a leaky recurrence or conv reads the previous node instead of the parent, as
+``AnyModePlan`` maps them): at full size one set of per-node states is ~10 GB, so four modes'
+graphs would not fit beside the oracle. Its per-node states, windows and hidden states are read in
+place (not copied), valid while the result is fresh, i.e. until the next verify with states of the
+same T: measure a result, and commit it, before verifying the next mode. Its commit copies the
+accepted node's state as the model's does.
+
+Attention over a fixed-capacity prefix sums the same terms as over the prefix alone but the
+reduction may group them differently: a replay equals the eager serving verify within float32
+rounding, not bit for bit. ``capture=False`` runs the same buffers, tables and masks eagerly (no
+graph): the CPU tests check that machinery against ``model.verify``; properties/test_cuda_graphs.py
+checks the replays on a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+import ddsim.gpu_backend as gb
+from ddsim.errors import InputError
+from ddsim.model.model import _LAYER_MODES, HybridModel, LayerOutputs, Rope, VerifyResult
+from ddsim.model.state import ModelState
+from ddsim.trees.tree import Tree, chain
+
+MIN_PREFIX_CAPACITY = 256
+PREFILL_GRAPH_NODES = 65  # longer prefills run eagerly (GraphedModel.prefill)
+
+
+def wy_rounds(depth: int) -> int:
+    """Doubling rounds of the WY solve for a tree of this depth (what the kernel is specialised on)."""
+    return max(0, math.ceil(math.log2(max(depth, 1))))
+
+
+def prefix_capacity(P: int) -> int:
+    """KV rows a graph keeps for a committed prefix of P tokens: a power of two >= max(P, 256)."""
+    return max(MIN_PREFIX_CAPACITY, 1 << max(P - 1, 0).bit_length())
+
+
+class StaticPlan(gb.TreePlan):
+    """A TreePlan for one sequence of T nodes whose tables live in fixed device buffers. ``load(tree)``
+    builds the tree's tables on the host (validating its parents) and copies them into the buffers,
+    so a graph captured against this plan reads the current tree's tables. Tables are allocated on
+    first use, which must come before capture (a warm-up run does it).
+
+    Trees up to ``max_depth`` deep fit: root paths are padded to max_depth + 1 entries (-1).
+    ``ancestors(mode)`` reports the depth of the first tree it was built for: kernels read it only as
+    their number of doubling rounds, which must not change (``load`` checks it)."""
+
+    def __init__(self, T: int, device, max_depth: int):
+        self.B, self.T, self.max_depth = 1, T, max_depth
+        self.parents = torch.zeros(1, T, dtype=torch.long, device=device)
+        self.device = self.parents.device  # "cuda" resolved to its index, as the layers' tensors report it
+        self._cache = {}
+        self._host = None
+
+    def load(self, tree: Tree) -> None:
+        if tree.size != self.T:
+            raise InputError(f"tree: {tree.size} nodes, this plan holds {self.T}")
+        if int(tree.depths.max()) > self.max_depth:
+            raise InputError(f"tree: depth {int(tree.depths.max())}, this plan holds trees up to {self.max_depth}")
+        self._host = gb.TreePlan(torch.tensor(tree.parents)[None])  # validated on the host, no device sync
+        self.parents.copy_(self._host.parents, non_blocking=True)
+        for key, value in self._cache.items():
+            new = self._host_value(key)
+            if key[0] == "anc":
+                if wy_rounds(new[1]) != wy_rounds(value[1]):
+                    raise InputError(f"tree: depth {new[1]} needs {wy_rounds(new[1])} WY rounds, this plan was "
+                                     f"captured for {wy_rounds(value[1])}")
+                value[0].copy_(new[0], non_blocking=True)
+            else:
+                value.copy_(new, non_blocking=True)
+
+    def _host_value(self, key):
+        h = self._host
+        if key[0] == "src":
+            return h.src(key[1])
+        if key[0] == "conv":
+            return h.conv_table(key[1], key[2])
+        if key[0] == "anc":
+            return h.ancestors(key[1])
+        paths = h.root_paths()  # [1, T, depth + 1] -> [1, T, max_depth + 1]
+        pad = self.max_depth + 1 - paths.shape[-1]
+        return torch.nn.functional.pad(paths, (0, pad), value=-1)
+
+    def _cached(self, key, build):
+        if key not in self._cache:
+            if self._host is None:
+                raise RuntimeError("StaticPlan: load a tree before use")
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"StaticPlan: table {key} first asked for during capture (warm up first)")
+            value = self._host_value(key)
+            if key[0] == "anc":
+                self._cache[key] = (value[0].to(self.device), value[1])
+            else:
+                self._cache[key] = value.to(self.device)
+        return self._cache[key]
+
+
+class AnyModePlan(StaticPlan):
+    """A StaticPlan for the verify with per-node states in any mode: the kernels run their exact
+    (parent-indexed) form and ask for the "exact" tables, and get the current mode's instead, the
+    recurrence's source parents as ``src`` and the conv's as ``conv_table`` (``load(tree, mode)``
+    refills both). Other tables (ancestor masks, root paths: the snapshot-free kernels') are refused."""
+
+    def __init__(self, T: int, device):
+        super().__init__(T, device, T - 1)
+        self.conv_mode = self.rec_mode = "exact"
+
+    def load(self, tree: Tree, mode: str = "exact") -> None:
+        self.conv_mode, self.rec_mode = _LAYER_MODES[mode]
+        super().load(tree)
+
+    def _host_value(self, key):
+        if key[0] == "src":
+            return self._host.src(self.rec_mode)
+        if key[0] == "conv":
+            return self._host.conv_table(self.conv_mode, key[2])
+        raise RuntimeError(f"AnyModePlan: table {key[0]!r} asked for; it serves source and conv tables only")
+
+
+class _Prefix:
+    """The KV prefix at a fixed capacity: per attention layer (K, V) [capacity, nkv, hd] in the
+    state's dtype, and the committed length as a device scalar (rows past it are masked out)."""
+
+    def __init__(self, model: HybridModel, capacity: int):
+        cfg = model.cfg
+        self.capacity = capacity
+        self.kv = [None] * cfg.num_layers
+        for i in cfg.attention_layers:
+            shape = (capacity, cfg.num_key_value_heads, cfg.head_dim)
+            d = model.layer_devices[i]
+            self.kv[i] = (torch.zeros(shape, dtype=model.state_dtype, device=d),
+                          torch.zeros(shape, dtype=model.state_dtype, device=d))
+        self.length = torch.zeros((), dtype=torch.long, device=model.device)
+        self.rows = torch.arange(capacity, device=model.device)
+        self.resident = None  # the state whose prefix the buffers hold (states are never written in place)
+
+    def load(self, state: ModelState) -> None:
+        if state is self.resident:
+            return
+        self.resident = state
+        for i, kv in enumerate(self.kv):
+            if kv is not None:
+                P = state.kv[i][0].shape[0]
+                kv[0][:P].copy_(state.kv[i][0], non_blocking=True)
+                kv[1][:P].copy_(state.kv[i][1], non_blocking=True)
+        self.length.fill_(state.pos)
+
+
+class _Epoch:
+    """VerifyResult.fresh of a replayed result: true until its key's next verify."""
+
+    def __init__(self, captured: "_Captured"):
+        self.captured, self.epoch = captured, captured.epoch
+
+    def __call__(self) -> bool:
+        return self.captured.epoch == self.epoch
+
+
+class _Captured:
+    """One key: its plans (the tree's, and the batch order's for leaky sources), input buffers,
+    graphs, static outputs and memory pool."""
+
+    def __init__(self, model: HybridModel, key: tuple, prefix: _Prefix, pool):
+        mode, T, rounds, _, keep_states = key
+        dev = model.device
+        self.T, self.prefix, self.pool, self.keep_states = T, prefix, pool, keep_states
+        if keep_states:  # the parent-indexed kernels, reading the refilled mode's source tables
+            self.mode, self.plan = "exact", AnyModePlan(T, dev)
+        else:
+            self.mode = mode
+            self.plan = StaticPlan(T, dev, 2 ** rounds if _LAYER_MODES[mode][1] == "exact" else T - 1)
+        self.chain = None  # the batch order's plan, for a serving key's leaky commit replay
+        if not keep_states:
+            self.chain = StaticPlan(T, dev, T - 1)
+            self.chain.load(Tree(range(-1, T - 1), range(T)))
+        self.tokens = torch.zeros(T, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(T, dtype=torch.long, device=dev)
+        self.mask = torch.zeros(T, T, dtype=torch.bool, device=dev)
+        self.accepted = torch.zeros(1, dtype=torch.long, device=dev)
+        self.verify_graph = self.commit_graph = None
+        self.logits = self.out = self.committed = self.hidden = None
+        self.epoch = 0
+
+    def load(self, tree: Tree, state: ModelState, mode: str) -> None:
+        if self.keep_states:
+            self.plan.load(tree, mode)
+        else:
+            self.plan.load(tree)
+        self.tokens.copy_(torch.tensor(tree.tokens), non_blocking=True)
+        self.positions.copy_(torch.as_tensor(tree.positions(state.pos)), non_blocking=True)
+        self.mask.copy_(torch.as_tensor(tree.ancestor_mask), non_blocking=True)
+        self.prefix.load(state)
+
+
+class GraphedModel:
+    """``model`` with its verify and commit replayed from CUDA graphs (see the module docstring);
+    ``verify`` keeps no per-node states unless asked, ``commit`` takes its results (and the model's),
+    prefill and the rest are the model's. A drop-in for ``model`` in ddsim.sim.generate."""
+
+    def __init__(self, model: HybridModel, *, capture: bool = True):
+        cfg = model.cfg
+        why = not_capturable(model, capture=capture)
+        if why:
+            raise InputError(f"cuda graphs: {why}")
+        self.model, self.cfg, self.capture = model, cfg, capture
+        self._keys: dict = {}
+        self._prefixes: dict = {}
+        # committed recurrent states and windows at fixed addresses, shared by every key: each verify
+        # and each commit copies its state in before it replays (replays run one after another)
+        L = cfg.num_layers
+        ssm, conv = [None] * L, [None] * L
+        for i in cfg.recurrent_layers:
+            ssm[i] = torch.zeros(cfg.state_shape(i), dtype=model.state_dtype, device=model.device)
+            conv[i] = torch.zeros(cfg.window_shape(i), dtype=model.state_dtype, device=model.device)
+        self._ssm, self._conv = ssm, conv
+        self._resident = None  # the state the buffers hold (states are never written in place)
+        self._decode = None  # the decode key (ddsim.model.decode): its buffers and graph
+        self.decode_graphs = True
+
+    def __getattr__(self, name):  # empty_state, cfg, device, ... are the model's
+        return getattr(self.model, name)
+
+    def prefill(self, tokens, state: ModelState | None = None) -> tuple[ModelState, torch.Tensor]:
+        """The model's prefill (``tokens`` as one chain, all committed) as a server runs it, without
+        per-node states (the model's own keeps every node's state): chains of up to
+        PREFILL_GRAPH_NODES tokens (a drafter's shadow context, a short prompt) replayed from graphs,
+        one key per length; longer ones (a long prompt, once) by the eager serving verify and commit,
+        so they leave no graph and no memory pool behind."""
+        state = state or self.model.empty_state()
+        if len(tokens) == 0:
+            return state, torch.zeros(0, self.cfg.vocab_size)
+        tree = chain(list(tokens))
+        if len(tokens) > PREFILL_GRAPH_NODES:
+            res = self.model.verify(state, tree, mode="exact", keep_states=False)
+            return self.model.commit(state, tree, res, len(tree) - 1), res.logits
+        res = self.verify(state, tree, mode="exact")
+        return self.commit(state, tree, res, len(tree) - 1), res.logits
+
+    def key(self, state: ModelState, tree: Tree, mode: str, keep_states: bool = False) -> tuple:
+        """(mode, T, WY rounds of the recurrence's source order, KV prefix capacity, keep_states); with
+        per-node states ("any", T, 0, capacity, True): one graph for every mode, no WY solve."""
+        if keep_states:
+            return "any", tree.size, 0, prefix_capacity(state.pos), True
+        depth = int(tree.depths.max()) if _LAYER_MODES[mode][1] == "exact" else tree.size - 1
+        return mode, tree.size, wy_rounds(depth), prefix_capacity(state.pos), False
+
+    def captured(self) -> list[tuple]:
+        """The keys whose verify graph exists (or, uncaptured, that ran)."""
+        return sorted(k for k, c in self._keys.items() if c.out is not None)
+
+    # ---- verify --------------------------------------------------------------------------------
+    def verify(self, state: ModelState, tree: Tree, *, mode: str = "exact", keep_states: bool = False,
+               **kw) -> VerifyResult:
+        if kw:
+            raise InputError("cuda graphs: verify takes the tree's own positions and mask (use the model itself "
+                             "otherwise)")
+        m = self.model
+        m.check_tree(state, tree, mode)
+        key = self.key(state, tree, mode, keep_states)
+        cap = self._keys.get(key)
+        if cap is None:
+            prefix = self._prefixes.get(key[3]) or self._prefixes.setdefault(key[3], _Prefix(m, key[3]))
+            cap = self._keys[key] = _Captured(m, key, prefix, torch.cuda.graph_pool_handle() if self.capture else None)
+        cap.load(tree, state, mode)
+        self._load_state(state)
+        self._run(cap, "verify_graph", lambda: self._verify_body(cap))
+        cap.epoch += 1
+        out = cap.out
+        if cap.keep_states:
+            return VerifyResult(mode, cap.logits.clone(), cap.hidden, list(out.ssm), list(out.conv), list(out.kv),
+                                None, _Epoch(cap))
+        return VerifyResult(mode, cap.logits.clone(), None, None, None, list(out.kv), list(out.commit_inputs),
+                            _Epoch(cap))
+
+    def _verify_body(self, cap: _Captured) -> None:
+        """The whole pass from the fixed buffers into cap.logits [T, vocab] and cap.out."""
+        m = self.model
+        T, P = cap.T, cap.prefix.capacity
+        mask = torch.cat([(cap.prefix.rows < cap.prefix.length).expand(T, P), cap.mask], dim=1)  # [T, P + T]
+        rope = Rope(cap.positions)  # built inside the graph: the RoPE tables of the refilled positions
+        tables = lambda d: (cap.plan, rope, mask)  # noqa: E731 (one device: not placed)
+        state = ModelState(0, cap.prefix.kv, self._ssm, self._conv)
+        out = LayerOutputs.empty(self.cfg.num_layers, keep_states=cap.keep_states)
+        h = m.run_layers(range(self.cfg.num_layers), m.embed_tokens(cap.tokens), state, tables, cap.mode, out)
+        cap.logits, cap.out = m.head(h), out
+        cap.hidden = torch.stack(out.hidden) if cap.keep_states else None  # [L, T, d]
+
+    # ---- commit --------------------------------------------------------------------------------
+    def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int) -> ModelState:
+        """The model's commit (its checks, the KV rows); for a replayed serving result the recurrent
+        layers' replay runs from a CUDA graph too (one per key), from ``state``; a result with per-node
+        states commits its accepted node's (copied)."""
+        if not isinstance(res.fresh, _Epoch) or res.ssm is not None:
+            return self.model.commit(state, tree, res, accepted)
+        return self.model.commit(state, tree, res, accepted, replay=self._replay_from_graph)
+
+    def _replay_from_graph(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int):
+        """(ssm, conv) after node ``accepted``: the key's commit graph from ``state``, its outputs copied
+        out (the next commit of the key rewrites them)."""
+        cap = res.fresh.captured
+        cap.accepted.fill_(accepted)
+        self._load_state(state)
+        self._run(cap, "commit_graph", lambda: self._commit_body(cap))
+        ssm, conv = cap.committed
+        return [None if s is None else s.clone() for s in ssm], [None if c is None else c.clone() for c in conv]
+
+    def _commit_body(self, cap: _Captured) -> None:
+        checked = gb.CheckedIndices(cap.accepted, cap.T)
+        tables = lambda d: ({"exact": cap.plan, "leaky": cap.chain}, checked)  # noqa: E731
+        state = ModelState(0, [None] * self.cfg.num_layers, self._ssm, self._conv)
+        cap.committed = self.model.replay_states(state, cap.mode, cap.out.commit_inputs, tables)
+
+    # ---- decode ----------------------------------------------------------------------------------
+    def decoder(self, states: list, *, steps: int):
+        """The model's RowDecoder (ddsim.model.decode) with each pass replayed from a CUDA graph: one key
+        (rows, capacity) kept at a time, its rows the states' count rounded up to a power of two (the
+        rows past them decode token 0 and are never read), its capacity ``prefix_capacity`` of the
+        furthest position the steps reach. Decoders that fit the key kept use it; one that does not
+        gets a key as large as both, which frees the old one (its buffers and graph: about 6 GB at
+        Qwen3.6-27B shapes for 32 rows), so keys only grow and a run of decoders of varying sizes
+        captures a few graphs, not one per size. The decoder's buffers are the key's: a later decoder
+        of the same key takes them over (the earlier one then refuses to step)."""
+        from ddsim.model.decode import DecodeBuffers, RowDecoder
+        if not self.decode_graphs:
+            return self.model.decoder(states, steps=steps)
+        if not states:
+            raise InputError("decoder: no states (at least one row)")
+        key = (1 << (len(states) - 1).bit_length(), prefix_capacity(max(st.pos for st in states) + max(1, steps)))
+        dk = self._decode
+        if dk is not None and dk.key[0] >= key[0] and dk.key[1] >= key[1]:
+            key = dk.key  # it fits the key kept (its extra rows and slots are masked out, never read)
+        elif dk is not None:
+            key = (max(key[0], dk.key[0]), max(key[1], dk.key[1]))  # keys only grow: no capture back and forth
+        if dk is None or dk.key != key:
+            self._decode = dk = None  # the old key's buffers and graph go before the new ones are made
+            dk = self._decode = _DecodeKey(key, DecodeBuffers(self.model, *key),
+                                           torch.cuda.graph_pool_handle() if self.capture else None)
+        dk.epoch += 1
+        epoch = dk.epoch
+        return RowDecoder(self.model, dk.buffers, states, run=lambda: self._decode_pass(dk),
+                          fresh=lambda: dk.epoch == epoch and self._decode is dk)
+
+    def set_decode_graphs(self, on: bool) -> None:
+        """Whether ``decoder`` replays its passes from a graph (the default) or is the model's eager
+        decoder, whose buffers live only as long as it does; off frees the kept key (the audit's leaky
+        phases: its memory is the oracle's batch room there)."""
+        self.decode_graphs = on
+        if not on:
+            self._decode = None
+
+    def _decode_pass(self, dk: "_DecodeKey") -> torch.Tensor:
+        """One pass of dk's buffers -> logits [rows, vocab] (the graph's own output: read before the next).
+        The warm-up before the capture writes only the keys (a pass that also moved the states on would
+        be applied twice)."""
+        m, buf = self.model, dk.buffers
+        self._run(dk, "graph", lambda: setattr(dk, "logits", m.decode_pass(buf)),
+                  warmup=lambda: m.decode_pass(buf, advance=False))
+        return dk.logits
+
+    # ---- capture -------------------------------------------------------------------------------
+    def _load_state(self, state: ModelState) -> None:
+        if state is self._resident:
+            return
+        self._resident = state
+        for i in self.cfg.recurrent_layers:
+            self._ssm[i].copy_(state.ssm[i], non_blocking=True)
+            self._conv[i].copy_(state.conv[i], non_blocking=True)
+
+    def _run(self, cap, name: str, body, *, warmup=None) -> None:
+        """Run ``body`` eagerly (capture=False), or capture it on first use into ``cap.<name>`` (from
+        ``cap.pool``), after a warm-up that compiles the kernels and allocates the plans' tables
+        (``warmup``, default ``body``: a body that is not idempotent warms up with a version that is),
+        and replay it."""
+        if not self.capture:
+            body()
+            return
+        graph = getattr(cap, name)
+        if graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), _no_grad():
+                (warmup or body)()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread-local capture: another thread's CUDA calls (a weight digest copying tensors out
+            # beside the audit did, on the H200) must not invalidate this capture
+            with torch.cuda.graph(graph, pool=cap.pool, capture_error_mode="thread_local"), _no_grad():
+                body()
+            setattr(cap, name, graph)
+        graph.replay()
+
+
+class _DecodeKey:
+    """The batched decode of one (rows, capacity): its buffers, graph, output logits and memory pool;
+    ``epoch`` counts the decoders that have loaded its buffers."""
+
+    def __init__(self, key: tuple, buffers, pool):
+        self.key, self.buffers, self.pool = key, buffers, pool
+        self.graph = self.logits = None
+        self.epoch = 0
+
+
+def not_capturable(model: HybridModel, *, capture: bool = True) -> str | None:
+    """Why ``model``'s verify cannot be captured (None: it can)."""
+    if capture and model.device.type != "cuda":
+        return f"the model is on {model.device}, not a CUDA device"
+    if len(set(model.layer_devices)) > 1:
+        return "a model placed over several devices is not captured"
+    if model.engine is not None:
+        return "an engine kernel's launcher is not known to be capturable"
+    if any(model.cfg.is_moe_layer(i) for i in range(model.cfg.num_layers)):
+        return "MoE layers route on the host (a device sync per layer)"
+    return None
+
+
+def serving_model(model: HybridModel):
+    """What runs a serving verify (no per-node states) fastest here: the model replayed from CUDA
+    graphs where it can be captured, else the model itself (its verify with keep_states=False)."""
+    return model if not_capturable(model) else GraphedModel(model)
+
+
+def _no_grad():
+    return torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
