@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from ddsim.devices import prepare_engine_device
 from ddsim.engines import check_kernel as ck
 from ddsim.engines import kernel_cases, load
 
@@ -18,7 +19,7 @@ ap.add_argument("--mode", default="exact")
 ap.add_argument("--profile", default="serving")
 ap.add_argument("--device", default="cuda")
 a = ap.parse_args()
-device = ck.prepare_engine_device(a.device)
+device = prepare_engine_device(a.device)
 kernel = load(a.impl)
 runner = {"gdn": ck._Runner, "conv": ck._ConvRunner, "mamba2": ck._Mamba2Runner}[a.op](kernel, a.mode, device)
 props = runner.properties()

@@ -282,7 +282,7 @@ def test_ddsims_mamba2_kernel_passes_and_planted_mamba2_bugs_are_caught(tmp_path
     ("wrong_past_key_width_16", {"exact on order-exact nodes", "exact on every node"}, "K=128"),
     ("wrong_from_the_third_sequence", {"exact on order-exact nodes", "exact on every node"}, "B=8"),
     ("wrong_for_slot_ids_above_7", {"output finite", "exact on order-exact nodes", "exact on every node"}, "pool high"),
-    ("wrong_for_4_value_heads_per_key_head", {"exact on order-exact nodes", "exact on every node"}, "HV=8"),
+    ("wrong_for_4_value_heads_per_key_head", {"exact on order-exact nodes", "exact on every node"}, "HV=4"),
     ("clamps_strong_decay", {"exact on order-exact nodes", "exact on every node"}, "gates"),
     ("wrong_on_one_call_in_twenty", {"repeatable"}, "burst of 24 calls"),
     ("normalises_k_in_place", {"inputs untouched"}, "K=128"),

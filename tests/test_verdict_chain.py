@@ -263,14 +263,14 @@ def _load(name):
 
 def test_check_holds_on_ddsims_kernel_with_its_coverage():
     res = ck.check(_load("ddsim"), mode="exact", max_examples=2)
-    assert res.profile == "quick" and res.examples == 10 and len(res.properties) == 7
+    assert res.profile == "quick" and res.examples == 8 and len(res.properties) == 7
     assert all(r.holds for r in res) and all(r.counterexample is None for r in res)
-    assert res.properties[-1].detail == "held on 10 serving examples (quick) and 2 drawn inputs"
+    assert res.properties[-1].detail == "held on 8 serving examples (quick) and 2 drawn inputs"
     cov = res.coverage
     assert max(cov["nodes"]) == 129 and max(cov["K"]) == 128 and max(cov["batch"]) == 8 and max(cov["HV/H"]) == 8
     assert cov["g min"] < -29 and cov["beta min"] == 0.0 and cov["beta max"] == 1.0 and max(cov["calls"]) == 24
     assert cov["dtype"] == ["bfloat16", "float16", "float32"] and "drawn" in cov["tree"]
-    assert cov["not order-exact nodes total"] > 300
+    assert cov["not order-exact nodes total"] > 150
 
 
 def test_check_reports_a_serving_only_bug_by_its_example():

@@ -4,10 +4,11 @@ kernel wrong only along one dimension is caught by the example that reaches it.
 
 Profiles:
   quick    (the CPU default: Triton kernels run in Triton's interpreter) a few examples of each wide
-           dimension: one K = V = 128 example, one tree past 128 nodes, one batch of 8 in a pool of
-           300 slots (ids above 255 and the last slot), head ratios 4, 6 and 8, a width that is not a
-           power of two, strong decay (g down to -30) and long memory (g up to -1e-4), beta at 0
-           and 1, 16-bit inputs, and a burst of 24 calls on one input
+           dimension, each sized for the interpreter: one K = V = 128 example, one tree of 129 nodes,
+           one batch of 8 in a pool of 300 slots (ids above 255), a batch of 3, the last slot of a
+           pool, head ratios 4, 6 and 8, widths that are not powers of two, strong decay (g down to
+           -30) and long memory (g up to -1e-4), beta at 0 and 1, 16-bit inputs, and a burst of 24
+           calls on one input
   serving  (the CUDA default) every value: T in {1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 66, 127,
            128, 129, 257}, DDTree trees at budgets 15/16/64/128/256 with top-k caps 1-8, chains,
            stars, deep and wide trees; K and V in {16, 32, 64, 128} and widths that are not powers of
@@ -134,22 +135,17 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
     """The explicit GDN examples of a profile (inputs in ``dtype``, plus the other 16-bit and 32-bit
     dtypes once each)."""
     other = [d for d in (torch.float32, torch.bfloat16, torch.float16) if d != dtype]
-    if profile == "quick":
-        cases = [
-            gdn_case(T=17, kind=("ddtree", 16, 8), K=128, V=128, ratio=2, seed=1, dtype=dtype),
+    if profile == "quick":  # sized for Triton's interpreter: a few hundred program-steps each at most
+        return [
+            gdn_case(T=17, kind=("ddtree", 16, 8), B=1, ratio=1, K=128, V=128, seed=1, dtype=dtype),
             gdn_case(T=129, kind=("ddtree", 128, 4), B=1, ratio=1, seed=2, dtype=dtype),
-            gdn_case(T=17, kind="deep", B=8, pool="high", pool_size=300, seed=3, dtype=dtype),
-            gdn_case(T=17, kind="wide", B=3, pool="last", pool_size=64, seed=4, dtype=dtype),
-            gdn_case(T=16, kind="star", B=1, H=2, ratio=4, K=24, V=20, gates="fast", seed=5, dtype=dtype),
-            gdn_case(T=15, kind="chain", B=2, H=1, ratio=6, K=32, V=32, gates="long", pool="descending", seed=6,
+            gdn_case(T=9, kind="deep", B=8, ratio=4, gates="fast", pool="high", pool_size=300, seed=3, dtype=dtype),
+            gdn_case(T=16, kind="star", B=1, ratio=8, K=24, V=20, gates="fast", pool="last", pool_size=64, seed=5,
                      dtype=dtype),
-            gdn_case(T=17, kind="random", B=1, H=1, ratio=8, gates="fast", pool="sparse", pool_size=40, seed=7,
-                     dtype=dtype),
-            gdn_case(T=9, kind="random", B=2, burst=24, seed=8, dtype=dtype, label="burst of 24 calls"),
-        ]
-        cases += [gdn_case(T=17, kind=("ddtree", 16, 4), B=2, ratio=3, K=32, V=32, seed=9 + i, dtype=d)
-                  for i, d in enumerate(other)]
-        return cases
+            gdn_case(T=9, kind="wide", B=3, ratio=1, gates="long", pool="descending", seed=6, dtype=dtype),
+            gdn_case(T=5, kind="random", B=1, ratio=1, burst=24, seed=8, dtype=dtype, label="burst of 24 calls"),
+        ] + [gdn_case(T=9, kind=("ddtree", 8, 4), B=1, ratio=6 - 4 * i, K=32, V=32, pool="sparse", pool_size=40,
+                      seed=9 + i, dtype=d) for i, d in enumerate(other)]
     assert profile == "serving", profile
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
@@ -198,14 +194,14 @@ def conv_case(*, T: int = 17, kind="random", B: int = 2, C: int = 8, W: int = 4,
 def conv_cases(profile: str, dtype=torch.float32, widths=(2, 3, 4, 5)) -> list[dict]:
     other = [d for d in (torch.float32, torch.bfloat16, torch.float16) if d != dtype]
     W = 4 if 4 in widths else max(widths)
-    if profile == "quick":
+    if profile == "quick":  # sized for Triton's interpreter
         cases = [conv_case(T=129, kind=("ddtree", 128, 4), B=1, C=16, W=W, seed=1, dtype=dtype),
-                 conv_case(T=17, kind="deep", B=8, C=1024, W=W, pool="high", pool_size=300, seed=2, dtype=dtype),
-                 conv_case(T=33, kind="wide", B=3, C=24, W=W, pool="last", pool_size=64, seed=3, dtype=dtype),
-                 conv_case(T=9, kind="random", B=2, C=8, W=W, burst=24, seed=4, dtype=dtype, label="burst of 24 calls")]
-        cases += [conv_case(T=17, kind="random", B=2, C=8, W=w, bias=w % 2 == 0, seed=5 + w, dtype=dtype)
+                 conv_case(T=9, kind="deep", B=8, C=1024, W=W, pool="high", pool_size=300, seed=2, dtype=dtype),
+                 conv_case(T=17, kind="wide", B=3, C=24, W=W, pool="last", pool_size=64, seed=3, dtype=dtype),
+                 conv_case(T=5, kind="random", B=1, C=8, W=W, burst=24, seed=4, dtype=dtype, label="burst of 24 calls")]
+        cases += [conv_case(T=9, kind="random", B=2, C=8, W=w, bias=w % 2 == 0, seed=5 + w, dtype=dtype)
                   for w in sorted(widths) if w != W]
-        cases += [conv_case(T=17, kind=("ddtree", 16, 8), B=2, C=8, W=W, seed=10 + i, dtype=d) for i, d in enumerate(other)]
+        cases += [conv_case(T=9, kind=("ddtree", 8, 4), B=1, C=8, W=W, seed=10 + i, dtype=d) for i, d in enumerate(other)]
         return cases
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
@@ -255,17 +251,16 @@ def mamba2_case(*, T: int = 17, kind="random", B: int = 2, G: int = 1, ratio: in
 
 def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
     other = [d for d in (torch.float32, torch.bfloat16, torch.float16) if d != dtype]
-    if profile == "quick":
-        cases = [mamba2_case(T=17, kind=("ddtree", 16, 8), G=1, ratio=2, P=64, N=128, seed=1, dtype=dtype),
-                 mamba2_case(T=129, kind=("ddtree", 128, 4), B=1, seed=2, dtype=dtype),
-                 mamba2_case(T=17, kind="deep", B=8, pool="high", pool_size=300, seed=3, dtype=dtype),
-                 mamba2_case(T=16, kind="star", B=3, G=2, ratio=4, P=6, N=10, decay="fast", pool="last",
-                             pool_size=64, seed=4, dtype=dtype),
-                 mamba2_case(T=15, kind="chain", B=2, G=1, ratio=8, decay="long", pool="descending", seed=5,
-                             dtype=dtype),
-                 mamba2_case(T=9, kind="random", B=2, burst=24, seed=6, dtype=dtype, label="burst of 24 calls")]
-        cases += [mamba2_case(T=17, kind=("ddtree", 16, 8), B=2, seed=7 + i, dtype=d) for i, d in enumerate(other)]
-        return cases
+    if profile == "quick":  # sized for Triton's interpreter
+        return [mamba2_case(T=17, kind=("ddtree", 16, 8), B=1, G=1, ratio=1, P=64, N=128, seed=1, dtype=dtype),
+                mamba2_case(T=129, kind=("ddtree", 128, 4), B=1, ratio=1, seed=2, dtype=dtype),
+                mamba2_case(T=9, kind="deep", B=8, G=1, ratio=4, decay="fast", pool="high", pool_size=300, seed=3,
+                            dtype=dtype),
+                mamba2_case(T=16, kind="star", B=1, G=2, ratio=4, P=6, N=10, decay="long", pool="last", pool_size=64,
+                            seed=4, dtype=dtype),
+                mamba2_case(T=9, kind="wide", B=3, G=1, ratio=1, pool="descending", seed=5, dtype=dtype),
+                mamba2_case(T=5, kind="random", B=1, ratio=1, burst=24, seed=6, dtype=dtype, label="burst of 24 calls")] + [
+            mamba2_case(T=9, kind=("ddtree", 8, 4), B=1, G=1, ratio=2, seed=7 + i, dtype=d) for i, d in enumerate(other)]
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
         cases.append(mamba2_case(T=T, kind=SHAPES[i % len(SHAPES)], B=2, P=32, N=64, seed=seed + i, dtype=dtype))
