@@ -48,13 +48,14 @@ test: $(STAMP) browser lint py310
 	OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2
 
 # The oldest supported Python (3.10) byte-compiles every module and runs the command line's torch-free
-# paths (--version, the gate on a committed report without a recheck) in a small venv of its own, where the
+# paths (--version, the gate on a committed report without a recheck) in a small venv of its own (kept in
+# ~/.cache/ddsim, made once), where the
 # machine has a python3.10; where it has none this says so and passes.
 PY310 ?= $(shell for p in python3.10 $$(pyenv root 2>/dev/null)/versions/3.10*/bin/python3.10; do \
   $$p -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null && { echo $$p; break; }; done)
 py310:
 	@if [ -z "$(PY310)" ]; then echo "make: no python3.10 here: the Python 3.10 check did not run"; else \
-	  $(PY310) tests/py310_check.py .venv310; fi
+	  $(PY310) tests/py310_check.py $(HOME)/.cache/ddsim/venv310; fi
 
 # The default audit: the trained hybrid shipped in ddsim/models (Qwen3.5 architecture, trained on the
 # Python standard library's sources, benchmarks/train_stdlib_hybrid.py) with its trained drafter

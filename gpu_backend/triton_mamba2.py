@@ -285,7 +285,7 @@ def plan_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, dt_limit
         checks.check_parents(parents, Bn, T, x.device)
         mask, _ = parents.ancestors(mode)
     else:
-        mask, _ = Cm.ancestor_mask(checks.source_parents(parents, Bn, T, x.device, mode))
+        mask, _ = checks.ancestor_mask(checks.source_parents(parents, Bn, T, x.device, mode))
     y = Cm.alloc((Bn, T, H, P), x.dtype, x.device, poison)
     dtp = torch.empty(Bn, T, H, device=x.device, dtype=torch.float32)
     Gp = torch.empty(Bn, T, H, device=x.device, dtype=torch.float32)
