@@ -8,14 +8,77 @@ import pytest
 FAST_AUDIT = ["--preset", "micro", "--budget", "4,8", "--steps", "3", "--seed", "5"]
 
 
-def run_cli(*args, cwd=None, timeout=600, pythonpath=None):
-    """Run the real command line in a subprocess; returns CompletedProcess (text). ``pythonpath``:
-    a directory put first on the subprocess's import path (the engine packages under .engines)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
-    return subprocess.run([sys.executable, "-m", "ddsim.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout, env=env)
+def run_cli(*args, cwd=None, timeout=600, pythonpath=None, fork=None):
+    """Run the real command line in a process of its own; returns CompletedProcess (text). ``pythonpath``:
+    a directory put first on the process's import path (the engine packages under .engines).
+
+    By default the process is a fork of this test worker running ``ddsim.cli.main`` (its own process,
+    stdout, stderr, exit code, working directory and import path, without paying torch's import again:
+    about a second a call over the suite's hundred-odd calls); ``fork=False`` or DDSIM_TEST_FORK=0 runs
+    ``python -m ddsim.cli`` in a fresh interpreter instead."""
+    fork = os.environ.get("DDSIM_TEST_FORK", "1") != "0" if fork is None else fork
+    if not fork:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
+        if pythonpath is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
+        return subprocess.run([sys.executable, "-m", "ddsim.cli", *map(str, args)], capture_output=True, text=True,
+                              cwd=cwd, timeout=timeout, env=env)
+    return _forked_cli([str(a) for a in args], cwd=cwd, timeout=timeout, pythonpath=pythonpath)
+
+
+def _forked_cli(args, *, cwd, timeout, pythonpath):
+    import io
+    import signal
+    import tempfile
+    import time
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: the command line, as `python -m ddsim.cli` would run it, then exit
+        code = 2
+        try:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.environ.update({"PYTHONUNBUFFERED": "1", "COLUMNS": "160"})
+            if cwd is not None:
+                os.chdir(cwd)
+            sys.path.insert(0, os.getcwd())  # as `python -m` puts the working directory first
+            if pythonpath is not None:
+                sys.path.insert(0, str(pythonpath))
+            sys.argv = ["ddsim", *args]
+            from ddsim.cli import main
+            code = main(args)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:  # noqa: BLE001 (reported as an uncaught exception would be)
+            import traceback
+            traceback.print_exc()
+            code = 1
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise subprocess.TimeoutExpired(["ddsim", *args], timeout)
+        time.sleep(0.01)
+    code = os.waitstatus_to_exitcode(status)
+    out.seek(0)
+    err.seek(0)
+    return subprocess.CompletedProcess(["ddsim", *args], code, out.read().decode(errors="replace"),
+                                       err.read().decode(errors="replace"))
 
 
 def one_line_error(r, *needles):
