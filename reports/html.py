@@ -175,6 +175,8 @@ CSS = """body{font-family:system-ui,sans-serif;margin:24px;max-width:1400px;colo
 #verdict{border:2px solid;border-radius:6px;padding:10px 16px;margin:0 0 18px}
 #verdict.fail{border-color:#D55E00;background:#fff4ee}#verdict.pass{border-color:#009E73;background:#effaf5}
 #verdict h1{margin:4px 0 8px;font-size:22px}#verdict td:first-child,#verdict th:first-child{text-align:left}
+#verdict td:last-child,#verdict th:last-child{text-align:left}#verdict td:nth-child(3){white-space:nowrap}
+table{display:block;overflow-x:auto;max-width:100%}
 .bad{color:#b00020;font-weight:600}.ok{color:#00704a}
 table{border-collapse:collapse;margin:8px 0 18px}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}
 th{background:#f2f2f2}h2{border-bottom:1px solid #ddd;padding-bottom:4px}img{max-width:100%;display:block;margin:8px 0}
