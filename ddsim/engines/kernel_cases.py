@@ -105,6 +105,15 @@ def _trees(kind, T: int, B: int, rng) -> list[Tree]:
     return [tree(kind, T, rng) for _ in range(B)]
 
 
+def _draws(kind, T: int, B: int, seed: int):
+    """What every case starts from: (numpy rng, torch generator, B trees of one size, that size, a float64
+    standard-normal draw ``rnd(*shape)``), all from ``seed``."""
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    ts = _trees(kind, T, B, rng)
+    return rng, gen, ts, ts[0].size, lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)
+
+
 def _label(kind) -> str:
     return f"ddtree budget {kind[1]} top-k {kind[2]}" if isinstance(kind, tuple) else kind
 
@@ -112,15 +121,8 @@ def _label(kind) -> str:
 def gdn_case(*, T: int = 17, kind="random", B: int = 2, H: int = 1, ratio: int = 2, K: int = 16, V: int = 16,
              gates: str = "mixed", pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32,
              burst: int = 2, seed: int = 0, label: str = "") -> dict:
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
-    ts = _trees(kind, T, B, rng)
-    T = ts[0].size
+    rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
     HV = H * ratio
-
-    def rnd(*s):
-        return torch.randn(*s, generator=gen, dtype=torch.float64)
-
     g, beta = _gates(gates, (B, T, HV), gen)
     state = rnd(B, HV, K, V).float()
     p, slots = _pool(state, pool, pool_size or B + 3, rng)
@@ -178,10 +180,7 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
 def conv_case(*, T: int = 17, kind="random", B: int = 2, C: int = 8, W: int = 4, bias: bool = True,
               pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32, burst: int = 2, seed: int = 0,
               label: str = "") -> dict:
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
-    ts = _trees(kind, T, B, rng)
-    T = ts[0].size
+    rng, gen, ts, T, _ = _draws(kind, T, B, seed)
     window = torch.randn(B, C, W - 1, generator=gen).to(dtype)
     p, slots = _pool(window, pool, pool_size or B + 3, rng)
     return dict(x=torch.randn(B, T, C, generator=gen).to(dtype), weight=torch.randn(C, W, generator=gen).to(dtype),
@@ -227,15 +226,8 @@ def mamba2_case(*, T: int = 17, kind="random", B: int = 2, G: int = 1, ratio: in
                 burst: int = 2, seed: int = 0, label: str = "") -> dict:
     """An engine's Mamba2 contract: softplus always, no dt limit; A < 0 ("fast": |A| up to 16 with large
     steps, "long": |A| near 1e-3, "mixed"); D and dt_bias given."""
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
-    ts = _trees(kind, T, B, rng)
-    T = ts[0].size
+    rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
     H = G * ratio
-
-    def rnd(*s):
-        return torch.randn(*s, generator=gen, dtype=torch.float64)
-
     scale = {"fast": 16.0, "long": 1e-3, "mixed": 4.0}[decay]
     A = -(torch.rand(H, generator=gen, dtype=torch.float64) * scale + 1e-4)
     dt = rnd(B, T, H) + (3.0 if decay == "fast" else 0.0)
