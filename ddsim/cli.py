@@ -243,6 +243,12 @@ def cmd_gate(a, console) -> int:
     """The gate; with --json / --junit its verdict (or its error) is also written for CI systems."""
     from ddsim.errors import DDSimError
     from ddsim.reports import gate_files
+    for opt, path in (("--json", a.json), ("--junit", a.junit)):
+        if path:
+            if Path(path).is_dir():
+                from ddsim.errors import InputError
+                raise InputError(f"{opt} {path}: is a directory (a file path is expected)")
+            check_writable(Path(path).parent if str(Path(path).parent) else Path("."), opt)
     try:
         code, doc = (_gate_dump if a.dump else _gate_report)(a, console)
     except DDSimError as e:
@@ -457,9 +463,11 @@ def cmd_check_kernel(a, console) -> int:
 
     from ddsim.devices import prepare_engine_device
     from ddsim.engines.check_kernel import DTYPES, check, write_result
+    from ddsim.errors import InputError
     if a.max_examples < 1:
-        from ddsim.errors import InputError
         raise InputError(f"--max-examples: expected >= 1, got {a.max_examples}")
+    if not (a.example_timeout > 0 and a.example_timeout < float("inf")):
+        raise InputError(f"--example-timeout: expected a finite number of seconds > 0, got {a.example_timeout}")
     device = prepare_engine_device(a.device)
     kernel = _load_kernel(a)
     {"conv": kernel.check_conv, "mamba2": kernel.check_mamba2}.get(a.op, kernel.check_mode)(a.mode)

@@ -158,6 +158,8 @@ def test_a_kernel_that_never_leaks_is_not_the_flattened_path(tmp_path):
     (["--impl", "sglang", "--mode", "exact"], "--impl sglang: the package sglang is not installed"),
     (["--impl", "fla", "--mode", "leaky"], "--impl fla: the package fla-core is not installed"),
     (["--impl", "ddsim", "--mode", "exact", "--max-examples", "0"], "--max-examples: expected >= 1"),
+    (["--impl", "ddsim", "--mode", "exact", "--example-timeout", "-1"], "--example-timeout: expected a finite"),
+    (["--impl", "ddsim", "--mode", "exact", "--example-timeout", "nan"], "--example-timeout: expected a finite"),
     (["--impl", "ddsim", "--mode", "exact", "--device", "cuda:3"], "--device"),
 ])
 def test_check_kernel_bad_input(args, needle):

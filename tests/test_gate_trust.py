@@ -195,3 +195,7 @@ def test_gate_json_and_junit_carry_the_verdict_or_the_error(tmp_path, capsys):
     doc = json.loads(j.read_text())
     assert code == 2 and doc["verdict"] == "error" and doc["exit_code"] == 2 and "cannot read report" in doc["error"]
     assert ElementTree.parse(x).getroot().get("errors") == "1"
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", LEAK, "--json", tmp_path),
+                   "--json", "is a directory")
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", LEAK, "--junit", "/proc/x/g.xml"),
+                   "--junit /proc/x", "cannot write there")
