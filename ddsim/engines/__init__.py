@@ -1,4 +1,10 @@
-"""Serving engines' GDN tree-verify kernels behind ddsim's kernel contract, one small adapter per
+"""Serving engines, and what checks them against the oracle. This package holds the adapters that put
+engines' kernels behind ddsim's kernel contract (below), `ddsim check-kernel` (check_kernel, its explicit
+serving examples kernel_cases, triton_interpret for Triton's interpreter on the CPU), and the
+verify-step dump an engine writes with `ddsim replay` over it (dump, replay, replay_verdict,
+replay_report).
+
+Serving engines' GDN tree-verify kernels behind ddsim's kernel contract, one small adapter per
 engine (the core never imports an engine; each adapter translates layouts and flags at the edge).
 
 The contract every adapter meets (shapes as in the README, Contracts: kernel interface):
