@@ -215,7 +215,7 @@ def test_audit_fast_path_bad_input(tmp_path, args, needle):
     assert not (tmp_path / "o").exists()
 
 
-SMALL_AUDIT = ["--preset", "micro", "--budget", "4", "--steps", "2", "--seed", "5"]
+SMALL_AUDIT = ["--preset", "micro", "--budget", "4", "--steps", "1", "--seed", "5"]
 
 
 @pytest.fixture(scope="module")

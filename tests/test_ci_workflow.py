@@ -26,7 +26,9 @@ def _env_and_gate_step(text: str) -> tuple[dict, str]:
 
 def test_the_workflow_gate_step_runs_and_refuses_the_trained_hybrid(tmp_path):
     env, script = _env_and_gate_step(WORKFLOW.read_text())
-    assert env == {"DDSIM_MODEL": "stdlib", "DDSIM_DRAFTER": "stdlib", "DDSIM_PROMPTS": "stdlib"}
+    assert env == {"DDSIM_MODEL": "stdlib", "DDSIM_DRAFTER": "stdlib", "DDSIM_PROMPTS": "stdlib",
+                   "DDSIM_BUDGETS": "16,32,64"}
+    env["DDSIM_BUDGETS"] = "16"  # the job as written, at one budget (343 leak nodes there: the leak is exercised)
     assert script.startswith("set -e\nif ddsim gate --policy hybrid-unsafe")
     bindir = Path(sys.executable).parent  # this venv's ddsim on the PATH, as the install step would put it
     r = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600,
