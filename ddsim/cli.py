@@ -32,14 +32,19 @@ def _budgets(text: str) -> list[int]:
     return vals
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return v
+def _int_in(lo: int, hi: int | None = None):
+    """An argparse type: an integer in lo..hi (no upper bound where hi is None)."""
+    want = f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        return v
+    return parse
 
 
 # audit option -> AuditConfig field
@@ -150,13 +155,15 @@ def check_writable(out: Path, option: str = "--out") -> None:
 
 
 def _write_report(report, out: Path, policy=None):
-    """Stamp and write report.json and report.html (its verdict by ``policy``, the default's if None)."""
+    """Stamp and write report.json and report.html; (the stamped report, its verdict by ``policy``, the
+    default's if None, which report.html opens with)."""
     from ddsim.reports import html as html_report
     from ddsim.reports import json_report
     from ddsim.reports import verdict as verdicts
     report = json_report.stamp(report)
-    json_report.write_report(report, html_report.render(report, verdicts.of(report, policy)), out)
-    return report
+    v = verdicts.of(report, policy)
+    json_report.write_report(report, html_report.render(report, v), out)
+    return report, v
 
 
 def cmd_audit(a, console) -> int:
@@ -174,10 +181,10 @@ def cmd_audit(a, console) -> int:
                 return EXIT_OK
         else:
             report = _run_audit(ac, console)
-        report = _write_report(report, out)
+        report, v = _write_report(report, out)
     finally:
         shard.close()
-    print_summary(report, console, wide=a.wide)
+    print_summary(report, console, wide=a.wide, verdict=v)
     console.print(f"wrote {out / 'report.json'} and {out / 'report.html'}"
                   + (f" ({shard.world} ranks)" if shard.distributed else ""))
     return EXIT_OK
@@ -219,21 +226,22 @@ def check_report_matches(report, given: dict) -> None:
                              "it audited something else")
 
 
-def check_version(report, accept: bool) -> None:
-    """A report written by another ddsim version is refused unless the caller accepts it explicitly."""
-    import ddsim
+def check_version(report, accept: bool) -> str | None:
+    """A report written by another ddsim version is refused unless the caller accepts it explicitly; the
+    caveat the verdict then carries (None for a report of this version)."""
     from ddsim.errors import InputError
     got = report.provenance.ddsim_version
-    if got != ddsim.__version__ and not accept:
-        raise InputError(f"--report: written by ddsim {got}, this is ddsim {ddsim.__version__} (its figures and rules may "
+    if got == _version():
+        return None
+    if not accept:
+        raise InputError(f"--report: written by ddsim {got}, this is ddsim {_version()} (its figures and rules may "
                          "mean something else here; --accept-other-version gates it anyway, and the verdict says so)")
+    return f"the report was written by ddsim {got} (accepted explicitly)"
 
 
-def _policy_lines(policy, precision: str | None) -> list[str]:
+def _policy_lines(policy, relaxed: list[str]) -> list[str]:
     """What the verdict says of the policy itself: its source and sha256, and every built-in rule it relaxes."""
-    from ddsim.verdict.gate import relaxations
     lines = [f"policy {policy.name}: {policy.source()}"]
-    relaxed = relaxations(policy, precision)
     if relaxed:
         lines.append(f"policy relaxes {len(relaxed)} built-in rule{'s' if len(relaxed) > 1 else ''}: " + "; ".join(relaxed))
     return lines
@@ -243,6 +251,9 @@ def cmd_gate(a, console) -> int:
     """The gate; with --json / --junit its verdict (or its error) is also written for CI systems."""
     from ddsim.errors import DDSimError
     from ddsim.reports import gate_files
+    if not a.report and (a.accept_other_version or not a.recheck):
+        from ddsim.errors import InputError
+        raise InputError("--accept-other-version, --no-recheck: only with --report")
     for opt, path in (("--json", a.json), ("--junit", a.junit)):
         if path:
             if Path(path).is_dir():
@@ -271,14 +282,15 @@ def _gate_report(a, console):
         if a.out:
             raise InputError("--out: only with an audit the gate runs itself (not with --report)")
         report = json_report.load(a.report)
-        check_version(report, a.accept_other_version)
+        other_version = check_version(report, a.accept_other_version)
+        if other_version:
+            caveats.append(other_version)
         given = _given_audit_options(a)
         check_report_matches(report, given)
-        if "fast_path" in given:
+        if "fast_path" in given and not a.recheck:  # (the recheck checks the report's kernel, the one given)
             from ddsim.measure.recheck import check_engine_source
             check_engine_source(report, given["fast_path"], given.get("convention"))
-        if report.provenance.ddsim_version != _version():
-            caveats.append(f"the report was written by ddsim {report.provenance.ddsim_version} (accepted explicitly)")
+        v = None
         if a.recheck:
             from ddsim.measure.recheck import recheck
             notes.append(recheck(report, prompts=a.recheck_prompts).line())
@@ -286,15 +298,13 @@ def _gate_report(a, console):
         else:
             caveats.append("reached without a recheck (--no-recheck): the report's figures were taken on trust")
     else:
-        if a.accept_other_version or not a.recheck:
-            raise InputError("--accept-other-version, --no-recheck: only with --report")
         ac = _audit_config(a)
         if a.out:
             check_writable(Path(a.out))
         report = _run_audit(ac, console, quiet=True)
-        report = _write_report(report, Path(a.out), policy) if a.out else json_report.stamp(report)
-    v = verdicts.of(report, policy)
-    for line in _policy_lines(policy, report.precision.fast_path):
+        report, v = _write_report(report, Path(a.out), policy) if a.out else (json_report.stamp(report), None)
+    v = v or verdicts.of(report, policy)
+    for line in _policy_lines(policy, v.relaxed):
         print(line)
     for x in v.violated:
         print(x.line(policy.mode))
@@ -329,15 +339,14 @@ def _gate_dump(a, console):
     others = [o for o, v in _given_audit_options(a).items() if v is not None and o not in ("model", "device")]
     if others:
         raise InputError(f"--{others[0].replace('_', '-')}: not an option of a replay (--dump takes --model, --device)")
-    if a.accept_other_version or not a.recheck:
-        raise InputError("--accept-other-version, --no-recheck: only with --report")
     if a.out:
         check_writable(Path(a.out))
-    tolerance = {"engine": policy.noise_kl(a.engine_dtype), "dtype": policy.noise_kl}
-    rep = replay.run(shipped("model", a.model), a.dump, device=_replay_device(a.device), tolerance=tolerance)
+    rep = replay.run(shipped("model", a.model), a.dump, device=_replay_device(a.device),
+                     tolerance=replay.tolerance(policy, a.engine_dtype))
     if a.out:
         replay.write(rep, Path(a.out))
-    for line in _policy_lines(policy, None):
+    relaxed = relaxations(policy, None)
+    for line in _policy_lines(policy, relaxed):
         print(line)
     verdicts = evaluate_replay(policy, rep["summary"])
     bad = [v for v in verdicts if not v.holds]
@@ -351,7 +360,7 @@ def _gate_dump(a, console):
     else:
         print(f"{label}: all {len(verdicts)} rules hold")
     code = EXIT_VIOLATED if bad else EXIT_OK
-    return code, gate_files.document(exit_code=code, policy=policy, verdicts=verdicts, relaxed=relaxations(policy, None),
+    return code, gate_files.document(exit_code=code, policy=policy, verdicts=verdicts, relaxed=relaxed,
                                      subject=f"replay of {a.dump}", notes=[f"noise KL {rep['noise_kl']:.3g}"],
                                      version=_version())
 
@@ -529,22 +538,12 @@ def _load_kernel(a):
     return load(a.impl, convention=a.convention)
 
 
-def _threads(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer in 1..1024, got {text!r}") from None
-    if not 1 <= v <= 1024:
-        raise argparse.ArgumentTypeError(f"expected an integer in 1..1024, got {text!r}")
-    return v
-
-
 def build_parser() -> argparse.ArgumentParser:
     import ddsim
     p = _Parser(prog="ddsim", description="Tree speculative decoding on hybrid models, checked against an exact oracle")
     p.add_argument("--version", action="version", version=f"ddsim {ddsim.__version__}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--threads", type=_threads, default=None, metavar="N",
+    common.add_argument("--threads", type=_int_in(1, 1024), default=None, metavar="N",
                         help="CPU threads for torch (default: OMP_NUM_THREADS when set, else 1: ddsim's CPU work is "
                              "small ops that a thread pool slows down, most of all on a busy machine)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -564,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--recheck", action=argparse.BooleanOptionalAction, default=True,
                     help="with --report: re-run a sample of the audit from the report's provenance and refuse a report "
                          "that does not reproduce (default: on; --no-recheck takes its figures on trust, and says so)")
-    pg.add_argument("--recheck-prompts", type=_positive, default=1, metavar="N",
+    pg.add_argument("--recheck-prompts", type=_int_in(1), default=1, metavar="N",
                     help="prompts the recheck re-runs in every budget and mode (all of them: the whole audit)")
     pg.add_argument("--accept-other-version", action="store_true",
                     help="with --report: gate a report written by another ddsim version (refused otherwise)")

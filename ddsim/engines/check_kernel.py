@@ -268,9 +268,11 @@ def _describe(inp, r, prop: str, mode: str) -> dict:
 
 
 def _where(ce: dict) -> str:
-    """One line locating a counterexample for the terminal."""
-    node = ce["first_wrong_node"]
+    """One line locating a counterexample for the terminal (or the error a serving example raised)."""
     at = "" if ce["example"] == "drawn" else f"serving example [{ce['example']}]: "
+    if "error" in ce:
+        return f"{at}the kernel raised {ce['error']}"
+    node = ce["first_wrong_node"]
     if ce["property"] == "inputs untouched":
         return f"{at}the kernel wrote its arguments {', '.join(ce['inputs_changed'])}"
     if ce["property"] == "repeatable":
@@ -397,9 +399,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                 results.append(PropertyResult(name, True, f"held on {len(explicit)} serving examples ({profile}) and "
                                                           f"{max_examples} drawn inputs"))
             else:  # only a serving shape reaches the bug: the explicit example is the counterexample
-                detail = (f"serving example [{explicit_ce['example']}]: the kernel raised {explicit_ce['error']}"
-                          if "error" in explicit_ce else _where(explicit_ce))
-                results.append(PropertyResult(name, False, detail, explicit_ce))
+                results.append(PropertyResult(name, False, _where(explicit_ce), explicit_ce))
             continue
         except Exception as e:  # the kernel raised on a drawn input
             results.append(PropertyResult(name, False, f"the kernel raised {type(e).__name__}: {_short(e, 300)} on a "

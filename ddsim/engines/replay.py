@@ -54,10 +54,12 @@ from ddsim.engines.replay_verdict import (
     judge_continuity,
     noise_bound,
     summarize,
+    tolerance,
 )
 from ddsim.trees.tree import Tree
 
 __all__ = ["DIAGNOSES", "Replayer", "default_tolerance", "greedy_walk", "noise_bound", "prepare", "run", "summarize",
+           "tolerance",
            "write"]
 
 # a dumped committed state (ssm.L, conv.L) further than this from the oracle's, relative, is wrong

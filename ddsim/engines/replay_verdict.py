@@ -46,12 +46,16 @@ def noise_bound(dump, tolerance: dict) -> float:
     return min(tolerance["engine"], tolerance["dtype"](dump.header["compute_dtype"]))
 
 
+def tolerance(policy, engine_dtype: str = "float32", noise_kl: float | None = None) -> dict:
+    """``policy``'s replay tolerance (noise_bound's argument) for an engine computing in ``engine_dtype``, or a
+    fixed ``noise_kl`` given by the caller; either way the dump's dtype can still only tighten it."""
+    return {"engine": policy.noise_kl(engine_dtype) if noise_kl is None else noise_kl, "dtype": policy.noise_kl}
+
+
 def default_tolerance(noise_kl: float | None = None, engine_dtype: str = "float32") -> dict:
-    """The default policy's replay tolerance for an engine computing in ``engine_dtype`` (or a fixed
-    ``noise_kl`` given by the caller, which the dump's dtype can still only tighten)."""
-    from ddsim.verdict.gate import load_policy
-    pol = load_policy("hybrid-unsafe")
-    return {"engine": pol.noise_kl(engine_dtype) if noise_kl is None else noise_kl, "dtype": pol.noise_kl}
+    """The default policy's replay tolerance (``tolerance``)."""
+    from ddsim.verdict.gate import DEFAULT_POLICY, load_policy
+    return tolerance(load_policy(DEFAULT_POLICY), engine_dtype, noise_kl)
 
 
 def judge_continuity(steps, records) -> None:

@@ -250,9 +250,18 @@ def relaxations(policy: Policy, precision: str | None) -> list[str]:
                 out.append(f"replay{'.' + dt if dt else ''}.noise_kl (built-in {ours:g}, policy {theirs:g})")
         return out
     cmp("", base.bounds(precision), policy.bounds(precision), lambda v, b: v > b)
-    require = {"leak_nodes_per_budget": 1.0, "reference_decisions_above_noise": 0.5, **policy.require}
-    cmp("require.", base.require, require, lambda v, b: v < b)
+    cmp("require.", base.require, requirements(policy), lambda v, b: v < b)
     return out
+
+
+def requirements(policy: Policy) -> dict:
+    """The lower bounds the gate applies: the policy's [require], never below the built-in floors (at least
+    one node outside order-exact positions per budget, a reference not too fragile to judge:
+    ddsim.verdict.report_model.FRAGILE_FRACTION)."""
+    require = {"leak_nodes_per_budget": 1.0, "reference_decisions_above_noise": 0.5, **policy.require}
+    require["leak_nodes_per_budget"] = max(1.0, require["leak_nodes_per_budget"])
+    require["reference_decisions_above_noise"] = max(0.5, require["reference_decisions_above_noise"])
+    return require
 
 
 # `ddsim gate --dump`: the KL within which an engine's logits count as the oracle's, where a policy
@@ -305,11 +314,7 @@ def evaluate(policy: Policy, report: Report) -> list[Verdict]:
         fn, meaning = RULES[rule]
         measured = float(fn(report, policy.mode))
         out.append(Verdict(rule, measured, bound, measured <= bound, meaning))
-    require = {"leak_nodes_per_budget": 1.0, "reference_decisions_above_noise": 0.5, **policy.require}
-    require["leak_nodes_per_budget"] = max(1.0, require["leak_nodes_per_budget"])
-    # a reference too fragile to judge fails whatever the policy says (ddsim.verdict.report_model.FRAGILE_FRACTION)
-    require["reference_decisions_above_noise"] = max(0.5, require["reference_decisions_above_noise"])
-    for name, bound in require.items():
+    for name, bound in requirements(policy).items():
         fn, meaning = REQUIREMENTS[name]
         measured = float(fn(report, policy.mode))
         out.append(Verdict(name, measured, bound, measured >= bound, meaning, kind="min"))
