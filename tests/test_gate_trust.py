@@ -6,6 +6,7 @@ package. Each class is planted and must come out red or refused."""
 import hashlib
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,33 @@ def test_gate_json_and_junit_carry_the_verdict_or_the_error(tmp_path, capsys):
                    "--json", "is a directory")
     one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", LEAK, "--junit", "/proc/x/g.xml"),
                    "--junit /proc/x", "cannot write there")
+
+
+def test_the_recheck_refuses_a_checkpoint_or_input_file_that_changed_or_went(tmp_path):
+    """A report of a checkpoint audit (a copy of the shipped hybrid) with a prompts file: the recheck runs while
+    both are as audited, and refuses the report once the prompts file changed, or the checkpoint's weights
+    changed, or the checkpoint is gone."""
+    import shutil
+
+    from ddsim.cli import SHIPPED
+    models = Path(cli.__file__).with_name("models")
+    ck = tmp_path / "ck"
+    shutil.copytree(models / SHIPPED["model"], ck)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"tokens": [5, 6, 7, 8]}\n')
+    rep = tmp_path / "a" / "report.json"
+    assert run_cli("audit", "--model", ck, "--prompts", prompts, "--budget", "8", "--steps", "1",
+                   "--out", tmp_path / "a").returncode == 0
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep)
+    assert g.returncode == 1 and g.stdout.startswith("recheck: the whole audit re-run"), g.stdout + g.stderr  # (no leak node)
+    prompts.write_text('{"tokens": [5, 6, 7, 9]}\n')
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep),
+                   f"the --prompts file {prompts} is not the one audited", "--no-recheck")
+    prompts.write_text('{"tokens": [5, 6, 7, 8]}\n')
+    cfg = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 1e-5 if cfg.get("rms_norm_eps") != 1e-5 else 2e-5}))
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep),
+                   f"the checkpoint at {ck} is not the one audited")
+    shutil.rmtree(ck)
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep),
+                   f"cannot recheck: the audited checkpoint {ck} is not here")

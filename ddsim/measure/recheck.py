@@ -77,13 +77,16 @@ def check_at_hand(report) -> None:
     from ddsim.digest import file_digest
     cfg, prov = report.config, report.provenance
     hint = " (--no-recheck gates the report unchecked, and says so)"
-    if cfg.model_path:
-        from ddsim.model.checkpoint import checkpoint_digest
-        if not Path(cfg.model_path).is_dir():
-            raise InputError(f"--report: cannot recheck: the audited checkpoint {cfg.model_path} is not here{hint}")
-        if checkpoint_digest(cfg.model_path) != prov.weights_sha256:
-            raise InputError(f"--report: the checkpoint at {cfg.model_path} is not the one audited (weights sha256 "
-                             f"differs){hint}")
+    from ddsim.model.checkpoint import checkpoint_digest
+    for what, path, want in (("checkpoint", cfg.model_path, prov.weights_sha256),
+                             ("drafter", cfg.drafter_model, getattr(cfg.drafter, "sha256", None))):
+        if path is None:
+            continue
+        if not Path(path).is_dir():
+            raise InputError(f"--report: cannot recheck: the audited {what} {path} is not here{hint}")
+        if checkpoint_digest(path) != want:
+            raise InputError(f"--report: the {what} at {path} is not the one audited (the sha256 of its config and "
+                             f"weights differs){hint}")
     for opt, path in (("prompts", cfg.prompts_file), ("trace", cfg.trace), ("cost", cfg.cost_file)):
         if path is None:
             continue
@@ -91,12 +94,6 @@ def check_at_hand(report) -> None:
             raise InputError(f"--report: cannot recheck: the audited --{opt} file {path} is not here{hint}")
         if file_digest(path) != prov.inputs_sha256.get(opt):
             raise InputError(f"--report: the --{opt} file {path} is not the one audited (sha256 differs){hint}")
-    if cfg.drafter_model:
-        from ddsim.model.checkpoint import checkpoint_digest
-        if not Path(cfg.drafter_model).is_dir():
-            raise InputError(f"--report: cannot recheck: the audited drafter {cfg.drafter_model} is not here{hint}")
-        if checkpoint_digest(cfg.drafter_model) != getattr(cfg.drafter, "sha256", None):
-            raise InputError(f"--report: the drafter at {cfg.drafter_model} is not the one audited{hint}")
     device = report.environment.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--report: cannot recheck a {device} audit without a CUDA device{hint}")
