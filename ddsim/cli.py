@@ -1,4 +1,4 @@
-"""The ddsim command line: audit, gate, tree, bench, check-kernel.
+"""The ddsim command line: audit, gate, tree, bench, check-kernel, check-sampler.
 
 Exit codes: 0 success (gate: the policy holds), 1 gate violated, 2 any error or bad input.
 Errors are one line naming the input and the problem; an unexpected exception is also one line
@@ -516,6 +516,63 @@ def cmd_check_kernel(a, console) -> int:
     return EXIT_OK
 
 
+def cmd_check_sampler(a, console) -> int:
+    import json
+
+    from rich.table import Table
+
+    from ddsim.errors import InputError
+    from ddsim.reports.json_report import write_atomic
+    from ddsim.sampling.check import check, describe_failure, power_line
+    from ddsim.sampling.load import parse_params, resolve
+    if not 1000 <= a.draws <= 10**8:
+        raise InputError(f"--draws: expected 1000 to 1e8 draws per case, got {a.draws}")
+    if a.max_examples < 0:
+        raise InputError(f"--max-examples: expected >= 0, got {a.max_examples}")
+    if not 0 < a.alpha <= 0.5:
+        raise InputError(f"--alpha: expected a false-alarm rate in (0, 0.5], got {a.alpha}")
+    device = a.device
+    if device == "auto":
+        import torch
+        device = "cuda" if a.impl == "sgl-kernel" and torch.cuda.is_available() else "cpu"
+    sampler, described = resolve(a.impl, convention=a.convention, params=parse_params(a.param), drafting=a.drafting,
+                                 device=device)
+    out = Path(a.out)
+    check_writable(out.parent if str(out.parent) else Path("."), "--out")
+    result = check(sampler, draws=a.draws, max_examples=a.max_examples, alpha=a.alpha, seed=a.seed)
+    t = Table(title=f"{a.impl} (drafting {sampler.drafting}): {len(result.cases)} cases x {a.draws} draws against "
+                    f"autoregressive sampling from the target")
+    for col in ("case", "nodes", "V", "worst test", "L1 / threshold", "verdict"):
+        t.add_column(col)
+    for c in result.cases:
+        w = c.worst()
+        t.add_row(c.case.label, str(len(c.case.parents) if c.case.ddtree is None else f"ddtree {c.case.ddtree[0]}"),
+                  str(c.case.vocab), c.failure or (w["name"] if w else "-"),
+                  "-" if c.failure or not w else f"{w['l1'] / w['threshold']:.2f}",
+                  "holds" if c.holds else "[bold red]LOSSY[/bold red]")
+    console.print(t)
+    print(f"false-alarm rate <= {a.alpha:g} per run ({result.alpha_per_test:.3g} per test); "
+          + power_line(a.draws, result.alpha_per_test))
+    doc = {"sampler": described, "drafting": sampler.drafting, "draws_per_case": a.draws, "alpha": a.alpha,
+           "alpha_per_test": result.alpha_per_test, "seed": a.seed, "max_examples": a.max_examples,
+           "lossless": result.holds, "seconds": round(result.seconds, 1),
+           "cases": [{"case": c.case.describe(), "parents": list(c.case.parents), "holds": c.holds,
+                      "failure": c.failure,
+                      "tests": [{k: v for k, v in x.items() if k not in ("measured", "expected")} for x in c.tests],
+                      "worst": c.worst()} for c in result.cases]}
+    write_atomic({out: json.dumps(doc, indent=1) + "\n"})
+    if not result.holds:
+        for line in describe_failure(result.worst()):
+            print(line)
+        bad = sum(not c.holds for c in result.cases)
+        print(f"LOSSY: {bad} of {len(result.cases)} cases emit tokens not distributed as autoregressive sampling "
+              f"(details in {out})")
+        return EXIT_VIOLATED
+    print(f"no evidence of loss: {len(result.cases)} cases x {a.draws} draws hold ({result.seconds:.0f} s; "
+          f"details in {out})")
+    return EXIT_OK
+
+
 def _hung(out: Path, label: str, seconds: float) -> None:
     """A kernel that did not return on a serving example fails, and the process exits 1: a hung kernel
     cannot be interrupted, and a check that never ends must not read as one that passed."""
@@ -617,6 +674,27 @@ def build_parser() -> argparse.ArgumentParser:
                          "(the serving examples add the other dtypes)")
     pk.add_argument("--out", default="check-kernel.json",
                     help="the verdicts, coverage and counterexamples (JSON, written atomically)")
+    ps = sub.add_parser("check-sampler", help="a statistical losslessness test of a tree acceptance rule at "
+                                              "temperature > 0: exit 0 no evidence of loss, 1 lossy, 2 error")
+    ps.add_argument("--impl", required=True,
+                    help="sglang, eagle, ddtree, gumbel, specinfer, rrs, typical (ddsim's references), sgl-kernel "
+                         "(sgl_kernel's CUDA kernel) or MODULE:FUNCTION (with --convention)")
+    ps.add_argument("--convention", choices=["ddsim", "sglang"], default=None,
+                    help="the calling convention of a MODULE:FUNCTION rule (docs/sampling.md)")
+    ps.add_argument("--param", action="append", metavar="NAME=VALUE",
+                    help="a rule parameter, e.g. threshold_single=0.9 (repeatable)")
+    ps.add_argument("--drafting", choices=["fixed", "iid", "without-replacement"], default=None,
+                    help="how the tree's tokens are drafted for the rule: fixed (top-k trees; the default for "
+                         "MODULE:FUNCTION), iid or without-replacement (sampled per draw)")
+    ps.add_argument("--draws", type=int, default=1_000_000, help="draws per case (default: 1000000)")
+    ps.add_argument("--max-examples", type=int, default=24,
+                    help="hypothesis-drawn cases besides the 9 explicit ones (default: 24)")
+    ps.add_argument("--alpha", type=float, default=1e-6,
+                    help="the false-alarm rate of the whole run (default: 1e-6)")
+    ps.add_argument("--seed", type=int, default=0, help="the random numbers' seed (default: 0)")
+    ps.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]: where an SGLang-convention "
+                                                     "rule runs")
+    ps.add_argument("--out", default="check-sampler.json", help="the verdict and every test (JSON, written atomically)")
     pb = sub.add_parser("bench", help="CUDA: GDN kernel times against the memory floor; CPU: trees per second per mode")
     pb.add_argument("--preset", default="tiny", metavar="NAME", help="model preset whose shapes the kernels take "
                                                                      "(default: tiny)")
@@ -629,7 +707,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = {"audit": cmd_audit, "gate": cmd_gate, "tree": cmd_tree, "bench": cmd_bench, "check-kernel": cmd_check_kernel,
-            "replay": cmd_replay}
+            "check-sampler": cmd_check_sampler, "replay": cmd_replay}
 
 
 class Terminated(Exception):
