@@ -51,7 +51,8 @@ def _int_in(lo: int, hi: int | None = None):
 AUDIT_FIELDS = {"preset": "preset", "model": "model_path", "budget": "budgets", "topk_cap": "topk_cap",
                 "prompts": "prompts_file", "steps": "steps", "temperature": "temperature", "device": "device",
                 "seed": "seed", "trace": "trace", "drafter_model": "drafter_model", "cost": "cost_file",
-                "fast_path": "fast_path", "convention": "convention", "devices": "devices"}
+                "fast_path": "fast_path", "convention": "convention", "devices": "devices", "sampler": "sampler",
+                "sampler_param": "sampler_params"}
 
 
 def _add_audit_options(p, *, defaults: bool = True):
@@ -72,6 +73,11 @@ def _add_audit_options(p, *, defaults: bool = True):
                                                     "or a checkpoint's built-in text prompts)")
     p.add_argument("--steps", type=int, default=d(8), help=f"speculative steps per generation (default: 8, at most {MAX_STEPS})")
     p.add_argument("--temperature", type=float, default=d(0.0), help="0: greedy; > 0: seeded sampling")
+    p.add_argument("--sampler", choices=["gumbel", "sglang", "eagle", "ddtree", "typical"], default=None,
+                   help="at --temperature > 0, the acceptance rule (default: gumbel, ddsim's walk coupled to seeded "
+                        "autoregressive sampling; sglang, eagle, ddtree: engines' rules; typical: lossy)")
+    p.add_argument("--sampler-param", action="append", default=None, metavar="NAME=VALUE",
+                   help="a parameter of the sampler, e.g. threshold_single=0.9 for sglang (repeatable)")
     p.add_argument("--device", default=d("auto"), help="auto (default: cuda when there is one, else cpu), cpu or cuda[:N]")
     p.add_argument("--devices", default=None, metavar="DEV[,DEV...]",
                    help="place the model's layers across these GPUs (cuda:0,cuda:1,...): contiguous blocks balanced "
@@ -106,7 +112,10 @@ def shipped(option: str, value):
 
 def _audit_config(a):
     from ddsim.measure.settings import AuditConfig
+    from ddsim.sampling.load import parse_params
     kw = {AUDIT_FIELDS[opt]: shipped(opt, v) for opt, v in vars(a).items() if opt in AUDIT_FIELDS and v is not None}
+    if "sampler_params" in kw:
+        kw["sampler_params"] = parse_params(kw["sampler_params"])
     return AuditConfig.build(**kw)
 
 
@@ -306,6 +315,9 @@ def _gate_report(a, console):
     v = v or verdicts.of(report, policy)
     for line in _policy_lines(policy, v.relaxed):
         print(line)
+    for line in v.skipped:
+        notes.append(f"not applicable: {line}")
+        print(notes[-1])
     for x in v.violated:
         print(x.line(policy.mode))
     if leak_nodes(report, policy.mode) == 0:

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddsim.verdict.gate import Policy, Verdict, evaluate, leak_nodes, load_policy, relaxations
+from ddsim.verdict.gate import (
+    SAMPLED_RULES,
+    Policy,
+    Verdict,
+    evaluate,
+    leak_nodes,
+    load_policy,
+    not_applicable,
+    relaxations,
+)
 from ddsim.verdict.report_model import Report
 
 
@@ -14,6 +23,7 @@ class ReportVerdict:
     policy: Policy
     rules: list[Verdict]
     relaxed: list[str]  # built-in rules the policy omits or loosens
+    skipped: list[str] = ()  # "rule: why" for the policy's rules that do not apply to this report
 
     @property
     def holds(self) -> bool:
@@ -32,7 +42,10 @@ class ReportVerdict:
 
 def of(report: Report, policy: Policy | None = None) -> ReportVerdict:
     policy = policy or load_policy("hybrid-unsafe")
-    return ReportVerdict(policy, evaluate(policy, report), relaxations(policy, report.precision.fast_path))
+    # (the sampled_* rules of a greedy report go unsaid: every greedy report would print them)
+    skipped = [f"{r}: {why}" for r in policy.bounds(report.precision.fast_path)
+               if (why := not_applicable(r, report)) and r not in SAMPLED_RULES]
+    return ReportVerdict(policy, evaluate(policy, report), relaxations(policy, report.precision.fast_path), skipped)
 
 
 def meaning(report: Report, v: ReportVerdict) -> str:

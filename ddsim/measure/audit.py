@@ -100,7 +100,12 @@ def _gen_record(g, prompt_index, budget, margins) -> Generation:
         silent_corruption_steps=int(g.silent_corruption_steps), tokens_per_step=g.tokens_per_step,
         accepted=[int(s.accepted) for s in g.steps], decision_flips=[int(s.decision_flips) for s in g.steps],
         reference_walk=[int(s.reference_walk) for s in g.steps],
-        tree_sizes=[int(s.tree_size) for s in g.steps])
+        tree_sizes=[int(s.tree_size) for s in g.steps],
+        **({} if not g.steps or g.steps[0].emitted_tv is None else {
+            "emitted_tv": [min(1.0, float(s.emitted_tv)) for s in g.steps],
+            "length_tv": [min(1.0, float(s.length_tv)) for s in g.steps],
+            "expected_accepted": [float(s.expected_accepted) for s in g.steps],
+            "expected_accepted_exact": [float(s.expected_accepted_exact) for s in g.steps]}))
 
 
 def read_model_config(ac: AuditConfig):
@@ -321,7 +326,8 @@ def _build(run: _Run, progress) -> None:
                       "engine": run.engine.provenance() if run.engine is not None else None,
                       "inputs_sha256": input_digests(ac)}
     tick = (lambda rec: progress(advance=1)) if progress else None
-    run.common = dict(temperature=ac.temperature, seed=ac.seed, steps=ac.steps, on_step=tick)
+    run.common = dict(temperature=ac.temperature, seed=ac.seed, steps=ac.steps, on_step=tick, sampler=ac.sampler,
+                      sampler_params=dict(ac.sampler_params))
 
 
 def _share(run: _Run, indices: list[int]) -> list[dict]:

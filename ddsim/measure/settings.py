@@ -26,7 +26,12 @@ OPTION = {"preset": "--preset", "model_path": "--model", "budgets": "--budget", 
           "steps": "--steps", "n_prompts": "--prompts", "prompt_len": "--prompts", "prompts_file": "--prompts",
           "temperature": "--temperature", "seed": "--seed", "device": "--device", "depth": "--depth",
           "trace": "--trace", "drafter_model": "--drafter-model", "cost_file": "--cost", "fast_path": "--fast-path",
-          "convention": "--convention", "devices": "--devices"}
+          "convention": "--convention", "devices": "--devices", "sampler": "--sampler",
+          "sampler_params": "--sampler-param"}
+# the rules an audit can sample with (ddsim.sampling.rules; those with an exact law on a fixed tree) and
+# each one's parameters with their allowed range
+SAMPLERS = {"gumbel": {}, "sglang": {"threshold_single": (0.0, 1.0), "threshold_acc": (0.0, 1.0)}, "eagle": {},
+            "ddtree": {}, "typical": {"posterior_threshold": (0.0, 1.0), "posterior_alpha": (0.0, 10.0)}}
 
 
 class AuditConfig(BaseModel):
@@ -51,6 +56,24 @@ class AuditConfig(BaseModel):
     cost_file: str | None = None
     fast_path: str = "ddsim"  # ddsim, fla or MODULE:FUNCTION: the GDN kernel the fast path runs
     convention: Literal["ddsim", "sglang", "vllm", "fla"] | None = None  # a MODULE:FUNCTION fast path's calling convention
+    # temperature > 0: the acceptance rule (None: ddsim's coupled Gumbel walk) and its parameters
+    sampler: Literal["gumbel", "sglang", "eagle", "ddtree", "typical"] | None = None
+    sampler_params: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _sampler(self):
+        if self.sampler is not None and self.temperature == 0:
+            raise ValueError(f"--sampler {self.sampler}: a sampler decides at temperature > 0 only (--temperature 0 "
+                             "accepts greedily)")
+        known = SAMPLERS[self.sampler or "gumbel"]
+        for k, v in self.sampler_params.items():
+            if k not in known:
+                raise ValueError(f"--sampler-param {k}: not a parameter of the {self.sampler or 'gumbel'} sampler "
+                                 f"({', '.join(known) or 'it takes none'})")
+            lo, hi = known[k]
+            if not (lo < v <= hi):
+                raise ValueError(f"--sampler-param {k}={v:g}: expected a value in ({lo:g}, {hi:g}]")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -74,7 +97,9 @@ class AuditConfig(BaseModel):
             return cls(**kw)
         except ValidationError as e:
             err = e.errors()[0]
-            field = str(err["loc"][0]) if err["loc"] else "?"
+            if not err["loc"]:  # a rule across fields: its message names the options
+                raise InputError(err["msg"].removeprefix("Value error, ")) from None
+            field = str(err["loc"][0])
             value = kw.get(field)
             if isinstance(value, float) and not math.isfinite(value):
                 why = "expected a finite number"

@@ -22,7 +22,16 @@ from ddsim import oracle
 from ddsim.errors import InputError
 from ddsim.measure.metrics import node_keys, node_metrics, reference_norms
 from ddsim.model.model import HybridModel
-from ddsim.sim.acceptance import decision_margins, decision_scores, emitted_tokens, target_tokens, walk
+from ddsim.sampling.law import length_tv, total_variation
+from ddsim.sim.acceptance import (
+    accept_with_rule,
+    decision_margins,
+    decision_scores,
+    emitted_tokens,
+    step_law_of,
+    target_tokens,
+    walk,
+)
 from ddsim.sim.drafters import DraftContext, Drafter
 from ddsim.sim.timing import timed
 from ddsim.trees.builders import ddtree
@@ -147,6 +156,11 @@ class StepRecord:
     # noise floor) and any attribution modes, all on this step's tree and committed state
     nodes: dict | None = None
     keys: dict | None = None  # depth, rank, order_exact per node
+    # temperature > 0: the step's exact law under the sampler (ddsim.sampling.law), the mode's against exact's
+    emitted_tv: float | None = None  # total variation between the emitted-sequence laws
+    length_tv: float | None = None  # between the accepted-length distributions
+    expected_accepted: float | None = None  # E[draft tokens accepted] under the mode's distributions
+    expected_accepted_exact: float | None = None
 
 
 @dataclass
@@ -469,7 +483,8 @@ def _checked_generation(model, prompt, n_tokens, *, drafter, policy, mode="exact
 
 def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, drafter: Drafter,
                 policy: TreePolicy, mode: str = "exact", steps: int | None = None, temperature: float = 0.0,
-                seed: int = 0, reference: list[int] | None = None, measure: str = "decisions", weights=None,
+                seed: int = 0, sampler: str | None = None, sampler_params: dict | None = None,
+                reference: list[int] | None = None, measure: str = "decisions", weights=None,
                 attribution: tuple[str, ...] = (), keep_trees: bool = False, serving=None,
                 on_step: Callable[[StepRecord], None] | None = None, timings: dict | None = None):
     """One speculative generation (arguments checked) as a generator: yields a GreedyRequest when its
@@ -537,7 +552,16 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         else:  # the serving verify, batched with the other generations' of this round
             res = yield VerifyRequest(state, tree, mode)
         targets = target_tokens(res.logits, positions, temperature=temperature, seed=seed)
-        path, bonus = walk(tree, targets)
+        # at temperature > 0 the sampler decides (ddsim's coupled Gumbel walk unless another is named); the
+        # per-node targets above stay the coupled decisions the flip metrics compare
+        rule = (sampler or "gumbel") if temperature > 0 else None
+        if rule is not None and rule != "gumbel":
+            path, bonus = accept_with_rule(tree, res.logits, temperature=temperature, seed=seed, position=state.pos,
+                                           sampler=rule, params=sampler_params)
+        else:
+            path, bonus = walk(tree, targets)
+        law = step_law_of(tree, res.logits, temperature=temperature, sampler=rule, params=sampler_params) \
+            if rule is not None else None
         emitted = emitted_tokens(tree, path, bonus)
         if keep:
             nodes[mode] = measured(res)
@@ -557,6 +581,11 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
             else:
                 res_x = yield VerifyRequest(state, tree, "exact")
             targets_x = target_tokens(res_x.logits, positions, temperature=temperature, seed=seed)
+            if rule is not None:
+                law_x = step_law_of(tree, res_x.logits, temperature=temperature, sampler=rule, params=sampler_params)
+                if rule != "gumbel":
+                    path_x, bonus_x = accept_with_rule(tree, res_x.logits, temperature=temperature, seed=seed,
+                                                       position=state.pos, sampler=rule, params=sampler_params)
             if keep:
                 nodes["exact"] = measured(res_x)
             del res_x
@@ -573,7 +602,12 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
             norms.clear()
         else:
             targets_ref = targets_x
-        path_x, bonus_x = walk(tree, targets_x)
+        if mode == "exact":
+            law_x = law
+            if rule is not None and rule != "gumbel":
+                path_x, bonus_x = path, bonus
+        if rule is None or rule == "gumbel":
+            path_x, bonus_x = walk(tree, targets_x)
         exact_emitted = emitted_tokens(tree, path_x, bonus_x)
         ref_path, _ = walk(tree, targets_ref)
         flips = sum(targets[n] != targets_ref[n] for n in ref_path)
@@ -581,6 +615,9 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         rec = StepRecord(step, state.pos, tree.size, int(tree.depths.max()), len(path) - 1, bonus, emitted,
                          exact_emitted, emitted != exact_emitted, int(flips), len(ref_path), path,
                          tree if keep_trees else None, nodes, keys)
+        if law is not None:
+            rec.emitted_tv, rec.length_tv = total_variation(law, law_x), length_tv(law, law_x)
+            rec.expected_accepted, rec.expected_accepted_exact = law.expected_accepted(), law_x.expected_accepted()
         result.steps.append(rec)
         if on_step:
             on_step(rec)

@@ -92,7 +92,29 @@ RULES = {
     "exact_state_rel_max": (lambda r, m: _floor_worst(r, "state_rel_max"),
                             "largest recurrent-state relative error of the exact path vs the oracle"),
     "exact_kl_max": (lambda r, m: _floor_worst(r, "kl_max"), "largest KL(oracle || exact)"),
+    "sampled_emitted_tv_max": (lambda r, m: _mode_worst(r, "emitted_tv_max", m),
+                               "temperature > 0: largest total variation, over steps, between the emitted-token law "
+                               "of the mode and of exact verification (exact, from the per-node distributions)"),
+    "sampled_accepted_length_tv_max": (lambda r, m: _mode_worst(r, "accepted_length_tv_max", m),
+                                       "temperature > 0: largest total variation between the accepted-length "
+                                       "distributions of the mode and of exact verification"),
 }
+# rules measured only at temperature > 0, and rules that compare generations with the reference decoding, which
+# a sampler not coupled to seeded autoregressive sampling (anything but ddsim's Gumbel walk) cannot follow
+SAMPLED_RULES = ("sampled_emitted_tv_max", "sampled_accepted_length_tv_max")
+COUPLED_RULES = ("generations_leaving_greedy", "generations_leaving_greedy_above_noise",
+                 "exact_generations_leaving_greedy", "exact_generations_leaving_greedy_above_noise")
+
+
+def not_applicable(rule: str, report: Report) -> str | None:
+    """Why ``rule`` does not apply to ``report`` (None: it does)."""
+    cfg = report.config
+    if rule in SAMPLED_RULES and cfg.temperature == 0:
+        return "measured at temperature > 0 only"
+    if rule in COUPLED_RULES and cfg.temperature > 0 and cfg.sampler not in (None, "gumbel"):
+        return (f"the {cfg.sampler} sampler is not coupled to the seeded reference sampling; its effect on the output "
+                "is judged by the sampled_* rules")
+    return None
 
 
 def leak_nodes(r: Report, mode: str) -> int:
@@ -310,7 +332,13 @@ def evaluate(policy: Policy, report: Report) -> list[Verdict]:
     """Every rule and requirement of the policy, then the built-in coverage rule: at least one verified
     node outside order-exact positions in every budget, whatever the policy requires."""
     out = []
-    for rule, bound in policy.bounds(report.precision.fast_path).items():
+    bounds = policy.bounds(report.precision.fast_path)
+    if report.config.temperature > 0 and not set(SAMPLED_RULES) & set(bounds):
+        raise InputError(f"{policy.path}: the report samples at temperature {report.config.temperature:g} and the "
+                         f"policy bounds none of {', '.join(SAMPLED_RULES)}: its effect on the output would go unjudged")
+    for rule, bound in bounds.items():
+        if not_applicable(rule, report):
+            continue
         fn, meaning = RULES[rule]
         measured = float(fn(report, policy.mode))
         out.append(Verdict(rule, measured, bound, measured <= bound, meaning))

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ddsim.measure.settings import AuditConfig
 from ddsim.trees.modes import VERIFY_MODES
 
-SCHEMA_VERSION = 6  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
+SCHEMA_VERSION = 7  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
 # 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family;
-# 6: good and corrupted tokens per step
+# 6: good and corrupted tokens per step; 7: the sampler at temperature > 0 and each step's exact law against exact's
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -202,10 +202,22 @@ class Generation(_Strict):
     decision_flips: list[Count]  # per step, nodes on the reference walk whose decision differs
     reference_walk: list[Positive]  # per step, nodes on the reference walk (root included)
     tree_sizes: list[Positive]
+    # temperature > 0 (null at 0), per step: the step's exact law under the sampler (ddsim.sampling.law) from the
+    # mode's per-node distributions against exact verification's from the same state
+    emitted_tv: list[Rate] | None = None  # total variation between the emitted-sequence laws
+    length_tv: list[Rate] | None = None  # between the accepted-length distributions
+    expected_accepted: list[NonNeg] | None = None  # E[draft tokens accepted], the mode's distributions
+    expected_accepted_exact: list[NonNeg] | None = None  # and exact verification's
 
     @model_validator(mode="after")
     def _steps(self):
         k = len(self.accepted)
+        laws = (self.emitted_tv, self.length_tv, self.expected_accepted, self.expected_accepted_exact)
+        _need(all(x is None for x in laws) or all(x is not None and len(x) == k for x in laws), "generation",
+              "emitted_tv, length_tv and the expected accepted lengths must all be null or one per step")
+        if self.mode == "exact" and self.emitted_tv is not None:
+            _need(all(x == 0 for x in self.emitted_tv + self.length_tv), "generation",
+                  "exact verification's law differs from itself")
         _need(len(self.decision_flips) == k and len(self.tree_sizes) == k and len(self.reference_walk) == k,
               "generation", "accepted, decision_flips, reference_walk and tree_sizes differ in length")
         _need(all(f <= w <= s for f, w, s in zip(self.decision_flips, self.reference_walk, self.tree_sizes)),
@@ -232,6 +244,20 @@ class Generation(_Strict):
               "is not the reference's margin at the first divergence")
 
 
+def _law_summary(gens: list[Generation]) -> dict:
+    """ModeSummary's temperature > 0 fields from the generations' per-step laws (empty at temperature 0)."""
+    if not gens or any(g.emitted_tv is None for g in gens):
+        return {}
+    tv = [x for g in gens for x in g.emitted_tv]
+    if not tv:
+        return {}
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return {"emitted_tv_max": max(tv), "emitted_tv_mean": mean(tv),
+            "accepted_length_tv_max": max(x for g in gens for x in g.length_tv),
+            "expected_accepted_per_step": mean([x for g in gens for x in g.expected_accepted]),
+            "expected_accepted_exact_per_step": mean([x for g in gens for x in g.expected_accepted_exact])}
+
+
 class ModeSummary(_Strict):
     generations: Count
     steps: Count
@@ -248,6 +274,12 @@ class ModeSummary(_Strict):
     first_divergence: list[Count | None]
     agreement: Rate | None
     survival: list[Rate]
+    # temperature > 0 (null at 0): the leak's effect on the output distribution, exactly, over every step
+    emitted_tv_max: Rate | None = None
+    emitted_tv_mean: Rate | None = None
+    accepted_length_tv_max: Rate | None = None
+    expected_accepted_per_step: NonNeg | None = None
+    expected_accepted_exact_per_step: NonNeg | None = None
 
     @classmethod
     def of(cls, gens: list[Generation], *, ref_len: int, noise_margin: float) -> "ModeSummary":
@@ -281,6 +313,7 @@ class ModeSummary(_Strict):
             agreement=(sum(g.agreement for g in gens) / len(gens)) if gens and all(
                 g.agreement is not None for g in gens) else None,
             survival=[sum(d is None or d > i for d in divs) / len(divs) for i in range(ref_len)] if divs else [],
+            **_law_summary(gens),
         )
 
     def check_equal(self, other: "ModeSummary", where: str) -> None:
@@ -465,7 +498,7 @@ class ReferenceFragility(_Strict):
 
 
 class Report(_Strict):
-    schema_version: Literal[6]
+    schema_version: Literal[7]
     generated_at: str | None  # the only field that differs between two runs of one seed; set by the writer
     config: ReportConfig
     provenance: Provenance
@@ -536,6 +569,8 @@ def check_consistency(r: Report) -> None:
         seen[key] = g
         _need(len(g.accepted) == cfg.steps, where, f"{len(g.accepted)} steps, config.steps is {cfg.steps}")
         _need(all(t < vocab for t in g.tokens), where, f"token outside the vocabulary ({vocab})")
+        _need((g.emitted_tv is not None) == (cfg.temperature > 0), where,
+              "per-step laws are recorded exactly when the temperature is > 0")
         p = r.prompts[g.prompt]
         g.check_against(p.reference, p.reference_margins, where)
     missing = sorted(expected - set(seen), key=str)
