@@ -20,6 +20,11 @@ Bugs (one per engine):
   root          at step 2 the root is not the previous bonus (a token dropped between steps)
 For the tree bugs and the stale read the engine commits from an exact verify, so each step shows
 the bug alone and the state stays right; drift corrupts the committed state itself.
+
+Sampled (``sampler`` {rule, temperature, params}): the engine accepts with that rule of ddsim.sampling.rules
+on softmax(logits / T), drawing its random numbers per (request, step), and dumps them. Its own bugs:
+  rule          it accepts with threshold_acc = 0.5 while the dump declares the rule's lossless setting
+  coins         at step 1 it dumps random numbers other than those it drew
 """
 import torch
 
@@ -27,7 +32,7 @@ from ddsim.engines.dump import VerifyDumpWriter
 from ddsim.engines.replay_verdict import greedy_walk
 from ddsim.trees.tree import Tree
 
-BUGS = (None, "leak", "positions", "mask", "drift", "stale", "bonus", "commit", "root")
+BUGS = (None, "leak", "positions", "mask", "drift", "stale", "bonus", "commit", "root", "rule", "coins")
 
 
 def _tree(model, state, root: int, depth: int) -> Tree:
@@ -49,9 +54,30 @@ def _tree(model, state, root: int, depth: int) -> Tree:
 
 
 class EmulatedEngine:
-    def __init__(self, model, *, bug: str | None = None, depth: int = 3, dump_states: bool = False):
+    def __init__(self, model, *, bug: str | None = None, depth: int = 3, dump_states: bool = False,
+                 sampler: dict | None = None):
         assert bug in BUGS, bug
         self.model, self.bug, self.depth, self.dump_states = model, bug, depth, dump_states
+        self.sampler = sampler
+
+    def _sample(self, tree, logits, request: str, k: int):
+        """(path, bonus, the random numbers to dump) under the engine's rule."""
+        from ddsim.sampling.rules import RULES, draw_randoms
+        from ddsim.trees.seeds import derive_seed
+        rule = RULES[self.sampler["rule"]]
+        gen = torch.Generator().manual_seed(derive_seed(7, f"engine-{request}", k))
+        V = logits.shape[-1]
+        randoms = draw_randoms(rule.randoms, R=1, T=tree.size, D=int(tree.depths.max()), V=V, generator=gen)
+        params = dict(self.sampler["params"])
+        if self.bug == "rule":
+            params["threshold_acc"] = 0.5
+        probs = torch.softmax(logits.double() / self.sampler["temperature"], -1)
+        path, bonus = rule.fn(parents=torch.tensor(tree.parents), tokens=torch.tensor(tree.tokens)[None],
+                              target=probs[None], randoms=randoms, **params)
+        dumped = {n: v[0] for n, v in randoms.items()}
+        if self.bug == "coins" and k == 1:
+            dumped = {n: torch.rand(v.shape, generator=gen, dtype=v.dtype) for n, v in dumped.items()}
+        return [int(x) for x in path[0] if x >= 0], int(bonus[0]), dumped
 
     def serve(self, writer: VerifyDumpWriter, *, request: str, prompt: list[int], steps: int) -> None:
         m = self.model
@@ -74,8 +100,12 @@ class EmulatedEngine:
                 mask[3, 2] = True
                 kw["ancestor_mask"] = mask
             res = m.verify(verify_state, tree, mode="leaky" if self.bug == "leak" else "exact", **kw)
-            path = greedy_walk(tree, res.logits)
-            bonus = int(res.logits[path[-1]].argmax())
+            randoms = None
+            if self.sampler:
+                path, bonus, randoms = self._sample(tree, res.logits, request, k)
+            else:
+                path = greedy_walk(tree, res.logits)
+                bonus = int(res.logits[path[-1]].argmax())
             if self.bug == "bonus" and k == 1:
                 bonus = int(res.logits[path[-1]].topk(2).indices[1])
             if self.bug == "root" and k == 2:
@@ -90,7 +120,8 @@ class EmulatedEngine:
                     states[f"ssm.{i}"], states[f"conv.{i}"] = state.ssm[i], state.conv[i]
             writer.write_step(request=request, context=context, parents=tree.parents, tokens=tree.tokens,
                               positions=[int(p) for p in tree.positions(len(context))], logits=res.logits,
-                              accepted=path, emitted=[tree.tokens[i] for i in path[1:]] + [bonus], states=states)
+                              accepted=path, emitted=[tree.tokens[i] for i in path[1:]] + [bonus], states=states,
+                              randoms=randoms)
             if self.bug in ("leak", "positions", "mask", "stale"):
                 res = m.verify(state, tree, mode="exact")  # the state stays right: the bug shows alone
             previous = state
@@ -107,9 +138,10 @@ class EmulatedEngine:
 
 
 def write_dump(path, model, *, bug=None, prompts=((3, 1, 4, 1, 5), (2, 7, 1, 8)), steps: int = 4,
-               dump_states: bool = False) -> None:
-    with VerifyDumpWriter(path, vocab_size=model.cfg.vocab_size, engine={"name": f"emulated-{bug or 'clean'}"}) as w:
-        eng = EmulatedEngine(model, bug=bug, dump_states=dump_states)
+               dump_states: bool = False, sampler: dict | None = None) -> None:
+    with VerifyDumpWriter(path, vocab_size=model.cfg.vocab_size, engine={"name": f"emulated-{bug or 'clean'}"},
+                          acceptance=sampler or "greedy") as w:
+        eng = EmulatedEngine(model, bug=bug, dump_states=dump_states, sampler=sampler)
         for r, prompt in enumerate(prompts):
             eng.serve(w, request=f"req-{r}", prompt=list(prompt), steps=steps)
 

@@ -6,8 +6,10 @@ A dump is a directory (format "ddsim-verify-dump", version 1):
     steps/000000.safetensors    the step's tensors (one file per step, written before its index line)
 
 Header: {"format": "ddsim-verify-dump", "version": 1, "vocab_size": V, "logits": "full" | "topk",
-"topk": k | null, "acceptance": "greedy", "compute_dtype": "float32" | "bfloat16" | "float16",
-"engine": {free-form: name, version, ...}}.
+"topk": k | null, "acceptance": "greedy" | {"rule": R, "temperature": T, "params": {...}}, "compute_dtype":
+"float32" | "bfloat16" | "float16", "engine": {free-form: name, version, ...}}. A sampled dump names the rule
+its engine accepts with (ddsim.sampling.rules: sglang, eagle, ddtree, gumbel, typical), the temperature its
+per-node distributions are softmax(logits / T) at, and the rule's parameters; it carries full logits.
 
 Step: {"step": i (0, 1, 2, ... in file order), "request": id, "context": [token ids committed before
 the step], "parents": [T ints, -1 at the root, parents[i] < i], "tokens": [T ids; the root is the
@@ -17,7 +19,8 @@ accepted nodes after the root, then the bonus token], "tensors": "steps/NNNNNN.s
 
 Tensors: "logits" [T, V] float32 (full), or "topk_ids" [T, k] int64 and "topk_logprobs" [T, k]
 float32 (topk); optionally the engine's committed recurrent state before the step, "ssm.L" [HV, K, V]
-and "conv.L" [C, W-1] for GDN layer L.
+and "conv.L" [C, W-1] for GDN layer L. A sampled step adds the uniform random numbers the engine drew, one
+tensor "random.NAME" per input the rule declares: [T] per node, [1] per step, [D+1, V] per depth and token.
 
 End marker: {"end": true, "steps": N}. A dump without it is truncated and refused.
 """
@@ -49,9 +52,11 @@ class VerifyDumpWriter:
     the index line is flushed, so a crash leaves a dump that the reader refuses as truncated."""
 
     def __init__(self, path, *, vocab_size: int, logits: str = "full", topk: int | None = None,
-                 compute_dtype: str = "float32", engine: dict | None = None):
+                 compute_dtype: str = "float32", engine: dict | None = None, acceptance="greedy"):
         if logits not in ("full", "topk") or (logits == "topk") != (topk is not None):
             raise ValueError("logits: 'full' without topk, or 'topk' with topk=k")
+        if acceptance != "greedy" and (not isinstance(acceptance, dict) or logits != "full"):
+            raise ValueError("acceptance: 'greedy', or {'rule', 'temperature', 'params'} with full logits")
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype: expected one of {COMPUTE_DTYPES}")
         self.path = Path(path)
@@ -61,14 +66,14 @@ class VerifyDumpWriter:
         self.steps = 0
         self._index = open(self.path / "index.jsonl", "w")
         self._line({"format": FORMAT, "version": VERSION, "vocab_size": vocab_size, "logits": logits, "topk": topk,
-                    "acceptance": "greedy", "compute_dtype": compute_dtype, "engine": engine or {}})
+                    "acceptance": acceptance, "compute_dtype": compute_dtype, "engine": engine or {}})
 
     def _line(self, obj: dict) -> None:
         self._index.write(json.dumps(obj, allow_nan=False) + "\n")
         self._index.flush()
 
     def write_step(self, *, request: str, context, parents, tokens, positions, accepted, emitted, logits=None,
-                   topk=None, states: dict | None = None) -> None:
+                   topk=None, states: dict | None = None, randoms: dict | None = None) -> None:
         from safetensors.torch import save_file
         tensors = {}
         if self.mode == "full":
@@ -79,6 +84,9 @@ class VerifyDumpWriter:
             tensors["topk_logprobs"] = torch.as_tensor(lp).detach().float().cpu().contiguous()
         for k, v in (states or {}).items():
             tensors[k] = torch.as_tensor(v).detach().float().cpu().contiguous()
+        for k, v in (randoms or {}).items():  # as drawn: float64 stays float64; a step's one number as [1]
+            t = torch.as_tensor(v).detach().cpu()
+            tensors[f"random.{k}"] = (t.reshape(1) if t.ndim == 0 else t).contiguous()
         rel = f"steps/{self.steps:06d}.safetensors"
         tmp = self.path / f"{rel}.tmp"
         save_file(tensors, str(tmp))
@@ -165,8 +173,7 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
     k = header.get("topk")
     if header["logits"] == "topk" and not (isinstance(k, int) and 1 <= k <= V):
         _fail(path, f"header topk {k!r}: expected an integer in 1..{V}")
-    if header.get("acceptance") != "greedy":
-        _fail(path, f"header acceptance {header.get('acceptance')!r}: only 'greedy' is replayed in this version")
+    _check_acceptance(path, header)
     if header.get("compute_dtype") not in COMPUTE_DTYPES:
         _fail(path, f"header compute_dtype {header.get('compute_dtype')!r}: expected one of {COMPUTE_DTYPES}")
     steps, end = [], None
@@ -185,6 +192,39 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
     if end.get("steps") != len(steps):
         _fail(path, f"the end marker counts {end.get('steps')!r} steps, the index has {len(steps)}")
     return Dump(root, header, steps)
+
+
+def _check_acceptance(path, header) -> None:
+    """'greedy', or a sampled rule ddsim can recompute: its name, a finite temperature > 0, known parameters."""
+    acc = header.get("acceptance")
+    if acc == "greedy":
+        return
+    from ddsim.measure.settings import SAMPLERS
+    if not isinstance(acc, dict) or set(acc) != {"rule", "temperature", "params"}:
+        _fail(path, f"header acceptance {acc!r}: expected 'greedy' or {{rule, temperature, params}}")
+    if acc["rule"] not in SAMPLERS:
+        _fail(path, f"header acceptance rule {acc['rule']!r}: expected one of {', '.join(SAMPLERS)}")
+    t = acc["temperature"]
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+        _fail(path, f"header acceptance temperature {t!r}: expected a finite number > 0")
+    known = SAMPLERS[acc["rule"]]
+    if not isinstance(acc["params"], dict):
+        _fail(path, "header acceptance params: expected an object")
+    for k, v in acc["params"].items():
+        if k not in known or isinstance(v, bool) or not isinstance(v, (int, float)) or not known[k][0] < v <= known[k][1]:
+            _fail(path, f"header acceptance params {k}={v!r}: not a parameter of {acc['rule']} in its range")
+    if header.get("logits") != "full":
+        _fail(path, "a sampled dump needs full logits (the rule reads whole distributions)")
+
+
+def _random_shapes(header, T: int, D: int, V: int) -> dict:
+    """{tensor name: shape} of the random numbers a sampled step carries (none for greedy)."""
+    acc = header["acceptance"]
+    if acc == "greedy":
+        return {}
+    from ddsim.sampling.rules import RULES
+    shape = {"node": (T,), "draw": (1,), "depth-vocab": (D + 1, V)}
+    return {f"random.{k}": shape[kind] for k, kind in RULES[acc["rule"]].randoms.items()}
 
 
 def _step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tree, max_positions) -> DumpStep:
@@ -233,6 +273,7 @@ def _step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tre
         _fail(path, f"{where}: tensor file {rec['tensors']!r} is unreadable ({e})")
     want = {"logits": (T, V)} if header["logits"] == "full" else {"topk_ids": (T, header["topk"]),
                                                                   "topk_logprobs": (T, header["topk"])}
+    want.update(_random_shapes(header, T, int(max(tree.depths)), V))
     for name, shape in want.items():
         if name not in tensors:
             _fail(path, f"{where}: tensor {name!r} is missing")
@@ -246,6 +287,9 @@ def _step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tre
             _fail(path, f"{where}: {name} has shape {tuple(t.shape)}, expected {tuple(layers[name])}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             _fail(path, f"{where}: {name} has non-finite values")
+    for name in want:
+        if name.startswith("random.") and not bool(((tensors[name] >= 0) & (tensors[name] < 1)).all()):
+            _fail(path, f"{where}: {name} has numbers outside [0, 1) (uniform random numbers expected)")
     if "topk_ids" in tensors and not bool(((tensors["topk_ids"] >= 0) & (tensors["topk_ids"] < V)).all()):
         _fail(path, f"{where}: topk_ids outside the vocabulary")
     return DumpStep(rec["step"], rec["request"], rec["context"], rec["parents"], rec["tokens"], rec["positions"], acc,

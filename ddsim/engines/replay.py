@@ -29,7 +29,11 @@ A step is judged whole, beyond its logits:
                    bonus (the engine committed a rejected sibling, dropped or repeated a token)
 
 Silent corruption compares what the engine emitted (accepted draft tokens and the bonus) with what
-exact greedy verification on the oracle's logits emits. Positions are checked against the tree's
+exact greedy verification on the oracle's logits emits. A sampled dump (temperature > 0) names its rule and
+carries the engine's random numbers: the rule recomputed with them on the oracle's distributions is what
+exact verification emits, and recomputed on the engine's own logits is what the engine should have emitted
+(a difference is a bonus error); a difference from the oracle's that the engine's rounding explains (its
+logits within noise, its rule followed) is not corruption. Positions are checked against the tree's
 (prefix length + depth); unexpected ones are counted and fail the default policy.
 
 The noise bound is the policy's KL tolerance for the engine's dtype (ddsim.verdict.gate.Policy.noise_kl, the
@@ -53,6 +57,8 @@ from ddsim.engines.replay_verdict import (
     greedy_walk,
     judge_continuity,
     noise_bound,
+    rule_error,
+    sampled_walk,
     summarize,
     tolerance,
 )
@@ -149,6 +155,7 @@ class Replayer:
 
     def replay(self, dump: Dump) -> list[StepRecord]:
         noise = noise_bound(dump, self.tolerance)
+        self.acceptance = dump.header["acceptance"]
         self.state_rel = STATE_REL[dump.header["compute_dtype"]]
         records = [self._step(s, dump.header["logits"], noise) for s in dump.steps]
         _label_state_errors(records)
@@ -173,16 +180,28 @@ class Replayer:
         nodes = [NodeRecord(i, bool(oe[i]), None if kl is None else float(kl[i]), float(lp_err[i]),
                             bool(eng_top1[i] == ref[i].argmax()), float(margin[i]), float(fast_kl[i]))
                  for i in range(tree.size)]
-        exact_path = greedy_walk(tree, ref)
-        exact_emitted = emitted_by_exact_greedy(tree, ref, exact_path)
+        acceptance = self.acceptance
+        if acceptance == "greedy":
+            exact_path = greedy_walk(tree, ref)
+            exact_emitted = emitted_by_exact_greedy(tree, ref, exact_path)
+        else:  # the engine's rule with its own random numbers, on the oracle's distributions
+            exact_path, exact_emitted = sampled_walk(tree, ref, acceptance, s.tensors)
         expected_pos = [int(p) for p in tree.positions(len(s.context))]
         state_rel = _state_errors(s, ost)
         diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel)
-        wrong_bonus = bonus_error(s.emitted, s.accepted, eng_top1)
+        if acceptance == "greedy":
+            wrong_bonus = bonus_error(s.emitted, s.accepted, eng_top1)
+            silent = list(s.emitted) != exact_emitted
+        else:
+            wrong_bonus = rule_error(list(s.emitted), sampled_walk(tree, eng, acceptance, s.tensors)[1],
+                                     acceptance["rule"])
+            # a random number on a decision boundary moved by the engine's rounding is not corruption: the engine
+            # ran its rule and its logits are within noise of the oracle's
+            silent = list(s.emitted) != exact_emitted and not (wrong_bonus is None and diagnosis == "within noise")
         if wrong_bonus and diagnosis == "within noise":
             diagnosis, evidence = "bonus error", wrong_bonus
         return StepRecord(s.step, s.request, nodes, s.positions == expected_pos, list(s.accepted), exact_path,
-                          list(s.emitted) != exact_emitted, diagnosis, evidence,
+                          silent, diagnosis, evidence,
                           max(state_rel.values()) if state_rel else None, list(s.emitted), exact_emitted, wrong_bonus is None)
 
     def _diagnose(self, s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel) -> tuple[str, str]:
@@ -301,7 +320,8 @@ def run(model_dir, dump_path, *, device="cpu", tolerance: dict | None = None) ->
     from ddsim.engines.replay_report import ReplayReport
     rep = {"format": REPORT_FORMAT, "version": REPORT_VERSION,
            "provenance": {"ddsim_version": ddsim.__version__, **meta, "engine": dump.header.get("engine", {}),
-                          "compute_dtype": dump.header["compute_dtype"], "logits": dump.header["logits"]},
+                          "compute_dtype": dump.header["compute_dtype"], "logits": dump.header["logits"],
+                          "acceptance": dump.header["acceptance"]},
            "noise_kl": noise, "summary": summarize(records), "steps": [asdict(r) for r in records]}
     # validated through the typed model (a round trip through JSON, as a reader will see it)
     return json.loads(ReplayReport.model_validate_json(json.dumps(rep, allow_nan=False)).model_dump_json())

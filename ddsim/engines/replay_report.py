@@ -79,6 +79,7 @@ class ReplayProvenance(_Strict):
     engine: dict[str, str | int | float | bool | None]  # the dump header's, as the engine wrote it
     compute_dtype: Literal["float32", "bfloat16", "float16", "float64"]
     logits: Literal["full", "topk"]
+    acceptance: Literal["greedy"] | dict[str, str | float | dict[str, float]] = "greedy"  # the dump's rule
 
 
 class ReplayReport(_Strict):

@@ -31,6 +31,29 @@ def emitted_by_exact_greedy(tree: Tree, logits: torch.Tensor, path: list[int]) -
     return [tree.tokens[i] for i in path[1:]] + [int(logits[path[-1]].argmax())]
 
 
+def sampled_walk(tree: Tree, logits: torch.Tensor, acceptance: dict, tensors: dict) -> tuple[list[int], list[int]]:
+    """A sampled step recomputed: the dump's rule (acceptance {rule, temperature, params}) on softmax(logits / T)
+    with the random numbers the engine drew (tensors "random.NAME") -> (accepted path, emitted tokens)."""
+    from ddsim.sampling.rules import RULES
+    rule = RULES[acceptance["rule"]]
+    probs = torch.softmax(logits.double().cpu() / acceptance["temperature"], dim=-1)
+    randoms = {k: tensors[f"random.{k}"].double()[None] for k in rule.randoms}
+    if "final" in randoms:
+        randoms["final"] = randoms["final"].reshape(1)
+    path, bonus = rule.fn(parents=torch.tensor(tree.parents), tokens=torch.tensor(tree.tokens)[None], target=probs[None],
+                          randoms=randoms, **acceptance["params"])
+    path = [int(x) for x in path[0] if x >= 0]
+    return path, [tree.tokens[i] for i in path[1:]] + [int(bonus[0])]
+
+
+def rule_error(emitted: list[int], own: list[int], rule: str) -> str | None:
+    """Why a sampled step's emitted tokens are not what its declared rule gives on the engine's own logits and
+    random numbers (None: they are)."""
+    if emitted == own:
+        return None
+    return f"the engine emitted {emitted}; its declared rule {rule} on its own logits and random numbers emits {own}"
+
+
 def bonus_error(emitted: list[int], accepted: list[int], engine_top1) -> str | None:
     """Why the emitted bonus is not the engine's own argmax at its last accepted node (None: it is)."""
     want = int(engine_top1[accepted[-1]])
