@@ -180,3 +180,75 @@ def test_the_statistical_test_keeps_its_false_alarm_rate_and_power():
 def test_check_sampler_bad_input(tmp_path, args, needle):
     one_line_error(run_cli("check-sampler", *args, "--out", tmp_path / "s.json"), needle)
     assert not (tmp_path / "s.json").exists()
+
+
+def _enumerate(rule: str, par, tok, P, breakpoints: dict) -> torch.Tensor:
+    """The exact law of ``rule`` on a star tree by enumeration: its decisions are comparisons of each random
+    number with fixed breakpoints, so evaluating it once per cell of the breakpoints' grid (at the cell's
+    midpoint, weighted by the cell's volume) enumerates every outcome with its probability. The grid also cuts
+    each axis in 16 equal cells: a rule whose breakpoints are not the given ones (a wrong rule) then lands off
+    the exact law by a cell's share."""
+    names = sorted(breakpoints)
+    cells = []
+    for n in names:
+        edges = torch.tensor(sorted({*[i / 16 for i in range(17)], *[float(b) for b in breakpoints[n] if 0 < b < 1]}),
+                             dtype=torch.float64)
+        cells.append(((edges[:-1] + edges[1:]) / 2, edges[1:] - edges[:-1]))
+    mids = torch.cartesian_prod(*[c[0] for c in cells]).reshape(-1, len(names))
+    vol = torch.cartesian_prod(*[c[1] for c in cells]).reshape(-1, len(names)).prod(1)
+    R, T, V = len(mids), len(par), P.shape[1]
+    randoms = {}
+    for j, n in enumerate(names):
+        kind, _, node = n.partition(":")
+        if kind == "final":
+            randoms["final"] = mids[:, j]
+        else:
+            randoms.setdefault("coins", torch.full((R, T), 0.5, dtype=torch.float64))[:, int(node)] = mids[:, j]
+    path, bonus = RULES[rule].fn(parents=torch.tensor(par), tokens=torch.tensor(tok).expand(R, T),
+                                 target=P.expand(R, T, V), randoms=randoms)
+    end = path.gather(1, ((path >= 0).sum(1) - 1)[:, None])[:, 0]
+    return torch.zeros(T * V, dtype=torch.float64).index_add_(0, end * V + bonus, vol).reshape(T, V)
+
+
+@pytest.mark.parametrize("rule", ["sglang", "eagle", "ddtree"])
+def test_each_reference_on_a_star_enumerated_exactly_is_autoregressive_sampling(rule):
+    """On stars of 1 to 3 children the rule's outcomes, enumerated exactly over its random numbers, have the
+    autoregressive law (the closed form), to rounding."""
+    g = torch.Generator().manual_seed(3)
+    for K in (1, 2, 3):
+        V = 6
+        par, tok = [-1] + [0] * K, [0] + list(range(1, K + 1))
+        P = torch.distributions.Dirichlet(torch.ones(V, dtype=torch.float64)).sample((K + 1,))
+        p0 = P[0]
+        kids = torch.tensor(tok[1:])
+        rest = p0.clone()
+        rest[kids] = 0
+        final = (rest / rest.sum()).cumsum(0).tolist()
+        if rule == "sglang":
+            bp = {"coin:0": p0[kids].cumsum(0).tolist(), "final": final}
+        elif rule == "eagle":
+            bp = {f"coin:{k + 1}": [float(p0[tok[k + 1]] / (1 - p0[kids[:k]].sum()))] for k in range(K)}
+            bp["final"] = final
+        else:
+            bp = {"coin:0": p0.cumsum(0).tolist()}
+        # a leaf's bonus is drawn with the same coin or final number: its breakpoints join the grid
+        for c in range(1, K + 1):
+            key = "final" if rule in ("sglang", "eagle") else f"coin:{c}"
+            bp.setdefault(key, [])
+            bp[key] = list(bp[key]) + P[c].cumsum(0).tolist()
+        law = _enumerate(rule, par, tok, P, bp)
+        assert torch.allclose(law, _ar_mass(par, tok, P), atol=1e-12), (rule, K)
+    del g
+
+
+def test_the_enumeration_catches_a_rule_off_by_one_threshold_or_one_renormalisation(monkeypatch):
+    import dataclasses
+    import functools
+
+    from ddsim.sampling import rules
+    from tests import planted_samplers
+    for name, fn in (("sglang", functools.partial(rules.sglang_target_only, threshold_acc=0.8)),
+                     ("eagle", planted_samplers.no_renormalise), ("eagle", planted_samplers.coins_reused)):
+        monkeypatch.setitem(rules.RULES, name, dataclasses.replace(rules.RULES[name], fn=fn))
+        with pytest.raises(AssertionError):
+            test_each_reference_on_a_star_enumerated_exactly_is_autoregressive_sampling(name)

@@ -1,5 +1,6 @@
 """Fast value tests of the two other chains that decide a verdict, for mutation testing (`make mutation`):
-replay's judging (ddsim.engines.replay_verdict: exact greedy's walk and what it emits, the bonus, a request's
+replay's judging (ddsim.engines.replay_verdict: exact greedy's walk and what it emits, a sampled step
+recomputed from its dumped numbers, the bonus and the declared rule, a request's
 continuity, the noise bound, the summary the gate reads) and check-kernel's property chain
 (ddsim.engines.check_kernel: the calls, the pool and input bits, the tolerance, every property's predicate,
 the coverage). No model, no subprocess: every expected value is written out by hand."""
@@ -48,6 +49,37 @@ def _step(step, request, context, tokens, emitted):
 
 def _rec(diagnosis="within noise", evidence="fine"):
     return NS(diagnosis=diagnosis, evidence=evidence, commit_ok=True)
+
+
+def _probs_logits(rows: list[dict], V: int = 8) -> torch.Tensor:
+    x = torch.full((len(rows), V), 1e-30, dtype=torch.float64)
+    for i, r in enumerate(rows):
+        for t, p in r.items():
+            x[i, t] = p
+    return x.log()
+
+
+def test_a_sampled_step_is_recomputed_from_the_dumped_numbers():
+    """SGLang's rule by hand on TREE: root p(1) = 0.5, p(2) = 0.25; node 1 p(3) = 0.1, p(4) = 0.2; node 4's
+    bonus from {0: 0.5, 6: 0.5}."""
+    logits = _probs_logits([{1: 0.5, 2: 0.25, 0: 0.25}, {3: 0.1, 4: 0.2, 6: 0.7}, {0: 1.0}, {0: 1.0},
+                            {0: 0.5, 6: 0.5}, {0: 1.0}])
+    acc = {"rule": "sglang", "temperature": 1.0, "params": {}}
+
+    def numbers(c0, c1, final):
+        coins = torch.full((6,), 0.5, dtype=torch.float64)
+        coins[0], coins[1] = c0, c1
+        return {"random.coins": coins, "random.final": torch.tensor([final], dtype=torch.float64)}
+    assert rv.sampled_walk(TREE, logits, acc, numbers(0.3, 0.25, 0.7)) == ([0, 1, 4], [1, 4, 6])
+    assert rv.sampled_walk(TREE, logits, acc, numbers(0.3, 0.05, 0.7)) == ([0, 1, 3], [1, 3, 0])
+    assert rv.sampled_walk(TREE, logits, acc, numbers(0.6, 0.25, 0.7)) == ([0, 2], [2, 0])
+    assert rv.sampled_walk(TREE, logits, acc, numbers(0.8, 0.25, 0.7)) == ([0], [0])  # the residual: token 0 only
+    assert rv.sampled_walk(TREE, logits, acc, numbers(0.3, 0.25, 0.3)) == ([0, 1, 4], [1, 4, 0])
+    # the temperature sharpens: at 0.5 node 1's p(4) = 0.04 / 0.54, so 0.25 falls past both children
+    assert rv.sampled_walk(TREE, logits, {**acc, "temperature": 0.5}, numbers(0.3, 0.25, 0.7))[0] == [0, 1]
+    assert rv.rule_error([1, 4, 6], [1, 4, 6], "sglang") is None
+    assert rv.rule_error([1, 4, 6], [1, 3, 0], "sglang") == (
+        "the engine emitted [1, 4, 6]; its declared rule sglang on its own logits and random numbers emits [1, 3, 0]")
 
 
 def test_a_request_must_continue_from_what_its_previous_step_committed():
