@@ -52,7 +52,7 @@ AUDIT_FIELDS = {"preset": "preset", "model": "model_path", "budget": "budgets", 
                 "prompts": "prompts_file", "steps": "steps", "temperature": "temperature", "device": "device",
                 "seed": "seed", "trace": "trace", "drafter_model": "drafter_model", "cost": "cost_file",
                 "fast_path": "fast_path", "convention": "convention", "devices": "devices", "sampler": "sampler",
-                "sampler_param": "sampler_params"}
+                "sampler_param": "sampler_params", "measure_steps": "measure_steps"}
 
 
 def _add_audit_options(p, *, defaults: bool = True):
@@ -87,6 +87,9 @@ def _add_audit_options(p, *, defaults: bool = True):
     p.add_argument("--drafter-model", metavar="DIR",
                    help="a draft checkpoint (same vocabulary) run autoregressively as the drafter")
     p.add_argument("--cost", metavar="FILE", help="verify-cost JSON for the throughput model")
+    p.add_argument("--measure-steps", choices=["auto", "on", "off"], default=d("auto"),
+                   help="time each mode's decoding step (verify and commit) as the serving model runs it, and report "
+                        "measured tokens per second beside the modelled figure (default auto: on CUDA)")
     p.add_argument("--fast-path", default=d("ddsim"), metavar="IMPL",
                    help="the GDN kernel every layer runs: ddsim (default), fla or MODULE:FUNCTION")
     p.add_argument("--convention", choices=list(CONVENTIONS), default=None,

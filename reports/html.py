@@ -259,6 +259,29 @@ def render(report: Report, verdict=None) -> str:
               "<h2>Divergence along the generation</h2>", _plot_survival(report)]
     parts.append(_table(["budget", "noise floor: max state rel. error", "max KL", "argmax flip rate"],
                         [[k, v.state_rel_max, v.kl_max, v.argmax_flip_rate] for k, v in report.noise_floor.items()]))
+    ms = report.measured_steps
+    if ms is not None:
+        parts += [f"<h2>Measured decoding steps ({html.escape(ms.device)})</h2>",
+                  "<p class='note'>Each mode's verify and commit of the first prompt's first tree, timed as the serving "
+                  f"model runs them (median of {ms.repeats} after {ms.warmup} warm-up); tokens per second are this "
+                  "audit's tokens per step over that time. Leaky modes' tokens include corrupted ones.</p>",
+                  _table(["tree", "mode", "nodes", "draft ms", "verify ms", "commit ms", "step ms", "tokens/step",
+                          "tokens/s", "vs autoregressive"],
+                         [[r.label, r.mode, r.nodes, "not timed" if r.draft_ms is None else r.draft_ms, r.verify_ms,
+                           r.commit_ms, r.step_ms, r.tokens_per_step, r.tokens_per_s, r.speedup_vs_ar]
+                          for r in ms.rows])]
+    if report.budgets and report.budgets[0].modes["exact"].emitted_tv_max is not None:
+        parts += [f"<h2>The output distribution at temperature {report.config.temperature:g} "
+                  f"({html.escape(report.config.sampler or 'gumbel')} sampler)</h2>",
+                  "<p class='note'>Per step, the exact law of what the step emits under the sampler, from the mode's "
+                  "per-node distributions against exact verification's from the same state: total variation of the "
+                  "emitted tokens and of the accepted length, and the expected accepted length.</p>",
+                  _table(["budget", "mode", "emitted TV max", "emitted TV mean", "length TV max",
+                          "E[accepted] mode", "E[accepted] exact"],
+                         [[b.budget, m, b.modes[m].emitted_tv_max, b.modes[m].emitted_tv_mean,
+                           b.modes[m].accepted_length_tv_max, b.modes[m].expected_accepted_per_step,
+                           b.modes[m].expected_accepted_exact_per_step]
+                          for b in report.budgets for m in ("exact",) + LEAK_MODES])]
     tp = report.throughput
     cm = tp.cost_model
     parts += ["<h2>Throughput (modelled, not measured)</h2>",

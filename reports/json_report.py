@@ -64,6 +64,7 @@ def comparable(report: Report) -> dict:
     d = report.model_dump(mode="json")
     d.pop("generated_at")
     d.pop("environment")
+    d.pop("measured_steps")  # the machine's timings
     return d
 
 

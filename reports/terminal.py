@@ -67,6 +67,16 @@ def print_summary(report: Report, console: Console | None = None, *, wide: bool 
                   if not wide else
                   f"chain baseline (exact): {report.chain.tokens_per_step:.2f} tokens/step · speedup modelled from "
                   f"the cost model ({report.throughput.cost_model.source})", highlight=False)
+    if report.measured_steps is not None:
+        ms = report.measured_steps
+        console.print(f"measured on {ms.device} (verify + commit, median of {ms.repeats}): " + "; ".join(
+            f"{r.label} {r.mode} {r.step_ms:.2f} ms, {r.tokens_per_s:.0f} tok/s" for r in ms.rows
+            if r.budget is None or r.mode in ("exact", "leaky")), highlight=False)
+    if report.budgets and report.budgets[0].modes["exact"].emitted_tv_max is not None:
+        console.print(f"temperature {report.config.temperature:g}, {report.config.sampler or 'gumbel'} sampler: largest "
+                      "total variation of a step's emitted tokens against exact verification's: " + "; ".join(
+                          f"budget {b.budget}: " + ", ".join(f"{m} {b.modes[m].emitted_tv_max:.3g}" for m in LEAK_MODES)
+                          for b in report.budgets), highlight=False)
     if report.noise_margin > 0:
         console.print(f"noise margin {report.noise_margin:.3g} (the largest decision margin the exact path's arithmetic "
                       "overturned); generations leaving greedy above it: " + "; ".join(

@@ -281,7 +281,27 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
                              "provenance": run.provenance}
                 for o in _share(run, sorted(set(prompt_subset)))}
     per_prompt = run.shard.run_group(lambda idx: _share(run, idx), len(run.prompts))  # rank 0 gathers every prompt
-    return None if per_prompt is None else _assemble(run, per_prompt)
+    if per_prompt is None:
+        return None
+    report = _assemble(run, per_prompt)
+    if ac.measure_steps == "on" or (ac.measure_steps == "auto" and run.device.type == "cuda"):
+        with run.phase("measured steps"):
+            report = _measured(run, report, per_prompt[0]["reference"])
+    return report
+
+
+def _measured(run: _Run, report: Report, reference: list[int]) -> Report:
+    """The report with each mode's decoding step timed (ddsim.measure.step_timing) on the first prompt."""
+    from ddsim.measure.step_timing import measure_steps, rows
+    ac, prompt = run.ac, run.prompts[0]
+    greedy = reference if ac.temperature == 0 else reference_rows(run.serving, [prompt], run.drafter.depth)[0][0]
+    policies = {b: TreePolicy("ddtree", b, ac.topk_cap) for b in ac.budgets}
+    times = measure_steps(run.serving, prompt=prompt, greedy=greedy, drafter=run.drafter, policies=policies,
+                          modes=ALL_MODES)
+    tps = {"chain": report.chain.tokens_per_step}
+    tps.update({(b.budget, m): b.modes[m].tokens_per_step for b in report.budgets for m in ALL_MODES})
+    measured = {"device": str(run.device), "warmup": 3, "repeats": 20, "rows": rows(times, tokens_per_step=tps)}
+    return Report.model_validate({**report.model_dump(), "measured_steps": measured})
 
 
 def _checked_inputs(ac: AuditConfig, shard, timings) -> _Run:

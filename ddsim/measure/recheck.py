@@ -53,6 +53,7 @@ def sample(report, k: int) -> list[int]:
     n = len(report.prompts)
     d = report.model_dump(mode="json")
     d.pop("generated_at")
+    d.pop("measured_steps")  # the machine's timings: not the report's content
     seed = int.from_bytes(hashlib.sha256(json.dumps(d, sort_keys=True).encode()).digest()[:8], "big")
     order = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
     return sorted(order[:min(k, n)])

@@ -27,7 +27,7 @@ OPTION = {"preset": "--preset", "model_path": "--model", "budgets": "--budget", 
           "temperature": "--temperature", "seed": "--seed", "device": "--device", "depth": "--depth",
           "trace": "--trace", "drafter_model": "--drafter-model", "cost_file": "--cost", "fast_path": "--fast-path",
           "convention": "--convention", "devices": "--devices", "sampler": "--sampler",
-          "sampler_params": "--sampler-param"}
+          "sampler_params": "--sampler-param", "measure_steps": "--measure-steps"}
 # the rules an audit can sample with (ddsim.sampling.rules; those with an exact law on a fixed tree) and
 # each one's parameters with their allowed range
 SAMPLERS = {"gumbel": {}, "sglang": {"threshold_single": (0.0, 1.0), "threshold_acc": (0.0, 1.0)}, "eagle": {},
@@ -59,6 +59,8 @@ class AuditConfig(BaseModel):
     # temperature > 0: the acceptance rule (None: ddsim's coupled Gumbel walk) and its parameters
     sampler: Literal["gumbel", "sglang", "eagle", "ddtree", "typical"] | None = None
     sampler_params: dict[str, float] = Field(default_factory=dict)
+    # time each mode's decoding step as the serving model runs it (ddsim.measure.step_timing): auto = on CUDA
+    measure_steps: Literal["auto", "on", "off"] = "auto"
 
     @model_validator(mode="after")
     def _sampler(self):

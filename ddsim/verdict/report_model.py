@@ -477,6 +477,38 @@ class Throughput(_Strict):
     rows: list[ThroughputRow]
 
 
+class MeasuredStep(_Strict):
+    """One decoding step timed as the serving model runs it (ddsim.measure.step_timing), milliseconds."""
+    label: str  # "autoregressive", "chain" or the tree policy
+    mode: Mode
+    budget: Positive | None
+    nodes: Positive
+    draft_ms: NonNeg | None  # None: a simulated drafter (synthetic or trace), not timed
+    verify_ms: NonNeg
+    commit_ms: NonNeg
+    step_ms: Annotated[float, Field(gt=0.0)]
+    tokens_per_step: NonNeg
+    tokens_per_s: NonNeg
+    speedup_vs_ar: NonNeg
+
+    @model_validator(mode="after")
+    def _sums(self):
+        _need(_close(self.step_ms, self.verify_ms + self.commit_ms + (self.draft_ms or 0.0)), "measured step",
+              f"{self.label} {self.mode}: step_ms is not draft + verify + commit")
+        _need(_close(self.tokens_per_s, self.tokens_per_step / self.step_ms * 1e3), "measured step",
+              f"{self.label} {self.mode}: tokens_per_s is not tokens_per_step / step_ms")
+        return self
+
+
+class MeasuredSteps(_Strict):
+    """Measured decoding steps (on CUDA by default; --measure-steps): the machine's, not the seed's, so two runs
+    of one seed differ here and nowhere else besides the time stamp and environment."""
+    device: str
+    warmup: Count
+    repeats: Positive
+    rows: list[MeasuredStep]
+
+
 FRAGILE_FRACTION = 0.5  # a reference whose decisions lie within the noise margin more often than this is too fragile
 
 
@@ -513,6 +545,7 @@ class Report(_Strict):
     noise_floor: dict[str, NoiseFloor]
     throughput: Throughput
     generations: list[Generation]
+    measured_steps: MeasuredSteps | None = None
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -607,6 +640,18 @@ def check_consistency(r: Report) -> None:
             fams = {"gdn": pattern.count("g"), "mamba2": pattern.count("m") + pattern.count("p")}
             _need([(f.family, f.layers) for f in t.by_family] == [(k, n) for k, n in sorted(fams.items()) if n],
                   f"budgets[{b.budget}].leak.{m}.by_family", "does not match the model's recurrent layers")
+    # measured steps: the autoregressive step, the chain and every (budget, mode) once, at the summaries' tokens
+    # per step
+    if r.measured_steps is not None:
+        ms = {(row.label, row.budget, row.mode): row for row in r.measured_steps.rows}
+        want_ms = {("autoregressive", None, "exact"): 1.0, ("chain", None, "exact"): r.chain.tokens_per_step}
+        want_ms.update({(f"ddtree-{b.budget}", b.budget, m): b.modes[m].tokens_per_step for b in r.budgets
+                        for m in VERIFY_MODES})
+        _need(len(ms) == len(r.measured_steps.rows) and set(ms) == set(want_ms), "measured_steps.rows",
+              "expected the autoregressive step, the chain and every budget and mode once")
+        for k, row in ms.items():
+            _need(_close(row.tokens_per_step, want_ms[k]), "measured_steps.rows",
+                  f"{k[0]} {k[2]}: tokens_per_step does not match its summary")
     # throughput rows: one per (chain) and (budget, mode), with the summaries' tokens per step
     rows = {(row.budget, row.mode, row.label): row for row in r.throughput.rows}
     _need(len(rows) == len(r.throughput.rows) == 1 + len(r.budgets) * len(VERIFY_MODES), "throughput.rows",

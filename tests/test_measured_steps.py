@@ -1,0 +1,60 @@
+"""Measured decoding steps (ddsim.measure.step_timing): on CUDA by default, on any device with --measure-steps on.
+The rows cover the autoregressive step, the chain and every budget and mode at the audit's tokens per step; the
+timings are the machine's, so they stay out of what two runs of one seed must share."""
+import json
+
+import pytest
+
+from ddsim.reports import json_report
+from tests.conftest import run_cli
+
+AUDIT = ["--preset", "micro", "--budget", "4,8", "--steps", "2", "--measure-steps", "on"]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("measured")
+    r = run_cli("audit", *AUDIT, "--out", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_every_mode_step_is_measured_at_the_audits_tokens_per_step(measured):
+    rep = json.loads((measured / "report.json").read_text())
+    ms = rep["measured_steps"]
+    assert ms["device"] == "cpu" and ms["repeats"] == 20
+    keys = {(r["label"], r["mode"]) for r in ms["rows"]}
+    assert keys == {("autoregressive", "exact"), ("chain", "exact")} | {
+        (f"ddtree-{b}", m) for b in (4, 8) for m in ("exact", "leaky", "leaky-state", "leaky-conv")}
+    by = {(r["label"], r["mode"]): r for r in ms["rows"]}
+    assert by[("ddtree-8", "leaky")]["tokens_per_step"] == rep["budgets"][1]["modes"]["leaky"]["tokens_per_step"]
+    assert by[("autoregressive", "exact")]["speedup_vs_ar"] == pytest.approx(1.0)
+    for r in ms["rows"]:
+        assert r["draft_ms"] is None and r["step_ms"] == pytest.approx(r["verify_ms"] + r["commit_ms"])
+    html = (measured / "report.html").read_text()
+    assert "Measured decoding steps (cpu)" in html
+
+
+def test_timings_are_not_what_two_runs_share(measured, tmp_path):
+    r = run_cli("audit", *AUDIT, "--out", tmp_path)
+    assert r.returncode == 0, r.stderr
+    a, b = json_report.load(measured / "report.json"), json_report.load(tmp_path / "report.json")
+    assert json_report.comparable(a) == json_report.comparable(b)
+
+
+def test_a_measured_row_that_does_not_add_up_is_refused(measured, tmp_path):
+    doc = json.loads((measured / "report.json").read_text())
+    doc["measured_steps"]["rows"][3]["tokens_per_s"] *= 2
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="tokens_per_s is not tokens_per_step / step_ms"):
+        json_report.load(tmp_path / "r.json")
+    doc = json.loads((measured / "report.json").read_text())
+    doc["measured_steps"]["rows"].pop()
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="every budget and mode once"):
+        json_report.load(tmp_path / "r.json")
+
+
+def test_a_cpu_audit_measures_nothing_by_default():
+    from tests.report_fixtures import path
+    assert json.loads(path("leak").read_text())["measured_steps"] is None
