@@ -5,8 +5,9 @@ For every budget the tree is the one the audit's drafter builds at the first ste
 that prompt's committed state; every mode verifies that same tree, then commits the path its own greedy walk
 accepts. The autoregressive baseline verifies and commits the root alone; the chain verifies the drafter's
 depth tokens as a chain. Each figure is the median of ``repeats`` timed repetitions after ``warmup`` untimed
-ones (CUDA events on a GPU, the wall clock elsewhere). The synthetic and trace drafters are simulations: their
-draft is not timed, and a step is its verify and commit; a draft model's draft (``--drafter-model``) is timed.
+ones (CUDA events on a GPU, the wall clock elsewhere). A step is its verify and commit: the draft is not
+timed, since ddsim's drafters are simulations (synthetic, trace) or a reference draft model that runs on the
+CPU and prefills its context afresh each step; a served drafter's time adds to every speculative row alike.
 
 Tokens per second = the audit's measured tokens per step / the measured step time; for the autoregressive
 baseline one token per step.
@@ -43,14 +44,10 @@ class _Clock:
         return (b - a) * 1e3
 
 
-def _time_step(serving, state, tree: Tree, mode: str, clock: _Clock, *, warmup: int, repeats: int,
-               draft=None) -> dict:
-    """Median milliseconds of (draft,) verify and commit of ``tree`` in ``mode`` from ``state``."""
-    parts = {"draft": [], "verify": [], "commit": []}
+def _time_step(serving, state, tree: Tree, mode: str, clock: _Clock, *, warmup: int, repeats: int) -> dict:
+    """Median milliseconds of the verify and the commit of ``tree`` in ``mode`` from ``state``."""
+    parts = {"verify": [], "commit": []}
     for k in range(warmup + repeats):
-        t0 = clock.mark()
-        if draft is not None:
-            draft()
         t1 = clock.mark()
         res = serving.verify(state, tree, mode=mode)
         t2 = clock.mark()
@@ -60,19 +57,15 @@ def _time_step(serving, state, tree: Tree, mode: str, clock: _Clock, *, warmup: 
         serving.commit(state, tree, res, path[-1])
         t4 = clock.mark()
         if k >= warmup:
-            parts["draft"].append(clock.elapsed(t0, t1))
             parts["verify"].append(clock.elapsed(t1, t2))
             parts["commit"].append(clock.elapsed(t3, t4))
         del res
-    out = {k: statistics.median(v) for k, v in parts.items()}
-    if draft is None:
-        out["draft"] = None
-    return out
+    return {k: statistics.median(v) for k, v in parts.items()}
 
 
 def measure_steps(serving, *, prompt: list[int], greedy: list[int], drafter, policies: dict, modes, warmup: int = 3,
                   repeats: int = 20) -> dict:
-    """{"ar": times, "chain": times, (budget, mode): times} with times {draft, verify, commit, nodes} in ms.
+    """{"ar": times, "chain": times, (budget, mode): times} with times {verify, commit (ms), nodes}.
     ``greedy``: the target's greedy continuation of ``prompt`` (at least the drafter's depth tokens);
     ``policies``: {budget: TreePolicy}."""
     clock = _Clock(serving.device)
@@ -80,18 +73,16 @@ def measure_steps(serving, *, prompt: list[int], greedy: list[int], drafter, pol
     root = prompt[-1]
     ctx = DraftContext(step=0, tokens=list(prompt), greedy=list(greedy[:drafter.depth]) if drafter.needs_greedy else None)
     logits = drafter.draft(ctx)
-    timed_draft = (lambda: drafter.draft(ctx)) if getattr(drafter, "timed", False) else None
     out = {"ar": {**_time_step(serving, state, Tree([-1], [root]), "exact", clock, warmup=warmup, repeats=repeats),
                   "nodes": 1}}
     # the chain baseline drafts the target's own greedy tokens (its best case): depth + 1 nodes
     ch = chain([root] + list(greedy[:drafter.depth]))
-    out["chain"] = {**_time_step(serving, state, ch, "exact", clock, warmup=warmup, repeats=repeats, draft=timed_draft),
-                    "nodes": ch.size}
+    out["chain"] = {**_time_step(serving, state, ch, "exact", clock, warmup=warmup, repeats=repeats), "nodes": ch.size}
     for budget, policy in policies.items():
         tree = policy.build(logits, root_token=root, max_rank=drafter.max_rank)
         for mode in modes:
-            out[(budget, mode)] = {**_time_step(serving, state, tree, mode, clock, warmup=warmup, repeats=repeats,
-                                                draft=timed_draft), "nodes": tree.size}
+            out[(budget, mode)] = {**_time_step(serving, state, tree, mode, clock, warmup=warmup, repeats=repeats),
+                                   "nodes": tree.size}
     return out
 
 
@@ -101,11 +92,11 @@ def rows(times: dict, *, tokens_per_step: dict) -> list[dict]:
     ar_ms = times["ar"]["verify"] + times["ar"]["commit"]
     out = []
     for key, t in times.items():
-        step = t["verify"] + t["commit"] + (t["draft"] or 0.0)
+        step = t["verify"] + t["commit"]
         tps = 1.0 if key == "ar" else tokens_per_step[key]
         label, mode, budget = (("autoregressive", "exact", None) if key == "ar" else ("chain", "exact", None)
                                if key == "chain" else (f"ddtree-{key[0]}", key[1], key[0]))
-        out.append({"label": label, "mode": mode, "budget": budget, "nodes": t["nodes"], "draft_ms": t["draft"],
-                    "verify_ms": t["verify"], "commit_ms": t["commit"], "step_ms": step, "tokens_per_step": tps,
-                    "tokens_per_s": tps / step * 1e3, "speedup_vs_ar": (tps / step) / (1.0 / ar_ms)})
+        out.append({"label": label, "mode": mode, "budget": budget, "nodes": t["nodes"], "verify_ms": t["verify"],
+                    "commit_ms": t["commit"], "step_ms": step, "tokens_per_step": tps, "tokens_per_s": tps / step * 1e3,
+                    "speedup_vs_ar": (tps / step) / (1.0 / ar_ms)})
     return out

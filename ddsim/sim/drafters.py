@@ -199,7 +199,6 @@ class ModelDrafter:
     needs_greedy = False
     max_rank = None
 
-    timed = True  # a real model: its draft is part of a measured step (ddsim.measure.step_timing)
 
     def __init__(self, path: str | Path, *, vocab_size: int, depth: int = 8, device="cpu"):
         from ddsim.model.checkpoint import checkpoint_digest, load_checkpoint

@@ -483,18 +483,17 @@ class MeasuredStep(_Strict):
     mode: Mode
     budget: Positive | None
     nodes: Positive
-    draft_ms: NonNeg | None  # None: a simulated drafter (synthetic or trace), not timed
     verify_ms: NonNeg
     commit_ms: NonNeg
-    step_ms: Annotated[float, Field(gt=0.0)]
+    step_ms: Annotated[float, Field(gt=0.0)]  # verify + commit (the draft is not timed: ddsim.measure.step_timing)
     tokens_per_step: NonNeg
     tokens_per_s: NonNeg
     speedup_vs_ar: NonNeg
 
     @model_validator(mode="after")
     def _sums(self):
-        _need(_close(self.step_ms, self.verify_ms + self.commit_ms + (self.draft_ms or 0.0)), "measured step",
-              f"{self.label} {self.mode}: step_ms is not draft + verify + commit")
+        _need(_close(self.step_ms, self.verify_ms + self.commit_ms), "measured step",
+              f"{self.label} {self.mode}: step_ms is not verify + commit")
         _need(_close(self.tokens_per_s, self.tokens_per_step / self.step_ms * 1e3), "measured step",
               f"{self.label} {self.mode}: tokens_per_s is not tokens_per_step / step_ms")
         return self
