@@ -43,9 +43,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # pytest exits 5 when it collects no test: make treats any non-zero exit as failure. Two workers
-# (pytest-xdist) on the 2-core CI machine; one torch thread each (ddsim's default: small ops).
+# (pytest-xdist) on the 2-core CI machine, an idle worker taking tests queued for the busy one (worksteal: the
+# slow engine-kernel tests do not leave one worker finishing alone); one torch thread each (small ops).
 test: $(STAMP) browser lint py310
-	OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2
+	OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2 --dist worksteal
 
 # The oldest supported Python (3.10) byte-compiles every module and runs the command line's torch-free
 # paths (--version, the gate on a committed report without a recheck) in a small venv of its own (kept in

@@ -189,19 +189,6 @@ def test_an_engine_kernel_in_the_whole_model_audit(tmp_path, report):
     assert m.returncode == 2 and "--fast-path ddsim: the report does not match" in m.stderr
 
 
-def test_fla_in_the_whole_model_audit_matches_ddsims_flattened_path(tmp_path, report):
-    """fla's kernel computes the leaky recurrences of the FAST_AUDIT: every generation comes out
-    token for token as with ddsim's own kernel, and the report records fla-core."""
-    from tests.conftest import FAST_AUDIT
-    assert (ENGINES / "fla").is_dir(), "fla-core is missing from .engines: `make test` installs it"
-    out = tmp_path / "fla"
-    r = run_cli("audit", *FAST_AUDIT, "--fast-path", "fla", "--out", out, pythonpath=ENGINES)
-    assert r.returncode == 0, r.stderr
-    rep = json.loads((out / "report.json").read_text())
-    assert rep["provenance"]["engine"]["package"] == "fla-core" and rep["provenance"]["engine"]["modes"] == ["leaky"]
-    assert [g["tokens"] for g in rep["generations"]] == [g["tokens"] for g in report["generations"]]
-    leak = rep["budgets"][1]["leak"]["leaky"]["kl"]["order_exact"]["max"]
-    assert leak < 1e-9  # fla is exact where the layout makes the flattened path exact
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -223,6 +210,20 @@ def small_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("small")
     assert run_cli("audit", *SMALL_AUDIT, "--out", out).returncode == 0
     return json.loads((out / "report.json").read_text())
+
+
+def test_fla_in_the_whole_model_audit_matches_ddsims_flattened_path(tmp_path, small_report):
+    """fla's kernel computes the leaky recurrences of a small audit (Triton's interpreter): every generation
+    comes out token for token as with ddsim's own kernel, and the report records fla-core."""
+    assert (ENGINES / "fla").is_dir(), "fla-core is missing from .engines: `make test` installs it"
+    out = tmp_path / "fla"
+    r = run_cli("audit", *SMALL_AUDIT, "--fast-path", "fla", "--out", out, pythonpath=ENGINES)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["provenance"]["engine"]["package"] == "fla-core" and rep["provenance"]["engine"]["modes"] == ["leaky"]
+    assert [g["tokens"] for g in rep["generations"]] == [g["tokens"] for g in small_report["generations"]]
+    leak = rep["budgets"][0]["leak"]["leaky"]["kl"]["order_exact"]["max"]
+    assert leak < 1e-9  # fla is exact where the layout makes the flattened path exact
 
 
 @pytest.mark.parametrize("engine, package, modes", [("sglang", "sglang", ["exact", "leaky"]),
