@@ -10,6 +10,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Without a GPU the Triton kernels run in Triton's interpreter (set before triton is imported).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:  # the interpreter lists triton.language's builtins once, not at every launch (ddsim.engines.triton_interpret)
+        from ddsim.engines.triton_interpret import cache_builtin_names
+        cache_builtin_names()
+    except ImportError:  # no Triton on this platform: the CPU path runs without it
+        pass
 
 from ddsim.properties.profiles import load  # noqa: E402
 from ddsim.threads import configure  # noqa: E402

@@ -202,7 +202,9 @@ def test_audit_fast_path_bad_input(tmp_path, args, needle):
     assert not (tmp_path / "o").exists()
 
 
-SMALL_AUDIT = ["--preset", "micro", "--budget", "4", "--steps", "1", "--seed", "5"]
+# two 4-token prompts: an engine's kernel runs every prefill too, in Triton's interpreter, one token at a time
+SMALL_AUDIT = ["--preset", "micro", "--budget", "4", "--steps", "1", "--seed", "5", "--prompts",
+               str(Path(__file__).with_name("data") / "prompts-short.jsonl")]
 
 
 @pytest.fixture(scope="module")

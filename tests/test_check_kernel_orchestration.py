@@ -77,3 +77,34 @@ def test_check_conv_and_mamba2_and_bad_profiles():
     with pytest.raises(InputError, match="--profile: expected one of quick, serving"):
         ck.check(_load("ddsim"), mode="exact", profile="huge")
     assert ck.default_profile("cuda:0") == "serving" and ck.default_profile("cpu") == "quick"
+
+
+def test_the_interpreters_cached_builtin_patching_patches_what_the_original_does():
+    """ddsim.engines.triton_interpret.cache_builtin_names: for every module the interpreter patches at a launch,
+    the cached version sets exactly the attributes the original sets, to wrappers of the same members, and the
+    scope restores them."""
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    from ddsim.engines.triton_interpret import cache_builtin_names
+    assert cache_builtin_names()
+    cached = interpreter._patch_builtin
+    assert cached._ddsim_cached
+
+    def original(pkg, builder, scope):  # Triton's own, as written in triton/runtime/interpreter.py
+        for name, member in inspect.getmembers(pkg):
+            if tl.core.is_builtin(member):
+                interpreter._patch_attr(pkg, name, member, builder, scope)
+    for pkg in (tl, tl.tensor, tl.math, tl.core.tensor_descriptor_base):
+        attrs = lambda: {k: v for k, v in vars(pkg).items() if not k.startswith("__")}  # noqa: E731
+        before = attrs()  # (getmembers may create a class's __annotations__)
+        seen = []
+        for fn in (original, cached, cached):  # the second cached call reads the listed names
+            scope = interpreter._LangPatchScope()
+            fn(pkg, None, scope)
+            seen.append(sorted((name, id(getattr(pkg, name).__kwdefaults__["member"])) for _, name, _ in scope._changes))
+            scope.restore()
+            assert attrs() == before
+        assert seen[0] == seen[1] == seen[2] and seen[0]

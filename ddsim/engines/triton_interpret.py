@@ -9,15 +9,49 @@ Two interpreter defects are worked around here; compiled kernels on a GPU never 
 - The interpreter stores bfloat16 values as their uint16 bit patterns and does arithmetic on those
   integers (a bf16 ``x * w`` came out as 1e35). Arithmetic on bf16 operands is done here in float32
   and rounded back to bf16, as a GPU's bf16 instructions round; comparisons return their bools.
+
+And one cost: at every launch the interpreter re-patches triton.language's builtins, listing each module's
+members with inspect.getmembers (a third of an engine kernel's interpreted time). ``cache_builtin_names``
+lists them once per module; each launch still patches exactly the members that are builtins at that moment.
 """
 from __future__ import annotations
 
 import os
 
 
+def cache_builtin_names() -> bool:
+    """Make the interpreter's per-launch patching of builtins list each module's builtin names once (Triton
+    versions whose ``_patch_builtin(pkg, builder, scope)`` this was written against; others are left alone).
+    True when installed."""
+    import inspect
+
+    from triton.runtime import interpreter
+    original = interpreter._patch_builtin
+    if getattr(original, "_ddsim_cached", False):
+        return True
+    if list(inspect.signature(original).parameters) != ["pkg", "builder", "scope"] or \
+            not hasattr(interpreter, "_patch_attr"):
+        return False
+    import triton.language as tl
+    names: dict = {}
+
+    def _patch_builtin(pkg, builder, scope):
+        listed = names.get(pkg)
+        if listed is None:  # the first launch, with every member unpatched: the names of the builtins
+            listed = names[pkg] = [n for n, m in inspect.getmembers(pkg) if tl.core.is_builtin(m)]
+        for name in listed:
+            member = getattr(pkg, name)
+            if tl.core.is_builtin(member):  # as the original: a member patched already is left as it is
+                interpreter._patch_attr(pkg, name, member, builder, scope)
+    _patch_builtin._ddsim_cached = True
+    interpreter._patch_builtin = _patch_builtin
+    return True
+
+
 def prepare() -> None:
     """Set TRITON_INTERPRET=1 (before triton is imported) and apply the fixes once."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    cache_builtin_names()
     import contextlib
 
     import numpy as np
