@@ -1,13 +1,18 @@
-"""Compile, for an sm_90 (Hopper) GPU and without one, every kernel the GDN WY launchers would launch
-at Qwen3.6-27B GDN shapes: one block (65 nodes: fused, split, fold) and past it (131 nodes: the
-chunked form and the split form, unfolded and folded), bf16 and fp32 inputs; and every other Triton
-kernel the public functions launch (recurrent GDN, the commits, the tree conv, Mamba2's recurrent,
-SSD and commit kernels) at the property suites' fixed examples (small shapes). Triton's interpreter
-runs kernels without compiling them, so a kernel it runs may still not compile (a loop variable that
-changes type, shared memory past the SM's); this catches that on a CPU. Run as a script (it must
-import Triton without TRITON_INTERPRET); prints a line per kernel, exits 1 if any fails.
+"""Compile, for an NVIDIA GPU and without one, the Triton kernels ddsim launches; print a line per kernel
+(ok, or FAIL with the reason: a compile error, or more shared memory than the architecture gives a block);
+exit 1 if any fails. Triton's interpreter runs kernels without compiling them, so a kernel it runs may still
+not compile (a loop variable that changes type, shared memory past the SM's); this catches that on a CPU,
+with Triton's bundled ptxas.
 
-    python tests/sm90_compile.py
+    python tests/gpu_compile.py [--arch 90|100|120] [--set all|serving]
+
+--arch: 90 (Hopper, sm_90a), 100 (datacenter Blackwell, sm_100a), 120 (consumer Blackwell, sm_120a).
+--set all (the default): every launch the GDN WY launchers make at Qwen3.6-27B GDN shapes for every design,
+one block (65 nodes: fused, split, fold) and past it (131 nodes: the chunked form and the split form,
+unfolded and folded), bf16 and fp32 inputs, and every other Triton kernel the public functions launch
+(recurrent GDN, the commits, the tree conv, Mamba2's recurrent, SSD and commit kernels) at the property
+suites' fixed examples. --set serving: what a server launches, the WY launchers' default design ("auto")
+at one and eight sequences of 17, 65 and 131 nodes in bf16, and the other kernels.
 """
 import os
 import sys
@@ -34,7 +39,11 @@ from ddsim.properties.strategies import fixed_conv_example, fixed_gdn_example, f
 
 DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int8: "i8", torch.int32: "i32",
          torch.int64: "i64"}
-SHARED_PER_SM = 232448  # the H200's (sm_90) largest shared memory per block, in bytes
+ARCH = int(sys.argv[sys.argv.index("--arch") + 1]) if "--arch" in sys.argv else 90
+SET = sys.argv[sys.argv.index("--set") + 1] if "--set" in sys.argv else "all"
+# the largest shared memory a block may take, in bytes: Hopper (H100, H200) and datacenter Blackwell (B200, GB200)
+# 227 KiB, consumer Blackwell (RTX 50 series, RTX PRO 6000) 99 KiB
+SHARED_PER_BLOCK = {90: 232448, 100: 232448, 120: 101376}.get(ARCH, 0)
 
 
 GOT = []  # (kernel, keyword arguments) of each launch asked for since the last clear
@@ -96,7 +105,7 @@ def other_calls():
     ]
 
 
-def compile_sm90(kernel, kw):
+def compile_for(kernel, kw):
     sig, consts = {}, {}
     for i, p in enumerate(kernel.params):
         x = kw[p.name]
@@ -113,7 +122,7 @@ def compile_sm90(kernel, kw):
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params) if sig[p.name][0] == "*"}
     opts = {k: kw[k] for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
     ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
-                        target=GPUTarget("cuda", 90, 32), options=opts)
+                        target=GPUTarget("cuda", ARCH, 32), options=opts)
     return ck.metadata.shared
 
 
@@ -121,9 +130,9 @@ def check(what, kernel, kw) -> bool:
     """Compile; print one line; False on failure (every kernel is tried)."""
     what = f"{what}: {kernel.__name__}"
     try:
-        shared = compile_sm90(kernel, kw)
-        if shared > SHARED_PER_SM:
-            raise RuntimeError(f"{shared} B of shared memory, more than {SHARED_PER_SM}")
+        shared = compile_for(kernel, kw)
+        if shared > SHARED_PER_BLOCK:
+            raise RuntimeError(f"{shared} B of shared memory, more than sm_{ARCH}'s {SHARED_PER_BLOCK}")
         prec = f"{kw['PRECISION']}, " if "PRECISION" in kw else ""  # the dot precision the launcher chose
         print(f"ok   {what} ({prec}{shared} B shared)", flush=True)
         return True
@@ -133,12 +142,19 @@ def check(what, kernel, kw) -> bool:
 
 
 if __name__ == "__main__":
+    if ARCH not in (90, 100, 120) or SET not in ("all", "serving"):
+        sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving]")
     failed = 0
-    for T, designs in ((65, ("fused", "split", "fold")), (131, ("fused", "split", "fold"))):
-        for dtype in (torch.bfloat16, torch.float32):
-            for design in designs:
-                for kernel, kw in launches(2, T, dtype, design):
-                    failed += not check(f"{T} nodes, {str(dtype)[6:]}, design {design}", kernel, kw)
+    if SET == "all":
+        for T, designs in ((65, ("fused", "split", "fold")), (131, ("fused", "split", "fold"))):
+            for dtype in (torch.bfloat16, torch.float32):
+                for design in designs:
+                    for kernel, kw in launches(2, T, dtype, design):
+                        failed += not check(f"{T} nodes, {str(dtype)[6:]}, design {design}", kernel, kw)
+    else:
+        for B, T in ((1, 17), (1, 65), (8, 65), (1, 131), (8, 131)):
+            for kernel, kw in launches(B, T, torch.bfloat16, "auto"):
+                failed += not check(f"{B} x {T} nodes, bfloat16, design auto", kernel, kw)
     for name, call in other_calls():
         GOT.clear()
         try:

@@ -1,0 +1,53 @@
+"""Every Triton kernel the public functions and the WY launchers would launch compiles for an sm_90a GPU, and
+what a server launches compiles for both Blackwell targets, sm_100a (B200) and sm_120a (RTX 50, RTX PRO 6000),
+within each one's shared memory per block, on a CPU (tests/gpu_compile.py, in a subprocess without
+TRITON_INTERPRET, with Triton's bundled ptxas): the interpreter, which runs the other kernel tests here, never
+compiles, so a kernel can pass them all and still fail on the device (d8862be did: a loop variable that
+changed type)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("gpu_compile.py")
+OTHERS = ("_gdn_recurrent_kernel", "_gdn_commit_kernel", "_tree_conv_kernel", "_conv_commit_kernel",
+          "_mamba2_recurrent_kernel", "_mamba2_ssd_kernel", "_mamba2_commit_kernel")
+
+
+def _compile(*args) -> list[str]:
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
+                       cwd=SCRIPT.parent.parent, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return [line for line in r.stdout.splitlines() if line.startswith("ok ")]
+
+
+@pytest.mark.parametrize("arch", [100, 120])
+def test_what_a_server_launches_compiles_for_blackwell(arch):
+    """The WY launchers' default design at one and eight sequences of 17, 65 and 131 nodes (bf16) and every
+    other kernel: 20 launches, each within the architecture's shared memory per block (sm_120a: 99 KiB)."""
+    ok = _compile("--arch", str(arch), "--set", "serving")
+    assert len(ok) == 20, ok
+    for name in ("_gdn_wy_kernel", "_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel", "_gdn_wy_fold_kernel",
+                 "_gdn_wy_fold_apply_kernel", "_gdn_wy_blocked_diag_kernel", "_gdn_wy_blocked_solve_kernel",
+                 "_gdn_wy_blocked_apply_kernel", *OTHERS):
+        assert any(name in line for line in ok), name
+
+
+def test_every_triton_kernel_compiles_for_sm90():
+    ok = _compile("--arch", "90")
+    # WY: 5 + 5 one-block launches, 7 + 7 past one block (bf16, fp32); the others: 9 launches
+    assert len(ok) == 33, r.stdout
+    for name in ("_gdn_wy_blocked_solve_kernel", "_gdn_wy_fold_kernel", "_gdn_recurrent_kernel", "_gdn_commit_kernel",
+                 "_tree_conv_kernel", "_conv_commit_kernel", "_mamba2_ssd_kernel", "_mamba2_commit_kernel"):
+        assert any(name in line for line in ok), name
+    # the WY launchers' default dot precision: bf16x3 for bf16 inputs, tf32x3 for fp32 ones (issue #13's
+    # bar), except the chunked form past one block (131 nodes, design fused), which stays at tf32x3
+    for dtype, prec in (("bfloat16", "bf16x3"), ("float32", "tf32x3")):
+        wy = [line for line in ok if f", {dtype}, design" in line]
+        chunked = [line for line in wy if line.startswith(f"ok   131 nodes, {dtype}, design fused")]
+        assert len(wy) == 12 and len(chunked) == 1, wy
+        assert all(f"({prec if line not in chunked else 'tf32x3'}, " in line for line in wy), wy
