@@ -95,7 +95,7 @@ def _validate(path, bonus, parents, R, D, V) -> str | None:
         on, prev = path[:, d] >= 0, path[:, d - 1]
         if bool((on & (prev < 0)).any()):
             return f"a path resumes after its end (depth {d})"
-        node = path[:, d].clamp(min=0)
+        node = path[:, d].clamp(0, len(parents) - 1)  # (a node id past the tree is looked up at the last node)
         if bool((on & ((path[:, d] >= len(parents)) | (par[node] != prev))).any()):
             return f"a path steps to a node that is not a child of the previous one (depth {d})"
     if bool(((bonus < 0) | (bonus >= V)).any()):

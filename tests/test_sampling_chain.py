@@ -1,0 +1,231 @@
+"""Fast value tests of the chain behind check-sampler's verdict and the sampled audit's figures, for mutation
+testing (`make mutation`): the L1 test (ddsim.sampling.stats), the step law (ddsim.sampling.law), the reference
+rules on hand-built coins (ddsim.sampling.rules), and the harness's output checks, counts and tests
+(ddsim.sampling.check). Every expected value is written out by hand."""
+import math
+
+import pytest
+import torch
+
+from ddsim.sampling import check as ck
+from ddsim.sampling import law as lw
+from ddsim.sampling import rules as rl
+from ddsim.sampling import stats as st
+from ddsim.sampling.cases import child_id, offsets
+
+# ---- the L1 test -------------------------------------------------------------------------------------------
+
+
+def test_the_threshold_is_the_jensen_term_plus_the_mcdiarmid_term():
+    p = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    want = (0.5 + 0.5) / math.sqrt(100) + math.sqrt(2 * math.log(1 / 0.01) / 100)
+    assert st.l1_threshold(p, 100, 0.01) == pytest.approx(want, rel=1e-12)
+    assert st.l1_threshold(torch.tensor([1.0, 0.0], dtype=torch.float64), 100, 0.01) == pytest.approx(
+        math.sqrt(2 * math.log(100) / 100), rel=1e-12)
+
+
+def test_the_l1_test_counts_holds_and_impossible_draws():
+    p = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
+    t = st.l1_test(torch.tensor([50, 50, 0]), p, 0.01)
+    assert t["n"] == 100 and t["l1"] == 0 and t["impossible"] == 0 and t["holds"]
+    t = st.l1_test(torch.tensor([49, 50, 1]), p, 0.01)  # one draw where p is 0: certain failure
+    assert t["impossible"] == 1 and not t["holds"] and t["l1"] == pytest.approx(0.02)
+    t = st.l1_test(torch.tensor([90, 10, 0]), p, 0.01)
+    assert t["l1"] == pytest.approx(0.8) and not t["holds"]
+    thr = st.l1_threshold(p, 100, 0.01)
+    at = st.l1_test(torch.tensor([50 + round(thr * 50), 50 - round(thr * 50), 0]), p, 0.01)
+    assert at["holds"] == (at["l1"] <= at["threshold"])
+
+
+def test_the_detectable_total_variation():
+    want = 0.5 * (2 * math.sqrt(15 / 1e6) + math.sqrt(2 * math.log(1e9) / 1e6) + math.sqrt(2 * math.log(100) / 1e6))
+    assert st.detectable_tv(16, 10**6, 1e-9) == pytest.approx(want, rel=1e-12)
+    assert st.detectable_tv(16, 10**6, 1e-9, beta=0.5) < st.detectable_tv(16, 10**6, 1e-9)
+
+
+# ---- the step law -------------------------------------------------------------------------------------------
+
+# root 0 with children 1 (token 1) and 2 (token 2); node 3 (token 3) under node 1
+PAR, TOK = [-1, 0, 0, 1], [0, 1, 2, 3]
+P = torch.tensor([[0.1, 0.5, 0.25, 0.15],
+                  [0.2, 0.2, 0.2, 0.4],
+                  [0.25, 0.25, 0.25, 0.25],
+                  [0.0, 0.5, 0.5, 0.0]], dtype=torch.float64)
+
+
+def test_accept_probabilities_by_hand():
+    assert lw._accept(torch.tensor([0.5, 0.25], dtype=torch.float64), 1.0, 1.0).tolist() == [0.5, 0.25, 0.25]
+    # threshold_acc 0.5: coin <= cum / 0.5
+    assert lw._accept(torch.tensor([0.2, 0.1], dtype=torch.float64), 1.0, 0.5).tolist() == pytest.approx([0.4, 0.2, 0.4])
+    assert lw._accept(torch.tensor([0.5, 0.25], dtype=torch.float64), 1.0, 0.5).tolist() == [1.0, 0.0, 0.0]
+    # threshold_single 0.3: the second child (0.4 >= 0.3) takes whatever the first leaves
+    assert lw._accept(torch.tensor([0.2, 0.4, 0.1], dtype=torch.float64), 0.3, 1.0).tolist() == pytest.approx(
+        [0.2, 0.8, 0.0, 0.0])
+    assert lw._accept(torch.zeros(0, dtype=torch.float64), 1.0, 1.0).tolist() == [1.0]
+
+
+def test_the_lossless_law_by_hand():
+    law = lw.step_law("sglang", parents=PAR, tokens=TOK, probs=P)
+    assert law.stop.tolist() == pytest.approx([0.25, 0.5 * 0.6, 0.25, 0.5 * 0.4])
+    assert law.bonus[0].tolist() == pytest.approx([0.4, 0.0, 0.0, 0.6])  # children 1, 2 removed
+    assert law.bonus[1].tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 0.0])  # child 3 removed
+    assert law.bonus[3].tolist() == pytest.approx([0.0, 0.5, 0.5, 0.0])
+    assert law.length_distribution().tolist() == pytest.approx([0.25, 0.55, 0.2])
+    assert law.expected_accepted() == pytest.approx(0.55 + 0.4)
+    assert lw.first_token(law, PAR, TOK).tolist() == pytest.approx(P[0].tolist())
+    assert law.depth.tolist() == [0, 1, 1, 2]
+
+
+def test_distances_between_laws_by_hand():
+    a = lw.step_law("sglang", parents=PAR, tokens=TOK, probs=P)
+    Q = P.clone()
+    Q[1] = torch.tensor([0.2, 0.2, 0.4, 0.2], dtype=torch.float64)  # node 1: child 3 less likely, bonus 2 likelier
+    b = lw.step_law("sglang", parents=PAR, tokens=TOK, probs=Q)
+    # node 1 stops with 0.5 * 0.8 (was 0.5 * 0.6), node 3 is reached with 0.5 * 0.2 (was 0.5 * 0.4)
+    assert lw.length_tv(a, b) == pytest.approx(0.1)
+    mass = (a.mass() - b.mass()).abs().sum() / 2
+    assert lw.total_variation(a, b) == pytest.approx(float(mass))
+    assert lw.total_variation(a, b) == pytest.approx(0.5 * (0.1 + 0.1 + 0.3 - 0.1 + 0.1) / 1, abs=0.2)
+    assert lw.total_variation(a, a) == 0 and lw.length_tv(a, a) == 0
+
+
+def test_the_deterministic_laws_by_hand():
+    g = lw.step_law("greedy", parents=PAR, tokens=TOK, probs=P)  # argmax 1 at the root, then 3 at node 1
+    assert g.stop.tolist() == [0, 0, 0, 1] and g.bonus[3].tolist() == [0, 1, 0, 0]
+    t = lw.step_law("typical", parents=PAR, tokens=TOK, probs=P)
+    # thresholds min(0.09, 0.3 exp(-H)): every drafted token here is above its parent's
+    assert t.stop.tolist() == [0, 0, 0, 1] and t.bonus[3].tolist() == pytest.approx([0, 0.5, 0.5, 0])
+    with pytest.raises(Exception, match="its exact law needs a fixed tree"):
+        lw.step_law("specinfer", parents=PAR, tokens=TOK, probs=P)
+
+
+# ---- the rules on hand-built coins ----------------------------------------------------------------------------
+
+def _run(rule, coins=None, final=None, noise=None, **kw):
+    randoms = {}
+    if coins is not None:
+        randoms["coins"] = torch.tensor([coins], dtype=torch.float64)
+    if final is not None:
+        randoms["final"] = torch.tensor([final], dtype=torch.float64)
+    if noise is not None:
+        randoms["noise"] = noise[None]
+    path, bonus = rl.RULES[rule].fn(parents=torch.tensor(PAR), tokens=torch.tensor([TOK]), target=P[None],
+                                    randoms=randoms, **kw)
+    return [int(x) for x in path[0] if x >= 0], int(bonus[0])
+
+
+def test_sglangs_rule_by_hand():
+    assert _run("sglang", [0.3, 0.7, 0.5, 0.5], 0.5) == ([0, 1], 1)  # 0.3 <= 0.5; at node 1, 0.7 > 0.4: bonus
+    assert _run("sglang", [0.3, 0.2, 0.5, 0.5], 0.5) == ([0, 1, 3], 2)  # 0.2 <= 0.4; node 3 bonus at 0.5: token 2
+    assert _run("sglang", [0.6, 0.2, 0.5, 0.5], 0.5) == ([0, 2], 2)  # 0.5 < 0.6 <= 0.75; uniform bonus at 0.5: 2
+    assert _run("sglang", [0.9, 0.2, 0.5, 0.5], 0.3) == ([0], 0)  # none: residual {0: 0.1, 3: 0.15}
+    assert _run("sglang", [0.9, 0.2, 0.5, 0.5], 0.5) == ([0], 3)
+    # 0.9 <= 0.5 / 0.5 at the root, 0.2 <= 0.4 / 0.5 at node 1; node 3's bonus at 0.5: token 2
+    assert _run("sglang", [0.9, 0.2, 0.5, 0.5], 0.5, threshold_acc=0.5) == ([0, 1, 3], 2)
+    assert _run("sglang", [0.9, 0.7, 0.5, 0.5], 0.5) == ([0], 3)
+    # p(1) = 0.5 >= 0.2 and p(3) = 0.4 >= 0.2: accepted whatever the coins
+    assert _run("sglang", [0.9, 0.7, 0.5, 0.5], 0.5, threshold_single=0.2) == ([0, 1, 3], 2)
+
+
+def test_eagles_rule_by_hand():
+    # child 1 with coin 0.6 > 0.5: rejected; child 2 with coin 0.4 < 0.25 / 0.5: accepted
+    assert _run("eagle", [0.5, 0.6, 0.4, 0.5], 0.5) == ([0, 2], 2)
+    assert _run("eagle", [0.5, 0.6, 0.6, 0.5], 0.5) == ([0], 3)  # both rejected: residual {0: .1, 3: .15}
+    assert _run("eagle", [0.5, 0.4, 0.6, 0.1], 0.5) == ([0, 1, 3], 2)
+
+
+def test_the_ddtree_and_gumbel_walks_by_hand():
+    assert _run("ddtree", [0.55, 0.65, 0.5, 0.2]) == ([0, 1, 3], 1)  # 0.55 in [0.1, 0.6): token 1; then 3; then 1
+    assert _run("ddtree", [0.05, 0.65, 0.5, 0.2]) == ([0], 0)
+    noise = torch.full((3, 4), 0.5, dtype=torch.float64)
+    noise[0] = torch.tensor([0.5, 0.5, 0.999, 0.5])  # depth 0: token 2's Gumbel noise dominates
+    noise[1] = torch.tensor([0.999, 0.5, 0.5, 0.5])  # depth 1: token 0 (on node 2: a bonus)
+    assert _run("gumbel", noise=noise) == ([0, 2], 0)
+
+
+def test_the_residual_rules_by_hand():
+    # the draft is uniform over the four tokens at every node
+    draft = torch.full((1, 4, 4), 0.25, dtype=torch.float64)
+    args = dict(parents=torch.tensor(PAR), tokens=torch.tensor([TOK]), target=P[None], draft=draft)
+    r = {"coins": torch.tensor([[0.5, 0.99, 0.5, 0.5]], dtype=torch.float64),
+         "final": torch.tensor([0.0], dtype=torch.float64)}
+    # child 1: min(1, 0.5 / 0.25) = 1 > 0.99: accepted; at node 1 child 3: 0.4 / 0.25 -> accepted
+    path, bonus = rl.specinfer(**args, randoms=r)
+    assert path[0].tolist() == [0, 1, 3] and int(bonus[0]) == 1  # node 3's residual {1: .5, 2: .5} at 0: token 1
+    # child 1 rejected needs coin >= 1: impossible; a target below the draft: child 2 at 0.25 / 0.25 = 1
+    r["coins"] = torch.tensor([[0.5, 0.99, 0.5, 0.99]], dtype=torch.float64)
+    P2 = P.clone()
+    P2[0] = torch.tensor([0.4, 0.1, 0.25, 0.25], dtype=torch.float64)
+    args["target"] = P2[None]
+    path, bonus = rl.specinfer(**args, randoms=r)  # 0.99 >= 0.1 / 0.25: rejected; residual norm(max(p - q, 0))
+    # = {0: 1}: child 2 (token 2) has residual 0: rejected; bonus 0
+    assert path[0].tolist() == [0, -1, -1] and int(bonus[0]) == 0
+    path, bonus = rl.recursive_rejection(**args, randoms=r)  # q drops token 1: q2 = 1/3 each; r2 = {0: 1}
+    assert path[0].tolist() == [0, -1, -1] and int(bonus[0]) == 0
+
+
+def test_inverse_cdf_and_the_children_table():
+    w = torch.tensor([[0.0, 1.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    u = torch.tensor([0.2, 0.5, 0.9999999999999999], dtype=torch.float64)
+    assert rl.inverse_cdf(w, u).tolist() == [1, -1, 1]
+    assert rl.inverse_cdf(w[:1], torch.tensor([0.25], dtype=torch.float64)).tolist() == [3]  # on the boundary
+    kids, depth = rl.children_table([-1, 0, 0, 1])
+    assert kids.tolist() == [[1, 2], [3, -1], [-1, -1], [-1, -1]] and depth.tolist() == [0, 1, 1, 2]
+
+
+# ---- the harness ---------------------------------------------------------------------------------------------
+
+def test_malformed_outputs_are_named():
+    par = [-1, 0, 0, 1]
+    good = torch.tensor([[0, 1, 3], [0, 2, -1]]), torch.tensor([1, 2])
+    assert ck._validate(*good, par, 2, 2, 4) is None
+    assert "two tensors" in ck._validate([0], good[1], par, 2, 2, 4)
+    assert "shapes" in ck._validate(good[0][:, :2], good[1], par, 2, 2, 4)
+    assert "integer" in ck._validate(good[0].double(), good[1], par, 2, 2, 4)
+    assert "start at the root" in ck._validate(torch.tensor([[1, 3, -1], [0, 2, -1]]), good[1], par, 2, 2, 4)
+    assert "resumes" in ck._validate(torch.tensor([[0, -1, 3], [0, 2, -1]]), good[1], par, 2, 2, 4)
+    assert "not a child" in ck._validate(torch.tensor([[0, 2, 3], [0, 2, -1]]), good[1], par, 2, 2, 4)
+    assert "not a child" in ck._validate(torch.tensor([[0, 4, -1], [0, 2, -1]]), good[1], par, 2, 2, 4)
+    assert "outside the vocabulary" in ck._validate(good[0], torch.tensor([1, 4]), par, 2, 2, 4)
+    assert "outside the vocabulary" in ck._validate(good[0], torch.tensor([-1, 2]), par, 2, 2, 4)
+
+
+def test_counts_of_each_prefix_and_the_joint_continuation():
+    V, off = 4, offsets(4, 2)
+    tok = [0, 1, 2, 3]  # the tree of PAR
+    ids = torch.tensor([[0, child_id(0, 1, V=V, off=off, length=0), child_id(0, 2, V=V, off=off, length=0),
+                         child_id(child_id(0, 1, V=V, off=off, length=0), 3, V=V, off=off, length=1)]] * 3)
+    tokens = torch.tensor([tok] * 3)
+    path = torch.tensor([[0, 1, 3], [0, -1, -1], [0, 2, -1]])
+    bonus = torch.tensor([2, 0, 1])
+    counts = torch.zeros(off[-1] * V, dtype=torch.long)
+    joint = torch.zeros(V * V, dtype=torch.long)
+    table = torch.zeros(off[-1], V, dtype=torch.float64)
+    table[:, 3] = 1.0  # every continuation samples token 3
+    ck._count(path, bonus, tokens, ids, counts, joint, table, torch.Generator().manual_seed(0), V, off)
+    c = counts.view(-1, V)
+    assert c[0].tolist() == [1, 1, 1, 0]  # first tokens: 1, 0 (a bonus), 2
+    assert c[off[1] + 1].tolist() == [0, 0, 0, 1]  # after [1]: 3
+    assert c[off[1] + 2].tolist() == [0, 1, 0, 0]  # after [2]: the bonus 1
+    assert c[off[2] + 1 * V + 3].tolist() == [0, 0, 1, 0]  # after [1, 3]: the bonus 2
+    assert int(c.sum()) == 6
+    j = joint.view(V, V)
+    assert j[1, 3] == 1 and j[0, 3] == 1 and j[2, 1] == 1 and int(j.sum()) == 3  # (0, ...) continued by 3
+
+
+def test_the_tests_of_a_case_by_hand():
+    V, off = 2, offsets(2, 1)
+    table = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    counts = torch.zeros(off[-1] * V, dtype=torch.long)
+    counts.view(-1, V)[0] = torch.tensor([5000, 5000])
+    counts.view(-1, V)[1] = torch.tensor([3000, 0])
+    counts.view(-1, V)[2] = torch.tensor([0, 10])  # below min_prefix_draws: not tested
+    joint = torch.tensor([5000, 0, 0, 5000])
+    tests = ck._tests(counts, joint, table, V, off, 10000, 1e-6, 30, 2000)
+    assert [t["name"] for t in tests] == ["first token", "first two tokens", "after prefix [0]"]
+    assert all(t["holds"] for t in tests) and tests[1]["n"] == 10000 and tests[2]["n"] == 3000
+    joint = torch.tensor([5000, 1, 0, 4999])  # (0, 1) has probability 0
+    assert not ck._tests(counts, joint, table, V, off, 10000, 1e-6, 30, 2000)[1]["holds"]
+    assert ck._tests(counts, joint, table, V, off, 10000, 1e-6, 0, 2000)[-1]["name"] == "first two tokens"
+    assert ck._prefix(offsets(2, 2)[2] + 1 * V + 0, V, offsets(2, 2)) == [1, 0]
+    assert ck._prefix(2, 2, off) == [1] and ck._prefix(0, 2, off) == []
