@@ -105,7 +105,10 @@ def _gen_record(g, prompt_index, budget, margins) -> Generation:
             "emitted_tv": [min(1.0, float(s.emitted_tv)) for s in g.steps],
             "length_tv": [min(1.0, float(s.length_tv)) for s in g.steps],
             "expected_accepted": [float(s.expected_accepted) for s in g.steps],
-            "expected_accepted_exact": [float(s.expected_accepted_exact) for s in g.steps]}))
+            "expected_accepted_exact": [float(s.expected_accepted_exact) for s in g.steps]}),
+        **({} if not g.steps or g.steps[0].noise_tv is None else {
+            "noise_tv": [min(1.0, float(s.noise_tv)) for s in g.steps],
+            "noise_length_tv": [min(1.0, float(s.noise_length_tv)) for s in g.steps]}))
 
 
 def read_model_config(ac: AuditConfig):

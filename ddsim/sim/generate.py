@@ -161,6 +161,9 @@ class StepRecord:
     length_tv: float | None = None  # between the accepted-length distributions
     expected_accepted: float | None = None  # E[draft tokens accepted] under the mode's distributions
     expected_accepted_exact: float | None = None
+    # measure="full" at temperature > 0: the exact path's own law against the oracle's (its arithmetic's noise)
+    noise_tv: float | None = None
+    noise_length_tv: float | None = None
 
 
 @dataclass
@@ -590,6 +593,9 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                 nodes["exact"] = measured(res_x)
             del res_x
         keys = None
+        law_ref = None
+        if measure == "full" and rule is not None:  # before the oracle's result is let go
+            law_ref = step_law_of(tree, ref.logits, temperature=temperature, sampler=rule, params=sampler_params)
         if measure == "full":
             for extra in attribution:
                 if extra not in nodes:
@@ -618,6 +624,8 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         if law is not None:
             rec.emitted_tv, rec.length_tv = total_variation(law, law_x), length_tv(law, law_x)
             rec.expected_accepted, rec.expected_accepted_exact = law.expected_accepted(), law_x.expected_accepted()
+        if law_ref is not None:
+            rec.noise_tv, rec.noise_length_tv = total_variation(law_x, law_ref), length_tv(law_x, law_ref)
         result.steps.append(rec)
         if on_step:
             on_step(rec)

@@ -92,16 +92,19 @@ RULES = {
     "exact_state_rel_max": (lambda r, m: _floor_worst(r, "state_rel_max"),
                             "largest recurrent-state relative error of the exact path vs the oracle"),
     "exact_kl_max": (lambda r, m: _floor_worst(r, "kl_max"), "largest KL(oracle || exact)"),
-    "sampled_emitted_tv_max": (lambda r, m: _mode_worst(r, "emitted_tv_max", m),
-                               "temperature > 0: largest total variation, over steps, between the emitted-token law "
-                               "of the mode and of exact verification (exact, from the per-node distributions)"),
-    "sampled_accepted_length_tv_max": (lambda r, m: _mode_worst(r, "accepted_length_tv_max", m),
-                                       "temperature > 0: largest total variation between the accepted-length "
-                                       "distributions of the mode and of exact verification"),
+    "sampled_emitted_tv_above_noise": (
+        lambda r, m: _above_noise(r, m, "emitted_tv_max", "noise_tv_max"),
+        "temperature > 0: largest total variation, over steps, between the emitted-token laws of the mode and of "
+        "exact verification (exact, from the per-node distributions), minus the exact path's own against the "
+        "oracle's"),
+    "sampled_accepted_length_tv_above_noise": (
+        lambda r, m: _above_noise(r, m, "accepted_length_tv_max", "noise_length_tv_max"),
+        "temperature > 0: largest total variation between the accepted-length distributions of the mode and of "
+        "exact verification, minus the exact path's own against the oracle's"),
 }
 # rules measured only at temperature > 0, and rules that compare generations with the reference decoding, which
 # a sampler not coupled to seeded autoregressive sampling (anything but ddsim's Gumbel walk) cannot follow
-SAMPLED_RULES = ("sampled_emitted_tv_max", "sampled_accepted_length_tv_max")
+SAMPLED_RULES = ("sampled_emitted_tv_above_noise", "sampled_accepted_length_tv_above_noise")
 COUPLED_RULES = ("generations_leaving_greedy", "generations_leaving_greedy_above_noise",
                  "exact_generations_leaving_greedy", "exact_generations_leaving_greedy_above_noise")
 
@@ -115,6 +118,13 @@ def not_applicable(rule: str, report: Report) -> str | None:
         return (f"the {cfg.sampler} sampler is not coupled to the seeded reference sampling; its effect on the output "
                 "is judged by the sampled_* rules")
     return None
+
+
+def _above_noise(r: Report, mode: str, field: str, noise: str) -> float:
+    """Per budget, the mode's ``field`` minus the exact path's ``noise`` (measured against the oracle in the
+    generations that are, mode leaky); the worst budget."""
+    return _worst([None if getattr(b.modes[mode], field) is None or getattr(b.modes["leaky"], noise) is None else
+                   getattr(b.modes[mode], field) - getattr(b.modes["leaky"], noise) for b in r.budgets])
 
 
 def leak_nodes(r: Report, mode: str) -> int:

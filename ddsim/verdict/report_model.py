@@ -208,6 +208,10 @@ class Generation(_Strict):
     length_tv: list[Rate] | None = None  # between the accepted-length distributions
     expected_accepted: list[NonNeg] | None = None  # E[draft tokens accepted], the mode's distributions
     expected_accepted_exact: list[NonNeg] | None = None  # and exact verification's
+    # the generation measured against the oracle (mode leaky) at temperature > 0: per step, exact verification's
+    # law against the oracle's, emitted tokens and accepted length (the exact path's arithmetic noise)
+    noise_tv: list[Rate] | None = None
+    noise_length_tv: list[Rate] | None = None
 
     @model_validator(mode="after")
     def _steps(self):
@@ -215,6 +219,9 @@ class Generation(_Strict):
         laws = (self.emitted_tv, self.length_tv, self.expected_accepted, self.expected_accepted_exact)
         _need(all(x is None for x in laws) or all(x is not None and len(x) == k for x in laws), "generation",
               "emitted_tv, length_tv and the expected accepted lengths must all be null or one per step")
+        _need((self.noise_tv is None) == (self.noise_length_tv is None) and (self.noise_tv is None or (
+            len(self.noise_tv) == len(self.noise_length_tv) == k and self.emitted_tv is not None)), "generation",
+              "noise_tv and noise_length_tv must both be null or one per step of a sampled generation")
         if self.mode == "exact" and self.emitted_tv is not None:
             _need(all(x == 0 for x in self.emitted_tv + self.length_tv), "generation",
                   "exact verification's law differs from itself")
@@ -252,7 +259,10 @@ def _law_summary(gens: list[Generation]) -> dict:
     if not tv:
         return {}
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    return {"emitted_tv_max": max(tv), "emitted_tv_mean": mean(tv),
+    noise = {} if any(g.noise_tv is None for g in gens) else {
+        "noise_tv_max": max(x for g in gens for x in g.noise_tv),
+        "noise_length_tv_max": max(x for g in gens for x in g.noise_length_tv)}
+    return {**noise, "emitted_tv_max": max(tv), "emitted_tv_mean": mean(tv),
             "accepted_length_tv_max": max(x for g in gens for x in g.length_tv),
             "expected_accepted_per_step": mean([x for g in gens for x in g.expected_accepted]),
             "expected_accepted_exact_per_step": mean([x for g in gens for x in g.expected_accepted_exact])}
@@ -280,6 +290,8 @@ class ModeSummary(_Strict):
     accepted_length_tv_max: Rate | None = None
     expected_accepted_per_step: NonNeg | None = None
     expected_accepted_exact_per_step: NonNeg | None = None
+    noise_tv_max: Rate | None = None  # the generations measured against the oracle: exact's law against the oracle's
+    noise_length_tv_max: Rate | None = None
 
     @classmethod
     def of(cls, gens: list[Generation], *, ref_len: int, noise_margin: float) -> "ModeSummary":
@@ -603,6 +615,8 @@ def check_consistency(r: Report) -> None:
         _need(all(t < vocab for t in g.tokens), where, f"token outside the vocabulary ({vocab})")
         _need((g.emitted_tv is not None) == (cfg.temperature > 0), where,
               "per-step laws are recorded exactly when the temperature is > 0")
+        _need((g.noise_tv is not None) == (cfg.temperature > 0 and g.mode == "leaky" and g.budget is not None), where,
+              "the exact path's noise is recorded exactly for the sampled generations measured against the oracle")
         p = r.prompts[g.prompt]
         g.check_against(p.reference, p.reference_margins, where)
     missing = sorted(expected - set(seen), key=str)
