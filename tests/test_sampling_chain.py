@@ -229,3 +229,167 @@ def test_the_tests_of_a_case_by_hand():
     assert ck._tests(counts, joint, table, V, off, 10000, 1e-6, 0, 2000)[-1]["name"] == "first two tokens"
     assert ck._prefix(offsets(2, 2)[2] + 1 * V + 0, V, offsets(2, 2)) == [1, 0]
     assert ck._prefix(2, 2, off) == [1] and ck._prefix(0, 2, off) == []
+
+
+# ---- the corners mutation testing found unguarded ------------------------------------------------------------
+
+def test_validate_names_each_fault_in_its_own_words():
+    par = [-1, 0, 0, 1]
+    path, bonus = torch.tensor([[0, 1, 3], [0, 2, -1]]), torch.tensor([0, 2])  # a bonus of token 0 is fine
+    assert ck._validate(path, bonus, par, 2, 2, 4) is None
+    assert ck._validate([0], bonus, par, 2, 2, 4) == "the rule did not return two tensors (path, bonus)"
+    assert ck._validate(path[:, :2], bonus, par, 2, 2, 4) == (
+        "shapes path (2, 2) and bonus (2,), expected (2, 3) and (2,)")
+    assert ck._validate(path.double(), bonus, par, 2, 2, 4) == "path and bonus must be integer tensors"
+    assert ck._validate(path + torch.tensor([[1, 0, 0], [0, 0, 0]]), bonus, par, 2, 2, 4) == (
+        "a path does not start at the root")
+    assert ck._validate(torch.tensor([[0, 0, -1], [0, 2, -1]]), bonus, par, 2, 2, 4) == (  # the root again
+        "a path steps to a node that is not a child of the previous one (depth 1)")
+    assert ck._validate(torch.tensor([[0, 1, 4], [0, 2, -1]]), bonus, par, 2, 2, 4) == (  # node 4 of 4
+        "a path steps to a node that is not a child of the previous one (depth 2)")
+    assert ck._validate(path, torch.tensor([0, 4]), par, 2, 2, 4) == (
+        "a bonus token outside the vocabulary (or none: the rule had nothing left to sample from)")
+
+
+def test_counts_on_trees_of_depth_zero_and_one():
+    V, off = 3, offsets(3, 1)
+    table = torch.tensor([[0.2, 0.3, 0.5], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    # the root alone: every step emits one token, continued by the target after it (row 1 + token)
+    counts, joint = torch.zeros(len(table) * V, dtype=torch.long), torch.zeros(V * V, dtype=torch.long)
+    ck._count(torch.tensor([[0], [0], [0]]), torch.tensor([0, 1, 2]), torch.tensor([[7], [7], [7]]),
+              torch.zeros(3, 1, dtype=torch.long), counts, joint, table, g, V, off)
+    assert joint.view(V, V).tolist() == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]
+    # depth 1: a draw that accepted child 1 (token 0) emitted 0 then its bonus 2; one that stopped emitted 1 only
+    counts, joint = torch.zeros(len(table) * V, dtype=torch.long), torch.zeros(V * V, dtype=torch.long)
+    ids = torch.tensor([[0, child_id(0, 0, V=V, off=off, length=0)]] * 2)
+    ck._count(torch.tensor([[0, 1], [0, -1]]), torch.tensor([2, 1]), torch.tensor([[7, 0], [7, 0]]), ids, counts,
+              joint, table, g, V, off)
+    assert joint.view(V, V).tolist() == [[0, 0, 1], [0, 1, 0], [0, 0, 0]]
+    assert counts.view(-1, V)[0].tolist() == [1, 1, 0] and counts.view(-1, V)[1].tolist() == [0, 0, 1]
+    # a second token 0 after token 1, and a continuation drawn after the first token, not after the root
+    counts, joint = torch.zeros(len(table) * V, dtype=torch.long), torch.zeros(V * V, dtype=torch.long)
+    ids = torch.tensor([[0, child_id(0, 1, V=V, off=off, length=0)]] * 2)
+    ck._count(torch.tensor([[0, 1], [0, -1]]), torch.tensor([0, 2]), torch.tensor([[7, 1], [7, 1]]), ids, counts,
+              joint, table, g, V, off)
+    assert joint.view(V, V).tolist() == [[0, 0, 0], [1, 0, 0], [0, 0, 1]]
+
+
+def test_the_tests_carry_their_distributions_and_pick_prefixes_in_order():
+    V, off = 2, offsets(2, 1)
+    table = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    counts = torch.zeros(off[-1] * V, dtype=torch.long)
+    counts.view(-1, V)[0] = torch.tensor([3, 1])
+    counts.view(-1, V)[1] = torch.tensor([2, 0])
+    counts.view(-1, V)[2] = torch.tensor([0, 2])  # as often as prefix [0]: the lower id first
+    joint = torch.tensor([3, 0, 0, 1])
+    tests = ck._tests(counts, joint, table, V, off, 4, 0.01, 30, 2)
+    assert [t["name"] for t in tests] == ["first token", "first two tokens", "after prefix [0]", "after prefix [1]"]
+    assert tests[0]["measured"] == [0.75, 0.25] and tests[0]["expected"] == [0.5, 0.5]
+    assert tests[1]["expected"] == [0.5, 0.0, 0.0, 0.5] and tests[1]["measured"] == [0.75, 0.0, 0.0, 0.25]
+    assert tests[2]["measured"] == [1.0, 0.0] and tests[3]["expected"] == [0.0, 1.0]
+    assert [t["name"] for t in ck._tests(counts, joint, table, V, off, 4, 0.01, 1, 2)][2:] == ["after prefix [0]"]
+    assert len(ck._tests(counts, joint, table, V, off, 4, 0.01, 30, 3)) == 2  # each seen twice: too few
+    assert len(ck._tests(counts, joint, table, V, off, 4, 0.01, 30, 1)) == 4  # the root is never a prefix test
+
+
+def test_the_l1_test_with_one_draw_and_a_threshold_met_exactly():
+    t = st.l1_test(torch.tensor([1, 0]), torch.tensor([0.5, 0.5], dtype=torch.float64), 0.5)
+    assert t["n"] == 1 and t["l1"] == 1.0
+
+
+def test_sglangs_threshold_single_is_inclusive_and_the_law_is_float64():
+    assert lw._accept(torch.tensor([0.3, 0.5], dtype=torch.float64), 0.3, 1.0).tolist() == [1.0, 0.0, 0.0]
+    P1 = torch.tensor([[0.1, 0.7, 0.2], [0.3, 0.3, 0.4], [0.1, 0.1, 0.8]], dtype=torch.float64)
+    law = lw.step_law("sglang", parents=[-1, 0, 1], tokens=[0, 1, 2], probs=P1)
+    assert law.stop.dtype == law.bonus.dtype == torch.float64
+    assert law.stop[2].item() == 0.7 * 0.4 and law.stop[1].item() == 0.7 * 0.6  # float64 products, bit for bit
+    assert law.mass().sum().item() == pytest.approx(1.0, abs=1e-15)
+
+
+def test_typical_acceptance_by_hand():
+    # root: entropy of (0.85, 0.1, 0.05) is 0.5182 nats; threshold min(0.09, 0.3 exp(-0.5182)) = 0.09
+    P1 = torch.tensor([[0.85, 0.1, 0.05], [0.5, 0.25, 0.25], [0.2, 0.7, 0.1], [0.4, 0.3, 0.3]], dtype=torch.float64)
+    par, tok = [-1, 0, 0, 1], [0, 1, 2, 2]
+    law = lw.step_law("typical", parents=par, tokens=tok, probs=P1)
+    # node 1 (0.1 > 0.09) passes; node 2 (0.05) does not; node 3: p = 0.25 at node 1, threshold
+    # min(0.09, 0.3 exp(-1.0397)) = 0.09: passes -> the deepest path ends at node 3
+    assert law.stop.tolist() == [0, 0, 0, 1] and law.bonus[3].tolist() == [0.4, 0.3, 0.3]
+    # a stricter threshold: node 1 fails, so the walk stops at the root
+    law = lw.step_law("typical", parents=par, tokens=tok, probs=P1, posterior_threshold=0.2)
+    assert law.stop.tolist() == [1, 0, 0, 0] and law.bonus[0].tolist() == pytest.approx([0.85, 0.1, 0.05])
+    # posterior_alpha scales the entropy term: alpha 0.1 -> threshold 0.1 * exp(-0.518) = 0.0596 at the root, so
+    # node 1 passes; at node 1, 0.1 * exp(-1.0397) = 0.0354: node 3 passes
+    assert lw.step_law("typical", parents=par, tokens=tok, probs=P1, posterior_alpha=0.1).stop.tolist() == [0, 0, 0, 1]
+    # two paths of one depth: the first node wins the tie
+    law = lw.step_law("typical", parents=[-1, 0, 0], tokens=[0, 1, 0], probs=P1[:3])
+    assert law.stop.tolist() == [0, 1, 0]
+    t = torch.tensor
+    path, bonus = rl.typical(parents=t(par), tokens=t([tok, tok]), target=P1.expand(2, 4, 3),
+                             randoms={"final": t([0.3, 0.9], dtype=torch.float64)})
+    assert path.tolist() == [[0, 1, 3], [0, 1, 3]] and bonus.tolist() == [0, 2]
+
+
+def test_first_token_sums_each_childs_whole_subtree():
+    P1 = torch.tensor([[0.2, 0.5, 0.3], [0.1, 0.6, 0.3], [0.3, 0.3, 0.4]], dtype=torch.float64)
+    law = lw.step_law("sglang", parents=[-1, 0, 1], tokens=[0, 1, 1], probs=P1)  # a chain root -> 1 -> 2
+    assert lw.first_token(law, [-1, 0, 1], [0, 1, 1]).tolist() == pytest.approx([0.2, 0.5, 0.3], abs=1e-15)
+    Q = P1.clone()
+    Q[1] = torch.tensor([0.5, 0.2, 0.3], dtype=torch.float64)
+    assert lw.first_token(lw.step_law("sglang", parents=[-1, 0, 1], tokens=[0, 1, 1], probs=Q),
+                          [-1, 0, 1], [0, 1, 1]).tolist() == pytest.approx([0.2, 0.5, 0.3], abs=1e-15)
+
+
+def test_inverse_cdf_at_the_top_of_the_interval_and_the_table_of_a_chain():
+    w = torch.tensor([[1.0, 2.0, 0.0, 0.0], [0.0, 0.0, 3.0, 1.0]], dtype=torch.float64)
+    assert rl.inverse_cdf(w, torch.tensor([1.0, 1.0], dtype=torch.float64)).tolist() == [1, 3]  # the last positive
+    assert rl.inverse_cdf(w, torch.tensor([0.0, 0.0], dtype=torch.float64)).tolist() == [0, 2]
+    kids, depth = rl.children_table(torch.tensor([-1, 0, 1]))
+    assert kids.tolist() == [[1], [2], [-1]] and depth.tolist() == [0, 1, 2] and kids.dtype == torch.long
+
+
+def test_every_rule_decides_each_draw_of_a_batch_on_its_own():
+    """Two draws in one call give what each gives alone (sums and shapes taken per draw)."""
+    t = torch.tensor
+    draft = torch.stack([torch.full((4,), 0.25, dtype=torch.float64), t([0.1, 0.6, 0.2, 0.1], dtype=torch.float64),
+                         t([0.4, 0.2, 0.2, 0.2], dtype=torch.float64), t([0.1, 0.1, 0.1, 0.7], dtype=torch.float64)])
+    rows = [{"coins": t([0.3, 0.7, 0.2, 0.9], dtype=torch.float64), "final": t(0.35, dtype=torch.float64),
+             "noise": torch.full((3, 4), 0.4, dtype=torch.float64)},
+            {"coins": t([0.95, 0.1, 0.05, 0.5], dtype=torch.float64), "final": t(0.8, dtype=torch.float64),
+             "noise": t([[0.9, 0.1, 0.2, 0.3], [0.3, 0.2, 0.1, 0.95], [0.5, 0.5, 0.5, 0.5]], dtype=torch.float64)}]
+    for name in ("sglang", "eagle", "ddtree", "gumbel", "specinfer", "rrs", "typical"):
+        rule = rl.RULES[name]
+        kw = {"draft": draft[None].expand(2, 4, 4)} if rule.uses_draft else {}
+
+        def call(rs):
+            R = len(rs)
+            randoms = {k: torch.stack([r[k] for r in rs]) for k in rule.randoms}
+            out = rule.fn(parents=t(PAR), tokens=t([TOK] * R), target=P.expand(R, 4, 4), randoms=randoms,
+                          **({k: v[:R] for k, v in kw.items()}))
+            return out[0].tolist(), out[1].tolist()
+        both = call(rows)
+        assert both == (call(rows[:1])[0] + call(rows[1:])[0], call(rows[:1])[1] + call(rows[1:])[1]), name
+
+
+def test_the_residual_rules_renormalise_and_update_the_draft():
+    """One node with three children (tokens 1, 2, 3) drafted from q = (0.1, 0.4, 0.3, 0.2); the target p =
+    (0.4, 0.1, 0.1, 0.4); coins 0.3, 0.5, 0.99 for the three children. Child 1 (ratio 0.1 / 0.4 = 0.25) is
+    rejected by both rules, child 2 (residual 0 there) too. SpecInfer then tries child 3 against
+    norm(max(r - q, 0)) with q unchanged and accepts it (ratio above 1); recursive rejection has dropped tokens 1
+    and 2 from q, rejects it (ratio 0.2) and draws the bonus from what is left: token 0 alone."""
+    t = torch.tensor
+    par, tok = [-1, 0, 0, 0], [0, 1, 2, 3]
+    p = t([0.4, 0.1, 0.1, 0.4], dtype=torch.float64)
+    q = t([0.1, 0.4, 0.3, 0.2], dtype=torch.float64)
+    target = torch.stack([p, p, p, p])[None]
+    draft = torch.stack([q, q, q, q])[None]
+    randoms = {"coins": t([[0.5, 0.3, 0.5, 0.99]], dtype=torch.float64), "final": t([0.5], dtype=torch.float64)}
+    # SpecInfer: r1 = (0.3, 0, 0, 0.2)/0.5 = (0.6, 0, 0, 0.4); child 2: 0 -> rejected, r2 = max(r1 - q, 0) =
+    # (0.5, 0, 0, 0.2)/0.7; child 3: min(1, (0.2/0.7) / 0.2) = 1 > 0.99: accepted
+    path, bonus = rl.specinfer(parents=t(par), tokens=t([tok]), target=target, draft=draft, randoms=randoms)
+    assert path.tolist() == [[0, 3]]
+    # rrs: q2 = q without token 1 = (0.1, 0, 0.3, 0.2)/0.6; r2 = max(r1 - q2, 0) = (0.6 - 1/6, 0, 0, 0.4 - 1/3)
+    # = (0.4333, 0, 0, 0.0667) / 0.5; q3 = (0.1, 0, 0, 0.2)/0.3; child 3: (0.1333) / 0.6667 = 0.2 < 0.99: rejected;
+    # r3 = max(r2 - q3, 0) = (0.8667 - 0.3333, 0, 0, 0) -> bonus token 0
+    path, bonus = rl.recursive_rejection(parents=t(par), tokens=t([tok]), target=target, draft=draft, randoms=randoms)
+    assert path.tolist() == [[0, -1]] and bonus.tolist() == [0]
