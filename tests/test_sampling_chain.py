@@ -393,3 +393,28 @@ def test_the_residual_rules_renormalise_and_update_the_draft():
     # r3 = max(r2 - q3, 0) = (0.8667 - 0.3333, 0, 0, 0) -> bonus token 0
     path, bonus = rl.recursive_rejection(parents=t(par), tokens=t([tok]), target=target, draft=draft, randoms=randoms)
     assert path.tolist() == [[0, -1]] and bonus.tolist() == [0]
+
+
+def test_typical_acceptance_where_the_entropy_term_binds():
+    """The threshold min(0.09, 0.3 exp(-H)) with its entropy term binding. Tree: the root's children are node 1
+    (token 1) and node 2 (token 0); node 3 (token 0) is under node 2.
+    Root (0.08, 0.3, 0.3, 0.32): H = 1.289, threshold 0.0827; node 2's 0.08 fails, node 1's 0.3 passes: the
+    walk ends at depth 1 of a depth-2 tree.
+    Root (0.1, 0.3, 0.3, 0.3): H = 1.314, threshold 0.0806, node 2's 0.1 passes; node 2 (0.085, 0.305, 0.305,
+    0.305): H = 1.296, threshold 0.0821, node 3's 0.085 passes (against the 0.09 cap alone it would fail): the
+    walk ends at node 3."""
+    t = torch.tensor
+    par, tok = [-1, 0, 0, 2], [0, 1, 0, 0]
+    P1 = t([[0.08, 0.3, 0.3, 0.32], [0.96, 0.02, 0.01, 0.01], [0.085, 0.305, 0.305, 0.305],
+            [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    assert lw.step_law("typical", parents=par, tokens=tok, probs=P1).stop.tolist() == [0, 1, 0, 0]
+    path, bonus = rl.typical(parents=t(par), tokens=t([tok]), target=P1[None],
+                             randoms={"final": t([0.5], dtype=torch.float64)})
+    assert path.tolist() == [[0, 1, -1]] and bonus.tolist() == [0]  # node 1's bonus: 0.5 falls on token 0
+    P2 = P1.clone()
+    P2[0] = t([0.1, 0.3, 0.3, 0.3], dtype=torch.float64)
+    law = lw.step_law("typical", parents=par, tokens=tok, probs=P2)
+    assert law.stop.tolist() == [0, 0, 0, 1] and law.bonus[3].tolist() == [0.25] * 4
+    path, bonus = rl.typical(parents=t(par), tokens=t([tok]), target=P2[None],
+                             randoms={"final": t([0.6], dtype=torch.float64)})
+    assert path.tolist() == [[0, 2, 3]] and bonus.tolist() == [2]
