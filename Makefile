@@ -12,18 +12,16 @@ export HYPOTHESIS_PROFILE ?= ci
 
 .PHONY: setup test lint audit bench mutation browser py310 clean
 
-# --no-compile: pip would byte-compile every file of every package (transformers', torch's) at install;
-# Python compiles the modules a run imports when it first imports them (a third of the set-up's time saved)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q --no-compile $(TORCH_PIN)
+	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(TORCH_PIN)
 	@# an older install of this project under the distribution name "ddsim" (or PyPI's unrelated
 	@# project of that name) would shadow the import package: remove it first
 	$(VPY) -m pip uninstall -y -q ddsim 2>/dev/null || true
-	$(VPY) -m pip install -q --no-compile -e '.[test]'
+	$(VPY) -m pip install -q -e '.[test]'
 	@# engine kernels `ddsim check-kernel` is tested against, kept out of the venv (transformers would
 	@# pick fla up as its own GDN backend): flash-linear-attention's fla-core, pinned, no dependencies
-	$(VPY) -m pip install -q --no-compile --no-deps --upgrade --target $(ENGINES) fla-core==0.6.0 einops==0.8.1
+	$(VPY) -m pip install -q --no-deps --upgrade --target $(ENGINES) fla-core==0.6.0 einops==0.8.1
 	@# and SGLang's GDN kernel module (0.5.23) from its wheel, with the test fixture's shims
 	$(VPY) tests/engine_setup.py $(ENGINES)
 	touch $(STAMP)
