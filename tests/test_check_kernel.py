@@ -83,7 +83,7 @@ def test_vllm_spec_decode_kernel_is_the_flattened_path(tmp_path):
 def test_planted_bugs_are_caught_with_the_first_wrong_node(tmp_path, kernel, failing, node):
     out = tmp_path / "ce.json"
     r = run_cli("check-kernel", "--impl", f"tests.planted_kernels:{kernel}", "--convention", "ddsim", "--mode", "exact",
-                "--max-examples", "40", "--out", out)
+                "--max-examples", "15", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
     ces = json.loads(out.read_text())["counterexamples"]
