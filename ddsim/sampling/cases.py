@@ -163,7 +163,8 @@ def explicit_cases() -> list[SamplerCase]:
 
 
 def case_strategy():
-    """Hypothesis: small trees of every shape over vocabularies of 2 to 16, every family."""
+    """Hypothesis: small trees of every shape over vocabularies of 2 to 16, every family; one case in three a
+    DDTree tree (budget 2 to 24, top-k cap 1 to 4, depth 2 to 4) built from per-depth draft marginals."""
     from hypothesis import strategies as st
     families = st.sampled_from(["dirichlet:0.1", "dirichlet:0.5", "dirichlet:1", "dirichlet:5", "sharp:0.001",
                                 "sharp:0.05", "zeros", "ties", "uniform"])
@@ -171,6 +172,12 @@ def case_strategy():
 
     @st.composite
     def cases(draw):
+        if draw(st.integers(0, 2)) == 0:  # a DDTree tree: its shape comes from the builder
+            V = draw(st.integers(2, 12))
+            depth = draw(st.integers(2, max(2, min(4, int(np.floor(np.log(2**16) / np.log(V)))))))
+            return SamplerCase(f"drawn {draw(st.integers(0, 10**6))}", V, (-1,), draw(families), draw(drafts),
+                               draw(st.integers(0, 2**31 - 1)),
+                               ddtree=(draw(st.integers(2, 24)), draw(st.integers(1, min(4, V))), depth))
         V = draw(st.integers(2, 16))
         max_depth = max(1, int(np.floor(np.log(2**16) / np.log(V))))
         n = draw(st.integers(2, 16))
