@@ -4,10 +4,11 @@ CUDA, replays of captured CUDA graphs: ddsim.model.graphs), beside the autoregre
 For every budget the tree is the one the audit's drafter builds at the first step of its first prompt, from
 that prompt's committed state; every mode verifies that same tree, then commits the path its own greedy walk
 accepts. The autoregressive baseline verifies and commits the root alone; the chain verifies the target's own
-greedy tokens, as many as the drafter's depth, as a chain (every node accepted: its longest commit). Each figure is the median of ``repeats`` timed repetitions after ``warmup`` untimed
-ones (CUDA events on a GPU, the wall clock elsewhere). A step is its verify and commit: the draft is not
-timed, since ddsim's drafters are simulations (synthetic, trace) or a reference draft model that runs on the
-CPU and prefills its context afresh each step; a served drafter's time adds to every speculative row alike.
+greedy tokens, as many as the drafter's depth, as a chain (every node accepted: its longest commit). Each figure
+is the median of ``repeats`` timed repetitions after ``warmup`` untimed ones (CUDA events on a GPU, the wall
+clock elsewhere). A step is its verify and commit: the draft is not timed, since ddsim's drafters are
+simulations (synthetic, trace) or a reference draft model that runs on the CPU and prefills its context afresh
+each step; a served drafter's time adds to every speculative row alike.
 
 Tokens per second = the audit's measured tokens per step / the measured step time; for the autoregressive
 baseline one token per step.
