@@ -118,7 +118,7 @@ def test_sglang_tree_conv_in_both_modes(tmp_path, mode, held):
 def test_a_planted_tree_conv_bug_and_a_missing_conv(tmp_path):
     out = tmp_path / "ce.json"
     r = run_cli("check-kernel", "--impl", "tests.planted_kernels:conv_skips_the_grandparent", "--convention", "ddsim",
-                "--op", "conv", "--mode", "exact", "--max-examples", "40", "--out", out)
+                "--op", "conv", "--mode", "exact", "--max-examples", "15", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [
         "FAILED exact on order-exact nodes", "FAILED exact on every node"]
@@ -135,7 +135,7 @@ def test_a_planted_bug_is_caught_in_bfloat16_too(tmp_path):
     """bf16 inputs widen the tolerance to bf16's, not enough to hide a wrong gate."""
     out = tmp_path / "ce.json"
     r = run_cli("check-kernel", "--impl", "tests.planted_kernels:wrong_gate_sign", "--convention", "ddsim", "--mode",
-                "exact", "--dtype", "bfloat16", "--max-examples", "30", "--out", out)
+                "exact", "--dtype", "bfloat16", "--max-examples", "15", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     ce = json.loads(out.read_text())["counterexamples"][-1]  # exact on every node, shrunk to the root
     assert ce["dtype"] == "bfloat16" and ce["first_wrong_node"]["node"] == 0 and ce["example"] == "drawn"
@@ -271,7 +271,7 @@ def test_ddsims_mamba2_kernel_passes_and_planted_mamba2_bugs_are_caught(tmp_path
                         ("mamba2_forgets_dt_bias", {"exact on order-exact nodes", "exact on every node"})):
         out = tmp_path / f"{fn}.json"
         r = run_cli("check-kernel", "--impl", f"tests.planted_kernels:{fn}", "--convention", "ddsim", "--op", "mamba2",
-                    "--mode", "exact", "--max-examples", "30", "--out", out)
+                    "--mode", "exact", "--max-examples", "15", "--out", out)
         assert r.returncode == 1, r.stdout + r.stderr
         assert {l.split(":")[0].removeprefix("FAILED ") for l in r.stdout.splitlines() if l.startswith("FAILED")} == failing
         ce = json.loads(out.read_text())["counterexamples"]
