@@ -152,6 +152,21 @@ def _import_behind_installed(module: str):
         sys.path[:] = saved
 
 
+def import_function(impl: str):
+    """MODULE:FUNCTION -> the callable (imported with the working directory searched last); a module that
+    does not import, a missing name or something not callable is one InputError naming ``impl``."""
+    module, _, name = impl.partition(":")
+    try:
+        fn = getattr(_import_behind_installed(module), name)
+    except ModuleNotFoundError as e:
+        raise InputError(f"--impl {impl}: cannot import {e.name!r}") from None
+    except AttributeError:
+        raise InputError(f"--impl {impl}: module {module!r} has no {name!r}") from None
+    if not callable(fn):
+        raise InputError(f"--impl {impl}: {name!r} is not callable")
+    return fn
+
+
 def load(impl: str, *, convention: str | None = None) -> EngineKernel:
     """The adapter for ``impl``; a missing engine package is one InputError naming it."""
     if impl == "ddsim":
@@ -168,17 +183,10 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
         return vllm.adapter()
     if ":" not in impl:
         raise InputError(f"--impl {impl}: expected ddsim, fla, sglang, vllm or MODULE:FUNCTION")
-    module, _, name = impl.partition(":")
+    module = impl.partition(":")[0]
     if convention not in CONVENTIONS:
         raise InputError(f"--convention: MODULE:FUNCTION needs one of {', '.join(CONVENTIONS)}, got {convention!r}")
-    try:
-        fn = getattr(_import_behind_installed(module), name)
-    except ModuleNotFoundError as e:
-        raise InputError(f"--impl {impl}: cannot import {e.name!r}") from None
-    except AttributeError:
-        raise InputError(f"--impl {impl}: module {module!r} has no {name!r}") from None
-    if not callable(fn):
-        raise InputError(f"--impl {impl}: {name!r} is not callable")
+    fn = import_function(impl)
     src, digest = _source_of(fn)
     top = module.split(".")[0]
     from ddsim.engines import ddsim_kernels, fla, sglang, vllm

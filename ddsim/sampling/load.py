@@ -68,16 +68,8 @@ def resolve(impl: str, *, convention: str | None = None, params: dict | None = N
                          "or MODULE:FUNCTION")
     if convention not in CONVENTIONS:
         raise InputError(f"--convention: MODULE:FUNCTION needs one of {', '.join(CONVENTIONS)}, got {convention!r}")
-    from ddsim.engines import _import_behind_installed, _source_of
-    module, _, name = impl.partition(":")
-    try:
-        fn = getattr(_import_behind_installed(module), name)
-    except ModuleNotFoundError as e:
-        raise InputError(f"--impl {impl}: cannot import {e.name!r}") from None
-    except AttributeError:
-        raise InputError(f"--impl {impl}: module {module!r} has no {name!r}") from None
-    if not callable(fn):
-        raise InputError(f"--impl {impl}: {name!r} is not callable")
+    from ddsim.engines import _source_of, import_function
+    fn = import_function(impl)
     if convention == "sglang":
         return _sglang(fn, impl, params, drafting, device)
     randoms = getattr(fn, "randoms", sglang_convention.RANDOMS)
