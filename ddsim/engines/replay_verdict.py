@@ -33,17 +33,15 @@ def emitted_by_exact_greedy(tree: Tree, logits: torch.Tensor, path: list[int]) -
 
 def sampled_walk(tree: Tree, logits: torch.Tensor, acceptance: dict, tensors: dict) -> tuple[list[int], list[int]]:
     """A sampled step recomputed: the dump's rule (acceptance {rule, temperature, params}) on softmax(logits / T)
-    with the random numbers the engine drew (tensors "random.NAME") -> (accepted path, emitted tokens)."""
-    from ddsim.sampling.rules import RULES
-    rule = RULES[acceptance["rule"]]
-    probs = torch.softmax(logits.double().cpu() / acceptance["temperature"], dim=-1)
-    randoms = {k: tensors[f"random.{k}"].double()[None] for k in rule.randoms}
-    if "final" in randoms:
-        randoms["final"] = randoms["final"].reshape(1)
-    path, bonus = rule.fn(parents=torch.tensor(tree.parents), tokens=torch.tensor(tree.tokens)[None], target=probs[None],
-                          randoms=randoms, **acceptance["params"])
-    path = [int(x) for x in path[0] if x >= 0]
-    return path, [tree.tokens[i] for i in path[1:]] + [int(bonus[0])]
+    with the random numbers the engine drew (tensors "random.NAME"; a step's one number dumped as [1]) ->
+    (accepted path, emitted tokens)."""
+    from ddsim.sampling.rules import RULES, one_step, probabilities
+    randoms = {k: tensors[f"random.{k}"].double().reshape(()) if kind == "draw" else tensors[f"random.{k}"].double()
+               for k, kind in RULES[acceptance["rule"]].randoms.items()}
+    path, bonus = one_step(acceptance["rule"], parents=tree.parents, tokens=tree.tokens,
+                           probs=probabilities(logits, acceptance["temperature"]), randoms=randoms,
+                           params=acceptance["params"])
+    return path, [tree.tokens[i] for i in path[1:]] + [bonus]
 
 
 def rule_error(emitted: list[int], own: list[int], rule: str) -> str | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ddsim.errors import InputError
+from ddsim.trees.tree import Tree
 
 TARGET_ONLY = ("sglang", "eagle", "ddtree", "gumbel")
 LAW_RULES = TARGET_ONLY + ("typical", "greedy")
@@ -44,13 +45,6 @@ class Law:
         return float((self.stop * self.depth.double()).sum())
 
 
-def _children(parents) -> list[list[int]]:
-    kids = [[] for _ in parents]
-    for i, p in enumerate(parents[1:], start=1):
-        kids[p].append(i)
-    return kids
-
-
 def _accept(pk: torch.Tensor, threshold_single: float, threshold_acc: float) -> torch.Tensor:
     """[K] probabilities of the children in try order -> [K + 1]: P(child i is the one accepted), then
     P(none is), under SGLang's rule (at thresholds 1: p(c_i), and 1 - their sum)."""
@@ -72,19 +66,17 @@ def step_law(rule: str, *, parents, tokens, probs: torch.Tensor, threshold_singl
     probs [T, V] (rows sum to 1)."""
     if rule not in LAW_RULES:
         raise InputError(f"--sampler {rule}: its exact law needs a fixed tree; one of {', '.join(LAW_RULES)}")
-    parents, tokens = [int(p) for p in parents], [int(t) for t in tokens]
+    tree = Tree(parents, tokens)
+    tokens, kids = tree.tokens, tree.children
     P = probs.double()
     T, V = P.shape
-    kids = _children(parents)
-    depth = torch.zeros(T, dtype=torch.long)
-    for i in range(1, T):
-        depth[i] = depth[parents[i]] + 1
+    depth = torch.from_numpy(tree.depths)
     reach = torch.zeros(T, dtype=torch.float64)
     reach[0] = 1.0
     stop = torch.zeros(T, dtype=torch.float64)
     bonus = torch.zeros(T, V, dtype=torch.float64)
     if rule in ("typical", "greedy"):
-        end = _deterministic_end(rule, parents, tokens, P, kids, posterior_threshold, posterior_alpha)
+        end = _deterministic_end(rule, tree, P, posterior_threshold, posterior_alpha)
         stop[end] = 1.0
         if rule == "greedy":
             bonus[end, int(P[end].argmax())] = 1.0
@@ -105,23 +97,21 @@ def step_law(rule: str, *, parents, tokens, probs: torch.Tensor, threshold_singl
     return Law(stop, bonus, depth)
 
 
-def _deterministic_end(rule, parents, tokens, P, kids, posterior_threshold, posterior_alpha) -> int:
+def _deterministic_end(rule, tree: Tree, P, posterior_threshold, posterior_alpha) -> int:
     if rule == "greedy":
         u = 0
         while True:
-            nxt = [c for c in kids[u] if tokens[c] == int(P[u].argmax())]
+            nxt = [c for c in tree.children[u] if tree.tokens[c] == int(P[u].argmax())]
             if not nxt:
                 return u
             u = nxt[0]
     ent = -(P * P.clamp_min(1e-300).log()).sum(-1)
     thr = torch.clamp(posterior_alpha * torch.exp(-ent), max=posterior_threshold)
-    ok = [True] + [False] * (len(parents) - 1)
-    depth = [0] * len(parents)
-    for i in range(1, len(parents)):
-        p = parents[i]
-        depth[i] = depth[p] + 1
-        ok[i] = ok[p] and bool(P[p, tokens[i]] > thr[p])
-    return max(range(len(parents)), key=lambda i: (ok[i] * (depth[i] + 1), -i))
+    ok = [True] + [False] * (tree.size - 1)
+    for i in range(1, tree.size):
+        p = tree.parents[i]
+        ok[i] = ok[p] and bool(P[p, tree.tokens[i]] > thr[p])
+    return max(range(tree.size), key=lambda i: (ok[i] * (int(tree.depths[i]) + 1), -i))
 
 
 def total_variation(a: Law, b: Law) -> float:
@@ -136,20 +126,11 @@ def length_tv(a: Law, b: Law) -> float:
 
 def first_token(law: Law, parents, tokens) -> torch.Tensor:
     """[V]: the distribution of the step's first emitted token."""
+    tree = Tree(parents, tokens)
     out = law.stop[0] * law.bonus[0]
     m = law.mass()
+    below = torch.from_numpy(tree.ancestor_mask)  # [T, T]: below[i, c] iff c is on i's root path
     # a draw whose path passes through the root's child c emits c's token first
-    for c, p in enumerate(parents):
-        if p == 0:
-            subtree_mass = _subtree(parents, c)
-            out[int(tokens[c])] += float(m[subtree_mass].sum())
+    for c in tree.children[0]:
+        out[tree.tokens[c]] += float(m[below[:, c]].sum())
     return out
-
-
-def _subtree(parents, c) -> list[int]:
-    inside = [False] * len(parents)
-    inside[c] = True
-    for i in range(c + 1, len(parents)):
-        if parents[i] >= 0 and inside[parents[i]]:
-            inside[i] = True
-    return [i for i, x in enumerate(inside) if x]

@@ -110,6 +110,17 @@ def _child_tokens(tokens, kids, cur):
     return kid, valid, tok
 
 
+def _first(kid: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+    """kid [R, K] children in try order, ok [R, K] -> [R] the first child where ok holds, -1 where none does."""
+    return torch.where(ok.any(1), kid.gather(1, ok.float().argmax(1, keepdim=True))[:, 0], -1)
+
+
+def _holding(tokens, kids, cur, t: torch.Tensor) -> torch.Tensor:
+    """[R] the child of cur whose token is t (siblings carry distinct tokens), -1 where none is."""
+    kid, valid, tok = _child_tokens(tokens, kids, cur)
+    return _first(kid, valid & (tok == t[:, None]))
+
+
 def _without(p: torch.Tensor, tok: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
     """p [R, V] with the tokens tok [R, K] zeroed where drop [R, K] (a token listed twice is dropped if
     either entry says so)."""
@@ -122,11 +133,8 @@ def _without(p: torch.Tensor, tok: torch.Tensor, drop: torch.Tensor) -> torch.Te
 def greedy(*, parents, tokens, target, draft=None, randoms=None):
     """Temperature 0: follow the child whose token is the argmax; the bonus is the argmax at the last node."""
     def step(cur, kids):
-        kid, valid, tok = _child_tokens(tokens, kids, cur)
         best = _at(target, cur).argmax(-1)
-        hit = valid & (tok == best[:, None])
-        nxt = torch.where(hit.any(1), kid.gather(1, hit.float().argmax(1, keepdim=True))[:, 0], -1)
-        return nxt, best
+        return _holding(tokens, kids, cur, best), best
     return _descend(parents, tokens.shape[0], step)
 
 
@@ -146,8 +154,7 @@ def sglang_target_only(*, parents, tokens, target, draft=None, randoms, threshol
         pk = p.gather(1, tok).masked_fill(~valid, 0.0)
         u = _at(coins, cur)
         ok = valid & ((u[:, None] <= pk.cumsum(1) / tau_acc) | (pk >= threshold_single))
-        nxt = torch.where(ok.any(1), kid.gather(1, ok.float().argmax(1, keepdim=True))[:, 0], -1)
-        return nxt, inverse_cdf(_without(p, tok, valid), final)
+        return _first(kid, ok), inverse_cdf(_without(p, tok, valid), final)
     return _descend(parents, tokens.shape[0], step)
 
 
@@ -180,10 +187,7 @@ def ddtree_walk(*, parents, tokens, target, draft=None, randoms):
 
     def step(cur, kids):
         t = inverse_cdf(_at(target, cur), _at(coins, cur))
-        kid, valid, tok = _child_tokens(tokens, kids, cur)
-        hit = valid & (tok == t[:, None])
-        nxt = torch.where(hit.any(1), kid.gather(1, hit.float().argmax(1, keepdim=True))[:, 0], -1)
-        return nxt, t
+        return _holding(tokens, kids, cur, t), t
     return _descend(parents, tokens.shape[0], step)
 
 
@@ -199,10 +203,7 @@ def gumbel_walk(*, parents, tokens, target, draft=None, randoms):
         p = _at(target, cur)
         score = torch.where(p > 0, p.clamp_min(1e-300).log(), float("-inf")) + _at(g, depth[cur])
         t = score.argmax(-1)
-        kid, valid, tok = _child_tokens(tokens, kids, cur)
-        hit = valid & (tok == t[:, None])
-        nxt = torch.where(hit.any(1), kid.gather(1, hit.float().argmax(1, keepdim=True))[:, 0], -1)
-        return nxt, t
+        return _holding(tokens, kids, cur, t), t
     return _descend(parents, tokens.shape[0], step)
 
 
@@ -262,12 +263,11 @@ def typical(*, parents, tokens, target, draft=None, randoms, posterior_threshold
     ent = -(target * target.clamp_min(1e-300).log()).sum(-1)  # [R, T]
     thr = torch.minimum(torch.full_like(ent, posterior_threshold), posterior_alpha * torch.exp(-ent))
     reach = torch.ones(R, T, dtype=torch.bool)
-    depth = torch.zeros(T, dtype=torch.long)
+    _, depth = children_table(par)
     for i in range(1, T):
         p = par[i]
         prob = target[:, p].gather(1, tokens[:, i:i + 1])[:, 0]
         reach[:, i] = reach[:, p] & (prob > thr[:, p])
-        depth[i] = depth[p] + 1
     best = (reach.long() * (depth + 1)).argmax(1)  # deepest reached node, first on a tie
     D = int(depth.max())
     path = torch.full((R, D + 1), -1, dtype=torch.long)
@@ -304,6 +304,19 @@ RULES = {r.name: r for r in (
          params={"posterior_threshold": 0.09, "posterior_alpha": 0.3}),
 )}
 DRAFTINGS = ("fixed", "iid", "without-replacement")
+
+
+def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits [T, V] -> [T, V] float64 softmax(logits / temperature) on the CPU: the distributions a rule reads."""
+    return torch.softmax(logits.double().cpu() / temperature, dim=-1)
+
+
+def one_step(name: str, *, parents, tokens, probs: torch.Tensor, randoms: dict, params: dict | None = None):
+    """One step under the named rule: parents and tokens of the tree's T nodes, probs [T, V], the random numbers
+    of one draw (each without the draw axis: [T], [] or [D + 1, V]) -> (accepted path, bonus token)."""
+    path, bonus = RULES[name].fn(parents=torch.tensor(parents), tokens=torch.tensor(tokens)[None], target=probs[None],
+                                 randoms={k: v[None] for k, v in randoms.items()}, **(params or {}))
+    return [int(x) for x in path[0] if x >= 0], int(bonus[0])
 
 
 def draw_randoms(rule_randoms: dict, *, R: int, T: int, D: int, V: int, generator: torch.Generator) -> dict:

@@ -71,24 +71,21 @@ def emitted_tokens(tree: Tree, path: list[int], bonus: int) -> list[int]:
     return [tree.tokens[n] for n in path[1:]] + [bonus]
 
 
-def accept_with_rule(tree: Tree, logits: torch.Tensor, *, temperature: float, seed: int, position: int, sampler: str,
+def accept_with_rule(tree: Tree, probs: torch.Tensor, *, seed: int, position: int, sampler: str,
                      params: dict | None = None) -> tuple[list[int], int]:
-    """A step's (accepted path, bonus) under a named rule of ddsim.sampling.rules at temperature > 0. Its random
-    numbers are a pure function of (seed, the root's position), so every mode verified from one committed
-    state (the generation's and exact's) decides with the same numbers."""
-    from ddsim.sampling.rules import RULES, draw_randoms
-    rule = RULES[sampler]
-    probs = torch.softmax(logits.double().cpu() / temperature, dim=-1)  # [T, V]
+    """A step's (accepted path, bonus) under a named rule of ddsim.sampling.rules at temperature > 0, from the
+    verify's distributions probs [T, V] (ddsim.sampling.rules.probabilities). Its random numbers are a pure
+    function of (seed, the root's position), so every mode verified from one committed state (the generation's
+    and exact's) decides with the same numbers."""
+    from ddsim.sampling.rules import RULES, draw_randoms, one_step
     T, V = probs.shape
     gen = torch.Generator().manual_seed(derive_seed(int(seed), "sampler-randoms", int(position)))
-    randoms = draw_randoms(rule.randoms, R=1, T=T, D=int(tree.depths.max()), V=V, generator=gen)
-    path, bonus = rule.fn(parents=torch.tensor(tree.parents), tokens=torch.tensor(tree.tokens)[None], target=probs[None],
-                          randoms=randoms, **(params or {}))
-    return [int(x) for x in path[0] if x >= 0], int(bonus[0])
+    randoms = draw_randoms(RULES[sampler].randoms, R=1, T=T, D=int(tree.depths.max()), V=V, generator=gen)
+    return one_step(sampler, parents=tree.parents, tokens=tree.tokens, probs=probs,
+                    randoms={k: v[0] for k, v in randoms.items()}, params=params)
 
 
-def step_law_of(tree: Tree, logits: torch.Tensor, *, temperature: float, sampler: str, params: dict | None = None):
-    """The step's exact law (ddsim.sampling.law) under ``sampler`` from the verify's logits [T, V]."""
+def step_law_of(tree: Tree, probs: torch.Tensor, *, sampler: str, params: dict | None = None):
+    """The step's exact law (ddsim.sampling.law) under ``sampler`` from the verify's distributions probs [T, V]."""
     from ddsim.sampling.law import step_law
-    probs = torch.softmax(logits.double().cpu() / temperature, dim=-1)
     return step_law(sampler, parents=tree.parents, tokens=tree.tokens, probs=probs, **(params or {}))

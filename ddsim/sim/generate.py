@@ -23,6 +23,7 @@ from ddsim.errors import InputError
 from ddsim.measure.metrics import node_keys, node_metrics, reference_norms
 from ddsim.model.model import HybridModel
 from ddsim.sampling.law import length_tv, total_variation
+from ddsim.sampling.rules import probabilities
 from ddsim.sim.acceptance import (
     accept_with_rule,
     decision_margins,
@@ -466,6 +467,19 @@ def run_lockstep(gens: list, answer: Callable[[list[OracleRequest]], list], *, m
     return results
 
 
+def _decide(tree: Tree, logits, targets, *, rule: str | None, temperature: float, seed: int, position: int,
+            params: dict | None):
+    """(accepted path, bonus, the step's law or None) of one verify result: the walk on ``targets`` (greedy, or
+    ddsim's coupled Gumbel walk), or the named rule on the result's distributions, computed once for both the
+    decision and the law."""
+    if rule is None:
+        return (*walk(tree, targets), None)
+    probs = probabilities(logits, temperature)
+    path, bonus = walk(tree, targets) if rule == "gumbel" else accept_with_rule(
+        tree, probs, seed=seed, position=position, sampler=rule, params=params)
+    return path, bonus, step_law_of(tree, probs, sampler=rule, params=params)
+
+
 def _checked_generation(model, prompt, n_tokens, *, drafter, policy, mode="exact", steps=None, measure="decisions",
                         weights=None, **_):
     """The prompt as checked token ids: every argument of a generation refused before any work, one
@@ -558,13 +572,9 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         # at temperature > 0 the sampler decides (ddsim's coupled Gumbel walk unless another is named); the
         # per-node targets above stay the coupled decisions the flip metrics compare
         rule = (sampler or "gumbel") if temperature > 0 else None
-        if rule is not None and rule != "gumbel":
-            path, bonus = accept_with_rule(tree, res.logits, temperature=temperature, seed=seed, position=state.pos,
-                                           sampler=rule, params=sampler_params)
-        else:
-            path, bonus = walk(tree, targets)
-        law = step_law_of(tree, res.logits, temperature=temperature, sampler=rule, params=sampler_params) \
-            if rule is not None else None
+        decide = lambda logits, targets: _decide(tree, logits, targets, rule=rule, temperature=temperature,  # noqa: E731
+                                                 seed=seed, position=state.pos, params=sampler_params)
+        path, bonus, law = decide(res.logits, targets)
         emitted = emitted_tokens(tree, path, bonus)
         if keep:
             nodes[mode] = measured(res)
@@ -576,7 +586,7 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         del res
 
         if mode == "exact":
-            targets_x = targets
+            targets_x, path_x, bonus_x, law_x = targets, path, bonus, law
         else:
             if keep:
                 with part("fast-path verifies"):
@@ -584,18 +594,14 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
             else:
                 res_x = yield VerifyRequest(state, tree, "exact")
             targets_x = target_tokens(res_x.logits, positions, temperature=temperature, seed=seed)
-            if rule is not None:
-                law_x = step_law_of(tree, res_x.logits, temperature=temperature, sampler=rule, params=sampler_params)
-                if rule != "gumbel":
-                    path_x, bonus_x = accept_with_rule(tree, res_x.logits, temperature=temperature, seed=seed,
-                                                       position=state.pos, sampler=rule, params=sampler_params)
+            path_x, bonus_x, law_x = decide(res_x.logits, targets_x)
             if keep:
                 nodes["exact"] = measured(res_x)
             del res_x
         keys = None
         law_ref = None
         if measure == "full" and rule is not None:  # before the oracle's result is let go
-            law_ref = step_law_of(tree, ref.logits, temperature=temperature, sampler=rule, params=sampler_params)
+            law_ref = step_law_of(tree, probabilities(ref.logits, temperature), sampler=rule, params=sampler_params)
         if measure == "full":
             for extra in attribution:
                 if extra not in nodes:
@@ -608,12 +614,6 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
             norms.clear()
         else:
             targets_ref = targets_x
-        if mode == "exact":
-            law_x = law
-            if rule is not None and rule != "gumbel":
-                path_x, bonus_x = path, bonus
-        if rule is None or rule == "gumbel":
-            path_x, bonus_x = walk(tree, targets_x)
         exact_emitted = emitted_tokens(tree, path_x, bonus_x)
         ref_path, _ = walk(tree, targets_ref)
         flips = sum(targets[n] != targets_ref[n] for n in ref_path)
