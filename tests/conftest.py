@@ -108,3 +108,12 @@ def report(audit_dir):
 def typed_report(audit_dir):
     from ddsim.reports import json_report
     return json_report.load(audit_dir / "report.json")
+
+
+@pytest.fixture(scope="session")
+def ckpt(tmp_path_factory):
+    """A tiny transformers-built Qwen3.5 checkpoint, the replay tests' model (the emulated engine serves it)."""
+    from tests.test_checkpoints import _hf_model
+    d = tmp_path_factory.mktemp("replay") / "qwen3_5"
+    _hf_model("qwen3_5").save_pretrained(d)
+    return d

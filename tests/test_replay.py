@@ -30,14 +30,6 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from tests.test_checkpoints import _hf_model
-    d = tmp_path_factory.mktemp("replay") / "qwen3_5"
-    _hf_model("qwen3_5").save_pretrained(d)
-    return d
-
-
-@pytest.fixture(scope="module")
 def dumps(ckpt, tmp_path_factory):
     model = load_model(ckpt)
     root = tmp_path_factory.mktemp("dumps")

@@ -15,14 +15,6 @@ SAMPLER = {"rule": "sglang", "temperature": 0.9, "params": {"threshold_single": 
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from tests.test_checkpoints import _hf_model
-    d = tmp_path_factory.mktemp("sreplay") / "qwen3_5"
-    _hf_model("qwen3_5").save_pretrained(d)
-    return d
-
-
-@pytest.fixture(scope="module")
 def dumps(ckpt, tmp_path_factory):
     model = load_model(ckpt)
     root = tmp_path_factory.mktemp("sdumps")
