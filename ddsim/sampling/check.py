@@ -76,9 +76,11 @@ class SamplerResult:
         return all(c.holds for c in self.cases)
 
     def worst(self) -> CaseResult:
-        return max(self.cases, key=lambda c: (not c.holds, c.failure is not None,
-                                              (c.worst() or {"l1": 0, "threshold": 1})["l1"]
-                                              / (c.worst() or {"threshold": 1})["threshold"]))
+        """A failing case before a holding one, a certain failure first, then the largest L1 over threshold."""
+        def key(c: CaseResult):
+            w = c.worst()
+            return not c.holds, c.failure is not None, w["l1"] / w["threshold"] if w else 0.0
+        return max(self.cases, key=key)
 
 
 def _validate(path, bonus, parents, R, D, V) -> str | None:
