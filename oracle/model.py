@@ -10,7 +10,7 @@ recurrence and attention depth by depth, the nodes of one depth as one batch of 
 sequence), or one node at a time depth-first through ``decode_step`` (``order="node"``). Only one
 layer's states of two depths (or the root path's) are alive unless ``record_states`` asks for every
 node's state (for the leak metrics). Every layer is the same code in both schedules
-(``_attention_proj``/``_core``/``_out``, ``_gdn_*``, ``_mamba2_*``).
+(``_attention_proj``/``_core``/``_out``, ``_gdn_*``, ``_mamba2_*``, ``_short_conv_*``).
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def _route(w, p, cfg, xr):
     idx = torch.topk(choice, k).indices
     top = scores[idx]
     if cfg.norm_topk_prob:
-        top = top / (top.sum() + 1e-20)
+        top = top / (top.sum() + cfg.moe_norm_eps)
     return top * cfg.routed_scaling_factor, idx
 
 
@@ -248,6 +248,27 @@ def _mamba2(w, p, cfg, x, S, window):
     return _mamba2_out(w, p, cfg, y, z), S_new, new_window
 
 
+def _short_conv_proj(w, p, x):
+    """LFM2's short conv input projection of each row x [n, d]: (B [n, d], C [n, d], x [n, d])."""
+    d = x.shape[1]
+    bcx = x @ w[p + "conv.in"].T  # [n, 3d]: B, C, x
+    return bcx[:, :d], bcx[:, d:2 * d], bcx[:, 2 * d:]
+
+
+def _short_conv_core(w, p, bg, xs, S, window):
+    """One token per row of the short conv from the row's own window: bg, xs [n, d]; S [n, 0] (no state,
+    passed on); window [n, d, W-1] -> (conv(B * x) [n, d], S, window')."""
+    inputs = torch.cat([window, (bg * xs)[:, :, None]], dim=2)  # [n, d, W] oldest first
+    return (inputs * w[p + "conv.conv"]).sum(dim=2), S, inputs[:, :, 1:]
+
+
+def _short_conv(w, p, cfg, x, S, window):
+    """One token per row of LFM2's gated short conv: out(C * conv(B * x)). x [n, d]; window [n, d, W-1]."""
+    bg, cg, xs = _short_conv_proj(w, p, x)
+    y, S, new_window = _short_conv_core(w, p, bg, xs, S, window)
+    return (cg * y) @ w[p + "conv.out"].T, S, new_window
+
+
 def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
     """One token through the whole model, for each of n rows at once (each row its own sequence).
 
@@ -285,6 +306,9 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
             if kind in "mp":
                 m, S, win = _mamba2(w, p, cfg, xn, ssm[i], conv[i])
                 out = out + m
+            if kind == "c":
+                c, S, win = _short_conv(w, p, cfg, xn, ssm[i], conv[i])
+                out = out + c
             h = h + r * out
             if cfg.layer_mlp:
                 h = h + r * _mlp(w, p, cfg, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
@@ -612,6 +636,11 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
                 o = _tree_recurrence(lambda sl, S, win: _mamba2_core(lw, p, cfg, xbc[sl], dt_raw[sl], S, win),
                                      ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
                 out = out + _mamba2_out(lw, p, cfg, o, z)
+            if kind == "c":
+                bg, cg, xs = _short_conv_proj(lw, p, xn)
+                o = _tree_recurrence(lambda sl, S, win: _short_conv_core(lw, p, bg[sl], xs[sl], S, win),
+                                     ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+                out = out + (cg * o) @ lw[p + "conv.out"].T
             h = h + r_mul * out
             if cfg.layer_mlp:
                 h = h + r_mul * _mlp(lw, p, cfg, _rmsnorm(h, lw[p + "post_norm"], cfg.rms_norm_eps), i)

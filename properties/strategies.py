@@ -72,14 +72,14 @@ def ddtree_logits(draw, *, max_depth: int = 4, max_vocab: int = 6) -> torch.Tens
 @st.composite
 def model_configs(draw) -> ModelConfig:
     """Toy hybrid configs exercising grouped heads (HV/H in 1..3), GQA, every layer kind (GDN,
-    attention, Mamba2, parallel attention + Mamba2, MLP-only blocks), the real-checkpoint features
+    attention, Mamba2, parallel attention + Mamba2, MLP-only blocks, short convs), the real-checkpoint features
     (gated attention, q/k norm, partial RoPE, zero-centred norms, MoE) and the Mamba2-hybrid ones
     (grouped B/C, dt limits, the three gated-norm forms, relu^2 MLPs, NoPE, scalings)."""
     H = draw(st.integers(1, 2))
     HV = H * draw(st.integers(1, 3))
     nkv = draw(st.integers(1, 2))
     n_layers = draw(st.integers(1, 4))
-    pat = "".join(draw(st.sampled_from("gagampf")) for _ in range(n_layers))
+    pat = "".join(draw(st.sampled_from("gagampfc")) for _ in range(n_layers))
     layer_mlp = "f" not in pat or draw(st.booleans())
     moe = draw(st.booleans())
     n_exp = draw(st.integers(2, 4)) if moe else 0
@@ -103,7 +103,8 @@ def model_configs(draw) -> ModelConfig:
         shared_expert_intermediate_size=draw(st.sampled_from([0, 8])) if moe else 0,
         norm_topk_prob=draw(st.booleans()), decoder_sparse_step=draw(st.sampled_from([1, 2])),
         shared_expert_gate=draw(st.booleans()), moe_router=router, moe_n_group=n_group, moe_topk_group=topk_group,
-        routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])), mamba_n_groups=mG, mamba_num_heads=mG * draw(st.integers(1, 2)),
+        routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])), moe_norm_eps=draw(st.sampled_from([1e-20, 1e-6])),
+        mamba_n_groups=mG, mamba_num_heads=mG * draw(st.integers(1, 2)),
         mamba_head_dim=draw(st.sampled_from([2, 4])),
         mamba_state_size=draw(st.sampled_from([3, 4])), mamba_conv_bias=draw(st.booleans()),
         mamba_dt_limit=draw(st.sampled_from([(0.0, float("inf")), (0.01, 0.5)])),

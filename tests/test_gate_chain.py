@@ -355,7 +355,7 @@ TAMPER += [  # more classes, found by the mutation run
      "does not match the model's layers"),
     ("attention layer given a state", lambda d: d["budgets"][0]["leak"]["exact"]["by_layer"][3].update(
         state_rel=d["budgets"][0]["leak"]["exact"]["by_layer"][0]["state_rel"]),
-     "state_rel and conv_rel are given exactly for recurrent layers"),
+     "state_rel is given exactly for layers with a recurrent state"),
     ("family row dropped", lambda d: d["budgets"][0]["leak"]["leaky"]["by_family"].clear(),
      "does not match the model's recurrent layers"),
     ("prompt numbered wrong", lambda d: d["prompts"][1].update(index=5), "prompts[1].index"),
@@ -465,7 +465,7 @@ def test_node_metrics_tables_of_a_model_with_one_recurrent_layer():
     """The tables' rows in order for a model with a single recurrent layer (the edge of "any recurrent
     layer recorded"): hidden_rel one row per layer, then the one state row, then the one window row."""
     from ddsim.measure.metrics import reference_norms
-    cfg = SimpleNamespace(num_layers=2, recurrent_layers=[1])
+    cfg = SimpleNamespace(num_layers=2, recurrent_layers=[1], stateful=lambda i: True)
     T = 3
     ones = lambda *shape: torch.ones(*shape, dtype=torch.float64)  # noqa: E731
     ref = SimpleNamespace(logits=ones(T, 4), hidden=[ones(T, 2), ones(T, 2)], ssm=[None, ones(T, 2, 2)],
@@ -478,6 +478,47 @@ def test_node_metrics_tables_of_a_model_with_one_recurrent_layer():
         np.testing.assert_allclose(m["hidden_rel"], [[0.25] * T, [0.5] * T])
         np.testing.assert_allclose(m["state_rel"], [[2.0] * T])
         np.testing.assert_allclose(m["conv_rel"], [[0.5] * T])
+
+
+def test_node_metrics_tables_of_a_model_with_a_short_conv():
+    """A short conv (LFM2) keeps no state beside its window: its layer has a window row and no state row, so
+    the state table holds the stateful layers alone, in order, and the window table every recurrent layer."""
+    cfg = SimpleNamespace(num_layers=3, recurrent_layers=[0, 2], stateful=lambda i: i != 0)
+    T = 2
+    ones = lambda *shape: torch.ones(*shape, dtype=torch.float64)  # noqa: E731
+    ref = SimpleNamespace(logits=ones(T, 4), hidden=[ones(T, 2)] * 3, ssm=[ones(T, 0), None, ones(T, 2)],
+                          conv=[ones(T, 3), None, ones(T, 3)])
+    res = SimpleNamespace(logits=ones(T, 4), hidden=[ones(T, 2)] * 3, ssm=[ones(T, 0), None, ones(T, 2) * 4],
+                          conv=[ones(T, 3) * 2, None, ones(T, 3) * 0.75])
+    m = node_metrics(Tree(parents=[-1, 0], tokens=[0, 1]), res, ref, cfg)
+    np.testing.assert_allclose(m["state_rel"], [[3.0] * T])
+    np.testing.assert_allclose(m["conv_rel"], [[1.0] * T, [0.25] * T])
+
+
+def test_a_short_conv_leak_table_has_the_conv_family_without_a_state_error():
+    """The leak table of the short-conv preset: its layers' rows carry the window error and no state error, the
+    conv family's row likewise, and a report that gives a short conv a state error does not load."""
+    cfg = get_preset("micro-lfm2")  # ccacc
+    pool = NodePool()
+    metrics, keys = _step_metrics()
+    metrics.update(state_rel=np.zeros((0, 4)), conv_rel=np.arange(16, dtype=float).reshape(4, 4) / 10,
+                   hidden_rel=np.arange(20, dtype=float).reshape(5, 4) / 1000)
+    pool.add(metrics, keys)
+    t = pool.table(cfg)
+    LeakTable(**t)  # the report model accepts it
+    assert t["by_layer"][3]["conv_rel"]["max"] == 1.1  # layer 3 is the third short conv: row 2, its nodes 2 and 3
+    assert [row.get("state_rel") is None for row in t["by_layer"]] == [True] * 5
+    assert [row.get("conv_rel") is not None for row in t["by_layer"]] == [True, True, False, True, True]
+    assert t["by_family"] == [{"family": "conv", "layers": 4, "state_rel": None, "conv_rel": t["by_family"][0]["conv_rel"]}]
+    assert t["by_family"][0]["conv_rel"]["n"] == 4 * int((~keys["order_exact"]).sum())
+    bad = copy.deepcopy(t)
+    bad["by_layer"][0]["state_rel"] = bad["by_layer"][0]["conv_rel"]
+    with pytest.raises(ValueError, match="state_rel is given exactly for layers with a recurrent state"):
+        LeakTable(**bad)
+    bad = copy.deepcopy(t)
+    bad["by_family"][0]["state_rel"] = bad["by_family"][0]["conv_rel"]
+    with pytest.raises(ValueError, match="state_rel is given exactly for the families that keep a state"):
+        LeakTable(**bad)
 
 
 def test_group_by_on_one_row_and_boolean_keys():
@@ -800,7 +841,7 @@ def test_a_mamba2_report_loads_and_its_family_rows_are_checked(tmp_path, mamba_r
              "does not match the model's recurrent layers"),
             ("MLP layer given a state", lambda x: x["budgets"][0]["leak"]["exact"]["by_layer"][1].update(
                 state_rel=x["budgets"][0]["leak"]["exact"]["by_layer"][0]["state_rel"]),
-             "state_rel and conv_rel are given exactly for recurrent layers")):
+             "state_rel is given exactly for layers with a recurrent state")):
         bad = copy.deepcopy(d)
         edit(bad)
         p.write_text(json.dumps(bad))

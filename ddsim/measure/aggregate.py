@@ -49,15 +49,19 @@ class NodePool:
                             "hidden_rel": summarize(hidden[l][other]) if other.any() else summarize([])}
                            for l in range(cfg.num_layers)]
         rec = cfg.recurrent_layers
+        srow = {l: si for si, l in enumerate(l for l in rec if cfg.stateful(l))}  # layer -> its row of the state table
         for gi, l in enumerate(rec):
-            out["by_layer"][l]["state_rel"] = summarize(state[gi][other]) if other.any() else summarize([])
+            if l in srow:  # a short conv keeps no state beside its window: no state_rel
+                out["by_layer"][l]["state_rel"] = summarize(state[srow[l]][other]) if other.any() else summarize([])
             out["by_layer"][l]["conv_rel"] = summarize(conv[gi][other]) if other.any() else summarize([])
         out["by_family"] = []
         for fam in sorted({cfg.family(l) for l in rec}):
             rows = [gi for gi, l in enumerate(rec) if cfg.family(l) == fam]
-            pick = (lambda a: a[rows][:, other]) if other.any() else (lambda a: [])  # noqa: E731
-            out["by_family"].append({"family": fam, "layers": len(rows), "state_rel": summarize(pick(state)),
-                                     "conv_rel": summarize(pick(conv))})
+            srows = [srow[l] for l in rec if cfg.family(l) == fam and l in srow]
+            pick = (lambda a, r: a[r][:, other]) if other.any() else (lambda a, r: [])  # noqa: E731
+            out["by_family"].append({"family": fam, "layers": len(rows),
+                                     "state_rel": summarize(pick(state, srows)) if srows else None,
+                                     "conv_rel": summarize(pick(conv, rows))})
         margin = self.get("margin")
         out["margin_of_flipped"] = summarize(margin[flip > 0]) if flip.size else summarize([])
         out["margin_all"] = summarize(margin)

@@ -84,6 +84,8 @@ def _gate_stats(cfg, w) -> dict:
     (GDN's exp(g), Mamba2's exp(dt A)): how long heads remember."""
     decays = []
     for l in cfg.recurrent_layers:
+        if not cfg.stateful(l):  # a short conv has no decay
+            continue
         pre = f"layers.{l}.{'gdn' if cfg.family(l) == 'gdn' else 'mamba'}."
         A = torch.exp(w[pre + "A_log"].double().cpu())
         dt = torch.nn.functional.softplus(w[pre + "dt_bias"].double().cpu())

@@ -17,10 +17,12 @@ from ddsim.trees.tree import Tree
 
 def _layers(x, cfg, states: bool) -> list:
     """x's per-layer tensors (a VerifyResult or OracleResult), [T, ...] each, in the order of the metric
-    tables: the hidden states of every layer, then (``states``) the recurrent layers' states, then their
-    conv windows."""
+    tables: the hidden states of every layer, then (``states``) the recurrent states of the layers that
+    keep one (not the short convs, whose window is their whole state), then every recurrent layer's conv
+    window."""
     g = cfg.recurrent_layers
-    return [x.hidden[l] for l in range(cfg.num_layers)] + ([x.ssm[l] for l in g] + [x.conv[l] for l in g] if states else [])
+    s = [l for l in g if cfg.stateful(l)]
+    return [x.hidden[l] for l in range(cfg.num_layers)] + ([x.ssm[l] for l in s] + [x.conv[l] for l in g] if states else [])
 
 
 def _has_states(ref, cfg) -> bool:
@@ -69,16 +71,18 @@ def node_metrics(tree: Tree, res, ref, cfg, *, ref_norms: torch.Tensor | None = 
     against one ref.
 
     Returns {"kl", "max_abs", "margin", "flip"} as [T] arrays and {"hidden_rel" [L, T],
-    "state_rel" [G, T], "conv_rel" [G, T]} with G = the recurrent layers (GDN and Mamba2) in order.
+    "state_rel" [S, T], "conv_rel" [G, T]} with G = the recurrent layers in order and S = those of them that
+    keep a state beside the window (GDN, Mamba2; not the short convs).
     """
     fresh = getattr(res, "fresh", None)
     if fresh is not None and not fresh():
         raise MeasurementError("verify result: its per-node buffers were reused by a later verify (a CUDA-graph "
                                "replay); measure a result before verifying the next")
     L, G = cfg.num_layers, len(cfg.recurrent_layers) if _has_states(ref, cfg) else 0
-    if ref_norms is not None and tuple(ref_norms.shape) != (L + 2 * G, tree.size):
+    S = sum(cfg.stateful(l) for l in cfg.recurrent_layers) if G else 0
+    if ref_norms is not None and tuple(ref_norms.shape) != (L + S + G, tree.size):
         raise MeasurementError(f"ref_norms: shape {tuple(ref_norms.shape)}, the oracle's tables are "
-                               f"{(L + 2 * G, tree.size)}")
+                               f"{(L + S + G, tree.size)}")
     lo = ref.logits.double()
     lm = res.logits.to(lo.device, torch.float64)
     logp_o, logp_m = torch.log_softmax(lo, -1), torch.log_softmax(lm, -1)
@@ -89,8 +93,8 @@ def node_metrics(tree: Tree, res, ref, cfg, *, ref_norms: torch.Tensor | None = 
                                    (lm.argmax(-1) != lo.argmax(-1)).double()]),
                       _rel_rows(pairs, ref_norms).to(lo.device)]).cpu().numpy()
     return {"kl": rows[0], "max_abs": rows[1], "margin": rows[2], "flip": rows[3] != 0, "hidden_rel": rows[4:4 + L],
-            "state_rel": rows[4 + L:4 + L + G] if G else np.zeros((0, tree.size)),
-            "conv_rel": rows[4 + L + G:] if G else np.zeros((0, tree.size))}
+            "state_rel": rows[4 + L:4 + L + S] if S else np.zeros((0, tree.size)),
+            "conv_rel": rows[4 + L + S:] if G else np.zeros((0, tree.size))}
 
 
 def node_keys(tree: Tree) -> dict:

@@ -6,6 +6,8 @@ A layer pattern is a string, one character per layer in order:
   'm'  Mamba2 mixer                    (Nemotron-H, Bamba, Granite-4.0-H)
   'p'  attention and Mamba2 in parallel on the same normed input, outputs summed (Falcon-H1)
   'f'  an MLP block alone              (Nemotron-H's '-' layers)
+  'c'  a gated short convolution       (LFM2: out(C * conv(B * x)), no recurrent state beyond the
+                                        conv window: the family whose whole state is a window)
 A mixer layer is input norm, mixer, residual, then (when ``layer_mlp``) post norm, MLP, residual;
 Nemotron-H has ``layer_mlp=False`` and its MLPs in 'f' layers. ``pattern(n_layers, gdn=3, attn=1)``
 gives the Qwen3-Next / Qwen3.5 layout (three GDN layers, then one attention layer, repeated).
@@ -25,8 +27,8 @@ from dataclasses import dataclass
 
 from ddsim.errors import ConfigError
 
-LAYER_KINDS = "gampf"
-FAMILIES = {"g": "gdn", "m": "mamba2", "p": "mamba2"}  # recurrent layer kind -> family
+LAYER_KINDS = "gampfc"
+FAMILIES = {"g": "gdn", "m": "mamba2", "p": "mamba2", "c": "conv"}  # recurrent layer kind -> family
 
 
 def pattern(n_layers: int, *, gdn: int = 3, attn: int = 1, kind: str = "g") -> str:
@@ -79,6 +81,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    moe_norm_eps: float = 1e-20  # the renormalised top-k weights are top / (sum + moe_norm_eps) (LFM2-MoE: 1e-6)
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple = ()
     tie_word_embeddings: bool = False
@@ -121,7 +124,8 @@ class ModelConfig:
 
     @property
     def recurrent_layers(self) -> list[int]:
-        """Layers that keep a recurrent state and a conv window (GDN and Mamba2)."""
+        """Layers that keep a conv window, and a recurrent state beside it (GDN, Mamba2; a short conv's
+        state is empty: state_shape (0,))."""
         return [i for i, c in enumerate(self.layer_pattern) if c in FAMILIES]
 
     @property
@@ -133,7 +137,7 @@ class ModelConfig:
         return self.layer_pattern[i] == "f" or self.layer_mlp
 
     def family(self, i: int) -> str | None:
-        """The recurrent family of layer i ('gdn', 'mamba2') or None."""
+        """The recurrent family of layer i ('gdn', 'mamba2', 'conv') or None."""
         return FAMILIES.get(self.layer_pattern[i])
 
     @property
@@ -146,15 +150,22 @@ class ModelConfig:
         """Channels of the Mamba2 conv: x || B || C = I + 2 G N."""
         return self.mamba_inner + 2 * self.mamba_n_groups * self.mamba_state_size
 
+    def stateful(self, i: int) -> bool:
+        """Whether recurrent layer i keeps a state beside its window (all but the short conv)."""
+        return self.layer_pattern[i] != "c"
+
     def state_shape(self, i: int) -> tuple[int, ...]:
-        """Recurrent state of layer i: [HV, K, V] (GDN) or [H, P, N] (Mamba2)."""
+        """Recurrent state of layer i: [HV, K, V] (GDN), [H, P, N] (Mamba2), or [0] (a short conv: none)."""
+        if self.layer_pattern[i] == "c":
+            return (0,)
         if self.layer_pattern[i] == "g":
             return (self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim)
         return (self.mamba_num_heads, self.mamba_head_dim, self.mamba_state_size)
 
     def window_shape(self, i: int) -> tuple[int, int]:
-        """Conv window of layer i: [C, W-1]."""
-        C = self.conv_dim if self.layer_pattern[i] == "g" else self.mamba_conv_dim
+        """Conv window of layer i: [C, W-1] (a short conv's C is the hidden size)."""
+        kind = self.layer_pattern[i]
+        C = self.conv_dim if kind == "g" else self.hidden_size if kind == "c" else self.mamba_conv_dim
         return (C, self.conv_kernel_size - 1)
 
     def is_moe_layer(self, i: int) -> bool:
@@ -184,8 +195,8 @@ class ModelConfig:
             need(isinstance(v, int) and v >= 1, f, f"expected a positive integer, got {v!r}")
         need(len(self.layer_pattern) >= 1, "layer_pattern", "no layers")
         need(set(self.layer_pattern) <= set(LAYER_KINDS), "layer_pattern",
-             f"only 'g' (gdn), 'a' (attention), 'm' (mamba2), 'p' (parallel attention + mamba2) and 'f' (MLP) "
-             f"are allowed, got {self.layer_pattern!r}")
+             f"only 'g' (gdn), 'a' (attention), 'm' (mamba2), 'p' (parallel attention + mamba2), 'f' (MLP) and "
+             f"'c' (short conv) are allowed, got {self.layer_pattern!r}")
         need(self.mamba_num_heads % self.mamba_n_groups == 0, "mamba_num_heads",
              f"{self.mamba_num_heads} heads is not a multiple of mamba_n_groups={self.mamba_n_groups}")
         lo, hi = self.mamba_dt_limit
@@ -203,6 +214,7 @@ class ModelConfig:
                  "num_experts_per_tok", "more experts per token than the kept groups hold")
         need(self.layer_mlp or "f" in self.layer_pattern or not self.layer_pattern, "layer_mlp",
              "False needs 'f' layers (the model would have no MLP at all)")
+        need(self.moe_norm_eps >= 0, "moe_norm_eps", "must be >= 0")
         for f in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
             need(getattr(self, f) > 0, f, "must be > 0")
         need(self.attention_scale >= 0, "attention_scale", "must be >= 0 (0: head_dim ** -0.5)")
@@ -310,6 +322,26 @@ PRESETS: dict[str, ModelConfig] = {
         max_position_embeddings=262144, architecture="falcon_h1",
         notes="Falcon-H1-7B shapes (44 layers of attention and Mamba2 in parallel; d_state 256), random weights "
               "with the multipliers at 1 (a checkpoint's are folded into its weights)"),
+    # LFM2 (gated short convs, the window their whole state): LFM2's layout (two short convs to an attention
+    # layer with q/k norms, a SwiGLU MLP per layer). The MoE variant's router is drawn by the property tests.
+    "tiny-lfm2": ModelConfig(
+        name="tiny-lfm2", vocab_size=512, hidden_size=128, layer_pattern="ccaccacc", intermediate_size=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, conv_kernel_size=3, qk_norm=True,
+        rope_theta=1_000_000.0, rms_norm_eps=1e-5, architecture="lfm2", notes="CPU short-conv (LFM2) audit preset"),
+    "micro-lfm2": ModelConfig(
+        name="micro-lfm2", vocab_size=48, hidden_size=32, layer_pattern="ccacc", intermediate_size=64,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, conv_kernel_size=3, qk_norm=True,
+        max_position_embeddings=512, architecture="lfm2",
+        notes="property-test preset: short convs (the window their whole state), attention with q/k norms"),
+    # Real shapes (random weights; meant for the GPU).
+    "lfm2-8b-a1b": ModelConfig(
+        name="lfm2-8b-a1b", vocab_size=65536, hidden_size=2048, layer_pattern="ccaccca" "cccacccacccaccacc",
+        intermediate_size=7168, num_attention_heads=32, num_key_value_heads=8, head_dim=64, conv_kernel_size=3,
+        qk_norm=True, rope_theta=1_000_000.0, rms_norm_eps=1e-5, max_position_embeddings=128000, num_experts=32,
+        num_experts_per_tok=4, moe_intermediate_size=1792, moe_router="sigmoid", moe_norm_eps=1e-6,
+        mlp_only_layers=(0, 1), tie_word_embeddings=True, architecture="lfm2_moe",
+        notes="LFM2-8B-A1B shapes (24 layers: 18 gated short convs of 3 taps, 6 attention at 2, 6, 10, 14, 18, 21; "
+              "two dense SwiGLU layers, then 32 sigmoid-routed experts of 1792, top 4), random weights"),
 }
 
 

@@ -1,7 +1,8 @@
 """The fast path: a hybrid decoder that verifies a whole tree block at once (README, Contracts: the model and the verify modes).
 
 Attention layers use the ancestor mask (exact in every mode). Recurrent layers (GDN, Mamba2) use the
-tree conv and the tree recurrence from gpu_backend with a per-mode choice of source states:
+tree conv and the tree recurrence from gpu_backend with a per-mode choice of source states (a short conv,
+LFM2's, has the window alone: its leaky-state is exact and its leaky-conv is leaky):
 
   mode          conv window from          recurrent state from
   exact         ancestors                 parent
@@ -303,6 +304,9 @@ class HybridModel:
             if kind in "mp":
                 m, S, win, cin = self._mamba2(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
                 parts.append(m)
+            if kind == "c":
+                c, S, win, cin = self._short_conv(p, xn, parents, S0, win0, conv_mode, keep_states)
+                parts.append(c)
             out = parts[0] if len(parts) == 1 else parts[0] + parts[1]
             h = h + r * out
             if cfg.layer_mlp:
@@ -334,7 +338,7 @@ class HybridModel:
         idx = torch.topk(choice, k, dim=-1).indices
         top = scores.gather(1, idx)
         if cfg.norm_topk_prob:
-            top = top / (top.sum(-1, keepdim=True) + 1e-20)
+            top = top / (top.sum(-1, keepdim=True) + cfg.moe_norm_eps)
         return top * cfg.routed_scaling_factor, idx
 
     def _mlp(self, p, x, i):
@@ -466,6 +470,23 @@ class HybridModel:
         if keep_states:
             return out, states, windows, None
         return out, None, None, CommitInputs(xbc, x=xs, dt=dt, B=Bm)
+
+    def _short_conv(self, p, x, parents, S0, win0, conv_mode, keep_states=True):
+        """LFM2's gated short conv. x [B*T, d] (B sequences of T nodes); S0 [B, 0] (no state); win0 [B, d, W-1]
+        -> (out [B*T, d] = out(C * conv(B * x)), the empty states [B, T, 0] and windows [B, T, d, W-1], None),
+        or (out, None, None, CommitInputs) without keep_states."""
+        w = self.w
+        N, Bs = x.shape[0], S0.shape[0]
+        T, d = N // Bs, x.shape[1]
+        bg, cg, xs = F.linear(x, w[p + "conv.in"]).chunk(3, dim=-1)  # [B*T, d] each
+        u = (bg * xs).view(Bs, T, d)
+        y = gb.tree_causal_conv1d(u, weight=w[p + "conv.conv"], parents=parents, initial_window=win0, mode=conv_mode,
+                                  activation=None, output_windows=keep_states, backend=self.backend)
+        y, windows = y if keep_states else (y, None)  # y [B, T, d]
+        out = F.linear(cg * y.reshape(N, d), w[p + "conv.out"])
+        if keep_states:
+            return out, S0.new_zeros(Bs, T, *S0.shape[1:]), windows, None
+        return out, None, None, CommitInputs(u)
 
     # ---- several sequences in one pass: batched decode and batched serving verify --------------
     def decoder(self, states: list, *, steps: int):
@@ -710,7 +731,9 @@ class HybridModel:
                 conv[i] = gb.conv_tree_commit(ci.conv_x, parents=plans[conv_mode], accepted=acc,
                                               initial_window=win0, backend=self.backend)
                 S0 = S0.to(self.state_dtype)
-                if cfg.layer_pattern[i] == "g":
+                if cfg.layer_pattern[i] == "c":  # the window is the whole state
+                    ssm[i] = S0.clone()
+                elif cfg.layer_pattern[i] == "g":
                     ssm[i] = gb.gdn_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plans[rec_mode], accepted=acc,
                                                 initial_state=S0, backend=self.backend)
                 else:

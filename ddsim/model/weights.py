@@ -18,6 +18,7 @@ RMSNorm except the GDN and Mamba2 gated norms (plain weight).
              .mamba.dt [H, d]; .mamba.conv [Cm, W]; with mamba_conv_bias .mamba.conv_bias [Cm];
              .mamba.dt_bias [H]; .mamba.A_log [H]; .mamba.D [H]; unless mamba_norm == "gate"
              .mamba.norm [I]; .mamba.out [d, I]
+  short conv layer ('c'): .conv.in [3d, d] (B, C, x in that order); .conv.conv [d, W]; .conv.out [d, d]
   'f' layers have the MLP under input_norm and no post_norm; with layer_mlp=False mixer layers have
   no MLP and no post_norm; mlp_act "relu2" MLPs have .mlp.up and .mlp.down only.
 The oracle and the fast path read the same dict; nothing else is shared.
@@ -64,6 +65,8 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                 out[p + "mamba.conv_bias"] = (Cm,)
             if cfg.mamba_norm != "gate":
                 out[p + "mamba.norm"] = (I,)
+        if kind == "c":
+            out.update({p + "conv.in": (3 * d, d), p + "conv.conv": (d, cfg.conv_kernel_size), p + "conv.out": (d, d)})
     return out
 
 
@@ -210,6 +213,10 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             if cfg.mamba_norm != "gate":
                 w[p + "mamba.norm"] = 1.0 + normal(I, std=0.05)
             w[p + "mamba.out"] = linear(d, I, out_scale)
+        if kind == "c":
+            w[p + "conv.in"] = linear(3 * d, d)
+            w[p + "conv.conv"] = normal(d, cfg.conv_kernel_size, std=1.0 / math.sqrt(cfg.conv_kernel_size))
+            w[p + "conv.out"] = linear(d, d, out_scale)
     if placed:
         where["dev"] = torch.device(layer_devices[-1])
     w["final_norm"] = norm_weight(d)

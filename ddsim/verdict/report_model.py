@@ -16,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ddsim.measure.settings import AuditConfig
 from ddsim.trees.modes import VERIFY_MODES
 
-SCHEMA_VERSION = 7  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
+SCHEMA_VERSION = 8  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
 # 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family;
-# 6: good and corrupted tokens per step; 7: the sampler at temperature > 0 and each step's exact law against exact's
+# 6: good and corrupted tokens per step; 7: the sampler at temperature > 0 and each step's exact law against exact's;
+# 8: short-conv layers ('c', LFM2) and the conv family, whose window is its whole state (no state_rel)
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -100,25 +101,31 @@ class RankRow(_Strict):
 
 class LayerRow(_Strict):
     layer: Count
-    kind: Literal["g", "a", "m", "p", "f"]  # ddsim.model.config.LAYER_KINDS
+    kind: Literal["g", "a", "m", "p", "f", "c"]  # ddsim.model.config.LAYER_KINDS
     hidden_rel: Summary
-    state_rel: Summary | None = None  # recurrent layers (g, m, p) only
-    conv_rel: Summary | None = None
+    state_rel: Summary | None = None  # layers with a recurrent state (g, m, p) only
+    conv_rel: Summary | None = None  # layers with a conv window (g, m, p, c)
 
     @model_validator(mode="after")
     def _recurrent(self):
-        rec = self.kind in "gmp"
-        _need((self.state_rel is not None) == rec and (self.conv_rel is not None) == rec, f"by_layer[{self.layer}]",
-              "state_rel and conv_rel are given exactly for recurrent layers")
+        _need((self.state_rel is not None) == (self.kind in "gmp") and (self.conv_rel is not None) == (self.kind in "gmpc"),
+              f"by_layer[{self.layer}]", "state_rel is given exactly for layers with a recurrent state, conv_rel for "
+                                         "layers with a conv window")
         return self
 
 
 class FamilyRow(_Strict):
     """The leak of one recurrent family (all its layers, nodes that are not order-exact)."""
-    family: Literal["gdn", "mamba2"]
+    family: Literal["gdn", "mamba2", "conv"]
     layers: Positive
-    state_rel: Summary
+    state_rel: Summary | None  # None for the short convs (LFM2): their window is their whole state
     conv_rel: Summary
+
+    @model_validator(mode="after")
+    def _stateless(self):
+        _need((self.state_rel is None) == (self.family == "conv"), f"by_family[{self.family}]",
+              "state_rel is given exactly for the families that keep a state beside the window")
+        return self
 
 
 class LeakTable(_Strict):
@@ -425,8 +432,8 @@ class ModelRecord(_Strict):
     @model_validator(mode="after")
     def _pattern(self):
         lp = self.config.get("layer_pattern")
-        _need(isinstance(lp, str) and len(lp) >= 1 and set(lp) <= set("gampf"), "model.config.layer_pattern",
-              f"expected a non-empty string over 'gampf', got {lp!r}")
+        _need(isinstance(lp, str) and len(lp) >= 1 and set(lp) <= set("gampfc"), "model.config.layer_pattern",
+              f"expected a non-empty string over 'gampfc', got {lp!r}")
         v = self.config.get("vocab_size")
         _need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "model.config.vocab_size",
               f"expected a positive integer, got {v!r}")
@@ -541,7 +548,7 @@ class ReferenceFragility(_Strict):
 
 
 class Report(_Strict):
-    schema_version: Literal[7]
+    schema_version: Literal[8]
     generated_at: str | None  # the only field that differs between two runs of one seed; set by the writer
     config: ReportConfig
     provenance: Provenance
@@ -650,7 +657,7 @@ def check_consistency(r: Report) -> None:
         for m, t in b.leak.items():
             _need([row.kind for row in t.by_layer] == list(pattern) and [row.layer for row in t.by_layer] ==
                   list(range(len(pattern))), f"budgets[{b.budget}].leak.{m}.by_layer", "does not match the model's layers")
-            fams = {"gdn": pattern.count("g"), "mamba2": pattern.count("m") + pattern.count("p")}
+            fams = {"gdn": pattern.count("g"), "mamba2": pattern.count("m") + pattern.count("p"), "conv": pattern.count("c")}
             _need([(f.family, f.layers) for f in t.by_family] == [(k, n) for k, n in sorted(fams.items()) if n],
                   f"budgets[{b.budget}].leak.{m}.by_family", "does not match the model's recurrent layers")
     # measured steps: the autoregressive step, the chain and every (budget, mode) once, at the summaries' tokens

@@ -1,0 +1,153 @@
+"""LFM2 checkpoints: the architectures transformers calls ``lfm2`` (LFM2, dense) and ``lfm2_moe``
+(LFM2-MoE). ddsim.model.checkpoint reads the directory; this module turns their config.json into a
+ModelConfig and maps their tensors into ddsim's layout (ddsim.model.weights).
+
+Layout notes (from the reference implementation in transformers):
+- a layer is ``operator_norm``, its operator (attention, or the gated short conv), residual, then
+  ``ffn_norm``, the feed-forward, residual; the final norm is ``embedding_norm``; embeddings are tied
+  unless ``tie_word_embeddings`` (or the older ``tie_embedding``) says otherwise.
+- the short conv: ``in_proj`` [3d, d] gives B, C and x in that order; a depthwise causal conv of
+  ``conv_L_cache`` taps over B * x, no activation; C times its output through ``out_proj``. Its cache is
+  the conv window alone.
+- attention: GQA with per-head RMSNorms of q and k (``q_layernorm``, ``k_layernorm``) before full RoPE;
+  ``out_proj`` is the output projection.
+- LFM2's dense feed-forward is SwiGLU (w1 gate, w3 up, w2 down); with ``block_auto_adjust_ff_dim`` its
+  width is int(2 * intermediate_size / 3), times ``block_ffn_dim_multiplier``, rounded up to a multiple of
+  ``block_multiple_of``.
+- LFM2-MoE: the first ``num_dense_layers`` layers are dense SwiGLU of ``intermediate_size``; the others route
+  each token to the top ``num_experts_per_tok`` experts by sigmoid score plus ``expert_bias``, weighted by
+  the chosen sigmoid scores (renormalised with ``norm_topk_prob``: divided by their sum + 1e-6), times
+  ``routed_scaling_factor``; no shared expert. Experts are read as saved one by one
+  (``experts.{e}.w1/w3/w2``) or fused (``experts.gate_up_proj`` [E, 2I, d], ``experts.down_proj``).
+Refused in one line: biases (``conv_bias``), a RoPE other than the default, an MoE without the expert bias.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from ddsim.errors import InputError
+from ddsim.model.config import ModelConfig
+
+ARCHS = ("lfm2", "lfm2_moe")
+_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+
+
+def _ff_dim(raw: dict) -> int:
+    """LFM2's dense feed-forward width from its config (the auto-adjusted block width)."""
+    size = int(raw.get("intermediate_size", raw.get("block_ff_dim", 12288)))
+    if raw.get("block_auto_adjust_ff_dim", True):
+        size = int(2 * size / 3)
+        mult = raw.get("block_ffn_dim_multiplier", 1.0)
+        if mult is not None:
+            of = int(raw.get("block_multiple_of", 256))
+            size = of * ((int(mult * size) + of - 1) // of)
+    return size
+
+
+def read_lfm2_config(mt: str, raw: dict, d: Path) -> ModelConfig:
+    """A ModelConfig from the config.json of one of ARCHS (checked; InputError naming the field)."""
+    where = d / "config.json"
+    try:
+        return _read(mt, raw, d, where)
+    except KeyError as e:
+        raise InputError(f"{where}: missing field {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{where}: {e}") from None
+
+
+def _read(mt: str, raw: dict, d: Path, where: Path) -> ModelConfig:
+    if raw.get("conv_bias"):
+        raise InputError(f"{where}: conv_bias=true is not supported (the short conv's projections and taps without "
+                         "bias only)")
+    n = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types")
+    if types is None:
+        attn = set(raw.get("full_attn_idxs") if raw.get("full_attn_idxs") is not None else range(n))
+        types = ["full_attention" if i in attn else "conv" for i in range(n)]
+    if len(types) != n:
+        raise InputError(f"{where}: {len(types)} layer_types for {n} layers")
+    bad = [t for t in types if t not in ("full_attention", "conv")]
+    if bad:
+        raise InputError(f"{where}: unknown layer type {bad[0]!r}")
+    rope = raw.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise InputError(f"{where}: rope_type {rope['rope_type']!r} is not supported (the default RoPE only)")
+    theta = float(rope.get("rope_theta", raw.get("rope_theta", 1_000_000.0)))
+    nh = int(raw["num_attention_heads"])
+    hidden = int(raw["hidden_size"])
+    moe = {}
+    if mt == "lfm2_moe":
+        if not raw.get("use_expert_bias", True):
+            raise InputError(f"{where}: use_expert_bias=false is not supported (LFM2-MoE's biased routing only)")
+        dense = int(raw.get("num_dense_layers", 2))
+        moe = dict(num_experts=int(raw.get("num_experts", 32)), num_experts_per_tok=int(raw.get("num_experts_per_tok", 4)),
+                   moe_intermediate_size=int(raw.get("moe_intermediate_size", 1792)), moe_router="sigmoid",
+                   moe_norm_eps=1e-6, norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+                   routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
+                   mlp_only_layers=tuple(range(min(dense, n))))
+        ff = int(raw.get("intermediate_size", 7168))
+    else:
+        ff = _ff_dim(raw)
+    tied = raw.get("tie_word_embeddings", raw.get("tie_embedding", True))
+    return ModelConfig(
+        name=d.name, architecture=mt, vocab_size=int(raw["vocab_size"]), hidden_size=hidden,
+        layer_pattern="".join("a" if t == "full_attention" else "c" for t in types), intermediate_size=ff,
+        num_attention_heads=nh, num_key_value_heads=int(raw["num_key_value_heads"]),
+        head_dim=int(raw.get("head_dim") or hidden // nh), rope_theta=theta, conv_kernel_size=int(raw.get("conv_L_cache", 3)),
+        rms_norm_eps=float(raw.get("norm_eps", 1e-5)), max_position_embeddings=int(raw.get("max_position_embeddings", 128000)),
+        qk_norm=True, tie_word_embeddings=bool(tied), notes=f"checkpoint {d}", **moe)
+
+
+class Lfm2Mapper:
+    """Maps one LFM2 / LFM2-MoE checkpoint tensor at a time into ddsim's layout."""
+
+    def __init__(self, cfg: ModelConfig, meta: dict, base):
+        """base: ddsim.model.checkpoint's mapper, whose put(name, t) and expert(name, e, t) place a tensor."""
+        self.base, self.cfg, self.meta = base, cfg, meta
+
+    def __call__(self, key: str, t: torch.Tensor) -> None:
+        put, cfg, pre = self.base.put, self.cfg, self.meta["prefix"]
+        if key == "lm_head.weight":
+            return put("lm_head", t)
+        if not key.startswith(pre):
+            raise InputError(f"tensor {key!r} is not part of a {self.meta['model_type']} decoder (refused rather than ignored)")
+        k = key[len(pre):]
+        if k == "embed_tokens.weight":
+            return put("embed", t)
+        if k == "embedding_norm.weight":
+            return put("final_norm", t)
+        m = _LAYER.fullmatch(k)
+        if not m:
+            raise InputError(f"tensor {key!r} is not part of a {self.meta['model_type']} decoder (refused rather than ignored)")
+        i, rest = int(m.group(1)), m.group(2)
+        if i >= cfg.num_layers:
+            raise InputError(f"tensor {key!r} is for layer {i}, but config.json lists {cfg.num_layers} layers "
+                             "(the audit would drop layers and run another model)")
+        p = f"layers.{i}."
+        simple = {"operator_norm.weight": "input_norm", "ffn_norm.weight": "post_norm",
+                  "self_attn.q_proj.weight": "attn.q", "self_attn.k_proj.weight": "attn.k",
+                  "self_attn.v_proj.weight": "attn.v", "self_attn.out_proj.weight": "attn.o",
+                  "self_attn.q_layernorm.weight": "attn.q_norm", "self_attn.k_layernorm.weight": "attn.k_norm",
+                  "conv.in_proj.weight": "conv.in", "conv.out_proj.weight": "conv.out",
+                  "feed_forward.w1.weight": "mlp.gate", "feed_forward.w3.weight": "mlp.up",
+                  "feed_forward.w2.weight": "mlp.down", "feed_forward.gate.weight": "mlp.router",
+                  "feed_forward.expert_bias": "mlp.router_bias"}
+        if rest in simple:
+            return put(p + simple[rest], t)
+        if rest == "conv.conv.weight":  # [d, 1, W]
+            return put(p + "conv.conv", t.reshape(t.shape[0], -1))
+        m = re.fullmatch(r"feed_forward\.experts\.(\d+)\.(w1|w2|w3)\.weight", rest)
+        if m:
+            which = {"w1": "gate", "w3": "up", "w2": "down"}[m.group(2)]
+            return self.base.expert(p + f"mlp.experts.{which}", int(m.group(1)), t)
+        if rest == "feed_forward.experts.gate_up_proj":  # fused [E, 2I, d]: gate, then up
+            I = cfg.moe_intermediate_size
+            put(p + "mlp.experts.gate", t[:, :I])
+            return put(p + "mlp.experts.up", t[:, I:])
+        if rest == "feed_forward.experts.down_proj":
+            return put(p + "mlp.experts.down", t)
+        raise InputError(f"tensor {key!r} is not part of a {self.meta['model_type']} layer as ddsim reads it "
+                         "(refused rather than ignored)")
