@@ -42,7 +42,7 @@ import math
 
 import torch
 
-from ddsim.gpu_backend import checks, fastcall, torch_mamba2, torch_ops
+from ddsim.gpu_backend import checks, fastcall, torch_mamba1, torch_mamba2, torch_ops
 from ddsim.gpu_backend import launch as _launch
 from ddsim.gpu_backend.checks import CheckedIndices, CheckedSlots, TreePlan, checked_accepted, checked_slots, poisoned, poisoning
 from ddsim.gpu_backend.torch_ops import tree_attention
@@ -243,6 +243,25 @@ def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=
         return _triton("triton_mamba2").mamba2_tree_commit_triton(x, dt, A, B, inplace=inplace, **kw)
 
 
-__all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_tree_commit", "tree_causal_conv1d",
-           "conv_tree_commit", "tree_attention", "TreePlan", "CheckedIndices", "checked_accepted", "CheckedSlots",
-           "checked_slots", "poisoned", "poisoning", "BACKENDS", "MAMBA2_BACKENDS"]
+def mamba1_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, parents, initial_state, mode="exact",
+                       output_states=False, backend=None):
+    """One Mamba1 selective scan over a tree. x [B, T, I]; dt [B, T, I] raw (dt_bias added and softplus applied
+    in the op); A [I, N] negative; B, C [B, T, N]; D, dt_bias [I] or None; parents [B, T] or a TreePlan;
+    initial_state [B, I, N] fp32 (read, never written). Returns y [B, T, I] in x's dtype and, with
+    output_states, the state after every node [B, T, I, N] fp32. One backend: PyTorch (``backend`` is
+    accepted for the callers' uniformity; Mamba1 has no Triton kernel yet)."""
+    return torch_mamba1.mamba1_tree_verify(x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                           parents=parents, initial_state=initial_state, mode=mode,
+                                           output_states=output_states)
+
+
+def mamba1_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, parents, accepted, initial_state, backend=None):
+    """Mamba1 state after the accepted path root..accepted[b], without per-node snapshots: a new [B, I, N]
+    (PyTorch, like mamba1_tree_verify)."""
+    return torch_mamba1.mamba1_tree_commit(x, dt, A, B, dt_bias=dt_bias, dt_softplus=dt_softplus, parents=parents,
+                                           accepted=accepted, initial_state=initial_state)
+
+
+__all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_tree_commit", "mamba1_tree_verify",
+           "mamba1_tree_commit", "tree_causal_conv1d", "conv_tree_commit", "tree_attention", "TreePlan", "CheckedIndices",
+           "checked_accepted", "CheckedSlots", "checked_slots", "poisoned", "poisoning", "BACKENDS", "MAMBA2_BACKENDS"]

@@ -426,3 +426,37 @@ def ancestor_mask(src: torch.Tensor) -> tuple[torch.Tensor, int]:
         cur = torch.where(live, src.gather(1, cur.clamp(min=0)), cur)
         depth += 1
     return mask.contiguous(), depth - 1
+
+
+def check_mamba1(x, dt, A, B, C, D=None, dt_bias=None, initial_state=None):
+    """Shapes, dtypes and devices of a Mamba1 selective scan's inputs: x [B, T, I], dt [B, T, I], A [I, N],
+    B and C [B, T, N] (C may be None for a commit), D and dt_bias [I] or None, initial_state [B, I, N]
+    -> (B, T, I, N)."""
+    if x.dim() != 3:
+        raise ValueError(f"x: expected [B, T, I], got {tuple(x.shape)}")
+    Bn, T, I = x.shape
+    if A is None or A.dim() != 2 or A.shape[0] != I:
+        raise ValueError(f"A: expected [I, N] with I={I}, got {None if A is None else tuple(A.shape)}")
+    N = A.shape[1]
+    want = {"dt": (Bn, T, I), "B": (Bn, T, N), "C": (Bn, T, N), "D": (I,), "dt_bias": (I,), "initial_state": (Bn, I, N)}
+    for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("dt_bias", dt_bias),
+                    ("initial_state", initial_state)):
+        if t is None:
+            if name in ("dt", "B", "initial_state"):
+                raise ValueError(f"{name}: required")
+            continue
+        if name in want and tuple(t.shape) != want[name]:
+            raise ValueError(f"{name}: expected {list(want[name])}, got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name}: expected a floating dtype, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name}: on {t.device}, x is on {x.device}")
+    return Bn, T, I, N
+
+
+def mamba1_dt(dt, dt_bias, dt_softplus: bool, dtype) -> torch.Tensor:
+    """[B, T, I] discretisation steps: softplus(dt + dt_bias) in ``dtype``."""
+    d = dt.to(dtype)
+    if dt_bias is not None:
+        d = d + dt_bias.to(dtype)
+    return F.softplus(d) if dt_softplus else d

@@ -10,7 +10,7 @@ recurrence and attention depth by depth, the nodes of one depth as one batch of 
 sequence), or one node at a time depth-first through ``decode_step`` (``order="node"``). Only one
 layer's states of two depths (or the root path's) are alive unless ``record_states`` asks for every
 node's state (for the leak metrics). Every layer is the same code in both schedules
-(``_attention_proj``/``_core``/``_out``, ``_gdn_*``, ``_mamba2_*``, ``_short_conv_*``).
+(``_attention_proj``/``_core``/``_out``, ``_gdn_*``, ``_mamba2_*``, ``_mamba1*``, ``_short_conv_*``).
 """
 from __future__ import annotations
 
@@ -248,6 +248,37 @@ def _mamba2(w, p, cfg, x, S, window):
     return _mamba2_out(w, p, cfg, y, z), S_new, new_window
 
 
+def _mamba1_core(w, p, cfg, xs, S, window):
+    """One token per row of a Mamba1 mixer's conv and selective scan from the row's own state: xs [n, I] (the
+    conv's input); S [n, I, N]; window [n, I, W-1] -> (y [n, I] = S_t C_t + D x_t, S_t, window')."""
+    R, Ns = cfg.mamba1_dt_rank, cfg.mamba_state_size
+    inputs = torch.cat([window, xs[:, :, None]], dim=2)  # [n, I, W] oldest first
+    u = (inputs * w[p + "mamba1.conv"]).sum(dim=2)
+    if p + "mamba1.conv_bias" in w:
+        u = u + w[p + "mamba1.conv_bias"]
+    u = F.silu(u)  # [n, I]
+    dbc = u @ w[p + "mamba1.x_proj"].T  # [n, R + 2N]: dt, B, C
+    dtr, Bv, Cv = dbc[:, :R], dbc[:, R:R + Ns], dbc[:, R + Ns:]
+    if cfg.mamba1_bcdt_norm:
+        dtr = _rmsnorm(dtr, w[p + "mamba1.dt_norm"], cfg.rms_norm_eps)
+        Bv = _rmsnorm(Bv, w[p + "mamba1.b_norm"], cfg.rms_norm_eps)
+        Cv = _rmsnorm(Cv, w[p + "mamba1.c_norm"], cfg.rms_norm_eps)
+    dt = F.softplus(dtr @ w[p + "mamba1.dt_proj"].T + w[p + "mamba1.dt_bias"])  # [n, I]
+    A = -torch.exp(w[p + "mamba1.A_log"])  # [I, N]
+    # S_t = exp(dt A) * S_{t-1} + dt x B;  y_t = S_t C_t + D x_t   (per channel)
+    S_new = torch.exp(dt[:, :, None] * A) * S + (dt * u)[:, :, None] * Bv[:, None, :]
+    out = torch.einsum("nik,nk->ni", S_new, Cv) + w[p + "mamba1.D"] * u
+    return out, S_new, inputs[:, :, 1:]
+
+
+def _mamba1(w, p, cfg, x, S, window):
+    """One token per row of a Mamba1 mixer. x [n, d]; S [n, I, N]; window [n, I, W-1]."""
+    xz = x @ w[p + "mamba1.in"].T
+    I = cfg.mamba1_inner
+    y, S_new, new_window = _mamba1_core(w, p, cfg, xz[:, :I], S, window)
+    return (y * F.silu(xz[:, I:])) @ w[p + "mamba1.out"].T, S_new, new_window
+
+
 def _short_conv_proj(w, p, x):
     """LFM2's short conv input projection of each row x [n, d]: (B [n, d], C [n, d], x [n, d])."""
     d = x.shape[1]
@@ -309,6 +340,9 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
             if kind == "c":
                 c, S, win = _short_conv(w, p, cfg, xn, ssm[i], conv[i])
                 out = out + c
+            if kind == "s":
+                m, S, win = _mamba1(w, p, cfg, xn, ssm[i], conv[i])
+                out = out + m
             h = h + r * out
             if cfg.layer_mlp:
                 h = h + r * _mlp(w, p, cfg, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
@@ -641,6 +675,12 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
                 o = _tree_recurrence(lambda sl, S, win: _short_conv_core(lw, p, bg[sl], xs[sl], S, win),
                                      ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
                 out = out + (cg * o) @ lw[p + "conv.out"].T
+            if kind == "s":
+                xz = xn @ lw[p + "mamba1.in"].T
+                I = cfg.mamba1_inner
+                o = _tree_recurrence(lambda sl, S, win: _mamba1_core(lw, p, cfg, xz[sl, :I], S, win),
+                                     ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+                out = out + (o * F.silu(xz[:, I:])) @ lw[p + "mamba1.out"].T
             h = h + r_mul * out
             if cfg.layer_mlp:
                 h = h + r_mul * _mlp(lw, p, cfg, _rmsnorm(h, lw[p + "post_norm"], cfg.rms_norm_eps), i)

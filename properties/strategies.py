@@ -72,14 +72,14 @@ def ddtree_logits(draw, *, max_depth: int = 4, max_vocab: int = 6) -> torch.Tens
 @st.composite
 def model_configs(draw) -> ModelConfig:
     """Toy hybrid configs exercising grouped heads (HV/H in 1..3), GQA, every layer kind (GDN,
-    attention, Mamba2, parallel attention + Mamba2, MLP-only blocks, short convs), the real-checkpoint features
+    attention, Mamba2, parallel attention + Mamba2, MLP-only blocks, short convs, Mamba1), the real-checkpoint features
     (gated attention, q/k norm, partial RoPE, zero-centred norms, MoE) and the Mamba2-hybrid ones
     (grouped B/C, dt limits, the three gated-norm forms, relu^2 MLPs, NoPE, scalings)."""
     H = draw(st.integers(1, 2))
     HV = H * draw(st.integers(1, 3))
     nkv = draw(st.integers(1, 2))
     n_layers = draw(st.integers(1, 4))
-    pat = "".join(draw(st.sampled_from("gagampfc")) for _ in range(n_layers))
+    pat = "".join(draw(st.sampled_from("gagampfcs")) for _ in range(n_layers))
     layer_mlp = "f" not in pat or draw(st.booleans())
     moe = draw(st.booleans())
     n_exp = draw(st.integers(2, 4)) if moe else 0
@@ -105,7 +105,8 @@ def model_configs(draw) -> ModelConfig:
         shared_expert_gate=draw(st.booleans()), moe_router=router, moe_n_group=n_group, moe_topk_group=topk_group,
         routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])), moe_norm_eps=draw(st.sampled_from([1e-20, 1e-6])),
         mamba_n_groups=mG, mamba_num_heads=mG * draw(st.integers(1, 2)),
-        mamba_head_dim=draw(st.sampled_from([2, 4])),
+        mamba_head_dim=draw(st.sampled_from([2, 4])), mamba1_inner=draw(st.sampled_from([4, 6])),
+        mamba1_dt_rank=draw(st.sampled_from([1, 3])), mamba1_bcdt_norm=draw(st.booleans()),
         mamba_state_size=draw(st.sampled_from([3, 4])), mamba_conv_bias=draw(st.booleans()),
         mamba_dt_limit=draw(st.sampled_from([(0.0, float("inf")), (0.01, 0.5)])),
         mamba_norm=draw(st.sampled_from(["gated", "gated-before", "gate"])), layer_mlp=layer_mlp,
@@ -197,6 +198,32 @@ def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.f
                 dt_softplus=softplus,
                 dt_limit=(0.0, float("inf")) if engine else draw(st.sampled_from([(0.0, float("inf")), (0.05, 1.5)])),
                 parents=torch.tensor([t.parents for t in ts]), initial_state=state, pool=pool, slots=slots, trees=ts)
+
+
+@st.composite
+def mamba1_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
+    """Layer inputs for mamba1_tree_verify: a tree per sequence (same T), x [B, T, I], raw dt [B, T, I],
+    A [I, N] < 0 (per channel and state index, fast or long memory), B, C [B, T, N] shared by every channel,
+    D and dt_bias [I] (or None), softplus or dt taken as given, and the committed state [B, I, N]."""
+    B = draw(st.integers(1, max_batch))
+    I = draw(st.sampled_from([1, 2, 3, 5, 8]))
+    N = draw(st.sampled_from([1, 2, 3, 5, 8]))
+    T = draw(st.integers(1, max_nodes))
+    ts = _trees_of_size(draw, B, T)
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    memory = draw(st.sampled_from(["fast", "long"]))
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=torch.float64)
+
+    A = -torch.rand(I, N, generator=gen, dtype=torch.float64) * (8.0 if memory == "fast" else 0.1) - 1e-3
+    softplus = draw(st.sampled_from([True, True, False]))
+    dt = rnd(B, T, I) if softplus else rnd(B, T, I).abs()  # taken as given, dt is a step: >= 0 (decays)
+    return dict(x=rnd(B, T, I).to(dtype), dt=dt.to(dtype), A=A.float(), B=rnd(B, T, N).to(dtype),
+                C=rnd(B, T, N).to(dtype), D=rnd(I).float() if draw(st.booleans()) else None,
+                dt_bias=None if not softplus else (rnd(I).float() if draw(st.booleans()) else None),
+                dt_softplus=softplus, parents=torch.tensor([t.parents for t in ts]), initial_state=rnd(B, I, N).float(),
+                trees=ts)
 
 
 def fixed_mamba2_example(*, dtype=torch.float32, seed: int = 7, T: int = 6, growing: bool = False) -> dict:

@@ -86,8 +86,10 @@ def _gate_stats(cfg, w) -> dict:
     for l in cfg.recurrent_layers:
         if not cfg.stateful(l):  # a short conv has no decay
             continue
-        pre = f"layers.{l}.{'gdn' if cfg.family(l) == 'gdn' else 'mamba'}."
+        pre = f"layers.{l}.{ {'gdn': 'gdn', 'mamba1': 'mamba1'}.get(cfg.family(l), 'mamba')}."
         A = torch.exp(w[pre + "A_log"].double().cpu())
+        if A.dim() == 2:  # Mamba1's A [I, N]: each channel's slowest state index
+            A = A.min(-1).values
         dt = torch.nn.functional.softplus(w[pre + "dt_bias"].double().cpu())
         decays.append(torch.exp(-A * dt))
     d = torch.cat(decays).numpy() if decays else np.zeros(0)

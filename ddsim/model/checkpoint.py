@@ -2,10 +2,11 @@
 index) of the architectures transformers calls ``qwen3_next``, ``qwen3_5`` (the text decoder of the
 multimodal checkpoint; vision and MTP weights are skipped) and ``qwen3_5_moe`` (also their
 ``*_text`` variants), and the Mamba2 hybrids ``nemotron_h``, ``bamba``, ``granitemoehybrid`` and
-``falcon_h1`` (ddsim.model.checkpoint_mamba), and the short-conv hybrids ``lfm2`` and ``lfm2_moe``
-(ddsim.model.checkpoint_lfm2). Weights are mapped to ddsim's layout (ddsim.model.weights) tensor by tensor, shard
-by shard, straight onto the target device in the checkpoint's dtype, so no second copy of the
-model is held in host memory. Anything wrong raises InputError before a model is returned.
+``falcon_h1`` (ddsim.model.checkpoint_mamba), the short-conv hybrids ``lfm2`` and ``lfm2_moe``
+(ddsim.model.checkpoint_lfm2), and ``jamba`` (Mamba1, ddsim.model.checkpoint_jamba). Weights are
+mapped to ddsim's layout (ddsim.model.weights) tensor by tensor, shard by shard, straight onto the
+target device in the checkpoint's dtype, so no second copy of the model is held in host memory.
+Anything wrong raises InputError before a model is returned.
 
 Layout notes (from the reference implementation): Qwen3-Next packs in_proj_qkvz per key-head group
 as [q, k, v (HV/H heads), z (HV/H heads)] and in_proj_ba as [b, a]; Qwen3.5 stores in_proj_qkv,
@@ -22,6 +23,8 @@ import torch
 
 from ddsim.errors import InputError
 from ddsim.jsonl import read_json
+from ddsim.model.checkpoint_jamba import ARCHS as JAMBA_ARCHS
+from ddsim.model.checkpoint_jamba import JambaMapper, read_jamba_config
 from ddsim.model.checkpoint_lfm2 import ARCHS as LFM2_ARCHS
 from ddsim.model.checkpoint_lfm2 import Lfm2Mapper, read_lfm2_config
 from ddsim.model.checkpoint_mamba import ARCHS as MAMBA_ARCHS
@@ -29,7 +32,7 @@ from ddsim.model.checkpoint_mamba import MambaMapper, read_mamba_config
 from ddsim.model.config import ModelConfig
 from ddsim.model.weights import weight_shapes
 
-SUPPORTED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text") + MAMBA_ARCHS + LFM2_ARCHS
+SUPPORTED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text") + MAMBA_ARCHS + LFM2_ARCHS + JAMBA_ARCHS
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
@@ -44,12 +47,12 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     mt = raw.get("model_type")
     if mt not in SUPPORTED:
         raise InputError(f"{d / 'config.json'}: unsupported architecture {mt!r} (supported: {', '.join(SUPPORTED)})")
-    if mt in LFM2_ARCHS:
+    if mt in LFM2_ARCHS + JAMBA_ARCHS:
         dtype_name = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
         if dtype_name not in _DTYPES:
             raise InputError(f"{d / 'config.json'}: unsupported dtype {dtype_name!r}")
-        return read_lfm2_config(mt, raw, d), {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": "model.",
-                                              "path": str(d)}
+        cfg = read_jamba_config(raw, d) if mt in JAMBA_ARCHS else read_lfm2_config(mt, raw, d)
+        return cfg, {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": "model.", "path": str(d)}
     if mt in MAMBA_ARCHS:
         dtype_name = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
         if dtype_name not in _DTYPES:
@@ -253,6 +256,8 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
         mapper = MambaMapper(cfg, meta, dev, out, meta["raw"])
     elif meta["model_type"] in LFM2_ARCHS:
         mapper = Lfm2Mapper(cfg, meta, _Mapper(cfg, meta, dev, out))
+    elif meta["model_type"] in JAMBA_ARCHS:
+        mapper = JambaMapper(cfg, meta, _Mapper(cfg, meta, dev, out))
     else:
         mapper = _Mapper(cfg, meta, dev, out)
     for shard in _shards(d):

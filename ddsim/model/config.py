@@ -6,6 +6,7 @@ A layer pattern is a string, one character per layer in order:
   'm'  Mamba2 mixer                    (Nemotron-H, Bamba, Granite-4.0-H)
   'p'  attention and Mamba2 in parallel on the same normed input, outputs summed (Falcon-H1)
   'f'  an MLP block alone              (Nemotron-H's '-' layers)
+  's'  Mamba1 mixer (selective scan)    (Jamba: a per-channel state [I, N], dt/B/C from the conv's output)
   'c'  a gated short convolution       (LFM2: out(C * conv(B * x)), no recurrent state beyond the
                                         conv window: the family whose whole state is a window)
 A mixer layer is input norm, mixer, residual, then (when ``layer_mlp``) post norm, MLP, residual;
@@ -27,8 +28,8 @@ from dataclasses import dataclass
 
 from ddsim.errors import ConfigError
 
-LAYER_KINDS = "gampfc"
-FAMILIES = {"g": "gdn", "m": "mamba2", "p": "mamba2", "c": "conv"}  # recurrent layer kind -> family
+LAYER_KINDS = "gampfcs"
+FAMILIES = {"g": "gdn", "m": "mamba2", "p": "mamba2", "c": "conv", "s": "mamba1"}  # recurrent layer kind -> family
 
 
 def pattern(n_layers: int, *, gdn: int = 3, attn: int = 1, kind: str = "g") -> str:
@@ -96,6 +97,11 @@ class ModelConfig:
     # "gated": rmsnorm(y * silu(z)) per group (Mamba2's norm_before_gate=False); "gated-before":
     # rmsnorm(y) * silu(z); "gate": y * silu(z), no norm (Falcon-H1's mamba_rms_norm=False)
     mamba_norm: str = "gated"
+    # Mamba1 mixers ('s', Jamba): I channels of state size mamba_state_size (N), dt from a rank-R projection
+    # of the conv's output; with mamba1_bcdt_norm, RMSNorms of dt (before its projection), B and C (Jamba's)
+    mamba1_inner: int = 32  # I
+    mamba1_dt_rank: int = 4  # R
+    mamba1_bcdt_norm: bool = True
     # block structure and scalings (Nemotron-H, Granite-4.0-H, Falcon-H1 fold theirs into these)
     layer_mlp: bool = True  # every mixer layer has its own post-norm MLP
     mlp_act: str = "swiglu"  # "swiglu": down(silu(gate x) * up x); "relu2": down(relu(up x)^2)
@@ -155,9 +161,12 @@ class ModelConfig:
         return self.layer_pattern[i] != "c"
 
     def state_shape(self, i: int) -> tuple[int, ...]:
-        """Recurrent state of layer i: [HV, K, V] (GDN), [H, P, N] (Mamba2), or [0] (a short conv: none)."""
+        """Recurrent state of layer i: [HV, K, V] (GDN), [H, P, N] (Mamba2), [I, N] (Mamba1), or [0] (a short
+        conv: none)."""
         if self.layer_pattern[i] == "c":
             return (0,)
+        if self.layer_pattern[i] == "s":
+            return (self.mamba1_inner, self.mamba_state_size)
         if self.layer_pattern[i] == "g":
             return (self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim)
         return (self.mamba_num_heads, self.mamba_head_dim, self.mamba_state_size)
@@ -165,7 +174,7 @@ class ModelConfig:
     def window_shape(self, i: int) -> tuple[int, int]:
         """Conv window of layer i: [C, W-1] (a short conv's C is the hidden size)."""
         kind = self.layer_pattern[i]
-        C = self.conv_dim if kind == "g" else self.hidden_size if kind == "c" else self.mamba_conv_dim
+        C = {"g": self.conv_dim, "c": self.hidden_size, "s": self.mamba1_inner}.get(kind, self.mamba_conv_dim)
         return (C, self.conv_kernel_size - 1)
 
     def is_moe_layer(self, i: int) -> bool:
@@ -190,13 +199,13 @@ class ModelConfig:
                   "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
                   "linear_key_head_dim", "linear_value_head_dim", "conv_kernel_size",
                   "max_position_embeddings", "mamba_num_heads", "mamba_head_dim", "mamba_state_size",
-                  "mamba_n_groups"):
+                  "mamba_n_groups", "mamba1_inner", "mamba1_dt_rank"):
             v = getattr(self, f)
             need(isinstance(v, int) and v >= 1, f, f"expected a positive integer, got {v!r}")
         need(len(self.layer_pattern) >= 1, "layer_pattern", "no layers")
         need(set(self.layer_pattern) <= set(LAYER_KINDS), "layer_pattern",
              f"only 'g' (gdn), 'a' (attention), 'm' (mamba2), 'p' (parallel attention + mamba2), 'f' (MLP) and "
-             f"'c' (short conv) are allowed, got {self.layer_pattern!r}")
+             f"'c' (short conv), 's' (mamba1) are allowed, got {self.layer_pattern!r}")
         need(self.mamba_num_heads % self.mamba_n_groups == 0, "mamba_num_heads",
              f"{self.mamba_num_heads} heads is not a multiple of mamba_n_groups={self.mamba_n_groups}")
         lo, hi = self.mamba_dt_limit
@@ -322,6 +331,20 @@ PRESETS: dict[str, ModelConfig] = {
         max_position_embeddings=262144, architecture="falcon_h1",
         notes="Falcon-H1-7B shapes (44 layers of attention and Mamba2 in parallel; d_state 256), random weights "
               "with the multipliers at 1 (a checkpoint's are folded into its weights)"),
+    # Jamba (Mamba1 mixers, attention without RoPE one layer in four, routed experts on every other layer).
+    "tiny-jamba": ModelConfig(
+        name="tiny-jamba", vocab_size=512, hidden_size=128, layer_pattern="ssassssa", intermediate_size=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, use_rope=False, mamba1_inner=256, mamba1_dt_rank=8,
+        mamba_state_size=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=False,
+        mlp_only_layers=(0, 2, 4, 6), architecture="jamba", notes="CPU Mamba1 (Jamba-layout) audit preset"),
+    "jamba-mini-1.6": ModelConfig(
+        name="jamba-mini-1.6", vocab_size=65536, hidden_size=4096, layer_pattern="ssssasss" * 4, intermediate_size=14336,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, use_rope=False, mamba1_inner=8192,
+        mamba1_dt_rank=256, mamba_state_size=16, num_experts=16, num_experts_per_tok=2, moe_intermediate_size=14336,
+        norm_topk_prob=False, mlp_only_layers=tuple(range(0, 32, 2)), max_position_embeddings=262144,
+        architecture="jamba", notes="Jamba Mini 1.6 shapes (32 layers: 28 Mamba1 of 8192 channels, d_state 16, dt rank "
+                                    "256; 4 attention layers without RoPE; 16 experts of 14336, top 2, on odd layers; "
+                                    "51.6B parameters), random weights"),
     # LFM2 (gated short convs, the window their whole state): LFM2's layout (two short convs to an attention
     # layer with q/k norms, a SwiGLU MLP per layer). The MoE variant's router is drawn by the property tests.
     "tiny-lfm2": ModelConfig(

@@ -73,7 +73,8 @@ class CommitInputs:
     """What one recurrent layer's commit replays along the accepted path, [1, T, ...] each.
 
     conv_x [1, T, C] the conv's inputs; GDN: k [1, T, H, K], v [1, T, HV, V] (after the conv),
-    g, beta [1, T, HV]; Mamba2: x [1, T, H, P], dt [1, T, H] raw, B [1, T, G, N] (after the conv)."""
+    g, beta [1, T, HV]; Mamba2: x [1, T, H, P], dt [1, T, H] raw, B [1, T, G, N] (after the conv); Mamba1: x
+    [1, T, I] (after the conv), dt [1, T, I] raw, B [1, T, N]; a short conv: conv_x alone."""
     conv_x: torch.Tensor
     k: torch.Tensor | None = None
     v: torch.Tensor | None = None
@@ -307,6 +308,9 @@ class HybridModel:
             if kind == "c":
                 c, S, win, cin = self._short_conv(p, xn, parents, S0, win0, conv_mode, keep_states)
                 parts.append(c)
+            if kind == "s":
+                m, S, win, cin = self._mamba1(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
+                parts.append(m)
             out = parts[0] if len(parts) == 1 else parts[0] + parts[1]
             h = h + r * out
             if cfg.layer_mlp:
@@ -470,6 +474,35 @@ class HybridModel:
         if keep_states:
             return out, states, windows, None
         return out, None, None, CommitInputs(xbc, x=xs, dt=dt, B=Bm)
+
+    def _mamba1(self, p, x, parents, S0, win0, conv_mode, rec_mode, keep_states=True):
+        """A Mamba1 mixer (Jamba's). x [B*T, d] (B sequences of T nodes); S0 [B, I, N]; win0 [B, I, W-1] ->
+        (out [B*T, d], states [B, T, I, N], windows [B, T, I, W-1], None), or (out, None, None, CommitInputs)
+        without keep_states."""
+        cfg, w = self.cfg, self.w
+        Nr, Bs = x.shape[0], S0.shape[0]
+        T, I, R, Ns = Nr // Bs, cfg.mamba1_inner, cfg.mamba1_dt_rank, cfg.mamba_state_size
+        xz = F.linear(x, w[p + "mamba1.in"])  # [B*T, 2I]: x, then z
+        xs, z = xz[:, :I].reshape(Bs, T, I), xz[:, I:]
+        y = gb.tree_causal_conv1d(xs, weight=w[p + "mamba1.conv"], bias=w.get(p + "mamba1.conv_bias"), parents=parents,
+                                  initial_window=win0, mode=conv_mode, output_windows=keep_states, backend=self.backend)
+        u, windows = y if keep_states else (y, None)  # u [B, T, I]: silu(conv)
+        dbc = F.linear(u, w[p + "mamba1.x_proj"])  # [B, T, R + 2N]
+        dtr, Bm, Cm = dbc[..., :R], dbc[..., R:R + Ns], dbc[..., R + Ns:]
+        if cfg.mamba1_bcdt_norm:
+            dtr = _rmsnorm(dtr, w[p + "mamba1.dt_norm"], cfg.rms_norm_eps)
+            Bm = _rmsnorm(Bm, w[p + "mamba1.b_norm"], cfg.rms_norm_eps)
+            Cm = _rmsnorm(Cm, w[p + "mamba1.c_norm"], cfg.rms_norm_eps)
+        dt = F.linear(dtr, w[p + "mamba1.dt_proj"]).float()  # [B, T, I] raw
+        o = gb.mamba1_tree_verify(u, dt, self._const(p + "mamba1.A_log"), Bm, Cm, D=self._const(p + "mamba1.D"),
+                                  dt_bias=self._const(p + "mamba1.dt_bias"), parents=parents,
+                                  initial_state=S0.to(self.state_dtype), mode=rec_mode, output_states=keep_states)
+        o, states = o if keep_states else (o, None)
+        o = o.reshape(Nr, I).float() * F.silu(z.float())
+        out = F.linear(o.to(x.dtype), w[p + "mamba1.out"])
+        if keep_states:
+            return out, states, windows, None
+        return out, None, None, CommitInputs(xs, x=u, dt=dt, B=Bm)
 
     def _short_conv(self, p, x, parents, S0, win0, conv_mode, keep_states=True):
         """LFM2's gated short conv. x [B*T, d] (B sequences of T nodes); S0 [B, 0] (no state); win0 [B, d, W-1]
@@ -733,6 +766,10 @@ class HybridModel:
                 S0 = S0.to(self.state_dtype)
                 if cfg.layer_pattern[i] == "c":  # the window is the whole state
                     ssm[i] = S0.clone()
+                elif cfg.layer_pattern[i] == "s":
+                    ssm[i] = gb.mamba1_tree_commit(ci.x, ci.dt, self._const(p + "mamba1.A_log"), ci.B,
+                                                   dt_bias=self._const(p + "mamba1.dt_bias"), parents=plans[rec_mode],
+                                                   accepted=acc, initial_state=S0)
                 elif cfg.layer_pattern[i] == "g":
                     ssm[i] = gb.gdn_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plans[rec_mode], accepted=acc,
                                                 initial_state=S0, backend=self.backend)

@@ -18,6 +18,10 @@ RMSNorm except the GDN and Mamba2 gated norms (plain weight).
              .mamba.dt [H, d]; .mamba.conv [Cm, W]; with mamba_conv_bias .mamba.conv_bias [Cm];
              .mamba.dt_bias [H]; .mamba.A_log [H]; .mamba.D [H]; unless mamba_norm == "gate"
              .mamba.norm [I]; .mamba.out [d, I]
+  mamba1 layer ('s'; I = mamba1_inner, R = mamba1_dt_rank, N = mamba_state_size): .mamba1.in [2I, d] (x, then z);
+             .mamba1.conv [I, W]; with mamba_conv_bias .mamba1.conv_bias [I]; .mamba1.x_proj [R + 2N, I] (dt, B, C);
+             with mamba1_bcdt_norm .mamba1.dt_norm [R], .mamba1.b_norm [N], .mamba1.c_norm [N]; .mamba1.dt_proj [I, R];
+             .mamba1.dt_bias [I]; .mamba1.A_log [I, N]; .mamba1.D [I]; .mamba1.out [d, I]
   short conv layer ('c'): .conv.in [3d, d] (B, C, x in that order); .conv.conv [d, W]; .conv.out [d, d]
   'f' layers have the MLP under input_norm and no post_norm; with layer_mlp=False mixer layers have
   no MLP and no post_norm; mlp_act "relu2" MLPs have .mlp.up and .mlp.down only.
@@ -65,6 +69,15 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                 out[p + "mamba.conv_bias"] = (Cm,)
             if cfg.mamba_norm != "gate":
                 out[p + "mamba.norm"] = (I,)
+        if kind == "s":
+            I, R, Ns, W = cfg.mamba1_inner, cfg.mamba1_dt_rank, cfg.mamba_state_size, cfg.conv_kernel_size
+            out.update({p + "mamba1.in": (2 * I, d), p + "mamba1.conv": (I, W), p + "mamba1.x_proj": (R + 2 * Ns, I),
+                        p + "mamba1.dt_proj": (I, R), p + "mamba1.dt_bias": (I,), p + "mamba1.A_log": (I, Ns),
+                        p + "mamba1.D": (I,), p + "mamba1.out": (d, I)})
+            if cfg.mamba_conv_bias:
+                out[p + "mamba1.conv_bias"] = (I,)
+            if cfg.mamba1_bcdt_norm:
+                out.update({p + "mamba1.dt_norm": (R,), p + "mamba1.b_norm": (Ns,), p + "mamba1.c_norm": (Ns,)})
         if kind == "c":
             out.update({p + "conv.in": (3 * d, d), p + "conv.conv": (d, cfg.conv_kernel_size), p + "conv.out": (d, d)})
     return out
@@ -213,6 +226,25 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             if cfg.mamba_norm != "gate":
                 w[p + "mamba.norm"] = 1.0 + normal(I, std=0.05)
             w[p + "mamba.out"] = linear(d, I, out_scale)
+        if kind == "s":
+            I, R, Ns, W = cfg.mamba1_inner, cfg.mamba1_dt_rank, cfg.mamba_state_size, cfg.conv_kernel_size
+            w[p + "mamba1.in"] = linear(2 * I, d)
+            w[p + "mamba1.conv"] = normal(I, W, std=1.0 / math.sqrt(W))
+            if cfg.mamba_conv_bias:
+                w[p + "mamba1.conv_bias"] = normal(I, std=0.1)
+            w[p + "mamba1.x_proj"] = linear(R + 2 * Ns, I)
+            if cfg.mamba1_bcdt_norm:
+                for n, size in (("dt_norm", R), ("b_norm", Ns), ("c_norm", Ns)):
+                    w[p + "mamba1." + n] = norm_weight(size)
+            w[p + "mamba1.dt_proj"] = linear(I, R, cfg.gate_noise)  # the token-dependent part of log dt
+            # S4D-real A = -(1..N) per channel (Mamba's initialisation); each channel's typical step dt set so
+            # its slowest state index (A = -1) has its half-life, spread log-uniformly over gate_halflife
+            A1, dt = decays(I)
+            w[p + "mamba1.A_log"] = torch.log(torch.arange(1, Ns + 1, dtype=torch.float32, device=where["dev"])).expand(
+                I, Ns).to(dtype).clone()
+            w[p + "mamba1.dt_bias"] = _inv_softplus(dt * A1.double()).to(dtype)
+            w[p + "mamba1.D"] = 1.0 + normal(I, std=0.1)
+            w[p + "mamba1.out"] = linear(d, I, out_scale)
         if kind == "c":
             w[p + "conv.in"] = linear(3 * d, d)
             w[p + "conv.conv"] = normal(d, cfg.conv_kernel_size, std=1.0 / math.sqrt(cfg.conv_kernel_size))

@@ -19,7 +19,8 @@ from ddsim.trees.modes import VERIFY_MODES
 SCHEMA_VERSION = 8  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
 # 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family;
 # 6: good and corrupted tokens per step; 7: the sampler at temperature > 0 and each step's exact law against exact's;
-# 8: short-conv layers ('c', LFM2) and the conv family, whose window is its whole state (no state_rel)
+# 8: short-conv layers ('c', LFM2) and the conv family, whose window is its whole state (no state_rel); Mamba1
+# layers ('s', Jamba) and the mamba1 family
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -101,14 +102,14 @@ class RankRow(_Strict):
 
 class LayerRow(_Strict):
     layer: Count
-    kind: Literal["g", "a", "m", "p", "f", "c"]  # ddsim.model.config.LAYER_KINDS
+    kind: Literal["g", "a", "m", "p", "f", "c", "s"]  # ddsim.model.config.LAYER_KINDS
     hidden_rel: Summary
-    state_rel: Summary | None = None  # layers with a recurrent state (g, m, p) only
-    conv_rel: Summary | None = None  # layers with a conv window (g, m, p, c)
+    state_rel: Summary | None = None  # layers with a recurrent state (g, m, p, s) only
+    conv_rel: Summary | None = None  # layers with a conv window (g, m, p, s, c)
 
     @model_validator(mode="after")
     def _recurrent(self):
-        _need((self.state_rel is not None) == (self.kind in "gmp") and (self.conv_rel is not None) == (self.kind in "gmpc"),
+        _need((self.state_rel is not None) == (self.kind in "gmps") and (self.conv_rel is not None) == (self.kind in "gmpsc"),
               f"by_layer[{self.layer}]", "state_rel is given exactly for layers with a recurrent state, conv_rel for "
                                          "layers with a conv window")
         return self
@@ -116,7 +117,7 @@ class LayerRow(_Strict):
 
 class FamilyRow(_Strict):
     """The leak of one recurrent family (all its layers, nodes that are not order-exact)."""
-    family: Literal["gdn", "mamba2", "conv"]
+    family: Literal["gdn", "mamba2", "conv", "mamba1"]
     layers: Positive
     state_rel: Summary | None  # None for the short convs (LFM2): their window is their whole state
     conv_rel: Summary
@@ -432,8 +433,8 @@ class ModelRecord(_Strict):
     @model_validator(mode="after")
     def _pattern(self):
         lp = self.config.get("layer_pattern")
-        _need(isinstance(lp, str) and len(lp) >= 1 and set(lp) <= set("gampfc"), "model.config.layer_pattern",
-              f"expected a non-empty string over 'gampfc', got {lp!r}")
+        _need(isinstance(lp, str) and len(lp) >= 1 and set(lp) <= set("gampfcs"), "model.config.layer_pattern",
+              f"expected a non-empty string over 'gampfcs', got {lp!r}")
         v = self.config.get("vocab_size")
         _need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "model.config.vocab_size",
               f"expected a positive integer, got {v!r}")
@@ -657,7 +658,8 @@ def check_consistency(r: Report) -> None:
         for m, t in b.leak.items():
             _need([row.kind for row in t.by_layer] == list(pattern) and [row.layer for row in t.by_layer] ==
                   list(range(len(pattern))), f"budgets[{b.budget}].leak.{m}.by_layer", "does not match the model's layers")
-            fams = {"gdn": pattern.count("g"), "mamba2": pattern.count("m") + pattern.count("p"), "conv": pattern.count("c")}
+            fams = {"gdn": pattern.count("g"), "mamba2": pattern.count("m") + pattern.count("p"), "conv": pattern.count("c"),
+                    "mamba1": pattern.count("s")}
             _need([(f.family, f.layers) for f in t.by_family] == [(k, n) for k, n in sorted(fams.items()) if n],
                   f"budgets[{b.budget}].leak.{m}.by_family", "does not match the model's recurrent layers")
     # measured steps: the autoregressive step, the chain and every (budget, mode) once, at the summaries' tokens
