@@ -55,6 +55,8 @@ def checkpoint(request, tmp_path_factory):
 
 def test_supported_architectures_listed():
     assert "jamba" in SUPPORTED
+    help_text = " ".join(run_cli("audit", "--help").stdout.split())
+    assert all(a in help_text for a in SUPPORTED if not a.endswith("_text")), help_text  # --model names each
 
 
 def test_prefill_logits_match_transformers(checkpoint):
