@@ -59,8 +59,10 @@ def meaning(report: Report, v: ReportVerdict) -> str:
         return ("The audit never exercised the leak: some budget verified no node outside order-exact positions, so "
                 "nothing it measured can approve the unsafe mode. Raise --budget or --topk-cap and audit again.")
     if failed & {"exact_state_rel_max", "exact_kl_max", "exact_generations_leaving_greedy_above_noise"}:
-        return ("The exact path itself is off the oracle: the fast path (or the engine kernel behind it) is wrong. "
-                "Fix it before judging the leak; no leak figure of this audit can be trusted.")
+        return ("The exact path itself is further from the oracle than the policy allows: the fast path (or the engine "
+                f"kernel behind it) is wrong, or its {report.precision.fast_path} arithmetic is coarser than the "
+                "policy's exact bounds. Settle which before judging the leak; no leak figure of this audit can be "
+                "trusted.")
     if "reference_decisions_above_noise" in failed:
         return ("The reference decoding is too fragile to judge: most of its decisions are within the exact path's own "
                 "rounding, so the leak cannot be told from the arithmetic.")

@@ -73,6 +73,12 @@ def test_the_verdict_sentence_tells_near_ties_from_the_leak():
     none = inert.model_copy(update={"budgets": [b.model_copy(update={"leak": {m: t.model_copy(update={
         "not_order_exact_nodes": 0}) for m, t in b.leak.items()}}) for b in inert.budgets]})
     assert sentence(none)[0].startswith("The audit never exercised the leak")
+    # an exact path off the oracle: wrong, or (naming the fast path's arithmetic) too coarse for the bounds
+    off = inert.model_copy(update={"noise_floor": {k: v.model_copy(update={"kl_max": 1.0})
+                                                   for k, v in inert.noise_floor.items()}})
+    s = sentence(off)[0]
+    assert s.startswith("The exact path itself is further from the oracle than the policy allows") and \
+        f"or its {inert.precision.fast_path} arithmetic is coarser" in s
 
 
 def test_the_summary_fits_100_columns(typed_report):
