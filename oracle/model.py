@@ -47,9 +47,13 @@ def _attention_proj(w, p, cfg, x, pos):
     n = x.shape[0]
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     rot = int(hd * cfg.partial_rotary_factor)
-    q = (x @ w[p + "attn.q"].T).view(n, nh, hd)
-    k = (x @ w[p + "attn.k"].T).view(n, nkv, hd)
-    if cfg.qk_norm:
+    q = x @ w[p + "attn.q"].T
+    k = x @ w[p + "attn.k"].T
+    if cfg.qk_norm_all:  # one norm over all heads
+        q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
+        k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
+    q, k = q.view(n, nh, hd), k.view(n, nkv, hd)
+    if cfg.qk_norm and not cfg.qk_norm_all:
         q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)  # per head, over hd
         k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
     if cfg.use_rope:
@@ -169,7 +173,7 @@ def _gdn_core(w, p, cfg, xin, a, b, S, window):
     q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
     k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     g = -torch.exp(w[p + "gdn.A_log"]) * F.softplus(a + w[p + "gdn.dt_bias"])  # [n, HV]
-    beta = torch.sigmoid(b)
+    beta = torch.sigmoid(b) * cfg.gdn_beta_scale
     group = HV // H
     k = k.repeat_interleave(group, dim=1)  # [n, HV, K]: value head j reads key head j // group
     q = q.repeat_interleave(group, dim=1)
@@ -185,7 +189,7 @@ def _gdn_core(w, p, cfg, xin, a, b, S, window):
 def _gdn_out(w, p, cfg, o, z):
     """The gated RMSNorm of o [n, HV, V] times silu(z), projected: [n, d]."""
     n = o.shape[0]
-    o = o / torch.sqrt((o * o).mean(-1, keepdim=True) + cfg.rms_norm_eps) * w[p + "gdn.norm"] * F.silu(z)
+    o = o / torch.sqrt((o * o).mean(-1, keepdim=True) + (cfg.gdn_norm_eps or cfg.rms_norm_eps)) * w[p + "gdn.norm"] * F.silu(z)
     return o.reshape(n, -1) @ w[p + "gdn.out"].T
 
 
@@ -321,8 +325,19 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
         p = f"layers.{i}."
         norm = w[p + "input_norm"]
         h, pos = h.to(norm.device), pos0.to(norm.device)  # this layer's device (the same one unless placed)
-        xn = _rmsnorm(h, norm, cfg.rms_norm_eps)
         nk, S, win = None, None, None
+        if kind == "a" and cfg.attn_post_norm:  # norms on the attention's and the MLP's outputs (OLMo-Hybrid)
+            valid = None if ctx_valid is None else ctx_valid.to(norm.device)
+            a, k, v = _attention(w, p, cfg, h, pos, *kv_ctx[i], valid)
+            h = h + r * _rmsnorm(a, norm, cfg.rms_norm_eps)
+            if cfg.layer_mlp:
+                h = h + r * _rmsnorm(_mlp(w, p, cfg, h, i), w[p + "post_norm"], cfg.rms_norm_eps)
+            new_kv.append((k, v))
+            ssm2.append(None)
+            conv2.append(None)
+            hidden.append(h.to(head))
+            continue
+        xn = _rmsnorm(h, norm, cfg.rms_norm_eps)
         if kind == "f":
             h = h + r * _mlp(w, p, cfg, xn, i)
         else:
@@ -652,8 +667,14 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
         p, lw = f"layers.{i}.", _Held(w)
         norm = lw[p + "input_norm"]
         h, pos = h.to(norm.device), pos_all.to(norm.device)
-        xn = _rmsnorm(h, norm, cfg.rms_norm_eps)
-        if kind == "f":
+        post = kind == "a" and cfg.attn_post_norm  # norms on the attention's and the MLP's outputs (OLMo-Hybrid)
+        xn = h if post else _rmsnorm(h, norm, cfg.rms_norm_eps)
+        if post:
+            a = _attention_out(lw, p, cfg, h, _tree_attention(lw, p, cfg, h, pos, kv0[i], spans, valids, trees, ix, i))
+            h = h + r_mul * _rmsnorm(a, norm, cfg.rms_norm_eps)
+            if cfg.layer_mlp:
+                h = h + r_mul * _rmsnorm(_mlp(lw, p, cfg, h, i), lw[p + "post_norm"], cfg.rms_norm_eps)
+        elif kind == "f":
             h = h + r_mul * _mlp(lw, p, cfg, xn, i)
         else:
             out = torch.zeros_like(h)

@@ -73,7 +73,8 @@ def ddtree_logits(draw, *, max_depth: int = 4, max_vocab: int = 6) -> torch.Tens
 def model_configs(draw) -> ModelConfig:
     """Toy hybrid configs exercising grouped heads (HV/H in 1..3), GQA, every layer kind (GDN,
     attention, Mamba2, parallel attention + Mamba2, MLP-only blocks, short convs, Mamba1), the real-checkpoint features
-    (gated attention, q/k norm, partial RoPE, zero-centred norms, MoE) and the Mamba2-hybrid ones
+    (gated attention, q/k norm per head or over all heads, partial RoPE, zero-centred norms, MoE, OLMo-Hybrid's
+    output-normed attention blocks and GDN beta scale) and the Mamba2-hybrid ones
     (grouped B/C, dt limits, the three gated-norm forms, relu^2 MLPs, NoPE, scalings)."""
     H = draw(st.integers(1, 2))
     HV = H * draw(st.integers(1, 3))
@@ -89,6 +90,7 @@ def model_configs(draw) -> ModelConfig:
     if min(2, n_exp) > topk_group * (n_exp // n_group if n_exp else 1):
         topk_group = n_group
     mG = draw(st.integers(1, 2))
+    qk_norm = draw(st.booleans())
     return ModelConfig(
         name="hypothesis", vocab_size=draw(st.integers(8, 40)), hidden_size=draw(st.sampled_from([8, 16, 24])),
         layer_pattern=pat, intermediate_size=16, num_attention_heads=nkv * draw(st.integers(1, 2)),
@@ -98,7 +100,9 @@ def model_configs(draw) -> ModelConfig:
         gate_halflife=(1.0, draw(st.sampled_from([4.0, 64.0, 1024.0]))),
         logit_std=draw(st.sampled_from([1.0, 4.0])),
         norm_offset=draw(st.sampled_from([0.0, 1.0])), attn_output_gate=draw(st.booleans()),
-        qk_norm=draw(st.booleans()), partial_rotary_factor=draw(st.sampled_from([1.0, 0.5])),
+        qk_norm=qk_norm, qk_norm_all=qk_norm and draw(st.booleans()), attn_post_norm=draw(st.booleans()),
+        gdn_beta_scale=draw(st.sampled_from([1.0, 2.0])), gdn_norm_eps=draw(st.sampled_from([0.0, 1e-5])),
+        partial_rotary_factor=draw(st.sampled_from([1.0, 0.5])),
         num_experts=n_exp, num_experts_per_tok=min(2, n_exp), moe_intermediate_size=8 if moe else 0,
         shared_expert_intermediate_size=draw(st.sampled_from([0, 8])) if moe else 0,
         norm_topk_prob=draw(st.booleans()), decoder_sparse_step=draw(st.sampled_from([1, 2])),

@@ -56,6 +56,8 @@ class ModelConfig:
     linear_key_head_dim: int = 32  # K
     linear_value_head_dim: int = 32  # V
     conv_kernel_size: int = 4  # W
+    gdn_beta_scale: float = 1.0  # beta = scale * sigmoid(b): 2.0 lets the delta rule's eigenvalues go negative (OLMo-Hybrid)
+    gdn_norm_eps: float = 0.0  # epsilon of the GDN gated RMSNorm (0: rms_norm_eps)
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 4096
     # synthetic statistics (documented above and in the README)
@@ -68,6 +70,10 @@ class ModelConfig:
     norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + weight): 1.0 for Qwen's zero-centred norms
     attn_output_gate: bool = False  # attention output times sigmoid(gate), gate from q_proj's second half
     qk_norm: bool = False  # RMSNorm of q and k per head before RoPE
+    qk_norm_all: bool = False  # with qk_norm: one RMSNorm over all heads' q (and k) jointly (OLMo-Hybrid)
+    # attention layers ('a') norm their outputs instead of their inputs: h + norm(attn(h)), h + norm(mlp(h))
+    # (OLMo-Hybrid's attention blocks; input_norm and post_norm are those two output norms)
+    attn_post_norm: bool = False
     partial_rotary_factor: float = 1.0  # RoPE on the first int(head_dim * factor) dims of each head
     num_experts: int = 0  # MoE MLP (SwiGLU experts, softmax top-k router, shared expert) when > 0
     shared_expert_gate: bool = True  # the shared expert's output scaled by sigmoid(x . w) (False: Granite's plain sum)
@@ -224,6 +230,9 @@ class ModelConfig:
         need(self.layer_mlp or "f" in self.layer_pattern or not self.layer_pattern, "layer_mlp",
              "False needs 'f' layers (the model would have no MLP at all)")
         need(self.moe_norm_eps >= 0, "moe_norm_eps", "must be >= 0")
+        need(0 < self.gdn_beta_scale <= 2, "gdn_beta_scale", f"expected (0, 2], got {self.gdn_beta_scale}")
+        need(self.gdn_norm_eps >= 0, "gdn_norm_eps", "must be >= 0")
+        need(not self.qk_norm_all or self.qk_norm, "qk_norm_all", "needs qk_norm")
         for f in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
             need(getattr(self, f) > 0, f, "must be > 0")
         need(self.attention_scale >= 0, "attention_scale", "must be >= 0 (0: head_dim ** -0.5)")

@@ -290,8 +290,14 @@ class HybridModel:
         recurrent state and window (recurrent layers)."""
         cfg, w = self.cfg, self.w
         r = cfg.residual_multiplier
-        xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
         nk, S, win, cin = None, None, None, None
+        if kind == "a" and cfg.attn_post_norm:  # OLMo-Hybrid's attention block: norms on the outputs
+            a, k, v = attend(p, h)
+            h = h + r * _rmsnorm(a, w[p + "input_norm"], cfg.rms_norm_eps)
+            if cfg.layer_mlp:
+                h = h + r * _rmsnorm(self._mlp(p, h, i), w[p + "post_norm"], cfg.rms_norm_eps)
+            return h, (k, v), S, win, cin
+        xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
         if kind == "f":
             h = h + r * self._mlp(p, xn, i)
         else:
@@ -373,9 +379,13 @@ class HybridModel:
         cfg, w = self.cfg, self.w
         n = x.shape[0]
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q = F.linear(x, w[p + "attn.q"]).view(n, nh, hd)
-        k = F.linear(x, w[p + "attn.k"]).view(n, nkv, hd)
-        if cfg.qk_norm:
+        q = F.linear(x, w[p + "attn.q"])
+        k = F.linear(x, w[p + "attn.k"])
+        if cfg.qk_norm_all:  # one norm over all heads
+            q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
+            k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
+        q, k = q.view(n, nh, hd), k.view(n, nkv, hd)
+        if cfg.qk_norm and not cfg.qk_norm_all:
             q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
             k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
         if cfg.use_rope:
@@ -417,7 +427,7 @@ class HybridModel:
         k = y[..., H * K: 2 * H * K].view(B, T, H, K)
         v = y[..., 2 * H * K:].view(B, T, HV, V)
         g = (self._const(p + "gdn.A_log") * F.softplus(a + self._const(p + "gdn.dt_bias"))).view(B, T, HV)
-        beta = torch.sigmoid(b).view(B, T, HV)
+        beta = (torch.sigmoid(b) * cfg.gdn_beta_scale).view(B, T, HV)
         o = gb.gdn_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0.to(self.state_dtype),
                                mode=rec_mode, output_states=keep_states, backend=self.backend)
         o, states = o if keep_states else (o, None)
@@ -426,7 +436,7 @@ class HybridModel:
                                    slots=torch.arange(B, dtype=torch.int32, device=q.device), mode=rec_mode,
                                    scale=None)
         o = o.reshape(N, HV, V).to(x.dtype)
-        o = _rmsnorm(o, w[p + "gdn.norm"], cfg.rms_norm_eps) * F.silu(z)
+        o = _rmsnorm(o, w[p + "gdn.norm"], cfg.gdn_norm_eps or cfg.rms_norm_eps) * F.silu(z)
         out = F.linear(o.reshape(N, HV * V), w[p + "gdn.out"])
         if keep_states:
             return out, states, windows, None

@@ -6,6 +6,8 @@ Weights are a flat dict of tensors with these names (shapes for hidden d, vocab 
   layers.{i}.mlp.gate [I, d]; .up [I, d]; .down [d, I]                       (SwiGLU)
   attention layer: .attn.q [nh*hd, d]; .attn.k [nkv*hd, d]; .attn.v [nkv*hd, d]; .attn.o [d, nh*hd];
              with attn_output_gate .attn.gate [nh*hd, d]; with qk_norm .attn.q_norm [hd], .attn.k_norm [hd]
+             ([nh*hd] and [nkv*hd] with qk_norm_all); with attn_post_norm, input_norm and post_norm norm the
+             attention's and the MLP's outputs
   MoE layer (instead of .mlp.gate/up/down): .mlp.router [E, d]; .mlp.experts.gate [E, I, d];
              .mlp.experts.up [E, I, d]; .mlp.experts.down [E, d, I]; .mlp.shared.gate/up/down;
              .mlp.shared_gate [1, d] (with shared_expert_gate)
@@ -54,7 +56,7 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             if cfg.attn_output_gate:
                 out[p + "attn.gate"] = (nh * hd, d)
             if cfg.qk_norm:
-                out[p + "attn.q_norm"] = out[p + "attn.k_norm"] = (hd,)
+                out[p + "attn.q_norm"], out[p + "attn.k_norm"] = ((nh * hd,), (nkv * hd,)) if cfg.qk_norm_all else ((hd,), (hd,))
         if kind == "g":
             HV, V, C = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_dim
             out.update({p + "gdn.qkv": (C, d), p + "gdn.z": (HV * V, d), p + "gdn.a": (HV, d), p + "gdn.b": (HV, d),
@@ -195,8 +197,8 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             if cfg.attn_output_gate:
                 w[p + "attn.gate"] = linear(nh * hd, d)
             if cfg.qk_norm:
-                w[p + "attn.q_norm"] = norm_weight(hd)
-                w[p + "attn.k_norm"] = norm_weight(hd)
+                w[p + "attn.q_norm"] = norm_weight(nh * hd if cfg.qk_norm_all else hd)
+                w[p + "attn.k_norm"] = norm_weight(nkv * hd if cfg.qk_norm_all else hd)
         if kind == "g":
             HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_kernel_size
             C = cfg.conv_dim
