@@ -42,7 +42,7 @@ import math
 
 import torch
 
-from ddsim.gpu_backend import checks, fastcall, torch_mamba1, torch_mamba2, torch_ops
+from ddsim.gpu_backend import checks, fastcall, torch_lightning, torch_mamba1, torch_mamba2, torch_ops
 from ddsim.gpu_backend import launch as _launch
 from ddsim.gpu_backend.checks import CheckedIndices, CheckedSlots, TreePlan, checked_accepted, checked_slots, poisoned, poisoning
 from ddsim.gpu_backend.torch_ops import tree_attention
@@ -262,6 +262,23 @@ def mamba1_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, parents, 
                                            accepted=accepted, initial_state=initial_state)
 
 
+def lightning_tree_verify(q, k, v, *, decay, parents, initial_state, mode="exact", output_states=False, backend=None):
+    """One lightning-attention layer (MiniMax) over a tree. q, k [B, T, H, K]; v [B, T, H, V]; decay [H] (the
+    per-head lambda = exp(-slope)); parents [B, T] or a TreePlan; initial_state [B, H, K, V] fp32 (read, never
+    written). Returns o [B, T, H, V] in q's dtype and, with output_states, the state after every node
+    [B, T, H, K, V] fp32. One backend: PyTorch (``backend`` accepted for the callers' uniformity)."""
+    return torch_lightning.lightning_tree_verify(q, k, v, decay=decay, parents=parents, initial_state=initial_state,
+                                                 mode=mode, output_states=output_states)
+
+
+def lightning_tree_commit(k, v, *, decay, parents, accepted, initial_state, backend=None):
+    """Lightning-attention state after the accepted path root..accepted[b], without per-node snapshots: a new
+    [B, H, K, V] (PyTorch, like lightning_tree_verify)."""
+    return torch_lightning.lightning_tree_commit(k, v, decay=decay, parents=parents, accepted=accepted,
+                                                 initial_state=initial_state)
+
+
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_tree_commit", "mamba1_tree_verify",
-           "mamba1_tree_commit", "tree_causal_conv1d", "conv_tree_commit", "tree_attention", "TreePlan", "CheckedIndices",
+           "mamba1_tree_commit", "lightning_tree_verify", "lightning_tree_commit", "tree_causal_conv1d",
+           "conv_tree_commit", "tree_attention", "TreePlan", "CheckedIndices",
            "checked_accepted", "CheckedSlots", "checked_slots", "poisoned", "poisoning", "BACKENDS", "MAMBA2_BACKENDS"]

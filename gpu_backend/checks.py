@@ -460,3 +460,23 @@ def mamba1_dt(dt, dt_bias, dt_softplus: bool, dtype) -> torch.Tensor:
     if dt_bias is not None:
         d = d + dt_bias.to(dtype)
     return F.softplus(d) if dt_softplus else d
+
+
+def check_lightning(q, k, v, decay, initial_state):
+    """Shapes, dtypes and devices of a lightning-attention layer's inputs: q, k [B, T, H, K], v [B, T, H, V],
+    decay [H], initial_state [B, H, K, V] -> (B, T, H, K, V)."""
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(f"q, k: expected [B, T, H, K] each, got {tuple(q.shape)} and {tuple(k.shape)}")
+    Bn, T, H, K = q.shape
+    if v.dim() != 4 or tuple(v.shape[:3]) != (Bn, T, H):
+        raise ValueError(f"v: expected [B, T, H, V] with {(Bn, T, H)}, got {tuple(v.shape)}")
+    V = v.shape[3]
+    for name, t, want in (("decay", decay, (H,)), ("initial_state", initial_state, (Bn, H, K, V))):
+        if t is None or tuple(t.shape) != want:
+            raise ValueError(f"{name}: expected {list(want)}, got {None if t is None else tuple(t.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("decay", decay), ("initial_state", initial_state)):
+        if not t.is_floating_point():
+            raise ValueError(f"{name}: expected a floating dtype, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device}, q is on {q.device}")
+    return Bn, T, H, K, V

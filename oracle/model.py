@@ -10,7 +10,8 @@ recurrence and attention depth by depth, the nodes of one depth as one batch of 
 sequence), or one node at a time depth-first through ``decode_step`` (``order="node"``). Only one
 layer's states of two depths (or the root path's) are alive unless ``record_states`` asks for every
 node's state (for the leak metrics). Every layer is the same code in both schedules
-(``_attention_proj``/``_core``/``_out``, ``_gdn_*``, ``_mamba2_*``, ``_mamba1*``, ``_short_conv_*``).
+(``_attention_proj``/``_core``/``_out``, ``_gdn_*``, ``_mamba2_*``, ``_mamba1*``, ``_lightning_*``,
+``_short_conv_*``).
 """
 from __future__ import annotations
 
@@ -283,6 +284,34 @@ def _mamba1(w, p, cfg, x, S, window):
     return (y * F.silu(xz[:, I:])) @ w[p + "mamba1.out"].T, S_new, new_window
 
 
+def _lightning_proj(w, p, cfg, x):
+    """Lightning attention's q, k, v of each row x [n, d]: silu of one projection, per head [q, k, v]: [n, H, hd] each."""
+    H, hd = cfg.num_attention_heads, cfg.head_dim
+    qkv = F.silu(x @ w[p + "lightning.qkv"].T).view(x.shape[0], H, 3 * hd)
+    return qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
+
+
+def _lightning_core(w, p, q, k, v, S, window):
+    """One token per row from the row's own state: q, k, v [n, H, hd]; S [n, H, hd, hd]; window [n, 0, 0] (none,
+    passed on) -> (o [n, H, hd] = S_t^T q_t, S_t = lambda S + k v^T, window)."""
+    lam = torch.exp(-w[p + "lightning.slope"])  # [H]
+    S_new = lam[None, :, None, None] * S + torch.einsum("nhk,nhv->nhkv", k, v)
+    return torch.einsum("nhkv,nhk->nhv", S_new, q), S_new, window
+
+
+def _lightning_out(w, p, cfg, x, o):
+    """The norm over all heads of o [n, H, hd], gated by sigmoid of x's gate projection, projected: [n, d]."""
+    o = _rmsnorm(o.reshape(o.shape[0], -1), w[p + "lightning.norm"], cfg.lightning_norm_eps)
+    return (o * torch.sigmoid(x @ w[p + "lightning.gate"].T)) @ w[p + "lightning.out"].T
+
+
+def _lightning(w, p, cfg, x, S, window):
+    """One token per row of MiniMax's lightning attention. x [n, d]; S [n, H, hd, hd]."""
+    q, k, v = _lightning_proj(w, p, cfg, x)
+    o, S_new, window = _lightning_core(w, p, q, k, v, S, window)
+    return _lightning_out(w, p, cfg, x, o), S_new, window
+
+
 def _short_conv_proj(w, p, x):
     """LFM2's short conv input projection of each row x [n, d]: (B [n, d], C [n, d], x [n, d])."""
     d = x.shape[1]
@@ -326,6 +355,22 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
         norm = w[p + "input_norm"]
         h, pos = h.to(norm.device), pos0.to(norm.device)  # this layer's device (the same one unless placed)
         nk, S, win = None, None, None
+        if cfg.residual_from_norm and kind != "f":  # MiniMax's block: the residual is the normed input, sums scaled
+            xn = _rmsnorm(h, norm, cfg.rms_norm_eps)
+            if kind == "a":
+                valid = None if ctx_valid is None else ctx_valid.to(norm.device)
+                m, k, v = _attention(w, p, cfg, xn, pos, *kv_ctx[i], valid)
+                nk, alpha, beta = (k, v), cfg.attn_alpha, cfg.attn_beta
+            else:
+                m, S, win = _lightning(w, p, cfg, xn, ssm[i], conv[i])
+                alpha, beta = cfg.linear_alpha, cfg.linear_beta
+            xn = _rmsnorm(alpha * xn + beta * m, w[p + "post_norm"], cfg.rms_norm_eps)
+            h = cfg.mlp_alpha * xn + cfg.mlp_beta * _mlp(w, p, cfg, xn, i)
+            new_kv.append(nk)
+            ssm2.append(S)
+            conv2.append(win)
+            hidden.append(h.to(head))
+            continue
         if kind == "a" and cfg.attn_post_norm:  # norms on the attention's and the MLP's outputs (OLMo-Hybrid)
             valid = None if ctx_valid is None else ctx_valid.to(norm.device)
             a, k, v = _attention(w, p, cfg, h, pos, *kv_ctx[i], valid)
@@ -357,6 +402,9 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
                 out = out + c
             if kind == "s":
                 m, S, win = _mamba1(w, p, cfg, xn, ssm[i], conv[i])
+                out = out + m
+            if kind == "l":
+                m, S, win = _lightning(w, p, cfg, xn, ssm[i], conv[i])
                 out = out + m
             h = h + r * out
             if cfg.layer_mlp:
@@ -669,7 +717,16 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
         h, pos = h.to(norm.device), pos_all.to(norm.device)
         post = kind == "a" and cfg.attn_post_norm  # norms on the attention's and the MLP's outputs (OLMo-Hybrid)
         xn = h if post else _rmsnorm(h, norm, cfg.rms_norm_eps)
-        if post:
+        if cfg.residual_from_norm and kind != "f":  # MiniMax's block: the residual is the normed input, sums scaled
+            if kind == "a":
+                m = _attention_out(lw, p, cfg, xn, _tree_attention(lw, p, cfg, xn, pos, kv0[i], spans, valids, trees, ix, i))
+                alpha, beta = cfg.attn_alpha, cfg.attn_beta
+            else:
+                m, alpha, beta = _tree_lightning(lw, p, cfg, xn, ssm0[i], conv0[i], spans, trees, groups, ix, i,
+                                                 record_states), cfg.linear_alpha, cfg.linear_beta
+            xn = _rmsnorm(alpha * xn + beta * m, lw[p + "post_norm"], cfg.rms_norm_eps)
+            h = cfg.mlp_alpha * xn + cfg.mlp_beta * _mlp(lw, p, cfg, xn, i)
+        elif post:
             a = _attention_out(lw, p, cfg, h, _tree_attention(lw, p, cfg, h, pos, kv0[i], spans, valids, trees, ix, i))
             h = h + r_mul * _rmsnorm(a, norm, cfg.rms_norm_eps)
             if cfg.layer_mlp:
@@ -696,6 +753,8 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
                 o = _tree_recurrence(lambda sl, S, win: _short_conv_core(lw, p, bg[sl], xs[sl], S, win),
                                      ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
                 out = out + (cg * o) @ lw[p + "conv.out"].T
+            if kind == "l":
+                out = out + _tree_lightning(lw, p, cfg, xn, ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
             if kind == "s":
                 xz = xn @ lw[p + "mamba1.in"].T
                 I = cfg.mamba1_inner
@@ -733,6 +792,14 @@ def _tree_attention(w, p, cfg, xn, pos, root_kv, spans, valids, trees, ix, i):
             nodes, rows = ix(("nodes", j), dev), ix(("rows", j), dev)
             t.kv[i][0][nodes], t.kv[i][1][nodes] = k[rows], v[rows]
     return o
+
+
+def _tree_lightning(w, p, cfg, xn, S, win, spans, trees, groups, ix, i, record_states):
+    """Lightning-attention layer i over every node of the batch, xn [N, d] -> [N, d] (_tree_recurrence)."""
+    q, k, v = _lightning_proj(w, p, cfg, xn)
+    o = _tree_recurrence(lambda sl, S, win: _lightning_core(w, p, q[sl], k[sl], v[sl], S, win), S, win, spans, trees,
+                         groups, ix, i, record_states)
+    return _lightning_out(w, p, cfg, xn, o)
 
 
 def _tree_recurrence(core, S, win, spans, trees, groups, ix, i, record_states):

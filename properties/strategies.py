@@ -80,7 +80,7 @@ def model_configs(draw) -> ModelConfig:
     HV = H * draw(st.integers(1, 3))
     nkv = draw(st.integers(1, 2))
     n_layers = draw(st.integers(1, 4))
-    pat = "".join(draw(st.sampled_from("gagampfcs")) for _ in range(n_layers))
+    pat = "".join(draw(st.sampled_from("gagampfcsl")) for _ in range(n_layers))
     layer_mlp = "f" not in pat or draw(st.booleans())
     moe = draw(st.booleans())
     n_exp = draw(st.integers(2, 4)) if moe else 0
@@ -91,7 +91,11 @@ def model_configs(draw) -> ModelConfig:
         topk_group = n_group
     mG = draw(st.integers(1, 2))
     qk_norm = draw(st.booleans())
+    minimax = set(pat) <= set("alf") and layer_mlp and draw(st.booleans())  # MiniMax's scaled normed-residual blocks
+    ab = st.sampled_from([1.0, 0.5, 2.0])
     return ModelConfig(
+        residual_from_norm=minimax, attn_alpha=draw(ab), attn_beta=draw(ab), linear_alpha=draw(ab), linear_beta=draw(ab),
+        mlp_alpha=draw(ab), mlp_beta=draw(ab),
         name="hypothesis", vocab_size=draw(st.integers(8, 40)), hidden_size=draw(st.sampled_from([8, 16, 24])),
         layer_pattern=pat, intermediate_size=16, num_attention_heads=nkv * draw(st.integers(1, 2)),
         num_key_value_heads=nkv, head_dim=draw(st.sampled_from([4, 8])), linear_num_key_heads=H,
@@ -100,7 +104,7 @@ def model_configs(draw) -> ModelConfig:
         gate_halflife=(1.0, draw(st.sampled_from([4.0, 64.0, 1024.0]))),
         logit_std=draw(st.sampled_from([1.0, 4.0])),
         norm_offset=draw(st.sampled_from([0.0, 1.0])), attn_output_gate=draw(st.booleans()),
-        qk_norm=qk_norm, qk_norm_all=qk_norm and draw(st.booleans()), attn_post_norm=draw(st.booleans()),
+        qk_norm=qk_norm, qk_norm_all=qk_norm and draw(st.booleans()), attn_post_norm=not minimax and draw(st.booleans()),
         gdn_beta_scale=draw(st.sampled_from([1.0, 2.0])), gdn_norm_eps=draw(st.sampled_from([0.0, 1e-5])),
         partial_rotary_factor=draw(st.sampled_from([1.0, 0.5])),
         num_experts=n_exp, num_experts_per_tok=min(2, n_exp), moe_intermediate_size=8 if moe else 0,
@@ -228,6 +232,29 @@ def mamba1_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.f
                 dt_bias=None if not softplus else (rnd(I).float() if draw(st.booleans()) else None),
                 dt_softplus=softplus, parents=torch.tensor([t.parents for t in ts]), initial_state=rnd(B, I, N).float(),
                 trees=ts)
+
+
+@st.composite
+def lightning_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
+    """Layer inputs for lightning_tree_verify: a tree per sequence (same T), q, k [B, T, H, K], v [B, T, H, V],
+    the per-head decay lambda in (0, 1] (MiniMax's exp(-slope), fast or long memory, 1 included) and the
+    committed state [B, H, K, V]."""
+    B = draw(st.integers(1, max_batch))
+    H = draw(st.integers(1, 3))
+    K = draw(st.sampled_from([1, 2, 3, 5]))
+    V = draw(st.sampled_from([1, 2, 4, 6]))
+    T = draw(st.integers(1, max_nodes))
+    ts = _trees_of_size(draw, B, T)
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=torch.float64)
+
+    memory = draw(st.sampled_from(["fast", "long", "none"]))
+    slope = torch.rand(H, generator=gen, dtype=torch.float64) * {"fast": 2.0, "long": 0.05, "none": 0.0}[memory]
+    return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, H, V).to(dtype),
+                decay=torch.exp(-slope).float(), parents=torch.tensor([t.parents for t in ts]),
+                initial_state=rnd(B, H, K, V).float(), trees=ts)
 
 
 def fixed_mamba2_example(*, dtype=torch.float32, seed: int = 7, T: int = 6, growing: bool = False) -> dict:

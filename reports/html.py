@@ -248,12 +248,12 @@ def render(report: Report, verdict=None) -> str:
               "<h2>Leak by recurrent family</h2>",
               "<p class='note'>Recurrent-state and conv-window relative error over every layer of one family "
               "(gdn: Gated DeltaNet; mamba2: Mamba2 SSM, also the Mamba2 half of parallel layers; mamba1: Mamba1 "
-              "selective scan; conv: gated short "
+              "selective scan; lightning: MiniMax's linear attention, no conv; conv: gated short "
               "convolutions, whose window is their whole state), nodes that are not order-exact.</p>",
               _table(["budget", "mode", "family", "layers", "state err median", "state err max", "conv err median",
                       "conv err max"],
                      [[b.budget, mode, f.family, f.layers, _med(f.state_rel), f.state_rel and f.state_rel.max, _med(f.conv_rel),
-                       f.conv_rel.max] for b in report.budgets for mode in ("exact",) + LEAK_MODES
+                       f.conv_rel and f.conv_rel.max] for b in report.budgets for mode in ("exact",) + LEAK_MODES
                       for f in b.leak[mode].by_family]),
               "<h2>Flip rates</h2>", _plot_flips(report),
               "<h2>Accepted length</h2>", _plot_accept(report),

@@ -465,7 +465,7 @@ def test_node_metrics_tables_of_a_model_with_one_recurrent_layer():
     """The tables' rows in order for a model with a single recurrent layer (the edge of "any recurrent
     layer recorded"): hidden_rel one row per layer, then the one state row, then the one window row."""
     from ddsim.measure.metrics import reference_norms
-    cfg = SimpleNamespace(num_layers=2, recurrent_layers=[1], stateful=lambda i: True)
+    cfg = SimpleNamespace(num_layers=2, recurrent_layers=[1], stateful=lambda i: True, windowed=lambda i: True)
     T = 3
     ones = lambda *shape: torch.ones(*shape, dtype=torch.float64)  # noqa: E731
     ref = SimpleNamespace(logits=ones(T, 4), hidden=[ones(T, 2), ones(T, 2)], ssm=[None, ones(T, 2, 2)],
@@ -483,7 +483,7 @@ def test_node_metrics_tables_of_a_model_with_one_recurrent_layer():
 def test_node_metrics_tables_of_a_model_with_a_short_conv():
     """A short conv (LFM2) keeps no state beside its window: its layer has a window row and no state row, so
     the state table holds the stateful layers alone, in order, and the window table every recurrent layer."""
-    cfg = SimpleNamespace(num_layers=3, recurrent_layers=[0, 2], stateful=lambda i: i != 0)
+    cfg = SimpleNamespace(num_layers=3, recurrent_layers=[0, 2], stateful=lambda i: i != 0, windowed=lambda i: True)
     T = 2
     ones = lambda *shape: torch.ones(*shape, dtype=torch.float64)  # noqa: E731
     ref = SimpleNamespace(logits=ones(T, 4), hidden=[ones(T, 2)] * 3, ssm=[ones(T, 0), None, ones(T, 2)],

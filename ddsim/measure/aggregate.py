@@ -49,19 +49,23 @@ class NodePool:
                             "hidden_rel": summarize(hidden[l][other]) if other.any() else summarize([])}
                            for l in range(cfg.num_layers)]
         rec = cfg.recurrent_layers
-        srow = {l: si for si, l in enumerate(l for l in rec if cfg.stateful(l))}  # layer -> its row of the state table
-        for gi, l in enumerate(rec):
-            if l in srow:  # a short conv keeps no state beside its window: no state_rel
+        # layer -> its row of the state table (not the short convs: no state beside the window) and of the window
+        # table (not lightning attention: no conv)
+        srow = {l: si for si, l in enumerate(l for l in rec if cfg.stateful(l))}
+        crow = {l: ci for ci, l in enumerate(l for l in rec if cfg.windowed(l))}
+        for l in rec:
+            if l in srow:
                 out["by_layer"][l]["state_rel"] = summarize(state[srow[l]][other]) if other.any() else summarize([])
-            out["by_layer"][l]["conv_rel"] = summarize(conv[gi][other]) if other.any() else summarize([])
+            if l in crow:
+                out["by_layer"][l]["conv_rel"] = summarize(conv[crow[l]][other]) if other.any() else summarize([])
         out["by_family"] = []
         for fam in sorted({cfg.family(l) for l in rec}):
-            rows = [gi for gi, l in enumerate(rec) if cfg.family(l) == fam]
-            srows = [srow[l] for l in rec if cfg.family(l) == fam and l in srow]
+            layers = [l for l in rec if cfg.family(l) == fam]
+            srows, crows = [srow[l] for l in layers if l in srow], [crow[l] for l in layers if l in crow]
             pick = (lambda a, r: a[r][:, other]) if other.any() else (lambda a, r: [])  # noqa: E731
-            out["by_family"].append({"family": fam, "layers": len(rows),
+            out["by_family"].append({"family": fam, "layers": len(layers),
                                      "state_rel": summarize(pick(state, srows)) if srows else None,
-                                     "conv_rel": summarize(pick(conv, rows))})
+                                     "conv_rel": summarize(pick(conv, crows)) if crows else None})
         margin = self.get("margin")
         out["margin_of_flipped"] = summarize(margin[flip > 0]) if flip.size else summarize([])
         out["margin_all"] = summarize(margin)

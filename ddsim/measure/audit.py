@@ -86,6 +86,9 @@ def _gate_stats(cfg, w) -> dict:
     for l in cfg.recurrent_layers:
         if not cfg.stateful(l):  # a short conv has no decay
             continue
+        if cfg.family(l) == "lightning":  # a constant decay exp(-slope) per head
+            decays.append(torch.exp(-w[f"layers.{l}.lightning.slope"].double().cpu()))
+            continue
         pre = f"layers.{l}.{ {'gdn': 'gdn', 'mamba1': 'mamba1'}.get(cfg.family(l), 'mamba')}."
         A = torch.exp(w[pre + "A_log"].double().cpu())
         if A.dim() == 2:  # Mamba1's A [I, N]: each channel's slowest state index

@@ -18,11 +18,11 @@ from ddsim.trees.tree import Tree
 def _layers(x, cfg, states: bool) -> list:
     """x's per-layer tensors (a VerifyResult or OracleResult), [T, ...] each, in the order of the metric
     tables: the hidden states of every layer, then (``states``) the recurrent states of the layers that
-    keep one (not the short convs, whose window is their whole state), then every recurrent layer's conv
-    window."""
+    keep one (not the short convs, whose window is their whole state), then the conv windows of the layers that
+    keep one (not lightning attention, which has no conv)."""
     g = cfg.recurrent_layers
-    s = [l for l in g if cfg.stateful(l)]
-    return [x.hidden[l] for l in range(cfg.num_layers)] + ([x.ssm[l] for l in s] + [x.conv[l] for l in g] if states else [])
+    s, c = [l for l in g if cfg.stateful(l)], [l for l in g if cfg.windowed(l)]
+    return [x.hidden[l] for l in range(cfg.num_layers)] + ([x.ssm[l] for l in s] + [x.conv[l] for l in c] if states else [])
 
 
 def _has_states(ref, cfg) -> bool:
@@ -71,8 +71,8 @@ def node_metrics(tree: Tree, res, ref, cfg, *, ref_norms: torch.Tensor | None = 
     against one ref.
 
     Returns {"kl", "max_abs", "margin", "flip"} as [T] arrays and {"hidden_rel" [L, T],
-    "state_rel" [S, T], "conv_rel" [G, T]} with G = the recurrent layers in order and S = those of them that
-    keep a state beside the window (GDN, Mamba2; not the short convs).
+    "state_rel" [S, T], "conv_rel" [C, T]} with S = the recurrent layers that keep a state (all but the short
+    convs) and C = those that keep a conv window (all but lightning attention), in order.
     """
     fresh = getattr(res, "fresh", None)
     if fresh is not None and not fresh():
@@ -80,9 +80,10 @@ def node_metrics(tree: Tree, res, ref, cfg, *, ref_norms: torch.Tensor | None = 
                                "replay); measure a result before verifying the next")
     L, G = cfg.num_layers, len(cfg.recurrent_layers) if _has_states(ref, cfg) else 0
     S = sum(cfg.stateful(l) for l in cfg.recurrent_layers) if G else 0
-    if ref_norms is not None and tuple(ref_norms.shape) != (L + S + G, tree.size):
+    C = sum(cfg.windowed(l) for l in cfg.recurrent_layers) if G else 0
+    if ref_norms is not None and tuple(ref_norms.shape) != (L + S + C, tree.size):
         raise MeasurementError(f"ref_norms: shape {tuple(ref_norms.shape)}, the oracle's tables are "
-                               f"{(L + S + G, tree.size)}")
+                               f"{(L + S + C, tree.size)}")
     lo = ref.logits.double()
     lm = res.logits.to(lo.device, torch.float64)
     logp_o, logp_m = torch.log_softmax(lo, -1), torch.log_softmax(lm, -1)
@@ -94,7 +95,7 @@ def node_metrics(tree: Tree, res, ref, cfg, *, ref_norms: torch.Tensor | None = 
                       _rel_rows(pairs, ref_norms).to(lo.device)]).cpu().numpy()
     return {"kl": rows[0], "max_abs": rows[1], "margin": rows[2], "flip": rows[3] != 0, "hidden_rel": rows[4:4 + L],
             "state_rel": rows[4 + L:4 + L + S] if S else np.zeros((0, tree.size)),
-            "conv_rel": rows[4 + L + S:] if G else np.zeros((0, tree.size))}
+            "conv_rel": rows[4 + L + S:] if C else np.zeros((0, tree.size))}
 
 
 def node_keys(tree: Tree) -> dict:

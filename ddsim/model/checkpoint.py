@@ -3,8 +3,8 @@ index) of the architectures transformers calls ``qwen3_next``, ``qwen3_5`` (the 
 multimodal checkpoint; vision and MTP weights are skipped) and ``qwen3_5_moe`` (also their
 ``*_text`` variants), and the Mamba2 hybrids ``nemotron_h``, ``bamba``, ``granitemoehybrid`` and
 ``falcon_h1`` (ddsim.model.checkpoint_mamba), the short-conv hybrids ``lfm2`` and ``lfm2_moe``
-(ddsim.model.checkpoint_lfm2), ``jamba`` (Mamba1, ddsim.model.checkpoint_jamba) and ``olmo_hybrid``
-(ddsim.model.checkpoint_olmo). Weights are
+(ddsim.model.checkpoint_lfm2), ``jamba`` (Mamba1, ddsim.model.checkpoint_jamba), ``olmo_hybrid``
+(ddsim.model.checkpoint_olmo) and ``minimax`` (lightning attention, ddsim.model.checkpoint_minimax). Weights are
 mapped to ddsim's layout (ddsim.model.weights) tensor by tensor, shard by shard, straight onto the
 target device in the checkpoint's dtype, so no second copy of the model is held in host memory.
 Anything wrong raises InputError before a model is returned.
@@ -30,13 +30,15 @@ from ddsim.model.checkpoint_lfm2 import ARCHS as LFM2_ARCHS
 from ddsim.model.checkpoint_lfm2 import Lfm2Mapper, read_lfm2_config
 from ddsim.model.checkpoint_mamba import ARCHS as MAMBA_ARCHS
 from ddsim.model.checkpoint_mamba import MambaMapper, read_mamba_config
+from ddsim.model.checkpoint_minimax import ARCHS as MINIMAX_ARCHS
+from ddsim.model.checkpoint_minimax import MiniMaxMapper, read_minimax_config
 from ddsim.model.checkpoint_olmo import ARCHS as OLMO_ARCHS
 from ddsim.model.checkpoint_olmo import OlmoMapper, read_olmo_config
 from ddsim.model.config import ModelConfig
 from ddsim.model.weights import weight_shapes
 
 SUPPORTED = (("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text") + MAMBA_ARCHS + LFM2_ARCHS
-             + JAMBA_ARCHS + OLMO_ARCHS)
+             + JAMBA_ARCHS + OLMO_ARCHS + MINIMAX_ARCHS)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
@@ -51,12 +53,12 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     mt = raw.get("model_type")
     if mt not in SUPPORTED:
         raise InputError(f"{d / 'config.json'}: unsupported architecture {mt!r} (supported: {', '.join(SUPPORTED)})")
-    if mt in LFM2_ARCHS + JAMBA_ARCHS + OLMO_ARCHS:
+    if mt in LFM2_ARCHS + JAMBA_ARCHS + OLMO_ARCHS + MINIMAX_ARCHS:
         dtype_name = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
         if dtype_name not in _DTYPES:
             raise InputError(f"{d / 'config.json'}: unsupported dtype {dtype_name!r}")
-        cfg = (read_jamba_config(raw, d) if mt in JAMBA_ARCHS else read_olmo_config(raw, d) if mt in OLMO_ARCHS
-               else read_lfm2_config(mt, raw, d))
+        readers = {"jamba": read_jamba_config, "olmo_hybrid": read_olmo_config, "minimax": read_minimax_config}
+        cfg = readers[mt](raw, d) if mt in readers else read_lfm2_config(mt, raw, d)
         return cfg, {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": "model.", "path": str(d)}
     if mt in MAMBA_ARCHS:
         dtype_name = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
@@ -265,6 +267,8 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
         mapper = JambaMapper(cfg, meta, _Mapper(cfg, meta, dev, out))
     elif meta["model_type"] in OLMO_ARCHS:
         mapper = OlmoMapper(cfg, meta, _Mapper(cfg, meta, dev, out))
+    elif meta["model_type"] in MINIMAX_ARCHS:
+        mapper = MiniMaxMapper(cfg, meta, _Mapper(cfg, meta, dev, out))
     else:
         mapper = _Mapper(cfg, meta, dev, out)
     for shard in _shards(d):

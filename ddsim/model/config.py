@@ -7,6 +7,8 @@ A layer pattern is a string, one character per layer in order:
   'p'  attention and Mamba2 in parallel on the same normed input, outputs summed (Falcon-H1)
   'f'  an MLP block alone              (Nemotron-H's '-' layers)
   's'  Mamba1 mixer (selective scan)    (Jamba: a per-channel state [I, N], dt/B/C from the conv's output)
+  'l'  lightning attention             (MiniMax: linear attention with a constant decay per head; a state
+                                        [H, hd, hd] and no conv window)
   'c'  a gated short convolution       (LFM2: out(C * conv(B * x)), no recurrent state beyond the
                                         conv window: the family whose whole state is a window)
 A mixer layer is input norm, mixer, residual, then (when ``layer_mlp``) post norm, MLP, residual;
@@ -28,8 +30,8 @@ from dataclasses import dataclass
 
 from ddsim.errors import ConfigError
 
-LAYER_KINDS = "gampfcs"
-FAMILIES = {"g": "gdn", "m": "mamba2", "p": "mamba2", "c": "conv", "s": "mamba1"}  # recurrent layer kind -> family
+LAYER_KINDS = "gampfcsl"
+FAMILIES = {"g": "gdn", "m": "mamba2", "p": "mamba2", "c": "conv", "s": "mamba1", "l": "lightning"}  # recurrent layer kind -> family
 
 
 def pattern(n_layers: int, *, gdn: int = 3, attn: int = 1, kind: str = "g") -> str:
@@ -108,6 +110,17 @@ class ModelConfig:
     mamba1_inner: int = 32  # I
     mamba1_dt_rank: int = 4  # R
     mamba1_bcdt_norm: bool = True
+    # lightning attention ('l', MiniMax): num_attention_heads heads of head_dim; each layer's decays are its weights
+    lightning_norm_eps: float = 1e-6
+    # MiniMax's blocks: the residual is the normed input, each sum scaled: h = alpha xn + beta mixer(xn), then
+    # xn' = post_norm(h), h = mlp_alpha xn' + mlp_beta mlp(xn') (attn_* for attention, linear_* for other mixers)
+    residual_from_norm: bool = False
+    attn_alpha: float = 1.0
+    attn_beta: float = 1.0
+    linear_alpha: float = 1.0
+    linear_beta: float = 1.0
+    mlp_alpha: float = 1.0
+    mlp_beta: float = 1.0
     # block structure and scalings (Nemotron-H, Granite-4.0-H, Falcon-H1 fold theirs into these)
     layer_mlp: bool = True  # every mixer layer has its own post-norm MLP
     mlp_act: str = "swiglu"  # "swiglu": down(silu(gate x) * up x); "relu2": down(relu(up x)^2)
@@ -162,6 +175,10 @@ class ModelConfig:
         """Channels of the Mamba2 conv: x || B || C = I + 2 G N."""
         return self.mamba_inner + 2 * self.mamba_n_groups * self.mamba_state_size
 
+    def windowed(self, i: int) -> bool:
+        """Whether recurrent layer i keeps a conv window (all but lightning attention)."""
+        return self.layer_pattern[i] != "l"
+
     def stateful(self, i: int) -> bool:
         """Whether recurrent layer i keeps a state beside its window (all but the short conv)."""
         return self.layer_pattern[i] != "c"
@@ -173,6 +190,8 @@ class ModelConfig:
             return (0,)
         if self.layer_pattern[i] == "s":
             return (self.mamba1_inner, self.mamba_state_size)
+        if self.layer_pattern[i] == "l":
+            return (self.num_attention_heads, self.head_dim, self.head_dim)
         if self.layer_pattern[i] == "g":
             return (self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim)
         return (self.mamba_num_heads, self.mamba_head_dim, self.mamba_state_size)
@@ -180,6 +199,8 @@ class ModelConfig:
     def window_shape(self, i: int) -> tuple[int, int]:
         """Conv window of layer i: [C, W-1] (a short conv's C is the hidden size)."""
         kind = self.layer_pattern[i]
+        if kind == "l":  # lightning attention has no conv: an empty window
+            return (0, 0)
         C = {"g": self.conv_dim, "c": self.hidden_size, "s": self.mamba1_inner}.get(kind, self.mamba_conv_dim)
         return (C, self.conv_kernel_size - 1)
 
@@ -211,7 +232,7 @@ class ModelConfig:
         need(len(self.layer_pattern) >= 1, "layer_pattern", "no layers")
         need(set(self.layer_pattern) <= set(LAYER_KINDS), "layer_pattern",
              f"only 'g' (gdn), 'a' (attention), 'm' (mamba2), 'p' (parallel attention + mamba2), 'f' (MLP) and "
-             f"'c' (short conv), 's' (mamba1) are allowed, got {self.layer_pattern!r}")
+             f"'c' (short conv), 's' (mamba1), 'l' (lightning) are allowed, got {self.layer_pattern!r}")
         need(self.mamba_num_heads % self.mamba_n_groups == 0, "mamba_num_heads",
              f"{self.mamba_num_heads} heads is not a multiple of mamba_n_groups={self.mamba_n_groups}")
         lo, hi = self.mamba_dt_limit
@@ -233,6 +254,9 @@ class ModelConfig:
         need(0 < self.gdn_beta_scale <= 2, "gdn_beta_scale", f"expected (0, 2], got {self.gdn_beta_scale}")
         need(self.gdn_norm_eps >= 0, "gdn_norm_eps", "must be >= 0")
         need(not self.qk_norm_all or self.qk_norm, "qk_norm_all", "needs qk_norm")
+        need(not self.residual_from_norm or (set(self.layer_pattern) <= set("alf") and self.layer_mlp),
+             "residual_from_norm", "MiniMax's block: attention ('a'), lightning ('l') and MLP ('f') layers, each with its MLP")
+        need(not (self.residual_from_norm and self.attn_post_norm), "attn_post_norm", "excludes residual_from_norm")
         for f in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
             need(getattr(self, f) > 0, f, "must be > 0")
         need(self.attention_scale >= 0, "attention_scale", "must be >= 0 (0: head_dim ** -0.5)")
@@ -354,6 +378,14 @@ PRESETS: dict[str, ModelConfig] = {
         architecture="jamba", notes="Jamba Mini 1.6 shapes (32 layers: 28 Mamba1 of 8192 channels, d_state 16, dt rank "
                                     "256; 4 attention layers without RoPE; 16 experts of 14336, top 2, on odd layers; "
                                     "51.6B parameters), random weights"),
+    # MiniMax-Text-01's layout (seven lightning-attention layers to one softmax attention layer, MoE everywhere, the
+    # scaled normed-residual block); its published size (456B) does not fit one GPU: no full-size preset.
+    "tiny-minimax": ModelConfig(
+        name="tiny-minimax", vocab_size=512, hidden_size=128, layer_pattern="llllllla", intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1e7, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=128, residual_from_norm=True, attn_alpha=3.5, attn_beta=1.0, linear_alpha=3.5,
+        linear_beta=1.0, mlp_alpha=3.5, mlp_beta=1.0, rms_norm_eps=1e-5, architecture="minimax",
+        notes="CPU lightning-attention (MiniMax-layout) audit preset"),
     # LFM2 (gated short convs, the window their whole state): LFM2's layout (two short convs to an attention
     # layer with q/k norms, a SwiGLU MLP per layer). The MoE variant's router is drawn by the property tests.
     "tiny-lfm2": ModelConfig(

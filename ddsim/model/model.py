@@ -74,8 +74,9 @@ class CommitInputs:
 
     conv_x [1, T, C] the conv's inputs; GDN: k [1, T, H, K], v [1, T, HV, V] (after the conv),
     g, beta [1, T, HV]; Mamba2: x [1, T, H, P], dt [1, T, H] raw, B [1, T, G, N] (after the conv); Mamba1: x
-    [1, T, I] (after the conv), dt [1, T, I] raw, B [1, T, N]; a short conv: conv_x alone."""
-    conv_x: torch.Tensor
+    [1, T, I] (after the conv), dt [1, T, I] raw, B [1, T, N]; a short conv: conv_x alone; lightning attention:
+    k [1, T, H, hd], v (conv_x None: no conv)."""
+    conv_x: torch.Tensor | None
     k: torch.Tensor | None = None
     v: torch.Tensor | None = None
     g: torch.Tensor | None = None
@@ -291,6 +292,18 @@ class HybridModel:
         cfg, w = self.cfg, self.w
         r = cfg.residual_multiplier
         nk, S, win, cin = None, None, None, None
+        if cfg.residual_from_norm and kind != "f":  # MiniMax's block
+            xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
+            if kind == "a":
+                m, k, v = attend(p, xn)
+                nk, alpha, beta = (k, v), cfg.attn_alpha, cfg.attn_beta
+            elif kind == "l":
+                m, S, win, cin = self._lightning(p, xn, parents, S0, win0, rec_mode, keep_states)
+                alpha, beta = cfg.linear_alpha, cfg.linear_beta
+            else:
+                raise InputError(f"layer {i}: residual_from_norm is MiniMax's block, for 'a' and 'l' layers only")
+            xn = _rmsnorm(alpha * xn + beta * m, w[p + "post_norm"], cfg.rms_norm_eps)
+            return cfg.mlp_alpha * xn + cfg.mlp_beta * self._mlp(p, xn, i), nk, S, win, cin
         if kind == "a" and cfg.attn_post_norm:  # OLMo-Hybrid's attention block: norms on the outputs
             a, k, v = attend(p, h)
             h = h + r * _rmsnorm(a, w[p + "input_norm"], cfg.rms_norm_eps)
@@ -316,6 +329,9 @@ class HybridModel:
                 parts.append(c)
             if kind == "s":
                 m, S, win, cin = self._mamba1(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
+                parts.append(m)
+            if kind == "l":
+                m, S, win, cin = self._lightning(p, xn, parents, S0, win0, rec_mode, keep_states)
                 parts.append(m)
             out = parts[0] if len(parts) == 1 else parts[0] + parts[1]
             h = h + r * out
@@ -513,6 +529,25 @@ class HybridModel:
         if keep_states:
             return out, states, windows, None
         return out, None, None, CommitInputs(xs, x=u, dt=dt, B=Bm)
+
+    def _lightning(self, p, x, parents, S0, win0, rec_mode, keep_states=True):
+        """MiniMax's lightning attention. x [B*T, d] (B sequences of T nodes); S0 [B, H, hd, hd]; win0 [B, 0, 0] (no
+        conv) -> (out [B*T, d], states [B, T, H, hd, hd], empty windows [B, T, 0, 0], None), or (out, None, None,
+        CommitInputs) without keep_states."""
+        cfg, w = self.cfg, self.w
+        N, Bs = x.shape[0], S0.shape[0]
+        T, H, hd = N // Bs, cfg.num_attention_heads, cfg.head_dim
+        qkv = F.silu(F.linear(x, w[p + "lightning.qkv"])).view(Bs, T, H, 3 * hd)
+        q, k, v = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
+        decay = torch.exp(-self._const(p + "lightning.slope"))  # [H]
+        o = gb.lightning_tree_verify(q, k, v, decay=decay, parents=parents, initial_state=S0.to(self.state_dtype),
+                                     mode=rec_mode, output_states=keep_states)
+        o, states = o if keep_states else (o, None)
+        o = _rmsnorm(o.reshape(N, H * hd), w[p + "lightning.norm"], cfg.lightning_norm_eps)
+        out = F.linear(o * torch.sigmoid(F.linear(x, w[p + "lightning.gate"])), w[p + "lightning.out"])
+        if keep_states:
+            return out, states, win0.new_zeros(Bs, T, *win0.shape[1:]), None
+        return out, None, None, CommitInputs(None, k=k, v=v)
 
     def _short_conv(self, p, x, parents, S0, win0, conv_mode, keep_states=True):
         """LFM2's gated short conv. x [B*T, d] (B sequences of T nodes); S0 [B, 0] (no state); win0 [B, d, W-1]
@@ -771,11 +806,14 @@ class HybridModel:
             plans, acc = tables(d)
             S0, win0 = initial(i)
             with _current(d):
-                conv[i] = gb.conv_tree_commit(ci.conv_x, parents=plans[conv_mode], accepted=acc,
-                                              initial_window=win0, backend=self.backend)
+                conv[i] = win0.clone() if ci.conv_x is None else gb.conv_tree_commit(  # lightning: no window
+                    ci.conv_x, parents=plans[conv_mode], accepted=acc, initial_window=win0, backend=self.backend)
                 S0 = S0.to(self.state_dtype)
                 if cfg.layer_pattern[i] == "c":  # the window is the whole state
                     ssm[i] = S0.clone()
+                elif cfg.layer_pattern[i] == "l":
+                    ssm[i] = gb.lightning_tree_commit(ci.k, ci.v, decay=torch.exp(-self._const(p + "lightning.slope")),
+                                                      parents=plans[rec_mode], accepted=acc, initial_state=S0)
                 elif cfg.layer_pattern[i] == "s":
                     ssm[i] = gb.mamba1_tree_commit(ci.x, ci.dt, self._const(p + "mamba1.A_log"), ci.B,
                                                    dt_bias=self._const(p + "mamba1.dt_bias"), parents=plans[rec_mode],

@@ -24,6 +24,9 @@ RMSNorm except the GDN and Mamba2 gated norms (plain weight).
              .mamba1.conv [I, W]; with mamba_conv_bias .mamba1.conv_bias [I]; .mamba1.x_proj [R + 2N, I] (dt, B, C);
              with mamba1_bcdt_norm .mamba1.dt_norm [R], .mamba1.b_norm [N], .mamba1.c_norm [N]; .mamba1.dt_proj [I, R];
              .mamba1.dt_bias [I]; .mamba1.A_log [I, N]; .mamba1.D [I]; .mamba1.out [d, I]
+  lightning layer ('l'; H = num_attention_heads, hd = head_dim): .lightning.qkv [3*H*hd, d] (per head q, k, v);
+             .lightning.norm [H*hd]; .lightning.gate [H*hd, d]; .lightning.out [d, H*hd]; .lightning.slope [H]
+             (the decay per step is exp(-slope))
   short conv layer ('c'): .conv.in [3d, d] (B, C, x in that order); .conv.conv [d, W]; .conv.out [d, d]
   'f' layers have the MLP under input_norm and no post_norm; with layer_mlp=False mixer layers have
   no MLP and no post_norm; mlp_act "relu2" MLPs have .mlp.up and .mlp.down only.
@@ -80,6 +83,10 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                 out[p + "mamba1.conv_bias"] = (I,)
             if cfg.mamba1_bcdt_norm:
                 out.update({p + "mamba1.dt_norm": (R,), p + "mamba1.b_norm": (Ns,), p + "mamba1.c_norm": (Ns,)})
+        if kind == "l":
+            Hl, hd = cfg.num_attention_heads, cfg.head_dim
+            out.update({p + "lightning.qkv": (3 * Hl * hd, d), p + "lightning.norm": (Hl * hd,),
+                        p + "lightning.gate": (Hl * hd, d), p + "lightning.out": (d, Hl * hd), p + "lightning.slope": (Hl,)})
         if kind == "c":
             out.update({p + "conv.in": (3 * d, d), p + "conv.conv": (d, cfg.conv_kernel_size), p + "conv.out": (d, d)})
     return out
@@ -247,6 +254,16 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             w[p + "mamba1.dt_bias"] = _inv_softplus(dt * A1.double()).to(dtype)
             w[p + "mamba1.D"] = 1.0 + normal(I, std=0.1)
             w[p + "mamba1.out"] = linear(d, I, out_scale)
+        if kind == "l":
+            Hl, hd = cfg.num_attention_heads, cfg.head_dim
+            w[p + "lightning.qkv"] = linear(3 * Hl * hd, d)
+            w[p + "lightning.norm"] = norm_weight(Hl * hd)
+            w[p + "lightning.gate"] = linear(Hl * hd, d)
+            w[p + "lightning.out"] = linear(d, Hl * hd, out_scale)
+            # MiniMax's slopes: base^(h+1), base = 2^(-8/H), shrinking with depth to about 0 at the last layer
+            base = 2.0 ** (-8.0 / Hl)
+            depth = 1.0 - i / (cfg.num_layers - 1 + 1e-5) + 1e-5
+            w[p + "lightning.slope"] = torch.tensor([base ** (h + 1) * depth for h in range(Hl)], device=where["dev"]).to(dtype)
         if kind == "c":
             w[p + "conv.in"] = linear(3 * d, d)
             w[p + "conv.conv"] = normal(d, cfg.conv_kernel_size, std=1.0 / math.sqrt(cfg.conv_kernel_size))

@@ -1,0 +1,72 @@
+"""Lightning attention (MiniMax's linear attention with a constant per-head decay) tree verification, the plain
+way: per node, per head, run the recurrence token by token along the node's history (its root path for "exact",
+batch order for "leaky"), starting from the committed state. float64 throughout.
+
+Per head h, with S [K, V] and lambda_h = exp(-slope_h):
+    S_t = lambda_h S_{t-1} + k_t v_t^T
+    o_t = S_t^T q_t                      (the current token included; no scaling of q)
+"""
+from __future__ import annotations
+
+import torch
+
+from ddsim.oracle._paths import check_mode, history, parent_rows
+
+F64 = torch.float64
+
+
+def _check(q, k, v, decay, initial_state):
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(f"q, k: expected [B, T, H, K] each, got {tuple(q.shape)} and {tuple(k.shape)}")
+    Bn, T, H, K = q.shape
+    if v.dim() != 4 or tuple(v.shape[:3]) != (Bn, T, H):
+        raise ValueError(f"v: expected [B, T, H, V] with {(Bn, T, H)}, got {tuple(v.shape)}")
+    V = v.shape[3]
+    if tuple(decay.shape) != (H,):
+        raise ValueError(f"decay: expected [H] = [{H}], got {tuple(decay.shape)}")
+    if tuple(initial_state.shape) != (Bn, H, K, V):
+        raise ValueError(f"initial_state: expected [B, H, K, V] = {(Bn, H, K, V)}, got {tuple(initial_state.shape)}")
+    return Bn, T, H, K, V
+
+
+def lightning_tree_verify(q, k, v, *, decay, parents, initial_state, mode="exact", output_states=False):
+    """Reference tree verification of one lightning-attention layer.
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; decay: [H] (lambda, in (0, 1]); parents: [B, T]; initial_state:
+    [B, H, K, V]. Returns o [B, T, H, V] float64 and, with output_states, the state after each node
+    [B, T, H, K, V] float64.
+    """
+    check_mode(mode)
+    Bn, T, H, K, V = _check(q, k, v, decay, initial_state)
+    rows = parent_rows(parents, Bn, T)
+    q, k, v, lam = (t.detach().to("cpu", F64) for t in (q, k, v, decay))
+    S0 = initial_state.detach().to("cpu", F64)
+    o = torch.zeros(Bn, T, H, V, dtype=F64)
+    states = torch.zeros(Bn, T, H, K, V, dtype=F64) if output_states else None
+    for b in range(Bn):
+        for t in range(T):
+            hist = history(rows[b], t, mode)
+            for h in range(H):
+                S = S0[b, h].clone()
+                for n in hist:
+                    S = lam[h] * S + torch.outer(k[b, n, h], v[b, n, h])
+                o[b, t, h] = S.T @ q[b, t, h]
+                if states is not None:
+                    states[b, t, h] = S
+    return (o, states) if output_states else o
+
+
+def lightning_tree_commit(k, v, *, decay, parents, accepted, initial_state):
+    """State after accepting the path root..accepted[b], recomputed along that path alone: [B, H, K, V] float64."""
+    Bn, T, H, K, V = _check(k, k, v, decay, initial_state)
+    rows = parent_rows(parents, Bn, T)
+    k, v, lam = (t.detach().to("cpu", F64) for t in (k, v, decay))
+    out = initial_state.detach().to("cpu", F64).clone()
+    for b in range(Bn):
+        a = int(accepted[b])
+        if not 0 <= a < T:
+            raise ValueError(f"accepted: sequence {b} node {a} is outside 0..{T - 1}")
+        for n in history(rows[b], a, "exact"):
+            for h in range(H):
+                out[b, h] = lam[h] * out[b, h] + torch.outer(k[b, n, h], v[b, n, h])
+    return out

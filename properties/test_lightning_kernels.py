@@ -1,0 +1,73 @@
+"""The lightning-attention (MiniMax) fast path against the float64 oracle on hypothesis trees: outputs and
+per-node states in both modes and every input dtype, the commit along the accepted path, inputs and the
+committed state bit-identical after every call, states NaN-poisoned before the loop writes them, and the leak:
+off the order-exact nodes the leaky path is the oracle's flattened recurrence, on them the exact one."""
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import ddsim.gpu_backend as gb
+from ddsim import oracle
+from ddsim.measure.compare import assert_close
+from ddsim.properties.strategies import lightning_inputs
+
+
+def _args(inp, dtype=torch.float32):
+    return {k: inp[k].to(dtype) for k in ("q", "k", "v")}
+
+
+@given(lightning_inputs(max_nodes=7), st.sampled_from(["exact", "leaky"]),
+       st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+def test_lightning_verify_and_states_match_oracle(inp, mode, dtype):
+    args = _args(inp, dtype)
+    before = {k: v.clone() for k, v in args.items()}
+    S0 = inp["initial_state"].clone()
+    o, states = gb.lightning_tree_verify(**args, decay=inp["decay"], parents=inp["parents"], initial_state=S0,
+                                         mode=mode, output_states=True)
+    ref_o, ref = oracle.lightning_tree_verify(**args, decay=inp["decay"], parents=inp["parents"],
+                                              initial_state=inp["initial_state"], mode=mode, output_states=True)
+    assert o.dtype == dtype and o.shape == ref_o.shape and states.shape == ref.shape
+    assert_close(f"o ({mode})", o, ref_o, dtype=dtype, slack=5)
+    assert_close(f"per-node states ({mode})", states, ref, dtype=torch.float32, slack=5)
+    assert torch.equal(S0, inp["initial_state"]) and all(torch.equal(args[k], v) for k, v in before.items())
+
+
+@given(lightning_inputs(max_nodes=7), st.lists(st.integers(0, 10**6), min_size=2, max_size=2))
+def test_lightning_commit_is_the_accepted_nodes_state(inp, picks):
+    acc = [picks[i] % t.size for i, t in enumerate(inp["trees"])]
+    args = _args(inp)
+    S0 = inp["initial_state"].clone()
+    out = gb.lightning_tree_commit(args["k"], args["v"], decay=inp["decay"], parents=inp["parents"], accepted=acc,
+                                   initial_state=S0)
+    ref = oracle.lightning_tree_commit(args["k"], args["v"], decay=inp["decay"], parents=inp["parents"], accepted=acc,
+                                       initial_state=inp["initial_state"])
+    assert_close("committed state", out, ref, dtype=torch.float32, slack=5)
+    assert torch.equal(S0, inp["initial_state"])
+    _, states = gb.lightning_tree_verify(**args, decay=inp["decay"], parents=inp["parents"], initial_state=S0,
+                                         output_states=True)
+    assert_close("commit = the accepted node's state", out, states[torch.arange(len(acc)), torch.tensor(acc)],
+                 dtype=torch.float32, slack=5)
+
+
+@given(lightning_inputs(max_nodes=7))
+def test_lightning_leaky_is_exact_where_the_layout_is(inp):
+    args = _args(inp)
+    kw = dict(decay=inp["decay"], parents=inp["parents"], initial_state=inp["initial_state"])
+    exact, leaky = (gb.lightning_tree_verify(**args, **kw, mode=m) for m in ("exact", "leaky"))
+    ox = torch.tensor([list(t.order_exact) for t in inp["trees"]])
+    assert torch.equal(exact[ox], leaky[ox])
+
+
+def test_a_sibling_inherits_its_elder_siblings_state_in_the_leaky_path():
+    """A star of three nodes: node 2's leaky state is lambda * node 1's state + k2 v2^T, not built on the root's."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 3, 2, 3, generator=g) for _ in range(3))
+    decay = torch.tensor([0.9, 0.5])
+    kw = dict(decay=decay, parents=torch.tensor([[-1, 0, 0]]), initial_state=torch.randn(1, 2, 3, 3, generator=g),
+              output_states=True)
+    _, ex = gb.lightning_tree_verify(q, k, v, mode="exact", **kw)
+    _, lk = gb.lightning_tree_verify(q, k, v, mode="leaky", **kw)
+    assert torch.equal(ex[:, :2], lk[:, :2]) and not torch.allclose(ex[:, 2], lk[:, 2])
+    want = decay[:, None, None] * lk[0, 1] + torch.einsum("hk,hv->hkv", k[0, 2], v[0, 2])
+    torch.testing.assert_close(lk[0, 2], want)
+    torch.testing.assert_close(ex[0, 2], decay[:, None, None] * ex[0, 0] + torch.einsum("hk,hv->hkv", k[0, 2], v[0, 2]))
