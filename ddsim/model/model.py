@@ -288,56 +288,53 @@ class HybridModel:
         """Layer i on h [B*T, d] (B sequences of T nodes, row-major) -> (h after it, its new KV or None,
         per-node states [B, T, ...] and windows or None, its CommitInputs or None). attend(p, xn) ->
         (out, k, v) is the attention of these rows; S0, win0 [B, ...] each sequence's committed
-        recurrent state and window (recurrent layers)."""
+        recurrent state and window (recurrent layers). The block: input norm, mixer, residual, post norm, MLP,
+        residual; OLMo-Hybrid's attention blocks norm the outputs instead (attn_post_norm); MiniMax's take the
+        normed input as the residual and scale each sum (residual_from_norm)."""
         cfg, w = self.cfg, self.w
         r = cfg.residual_multiplier
-        nk, S, win, cin = None, None, None, None
-        if cfg.residual_from_norm and kind != "f":  # MiniMax's block
+        mix = lambda x: self._mixer(kind, p, x, attend, S0, win0, parents, conv_mode, rec_mode, keep_states)  # noqa: E731
+        if kind == "f":
+            return h + r * self._mlp(p, _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps), i), None, None, None, None
+        if cfg.residual_from_norm:
             xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
-            if kind == "a":
-                m, k, v = attend(p, xn)
-                nk, alpha, beta = (k, v), cfg.attn_alpha, cfg.attn_beta
-            elif kind == "l":
-                m, S, win, cin = self._lightning(p, xn, parents, S0, win0, rec_mode, keep_states)
-                alpha, beta = cfg.linear_alpha, cfg.linear_beta
-            else:
-                raise InputError(f"layer {i}: residual_from_norm is MiniMax's block, for 'a' and 'l' layers only")
-            xn = _rmsnorm(alpha * xn + beta * m, w[p + "post_norm"], cfg.rms_norm_eps)
+            out, nk, S, win, cin = mix(xn)
+            alpha, beta = (cfg.attn_alpha, cfg.attn_beta) if kind == "a" else (cfg.linear_alpha, cfg.linear_beta)
+            xn = _rmsnorm(alpha * xn + beta * out, w[p + "post_norm"], cfg.rms_norm_eps)
             return cfg.mlp_alpha * xn + cfg.mlp_beta * self._mlp(p, xn, i), nk, S, win, cin
-        if kind == "a" and cfg.attn_post_norm:  # OLMo-Hybrid's attention block: norms on the outputs
-            a, k, v = attend(p, h)
-            h = h + r * _rmsnorm(a, w[p + "input_norm"], cfg.rms_norm_eps)
+        if kind == "a" and cfg.attn_post_norm:
+            out, nk, S, win, cin = mix(h)
+            h = h + r * _rmsnorm(out, w[p + "input_norm"], cfg.rms_norm_eps)
             if cfg.layer_mlp:
                 h = h + r * _rmsnorm(self._mlp(p, h, i), w[p + "post_norm"], cfg.rms_norm_eps)
-            return h, (k, v), S, win, cin
-        xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
-        if kind == "f":
-            h = h + r * self._mlp(p, xn, i)
-        else:
-            parts = []  # the mixers' outputs, summed (attention first)
-            if kind in "ap":
-                a, k, v = attend(p, xn)
-                parts, nk = [a], (k, v)
-            if kind == "g":
-                g, S, win, cin = self._gdn(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
-                parts.append(g)
-            if kind in "mp":
-                m, S, win, cin = self._mamba2(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
-                parts.append(m)
-            if kind == "c":
-                c, S, win, cin = self._short_conv(p, xn, parents, S0, win0, conv_mode, keep_states)
-                parts.append(c)
-            if kind == "s":
-                m, S, win, cin = self._mamba1(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
-                parts.append(m)
-            if kind == "l":
-                m, S, win, cin = self._lightning(p, xn, parents, S0, win0, rec_mode, keep_states)
-                parts.append(m)
-            out = parts[0] if len(parts) == 1 else parts[0] + parts[1]
-            h = h + r * out
-            if cfg.layer_mlp:
-                h = h + r * self._mlp(p, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
+            return h, nk, S, win, cin
+        out, nk, S, win, cin = mix(_rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps))
+        h = h + r * out
+        if cfg.layer_mlp:
+            h = h + r * self._mlp(p, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
         return h, nk, S, win, cin
+
+    def _mixer(self, kind, p, xn, attend, S0, win0, parents, conv_mode, rec_mode, keep_states):
+        """The mixer of a layer of ``kind`` on its input xn [B*T, d] -> (out [B*T, d], new KV or None, per-node
+        states and windows or None, CommitInputs or None); a parallel layer ('p') sums attention and Mamba2."""
+        nk, S, win, cin = None, None, None, None
+        parts = []  # the mixers' outputs, summed (attention first)
+        if kind in "ap":
+            a, k, v = attend(p, xn)
+            parts, nk = [a], (k, v)
+        if kind == "g":
+            m, S, win, cin = self._gdn(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
+        elif kind in "mp":
+            m, S, win, cin = self._mamba2(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
+        elif kind == "c":
+            m, S, win, cin = self._short_conv(p, xn, parents, S0, win0, conv_mode, keep_states)
+        elif kind == "s":
+            m, S, win, cin = self._mamba1(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
+        elif kind == "l":
+            m, S, win, cin = self._lightning(p, xn, parents, S0, win0, rec_mode, keep_states)
+        if kind != "a":
+            parts.append(m)
+        return (parts[0] if len(parts) == 1 else parts[0] + parts[1]), nk, S, win, cin
 
     def _ffn(self, x, up, down, gate):
         """SwiGLU down(silu(gate x) * up x), or relu^2 down(relu(up x)^2) when the config says so."""
