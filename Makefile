@@ -44,15 +44,9 @@ lint: $(STAMP)
 
 # pytest exits 5 when it collects no test: make treats any non-zero exit as failure. Two workers
 # (pytest-xdist) on the 2-core CI machine, an idle worker taking tests queued for the busy one (worksteal: the
-# slow engine-kernel tests do not leave one worker finishing alone); one torch thread each (small ops). The Python
-# 3.10 check (mostly pip building its small venv) runs beside the suite; its output follows the suite's, and either
-# failing fails the target.
-test: $(STAMP) browser lint
-	@log=$$(mktemp); $(MAKE) --no-print-directory py310 > $$log 2>&1 & py=$$!; \
-	OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2 --dist worksteal; rc=$$?; \
-	wait $$py; pyrc=$$?; cat $$log; rm -f $$log; \
-	[ $$pyrc -eq 0 ] || echo "make: the Python 3.10 check failed (exit $$pyrc)"; \
-	[ $$rc -eq 0 ] && [ $$pyrc -eq 0 ]
+# slow engine-kernel tests do not leave one worker finishing alone); one torch thread each (small ops).
+test: $(STAMP) browser lint py310
+	OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2 --dist worksteal
 
 # The oldest supported Python (3.10) byte-compiles every module and runs the command line's torch-free
 # paths (--version, the gate on a committed report without a recheck) in a small venv of its own (kept in

@@ -42,7 +42,7 @@ import math
 
 import torch
 
-from ddsim.gpu_backend import checks, fastcall, torch_lightning, torch_mamba1, torch_mamba2, torch_ops
+from ddsim.gpu_backend import checks, fastcall, torch_kda, torch_lightning, torch_mamba1, torch_mamba2, torch_ops
 from ddsim.gpu_backend import launch as _launch
 from ddsim.gpu_backend.checks import CheckedIndices, CheckedSlots, TreePlan, checked_accepted, checked_slots, poisoned, poisoning
 from ddsim.gpu_backend.torch_ops import tree_attention
@@ -278,7 +278,23 @@ def lightning_tree_commit(k, v, *, decay, parents, accepted, initial_state, back
                                                  initial_state=initial_state)
 
 
+def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", output_states=False, backend=None):
+    """One Kimi Delta Attention layer over a tree. q, k [B, T, H, K] (L2-normalised in the op); v [B, T, H, V];
+    g [B, T, H, K] the log decay per key channel; beta [B, T, H]; parents [B, T] or a TreePlan; initial_state
+    [B, H, K, V] fp32 (read, never written). Returns o [B, T, H, V] in v's dtype and, with output_states, the state
+    after every node [B, T, H, K, V] fp32. One backend: PyTorch (``backend`` accepted for the callers'
+    uniformity)."""
+    return torch_kda.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode,
+                                     output_states=output_states)
+
+
+def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, backend=None):
+    """KDA state after the accepted path root..accepted[b], without per-node snapshots: a new [B, H, K, V]."""
+    return torch_kda.kda_tree_commit(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state)
+
+
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_tree_commit", "mamba1_tree_verify",
-           "mamba1_tree_commit", "lightning_tree_verify", "lightning_tree_commit", "tree_causal_conv1d",
+           "mamba1_tree_commit", "lightning_tree_verify", "lightning_tree_commit", "kda_tree_verify",
+           "kda_tree_commit", "tree_causal_conv1d",
            "conv_tree_commit", "tree_attention", "TreePlan", "CheckedIndices",
            "checked_accepted", "CheckedSlots", "checked_slots", "poisoned", "poisoning", "BACKENDS", "MAMBA2_BACKENDS"]

@@ -11,7 +11,7 @@ sequence), or one node at a time depth-first through ``decode_step`` (``order="n
 layer's states of two depths (or the root path's) are alive unless ``record_states`` asks for every
 node's state (for the leak metrics). Every layer is the same code in both schedules
 (``_attention_proj``/``_core``/``_out``, ``_gdn_*``, ``_mamba2_*``, ``_mamba1*``, ``_lightning_*``,
-``_short_conv_*``).
+``_kda_*``, ``_short_conv_*``).
 """
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ def _attention_proj(w, p, cfg, x, pos):
     norms and RoPE where the config has them)."""
     n = x.shape[0]
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    if cfg.mla_kv_lora_rank:
+        return _mla_proj(w, p, cfg, x)
     rot = int(hd * cfg.partial_rotary_factor)
     q = x @ w[p + "attn.q"].T
     k = x @ w[p + "attn.k"].T
@@ -61,6 +63,24 @@ def _attention_proj(w, p, cfg, x, pos):
         q = _rope(q, pos, cfg.rope_theta, rot)
         k = _rope(k, pos, cfg.rope_theta, rot)
     return q, k, (x @ w[p + "attn.v"].T).view(n, nkv, hd)
+
+
+def _mla_proj(w, p, cfg, x):
+    """Multi-head latent attention's q, k, v of each row x [n, d] (no RoPE), each [n, nh, hd] zero-padded from its own
+    width (qk = nope + rope dims for q and k, v dims for v): q = x W_q (or W_qb norm(W_qa x)); the latent c = W_kva x
+    splits into the part normed and expanded per head, W_kvb norm(c_lat) = [k_nope, v], and k_rope shared by every
+    head."""
+    n, nh, hd = x.shape[0], cfg.num_attention_heads, cfg.head_dim
+    nope, rope, vd, kvl = cfg.mla_qk_nope_head_dim, cfg.mla_qk_rope_head_dim, cfg.mla_v_head_dim, cfg.mla_kv_lora_rank
+    if cfg.mla_q_lora_rank:
+        q = _rmsnorm(x @ w[p + "attn.q_a"].T, w[p + "attn.q_a_norm"], cfg.mla_norm_eps) @ w[p + "attn.q_b"].T
+    else:
+        q = x @ w[p + "attn.q"].T
+    c = x @ w[p + "attn.kv_a"].T
+    kv = (_rmsnorm(c[:, :kvl], w[p + "attn.kv_a_norm"], cfg.mla_norm_eps) @ w[p + "attn.kv_b"].T).view(n, nh, nope + vd)
+    k = torch.cat([kv[..., :nope], c[:, None, kvl:].expand(n, nh, rope)], dim=-1)
+    pad = lambda t: F.pad(t, (0, hd - t.shape[-1]))  # noqa: E731
+    return pad(q.view(n, nh, nope + rope)), pad(k), pad(kv[..., nope:])
 
 
 def _attention_core(cfg, q, k, v, ctx_k, ctx_v, ctx_valid=None):
@@ -81,7 +101,10 @@ def _attention_core(cfg, q, k, v, ctx_k, ctx_v, ctx_valid=None):
 
 
 def _attention_out(w, p, cfg, x, o):
-    """The attention output o [n, nh * hd] gated by x [n, d] (where the config says) and projected."""
+    """The attention output o [n, nh * hd] gated by x [n, d] (where the config says) and projected (MLA: its values'
+    own width, unpadded)."""
+    if cfg.mla_kv_lora_rank:
+        o = o.view(o.shape[0], cfg.num_attention_heads, cfg.head_dim)[..., :cfg.mla_v_head_dim].reshape(o.shape[0], -1)
     if cfg.attn_output_gate:
         o = o * torch.sigmoid(x @ w[p + "attn.gate"].T)
     return o @ w[p + "attn.o"].T
@@ -284,6 +307,44 @@ def _mamba1(w, p, cfg, x, S, window):
     return (y * F.silu(xz[:, I:])) @ w[p + "mamba1.out"].T, S_new, new_window
 
 
+def _kda_proj(w, p, x):
+    """Kimi Delta Attention's projections of each row x [n, d]: (conv input q‖k‖v [n, 3HK], forget-gate input
+    [n, HK], beta input [n, H], output gate [n, HK])."""
+    return (x @ w[p + "kda.qkv"].T, (x @ w[p + "kda.f_a"].T) @ w[p + "kda.f_b"].T, x @ w[p + "kda.b"].T,
+            (x @ w[p + "kda.g_a"].T) @ w[p + "kda.g_b"].T)
+
+
+def _kda_core(w, p, cfg, xin, f, b, S, window):
+    """One token per row of KDA's conv and recurrence from the row's own state: xin [n, 3HK]; f [n, HK]; b [n, H];
+    S [n, H, K, V]; window [n, 3HK, W-1] -> (o [n, H, V] = S_t^T q_t, S_t, window')."""
+    n, H, K = xin.shape[0], cfg.linear_num_value_heads, cfg.linear_key_head_dim
+    inputs = torch.cat([window, xin[:, :, None]], dim=2)  # [n, C, W] oldest first
+    y = F.silu((inputs * w[p + "kda.conv"]).sum(dim=2))
+    q, k, v = (y[:, j * H * K:(j + 1) * H * K].view(n, H, K) for j in range(3))
+    q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) * K ** -0.5
+    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    g = -torch.exp(w[p + "kda.A_log"])[:, None] * F.softplus((f + w[p + "kda.dt_bias"]).view(n, H, K))  # [n, H, K]
+    beta = torch.sigmoid(b)  # [n, H]
+    # S' = Diag(exp(g)) S;  S_t = S' + beta k (v - S'^T k)^T;  o_t = S_t^T q_t
+    S = torch.exp(g)[..., None] * S
+    S_new = S + beta[..., None, None] * k[..., :, None] * (v - torch.einsum("nhkv,nhk->nhv", S, k))[..., None, :]
+    return torch.einsum("nhkv,nhk->nhv", S_new, q), S_new, inputs[:, :, 1:]
+
+
+def _kda_out(w, p, cfg, o, gate):
+    """The gated RMSNorm of o [n, H, V] times sigmoid(gate), projected: [n, d]."""
+    n, H = o.shape[0], o.shape[1]
+    o = _rmsnorm(o, w[p + "kda.norm"], cfg.rms_norm_eps) * torch.sigmoid(gate.view(n, H, -1))
+    return o.reshape(n, -1) @ w[p + "kda.out"].T
+
+
+def _kda(w, p, cfg, x, S, window):
+    """One token per row of Kimi Delta Attention. x [n, d]; S [n, H, K, V]; window [n, 3HK, W-1]."""
+    xin, f, b, gate = _kda_proj(w, p, x)
+    o, S_new, new_window = _kda_core(w, p, cfg, xin, f, b, S, window)
+    return _kda_out(w, p, cfg, o, gate), S_new, new_window
+
+
 def _lightning_proj(w, p, cfg, x):
     """Lightning attention's q, k, v of each row x [n, d]: silu of one projection, per head [q, k, v]: [n, H, hd] each."""
     H, hd = cfg.num_attention_heads, cfg.head_dim
@@ -406,6 +467,9 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
             if kind == "l":
                 m, S, win = _lightning(w, p, cfg, xn, ssm[i], conv[i])
                 out = out + m
+            if kind == "k":
+                m, S, win = _kda(w, p, cfg, xn, ssm[i], conv[i])
+                out = out + m
             h = h + r * out
             if cfg.layer_mlp:
                 h = h + r * _mlp(w, p, cfg, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
@@ -447,7 +511,7 @@ class _Weights:
 
     def _convert(self, k):
         v = self.raw[k].detach().to(self.device or self.raw[k].device, self.dtype)
-        if k.endswith("norm") and not k.endswith(("gdn.norm", "mamba.norm")):
+        if k.endswith("norm") and not k.endswith(("gdn.norm", "mamba.norm", "kda.norm")):
             v = v + self.cfg.norm_offset
         return v
 
@@ -755,6 +819,11 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
                 out = out + (cg * o) @ lw[p + "conv.out"].T
             if kind == "l":
                 out = out + _tree_lightning(lw, p, cfg, xn, ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+            if kind == "k":
+                xin, f, b, gate = _kda_proj(lw, p, xn)
+                o = _tree_recurrence(lambda sl, S, win: _kda_core(lw, p, cfg, xin[sl], f[sl], b[sl], S, win),
+                                     ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+                out = out + _kda_out(lw, p, cfg, o, gate)
             if kind == "s":
                 xz = xn @ lw[p + "mamba1.in"].T
                 I = cfg.mamba1_inner

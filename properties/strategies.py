@@ -72,7 +72,8 @@ def ddtree_logits(draw, *, max_depth: int = 4, max_vocab: int = 6) -> torch.Tens
 @st.composite
 def model_configs(draw) -> ModelConfig:
     """Toy hybrid configs exercising grouped heads (HV/H in 1..3), GQA, every layer kind (GDN,
-    attention, Mamba2, parallel attention + Mamba2, MLP-only blocks, short convs, Mamba1), the real-checkpoint features
+    attention, Mamba2, parallel attention + Mamba2, MLP-only blocks, short convs, Mamba1, lightning attention, KDA),
+    multi-head latent attention, the real-checkpoint features
     (gated attention, q/k norm per head or over all heads, partial RoPE, zero-centred norms, MoE, OLMo-Hybrid's
     output-normed attention blocks and GDN beta scale) and the Mamba2-hybrid ones
     (grouped B/C, dt limits, the three gated-norm forms, relu^2 MLPs, NoPE, scalings)."""
@@ -80,7 +81,7 @@ def model_configs(draw) -> ModelConfig:
     HV = H * draw(st.integers(1, 3))
     nkv = draw(st.integers(1, 2))
     n_layers = draw(st.integers(1, 4))
-    pat = "".join(draw(st.sampled_from("gagampfcsl")) for _ in range(n_layers))
+    pat = "".join(draw(st.sampled_from("gagampfcslk")) for _ in range(n_layers))
     layer_mlp = "f" not in pat or draw(st.booleans())
     moe = draw(st.booleans())
     n_exp = draw(st.integers(2, 4)) if moe else 0
@@ -93,7 +94,7 @@ def model_configs(draw) -> ModelConfig:
     qk_norm = draw(st.booleans())
     minimax = set(pat) <= set("alf") and layer_mlp and draw(st.booleans())  # MiniMax's scaled normed-residual blocks
     ab = st.sampled_from([1.0, 0.5, 2.0])
-    return ModelConfig(
+    kw = dict(
         residual_from_norm=minimax, attn_alpha=draw(ab), attn_beta=draw(ab), linear_alpha=draw(ab), linear_beta=draw(ab),
         mlp_alpha=draw(ab), mlp_beta=draw(ab),
         name="hypothesis", vocab_size=draw(st.integers(8, 40)), hidden_size=draw(st.sampled_from([8, 16, 24])),
@@ -120,6 +121,16 @@ def model_configs(draw) -> ModelConfig:
         mamba_norm=draw(st.sampled_from(["gated", "gated-before", "gate"])), layer_mlp=layer_mlp,
         mlp_act=draw(st.sampled_from(["swiglu", "relu2"])), use_rope=draw(st.booleans()),
         residual_multiplier=draw(st.sampled_from([1.0, 0.5])), logits_scaling=draw(st.sampled_from([1.0, 2.0])))
+    if "k" in pat:  # KDA: H heads of K = V dims
+        kw.update(linear_num_value_heads=H, linear_value_head_dim=kw["linear_key_head_dim"])
+    if any(c in "ap" for c in pat) and draw(st.booleans()):  # Kimi Linear's MLA (no RoPE), heads zero-padded to head_dim
+        nope, rope, vd = draw(st.sampled_from([2, 4])), draw(st.sampled_from([0, 2])), draw(st.sampled_from([2, 4, 6]))
+        kw.update(mla_kv_lora_rank=draw(st.sampled_from([3, 5])), mla_q_lora_rank=draw(st.sampled_from([0, 4])),
+                  mla_qk_nope_head_dim=nope, mla_qk_rope_head_dim=rope, mla_v_head_dim=vd, head_dim=max(nope + rope, vd),
+                  num_key_value_heads=kw["num_attention_heads"], use_rope=False, qk_norm=False, qk_norm_all=False,
+                  attn_output_gate=False, attention_scale=(nope + rope) ** -0.5, partial_rotary_factor=1.0,
+                  mla_norm_eps=draw(st.sampled_from([1e-6, 1e-5])))
+    return ModelConfig(**kw)
 
 
 def _trees_of_size(draw, B: int, T: int) -> list[Tree]:
@@ -254,6 +265,30 @@ def lightning_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torc
     slope = torch.rand(H, generator=gen, dtype=torch.float64) * {"fast": 2.0, "long": 0.05, "none": 0.0}[memory]
     return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, H, V).to(dtype),
                 decay=torch.exp(-slope).float(), parents=torch.tensor([t.parents for t in ts]),
+                initial_state=rnd(B, H, K, V).float(), trees=ts)
+
+
+@st.composite
+def kda_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
+    """Layer inputs for kda_tree_verify: a tree per sequence (same T), q, k [B, T, H, K], v [B, T, H, V], the log
+    decay per key channel g [B, T, H, K] <= 0 (fast or long memory, or none), beta [B, T, H] in (0, 1) (or up to 2)
+    and the committed state [B, H, K, V]."""
+    B = draw(st.integers(1, max_batch))
+    H = draw(st.integers(1, 3))
+    K = draw(st.sampled_from([1, 2, 3, 5]))
+    V = draw(st.sampled_from([1, 2, 4, 6]))
+    T = draw(st.integers(1, max_nodes))
+    ts = _trees_of_size(draw, B, T)
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=torch.float64)
+
+    scale = {"fast": 3.0, "long": 0.02, "none": 0.0}[draw(st.sampled_from(["fast", "long", "none"]))]
+    g = -torch.rand(B, T, H, K, generator=gen, dtype=torch.float64) * scale
+    beta = torch.sigmoid(rnd(B, T, H)) * draw(st.sampled_from([1.0, 2.0]))
+    return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, H, V).to(dtype),
+                g=g.float(), beta=beta.float(), parents=torch.tensor([t.parents for t in ts]),
                 initial_state=rnd(B, H, K, V).float(), trees=ts)
 
 

@@ -248,7 +248,7 @@ def render(report: Report, verdict=None) -> str:
               "<h2>Leak by recurrent family</h2>",
               "<p class='note'>Recurrent-state and conv-window relative error over every layer of one family "
               "(gdn: Gated DeltaNet; mamba2: Mamba2 SSM, also the Mamba2 half of parallel layers; mamba1: Mamba1 "
-              "selective scan; lightning: MiniMax's linear attention, no conv; conv: gated short "
+              "selective scan; lightning: MiniMax's linear attention, no conv; kda: Kimi Delta Attention; conv: gated short "
               "convolutions, whose window is their whole state), nodes that are not order-exact.</p>",
               _table(["budget", "mode", "family", "layers", "state err median", "state err max", "conv err median",
                       "conv err max"],

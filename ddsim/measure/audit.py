@@ -89,8 +89,10 @@ def _gate_stats(cfg, w) -> dict:
         if cfg.family(l) == "lightning":  # a constant decay exp(-slope) per head
             decays.append(torch.exp(-w[f"layers.{l}.lightning.slope"].double().cpu()))
             continue
-        pre = f"layers.{l}.{ {'gdn': 'gdn', 'mamba1': 'mamba1'}.get(cfg.family(l), 'mamba')}."
+        pre = f"layers.{l}.{ {'gdn': 'gdn', 'mamba1': 'mamba1', 'kda': 'kda'}.get(cfg.family(l), 'mamba')}."
         A = torch.exp(w[pre + "A_log"].double().cpu())
+        if cfg.family(l) == "kda":  # A per head, dt_bias per key channel
+            A = A.repeat_interleave(cfg.linear_key_head_dim)
         if A.dim() == 2:  # Mamba1's A [I, N]: each channel's slowest state index
             A = A.min(-1).values
         dt = torch.nn.functional.softplus(w[pre + "dt_bias"].double().cpu())

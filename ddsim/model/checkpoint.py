@@ -4,7 +4,8 @@ multimodal checkpoint; vision and MTP weights are skipped) and ``qwen3_5_moe`` (
 ``*_text`` variants), and the Mamba2 hybrids ``nemotron_h``, ``bamba``, ``granitemoehybrid`` and
 ``falcon_h1`` (ddsim.model.checkpoint_mamba), the short-conv hybrids ``lfm2`` and ``lfm2_moe``
 (ddsim.model.checkpoint_lfm2), ``jamba`` (Mamba1, ddsim.model.checkpoint_jamba), ``olmo_hybrid``
-(ddsim.model.checkpoint_olmo) and ``minimax`` (lightning attention, ddsim.model.checkpoint_minimax). Weights are
+(ddsim.model.checkpoint_olmo), ``minimax`` (lightning attention, ddsim.model.checkpoint_minimax) and ``kimi_linear``
+(KDA and MLA, ddsim.model.checkpoint_kimi). Weights are
 mapped to ddsim's layout (ddsim.model.weights) tensor by tensor, shard by shard, straight onto the
 target device in the checkpoint's dtype, so no second copy of the model is held in host memory.
 Anything wrong raises InputError before a model is returned.
@@ -26,6 +27,8 @@ from ddsim.errors import InputError
 from ddsim.jsonl import read_json
 from ddsim.model.checkpoint_jamba import ARCHS as JAMBA_ARCHS
 from ddsim.model.checkpoint_jamba import JambaMapper, read_jamba_config
+from ddsim.model.checkpoint_kimi import ARCHS as KIMI_ARCHS
+from ddsim.model.checkpoint_kimi import KimiMapper, read_kimi_config
 from ddsim.model.checkpoint_lfm2 import ARCHS as LFM2_ARCHS
 from ddsim.model.checkpoint_lfm2 import Lfm2Mapper, read_lfm2_config
 from ddsim.model.checkpoint_mamba import ARCHS as MAMBA_ARCHS
@@ -38,7 +41,7 @@ from ddsim.model.config import ModelConfig
 from ddsim.model.weights import weight_shapes
 
 SUPPORTED = (("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text") + MAMBA_ARCHS + LFM2_ARCHS
-             + JAMBA_ARCHS + OLMO_ARCHS + MINIMAX_ARCHS)
+             + JAMBA_ARCHS + OLMO_ARCHS + MINIMAX_ARCHS + KIMI_ARCHS)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
@@ -53,11 +56,12 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     mt = raw.get("model_type")
     if mt not in SUPPORTED:
         raise InputError(f"{d / 'config.json'}: unsupported architecture {mt!r} (supported: {', '.join(SUPPORTED)})")
-    if mt in LFM2_ARCHS + JAMBA_ARCHS + OLMO_ARCHS + MINIMAX_ARCHS:
+    if mt in LFM2_ARCHS + JAMBA_ARCHS + OLMO_ARCHS + MINIMAX_ARCHS + KIMI_ARCHS:
         dtype_name = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
         if dtype_name not in _DTYPES:
             raise InputError(f"{d / 'config.json'}: unsupported dtype {dtype_name!r}")
-        readers = {"jamba": read_jamba_config, "olmo_hybrid": read_olmo_config, "minimax": read_minimax_config}
+        readers = {"jamba": read_jamba_config, "olmo_hybrid": read_olmo_config, "minimax": read_minimax_config,
+                   "kimi_linear": read_kimi_config}
         cfg = readers[mt](raw, d) if mt in readers else read_lfm2_config(mt, raw, d)
         return cfg, {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": "model.", "path": str(d)}
     if mt in MAMBA_ARCHS:
@@ -269,6 +273,8 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
         mapper = OlmoMapper(cfg, meta, _Mapper(cfg, meta, dev, out))
     elif meta["model_type"] in MINIMAX_ARCHS:
         mapper = MiniMaxMapper(cfg, meta, _Mapper(cfg, meta, dev, out))
+    elif meta["model_type"] in KIMI_ARCHS:
+        mapper = KimiMapper(cfg, meta, _Mapper(cfg, meta, dev, out))
     else:
         mapper = _Mapper(cfg, meta, dev, out)
     for shard in _shards(d):

@@ -9,6 +9,8 @@ A layer pattern is a string, one character per layer in order:
   's'  Mamba1 mixer (selective scan)    (Jamba: a per-channel state [I, N], dt/B/C from the conv's output)
   'l'  lightning attention             (MiniMax: linear attention with a constant decay per head; a state
                                         [H, hd, hd] and no conv window)
+  'k'  Kimi Delta Attention            (Kimi Linear: GDN's delta rule with a decay per key channel, H heads
+                                        of K = V = linear_key_head_dim, short convs over q, k, v)
   'c'  a gated short convolution       (LFM2: out(C * conv(B * x)), no recurrent state beyond the
                                         conv window: the family whose whole state is a window)
 A mixer layer is input norm, mixer, residual, then (when ``layer_mlp``) post norm, MLP, residual;
@@ -30,8 +32,9 @@ from dataclasses import dataclass
 
 from ddsim.errors import ConfigError
 
-LAYER_KINDS = "gampfcsl"
-FAMILIES = {"g": "gdn", "m": "mamba2", "p": "mamba2", "c": "conv", "s": "mamba1", "l": "lightning"}  # recurrent layer kind -> family
+LAYER_KINDS = "gampfcslk"
+FAMILIES = {"g": "gdn", "m": "mamba2", "p": "mamba2", "c": "conv", "s": "mamba1", "l": "lightning",
+            "k": "kda"}  # recurrent layer kind -> family
 
 
 def pattern(n_layers: int, *, gdn: int = 3, attn: int = 1, kind: str = "g") -> str:
@@ -76,6 +79,16 @@ class ModelConfig:
     # attention layers ('a') norm their outputs instead of their inputs: h + norm(attn(h)), h + norm(mlp(h))
     # (OLMo-Hybrid's attention blocks; input_norm and post_norm are those two output norms)
     attn_post_norm: bool = False
+    # multi-head latent attention (Kimi Linear's MLA, without RoPE) when mla_kv_lora_rank > 0: q from x (or through a
+    # normed rank mla_q_lora_rank bottleneck), per head k = [k_nope, k_rope] and v from a normed rank mla_kv_lora_rank
+    # latent (k_rope shared by the heads); heads of qk = nope + rope dims and v dims, zero-padded to head_dim =
+    # max(qk, v) (exact: the zeros add nothing), scale attention_scale
+    mla_kv_lora_rank: int = 0
+    mla_q_lora_rank: int = 0
+    mla_qk_nope_head_dim: int = 0
+    mla_qk_rope_head_dim: int = 0
+    mla_v_head_dim: int = 0
+    mla_norm_eps: float = 1e-6  # the latents' RMSNorms (Kimi Linear's are built without the config's epsilon)
     partial_rotary_factor: float = 1.0  # RoPE on the first int(head_dim * factor) dims of each head
     num_experts: int = 0  # MoE MLP (SwiGLU experts, softmax top-k router, shared expert) when > 0
     shared_expert_gate: bool = True  # the shared expert's output scaled by sigmoid(x . w) (False: Granite's plain sum)
@@ -192,7 +205,7 @@ class ModelConfig:
             return (self.mamba1_inner, self.mamba_state_size)
         if self.layer_pattern[i] == "l":
             return (self.num_attention_heads, self.head_dim, self.head_dim)
-        if self.layer_pattern[i] == "g":
+        if self.layer_pattern[i] in "gk":
             return (self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim)
         return (self.mamba_num_heads, self.mamba_head_dim, self.mamba_state_size)
 
@@ -201,7 +214,7 @@ class ModelConfig:
         kind = self.layer_pattern[i]
         if kind == "l":  # lightning attention has no conv: an empty window
             return (0, 0)
-        C = {"g": self.conv_dim, "c": self.hidden_size, "s": self.mamba1_inner}.get(kind, self.mamba_conv_dim)
+        C = {"g": self.conv_dim, "k": self.conv_dim, "c": self.hidden_size, "s": self.mamba1_inner}.get(kind, self.mamba_conv_dim)
         return (C, self.conv_kernel_size - 1)
 
     def is_moe_layer(self, i: int) -> bool:
@@ -254,6 +267,16 @@ class ModelConfig:
         need(0 < self.gdn_beta_scale <= 2, "gdn_beta_scale", f"expected (0, 2], got {self.gdn_beta_scale}")
         need(self.gdn_norm_eps >= 0, "gdn_norm_eps", "must be >= 0")
         need(not self.qk_norm_all or self.qk_norm, "qk_norm_all", "needs qk_norm")
+        if self.mla_kv_lora_rank:
+            qk = self.mla_qk_nope_head_dim + self.mla_qk_rope_head_dim
+            need(self.head_dim == max(qk, self.mla_v_head_dim) and qk >= 1 and self.mla_v_head_dim >= 1, "head_dim",
+                 f"MLA pads its heads to max(qk {qk}, v {self.mla_v_head_dim}), got {self.head_dim}")
+            need(self.num_key_value_heads == self.num_attention_heads and not self.use_rope and not self.qk_norm
+                 and not self.attn_output_gate, "mla_kv_lora_rank",
+                 "MLA: one key and value head per query head, without RoPE, q/k norms or an output gate")
+        need("k" not in self.layer_pattern or (self.linear_num_key_heads == self.linear_num_value_heads
+                                               and self.linear_key_head_dim == self.linear_value_head_dim),
+             "linear_num_value_heads", "KDA layers ('k') have H heads of K = V dims")
         need(not self.residual_from_norm or (set(self.layer_pattern) <= set("alf") and self.layer_mlp),
              "residual_from_norm", "MiniMax's block: attention ('a'), lightning ('l') and MLP ('f') layers, each with its MLP")
         need(not (self.residual_from_norm and self.attn_post_norm), "attn_post_norm", "excludes residual_from_norm")
@@ -386,6 +409,28 @@ PRESETS: dict[str, ModelConfig] = {
         moe_intermediate_size=128, residual_from_norm=True, attn_alpha=3.5, attn_beta=1.0, linear_alpha=3.5,
         linear_beta=1.0, mlp_alpha=3.5, mlp_beta=1.0, rms_norm_eps=1e-5, architecture="minimax",
         notes="CPU lightning-attention (MiniMax-layout) audit preset"),
+    # Kimi Linear (KDA and MLA without RoPE, 3:1, the last layer MLA; grouped sigmoid MoE with a shared expert).
+    "tiny-kimi": ModelConfig(
+        name="tiny-kimi", vocab_size=512, hidden_size=128, layer_pattern="kkkakkka", intermediate_size=256,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=32, use_rope=False, attention_scale=24 ** -0.5,
+        mla_kv_lora_rank=32, mla_qk_nope_head_dim=16, mla_qk_rope_head_dim=8, mla_v_head_dim=32,
+        linear_num_key_heads=4, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+        shared_expert_gate=False, moe_router="sigmoid", moe_n_group=2, moe_topk_group=1, routed_scaling_factor=2.446,
+        mlp_only_layers=(0,), rms_norm_eps=1e-5, architecture="kimi_linear",
+        notes="CPU Kimi Delta Attention (Kimi Linear-layout) audit preset"),
+    "kimi-linear-48b-a3b": ModelConfig(
+        name="kimi-linear-48b-a3b", vocab_size=163840, hidden_size=2304,
+        layer_pattern="".join("a" if i + 1 in (4, 8, 12, 16, 20, 24, 27) else "k" for i in range(27)),
+        intermediate_size=9216, num_attention_heads=32, num_key_value_heads=32, head_dim=192, use_rope=False,
+        attention_scale=192 ** -0.5, mla_kv_lora_rank=512, mla_qk_nope_head_dim=128, mla_qk_rope_head_dim=64,
+        mla_v_head_dim=128, linear_num_key_heads=32, linear_num_value_heads=32, linear_key_head_dim=128,
+        linear_value_head_dim=128, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=1024,
+        shared_expert_intermediate_size=1024, shared_expert_gate=False, moe_router="sigmoid",
+        routed_scaling_factor=2.446, mlp_only_layers=(0,), rms_norm_eps=1e-5, max_position_embeddings=1048576,
+        architecture="kimi_linear",
+        notes="Kimi-Linear-48B-A3B shapes (27 layers: 20 KDA of 32 heads x 128, 7 MLA at 4, 8, ..., 24, 27 without "
+              "RoPE; 256 experts of 1024, top 8, and a shared expert from layer 1 on), random weights"),
     # LFM2 (gated short convs, the window their whole state): LFM2's layout (two short convs to an attention
     # layer with q/k norms, a SwiGLU MLP per layer). The MoE variant's router is drawn by the property tests.
     "tiny-lfm2": ModelConfig(

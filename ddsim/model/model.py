@@ -107,7 +107,7 @@ def _rmsnorm(x, w, eps):
 
 
 def _offset_norm(name: str) -> bool:
-    return name.endswith("norm") and not name.endswith(("gdn.norm", "mamba.norm"))
+    return name.endswith("norm") and not name.endswith(("gdn.norm", "mamba.norm", "kda.norm"))
 
 
 def _current(device: torch.device):
@@ -332,6 +332,8 @@ class HybridModel:
             m, S, win, cin = self._mamba1(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
         elif kind == "l":
             m, S, win, cin = self._lightning(p, xn, parents, S0, win0, rec_mode, keep_states)
+        elif kind == "k":
+            m, S, win, cin = self._kda(p, xn, parents, S0, win0, conv_mode, rec_mode, keep_states)
         if kind != "a":
             parts.append(m)
         return (parts[0] if len(parts) == 1 else parts[0] + parts[1]), nk, S, win, cin
@@ -392,6 +394,8 @@ class HybridModel:
         cfg, w = self.cfg, self.w
         n = x.shape[0]
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        if cfg.mla_kv_lora_rank:
+            return self._mla_qkv(p, x)
         q = F.linear(x, w[p + "attn.q"])
         k = F.linear(x, w[p + "attn.k"])
         if cfg.qk_norm_all:  # one norm over all heads
@@ -406,8 +410,27 @@ class HybridModel:
             k = _rope(k, rope, cfg.rope_theta, cfg.rotary_dim)
         return q, k, F.linear(x, w[p + "attn.v"]).view(n, nkv, hd)
 
+    def _mla_qkv(self, p, x):
+        """MLA's q [n, nh, hd], k, v [n, nh, hd] (Kimi Linear, no RoPE): q from x or its normed low-rank bottleneck;
+        per head k = [k_nope, k_rope] and v from the normed latent (k_rope shared by the heads); zero-padded to hd."""
+        cfg, w = self.cfg, self.w
+        n, nh, hd = x.shape[0], cfg.num_attention_heads, cfg.head_dim
+        nope, rope, vd, kvl = cfg.mla_qk_nope_head_dim, cfg.mla_qk_rope_head_dim, cfg.mla_v_head_dim, cfg.mla_kv_lora_rank
+        if cfg.mla_q_lora_rank:
+            q = F.linear(_rmsnorm(F.linear(x, w[p + "attn.q_a"]), w[p + "attn.q_a_norm"], cfg.mla_norm_eps), w[p + "attn.q_b"])
+        else:
+            q = F.linear(x, w[p + "attn.q"])
+        c = F.linear(x, w[p + "attn.kv_a"])  # [n, kvl + rope]
+        kv = F.linear(_rmsnorm(c[:, :kvl], w[p + "attn.kv_a_norm"], cfg.mla_norm_eps), w[p + "attn.kv_b"]).view(n, nh, nope + vd)
+        k = torch.cat([kv[..., :nope], c[:, None, kvl:].expand(n, nh, rope)], -1)
+        pad = lambda t: F.pad(t, (0, hd - t.shape[-1]))  # noqa: E731
+        return pad(q.view(n, nh, nope + rope)), pad(k), pad(kv[..., nope:])
+
     def _attend_out(self, p, x, o):
         """The attention's output o [n, nh * hd] gated (where the config says) and projected: [n, d]."""
+        cfg = self.cfg
+        if cfg.mla_kv_lora_rank and cfg.mla_v_head_dim < cfg.head_dim:  # MLA's values, unpadded
+            o = o.view(o.shape[0], cfg.num_attention_heads, cfg.head_dim)[..., :cfg.mla_v_head_dim].reshape(o.shape[0], -1)
         if self.cfg.attn_output_gate:
             o = o * torch.sigmoid(F.linear(x, self.w[p + "attn.gate"]))
         return F.linear(o, self.w[p + "attn.o"])
@@ -526,6 +549,31 @@ class HybridModel:
         if keep_states:
             return out, states, windows, None
         return out, None, None, CommitInputs(xs, x=u, dt=dt, B=Bm)
+
+    def _kda(self, p, x, parents, S0, win0, conv_mode, rec_mode, keep_states=True):
+        """Kimi Delta Attention. x [B*T, d] (B sequences of T nodes); S0 [B, H, K, V]; win0 [B, 3HK, W-1] -> (out
+        [B*T, d], states [B, T, H, K, V], windows [B, T, 3HK, W-1], None), or (out, None, None, CommitInputs)
+        without keep_states."""
+        cfg, w = self.cfg, self.w
+        N, Bs = x.shape[0], S0.shape[0]
+        T, H, K = N // Bs, cfg.linear_num_value_heads, cfg.linear_key_head_dim
+        xin = F.linear(x, w[p + "kda.qkv"]).view(Bs, T, -1)  # [B, T, 3HK]: q, k, v
+        y = gb.tree_causal_conv1d(xin, weight=w[p + "kda.conv"], parents=parents, initial_window=win0, mode=conv_mode,
+                                  output_windows=keep_states, backend=self.backend)
+        y, windows = y if keep_states else (y, None)  # y [B, T, 3HK]: silu(conv)
+        q, k, v = (y[..., j * H * K:(j + 1) * H * K].view(Bs, T, H, K) for j in range(3))
+        f = F.linear(F.linear(x, w[p + "kda.f_a"]), w[p + "kda.f_b"]).float() + self._const(p + "kda.dt_bias")  # [N, HK]
+        g = (self._const(p + "kda.A_log")[:, None] * F.softplus(f.view(N, H, K))).view(Bs, T, H, K)  # -exp(A_log) * ...
+        beta = torch.sigmoid(F.linear(x, w[p + "kda.b"]).float()).view(Bs, T, H)
+        o = gb.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0.to(self.state_dtype), mode=rec_mode,
+                               output_states=keep_states)
+        o, states = o if keep_states else (o, None)
+        gate = F.linear(F.linear(x, w[p + "kda.g_a"]), w[p + "kda.g_b"]).view(N, H, K)
+        o = _rmsnorm(o.reshape(N, H, K).float(), w[p + "kda.norm"].float(), cfg.rms_norm_eps) * torch.sigmoid(gate.float())
+        out = F.linear(o.reshape(N, H * K).to(x.dtype), w[p + "kda.out"])
+        if keep_states:
+            return out, states, windows, None
+        return out, None, None, CommitInputs(xin, k=k, v=v, g=g, beta=beta)
 
     def _lightning(self, p, x, parents, S0, win0, rec_mode, keep_states=True):
         """MiniMax's lightning attention. x [B*T, d] (B sequences of T nodes); S0 [B, H, hd, hd]; win0 [B, 0, 0] (no
@@ -808,6 +856,9 @@ class HybridModel:
                 S0 = S0.to(self.state_dtype)
                 if cfg.layer_pattern[i] == "c":  # the window is the whole state
                     ssm[i] = S0.clone()
+                elif cfg.layer_pattern[i] == "k":
+                    ssm[i] = gb.kda_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plans[rec_mode], accepted=acc,
+                                                initial_state=S0)
                 elif cfg.layer_pattern[i] == "l":
                     ssm[i] = gb.lightning_tree_commit(ci.k, ci.v, decay=torch.exp(-self._const(p + "lightning.slope")),
                                                       parents=plans[rec_mode], accepted=acc, initial_state=S0)

@@ -12,7 +12,7 @@ Weights are a flat dict of tensors with these names (shapes for hidden d, vocab 
              .mlp.experts.up [E, I, d]; .mlp.experts.down [E, d, I]; .mlp.shared.gate/up/down;
              .mlp.shared_gate [1, d] (with shared_expert_gate)
 Norm weights are stored as checkpoints store them: the scale is (cfg.norm_offset + weight) for every
-RMSNorm except the GDN and Mamba2 gated norms (plain weight).
+RMSNorm except the GDN, Mamba2 and KDA gated norms (plain weight).
   gdn layer: .gdn.qkv [2*H*K + HV*V, d]; .gdn.z [HV*V, d]; .gdn.a [HV, d]; .gdn.b [HV, d];
              .gdn.conv [2*H*K + HV*V, W]; .gdn.A_log [HV]; .gdn.dt_bias [HV]; .gdn.norm [V];
              .gdn.out [d, HV*V]
@@ -27,6 +27,12 @@ RMSNorm except the GDN and Mamba2 gated norms (plain weight).
   lightning layer ('l'; H = num_attention_heads, hd = head_dim): .lightning.qkv [3*H*hd, d] (per head q, k, v);
              .lightning.norm [H*hd]; .lightning.gate [H*hd, d]; .lightning.out [d, H*hd]; .lightning.slope [H]
              (the decay per step is exp(-slope))
+  kda layer ('k'; H heads of K = V dims): .kda.qkv [3HK, d]; .kda.conv [3HK, W]; .kda.f_a [K, d]; .kda.f_b [HK, K];
+             .kda.dt_bias [HK]; .kda.A_log [H]; .kda.b [H, d]; .kda.g_a [K, d]; .kda.g_b [HK, K]; .kda.norm [K];
+             .kda.out [d, HK]
+  MLA attention (mla_kv_lora_rank > 0), instead of .attn.q/k/v: .attn.q [nh*qk, d] (or .attn.q_a [ql, d],
+             .attn.q_a_norm [ql], .attn.q_b [nh*qk, ql]); .attn.kv_a [kvl + rope, d]; .attn.kv_a_norm [kvl];
+             .attn.kv_b [nh*(nope + v), kvl]; .attn.o [d, nh*v]
   short conv layer ('c'): .conv.in [3d, d] (B, C, x in that order); .conv.conv [d, W]; .conv.out [d, d]
   'f' layers have the MLP under input_norm and no post_norm; with layer_mlp=False mixer layers have
   no MLP and no post_norm; mlp_act "relu2" MLPs have .mlp.up and .mlp.down only.
@@ -52,7 +58,9 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             if kind != "f":
                 out[p + "post_norm"] = (d,)
             out.update(_mlp_shapes(cfg, p, i))
-        if kind in "ap":
+        if kind in "ap" and cfg.mla_kv_lora_rank:
+            out.update(_mla_shapes(cfg, p))
+        elif kind in "ap":
             nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
             out.update({p + "attn.q": (nh * hd, d), p + "attn.k": (nkv * hd, d), p + "attn.v": (nkv * hd, d),
                         p + "attn.o": (d, nh * hd)})
@@ -87,8 +95,26 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             Hl, hd = cfg.num_attention_heads, cfg.head_dim
             out.update({p + "lightning.qkv": (3 * Hl * hd, d), p + "lightning.norm": (Hl * hd,),
                         p + "lightning.gate": (Hl * hd, d), p + "lightning.out": (d, Hl * hd), p + "lightning.slope": (Hl,)})
+        if kind == "k":
+            H, K, W = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.conv_kernel_size
+            out.update({p + "kda.qkv": (3 * H * K, d), p + "kda.conv": (3 * H * K, W), p + "kda.f_a": (K, d),
+                        p + "kda.f_b": (H * K, K), p + "kda.dt_bias": (H * K,), p + "kda.A_log": (H,), p + "kda.b": (H, d),
+                        p + "kda.g_a": (K, d), p + "kda.g_b": (H * K, K), p + "kda.norm": (K,), p + "kda.out": (d, H * K)})
         if kind == "c":
             out.update({p + "conv.in": (3 * d, d), p + "conv.conv": (d, cfg.conv_kernel_size), p + "conv.out": (d, d)})
+    return out
+
+
+def _mla_shapes(cfg: ModelConfig, p: str) -> dict:
+    d, nh = cfg.hidden_size, cfg.num_attention_heads
+    qk, vd = cfg.mla_qk_nope_head_dim + cfg.mla_qk_rope_head_dim, cfg.mla_v_head_dim
+    kvl, ql = cfg.mla_kv_lora_rank, cfg.mla_q_lora_rank
+    out = {p + "attn.kv_a": (kvl + cfg.mla_qk_rope_head_dim, d), p + "attn.kv_a_norm": (kvl,),
+           p + "attn.kv_b": (nh * (cfg.mla_qk_nope_head_dim + vd), kvl), p + "attn.o": (d, nh * vd)}
+    if ql:
+        out.update({p + "attn.q_a": (ql, d), p + "attn.q_a_norm": (ql,), p + "attn.q_b": (nh * qk, ql)})
+    else:
+        out[p + "attn.q"] = (nh * qk, d)
     return out
 
 
@@ -195,7 +221,11 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
                     w[p + "mlp.gate"] = linear(I, d)
                 w[p + "mlp.up"] = linear(I, d)
                 w[p + "mlp.down"] = linear(d, I, out_scale)
-        if kind in "ap":
+        if kind in "ap" and cfg.mla_kv_lora_rank:
+            for name, shape in _mla_shapes(cfg, p).items():
+                w[name] = norm_weight(shape[0]) if name.endswith("norm") else linear(*shape, out_scale if name.endswith(
+                    "attn.o") else 1.0)
+        elif kind in "ap":
             nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
             w[p + "attn.q"] = linear(nh * hd, d)
             w[p + "attn.k"] = linear(nkv * hd, d)
@@ -264,6 +294,20 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             base = 2.0 ** (-8.0 / Hl)
             depth = 1.0 - i / (cfg.num_layers - 1 + 1e-5) + 1e-5
             w[p + "lightning.slope"] = torch.tensor([base ** (h + 1) * depth for h in range(Hl)], device=where["dev"]).to(dtype)
+        if kind == "k":
+            H, K, W = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.conv_kernel_size
+            w[p + "kda.qkv"] = linear(3 * H * K, d)
+            w[p + "kda.conv"] = normal(3 * H * K, W, std=1.0 / math.sqrt(W))
+            w[p + "kda.f_a"] = linear(K, d)
+            w[p + "kda.f_b"] = linear(H * K, K, cfg.gate_noise)  # the token-dependent part of each channel's gate
+            A, dt = decays(H)  # each head's channels at its typical half-life
+            w[p + "kda.A_log"] = torch.log(A).to(dtype)
+            w[p + "kda.dt_bias"] = _inv_softplus(dt).repeat_interleave(K).to(dtype)
+            w[p + "kda.b"] = linear(H, d)
+            w[p + "kda.g_a"] = linear(K, d)
+            w[p + "kda.g_b"] = linear(H * K, K)
+            w[p + "kda.norm"] = 1.0 + normal(K, std=0.05)
+            w[p + "kda.out"] = linear(d, H * K, out_scale)
         if kind == "c":
             w[p + "conv.in"] = linear(3 * d, d)
             w[p + "conv.conv"] = normal(d, cfg.conv_kernel_size, std=1.0 / math.sqrt(cfg.conv_kernel_size))

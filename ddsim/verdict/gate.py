@@ -114,7 +114,7 @@ def not_applicable(rule: str, report: Report) -> str | None:
     cfg = report.config
     if rule in SAMPLED_RULES and cfg.temperature == 0:
         return "measured at temperature > 0 only"
-    if rule == "exact_state_rel_max" and not any(k in "gmpsl" for k in report.model.layer_pattern):
+    if rule == "exact_state_rel_max" and not any(k in "gmpslk" for k in report.model.layer_pattern):
         return ("the model's recurrent layers keep no state beside their conv windows (short convs); the exact path "
                 "is judged by exact_kl_max and its generations")
     if rule in COUPLED_RULES and cfg.temperature > 0 and cfg.sampler not in (None, "gumbel"):

@@ -20,7 +20,8 @@ SCHEMA_VERSION = 8  # 3: typed model, provenance (engine kernel too), leak cover
 # 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family;
 # 6: good and corrupted tokens per step; 7: the sampler at temperature > 0 and each step's exact law against exact's;
 # 8: short-conv layers ('c', LFM2) and the conv family, whose window is its whole state (no state_rel); Mamba1
-# layers ('s', Jamba) and the mamba1 family; lightning attention ('l', MiniMax), no conv (no conv_rel)
+# layers ('s', Jamba) and the mamba1 family; lightning attention ('l', MiniMax), no conv (no conv_rel); Kimi Delta
+# Attention ('k', Kimi Linear) and the kda family
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -102,14 +103,14 @@ class RankRow(_Strict):
 
 class LayerRow(_Strict):
     layer: Count
-    kind: Literal["g", "a", "m", "p", "f", "c", "s", "l"]  # ddsim.model.config.LAYER_KINDS
+    kind: Literal["g", "a", "m", "p", "f", "c", "s", "l", "k"]  # ddsim.model.config.LAYER_KINDS
     hidden_rel: Summary
-    state_rel: Summary | None = None  # layers with a recurrent state (g, m, p, s, l) only
-    conv_rel: Summary | None = None  # layers with a conv window (g, m, p, s, c)
+    state_rel: Summary | None = None  # layers with a recurrent state (g, m, p, s, l, k) only
+    conv_rel: Summary | None = None  # layers with a conv window (g, m, p, s, k, c)
 
     @model_validator(mode="after")
     def _recurrent(self):
-        _need((self.state_rel is not None) == (self.kind in "gmpsl") and (self.conv_rel is not None) == (self.kind in "gmpsc"),
+        _need((self.state_rel is not None) == (self.kind in "gmpslk") and (self.conv_rel is not None) == (self.kind in "gmpskc"),
               f"by_layer[{self.layer}]", "state_rel is given exactly for layers with a recurrent state, conv_rel for "
                                          "layers with a conv window")
         return self
@@ -117,7 +118,7 @@ class LayerRow(_Strict):
 
 class FamilyRow(_Strict):
     """The leak of one recurrent family (all its layers, nodes that are not order-exact)."""
-    family: Literal["gdn", "mamba2", "conv", "mamba1", "lightning"]
+    family: Literal["gdn", "mamba2", "conv", "mamba1", "lightning", "kda"]
     layers: Positive
     state_rel: Summary | None  # None for the short convs (LFM2): their window is their whole state
     conv_rel: Summary | None  # None for lightning attention (MiniMax): it has no conv
@@ -435,8 +436,8 @@ class ModelRecord(_Strict):
     @model_validator(mode="after")
     def _pattern(self):
         lp = self.config.get("layer_pattern")
-        _need(isinstance(lp, str) and len(lp) >= 1 and set(lp) <= set("gampfcsl"), "model.config.layer_pattern",
-              f"expected a non-empty string over 'gampfcsl', got {lp!r}")
+        _need(isinstance(lp, str) and len(lp) >= 1 and set(lp) <= set("gampfcslk"), "model.config.layer_pattern",
+              f"expected a non-empty string over 'gampfcslk', got {lp!r}")
         v = self.config.get("vocab_size")
         _need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "model.config.vocab_size",
               f"expected a positive integer, got {v!r}")
@@ -661,7 +662,8 @@ def check_consistency(r: Report) -> None:
             _need([row.kind for row in t.by_layer] == list(pattern) and [row.layer for row in t.by_layer] ==
                   list(range(len(pattern))), f"budgets[{b.budget}].leak.{m}.by_layer", "does not match the model's layers")
             fams = {"gdn": pattern.count("g"), "mamba2": pattern.count("m") + pattern.count("p"), "conv": pattern.count("c"),
-                    "mamba1": pattern.count("s"), "lightning": pattern.count("l")}
+                    "mamba1": pattern.count("s"), "lightning": pattern.count("l"),
+                    "kda": pattern.count("k")}
             _need([(f.family, f.layers) for f in t.by_family] == [(k, n) for k, n in sorted(fams.items()) if n],
                   f"budgets[{b.budget}].leak.{m}.by_family", "does not match the model's recurrent layers")
     # measured steps: the autoregressive step, the chain and every (budget, mode) once, at the summaries' tokens

@@ -1,0 +1,87 @@
+"""Kimi Delta Attention (KDA, Kimi Linear's linear attention) tree verification, the plain way: per node, per head,
+run the recurrence token by token along the node's history (its root path for "exact", batch order for "leaky"),
+starting from the committed state. float64 throughout.
+
+Per head h, with S [K, V], q and k L2-normalised (q then scaled by K^-1/2) and a decay per key channel:
+    S'  = Diag(exp(g_t)) S_{t-1}                     g_t [K] (<= 0): each key row of the state decays on its own
+    S_t = S' + beta_t k_t (v_t - S'^T k_t)^T         the delta rule
+    o_t = S_t^T q_t
+"""
+from __future__ import annotations
+
+import torch
+
+from ddsim.oracle._paths import check_mode, history, parent_rows
+
+F64 = torch.float64
+
+
+def _check(q, k, v, g, beta, initial_state):
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(f"q, k: expected [B, T, H, K] each, got {tuple(q.shape)} and {tuple(k.shape)}")
+    Bn, T, H, K = q.shape
+    if v.dim() != 4 or tuple(v.shape[:3]) != (Bn, T, H):
+        raise ValueError(f"v: expected [B, T, H, V] with {(Bn, T, H)}, got {tuple(v.shape)}")
+    V = v.shape[3]
+    if tuple(g.shape) != (Bn, T, H, K):
+        raise ValueError(f"g: expected [B, T, H, K] = {(Bn, T, H, K)}, got {tuple(g.shape)}")
+    if tuple(beta.shape) != (Bn, T, H):
+        raise ValueError(f"beta: expected [B, T, H] = {(Bn, T, H)}, got {tuple(beta.shape)}")
+    if tuple(initial_state.shape) != (Bn, H, K, V):
+        raise ValueError(f"initial_state: expected [B, H, K, V] = {(Bn, H, K, V)}, got {tuple(initial_state.shape)}")
+    return Bn, T, H, K, V
+
+
+def _l2(x):
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def _step(S, k, v, g, beta):
+    """One token of one head: S [K, V], k [K] (normalised), v [V], g [K], beta a scalar -> S_t."""
+    S = torch.exp(g)[:, None] * S
+    return S + beta * torch.outer(k, v - S.T @ k)
+
+
+def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", output_states=False):
+    """Reference tree verification of one KDA layer.
+
+    q, k: [B, T, H, K] (before the L2 norm); v: [B, T, H, V]; g: [B, T, H, K] (log decay, <= 0); beta: [B, T, H];
+    parents: [B, T]; initial_state: [B, H, K, V]. Returns o [B, T, H, V] float64 and, with output_states, the
+    state after each node [B, T, H, K, V] float64.
+    """
+    check_mode(mode)
+    Bn, T, H, K, V = _check(q, k, v, g, beta, initial_state)
+    rows = parent_rows(parents, Bn, T)
+    q, k, v, g, beta = (t.detach().to("cpu", F64) for t in (q, k, v, g, beta))
+    q, k = _l2(q) * K ** -0.5, _l2(k)
+    S0 = initial_state.detach().to("cpu", F64)
+    o = torch.zeros(Bn, T, H, V, dtype=F64)
+    states = torch.zeros(Bn, T, H, K, V, dtype=F64) if output_states else None
+    for b in range(Bn):
+        for t in range(T):
+            hist = history(rows[b], t, mode)
+            for h in range(H):
+                S = S0[b, h].clone()
+                for n in hist:
+                    S = _step(S, k[b, n, h], v[b, n, h], g[b, n, h], beta[b, n, h])
+                o[b, t, h] = S.T @ q[b, t, h]
+                if states is not None:
+                    states[b, t, h] = S
+    return (o, states) if output_states else o
+
+
+def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state):
+    """State after accepting the path root..accepted[b], recomputed along that path alone: [B, H, K, V] float64."""
+    Bn, T, H, K, V = _check(k, k, v, g, beta, initial_state)
+    rows = parent_rows(parents, Bn, T)
+    k, v, g, beta = (t.detach().to("cpu", F64) for t in (k, v, g, beta))
+    k = _l2(k)
+    out = initial_state.detach().to("cpu", F64).clone()
+    for b in range(Bn):
+        a = int(accepted[b])
+        if not 0 <= a < T:
+            raise ValueError(f"accepted: sequence {b} node {a} is outside 0..{T - 1}")
+        for n in history(rows[b], a, "exact"):
+            for h in range(H):
+                out[b, h] = _step(out[b, h], k[b, n, h], v[b, n, h], g[b, n, h], beta[b, n, h])
+    return out
