@@ -59,7 +59,7 @@ def test_graph_machinery_with_triton_kernels_equals_the_serving_verify(preset):
     assert gm.captured() == [("exact", 8, 2, 256, False), ("leaky", 8, 3, 256, False)]
 
 
-@pytest.mark.parametrize("preset", ["micro", "micro-mamba2", "micro-lfm2"])
+@pytest.mark.parametrize("preset", ["micro", "micro-mamba2"])
 def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
     """verify(keep_states=True) through the fixed buffers (uncaptured): every node's states, windows,
     hidden states and logits equal the model's own verify with states within float32 rounding, tree
