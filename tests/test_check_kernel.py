@@ -264,14 +264,14 @@ def test_sglang_mamba2_selective_state_update_in_both_modes(tmp_path, mode, held
 
 
 def test_ddsims_mamba2_kernel_passes_and_planted_mamba2_bugs_are_caught(tmp_path):
-    r = run_cli("check-kernel", "--impl", "ddsim", "--op", "mamba2", "--mode", "exact", "--max-examples", "15",
+    r = run_cli("check-kernel", "--impl", "ddsim", "--op", "mamba2", "--mode", "exact", "--max-examples", "8",
                 "--out", tmp_path / "ce.json")
     assert r.returncode == 0 and "all 7 properties hold (quick profile" in r.stdout, r.stdout + r.stderr
     for fn, failing in (("mamba2_parent_off_by_one", {"exact on order-exact nodes", "exact on every node"}),
                         ("mamba2_forgets_dt_bias", {"exact on order-exact nodes", "exact on every node"})):
         out = tmp_path / f"{fn}.json"
         r = run_cli("check-kernel", "--impl", f"tests.planted_kernels:{fn}", "--convention", "ddsim", "--op", "mamba2",
-                    "--mode", "exact", "--max-examples", "15", "--out", out)
+                    "--mode", "exact", "--max-examples", "8", "--out", out)
         assert r.returncode == 1, r.stdout + r.stderr
         assert {l.split(":")[0].removeprefix("FAILED ") for l in r.stdout.splitlines() if l.startswith("FAILED")} == failing
         ce = json.loads(out.read_text())["counterexamples"]
