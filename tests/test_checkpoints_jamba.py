@@ -172,3 +172,20 @@ def test_audit_command_on_a_jamba_checkpoint(tmp_path, checkpoint):
     assert [(f["family"], f["layers"]) for f in leak["by_family"]] == [("mamba1", 3)]
     assert leak["by_family"][0]["state_rel"]["n"] > 0 and leak["by_family"][0]["state_rel"]["max"] > 1e-3
     assert [row["kind"] for row in leak["by_layer"]] == list("ssas")
+
+
+def test_layers_without_a_triton_kernel_are_not_captured_in_cuda_graphs():
+    """Mamba1, lightning and KDA layers run PyTorch loops whose commit reads the tree on the host: a model with
+    any of them is run eagerly on CUDA, not captured (the reason is given), even without MoE; the fixed buffers
+    without capture still take it."""
+    from ddsim.model.config import get_preset
+    from ddsim.model.graphs import not_capturable
+    from ddsim.model.weights import init_weights
+    for kind, family in (("s", "mamba1"), ("l", "lightning"), ("k", "kda")):
+        cfg = get_preset("micro").replace(layer_pattern="a" + kind, linear_num_value_heads=1, linear_value_head_dim=8,
+                                           mamba1_inner=8, mamba_state_size=4)
+        model = HybridModel(cfg, init_weights(cfg))
+        why = not_capturable(model)
+        assert why is not None and family in why and "no Triton kernel" in why, why
+        assert not_capturable(model, capture=False) is None
+    assert "not a CUDA device" in not_capturable(HybridModel(get_preset("micro"), init_weights(get_preset("micro"))))
