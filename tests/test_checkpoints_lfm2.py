@@ -5,19 +5,20 @@ ddsim, and must give the same logits (prefill and step-by-step decode) and the s
 both the fast path and the oracle; what ddsim does not run is refused in one line; an audit runs on one of
 them from the command line."""
 import json
-import re
-import shutil
 
 import pytest
 import torch
 import transformers  # a declared test dependency: a missing install must fail, not skip
 
-from ddsim import oracle
-from ddsim.errors import InputError
-from ddsim.model.checkpoint import SUPPORTED, load_checkpoint, read_config
-from ddsim.model.model import HybridModel
-from ddsim.sim.generate import autoregressive
-from ddsim.trees.tree import Tree, chain
+from ddsim.model.checkpoint import SUPPORTED, load_checkpoint
+from tests.checkpoint_checks import (
+    assert_config_refusals,
+    assert_decode_matches,
+    assert_leaks,
+    assert_prefill_matches,
+    assert_unknown_tensor_refused,
+    perturbed,
+)
 from tests.conftest import run_cli
 
 COMMON = dict(vocab_size=96, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -37,13 +38,7 @@ def _config(arch: str):
 def _hf_model(arch: str):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(_config(arch))
-    with torch.no_grad():  # random, non-trivial weights everywhere (norms, conv taps, the expert bias)
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.3 if p.dim() == 1 else 0.05))
-        for name, b in model.named_buffers():
-            if name.endswith("expert_bias"):
-                b.add_(torch.randn_like(b) * 0.3)
-    return model.float().eval()
+    return perturbed(model, ("expert_bias",))
 
 
 ARCHS = ["lfm2", "lfm2_moe"]
@@ -71,45 +66,13 @@ def test_prefill_logits_match_transformers(checkpoint):
         assert [cfg.is_moe_layer(i) for i in range(5)] == [False, False, True, True, True]
         assert cfg.moe_router == "sigmoid" and cfg.num_experts == 6 and not cfg.tie_word_embeddings
         assert not torch.equal(w["lm_head"], w["embed"])
-    toks = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref = hf(input_ids=toks).logits[0].double()
-    fast = HybridModel(cfg, {k: v.float() for k, v in w.items()})
-    _, lg = fast.prefill(toks[0].tolist())
-    scale = ref.abs().max().item()
-    assert scale > 0.1  # the comparison is not between near-zero logits
-    assert (lg.double() - ref).abs().max().item() < 1e-4 * scale
-    _, olg = oracle.prefill(w, cfg, toks[0].tolist())
-    assert (olg - ref).abs().max().item() < 1e-4 * scale
+    assert_prefill_matches(cfg, w, hf)
 
 
 def test_step_decode_and_greedy_continuation_match_transformers(checkpoint):
     arch, d, hf = checkpoint
     cfg, w, _ = load_checkpoint(d)
-    prompt = torch.randint(0, cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        out = hf.generate(input_ids=prompt, max_new_tokens=8, do_sample=False, output_logits=True,
-                          return_dict_in_generate=True, pad_token_id=0)
-    hf_tokens = out.sequences[0, prompt.shape[1]:].tolist()
-    fast = HybridModel(cfg, {k: v.float() for k, v in w.items()})
-    ours = autoregressive(fast, prompt[0].tolist(), 8)
-    if len(hf_tokens) < 8:  # transformers stopped at the end-of-sequence token; ddsim decodes on
-        assert hf_tokens[-1] == hf.generation_config.eos_token_id
-        ours = ours[:len(hf_tokens)]
-    assert ours == hf_tokens
-    state, _ = fast.prefill(prompt[0, :-1].tolist())
-    ostate, _ = oracle.prefill(w, cfg, prompt[0, :-1].tolist())
-    root = int(prompt[0, -1])
-    for step, tok in enumerate(hf_tokens):  # every decode step's logits, one token from the committed state
-        t = chain([root])
-        res = fast.verify(state, t)
-        ref = out.logits[step][0].double()
-        bound = 1e-4 * ref.abs().max().item()
-        assert (res.logits[0].double() - ref).abs().max().item() < bound
-        ores = oracle.verify_tree(w, cfg, ostate, t.parents, t.tokens)
-        assert (ores.logits[0] - ref).abs().max().item() < bound
-        state, root = fast.commit(state, t, res, 0), tok
-        ostate, _ = oracle.prefill(w, cfg, [t.tokens[0]], state=ostate)
+    assert_decode_matches(cfg, w, hf)
 
 
 def test_the_short_conv_leaks_on_a_tree_and_exact_verification_does_not(checkpoint):
@@ -118,50 +81,22 @@ def test_the_short_conv_leaks_on_a_tree_and_exact_verification_does_not(checkpoi
     short conv keeps no state beside its window (leaky-state is exact)."""
     _, d, _ = checkpoint
     cfg, w, _ = load_checkpoint(d)
-    fast = HybridModel(cfg, {k: v.float() for k, v in w.items()})
-    state, _ = fast.prefill([3, 1, 4, 1, 5])
-    ostate, _ = oracle.prefill(w, cfg, [3, 1, 4, 1, 5])
-    t = Tree([-1, 0, 0, 1, 2, 2], [9, 2, 6, 5, 3, 5])
-    ref = oracle.verify_tree(w, cfg, ostate, t.parents, t.tokens).logits
-    ex = torch.as_tensor(t.order_exact)
-    err = {m: (fast.verify(state, t, mode=m).logits.double() - ref).abs().amax(-1) for m in
-           ("exact", "leaky", "leaky-state", "leaky-conv")}
-    tol = 1e-4 * ref.abs().max().item()
-    assert err["exact"].max() < tol and err["leaky-state"].max() < tol
-    for m in ("leaky", "leaky-conv"):
-        assert err[m][ex].max() < tol and err[m][~ex].max() > 100 * tol
+    assert_leaks(cfg, w, exact_modes=("exact", "leaky-state"))
 
 
 def test_lfm2_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint):
     arch, d, _ = checkpoint
     if arch != "lfm2_moe":
         return
-    for field, value, needle in (("conv_bias", True, "conv_bias=true is not supported"),
-                                 ("use_expert_bias", False, "use_expert_bias=false is not supported"),
-                                 ("layer_types", ["conv", "mamba", "full_attention", "conv", "conv"],
-                                  "unknown layer type 'mamba'"),
-                                 ("num_attention_heads", None, "missing field 'num_attention_heads'"),
-                                 ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0},
-                                  "rope_type 'yarn' is not supported")):
-        bad = tmp_path / field
-        shutil.copytree(d, bad)
-        cfgj = json.loads((bad / "config.json").read_text())
-        if value is None:
-            del cfgj[field]
-        else:
-            cfgj[field] = value
-        (bad / "config.json").write_text(json.dumps(cfgj))
-        with pytest.raises(InputError, match=re.escape(needle)):
-            read_config(bad)
-    from safetensors.torch import load_file, save_file
-    extra = tmp_path / "extra"
-    shutil.copytree(d, extra)
-    f = sorted(extra.glob("*.safetensors"))[0]
-    tensors = load_file(str(f))
-    tensors["model.layers.0.conv.mystery"] = torch.zeros(3)
-    save_file(tensors, str(f), metadata={"format": "pt"})
-    with pytest.raises(InputError, match="conv.mystery.*refused rather than ignored"):
-        load_checkpoint(extra)
+    assert_config_refusals(d, tmp_path, (
+        ("conv_bias", True, "conv_bias=true is not supported"),
+        ("use_expert_bias", False, "use_expert_bias=false is not supported"),
+        ("layer_types", ["conv", "mamba", "full_attention", "conv", "conv"],
+         "unknown layer type 'mamba'"),
+        ("num_attention_heads", None, "missing field 'num_attention_heads'"),
+        ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0},
+         "rope_type 'yarn' is not supported")))
+    assert_unknown_tensor_refused(d, tmp_path, "model.layers.0.conv.mystery", "conv.mystery.*refused rather than ignored")
 
 
 def test_audit_command_on_an_lfm2_moe_checkpoint(tmp_path, checkpoint):
