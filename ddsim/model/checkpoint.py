@@ -161,6 +161,7 @@ class _Mapper:
     def __init__(self, cfg: ModelConfig, meta: dict, device, out: dict):
         self.cfg, self.meta, self.device, self.out = cfg, meta, device, out
         self.shapes = weight_shapes(cfg)
+        self._held: dict = {}  # gather: the pieces of a tensor seen so far
 
     def dev(self, name):
         """Where a tensor goes: the one device, or its layer's under a placement."""
@@ -176,6 +177,42 @@ class _Mapper:
         if name not in self.out:
             self.out[name] = torch.empty(self.shapes[name], dtype=t.dtype, device=self.dev(name))
         self.out[name][e] = t.to(self.dev(name))
+
+    def refuse(self, key: str, what: str = "decoder") -> InputError:
+        """The error for a tensor ddsim does not read (``what``: "decoder", or "layer" for a layer's tensor)."""
+        mt = self.meta["model_type"]
+        reads = " as ddsim reads it" if what == "layer" else ""
+        return InputError(f"tensor {key!r} is not part of {'an' if mt[0] in 'aeiou' else 'a'} {mt} {what}{reads} "
+                          "(refused rather than ignored)")
+
+    def layer_of(self, key: str, t: torch.Tensor, *, final_norm: str) -> tuple[int, str] | None:
+        """A decoder-only checkpoint's tensor under ``meta['prefix']``: the LM head, the embedding and the final
+        norm (named ``final_norm`` there) are put and None returned; a layer's tensor gives (its layer, the rest of
+        its name). Anything else, or a layer past the config's, is refused (the audit would run another model)."""
+        if key == "lm_head.weight":
+            return self.put("lm_head", t)
+        pre = self.meta["prefix"]
+        k = key[len(pre):] if key.startswith(pre) else None
+        if k in ("embed_tokens.weight", final_norm):
+            return self.put("embed" if k == "embed_tokens.weight" else "final_norm", t)
+        m = _LAYER.fullmatch(k or "")
+        if not m:
+            raise self.refuse(key)
+        i = int(m.group(1))
+        if i >= self.cfg.num_layers:
+            raise InputError(f"tensor {key!r} is for layer {i}, but config.json lists {self.cfg.num_layers} layers "
+                             "(the audit would drop layers and run another model)")
+        return i, m.group(2)
+
+    def gather(self, slot, part: str, t: torch.Tensor, parts=("q", "k", "v")) -> torch.Tensor | None:
+        """Hold ``t`` as ``part`` of ``slot`` (a tensor a checkpoint stores in pieces, e.g. the q, k and v
+        projections of one layer); once every one of ``parts`` arrived, their concatenation in that order."""
+        held = self._held.setdefault(slot, {})
+        held[part] = t
+        if len(held) < len(parts):
+            return None
+        del self._held[slot]
+        return torch.cat([held[x] for x in parts])
 
     def __call__(self, key: str, t: torch.Tensor) -> None:
         cfg, pre = self.cfg, self.meta["prefix"]

@@ -28,7 +28,6 @@ from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
 
 ARCHS = ("jamba",)
-_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 
 
 def read_jamba_config(raw: dict, d: Path) -> ModelConfig:
@@ -80,22 +79,10 @@ class JambaMapper:
 
     def __call__(self, key: str, t) -> None:
         put, cfg = self.base.put, self.cfg
-        if key == "lm_head.weight":
-            return put("lm_head", t)
-        if not key.startswith("model."):
-            raise InputError(f"tensor {key!r} is not part of a jamba decoder (refused rather than ignored)")
-        k = key[len("model."):]
-        if k == "embed_tokens.weight":
-            return put("embed", t)
-        if k == "final_layernorm.weight":
-            return put("final_norm", t)
-        m = _LAYER.fullmatch(k)
-        if not m:
-            raise InputError(f"tensor {key!r} is not part of a jamba decoder (refused rather than ignored)")
-        i, rest = int(m.group(1)), m.group(2)
-        if i >= cfg.num_layers:
-            raise InputError(f"tensor {key!r} is for layer {i}, but config.json lists {cfg.num_layers} layers "
-                             "(the audit would drop layers and run another model)")
+        layer = self.base.layer_of(key, t, final_norm="final_layernorm.weight")
+        if layer is None:
+            return None
+        i, rest = layer
         p = f"layers.{i}."
         simple = {"input_layernorm.weight": "input_norm", "pre_ff_layernorm.weight": "post_norm",
                   "self_attn.q_proj.weight": "attn.q", "self_attn.k_proj.weight": "attn.k",
@@ -120,4 +107,4 @@ class JambaMapper:
             return put(p + "mlp.experts.up", t[:, I:])
         if rest == "feed_forward.experts.down_proj":
             return put(p + "mlp.experts.down", t)
-        raise InputError(f"tensor {key!r} is not part of a jamba layer as ddsim reads it (refused rather than ignored)")
+        raise self.base.refuse(key, "layer")

@@ -31,7 +31,6 @@ from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
 
 ARCHS = ("kimi_linear",)
-_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 
 
 def _get(raw: dict, *names, default=None):
@@ -106,26 +105,13 @@ class KimiMapper:
     def __init__(self, cfg: ModelConfig, meta: dict, base):
         """base: ddsim.model.checkpoint's mapper, whose put(name, t) and expert(name, e, t) place a tensor."""
         self.base, self.cfg, self.meta = base, cfg, meta
-        self.pending: dict[tuple, dict] = {}  # (layer, "proj" | "conv1d") -> the q, k, v parts seen
 
     def __call__(self, key: str, t: torch.Tensor) -> None:
         put, cfg = self.base.put, self.cfg
-        if key == "lm_head.weight":
-            return put("lm_head", t)
-        if not key.startswith("model."):
-            raise InputError(f"tensor {key!r} is not part of a kimi_linear decoder (refused rather than ignored)")
-        k = key[len("model."):]
-        if k == "embed_tokens.weight":
-            return put("embed", t)
-        if k == "norm.weight":
-            return put("final_norm", t)
-        m = _LAYER.fullmatch(k)
-        if not m:
-            raise InputError(f"tensor {key!r} is not part of a kimi_linear decoder (refused rather than ignored)")
-        i, rest = int(m.group(1)), m.group(2)
-        if i >= cfg.num_layers:
-            raise InputError(f"tensor {key!r} is for layer {i}, but config.json lists {cfg.num_layers} layers "
-                             "(the audit would drop layers and run another model)")
+        layer = self.base.layer_of(key, t, final_norm="norm.weight")
+        if layer is None:
+            return None
+        i, rest = layer
         p, kda = f"layers.{i}.", cfg.layer_pattern[i] == "k"
         rest = re.sub(r"^(block_sparse_moe|mlp)\.", "ffn.", rest)
         rest = re.sub(r"^self_attn\.forget_gate\.", "self_attn.", rest)
@@ -152,13 +138,9 @@ class KimiMapper:
             return put(p + "kda.conv", t.reshape(t.shape[0], -1))
         m = re.fullmatch(r"self_attn\.([qkv])_(proj|conv1d)\.weight", rest) if kda else None
         if m:  # held until q, k and v arrived: the conv's input projection, or its taps
-            which = m.group(2)
-            held = self.pending.setdefault((i, which), {})
-            held[m.group(1)] = t
-            if len(held) == 3:
-                w = torch.cat([held["q"], held["k"], held["v"]])
+            which, w = m.group(2), self.base.gather((i, m.group(2)), m.group(1), t)
+            if w is not None:  # all three arrived
                 put(p + ("kda.qkv" if which == "proj" else "kda.conv"), w if which == "proj" else w.reshape(w.shape[0], -1))
-                del self.pending[(i, which)]
             return None
         m = re.fullmatch(r"ffn\.experts\.(\d+)\.(w1|w2|w3)\.weight", rest)
         if m:
@@ -170,4 +152,4 @@ class KimiMapper:
             return put(p + "mlp.experts.up", t[:, I:])
         if rest == "ffn.experts.down_proj":
             return put(p + "mlp.experts.down", t)
-        raise InputError(f"tensor {key!r} is not part of a kimi_linear layer as ddsim reads it (refused rather than ignored)")
+        raise self.base.refuse(key, "layer")

@@ -32,7 +32,6 @@ from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
 
 ARCHS = ("lfm2", "lfm2_moe")
-_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 
 
 def _ff_dim(raw: dict) -> int:
@@ -109,23 +108,11 @@ class Lfm2Mapper:
         self.base, self.cfg, self.meta = base, cfg, meta
 
     def __call__(self, key: str, t: torch.Tensor) -> None:
-        put, cfg, pre = self.base.put, self.cfg, self.meta["prefix"]
-        if key == "lm_head.weight":
-            return put("lm_head", t)
-        if not key.startswith(pre):
-            raise InputError(f"tensor {key!r} is not part of a {self.meta['model_type']} decoder (refused rather than ignored)")
-        k = key[len(pre):]
-        if k == "embed_tokens.weight":
-            return put("embed", t)
-        if k == "embedding_norm.weight":
-            return put("final_norm", t)
-        m = _LAYER.fullmatch(k)
-        if not m:
-            raise InputError(f"tensor {key!r} is not part of a {self.meta['model_type']} decoder (refused rather than ignored)")
-        i, rest = int(m.group(1)), m.group(2)
-        if i >= cfg.num_layers:
-            raise InputError(f"tensor {key!r} is for layer {i}, but config.json lists {cfg.num_layers} layers "
-                             "(the audit would drop layers and run another model)")
+        put, cfg = self.base.put, self.cfg
+        layer = self.base.layer_of(key, t, final_norm="embedding_norm.weight")
+        if layer is None:
+            return None
+        i, rest = layer
         p = f"layers.{i}."
         simple = {"operator_norm.weight": "input_norm", "ffn_norm.weight": "post_norm",
                   "self_attn.q_proj.weight": "attn.q", "self_attn.k_proj.weight": "attn.k",
@@ -149,5 +136,4 @@ class Lfm2Mapper:
             return put(p + "mlp.experts.up", t[:, I:])
         if rest == "feed_forward.experts.down_proj":
             return put(p + "mlp.experts.down", t)
-        raise InputError(f"tensor {key!r} is not part of a {self.meta['model_type']} layer as ddsim reads it "
-                         "(refused rather than ignored)")
+        raise self.base.refuse(key, "layer")

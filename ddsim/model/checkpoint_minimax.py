@@ -27,7 +27,6 @@ from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
 
 ARCHS = ("minimax",)
-_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 _DERIVED = ("self_attn.query_decay", "self_attn.key_decay", "self_attn.diagonal_decay")  # from slope_rate
 
 
@@ -83,22 +82,10 @@ class MiniMaxMapper:
 
     def __call__(self, key: str, t: torch.Tensor) -> None:
         put, cfg = self.base.put, self.cfg
-        if key == "lm_head.weight":
-            return put("lm_head", t)
-        if not key.startswith("model."):
-            raise InputError(f"tensor {key!r} is not part of a minimax decoder (refused rather than ignored)")
-        k = key[len("model."):]
-        if k == "embed_tokens.weight":
-            return put("embed", t)
-        if k == "norm.weight":
-            return put("final_norm", t)
-        m = _LAYER.fullmatch(k)
-        if not m:
-            raise InputError(f"tensor {key!r} is not part of a minimax decoder (refused rather than ignored)")
-        i, rest = int(m.group(1)), m.group(2)
-        if i >= cfg.num_layers:
-            raise InputError(f"tensor {key!r} is for layer {i}, but config.json lists {cfg.num_layers} layers "
-                             "(the audit would drop layers and run another model)")
+        layer = self.base.layer_of(key, t, final_norm="norm.weight")
+        if layer is None:
+            return None
+        i, rest = layer
         p = f"layers.{i}."
         if rest in _DERIVED and cfg.layer_pattern[i] == "l":
             return None  # derived from slope_rate (the blockwise form's tables)
@@ -122,4 +109,4 @@ class MiniMaxMapper:
             return put(p + "mlp.experts.up", t[:, I:])
         if rest == "mlp.experts.down_proj":
             return put(p + "mlp.experts.down", t)
-        raise InputError(f"tensor {key!r} is not part of a minimax layer as ddsim reads it (refused rather than ignored)")
+        raise self.base.refuse(key, "layer")

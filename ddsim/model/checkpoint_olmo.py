@@ -27,7 +27,6 @@ from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
 
 ARCHS = ("olmo_hybrid",)
-_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 
 
 def read_olmo_config(raw: dict, d: Path) -> ModelConfig:
@@ -81,26 +80,13 @@ class OlmoMapper:
     def __init__(self, cfg: ModelConfig, meta: dict, base):
         """base: ddsim.model.checkpoint's mapper, whose put(name, t) places a tensor."""
         self.base, self.cfg, self.meta = base, cfg, meta
-        self.pending: dict[tuple, dict] = {}  # (layer, "proj" | "conv1d") -> the q, k, v parts seen
 
     def __call__(self, key: str, t: torch.Tensor) -> None:
         put, cfg = self.base.put, self.cfg
-        if key == "lm_head.weight":
-            return put("lm_head", t)
-        if not key.startswith("model."):
-            raise InputError(f"tensor {key!r} is not part of an olmo_hybrid decoder (refused rather than ignored)")
-        k = key[len("model."):]
-        if k == "embed_tokens.weight":
-            return put("embed", t)
-        if k == "norm.weight":
-            return put("final_norm", t)
-        m = _LAYER.fullmatch(k)
-        if not m:
-            raise InputError(f"tensor {key!r} is not part of an olmo_hybrid decoder (refused rather than ignored)")
-        i, rest = int(m.group(1)), m.group(2)
-        if i >= cfg.num_layers:
-            raise InputError(f"tensor {key!r} is for layer {i}, but config.json lists {cfg.num_layers} layers "
-                             "(the audit would drop layers and run another model)")
+        layer = self.base.layer_of(key, t, final_norm="norm.weight")
+        if layer is None:
+            return None
+        i, rest = layer
         p, attn = f"layers.{i}.", cfg.layer_pattern[i] == "a"
         # checkpoints name post_attention_layernorm feedforward_layer_norm and a GDN layer's input_layernorm
         # attention_layer_norm (transformers renames them when it loads them): both names are read
@@ -122,12 +108,8 @@ class OlmoMapper:
             return put(p + "gdn.conv", t.reshape(t.shape[0], -1))
         m = re.fullmatch(r"linear_attn\.([qkv])_(proj|conv1d)\.weight", rest)
         if m:  # the conv's input projections, and its taps as saved in three parts: concatenated q, k, v
-            which = m.group(2)
-            held = self.pending.setdefault((i, which), {})
-            held[m.group(1)] = t
-            if len(held) == 3:
-                w = torch.cat([held["q"], held["k"], held["v"]])
+            which, w = m.group(2), self.base.gather((i, m.group(2)), m.group(1), t)
+            if w is not None:  # all three arrived
                 put(p + ("gdn.qkv" if which == "proj" else "gdn.conv"), w if which == "proj" else w.reshape(w.shape[0], -1))
-                del self.pending[(i, which)]
             return None
-        raise InputError(f"tensor {key!r} is not part of an olmo_hybrid layer as ddsim reads it (refused rather than ignored)")
+        raise self.base.refuse(key, "layer")
