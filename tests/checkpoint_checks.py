@@ -122,10 +122,11 @@ def with_config(d, dest, **edits):
 
 def assert_config_refusals(d, tmp_path, cases) -> None:
     """Each (field, value, message): the config edited so (None: the field deleted) is refused with one InputError
-    naming it."""
+    naming the file once and the problem."""
     for field, value, needle in cases:
-        with pytest.raises(InputError, match=re.escape(needle)):
+        with pytest.raises(InputError, match=re.escape(needle)) as e:
             read_config(with_config(d, tmp_path / field, **{field: DELETE if value is None else value}))
+        assert str(e.value).count("config.json") == 1, str(e.value)
 
 
 def assert_unknown_tensor_refused(d, tmp_path, name: str, needle: str) -> None:

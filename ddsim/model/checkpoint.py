@@ -18,6 +18,7 @@ multimodal RoPE the plain partial RoPE.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -45,6 +46,21 @@ SUPPORTED = (("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_m
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
+@contextlib.contextmanager
+def _fields_of(where: Path):
+    """A config.json's fields read inside: a missing one (KeyError) or a malformed one (TypeError, ValueError, and
+    the ModelConfig's own ConfigError) becomes one InputError naming the file; an InputError, which names it
+    already, passes unchanged."""
+    try:
+        yield
+    except InputError:
+        raise
+    except KeyError as e:
+        raise InputError(f"{where}: missing field {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{where}: {e}") from None
+
+
 def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     """(ModelConfig, meta) from a checkpoint directory; meta has model_type, dtype, prefix."""
     d = Path(path)
@@ -56,21 +72,18 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     mt = raw.get("model_type")
     if mt not in SUPPORTED:
         raise InputError(f"{d / 'config.json'}: unsupported architecture {mt!r} (supported: {', '.join(SUPPORTED)})")
-    if mt in LFM2_ARCHS + JAMBA_ARCHS + OLMO_ARCHS + MINIMAX_ARCHS + KIMI_ARCHS:
+    readers = {**dict.fromkeys(MAMBA_ARCHS, read_mamba_config), **dict.fromkeys(LFM2_ARCHS, read_lfm2_config),
+               "jamba": read_jamba_config, "olmo_hybrid": read_olmo_config, "minimax": read_minimax_config,
+               "kimi_linear": read_kimi_config}
+    if mt in readers:
         dtype_name = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
         if dtype_name not in _DTYPES:
             raise InputError(f"{d / 'config.json'}: unsupported dtype {dtype_name!r}")
-        readers = {"jamba": read_jamba_config, "olmo_hybrid": read_olmo_config, "minimax": read_minimax_config,
-                   "kimi_linear": read_kimi_config}
-        cfg = readers[mt](raw, d) if mt in readers else read_lfm2_config(mt, raw, d)
-        return cfg, {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": "model.", "path": str(d)}
-    if mt in MAMBA_ARCHS:
-        dtype_name = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
-        if dtype_name not in _DTYPES:
-            raise InputError(f"{d / 'config.json'}: unsupported dtype {dtype_name!r}")
-        cfg = read_mamba_config(mt, raw, d)
-        prefix = "backbone." if mt == "nemotron_h" else "model."
-        return cfg, {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": prefix, "path": str(d), "raw": raw}
+        with _fields_of(d / "config.json"):
+            cfg = readers[mt](raw, d)
+        meta = {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": "backbone." if mt == "nemotron_h" else "model.",
+                "path": str(d)}
+        return cfg, ({**meta, "raw": raw} if mt in MAMBA_ARCHS else meta)
     text = raw.get("text_config", raw) if mt in ("qwen3_5", "qwen3_5_moe") else raw
     if text.get("hidden_act", "silu") != "silu":
         raise InputError(f"{d / 'config.json'}: hidden_act {text.get('hidden_act')!r} is not supported (silu only)")
@@ -91,7 +104,7 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     dtype_name = str(text.get("dtype") or raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
     if dtype_name not in _DTYPES:
         raise InputError(f"{d / 'config.json'}: unsupported dtype {dtype_name!r}")
-    try:
+    with _fields_of(d / "config.json"):
         cfg = ModelConfig(
             name=d.name, architecture=mt, vocab_size=int(text["vocab_size"]), hidden_size=int(text["hidden_size"]),
             layer_pattern="".join("a" if t == "full_attention" else "g" for t in types),
@@ -112,10 +125,6 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
             mlp_only_layers=tuple(text.get("mlp_only_layers", []) or []),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
             notes=f"checkpoint {d}")
-    except KeyError as e:
-        raise InputError(f"{d / 'config.json'}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{d / 'config.json'}: {e}") from None
     prefix = "model.language_model." if mt in ("qwen3_5", "qwen3_5_moe") else "model."
     return cfg, {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": prefix, "path": str(d)}
 

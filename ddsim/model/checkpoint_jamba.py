@@ -31,17 +31,9 @@ ARCHS = ("jamba",)
 
 
 def read_jamba_config(raw: dict, d: Path) -> ModelConfig:
-    """A ModelConfig from a Jamba config.json (checked; InputError naming the field)."""
+    """A ModelConfig from a Jamba config.json (a missing or malformed field raises KeyError,
+    TypeError or ValueError: ddsim.model.checkpoint.read_config names the file)."""
     where = d / "config.json"
-    try:
-        return _read(raw, d, where)
-    except KeyError as e:
-        raise InputError(f"{where}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{where}: {e}") from None
-
-
-def _read(raw: dict, d: Path, where: Path) -> ModelConfig:
     if raw.get("mamba_proj_bias"):
         raise InputError(f"{where}: mamba_proj_bias=true is not supported")
     if raw.get("hidden_act", "silu") != "silu":

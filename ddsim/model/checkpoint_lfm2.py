@@ -46,18 +46,11 @@ def _ff_dim(raw: dict) -> int:
     return size
 
 
-def read_lfm2_config(mt: str, raw: dict, d: Path) -> ModelConfig:
-    """A ModelConfig from the config.json of one of ARCHS (checked; InputError naming the field)."""
+def read_lfm2_config(raw: dict, d: Path) -> ModelConfig:
+    """A ModelConfig from the config.json of one of ARCHS (a missing or malformed field raises KeyError,
+    TypeError or ValueError: ddsim.model.checkpoint.read_config names the file)."""
+    mt = raw["model_type"]
     where = d / "config.json"
-    try:
-        return _read(mt, raw, d, where)
-    except KeyError as e:
-        raise InputError(f"{where}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{where}: {e}") from None
-
-
-def _read(mt: str, raw: dict, d: Path, where: Path) -> ModelConfig:
     if raw.get("conv_bias"):
         raise InputError(f"{where}: conv_bias=true is not supported (the short conv's projections and taps without "
                          "bias only)")

@@ -73,17 +73,10 @@ def _layer_kinds(mt: str, raw: dict, where: Path) -> str:
     return "".join(kinds[t] for t in types)
 
 
-def read_mamba_config(mt: str, raw: dict, d: Path) -> ModelConfig:
-    """A ModelConfig from the config.json of one of ARCHS (checked; InputError naming the field)."""
-    try:
-        return _read_mamba_config(mt, raw, d)
-    except KeyError as e:
-        raise InputError(f"{d / 'config.json'}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{d / 'config.json'}: {e}") from None
-
-
-def _read_mamba_config(mt: str, raw: dict, d: Path) -> ModelConfig:
+def read_mamba_config(raw: dict, d: Path) -> ModelConfig:
+    """A ModelConfig from the config.json of one of ARCHS (a missing or malformed field raises KeyError,
+    TypeError or ValueError: ddsim.model.checkpoint.read_config names the file)."""
+    mt = raw["model_type"]
     where = d / "config.json"
     for flag in ("attention_bias", "mlp_bias", "mamba_proj_bias", "use_bias", "projectors_bias"):
         if raw.get(flag):

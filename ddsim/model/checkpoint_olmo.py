@@ -30,17 +30,9 @@ ARCHS = ("olmo_hybrid",)
 
 
 def read_olmo_config(raw: dict, d: Path) -> ModelConfig:
-    """A ModelConfig from an OLMo-Hybrid config.json (checked; InputError naming the field)."""
+    """A ModelConfig from an OLMo-Hybrid config.json (a missing or malformed field raises KeyError,
+    TypeError or ValueError: ddsim.model.checkpoint.read_config names the file)."""
     where = d / "config.json"
-    try:
-        return _read(raw, d, where)
-    except KeyError as e:
-        raise InputError(f"{where}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{where}: {e}") from None
-
-
-def _read(raw: dict, d: Path, where: Path) -> ModelConfig:
     if raw.get("attention_bias"):
         raise InputError(f"{where}: attention_bias=true is not supported")
     if raw.get("hidden_act", "silu") != "silu":
