@@ -177,10 +177,11 @@ class HybridModel:
 
     def _const(self, name: str) -> torch.Tensor:
         """A per-layer constant in float32, derived from its weight once (not once per verify):
-        A = -exp(A_log) for a ``*.A_log`` weight, else the weight itself (dt_bias, D)."""
+        A = -exp(A_log) for a ``*.A_log`` weight, the decay per step exp(-slope) for a ``*.slope`` weight (lightning
+        attention), else the weight itself (dt_bias, D)."""
         if name not in self._consts:
             x = self.w[name].float()
-            self._consts[name] = -torch.exp(x) if name.endswith("A_log") else x
+            self._consts[name] = -torch.exp(x) if name.endswith("A_log") else torch.exp(-x) if name.endswith("slope") else x
         return self._consts[name]
 
     # ---- states --------------------------------------------------------------------------------
@@ -584,7 +585,7 @@ class HybridModel:
         T, H, hd = N // Bs, cfg.num_attention_heads, cfg.head_dim
         qkv = F.silu(F.linear(x, w[p + "lightning.qkv"])).view(Bs, T, H, 3 * hd)
         q, k, v = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
-        decay = torch.exp(-self._const(p + "lightning.slope"))  # [H]
+        decay = self._const(p + "lightning.slope")  # [H] exp(-slope)
         o = gb.lightning_tree_verify(q, k, v, decay=decay, parents=parents, initial_state=S0.to(self.state_dtype),
                                      mode=rec_mode, output_states=keep_states)
         o, states = o if keep_states else (o, None)
@@ -860,7 +861,7 @@ class HybridModel:
                     ssm[i] = gb.kda_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plans[rec_mode], accepted=acc,
                                                 initial_state=S0)
                 elif cfg.layer_pattern[i] == "l":
-                    ssm[i] = gb.lightning_tree_commit(ci.k, ci.v, decay=torch.exp(-self._const(p + "lightning.slope")),
+                    ssm[i] = gb.lightning_tree_commit(ci.k, ci.v, decay=self._const(p + "lightning.slope"),
                                                       parents=plans[rec_mode], accepted=acc, initial_state=S0)
                 elif cfg.layer_pattern[i] == "s":
                     ssm[i] = gb.mamba1_tree_commit(ci.x, ci.dt, self._const(p + "mamba1.A_log"), ci.B,
