@@ -218,7 +218,9 @@ def test_each_reference_on_a_star_enumerated_exactly_is_autoregressive_sampling(
     for K in (1, 2, 3):
         V = 6
         par, tok = [-1] + [0] * K, [0] + list(range(1, K + 1))
-        P = torch.distributions.Dirichlet(torch.ones(V, dtype=torch.float64)).sample((K + 1,))
+        # flat-Dirichlet rows from the test's own generator (normalised exponentials): the same P whatever ran before
+        E = -torch.rand(K + 1, V, generator=g, dtype=torch.float64).log()
+        P = E / E.sum(1, keepdim=True)
         p0 = P[0]
         kids = torch.tensor(tok[1:])
         rest = p0.clone()
@@ -227,7 +229,10 @@ def test_each_reference_on_a_star_enumerated_exactly_is_autoregressive_sampling(
         if rule == "sglang":
             bp = {"coin:0": p0[kids].cumsum(0).tolist(), "final": final}
         elif rule == "eagle":
-            bp = {f"coin:{k + 1}": [float(p0[tok[k + 1]] / (1 - p0[kids[:k]].sum()))] for k in range(K)}
+            # the renormalised threshold, and the raw one a rule that forgets to renormalise compares with: the
+            # enumeration is then exact for that wrong rule too, and tells it apart whatever P is drawn
+            bp = {f"coin:{k + 1}": [float(p0[tok[k + 1]] / (1 - p0[kids[:k]].sum())), float(p0[tok[k + 1]])]
+                  for k in range(K)}
             bp["final"] = final
         else:
             bp = {"coin:0": p0.cumsum(0).tolist()}
@@ -238,7 +243,6 @@ def test_each_reference_on_a_star_enumerated_exactly_is_autoregressive_sampling(
             bp[key] = list(bp[key]) + P[c].cumsum(0).tolist()
         law = _enumerate(rule, par, tok, P, bp)
         assert torch.allclose(law, _ar_mass(par, tok, P), atol=1e-12), (rule, K)
-    del g
 
 
 def test_the_enumeration_catches_a_rule_off_by_one_threshold_or_one_renormalisation(monkeypatch):
