@@ -65,7 +65,7 @@ def _add_audit_options(p, *, defaults: bool = True):
     p.add_argument("--model", metavar="PATH", help="a Hugging Face checkpoint directory, or 'stdlib' for the trained "
                                                   "hybrid ddsim ships (qwen3_next, qwen3_5, qwen3_5_moe, "
                                                   "nemotron_h, bamba, granitemoehybrid, falcon_h1, lfm2, lfm2_moe, "
-                                                  "jamba, olmo_hybrid, minimax, kimi_linear)")
+                                                  "jamba, olmo_hybrid, minimax, kimi_linear, zamba2)")
     p.add_argument("--budget", type=_budgets, default=d([16, 32, 64]), metavar="B[,B...]",
                    help=f"DDTree node budgets (each at most {MAX_BUDGET})")
     p.add_argument("--topk-cap", type=int, default=None, help="cap on per-depth top-k")

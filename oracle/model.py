@@ -123,9 +123,13 @@ def _swiglu(x, gate, up, down):
 
 
 def _ffn(x, up, down, gate, act):
-    """One feed-forward of x [..., d]: SwiGLU down(silu(gate x) * up x), or relu^2 down(relu(up x)^2)."""
+    """One feed-forward of x [..., d]: SwiGLU down(silu(gate x) * up x), GeGLU down(gelu(gate x) * up x) (exact,
+    erf GELU), or relu^2 down(relu(up x)^2)."""
     if act == "relu2":
         return torch.relu(x @ up.T).pow(2) @ down.T
+    if act == "geglu":
+        g = x @ gate.T
+        return (0.5 * g * (1.0 + torch.erf(g / math.sqrt(2.0))) * (x @ up.T)) @ down.T
     return _swiglu(x, gate, up, down)
 
 
@@ -158,17 +162,17 @@ def _mlp(w, p, cfg, x, i):
     moe = cfg.num_experts > 0 and i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0
     act = cfg.mlp_act
     if not moe:
-        return _ffn(x, w[p + "mlp.up"], w[p + "mlp.down"], w[p + "mlp.gate"] if act == "swiglu" else None, act)
+        return _ffn(x, w[p + "mlp.up"], w[p + "mlp.down"], w[p + "mlp.gate"] if act != "relu2" else None, act)
     out = torch.zeros_like(x)
     for r in range(x.shape[0]):
         top, idx = _route(w, p, cfg, x[r])
         for pr, e in zip(top, idx.tolist()):
-            gate = w.expert(p + "mlp.experts.gate", e) if act == "swiglu" else None
+            gate = w.expert(p + "mlp.experts.gate", e) if act != "relu2" else None
             out[r] = out[r] + pr * _ffn(x[r], w.expert(p + "mlp.experts.up", e), w.expert(p + "mlp.experts.down", e),
                                         gate, act)
     if p + "mlp.shared.down" in w:
         shared = _ffn(x, w[p + "mlp.shared.up"], w[p + "mlp.shared.down"],
-                      w[p + "mlp.shared.gate"] if act == "swiglu" else None, act)
+                      w[p + "mlp.shared.gate"] if act != "relu2" else None, act)
         if p + "mlp.shared_gate" in w:  # gated (Qwen), or a plain sum (Granite, Nemotron-H)
             shared = torch.sigmoid(x @ w[p + "mlp.shared_gate"].T) * shared
         out = out + shared
@@ -407,7 +411,7 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
     """
     token = torch.as_tensor(token).reshape(-1)
     pos0 = torch.as_tensor(pos).reshape(-1)
-    h = w.rows("embed", token) * cfg.embedding_multiplier  # [n, d]
+    h = x0 = w.rows("embed", token) * cfg.embedding_multiplier  # [n, d] (x0: Zamba2's hybrid layers read it again)
     r = cfg.residual_multiplier
     hidden, new_kv, ssm2, conv2 = [], [], [], []
     head = w["final_norm"].device
@@ -416,6 +420,18 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
         norm = w[p + "input_norm"]
         h, pos = h.to(norm.device), pos0.to(norm.device)  # this layer's device (the same one unless placed)
         nk, S, win = None, None, None
+        if kind == "z":  # Zamba2: attention and its MLP on [h, embeddings] (2d), projected to t; h + Mamba2(norm(h + t))
+            valid = None if ctx_valid is None else ctx_valid.to(norm.device)
+            xa = _rmsnorm(torch.cat([h, x0.to(h.device)], -1), norm, cfg.rms_norm_eps)
+            a, k, v = _attention(w, p, cfg, xa, pos, *kv_ctx[i], valid)
+            t = _mlp(w, p, cfg, _rmsnorm(a, w[p + "post_norm"], cfg.rms_norm_eps), i) @ w[p + "hybrid.proj"].T
+            m, S, win = _mamba2(w, p, cfg, _rmsnorm(h + t, w[p + "hybrid.norm"], cfg.rms_norm_eps), ssm[i], conv[i])
+            h = h + r * m
+            new_kv.append((k, v))
+            ssm2.append(S)
+            conv2.append(win)
+            hidden.append(h.to(head))
+            continue
         if cfg.residual_from_norm and kind != "f":  # MiniMax's block: the residual is the normed input, sums scaled
             xn = _rmsnorm(h, norm, cfg.rms_norm_eps)
             if kind == "a":
@@ -773,15 +789,23 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
         groups.append(list(g))
     tokens = torch.tensor([trees[j].tokens[n] for j, n in order])
     pos_all = torch.tensor([trees[j].pos + d for d, (rows, _) in enumerate(levels) for j, _ in rows])
-    h = w.rows("embed", tokens) * cfg.embedding_multiplier  # [N, d]
+    h = x0 = w.rows("embed", tokens) * cfg.embedding_multiplier  # [N, d] (x0: Zamba2's hybrid layers read it again)
     r_mul = cfg.residual_multiplier
     for i, kind in enumerate(cfg.layer_pattern):
         p, lw = f"layers.{i}.", _Held(w)
         norm = lw[p + "input_norm"]
         h, pos = h.to(norm.device), pos_all.to(norm.device)
         post = kind == "a" and cfg.attn_post_norm  # norms on the attention's and the MLP's outputs (OLMo-Hybrid)
-        xn = h if post else _rmsnorm(h, norm, cfg.rms_norm_eps)
-        if cfg.residual_from_norm and kind != "f":  # MiniMax's block: the residual is the normed input, sums scaled
+        xn = h if post or kind == "z" else _rmsnorm(h, norm, cfg.rms_norm_eps)
+        if kind == "z":  # Zamba2: attention and its MLP on [h, embeddings] (2d), projected to t; h + Mamba2(norm(h + t))
+            xa = _rmsnorm(torch.cat([h, x0.to(h.device)], -1), norm, cfg.rms_norm_eps)
+            a = _attention_out(lw, p, cfg, xa, _tree_attention(lw, p, cfg, xa, pos, kv0[i], spans, valids, trees, ix, i))
+            t = _mlp(lw, p, cfg, _rmsnorm(a, lw[p + "post_norm"], cfg.rms_norm_eps), i) @ lw[p + "hybrid.proj"].T
+            z, xbc, dt_raw = _mamba2_proj(lw, p, cfg, _rmsnorm(h + t, lw[p + "hybrid.norm"], cfg.rms_norm_eps))
+            o = _tree_recurrence(lambda sl, S, win: _mamba2_core(lw, p, cfg, xbc[sl], dt_raw[sl], S, win),
+                                 ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+            h = h + r_mul * _mamba2_out(lw, p, cfg, o, z)
+        elif cfg.residual_from_norm and kind != "f":  # MiniMax's block: the residual is the normed input, sums scaled
             if kind == "a":
                 m = _attention_out(lw, p, cfg, xn, _tree_attention(lw, p, cfg, xn, pos, kv0[i], spans, valids, trees, ix, i))
                 alpha, beta = cfg.attn_alpha, cfg.attn_beta

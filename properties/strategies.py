@@ -72,16 +72,17 @@ def ddtree_logits(draw, *, max_depth: int = 4, max_vocab: int = 6) -> torch.Tens
 @st.composite
 def model_configs(draw) -> ModelConfig:
     """Toy hybrid configs exercising grouped heads (HV/H in 1..3), GQA, every layer kind (GDN,
-    attention, Mamba2, parallel attention + Mamba2, MLP-only blocks, short convs, Mamba1, lightning attention, KDA),
+    attention, Mamba2, parallel attention + Mamba2, MLP-only blocks, short convs, Mamba1, lightning attention, KDA,
+    Zamba2's attention-then-Mamba2 hybrid layers),
     multi-head latent attention, the real-checkpoint features
     (gated attention, q/k norm per head or over all heads, partial RoPE, zero-centred norms, MoE, OLMo-Hybrid's
     output-normed attention blocks and GDN beta scale) and the Mamba2-hybrid ones
-    (grouped B/C, dt limits, the three gated-norm forms, relu^2 MLPs, NoPE, scalings)."""
+    (grouped B/C, dt limits, the three gated-norm forms, relu^2 and GeGLU MLPs, NoPE, scalings)."""
     H = draw(st.integers(1, 2))
     HV = H * draw(st.integers(1, 3))
     nkv = draw(st.integers(1, 2))
     n_layers = draw(st.integers(1, 4))
-    pat = "".join(draw(st.sampled_from("gagampfcslk")) for _ in range(n_layers))
+    pat = "".join(draw(st.sampled_from("gagampfcslkz")) for _ in range(n_layers))
     layer_mlp = "f" not in pat or draw(st.booleans())
     moe = draw(st.booleans())
     n_exp = draw(st.integers(2, 4)) if moe else 0
@@ -119,11 +120,11 @@ def model_configs(draw) -> ModelConfig:
         mamba_state_size=draw(st.sampled_from([3, 4])), mamba_conv_bias=draw(st.booleans()),
         mamba_dt_limit=draw(st.sampled_from([(0.0, float("inf")), (0.01, 0.5)])),
         mamba_norm=draw(st.sampled_from(["gated", "gated-before", "gate"])), layer_mlp=layer_mlp,
-        mlp_act=draw(st.sampled_from(["swiglu", "relu2"])), use_rope=draw(st.booleans()),
+        mlp_act=draw(st.sampled_from(["swiglu", "geglu", "relu2"])), use_rope=draw(st.booleans()),
         residual_multiplier=draw(st.sampled_from([1.0, 0.5])), logits_scaling=draw(st.sampled_from([1.0, 2.0])))
     if "k" in pat:  # KDA: H heads of K = V dims
         kw.update(linear_num_value_heads=H, linear_value_head_dim=kw["linear_key_head_dim"])
-    if any(c in "ap" for c in pat) and draw(st.booleans()):  # Kimi Linear's MLA (no RoPE), heads zero-padded to head_dim
+    if any(c in "ap" for c in pat) and "z" not in pat and draw(st.booleans()):  # Kimi Linear's MLA (no RoPE), heads zero-padded to head_dim
         nope, rope, vd = draw(st.sampled_from([2, 4])), draw(st.sampled_from([0, 2])), draw(st.sampled_from([2, 4, 6]))
         kw.update(mla_kv_lora_rank=draw(st.sampled_from([3, 5])), mla_q_lora_rank=draw(st.sampled_from([0, 4])),
                   mla_qk_nope_head_dim=nope, mla_qk_rope_head_dim=rope, mla_v_head_dim=vd, head_dim=max(nope + rope, vd),

@@ -404,6 +404,16 @@ def test_schema_file_is_generated_from_the_model():
     assert json.loads(json_report.SCHEMA_PATH.read_text()) == json_report.schema()
 
 
+def test_the_report_takes_every_layer_kind_the_model_has():
+    """A layer row's kind is one of the model's layer kinds, each of them (a kind added to the model and not to the
+    report would make every audit of it fail to write its report)."""
+    import typing
+
+    from ddsim.model.config import LAYER_KINDS
+    from ddsim.verdict.report_model import LayerRow
+    assert set(typing.get_args(LayerRow.model_fields["kind"].annotation)) == set(LAYER_KINDS)
+
+
 # --- edge cases the mutation run showed untested ------------------------------------------------
 
 def test_rel_rows_with_zero_references():

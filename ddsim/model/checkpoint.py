@@ -4,8 +4,9 @@ multimodal checkpoint; vision and MTP weights are skipped) and ``qwen3_5_moe`` (
 ``*_text`` variants), and the Mamba2 hybrids ``nemotron_h``, ``bamba``, ``granitemoehybrid`` and
 ``falcon_h1`` (ddsim.model.checkpoint_mamba), the short-conv hybrids ``lfm2`` and ``lfm2_moe``
 (ddsim.model.checkpoint_lfm2), ``jamba`` (Mamba1, ddsim.model.checkpoint_jamba), ``olmo_hybrid``
-(ddsim.model.checkpoint_olmo), ``minimax`` (lightning attention, ddsim.model.checkpoint_minimax) and ``kimi_linear``
-(KDA and MLA, ddsim.model.checkpoint_kimi). Weights are
+(ddsim.model.checkpoint_olmo), ``minimax`` (lightning attention, ddsim.model.checkpoint_minimax), ``kimi_linear``
+(KDA and MLA, ddsim.model.checkpoint_kimi) and ``zamba2`` (Mamba2 with shared transformer blocks,
+ddsim.model.checkpoint_zamba). Weights are
 mapped to ddsim's layout (ddsim.model.weights) tensor by tensor, shard by shard, straight onto the
 target device in the checkpoint's dtype, so no second copy of the model is held in host memory.
 Anything wrong raises InputError before a model is returned.
@@ -38,11 +39,13 @@ from ddsim.model.checkpoint_minimax import ARCHS as MINIMAX_ARCHS
 from ddsim.model.checkpoint_minimax import MiniMaxMapper, read_minimax_config
 from ddsim.model.checkpoint_olmo import ARCHS as OLMO_ARCHS
 from ddsim.model.checkpoint_olmo import OlmoMapper, read_olmo_config
+from ddsim.model.checkpoint_zamba import ARCHS as ZAMBA_ARCHS
+from ddsim.model.checkpoint_zamba import Zamba2Mapper, read_zamba2_config
 from ddsim.model.config import ModelConfig
 from ddsim.model.weights import weight_shapes
 
 SUPPORTED = (("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text") + MAMBA_ARCHS + LFM2_ARCHS
-             + JAMBA_ARCHS + OLMO_ARCHS + MINIMAX_ARCHS + KIMI_ARCHS)
+             + JAMBA_ARCHS + OLMO_ARCHS + MINIMAX_ARCHS + KIMI_ARCHS + ZAMBA_ARCHS)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
@@ -74,7 +77,7 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
         raise InputError(f"{d / 'config.json'}: unsupported architecture {mt!r} (supported: {', '.join(SUPPORTED)})")
     readers = {**dict.fromkeys(MAMBA_ARCHS, read_mamba_config), **dict.fromkeys(LFM2_ARCHS, read_lfm2_config),
                "jamba": read_jamba_config, "olmo_hybrid": read_olmo_config, "minimax": read_minimax_config,
-               "kimi_linear": read_kimi_config}
+               "kimi_linear": read_kimi_config, "zamba2": read_zamba2_config}
     if mt in readers:
         dtype_name = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
         if dtype_name not in _DTYPES:
@@ -83,7 +86,7 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
             cfg = readers[mt](raw, d)
         meta = {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": "backbone." if mt == "nemotron_h" else "model.",
                 "path": str(d)}
-        return cfg, ({**meta, "raw": raw} if mt in MAMBA_ARCHS else meta)
+        return cfg, ({**meta, "raw": raw} if mt in MAMBA_ARCHS + ZAMBA_ARCHS else meta)
     text = raw.get("text_config", raw) if mt in ("qwen3_5", "qwen3_5_moe") else raw
     if text.get("hidden_act", "silu") != "silu":
         raise InputError(f"{d / 'config.json'}: hidden_act {text.get('hidden_act')!r} is not supported (silu only)")
@@ -321,6 +324,8 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
         mapper = MiniMaxMapper(cfg, meta, _Mapper(cfg, meta, dev, out))
     elif meta["model_type"] in KIMI_ARCHS:
         mapper = KimiMapper(cfg, meta, _Mapper(cfg, meta, dev, out))
+    elif meta["model_type"] in ZAMBA_ARCHS:
+        mapper = Zamba2Mapper(cfg, meta, _Mapper(cfg, meta, dev, out))
     else:
         mapper = _Mapper(cfg, meta, dev, out)
     for shard in _shards(d):
@@ -339,6 +344,13 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
             raise InputError(f"{shard}: {e}") from None
         except (RuntimeError, ValueError) as e:
             raise InputError(f"{shard}: tensor does not fit the config ({e})") from None
+    if hasattr(mapper, "finish"):  # tensors a mapper held until every shard was read (Zamba2's shared blocks)
+        try:
+            mapper.finish()
+        except InputError as e:
+            raise InputError(f"--model {d}: {e}") from None
+        except (RuntimeError, ValueError) as e:
+            raise InputError(f"--model {d}: tensor does not fit the config ({e})") from None
     if "lm_head" not in out and cfg.tie_word_embeddings and "embed" in out:
         out["lm_head"] = out["embed"] if layer_devices is None else out["embed"].to(layer_devices[-1])
     shapes = weight_shapes(cfg)

@@ -13,6 +13,10 @@ A layer pattern is a string, one character per layer in order:
                                         of K = V = linear_key_head_dim, short convs over q, k, v)
   'c'  a gated short convolution       (LFM2: out(C * conv(B * x)), no recurrent state beyond the
                                         conv window: the family whose whole state is a window)
+  'z'  attention, then Mamba2          (Zamba2's hybrid layer: a transformer block (attention and its MLP) on
+                                        the concatenation [h, embeddings] (2d wide) projected to t, then
+                                        h + Mamba2(norm(h + t)); the transformer block's output joins the
+                                        Mamba2 mixer's input, not the residual stream)
 A mixer layer is input norm, mixer, residual, then (when ``layer_mlp``) post norm, MLP, residual;
 Nemotron-H has ``layer_mlp=False`` and its MLPs in 'f' layers. ``pattern(n_layers, gdn=3, attn=1)``
 gives the Qwen3-Next / Qwen3.5 layout (three GDN layers, then one attention layer, repeated).
@@ -32,9 +36,11 @@ from dataclasses import dataclass
 
 from ddsim.errors import ConfigError
 
-LAYER_KINDS = "gampfcslk"
+LAYER_KINDS = "gampfcslkz"
+STATEFUL_KINDS = "gmpslkz"  # the kinds with a recurrent state beside any conv window (reports' state_rel)
+WINDOWED_KINDS = "gmpskcz"  # the kinds with a conv window (reports' conv_rel)
 FAMILIES = {"g": "gdn", "m": "mamba2", "p": "mamba2", "c": "conv", "s": "mamba1", "l": "lightning",
-            "k": "kda"}  # recurrent layer kind -> family
+            "k": "kda", "z": "mamba2"}  # recurrent layer kind -> family
 
 
 def pattern(n_layers: int, *, gdn: int = 3, attn: int = 1, kind: str = "g") -> str:
@@ -136,7 +142,9 @@ class ModelConfig:
     mlp_beta: float = 1.0
     # block structure and scalings (Nemotron-H, Granite-4.0-H, Falcon-H1 fold theirs into these)
     layer_mlp: bool = True  # every mixer layer has its own post-norm MLP
-    mlp_act: str = "swiglu"  # "swiglu": down(silu(gate x) * up x); "relu2": down(relu(up x)^2)
+    # "swiglu": down(silu(gate x) * up x); "geglu": down(gelu(gate x) * up x) (exact GELU, Zamba2's);
+    # "relu2": down(relu(up x)^2)
+    mlp_act: str = "swiglu"
     use_rope: bool = True  # False: attention without positional encoding (NoPE)
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0  # each block's output is scaled before the residual add
@@ -157,8 +165,8 @@ class ModelConfig:
 
     @property
     def mamba_layers(self) -> list[int]:
-        """Layers with a Mamba2 mixer ('m', and the parallel 'p')."""
-        return [i for i, c in enumerate(self.layer_pattern) if c in "mp"]
+        """Layers with a Mamba2 mixer ('m', the parallel 'p' and Zamba2's hybrid 'z')."""
+        return [i for i, c in enumerate(self.layer_pattern) if c in "mpz"]
 
     @property
     def recurrent_layers(self) -> list[int]:
@@ -168,11 +176,22 @@ class ModelConfig:
 
     @property
     def attention_layers(self) -> list[int]:
-        """Layers with an attention mixer ('a', and the parallel 'p')."""
-        return [i for i, c in enumerate(self.layer_pattern) if c in "ap"]
+        """Layers with an attention mixer ('a', the parallel 'p' and Zamba2's hybrid 'z')."""
+        return [i for i, c in enumerate(self.layer_pattern) if c in "apz"]
 
     def has_mlp(self, i: int) -> bool:
-        return self.layer_pattern[i] == "f" or self.layer_mlp
+        """Whether layer i has an MLP: 'f' layers, Zamba2's hybrid layers (their transformer block's), and every
+        mixer layer with layer_mlp."""
+        return self.layer_pattern[i] in "fz" or self.layer_mlp
+
+    @property
+    def gated_mlp(self) -> bool:
+        """Whether MLPs (and experts) have a gate projection: SwiGLU and GeGLU, not relu^2."""
+        return self.mlp_act != "relu2"
+
+    def attention_input(self, i: int) -> int:
+        """Width of layer i's attention input: 2d for Zamba2's hybrid layers ([h, embeddings]), else d."""
+        return 2 * self.hidden_size if self.layer_pattern[i] == "z" else self.hidden_size
 
     def family(self, i: int) -> str | None:
         """The recurrent family of layer i ('gdn', 'mamba2', 'conv') or None."""
@@ -190,11 +209,11 @@ class ModelConfig:
 
     def windowed(self, i: int) -> bool:
         """Whether recurrent layer i keeps a conv window (all but lightning attention)."""
-        return self.layer_pattern[i] != "l"
+        return self.layer_pattern[i] in WINDOWED_KINDS
 
     def stateful(self, i: int) -> bool:
         """Whether recurrent layer i keeps a state beside its window (all but the short conv)."""
-        return self.layer_pattern[i] != "c"
+        return self.layer_pattern[i] in STATEFUL_KINDS
 
     def state_shape(self, i: int) -> tuple[int, ...]:
         """Recurrent state of layer i: [HV, K, V] (GDN), [H, P, N] (Mamba2), [I, N] (Mamba1), or [0] (a short
@@ -244,15 +263,17 @@ class ModelConfig:
             need(isinstance(v, int) and v >= 1, f, f"expected a positive integer, got {v!r}")
         need(len(self.layer_pattern) >= 1, "layer_pattern", "no layers")
         need(set(self.layer_pattern) <= set(LAYER_KINDS), "layer_pattern",
-             f"only 'g' (gdn), 'a' (attention), 'm' (mamba2), 'p' (parallel attention + mamba2), 'f' (MLP) and "
-             f"'c' (short conv), 's' (mamba1), 'l' (lightning) are allowed, got {self.layer_pattern!r}")
+             f"only 'g' (gdn), 'a' (attention), 'm' (mamba2), 'p' (parallel attention + mamba2), 'f' (MLP), "
+             f"'c' (short conv), 's' (mamba1), 'l' (lightning), 'k' (KDA) and 'z' (attention then mamba2) are allowed, "
+             f"got {self.layer_pattern!r}")
         need(self.mamba_num_heads % self.mamba_n_groups == 0, "mamba_num_heads",
              f"{self.mamba_num_heads} heads is not a multiple of mamba_n_groups={self.mamba_n_groups}")
         lo, hi = self.mamba_dt_limit
         need(0.0 <= lo <= hi, "mamba_dt_limit", f"need 0 <= lo <= hi, got {self.mamba_dt_limit}")
         need(self.mamba_norm in ("gated", "gated-before", "gate"), "mamba_norm",
              f"expected 'gated', 'gated-before' or 'gate', got {self.mamba_norm!r}")
-        need(self.mlp_act in ("swiglu", "relu2"), "mlp_act", f"expected 'swiglu' or 'relu2', got {self.mlp_act!r}")
+        need(self.mlp_act in ("swiglu", "geglu", "relu2"), "mlp_act",
+             f"expected 'swiglu', 'geglu' or 'relu2', got {self.mlp_act!r}")
         need(self.moe_router in ("softmax", "sigmoid"), "moe_router", f"expected 'softmax' or 'sigmoid', got {self.moe_router!r}")
         if self.num_experts:
             need(self.moe_n_group >= 1 and self.num_experts % self.moe_n_group == 0, "moe_n_group",
@@ -261,8 +282,10 @@ class ModelConfig:
                  f"expected 1..{self.moe_n_group}, got {self.moe_topk_group}")
             need(self.num_experts_per_tok <= self.moe_topk_group * (self.num_experts // self.moe_n_group),
                  "num_experts_per_tok", "more experts per token than the kept groups hold")
-        need(self.layer_mlp or "f" in self.layer_pattern or not self.layer_pattern, "layer_mlp",
-             "False needs 'f' layers (the model would have no MLP at all)")
+        need(self.layer_mlp or "f" in self.layer_pattern or "z" in self.layer_pattern or not self.layer_pattern, "layer_mlp",
+             "False needs 'f' or 'z' layers (the model would have no MLP at all)")
+        need("z" not in self.layer_pattern or not self.mla_kv_lora_rank, "mla_kv_lora_rank",
+             "MLA attention in Zamba2's hybrid layers ('z') is not supported")
         need(self.moe_norm_eps >= 0, "moe_norm_eps", "must be >= 0")
         need(0 < self.gdn_beta_scale <= 2, "gdn_beta_scale", f"expected (0, 2], got {self.gdn_beta_scale}")
         need(self.gdn_norm_eps >= 0, "gdn_norm_eps", "must be >= 0")
@@ -431,6 +454,24 @@ PRESETS: dict[str, ModelConfig] = {
         architecture="kimi_linear",
         notes="Kimi-Linear-48B-A3B shapes (27 layers: 20 KDA of 32 heads x 128, 7 MLA at 4, 8, ..., 24, 27 without "
               "RoPE; 256 experts of 1024, top 8, and a shared expert from layer 1 on), random weights"),
+    # Zamba2 (Mamba2 layers; hybrid layers run a shared transformer block on [h, embeddings] and feed it to their
+    # Mamba2 mixer). Random weights give each hybrid layer its own block, as a checkpoint's adapters folded in do.
+    "tiny-zamba2": ModelConfig(
+        name="tiny-zamba2", vocab_size=512, hidden_size=128, layer_pattern="mmmzmmmz", intermediate_size=512,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=64, attention_scale=32 ** -0.5, mamba_num_heads=8,
+        mamba_head_dim=32, mamba_state_size=16, mamba_dt_limit=(0.001, float("inf")), rms_norm_eps=1e-5,
+        layer_mlp=False, mlp_act="geglu", architecture="zamba2", notes="CPU Zamba2-layout audit preset"),
+    "zamba2-2.7b": ModelConfig(
+        name="zamba2-2.7b", vocab_size=32000, hidden_size=2560,
+        layer_pattern="".join("z" if i in (6, 12, 18, 24, 30, 36, 42, 47, 51) else "m" for i in range(54)),
+        intermediate_size=10240, num_attention_heads=32, num_key_value_heads=32, head_dim=160,
+        attention_scale=80 ** -0.5, use_rope=False, mamba_num_heads=80, mamba_head_dim=64, mamba_state_size=64,
+        mamba_dt_limit=(0.001, float("inf")), rms_norm_eps=1e-5, layer_mlp=False, mlp_act="geglu",
+        tie_word_embeddings=True, architecture="zamba2",
+        notes="Zamba2-2.7B shapes (54 layers: 45 Mamba2 of 80 heads x 64, d_state 64; 9 hybrid layers at 6, 12, ..., "
+              "42, 47, 51 whose transformer blocks, 32 heads x 160 on [h, embeddings] and a GeGLU MLP of 10240, feed "
+              "their Mamba2 mixers), random weights, each hybrid layer its own block (3.9B parameters as built; 2.7B "
+              "with the blocks shared)"),
     # LFM2 (gated short convs, the window their whole state): LFM2's layout (two short convs to an attention
     # layer with q/k norms, a SwiGLU MLP per layer). The MoE variant's router is drawn by the property tests.
     "tiny-lfm2": ModelConfig(

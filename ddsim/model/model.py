@@ -255,6 +255,7 @@ class HybridModel:
         """h [T, d] through ``layers`` (indices, in order) from ``state``; each layer's outputs go to
         ``out``. Returns h after the last one."""
         conv_mode, rec_mode = _LAYER_MODES[mode]
+        x0 = h  # the embeddings, which Zamba2's hybrid layers read again
         for i in layers:
             kind = self.cfg.layer_pattern[i]
             h = h.to(self.layer_devices[i])  # a placed model hands the hidden state on (no copy otherwise)
@@ -264,7 +265,7 @@ class HybridModel:
             win0 = None if state.conv[i] is None else state.conv[i][None]
             with _current(h.device):  # Triton launches on the current CUDA device: make it this layer's
                 h, out.kv[i], S, win, cin = self._layer(i, kind, f"layers.{i}.", h, attend, S0, win0, parents,
-                                                        conv_mode, rec_mode, out.keep_states)
+                                                        conv_mode, rec_mode, out.keep_states, x0=x0)
             if out.keep_states:
                 out.ssm[i], out.conv[i] = (None, None) if S is None else (S[0], win[0])
                 out.hidden[i] = h.to(self.head_device)
@@ -285,16 +286,23 @@ class HybridModel:
             return VerifyResult(mode, logits, torch.stack(out.hidden), out.ssm, out.conv, out.kv)
         return VerifyResult(mode, logits, None, None, None, out.kv, out.commit_inputs)
 
-    def _layer(self, i, kind, p, h, attend, S0, win0, parents, conv_mode, rec_mode, keep_states=True):
+    def _layer(self, i, kind, p, h, attend, S0, win0, parents, conv_mode, rec_mode, keep_states=True, *, x0=None):
         """Layer i on h [B*T, d] (B sequences of T nodes, row-major) -> (h after it, its new KV or None,
         per-node states [B, T, ...] and windows or None, its CommitInputs or None). attend(p, xn) ->
         (out, k, v) is the attention of these rows; S0, win0 [B, ...] each sequence's committed
-        recurrent state and window (recurrent layers). The block: input norm, mixer, residual, post norm, MLP,
-        residual; OLMo-Hybrid's attention blocks norm the outputs instead (attn_post_norm); MiniMax's take the
-        normed input as the residual and scale each sum (residual_from_norm)."""
+        recurrent state and window (recurrent layers); x0 [B*T, d] the rows' embeddings (Zamba2's hybrid layers
+        read them). The block: input norm, mixer, residual, post norm, MLP, residual; OLMo-Hybrid's attention blocks
+        norm the outputs instead (attn_post_norm); MiniMax's take the normed input as the residual and scale each
+        sum (residual_from_norm); Zamba2's hybrid layer feeds its transformer block's output to the Mamba2 mixer."""
         cfg, w = self.cfg, self.w
         r = cfg.residual_multiplier
         mix = lambda x: self._mixer(kind, p, x, attend, S0, win0, parents, conv_mode, rec_mode, keep_states)  # noqa: E731
+        if kind == "z":  # attention and its MLP on [h, x0] (2d), projected to t; then h + Mamba2(norm(h + t))
+            a, k, v = attend(p, _rmsnorm(torch.cat([h, x0.to(h.device)], -1), w[p + "input_norm"], cfg.rms_norm_eps))
+            t = F.linear(self._mlp(p, _rmsnorm(a, w[p + "post_norm"], cfg.rms_norm_eps), i), w[p + "hybrid.proj"])
+            m, S, win, cin = self._mamba2(p, _rmsnorm(h + t, w[p + "hybrid.norm"], cfg.rms_norm_eps), parents, S0, win0,
+                                          conv_mode, rec_mode, keep_states)
+            return h + r * m, (k, v), S, win, cin
         if kind == "f":
             return h + r * self._mlp(p, _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps), i), None, None, None, None
         if cfg.residual_from_norm:
@@ -340,10 +348,12 @@ class HybridModel:
         return (parts[0] if len(parts) == 1 else parts[0] + parts[1]), nk, S, win, cin
 
     def _ffn(self, x, up, down, gate):
-        """SwiGLU down(silu(gate x) * up x), or relu^2 down(relu(up x)^2) when the config says so."""
+        """SwiGLU down(silu(gate x) * up x), GeGLU down(gelu(gate x) * up x) or relu^2 down(relu(up x)^2), as the
+        config says."""
         if self.cfg.mlp_act == "relu2":
             return F.linear(torch.relu(F.linear(x, up)).square(), down)
-        return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+        act = F.gelu if self.cfg.mlp_act == "geglu" else F.silu
+        return F.linear(act(F.linear(x, gate)) * F.linear(x, up), down)
 
     def _route(self, p, x):
         """(weights [T, k], expert indices [T, k]): softmax top-k (renormalised when norm_topk_prob), or
@@ -371,7 +381,7 @@ class HybridModel:
         """The layer's MLP (SwiGLU or relu^2), or the MoE block: the routed top-k experts plus the
         shared expert (sigmoid-gated for Qwen, a plain sum for Granite and Nemotron-H)."""
         cfg, w = self.cfg, self.w
-        gated = cfg.mlp_act == "swiglu"
+        gated = cfg.gated_mlp
         if not cfg.is_moe_layer(i):
             return self._ffn(x, w[p + "mlp.up"], w[p + "mlp.down"], w[p + "mlp.gate"] if gated else None)
         top, idx = self._route(p, x)
@@ -653,7 +663,7 @@ class HybridModel:
                 pos = buf.positions.to(d)
                 tables[d] = (plan, Rope(pos), pos, rows, slots[None, :] <= pos[:, None])
             return tables[d]
-        h = self.embed_tokens(buf.tokens)  # [B, d]
+        h = x0 = self.embed_tokens(buf.tokens)  # [B, d]
         for i, kind in enumerate(cfg.layer_pattern):
             h = h.to(self.layer_devices[i])
             plan, rope, pos, rows, seen = on(h.device)
@@ -661,7 +671,7 @@ class HybridModel:
                 p, xn, *t, kv=buf.kv[i])
             with _current(h.device):
                 h, _, S, win, _ = self._layer(i, kind, f"layers.{i}.", h, attend, buf.ssm[i], buf.conv[i], plan,
-                                              "exact", "exact", True)
+                                              "exact", "exact", True, x0=x0)
                 if advance and S is not None:
                     buf.ssm[i].copy_(S[:, 0])  # [B, ...]
                     buf.conv[i].copy_(win[:, 0])
@@ -732,7 +742,7 @@ class HybridModel:
                 tables[d] = (gb.TreePlan(torch.tensor(parents, dtype=torch.long, device=d)),
                              Rope(torch.tensor(positions, device=d)), torch.cat([prefix, masks], -1).to(d))
             return tables[d]
-        h = self.embed_tokens(torch.tensor(tokens, device=self.device))  # [B*T, d]
+        h = x0 = self.embed_tokens(torch.tensor(tokens, device=self.device))  # [B*T, d]
         kv, cin = [None] * L, [None] * L
         for i, kind in enumerate(self.cfg.layer_pattern):
             h = h.to(self.layer_devices[i])
@@ -744,7 +754,7 @@ class HybridModel:
                 p, xn, rope, [st.kv[i] for st in states], mask)
             with _current(h.device):
                 h, kv[i], _, _, cin[i] = self._layer(i, kind, f"layers.{i}.", h, attend, S0, win0, plan,
-                                                     conv_mode, rec_mode, keep_states=False)
+                                                     conv_mode, rec_mode, keep_states=False, x0=x0)
         return h, kv, cin
 
     def _attention_rows(self, p, x, rope: Rope, prefixes: list, seen: torch.Tensor):

@@ -16,7 +16,7 @@ RMSNorm except the GDN, Mamba2 and KDA gated norms (plain weight).
   gdn layer: .gdn.qkv [2*H*K + HV*V, d]; .gdn.z [HV*V, d]; .gdn.a [HV, d]; .gdn.b [HV, d];
              .gdn.conv [2*H*K + HV*V, W]; .gdn.A_log [HV]; .gdn.dt_bias [HV]; .gdn.norm [V];
              .gdn.out [d, HV*V]
-  mamba2 layer ('m', 'p'; I = H*P, Cm = I + 2*G*N): .mamba.z [I, d]; .mamba.xbc [Cm, d];
+  mamba2 layer ('m', 'p', 'z'; I = H*P, Cm = I + 2*G*N): .mamba.z [I, d]; .mamba.xbc [Cm, d];
              .mamba.dt [H, d]; .mamba.conv [Cm, W]; with mamba_conv_bias .mamba.conv_bias [Cm];
              .mamba.dt_bias [H]; .mamba.A_log [H]; .mamba.D [H]; unless mamba_norm == "gate"
              .mamba.norm [I]; .mamba.out [d, I]
@@ -34,8 +34,12 @@ RMSNorm except the GDN, Mamba2 and KDA gated norms (plain weight).
              .attn.q_a_norm [ql], .attn.q_b [nh*qk, ql]); .attn.kv_a [kvl + rope, d]; .attn.kv_a_norm [kvl];
              .attn.kv_b [nh*(nope + v), kvl]; .attn.o [d, nh*v]
   short conv layer ('c'): .conv.in [3d, d] (B, C, x in that order); .conv.conv [d, W]; .conv.out [d, d]
+  Zamba2's hybrid layer ('z'): the attention's weights read the [h, embeddings] input: .input_norm [2d],
+             .attn.q [nh*hd, 2d], .attn.k/.attn.v [nkv*hd, 2d] (.attn.gate [nh*hd, 2d]); post_norm and the MLP are
+             its transformer block's; .hybrid.proj [d, d] projects the block's output; .hybrid.norm [d] norms
+             h + that before the Mamba2 weights above
   'f' layers have the MLP under input_norm and no post_norm; with layer_mlp=False mixer layers have
-  no MLP and no post_norm; mlp_act "relu2" MLPs have .mlp.up and .mlp.down only.
+  no MLP and no post_norm ('z' layers keep theirs); mlp_act "relu2" MLPs have .mlp.up and .mlp.down only.
 The oracle and the fast path read the same dict; nothing else is shared.
 """
 from __future__ import annotations
@@ -53,19 +57,19 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     out = {"embed": (N, d), "final_norm": (d,), "lm_head": (N, d)}
     for i, kind in enumerate(cfg.layer_pattern):
         p = f"layers.{i}."
-        out[p + "input_norm"] = (d,)
+        out[p + "input_norm"] = (cfg.attention_input(i),)
         if cfg.has_mlp(i):
             if kind != "f":
                 out[p + "post_norm"] = (d,)
             out.update(_mlp_shapes(cfg, p, i))
         if kind in "ap" and cfg.mla_kv_lora_rank:
             out.update(_mla_shapes(cfg, p))
-        elif kind in "ap":
-            nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-            out.update({p + "attn.q": (nh * hd, d), p + "attn.k": (nkv * hd, d), p + "attn.v": (nkv * hd, d),
+        elif kind in "apz":
+            nh, nkv, hd, da = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.attention_input(i)
+            out.update({p + "attn.q": (nh * hd, da), p + "attn.k": (nkv * hd, da), p + "attn.v": (nkv * hd, da),
                         p + "attn.o": (d, nh * hd)})
             if cfg.attn_output_gate:
-                out[p + "attn.gate"] = (nh * hd, d)
+                out[p + "attn.gate"] = (nh * hd, da)
             if cfg.qk_norm:
                 out[p + "attn.q_norm"], out[p + "attn.k_norm"] = ((nh * hd,), (nkv * hd,)) if cfg.qk_norm_all else ((hd,), (hd,))
         if kind == "g":
@@ -73,7 +77,9 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({p + "gdn.qkv": (C, d), p + "gdn.z": (HV * V, d), p + "gdn.a": (HV, d), p + "gdn.b": (HV, d),
                         p + "gdn.conv": (C, cfg.conv_kernel_size), p + "gdn.A_log": (HV,), p + "gdn.dt_bias": (HV,),
                         p + "gdn.norm": (V,), p + "gdn.out": (d, HV * V)})
-        if kind in "mp":
+        if kind == "z":
+            out.update({p + "hybrid.proj": (d, d), p + "hybrid.norm": (d,)})
+        if kind in "mpz":
             H, I, Cm = cfg.mamba_num_heads, cfg.mamba_inner, cfg.mamba_conv_dim
             out.update({p + "mamba.z": (I, d), p + "mamba.xbc": (Cm, d), p + "mamba.dt": (H, d),
                         p + "mamba.conv": (Cm, cfg.conv_kernel_size), p + "mamba.dt_bias": (H,), p + "mamba.A_log": (H,),
@@ -120,7 +126,7 @@ def _mla_shapes(cfg: ModelConfig, p: str) -> dict:
 
 def _mlp_shapes(cfg: ModelConfig, p: str, i: int) -> dict:
     d = cfg.hidden_size
-    gated = cfg.mlp_act == "swiglu"  # relu^2 MLPs and experts have up and down only
+    gated = cfg.gated_mlp  # relu^2 MLPs and experts have up and down only
     if cfg.is_moe_layer(i):
         E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
         out = {p + "mlp.router": (E, d), p + "mlp.experts.up": (E, I, d), p + "mlp.experts.down": (E, d, I)}
@@ -194,13 +200,13 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
         p = f"layers.{i}."
         if placed:
             where["dev"] = torch.device(layer_devices[i])
-        w[p + "input_norm"] = norm_weight(d)
+        w[p + "input_norm"] = norm_weight(cfg.attention_input(i))
         if cfg.has_mlp(i):
             if kind != "f":
                 w[p + "post_norm"] = norm_weight(d)
             if cfg.is_moe_layer(i):
                 E, I, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-                gated = cfg.mlp_act == "swiglu"
+                gated = cfg.gated_mlp
                 w[p + "mlp.router"] = linear(E, d, 2.0)
                 if gated:
                     w[p + "mlp.experts.gate"] = normal(E, I, d, std=1.0 / math.sqrt(d))
@@ -217,7 +223,7 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
                         w[p + "mlp.shared_gate"] = linear(1, d)
             else:
                 I = cfg.intermediate_size
-                if cfg.mlp_act == "swiglu":
+                if cfg.gated_mlp:
                     w[p + "mlp.gate"] = linear(I, d)
                 w[p + "mlp.up"] = linear(I, d)
                 w[p + "mlp.down"] = linear(d, I, out_scale)
@@ -225,14 +231,14 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             for name, shape in _mla_shapes(cfg, p).items():
                 w[name] = norm_weight(shape[0]) if name.endswith("norm") else linear(*shape, out_scale if name.endswith(
                     "attn.o") else 1.0)
-        elif kind in "ap":
-            nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-            w[p + "attn.q"] = linear(nh * hd, d)
-            w[p + "attn.k"] = linear(nkv * hd, d)
-            w[p + "attn.v"] = linear(nkv * hd, d)
+        elif kind in "apz":
+            nh, nkv, hd, da = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.attention_input(i)
+            w[p + "attn.q"] = linear(nh * hd, da)
+            w[p + "attn.k"] = linear(nkv * hd, da)
+            w[p + "attn.v"] = linear(nkv * hd, da)
             w[p + "attn.o"] = linear(d, nh * hd, out_scale)
             if cfg.attn_output_gate:
-                w[p + "attn.gate"] = linear(nh * hd, d)
+                w[p + "attn.gate"] = linear(nh * hd, da)
             if cfg.qk_norm:
                 w[p + "attn.q_norm"] = norm_weight(nh * hd if cfg.qk_norm_all else hd)
                 w[p + "attn.k_norm"] = norm_weight(nkv * hd if cfg.qk_norm_all else hd)
@@ -250,7 +256,10 @@ def init_weights(cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.
             w[p + "gdn.dt_bias"] = _inv_softplus(dt).to(dtype)
             w[p + "gdn.norm"] = 1.0 + normal(V, std=0.05)
             w[p + "gdn.out"] = linear(d, HV * V, out_scale)
-        if kind in "mp":
+        if kind == "z":
+            w[p + "hybrid.proj"] = linear(d, d, out_scale)
+            w[p + "hybrid.norm"] = norm_weight(d)
+        if kind in "mpz":
             H, I, Cm, W = cfg.mamba_num_heads, cfg.mamba_inner, cfg.mamba_conv_dim, cfg.conv_kernel_size
             w[p + "mamba.z"] = linear(I, d)
             w[p + "mamba.xbc"] = linear(Cm, d)

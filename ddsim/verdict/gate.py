@@ -33,6 +33,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from ddsim.errors import InputError
+from ddsim.model.config import STATEFUL_KINDS
 from ddsim.trees.modes import LEAK_MODES
 from ddsim.verdict.report_model import Report
 
@@ -114,7 +115,7 @@ def not_applicable(rule: str, report: Report) -> str | None:
     cfg = report.config
     if rule in SAMPLED_RULES and cfg.temperature == 0:
         return "measured at temperature > 0 only"
-    if rule == "exact_state_rel_max" and not any(k in "gmpslk" for k in report.model.layer_pattern):
+    if rule == "exact_state_rel_max" and not any(k in STATEFUL_KINDS for k in report.model.layer_pattern):
         return ("the model's recurrent layers keep no state beside their conv windows (short convs); the exact path "
                 "is judged by exact_kl_max and its generations")
     if rule in COUPLED_RULES and cfg.temperature > 0 and cfg.sampler not in (None, "gumbel"):

@@ -14,14 +14,15 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ddsim.measure.settings import AuditConfig
+from ddsim.model.config import FAMILIES, LAYER_KINDS, STATEFUL_KINDS, WINDOWED_KINDS
 from ddsim.trees.modes import VERIFY_MODES
 
-SCHEMA_VERSION = 8  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
+SCHEMA_VERSION = 9  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
 # 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family;
 # 6: good and corrupted tokens per step; 7: the sampler at temperature > 0 and each step's exact law against exact's;
 # 8: short-conv layers ('c', LFM2) and the conv family, whose window is its whole state (no state_rel); Mamba1
 # layers ('s', Jamba) and the mamba1 family; lightning attention ('l', MiniMax), no conv (no conv_rel); Kimi Delta
-# Attention ('k', Kimi Linear) and the kda family
+# Attention ('k', Kimi Linear) and the kda family; 9: Zamba2's hybrid layers ('z', attention then Mamba2; mamba2 family)
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -103,14 +104,15 @@ class RankRow(_Strict):
 
 class LayerRow(_Strict):
     layer: Count
-    kind: Literal["g", "a", "m", "p", "f", "c", "s", "l", "k"]  # ddsim.model.config.LAYER_KINDS
+    kind: Literal["g", "a", "m", "p", "f", "c", "s", "l", "k", "z"]  # ddsim.model.config.LAYER_KINDS
     hidden_rel: Summary
-    state_rel: Summary | None = None  # layers with a recurrent state (g, m, p, s, l, k) only
-    conv_rel: Summary | None = None  # layers with a conv window (g, m, p, s, k, c)
+    state_rel: Summary | None = None  # layers with a recurrent state (STATEFUL_KINDS) only
+    conv_rel: Summary | None = None  # layers with a conv window (WINDOWED_KINDS)
 
     @model_validator(mode="after")
     def _recurrent(self):
-        _need((self.state_rel is not None) == (self.kind in "gmpslk") and (self.conv_rel is not None) == (self.kind in "gmpskc"),
+        _need((self.state_rel is not None) == (self.kind in STATEFUL_KINDS)
+              and (self.conv_rel is not None) == (self.kind in WINDOWED_KINDS),
               f"by_layer[{self.layer}]", "state_rel is given exactly for layers with a recurrent state, conv_rel for "
                                          "layers with a conv window")
         return self
@@ -436,8 +438,8 @@ class ModelRecord(_Strict):
     @model_validator(mode="after")
     def _pattern(self):
         lp = self.config.get("layer_pattern")
-        _need(isinstance(lp, str) and len(lp) >= 1 and set(lp) <= set("gampfcslk"), "model.config.layer_pattern",
-              f"expected a non-empty string over 'gampfcslk', got {lp!r}")
+        _need(isinstance(lp, str) and len(lp) >= 1 and set(lp) <= set(LAYER_KINDS), "model.config.layer_pattern",
+              f"expected a non-empty string over {LAYER_KINDS!r}, got {lp!r}")
         v = self.config.get("vocab_size")
         _need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "model.config.vocab_size",
               f"expected a positive integer, got {v!r}")
@@ -552,7 +554,7 @@ class ReferenceFragility(_Strict):
 
 
 class Report(_Strict):
-    schema_version: Literal[8]
+    schema_version: Literal[9]
     generated_at: str | None  # the only field that differs between two runs of one seed; set by the writer
     config: ReportConfig
     provenance: Provenance
@@ -661,9 +663,10 @@ def check_consistency(r: Report) -> None:
         for m, t in b.leak.items():
             _need([row.kind for row in t.by_layer] == list(pattern) and [row.layer for row in t.by_layer] ==
                   list(range(len(pattern))), f"budgets[{b.budget}].leak.{m}.by_layer", "does not match the model's layers")
-            fams = {"gdn": pattern.count("g"), "mamba2": pattern.count("m") + pattern.count("p"), "conv": pattern.count("c"),
-                    "mamba1": pattern.count("s"), "lightning": pattern.count("l"),
-                    "kda": pattern.count("k")}
+            fams = {}
+            for kind in pattern:
+                if kind in FAMILIES:
+                    fams[FAMILIES[kind]] = fams.get(FAMILIES[kind], 0) + 1
             _need([(f.family, f.layers) for f in t.by_family] == [(k, n) for k, n in sorted(fams.items()) if n],
                   f"budgets[{b.budget}].leak.{m}.by_family", "does not match the model's recurrent layers")
     # measured steps: the autoregressive step, the chain and every (budget, mode) once, at the summaries' tokens
