@@ -36,6 +36,7 @@ checks the replays on a GPU.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 
 import torch
@@ -408,9 +409,19 @@ class GraphedModel:
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # thread-local capture: another thread's CUDA calls (a weight digest copying tensors out
-            # beside the audit did, on the H200) must not invalidate this capture
-            with torch.cuda.graph(graph, pool=cap.pool, capture_error_mode="thread_local"), _no_grad():
-                body()
+            # beside the audit did, on the H200) must not invalidate this capture; nor may the garbage
+            # collector, which torch no longer runs before a capture: a dead cycle holding an old graph,
+            # collected mid-capture, destroys that graph inside the capture and invalidates it (the
+            # zamba2-2.7b audit did, on the H200). So the cycles go first and none are collected during it.
+            gc.collect()
+            was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                with torch.cuda.graph(graph, pool=cap.pool, capture_error_mode="thread_local"), _no_grad():
+                    body()
+            finally:
+                if was_enabled:
+                    gc.enable()
             setattr(cap, name, graph)
         graph.replay()
 
