@@ -270,10 +270,11 @@ def lightning_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torc
 
 
 @st.composite
-def kda_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
+def kda_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32, engine: bool = False):
     """Layer inputs for kda_tree_verify: a tree per sequence (same T), q, k [B, T, H, K], v [B, T, H, V], the log
     decay per key channel g [B, T, H, K] <= 0 (fast or long memory, or none), beta [B, T, H] in (0, 1) (or up to 2)
-    and the committed state [B, H, K, V]."""
+    and the committed state [B, H, K, V]. ``engine``: what an engine's KDA contract takes: beta in (0, 1), and the
+    committed states also in a pool (N = B + 1..3 slots, the batch in shuffled slots, every other slot NaN)."""
     B = draw(st.integers(1, max_batch))
     H = draw(st.integers(1, 3))
     K = draw(st.sampled_from([1, 2, 3, 5]))
@@ -287,10 +288,14 @@ def kda_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.floa
 
     scale = {"fast": 3.0, "long": 0.02, "none": 0.0}[draw(st.sampled_from(["fast", "long", "none"]))]
     g = -torch.rand(B, T, H, K, generator=gen, dtype=torch.float64) * scale
-    beta = torch.sigmoid(rnd(B, T, H)) * draw(st.sampled_from([1.0, 2.0]))
-    return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, H, V).to(dtype),
-                g=g.float(), beta=beta.float(), parents=torch.tensor([t.parents for t in ts]),
-                initial_state=rnd(B, H, K, V).float(), trees=ts)
+    # beta up to 2 (negative eigenvalues) for ddsim's ops; an engine's contract takes a sigmoid's beta in (0, 1)
+    beta = torch.sigmoid(rnd(B, T, H)) * (1.0 if engine else draw(st.sampled_from([1.0, 2.0])))
+    out = dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, H, V).to(dtype),
+               g=g.float(), beta=beta.float(), parents=torch.tensor([t.parents for t in ts]),
+               initial_state=rnd(B, H, K, V).float(), trees=ts)
+    if engine:
+        out["pool"], out["slots"] = _pooled(draw, out["initial_state"])
+    return out
 
 
 def fixed_mamba2_example(*, dtype=torch.float32, seed: int = 7, T: int = 6, growing: bool = False) -> dict:

@@ -177,3 +177,26 @@ def hangs_past_128_nodes(q, k, v, g, beta, *, parents, initial_state, state_indi
         time.sleep(3600)
     return _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices,
                    mode=mode, scale=scale)
+
+
+# ---- KDA verifies (ddsim's kda_tree_verify signature), each wrong in one way --------------------------------
+
+def kda_decay_per_head(q, k, v, g, beta, *, parents, initial_state, mode="exact"):
+    """KDA run as GDN: one decay per head (the mean of its key channels' log decays) instead of one per channel."""
+    return gb.kda_tree_verify(q, k, v, g.mean(-1, keepdim=True).expand_as(g), beta, parents=parents,
+                              initial_state=initial_state, mode=mode)
+
+
+def kda_parent_off_by_one(q, k, v, g, beta, *, parents, initial_state, mode="exact"):
+    """A KDA verify whose nodes below depth 1 read their grandparent's state instead of their parent's."""
+    p = torch.as_tensor(parents).clone()
+    deep = p > 0
+    p[deep] = torch.gather(torch.as_tensor(parents), 1, p.clamp(min=0))[deep]
+    return gb.kda_tree_verify(q, k, v, g, beta, parents=p, initial_state=initial_state, mode=mode)
+
+
+def kda_wrong_past_key_width_64(q, k, v, g, beta, *, parents, initial_state, mode="exact"):
+    """Right for heads of up to 64 key channels; Kimi Linear's 128 are 1% off (a tile-size bug): only the
+    explicit serving example at K = V = 128 reaches it."""
+    o = gb.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode)
+    return o * 1.01 if q.shape[-1] > 64 else o

@@ -24,9 +24,15 @@ An engine with a Mamba2 tree verify (the SSM of a Nemotron-H / Falcon-H1 layer) 
 with x [B, T, H, P], raw dt [B, T, H] (softplus(dt + dt_bias) is the step; no dt limit), A [H] < 0,
 B, C [B, T, G, N], D and dt_bias [H], state_pool [N, H, P, N] float32 (read, never written).
 
+An engine with a Kimi Delta Attention (KDA) verify (Kimi Linear's recurrent layer) offers it as
+    kda(q, k, v, g, beta, *, parents, state_pool, slots, mode) -> o [B, T, H, V]
+with q, k [B, T, H, K] (L2-normalised in the kernel, q scaled by K^-1/2), v [B, T, H, V], g [B, T, H, K] the log
+decay per key channel, beta [B, T, H], state_pool [N, H, K, V] float32 (read, never written).
+
     load("ddsim")                 ddsim's own fast path (exact and leaky)
-    load("fla")                   flash-linear-attention's fused_recurrent_gated_delta_rule (leaky only:
-                                  it takes no tree, so on a tree it is the flattened path)
+    load("fla")                   flash-linear-attention's fused_recurrent_gated_delta_rule, and its
+                                  fused_recurrent_kda for KDA (leaky only: they take no tree, so on a
+                                  tree they are the flattened path)
     load("sglang")                SGLang's fused_sigmoid_gating_delta_rule_update (exact with
                                   retrieve_parent_token, leaky without)
     load("vllm")                  vLLM's fused_sigmoid_gating_delta_rule_update on its spec-decode
@@ -71,6 +77,12 @@ class EngineKernel:
     mamba2_modes: tuple[str, ...] = ("exact", "leaky")
     mamba2_source: str | None = None
     mamba2_source_sha256: str | None = None
+    # the engine's KDA verify, where it has one (contract above)
+    kda: Callable | None = None
+    kda_name: str | None = None
+    kda_modes: tuple[str, ...] = ("exact", "leaky")
+    kda_source: str | None = None
+    kda_source_sha256: str | None = None
 
     def check_mode(self, mode: str) -> None:
         if mode not in self.modes:
@@ -88,6 +100,13 @@ class EngineKernel:
             raise InputError(f"--op mamba2: {self.name} has no Mamba2 tree verify")
         if mode not in self.mamba2_modes:
             raise InputError(f"--mode {mode}: {self.mamba2_name} offers only {', '.join(self.mamba2_modes)}")
+
+    def check_kda(self, mode: str) -> None:
+        if self.kda is None:
+            raise InputError(f"--op kda: {self.name} has no KDA verify")
+        if mode not in self.kda_modes:
+            raise InputError(f"--mode {mode}: {self.kda_name} offers only {', '.join(self.kda_modes)}"
+                             + (" (it takes no tree: on a tree it is the flattened path)" if self.kda_modes == ("leaky",) else ""))
 
     def provenance(self) -> dict:
         """What a report records about the kernel (ddsim.verdict.report_model.EngineRecord)."""
@@ -201,4 +220,8 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
     # and as a Mamba2 tree verify (`check-kernel --op mamba2`): ddsim's or SGLang's selective_state_update signature
     m2 = {"ddsim": ddsim_kernels.as_mamba2_contract, "sglang": sglang.as_mamba2_contract}.get(convention)
     m2_kw = {} if m2 is None else dict(mamba2=m2(fn), mamba2_name=impl, mamba2_source=src, mamba2_source_sha256=digest)
-    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **m2_kw)
+    # and as a KDA verify (`check-kernel --op kda`): ddsim's kda_tree_verify signature or fla's (no tree: leaky)
+    kda = {"ddsim": (ddsim_kernels.as_kda_contract, ("exact", "leaky")), "fla": (fla.as_kda_contract, ("leaky",))}.get(convention)
+    kda_kw = {} if kda is None else dict(kda=kda[0](fn), kda_name=impl, kda_modes=kda[1], kda_source=src,
+                                         kda_source_sha256=digest)
+    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **m2_kw, **kda_kw)

@@ -1,5 +1,6 @@
 """``ddsim check-kernel``: the property suite against the oracle for an engine's own GDN kernel (``--op
-gdn``), tree causal conv (``--op conv``) or Mamba2 tree verify (``--op mamba2``).
+gdn``), tree causal conv (``--op conv``), Mamba2 tree verify (``--op mamba2``) or Kimi Delta Attention verify
+(``--op kda``).
 
 Every property is checked first on the profile's explicit examples (ddsim.engines.kernel_cases: every
 dimension a server runs, one example per value, whatever ``--max-examples`` says; ``quick`` on the CPU
@@ -254,6 +255,35 @@ class _Mamba2Runner:
         return _properties(self.mode)
 
 
+class _KdaRunner:
+    """The engine's KDA verify, one mode, on one device, against the oracle's."""
+
+    def __init__(self, kernel, mode: str, device: str):
+        self.kernel, self.mode, self.device = kernel, mode, device
+
+    def run(self, inp) -> dict:
+        from ddsim import oracle
+        names = ("q", "k", "v", "g", "beta")
+        r = _calls(lambda a, pool, slots: self.kernel.kda(**a, state_pool=pool, slots=slots, mode=self.mode),
+                   inp, names, self.device)
+        plain = {k: inp[k].double() for k in names}
+        r["ref"] = {m: oracle.kda_tree_verify(**plain, parents=inp["parents"], initial_state=inp["initial_state"].double(),
+                                              mode=m) for m in ("exact", "leaky")}
+        r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
+        r["dtype"] = _input_dtype(inp)
+        return r
+
+    def properties(self) -> dict:
+        return _properties(self.mode)
+
+
+def _op_of(inp: dict) -> str:
+    """The op an example is for: its inputs say (KDA's gate has a key-channel axis, GDN's does not)."""
+    if "q" in inp:
+        return "kda" if inp["g"].dim() == 4 else "gdn"
+    return "mamba2" if "dt" in inp else "conv"
+
+
 def _describe(inp, r, prop: str, mode: str) -> dict:
     """The counterexample as JSON: the example's label (an explicit one) or "drawn", the trees (parents
     and tokens), shapes, and the first node whose output is wrong against the reference the property names."""
@@ -276,7 +306,7 @@ def _describe(inp, r, prop: str, mode: str) -> dict:
     else:
         B, T, C = inp["x"].shape
         shapes = {"B": B, "T": T, "C": C, "W": inp["weight"].shape[1], "bias": inp["bias"] is not None}
-    return {"property": prop, "op": "gdn" if "q" in inp else "mamba2" if "dt" in inp else "conv", "mode": mode,
+    return {"property": prop, "op": _op_of(inp), "mode": mode,
             "example": inp.get("label", "drawn"), "dtype": str(dtype).removeprefix("torch."), "reference": ref_mode,
             "trees": [{"parents": list(t.parents), "tokens": list(t.tokens)} for t in inp["trees"]],
             "shapes": shapes,
@@ -309,7 +339,7 @@ def _short(x, limit: int = 160) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-OPS = ("gdn", "conv", "mamba2")
+OPS = ("gdn", "conv", "mamba2", "kda")
 
 
 def default_profile(device: str) -> str:
@@ -339,7 +369,8 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     are drawn in ``dtype`` (recurrent states stay float32; the explicit examples add the other
     dtypes); the oracle computes in float64 from the same rounded values, and outputs are compared
     within the input dtype's tolerance. ``op`` "gdn" checks the recurrence (kernel.verify), "conv"
-    the tree causal conv (kernel.conv), "mamba2" the Mamba2 tree verify (kernel.mamba2).
+    the tree causal conv (kernel.conv), "mamba2" the Mamba2 tree verify (kernel.mamba2), "kda" the KDA verify
+    (kernel.kda).
     ``example_timeout``: seconds an explicit example may take; past it ``on_hang(label, seconds)`` is called
     from a watchdog thread (a hung GPU kernel cannot be interrupted: the command line reports it and exits)."""
     from hypothesis import HealthCheck, find, settings
@@ -361,6 +392,10 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
         kernel.check_mamba2(mode)
         runner = _Mamba2Runner(kernel, mode, device)
         strategy = strategies.mamba2_inputs(max_nodes=10, dtype=dtype, engine=True)
+    elif op == "kda":
+        kernel.check_kda(mode)
+        runner = _KdaRunner(kernel, mode, device)
+        strategy = strategies.kda_inputs(max_nodes=10, dtype=dtype, engine=True)
     else:
         kernel.check_mode(mode)
         runner = _Runner(kernel, mode, device)

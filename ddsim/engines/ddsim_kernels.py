@@ -1,6 +1,6 @@
 """ddsim's own fast path as an engine: gpu_backend.gdn_tree_verify, tree_causal_conv1d and
-mamba2_tree_verify (Triton on CUDA, torch on the CPU), and the ddsim calling convention for a kernel
-of anyone's that shares their signatures."""
+mamba2_tree_verify (Triton on CUDA, torch on the CPU), kda_tree_verify (PyTorch), and the ddsim calling
+convention for a kernel of anyone's that shares their signatures."""
 from __future__ import annotations
 
 
@@ -33,6 +33,15 @@ def as_mamba2_contract(fn):
     return mamba2
 
 
+def as_kda_contract(fn):
+    """fn(q, k, v, g, beta, *, parents, initial_state, mode) -> o, as gpu_backend.kda_tree_verify (a state per
+    sequence, no pool: the batch's slots are gathered from the pool, a copy)."""
+    def kda(q, k, v, g, beta, *, parents, state_pool, slots, mode):
+        out = fn(q, k, v, g, beta, parents=parents, initial_state=state_pool.index_select(0, slots.long()), mode=mode)
+        return out[0] if isinstance(out, tuple) else out
+    return kda
+
+
 def adapter():
     import ddsim
     import ddsim.gpu_backend as gb
@@ -40,7 +49,10 @@ def adapter():
     src, digest = _source_of(gb.gdn_tree_verify)
     csrc, cdigest = _source_of(gb.tree_causal_conv1d)
     msrc, mdigest = _source_of(gb.mamba2_tree_verify)
+    ksrc, kdigest = _source_of(gb.kda_tree_verify)
     return EngineKernel("ddsim", ("exact", "leaky"), as_contract(gb.gdn_tree_verify), "ddsim-spec", ddsim.__version__,
                         src, digest, conv=as_conv_contract(gb.tree_causal_conv1d), conv_name="ddsim.tree_causal_conv1d",
                         conv_source=csrc, conv_source_sha256=cdigest, mamba2=as_mamba2_contract(gb.mamba2_tree_verify),
-                        mamba2_name="ddsim.mamba2_tree_verify", mamba2_source=msrc, mamba2_source_sha256=mdigest)
+                        mamba2_name="ddsim.mamba2_tree_verify", mamba2_source=msrc, mamba2_source_sha256=mdigest,
+                        kda=as_kda_contract(gb.kda_tree_verify), kda_name="ddsim.kda_tree_verify", kda_source=ksrc,
+                        kda_source_sha256=kdigest)

@@ -1,6 +1,7 @@
 """flash-linear-attention (package fla-core): ``fused_recurrent_gated_delta_rule``, the recurrence a
-serving stack runs when it verifies a tree without parent pointers. It takes no tree, so on a tree
-it is the flattened ("leaky") path; exact mode is refused.
+serving stack runs when it verifies a tree without parent pointers, and ``fused_recurrent_kda``, Kimi Delta
+Attention's (``check-kernel --op kda``). They take no tree, so on a tree they are the flattened ("leaky") path;
+exact mode is refused.
 
 Layout translation: fla's q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] and state
 [N, HV, K, V] match ddsim's; fla normalises q and k in kernel with ``use_qk_l2norm_in_kernel``.
@@ -22,16 +23,30 @@ def as_contract(fn):
     return verify
 
 
+def as_kda_contract(fn):
+    """fn with fla's KDA signature (q, k, v, g, beta, initial_state=, output_final_state=, use_qk_l2norm_in_kernel=)
+    -> (o, final_state): g is the log decay per key channel, beta after its sigmoid, the state [N, H, K, V]."""
+    def kda(q, k, v, g, beta, *, parents, state_pool, slots, mode):
+        initial_state = state_pool.index_select(0, slots.long())  # [B, H, K, V], a copy
+        o, _ = fn(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
+                  initial_state=initial_state, output_final_state=False, use_qk_l2norm_in_kernel=True)
+        return o
+    return kda
+
+
 def adapter():
     import warnings
     try:
         with warnings.catch_warnings():  # fla warns on import when it finds no GPU (the CPU runs the interpreter)
             warnings.simplefilter("ignore")
             from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+            from fla.ops.kda import fused_recurrent_kda
     except ModuleNotFoundError as e:
         raise InputError(f"--impl fla: the package fla-core is not installed (missing module {e.name!r}; "
                          "pip install fla-core einops)") from None
     from ddsim.engines import EngineKernel, _source_of, _version
     src, digest = _source_of(fused_recurrent_gated_delta_rule)
+    ksrc, kdigest = _source_of(fused_recurrent_kda)
     return EngineKernel("fla.fused_recurrent_gated_delta_rule", ("leaky",), as_contract(fused_recurrent_gated_delta_rule),
-                        "fla-core", _version("fla-core"), src, digest)
+                        "fla-core", _version("fla-core"), src, digest, kda=as_kda_contract(fused_recurrent_kda),
+                        kda_name="fla.fused_recurrent_kda", kda_modes=("leaky",), kda_source=ksrc, kda_source_sha256=kdigest)

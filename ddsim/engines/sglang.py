@@ -1,4 +1,5 @@
-"""SGLang's GDN target-verify kernel, ``fused_sigmoid_gating_delta_rule_update``: with
+"""SGLang's GDN target-verify kernel, ``fused_sigmoid_gating_delta_rule_update`` (and its KDA mode, ``is_kda``:
+``check-kernel --op kda``): with
 ``retrieve_parent_token`` the parent-indexed recurrence over per-node intermediate states (exact),
 without it the flattened recurrence (leaky, the hybrid-unsafe path); ``disable_state_update`` keeps
 the pool slot's state unwritten in both.
@@ -14,6 +15,7 @@ exact mode the per-node state buffer starts NaN: a node that reads a state befor
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import torch
 
@@ -37,18 +39,21 @@ def _kernel():
                      "pip install sglang, or its wheel with --no-deps)")
 
 
-def as_contract(fn):
+def as_contract(fn, *, kda: bool = False):
     """fn with SGLang's signature: (A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b,
     initial_state_source [N, HV, V, K], initial_state_indices [B], *, scale, use_qk_l2norm_in_kernel,
     disable_state_update, intermediate_states_buffer, intermediate_state_indices, cache_steps,
-    retrieve_parent_token) -> o [1 or NK, B, T, HV, V]."""
-    def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
+    retrieve_parent_token) -> o [1 or NK, B, T, HV, V]. With ``kda`` the same kernel's KDA mode (is_kda): the gate
+    per key channel, a [B, T, H, K] and dt_bias [H * K], the contract's ``kda`` (no scale argument)."""
+    def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale=None):
         B, T = q.shape[:2]
         HV = v.shape[2]
         dev = q.device
         from ddsim.engines import fused_gates, reflect_writes
-        a, b = fused_gates(g, beta)
+        a, b = fused_gates(g, beta)  # elementwise: KDA's a is [B, T, H, K]
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
+        dt_bias = torch.zeros(HV * q.shape[3], dtype=torch.float32, device=dev) if kda else zeros
+        flags = {"is_kda": True} if kda else {}
         pool = state_pool.transpose(-1, -2).contiguous()  # [N, HV, V, K], SGLang's layout
         before = pool.clone()
         tree = {}
@@ -57,9 +62,9 @@ def as_contract(fn):
                                                               device=dev),
                         intermediate_state_indices=torch.arange(B, dtype=torch.int32, device=dev), cache_steps=T,
                         retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous())
-        o = fn(zeros, a.contiguous(), zeros, 1.0, 20.0, q.contiguous(), k.contiguous(), v.contiguous(), b.contiguous(),
+        o = fn(zeros, a.contiguous(), dt_bias, 1.0, 20.0, q.contiguous(), k.contiguous(), v.contiguous(), b.contiguous(),
                pool, slots.to(device=dev, dtype=torch.int32), scale=scale, use_qk_l2norm_in_kernel=True,
-               disable_state_update=True, **tree)
+               disable_state_update=True, **tree, **flags)
         reflect_writes(pool, before, state_pool)  # show the caller what the kernel wrote into the pool
         return o[0] if o.dim() == 5 else o
     return verify
@@ -122,6 +127,9 @@ def adapter():
         msrc, mdigest = _source_of(m2)
         extra.update(mamba2=as_mamba2_contract(m2), mamba2_name="sglang.selective_state_update", mamba2_source=msrc,
                      mamba2_source_sha256=mdigest)
+    if "is_kda" in inspect.signature(fn).parameters:  # its KDA mode (0.5.23)
+        extra.update(kda=as_contract(fn, kda=True), kda_name="sglang.fused_sigmoid_gating_delta_rule_update (is_kda)",
+                     kda_source=src, kda_source_sha256=digest)
     return EngineKernel("sglang.fused_sigmoid_gating_delta_rule_update", ("exact", "leaky"), as_contract(fn), "sglang",
                         _version("sglang"), src, digest, **extra)
 
