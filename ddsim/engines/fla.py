@@ -40,13 +40,21 @@ def adapter():
         with warnings.catch_warnings():  # fla warns on import when it finds no GPU (the CPU runs the interpreter)
             warnings.simplefilter("ignore")
             from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-            from fla.ops.kda import fused_recurrent_kda
     except ModuleNotFoundError as e:
         raise InputError(f"--impl fla: the package fla-core is not installed (missing module {e.name!r}; "
                          "pip install fla-core einops)") from None
     from ddsim.engines import EngineKernel, _source_of, _version
     src, digest = _source_of(fused_recurrent_gated_delta_rule)
-    ksrc, kdigest = _source_of(fused_recurrent_kda)
+    extra = {}
+    try:  # KDA: fla-core releases that have it (--op kda on one without it says so in one line)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from fla.ops.kda import fused_recurrent_kda
+    except ImportError:
+        pass
+    else:
+        ksrc, kdigest = _source_of(fused_recurrent_kda)
+        extra = dict(kda=as_kda_contract(fused_recurrent_kda), kda_name="fla.fused_recurrent_kda", kda_modes=("leaky",),
+                     kda_source=ksrc, kda_source_sha256=kdigest)
     return EngineKernel("fla.fused_recurrent_gated_delta_rule", ("leaky",), as_contract(fused_recurrent_gated_delta_rule),
-                        "fla-core", _version("fla-core"), src, digest, kda=as_kda_contract(fused_recurrent_kda),
-                        kda_name="fla.fused_recurrent_kda", kda_modes=("leaky",), kda_source=ksrc, kda_source_sha256=kdigest)
+                        "fla-core", _version("fla-core"), src, digest, **extra)
