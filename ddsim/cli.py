@@ -496,14 +496,16 @@ def cmd_check_kernel(a, console) -> int:
         raise InputError(f"--example-timeout: expected a finite number of seconds > 0, got {a.example_timeout}")
     device = prepare_engine_device(a.device)
     kernel = _load_kernel(a)
-    {"conv": kernel.check_conv, "mamba2": kernel.check_mamba2, "kda": kernel.check_kda}.get(a.op, kernel.check_mode)(a.mode)
+    {"conv": kernel.check_conv, "mamba2": kernel.check_mamba2, "kda": kernel.check_kda,
+     "lightning": kernel.check_lightning}.get(a.op, kernel.check_mode)(a.mode)
     out = Path(a.out)
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
     result = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op,
                    profile=a.profile, example_timeout=a.example_timeout, on_hang=lambda label, s: _hung(out, label, s))
     name, source, digest = {"conv": (kernel.conv_name, kernel.conv_source, kernel.conv_source_sha256),
                             "mamba2": (kernel.mamba2_name, kernel.mamba2_source, kernel.mamba2_source_sha256),
-                            "kda": (kernel.kda_name, kernel.kda_source, kernel.kda_source_sha256)}.get(
+                            "kda": (kernel.kda_name, kernel.kda_source, kernel.kda_source_sha256),
+                            "lightning": (kernel.lightning_name, kernel.lightning_source, kernel.lightning_source_sha256)}.get(
         a.op, (kernel.name, kernel.source, kernel.source_sha256))
     t = Table(title=f"{name} ({kernel.package or '?'} {kernel.version or ''}) mode {a.mode}, {a.dtype} inputs, "
                     f"on {device} against the oracle, {result.profile} profile")
@@ -669,14 +671,15 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--step", type=int, default=0, help="the trace's step to build (default: 0)")
     pt.add_argument("--format", choices=["text", "dot"], default="text", help="text (default) or Graphviz dot")
     pk = sub.add_parser("check-kernel", help="the property suite against the oracle for an engine's GDN kernel, "
-                                             "tree conv, Mamba2 tree verify or KDA verify")
+                                             "tree conv, Mamba2, KDA or lightning-attention verify")
     pk.add_argument("--impl", required=True, help="ddsim, sglang, vllm, fla, or MODULE:FUNCTION (with --convention)")
     pk.add_argument("--convention", choices=list(CONVENTIONS), default=None,
                     help="the calling convention of a MODULE:FUNCTION kernel")
     pk.add_argument("--mode", required=True, choices=["exact", "leaky"])
-    pk.add_argument("--op", default="gdn", choices=["gdn", "conv", "mamba2", "kda"],
+    pk.add_argument("--op", default="gdn", choices=["gdn", "conv", "mamba2", "kda", "lightning"],
                     help="gdn: the GDN recurrence (default); conv: the engine's tree causal conv; mamba2: its Mamba2 "
-                         "tree verify (SSM); kda: its Kimi Delta Attention verify")
+                         "tree verify (SSM); kda: its Kimi Delta Attention verify; lightning: its lightning-attention "
+                         "verify")
     pk.add_argument("--device", default="auto",
                     help="auto (default: cuda when there is one), cpu (Triton kernels in Triton's interpreter) or cuda[:N]")
     pk.add_argument("--max-examples", type=int, default=100,

@@ -247,10 +247,11 @@ def mamba1_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.f
 
 
 @st.composite
-def lightning_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32):
+def lightning_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32, engine: bool = False):
     """Layer inputs for lightning_tree_verify: a tree per sequence (same T), q, k [B, T, H, K], v [B, T, H, V],
     the per-head decay lambda in (0, 1] (MiniMax's exp(-slope), fast or long memory, 1 included) and the
-    committed state [B, H, K, V]."""
+    committed state [B, H, K, V]. ``engine``: the committed states also in a pool, as an engine's contract takes
+    them (N = B + 1..3 slots, the batch in shuffled slots, every other slot NaN)."""
     B = draw(st.integers(1, max_batch))
     H = draw(st.integers(1, 3))
     K = draw(st.sampled_from([1, 2, 3, 5]))
@@ -264,9 +265,12 @@ def lightning_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torc
 
     memory = draw(st.sampled_from(["fast", "long", "none"]))
     slope = torch.rand(H, generator=gen, dtype=torch.float64) * {"fast": 2.0, "long": 0.05, "none": 0.0}[memory]
-    return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, H, V).to(dtype),
-                decay=torch.exp(-slope).float(), parents=torch.tensor([t.parents for t in ts]),
-                initial_state=rnd(B, H, K, V).float(), trees=ts)
+    out = dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, H, V).to(dtype),
+               decay=torch.exp(-slope).float(), parents=torch.tensor([t.parents for t in ts]),
+               initial_state=rnd(B, H, K, V).float(), trees=ts)
+    if engine:
+        out["pool"], out["slots"] = _pooled(draw, out["initial_state"])
+    return out
 
 
 @st.composite

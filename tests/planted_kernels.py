@@ -200,3 +200,13 @@ def kda_wrong_past_key_width_64(q, k, v, g, beta, *, parents, initial_state, mod
     explicit serving example at K = V = 128 reaches it."""
     o = gb.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode)
     return o * 1.01 if q.shape[-1] > 64 else o
+
+
+# ---- lightning-attention verifies (ddsim's lightning_tree_verify signature) ---------------------------------
+
+def lightning_decays_after_the_update(q, k, v, *, decay, parents, initial_state, mode="exact"):
+    """S_t = decay (S_{t-1} + k_t v_t^T) instead of decay S_{t-1} + k_t v_t^T: the new token's own term decayed
+    once (a common slip when the decay is folded into the state's read); equal where the decay is 1."""
+    return gb.lightning_tree_verify(q, k * decay[:, None].to(k.dtype), v, decay=decay, parents=parents,
+                                    initial_state=initial_state, mode=mode)
+

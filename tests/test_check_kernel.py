@@ -312,6 +312,28 @@ def test_kda_verifies_of_ddsim_sglang_and_fla_and_planted_kda_bugs(tmp_path):
             assert all(example in c["example"] for c in ce), [c["example"] for c in ce]
 
 
+def test_lightning_attention_verifies_of_ddsim_and_fla_and_a_planted_bug(tmp_path):
+    """--op lightning: ddsim's lightning-attention verify is exact; fla's fused_recurrent_simple_gla (the kernel fla's
+    lightning_attn runs, autotuned: its first configuration in the interpreter) is the flattened path (exact
+    refused in one line); an engine without one says so; a decay applied after the update is caught."""
+    def run(impl, mode, *extra, out="cl.json"):
+        return run_cli("check-kernel", "--impl", impl, *extra, "--op", "lightning", "--mode", mode, "--max-examples", "5",
+                       "--out", tmp_path / out, pythonpath=ENGINES)
+    for impl, mode, held in (("ddsim", "exact", 7), ("fla", "leaky", 8)):
+        r = run(impl, mode)
+        assert r.returncode == 0 and f"all {held} properties hold (quick profile" in r.stdout, (impl, mode, r.stdout + r.stderr)
+    doc = json.loads((tmp_path / "cl.json").read_text())
+    assert doc["kernel"]["name"] == "fla.fused_recurrent_simple_gla" and doc["kernel"]["op"] == "lightning"
+    assert doc["coverage"]["K"][-1] == 128 and doc["coverage"]["decay max"] == 1.0
+    one_line_error(run("fla", "exact"), "--mode exact", "fla.fused_recurrent_simple_gla offers only leaky")
+    one_line_error(run("sglang", "exact"), "--op lightning", "has no lightning-attention verify")
+    r = run("tests.planted_kernels:lightning_decays_after_the_update", "exact", "--convention", "ddsim", out="bad.json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert {l.split(":")[0].removeprefix("FAILED ") for l in r.stdout.splitlines() if l.startswith("FAILED")} == {
+        "exact on order-exact nodes", "exact on every node"}
+    assert all(c["op"] == "lightning" for c in json.loads((tmp_path / "bad.json").read_text())["counterexamples"])
+
+
 @pytest.mark.parametrize("kernel, failing, example", [
     ("wrong_past_16_nodes", {"exact on every node"}, "T=17"),
     ("wrong_past_key_width_16", {"exact on order-exact nodes", "exact on every node"}, "K=128"),

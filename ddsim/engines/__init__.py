@@ -29,10 +29,16 @@ An engine with a Kimi Delta Attention (KDA) verify (Kimi Linear's recurrent laye
 with q, k [B, T, H, K] (L2-normalised in the kernel, q scaled by K^-1/2), v [B, T, H, V], g [B, T, H, K] the log
 decay per key channel, beta [B, T, H], state_pool [N, H, K, V] float32 (read, never written).
 
+An engine with a lightning-attention verify (MiniMax's linear attention with a constant decay per head) offers it as
+    lightning(q, k, v, *, decay, parents, state_pool, slots, mode) -> o [B, T, H, V]
+with q, k [B, T, H, K] (no scale, no norm), v [B, T, H, V], decay [H] in (0, 1] (S_t = decay S_{t-1} + k_t v_t^T,
+o_t = S_t^T q_t), state_pool [N, H, K, V] float32 (read, never written).
+
     load("ddsim")                 ddsim's own fast path (exact and leaky)
     load("fla")                   flash-linear-attention's fused_recurrent_gated_delta_rule, and its
-                                  fused_recurrent_kda for KDA (leaky only: they take no tree, so on a
-                                  tree they are the flattened path)
+                                  fused_recurrent_kda for KDA and fused_recurrent_simple_gla for
+                                  lightning attention (leaky only: they take no tree, so on a tree
+                                  they are the flattened path)
     load("sglang")                SGLang's fused_sigmoid_gating_delta_rule_update (exact with
                                   retrieve_parent_token, leaky without)
     load("vllm")                  vLLM's fused_sigmoid_gating_delta_rule_update on its spec-decode
@@ -83,6 +89,12 @@ class EngineKernel:
     kda_modes: tuple[str, ...] = ("exact", "leaky")
     kda_source: str | None = None
     kda_source_sha256: str | None = None
+    # the engine's lightning-attention verify, where it has one (contract above)
+    lightning: Callable | None = None
+    lightning_name: str | None = None
+    lightning_modes: tuple[str, ...] = ("exact", "leaky")
+    lightning_source: str | None = None
+    lightning_source_sha256: str | None = None
 
     def check_mode(self, mode: str) -> None:
         if mode not in self.modes:
@@ -107,6 +119,14 @@ class EngineKernel:
         if mode not in self.kda_modes:
             raise InputError(f"--mode {mode}: {self.kda_name} offers only {', '.join(self.kda_modes)}"
                              + (" (it takes no tree: on a tree it is the flattened path)" if self.kda_modes == ("leaky",) else ""))
+
+    def check_lightning(self, mode: str) -> None:
+        if self.lightning is None:
+            raise InputError(f"--op lightning: {self.name} has no lightning-attention verify")
+        if mode not in self.lightning_modes:
+            raise InputError(f"--mode {mode}: {self.lightning_name} offers only {', '.join(self.lightning_modes)}"
+                             + (" (it takes no tree: on a tree it is the flattened path)"
+                                if self.lightning_modes == ("leaky",) else ""))
 
     def provenance(self) -> dict:
         """What a report records about the kernel (ddsim.verdict.report_model.EngineRecord)."""
@@ -224,4 +244,9 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
     kda = {"ddsim": (ddsim_kernels.as_kda_contract, ("exact", "leaky")), "fla": (fla.as_kda_contract, ("leaky",))}.get(convention)
     kda_kw = {} if kda is None else dict(kda=kda[0](fn), kda_name=impl, kda_modes=kda[1], kda_source=src,
                                          kda_source_sha256=digest)
-    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **m2_kw, **kda_kw)
+    # and as a lightning-attention verify (`check-kernel --op lightning`): ddsim's signature or fla's simple GLA's
+    li = {"ddsim": (ddsim_kernels.as_lightning_contract, ("exact", "leaky")),
+          "fla": (fla.as_lightning_contract, ("leaky",))}.get(convention)
+    li_kw = {} if li is None else dict(lightning=li[0](fn), lightning_name=impl, lightning_modes=li[1],
+                                       lightning_source=src, lightning_source_sha256=digest)
+    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **m2_kw, **kda_kw, **li_kw)

@@ -1,6 +1,6 @@
 """``ddsim check-kernel``: the property suite against the oracle for an engine's own GDN kernel (``--op
 gdn``), tree causal conv (``--op conv``), Mamba2 tree verify (``--op mamba2``) or Kimi Delta Attention verify
-(``--op kda``).
+(``--op kda``) or lightning-attention verify (``--op lightning``).
 
 Every property is checked first on the profile's explicit examples (ddsim.engines.kernel_cases: every
 dimension a server runs, one example per value, whatever ``--max-examples`` says; ``quick`` on the CPU
@@ -277,8 +277,34 @@ class _KdaRunner:
         return _properties(self.mode)
 
 
+class _LightningRunner:
+    """The engine's lightning-attention verify, one mode, on one device, against the oracle's."""
+
+    def __init__(self, kernel, mode: str, device: str):
+        self.kernel, self.mode, self.device = kernel, mode, device
+
+    def run(self, inp) -> dict:
+        from ddsim import oracle
+        names = ("q", "k", "v", "decay")
+        r = _calls(lambda a, pool, slots: self.kernel.lightning(a.pop("q"), a.pop("k"), a.pop("v"), **a, state_pool=pool,
+                                                                slots=slots, mode=self.mode),
+                   inp, names, self.device)
+        plain = {k: inp[k].double() for k in names}
+        r["ref"] = {m: oracle.lightning_tree_verify(plain["q"], plain["k"], plain["v"], decay=plain["decay"],
+                                                    parents=inp["parents"], initial_state=inp["initial_state"].double(),
+                                                    mode=m) for m in ("exact", "leaky")}
+        r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
+        r["dtype"] = _input_dtype(inp)
+        return r
+
+    def properties(self) -> dict:
+        return _properties(self.mode)
+
+
 def _op_of(inp: dict) -> str:
     """The op an example is for: its inputs say (KDA's gate has a key-channel axis, GDN's does not)."""
+    if "decay" in inp:
+        return "lightning"
     if "q" in inp:
         return "kda" if inp["g"].dim() == 4 else "gdn"
     return "mamba2" if "dt" in inp else "conv"
@@ -339,7 +365,7 @@ def _short(x, limit: int = 160) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-OPS = ("gdn", "conv", "mamba2", "kda")
+OPS = ("gdn", "conv", "mamba2", "kda", "lightning")
 
 
 def default_profile(device: str) -> str:
@@ -370,7 +396,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     dtypes); the oracle computes in float64 from the same rounded values, and outputs are compared
     within the input dtype's tolerance. ``op`` "gdn" checks the recurrence (kernel.verify), "conv"
     the tree causal conv (kernel.conv), "mamba2" the Mamba2 tree verify (kernel.mamba2), "kda" the KDA verify
-    (kernel.kda).
+    (kernel.kda), "lightning" the lightning-attention verify (kernel.lightning).
     ``example_timeout``: seconds an explicit example may take; past it ``on_hang(label, seconds)`` is called
     from a watchdog thread (a hung GPU kernel cannot be interrupted: the command line reports it and exits)."""
     from hypothesis import HealthCheck, find, settings
@@ -396,6 +422,10 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
         kernel.check_kda(mode)
         runner = _KdaRunner(kernel, mode, device)
         strategy = strategies.kda_inputs(max_nodes=10, dtype=dtype, engine=True)
+    elif op == "lightning":
+        kernel.check_lightning(mode)
+        runner = _LightningRunner(kernel, mode, device)
+        strategy = strategies.lightning_inputs(max_nodes=10, dtype=dtype, engine=True)
     else:
         kernel.check_mode(mode)
         runner = _Runner(kernel, mode, device)

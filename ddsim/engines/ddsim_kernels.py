@@ -42,6 +42,15 @@ def as_kda_contract(fn):
     return kda
 
 
+def as_lightning_contract(fn):
+    """fn(q, k, v, *, decay, parents, initial_state, mode) -> o, as gpu_backend.lightning_tree_verify (the batch's
+    slots gathered from the pool, a copy)."""
+    def lightning(q, k, v, *, decay, parents, state_pool, slots, mode):
+        out = fn(q, k, v, decay=decay, parents=parents, initial_state=state_pool.index_select(0, slots.long()), mode=mode)
+        return out[0] if isinstance(out, tuple) else out
+    return lightning
+
+
 def adapter():
     import ddsim
     import ddsim.gpu_backend as gb
@@ -50,9 +59,11 @@ def adapter():
     csrc, cdigest = _source_of(gb.tree_causal_conv1d)
     msrc, mdigest = _source_of(gb.mamba2_tree_verify)
     ksrc, kdigest = _source_of(gb.kda_tree_verify)
+    lsrc, ldigest = _source_of(gb.lightning_tree_verify)
     return EngineKernel("ddsim", ("exact", "leaky"), as_contract(gb.gdn_tree_verify), "ddsim-spec", ddsim.__version__,
                         src, digest, conv=as_conv_contract(gb.tree_causal_conv1d), conv_name="ddsim.tree_causal_conv1d",
                         conv_source=csrc, conv_source_sha256=cdigest, mamba2=as_mamba2_contract(gb.mamba2_tree_verify),
                         mamba2_name="ddsim.mamba2_tree_verify", mamba2_source=msrc, mamba2_source_sha256=mdigest,
                         kda=as_kda_contract(gb.kda_tree_verify), kda_name="ddsim.kda_tree_verify", kda_source=ksrc,
-                        kda_source_sha256=kdigest)
+                        kda_source_sha256=kdigest, lightning=as_lightning_contract(gb.lightning_tree_verify),
+                        lightning_name="ddsim.lightning_tree_verify", lightning_source=lsrc, lightning_source_sha256=ldigest)

@@ -1,6 +1,7 @@
 """flash-linear-attention (package fla-core): ``fused_recurrent_gated_delta_rule``, the recurrence a
-serving stack runs when it verifies a tree without parent pointers, and ``fused_recurrent_kda``, Kimi Delta
-Attention's (``check-kernel --op kda``). They take no tree, so on a tree they are the flattened ("leaky") path;
+serving stack runs when it verifies a tree without parent pointers, ``fused_recurrent_kda``, Kimi Delta
+Attention's (``check-kernel --op kda``), and ``fused_recurrent_simple_gla``, the kernel fla's lightning attention
+runs (``check-kernel --op lightning``). They take no tree, so on a tree they are the flattened ("leaky") path;
 exact mode is refused.
 
 Layout translation: fla's q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] and state
@@ -34,6 +35,19 @@ def as_kda_contract(fn):
     return kda
 
 
+def as_lightning_contract(fn):
+    """fn with fla's simple GLA signature (q, k, v, g_gamma=, scale=, initial_state=, output_final_state=) -> (o,
+    final_state): lightning attention is simple GLA with the per-head log decay g_gamma = log(decay) and no scale
+    (fla's lightning_attn computes its own decays from the layer index; this is the kernel it runs)."""
+    def lightning(q, k, v, *, decay, parents, state_pool, slots, mode):
+        import torch
+        initial_state = state_pool.index_select(0, slots.long())  # [B, H, K, V], a copy
+        o, _ = fn(q.contiguous(), k.contiguous(), v.contiguous(), g_gamma=torch.log(decay.float()), scale=1.0,
+                  initial_state=initial_state, output_final_state=False)
+        return o
+    return lightning
+
+
 def adapter():
     import warnings
     try:
@@ -56,5 +70,16 @@ def adapter():
         ksrc, kdigest = _source_of(fused_recurrent_kda)
         extra = dict(kda=as_kda_contract(fused_recurrent_kda), kda_name="fla.fused_recurrent_kda", kda_modes=("leaky",),
                      kda_source=ksrc, kda_source_sha256=kdigest)
+    try:  # lightning attention's kernel (simple GLA), likewise
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from fla.ops.simple_gla import fused_recurrent_simple_gla
+    except ImportError:
+        pass
+    else:
+        lsrc, ldigest = _source_of(fused_recurrent_simple_gla)
+        extra.update(lightning=as_lightning_contract(fused_recurrent_simple_gla),
+                     lightning_name="fla.fused_recurrent_simple_gla", lightning_modes=("leaky",), lightning_source=lsrc,
+                     lightning_source_sha256=ldigest)
     return EngineKernel("fla.fused_recurrent_gated_delta_rule", ("leaky",), as_contract(fused_recurrent_gated_delta_rule),
                         "fla-core", _version("fla-core"), src, digest, **extra)

@@ -17,7 +17,8 @@ Profiles:
            forgetting to long memory; bf16 / fp16 / fp32 inputs; bursts of repeated calls
 
 The KDA examples (``--op kda``) follow the GDN ones with H heads of K = V dims (Kimi Linear's 32 x 128 among them)
-and a decay per key channel.
+and a decay per key channel; the lightning-attention examples (``--op lightning``) likewise (MiniMax's 64 x 128
+among them), a constant decay per head from fast to none.
 
 Each example is the dict the drawn strategies make (ddsim.properties.strategies) plus ``label`` (what
 it covers) and ``burst`` (how many calls on the same input must agree bit for bit: two by default, one in the
@@ -329,11 +330,74 @@ def kda_cases(profile: str, dtype=torch.float32) -> list[dict]:
     return cases
 
 
+def _decays(kind: str, H: int, gen: torch.Generator) -> torch.Tensor:
+    """[H] float32 per-head decays in (0, 1]: "fast" from e^-8 to e^-0.5, "long" within 1e-3 of 1, "mixed" both, with
+    exactly 1 (no decay: MiniMax's last layers come close) among them."""
+    u = torch.rand(H, generator=gen, dtype=torch.float64)
+    slope = {"fast": 0.5 + 7.5 * u, "long": 1e-3 * u}.get(kind, torch.where(u < 0.5, 8.0 * u, 2e-3 * u))
+    d = torch.exp(-slope)
+    d[::3] = 1.0
+    return d.float()
+
+
+def lightning_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int = 16, decay: str = "mixed",
+                   pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32, burst: int = 2, seed: int = 0,
+                   label: str = "") -> dict:
+    """An engine's lightning-attention contract: H heads of K = V dims (q and k scaled down: the state is a running
+    sum), a constant decay per head."""
+    rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
+    state = rnd(B, H, K, K).float()
+    p, slots = _pool(state, pool, pool_size or B + 3, rng)
+    s = K ** -0.5
+    return dict(q=(rnd(B, T, H, K) * s).to(dtype), k=(rnd(B, T, H, K) * s).to(dtype), v=rnd(B, T, H, K).to(dtype),
+                decay=_decays(decay, H, gen), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
+                trees=ts, pool=p, slots=slots, burst=burst, tree=_label(kind),
+                label=label or f"{_label(kind)} T={T} B={B} H={H} K=V={K} decay {decay} pool {pool} "
+                               f"{str(dtype).removeprefix('torch.')}")
+
+
+def lightning_cases(profile: str, dtype=torch.float32) -> list[dict]:
+    """The explicit lightning-attention examples of a profile: MiniMax's heads (K = V = 128) among them."""
+    other = [d for d in (torch.float32, torch.bfloat16, torch.float16) if d != dtype]
+    if profile == "quick":  # sized for Triton's interpreter
+        return [lightning_case(T=17, kind=("ddtree", 16, 8), B=1, H=1, K=128, seed=1, dtype=dtype),
+                lightning_case(T=129, kind=("ddtree", 128, 4), B=1, H=1, seed=2, dtype=dtype),
+                lightning_case(T=9, kind="deep", B=8, H=3, K=8, decay="fast", pool="high", pool_size=300, seed=3,
+                               dtype=dtype),
+                lightning_case(T=16, kind="star", B=1, H=3, K=24, decay="long", pool="last", pool_size=64, seed=4,
+                               dtype=dtype),
+                lightning_case(T=9, kind="wide", B=3, H=1, pool="descending", seed=5, dtype=dtype),
+                lightning_case(T=5, kind="random", B=1, H=1, burst=24, seed=6, dtype=dtype, label="burst of 24 calls")] + [
+            lightning_case(T=9, kind=("ddtree", 8, 4), B=1, H=2, K=32, pool="sparse", pool_size=40, seed=7 + i, dtype=d)
+            for i, d in enumerate(other)]
+    assert profile == "serving", profile
+    cases, seed = [], 100
+    for i, T in enumerate(SERVING_NODES):
+        cases.append(lightning_case(T=T, kind=SHAPES[i % len(SHAPES)], B=2, K=64, seed=seed + i, dtype=dtype))
+    for i, (budget, cap) in enumerate([(15, 8), (16, 1), (64, 8), (128, 8), (256, 8), (64, 4)]):
+        cases.append(lightning_case(kind=("ddtree", budget, cap), B=2, K=64, seed=seed + 30 + i, dtype=dtype))
+    for i, (H, K) in enumerate([(2, 16), (2, 32), (2, 128), (4, 96), (2, 24), (64, 128)]):
+        cases.append(lightning_case(T=33 if H < 64 else 17, kind=("ddtree", 32, 8), B=2 if H < 64 else 1, H=H, K=K,
+                                    seed=seed + 40 + i, dtype=dtype))
+    cases += [lightning_case(T=65, kind=("ddtree", 64, 8), B=B, K=64, pool_size=2 * B + 3, seed=seed + 50 + i,
+                             dtype=dtype) for i, B in enumerate((1, 3, 8, 32))]
+    cases += [lightning_case(T=17, kind="random", B=32, K=16, pool=pool, pool_size=1024, seed=seed + 60 + i, dtype=dtype)
+              for i, pool in enumerate(("shuffled", "sparse", "descending", "high", "last"))]
+    cases += [lightning_case(T=65, kind=("ddtree", 64, 8), B=2, K=128, decay=d, seed=seed + 70 + i, dtype=dtype)
+              for i, d in enumerate(("fast", "long", "mixed"))]
+    cases += [lightning_case(T=65, kind=("ddtree", 64, 8), B=4, K=128, seed=seed + 80 + i, dtype=d)
+              for i, d in enumerate(other)]
+    cases.append(lightning_case(T=65, kind=("ddtree", 64, 8), B=8, K=128, burst=24, seed=seed + 90, dtype=dtype,
+                                label="burst of 24 calls at 8 x 65, K = V = 128"))
+    return cases
+
+
 def cases(op: str, profile: str, dtype=torch.float32, **kw) -> list[dict]:
     """The profile's explicit examples of ``op``. In the quick profile every example but the bursts is called once:
     Triton's interpreter runs a launch's programs one after another, so a second call on the same input can
     differ only through the call count, and the burst examples' repeated calls check that."""
-    out = {"gdn": gdn_cases, "conv": conv_cases, "mamba2": mamba2_cases, "kda": kda_cases}[op](profile, dtype, **kw)
+    out = {"gdn": gdn_cases, "conv": conv_cases, "mamba2": mamba2_cases, "kda": kda_cases,
+           "lightning": lightning_cases}[op](profile, dtype, **kw)
     if profile == "quick":
         for inp in out:
             if inp["burst"] == 2:  # the default: not a burst example
@@ -348,7 +412,11 @@ def describe(inp: dict) -> dict:
            "largest slot id": int(inp["slots"].max()), "dtype": str(_first_input(inp).dtype).removeprefix("torch."),
            "tree": inp.get("tree", "drawn"),
            "not order-exact nodes total": int(sum(int((~t.order_exact).sum()) for t in trees))}
-    if "q" in inp:
+    if "decay" in inp:  # lightning attention
+        H, K = inp["q"].shape[2:]
+        out.update({"K": K, "V": int(inp["v"].shape[3]), "H": H, "decay min": float(inp["decay"].min()),
+                    "decay max": float(inp["decay"].max())})
+    elif "q" in inp:
         H, K = inp["q"].shape[2:]
         HV, V = inp["v"].shape[2:]
         g = inp["g"].double()

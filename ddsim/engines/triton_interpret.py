@@ -10,6 +10,9 @@ Two interpreter defects are worked around here; compiled kernels on a GPU never 
   integers (a bf16 ``x * w`` came out as 1e35). Arithmetic on bf16 operands is done here in float32
   and rounded back to bf16, as a GPU's bf16 instructions round; comparisons return their bools.
 
+And one missing piece: an autotuned kernel times its configurations on a GPU driver the interpreter lacks;
+interpreted, it runs its first configuration.
+
 And one cost: at every launch the interpreter re-patches triton.language's builtins, listing each module's
 members with inspect.getmembers (a third of an engine kernel's interpreted time). ``cache_builtin_names``
 lists them once per module; each launch still patches exactly the members that are builtins at that moment.
@@ -48,6 +51,23 @@ def cache_builtin_names() -> bool:
     return True
 
 
+def _first_config_when_interpreted() -> None:
+    """An autotuned kernel (fla's common fused recurrence is one) times its configurations on a GPU driver the
+    interpreter does not have: interpreted, it runs its first configuration (the configurations differ only in
+    launch parameters, which the interpreter ignores)."""
+    from triton.runtime.autotuner import Autotuner
+    if getattr(Autotuner, "_ddsim_first_config", False):
+        return
+    run = Autotuner.run
+
+    def first_config_run(self, *args, **kwargs):
+        if len(self.configs) > 1:
+            self.configs = self.configs[:1]
+        return run(self, *args, **kwargs)
+    Autotuner.run = first_config_run
+    Autotuner._ddsim_first_config = True
+
+
 def prepare() -> None:
     """Set TRITON_INTERPRET=1 (before triton is imported) and apply the fixes once."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -61,6 +81,7 @@ def prepare() -> None:
     if not hasattr(torch.cpu, "device"):
         torch.cpu.device = lambda index=None: contextlib.nullcontext()
 
+    _first_config_when_interpreted()
     builder = interpreter.InterpreterBuilder
     if getattr(builder, "_ddsim_bool_masks", False):
         return
