@@ -278,14 +278,25 @@ def lightning_tree_commit(k, v, *, decay, parents, accepted, initial_state, back
                                                  initial_state=initial_state)
 
 
+KDA_BACKENDS = ("torch", "triton", "triton-recurrent")
+
+
 def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", output_states=False, backend=None):
     """One Kimi Delta Attention layer over a tree. q, k [B, T, H, K] (L2-normalised in the op); v [B, T, H, V];
     g [B, T, H, K] the log decay per key channel; beta [B, T, H]; parents [B, T] or a TreePlan; initial_state
     [B, H, K, V] fp32 (read, never written). Returns o [B, T, H, V] in v's dtype and, with output_states, the state
-    after every node [B, T, H, K, V] fp32. One backend: PyTorch (``backend`` accepted for the callers'
-    uniformity)."""
-    return torch_kda.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode,
-                                     output_states=output_states)
+    after every node [B, T, H, K, V] fp32. Backends: "torch" (the default off CUDA, and for fp64 states), "triton" =
+    "triton-recurrent" (the default on CUDA: flattened, or parent-indexed over per-node states)."""
+    if backend is None:
+        backend = "triton" if q.is_cuda and initial_state.dtype == torch.float32 else "torch"
+    if backend not in KDA_BACKENDS:
+        raise ValueError(f"backend: expected one of {KDA_BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return torch_kda.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode,
+                                         output_states=output_states)
+    with _on(q):
+        return _triton("triton_kda").kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state,
+                                                     mode=mode, output_states=output_states)
 
 
 def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, backend=None):

@@ -1,7 +1,9 @@
 """The Kimi Delta Attention (KDA) fast path against the float64 oracle on hypothesis trees: outputs and per-node
 states in both modes and every input dtype, the commit along the accepted path, inputs and the committed state
 bit-identical after every call, and the leak: on order-exact nodes the leaky path is the exact one, bit for bit.
-A per-channel decay must act per key row (a planted per-head decay is caught)."""
+A per-channel decay must act per key row (a planted per-head decay is caught). Both backends: PyTorch and the
+Triton recurrent kernel (in Triton's interpreter on the CPU)."""
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,13 +18,24 @@ def _args(inp, dtype=torch.float32):
     return {k: inp[k].to(dtype) if k in ("q", "k", "v") else inp[k] for k in ("q", "k", "v", "g", "beta")}
 
 
+BACKENDS = st.sampled_from(["torch", "triton"])
+
+
 @given(kda_inputs(max_nodes=7), st.sampled_from(["exact", "leaky"]),
-       st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
-def test_kda_verify_and_states_match_oracle(inp, mode, dtype):
+       st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), BACKENDS, st.booleans())
+def test_kda_verify_and_states_match_oracle(inp, mode, dtype, backend, keep):
     args = _args(inp, dtype)
     before = {k: v.clone() for k, v in args.items()}
     S0 = inp["initial_state"].clone()
-    o, states = gb.kda_tree_verify(**args, parents=inp["parents"], initial_state=S0, mode=mode, output_states=True)
+    if not keep:  # the outputs alone (the Triton kernel then writes per-node states only for exact's parents)
+        o = gb.kda_tree_verify(**args, parents=inp["parents"], initial_state=S0, mode=mode, backend=backend)
+        ref_o = oracle.kda_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
+        assert o.dtype == dtype and o.shape == ref_o.shape
+        assert_close(f"o ({mode}, {backend})", o, ref_o, dtype=dtype, slack=5)
+        assert torch.equal(S0, inp["initial_state"]) and all(torch.equal(args[k], v) for k, v in before.items())
+        return
+    o, states = gb.kda_tree_verify(**args, parents=inp["parents"], initial_state=S0, mode=mode, output_states=True,
+                                   backend=backend)
     ref_o, ref = oracle.kda_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode,
                                         output_states=True)
     assert o.dtype == dtype and o.shape == ref_o.shape and states.shape == ref.shape
@@ -46,28 +59,30 @@ def test_kda_commit_is_the_accepted_nodes_state(inp, picks):
                  dtype=torch.float32, slack=5)
 
 
-@given(kda_inputs(max_nodes=7))
-def test_kda_leaky_is_exact_where_the_layout_is(inp):
+@given(kda_inputs(max_nodes=7), BACKENDS)
+def test_kda_leaky_is_exact_where_the_layout_is(inp, backend):
     args = _args(inp)
-    kw = dict(parents=inp["parents"], initial_state=inp["initial_state"])
+    kw = dict(parents=inp["parents"], initial_state=inp["initial_state"], backend=backend)
     exact, leaky = (gb.kda_tree_verify(**args, **kw, mode=m) for m in ("exact", "leaky"))
     ox = torch.tensor([list(t.order_exact) for t in inp["trees"]])
     assert torch.equal(exact[ox], leaky[ox])
 
 
-def test_the_decay_acts_per_key_channel():
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_the_decay_acts_per_key_channel(backend):
     """Two key channels with different decays: the state's rows decay apart (a per-head decay, the GDN's, would
     scale both rows alike); a sibling's leaky state is built on its elder sibling's."""
     S0 = torch.ones(1, 1, 2, 1)
     z = torch.zeros(1, 2, 1, 2)
     g = torch.log(torch.tensor([0.5, 0.9])).expand(1, 2, 1, 2).contiguous()
-    kw = dict(parents=torch.tensor([[-1, 0]]), initial_state=S0, output_states=True)
+    kw = dict(parents=torch.tensor([[-1, 0]]), initial_state=S0, output_states=True, backend=backend)
     _, st_ = gb.kda_tree_verify(z, z, torch.zeros(1, 2, 1, 1), g, torch.zeros(1, 2, 1), **kw)
     torch.testing.assert_close(st_[0, 1, 0, :, 0], torch.tensor([0.25, 0.81]))
     gen = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 3, 2, 3, generator=gen), torch.randn(1, 3, 2, 3, generator=gen), torch.randn(1, 3, 2, 4, generator=gen)
     g3, b3 = -torch.rand(1, 3, 2, 3, generator=gen), torch.rand(1, 3, 2, generator=gen)
-    kw = dict(parents=torch.tensor([[-1, 0, 0]]), initial_state=torch.randn(1, 2, 3, 4, generator=gen), output_states=True)
+    kw = dict(parents=torch.tensor([[-1, 0, 0]]), initial_state=torch.randn(1, 2, 3, 4, generator=gen), output_states=True,
+              backend=backend)
     _, ex = gb.kda_tree_verify(q, k, v, g3, b3, mode="exact", **kw)
     _, lk = gb.kda_tree_verify(q, k, v, g3, b3, mode="leaky", **kw)
     assert torch.equal(ex[:, :2], lk[:, :2]) and not torch.allclose(ex[:, 2], lk[:, 2])

@@ -31,6 +31,7 @@ from ddsim.gpu_backend import (  # noqa: E402
     triton_commit,
     triton_conv,
     triton_gdn,
+    triton_kda,
     triton_mamba2,
     triton_wy_blocked,
     triton_wy_split,
@@ -58,7 +59,7 @@ def _launch(kernel, grid, **kw):
     GOT.append((kernel, dict(kw)))
 
 
-for _m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit, triton_mamba2):
+for _m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit, triton_mamba2, triton_kda):
     _m.bind = _bind
 for _m in (triton_commit, triton_conv):
     _m.launch = _launch
@@ -84,6 +85,10 @@ def other_calls():
     m = fixed_mamba2_example(dtype=torch.bfloat16)
     mk = {n: m[n] for n in ("x", "dt", "A", "B", "C", "D", "dt_bias", "dt_softplus", "dt_limit")}
     mc = {n: mk[n] for n in ("x", "dt", "A", "B", "dt_bias", "dt_softplus", "dt_limit")}
+    gen = torch.Generator().manual_seed(0)  # KDA at Kimi Linear's head width: q, k, v [1, 6, 2, 128], g per channel
+    kd = {n: torch.randn(1, 6, 2, 128, generator=gen).to(torch.bfloat16) for n in ("q", "k", "v")}
+    kd.update(g=-torch.rand(1, 6, 2, 128, generator=gen), beta=torch.rand(1, 6, 2, generator=gen))
+    ks = torch.randn(1, 2, 128, 128, generator=gen)
     return [
         ("gdn recurrent, exact", lambda: gb.gdn_tree_verify(**qkv, parents=g["parents"], initial_state=g["initial_state"],
                                                             backend="triton-recurrent")),
@@ -102,6 +107,10 @@ def other_calls():
                                                      backend="triton-ssd")),
         ("mamba2 commit", lambda: gb.mamba2_tree_commit(**mc, parents=m["parents"], accepted=acc,
                                                         initial_state=m["initial_state"], backend="triton")),
+        ("kda recurrent, exact", lambda: gb.kda_tree_verify(**kd, parents=g["parents"][:1], initial_state=ks,
+                                                            backend="triton")),
+        ("kda recurrent, leaky with states", lambda: gb.kda_tree_verify(
+            **kd, parents=g["parents"][:1], initial_state=ks, mode="leaky", output_states=True, backend="triton")),
     ]
 
 

@@ -187,14 +187,6 @@ def kda_decay_per_head(q, k, v, g, beta, *, parents, initial_state, mode="exact"
                               initial_state=initial_state, mode=mode)
 
 
-def kda_parent_off_by_one(q, k, v, g, beta, *, parents, initial_state, mode="exact"):
-    """A KDA verify whose nodes below depth 1 read their grandparent's state instead of their parent's."""
-    p = torch.as_tensor(parents).clone()
-    deep = p > 0
-    p[deep] = torch.gather(torch.as_tensor(parents), 1, p.clamp(min=0))[deep]
-    return gb.kda_tree_verify(q, k, v, g, beta, parents=p, initial_state=initial_state, mode=mode)
-
-
 def kda_wrong_past_key_width_64(q, k, v, g, beta, *, parents, initial_state, mode="exact"):
     """Right for heads of up to 64 key channels; Kimi Linear's 128 are 1% off (a tile-size bug): only the
     explicit serving example at K = V = 128 reaches it."""

@@ -441,7 +441,8 @@ def not_capturable(model: HybridModel, *, capture: bool = True) -> str | None:
     eagerly) only what the buffers themselves cannot hold counts."""
     torch_only = sorted({model.cfg.family(i) for i in model.cfg.recurrent_layers} & {"mamba1", "lightning", "kda"})
     if capture and torch_only:  # their commits walk the accepted path on the host: no capture
-        return f"{', '.join(torch_only)} layers run PyTorch loops that read the tree on the host (no Triton kernel yet)"
+        return (f"{', '.join(torch_only)} layers commit in PyTorch loops that read the tree on the host (no Triton commit "
+                "kernel yet)")
     if capture and model.device.type != "cuda":
         return f"the model is on {model.device}, not a CUDA device"
     if len(set(model.layer_devices)) > 1:

@@ -1,0 +1,90 @@
+"""Triton kernel for Kimi Delta Attention (KDA) tree verification, and its launcher (twin: oracle.kda_tree_verify;
+reference beside it: torch_kda).
+
+recurrent   one program per (sequence, head, V tile) keeps S [K, BV] in registers and steps over the nodes in index
+            order: S_t = Diag(exp(g_t)) S_src then the delta rule with beta_t (k_t, q_t L2-normed in the kernel, q
+            scaled by K^-1/2), o_t = S_t^T q_t. mode "leaky": S carries from node t-1 (the flattened path), per-node
+            states optional. mode "exact": parent-indexed, each node reloads its parent's state from the per-node
+            state buffer, so those states are always written.
+The step is GDN's (triton_helpers.delta_step) with the decay a vector over the key rows instead of one scalar. The
+committed state [B, H, K, V] fp32 is read, never written; inputs bf16 / fp16 / fp32.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ddsim.gpu_backend import _common as C
+from ddsim.gpu_backend import checks
+from ddsim.gpu_backend import triton_helpers as h
+from ddsim.gpu_backend.launch import bind
+
+
+@triton.jit
+def _kda_recurrent_kernel(
+    q, k, v, g, beta,  # [B,T,H,K] x2, [B,T,H,V], [B,T,H,K] log decay per key channel, [B,T,H]
+    src,  # [B, T] int32: source node of each node's state (-1: the committed state)
+    state,  # [B, H, K, V] fp32 committed states
+    o, snap,  # [B, T, H, V] out; [B, T, H, K, V] fp32 per-node states (or a dummy)
+    T, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PARENT_INDEXED: tl.constexpr, STORE_STATES: tl.constexpr,
+):
+    i_v, i_b, i_h, _ = h.head_coords(H, H)
+    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
+    mkv = mk[:, None] & mv[None, :]
+    s0 = tl.load(h.state_ptrs(state, i_b, i_h, o_k, o_v, H, K, V, False), mask=mkv, other=0.0)
+    S = s0
+    for t in range(0, T):
+        row = i_b * T + t
+        if PARENT_INDEXED:
+            p = tl.load(src + row)
+            sp = tl.load(h.state_ptrs(snap, i_b * T + tl.maximum(p, 0), i_h, o_k, o_v, H, K, V, False), mask=mkv,
+                         other=0.0)
+            S = tl.where(p >= 0, sp, s0)  # the root reads the committed state
+        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, True, 0)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, True, 0)
+        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0)
+        b_g = tl.load(g + (row * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)  # [BK]
+        b_beta = tl.load(beta + row * H + i_h).to(tl.float32)
+        S = h.delta_step(S, b_k, b_v, b_g[:, None], b_beta)  # the decay per key row
+        b_o = tl.sum(S * (b_q * scale)[:, None], 0)
+        tl.store(o + (row * H + i_h) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
+        if STORE_STATES:
+            tl.store(h.state_ptrs(snap, row, i_h, o_k, o_v, H, K, V, False), S, mask=mkv)
+            if PARENT_INDEXED:
+                tl.debug_barrier()  # the next node may read this state through other threads
+
+
+def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", output_states=False,
+                    block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
+    """q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K]; beta [B, T, H]; parents [B, T] or a TreePlan; initial_state
+    [B, H, K, V] fp32 (read, never written). Returns o [B, T, H, V] in v's dtype and, with output_states, the state
+    after each node [B, T, H, K, V] fp32."""
+    launch, result = plan_recurrent(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode,
+                                    output_states=output_states, block_v=block_v, num_warps=num_warps, poison=poison)
+    launch()
+    return result
+
+
+def plan_recurrent(q, k, v, g, beta, *, parents, initial_state, mode="exact", output_states=False,
+                   block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
+    """Validate and allocate once; returns (launch, result): launch() runs the kernel alone (what a benchmark
+    times)."""
+    B, T, H, K, V = checks.check_kda(q, k, v, g, beta, initial_state)
+    if initial_state.dtype != torch.float32:
+        raise ValueError(f"initial_state: the Triton KDA kernel keeps fp32 states, got {initial_state.dtype}")
+    src = checks.source_parents(parents, B, T, q.device, mode)
+    parent_indexed = mode == "exact"
+    store = output_states or parent_indexed
+    o = C.alloc((B, T, H, V), v.dtype, v.device, poison)
+    snap = C.alloc((B, T, H, K, V), torch.float32, v.device, poison) if store else checks.constant("dummy", 1, v.device)
+    BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
+    grid = (C.cdiv(V, BV), B * H)
+    kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.contiguous(), beta=beta.contiguous(),
+              src=src.to(torch.int32).contiguous(), state=initial_state.contiguous(), o=o, snap=snap, T=T,
+              scale=K ** -0.5, H=H, K=K, V=V, BK=BK, BV=BV, PARENT_INDEXED=parent_indexed, STORE_STATES=store,
+              num_warps=num_warps)
+    return bind(_kda_recurrent_kernel, grid, kw), ((o, snap) if output_states else o)
+
