@@ -6,7 +6,7 @@ per-head decay), which take no tree (each sequence's nodes in batch order: the l
 (inputs, the initial state and the outputs read or written once, at the measured copy bandwidth). Sequences x nodes
 in {1x17, 8x65, 32x65}, DDTree trees. First, agreement on chains (where every mode is exact) with fla.
 
-    python benchmarks/bench_new_families.py [--commit SHA]
+    python benchmarks/bench_new_families.py [--commit SHA] [--families kda,lightning,mamba1]
 
 Shapes: KDA at Kimi-Linear-48B-A3B (H=32, K=V=128); lightning attention at MiniMax-Text-01 (H=64, hd=128);
 Mamba1 at Jamba Mini 1.6 (I=8192, N=16; no fla kernel).
@@ -107,9 +107,9 @@ def agreement(g: torch.Generator) -> str:
     return "\n".join(lines)
 
 
-def table(bw: float, g: torch.Generator) -> str:
+def table(bw: float, g: torch.Generator, families=("kda", "lightning", "mamba1")) -> str:
     rows = ["| family | B x T | kernel | us | floor us | x floor |", "|---|---|---|---:|---:|---:|"]
-    for family in ("kda", "lightning", "mamba1"):
+    for family in families:
         for B, T in SHAPES:
             trees, parents = ddtree_batch(B, T)
             parents = parents.cuda()
@@ -128,7 +128,11 @@ def table(bw: float, g: torch.Generator) -> str:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
+    ap.add_argument("--families", default="kda,lightning,mamba1")
     a = ap.parse_args()
+    families = a.families.split(",")
+    if not families or set(families) - {"kda", "lightning", "mamba1"}:
+        ap.error(f"--families {a.families!r}: expected a comma-separated subset of kda, lightning, mamba1")
     if not torch.cuda.is_available():
         raise SystemExit("bench_new_families: needs a CUDA device")
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
@@ -137,4 +141,4 @@ if __name__ == "__main__":
     print(agreement(gen), flush=True)
     bw = copy_bandwidth("cuda")
     print(f"# copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    print(table(bw, gen))
+    print(table(bw, gen, families))
