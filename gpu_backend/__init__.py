@@ -243,16 +243,28 @@ def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=
         return _triton("triton_mamba2").mamba2_tree_commit_triton(x, dt, A, B, inplace=inplace, **kw)
 
 
+MAMBA1_BACKENDS = ("torch", "triton", "triton-recurrent")
+
+
 def mamba1_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, parents, initial_state, mode="exact",
                        output_states=False, backend=None):
     """One Mamba1 selective scan over a tree. x [B, T, I]; dt [B, T, I] raw (dt_bias added and softplus applied
     in the op); A [I, N] negative; B, C [B, T, N]; D, dt_bias [I] or None; parents [B, T] or a TreePlan;
     initial_state [B, I, N] fp32 (read, never written). Returns y [B, T, I] in x's dtype and, with
-    output_states, the state after every node [B, T, I, N] fp32. One backend: PyTorch (``backend`` is
-    accepted for the callers' uniformity; Mamba1 has no Triton kernel yet)."""
-    return torch_mamba1.mamba1_tree_verify(x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                                           parents=parents, initial_state=initial_state, mode=mode,
-                                           output_states=output_states)
+    output_states, the state after every node [B, T, I, N] fp32. Backends: "torch" (the default off CUDA, and for fp64
+    states), "triton" = "triton-recurrent" (the default on CUDA: flattened, or parent-indexed over per-node states)."""
+    if backend is None:
+        backend = "triton" if x.is_cuda and initial_state.dtype == torch.float32 else "torch"
+    if backend not in MAMBA1_BACKENDS:
+        raise ValueError(f"backend: expected one of {MAMBA1_BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return torch_mamba1.mamba1_tree_verify(x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                               parents=parents, initial_state=initial_state, mode=mode,
+                                               output_states=output_states)
+    with _on(x):
+        return _triton("triton_mamba1").mamba1_tree_verify(x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                                           parents=parents, initial_state=initial_state, mode=mode,
+                                                           output_states=output_states)
 
 
 def mamba1_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, parents, accepted, initial_state, backend=None):

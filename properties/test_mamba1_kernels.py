@@ -1,7 +1,9 @@
 """The Mamba1 (selective scan, Jamba) fast path against the float64 oracle on hypothesis trees: outputs and
 per-node states in both modes and every input dtype, the commit along the accepted path, inputs and the
 committed state bit-identical after every call, states NaN-poisoned before the loop writes them (a node
-it skipped cannot pass), and the leak there: off the order-exact nodes the leaky path differs."""
+it skipped cannot pass), and the leak there: off the order-exact nodes the leaky path differs. Both backends: PyTorch
+and the Triton recurrent kernel (in Triton's interpreter on the CPU)."""
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,14 +20,17 @@ def _args(inp, dtype=torch.float32):
     return {k: (None if inp[k] is None else inp[k].to(dtype) if k in ("x", "B", "C") else inp[k]) for k in TENSORS}
 
 
+BACKENDS = st.sampled_from(["torch", "triton"])
+
+
 @given(mamba1_inputs(max_nodes=7), st.sampled_from(["exact", "leaky"]),
-       st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
-def test_mamba1_verify_and_states_match_oracle(inp, mode, dtype):
+       st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), BACKENDS)
+def test_mamba1_verify_and_states_match_oracle(inp, mode, dtype, backend):
     args = _args(inp, dtype)
     before = {k: v.clone() for k, v in args.items() if v is not None}
     S0 = inp["initial_state"].clone()
     y, states = gb.mamba1_tree_verify(**args, dt_softplus=inp["dt_softplus"], parents=inp["parents"],
-                                      initial_state=S0, mode=mode, output_states=True)
+                                      initial_state=S0, mode=mode, output_states=True, backend=backend)
     ref_y, ref = oracle.mamba1_tree_verify(**args, dt_softplus=inp["dt_softplus"], parents=inp["parents"],
                                            initial_state=inp["initial_state"], mode=mode, output_states=True)
     assert y.dtype == dtype and y.shape == ref_y.shape and states.shape == ref.shape
@@ -33,8 +38,9 @@ def test_mamba1_verify_and_states_match_oracle(inp, mode, dtype):
     assert_close(f"per-node states ({mode})", states, ref, dtype=torch.float32, slack=5)
     assert torch.equal(S0, inp["initial_state"])  # verify never writes the committed state
     assert all(torch.equal(args[k], v) for k, v in before.items())
-    y2 = gb.mamba1_tree_verify(**args, dt_softplus=inp["dt_softplus"], parents=inp["parents"], initial_state=S0, mode=mode)
-    assert torch.equal(y2, y)
+    y2 = gb.mamba1_tree_verify(**args, dt_softplus=inp["dt_softplus"], parents=inp["parents"], initial_state=S0, mode=mode,
+                               backend=backend)
+    assert torch.equal(y2, y)  # without per-node states returned: the same outputs
 
 
 @given(mamba1_inputs(max_nodes=7), st.lists(st.integers(0, 10**6), min_size=2, max_size=2))
@@ -55,23 +61,25 @@ def test_mamba1_commit_is_the_accepted_nodes_state(inp, picks):
                  dtype=torch.float32, slack=5)
 
 
-@given(mamba1_inputs(max_nodes=7))
-def test_mamba1_leaky_is_exact_where_the_layout_is_and_leaks_elsewhere(inp):
+@given(mamba1_inputs(max_nodes=7), BACKENDS)
+def test_mamba1_leaky_is_exact_where_the_layout_is_and_leaks_elsewhere(inp, backend):
     args = _args(inp)
     kw = dict(dt_softplus=inp["dt_softplus"], parents=inp["parents"], initial_state=inp["initial_state"])
-    exact, leaky = (gb.mamba1_tree_verify(**args, **kw, mode=m) for m in ("exact", "leaky"))
+    exact, leaky = (gb.mamba1_tree_verify(**args, **kw, mode=m, backend=backend) for m in ("exact", "leaky"))
     ox = torch.tensor([list(t.order_exact) for t in inp["trees"]])
     assert torch.equal(exact[ox], leaky[ox])  # the same computation on order-exact nodes, bit for bit
     ref = oracle.mamba1_tree_verify(**args, **kw, mode="leaky")
     assert_close("leaky = the oracle's flattened recurrence", leaky, ref, dtype=torch.float32, slack=5)
 
 
-def test_a_sibling_inherits_its_elder_siblings_state_in_the_leaky_path():
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_sibling_inherits_its_elder_siblings_state_in_the_leaky_path(backend):
     """A star of three nodes: node 2's leaky state is built from node 1's, not the root's."""
     g = torch.Generator().manual_seed(0)
     x, dt = torch.randn(1, 3, 4, generator=g), torch.randn(1, 3, 4, generator=g)
     A, B, C = -torch.rand(4, 3, generator=g) - 0.1, torch.randn(1, 3, 3, generator=g), torch.randn(1, 3, 3, generator=g)
-    kw = dict(parents=torch.tensor([[-1, 0, 0]]), initial_state=torch.randn(1, 4, 3, generator=g), output_states=True)
+    kw = dict(parents=torch.tensor([[-1, 0, 0]]), initial_state=torch.randn(1, 4, 3, generator=g), output_states=True,
+              backend=backend)
     _, ex = gb.mamba1_tree_verify(x, dt, A, B, C, mode="exact", **kw)
     _, lk = gb.mamba1_tree_verify(x, dt, A, B, C, mode="leaky", **kw)
     assert torch.equal(ex[:, :2], lk[:, :2]) and not torch.allclose(ex[:, 2], lk[:, 2])

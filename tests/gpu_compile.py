@@ -32,6 +32,7 @@ from ddsim.gpu_backend import (  # noqa: E402
     triton_conv,
     triton_gdn,
     triton_kda,
+    triton_mamba1,
     triton_mamba2,
     triton_wy_blocked,
     triton_wy_split,
@@ -59,7 +60,7 @@ def _launch(kernel, grid, **kw):
     GOT.append((kernel, dict(kw)))
 
 
-for _m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit, triton_mamba2, triton_kda):
+for _m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit, triton_mamba2, triton_kda, triton_mamba1):
     _m.bind = _bind
 for _m in (triton_commit, triton_conv):
     _m.launch = _launch
@@ -89,6 +90,11 @@ def other_calls():
     kd = {n: torch.randn(1, 6, 2, 128, generator=gen).to(torch.bfloat16) for n in ("q", "k", "v")}
     kd.update(g=-torch.rand(1, 6, 2, 128, generator=gen), beta=torch.rand(1, 6, 2, generator=gen))
     ks = torch.randn(1, 2, 128, 128, generator=gen)
+    # Mamba1 at Jamba's state size: x, dt [1, 6, 256], A [256, 16], B, C [1, 6, 16]
+    m1 = dict(x=torch.randn(1, 6, 256, generator=gen).to(torch.bfloat16), dt=torch.randn(1, 6, 256, generator=gen),
+              A=-torch.rand(256, 16, generator=gen), B=torch.randn(1, 6, 16, generator=gen).to(torch.bfloat16),
+              C=torch.randn(1, 6, 16, generator=gen).to(torch.bfloat16), D=torch.ones(256), dt_bias=torch.zeros(256))
+    m1s = torch.randn(1, 256, 16, generator=gen)
     return [
         ("gdn recurrent, exact", lambda: gb.gdn_tree_verify(**qkv, parents=g["parents"], initial_state=g["initial_state"],
                                                             backend="triton-recurrent")),
@@ -111,6 +117,10 @@ def other_calls():
                                                             backend="triton")),
         ("kda recurrent, leaky with states", lambda: gb.kda_tree_verify(
             **kd, parents=g["parents"][:1], initial_state=ks, mode="leaky", output_states=True, backend="triton")),
+        ("mamba1 recurrent, exact", lambda: gb.mamba1_tree_verify(**m1, parents=g["parents"][:1], initial_state=m1s,
+                                                                  backend="triton")),
+        ("mamba1 recurrent, leaky with states", lambda: gb.mamba1_tree_verify(
+            **m1, parents=g["parents"][:1], initial_state=m1s, mode="leaky", output_states=True, backend="triton")),
     ]
 
 

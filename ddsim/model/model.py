@@ -175,6 +175,11 @@ class HybridModel:
         self.state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._consts: dict = {}
 
+    def _family_backend(self) -> str | None:
+        """The backend of the ops with one Triton design (Mamba1, KDA): "torch" or "triton" as the model's GDN
+        backend says, their own default (Triton on CUDA) when it says nothing."""
+        return None if self.backend is None else "torch" if self.backend == "torch" else "triton"
+
     def _const(self, name: str) -> torch.Tensor:
         """A per-layer constant in float32, derived from its weight once (not once per verify):
         A = -exp(A_log) for a ``*.A_log`` weight, the decay per step exp(-slope) for a ``*.slope`` weight (lightning
@@ -553,7 +558,8 @@ class HybridModel:
         dt = F.linear(dtr, w[p + "mamba1.dt_proj"]).float()  # [B, T, I] raw
         o = gb.mamba1_tree_verify(u, dt, self._const(p + "mamba1.A_log"), Bm, Cm, D=self._const(p + "mamba1.D"),
                                   dt_bias=self._const(p + "mamba1.dt_bias"), parents=parents,
-                                  initial_state=S0.to(self.state_dtype), mode=rec_mode, output_states=keep_states)
+                                  initial_state=S0.to(self.state_dtype), mode=rec_mode, output_states=keep_states,
+                                  backend=self._family_backend())
         o, states = o if keep_states else (o, None)
         o = o.reshape(Nr, I).float() * F.silu(z.float())
         out = F.linear(o.to(x.dtype), w[p + "mamba1.out"])
@@ -577,7 +583,7 @@ class HybridModel:
         g = (self._const(p + "kda.A_log")[:, None] * F.softplus(f.view(N, H, K))).view(Bs, T, H, K)  # -exp(A_log) * ...
         beta = torch.sigmoid(F.linear(x, w[p + "kda.b"]).float()).view(Bs, T, H)
         o = gb.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0.to(self.state_dtype), mode=rec_mode,
-                               output_states=keep_states)
+                               output_states=keep_states, backend=self._family_backend())
         o, states = o if keep_states else (o, None)
         gate = F.linear(F.linear(x, w[p + "kda.g_a"]), w[p + "kda.g_b"]).view(N, H, K)
         o = _rmsnorm(o.reshape(N, H, K).float(), w[p + "kda.norm"].float(), cfg.rms_norm_eps) * torch.sigmoid(gate.float())
