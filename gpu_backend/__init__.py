@@ -268,10 +268,18 @@ def mamba1_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True
 
 
 def mamba1_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, parents, accepted, initial_state, backend=None):
-    """Mamba1 state after the accepted path root..accepted[b], without per-node snapshots: a new [B, I, N]
-    (PyTorch, like mamba1_tree_verify)."""
-    return torch_mamba1.mamba1_tree_commit(x, dt, A, B, dt_bias=dt_bias, dt_softplus=dt_softplus, parents=parents,
-                                           accepted=accepted, initial_state=initial_state)
+    """Mamba1 state after the accepted path root..accepted[b], without per-node snapshots: a new [B, I, N]. Backends
+    as mamba1_tree_verify's (Triton: the accepted path's steps in one kernel)."""
+    if backend is None:
+        backend = "triton" if x.is_cuda and initial_state.dtype == torch.float32 else "torch"
+    if backend not in MAMBA1_BACKENDS:
+        raise ValueError(f"backend: expected one of {MAMBA1_BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return torch_mamba1.mamba1_tree_commit(x, dt, A, B, dt_bias=dt_bias, dt_softplus=dt_softplus, parents=parents,
+                                               accepted=accepted, initial_state=initial_state)
+    with _on(x):
+        return _triton("triton_mamba1").mamba1_tree_commit(x, dt, A, B, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                                           parents=parents, accepted=accepted, initial_state=initial_state)
 
 
 def lightning_tree_verify(q, k, v, *, decay, parents, initial_state, mode="exact", output_states=False, backend=None):
@@ -312,8 +320,17 @@ def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", o
 
 
 def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, backend=None):
-    """KDA state after the accepted path root..accepted[b], without per-node snapshots: a new [B, H, K, V]."""
-    return torch_kda.kda_tree_commit(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state)
+    """KDA state after the accepted path root..accepted[b], without per-node snapshots: a new [B, H, K, V]. Backends as
+    kda_tree_verify's (Triton: the accepted path's steps in one kernel)."""
+    if backend is None:
+        backend = "triton" if k.is_cuda and initial_state.dtype == torch.float32 else "torch"
+    if backend not in KDA_BACKENDS:
+        raise ValueError(f"backend: expected one of {KDA_BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return torch_kda.kda_tree_commit(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state)
+    with _on(k):
+        return _triton("triton_kda").kda_tree_commit(k, v, g, beta, parents=parents, accepted=accepted,
+                                                     initial_state=initial_state)
 
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_tree_commit", "mamba1_tree_verify",

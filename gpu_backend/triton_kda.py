@@ -1,11 +1,13 @@
-"""Triton kernel for Kimi Delta Attention (KDA) tree verification, and its launcher (twin: oracle.kda_tree_verify;
-reference beside it: torch_kda).
+"""Triton kernels for Kimi Delta Attention (KDA) tree verification and commit, and their launchers (twins:
+oracle.kda_tree_verify, oracle.kda_tree_commit; reference beside them: torch_kda).
 
 recurrent   one program per (sequence, head, V tile) keeps S [K, BV] in registers and steps over the nodes in index
             order: S_t = Diag(exp(g_t)) S_src then the delta rule with beta_t (k_t, q_t L2-normed in the kernel, q
             scaled by K^-1/2), o_t = S_t^T q_t. mode "leaky": S carries from node t-1 (the flattened path), per-node
             states optional. mode "exact": parent-indexed, each node reloads its parent's state from the per-node
             state buffer, so those states are always written.
+commit      the state after the accepted root path (triton_commit's design): the committed state read once, the
+            path's steps, the result written once into a new [B, H, K, V].
 The step is GDN's (triton_helpers.delta_step) with the decay a vector over the key rows instead of one scalar. The
 committed state [B, H, K, V] fp32 is read, never written; inputs bf16 / fp16 / fp32.
 """
@@ -19,6 +21,7 @@ from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
+from ddsim.gpu_backend.triton_commit import accepted_paths
 
 
 @triton.jit
@@ -88,3 +91,53 @@ def plan_recurrent(q, k, v, g, beta, *, parents, initial_state, mode="exact", ou
               num_warps=num_warps)
     return bind(_kda_recurrent_kernel, grid, kw), ((o, snap) if output_states else o)
 
+
+
+@triton.jit
+def _kda_commit_kernel(
+    k, v, g, beta,  # [B,T,H,K], [B,T,H,V], [B,T,H,K], [B,T,H]
+    paths, acc,  # [B, TP, DMAX] int32 root paths (root first, -1 padded); [B] int64: each sequence's row
+    state, out,  # [B, H, K, V] fp32: the committed states (read), the new ones (written)
+    T, TP, DMAX,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_v, i_b, i_h, _ = h.head_coords(H, H)
+    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
+    mkv = mk[:, None] & mv[None, :]
+    S = tl.load(h.state_ptrs(state, i_b, i_h, o_k, o_v, H, K, V, False), mask=mkv, other=0.0)
+    path = paths + (i_b * TP + tl.load(acc + i_b)) * DMAX  # the accepted node's root path
+    for d in range(0, DMAX):
+        n = tl.load(path + d)
+        row = (i_b * T + tl.maximum(n, 0)).to(tl.int64)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, True, 0)
+        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0)
+        b_g = tl.load(g + (row * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
+        b_beta = tl.load(beta + row * H + i_h).to(tl.float32)
+        S = tl.where(n >= 0, h.delta_step(S, b_k, b_v, b_g[:, None], b_beta), S)
+    tl.store(h.state_ptrs(out, i_b, i_h, o_k, o_v, H, K, V, False), S, mask=mkv)
+
+
+def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, block_v: int = 32, num_warps: int = 4,
+                    poison: bool | None = None):
+    """State after root..accepted[b]: a new [B, H, K, V] fp32 tensor (the committed state untouched)."""
+    launch, out = plan_commit(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state,
+                              block_v=block_v, num_warps=num_warps, poison=poison)
+    launch()
+    return out
+
+
+def plan_commit(k, v, g, beta, *, parents, accepted, initial_state, block_v: int = 32, num_warps: int = 4,
+                poison: bool | None = None):
+    """Validate, build the paths and allocate once; returns (launch, out)."""
+    B, T, H, K, V = checks.check_kda(k, k, v, g, beta, initial_state)
+    if initial_state.dtype != torch.float32:
+        raise ValueError(f"initial_state: the Triton KDA kernel keeps fp32 states, got {initial_state.dtype}")
+    p = checks.check_parents(parents, B, T, k.device)
+    acc = checks.check_accepted(accepted, B, T, k.device)
+    paths, rows = accepted_paths(parents, p, acc)
+    out = C.alloc((B, H, K, V), torch.float32, k.device, poison)
+    BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
+    kw = dict(k=k.contiguous(), v=v.contiguous(), g=g.contiguous(), beta=beta.contiguous(), paths=paths, acc=rows,
+              state=initial_state.contiguous(), out=out, T=T, TP=paths.shape[1], DMAX=paths.shape[2], H=H, K=K, V=V,
+              BK=BK, BV=BV, num_warps=num_warps)
+    return bind(_kda_commit_kernel, (C.cdiv(V, BV), B * H), kw), out

@@ -1,11 +1,13 @@
-"""Triton kernel for Mamba1 (selective scan) tree verification, and its launcher (twin: oracle.mamba1_tree_verify;
-reference beside it: torch_mamba1).
+"""Triton kernels for Mamba1 (selective scan) tree verification and commit, and their launchers (twins:
+oracle.mamba1_tree_verify, oracle.mamba1_tree_commit; reference beside them: torch_mamba1).
 
 recurrent   one program per (sequence, tile of BI channels) keeps the tile's state S [BI, N] in registers and steps
             over the nodes in index order: dt = softplus(dt + dt_bias) per channel, S_t = exp(dt A) * S_src +
             (dt x) B^T, y_t = S_t C_t + D x_t. mode "leaky": S carries from node t-1 (the flattened path), per-node
             states optional. mode "exact": parent-indexed, each node reloads its parent's state from the per-node
             state buffer, so those states are always written.
+commit      the state after the accepted root path (triton_commit's design): the committed state read once, the
+            path's steps, the result written once into a new [B, I, N].
 The committed state [B, I, N] fp32 is read, never written; inputs bf16 / fp16 / fp32.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
+from ddsim.gpu_backend.triton_commit import accepted_paths
 
 
 @triton.jit
@@ -96,3 +99,62 @@ def plan_recurrent(x, dt, A, B, C_, *, D=None, dt_bias=None, dt_softplus=True, p
               BI=BI, BN=BN, HAS_D=D is not None, HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus),
               PARENT_INDEXED=parent_indexed, STORE_STATES=store, num_warps=num_warps)
     return bind(_mamba1_recurrent_kernel, (C.cdiv(I, BI), Bn), kw), ((y, snap) if output_states else y)
+
+
+@triton.jit
+def _mamba1_commit_kernel(
+    x, dt, A, Bm, dt_bias,  # [B,T,I] x2, [I,N], [B,T,N], [I] (or a dummy)
+    paths, acc,  # [B, TP, DMAX] int32 root paths (root first, -1 padded); [B] int64: each sequence's row
+    state, out,  # [B, I, N] fp32: the committed states (read), the new ones (written)
+    T, TP, DMAX,
+    I: tl.constexpr, N: tl.constexpr, BI: tl.constexpr, BN: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+):
+    i_i, i_b = tl.program_id(0), tl.program_id(1)
+    o_i = i_i * BI + tl.arange(0, BI)
+    o_n = tl.arange(0, BN)
+    mi, mn = o_i < I, o_n < N
+    m = mi[:, None] & mn[None, :]
+    tile = o_i[:, None] * N + o_n[None, :]
+    b_A = tl.load(A + tile, mask=m, other=0.0).to(tl.float32)
+    bias = tl.load(dt_bias + o_i, mask=mi, other=0.0).to(tl.float32) if HAS_BIAS else tl.zeros([BI], tl.float32)
+    S = tl.load(state + i_b.to(tl.int64) * I * N + tile, mask=m, other=0.0)
+    path = paths + (i_b * TP + tl.load(acc + i_b)) * DMAX  # the accepted node's root path
+    for d in range(0, DMAX):
+        n = tl.load(path + d)
+        row = i_b * T + tl.maximum(n, 0)
+        b_x = tl.load(x + row * I + o_i, mask=mi, other=0.0).to(tl.float32)
+        s = tl.load(dt + row * I + o_i, mask=mi, other=0.0).to(tl.float32) + bias
+        if SOFTPLUS:
+            s = h.softplus(s)
+        b_B = tl.load(Bm + row * N + o_n, mask=mn, other=0.0).to(tl.float32)
+        S = tl.where(n >= 0, tl.exp(s[:, None] * b_A) * S + (s * b_x)[:, None] * b_B[None, :], S)
+    tl.store(out + i_b.to(tl.int64) * I * N + tile, S, mask=m)
+
+
+def mamba1_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, parents, accepted, initial_state,
+                       block_i: int = 64, num_warps: int = 4, poison: bool | None = None):
+    """State after root..accepted[b]: a new [B, I, N] fp32 tensor (the committed state untouched)."""
+    launch, out = plan_commit(x, dt, A, B, dt_bias=dt_bias, dt_softplus=dt_softplus, parents=parents, accepted=accepted,
+                              initial_state=initial_state, block_i=block_i, num_warps=num_warps, poison=poison)
+    launch()
+    return out
+
+
+def plan_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, parents, accepted, initial_state, block_i: int = 64,
+                num_warps: int = 4, poison: bool | None = None):
+    """Validate, build the paths and allocate once; returns (launch, out)."""
+    Bn, T, I, N = checks.check_mamba1(x, dt, A, B, None, None, dt_bias, initial_state)
+    if initial_state.dtype != torch.float32:
+        raise ValueError(f"initial_state: the Triton Mamba1 kernel keeps fp32 states, got {initial_state.dtype}")
+    p = checks.check_parents(parents, Bn, T, x.device)
+    acc = checks.check_accepted(accepted, Bn, T, x.device)
+    paths, rows = accepted_paths(parents, p, acc)
+    out = C.alloc((Bn, I, N), torch.float32, x.device, poison)
+    dummy = checks.constant("dummy", 1, x.device)
+    BI, BN = min(block_i, C.next_pow2(I, 1)), C.next_pow2(N, 1)
+    kw = dict(x=x.contiguous(), dt=dt.contiguous(), A=A.contiguous(), Bm=B.contiguous(),
+              dt_bias=dummy if dt_bias is None else dt_bias.contiguous(), paths=paths, acc=rows,
+              state=initial_state.contiguous(), out=out, T=T, TP=paths.shape[1], DMAX=paths.shape[2], I=I, N=N, BI=BI,
+              BN=BN, HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus), num_warps=num_warps)
+    return bind(_mamba1_commit_kernel, (C.cdiv(I, BI), Bn), kw), out

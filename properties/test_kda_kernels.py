@@ -44,13 +44,13 @@ def test_kda_verify_and_states_match_oracle(inp, mode, dtype, backend, keep):
     assert torch.equal(S0, inp["initial_state"]) and all(torch.equal(args[k], v) for k, v in before.items())
 
 
-@given(kda_inputs(max_nodes=7), st.lists(st.integers(0, 10**6), min_size=2, max_size=2))
-def test_kda_commit_is_the_accepted_nodes_state(inp, picks):
+@given(kda_inputs(max_nodes=7), st.lists(st.integers(0, 10**6), min_size=2, max_size=2), BACKENDS)
+def test_kda_commit_is_the_accepted_nodes_state(inp, picks, backend):
     acc = [picks[i] % t.size for i, t in enumerate(inp["trees"])]
     args = _args(inp)
     kw = {k: args[k] for k in ("k", "v", "g", "beta")}
     S0 = inp["initial_state"].clone()
-    out = gb.kda_tree_commit(**kw, parents=inp["parents"], accepted=acc, initial_state=S0)
+    out = gb.kda_tree_commit(**kw, parents=inp["parents"], accepted=acc, initial_state=S0, backend=backend)
     ref = oracle.kda_tree_commit(**kw, parents=inp["parents"], accepted=acc, initial_state=inp["initial_state"])
     assert_close("committed state", out, ref, dtype=torch.float32, slack=5)
     assert torch.equal(S0, inp["initial_state"])

@@ -43,14 +43,14 @@ def test_mamba1_verify_and_states_match_oracle(inp, mode, dtype, backend):
     assert torch.equal(y2, y)  # without per-node states returned: the same outputs
 
 
-@given(mamba1_inputs(max_nodes=7), st.lists(st.integers(0, 10**6), min_size=2, max_size=2))
-def test_mamba1_commit_is_the_accepted_nodes_state(inp, picks):
+@given(mamba1_inputs(max_nodes=7), st.lists(st.integers(0, 10**6), min_size=2, max_size=2), BACKENDS)
+def test_mamba1_commit_is_the_accepted_nodes_state(inp, picks, backend):
     acc = [picks[i] % t.size for i, t in enumerate(inp["trees"])]
     args = _args(inp)
     kw = {k: args[k] for k in ("x", "dt", "A", "B", "dt_bias")}
     S0 = inp["initial_state"].clone()
     out = gb.mamba1_tree_commit(**kw, dt_softplus=inp["dt_softplus"], parents=inp["parents"], accepted=acc,
-                                initial_state=S0)
+                                initial_state=S0, backend=backend)
     ref = oracle.mamba1_tree_commit(**kw, dt_softplus=inp["dt_softplus"], parents=inp["parents"], accepted=acc,
                                     initial_state=inp["initial_state"])
     assert_close("committed state", out, ref, dtype=torch.float32, slack=5)

@@ -121,6 +121,11 @@ def other_calls():
                                                                   backend="triton")),
         ("mamba1 recurrent, leaky with states", lambda: gb.mamba1_tree_verify(
             **m1, parents=g["parents"][:1], initial_state=m1s, mode="leaky", output_states=True, backend="triton")),
+        ("kda commit", lambda: gb.kda_tree_commit(kd["k"], kd["v"], kd["g"], kd["beta"], parents=g["parents"][:1],
+                                                  accepted=acc[:1], initial_state=ks, backend="triton")),
+        ("mamba1 commit", lambda: gb.mamba1_tree_commit(m1["x"], m1["dt"], m1["A"], m1["B"], dt_bias=m1["dt_bias"],
+                                                        parents=g["parents"][:1], accepted=acc[:1], initial_state=m1s,
+                                                        backend="triton")),
     ]
 
 

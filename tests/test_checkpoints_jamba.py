@@ -109,7 +109,8 @@ def test_audit_command_on_a_jamba_checkpoint(tmp_path, checkpoint):
 
 
 def test_layers_without_a_triton_kernel_are_not_captured_in_cuda_graphs():
-    """Mamba1, lightning and KDA layers commit in PyTorch loops that read the tree on the host: a model with
+    """Lightning layers run PyTorch loops that read the tree on the host, and Mamba1's and KDA's Triton kernels are
+    not yet checked under capture: a model with
     any of them is run eagerly on CUDA, not captured (the reason is given), even without MoE; the fixed buffers
     without capture still take it."""
     from ddsim.model.config import get_preset
@@ -120,6 +121,7 @@ def test_layers_without_a_triton_kernel_are_not_captured_in_cuda_graphs():
                                            mamba1_inner=8, mamba_state_size=4)
         model = HybridModel(cfg, init_weights(cfg))
         why = not_capturable(model)
-        assert why is not None and family in why and "no Triton commit kernel" in why, why
+        assert why is not None and family in why, why
+        assert ("no Triton kernel yet" if kind == "l" else "not yet checked under CUDA-graph capture") in why, why
         assert not_capturable(model, capture=False) is None
     assert "not a CUDA device" in not_capturable(HybridModel(get_preset("micro"), init_weights(get_preset("micro"))))

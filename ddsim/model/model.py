@@ -875,14 +875,14 @@ class HybridModel:
                     ssm[i] = S0.clone()
                 elif cfg.layer_pattern[i] == "k":
                     ssm[i] = gb.kda_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plans[rec_mode], accepted=acc,
-                                                initial_state=S0)
+                                                initial_state=S0, backend=self._family_backend())
                 elif cfg.layer_pattern[i] == "l":
                     ssm[i] = gb.lightning_tree_commit(ci.k, ci.v, decay=self._const(p + "lightning.slope"),
                                                       parents=plans[rec_mode], accepted=acc, initial_state=S0)
                 elif cfg.layer_pattern[i] == "s":
                     ssm[i] = gb.mamba1_tree_commit(ci.x, ci.dt, self._const(p + "mamba1.A_log"), ci.B,
                                                    dt_bias=self._const(p + "mamba1.dt_bias"), parents=plans[rec_mode],
-                                                   accepted=acc, initial_state=S0)
+                                                   accepted=acc, initial_state=S0, backend=self._family_backend())
                 elif cfg.layer_pattern[i] == "g":
                     ssm[i] = gb.gdn_tree_commit(ci.k, ci.v, ci.g, ci.beta, parents=plans[rec_mode], accepted=acc,
                                                 initial_state=S0, backend=self.backend)
