@@ -156,20 +156,26 @@ def _route(w, p, cfg, xr):
 
 
 def _mlp(w, p, cfg, x, i):
-    """Each row's MLP (SwiGLU or relu^2), or the MoE block, routed row by row: the top-k experts'
+    """Each row's MLP (SwiGLU, GeGLU or relu^2), or the MoE block, routed row by row: the top-k experts'
     outputs weighted by the router (softmax, or Nemotron-H's grouped sigmoid), plus the shared expert
-    (sigmoid-gated for Qwen, a plain sum for Granite and Nemotron-H)."""
+    (sigmoid-gated for Qwen, a plain sum for Granite and Nemotron-H). Each expert chosen by some row runs once on
+    the rows that chose it (its weights converted once: a large model's are converted as they are used)."""
     moe = cfg.num_experts > 0 and i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0
     act = cfg.mlp_act
     if not moe:
         return _ffn(x, w[p + "mlp.up"], w[p + "mlp.down"], w[p + "mlp.gate"] if act != "relu2" else None, act)
-    out = torch.zeros_like(x)
+    chosen: dict[int, list] = {}  # expert -> [(row, its router weight), ...]
     for r in range(x.shape[0]):
         top, idx = _route(w, p, cfg, x[r])
         for pr, e in zip(top, idx.tolist()):
-            gate = w.expert(p + "mlp.experts.gate", e) if act != "relu2" else None
-            out[r] = out[r] + pr * _ffn(x[r], w.expert(p + "mlp.experts.up", e), w.expert(p + "mlp.experts.down", e),
-                                        gate, act)
+            chosen.setdefault(e, []).append((r, pr))
+    out = torch.zeros_like(x)
+    for e in sorted(chosen):
+        rows = torch.tensor([r for r, _ in chosen[e]], device=x.device)
+        weight = torch.stack([pr for _, pr in chosen[e]]).to(x.dtype)  # [n_e]
+        gate = w.expert(p + "mlp.experts.gate", e) if act != "relu2" else None
+        y = _ffn(x[rows], w.expert(p + "mlp.experts.up", e), w.expert(p + "mlp.experts.down", e), gate, act)
+        out.index_add_(0, rows, weight[:, None] * y)
     if p + "mlp.shared.down" in w:
         shared = _ffn(x, w[p + "mlp.shared.up"], w[p + "mlp.shared.down"],
                       w[p + "mlp.shared.gate"] if act != "relu2" else None, act)
