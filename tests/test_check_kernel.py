@@ -283,14 +283,16 @@ def test_ddsims_mamba2_kernel_passes_and_planted_mamba2_bugs_are_caught(tmp_path
 
 
 def test_kda_verifies_of_ddsim_sglang_and_fla_and_planted_kda_bugs(tmp_path):
-    """--op kda: ddsim's KDA verify is exact; SGLang 0.5.23's fused_sigmoid_gating_delta_rule_update in its KDA mode
-    is exact with retrieve_parent_token (its flattened mode is the GDN kernel's, checked above); fla's
+    """--op kda (ddsim's own KDA verify is checked against the oracle in properties/test_kda_kernels.py): SGLang
+    0.5.23's fused_sigmoid_gating_delta_rule_update in its KDA mode
+    is exact with retrieve_parent_token and the flattened path without it; fla's
     fused_recurrent_kda is the flattened path (exact refused in one line); planted KDA bugs fail the properties they
     break, the one wrong only at Kimi Linear's K = V = 128 on that serving example."""
     def run(impl, mode, *extra, out="ce.json"):
-        return run_cli("check-kernel", "--impl", impl, *extra, "--op", "kda", "--mode", mode, "--max-examples", "5",
+        return run_cli("check-kernel", "--impl", impl, *extra, "--op", "kda", "--mode", mode, "--max-examples", "3",
                        "--out", tmp_path / out, pythonpath=ENGINES)
-    for impl, mode, held in (("ddsim", "exact", 7), ("sglang", "exact", 7), ("fla", "leaky", 8)):
+    # (ddsim's own KDA verify runs below behind the ddsim convention, wrapped by the planted kernels)
+    for impl, mode, held in (("sglang", "exact", 7), ("sglang", "leaky", 8), ("fla", "leaky", 8)):
         r = run(impl, mode)
         assert r.returncode == 0 and f"all {held} properties hold (quick profile" in r.stdout, (impl, mode, r.stdout + r.stderr)
     assert "fla.fused_recurrent_kda (fla-core" in r.stdout
@@ -312,15 +314,15 @@ def test_kda_verifies_of_ddsim_sglang_and_fla_and_planted_kda_bugs(tmp_path):
 
 
 def test_lightning_attention_verifies_of_ddsim_and_fla_and_a_planted_bug(tmp_path):
-    """--op lightning: ddsim's lightning-attention verify is exact; fla's fused_recurrent_simple_gla (the kernel fla's
+    """--op lightning (ddsim's own verify is checked against the oracle in properties/test_lightning_kernels.py): fla's
+    fused_recurrent_simple_gla (the kernel fla's
     lightning_attn runs, autotuned: its first configuration in the interpreter) is the flattened path (exact
     refused in one line); an engine without one says so; a decay applied after the update is caught."""
     def run(impl, mode, *extra, out="cl.json"):
-        return run_cli("check-kernel", "--impl", impl, *extra, "--op", "lightning", "--mode", mode, "--max-examples", "5",
+        return run_cli("check-kernel", "--impl", impl, *extra, "--op", "lightning", "--mode", mode, "--max-examples", "3",
                        "--out", tmp_path / out, pythonpath=ENGINES)
-    for impl, mode, held in (("ddsim", "exact", 7), ("fla", "leaky", 8)):
-        r = run(impl, mode)
-        assert r.returncode == 0 and f"all {held} properties hold (quick profile" in r.stdout, (impl, mode, r.stdout + r.stderr)
+    r = run("fla", "leaky")  # (ddsim's own lightning verify runs below, wrapped by the planted kernel)
+    assert r.returncode == 0 and "all 8 properties hold (quick profile" in r.stdout, r.stdout + r.stderr
     doc = json.loads((tmp_path / "cl.json").read_text())
     assert doc["kernel"]["name"] == "fla.fused_recurrent_simple_gla" and doc["kernel"]["op"] == "lightning"
     assert doc["coverage"]["K"][-1] == 128 and doc["coverage"]["decay max"] == 1.0
