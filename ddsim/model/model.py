@@ -383,7 +383,7 @@ class HybridModel:
         return top * cfg.routed_scaling_factor, idx
 
     def _mlp(self, p, x, i):
-        """The layer's MLP (SwiGLU or relu^2), or the MoE block: the routed top-k experts plus the
+        """The layer's MLP (SwiGLU, GeGLU or relu^2), or the MoE block: the routed top-k experts plus the
         shared expert (sigmoid-gated for Qwen, a plain sum for Granite and Nemotron-H)."""
         cfg, w = self.cfg, self.w
         gated = cfg.gated_mlp
