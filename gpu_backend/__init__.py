@@ -243,7 +243,17 @@ def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=
         return _triton("triton_mamba2").mamba2_tree_commit_triton(x, dt, A, B, inplace=inplace, **kw)
 
 
-MAMBA1_BACKENDS = ("torch", "triton", "triton-recurrent")
+MAMBA1_BACKENDS = KDA_BACKENDS = ("torch", "triton", "triton-recurrent")  # one Triton design each
+
+
+def _one_design(x, state, backend, allowed) -> str:
+    """The backend of an op with one Triton design (Mamba1, KDA): ``backend`` checked, else Triton for CUDA tensors
+    with fp32 states and PyTorch otherwise."""
+    if backend is None:
+        return "triton" if x.is_cuda and state.dtype == torch.float32 else "torch"
+    if backend not in allowed:
+        raise ValueError(f"backend: expected one of {allowed}, got {backend!r}")
+    return backend
 
 
 def mamba1_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, parents, initial_state, mode="exact",
@@ -253,11 +263,7 @@ def mamba1_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True
     initial_state [B, I, N] fp32 (read, never written). Returns y [B, T, I] in x's dtype and, with
     output_states, the state after every node [B, T, I, N] fp32. Backends: "torch" (the default off CUDA, and for fp64
     states), "triton" = "triton-recurrent" (the default on CUDA: flattened, or parent-indexed over per-node states)."""
-    if backend is None:
-        backend = "triton" if x.is_cuda and initial_state.dtype == torch.float32 else "torch"
-    if backend not in MAMBA1_BACKENDS:
-        raise ValueError(f"backend: expected one of {MAMBA1_BACKENDS}, got {backend!r}")
-    if backend == "torch":
+    if _one_design(x, initial_state, backend, MAMBA1_BACKENDS) == "torch":
         return torch_mamba1.mamba1_tree_verify(x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                                parents=parents, initial_state=initial_state, mode=mode,
                                                output_states=output_states)
@@ -270,11 +276,7 @@ def mamba1_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True
 def mamba1_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, parents, accepted, initial_state, backend=None):
     """Mamba1 state after the accepted path root..accepted[b], without per-node snapshots: a new [B, I, N]. Backends
     as mamba1_tree_verify's (Triton: the accepted path's steps in one kernel)."""
-    if backend is None:
-        backend = "triton" if x.is_cuda and initial_state.dtype == torch.float32 else "torch"
-    if backend not in MAMBA1_BACKENDS:
-        raise ValueError(f"backend: expected one of {MAMBA1_BACKENDS}, got {backend!r}")
-    if backend == "torch":
+    if _one_design(x, initial_state, backend, MAMBA1_BACKENDS) == "torch":
         return torch_mamba1.mamba1_tree_commit(x, dt, A, B, dt_bias=dt_bias, dt_softplus=dt_softplus, parents=parents,
                                                accepted=accepted, initial_state=initial_state)
     with _on(x):
@@ -298,20 +300,13 @@ def lightning_tree_commit(k, v, *, decay, parents, accepted, initial_state, back
                                                  initial_state=initial_state)
 
 
-KDA_BACKENDS = ("torch", "triton", "triton-recurrent")
-
-
 def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", output_states=False, backend=None):
     """One Kimi Delta Attention layer over a tree. q, k [B, T, H, K] (L2-normalised in the op); v [B, T, H, V];
     g [B, T, H, K] the log decay per key channel; beta [B, T, H]; parents [B, T] or a TreePlan; initial_state
     [B, H, K, V] fp32 (read, never written). Returns o [B, T, H, V] in v's dtype and, with output_states, the state
     after every node [B, T, H, K, V] fp32. Backends: "torch" (the default off CUDA, and for fp64 states), "triton" =
     "triton-recurrent" (the default on CUDA: flattened, or parent-indexed over per-node states)."""
-    if backend is None:
-        backend = "triton" if q.is_cuda and initial_state.dtype == torch.float32 else "torch"
-    if backend not in KDA_BACKENDS:
-        raise ValueError(f"backend: expected one of {KDA_BACKENDS}, got {backend!r}")
-    if backend == "torch":
+    if _one_design(q, initial_state, backend, KDA_BACKENDS) == "torch":
         return torch_kda.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode,
                                          output_states=output_states)
     with _on(q):
@@ -322,11 +317,7 @@ def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", o
 def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, backend=None):
     """KDA state after the accepted path root..accepted[b], without per-node snapshots: a new [B, H, K, V]. Backends as
     kda_tree_verify's (Triton: the accepted path's steps in one kernel)."""
-    if backend is None:
-        backend = "triton" if k.is_cuda and initial_state.dtype == torch.float32 else "torch"
-    if backend not in KDA_BACKENDS:
-        raise ValueError(f"backend: expected one of {KDA_BACKENDS}, got {backend!r}")
-    if backend == "torch":
+    if _one_design(k, initial_state, backend, KDA_BACKENDS) == "torch":
         return torch_kda.kda_tree_commit(k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state)
     with _on(k):
         return _triton("triton_kda").kda_tree_commit(k, v, g, beta, parents=parents, accepted=accepted,
