@@ -91,10 +91,10 @@ def _plot_layers(report):
         ys = [max(_med(r.hidden_rel) or 1e-12, 1e-12) for r in rows]
         _line(ax, [r.layer for r in rows], ys, mode)
     for r in b.leak["exact"].by_layer:
-        if r.kind in "am":
+        if r.kind in "ampz":  # Mamba2's layers: its own, Falcon-H1's parallel ones, Zamba2's hybrid ones
             ax.axvspan(r.layer - 0.4, r.layer + 0.4, color="#cccccc" if r.kind == "a" else "#cfe3f7", alpha=0.4)
     ax.set_yscale("log")
-    ax.set_xlabel("layer (grey: attention only; light blue: Mamba2)")
+    ax.set_xlabel("layer (grey: attention only; light blue: with a Mamba2 mixer)")
     ax.set_ylabel("median hidden rel. error\n(non-order-exact nodes)")
     ax.set_title(f"Leak by layer, budget {b.budget}", fontsize=11)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=8, frameon=False)
