@@ -389,10 +389,18 @@ class HybridModel:
         gated = cfg.gated_mlp
         if not cfg.is_moe_layer(i):
             return self._ffn(x, w[p + "mlp.up"], w[p + "mlp.down"], w[p + "mlp.gate"] if gated else None)
-        top, idx = self._route(p, x)
+        top, idx = self._route(p, x)  # [T, k] each
+        k = idx.shape[1]
+        order = torch.argsort(idx.reshape(-1), stable=True)  # the (row, slot) choices grouped by expert, rows ascending
+        counts = torch.bincount(idx.reshape(-1), minlength=cfg.num_experts).tolist()  # one host sync per layer
         out = torch.zeros_like(x)
-        for e in idx.unique().tolist():
-            rows, slot = (idx == e).nonzero(as_tuple=True)
+        start = 0
+        for e, c in enumerate(counts):
+            if not c:
+                continue
+            chosen = order[start:start + c]
+            start += c
+            rows, slot = chosen // k, chosen % k
             ye = self._ffn(x[rows], w[p + "mlp.experts.up"][e], w[p + "mlp.experts.down"][e],
                            w[p + "mlp.experts.gate"][e] if gated else None)
             out.index_add_(0, rows, ye * top[rows, slot, None].to(x.dtype))
