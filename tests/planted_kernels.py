@@ -88,6 +88,15 @@ def mamba2_forgets_dt_bias(x, dt, A, B, C, *, D=None, dt_bias=None, parents, ini
                                  state_indices=state_indices, mode=mode, backend="torch")
 
 
+def mamba2_writes_x_in_place(x, dt, A, B, C, *, D=None, dt_bias=None, parents, initial_state, state_indices=None,
+                             mode="exact"):
+    """Right outputs, but the caller's x is overwritten afterwards (a kernel reusing its input as scratch)."""
+    y = gb.mamba2_tree_verify(x, dt, A, B, C, D=D, dt_bias=dt_bias, parents=parents, initial_state=initial_state,
+                              state_indices=state_indices, mode=mode, backend="torch")
+    x.zero_()
+    return y
+
+
 # ---- kernels wrong along one serving dimension only (the second hostile probe): every one passed the
 # small drawn examples, each must be caught by the quick profile's explicit examples ---------------------
 

@@ -73,6 +73,9 @@ def test_check_conv_and_mamba2_and_bad_profiles():
     assert all(r.holds for r in m2) and max(m2.coverage["P"]) == 64 and max(m2.coverage["N"]) == 128
     bad = ck.check(_load("tests.planted_kernels:mamba2_forgets_dt_bias"), mode="exact", max_examples=2, op="mamba2")
     assert {r.name for r in bad if not r.holds} == {"exact on order-exact nodes", "exact on every node"}
+    # a write to a positional input (x) is seen as a write to the kernel's arguments
+    bad = ck.check(_load("tests.planted_kernels:mamba2_writes_x_in_place"), mode="exact", max_examples=2, op="mamba2")
+    assert {r.name for r in bad if not r.holds} == {"inputs untouched"}
     from ddsim.errors import InputError
     with pytest.raises(InputError, match="--profile: expected one of quick, serving"):
         ck.check(_load("ddsim"), mode="exact", profile="huge")

@@ -141,20 +141,27 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str) -> dict:
 
 
 class _Runner:
-    """One kernel, one mode, on one device: runs the kernel (on copies: a kernel that writes its inputs
-    must not change what the oracle reads) and the oracle on an example."""
+    """One recurrence kernel (GDN, Mamba2, KDA, lightning attention), one mode, on one device: runs the kernel (on
+    copies: a kernel that writes its inputs must not change what the oracle reads) and its oracle twin on an example.
+    ``call`` is the kernel's contract (e.g. kernel.verify) and ``reference`` the oracle's op: both take the inputs
+    ``positional`` in order, then ``keywords``; ``extra`` the kernel's further keyword arguments."""
 
-    def __init__(self, kernel, mode: str, device: str):
-        self.kernel, self.mode, self.device = kernel, mode, device
+    def __init__(self, call, reference, positional: tuple, keywords: tuple, mode: str, device: str, extra=None):
+        self.call, self.reference, self.mode, self.device = call, reference, mode, device
+        self.positional, self.keywords, self.extra = positional, keywords, extra or {}
 
     def run(self, inp) -> dict:
-        from ddsim import oracle
-        r = _calls(lambda a, pool, slots: self.kernel.verify(**a, state_pool=pool, slots=slots, mode=self.mode,
-                                                             scale=None),
-                   inp, ("q", "k", "v", "g", "beta"), self.device)
-        plain = {k: inp[k].double() for k in ("q", "k", "v", "g", "beta")}
-        r["ref"] = {m: oracle.gdn_tree_verify(**plain, parents=inp["parents"], initial_state=inp["initial_state"].double(),
-                                              mode=m) for m in ("exact", "leaky")}
+        names = self.positional + self.keywords
+
+        def call(a, pool, slots):  # a is read, not emptied: _calls checks every argument for writes after the call
+            kw = {n: a[n] for n in (*self.keywords, "parents")}
+            return self.call(*(a[n] for n in self.positional), **kw, state_pool=pool, slots=slots, mode=self.mode,
+                             **self.extra)
+        r = _calls(call, inp, names, self.device)
+        plain = {k: None if inp[k] is None else inp[k].double() for k in names}
+        r["ref"] = {m: self.reference(*(plain[n] for n in self.positional), **{n: plain[n] for n in self.keywords},
+                                      parents=inp["parents"], initial_state=inp["initial_state"].double(), mode=m)
+                    for m in ("exact", "leaky")}
         r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
         r["dtype"] = _input_dtype(inp)
         return r
@@ -203,8 +210,8 @@ class _ConvRunner:
 
     def run(self, inp) -> dict:
         from ddsim import oracle
-        r = _calls(lambda a, pool, slots: self.kernel.conv(a.pop("x"), **a, window_pool=pool, slots=slots,
-                                                           mode=self.mode, activation="silu"),
+        r = _calls(lambda a, pool, slots: self.kernel.conv(a["x"], weight=a["weight"], bias=a["bias"], parents=a["parents"],
+                                                           window_pool=pool, slots=slots, mode=self.mode, activation="silu"),
                    inp, ("x", "weight", "bias"), self.device)
         plain = dict(weight=inp["weight"].double(), bias=None if inp["bias"] is None else inp["bias"].double())
         r["ref"] = {m: oracle.tree_causal_conv1d(inp["x"].double(), **plain, parents=inp["parents"],
@@ -226,79 +233,6 @@ class _ConvRunner:
         else:
             committed = ("committed window untouched", lambda r: r["committed_untouched"])
         return _properties(self.mode, committed)
-
-
-class _Mamba2Runner:
-    """The engine's Mamba2 tree verify, one mode, on one device, against the oracle's."""
-
-    def __init__(self, kernel, mode: str, device: str):
-        self.kernel, self.mode, self.device = kernel, mode, device
-
-    def run(self, inp) -> dict:
-        from ddsim import oracle
-        names = ("x", "dt", "A", "B", "C", "D", "dt_bias")
-
-        def call(a, pool, slots):
-            return self.kernel.mamba2(a.pop("x"), a.pop("dt"), a.pop("A"), a.pop("B"), a.pop("C"), **a, state_pool=pool,
-                                      slots=slots, mode=self.mode)
-        r = _calls(call, inp, names, self.device)
-        plain = {k: None if inp[k] is None else inp[k].double() for k in names}
-        r["ref"] = {m: oracle.mamba2_tree_verify(plain["x"], plain["dt"], plain["A"], plain["B"], plain["C"], D=plain["D"],
-                                                 dt_bias=plain["dt_bias"], parents=inp["parents"],
-                                                 initial_state=inp["initial_state"].double(), mode=m)
-                    for m in ("exact", "leaky")}
-        r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
-        r["dtype"] = _input_dtype(inp)
-        return r
-
-    def properties(self) -> dict:
-        return _properties(self.mode)
-
-
-class _KdaRunner:
-    """The engine's KDA verify, one mode, on one device, against the oracle's."""
-
-    def __init__(self, kernel, mode: str, device: str):
-        self.kernel, self.mode, self.device = kernel, mode, device
-
-    def run(self, inp) -> dict:
-        from ddsim import oracle
-        names = ("q", "k", "v", "g", "beta")
-        r = _calls(lambda a, pool, slots: self.kernel.kda(**a, state_pool=pool, slots=slots, mode=self.mode),
-                   inp, names, self.device)
-        plain = {k: inp[k].double() for k in names}
-        r["ref"] = {m: oracle.kda_tree_verify(**plain, parents=inp["parents"], initial_state=inp["initial_state"].double(),
-                                              mode=m) for m in ("exact", "leaky")}
-        r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
-        r["dtype"] = _input_dtype(inp)
-        return r
-
-    def properties(self) -> dict:
-        return _properties(self.mode)
-
-
-class _LightningRunner:
-    """The engine's lightning-attention verify, one mode, on one device, against the oracle's."""
-
-    def __init__(self, kernel, mode: str, device: str):
-        self.kernel, self.mode, self.device = kernel, mode, device
-
-    def run(self, inp) -> dict:
-        from ddsim import oracle
-        names = ("q", "k", "v", "decay")
-        r = _calls(lambda a, pool, slots: self.kernel.lightning(a.pop("q"), a.pop("k"), a.pop("v"), **a, state_pool=pool,
-                                                                slots=slots, mode=self.mode),
-                   inp, names, self.device)
-        plain = {k: inp[k].double() for k in names}
-        r["ref"] = {m: oracle.lightning_tree_verify(plain["q"], plain["k"], plain["v"], decay=plain["decay"],
-                                                    parents=inp["parents"], initial_state=inp["initial_state"].double(),
-                                                    mode=m) for m in ("exact", "leaky")}
-        r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
-        r["dtype"] = _input_dtype(inp)
-        return r
-
-    def properties(self) -> dict:
-        return _properties(self.mode)
 
 
 def _op_of(inp: dict) -> str:
@@ -402,6 +336,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
 
+    from ddsim import oracle
     from ddsim.engines import kernel_cases
     from ddsim.gpu_backend import poisoned
     profile = profile or default_profile(device)
@@ -416,19 +351,21 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
         extra = {"widths": kernel.conv_widths}
     elif op == "mamba2":
         kernel.check_mamba2(mode)
-        runner = _Mamba2Runner(kernel, mode, device)
+        runner = _Runner(kernel.mamba2, oracle.mamba2_tree_verify, ("x", "dt", "A", "B", "C"), ("D", "dt_bias"), mode,
+                         device)
         strategy = strategies.mamba2_inputs(max_nodes=10, dtype=dtype, engine=True)
     elif op == "kda":
         kernel.check_kda(mode)
-        runner = _KdaRunner(kernel, mode, device)
+        runner = _Runner(kernel.kda, oracle.kda_tree_verify, ("q", "k", "v", "g", "beta"), (), mode, device)
         strategy = strategies.kda_inputs(max_nodes=10, dtype=dtype, engine=True)
     elif op == "lightning":
         kernel.check_lightning(mode)
-        runner = _LightningRunner(kernel, mode, device)
+        runner = _Runner(kernel.lightning, oracle.lightning_tree_verify, ("q", "k", "v"), ("decay",), mode, device)
         strategy = strategies.lightning_inputs(max_nodes=10, dtype=dtype, engine=True)
     else:
         kernel.check_mode(mode)
-        runner = _Runner(kernel, mode, device)
+        runner = _Runner(kernel.verify, oracle.gdn_tree_verify, ("q", "k", "v", "g", "beta"), (), mode, device,
+                         extra={"scale": None})
         strategy = strategies.gdn_pool_inputs(max_nodes=10, dtype=dtype)
     cfg = settings(max_examples=max_examples, database=None, derandomize=True, deadline=None,
                    suppress_health_check=list(HealthCheck))
