@@ -280,54 +280,26 @@ def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
     return cases
 
 
-def kda_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int = 16, gates: str = "mixed",
+def kda_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int = 16, memory: str = "mixed",
              pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32, burst: int = 2, seed: int = 0,
              label: str = "") -> dict:
     """An engine's KDA contract: H heads of K = V dims, the log decay per key channel g [B, T, H, K] (from fast
     forgetting to long memory, as the GDN examples' gates), beta [B, T, H] with exact 0 and 1 among them."""
     rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
-    g, _ = _gates(gates, (B, T, H, K), gen)
-    _, beta = _gates(gates, (B, T, H), gen)
+    g, _ = _gates(memory, (B, T, H, K), gen)
+    _, beta = _gates(memory, (B, T, H), gen)
     state = rnd(B, H, K, K).float()
     p, slots = _pool(state, pool, pool_size or B + 3, rng)
     return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, H, K).to(dtype),
                 g=g.float(), beta=beta.float(), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
                 trees=ts, pool=p, slots=slots, burst=burst, tree=_label(kind),
-                label=label or f"{_label(kind)} T={T} B={B} H={H} K=V={K} gates {gates} pool {pool} "
+                label=label or f"{_label(kind)} T={T} B={B} H={H} K=V={K} gates {memory} pool {pool} "
                                f"{str(dtype).removeprefix('torch.')}")
 
 
 def kda_cases(profile: str, dtype=torch.float32) -> list[dict]:
-    """The explicit KDA examples of a profile: Kimi Linear's heads (K = V = 128) among them."""
-    other = [d for d in (torch.float32, torch.bfloat16, torch.float16) if d != dtype]
-    if profile == "quick":  # sized for Triton's interpreter
-        return [kda_case(T=17, kind=("ddtree", 16, 8), B=1, H=1, K=128, seed=1, dtype=dtype),
-                kda_case(T=129, kind=("ddtree", 128, 4), B=1, H=1, seed=2, dtype=dtype),
-                kda_case(T=9, kind="deep", B=8, H=2, K=8, gates="fast", pool="high", pool_size=300, seed=3, dtype=dtype),
-                kda_case(T=16, kind="star", B=1, H=3, K=24, gates="long", pool="last", pool_size=64, seed=4, dtype=dtype),
-                kda_case(T=9, kind="wide", B=3, H=1, pool="descending", seed=5, dtype=dtype),
-                kda_case(T=5, kind="random", B=1, H=1, burst=24, seed=6, dtype=dtype, label="burst of 24 calls")] + [
-            kda_case(T=9, kind=("ddtree", 8, 4), B=1, H=2, K=32, pool="sparse", pool_size=40, seed=7 + i, dtype=d)
-            for i, d in enumerate(other)]
-    assert profile == "serving", profile
-    cases, seed = [], 100
-    for i, T in enumerate(SERVING_NODES):
-        cases.append(kda_case(T=T, kind=SHAPES[i % len(SHAPES)], B=2, K=64, seed=seed + i, dtype=dtype))
-    for i, (budget, cap) in enumerate([(15, 8), (16, 1), (64, 8), (128, 8), (256, 8), (64, 4)]):
-        cases.append(kda_case(kind=("ddtree", budget, cap), B=2, K=64, seed=seed + 30 + i, dtype=dtype))
-    for i, (H, K) in enumerate([(2, 16), (2, 32), (2, 128), (4, 96), (2, 24), (32, 128)]):
-        cases.append(kda_case(T=33 if H < 32 else 17, kind=("ddtree", 32, 8), B=2 if H < 32 else 1, H=H, K=K,
-                              seed=seed + 40 + i, dtype=dtype))
-    cases += [kda_case(T=65, kind=("ddtree", 64, 8), B=B, K=64, pool_size=2 * B + 3, seed=seed + 50 + i, dtype=dtype)
-              for i, B in enumerate((1, 3, 8, 32))]
-    cases += [kda_case(T=17, kind="random", B=32, K=16, pool=pool, pool_size=1024, seed=seed + 60 + i, dtype=dtype)
-              for i, pool in enumerate(("shuffled", "sparse", "descending", "high", "last"))]
-    cases += [kda_case(T=65, kind=("ddtree", 64, 8), B=2, K=128, gates=g, seed=seed + 70 + i, dtype=dtype)
-              for i, g in enumerate(("fast", "long", "mixed"))]
-    cases += [kda_case(T=65, kind=("ddtree", 64, 8), B=4, K=128, seed=seed + 80 + i, dtype=d) for i, d in enumerate(other)]
-    cases.append(kda_case(T=65, kind=("ddtree", 64, 8), B=8, K=128, burst=24, seed=seed + 90, dtype=dtype,
-                          label="burst of 24 calls at 8 x 65, K = V = 128"))
-    return cases
+    """The explicit KDA examples of a profile: Kimi Linear's heads (K = V = 128, 32 of them) among them."""
+    return _head_cases(kda_case, profile, dtype, deep_heads=2, wide_heads=32)
 
 
 def _decays(kind: str, H: int, gen: torch.Generator) -> torch.Tensor:
@@ -340,7 +312,7 @@ def _decays(kind: str, H: int, gen: torch.Generator) -> torch.Tensor:
     return d.float()
 
 
-def lightning_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int = 16, decay: str = "mixed",
+def lightning_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int = 16, memory: str = "mixed",
                    pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32, burst: int = 2, seed: int = 0,
                    label: str = "") -> dict:
     """An engine's lightning-attention contract: H heads of K = V dims (q and k scaled down: the state is a running
@@ -350,45 +322,51 @@ def lightning_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int
     p, slots = _pool(state, pool, pool_size or B + 3, rng)
     s = K ** -0.5
     return dict(q=(rnd(B, T, H, K) * s).to(dtype), k=(rnd(B, T, H, K) * s).to(dtype), v=rnd(B, T, H, K).to(dtype),
-                decay=_decays(decay, H, gen), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
+                decay=_decays(memory, H, gen), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
                 trees=ts, pool=p, slots=slots, burst=burst, tree=_label(kind),
-                label=label or f"{_label(kind)} T={T} B={B} H={H} K=V={K} decay {decay} pool {pool} "
+                label=label or f"{_label(kind)} T={T} B={B} H={H} K=V={K} decay {memory} pool {pool} "
                                f"{str(dtype).removeprefix('torch.')}")
 
 
 def lightning_cases(profile: str, dtype=torch.float32) -> list[dict]:
-    """The explicit lightning-attention examples of a profile: MiniMax's heads (K = V = 128) among them."""
+    """The explicit lightning-attention examples of a profile: MiniMax's heads (K = V = 128, 64 of them) among them."""
+    return _head_cases(lightning_case, profile, dtype, deep_heads=3, wide_heads=64)
+
+
+def _head_cases(case, profile: str, dtype, *, deep_heads: int, wide_heads: int) -> list[dict]:
+    """The explicit examples of an op of H heads of K = V dims with a memory setting (KDA's gates, lightning
+    attention's decays): ``case`` builds one; the quick profile's deep tree has ``deep_heads`` heads, the serving
+    profile's widest example the model's ``wide_heads`` heads of 128."""
     other = [d for d in (torch.float32, torch.bfloat16, torch.float16) if d != dtype]
     if profile == "quick":  # sized for Triton's interpreter
-        return [lightning_case(T=17, kind=("ddtree", 16, 8), B=1, H=1, K=128, seed=1, dtype=dtype),
-                lightning_case(T=129, kind=("ddtree", 128, 4), B=1, H=1, seed=2, dtype=dtype),
-                lightning_case(T=9, kind="deep", B=8, H=3, K=8, decay="fast", pool="high", pool_size=300, seed=3,
-                               dtype=dtype),
-                lightning_case(T=16, kind="star", B=1, H=3, K=24, decay="long", pool="last", pool_size=64, seed=4,
-                               dtype=dtype),
-                lightning_case(T=9, kind="wide", B=3, H=1, pool="descending", seed=5, dtype=dtype),
-                lightning_case(T=5, kind="random", B=1, H=1, burst=24, seed=6, dtype=dtype, label="burst of 24 calls")] + [
-            lightning_case(T=9, kind=("ddtree", 8, 4), B=1, H=2, K=32, pool="sparse", pool_size=40, seed=7 + i, dtype=d)
+        return [case(T=17, kind=("ddtree", 16, 8), B=1, H=1, K=128, seed=1, dtype=dtype),
+                case(T=129, kind=("ddtree", 128, 4), B=1, H=1, seed=2, dtype=dtype),
+                case(T=9, kind="deep", B=8, H=deep_heads, K=8, memory="fast", pool="high", pool_size=300, seed=3,
+                     dtype=dtype),
+                case(T=16, kind="star", B=1, H=3, K=24, memory="long", pool="last", pool_size=64, seed=4, dtype=dtype),
+                case(T=9, kind="wide", B=3, H=1, pool="descending", seed=5, dtype=dtype),
+                case(T=5, kind="random", B=1, H=1, burst=24, seed=6, dtype=dtype, label="burst of 24 calls")] + [
+            case(T=9, kind=("ddtree", 8, 4), B=1, H=2, K=32, pool="sparse", pool_size=40, seed=7 + i, dtype=d)
             for i, d in enumerate(other)]
     assert profile == "serving", profile
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
-        cases.append(lightning_case(T=T, kind=SHAPES[i % len(SHAPES)], B=2, K=64, seed=seed + i, dtype=dtype))
+        cases.append(case(T=T, kind=SHAPES[i % len(SHAPES)], B=2, K=64, seed=seed + i, dtype=dtype))
     for i, (budget, cap) in enumerate([(15, 8), (16, 1), (64, 8), (128, 8), (256, 8), (64, 4)]):
-        cases.append(lightning_case(kind=("ddtree", budget, cap), B=2, K=64, seed=seed + 30 + i, dtype=dtype))
-    for i, (H, K) in enumerate([(2, 16), (2, 32), (2, 128), (4, 96), (2, 24), (64, 128)]):
-        cases.append(lightning_case(T=33 if H < 64 else 17, kind=("ddtree", 32, 8), B=2 if H < 64 else 1, H=H, K=K,
-                                    seed=seed + 40 + i, dtype=dtype))
-    cases += [lightning_case(T=65, kind=("ddtree", 64, 8), B=B, K=64, pool_size=2 * B + 3, seed=seed + 50 + i,
-                             dtype=dtype) for i, B in enumerate((1, 3, 8, 32))]
-    cases += [lightning_case(T=17, kind="random", B=32, K=16, pool=pool, pool_size=1024, seed=seed + 60 + i, dtype=dtype)
+        cases.append(case(kind=("ddtree", budget, cap), B=2, K=64, seed=seed + 30 + i, dtype=dtype))
+    for i, (H, K) in enumerate([(2, 16), (2, 32), (2, 128), (4, 96), (2, 24), (wide_heads, 128)]):
+        wide = H == wide_heads
+        cases.append(case(T=17 if wide else 33, kind=("ddtree", 32, 8), B=1 if wide else 2, H=H, K=K, seed=seed + 40 + i,
+                          dtype=dtype))
+    cases += [case(T=65, kind=("ddtree", 64, 8), B=B, K=64, pool_size=2 * B + 3, seed=seed + 50 + i, dtype=dtype)
+              for i, B in enumerate((1, 3, 8, 32))]
+    cases += [case(T=17, kind="random", B=32, K=16, pool=pool, pool_size=1024, seed=seed + 60 + i, dtype=dtype)
               for i, pool in enumerate(("shuffled", "sparse", "descending", "high", "last"))]
-    cases += [lightning_case(T=65, kind=("ddtree", 64, 8), B=2, K=128, decay=d, seed=seed + 70 + i, dtype=dtype)
-              for i, d in enumerate(("fast", "long", "mixed"))]
-    cases += [lightning_case(T=65, kind=("ddtree", 64, 8), B=4, K=128, seed=seed + 80 + i, dtype=d)
-              for i, d in enumerate(other)]
-    cases.append(lightning_case(T=65, kind=("ddtree", 64, 8), B=8, K=128, burst=24, seed=seed + 90, dtype=dtype,
-                                label="burst of 24 calls at 8 x 65, K = V = 128"))
+    cases += [case(T=65, kind=("ddtree", 64, 8), B=2, K=128, memory=m, seed=seed + 70 + i, dtype=dtype)
+              for i, m in enumerate(("fast", "long", "mixed"))]
+    cases += [case(T=65, kind=("ddtree", 64, 8), B=4, K=128, seed=seed + 80 + i, dtype=d) for i, d in enumerate(other)]
+    cases.append(case(T=65, kind=("ddtree", 64, 8), B=8, K=128, burst=24, seed=seed + 90, dtype=dtype,
+                      label="burst of 24 calls at 8 x 65, K = V = 128"))
     return cases
 
 
