@@ -165,6 +165,7 @@ def _shards(d: Path) -> list[Path]:
 
 
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+_EXPERT_PARTS = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 
 
 class _Mapper:
@@ -215,6 +216,24 @@ class _Mapper:
             raise InputError(f"tensor {key!r} is for layer {i}, but config.json lists {self.cfg.num_layers} layers "
                              "(the audit would drop layers and run another model)")
         return i, m.group(2)
+
+    def experts(self, p: str, rest: str, t: torch.Tensor, *, one: str, fused: str) -> bool:
+        """An MoE layer's expert tensor ``rest`` (of layer prefix ``p``), placed: one expert's, ``rest`` matching the
+        regex ``one`` (its groups: the expert index, then the part as saved, w1 / w3 / w2 or gate_proj / up_proj /
+        down_proj), or every expert's fused under ``fused`` (``{fused}.gate_up_proj`` [E, 2I, d], gate then up;
+        ``{fused}.down_proj``). False: not an expert tensor."""
+        m = re.fullmatch(one, rest)
+        if m:
+            self.expert(p + f"mlp.experts.{_EXPERT_PARTS[m.group(2)]}", int(m.group(1)), t)
+        elif rest == fused + ".gate_up_proj":
+            I = self.cfg.moe_intermediate_size
+            self.put(p + "mlp.experts.gate", t[:, :I])
+            self.put(p + "mlp.experts.up", t[:, I:])
+        elif rest == fused + ".down_proj":
+            self.put(p + "mlp.experts.down", t)
+        else:
+            return False
+        return True
 
     def gather(self, slot, part: str, t: torch.Tensor, parts=("q", "k", "v")) -> torch.Tensor | None:
         """Hold ``t`` as ``part`` of ``slot`` (a tensor a checkpoint stores in pieces, e.g. the q, k and v

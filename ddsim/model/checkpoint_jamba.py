@@ -21,7 +21,6 @@ Refused in one line: projection biases (``mamba_proj_bias``), an activation othe
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 from ddsim.errors import InputError
@@ -70,7 +69,7 @@ class JambaMapper:
         self.base, self.cfg, self.meta = base, cfg, meta
 
     def __call__(self, key: str, t) -> None:
-        put, cfg = self.base.put, self.cfg
+        put = self.base.put
         layer = self.base.layer_of(key, t, final_norm="final_layernorm.weight")
         if layer is None:
             return None
@@ -90,13 +89,7 @@ class JambaMapper:
             return put(p + simple[rest], t)
         if rest == "mamba.conv1d.weight":  # [I, 1, W]
             return put(p + "mamba1.conv", t.reshape(t.shape[0], -1))
-        m = re.fullmatch(r"feed_forward\.experts\.(\d+)\.(gate|up|down)_proj\.weight", rest)
-        if m:
-            return self.base.expert(p + f"mlp.experts.{m.group(2)}", int(m.group(1)), t)
-        if rest == "feed_forward.experts.gate_up_proj":  # fused [E, 2I, d]: gate, then up
-            I = cfg.moe_intermediate_size
-            put(p + "mlp.experts.gate", t[:, :I])
-            return put(p + "mlp.experts.up", t[:, I:])
-        if rest == "feed_forward.experts.down_proj":
-            return put(p + "mlp.experts.down", t)
+        if self.base.experts(p, rest, t, one=r"feed_forward\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight",
+                             fused="feed_forward.experts"):
+            return None
         raise self.base.refuse(key, "layer")

@@ -134,14 +134,6 @@ class KimiMapper:
             if w is not None:  # all three arrived
                 put(p + ("kda.qkv" if which == "proj" else "kda.conv"), w if which == "proj" else w.reshape(w.shape[0], -1))
             return None
-        m = re.fullmatch(r"ffn\.experts\.(\d+)\.(w1|w2|w3)\.weight", rest)
-        if m:
-            which = {"w1": "gate", "w3": "up", "w2": "down"}[m.group(2)]
-            return self.base.expert(p + f"mlp.experts.{which}", int(m.group(1)), t)
-        if rest == "ffn.experts.gate_up_proj":  # fused [E, 2I, d]: gate, then up
-            I = cfg.moe_intermediate_size
-            put(p + "mlp.experts.gate", t[:, :I])
-            return put(p + "mlp.experts.up", t[:, I:])
-        if rest == "ffn.experts.down_proj":
-            return put(p + "mlp.experts.down", t)
+        if self.base.experts(p, rest, t, one=r"ffn\.experts\.(\d+)\.(w1|w2|w3)\.weight", fused="ffn.experts"):
+            return None
         raise self.base.refuse(key, "layer")

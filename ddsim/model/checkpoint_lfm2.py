@@ -23,7 +23,6 @@ Refused in one line: biases (``conv_bias``), a RoPE other than the default, an M
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
@@ -101,7 +100,7 @@ class Lfm2Mapper:
         self.base, self.cfg, self.meta = base, cfg, meta
 
     def __call__(self, key: str, t: torch.Tensor) -> None:
-        put, cfg = self.base.put, self.cfg
+        put = self.base.put
         layer = self.base.layer_of(key, t, final_norm="embedding_norm.weight")
         if layer is None:
             return None
@@ -119,14 +118,6 @@ class Lfm2Mapper:
             return put(p + simple[rest], t)
         if rest == "conv.conv.weight":  # [d, 1, W]
             return put(p + "conv.conv", t.reshape(t.shape[0], -1))
-        m = re.fullmatch(r"feed_forward\.experts\.(\d+)\.(w1|w2|w3)\.weight", rest)
-        if m:
-            which = {"w1": "gate", "w3": "up", "w2": "down"}[m.group(2)]
-            return self.base.expert(p + f"mlp.experts.{which}", int(m.group(1)), t)
-        if rest == "feed_forward.experts.gate_up_proj":  # fused [E, 2I, d]: gate, then up
-            I = cfg.moe_intermediate_size
-            put(p + "mlp.experts.gate", t[:, :I])
-            return put(p + "mlp.experts.up", t[:, I:])
-        if rest == "feed_forward.experts.down_proj":
-            return put(p + "mlp.experts.down", t)
+        if self.base.experts(p, rest, t, one=r"feed_forward\.experts\.(\d+)\.(w1|w2|w3)\.weight", fused="feed_forward.experts"):
+            return None
         raise self.base.refuse(key, "layer")

@@ -18,7 +18,6 @@ Refused in one line: ``sliding_window``, a RoPE type other than the default, an 
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
@@ -91,14 +90,6 @@ class MiniMaxMapper:
             return put(p + simple[rest], t)
         if rest == "self_attn.slope_rate":  # [H, 1, 1]
             return put(p + "lightning.slope", t.reshape(-1))
-        m = re.fullmatch(r"(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3)\.weight", rest)
-        if m:
-            which = {"w1": "gate", "w3": "up", "w2": "down"}[m.group(2)]
-            return self.base.expert(p + f"mlp.experts.{which}", int(m.group(1)), t)
-        if rest == "mlp.experts.gate_up_proj":  # fused [E, 2I, d]: gate, then up
-            I = cfg.moe_intermediate_size
-            put(p + "mlp.experts.gate", t[:, :I])
-            return put(p + "mlp.experts.up", t[:, I:])
-        if rest == "mlp.experts.down_proj":
-            return put(p + "mlp.experts.down", t)
+        if self.base.experts(p, rest, t, one=r"(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3)\.weight", fused="mlp.experts"):
+            return None
         raise self.base.refuse(key, "layer")
