@@ -1,10 +1,10 @@
-"""The recurrent families without a Triton kernel in ddsim (KDA, lightning attention, Mamba1) on CUDA at real
-shapes, bf16 inputs and fp32 states: median time per call of ddsim's PyTorch tree verify (exact and leaky; no
-per-node states returned) and commit, beside fla's kernels for the same recurrence where fla has one (KDA:
-fused_recurrent_kda and chunk_kda; lightning attention: fused_recurrent_simple_gla and chunk_simple_gla with the
-per-head decay), which take no tree (each sequence's nodes in batch order: the leaky path), and the memory floor
-(inputs, the initial state and the outputs read or written once, at the measured copy bandwidth). Sequences x nodes
-in {1x17, 8x65, 32x65}, DDTree trees. First, agreement on chains (where every mode is exact) with fla.
+"""The recurrent families beyond GDN and Mamba2 (KDA, lightning attention, Mamba1) on CUDA at real shapes, bf16
+inputs and fp32 states: median time per call of ddsim's tree verify (exact and leaky; no per-node states returned)
+and commit at their CUDA defaults (the Triton recurrent kernels), beside fla's kernels for the same recurrence where
+fla has one (KDA: fused_recurrent_kda and chunk_kda; lightning attention: fused_recurrent_simple_gla and
+chunk_simple_gla with the per-head decay), which take no tree (each sequence's nodes in batch order: the leaky
+path), and the memory floor (inputs, the initial state and the outputs read or written once, at the measured copy
+bandwidth). Sequences x nodes in {1x17, 8x65, 32x65}, DDTree trees. First, agreement on chains (where every mode is exact) with fla.
 
     python benchmarks/bench_new_families.py [--commit SHA] [--families kda,lightning,mamba1]
 

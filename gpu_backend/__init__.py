@@ -243,11 +243,11 @@ def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=
         return _triton("triton_mamba2").mamba2_tree_commit_triton(x, dt, A, B, inplace=inplace, **kw)
 
 
-MAMBA1_BACKENDS = KDA_BACKENDS = ("torch", "triton", "triton-recurrent")  # one Triton design each
+MAMBA1_BACKENDS = KDA_BACKENDS = LIGHTNING_BACKENDS = ("torch", "triton", "triton-recurrent")  # one Triton design each
 
 
 def _one_design(x, state, backend, allowed) -> str:
-    """The backend of an op with one Triton design (Mamba1, KDA): ``backend`` checked, else Triton for CUDA tensors
+    """The backend of an op with one Triton design (Mamba1, KDA, lightning): ``backend`` checked, else Triton for CUDA tensors
     with fp32 states and PyTorch otherwise."""
     if backend is None:
         return "triton" if x.is_cuda and state.dtype == torch.float32 else "torch"
@@ -288,16 +288,26 @@ def lightning_tree_verify(q, k, v, *, decay, parents, initial_state, mode="exact
     """One lightning-attention layer (MiniMax) over a tree. q, k [B, T, H, K]; v [B, T, H, V]; decay [H] (the
     per-head lambda = exp(-slope)); parents [B, T] or a TreePlan; initial_state [B, H, K, V] fp32 (read, never
     written). Returns o [B, T, H, V] in q's dtype and, with output_states, the state after every node
-    [B, T, H, K, V] fp32. One backend: PyTorch (``backend`` accepted for the callers' uniformity)."""
-    return torch_lightning.lightning_tree_verify(q, k, v, decay=decay, parents=parents, initial_state=initial_state,
-                                                 mode=mode, output_states=output_states)
+    [B, T, H, K, V] fp32. Backends: "torch" (the default off CUDA, and for fp64 states), "triton" =
+    "triton-recurrent" (the default on CUDA: flattened, or parent-indexed over per-node states)."""
+    if _one_design(q, initial_state, backend, LIGHTNING_BACKENDS) == "torch":
+        return torch_lightning.lightning_tree_verify(q, k, v, decay=decay, parents=parents, initial_state=initial_state,
+                                                     mode=mode, output_states=output_states)
+    with _on(q):
+        return _triton("triton_lightning").lightning_tree_verify(q, k, v, decay=decay, parents=parents,
+                                                                 initial_state=initial_state, mode=mode,
+                                                                 output_states=output_states)
 
 
 def lightning_tree_commit(k, v, *, decay, parents, accepted, initial_state, backend=None):
     """Lightning-attention state after the accepted path root..accepted[b], without per-node snapshots: a new
-    [B, H, K, V] (PyTorch, like lightning_tree_verify)."""
-    return torch_lightning.lightning_tree_commit(k, v, decay=decay, parents=parents, accepted=accepted,
-                                                 initial_state=initial_state)
+    [B, H, K, V]. Backends as lightning_tree_verify's (Triton: the accepted path's steps in one kernel)."""
+    if _one_design(k, initial_state, backend, LIGHTNING_BACKENDS) == "torch":
+        return torch_lightning.lightning_tree_commit(k, v, decay=decay, parents=parents, accepted=accepted,
+                                                     initial_state=initial_state)
+    with _on(k):
+        return _triton("triton_lightning").lightning_tree_commit(k, v, decay=decay, parents=parents, accepted=accepted,
+                                                                 initial_state=initial_state)
 
 
 def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", output_states=False, backend=None):

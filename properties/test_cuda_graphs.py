@@ -21,10 +21,19 @@ TREES = [Tree([-1, 0, 0, 1, 1, 2, 3, 4], [5, 1, 2, 3, 4, 6, 7, 8]),
          Tree([-1, 0, 0, 0, 1, 2, 3, 6], [5, 1, 2, 3, 4, 6, 7, 8])]
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2", "micro-mamba2", "tiny-zamba2"])
+def _config(preset: str):
+    """A preset, or "<preset>-dense": the preset without its MoE layers (MoE routes on the host, so only a dense
+    model with KDA, Mamba1 or lightning layers is captured)."""
+    if preset.endswith("-dense"):
+        return get_preset(preset.removesuffix("-dense")).replace(num_experts=0)
+    return get_preset(preset)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2", "micro-mamba2", "tiny-zamba2", "tiny-kimi-dense",
+                                    "tiny-jamba-dense", "tiny-minimax-dense", "tiny-lfm2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_replays_equal_the_eager_serving_verify(preset, dtype):
-    cfg = get_preset(preset)
+    cfg = _config(preset)
     m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=dtype)
     gm = GraphedModel(m)
     st, _ = m.prefill([1, 2, 3, 4, 5])
@@ -45,14 +54,14 @@ def test_replays_equal_the_eager_serving_verify(preset, dtype):
     assert [k[0] for k in gm.captured()] == ["exact", "leaky", "leaky-conv", "leaky-state"]
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2", "tiny-kimi-dense", "tiny-jamba-dense", "tiny-minimax-dense"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_replays_with_per_node_states_equal_the_eager_verify(preset, dtype):
     """The verify that keeps every node's states (the audit's leaky generations), replayed from one
     graph for every mode (parent-indexed kernels on the mode's refilled source tables): logits,
     hidden states, per-node states and windows equal the eager verify's in each mode, tree after tree
     of different depths, and the commit takes the accepted node's state."""
-    cfg = get_preset(preset)
+    cfg = _config(preset)
     m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=dtype)
     gm = GraphedModel(m)
     st, _ = m.prefill([1, 2, 3, 4, 5])

@@ -18,11 +18,14 @@ def _args(inp, dtype=torch.float32):
     return {k: inp[k].to(dtype) if k in ("q", "k", "v") else inp[k] for k in ("q", "k", "v", "g", "beta")}
 
 
-BACKENDS = st.sampled_from(["torch", "triton"])
+BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton"])  # each backend gets every drawn example
+MODES = pytest.mark.parametrize("mode", ["exact", "leaky"])
 
 
-@given(kda_inputs(max_nodes=7), st.sampled_from(["exact", "leaky"]),
-       st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), BACKENDS, st.booleans())
+@BACKENDS
+@MODES
+@given(inp=kda_inputs(max_nodes=7), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       keep=st.booleans())
 def test_kda_verify_and_states_match_oracle(inp, mode, dtype, backend, keep):
     args = _args(inp, dtype)
     before = {k: v.clone() for k, v in args.items()}
@@ -44,7 +47,8 @@ def test_kda_verify_and_states_match_oracle(inp, mode, dtype, backend, keep):
     assert torch.equal(S0, inp["initial_state"]) and all(torch.equal(args[k], v) for k, v in before.items())
 
 
-@given(kda_inputs(max_nodes=7), st.lists(st.integers(0, 10**6), min_size=2, max_size=2), BACKENDS)
+@BACKENDS
+@given(inp=kda_inputs(max_nodes=7), picks=st.lists(st.integers(0, 10**6), min_size=2, max_size=2))
 def test_kda_commit_is_the_accepted_nodes_state(inp, picks, backend):
     acc = [picks[i] % t.size for i, t in enumerate(inp["trees"])]
     args = _args(inp)
@@ -59,7 +63,8 @@ def test_kda_commit_is_the_accepted_nodes_state(inp, picks, backend):
                  dtype=torch.float32, slack=5)
 
 
-@given(kda_inputs(max_nodes=7), BACKENDS)
+@BACKENDS
+@given(inp=kda_inputs(max_nodes=7))
 def test_kda_leaky_is_exact_where_the_layout_is(inp, backend):
     args = _args(inp)
     kw = dict(parents=inp["parents"], initial_state=inp["initial_state"], backend=backend)
@@ -68,7 +73,7 @@ def test_kda_leaky_is_exact_where_the_layout_is(inp, backend):
     assert torch.equal(exact[ox], leaky[ox])
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@BACKENDS
 def test_the_decay_acts_per_key_channel(backend):
     """Two key channels with different decays: the state's rows decay apart (a per-head decay, the GDN's, would
     scale both rows alike); a sibling's leaky state is built on its elder sibling's."""

@@ -1,7 +1,9 @@
 """The lightning-attention (MiniMax) fast path against the float64 oracle on hypothesis trees: outputs and
 per-node states in both modes and every input dtype, the commit along the accepted path, inputs and the
 committed state bit-identical after every call, states NaN-poisoned before the loop writes them, and the leak:
-off the order-exact nodes the leaky path is the oracle's flattened recurrence, on them the exact one."""
+off the order-exact nodes the leaky path is the oracle's flattened recurrence, on them the exact one. Both backends:
+PyTorch and the Triton recurrent kernel (in Triton's interpreter on the CPU)."""
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,14 +18,28 @@ def _args(inp, dtype=torch.float32):
     return {k: inp[k].to(dtype) for k in ("q", "k", "v")}
 
 
-@given(lightning_inputs(max_nodes=7), st.sampled_from(["exact", "leaky"]),
-       st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
-def test_lightning_verify_and_states_match_oracle(inp, mode, dtype):
+BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton"])  # each backend gets every drawn example
+MODES = pytest.mark.parametrize("mode", ["exact", "leaky"])
+
+
+@BACKENDS
+@MODES
+@given(inp=lightning_inputs(max_nodes=7), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       keep=st.booleans())
+def test_lightning_verify_and_states_match_oracle(inp, mode, dtype, backend, keep):
     args = _args(inp, dtype)
     before = {k: v.clone() for k, v in args.items()}
     S0 = inp["initial_state"].clone()
+    kw = dict(decay=inp["decay"], parents=inp["parents"], mode=mode)
+    if not keep:  # the outputs alone (the Triton kernel then writes per-node states only for exact's parents)
+        o = gb.lightning_tree_verify(**args, **kw, initial_state=S0, backend=backend)
+        ref_o = oracle.lightning_tree_verify(**args, **kw, initial_state=inp["initial_state"])
+        assert o.dtype == dtype and o.shape == ref_o.shape
+        assert_close(f"o ({mode}, {backend})", o, ref_o, dtype=dtype, slack=5)
+        assert torch.equal(S0, inp["initial_state"]) and all(torch.equal(args[k], v) for k, v in before.items())
+        return
     o, states = gb.lightning_tree_verify(**args, decay=inp["decay"], parents=inp["parents"], initial_state=S0,
-                                         mode=mode, output_states=True)
+                                         mode=mode, output_states=True, backend=backend)
     ref_o, ref = oracle.lightning_tree_verify(**args, decay=inp["decay"], parents=inp["parents"],
                                               initial_state=inp["initial_state"], mode=mode, output_states=True)
     assert o.dtype == dtype and o.shape == ref_o.shape and states.shape == ref.shape
@@ -32,13 +48,14 @@ def test_lightning_verify_and_states_match_oracle(inp, mode, dtype):
     assert torch.equal(S0, inp["initial_state"]) and all(torch.equal(args[k], v) for k, v in before.items())
 
 
-@given(lightning_inputs(max_nodes=7), st.lists(st.integers(0, 10**6), min_size=2, max_size=2))
-def test_lightning_commit_is_the_accepted_nodes_state(inp, picks):
+@BACKENDS
+@given(inp=lightning_inputs(max_nodes=7), picks=st.lists(st.integers(0, 10**6), min_size=2, max_size=2))
+def test_lightning_commit_is_the_accepted_nodes_state(inp, picks, backend):
     acc = [picks[i] % t.size for i, t in enumerate(inp["trees"])]
     args = _args(inp)
     S0 = inp["initial_state"].clone()
     out = gb.lightning_tree_commit(args["k"], args["v"], decay=inp["decay"], parents=inp["parents"], accepted=acc,
-                                   initial_state=S0)
+                                   initial_state=S0, backend=backend)
     ref = oracle.lightning_tree_commit(args["k"], args["v"], decay=inp["decay"], parents=inp["parents"], accepted=acc,
                                        initial_state=inp["initial_state"])
     assert_close("committed state", out, ref, dtype=torch.float32, slack=5)
@@ -49,22 +66,24 @@ def test_lightning_commit_is_the_accepted_nodes_state(inp, picks):
                  dtype=torch.float32, slack=5)
 
 
-@given(lightning_inputs(max_nodes=7))
-def test_lightning_leaky_is_exact_where_the_layout_is(inp):
+@BACKENDS
+@given(inp=lightning_inputs(max_nodes=7))
+def test_lightning_leaky_is_exact_where_the_layout_is(inp, backend):
     args = _args(inp)
-    kw = dict(decay=inp["decay"], parents=inp["parents"], initial_state=inp["initial_state"])
+    kw = dict(decay=inp["decay"], parents=inp["parents"], initial_state=inp["initial_state"], backend=backend)
     exact, leaky = (gb.lightning_tree_verify(**args, **kw, mode=m) for m in ("exact", "leaky"))
     ox = torch.tensor([list(t.order_exact) for t in inp["trees"]])
     assert torch.equal(exact[ox], leaky[ox])
 
 
-def test_a_sibling_inherits_its_elder_siblings_state_in_the_leaky_path():
+@BACKENDS
+def test_a_sibling_inherits_its_elder_siblings_state_in_the_leaky_path(backend):
     """A star of three nodes: node 2's leaky state is lambda * node 1's state + k2 v2^T, not built on the root's."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 3, 2, 3, generator=g) for _ in range(3))
     decay = torch.tensor([0.9, 0.5])
     kw = dict(decay=decay, parents=torch.tensor([[-1, 0, 0]]), initial_state=torch.randn(1, 2, 3, 3, generator=g),
-              output_states=True)
+              output_states=True, backend=backend)
     _, ex = gb.lightning_tree_verify(q, k, v, mode="exact", **kw)
     _, lk = gb.lightning_tree_verify(q, k, v, mode="leaky", **kw)
     assert torch.equal(ex[:, :2], lk[:, :2]) and not torch.allclose(ex[:, 2], lk[:, 2])

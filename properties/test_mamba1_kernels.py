@@ -20,11 +20,13 @@ def _args(inp, dtype=torch.float32):
     return {k: (None if inp[k] is None else inp[k].to(dtype) if k in ("x", "B", "C") else inp[k]) for k in TENSORS}
 
 
-BACKENDS = st.sampled_from(["torch", "triton"])
+BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton"])  # each backend gets every drawn example
+MODES = pytest.mark.parametrize("mode", ["exact", "leaky"])
 
 
-@given(mamba1_inputs(max_nodes=7), st.sampled_from(["exact", "leaky"]),
-       st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), BACKENDS)
+@BACKENDS
+@MODES
+@given(inp=mamba1_inputs(max_nodes=7), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
 def test_mamba1_verify_and_states_match_oracle(inp, mode, dtype, backend):
     args = _args(inp, dtype)
     before = {k: v.clone() for k, v in args.items() if v is not None}
@@ -43,7 +45,8 @@ def test_mamba1_verify_and_states_match_oracle(inp, mode, dtype, backend):
     assert torch.equal(y2, y)  # without per-node states returned: the same outputs
 
 
-@given(mamba1_inputs(max_nodes=7), st.lists(st.integers(0, 10**6), min_size=2, max_size=2), BACKENDS)
+@BACKENDS
+@given(inp=mamba1_inputs(max_nodes=7), picks=st.lists(st.integers(0, 10**6), min_size=2, max_size=2))
 def test_mamba1_commit_is_the_accepted_nodes_state(inp, picks, backend):
     acc = [picks[i] % t.size for i, t in enumerate(inp["trees"])]
     args = _args(inp)
@@ -61,7 +64,8 @@ def test_mamba1_commit_is_the_accepted_nodes_state(inp, picks, backend):
                  dtype=torch.float32, slack=5)
 
 
-@given(mamba1_inputs(max_nodes=7), BACKENDS)
+@BACKENDS
+@given(inp=mamba1_inputs(max_nodes=7))
 def test_mamba1_leaky_is_exact_where_the_layout_is_and_leaks_elsewhere(inp, backend):
     args = _args(inp)
     kw = dict(dt_softplus=inp["dt_softplus"], parents=inp["parents"], initial_state=inp["initial_state"])
@@ -72,7 +76,7 @@ def test_mamba1_leaky_is_exact_where_the_layout_is_and_leaks_elsewhere(inp, back
     assert_close("leaky = the oracle's flattened recurrence", leaky, ref, dtype=torch.float32, slack=5)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@BACKENDS
 def test_a_sibling_inherits_its_elder_siblings_state_in_the_leaky_path(backend):
     """A star of three nodes: node 2's leaky state is built from node 1's, not the root's."""
     g = torch.Generator().manual_seed(0)

@@ -32,6 +32,7 @@ from ddsim.gpu_backend import (  # noqa: E402
     triton_conv,
     triton_gdn,
     triton_kda,
+    triton_lightning,
     triton_mamba1,
     triton_mamba2,
     triton_wy_blocked,
@@ -60,7 +61,8 @@ def _launch(kernel, grid, **kw):
     GOT.append((kernel, dict(kw)))
 
 
-for _m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit, triton_mamba2, triton_kda, triton_mamba1):
+for _m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit, triton_mamba2, triton_kda, triton_mamba1,
+           triton_lightning):
     _m.bind = _bind
 for _m in (triton_commit, triton_conv):
     _m.launch = _launch
@@ -95,6 +97,9 @@ def other_calls():
               A=-torch.rand(256, 16, generator=gen), B=torch.randn(1, 6, 16, generator=gen).to(torch.bfloat16),
               C=torch.randn(1, 6, 16, generator=gen).to(torch.bfloat16), D=torch.ones(256), dt_bias=torch.zeros(256))
     m1s = torch.randn(1, 256, 16, generator=gen)
+    # lightning attention at MiniMax's head width: q, k, v [1, 6, 2, 128], decay [2]
+    la = {n: torch.randn(1, 6, 2, 128, generator=gen).to(torch.bfloat16) for n in ("q", "k", "v")}
+    lam = torch.exp(-torch.rand(2, generator=gen))
     return [
         ("gdn recurrent, exact", lambda: gb.gdn_tree_verify(**qkv, parents=g["parents"], initial_state=g["initial_state"],
                                                             backend="triton-recurrent")),
@@ -126,6 +131,13 @@ def other_calls():
         ("mamba1 commit", lambda: gb.mamba1_tree_commit(m1["x"], m1["dt"], m1["A"], m1["B"], dt_bias=m1["dt_bias"],
                                                         parents=g["parents"][:1], accepted=acc[:1], initial_state=m1s,
                                                         backend="triton")),
+        ("lightning recurrent, exact", lambda: gb.lightning_tree_verify(**la, decay=lam, parents=g["parents"][:1],
+                                                                        initial_state=ks, backend="triton")),
+        ("lightning recurrent, leaky with states", lambda: gb.lightning_tree_verify(
+            **la, decay=lam, parents=g["parents"][:1], initial_state=ks, mode="leaky", output_states=True,
+            backend="triton")),
+        ("lightning commit", lambda: gb.lightning_tree_commit(la["k"], la["v"], decay=lam, parents=g["parents"][:1],
+                                                              accepted=acc[:1], initial_state=ks, backend="triton")),
     ]
 
 

@@ -21,8 +21,16 @@ TREES = [Tree([-1, 0, 0, 1, 1, 2, 3, 4], [5, 1, 2, 3, 4, 6, 7, 8]),
 MODES = ("exact", "leaky", "leaky-state", "leaky-conv")
 
 
+def _config(preset):
+    """A preset, or "micro-kls": micro with a KDA, a Mamba1 and a lightning layer (dense) after its attention."""
+    if preset == "micro-kls":
+        return get_preset("micro").replace(layer_pattern="aksl", linear_num_value_heads=1, linear_value_head_dim=8,
+                                           mamba1_inner=16, mamba_state_size=4)
+    return get_preset(preset)
+
+
 def _models(preset, backend=None):
-    cfg = get_preset(preset)
+    cfg = _config(preset)
     w = init_weights(cfg, seed=0)
     return cfg, HybridModel(cfg, w), HybridModel(cfg, w, backend=backend)
 
@@ -32,7 +40,7 @@ def test_the_trees_share_one_key():
     assert len({t.parents for t in TREES}) == 3
 
 
-@pytest.mark.parametrize("preset", ["micro", "micro-mamba2", "micro-lfm2"])
+@pytest.mark.parametrize("preset", ["micro", "micro-mamba2", "micro-lfm2", "micro-kls"])
 def test_graph_machinery_with_triton_kernels_equals_the_serving_verify(preset):
     """Triton kernels read the StaticPlan's tables (conv sources, ancestor masks, root paths): refilled
     per tree, the graph path equals the model's own serving verify and the per-node torch path within
@@ -59,7 +67,7 @@ def test_graph_machinery_with_triton_kernels_equals_the_serving_verify(preset):
     assert gm.captured() == [("exact", 8, 2, 256, False), ("leaky", 8, 3, 256, False)]
 
 
-@pytest.mark.parametrize("preset", ["micro", "micro-mamba2"])
+@pytest.mark.parametrize("preset", ["micro", "micro-mamba2", "micro-kls"])
 def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
     """verify(keep_states=True) through the fixed buffers (uncaptured): every node's states, windows,
     hidden states and logits equal the model's own verify with states within float32 rounding, tree

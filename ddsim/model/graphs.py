@@ -439,13 +439,6 @@ class _DecodeKey:
 def not_capturable(model: HybridModel, *, capture: bool = True) -> str | None:
     """Why ``model``'s verify cannot be captured (None: it can). Without ``capture`` (the fixed buffers run
     eagerly) only what the buffers themselves cannot hold counts."""
-    families = {model.cfg.family(i) for i in model.cfg.recurrent_layers}
-    if capture and "lightning" in families:  # its verify and commit walk the tree on the host: no capture
-        return "lightning layers run PyTorch loops that read the tree on the host (no Triton kernel yet)"
-    unchecked = sorted(families & {"mamba1", "kda"})
-    if capture and unchecked:
-        return (f"{', '.join(unchecked)} layers' Triton kernels are not yet checked under CUDA-graph capture on a GPU "
-                "(run eagerly)")
     if capture and model.device.type != "cuda":
         return f"the model is on {model.device}, not a CUDA device"
     if len(set(model.layer_devices)) > 1:

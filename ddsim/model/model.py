@@ -176,7 +176,7 @@ class HybridModel:
         self._consts: dict = {}
 
     def _family_backend(self) -> str | None:
-        """The backend of the ops with one Triton design (Mamba1, KDA): "torch" or "triton" as the model's GDN
+        """The backend of the ops with one Triton design (Mamba1, KDA, lightning): "torch" or "triton" as the model's GDN
         backend says, their own default (Triton on CUDA) when it says nothing."""
         return None if self.backend is None else "torch" if self.backend == "torch" else "triton"
 
@@ -611,7 +611,7 @@ class HybridModel:
         q, k, v = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
         decay = self._const(p + "lightning.slope")  # [H] exp(-slope)
         o = gb.lightning_tree_verify(q, k, v, decay=decay, parents=parents, initial_state=S0.to(self.state_dtype),
-                                     mode=rec_mode, output_states=keep_states)
+                                     mode=rec_mode, output_states=keep_states, backend=self._family_backend())
         o, states = o if keep_states else (o, None)
         o = _rmsnorm(o.reshape(N, H * hd), w[p + "lightning.norm"], cfg.lightning_norm_eps)
         out = F.linear(o * torch.sigmoid(F.linear(x, w[p + "lightning.gate"])), w[p + "lightning.out"])
@@ -886,7 +886,8 @@ class HybridModel:
                                                 initial_state=S0, backend=self._family_backend())
                 elif cfg.layer_pattern[i] == "l":
                     ssm[i] = gb.lightning_tree_commit(ci.k, ci.v, decay=self._const(p + "lightning.slope"),
-                                                      parents=plans[rec_mode], accepted=acc, initial_state=S0)
+                                                      parents=plans[rec_mode], accepted=acc, initial_state=S0,
+                                                      backend=self._family_backend())
                 elif cfg.layer_pattern[i] == "s":
                     ssm[i] = gb.mamba1_tree_commit(ci.x, ci.dt, self._const(p + "mamba1.A_log"), ci.B,
                                                    dt_bias=self._const(p + "mamba1.dt_bias"), parents=plans[rec_mode],
