@@ -4,7 +4,10 @@ and commit at their CUDA defaults (the Triton recurrent kernels), beside fla's k
 fla has one (KDA: fused_recurrent_kda and chunk_kda; lightning attention: fused_recurrent_simple_gla and
 chunk_simple_gla with the per-head decay), which take no tree (each sequence's nodes in batch order: the leaky
 path), and the memory floor (inputs, the initial state and the outputs read or written once, at the measured copy
-bandwidth). Sequences x nodes in {1x17, 8x65, 32x65}, DDTree trees. First, agreement on chains (where every mode is exact) with fla.
+bandwidth). As a model calls them: the tree as a TreePlan built once, the accepted nodes checked once. KDA's exact
+verify in both designs: the WY form (the default, no per-node state) and the parent-indexed recurrence (every
+node's state written). Sequences x nodes in {1x17, 8x65, 32x65}, DDTree trees. First, agreement on chains (where
+every mode is exact) with fla, and of KDA's two exact designs on trees.
 
     python benchmarks/bench_new_families.py [--commit SHA] [--families kda,lightning,mamba1]
 
@@ -59,9 +62,10 @@ def _calls(family: str, a: dict, parents, accepted):
     """name -> a call, ddsim's modes and commit, and fla's flattened kernels where it has one."""
     calls = {}
     if family == "kda":
-        for m in ("exact", "leaky"):
-            calls[f"ddsim kda {m}"] = lambda m=m: gb.kda_tree_verify(a["q"], a["k"], a["v"], a["g"], a["beta"], parents=parents,
-                                                                    initial_state=a["S0"], mode=m)
+        for m, backend in (("exact", "triton"), ("exact", "triton-recurrent"), ("leaky", "triton")):
+            name = f"ddsim kda {m}" + (" (wy)" if m == "exact" and backend == "triton" else " (recurrent)" if m == "exact" else "")
+            calls[name] = lambda m=m, backend=backend: gb.kda_tree_verify(
+                a["q"], a["k"], a["v"], a["g"], a["beta"], parents=parents, initial_state=a["S0"], mode=m, backend=backend)
         calls["ddsim kda commit"] = lambda: gb.kda_tree_commit(a["k"], a["v"], a["g"], a["beta"], parents=parents,
                                                                accepted=accepted, initial_state=a["S0"])
         from fla.ops.kda import chunk_kda, fused_recurrent_kda
@@ -97,7 +101,14 @@ def agreement(g: torch.Generator) -> str:
     from fla.ops.kda import chunk_kda, fused_recurrent_kda
     for name, fn in (("fused_recurrent_kda", fused_recurrent_kda), ("chunk_kda", chunk_kda)):
         ref = fn(a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["S0"].clone(), use_qk_l2norm_in_kernel=True)[0].float()
-        lines.append(f"kda vs fla {name}: {((o - ref).abs().max() / ref.abs().max()).item():.2e}")
+        lines.append(f"kda (wy) vs fla {name}: {((o - ref).abs().max() / ref.abs().max()).item():.2e}")
+    # on trees, where only the exact designs agree: the WY form against the parent-indexed recurrence
+    _, parents = ddtree_batch(8, 65)
+    a = _inputs("kda", 8, 65, g)
+    wy, rec = (gb.kda_tree_verify(a["q"], a["k"], a["v"], a["g"], a["beta"], parents=parents.cuda(), initial_state=a["S0"],
+                                  backend=b).float() for b in ("triton-wy", "triton-recurrent"))
+    lines.append(f"kda wy vs recurrent, exact, 8x65 DDTree trees: {((wy - rec).abs().max() / rec.abs().max()).item():.2e}, "
+                 f"bf16 outputs differing {(wy != rec).float().mean().item():.2%}")
     a = _inputs("lightning", 1, 33, g)
     o = gb.lightning_tree_verify(a["q"], a["k"], a["v"], decay=a["decay"], parents=chain, initial_state=a["S0"]).float()
     from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
@@ -112,8 +123,9 @@ def table(bw: float, g: torch.Generator, families=("kda", "lightning", "mamba1")
     for family in families:
         for B, T in SHAPES:
             trees, parents = ddtree_batch(B, T)
-            parents = parents.cuda()
-            accepted = torch.tensor([t.size - 1 for t in trees], device="cuda")  # the deepest-numbered node's path
+            parents = gb.TreePlan(parents.cuda())
+            # the deepest-numbered node's path
+            accepted = gb.checked_accepted([t.size - 1 for t in trees], B, T, "cuda")
             a = _inputs(family, B, T, g)
             floor = _nbytes(family, a) / bw * 1e6
             for name, fn in _calls(family, a, parents, accepted).items():

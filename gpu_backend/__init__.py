@@ -243,12 +243,13 @@ def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=
         return _triton("triton_mamba2").mamba2_tree_commit_triton(x, dt, A, B, inplace=inplace, **kw)
 
 
-MAMBA1_BACKENDS = KDA_BACKENDS = LIGHTNING_BACKENDS = ("torch", "triton", "triton-recurrent")  # one Triton design each
+MAMBA1_BACKENDS = LIGHTNING_BACKENDS = ("torch", "triton", "triton-recurrent")  # one Triton design each
+KDA_BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy")
 
 
 def _one_design(x, state, backend, allowed) -> str:
-    """The backend of an op with one Triton design (Mamba1, KDA, lightning): ``backend`` checked, else Triton for CUDA tensors
-    with fp32 states and PyTorch otherwise."""
+    """The backend of an op with the Triton designs ``allowed`` (Mamba1, KDA, lightning): ``backend`` checked, else
+    Triton for CUDA tensors with fp32 states and PyTorch otherwise."""
     if backend is None:
         return "triton" if x.is_cuda and state.dtype == torch.float32 else "torch"
     if backend not in allowed:
@@ -314,14 +315,18 @@ def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", o
     """One Kimi Delta Attention layer over a tree. q, k [B, T, H, K] (L2-normalised in the op); v [B, T, H, V];
     g [B, T, H, K] the log decay per key channel; beta [B, T, H]; parents [B, T] or a TreePlan; initial_state
     [B, H, K, V] fp32 (read, never written). Returns o [B, T, H, V] in v's dtype and, with output_states, the state
-    after every node [B, T, H, K, V] fp32. Backends: "torch" (the default off CUDA, and for fp64 states), "triton" =
-    "triton-recurrent" (the default on CUDA: flattened, or parent-indexed over per-node states)."""
-    if _one_design(q, initial_state, backend, KDA_BACKENDS) == "torch":
+    after every node [B, T, H, K, V] fp32. Backends: "torch" (the default off CUDA, and for fp64 states); "triton"
+    (the default on CUDA): the WY form for mode "exact" without per-node states (no state per node written),
+    "triton-recurrent" otherwise (flattened, or parent-indexed over per-node states); "triton-recurrent" and
+    "triton-wy" ask for one design."""
+    backend = _one_design(q, initial_state, backend, KDA_BACKENDS)
+    if backend == "torch":
         return torch_kda.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode,
                                          output_states=output_states)
+    design = {"triton": "auto", "triton-recurrent": "recurrent", "triton-wy": "wy"}[backend]
     with _on(q):
         return _triton("triton_kda").kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state,
-                                                     mode=mode, output_states=output_states)
+                                                     mode=mode, output_states=output_states, design=design)
 
 
 def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, backend=None):

@@ -6,6 +6,16 @@ recurrent   one program per (sequence, head, V tile) keeps S [K, BV] in register
             scaled by K^-1/2), o_t = S_t^T q_t. mode "leaky": S carries from node t-1 (the flattened path), per-node
             states optional. mode "exact": parent-indexed, each node reloads its parent's state from the per-node
             state buffer, so those states are always written.
+wy          mode "exact" without per-node states (the serving verify): the WY form with the decay per key channel.
+            Along node t's root path, with Gamma_t the path's summed log decay (a vector over K) and the decay-free
+            state S^_t = Diag(exp(-Gamma_t)) S_t, the delta rule reads with k_t exp(Gamma_t) and writes with
+            k_t exp(-Gamma_t): S^_t = S^_p + (k_t / gamma_t) u_t^T, so
+              u_t = beta_t (v_t - S0^T (gamma_t k_t) - sum_{j strict ancestor} (k_t . k_j exp(Gamma_t - Gamma_j)) u_j)
+              o_t = S0^T (gamma_t q_t) + sum_{j ancestor or t} (q_t . k_j exp(Gamma_t - Gamma_j)) u_j.
+            One program per (sequence, head, V tile) solves the u_t node by node in index order (every ancestor
+            comes first), reading each node's root path in chunks of BD from the last ancestor back (the decays
+            exp(Gamma_t - Gamma_j) <= 1 as suffix sums: no exp(-Gamma) is ever formed, so nothing overflows), the
+            u_j of the ancestors from a [B, T, H, V] fp32 scratch it writes itself: no per-node state.
 commit      the state after the accepted root path (triton_commit's design): the committed state read once, the
             path's steps, the result written once into a new [B, H, K, V].
 The step is GDN's (triton_helpers.delta_step) with the decay a vector over the key rows instead of one scalar. The
@@ -60,15 +70,96 @@ def _kda_recurrent_kernel(
                 tl.debug_barrier()  # the next node may read this state through other threads
 
 
+@triton.jit
+def _kda_wy_kernel(
+    q, k, v, g, beta,  # [B,T,H,K] x2, [B,T,H,V], [B,T,H,K] log decay per key channel, [B,T,H]
+    paths,  # [B, T, DMAX] int32: each node's root path (root first, the node last, -1 padded)
+    state,  # [B, H, K, V] fp32 committed states
+    o, u_buf,  # [B, T, H, V] out; [B, T, H, V] fp32 scratch: each node's u (its V tile written by this program)
+    T, DMAX, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr,
+):
+    i_v, i_b, i_h, _ = h.head_coords(H, H)
+    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
+    S0 = tl.load(h.state_ptrs(state, i_b, i_h, o_k, o_v, H, K, V, False), mask=mk[:, None] & mv[None, :], other=0.0)
+    o_d = tl.arange(0, BD)
+    n_chunks = tl.cdiv(DMAX, BD)
+    for t in range(0, T):
+        row = i_b * T + t
+        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, True, 0) * scale  # [BK]
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, True, 0)
+        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0)  # [BV]
+        b_beta = tl.load(beta + row * H + i_h).to(tl.float32)
+        acc_k = tl.zeros([BV], dtype=tl.float32)  # sum_j (k_t . k_j e_j) u_j over strict ancestors
+        acc_q = tl.zeros([BV], dtype=tl.float32)  # sum_j (q_t . k_j e_j) u_j
+        run = tl.zeros([BK], dtype=tl.float32)  # the log decay of the path after the current chunk
+        for c in range(0, n_chunks):
+            d = (n_chunks - 1 - c) * BD + o_d  # [BD] path positions, the last chunk first
+            anc = tl.load(paths + row * DMAX + d, mask=d < DMAX, other=-1)
+            valid = anc >= 0
+            strict = valid & (anc != t)
+            arow = i_b * T + tl.maximum(anc, 0)
+            md = valid[:, None] & mk[None, :]
+            Ga = tl.load(g + (arow[:, None] * H + i_h) * K + o_k[None, :], mask=md, other=0.0).to(tl.float32)
+            tot = tl.sum(Ga, 0)
+            after = run[None, :] + tot[None, :] - tl.cumsum(Ga, 0)  # [BD, BK] Gamma_t - Gamma_j (<= 0)
+            run += tot
+            Ka = h.load_rows(k, arow[:, None], i_h, o_k[None, :], md, H, K, True, 1)  # [BD, BK] l2-normed
+            KE = tl.where(strict[:, None] & mk[None, :], Ka * tl.exp(after), 0.0)
+            Ua = tl.load(u_buf + (arow[:, None] * H + i_h) * V + o_v[None, :], mask=strict[:, None] & mv[None, :],
+                         other=0.0)  # [BD, BV]
+            acc_k += tl.sum(tl.sum(KE * b_k[None, :], 1)[:, None] * Ua, 0)
+            acc_q += tl.sum(tl.sum(KE * b_q[None, :], 1)[:, None] * Ua, 0)
+        gam = tl.exp(run)  # the path's decay per key channel, Gamma_t = run
+        u = b_beta * (b_v - tl.sum(S0 * (b_k * gam)[:, None], 0) - acc_k)
+        b_o = tl.sum(S0 * (b_q * gam)[:, None], 0) + acc_q + tl.sum(b_q * b_k) * u
+        tl.store(u_buf + (row * H + i_h) * V + o_v, u, mask=mv)
+        tl.store(o + (row * H + i_h) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
+        tl.debug_barrier()  # a later node reads this u through other threads
+
+
+DESIGNS = ("auto", "recurrent", "wy")
+
+
 def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", output_states=False,
-                    block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
+                    design: str = "auto", block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
     """q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K]; beta [B, T, H]; parents [B, T] or a TreePlan; initial_state
     [B, H, K, V] fp32 (read, never written). Returns o [B, T, H, V] in v's dtype and, with output_states, the state
-    after each node [B, T, H, K, V] fp32."""
-    launch, result = plan_recurrent(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode,
-                                    output_states=output_states, block_v=block_v, num_warps=num_warps, poison=poison)
+    after each node [B, T, H, K, V] fp32. design "auto": the WY form for mode "exact" without per-node states, the
+    recurrent kernel otherwise; "wy" only for that case."""
+    if design not in DESIGNS:
+        raise ValueError(f"design: expected one of {DESIGNS}, got {design!r}")
+    wy = mode == "exact" and not output_states
+    if design == "wy" and not wy:
+        raise ValueError("design 'wy': the WY form is mode 'exact' without per-node states")
+    if design != "recurrent" and wy:
+        launch, result = plan_wy(q, k, v, g, beta, parents=parents, initial_state=initial_state, block_v=block_v,
+                                 num_warps=num_warps, poison=poison)
+    else:
+        launch, result = plan_recurrent(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode,
+                                        output_states=output_states, block_v=block_v, num_warps=num_warps,
+                                        poison=poison)
     launch()
     return result
+
+
+def plan_wy(q, k, v, g, beta, *, parents, initial_state, block_v: int = 32, block_d: int = 16, num_warps: int = 4,
+            poison: bool | None = None):
+    """The exact verify in the WY form: validate, take the root paths (a TreePlan's cached table, else one built
+    here) and allocate once; returns (launch, o)."""
+    B, T, H, K, V = checks.check_kda(q, k, v, g, beta, initial_state)
+    if initial_state.dtype != torch.float32:
+        raise ValueError(f"initial_state: the Triton KDA kernel keeps fp32 states, got {initial_state.dtype}")
+    plan = parents if isinstance(parents, checks.TreePlan) else checks.TreePlan(parents, device=q.device)
+    checks.check_parents(plan, B, T, q.device)
+    paths = plan.root_paths()  # [B, T, DMAX]
+    o = C.alloc((B, T, H, V), v.dtype, v.device, poison)
+    u_buf = C.alloc((B, T, H, V), torch.float32, v.device, poison)
+    BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
+    kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.contiguous(), beta=beta.contiguous(),
+              paths=paths, state=initial_state.contiguous(), o=o, u_buf=u_buf, T=T, DMAX=paths.shape[2],
+              scale=K ** -0.5, H=H, K=K, V=V, BK=BK, BV=BV, BD=block_d, num_warps=num_warps)
+    return bind(_kda_wy_kernel, (C.cdiv(V, BV), B * H), kw), o
 
 
 def plan_recurrent(q, k, v, g, beta, *, parents, initial_state, mode="exact", output_states=False,

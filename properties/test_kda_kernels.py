@@ -1,8 +1,9 @@
 """The Kimi Delta Attention (KDA) fast path against the float64 oracle on hypothesis trees: outputs and per-node
 states in both modes and every input dtype, the commit along the accepted path, inputs and the committed state
 bit-identical after every call, and the leak: on order-exact nodes the leaky path is the exact one, bit for bit.
-A per-channel decay must act per key row (a planted per-head decay is caught). Both backends: PyTorch and the
-Triton recurrent kernel (in Triton's interpreter on the CPU)."""
+A per-channel decay must act per key row (a planted per-head decay is caught). Every backend: PyTorch, the Triton
+recurrent kernel and the WY form (in Triton's interpreter on the CPU); the WY form also on paths longer than its
+chunk and under decays whose inverse overflows fp32."""
 import pytest
 import torch
 from hypothesis import given
@@ -18,7 +19,8 @@ def _args(inp, dtype=torch.float32):
     return {k: inp[k].to(dtype) if k in ("q", "k", "v") else inp[k] for k in ("q", "k", "v", "g", "beta")}
 
 
-BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton"])  # each backend gets every drawn example
+# each backend gets every drawn example; "triton" runs the WY form for exact without per-node states
+BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton", "triton-recurrent"])
 MODES = pytest.mark.parametrize("mode", ["exact", "leaky"])
 
 
@@ -63,7 +65,7 @@ def test_kda_commit_is_the_accepted_nodes_state(inp, picks, backend):
                  dtype=torch.float32, slack=5)
 
 
-@BACKENDS
+@pytest.mark.parametrize("backend", ["torch", "triton-recurrent"])  # one design for both modes: bit for bit
 @given(inp=kda_inputs(max_nodes=7))
 def test_kda_leaky_is_exact_where_the_layout_is(inp, backend):
     args = _args(inp)
@@ -91,3 +93,25 @@ def test_the_decay_acts_per_key_channel(backend):
     _, ex = gb.kda_tree_verify(q, k, v, g3, b3, mode="exact", **kw)
     _, lk = gb.kda_tree_verify(q, k, v, g3, b3, mode="leaky", **kw)
     assert torch.equal(ex[:, :2], lk[:, :2]) and not torch.allclose(ex[:, 2], lk[:, 2])
+
+
+@pytest.mark.parametrize("T, BD", [(40, 16), (40, 8), (9, 16)])
+def test_the_wy_form_reads_long_paths_in_chunks_and_never_overflows(T, BD):
+    """A chain of 40 nodes (three and five chunks of the root path) and a star, under decays of -30 per step and
+    channel (the path's summed log decay reaches -1200: exp(-Gamma) overflows fp32, the form's suffix sums do not):
+    the WY form equals the oracle; asked for per-node states it refuses."""
+    from ddsim.gpu_backend import triton_kda
+    gen = torch.Generator().manual_seed(3)
+    H, K, V = 2, 4, 5
+    parents = torch.tensor([list(range(-1, T - 1)) if T > 9 else [-1] + [0] * (T - 1)])
+    q, k, v = (torch.randn(1, T, H, d, generator=gen) for d in (K, K, V))
+    for scale in (0.1, 30.0):
+        g = -torch.rand(1, T, H, K, generator=gen) * scale
+        beta, S0 = torch.rand(1, T, H, generator=gen), torch.randn(1, H, K, V, generator=gen)
+        launch, o = triton_kda.plan_wy(q, k, v, g, beta, parents=parents, initial_state=S0, block_d=BD)
+        launch()
+        ref = oracle.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0)
+        assert torch.isfinite(o).all()
+        assert_close(f"o (wy, decay scale {scale})", o, ref, dtype=torch.float32, slack=5)
+    with pytest.raises(ValueError, match="per-node states"):
+        gb.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0, output_states=True, backend="triton-wy")

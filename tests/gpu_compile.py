@@ -119,7 +119,8 @@ def other_calls():
         ("mamba2 commit", lambda: gb.mamba2_tree_commit(**mc, parents=m["parents"], accepted=acc,
                                                         initial_state=m["initial_state"], backend="triton")),
         ("kda recurrent, exact", lambda: gb.kda_tree_verify(**kd, parents=g["parents"][:1], initial_state=ks,
-                                                            backend="triton")),
+                                                            backend="triton-recurrent")),
+        ("kda wy, exact", lambda: gb.kda_tree_verify(**kd, parents=g["parents"][:1], initial_state=ks, backend="triton")),
         ("kda recurrent, leaky with states", lambda: gb.kda_tree_verify(
             **kd, parents=g["parents"][:1], initial_state=ks, mode="leaky", output_states=True, backend="triton")),
         ("mamba1 recurrent, exact", lambda: gb.mamba1_tree_verify(**m1, parents=g["parents"][:1], initial_state=m1s,
