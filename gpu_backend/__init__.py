@@ -316,9 +316,9 @@ def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", o
     g [B, T, H, K] the log decay per key channel; beta [B, T, H]; parents [B, T] or a TreePlan; initial_state
     [B, H, K, V] fp32 (read, never written). Returns o [B, T, H, V] in v's dtype and, with output_states, the state
     after every node [B, T, H, K, V] fp32. Backends: "torch" (the default off CUDA, and for fp64 states); "triton"
-    (the default on CUDA): the WY form for mode "exact" without per-node states (no state per node written),
-    "triton-recurrent" otherwise (flattened, or parent-indexed over per-node states); "triton-recurrent" and
-    "triton-wy" ask for one design."""
+    (the default on CUDA): for mode "exact" without per-node states the WY form (no state per node written) from
+    triton_kda.WY_FROM_PROGRAMS (sequence, head) pairs on, the recurrence (flattened, or parent-indexed over per-node
+    states) otherwise; "triton-wy" takes the WY form wherever it applies, "triton-recurrent" never."""
     backend = _one_design(q, initial_state, backend, KDA_BACKENDS)
     if backend == "torch":
         return torch_kda.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode,

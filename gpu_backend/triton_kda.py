@@ -119,40 +119,46 @@ def _kda_wy_kernel(
 
 
 DESIGNS = ("auto", "recurrent", "wy")
+# "auto" takes the WY form from this many (sequence, head) programs on: below it the parent-indexed recurrence's
+# V tiles fill the GPU better (H200, Kimi Linear's heads: 52.7 us against 75.3 at 1 x 17, 32 programs; from 8 x 65,
+# 256 programs, the WY form at 0.79x its time; benchmarks/bench_kda_designs.py)
+WY_FROM_PROGRAMS = 128
 
 
 def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", output_states=False,
-                    design: str = "auto", block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
+                    design: str = "auto", block_v: int | None = None, num_warps: int = 4, poison: bool | None = None):
     """q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K]; beta [B, T, H]; parents [B, T] or a TreePlan; initial_state
     [B, H, K, V] fp32 (read, never written). Returns o [B, T, H, V] in v's dtype and, with output_states, the state
-    after each node [B, T, H, K, V] fp32. design "auto": the WY form for mode "exact" without per-node states, the
-    recurrent kernel otherwise; "wy" only for that case."""
+    after each node [B, T, H, K, V] fp32. The WY form applies to mode "exact" without per-node states; elsewhere every
+    design runs the recurrence. design "wy": the WY form wherever it applies; "recurrent": never; "auto": where it
+    applies and the batch has at least WY_FROM_PROGRAMS (sequence, head) pairs."""
     if design not in DESIGNS:
         raise ValueError(f"design: expected one of {DESIGNS}, got {design!r}")
-    wy = mode == "exact" and not output_states
-    if design == "wy" and not wy:
-        raise ValueError("design 'wy': the WY form is mode 'exact' without per-node states")
-    if design != "recurrent" and wy:
-        launch, result = plan_wy(q, k, v, g, beta, parents=parents, initial_state=initial_state, block_v=block_v,
-                                 num_warps=num_warps, poison=poison)
+    wy = mode == "exact" and not output_states and (
+        design == "wy" or design == "auto" and q.shape[0] * q.shape[2] >= WY_FROM_PROGRAMS)
+    if wy:
+        launch, result = plan_wy(q, k, v, g, beta, parents=parents, initial_state=initial_state,
+                                 block_v=block_v or 128, num_warps=num_warps, poison=poison)
     else:
         launch, result = plan_recurrent(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode,
-                                        output_states=output_states, block_v=block_v, num_warps=num_warps,
+                                        output_states=output_states, block_v=block_v or 32, num_warps=num_warps,
                                         poison=poison)
     launch()
     return result
 
 
-def plan_wy(q, k, v, g, beta, *, parents, initial_state, block_v: int = 32, block_d: int = 16, num_warps: int = 4,
-            poison: bool | None = None):
+def plan_wy(q, k, v, g, beta, *, parents, initial_state, block_v: int = 128, block_d: int | None = None,
+            num_warps: int = 4, poison: bool | None = None):
     """The exact verify in the WY form: validate, take the root paths (a TreePlan's cached table, else one built
-    here) and allocate once; returns (launch, o)."""
+    here) and allocate once; returns (launch, o). block_d: root-path positions read per chunk (default 8 for trees
+    up to 8 deep, else 16; the H200 sweep's best at DDTree's depths of 3-5)."""
     B, T, H, K, V = checks.check_kda(q, k, v, g, beta, initial_state)
     if initial_state.dtype != torch.float32:
         raise ValueError(f"initial_state: the Triton KDA kernel keeps fp32 states, got {initial_state.dtype}")
     plan = parents if isinstance(parents, checks.TreePlan) else checks.TreePlan(parents, device=q.device)
     checks.check_parents(plan, B, T, q.device)
     paths = plan.root_paths()  # [B, T, DMAX]
+    block_d = block_d or (8 if paths.shape[2] <= 8 else 16)
     o = C.alloc((B, T, H, V), v.dtype, v.device, poison)
     u_buf = C.alloc((B, T, H, V), torch.float32, v.device, poison)
     BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))

@@ -19,8 +19,9 @@ def _args(inp, dtype=torch.float32):
     return {k: inp[k].to(dtype) if k in ("q", "k", "v") else inp[k] for k in ("q", "k", "v", "g", "beta")}
 
 
-# each backend gets every drawn example; "triton" runs the WY form for exact without per-node states
-BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton", "triton-recurrent"])
+# each backend gets every drawn example; "triton-wy" runs the WY form for exact without per-node states ("triton"
+# takes it for large batches only: the drawn ones run its recurrence)
+BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton-recurrent", "triton-wy"])
 MODES = pytest.mark.parametrize("mode", ["exact", "leaky"])
 
 
@@ -99,7 +100,7 @@ def test_the_decay_acts_per_key_channel(backend):
 def test_the_wy_form_reads_long_paths_in_chunks_and_never_overflows(T, BD):
     """A chain of 40 nodes (three and five chunks of the root path) and a star, under decays of -30 per step and
     channel (the path's summed log decay reaches -1200: exp(-Gamma) overflows fp32, the form's suffix sums do not):
-    the WY form equals the oracle; asked for per-node states it refuses."""
+    the WY form equals the oracle."""
     from ddsim.gpu_backend import triton_kda
     gen = torch.Generator().manual_seed(3)
     H, K, V = 2, 4, 5
@@ -113,5 +114,20 @@ def test_the_wy_form_reads_long_paths_in_chunks_and_never_overflows(T, BD):
         ref = oracle.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0)
         assert torch.isfinite(o).all()
         assert_close(f"o (wy, decay scale {scale})", o, ref, dtype=torch.float32, slack=5)
-    with pytest.raises(ValueError, match="per-node states"):
-        gb.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0, output_states=True, backend="triton-wy")
+
+
+@pytest.mark.parametrize("B, H, mode, keep, want", [(1, 2, "exact", False, "recurrent"), (64, 2, "exact", False, "wy"),
+                                                    (64, 2, "exact", True, "recurrent"),
+                                                    (64, 2, "leaky", False, "recurrent")])
+def test_the_default_design_takes_the_wy_form_for_large_batches_without_states(B, H, mode, keep, want, monkeypatch):
+    from ddsim.gpu_backend import triton_kda
+    took = []
+    for name in ("wy", "recurrent"):
+        real = getattr(triton_kda, f"plan_{name}")
+        monkeypatch.setattr(triton_kda, f"plan_{name}", lambda *a, _n=name, _r=real, **kw: (took.append(_n), _r(*a, **kw))[1])
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, 2, H, 4, generator=gen) for _ in range(3))
+    g, beta = -torch.rand(B, 2, H, 4, generator=gen), torch.rand(B, 2, H, generator=gen)
+    triton_kda.kda_tree_verify(q, k, v, g, beta, parents=torch.tensor([[-1, 0]] * B), mode=mode, output_states=keep,
+                               initial_state=torch.randn(B, H, 4, 4, generator=gen))
+    assert took == [want]

@@ -120,7 +120,8 @@ def other_calls():
                                                         initial_state=m["initial_state"], backend="triton")),
         ("kda recurrent, exact", lambda: gb.kda_tree_verify(**kd, parents=g["parents"][:1], initial_state=ks,
                                                             backend="triton-recurrent")),
-        ("kda wy, exact", lambda: gb.kda_tree_verify(**kd, parents=g["parents"][:1], initial_state=ks, backend="triton")),
+        ("kda wy, exact", lambda: gb.kda_tree_verify(**kd, parents=g["parents"][:1], initial_state=ks,
+                                                     backend="triton-wy")),
         ("kda recurrent, leaky with states", lambda: gb.kda_tree_verify(
             **kd, parents=g["parents"][:1], initial_state=ks, mode="leaky", output_states=True, backend="triton")),
         ("mamba1 recurrent, exact", lambda: gb.mamba1_tree_verify(**m1, parents=g["parents"][:1], initial_state=m1s,
