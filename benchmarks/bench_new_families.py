@@ -5,9 +5,9 @@ fla has one (KDA: fused_recurrent_kda and chunk_kda; lightning attention: fused_
 chunk_simple_gla with the per-head decay), which take no tree (each sequence's nodes in batch order: the leaky
 path), and the memory floor (inputs, the initial state and the outputs read or written once, at the measured copy
 bandwidth). As a model calls them: the tree as a TreePlan built once, the accepted nodes checked once. KDA's exact
-verify in both designs: the WY form (the default, no per-node state) and the parent-indexed recurrence (every
-node's state written). Sequences x nodes in {1x17, 8x65, 32x65}, DDTree trees. First, agreement on chains (where
-every mode is exact) with fla, and of KDA's two exact designs on trees.
+verify in both designs: the WY form (no per-node state; the default from 128 sequence-head pairs) and the
+parent-indexed recurrence (every node's state written). Sequences x nodes in {1x17, 8x65, 32x65}, DDTree trees.
+First, agreement on chains (where every mode is exact) with fla, and of KDA's two exact designs on trees.
 
     python benchmarks/bench_new_families.py [--commit SHA] [--families kda,lightning,mamba1]
 
@@ -62,8 +62,8 @@ def _calls(family: str, a: dict, parents, accepted):
     """name -> a call, ddsim's modes and commit, and fla's flattened kernels where it has one."""
     calls = {}
     if family == "kda":
-        for m, backend in (("exact", "triton"), ("exact", "triton-recurrent"), ("leaky", "triton")):
-            name = f"ddsim kda {m}" + (" (wy)" if m == "exact" and backend == "triton" else " (recurrent)" if m == "exact" else "")
+        for m, backend in (("exact", "triton-wy"), ("exact", "triton-recurrent"), ("leaky", "triton")):
+            name = f"ddsim kda {m}" + {"triton-wy": " (wy)", "triton-recurrent": " (recurrent)", "triton": ""}[backend]
             calls[name] = lambda m=m, backend=backend: gb.kda_tree_verify(
                 a["q"], a["k"], a["v"], a["g"], a["beta"], parents=parents, initial_state=a["S0"], mode=m, backend=backend)
         calls["ddsim kda commit"] = lambda: gb.kda_tree_commit(a["k"], a["v"], a["g"], a["beta"], parents=parents,
@@ -97,7 +97,8 @@ def agreement(g: torch.Generator) -> str:
     lines = ["# agreement on a 1x33 chain, bf16 inputs, fp32 states (max |ddsim - fla| / max |fla|)"]
     chain = torch.arange(-1, 32, device="cuda")[None]
     a = _inputs("kda", 1, 33, g)
-    o = gb.kda_tree_verify(a["q"], a["k"], a["v"], a["g"], a["beta"], parents=chain, initial_state=a["S0"]).float()
+    o = gb.kda_tree_verify(a["q"], a["k"], a["v"], a["g"], a["beta"], parents=chain, initial_state=a["S0"],
+                           backend="triton-wy").float()
     from fla.ops.kda import chunk_kda, fused_recurrent_kda
     for name, fn in (("fused_recurrent_kda", fused_recurrent_kda), ("chunk_kda", chunk_kda)):
         ref = fn(a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["S0"].clone(), use_qk_l2norm_in_kernel=True)[0].float()
