@@ -243,7 +243,8 @@ def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=
         return _triton("triton_mamba2").mamba2_tree_commit_triton(x, dt, A, B, inplace=inplace, **kw)
 
 
-MAMBA1_BACKENDS = LIGHTNING_BACKENDS = ("torch", "triton", "triton-recurrent")  # one Triton design each
+MAMBA1_BACKENDS = ("torch", "triton", "triton-recurrent")  # one Triton design
+LIGHTNING_BACKENDS = ("torch", "triton", "triton-recurrent", "triton-masked")
 KDA_BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy")
 
 
@@ -289,15 +290,19 @@ def lightning_tree_verify(q, k, v, *, decay, parents, initial_state, mode="exact
     """One lightning-attention layer (MiniMax) over a tree. q, k [B, T, H, K]; v [B, T, H, V]; decay [H] (the
     per-head lambda = exp(-slope)); parents [B, T] or a TreePlan; initial_state [B, H, K, V] fp32 (read, never
     written). Returns o [B, T, H, V] in q's dtype and, with output_states, the state after every node
-    [B, T, H, K, V] fp32. Backends: "torch" (the default off CUDA, and for fp64 states), "triton" =
-    "triton-recurrent" (the default on CUDA: flattened, or parent-indexed over per-node states)."""
-    if _one_design(q, initial_state, backend, LIGHTNING_BACKENDS) == "torch":
+    [B, T, H, K, V] fp32. Backends: "torch" (the default off CUDA, and for fp64 states); "triton" = "triton-masked"
+    (the default on CUDA): mode "exact" without per-node states as tree-masked decayed attention from each node's
+    root path (no state per node written), the recurrence otherwise (flattened, or parent-indexed over per-node
+    states); "triton-recurrent": the recurrence always."""
+    backend = _one_design(q, initial_state, backend, LIGHTNING_BACKENDS)
+    if backend == "torch":
         return torch_lightning.lightning_tree_verify(q, k, v, decay=decay, parents=parents, initial_state=initial_state,
                                                      mode=mode, output_states=output_states)
+    design = {"triton": "auto", "triton-recurrent": "recurrent", "triton-masked": "masked"}[backend]
     with _on(q):
         return _triton("triton_lightning").lightning_tree_verify(q, k, v, decay=decay, parents=parents,
                                                                  initial_state=initial_state, mode=mode,
-                                                                 output_states=output_states)
+                                                                 output_states=output_states, design=design)
 
 
 def lightning_tree_commit(k, v, *, decay, parents, accepted, initial_state, backend=None):

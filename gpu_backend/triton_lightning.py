@@ -6,6 +6,12 @@ recurrent   one program per (sequence, head, V tile) keeps S [K, BV] in register
             attention). mode "leaky": S carries from node t-1 (the flattened path), per-node states optional.
             mode "exact": parent-indexed, each node reloads its parent's state from the per-node state buffer, so
             those states are always written.
+masked      mode "exact" without per-node states: there is no delta rule, so along node t's root path (t at depth
+            d_t) the state is S_t = lambda^(d_t + 1) S0 + sum_{j on the path} lambda^(d_t - d_j) k_j v_j^T and
+              o_t = lambda^(d_t + 1) S0^T q_t + sum_{j on the path} lambda^(d_t - d_j) (q_t . k_j) v_j,
+            tree-masked decayed linear attention. One program per (sequence, head, V tile) computes every node from
+            its root path alone (no node waits for another), reading the path in chunks of BD from the node back
+            (the powers lambda^(d_t - d_j) <= 1 from suffix counts: nothing overflows); no per-node state is written.
 commit      the state after the accepted root path (triton_commit's design): the committed state read once, the
             path's steps, the result written once into a new [B, H, K, V].
 The committed state [B, H, K, V] fp32 is read, never written; inputs bf16 / fp16 / fp32; the decay [H] is read in
@@ -65,15 +71,81 @@ def _lightning_recurrent_kernel(
                 tl.debug_barrier()  # the next node may read this state through other threads
 
 
+@triton.jit
+def _lightning_masked_kernel(
+    q, k, v, decay,  # [B, T, H, K] x2, [B, T, H, V], [H] lambda per head
+    paths,  # [B, T, DMAX] int32: each node's root path (root first, the node last, -1 padded)
+    state,  # [B, H, K, V] fp32 committed states
+    o,  # [B, T, H, V] out
+    T, DMAX,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr,
+):
+    i_v, i_b, i_h, _ = h.head_coords(H, H)
+    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
+    ln_lam = tl.log(tl.load(decay + i_h).to(tl.float32))
+    S0 = tl.load(h.state_ptrs(state, i_b, i_h, o_k, o_v, H, K, V, False), mask=mk[:, None] & mv[None, :], other=0.0)
+    o_d = tl.arange(0, BD)
+    n_chunks = tl.cdiv(DMAX, BD)
+    for t in range(0, T):
+        row = i_b * T + t
+        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, False, 0)  # [BK]
+        acc = tl.zeros([BV], dtype=tl.float32)  # sum_j lambda^(d_t - d_j) (q_t . k_j) v_j
+        run = 0.0  # path entries after the current chunk
+        for c in range(0, n_chunks):
+            d = (n_chunks - 1 - c) * BD + o_d  # [BD] path positions, the last chunk first
+            anc = tl.load(paths + row * DMAX + d, mask=d < DMAX, other=-1)
+            valid = anc >= 0
+            cnt = tl.sum(valid.to(tl.float32), 0)
+            after = run + cnt - tl.cumsum(valid.to(tl.float32), 0)  # [BD] d_t - d_j on the path
+            run += cnt
+            arow = i_b * T + tl.maximum(anc, 0)
+            Ka = h.load_rows(k, arow[:, None], i_h, o_k[None, :], valid[:, None] & mk[None, :], H, K, False, 1)
+            Va = h.load_rows(v, arow[:, None], i_h, o_v[None, :], valid[:, None] & mv[None, :], H, V, False, 1)
+            w = tl.where(valid, tl.exp(after * ln_lam) * tl.sum(Ka * b_q[None, :], 1), 0.0)  # [BD]
+            acc += tl.sum(w[:, None] * Va, 0)
+        b_o = tl.exp(run * ln_lam) * tl.sum(S0 * b_q[:, None], 0) + acc  # run = d_t + 1
+        tl.store(o + (row * H + i_h) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
+
+
+DESIGNS = ("auto", "recurrent", "masked")
+
+
 def lightning_tree_verify(q, k, v, *, decay, parents, initial_state, mode="exact", output_states=False,
-                          block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
+                          design: str = "auto", block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
     """q, k [B, T, H, K]; v [B, T, H, V]; decay [H]; parents [B, T] or a TreePlan; initial_state [B, H, K, V] fp32
     (read, never written). Returns o [B, T, H, V] in q's dtype and, with output_states, the state after each node
-    [B, T, H, K, V] fp32."""
-    launch, result = plan_recurrent(q, k, v, decay=decay, parents=parents, initial_state=initial_state, mode=mode,
-                                    output_states=output_states, block_v=block_v, num_warps=num_warps, poison=poison)
+    [B, T, H, K, V] fp32. The masked form applies to mode "exact" without per-node states; elsewhere every design
+    runs the recurrence. design "auto" = "masked": the masked form wherever it applies (the recurrence would write
+    every node's state, B T H K V fp32: 2.2 GB at 8 x 65 of MiniMax's heads); "recurrent": never."""
+    if design not in DESIGNS:
+        raise ValueError(f"design: expected one of {DESIGNS}, got {design!r}")
+    if design != "recurrent" and mode == "exact" and not output_states:
+        launch, result = plan_masked(q, k, v, decay=decay, parents=parents, initial_state=initial_state,
+                                     block_v=block_v, num_warps=num_warps, poison=poison)
+    else:
+        launch, result = plan_recurrent(q, k, v, decay=decay, parents=parents, initial_state=initial_state, mode=mode,
+                                        output_states=output_states, block_v=block_v, num_warps=num_warps,
+                                        poison=poison)
     launch()
     return result
+
+
+def plan_masked(q, k, v, *, decay, parents, initial_state, block_v: int = 32, block_d: int | None = None,
+                num_warps: int = 4, poison: bool | None = None):
+    """The exact verify in the masked form: validate, take the root paths (a TreePlan's cached table, else one
+    built here) and allocate once; returns (launch, o). block_d: root-path positions read per chunk (default 8 for
+    trees up to 8 deep, else 16)."""
+    B, T, H, K, V = _check(q, k, v, decay, initial_state)
+    plan = parents if isinstance(parents, checks.TreePlan) else checks.TreePlan(parents, device=q.device)
+    checks.check_parents(plan, B, T, q.device)
+    paths = plan.root_paths()  # [B, T, DMAX]
+    block_d = block_d or (8 if paths.shape[2] <= 8 else 16)
+    o = C.alloc((B, T, H, V), q.dtype, q.device, poison)
+    BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
+    kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), decay=decay.contiguous(), paths=paths,
+              state=initial_state.contiguous(), o=o, T=T, DMAX=paths.shape[2], H=H, K=K, V=V, BK=BK, BV=BV,
+              BD=block_d, num_warps=num_warps)
+    return bind(_lightning_masked_kernel, (C.cdiv(V, BV), B * H), kw), o
 
 
 def _check(q, k, v, decay, initial_state):

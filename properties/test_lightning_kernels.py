@@ -1,8 +1,9 @@
 """The lightning-attention (MiniMax) fast path against the float64 oracle on hypothesis trees: outputs and
-per-node states in both modes and every input dtype, the commit along the accepted path, inputs and the
-committed state bit-identical after every call, states NaN-poisoned before the loop writes them, and the leak:
-off the order-exact nodes the leaky path is the oracle's flattened recurrence, on them the exact one. Both backends:
-PyTorch and the Triton recurrent kernel (in Triton's interpreter on the CPU)."""
+per-node states in both modes and every input dtype, the commit along the accepted path, inputs and the committed
+state bit-identical after every call, states NaN-poisoned before the loop writes them, and the leak: off the
+order-exact nodes the leaky path is the oracle's flattened recurrence, on them the exact one. Every backend: PyTorch,
+the Triton recurrent kernel and the masked form of the exact verify without states (in Triton's interpreter on the
+CPU); the masked form also on paths longer than its chunk."""
 import pytest
 import torch
 from hypothesis import given
@@ -18,7 +19,8 @@ def _args(inp, dtype=torch.float32):
     return {k: inp[k].to(dtype) for k in ("q", "k", "v")}
 
 
-BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton"])  # each backend gets every drawn example
+# each backend gets every drawn example; "triton" runs the masked form for exact without per-node states
+BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton", "triton-recurrent"])
 MODES = pytest.mark.parametrize("mode", ["exact", "leaky"])
 
 
@@ -66,7 +68,7 @@ def test_lightning_commit_is_the_accepted_nodes_state(inp, picks, backend):
                  dtype=torch.float32, slack=5)
 
 
-@BACKENDS
+@pytest.mark.parametrize("backend", ["torch", "triton-recurrent"])  # one design for both modes: bit for bit
 @given(inp=lightning_inputs(max_nodes=7))
 def test_lightning_leaky_is_exact_where_the_layout_is(inp, backend):
     args = _args(inp)
@@ -90,3 +92,20 @@ def test_a_sibling_inherits_its_elder_siblings_state_in_the_leaky_path(backend):
     want = decay[:, None, None] * lk[0, 1] + torch.einsum("hk,hv->hkv", k[0, 2], v[0, 2])
     torch.testing.assert_close(lk[0, 2], want)
     torch.testing.assert_close(ex[0, 2], decay[:, None, None] * ex[0, 0] + torch.einsum("hk,hv->hkv", k[0, 2], v[0, 2]))
+
+
+@pytest.mark.parametrize("T, BD", [(33, 16), (20, 8)])
+def test_the_masked_form_reads_long_paths_in_chunks(T, BD):
+    """Chains of 33 and 20 nodes (three chunks of the root path each), decays from fast (0.01: lambda^32 underflows
+    to 0) to none (1): the masked form equals the oracle."""
+    from ddsim.gpu_backend import triton_lightning
+    gen = torch.Generator().manual_seed(5)
+    H, K, V = 3, 4, 5
+    parents = torch.tensor([list(range(-1, T - 1))])
+    q, k, v = (torch.randn(1, T, H, d, generator=gen) for d in (K, K, V))
+    decay, S0 = torch.tensor([0.01, 0.9, 1.0]), torch.randn(1, H, K, V, generator=gen)
+    launch, o = triton_lightning.plan_masked(q, k, v, decay=decay, parents=parents, initial_state=S0, block_d=BD)
+    launch()
+    ref = oracle.lightning_tree_verify(q, k, v, decay=decay, parents=parents, initial_state=S0)
+    assert torch.isfinite(o).all()
+    assert_close("o (masked)", o, ref, dtype=torch.float32, slack=5)

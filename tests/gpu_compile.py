@@ -134,7 +134,9 @@ def other_calls():
                                                         parents=g["parents"][:1], accepted=acc[:1], initial_state=m1s,
                                                         backend="triton")),
         ("lightning recurrent, exact", lambda: gb.lightning_tree_verify(**la, decay=lam, parents=g["parents"][:1],
-                                                                        initial_state=ks, backend="triton")),
+                                                                        initial_state=ks, backend="triton-recurrent")),
+        ("lightning masked, exact", lambda: gb.lightning_tree_verify(**la, decay=lam, parents=g["parents"][:1],
+                                                                     initial_state=ks, backend="triton")),
         ("lightning recurrent, leaky with states", lambda: gb.lightning_tree_verify(
             **la, decay=lam, parents=g["parents"][:1], initial_state=ks, mode="leaky", output_states=True,
             backend="triton")),
