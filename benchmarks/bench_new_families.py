@@ -6,7 +6,8 @@ chunk_simple_gla with the per-head decay), which take no tree (each sequence's n
 path), and the memory floor (inputs, the initial state and the outputs read or written once, at the measured copy
 bandwidth). As a model calls them: the tree as a TreePlan built once, the accepted nodes checked once. KDA's exact
 verify in both designs: the WY form (no per-node state; the default from 128 sequence-head pairs) and the
-parent-indexed recurrence (every node's state written). Sequences x nodes in {1x17, 8x65, 32x65}, DDTree trees.
+parent-indexed recurrence (every node's state written); lightning's likewise in its masked form (the default) and
+its recurrence. Sequences x nodes in {1x17, 8x65, 32x65}, DDTree trees.
 First, agreement on chains (where every mode is exact) with fla, and of KDA's two exact designs on trees.
 
     python benchmarks/bench_new_families.py [--commit SHA] [--families kda,lightning,mamba1]
@@ -73,9 +74,10 @@ def _calls(family: str, a: dict, parents, accepted):
             calls[name] = lambda fn=fn: fn(a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["S0"].clone(),
                                            use_qk_l2norm_in_kernel=True)
     elif family == "lightning":
-        for m in ("exact", "leaky"):
-            calls[f"ddsim lightning {m}"] = lambda m=m: gb.lightning_tree_verify(a["q"], a["k"], a["v"], decay=a["decay"], parents=parents,
-                                                                                initial_state=a["S0"], mode=m)
+        for m, backend in (("exact", "triton-masked"), ("exact", "triton-recurrent"), ("leaky", "triton")):
+            name = f"ddsim lightning {m}" + {"triton-masked": " (masked)", "triton-recurrent": " (recurrent)", "triton": ""}[backend]
+            calls[name] = lambda m=m, backend=backend: gb.lightning_tree_verify(
+                a["q"], a["k"], a["v"], decay=a["decay"], parents=parents, initial_state=a["S0"], mode=m, backend=backend)
         calls["ddsim lightning commit"] = lambda: gb.lightning_tree_commit(a["k"], a["v"], decay=a["decay"], parents=parents,
                                                                            accepted=accepted, initial_state=a["S0"])
         from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
