@@ -92,6 +92,14 @@ class TreePlan:
         return self._cached(("paths",), build)
 
 
+def root_paths(parents, B: int, T: int, device) -> torch.Tensor:
+    """int32 [B, T, DMAX] every node's root path (root first, the node last, -1 padded) from raw parents (checked)
+    or a TreePlan (cached)."""
+    plan = parents if isinstance(parents, TreePlan) else TreePlan(parents, device=device)
+    check_parents(plan, B, T, device)
+    return plan.root_paths()
+
+
 def source_parents(parents, B: int, T: int, device, mode: str) -> torch.Tensor:
     """[B, T] source parents of ``mode`` from raw parents (checked) or a TreePlan (cached)."""
     if isinstance(parents, TreePlan):

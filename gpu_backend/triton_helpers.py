@@ -1,6 +1,7 @@
 """@triton.jit building blocks shared by the GDN verify and commit kernels: program coordinates,
 row loads with the in-kernel q/k l2-norm, the gates (given, or fused from a, b, A_log, dt_bias),
-the committed state of a pool slot, one gated delta-rule step, and the pieces the WY kernels start
+the committed state of a pool slot, a parent-indexed node's source state and a chunk of a node's root path (also
+KDA's and lightning attention's), one gated delta-rule step, and the pieces the WY kernels start
 from: the root's recurrent step, a block of draft rows, and the whole per-V-tile prologue (wy_tile). Reference: the per-node step of
 oracle.gdn (float64), which the property suites compare every kernel against.
 """
@@ -84,6 +85,26 @@ def state_ptrs(state, slot, i_hv, o_k, o_v, HV: tl.constexpr, K: tl.constexpr, V
     if VK:
         return state + ((slot.to(tl.int64) * HV + i_hv) * V + o_v[None, :]) * K + o_k[:, None]
     return state + ((slot.to(tl.int64) * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :]
+
+
+@triton.jit
+def source_state(snap, src, row, seq_row0, s0, i_h, o_k, o_v, mkv, H: tl.constexpr, K: tl.constexpr,
+                 V: tl.constexpr):
+    """The state a parent-indexed node starts from, [BK, BV]: its parent's from the per-node states snap
+    [B*T, H, K, V] (src[row] the parent, seq_row0 the sequence's first row), the committed s0 for the root."""
+    p = tl.load(src + row)
+    sp = tl.load(state_ptrs(snap, seq_row0 + tl.maximum(p, 0), i_h, o_k, o_v, H, K, V, False), mask=mkv, other=0.0)
+    return tl.where(p >= 0, sp, s0)
+
+
+@triton.jit
+def path_chunk(paths, row, t, c, n_chunks, DMAX, o_d, BD: tl.constexpr):
+    """Chunk c of node t's root path read from the node back (chunk 0 the last): the path positions' nodes [BD]
+    (-1 where the path has none), which of them are on it, and which are strict ancestors (not t itself)."""
+    d = (n_chunks - 1 - c) * BD + o_d
+    anc = tl.load(paths + row * DMAX + d, mask=d < DMAX, other=-1)
+    valid = anc >= 0
+    return anc, valid, valid & (anc != t)
 
 
 @triton.jit

@@ -52,10 +52,7 @@ def _kda_recurrent_kernel(
     for t in range(0, T):
         row = i_b * T + t
         if PARENT_INDEXED:
-            p = tl.load(src + row)
-            sp = tl.load(h.state_ptrs(snap, i_b * T + tl.maximum(p, 0), i_h, o_k, o_v, H, K, V, False), mask=mkv,
-                         other=0.0)
-            S = tl.where(p >= 0, sp, s0)  # the root reads the committed state
+            S = h.source_state(snap, src, row, i_b * T, s0, i_h, o_k, o_v, mkv, H, K, V)
         b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, True, 0)
         b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, True, 0)
         b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0)
@@ -94,10 +91,7 @@ def _kda_wy_kernel(
         acc_q = tl.zeros([BV], dtype=tl.float32)  # sum_j (q_t . k_j e_j) u_j
         run = tl.zeros([BK], dtype=tl.float32)  # the log decay of the path after the current chunk
         for c in range(0, n_chunks):
-            d = (n_chunks - 1 - c) * BD + o_d  # [BD] path positions, the last chunk first
-            anc = tl.load(paths + row * DMAX + d, mask=d < DMAX, other=-1)
-            valid = anc >= 0
-            strict = valid & (anc != t)
+            anc, valid, strict = h.path_chunk(paths, row, t, c, n_chunks, DMAX, o_d, BD)  # [BD] the last chunk first
             arow = i_b * T + tl.maximum(anc, 0)
             md = valid[:, None] & mk[None, :]
             Ga = tl.load(g + (arow[:, None] * H + i_h) * K + o_k[None, :], mask=md, other=0.0).to(tl.float32)
@@ -155,9 +149,7 @@ def plan_wy(q, k, v, g, beta, *, parents, initial_state, block_v: int = 128, blo
     B, T, H, K, V = checks.check_kda(q, k, v, g, beta, initial_state)
     if initial_state.dtype != torch.float32:
         raise ValueError(f"initial_state: the Triton KDA kernel keeps fp32 states, got {initial_state.dtype}")
-    plan = parents if isinstance(parents, checks.TreePlan) else checks.TreePlan(parents, device=q.device)
-    checks.check_parents(plan, B, T, q.device)
-    paths = plan.root_paths()  # [B, T, DMAX]
+    paths = checks.root_paths(parents, B, T, q.device)  # [B, T, DMAX]
     block_d = block_d or (8 if paths.shape[2] <= 8 else 16)
     o = C.alloc((B, T, H, V), v.dtype, v.device, poison)
     u_buf = C.alloc((B, T, H, V), torch.float32, v.device, poison)

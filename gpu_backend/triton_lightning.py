@@ -55,10 +55,7 @@ def _lightning_recurrent_kernel(
     for t in range(0, T):
         row = i_b * T + t
         if PARENT_INDEXED:
-            p = tl.load(src + row)
-            sp = tl.load(h.state_ptrs(snap, i_b * T + tl.maximum(p, 0), i_h, o_k, o_v, H, K, V, False), mask=mkv,
-                         other=0.0)
-            S = tl.where(p >= 0, sp, s0)  # the root reads the committed state
+            S = h.source_state(snap, src, row, i_b * T, s0, i_h, o_k, o_v, mkv, H, K, V)
         b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, False, 0)
         b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, False, 0)
         b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0)
@@ -92,9 +89,7 @@ def _lightning_masked_kernel(
         acc = tl.zeros([BV], dtype=tl.float32)  # sum_j lambda^(d_t - d_j) (q_t . k_j) v_j
         run = 0.0  # path entries after the current chunk
         for c in range(0, n_chunks):
-            d = (n_chunks - 1 - c) * BD + o_d  # [BD] path positions, the last chunk first
-            anc = tl.load(paths + row * DMAX + d, mask=d < DMAX, other=-1)
-            valid = anc >= 0
+            anc, valid, _strict = h.path_chunk(paths, row, t, c, n_chunks, DMAX, o_d, BD)  # [BD] the last chunk first
             cnt = tl.sum(valid.to(tl.float32), 0)
             after = run + cnt - tl.cumsum(valid.to(tl.float32), 0)  # [BD] d_t - d_j on the path
             run += cnt
@@ -136,9 +131,7 @@ def plan_masked(q, k, v, *, decay, parents, initial_state, block_v: int = 32, bl
     built here) and allocate once; returns (launch, o). block_d: root-path positions read per chunk (default 8 for
     trees up to 8 deep, else 16)."""
     B, T, H, K, V = _check(q, k, v, decay, initial_state)
-    plan = parents if isinstance(parents, checks.TreePlan) else checks.TreePlan(parents, device=q.device)
-    checks.check_parents(plan, B, T, q.device)
-    paths = plan.root_paths()  # [B, T, DMAX]
+    paths = checks.root_paths(parents, B, T, q.device)  # [B, T, DMAX]
     block_d = block_d or (8 if paths.shape[2] <= 8 else 16)
     o = C.alloc((B, T, H, V), q.dtype, q.device, poison)
     BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
