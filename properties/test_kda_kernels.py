@@ -6,7 +6,7 @@ recurrent kernel and the WY form (in Triton's interpreter on the CPU); the WY fo
 chunk and under decays whose inverse overflows fp32."""
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ddsim.gpu_backend as gb
@@ -23,10 +23,13 @@ def _args(inp, dtype=torch.float32):
 # takes it for large batches only: the drawn ones run its recurrence)
 BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton-recurrent", "triton-wy"])
 MODES = pytest.mark.parametrize("mode", ["exact", "leaky"])
+# each (backend, mode) draws its own examples: fewer each than the profile's, more in all than one drawn pair
+PER_PAIR = settings(max_examples=15)
 
 
 @BACKENDS
 @MODES
+@PER_PAIR
 @given(inp=kda_inputs(max_nodes=7), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
        keep=st.booleans())
 def test_kda_verify_and_states_match_oracle(inp, mode, dtype, backend, keep):
@@ -51,6 +54,7 @@ def test_kda_verify_and_states_match_oracle(inp, mode, dtype, backend, keep):
 
 
 @BACKENDS
+@PER_PAIR
 @given(inp=kda_inputs(max_nodes=7), picks=st.lists(st.integers(0, 10**6), min_size=2, max_size=2))
 def test_kda_commit_is_the_accepted_nodes_state(inp, picks, backend):
     acc = [picks[i] % t.size for i, t in enumerate(inp["trees"])]
