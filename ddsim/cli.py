@@ -496,8 +496,7 @@ def cmd_check_kernel(a, console) -> int:
         raise InputError(f"--example-timeout: expected a finite number of seconds > 0, got {a.example_timeout}")
     device = prepare_engine_device(a.device)
     kernel = _load_kernel(a)
-    {"conv": kernel.check_conv, "mamba2": kernel.check_mamba2, "kda": kernel.check_kda,
-     "lightning": kernel.check_lightning}.get(a.op, kernel.check_mode)(a.mode)
+    kernel.check_op(a.op, a.mode)
     out = Path(a.out)
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
     result = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op,

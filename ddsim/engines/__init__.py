@@ -58,6 +58,9 @@ from typing import Callable
 from ddsim.errors import InputError
 
 CONVENTIONS = ("ddsim", "sglang", "vllm", "fla")
+# the ops an engine may offer beside its GDN verify (each its own fields below), as a refusal names them
+OPS = {"conv": "tree causal conv", "mamba2": "Mamba2 tree verify", "kda": "KDA verify",
+       "lightning": "lightning-attention verify"}
 
 
 @dataclass(frozen=True)
@@ -96,37 +99,18 @@ class EngineKernel:
     lightning_source: str | None = None
     lightning_source_sha256: str | None = None
 
-    def check_mode(self, mode: str) -> None:
-        if mode not in self.modes:
-            raise InputError(f"--mode {mode}: {self.name} offers only {', '.join(self.modes)}"
-                             + (" (it takes no tree: on a tree it is the flattened path)" if self.modes == ("leaky",) else ""))
-
-    def check_conv(self, mode: str) -> None:
-        if self.conv is None:
-            raise InputError(f"--op conv: {self.name} has no tree causal conv")
-        if mode not in self.conv_modes:
-            raise InputError(f"--mode {mode}: {self.conv_name} offers only {', '.join(self.conv_modes)}")
-
-    def check_mamba2(self, mode: str) -> None:
-        if self.mamba2 is None:
-            raise InputError(f"--op mamba2: {self.name} has no Mamba2 tree verify")
-        if mode not in self.mamba2_modes:
-            raise InputError(f"--mode {mode}: {self.mamba2_name} offers only {', '.join(self.mamba2_modes)}")
-
-    def check_kda(self, mode: str) -> None:
-        if self.kda is None:
-            raise InputError(f"--op kda: {self.name} has no KDA verify")
-        if mode not in self.kda_modes:
-            raise InputError(f"--mode {mode}: {self.kda_name} offers only {', '.join(self.kda_modes)}"
-                             + (" (it takes no tree: on a tree it is the flattened path)" if self.kda_modes == ("leaky",) else ""))
-
-    def check_lightning(self, mode: str) -> None:
-        if self.lightning is None:
-            raise InputError(f"--op lightning: {self.name} has no lightning-attention verify")
-        if mode not in self.lightning_modes:
-            raise InputError(f"--mode {mode}: {self.lightning_name} offers only {', '.join(self.lightning_modes)}"
-                             + (" (it takes no tree: on a tree it is the flattened path)"
-                                if self.lightning_modes == ("leaky",) else ""))
+    def check_op(self, op: str, mode: str) -> None:
+        """``--op op --mode mode`` on this kernel (any op not in OPS: the GDN verify): one line naming the op it lacks
+        or the modes it offers."""
+        if op in OPS:
+            fn, name, modes = getattr(self, op), getattr(self, f"{op}_name"), getattr(self, f"{op}_modes")
+            if fn is None:
+                raise InputError(f"--op {op}: {self.name} has no {OPS[op]}")
+        else:
+            name, modes = self.name, self.modes
+        if mode not in modes:
+            raise InputError(f"--mode {mode}: {name} offers only {', '.join(modes)}"
+                             + (" (it takes no tree: on a tree it is the flattened path)" if modes == ("leaky",) else ""))
 
     def provenance(self) -> dict:
         """What a report records about the kernel (ddsim.verdict.report_model.EngineRecord)."""

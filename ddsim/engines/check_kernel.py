@@ -344,26 +344,22 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
         raise InputError(f"--profile: expected one of {', '.join(kernel_cases.PROFILES)}, got {profile!r}")
     strategies = _strategies()
     extra = {}
+    kernel.check_op(op, mode)
     if op == "conv":
-        kernel.check_conv(mode)
         runner = _ConvRunner(kernel, mode, device)
         strategy = strategies.conv_pool_inputs(max_nodes=10, dtype=dtype, widths=kernel.conv_widths)
         extra = {"widths": kernel.conv_widths}
     elif op == "mamba2":
-        kernel.check_mamba2(mode)
         runner = _Runner(kernel.mamba2, oracle.mamba2_tree_verify, ("x", "dt", "A", "B", "C"), ("D", "dt_bias"), mode,
                          device)
         strategy = strategies.mamba2_inputs(max_nodes=10, dtype=dtype, engine=True)
     elif op == "kda":
-        kernel.check_kda(mode)
         runner = _Runner(kernel.kda, oracle.kda_tree_verify, ("q", "k", "v", "g", "beta"), (), mode, device)
         strategy = strategies.kda_inputs(max_nodes=10, dtype=dtype, engine=True)
     elif op == "lightning":
-        kernel.check_lightning(mode)
         runner = _Runner(kernel.lightning, oracle.lightning_tree_verify, ("q", "k", "v"), ("decay",), mode, device)
         strategy = strategies.lightning_inputs(max_nodes=10, dtype=dtype, engine=True)
     else:
-        kernel.check_mode(mode)
         runner = _Runner(kernel.verify, oracle.gdn_tree_verify, ("q", "k", "v", "g", "beta"), (), mode, device,
                          extra={"scale": None})
         strategy = strategies.gdn_pool_inputs(max_nodes=10, dtype=dtype)
