@@ -1,5 +1,5 @@
 """ddsim's own fast path as an engine: gpu_backend.gdn_tree_verify, tree_causal_conv1d and
-mamba2_tree_verify (Triton on CUDA, torch on the CPU), kda_tree_verify (PyTorch), and the ddsim calling
+mamba2_tree_verify, kda_tree_verify and lightning_tree_verify (Triton on CUDA, torch on the CPU), and the ddsim calling
 convention for a kernel of anyone's that shares their signatures."""
 from __future__ import annotations
 

@@ -48,6 +48,18 @@ def as_lightning_contract(fn):
     return lightning
 
 
+def _optional(module: str, name: str):
+    """module.name, or None where this fla-core release lacks it (its import-time warnings silenced)."""
+    import importlib
+    import warnings
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
 def adapter():
     import warnings
     try:
@@ -60,26 +72,16 @@ def adapter():
     from ddsim.engines import EngineKernel, _source_of, _version
     src, digest = _source_of(fused_recurrent_gated_delta_rule)
     extra = {}
-    try:  # KDA: fla-core releases that have it (--op kda on one without it says so in one line)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from fla.ops.kda import fused_recurrent_kda
-    except ImportError:
-        pass
-    else:
-        ksrc, kdigest = _source_of(fused_recurrent_kda)
-        extra = dict(kda=as_kda_contract(fused_recurrent_kda), kda_name="fla.fused_recurrent_kda", kda_modes=("leaky",),
+    # KDA and lightning attention's kernel (simple GLA): in fla-core releases that have them (--op kda or lightning
+    # on one without says so in one line)
+    kda, gla = _optional("fla.ops.kda", "fused_recurrent_kda"), _optional("fla.ops.simple_gla", "fused_recurrent_simple_gla")
+    if kda is not None:
+        ksrc, kdigest = _source_of(kda)
+        extra.update(kda=as_kda_contract(kda), kda_name="fla.fused_recurrent_kda", kda_modes=("leaky",),
                      kda_source=ksrc, kda_source_sha256=kdigest)
-    try:  # lightning attention's kernel (simple GLA), likewise
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from fla.ops.simple_gla import fused_recurrent_simple_gla
-    except ImportError:
-        pass
-    else:
-        lsrc, ldigest = _source_of(fused_recurrent_simple_gla)
-        extra.update(lightning=as_lightning_contract(fused_recurrent_simple_gla),
-                     lightning_name="fla.fused_recurrent_simple_gla", lightning_modes=("leaky",), lightning_source=lsrc,
-                     lightning_source_sha256=ldigest)
+    if gla is not None:
+        lsrc, ldigest = _source_of(gla)
+        extra.update(lightning=as_lightning_contract(gla), lightning_name="fla.fused_recurrent_simple_gla",
+                     lightning_modes=("leaky",), lightning_source=lsrc, lightning_source_sha256=ldigest)
     return EngineKernel("fla.fused_recurrent_gated_delta_rule", ("leaky",), as_contract(fused_recurrent_gated_delta_rule),
                         "fla-core", _version("fla-core"), src, digest, **extra)
