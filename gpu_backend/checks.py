@@ -92,6 +92,12 @@ class TreePlan:
         return self._cached(("paths",), build)
 
 
+def fp32_state(initial_state: torch.Tensor, kernel: str) -> None:
+    """A Triton recurrent-family kernel keeps its states in fp32: any other committed state is refused."""
+    if initial_state.dtype != torch.float32:
+        raise ValueError(f"initial_state: the Triton {kernel} kernel keeps fp32 states, got {initial_state.dtype}")
+
+
 def root_paths(parents, B: int, T: int, device) -> torch.Tensor:
     """int32 [B, T, DMAX] every node's root path (root first, the node last, -1 padded) from raw parents (checked)
     or a TreePlan (cached)."""

@@ -69,6 +69,12 @@ def accepted_paths(parents, p: torch.Tensor, acc: torch.Tensor) -> tuple[torch.T
     return _paths(p, acc)[:, None, :].contiguous(), checks.constant("dummy", p.shape[0], p.device, torch.int64)
 
 
+def checked_accepted_paths(parents, accepted, B: int, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """accepted_paths of parents [B, T] (raw or a TreePlan) and accepted [B], both checked first."""
+    p = checks.check_parents(parents, B, T, device)
+    return accepted_paths(parents, p, checks.check_accepted(accepted, B, T, device))
+
+
 def gdn_tree_commit_triton(*args, **kwargs):
     """State after root..accepted[b]. inplace=True writes it into the pool slots (state_indices)
     and returns the pool; otherwise returns a new [B, HV, K, V] tensor. Other slots are untouched."""

@@ -31,7 +31,7 @@ from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
-from ddsim.gpu_backend.triton_commit import accepted_paths
+from ddsim.gpu_backend.triton_commit import checked_accepted_paths
 
 
 @triton.jit
@@ -128,8 +128,8 @@ def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", o
     applies and the batch has at least WY_FROM_PROGRAMS (sequence, head) pairs."""
     if design not in DESIGNS:
         raise ValueError(f"design: expected one of {DESIGNS}, got {design!r}")
-    wy = mode == "exact" and not output_states and (
-        design == "wy" or design == "auto" and q.shape[0] * q.shape[2] >= WY_FROM_PROGRAMS)
+    programs = q.shape[0] * q.shape[2] if q.dim() == 4 else 0  # (a malformed q is refused by the plan's checks)
+    wy = mode == "exact" and not output_states and (design == "wy" or design == "auto" and programs >= WY_FROM_PROGRAMS)
     if wy:
         launch, result = plan_wy(q, k, v, g, beta, parents=parents, initial_state=initial_state,
                                  block_v=block_v or 128, num_warps=num_warps, poison=poison)
@@ -147,8 +147,7 @@ def plan_wy(q, k, v, g, beta, *, parents, initial_state, block_v: int = 128, blo
     here) and allocate once; returns (launch, o). block_d: root-path positions read per chunk (default 8 for trees
     up to 8 deep, else 16; the H200 sweep's best at DDTree's depths of 3-5)."""
     B, T, H, K, V = checks.check_kda(q, k, v, g, beta, initial_state)
-    if initial_state.dtype != torch.float32:
-        raise ValueError(f"initial_state: the Triton KDA kernel keeps fp32 states, got {initial_state.dtype}")
+    checks.fp32_state(initial_state, "KDA")
     paths = checks.root_paths(parents, B, T, q.device)  # [B, T, DMAX]
     block_d = block_d or (8 if paths.shape[2] <= 8 else 16)
     o = C.alloc((B, T, H, V), v.dtype, v.device, poison)
@@ -165,8 +164,7 @@ def plan_recurrent(q, k, v, g, beta, *, parents, initial_state, mode="exact", ou
     """Validate and allocate once; returns (launch, result): launch() runs the kernel alone (what a benchmark
     times)."""
     B, T, H, K, V = checks.check_kda(q, k, v, g, beta, initial_state)
-    if initial_state.dtype != torch.float32:
-        raise ValueError(f"initial_state: the Triton KDA kernel keeps fp32 states, got {initial_state.dtype}")
+    checks.fp32_state(initial_state, "KDA")
     src = checks.source_parents(parents, B, T, q.device, mode)
     parent_indexed = mode == "exact"
     store = output_states or parent_indexed
@@ -219,11 +217,8 @@ def plan_commit(k, v, g, beta, *, parents, accepted, initial_state, block_v: int
                 poison: bool | None = None):
     """Validate, build the paths and allocate once; returns (launch, out)."""
     B, T, H, K, V = checks.check_kda(k, k, v, g, beta, initial_state)
-    if initial_state.dtype != torch.float32:
-        raise ValueError(f"initial_state: the Triton KDA kernel keeps fp32 states, got {initial_state.dtype}")
-    p = checks.check_parents(parents, B, T, k.device)
-    acc = checks.check_accepted(accepted, B, T, k.device)
-    paths, rows = accepted_paths(parents, p, acc)
+    checks.fp32_state(initial_state, "KDA")
+    paths, rows = checked_accepted_paths(parents, accepted, B, T, k.device)
     out = C.alloc((B, H, K, V), torch.float32, k.device, poison)
     BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
     kw = dict(k=k.contiguous(), v=v.contiguous(), g=g.contiguous(), beta=beta.contiguous(), paths=paths, acc=rows,

@@ -27,7 +27,7 @@ from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
-from ddsim.gpu_backend.triton_commit import accepted_paths
+from ddsim.gpu_backend.triton_commit import checked_accepted_paths
 
 
 @triton.jit
@@ -143,8 +143,7 @@ def plan_masked(q, k, v, *, decay, parents, initial_state, block_v: int = 32, bl
 
 def _check(q, k, v, decay, initial_state):
     B, T, H, K, V = checks.check_lightning(q, k, v, decay, initial_state)
-    if initial_state.dtype != torch.float32:
-        raise ValueError(f"initial_state: the Triton lightning kernel keeps fp32 states, got {initial_state.dtype}")
+    checks.fp32_state(initial_state, "lightning")
     return B, T, H, K, V
 
 
@@ -201,9 +200,7 @@ def plan_commit(k, v, *, decay, parents, accepted, initial_state, block_v: int =
                 poison: bool | None = None):
     """Validate, build the paths and allocate once; returns (launch, out)."""
     B, T, H, K, V = _check(k, k, v, decay, initial_state)
-    p = checks.check_parents(parents, B, T, k.device)
-    acc = checks.check_accepted(accepted, B, T, k.device)
-    paths, rows = accepted_paths(parents, p, acc)
+    paths, rows = checked_accepted_paths(parents, accepted, B, T, k.device)
     out = C.alloc((B, H, K, V), torch.float32, k.device, poison)
     BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
     kw = dict(k=k.contiguous(), v=v.contiguous(), decay=decay.contiguous(), paths=paths, acc=rows,

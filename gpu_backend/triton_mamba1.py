@@ -20,7 +20,35 @@ from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
-from ddsim.gpu_backend.triton_commit import accepted_paths
+from ddsim.gpu_backend.triton_commit import checked_accepted_paths
+
+
+@triton.jit
+def _channel_tile(A, dt_bias, I: tl.constexpr, N: tl.constexpr, BI: tl.constexpr, BN: tl.constexpr,
+                  HAS_BIAS: tl.constexpr):
+    """This program's tile of BI channels: offsets, masks, the tile's offsets inside one [I, N] state, A [BI, BN] and
+    dt_bias [BI] in fp32."""
+    o_i = tl.program_id(0) * BI + tl.arange(0, BI)
+    o_n = tl.arange(0, BN)
+    mi, mn = o_i < I, o_n < N
+    m = mi[:, None] & mn[None, :]
+    tile = o_i[:, None] * N + o_n[None, :]  # [BI, BN]
+    b_A = tl.load(A + tile, mask=m, other=0.0).to(tl.float32)
+    bias = tl.load(dt_bias + o_i, mask=mi, other=0.0).to(tl.float32) if HAS_BIAS else tl.zeros([BI], tl.float32)
+    return o_i, o_n, mi, mn, m, tile, b_A, bias
+
+
+@triton.jit
+def _scan_step(S, x, dt, Bm, row, o_i, o_n, mi, mn, b_A, bias, I: tl.constexpr, N: tl.constexpr,
+               SOFTPLUS: tl.constexpr):
+    """Node row's step on S [BI, BN]: dt = softplus(dt + dt_bias) per channel, S <- exp(dt A) S + (dt x) B^T.
+    Returns the new S and the node's x [BI]."""
+    b_x = tl.load(x + row * I + o_i, mask=mi, other=0.0).to(tl.float32)
+    d = tl.load(dt + row * I + o_i, mask=mi, other=0.0).to(tl.float32) + bias
+    if SOFTPLUS:
+        d = h.softplus(d)
+    b_B = tl.load(Bm + row * N + o_n, mask=mn, other=0.0).to(tl.float32)
+    return tl.exp(d[:, None] * b_A) * S + (d * b_x)[:, None] * b_B[None, :], b_x
 
 
 @triton.jit
@@ -34,14 +62,8 @@ def _mamba1_recurrent_kernel(
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     PARENT_INDEXED: tl.constexpr, STORE_STATES: tl.constexpr,
 ):
-    i_i, i_b = tl.program_id(0), tl.program_id(1)
-    o_i = i_i * BI + tl.arange(0, BI)
-    o_n = tl.arange(0, BN)
-    mi, mn = o_i < I, o_n < N
-    m = mi[:, None] & mn[None, :]
-    tile = o_i[:, None] * N + o_n[None, :]  # [BI, BN] offsets inside one [I, N] state
-    b_A = tl.load(A + tile, mask=m, other=0.0).to(tl.float32)
-    bias = tl.load(dt_bias + o_i, mask=mi, other=0.0).to(tl.float32) if HAS_BIAS else tl.zeros([BI], tl.float32)
+    i_b = tl.program_id(1)
+    o_i, o_n, mi, mn, m, tile, b_A, bias = _channel_tile(A, dt_bias, I, N, BI, BN, HAS_BIAS)
     b_D = tl.load(D + o_i, mask=mi, other=0.0).to(tl.float32) if HAS_D else tl.zeros([BI], tl.float32)
     s0 = tl.load(state + i_b.to(tl.int64) * I * N + tile, mask=m, other=0.0)
     S = s0
@@ -51,13 +73,8 @@ def _mamba1_recurrent_kernel(
             p = tl.load(src + row)
             sp = tl.load(snap + (i_b * T + tl.maximum(p, 0)).to(tl.int64) * I * N + tile, mask=m, other=0.0)
             S = tl.where(p >= 0, sp, s0)  # the root reads the committed state
-        b_x = tl.load(x + row * I + o_i, mask=mi, other=0.0).to(tl.float32)
-        d = tl.load(dt + row * I + o_i, mask=mi, other=0.0).to(tl.float32) + bias
-        if SOFTPLUS:
-            d = h.softplus(d)
-        b_B = tl.load(Bm + row * N + o_n, mask=mn, other=0.0).to(tl.float32)
+        S, b_x = _scan_step(S, x, dt, Bm, row, o_i, o_n, mi, mn, b_A, bias, I, N, SOFTPLUS)
         b_C = tl.load(Cm + row * N + o_n, mask=mn, other=0.0).to(tl.float32)
-        S = tl.exp(d[:, None] * b_A) * S + (d * b_x)[:, None] * b_B[None, :]
         b_y = tl.sum(S * b_C[None, :], 1) + b_D * b_x
         tl.store(y + row * I + o_i, b_y.to(y.dtype.element_ty), mask=mi)
         if STORE_STATES:
@@ -84,8 +101,7 @@ def plan_recurrent(x, dt, A, B, C_, *, D=None, dt_bias=None, dt_softplus=True, p
     """Validate and allocate once; returns (launch, result): launch() runs the kernel alone (what a benchmark
     times)."""
     Bn, T, I, N = checks.check_mamba1(x, dt, A, B, C_, D, dt_bias, initial_state)
-    if initial_state.dtype != torch.float32:
-        raise ValueError(f"initial_state: the Triton Mamba1 kernel keeps fp32 states, got {initial_state.dtype}")
+    checks.fp32_state(initial_state, "Mamba1")
     src = checks.source_parents(parents, Bn, T, x.device, mode)
     parent_indexed = mode == "exact"
     store = output_states or parent_indexed
@@ -110,25 +126,14 @@ def _mamba1_commit_kernel(
     I: tl.constexpr, N: tl.constexpr, BI: tl.constexpr, BN: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
 ):
-    i_i, i_b = tl.program_id(0), tl.program_id(1)
-    o_i = i_i * BI + tl.arange(0, BI)
-    o_n = tl.arange(0, BN)
-    mi, mn = o_i < I, o_n < N
-    m = mi[:, None] & mn[None, :]
-    tile = o_i[:, None] * N + o_n[None, :]
-    b_A = tl.load(A + tile, mask=m, other=0.0).to(tl.float32)
-    bias = tl.load(dt_bias + o_i, mask=mi, other=0.0).to(tl.float32) if HAS_BIAS else tl.zeros([BI], tl.float32)
+    i_b = tl.program_id(1)
+    o_i, o_n, mi, mn, m, tile, b_A, bias = _channel_tile(A, dt_bias, I, N, BI, BN, HAS_BIAS)
     S = tl.load(state + i_b.to(tl.int64) * I * N + tile, mask=m, other=0.0)
     path = paths + (i_b * TP + tl.load(acc + i_b)) * DMAX  # the accepted node's root path
     for d in range(0, DMAX):
         n = tl.load(path + d)
         row = i_b * T + tl.maximum(n, 0)
-        b_x = tl.load(x + row * I + o_i, mask=mi, other=0.0).to(tl.float32)
-        s = tl.load(dt + row * I + o_i, mask=mi, other=0.0).to(tl.float32) + bias
-        if SOFTPLUS:
-            s = h.softplus(s)
-        b_B = tl.load(Bm + row * N + o_n, mask=mn, other=0.0).to(tl.float32)
-        S = tl.where(n >= 0, tl.exp(s[:, None] * b_A) * S + (s * b_x)[:, None] * b_B[None, :], S)
+        S = tl.where(n >= 0, _scan_step(S, x, dt, Bm, row, o_i, o_n, mi, mn, b_A, bias, I, N, SOFTPLUS)[0], S)
     tl.store(out + i_b.to(tl.int64) * I * N + tile, S, mask=m)
 
 
@@ -145,11 +150,8 @@ def plan_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, parents, accepte
                 num_warps: int = 4, poison: bool | None = None):
     """Validate, build the paths and allocate once; returns (launch, out)."""
     Bn, T, I, N = checks.check_mamba1(x, dt, A, B, None, None, dt_bias, initial_state)
-    if initial_state.dtype != torch.float32:
-        raise ValueError(f"initial_state: the Triton Mamba1 kernel keeps fp32 states, got {initial_state.dtype}")
-    p = checks.check_parents(parents, Bn, T, x.device)
-    acc = checks.check_accepted(accepted, Bn, T, x.device)
-    paths, rows = accepted_paths(parents, p, acc)
+    checks.fp32_state(initial_state, "Mamba1")
+    paths, rows = checked_accepted_paths(parents, accepted, Bn, T, x.device)
     out = C.alloc((Bn, I, N), torch.float32, x.device, poison)
     dummy = checks.constant("dummy", 1, x.device)
     BI, BN = min(block_i, C.next_pow2(I, 1)), C.next_pow2(N, 1)

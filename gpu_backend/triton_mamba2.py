@@ -317,12 +317,10 @@ def plan_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=(0.0, m
                 initial_state, state_indices=None, inplace=False, block_p: int = 32, num_warps: int = 4,
                 poison: bool | None = None):
     """Validate, build the accepted paths and allocate once; returns (launch, out)."""
-    from ddsim.gpu_backend.triton_commit import accepted_paths
+    from ddsim.gpu_backend.triton_commit import checked_accepted_paths
     (Bn, T, H, P, G, N), idx, common, _ = _prep(x, dt, A, B, None, None, dt_bias, dt_limit, initial_state,
                                                 state_indices)
-    p = checks.check_parents(parents, Bn, T, x.device)
-    acc = checks.check_accepted(accepted, Bn, T, x.device)
-    paths, rows = accepted_paths(parents, p, acc)
+    paths, rows = checked_accepted_paths(parents, accepted, Bn, T, x.device)
     if inplace:
         out, out_idx = initial_state, idx
     else:
