@@ -10,14 +10,20 @@ through the command line (every other argument passed on).
 import sys
 
 from ddsim import cli
+from ddsim.errors import ConfigError
 from ddsim.model import config
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
     if "--preset" not in argv or argv.index("--preset") + 1 >= len(argv):
-        raise SystemExit("audit_dense_variant: --preset NAME is required")
+        print("audit_dense_variant: --preset NAME is required", file=sys.stderr)
+        sys.exit(2)
     i = argv.index("--preset") + 1
-    base = config.get_preset(argv[i])
+    try:
+        base = config.get_preset(argv[i])
+    except ConfigError as e:
+        print(f"audit_dense_variant: {e}", file=sys.stderr)
+        sys.exit(2)
     dense = base.replace(name=base.name + "-dense", num_experts=0, notes=base.notes + " (MoE layers made dense)")
     config.PRESETS[dense.name] = dense
     argv[i] = dense.name

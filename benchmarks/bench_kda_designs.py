@@ -8,6 +8,7 @@ block_d) and the parent-indexed recurrence (block_v, num_warps). DDTree trees, s
 import argparse
 import itertools
 import platform
+import sys
 import time
 
 import torch
@@ -29,6 +30,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_kda_designs: needs a CUDA device", file=sys.stderr)
+        sys.exit(2)
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
     g = torch.Generator(device="cuda").manual_seed(0)

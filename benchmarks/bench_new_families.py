@@ -17,6 +17,7 @@ Mamba1 at Jamba Mini 1.6 (I=8192, N=16; no fla kernel).
 """
 import argparse
 import platform
+import sys
 import time
 
 import torch
@@ -149,7 +150,8 @@ if __name__ == "__main__":
     if not families or set(families) - {"kda", "lightning", "mamba1"}:
         ap.error(f"--families {a.families!r}: expected a comma-separated subset of kda, lightning, mamba1")
     if not torch.cuda.is_available():
-        raise SystemExit("bench_new_families: needs a CUDA device")
+        print("bench_new_families: needs a CUDA device", file=sys.stderr)
+        sys.exit(2)
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
     gen = torch.Generator(device="cuda").manual_seed(0)

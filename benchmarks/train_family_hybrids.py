@@ -15,6 +15,7 @@ OUT/train-log.json records steps, seconds and held-out perplexities.
 """
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def config(family: str):
     if family == "conv":
         return transformers.Lfm2Config(**D, num_key_value_heads=2, intermediate_size=512, block_auto_adjust_ff_dim=False,
                                        layer_types=["conv"] * 3 + ["full_attention"], conv_L_cache=3)
-    raise SystemExit(f"--families: unknown family {family!r} (kda, lightning, mamba1, conv)")
+    raise ValueError(f"--families: unknown family {family!r} (kda, lightning, mamba1, conv)")
 
 
 def main():
@@ -59,8 +60,14 @@ def main():
     ap.add_argument("--max-minutes", type=float, default=8.0)
     a = ap.parse_args()
     families = a.families.split(",")
-    for f in families:
-        config(f)  # every name checked before any training
+    try:
+        for f in families:
+            config(f)  # every name checked before any training
+        if not (a.corpus / "tokens.pt").is_file():
+            raise ValueError(f"--corpus: no tokens.pt in {a.corpus} (run train_stdlib_hybrid.py corpus first)")
+    except ValueError as e:
+        print(f"train_family_hybrids: {e}", file=sys.stderr)
+        sys.exit(2)
     import transformers
     torch.use_deterministic_algorithms(True, warn_only=True)
     tokens = torch.load(a.corpus / "tokens.pt")

@@ -12,6 +12,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -66,13 +67,16 @@ def main():
     a = ap.parse_args()
     families = a.families.split(",")
     missing = [str(a.models / f / w) for f in families for w in ("trained", "random") if not (a.models / f / w).is_dir()]
+    log = json.loads((a.models / "train-log.json").read_text()) if (a.models / "train-log.json").is_file() else {}
+    missing += [f"{a.models / 'train-log.json'} (family {f})" for f in families if f not in log]
     if missing:
-        raise SystemExit(f"--models: no checkpoint at {', '.join(missing)} (run train_family_hybrids.py first)")
+        print(f"trained_vs_random_families: --models: no checkpoint or training record at {', '.join(missing)} "
+              "(run train_family_hybrids.py first)", file=sys.stderr)
+        sys.exit(2)
     budgets = [int(x) for x in a.budget.split(",")]
     dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else platform.processor() or "cpu"
     print(f"# {time.strftime('%Y-%m-%d')} | {dev} | torch {torch.__version__} | commit {a.commit} | budgets {budgets}, "
           f"{a.steps} steps, synthetic drafter, prompts {PROMPTS.name}")
-    log = json.loads((a.models / "train-log.json").read_text())
     for f in families:
         cols = {}
         for which in ("trained", "random"):
