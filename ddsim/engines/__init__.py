@@ -221,16 +221,16 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
     conv_kw = {} if conv is None else dict(conv=conv(fn), conv_name=impl, conv_source=src, conv_source_sha256=digest,
                                            conv_widths=(2, 3, 4) if convention == "sglang" else (2, 3, 4, 5),
                                            conv_writes_slot="flattened window" if convention == "sglang" else None)
-    # and as a Mamba2 tree verify (`check-kernel --op mamba2`): ddsim's or SGLang's selective_state_update signature
-    m2 = {"ddsim": ddsim_kernels.as_mamba2_contract, "sglang": sglang.as_mamba2_contract}.get(convention)
-    m2_kw = {} if m2 is None else dict(mamba2=m2(fn), mamba2_name=impl, mamba2_source=src, mamba2_source_sha256=digest)
-    # and as a KDA verify (`check-kernel --op kda`): ddsim's kda_tree_verify signature or fla's (no tree: leaky)
-    kda = {"ddsim": (ddsim_kernels.as_kda_contract, ("exact", "leaky")), "fla": (fla.as_kda_contract, ("leaky",))}.get(convention)
-    kda_kw = {} if kda is None else dict(kda=kda[0](fn), kda_name=impl, kda_modes=kda[1], kda_source=src,
-                                         kda_source_sha256=digest)
-    # and as a lightning-attention verify (`check-kernel --op lightning`): ddsim's signature or fla's simple GLA's
-    li = {"ddsim": (ddsim_kernels.as_lightning_contract, ("exact", "leaky")),
-          "fla": (fla.as_lightning_contract, ("leaky",))}.get(convention)
-    li_kw = {} if li is None else dict(lightning=li[0](fn), lightning_name=impl, lightning_modes=li[1],
-                                       lightning_source=src, lightning_source_sha256=digest)
-    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **m2_kw, **kda_kw, **li_kw)
+    # and as a Mamba2 tree verify, a KDA verify and a lightning-attention verify (`check-kernel --op mamba2 / kda /
+    # lightning`), in the conventions whose signature has one: (wrapper, modes) per convention (fla's take no tree)
+    both, leaky = ("exact", "leaky"), ("leaky",)
+    ops_kw = {}
+    for op, by_convention in (
+            ("mamba2", {"ddsim": (ddsim_kernels.as_mamba2_contract, both), "sglang": (sglang.as_mamba2_contract, both)}),
+            ("kda", {"ddsim": (ddsim_kernels.as_kda_contract, both), "fla": (fla.as_kda_contract, leaky)}),
+            ("lightning", {"ddsim": (ddsim_kernels.as_lightning_contract, both), "fla": (fla.as_lightning_contract, leaky)})):
+        if convention in by_convention:
+            as_op, op_modes = by_convention[convention]
+            ops_kw.update({op: as_op(fn), f"{op}_name": impl, f"{op}_modes": op_modes, f"{op}_source": src,
+                           f"{op}_source_sha256": digest})
+    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **ops_kw)
