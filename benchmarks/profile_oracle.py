@@ -3,10 +3,15 @@
 Qwen3.6-27B-shaped model (random bf16 weights, fp32 oracle) under torch.profiler: wall seconds per
 batch, host-side operators by self CPU time, GPU kernels by GPU time, and how many of each there are.
 
-    python benchmarks/profile_oracle.py [--batches 64x3,16x16] [--top 20] [--commit SHA]
+    python benchmarks/profile_oracle.py [--batches 64x3,16x16] [--products bf16,float32] [--accuracy 16]
+                                        [--top 20] [--commit SHA]
 
 ``--batches BxN``: budget B, N trees per batch (the audit's batch sizes on an H200: 3 trees at budget
-64, about 16 at budget 16).
+64, about 16 at budget 16). ``--products``: the oracle's products by the bf16 weights, each timed: "bf16"
+(the weights left in bf16, x split in three bf16 parts: the default on a GPU) and "float32" (each
+weight converted, cuBLAS's float32 products). ``--accuracy B``: first, one tree of budget B through
+the float64 oracle, and each products' relative error against it (logits, hidden states, recurrent
+states; Frobenius).
 """
 import argparse
 import time
@@ -25,6 +30,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="64x3,16x16")
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--products", default="bf16,float32")
+    ap.add_argument("--accuracy", type=int, default=0)
     ap.add_argument("--commit", default="?")
     a = ap.parse_args()
     cfg = get_preset("qwen3.6-27b")
@@ -32,8 +39,8 @@ def main():
           f"commit {a.commit}", flush=True)
     w = init_weights(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
     model = HybridModel(cfg, w, device="cuda", dtype=torch.bfloat16)
-    for spec in a.batches.split(","):
-        budget, n = (int(x) for x in spec.split("x"))
+
+    def trees(budget, n):
         items = []
         for j in range(n):
             prompt = torch.randint(0, cfg.vocab_size, (32,), generator=torch.Generator().manual_seed(j)).tolist()
@@ -41,21 +48,42 @@ def main():
             tree = ddtree(torch.randn(8, cfg.vocab_size, generator=torch.Generator().manual_seed(budget + j)) * 3.0,
                           budget, root_token=prompt[-1])
             items.append((state, tree.parents, tree.tokens))
-        oracle.verify_trees(w, cfg, items)  # warm-up
+        return items
+    if a.accuracy:
+        items = trees(a.accuracy, 1)
+        ref = oracle.verify_trees(w, cfg, items, dtype=torch.float64)[0]
+        print(f"\n## accuracy: one tree of budget {a.accuracy}, relative to the float64 oracle")
+        print("| products | logits | hidden states | recurrent states (worst layer) |")
+        print("|---|---|---|---|")
+        for products in a.products.split(","):
+            got = oracle.verify_trees(w, cfg, items, bf16_products=products == "bf16")[0]
+            rel = lambda g, r: ((g.double() - r).norm() / r.norm()).item()  # noqa: E731
+            worst = max(rel(got.ssm[i], ref.ssm[i]) for i in cfg.recurrent_layers)
+            print(f"| {products} | {rel(got.logits, ref.logits):.2e} | {rel(got.hidden, ref.hidden):.2e} | {worst:.2e} |",
+                  flush=True)
+            got = None
+        ref = items = None
+        torch.cuda.empty_cache()
+    for spec, products in ((s, p) for s in a.batches.split(",") for p in a.products.split(",")):
+        budget, n = (int(x) for x in spec.split("x"))
+        items = trees(budget, n)
+        run = lambda: oracle.verify_trees(w, cfg, items, bf16_products=products == "bf16")  # noqa: E731
+        run()  # warm-up
         torch.cuda.synchronize()
         t = time.perf_counter()
-        oracle.verify_trees(w, cfg, items)
+        run()
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            oracle.verify_trees(w, cfg, items)
+            run()
             torch.cuda.synchronize()
         ev = prof.key_averages()
         gkey = "self_device_time_total" if hasattr(ev[0], "self_device_time_total") else "self_cuda_time_total"
         gpu = [e for e in ev if getattr(e, gkey) > 0]
         gpu_total = sum(getattr(e, gkey) for e in gpu)
         cpu_total = sum(e.self_cpu_time_total for e in ev)
-        print(f"\n## budget {budget}, {n} trees of {len(items[0][1])} nodes: {wall:.3f} s per batch unprofiled; "
+        print(f"\n## budget {budget}, {n} trees of {len(items[0][1])} nodes, {products} products: {wall:.3f} s per "
+              f"batch unprofiled; "
               f"GPU busy {gpu_total / 1e6:.3f} s in {sum(e.count for e in gpu)} kernels; host operators "
               f"{cpu_total / 1e6:.3f} s self time in {sum(e.count for e in ev)} calls", flush=True)
         print("| host operator | calls | self CPU ms | GPU ms |")

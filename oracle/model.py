@@ -504,19 +504,103 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
     return logits, torch.stack(hidden), new_kv, ssm2, conv2
 
 
+# the weights every use of which is a product x @ W.T (the tail of the name after "layers.{i}.")
+_LINEAR = frozenset({
+    "attn.q", "attn.k", "attn.v", "attn.o", "attn.gate", "attn.q_a", "attn.q_b", "attn.kv_a", "attn.kv_b",
+    "mlp.up", "mlp.down", "mlp.gate", "mlp.shared.up", "mlp.shared.down", "mlp.shared.gate", "mlp.shared_gate",
+    "mlp.experts.up", "mlp.experts.down", "mlp.experts.gate",
+    "gdn.qkv", "gdn.z", "gdn.a", "gdn.b", "gdn.out", "mamba.z", "mamba.xbc", "mamba.dt", "mamba.out",
+    "mamba1.in", "mamba1.out", "mamba1.x_proj", "mamba1.dt_proj", "kda.qkv", "kda.f_a", "kda.f_b", "kda.b",
+    "kda.g_a", "kda.g_b", "kda.out", "lightning.qkv", "lightning.gate", "lightning.out", "conv.in", "conv.out",
+    "hybrid.proj", "lm_head"})
+
+
+def _bf16_parts(x):
+    """x (float32) as three bfloat16 tensors [3, ...] whose sum is x to 2^-27 relative: the head
+    rounded to bf16, then the remainder's head, then the remainder of that (each subtraction exact)."""
+    hi = x.to(torch.bfloat16)
+    r = x - hi.float()
+    mid = r.to(torch.bfloat16)
+    return torch.stack([hi, mid, (r - mid.float()).to(torch.bfloat16)])
+
+
+class _Bf16Weight:
+    """A bfloat16 weight W [n, k] of a float32 oracle, left as it is: its one use is ``x @ W.T``
+    (_Bf16Product); anything else on it is an error."""
+
+    __slots__ = ("w",)
+
+    def __init__(self, w):
+        self.w = w  # [n, k] bfloat16
+
+    @property
+    def T(self):
+        return _Bf16Product(self.w)
+
+
+class _Bf16Product:
+    """W.T for a bfloat16 weight W [n, k] of a float32 oracle, used only as ``x @ W.T``: x (float32
+    [..., k]) split into three bfloat16 parts (_bf16_parts), the three rows of each one product with
+    float32 accumulation (a bf16 x bf16 product is exact in float32), the three results summed. The same
+    product as x @ W.float().T up to float32 accumulation, without converting W (2 bytes a parameter read
+    once, not 2 read + 4 written + 4 read) and on the tensor cores: the full-size oracle's products, which
+    cuBLAS runs without tensor cores in float32. Anything but ``x @`` on it is a TypeError."""
+
+    __slots__ = ("w",)
+
+    def __init__(self, w):
+        self.w = w  # [n, k] bfloat16
+
+    def __rmatmul__(self, x):
+        if x.dtype != torch.float32:
+            raise TypeError(f"_Bf16Product: a float32 operand, got {x.dtype}")
+        lead = x.shape[:-1]
+        parts = _bf16_parts(x.reshape(-1, x.shape[-1]))  # [3, m, k]
+        m = parts.shape[1]
+        flat = parts.reshape(3 * m, -1)
+        if flat.is_cuda:
+            reduced = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+            try:
+                y = torch.mm(flat, self.w.T, out_dtype=torch.float32)
+            finally:
+                torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
+        else:  # no bf16 -> float32 product on the CPU: the same exact products, accumulated in float32
+            y = flat.float() @ self.w.float().T
+        y = y.view(3, m, -1)
+        return ((y[0] + y[1]) + y[2]).view(*lead, -1)
+
+
 class _Weights:
     """The weights in the oracle's dtype and device; every RMSNorm scale but the gated norms' is
     (norm_offset + weight). Small models are converted once; large ones (a full-size checkpoint on a
-    GPU) tensor by tensor as each is used, so no second copy of the model is held."""
+    GPU) tensor by tensor as each is used, so no second copy of the model is held. ``bf16_products``
+    (default: a large bfloat16 model on a GPU in a float32 oracle): the _LINEAR weights left in bfloat16
+    (_Bf16Weight), their products as _Bf16Product."""
 
     EAGER_BYTES = 2 << 30
 
-    def __init__(self, weights, cfg, device, dtype):
+    def __init__(self, weights, cfg, device, dtype, bf16_products: bool | None = None):
         """device None: every weight where it is (a placed model)."""
         self.raw, self.cfg, self.dtype = weights, cfg, dtype
         self.device = None if device is None else torch.device(device)
         total = sum(v.numel() for v in weights.values()) * torch.tensor([], dtype=dtype).element_size()
-        self.cache = {k: self._convert(k) for k in weights} if total <= self.EAGER_BYTES else None
+        eager = total <= self.EAGER_BYTES
+        if bf16_products is None:
+            bf16_products = (not eager and dtype == torch.float32 and weights["embed"].dtype == torch.bfloat16
+                             and (self.device or weights["embed"].device).type == "cuda")
+        if bf16_products and dtype != torch.float32:
+            raise ValueError(f"bf16_products: a float32 oracle, not {dtype}")
+        self.bf16_products = bf16_products
+        self.cache = {k: self._convert(k) for k in weights} if eager else None
+
+    def _product(self, k, v):
+        """v (the raw weight named k, or one expert's slice) as a _Bf16Weight where that applies."""
+        if not (self.bf16_products and v.dim() == 2 and v.dtype == torch.bfloat16):
+            return None
+        if (k.split(".", 2)[-1] if k.startswith("layers.") else k) not in _LINEAR:
+            return None
+        return _Bf16Weight(v.detach().to(self.device or v.device))
 
     def rows(self, k, idx):
         """Rows idx of a 2-D weight (the embedding's tokens), converting those rows alone when large."""
@@ -529,9 +613,12 @@ class _Weights:
         """Expert e of a stacked expert tensor [E, ...], converting that slice alone when large."""
         if self.cache is not None:
             return self.cache[k][e]
-        return self.raw[k][e].detach().to(self.device or self.raw[k].device, self.dtype)
+        return self._product(k, self.raw[k][e]) or self.raw[k][e].detach().to(self.device or self.raw[k].device, self.dtype)
 
     def _convert(self, k):
+        product = self._product(k, self.raw[k])
+        if product is not None:
+            return product
         v = self.raw[k].detach().to(self.device or self.raw[k].device, self.dtype)
         if k.endswith("norm") and not k.endswith(("gdn.norm", "mamba.norm", "kda.norm")):
             v = v + self.cfg.norm_offset
@@ -579,13 +666,14 @@ def _append_kv(kv, new_kv):
             for c, nk in zip(kv, new_kv)]
 
 
-def prefill(weights, cfg, tokens, *, state: ModelState | None = None, device=None, dtype=None):
+def prefill(weights, cfg, tokens, *, state: ModelState | None = None, device=None, dtype=None,
+            bf16_products: bool | None = None):
     """Decode ``tokens`` one at a time from ``state`` (default: empty).
 
     Returns (state after all tokens, logits [n, N] at each token), in the oracle's dtype.
     """
     device, dtype = _placement(weights, device, dtype)
-    w = _Weights(weights, cfg, device, dtype)
+    w = _Weights(weights, cfg, device, dtype, bf16_products)
     st = (state or empty_state(cfg, layer_devices=_layer_devices(weights, cfg, device))).to(dtype, device).clone()
     kv, ssm, conv = _rows(st)
     logits = []
@@ -742,7 +830,8 @@ def _levels(trees, live):
     return out
 
 
-def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None, dtype=None) -> list[OracleResult]:
+def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None, dtype=None,
+                 bf16_products: bool | None = None) -> list[OracleResult]:
     """``verify_tree`` for several trees at once, items [(state, parents, tokens), ...] (each tree on
     its own committed state: the prompts of an audit). Every node is one decode step from its parent's
     exact state, as ``decode_step`` computes it, scheduled layer by layer: for each layer, its input
@@ -754,7 +843,7 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
     once per batch, not once per depth. Per node the same computation as one tree alone, one node
     at a time; only the reassociation of batched matrix products differs."""
     device, dtype = _placement(weights, device, dtype)
-    w = _Weights(weights, cfg, device, dtype)
+    w = _Weights(weights, cfg, device, dtype, bf16_products)
     ldev = _layer_devices(weights, cfg, device)
     head = device or weights["lm_head"].device
     trees = [_TreeOut(cfg, state.to(dtype, device), parents, tokens, record_states, dtype, ldev, head)
@@ -921,7 +1010,7 @@ def _tree_recurrence(core, S, win, spans, trees, groups, ix, i, record_states):
 
 
 def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_states: bool = True,
-                order: str = "level", device=None, dtype=None) -> OracleResult:
+                order: str = "level", device=None, dtype=None, bf16_products: bool | None = None) -> OracleResult:
     """Every node of the block computed from its own root path, one decode step per node from its
     parent's exact state.
 
@@ -937,9 +1026,9 @@ def verify_tree(weights, cfg, state: ModelState, parents, tokens, *, record_stat
         raise ValueError(f"order: expected 'level' or 'node', got {order!r}")
     if order == "level":
         return verify_trees(weights, cfg, [(state, parents, tokens)], record_states=record_states, device=device,
-                            dtype=dtype)[0]
+                            dtype=dtype, bf16_products=bf16_products)[0]
     device, dtype = _placement(weights, device, dtype)
-    w = _Weights(weights, cfg, device, dtype)
+    w = _Weights(weights, cfg, device, dtype, bf16_products)
     ldev = _layer_devices(weights, cfg, device)
     tree = _TreeOut(cfg, state.to(dtype, device), parents, tokens, record_states, dtype, ldev,
                     device or weights["lm_head"].device)

@@ -1,5 +1,6 @@
 """The oracle against itself: chains equal prefill, nodes equal decoding from scratch, and
 leaky equals exact exactly where the layout makes them the same."""
+import pytest
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -105,7 +106,6 @@ def test_oracle_by_level_in_float32_and_order_checked():
     one = oracle.verify_tree(MICRO_W, MICRO, st0, parents, tokens, order="node", dtype=torch.float32)
     assert lvl.logits.dtype == torch.float32
     assert torch.allclose(lvl.logits, one.logits, rtol=1e-5, atol=1e-5)
-    import pytest
     with pytest.raises(ValueError, match="order"):
         oracle.verify_tree(MICRO_W, MICRO, st0, parents, tokens, order="dfs")
 
@@ -147,3 +147,54 @@ def test_oracle_commit_equals_node_state(inp, data):
                                  accepted=acc, initial_state=inp["initial_state"])
     for b, a in enumerate(acc):
         assert torch.allclose(out[b], states[b, a], rtol=0, atol=1e-12)
+
+
+BF16_PRESETS = ["tiny", "micro-mamba2", "tiny-jamba", "tiny-minimax", "tiny-kimi", "tiny-zamba2", "tiny-lfm2"]
+
+
+@pytest.mark.parametrize("preset", BF16_PRESETS)
+def test_oracle_bf16_products_are_float32_products(preset, monkeypatch):
+    """A float32 oracle on bfloat16 weights (a full-size model on a GPU) takes its products x @ W.T with
+    W left in bf16 and x split into three bf16 parts: every product weight of every family is taken so
+    (only conv filters, A_log and the router are converted), and the result is as close to the float64
+    oracle as float32 products of converted weights are (logits, hidden states, recurrent states)."""
+    import ddsim.oracle.model as om
+    monkeypatch.setattr(om._Weights, "EAGER_BYTES", 0)  # converted as used, as a full-size model is
+    split, plain = set(), set()
+    product = om._Weights._product
+
+    def recorded(self, k, v):
+        out = product(self, k, v)
+        if self.bf16_products and v.dim() == 2:
+            (plain if out is None else split).add(k.split(".", 2)[-1] if k.startswith("layers.") else k)
+        return out
+    monkeypatch.setattr(om._Weights, "_product", recorded)
+    cfg = get_preset(preset)
+    w = {k: v.bfloat16() for k, v in init_weights(cfg, seed=1).items()}
+    st0, _ = oracle.prefill(w, cfg, [1, 2, 3])
+    parents, tokens = [-1, 0, 0, 1, 2, 2], [4, 5, 6, 7, 8, 9]
+    ref = oracle.verify_tree(w, cfg, st0, parents, tokens)
+    f32 = oracle.verify_tree(w, cfg, st0, parents, tokens, dtype=torch.float32, bf16_products=False)
+    got = oracle.verify_tree(w, cfg, st0, parents, tokens, dtype=torch.float32, bf16_products=True)
+    assert split and not any(k.rsplit(".", 1)[-1] not in ("conv", "A_log", "router") for k in plain), plain
+    assert cfg.num_experts == 0 or {"mlp.experts.up", "mlp.experts.down"} <= split
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+    pairs = [(got.logits, f32.logits, ref.logits), (got.hidden, f32.hidden, ref.hidden)]
+    pairs += [(got.ssm[l], f32.ssm[l], ref.ssm[l]) for l in cfg.recurrent_layers if ref.ssm[l].numel()]
+    for g, f, r in pairs:
+        assert g.dtype == torch.float32
+        assert rel(g, r) <= 2 * rel(f, r) + 1e-7 and rel(g, r) < 1e-6, (rel(g, r), rel(f, r))
+
+
+def test_a_bf16_weight_is_only_a_product_operand():
+    """A bf16 weight left unconverted has one use, x @ W.T, with x in float32: any other is an error."""
+    import ddsim.oracle.model as om
+    W = om._Bf16Weight(torch.randn(5, 7).bfloat16())
+    x = torch.randn(3, 7)
+    assert torch.allclose(x @ W.T, (x.double() @ W.w.double().T).float(), rtol=1e-6, atol=1e-6)
+    assert (torch.randn(2, 4, 7) @ W.T).shape == (2, 4, 5)
+    for bad in (lambda: x @ W, lambda: x.double() @ W.T, lambda: W.T @ x.T):
+        with pytest.raises(TypeError):
+            bad()
