@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from ddsim import cli
 from ddsim.reports import json_report
@@ -110,3 +111,31 @@ def test_a_presets_weight_digest_covers_every_byte_name_dtype_and_shape():
     others = [changed, renamed, dict(w, **{name: w[name].double()}), dict(w, **{name: w[name].reshape(-1)})]
     assert len({d} | {weights_digest(ac, o) for o in others}) == 5
     assert weights_digest(ac, {k: v.to(torch.float32) for k, v in w.items()}) == d  # float32 already
+
+
+def _digest_by_formula(w: dict) -> str:
+    import hashlib
+    lines = "".join(f"{k}:{str(w[k].dtype).removeprefix('torch.')}:{tuple(w[k].shape)}:"
+                    f"{hashlib.sha256(w[k].contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()}\n"
+                    for k in sorted(w))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def test_tensor_digest_is_its_formula_piece_by_piece(monkeypatch):
+    """tensors_sha256 hashed piece by piece (pieces of 7 bytes here) is the sha256 of the lines of each
+    tensor's whole bytes: non-contiguous, empty, bf16 and bool tensors included."""
+    from ddsim.model import tensor_digest
+    w = {"a": torch.randn(5, 3).T, "b": torch.zeros(0, 4), "c": torch.randn(9).bfloat16(), "d": torch.rand(6) > 0.5}
+    want = _digest_by_formula(w)
+    assert tensor_digest.tensors_sha256(w) == want
+    monkeypatch.setattr(tensor_digest, "PIECE", 7)
+    assert tensor_digest.tensors_sha256(w, threads=2) == want
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU's tensors")
+def test_tensor_digest_on_a_gpu_is_the_digest_of_the_same_tensors_on_the_host(monkeypatch):
+    from ddsim.model import tensor_digest
+    w = {f"t{i}": torch.randn(1000 + i, 33, device="cuda").to(torch.bfloat16 if i % 2 else torch.float32)
+         for i in range(40)}
+    monkeypatch.setattr(tensor_digest, "PIECE", 4096)  # many pieces per tensor, through each thread's buffer
+    assert tensor_digest.tensors_sha256(w) == _digest_by_formula({k: v.cpu() for k, v in w.items()})

@@ -14,11 +14,9 @@ reference's choice led by no more than that is counted apart, as possibly the ar
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import platform
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +35,7 @@ from ddsim.model.config import get_preset
 from ddsim.model.graphs import GraphedModel, not_capturable, serving_model
 from ddsim.model.model import HybridModel
 from ddsim.model.prompts import TextEncoder, builtin_prompts, load_prompts
+from ddsim.model.tensor_digest import tensors_sha256
 from ddsim.model.weights import init_weights
 from ddsim.reports.json_report import from_audit
 from ddsim.sim.drafters import ModelDrafter, SyntheticDrafter, TraceDrafter
@@ -174,29 +173,13 @@ def audit_prompts(ac: AuditConfig, cfg, encoder) -> list[list[int]]:
 def weights_digest(ac: AuditConfig, weights: dict) -> str:
     """sha256 of what was audited: a checkpoint's config.json and weight files (read back from disk,
     so ``gate --model DIR`` can check a report without loading the model), or a preset's generated
-    tensors: the sha256 of the lines "name:dtype:shape:sha256 of the tensor's bytes", in name order
-    (the tensors hashed in parallel: a full-size preset is 50 GB). Taken in the foreground: run in a
-    thread beside the audit (tried on the H200), its threads' interpreter-lock traffic slowed the
-    audit's host-bound eager passes by more than the digest's ~40 s."""
+    tensors (ddsim.model.tensor_digest). Taken in the foreground: run in a thread beside the audit
+    (tried on the H200), its threads' interpreter-lock traffic slowed the audit's host-bound eager
+    passes by more than the digest took."""
     if ac.model_path:
         from ddsim.model.checkpoint import checkpoint_digest
         return checkpoint_digest(ac.model_path)
-
-    def tensor_digest(t: torch.Tensor) -> str:
-        h = hashlib.sha256()
-        flat = t.detach().reshape(-1)
-        step = max(1, (64 << 20) // max(1, t.element_size()))  # 64 MiB at a time through the host
-        for i in range(0, flat.numel(), step):
-            h.update(memoryview(flat[i:i + step].contiguous().cpu().view(torch.uint8).numpy()))
-        return h.hexdigest()
-    names = sorted(weights)
-    with ThreadPoolExecutor(max_workers=min(16, len(names) or 1)) as pool:  # hashlib releases the GIL
-        digests = list(pool.map(tensor_digest, (weights[n] for n in names)))
-    h = hashlib.sha256()
-    for name, d in zip(names, digests):
-        t = weights[name]
-        h.update(f"{name}:{str(t.dtype).removeprefix('torch.')}:{tuple(t.shape)}:{d}\n".encode())
-    return h.hexdigest()
+    return tensors_sha256(weights)
 
 
 def input_digests(ac: AuditConfig) -> dict:
