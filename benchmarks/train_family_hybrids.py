@@ -95,7 +95,8 @@ def main():
         model.float().cpu().save_pretrained(d / "trained", safe_serialization=True)
         for sub in ("random", "trained"):
             (d / sub / "tokenizer.json").write_bytes((a.corpus / "tokenizer.json").read_bytes())
-        log[f]["model_type"] = cfg.model_type
+        log[f].update(model_type=cfg.model_type, device=a.device, torch=torch.__version__,
+                      transformers=transformers.__version__, date=time.strftime("%Y-%m-%d"))
         log[f]["random_val_perplexity_seed0"] = round(rand_ppl, 3)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(json.dumps(log, indent=1) + "\n")
