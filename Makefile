@@ -44,9 +44,12 @@ lint: $(STAMP)
 
 # pytest exits 5 when it collects no test: make treats any non-zero exit as failure. Two workers
 # (pytest-xdist) on the 2-core CI machine, an idle worker taking tests queued for the busy one (worksteal: the
-# slow engine-kernel tests do not leave one worker finishing alone); one torch thread each (small ops).
+# slow engine-kernel tests do not leave one worker finishing alone); one torch thread each (small ops). The
+# suite's interpreters write their bytecode caches (gitignored __pycache__) even where PYTHONDONTWRITEBYTECODE is
+# set: without them every worker and every command-line process compiles ddsim and rewrites the tests' asserts
+# anew, a minute of the suite's 4.6 on the 2-core machine.
 test: $(STAMP) browser lint py310
-	OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2 --dist worksteal
+	env -u PYTHONDONTWRITEBYTECODE OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2 --dist worksteal
 
 # The oldest supported Python (3.10) byte-compiles every module and runs the command line's torch-free
 # paths (--version, the gate on a committed report without a recheck) in a small venv of its own (kept in
