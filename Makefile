@@ -76,6 +76,7 @@ bench: $(STAMP)
 # pyproject.toml); the score and the surviving mutants are recorded in tests/MUTATION.md. One
 # OpenMP thread: mutmut forks after torch has run, and a forked OpenMP pool deadlocks.
 mutation: $(STAMP)
+	$(VPY) -m pip install -q -e '.[test,mutation]'
 	rm -rf mutants
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 2; \
 	  $(VENV)/bin/mutmut results | grep -v ': killed' ; true
