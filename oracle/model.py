@@ -48,7 +48,7 @@ def _attention_proj(w, p, cfg, x, pos):
     n = x.shape[0]
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     if cfg.mla_kv_lora_rank:
-        return _mla_proj(w, p, cfg, x)
+        return _mla_proj(w, p, cfg, x, pos)
     rot = int(hd * cfg.partial_rotary_factor)
     q = x @ w[p + "attn.q"].T
     k = x @ w[p + "attn.k"].T
@@ -65,22 +65,31 @@ def _attention_proj(w, p, cfg, x, pos):
     return q, k, (x @ w[p + "attn.v"].T).view(n, nkv, hd)
 
 
-def _mla_proj(w, p, cfg, x):
-    """Multi-head latent attention's q, k, v of each row x [n, d] (no RoPE), each [n, nh, hd] zero-padded from its own
-    width (qk = nope + rope dims for q and k, v dims for v): q = x W_q (or W_qb norm(W_qa x)); the latent c = W_kva x
-    splits into the part normed and expanded per head, W_kvb norm(c_lat) = [k_nope, v], and k_rope shared by every
-    head."""
+def _mla_proj(w, p, cfg, x, pos):
+    """Multi-head latent attention's q, k, v of each row x [n, d] at positions pos [n], each [n, nh, hd] zero-padded
+    from its own width (qk = nope + rope dims for q and k, v dims for v): q = x W_q (or W_qb norm(W_qa x)); the latent
+    c = W_kva x splits into the part normed and expanded per head, W_kvb norm(c_lat) = [k_nope, v], and k_rope shared
+    by every head. With RoPE (DeepSeek's decoupled RoPE) q's last rope dims and k_rope are rotated to the row's
+    position, first regrouped from interleaved pairs into halves where the config lays them out so."""
     n, nh, hd = x.shape[0], cfg.num_attention_heads, cfg.head_dim
     nope, rope, vd, kvl = cfg.mla_qk_nope_head_dim, cfg.mla_qk_rope_head_dim, cfg.mla_v_head_dim, cfg.mla_kv_lora_rank
     if cfg.mla_q_lora_rank:
         q = _rmsnorm(x @ w[p + "attn.q_a"].T, w[p + "attn.q_a_norm"], cfg.mla_norm_eps) @ w[p + "attn.q_b"].T
     else:
         q = x @ w[p + "attn.q"].T
+    q = q.view(n, nh, nope + rope)
     c = x @ w[p + "attn.kv_a"].T
     kv = (_rmsnorm(c[:, :kvl], w[p + "attn.kv_a_norm"], cfg.mla_norm_eps) @ w[p + "attn.kv_b"].T).view(n, nh, nope + vd)
-    k = torch.cat([kv[..., :nope], c[:, None, kvl:].expand(n, nh, rope)], dim=-1)
+    q_rope, k_rope = q[:, :, nope:], c[:, None, kvl:]  # [n, nh, rope], [n, 1, rope]
+    if cfg.use_rope:
+        if cfg.mla_rope_interleave:
+            q_rope = torch.cat([q_rope[..., 0::2], q_rope[..., 1::2]], dim=-1)
+            k_rope = torch.cat([k_rope[..., 0::2], k_rope[..., 1::2]], dim=-1)
+        q_rope, k_rope = _rope(q_rope, pos, cfg.rope_theta, rope), _rope(k_rope, pos, cfg.rope_theta, rope)
+    q = torch.cat([q[:, :, :nope], q_rope], dim=-1)
+    k = torch.cat([kv[..., :nope], k_rope.expand(n, nh, rope)], dim=-1)
     pad = lambda t: F.pad(t, (0, hd - t.shape[-1]))  # noqa: E731
-    return pad(q.view(n, nh, nope + rope)), pad(k), pad(kv[..., nope:])
+    return pad(q), pad(k), pad(kv[..., nope:])
 
 
 def _attention_core(cfg, q, k, v, ctx_k, ctx_v, ctx_valid=None):

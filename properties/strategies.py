@@ -124,11 +124,13 @@ def model_configs(draw) -> ModelConfig:
         residual_multiplier=draw(st.sampled_from([1.0, 0.5])), logits_scaling=draw(st.sampled_from([1.0, 2.0])))
     if "k" in pat:  # KDA: H heads of K = V dims
         kw.update(linear_num_value_heads=H, linear_value_head_dim=kw["linear_key_head_dim"])
-    if any(c in "ap" for c in pat) and "z" not in pat and draw(st.booleans()):  # Kimi Linear's MLA (no RoPE), heads zero-padded to head_dim
-        nope, rope, vd = draw(st.sampled_from([2, 4])), draw(st.sampled_from([0, 2])), draw(st.sampled_from([2, 4, 6]))
+    if any(c in "ap" for c in pat) and "z" not in pat and draw(st.booleans()):  # MLA, heads zero-padded to head_dim
+        nope, rope, vd = draw(st.sampled_from([2, 4])), draw(st.sampled_from([0, 2, 4])), draw(st.sampled_from([2, 4, 6]))
+        mla_rope = rope > 0 and draw(st.booleans())  # DeepSeek's decoupled RoPE (else NoPE, as Kimi Linear)
         kw.update(mla_kv_lora_rank=draw(st.sampled_from([3, 5])), mla_q_lora_rank=draw(st.sampled_from([0, 4])),
                   mla_qk_nope_head_dim=nope, mla_qk_rope_head_dim=rope, mla_v_head_dim=vd, head_dim=max(nope + rope, vd),
-                  num_key_value_heads=kw["num_attention_heads"], use_rope=False, qk_norm=False, qk_norm_all=False,
+                  use_rope=mla_rope, mla_rope_interleave=mla_rope and draw(st.booleans()),
+                  num_key_value_heads=kw["num_attention_heads"], qk_norm=False, qk_norm_all=False,
                   attn_output_gate=False, attention_scale=(nope + rope) ** -0.5, partial_rotary_factor=1.0,
                   mla_norm_eps=draw(st.sampled_from([1e-6, 1e-5])))
     return ModelConfig(**kw)

@@ -85,16 +85,19 @@ class ModelConfig:
     # attention layers ('a') norm their outputs instead of their inputs: h + norm(attn(h)), h + norm(mlp(h))
     # (OLMo-Hybrid's attention blocks; input_norm and post_norm are those two output norms)
     attn_post_norm: bool = False
-    # multi-head latent attention (Kimi Linear's MLA, without RoPE) when mla_kv_lora_rank > 0: q from x (or through a
-    # normed rank mla_q_lora_rank bottleneck), per head k = [k_nope, k_rope] and v from a normed rank mla_kv_lora_rank
-    # latent (k_rope shared by the heads); heads of qk = nope + rope dims and v dims, zero-padded to head_dim =
-    # max(qk, v) (exact: the zeros add nothing), scale attention_scale
+    # multi-head latent attention when mla_kv_lora_rank > 0: q from x (or through a normed rank mla_q_lora_rank
+    # bottleneck), per head k = [k_nope, k_rope] and v from a normed rank mla_kv_lora_rank latent (k_rope shared by the
+    # heads); heads of qk = nope + rope dims and v dims, zero-padded to head_dim = max(qk, v) (exact: the zeros add
+    # nothing), scale attention_scale. use_rope: the decoupled RoPE of DeepSeek's MLA, q's rope dims and k_rope rotated
+    # at the token's position (rotate-half over the rope dims; mla_rope_interleave: they are laid out in interleaved
+    # pairs (x0, x1), (x2, x3), ..., DeepSeek-V3's rope_interleave); without it NoPE (Kimi Linear)
     mla_kv_lora_rank: int = 0
     mla_q_lora_rank: int = 0
     mla_qk_nope_head_dim: int = 0
     mla_qk_rope_head_dim: int = 0
     mla_v_head_dim: int = 0
     mla_norm_eps: float = 1e-6  # the latents' RMSNorms (Kimi Linear's are built without the config's epsilon)
+    mla_rope_interleave: bool = False
     partial_rotary_factor: float = 1.0  # RoPE on the first int(head_dim * factor) dims of each head
     num_experts: int = 0  # MoE MLP (SwiGLU experts, softmax top-k router, shared expert) when > 0
     shared_expert_gate: bool = True  # the shared expert's output scaled by sigmoid(x . w) (False: Granite's plain sum)
@@ -294,9 +297,12 @@ class ModelConfig:
             qk = self.mla_qk_nope_head_dim + self.mla_qk_rope_head_dim
             need(self.head_dim == max(qk, self.mla_v_head_dim) and qk >= 1 and self.mla_v_head_dim >= 1, "head_dim",
                  f"MLA pads its heads to max(qk {qk}, v {self.mla_v_head_dim}), got {self.head_dim}")
-            need(self.num_key_value_heads == self.num_attention_heads and not self.use_rope and not self.qk_norm
-                 and not self.attn_output_gate, "mla_kv_lora_rank",
-                 "MLA: one key and value head per query head, without RoPE, q/k norms or an output gate")
+            need(self.num_key_value_heads == self.num_attention_heads and not self.qk_norm and not self.attn_output_gate,
+                 "mla_kv_lora_rank", "MLA: one key and value head per query head, without q/k norms or an output gate")
+            need(not self.use_rope or (self.mla_qk_rope_head_dim >= 2 and self.mla_qk_rope_head_dim % 2 == 0),
+                 "mla_qk_rope_head_dim", f"MLA's decoupled RoPE rotates an even number of dims, got {self.mla_qk_rope_head_dim}")
+        need(not self.mla_rope_interleave or (self.mla_kv_lora_rank and self.use_rope), "mla_rope_interleave",
+             "needs MLA with its decoupled RoPE (mla_kv_lora_rank > 0, use_rope)")
         need("k" not in self.layer_pattern or (self.linear_num_key_heads == self.linear_num_value_heads
                                                and self.linear_key_head_dim == self.linear_value_head_dim),
              "linear_num_value_heads", "KDA layers ('k') have H heads of K = V dims")

@@ -419,7 +419,7 @@ class HybridModel:
         n = x.shape[0]
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         if cfg.mla_kv_lora_rank:
-            return self._mla_qkv(p, x)
+            return self._mla_qkv(p, x, rope)
         q = F.linear(x, w[p + "attn.q"])
         k = F.linear(x, w[p + "attn.k"])
         if cfg.qk_norm_all:  # one norm over all heads
@@ -434,21 +434,29 @@ class HybridModel:
             k = _rope(k, rope, cfg.rope_theta, cfg.rotary_dim)
         return q, k, F.linear(x, w[p + "attn.v"]).view(n, nkv, hd)
 
-    def _mla_qkv(self, p, x):
-        """MLA's q [n, nh, hd], k, v [n, nh, hd] (Kimi Linear, no RoPE): q from x or its normed low-rank bottleneck;
-        per head k = [k_nope, k_rope] and v from the normed latent (k_rope shared by the heads); zero-padded to hd."""
+    def _mla_qkv(self, p, x, rope: Rope):
+        """MLA's q [n, nh, hd], k, v [n, nh, hd]: q from x or its normed low-rank bottleneck; per head k = [k_nope,
+        k_rope] and v from the normed latent (k_rope shared by the heads); q's rope dims and k_rope rotated at
+        rope's positions where the config has RoPE (DeepSeek's decoupled RoPE; Kimi Linear has none); zero-padded
+        to hd."""
         cfg, w = self.cfg, self.w
         n, nh, hd = x.shape[0], cfg.num_attention_heads, cfg.head_dim
-        nope, rope, vd, kvl = cfg.mla_qk_nope_head_dim, cfg.mla_qk_rope_head_dim, cfg.mla_v_head_dim, cfg.mla_kv_lora_rank
+        nope, rd, vd, kvl = cfg.mla_qk_nope_head_dim, cfg.mla_qk_rope_head_dim, cfg.mla_v_head_dim, cfg.mla_kv_lora_rank
         if cfg.mla_q_lora_rank:
             q = F.linear(_rmsnorm(F.linear(x, w[p + "attn.q_a"]), w[p + "attn.q_a_norm"], cfg.mla_norm_eps), w[p + "attn.q_b"])
         else:
             q = F.linear(x, w[p + "attn.q"])
+        q = q.view(n, nh, nope + rd)
         c = F.linear(x, w[p + "attn.kv_a"])  # [n, kvl + rope]
         kv = F.linear(_rmsnorm(c[:, :kvl], w[p + "attn.kv_a_norm"], cfg.mla_norm_eps), w[p + "attn.kv_b"]).view(n, nh, nope + vd)
-        k = torch.cat([kv[..., :nope], c[:, None, kvl:].expand(n, nh, rope)], -1)
+        q_rot, k_rot = q[..., nope:], c[:, None, kvl:]  # [n, nh, rope], [n, 1, rope]
+        if cfg.use_rope:
+            if cfg.mla_rope_interleave:  # pairs (x0, x1), (x2, x3), ... -> halves (x0, x2, ...), (x1, x3, ...)
+                q_rot, k_rot = (torch.cat([t[..., 0::2], t[..., 1::2]], -1) for t in (q_rot, k_rot))
+            q_rot, k_rot = _rope(q_rot, rope, cfg.rope_theta, rd), _rope(k_rot, rope, cfg.rope_theta, rd)
         pad = lambda t: F.pad(t, (0, hd - t.shape[-1]))  # noqa: E731
-        return pad(q.view(n, nh, nope + rope)), pad(k), pad(kv[..., nope:])
+        return (pad(torch.cat([q[..., :nope], q_rot], -1)), pad(torch.cat([kv[..., :nope], k_rot.expand(n, nh, rd)], -1)),
+                pad(kv[..., nope:]))
 
     def _attend_out(self, p, x, o):
         """The attention's output o [n, nh * hd] gated (where the config says) and projected: [n, d]."""
