@@ -3,6 +3,7 @@ transformers' own DeepseekV3 attention: an attention-only DeepSeek-V3 model with
 its weights read into ddsim's names, gives the same logits at every position of a prompt in both RoPE layouts
 (interleaved pairs, DeepSeek-V3's default, and rotate-half halves), with and without the low-rank q, and ddsim's
 float64 oracle agrees. No hybrid transformers ships uses MLA with RoPE, so no checkpoint reader takes one."""
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,8 @@ import transformers
 from ddsim import oracle
 from ddsim.model.config import ModelConfig
 from ddsim.model.model import HybridModel
+from ddsim.model.weights import weight_shapes
+from ddsim.trees.tree import Tree
 
 NOPE, ROPE, V, KVL = 8, 4, 12, 16
 
@@ -51,7 +54,7 @@ def _ddsim(cfg, model, interleave: bool, q_lora: int):
         max_position_embeddings=128, rms_norm_eps=1e-6, mla_norm_eps=1e-6, norm_offset=0.0, rope_theta=500.0,
         use_rope=True, mla_rope_interleave=interleave, mla_kv_lora_rank=KVL, mla_q_lora_rank=q_lora,
         mla_qk_nope_head_dim=NOPE, mla_qk_rope_head_dim=ROPE, mla_v_head_dim=V, attention_scale=(NOPE + ROPE) ** -0.5)
-    assert set(w) == set(__import__("ddsim.model.weights", fromlist=["x"]).weight_shapes(ours))
+    assert set(w) == set(weight_shapes(ours))
     return ours, w
 
 
@@ -70,7 +73,6 @@ def test_mla_decoupled_rope_equals_transformers_deepseek_v3(interleave, q_lora):
     assert (got.double() - want).abs().max().item() < 1e-5 * scale
     # the rotation matters: the same weights read with the other layout (or none) give other logits
     for other in ({"mla_rope_interleave": not interleave, "use_rope": True}, {"mla_rope_interleave": False, "use_rope": False}):
-        import dataclasses
         _, moved = oracle.prefill(w, dataclasses.replace(ours, **other), prompt)
         assert (moved - want).abs().max().item() > 1e-3 * scale
     assert math.isfinite(scale) and scale > 0.1
@@ -83,7 +85,6 @@ def test_mla_rope_on_a_tree_equals_the_oracle_node_by_node(interleave):
     cfg, model = _deepseek(interleave, 16)
     ours, w = _ddsim(cfg, model, interleave, 16)
     fast = HybridModel(ours, {k: v.float() for k, v in w.items()})
-    from ddsim.trees.tree import Tree
     tree = Tree(parents=[-1, 0, 0, 1, 1, 2, 4], tokens=[7, 3, 9, 12, 5, 44, 18])
     state, _ = fast.prefill([3, 17, 5, 29, 11])
     st64, _ = oracle.prefill(w, ours, [3, 17, 5, 29, 11])
