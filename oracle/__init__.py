@@ -7,7 +7,8 @@ Layer-level twins of the gpu_backend kernels (same keyword-only signatures, READ
   mamba1_tree_commit, lightning_tree_verify, lightning_tree_commit, kda_tree_verify, kda_tree_commit,
   tree_causal_conv1d, conv_tree_commit
 Model level: decode_step, prefill, verify_tree, verify_trees (several prompts' trees at once)
-(default_dtype: float64 on the CPU, float32 on a GPU).
+(default_dtype: float64 on the CPU, float32 on a GPU; takes_bf16_products: whether a float32 oracle takes its
+products by bf16 weights (PRODUCT_WEIGHTS) unconverted, in three bf16 parts of the other operand).
 """
 from ddsim.oracle.conv import conv_tree_commit, tree_causal_conv1d
 from ddsim.oracle.gdn import gdn_tree_commit, gdn_tree_verify
@@ -15,9 +16,19 @@ from ddsim.oracle.kda import kda_tree_commit, kda_tree_verify
 from ddsim.oracle.lightning import lightning_tree_commit, lightning_tree_verify
 from ddsim.oracle.mamba1 import mamba1_tree_commit, mamba1_tree_verify
 from ddsim.oracle.mamba2 import mamba2_tree_commit, mamba2_tree_verify
-from ddsim.oracle.model import OracleResult, decode_step, default_dtype, prefill, verify_tree, verify_trees
+from ddsim.oracle.model import (
+    PRODUCT_WEIGHTS,
+    OracleResult,
+    decode_step,
+    default_dtype,
+    prefill,
+    takes_bf16_products,
+    verify_tree,
+    verify_trees,
+)
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_tree_commit", "mamba1_tree_verify",
            "mamba1_tree_commit", "lightning_tree_verify", "lightning_tree_commit", "kda_tree_verify", "kda_tree_commit",
            "tree_causal_conv1d", "conv_tree_commit",
-           "decode_step", "prefill", "verify_tree", "verify_trees", "OracleResult", "default_dtype"]
+           "decode_step", "prefill", "verify_tree", "verify_trees", "OracleResult", "default_dtype", "takes_bf16_products",
+           "PRODUCT_WEIGHTS"]

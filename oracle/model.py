@@ -514,7 +514,7 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
 
 
 # the weights every use of which is a product x @ W.T (the tail of the name after "layers.{i}.")
-_LINEAR = frozenset({
+PRODUCT_WEIGHTS = _LINEAR = frozenset({
     "attn.q", "attn.k", "attn.v", "attn.o", "attn.gate", "attn.q_a", "attn.q_b", "attn.kv_a", "attn.kv_b",
     "mlp.up", "mlp.down", "mlp.gate", "mlp.shared.up", "mlp.shared.down", "mlp.shared.gate", "mlp.shared_gate",
     "mlp.experts.up", "mlp.experts.down", "mlp.experts.gate",
@@ -596,8 +596,7 @@ class _Weights:
         total = sum(v.numel() for v in weights.values()) * torch.tensor([], dtype=dtype).element_size()
         eager = total <= self.EAGER_BYTES
         if bf16_products is None:
-            bf16_products = (not eager and dtype == torch.float32 and weights["embed"].dtype == torch.bfloat16
-                             and (self.device or weights["embed"].device).type == "cuda")
+            bf16_products = takes_bf16_products(weights, device, dtype)
         if bf16_products and dtype != torch.float32:
             raise ValueError(f"bf16_products: a float32 oracle, not {dtype}")
         self.bf16_products = bf16_products
@@ -638,6 +637,16 @@ class _Weights:
 
     def __contains__(self, k):
         return k in self.raw
+
+
+def takes_bf16_products(weights, device=None, dtype=None) -> bool:
+    """Whether the oracle on ``weights`` (on ``device``, in ``dtype``: by default where the weights are, in
+    default_dtype there) takes its products as _Bf16Product by default: a bfloat16 model on a GPU, in a
+    float32 oracle, too large to convert once (over _Weights.EAGER_BYTES in float32)."""
+    device, dtype = _placement(weights, device, dtype)
+    total = sum(v.numel() for v in weights.values()) * torch.tensor([], dtype=dtype).element_size()
+    return (total > _Weights.EAGER_BYTES and dtype == torch.float32 and weights["embed"].dtype == torch.bfloat16
+            and (device or weights["embed"].device).type == "cuda")
 
 
 def default_dtype(device) -> torch.dtype:

@@ -336,3 +336,28 @@ def test_greedy_rows_continue_from_their_tips():
     rest = greedy_rows(m, [GreedyRequest(tip, toks[-1], 6 - len(toks)) for toks, tip in first])
     for (w, _), (a, _), (b, _) in zip(whole, first, rest):
         assert a + b == w
+
+
+def test_the_oracle_batch_with_bf16_products_converts_no_product_weight():
+    """With bf16 products (a full-size bf16 model on a GPU) the oracle converts no product weight: what it holds
+    once a batch is the largest layer's other weights (norms, conv filters, A_log), and each node needs its
+    widest product's three partial results (the LM head's) on top; on the CPU it never takes them."""
+    import torch
+
+    from ddsim import oracle
+    from ddsim.measure import audit
+    from ddsim.model.weights import init_weights
+    cpu = torch.device("cpu")
+    for name in ("micro", "tiny-kimi", "tiny-jamba"):
+        cfg = get_preset(name)
+        shapes = audit_shapes(cfg)
+        others = max(sum(math.prod(s) for n, s in shapes.items() if n.startswith(f"layers.{i}.")
+                         and n.split(".", 2)[-1] not in oracle.PRODUCT_WEIGHTS)
+                     for i in range(cfg.num_layers))
+        assert audit.oracle_batch_bytes(cfg, cpu, bf16_products=True) == 8 * others
+        assert 8 * others < audit.oracle_batch_bytes(cfg, cpu) / 4
+        tree = [-1, 0, 0, 1]
+        assert (audit.oracle_tree_bytes(cfg, tree, cpu, bf16_products=True)
+                == audit.oracle_tree_bytes(cfg, tree, cpu) + 8 * 4 * 3 * cfg.vocab_size)
+    w = init_weights(get_preset("micro"), seed=0)
+    assert not oracle.takes_bf16_products(w) and not oracle.takes_bf16_products({k: v.bfloat16() for k, v in w.items()})

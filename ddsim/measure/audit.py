@@ -404,7 +404,8 @@ def _leaky(run: _Run, ps, references, outs, budget: int) -> None:
         lambda full=full, n=(budget + 1) * fast_path_state_bytes(model): 0 if full.captured() else n)
     with run.phase(f"leaky generations in lock step, budget {budget}"):
         leaky = speculative_lockstep(full, ps, references=references,
-                                     max_trees=oracle_batches(run.cfg, run.device, reserve=graphs),
+                                     max_trees=oracle_batches(run.cfg, run.device, reserve=graphs,
+                                                              bf16_products=oracle.takes_bf16_products(run.weights)),
                                      timings=inner, drafter=run.drafter, policy=policy, mode="leaky",
                                      measure="full", weights=run.weights, attribution=LEAK_MODES,
                                      serving=run.serving, **run.common)
@@ -524,12 +525,14 @@ def fast_path_state_bytes(model: HybridModel) -> int:
     return recurrent_values(cfg) * state + cfg.num_layers * cfg.hidden_size * hidden + cfg.vocab_size * 4
 
 
-def oracle_tree_bytes(cfg, parents, device: torch.device) -> int:
+def oracle_tree_bytes(cfg, parents, device: torch.device, *, bf16_products: bool = False) -> int:
     """Bytes the oracle holds for one tree (its ``parents``) in its dtype (oracle.verify_trees, layer by
     layer): every node's recorded recurrent states and windows, hidden states and logits, one
     layer's activations of every node (its input, projections and MLP rows), and one layer's
     working states of the tree's widest depth four times over (the depth being decoded, the states
-    it produces, its children's gathered copies, and one more for the step's transients)."""
+    it produces, its children's gathered copies, and one more for the step's transients). With
+    ``bf16_products`` (oracle.takes_bf16_products) each node's row of the widest product three times
+    over (the LM head's: its three parts' results, before they are summed)."""
     b = torch.finfo(oracle.default_dtype(device)).bits // 8
     depth = [0] * len(parents)
     for i in range(1, len(parents)):
@@ -539,12 +542,16 @@ def oracle_tree_bytes(cfg, parents, device: torch.device) -> int:
     d = cfg.hidden_size
     activations = 8 * d + 3 * cfg.intermediate_size + max((cfg.window_shape(l)[0] for l in cfg.recurrent_layers), default=0)
     per_node = recurrent_values(cfg) + cfg.num_layers * d + cfg.vocab_size + activations
+    if bf16_products:
+        per_node += 3 * cfg.vocab_size
     return b * (len(parents) * per_node + 4 * width * layer)
 
 
-def oracle_batch_bytes(cfg, device: torch.device) -> int:
+def oracle_batch_bytes(cfg, device: torch.device, *, bf16_products: bool = False) -> int:
     """Bytes the oracle holds once per batch, whatever its trees: the largest of one layer's weights
-    and the LM head's, converted to its dtype (each is converted once per batch and let go)."""
+    and the LM head's, converted to its dtype (each is converted once per batch and let go); with
+    ``bf16_products`` only the weights that are not product operands are converted (norms, conv
+    filters, A_log, routers)."""
     from ddsim.model.weights import weight_shapes
     b = torch.finfo(oracle.default_dtype(device)).bits // 8
     per_layer = {}
@@ -552,21 +559,25 @@ def oracle_batch_bytes(cfg, device: torch.device) -> int:
         if name == "embed":  # only the tokens' rows are converted
             continue
         key = ".".join(name.split(".")[:2]) if name.startswith("layers.") else name
+        tail = name.split(".", 2)[-1] if name.startswith("layers.") else name
+        if bf16_products and tail in oracle.PRODUCT_WEIGHTS:  # 2-D, or stacked experts taken one by one
+            continue
         per_layer[key] = per_layer.get(key, 0) + math.prod(shape)
-    return b * max(per_layer.values())
+    return b * max(per_layer.values(), default=0)
 
 
-def oracle_batches(cfg, device: torch.device, *, reserve=0):
+def oracle_batches(cfg, device: torch.device, *, reserve=0, bf16_products: bool = False):
     """speculative_lockstep's max_trees for the audit: a round's oracle requests -> how many trees the
     oracle takes at once (at least 1): as many of the largest's need as fit in 3/4 of the memory free
     now less ``reserve`` bytes (what the fast path will still allocate, e.g. its CUDA graph's per-node
     states; an int, or a function asked each round, which says 0 once they are allocated) and less
-    what the oracle holds once per batch (oracle_batch_bytes). A batch that runs out of memory anyway
-    is split (speculative_lockstep)."""
-    fixed = oracle_batch_bytes(cfg, device)
+    what the oracle holds once per batch (oracle_batch_bytes). ``bf16_products``: the oracle takes its
+    products unconverted (oracle.takes_bf16_products). A batch that runs out of memory anyway is split
+    (speculative_lockstep)."""
+    fixed = oracle_batch_bytes(cfg, device, bf16_products=bf16_products)
 
     def fit(requests) -> int:
-        need = max(oracle_tree_bytes(cfg, q.parents, device) for q in requests)
+        need = max(oracle_tree_bytes(cfg, q.parents, device, bf16_products=bf16_products) for q in requests)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # blocks the allocator keeps but no tensor uses count as free
         free = available_memory(device)
