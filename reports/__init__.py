@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 def precision_label(report: Report) -> str:
     """The arithmetic compared, e.g. 'bfloat16 fast path (float32 states) vs float32 oracle'."""
     p = report.precision
-    return f"{p.fast_path} fast path ({p.recurrent_state} states) vs {p.oracle} oracle"
+    products = " (bf16x3 products)" if p.oracle_products == "bf16x3" else ""
+    return f"{p.fast_path} fast path ({p.recurrent_state} states) vs {p.oracle} oracle{products}"
 
 
 def model_label(report: Report) -> str:

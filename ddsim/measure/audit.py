@@ -70,12 +70,14 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-def precision(model: HybridModel) -> dict:
+def precision(model: HybridModel, weights: dict) -> dict:
     """The arithmetic compared: the fast path's weights and activations, its recurrent states, and
-    the oracle's where the model lives. The gate's tolerance for the exact path depends on the first."""
+    the oracle's where the model lives, with its products by ``weights`` (oracle.takes_bf16_products).
+    The gate's tolerance for the exact path depends on the first."""
     name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
     return {"fast_path": name(model.dtype), "recurrent_state": name(model.state_dtype),
-            "oracle": name(oracle.default_dtype(model.device))}
+            "oracle": name(oracle.default_dtype(model.device)),
+            "oracle_products": "bf16x3" if oracle.takes_bf16_products(weights) else "converted"}
 
 
 def _gate_stats(cfg, w) -> dict:
@@ -466,7 +468,7 @@ def _assemble(run: _Run, per_prompt: list[dict]) -> Report:
         "config": {**ac.model_dump(), "drafter": run.drafter.params()},
         "provenance": run.provenance,
         "environment": environment(run.device),
-        "precision": precision(run.model),
+        "precision": precision(run.model, run.weights),
         "model": {"config": cfg.to_dict(), "source": run.provenance["source"], "gates": _gate_stats(cfg, run.weights)},
         "prompts": [{"index": i, "tokens": p, "reference": r, "reference_margins": m}
                     for i, (p, r, m) in enumerate(zip(run.prompts, references, margins))],

@@ -17,12 +17,13 @@ from ddsim.measure.settings import AuditConfig
 from ddsim.model.config import FAMILIES, LAYER_KINDS, STATEFUL_KINDS, WINDOWED_KINDS
 from ddsim.trees.modes import VERIFY_MODES
 
-SCHEMA_VERSION = 9  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
+SCHEMA_VERSION = 10  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
 # 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family;
 # 6: good and corrupted tokens per step; 7: the sampler at temperature > 0 and each step's exact law against exact's;
 # 8: short-conv layers ('c', LFM2) and the conv family, whose window is its whole state (no state_rel); Mamba1
 # layers ('s', Jamba) and the mamba1 family; lightning attention ('l', MiniMax), no conv (no conv_rel); Kimi Delta
-# Attention ('k', Kimi Linear) and the kda family; 9: Zamba2's hybrid layers ('z', attention then Mamba2; mamba2 family)
+# Attention ('k', Kimi Linear) and the kda family; 9: Zamba2's hybrid layers ('z', attention then Mamba2; mamba2 family);
+# 10: precision.oracle_products (a full-size bf16 model's oracle takes its products in three bf16 parts)
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -360,6 +361,9 @@ class Precision(_Strict):
     fast_path: Dtype
     recurrent_state: Literal["float64", "float32"]
     oracle: Literal["float64", "float32"]
+    # the oracle's products by the weights: "converted" (the weights in its dtype), or "bf16x3" (bf16 weights left as
+    # they are, the other operand in three bf16 parts, float32 accumulation: a full-size bf16 model on a GPU)
+    oracle_products: Literal["converted", "bf16x3"]
 
 
 class Environment(_Strict):
@@ -554,7 +558,7 @@ class ReferenceFragility(_Strict):
 
 
 class Report(_Strict):
-    schema_version: Literal[9]
+    schema_version: Literal[10]
     generated_at: str | None  # the only field that differs between two runs of one seed; set by the writer
     config: ReportConfig
     provenance: Provenance
@@ -598,6 +602,8 @@ def check_consistency(r: Report) -> None:
               "a CPU audit compares a float32 fast path with the float64 oracle")
     else:
         _need(r.precision.oracle == "float32", "precision.oracle", "a CUDA audit runs the float32 oracle")
+    _need(r.precision.oracle_products == "converted" or (device == "cuda" and r.precision.fast_path == "bfloat16"),
+          "precision.oracle_products", "bf16x3 products are the oracle's on a bf16 model on a GPU only")
     _need((cfg.fast_path == "ddsim") == (r.provenance.engine is None), "provenance.engine",
           f"config.fast_path is {cfg.fast_path!r} but the engine record is {r.provenance.engine!r}")
     given = {k for k, v in (("prompts", cfg.prompts_file), ("trace", cfg.trace), ("cost", cfg.cost_file)) if v}
