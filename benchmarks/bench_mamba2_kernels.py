@@ -2,9 +2,11 @@
 P=128, N=256, G=1) SSM shapes, bf16 inputs: median time per call of the flattened (leaky),
 parent-indexed (exact, per-node snapshots) and tree-masked SSD (exact, no per-node states) kernels
 and the commit, against each design's memory floor; sequences x nodes in {1x16, 1x65, 8x65, 32x65,
-1x129, 8x129}, DDTree trees. Then accuracy against the float64 oracle.
+1x129, 8x129}, DDTree trees; beside them SGLang's selective_state_update, its tree path (retrieve_parent_token,
+per-node states) and its flattened path, where its kernel module is on the path (PYTHONPATH=.engines, as
+`make setup` fetches it), each first checked against ddsim's output. Then accuracy against the float64 oracle.
 
-    python benchmarks/bench_mamba2_kernels.py [--commit SHA] [--presets nemotron-h-8b,falcon-h1-7b]
+    PYTHONPATH=.engines python benchmarks/bench_mamba2_kernels.py [--commit SHA] [--presets nemotron-h-8b,falcon-h1-7b]
 """
 import argparse
 import platform

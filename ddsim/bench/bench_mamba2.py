@@ -1,6 +1,7 @@
 """Mamba2 tree kernels on CUDA at Nemotron-H-8B and Falcon-H1-7B SSM shapes (bf16 inputs, fp32
-state): median time per call of each design against its memory floor, and accuracy against the
-float64 oracle. Script: benchmarks/bench_mamba2_kernels.py."""
+state): median time per call of each design against its memory floor, SGLang's Mamba2 verify (tree and
+flattened paths) beside them in the same run, and accuracy against the float64 oracle. Script:
+benchmarks/bench_mamba2_kernels.py."""
 from __future__ import annotations
 
 import torch
@@ -41,9 +42,41 @@ def mamba2_bytes(B, T, *, H, P, N, G, in_bytes=2) -> dict:
             "ssd": io + state, "commit": 2 * state, "copy": 2 * state}
 
 
-def mamba2_kernel_table(*, preset="nemotron-h-8b", device="cuda", shapes=SHAPES, progress=None) -> tuple[str, list]:
+def sglang_mamba2_calls(inp: dict, parents: torch.Tensor) -> dict | None:
+    """SGLang's Mamba2 verify (selective_state_update, where its kernel module is importable: .engines) on one
+    batch as its mixer calls it, every argument made once (the launch alone is what a call costs): {"exact":
+    the tree path (retrieve_parent_token = parents, each node's state written to a per-node buffer), "leaky":
+    the flattened path (no parents)} -> (launch, its output [B, T, H, P]); None where the kernel is absent.
+    dt, A, D and dt_bias are broadcast per head over P (and N) with stride 0, as SGLang's mixer passes them;
+    the verify leaves the pool alone (disable_state_update)."""
+    from ddsim.engines.sglang import _mamba2_kernel
+    fn = _mamba2_kernel()
+    if fn is None:
+        return None
+    x = inp["x"].contiguous()
+    Bn, T, H, P = x.shape
+    N, dev = inp["B"].shape[-1], x.device
+    args = (inp["initial_state"].clone(), x, inp["dt"].float()[..., None].expand(Bn, T, H, P),
+            inp["A"].float()[:, None, None].expand(H, P, N), inp["B"].contiguous(), inp["C"].contiguous())
+    kw = dict(D=inp["D"].float()[:, None].expand(H, P), dt_bias=inp["dt_bias"].float()[:, None].expand(H, P),
+              dt_softplus=True, state_batch_indices=torch.arange(Bn, dtype=torch.int32, device=dev),
+              disable_state_update=True)
+    tree = dict(intermediate_states_buffer=torch.empty(Bn, T, H, P, N, device=dev), cache_steps=T,
+                retrieve_parent_token=parents.to(device=dev, dtype=torch.int32).contiguous(),
+                intermediate_state_indices=torch.arange(Bn, dtype=torch.int32, device=dev))
+    calls = {}
+    for mode, extra in (("exact", tree), ("leaky", {})):
+        out = torch.empty_like(x)
+        calls[mode] = ((lambda out=out, extra=extra: fn(*args, **kw, out=out, **extra)), out)
+    return calls
+
+
+def mamba2_kernel_table(*, preset="nemotron-h-8b", device="cuda", shapes=SHAPES, progress=None,
+                        engines: bool = True) -> tuple[str, list]:
     """Median time per call of every Mamba2 design at a preset's SSM shape; a fixed sweep of
-    launch configurations per design (no autotuning), only the kernel launches timed."""
+    launch configurations per design (no autotuning), only the kernel launches timed. ``engines``:
+    SGLang's verify beside them (sglang_mamba2_calls), where its kernel is importable, each mode's output
+    first checked against ddsim's of the same mode (the largest difference printed)."""
     from ddsim.gpu_backend.triton_mamba2 import plan_commit, plan_recurrent, plan_ssd
     shp = mamba2_shape(preset)
     bw = copy_bandwidth(device)
@@ -73,6 +106,16 @@ def mamba2_kernel_table(*, preset="nemotron-h-8b", device="cuda", shapes=SHAPES,
                                                             initial_state=s0, poison=False, **c)),
             "state copy": ("copy", [{}], lambda c: ((lambda: out_state.copy_(s0)), None)),
         }
+        sg = sglang_mamba2_calls(inp, parents) if engines else None
+        if sg is not None:
+            import ddsim.gpu_backend as gb
+            for mode, (launch, out) in sg.items():
+                launch()
+                ours = gb.mamba2_tree_verify(**lay, parents=parents, initial_state=s0, mode=mode)
+                print(f"# {Bn}x{T} sglang {mode} against ddsim's {mode}: max abs difference "
+                      f"{(out.float() - ours.float()).abs().max().item():.2e}", flush=True)
+            cases["sglang exact (tree path)"] = ("parent-indexed", [{}], lambda c: sg["exact"])
+            cases["sglang leaky (flattened)"] = ("leaky", [{}], lambda c: sg["leaky"])
         rows += sweep(Bn, T, cases, nbytes, bw, progress=progress)
     head = (f"{preset}: H={shp['H']} P={shp['P']} N={shp['N']} G={shp['G']}, bf16 inputs, fp32 state; "
             f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)")
