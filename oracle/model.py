@@ -514,7 +514,7 @@ def decode_step(w, cfg, *, token, pos, kv_ctx, ssm, conv, ctx_valid=None):
 
 
 # the weights every use of which is a product x @ W.T (the tail of the name after "layers.{i}.")
-PRODUCT_WEIGHTS = _LINEAR = frozenset({
+PRODUCT_WEIGHTS = frozenset({
     "attn.q", "attn.k", "attn.v", "attn.o", "attn.gate", "attn.q_a", "attn.q_b", "attn.kv_a", "attn.kv_b",
     "mlp.up", "mlp.down", "mlp.gate", "mlp.shared.up", "mlp.shared.down", "mlp.shared.gate", "mlp.shared_gate",
     "mlp.experts.up", "mlp.experts.down", "mlp.experts.gate",
@@ -549,7 +549,7 @@ class _Bf16Weight:
 
 class _Bf16Product:
     """W.T for a bfloat16 weight W [n, k] of a float32 oracle, used only as ``x @ W.T``: x (float32
-    [..., k]) split into three bfloat16 parts (_bf16_parts), the three rows of each one product with
+    [..., k]) split into three bfloat16 parts (_bf16_parts), the parts' rows stacked into one product with
     float32 accumulation (a bf16 x bf16 product is exact in float32), the three results summed. The same
     product as x @ W.float().T up to float32 accumulation, without converting W (2 bytes a parameter read
     once, not 2 read + 4 written + 4 read) and on the tensor cores: the full-size oracle's products, which
@@ -584,7 +584,7 @@ class _Weights:
     """The weights in the oracle's dtype and device; every RMSNorm scale but the gated norms' is
     (norm_offset + weight). Small models are converted once; large ones (a full-size checkpoint on a
     GPU) tensor by tensor as each is used, so no second copy of the model is held. ``bf16_products``
-    (default: a large bfloat16 model on a GPU in a float32 oracle): the _LINEAR weights left in bfloat16
+    (default: takes_bf16_products): the PRODUCT_WEIGHTS left in bfloat16
     (_Bf16Weight), their products as _Bf16Product."""
 
     EAGER_BYTES = 2 << 30
@@ -606,7 +606,7 @@ class _Weights:
         """v (the raw weight named k, or one expert's slice) as a _Bf16Weight where that applies."""
         if not (self.bf16_products and v.dim() == 2 and v.dtype == torch.bfloat16):
             return None
-        if (k.split(".", 2)[-1] if k.startswith("layers.") else k) not in _LINEAR:
+        if (k.split(".", 2)[-1] if k.startswith("layers.") else k) not in PRODUCT_WEIGHTS:
             return None
         return _Bf16Weight(v.detach().to(self.device or v.device))
 
@@ -858,7 +858,8 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
     computed the depth before; rows of different trees carry their own positions and contexts,
     padded to one length, the padding masked out), then its output projection and MLP of every node
     at once; then the LM head of every node. Each layer's weights are converted to the oracle's dtype
-    once per batch, not once per depth. Per node the same computation as one tree alone, one node
+    once per batch, not once per depth (with ``bf16_products``, default takes_bf16_products, the product
+    weights are not converted at all: _Bf16Product). Per node the same computation as one tree alone, one node
     at a time; only the reassociation of batched matrix products differs."""
     device, dtype = _placement(weights, device, dtype)
     w = _Weights(weights, cfg, device, dtype, bf16_products)

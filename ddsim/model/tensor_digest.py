@@ -51,8 +51,8 @@ def tensor_sha256(t: torch.Tensor, staging: _Staging | None = None) -> str:
 def tensors_sha256(weights: dict[str, torch.Tensor], *, threads: int = 16) -> str:
     """sha256 of the lines "name:dtype:shape:sha256 of the tensor's bytes", in name order."""
     names = sorted(weights)
-    if any(weights[n].is_cuda for n in names):
-        torch.cuda.synchronize()  # the side streams read what the default stream wrote
+    for device in {weights[n].device for n in names if weights[n].is_cuda}:
+        torch.cuda.synchronize(device)  # the side streams read what each device's default stream wrote
     staging = _Staging()
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names)))) as pool:
         digests = list(pool.map(lambda n: tensor_sha256(weights[n], staging), names))
