@@ -563,10 +563,10 @@ class _Bf16Product:
     def __rmatmul__(self, x):
         if x.dtype != torch.float32:
             raise TypeError(f"_Bf16Product: a float32 operand, got {x.dtype}")
-        lead = x.shape[:-1]
-        parts = _bf16_parts(x.reshape(-1, x.shape[-1]))  # [3, m, k]
+        lead, k = x.shape[:-1], x.shape[-1]
+        parts = _bf16_parts(x.reshape(-1, k))  # [3, m, k]
         m = parts.shape[1]
-        flat = parts.reshape(3 * m, -1)
+        flat = parts.reshape(3 * m, k)
         if flat.is_cuda:
             reduced = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
             torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
@@ -576,8 +576,8 @@ class _Bf16Product:
                 torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
         else:  # no bf16 -> float32 product on the CPU: the same exact products, accumulated in float32
             y = flat.float() @ self.w.float().T
-        y = y.view(3, m, -1)
-        return ((y[0] + y[1]) + y[2]).view(*lead, -1)
+        y = y.view(3, m, self.w.shape[0])
+        return ((y[0] + y[1]) + y[2]).view(*lead, self.w.shape[0])
 
 
 class _Weights:

@@ -194,7 +194,8 @@ def test_a_bf16_weight_is_only_a_product_operand():
     W = om._Bf16Weight(torch.randn(5, 7).bfloat16())
     x = torch.randn(3, 7)
     assert torch.allclose(x @ W.T, (x.double() @ W.w.double().T).float(), rtol=1e-6, atol=1e-6)
-    assert (torch.randn(2, 4, 7) @ W.T).shape == (2, 4, 5)
+    assert (torch.randn(2, 4, 7) @ W.T).shape == (2, 4, 5) and (torch.randn(7) @ W.T).shape == (5,)
+    assert (torch.randn(0, 7) @ W.T).shape == (0, 5)
     for bad in (lambda: x @ W, lambda: x.double() @ W.T, lambda: W.T @ x.T):
         with pytest.raises(TypeError):
             bad()
