@@ -55,11 +55,8 @@ def _gdn_recurrent_kernel(
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     for t in range(0, T):
         row = i_b * T + t  # int32 offsets inside the loop (the flattened kernel is latency-bound)
-        if PARENT_INDEXED:
-            p = tl.load(src + row)
-            sp = tl.load(h.state_ptrs(snap, i_b * T + tl.maximum(p, 0), i_hv, o_k, o_v, HV, K, V, False), mask=mkv,
-                         other=0.0)
-            S = tl.where(p >= 0, sp, s0)  # the root reads the committed state
+        if PARENT_INDEXED:  # the root reads the committed state
+            S = h.source_state(snap, src, row, i_b * T, s0, i_hv, o_k, o_v, mkv, HV, K, V)
         b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, L2NORM, 0)
         b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
         b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
@@ -68,9 +65,7 @@ def _gdn_recurrent_kernel(
         b_o = tl.sum(S * (b_q * scale)[:, None], 0)
         tl.store(o + (row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
         if STORE_STATES:
-            tl.store(h.state_ptrs(snap, row, i_hv, o_k, o_v, HV, K, V, False), S, mask=mkv)
-            if PARENT_INDEXED:
-                tl.debug_barrier()  # the next node may read this snapshot through other threads
+            h.store_state(snap, row, S, i_hv, o_k, o_v, mkv, HV, K, V, PARENT_INDEXED)
 
 
 @triton.jit

@@ -98,6 +98,16 @@ def source_state(snap, src, row, seq_row0, s0, i_h, o_k, o_v, mkv, H: tl.constex
 
 
 @triton.jit
+def store_state(snap, row, S, i_h, o_k, o_v, mkv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                PARENT_INDEXED: tl.constexpr):
+    """Node row's state S [BK, BV] into the per-node states snap [B*T, H, K, V] (source_state's other half); where
+    a later node starts from it (PARENT_INDEXED), a barrier: it may be read back through other threads."""
+    tl.store(state_ptrs(snap, row, i_h, o_k, o_v, H, K, V, False), S, mask=mkv)
+    if PARENT_INDEXED:
+        tl.debug_barrier()
+
+
+@triton.jit
 def path_chunk(paths, row, t, c, n_chunks, DMAX, o_d, BD: tl.constexpr):
     """Chunk c of node t's root path read from the node back (chunk 0 the last): the path positions' nodes [BD]
     (-1 where the path has none), which of them are on it, and which are strict ancestors (not t itself)."""

@@ -62,9 +62,7 @@ def _kda_recurrent_kernel(
         b_o = tl.sum(S * (b_q * scale)[:, None], 0)
         tl.store(o + (row * H + i_h) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
         if STORE_STATES:
-            tl.store(h.state_ptrs(snap, row, i_h, o_k, o_v, H, K, V, False), S, mask=mkv)
-            if PARENT_INDEXED:
-                tl.debug_barrier()  # the next node may read this state through other threads
+            h.store_state(snap, row, S, i_h, o_k, o_v, mkv, H, K, V, PARENT_INDEXED)
 
 
 @triton.jit
