@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import ddsim.gpu_backend as gb
 from ddsim import oracle
 from ddsim.measure.compare import assert_close
+from ddsim.properties.kernel_checks import check_verify_against_oracle
 from ddsim.properties.strategies import kda_inputs
 
 
@@ -33,24 +34,9 @@ PER_PAIR = settings(max_examples=15)
 @given(inp=kda_inputs(max_nodes=7), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
        keep=st.booleans())
 def test_kda_verify_and_states_match_oracle(inp, mode, dtype, backend, keep):
-    args = _args(inp, dtype)
-    before = {k: v.clone() for k, v in args.items()}
-    S0 = inp["initial_state"].clone()
-    if not keep:  # the outputs alone (the Triton kernel then writes per-node states only for exact's parents)
-        o = gb.kda_tree_verify(**args, parents=inp["parents"], initial_state=S0, mode=mode, backend=backend)
-        ref_o = oracle.kda_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
-        assert o.dtype == dtype and o.shape == ref_o.shape
-        assert_close(f"o ({mode}, {backend})", o, ref_o, dtype=dtype, slack=5)
-        assert torch.equal(S0, inp["initial_state"]) and all(torch.equal(args[k], v) for k, v in before.items())
-        return
-    o, states = gb.kda_tree_verify(**args, parents=inp["parents"], initial_state=S0, mode=mode, output_states=True,
-                                   backend=backend)
-    ref_o, ref = oracle.kda_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode,
-                                        output_states=True)
-    assert o.dtype == dtype and o.shape == ref_o.shape and states.shape == ref.shape
-    assert_close(f"o ({mode})", o, ref_o, dtype=dtype, slack=5)
-    assert_close(f"per-node states ({mode})", states, ref, dtype=torch.float32, slack=5)
-    assert torch.equal(S0, inp["initial_state"]) and all(torch.equal(args[k], v) for k, v in before.items())
+    check_verify_against_oracle(gb.kda_tree_verify, oracle.kda_tree_verify, _args(inp, dtype),
+                                kw=dict(parents=inp["parents"]), initial_state=inp["initial_state"], mode=mode,
+                                dtype=dtype, backend=backend, keep=keep)
 
 
 @BACKENDS

@@ -1,0 +1,29 @@
+"""Checks shared by the recurrent families' property tests (no tests here)."""
+from __future__ import annotations
+
+import torch
+
+from ddsim.measure.compare import assert_close
+
+
+def check_verify_against_oracle(fast, ref, args: dict, *, kw: dict, initial_state: torch.Tensor, mode: str,
+                                dtype: torch.dtype, backend: str, keep: bool) -> None:
+    """A family's fast verify ``fast(**args, **kw, initial_state=, mode=, backend=)`` against its oracle twin
+    ``ref`` on one drawn example: the output in ``dtype`` within that dtype's tolerance, and with ``keep`` the
+    per-node states (output_states=True) within float32's; the inputs ``args`` and the committed state
+    bit-identical after the call. Without ``keep`` the outputs alone (a Triton kernel then writes per-node
+    states only for exact's parents)."""
+    before = {k: v.clone() for k, v in args.items()}
+    S0 = initial_state.clone()
+    if not keep:
+        o = fast(**args, **kw, initial_state=S0, mode=mode, backend=backend)
+        ref_o = ref(**args, **kw, initial_state=initial_state, mode=mode)
+        assert o.dtype == dtype and o.shape == ref_o.shape
+        assert_close(f"o ({mode}, {backend})", o, ref_o, dtype=dtype, slack=5)
+    else:
+        o, states = fast(**args, **kw, initial_state=S0, mode=mode, output_states=True, backend=backend)
+        ref_o, ref_states = ref(**args, **kw, initial_state=initial_state, mode=mode, output_states=True)
+        assert o.dtype == dtype and o.shape == ref_o.shape and states.shape == ref_states.shape
+        assert_close(f"o ({mode})", o, ref_o, dtype=dtype, slack=5)
+        assert_close(f"per-node states ({mode})", states, ref_states, dtype=torch.float32, slack=5)
+    assert torch.equal(S0, initial_state) and all(torch.equal(args[k], v) for k, v in before.items())
