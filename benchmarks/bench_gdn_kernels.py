@@ -6,13 +6,10 @@ oracle. Same as `ddsim bench --device cuda`.
     python benchmarks/bench_gdn_kernels.py [--commit SHA]
 """
 import argparse
-import platform
-import time
 
 import torch
-import triton
 
-from ddsim.bench.bench import kernel_accuracy, kernel_table
+from ddsim.bench.bench import cuda_header, kernel_accuracy, kernel_table
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
@@ -22,8 +19,7 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gdn_kernels: needs a CUDA device")
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-          f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
+    print(cuda_header(a.commit))
     table, _ = kernel_table(only=a.only.split(",") if a.only else None, precisions=tuple(a.precisions.split(",")),
                             progress=lambda r: print(f"# {r['B']}x{r['T']} {r['kernel']}: {r['us']:.1f} us "
                                                      f"(floor {r['floor_us']:.1f}) {r['config']}", flush=True))

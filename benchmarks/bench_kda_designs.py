@@ -7,16 +7,14 @@ block_d) and the parent-indexed recurrence (block_v, num_warps). DDTree trees, s
 """
 import argparse
 import itertools
-import platform
 import sys
-import time
 
 import torch
 import triton
 import triton.testing
 
 from ddsim import gpu_backend as gb
-from ddsim.bench.bench import ddtree_batch
+from ddsim.bench.bench import cuda_header, ddtree_batch
 from ddsim.gpu_backend import triton_kda
 
 SHAPES = ((1, 17), (8, 65), (32, 65))
@@ -33,8 +31,7 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         print("bench_kda_designs: needs a CUDA device", file=sys.stderr)
         sys.exit(2)
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-          f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
+    print(cuda_header(a.commit))
     g = torch.Generator(device="cuda").manual_seed(0)
     H, K = 32, 128
     print("| B x T | depth | design | block_v | warps | block_d | us |\n|---|---|---|---|---|---|---:|")

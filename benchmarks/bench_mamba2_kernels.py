@@ -9,12 +9,10 @@ per-node states) and its flattened path, where its kernel module is on the path 
     PYTHONPATH=.engines python benchmarks/bench_mamba2_kernels.py [--commit SHA] [--presets nemotron-h-8b,falcon-h1-7b]
 """
 import argparse
-import platform
-import time
 
 import torch
-import triton
 
+from ddsim.bench.bench import cuda_header
 from ddsim.bench.bench_mamba2 import mamba2_kernel_accuracy, mamba2_kernel_table
 
 if __name__ == "__main__":
@@ -24,8 +22,7 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_mamba2_kernels: needs a CUDA device")
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-          f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
+    print(cuda_header(a.commit))
     print(mamba2_kernel_accuracy(), flush=True)
     for preset in a.presets.split(","):
         table, _ = mamba2_kernel_table(preset=preset, progress=lambda r: print(

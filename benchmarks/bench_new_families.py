@@ -16,16 +16,14 @@ Shapes: KDA at Kimi-Linear-48B-A3B (H=32, K=V=128); lightning attention at MiniM
 Mamba1 at Jamba Mini 1.6 (I=8192, N=16; no fla kernel).
 """
 import argparse
-import platform
 import sys
-import time
 
 import torch
 import triton
 import triton.testing
 
 from ddsim import gpu_backend as gb
-from ddsim.bench.bench import copy_bandwidth, ddtree_batch
+from ddsim.bench.bench import copy_bandwidth, cuda_header, ddtree_batch
 
 SHAPES = ((1, 17), (8, 65), (32, 65))
 
@@ -152,8 +150,7 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         print("bench_new_families: needs a CUDA device", file=sys.stderr)
         sys.exit(2)
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-          f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
+    print(cuda_header(a.commit))
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(agreement(gen), flush=True)
     bw = copy_bandwidth("cuda")

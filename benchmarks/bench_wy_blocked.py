@@ -9,14 +9,11 @@ against the float64 oracle.
                                           [--precisions tf32x3] [--skip-chunked] [--skip-accuracy]
 """
 import argparse
-import platform
-import time
 
 import torch
-import triton
 
 from ddsim.bench import bench
-from ddsim.bench.bench import copy_bandwidth, fp32_tensor_rate, kernel_accuracy, kernel_table, sweep, table_lines
+from ddsim.bench.bench import copy_bandwidth, cuda_header, fp32_tensor_rate, kernel_accuracy, kernel_table, sweep, table_lines
 from ddsim.gpu_backend import _common
 from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
 
@@ -79,8 +76,7 @@ if __name__ == "__main__":
         ap.error(f"--block-t {a.block_t!r}: expected powers of two >= 16")
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_blocked: needs a CUDA device")
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-          f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}", flush=True)
+    print(cuda_header(a.commit), flush=True)
     bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda", "bf16x3")  # bf16 inputs' default
     print(f"# floors: copy bandwidth {bw / 1e9:.0f} GB/s" + (f", bf16x3 products at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
 

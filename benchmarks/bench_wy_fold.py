@@ -13,15 +13,13 @@ paired, and the raw q, k loaded again after the solve (bfc0150).
     python benchmarks/bench_wy_fold.py [--commit SHA] [--shapes 8x65,32x65] [--cases-only] [--skip-accuracy]
 """
 import argparse
-import platform
-import time
 
 import torch
-import triton
 
 from ddsim import oracle
 from ddsim.bench.bench import (
     copy_bandwidth,
+    cuda_header,
     ddtree_batch,
     fp32_tensor_rate,
     kernel_bytes,
@@ -150,8 +148,7 @@ if __name__ == "__main__":
     shapes = parse_shapes(ap, a.shapes)
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_fold: needs a CUDA device")
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-          f"triton {triton.__version__} | python {platform.python_version()} | commit {a.commit}")
+    print(cuda_header(a.commit))
     bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda", "bf16x3")  # bf16 inputs' default
     rows = []
     for B, T in shapes:

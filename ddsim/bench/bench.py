@@ -16,6 +16,13 @@ from ddsim.trees.builders import ddtree
 from ddsim.trees.modes import VERIFY_MODES
 
 
+def cuda_header(commit: str) -> str:
+    """The first line of a CUDA benchmark's output: the date, the device, torch, Triton, Python and the commit."""
+    import triton
+    return (f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
+            f"triton {triton.__version__} | python {platform.python_version()} | commit {commit}")
+
+
 def mode_table(*, preset: str = "tiny", repeats: int = 5, prefix: int = 64, device: str = "cpu",
                budgets=(16, 32, 64)) -> str:
     cfg = get_preset(preset)
