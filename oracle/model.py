@@ -98,15 +98,20 @@ def _attention_core(cfg, q, k, v, ctx_k, ctx_v, ctx_valid=None):
     of different prompts stacked together pad their contexts: the padding is masked out).
     Returns [n, nh * hd]."""
     n, nh, hd = q.shape
-    nkv = k.shape[1]
-    K = torch.cat([ctx_k, k[:, None]], dim=1).repeat_interleave(nh // nkv, dim=2)  # [n, m+1, nh, hd]
-    Vv = torch.cat([ctx_v, v[:, None]], dim=1).repeat_interleave(nh // nkv, dim=2)
+    K = _heads(torch.cat([ctx_k, k[:, None]], dim=1), nh)  # [n, m+1, nh, hd]
+    Vv = _heads(torch.cat([ctx_v, v[:, None]], dim=1), nh)
     scale = cfg.attention_scale or 1.0 / math.sqrt(hd)
     scores = torch.einsum("nmhd,nhd->nhm", K, q) * scale  # [n, nh, m+1]
     if ctx_valid is not None:  # padded context entries get no weight (each row's own token always does)
         seen = torch.cat([ctx_valid, torch.ones_like(ctx_valid[:, :1])], dim=1)  # [n, m+1]
         scores = scores.masked_fill(~seen[:, None, :], float("-inf"))
     return torch.einsum("nhm,nmhd->nhd", torch.softmax(scores, dim=-1), Vv).reshape(n, nh * hd)
+
+
+def _heads(x, nh: int) -> torch.Tensor:
+    """x [n, m, nkv, hd] -> [n, m, nh, hd]: query head h reads key-value head h // (nh / nkv)."""
+    n, m, nkv, hd = x.shape
+    return x[:, :, :, None].expand(n, m, nkv, nh // nkv, hd).reshape(n, m, nh, hd)
 
 
 def _attention_out(w, p, cfg, x, o):
@@ -195,38 +200,47 @@ def _mlp(w, p, cfg, x, i):
 
 
 def _gdn_proj(w, p, cfg, x):
-    """Gated DeltaNet's input projections of each row x [n, d]: (conv input [n, C], z [n, HV, V],
-    a [n, HV], b [n, HV])."""
+    """Gated DeltaNet's input projections of each row x [n, d] and the gates they give: (conv input [n, C],
+    z [n, HV, V], g [n, HV] the decay's log, beta [n, HV] the write strength)."""
     n = x.shape[0]
-    return (x @ w[p + "gdn.qkv"].T, (x @ w[p + "gdn.z"].T).view(n, cfg.linear_num_value_heads, -1),
-            x @ w[p + "gdn.a"].T, x @ w[p + "gdn.b"].T)
+    a, b = x @ w[p + "gdn.a"].T, x @ w[p + "gdn.b"].T
+    g = -torch.exp(w[p + "gdn.A_log"]) * F.softplus(a + w[p + "gdn.dt_bias"])
+    beta = torch.sigmoid(b) * cfg.gdn_beta_scale
+    return x @ w[p + "gdn.qkv"].T, (x @ w[p + "gdn.z"].T).view(n, cfg.linear_num_value_heads, -1), g, beta
 
 
-def _gdn_core(w, p, cfg, xin, a, b, S, window):
+def _gdn_core(w, p, cfg, xin, g, beta, S, window):
     """One token per row of Gated DeltaNet's conv and recurrence from the row's own state: xin [n, C],
-    a, b [n, HV]; S [n, HV, K, V]; window [n, C, W-1] -> (o [n, HV, V] = S_t^T q_t, S_t, window')."""
+    g, beta [n, HV] (_gdn_proj); S [n, HV, K, V]; window [n, C, W-1] -> (o [n, HV, V] = S_t^T q_t, S_t,
+    window')."""
     n = xin.shape[0]
     H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
     inputs = torch.cat([window, xin[:, :, None]], dim=2)  # [n, C, W] oldest first
     y = F.silu((inputs * w[p + "gdn.conv"]).sum(dim=2))  # [n, C]
-    q = y[:, : H * K].view(n, H, K)
-    k = y[:, H * K: 2 * H * K].view(n, H, K)
+    qk = y[:, : 2 * H * K].view(n, 2 * H, K)  # each head's q, then each head's k
+    qk = qk / torch.sqrt((qk * qk).sum(-1, keepdim=True) + 1e-6)
+    # value head j reads key head j // (HV / H): [n, 2, HV, K]
+    qk = qk.view(n, 2, H, 1, K).expand(n, 2, H, HV // H, K).reshape(n, 2, HV, K)
+    q, k = qk[:, 0], qk[:, 1]
     v = y[:, 2 * H * K:].view(n, HV, V)
-    q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    g = -torch.exp(w[p + "gdn.A_log"]) * F.softplus(a + w[p + "gdn.dt_bias"])  # [n, HV]
-    beta = torch.sigmoid(b) * cfg.gdn_beta_scale
-    group = HV // H
-    k = k.repeat_interleave(group, dim=1)  # [n, HV, K]: value head j reads key head j // group
-    q = q.repeat_interleave(group, dim=1)
     # S_t = exp(g) (I - beta k k^T) S_{t-1} + beta k v^T, every row and value head at once
-    eye = torch.eye(K, dtype=S.dtype, device=S.device)
-    bb = beta[..., None, None]
-    decay = torch.exp(g)[..., None, None] * (eye - bb * torch.einsum("nhi,nhj->nhij", k, k))
-    S_new = decay @ S + bb * torch.einsum("nhk,nhv->nhkv", k, v)
-    o = torch.einsum("nhkv,nhk->nhv", S_new, q * K ** -0.5)  # o_t = S_t^T (scale q_t)
+    bb, kc = beta.view(n, HV, 1, 1), k.unsqueeze(-1)
+    decay = torch.exp(g).view(n, HV, 1, 1) * (_eye(K, S) - bb * (kc * k.unsqueeze(-2)))
+    S_new = decay @ S + bb * (kc * v.unsqueeze(-2))
+    o = ((q * K ** -0.5).unsqueeze(-2) @ S_new).squeeze(-2)  # o_t = S_t^T (scale q_t)
     return o, S_new, inputs[:, :, 1:]
+
+
+_EYES: dict = {}
+
+
+def _eye(K: int, like: torch.Tensor) -> torch.Tensor:
+    """The identity [K, K] in like's dtype and device, made once."""
+    key = (K, like.dtype, like.device)
+    if key not in _EYES:
+        _EYES[key] = torch.eye(K, dtype=like.dtype, device=like.device)
+    return _EYES[key]
 
 
 def _gdn_out(w, p, cfg, o, z):
@@ -238,8 +252,8 @@ def _gdn_out(w, p, cfg, o, z):
 
 def _gdn(w, p, cfg, x, S, window):
     """One token per row of Gated DeltaNet. x [n, d]; S [n, HV, K, V]; window [n, C, W-1]."""
-    xin, z, a, b = _gdn_proj(w, p, cfg, x)
-    o, S_new, new_window = _gdn_core(w, p, cfg, xin, a, b, S, window)
+    xin, z, g, beta = _gdn_proj(w, p, cfg, x)
+    o, S_new, new_window = _gdn_core(w, p, cfg, xin, g, beta, S, window)
     return _gdn_out(w, p, cfg, o, z), S_new, new_window
 
 
@@ -723,9 +737,11 @@ class OracleResult:
 
 
 class _TreeOut:
-    """One tree's outputs as the oracle fills them (OracleResult's fields)."""
+    """One tree's outputs as the oracle fills them (OracleResult's fields). ``whole``: each output is
+    assigned whole once it is known for every node (verify_trees: a layer's states and keys of every node
+    at once, gathered in node order), not allocated here and filled node by node (``record``)."""
 
-    def __init__(self, cfg, st: ModelState, parents, tokens, record_states, dtype, ldev, head):
+    def __init__(self, cfg, st: ModelState, parents, tokens, record_states, dtype, ldev, head, *, whole=False):
         self.st, self.pos = st, st.pos
         self.parents = [int(x) for x in parents]
         self.tokens = [int(x) for x in tokens]
@@ -733,13 +749,15 @@ class _TreeOut:
         self.children = [[] for _ in range(T)]
         for i in range(1, T):
             self.children[self.parents[i]].append(i)
+        self.kv, self.ssm, self.conv = [None] * L, [None] * L, [None] * L
+        if whole and T:
+            self.logits = self.hidden = None
+            return
         self.logits = torch.zeros(T, cfg.vocab_size, dtype=dtype, device=head)
         self.hidden = torch.zeros(L, T, cfg.hidden_size, dtype=dtype, device=head)
-        self.kv = [None] * L
         for i in cfg.attention_layers:  # each layer's outputs on its own device
             shape = (T, cfg.num_key_value_heads, cfg.head_dim)
             self.kv[i] = (torch.zeros(shape, dtype=dtype, device=ldev[i]), torch.zeros(shape, dtype=dtype, device=ldev[i]))
-        self.ssm, self.conv = [None] * L, [None] * L
         if record_states:
             for i in cfg.recurrent_layers:
                 self.ssm[i] = torch.zeros(T, *st.ssm[i].shape, dtype=dtype, device=ldev[i])
@@ -865,7 +883,7 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
     w = _Weights(weights, cfg, device, dtype, bf16_products)
     ldev = _layer_devices(weights, cfg, device)
     head = device or weights["lm_head"].device
-    trees = [_TreeOut(cfg, state.to(dtype, device), parents, tokens, record_states, dtype, ldev, head)
+    trees = [_TreeOut(cfg, state.to(dtype, device), parents, tokens, record_states, dtype, ldev, head, whole=True)
              for state, parents, tokens in items]
     live = [j for j, t in enumerate(trees) if t.parents]
     if not live:
@@ -883,28 +901,20 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
         if d and valid is not None:
             valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)[parents]
         valids.append(valid)
-    ix = _Index()  # ("parents", d): each row's parent row; ("nodes"|"rows", j): tree j's nodes and their
-    # batch rows; ("nodes"|"rows", j, d): those of depth d, rows within the depth; ("valid", d): its
-    # rows' context masks
-    by_tree = _by_tree(order)
-    for j, (nodes, rows) in by_tree.items():
-        ix.add(("nodes", j), nodes)
-        ix.add(("rows", j), rows)
-    groups = []  # per depth: the trees with nodes there
-    for d, (rows, parents) in enumerate(levels):
-        g = _by_tree(rows)
-        for j, (nodes, local) in g.items():
-            ix.add(("nodes", j, d), nodes)
-            ix.add(("rows", j, d), local)
+    ix = _Index()  # ("parents", d): each row's parent row; ("valid", d): depth d's rows' context masks;
+    # ("rows", j): tree j's batch rows in node order (its outputs gathered whole)
+    for j, (nodes, rows) in _by_tree(order).items():
+        ix.add(("rows", j), [r for _, r in sorted(zip(nodes, rows))])
+    for d, (_, parents) in enumerate(levels):
         if d:
             ix.add(("parents", d), parents)
         if valids[d] is not None:
             ix.add(("valid", d), valids[d])
-        groups.append(list(g))
     tokens = torch.tensor([trees[j].tokens[n] for j, n in order])
     pos_all = torch.tensor([trees[j].pos + d for d, (rows, _) in enumerate(levels) for j, _ in rows])
     h = x0 = w.rows("embed", tokens) * cfg.embedding_multiplier  # [N, d] (x0: Zamba2's hybrid layers read it again)
     r_mul = cfg.residual_multiplier
+    hids = []  # [N, d] after each layer
     for i, kind in enumerate(cfg.layer_pattern):
         p, lw = f"layers.{i}.", _Held(w)
         norm = lw[p + "input_norm"]
@@ -913,23 +923,23 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
         xn = h if post or kind == "z" else _rmsnorm(h, norm, cfg.rms_norm_eps)
         if kind == "z":  # Zamba2: attention and its MLP on [h, embeddings] (2d), projected to t; h + Mamba2(norm(h + t))
             xa = _rmsnorm(torch.cat([h, x0.to(h.device)], -1), norm, cfg.rms_norm_eps)
-            a = _attention_out(lw, p, cfg, xa, _tree_attention(lw, p, cfg, xa, pos, kv0[i], spans, valids, trees, ix, i))
+            a = _attention_out(lw, p, cfg, xa, _tree_attention(lw, p, cfg, xa, pos, kv0[i], spans, valids, trees, live, ix, i))
             t = _mlp(lw, p, cfg, _rmsnorm(a, lw[p + "post_norm"], cfg.rms_norm_eps), i) @ lw[p + "hybrid.proj"].T
             z, xbc, dt_raw = _mamba2_proj(lw, p, cfg, _rmsnorm(h + t, lw[p + "hybrid.norm"], cfg.rms_norm_eps))
             o = _tree_recurrence(lambda sl, S, win: _mamba2_core(lw, p, cfg, xbc[sl], dt_raw[sl], S, win),
-                                 ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+                                 ssm0[i], conv0[i], spans, trees, live, ix, i, record_states)
             h = h + r_mul * _mamba2_out(lw, p, cfg, o, z)
         elif cfg.residual_from_norm and kind != "f":  # MiniMax's block: the residual is the normed input, sums scaled
             if kind == "a":
-                m = _attention_out(lw, p, cfg, xn, _tree_attention(lw, p, cfg, xn, pos, kv0[i], spans, valids, trees, ix, i))
+                m = _attention_out(lw, p, cfg, xn, _tree_attention(lw, p, cfg, xn, pos, kv0[i], spans, valids, trees, live, ix, i))
                 alpha, beta = cfg.attn_alpha, cfg.attn_beta
             else:
-                m, alpha, beta = _tree_lightning(lw, p, cfg, xn, ssm0[i], conv0[i], spans, trees, groups, ix, i,
+                m, alpha, beta = _tree_lightning(lw, p, cfg, xn, ssm0[i], conv0[i], spans, trees, live, ix, i,
                                                  record_states), cfg.linear_alpha, cfg.linear_beta
             xn = _rmsnorm(alpha * xn + beta * m, lw[p + "post_norm"], cfg.rms_norm_eps)
             h = cfg.mlp_alpha * xn + cfg.mlp_beta * _mlp(lw, p, cfg, xn, i)
         elif post:
-            a = _attention_out(lw, p, cfg, h, _tree_attention(lw, p, cfg, h, pos, kv0[i], spans, valids, trees, ix, i))
+            a = _attention_out(lw, p, cfg, h, _tree_attention(lw, p, cfg, h, pos, kv0[i], spans, valids, trees, live, ix, i))
             h = h + r_mul * _rmsnorm(a, norm, cfg.rms_norm_eps)
             if cfg.layer_mlp:
                 h = h + r_mul * _rmsnorm(_mlp(lw, p, cfg, h, i), lw[p + "post_norm"], cfg.rms_norm_eps)
@@ -939,50 +949,51 @@ def verify_trees(weights, cfg, items, *, record_states: bool = True, device=None
             out = torch.zeros_like(h)
             if kind in "ap":
                 out = out + _attention_out(lw, p, cfg, xn, _tree_attention(lw, p, cfg, xn, pos, kv0[i], spans, valids,
-                                                                            trees, ix, i))
+                                                                            trees, live, ix, i))
             if kind == "g":
-                xin, z, a, b = _gdn_proj(lw, p, cfg, xn)
-                o = _tree_recurrence(lambda sl, S, win: _gdn_core(lw, p, cfg, xin[sl], a[sl], b[sl], S, win),
-                                     ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+                xin, z, g, beta = _gdn_proj(lw, p, cfg, xn)
+                o = _tree_recurrence(lambda sl, S, win: _gdn_core(lw, p, cfg, xin[sl], g[sl], beta[sl], S, win),
+                                     ssm0[i], conv0[i], spans, trees, live, ix, i, record_states)
                 out = out + _gdn_out(lw, p, cfg, o, z)
             if kind in "mp":
                 z, xbc, dt_raw = _mamba2_proj(lw, p, cfg, xn)
                 o = _tree_recurrence(lambda sl, S, win: _mamba2_core(lw, p, cfg, xbc[sl], dt_raw[sl], S, win),
-                                     ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+                                     ssm0[i], conv0[i], spans, trees, live, ix, i, record_states)
                 out = out + _mamba2_out(lw, p, cfg, o, z)
             if kind == "c":
                 bg, cg, xs = _short_conv_proj(lw, p, xn)
                 o = _tree_recurrence(lambda sl, S, win: _short_conv_core(lw, p, bg[sl], xs[sl], S, win),
-                                     ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+                                     ssm0[i], conv0[i], spans, trees, live, ix, i, record_states)
                 out = out + (cg * o) @ lw[p + "conv.out"].T
             if kind == "l":
-                out = out + _tree_lightning(lw, p, cfg, xn, ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+                out = out + _tree_lightning(lw, p, cfg, xn, ssm0[i], conv0[i], spans, trees, live, ix, i, record_states)
             if kind == "k":
                 xin, f, b, gate = _kda_proj(lw, p, xn)
                 o = _tree_recurrence(lambda sl, S, win: _kda_core(lw, p, cfg, xin[sl], f[sl], b[sl], S, win),
-                                     ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+                                     ssm0[i], conv0[i], spans, trees, live, ix, i, record_states)
                 out = out + _kda_out(lw, p, cfg, o, gate)
             if kind == "s":
                 xz = xn @ lw[p + "mamba1.in"].T
                 I = cfg.mamba1_inner
                 o = _tree_recurrence(lambda sl, S, win: _mamba1_core(lw, p, cfg, xz[sl, :I], S, win),
-                                     ssm0[i], conv0[i], spans, trees, groups, ix, i, record_states)
+                                     ssm0[i], conv0[i], spans, trees, live, ix, i, record_states)
                 out = out + (o * F.silu(xz[:, I:])) @ lw[p + "mamba1.out"].T
             h = h + r_mul * out
             if cfg.layer_mlp:
                 h = h + r_mul * _mlp(lw, p, cfg, _rmsnorm(h, lw[p + "post_norm"], cfg.rms_norm_eps), i)
-        hid = h.to(head)
-        for j in by_tree:
-            trees[j].hidden[i, ix(("nodes", j), head)] = hid[ix(("rows", j), head)]
+        hids.append(h.to(head))
     lw = None  # the last layer's converted weights go before the LM head's are made
     h = h.to(head)
     logits = (_rmsnorm(h, w["final_norm"], cfg.rms_norm_eps) @ w["lm_head"].T) / cfg.logits_scaling
-    for j in by_tree:
-        trees[j].logits[ix(("nodes", j), head)] = logits[ix(("rows", j), head)]
+    hid = torch.stack(hids)  # [L, N, d]
+    hids.clear()
+    for j in live:  # each tree's rows, in node order
+        rows = ix(("rows", j), head)
+        trees[j].logits, trees[j].hidden = logits[rows], hid[:, rows]
     return [t.result() for t in trees]
 
 
-def _tree_attention(w, p, cfg, xn, pos, root_kv, spans, valids, trees, ix, i):
+def _tree_attention(w, p, cfg, xn, pos, root_kv, spans, valids, trees, live, ix, i):
     """Attention layer i over every node of the batch, xn [N, d] -> [N, nh * hd]: the projections of all
     rows at once, then depth by depth each row over its own prefix (root_kv, the roots' contexts) and
     its ancestors' keys and values at this layer. Records each node's key and value."""
@@ -994,27 +1005,27 @@ def _tree_attention(w, p, cfg, xn, pos, root_kv, spans, valids, trees, ix, i):
             before, parents = spans[d - 1], ix(("parents", d), dev)
             ctx = (torch.cat([ctx[0], k[before][:, None]], 1)[parents], torch.cat([ctx[1], v[before][:, None]], 1)[parents])
         o[sl] = _attention_core(cfg, q[sl], k[sl], v[sl], ctx[0], ctx[1], None if valids[d] is None else ix(("valid", d), dev))
-    for j, t in enumerate(trees):
-        if t.parents:
-            nodes, rows = ix(("nodes", j), dev), ix(("rows", j), dev)
-            t.kv[i][0][nodes], t.kv[i][1][nodes] = k[rows], v[rows]
+    for j in live:
+        rows = ix(("rows", j), dev)
+        trees[j].kv[i] = (k[rows], v[rows])
     return o
 
 
-def _tree_lightning(w, p, cfg, xn, S, win, spans, trees, groups, ix, i, record_states):
+def _tree_lightning(w, p, cfg, xn, S, win, spans, trees, live, ix, i, record_states):
     """Lightning-attention layer i over every node of the batch, xn [N, d] -> [N, d] (_tree_recurrence)."""
     q, k, v = _lightning_proj(w, p, cfg, xn)
     o = _tree_recurrence(lambda sl, S, win: _lightning_core(w, p, q[sl], k[sl], v[sl], S, win), S, win, spans, trees,
-                         groups, ix, i, record_states)
+                         live, ix, i, record_states)
     return _lightning_out(w, p, cfg, xn, o)
 
 
-def _tree_recurrence(core, S, win, spans, trees, groups, ix, i, record_states):
+def _tree_recurrence(core, S, win, spans, trees, live, ix, i, record_states):
     """Recurrent layer i over every node, depth by depth: core(rows, S, window) -> (out, S', window')
     for the rows of one depth, each from its parent's state and window at this layer (the roots' S,
-    win before depth 0). Returns every row's output [N, ...]; records each node's state and window
-    (groups[d]: the trees with nodes of depth d)."""
-    outs, dev = [], S.device
+    win before depth 0). Returns every row's output [N, ...]; records each node's state and window,
+    every depth's gathered in node order for each tree (``live``: the trees with nodes)."""
+    outs, dev, N = [], S.device, spans[-1].stop
+    S_all = win_all = None  # [N, ...] every row's state and window, in batch order
     for d, sl in enumerate(spans):
         if d:
             parents = ix(("parents", d), dev)
@@ -1022,9 +1033,13 @@ def _tree_recurrence(core, S, win, spans, trees, groups, ix, i, record_states):
         o, S, win = core(sl, S, win)
         outs.append(o)
         if record_states:
-            for j in groups[d]:
-                nodes, local = ix(("nodes", j, d), dev), ix(("rows", j, d), dev)
-                trees[j].ssm[i][nodes], trees[j].conv[i][nodes] = S[local], win[local]
+            if S_all is None:
+                S_all, win_all = S.new_empty(N, *S.shape[1:]), win.new_empty(N, *win.shape[1:])
+            S_all[sl], win_all[sl] = S, win
+    if record_states:
+        for j in live:
+            rows = ix(("rows", j), dev)
+            trees[j].ssm[i], trees[j].conv[i] = S_all[rows], win_all[rows]
     return torch.cat(outs)
 
 

@@ -189,7 +189,8 @@ def test_the_oracle_batch_fits_three_quarters_of_the_free_memory_less_the_reserv
     wide, deep = [-1, 0, 0, 0, 1, 1, 2, 2, 3], [-1, 0, 1, 2, 3, 4, 5, 6, 0]  # widest levels: 5 and 2 nodes
     d = cfg.hidden_size
     act = 8 * d + 3 * cfg.intermediate_size + max(cfg.window_shape(l)[0] for l in cfg.recurrent_layers)
-    row = cfg.num_layers * d + cfg.vocab_size + act
+    # each node's row, with a layer's states and every layer's hidden states once more: gathered for the batch
+    row = cfg.num_layers * d + cfg.vocab_size + act + layer + cfg.num_layers * d
     assert audit.oracle_tree_bytes(cfg, wide, torch.device("cpu")) == b * (9 * (rec + row) + 4 * 5 * layer)
     assert audit.oracle_tree_bytes(cfg, deep, torch.device("cpu")) == b * (9 * (rec + row) + 4 * 2 * layer)
     fixed = audit.oracle_batch_bytes(cfg, torch.device("cpu"))  # the LM head or a layer, converted once a batch

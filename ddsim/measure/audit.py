@@ -426,6 +426,7 @@ def _leaky_timings(timings: dict, inner: dict, budget: int) -> None:
     timings[f"  oracle batches (trees), budget {budget}"] = inner.pop("oracle_batches")
     if "oracle_batch_memory_gib" in inner:
         timings[f"  memory after each oracle batch (GiB), budget {budget}"] = inner.pop("oracle_batch_memory_gib")
+        timings[f"  peak memory in each oracle batch (GiB), budget {budget}"] = inner.pop("oracle_batch_peak_gib")
     if "oracle_splits" in inner:
         timings[f"  oracle batches split for memory, budget {budget}"] = inner.pop("oracle_splits")
     for name, v in inner.items():
@@ -530,9 +531,11 @@ def fast_path_state_bytes(model: HybridModel) -> int:
 def oracle_tree_bytes(cfg, parents, device: torch.device, *, bf16_products: bool = False) -> int:
     """Bytes the oracle holds for one tree (its ``parents``) in its dtype (oracle.verify_trees, layer by
     layer): every node's recorded recurrent states and windows, hidden states and logits, one
-    layer's activations of every node (its input, projections and MLP rows), and one layer's
-    working states of the tree's widest depth four times over (the depth being decoded, the states
-    it produces, its children's gathered copies, and one more for the step's transients). With
+    layer's activations of every node (its input, projections and MLP rows), one layer's states and
+    windows of every node and every layer's hidden states once more (each gathered for the batch before
+    it is copied out tree by tree), and one layer's working states of the tree's widest depth four times
+    over (the depth being decoded, the states it produces, its children's gathered copies, and one more
+    for the step's transients). With
     ``bf16_products`` (oracle.takes_bf16_products) each node's row of the widest product three times
     over (the LM head's: its three parts' results, before they are summed)."""
     b = torch.finfo(oracle.default_dtype(device)).bits // 8
@@ -543,7 +546,7 @@ def oracle_tree_bytes(cfg, parents, device: torch.device, *, bf16_products: bool
     layer = max((math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers), default=0)
     d = cfg.hidden_size
     activations = 8 * d + 3 * cfg.intermediate_size + max((cfg.window_shape(l)[0] for l in cfg.recurrent_layers), default=0)
-    per_node = recurrent_values(cfg) + cfg.num_layers * d + cfg.vocab_size + activations
+    per_node = recurrent_values(cfg) + cfg.num_layers * d + cfg.vocab_size + activations + layer + cfg.num_layers * d
     if bf16_products:
         per_node += 3 * cfg.vocab_size
     return b * (len(parents) * per_node + 4 * width * layer)
