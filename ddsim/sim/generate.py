@@ -360,8 +360,9 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     generation is the same as alone: its steps see only its own state, and the oracle computes every
     node the same way (up to the reassociation of batched products). Every input is checked before
     the first step of any generation. ``timings``: a dict to which the oracle's wall seconds
-    ("oracle"), its batch sizes ("oracle_batches") and how often a batch was split for memory
-    ("oracle_splits") are added, and the generations' own wall
+    ("oracle"), its batch sizes ("oracle_batches"), how often a batch was split for memory
+    ("oracle_splits") and on a GPU the memory allocated after and at most during each batch
+    ("oracle_batch_memory_gib", "oracle_batch_peak_gib") are added, and the generations' own wall
     seconds per part of a step ("fast-path verifies", "node metrics", "commits", "drafter's greedy
     continuations", "drafter's shadow prefills"; ddsim.sim.timing.timed, synchronised on a GPU)."""
     references = [None] * len(prompts) if references is None else list(references)
@@ -387,13 +388,18 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
             return verify(reqs[:half]) + verify(reqs[half:])
 
     def answer(reqs):
+        gpu = timings is not None and model.device.type == "cuda"
+        if gpu:
+            torch.cuda.reset_peak_memory_stats(model.device)
         with timed(timings, "oracle", model.device):
             out = verify(reqs)
         if timings is not None:
             timings.setdefault("oracle_batches", []).append(len(reqs))
-            if model.device.type == "cuda":  # memory held when the batch came back (GiB), for the record
+            if gpu:  # memory held when the batch came back, and at most while it ran (GiB), for the record
                 timings.setdefault("oracle_batch_memory_gib", []).append(
                     round(torch.cuda.memory_allocated(model.device) / 2**30, 1))
+                timings.setdefault("oracle_batch_peak_gib", []).append(
+                    round(torch.cuda.max_memory_allocated(model.device) / 2**30, 1))
         return out
     helper = kw.get("serving") or model
 
