@@ -215,6 +215,49 @@ def test_the_oracle_batch_fits_three_quarters_of_the_free_memory_less_the_reserv
     assert sizes == [2, 1]  # asked per round
 
 
+def test_once_batches_have_run_their_measured_footprint_sizes_the_next(monkeypatch):
+    """After a batch has run on a GPU, the need per tree is the largest footprint per node seen so far
+    (peak over what was allocated before), times the tree's nodes and a 10% margin, in 90% of the free
+    memory less the reserve; a footprint that is not positive, or of no nodes, changes nothing."""
+    import torch
+
+    from ddsim.measure import audit
+    cfg = get_preset("micro")
+    nine, five = [-1, 0, 0, 0, 1, 1, 2, 2, 3], [-1, 0, 1, 2, 3]
+    reqs = [OracleRequest(None, five, None)] * 199 + [OracleRequest(None, nine, None)]  # the largest sets the size
+    monkeypatch.setattr(audit, "available_memory", lambda d: 10_000_000 + 1000)
+    fit = audit.oracle_batches(cfg, torch.device("cpu"), reserve=1000)
+    static = fit(reqs)
+    fit.observe(reqs[:2], 0)
+    fit.observe([], 5000)
+    assert fit.per_node is None and fit(reqs) == static
+    fit.observe([OracleRequest(None, five, None)] * 2, 10 * 10_000)  # 10,000 bytes a node
+    assert fit.per_node == 10_000
+    assert fit(reqs) == int(10_000_000 * 0.9 // (10_000 * 1.1 * 9)) == 90
+    fit.observe([OracleRequest(None, nine, None)], 9 * 5_000)  # smaller: the largest seen stays
+    assert fit(reqs) == 90 and fit(reqs[:30]) == 30  # at most the round
+    fit.observe([OracleRequest(None, five, None)], 5 * 40_000)
+    assert fit(reqs) == int(10_000_000 * 0.9 // (40_000 * 1.1 * 9)) == 22
+
+
+def test_on_a_gpu_each_oracle_batch_tells_the_sizing_its_footprint():
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("a GPU's peak memory")
+    cfg, _, kw = _setup()
+    w = init_weights(cfg, seed=0, device="cuda")
+    seen = []
+
+    class Sizes:
+        def __call__(self, reqs):
+            return 2
+
+        def observe(self, reqs, footprint):
+            seen.append((len(reqs), footprint))
+    speculative_lockstep(HybridModel(cfg, w, device="cuda"), PROMPTS, max_trees=Sizes(), **{**kw, "weights": w, "steps": 2})
+    assert [n for n, _ in seen] == [2, 1, 2, 1] and all(f > 0 for _, f in seen), seen
+
+
 def test_an_oracle_batch_that_runs_out_of_memory_is_split(monkeypatch):
     """The batch size is an estimate: a batch that runs out of device memory is answered in halves
     (the same generations), and a single tree that does not fit is an error, not a skip."""

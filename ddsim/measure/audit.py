@@ -571,24 +571,53 @@ def oracle_batch_bytes(cfg, device: torch.device, *, bf16_products: bool = False
     return b * max(per_layer.values(), default=0)
 
 
-def oracle_batches(cfg, device: torch.device, *, reserve=0, bf16_products: bool = False):
+class OracleBatches:
     """speculative_lockstep's max_trees for the audit: a round's oracle requests -> how many trees the
-    oracle takes at once (at least 1): as many of the largest's need as fit in 3/4 of the memory free
-    now less ``reserve`` bytes (what the fast path will still allocate, e.g. its CUDA graph's per-node
-    states; an int, or a function asked each round, which says 0 once they are allocated) and less
-    what the oracle holds once per batch (oracle_batch_bytes). ``bf16_products``: the oracle takes its
-    products unconverted (oracle.takes_bf16_products). A batch that runs out of memory anyway is split
-    (speculative_lockstep)."""
-    fixed = oracle_batch_bytes(cfg, device, bf16_products=bf16_products)
+    oracle takes at once (at least 1), as many of the largest's need as fit in the memory free now less
+    ``reserve`` bytes (what the fast path will still allocate, e.g. its CUDA graph's per-node states; an
+    int, or a function asked each round, which says 0 once they are allocated).
 
-    def fit(requests) -> int:
-        need = max(oracle_tree_bytes(cfg, q.parents, device, bf16_products=bf16_products) for q in requests)
-        if device.type == "cuda":
+    Before any batch has run, the need is the estimate (oracle_tree_bytes, and oracle_batch_bytes once
+    per batch), fitted in 3/4 of that memory. Once batches have run on a GPU, speculative_lockstep
+    reports each one's footprint (``observe``: its peak allocation over what was allocated before it)
+    and the need is the largest footprint per node seen so far, times the tree's nodes and a margin of
+    MARGIN, fitted in FRACTION of that memory: the estimate counts every buffer at its worst, the
+    measure what the allocator held. ``bf16_products``: the oracle takes its products unconverted
+    (oracle.takes_bf16_products). A batch that runs out of memory anyway is split (speculative_lockstep)."""
+
+    MARGIN, FRACTION = 1.1, 0.9
+
+    def __init__(self, cfg, device: torch.device, *, reserve=0, bf16_products: bool = False):
+        self.cfg, self.device, self.reserve, self.bf16_products = cfg, device, reserve, bf16_products
+        self.fixed = oracle_batch_bytes(cfg, device, bf16_products=bf16_products)
+        self.per_node = None  # the largest footprint per node observed, bytes
+
+    def observe(self, requests, footprint: int) -> None:
+        """A batch of ``requests`` took ``footprint`` bytes at its peak over what was allocated before it."""
+        nodes = sum(len(q.parents) for q in requests)
+        if nodes and footprint > 0:
+            self.per_node = max(self.per_node or 0, footprint / nodes)
+
+    def __call__(self, requests) -> int:
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()  # blocks the allocator keeps but no tensor uses count as free
-        free = available_memory(device)
-        held = reserve() if callable(reserve) else reserve
-        return 1 if free is None else max(1, min(len(requests), int(max(0, free - held - fixed) * 3 // 4 // need)))
-    return fit
+        free = available_memory(self.device)
+        if free is None:
+            return 1
+        held = self.reserve() if callable(self.reserve) else self.reserve
+        if self.per_node is None:
+            need = max(oracle_tree_bytes(self.cfg, q.parents, self.device, bf16_products=self.bf16_products)
+                       for q in requests)
+            room = max(0, free - held - self.fixed) * 3 // 4
+        else:
+            need = self.per_node * self.MARGIN * max(len(q.parents) for q in requests)
+            room = max(0, free - held) * self.FRACTION
+        return max(1, min(len(requests), int(room // need)))
+
+
+def oracle_batches(cfg, device: torch.device, *, reserve=0, bf16_products: bool = False) -> OracleBatches:
+    """The audit's oracle batch sizing (OracleBatches)."""
+    return OracleBatches(cfg, device, reserve=reserve, bf16_products=bf16_products)
 
 
 def available_memory(device: torch.device) -> int | None:

@@ -356,7 +356,8 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     """``speculative`` for each of ``prompts`` (``references[i]`` its reference), the generations
     stepping together: with measure="full", the oracle takes the trees of one round of steps as one
     batch (``oracle.verify_trees``, at most ``max_trees`` trees at once, or ``max_trees(requests)``
-    asked each round; default all). Each
+    asked each round; default all; a callable with an ``observe(requests, footprint)`` method is told,
+    on a GPU, each batch's peak allocation over what was allocated before it). Each
     generation is the same as alone: its steps see only its own state, and the oracle computes every
     node the same way (up to the reassociation of batched products). Every input is checked before
     the first step of any generation. ``timings``: a dict to which the oracle's wall seconds
@@ -387,19 +388,25 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
             half = len(reqs) // 2
             return verify(reqs[:half]) + verify(reqs[half:])
 
+    observe = getattr(max_trees, "observe", None)
+
     def answer(reqs):
-        gpu = timings is not None and model.device.type == "cuda"
+        gpu = model.device.type == "cuda" and (timings is not None or observe is not None)
         if gpu:
             torch.cuda.reset_peak_memory_stats(model.device)
+            before = torch.cuda.memory_allocated(model.device)
         with timed(timings, "oracle", model.device):
             out = verify(reqs)
+        if gpu:
+            peak = torch.cuda.max_memory_allocated(model.device)
+            if observe is not None:
+                observe(reqs, peak - before)
         if timings is not None:
             timings.setdefault("oracle_batches", []).append(len(reqs))
             if gpu:  # memory held when the batch came back, and at most while it ran (GiB), for the record
                 timings.setdefault("oracle_batch_memory_gib", []).append(
                     round(torch.cuda.memory_allocated(model.device) / 2**30, 1))
-                timings.setdefault("oracle_batch_peak_gib", []).append(
-                    round(torch.cuda.max_memory_allocated(model.device) / 2**30, 1))
+                timings.setdefault("oracle_batch_peak_gib", []).append(round(peak / 2**30, 1))
         return out
     helper = kw.get("serving") or model
 
