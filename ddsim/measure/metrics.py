@@ -31,19 +31,10 @@ def _has_states(ref, cfg) -> bool:
 
 
 def _row_norms(tensors: list, device) -> torch.Tensor:
-    """[len(tensors), T] float64 on ``device``: each tensor's row norms ||x[t]|| over all but the first dim,
-    every row of every tensor in one multi-tensor norm per device (a per-tensor norm is a launch and a
-    host round of the dispatcher each: hundreds per call at full size)."""
-    T = tensors[0].shape[0]
-    by_device: dict = {}
-    for k, x in enumerate(tensors):
-        by_device.setdefault(x.device, []).append(k)
-    out = torch.empty(len(tensors), T, dtype=torch.float64, device=device)
-    for ks in by_device.values():
-        rows = [r for k in ks for r in tensors[k].unbind(0)]
-        norms = torch.stack(torch._foreach_norm(rows)) if rows else torch.zeros(0)
-        out[ks] = norms.view(len(ks), T).to(device, torch.float64)
-    return out
+    """[len(tensors), T] float64 on ``device``: each tensor's row norms ||x[t]|| over all but the first dim."""
+    return torch.stack([torch.linalg.vector_norm(x.flatten(1), dim=1).to(device) for x in tensors]).double()
+
+
 def reference_norms(ref, cfg) -> torch.Tensor:
     """The oracle's row norms of every table node_metrics reads ([P, T] float64 on the oracle's logits'
     device): the same for every fast-path mode measured against ``ref``, so a step computes them once
@@ -58,12 +49,12 @@ def _rel_rows(pairs, den: torch.Tensor | None = None) -> torch.Tensor:
     wider of the two dtypes (type promotion in the difference: the oracle's, float64 on the CPU and
     float32 on a GPU, where a per-node state set is gigabytes): the difference of two values of that
     dtype is exactly rounded, and the norms carry its relative rounding, far below any error reported.
-    The differences in one multi-tensor subtraction and their row norms in one multi-tensor norm (a
-    third for the references' unless handed in): a per-pair call would be launch-bound at full size."""
+    Two launches per pair (the difference, its norm; a third for the reference's norm unless handed
+    in) and a few for the whole table: a call is launch-bound at full size, not memory-bound."""
     dev = pairs[0][1].device
-    refs = [ref for _, ref in pairs]
-    num = _row_norms(torch._foreach_sub([a.to(ref.device) for a, ref in pairs], refs), dev)
-    den = _row_norms(refs, dev) if den is None else den.to(dev)
+    num = torch.stack([torch.linalg.vector_norm(a.to(ref.device).flatten(1) - ref.flatten(1), dim=1).to(dev)
+                       for a, ref in pairs]).double()
+    den = _row_norms([ref for _, ref in pairs], dev) if den is None else den.to(dev)
     return torch.where(den > 0, num / den.clamp_min(1e-300), torch.where(num > 0, torch.inf, 0.0))
 
 
