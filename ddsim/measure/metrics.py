@@ -15,14 +15,19 @@ from ddsim.sim.acceptance import decision_margins
 from ddsim.trees.tree import Tree
 
 
-def _layers(x, cfg, states: bool) -> list:
-    """x's per-layer tensors (a VerifyResult or OracleResult), [T, ...] each, in the order of the metric
-    tables: the hidden states of every layer, then (``states``) the recurrent states of the layers that
-    keep one (not the short convs, whose window is their whole state), then the conv windows of the layers that
-    keep one (not lightning attention, which has no conv)."""
+def _layers(x, cfg) -> list:
+    """x's per-layer state tables (a VerifyResult or OracleResult), [T, ...] each, in the order of the metric
+    tables: the recurrent states of the layers that keep one (not the short convs, whose window is their whole
+    state), then the conv windows of the layers that keep one (not lightning attention, which has no conv)."""
     g = cfg.recurrent_layers
     s, c = [l for l in g if cfg.stateful(l)], [l for l in g if cfg.windowed(l)]
-    return [x.hidden[l] for l in range(cfg.num_layers)] + ([x.ssm[l] for l in s] + [x.conv[l] for l in c] if states else [])
+    return [x.ssm[l] for l in s] + [x.conv[l] for l in c]
+
+
+def _hidden(x, cfg) -> torch.Tensor:
+    """x's hidden states after every layer, [L, T, d] (one tensor, or a list stacked)."""
+    h = x.hidden
+    return h[:cfg.num_layers] if torch.is_tensor(h) else torch.stack([h[l] for l in range(cfg.num_layers)])
 
 
 def _has_states(ref, cfg) -> bool:
@@ -39,7 +44,14 @@ def reference_norms(ref, cfg) -> torch.Tensor:
     """The oracle's row norms of every table node_metrics reads ([P, T] float64 on the oracle's logits'
     device): the same for every fast-path mode measured against ``ref``, so a step computes them once
     and hands them to each node_metrics call."""
-    return _row_norms(_layers(ref, cfg, _has_states(ref, cfg)), ref.logits.device)
+    dev = ref.logits.device
+    hid = torch.linalg.vector_norm(_hidden(ref, cfg), dim=-1).to(dev).double()  # [L, T]: every layer at once
+    return torch.cat([hid, _row_norms(_layers(ref, cfg), dev)]) if _has_states(ref, cfg) else hid
+
+
+def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num / den elementwise, a zero reference giving 0 where num is 0, else inf."""
+    return torch.where(den > 0, num / den.clamp_min(1e-300), torch.where(num > 0, torch.inf, 0.0))
 
 
 def _rel_rows(pairs, den: torch.Tensor | None = None) -> torch.Tensor:
@@ -55,7 +67,7 @@ def _rel_rows(pairs, den: torch.Tensor | None = None) -> torch.Tensor:
     num = torch.stack([torch.linalg.vector_norm(a.to(ref.device).flatten(1) - ref.flatten(1), dim=1).to(dev)
                        for a, ref in pairs]).double()
     den = _row_norms([ref for _, ref in pairs], dev) if den is None else den.to(dev)
-    return torch.where(den > 0, num / den.clamp_min(1e-300), torch.where(num > 0, torch.inf, 0.0))
+    return _ratio(num, den)
 
 
 def _rel_table(pairs) -> np.ndarray:
@@ -67,8 +79,8 @@ def node_metrics(tree: Tree, res, ref, cfg, *, ref_norms: torch.Tensor | None = 
     """Everything per node for one verify result ``res`` (ddsim.model.model.VerifyResult) against the
     oracle's ``ref`` (oracle.OracleResult) on the same tree and committed state, computed on the
     oracle's device: the logits in float64, the state, window and hidden errors in the oracle's dtype
-    (_rel_rows). ``ref_norms``: reference_norms(ref, cfg), when the caller measures several results
-    against one ref.
+    (_rel_rows; the hidden states of every layer in one difference and one norm). ``ref_norms``:
+    reference_norms(ref, cfg), when the caller measures several results against one ref.
 
     Returns {"kl", "max_abs", "margin", "flip"} as [T] arrays and {"hidden_rel" [L, T],
     "state_rel" [S, T], "conv_rel" [C, T]} with S = the recurrent layers that keep a state (all but the short
@@ -88,11 +100,18 @@ def node_metrics(tree: Tree, res, ref, cfg, *, ref_norms: torch.Tensor | None = 
     lm = res.logits.to(lo.device, torch.float64)
     logp_o, logp_m = torch.log_softmax(lo, -1), torch.log_softmax(lm, -1)
     kl = (logp_o.exp() * (logp_o - logp_m)).sum(-1).clamp_min(0.0)
-    pairs = list(zip(_layers(res, cfg, G > 0), _layers(ref, cfg, G > 0)))
+    # the hidden states' errors of every layer at once ([L, T]; a difference and a norm), then the states'
+    ref_hidden = _hidden(ref, cfg)
+    num = torch.linalg.vector_norm(_hidden(res, cfg).to(ref_hidden.device) - ref_hidden, dim=-1).double()
+    den = (torch.linalg.vector_norm(ref_hidden, dim=-1).double() if ref_norms is None
+           else ref_norms[:L].to(num.device))
+    tables = [_ratio(num, den).to(lo.device)]
+    if G:
+        pairs = list(zip(_layers(res, cfg), _layers(ref, cfg)))
+        tables.append(_rel_rows(pairs, None if ref_norms is None else ref_norms[L:]).to(lo.device))
     # every row of every table, brought to the host in one transfer (one device sync per call)
     rows = torch.cat([torch.stack([kl, (lm - lo).abs().amax(-1), decision_margins(lo),
-                                   (lm.argmax(-1) != lo.argmax(-1)).double()]),
-                      _rel_rows(pairs, ref_norms).to(lo.device)]).cpu().numpy()
+                                   (lm.argmax(-1) != lo.argmax(-1)).double()])] + tables).cpu().numpy()
     return {"kl": rows[0], "max_abs": rows[1], "margin": rows[2], "flip": rows[3] != 0, "hidden_rel": rows[4:4 + L],
             "state_rel": rows[4 + L:4 + L + S] if S else np.zeros((0, tree.size)),
             "conv_rel": rows[4 + L + S:] if C else np.zeros((0, tree.size))}
