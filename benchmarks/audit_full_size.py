@@ -216,7 +216,8 @@ def run_full_audit(a, budgets):
         ddsim.measure.audit.weights_digest = lambda ac, weights, **kw: "0" * 64
     from ddsim.measure.settings import AuditConfig
     from ddsim.reports import html, json_report
-    torch.cuda.reset_peak_memory_stats()
+    from ddsim.sim import memory
+    memory.reset_peak("cuda")
     steps = []
     t0 = time.perf_counter()
     timings = Progress(t0)
@@ -233,7 +234,7 @@ def run_full_audit(a, budgets):
         raise
     wall = time.perf_counter() - t0
     print(f"audit ({a.prompts} prompts x {a.steps} steps, budgets {budgets}, {sum(steps)} speculative steps): "
-          f"{wall:.1f} s, peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+          f"{wall:.1f} s, peak GPU memory {memory.peak_allocated('cuda') / 2**30:.1f} GiB", flush=True)
     for name, v in timings.items():  # the rest of the wall time: model build, weight digest, report assembly
         print(f"  {name}: {v:.1f} s" if isinstance(v, float) else f"  {name}: {v}", flush=True)
     for b in rep.budgets:

@@ -63,6 +63,7 @@ def main():
     from ddsim.measure.audit import run_audit
     from ddsim.measure.distributed import Shard
     from ddsim.measure.settings import AuditConfig
+    from ddsim.sim import memory
     shard = Shard.from_env("cuda")
     if shard.is_main:
         print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.device_count()} x {torch.cuda.get_device_name()} | "
@@ -71,7 +72,7 @@ def main():
         print("placement check:", json.dumps(check_placement(a.check_placement)), flush=True)
         torch.cuda.empty_cache()
     for i in range(torch.cuda.device_count()):
-        torch.cuda.reset_peak_memory_stats(i)
+        memory.reset_peak(i)
     ac = AuditConfig(preset=a.preset, device="cuda", devices=a.devices,
                      budgets=[int(b) for b in a.budgets.split(",")], steps=a.steps, n_prompts=a.prompts,
                      prompt_len=a.prompt_len)
@@ -81,8 +82,8 @@ def main():
         torch.cuda.synchronize(i)
     wall = time.perf_counter() - t0
     mine = {"rank": shard.rank, "wall_s": wall,
-            "peak_GiB": {f"cuda:{i}": torch.cuda.max_memory_allocated(i) / 2**30 for i in range(torch.cuda.device_count())
-                         if torch.cuda.max_memory_allocated(i) > 0}}
+            "peak_GiB": {f"cuda:{i}": memory.peak_allocated(i) / 2**30 for i in range(torch.cuda.device_count())
+                         if memory.peak_allocated(i) > 0}}
     ranks = [mine]
     if shard.distributed:
         import torch.distributed as dist

@@ -258,6 +258,27 @@ def test_on_a_gpu_each_oracle_batch_tells_the_sizing_its_footprint():
     assert [n for n, _ in seen] == [2, 1, 2, 1] and all(f > 0 for _, f in seen), seen
 
 
+def test_a_blocks_footprint_and_the_process_peak_across_its_resets():
+    """ddsim.sim.memory: a block's footprint is its own peak over what was allocated before it (CUDA's peak
+    statistic reset for it), and peak_allocated still reports an earlier, higher peak until reset_peak."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("a GPU's allocator")
+    from ddsim.sim import memory
+    memory.reset_peak("cuda")
+    base = torch.cuda.memory_allocated()
+    big = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    del big
+    with memory.footprint("cuda") as fp:
+        small = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+    assert fp["before"] == base and fp["bytes"] == 16 << 20 and fp["peak"] == base + (16 << 20)
+    assert torch.cuda.max_memory_allocated() == base + (16 << 20)  # the statistic was reset for the block
+    assert memory.peak_allocated("cuda") == base + (64 << 20)  # the process's peak is kept
+    del small
+    memory.reset_peak("cuda")
+    assert memory.peak_allocated("cuda") == base
+
+
 def test_an_oracle_batch_that_runs_out_of_memory_is_split(monkeypatch):
     """The batch size is an estimate: a batch that runs out of device memory is answered in halves
     (the same generations), and a single tree that does not fit is an error, not a skip."""

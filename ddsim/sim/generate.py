@@ -11,6 +11,7 @@ the numerical noise floor.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -34,6 +35,7 @@ from ddsim.sim.acceptance import (
     walk,
 )
 from ddsim.sim.drafters import DraftContext, Drafter
+from ddsim.sim.memory import footprint
 from ddsim.sim.timing import timed
 from ddsim.trees.builders import ddtree
 from ddsim.trees.modes import VERIFY_MODES
@@ -357,7 +359,8 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     stepping together: with measure="full", the oracle takes the trees of one round of steps as one
     batch (``oracle.verify_trees``, at most ``max_trees`` trees at once, or ``max_trees(requests)``
     asked each round; default all; a callable with an ``observe(requests, footprint)`` method is told,
-    on a GPU, each batch's peak allocation over what was allocated before it). Each
+    on a GPU, each batch's peak allocation over what was allocated before it: ddsim.sim.memory.footprint,
+    which resets CUDA's peak statistic for the batch; ddsim.sim.memory.peak_allocated keeps the process's). Each
     generation is the same as alone: its steps see only its own state, and the oracle computes every
     node the same way (up to the reassociation of batched products). Every input is checked before
     the first step of any generation. ``timings``: a dict to which the oracle's wall seconds
@@ -392,21 +395,17 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
 
     def answer(reqs):
         gpu = model.device.type == "cuda" and (timings is not None or observe is not None)
-        if gpu:
-            torch.cuda.reset_peak_memory_stats(model.device)
-            before = torch.cuda.memory_allocated(model.device)
-        with timed(timings, "oracle", model.device):
+        with footprint(model.device) if gpu else contextlib.nullcontext({}) as fp, \
+                timed(timings, "oracle", model.device):
             out = verify(reqs)
-        if gpu:
-            peak = torch.cuda.max_memory_allocated(model.device)
-            if observe is not None:
-                observe(reqs, peak - before)
+        if gpu and observe is not None:
+            observe(reqs, fp["bytes"])
         if timings is not None:
             timings.setdefault("oracle_batches", []).append(len(reqs))
             if gpu:  # memory held when the batch came back, and at most while it ran (GiB), for the record
                 timings.setdefault("oracle_batch_memory_gib", []).append(
                     round(torch.cuda.memory_allocated(model.device) / 2**30, 1))
-                timings.setdefault("oracle_batch_peak_gib", []).append(round(peak / 2**30, 1))
+                timings.setdefault("oracle_batch_peak_gib", []).append(round(fp["peak"] / 2**30, 1))
         return out
     helper = kw.get("serving") or model
 
