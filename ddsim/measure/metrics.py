@@ -37,7 +37,12 @@ def _has_states(ref, cfg) -> bool:
 
 def _row_norms(tensors: list, device) -> torch.Tensor:
     """[len(tensors), T] float64 on ``device``: each tensor's row norms ||x[t]|| over all but the first dim."""
-    return torch.stack([torch.linalg.vector_norm(x.flatten(1), dim=1).to(device) for x in tensors]).double()
+    return torch.stack([torch.linalg.vector_norm(x, dim=_rest(x)).to(device) for x in tensors]).double()
+
+
+def _rest(x: torch.Tensor) -> tuple:
+    """All of x's dims but the first (a norm over them reduces each row without a reshape: one call)."""
+    return tuple(range(1, x.dim()))
 
 
 def reference_norms(ref, cfg) -> torch.Tensor:
@@ -61,10 +66,10 @@ def _rel_rows(pairs, den: torch.Tensor | None = None) -> torch.Tensor:
     wider of the two dtypes (type promotion in the difference: the oracle's, float64 on the CPU and
     float32 on a GPU, where a per-node state set is gigabytes): the difference of two values of that
     dtype is exactly rounded, and the norms carry its relative rounding, far below any error reported.
-    Two launches per pair (the difference, its norm; a third for the reference's norm unless handed
-    in) and a few for the whole table: a call is launch-bound at full size, not memory-bound."""
+    Two operator calls per pair (the difference, its norm; a third for the reference's norm unless
+    handed in) and a few for the whole table: a call is launch-bound at full size, not memory-bound."""
     dev = pairs[0][1].device
-    num = torch.stack([torch.linalg.vector_norm(a.to(ref.device).flatten(1) - ref.flatten(1), dim=1).to(dev)
+    num = torch.stack([torch.linalg.vector_norm(a.to(ref.device) - ref, dim=_rest(ref)).to(dev)
                        for a, ref in pairs]).double()
     den = _row_norms([ref for _, ref in pairs], dev) if den is None else den.to(dev)
     return _ratio(num, den)
