@@ -227,8 +227,9 @@ def _gdn_core(w, p, cfg, xin, g, beta, S, window):
     # S_t = exp(g) (I - beta k k^T) S_{t-1} + beta k v^T, every row and value head at once
     bb, kc = beta.view(n, HV, 1, 1), k.unsqueeze(-1)
     decay = torch.exp(g).view(n, HV, 1, 1) * (_eye(K, S) - bb * (kc * k.unsqueeze(-2)))
-    S_new = decay @ S + bb * (kc * v.unsqueeze(-2))
-    o = ((q * K ** -0.5).unsqueeze(-2) @ S_new).squeeze(-2)  # o_t = S_t^T (scale q_t)
+    # (batched products over the rows and heads as one [n * HV] batch of matrices)
+    S_new = torch.bmm(decay.view(n * HV, K, K), S.reshape(n * HV, K, V)).view(n, HV, K, V) + bb * (kc * v.unsqueeze(-2))
+    o = torch.bmm((q * K ** -0.5).reshape(n * HV, 1, K), S_new.view(n * HV, K, V)).view(n, HV, V)  # o_t = S_t^T (scale q_t)
     return o, S_new, inputs[:, :, 1:]
 
 
