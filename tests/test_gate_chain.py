@@ -171,6 +171,29 @@ def test_node_metrics_on_hand_built_logits_and_a_model_without_recurrent_layers(
     assert np.allclose(m["kl"], (lo.exp() * (lo - lm)).sum(-1).numpy()) and m["kl"][0] == 0.0
     assert m["state_rel"].shape == (0, 3) and m["conv_rel"].shape == (0, 3)
     assert m["hidden_rel"].shape == (2, 3) and not m["hidden_rel"].any()
+    from ddsim.measure.metrics import reference_norms
+    norms = reference_norms(ref, cfg)  # the hidden states' rows alone: no state tables
+    assert norms.shape == (2, 3) and torch.allclose(norms, torch.full((2, 3), 2.0, dtype=torch.float64))
+    handed = node_metrics(tree, res, ref, cfg, ref_norms=norms)
+    assert all(np.array_equal(handed[k], m[k]) for k in m)
+
+
+def test_handed_in_norms_divide_the_hidden_errors_of_a_result_without_states():
+    """A result whose recurrent layers recorded no state (ssm None): the oracle's norms are its hidden
+    states' rows alone, [L, T], and node_metrics divides by the norms it is handed, not its own."""
+    from ddsim.measure.metrics import reference_norms
+    cfg = get_preset("micro")
+    L = cfg.num_layers
+    hid = torch.ones(L, 2, 4, dtype=torch.float64)
+    ref = SimpleNamespace(logits=torch.zeros(2, 3, dtype=torch.float64), hidden=hid, ssm=[None] * L, conv=[None] * L)
+    res = SimpleNamespace(logits=torch.zeros(2, 3), hidden=hid * 1.5, ssm=[None] * L, conv=[None] * L)
+    tree = Tree(parents=[-1, 0], tokens=[0, 1])
+    norms = reference_norms(ref, cfg)
+    assert norms.shape == (L, 2)
+    alone, handed = node_metrics(tree, res, ref, cfg), node_metrics(tree, res, ref, cfg, ref_norms=norms)
+    assert np.allclose(alone["hidden_rel"], 0.5) and np.array_equal(handed["hidden_rel"], alone["hidden_rel"])
+    assert handed["state_rel"].shape == (0, 2) and handed["conv_rel"].shape == (0, 2)
+    assert np.allclose(node_metrics(tree, res, ref, cfg, ref_norms=norms * 2)["hidden_rel"], 0.25)
 
 
 def test_noise_floor_is_the_worst_node_of_either_group():
