@@ -92,13 +92,20 @@ def ext():
     return _EXT[0]
 
 
+def compile_extension():
+    """fastcall.cpp compiled and loaded by torch.utils.cpp_extension (cached under torch's extensions folder,
+    keyed by the source and flags: a second call, in any process, loads the cached build). Needs only torch,
+    ninja and a C++ compiler, not ddsim: `make setup` runs it from this file alone while pip installs the rest."""
+    from torch.utils.cpp_extension import load
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fastcall.cpp")
+    return load(name="ddsim_fastcall", sources=[src], extra_cflags=["-O2"], verbose=False)
+
+
 def _build():
     if not ENABLED:
         return [None, "disabled (DDSIM_FASTCALL=0)"]
     try:
-        from torch.utils.cpp_extension import load
-        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fastcall.cpp")
-        mod = load(name="ddsim_fastcall", sources=[src], extra_cflags=["-O2"], verbose=False)
+        mod = compile_extension()
     except Exception as e:  # no compiler, no ninja, no headers: the Python path serves every call
         return [None, f"not built: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"]
     from ddsim.gpu_backend import checks
