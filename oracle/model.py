@@ -608,8 +608,7 @@ class _Weights:
         """device None: every weight where it is (a placed model)."""
         self.raw, self.cfg, self.dtype = weights, cfg, dtype
         self.device = None if device is None else torch.device(device)
-        total = sum(v.numel() for v in weights.values()) * torch.tensor([], dtype=dtype).element_size()
-        eager = total <= self.EAGER_BYTES
+        eager = _bytes_in(weights, dtype) <= self.EAGER_BYTES
         if bf16_products is None:
             bf16_products = takes_bf16_products(weights, device, dtype)
         if bf16_products and dtype != torch.float32:
@@ -659,9 +658,13 @@ def takes_bf16_products(weights, device=None, dtype=None) -> bool:
     default_dtype there) takes its products as _Bf16Product by default: a bfloat16 model on a GPU, in a
     float32 oracle, too large to convert once (over _Weights.EAGER_BYTES in float32)."""
     device, dtype = _placement(weights, device, dtype)
-    total = sum(v.numel() for v in weights.values()) * torch.tensor([], dtype=dtype).element_size()
-    return (total > _Weights.EAGER_BYTES and dtype == torch.float32 and weights["embed"].dtype == torch.bfloat16
+    return (_bytes_in(weights, dtype) > _Weights.EAGER_BYTES and dtype == torch.float32 and weights["embed"].dtype == torch.bfloat16
             and (device or weights["embed"].device).type == "cuda")
+
+
+def _bytes_in(weights, dtype) -> int:
+    """Bytes the weights would take converted to dtype."""
+    return sum(v.numel() for v in weights.values()) * torch.tensor([], dtype=dtype).element_size()
 
 
 def default_dtype(device) -> torch.dtype:
