@@ -200,12 +200,12 @@ def test_the_oracle_batch_fits_three_quarters_of_the_free_memory_less_the_reserv
     reqs = [OracleRequest(None, deep, None)] * 31 + [OracleRequest(None, wide, None)]  # the largest sets the size
     for free, want in ((None, 1), (0, 1), (fixed + 4 * need, 3), (fixed + 4 * need - 4, 2), (10**15, 32)):
         monkeypatch.setattr(audit, "available_memory", lambda d, f=free: f)
-        assert audit.oracle_batches(cfg, torch.device("cpu"))(reqs) == want, free
+        assert audit.OracleBatches(cfg, torch.device("cpu"))(reqs) == want, free
     monkeypatch.setattr(audit, "available_memory", lambda d: fixed + 4 * need + 100)
-    assert audit.oracle_batches(cfg, torch.device("cpu"), reserve=100)(reqs) == 3
-    assert audit.oracle_batches(cfg, torch.device("cpu"), reserve=101)(reqs) == 2
+    assert audit.OracleBatches(cfg, torch.device("cpu"), reserve=100)(reqs) == 3
+    assert audit.OracleBatches(cfg, torch.device("cpu"), reserve=101)(reqs) == 2
     held = [101]  # asked each round: what the fast path will still allocate, 0 once it has
-    fit = audit.oracle_batches(cfg, torch.device("cpu"), reserve=lambda: held[0])
+    fit = audit.OracleBatches(cfg, torch.device("cpu"), reserve=lambda: held[0])
     assert fit(reqs) == 2
     held[0] = 0
     assert fit(reqs) == 3
@@ -226,7 +226,7 @@ def test_once_batches_have_run_their_measured_footprint_sizes_the_next(monkeypat
     nine, five = [-1, 0, 0, 0, 1, 1, 2, 2, 3], [-1, 0, 1, 2, 3]
     reqs = [OracleRequest(None, five, None)] * 199 + [OracleRequest(None, nine, None)]  # the largest sets the size
     monkeypatch.setattr(audit, "available_memory", lambda d: 10_000_000 + 1000)
-    fit = audit.oracle_batches(cfg, torch.device("cpu"), reserve=1000)
+    fit = audit.OracleBatches(cfg, torch.device("cpu"), reserve=1000)
     static = fit(reqs)
     fit.observe(reqs[:2], 0)
     fit.observe([], 5000)

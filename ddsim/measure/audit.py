@@ -406,8 +406,8 @@ def _leaky(run: _Run, ps, references, outs, budget: int) -> None:
         lambda full=full, n=(budget + 1) * fast_path_state_bytes(model): 0 if full.captured() else n)
     with run.phase(f"leaky generations in lock step, budget {budget}"):
         leaky = speculative_lockstep(full, ps, references=references,
-                                     max_trees=oracle_batches(run.cfg, run.device, reserve=graphs,
-                                                              bf16_products=oracle.takes_bf16_products(run.weights)),
+                                     max_trees=OracleBatches(run.cfg, run.device, reserve=graphs,
+                                                             bf16_products=oracle.takes_bf16_products(run.weights)),
                                      timings=inner, drafter=run.drafter, policy=policy, mode="leaky",
                                      measure="full", weights=run.weights, attribution=LEAK_MODES,
                                      serving=run.serving, **run.common)
@@ -613,11 +613,6 @@ class OracleBatches:
             need = self.per_node * self.MARGIN * max(len(q.parents) for q in requests)
             room = max(0, free - held) * self.FRACTION
         return max(1, min(len(requests), int(room // need)))
-
-
-def oracle_batches(cfg, device: torch.device, *, reserve=0, bf16_products: bool = False) -> OracleBatches:
-    """The audit's oracle batch sizing (OracleBatches)."""
-    return OracleBatches(cfg, device, reserve=reserve, bf16_products=bf16_products)
 
 
 def available_memory(device: torch.device) -> int | None:
