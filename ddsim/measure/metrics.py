@@ -105,15 +105,14 @@ def node_metrics(tree: Tree, res, ref, cfg, *, ref_norms: torch.Tensor | None = 
     lm = res.logits.to(lo.device, torch.float64)
     logp_o, logp_m = torch.log_softmax(lo, -1), torch.log_softmax(lm, -1)
     kl = (logp_o.exp() * (logp_o - logp_m)).sum(-1).clamp_min(0.0)
+    norms = reference_norms(ref, cfg) if ref_norms is None else ref_norms
     # the hidden states' errors of every layer at once ([L, T]; a difference and a norm), then the states'
     ref_hidden = _hidden(ref, cfg)
     num = torch.linalg.vector_norm(_hidden(res, cfg).to(ref_hidden.device) - ref_hidden, dim=-1).double()
-    den = (torch.linalg.vector_norm(ref_hidden, dim=-1).double() if ref_norms is None
-           else ref_norms[:L].to(num.device))
-    tables = [_ratio(num, den).to(lo.device)]
+    tables = [_ratio(num, norms[:L].to(num.device)).to(lo.device)]
     if G:
         pairs = list(zip(_layers(res, cfg), _layers(ref, cfg)))
-        tables.append(_rel_rows(pairs, None if ref_norms is None else ref_norms[L:]).to(lo.device))
+        tables.append(_rel_rows(pairs, norms[L:]).to(lo.device))
     # every row of every table, brought to the host in one transfer (one device sync per call)
     rows = torch.cat([torch.stack([kl, (lm - lo).abs().amax(-1), decision_margins(lo),
                                    (lm.argmax(-1) != lo.argmax(-1)).double()])] + tables).cpu().numpy()
