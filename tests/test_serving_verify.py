@@ -99,6 +99,25 @@ def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
         node_metrics(TREES[0], first, ref_out, cfg)
 
 
+def test_per_node_states_keep_one_graph_per_tree_size_whose_prefix_capacity_only_grows():
+    """A prefix past the kept key's capacity replaces that key (its buffers go, its results are stale);
+    a shorter prefix then runs in the larger key, its rows past the prefix masked out: the same states
+    and logits as the model's."""
+    cfg, ref, fast = _models("micro", backend="triton")
+    gm = GraphedModel(fast, capture=False)
+    short, _ = ref.prefill([1, 2, 3, 4, 5])
+    long, _ = ref.prefill([(7 * i) % cfg.vocab_size for i in range(300)])
+    t = TREES[0]
+    first = gm.verify(short, t, mode="exact", keep_states=True)
+    assert gm.captured() == [("any", 8, 0, 256, True)]
+    for st in (long, short):
+        b, full = gm.verify(st, t, mode="leaky", keep_states=True), ref.verify(st, t, mode="leaky")
+        assert_per_node_close(b, full, cfg.recurrent_layers, rtol=1e-5, atol=1e-5)
+        assert gm.captured() == [("any", 8, 0, 512, True)]
+    with pytest.raises(InputError, match="reused"):
+        gm.commit(short, t, first, 2)
+
+
 def test_a_plan_for_any_mode_refills_the_modes_source_tables():
     """AnyModePlan hands the kernels' "exact" tables over as the current mode's: the recurrence's
     source parents and the conv's (leaky-state: recurrence from the previous node, conv from the

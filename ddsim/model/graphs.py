@@ -17,8 +17,9 @@ parents and copied in), the committed recurrent states and conv windows, the KV 
 its own memory pool, so no two keys share memory; within a key a replay reuses the buffers of the
 previous one, so a result's KV and commit inputs are valid until the next verify of its key:
 ``VerifyResult.fresh`` says so and the commit refuses a stale result (logits are copied out).
-``verify(..., keep_states=True)`` replays the verify with per-node states: one graph per (T, prefix
-capacity) for every mode (key ("any", T, 0, capacity, True)), captured with the parent-indexed
+``verify(..., keep_states=True)`` replays the verify with per-node states: one graph per T for every
+mode (key ("any", T, 0, capacity, True); a prefix past its capacity replaces it by a larger one, a
+shorter prefix runs in it), captured with the parent-indexed
 kernels (each node reads its source's stored state) and refilled per verify with the mode's source
 tables (a leaky recurrence or conv reads the previous node instead of the parent, as
 ``AnyModePlan`` maps them): at full size one set of per-node states is ~10 GB, so four modes'
@@ -283,6 +284,8 @@ class GraphedModel:
         m = self.model
         m.check_tree(state, tree, mode)
         key = self.key(state, tree, mode, keep_states)
+        if keep_states:
+            key = self._states_key(key)
         cap = self._keys.get(key)
         if cap is None:
             prefix = self._prefixes.get(key[3]) or self._prefixes.setdefault(key[3], _Prefix(m, key[3]))
@@ -297,6 +300,18 @@ class GraphedModel:
                                 None, _Epoch(cap))
         return VerifyResult(mode, cap.logits.clone(), None, None, None, list(out.kv), list(out.commit_inputs),
                             _Epoch(cap))
+
+    def _states_key(self, key: tuple) -> tuple:
+        """The key a verify with per-node states runs under: one per T, its prefix capacity only growing.
+        A smaller prefix takes the kept key (rows past it are masked out); a larger one replaces it, and
+        the old graph and its ~10 GB of per-node buffers (at full size) go first: kept beside the new
+        one, every capacity a generation's prefix crosses would hold a set of buffers of its own. The
+        replaced key's results are stale, as after the next verify of their key."""
+        kept = next((k for k in self._keys if k[4] and k[1] == key[1]), None)
+        if kept is None or kept[3] >= key[3]:
+            return key if kept is None else kept
+        self._keys.pop(kept).epoch += 1
+        return key
 
     def _verify_body(self, cap: _Captured) -> None:
         """The whole pass from the fixed buffers into cap.logits [T, vocab] and cap.out."""
