@@ -41,6 +41,16 @@ def test_builder_bad_input():
         ddtree(torch.zeros(2, 3), -1)
     with pytest.raises(InputError, match="draft_logits: non-finite"):
         ddtree(torch.tensor([[0.0, float("nan")]]), 2)
+    for bad in (float("inf"), -float("inf")):  # the finite-sum check: each infinity, and both (a NaN sum)
+        x = torch.zeros(2, 4)
+        x[1, 2] = bad
+        with pytest.raises(InputError, match="non-finite value at depth row 1, token 2"):
+            ddtree(x, 2)
+        x[0, 3] = -bad
+        with pytest.raises(InputError, match="non-finite value at depth row 0, token 3"):
+            ddtree(x, 2)
+    # finite logits whose float32 sum overflows are finite all the same
+    assert ddtree(torch.tensor([[3e38, 3e38, 0.0]]), 2, root_token=1).size == 3
     with pytest.raises(InputError, match="draft_logits: expected shape"):
         ddtree(torch.zeros(2, 3, 4), 2)
     # one token and one child per node still fits a chain; a tree of no nodes does not

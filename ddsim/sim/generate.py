@@ -354,7 +354,7 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
 
 def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = None, *, references=None,
                          max_trees: int | Callable | None = None, timings: dict | None = None,
-                         **kw) -> list[GenerationResult]:
+                         each: list[dict] | None = None, **kw) -> list[GenerationResult]:
     """``speculative`` for each of ``prompts`` (``references[i]`` its reference), the generations
     stepping together: with measure="full", the oracle takes the trees of one round of steps as one
     batch (``oracle.verify_trees``, at most ``max_trees`` trees at once, or ``max_trees(requests)``
@@ -368,14 +368,21 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     ("oracle_splits") and on a GPU the memory allocated after and at most during each batch
     ("oracle_batch_memory_gib", "oracle_batch_peak_gib") are added, and the generations' own wall
     seconds per part of a step ("fast-path verifies", "node metrics", "commits", "drafter's greedy
-    continuations", "drafter's shadow prefills"; ddsim.sim.timing.timed, synchronised on a GPU)."""
+    continuations", "drafter's shadow prefills"; ddsim.sim.timing.timed, synchronised on a GPU; and the host's
+    "drafts and trees"). ``each``: per prompt, the arguments of its generation that differ from the others'
+    (e.g. {"mode": "leaky-state", "policy": ...}): generations of several modes and budgets in one lock step,
+    their greedy continuations and shadow prefills, and per mode and tree size their verifies, batched."""
     references = [None] * len(prompts) if references is None else list(references)
     if len(references) != len(prompts):
         raise InputError(f"references: {len(references)} for {len(prompts)} prompts")
+    each = [{}] * len(prompts) if each is None else list(each)
+    if len(each) != len(prompts):
+        raise InputError(f"each: {len(each)} argument sets for {len(prompts)} prompts")
     if max_trees is not None and not callable(max_trees) and max_trees < 1:
         raise InputError(f"max_trees: expected at least 1, got {max_trees}")
-    checked = [_checked_generation(model, p, n_tokens, **kw) for p in prompts]
-    gens = [_generation(model, p, n_tokens, reference=r, timings=timings, **kw) for p, r in zip(checked, references)]
+    checked = [_checked_generation(model, p, n_tokens, **{**kw, **e}) for p, e in zip(prompts, each)]
+    gens = [_generation(model, p, n_tokens, reference=r, timings=timings, **{**kw, **e})
+            for p, r, e in zip(checked, references, each)]
 
     def verify(reqs):
         """The oracle on a batch of requests; a batch that runs out of device memory is split in two
@@ -557,8 +564,9 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                     shadow, behind = (yield PrefillRequest(shadow, behind)), []
                 greedy, tip = yield GreedyRequest(shadow, root, drafter.depth)
                 own, own_at = list(greedy), n_done
-        logits = drafter.draft(DraftContext(step=step, tokens=prompt + out, greedy=greedy))
-        tree = policy.build(logits, root_token=root, max_rank=drafter.max_rank)
+        with part("drafts and trees"):
+            logits = drafter.draft(DraftContext(step=step, tokens=prompt + out, greedy=greedy))
+            tree = policy.build(logits, root_token=root, max_rank=drafter.max_rank)
         positions = tree.positions(state.pos)
         # the oracle first: a generation waiting for it (in lock step with others) holds no per-node state
         ref = (yield OracleRequest(state, tree.parents, tree.tokens)) if measure == "full" else None
