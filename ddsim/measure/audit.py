@@ -350,14 +350,20 @@ def _build(run: _Run, progress) -> None:
 def _share(run: _Run, indices: list[int]) -> list[dict]:
     """Every prompt of this process's share, all stepping together (each generation is the one it would
     be alone; their greedy continuations, and references, are decoded as one batch): the references, the
-    chain and decision-only generations, then per budget the leaky generations."""
+    chain generations, per budget the decision-only generations, then per budget the leaky generations."""
     ps = [run.prompts[i] for i in indices]
     with run.phase("references"):
         refs = reference_rows(run.serving, ps, run.ref_len, temperature=run.ac.temperature, seed=run.ac.seed)
     outs = [{"index": i, "reference": ref, "margins": margins, "budgets": {}}
             for i, (ref, margins) in zip(indices, refs)]
     references = [o["reference"] for o in outs]
-    _decision_only(run, ps, references, outs)
+    with run.phase("chain"):
+        chain_gens = speculative_lockstep(run.serving, ps, references=references, drafter=run.drafter,
+                                          policy=TreePolicy("chain"), mode="exact", **run.common)
+    for o, g in zip(outs, chain_gens):
+        o["chain"] = _gen_record(g, o["index"], None, o["margins"])
+    for budget in run.ac.budgets:
+        _decision_only(run, ps, references, outs, budget)
     if run.serving is not run.model:  # the decode graph's buffers (GBs at full size) would be oracle batch room
         run.serving.set_decode_graphs(False)
     for budget in run.ac.budgets:
@@ -367,33 +373,27 @@ def _share(run: _Run, indices: list[int]) -> list[dict]:
     return outs
 
 
-def _decision_only(run: _Run, ps, references, outs) -> None:
-    """The chain generations and the exact, leaky-state and leaky-conv generations of every budget, verified
-    as a server does, in one lock step: every prompt's generation of each policy and mode stepping together,
-    so each round's greedy continuations and shadow prefills are one batch (one pass over the weights per
-    token, not one per mode and budget) and its verifies one batch per mode and tree size."""
+def _decision_only(run: _Run, ps, references, outs, budget: int) -> None:
+    """The exact, leaky-state and leaky-conv generations of one budget, verified as a server does, in one
+    lock step: every prompt's generation of each mode stepping together, so each round's greedy continuations
+    and shadow prefills are one batch (one pass over the weights per token, not one per mode) and its
+    verifies one batch per mode. One budget at a time: at full size each generation holds its committed
+    state, its drafter's shadow and its greedy tip (about 150 MB each at Qwen3.6-27B shapes), and the chain
+    and both budgets' generations together (224 for 32 prompts) ran out of an H200's memory."""
     modes = [m for m in ALL_MODES if m != "leaky"]
-    policies = {b: TreePolicy("ddtree", b, run.ac.topk_cap) for b in run.ac.budgets}
-    runs = [(None, "exact", k) for k in range(len(ps))] + \
-        [(b, m, k) for b in run.ac.budgets for m in modes for k in range(len(ps))]
+    runs = [(m, k) for m in modes for k in range(len(ps))]
     for o in outs:
-        for b in run.ac.budgets:
-            o["budgets"][b] = {"gens": {}, "nodes": {m: [] for m in ALL_MODES}}
+        o["budgets"][budget] = {"gens": {}, "nodes": {m: [] for m in ALL_MODES}}
     parts = {} if run.timings is not None else None
-    label = "chain, " + ("budgets " if len(run.ac.budgets) > 1 else "budget ") + ", ".join(map(str, run.ac.budgets))
-    with run.phase(f"decision-only generations, {label}"):
-        gens = speculative_lockstep(run.serving, [ps[k] for *_, k in runs], references=[references[k] for *_, k in runs],
-                                    each=[{"mode": m, "policy": TreePolicy("chain") if b is None else policies[b]}
-                                          for b, m, _ in runs],
-                                    drafter=run.drafter, timings=parts, **run.common)
-    for (b, m, k), g in zip(runs, gens):
-        o = outs[k]
-        if b is None:
-            o["chain"] = _gen_record(g, o["index"], None, o["margins"])
-        else:
-            o["budgets"][b]["gens"][m] = _gen_record(g, o["index"], b, o["margins"])
+    with run.phase(f"decision-only generations, budget {budget}"):
+        gens = speculative_lockstep(run.serving, [ps[k] for _, k in runs], references=[references[k] for _, k in runs],
+                                    each=[{"mode": m} for m, _ in runs], drafter=run.drafter,
+                                    policy=TreePolicy("ddtree", budget, run.ac.topk_cap), timings=parts,
+                                    **run.common)
+    for (m, k), g in zip(runs, gens):
+        outs[k]["budgets"][budget]["gens"][m] = _gen_record(g, outs[k]["index"], budget, outs[k]["margins"])
     for name, v in (parts or {}).items():
-        run.timings[f"  of which {name}, {label}"] = v
+        run.timings[f"  of which {name}, budget {budget}"] = v
 
 
 def _leaky(run: _Run, ps, references, outs, budget: int) -> None:

@@ -246,11 +246,14 @@ class PrefillRequest:
 
 
 MAX_VERIFY_ROWS = 4096  # nodes of all trees together in one batched serving verify (verify_requests)
+# and at most this many trees a pass: its commit holds every tree's committed states at once (about 150 MB
+# each at Qwen3.6-27B shapes), beside the states of every generation in the lock step
+MAX_VERIFY_TREES = 32
 
 
 def verify_requests(model, requests) -> list:
     """The VerifyResult of each request, in order: requests of one mode and tree size verified
-    together (``model.verify_rows``, at most MAX_VERIFY_ROWS nodes a pass); one alone by
+    together (``model.verify_rows``, at most MAX_VERIFY_ROWS nodes and MAX_VERIFY_TREES trees a pass); one alone by
     ``model.verify`` (a ddsim.model.graphs.GraphedModel replays it from a CUDA graph). Every result is
     valid until its generation commits it (the batched ones are fresh tensors; a replayed one is the
     only one of its graph's key here)."""
@@ -263,7 +266,7 @@ def verify_requests(model, requests) -> list:
             q = requests[ks[0]]
             out[ks[0]] = model.verify(q.state, q.tree, mode=mode, keep_states=False)
             continue
-        per = max(1, MAX_VERIFY_ROWS // T)
+        per = max(1, min(MAX_VERIFY_TREES, MAX_VERIFY_ROWS // T))
         for lo in range(0, len(ks), per):
             chunk = ks[lo:lo + per]
             res = model.verify_rows([requests[k].state for k in chunk], [requests[k].tree for k in chunk], mode=mode)
@@ -308,7 +311,7 @@ def prefill_requests(model, requests) -> list:
             # alone, or a chain whose padding would run past the model's positions: its own prefill
             out[k] = model.prefill(list(q.tokens), state=q.state)[0]
     todo = [k for k in todo if out[k] is None]
-    per = max(1, MAX_VERIFY_ROWS // n)
+    per = max(1, min(MAX_VERIFY_TREES, MAX_VERIFY_ROWS // n))
     for lo in range(0, len(todo), per):
         ks = todo[lo:lo + per]
         qs = [requests[k] for k in ks]
