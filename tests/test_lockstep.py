@@ -332,39 +332,6 @@ def test_decision_only_generations_verify_each_rounds_trees_in_one_pass(monkeypa
         assert [s.decision_flips for s in b.steps] == [s.decision_flips for s in a.steps]
 
 
-def test_generations_of_several_modes_and_budgets_step_together_as_each_alone(monkeypatch):
-    """``each``: the audit's decision-only generations, every mode and budget in one lock step. Each
-    generation is the one it is alone; a round's verifies go one pass per mode and tree size (the exact
-    pass holding the exact generations' trees and the others' exact verifies of their own trees)."""
-    cfg, m, kw = _setup()
-    kw = {**kw, "measure": "decisions", "weights": None, "attribution": ()}
-    runs = [(mode, budget, p) for budget in (5, 8) for mode in ("exact", "leaky-state", "leaky-conv") for p in PROMPTS]
-    each = [{"mode": mode, "policy": TreePolicy("ddtree", budget)} for mode, budget, _ in runs]
-    alone = [speculative(m, p, **{**kw, **e}) for (_, _, p), e in zip(runs, each)]
-    batches, real = [], HybridModel.verify_rows
-
-    def counted(self, states, trees, *, mode="exact"):
-        batches.append((mode, trees[0].size, len(trees)))
-        return real(self, states, trees, mode=mode)
-    monkeypatch.setattr(HybridModel, "verify_rows", counted)
-    together = speculative_lockstep(m, [p for _, _, p in runs], each=each, **kw)
-    trees = [(mode, size, n) for mode, size, n in batches if size in (6, 9)]  # shadows are chains of <= 5
-    # 90 tree verifies (per budget 3 steps of 3 prompts: the exact generations' 9, the others' 18 each,
-    # their mode's and exact's) in 20 passes, where a lock step per mode and budget takes 30
-    assert sum(n for *_, n in trees) == 90 and len(trees) == 20
-    assert trees[:8] == [("exact", 6, 3), ("leaky-state", 6, 3), ("leaky-conv", 6, 3), ("exact", 9, 3),
-                         ("leaky-state", 9, 3), ("leaky-conv", 9, 3), ("exact", 6, 9), ("exact", 9, 9)]
-    for a, b in zip(alone, together):
-        assert (b.mode, b.tokens) == (a.mode, a.tokens)
-        assert [s.tree_size for s in b.steps] == [s.tree_size for s in a.steps]
-        assert [s.emitted for s in b.steps] == [s.emitted for s in a.steps]
-        assert [s.exact_emitted for s in b.steps] == [s.exact_emitted for s in a.steps]
-    with pytest.raises(InputError, match="each: 2 argument sets for 3 prompts"):
-        speculative_lockstep(m, PROMPTS, each=each[:2], **kw)
-    with pytest.raises(InputError, match="mode"):
-        speculative_lockstep(m, PROMPTS, each=[{}, {"mode": "sideways"}, {}], **kw)
-
-
 def test_verify_requests_groups_by_mode_and_size_and_keeps_the_order(monkeypatch):
     from ddsim.sim.generate import VerifyRequest, verify_requests
     from ddsim.trees.tree import Tree, chain

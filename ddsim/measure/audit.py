@@ -374,24 +374,19 @@ def _share(run: _Run, indices: list[int]) -> list[dict]:
 
 
 def _decision_only(run: _Run, ps, references, outs, budget: int) -> None:
-    """The exact, leaky-state and leaky-conv generations of one budget, verified as a server does, in one
-    lock step: every prompt's generation of each mode stepping together, so each round's greedy continuations
-    and shadow prefills are one batch (one pass over the weights per token, not one per mode) and its
-    verifies one batch per mode. One budget at a time: at full size each generation holds its committed
-    state, its drafter's shadow and its greedy tip (about 150 MB each at Qwen3.6-27B shapes), and the chain
-    and both budgets' generations together (224 for 32 prompts) ran out of an H200's memory."""
-    modes = [m for m in ALL_MODES if m != "leaky"]
-    runs = [(m, k) for m in modes for k in range(len(ps))]
+    """The exact, leaky-state and leaky-conv generations of one budget, verified as a server does."""
+    policy = TreePolicy("ddtree", budget, run.ac.topk_cap)
     for o in outs:
         o["budgets"][budget] = {"gens": {}, "nodes": {m: [] for m in ALL_MODES}}
     parts = {} if run.timings is not None else None
     with run.phase(f"decision-only generations, budget {budget}"):
-        gens = speculative_lockstep(run.serving, [ps[k] for _, k in runs], references=[references[k] for _, k in runs],
-                                    each=[{"mode": m} for m, _ in runs], drafter=run.drafter,
-                                    policy=TreePolicy("ddtree", budget, run.ac.topk_cap), timings=parts,
-                                    **run.common)
-    for (m, k), g in zip(runs, gens):
-        outs[k]["budgets"][budget]["gens"][m] = _gen_record(g, outs[k]["index"], budget, outs[k]["margins"])
+        for m in ALL_MODES:
+            if m == "leaky":
+                continue
+            gens = speculative_lockstep(run.serving, ps, references=references, drafter=run.drafter, policy=policy,
+                                        mode=m, timings=parts, **run.common)
+            for o, g in zip(outs, gens):
+                o["budgets"][budget]["gens"][m] = _gen_record(g, o["index"], budget, o["margins"])
     for name, v in (parts or {}).items():
         run.timings[f"  of which {name}, budget {budget}"] = v
 

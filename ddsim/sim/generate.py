@@ -246,14 +246,11 @@ class PrefillRequest:
 
 
 MAX_VERIFY_ROWS = 4096  # nodes of all trees together in one batched serving verify (verify_requests)
-# and at most this many trees a pass: its commit holds every tree's committed states at once (about 150 MB
-# each at Qwen3.6-27B shapes), beside the states of every generation in the lock step
-MAX_VERIFY_TREES = 32
 
 
 def verify_requests(model, requests) -> list:
     """The VerifyResult of each request, in order: requests of one mode and tree size verified
-    together (``model.verify_rows``, at most MAX_VERIFY_ROWS nodes and MAX_VERIFY_TREES trees a pass); one alone by
+    together (``model.verify_rows``, at most MAX_VERIFY_ROWS nodes a pass); one alone by
     ``model.verify`` (a ddsim.model.graphs.GraphedModel replays it from a CUDA graph). Every result is
     valid until its generation commits it (the batched ones are fresh tensors; a replayed one is the
     only one of its graph's key here)."""
@@ -266,7 +263,7 @@ def verify_requests(model, requests) -> list:
             q = requests[ks[0]]
             out[ks[0]] = model.verify(q.state, q.tree, mode=mode, keep_states=False)
             continue
-        per = max(1, min(MAX_VERIFY_TREES, MAX_VERIFY_ROWS // T))
+        per = max(1, MAX_VERIFY_ROWS // T)
         for lo in range(0, len(ks), per):
             chunk = ks[lo:lo + per]
             res = model.verify_rows([requests[k].state for k in chunk], [requests[k].tree for k in chunk], mode=mode)
@@ -311,7 +308,7 @@ def prefill_requests(model, requests) -> list:
             # alone, or a chain whose padding would run past the model's positions: its own prefill
             out[k] = model.prefill(list(q.tokens), state=q.state)[0]
     todo = [k for k in todo if out[k] is None]
-    per = max(1, min(MAX_VERIFY_TREES, MAX_VERIFY_ROWS // n))
+    per = max(1, MAX_VERIFY_ROWS // n)
     for lo in range(0, len(todo), per):
         ks = todo[lo:lo + per]
         qs = [requests[k] for k in ks]
@@ -357,7 +354,7 @@ def speculative(model: HybridModel, prompt, n_tokens: int | None = None, *, draf
 
 def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = None, *, references=None,
                          max_trees: int | Callable | None = None, timings: dict | None = None,
-                         each: list[dict] | None = None, **kw) -> list[GenerationResult]:
+                         **kw) -> list[GenerationResult]:
     """``speculative`` for each of ``prompts`` (``references[i]`` its reference), the generations
     stepping together: with measure="full", the oracle takes the trees of one round of steps as one
     batch (``oracle.verify_trees``, at most ``max_trees`` trees at once, or ``max_trees(requests)``
@@ -371,21 +368,15 @@ def speculative_lockstep(model: HybridModel, prompts, n_tokens: int | None = Non
     ("oracle_splits") and on a GPU the memory allocated after and at most during each batch
     ("oracle_batch_memory_gib", "oracle_batch_peak_gib") are added, and the generations' own wall
     seconds per part of a step ("fast-path verifies", "node metrics", "commits", "drafter's greedy
-    continuations", "drafter's shadow prefills"; ddsim.sim.timing.timed, synchronised on a GPU; and the host's
-    "drafts and trees"). ``each``: per prompt, the arguments of its generation that differ from the others'
-    (e.g. {"mode": "leaky-state", "policy": ...}): generations of several modes and budgets in one lock step,
-    their greedy continuations and shadow prefills, and per mode and tree size their verifies, batched."""
+    continuations", "drafter's shadow prefills", the host's "drafts and trees"; ddsim.sim.timing.timed,
+    synchronised on a GPU)."""
     references = [None] * len(prompts) if references is None else list(references)
     if len(references) != len(prompts):
         raise InputError(f"references: {len(references)} for {len(prompts)} prompts")
-    each = [{}] * len(prompts) if each is None else list(each)
-    if len(each) != len(prompts):
-        raise InputError(f"each: {len(each)} argument sets for {len(prompts)} prompts")
     if max_trees is not None and not callable(max_trees) and max_trees < 1:
         raise InputError(f"max_trees: expected at least 1, got {max_trees}")
-    checked = [_checked_generation(model, p, n_tokens, **{**kw, **e}) for p, e in zip(prompts, each)]
-    gens = [_generation(model, p, n_tokens, reference=r, timings=timings, **{**kw, **e})
-            for p, r, e in zip(checked, references, each)]
+    checked = [_checked_generation(model, p, n_tokens, **kw) for p in prompts]
+    gens = [_generation(model, p, n_tokens, reference=r, timings=timings, **kw) for p, r in zip(checked, references)]
 
     def verify(reqs):
         """The oracle on a batch of requests; a batch that runs out of device memory is split in two
