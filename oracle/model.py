@@ -224,24 +224,15 @@ def _gdn_core(w, p, cfg, xin, g, beta, S, window):
     qk = qk.view(n, 2, H, 1, K).expand(n, 2, H, HV // H, K).reshape(n, 2, HV, K)
     q, k = qk[:, 0], qk[:, 1]
     v = y[:, 2 * H * K:].view(n, HV, V)
-    # S_t = exp(g) (I - beta k k^T) S_{t-1} + beta k v^T, every row and value head at once
-    bb, kc = beta.view(n, HV, 1, 1), k.unsqueeze(-1)
-    decay = torch.exp(g).view(n, HV, 1, 1) * (_eye(K, S) - bb * (kc * k.unsqueeze(-2)))
-    # (batched products over the rows and heads as one [n * HV] batch of matrices)
-    S_new = torch.bmm(decay.view(n * HV, K, K), S.reshape(n * HV, K, V)).view(n, HV, K, V) + bb * (kc * v.unsqueeze(-2))
+    # S_t = exp(g) (I - beta k k^T) S_{t-1} + beta k v^T, every row and value head at once, as the delta rule
+    # writes it: the decayed state S' = exp(g) S_{t-1}, then S_t = S' + beta k (v - S'^T k)^T (a rank-one
+    # update: no [K, K] matrix per row and head)
+    Sd = torch.exp(g).view(n, HV, 1, 1) * S  # [n, HV, K, V]
+    # (batched products over the rows and heads as one [n * HV] batch of vectors)
+    kS = torch.bmm(k.reshape(n * HV, 1, K), Sd.view(n * HV, K, V)).view(n, HV, V)  # S'^T k
+    S_new = Sd + (beta.view(n, HV, 1) * k).unsqueeze(-1) * (v - kS).unsqueeze(-2)
     o = torch.bmm((q * K ** -0.5).reshape(n * HV, 1, K), S_new.view(n * HV, K, V)).view(n, HV, V)  # o_t = S_t^T (scale q_t)
     return o, S_new, inputs[:, :, 1:]
-
-
-_EYES: dict = {}
-
-
-def _eye(K: int, like: torch.Tensor) -> torch.Tensor:
-    """The identity [K, K] in like's dtype and device, made once."""
-    key = (K, like.dtype, like.device)
-    if key not in _EYES:
-        _EYES[key] = torch.eye(K, dtype=like.dtype, device=like.device)
-    return _EYES[key]
 
 
 def _gdn_out(w, p, cfg, o, z):

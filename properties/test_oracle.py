@@ -199,3 +199,32 @@ def test_a_bf16_weight_is_only_a_product_operand():
     for bad in (lambda: x @ W, lambda: x.double() @ W.T, lambda: W.T @ x.T):
         with pytest.raises(TypeError):
             bad()
+
+
+@given(st.integers(1, 3), st.integers(0, 2**31 - 1))
+def test_the_gdn_step_is_the_delta_rule_of_its_matrix_form(n, seed):
+    """The model oracle's Gated DeltaNet step (a rank-one update of the decayed state) equals the rule
+    as the papers write it, S_t = exp(g) (I - beta k k^T) S_{t-1} + beta k v^T and o_t = S_t^T q_t / sqrt(K),
+    formed here with the [K, K] matrix, in float64 (q and k as the step normalises them)."""
+    from oracle.model import _gdn_core
+    cfg = MICRO
+    H, HV, K, V = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    layer = cfg.gdn_layers[0]
+    C, W = cfg.window_shape(layer)
+    g = torch.Generator().manual_seed(seed)
+    xin, window = torch.randn(n, C, generator=g, dtype=torch.float64), torch.randn(n, C, W, generator=g, dtype=torch.float64)
+    gate, beta = -torch.rand(n, HV, generator=g, dtype=torch.float64), torch.rand(n, HV, generator=g, dtype=torch.float64)
+    S = torch.randn(n, HV, K, V, generator=g, dtype=torch.float64)
+    o, S_new, _ = _gdn_core(MICRO_W, f"layers.{layer}.", cfg, xin, gate, beta, S, window)
+    y = torch.nn.functional.silu((torch.cat([window, xin[:, :, None]], 2) * MICRO_W[f"layers.{layer}.gdn.conv"]).sum(2))
+    unit = lambda t: t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+    q = unit(y[:, :H * K].view(n, H, K)).repeat_interleave(HV // H, dim=1)
+    k = unit(y[:, H * K:2 * H * K].view(n, H, K)).repeat_interleave(HV // H, dim=1)
+    v = y[:, 2 * H * K:].view(n, HV, V)
+    for r in range(n):
+        for h in range(HV):
+            kk = k[r, h][:, None]
+            want = gate[r, h].exp() * (torch.eye(K, dtype=torch.float64) - beta[r, h] * kk @ kk.T) @ S[r, h] \
+                + beta[r, h] * kk @ v[r, h][None]
+            torch.testing.assert_close(S_new[r, h], want, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(o[r, h], want.T @ q[r, h] / K ** 0.5, rtol=1e-12, atol=1e-12)
