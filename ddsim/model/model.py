@@ -709,10 +709,12 @@ class HybridModel:
         K, V = kv
         K.index_put_((rows, pos), k.to(K.dtype))
         V.index_put_((rows, pos), v.to(V.dtype))
-        Kq = K.to(q.dtype).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)  # [B, nh, capacity, hd]
-        Vq = V.to(q.dtype).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)
+        # each query head reads its group's key and value head (SDPA's grouped attention): the rows' whole
+        # KV is not copied once per query head of the group
+        Kq, Vq = K.to(q.dtype).transpose(1, 2), V.to(q.dtype).transpose(1, 2)  # [B, nkv, capacity, hd]
         o = F.scaled_dot_product_attention(q[:, :, None], Kq, Vq, attn_mask=seen[:, None, None, :],
-                                           scale=cfg.attention_scale or 1.0 / math.sqrt(hd))  # [B, nh, 1, hd]
+                                           scale=cfg.attention_scale or 1.0 / math.sqrt(hd),
+                                           enable_gqa=nh != nkv)  # [B, nh, 1, hd]
         return self._attend_out(p, x, o.reshape(B, nh * hd)), k, v
 
     def verify_rows(self, states: list, trees: list, *, mode: str = "exact") -> list[VerifyResult]:
