@@ -12,20 +12,25 @@ export HYPOTHESIS_PROFILE ?= ci
 
 .PHONY: setup test lint audit bench mutation browser py310 clean
 
+# Packages go in with uv where it can be had (tests/venv_setup.py: it reads pip's configuration and picks the
+# versions pip would, unpacks in parallel and leaves bytecode to the first import: setup 29 s on the 2-core
+# machine, about 100 s with pip), else pip.
+INSTALL := $(VPY) tests/venv_setup.py $(VPY)
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(TORCH_PIN)
+	$(VPY) -c "import torch" 2>/dev/null || $(INSTALL) $(TORCH_PIN)
 	@# an older install of this project under the distribution name "ddsim" (or PyPI's unrelated
 	@# project of that name) would shadow the import package: remove it first
 	$(VPY) -m pip uninstall -y -q ddsim 2>/dev/null || true
 	@# The fastcall extension (gpu_backend/fastcall.cpp, about 20 s of one core) compiles in the background
-	@# while pip unpacks the rest on the other core, from fastcall.py alone (torch and ninja, not ddsim); the
+	@# while the rest is installed on the other core, from fastcall.py alone (torch and ninja, not ddsim); the
 	@# tests load the cached build. Where it cannot be built nothing fails here: the tests say why.
-	$(VPY) -m pip install -q 'ninja>=1.11'
+	$(INSTALL) 'ninja>=1.11'
 	$(VPY) -c "import importlib.util as u; s = u.spec_from_file_location('fastcall', 'gpu_backend/fastcall.py'); \
 	  m = u.module_from_spec(s); s.loader.exec_module(m); m.compile_extension()" >/dev/null 2>&1 & build=$$!; \
-	$(VPY) -m pip install -q -e '.[test]' && \
-	$(VPY) -m pip install -q --no-deps --upgrade --target $(ENGINES) fla-core==0.6.0 einops==0.8.1 && \
+	$(INSTALL) -e '.[test]' && \
+	$(INSTALL) --no-deps --upgrade --target $(ENGINES) fla-core==0.6.0 einops==0.8.1 && \
 	$(VPY) tests/engine_setup.py $(ENGINES); rc=$$?; wait $$build; exit $$rc
 	@# (between them, the engine kernels `ddsim check-kernel` is tested against, kept out of the venv: transformers
 	@# would pick fla up as its own GDN backend: flash-linear-attention's fla-core, pinned, no dependencies, and

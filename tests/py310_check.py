@@ -31,9 +31,8 @@ def venv(path: Path) -> Path:
     stamp = path / ".ddsim-py310"
     if not stamp.exists():
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        subprocess.run(pip + ["setuptools>=68", "pydantic>=2.7", "numpy>=1.24", "rich>=13", "tomli>=2", "jinja2>=3.1"],
-                       check=True)
+        from venv_setup import install  # uv where it can be had, else pip (tests/venv_setup.py)
+        install(str(py), ["setuptools>=68", "pydantic>=2.7", "numpy>=1.24", "rich>=13", "tomli>=2", "jinja2>=3.1"])
         stamp.write_text("ok\n")
     # the project itself, fresh each run, without its dependencies (torch and triton stay out)
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
