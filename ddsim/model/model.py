@@ -793,10 +793,12 @@ class HybridModel:
         pad = torch.nn.utils.rnn.pad_sequence  # in the prefixes' dtype, converted once (not per row)
         Kp = pad([pk for pk, _ in prefixes] + [prefixes[0][0].new_zeros(P, nkv, hd)], batch_first=True)[:B].to(q.dtype)
         Vp = pad([pv for _, pv in prefixes] + [prefixes[0][1].new_zeros(P, nkv, hd)], batch_first=True)[:B].to(q.dtype)
-        K = torch.cat([Kp, k.view(B, T, nkv, hd)], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)  # [B, nh, P+T, hd]
-        Vv = torch.cat([Vp, v.view(B, T, nkv, hd)], 1).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)
+        # each query head reads its group's key and value head (SDPA's grouped attention, as in decode_pass)
+        K = torch.cat([Kp, k.view(B, T, nkv, hd)], 1).transpose(1, 2)  # [B, nkv, P+T, hd]
+        Vv = torch.cat([Vp, v.view(B, T, nkv, hd)], 1).transpose(1, 2)
         o = F.scaled_dot_product_attention(q.view(B, T, nh, hd).transpose(1, 2), K, Vv, attn_mask=seen[:, None],
-                                           scale=cfg.attention_scale or 1.0 / math.sqrt(hd))  # [B, nh, T, hd]
+                                           scale=cfg.attention_scale or 1.0 / math.sqrt(hd),
+                                           enable_gqa=nh != nkv)  # [B, nh, T, hd]
         return self._attend_out(p, x, o.transpose(1, 2).reshape(B * T, nh * hd)), k, v
 
     # ---- commit --------------------------------------------------------------------------------
