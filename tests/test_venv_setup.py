@@ -13,6 +13,7 @@ PIP_CONFIG = """:env:.cert='/etc/ssl/certs/ca.crt'
 global.constraint='/etc/xdg/pip/constraints.txt'
 global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'
 global.find-links='/opt/wheels'
+site.trusted-host='\\nhost-a\\nhost-b'
 """
 
 
@@ -31,10 +32,12 @@ def test_pips_configuration_becomes_uvs_options(monkeypatch):
     config = venv_setup.pip_config("/v/bin/python")
     assert config["extra-index-url"] == ["file:///opt/pypi/simple", "file:///opt/pypi-more/simple"]
     assert config["find-links"] == ["/opt/wheels"] and config["cert"] == ["/etc/ssl/certs/ca.crt"]
+    assert config["trusted-host"] == ["host-a", "host-b"]  # a list over lines in pip.conf
     cmd, env = venv_setup.uv_command("/v/bin/python", config, ["-q", "-e", ".[test]"])
     assert cmd == ["/v/bin/uv", "pip", "install", "--python", "/v/bin/python", "--index-strategy", "unsafe-best-match",
                    "--extra-index-url", "file:///opt/pypi/simple", "--extra-index-url", "file:///opt/pypi-more/simple",
-                   "--find-links", "/opt/wheels", "--constraint", "/etc/xdg/pip/constraints.txt", "-e", ".[test]", "-q"]
+                   "--find-links", "/opt/wheels", "--constraint", "/etc/xdg/pip/constraints.txt",
+                   "--allow-insecure-host", "host-a", "--allow-insecure-host", "host-b", "-e", ".[test]", "-q"]
     assert env["SSL_CERT_FILE"] == "/etc/ssl/certs/ca.crt" and env["UV_HTTP_TIMEOUT"] == "180"
     cmd, _ = venv_setup.uv_command("/v/bin/python", {"no-index": ["true"], "index-url": ["file:///x"]}, ["torch==2.13.0"])
     assert cmd[-4:] == ["file:///x", "--no-index", "torch==2.13.0", "-q"] and "--index-url" in cmd

@@ -10,8 +10,8 @@ them, as pip does, so both install the same versions. Prints which installer ran
 """
 from __future__ import annotations
 
+import ast
 import os
-import shlex
 import subprocess
 import sys
 
@@ -29,7 +29,12 @@ def pip_config(python: str) -> dict[str, list[str]]:
         if not sep:
             continue
         name = key.rsplit(".", 1)[-1]  # "global.find-links" or ":env:.find-links"
-        config[name] = shlex.split(value.strip().strip("'\"")) if value.strip() else []
+        value = value.strip()
+        try:  # pip prints each value's repr: a list spread over lines in pip.conf comes as '\nA\nB'
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass
+        config[name] = str(value).split()
     return config
 
 
