@@ -558,7 +558,7 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                     shadow, behind = (yield PrefillRequest(shadow, behind)), []
                 greedy, tip = yield GreedyRequest(shadow, root, drafter.depth)
                 own, own_at = list(greedy), n_done
-        with part("drafts and trees"):
+        with timed(timings, "drafts and trees", torch.device("cpu")):  # the host's work: no device sync around it
             logits = drafter.draft(DraftContext(step=step, tokens=prompt + out, greedy=greedy))
             tree = policy.build(logits, root_token=root, max_rank=drafter.max_rank)
         positions = tree.positions(state.pos)
