@@ -201,13 +201,21 @@ def test_a_bf16_weight_is_only_a_product_operand():
             bad()
 
 
+# Qwen3.6-27B's GDN heads (16 key heads, 48 value heads, 128 wide) on the micro preset's other widths
+SERVING_GDN = MICRO.replace(linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
+                            linear_value_head_dim=128)
+GDN_WEIGHTS = {"micro": (MICRO, MICRO_W), "serving heads": (SERVING_GDN, init_weights(SERVING_GDN, seed=1))}
+
+
+@pytest.mark.parametrize("shape", list(GDN_WEIGHTS))
 @given(st.integers(1, 3), st.integers(0, 2**31 - 1))
-def test_the_gdn_step_is_the_delta_rule_of_its_matrix_form(n, seed):
+def test_the_gdn_step_is_the_delta_rule_of_its_matrix_form(shape, n, seed):
     """The model oracle's Gated DeltaNet step (a rank-one update of the decayed state) equals the rule
     as the papers write it, S_t = exp(g) (I - beta k k^T) S_{t-1} + beta k v^T and o_t = S_t^T q_t / sqrt(K),
-    formed here with the [K, K] matrix, in float64 (q and k as the step normalises them)."""
+    formed here with the [K, K] matrix, in float64 (q and k as the step normalises them), at the micro
+    preset's heads and at a serving model's."""
     from oracle.model import _gdn_core
-    cfg = MICRO
+    cfg, weights = GDN_WEIGHTS[shape]
     H, HV, K, V = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     layer = cfg.gdn_layers[0]
     C, W = cfg.window_shape(layer)
@@ -215,8 +223,8 @@ def test_the_gdn_step_is_the_delta_rule_of_its_matrix_form(n, seed):
     xin, window = torch.randn(n, C, generator=g, dtype=torch.float64), torch.randn(n, C, W, generator=g, dtype=torch.float64)
     gate, beta = -torch.rand(n, HV, generator=g, dtype=torch.float64), torch.rand(n, HV, generator=g, dtype=torch.float64)
     S = torch.randn(n, HV, K, V, generator=g, dtype=torch.float64)
-    o, S_new, _ = _gdn_core(MICRO_W, f"layers.{layer}.", cfg, xin, gate, beta, S, window)
-    y = torch.nn.functional.silu((torch.cat([window, xin[:, :, None]], 2) * MICRO_W[f"layers.{layer}.gdn.conv"]).sum(2))
+    o, S_new, _ = _gdn_core(weights, f"layers.{layer}.", cfg, xin, gate, beta, S, window)
+    y = torch.nn.functional.silu((torch.cat([window, xin[:, :, None]], 2) * weights[f"layers.{layer}.gdn.conv"]).sum(2))
     unit = lambda t: t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
     q = unit(y[:, :H * K].view(n, H, K)).repeat_interleave(HV // H, dim=1)
     k = unit(y[:, H * K:2 * H * K].view(n, H, K)).repeat_interleave(HV // H, dim=1)
