@@ -74,7 +74,31 @@ def test_replays_with_per_node_states_equal_the_eager_verify(preset, dtype):
             sa, sb = m.commit(st, t, a, 6), gm.commit(st, t, b, 6)
             for i in cfg.recurrent_layers:
                 torch.testing.assert_close(sb.ssm[i], sa.ssm[i], **tol)
-    assert gm.captured() == [("any", 8, 0, 256, True)]  # one graph for every mode and tree
+    assert gm.captured() == [("any", 8, 1, 256, True)]  # one graph for every mode and tree
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2", "tiny-kimi-dense", "tiny-jamba-dense", "tiny-minimax-dense"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_several_modes_replayed_side_by_side_equal_the_eager_verify(preset, dtype):
+    """verify_modes (the audit's leaky generations): the tree's four modes as four copies in one replayed
+    pass equal the eager verify of each mode (logits, hidden states, per-node states, windows), tree after
+    tree on one graph, from a new committed state each time; a copy's commit takes its accepted node's."""
+    cfg = _config(preset)
+    m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=dtype)
+    gm = GraphedModel(m)
+    st, _ = m.prefill([1, 2, 3, 4, 5])
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    modes = ("leaky", "exact", "leaky-state", "leaky-conv")
+    for step, t in enumerate(TREES + [Tree(list(range(-1, 7)), [5, 1, 2, 3, 4, 6, 7, 8]), TREES[0]]):
+        results = gm.verify_modes(st, t, modes=modes)
+        for r in results:
+            a = m.verify(st, t, mode=r.mode)
+            assert_per_node_close(r, a, cfg.recurrent_layers, msg=f"{r.mode} tree {step}: ", **tol)
+        sa, sb = m.commit(st, t, m.verify(st, t, mode="leaky"), 6), gm.commit(st, t, results[0], 6)
+        for i in cfg.recurrent_layers:
+            torch.testing.assert_close(sb.ssm[i], sa.ssm[i], **tol)
+        st = sb
+    assert gm.captured() == [("any", 32, 4, 256, True)]
 
 
 def test_a_stale_replay_result_is_refused():

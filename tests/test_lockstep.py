@@ -67,8 +67,8 @@ def test_lockstep_through_the_graph_machinery_with_states_equals_the_model():
     kw = {**kw, "steps": 2, "attribution": ("leaky-state", "leaky-conv")}
     plain = speculative_lockstep(m, PROMPTS[:2], **kw)
     graphed = speculative_lockstep(gm, PROMPTS[:2], serving=gm, **kw)
-    keys = gm.captured()  # one graph with states; the prefills' and greedy decodes' serving ones
-    assert [k for k in keys if k[4]] == [("any", 9, 0, 256, True)] and {k[0] for k in keys if not k[4]} == {"exact"}
+    keys = gm.captured()  # one graph with states (the four modes side by side); the serving ones
+    assert [k for k in keys if k[4]] == [("any", 36, 4, 256, True)] and {k[0] for k in keys if not k[4]} == {"exact"}
     for a, b in zip(plain, graphed):
         assert b.tokens == a.tokens and [s.emitted for s in b.steps] == [s.emitted for s in a.steps]
         for sa, sb in zip(a.steps, b.steps):

@@ -86,7 +86,7 @@ def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
             for i in cfg.recurrent_layers:
                 torch.testing.assert_close(sb.ssm[i], sf.ssm[i], **tol)
             assert sb.pos == sf.pos
-    assert gm.captured() == [("any", 8, 0, 256, True)]  # one graph (and one set of buffers) for every mode
+    assert gm.captured() == [("any", 8, 1, 256, True)]  # one graph (and one set of buffers) for every mode
     first = gm.verify(st, TREES[0], mode="leaky", keep_states=True)
     gm.verify(st, TREES[0], mode="exact", keep_states=True)
     with pytest.raises(InputError, match="reused"):
@@ -99,6 +99,83 @@ def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
         node_metrics(TREES[0], first, ref_out, cfg)
 
 
+@pytest.mark.parametrize("preset", ["micro", "micro-mamba2", "micro-kls"])
+def test_several_modes_verified_side_by_side_equal_each_verified_alone(preset):
+    """verify_modes: the tree copied once per mode into one pass (uncaptured), each copy's root on the
+    committed state, its sources its mode's, its attention its own: every mode's per-node states,
+    windows, hidden states, KV and logits equal the model's own verify of that mode within float32
+    rounding, in any order of the modes and tree after tree on one key; the commit of a copy takes its
+    accepted node's states, and every copy is stale after the key's next verify."""
+    cfg, ref, fast = _models(preset, backend="triton")
+    gm = GraphedModel(fast, capture=False)
+    st, _ = ref.prefill([1, 2, 3, 4, 5])
+    tol = dict(rtol=1e-5, atol=1e-5)
+    for order in (("leaky", "exact", "leaky-state", "leaky-conv"), ("leaky-conv", "exact", "leaky", "leaky-state")):
+        for t in TREES:
+            results = gm.verify_modes(st, t, modes=order)
+            assert [r.mode for r in results] == list(order)
+            for r in results:
+                full = ref.verify(st, t, mode=r.mode)
+                assert_per_node_close(r, full, cfg.recurrent_layers, msg=f"{r.mode}: ", **tol)
+                for i in cfg.attention_layers:
+                    torch.testing.assert_close(r.kv[i][0], full.kv[i][0], **tol)
+                    torch.testing.assert_close(r.kv[i][1], full.kv[i][1], **tol)
+            sb, sf = gm.commit(st, t, results[1], 6), ref.commit(st, t, ref.verify(st, t, mode=order[1]), 6)
+            for i in cfg.recurrent_layers:
+                torch.testing.assert_close(sb.ssm[i], sf.ssm[i], **tol)
+                torch.testing.assert_close(sb.conv[i], sf.conv[i], **tol)
+            for i in cfg.attention_layers:
+                torch.testing.assert_close(sb.kv[i][0], sf.kv[i][0], **tol)
+            assert sb.pos == sf.pos
+    assert gm.captured() == [("any", 32, 4, 256, True)]  # one graph for every order of four modes
+    gm.verify_modes(st, TREES[0], modes=MODES)
+    with pytest.raises(InputError, match="reused"):
+        gm.commit(st, TREES[2], results[0], 2)
+    with pytest.raises(InputError, match="distinct"):
+        gm.verify_modes(st, TREES[0], modes=("leaky", "leaky"))
+    with pytest.raises(InputError, match="mode"):
+        gm.verify_modes(st, TREES[0], modes=("exact", "sloppy"))
+
+
+def test_the_model_verifies_several_modes_one_at_a_time_as_asked():
+    """HybridModel.verify_modes: every mode checked before any verify, then one verify per result asked
+    for (one mode's per-node states held at a time), each the model's own verify of that mode."""
+    cfg, m, _ = _models("micro")
+    st, _ = m.prefill([1, 2, 3, 4, 5])
+    calls = []
+    real = m.verify
+    m.verify = lambda *a, **kw: calls.append(kw["mode"]) or real(*a, **kw)
+    with pytest.raises(InputError, match="mode"):
+        m.verify_modes(st, TREES[0], modes=("exact", "sloppy"))
+    results = m.verify_modes(st, TREES[0], modes=("leaky", "exact"))
+    assert calls == []
+    first = next(results)
+    assert calls == ["leaky"] and first.mode == "leaky"
+    torch.testing.assert_close(first.logits, real(st, TREES[0], mode="leaky").logits, rtol=0, atol=0)
+    assert next(results).mode == "exact" and calls == ["leaky", "exact"]
+
+
+def test_a_plan_for_several_modes_offsets_each_copys_sources_into_it():
+    """AnyModePlan with copies: copy c's sources are its mode's, shifted by c x n, its root -1 (the committed
+    state); the conv tables walk each copy's own chain into the committed window."""
+    from ddsim.gpu_backend.checks import conv_sources
+    from ddsim.model.graphs import AnyModePlan
+    t = TREES[1]
+    plan = AnyModePlan(24, "cpu", copies=3)
+    plan.load(t, ("exact", "leaky-state", "leaky-conv"))
+    par, chain = list(t.parents), list(range(-1, 7))
+    shift = lambda xs, c: [x + 8 * c if x >= 0 else -1 for x in xs]  # noqa: E731
+    assert plan.src("exact")[0].tolist() == par + shift(chain, 1) + shift(par, 2)
+    conv = plan.conv_table("exact", 4)
+    assert conv.tolist() == conv_sources(torch.tensor([par + shift(par, 1) + shift(chain, 2)]), 4).tolist()
+    for c in range(3):  # each copy's root reads the committed window, then itself
+        assert conv[0, 8 * c].tolist() == [0, 1, 2, 8 * c + 3]
+    with pytest.raises(InputError, match="3 copies"):
+        plan.load(t, ("exact", "leaky"))
+    with pytest.raises(InputError, match="24 nodes"):
+        plan.load(Tree([-1, 0], [1, 2]), ("exact", "leaky", "leaky-conv"))
+
+
 def test_per_node_states_keep_one_graph_per_tree_size_whose_prefix_capacity_only_grows():
     """A prefix past the kept key's capacity replaces that key (its buffers go, its results are stale);
     a shorter prefix then runs in the larger key, its rows past the prefix masked out: the same states
@@ -109,11 +186,11 @@ def test_per_node_states_keep_one_graph_per_tree_size_whose_prefix_capacity_only
     long, _ = ref.prefill([(7 * i) % cfg.vocab_size for i in range(300)])
     t = TREES[0]
     first = gm.verify(short, t, mode="exact", keep_states=True)
-    assert gm.captured() == [("any", 8, 0, 256, True)]
+    assert gm.captured() == [("any", 8, 1, 256, True)]
     for st in (long, short):
         b, full = gm.verify(st, t, mode="leaky", keep_states=True), ref.verify(st, t, mode="leaky")
         assert_per_node_close(b, full, cfg.recurrent_layers, rtol=1e-5, atol=1e-5)
-        assert gm.captured() == [("any", 8, 0, 512, True)]
+        assert gm.captured() == [("any", 8, 1, 512, True)]
     with pytest.raises(InputError, match="reused"):
         gm.commit(short, t, first, 2)
 

@@ -394,16 +394,17 @@ def _decision_only(run: _Run, ps, references, outs, budget: int) -> None:
 def _leaky(run: _Run, ps, references, outs, budget: int) -> None:
     """The leaky generations of one budget, every step against the oracle per node and layer, with the
     exact, leaky-state and leaky-conv fast paths on the same trees (their verifies with per-node states
-    replayed from CUDA graphs where the model can be captured: one graph, and one set of per-node buffers,
-    for every mode, freed after the budget); the oracle takes each round's trees as one batch (as many as
-    fit in memory)."""
+    replayed from CUDA graphs where the model can be captured: the four modes side by side in one pass,
+    one graph and one set of per-node buffers per mode, freed after the budget); the oracle takes each
+    round's trees as one batch (as many as fit in memory)."""
     model = run.model
     policy = TreePolicy("ddtree", budget, run.ac.topk_cap)
     inner = {} if run.timings is not None else None
     full = model if not_capturable(model) else GraphedModel(model)
-    # what the graph with per-node states will allocate (one set, every mode), until it has
+    # what the graph with per-node states will allocate (one set per mode: the modes side by side), until it has
+    copies = len(dict.fromkeys(("leaky", "exact", *LEAK_MODES)))
     graphs = 0 if full is model else (
-        lambda full=full, n=(budget + 1) * fast_path_state_bytes(model): 0 if full.captured() else n)
+        lambda full=full, n=copies * (budget + 1) * fast_path_state_bytes(model): 0 if full.captured() else n)
     with run.phase(f"leaky generations in lock step, budget {budget}"):
         leaky = speculative_lockstep(full, ps, references=references,
                                      max_trees=OracleBatches(run.cfg, run.device, reserve=graphs,

@@ -18,14 +18,17 @@ its own memory pool, so no two keys share memory; within a key a replay reuses t
 previous one, so a result's KV and commit inputs are valid until the next verify of its key:
 ``VerifyResult.fresh`` says so and the commit refuses a stale result (logits are copied out).
 ``verify(..., keep_states=True)`` replays the verify with per-node states: one graph per T for every
-mode (key ("any", T, 0, capacity, True); a prefix past its capacity replaces it by a larger one, a
+mode (key ("any", T, 1, capacity, True); a prefix past its capacity replaces it by a larger one, a
 shorter prefix runs in it), captured with the parent-indexed
 kernels (each node reads its source's stored state) and refilled per verify with the mode's source
 tables (a leaky recurrence or conv reads the previous node instead of the parent, as
-``AnyModePlan`` maps them): at full size one set of per-node states is ~10 GB, so four modes'
-graphs would not fit beside the oracle. Its per-node states, windows and hidden states are read in
-place (not copied), valid while the result is fresh, i.e. until the next verify with states of the
-same T: measure a result, and commit it, before verifying the next mode. Its commit copies the
+``AnyModePlan`` maps them). ``verify_modes(state, tree, modes=...)`` replays the same verify for
+several modes in one pass (key ("any", k x T, k, capacity, True) for k modes): the tree copied k times
+side by side, each copy with its mode's tables and its own attention block, so the model's weights
+are read once for the k modes instead of k times; at full size each copy's per-node states are ~10 GB
+(what the audit's oracle batches leave room for). Per-node states, windows and hidden states are read
+in place (not copied), valid while the result is fresh, i.e. until the next verify with states of
+the same key: measure a result, and commit it, before verifying the next tree. Its commit copies the
 accepted node's state as the model's does.
 
 Attention over a fixed-capacity prefix sums the same terms as over the prefix alone but the
@@ -125,22 +128,46 @@ class StaticPlan(gb.TreePlan):
 class AnyModePlan(StaticPlan):
     """A StaticPlan for the verify with per-node states in any mode: the kernels run their exact
     (parent-indexed) form and ask for the "exact" tables, and get the current mode's instead, the
-    recurrence's source parents as ``src`` and the conv's as ``conv_table`` (``load(tree, mode)``
-    refills both). Other tables (ancestor masks, root paths: the snapshot-free kernels') are refused."""
+    recurrence's source parents as ``src`` and the conv's as ``conv_table`` (``load(tree, modes)``
+    refills both). Other tables (ancestor masks, root paths: the snapshot-free kernels') are refused.
 
-    def __init__(self, T: int, device):
+    With ``copies`` > 1 the plan holds that many copies of one tree side by side, a forest of
+    T = copies x n nodes: copy c's nodes are c*n .. c*n + n - 1, its root reads the committed state
+    and window (source -1), and its sources are its own mode's, offset into the copy. So one pass
+    verifies the tree in every mode of ``load``'s ``modes`` at once."""
+
+    def __init__(self, T: int, device, copies: int = 1):
         super().__init__(T, device, T - 1)
-        self.conv_mode = self.rec_mode = "exact"
+        self.copies = copies
+        self._src = self._conv_src = None  # host [1, T] the forest's recurrence and conv sources
 
-    def load(self, tree: Tree, mode: str = "exact") -> None:
-        self.conv_mode, self.rec_mode = _LAYER_MODES[mode]
-        super().load(tree)
+    def load(self, tree: Tree, modes=("exact",)) -> None:
+        modes = (modes,) if isinstance(modes, str) else tuple(modes)
+        if len(modes) != self.copies:
+            raise InputError(f"modes: {len(modes)} given, this plan holds {self.copies} copies of the tree")
+        if tree.size * self.copies != self.T:
+            raise InputError(f"tree: {tree.size} nodes x {self.copies} copies, this plan holds {self.T} nodes")
+        host = gb.TreePlan(torch.tensor(tree.parents)[None])  # validated on the host, no device sync
+        n = tree.size
+
+        def forest(source) -> torch.Tensor:  # [1, T]: each copy's sources (``source(mode)``), offset into it
+            cols = []
+            for c, m in enumerate(modes):
+                s = host.src(source(m))[0]  # [n], -1 at the root
+                cols.append(torch.where(s >= 0, s + c * n, s))
+            return torch.cat(cols)[None]
+
+        self._host = host
+        self._conv_src, self._src = forest(lambda m: _LAYER_MODES[m][0]), forest(lambda m: _LAYER_MODES[m][1])
+        self.parents.copy_(forest(lambda m: "exact"), non_blocking=True)  # the forest's own parents
+        for key, value in self._cache.items():
+            value.copy_(self._host_value(key), non_blocking=True)
 
     def _host_value(self, key):
         if key[0] == "src":
-            return self._host.src(self.rec_mode)
+            return self._src
         if key[0] == "conv":
-            return self._host.conv_table(self.conv_mode, key[2])
+            return gb.checks.conv_sources(self._conv_src, key[2]).to(torch.int32).contiguous()
         raise RuntimeError(f"AnyModePlan: table {key[0]!r} asked for; it serves source and conv tables only")
 
 
@@ -191,8 +218,8 @@ class _Captured:
         mode, T, rounds, _, keep_states = key
         dev = model.device
         self.T, self.prefix, self.pool, self.keep_states = T, prefix, pool, keep_states
-        if keep_states:  # the parent-indexed kernels, reading the refilled mode's source tables
-            self.mode, self.plan = "exact", AnyModePlan(T, dev)
+        if keep_states:  # the parent-indexed kernels, reading the refilled modes' source tables (rounds: copies)
+            self.mode, self.plan = "exact", AnyModePlan(T, dev, copies=rounds)
         else:
             self.mode = mode
             self.plan = StaticPlan(T, dev, 2 ** rounds if _LAYER_MODES[mode][1] == "exact" else T - 1)
@@ -208,14 +235,17 @@ class _Captured:
         self.logits = self.out = self.committed = self.hidden = None
         self.epoch = 0
 
-    def load(self, tree: Tree, state: ModelState, mode: str) -> None:
+    def load(self, tree: Tree, state: ModelState, modes: tuple) -> None:
+        """The tree (copied once per mode of ``modes``, side by side, with per-node states; else its one
+        mode's) into the fixed buffers, and the state's KV prefix."""
+        k = len(modes)
         if self.keep_states:
-            self.plan.load(tree, mode)
+            self.plan.load(tree, modes)
         else:
             self.plan.load(tree)
-        self.tokens.copy_(torch.tensor(tree.tokens), non_blocking=True)
-        self.positions.copy_(torch.as_tensor(tree.positions(state.pos)), non_blocking=True)
-        self.mask.copy_(torch.as_tensor(tree.ancestor_mask), non_blocking=True)
+        self.tokens.copy_(torch.tensor(tree.tokens).repeat(k), non_blocking=True)
+        self.positions.copy_(torch.as_tensor(tree.positions(state.pos)).repeat(k), non_blocking=True)
+        self.mask.copy_(torch.block_diag(*[torch.as_tensor(tree.ancestor_mask)] * k), non_blocking=True)
         self.prefix.load(state)
 
 
@@ -263,11 +293,12 @@ class GraphedModel:
         res = self.verify(state, tree, mode="exact")
         return self.commit(state, tree, res, len(tree) - 1), res.logits
 
-    def key(self, state: ModelState, tree: Tree, mode: str, keep_states: bool = False) -> tuple:
+    def key(self, state: ModelState, tree: Tree, mode: str, keep_states: bool = False, *, copies: int = 1) -> tuple:
         """(mode, T, WY rounds of the recurrence's source order, KV prefix capacity, keep_states); with
-        per-node states ("any", T, 0, capacity, True): one graph for every mode, no WY solve."""
+        per-node states ("any", copies x T, copies, capacity, True): one graph for every mode (or, with
+        ``copies`` > 1, every tuple of that many modes, side by side), no WY solve."""
         if keep_states:
-            return "any", tree.size, 0, prefix_capacity(state.pos), True
+            return "any", copies * tree.size, copies, prefix_capacity(state.pos), True
         depth = int(tree.depths.max()) if _LAYER_MODES[mode][1] == "exact" else tree.size - 1
         return mode, tree.size, wy_rounds(depth), prefix_capacity(state.pos), False
 
@@ -281,19 +312,8 @@ class GraphedModel:
         if kw:
             raise InputError("cuda graphs: verify takes the tree's own positions and mask (use the model itself "
                              "otherwise)")
-        m = self.model
-        m.check_tree(state, tree, mode)
-        key = self.key(state, tree, mode, keep_states)
-        if keep_states:
-            key = self._states_key(key)
-        cap = self._keys.get(key)
-        if cap is None:
-            prefix = self._prefixes.get(key[3]) or self._prefixes.setdefault(key[3], _Prefix(m, key[3]))
-            cap = self._keys[key] = _Captured(m, key, prefix, torch.cuda.graph_pool_handle() if self.capture else None)
-        cap.load(tree, state, mode)
-        self._load_state(state)
-        self._run(cap, "verify_graph", lambda: self._verify_body(cap))
-        cap.epoch += 1
+        self.model.check_tree(state, tree, mode)
+        cap = self._replay(state, tree, (mode,), keep_states)
         out = cap.out
         if cap.keep_states:
             return VerifyResult(mode, cap.logits.clone(), cap.hidden, list(out.ssm), list(out.conv), list(out.kv),
@@ -301,13 +321,54 @@ class GraphedModel:
         return VerifyResult(mode, cap.logits.clone(), None, None, None, list(out.kv), list(out.commit_inputs),
                             _Epoch(cap))
 
+    def verify_modes(self, state: ModelState, tree: Tree, *, modes) -> list[VerifyResult]:
+        """``verify(state, tree, mode=m, keep_states=True)`` for each m of ``modes`` (distinct), as one
+        replay: the tree's copies side by side, one per mode (a forest of len(modes) x T nodes: each
+        copy's root reads the committed state, its recurrence and conv read its mode's sources, its
+        attention sees the prefix and its own ancestors), so the weights are read once for all of them,
+        not once per mode. Each result is its copy's rows of the key's buffers (logits copied out),
+        fresh until the next verify with states of that key: measure them, and commit one, before it.
+        HybridModel.verify_modes verifies them one by one."""
+        modes = tuple(modes)
+        if not modes or len(set(modes)) != len(modes):
+            raise InputError(f"modes: expected distinct verify modes, at least one, got {list(modes)}")
+        for m in modes:
+            self.model.check_tree(state, tree, m)
+        cap = self._replay(state, tree, modes, True)
+        out, n, fresh = cap.out, tree.size, _Epoch(cap)
+        logits = cap.logits.clone()
+        results = []
+        for c, m in enumerate(modes):
+            rows = slice(c * n, (c + 1) * n)
+            cut = [None if x is None else x[rows] for x in out.ssm], [None if x is None else x[rows] for x in out.conv]
+            kv = [None if x is None else (x[0][rows], x[1][rows]) for x in out.kv]
+            results.append(VerifyResult(m, logits[rows], cap.hidden[:, rows], *cut, kv, None, fresh))
+        return results
+
+    def _replay(self, state: ModelState, tree: Tree, modes: tuple, keep_states: bool) -> "_Captured":
+        """The verify of ``tree`` from ``state`` in ``modes`` (one, or with per-node states several side by
+        side) replayed under its key (captured on first use): its _Captured, outputs filled."""
+        m = self.model
+        key = self.key(state, tree, modes[0], keep_states, copies=len(modes))
+        if keep_states:
+            key = self._states_key(key)
+        cap = self._keys.get(key)
+        if cap is None:
+            prefix = self._prefixes.get(key[3]) or self._prefixes.setdefault(key[3], _Prefix(m, key[3]))
+            cap = self._keys[key] = _Captured(m, key, prefix, torch.cuda.graph_pool_handle() if self.capture else None)
+        cap.load(tree, state, modes)
+        self._load_state(state)
+        self._run(cap, "verify_graph", lambda: self._verify_body(cap))
+        cap.epoch += 1
+        return cap
+
     def _states_key(self, key: tuple) -> tuple:
-        """The key a verify with per-node states runs under: one per T, its prefix capacity only growing.
-        A smaller prefix takes the kept key (rows past it are masked out); a larger one replaces it, and
-        the old graph and its ~10 GB of per-node buffers (at full size) go first: kept beside the new
-        one, every capacity a generation's prefix crosses would hold a set of buffers of its own. The
-        replaced key's results are stale, as after the next verify of their key."""
-        kept = next((k for k in self._keys if k[4] and k[1] == key[1]), None)
+        """The key a verify with per-node states runs under: one per (T, copies), its prefix capacity only
+        growing. A smaller prefix takes the kept key (rows past it are masked out); a larger one replaces
+        it, and the old graph and its ~10 GB of per-node buffers (at full size, per copy) go first: kept
+        beside the new one, every capacity a generation's prefix crosses would hold a set of buffers of its
+        own. The replaced key's results are stale, as after the next verify of their key."""
+        kept = next((k for k in self._keys if k[4] and k[1:3] == key[1:3]), None)
         if kept is None or kept[3] >= key[3]:
             return key if kept is None else kept
         self._keys.pop(kept).epoch += 1

@@ -222,6 +222,18 @@ class HybridModel:
         h = self.run_layers(range(self.cfg.num_layers), h, state, tables, mode, out)
         return self.finish(h, out, mode)
 
+    def verify_modes(self, state: ModelState, tree: Tree, *, modes):
+        """``verify(state, tree, mode=m)`` (per-node states) for each m of ``modes`` (distinct), one after
+        another as they are asked for: an iterator, so one mode's per-node states are held at a time
+        (ddsim.model.graphs' GraphedModel.verify_modes runs them as one pass). Every mode is checked
+        first."""
+        modes = tuple(modes)
+        if not modes or len(set(modes)) != len(modes):
+            raise InputError(f"modes: expected distinct verify modes, at least one, got {list(modes)}")
+        for m in modes:
+            self.check_tree(state, tree, m)
+        return (self.verify(state, tree, mode=m) for m in modes)
+
     def check_tree(self, state: ModelState, tree: Tree, mode: str) -> None:
         """The mode, the tree's positions and tokens against the model (host values: no device sync)."""
         if mode not in VERIFY_MODES:

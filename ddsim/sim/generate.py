@@ -575,11 +575,20 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
                 if not norms:
                     norms.append(reference_norms(ref, cfg))
                 return node_metrics(tree, result, ref, cfg, ref_norms=norms[0])
-        # each verify's result is measured, and the mode's committed, before the next verify: a CUDA-graph
-        # replay with per-node states (ddsim.model.graphs) reuses one set of buffers for every mode
+        # with per-node states: the mode's, exact's and the attributions' verifies of this tree, in that
+        # order (one pass for all of them where the model replays CUDA graphs: ddsim.model.graphs), each
+        # measured, and the mode's committed, before the next tree's
         if keep:
             with part("fast-path verifies"):
-                res = model.verify(state, tree, mode=mode, keep_states=True)
+                kept = iter(model.verify_modes(state, tree, modes=dict.fromkeys((mode, "exact", *attribution))))
+
+            def next_kept(expected: str):
+                with part("fast-path verifies"):
+                    r = next(kept)
+                if r.mode != expected:
+                    raise RuntimeError(f"verify_modes: a {r.mode} result where {expected}'s was due")
+                return r
+            res = next_kept(mode)
         else:  # the serving verify, batched with the other generations' of this round
             res = yield VerifyRequest(state, tree, mode)
         targets = target_tokens(res.logits, positions, temperature=temperature, seed=seed)
@@ -603,8 +612,7 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
             targets_x, path_x, bonus_x, law_x = targets, path, bonus, law
         else:
             if keep:
-                with part("fast-path verifies"):
-                    res_x = model.verify(state, tree, mode="exact", keep_states=True)
+                res_x = next_kept("exact")
             else:
                 res_x = yield VerifyRequest(state, tree, "exact")
             targets_x = target_tokens(res_x.logits, positions, temperature=temperature, seed=seed)
@@ -619,10 +627,10 @@ def _generation(model: HybridModel, prompt: list[int], n_tokens: int | None, *, 
         if measure == "full":
             for extra in attribution:
                 if extra not in nodes:
-                    with part("fast-path verifies"):
-                        res_e = model.verify(state, tree, mode=extra, keep_states=True)
+                    res_e = next_kept(extra)
                     nodes[extra] = measured(res_e)
                     del res_e
+            del kept
             keys = node_keys(tree)
             ref = None  # the oracle's per-node states (gigabytes at full size): not held while the others step
             norms.clear()
