@@ -90,7 +90,7 @@ def test_several_modes_replayed_side_by_side_equal_the_eager_verify(preset, dtyp
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     modes = ("leaky", "exact", "leaky-state", "leaky-conv")
     for step, t in enumerate(TREES + [Tree(list(range(-1, 7)), [5, 1, 2, 3, 4, 6, 7, 8]), TREES[0]]):
-        results = gm.verify_modes(st, t, modes=modes)
+        results = list(gm.verify_modes(st, t, modes=modes))
         for r in results:
             a = m.verify(st, t, mode=r.mode)
             assert_per_node_close(r, a, cfg.recurrent_layers, msg=f"{r.mode} tree {step}: ", **tol)

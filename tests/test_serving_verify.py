@@ -112,7 +112,7 @@ def test_several_modes_verified_side_by_side_equal_each_verified_alone(preset):
     tol = dict(rtol=1e-5, atol=1e-5)
     for order in (("leaky", "exact", "leaky-state", "leaky-conv"), ("leaky-conv", "exact", "leaky", "leaky-state")):
         for t in TREES:
-            results = gm.verify_modes(st, t, modes=order)
+            results = list(gm.verify_modes(st, t, modes=order))
             assert [r.mode for r in results] == list(order)
             for r in results:
                 full = ref.verify(st, t, mode=r.mode)
@@ -128,13 +128,35 @@ def test_several_modes_verified_side_by_side_equal_each_verified_alone(preset):
                 torch.testing.assert_close(sb.kv[i][0], sf.kv[i][0], **tol)
             assert sb.pos == sf.pos
     assert gm.captured() == [("any", 32, 4, 256, True)]  # one graph for every order of four modes
-    gm.verify_modes(st, TREES[0], modes=MODES)
+    list(gm.verify_modes(st, TREES[0], modes=MODES))
     with pytest.raises(InputError, match="reused"):
         gm.commit(st, TREES[2], results[0], 2)
     with pytest.raises(InputError, match="distinct"):
         gm.verify_modes(st, TREES[0], modes=("leaky", "leaky"))
     with pytest.raises(InputError, match="mode"):
         gm.verify_modes(st, TREES[0], modes=("exact", "sloppy"))
+
+
+def test_modes_past_the_copies_limit_are_replayed_in_even_groups_as_asked():
+    """GraphedModel.max_copies: four modes at most three a replay go as two replays of two (one key), the
+    second run only when its first result is asked for, which makes the first group's results stale; each
+    result is still its mode's own verify."""
+    from ddsim.model.graphs import copies_per_replay
+    assert [copies_per_replay(4, k) for k in (None, 1, 2, 3, 4, 9)] == [4, 1, 2, 2, 4, 4]
+    assert [copies_per_replay(5, k) for k in (2, 3, 4)] == [2, 3, 3]
+    cfg, ref, fast = _models("micro", backend="triton")
+    gm = GraphedModel(fast, capture=False)
+    gm.max_copies = 3
+    st, _ = ref.prefill([1, 2, 3, 4, 5])
+    results = gm.verify_modes(st, TREES[1], modes=MODES)
+    first = [next(results), next(results)]
+    assert gm.captured() == [("any", 16, 2, 256, True)] and first[0].fresh()
+    rest = list(results)
+    assert not first[0].fresh() and rest[0].fresh() and gm.captured() == [("any", 16, 2, 256, True)]
+    for r in first + rest:
+        assert_per_node_close(r, ref.verify(st, TREES[1], mode=r.mode), cfg.recurrent_layers, msg=f"{r.mode}: ",
+                              rtol=1e-5, atol=1e-5)
+    assert [r.mode for r in first + rest] == list(MODES)
 
 
 def test_the_model_verifies_several_modes_one_at_a_time_as_asked():

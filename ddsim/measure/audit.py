@@ -14,6 +14,7 @@ reference's choice led by no more than that is counted apart, as possibly the ar
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
 import platform
@@ -32,7 +33,7 @@ from ddsim.measure.metrics import summarize
 from ddsim.measure.settings import AuditConfig
 from ddsim.measure.throughput import CostModel, speedup_table
 from ddsim.model.config import get_preset
-from ddsim.model.graphs import GraphedModel, not_capturable, serving_model
+from ddsim.model.graphs import GraphedModel, copies_per_replay, not_capturable, serving_model
 from ddsim.model.model import HybridModel
 from ddsim.model.prompts import TextEncoder, builtin_prompts, load_prompts
 from ddsim.model.tensor_digest import tensors_sha256
@@ -401,8 +402,11 @@ def _leaky(run: _Run, ps, references, outs, budget: int) -> None:
     policy = TreePolicy("ddtree", budget, run.ac.topk_cap)
     inner = {} if run.timings is not None else None
     full = model if not_capturable(model) else GraphedModel(model)
-    # what the graph with per-node states will allocate (one set per mode: the modes side by side), until it has
-    copies = len(dict.fromkeys(("leaky", "exact", *LEAK_MODES)))
+    modes = len(dict.fromkeys(("leaky", "exact", *LEAK_MODES)))
+    copies = 1 if full is model else copies_per_replay(modes, side_by_side(model, budget + 1, modes))
+    if full is not model:
+        full.max_copies = copies
+    # what the graph with per-node states will allocate (one set per copy side by side), until it has
     graphs = 0 if full is model else (
         lambda full=full, n=copies * (budget + 1) * fast_path_state_bytes(model): 0 if full.captured() else n)
     with run.phase(f"leaky generations in lock step, budget {budget}"):
@@ -412,7 +416,10 @@ def _leaky(run: _Run, ps, references, outs, budget: int) -> None:
                                      timings=inner, drafter=run.drafter, policy=policy, mode="leaky",
                                      measure="full", weights=run.weights, attribution=LEAK_MODES,
                                      serving=run.serving, **run.common)
-    del full
+    del full, graphs
+    if run.device.type == "cuda":  # the graph's pool back to the device before the next budget's sizing
+        gc.collect()
+        torch.cuda.empty_cache()
     if inner:
         _leaky_timings(run.timings, inner, budget)
     for o, g in zip(outs, leaky):
@@ -518,6 +525,20 @@ def check_memory(ac: AuditConfig, cfg, device: torch.device, weight_bytes_per_pa
 def recurrent_values(cfg) -> int:
     """Values one node's recurrent states and conv windows hold, over every recurrent layer."""
     return sum(math.prod(cfg.state_shape(l)) + math.prod(cfg.window_shape(l)) for l in cfg.recurrent_layers)
+
+
+SIDE_BY_SIDE_MEMORY = 0.2  # the share of a device's memory the copies of one verify with states may take
+
+
+def side_by_side(model: HybridModel, nodes: int, modes: int) -> int:
+    """How many of a step's ``modes`` verifies with per-node states of ``nodes`` nodes the audit replays side
+    by side (GraphedModel.max_copies): as many as fit in SIDE_BY_SIDE_MEMORY of the device's memory (at
+    Qwen3.6-27B shapes on an H200, all four at budget 16, two at budget 64), at least one; the rest of the
+    memory is the oracle's batches'."""
+    total = torch.cuda.get_device_properties(model.device).total_memory if model.device.type == "cuda" else None
+    if total is None:
+        return modes
+    return max(1, min(modes, int(total * SIDE_BY_SIDE_MEMORY // (nodes * fast_path_state_bytes(model)))))
 
 
 def fast_path_state_bytes(model: HybridModel) -> int:

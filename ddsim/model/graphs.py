@@ -60,6 +60,14 @@ def wy_rounds(depth: int) -> int:
     return max(0, math.ceil(math.log2(max(depth, 1))))
 
 
+def copies_per_replay(modes: int, max_copies: int | None) -> int:
+    """The group size verify_modes replays ``modes`` modes in: as few groups as ``max_copies`` (None: no
+    limit) allows, of one size (one key), as even as they can be: 4 modes at most 3 a replay go 2 + 2."""
+    most = modes if max_copies is None else max(1, min(max_copies, modes))
+    groups = -(-modes // most)
+    return -(-modes // groups)
+
+
 def prefix_capacity(P: int) -> int:
     """KV rows a graph keeps for a committed prefix of P tokens: a power of two >= max(P, 256)."""
     return max(MIN_PREFIX_CAPACITY, 1 << max(P - 1, 0).bit_length())
@@ -235,6 +243,10 @@ class _Captured:
         self.logits = self.out = self.committed = self.hidden = None
         self.epoch = 0
 
+    def release(self) -> None:
+        """Let the verify's outputs go (a warm-up's, before the capture makes the graph's own)."""
+        self.logits = self.out = self.hidden = None
+
     def load(self, tree: Tree, state: ModelState, modes: tuple) -> None:
         """The tree (copied once per mode of ``modes``, side by side, with per-node states; else its one
         mode's) into the fixed buffers, and the state's KV prefix."""
@@ -273,6 +285,7 @@ class GraphedModel:
         self._resident = None  # the state the buffers hold (states are never written in place)
         self._decode = None  # the decode key (ddsim.model.decode): its buffers and graph
         self.decode_graphs = True
+        self.max_copies = None  # verify_modes: the most modes side by side in one replay (None: every mode)
 
     def __getattr__(self, name):  # empty_state, cfg, device, ... are the model's
         return getattr(self.model, name)
@@ -321,19 +334,26 @@ class GraphedModel:
         return VerifyResult(mode, cap.logits.clone(), None, None, None, list(out.kv), list(out.commit_inputs),
                             _Epoch(cap))
 
-    def verify_modes(self, state: ModelState, tree: Tree, *, modes) -> list[VerifyResult]:
-        """``verify(state, tree, mode=m, keep_states=True)`` for each m of ``modes`` (distinct), as one
-        replay: the tree's copies side by side, one per mode (a forest of len(modes) x T nodes: each
-        copy's root reads the committed state, its recurrence and conv read its mode's sources, its
-        attention sees the prefix and its own ancestors), so the weights are read once for all of them,
-        not once per mode. Each result is its copy's rows of the key's buffers (logits copied out),
-        fresh until the next verify with states of that key: measure them, and commit one, before it.
-        HybridModel.verify_modes verifies them one by one."""
+    def verify_modes(self, state: ModelState, tree: Tree, *, modes):
+        """``verify(state, tree, mode=m, keep_states=True)`` for each m of ``modes`` (distinct), in order, as
+        few replays as ``max_copies`` allows: the tree's copies side by side, one per mode (a forest of
+        k x T nodes: each copy's root reads the committed state, its recurrence and conv read its mode's
+        sources, its attention sees the prefix and its own ancestors), so the weights are read once per
+        replay, not once per mode. The modes go in groups of equal size (one key), at most max_copies each
+        (None: all at once), each replayed when its first result is asked for: an iterator. Each result is
+        its copy's rows of the key's buffers (logits copied out), fresh until the key's next verify (the
+        next group's, or the next tree's): measure them, and commit one, before asking for the next.
+        Every mode is checked first. HybridModel.verify_modes verifies them one by one."""
         modes = tuple(modes)
         if not modes or len(set(modes)) != len(modes):
             raise InputError(f"modes: expected distinct verify modes, at least one, got {list(modes)}")
         for m in modes:
             self.model.check_tree(state, tree, m)
+        size = copies_per_replay(len(modes), self.max_copies)
+        return (r for lo in range(0, len(modes), size) for r in self._side_by_side(state, tree, modes[lo:lo + size]))
+
+    def _side_by_side(self, state: ModelState, tree: Tree, modes: tuple) -> list[VerifyResult]:
+        """One replay of ``tree`` in each of ``modes`` (checked), its results per copy."""
         cap = self._replay(state, tree, modes, True)
         out, n, fresh = cap.out, tree.size, _Epoch(cap)
         logits = cap.logits.clone()
@@ -358,7 +378,7 @@ class GraphedModel:
             cap = self._keys[key] = _Captured(m, key, prefix, torch.cuda.graph_pool_handle() if self.capture else None)
         cap.load(tree, state, modes)
         self._load_state(state)
-        self._run(cap, "verify_graph", lambda: self._verify_body(cap))
+        self._run(cap, "verify_graph", lambda: self._verify_body(cap), release=cap.release)
         cap.epoch += 1
         return cap
 
@@ -468,11 +488,12 @@ class GraphedModel:
             self._ssm[i].copy_(state.ssm[i], non_blocking=True)
             self._conv[i].copy_(state.conv[i], non_blocking=True)
 
-    def _run(self, cap, name: str, body, *, warmup=None) -> None:
+    def _run(self, cap, name: str, body, *, warmup=None, release=None) -> None:
         """Run ``body`` eagerly (capture=False), or capture it on first use into ``cap.<name>`` (from
         ``cap.pool``), after a warm-up that compiles the kernels and allocates the plans' tables
         (``warmup``, default ``body``: a body that is not idempotent warms up with a version that is),
-        and replay it."""
+        and replay it. ``release`` lets the warm-up's outputs go before the capture allocates its own (at
+        full size a verify with per-node states holds ~10 GB of them per tree copy)."""
         if not self.capture:
             body()
             return
@@ -483,6 +504,10 @@ class GraphedModel:
             with torch.cuda.stream(side), _no_grad():
                 (warmup or body)()
             torch.cuda.current_stream().wait_stream(side)
+            if release is not None:  # the warm-up's outputs go before the capture makes its own
+                release()
+            torch.cuda.current_stream().synchronize()
+            torch.cuda.empty_cache()  # the warm-up's blocks (its stream's) back to the device for the graph's pool
             graph = torch.cuda.CUDAGraph()
             # thread-local capture: another thread's CUDA calls (a weight digest copying tensors out
             # beside the audit did, on the H200) must not invalidate this capture; nor may the garbage
