@@ -160,6 +160,32 @@ def test_states_kept_past_their_batch_are_their_own_memory():
     assert own(tips[0][1]) and own(tips[2][1])  # stopped before the last row
 
 
+def test_rows_copied_out_together_equal_each_row_copied_alone():
+    """RowDecoder.states (greedy_rows' tips of one pass): each row's state bit for bit as state(b) copies it,
+    in memory of its own (no storage shared with the buffers or another row), unchanged by later steps."""
+    cfg = get_preset("micro")
+    m = HybridModel(cfg, init_weights(cfg, seed=0))
+    states = [m.prefill(p[:-1])[0] for p in PROMPTS]
+    dec = m.decoder(states, steps=2)
+    dec.step([p[-1] for p in PROMPTS])
+    together, alone = dec.states([2, 0]), [dec.state(2), dec.state(0)]
+    storages = set()
+    for a, b in zip(together, alone):
+        assert a.pos == b.pos
+        for xs, ys in ((a.ssm, b.ssm), (a.conv, b.conv), ([t for kv in a.kv if kv for t in kv], [t for kv in b.kv if kv for t in kv])):
+            for x, y in zip(xs, ys):
+                if y is not None:
+                    assert torch.equal(x, y) and x.untyped_storage().nbytes() == x.numel() * x.element_size()
+                    storages.add(x.untyped_storage().data_ptr())
+    assert len(storages) == sum(1 for st in together for x in st.ssm + st.conv + [t for kv in st.kv if kv for t in kv]
+                                if x is not None)
+    dec.step([1, 2, 3])
+    for a, b in zip(together, alone):
+        for x, y in zip(a.ssm, b.ssm):
+            if y is not None:
+                assert torch.equal(x, y)
+
+
 def test_prefill_requests_never_pad_past_the_models_positions():
     """A chain whose padding to the batch's longest would run past the model's last position is
     prefilled on its own (the padding is the batch's, not the request's)."""

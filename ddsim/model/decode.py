@@ -86,6 +86,28 @@ class DecodeBuffers:
                           [None if c is None else own(c[b]) for c in self.conv])
 
 
+    def rows_of(self, bs: list[int]) -> list[ModelState]:
+        """Rows ``bs``' committed states, each in memory of its own (as ``row(b, copy=True)``: a state kept
+        past its batch must not hold the others' alive), copied by one multi-tensor copy per dtype for all
+        of them (row by row, a 64-layer model's 32 rows are some 4,000 copy launches)."""
+        src, dst = {}, {}
+
+        def own(x):
+            d = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            src.setdefault(x.dtype, []).append(x)
+            dst.setdefault(x.dtype, []).append(d)
+            return d
+        out = []
+        for b in bs:
+            n = self.pos[b]
+            out.append(ModelState(n, [None if kv is None else (own(kv[0][b, :n]), own(kv[1][b, :n])) for kv in self.kv],
+                                  [None if s is None else own(s[b]) for s in self.ssm],
+                                  [None if c is None else own(c[b]) for c in self.conv]))
+        for dtype, xs in src.items():
+            torch._foreach_copy_(dst[dtype], xs)
+        return out
+
+
 class RowDecoder:
     """Decode n sequences together from their committed ``states``: ``step(tokens)`` feeds token b to
     row b and returns the logits [n, vocab] (float32, the caller's own), every row moving on by one;
@@ -126,3 +148,8 @@ class RowDecoder:
         """Row b's state now; copy=False: views into the buffers (valid until the next step)."""
         self._check_fresh()
         return self.buffers.row(b, copy=copy)
+
+    def states(self, bs: list[int]) -> list[ModelState]:
+        """Rows ``bs``' states now, each its own memory, copied out together (DecodeBuffers.rows_of)."""
+        self._check_fresh()
+        return self.buffers.rows_of(list(bs))

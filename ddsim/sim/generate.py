@@ -126,12 +126,15 @@ def greedy_rows(model: HybridModel, requests) -> list[tuple[list[int], object]]:
     roots, out, tips = [int(q.root) for q in requests], [[] for _ in requests], [q.state for q in requests]
     for t in range(n):
         # every row decodes until the longest is done (a row's passes past its own n are never read)
+        done = []
         for b, y in enumerate(dec.step(roots).argmax(-1).tolist()):
             if t < requests[b].n:
                 out[b].append(int(y))
-                if t == requests[b].n - 1:  # the tip: after root, y_1..y_{n-1}, copied out of the buffers
-                    tips[b] = dec.state(b)
+                if t == requests[b].n - 1:  # the tip: after root, y_1..y_{n-1}
+                    done.append(b)
             roots[b] = int(y)
+        for b, tip in zip(done, dec.states(done)):  # the tips of this pass copied out of the buffers together
+            tips[b] = tip
     return list(zip(out, tips))
 
 
