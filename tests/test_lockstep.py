@@ -178,6 +178,27 @@ def test_the_audit_reports_its_phases_and_oracle_batches():
     assert 0 < timings["  of which the oracle, budget 4"] < timings["leaky generations in lock step, budget 4"]
 
 
+def test_the_audit_puts_as_many_modes_side_by_side_as_a_fifth_of_the_device_holds(monkeypatch):
+    """side_by_side at Qwen3.6-27B shapes (about 159 MB of per-node states a node): on an H200 (139.8 GiB) all
+    four modes a replay at budget 16, two at budget 64 (replayed two and two), one where even one
+    copy exceeds the share; every mode a replay off CUDA (the model verifies them one by one anyway)."""
+    import types
+
+    import torch
+
+    from ddsim.measure import audit
+    from ddsim.model.graphs import copies_per_replay
+    m = types.SimpleNamespace(cfg=get_preset("qwen3.6-27b"), device=torch.device("cuda"), state_dtype=torch.float32,
+                              dtype=torch.bfloat16)
+    memory = {"total_memory": int(139.8 * 2**30)}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(**memory))
+    assert [audit.side_by_side(m, n, 4) for n in (17, 65, 257)] == [4, 2, 1]
+    assert [copies_per_replay(4, audit.side_by_side(m, n, 4)) for n in (17, 65)] == [4, 2]
+    memory["total_memory"] = 24 * 2**30
+    assert audit.side_by_side(m, 65, 4) == 1
+    assert audit.side_by_side(types.SimpleNamespace(**{**vars(m), "device": torch.device("cpu")}), 65, 4) == 4
+
+
 def test_the_oracle_batch_fits_three_quarters_of_the_free_memory_less_the_reserve(monkeypatch):
     import torch
 

@@ -395,9 +395,10 @@ def _decision_only(run: _Run, ps, references, outs, budget: int) -> None:
 def _leaky(run: _Run, ps, references, outs, budget: int) -> None:
     """The leaky generations of one budget, every step against the oracle per node and layer, with the
     exact, leaky-state and leaky-conv fast paths on the same trees (their verifies with per-node states
-    replayed from CUDA graphs where the model can be captured: the four modes side by side in one pass,
-    one graph and one set of per-node buffers per mode, freed after the budget); the oracle takes each
-    round's trees as one batch (as many as fit in memory)."""
+    replayed from CUDA graphs where the model can be captured: the four modes side by side, in as few
+    passes of equal size as a fifth of the device's memory holds (side_by_side), one graph and one set of
+    per-node buffers per copy, freed after the budget); the oracle takes each round's trees as one batch
+    (as many as fit in memory beside them)."""
     model = run.model
     policy = TreePolicy("ddtree", budget, run.ac.topk_cap)
     inner = {} if run.timings is not None else None

@@ -85,7 +85,6 @@ class DecodeBuffers:
                           [None if s is None else own(s[b]) for s in self.ssm],
                           [None if c is None else own(c[b]) for c in self.conv])
 
-
     def rows_of(self, bs: list[int]) -> list[ModelState]:
         """Rows ``bs``' committed states, each in memory of its own (as ``row(b, copy=True)``: a state kept
         past its batch must not hold the others' alive), copied by one multi-tensor copy per dtype for all
