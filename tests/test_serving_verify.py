@@ -71,7 +71,7 @@ def test_graph_machinery_with_triton_kernels_equals_the_serving_verify(preset):
 def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
     """verify(keep_states=True) through the fixed buffers (uncaptured): every node's states, windows,
     hidden states and logits equal the model's own verify with states within float32 rounding, tree
-    after tree of different depths on one key per mode (no WY solve: rounds 0); the commit takes the
+    after tree of different depths on one key for every mode (no WY solve); the commit takes the
     accepted node's states, and a result whose buffers a later verify of its key reused is refused."""
     cfg, ref, fast = _models(preset, backend="triton")
     gm = GraphedModel(fast, capture=False)
@@ -79,7 +79,7 @@ def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
     deep = Tree(list(range(-1, 7)), [5, 1, 2, 3, 4, 6, 7, 8])  # depth 7: three WY rounds in a serving key
     tol = dict(rtol=1e-5, atol=1e-5)
     for mode in ("exact", "leaky"):
-        for t in TREES + [deep]:
+        for t in (TREES[0], deep, TREES[1]):  # depths 3, 7, 4 on one key
             b, full = gm.verify(st, t, mode=mode, keep_states=True), ref.verify(st, t, mode=mode)
             assert_per_node_close(b, full, cfg.recurrent_layers, msg=f"{mode}: ", **tol)
             sb, sf = gm.commit(st, t, b, 5), ref.commit(st, t, full, 5)
