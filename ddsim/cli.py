@@ -494,6 +494,9 @@ def cmd_check_kernel(a, console) -> int:
         raise InputError(f"--max-examples: expected >= 1, got {a.max_examples}")
     if not (a.example_timeout > 0 and a.example_timeout < float("inf")):
         raise InputError(f"--example-timeout: expected a finite number of seconds > 0, got {a.example_timeout}")
+    if a.impl == "fla":  # its kernels take no tree: --mode exact refused before fla-core's import
+        from ddsim.engines import fla
+        fla.refuse_before_import(a.op, a.mode)
     device = prepare_engine_device(a.device)
     kernel = _load_kernel(a)
     kernel.check_op(a.op, a.mode)

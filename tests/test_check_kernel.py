@@ -40,10 +40,21 @@ def test_fla_passes_as_the_flattened_path_and_refuses_exact(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "fla-core 0.6.0" in r.stdout and "leaks off order-exact nodes" in r.stdout
     assert "all 8 properties hold (quick profile" in r.stdout
-    r = run_cli("check-kernel", "--impl", "fla", "--mode", "exact", pythonpath=ENGINES)
+    # refused before fla-core is imported (about 4 s): the same line where it cannot be imported at all
+    r = run_cli("check-kernel", "--impl", "fla", "--mode", "exact")
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "ddsim check-kernel: error: --mode exact: fla.fused_recurrent_gated_delta_rule offers only leaky (it takes "
         "no tree: on a tree it is the flattened path)"]
+
+
+def test_fla_refuses_exact_for_each_of_its_kernels_by_the_names_its_adapter_gives():
+    from ddsim.engines import fla
+    from ddsim.errors import InputError
+    for op, name in (("kda", "fla.fused_recurrent_kda"), ("lightning", "fla.fused_recurrent_simple_gla")):
+        with pytest.raises(InputError, match=rf"^--mode exact: {name} offers only leaky \(it takes no tree"):
+            fla.refuse_before_import(op, "exact")
+        fla.refuse_before_import(op, "leaky")
+    fla.refuse_before_import("mamba2", "exact")  # an op fla lacks: the adapter's to refuse, once loaded
 
 
 @pytest.mark.parametrize("mode, held", [("exact", 7), ("leaky", 8)])

@@ -108,14 +108,19 @@ class EngineKernel:
                 raise InputError(f"--op {op}: {self.name} has no {OPS[op]}")
         else:
             name, modes = self.name, self.modes
-        if mode not in modes:
-            raise InputError(f"--mode {mode}: {name} offers only {', '.join(modes)}"
-                             + (" (it takes no tree: on a tree it is the flattened path)" if modes == ("leaky",) else ""))
+        refuse_mode(name, modes, mode)
 
     def provenance(self) -> dict:
         """What a report records about the kernel (ddsim.verdict.report_model.EngineRecord)."""
         return {"name": self.name, "modes": list(self.modes), "package": self.package, "version": self.version,
                 "source": self.source, "source_sha256": self.source_sha256}
+
+
+def refuse_mode(name: str, modes: tuple, mode: str) -> None:
+    """``--mode mode`` of the kernel ``name`` that offers ``modes``: one InputError line where it is not one."""
+    if mode not in modes:
+        raise InputError(f"--mode {mode}: {name} offers only {', '.join(modes)}"
+                         + (" (it takes no tree: on a tree it is the flattened path)" if tuple(modes) == ("leaky",) else ""))
 
 
 def fused_gates(g, beta):

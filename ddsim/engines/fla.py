@@ -12,6 +12,19 @@ from __future__ import annotations
 
 from ddsim.errors import InputError
 
+# each op's kernel, and what it offers, known without importing fla-core (about 4 s): they take no tree
+NAMES = {"gdn": "fla.fused_recurrent_gated_delta_rule", "kda": "fla.fused_recurrent_kda",
+         "lightning": "fla.fused_recurrent_simple_gla"}
+MODES = ("leaky",)
+
+
+def refuse_before_import(op: str, mode: str) -> None:
+    """``--impl fla --op op --mode mode``: a mode fla's kernel for the op does not offer, refused in the words
+    EngineKernel.check_op uses, before fla-core is imported (an op fla lacks is the adapter's to refuse)."""
+    from ddsim.engines import refuse_mode
+    if op in NAMES:
+        refuse_mode(NAMES[op], MODES, mode)
+
 
 def as_contract(fn):
     """fn with fla's signature (q, k, v, g=, beta=, scale=, initial_state=, output_final_state=,
@@ -77,11 +90,11 @@ def adapter():
     kda, gla = _optional("fla.ops.kda", "fused_recurrent_kda"), _optional("fla.ops.simple_gla", "fused_recurrent_simple_gla")
     if kda is not None:
         ksrc, kdigest = _source_of(kda)
-        extra.update(kda=as_kda_contract(kda), kda_name="fla.fused_recurrent_kda", kda_modes=("leaky",),
+        extra.update(kda=as_kda_contract(kda), kda_name=NAMES["kda"], kda_modes=MODES,
                      kda_source=ksrc, kda_source_sha256=kdigest)
     if gla is not None:
         lsrc, ldigest = _source_of(gla)
-        extra.update(lightning=as_lightning_contract(gla), lightning_name="fla.fused_recurrent_simple_gla",
-                     lightning_modes=("leaky",), lightning_source=lsrc, lightning_source_sha256=ldigest)
-    return EngineKernel("fla.fused_recurrent_gated_delta_rule", ("leaky",), as_contract(fused_recurrent_gated_delta_rule),
+        extra.update(lightning=as_lightning_contract(gla), lightning_name=NAMES["lightning"],
+                     lightning_modes=MODES, lightning_source=lsrc, lightning_source_sha256=ldigest)
+    return EngineKernel(NAMES["gdn"], MODES, as_contract(fused_recurrent_gated_delta_rule),
                         "fla-core", _version("fla-core"), src, digest, **extra)
