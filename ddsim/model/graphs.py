@@ -344,11 +344,7 @@ class GraphedModel:
         its copy's rows of the key's buffers (logits copied out), fresh until the key's next verify (the
         next group's, or the next tree's): measure them, and commit one, before asking for the next.
         Every mode is checked first. HybridModel.verify_modes verifies them one by one."""
-        modes = tuple(modes)
-        if not modes or len(set(modes)) != len(modes):
-            raise InputError(f"modes: expected distinct verify modes, at least one, got {list(modes)}")
-        for m in modes:
-            self.model.check_tree(state, tree, m)
+        modes = self.model.check_modes(state, tree, modes)
         size = copies_per_replay(len(modes), self.max_copies)
         return (r for lo in range(0, len(modes), size) for r in self._side_by_side(state, tree, modes[lo:lo + size]))
 

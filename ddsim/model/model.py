@@ -227,12 +227,18 @@ class HybridModel:
         another as they are asked for: an iterator, so one mode's per-node states are held at a time
         (ddsim.model.graphs' GraphedModel.verify_modes runs them as one pass). Every mode is checked
         first."""
+        modes = self.check_modes(state, tree, modes)
+        return (self.verify(state, tree, mode=m) for m in modes)
+
+    def check_modes(self, state: ModelState, tree: Tree, modes) -> tuple:
+        """``modes`` as a tuple, distinct and at least one, each checked with the tree (check_tree): what a
+        verify_modes takes."""
         modes = tuple(modes)
         if not modes or len(set(modes)) != len(modes):
             raise InputError(f"modes: expected distinct verify modes, at least one, got {list(modes)}")
         for m in modes:
             self.check_tree(state, tree, m)
-        return (self.verify(state, tree, mode=m) for m in modes)
+        return modes
 
     def check_tree(self, state: ModelState, tree: Tree, mode: str) -> None:
         """The mode, the tree's positions and tokens against the model (host values: no device sync)."""
