@@ -403,13 +403,12 @@ def _leaky(run: _Run, ps, references, outs, budget: int) -> None:
     policy = TreePolicy("ddtree", budget, run.ac.topk_cap)
     inner = {} if run.timings is not None else None
     full = model if not_capturable(model) else GraphedModel(model)
-    modes = len(dict.fromkeys(("leaky", "exact", *LEAK_MODES)))
-    copies = 1 if full is model else copies_per_replay(modes, side_by_side(model, budget + 1, modes))
+    graphs = 0
     if full is not model:
-        full.max_copies = copies
-    # what the graph with per-node states will allocate (one set per copy side by side), until it has
-    graphs = 0 if full is model else (
-        lambda full=full, n=copies * (budget + 1) * fast_path_state_bytes(model): 0 if full.captured() else n)
+        modes = len(dict.fromkeys(("leaky", "exact", *LEAK_MODES)))  # what each step verifies with states
+        full.max_copies = copies = copies_per_replay(modes, side_by_side(model, budget + 1, modes))
+        # what the graph with per-node states will allocate (one set per copy side by side), until it has
+        graphs = lambda full=full, n=copies * (budget + 1) * fast_path_state_bytes(model): 0 if full.captured() else n  # noqa: E731
     with run.phase(f"leaky generations in lock step, budget {budget}"):
         leaky = speculative_lockstep(full, ps, references=references,
                                      max_trees=OracleBatches(run.cfg, run.device, reserve=graphs,
