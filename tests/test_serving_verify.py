@@ -189,6 +189,7 @@ def test_a_plan_for_several_modes_offsets_each_copys_sources_into_it():
     plan.load(t, ("exact", "leaky-state", "leaky-conv"))
     par, chain = list(t.parents), list(range(-1, 7))
     shift = lambda xs, c: [x + 8 * c if x >= 0 else -1 for x in xs]  # noqa: E731
+    shift65 = lambda xs, c: [x + 65 * c if x >= 0 else -1 for x in xs]  # noqa: E731
     assert plan.src("exact")[0].tolist() == par + shift(chain, 1) + shift(par, 2)
     conv = plan.conv_table("exact", 4)
     assert conv.tolist() == conv_sources(torch.tensor([par + shift(par, 1) + shift(chain, 2)]), 4).tolist()
@@ -196,6 +197,19 @@ def test_a_plan_for_several_modes_offsets_each_copys_sources_into_it():
         assert conv[0, 8 * c].tolist() == [0, 1, 2, 8 * c + 3]
     with pytest.raises(InputError, match="3 copies"):
         plan.load(t, ("exact", "leaky"))
+    # at a serving budget's size: four copies of a 65-node tree (260 nodes), each copy's sources its own mode's
+    import numpy as np
+
+    from ddsim.trees.builders import random_tree
+    big = random_tree(65, vocab=1000, rng=np.random.default_rng(0))
+    wide = AnyModePlan(260, "cpu", copies=4)
+    wide.load(big, ("leaky", "exact", "leaky-conv", "leaky-state"))
+    chain65, par65 = list(range(-1, 64)), list(big.parents)
+    rec = [chain65, par65, par65, chain65]  # the recurrence's sources per copy's mode
+    conv = [chain65, par65, chain65, par65]
+    assert wide.src("exact")[0].tolist() == [x for c in range(4) for x in shift65(rec[c], c)]
+    assert wide.conv_table("exact", 4).tolist() == conv_sources(
+        torch.tensor([[x for c in range(4) for x in shift65(conv[c], c)]]), 4).tolist()
     with pytest.raises(InputError, match="24 nodes"):
         plan.load(Tree([-1, 0], [1, 2]), ("exact", "leaky", "leaky-conv"))
 
