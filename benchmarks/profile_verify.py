@@ -1,41 +1,80 @@
-"""Where a serving verify's GPU time goes at full size: the eager serving verify (no per-node states)
-of one DDTree tree through the Qwen3.6-27B-shaped model (random bf16 weights) under torch.profiler,
-kernels grouped by name, beside the time of the CUDA-graph replay of the same tree (ddsim.model.graphs).
+"""Where a serving verify's GPU time goes at full size, against the floor of reading the weights once.
 
-    python benchmarks/profile_verify.py [--budget 64] [--top 30] [--commit SHA]
+The Qwen3.6-27B-shaped model (random bf16 weights), one DDTree tree per budget. For each glue (the layers'
+norms, gates and gated activations as one Triton kernel each, the CUDA default, and PyTorch's ops): the exact
+serving verify (no per-node states) replayed from CUDA graphs (ddsim.model.graphs), ms per tree, and the eager
+verify under torch.profiler, kernels grouped by name and by kind (GEMMs, the recurrent kernels, glue, copies);
+and the first glue's replay captured with NaN-filled outputs, as the audit captures it (gpu_backend.poisoned).
+The floor: every weight matrix read once by a one-row GEMM (a decode step's GEMMs alone, replayed from a CUDA
+graph), and the weights' bytes over the H200's 4.8 TB/s.
+
+    python benchmarks/profile_verify.py [--budgets 16,64] [--glues triton,torch] [--top 25] [--commit SHA]
 """
 import argparse
+import gc
 import time
 
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from ddsim.gpu_backend import poisoned
 from ddsim.model.config import get_preset
 from ddsim.model.graphs import GraphedModel
 from ddsim.model.model import HybridModel
 from ddsim.model.weights import init_weights
 from ddsim.trees.builders import ddtree
 
+PEAK_BYTES_PER_S = 4.8e12  # the H200's HBM3e, as specified
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--budget", type=int, default=64)
-    ap.add_argument("--top", type=int, default=30)
-    ap.add_argument("--preset", default="qwen3.6-27b")
-    ap.add_argument("--commit", default="?")
-    a = ap.parse_args()
-    cfg = get_preset(a.preset)
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-          f"commit {a.commit} | {cfg.name} budget {a.budget}", flush=True)
-    model = HybridModel(cfg, init_weights(cfg, seed=0, dtype=torch.bfloat16, device="cuda"), device="cuda",
-                        dtype=torch.bfloat16)
-    weight_bytes = sum(v.numel() * v.element_size() for v in model.w.values())
-    prompt = torch.randint(0, cfg.vocab_size, (32,), generator=torch.Generator().manual_seed(0)).tolist()
-    state, _ = model.prefill(prompt[:-1])
-    tree = ddtree(torch.randn(8, cfg.vocab_size, generator=torch.Generator().manual_seed(a.budget)) * 3.0, a.budget,
-                  root_token=prompt[-1])
+
+def _kind(name: str) -> str:
+    n = name.lower()
+    if "nvjet" in n or "gemm" in n or "splitk" in n or "cutlass" in n:
+        return "GEMMs"
+    if "_gdn_" in n or "_tree_conv" in n or "attention" in n or "_commit" in n:
+        return "recurrence, conv, attention"
+    if any(k in n for k in ("_rms_norm", "_gated_", "_gdn_gates")):
+        return "glue kernels"
+    if "copy" in n or "cat" in n or "fill" in n:
+        return "copies, fills"
+    return "other elementwise"
+
+
+def replay_ms(fn, repeats=20) -> float:
+    """Median ms of fn() (a replay), synchronised around each call."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def weight_floor_ms(model) -> float:
+    """Every 2-D weight read once by a one-row GEMM (x [1, in] @ W^T), the whole pass replayed from a CUDA graph."""
+    mats = [w for w in model.w.values() if w.dim() == 2 and w.is_cuda]
+    xs = {w.shape[1]: torch.randn(1, w.shape[1], device="cuda", dtype=w.dtype) for w in mats}
+
+    def read_all():
+        for w in mats:
+            F.linear(xs[w.shape[1]], w)
     for _ in range(2):
-        model.verify(state, tree, keep_states=False)  # warm-up
+        read_all()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        read_all()
+    ms = replay_ms(g.replay)
+    del g
+    return ms
+
+
+def profile_eager(model, state, tree, top: int) -> None:
+    for _ in range(2):
+        model.verify(state, tree, keep_states=False)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         model.verify(state, tree, keep_states=False)
@@ -44,20 +83,66 @@ def main():
     key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
     total = sum(getattr(e, key) for e in events)
     count = sum(e.count for e in events)
-    print(f"weights {weight_bytes / 2**30:.1f} GiB; eager serving verify of {tree.size} nodes: {count} GPU ops, "
-          f"{total / 1e3:.2f} ms of GPU time")
-    print("| kernel | calls | GPU ms | share |")
-    print("|---|---|---|---|")
-    for e in sorted(events, key=lambda e: -getattr(e, key))[:a.top]:
-        print(f"| {e.key[:90]} | {e.count} | {getattr(e, key) / 1e3:.3f} | {getattr(e, key) / total:.1%} |")
-    graphed = GraphedModel(model)
-    graphed.verify(state, tree)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(10):
-        graphed.verify(state, tree)
-    torch.cuda.synchronize()
-    print(f"CUDA-graph replay: {(time.perf_counter() - t) / 10 * 1e3:.2f} ms per verify (host copies included)")
+    print(f"  eager serving verify of {tree.size} nodes: {count} GPU ops, {total / 1e3:.2f} ms of GPU time")
+    kinds: dict = {}
+    for e in events:
+        k = kinds.setdefault(_kind(e.key), [0, 0.0])
+        k[0] += e.count
+        k[1] += getattr(e, key)
+    print("  | kind | kernels | GPU ms | share |\n  |---|---|---|---|")
+    for name, (n, us) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+        print(f"  | {name} | {n} | {us / 1e3:.3f} | {us / total:.1%} |")
+    print("  | kernel | calls | GPU ms | share |\n  |---|---|---|---|")
+    for e in sorted(events, key=lambda e: -getattr(e, key))[:top]:
+        print(f"  | {e.key[:90]} | {e.count} | {getattr(e, key) / 1e3:.3f} | {getattr(e, key) / total:.1%} |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budgets", default="16,64")
+    ap.add_argument("--glues", default="triton,torch")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--preset", default="qwen3.6-27b")
+    ap.add_argument("--skip-profile", action="store_true")
+    ap.add_argument("--commit", default="?")
+    a = ap.parse_args()
+    cfg = get_preset(a.preset)
+    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
+          f"commit {a.commit} | {cfg.name}", flush=True)
+    model = HybridModel(cfg, init_weights(cfg, seed=0, dtype=torch.bfloat16, device="cuda"), device="cuda",
+                        dtype=torch.bfloat16)
+    weight_bytes = sum(v.numel() * v.element_size() for v in model.w.values())
+    floor = weight_floor_ms(model)
+    nominal = weight_bytes / PEAK_BYTES_PER_S * 1e3
+    print(f"weights {weight_bytes / 1e9:.1f} GB: read once by one-row GEMMs (graphed) {floor:.2f} ms "
+          f"({weight_bytes / floor / 1e9:.2f} TB/s); at 4.8 TB/s {nominal:.2f} ms", flush=True)
+    prompt = torch.randint(0, cfg.vocab_size, (32,), generator=torch.Generator().manual_seed(0)).tolist()
+    state, _ = model.prefill(prompt[:-1])
+    rows = []
+    trees = {b: ddtree(torch.randn(8, cfg.vocab_size, generator=torch.Generator().manual_seed(b)) * 3.0, b,
+                       root_token=prompt[-1]) for b in map(int, a.budgets.split(","))}
+    # (glue, NaN-poisoned outputs): as a server runs it, and the first glue as the audit captures it (poisoned)
+    runs = [(g, False) for g in a.glues.split(",")] + [(a.glues.split(",")[0], True)]
+    for glue, poison in runs:
+        model.glue = glue
+        with poisoned(poison):
+            graphed = GraphedModel(model)
+            for budget, tree in trees.items():
+                print(f"glue {glue}{', poisoned' if poison else ''}, budget {budget}:", flush=True)
+                if not a.skip_profile and not poison:
+                    profile_eager(model, state, tree, a.top)
+                graphed.verify(state, tree)
+                ms = replay_ms(lambda g=graphed, t=tree: g.verify(state, t))
+                rows.append((glue + (" (outputs NaN-filled first, as in the audit)" if poison else ""), budget,
+                             tree.size, ms))
+                print(f"  CUDA-graph replay: {ms:.2f} ms per verify (host copies included)", flush=True)
+        graphed = None  # its graphs freed before the next glue's
+        gc.collect()
+        torch.cuda.empty_cache()
+    print("\n| glue | budget | nodes | graphed exact verify, ms | / weight read (measured) | / weights at 4.8 TB/s |")
+    print("|---|---|---|---|---|---|")
+    for glue, budget, n, ms in rows:
+        print(f"| {glue} | {budget} | {n} | {ms:.2f} | {ms / floor:.2f}x | {ms / nominal:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
 Mamba2 (mamba2_tree_verify / mamba2_tree_commit) takes "torch", "triton" ("triton-ssd" unless
 per-node states are asked for), "triton-recurrent" and "triton-ssd" (the tree-masked SSD form: no
 per-node states, any tree size).
+The layers' elementwise glue (rms_norm, gated_rms_norm, gated_act, gdn_gates) takes ``glue=`` "torch" (the
+reference, what the CPU runs) or "triton" (one kernel each, triton_norms; the model's default on CUDA).
 Triton kernels also run on the CPU under TRITON_INTERPRET=1 (the tests do this).
 
 ``parents=`` takes a [B, T] integer tensor, or a ``TreePlan`` built once per tree and shared by every
@@ -344,8 +346,59 @@ def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, backend=
                                                      initial_state=initial_state)
 
 
+
+# ---- the layers' glue ----------------------------------------------------------------------------
+GLUES = ("torch", "triton")
+
+
+def _glue(glue: str):
+    """The module serving ``glue`` ("torch": torch_ops, "triton": triton_norms)."""
+    if glue == "torch":
+        return torch_ops
+    if glue != "triton":
+        raise ValueError(f"glue: expected one of {GLUES}, got {glue!r}")
+    return _triton("triton_norms")
+
+
+def rms_norm(x, weight, *, eps: float, residual=None, glue: str = "torch"):
+    """RMSNorm of x [..., D] (fp32, rounded to x's dtype) times weight [D]; with residual [..., D]: h = x +
+    residual first, and (normed h, h) returned."""
+    if glue == "torch":
+        return torch_ops.rms_norm(x, weight, eps=eps, residual=residual)
+    with _on(x):
+        return _glue(glue).rms_norm_triton(x, weight, eps=eps, residual=residual)
+
+
+def gated_rms_norm(x, weight, gate, *, eps: float, glue: str = "torch"):
+    """x [N, heads, D] RMS-normed over D, times weight [D], times silu(gate) (gate [N, heads * D])."""
+    if glue == "torch":
+        return torch_ops.gated_rms_norm(x, weight, gate, eps=eps)
+    with _on(x):
+        return _glue(glue).gated_rms_norm_triton(x, weight, gate, eps=eps)
+
+
+def gated_act(gate, up, *, act: str = "silu", glue: str = "torch"):
+    """act(gate) * up for a gated MLP (act "silu" or "gelu")."""
+    if act not in ("silu", "gelu"):
+        raise ValueError(f"act: expected 'silu' or 'gelu', got {act!r}")
+    if glue == "torch":
+        return torch_ops.gated_act(gate, up, act=act)
+    with _on(gate):
+        return _glue(glue).gated_act_triton(gate, up, act=act)
+
+
+def gdn_gates(a, b, *, A, dt_bias, beta_scale: float = 1.0, glue: str = "torch"):
+    """GDN's (g, beta) [N, HV] float32 from the raw projections a, b [N, HV]: g = A softplus(a + dt_bias)
+    with A = -exp(A_log), beta = sigmoid(b) beta_scale."""
+    if glue == "torch":
+        return torch_ops.gdn_gates(a, b, A=A, dt_bias=dt_bias, beta_scale=beta_scale)
+    with _on(a):
+        return _glue(glue).gdn_gates_triton(a, b, A=A, dt_bias=dt_bias, beta_scale=beta_scale)
+
+
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_tree_commit", "mamba1_tree_verify",
            "mamba1_tree_commit", "lightning_tree_verify", "lightning_tree_commit", "kda_tree_verify",
            "kda_tree_commit", "tree_causal_conv1d",
            "conv_tree_commit", "tree_attention", "TreePlan", "CheckedIndices",
-           "checked_accepted", "CheckedSlots", "checked_slots", "poisoned", "poisoning", "BACKENDS", "MAMBA2_BACKENDS"]
+           "checked_accepted", "CheckedSlots", "checked_slots", "poisoned", "poisoning", "BACKENDS", "MAMBA2_BACKENDS",
+           "rms_norm", "gated_rms_norm", "gated_act", "gdn_gates", "GLUES"]

@@ -152,3 +152,30 @@ def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None):
     out = F.scaled_dot_product_attention(q.transpose(0, 1), K, Vv, attn_mask=mask,
                                          scale=scale if scale is not None else 1.0 / math.sqrt(hd))
     return out.transpose(0, 1)
+
+
+# ---- the layers' glue (twins: triton_norms) ----------------------------------------------------
+def rms_norm(x, weight, *, eps: float, residual=None):
+    """RMSNorm over the last dim in float32, rounded to x's dtype, times weight (rounded again): x [..., D]
+    -> [..., D]. With residual: h = x + residual (in x's dtype) first, and (normed h, h) is returned."""
+    h = x if residual is None else x + residual
+    out = F.rms_norm(h.float(), (h.shape[-1],), eps=eps).to(h.dtype) * weight
+    return out if residual is None else (out, h)
+
+
+def gated_rms_norm(x, weight, gate, *, eps: float):
+    """x [N, heads, D] normed over D (as rms_norm) times silu(gate) (gate [N, heads * D], rounded to the dtype)."""
+    return rms_norm(x, weight, eps=eps) * F.silu(gate).reshape(x.shape)
+
+
+def gated_act(gate, up, *, act: str):
+    """act(gate) * up (SwiGLU with act "silu", GeGLU with "gelu", F.gelu's erf form), in gate's dtype."""
+    return (F.gelu(gate) if act == "gelu" else F.silu(gate)) * up
+
+
+def gdn_gates(a, b, *, A, dt_bias, beta_scale: float = 1.0):
+    """GDN's gates from the raw projections a, b [N, HV]: g = A softplus(a + dt_bias) (A = -exp(A_log)),
+    beta = sigmoid(b) beta_scale, both [N, HV] float32."""
+    g = A * F.softplus(a.float() + dt_bias)
+    beta = torch.sigmoid(b.float())
+    return g, (beta if beta_scale == 1.0 else beta * beta_scale)

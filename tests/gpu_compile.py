@@ -35,6 +35,7 @@ from ddsim.gpu_backend import (  # noqa: E402
     triton_lightning,
     triton_mamba1,
     triton_mamba2,
+    triton_norms,
     triton_wy_blocked,
     triton_wy_split,
 )
@@ -64,7 +65,7 @@ def _launch(kernel, grid, **kw):
 for _m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit, triton_mamba2, triton_kda, triton_mamba1,
            triton_lightning):
     _m.bind = _bind
-for _m in (triton_commit, triton_conv):
+for _m in (triton_commit, triton_conv, triton_norms):
     _m.launch = _launch
 _common.check_device = lambda *xs: None  # CPU tensors: nothing is launched
 
@@ -100,7 +101,19 @@ def other_calls():
     # lightning attention at MiniMax's head width: q, k, v [1, 6, 2, 128], decay [2]
     la = {n: torch.randn(1, 6, 2, 128, generator=gen).to(torch.bfloat16) for n in ("q", "k", "v")}
     lam = torch.exp(-torch.rand(2, generator=gen))
+    # the layers' glue at Qwen3.6-27B's widths: hidden 5120, q/k heads of 256, 48 GDN heads of 128 (z and [a | b]
+    # read as column slices of wider GEMM outputs)
+    h = torch.randn(3, 5120, generator=gen).to(torch.bfloat16)
+    wide = torch.randn(3, 48 * 128 + 96, generator=gen).to(torch.bfloat16)
+    o = torch.randn(3, 48, 128, generator=gen).to(torch.bfloat16)
+    glue = dict(glue="triton")
     return [
+        ("rms norm after the residual add", lambda: gb.rms_norm(h, h[0], eps=1e-6, residual=h, **glue)),
+        ("rms norm per head", lambda: gb.rms_norm(h.view(3, 20, 256), h[0, :256], eps=1e-6, **glue)),
+        ("gated rms norm", lambda: gb.gated_rms_norm(o, o[0, 0], wide[:, :6144], eps=1e-6, **glue)),
+        ("gated act", lambda: gb.gated_act(h, h, act="silu", **glue)),
+        ("gdn gates", lambda: gb.gdn_gates(wide[:, 6144:6192], wide[:, 6192:], A=-torch.rand(48), dt_bias=torch.zeros(48),
+                                           **glue)),
         ("gdn recurrent, exact", lambda: gb.gdn_tree_verify(**qkv, parents=g["parents"], initial_state=g["initial_state"],
                                                             backend="triton-recurrent")),
         ("gdn recurrent, leaky with states", lambda: gb.gdn_tree_verify(

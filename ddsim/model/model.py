@@ -101,11 +101,6 @@ class LayerOutputs:
         return cls(keep_states, *([None] * n_layers for _ in range(5)))
 
 
-def _rmsnorm(x, w, eps):
-    """RMSNorm over the last dim in float32 (one fused kernel on CUDA), back in x's dtype, times w."""
-    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype) * w
-
-
 def _offset_norm(name: str) -> bool:
     return name.endswith("norm") and not name.endswith(("gdn.norm", "mamba.norm", "kda.norm"))
 
@@ -157,7 +152,7 @@ class HybridModel:
     ddsim's own computation of the same mode (an engine kernel returns outputs only)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict, *, dtype=torch.float32, device="cpu", backend=None,
-                 engine=None):
+                 engine=None, glue=None):
         self.cfg = cfg
         self.backend = backend  # gpu_backend backend: None = triton on CUDA, torch elsewhere
         self.engine = engine
@@ -174,6 +169,14 @@ class HybridModel:
                 self.w[k] = self.w[k] + cfg.norm_offset
         self.state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._consts: dict = {}
+        # the layers' elementwise glue (norms, gates, gated activations): one Triton kernel each on CUDA
+        # (gpu_backend.triton_norms), PyTorch's ops elsewhere, or where the fast path is PyTorch's or float64
+        if glue is None:
+            glue = ("triton" if self.device.type == "cuda" and backend != "torch" and dtype != torch.float64
+                    else "torch")
+        if glue not in gb.GLUES:
+            raise ValueError(f"glue: expected one of {gb.GLUES}, got {glue!r}")
+        self.glue = glue
 
     def _family_backend(self) -> str | None:
         """The backend of the ops with one Triton design (Mamba1, KDA, lightning): "torch" or "triton" as the model's GDN
@@ -188,6 +191,18 @@ class HybridModel:
             x = self.w[name].float()
             self._consts[name] = -torch.exp(x) if name.endswith("A_log") else torch.exp(-x) if name.endswith("slope") else x
         return self._consts[name]
+
+    def _ab(self, p: str) -> torch.Tensor:
+        """GDN layer p's a and b projections stacked [2 HV, d] (one GEMM for both), made once."""
+        key = p + "gdn.ab"
+        if key not in self._consts:
+            self._consts[key] = torch.cat([self.w[p + "gdn.a"], self.w[p + "gdn.b"]])
+        return self._consts[key]
+
+    def _norm(self, x, w, eps, residual=None):
+        """RMSNorm of x [..., D] in float32, rounded to x's dtype, times w [D] (with residual: (normed x +
+        residual, x + residual)), through the model's glue."""
+        return gb.rms_norm(x, w, eps=eps, residual=residual, glue=self.glue)
 
     # ---- states --------------------------------------------------------------------------------
     def empty_state(self) -> ModelState:
@@ -299,7 +314,7 @@ class HybridModel:
     def head(self, h) -> torch.Tensor:
         """The final norm and the LM head: h [T, d] -> logits [T, vocab] float32."""
         h = h.to(self.head_device)
-        logits = F.linear(_rmsnorm(h, self.w["final_norm"], self.cfg.rms_norm_eps), self.w["lm_head"]).float()
+        logits = F.linear(self._norm(h, self.w["final_norm"], self.cfg.rms_norm_eps), self.w["lm_head"]).float()
         return logits / self.cfg.logits_scaling
 
     def finish(self, h, out: "LayerOutputs", mode: str) -> VerifyResult:
@@ -321,30 +336,33 @@ class HybridModel:
         r = cfg.residual_multiplier
         mix = lambda x: self._mixer(kind, p, x, attend, S0, win0, parents, conv_mode, rec_mode, keep_states)  # noqa: E731
         if kind == "z":  # attention and its MLP on [h, x0] (2d), projected to t; then h + Mamba2(norm(h + t))
-            a, k, v = attend(p, _rmsnorm(torch.cat([h, x0.to(h.device)], -1), w[p + "input_norm"], cfg.rms_norm_eps))
-            t = F.linear(self._mlp(p, _rmsnorm(a, w[p + "post_norm"], cfg.rms_norm_eps), i), w[p + "hybrid.proj"])
-            m, S, win, cin = self._mamba2(p, _rmsnorm(h + t, w[p + "hybrid.norm"], cfg.rms_norm_eps), parents, S0, win0,
+            a, k, v = attend(p, self._norm(torch.cat([h, x0.to(h.device)], -1), w[p + "input_norm"], cfg.rms_norm_eps))
+            t = F.linear(self._mlp(p, self._norm(a, w[p + "post_norm"], cfg.rms_norm_eps), i), w[p + "hybrid.proj"])
+            m, S, win, cin = self._mamba2(p, self._norm(h + t, w[p + "hybrid.norm"], cfg.rms_norm_eps), parents, S0, win0,
                                           conv_mode, rec_mode, keep_states)
             return h + r * m, (k, v), S, win, cin
         if kind == "f":
-            return h + r * self._mlp(p, _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps), i), None, None, None, None
+            return h + r * self._mlp(p, self._norm(h, w[p + "input_norm"], cfg.rms_norm_eps), i), None, None, None, None
         if cfg.residual_from_norm:
-            xn = _rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps)
+            xn = self._norm(h, w[p + "input_norm"], cfg.rms_norm_eps)
             out, nk, S, win, cin = mix(xn)
             alpha, beta = (cfg.attn_alpha, cfg.attn_beta) if kind == "a" else (cfg.linear_alpha, cfg.linear_beta)
-            xn = _rmsnorm(alpha * xn + beta * out, w[p + "post_norm"], cfg.rms_norm_eps)
+            xn = self._norm(alpha * xn + beta * out, w[p + "post_norm"], cfg.rms_norm_eps)
             return cfg.mlp_alpha * xn + cfg.mlp_beta * self._mlp(p, xn, i), nk, S, win, cin
         if kind == "a" and cfg.attn_post_norm:
             out, nk, S, win, cin = mix(h)
-            h = h + r * _rmsnorm(out, w[p + "input_norm"], cfg.rms_norm_eps)
+            h = h + r * self._norm(out, w[p + "input_norm"], cfg.rms_norm_eps)
             if cfg.layer_mlp:
-                h = h + r * _rmsnorm(self._mlp(p, h, i), w[p + "post_norm"], cfg.rms_norm_eps)
+                h = h + r * self._norm(self._mlp(p, h, i), w[p + "post_norm"], cfg.rms_norm_eps)
             return h, nk, S, win, cin
-        out, nk, S, win, cin = mix(_rmsnorm(h, w[p + "input_norm"], cfg.rms_norm_eps))
+        out, nk, S, win, cin = mix(self._norm(h, w[p + "input_norm"], cfg.rms_norm_eps))
+        if not cfg.layer_mlp:
+            return h + (out if r == 1.0 else r * out), nk, S, win, cin
+        if r == 1.0:  # the residual add and the post norm in one (h + out is out + h, bit for bit)
+            xn, h = self._norm(out, w[p + "post_norm"], cfg.rms_norm_eps, residual=h)
+            return h + self._mlp(p, xn, i), nk, S, win, cin
         h = h + r * out
-        if cfg.layer_mlp:
-            h = h + r * self._mlp(p, _rmsnorm(h, w[p + "post_norm"], cfg.rms_norm_eps), i)
-        return h, nk, S, win, cin
+        return h + r * self._mlp(p, self._norm(h, w[p + "post_norm"], cfg.rms_norm_eps), i), nk, S, win, cin
 
     def _mixer(self, kind, p, xn, attend, S0, win0, parents, conv_mode, rec_mode, keep_states):
         """The mixer of a layer of ``kind`` on its input xn [B*T, d] -> (out [B*T, d], new KV or None, per-node
@@ -375,8 +393,8 @@ class HybridModel:
         config says."""
         if self.cfg.mlp_act == "relu2":
             return F.linear(torch.relu(F.linear(x, up)).square(), down)
-        act = F.gelu if self.cfg.mlp_act == "geglu" else F.silu
-        return F.linear(act(F.linear(x, gate)) * F.linear(x, up), down)
+        act = "gelu" if self.cfg.mlp_act == "geglu" else "silu"
+        return F.linear(gb.gated_act(F.linear(x, gate), F.linear(x, up), act=act, glue=self.glue), down)
 
     def _route(self, p, x):
         """(weights [T, k], expert indices [T, k]): softmax top-k (renormalised when norm_topk_prob), or
@@ -441,12 +459,12 @@ class HybridModel:
         q = F.linear(x, w[p + "attn.q"])
         k = F.linear(x, w[p + "attn.k"])
         if cfg.qk_norm_all:  # one norm over all heads
-            q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
-            k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
+            q = self._norm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
+            k = self._norm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
         q, k = q.view(n, nh, hd), k.view(n, nkv, hd)
         if cfg.qk_norm and not cfg.qk_norm_all:
-            q = _rmsnorm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
-            k = _rmsnorm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
+            q = self._norm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
+            k = self._norm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
         if cfg.use_rope:
             q = _rope(q, rope, cfg.rope_theta, cfg.rotary_dim)
             k = _rope(k, rope, cfg.rope_theta, cfg.rotary_dim)
@@ -461,12 +479,12 @@ class HybridModel:
         n, nh, hd = x.shape[0], cfg.num_attention_heads, cfg.head_dim
         nope, rd, vd, kvl = cfg.mla_qk_nope_head_dim, cfg.mla_qk_rope_head_dim, cfg.mla_v_head_dim, cfg.mla_kv_lora_rank
         if cfg.mla_q_lora_rank:
-            q = F.linear(_rmsnorm(F.linear(x, w[p + "attn.q_a"]), w[p + "attn.q_a_norm"], cfg.mla_norm_eps), w[p + "attn.q_b"])
+            q = F.linear(self._norm(F.linear(x, w[p + "attn.q_a"]), w[p + "attn.q_a_norm"], cfg.mla_norm_eps), w[p + "attn.q_b"])
         else:
             q = F.linear(x, w[p + "attn.q"])
         q = q.view(n, nh, nope + rd)
         c = F.linear(x, w[p + "attn.kv_a"])  # [n, kvl + rope]
-        kv = F.linear(_rmsnorm(c[:, :kvl], w[p + "attn.kv_a_norm"], cfg.mla_norm_eps), w[p + "attn.kv_b"]).view(n, nh, nope + vd)
+        kv = F.linear(self._norm(c[:, :kvl], w[p + "attn.kv_a_norm"], cfg.mla_norm_eps), w[p + "attn.kv_b"]).view(n, nh, nope + vd)
         q_rot, k_rot = q[..., nope:], c[:, None, kvl:]  # [n, nh, rope], [n, 1, rope]
         if cfg.use_rope:
             if cfg.mla_rope_interleave:  # pairs (x0, x1), (x2, x3), ... -> halves (x0, x2, ...), (x1, x3, ...)
@@ -503,17 +521,21 @@ class HybridModel:
         H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         xin = F.linear(x, w[p + "gdn.qkv"]).view(B, T, -1)  # [B, T, C]
-        z = F.linear(x, w[p + "gdn.z"]).view(N, HV, V)
-        a = F.linear(x, w[p + "gdn.a"]).float()  # [N, HV]
-        b = F.linear(x, w[p + "gdn.b"]).float()
+        z = F.linear(x, w[p + "gdn.z"])  # [N, HV * V]
+        if self.glue == "triton":  # a and b from one GEMM [N, 2 HV], read in place by the gates kernel
+            ab = F.linear(x, self._ab(p))
+            a, b = ab[:, :HV], ab[:, HV:]
+        else:
+            a, b = F.linear(x, w[p + "gdn.a"]), F.linear(x, w[p + "gdn.b"])  # [N, HV] each
+        g, beta = gb.gdn_gates(a, b, A=self._const(p + "gdn.A_log"), dt_bias=self._const(p + "gdn.dt_bias"),
+                               beta_scale=cfg.gdn_beta_scale, glue=self.glue)  # [N, HV] float32 each
+        g, beta = g.view(B, T, HV), beta.view(B, T, HV)
         y = gb.tree_causal_conv1d(xin, weight=w[p + "gdn.conv"], parents=parents, initial_window=win0,
                                   mode=conv_mode, output_windows=keep_states, backend=self.backend)
         y, windows = y if keep_states else (y, None)  # y [B, T, C]
         q = y[..., : H * K].view(B, T, H, K)
         k = y[..., H * K: 2 * H * K].view(B, T, H, K)
         v = y[..., 2 * H * K:].view(B, T, HV, V)
-        g = (self._const(p + "gdn.A_log") * F.softplus(a + self._const(p + "gdn.dt_bias"))).view(B, T, HV)
-        beta = (torch.sigmoid(b) * cfg.gdn_beta_scale).view(B, T, HV)
         o = gb.gdn_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0.to(self.state_dtype),
                                mode=rec_mode, output_states=keep_states, backend=self.backend)
         o, states = o if keep_states else (o, None)
@@ -521,8 +543,8 @@ class HybridModel:
             o = self.engine.verify(q, k, v, g, beta, parents=parents.parents, state_pool=S0.to(torch.float32).clone(),
                                    slots=torch.arange(B, dtype=torch.int32, device=q.device), mode=rec_mode,
                                    scale=None)
-        o = o.reshape(N, HV, V).to(x.dtype)
-        o = _rmsnorm(o, w[p + "gdn.norm"], cfg.gdn_norm_eps or cfg.rms_norm_eps) * F.silu(z)
+        o = gb.gated_rms_norm(o.reshape(N, HV, V).to(x.dtype), w[p + "gdn.norm"], z,
+                              eps=cfg.gdn_norm_eps or cfg.rms_norm_eps, glue=self.glue)  # norm(o) silu(z)
         out = F.linear(o.reshape(N, HV * V), w[p + "gdn.out"])
         if keep_states:
             return out, states, windows, None
@@ -586,9 +608,9 @@ class HybridModel:
         dbc = F.linear(u, w[p + "mamba1.x_proj"])  # [B, T, R + 2N]
         dtr, Bm, Cm = dbc[..., :R], dbc[..., R:R + Ns], dbc[..., R + Ns:]
         if cfg.mamba1_bcdt_norm:
-            dtr = _rmsnorm(dtr, w[p + "mamba1.dt_norm"], cfg.rms_norm_eps)
-            Bm = _rmsnorm(Bm, w[p + "mamba1.b_norm"], cfg.rms_norm_eps)
-            Cm = _rmsnorm(Cm, w[p + "mamba1.c_norm"], cfg.rms_norm_eps)
+            dtr = self._norm(dtr, w[p + "mamba1.dt_norm"], cfg.rms_norm_eps)
+            Bm = self._norm(Bm, w[p + "mamba1.b_norm"], cfg.rms_norm_eps)
+            Cm = self._norm(Cm, w[p + "mamba1.c_norm"], cfg.rms_norm_eps)
         dt = F.linear(dtr, w[p + "mamba1.dt_proj"]).float()  # [B, T, I] raw
         o = gb.mamba1_tree_verify(u, dt, self._const(p + "mamba1.A_log"), Bm, Cm, D=self._const(p + "mamba1.D"),
                                   dt_bias=self._const(p + "mamba1.dt_bias"), parents=parents,
@@ -620,7 +642,7 @@ class HybridModel:
                                output_states=keep_states, backend=self._family_backend())
         o, states = o if keep_states else (o, None)
         gate = F.linear(F.linear(x, w[p + "kda.g_a"]), w[p + "kda.g_b"]).view(N, H, K)
-        o = _rmsnorm(o.reshape(N, H, K).float(), w[p + "kda.norm"].float(), cfg.rms_norm_eps) * torch.sigmoid(gate.float())
+        o = self._norm(o.reshape(N, H, K).float(), w[p + "kda.norm"].float(), cfg.rms_norm_eps) * torch.sigmoid(gate.float())
         out = F.linear(o.reshape(N, H * K).to(x.dtype), w[p + "kda.out"])
         if keep_states:
             return out, states, windows, None
@@ -639,7 +661,7 @@ class HybridModel:
         o = gb.lightning_tree_verify(q, k, v, decay=decay, parents=parents, initial_state=S0.to(self.state_dtype),
                                      mode=rec_mode, output_states=keep_states, backend=self._family_backend())
         o, states = o if keep_states else (o, None)
-        o = _rmsnorm(o.reshape(N, H * hd), w[p + "lightning.norm"], cfg.lightning_norm_eps)
+        o = self._norm(o.reshape(N, H * hd), w[p + "lightning.norm"], cfg.lightning_norm_eps)
         out = F.linear(o * torch.sigmoid(F.linear(x, w[p + "lightning.gate"])), w[p + "lightning.out"])
         if keep_states:
             return out, states, win0.new_zeros(Bs, T, *win0.shape[1:]), None

@@ -1,0 +1,65 @@
+"""The layers' glue kernels compiled on a GPU, in bf16 at Qwen3.6-27B's widths, against their PyTorch twins
+(the CPU suite holds them in fp32 and fp16 in Triton's interpreter, whose bf16 conversion is wrong), and a
+model on the glue kernels against the same model on PyTorch's ops (GPU only: skipped without CUDA)."""
+import pytest
+import torch
+
+import ddsim.gpu_backend as gb
+from ddsim.model.config import get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.properties.kernel_checks import assert_rounding_twins
+from ddsim.trees.builders import ddtree
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need a GPU")
+BF16 = torch.bfloat16
+
+
+def _rand(*shape, scale=1.0, gen):
+    return (torch.randn(*shape, generator=gen, device="cuda") * scale).to(BF16)
+
+
+@pytest.mark.parametrize("rows", [1, 17, 65 * 4])
+def test_bf16_glue_at_full_width_equals_its_twins(rows):
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    h, out = _rand(rows, 5120, scale=4.0, gen=gen), _rand(rows, 5120, gen=gen)
+    w = _rand(5120, gen=gen) + 1.0
+    (xn, h2), (xn_ref, h2_ref) = (gb.rms_norm(out, w, eps=1e-6, residual=h, glue=g) for g in ("triton", "torch"))
+    assert torch.equal(h2, h2_ref)
+    assert_rounding_twins(xn, xn_ref, BF16)
+    q = _rand(rows, 24, 256, gen=gen)  # q norm per head
+    assert_rounding_twins(gb.rms_norm(q, w[:256], eps=1e-6, glue="triton"), gb.rms_norm(q, w[:256], eps=1e-6), BF16)
+    wide = _rand(rows, 48 * 128 + 96, scale=2.0, gen=gen)  # [z | a | b] as one GEMM's output
+    o = _rand(rows, 48, 128, gen=gen)
+    args = (o, w[:128], wide[:, :6144])
+    assert_rounding_twins(gb.gated_rms_norm(*args, eps=1e-6, glue="triton"), gb.gated_rms_norm(*args, eps=1e-6), BF16)
+    gate, up = _rand(rows, 17408, scale=3.0, gen=gen), _rand(rows, 17408, gen=gen)
+    for act in ("silu", "gelu"):
+        assert_rounding_twins(gb.gated_act(gate, up, act=act, glue="triton"), gb.gated_act(gate, up, act=act), BF16,
+                              atol=1e-5 if act == "gelu" else 1e-7)
+    A = -torch.rand(48, device="cuda") * 8
+    bias = torch.randn(48, device="cuda")
+    kw = dict(A=A, dt_bias=bias, beta_scale=1.0)
+    a, b = wide[:, 6144:6192] * 8, wide[:, 6192:]
+    (g, beta), (g_ref, beta_ref) = (gb.gdn_gates(a, b, glue=x, **kw) for x in ("triton", "torch"))
+    torch.testing.assert_close(g, g_ref, rtol=2e-6, atol=0)
+    torch.testing.assert_close(beta, beta_ref, rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-zamba2", "tiny-lfm2"])
+def test_a_bf16_model_on_the_glue_kernels_verifies_as_on_pytorchs_ops(preset):
+    """Every layer's norms, residual adds, gates and activations through the kernels (the CUDA default) against
+    PyTorch's ops: the per-node logits within bf16's noise over a few layers, and the same argmax nearly everywhere."""
+    cfg = get_preset(preset)
+    w = init_weights(cfg, seed=0, device="cuda")
+    fused = HybridModel(cfg, w, device="cuda", dtype=BF16)
+    ref = HybridModel(cfg, w, device="cuda", dtype=BF16, glue="torch")
+    assert fused.glue == "triton"
+    st, _ = ref.prefill([1, 2, 3, 4, 5])
+    tree = ddtree(torch.randn(4, cfg.vocab_size, generator=torch.Generator().manual_seed(0)) * 3, 16, root_token=6)
+    for keep in (True, False):
+        a, b = ref.verify(st, tree, keep_states=keep).logits, fused.verify(st, tree, keep_states=keep).logits
+        assert torch.isfinite(b).all()
+        scale = a.abs().max()
+        assert (a - b).abs().max() <= 0.05 * scale, ((a - b).abs().max(), scale)
+        assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9

@@ -1,0 +1,136 @@
+"""The layers' glue kernels (gpu_backend.triton_norms, here in Triton's interpreter) against their PyTorch
+twins (torch_ops: what the CPU runs, and what the model ran on CUDA before), and the model on either glue.
+
+The twins round every intermediate to the activations' dtype at the same points, so in fp32 they agree to
+the fp32 sums' order and in 16 bits an output may sit one unit in the last place apart where the fp32 value
+before rounding lies on a rounding midpoint (a few entries in a thousand at most). The 16-bit cases run in fp16
+here: Triton's interpreter converts to bf16 wrongly (73% of one RMSNorm's outputs off); bf16 is held to the same
+bar on the GPU (properties/test_glue_gpu.py)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ddsim.gpu_backend as gb
+from ddsim.model.config import get_preset
+from ddsim.model.model import HybridModel
+from ddsim.model.weights import init_weights
+from ddsim.properties.kernel_checks import assert_rounding_twins
+from ddsim.trees.builders import ddtree
+
+pytest.importorskip("triton")
+
+
+def _rand(*shape, dtype, scale=1.0, gen):
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rms_norm_with_and_without_the_residual_add_equals_its_twin(dtype):
+    gen = torch.Generator().manual_seed(1)
+    x, res = _rand(5, 80, dtype=dtype, scale=3.0, gen=gen), _rand(5, 80, dtype=dtype, gen=gen)
+    w = _rand(80, dtype=dtype, gen=gen)
+    keep = x.clone(), res.clone(), w.clone()
+    assert_rounding_twins(gb.rms_norm(x, w, eps=1e-6, glue="triton"), gb.rms_norm(x, w, eps=1e-6), dtype)
+    (out, h), (out_ref, h_ref) = (gb.rms_norm(x, w, eps=1e-6, residual=res, glue=g) for g in ("triton", "torch"))
+    assert torch.equal(h, h_ref)  # the residual sum is one rounding of an exact fp32 sum: bit for bit
+    assert_rounding_twins(out, out_ref, dtype)
+    for a, b in zip((x, res, w), keep):  # the inputs untouched
+        assert torch.equal(a, b)
+
+
+def test_rms_norm_reads_strided_rows_and_heads_and_promotes_like_pytorch():
+    gen = torch.Generator().manual_seed(2)
+    wide = _rand(4, 3 * 32 + 7, dtype=torch.float16, gen=gen)
+    x = wide[:, 7:]  # a column slice: rows 103 apart
+    w = _rand(32, dtype=torch.float16, gen=gen)
+    heads = x.view(4, 3, 32)
+    assert_rounding_twins(gb.rms_norm(heads, w, eps=1e-5, glue="triton"), gb.rms_norm(heads, w, eps=1e-5), torch.float16)
+    w32 = torch.randn(32, generator=gen)  # 16-bit rows times an fp32 weight: an fp32 product, as in PyTorch
+    got, want = gb.rms_norm(heads, w32, eps=1e-5, glue="triton"), gb.rms_norm(heads, w32, eps=1e-5)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_rms_norm_equals_its_twin_on_a_strided_gate(dtype):
+    gen = torch.Generator().manual_seed(3)
+    N, HV, V = 6, 3, 16
+    x = _rand(N, HV, V, dtype=dtype, scale=2.0, gen=gen)
+    wide = _rand(N, HV * V + 5, dtype=dtype, scale=3.0, gen=gen)
+    z = wide[:, :HV * V]  # the GEMM output's first columns
+    w = _rand(V, dtype=dtype, gen=gen)
+    assert_rounding_twins(gb.gated_rms_norm(x, w, z, eps=1e-6, glue="triton"), gb.gated_rms_norm(x, w, z, eps=1e-6), dtype)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_act_equals_its_twin(act, dtype):
+    gen = torch.Generator().manual_seed(4)
+    g, u = _rand(7, 300, dtype=dtype, scale=4.0, gen=gen), _rand(7, 300, dtype=dtype, gen=gen)
+    assert_rounding_twins(gb.gated_act(g, u, act=act, glue="triton"), gb.gated_act(g, u, act=act), dtype,
+                          atol=1e-5 if act == "gelu" else 1e-7, share=0.05 if act == "gelu" else 0.01)
+
+
+@pytest.mark.parametrize("beta_scale", [1.0, 2.0])
+def test_gdn_gates_equal_their_twin_over_softplus_whole_range(beta_scale):
+    """a from -60 to 60: softplus's tail (where log(1 + e) alone loses the digits), its middle and its
+    linear part past 20; read from one [a | b] GEMM output, as the model does."""
+    gen = torch.Generator().manual_seed(5)
+    N, HV = 40, 6
+    ab = torch.empty(N, 2 * HV)
+    ab[:, :HV] = torch.linspace(-60, 60, N * HV).view(N, HV)
+    ab[:, HV:] = torch.randn(N, HV, generator=gen) * 5
+    ab = ab.to(torch.float16)
+    A, bias = -torch.rand(HV, generator=gen) * 4, torch.randn(HV, generator=gen)
+    kw = dict(A=A, dt_bias=bias, beta_scale=beta_scale)
+    (g, beta), (g_ref, beta_ref) = (gb.gdn_gates(ab[:, :HV], ab[:, HV:], glue=x, **kw) for x in ("triton", "torch"))
+    assert g.dtype == beta.dtype == torch.float32
+    torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=0)  # relative even where g is 1e-26
+    torch.testing.assert_close(beta, beta_ref, rtol=1e-6, atol=0)
+
+
+def test_glue_refuses_what_it_cannot_compute_in_one_line():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="last dim must be contiguous"):
+        gb.rms_norm(x.t(), torch.ones(4), eps=1e-6, glue="triton")
+    with pytest.raises(ValueError, match="weight: expected"):
+        gb.rms_norm(x, torch.ones(5), eps=1e-6, glue="triton")
+    with pytest.raises(ValueError, match="one dtype"):
+        gb.gated_rms_norm(x.view(4, 2, 4), torch.ones(4), x.to(torch.bfloat16), eps=1e-6, glue="triton")
+    with pytest.raises(ValueError, match="act"):
+        gb.gated_act(x, x, act="relu", glue="triton")
+    with pytest.raises(ValueError, match="glue"):
+        gb.rms_norm(x, torch.ones(8), eps=1e-6, glue="cuda")
+
+
+def test_the_model_on_the_triton_glue_equals_the_model_on_pytorchs():
+    """A whole verify (norms, residual adds, GDN gates and gated norm, MLP activations) through the glue
+    kernels against the same model on PyTorch's ops, the recurrences on PyTorch in both (fp32)."""
+    cfg = get_preset("micro")
+    w = init_weights(cfg, seed=0)
+    ref = HybridModel(cfg, w, backend="torch")
+    fused = HybridModel(cfg, w, backend="torch", glue="triton")
+    assert ref.glue == "torch" and fused.glue == "triton"
+    state, _ = ref.prefill([1, 2, 3, 4])
+    tree = ddtree(torch.randn(3, cfg.vocab_size, generator=torch.Generator().manual_seed(0)) * 3, 8, root_token=5)
+    for keep in (True, False):
+        a, b = ref.verify(state, tree, keep_states=keep), fused.verify(state, tree, keep_states=keep)
+        torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="glue"):
+        HybridModel(cfg, w, glue="cuda")
+
+
+def test_the_model_picks_pytorchs_glue_on_the_cpu_and_where_the_fast_path_is_pytorchs():
+    cfg = get_preset("micro")
+    w = init_weights(cfg, seed=0)
+    assert HybridModel(cfg, w).glue == "torch"
+    assert HybridModel(cfg, w, backend="triton").glue == "torch"  # no CUDA here
+
+
+def test_the_residual_add_and_post_norm_fused_equal_the_two_steps():
+    """The layer's `h + out` then norm, as one call with residual=: the same h, bit for bit, on the CPU path."""
+    gen = torch.Generator().manual_seed(6)
+    h, out, w = (torch.randn(3, 32, generator=gen).to(torch.bfloat16) for _ in range(3))  # PyTorch's path: bf16 holds
+    xn, h2 = gb.rms_norm(out, w, eps=1e-6, residual=h)
+    assert torch.equal(h2, h + out)
+    assert torch.equal(xn, F.rms_norm((h + out).float(), (32,), eps=1e-6).to(torch.bfloat16) * w)
