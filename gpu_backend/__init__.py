@@ -22,7 +22,7 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
 Mamba2 (mamba2_tree_verify / mamba2_tree_commit) takes "torch", "triton" ("triton-ssd" unless
 per-node states are asked for), "triton-recurrent" and "triton-ssd" (the tree-masked SSD form: no
 per-node states, any tree size).
-The layers' elementwise glue (rms_norm, gated_rms_norm, gated_act, gdn_gates) takes ``glue=`` "torch" (the
+The layers' elementwise glue (rms_norm, rms_norm_rope, gated_rms_norm, gated_act, gdn_gates) takes ``glue=`` "torch" (the
 reference, what the CPU runs) or "triton" (one kernel each, triton_norms; the model's default on CUDA).
 Triton kernels also run on the CPU under TRITON_INTERPRET=1 (the tests do this).
 
@@ -180,18 +180,28 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
 
 
 def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="exact", activation="silu",
-                       output_windows=False, state_indices=None, backend=None):
+                       output_windows=False, state_indices=None, split=None, backend=None):
     """x [B, T, C]; weight [C, W]; initial_window [B, C, W-1] oldest first, or a pool [N, C, W-1]
     addressed by state_indices [B]. Returns out [B, T, C] and, with output_windows, each node's
-    window [B, T, C, W-1]. The windows are read, never written."""
+    window [B, T, C, W-1]. The windows are read, never written. split (channel counts summing to C):
+    out as a tuple of its channel groups [B, T, c_i]: the Triton kernel writes them apart, each contiguous
+    (GDN's q, k, v go to the WY kernels without a copy); PyTorch's are views of its whole output."""
     be = _backend(x, backend)
+    if split is not None and (not split or any(int(c) <= 0 for c in split) or sum(split) != x.shape[-1]):
+        raise ValueError(f"split: expected positive channel counts summing to {x.shape[-1]}, got {split}")
     kw = dict(weight=weight, bias=bias, parents=parents, mode=mode, activation=activation,
               output_windows=output_windows)
     if be == "torch":
-        return torch_ops.tree_causal_conv1d(
+        out = torch_ops.tree_causal_conv1d(
             x, initial_window=checks.resolve_window(initial_window, state_indices, x.shape[0]), **kw)
+        if split is None:
+            return out
+        y, win = out if output_windows else (out, None)
+        parts = tuple(y.split(list(split), -1))
+        return (parts, win) if output_windows else parts
     with _on(x):
-        return _triton("triton_conv").tree_causal_conv1d_triton(x, initial_window=initial_window, state_indices=state_indices, **kw)
+        return _triton("triton_conv").tree_causal_conv1d_triton(x, initial_window=initial_window, state_indices=state_indices,
+                                                                split=split, **kw)
 
 
 def conv_tree_commit(x, *, parents, accepted, initial_window, state_indices=None, inplace=False, backend=None):
@@ -369,6 +379,15 @@ def rms_norm(x, weight, *, eps: float, residual=None, glue: str = "torch"):
         return _glue(glue).rms_norm_triton(x, weight, eps=eps, residual=residual)
 
 
+def rms_norm_rope(x, weight, cos, sin, *, eps: float, glue: str = "torch"):
+    """q or k per head x [n, heads, D]: RMS-normed over D times weight [D], then its first ROT dims rotated by
+    cos, sin [n, ROT] (rotate-half RoPE)."""
+    if glue == "torch":
+        return torch_ops.rms_norm_rope(x, weight, cos, sin, eps=eps)
+    with _on(x):
+        return _glue(glue).rms_norm_rope_triton(x, weight, cos, sin, eps=eps)
+
+
 def gated_rms_norm(x, weight, gate, *, eps: float, glue: str = "torch"):
     """x [N, heads, D] RMS-normed over D, times weight [D], times silu(gate) (gate [N, heads * D])."""
     if glue == "torch":
@@ -378,9 +397,9 @@ def gated_rms_norm(x, weight, gate, *, eps: float, glue: str = "torch"):
 
 
 def gated_act(gate, up, *, act: str = "silu", glue: str = "torch"):
-    """act(gate) * up for a gated MLP (act "silu" or "gelu")."""
-    if act not in ("silu", "gelu"):
-        raise ValueError(f"act: expected 'silu' or 'gelu', got {act!r}")
+    """act(gate) * up: a gated MLP's (act "silu" or "gelu") or a sigmoid-gated output ("sigmoid")."""
+    if act not in ("silu", "gelu", "sigmoid"):
+        raise ValueError(f"act: expected 'silu', 'gelu' or 'sigmoid', got {act!r}")
     if glue == "torch":
         return torch_ops.gated_act(gate, up, act=act)
     with _on(gate):
@@ -401,4 +420,4 @@ __all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_t
            "kda_tree_commit", "tree_causal_conv1d",
            "conv_tree_commit", "tree_attention", "TreePlan", "CheckedIndices",
            "checked_accepted", "CheckedSlots", "checked_slots", "poisoned", "poisoning", "BACKENDS", "MAMBA2_BACKENDS",
-           "rms_norm", "gated_rms_norm", "gated_act", "gdn_gates", "GLUES"]
+           "rms_norm", "rms_norm_rope", "gated_rms_norm", "gated_act", "gdn_gates", "GLUES"]

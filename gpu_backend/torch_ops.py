@@ -163,14 +163,29 @@ def rms_norm(x, weight, *, eps: float, residual=None):
     return out if residual is None else (out, h)
 
 
+def rope(x, cos, sin):
+    """x [n, heads, D] with its first ROT dims rotated (rotate-half) by cos, sin [n, ROT] in x's dtype."""
+    rot = cos.shape[-1]
+    cos, sin = cos[:, None], sin[:, None]
+    xr, xp = x[..., :rot], x[..., rot:]
+    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+    return torch.cat([xr * cos + torch.cat([-x2, x1], -1) * sin, xp], -1)
+
+
+def rms_norm_rope(x, weight, cos, sin, *, eps: float):
+    """rope(rms_norm(x, weight), cos, sin): a q or k per head [n, heads, D], normed over D, then rotated."""
+    return rope(rms_norm(x, weight, eps=eps), cos, sin)
+
+
 def gated_rms_norm(x, weight, gate, *, eps: float):
     """x [N, heads, D] normed over D (as rms_norm) times silu(gate) (gate [N, heads * D], rounded to the dtype)."""
     return rms_norm(x, weight, eps=eps) * F.silu(gate).reshape(x.shape)
 
 
 def gated_act(gate, up, *, act: str):
-    """act(gate) * up (SwiGLU with act "silu", GeGLU with "gelu", F.gelu's erf form), in gate's dtype."""
-    return (F.gelu(gate) if act == "gelu" else F.silu(gate)) * up
+    """act(gate) * up (SwiGLU with act "silu", GeGLU with "gelu", F.gelu's erf form, a sigmoid gate with
+    "sigmoid"), in gate's dtype."""
+    return {"gelu": F.gelu, "sigmoid": torch.sigmoid, "silu": F.silu}[act](gate) * up
 
 
 def gdn_gates(a, b, *, A, dt_bias, beta_scale: float = 1.0):

@@ -16,9 +16,9 @@ from ddsim.gpu_backend.launch import launch
 
 
 @triton.jit
-def _tree_conv_kernel(x, weight, bias, src, window, win_idx, out, win_out, T, C,
+def _tree_conv_kernel(x, weight, bias, src, window, win_idx, out, win_out, T, C, S1, S2, P1, P2,
                       W: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                      STORE_WIN: tl.constexpr):
+                      STORE_WIN: tl.constexpr, SPLIT: tl.constexpr):
     i_c = tl.program_id(0)
     i_bt = tl.program_id(1)
     i_b = i_bt // T
@@ -40,26 +40,41 @@ def _tree_conv_kernel(x, weight, bias, src, window, win_idx, out, win_out, T, C,
         acc += tl.load(bias + o_c, mask=mc, other=0.0).to(tl.float32)
     if SILU:
         acc = acc * tl.sigmoid(acc)
-    tl.store(out + i_bt.to(tl.int64) * C + o_c, acc.to(out.dtype.element_ty), mask=mc)
+    if SPLIT:  # three channel groups [0, S1), [S1, S1 + S2), the rest, each stored [B*T, c_i] from P0 = 0, P1, P2
+        r = i_bt.to(tl.int64)
+        S3 = C - S1 - S2
+        dst = tl.where(o_c < S1, r * S1 + o_c,
+                       tl.where(o_c < S1 + S2, P1 + r * S2 + (o_c - S1), P2 + r * S3 + (o_c - S1 - S2)))
+        tl.store(out + dst, acc.to(out.dtype.element_ty), mask=mc)
+    else:
+        tl.store(out + i_bt.to(tl.int64) * C + o_c, acc.to(out.dtype.element_ty), mask=mc)
 
 
 def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, mode="exact", activation="silu",
-                              output_windows=False, state_indices=None, block_c: int = 128):
+                              output_windows=False, state_indices=None, split=None, block_c: int = 128):
     """x [B, T, C]; weight [C, W]; bias [C] or None; initial_window [B, C, W-1] (or a pool
     [N, C, W-1] with state_indices [B]). Returns out [B, T, C] (x's dtype) and, with
-    output_windows, each node's window after it [B, T, C, W-1]."""
+    output_windows, each node's window after it [B, T, C, W-1]. split (c1, c2, c3), summing to C: out as
+    its three channel groups [B, T, c_i], each contiguous (one buffer, the groups one after another)."""
     C.check_device(x, weight, initial_window)
     B, T, Cn, W, src = checks.check_conv(x, weight, initial_window, parents, mode, activation, pooled=True)
     if W < 2:
         raise ValueError(f"weight: width {W} < 2 has no window")
     table = checks.conv_table(parents, src, W, mode)
     idx = C.window_slots(initial_window, state_indices, B)
-    out = C.alloc((B, T, Cn), x.dtype, x.device)
+    if split is not None and len(split) != 3:
+        raise ValueError(f"split: the Triton conv writes three channel groups, got {len(split)}")
+    out = C.alloc((B * T * Cn,) if split else (B, T, Cn), x.dtype, x.device)
     win_out = (C.alloc((B, T, Cn, W - 1), x.dtype, x.device) if output_windows
                else checks.constant("dummy", 1, x.device, x.dtype))
     BC = min(block_c, C.next_pow2(Cn, 1))
     launch(_tree_conv_kernel, (C.cdiv(Cn, BC), B * T),
            x=x.contiguous(), weight=weight.contiguous(), bias=bias if bias is not None else weight, src=table,
-           window=initial_window.contiguous(), win_idx=idx, out=out, win_out=win_out, T=T, C=Cn, W=W, BC=BC,
-           HAS_BIAS=bias is not None, SILU=activation == "silu", STORE_WIN=output_windows)
+           window=initial_window.contiguous(), win_idx=idx, out=out, win_out=win_out, T=T, C=Cn,
+           S1=int(split[0]) if split else 0, S2=int(split[1]) if split else 0,
+           P1=B * T * int(split[0]) if split else 0, P2=B * T * int(split[0] + split[1]) if split else 0, W=W, BC=BC,
+           HAS_BIAS=bias is not None, SILU=activation == "silu", STORE_WIN=output_windows, SPLIT=split is not None)
+    if split:
+        ends = [0, B * T * split[0], B * T * (split[0] + split[1]), B * T * Cn]
+        out = tuple(out[a:b].view(B, T, c) for a, b, c in zip(ends, ends[1:], split))
     return (out, win_out) if output_windows else out

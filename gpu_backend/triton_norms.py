@@ -43,6 +43,35 @@ def _rms_norm_kernel(x, res, w, out, h_out, R, D, x_stride, res_stride, eps,
 
 
 @triton.jit
+def _rms_norm_rope_kernel(x, w, cos, sin, out, R, D, HN, ROT, x_stride, eps, BR: tl.constexpr, BD: tl.constexpr):
+    # rows [BR] of x [R, D] (R = n * HN heads of D): y = round(round(rms(x)) w), then its first ROT dims rotated at
+    # row r's position r // HN (cos, sin [n, ROT]; rotate-half): round(round(y cos) + round(y' sin)), y' the partner
+    # half (-y[j + ROT/2] for j < ROT/2, y[j - ROT/2] above)
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BD)
+    mr = rows < R
+    m = mr[:, None] & (cols < D)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    xv = tl.load(x + r64 * x_stride + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    s = tl.sqrt(tl.sum(xv * xv, 1) / D + eps)[:, None]
+    half = ROT // 2
+    pc = tl.where(cols < half, cols + half, cols - half)  # the partner column of a rotated one
+    rot = (cols < ROT)[None, :]
+    xp = tl.load(x + r64 * x_stride + pc[None, :], mask=m & rot, other=0.0).to(tl.float32)
+    wv = tl.load(w + cols, mask=cols < D, other=0.0).to(tl.float32)
+    wp = tl.load(w + pc, mask=cols < ROT, other=0.0).to(tl.float32)
+    y = ((xv / s).to(x.dtype.element_ty).to(tl.float32) * wv[None, :]).to(out.dtype.element_ty).to(tl.float32)
+    yp = ((xp / s).to(x.dtype.element_ty).to(tl.float32) * wp[None, :]).to(out.dtype.element_ty).to(tl.float32)
+    yp = tl.where((cols < half)[None, :], -yp, yp)
+    pos = (rows // HN).to(tl.int64)[:, None]
+    c = tl.load(cos + pos * ROT + cols[None, :], mask=mr[:, None] & rot, other=0.0).to(tl.float32)
+    sn = tl.load(sin + pos * ROT + cols[None, :], mask=mr[:, None] & rot, other=0.0).to(tl.float32)
+    a = (y * c).to(out.dtype.element_ty).to(tl.float32)
+    b = (yp * sn).to(out.dtype.element_ty).to(tl.float32)
+    tl.store(out + r64 * D + cols[None, :], tl.where(rot, a + b, y).to(out.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _gated_rms_norm_kernel(x, z, w, out, R, D, HD, x_stride, z_stride, eps, BR: tl.constexpr, BD: tl.constexpr):
     # rows [BR] of x [R, D] (R = N * heads, each head's D normed): out = round(round(round(rms(x)) w) round(silu(z)))
     # z [N, heads * D] with row stride z_stride (HD = heads, rows r -> (r // HD, r % HD))
@@ -61,13 +90,15 @@ def _gated_rms_norm_kernel(x, z, w, out, R, D, HD, x_stride, z_stride, eps, BR: 
 
 
 @triton.jit
-def _gated_act_kernel(gate, up, out, n, BLOCK: tl.constexpr, GELU: tl.constexpr):
+def _gated_act_kernel(gate, up, out, n, BLOCK: tl.constexpr, ACT: tl.constexpr):
     # out = round(round(act(gate)) up), flat over n elements (both inputs contiguous)
     o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = o < n
     gv = tl.load(gate + o, mask=m, other=0.0).to(tl.float32)
-    if GELU:  # the exact (erf) GELU, F.gelu's default
+    if ACT == 1:  # the exact (erf) GELU, F.gelu's default
         a = 0.5 * gv * (1.0 + tl.math.erf(gv * 0.7071067811865476))
+    elif ACT == 2:  # a sigmoid gate (gated attention's output)
+        a = tl.sigmoid(gv)
     else:
         a = gv * tl.sigmoid(gv)
     a = a.to(out.dtype.element_ty).to(tl.float32)
@@ -135,6 +166,26 @@ def rms_norm_triton(x, weight, *, eps: float, residual=None):
     return (out, h) if residual is not None else out
 
 
+def rms_norm_rope_triton(x, weight, cos, sin, *, eps: float):
+    """Twin of torch_ops.rms_norm_rope: x [n, heads, D] -> its heads normed (weight [D]) and their first ROT dims
+    rotated by cos, sin [n, ROT] (rotate-half), in x's dtype."""
+    C.check_device(x, weight, cos, sin)
+    n, HN, D = x.shape
+    ROT = cos.shape[-1]
+    if not x.dtype == weight.dtype == cos.dtype == sin.dtype or weight.shape != (D,):
+        raise ValueError(f"x, weight, cos, sin: expected one dtype and weight [{D}], got {x.dtype}, {weight.dtype} "
+                         f"{tuple(weight.shape)}, {cos.dtype}, {sin.dtype}")
+    if cos.shape != (n, ROT) or sin.shape != (n, ROT) or ROT % 2 or not 0 < ROT <= D:
+        raise ValueError(f"cos, sin: expected [{n}, ROT] with ROT even and <= {D}, got {tuple(cos.shape)}, "
+                         f"{tuple(sin.shape)}")
+    x2, xs = _rows(x, "x")
+    out = C.alloc(x.shape, x.dtype, x.device)
+    BR, BD = _block_rows(D)
+    launch(_rms_norm_rope_kernel, (C.cdiv(n * HN, BR),), x=x2, w=weight, cos=cos.contiguous(), sin=sin.contiguous(),
+           out=out, R=n * HN, D=D, HN=HN, ROT=ROT, x_stride=xs, eps=float(eps), BR=BR, BD=BD)
+    return out
+
+
 def gated_rms_norm_triton(x, weight, gate, *, eps: float):
     """Twin of torch_ops.gated_rms_norm: x [N, heads, D], gate [N, heads * D] (rows may be strided)
     -> [N, heads, D] in x's dtype."""
@@ -162,7 +213,8 @@ def gated_act_triton(gate, up, *, act: str):
     g, u = gate.contiguous(), up.contiguous()
     out = C.alloc(gate.shape, gate.dtype, gate.device)
     n, BLOCK = g.numel(), 1024
-    launch(_gated_act_kernel, (C.cdiv(n, BLOCK),), gate=g, up=u, out=out, n=n, BLOCK=BLOCK, GELU=act == "gelu")
+    launch(_gated_act_kernel, (C.cdiv(n, BLOCK),), gate=g, up=u, out=out, n=n, BLOCK=BLOCK,
+           ACT={"silu": 0, "gelu": 1, "sigmoid": 2}[act])
     return out
 
 

@@ -62,13 +62,31 @@ def test_gated_rms_norm_equals_its_twin_on_a_strided_gate(dtype):
     assert_rounding_twins(gb.gated_rms_norm(x, w, z, eps=1e-6, glue="triton"), gb.gated_rms_norm(x, w, z, eps=1e-6), dtype)
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rot", [16, 64])
+def test_the_per_head_norm_and_rope_in_one_kernel_equal_their_twin(dtype, rot):
+    """q [n, heads, 64] normed per head, then its first rot dims rotated at each row's position (partial RoPE, as
+    Qwen3.5's 64 of 256, and whole); read from a column slice (q of a wider projection)."""
+    gen = torch.Generator().manual_seed(9)
+    n, HN, D = 5, 3, 64
+    wide = _rand(n, HN * D + 8, dtype=dtype, scale=2.0, gen=gen)
+    x = wide[:, 8:].view(n, HN, D)
+    w = _rand(D, dtype=dtype, gen=gen)
+    ang = torch.arange(n)[:, None] * 0.3 ** torch.arange(rot // 2)[None, :]
+    cos, sin = (torch.cat([f(ang), f(ang)], -1).to(dtype) for f in (torch.cos, torch.sin))
+    got = gb.rms_norm_rope(x, w, cos, sin, eps=1e-6, glue="triton")
+    assert_rounding_twins(got, gb.rms_norm_rope(x, w, cos, sin, eps=1e-6), dtype)
+    with pytest.raises(ValueError, match="cos, sin"):
+        gb.rms_norm_rope(x, w, cos[:, :-1], sin[:, :-1], eps=1e-6, glue="triton")
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu", "sigmoid"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gated_act_equals_its_twin(act, dtype):
     gen = torch.Generator().manual_seed(4)
     g, u = _rand(7, 300, dtype=dtype, scale=4.0, gen=gen), _rand(7, 300, dtype=dtype, gen=gen)
     assert_rounding_twins(gb.gated_act(g, u, act=act, glue="triton"), gb.gated_act(g, u, act=act), dtype,
-                          atol=1e-5 if act == "gelu" else 1e-7, share=0.05 if act == "gelu" else 0.01)
+                                         atol=1e-5 if act == "gelu" else 1e-7, share=0.05 if act == "gelu" else 0.01)
 
 
 @pytest.mark.parametrize("beta_scale", [1.0, 2.0])
@@ -120,6 +138,18 @@ def test_the_model_on_the_triton_glue_equals_the_model_on_pytorchs():
         HybridModel(cfg, w, glue="cuda")
 
 
+def test_a_gated_attention_model_with_qk_norms_and_partial_rope_on_the_triton_glue():
+    """Qwen3.5's attention features (per-head q/k norms and partial RoPE in one kernel each, the sigmoid-gated
+    output) through the glue kernels against PyTorch's ops (fp32)."""
+    cfg = get_preset("micro").replace(qk_norm=True, attn_output_gate=True, partial_rotary_factor=0.5)
+    w = init_weights(cfg, seed=1)
+    ref, fused = HybridModel(cfg, w, backend="torch"), HybridModel(cfg, w, backend="torch", glue="triton")
+    state, _ = ref.prefill([1, 2, 3, 4])
+    tree = ddtree(torch.randn(3, cfg.vocab_size, generator=torch.Generator().manual_seed(1)) * 3, 8, root_token=5)
+    a, b = ref.verify(state, tree, keep_states=False), fused.verify(state, tree, keep_states=False)
+    torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)
+
+
 def test_the_model_picks_pytorchs_glue_on_the_cpu_and_where_the_fast_path_is_pytorchs():
     cfg = get_preset("micro")
     w = init_weights(cfg, seed=0)
@@ -134,3 +164,27 @@ def test_the_residual_add_and_post_norm_fused_equal_the_two_steps():
     xn, h2 = gb.rms_norm(out, w, eps=1e-6, residual=h)
     assert torch.equal(h2, h + out)
     assert torch.equal(xn, F.rms_norm((h + out).float(), (32,), eps=1e-6).to(torch.bfloat16) * w)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("windows", [False, True])
+def test_the_conv_writes_its_channel_groups_apart_each_contiguous(backend, windows):
+    """split=(c1, c2, c3): GDN's q, k, v out of the tree conv as three tensors, from the Triton kernel each
+    contiguous (no copy before the WY kernels), each equal to its columns of the whole output; channel blocks that straddle the groups' ends
+    included (130 channels in blocks of 128, groups of 40, 70 and 20); the windows as without split."""
+    gen = torch.Generator().manual_seed(8)
+    B, T, C, W = 2, 6, 130, 4
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2], [-1, 0, 1, 2, 0, 4]])
+    x, weight = torch.randn(B, T, C, generator=gen), torch.randn(C, W, generator=gen)
+    win0 = torch.randn(B, C, W - 1, generator=gen)
+    kw = dict(weight=weight, parents=parents, initial_window=win0, output_windows=windows, backend=backend)
+    whole, parts = gb.tree_causal_conv1d(x, **kw), gb.tree_causal_conv1d(x, split=(40, 70, 20), **kw)
+    if windows:
+        (whole, win), (parts, win_split) = whole, parts
+        assert torch.equal(win, win_split)
+    assert len(parts) == 3
+    for part, cols in zip(parts, whole.split([40, 70, 20], -1)):
+        assert torch.equal(part, cols)
+        assert part.is_contiguous() == (backend == "triton")  # PyTorch's: views of the whole (what the CPU computed before)
+    with pytest.raises(ValueError, match="split"):
+        gb.tree_causal_conv1d(x, split=(40, 70, 21), **kw)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import ddsim.gpu_backend as gb
 from ddsim.errors import InputError
+from ddsim.gpu_backend import torch_ops
 from ddsim.model.config import ModelConfig
 from ddsim.model.placement import is_placed, layer_devices_of
 from ddsim.model.state import ModelState, empty_state
@@ -132,9 +133,7 @@ class Rope:
 def _rope(x, rope: Rope, theta, rot):
     """x [T, n, hd] -> x with its first ``rot`` dims rotated by the positions' angles."""
     cos, sin = rope.tables(theta, rot, x.dtype)
-    xr, xp = x[..., :rot], x[..., rot:]
-    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
-    return torch.cat([xr * cos + torch.cat([-x2, x1], -1) * sin, xp], -1)
+    return torch_ops.rope(x, cos[:, 0], sin[:, 0])
 
 
 class HybridModel:
@@ -462,6 +461,11 @@ class HybridModel:
             q = self._norm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
             k = self._norm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
         q, k = q.view(n, nh, hd), k.view(n, nkv, hd)
+        if cfg.qk_norm and not cfg.qk_norm_all and cfg.use_rope:  # each per-head norm and its RoPE as one call
+            cos, sin = rope.tables(cfg.rope_theta, cfg.rotary_dim, q.dtype)
+            q = gb.rms_norm_rope(q, w[p + "attn.q_norm"], cos[:, 0], sin[:, 0], eps=cfg.rms_norm_eps, glue=self.glue)
+            k = gb.rms_norm_rope(k, w[p + "attn.k_norm"], cos[:, 0], sin[:, 0], eps=cfg.rms_norm_eps, glue=self.glue)
+            return q, k, F.linear(x, w[p + "attn.v"]).view(n, nkv, hd)
         if cfg.qk_norm and not cfg.qk_norm_all:
             q = self._norm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
             k = self._norm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
@@ -499,8 +503,8 @@ class HybridModel:
         cfg = self.cfg
         if cfg.mla_kv_lora_rank and cfg.mla_v_head_dim < cfg.head_dim:  # MLA's values, unpadded
             o = o.view(o.shape[0], cfg.num_attention_heads, cfg.head_dim)[..., :cfg.mla_v_head_dim].reshape(o.shape[0], -1)
-        if self.cfg.attn_output_gate:
-            o = o * torch.sigmoid(F.linear(x, self.w[p + "attn.gate"]))
+        if self.cfg.attn_output_gate:  # sigmoid(gate) o: o sigmoid(gate), bit for bit
+            o = gb.gated_act(F.linear(x, self.w[p + "attn.gate"]), o, act="sigmoid", glue=self.glue)
         return F.linear(o, self.w[p + "attn.o"])
 
     def _attention(self, p, x, pos, mask, prefix):
@@ -531,11 +535,10 @@ class HybridModel:
                                beta_scale=cfg.gdn_beta_scale, glue=self.glue)  # [N, HV] float32 each
         g, beta = g.view(B, T, HV), beta.view(B, T, HV)
         y = gb.tree_causal_conv1d(xin, weight=w[p + "gdn.conv"], parents=parents, initial_window=win0,
-                                  mode=conv_mode, output_windows=keep_states, backend=self.backend)
-        y, windows = y if keep_states else (y, None)  # y [B, T, C]
-        q = y[..., : H * K].view(B, T, H, K)
-        k = y[..., H * K: 2 * H * K].view(B, T, H, K)
-        v = y[..., 2 * H * K:].view(B, T, HV, V)
+                                  mode=conv_mode, output_windows=keep_states, split=(H * K, H * K, HV * V),
+                                  backend=self.backend)
+        (q, k, v), windows = y if keep_states else (y, None)  # [B, T, H K], [B, T, H K], [B, T, HV V], each contiguous
+        q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, HV, V)
         o = gb.gdn_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0.to(self.state_dtype),
                                mode=rec_mode, output_states=keep_states, backend=self.backend)
         o, states = o if keep_states else (o, None)
