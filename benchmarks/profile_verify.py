@@ -81,7 +81,7 @@ def streamed_read_tb_s(model) -> float:
 
     def read_all():
         for i, w in enumerate(mats):
-            torch.sum(w, dtype=torch.float32, out=out[i])
+            torch.sum(w, dim=(0, 1), dtype=torch.float32, out=out[i])
     for _ in range(2):
         read_all()
     torch.cuda.synchronize()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend.launch import launch
@@ -106,18 +107,22 @@ def _gated_act_kernel(gate, up, out, n, BLOCK: tl.constexpr, ACT: tl.constexpr):
 
 
 @triton.jit
-def _softplus(x):
-    """F.softplus (threshold 20): log1p(exp(x)) to fp32 precision (log(u) e / (u - 1) with u = 1 + e,
-    which a plain log(1 + e) loses for small e), x past 20."""
+def _softplus(x, LIBDEVICE: tl.constexpr):
+    """F.softplus (threshold 20): log1p(exp(x)) to fp32 precision, x past 20. Compiled: libdevice's log1pf (a
+    plain log(1 + e) loses the digits of a small e, and the GPU's fast log is not accurate near 1); in the
+    interpreter (which has no libdevice) log(u) e / (u - 1) with u = 1 + e, exact to rounding with numpy's log."""
     e = tl.exp(tl.minimum(x, 20.0))
-    u = 1.0 + e
-    lp = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
+    if LIBDEVICE:
+        lp = libdevice.log1p(e)
+    else:
+        u = 1.0 + e
+        lp = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
     return tl.where(x > 20.0, x, lp)
 
 
 @triton.jit
 def _gdn_gates_kernel(a, b, A, dt_bias, g, beta, R, HV, a_stride, b_stride, beta_scale, BR: tl.constexpr,
-                      BH: tl.constexpr):
+                      BH: tl.constexpr, LIBDEVICE: tl.constexpr):
     # g = A softplus(a + dt_bias), beta = sigmoid(b) beta_scale, rows [BR] of [R, HV] (a, b raw, read strided)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BH)
@@ -127,7 +132,7 @@ def _gdn_gates_kernel(a, b, A, dt_bias, g, beta, R, HV, a_stride, b_stride, beta
     bv = tl.load(b + r64 * b_stride + cols[None, :], mask=m, other=0.0).to(tl.float32)
     Av = tl.load(A + cols, mask=cols < HV, other=0.0)
     bias = tl.load(dt_bias + cols, mask=cols < HV, other=0.0)
-    tl.store(g + r64 * HV + cols[None, :], Av[None, :] * _softplus(av + bias[None, :]), mask=m)
+    tl.store(g + r64 * HV + cols[None, :], Av[None, :] * _softplus(av + bias[None, :], LIBDEVICE), mask=m)
     tl.store(beta + r64 * HV + cols[None, :], tl.sigmoid(bv) * beta_scale, mask=m)
 
 
@@ -230,5 +235,6 @@ def gdn_gates_triton(a, b, *, A, dt_bias, beta_scale: float = 1.0):
     BH = C.next_pow2(HV, 16)
     BR = max(1, min(64, 2048 // BH))
     launch(_gdn_gates_kernel, (C.cdiv(N, BR),), a=a2, b=b2, A=A.contiguous(), dt_bias=dt_bias.contiguous(), g=g,
-           beta=beta, R=N, HV=HV, a_stride=as_, b_stride=bs, beta_scale=float(beta_scale), BR=BR, BH=BH)
+           beta=beta, R=N, HV=HV, a_stride=as_, b_stride=bs, beta_scale=float(beta_scale), BR=BR, BH=BH,
+           LIBDEVICE=not C.interpreting())
     return g, beta

@@ -19,34 +19,54 @@ def _rand(*shape, scale=1.0, gen):
     return (torch.randn(*shape, generator=gen, device="cuda") * scale).to(BF16)
 
 
-@pytest.mark.parametrize("rows", [1, 17, 65 * 4])
-def test_bf16_glue_at_full_width_equals_its_twins(rows):
+ROWS = [1, 17, 65 * 4]
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_bf16_rms_norm_after_the_residual_add_at_full_width(rows):
     gen = torch.Generator(device="cuda").manual_seed(rows)
     h, out = _rand(rows, 5120, scale=4.0, gen=gen), _rand(rows, 5120, gen=gen)
     w = _rand(5120, gen=gen) + 1.0
     (xn, h2), (xn_ref, h2_ref) = (gb.rms_norm(out, w, eps=1e-6, residual=h, glue=g) for g in ("triton", "torch"))
     assert torch.equal(h2, h2_ref)
     assert_rounding_twins(xn, xn_ref, BF16)
-    q = _rand(rows, 24, 256, gen=gen)  # q norm per head, then RoPE on its first 64 dims
-    assert_rounding_twins(gb.rms_norm(q, w[:256], eps=1e-6, glue="triton"), gb.rms_norm(q, w[:256], eps=1e-6), BF16)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_bf16_per_head_norm_and_partial_rope(rows):
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    q, w = _rand(rows, 24, 256, gen=gen), _rand(256, gen=gen) + 1.0  # RoPE on the first 64 of 256 dims
+    assert_rounding_twins(gb.rms_norm(q, w, eps=1e-6, glue="triton"), gb.rms_norm(q, w, eps=1e-6), BF16)
     ang = torch.arange(rows, device="cuda")[:, None] * 0.5 ** torch.arange(32, device="cuda")[None, :]
     cos, sin = (torch.cat([f(ang), f(ang)], -1).to(BF16) for f in (torch.cos, torch.sin))
-    assert_rounding_twins(gb.rms_norm_rope(q, w[:256], cos, sin, eps=1e-6, glue="triton"),
-                          gb.rms_norm_rope(q, w[:256], cos, sin, eps=1e-6), BF16)
+    assert_rounding_twins(gb.rms_norm_rope(q, w, cos, sin, eps=1e-6, glue="triton"),
+                          gb.rms_norm_rope(q, w, cos, sin, eps=1e-6), BF16)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_bf16_gated_rms_norm_on_a_strided_gate(rows):
+    gen = torch.Generator(device="cuda").manual_seed(rows)
     wide = _rand(rows, 48 * 128 + 96, scale=2.0, gen=gen)  # [z | a | b] as one GEMM's output
-    o = _rand(rows, 48, 128, gen=gen)
-    args = (o, w[:128], wide[:, :6144])
+    args = (_rand(rows, 48, 128, gen=gen), _rand(128, gen=gen) + 1.0, wide[:, :6144])
     assert_rounding_twins(gb.gated_rms_norm(*args, eps=1e-6, glue="triton"), gb.gated_rms_norm(*args, eps=1e-6), BF16)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu", "sigmoid"])
+@pytest.mark.parametrize("rows", ROWS)
+def test_bf16_gated_activations(rows, act):
+    gen = torch.Generator(device="cuda").manual_seed(rows)
     gate, up = _rand(rows, 17408, scale=3.0, gen=gen), _rand(rows, 17408, gen=gen)
-    for act in ("silu", "gelu", "sigmoid"):
-        assert_rounding_twins(gb.gated_act(gate, up, act=act, glue="triton"), gb.gated_act(gate, up, act=act), BF16,
-                              atol=1e-5 if act == "gelu" else 1e-7, share=0.05 if act == "gelu" else 0.01)
-    A = -torch.rand(48, device="cuda") * 8
-    bias = torch.randn(48, device="cuda")
-    kw = dict(A=A, dt_bias=bias, beta_scale=1.0)
-    a, b = wide[:, 6144:6192] * 8, wide[:, 6192:]
-    (g, beta), (g_ref, beta_ref) = (gb.gdn_gates(a, b, glue=x, **kw) for x in ("triton", "torch"))
-    torch.testing.assert_close(g, g_ref, rtol=2e-6, atol=0)
+    assert_rounding_twins(gb.gated_act(gate, up, act=act, glue="triton"), gb.gated_act(gate, up, act=act), BF16,
+                          atol=1e-5 if act == "gelu" else 1e-7, share=0.05 if act == "gelu" else 0.01)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_gdn_gates_from_a_strided_projection(rows):
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    ab = _rand(rows, 96, scale=16.0, gen=gen)
+    kw = dict(A=-torch.rand(48, device="cuda") * 8, dt_bias=torch.randn(48, device="cuda"), beta_scale=1.0)
+    (g, beta), (g_ref, beta_ref) = (gb.gdn_gates(ab[:, :48], ab[:, 48:], glue=x, **kw) for x in ("triton", "torch"))
+    torch.testing.assert_close(g, g_ref, rtol=2e-6, atol=1e-30)
     torch.testing.assert_close(beta, beta_ref, rtol=2e-6, atol=0)
 
 
