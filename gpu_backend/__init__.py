@@ -97,8 +97,8 @@ def _recordable(parents, x) -> bool:
 def _unreplayable(recurrent: bool, *data) -> bool:
     """Calls whose launchers make a tensor per call, so that a recipe could never be kept, told apart
     before recording (a plan records a bounded number of calls: these would spend them): the recurrent
-    verify (it converts the plan's source table), and non-contiguous data (made contiguous: the
-    model's slices of its conv output). Counted among fastcall's refusals."""
+    verify (it converts the plan's source table), and non-contiguous data (the launcher copies it; the
+    model's q, k, v come from the tree conv contiguous, split=). Counted among fastcall's refusals."""
     if recurrent:
         fastcall.skip("the recurrent verify (its launcher converts the plan's source table per call)")
         return True
