@@ -30,13 +30,14 @@ def check_verify_against_oracle(fast, ref, args: dict, *, kw: dict, initial_stat
 
 
 def assert_rounding_twins(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, *, atol: float = 1e-7,
-                          share: float = 0.01) -> None:
+                          share: float = 0.01, scale: torch.Tensor | None = None) -> None:
     """A glue kernel's output against its PyTorch twin, which rounds at the same points (gpu_backend.triton_norms):
     fp32 within 2e-6 relative (the fp32 sums' order). 16-bit: the two differ where an fp32 value lands on a rounding
-    midpoint in one and not the other, on fewer than ``share`` of the entries, and there by at most what one
-    intermediate rounding moves the output: two ulps of the entry (a flipped intermediate times a weight, then the
-    output's own rounding), or one ulp at the tensor's root-mean-square size (a flipped term of a sum that cancels,
-    as RoPE's). atol: where both lose digits alike (GELU's 1 + erf(x) for x << 0, through different erfs)."""
+    midpoint in one and not the other, on fewer than ``share`` of the entries, and there by at most what the flipped
+    roundings move the output: one ulp of ``scale`` (default twice the entry: a flipped intermediate times a weight,
+    then the output's own rounding; RoPE's caller passes its terms' sizes, whose sum may cancel) plus one ulp at the
+    tensor's root-mean-square size. atol: where both lose digits alike (GELU's 1 + erf(x) for x << 0, through
+    different erfs)."""
     assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
     assert torch.isfinite(got).all()
     if dtype == torch.float32:
@@ -44,7 +45,7 @@ def assert_rounding_twins(got: torch.Tensor, want: torch.Tensor, dtype: torch.dt
         return
     diff = (got.float() - want.float()).abs()
     eps = 2.0 ** -(7 if dtype == torch.bfloat16 else 10)  # one ulp, relative, at the top of a binade
-    rms = want.float().pow(2).mean().sqrt()
-    bound = 2 * eps * want.float().abs() + eps * rms + atol
+    size = 2 * want.float().abs() if scale is None else scale.float()
+    bound = eps * (size + want.float().pow(2).mean().sqrt()) + atol
     assert (diff <= bound).all(), (diff - bound).max()
     assert (diff > 0).float().mean() < share, (diff > 0).float().mean()
