@@ -537,7 +537,7 @@ class HybridModel:
         y = gb.tree_causal_conv1d(xin, weight=w[p + "gdn.conv"], parents=parents, initial_window=win0,
                                   mode=conv_mode, output_windows=keep_states, split=(H * K, H * K, HV * V),
                                   backend=self.backend)
-        (q, k, v), windows = y if keep_states else (y, None)  # [B, T, H K], [B, T, H K], [B, T, HV V], each contiguous
+        (q, k, v), windows = y if keep_states else (y, None)  # [B, T, H K] x2, [B, T, HV V] (contiguous from Triton)
         q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, HV, V)
         o = gb.gdn_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0.to(self.state_dtype),
                                mode=rec_mode, output_states=keep_states, backend=self.backend)
