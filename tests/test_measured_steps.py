@@ -58,3 +58,24 @@ def test_a_measured_row_that_does_not_add_up_is_refused(measured, tmp_path):
 def test_a_cpu_audit_measures_nothing_by_default():
     from tests.report_fixtures import path
     assert json.loads(path("leak").read_text())["measured_steps"] is None
+
+
+def test_steps_are_timed_as_a_server_runs_them_without_the_audits_nan_fills(monkeypatch):
+    """The audit runs NaN-poisoned (an unwritten output cannot pass), and its CUDA graphs carry those fills; the
+    timed steps run with them off, on a serving model of their own (on the CPU the model itself), and the setting
+    is the caller's again after."""
+    import ddsim.gpu_backend as gb
+    from ddsim.measure import step_timing
+    from ddsim.measure.audit import run_audit
+    from ddsim.measure.settings import AuditConfig
+    seen, real = [], step_timing._time_step
+
+    def spy(serving, state, tree, mode, clock, *, warmup, repeats):
+        seen.append(gb.poisoning())
+        return real(serving, state, tree, mode, clock, warmup=0, repeats=1)
+    monkeypatch.setattr(step_timing, "_time_step", spy)
+    before = gb.poisoning()
+    rep = run_audit(AuditConfig(preset="micro", budgets=[4], steps=1, n_prompts=1, measure_steps="on"))
+    assert rep.measured_steps is not None and len(rep.measured_steps.rows) == 2 + 4
+    assert seen == [False] * 6
+    assert gb.poisoning() == before

@@ -289,13 +289,23 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
 
 
 def _measured(run: _Run, report: Report, reference: list[int]) -> Report:
-    """The report with each mode's decoding step timed (ddsim.measure.step_timing) on the first prompt."""
+    """The report with each mode's decoding step timed (ddsim.measure.step_timing) on the first prompt, as a server
+    runs it: where the serving model is replayed from CUDA graphs, from graphs of its own captured with the Triton
+    launchers' outputs left unfilled (the audit's, captured NaN-poisoned, launch a fill per output: 0.4-1.1 ms a
+    verify at Qwen3.6-27B size on an H200, RESULTS.md); the audit's graphs are let go first."""
+    from ddsim.gpu_backend import poisoned
     from ddsim.measure.step_timing import measure_steps, rows
     ac, prompt = run.ac, run.prompts[0]
     greedy = reference if ac.temperature == 0 else reference_rows(run.serving, [prompt], run.drafter.depth)[0][0]
     policies = {b: TreePolicy("ddtree", b, ac.topk_cap) for b in ac.budgets}
-    times = measure_steps(run.serving, prompt=prompt, greedy=greedy, drafter=run.drafter, policies=policies,
-                          modes=ALL_MODES)
+    if run.serving is not run.model:
+        run.serving = None  # the audit's graphs: nothing reads them after this
+        gc.collect()
+        torch.cuda.empty_cache()
+    with poisoned(False):
+        timer = serving_model(run.model)
+        times = measure_steps(timer, prompt=prompt, greedy=greedy, drafter=run.drafter, policies=policies,
+                              modes=ALL_MODES)
     tps = {"chain": report.chain.tokens_per_step}
     tps.update({(b.budget, m): b.modes[m].tokens_per_step for b in report.budgets for m in ALL_MODES})
     measured = {"device": str(run.device), "warmup": 3, "repeats": 20, "rows": rows(times, tokens_per_step=tps)}
