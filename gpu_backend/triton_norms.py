@@ -1,8 +1,9 @@
-"""The layers' elementwise glue in one kernel each, where PyTorch launches three to six: RMSNorm (with
-the residual add before it), the GDN output's gated RMSNorm, the MLP's gated activation and the GDN
-gates. Each reproduces its twin in torch_ops (rms_norm, gated_rms_norm, gated_act, gdn_gates) rounding
-for rounding: every intermediate PyTorch rounds to the activations' dtype is rounded here too, so the two
-differ only in the order of the fp32 sum of squares.
+"""The layers' elementwise glue in one kernel each, where PyTorch launches three to twelve: RMSNorm (with
+the residual add before it), an attention head's q/k norm with its (partial) RoPE, the GDN output's gated
+RMSNorm, a gated activation (SwiGLU, GeGLU, a sigmoid-gated output) and the GDN gates. Each reproduces its
+twin in torch_ops (rms_norm, rms_norm_rope, gated_rms_norm, gated_act, gdn_gates) rounding for rounding:
+every intermediate PyTorch rounds to the activations' dtype is rounded here too, so the two differ only in
+the order of the fp32 sum of squares and in the last bits of exp, erf and sigmoid.
 
 Rows are read through a row stride (the last dim contiguous), so a column slice of a wider GEMM output
 (the GDN's [a | b] projection) is read in place.
