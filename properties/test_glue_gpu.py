@@ -41,7 +41,7 @@ def test_bf16_per_head_norm_and_partial_rope(rows):
     cos, sin = (torch.cat([f(ang), f(ang)], -1).to(BF16) for f in (torch.cos, torch.sin))
     y = gb.rms_norm(q, w, eps=1e-6).float()  # the rotated dims are y cos + y' sin, each term rounded: a flip in y
     terms = (y[..., :64] * cos[:, None]).abs() + (torch.cat([y[..., 32:64], y[..., :32]], -1) * sin[:, None]).abs()
-    scale = torch.cat([3 * terms, 2 * y[..., 64:].abs()], -1)  # (two roundings) or a term moves it by their ulps
+    scale = torch.cat([4 * terms, 4 * y[..., 64:].abs()], -1)  # (two roundings), a term's or the sum's: their ulps
     assert_rounding_twins(gb.rms_norm_rope(q, w, cos, sin, eps=1e-6, glue="triton"),
                           gb.rms_norm_rope(q, w, cos, sin, eps=1e-6), BF16, scale=scale)
 
