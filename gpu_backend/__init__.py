@@ -356,15 +356,12 @@ def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, backend=
                                                      initial_state=initial_state)
 
 
-
 # ---- the layers' glue ----------------------------------------------------------------------------
 GLUES = ("torch", "triton")
 
 
 def _glue(glue: str):
-    """The module serving ``glue`` ("torch": torch_ops, "triton": triton_norms)."""
-    if glue == "torch":
-        return torch_ops
+    """triton_norms for ``glue`` "triton" (each function below takes torch_ops' twin for "torch" first)."""
     if glue != "triton":
         raise ValueError(f"glue: expected one of {GLUES}, got {glue!r}")
     return _triton("triton_norms")
