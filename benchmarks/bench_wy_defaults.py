@@ -2,9 +2,11 @@
 every bench shape, with the dot precision bf16 inputs now default to (bf16x3) beside the one they had
 before (tf32x3), and the memory the verify allocates per layer call (its output and its scratch:
 W / P / Qe / Ve / G buffers; nothing per node). Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees,
-median us (do_bench).
+median us (do_bench: each call alone, L2 flushed before it). With --layers N, the default precision also as a
+server's replayed verify runs it: N layers' inputs (states, q, k, v, gates, each set its own) verified back to
+back from one CUDA graph, us per launch (ddsim.bench.bench.graphed_us; 48 is Qwen3.6-27B's GDN layers).
 
-    python benchmarks/bench_wy_defaults.py [--commit SHA] [--shapes 1x16,1x65,...]
+    python benchmarks/bench_wy_defaults.py [--commit SHA] [--shapes 1x16,1x65,...] [--layers 48]
 """
 import argparse
 import time
@@ -13,7 +15,16 @@ import torch
 import triton
 import triton.testing
 
-from ddsim.bench.bench import copy_bandwidth, ddtree_batch, fp32_tensor_rate, kernel_bytes, kernel_flops, kernel_inputs, parse_shapes
+from ddsim.bench.bench import (
+    copy_bandwidth,
+    ddtree_batch,
+    fp32_tensor_rate,
+    graphed_us,
+    kernel_bytes,
+    kernel_flops,
+    kernel_inputs,
+    parse_shapes,
+)
 from ddsim.gpu_backend import _common
 from ddsim.gpu_backend.triton_gdn import WY_MAX_NODES, plan_wy
 
@@ -31,6 +42,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--layers", type=int, default=0, help="also time N layers' inputs back to back from a CUDA graph")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
     if not torch.cuda.is_available():
@@ -39,9 +51,10 @@ def main():
     rates = {p: fp32_tensor_rate("cuda", p) for p in ("bf16x3", "tf32x3")}
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | commit {a.commit}")
+    graphed = f" graphed, {a.layers} layers in turn, us |" if a.layers else ""
     print("| B x T | design (auto) | bf16x3 (default) us | tf32x3 us | memory floor us | FLOP floor us: bf16x3 / tf32x3 "
-          "| verify allocations MiB/layer (output + scratch) |")
-    print("|---|---|---|---|---|---|---|")
+          "| verify allocations MiB/layer (output + scratch) |" + graphed)
+    print("|---|---|---|---|---|---|---|" + ("---|" if a.layers else ""))
     for B, T in shapes:
         _, parents = ddtree_batch(B, T)
         inp = kernel_inputs(B, T, device="cuda")
@@ -58,10 +71,20 @@ def main():
             us[prec] = triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median") * 1e3
             del launch, o
         fl = kernel_flops(B, T)["wy"]
+        layers = ""
+        if a.layers:  # each layer its own inputs (seeded apart), one plan each, all from one graph
+            plans = []
+            for i in range(a.layers):
+                li = kernel_inputs(B, T, device="cuda", seed=1 + i)
+                plans.append(plan_wy(**{k: li[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
+                                     initial_state=li["initial_state"], poison=False))
+            layers = f" {graphed_us([launch for launch, _ in plans]):.1f} |"
+            del plans
+            torch.cuda.empty_cache()
         print(f"| {B} x {T} | {auto_design(B, T, 'bf16x3')} | {us['bf16x3']:.1f} | {us['tf32x3']:.1f} | "
               f"{kernel_bytes(B, T)['wy'] / bw * 1e6:.1f} | "
               + (" / ".join(f"{fl / rates[p] * 1e6:.1f}" for p in ("bf16x3", "tf32x3")) if rates["bf16x3"] else "–")
-              + f" | {mib:.1f} |", flush=True)
+              + f" | {mib:.1f} |" + layers, flush=True)
     print("kernels alone (the launch plan_wy returns), median us of do_bench; tf32x3 at auto's form for tf32x3 "
           "(past one block a batch folds)")
 

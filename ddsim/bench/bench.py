@@ -208,6 +208,31 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
     return "\n".join([head] + table_lines(rows)), rows
 
 
+def graphed_us(launches: list, *, repeats: int = 20) -> float:
+    """Median microseconds per launch of ``launches`` (one launcher each, e.g. one per layer's inputs) run back to
+    back from one CUDA graph, as a server's replayed verify runs its kernels: no launch latency, and each launcher's
+    inputs cold in L2 when all of them together exceed it (48 layers' states at Qwen3.6-27B size do from one
+    sequence up), unlike do_bench, which times each call alone after flushing L2."""
+    for launch in launches:  # compiled, first-call work done, before the capture
+        launch()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for launch in launches:
+            launch()
+    graph.replay()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / len(launches))
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
 def _part(plan, i: int):
     """(launch of the i-th kernel of a two-kernel plan alone, result)."""
     launch, result = plan
