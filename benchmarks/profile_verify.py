@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from ddsim.bench.bench import graphed_us
 from ddsim.gpu_backend import poisoned
 from ddsim.model.config import get_preset
 from ddsim.model.graphs import GraphedModel
@@ -62,15 +63,7 @@ def weight_floor_ms(model) -> float:
     def read_all():
         for w in mats:
             F.linear(xs[w.shape[1]], w)
-    for _ in range(2):
-        read_all()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        read_all()
-    ms = replay_ms(g.replay)
-    del g
-    return ms
+    return graphed_us([read_all]) / 1e3
 
 
 def streamed_read_tb_s(model) -> float:
@@ -82,15 +75,7 @@ def streamed_read_tb_s(model) -> float:
     def read_all():
         for i, w in enumerate(mats):
             torch.sum(w, dim=(0, 1), dtype=torch.float32, out=out[i])
-    for _ in range(2):
-        read_all()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        read_all()
-    ms = replay_ms(g.replay)
-    del g
-    return sum(w.numel() * w.element_size() for w in mats) / ms / 1e9
+    return sum(w.numel() * w.element_size() for w in mats) / graphed_us([read_all]) / 1e6
 
 
 def profile_eager(model, state, tree, top: int) -> None:
