@@ -78,8 +78,10 @@ class DecodeBuffers:
 
     def row(self, b: int, *, copy: bool) -> ModelState:
         """Row b's committed state: views into the buffers, or (copy) its own memory."""
-        def own(x):
-            return x.clone() if copy else x
+        return self._state(b, (lambda x: x.clone()) if copy else (lambda x: x))
+
+    def _state(self, b: int, own) -> ModelState:
+        """Row b's committed state, each of its tensors (views into the buffers) passed through ``own``."""
         n = self.pos[b]
         return ModelState(n, [None if kv is None else (own(kv[0][b, :n]), own(kv[1][b, :n])) for kv in self.kv],
                           [None if s is None else own(s[b]) for s in self.ssm],
@@ -96,12 +98,7 @@ class DecodeBuffers:
             src.setdefault(x.dtype, []).append(x)
             dst.setdefault(x.dtype, []).append(d)
             return d
-        out = []
-        for b in bs:
-            n = self.pos[b]
-            out.append(ModelState(n, [None if kv is None else (own(kv[0][b, :n]), own(kv[1][b, :n])) for kv in self.kv],
-                                  [None if s is None else own(s[b]) for s in self.ssm],
-                                  [None if c is None else own(c[b]) for c in self.conv]))
+        out = [self._state(b, own) for b in bs]
         for dtype, xs in src.items():
             torch._foreach_copy_(dst[dtype], xs)
         return out
