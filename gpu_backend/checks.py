@@ -231,8 +231,13 @@ def resolve_gates(g, beta, a, b, A_log, dt_bias):
         return g, beta
     if any(x is None for x in (a, b, A_log, dt_bias)):
         raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
-    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
-    return g, torch.sigmoid(b.float())
+    return gate_values(a, b, A=-torch.exp(A_log.float()), dt_bias=dt_bias)
+
+
+def gate_values(a, b, *, A, dt_bias):
+    """GDN's gates from the raw projections, float32: g = A softplus(a + dt_bias) (A = -exp(A_log)), beta =
+    sigmoid(b) (the fused gates' and the model's, torch_ops.gdn_gates)."""
+    return A * F.softplus(a.float() + dt_bias.float()), torch.sigmoid(b.float())
 
 
 _POISON = [os.environ.get("DDSIM_POISON", "0") == "1"]

@@ -20,6 +20,7 @@ from ddsim.gpu_backend.checks import (
     check_parents,
     conv_sources,
     conv_table,
+    gate_values,
     resolve_gates,
     resolve_state,
     source_parents,
@@ -191,6 +192,5 @@ def gated_act(gate, up, *, act: str):
 def gdn_gates(a, b, *, A, dt_bias, beta_scale: float = 1.0):
     """GDN's gates from the raw projections a, b [N, HV]: g = A softplus(a + dt_bias) (A = -exp(A_log)),
     beta = sigmoid(b) beta_scale, both [N, HV] float32."""
-    g = A * F.softplus(a.float() + dt_bias)
-    beta = torch.sigmoid(b.float())
+    g, beta = gate_values(a, b, A=A, dt_bias=dt_bias)
     return g, (beta if beta_scale == 1.0 else beta * beta_scale)
