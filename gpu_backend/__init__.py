@@ -183,12 +183,12 @@ def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="e
                        output_windows=False, state_indices=None, split=None, backend=None):
     """x [B, T, C]; weight [C, W]; initial_window [B, C, W-1] oldest first, or a pool [N, C, W-1]
     addressed by state_indices [B]. Returns out [B, T, C] and, with output_windows, each node's
-    window [B, T, C, W-1]. The windows are read, never written. split (channel counts summing to C):
+    window [B, T, C, W-1]. The windows are read, never written. split (three channel counts summing to C):
     out as a tuple of its channel groups [B, T, c_i]: the Triton kernel writes them apart, each contiguous
     (GDN's q, k, v go to the WY kernels without a copy); PyTorch's are views of its whole output."""
     be = _backend(x, backend)
-    if split is not None and (not split or any(int(c) <= 0 for c in split) or sum(split) != x.shape[-1]):
-        raise ValueError(f"split: expected positive channel counts summing to {x.shape[-1]}, got {split}")
+    if split is not None and (len(split) != 3 or any(int(c) <= 0 for c in split) or sum(split) != x.shape[-1]):
+        raise ValueError(f"split: expected three positive channel counts summing to {x.shape[-1]}, got {split}")
     kw = dict(weight=weight, bias=bias, parents=parents, mode=mode, activation=activation,
               output_windows=output_windows)
     if be == "torch":

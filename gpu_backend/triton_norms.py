@@ -233,8 +233,7 @@ def gdn_gates_triton(a, b, *, A, dt_bias, beta_scale: float = 1.0):
     b2, bs = _rows(b, "b")
     g = C.alloc((N, HV), torch.float32, a.device)
     beta = C.alloc((N, HV), torch.float32, a.device)
-    BH = C.next_pow2(HV, 16)
-    BR = max(1, min(64, 2048 // BH))
+    BR, BH = _block_rows(HV, budget=2048)
     launch(_gdn_gates_kernel, (C.cdiv(N, BR),), a=a2, b=b2, A=A.contiguous(), dt_bias=dt_bias.contiguous(), g=g,
            beta=beta, R=N, HV=HV, a_stride=as_, b_stride=bs, beta_scale=float(beta_scale), BR=BR, BH=BH,
            LIBDEVICE=not C.interpreting())

@@ -188,3 +188,5 @@ def test_the_conv_writes_its_channel_groups_apart_each_contiguous(backend, windo
         assert part.is_contiguous() == (backend == "triton")  # PyTorch's: views of the whole (what the CPU computed before)
     with pytest.raises(ValueError, match="split"):
         gb.tree_causal_conv1d(x, split=(40, 70, 21), **kw)
+    with pytest.raises(ValueError, match="split: expected three"):  # either backend: the kernel writes three
+        gb.tree_causal_conv1d(x, split=(60, 70), **kw)
