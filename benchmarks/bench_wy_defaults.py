@@ -44,6 +44,8 @@ def main():
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--layers", type=int, default=0, help="also time N layers' inputs back to back from a CUDA graph")
     a = ap.parse_args()
+    if a.layers < 0:
+        ap.error(f"--layers: expected 0 or more, got {a.layers}")
     shapes = parse_shapes(ap, a.shapes)
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_defaults: needs a CUDA device")
