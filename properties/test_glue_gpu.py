@@ -42,8 +42,10 @@ def test_bf16_per_head_norm_and_partial_rope(rows):
     y = gb.rms_norm(q, w, eps=1e-6).float()  # the rotated dims are y cos + y' sin, each term rounded: a flip in y
     terms = (y[..., :64] * cos[:, None]).abs() + (torch.cat([y[..., 32:64], y[..., :32]], -1) * sin[:, None]).abs()
     scale = torch.cat([4 * terms, 4 * y[..., 64:].abs()], -1)  # (two roundings), a term's or the sum's: their ulps
+    # a rotated entry reads two normed entries and rounds twice more: a flip in either or in its own roundings
+    # shows (1.3% of all entries at 17 rows and 2.0% at 260 on an H200, the norm's alone under 1%)
     assert_rounding_twins(gb.rms_norm_rope(q, w, cos, sin, eps=1e-6, glue="triton"),
-                          gb.rms_norm_rope(q, w, cos, sin, eps=1e-6), BF16, scale=scale)
+                          gb.rms_norm_rope(q, w, cos, sin, eps=1e-6), BF16, scale=scale, share=0.04)
 
 
 @pytest.mark.parametrize("rows", ROWS)
