@@ -47,7 +47,6 @@ import torch
 from ddsim.gpu_backend import checks, fastcall, torch_kda, torch_lightning, torch_mamba1, torch_mamba2, torch_ops
 from ddsim.gpu_backend import launch as _launch
 from ddsim.gpu_backend.checks import CheckedIndices, CheckedSlots, TreePlan, checked_accepted, checked_slots, poisoned, poisoning
-from ddsim.gpu_backend.torch_ops import tree_attention
 
 BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split", "triton-wy-fold")
 MAMBA2_BACKENDS = ("torch", "triton", "triton-recurrent", "triton-ssd")
@@ -365,6 +364,20 @@ def _glue(glue: str):
     if glue != "triton":
         raise ValueError(f"glue: expected one of {GLUES}, got {glue!r}")
     return _triton("triton_norms")
+
+
+def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None, glue: str = "torch"):
+    """Tree attention over a committed KV prefix: q [T, nh, hd]; k, v [T, nkv, hd] (rotated); prefix_k, prefix_v
+    [P, nkv, hd]; ancestor_mask [T, T] bool (every prefix row attended) or [T, P + T] (a fixed-capacity prefix whose
+    unused rows are masked out) -> [T, nh, hd]. glue "torch": PyTorch's SDPA; "triton": one kernel
+    (triton_attention), the same fp32 sums in another order."""
+    if glue == "torch":
+        return torch_ops.tree_attention(q, k, v, prefix_k=prefix_k, prefix_v=prefix_v, ancestor_mask=ancestor_mask,
+                                        scale=scale)
+    _glue(glue)
+    with _on(q):
+        return _triton("triton_attention").tree_attention_triton(q, k, v, prefix_k=prefix_k, prefix_v=prefix_v,
+                                                                 ancestor_mask=ancestor_mask, scale=scale)
 
 
 def rms_norm(x, weight, *, eps: float, residual=None, glue: str = "torch"):

@@ -76,6 +76,26 @@ def test_gdn_gates_from_a_strided_projection(rows):
     torch.testing.assert_close(beta, beta_ref, rtol=2e-6, atol=1e-12)  # sigmoid's tail through the same exp
 
 
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+@pytest.mark.parametrize("T", [1, 17, 65])
+def test_tree_attention_at_full_width(T, dtype):
+    """Qwen3.6-27B's attention (24 query heads over 4 key-value heads of 256) over a prefix of 700 rows and a
+    chain's ancestor mask, the mask over the tree alone and over a fixed-capacity prefix with its last 200 rows
+    unused: the kernel against SDPA's fp32 math, within one rounding of the output."""
+    gen = torch.Generator(device="cuda").manual_seed(T)
+    q, k, v = (_rand(T, n, 256, gen=gen).to(dtype) for n in (24, 4, 4))
+    pk, pv = (_rand(700, 4, 256, gen=gen).to(dtype) for _ in range(2))
+    anc = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
+    used = torch.arange(700, device="cuda") < 500
+    for mask, P in ((anc, 700), (torch.cat([used.expand(T, 700), anc], 1), 700)):
+        got = gb.tree_attention(q, k, v, prefix_k=pk[:P], prefix_v=pv[:P], ancestor_mask=mask, glue="triton")
+        want = gb.tree_attention(q, k, v, prefix_k=pk[:P], prefix_v=pv[:P], ancestor_mask=mask)
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        else:
+            assert_rounding_twins(got, want, dtype, scale=want.float().abs())
+
+
 @pytest.mark.parametrize("preset", ["tiny", "tiny-zamba2", "tiny-lfm2"])
 def test_a_bf16_model_on_the_glue_kernels_verifies_as_on_pytorchs_ops(preset):
     """Every layer's norms, residual adds, gates and activations through the kernels (the CUDA default) against

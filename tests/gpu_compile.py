@@ -28,6 +28,7 @@ import ddsim.gpu_backend as gb  # noqa: E402
 from ddsim.bench.bench import ddtree_batch, kernel_inputs  # noqa: E402
 from ddsim.gpu_backend import (  # noqa: E402
     _common,
+    triton_attention,
     triton_commit,
     triton_conv,
     triton_gdn,
@@ -41,7 +42,7 @@ from ddsim.gpu_backend import (  # noqa: E402
 )
 from ddsim.properties.strategies import fixed_conv_example, fixed_gdn_example, fixed_mamba2_example  # noqa: E402
 
-DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int8: "i8", torch.int32: "i32",
+DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int8: "i8", torch.uint8: "u8", torch.int32: "i32",
          torch.int64: "i64"}
 ARCH = int(sys.argv[sys.argv.index("--arch") + 1]) if "--arch" in sys.argv else 90
 SET = sys.argv[sys.argv.index("--set") + 1] if "--set" in sys.argv else "all"
@@ -65,7 +66,7 @@ def _launch(kernel, grid, **kw):
 for _m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit, triton_mamba2, triton_kda, triton_mamba1,
            triton_lightning):
     _m.bind = _bind
-for _m in (triton_commit, triton_conv, triton_norms):
+for _m in (triton_attention, triton_commit, triton_conv, triton_norms):
     _m.launch = _launch
 _common.check_device = lambda *xs: None  # CPU tensors: nothing is launched
 
@@ -107,7 +108,16 @@ def other_calls():
     wide = torch.randn(3, 48 * 128 + 96, generator=gen).to(torch.bfloat16)
     o = torch.randn(3, 48, 128, generator=gen).to(torch.bfloat16)
     glue = dict(glue="triton")
+    # tree attention at Qwen3.6-27B's: 17 nodes, 24 query heads over 4 key-value heads of 256, a prefix of 512 rows,
+    # the mask over the tree alone (the eager verify) and over prefix and tree (the graphs' fixed-capacity prefix)
+    aq, akv = torch.randn(17, 24, 256, generator=gen).to(torch.bfloat16), torch.randn(17, 4, 256, generator=gen).to(torch.bfloat16)
+    apre = torch.randn(512, 4, 256, generator=gen).to(torch.bfloat16)
+    anc = torch.ones(17, 17, dtype=torch.bool).tril()
     return [
+        ("tree attention", lambda: gb.tree_attention(aq, akv, akv, prefix_k=apre, prefix_v=apre, ancestor_mask=anc,
+                                                     **glue)),
+        ("tree attention, prefix masked", lambda: gb.tree_attention(
+            aq, akv, akv, prefix_k=apre, prefix_v=apre, ancestor_mask=torch.ones(17, 529, dtype=torch.bool), **glue)),
         ("rms norm after the residual add", lambda: gb.rms_norm(h, h[0], eps=1e-6, residual=h, **glue)),
         ("rms norm per head", lambda: gb.rms_norm(h.view(3, 20, 256), h[0, :256], eps=1e-6, **glue)),
         ("gated rms norm", lambda: gb.gated_rms_norm(o, o[0, 0], wide[:, :6144], eps=1e-6, **glue)),

@@ -107,6 +107,59 @@ def test_gdn_gates_equal_their_twin_over_softplus_whole_range(beta_scale):
     torch.testing.assert_close(beta, beta_ref, rtol=1e-6, atol=0)
 
 
+def _tree_mask(T: int, gen) -> torch.Tensor:
+    """A random tree's ancestor mask [T, T] (node i's parent drawn among 0..i-1)."""
+    parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)]
+    m = torch.eye(T, dtype=torch.bool)
+    for i in range(1, T):
+        m[i] = m[parent[i]]
+        m[i, i] = True
+    return m
+
+
+@pytest.mark.parametrize("P", [0, 3, 37])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_tree_attention_equals_its_twin_over_prefix_and_ancestors(dtype, P):
+    """Grouped queries (4 heads over 2 key-value heads) over a prefix of P rows and a random tree of 21 nodes (two
+    row blocks), head_dim 24 (not a power of two), q, k, v read in place from one wider projection; the prefix
+    stored in fp32 (rounded to the queries' dtype, as the twin does); the mask [T, T] and [T, P + T] with some
+    prefix rows masked out, as a fixed-capacity prefix's unused rows are."""
+    gen = torch.Generator().manual_seed(10 + P)
+    T, nh, nkv, hd = 21, 4, 2, 24
+    wide = _rand(T, (nh + 2 * nkv) * hd + 8, dtype=dtype, scale=1.5, gen=gen)
+    q = wide[:, :nh * hd].view(T, nh, hd)
+    k = wide[:, nh * hd:(nh + nkv) * hd].view(T, nkv, hd)
+    v = wide[:, (nh + nkv) * hd:(nh + 2 * nkv) * hd].view(T, nkv, hd)
+    pk, pv = torch.randn(P, nkv, hd, generator=gen) * 1.5, torch.randn(P, nkv, hd, generator=gen)
+    anc = _tree_mask(T, gen)
+    keep = torch.rand(P, generator=gen) < 0.7
+    for mask in (anc, torch.cat([keep.expand(T, P), anc], 1)):
+        got = gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=mask, glue="triton")
+        want = gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=mask)
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        else:  # one rounding of the same fp32 value summed in another order: a flip on a few entries
+            assert_rounding_twins(got, want, dtype, scale=want.float().abs())
+    # a scale of the caller's (MLA's, MiniMax's) and a prefix the mask leaves out whole: the tree alone
+    got = gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=torch.cat([torch.zeros(T, P, dtype=torch.bool), anc], 1),
+                            scale=0.3, glue="triton")
+    want = gb.tree_attention(q, k, v, prefix_k=pk[:0], prefix_v=pv[:0], ancestor_mask=anc, scale=0.3)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-5 if dtype == torch.float32 else 2e-3, atol=1e-6)
+
+
+def test_tree_attention_refuses_in_one_line():
+    q, kv, m = torch.zeros(3, 4, 8), torch.zeros(3, 2, 8), torch.ones(3, 3, dtype=torch.bool)
+    pre = torch.zeros(2, 2, 8)
+    for bad, match in ((dict(ancestor_mask=torch.ones(3, 4, dtype=torch.bool)), "ancestor_mask"),
+                       (dict(ancestor_mask=m.float()), "ancestor_mask"),
+                       (dict(k=torch.zeros(3, 3, 8), v=torch.zeros(3, 3, 8)), "nkv"),
+                       (dict(k=kv.half()), "q, k, v"),
+                       (dict(q=torch.zeros(8, 4, 3).transpose(0, 2)), "contiguous last dim")):
+        args = {**dict(q=q, k=kv, v=kv, prefix_k=pre, prefix_v=pre, ancestor_mask=m), **bad}
+        with pytest.raises(ValueError, match=match):
+            gb.tree_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args, glue="triton")
+
+
 def test_glue_refuses_what_it_cannot_compute_in_one_line():
     x = torch.randn(4, 8)
     with pytest.raises(ValueError, match="last dim must be contiguous"):

@@ -512,7 +512,7 @@ class HybridModel:
         cfg = self.cfg
         q, k, v = self._qkv(p, x, pos)
         o = gb.tree_attention(q, k, v, prefix_k=prefix[0], prefix_v=prefix[1], ancestor_mask=mask,
-                              scale=cfg.attention_scale or None).reshape(x.shape[0], -1)
+                              scale=cfg.attention_scale or None, glue=self.glue).reshape(x.shape[0], -1)
         return self._attend_out(p, x, o), k, v
 
     def _gdn(self, p, x, parents, S0, win0, conv_mode, rec_mode, keep_states=True):
