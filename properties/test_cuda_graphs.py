@@ -37,8 +37,10 @@ def test_replays_equal_the_eager_serving_verify(preset, dtype):
     m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=dtype)
     gm = GraphedModel(m)
     st, _ = m.prefill([1, 2, 3, 4, 5])
-    # attention over the fixed-capacity prefix groups its sums differently: float32 rounding, not bits
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    # float32 rounding, not bits (the graph's attention reads a fixed-capacity prefix, its GEMMs may tile otherwise);
+    # in bf16 a flipped rounding grows through the random model's layers (tiny-lfm2: logits 0.0625 apart on an H200
+    # with the attention kernel, its fp32 twin here 1e-5): the bound of the side-by-side test below
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=5e-2, atol=1e-1)
     for mode in ("exact", "leaky", "leaky-state", "leaky-conv"):
         for step, t in enumerate(TREES + TREES[:1]):
             a, b = m.verify(st, t, mode=mode, keep_states=False), gm.verify(st, t, mode=mode)
