@@ -87,9 +87,9 @@ def test_tree_attention_at_full_width(T, dtype):
     pk, pv = (_rand(700, 4, 256, gen=gen).to(dtype) for _ in range(2))
     anc = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
     used = torch.arange(700, device="cuda") < 500
-    for mask, P in ((anc, 700), (torch.cat([used.expand(T, 700), anc], 1), 700)):
-        got = gb.tree_attention(q, k, v, prefix_k=pk[:P], prefix_v=pv[:P], ancestor_mask=mask, glue="triton")
-        want = gb.tree_attention(q, k, v, prefix_k=pk[:P], prefix_v=pv[:P], ancestor_mask=mask)
+    for mask in (anc, torch.cat([used.expand(T, 700), anc], 1)):
+        got = gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=mask, glue="triton")
+        want = gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=mask)
         if dtype == torch.float32:
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         else:
