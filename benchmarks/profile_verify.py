@@ -9,7 +9,8 @@ The floor: the weights' bytes at the rate a kernel streaming them reaches (the M
 replayed from a CUDA graph); beside it every weight matrix read by a one-row GEMM (a decode step's GEMMs alone,
 graphed) and the bytes over the H200's nominal 4.8 TB/s.
 
-    python benchmarks/profile_verify.py [--budgets 16,64] [--glues triton,torch] [--top 25] [--commit SHA]
+    python benchmarks/profile_verify.py [--budgets 16,64] [--glues triton,torch] [--top 25] [--skip-profile]
+                                        [--host-profile] [--commit SHA]
 """
 import argparse
 import gc
@@ -120,6 +121,26 @@ def graph_alone_ms(graphed, state, tree, repeats=20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def host_profile(graphed, state, tree, top: int, repeats=20) -> None:
+    """Where the host's part of a graphed verify goes: cProfile over ``repeats`` verifies (each synchronised), the
+    functions taking the most time of their own."""
+    import cProfile
+    import io
+    import pstats
+    graphed.verify(state, tree)
+    prof = cProfile.Profile()
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        prof.enable()
+        graphed.verify(state, tree)
+        torch.cuda.synchronize()
+        prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    print(f"  host profile of {repeats} graphed verifies (each synchronised):")
+    print("\n".join("    " + line for line in out.getvalue().splitlines() if line.strip()), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budgets", default="16,64")
@@ -127,6 +148,7 @@ def main():
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--preset", default="qwen3.6-27b")
     ap.add_argument("--skip-profile", action="store_true")
+    ap.add_argument("--host-profile", action="store_true", help="cProfile the host's part of each graphed verify")
     ap.add_argument("--commit", default="?")
     a = ap.parse_args()
     cfg = get_preset(a.preset)
@@ -162,6 +184,8 @@ def main():
                 rows.append((glue + (" (outputs NaN-filled first, as in the audit)" if poison else ""), budget,
                              tree.size, ms))
                 alone = graph_alone_ms(graphed, state, tree)
+                if a.host_profile and not poison:
+                    host_profile(graphed, state, tree, 18)
                 print(f"  CUDA-graph replay: {ms:.2f} ms per verify (host copies included); the graph alone "
                       f"{alone:.2f} ms", flush=True)
         graphed = None  # its graphs freed before the next glue's
