@@ -1,8 +1,9 @@
 """Where a serving verify's GPU time goes at full size, against the floor of reading the weights once.
 
 The Qwen3.6-27B-shaped model (random bf16 weights), one DDTree tree per budget. For each glue (the layers'
-norms, gates and gated activations as one Triton kernel each, the CUDA default, and PyTorch's ops): the exact
-serving verify (no per-node states) replayed from CUDA graphs (ddsim.model.graphs), ms per tree, and the eager
+norms, gates, gated activations and tree attention as one Triton kernel each, the CUDA default, and PyTorch's ops):
+the exact serving verify (no per-node states) replayed from CUDA graphs (ddsim.model.graphs), ms per tree, beside
+its CUDA graph alone (the rest is the host's part: --host-profile says where it goes), and the eager
 verify under torch.profiler, kernels grouped by name and by kind (GEMMs, the recurrent kernels, glue, copies);
 and the first glue's replay captured with NaN-filled outputs, as the audit captures it (gpu_backend.poisoned).
 The floor: the weights' bytes at the rate a kernel streaming them reaches (the MLP matrices each summed once,
