@@ -9,8 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from ddsim.gpu_backend import host_tables
 
 MODES = ("exact", "leaky")
 
@@ -73,12 +76,24 @@ class TreePlan:
         return self._cached(("src", mode), lambda: mode_parents(self.parents, mode))
 
     def conv_table(self, mode: str, W: int) -> torch.Tensor:
-        """int32 [B, T, W]: conv_sources of ``mode``'s source parents."""
-        return self._cached(("conv", mode, W), lambda: conv_sources(self.src(mode), W).to(torch.int32).contiguous())
+        """int32 [B, T, W]: conv_sources of ``mode``'s source parents (on the host, host_tables' twin)."""
+        def build():
+            src = self.src(mode)
+            if src.device.type == "cpu":
+                return torch.from_numpy(host_tables.conv_sources(src.numpy(), W).astype(np.int32))
+            return conv_sources(src, W).to(torch.int32).contiguous()
+        return self._cached(("conv", mode, W), build)
 
     def ancestors(self, mode: str):
-        """(int8 [B, T, T] ancestor-or-self mask, max depth) of ``mode``'s source parents."""
-        return self._cached(("anc", mode), lambda: ancestor_mask(self.src(mode)))
+        """(int8 [B, T, T] ancestor-or-self mask, max depth) of ``mode``'s source parents (on the host,
+        host_tables' twin)."""
+        def build():
+            src = self.src(mode)
+            if src.device.type == "cpu":
+                mask, depth = host_tables.ancestor_mask(src.numpy())
+                return torch.from_numpy(mask), depth
+            return ancestor_mask(src)
+        return self._cached(("anc", mode), build)
 
     def root_paths(self) -> torch.Tensor:
         """int32 [B, T, depth + 1]: each node's root path (its ancestors-or-self in the tree), root
@@ -130,16 +145,23 @@ def check_parents(parents, B: int, T: int, device) -> torch.Tensor:
         raise ValueError(f"parents: expected [B, T] = {(B, T)}, got {tuple(p.shape)}")
     p = p.long()
     if T:
-        idx = torch.arange(T, device=p.device)
-        bad_root = p[:, 0] != -1
-        bad = (p[:, 1:] < 0) | (p[:, 1:] >= idx[1:])
+        # on the host in numpy (a graph's verify validates its tree every step: torch's dispatch costs more there)
+        a, idx = (p.numpy(), np.arange(T)) if p.device.type == "cpu" else (p, torch.arange(T, device=p.device))
+        bad_root = a[:, 0] != -1
+        bad = (a[:, 1:] < 0) | (a[:, 1:] >= idx[1:])
         if bad_root.any():
-            b = int(bad_root.nonzero()[0, 0])
+            b = _first(bad_root)[0]
             raise ValueError(f"parents: sequence {b} node 0 must have parent -1, got {int(p[b, 0])}")
         if bad.any():
-            b, i = (int(x) for x in bad.nonzero()[0])
+            b, i = _first(bad)
             raise ValueError(f"parents: sequence {b} node {i + 1}: parent {int(p[b, i + 1])} is not an earlier node")
     return p
+
+
+def _first(mask) -> tuple[int, ...]:
+    """The index of a bool array's or tensor's first true entry, in row-major order."""
+    first = np.argwhere(mask)[0] if isinstance(mask, np.ndarray) else mask.nonzero()[0]
+    return tuple(int(x) for x in first)
 
 
 class CheckedIndices:

@@ -1,0 +1,58 @@
+"""A tree plan's tables built on the host in numpy (gpu_backend.host_tables, what TreePlan takes for parents on the
+CPU: every CUDA-graph verify's tables) against their torch twins (gpu_backend.checks, what builds them on a GPU),
+integer for integer, on drawn batches of trees in both source orders."""
+import numpy as np
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddsim.gpu_backend import checks, host_tables
+
+
+@st.composite
+def parent_batches(draw, max_batch: int = 3, max_nodes: int = 70) -> torch.Tensor:
+    """[B, T] int64 parents: node 0 the root (-1), every other node's parent an earlier node (deep chains, wide
+    stars and everything between)."""
+    B, T = draw(st.integers(1, max_batch)), draw(st.integers(1, max_nodes))
+    rows = []
+    for _ in range(B):
+        style = draw(st.sampled_from(["chain", "star", "random"]))
+        row = [-1]
+        for i in range(1, T):
+            row.append(i - 1 if style == "chain" else 0 if style == "star" else draw(st.integers(0, i - 1)))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+@given(parents=parent_batches(), W=st.integers(2, 5), mode=st.sampled_from(checks.MODES))
+def test_host_tables_equal_their_torch_twins(parents, W, mode):
+    src = checks.mode_parents(parents, mode)
+    want_conv = checks.conv_sources(src, W)
+    got_conv = host_tables.conv_sources(src.numpy(), W)
+    assert got_conv.dtype == np.int64 and np.array_equal(got_conv, want_conv.numpy())
+    want_mask, want_depth = checks.ancestor_mask(src)
+    got_mask, got_depth = host_tables.ancestor_mask(src.numpy())
+    assert got_mask.dtype == np.int8 and np.array_equal(got_mask, want_mask.numpy()) and got_depth == want_depth
+
+
+@given(parents=parent_batches(max_nodes=20), W=st.integers(2, 4))
+def test_a_plan_on_the_cpu_serves_the_host_tables_as_a_gpu_plan_serves_its_own(parents, W):
+    """TreePlan's tables for parents on the CPU (numpy) are what the torch builders give: int32 contiguous conv
+    tables, int8 masks with the same depth, and the root paths derived from them."""
+    plan = checks.TreePlan(parents)
+    for mode in checks.MODES:
+        conv = plan.conv_table(mode, W)
+        assert conv.dtype == torch.int32 and conv.is_contiguous()
+        assert torch.equal(conv, checks.conv_sources(plan.src(mode), W).to(torch.int32))
+        mask, depth = plan.ancestors(mode)
+        want_mask, want_depth = checks.ancestor_mask(plan.src(mode))
+        assert mask.dtype == torch.int8 and torch.equal(mask, want_mask) and depth == want_depth
+    paths = plan.root_paths()  # each node's row: its ancestors-or-self in node order, -1 padded
+    for b in range(plan.B):
+        for i in range(plan.T):
+            path, n = [], i
+            while n >= 0:
+                path.append(n)
+                n = int(parents[b, n])
+            row = paths[b, i].tolist()
+            assert row[:len(path)] == path[::-1] and all(x == -1 for x in row[len(path):])
