@@ -24,7 +24,7 @@ from ddsim.gpu_backend.launch import launch
 
 
 @triton.jit
-def _attend_block(acc, m_i, l_i, qv, kp, vp, mp, cols, n, mr, k_stride, v_stride, m_stride, scale, dims, HD,
+def _attend_block(acc, m_i, l_i, qv, kp, vp, mp, cols, n, mr, k_stride, v_stride, scale, dims, HD,
                   MASKED: tl.constexpr, QK_PREC: tl.constexpr):
     # one block of BN keys (rows cols < n of kp, vp [n, HD] with row strides): the scores of qv [BT, BD] against
     # them, masked (with MASKED: by mp [BT rows, n cols], nonzero visible), folded into the running softmax
@@ -67,14 +67,14 @@ def _tree_attention_kernel(q, k, v, pk, pv, mask, out, T, P, G, HD, q_s0, q_s1, 
     for start in range(0, P, BN):
         cols = start + tl.arange(0, BN)
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, qv, pk + kvh * pk_s1, pv + kvh * pv_s1, mrow, cols, P, mr,
-                                      pk_s0, pv_s0, m_s0, scale, dims, HD, MASK_PREFIX, QK_PREC)
+                                      pk_s0, pv_s0, scale, dims, HD, MASK_PREFIX, QK_PREC)
     tree_mask = mrow
     if MASK_PREFIX:  # the tree's columns follow the prefix's
         tree_mask = mrow + P
     for start in range(0, T, BN):
         cols = start + tl.arange(0, BN)
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, qv, k + kvh * k_s1, v + kvh * v_s1, tree_mask, cols, T, mr,
-                                      k_s0, v_s0, m_s0, scale, dims, HD, True, QK_PREC)
+                                      k_s0, v_s0, scale, dims, HD, True, QK_PREC)
     o = acc / tl.where(mr, l_i, 1.0)[:, None]  # (a row with nothing visible: 0 / 0, NaN, as the twin's)
     tl.store(out + rows[:, None] * o_s0 + h * o_s1 + dims[None, :], o.to(out.dtype.element_ty),
              mask=mr[:, None] & md[None, :])
