@@ -22,8 +22,9 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
 Mamba2 (mamba2_tree_verify / mamba2_tree_commit) takes "torch", "triton" ("triton-ssd" unless
 per-node states are asked for), "triton-recurrent" and "triton-ssd" (the tree-masked SSD form: no
 per-node states, any tree size).
-The layers' elementwise glue (rms_norm, rms_norm_rope, gated_rms_norm, gated_act, gdn_gates) takes ``glue=`` "torch" (the
-reference, what the CPU runs) or "triton" (one kernel each, triton_norms; the model's default on CUDA).
+The layers' glue (rms_norm, rms_norm_rope, gated_rms_norm, gated_act, gdn_gates, tree_attention) takes ``glue=``
+"torch" (the reference, what the CPU runs) or "triton" (one kernel each, triton_norms and triton_attention; the
+model's default on CUDA).
 Triton kernels also run on the CPU under TRITON_INTERPRET=1 (the tests do this).
 
 ``parents=`` takes a [B, T] integer tensor, or a ``TreePlan`` built once per tree and shared by every
@@ -359,11 +360,18 @@ def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, backend=
 GLUES = ("torch", "triton")
 
 
-def _glue(glue: str):
-    """triton_norms for ``glue`` "triton" (each function below takes torch_ops' twin for "torch" first)."""
-    if glue != "triton":
+def check_glue(glue: str) -> str:
+    """``glue`` if it is one of GLUES, else a ValueError naming it."""
+    if glue not in GLUES:
         raise ValueError(f"glue: expected one of {GLUES}, got {glue!r}")
-    return _triton("triton_norms")
+    return glue
+
+
+def _glue(glue: str, module: str = "triton_norms"):
+    """The Triton module ``module``, ``glue`` checked (each function below takes torch_ops' twin for "torch" first,
+    so what reaches here is "triton" or refused)."""
+    check_glue(glue)
+    return _triton(module)
 
 
 def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None, glue: str = "torch"):
@@ -374,10 +382,9 @@ def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None, gl
     if glue == "torch":
         return torch_ops.tree_attention(q, k, v, prefix_k=prefix_k, prefix_v=prefix_v, ancestor_mask=ancestor_mask,
                                         scale=scale)
-    _glue(glue)
     with _on(q):
-        return _triton("triton_attention").tree_attention_triton(q, k, v, prefix_k=prefix_k, prefix_v=prefix_v,
-                                                                 ancestor_mask=ancestor_mask, scale=scale)
+        return _glue(glue, "triton_attention").tree_attention_triton(q, k, v, prefix_k=prefix_k, prefix_v=prefix_v,
+                                                                     ancestor_mask=ancestor_mask, scale=scale)
 
 
 def rms_norm(x, weight, *, eps: float, residual=None, glue: str = "torch"):
@@ -430,4 +437,4 @@ __all__ = ["gdn_tree_verify", "gdn_tree_commit", "mamba2_tree_verify", "mamba2_t
            "kda_tree_commit", "tree_causal_conv1d",
            "conv_tree_commit", "tree_attention", "TreePlan", "CheckedIndices",
            "checked_accepted", "CheckedSlots", "checked_slots", "poisoned", "poisoning", "BACKENDS", "MAMBA2_BACKENDS",
-           "rms_norm", "rms_norm_rope", "gated_rms_norm", "gated_act", "gdn_gates", "GLUES"]
+           "rms_norm", "rms_norm_rope", "gated_rms_norm", "gated_act", "gdn_gates", "GLUES", "check_glue"]

@@ -168,14 +168,13 @@ class HybridModel:
                 self.w[k] = self.w[k] + cfg.norm_offset
         self.state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._consts: dict = {}
-        # the layers' elementwise glue (norms, gates, gated activations): one Triton kernel each on CUDA
-        # (gpu_backend.triton_norms), PyTorch's ops elsewhere, or where the fast path is PyTorch's or float64
+        # the layers' glue (norms, gates, gated activations, tree attention): one Triton kernel each on CUDA
+        # (gpu_backend.triton_norms, triton_attention), PyTorch's ops elsewhere, or where the fast path is PyTorch's
+        # or float64
         if glue is None:
             glue = ("triton" if self.device.type == "cuda" and backend != "torch" and dtype != torch.float64
                     else "torch")
-        if glue not in gb.GLUES:
-            raise ValueError(f"glue: expected one of {gb.GLUES}, got {glue!r}")
-        self.glue = glue
+        self.glue = gb.check_glue(glue)
 
     def _family_backend(self) -> str | None:
         """The backend of the ops with one Triton design (Mamba1, KDA, lightning): "torch" or "triton" as the model's GDN
