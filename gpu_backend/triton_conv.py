@@ -62,6 +62,8 @@ def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, 
         raise ValueError(f"weight: width {W} < 2 has no window")
     table = checks.conv_table(parents, src, W, mode)
     idx = C.window_slots(initial_window, state_indices, B)
+    s1, s2 = (int(split[0]), int(split[1])) if split else (0, 0)
+    ends = [0, B * T * s1, B * T * (s1 + s2), B * T * Cn]  # the groups' offsets in the one buffer, with split
     out = C.alloc((B * T * Cn,) if split else (B, T, Cn), x.dtype, x.device)
     win_out = (C.alloc((B, T, Cn, W - 1), x.dtype, x.device) if output_windows
                else checks.constant("dummy", 1, x.device, x.dtype))
@@ -69,10 +71,8 @@ def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, 
     launch(_tree_conv_kernel, (C.cdiv(Cn, BC), B * T),
            x=x.contiguous(), weight=weight.contiguous(), bias=bias if bias is not None else weight, src=table,
            window=initial_window.contiguous(), win_idx=idx, out=out, win_out=win_out, T=T, C=Cn,
-           S1=int(split[0]) if split else 0, S2=int(split[1]) if split else 0,
-           P1=B * T * int(split[0]) if split else 0, P2=B * T * int(split[0] + split[1]) if split else 0, W=W, BC=BC,
+           S1=s1, S2=s2, P1=ends[1], P2=ends[2], W=W, BC=BC,
            HAS_BIAS=bias is not None, SILU=activation == "silu", STORE_WIN=output_windows, SPLIT=split is not None)
     if split:
-        ends = [0, B * T * split[0], B * T * (split[0] + split[1]), B * T * Cn]
         out = tuple(out[a:b].view(B, T, c) for a, b, c in zip(ends, ends[1:], split))
     return (out, win_out) if output_windows else out
