@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from ddsim.bench.bench import graphed_us
+from ddsim.bench.bench import event_median_ms, graphed_us
 from ddsim.gpu_backend import poisoned
 from ddsim.model.config import get_preset
 from ddsim.model.graphs import GraphedModel
@@ -109,17 +109,7 @@ def graph_alone_ms(graphed, state, tree, repeats=20) -> float:
     """Median ms of the verify's CUDA graph alone (its replay between two CUDA events, the inputs already in its
     buffers): the verify without the host's part (checking the tree, building its tables, copying them in)."""
     graphed.verify(state, tree)
-    cap = graphed._keys[graphed.key(state, tree, "exact", False)]
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        a.record()
-        cap.verify_graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+    return event_median_ms(graphed._keys[graphed.key(state, tree, "exact", False)].verify_graph.replay, repeats=repeats)
 
 
 def host_profile(graphed, state, tree, top: int, repeats=20) -> None:

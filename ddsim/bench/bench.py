@@ -221,15 +221,23 @@ def graphed_us(launches: list, *, repeats: int = 20) -> float:
         for launch in launches:
             launch()
     graph.replay()
+    us = event_median_ms(graph.replay, repeats=repeats) * 1e3 / len(launches)
+    del graph
+    return us
+
+
+def event_median_ms(fn, *, repeats: int = 20) -> float:
+    """Median milliseconds of fn() between two CUDA events (the device idle before each call): a graph's replay
+    alone, without the host's work around it."""
     times = []
     for _ in range(repeats):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
         a.record()
-        graph.replay()
+        fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(launches))
-    del graph
+        times.append(a.elapsed_time(b))
     return sorted(times)[len(times) // 2]
 
 
