@@ -1,8 +1,9 @@
 """A tree plan's index tables built on the host in numpy: the twins of checks.conv_sources and checks.ancestor_mask,
 which build them with torch ops. On a few dozen nodes each torch op costs microseconds of dispatch, and a CUDA-graph
-verify builds its tree's tables on the host every step (ddsim.model.graphs.StaticPlan): 1.3 ms of a 27B verify's
-1.5 ms host part on an H200, where these take a tenth of it. TreePlan takes them for parents on the CPU; on a GPU
-the torch ops build the tables in place. Each returns the same integers as its twin (tests/test_host_tables.py)."""
+verify builds its tree's tables on the host every step (ddsim.model.graphs.StaticPlan): about 1.3 ms of a 27B
+verify's 1.1-1.8 ms host part on an H200's host, under the profiler; these take a sixth to a quarter of the torch
+builders' time on a 2-core CPU (benchmarks/host_tables.py). TreePlan takes them for parents on the CPU; on a GPU the
+torch ops build the tables in place. Each returns the same integers as its twin (tests/test_host_tables.py)."""
 from __future__ import annotations
 
 import numpy as np
