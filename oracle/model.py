@@ -103,7 +103,7 @@ def _attention_core(cfg, q, k, v, ctx_k, ctx_v, ctx_valid=None):
     scale = cfg.attention_scale or 1.0 / math.sqrt(hd)
     scores = torch.einsum("nmhd,nhd->nhm", K, q) * scale  # [n, nh, m+1]
     if ctx_valid is not None:  # padded context entries get no weight (each row's own token always does)
-        seen = torch.cat([ctx_valid, torch.ones_like(ctx_valid[:, :1])], dim=1)  # [n, m+1]
+        seen = torch.cat([ctx_valid, ctx_valid.new_ones(n, 1)], dim=1)  # [n, m+1] (m may be 0)
         scores = scores.masked_fill(~seen[:, None, :], float("-inf"))
     return torch.einsum("nhm,nmhd->nhd", torch.softmax(scores, dim=-1), Vv).reshape(n, nh * hd)
 
