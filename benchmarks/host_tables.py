@@ -7,13 +7,13 @@ Median microseconds per tree, one torch thread.
 
     python benchmarks/host_tables.py [--budgets 16,64] [--W 4] [--n 500] [--commit SHA]
 """
-import argparse
 import platform
 import statistics
 import time
 
 import torch
 
+from ddsim.cli import _budgets, _int_in, _Parser
 from ddsim.gpu_backend import checks
 from ddsim.trees.builders import ddtree
 
@@ -28,10 +28,10 @@ def median_us(fn, n: int) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--budgets", default="16,64")
-    ap.add_argument("--W", type=int, default=4, help="the conv window (Qwen3.6's 4)")
-    ap.add_argument("--n", type=int, default=500)
+    ap = _Parser(prog="host_tables")  # bad input: one line, exit 2
+    ap.add_argument("--budgets", type=_budgets, default=[16, 64])
+    ap.add_argument("--W", type=_int_in(2), default=4, help="the conv window (Qwen3.6's 4)")
+    ap.add_argument("--n", type=_int_in(1), default=500)
     ap.add_argument("--commit", default="?")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -39,7 +39,7 @@ def main():
           f"commit {a.commit}")
     print("| nodes | depth | plan on the host (validated, numpy tables), us | the tables alone: numpy / torch ops, us |")
     print("|---|---|---|---|")
-    for budget in map(int, a.budgets.split(",")):
+    for budget in a.budgets:
         tree = ddtree(torch.randn(8, 1000, generator=torch.Generator().manual_seed(budget)) * 3.0, budget, 8)
         parents = torch.tensor(tree.parents)[None]
 

@@ -13,7 +13,6 @@ graphed) and the bytes over the H200's nominal 4.8 TB/s.
     python benchmarks/profile_verify.py [--budgets 16,64] [--glues triton,torch] [--top 25] [--skip-profile]
                                         [--host-profile] [--commit SHA]
 """
-import argparse
 import gc
 import time
 
@@ -22,7 +21,8 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from ddsim.bench.bench import event_median_ms, graphed_us
-from ddsim.gpu_backend import poisoned
+from ddsim.cli import _budgets, _int_in, _Parser
+from ddsim.gpu_backend import GLUES, poisoned
 from ddsim.model.config import get_preset
 from ddsim.model.graphs import GraphedModel
 from ddsim.model.model import HybridModel
@@ -133,15 +133,20 @@ def host_profile(graphed, state, tree, top: int, repeats=20) -> None:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--budgets", default="16,64")
+    ap = _Parser(prog="profile_verify")  # bad input: one line, exit 2
+    ap.add_argument("--budgets", type=_budgets, default=[16, 64])
     ap.add_argument("--glues", default="triton,torch")
-    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--top", type=_int_in(1), default=40)
     ap.add_argument("--preset", default="qwen3.6-27b")
     ap.add_argument("--skip-profile", action="store_true")
     ap.add_argument("--host-profile", action="store_true", help="cProfile the host's part of each graphed verify")
     ap.add_argument("--commit", default="?")
     a = ap.parse_args()
+    glues = a.glues.split(",")
+    if not glues or any(g not in GLUES for g in glues):
+        ap.error(f"--glues: expected a comma-separated list of {', '.join(GLUES)}, got {a.glues!r}")
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_verify: needs a CUDA device")
     cfg = get_preset(a.preset)
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"commit {a.commit} | {cfg.name}", flush=True)
@@ -159,9 +164,9 @@ def main():
     state, _ = model.prefill(prompt[:-1])
     rows = []
     trees = {b: ddtree(torch.randn(8, cfg.vocab_size, generator=torch.Generator().manual_seed(b)) * 3.0, b,
-                       root_token=prompt[-1]) for b in map(int, a.budgets.split(","))}
+                       root_token=prompt[-1]) for b in a.budgets}
     # (glue, NaN-poisoned outputs): as a server runs it, and the first glue as the audit captures it (poisoned)
-    runs = [(g, False) for g in a.glues.split(",")] + [(a.glues.split(",")[0], True)]
+    runs = [(g, False) for g in glues] + [(glues[0], True)]
     for glue, poison in runs:
         model.glue = glue
         with poisoned(poison):
