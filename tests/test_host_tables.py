@@ -35,6 +35,21 @@ def test_host_tables_equal_their_torch_twins(parents, W, mode):
     assert got_mask.dtype == np.int8 and np.array_equal(got_mask, want_mask.numpy()) and got_depth == want_depth
 
 
+def test_host_tables_at_serving_shapes():
+    """32 sequences of 129 and of 257 nodes (random trees, and chains as deep as the tree), conv window 4."""
+    gen = torch.Generator().manual_seed(0)
+    for T in (129, 257):
+        rand = [torch.randint(0, max(i, 1), (32, 1), generator=gen) for i in range(1, T)]
+        parents = torch.cat([torch.full((32, 1), -1), *rand], 1)
+        parents[:4, 1:] = torch.arange(T - 1)  # four chains: depth T - 1
+        for mode in checks.MODES:
+            src = checks.mode_parents(parents, mode)
+            assert np.array_equal(host_tables.conv_sources(src.numpy(), 4), checks.conv_sources(src, 4).numpy())
+            mask, depth = host_tables.ancestor_mask(src.numpy())
+            want_mask, want_depth = checks.ancestor_mask(src)
+            assert np.array_equal(mask, want_mask.numpy()) and depth == want_depth == T - 1
+
+
 @given(parents=parent_batches(max_nodes=20), W=st.integers(2, 4))
 def test_a_plan_on_the_cpu_serves_the_host_tables_as_a_gpu_plan_serves_its_own(parents, W):
     """TreePlan's tables for parents on the CPU (numpy) are what the torch builders give: int32 contiguous conv
