@@ -288,3 +288,36 @@ def test_no_garbage_is_collected_during_a_capture(monkeypatch):
     assert seen and not any(seen) and gc.isenabled()
     a = m.verify(st, TREES[1], mode="leaky", keep_states=False)
     torch.testing.assert_close(b.logits, a.logits, rtol=2e-2, atol=2e-2)
+
+
+def test_graphs_capture_cublaslt_gemms_and_restore_the_callers_library(monkeypatch):
+    """Every capture (verify, commit) runs with cuBLASLt preferred (a verify's few-row GEMMs read the weights
+    faster from it: benchmarks/bench_skinny_linear.py), and the caller's preference is back after; the replays
+    equal the eager verify."""
+    real, seen = torch.cuda.graph, []
+
+    class Watched:
+        def __init__(self, *a, **kw):
+            self.inner = real(*a, **kw)
+
+        def __enter__(self):
+            seen.append(torch.backends.cuda.preferred_blas_library())
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+    monkeypatch.setattr(torch.cuda, "graph", Watched)
+    before = torch.backends.cuda.preferred_blas_library("cublas")
+    try:
+        cfg = get_preset("tiny")
+        m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=torch.bfloat16)
+        st, _ = m.prefill([1, 2, 3, 4, 5])
+        gm = GraphedModel(m)
+        b = gm.verify(st, TREES[0], mode="exact")
+        gm.commit(st, TREES[0], b, 5)
+        assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublas
+        assert len(seen) == 2 and all(s == torch._C._BlasBackend.Cublaslt for s in seen)
+        a = m.verify(st, TREES[0], mode="exact", keep_states=False)
+        torch.testing.assert_close(b.logits, a.logits, rtol=5e-2, atol=1e-1)
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)

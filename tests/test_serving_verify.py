@@ -99,9 +99,10 @@ def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
         node_metrics(TREES[0], first, ref_out, cfg)
 
 
-@pytest.mark.parametrize("preset, order", [("micro", ("leaky", "exact", "leaky-state", "leaky-conv")),
-                                           ("micro-mamba2", ("leaky-conv", "exact", "leaky", "leaky-state")),
-                                           ("micro-kls", ("leaky-state", "leaky", "leaky-conv", "exact"))])
+@pytest.mark.parametrize("preset, order", [
+    pytest.param("micro", ("leaky", "exact", "leaky-state", "leaky-conv"), marks=pytest.mark.slow),
+    pytest.param("micro-mamba2", ("leaky-conv", "exact", "leaky", "leaky-state"), marks=pytest.mark.slow),
+    ("micro-kls", ("leaky-state", "leaky", "leaky-conv", "exact"))])
 def test_several_modes_verified_side_by_side_equal_each_verified_alone(preset, order):
     """verify_modes: the tree copied once per mode into one pass (uncaptured), each copy's root on the
     committed state, its sources its mode's, its attention its own: every mode's per-node states,
@@ -320,6 +321,30 @@ def test_graphed_model_refuses_what_it_cannot_capture():
     moe = get_preset("micro").replace(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8)
     with pytest.raises(InputError, match="MoE"):
         GraphedModel(HybridModel(moe, init_weights(moe, seed=0)), capture=False)
+
+
+def test_capture_blas_sets_the_library_for_the_capture_and_restores_the_callers(monkeypatch):
+    """The CPU build cannot set cuBLASLt, so torch's setter is stood in for: the library is set on entry, the
+    caller's restored on exit, also when the capture raises; None leaves it alone."""
+    from ddsim.model.graphs import capture_blas
+    current, calls = ["cublas"], []
+
+    def preferred(backend=None):
+        if backend is not None:
+            calls.append(backend)
+            current[0] = backend
+        return current[0]
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preferred)
+    with capture_blas("cublaslt"):
+        assert current == ["cublaslt"]
+    assert current == ["cublas"] and calls == ["cublaslt", "cublas"]
+    with pytest.raises(RuntimeError, match="capture failed"), capture_blas("cublaslt"):
+        raise RuntimeError("capture failed")
+    assert current == ["cublas"]
+    calls.clear()
+    with capture_blas(None):
+        pass
+    assert calls == []
 
 
 def test_checked_accepted_is_validated_once_and_then_only_its_shape():

@@ -53,6 +53,7 @@ from ddsim.trees.tree import Tree, chain
 
 MIN_PREFIX_CAPACITY = 256
 PREFILL_GRAPH_NODES = 65  # longer prefills run eagerly (GraphedModel.prefill)
+CAPTURE_BLAS = "cublaslt"  # capture_blas: None keeps torch's choice
 
 
 def wy_rounds(depth: int) -> int:
@@ -286,6 +287,7 @@ class GraphedModel:
         self._decode = None  # the decode key (ddsim.model.decode): its buffers and graph
         self.decode_graphs = True
         self.max_copies = None  # verify_modes: the most modes side by side in one replay (None: every mode)
+        self.blas = CAPTURE_BLAS  # the BLAS library the graphs' GEMMs are chosen from (capture_blas)
 
     def __getattr__(self, name):  # empty_state, cfg, device, ... are the model's
         return getattr(self.model, name)
@@ -495,32 +497,38 @@ class GraphedModel:
             return
         graph = getattr(cap, name)
         if graph is None:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), _no_grad():
-                (warmup or body)()
-            torch.cuda.current_stream().wait_stream(side)
-            if release is not None:  # the warm-up's outputs go before the capture makes its own
-                release()
-            torch.cuda.current_stream().synchronize()
-            torch.cuda.empty_cache()  # the warm-up's blocks (its stream's) back to the device for the graph's pool
-            graph = torch.cuda.CUDAGraph()
-            # thread-local capture: another thread's CUDA calls (a weight digest copying tensors out
-            # beside the audit did, on the H200) must not invalidate this capture; nor may the garbage
-            # collector, which torch no longer runs before a capture: a dead cycle holding an old graph,
-            # collected mid-capture, destroys that graph inside the capture and invalidates it (the
-            # zamba2-2.7b audit did, on the H200). So the cycles go first and none are collected during it.
-            gc.collect()
-            was_enabled = gc.isenabled()
-            gc.disable()
-            try:
-                with torch.cuda.graph(graph, pool=cap.pool, capture_error_mode="thread_local"), _no_grad():
-                    body()
-            finally:
-                if was_enabled:
-                    gc.enable()
+            with capture_blas(self.blas):
+                graph = self._capture(cap, body, warmup, release)
             setattr(cap, name, graph)
         graph.replay()
+
+    def _capture(self, cap, body, warmup, release) -> "torch.cuda.CUDAGraph":
+        """``body`` warmed up on a side stream, then captured into a new graph from ``cap.pool``."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), _no_grad():
+            (warmup or body)()
+        torch.cuda.current_stream().wait_stream(side)
+        if release is not None:  # the warm-up's outputs go before the capture makes its own
+            release()
+        torch.cuda.current_stream().synchronize()
+        torch.cuda.empty_cache()  # the warm-up's blocks (its stream's) back to the device for the graph's pool
+        graph = torch.cuda.CUDAGraph()
+        # thread-local capture: another thread's CUDA calls (a weight digest copying tensors out
+        # beside the audit did, on the H200) must not invalidate this capture; nor may the garbage
+        # collector, which torch no longer runs before a capture: a dead cycle holding an old graph,
+        # collected mid-capture, destroys that graph inside the capture and invalidates it (the
+        # zamba2-2.7b audit did, on the H200). So the cycles go first and none are collected during it.
+        gc.collect()
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=cap.pool, capture_error_mode="thread_local"), _no_grad():
+                body()
+        finally:
+            if was_enabled:
+                gc.enable()
+        return graph
 
 
 class _DecodeKey:
@@ -551,6 +559,23 @@ def serving_model(model: HybridModel):
     """What runs a serving verify (no per-node states) fastest here: the model replayed from CUDA
     graphs where it can be captured, else the model itself (its verify with keep_states=False)."""
     return model if not_capturable(model) else GraphedModel(model)
+
+
+@contextlib.contextmanager
+def capture_blas(library: str | None):
+    """torch's preferred BLAS library set to ``library`` (None: left as it is) while a graph is warmed up and
+    captured, the caller's restored after: the graph keeps the GEMM kernels chosen then. cuBLASLt's, for a
+    verify's few rows, read a 27B model's weights in 14.3 ms on an H200 where cuBLAS's take 14.6-14.8
+    (benchmarks/bench_skinny_linear.py)."""
+    if library is None:
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(library)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 def _no_grad():
