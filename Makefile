@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 ENGINES := .engines
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: setup test lint audit bench mutation browser py310 clean
+.PHONY: setup test test-slow lint audit bench mutation browser py310 clean
 
 # Packages go in with uv where it can be had (tests/venv_setup.py: it reads pip's configuration and picks the
 # versions pip would, unpacks in parallel and leaves bytecode to the first import: setup 29 s on the 2-core
@@ -61,8 +61,16 @@ lint: $(STAMP)
 # suite's interpreters write their bytecode caches (gitignored __pycache__) even where PYTHONDONTWRITEBYTECODE is
 # set: without them every worker and every command-line process compiles ddsim and rewrites the tests' asserts
 # anew, a minute of the suite's 4.6 on the 2-core machine.
+# `make test` runs every test but those marked `slow` (pyproject.toml: check-kernel on the engines' and ddsim's
+# kernels in Triton's interpreter, every kernel compiled for three GPU targets, the two-process audit, the larger
+# parametrisations of the interpreter's model passes: about a third of the suite's time, and three minutes more of
+# compiling on a cold Triton cache); `make test-slow` runs those. CI (.ci/run) runs both, one after the other.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2 --dist worksteal
 test: $(STAMP) browser lint py310
-	env -u PYTHONDONTWRITEBYTECODE OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2 --dist worksteal
+	$(PYTEST) -m "not slow"
+
+test-slow: $(STAMP)
+	$(PYTEST) -m slow
 
 # The oldest supported Python (3.10) byte-compiles every module and runs the command line's torch-free
 # paths (--version, the gate on a committed report without a recheck) in a small venv of its own (kept in

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import one_line_error, run_cli
 
 ENGINES = Path(__file__).resolve().parents[1] / ".engines"
+pytestmark = pytest.mark.slow  # `make test-slow` (kernels in Triton's interpreter at the quick profile's serving shapes)
 
 
 def _verdict(r):

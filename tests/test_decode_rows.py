@@ -55,8 +55,16 @@ TREES = [Tree([-1, 0, 0, 1, 1], [5, 6, 7, 8, 9]), Tree([-1, 0, 1, 2, 0], [2, 3, 
          Tree([-1, 0, 0, 0, 0], [1, 2, 3, 4, 7])]  # one size, three shapes
 
 
-@pytest.mark.parametrize("preset,backend", [("micro", "triton"), ("micro-mamba2", "triton"), ("tiny", None)])
-@pytest.mark.parametrize("mode", ["exact", "leaky", "leaky-state", "leaky-conv"])
+MODES = ["exact", "leaky", "leaky-state", "leaky-conv"]
+# every mode once with the Triton kernels (the interpreter) and every mode with PyTorch's ops; the rest of the
+# Triton matrix is `make test-slow`'s
+ROWS_CASES = [*[(m, "tiny", None) for m in MODES], ("exact", "micro", "triton"), ("leaky", "micro", "triton"),
+              ("leaky-state", "micro-mamba2", "triton"), ("leaky-conv", "micro-mamba2", "triton"),
+              *[pytest.param(m, p, "triton", marks=pytest.mark.slow) for m, p in
+                [("leaky-state", "micro"), ("leaky-conv", "micro"), ("exact", "micro-mamba2"), ("leaky", "micro-mamba2")]]]
+
+
+@pytest.mark.parametrize("mode,preset,backend", ROWS_CASES)
 def test_verify_rows_equals_each_trees_serving_verify(preset, backend, mode):
     """The Triton kernels (the interpreter here) on B sequences, in every mode: a leaky recurrence or
     conv reads the previous node of its own tree, never the last node of the tree before it."""

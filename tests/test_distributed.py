@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.report_fixtures import SETTINGS
 
 ARGS = ["--preset", SETTINGS["preset"], "--budget", ",".join(map(str, SETTINGS["budgets"])), "--steps",
@@ -18,6 +20,7 @@ def _run(cmd, cwd):
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_two_rank_audit_equals_the_single_process_audit(tmp_path):
     py = sys.executable
     single = _run([py, "-m", "ddsim.cli", "audit", *ARGS, "--out", str(tmp_path / "one")], tmp_path)

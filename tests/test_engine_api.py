@@ -13,6 +13,7 @@ from tests.conftest import run_cli
 IMPL = "ddsim.gpu_backend.engine_api:target_verify"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, held", [("exact", 7), ("leaky", 8)])
 def test_check_kernel_holds_in_sglangs_convention(tmp_path, mode, held):
     r = run_cli("check-kernel", "--impl", IMPL, "--convention", "sglang", "--mode", mode, "--max-examples", "3",

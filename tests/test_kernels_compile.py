@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # `make test-slow` (three minutes of one core on a cold Triton cache)
 SCRIPT = Path(__file__).with_name("gpu_compile.py")
 OTHERS = ("_gdn_recurrent_kernel", "_gdn_commit_kernel", "_tree_conv_kernel", "_conv_commit_kernel",
           "_mamba2_recurrent_kernel", "_mamba2_ssd_kernel", "_mamba2_commit_kernel", "_kda_recurrent_kernel",
