@@ -97,14 +97,24 @@ class TreePlan:
 
     def root_paths(self) -> torch.Tensor:
         """int32 [B, T, depth + 1]: each node's root path (its ancestors-or-self in the tree), root
-        first, -1 padded; a commit picks its accepted node's row with one gather, no host sync."""
+        first, -1 padded; a commit picks its accepted node's row with one gather, no host sync (on the host, host_tables'
+        twin)."""
         def build():
             mask, depth = self.ancestors("exact")
-            idx = torch.arange(self.T, device=self.device)
-            key = torch.where(mask.bool(), idx, idx + self.T)  # ancestors sort first, in node order
-            first = key.sort(dim=-1).values[..., : depth + 1]
-            return torch.where(first < self.T, first, -1).to(torch.int32).contiguous()
+            if mask.device.type == "cpu":
+                return torch.from_numpy(host_tables.root_paths(mask.numpy(), depth))
+            return root_paths_of(mask, depth)
         return self._cached(("paths",), build)
+
+
+def root_paths_of(mask: torch.Tensor, depth: int) -> torch.Tensor:
+    """int32 [B, T, depth + 1] from an ancestor-or-self mask [B, T, T] of that max depth: each node's ancestors-or-
+    self in node order (root first), -1 padded (host_tables.root_paths is its numpy twin)."""
+    T = mask.shape[-1]
+    idx = torch.arange(T, device=mask.device)
+    key = torch.where(mask.bool(), idx, idx + T)  # ancestors sort first, in node order
+    first = key.sort(dim=-1).values[..., : depth + 1]
+    return torch.where(first < T, first, -1).to(torch.int32).contiguous()
 
 
 def fp32_state(initial_state: torch.Tensor, kernel: str) -> None:

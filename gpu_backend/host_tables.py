@@ -1,5 +1,5 @@
-"""A tree plan's index tables built on the host in numpy: the twins of checks.conv_sources and checks.ancestor_mask,
-which build them with torch ops. On a few dozen nodes each torch op costs microseconds of dispatch, and a CUDA-graph
+"""A tree plan's index tables built on the host in numpy: the twins of checks.conv_sources, checks.ancestor_mask and
+checks.root_paths_of, which build them with torch ops. On a few dozen nodes each torch op costs microseconds of dispatch, and a CUDA-graph
 verify builds its tree's tables on the host every step (ddsim.model.graphs.StaticPlan): about 1.3 ms of a 27B
 verify's 1.1-1.8 ms host part on an H200's host, under the profiler; these take a sixth to a quarter of the torch
 builders' time on a 2-core CPU (benchmarks/host_tables.py). TreePlan takes them for parents on the CPU; on a GPU the
@@ -41,3 +41,12 @@ def ancestor_mask(src: np.ndarray) -> tuple[np.ndarray, int]:
         cur = np.where(live, src[b[:, :1], np.maximum(cur, 0)], cur)
         depth += 1
     return mask, depth - 1
+
+
+def root_paths(mask: np.ndarray, depth: int) -> np.ndarray:
+    """int32 [B, T, depth + 1]: checks.root_paths_of an ancestor-or-self mask [B, T, T] of that max depth: each
+    node's ancestors-or-self in node order (root first), -1 padded."""
+    T = mask.shape[-1]
+    idx = np.arange(T)
+    first = np.sort(np.where(mask != 0, idx, idx + T), axis=-1)[..., : depth + 1]  # ancestors sort first
+    return np.where(first < T, first, -1).astype(np.int32)

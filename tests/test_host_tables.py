@@ -1,6 +1,7 @@
 """A tree plan's tables built on the host in numpy (gpu_backend.host_tables, what TreePlan takes for parents on the
 CPU: every CUDA-graph verify's tables) against their torch twins (gpu_backend.checks, what builds them on a GPU),
-integer for integer, on drawn batches of trees in both source orders."""
+integer for integer, on drawn batches of trees in both source orders; and the root paths against each node's path
+walked up its parents."""
 import numpy as np
 import torch
 from hypothesis import given
@@ -33,6 +34,8 @@ def test_host_tables_equal_their_torch_twins(parents, W, mode):
     want_mask, want_depth = checks.ancestor_mask(src)
     got_mask, got_depth = host_tables.ancestor_mask(src.numpy())
     assert got_mask.dtype == np.int8 and np.array_equal(got_mask, want_mask.numpy()) and got_depth == want_depth
+    got_paths = host_tables.root_paths(got_mask, got_depth)
+    assert got_paths.dtype == np.int32 and np.array_equal(got_paths, checks.root_paths_of(want_mask, want_depth).numpy())
 
 
 def test_host_tables_at_serving_shapes():
@@ -48,6 +51,7 @@ def test_host_tables_at_serving_shapes():
             mask, depth = host_tables.ancestor_mask(src.numpy())
             want_mask, want_depth = checks.ancestor_mask(src)
             assert np.array_equal(mask, want_mask.numpy()) and depth == want_depth == T - 1
+            assert np.array_equal(host_tables.root_paths(mask, depth), checks.root_paths_of(want_mask, depth).numpy())
 
 
 @given(parents=parent_batches(max_nodes=20), W=st.integers(2, 4))

@@ -347,6 +347,18 @@ def test_capture_blas_sets_the_library_for_the_capture_and_restores_the_callers(
     assert calls == []
 
 
+def test_the_uploader_copies_directly_off_cuda():
+    """Off CUDA (the uncaptured machinery on the CPU) put copies straight into the tensor, casting as copy_ does, and
+    keeps no pinned twin (the CUDA path: properties/test_cuda_graphs.py)."""
+    import numpy as np
+
+    from ddsim.model.graphs import Uploader
+    up, dst = Uploader(), torch.zeros(2, 3, dtype=torch.int32)
+    up.put(dst, np.arange(6, dtype=np.int64).reshape(2, 3))
+    up.sent()
+    assert dst.tolist() == [[0, 1, 2], [3, 4, 5]] and up._twins == {}
+
+
 def test_checked_accepted_is_validated_once_and_then_only_its_shape():
     import ddsim.gpu_backend as gb
     from ddsim.gpu_backend.checks import check_accepted
