@@ -66,7 +66,11 @@ lint: $(STAMP)
 # parametrisations of the interpreter's model passes: about a third of the suite's time, and three minutes more of
 # compiling on a cold Triton cache); `make test-slow` runs those. CI (.ci/run) runs both, one after the other.
 PYTEST := env -u PYTHONDONTWRITEBYTECODE OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2 --dist worksteal
-test: $(STAMP) browser lint py310
+# The venv, the browser (apt) and the Python 3.10 check are made side by side (the browser mostly waits on the
+# network and dpkg), then lint.
+test:
+	@$(MAKE) --no-print-directory -j2 --output-sync=line $(STAMP) browser py310
+	@$(MAKE) --no-print-directory lint
 	$(PYTEST) -m "not slow"
 
 test-slow: $(STAMP)
