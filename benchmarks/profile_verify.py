@@ -3,16 +3,15 @@
 The Qwen3.6-27B-shaped model (random bf16 weights), one DDTree tree per budget. For each glue (the layers'
 norms, gates, gated activations and tree attention as one Triton kernel each, the CUDA default, and PyTorch's ops):
 the exact serving verify (no per-node states) replayed from CUDA graphs (ddsim.model.graphs), ms per tree, beside
-its CUDA graph alone (the rest is the host's part: --host-profile says where it goes, by function and by phase;
---upload-ab times the whole verify with its tables sent through pinned and through pageable memory), and the eager
-verify under torch.profiler, kernels grouped by name and by kind (GEMMs, the recurrent kernels, glue, copies);
+its CUDA graph alone (the rest is the host's part: --host-profile says where it goes, by function and by phase),
+and the eager verify under torch.profiler, kernels grouped by name and by kind (GEMMs, the recurrent kernels, glue, copies);
 and the first glue's replay captured with NaN-filled outputs, as the audit captures it (gpu_backend.poisoned).
 The floor: the weights' bytes at the rate a kernel streaming them reaches (the MLP matrices each summed once,
 replayed from a CUDA graph); beside it every weight matrix read by a one-row GEMM (a decode step's GEMMs alone,
 graphed) and the bytes over the H200's nominal 4.8 TB/s.
 
     python benchmarks/profile_verify.py [--budgets 16,64] [--glues triton,torch] [--top 25] [--skip-profile]
-                                        [--host-profile] [--upload-ab] [--commit SHA]
+                                        [--host-profile] [--commit SHA]
 """
 import gc
 import time
@@ -176,31 +175,6 @@ def host_phases(graphed, state, tree, repeats=20) -> None:
         print(f"    {label}: {xs[len(xs) // 2] * 1e6:.0f} us ({len(xs) // repeats} a verify)")
 
 
-def upload_ab(model, state, trees, rounds: int = 5) -> None:
-    """The whole graphed verify with its tables, tokens, positions and mask sent through pinned twins (graphs.Uploader,
-    as now) and as plain non-blocking copies from pageable memory (as before 6473f48), two graphed models alternated
-    round by round in one process (the host's speed differs from lease to lease): the median ms of each."""
-    from ddsim.model import graphs
-    pinned = graphs.Uploader.put
-
-    def pageable(self, dst, value):
-        dst.copy_(torch.as_tensor(value), non_blocking=True)
-    kinds = {"pinned": (pinned, GraphedModel(model)), "pageable": (pageable, GraphedModel(model))}
-    try:
-        for budget, tree in trees.items():
-            times: dict = {k: [] for k in kinds}
-            for _ in range(rounds):
-                for kind, (put, graphed) in kinds.items():
-                    graphs.Uploader.put = put
-                    graphed.verify(state, tree)
-                    times[kind].append(replay_ms(lambda g=graphed, t=tree: g.verify(state, t)))
-            med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-            print(f"  uploads, budget {budget} ({tree.size} nodes), median of {rounds} alternated rounds: pinned "
-                  f"{med['pinned']:.2f} ms, pageable {med['pageable']:.2f} ms per whole verify", flush=True)
-    finally:
-        graphs.Uploader.put = pinned
-
-
 def main():
     ap = _Parser(prog="profile_verify")  # bad input: one line, exit 2
     ap.add_argument("--budgets", type=_budgets, default=[16, 64])
@@ -209,7 +183,6 @@ def main():
     ap.add_argument("--preset", default="qwen3.6-27b")
     ap.add_argument("--skip-profile", action="store_true")
     ap.add_argument("--host-profile", action="store_true", help="cProfile the host's part of each graphed verify")
-    ap.add_argument("--upload-ab", action="store_true", help="pinned against pageable uploads, alternated (upload_ab)")
     ap.add_argument("--commit", default="?")
     a = ap.parse_args()
     glues = a.glues.split(",")
@@ -235,11 +208,6 @@ def main():
     rows = []
     trees = {b: ddtree(torch.randn(8, cfg.vocab_size, generator=torch.Generator().manual_seed(b)) * 3.0, b,
                        root_token=prompt[-1]) for b in a.budgets}
-    if a.upload_ab:
-        model.glue = glues[0]
-        upload_ab(model, state, trees)
-        gc.collect()
-        torch.cuda.empty_cache()
     # (glue, NaN-poisoned outputs): as a server runs it, and the first glue as the audit captures it (poisoned)
     runs = [(g, False) for g in glues] + [(glues[0], True)]
     for glue, poison in runs:

@@ -75,41 +75,6 @@ def prefix_capacity(P: int) -> int:
     return max(MIN_PREFIX_CAPACITY, 1 << max(P - 1, 0).bit_length())
 
 
-class Uploader:
-    """Host values into fixed device tensors through pinned host twins, for the tables a replay reads. ``put(dst,
-    value)`` writes ``value`` (a numpy array or CPU tensor of dst's shape) into dst's pinned twin (made on first use)
-    and queues its copy to dst, non-blocking; ``sent()`` closes a batch. A copy from pinned memory is queued in a
-    few microseconds of host time, where one from pageable memory is first staged by the driver; a twin is
-    rewritten only once the previous batch's copies have run. Off CUDA it copies directly."""
-
-    def __init__(self):
-        self._twins: dict = {}
-        self._batch = False
-        self._sent = None  # a CUDA event after the last batch's copies
-
-    def put(self, dst: torch.Tensor, value) -> None:
-        value = torch.as_tensor(value)
-        if dst.device.type != "cuda":
-            dst.copy_(value)
-            return
-        if self._sent is not None:  # the twins may still be read by the last batch's copies
-            self._sent.synchronize()
-            self._sent = None
-        key = (dst.data_ptr(), tuple(dst.shape), dst.dtype)
-        twin = self._twins.get(key)
-        if twin is None:
-            twin = self._twins[key] = torch.empty(dst.shape, dtype=dst.dtype, pin_memory=True)
-        twin.copy_(value)
-        dst.copy_(twin, non_blocking=True)
-        self._batch = True
-
-    def sent(self) -> None:
-        if self._batch:
-            self._sent = torch.cuda.Event()
-            self._sent.record()
-            self._batch = False
-
-
 class StaticPlan(gb.TreePlan):
     """A TreePlan for one sequence of T nodes whose tables live in fixed device buffers. ``load(tree)``
     builds the tree's tables on the host (validating its parents) and copies them into the buffers,
@@ -120,14 +85,12 @@ class StaticPlan(gb.TreePlan):
     ``ancestors(mode)`` reports the depth of the first tree it was built for: kernels read it only as
     their number of doubling rounds, which must not change (``load`` checks it)."""
 
-    def __init__(self, T: int, device, max_depth: int, *, uploader: Uploader | None = None):
+    def __init__(self, T: int, device, max_depth: int):
         self.B, self.T, self.max_depth = 1, T, max_depth
         self.parents = torch.zeros(1, T, dtype=torch.long, device=device)
         self.device = self.parents.device  # "cuda" resolved to its index, as the layers' tensors report it
         self._cache = {}
         self._host = None
-        self._up = uploader or Uploader()  # a caller's own batches its copies with the plan's (``sent`` is theirs)
-        self._own_up = uploader is None
 
     def load(self, tree: Tree) -> None:
         if tree.size != self.T:
@@ -140,14 +103,12 @@ class StaticPlan(gb.TreePlan):
             if key[0] == "anc" and wy_rounds(new[1]) != wy_rounds(self._cache[key][1]):
                 raise InputError(f"tree: depth {new[1]} needs {wy_rounds(new[1])} WY rounds, this plan was "
                                  f"captured for {wy_rounds(self._cache[key][1])}")
-        self._up.put(self.parents, self._host.parents)
+        self.parents.copy_(self._host.parents, non_blocking=True)
         for key, new in news.items():
             if key[0] == "anc":
-                self._up.put(self._cache[key][0], new[0])
+                self._cache[key][0].copy_(new[0], non_blocking=True)
             else:
-                self._up.put(self._cache[key], new)
-        if self._own_up:
-            self._up.sent()
+                self._cache[key].copy_(new, non_blocking=True)
 
     def _host_value(self, key):
         h = self._host
@@ -187,8 +148,8 @@ class AnyModePlan(StaticPlan):
     and window (source -1), and its sources are its own mode's, offset into the copy. So one pass
     verifies the tree in every mode of ``load``'s ``modes`` at once."""
 
-    def __init__(self, T: int, device, copies: int = 1, *, uploader: Uploader | None = None):
-        super().__init__(T, device, T - 1, uploader=uploader)
+    def __init__(self, T: int, device, copies: int = 1):
+        super().__init__(T, device, T - 1)
         self.copies = copies
         self._src = self._conv_src = None  # host [1, T] the forest's recurrence and conv sources
 
@@ -210,11 +171,9 @@ class AnyModePlan(StaticPlan):
 
         self._host = host
         self._conv_src, self._src = forest(lambda m: _LAYER_MODES[m][0]), forest(lambda m: _LAYER_MODES[m][1])
-        self._up.put(self.parents, forest(lambda m: "exact"))  # the forest's own parents
+        self.parents.copy_(forest(lambda m: "exact"), non_blocking=True)  # the forest's own parents
         for key, value in self._cache.items():
-            self._up.put(value, self._host_value(key))
-        if self._own_up:
-            self._up.sent()
+            value.copy_(self._host_value(key), non_blocking=True)
 
     def _host_value(self, key):
         if key[0] == "src":
@@ -271,12 +230,11 @@ class _Captured:
         mode, T, rounds, _, keep_states = key
         dev = model.device
         self.T, self.prefix, self.pool, self.keep_states = T, prefix, pool, keep_states
-        self.up = Uploader()  # the tree's tables, tokens, positions and mask: one batch of pinned copies a verify
         if keep_states:  # the parent-indexed kernels, reading the refilled modes' source tables (rounds: copies)
-            self.mode, self.plan = "exact", AnyModePlan(T, dev, copies=rounds, uploader=self.up)
+            self.mode, self.plan = "exact", AnyModePlan(T, dev, copies=rounds)
         else:
             self.mode = mode
-            self.plan = StaticPlan(T, dev, 2 ** rounds if _LAYER_MODES[mode][1] == "exact" else T - 1, uploader=self.up)
+            self.plan = StaticPlan(T, dev, 2 ** rounds if _LAYER_MODES[mode][1] == "exact" else T - 1)
         self.chain = None  # the batch order's plan, for a serving key's leaky commit replay
         if not keep_states:
             self.chain = StaticPlan(T, dev, T - 1)
@@ -301,11 +259,10 @@ class _Captured:
             self.plan.load(tree, modes)
         else:
             self.plan.load(tree)
-        self.up.put(self.tokens, np.tile(np.asarray(tree.tokens, dtype=np.int64), k))
-        self.up.put(self.positions, np.tile(tree.positions(state.pos), k))
+        self.tokens.copy_(torch.from_numpy(np.tile(np.asarray(tree.tokens, dtype=np.int64), k)), non_blocking=True)
+        self.positions.copy_(torch.from_numpy(np.tile(tree.positions(state.pos), k)), non_blocking=True)
         mask = tree.ancestor_mask  # [n, n] -> the copies' block diagonal [k n, k n]
-        self.up.put(self.mask, mask if k == 1 else np.kron(np.eye(k, dtype=bool), mask))
-        self.up.sent()
+        self.mask.copy_(torch.from_numpy(mask if k == 1 else np.kron(np.eye(k, dtype=bool), mask)), non_blocking=True)
         self.prefix.load(state)
 
 
