@@ -1,7 +1,10 @@
 """Pure-PyTorch tree ops, batched over sequences and heads; the recurrence steps over nodes in
 index order (topological), each node reading its source state: its parent's ("exact") or the
 previous node's ("leaky"). A leaky pass is exactly an exact pass over the chain parents
-[-1, 0, 1, ..., T-2], which is how both modes share one code path here.
+[-1, 0, 1, ..., T-2], which is how both modes share one code path here. With the sources on the
+host (a CPU plan) the GDN recurrence steps a whole depth level of the source tree at a time (the
+same arithmetic per node, a level's nodes batched: a tree of depth D takes D + 1 steps, a chain
+one per node), reading a source every sequence shares as a view.
 
 Twins: oracle.gdn_tree_verify, oracle.gdn_tree_commit, oracle.tree_causal_conv1d,
 oracle.conv_tree_commit.
@@ -59,19 +62,67 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     # NaN-poisoned so that a node the loop failed to write cannot pass a comparison
     states = torch.full((B, T, HV, K, V), float("nan"), dtype=dt, device=q.device)  # per-node snapshots
     o = torch.full((B, T, HV, V), float("nan"), dtype=dt, device=q.device)
-    bidx = torch.arange(B, device=q.device)
-    for t in range(T):
-        s = src[:, t]  # [B]
-        prev = states[bidx, s.clamp(min=0)]  # [B, HV, K, V]
-        prev = torch.where((s < 0)[:, None, None, None], initial_state, prev)
-        S = alpha[:, t, :, None, None] * prev
-        kt = ke[:, t]  # [B, HV, K]
-        u = bb[:, t, :, None] * (vv[:, t] - torch.einsum("bhk,bhkv->bhv", kt, S))  # [B, HV, V]
-        S = S + kt[..., None] * u[:, :, None, :]
-        states[:, t] = S
-        o[:, t] = torch.einsum("bhk,bhkv->bhv", qe[:, t], S)
+    if src.device.type == "cpu":  # sources on the host: whole depth levels at once, no per-node gathers
+        rows = src.tolist()
+        groups = [(slice(None), rows[0])] if all(r == rows[0] for r in rows) else \
+            [(slice(b, b + 1), r) for b, r in enumerate(rows)]
+        for rs, srcs in groups:
+            for nodes in _levels(srcs):
+                step = _gdn_level_step if len(nodes) > 1 else _gdn_node_step
+                step(nodes, [srcs[n] for n in nodes], rs=rs, states=states, o=o, initial_state=initial_state,
+                     alpha=alpha, ke=ke, qe=qe, vv=vv, bb=bb)
+    else:
+        bidx = torch.arange(B, device=q.device)
+        for t in range(T):
+            s = src[:, t]  # [B]
+            prev = states[bidx, s.clamp(min=0)]  # [B, HV, K, V]
+            prev = torch.where((s < 0)[:, None, None, None], initial_state, prev)
+            S = alpha[:, t, :, None, None] * prev
+            kt = ke[:, t]  # [B, HV, K]
+            u = bb[:, t, :, None] * (vv[:, t] - (kt[:, :, None, :] @ S)[:, :, 0])  # [B, HV, V]
+            S = S + kt[..., None] * u[:, :, None, :]
+            states[:, t] = S
+            o[:, t] = (qe[:, t, :, None, :] @ S)[:, :, 0]
     o = o.to(v.dtype)
     return (o, states) if output_states else o
+
+
+def _levels(srcs: list) -> list:
+    """The nodes of one tree by depth of their source chains, shallowest first: each level's nodes read sources of
+    earlier levels only, so a level runs as one batch (a chain: one node a level)."""
+    depth, levels = [], {}
+    for n, p in enumerate(srcs):
+        depth.append(0 if p < 0 else depth[p] + 1)
+        levels.setdefault(depth[-1], []).append(n)
+    return [levels[d] for d in sorted(levels)]
+
+
+def _gdn_node_step(nodes, srcs, *, rs, states, o, initial_state, alpha, ke, qe, vv, bb):
+    """One node t of the sequences rs (their shared source srcs[0]) into states / o [b, T, ...] in place."""
+    t, p = nodes[0], srcs[0]
+    prev = initial_state[rs] if p < 0 else states[rs, p]  # [b, HV, K, V]
+    S = alpha[rs, t, :, None, None] * prev
+    kt = ke[rs, t]  # [b, HV, K]
+    u = bb[rs, t, :, None] * (vv[rs, t] - (kt[:, :, None, :] @ S)[:, :, 0])  # [b, HV, V]
+    S = S + kt[..., None] * u[:, :, None, :]
+    states[rs, t] = S
+    o[rs, t] = (qe[rs, t, :, None, :] @ S)[:, :, 0]
+
+
+def _gdn_level_step(nodes, srcs, *, rs, states, o, initial_state, alpha, ke, qe, vv, bb):
+    """The m nodes of one level of the sequences rs, each from its own source (all earlier), the same arithmetic as
+    _gdn_node_step node by node, batched over the level."""
+    idx = torch.tensor(nodes, device=states.device)
+    sp = torch.tensor(srcs, device=states.device)
+    prev = states[rs][:, sp.clamp(min=0)]  # [b, m, HV, K, V]
+    if min(srcs) < 0:
+        prev = torch.where((sp < 0)[None, :, None, None, None], initial_state[rs][:, None], prev)
+    S = alpha[rs][:, idx, :, None, None] * prev
+    kt = ke[rs][:, idx]  # [b, m, HV, K]
+    u = bb[rs][:, idx, :, None] * (vv[rs][:, idx] - (kt[..., None, :] @ S)[..., 0, :])  # [b, m, HV, V]
+    S = S + kt[..., None] * u[..., None, :]
+    states[rs, idx] = S
+    o[rs, idx] = (qe[rs][:, idx, :, None, :] @ S)[..., 0, :]
 
 
 def gdn_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, use_qk_l2norm=True):

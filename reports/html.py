@@ -28,7 +28,7 @@ def _line(ax, xs, ys, mode, label=None):
 
 def _png(fig) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})  # constrained layout fits it: no second draw to crop
     plt.close(fig)
     return '<img alt="plot" src="data:image/png;base64,' + base64.b64encode(buf.getvalue()).decode() + '">'
 

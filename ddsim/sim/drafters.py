@@ -216,14 +216,13 @@ class ModelDrafter:
         return {"kind": "model", "path": self.path, "sha256": self.sha256, "depth": self.depth}
 
     def draft(self, ctx: DraftContext) -> torch.Tensor:
-        """[D, V] float64: the draft model's logits at depths 1..D along its own greedy chain."""
-        from ddsim.trees.tree import Tree
+        """[D, V] float64: the draft model's logits at depths 1..D along its own greedy chain, decoded as a server's
+        draft model decodes it (the model's decoder: one token a pass from buffers packed once)."""
         state, _ = self.model.prefill(list(ctx.tokens[:-1]))  # a function of the prefix alone
+        dec = self.model.decoder([state], steps=self.depth)
         rows, tok = [], int(ctx.tokens[-1])
         for _ in range(self.depth):
-            t = Tree([-1], [tok])
-            res = self.model.verify(state, t, mode="exact")
-            state = self.model.commit(state, t, res, 0)
-            rows.append(res.logits[0].double())
-            tok = int(res.logits[0].argmax())
+            logits = dec.step([tok])[0]
+            rows.append(logits.double())
+            tok = int(logits.argmax())
         return torch.stack(rows)
