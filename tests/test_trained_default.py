@@ -50,6 +50,26 @@ def test_the_model_drafter_follows_its_own_greedy_chain():
     assert torch.equal(again, fresh)
 
 
+def test_the_model_drafter_decodes_a_context_seen_again_once(monkeypatch):
+    """Drafts are kept by their tokens: a context seen again is not decoded again and gives the same rows, each
+    call a tensor of its own (a caller writing into one cannot change the next); the oldest draft goes past MEMO."""
+    from ddsim.sim.drafters import DraftContext, ModelDrafter
+    d = ModelDrafter(DRAFTER, vocab_size=2048, depth=2)
+    decoded = []
+    real = d._decode
+    monkeypatch.setattr(d, "_decode", lambda ctx: decoded.append(tuple(ctx.tokens)) or real(ctx))
+    monkeypatch.setattr(ModelDrafter, "MEMO", 2)
+    a = d.draft(DraftContext(step=0, tokens=[5, 17, 300]))
+    a.fill_(0.0)
+    b = d.draft(DraftContext(step=3, tokens=[5, 17, 300]))  # the step does not matter, the tokens do
+    assert decoded == [(5, 17, 300)] and b.abs().sum() > 0
+    assert torch.equal(b, ModelDrafter(DRAFTER, vocab_size=2048, depth=2).draft(DraftContext(step=0, tokens=[5, 17, 300])))
+    d.draft(DraftContext(step=0, tokens=[5, 17, 301]))
+    d.draft(DraftContext(step=0, tokens=[5, 17, 302]))  # past MEMO = 2: (5, 17, 300), the oldest, goes
+    d.draft(DraftContext(step=0, tokens=[5, 17, 300]))
+    assert decoded == [(5, 17, 300), (5, 17, 301), (5, 17, 302), (5, 17, 300)]
+
+
 def test_the_gate_on_the_trained_model(tmp_path):
     """Learned gates and a real drafter: the leak is exercised in every budget and the hybrid-unsafe
     mode fails the gate on the trained model, by these rules; the exact path passes its own."""
