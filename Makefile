@@ -67,9 +67,9 @@ lint: $(STAMP)
 # compiling on a cold Triton cache); `make test-slow` runs those. CI (.ci/run) runs both, one after the other.
 PYTEST := env -u PYTHONDONTWRITEBYTECODE OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2 --dist worksteal
 # The venv, the browser (apt) and the Python 3.10 check are made side by side (the browser mostly waits on the
-# network and dpkg), then lint.
+# network and dpkg; their output interleaves), then lint. Plain -j2: GNU make 3.81 (macOS's) has no --output-sync.
 test:
-	@$(MAKE) --no-print-directory -j2 --output-sync=line $(STAMP) browser py310
+	@$(MAKE) --no-print-directory -j2 $(STAMP) browser py310
 	@$(MAKE) --no-print-directory lint
 	$(PYTEST) -m "not slow"
 
