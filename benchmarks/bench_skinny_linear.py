@@ -13,7 +13,6 @@ Prints per shape and row count: cuBLAS's time and read rate, the best configurat
 against a float64 product in units of bf16's rounding of the largest output; then the 27B verify's projections summed."""
 from __future__ import annotations
 
-import argparse
 import itertools
 import platform
 import sys
@@ -22,6 +21,8 @@ import time
 import torch
 import triton
 import triton.language as tl
+
+from ddsim.cli import _budgets, _Parser
 
 
 @triton.jit
@@ -119,16 +120,20 @@ def graph_time(fn, reps: int = 20) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="17,65")
+    ap = _Parser(prog="bench_skinny_linear", description=__doc__.splitlines()[0])  # bad input: one line, exit 2
+    ap.add_argument("--rows", type=_budgets, default=[17, 65], help="row counts (a tree's nodes), comma-separated")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--shapes", default="")
     ap.add_argument("--cublas-only", action="store_true", help="time F.linear alone")
     ap.add_argument("--fused", action="store_true", help="the concatenated in-projections too")
     ap.add_argument("--blas", default="", help="torch.backends.cuda.preferred_blas_library (cublas, cublaslt)")
     args = ap.parse_args()
-    rows = [int(r) for r in args.rows.split(",")]
+    rows = args.rows
     only = set(args.shapes.split(",")) - {""}
+    if only - {name for name, *_ in SHAPES + FUSED}:
+        ap.error(f"--shapes: unknown {', '.join(sorted(only - {name for name, *_ in SHAPES + FUSED}))}")
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_skinny_linear: needs a CUDA device")
     dev = torch.device("cuda")
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"commit {args.commit} | {platform.node()}")
