@@ -61,10 +61,10 @@ lint: $(STAMP)
 # suite's interpreters write their bytecode caches (gitignored __pycache__) even where PYTHONDONTWRITEBYTECODE is
 # set: without them every worker and every command-line process compiles ddsim and rewrites the tests' asserts
 # anew, a minute of the suite's 4.6 on the 2-core machine.
-# `make test` runs every test but those marked `slow` (pyproject.toml: check-kernel on the engines' and ddsim's
-# kernels in Triton's interpreter, every kernel compiled for three GPU targets, the two-process audit, the larger
-# parametrisations of the interpreter's model passes: about a third of the suite's time, and three minutes more of
-# compiling on a cold Triton cache); `make test-slow` runs those. CI (.ci/run) runs both, one after the other.
+# `make test` runs every test but those marked `slow` (pyproject.toml: Triton kernels in the interpreter, i.e.
+# check-kernel on the engines' and ddsim's kernels, ddsim's recurrent kernels against the oracle and the model passes
+# on them; every kernel compiled for three GPU targets; the two-process audit: over half the suite's time, and three
+# minutes more of compiling on a cold Triton cache); `make test-slow` runs those. CI (.ci/run) runs both.
 PYTEST := env -u PYTHONDONTWRITEBYTECODE OMP_NUM_THREADS=1 $(VPY) -m pytest -q -n 2 --dist worksteal
 # The venv, the browser (apt) and the Python 3.10 check are made side by side (the browser mostly waits on the
 # network and dpkg; their output interleaves), then lint. Plain -j2: GNU make 3.81 (macOS's) has no --output-sync.

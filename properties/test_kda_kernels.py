@@ -22,7 +22,9 @@ def _args(inp, dtype=torch.float32):
 
 # each backend gets every drawn example; "triton-wy" runs the WY form for exact without per-node states ("triton"
 # takes it for large batches only: the drawn ones run its recurrence)
-BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton-recurrent", "triton-wy"])
+# the Triton designs run in the interpreter: `make test-slow`
+SLOW = lambda backend: pytest.param(backend, marks=pytest.mark.slow)  # noqa: E731
+BACKENDS = pytest.mark.parametrize("backend", ["torch", SLOW("triton-recurrent"), SLOW("triton-wy")])
 MODES = pytest.mark.parametrize("mode", ["exact", "leaky"])
 # each (backend, mode) draws its own examples: fewer each than the profile's, more in all than one drawn pair
 PER_PAIR = settings(max_examples=15)
@@ -56,7 +58,7 @@ def test_kda_commit_is_the_accepted_nodes_state(inp, picks, backend):
                  dtype=torch.float32, slack=5)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton-recurrent"])  # one design for both modes: bit for bit
+@pytest.mark.parametrize("backend", ["torch", SLOW("triton-recurrent")])  # one design, both modes: bit for bit
 @given(inp=kda_inputs(max_nodes=7))
 def test_kda_leaky_is_exact_where_the_layout_is(inp, backend):
     args = _args(inp)
@@ -86,6 +88,7 @@ def test_the_decay_acts_per_key_channel(backend):
     assert torch.equal(ex[:, :2], lk[:, :2]) and not torch.allclose(ex[:, 2], lk[:, 2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("T, BD", [(33, 16), (20, 8), (9, 16)])
 def test_the_wy_form_reads_long_paths_in_chunks_and_never_overflows(T, BD):
     """Chains of 33 and 20 nodes (three chunks of the root path each) and a star, under decays of -30 per step and

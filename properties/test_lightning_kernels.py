@@ -21,7 +21,9 @@ def _args(inp, dtype=torch.float32):
 
 
 # each backend gets every drawn example; "triton" runs the masked form for exact without per-node states
-BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton", "triton-recurrent"])
+# the Triton designs run in the interpreter: `make test-slow`
+SLOW = lambda backend: pytest.param(backend, marks=pytest.mark.slow)  # noqa: E731
+BACKENDS = pytest.mark.parametrize("backend", ["torch", SLOW("triton"), SLOW("triton-recurrent")])
 MODES = pytest.mark.parametrize("mode", ["exact", "leaky"])
 # each (backend, mode) draws its own examples: fewer each than the profile's, more in all than one drawn pair
 PER_PAIR = settings(max_examples=15)
@@ -57,7 +59,7 @@ def test_lightning_commit_is_the_accepted_nodes_state(inp, picks, backend):
                  dtype=torch.float32, slack=5)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton-recurrent"])  # one design for both modes: bit for bit
+@pytest.mark.parametrize("backend", ["torch", SLOW("triton-recurrent")])  # one design, both modes: bit for bit
 @given(inp=lightning_inputs(max_nodes=7))
 def test_lightning_leaky_is_exact_where_the_layout_is(inp, backend):
     args = _args(inp)
@@ -83,6 +85,7 @@ def test_a_sibling_inherits_its_elder_siblings_state_in_the_leaky_path(backend):
     torch.testing.assert_close(ex[0, 2], decay[:, None, None] * ex[0, 0] + torch.einsum("hk,hv->hkv", k[0, 2], v[0, 2]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("T, BD", [(33, 16), (20, 8)])
 def test_the_masked_form_reads_long_paths_in_chunks(T, BD):
     """Chains of 33 and 20 nodes (three chunks of the root path each), decays from fast (0.01: lambda^32 underflows

@@ -12,6 +12,8 @@ from ddsim.measure.compare import assert_close
 from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs
 from ddsim.trees.tree import Tree
 
+pytestmark = pytest.mark.slow  # `make test-slow`: the GDN and conv kernels in Triton's interpreter
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # compiled on a GPU when there is one, interpreted on the CPU otherwise
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -56,12 +56,9 @@ TREES = [Tree([-1, 0, 0, 1, 1], [5, 6, 7, 8, 9]), Tree([-1, 0, 1, 2, 0], [2, 3, 
 
 
 MODES = ["exact", "leaky", "leaky-state", "leaky-conv"]
-# every mode once with the Triton kernels (the interpreter) and every mode with PyTorch's ops; the rest of the
-# Triton matrix is `make test-slow`'s
-ROWS_CASES = [*[(m, "tiny", None) for m in MODES], ("exact", "micro", "triton"), ("leaky", "micro", "triton"),
-              ("leaky-state", "micro-mamba2", "triton"), ("leaky-conv", "micro-mamba2", "triton"),
-              *[pytest.param(m, p, "triton", marks=pytest.mark.slow) for m, p in
-                [("leaky-state", "micro"), ("leaky-conv", "micro"), ("exact", "micro-mamba2"), ("leaky", "micro-mamba2")]]]
+# every mode with PyTorch's ops; with the Triton kernels (the interpreter) on two presets: `make test-slow`'s
+ROWS_CASES = [*[(m, "tiny", None) for m in MODES],
+              *[pytest.param(m, p, "triton", marks=pytest.mark.slow) for p in ("micro", "micro-mamba2") for m in MODES]]
 
 
 @pytest.mark.parametrize("mode,preset,backend", ROWS_CASES)
@@ -106,7 +103,7 @@ def _assert_states_close(got, want):
             torch.testing.assert_close(a[1], b[1], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("preset,backend", [("micro", "triton"), ("micro-mamba2", None)])
+@pytest.mark.parametrize("preset,backend", [pytest.param("micro", "triton", marks=pytest.mark.slow), ("micro-mamba2", None)])
 @pytest.mark.parametrize("mode", ["exact", "leaky"])
 def test_commit_rows_replays_a_whole_pass_together(preset, backend, mode, monkeypatch):
     """commit_rows of a whole verify_rows pass replays every recurrent layer once for all its trees
@@ -214,7 +211,8 @@ def _one_node_step(m, st, root):
     return res.logits[0], m.commit(st, t, res, 0)
 
 
-@pytest.mark.parametrize("preset,backend", [("micro", None), ("micro-mamba2", "triton"), ("tiny", None)])
+@pytest.mark.parametrize("preset,backend", [("micro", None), pytest.param("micro-mamba2", "triton", marks=pytest.mark.slow),
+                                            ("tiny", None)])
 @pytest.mark.parametrize("graphed", [False, True])
 def test_a_decoder_runs_many_steps_from_rows_packed_once(preset, backend, graphed):
     """model.decoder (the audit's references and greedy continuations): the rows packed once, each step

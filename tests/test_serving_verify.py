@@ -40,6 +40,7 @@ def test_the_trees_share_one_key():
     assert len({t.parents for t in TREES}) == 3
 
 
+@pytest.mark.slow  # the Triton kernels in the interpreter (the same machinery with PyTorch's ops: properties/test_model_fastpath.py)
 @pytest.mark.parametrize("preset", ["micro", "micro-mamba2", "micro-lfm2", "micro-kls"])
 def test_graph_machinery_with_triton_kernels_equals_the_serving_verify(preset):
     """Triton kernels read the StaticPlan's tables (conv sources, ancestor masks, root paths): refilled
@@ -67,6 +68,7 @@ def test_graph_machinery_with_triton_kernels_equals_the_serving_verify(preset):
     assert gm.captured() == [("exact", 8, 2, 256, False), ("leaky", 8, 3, 256, False)]
 
 
+@pytest.mark.slow  # the Triton kernels in the interpreter
 @pytest.mark.parametrize("preset", ["micro", "micro-mamba2", "micro-kls"])
 def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
     """verify(keep_states=True) through the fixed buffers (uncaptured): every node's states, windows,
@@ -99,10 +101,10 @@ def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
         node_metrics(TREES[0], first, ref_out, cfg)
 
 
-@pytest.mark.parametrize("preset, order", [
-    pytest.param("micro", ("leaky", "exact", "leaky-state", "leaky-conv"), marks=pytest.mark.slow),
-    pytest.param("micro-mamba2", ("leaky-conv", "exact", "leaky", "leaky-state"), marks=pytest.mark.slow),
-    ("micro-kls", ("leaky-state", "leaky", "leaky-conv", "exact"))])
+@pytest.mark.slow  # the Triton kernels in the interpreter
+@pytest.mark.parametrize("preset, order", [("micro", ("leaky", "exact", "leaky-state", "leaky-conv")),
+                                           ("micro-mamba2", ("leaky-conv", "exact", "leaky", "leaky-state")),
+                                           ("micro-kls", ("leaky-state", "leaky", "leaky-conv", "exact"))])
 def test_several_modes_verified_side_by_side_equal_each_verified_alone(preset, order):
     """verify_modes: the tree copied once per mode into one pass (uncaptured), each copy's root on the
     committed state, its sources its mode's, its attention its own: every mode's per-node states,
