@@ -77,12 +77,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
             s = src[:, t]  # [B]
             prev = states[bidx, s.clamp(min=0)]  # [B, HV, K, V]
             prev = torch.where((s < 0)[:, None, None, None], initial_state, prev)
-            S = alpha[:, t, :, None, None] * prev
-            kt = ke[:, t]  # [B, HV, K]
-            u = bb[:, t, :, None] * (vv[:, t] - (kt[:, :, None, :] @ S)[:, :, 0])  # [B, HV, V]
-            S = S + kt[..., None] * u[:, :, None, :]
-            states[:, t] = S
-            o[:, t] = (qe[:, t, :, None, :] @ S)[:, :, 0]
+            states[:, t], o[:, t] = _delta_rule(prev, alpha[:, t], ke[:, t], qe[:, t], vv[:, t], bb[:, t])
     o = o.to(v.dtype)
     return (o, states) if output_states else o
 
@@ -97,32 +92,31 @@ def _levels(srcs: list) -> list:
     return [levels[d] for d in sorted(levels)]
 
 
+def _delta_rule(prev, a, kt, qt, vt, bt):
+    """One gated delta-rule step on any leading dims [...]: prev [..., HV, K, V], gates a, bt [..., HV], kt, qt
+    [..., HV, K], vt [..., HV, V] -> (the node's state [..., HV, K, V], its output [..., HV, V])."""
+    S = a[..., None, None] * prev
+    u = bt[..., None] * (vt - (kt[..., None, :] @ S)[..., 0, :])
+    S = S + kt[..., None] * u[..., None, :]
+    return S, (qt[..., None, :] @ S)[..., 0, :]
+
+
 def _gdn_node_step(nodes, srcs, *, rs, states, o, initial_state, alpha, ke, qe, vv, bb):
     """One node t of the sequences rs (their shared source srcs[0]) into states / o [b, T, ...] in place."""
     t, p = nodes[0], srcs[0]
     prev = initial_state[rs] if p < 0 else states[rs, p]  # [b, HV, K, V]
-    S = alpha[rs, t, :, None, None] * prev
-    kt = ke[rs, t]  # [b, HV, K]
-    u = bb[rs, t, :, None] * (vv[rs, t] - (kt[:, :, None, :] @ S)[:, :, 0])  # [b, HV, V]
-    S = S + kt[..., None] * u[:, :, None, :]
-    states[rs, t] = S
-    o[rs, t] = (qe[rs, t, :, None, :] @ S)[:, :, 0]
+    states[rs, t], o[rs, t] = _delta_rule(prev, alpha[rs, t], ke[rs, t], qe[rs, t], vv[rs, t], bb[rs, t])
 
 
 def _gdn_level_step(nodes, srcs, *, rs, states, o, initial_state, alpha, ke, qe, vv, bb):
-    """The m nodes of one level of the sequences rs, each from its own source (all earlier), the same arithmetic as
-    _gdn_node_step node by node, batched over the level."""
+    """The m nodes of one level of the sequences rs, each from its own source (all earlier), batched over the level."""
     idx = torch.tensor(nodes, device=states.device)
     sp = torch.tensor(srcs, device=states.device)
     prev = states[rs][:, sp.clamp(min=0)]  # [b, m, HV, K, V]
     if min(srcs) < 0:
         prev = torch.where((sp < 0)[None, :, None, None, None], initial_state[rs][:, None], prev)
-    S = alpha[rs][:, idx, :, None, None] * prev
-    kt = ke[rs][:, idx]  # [b, m, HV, K]
-    u = bb[rs][:, idx, :, None] * (vv[rs][:, idx] - (kt[..., None, :] @ S)[..., 0, :])  # [b, m, HV, V]
-    S = S + kt[..., None] * u[..., None, :]
-    states[rs, idx] = S
-    o[rs, idx] = (qe[rs][:, idx, :, None, :] @ S)[..., 0, :]
+    states[rs, idx], o[rs, idx] = _delta_rule(prev, alpha[rs][:, idx], ke[rs][:, idx], qe[rs][:, idx], vv[rs][:, idx],
+                                              bb[rs][:, idx])
 
 
 def gdn_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, use_qk_l2norm=True):
