@@ -118,10 +118,9 @@ class StaticPlan(gb.TreePlan):
             return h.conv_table(key[1], key[2])
         if key[0] == "anc":
             return h.ancestors(key[1])
-        paths = h.root_paths()  # [1, T, depth + 1] -> [1, T, max_depth + 1]
-        pad = self.max_depth + 1 - paths.shape[-1]
-        return torch.nn.functional.pad(paths, (0, pad), value=-1) if paths.device.type != "cpu" else \
-            torch.from_numpy(np.pad(paths.numpy(), ((0, 0), (0, 0), (0, pad)), constant_values=-1))
+        paths = h.root_paths().numpy()  # [1, T, depth + 1] -> [1, T, max_depth + 1] (the host plan is on the CPU)
+        return torch.from_numpy(np.pad(paths, ((0, 0), (0, 0), (0, self.max_depth + 1 - paths.shape[-1])),
+                                       constant_values=-1))
 
     def _cached(self, key, build):
         if key not in self._cache:
