@@ -16,6 +16,7 @@ from ddsim.model.model import HybridModel
 from ddsim.model.weights import init_weights
 from ddsim.properties.kernel_checks import assert_rounding_twins
 from ddsim.trees.builders import ddtree
+from ddsim.trees.tree import Tree
 
 pytest.importorskip("triton")
 
@@ -110,11 +111,7 @@ def test_gdn_gates_equal_their_twin_over_softplus_whole_range(beta_scale):
 def _tree_mask(T: int, gen) -> torch.Tensor:
     """A random tree's ancestor mask [T, T] (node i's parent drawn among 0..i-1)."""
     parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)]
-    m = torch.eye(T, dtype=torch.bool)
-    for i in range(1, T):
-        m[i] = m[parent[i]]
-        m[i, i] = True
-    return m
+    return torch.from_numpy(Tree(parent, list(range(T))).ancestor_mask)
 
 
 @pytest.mark.parametrize("P", [0, 3, 37])
