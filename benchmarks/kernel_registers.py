@@ -91,8 +91,6 @@ if __name__ == "__main__":
         for nw in (4, 8):
             print(f"fold kernel (per head), {nw} warps, cap {cap}: "
                   + usage(ws._gdn_wy_fold_kernel, FOLD, dict(SHAPE, RAW16=True, EXACT=2, PDL=False), nw, cap))
-            print(f"fold kernel in two halves (per head), {nw} warps, cap {cap}: "
-                  + usage(ws._gdn_wy_fold_halves_kernel, FOLD, dict(SHAPE, RAW16=True, EXACT=2, PDL=False), nw, cap))
     for bv in (32, 64):
         for cap in (None, 168):
             print(f"apply kernel (per V tile), {bv}-wide tiles, 4 warps, cap {cap}: "

@@ -216,111 +216,6 @@ def _gdn_wy_fold_kernel(
 
 
 @triton.jit
-def _half_rows(q, k, g, beta, rows, mt, i_h, i_hv, o_k, neg_A, bias, H: tl.constexpr, HV: tl.constexpr,
-               K: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr):
-    """One half of the draft block (rows [BH], valid where mt): raw q, k [BH, BK] in their own dtype, their l2
-    norms rq, rk [BH] (ones without L2NORM), beta and g [BH] (0 on padding rows)."""
-    m2 = mt[:, None] & (o_k < K)[None, :]
-    b_k = _raw_rows(k, rows[:, None], i_h, o_k[None, :], m2, H, K)
-    b_q = _raw_rows(q, rows[:, None], i_h, o_k[None, :], m2, H, K)
-    if L2NORM:
-        rk = tl.sqrt(tl.sum(b_k.to(tl.float32) * b_k.to(tl.float32), 1) + 1e-6)
-        rq = tl.sqrt(tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1) + 1e-6)
-    else:
-        rk = tl.full([b_k.shape[0]], 1.0, tl.float32)
-        rq = tl.full([b_k.shape[0]], 1.0, tl.float32)
-    b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
-    return b_q, b_k, rq, rk, tl.where(mt, b_g, 0.0), tl.where(mt, b_beta, 0.0)
-
-
-@triton.jit
-def _inverse_by_doubling(N, NSTEP, BH: tl.constexpr, PRECISION: tl.constexpr):
-    """(I - N)^-1 = (I + N)(I + N^2)(I + N^4)... [BH, BH] for strictly lower N, NSTEP factors."""
-    o_h = tl.arange(0, BH)
-    X = tl.where(o_h[:, None] == o_h[None, :], 1.0, 0.0) + N
-    for _ in range(1, NSTEP):
-        N = tl.dot(N, N, input_precision=PRECISION)
-        X = tl.dot(X, N, X, input_precision=PRECISION)
-    return X
-
-
-@triton.jit
-def _gdn_wy_fold_halves_kernel(
-    q, k, g, beta, A_log, dt_bias,
-    mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
-    Qe, Ve,  # out: [B, HV, BT, BK] fp32 (the output's weights on S_r), [B, HV, BT, BT] fp32 (on v)
-    ready,  # PDL: [B * HV] int32, zeroed before each launch, set to 1 once this head's Qe, Ve are written
-    T, scale, NSTEP,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    # _gdn_wy_fold_kernel's Qe, Ve with the block cut in two halves of BH = BT / 2 rows (nodes 1..BH and
-    # BH+1..BT: parents precede children, so every block above the diagonal is zero). With N = -L, P and
-    # W = (I - N)^-1 in 2 x 2 blocks, W_21 = W_22 N_21 W_11, so Y = P W is
-    #   Y_11 = P_11 W_11,   Y_22 = P_22 W_22,   Y_21 = (P_21 + Y_22 N_21) W_11:
-    # two doubling chains of [BH, BH] products (an eighth of a [BT, BT] one each, and independent, so
-    # their MMAs interleave) where the whole block runs one chain of [BT, BT] products; the grams and K's
-    # product skip the zero block. NSTEP is at most log2(BH) (a strictly lower [BH, BH] N has N^BH = 0).
-    if PDL:
-        gdc_launch_dependents()
-    BH: tl.constexpr = BT // 2
-    i_bh = tl.program_id(0)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    o_h = tl.arange(0, BH)
-    o_k = tl.arange(0, BK)
-    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
-    t2 = BH + o_h
-    m1, m2 = o_h < T - 1, t2 < T - 1
-    rows1 = (i_b * T + 1 + o_h).to(tl.int64)
-    rows2 = (i_b * T + 1 + t2).to(tl.int64)
-    q1, k1, rq1, rk1, g1, beta1 = _half_rows(q, k, g, beta, rows1, m1, i_h, i_hv, o_k, neg_A, bias, H, HV, K,
-                                             FUSED, L2NORM)
-    q2, k2, rq2, rk2, g2, beta2 = _half_rows(q, k, g, beta, rows2, m2, i_h, i_hv, o_k, neg_A, bias, H, HV, K,
-                                             FUSED, L2NORM)
-    a11 = tl.load(mask + rows1[:, None] * T + 1 + o_h[None, :], mask=m1[:, None] & m1[None, :], other=0) != 0
-    a21 = tl.load(mask + rows2[:, None] * T + 1 + o_h[None, :], mask=m2[:, None] & m1[None, :], other=0) != 0
-    a22 = tl.load(mask + rows2[:, None] * T + 1 + t2[None, :], mask=m2[:, None] & m2[None, :], other=0) != 0
-    G1 = tl.sum(tl.where(a11, g1[None, :], 0.0), 1)  # [BH] log-decay along each path below the root
-    G2 = tl.sum(tl.where(a21, g1[None, :], 0.0), 1) + tl.sum(tl.where(a22, g2[None, :], 0.0), 1)
-    D11 = tl.where(a11, tl.exp(G1[:, None] - G1[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
-    D21 = tl.where(a21, tl.exp(G2[:, None] - G1[None, :]), 0.0)
-    D22 = tl.where(a22, tl.exp(G2[:, None] - G2[None, :]), 0.0)
-    diag = o_h[:, None] == o_h[None, :]
-    N11 = tl.where(diag, 0.0, -beta1[:, None] * D11 * _gram(k1, k1, rk1, rk1, RAW16, PRECISION))  # -L
-    N21 = -beta2[:, None] * D21 * _gram(k2, k1, rk2, rk1, RAW16, PRECISION)
-    N22 = tl.where(diag, 0.0, -beta2[:, None] * D22 * _gram(k2, k2, rk2, rk2, RAW16, PRECISION))
-    W11 = _inverse_by_doubling(N11, NSTEP, BH, PRECISION)
-    # Y_22 = P_22 (I + N_22)(I + N_22^2)...: a round's two products read the same N (as the whole-block kernel)
-    Y22 = D22 * _gram(q2, k2, rq2, rk2, RAW16, PRECISION) * scale
-    for _ in range(1, NSTEP):
-        M22 = tl.dot(N22, N22, input_precision=PRECISION)
-        Y22 = tl.dot(Y22, N22, Y22, input_precision=PRECISION)
-        N22 = M22
-    Y22 = tl.dot(Y22, N22, Y22, input_precision=PRECISION)
-    Y11 = tl.dot(D11 * _gram(q1, k1, rq1, rk1, RAW16, PRECISION) * scale, W11, input_precision=PRECISION)
-    P21 = D21 * _gram(q2, k1, rq2, rk1, RAW16, PRECISION) * scale
-    Y21 = tl.dot(tl.dot(Y22, N21, P21, input_precision=PRECISION), W11, input_precision=PRECISION)
-    A1, A2 = tl.exp(G1), tl.exp(G2)
-    z1 = beta1 * A1 / rk1
-    Qm1 = _dot_exact_rhs(-(Y11 * z1[None, :]), k1, (A1 * scale / rq1)[:, None] * q1.to(tl.float32), EXACT, PRECISION)
-    Qm2 = _dot_exact_rhs(-(Y21 * z1[None, :]), k1, _dot_exact_rhs(
-        -(Y22 * (beta2 * A2 / rk2)[None, :]), k2, (A2 * scale / rq2)[:, None] * q2.to(tl.float32), EXACT, PRECISION),
-        EXACT, PRECISION)
-    base = i_bh.to(tl.int64) * BT
-    tl.store(Qe + (base + o_h[:, None]) * BK + o_k[None, :], Qm1)
-    tl.store(Qe + (base + t2[:, None]) * BK + o_k[None, :], Qm2)
-    tl.store(Ve + (base + o_h[:, None]) * BT + o_h[None, :], Y11 * beta1[None, :])
-    tl.store(Ve + (base + o_h[:, None]) * BT + t2[None, :], tl.zeros([BH, BH], tl.float32))
-    tl.store(Ve + (base + t2[:, None]) * BT + o_h[None, :], Y21 * beta1[None, :])
-    tl.store(Ve + (base + t2[:, None]) * BT + t2[None, :], Y22 * beta2[None, :])
-    if PDL:
-        tl.debug_barrier()
-        tl.atomic_xchg(ready + i_bh, 1, sem="release", scope="gpu")
-
-
-@triton.jit
 def _gdn_wy_fold_apply_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     Qe, Ve, ready,  # from the fold kernel
@@ -369,13 +264,12 @@ MAXNREG = None  # a (per-head, per-V-tile) pair here overrides FOLD_DEFAULTS' ca
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
                   use_qk_l2norm, precision, poison, block_v=None, num_warps=4, solve_warps=4, fold=False,
-                  exact16="bf16x3", pdl=False, halves=None):
+                  exact16="bf16x3", pdl=False):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four. pdl (fold
     only; compiled kernels on Hopper or later): the apply kernel is launched with programmatic
-    dependent launch and runs its root step and loads while the fold kernel finishes. halves (fold only):
-    the per-head kernel cuts the block in two halves (_gdn_wy_fold_halves_kernel); None: from 32 rows on."""
+    dependent launch and runs its root step and loads while the fold kernel finishes."""
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     fold_bv, caps = FOLD_DEFAULTS.get(precision, FOLD_DEFAULTS["tf32x3"])
@@ -388,8 +282,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
                           exact=_exact_mode(q, k, v, exact16, C.interpreting()),
                           use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
-                          solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps if MAXNREG is None else MAXNREG,
-                          halves=BT >= 32 if halves is None else bool(halves) and BT >= 32)
+                          solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps if MAXNREG is None else MAXNREG)
     Wm = C.scratch((B, HV, BT, BT), torch.float32, v.device)
     Pm = C.scratch(Wm.shape, torch.float32, v.device)
     Ad = C.scratch((B, HV, BT), torch.float32, v.device)
@@ -414,16 +307,14 @@ def _in_order(first, second):
 
 
 def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
-               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, caps, halves):
+               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, caps):
     Qe = C.scratch((B, HV, BT, BK), torch.float32, v.device)
     Ve = C.scratch((B, HV, BT, BT), torch.float32, v.device)
     # the per-head ready flags (pdl only; otherwise an unused pointer: no allocation, no memset per call)
     ready = (C.scratch((B * HV,), torch.int32, v.device) if pdl else
              checks.constant("dummy", 1, v.device, torch.int32))
-    # a strictly lower [BT / 2, BT / 2] block is nilpotent below BT / 2: at most log2(BT / 2) doubling factors
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, ready=ready, T=T, scale=scale,
-                NSTEP=min(nstep, (BT // 2).bit_length() - 1) if halves else nstep, H=H, HV=HV, K=K, BT=BT, BK=BK,
-                FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
+                NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
                 EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=solve_warps)
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, ready=ready,
                  state=state, state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
@@ -434,7 +325,7 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
     for kw, cap in zip((fold, apply), caps):
         if cap:
             kw["maxnreg"] = cap
-    first = bind(_gdn_wy_fold_halves_kernel if halves else _gdn_wy_fold_kernel, (B * HV,), fold)
+    first = bind(_gdn_wy_fold_kernel, (B * HV,), fold)
     if pdl:  # the flags are zeroed before every launch (a CUDA graph captures the memset too)
         fold_alone = first
 
