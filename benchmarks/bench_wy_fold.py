@@ -35,7 +35,8 @@ from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy, plan_wy
 from ddsim.measure.compare import rel_error
 
 SOLVE = [dict(solve_warps=sw, maxnreg=r) for sw in (4, 8) for r in (None, 168)]
-APPLY = [dict(block_v=bv, num_warps=nw, maxnreg=r) for bv in (32, 64) for nw in (4, 8) for r in (None, 168)]
+STREAM = [dict(stream=True, block_v=bv, block_k=bk, num_warps=nw, maxnreg=None) for bv in (32, 64, 128)
+          for bk in (32, 64, 128) for nw in (4, 8)]
 
 
 class Caps:
@@ -88,50 +89,45 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None, cases_only=False):
     nbytes, flops = kernel_bytes(B, T), kernel_flops(B, T)
     kw = dict(progress=lambda r: print(f"# {B}x{T} {r['kernel']}: {r['us']:.1f} us {r['config']}", flush=True),
               flops=flops, flop_rate=rate, timer=timer or resources)
-    rows = [] if cases_only else sweep(B, T, {"fold kernel (per head)": ("wy", SOLVE, planner(common, 0)),
-                                              "apply kernel (per V tile)": ("wy", APPLY, planner(common, 1))},
-                                       nbytes, bw, **kw)
+    # each kernel alone: the per-head kernel with and without the root's step folded in (stream), the
+    # per-V-tile kernel as the root-step form at its default and as the streaming form over its sweep
+    rows = [] if cases_only else sweep(B, T, {
+        "fold kernel (per head)": ("wy", SOLVE, planner(common, 0)),
+        "fold kernel with the root folded in (per head)": ("wy", [dict(c, stream=True) for c in SOLVE],
+                                                           planner(common, 0)),
+        "apply kernel (per V tile)": ("wy", [dict(block_v=64, num_warps=4, maxnreg=None)], planner(common, 1)),
+        "streaming apply kernel (per V tile)": ("wy", STREAM, planner(common, 1))}, nbytes, bw, **kw)
     got = {r["kernel"]: dict(r["config"]) for r in rows}
+    # the tf32x3, register-cap and 32-wide-tile cases of the runs before: results/2026-11-30-h200-bench-wy-fold-*.txt
     cases = {"fold + apply, defaults": ("wy", [{}], planner(common, None)),
              "fold + apply, defaults, PDL": ("wy", [dict(pdl=True)], planner(common, None)),
-             # the per-head kernel capped too: one wave of it at 8 x 65, whatever its time alone (bfc0150's
-             # fastest whole, 102.9 us, had both caps; the per-kernel sweep above cannot see that)
-             "fold + apply, both kernels capped at 168": ("wy", [dict(maxnreg=(168, 168))], planner(common, None)),
-             "fold + apply, both kernels capped at 168, PDL": ("wy", [dict(maxnreg=(168, 168), pdl=True)],
-                                                               planner(common, None)),
-             # the dot precision of the fp32 products before bf16x3 became bf16 inputs' default
-             "fold + apply, defaults, tf32x3": ("wy", [dict(precision="tf32x3")], planner(common, None)),
-             "fold + apply, defaults, tf32x3, PDL": ("wy", [dict(precision="tf32x3", pdl=True)], planner(common, None)),
-             # a762c8f's sweep with bf16x3 products picked 64-wide V tiles for the apply kernel at both shapes
-             "fold + apply, 64-wide V tiles, no caps": ("wy", [dict(block_v=64, maxnreg=(None, None))],
-                                                        planner(common, None)),
-             "fold + apply, 64-wide V tiles, no caps, PDL": ("wy", [dict(block_v=64, maxnreg=(None, None), pdl=True)],
-                                                             planner(common, None)),
-             "fold + apply, 64-wide V tiles, fold kernel capped at 168": (
-                 "wy", [dict(block_v=64, maxnreg=(168, None))], planner(common, None))}
-    if len(got) == 2:
-        s, a = got["fold kernel (per head)"], got["apply kernel (per V tile)"]
-        caps = (s.pop("maxnreg"), a.pop("maxnreg"))
-        c = dict(a, **s, maxnreg=caps)
-        cases["fold + apply, best of each"] = ("wy", [c], planner(common, None))
-        cases["fold + apply, best of each, PDL"] = ("wy", [dict(c, pdl=True)], planner(common, None))
+             "fold + apply, root folded, S streamed, its defaults": ("wy", [dict(stream=True)], planner(common, None)),
+             "fold + apply, root folded, S streamed, its defaults, PDL": ("wy", [dict(stream=True, pdl=True)],
+                                                                          planner(common, None))}
+    if len(got) == 4:
+        s, a = got["fold kernel with the root folded in (per head)"], got["streaming apply kernel (per V tile)"]
+        c = dict(a, **s, maxnreg=(s.pop("maxnreg"), a.pop("maxnreg")))
+        cases["fold + apply, root folded, S streamed, best of each"] = ("wy", [c], planner(common, None))
+        cases["fold + apply, root folded, S streamed, best of each, PDL"] = ("wy", [dict(c, pdl=True)],
+                                                                             planner(common, None))
     return rows + sweep(B, T, cases, nbytes, bw, **kw)
 
 
 def accuracy(device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1):
     _, parents = ddtree_batch(B, T, seed=seed)
-    lines = ["| inputs | mode | dot precision | fold: relative error vs oracle (Frobenius) | "
-             "oracle rounded to the inputs' dtype | outputs off the rounded oracle (%) |", "|---|---|---|---|---|---|"]
+    lines = ["| inputs | mode | dot precision | form | fold: relative error vs oracle (Frobenius) | "
+             "oracle rounded to the inputs' dtype | outputs off the rounded oracle (%) |", "|---|---|---|---|---|---|---|"]
     for dtype in (torch.float32, torch.bfloat16):
         inp = kernel_inputs(B, T, H=H, HV=HV, K=K, V=V, dtype=dtype, device=device, seed=seed)
         qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
         for mode in ("exact", "leaky"):
             ref = oracle.gdn_tree_verify(**{k: x.cpu() for k, x in qkv.items()}, parents=parents,
                                          initial_state=inp["initial_state"].cpu(), mode=mode)
-            for prec in (None, "tf32x3", "bf16x3", "tf32"):
+            for prec, stream in ((None, False), (None, True), ("tf32x3", True), ("bf16x3", True), ("tf32", True)):
                 o = gdn_tree_verify_wy(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
-                                       mode=mode, design="fold", precision=prec)
+                                       mode=mode, design="fold", precision=prec, stream=stream)
                 lines.append(f"| {str(dtype).replace('torch.', '')} | {mode} | {prec or 'default'} | "
+                             f"{'root folded, S streamed' if stream else 'root step per V tile'} | "
                              f"{rel_error(o.cpu(), ref):.2e} | "
                              f"{rel_error(ref.to(dtype), ref) if dtype != torch.float32 else 0.0:.2e} | "
                              f"{100 * off_rounded(o, ref) if dtype != torch.float32 else float('nan'):.2f} |")

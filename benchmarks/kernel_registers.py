@@ -27,7 +27,9 @@ from ddsim.gpu_backend import triton_wy_split as ws  # noqa: E402
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 SHAPE = dict(H=16, HV=48, K=128, BT=64, BK=128, FUSED=False, L2NORM=True, PRECISION="tf32x3")  # Qwen3.6-27B GDN
 FOLD = dict(q="*bf16", k="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", mask="*i8", Qe="*fp32",
-            Ve="*fp32", ready="*i32", T="i32", scale="fp32", NSTEP="i32")
+            Ve="*fp32", Cv="*fp32", Q0="*fp32", C0="*fp32", ready="*i32", T="i32", scale="fp32", NSTEP="i32")
+STREAM = dict(v="*bf16", Qe="*fp32", Ve="*fp32", Cv="*fp32", Q0="*fp32", C0="*fp32", ready="*i32", state="*fp32",
+              state_idx="*i32", o="*bf16", T="i32")
 APPLY = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", Qe="*fp32",
              Ve="*fp32", ready="*i32", state="*fp32", state_idx="*i32", o="*bf16", T="i32", scale="fp32")
 TILES = dict(N="*fp32", Y="*fp32", out="*fp32")
@@ -90,12 +92,20 @@ if __name__ == "__main__":
     for cap in (None, 168):
         for nw in (4, 8):
             print(f"fold kernel (per head), {nw} warps, cap {cap}: "
-                  + usage(ws._gdn_wy_fold_kernel, FOLD, dict(SHAPE, RAW16=True, EXACT=2, PDL=False), nw, cap))
+                  + usage(ws._gdn_wy_fold_kernel, FOLD, dict(SHAPE, RAW16=True, EXACT=2, PDL=False, ROOT=False), nw, cap))
+            print(f"fold kernel with the root folded in (per head), {nw} warps, cap {cap}: "
+                  + usage(ws._gdn_wy_fold_kernel, FOLD, dict(SHAPE, RAW16=True, EXACT=2, PDL=False, ROOT=True), nw, cap))
     for bv in (32, 64):
         for cap in (None, 168):
             print(f"apply kernel (per V tile), {bv}-wide tiles, 4 warps, cap {cap}: "
                   + usage(ws._gdn_wy_fold_apply_kernel, APPLY, dict(SHAPE, V=128, BV=bv, EXACT=2, PDL=False, STATE_VK=False), 4,
                         cap))
+    for bv in (32, 64, 128):
+        for bk in (32, 64, 128):
+            print(f"streaming apply kernel (per V tile), {bv}-wide tiles, {bk}-row K chunks, 4 warps: "
+                  + usage(ws._gdn_wy_fold_stream_kernel, STREAM,
+                          dict(H=16, HV=48, K=128, V=128, BT=64, BK=128, BV=bv, BKC=bk, EXACT=2, PRECISION="tf32x3",
+                               PDL=False, STATE_VK=False), 4))
     for what, name in enumerate(("one tf32x3 64 x 64 product", "a paired round (Triton's tf32x3)",
                                  "a paired round, tf32 MMAs chained by hand")):
         print(f"{name}, 4 warps: " + usage(_products, TILES, dict(BT=64, WHAT=what), 4))

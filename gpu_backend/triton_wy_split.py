@@ -181,15 +181,20 @@ def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
 def _gdn_wy_fold_kernel(
     q, k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
-    Qe, Ve,  # out: [B, HV, BT, BK] fp32 (the output's weights on S_r), [B, HV, BT, BT] fp32 (on v)
+    Qe, Ve,  # out: [B, HV, BT, BK] fp32 (the output's weights on S_r, or with ROOT on S), [B, HV, BT, BT] fp32 (on v)
+    Cv, Q0, C0,  # out (ROOT): [B, HV, BT], [B, HV, BK], [B, HV] fp32: the weights of v_0 and of the root's o_0
     ready,  # PDL: [B * HV] int32, zeroed before each launch, set to 1 once this head's Qe, Ve are written
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, ROOT: tl.constexpr,
 ):
     # O = diag(A) Q S_r scale + P W diag(beta) (V - diag(A) K S_r) = Qe S_r + Ve V with Y = P W:
     #   Qe = diag(A scale / rq) Q_raw - Y diag(beta A / rk) K_raw,   Ve = Y diag(beta)
+    # ROOT: the root's step S_r = a S + k_0 u^T, u = beta_0 (v_0 - a S^T k_0) (a = exp(g_0), S the committed
+    # state) folded in too, so that the per-V-tile kernel multiplies S itself and takes no recurrent step:
+    #   Qe S_r = Qe' S + c v_0^T,   Qe' = a (Qe - c k_0^T),   c = beta_0 Qe k_0,
+    #   o_0 = S_r^T q_0 scale = S^T q_0' + c_0 v_0,   q_0' = a (q_0 scale - c_0 k_0),   c_0 = beta_0 k_0.q_0 scale
     if PDL:  # the apply kernel may start its independent prologue now (it waits before reading Qe, Ve)
         gdc_launch_dependents()
     i_bh = tl.program_id(0)
@@ -208,6 +213,21 @@ def _gdn_wy_fold_kernel(
     Z = Y * (b_beta * A / rk)[None, :]
     Qm = _dot_exact_rhs(-Z, b_k, (A * scale / rq)[:, None] * b_q.to(tl.float32), EXACT, PRECISION)
     base = i_bh.to(tl.int64) * BT
+    if ROOT:
+        i_b, i_hv = i_bh // HV, i_bh % HV
+        r0 = (i_b * T).to(tl.int64)
+        q0 = h.load_rows(q, r0, i_hv // (HV // H), o_k, o_k < K, H, K, L2NORM, 0)  # [BK] fp32
+        k0 = h.load_rows(k, r0, i_hv // (HV // H), o_k, o_k < K, H, K, L2NORM, 0)
+        neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+        g0, beta0 = h.gates(g, beta, r0 * HV + i_hv, 0, neg_A, bias, FUSED, False)
+        a0 = tl.exp(g0)
+        c = beta0 * tl.sum(Qm * k0[None, :], 1)  # [BT]
+        Qm = a0 * (Qm - c[:, None] * k0[None, :])
+        q0 = q0 * scale
+        c0 = beta0 * tl.sum(k0 * q0, 0)
+        tl.store(Cv + base + o_t, c)
+        tl.store(Q0 + i_bh.to(tl.int64) * BK + o_k, a0 * (q0 - c0 * k0))
+        tl.store(C0 + i_bh, c0)
     tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
     tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Y * b_beta[None, :])
     if PDL:  # every thread's stores done (barrier), then published at GPU scope (release is cumulative)
@@ -252,6 +272,59 @@ def _gdn_wy_fold_apply_kernel(
              mask=mt[:, None] & mv[None, :])
 
 
+@triton.jit
+def _gdn_wy_fold_stream_kernel(
+    v, Qe, Ve, Cv, Q0, C0, ready,  # v [B*T, HV, V]; the rest from the fold kernel with ROOT
+    state, state_idx, o,
+    T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+    EXACT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr, STATE_VK: tl.constexpr,
+):
+    # The per-V-tile half with the root's step folded into the weights (the fold kernel's ROOT):
+    #   O = Qe' S + Ve V + c v_0^T,   o_0 = S^T q_0' + c_0 v_0,
+    # S the committed state [K, BV], streamed over K in BKC-row chunks (no recurrent step needs it whole).
+    i_v, i_b, i_hv, _ = h.head_coords(H, HV)
+    o_t = tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mv = o_v < V
+    mt = o_t < T - 1
+    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    r0 = (i_b * T).to(tl.int64)
+    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
+    v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
+    slot = tl.load(state_idx + i_b)
+    i_bh = i_b * HV + i_hv
+    base = i_bh.to(tl.int64) * BT
+    if PDL:  # the fold kernel's weights of this head: written by another grid, read past L1
+        while tl.atomic_add(ready + i_bh, 0, sem="acquire", scope="gpu") == 0:
+            pass
+        Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :], cache_modifier=".cg")
+        c = tl.load(Cv + base + o_t, cache_modifier=".cg")
+        c0 = tl.load(C0 + i_bh, cache_modifier=".cg")
+    else:
+        Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
+        c = tl.load(Cv + base + o_t)
+        c0 = tl.load(C0 + i_bh)
+    acc = _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION)
+    o0 = c0 * v0
+    for kc in range(0, BK, BKC):
+        o_k = kc + tl.arange(0, BKC)
+        S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=(o_k < K)[:, None] & mv[None, :],
+                    other=0.0)
+        if PDL:
+            Qc = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :], cache_modifier=".cg")
+            q0 = tl.load(Q0 + i_bh.to(tl.int64) * BK + o_k, cache_modifier=".cg")
+        else:
+            Qc = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :])
+            q0 = tl.load(Q0 + i_bh.to(tl.int64) * BK + o_k)
+        acc = tl.dot(Qc, S, acc, input_precision=PRECISION)
+        o0 += tl.sum(q0[:, None] * S, 0)
+    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], acc.to(o.dtype.element_ty),
+             mask=mt[:, None] & mv[None, :])
+    tl.store(o + (r0 * HV + i_hv) * V + o_v, o0.to(o.dtype.element_ty), mask=mv)
+
+
 # The folded form's defaults by dot precision: the apply kernel's V tile and the register caps of the
 # (per-head, per-V-tile) kernels, None for Triton's choice; the H200 sweeps' choices at 8 x 65 and
 # 32 x 65 (benchmarks/bench_wy_fold.py, RESULTS.md). With tf32x3 products a 168 cap lets an SM hold
@@ -260,16 +333,21 @@ def _gdn_wy_fold_apply_kernel(
 # spills under any cap (255 registers uncapped), so it has none. Other precisions take tf32x3's.
 FOLD_DEFAULTS = {"tf32x3": (32, (None, 168)), "bf16x3": (64, (None, None))}
 MAXNREG = None  # a (per-head, per-V-tile) pair here overrides FOLD_DEFAULTS' caps (the benchmarks set it)
+STREAM = False  # the root's step folded into the per-head kernel, S streamed over K in the per-V-tile one
+STREAM_BK = 64  # its K chunk
 
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
                   use_qk_l2norm, precision, poison, block_v=None, num_warps=4, solve_warps=4, fold=False,
-                  exact16="bf16x3", pdl=False):
+                  exact16="bf16x3", pdl=False, stream=None, block_k=None):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four. pdl (fold
     only; compiled kernels on Hopper or later): the apply kernel is launched with programmatic
-    dependent launch and runs its root step and loads while the fold kernel finishes."""
+    dependent launch and runs its root step and loads while the fold kernel finishes. stream (fold only;
+    None: STREAM): the fold kernel folds the root's step in too (ROOT), and the per-V-tile kernel
+    (_gdn_wy_fold_stream_kernel) multiplies the committed state itself, streamed over K in block_k-row
+    chunks (None: STREAM_BK)."""
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     fold_bv, caps = FOLD_DEFAULTS.get(precision, FOLD_DEFAULTS["tf32x3"])
@@ -282,7 +360,9 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
                           exact=_exact_mode(q, k, v, exact16, C.interpreting()),
                           use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
-                          solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps if MAXNREG is None else MAXNREG)
+                          solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps if MAXNREG is None else MAXNREG,
+                          stream=STREAM if stream is None else bool(stream),
+                          BKC=min(block_k or STREAM_BK, BK))
     Wm = C.scratch((B, HV, BT, BT), torch.float32, v.device)
     Pm = C.scratch(Wm.shape, torch.float32, v.device)
     Ad = C.scratch((B, HV, BT), torch.float32, v.device)
@@ -307,19 +387,29 @@ def _in_order(first, second):
 
 
 def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
-               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, caps):
+               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, caps, stream, BKC):
     Qe = C.scratch((B, HV, BT, BK), torch.float32, v.device)
     Ve = C.scratch((B, HV, BT, BT), torch.float32, v.device)
+    if stream:
+        Cv, Q0, C0 = (C.scratch(shape, torch.float32, v.device) for shape in ((B, HV, BT), (B, HV, BK), (B, HV)))
+    else:  # unused pointers
+        Cv = Q0 = C0 = checks.constant("dummy", 1, v.device, torch.float32)
     # the per-head ready flags (pdl only; otherwise an unused pointer: no allocation, no memset per call)
     ready = (C.scratch((B * HV,), torch.int32, v.device) if pdl else
              checks.constant("dummy", 1, v.device, torch.int32))
-    fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, ready=ready, T=T, scale=scale,
-                NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
-                EXACT=exact, PRECISION=precision, PDL=pdl, num_warps=solve_warps)
-    apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, ready=ready,
-                 state=state, state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
-                 L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl, STATE_VK=C.state_vk(state),
-                 num_warps=num_warps)
+    fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, Cv=Cv, Q0=Q0, C0=C0,
+                ready=ready, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused,
+                L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=exact, PRECISION=precision, PDL=pdl, ROOT=stream,
+                num_warps=solve_warps)
+    if stream:
+        apply = dict(v=v.contiguous(), Qe=Qe, Ve=Ve, Cv=Cv, Q0=Q0, C0=C0, ready=ready, state=state, state_idx=idx, o=o,
+                     T=T, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, BKC=BKC, EXACT=exact, PRECISION=precision, PDL=pdl,
+                     STATE_VK=C.state_vk(state), num_warps=num_warps)
+    else:
+            apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, ready=ready,
+                     state=state, state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                     FUSED=fused, L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl,
+                     STATE_VK=C.state_vk(state), num_warps=num_warps)
     if pdl:
         apply["launch_pdl"] = True
     for kw, cap in zip((fold, apply), caps):
@@ -332,8 +422,10 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
         def first():
             ready.zero_()
             fold_alone()
-    launch = _in_order(first, bind(_gdn_wy_fold_apply_kernel, (C.cdiv(V, BV), B * HV), apply))
-    launch.scratch = (Qe, Ve)  # what the second kernel reads from the first (the PDL test poisons it)
+    second = _gdn_wy_fold_stream_kernel if stream else _gdn_wy_fold_apply_kernel
+    launch = _in_order(first, bind(second, (C.cdiv(V, BV), B * HV), apply))
+    # what the second kernel reads from the first (the PDL test poisons it)
+    launch.scratch = (Qe, Ve) + ((Cv, Q0, C0) if stream else ())
     return launch, o
 
 
