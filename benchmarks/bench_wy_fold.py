@@ -106,7 +106,8 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None, cases_only=False):
                                                                           planner(common, None))}
     if len(got) == 4:
         s, a = got["fold kernel with the root folded in (per head)"], got["streaming apply kernel (per V tile)"]
-        c = dict(a, **s, maxnreg=(s.pop("maxnreg"), a.pop("maxnreg")))
+        caps = (s.pop("maxnreg"), a.pop("maxnreg"))
+        c = dict(a, **s, maxnreg=caps)
         cases["fold + apply, root folded, S streamed, best of each"] = ("wy", [c], planner(common, None))
         cases["fold + apply, root folded, S streamed, best of each, PDL"] = ("wy", [dict(c, pdl=True)],
                                                                              planner(common, None))
