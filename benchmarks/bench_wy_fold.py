@@ -1,11 +1,15 @@
 """The folded WY form's two kernels, alone and together, over a wider configuration sweep than
 bench_gdn_kernels.py (issue #13: <= 100 us at 8 x 65, <= 350 us at 32 x 65 on the H200): value
-tile, warps and a register cap (gpu_backend.triton_wy_split.MAXNREG) for each kernel, printing the
+tile, warps and a register cap (gpu_backend.triton_wy_split.MAXNREG) for each kernel, with the root's
+step folded into the weights (fold_root, the per-V-tile kernel's K chunk swept) and without, printing the
 registers, spills and shared memory of each compiled kernel (what bounds how many programs an SM
 holds); then the two together at the best configuration of each and at the defaults, with and
 without programmatic dependent launch, and their error against the float64 oracle.
 
-Variants measured with this script and since removed (results/2026-11-30-h200-bench-wy-fold-*.txt):
+Variants measured with this script and since removed (results/2026-11-30-h200-bench-wy-fold-*.txt,
+2026-12-02-h200-bench-wy-fold-halves-e0fabf5.txt): the per-head kernel in two halves of the block (two
+[32, 32] doubling chains, Y_21 = (P_21 + Y_22 N_21) W_11: a third of the products, 45.7 us against 41.6 at
+8 x 65, e0fabf5);
 a second kernel that streamed the root state over K in chunks (62 / 219 us against 55 / 182 at
 8 x 65 / 32 x 65, d6b9890); the doubling rounds in sequence (square, then multiply) rather than
 paired, and the raw q, k loaded again after the solve (bfc0150).
@@ -35,7 +39,7 @@ from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy, plan_wy
 from ddsim.measure.compare import rel_error
 
 SOLVE = [dict(solve_warps=sw, maxnreg=r) for sw in (4, 8) for r in (None, 168)]
-STREAM = [dict(stream=True, block_v=bv, block_k=bk, num_warps=nw, maxnreg=None) for bv in (32, 64, 128)
+ROOT = [dict(fold_root=True, block_v=bv, block_k=bk, num_warps=nw, maxnreg=None) for bv in (32, 64, 128)
           for bk in (32, 64, 128) for nw in (4, 8)]
 
 
@@ -89,27 +93,28 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None, cases_only=False):
     nbytes, flops = kernel_bytes(B, T), kernel_flops(B, T)
     kw = dict(progress=lambda r: print(f"# {B}x{T} {r['kernel']}: {r['us']:.1f} us {r['config']}", flush=True),
               flops=flops, flop_rate=rate, timer=timer or resources)
-    # each kernel alone: the per-head kernel with and without the root's step folded in (stream), the
-    # per-V-tile kernel as the root-step form at its default and as the streaming form over its sweep
+    # each kernel alone: the per-head kernel with and without the root's step folded in (fold_root), the
+    # per-V-tile kernel taking the root's step at its former default and multiplying S itself over its sweep
     rows = [] if cases_only else sweep(B, T, {
-        "fold kernel (per head)": ("wy", SOLVE, planner(common, 0)),
-        "fold kernel with the root folded in (per head)": ("wy", [dict(c, stream=True) for c in SOLVE],
+        "fold kernel (per head)": ("wy", [dict(c, fold_root=False) for c in SOLVE], planner(common, 0)),
+        "fold kernel with the root folded in (per head)": ("wy", [dict(c, fold_root=True) for c in SOLVE],
                                                            planner(common, 0)),
-        "apply kernel (per V tile)": ("wy", [dict(block_v=64, num_warps=4, maxnreg=None)], planner(common, 1)),
-        "streaming apply kernel (per V tile)": ("wy", STREAM, planner(common, 1))}, nbytes, bw, **kw)
+        "apply kernel (per V tile)": ("wy", [dict(fold_root=False, block_v=64, num_warps=4, maxnreg=None)],
+                                       planner(common, 1)),
+        "apply kernel of the folded root (per V tile)": ("wy", ROOT, planner(common, 1))}, nbytes, bw, **kw)
     got = {r["kernel"]: dict(r["config"]) for r in rows}
     # the tf32x3, register-cap and 32-wide-tile cases of the runs before: results/2026-11-30-h200-bench-wy-fold-*.txt
     cases = {"fold + apply, defaults": ("wy", [{}], planner(common, None)),
              "fold + apply, defaults, PDL": ("wy", [dict(pdl=True)], planner(common, None)),
-             "fold + apply, root folded, S streamed, its defaults": ("wy", [dict(stream=True)], planner(common, None)),
-             "fold + apply, root folded, S streamed, its defaults, PDL": ("wy", [dict(stream=True, pdl=True)],
-                                                                          planner(common, None))}
+             "fold + apply, root step per V tile (the default before)": ("wy", [dict(fold_root=False)],
+                                                                         planner(common, None)),
+             "fold + apply, root step per V tile, PDL": ("wy", [dict(fold_root=False, pdl=True)], planner(common, None))}
     if len(got) == 4:
-        s, a = got["fold kernel with the root folded in (per head)"], got["streaming apply kernel (per V tile)"]
+        s, a = got["fold kernel with the root folded in (per head)"], got["apply kernel of the folded root (per V tile)"]
         caps = (s.pop("maxnreg"), a.pop("maxnreg"))
         c = dict(a, **s, maxnreg=caps)
-        cases["fold + apply, root folded, S streamed, best of each"] = ("wy", [c], planner(common, None))
-        cases["fold + apply, root folded, S streamed, best of each, PDL"] = ("wy", [dict(c, pdl=True)],
+        cases["fold + apply, root folded, best of each"] = ("wy", [c], planner(common, None))
+        cases["fold + apply, root folded, best of each, PDL"] = ("wy", [dict(c, pdl=True)],
                                                                              planner(common, None))
     return rows + sweep(B, T, cases, nbytes, bw, **kw)
 
@@ -124,11 +129,11 @@ def accuracy(device="cuda", B=2, T=65, H=4, HV=8, K=128, V=128, seed=1):
         for mode in ("exact", "leaky"):
             ref = oracle.gdn_tree_verify(**{k: x.cpu() for k, x in qkv.items()}, parents=parents,
                                          initial_state=inp["initial_state"].cpu(), mode=mode)
-            for prec, stream in ((None, False), (None, True), ("tf32x3", True), ("bf16x3", True), ("tf32", True)):
+            for prec, root in ((None, False), (None, True), ("tf32x3", True), ("bf16x3", True), ("tf32", True)):
                 o = gdn_tree_verify_wy(**qkv, parents=parents.to(device), initial_state=inp["initial_state"],
-                                       mode=mode, design="fold", precision=prec, stream=stream)
+                                       mode=mode, design="fold", precision=prec, fold_root=root)
                 lines.append(f"| {str(dtype).replace('torch.', '')} | {mode} | {prec or 'default'} | "
-                             f"{'root folded, S streamed' if stream else 'root step per V tile'} | "
+                             f"{'root folded' if root else 'root step per V tile'} | "
                              f"{rel_error(o.cpu(), ref):.2e} | "
                              f"{rel_error(ref.to(dtype), ref) if dtype != torch.float32 else 0.0:.2e} | "
                              f"{100 * off_rounded(o, ref) if dtype != torch.float32 else float('nan'):.2f} |")

@@ -28,7 +28,7 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 SHAPE = dict(H=16, HV=48, K=128, BT=64, BK=128, FUSED=False, L2NORM=True, PRECISION="tf32x3")  # Qwen3.6-27B GDN
 FOLD = dict(q="*bf16", k="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", mask="*i8", Qe="*fp32",
             Ve="*fp32", Cv="*fp32", Q0="*fp32", C0="*fp32", ready="*i32", T="i32", scale="fp32", NSTEP="i32")
-STREAM = dict(v="*bf16", Qe="*fp32", Ve="*fp32", Cv="*fp32", Q0="*fp32", C0="*fp32", ready="*i32", state="*fp32",
+ROOT_APPLY = dict(v="*bf16", Qe="*fp32", Ve="*fp32", Cv="*fp32", Q0="*fp32", C0="*fp32", ready="*i32", state="*fp32",
               state_idx="*i32", o="*bf16", T="i32")
 APPLY = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", Qe="*fp32",
              Ve="*fp32", ready="*i32", state="*fp32", state_idx="*i32", o="*bf16", T="i32", scale="fp32")
@@ -102,8 +102,8 @@ if __name__ == "__main__":
                         cap))
     for bv in (32, 64, 128):
         for bk in (32, 64, 128):
-            print(f"streaming apply kernel (per V tile), {bv}-wide tiles, {bk}-row K chunks, 4 warps: "
-                  + usage(ws._gdn_wy_fold_stream_kernel, STREAM,
+            print(f"apply kernel of the folded root (per V tile), {bv}-wide tiles, {bk}-row K chunks, 4 warps: "
+                  + usage(ws._gdn_wy_fold_root_apply_kernel, ROOT_APPLY,
                           dict(H=16, HV=48, K=128, V=128, BT=64, BK=128, BV=bv, BKC=bk, EXACT=2, PRECISION="tf32x3",
                                PDL=False, STATE_VK=False), 4))
     for what, name in enumerate(("one tf32x3 64 x 64 product", "a paired round (Triton's tf32x3)",

@@ -155,7 +155,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
             use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
             A_log=None, dt_bias=None, block_v: int | None = None, num_warps: int | None = None,
             precision: str | None = None, poison: bool | None = None, design: str = "auto", solve_warps: int = 4,
-            exact16: str = "bf16x3", pdl: bool = False, stream: bool | None = None, block_k: int | None = None):
+            exact16: str = "bf16x3", pdl: bool = False, fold_root: bool | None = None, block_k: int | None = None):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
     kernel; "split": the value-independent half once per head (triton_wy_split); "fold": the same with
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
@@ -205,7 +205,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
                              idx=idx, scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, use_qk_l2norm=use_qk_l2norm,
                              precision=precision, poison=poison, block_v=block_v, num_warps=num_warps,
                              solve_warps=solve_warps, fold=design == "fold", exact16=exact16, pdl=pdl,
-                             stream=stream, block_k=block_k)
+                             fold_root=fold_root, block_k=block_k)
     block_v, num_warps = block_v or 64, num_warps or 8
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK, BV = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))

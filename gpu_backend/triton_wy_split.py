@@ -273,7 +273,7 @@ def _gdn_wy_fold_apply_kernel(
 
 
 @triton.jit
-def _gdn_wy_fold_stream_kernel(
+def _gdn_wy_fold_root_apply_kernel(
     v, Qe, Ve, Cv, Q0, C0, ready,  # v [B*T, HV, V]; the rest from the fold kernel with ROOT
     state, state_idx, o,
     T,
@@ -283,7 +283,8 @@ def _gdn_wy_fold_stream_kernel(
 ):
     # The per-V-tile half with the root's step folded into the weights (the fold kernel's ROOT):
     #   O = Qe' S + Ve V + c v_0^T,   o_0 = S^T q_0' + c_0 v_0,
-    # S the committed state [K, BV], streamed over K in BKC-row chunks (no recurrent step needs it whole).
+    # S the committed state [K, BV], read in BKC-row chunks (no recurrent step needs it whole; the H200's
+    # fastest chunk was all of K: RESULTS.md).
     i_v, i_b, i_hv, _ = h.head_coords(H, HV)
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -325,32 +326,32 @@ def _gdn_wy_fold_stream_kernel(
     tl.store(o + (r0 * HV + i_hv) * V + o_v, o0.to(o.dtype.element_ty), mask=mv)
 
 
-# The folded form's defaults by dot precision: the apply kernel's V tile and the register caps of the
-# (per-head, per-V-tile) kernels, None for Triton's choice; the H200 sweeps' choices at 8 x 65 and
-# 32 x 65 (benchmarks/bench_wy_fold.py, RESULTS.md). With tf32x3 products a 168 cap lets an SM hold
-# three 4-warp programs of 32-wide tiles (212 registers uncapped: two); with bf16x3 ones 64-wide tiles
-# uncapped measured fastest at both shapes (80.7 / 234.4 us against 83.2 / 253.2). The per-head kernel
-# spills under any cap (255 registers uncapped), so it has none. Other precisions take tf32x3's.
-FOLD_DEFAULTS = {"tf32x3": (32, (None, 168)), "bf16x3": (64, (None, None))}
+# The folded form's defaults by dot precision: the apply kernel's V tile, the register caps of the
+# (per-head, per-V-tile) kernels (None for Triton's choice) and whether the root's step is folded into the
+# weights (fold_root); the H200 sweeps' choices at 8 x 65 and 32 x 65 (benchmarks/bench_wy_fold.py,
+# RESULTS.md). With tf32x3 products a 168 cap lets an SM hold three 4-warp programs of 32-wide tiles (212
+# registers uncapped: two); with bf16x3 ones 64-wide tiles uncapped measured fastest at both shapes (80.7 /
+# 234.4 us against 83.2 / 253.2), and the root folded in with all of K in one chunk 76.5 / 223.5 against
+# 81.1 / 235.4 (fold_root was not measured with tf32x3). The per-head kernel spills under any cap (255
+# registers uncapped), so it has none. Other precisions take tf32x3's.
+FOLD_DEFAULTS = {"tf32x3": (32, (None, 168), False), "bf16x3": (64, (None, None), True)}
 MAXNREG = None  # a (per-head, per-V-tile) pair here overrides FOLD_DEFAULTS' caps (the benchmarks set it)
-STREAM = False  # the root's step folded into the per-head kernel, S streamed over K in the per-V-tile one
-STREAM_BK = 64  # its K chunk
 
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
                   use_qk_l2norm, precision, poison, block_v=None, num_warps=4, solve_warps=4, fold=False,
-                  exact16="bf16x3", pdl=False, stream=None, block_k=None):
+                  exact16="bf16x3", pdl=False, fold_root=None, block_k=None):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four. pdl (fold
     only; compiled kernels on Hopper or later): the apply kernel is launched with programmatic
-    dependent launch and runs its root step and loads while the fold kernel finishes. stream (fold only;
-    None: STREAM): the fold kernel folds the root's step in too (ROOT), and the per-V-tile kernel
-    (_gdn_wy_fold_stream_kernel) multiplies the committed state itself, streamed over K in block_k-row
-    chunks (None: STREAM_BK)."""
+    dependent launch and runs its root step and loads while the fold kernel finishes. fold_root (fold only;
+    None: FOLD_DEFAULTS' choice for the precision): the fold kernel folds the root's step in too (ROOT), and
+    the per-V-tile kernel (_gdn_wy_fold_root_apply_kernel) multiplies the committed state itself, in
+    block_k-row chunks of K (None: all of K)."""
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
-    fold_bv, caps = FOLD_DEFAULTS.get(precision, FOLD_DEFAULTS["tf32x3"])
+    fold_bv, caps, root = FOLD_DEFAULTS.get(precision, FOLD_DEFAULTS["tf32x3"])
     BV = min(block_v or (fold_bv if fold else 32), max(16, C.next_pow2(V, 1)))
     # Triton's interpreter multiplies bf16 tiles as raw bits (fp16 is right): there bf16 takes the fp32 path
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
@@ -361,8 +362,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                           exact=_exact_mode(q, k, v, exact16, C.interpreting()),
                           use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
                           solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps if MAXNREG is None else MAXNREG,
-                          stream=STREAM if stream is None else bool(stream),
-                          BKC=min(block_k or STREAM_BK, BK))
+                          root=root if fold_root is None else bool(fold_root), BKC=min(block_k or BK, BK))
     Wm = C.scratch((B, HV, BT, BT), torch.float32, v.device)
     Pm = C.scratch(Wm.shape, torch.float32, v.device)
     Ad = C.scratch((B, HV, BT), torch.float32, v.device)
@@ -387,10 +387,10 @@ def _in_order(first, second):
 
 
 def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
-               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, caps, stream, BKC):
+               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, caps, root, BKC):
     Qe = C.scratch((B, HV, BT, BK), torch.float32, v.device)
     Ve = C.scratch((B, HV, BT, BT), torch.float32, v.device)
-    if stream:
+    if root:
         Cv, Q0, C0 = (C.scratch(shape, torch.float32, v.device) for shape in ((B, HV, BT), (B, HV, BK), (B, HV)))
     else:  # unused pointers
         Cv = Q0 = C0 = checks.constant("dummy", 1, v.device, torch.float32)
@@ -399,9 +399,9 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
              checks.constant("dummy", 1, v.device, torch.int32))
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, Cv=Cv, Q0=Q0, C0=C0,
                 ready=ready, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused,
-                L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=exact, PRECISION=precision, PDL=pdl, ROOT=stream,
+                L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=exact, PRECISION=precision, PDL=pdl, ROOT=root,
                 num_warps=solve_warps)
-    if stream:
+    if root:
         apply = dict(v=v.contiguous(), Qe=Qe, Ve=Ve, Cv=Cv, Q0=Q0, C0=C0, ready=ready, state=state, state_idx=idx, o=o,
                      T=T, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, BKC=BKC, EXACT=exact, PRECISION=precision, PDL=pdl,
                      STATE_VK=C.state_vk(state), num_warps=num_warps)
@@ -422,10 +422,10 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
         def first():
             ready.zero_()
             fold_alone()
-    second = _gdn_wy_fold_stream_kernel if stream else _gdn_wy_fold_apply_kernel
+    second = _gdn_wy_fold_root_apply_kernel if root else _gdn_wy_fold_apply_kernel
     launch = _in_order(first, bind(second, (C.cdiv(V, BV), B * HV), apply))
     # what the second kernel reads from the first (the PDL test poisons it)
-    launch.scratch = (Qe, Ve) + ((Cv, Q0, C0) if stream else ())
+    launch.scratch = (Qe, Ve) + ((Cv, Q0, C0) if root else ())
     return launch, o
 
 

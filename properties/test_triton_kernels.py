@@ -236,22 +236,29 @@ def test_triton_commit_with_a_tree_plan_equals_raw_parents(inp, data):
             assert row == list(t.root_path(n))
 
 
-@settings(max_examples=12)
+@settings(max_examples=16)
 @given(gdn_inputs(max_nodes=40, ks=(3, 5, 24, 40)), st.sampled_from(["exact", "leaky"]),
        st.sampled_from([torch.float32, torch.float16]),
-       st.sampled_from(["split", "fold"]))
-@example(_long_example(T=40), "exact", torch.float32, "split")
-@example(_long_example(T=33), "leaky", torch.float16, "split")
-@example(_long_example(T=40), "exact", torch.float16, "fold")
-@example(_long_example(T=33), "leaky", torch.float32, "fold")
-def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design):
-    """The two-kernel WY forms on trees of up to 40 nodes (a 64-row block, several doubling rounds)."""
+       st.sampled_from(["split", "fold", "fold-root"]), st.sampled_from([16, None]), st.booleans())
+@example(_long_example(T=40), "exact", torch.float32, "split", None, False)
+@example(_long_example(T=33), "leaky", torch.float16, "split", None, False)
+@example(_long_example(T=40), "exact", torch.float16, "fold", None, False)
+@example(_long_example(T=33), "leaky", torch.float32, "fold", None, True)
+@example(_long_example(T=40), "exact", torch.float16, "fold-root", 16, True)
+@example(_long_example(T=33), "leaky", torch.float32, "fold-root", None, False)
+def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design, block_k, vk):
+    """The two-kernel WY forms on trees of up to 40 nodes (a 64-row block, several doubling rounds); "fold-root"
+    the folded form with the root's step folded into the weights, reading the committed state in block_k-row
+    chunks of K; the pool contiguous or SGLang's seen through a transpose (vk)."""
     from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
     args = _cast(inp, dtype)
     pool, slots = _pool(inp)
+    if vk:
+        pool = pool.transpose(-1, -2).contiguous().transpose(-1, -2)
     before = pool.clone()
+    root = dict(fold_root=design == "fold-root", block_k=block_k) if design != "split" else {}
     o = gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), initial_state=pool, state_indices=slots, mode=mode,
-                           design=design, block_v=16)
+                           design=design.removesuffix("-root"), block_v=16, **root)
     ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
     assert_close(f"o ({design}, {mode})", o, ref, dtype=dtype, slack=5)
     assert torch.equal(pool, before)
@@ -414,9 +421,10 @@ def test_full_size_bf16_verify_at_the_defaults_loses_only_the_rounding(B, T):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
     """What design "auto" launches for a batch, resolved as compiled (nothing launches): with bf16 inputs
-    (bf16x3) the folded form's apply kernel takes 64-wide V tiles and no register caps, and past one block
-    the split form is not folded; with fp32 inputs (tf32x3) 32-wide tiles with the apply kernel capped at
-    168, and past one block folded (triton_wy_split.FOLD_DEFAULTS, RESULTS.md)."""
+    (bf16x3) the root's step is folded into the weights, the apply kernel of the folded root takes 64-wide V
+    tiles, all of K in one chunk and no register caps, and past one block the split form is not folded; with
+    fp32 inputs (tf32x3) the root's step stays in the apply kernel, 32-wide tiles capped at 168, and past one
+    block folded (triton_wy_split.FOLD_DEFAULTS, RESULTS.md)."""
     from ddsim.bench.bench import ddtree_batch, kernel_inputs
     from ddsim.gpu_backend import triton_wy_blocked as wb
     from ddsim.gpu_backend import triton_wy_split as ws
@@ -436,9 +444,12 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
         kws = dict(got)
         assert {kw["PRECISION"] for kw in kws.values()} == {"bf16x3" if bf16 else "tf32x3"}
         if T == 65:
-            assert set(kws) == {"_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel"}
-            apply = kws["_gdn_wy_fold_apply_kernel"]
+            second = "_gdn_wy_fold_root_apply_kernel" if bf16 else "_gdn_wy_fold_apply_kernel"
+            assert set(kws) == {"_gdn_wy_fold_kernel", second}
+            apply = kws[second]
             assert apply["BV"] == (64 if bf16 else 32) and apply.get("maxnreg") == (None if bf16 else 168)
-            assert "maxnreg" not in kws["_gdn_wy_fold_kernel"]
+            assert kws["_gdn_wy_fold_kernel"]["ROOT"] is bf16 and "maxnreg" not in kws["_gdn_wy_fold_kernel"]
+            if bf16:
+                assert apply["BKC"] == 128
         else:
             assert kws["_gdn_wy_blocked_solve_kernel"]["FOLD"] is (not bf16)

@@ -36,7 +36,7 @@ def test_what_a_server_launches_compiles_for_blackwell(arch):
     ok = _compile("--arch", str(arch), "--set", "serving")
     assert len(ok) == 41, ok
     for name in ("_gdn_wy_kernel", "_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel", "_gdn_wy_fold_kernel",
-                 "_gdn_wy_fold_apply_kernel", "_gdn_wy_blocked_diag_kernel", "_gdn_wy_blocked_solve_kernel",
+                 "_gdn_wy_fold_root_apply_kernel", "_gdn_wy_blocked_diag_kernel", "_gdn_wy_blocked_solve_kernel",
                  "_gdn_wy_blocked_apply_kernel", *OTHERS):
         assert any(name in line for line in ok), name
 
@@ -45,7 +45,8 @@ def test_every_triton_kernel_compiles_for_sm90():
     ok = _compile("--arch", "90")
     # WY: 5 + 5 one-block launches, 7 + 7 past one block (bf16, fp32); the others: 30 launches
     assert len(ok) == 54, ok
-    for name in ("_gdn_wy_blocked_solve_kernel", "_gdn_wy_fold_kernel", "_gdn_recurrent_kernel", "_gdn_commit_kernel",
+    for name in ("_gdn_wy_blocked_solve_kernel", "_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel",
+                 "_gdn_wy_fold_root_apply_kernel", "_gdn_recurrent_kernel", "_gdn_commit_kernel",
                  "_tree_conv_kernel", "_conv_commit_kernel", "_mamba2_ssd_kernel", "_mamba2_commit_kernel",
                  "_kda_recurrent_kernel", "_kda_wy_kernel", "_kda_commit_kernel", "_mamba1_recurrent_kernel",
                  "_mamba1_commit_kernel", "_lightning_recurrent_kernel", "_lightning_masked_kernel",
