@@ -15,6 +15,12 @@ apply   grid (V tiles, B * HV): the root's recurrent step S_r (as the one-kernel
           U = W diag(beta) (V - diag(A) K S_r),   O = diag(A) Q S_r scale + P U.
 
 The solve costs 2 (rounds - 1) products of [BT, BT] per head instead of 2 rounds per V tile.
+
+fold    (plan_wy_split's fold) the per-head kernel also turns W, P, the gates and K into the output's weights
+        on S_r and on v (Qe [BT, K], Ve [BT, BT]): O = Qe S_r + Ve V, two products per V tile.
+root    (fold_root, bf16x3's default) the root's recurrent step is folded into those weights too (Qe', the
+        weights c of v_0, and q_0', c_0 for the root's own output), so the per-V-tile kernel multiplies the
+        committed state S itself: O = Qe' S + Ve V + c v_0^T (derivation in _gdn_wy_fold_kernel).
 """
 from __future__ import annotations
 
