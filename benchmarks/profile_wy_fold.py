@@ -1,8 +1,9 @@
 """Where the folded WY form's two kernels spend their time, at Qwen3.6-27B GDN shapes (bf16 inputs):
 each kernel alone (do_bench, median us) for trees whose doubling chain is 0, 4 and 6 rounds long (a star
-under the root, DDTree trees of depth 15, the leaky chain mask), with the per-head kernel on the whole block
-and in two halves; with --ncu, one launch of each kernel for Nsight Compute to read (run under
-``ncu -k regex:_gdn_wy_fold``).
+under the root, DDTree trees of depth 15, the leaky chain mask), with the root's step in the second kernel and
+folded into the weights (fold_root); with --ncu, one launch of each kernel for Nsight Compute to read (run
+under ``ncu -k regex:_gdn_wy_fold``). (RESULTS.md's b7d178c run compared the per-head kernel on the whole
+block with a two-halves form since reverted.)
 
     python benchmarks/profile_wy_fold.py [--commit SHA] [--shapes 8x65,1x65] [--ncu]
 """
@@ -16,7 +17,7 @@ from ddsim.gpu_backend.triton_gdn import plan_wy
 TREES = ("star (0 rounds)", "DDTree, depth 15 (4 rounds)", "leaky chain (6 rounds)")
 
 
-def plans(B, T, halves):
+def plans(B, T, root):
     """{tree: the fold design's launch} for each tree kind in TREES."""
     inp = kernel_inputs(B, T)
     _, dd = ddtree_batch(B, T)
@@ -24,7 +25,8 @@ def plans(B, T, halves):
     out = {}
     for name, parents, mode in zip(TREES, (star, dd, dd), ("exact", "exact", "leaky")):
         launch, _ = plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
-                            initial_state=inp["initial_state"], mode=mode, design="fold", poison=False, halves=halves)
+                            initial_state=inp["initial_state"], mode=mode, design="fold", poison=False,
+                            fold_root=root)
         out[name] = launch
     return out
 
@@ -41,18 +43,18 @@ if __name__ == "__main__":
     print(cuda_header(a.commit))
     if a.ncu:
         for B, T in shapes:
-            for halves in (False, True):
-                launch = plans(B, T, halves)[TREES[1]]
+            for root in (False, True):
+                launch = plans(B, T, root)[TREES[1]]
                 for _ in range(3):
                     launch()
         torch.cuda.synchronize()
         raise SystemExit(0)
     from triton.testing import do_bench
-    print("| B x T | per-head kernel | tree | per-head kernel us | apply kernel us | both us |")
+    print("| B x T | the root's step | tree | per-head kernel us | second kernel us | both us |")
     print("|---|---|---|---|---|---|")
     for B, T in shapes:
-        for halves in (False, True):
-            for name, launch in plans(B, T, halves).items():
+        for root in (False, True):
+            for name, launch in plans(B, T, root).items():
                 ts = [do_bench(f, warmup=10, rep=50, return_mode="median") * 1e3 for f in (*launch.parts, launch)]
-                print(f"| {B}x{T} | {'two halves' if halves else 'whole block'} | {name} | {ts[0]:.1f} | {ts[1]:.1f} | "
+                print(f"| {B}x{T} | {'folded in' if root else 'per V tile'} | {name} | {ts[0]:.1f} | {ts[1]:.1f} | "
                       f"{ts[2]:.1f} |", flush=True)
