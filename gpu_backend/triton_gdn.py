@@ -162,7 +162,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     instead of four; "auto" takes what measured fastest on the H200 (benchmarks/RESULTS.md, bf16
     inputs): fused for one sequence of at most 17 nodes (12.4 us at 1x16 with bf16x3 products, 16.2-17.3
     with tf32x3), split for one sequence (29.6 us at 1x65; with tf32x3 32.1, fold 35.7), fold for a
-    batch (81 / 236 us at 8x65 / 32x65; with tf32x3 107-108 / 314-315, split 127.5 / 432.5). block_v
+    batch (71 / 220 us at 8x65 / 32x65 with the root's step folded in; with tf32x3 100-108 / 307-315, split
+    127.5 / 432.5). block_v
     / num_warps / solve_warps default to each design's sweep choice (triton_wy_split.FOLD_DEFAULTS for
     fold); precision: the input_precision of
     the products of fp32 operands (None: bf16x3 for 16-bit inputs, tf32x3 for fp32: _common.dot_precision;
