@@ -169,7 +169,10 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     the products of fp32 operands (None: bf16x3 for 16-bit inputs, tf32x3 for fp32: _common.dot_precision;
     the products by raw 16-bit q, k are single exact MMAs whatever it is); exact16: how the fold kernels
     multiply by the raw 16-bit k and v ("bf16x3", the default, or "tf32x2"); pdl: launch the folded
-    form's second kernel with programmatic dependent launch (Hopper or later; ignored by the others).
+    form's second kernel with programmatic dependent launch (Hopper or later; ignored by the others);
+    fold_root / block_k: whether the folded form folds the root's recurrent step into its weights too, so
+    that its second kernel multiplies the committed state directly (None: triton_wy_split.FOLD_DEFAULTS,
+    yes for bf16x3 products), and that kernel's K chunk (None: all of K).
     Past 65 nodes (triton_wy_blocked): "fused" is the one-kernel chunked form, "split" / "fold" the
     three-kernel split form unfolded / folded, "auto" the split form, folded for a batch with tf32x3
     products (triton_wy_blocked.plan_wy_blocked's fold=None)."""
