@@ -356,6 +356,8 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     None: FOLD_DEFAULTS' choice for the precision): the fold kernel folds the root's step in too (ROOT), and
     the per-V-tile kernel (_gdn_wy_fold_root_apply_kernel) multiplies the committed state itself, in
     block_k-row chunks of K (None: all of K)."""
+    if block_k is not None and (block_k < 16 or block_k & (block_k - 1)):
+        raise ValueError(f"block_k: expected a power of two >= 16, got {block_k}")
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     fold_bv, caps, root = FOLD_DEFAULTS.get(precision, FOLD_DEFAULTS["tf32x3"])

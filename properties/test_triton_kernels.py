@@ -337,7 +337,8 @@ def test_the_wy_launcher_refuses_unknown_options_before_any_work():
     inp = fixed_gdn_example()
     args = dict(**_cast(inp, torch.float32), parents=_dev(inp["parents"]), initial_state=_dev(inp["initial_state"]))
     for kw, what in ((dict(design="blocked"), "design"), (dict(precision="fp16"), "precision"),
-                     (dict(exact16="fp16x2"), "exact16"), (dict(exact16="fp16x2", design="split"), "exact16")):
+                     (dict(exact16="fp16x2"), "exact16"), (dict(exact16="fp16x2", design="split"), "exact16"),
+                     (dict(design="fold", block_k=24), "block_k"), (dict(design="fold", block_k=8), "block_k")):
         with pytest.raises(ValueError, match=what):
             plan_wy(**args, **kw)
 
