@@ -415,7 +415,7 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
                      T=T, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, BKC=BKC, EXACT=exact, PRECISION=precision, PDL=pdl,
                      STATE_VK=C.state_vk(state), num_warps=num_warps)
     else:
-            apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, ready=ready,
+        apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, ready=ready,
                      state=state, state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
                      FUSED=fused, L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl,
                      STATE_VK=C.state_vk(state), num_warps=num_warps)
