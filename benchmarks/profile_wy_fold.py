@@ -1,11 +1,13 @@
 """Where the folded WY form's two kernels spend their time, at Qwen3.6-27B GDN shapes (bf16 inputs):
 each kernel alone (do_bench, median us) for trees whose doubling chain is 0, 4 and 6 rounds long (a star
 under the root, DDTree trees of depth 15, the leaky chain mask), with the root's step in the second kernel and
-folded into the weights (fold_root); with --ncu, one launch of each kernel for Nsight Compute to read (run
-under ``ncu -k regex:_gdn_wy_fold``). (RESULTS.md's b7d178c run compared the per-head kernel on the whole
-block with a two-halves form since reverted.)
+folded into the weights (fold_root); with --ncu, three launches of each kernel for Nsight Compute to read
+(run under ``ncu -k regex:_gdn_wy``): the folded form both ways, or with --design auto what plan_wy's default
+launches at each shape (the one-kernel form at 1 x 16, the three kernels past one block, ...).
+(RESULTS.md's b7d178c run compared the per-head kernel on the whole block with a two-halves form since
+reverted.)
 
-    python benchmarks/profile_wy_fold.py [--commit SHA] [--shapes 8x65,1x65] [--ncu]
+    python benchmarks/profile_wy_fold.py [--commit SHA] [--shapes 8x65,1x65] [--ncu [--design auto]]
 """
 import argparse
 
@@ -36,6 +38,7 @@ if __name__ == "__main__":
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="8x65,1x65")
     ap.add_argument("--ncu", action="store_true", help="launch each kernel a few times, untimed (for ncu)")
+    ap.add_argument("--design", choices=["fold", "auto"], default="fold", help="with --ncu: the design launched")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
     if not torch.cuda.is_available():
@@ -43,8 +46,14 @@ if __name__ == "__main__":
     print(cuda_header(a.commit))
     if a.ncu:
         for B, T in shapes:
-            for root in (False, True):
-                launch = plans(B, T, root)[TREES[1]]
+            if a.design == "auto":
+                inp = kernel_inputs(B, T)
+                launches = [plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")},
+                                    parents=ddtree_batch(B, T)[1].cuda(), initial_state=inp["initial_state"],
+                                    poison=False)[0]]
+            else:
+                launches = [plans(B, T, root)[TREES[1]] for root in (False, True)]
+            for launch in launches:
                 for _ in range(3):
                     launch()
         torch.cuda.synchronize()
