@@ -1,9 +1,10 @@
 """The host's part of a CUDA-graph verify that grows with the tree: building its index tables on the CPU
 (ddsim.model.graphs.StaticPlan.load: the parents validated, the source order, the conv source table and the
-ancestor mask the WY kernels read): the whole plan as TreePlan builds it on the CPU (numpy), and its tables alone
-with gpu_backend.host_tables' numpy builders beside the torch builders they replaced there (gpu_backend.checks,
-what a plan on a GPU still runs), on DDTree trees of the budgets given (top-k 8, a random draft of depth 8).
-Median microseconds per tree, one torch thread.
+ancestor mask the WY kernels read, the root paths): a graph's StaticPlan.load itself (its four tables refilled,
+into CPU buffers here), the whole plan as TreePlan builds it on the CPU (numpy), and its tables alone with
+gpu_backend.host_tables' numpy builders beside the torch builders they replaced there (gpu_backend.checks, what a
+plan on a GPU still runs), on DDTree trees of the budgets given (top-k 8, a random draft of depth 8). Median
+microseconds per tree, one torch thread.
 
     python benchmarks/host_tables.py [--budgets 16,64] [--W 4] [--n 500] [--commit SHA]
 """
@@ -15,6 +16,7 @@ import torch
 
 from ddsim.cli import _budgets, _int_in, _Parser
 from ddsim.gpu_backend import checks
+from ddsim.model.graphs import StaticPlan
 from ddsim.trees.builders import ddtree
 
 
@@ -37,8 +39,9 @@ def main():
     torch.set_num_threads(1)
     print(f"# {time.strftime('%Y-%m-%d')} | {platform.processor() or platform.machine()} CPU | torch {torch.__version__} | "
           f"commit {a.commit}")
-    print("| nodes | depth | plan on the host (validated, numpy tables), us | the tables alone: numpy / torch ops, us |")
-    print("|---|---|---|---|")
+    print("| nodes | depth | StaticPlan.load (validated, 4 tables refilled), us | plan on the host (validated, numpy "
+          "tables), us | the tables alone: numpy / torch ops, us |")
+    print("|---|---|---|---|---|")
     for budget in a.budgets:
         tree = ddtree(torch.randn(8, 1000, generator=torch.Generator().manual_seed(budget)) * 3.0, budget, 8)
         parents = torch.tensor(tree.parents)[None]
@@ -53,7 +56,11 @@ def main():
                                        checks.host_tables.ancestor_mask(src.numpy())), a.n)
         torch_tables = median_us(lambda: (checks.conv_sources(src, a.W).to(torch.int32).contiguous(),
                                           checks.ancestor_mask(src)), a.n)
-        print(f"| {tree.size} | {int(tree.depths.max())} | {median_us(plan, a.n):.0f} | {np_tables:.0f} / "
+        static = StaticPlan(tree.size, "cpu", max_depth=int(tree.depths.max()))
+        static.load(tree)
+        static.src("exact"), static.conv_table("exact", a.W), static.ancestors("exact"), static.root_paths()
+        load = median_us(lambda: static.load(tree), a.n)
+        print(f"| {tree.size} | {int(tree.depths.max())} | {load:.0f} | {median_us(plan, a.n):.0f} | {np_tables:.0f} / "
               f"{torch_tables:.0f} |", flush=True)
 
 

@@ -6,6 +6,8 @@ builders' time on a 2-core CPU (benchmarks/host_tables.py). TreePlan takes them 
 torch ops build the tables in place. Each returns the same integers as its twin (tests/test_host_tables.py)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -50,3 +52,36 @@ def root_paths(mask: np.ndarray, depth: int) -> np.ndarray:
     idx = np.arange(T)
     first = np.sort(np.where(mask != 0, idx, idx + T), axis=-1)[..., : depth + 1]  # ancestors sort first
     return np.where(first < T, first, -1).astype(np.int32)
+
+
+
+def one_tree(parents: Sequence[int], width: int) -> tuple[np.ndarray, int, np.ndarray]:
+    """The exact-mode tables of one validated tree (node 0 the root, every parent an earlier node) in one pass
+    over its nodes, for a graph's verify that refills them every step (ddsim.model.graphs.StaticPlan): (int8
+    [T, T] ancestor-or-self mask, max depth, int32 [T, width] root paths, root first, padded with -1 to
+    ``width`` >= depth + 1). Each equals its batch builder's (ancestor_mask, root_paths of the parents;
+    tests/test_host_tables.py)."""
+    T = len(parents)
+    paths: list[tuple[int, ...]] = [()] * T
+    for t, p in enumerate(parents):
+        paths[t] = paths[p] + (t,) if p >= 0 else (t,)
+    lens = np.fromiter((len(x) for x in paths), np.int64, T)  # depth + 1
+    depth = int(lens.max()) - 1
+    if width < depth + 1:
+        raise ValueError(f"width: {width} columns hold no path of depth {depth}")
+    flat = np.fromiter((n for x in paths for n in x), np.int64, int(lens.sum()))  # every path, root first
+    rows = np.repeat(np.arange(T), lens)
+    cols = np.arange(flat.size) - np.repeat(np.cumsum(lens) - lens, lens)
+    table = np.full((T, width), -1, np.int32)
+    table[rows, cols] = flat
+    mask = np.zeros((T, T), np.int8)
+    mask[rows, flat] = 1
+    return mask, depth, table
+
+
+def path_conv_sources(paths: np.ndarray, W: int) -> np.ndarray:
+    """int32 [T, W]: conv_sources of one tree's parents from its root paths [T, width] (one_tree's, -1 padded):
+    lag l's input is the path's entry at depth - l, or past the root the window's (W - 1) - (l - depth)."""
+    pos = ((paths >= 0).sum(1) - 1)[:, None] - np.arange(W - 1, -1, -1)[None, :]  # [T, W], oldest first
+    node = np.take_along_axis(paths, np.maximum(pos, 0), 1)
+    return np.where(pos >= 0, node + (W - 1), (W - 1) + pos).astype(np.int32)

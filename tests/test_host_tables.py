@@ -3,6 +3,7 @@ CPU: every CUDA-graph verify's tables) against their torch twins (gpu_backend.ch
 integer for integer, on drawn batches of trees in both source orders; and the root paths against each node's path
 walked up its parents."""
 import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -75,3 +76,34 @@ def test_a_plan_on_the_cpu_serves_the_host_tables_as_a_gpu_plan_serves_its_own(p
                 n = int(parents[b, n])
             row = paths[b, i].tolist()
             assert row[:len(path)] == path[::-1] and all(x == -1 for x in row[len(path):])
+
+
+@given(parents=parent_batches(max_batch=1, max_nodes=70), W=st.integers(2, 5), extra=st.integers(0, 3))
+def test_one_tree_tables_equal_the_batch_builders(parents, W, extra):
+    """host_tables.one_tree (what a graph's StaticPlan refills every step) against the batch builders on one tree:
+    the same mask and depth, the root paths padded to any width past the depth, and the conv sources read off
+    the paths (path_conv_sources); a width the deepest path does not fit is refused."""
+    mask, depth = host_tables.ancestor_mask(parents.numpy())
+    got_mask, got_depth, paths = host_tables.one_tree(parents[0].tolist(), depth + 1 + extra)
+    assert got_mask.dtype == np.int8 and np.array_equal(got_mask, mask[0]) and got_depth == depth
+    want_paths = host_tables.root_paths(mask, depth)[0]
+    assert paths.dtype == np.int32 and paths.shape == (parents.shape[1], depth + 1 + extra)
+    assert np.array_equal(paths[:, :depth + 1], want_paths) and (paths[:, depth + 1:] == -1).all()
+    conv = host_tables.path_conv_sources(paths, W)
+    assert conv.dtype == np.int32 and np.array_equal(conv, host_tables.conv_sources(parents.numpy(), W)[0])
+    with pytest.raises(ValueError, match="width"):
+        host_tables.one_tree(parents[0].tolist(), depth)
+
+
+def test_one_tree_tables_at_serving_shapes():
+    """129 and 257 nodes: random trees and a chain as deep as the tree, conv window 4."""
+    gen = torch.Generator().manual_seed(1)
+    for T in (129, 257):
+        for parents in ([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)],
+                        [-1] + list(range(T - 1))):
+            src = np.asarray([parents])
+            mask, depth = host_tables.ancestor_mask(src)
+            got_mask, got_depth, paths = host_tables.one_tree(parents, T)
+            assert np.array_equal(got_mask, mask[0]) and got_depth == depth
+            assert np.array_equal(paths[:, :depth + 1], host_tables.root_paths(mask, depth)[0])
+            assert np.array_equal(host_tables.path_conv_sources(paths, 4), host_tables.conv_sources(src, 4)[0])

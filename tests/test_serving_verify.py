@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ddsim.errors import InputError
+from ddsim.gpu_backend.checks import TreePlan
 from ddsim.measure.compare import assert_per_node_close
 from ddsim.model.config import get_preset
 from ddsim.model.graphs import GraphedModel, StaticPlan, prefix_capacity, wy_rounds
@@ -306,6 +307,37 @@ def test_static_plan_refuses_what_its_graphs_cannot_replay():
     paths = plan.root_paths()[0]  # padded to max_depth + 1 = 5 entries
     assert paths.shape == (8, 5) and paths[7].tolist() == [0, 1, 2, 5, 7]
     assert paths[0].tolist() == [0, -1, -1, -1, -1]
+
+
+def test_a_refilled_static_plan_serves_a_fresh_plans_tables():
+    """StaticPlan.load refills the tables its graphs read (the exact ones built in one pass over the tree,
+    host_tables.one_tree; another mode's by the batch builders): after each load of a run of random trees and
+    chains they equal a fresh TreePlan's, the root paths padded to max_depth + 1. (A mask's depth stays the
+    first tree's: only its number of WY rounds must match, and load refuses a tree where it would not.)"""
+    gen = torch.Generator().manual_seed(3)
+    T, max_depth = 12, 11
+    plan = StaticPlan(T, "cpu", max_depth=max_depth)
+    loaded = 0
+    for n in range(24):
+        parents = [-1] + ([int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)] if n % 4 else
+                          list(range(T - 1)))  # every fourth a chain: depth T - 1
+        try:
+            plan.load(Tree(parents, list(range(T))))
+        except InputError as e:  # another number of WY rounds than the plan's first tree: refused
+            assert "WY rounds" in str(e)
+            continue
+        loaded += 1
+        fresh = TreePlan(torch.tensor([parents]))
+        for mode in ("exact", "leaky"):
+            assert torch.equal(plan.src(mode), fresh.src(mode))
+            for W in (2, 4):
+                assert torch.equal(plan.conv_table(mode, W), fresh.conv_table(mode, W))
+            (mask, depth), (want, want_depth) = plan.ancestors(mode), fresh.ancestors(mode)
+            assert torch.equal(mask, want) and wy_rounds(depth) == wy_rounds(want_depth)
+        paths, want = plan.root_paths(), fresh.root_paths()
+        assert paths.shape == (1, T, max_depth + 1) and torch.equal(paths[..., :want.shape[-1]], want)
+        assert (paths[..., want.shape[-1]:] == -1).all()
+    assert loaded >= 6  # the first tree's rounds came round again and again
 
 
 def test_prefix_capacity_is_a_power_of_two_of_at_least_256():
