@@ -3,7 +3,9 @@ checks.root_paths_of, which build them with torch ops. On a few dozen nodes each
 verify builds its tree's tables on the host every step (ddsim.model.graphs.StaticPlan): about 1.3 ms of a 27B
 verify's 1.1-1.8 ms host part on an H200's host, under the profiler; these take a sixth to a quarter of the torch
 builders' time on a 2-core CPU (benchmarks/host_tables.py). TreePlan takes them for parents on the CPU; on a GPU the
-torch ops build the tables in place. Each returns the same integers as its twin (tests/test_host_tables.py)."""
+torch ops build the tables in place. Each returns the same integers as its twin (tests/test_host_tables.py).
+one_tree and path_conv_sources build one tree's exact-mode tables in one pass over its nodes, what a graph's
+StaticPlan refills every step (about half the batch builders' time there); tested against the batch builders."""
 from __future__ import annotations
 
 from collections.abc import Sequence
