@@ -56,7 +56,6 @@ def root_paths(mask: np.ndarray, depth: int) -> np.ndarray:
     return np.where(first < T, first, -1).astype(np.int32)
 
 
-
 def one_tree(parents: Sequence[int], width: int) -> tuple[np.ndarray, int, np.ndarray]:
     """The exact-mode tables of one validated tree (node 0 the root, every parent an earlier node) in one pass
     over its nodes, for a graph's verify that refills them every step (ddsim.model.graphs.StaticPlan): (int8

@@ -119,7 +119,7 @@ class StaticPlan(gb.TreePlan):
             return h.src(key[1])
         if key[0] != "paths" and key[1] != "exact":  # another mode's sources: the batch builders
             return h.conv_table(key[1], key[2]) if key[0] == "conv" else h.ancestors(key[1])
-        if self._tables is None:  # the exact tables in one pass over the tree (a third of the batch builders' time)
+        if self._tables is None:  # the exact tables in one pass over the tree (the load in about half its time before)
             self._tables = host_tables.one_tree(self._tree, self.max_depth + 1)
         mask, depth, paths = self._tables  # [T, T], int, [T, max_depth + 1]
         if key[0] == "conv":
