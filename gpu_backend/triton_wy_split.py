@@ -243,6 +243,23 @@ def _gdn_wy_fold_kernel(
 
 
 @triton.jit
+def _wait_for_fold(ready, i_bh, PDL: tl.constexpr):
+    """PDL: spin until head i_bh's fold program has published its weights (its ready flag, acquired)."""
+    if PDL:
+        while tl.atomic_add(ready + i_bh, 0, sem="acquire", scope="gpu") == 0:
+            pass
+
+
+@triton.jit
+def _from_fold(ptrs, PDL: tl.constexpr):
+    """A load of what the fold kernel wrote: with PDL by a grid still running, so read past L1 (.cg)."""
+    if PDL:
+        return tl.load(ptrs, cache_modifier=".cg")
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
 def _gdn_wy_fold_apply_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     Qe, Ve, ready,  # from the fold kernel
@@ -265,14 +282,9 @@ def _gdn_wy_fold_apply_kernel(
                   other=0.0)  # [BT, BV] in v's dtype
     i_bh = i_b * HV + i_hv
     base = i_bh.to(tl.int64) * BT
-    if PDL:
-        while tl.atomic_add(ready + i_bh, 0, sem="acquire", scope="gpu") == 0:
-            pass
-        Qm = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :], cache_modifier=".cg")
-        Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :], cache_modifier=".cg")
-    else:
-        Qm = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :])
-        Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
+    _wait_for_fold(ready, i_bh, PDL)
+    Qm = _from_fold(Qe + (base + o_t[:, None]) * BK + o_k[None, :], PDL)
+    Vm = _from_fold(Ve + (base + o_t[:, None]) * BT + o_t[None, :], PDL)
     b_o = tl.dot(Qm, s0, _dot_exact_rhs(Vm, b_v, tl.zeros([BT, BV], tl.float32), EXACT, PRECISION),
                  input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
@@ -304,28 +316,18 @@ def _gdn_wy_fold_root_apply_kernel(
     slot = tl.load(state_idx + i_b)
     i_bh = i_b * HV + i_hv
     base = i_bh.to(tl.int64) * BT
-    if PDL:  # the fold kernel's weights of this head: written by another grid, read past L1
-        while tl.atomic_add(ready + i_bh, 0, sem="acquire", scope="gpu") == 0:
-            pass
-        Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :], cache_modifier=".cg")
-        c = tl.load(Cv + base + o_t, cache_modifier=".cg")
-        c0 = tl.load(C0 + i_bh, cache_modifier=".cg")
-    else:
-        Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
-        c = tl.load(Cv + base + o_t)
-        c0 = tl.load(C0 + i_bh)
+    _wait_for_fold(ready, i_bh, PDL)
+    Vm = _from_fold(Ve + (base + o_t[:, None]) * BT + o_t[None, :], PDL)
+    c = _from_fold(Cv + base + o_t, PDL)
+    c0 = _from_fold(C0 + i_bh, PDL)
     acc = _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION)
     o0 = c0 * v0
     for kc in range(0, BK, BKC):
         o_k = kc + tl.arange(0, BKC)
         S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=(o_k < K)[:, None] & mv[None, :],
                     other=0.0)
-        if PDL:
-            Qc = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :], cache_modifier=".cg")
-            q0 = tl.load(Q0 + i_bh.to(tl.int64) * BK + o_k, cache_modifier=".cg")
-        else:
-            Qc = tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :])
-            q0 = tl.load(Q0 + i_bh.to(tl.int64) * BK + o_k)
+        Qc = _from_fold(Qe + (base + o_t[:, None]) * BK + o_k[None, :], PDL)
+        q0 = _from_fold(Q0 + i_bh.to(tl.int64) * BK + o_k, PDL)
         acc = tl.dot(Qc, S, acc, input_precision=PRECISION)
         o0 += tl.sum(q0[:, None] * S, 0)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], acc.to(o.dtype.element_ty),
