@@ -39,8 +39,8 @@ from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy, plan_wy
 from ddsim.measure.compare import rel_error
 
 SOLVE = [dict(solve_warps=sw, maxnreg=r) for sw in (4, 8) for r in (None, 168)]
-ROOT = [dict(fold_root=True, block_v=bv, block_k=bk, num_warps=nw, maxnreg=None) for bv in (32, 64, 128)
-          for bk in (32, 64, 128) for nw in (4, 8)]
+ROOT = [dict(fold_root=True, block_v=bv, block_k=bk, num_warps=nw, maxnreg=None)
+        for bv in (32, 64, 128) for bk in (32, 64, 128) for nw in (4, 8)]
 
 
 class Caps:
@@ -114,8 +114,7 @@ def shape_rows(B, T, bw, rate, device="cuda", timer=None, cases_only=False):
         caps = (s.pop("maxnreg"), a.pop("maxnreg"))
         c = dict(a, **s, maxnreg=caps)
         cases["fold + apply, root folded, best of each"] = ("wy", [c], planner(common, None))
-        cases["fold + apply, root folded, best of each, PDL"] = ("wy", [dict(c, pdl=True)],
-                                                                             planner(common, None))
+        cases["fold + apply, root folded, best of each, PDL"] = ("wy", [dict(c, pdl=True)], planner(common, None))
     return rows + sweep(B, T, cases, nbytes, bw, **kw)
 
 
