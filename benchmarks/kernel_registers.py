@@ -1,5 +1,6 @@
-"""Registers, spills and shared memory of the folded WY kernels, compiled offline for an sm_90 GPU
-(no GPU needed: Triton compiles to a cubin and cuobjdump reads its resource usage), and of three
+"""Registers, spills, shared memory and machine instructions of the folded WY kernels, compiled offline for an
+sm_90 GPU (no GPU needed: Triton compiles to a cubin and cuobjdump reads it): first the two that design "auto"
+launches for a batch of bf16 inputs, then sweeps of warps, caps and tiles (tf32x3 products), and of three
 small kernels that isolate what costs the per-head kernel its registers: one fp32-level (tf32x3)
 64 x 64 product, one doubling round of two such products (N N and Y N from one N, as the fold kernel
 pairs them), and the same round with the three tf32 MMAs of each product chained by hand.
@@ -8,8 +9,9 @@ The figures match the device's (bench_wy_fold.py prints the loaded kernels' regi
 Triton here is the device's: RESULTS.md's came from Triton 3.6, the H200's version, installed
 beside the project's own (pip install --no-deps --target DIR triton==3.6.0; PYTHONPATH=DIR).
 
-    python benchmarks/kernel_registers.py
+    python benchmarks/kernel_registers.py [--defaults-only]
 """
+import argparse
 import os
 import re
 import subprocess
@@ -36,8 +38,9 @@ TILES = dict(N="*fp32", Y="*fp32", out="*fp32")
 
 
 def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None) -> str:
-    """'R registers, S bytes of stack (spills), M bytes of shared memory' of fn compiled for sm_90,
-    every pointer 16-byte aligned (as torch allocates)."""
+    """'R registers, S bytes of stack (spills), M bytes of shared memory, N instructions (C tensor-core)' of fn
+    compiled for sm_90, every pointer 16-byte aligned (as torch allocates); N counts the machine instructions
+    cuobjdump lists, C those of them that are MMAs."""
     names = list(fn.arg_names)
     full = dict(signature, **{k: "constexpr" for k in constexprs})
     src = ASTSource(fn=fn, signature={n: full[n] for n in names},
@@ -49,9 +52,12 @@ def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None) -
         f.write(ck.asm["cubin"])
         f.flush()
         res = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     reg, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
+    ins = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]+\*/", line)]
+    mma = sum(1 for line in ins if re.search(r"\bH[G]?MMA\b", line))  # wgmma (HGMMA) or mma.sync (HMMA)
     return (f"{reg.group(1) if reg else '?'} registers, {stack.group(1) if stack else '?'} B stack (spills), "
-            f"{ck.metadata.shared} B shared")
+            f"{ck.metadata.shared} B shared, {len(ins)} instructions ({mma} tensor-core)")
 
 
 @triton.jit
@@ -88,7 +94,20 @@ def _products(N, Y, out, BT: tl.constexpr, WHAT: tl.constexpr):
 
 
 if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--defaults-only", action="store_true", help="the two kernels at the bf16 defaults alone")
+    defaults_only = ap.parse_args().defaults_only
     print(f"# Triton {triton.__version__}, compiled for sm_90 (no GPU); Qwen3.6-27B GDN shapes, bf16 inputs")
+    # what design "auto" launches for a batch of bf16 inputs (bf16x3 products, the root folded in: FOLD_DEFAULTS)
+    print("fold kernel at the bf16 defaults (bf16x3, the root folded in), 4 warps: "
+          + usage(ws._gdn_wy_fold_kernel, FOLD, dict(SHAPE, PRECISION="bf16x3", RAW16=True, EXACT=2, PDL=False, ROOT=True), 4))
+    print("apply kernel of the folded root at the bf16 defaults (64-wide tiles, all of K), 4 warps: "
+          + usage(ws._gdn_wy_fold_root_apply_kernel, ROOT_APPLY,
+                  dict(H=16, HV=48, K=128, V=128, BT=64, BK=128, BV=64, BKC=128, EXACT=2, PRECISION="bf16x3",
+                       PDL=False, STATE_VK=False), 4))
+    if defaults_only:
+        raise SystemExit(0)
+    # the sweeps below keep the tf32x3 products of the figures recorded before bf16x3 was the default
     for cap in (None, 168):
         for nw in (4, 8):
             print(f"fold kernel (per head), {nw} warps, cap {cap}: "
