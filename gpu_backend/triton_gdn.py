@@ -176,8 +176,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     Past 65 nodes (triton_wy_blocked): "fused" is the one-kernel chunked form, "split" / "fold" the
     three-kernel split form unfolded / folded, "auto" the split form, folded for a batch with tf32x3
     products (triton_wy_blocked.plan_wy_blocked's fold=None)."""
-    if design not in ("auto", "fused", "split", "fold"):
-        raise ValueError(f"design: expected 'auto', 'fused', 'split' or 'fold', got {design!r}")
+    if design not in ("auto", "fused", "split", "fold", "head"):
+        raise ValueError(f"design: expected 'auto', 'fused', 'split', 'fold' or 'head', got {design!r}")
     if output_states:
         raise ValueError("output_states: the WY kernel writes no per-node states; use the recurrent kernel")
     C.check_precision(precision)
@@ -193,7 +193,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
                                dt_bias=dt_bias, precision=precision, poison=poison, block_v=min(block_v or 32, 32),
                                num_warps=num_warps or (8 if chunked else 4), solve_warps=solve_warps,
                                design="chunked" if chunked else "split",
-                               fold={"fold": True, "split": False}.get(design))
+                               fold={"fold": True, "head": True, "split": False}.get(design))
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = C.prep_gdn(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     precision = C.dot_precision(precision, q, k, v)
@@ -202,14 +202,14 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
     if design == "auto":
         design = ("fused" if T <= 17 else "split") if B == 1 else "fold"
-    if design in ("split", "fold"):
+    if design in ("split", "fold", "head"):
         num_warps = num_warps or 4
         from ddsim.gpu_backend.triton_wy_split import plan_wy_split
         return plan_wy_split(q, k, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=initial_state,
                              idx=idx, scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, use_qk_l2norm=use_qk_l2norm,
                              precision=precision, poison=poison, block_v=block_v, num_warps=num_warps,
-                             solve_warps=solve_warps, fold=design == "fold", exact16=exact16, pdl=pdl,
-                             fold_root=fold_root, block_k=block_k)
+                             solve_warps=solve_warps, fold=design in ("fold", "head"), exact16=exact16, pdl=pdl,
+                             fold_root=fold_root, block_k=block_k, head=design == "head")
     block_v, num_warps = block_v or 64, num_warps or 8
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK, BV = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))

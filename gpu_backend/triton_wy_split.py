@@ -185,26 +185,18 @@ def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _gdn_wy_fold_kernel(
-    q, k, g, beta, A_log, dt_bias,
-    mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
-    Qe, Ve,  # out: [B, HV, BT, BK] fp32 (the output's weights on S_r, or with ROOT on S), [B, HV, BT, BT] fp32 (on v)
-    Cv, Q0, C0,  # out (ROOT): [B, HV, BT], [B, HV, BK], [B, HV] fp32: the weights of v_0 and of the root's o_0
-    ready,  # PDL: [B * HV] int32, zeroed before each launch, set to 1 once this head's Qe, Ve are written
-    T, scale, NSTEP,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr, ROOT: tl.constexpr,
-):
+def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H: tl.constexpr, HV: tl.constexpr,
+                  K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
+                  RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr, ROOT: tl.constexpr):
+    """The output's weights of head i_bh's draft block: (o_t [BT], o_k [BK], Qe [BT, BK], Ve [BT, BT], c [BT],
+    q_0' [BK], c_0), with O = Qe S_r + Ve V, or with ROOT O = Qe' S + Ve V + c v_0^T and o_0 = S^T q_0' + c_0 v_0
+    (S the committed state; without ROOT c, q_0', c_0 are zeros)."""
     # O = diag(A) Q S_r scale + P W diag(beta) (V - diag(A) K S_r) = Qe S_r + Ve V with Y = P W:
     #   Qe = diag(A scale / rq) Q_raw - Y diag(beta A / rk) K_raw,   Ve = Y diag(beta)
     # ROOT: the root's step S_r = a S + k_0 u^T, u = beta_0 (v_0 - a S^T k_0) (a = exp(g_0), S the committed
     # state) folded in too, so that the per-V-tile kernel multiplies S itself and takes no recurrent step:
     #   Qe S_r = Qe' S + c v_0^T,   Qe' = a (Qe - c k_0^T),   c = beta_0 Qe k_0,
     #   o_0 = S_r^T q_0 scale = S^T q_0' + c_0 v_0,   q_0' = a (q_0 scale - c_0 k_0),   c_0 = beta_0 k_0.q_0 scale
-    if PDL:  # the apply kernel may start its independent prologue now (it waits before reading Qe, Ve)
-        gdc_launch_dependents()
-    i_bh = tl.program_id(0)
     o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _solve_prologue(
         q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, PRECISION)
     A = tl.exp(G)
@@ -219,7 +211,6 @@ def _gdn_wy_fold_kernel(
     Y = tl.dot(Y, N, Y, input_precision=PRECISION)
     Z = Y * (b_beta * A / rk)[None, :]
     Qm = _dot_exact_rhs(-Z, b_k, (A * scale / rq)[:, None] * b_q.to(tl.float32), EXACT, PRECISION)
-    base = i_bh.to(tl.int64) * BT
     if ROOT:
         i_b, i_hv = i_bh // HV, i_bh % HV
         r0 = (i_b * T).to(tl.int64)
@@ -232,14 +223,100 @@ def _gdn_wy_fold_kernel(
         Qm = a0 * (Qm - c[:, None] * k0[None, :])
         q0 = q0 * scale
         c0 = beta0 * tl.sum(k0 * q0, 0)
+        q0 = a0 * (q0 - c0 * k0)
+    else:
+        c = tl.zeros([BT], tl.float32)
+        q0 = tl.zeros([BK], tl.float32)
+        c0 = 0.0
+    return o_t, o_k, Qm, Y * b_beta[None, :], c, q0, c0
+
+
+@triton.jit
+def _gdn_wy_fold_kernel(
+    q, k, g, beta, A_log, dt_bias,
+    mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
+    Qe, Ve,  # out: [B, HV, BT, BK] fp32 (the output's weights on S_r, or with ROOT on S), [B, HV, BT, BT] fp32 (on v)
+    Cv, Q0, C0,  # out (ROOT): [B, HV, BT], [B, HV, BK], [B, HV] fp32: the weights of v_0 and of the root's o_0
+    ready,  # PDL: [B * HV] int32, zeroed before each launch, set to 1 once this head's Qe, Ve are written
+    T, scale, NSTEP,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr, ROOT: tl.constexpr,
+):
+    if PDL:  # the apply kernel may start its independent prologue now (it waits before reading Qe, Ve)
+        gdc_launch_dependents()
+    i_bh = tl.program_id(0)
+    o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
+                                                BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, ROOT)
+    base = i_bh.to(tl.int64) * BT
+    if ROOT:
         tl.store(Cv + base + o_t, c)
-        tl.store(Q0 + i_bh.to(tl.int64) * BK + o_k, a0 * (q0 - c0 * k0))
+        tl.store(Q0 + i_bh.to(tl.int64) * BK + o_k, q0)
         tl.store(C0 + i_bh, c0)
     tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
-    tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Y * b_beta[None, :])
+    tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Vm)
     if PDL:  # every thread's stores done (barrier), then published at GPU scope (release is cumulative)
         tl.debug_barrier()
         tl.atomic_xchg(ready + i_bh, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _gdn_wy_fold_head_kernel(
+    q, k, v, g, beta, A_log, dt_bias,
+    mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
+    state, state_idx, o,
+    Qe, Ve,  # SCRATCH: [B, HV, BT, BK], [B, HV, BT, BT] fp32, the weights through global memory (L2)
+    T, scale, NSTEP,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr,
+    PRECISION: tl.constexpr, STATE_VK: tl.constexpr, SCRATCH: tl.constexpr,
+):
+    # The folded form with the root's step folded in (fold_root) in one program per head: the weights stay in
+    # registers and the program applies them to each V tile of the committed state S itself,
+    #   O = Qe' S + Ve V + c v_0^T,   o_0 = S^T q_0' + c_0 v_0,
+    # so no scratch is written or read back and there is one launch (the two-kernel form's second kernel reads
+    # Qe', Ve once per V tile).
+    i_bh = tl.program_id(0)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
+                                                BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True)
+    mt = o_t < T - 1
+    mk = o_k < K
+    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    r0 = (i_b * T).to(tl.int64)
+    slot = tl.load(state_idx + i_b)
+    base = i_bh.to(tl.int64) * BT
+    if SCRATCH:
+        tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
+        tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Vm)
+        tl.debug_barrier()
+    elif EXACT == 2:
+        # Qe' S to fp32-level precision as three bf16 products (bf16x3), Qe' split once for every V tile
+        q_hi = Qm.to(tl.bfloat16)
+        q_lo = (Qm - q_hi.to(tl.float32)).to(tl.bfloat16)
+    for vt in range(0, V, BV):
+        o_v = vt + tl.arange(0, BV)
+        mv = o_v < V
+        b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
+        v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
+        S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
+                    other=0.0)  # [BK, BV]
+        if SCRATCH:
+            Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
+            acc = _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION)
+            acc = tl.dot(tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :]), S, acc, input_precision=PRECISION)
+        elif EXACT == 2:
+            acc = _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION)
+            s_hi = S.to(tl.bfloat16)
+            s_lo = (S - s_hi.to(tl.float32)).to(tl.bfloat16)
+            acc = tl.dot(q_hi, s_hi, tl.dot(q_hi, s_lo, tl.dot(q_lo, s_hi, acc)))
+        else:
+            acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION),
+                         input_precision=PRECISION)
+        o0 = c0 * v0 + tl.sum(q0[:, None] * S, 0)
+        tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], acc.to(o.dtype.element_ty),
+                 mask=mt[:, None] & mv[None, :])
+        tl.store(o + (r0 * HV + i_hv) * V + o_v, o0.to(o.dtype.element_ty), mask=mv)
 
 
 @triton.jit
@@ -344,12 +421,14 @@ def _gdn_wy_fold_root_apply_kernel(
 # 81.1 / 235.4 (fold_root was not measured with tf32x3). The per-head kernel spills under any cap (255
 # registers uncapped), so it has none. Other precisions take tf32x3's.
 FOLD_DEFAULTS = {"tf32x3": (32, (None, 168), False), "bf16x3": (64, (None, None), True)}
+HEAD_SCRATCH = False  # experiment: the head kernel's weights through global memory
+HEAD_OPTIONS = {}  # experiment: launch options of the head kernel (num_stages)
 MAXNREG = None  # a (per-head, per-V-tile) pair here overrides FOLD_DEFAULTS' caps (the benchmarks set it)
 
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
                   use_qk_l2norm, precision, poison, block_v=None, num_warps=4, solve_warps=4, fold=False,
-                  exact16="bf16x3", pdl=False, fold_root=None, block_k=None):
+                  exact16="bf16x3", pdl=False, fold_root=None, block_k=None, head=False):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four. pdl (fold
@@ -357,7 +436,11 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     dependent launch and runs its root step and loads while the fold kernel finishes. fold_root (fold only;
     None: FOLD_DEFAULTS' choice for the precision): the fold kernel folds the root's step in too (ROOT), and
     the per-V-tile kernel (_gdn_wy_fold_root_apply_kernel) multiplies the committed state itself, in
-    block_k-row chunks of K (None: all of K)."""
+    block_k-row chunks of K (None: all of K). head (fold only): one program per head computes the weights with the
+    root folded in and applies them to every V tile itself (_gdn_wy_fold_head_kernel: one launch, no scratch);
+    it takes no pdl, fold_root=False or block_k."""
+    if head and (not fold or pdl or fold_root is False or block_k is not None):
+        raise ValueError("head: the one-program folded form takes fold=True and no pdl, fold_root=False or block_k")
     if block_k is not None and (block_k < 16 or block_k & (block_k - 1)):
         raise ValueError(f"block_k: expected a power of two >= 16, got {block_k}")
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
@@ -367,6 +450,21 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     # Triton's interpreter multiplies bf16 tiles as raw bits (fp16 is right): there bf16 takes the fp32 path
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
     qc, kc = q.contiguous(), k.contiguous()
+    if head:
+        kw = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, state=state,
+                  state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                  FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=_exact_mode(q, k, v, exact16, C.interpreting()),
+                  PRECISION=precision, STATE_VK=C.state_vk(state), SCRATCH=HEAD_SCRATCH, num_warps=solve_warps)
+        if HEAD_SCRATCH:
+            kw["Qe"] = C.scratch((B, HV, BT, BK), torch.float32, v.device)
+            kw["Ve"] = C.scratch((B, HV, BT, BT), torch.float32, v.device)
+        else:
+            kw["Qe"] = kw["Ve"] = checks.constant("dummy", 1, v.device, torch.float32)
+        cap = (caps if MAXNREG is None else MAXNREG)[0]
+        if cap:
+            kw["maxnreg"] = cap
+        kw.update(HEAD_OPTIONS)
+        return bind(_gdn_wy_fold_head_kernel, (B * HV,), kw), o
     if fold:
         return _plan_fold(qc, kc, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=state, idx=idx,
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
