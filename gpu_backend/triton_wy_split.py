@@ -290,10 +290,6 @@ def _gdn_wy_fold_head_kernel(
         tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
         tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Vm)
         tl.debug_barrier()
-    elif EXACT == 2:
-        # Qe' S to fp32-level precision as three bf16 products (bf16x3), Qe' split once for every V tile
-        q_hi = Qm.to(tl.bfloat16)
-        q_lo = (Qm - q_hi.to(tl.float32)).to(tl.bfloat16)
     for vt in range(0, V, BV):
         o_v = vt + tl.arange(0, BV)
         mv = o_v < V
@@ -305,11 +301,6 @@ def _gdn_wy_fold_head_kernel(
             Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
             acc = _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION)
             acc = tl.dot(tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :]), S, acc, input_precision=PRECISION)
-        elif EXACT == 2:
-            acc = _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION)
-            s_hi = S.to(tl.bfloat16)
-            s_lo = (S - s_hi.to(tl.float32)).to(tl.bfloat16)
-            acc = tl.dot(q_hi, s_hi, tl.dot(q_hi, s_lo, tl.dot(q_lo, s_hi, acc)))
         else:
             acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION),
                          input_precision=PRECISION)

@@ -2,6 +2,7 @@
 the fixed buffers, fixed-capacity KV prefix and refilled StaticPlan of the CUDA-graph path run without
 capture, with the Triton kernels in the interpreter (the GPU suite replays real graphs:
 properties/test_cuda_graphs.py)."""
+import numpy as np
 import pytest
 import torch
 
@@ -289,6 +290,8 @@ def test_static_plan_refuses_what_its_graphs_cannot_replay():
     plan = StaticPlan(8, "cpu", max_depth=4)
     with pytest.raises(RuntimeError, match="load a tree"):
         plan.src("exact")
+    with pytest.raises(RuntimeError, match="load a tree"):
+        plan.tree_mask()
     plan.load(TREES[0])
     plan.ancestors("exact")  # allocated for depth 3: two rounds
     plan.root_paths()
@@ -327,6 +330,8 @@ def test_a_refilled_static_plan_serves_a_fresh_plans_tables():
             assert "WY rounds" in str(e)
             continue
         loaded += 1
+        # the captured verify's attention mask, before any table is asked for (built in the load's own pass)
+        assert np.array_equal(plan.tree_mask(), Tree(parents, list(range(T))).ancestor_mask)
         fresh = TreePlan(torch.tensor([parents]))
         for mode in ("exact", "leaky"):
             assert torch.equal(plan.src(mode), fresh.src(mode))

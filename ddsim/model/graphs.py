@@ -113,14 +113,22 @@ class StaticPlan(gb.TreePlan):
             else:
                 self._cache[key].copy_(new, non_blocking=True)
 
+    def tree_mask(self) -> np.ndarray:
+        """[T, T] bool: the loaded tree's ancestor-or-self mask (Tree.ancestor_mask), the exact tables' own (built
+        once a load: the captured verify's attention mask takes it too)."""
+        if self._tree is None:
+            raise RuntimeError("StaticPlan: load a tree before use")
+        if self._tables is None:
+            self._tables = host_tables.one_tree(self._tree, self.max_depth + 1)
+        return self._tables[0].view(bool)
+
     def _host_value(self, key):
         h = self._host
         if key[0] == "src":
             return h.src(key[1])
         if key[0] != "paths" and key[1] != "exact":  # another mode's sources: the batch builders
             return h.conv_table(key[1], key[2]) if key[0] == "conv" else h.ancestors(key[1])
-        if self._tables is None:  # the exact tables in one pass over the tree (the load in about half its time before)
-            self._tables = host_tables.one_tree(self._tree, self.max_depth + 1)
+        self.tree_mask()  # the exact tables in one pass over the tree (the load in about half its time before)
         mask, depth, paths = self._tables  # [T, T], int, [T, max_depth + 1]
         if key[0] == "conv":
             return torch.from_numpy(host_tables.path_conv_sources(paths, key[2]))[None]
@@ -266,7 +274,8 @@ class _Captured:
             self.plan.load(tree)
         self.tokens.copy_(torch.from_numpy(np.tile(np.asarray(tree.tokens, dtype=np.int64), k)), non_blocking=True)
         self.positions.copy_(torch.from_numpy(np.tile(tree.positions(state.pos), k)), non_blocking=True)
-        mask = tree.ancestor_mask  # [n, n] -> the copies' block diagonal [k n, k n]
+        # [n, n] -> the copies' block diagonal [k n, k n]; one mode's is the plan's own, built in its load
+        mask = tree.ancestor_mask if self.keep_states else self.plan.tree_mask()
         self.mask.copy_(torch.from_numpy(mask if k == 1 else np.kron(np.eye(k, dtype=bool), mask)), non_blocking=True)
         self.prefix.load(state)
 
