@@ -13,9 +13,10 @@ wy          the tree-masked WY form (derived in the README, Contracts): reads th
               O = diag(A) Q S0 + (M o D o Q K^T) U,         D[t, j] = A_t / A_j,  M ancestor-or-self
             L is nilpotent (L^n = 0 beyond the tree depth), so (I + L)^-1 = prod_m (I + (-L)^(2^m))
             over ceil(log2(depth + 1)) factors: a few matrix products instead of T sequential steps.
-            mode "leaky" uses the chain mask (every earlier node an ancestor). The same form in two
-            kernels (the value-independent half once per head): triton_wy_split, the default
-            (design="auto"); above 65 nodes, over 64-row chunks: triton_wy_blocked.
+            mode "leaky" uses the chain mask (every earlier node an ancestor). The value-independent
+            half once per head: triton_wy_split (in two kernels, or with the weights applied by the
+            program that made them: design "head", design "auto"'s choice past 17 nodes or for a batch
+            with bf16 inputs); above 65 nodes, over 64-row chunks: triton_wy_blocked.
 Both: q/k l2-norm in kernel, grouped heads (value head j reads key head j // (HV/H)), fp32 state,
 bf16/fp16/fp32 inputs, gates from (g, beta) or fused from (a, b, A_log, dt_bias), the committed
 state read from a pool slot (state_indices) and never written.
@@ -159,11 +160,13 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
     kernel; "split": the value-independent half once per head (triton_wy_split); "fold": the same with
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
-    instead of four; "auto" takes what measured fastest on the H200 (benchmarks/RESULTS.md, bf16
-    inputs): fused for one sequence of at most 17 nodes (12.4 us at 1x16 with bf16x3 products, 16.2-17.3
-    with tf32x3), split for one sequence (29.6 us at 1x65; with tf32x3 32.1, fold 35.7), fold for a
-    batch (71 / 220 us at 8x65 / 32x65 with the root's step folded in; with tf32x3 100-108 / 307-315, split
-    127.5 / 432.5). block_v
+    instead of four; "head": the folded weights (the root's step folded in) applied to every V tile by the
+    program per head that made them, one kernel; "auto" takes what measured fastest on the H200
+    (benchmarks/RESULTS.md, bf16 inputs): fused for one sequence of at most 17 nodes (12.4 us at 1x16 with
+    bf16x3 products, 16.2-17.3 with tf32x3; head 14.9), head otherwise (26.9 / 62.5 / 171.5 us at 1x65 / 8x65
+    / 32x65 against split's 29.2 and fold's 71.3 / 220.5) with bf16x3 products; where pdl, block_k, block_v
+    or fold_root=False is given (options of the two-kernel forms only), or with other products (head not
+    measured), split for one sequence and fold for a batch. block_v
     / num_warps / solve_warps default to each design's sweep choice (triton_wy_split.FOLD_DEFAULTS for
     fold); precision: the input_precision of
     the products of fp32 operands (None: bf16x3 for 16-bit inputs, tf32x3 for fp32: _common.dot_precision;
@@ -200,8 +203,9 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else checks.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
-    if design == "auto":
-        design = ("fused" if T <= 17 else "split") if B == 1 else "fold"
+    if design == "auto":  # the two-kernel forms where an option only they take is given, or unmeasured products
+        two = pdl or block_k is not None or fold_root is False or block_v is not None or precision != "bf16x3"
+        design = "fused" if B == 1 and T <= 17 else ("split" if B == 1 else "fold") if two else "head"
     if design in ("split", "fold", "head"):
         num_warps = num_warps or 4
         from ddsim.gpu_backend.triton_wy_split import plan_wy_split

@@ -20,7 +20,10 @@ fold    (plan_wy_split's fold) the per-head kernel also turns W, P, the gates an
         on S_r and on v (Qe [BT, K], Ve [BT, BT]): O = Qe S_r + Ve V, two products per V tile.
 root    (fold_root, bf16x3's default) the root's recurrent step is folded into those weights too (Qe', the
         weights c of v_0, and q_0', c_0 for the root's own output), so the per-V-tile kernel multiplies the
-        committed state S itself: O = Qe' S + Ve V + c v_0^T (derivation in _gdn_wy_fold_kernel).
+        committed state S itself: O = Qe' S + Ve V + c v_0^T (derivation in _fold_weights).
+head    (plan_wy_split's head) one program per head makes those weights and applies them to every V tile
+        itself (_gdn_wy_fold_head_kernel): one launch, and no scratch written by one grid and read back by the
+        next.
 """
 from __future__ import annotations
 
@@ -265,45 +268,35 @@ def _gdn_wy_fold_head_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     state, state_idx, o,
-    Qe, Ve,  # SCRATCH: [B, HV, BT, BK], [B, HV, BT, BT] fp32, the weights through global memory (L2)
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr,
-    PRECISION: tl.constexpr, STATE_VK: tl.constexpr, SCRATCH: tl.constexpr,
+    PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
 ):
     # The folded form with the root's step folded in (fold_root) in one program per head: the weights stay in
-    # registers and the program applies them to each V tile of the committed state S itself,
+    # the program (registers) and it applies them to each V tile of the committed state S itself,
     #   O = Qe' S + Ve V + c v_0^T,   o_0 = S^T q_0' + c_0 v_0,
-    # so no scratch is written or read back and there is one launch (the two-kernel form's second kernel reads
-    # Qe', Ve once per V tile).
+    # so no scratch is written and read back by a second grid, and there is one launch. (Passing the weights
+    # through global memory inside the program measured slower: RESULTS.md.)
     i_bh = tl.program_id(0)
     i_b, i_hv = i_bh // HV, i_bh % HV
     o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
                                                 BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True)
     mt = o_t < T - 1
     mk = o_k < K
-    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    rows = (i_b * T + 1 + o_t).to(tl.int64)  # [BT] the draft rows
     r0 = (i_b * T).to(tl.int64)
     slot = tl.load(state_idx + i_b)
-    base = i_bh.to(tl.int64) * BT
-    if SCRATCH:
-        tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
-        tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Vm)
-        tl.debug_barrier()
     for vt in range(0, V, BV):
         o_v = vt + tl.arange(0, BV)
         mv = o_v < V
-        b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
-        v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
+        b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :],
+                      other=0.0)  # [BT, BV] in v's dtype
+        v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)  # [BV]
         S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
                     other=0.0)  # [BK, BV]
-        if SCRATCH:
-            Vm = tl.load(Ve + (base + o_t[:, None]) * BT + o_t[None, :])
-            acc = _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION)
-            acc = tl.dot(tl.load(Qe + (base + o_t[:, None]) * BK + o_k[None, :]), S, acc, input_precision=PRECISION)
-        else:
-            acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION),
-                         input_precision=PRECISION)
+        acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION),
+                     input_precision=PRECISION)  # [BT, BV]
         o0 = c0 * v0 + tl.sum(q0[:, None] * S, 0)
         tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], acc.to(o.dtype.element_ty),
                  mask=mt[:, None] & mv[None, :])
@@ -412,8 +405,10 @@ def _gdn_wy_fold_root_apply_kernel(
 # 81.1 / 235.4 (fold_root was not measured with tf32x3). The per-head kernel spills under any cap (255
 # registers uncapped), so it has none. Other precisions take tf32x3's.
 FOLD_DEFAULTS = {"tf32x3": (32, (None, 168), False), "bf16x3": (64, (None, None), True)}
-HEAD_SCRATCH = False  # experiment: the head kernel's weights through global memory
-HEAD_OPTIONS = {}  # experiment: launch options of the head kernel (num_stages)
+# The one-program folded form (head): its V tile and the stages Triton pipelines its V-tile loop's loads over, the
+# H200 sweep's choice at 1 x 16 to 32 x 65 (benchmarks/bench_wy_head.py, RESULTS.md; 32-wide tiles faulted there
+# with an illegal address under Triton 3.6 at 8 x 65: refused, see plan_wy_split)
+HEAD_BLOCK_V, HEAD_STAGES = 64, 1
 MAXNREG = None  # a (per-head, per-V-tile) pair here overrides FOLD_DEFAULTS' caps (the benchmarks set it)
 
 
@@ -429,9 +424,10 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     the per-V-tile kernel (_gdn_wy_fold_root_apply_kernel) multiplies the committed state itself, in
     block_k-row chunks of K (None: all of K). head (fold only): one program per head computes the weights with the
     root folded in and applies them to every V tile itself (_gdn_wy_fold_head_kernel: one launch, no scratch);
-    it takes no pdl, fold_root=False or block_k."""
-    if head and (not fold or pdl or fold_root is False or block_k is not None):
-        raise ValueError("head: the one-program folded form takes fold=True and no pdl, fold_root=False or block_k")
+    it takes no pdl, fold_root=False, block_k or block_v (its V tile is HEAD_BLOCK_V)."""
+    if head and (not fold or pdl or fold_root is False or block_k is not None or block_v is not None):
+        raise ValueError("head: the one-program folded form takes fold=True and no pdl, fold_root=False, block_k or "
+                         "block_v")
     if block_k is not None and (block_k < 16 or block_k & (block_k - 1)):
         raise ValueError(f"block_k: expected a power of two >= 16, got {block_k}")
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
@@ -442,19 +438,14 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
     qc, kc = q.contiguous(), k.contiguous()
     if head:
+        BV = min(HEAD_BLOCK_V, max(16, C.next_pow2(V, 1)))
         kw = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, state=state,
                   state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
                   FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=_exact_mode(q, k, v, exact16, C.interpreting()),
-                  PRECISION=precision, STATE_VK=C.state_vk(state), SCRATCH=HEAD_SCRATCH, num_warps=solve_warps)
-        if HEAD_SCRATCH:
-            kw["Qe"] = C.scratch((B, HV, BT, BK), torch.float32, v.device)
-            kw["Ve"] = C.scratch((B, HV, BT, BT), torch.float32, v.device)
-        else:
-            kw["Qe"] = kw["Ve"] = checks.constant("dummy", 1, v.device, torch.float32)
+                  PRECISION=precision, STATE_VK=C.state_vk(state), num_warps=solve_warps, num_stages=HEAD_STAGES)
         cap = (caps if MAXNREG is None else MAXNREG)[0]
         if cap:
             kw["maxnreg"] = cap
-        kw.update(HEAD_OPTIONS)
         return bind(_gdn_wy_fold_head_kernel, (B * HV,), kw), o
     if fold:
         return _plan_fold(qc, kc, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=state, idx=idx,

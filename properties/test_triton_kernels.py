@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import ddsim.gpu_backend as gb
 from ddsim import oracle
+from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.measure.compare import assert_close
 from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs
 from ddsim.trees.tree import Tree
@@ -23,12 +24,12 @@ def _dev(x):
     return x.to(DEVICE) if isinstance(x, torch.Tensor) else x
 
 
-def _long_example(T=20, seed=3):
+def _long_example(T=20, seed=3, V=6):
     """T above one 16-row block: a two-level tree with siblings and a deep chain."""
     parents = [-1] + [0, 0, 1, 2] + list(range(4, 4 + T - 5))
     ts = [Tree(parents, list(range(T)))]
     gen = torch.Generator().manual_seed(seed)
-    B, H, HV, K, V = 1, 2, 4, 5, 6
+    B, H, HV, K = 1, 2, 4, 5
     return dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
                 v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen) * 0.2,
                 beta=torch.rand(B, T, HV, generator=gen), parents=torch.tensor([parents]),
@@ -246,8 +247,8 @@ def test_triton_commit_with_a_tree_plan_equals_raw_parents(inp, data):
 @example(_long_example(T=33), "leaky", torch.float32, "fold", None, True)
 @example(_long_example(T=40), "exact", torch.float16, "fold-root", 16, True)
 @example(_long_example(T=33), "leaky", torch.float32, "fold-root", None, False)
-@example(_long_example(T=40), "exact", torch.float16, "head", None, True)
-@example(_long_example(T=33), "leaky", torch.float32, "head", None, False)
+@example(_long_example(T=40, V=40), "exact", torch.float16, "head", None, True)  # three 16-wide V tiles
+@example(_long_example(T=33, V=24), "leaky", torch.float32, "head", None, False)
 def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design, block_k, vk):
     """The two-kernel WY forms on trees of up to 40 nodes (a 64-row block, several doubling rounds); "fold-root"
     the folded form with the root's step folded into the weights, reading the committed state in block_k-row
@@ -260,8 +261,11 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
         pool = pool.transpose(-1, -2).contiguous().transpose(-1, -2)
     before = pool.clone()
     root = dict(fold_root=design == "fold-root", block_k=block_k) if design in ("fold", "fold-root") else {}
-    o = gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), initial_state=pool, state_indices=slots, mode=mode,
-                           design=design.removesuffix("-root"), block_v=16, **root)
+    tiles = {} if design == "head" else dict(block_v=16)
+    with pytest.MonkeyPatch.context() as mp:  # head's V tile (it takes no block_v): several tiles a program
+        mp.setattr(ws, "HEAD_BLOCK_V", 16)
+        o = gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), initial_state=pool, state_indices=slots,
+                               mode=mode, design=design.removesuffix("-root"), **tiles, **root)
     ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
     assert_close(f"o ({design}, {mode})", o, ref, dtype=dtype, slack=5)
     assert torch.equal(pool, before)
@@ -403,7 +407,7 @@ def _assert_bf16_bar(B, T, *, seed, design, **shape):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16x3 products run compiled only")
 @pytest.mark.parametrize("T", [17, 65, 131, 257])
-@pytest.mark.parametrize("design", ["fused", "split", "fold"])
+@pytest.mark.parametrize("design", ["fused", "split", "fold", "head"])
 def test_bf16_inputs_lose_no_more_than_the_rounding_of_the_output(design, T):
     """Issue #13's bar for 16-bit inputs: the error of rounding the oracle's output to bf16. The default
     bf16x3 products (about 2^-16 relative) leave the output the correctly rounded oracle except where
@@ -418,20 +422,20 @@ def test_bf16_inputs_lose_no_more_than_the_rounding_of_the_output(design, T):
 def test_full_size_bf16_verify_at_the_defaults_loses_only_the_rounding(B, T):
     """The same bar at Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128: the constexprs the served kernels
     compile with; a miscompile can depend on them, as the chunked form's did on its chunk height), through
-    design "auto": fused, split, fold, and past one block the split form."""
+    design "auto": fused at 1 x 17, head (one program per head) up to 65 nodes, past one block the split form."""
     _assert_bf16_bar(B, T, seed=2, design="auto")  # kernel_inputs' default shape: the preset's
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
     """What design "auto" launches for a batch, resolved as compiled (nothing launches): with bf16 inputs
-    (bf16x3) the root's step is folded into the weights, the apply kernel of the folded root takes 64-wide V
-    tiles, all of K in one chunk and no register caps, and past one block the split form is not folded; with
+    (bf16x3) one kernel, a program per head folding the root's step into the weights and applying them to
+    64-wide V tiles, its loads unpipelined (one stage), no register cap, and past one block the split form is
+    not folded; with
     fp32 inputs (tf32x3) the root's step stays in the apply kernel, 32-wide tiles capped at 168, and past one
     block folded (triton_wy_split.FOLD_DEFAULTS, RESULTS.md)."""
     from ddsim.bench.bench import ddtree_batch, kernel_inputs
     from ddsim.gpu_backend import triton_wy_blocked as wb
-    from ddsim.gpu_backend import triton_wy_split as ws
     from ddsim.gpu_backend.triton_gdn import plan_wy
     got = []
     for mod in (ws, wb):
@@ -447,13 +451,14 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
                 initial_state=inp["initial_state"], poison=False)
         kws = dict(got)
         assert {kw["PRECISION"] for kw in kws.values()} == {"bf16x3" if bf16 else "tf32x3"}
-        if T == 65:
-            second = "_gdn_wy_fold_root_apply_kernel" if bf16 else "_gdn_wy_fold_apply_kernel"
-            assert set(kws) == {"_gdn_wy_fold_kernel", second}
-            apply = kws[second]
-            assert apply["BV"] == (64 if bf16 else 32) and apply.get("maxnreg") == (None if bf16 else 168)
-            assert kws["_gdn_wy_fold_kernel"]["ROOT"] is bf16 and "maxnreg" not in kws["_gdn_wy_fold_kernel"]
-            if bf16:
-                assert apply["BKC"] == 128
+        if T == 65 and bf16:
+            assert set(kws) == {"_gdn_wy_fold_head_kernel"}
+            head = kws["_gdn_wy_fold_head_kernel"]
+            assert head["BV"] == 64 and head["num_stages"] == 1 and "maxnreg" not in head
+        elif T == 65:
+            assert set(kws) == {"_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel"}
+            apply = kws["_gdn_wy_fold_apply_kernel"]
+            assert apply["BV"] == 32 and apply.get("maxnreg") == 168
+            assert kws["_gdn_wy_fold_kernel"]["ROOT"] is False and "maxnreg" not in kws["_gdn_wy_fold_kernel"]
         else:
             assert kws["_gdn_wy_blocked_solve_kernel"]["FOLD"] is (not bf16)

@@ -8,11 +8,12 @@ with Triton's bundled ptxas.
 
 --arch: 90 (Hopper, sm_90a), 100 (datacenter Blackwell, sm_100a), 120 (consumer Blackwell, sm_120a).
 --set all (the default): every launch the GDN WY launchers make at Qwen3.6-27B GDN shapes for every design,
-one block (65 nodes: fused, split, fold) and past it (131 nodes: the chunked form and the split form,
+one block (65 nodes: fused, split, fold, head) and past it (131 nodes: the chunked form and the split form,
 unfolded and folded), bf16 and fp32 inputs, and every other Triton kernel the public functions launch
 (recurrent GDN, the commits, the tree conv, Mamba2's recurrent, SSD and commit kernels) at the property
 suites' fixed examples. --set serving: what a server launches, the WY launchers' default design ("auto")
-at one and eight sequences of 17, 65 and 131 nodes in bf16, and the other kernels.
+at one and eight sequences of 17, 65 and 131 nodes in bf16, the two-kernel forms auto takes when given their
+options (split at 1 x 65, fold at 8 x 65), and the other kernels.
 """
 import os
 import sys
@@ -215,15 +216,17 @@ if __name__ == "__main__":
         sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving]")
     failed = 0
     if SET == "all":
-        for T, designs in ((65, ("fused", "split", "fold")), (131, ("fused", "split", "fold"))):
+        for T, designs in ((65, ("fused", "split", "fold", "head")), (131, ("fused", "split", "fold"))):
             for dtype in (torch.bfloat16, torch.float32):
                 for design in designs:
                     for kernel, kw in launches(2, T, dtype, design):
                         failed += not check(f"{T} nodes, {str(dtype)[6:]}, design {design}", kernel, kw)
     else:
-        for B, T in ((1, 17), (1, 65), (8, 65), (1, 131), (8, 131)):
-            for kernel, kw in launches(B, T, torch.bfloat16, "auto"):
-                failed += not check(f"{B} x {T} nodes, bfloat16, design auto", kernel, kw)
+        # design auto, and the two-kernel forms it takes when given their own options (pdl, block_v, ...)
+        for B, T, design in ((1, 17, "auto"), (1, 65, "auto"), (8, 65, "auto"), (1, 131, "auto"), (8, 131, "auto"),
+                             (1, 65, "split"), (8, 65, "fold")):
+            for kernel, kw in launches(B, T, torch.bfloat16, design):
+                failed += not check(f"{B} x {T} nodes, bfloat16, design {design}", kernel, kw)
     for name, call in other_calls():
         GOT.clear()
         try:
