@@ -1,7 +1,12 @@
 """The folded WY form in one program per head (design "head": the weights applied by the program that made them,
 one launch, no scratch read back by a second grid) beside the two-kernel folded form (design "fold") and the
-defaults of design "auto", kernels alone, at the shapes of issue #36; a sweep of the head kernel's V tile, warps,
-pipelining stages, register cap and whether its weights go through global memory (L2) or stay in registers.
+defaults of design "auto", kernels alone, at the shapes of issue #36; a sweep of the head kernel's V tile
+(triton_wy_split.HEAD_BLOCK_V), warps and pipelining stages (HEAD_STAGES), each configuration in its own process.
+
+Variants measured with this script and since removed (results/2026-12-02-h200-bench-wy-head-e8d3cb1.txt): the
+weights passed through global memory inside the program (written, a barrier, read back per V tile: 77.4 / 223.9
+us against 62.5 / 171.5 at 8 x 65 / 32 x 65). 32-wide V tiles faulted (an illegal address) at 8 x 65 under Triton
+3.6 in three of four configurations; the fourth ran, slower.
 
     python benchmarks/bench_wy_head.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65]
 """
@@ -16,9 +21,8 @@ from ddsim.bench.bench import copy_bandwidth, cuda_header, ddtree_batch, kernel_
 from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.gpu_backend.triton_gdn import plan_wy
 
-HEAD = ([dict(block_v=bv, solve_warps=4, stages=ns, scratch=scr, maxnreg=None)
-         for scr in (False, True) for bv in (32, 64, 128) for ns in (1, 2)]
-        + [dict(block_v=64, solve_warps=8, stages=1, scratch=scr, maxnreg=None) for scr in (False, True)])
+HEAD = ([dict(block_v=bv, solve_warps=4, stages=ns, maxnreg=None) for bv in (64, 128) for ns in (1, 2)]
+        + [dict(block_v=64, solve_warps=8, stages=1, maxnreg=None), dict(block_v=64, solve_warps=4, stages=1, maxnreg=168)])
 
 
 def timed(launch):
@@ -33,19 +37,16 @@ def timed(launch):
 
 
 def head_plan(common, c):
+    """plan_wy's head design at configuration c (the module settings it reads at plan time, restored after)."""
     c = dict(c)
-    old = ws.HEAD_SCRATCH, dict(ws.HEAD_OPTIONS), ws.MAXNREG
-    ws.HEAD_SCRATCH = c.pop("scratch")
-    ws.HEAD_OPTIONS.clear()
-    ws.HEAD_OPTIONS["num_stages"] = c.pop("stages")
+    old = ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG
+    ws.HEAD_BLOCK_V, ws.HEAD_STAGES = c.pop("block_v"), c.pop("stages")
     cap = c.pop("maxnreg")
     ws.MAXNREG = (cap, None) if cap else None
     try:
         return plan_wy(**common, mode="exact", design="head", **c)
     finally:
-        ws.HEAD_SCRATCH, ws.MAXNREG = old[0], old[2]
-        ws.HEAD_OPTIONS.clear()
-        ws.HEAD_OPTIONS.update(old[1])
+        ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG = old
 
 
 def two_kernel_rows(B, T):
