@@ -11,7 +11,7 @@ replayed from a CUDA graph); beside it every weight matrix read by a one-row GEM
 graphed) and the bytes over the H200's nominal 4.8 TB/s.
 
     python benchmarks/profile_verify.py [--budgets 16,64] [--glues triton,torch] [--top 25] [--skip-profile]
-                                        [--host-profile] [--commit SHA]
+                                        [--host-profile] [--auto-head on|off|both] [--commit SHA]
 """
 import gc
 import time
@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ddsim.bench.bench import event_median_ms, graphed_us
 from ddsim.cli import _budgets, _int_in, _Parser
-from ddsim.gpu_backend import GLUES, poisoned
+from ddsim.gpu_backend import GLUES, poisoned, triton_gdn
 from ddsim.model.config import get_preset
 from ddsim.model.graphs import GraphedModel
 from ddsim.model.model import HybridModel
@@ -183,6 +183,9 @@ def main():
     ap.add_argument("--preset", default="qwen3.6-27b")
     ap.add_argument("--skip-profile", action="store_true")
     ap.add_argument("--host-profile", action="store_true", help="cProfile the host's part of each graphed verify")
+    ap.add_argument("--auto-head", default="on", choices=["on", "off", "both"],
+                    help="whether the GDN verify's design auto takes the one-program head form (triton_gdn.AUTO_HEAD); "
+                         "both: each, one after the other in this run")
     ap.add_argument("--commit", default="?")
     a = ap.parse_args()
     glues = a.glues.split(",")
@@ -209,19 +212,24 @@ def main():
     trees = {b: ddtree(torch.randn(8, cfg.vocab_size, generator=torch.Generator().manual_seed(b)) * 3.0, b,
                        root_token=prompt[-1]) for b in a.budgets}
     # (glue, NaN-poisoned outputs): as a server runs it, and the first glue as the audit captures it (poisoned)
-    runs = [(g, False) for g in glues] + [(glues[0], True)]
-    for glue, poison in runs:
+    runs = [(g, False, True) for g in glues] + [(glues[0], True, True)]
+    if a.auto_head != "on":  # the same runs with design auto's two-kernel forms, in place or after
+        off = [(g, p, False) for g, p, _ in runs]
+        runs = off if a.auto_head == "off" else runs + off
+    for glue, poison, head in runs:
+        triton_gdn.AUTO_HEAD = head
         model.glue = glue
         with poisoned(poison):
             graphed = GraphedModel(model)
             for budget, tree in trees.items():
-                print(f"glue {glue}{', poisoned' if poison else ''}, budget {budget}:", flush=True)
+                print(f"glue {glue}{', poisoned' if poison else ''}{'' if head else ', GDN head form off'}, "
+                      f"budget {budget}:", flush=True)
                 if not a.skip_profile and not poison:
                     profile_eager(model, state, tree, a.top)
                 graphed.verify(state, tree)
                 ms = replay_ms(lambda g=graphed, t=tree: g.verify(state, t))
-                rows.append((glue + (" (outputs NaN-filled first, as in the audit)" if poison else ""), budget,
-                             tree.size, ms))
+                rows.append((glue + (" (outputs NaN-filled first, as in the audit)" if poison else "")
+                             + ("" if head else " (GDN head form off)"), budget, tree.size, ms))
                 alone = graph_alone_ms(graphed, state, tree)
                 if a.host_profile and not poison:
                     host_profile(graphed, state, tree, 18)

@@ -152,6 +152,9 @@ def gdn_tree_verify_wy(*args, **kwargs):
     return result
 
 
+AUTO_HEAD = True  # whether design auto may take head (benchmarks turn it off to time the two-kernel forms in place)
+
+
 def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
             use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
             A_log=None, dt_bias=None, block_v: int | None = None, num_warps: int | None = None,
@@ -204,7 +207,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else checks.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
     if design == "auto":  # the two-kernel forms where an option only they take is given, or unmeasured products
-        two = pdl or block_k is not None or fold_root is False or block_v is not None or precision != "bf16x3"
+        two = (pdl or block_k is not None or fold_root is False or block_v is not None or precision != "bf16x3"
+               or not AUTO_HEAD)
         design = "fused" if B == 1 and T <= 17 else ("split" if B == 1 else "fold") if two else "head"
     if design in ("split", "fold", "head"):
         num_warps = num_warps or 4
