@@ -6,7 +6,7 @@ median us (do_bench: each call alone, L2 flushed before it). With --layers N, th
 server's replayed verify runs it: N layers' inputs (states, q, k, v, gates, each set its own) verified back to
 back from one CUDA graph, us per launch (ddsim.bench.bench.graphed_us; 48 is Qwen3.6-27B's GDN layers).
 
-    python benchmarks/bench_wy_defaults.py [--commit SHA] [--shapes 1x16,1x65,...] [--layers 48]
+    python benchmarks/bench_wy_defaults.py [--commit SHA] [--shapes 1x16,1x65,...] [--layers 48] [--head-off]
 """
 import argparse
 import time
@@ -25,7 +25,7 @@ from ddsim.bench.bench import (
     kernel_inputs,
     parse_shapes,
 )
-from ddsim.gpu_backend import _common
+from ddsim.gpu_backend import _common, triton_gdn
 from ddsim.gpu_backend.triton_gdn import WY_MAX_NODES, plan_wy
 
 SHAPES = "1x16,1x65,8x65,32x65,1x129,8x129,1x257,8x257"
@@ -35,7 +35,20 @@ def auto_design(B, T, precision):
     """The form plan_wy's "auto" takes (its rule, restated for the table)."""
     if T > WY_MAX_NODES:
         return "split, folded" if B > 1 and precision != "bf16x3" else "split, unfolded"
-    return ("fused" if T <= 17 else "split") if B == 1 else "fold"
+    return ("fused" if T <= 17 else "split") if B == 1 else "head" if precision == "bf16x3" else "fold"
+
+
+def graphed_layers(B, T, parents, n) -> float:
+    """us per launch of n layers' verifies (each its own inputs, seeded apart; one plan each) from one CUDA graph."""
+    plans = []
+    for i in range(n):
+        li = kernel_inputs(B, T, device="cuda", seed=1 + i)
+        plans.append(plan_wy(**{k: li[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
+                             initial_state=li["initial_state"], poison=False))
+    us = graphed_us([launch for launch, _ in plans])
+    del plans
+    torch.cuda.empty_cache()
+    return us
 
 
 def main():
@@ -43,6 +56,9 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--layers", type=int, default=0, help="also time N layers' inputs back to back from a CUDA graph")
+    ap.add_argument("--head-off", action="store_true",
+                    help="also time bf16x3 with design auto kept off the head form (triton_gdn.AUTO_HEAD), alone "
+                         "and graphed")
     a = ap.parse_args()
     if a.layers < 0:
         ap.error(f"--layers: expected 0 or more, got {a.layers}")
@@ -54,9 +70,10 @@ def main():
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | commit {a.commit}")
     graphed = f" graphed, {a.layers} layers in turn, us |" if a.layers else ""
+    off = (" bf16x3, head off, us |" + (" graphed, head off, us |" if a.layers else "")) if a.head_off else ""
     print("| B x T | design (auto) | bf16x3 (default) us | tf32x3 us | memory floor us | FLOP floor us: bf16x3 / tf32x3 "
-          "| verify allocations MiB/layer (output + scratch) |" + graphed)
-    print("|---|---|---|---|---|---|---|" + ("---|" if a.layers else ""))
+          "| verify allocations MiB/layer (output + scratch) |" + graphed + off)
+    print("|---|---|---|---|---|---|---|" + "---|" * (graphed + off).count("|"))
     for B, T in shapes:
         _, parents = ddtree_batch(B, T)
         inp = kernel_inputs(B, T, device="cuda")
@@ -74,15 +91,16 @@ def main():
             del launch, o
         fl = kernel_flops(B, T)["wy"]
         layers = ""
-        if a.layers:  # each layer its own inputs (seeded apart), one plan each, all from one graph
-            plans = []
-            for i in range(a.layers):
-                li = kernel_inputs(B, T, device="cuda", seed=1 + i)
-                plans.append(plan_wy(**{k: li[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
-                                     initial_state=li["initial_state"], poison=False))
-            layers = f" {graphed_us([launch for launch, _ in plans]):.1f} |"
-            del plans
-            torch.cuda.empty_cache()
+        if a.layers:
+            layers = f" {graphed_layers(B, T, parents, a.layers):.1f} |"
+        if a.head_off:
+            triton_gdn.AUTO_HEAD = False
+            launch, o = plan_wy(**common)
+            layers += f" {triton.testing.do_bench(launch, warmup=10, rep=50, return_mode='median') * 1e3:.1f} |"
+            del launch, o
+            if a.layers:
+                layers += f" {graphed_layers(B, T, parents, a.layers):.1f} |"
+            triton_gdn.AUTO_HEAD = True
         print(f"| {B} x {T} | {auto_design(B, T, 'bf16x3')} | {us['bf16x3']:.1f} | {us['tf32x3']:.1f} | "
               f"{kernel_bytes(B, T)['wy'] / bw * 1e6:.1f} | "
               + (" / ".join(f"{fl / rates[p] * 1e6:.1f}" for p in ("bf16x3", "tf32x3")) if rates["bf16x3"] else "–")

@@ -15,8 +15,8 @@ wy          the tree-masked WY form (derived in the README, Contracts): reads th
             over ceil(log2(depth + 1)) factors: a few matrix products instead of T sequential steps.
             mode "leaky" uses the chain mask (every earlier node an ancestor). The value-independent
             half once per head: triton_wy_split (in two kernels, or with the weights applied by the
-            program that made them: design "head", design "auto"'s choice past 17 nodes or for a batch
-            with bf16 inputs); above 65 nodes, over 64-row chunks: triton_wy_blocked.
+            program that made them: design "head", design "auto"'s choice for a batch with bf16
+            inputs); above 65 nodes, over 64-row chunks: triton_wy_blocked.
 Both: q/k l2-norm in kernel, grouped heads (value head j reads key head j // (HV/H)), fp32 state,
 bf16/fp16/fp32 inputs, gates from (g, beta) or fused from (a, b, A_log, dt_bias), the committed
 state read from a pool slot (state_indices) and never written.
@@ -165,11 +165,11 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
     instead of four; "head": the folded weights (the root's step folded in) applied to every V tile by the
     program per head that made them, one kernel; "auto" takes what measured fastest on the H200
-    (benchmarks/RESULTS.md, bf16 inputs): fused for one sequence of at most 17 nodes (12.4 us at 1x16 with
-    bf16x3 products, 16.2-17.3 with tf32x3; head 14.9), head otherwise (26.9 / 62.5 / 171.5 us at 1x65 / 8x65
-    / 32x65 against split's 29.2 and fold's 71.3 / 220.5) with bf16x3 products; where pdl, block_k, block_v
-    or fold_root=False is given (options of the two-kernel forms only), or with other products (head not
-    measured), split for one sequence and fold for a batch. block_v
+    (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (12.4 us at 1x16 with bf16x3
+    products, 16.2-17.3 with tf32x3; head 14.9), else split (head took 26.1 us against 29.2 alone at 1x65, but
+    the graphed 27B verify 0.3-0.4 ms longer in place: 48 layers); for a batch head with bf16x3 products (61.6 /
+    171.2 us at 8x65 / 32x65 against fold's 71.3 / 220.5), fold where pdl, block_k, block_v or fold_root=False
+    is given (options of the two-kernel forms only) or with other products (head not measured). block_v
     / num_warps / solve_warps default to each design's sweep choice (triton_wy_split.FOLD_DEFAULTS for
     fold); precision: the input_precision of
     the products of fp32 operands (None: bf16x3 for 16-bit inputs, tf32x3 for fp32: _common.dot_precision;
@@ -209,7 +209,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     if design == "auto":  # the two-kernel forms where an option only they take is given, or unmeasured products
         two = (pdl or block_k is not None or fold_root is False or block_v is not None or precision != "bf16x3"
                or not AUTO_HEAD)
-        design = "fused" if B == 1 and T <= 17 else ("split" if B == 1 else "fold") if two else "head"
+        design = ("fused" if T <= 17 else "split") if B == 1 else "fold" if two else "head"
     if design in ("split", "fold", "head"):
         num_warps = num_warps or 4
         from ddsim.gpu_backend.triton_wy_split import plan_wy_split

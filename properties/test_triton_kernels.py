@@ -422,7 +422,8 @@ def test_bf16_inputs_lose_no_more_than_the_rounding_of_the_output(design, T):
 def test_full_size_bf16_verify_at_the_defaults_loses_only_the_rounding(B, T):
     """The same bar at Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128: the constexprs the served kernels
     compile with; a miscompile can depend on them, as the chunked form's did on its chunk height), through
-    design "auto": fused at 1 x 17, head (one program per head) up to 65 nodes, past one block the split form."""
+    design "auto": fused at 1 x 17, split at 1 x 65, head (one program per head) at 2 x 65, past one block the
+    split form."""
     _assert_bf16_bar(B, T, seed=2, design="auto")  # kernel_inputs' default shape: the preset's
 
 
