@@ -11,7 +11,8 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
                     nodes in two kernels (the value-independent half once per head, then per V
                     tile), in one kernel for a single sequence of <= 17 nodes; over 64-row chunks
                     beyond (budgets 128, 256, ...: three kernels, triton_wy_blocked). Which form:
-                    "split" for one sequence, "fold" for a batch (what measured fastest on the H200)
+                    "split" for one sequence, "head" for a batch with bf16 inputs, else "fold" (what
+                    measured fastest on the H200)
   triton-wy-fused   the WY form in one kernel (the solve repeated per V tile); past 65 nodes the
                     one-kernel chunked form
   triton-wy-split   two kernels: K.K^T, Q.K^T and the solve once per head; the root step, U and O per
@@ -19,6 +20,8 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
   triton-wy-fold    two kernels: the solve also folds W, P, the gates and K into the output's weights
                     on the root state and on v; per V tile two products (O = Qe S_r + Ve V); past 65
                     nodes the same fold over chunks
+  triton-wy-head    one kernel: a program per head folds the root's step into those weights too and
+                    applies them to every V tile of the committed state itself; past 65 nodes as fold
 Mamba2 (mamba2_tree_verify / mamba2_tree_commit) takes "torch", "triton" ("triton-ssd" unless
 per-node states are asked for), "triton-recurrent" and "triton-ssd" (the tree-masked SSD form: no
 per-node states, any tree size).
@@ -49,7 +52,8 @@ from ddsim.gpu_backend import checks, fastcall, torch_kda, torch_lightning, torc
 from ddsim.gpu_backend import launch as _launch
 from ddsim.gpu_backend.checks import CheckedIndices, CheckedSlots, TreePlan, checked_accepted, checked_slots, poisoned, poisoning
 
-BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split", "triton-wy-fold")
+BACKENDS = ("torch", "triton", "triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split", "triton-wy-fold",
+            "triton-wy-head")
 MAMBA2_BACKENDS = ("torch", "triton", "triton-recurrent", "triton-ssd")
 
 
@@ -138,7 +142,8 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         fn = triton_gdn.gdn_tree_verify_recurrent
     else:
         fn = triton_gdn.gdn_tree_verify_wy
-        kw["design"] = {"triton-wy-split": "split", "triton-wy-fused": "fused", "triton-wy-fold": "fold"}.get(be, "auto")
+        kw["design"] = {"triton-wy-split": "split", "triton-wy-fused": "fused", "triton-wy-fold": "fold",
+                        "triton-wy-head": "head"}.get(be, "auto")
     if _recordable(parents, q) and not _unreplayable(be == "triton-recurrent", q, k, v, g, beta, a, b, A_log, dt_bias):
         args = (q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states, state_indices, a, b, A_log,
                 dt_bias, backend)

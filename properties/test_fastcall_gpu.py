@@ -15,7 +15,7 @@ from ddsim.properties.strategies import gdn_pool_inputs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="replayed launches need a GPU")
 
-BACKENDS = ["triton", "triton-wy-fused", "triton-wy-split", "triton-wy-fold", "triton-recurrent"]
+BACKENDS = ["triton", "triton-wy-fused", "triton-wy-split", "triton-wy-fold", "triton-wy-head", "triton-recurrent"]
 
 
 def _cuda(inp, dtype, fused):

@@ -53,7 +53,8 @@ def _cast(inp, dtype):
 
 
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]),
-       st.sampled_from(["triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split", "triton-wy-fold"]),
+       st.sampled_from(["triton-recurrent", "triton-wy", "triton-wy-fused", "triton-wy-split", "triton-wy-fold",
+                        "triton-wy-head"]),
        st.sampled_from(DTYPES))
 @example(fixed_gdn_example(), "exact", "triton-wy-fused", torch.float32)
 @example(fixed_gdn_example(), "leaky", "triton-wy-fused", torch.float32)
@@ -65,6 +66,7 @@ def _cast(inp, dtype):
 @example(fixed_gdn_example(), "exact", "triton-wy-fold", torch.float16)
 @example(fixed_gdn_example(), "leaky", "triton-wy-fold", torch.float32)
 @example(_long_example(), "exact", "triton-wy-fold", torch.float16)
+@example(_long_example(V=40), "leaky", "triton-wy-head", torch.float16)
 @example(_long_example(), "exact", "triton-recurrent", torch.float16)
 def test_triton_gdn_verify_matches_oracle(inp, mode, backend, dtype):
     args = _cast(inp, dtype)
@@ -90,7 +92,8 @@ def test_triton_recurrent_states_match_oracle(inp, mode):
 
 
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split",
-                                                 "triton-wy-fold"]))
+                                                 "triton-wy-fold", "triton-wy-head"]))
+@example(fixed_gdn_example(), "triton-wy-head")
 @example(fixed_gdn_example(), "triton-wy-fused")
 @example(fixed_gdn_example(), "triton-wy-split")
 @example(fixed_gdn_example(), "triton-wy-fold")
@@ -273,7 +276,8 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
 
 @settings(max_examples=12)
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]),
-       st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split", "triton-wy-fold", "torch"]),
+       st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split", "triton-wy-fold", "triton-wy-head",
+                        "torch"]),
        st.booleans())
 @example(fixed_gdn_example(), "exact", "triton-wy-fold", True)
 @example(fixed_gdn_example(), "leaky", "torch", True)
