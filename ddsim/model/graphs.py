@@ -78,7 +78,8 @@ def prefix_capacity(P: int) -> int:
 
 class StaticPlan(gb.TreePlan):
     """A TreePlan for one sequence of T nodes whose tables live in fixed device buffers. ``load(tree)``
-    builds the tree's tables on the host (validating its parents) and copies them into the buffers,
+    builds the tree's tables on the host (from its parents, which a Tree validates when it is made) and copies
+    them into the buffers,
     so a graph captured against this plan reads the current tree's tables. Tables are allocated on
     first use, which must come before capture (a warm-up run does it).
 
@@ -93,20 +94,23 @@ class StaticPlan(gb.TreePlan):
         self._cache = {}
         self._host = None
         self._tree = self._tables = None  # the loaded tree's parents; its exact-mode tables (host_tables.one_tree)
+        self._parents_host = None  # [1, T] int64 on the host: the loaded tree's parents
 
     def load(self, tree: Tree) -> None:
         if tree.size != self.T:
             raise InputError(f"tree: {tree.size} nodes, this plan holds {self.T}")
         if int(tree.depths.max()) > self.max_depth:
             raise InputError(f"tree: depth {int(tree.depths.max())}, this plan holds trees up to {self.max_depth}")
-        self._host = gb.TreePlan(torch.tensor(tree.parents)[None])  # validated on the host, no device sync
-        self._tree, self._tables = tree.parents, None
+        # a Tree's parents were validated when it was made (0 <= parent < node, the root's -1): the exact tables are
+        # built from them directly; a TreePlan on the host (the batch builders) only for another mode's tables
+        self._tree, self._tables, self._host = tree.parents, None, None
+        self._parents_host = torch.from_numpy(np.asarray(tree.parents, dtype=np.int64))[None]  # [1, T]
         news = {key: self._host_value(key) for key in self._cache}  # every check before the first copy
         for key, new in news.items():
             if key[0] == "anc" and wy_rounds(new[1]) != wy_rounds(self._cache[key][1]):
                 raise InputError(f"tree: depth {new[1]} needs {wy_rounds(new[1])} WY rounds, this plan was "
                                  f"captured for {wy_rounds(self._cache[key][1])}")
-        self.parents.copy_(self._host.parents, non_blocking=True)
+        self.parents.copy_(self._parents_host, non_blocking=True)
         for key, new in news.items():
             if key[0] == "anc":
                 self._cache[key][0].copy_(new[0], non_blocking=True)
@@ -123,10 +127,14 @@ class StaticPlan(gb.TreePlan):
         return self._tables[0].view(bool)
 
     def _host_value(self, key):
-        h = self._host
-        if key[0] == "src":
-            return h.src(key[1])
+        if key == ("src", "exact"):
+            return self._parents_host
         if key[0] != "paths" and key[1] != "exact":  # another mode's sources: the batch builders
+            if self._host is None:
+                self._host = gb.TreePlan(self._parents_host)
+            h = self._host
+            if key[0] == "src":
+                return h.src(key[1])
             return h.conv_table(key[1], key[2]) if key[0] == "conv" else h.ancestors(key[1])
         self.tree_mask()  # the exact tables in one pass over the tree (the load in about half its time before)
         mask, depth, paths = self._tables  # [T, T], int, [T, max_depth + 1]
@@ -138,7 +146,7 @@ class StaticPlan(gb.TreePlan):
 
     def _cached(self, key, build):
         if key not in self._cache:
-            if self._host is None:
+            if self._host is None and self._tree is None:
                 raise RuntimeError("StaticPlan: load a tree before use")
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(f"StaticPlan: table {key} first asked for during capture (warm up first)")
