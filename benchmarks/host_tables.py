@@ -1,5 +1,5 @@
 """The host's part of a CUDA-graph verify that grows with the tree: building its index tables on the CPU
-(ddsim.model.graphs.StaticPlan.load: the parents validated, the source order, the conv source table and the
+(ddsim.model.graphs.StaticPlan.load: the source order, the conv source table and the
 ancestor mask the WY kernels read, the root paths): a graph's StaticPlan.load itself (its four tables refilled,
 into CPU buffers here), the whole plan as TreePlan builds it on the CPU (numpy), and its tables alone with
 gpu_backend.host_tables' numpy builders beside the torch builders they replaced there (gpu_backend.checks, what a
@@ -39,7 +39,7 @@ def main():
     torch.set_num_threads(1)
     print(f"# {time.strftime('%Y-%m-%d')} | {platform.processor() or platform.machine()} CPU | torch {torch.__version__} | "
           f"commit {a.commit}")
-    print("| nodes | depth | StaticPlan.load (validated, 4 tables refilled), us | plan on the host (validated, numpy "
+    print("| nodes | depth | StaticPlan.load (4 tables refilled), us | plan on the host (validated, numpy "
           "tables), us | the tables alone: numpy / torch ops, us |")
     print("|---|---|---|---|---|")
     for budget in a.budgets:
