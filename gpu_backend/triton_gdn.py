@@ -179,7 +179,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     fold_root / block_k: whether the folded form folds the root's recurrent step into its weights too, so
     that its second kernel multiplies the committed state directly (None: triton_wy_split.FOLD_DEFAULTS,
     yes for bf16x3 products), and that kernel's K chunk (None: all of K).
-    Past 65 nodes (triton_wy_blocked): "fused" is the one-kernel chunked form, "split" / "fold" the
+    Past 65 nodes (triton_wy_blocked): "fused" is the one-kernel chunked form, "split" / "fold" (and "head") the
     three-kernel split form unfolded / folded, "auto" the split form, folded for a batch with tf32x3
     products (triton_wy_blocked.plan_wy_blocked's fold=None)."""
     if design not in ("auto", "fused", "split", "fold", "head"):
