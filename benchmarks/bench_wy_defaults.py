@@ -95,12 +95,14 @@ def main():
             layers = f" {graphed_layers(B, T, parents, a.layers):.1f} |"
         if a.head_off:
             triton_gdn.AUTO_HEAD = False
-            launch, o = plan_wy(**common)
-            layers += f" {triton.testing.do_bench(launch, warmup=10, rep=50, return_mode='median') * 1e3:.1f} |"
-            del launch, o
-            if a.layers:
-                layers += f" {graphed_layers(B, T, parents, a.layers):.1f} |"
-            triton_gdn.AUTO_HEAD = True
+            try:
+                launch, o = plan_wy(**common)
+                layers += f" {triton.testing.do_bench(launch, warmup=10, rep=50, return_mode='median') * 1e3:.1f} |"
+                del launch, o
+                if a.layers:
+                    layers += f" {graphed_layers(B, T, parents, a.layers):.1f} |"
+            finally:
+                triton_gdn.AUTO_HEAD = True
         print(f"| {B} x {T} | {auto_design(B, T, 'bf16x3')} | {us['bf16x3']:.1f} | {us['tf32x3']:.1f} | "
               f"{kernel_bytes(B, T)['wy'] / bw * 1e6:.1f} | "
               + (" / ".join(f"{fl / rates[p] * 1e6:.1f}" for p in ("bf16x3", "tf32x3")) if rates["bf16x3"] else "–")

@@ -436,9 +436,10 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
     """What design "auto" launches for a batch, resolved as compiled (nothing launches): with bf16 inputs
     (bf16x3) one kernel, a program per head folding the root's step into the weights and applying them to
     64-wide V tiles, its loads unpipelined (one stage), no register cap, and past one block the split form is
-    not folded; with
-    fp32 inputs (tf32x3) the root's step stays in the apply kernel, 32-wide tiles capped at 168, and past one
-    block folded (triton_wy_split.FOLD_DEFAULTS, RESULTS.md)."""
+    not folded; with fp32 inputs (tf32x3) the two-kernel fold, the root's step in the apply kernel, 32-wide
+    tiles capped at 168, and past one block folded. One sequence takes the split form either way; the two-kernel
+    fold, asked for, keeps its bf16 defaults: the root folded in, 64-wide tiles, all of K in one chunk, no caps
+    (triton_wy_split.FOLD_DEFAULTS, HEAD_BLOCK_V, HEAD_STAGES, RESULTS.md)."""
     from ddsim.bench.bench import ddtree_batch, kernel_inputs
     from ddsim.gpu_backend import triton_wy_blocked as wb
     from ddsim.gpu_backend.triton_gdn import plan_wy
@@ -467,3 +468,17 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
             assert kws["_gdn_wy_fold_kernel"]["ROOT"] is False and "maxnreg" not in kws["_gdn_wy_fold_kernel"]
         else:
             assert kws["_gdn_wy_blocked_solve_kernel"]["FOLD"] is (not bf16)
+    for B, design, want in ((1, "auto", {"_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel"}),
+                            (2, "fold", {"_gdn_wy_fold_kernel", "_gdn_wy_fold_root_apply_kernel" if bf16 else
+                                         "_gdn_wy_fold_apply_kernel"})):
+        got.clear()
+        _, parents = ddtree_batch(B, 65)
+        inp = kernel_inputs(B, 65, H=2, HV=4, K=128, V=128, dtype=dtype, device="cpu")
+        plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents,
+                initial_state=inp["initial_state"], poison=False, design=design)
+        kws = dict(got)
+        assert set(kws) == want, (B, design, set(kws))
+        if design == "fold" and bf16:
+            apply = kws["_gdn_wy_fold_root_apply_kernel"]
+            assert apply["BV"] == 64 and apply["BKC"] == 128 and "maxnreg" not in apply
+            assert kws["_gdn_wy_fold_kernel"]["ROOT"] is True and "maxnreg" not in kws["_gdn_wy_fold_kernel"]
