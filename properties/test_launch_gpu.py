@@ -29,7 +29,7 @@ def _calls(fn, monkeypatch):
 
 
 @pytest.mark.parametrize("B,T,backend", [(1, 17, "triton-wy"), (2, 33, "triton-wy-split"), (2, 33, "triton-wy-fold"),
-                                         (2, 9, "triton-recurrent"), (1, 80, "triton-wy")])
+                                         (2, 33, "triton-wy-head"), (2, 9, "triton-recurrent"), (1, 80, "triton-wy")])
 def test_direct_launches_equal_triton_dispatch(B, T, backend, monkeypatch):
     _, parents = ddtree_batch(B, T)
     inp = kernel_inputs(B, T, H=2, HV=4, K=64, V=64)
