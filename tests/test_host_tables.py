@@ -78,19 +78,27 @@ def test_a_plan_on_the_cpu_serves_the_host_tables_as_a_gpu_plan_serves_its_own(p
             assert row[:len(path)] == path[::-1] and all(x == -1 for x in row[len(path):])
 
 
+def _assert_one_tree_equals_the_batch_builders(parents: list[int], width: int, W: int) -> None:
+    """one_tree's mask and depth, its root paths padded to ``width`` columns, and path_conv_sources' window-W
+    sources against the batch builders on the one tree ``parents``."""
+    src = np.asarray([parents])
+    mask, depth = host_tables.ancestor_mask(src)
+    got_mask, got_depth, paths = host_tables.one_tree(parents, width)
+    assert got_mask.dtype == np.int8 and np.array_equal(got_mask, mask[0]) and got_depth == depth
+    assert paths.dtype == np.int32 and paths.shape == (len(parents), width)
+    assert np.array_equal(paths[:, :depth + 1], host_tables.root_paths(mask, depth)[0])
+    assert (paths[:, depth + 1:] == -1).all()
+    conv = host_tables.path_conv_sources(paths, W)
+    assert conv.dtype == np.int32 and np.array_equal(conv, host_tables.conv_sources(src, W)[0])
+
+
 @given(parents=parent_batches(max_batch=1, max_nodes=70), W=st.integers(2, 5), extra=st.integers(0, 3))
 def test_one_tree_tables_equal_the_batch_builders(parents, W, extra):
     """host_tables.one_tree (what a graph's StaticPlan refills every step) against the batch builders on one tree:
     the same mask and depth, the root paths padded to any width past the depth, and the conv sources read off
     the paths (path_conv_sources); a width the deepest path does not fit is refused."""
-    mask, depth = host_tables.ancestor_mask(parents.numpy())
-    got_mask, got_depth, paths = host_tables.one_tree(parents[0].tolist(), depth + 1 + extra)
-    assert got_mask.dtype == np.int8 and np.array_equal(got_mask, mask[0]) and got_depth == depth
-    want_paths = host_tables.root_paths(mask, depth)[0]
-    assert paths.dtype == np.int32 and paths.shape == (parents.shape[1], depth + 1 + extra)
-    assert np.array_equal(paths[:, :depth + 1], want_paths) and (paths[:, depth + 1:] == -1).all()
-    conv = host_tables.path_conv_sources(paths, W)
-    assert conv.dtype == np.int32 and np.array_equal(conv, host_tables.conv_sources(parents.numpy(), W)[0])
+    _, depth = host_tables.ancestor_mask(parents.numpy())
+    _assert_one_tree_equals_the_batch_builders(parents[0].tolist(), depth + 1 + extra, W)
     with pytest.raises(ValueError, match="width"):
         host_tables.one_tree(parents[0].tolist(), depth)
 
@@ -101,9 +109,4 @@ def test_one_tree_tables_at_serving_shapes():
     for T in (129, 257):
         for parents in ([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)],
                         [-1] + list(range(T - 1))):
-            src = np.asarray([parents])
-            mask, depth = host_tables.ancestor_mask(src)
-            got_mask, got_depth, paths = host_tables.one_tree(parents, T)
-            assert np.array_equal(got_mask, mask[0]) and got_depth == depth
-            assert np.array_equal(paths[:, :depth + 1], host_tables.root_paths(mask, depth)[0])
-            assert np.array_equal(host_tables.path_conv_sources(paths, 4), host_tables.conv_sources(src, 4)[0])
+            _assert_one_tree_equals_the_batch_builders(parents, T, 4)

@@ -324,14 +324,15 @@ def test_a_refilled_static_plan_serves_a_fresh_plans_tables():
     for n in range(24):
         parents = [-1] + ([int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)] if n % 4 else
                           list(range(T - 1)))  # every fourth a chain: depth T - 1
+        tree = Tree(parents, list(range(T)))
         try:
-            plan.load(Tree(parents, list(range(T))))
+            plan.load(tree)
         except InputError as e:  # another number of WY rounds than the plan's first tree: refused
             assert "WY rounds" in str(e)
             continue
         loaded += 1
         # the captured verify's attention mask, before any table is asked for (built in the load's own pass)
-        assert np.array_equal(plan.tree_mask(), Tree(parents, list(range(T))).ancestor_mask)
+        assert np.array_equal(plan.tree_mask(), tree.ancestor_mask)
         fresh = TreePlan(torch.tensor([parents]))
         for mode in ("exact", "leaky"):
             assert torch.equal(plan.src(mode), fresh.src(mode))

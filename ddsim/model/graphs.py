@@ -117,14 +117,19 @@ class StaticPlan(gb.TreePlan):
             else:
                 self._cache[key].copy_(new, non_blocking=True)
 
-    def tree_mask(self) -> np.ndarray:
-        """[T, T] bool: the loaded tree's ancestor-or-self mask (Tree.ancestor_mask), the exact tables' own (built
-        once a load: the captured verify's attention mask takes it too)."""
+    def _exact_tables(self) -> tuple[np.ndarray, int, np.ndarray]:
+        """The loaded tree's exact-mode tables, (int8 [T, T] ancestor-or-self mask, depth, int32 [T, max_depth + 1]
+        root paths): one pass over the tree (host_tables.one_tree), once a load."""
         if self._tree is None:
             raise RuntimeError("StaticPlan: load a tree before use")
         if self._tables is None:
             self._tables = host_tables.one_tree(self._tree, self.max_depth + 1)
-        return self._tables[0].view(bool)
+        return self._tables
+
+    def tree_mask(self) -> np.ndarray:
+        """[T, T] bool: the loaded tree's ancestor-or-self mask (Tree.ancestor_mask), the exact tables' own (the
+        captured verify's attention mask takes it too)."""
+        return self._exact_tables()[0].view(bool)
 
     def _host_value(self, key):
         if key == ("src", "exact"):
@@ -136,8 +141,7 @@ class StaticPlan(gb.TreePlan):
             if key[0] == "src":
                 return h.src(key[1])
             return h.conv_table(key[1], key[2]) if key[0] == "conv" else h.ancestors(key[1])
-        self.tree_mask()  # the exact tables in one pass over the tree (the load in about half its time before)
-        mask, depth, paths = self._tables  # [T, T], int, [T, max_depth + 1]
+        mask, depth, paths = self._exact_tables()  # [T, T], int, [T, max_depth + 1]
         if key[0] == "conv":
             return torch.from_numpy(host_tables.path_conv_sources(paths, key[2]))[None]
         if key[0] == "anc":
