@@ -264,6 +264,22 @@ def _gdn_wy_fold_kernel(
 
 
 @triton.jit
+def _root_tile_v(v, rows, r0, i_hv, o_v, mt, mv, HV: tl.constexpr, V: tl.constexpr):
+    """One V tile's v of the draft rows [BT, BV] (in v's dtype) and of the root, v_0 [BV] (fp32)."""
+    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
+    v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
+    return b_v, v0
+
+
+@triton.jit
+def _store_root_tile(o, acc, o0, rows, r0, i_hv, o_v, mt, mv, HV: tl.constexpr, V: tl.constexpr):
+    """One V tile's outputs in o's dtype: the draft rows' O [BT, BV] and the root's o_0 [BV]."""
+    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], acc.to(o.dtype.element_ty),
+             mask=mt[:, None] & mv[None, :])
+    tl.store(o + (r0 * HV + i_hv) * V + o_v, o0.to(o.dtype.element_ty), mask=mv)
+
+
+@triton.jit
 def _gdn_wy_fold_head_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
@@ -290,17 +306,12 @@ def _gdn_wy_fold_head_kernel(
     for vt in range(0, V, BV):
         o_v = vt + tl.arange(0, BV)
         mv = o_v < V
-        b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :],
-                      other=0.0)  # [BT, BV] in v's dtype
-        v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)  # [BV]
+        b_v, v0 = _root_tile_v(v, rows, r0, i_hv, o_v, mt, mv, HV, V)  # [BT, BV], [BV]
         S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
                     other=0.0)  # [BK, BV]
         acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION),
                      input_precision=PRECISION)  # [BT, BV]
-        o0 = c0 * v0 + tl.sum(q0[:, None] * S, 0)
-        tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], acc.to(o.dtype.element_ty),
-                 mask=mt[:, None] & mv[None, :])
-        tl.store(o + (r0 * HV + i_hv) * V + o_v, o0.to(o.dtype.element_ty), mask=mv)
+        _store_root_tile(o, acc, c0 * v0 + tl.sum(q0[:, None] * S, 0), rows, r0, i_hv, o_v, mt, mv, HV, V)
 
 
 @triton.jit
@@ -372,8 +383,7 @@ def _gdn_wy_fold_root_apply_kernel(
     mt = o_t < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
     r0 = (i_b * T).to(tl.int64)
-    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
-    v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
+    b_v, v0 = _root_tile_v(v, rows, r0, i_hv, o_v, mt, mv, HV, V)
     slot = tl.load(state_idx + i_b)
     i_bh = i_b * HV + i_hv
     base = i_bh.to(tl.int64) * BT
@@ -391,9 +401,7 @@ def _gdn_wy_fold_root_apply_kernel(
         q0 = _from_fold(Q0 + i_bh.to(tl.int64) * BK + o_k, PDL)
         acc = tl.dot(Qc, S, acc, input_precision=PRECISION)
         o0 += tl.sum(q0[:, None] * S, 0)
-    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], acc.to(o.dtype.element_ty),
-             mask=mt[:, None] & mv[None, :])
-    tl.store(o + (r0 * HV + i_hv) * V + o_v, o0.to(o.dtype.element_ty), mask=mv)
+    _store_root_tile(o, acc, o0, rows, r0, i_hv, o_v, mt, mv, HV, V)
 
 
 # The folded form's defaults by dot precision: the apply kernel's V tile, the register caps of the
@@ -437,12 +445,13 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     # Triton's interpreter multiplies bf16 tiles as raw bits (fp16 is right): there bf16 takes the fp32 path
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
     qc, kc = q.contiguous(), k.contiguous()
+    exact = _exact_mode(q, k, v, exact16, C.interpreting())
     if head:
         BV = min(HEAD_BLOCK_V, max(16, C.next_pow2(V, 1)))
         kw = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, state=state,
                   state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                  FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=_exact_mode(q, k, v, exact16, C.interpreting()),
-                  PRECISION=precision, STATE_VK=C.state_vk(state), num_warps=solve_warps, num_stages=HEAD_STAGES)
+                  FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=exact, PRECISION=precision,
+                  STATE_VK=C.state_vk(state), num_warps=solve_warps, num_stages=HEAD_STAGES)
         cap = (caps if MAXNREG is None else MAXNREG)[0]
         if cap:
             kw["maxnreg"] = cap
@@ -450,8 +459,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     if fold:
         return _plan_fold(qc, kc, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=state, idx=idx,
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
-                          exact=_exact_mode(q, k, v, exact16, C.interpreting()),
-                          use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
+                          exact=exact, use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
                           solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps if MAXNREG is None else MAXNREG,
                           root=root if fold_root is None else bool(fold_root), BKC=min(block_k or BK, BK))
     Wm = C.scratch((B, HV, BT, BT), torch.float32, v.device)
