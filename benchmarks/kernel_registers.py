@@ -1,9 +1,10 @@
 """Registers, spills, shared memory and machine instructions of the folded WY kernels, compiled offline for an
-sm_90 GPU (no GPU needed: Triton compiles to a cubin and cuobjdump reads it): first the two that design "auto"
-launches for a batch of bf16 inputs, then sweeps of warps, caps and tiles (tf32x3 products), and of three
-small kernels that isolate what costs the per-head kernel its registers: one fp32-level (tf32x3)
-64 x 64 product, one doubling round of two such products (N N and Y N from one N, as the fold kernel
-pairs them), and the same round with the three tf32 MMAs of each product chained by hand.
+sm_90 GPU (no GPU needed: Triton compiles to a cubin and cuobjdump reads it): first the one that design "auto"
+launches for a batch of bf16 inputs (head) and the two of design "fold" at its bf16 defaults, then sweeps of
+warps, caps and tiles (tf32x3 products), and of three small kernels that isolate what costs the per-head kernel
+its registers: one fp32-level (tf32x3) 64 x 64 product, one doubling round of two such products (N N and Y N
+from one N, as the fold kernel pairs them), and the same round with the three tf32 MMAs of each product chained
+by hand.
 
 The figures match the device's (bench_wy_fold.py prints the loaded kernels' registers) when the
 Triton here is the device's: RESULTS.md's came from Triton 3.6, the H200's version, installed
@@ -30,6 +31,8 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 SHAPE = dict(H=16, HV=48, K=128, BT=64, BK=128, FUSED=False, L2NORM=True, PRECISION="tf32x3")  # Qwen3.6-27B GDN
 FOLD = dict(q="*bf16", k="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", mask="*i8", Qe="*fp32",
             Ve="*fp32", Cv="*fp32", Q0="*fp32", C0="*fp32", ready="*i32", T="i32", scale="fp32", NSTEP="i32")
+HEAD = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", mask="*i8",
+            state="*fp32", state_idx="*i32", o="*bf16", T="i32", scale="fp32", NSTEP="i32")
 ROOT_APPLY = dict(v="*bf16", Qe="*fp32", Ve="*fp32", Cv="*fp32", Q0="*fp32", C0="*fp32", ready="*i32", state="*fp32",
               state_idx="*i32", o="*bf16", T="i32")
 APPLY = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", Qe="*fp32",
@@ -37,7 +40,7 @@ APPLY = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log="*f
 TILES = dict(N="*fp32", Y="*fp32", out="*fp32")
 
 
-def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None) -> str:
+def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None, num_stages=None) -> str:
     """'R registers, S bytes of stack (spills), M bytes of shared memory, N instructions (C tensor-core)' of fn
     compiled for sm_90, every pointer 16-byte aligned (as torch allocates); N counts the machine instructions
     cuobjdump lists, C those of them that are MMAs."""
@@ -46,7 +49,8 @@ def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None) -
     src = ASTSource(fn=fn, signature={n: full[n] for n in names},
                     constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t[0] == "*"})
-    opts = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+    opts = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
+                **({"num_stages": num_stages} if num_stages else {}))
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
@@ -95,10 +99,15 @@ def _products(N, Y, out, BT: tl.constexpr, WHAT: tl.constexpr):
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--defaults-only", action="store_true", help="the two kernels at the bf16 defaults alone")
+    ap.add_argument("--defaults-only", action="store_true", help="the bf16 defaults' kernels alone")
     defaults_only = ap.parse_args().defaults_only
     print(f"# Triton {triton.__version__}, compiled for sm_90 (no GPU); Qwen3.6-27B GDN shapes, bf16 inputs")
-    # what design "auto" launches for a batch of bf16 inputs (bf16x3 products, the root folded in: FOLD_DEFAULTS)
+    # what design "auto" launches for a batch of bf16 inputs (the head kernel: HEAD_BLOCK_V, HEAD_STAGES), then the
+    # two kernels of design "fold" at its bf16 defaults (bf16x3 products, the root folded in: FOLD_DEFAULTS)
+    print(f"head kernel at the bf16 defaults (bf16x3, {ws.HEAD_BLOCK_V}-wide tiles, {ws.HEAD_STAGES} stage), 4 warps: "
+          + usage(ws._gdn_wy_fold_head_kernel, HEAD, dict(SHAPE, V=128, BV=ws.HEAD_BLOCK_V, PRECISION="bf16x3",
+                                                           RAW16=True, EXACT=2, STATE_VK=False), 4,
+                  num_stages=ws.HEAD_STAGES))
     print("fold kernel at the bf16 defaults (bf16x3, the root folded in), 4 warps: "
           + usage(ws._gdn_wy_fold_kernel, FOLD, dict(SHAPE, PRECISION="bf16x3", RAW16=True, EXACT=2, PDL=False, ROOT=True), 4))
     print("apply kernel of the folded root at the bf16 defaults (64-wide tiles, all of K), 4 warps: "
