@@ -30,14 +30,18 @@ def check_verify_against_oracle(fast, ref, args: dict, *, kw: dict, initial_stat
 
 
 def assert_rounding_twins(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, *, atol: float = 1e-7,
-                          share: float = 0.01, scale: torch.Tensor | None = None) -> None:
+                          share: float = 0.01, scale: torch.Tensor | None = None,
+                          counted: torch.Tensor | None = None) -> None:
     """A glue kernel's output against its PyTorch twin, which rounds at the same points (gpu_backend.triton_norms):
     fp32 within 2e-6 relative (the fp32 sums' order). 16-bit: the two differ where an fp32 value lands on a rounding
     midpoint in one and not the other, on fewer than ``share`` of the entries, and there by at most what the flipped
     roundings move the output: one ulp of ``scale`` (default four times the entry: up to three intermediates rounded
     before the output's own, as the gated norm's, each flip moving it by an ulp of its size; RoPE's caller passes its
     terms' sizes, whose sum may cancel) plus one ulp at the tensor's root-mean-square size. atol: where both lose
-    digits alike (GELU's 1 + erf(x) for x << 0, through different erfs)."""
+    digits alike (GELU's 1 + erf(x) for x << 0, through different erfs). counted (bool, got's shape): the entries
+    the share is taken over, where the rest may differ more often (within the bound): GELU's tail, where the two
+    erfs' few-ulp differences near -1 are a large part of 1 + erf and flip a 16-bit rounding one time in ten or
+    more, as often on one CPU's erf as another's."""
     assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
     assert torch.isfinite(got).all()
     if dtype == torch.float32:
@@ -48,4 +52,5 @@ def assert_rounding_twins(got: torch.Tensor, want: torch.Tensor, dtype: torch.dt
     size = 4 * want.float().abs() if scale is None else scale.float()
     bound = eps * (size + want.float().pow(2).mean().sqrt()) + atol
     assert (diff <= bound).all(), (diff - bound).max()
-    assert (diff > 0).float().mean() < share, (diff > 0).float().mean()
+    flipped = (diff > 0) if counted is None else (diff > 0)[counted]
+    assert flipped.numel() and flipped.float().mean() < share, (flipped.float().mean(), flipped.numel())

@@ -64,20 +64,25 @@ ROWS_CASES = [*[(m, "tiny", None) for m in MODES],
 @pytest.mark.parametrize("mode,preset,backend", ROWS_CASES)
 def test_verify_rows_equals_each_trees_serving_verify(preset, backend, mode):
     """The Triton kernels (the interpreter here) on B sequences, in every mode: a leaky recurrence or
-    conv reads the previous node of its own tree, never the last node of the tree before it."""
+    conv reads the previous node of its own tree, never the last node of the tree before it.
+    Within float32's tolerance at each tensor's size (ddsim.measure.compare; the logits with five times
+    it): the B trees' projections are one GEMM of 3T rows against T rows a tree, which a CPU may block and
+    sum otherwise (AMX and AVX-512 do: a conv window's entry of 0.06 moved 1.7e-6), while reading another
+    tree's node moves states and logits by tenths."""
+    from ddsim.measure.compare import assert_close
     cfg = get_preset(preset)
     m = HybridModel(cfg, init_weights(cfg, seed=0), backend=backend)
     states = [m.prefill(p[:-1])[0] for p in PROMPTS]
     rows = m.verify_rows(states, TREES, mode=mode)
-    for st, t, res in zip(states, TREES, rows):
+    for b, (st, t, res) in enumerate(zip(states, TREES, rows)):
         one = m.verify(st, t, mode=mode, keep_states=False)
-        torch.testing.assert_close(res.logits, one.logits, rtol=1e-5, atol=1e-5)
+        assert_close(f"tree {b} logits", res.logits, one.logits, slack=5)
         a, c = m.commit(st, t, one, 3), m.commit(st, t, res, 3)
         for i in cfg.recurrent_layers:
-            torch.testing.assert_close(c.ssm[i], a.ssm[i], rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(c.conv[i], a.conv[i], rtol=1e-5, atol=1e-6)
+            assert_close(f"tree {b} layer {i} state", c.ssm[i], a.ssm[i])
+            assert_close(f"tree {b} layer {i} conv window", c.conv[i], a.conv[i])
         for i in cfg.attention_layers:
-            torch.testing.assert_close(c.kv[i][0], a.kv[i][0], rtol=1e-5, atol=1e-6)
+            assert_close(f"tree {b} layer {i} keys", c.kv[i][0], a.kv[i][0])
 
 
 def test_verify_rows_refuses_what_it_cannot_verify():

@@ -231,3 +231,48 @@ def test_the_recheck_refuses_a_checkpoint_or_input_file_that_changed_or_went(tmp
     shutil.rmtree(ck)
     one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep),
                    f"cannot recheck: the audited checkpoint {ck} is not here")
+
+
+def test_the_recheck_reads_rounding_figures_against_the_rounding_they_measure():
+    """Another CPU sums float32 GEMMs in another order: the exact path's distance from the oracle (itself
+    rounding) comes out other in its leading digits and must still reproduce; a figure moved past that
+    rounding, or a signal figure moved past the relative tolerance, must not. The pairs are the fixture
+    audit's on two CPUs (AVX2 and AMX)."""
+    from ddsim.measure.recheck import figure_kind, tolerance
+    tol = tolerance("float32")
+    exact = "budgets[0].leak.exact"
+    assert tol.close(1.327652156119586e-13, 2.0499129340210276e-13, f"{exact}.kl.order_exact.median")
+    assert tol.close(4.143196509104499e-07, 5.5793586065417e-07, f"{exact}.by_depth[1].hidden_rel_last.max")
+    assert tol.close(2.1588441292336374e-06, 2.2163416483222594e-06, f"{exact}.max_abs_logit.order_exact.mean")
+    assert tol.close(2.632080416267664e-12, 2.9140855197112123e-12, "noise_floor.24.kl_max")
+    assert tol.close(0.21243572235107422, 0.21243858337402344, "generations[4].divergence_margin")
+    # past the rounding: an exact path that leaks reads 1e-3 and more (the policy's bounds: KL 1e-6, state 1e-4)
+    assert not tol.close(2e-13, 1e-7, f"{exact}.kl.order_exact.max")
+    assert not tol.close(2e-7, 2e-6, f"{exact}.state_rel.other.max")
+    assert not tol.close(2e-6, 1e-3, f"{exact}.max_abs_logit.other.max")
+    # a signal figure keeps the relative tolerance (4e-4), whatever its kind
+    assert tol.close(0.5, 0.5001, "budgets[0].leak.leaky.state_rel.other.mean")
+    assert not tol.close(0.5, 0.51, "budgets[0].leak.leaky.state_rel.other.mean")
+    assert not tol.close(3.0, 3.01, "budgets[0].modes.leaky.tokens_per_step")
+    assert not tol.close(1e-10, 3e-9, "chain.agreement")  # no floor but ABS_FLOOR for figures of no kind
+    assert not tol.close(2, 3, f"{exact}.kl.order_exact.count") and not tol.close(True, False, "x.kl")
+    assert not tol.close(float("nan"), 1e-13, f"{exact}.kl.other.max")
+    # every float figure of a leak table has a kind but the flip rates (counts over nodes: compared relatively)
+    d = json.loads(LEAK.read_text())
+
+    def floats(x, where):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                yield from floats(v, f"{where}.{k}")
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                yield from floats(v, f"{where}[{i}]")
+        elif isinstance(x, float):
+            yield where
+    leak = list(floats(d["budgets"][0]["leak"], "budgets[0].leak"))
+    untyped = {w for w in leak if figure_kind(w) is None}
+    assert leak and untyped and all("argmax_flip_rate" in w for w in untyped), sorted(untyped)[:5]
+    assert figure_kind("budgets[0].leak.exact.by_layer[2].conv_rel.p90") == "rel"
+    assert figure_kind("generations[0].noise_tv") == "tv" and figure_kind("budgets[0].modes.exact.agreement") is None
+    bf16 = tolerance("bfloat16")
+    assert bf16.floors["rel"] == 8 * 2.0 ** -8 and bf16.floors["logit"] == 20 * 1e-2

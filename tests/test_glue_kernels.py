@@ -84,10 +84,14 @@ def test_the_per_head_norm_and_rope_in_one_kernel_equal_their_twin(dtype, rot):
 @pytest.mark.parametrize("act", ["silu", "gelu", "sigmoid"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gated_act_equals_its_twin(act, dtype):
+    """GELU's share of flipped roundings is taken where gate > -2 (there 1 + erf(gate / sqrt 2) > 0.045, and an
+    erf's few-ulp error moves the act by under 1e-5 of itself); below, where the two erfs lose digits, within
+    the bound alone (the kernel differs from PyTorch's there on 3-6% of all entries, by the CPU's erf)."""
     gen = torch.Generator().manual_seed(4)
     g, u = _rand(7, 300, dtype=dtype, scale=4.0, gen=gen), _rand(7, 300, dtype=dtype, gen=gen)
+    gelu = act == "gelu"
     assert_rounding_twins(gb.gated_act(g, u, act=act, glue="triton"), gb.gated_act(g, u, act=act), dtype,
-                                         atol=1e-5 if act == "gelu" else 1e-7, share=0.05 if act == "gelu" else 0.01)
+                          atol=1e-5 if gelu else 1e-7, counted=g > -2 if gelu else None)
 
 
 @pytest.mark.parametrize("beta_scale", [1.0, 2.0])
