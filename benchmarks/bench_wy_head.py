@@ -8,7 +8,10 @@ weights passed through global memory inside the program (written, a barrier, rea
 us against 62.5 / 171.5 at 8 x 65 / 32 x 65). 32-wide V tiles faulted (an illegal address) at 8 x 65 under Triton
 3.6 in three of four configurations; the fourth ran, slower.
 
-    python benchmarks/bench_wy_head.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65]
+    python benchmarks/bench_wy_head.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--caps 168,128]
+
+--caps times only the default configuration and the same with each register cap (maxnreg): at 255 registers an
+SM holds two programs, at 168 three, at 128 four.
 """
 import argparse
 import json
@@ -64,12 +67,12 @@ def two_kernel_rows(B, T):
     return rows
 
 
-def head_rows(shapes):
+def head_rows(shapes, configs):
     """The head kernel's sweep, each configuration in its own process over every shape (one that faults takes no
     other down): {shape: (us, config, notes)}, the best at each shape."""
     best = {}
     spec = ",".join(f"{B}x{T}" for B, T in shapes)
-    for c in HEAD:
+    for c in configs:
         r = subprocess.run([sys.executable, __file__, "--one", json.dumps(c), "--shapes", spec],
                            capture_output=True, text=True)
         got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
@@ -103,9 +106,15 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65")
+    ap.add_argument("--caps", help="the default configuration and these register caps only (comma separated)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
+    try:
+        caps = [int(x) for x in a.caps.split(",")] if a.caps else None
+    except ValueError:
+        ap.error(f"--caps {a.caps!r}: expected register counts, comma separated")
+    configs = HEAD if caps is None else [dict(HEAD[0], maxnreg=cap) for cap in (None, *caps)]
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_head: needs a CUDA device")
     if a.one:
@@ -115,7 +124,7 @@ if __name__ == "__main__":
     print(cuda_header(a.commit))
     bw = copy_bandwidth("cuda")
     rows = {(B, T): two_kernel_rows(B, T) for B, T in shapes}
-    best = head_rows(shapes)
+    best = head_rows(shapes, configs)
     print("| B x T | memory floor | form | us | configuration | registers |")
     print("|---|---|---|---|---|---|")
     for B, T in shapes:
