@@ -97,7 +97,7 @@ bench: $(STAMP)
 	$(VENV)/bin/ddsim bench --device auto
 
 # Mutation testing of the chain that decides the gate's verdict (metrics -> aggregation -> report
-# model -> gate) against tests/test_gate_chain.py and tests/test_noise_margin.py (configured in
+# model -> gate, and the recheck's comparison) against tests/test_gate_chain.py and tests/test_noise_margin.py (configured in
 # pyproject.toml); the score and the surviving mutants are recorded in tests/MUTATION.md. One
 # OpenMP thread: mutmut forks after torch has run, and a forked OpenMP pool deadlocks.
 mutation: $(STAMP)

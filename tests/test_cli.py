@@ -46,7 +46,7 @@ def test_fixture_reports_are_what_the_audit_produces():
     """The committed planted-leak / no-leak reports the fast gate tests read are this code's output, as a
     whole recheck on this machine would find them: tokens, decisions and counts exactly, floats within
     the recheck's tolerance (the fixtures were written on another CPU, whose float32 sums round otherwise)."""
-    from ddsim.measure.recheck import compare, tolerance
+    from ddsim.measure.reproduce import compare, tolerance
     for kind in report_fixtures.KINDS:
         fresh = json_report.comparable(report_fixtures.make(kind))
         committed = json_report.comparable(json_report.load(report_fixtures.path(kind)))

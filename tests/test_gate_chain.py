@@ -3,7 +3,8 @@ gate — tested on values: hand-built records with hand-computed results, the co
 / no-leak reports with their exact verdicts, and every class of report the gate must refuse.
 
 Fast (no audit runs here): `make mutation` runs these tests against mutants of ddsim/measure/metrics.py,
-ddsim/measure/aggregate.py, ddsim/verdict/report_model.py and ddsim/verdict/gate.py.
+ddsim/measure/aggregate.py, ddsim/verdict/report_model.py, ddsim/verdict/gate.py and the recheck's comparison
+(ddsim/measure/reproduce.py).
 """
 from __future__ import annotations
 
@@ -917,3 +918,77 @@ def test_node_metrics_measures_float32_logits_in_float64():
     x = float(lm[0, 0].double())
     exact = 0.5 * math.log(0.5 * (1 + math.exp(x)) / math.exp(x)) + 0.5 * math.log(0.5 * (1 + math.exp(x)))
     assert m["kl"][0] == pytest.approx(exact, rel=1e-6, abs=1e-15)
+
+
+def test_the_recheck_reads_rounding_figures_against_the_rounding_they_measure():
+    """Another CPU sums float32 GEMMs in another order: the exact path's distance from the oracle (itself
+    rounding) comes out other in its leading digits and must still reproduce; a figure moved past that
+    rounding, or a signal figure moved past the relative tolerance, must not. The pairs are the fixture
+    audit's on two CPUs (AVX2 and AMX)."""
+    from ddsim.measure.reproduce import figure_kind, tolerance
+    tol = tolerance("float32")
+    exact = "budgets[0].leak.exact"
+    assert tol.close(1.327652156119586e-13, 2.0499129340210276e-13, f"{exact}.kl.order_exact.median")
+    assert tol.close(4.143196509104499e-07, 5.5793586065417e-07, f"{exact}.by_depth[1].hidden_rel_last.max")
+    assert tol.close(2.1588441292336374e-06, 2.2163416483222594e-06, f"{exact}.max_abs_logit.order_exact.mean")
+    assert tol.close(2.632080416267664e-12, 2.9140855197112123e-12, "noise_floor.24.kl_max")
+    assert tol.close(0.21243572235107422, 0.21243858337402344, "generations[4].divergence_margin")
+    # past the rounding: an exact path that leaks reads 1e-3 and more (the policy's bounds: KL 1e-6, state 1e-4)
+    assert not tol.close(2e-13, 1e-7, f"{exact}.kl.order_exact.max")
+    assert not tol.close(2e-7, 2e-6, f"{exact}.state_rel.other.max")
+    assert not tol.close(2e-6, 1e-3, f"{exact}.max_abs_logit.other.max")
+    # a signal figure keeps the relative tolerance (4e-4), whatever its kind
+    assert tol.close(0.5, 0.5001, "budgets[0].leak.leaky.state_rel.other.mean")
+    assert not tol.close(0.5, 0.51, "budgets[0].leak.leaky.state_rel.other.mean")
+    assert not tol.close(3.0, 3.01, "budgets[0].modes.leaky.tokens_per_step")
+    assert not tol.close(1e-10, 3e-9, "chain.agreement")  # no floor but ABS_FLOOR for figures of no kind
+    assert not tol.close(2, 3, f"{exact}.kl.order_exact.count") and not tol.close(True, False, "x.kl")
+    assert not tol.close(float("nan"), 1e-13, f"{exact}.kl.other.max")
+    # every float figure of a leak table has a kind but the flip rates (counts over nodes: compared relatively)
+    d = json.loads(fixture_path("leak").read_text())
+
+    def floats(x, where):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                yield from floats(v, f"{where}.{k}")
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                yield from floats(v, f"{where}[{i}]")
+        elif isinstance(x, float):
+            yield where
+    leak = list(floats(d["budgets"][0]["leak"], "budgets[0].leak"))
+    untyped = {w for w in leak if figure_kind(w) is None}
+    assert leak and untyped and all("argmax_flip_rate" in w for w in untyped), sorted(untyped)[:5]
+    assert figure_kind("budgets[0].leak.exact.by_layer[2].conv_rel.p90") == "rel"
+    assert figure_kind("generations[0].noise_tv") == "tv" and figure_kind("budgets[0].modes.exact.agreement") is None
+    assert figure_kind("noise_floor.24.kl_max") == "kl" and figure_kind("replay.noise_kl") == "kl"
+    assert figure_kind("x.state_rel[0][1]") == "rel" and figure_kind("x.noise_kl[2]") == "kl"  # indices stripped
+    assert tol.floors == pytest.approx({"logit": 2e-4, "kl": 2e-8, "rel": 8 * 2.0 ** -24, "tv": 1e-4}, rel=1e-12)
+    bf16 = tolerance("bfloat16")
+    assert bf16.floors == pytest.approx({"logit": 0.2, "kl": 0.02, "rel": 8 * 2.0 ** -8, "tv": 0.1}, rel=1e-12)
+    assert tol.close(2, 2.0000001, "budgets[0].modes.exact.tokens_per_step")  # an int reproduced as a float
+    assert not tol.close(float("inf"), 1.0, "x") and tol.close(float("inf"), float("inf"), "x")
+    from ddsim.measure.reproduce import Tolerance
+    edge = Tolerance(0.0, {"logit": 0.5, "kl": 0.25, "rel": 0.125, "tv": 1.0})
+    assert edge.close(0.0, 0.25, "x.kl") and not edge.close(0.0, 0.375, "x.kl")  # the floor itself holds
+
+
+def test_the_recheck_compares_every_field_and_names_the_first_that_differs():
+    from ddsim.measure.reproduce import compare, tolerance
+    tol = tolerance("float32")
+    want = {"a": [1, 2.0, {"kl": 1e-13}], "b": "x", "c": None}
+    assert compare(copy.deepcopy(want), want, tol) == 5
+    for got, words in (({"a": [1, 2.0, {"kl": 1e-13}], "b": "x"}, "report has other fields on recheck"),
+                       ({**want, "a": [1, 2.0]}, "a has 2 entries on recheck, the report 3"),
+                       ({**want, "a": 7}, "a has 7 entries on recheck, the report 3"),
+                       ({**want, "a": [1, 2.0, {"kl": 1e-13, "x": 1}]}, "a[2] has other fields on recheck"),
+                       ({**want, "a": [1, 2.0, [1e-13]]}, "a[2] has other fields on recheck"),
+                       ({**want, "a": [2, 2.0, {"kl": 1e-13}]}, "a[0] is 1 in the report, 2 on recheck"),
+                       ({**want, "a": [1, 2.01, {"kl": 1e-13}]}, "a[1] is 2.0 in the report, 2.01 on recheck"),
+                       ({**want, "a": [1, 2.0, {"kl": 1e-6}]}, "a[2].kl is 1e-13 in the report, 1e-06 on recheck"),
+                       ({**want, "b": "y"}, "b is 'x' in the report, 'y' on recheck"),
+                       ({**want, "c": 0.0}, "c is None in the report, 0.0 on recheck")):
+        with pytest.raises(InputError) as e:
+            compare(got, want, tol)
+        assert str(e.value) == f"--report: does not reproduce: {words}" + (
+            " (the report was not produced by this audit)" if " is " in words else ""), str(e.value)
