@@ -26,16 +26,9 @@ from ddsim.bench.bench import (
     parse_shapes,
 )
 from ddsim.gpu_backend import _common, triton_gdn
-from ddsim.gpu_backend.triton_gdn import WY_MAX_NODES, plan_wy
+from ddsim.gpu_backend.triton_gdn import auto_design, plan_wy
 
 SHAPES = "1x16,1x65,8x65,32x65,1x129,8x129,1x257,8x257"
-
-
-def auto_design(B, T, precision):
-    """The form plan_wy's "auto" takes (its rule, restated for the table)."""
-    if T > WY_MAX_NODES:
-        return "split, folded" if B > 1 and precision != "bf16x3" else "split, unfolded"
-    return ("fused" if T <= 17 else "split") if B == 1 else "head" if precision == "bf16x3" else "fold"
 
 
 def graphed_layers(B, T, parents, n) -> float:

@@ -155,6 +155,22 @@ def gdn_tree_verify_wy(*args, **kwargs):
 AUTO_HEAD = True  # whether design auto may take head (benchmarks turn it off to time the two-kernel forms in place)
 
 
+def auto_design(B: int, T: int, precision: str, *, pdl: bool = False, block_k: int | None = None,
+                fold_root: bool | None = None, block_v: int | None = None) -> str:
+    """The form design "auto" launches for B trees of T nodes with ``precision`` products (plan_wy's rule; the
+    benchmarks' tables name it from here): "fused", "split", "fold" or "head" up to one block (the two-kernel
+    "fold" for a batch where an option only it takes is given, with products other than bf16x3, or with
+    AUTO_HEAD off); past one block "split, folded" or "split, unfolded" (triton_wy_blocked.auto_folds)."""
+    if T > WY_MAX_NODES:
+        from ddsim.gpu_backend.triton_wy_blocked import auto_folds
+        return "split, folded" if auto_folds(B, precision) else "split, unfolded"
+    if B == 1:
+        return "fused" if T <= 17 else "split"
+    two = (pdl or block_k is not None or fold_root is False or block_v is not None or precision != "bf16x3"
+           or not AUTO_HEAD)
+    return "fold" if two else "head"
+
+
 def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
             use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
             A_log=None, dt_bias=None, block_v: int | None = None, num_warps: int | None = None,
@@ -206,10 +222,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else checks.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
-    if design == "auto":  # the two-kernel forms where an option only they take is given, or unmeasured products
-        two = (pdl or block_k is not None or fold_root is False or block_v is not None or precision != "bf16x3"
-               or not AUTO_HEAD)
-        design = ("fused" if T <= 17 else "split") if B == 1 else "fold" if two else "head"
+    if design == "auto":
+        design = auto_design(B, T, precision, pdl=pdl, block_k=block_k, fold_root=fold_root, block_v=block_v)
     if design in ("split", "fold", "head"):
         num_warps = num_warps or 4
         from ddsim.gpu_backend.triton_wy_split import plan_wy_split

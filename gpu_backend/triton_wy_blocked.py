@@ -276,6 +276,12 @@ def _gdn_wy_blocked_apply_kernel(
 CHUNKED_REFUSES = ("bf16x3",)
 
 
+def auto_folds(B: int, precision: str) -> bool:
+    """Whether the split form past one block folds when not told (fold=None): for a batch with tf32x3 products;
+    with bf16x3 the unfolded form measured faster (RESULTS.md)."""
+    return B > 1 and precision != "bf16x3"
+
+
 def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                     use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
                     dt_bias=None, block_t: int = 64, block_v: int = 32, num_warps: int = 4, solve_warps: int = 4,
@@ -303,7 +309,7 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     # (the chunked form, kept as the "before" of the split form, stays at tf32x3 for every dtype)
     precision = C.dot_precision(precision or ("tf32x3" if design == "chunked" else None), q, k, v)
     if fold is None:
-        fold = B > 1 and precision != "bf16x3"
+        fold = auto_folds(B, precision)
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else checks.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))

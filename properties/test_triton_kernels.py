@@ -482,3 +482,25 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
             apply = kws["_gdn_wy_fold_root_apply_kernel"]
             assert apply["BV"] == 64 and apply["BKC"] == 128 and "maxnreg" not in apply
             assert kws["_gdn_wy_fold_kernel"]["ROOT"] is True and "maxnreg" not in kws["_gdn_wy_fold_kernel"]
+    # the name the benchmarks' tables give auto's form (triton_gdn.auto_design) is the form launched
+    from ddsim.gpu_backend import triton_gdn
+    from ddsim.gpu_backend.triton_gdn import auto_design
+    monkeypatch.setattr(triton_gdn, "bind", lambda kernel, grid, kw: got.append((kernel.__name__, kw)))
+    forms = {"fused": {"_gdn_wy_kernel"}, "split": {"_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel"},
+             "head": {"_gdn_wy_fold_head_kernel"}, "fold": {"_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel"}}
+    batch = "head" if bf16 else "fold"
+    for B, T, want in ((1, 17, "fused"), (1, 18, "split"), (1, 65, "split"), (2, 17, batch), (2, 65, batch),
+                       (1, 66, "split, unfolded"), (2, 66, "split, unfolded" if bf16 else "split, folded")):
+        got.clear()
+        _, parents = ddtree_batch(B, T)
+        inp = kernel_inputs(B, T, H=2, HV=4, K=128, V=128, dtype=dtype, device="cpu")
+        plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents,
+                initial_state=inp["initial_state"], poison=False)
+        kws, name = dict(got), auto_design(B, T, "bf16x3" if bf16 else "tf32x3")
+        assert name == want, (B, T, name)
+        if name.startswith("split, "):
+            assert kws["_gdn_wy_blocked_solve_kernel"]["FOLD"] is (name == "split, folded"), (B, T, name)
+        else:
+            assert set(kws) == forms[name], (B, T, name, set(kws))
+    assert [auto_design(2, 65, "bf16x3", **kw) for kw in ({}, dict(pdl=True), dict(block_k=64), dict(fold_root=False),
+                                                           dict(block_v=32))] == ["head"] + ["fold"] * 4
