@@ -33,6 +33,7 @@ from ddsim.bench.bench import (
     parse_shapes,
     sweep,
     table_lines,
+    timed_resources,
 )
 from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy, plan_wy
@@ -73,15 +74,10 @@ def planner(common, part):
 def resources(launch_fn):
     """Time launch_fn (triton's do_bench, median ms) and print the registers, spills and shared memory
     of each kernel it compiled."""
-    from triton.testing import do_bench
-
-    from ddsim.gpu_backend import launch as L
-    before = set(L._COMPILED)
-    ms = do_bench(launch_fn, warmup=10, rep=50, return_mode="median")
-    for key in sorted(set(L._COMPILED) - before, key=str):
-        ck, name = L._COMPILED[key], L._PARAMS[key[0]][3].__name__
-        print(f"#   {name} {key[2]}: {getattr(ck, 'n_regs', '?')} registers, {getattr(ck, 'n_spills', '?')} spilled, "
-              f"{getattr(ck.metadata, 'shared', '?')} B shared", flush=True)
+    ms, kernels = timed_resources(launch_fn)
+    for c in kernels:
+        print(f"#   {c['name']} {c['config']}: {c['regs']} registers, {c['spills']} spilled, {c['shared']} B shared",
+              flush=True)
     return ms
 
 

@@ -20,7 +20,15 @@ import sys
 
 import torch
 
-from ddsim.bench.bench import copy_bandwidth, cuda_header, ddtree_batch, kernel_bytes, kernel_inputs, parse_shapes
+from ddsim.bench.bench import (
+    copy_bandwidth,
+    cuda_header,
+    ddtree_batch,
+    kernel_bytes,
+    kernel_inputs,
+    parse_shapes,
+    timed_resources,
+)
 from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.gpu_backend.triton_gdn import plan_wy
 
@@ -29,14 +37,8 @@ HEAD = ([dict(block_v=bv, solve_warps=4, stages=ns, maxnreg=None) for bv in (64,
 
 
 def timed(launch):
-    from triton.testing import do_bench
-
-    from ddsim.gpu_backend import launch as L
-    before = set(L._COMPILED)
-    ms = do_bench(launch, warmup=10, rep=50, return_mode="median")
-    notes = [f"{getattr(L._COMPILED[k], 'n_regs', '?')} regs, {getattr(L._COMPILED[k], 'n_spills', '?')} spilled, "
-             f"{getattr(L._COMPILED[k].metadata, 'shared', '?')} B shared" for k in set(L._COMPILED) - before]
-    return ms, "; ".join(notes)
+    ms, kernels = timed_resources(launch)
+    return ms, "; ".join(f"{c['regs']} regs, {c['spills']} spilled, {c['shared']} B shared" for c in kernels)
 
 
 def head_plan(common, c):

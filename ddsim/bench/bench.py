@@ -252,6 +252,18 @@ def _do_bench(launch) -> float:
     return triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median")
 
 
+def timed_resources(launch) -> tuple[float, list[dict]]:
+    """do_bench's median ms of ``launch``, and what each kernel it compiled holds (ddsim.gpu_backend.launch's
+    cache: the kernel's name and constexprs key, registers, spilled words, shared memory bytes)."""
+    from ddsim.gpu_backend import launch as L
+    before = set(L._COMPILED)
+    ms = _do_bench(launch)
+    kernels = [dict(name=L._PARAMS[key[0]][3].__name__, config=key[2], regs=getattr(ck, "n_regs", "?"),
+                    spills=getattr(ck, "n_spills", "?"), shared=getattr(ck.metadata, "shared", "?"))
+               for key, ck in sorted(((k, L._COMPILED[k]) for k in set(L._COMPILED) - before), key=lambda x: str(x[0]))]
+    return ms, kernels
+
+
 def sweep(B: int, T: int, cases: dict, nbytes: dict, bw: float, *, only=None, progress=None, timer=_do_bench,
           flops: dict | None = None, flop_rate: float | None = None) -> list:
     """One row per case {name: (design, launch configurations, plan(config) -> (launch, result))}:
