@@ -10,7 +10,10 @@ The figures match the device's (bench_wy_fold.py prints the loaded kernels' regi
 Triton here is the device's: RESULTS.md's came from Triton 3.6, the H200's version, installed
 beside the project's own (pip install --no-deps --target DIR triton==3.6.0; PYTHONPATH=DIR).
 
-    python benchmarks/kernel_registers.py [--defaults-only]
+    python benchmarks/kernel_registers.py [--defaults-only] [--head-caps 168,128]
+
+--head-caps: the head kernel at its defaults under each register cap too (two programs an SM at 255 registers,
+three at 168, four at 128: what a cap would buy in occupancy, against what it spills).
 """
 import argparse
 import os
@@ -100,14 +103,21 @@ def _products(N, Y, out, BT: tl.constexpr, WHAT: tl.constexpr):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--defaults-only", action="store_true", help="the bf16 defaults' kernels alone")
-    defaults_only = ap.parse_args().defaults_only
+    ap.add_argument("--head-caps", default="", help="register caps to compile the head kernel under too (168,128)")
+    a = ap.parse_args()
+    defaults_only = a.defaults_only
+    try:
+        head_caps = [int(x) for x in a.head_caps.split(",") if x]
+    except ValueError:
+        ap.error(f"--head-caps {a.head_caps!r}: expected register counts, comma separated")
     print(f"# Triton {triton.__version__}, compiled for sm_90 (no GPU); Qwen3.6-27B GDN shapes, bf16 inputs")
     # what design "auto" launches for a batch of bf16 inputs (the head kernel: HEAD_BLOCK_V, HEAD_STAGES), then the
     # two kernels of design "fold" at its bf16 defaults (bf16x3 products, the root folded in: FOLD_DEFAULTS)
-    print(f"head kernel at the bf16 defaults (bf16x3, {ws.HEAD_BLOCK_V}-wide tiles, {ws.HEAD_STAGES} stage), 4 warps: "
-          + usage(ws._gdn_wy_fold_head_kernel, HEAD, dict(SHAPE, V=128, BV=ws.HEAD_BLOCK_V, PRECISION="bf16x3",
-                                                           RAW16=True, EXACT=2, STATE_VK=False), 4,
-                  num_stages=ws.HEAD_STAGES))
+    head = dict(SHAPE, V=128, BV=ws.HEAD_BLOCK_V, PRECISION="bf16x3", RAW16=True, EXACT=2, STATE_VK=False)
+    for cap in (None, *head_caps):
+        print(f"head kernel at the bf16 defaults (bf16x3, {ws.HEAD_BLOCK_V}-wide tiles, {ws.HEAD_STAGES} stage), 4 warps"
+              + (f", cap {cap}: " if cap else ": ") + usage(ws._gdn_wy_fold_head_kernel, HEAD, head, 4, cap,
+                                                            num_stages=ws.HEAD_STAGES))
     print("fold kernel at the bf16 defaults (bf16x3, the root folded in), 4 warps: "
           + usage(ws._gdn_wy_fold_kernel, FOLD, dict(SHAPE, PRECISION="bf16x3", RAW16=True, EXACT=2, PDL=False, ROOT=True), 4))
     print("apply kernel of the folded root at the bf16 defaults (64-wide tiles, all of K), 4 warps: "
