@@ -232,3 +232,24 @@ def test_the_recheck_refuses_a_checkpoint_or_input_file_that_changed_or_went(tmp
     one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep),
                    f"cannot recheck: the audited checkpoint {ck} is not here")
 
+
+
+def test_a_whole_recheck_holds_the_verdict_to_its_own_rerun_too(monkeypatch, capsys):
+    """A whole recheck re-runs the audit: its figures reproduce the report's within tolerance, and the verdict
+    must hold on both. A report that passes (the no-leak fixture) whose re-run breaks a rule (planted: the
+    re-run is the leaking audit's) is given the re-run's violations, never the kinder verdict. (The no-leak
+    fixture's weights are planted, so it cannot be rechecked for real; the genuine whole recheck of the leaking
+    report above evaluates a real re-run.)"""
+    from ddsim.measure import recheck as rc
+    from ddsim.reports import json_report
+    inert_path = report_fixtures.path("inert")
+    inert, leaking = json_report.load(inert_path), json_report.load(LEAK)
+    for rerun, code_want in ((inert, 0), (leaking, 1), (None, 0)):
+        monkeypatch.setattr(rc, "recheck", lambda report, prompts, r=rerun: rc.RecheckResult(
+            [0, 1], r is not None, 1, r))
+        code, out, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", inert_path)
+        assert code == code_want, out + err
+        said = out.splitlines()[-1].endswith("the recheck's re-run of the audit does not (a figure within the "
+                                             "recheck's tolerance of its bound): the re-run's verdict is given")
+        assert said is (code_want == 1), out
+        assert ("VIOLATED silent_corruption_steps" in out) is (code_want == 1), out

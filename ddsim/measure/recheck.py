@@ -7,7 +7,9 @@ the drafter checkpoint; the device kind; an engine kernel by its source's sha256
 R's prompts, chosen from R's own digest (so a forger cannot choose which prompt is looked at), is
 audited again: the prompt's tokens, its reference decoding, and its generation in the chain and in
 every budget and mode must come out as R records them. A sample that covers every prompt re-runs
-the whole audit and compares every figure the gate reads, leak tables included.
+the whole audit and compares every figure the gate reads, leak tables included; the gate then holds its
+verdict to the re-run's figures as well as the report's (a figure within the tolerance of a rule's bound
+may pass on one and not the other: the verdict fails if either does).
 
 The recheck runs with the torch thread count the report's environment records (a float32 reduction's
 order, and so its last bits, follow it). Token sequences, accepted lengths and decisions compare
@@ -34,6 +36,7 @@ class RecheckResult:
     prompts: list[int]  # the prompts re-run
     whole: bool  # the sample covered every prompt: the whole report was compared
     compared: int  # values compared
+    rerun: object = None  # a whole recheck's own Report (the gate holds its verdict to it too), else None
 
     def line(self) -> str:
         what = "the whole audit re-run" if self.whole else f"prompts {self.prompts} re-run in every budget and mode"
@@ -131,11 +134,12 @@ def _recheck(report, prompts: int) -> RecheckResult:
     chosen = sample(report, prompts)
     if len(chosen) == len(report.prompts):
         from ddsim.reports.json_report import comparable
-        again = comparable(run_audit(ac))
+        rerun = run_audit(ac)
+        again = comparable(rerun)
         again["provenance"]["ddsim_version"] = report.provenance.ddsim_version
         again["config"]["device"] = report.config.device  # the device 'auto' resolved to, as above
         n = compare(again, comparable(report), tol)
-        return RecheckResult(chosen, True, n)
+        return RecheckResult(chosen, True, n, rerun)
     got = run_audit(ac, prompt_subset=chosen)
     # the version was checked (or its difference accepted) before the recheck
     mine = {**next(iter(got.values()))["provenance"], "ddsim_version": report.provenance.ddsim_version}
