@@ -233,7 +233,6 @@ def test_the_recheck_refuses_a_checkpoint_or_input_file_that_changed_or_went(tmp
                    f"cannot recheck: the audited checkpoint {ck} is not here")
 
 
-
 def test_a_whole_recheck_holds_the_verdict_to_its_own_rerun_too(monkeypatch, capsys):
     """A whole recheck re-runs the audit: its figures reproduce the report's within tolerance, and the verdict
     must hold on both. A report that passes (the no-leak fixture) whose re-run breaks a rule (planted: the
