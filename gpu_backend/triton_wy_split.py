@@ -441,26 +441,26 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     fold_bv, caps, root = FOLD_DEFAULTS.get(precision, FOLD_DEFAULTS["tf32x3"])
+    caps = caps if MAXNREG is None else MAXNREG
     BV = min(block_v or (fold_bv if fold else 32), max(16, C.next_pow2(V, 1)))
     # Triton's interpreter multiplies bf16 tiles as raw bits (fp16 is right): there bf16 takes the fp32 path
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
     qc, kc = q.contiguous(), k.contiguous()
-    exact = _exact_mode(q, k, v, exact16, C.interpreting())
-    if head:
-        BV = min(HEAD_BLOCK_V, max(16, C.next_pow2(V, 1)))
-        kw = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, state=state,
-                  state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                  FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=exact, PRECISION=precision,
-                  STATE_VK=C.state_vk(state), num_warps=solve_warps, num_stages=HEAD_STAGES)
-        cap = (caps if MAXNREG is None else MAXNREG)[0]
-        if cap:
-            kw["maxnreg"] = cap
-        return bind(_gdn_wy_fold_head_kernel, (B * HV,), kw), o
-    if fold:
+    if fold:  # (head among them)
+        exact = _exact_mode(q, k, v, exact16, C.interpreting())
+        if head:
+            BV = min(HEAD_BLOCK_V, max(16, C.next_pow2(V, 1)))
+            kw = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, state=state,
+                      state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                      FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=exact, PRECISION=precision,
+                      STATE_VK=C.state_vk(state), num_warps=solve_warps, num_stages=HEAD_STAGES)
+            if caps[0]:
+                kw["maxnreg"] = caps[0]
+            return bind(_gdn_wy_fold_head_kernel, (B * HV,), kw), o
         return _plan_fold(qc, kc, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=state, idx=idx,
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
                           exact=exact, use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
-                          solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps if MAXNREG is None else MAXNREG,
+                          solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps,
                           root=root if fold_root is None else bool(fold_root), BKC=min(block_k or BK, BK))
     Wm = C.scratch((B, HV, BT, BT), torch.float32, v.device)
     Pm = C.scratch(Wm.shape, torch.float32, v.device)
