@@ -13,7 +13,16 @@ import argparse
 import torch
 
 from ddsim.bench import bench
-from ddsim.bench.bench import copy_bandwidth, cuda_header, fp32_tensor_rate, kernel_accuracy, kernel_table, sweep, table_lines
+from ddsim.bench.bench import (
+    copy_bandwidth,
+    cuda_header,
+    fp32_tensor_rate,
+    kernel_accuracy,
+    kernel_table,
+    parse_shapes,
+    sweep,
+    table_lines,
+)
 from ddsim.gpu_backend import _common
 from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
 
@@ -61,17 +70,15 @@ if __name__ == "__main__":
     ap.add_argument("--precisions", default="", help="dot precisions to time beside the default, e.g. tf32x3")
     ap.add_argument("--skip-chunked", action="store_true", help="leave out the one-kernel chunked form (slow)")
     a = ap.parse_args()
+    shapes = parse_shapes(ap, a.shapes)
     try:
-        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
         block_ts = tuple(int(x) for x in a.block_t.split(","))
         precisions = tuple(p for p in a.precisions.split(",") if p)
         for p in precisions:
             _common.check_precision(p)
     except ValueError:
-        ap.error(f"--shapes {a.shapes!r} / --block-t {a.block_t!r} / --precisions {a.precisions!r}: expected "
-                 f"BxT,BxT,..., integers and dot precisions ({', '.join(_common.DOT_PRECISIONS)})")
-    if any(len(s) != 2 or min(s) < 1 for s in shapes):
-        ap.error(f"--shapes {a.shapes!r}: expected BxT,BxT,... with B, T >= 1")
+        ap.error(f"--block-t {a.block_t!r} / --precisions {a.precisions!r}: expected integers and dot precisions "
+                 f"({', '.join(_common.DOT_PRECISIONS)})")
     if any(bt < 16 or bt & (bt - 1) for bt in block_ts):
         ap.error(f"--block-t {a.block_t!r}: expected powers of two >= 16")
     if not torch.cuda.is_available():
