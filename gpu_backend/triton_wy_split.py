@@ -85,12 +85,14 @@ def _solve_prologue(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H: tl.constexp
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     mt = o_t < T - 1
-    rows = (i_b * T + 1 + o_t).to(tl.int64)
+    b0 = (i_b * T + 1).to(tl.int64)  # the first draft row: a 64-bit scalar base, 32-bit offsets from it
     m2 = mt[:, None] & (o_k < K)[None, :]
     # both rows loaded before either norm (this order is the compiled kernel the H200 figures are of;
     # _raw_block's load-then-norm per operand compiles to more spills under a register cap)
-    b_k = _raw_rows(k, rows[:, None], i_h, o_k[None, :], m2, H, K)
-    b_q = _raw_rows(q, rows[:, None], i_h, o_k[None, :], m2, H, K)
+    qk = (b0 * H + i_h) * K
+    qk_tile = o_t[:, None] * (H * K) + o_k[None, :]
+    b_k = tl.load(k + qk + qk_tile, mask=m2, other=0.0)
+    b_q = tl.load(q + qk + qk_tile, mask=m2, other=0.0)
     if L2NORM:
         rk = tl.sqrt(tl.sum(b_k.to(tl.float32) * b_k.to(tl.float32), 1) + 1e-6)
         rq = tl.sqrt(tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1) + 1e-6)
@@ -98,10 +100,11 @@ def _solve_prologue(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H: tl.constexp
         rk = tl.full([BT], 1.0, tl.float32)
         rq = tl.full([BT], 1.0, tl.float32)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
-    b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
+    gb = b0 * HV + i_hv
+    b_g, b_beta = h.gates(g + gb, beta + gb, o_t * HV, mt, neg_A, bias, FUSED, True)
     b_g = tl.where(mt, b_g, 0.0)
     b_beta = tl.where(mt, b_beta, 0.0)
-    anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0
+    anc = tl.load(mask + b0 * T + 1 + (o_t[:, None] * T + o_t[None, :]), mask=mt[:, None] & mt[None, :], other=0) != 0
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path below the root
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
     strict = anc & (o_t[:, None] != o_t[None, :])
@@ -185,6 +188,25 @@ def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
         return tl.dot(hi, bf, tl.dot(a - hi, bf, acc, input_precision="tf32"), input_precision="tf32")
     else:
         return tl.dot(a, b.to(tl.float32), acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _dot_exact_lhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + a b for a [M, R] in its own dtype and b [R, N] fp32, to fp32-level precision (_dot_exact_rhs with
+    the operands' roles swapped): EXACT 2, a bf16 and b split into three bf16 parts (three bf16 MMAs); EXACT 1,
+    a 16-bit (exact in tf32) and b's tf32 head and remainder (two tf32 MMAs); EXACT 0, ``PRECISION`` on fp32."""
+    if EXACT == 2:
+        b1 = b.to(tl.bfloat16)
+        r1 = b - b1.to(tl.float32)
+        b2 = r1.to(tl.bfloat16)
+        b3 = (r1 - b2.to(tl.float32)).to(tl.bfloat16)
+        return tl.dot(a, b1, tl.dot(a, b2, tl.dot(a, b3, acc)))
+    elif EXACT == 1:
+        af = a.to(tl.float32)
+        hi = _tf32_hi(b)
+        return tl.dot(af, hi, tl.dot(af, b - hi, acc, input_precision="tf32"), input_precision="tf32")
+    else:
+        return tl.dot(a.to(tl.float32), b, acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -300,18 +322,28 @@ def _gdn_wy_fold_head_kernel(
                                                 BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True)
     mt = o_t < T - 1
     mk = o_k < K
-    rows = (i_b * T + 1 + o_t).to(tl.int64)  # [BT] the draft rows
-    r0 = (i_b * T).to(tl.int64)
-    slot = tl.load(state_idx + i_b)
+    # The V tiles' addresses: 64-bit scalar bases, 32-bit offsets from them made in each tile, so that no 64-bit
+    # offset tensor, nor a loop-invariant one, stays live across the products (at 255 registers those spilled, and
+    # the tile's loads waited on their reloads: Nsight Compute, RESULTS.md)
+    r0 = (i_b * T).to(tl.int64) * (HV * V) + i_hv * V  # the root's row of v and o, at this head
+    slot = tl.load(state_idx + i_b).to(tl.int64)
+    s_base = state + (slot * HV + i_hv) * (K * V)
     for vt in range(0, V, BV):
         o_v = vt + tl.arange(0, BV)
         mv = o_v < V
-        b_v, v0 = _root_tile_v(v, rows, r0, i_hv, o_v, mt, mv, HV, V)  # [BT, BV], [BV]
-        S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
-                    other=0.0)  # [BK, BV]
+        m2 = mt[:, None] & mv[None, :]
+        tile = (o_t[:, None] + 1) * (HV * V) + o_v[None, :]  # [BT, BV] the draft rows, after the root's
+        b_v = tl.load(v + r0 + tile, mask=m2, other=0.0)  # [BT, BV]
+        v0 = tl.load(v + r0 + o_v, mask=mv, other=0.0).to(tl.float32)  # [BV]
+        if STATE_VK:  # the transpose of a contiguous [N, HV, V, K] pool (h.state_ptrs)
+            s_tile = o_v[None, :] * K + o_k[:, None]
+        else:
+            s_tile = o_k[:, None] * V + o_v[None, :]
+        S = tl.load(s_base + s_tile, mask=mk[:, None] & mv[None, :], other=0.0)  # [BK, BV]
         acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION),
                      input_precision=PRECISION)  # [BT, BV]
-        _store_root_tile(o, acc, c0 * v0 + tl.sum(q0[:, None] * S, 0), rows, r0, i_hv, o_v, mt, mv, HV, V)
+        tl.store(o + r0 + tile, acc.to(o.dtype.element_ty), mask=m2)
+        tl.store(o + r0 + o_v, (c0 * v0 + tl.sum(q0[:, None] * S, 0)).to(o.dtype.element_ty), mask=mv)
 
 
 @triton.jit
