@@ -44,7 +44,7 @@ from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
-from ddsim.gpu_backend.triton_wy_split import _dot_exact_lhs, _dot_exact_rhs, _exact_mode, _gram, _raw_block
+from ddsim.gpu_backend.triton_wy_split import _dot_exact_rhs, _exact_mode, _gram, _raw_block
 
 
 @triton.jit
@@ -143,7 +143,6 @@ def _gdn_wy_blocked_diag_kernel(
     k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self
     Gs, Wd,  # out: [B * HV, NP] fp32 path log-decays, [B * HV, NC, BT, BT] fp32 (I - N_cc)^-1
-    Ns,  # out: [B * HV, 2, NP] fp32, [:, 0] the row factors A / |k| of the apply kernel's products by raw k
     T, NSTEP, NP, NC,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
@@ -162,7 +161,6 @@ def _gdn_wy_blocked_diag_kernel(
         G += tl.sum(tl.where(anc, tl.where(mj, g_j, 0.0)[None, :], 0.0), 1)
     tl.store(Gs + i_bh.to(tl.int64) * NP + i_c * BT + o_t, G)
     b_k, rk = _raw_block(k, rows, mc, i_h, o_k, o_k < K, H, K, L2NORM)
-    tl.store(Ns + i_bh.to(tl.int64) * 2 * NP + i_c * BT + o_t, tl.exp(G) / rk)
     _, b_beta = h.gates(g, beta, rows * HV + i_hv, mc, neg_A, bias, FUSED, True)
     D = _path_decay(mask, rows, mc, rows, mc, G, G, T, True)
     N = -tl.where(mc, b_beta, 0.0)[:, None] * D * _gram(b_k, b_k, rk, rk, RAW16, PRECISION)
@@ -180,7 +178,6 @@ def _gdn_wy_blocked_solve_kernel(
     q, k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self
     Gs, Wd,  # from the diag kernel
-    Ns,  # out: [B * HV, 2, NP] fp32, [:, 1] the row factors A scale / |q| of the apply kernel's products by raw q
     Ve,  # out: [B * HV, NP, NP] fp32, the lower chunk blocks of Y diag(beta)
     Qe,  # out (FOLD): [B * HV, NP, BK] fp32, the output's weights on S_r
     T, scale, NP, NC,
@@ -200,9 +197,8 @@ def _gdn_wy_blocked_solve_kernel(
     vbase = i_bh.to(tl.int64) * NP * NP
     rows_i, mi = _chunk_rows(i_b, i_i, T, BT)
     G_i = tl.load(Gs + gbase + i_i * BT + o_t)
-    b_q, rq = _raw_block(q, rows_i, mi, i_h, o_k, mk, H, K, L2NORM)
-    tl.store(Ns + (gbase * 2 + NP) + i_i * BT + o_t, tl.exp(G_i) * scale / rq)
     if FOLD:
+        b_q, rq = _raw_block(q, rows_i, mi, i_h, o_k, mk, H, K, L2NORM)
         Qacc = (tl.exp(G_i) * scale / rq)[:, None] * b_q.to(tl.float32)
     for jj in range(0, i_i + 1):  # right to left: Y_il for l > j is stored before chunk j needs it
         j = i_i - jj
@@ -234,18 +230,13 @@ def _gdn_wy_blocked_solve_kernel(
 @triton.jit
 def _gdn_wy_blocked_apply_kernel(
     q, k, v, g, beta, A_log, dt_bias,
-    Ns, Ve, Qe,  # from the diag and solve kernels (Qe: FOLD only)
+    Gs, Ve, Qe,  # from the diag and solve kernels (Qe: FOLD only)
     state, state_idx, o,
     T, scale, NP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FUSED: tl.constexpr, L2NORM: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
-    FOLD: tl.constexpr,
+    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr, FOLD: tl.constexpr,
 ):
-    # q, k, v are multiplied in their own dtype (EXACT, as the one-block fold kernels): S_r split for three bf16
-    # MMAs (or two tf32 ones for other 16-bit inputs) by the raw 16-bit rows, whose l2 norms (and decays) the diag
-    # and solve kernels leave as row factors (Ns), instead of tf32x3 on normalised fp32 rows. Addresses: 64-bit
-    # scalar bases, 32-bit offsets.
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     i_i = tl.program_id(2)
     o_t = tl.arange(0, BT)
@@ -253,32 +244,27 @@ def _gdn_wy_blocked_apply_kernel(
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     # every chunk's program stores the root's output o_0 too: the same bits (same inputs, same code)
     s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
-                   H, HV, K, V, FUSED, L2NORM, STATE_VK)  # [BK, BV] S_r
-    i_bh = (i_b * HV + i_hv).to(tl.int64)
-    b0 = (i_b * T + 1).to(tl.int64)  # the first draft row
-    qk0, v0 = (b0 * H + i_h) * K, (b0 * HV + i_hv) * V
-    c_i = i_i * BT + o_t  # [BT] this chunk's draft nodes (0: the node after the root)
-    mi = c_i < T - 1
-    zero = tl.zeros([BT, BV], dtype=tl.float32)
+                   H, HV, K, V, FUSED, L2NORM, STATE_VK)
+    i_bh = i_b * HV + i_hv
+    gbase = i_bh.to(tl.int64) * NP
+    rows_i, mi = _chunk_rows(i_b, i_i, T, BT)
     if FOLD:
-        Qm = tl.load(Qe + i_bh * NP * BK + (c_i[:, None] * BK + o_k[None, :]))
+        Qm = tl.load(Qe + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * BK + o_k[None, :])
         O = tl.dot(Qm, s0, input_precision=PRECISION)
     else:
-        b_q = tl.load(q + qk0 + (c_i[:, None] * (H * K) + o_k[None, :]), mask=mi[:, None] & mk[None, :], other=0.0)
-        O = tl.load(Ns + i_bh * 2 * NP + NP + c_i)[:, None] * _dot_exact_lhs(b_q, s0, zero, EXACT, PRECISION)
+        b_q = h.load_rows(q, rows_i[:, None], i_h, o_k[None, :], mi[:, None] & mk[None, :], H, K, L2NORM, 1)
+        A_i = tl.exp(tl.load(Gs + gbase + i_i * BT + o_t))
+        O = A_i[:, None] * tl.dot(b_q * scale, s0, input_precision=PRECISION)
     for j in range(0, i_i + 1):
-        c_j = j * BT + o_t
-        mj = c_j < T - 1
-        v_j = tl.load(v + v0 + (c_j[:, None] * (HV * V) + o_v[None, :]), mask=mj[:, None] & mv[None, :], other=0.0)
-        Ve_ij = tl.load(Ve + i_bh * NP * NP + (c_i[:, None] * NP + c_j[None, :]))
-        if FOLD:  # O += Ve_ij V_j, V_j in its own dtype
-            O = _dot_exact_rhs(Ve_ij, v_j, O, EXACT, PRECISION)
-        else:  # O += Ve_ij R_j, R_j = V_j - diag(A_j) K_j S_r [BT, BV]
-            k_j = tl.load(k + qk0 + (c_j[:, None] * (H * K) + o_k[None, :]), mask=mj[:, None] & mk[None, :], other=0.0)
-            R = v_j.to(tl.float32) - tl.load(Ns + i_bh * 2 * NP + c_j)[:, None] * _dot_exact_lhs(k_j, s0, zero, EXACT,
-                                                                                               PRECISION)
-            O += tl.dot(Ve_ij, R, input_precision=PRECISION)
-    tl.store(o + v0 + (c_i[:, None] * (HV * V) + o_v[None, :]), O.to(o.dtype.element_ty),
+        rows_j, mj = _chunk_rows(i_b, j, T, BT)
+        R = h.load_rows(v, rows_j[:, None], i_hv, o_v[None, :], mj[:, None] & mv[None, :], HV, V, False, 1)
+        if not FOLD:  # R_j = V_j - diag(A_j) K_j S_r [BT, BV]
+            k_j = h.load_rows(k, rows_j[:, None], i_h, o_k[None, :], mj[:, None] & mk[None, :], H, K, L2NORM, 1)
+            A_j = tl.exp(tl.load(Gs + gbase + j * BT + o_t))
+            R = R - A_j[:, None] * tl.dot(k_j, s0, input_precision=PRECISION)
+        Ve_ij = tl.load(Ve + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * NP + j * BT + o_t[None, :])
+        O += tl.dot(Ve_ij, R, input_precision=PRECISION)
+    tl.store(o + (rows_i[:, None] * HV + i_hv) * V + o_v[None, :], O.to(o.dtype.element_ty),
              mask=mi[:, None] & mv[None, :])
 
 
@@ -342,7 +328,6 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     NC = max(1, C.cdiv(T - 1, BT))  # chunks (one, empty, for a root alone: the apply stores o_0)
     NP = NC * BT
     Gs = C.scratch((B * HV, NP), torch.float32, v.device)
-    Ns = C.scratch((B * HV, 2, NP), torch.float32, v.device)
     Wd = C.scratch((B * HV, NC, BT, BT), torch.float32, v.device)
     Ve = C.scratch((B * HV, NP, NP), torch.float32, v.device)  # lower chunk blocks only
     Qe = (C.scratch((B * HV, NP, BK), torch.float32, v.device) if fold else
@@ -351,14 +336,14 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     # q, k stay 16-bit in the per-head kernels' products by k (as triton_wy_split's; not in the
     # interpreter, whose bf16 tl.dot multiplies raw bits)
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
-    diag = dict(k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, Ns=Ns, T=T, NSTEP=nstep, NP=NP, NC=NC, **shapes, RAW16=raw16,
+    diag = dict(k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, T=T, NSTEP=nstep, NP=NP, NC=NC, **shapes, RAW16=raw16,
                 num_warps=solve_warps, **opts)
-    solve = dict(q=qc, k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, Ns=Ns, Ve=Ve, Qe=Qe, T=T, scale=scale, NP=NP, NC=NC, **shapes,
+    solve = dict(q=qc, k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, Ve=Ve, Qe=Qe, T=T, scale=scale, NP=NP, NC=NC, **shapes,
                  RAW16=raw16, EXACT=_exact_mode(q, k, q, "bf16x3", C.interpreting()), FOLD=fold,
                  num_warps=solve_warps, **opts)
-    apply = dict(q=qc, k=kc, v=vc, **gates, Ns=Ns, Ve=Ve, Qe=Qe, state=initial_state, state_idx=idx, o=o, T=T,
-                 scale=scale, NP=NP, **shapes, V=V, BV=BV, EXACT=_exact_mode(q, k, v, "bf16x3", C.interpreting()),
-                 STATE_VK=C.state_vk(initial_state), FOLD=fold, num_warps=num_warps, **opts)
+    apply = dict(q=qc, k=kc, v=vc, **gates, Gs=Gs, Ve=Ve, Qe=Qe, state=initial_state, state_idx=idx, o=o, T=T,
+                 scale=scale, NP=NP, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state), FOLD=fold,
+                 num_warps=num_warps, **opts)
     parts = (bind(_gdn_wy_blocked_diag_kernel, (NC, B * HV), diag),
              bind(_gdn_wy_blocked_solve_kernel, (NC, B * HV), solve),
              bind(_gdn_wy_blocked_apply_kernel, (C.cdiv(V, BV), B * HV, NC), apply))
@@ -367,5 +352,5 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         for part in parts:
             part()
     launch.parts = parts  # each kernel alone (the benchmarks time them apart)
-    launch.scratch = (Gs, Wd, Ns, Ve) + ((Qe,) if fold else ())
+    launch.scratch = (Gs, Wd, Ve) + ((Qe,) if fold else ())
     return launch, o

@@ -191,25 +191,6 @@ def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _dot_exact_lhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + a b for a [M, R] in its own dtype and b [R, N] fp32, to fp32-level precision (_dot_exact_rhs with
-    the operands' roles swapped): EXACT 2, a bf16 and b split into three bf16 parts (three bf16 MMAs); EXACT 1,
-    a 16-bit (exact in tf32) and b's tf32 head and remainder (two tf32 MMAs); EXACT 0, ``PRECISION`` on fp32."""
-    if EXACT == 2:
-        b1 = b.to(tl.bfloat16)
-        r1 = b - b1.to(tl.float32)
-        b2 = r1.to(tl.bfloat16)
-        b3 = (r1 - b2.to(tl.float32)).to(tl.bfloat16)
-        return tl.dot(a, b1, tl.dot(a, b2, tl.dot(a, b3, acc)))
-    elif EXACT == 1:
-        af = a.to(tl.float32)
-        hi = _tf32_hi(b)
-        return tl.dot(af, hi, tl.dot(af, b - hi, acc, input_precision="tf32"), input_precision="tf32")
-    else:
-        return tl.dot(a.to(tl.float32), b, acc, input_precision=PRECISION)
-
-
-@triton.jit
 def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
                   RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr, ROOT: tl.constexpr):
