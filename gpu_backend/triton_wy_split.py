@@ -93,7 +93,12 @@ def _solve_prologue(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H: tl.constexp
     qk_tile = o_t[:, None] * (H * K) + o_k[None, :]
     b_k = tl.load(k + qk + qk_tile, mask=m2, other=0.0)
     b_q = tl.load(q + qk + qk_tile, mask=m2, other=0.0)
-    if L2NORM:
+    if L2NORM and RAW16:  # the squared norms from the diagonals of exact MMAs (fp32 sums of exact products, as
+        # tl.sum's; K K^T is _gram's below, made once): no fp32 copy of the rows, no reduction across 128 columns
+        eye = o_t[:, None] == o_t[None, :]
+        rk = tl.sqrt(tl.sum(tl.where(eye, tl.dot(b_k, tl.trans(b_k)), 0.0), 1) + 1e-6)
+        rq = tl.sqrt(tl.sum(tl.where(eye, tl.dot(b_q, tl.trans(b_q)), 0.0), 1) + 1e-6)
+    elif L2NORM:
         rk = tl.sqrt(tl.sum(b_k.to(tl.float32) * b_k.to(tl.float32), 1) + 1e-6)
         rq = tl.sqrt(tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1) + 1e-6)
     else:
@@ -174,14 +179,18 @@ def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
     """acc + a b for a [M, R] fp32 and b [R, N] in its own dtype, to fp32-level precision. EXACT 1: b
     is 16-bit, exact in tf32, so two tf32 MMAs (a's tf32 head and its remainder) replace tf32x3's
     three; EXACT 2: b is bf16, and a is split into three bf16 parts (8 + 8 + 8 significant bits) for
-    three bf16 MMAs at twice tf32's rate; EXACT 0: ``PRECISION`` on fp32 operands. The MMAs
-    accumulate onto acc, smallest part first (one accumulator live)."""
+    three bf16 MMAs at twice tf32's rate; EXACT 3: the same in two parts (16 bits, about 2^-17: the
+    precision of Triton's bf16x3 beside it, for a bf16 output); EXACT 0: ``PRECISION`` on fp32 operands.
+    The MMAs accumulate onto acc, smallest part first (one accumulator live)."""
     if EXACT == 2:
         a1 = a.to(tl.bfloat16)
         r1 = a - a1.to(tl.float32)
         a2 = r1.to(tl.bfloat16)
         a3 = (r1 - a2.to(tl.float32)).to(tl.bfloat16)
         return tl.dot(a1, b, tl.dot(a2, b, tl.dot(a3, b, acc)))
+    elif EXACT == 3:
+        a1 = a.to(tl.bfloat16)
+        return tl.dot(a1, b, tl.dot((a - a1.to(tl.float32)).to(tl.bfloat16), b, acc))
     elif EXACT == 1:
         bf = b.to(tl.float32)
         hi = _tf32_hi(a)
@@ -216,7 +225,10 @@ def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H:
         N = N2
     Y = tl.dot(Y, N, Y, input_precision=PRECISION)
     Z = Y * (b_beta * A / rk)[None, :]
-    Qm = _dot_exact_rhs(-Z, b_k, (A * scale / rq)[:, None] * b_q.to(tl.float32), EXACT, PRECISION)
+    # Z in two bf16 parts (EXACT 3) where bf16x3 would take three: Y carries the doubling chain's bf16x3 error
+    # (about 2^-16) already, and the output is bf16
+    Qm = _dot_exact_rhs(-Z, b_k, (A * scale / rq)[:, None] * b_q.to(tl.float32), 3 if EXACT == 2 else EXACT,
+                        PRECISION)
     if ROOT:
         i_b, i_hv = i_bh // HV, i_bh % HV
         r0 = (i_b * T).to(tl.int64)
@@ -321,7 +333,9 @@ def _gdn_wy_fold_head_kernel(
         else:
             s_tile = o_k[:, None] * V + o_v[None, :]
         S = tl.load(s_base + s_tile, mask=mk[:, None] & mv[None, :], other=0.0)  # [BK, BV]
-        acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION),
+        # Ve V with Ve in two bf16 parts (EXACT 3) where bf16x3 would take three: Qe' S beside it is Triton's
+        # bf16x3, about 2^-16, and the output bf16; one MMA and a third of Ve's registers fewer a tile
+        acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], 3 if EXACT == 2 else EXACT, PRECISION),
                      input_precision=PRECISION)  # [BT, BV]
         tl.store(o + r0 + tile, acc.to(o.dtype.element_ty), mask=m2)
         tl.store(o + r0 + o_v, (c0 * v0 + tl.sum(q0[:, None] * S, 0)).to(o.dtype.element_ty), mask=mv)
