@@ -78,7 +78,6 @@ def _gdn_wy_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
-    RAW16: tl.constexpr,  # bf16 q, k, v with bf16x3 products: the raw rows in exact MMAs (below)
 ):
     # The root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -86,10 +85,6 @@ def _gdn_wy_kernel(
     i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
         q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM,
         STATE_VK)
-    if RAW16:
-        _wy_block_raw16(q, k, v, g, beta, mask, o, s0, rows, mt, o_t, o_k, o_v, mk, mv, i_h, i_hv, T, scale, NSTEP,
-                        neg_A, bias, H, HV, K, V, BT, FUSED, L2NORM, PRECISION)
-        return
     b_q, b_k, b_v, b_g, b_beta = h.wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
                                            H, HV, K, V, FUSED, L2NORM)
     anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0
@@ -109,48 +104,6 @@ def _gdn_wy_kernel(
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
 
-
-
-@triton.jit
-def _wy_block_raw16(q, k, v, g, beta, mask, o, s0, rows, mt, o_t, o_k, o_v, mk, mv, i_h, i_hv, T, scale, NSTEP, neg_A,
-                    bias, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                    FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr):
-    """The draft block of _gdn_wy_kernel for bf16 q, k, v with bf16x3 products: the raw bf16 rows go into
-    exact MMAs (K K^T, Q K^T; their squared norms from the diagonals of K K^T and Q Q^T) and S_r [BK, BV] into
-    two bf16 parts for K S_r and Q S_r (16 bits, about 2^-17: bf16x3's precision, for a bf16 output), the norms
-    and decays applied to the products' rows after; no normalised fp32 copies of q, k, no splits of them."""
-    m2 = mt[:, None] & mk[None, :]
-    b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m2, other=0.0)  # [BT, BK] bf16
-    b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m2, other=0.0)
-    b_v = h.load_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V, False, 1)
-    b_g, b_beta = h.gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
-    b_g = tl.where(mt, b_g, 0.0)
-    b_beta = tl.where(mt, b_beta, 0.0)
-    KK = tl.dot(b_k, tl.trans(b_k))  # [BT, BT] exact products, fp32 sums
-    QK = tl.dot(b_q, tl.trans(b_k))
-    if L2NORM:
-        eye = o_t[:, None] == o_t[None, :]
-        rk = tl.sqrt(tl.sum(tl.where(eye, KK, 0.0), 1) + 1e-6)
-        rq = tl.sqrt(tl.sum(tl.where(eye, tl.dot(b_q, tl.trans(b_q)), 0.0), 1) + 1e-6)
-    else:
-        rk = tl.full([BT], 1.0, tl.float32)
-        rq = tl.full([BT], 1.0, tl.float32)
-    anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0
-    G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path below the root
-    D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
-    strict = anc & (o_t[:, None] != o_t[None, :])
-    A = tl.exp(G)
-    NL = tl.where(strict, -(b_beta / rk)[:, None] * D * KK * (1.0 / rk)[None, :], 0.0)  # -L
-    s1 = s0.to(tl.bfloat16)
-    s2 = (s0 - s1.to(tl.float32)).to(tl.bfloat16)
-    U = b_beta[:, None] * (b_v - (A / rk)[:, None] * tl.dot(b_k, s1, tl.dot(b_k, s2)))  # right-hand side
-    for _ in range(0, NSTEP):  # U <- (I + N) U, N <- N @ N : U = sum_n (-L)^n RHS
-        U = U + tl.dot(NL, U, input_precision=PRECISION)
-        NL = tl.dot(NL, NL, input_precision=PRECISION)
-    P = tl.where(anc, D * QK * (scale / rq)[:, None] * (1.0 / rk)[None, :], 0.0)
-    b_o = (A * scale / rq)[:, None] * tl.dot(b_q, s1, tl.dot(b_q, s2)) + tl.dot(P, U, input_precision=PRECISION)
-    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
-             mask=mt[:, None] & mv[None, :])
 
 WY_MAX_NODES = 65  # the root + one block of at most 64 draft nodes (a 128-row block exceeds shared memory in
 # tf32x3); larger trees go to triton_wy_blocked (the same form over 64-row chunks, block back-substitution)
@@ -286,11 +239,5 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
-              STATE_VK=C.state_vk(initial_state), RAW16=_raw16(q, k, v, precision), num_warps=num_warps)
+              STATE_VK=C.state_vk(initial_state), num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o
-
-
-def _raw16(q, k, v, precision: str) -> bool:
-    """Whether the one-kernel form takes its raw-bf16 block (_wy_block_raw16): bf16 q, k, v with bf16x3 products,
-    compiled (the interpreter's bf16 tl.dot multiplies raw bits: there the normalised fp32 rows)."""
-    return {q.dtype, k.dtype, v.dtype} == {torch.bfloat16} and precision == "bf16x3" and not C.interpreting()
