@@ -10,12 +10,16 @@ The figures match the device's (bench_wy_fold.py prints the loaded kernels' regi
 Triton here is the device's: RESULTS.md's came from Triton 3.6, the H200's version, installed
 beside the project's own (pip install --no-deps --target DIR triton==3.6.0; PYTHONPATH=DIR).
 
-    python benchmarks/kernel_registers.py [--defaults-only] [--head-caps 168,128]
+    python benchmarks/kernel_registers.py [--defaults-only] [--head-caps 168,128] [--lines 20]
 
 --head-caps: the head kernel at its defaults under each register cap too (two programs an SM at 255 registers,
-three at 168, four at 128: what a cap would buy in occupancy, against what it spills).
+three at 168, four at 128: what a cap would buy in occupancy, against what it spills). --lines N: the head kernel's
+N source lines with the most machine instructions (nvdisasm's line table; what to cut first, beside Nsight Compute's
+stall samples on the device).
 """
 import argparse
+import collections
+import linecache
 import os
 import re
 import subprocess
@@ -31,6 +35,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from ddsim.gpu_backend import triton_wy_split as ws  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
 SHAPE = dict(H=16, HV=48, K=128, BT=64, BK=128, FUSED=False, L2NORM=True, PRECISION="tf32x3")  # Qwen3.6-27B GDN
 FOLD = dict(q="*bf16", k="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", mask="*i8", Qe="*fp32",
             Ve="*fp32", Cv="*fp32", Q0="*fp32", C0="*fp32", ready="*i32", T="i32", scale="fp32", NSTEP="i32")
@@ -43,10 +48,8 @@ APPLY = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log="*f
 TILES = dict(N="*fp32", Y="*fp32", out="*fp32")
 
 
-def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None, num_stages=None) -> str:
-    """'R registers, S bytes of stack (spills), M bytes of shared memory, N instructions (C tensor-core)' of fn
-    compiled for sm_90, every pointer 16-byte aligned (as torch allocates); N counts the machine instructions
-    cuobjdump lists, C those of them that are MMAs."""
+def cubin(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None, num_stages=None):
+    """fn compiled for sm_90, every pointer 16-byte aligned (as torch allocates): Triton's compiled kernel."""
     names = list(fn.arg_names)
     full = dict(signature, **{k: "constexpr" for k in constexprs})
     src = ASTSource(fn=fn, signature={n: full[n] for n in names},
@@ -54,7 +57,13 @@ def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None, n
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t[0] == "*"})
     opts = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
                 **({"num_stages": num_stages} if num_stages else {}))
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None, num_stages=None) -> str:
+    """'R registers, S bytes of stack (spills), M bytes of shared memory, N instructions (C tensor-core)' of fn
+    compiled for sm_90 (cubin); N counts the machine instructions cuobjdump lists, C those of them that are MMAs."""
+    ck = cubin(fn, signature, constexprs, num_warps, maxnreg, num_stages)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
         f.flush()
@@ -65,6 +74,36 @@ def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None, n
     mma = sum(1 for line in ins if re.search(r"\bH[G]?MMA\b", line))  # wgmma (HGMMA) or mma.sync (HMMA)
     return (f"{reg.group(1) if reg else '?'} registers, {stack.group(1) if stack else '?'} B stack (spills), "
             f"{ck.metadata.shared} B shared, {len(ins)} instructions ({mma} tensor-core)")
+
+
+def by_line(fn, signature: dict, constexprs: dict, num_warps: int, top: int, num_stages=None) -> list[str]:
+    """The ``top`` source lines of fn (compiled for sm_90) with the most machine instructions, from nvdisasm's line
+    table: 'count  file:line  opcodes  source', most first, and the total. Static counts: a loop's body counts
+    once (the head kernel's V-tile loop runs V / BV times)."""
+    ck = cubin(fn, signature, constexprs, num_warps, num_stages=num_stages)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([NVDISASM, "-g", "-c", f.name], capture_output=True, text=True, check=True).stdout
+    where, count, ops = None, collections.Counter(), collections.defaultdict(collections.Counter)
+    for line in sass.splitlines():
+        m = re.search(r'File "([^"]+)", line (\d+)', line)
+        if m:
+            where = (m.group(1), int(m.group(2)))
+            continue
+        m = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
+        if m:
+            count[where] += 1
+            ops[where][m.group(1)] += 1
+    out = [f"{sum(count.values())} instructions"]
+    for (path, n), c in count.most_common(top):
+        try:
+            text = linecache.getline(path, n).strip()[:70]
+        except TypeError:  # no line (None)
+            text = ""
+        op = ", ".join(f"{k} {v}" for k, v in ops[(path, n)].most_common(4))
+        out.append(f"{c:5d}  {os.path.basename(path or '?')}:{n}  {op}  | {text}")
+    return out
 
 
 @triton.jit
@@ -104,6 +143,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--defaults-only", action="store_true", help="the bf16 defaults' kernels alone")
     ap.add_argument("--head-caps", default="", help="register caps to compile the head kernel under too (168,128)")
+    ap.add_argument("--lines", type=int, default=0, help="the head kernel's N source lines with the most instructions")
     a = ap.parse_args()
     defaults_only = a.defaults_only
     try:
@@ -118,6 +158,10 @@ if __name__ == "__main__":
         print(f"head kernel at the bf16 defaults (bf16x3, {ws.HEAD_BLOCK_V}-wide tiles, {ws.HEAD_STAGES} stage), 4 warps"
               + (f", cap {cap}: " if cap else ": ") + usage(ws._gdn_wy_fold_head_kernel, HEAD, head, 4, cap,
                                                             num_stages=ws.HEAD_STAGES))
+    if a.lines:
+        print(f"the head kernel's {a.lines} source lines with the most machine instructions (static counts):")
+        for row in by_line(ws._gdn_wy_fold_head_kernel, HEAD, head, 4, a.lines, num_stages=ws.HEAD_STAGES):
+            print("  " + row)
     print("fold kernel at the bf16 defaults (bf16x3, the root folded in), 4 warps: "
           + usage(ws._gdn_wy_fold_kernel, FOLD, dict(SHAPE, PRECISION="bf16x3", RAW16=True, EXACT=2, PDL=False, ROOT=True), 4))
     print("apply kernel of the folded root at the bf16 defaults (64-wide tiles, all of K), 4 warps: "

@@ -183,9 +183,10 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     program per head that made them, one kernel; "auto" takes what measured fastest on the H200
     (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (12.4 us at 1x16 with bf16x3
     products, 16.2-17.3 with tf32x3; head 14.9), else split (head took 26.1 us against 29.2 alone at 1x65, but
-    the graphed 27B verify 0.3-0.4 ms longer in place: 48 layers); for a batch head with bf16x3 products (61.6 /
-    171.2 us at 8x65 / 32x65 against fold's 71.3 / 220.5), fold where pdl, block_k, block_v or fold_root=False
-    is given (options of the two-kernel forms only) or with other products (head not measured). block_v
+    the graphed 27B verify 0.3-0.4 ms longer in place: 48 layers); for a batch head with bf16x3 products (58.0 /
+    160.0 us at 8x65 / 32x65 now; 61.6 / 171.2 against fold's 71.3 / 220.5 when it was chosen), fold where pdl,
+    block_k, block_v or fold_root=False is given (options of the two-kernel forms only) or with other products
+    (head not measured). block_v
     / num_warps / solve_warps default to each design's sweep choice (triton_wy_split.FOLD_DEFAULTS for
     fold); precision: the input_precision of
     the products of fp32 operands (None: bf16x3 for 16-bit inputs, tf32x3 for fp32: _common.dot_precision;
