@@ -973,6 +973,64 @@ def test_the_recheck_reads_rounding_figures_against_the_rounding_they_measure():
     assert edge.close(0.0, 0.25, "x.kl") and not edge.close(0.0, 0.375, "x.kl")  # the floor itself holds
 
 
+def test_a_samples_leak_table_bounds_the_reports():
+    """A sample of the prompts, re-run, cannot reproduce leak tables pooled over every prompt, but its own pool
+    must fit inside them: no count, flipped node, maximum or row of its own beyond the report's (a part's mean,
+    median and p90 may exceed the whole's). Each overstep is planted on the fixture's leaky table."""
+    from ddsim.measure.reproduce import bounded, tolerance
+    tol = tolerance("float32")
+    d = json.loads(fixture_path("leak").read_text())
+    want = d["budgets"][0]["leak"]["leaky"]
+    where = "budgets[0].leak.leaky"
+    assert want["argmax_flip_rate"]["other"] > 0 and len(want["by_depth"]) > 2  # the planted cases need both
+    assert bounded(copy.deepcopy(want), want, tol, where) > 150  # every count, flip and max of the table
+    part = copy.deepcopy(want)  # a part above the whole's mean, at its max: fits
+    s = part["state_rel"]["other"]
+    s["mean"] = s["median"] = s["p90"] = s["max"]
+    part["by_depth"] = part["by_depth"][:2]  # fewer rows, fewer nodes and flips: fits
+    part["nodes"] -= 5
+    part["argmax_flip_rate"]["other"] /= 2
+    k = part["kl"]["other"]
+    k["max"] *= 1 + 3e-4  # a rounding apart (rtol 4e-4): fits
+    bounded(part, want, tol, where)
+    exact = d["budgets"][0]["leak"]["exact"]
+    e = copy.deepcopy(exact)
+    e["state_rel"]["other"]["max"] += 4e-7  # another CPU's rounding, under the 4.8e-7 floor: fits
+    bounded(e, exact, tol, "budgets[0].leak.exact")
+
+    def planted(edit_got=None, edit_want=None):
+        got, w = copy.deepcopy(want), copy.deepcopy(want)
+        (edit_got or (lambda x: None))(got)
+        (edit_want or (lambda x: None))(w)
+        with pytest.raises(InputError) as err:
+            bounded(got, w, tol, where)
+        return str(err.value)
+
+    msg = planted(lambda g: g.update(nodes=g["nodes"] + 1))
+    assert msg == (f"--report: does not reproduce: {where}.nodes is {want['nodes']} in the report, but the re-run "
+                   f"prompts alone reach {want['nodes'] + 1} (the report's table is not the pool of its prompts)"), msg
+    assert f"{where}.state_rel.other.max is" in planted(
+        lambda g: g["state_rel"]["other"].update(max=g["state_rel"]["other"]["max"] * 1.01))
+    assert f"{where}.kl.other.n is" in planted(lambda g: g["kl"]["other"].update(n=g["kl"]["other"]["n"] + 1))
+    # the leak's flips forged away in the report (its rates 0) while the re-run prompts flip
+    zero = lambda w: w["argmax_flip_rate"].update({"all": 0.0, "other": 0.0})  # noqa: E731
+    assert f"{where}.argmax_flip_rate.other (flipped nodes) is 0 in the report" in planted(edit_want=zero)
+    deepest = want["by_depth"][-1]["depth"]
+    assert f"{where}.by_depth has no depth {deepest}, which the re-run prompts reach" in planted(
+        edit_want=lambda w: w["by_depth"].pop())
+    assert want["by_depth"][1]["argmax_flip_rate"] > 0
+    assert f"{where}.by_depth[depth 1].argmax_flip_rate (flipped nodes) is 0 in the report" in planted(
+        edit_want=lambda w: w["by_depth"][1].update(argmax_flip_rate=0.0))
+    assert f"{where}.by_layer[layer 0].kind is 'g' in the report, 'x' on recheck" in planted(
+        lambda g: g["by_layer"][0].update(kind="x"))
+    assert want["by_layer"][3]["kind"] == "a" and want["by_layer"][3]["state_rel"] is None  # attention: no state
+    assert f"{where}.by_layer[layer 3].state_rel is None in the report" in planted(
+        lambda g: g["by_layer"][3].update(state_rel=want["kl"]["other"]))
+    assert f"{where}.kl.other.max is" in planted(lambda g: g["kl"]["other"].update(max=float("nan")))
+    assert "has other fields on recheck" in planted(lambda g: g.pop("margin_all"))
+    assert f"{where}.margin_all is not a summary on recheck" in planted(lambda g: g.update(margin_all=None))
+
+
 def test_the_recheck_compares_every_field_and_names_the_first_that_differs():
     from ddsim.measure.reproduce import compare, tolerance
     tol = tolerance("float32")

@@ -118,6 +118,22 @@ def test_a_forged_report_passes_on_trust_and_fails_the_recheck(tmp_path, capsys)
     assert code == 1 and out.startswith("recheck: the whole audit re-run"), out + err
 
 
+def test_leak_tables_forged_beside_genuine_generations_fail_the_one_prompt_recheck(tmp_path, capsys):
+    """The generations left as audited (they reproduce) and only the leaky mode's leak tables replaced by the exact
+    mode's (no flips, rounding-sized errors): self-consistent, and a one-prompt recheck cannot reproduce tables
+    pooled over every prompt, but the re-run prompt's own nodes must fit inside them. They do not."""
+    d = json.loads(LEAK.read_text())
+    for b in d["budgets"]:
+        b["leak"]["leaky"] = json.loads(json.dumps(b["leak"]["exact"]))
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps(d))
+    code, out, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", forged, "--no-recheck")
+    assert code == 1 and "taken on trust" in out.splitlines()[-1], out + err  # it loads: self-consistent
+    code, out, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", forged)
+    assert code == 2 and "--report: does not reproduce: budgets[24].leak.leaky." in err, out + err
+    assert "(the report's table is not the pool of its prompts)" in err, err
+
+
 def test_a_report_of_another_ddsim_version_is_refused(tmp_path, capsys):
     d = json.loads(LEAK.read_text())
     d["provenance"]["ddsim_version"] = d["environment"]["ddsim"] = "0.1.9"

@@ -228,8 +228,9 @@ def run_audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | Non
     report is assembled on rank 0 (other ranks return None). The fast path's outputs are
     NaN-poisoned throughout (gpu_backend.poisoned). ``timings``: a dict this process's wall seconds
     per phase are added to (benchmarks/audit_full_size.py prints them). ``prompt_subset``: run only
-    these prompts' generations (each exactly as in the whole audit) and return {prompt index: its
-    reference, margins and Generation records} instead of a report (ddsim.measure.recheck)."""
+    these prompts' generations (each exactly as in the whole audit) and return, instead of a report
+    (ddsim.measure.recheck), {"prompts": {prompt index: its reference, margins and Generation records},
+    "provenance": ..., "leak": {budget: {mode: LeakTable pooled over these prompts' nodes}}}."""
     from ddsim.gpu_backend import poisoned
     with poisoned():
         return _audit(ac, progress=progress, shard=shard, timings=timings, prompt_subset=prompt_subset)
@@ -274,10 +275,14 @@ def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None =
         bad = [i for i in prompt_subset if not 0 <= i < len(run.prompts)]
         if bad:
             raise InputError(f"prompt {bad[0]}: the audit has {len(run.prompts)} prompts")
-        return {o["index"]: {"prompt": run.prompts[o["index"]], "reference": o["reference"], "margins": o["margins"],
-                             "generations": [o["chain"]] + [g for b in ac.budgets for g in o["budgets"][b]["gens"].values()],
-                             "provenance": run.provenance}
-                for o in _share(run, sorted(set(prompt_subset)))}
+        outs = _share(run, sorted(set(prompt_subset)))
+        return {"prompts": {o["index"]: {"prompt": run.prompts[o["index"]], "reference": o["reference"],
+                                         "margins": o["margins"],
+                                         "generations": [o["chain"]] + [g for b in ac.budgets
+                                                                        for g in o["budgets"][b]["gens"].values()]}
+                            for o in outs},
+                "provenance": run.provenance,
+                "leak": {b: _leak_tables(run.cfg, outs, b) for b in ac.budgets}}  # pooled over the subset
     per_prompt = run.shard.run_group(lambda idx: _share(run, idx), len(run.prompts))  # rank 0 gathers every prompt
     if per_prompt is None:
         return None
@@ -451,6 +456,17 @@ def _leaky_timings(timings: dict, inner: dict, budget: int) -> None:
         timings[f"  of which (leaky generations) {name}, budget {budget}"] = v
 
 
+def _leak_tables(cfg, per_prompt: list[dict], budget: int) -> dict:
+    """{mode: LeakTable} of one budget, every node of the given prompts' records pooled in prompt order, as one
+    process adds them."""
+    pools = {m: NodePool() for m in ALL_MODES}
+    for r in per_prompt:
+        for m in ALL_MODES:
+            for metrics, keys in r["budgets"][budget]["nodes"][m]:
+                pools[m].add(metrics, keys)
+    return {m: LeakTable.model_validate_json(json.dumps(pools[m].table(cfg))) for m in ALL_MODES}
+
+
 def _assemble(run: _Run, per_prompt: list[dict]) -> Report:
     """The report from every prompt's records, in prompt order: leak tables pooled as one process adds
     them, the noise margin over every budget's trees, the summaries, the throughput rows."""
@@ -462,13 +478,7 @@ def _assemble(run: _Run, per_prompt: list[dict]) -> Report:
     for budget in ac.budgets:
         policy = TreePolicy("ddtree", budget, ac.topk_cap)
         gens = {m: [r["budgets"][budget]["gens"][m] for r in per_prompt] for m in ALL_MODES}
-        pools = {m: NodePool() for m in ALL_MODES}
-        for r in per_prompt:  # in prompt order, as one process adds them
-            for m in ALL_MODES:
-                for metrics, keys in r["budgets"][budget]["nodes"][m]:
-                    pools[m].add(metrics, keys)
-        leak = {m: LeakTable.model_validate_json(json.dumps(pools[m].table(cfg))) for m in ALL_MODES}
-        measured.append((budget, policy, gens, leak))
+        measured.append((budget, policy, gens, _leak_tables(cfg, per_prompt, budget)))
     # the arithmetic's noise is the audit's, not a budget's: pooled over every budget's trees
     noise_margin = noise_margin_of([leak["exact"] for *_, leak in measured], ac.temperature)
     summary = lambda gs: ModeSummary.of(gs, ref_len=run.ref_len, noise_margin=noise_margin)  # noqa: E731

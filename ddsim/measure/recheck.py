@@ -6,7 +6,8 @@ What is rechecked: before any work, that everything the audit read is at hand an
 the drafter checkpoint; the device kind; an engine kernel by its source's sha256). Then a sample of
 R's prompts, chosen from R's own digest (so a forger cannot choose which prompt is looked at), is
 audited again: the prompt's tokens, its reference decoding, and its generation in the chain and in
-every budget and mode must come out as R records them. A sample that covers every prompt re-runs
+every budget and mode must come out as R records them, and R's leak tables (pooled over every prompt) must
+hold the sample's own: no count, flip or maximum of the sample's nodes above R's. A sample that covers every prompt re-runs
 the whole audit and compares every figure the gate reads, leak tables included; the gate then holds its
 verdict to the re-run's figures as well as the report's (a figure within the tolerance of a rule's bound
 may pass on one and not the other: the verdict fails if either does).
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddsim.errors import InputError
-from ddsim.measure.reproduce import compare, tolerance
+from ddsim.measure.reproduce import bounded, compare, tolerance
 
 
 @dataclass(frozen=True)
@@ -142,10 +143,10 @@ def _recheck(report, prompts: int) -> RecheckResult:
         return RecheckResult(chosen, True, n, rerun)
     got = run_audit(ac, prompt_subset=chosen)
     # the version was checked (or its difference accepted) before the recheck
-    mine = {**next(iter(got.values()))["provenance"], "ddsim_version": report.provenance.ddsim_version}
+    mine = {**got["provenance"], "ddsim_version": report.provenance.ddsim_version}
     n = compare(mine, report.provenance.model_dump(mode="json"), tol, "provenance")
     for i in chosen:
-        rec, p = got[i], report.prompts[i]
+        rec, p = got["prompts"][i], report.prompts[i]
         n += compare({"tokens": rec["prompt"], "reference": rec["reference"]},
                      {"tokens": p.tokens, "reference": p.reference}, tol, f"prompts[{i}]")
         mine = {(g.budget, g.mode): g.model_dump(mode="json") for g in rec["generations"]}
@@ -154,4 +155,9 @@ def _recheck(report, prompts: int) -> RecheckResult:
             raise InputError(f"--report: does not reproduce: prompt {i}'s generations are not one per budget and mode")
         for key in sorted(theirs, key=str):
             n += compare(mine[key], theirs[key], tol, f"generations[prompt {i}, budget {key[0]}, mode {key[1]}]")
+    # the leak tables pool every prompt: the sample's own pool bounds them (counts, flips, maxima)
+    for b in report.budgets:
+        for m, table in b.leak.items():
+            n += bounded(got["leak"][b.budget][m].model_dump(mode="json"), table.model_dump(mode="json"), tol,
+                         f"budgets[{b.budget}].leak.{m}")
     return RecheckResult(chosen, False, n)

@@ -1,7 +1,8 @@
 """Whether a rechecked figure reproduces the report's (``gate --report``'s recheck, ddsim.measure.recheck):
 token sequences, counts and decisions exactly; floats within the fast path's relative tolerance, above an
-absolute floor set by what the figure measures. Value code only: ``make mutation`` runs the fast chain tests
-against mutants of it."""
+absolute floor set by what the figure measures. A sample of the prompts, re-run, cannot reproduce leak tables
+pooled over every prompt, but it bounds them (``bounded``): its own pooled table's counts, flips and maxima
+cannot exceed the report's. Value code only: ``make mutation`` runs the fast chain tests against mutants of it."""
 from __future__ import annotations
 
 import math
@@ -79,3 +80,78 @@ def compare(got, want, tol: Tolerance, where: str = "") -> int:
         raise InputError(f"--report: does not reproduce: {where} is {want!r} in the report, {got!r} on recheck "
                          "(the report was not produced by this audit)")
     return 1
+
+
+SUMMARY = {"n", "mean", "median", "p90", "max"}  # a leak table's summary of one quantity (report_model.Summary)
+ROW_KEYS = ("depth", "rank", "layer", "family")  # what names a row of a leak table's lists
+FLIPS = (("order_exact", "order_exact_nodes"), ("other", "not_order_exact_nodes"), ("all", "nodes"))
+
+
+def bounded(got, want, tol: Tolerance, where: str = "") -> int:
+    """Values checked that ``got``, a leak table pooled over some of the audit's prompts (re-run), does not exceed
+    ``want``, the report's table of every prompt (both as JSON): every count (nodes, a summary's n, flips: a rate
+    times its nodes) at most the report's, every summary's max at most its max within ``tol``, every row (a depth,
+    rank, layer or family) one the report has. InputError at the first that exceeds: the report's table is not
+    the pool of its prompts (mean, median and p90 of a part may exceed the whole's: not compared)."""
+    if isinstance(want, dict) and set(want) == SUMMARY:
+        if not isinstance(got, dict) or set(got) != SUMMARY:
+            raise InputError(f"--report: does not reproduce: {where} is not a summary on recheck")
+        _at_most(got["n"], want["n"], f"{where}.n")
+        if got["n"]:
+            _at_most(got["max"], want["max"], f"{where}.max", tol)
+        return 2
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or set(got) != set(want):
+            raise InputError(f"--report: does not reproduce: {where or 'leak table'} has other fields on recheck")
+        n = 0
+        if "argmax_flip_rate" in want:
+            rates_g, rates_w = got["argmax_flip_rate"], want["argmax_flip_rate"]
+            pairs = FLIPS if isinstance(rates_w, dict) else ((None, "nodes"),)
+            for rate, nodes in pairs:
+                rg = rates_g if rate is None else rates_g[rate]
+                rw = rates_w if rate is None else rates_w[rate]
+                label = f"{where}.argmax_flip_rate" + ("" if rate is None else f".{rate}")
+                _at_most(round((rg or 0.0) * got[nodes]), round((rw or 0.0) * want[nodes]), f"{label} (flipped nodes)")
+                n += 1
+        return n + sum(bounded(got[k], want[k], tol, f"{where}.{k}" if where else k) for k in want
+                       if k != "argmax_flip_rate")
+    if isinstance(want, list):
+        if not isinstance(got, list):
+            raise InputError(f"--report: does not reproduce: {where} is not a list on recheck")
+        key = next((k for k in ROW_KEYS if want and k in want[0]), None) or next(
+            (k for k in ROW_KEYS if got and k in got[0]), None)
+        if key is None:
+            if got or want:
+                raise InputError(f"--report: does not reproduce: {where} has rows without a depth, rank, layer or family")
+            return 0
+        theirs = {row[key]: row for row in want}
+        n = 0
+        for row in got:
+            if row[key] not in theirs:
+                raise InputError(f"--report: does not reproduce: {where} has no {key} {row[key]!r}, which the re-run "
+                                 f"prompts reach (the report was not produced by this audit)")
+            n += bounded(row, theirs[row[key]], tol, f"{where}[{key} {row[key]!r}]")
+        return n
+    if isinstance(want, (int, float)) and not isinstance(want, bool) and isinstance(got, (int, float)):
+        if where.rsplit(".", 1)[-1] in ROW_KEYS + ("kind", "layers"):
+            if got != want:
+                raise InputError(f"--report: does not reproduce: {where} is {want!r} in the report, {got!r} on recheck")
+            return 1
+        _at_most(got, want, where)
+        return 1
+    if got != want:
+        raise InputError(f"--report: does not reproduce: {where} is {want!r} in the report, {got!r} on recheck")
+    return 1
+
+
+def _at_most(got, want, where: str, tol: Tolerance | None = None) -> None:
+    """InputError unless got <= want (within tol of the figure's kind, for a float; exactly for a count)."""
+    if got is None or want is None or not (math.isfinite(got) and math.isfinite(want)):
+        raise InputError(f"--report: does not reproduce: {where} is {want!r} in the report, {got!r} on recheck")
+    slack = 0.0
+    if tol is not None:
+        kind = figure_kind(where)
+        slack = (ABS_FLOOR if kind is None else tol.floors[kind]) + tol.rtol * max(abs(got), abs(want))
+    if got > want + slack:
+        raise InputError(f"--report: does not reproduce: {where} is {want!r} in the report, but the re-run prompts "
+                         f"alone reach {got!r} (the report's table is not the pool of its prompts)")
