@@ -1031,6 +1031,36 @@ def test_a_samples_leak_table_bounds_the_reports():
     assert f"{where}.margin_all is not a summary on recheck" in planted(lambda g: g.update(margin_all=None))
 
 
+def test_bounded_counts_what_it_checks_and_names_the_whole_table_without_a_path():
+    """The count of values checked, exactly, on a small table (a summary: its n and max; a flip count; a row's key
+    and nodes), the messages with no path given, lists that are not, keyless rows, and a max of no kind held to
+    ABS_FLOOR above the relative tolerance."""
+    from ddsim.measure.reproduce import ABS_FLOOR, bounded, tolerance
+    tol = tolerance("float32")
+    s = {"n": 2, "mean": 0.5, "median": 0.5, "p90": 0.9, "max": 1.0}
+    table = {"nodes": 4, "argmax_flip_rate": 0.5, "kl": s, "by_depth": [{"depth": 0, "nodes": 4}], "kind": "g"}
+    assert bounded(copy.deepcopy(table), table, tol) == 1 + 1 + 2 + 2 + 1  # nodes, flips, kl (n, max), row, kind
+    assert bounded({**table, "by_depth": []}, table, tol) == 5  # a sample that reaches no depth: nothing to bound
+    assert bounded({"rows": []}, {"rows": []}, tol) == 0
+    rates = {"nodes": 4, "order_exact_nodes": 1, "not_order_exact_nodes": 3,
+             "argmax_flip_rate": {"order_exact": 0.0, "other": 1 / 3, "all": 0.25}}
+    assert bounded(copy.deepcopy(rates), rates, tol) == 3 + 3  # three flip counts, three node counts
+    edge = lambda floor: (1.0 + floor) / (1 - tol.rtol)  # noqa: E731  the largest max within tol of 1.0, floor above
+    assert bounded({"x": {**s, "max": edge(ABS_FLOOR / 2)}}, {"x": s}, tol) == 2  # no kind: ABS_FLOOR
+    for got, want, words in (
+            ({"nodes": 5}, {"nodes": 4}, "nodes is 4 in the report, but the re-run prompts alone reach 5"),
+            ({"nodes": 4}, {"nodes": 4, "kl": s}, "leak table has other fields on recheck"),
+            ({"kind": 1}, {"kind": "g"}, "kind is 'g' in the report, 1 on recheck"),
+            ({"rows": {"depth": 0}}, {"rows": [{"depth": 0}]}, "rows is not a list on recheck"),
+            ({"rows": [{"depth": 1}]}, {"rows": []}, "rows has no depth 1, which the re-run prompts reach"),
+            ({"rows": [{"x": 1}]}, {"rows": [{"x": 1}]}, "rows has rows without a depth, rank, layer or family"),
+            ({"x": {**s, "max": None}}, {"x": s}, "x.max is 1.0 in the report, None on recheck"),
+            ({"x": {**s, "max": edge(2 * ABS_FLOOR)}}, {"x": s}, "x.max is 1.0 in the report, but")):
+        with pytest.raises(InputError) as e:
+            bounded(got, want, tol)
+        assert str(e.value).startswith(f"--report: does not reproduce: {words}"), str(e.value)
+
+
 def test_the_recheck_compares_every_field_and_names_the_first_that_differs():
     from ddsim.measure.reproduce import compare, tolerance
     tol = tolerance("float32")
