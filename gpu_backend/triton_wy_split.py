@@ -176,7 +176,7 @@ def _tf32_hi(x):
 
 @triton.jit
 def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + a b for a [M, R] fp32 and b [R, N] in its own dtype, to fp32-level precision. EXACT 1: b
+    """acc + a b for a [M, R] fp32 and b [R, N] in its own dtype, to fp32-level precision (EXACT 3: to bf16x3's). EXACT 1: b
     is 16-bit, exact in tf32, so two tf32 MMAs (a's tf32 head and its remainder) replace tf32x3's
     three; EXACT 2: b is bf16, and a is split into three bf16 parts (8 + 8 + 8 significant bits) for
     three bf16 MMAs at twice tf32's rate; EXACT 3: the same in two parts (16 bits, about 2^-17: the
