@@ -372,6 +372,22 @@ TAMPER = [
 ]
 
 
+def _one_more_order_exact_node(d):
+    """Every mode's leak table of the first budget counts one order-exact node more, every count and rate in it
+    consistent (what a forger who inflates the leak's node count must write)."""
+    for t in d["budgets"][0]["leak"].values():
+        n, fr = t["nodes"], t["argmax_flip_rate"]
+        flips = fr["all"] * n
+        t["nodes"] += 1
+        t["order_exact_nodes"] += 1
+        fr["order_exact"] = fr["order_exact"] or 0.0
+        fr["all"] = flips / (n + 1)
+        for name in ("kl", "max_abs_logit"):
+            t[name]["order_exact"]["n"] += 1
+        t["margin_all"]["n"] += 1
+        t["by_depth"][0]["nodes"] += 1
+
+
 TAMPER += [  # more classes, found by the mutation run
     ("a checkpoint path on a preset report", lambda d: d["config"].update(model_path="/x"), "provenance.source"),
     ("device not the environment's", lambda d: d["config"].update(device="cuda"), "environment.device"),
@@ -389,6 +405,8 @@ TAMPER += [  # more classes, found by the mutation run
     ("steps changed", lambda d: d["config"].update(steps=3), "expected 27"),
     ("an input digest without its file", lambda d: d["provenance"]["inputs_sha256"].update(trace="0" * 64),
      "provenance.inputs_sha256"),
+    ("leak tables counting a node the trees lack", _one_more_order_exact_node,
+     "budgets[24].leak: 301 nodes, but the leaky generations' trees have 300"),
 ]
 
 

@@ -641,6 +641,11 @@ def check_consistency(r: Report) -> None:
     missing = sorted(expected - set(seen), key=str)
     _need(not missing, "generations", f"prompt {missing[0][0]}, budget {missing[0][1]}, mode {missing[0][2]} "
           "is missing" if missing else "")
+    # the leak tables count every node of the leaky generations' trees (each mode's table: BudgetRecord)
+    for b in r.budgets:
+        nodes = sum(sum(g.tree_sizes) for k, g in seen.items() if k[1] == b.budget and k[2] == "leaky")
+        _need(b.leak["leaky"].nodes == nodes, f"budgets[{b.budget}].leak",
+              f"{b.leak['leaky'].nodes} nodes, but the leaky generations' trees have {nodes}")
     # the noise margin and floor follow from the exact path's leak tables
     margin = noise_margin_of([b.leak["exact"] for b in r.budgets], cfg.temperature)
     _need(_close(r.noise_margin, margin), "noise_margin", f"{r.noise_margin!r} but the exact leak tables give {margin!r}")
