@@ -41,7 +41,8 @@ class RecheckResult:
 
     def line(self) -> str:
         what = "the whole audit re-run" if self.whole else f"prompts {self.prompts} re-run in every budget and mode"
-        return f"recheck: {what}; {self.compared} figures reproduce the report"
+        bound = "" if self.whole else " or hold inside its leak tables"
+        return f"recheck: {what}; {self.compared} figures reproduce the report{bound}"
 
 
 def sample(report, k: int) -> list[int]:
