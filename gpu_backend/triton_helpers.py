@@ -88,6 +88,17 @@ def state_ptrs(state, slot, i_hv, o_k, o_v, HV: tl.constexpr, K: tl.constexpr, V
 
 
 @triton.jit
+def state_ptrs32(state, slot, i_hv, o_k, o_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, VK: tl.constexpr):
+    """state_ptrs' pointers as a 64-bit scalar base plus 32-bit offsets [BK, BV]: no 64-bit offset tensor live (the
+    head kernel's spills: RESULTS.md). The other kernels keep state_ptrs' form: offline, this one gave the commit
+    kernel 167 registers against 128, and no kernel but the head kernel fewer spills."""
+    base = state + (slot.to(tl.int64) * HV + i_hv) * (K * V)
+    if VK:
+        return base + (o_v[None, :] * K + o_k[:, None])
+    return base + (o_k[:, None] * V + o_v[None, :])
+
+
+@triton.jit
 def source_state(snap, src, row, seq_row0, s0, i_h, o_k, o_v, mkv, H: tl.constexpr, K: tl.constexpr,
                  V: tl.constexpr):
     """The state a parent-indexed node starts from, [BK, BV]: its parent's from the per-node states snap

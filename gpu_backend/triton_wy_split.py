@@ -279,19 +279,28 @@ def _gdn_wy_fold_kernel(
 
 
 @triton.jit
-def _root_tile_v(v, rows, r0, i_hv, o_v, mt, mv, HV: tl.constexpr, V: tl.constexpr):
-    """One V tile's v of the draft rows [BT, BV] (in v's dtype) and of the root, v_0 [BV] (fp32)."""
-    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
-    v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0).to(tl.float32)
+def _root_tile_v(v, r0, tile, o_v, mt, mv):
+    """One V tile's v of the draft rows [BT, BV] (in v's dtype) and of the root, v_0 [BV] (fp32): r0 the root's
+    row of v at this head (a 64-bit scalar), tile the draft rows' 32-bit offsets from it (_draft_tile)."""
+    b_v = tl.load(v + r0 + tile, mask=mt[:, None] & mv[None, :], other=0.0)
+    v0 = tl.load(v + r0 + o_v, mask=mv, other=0.0).to(tl.float32)
     return b_v, v0
 
 
 @triton.jit
-def _store_root_tile(o, acc, o0, rows, r0, i_hv, o_v, mt, mv, HV: tl.constexpr, V: tl.constexpr):
-    """One V tile's outputs in o's dtype: the draft rows' O [BT, BV] and the root's o_0 [BV]."""
-    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], acc.to(o.dtype.element_ty),
-             mask=mt[:, None] & mv[None, :])
-    tl.store(o + (r0 * HV + i_hv) * V + o_v, o0.to(o.dtype.element_ty), mask=mv)
+def _store_root_tile(o, acc, o0, r0, tile, o_v, mt, mv):
+    """One V tile's outputs in o's dtype: the draft rows' O [BT, BV] and the root's o_0 [BV] (_root_tile_v's
+    addresses)."""
+    tl.store(o + r0 + tile, acc.to(o.dtype.element_ty), mask=mt[:, None] & mv[None, :])
+    tl.store(o + r0 + o_v, o0.to(o.dtype.element_ty), mask=mv)
+
+
+@triton.jit
+def _draft_tile(i_b, i_hv, T, o_t, o_v, HV: tl.constexpr, V: tl.constexpr):
+    """The root's row of v and o at head i_hv (a 64-bit scalar) and the draft rows' 32-bit offsets [BT, BV] from
+    it: no 64-bit offset tensor stays live across the products (at 255 registers the head kernel's spilled, and
+    its loads waited on their reloads: Nsight Compute, RESULTS.md)."""
+    return (i_b * T).to(tl.int64) * (HV * V) + i_hv * V, (o_t[:, None] + 1) * (HV * V) + o_v[None, :]
 
 
 @triton.jit
@@ -315,30 +324,19 @@ def _gdn_wy_fold_head_kernel(
                                                 BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True)
     mt = o_t < T - 1
     mk = o_k < K
-    # The V tiles' addresses: 64-bit scalar bases, 32-bit offsets from them made in each tile, so that no 64-bit
-    # offset tensor, nor a loop-invariant one, stays live across the products (at 255 registers those spilled, and
-    # the tile's loads waited on their reloads: Nsight Compute, RESULTS.md)
-    r0 = (i_b * T).to(tl.int64) * (HV * V) + i_hv * V  # the root's row of v and o, at this head
-    slot = tl.load(state_idx + i_b).to(tl.int64)
-    s_base = state + (slot * HV + i_hv) * (K * V)
-    for vt in range(0, V, BV):
+    slot = tl.load(state_idx + i_b)
+    for vt in range(0, V, BV):  # (the addresses made in each tile, 32-bit past scalar bases: _draft_tile)
         o_v = vt + tl.arange(0, BV)
         mv = o_v < V
-        m2 = mt[:, None] & mv[None, :]
-        tile = (o_t[:, None] + 1) * (HV * V) + o_v[None, :]  # [BT, BV] the draft rows, after the root's
-        b_v = tl.load(v + r0 + tile, mask=m2, other=0.0)  # [BT, BV]
-        v0 = tl.load(v + r0 + o_v, mask=mv, other=0.0).to(tl.float32)  # [BV]
-        if STATE_VK:  # the transpose of a contiguous [N, HV, V, K] pool (h.state_ptrs)
-            s_tile = o_v[None, :] * K + o_k[:, None]
-        else:
-            s_tile = o_k[:, None] * V + o_v[None, :]
-        S = tl.load(s_base + s_tile, mask=mk[:, None] & mv[None, :], other=0.0)  # [BK, BV]
+        r0, tile = _draft_tile(i_b, i_hv, T, o_t, o_v, HV, V)
+        b_v, v0 = _root_tile_v(v, r0, tile, o_v, mt, mv)  # [BT, BV], [BV]
+        S = tl.load(h.state_ptrs32(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
+                    other=0.0)  # [BK, BV]
         # Ve V with Ve in two bf16 parts (EXACT 3) where bf16x3 would take three: Qe' S beside it is Triton's
         # bf16x3, about 2^-16, and the output bf16; one MMA and a third of Ve's registers fewer a tile
         acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], 3 if EXACT == 2 else EXACT, PRECISION),
                      input_precision=PRECISION)  # [BT, BV]
-        tl.store(o + r0 + tile, acc.to(o.dtype.element_ty), mask=m2)
-        tl.store(o + r0 + o_v, (c0 * v0 + tl.sum(q0[:, None] * S, 0)).to(o.dtype.element_ty), mask=mv)
+        _store_root_tile(o, acc, c0 * v0 + tl.sum(q0[:, None] * S, 0), r0, tile, o_v, mt, mv)
 
 
 @triton.jit
@@ -408,9 +406,8 @@ def _gdn_wy_fold_root_apply_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     mv = o_v < V
     mt = o_t < T - 1
-    rows = (i_b * T + 1 + o_t).to(tl.int64)
-    r0 = (i_b * T).to(tl.int64)
-    b_v, v0 = _root_tile_v(v, rows, r0, i_hv, o_v, mt, mv, HV, V)
+    r0, tile = _draft_tile(i_b, i_hv, T, o_t, o_v, HV, V)
+    b_v, v0 = _root_tile_v(v, r0, tile, o_v, mt, mv)
     slot = tl.load(state_idx + i_b)
     i_bh = i_b * HV + i_hv
     base = i_bh.to(tl.int64) * BT
@@ -428,7 +425,7 @@ def _gdn_wy_fold_root_apply_kernel(
         q0 = _from_fold(Q0 + i_bh.to(tl.int64) * BK + o_k, PDL)
         acc = tl.dot(Qc, S, acc, input_precision=PRECISION)
         o0 += tl.sum(q0[:, None] * S, 0)
-    _store_root_tile(o, acc, o0, rows, r0, i_hv, o_v, mt, mv, HV, V)
+    _store_root_tile(o, acc, o0, r0, tile, o_v, mt, mv)
 
 
 # The folded form's defaults by dot precision: the apply kernel's V tile, the register caps of the
