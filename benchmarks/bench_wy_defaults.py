@@ -6,7 +6,9 @@ median us (do_bench: each call alone, L2 flushed before it). With --layers N, th
 server's replayed verify runs it: N layers' inputs (states, q, k, v, gates, each set its own) verified back to
 back from one CUDA graph, us per launch (ddsim.bench.bench.graphed_us; 48 is Qwen3.6-27B's GDN layers).
 
-    python benchmarks/bench_wy_defaults.py [--commit SHA] [--shapes 1x16,1x65,...] [--layers 48] [--head-off]
+With --parts, each kernel of a multi-kernel default (bf16x3) also timed alone, in the order launched.
+
+    python benchmarks/bench_wy_defaults.py [--commit SHA] [--shapes 1x16,1x65,...] [--layers 48] [--head-off] [--parts]
 """
 import argparse
 import time
@@ -52,6 +54,8 @@ def main():
     ap.add_argument("--head-off", action="store_true",
                     help="also time bf16x3 with design auto kept off the head form (triton_gdn.AUTO_HEAD), alone "
                          "and graphed")
+    ap.add_argument("--parts", action="store_true",
+                    help="also time each kernel of a multi-kernel default (bf16x3) alone, in launch order")
     a = ap.parse_args()
     if a.layers < 0:
         ap.error(f"--layers: expected 0 or more, got {a.layers}")
@@ -63,10 +67,11 @@ def main():
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | commit {a.commit}")
     graphed = f" graphed, {a.layers} layers in turn, us |" if a.layers else ""
+    parts = " each kernel alone (launch order), us |" if a.parts else ""
     off = (" bf16x3, head off, us |" + (" graphed, head off, us |" if a.layers else "")) if a.head_off else ""
     print("| B x T | design (auto) | bf16x3 (default) us | tf32x3 us | memory floor us | FLOP floor us: bf16x3 / tf32x3 "
-          "| verify allocations MiB/layer (output + scratch) |" + graphed + off)
-    print("|---|---|---|---|---|---|---|" + "---|" * (graphed + off).count("|"))
+          "| verify allocations MiB/layer (output + scratch) |" + graphed + off + parts)
+    print("|---|---|---|---|---|---|---|" + "---|" * (graphed + off + parts).count("|"))
     for B, T in shapes:
         _, parents = ddtree_batch(B, T)
         inp = kernel_inputs(B, T, device="cuda")
@@ -81,6 +86,13 @@ def main():
             if prec == "bf16x3":
                 mib = (torch.cuda.memory_allocated() - before) / 2**20
             us[prec] = triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median") * 1e3
+            del launch, o
+        alone = ""
+        if a.parts:
+            launch, o = plan_wy(**common)
+            ks = getattr(launch, "parts", (launch,))
+            alone = " " + " / ".join(
+                f"{triton.testing.do_bench(k, warmup=10, rep=50, return_mode='median') * 1e3:.1f}" for k in ks) + " |"
             del launch, o
         fl = kernel_flops(B, T)["wy"]
         layers = ""
@@ -99,7 +111,7 @@ def main():
         print(f"| {B} x {T} | {auto_design(B, T, 'bf16x3')} | {us['bf16x3']:.1f} | {us['tf32x3']:.1f} | "
               f"{kernel_bytes(B, T)['wy'] / bw * 1e6:.1f} | "
               + (" / ".join(f"{fl / rates[p] * 1e6:.1f}" for p in ("bf16x3", "tf32x3")) if rates["bf16x3"] else "–")
-              + f" | {mib:.1f} |" + layers, flush=True)
+              + f" | {mib:.1f} |" + layers + alone, flush=True)
     print("kernels alone (the launch plan_wy returns), median us of do_bench; tf32x3 at auto's form for tf32x3 "
           "(past one block a batch folds)")
 
