@@ -1,0 +1,90 @@
+"""What the kernel tables' timer reads for kernels that do next to nothing: the floor under every figure of
+bench_wy_defaults.py. do_bench (each call alone, L2 flushed before it, as the tables time) and one CUDA graph of 48
+launches back to back (as a server's replayed verify runs them), for:
+
+    empty    a Triton kernel whose programs return at once;
+    state    each program loads one 128 x 64 fp32 tile of a committed state (Qwen3.6-27B GDN: a value head's
+             state is 128 x 128) and stores its sum: one round trip to memory;
+    chain    each program makes N dependent loads (pointer chasing in a table of its own): N round trips.
+
+at the grids the WY kernels launch (96: 1 x 16's fused form; 384: a batch of 8's heads; 1536: 32's; 6144: the
+past-one-block apply at 8 x 257). Median us.
+
+    python benchmarks/bench_launch_floor.py [--commit SHA] [--grids 96,384,1536,6144] [--chain 1,4,16]
+"""
+import argparse
+import time
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+from ddsim.bench.bench import graphed_us
+
+
+@triton.jit
+def _empty_kernel(x):
+    pass
+
+
+@triton.jit
+def _state_kernel(state, out, K: tl.constexpr, BV: tl.constexpr):
+    # state [P, K, BV] fp32: each program its own tile; out [P]
+    i = tl.program_id(0)
+    o_k, o_v = tl.arange(0, K), tl.arange(0, BV)
+    s = tl.load(state + (i.to(tl.int64) * K + o_k[:, None]) * BV + o_v[None, :])
+    tl.store(out + i, tl.sum(tl.sum(s, 1), 0))
+
+
+@triton.jit
+def _chain_kernel(table, out, N, SPAN: tl.constexpr):
+    # table [P, SPAN] int32: each program follows its own cycle N times
+    i = tl.program_id(0)
+    base = table + i.to(tl.int64) * SPAN
+    j = tl.load(base)
+    for _ in range(0, N):
+        j = tl.load(base + j)
+    tl.store(out + i, j)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="?")
+    ap.add_argument("--grids", default="96,384,1536,6144")
+    ap.add_argument("--chain", default="1,4,16")
+    a = ap.parse_args()
+    try:
+        grids = [int(x) for x in a.grids.split(",")]
+        chains = [int(x) for x in a.chain.split(",")]
+        if min(grids) < 1 or min(chains) < 0:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--grids {a.grids!r} / --chain {a.chain!r}: expected positive integers, comma separated")
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_launch_floor: needs a CUDA device")
+    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
+          f"{triton.__version__} | commit {a.commit}")
+    print("| kernel | programs | do_bench us (L2 flushed) | graphed us per launch (48 in one graph) |")
+    print("|---|---|---|---|")
+    span = 1024
+    for P in grids:
+        out = torch.empty(P, device="cuda", dtype=torch.float32)
+        state = torch.randn(P, 128, 64, device="cuda")
+        # a random cycle through each program's span: every load depends on the one before
+        perm = torch.stack([torch.randperm(span) for _ in range(P)]).cuda()
+        table = torch.empty(P, span, dtype=torch.int32, device="cuda")
+        table.scatter_(1, perm, torch.roll(perm, -1, 1).to(torch.int32))
+        iout = torch.empty(P, device="cuda", dtype=torch.int32)
+        cases = [("empty", lambda: _empty_kernel[(P,)](out)),
+                 ("state (one 128 x 64 fp32 tile)", lambda: _state_kernel[(P,)](state, out, K=128, BV=64))]
+        for n in chains:
+            cases.append((f"chain of {n} dependent loads", lambda n=n: _chain_kernel[(P,)](table, iout, n, SPAN=span)))
+        for name, fn in cases:
+            us = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
+            print(f"| {name} | {P} | {us:.1f} | {graphed_us([fn] * 48):.2f} |", flush=True)
+    print("do_bench: triton.testing.do_bench, median; graphed: ddsim.bench.bench.graphed_us")
+
+
+if __name__ == "__main__":
+    main()
