@@ -8,10 +8,12 @@ weights passed through global memory inside the program (written, a barrier, rea
 us against 62.5 / 171.5 at 8 x 65 / 32 x 65). 32-wide V tiles faulted (an illegal address) at 8 x 65 under Triton
 3.6 in three of four configurations; the fourth ran, slower.
 
-    python benchmarks/bench_wy_head.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--caps 168,128]
+    python benchmarks/bench_wy_head.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--caps 168,128] [--variants]
 
 --caps times only the default configuration and the same with each register cap (maxnreg): at 255 registers an
-SM holds two programs, at 168 three, at 128 four.
+SM holds two programs, at 168 three, at 128 four. --variants times only the default configuration with the state
+prefetched into L2 before the weights are made (HEAD_PREFETCH) and with a program per (head, V tile)
+(HEAD_SPLIT_V), each way.
 """
 import argparse
 import json
@@ -44,14 +46,15 @@ def timed(launch):
 def head_plan(common, c):
     """plan_wy's head design at configuration c (the module settings it reads at plan time, restored after)."""
     c = dict(c)
-    old = ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG
+    old = ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG, ws.HEAD_PREFETCH, ws.HEAD_SPLIT_V
     ws.HEAD_BLOCK_V, ws.HEAD_STAGES = c.pop("block_v"), c.pop("stages")
+    ws.HEAD_PREFETCH, ws.HEAD_SPLIT_V = c.pop("prefetch", False), c.pop("split_v", False)
     cap = c.pop("maxnreg")
     ws.MAXNREG = (cap, None) if cap else None
     try:
         return plan_wy(**common, mode="exact", design="head", **c)
     finally:
-        ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG = old
+        ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG, ws.HEAD_PREFETCH, ws.HEAD_SPLIT_V = old
 
 
 def two_kernel_rows(B, T):
@@ -109,6 +112,7 @@ if __name__ == "__main__":
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65")
     ap.add_argument("--caps", help="the default configuration and these register caps only (comma separated)")
+    ap.add_argument("--variants", action="store_true", help="the default configuration prefetching / split along V")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
@@ -117,6 +121,8 @@ if __name__ == "__main__":
     except ValueError:
         ap.error(f"--caps {a.caps!r}: expected register counts, comma separated")
     configs = HEAD if caps is None else [dict(HEAD[0], maxnreg=cap) for cap in (None, *caps)]
+    if a.variants:
+        configs = [dict(HEAD[0], prefetch=p, split_v=sv) for sv in (False, True) for p in (False, True)]
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_head: needs a CUDA device")
     if a.one:
