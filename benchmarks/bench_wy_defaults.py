@@ -12,7 +12,7 @@ before its weights, the split forms' first kernel for their apply kernel: triton
 SOLVE_PREFETCH, triton_wy_blocked.DIAG_PREFETCH), and whether its output is bit for bit the default's.
 
     python benchmarks/bench_wy_defaults.py [--commit SHA] [--shapes 1x16,1x65,...] [--layers 48] [--head-off] [--parts]
-                                          [--prefetch]
+                                          [--prefetch] [--head-one]
 """
 import argparse
 import time
@@ -71,13 +71,16 @@ def main():
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--layers", type=int, default=0, help="also time N layers' inputs back to back from a CUDA graph")
     ap.add_argument("--head-off", action="store_true",
-                    help="also time bf16x3 with design auto kept off the head form (triton_gdn.AUTO_HEAD), alone "
+                    help="also time bf16x3 with design auto kept off the head form (triton_gdn.AUTO_HEAD, AUTO_HEAD_ONE), alone "
                          "and graphed")
     ap.add_argument("--parts", action="store_true",
                     help="also time each kernel of a multi-kernel default (bf16x3) alone, in launch order")
     ap.add_argument("--prefetch", action="store_true",
                     help="also time the default (bf16x3) with the committed state prefetched into L2")
+    ap.add_argument("--head-one", action="store_true",
+                    help="design auto takes the head form for one sequence past 17 nodes too (triton_gdn.AUTO_HEAD_ONE)")
     a = ap.parse_args()
+    head_one = triton_gdn.AUTO_HEAD_ONE = a.head_one or triton_gdn.AUTO_HEAD_ONE
     if a.layers < 0:
         ap.error(f"--layers: expected 0 or more, got {a.layers}")
     shapes = parse_shapes(ap, a.shapes)
@@ -130,7 +133,7 @@ def main():
         if a.layers:
             layers = f" {graphed_layers(B, T, parents, a.layers):.1f} |"
         if a.head_off:
-            triton_gdn.AUTO_HEAD = False
+            triton_gdn.AUTO_HEAD = triton_gdn.AUTO_HEAD_ONE = False
             try:
                 launch, o = plan_wy(**common)
                 layers += f" {triton.testing.do_bench(launch, warmup=10, rep=50, return_mode='median') * 1e3:.1f} |"
@@ -138,7 +141,7 @@ def main():
                 if a.layers:
                     layers += f" {graphed_layers(B, T, parents, a.layers):.1f} |"
             finally:
-                triton_gdn.AUTO_HEAD = True
+                triton_gdn.AUTO_HEAD, triton_gdn.AUTO_HEAD_ONE = True, head_one
         print(f"| {B} x {T} | {auto_design(B, T, 'bf16x3')} | {us['bf16x3']:.1f} | {us['tf32x3']:.1f} | "
               f"{kernel_bytes(B, T)['wy'] / bw * 1e6:.1f} | "
               + (" / ".join(f"{fl / rates[p] * 1e6:.1f}" for p in ("bf16x3", "tf32x3")) if rates["bf16x3"] else "–")

@@ -48,7 +48,7 @@ def head_plan(common, c):
     c = dict(c)
     old = ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG, ws.HEAD_PREFETCH, ws.HEAD_SPLIT_V
     ws.HEAD_BLOCK_V, ws.HEAD_STAGES = c.pop("block_v"), c.pop("stages")
-    ws.HEAD_PREFETCH, ws.HEAD_SPLIT_V = c.pop("prefetch", False), c.pop("split_v", False)
+    ws.HEAD_PREFETCH, ws.HEAD_SPLIT_V = c.pop("prefetch", False), c.pop("split_v", None)
     cap = c.pop("maxnreg")
     ws.MAXNREG = (cap, None) if cap else None
     try:

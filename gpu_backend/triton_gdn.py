@@ -153,6 +153,9 @@ def gdn_tree_verify_wy(*args, **kwargs):
 
 
 AUTO_HEAD = True  # whether design auto may take head (benchmarks turn it off to time the two-kernel forms in place)
+# whether design auto takes head for one sequence past 17 nodes too (a program per head and V tile:
+# triton_wy_split.HEAD_SPLIT_V), where it takes split otherwise
+AUTO_HEAD_ONE = False
 
 
 def auto_design(B: int, T: int, precision: str, *, pdl: bool = False, block_k: int | None = None,
@@ -164,10 +167,10 @@ def auto_design(B: int, T: int, precision: str, *, pdl: bool = False, block_k: i
     if T > WY_MAX_NODES:
         from ddsim.gpu_backend.triton_wy_blocked import auto_folds
         return "split, folded" if auto_folds(B, precision) else "split, unfolded"
-    if B == 1:
-        return "fused" if T <= 17 else "split"
     two = (pdl or block_k is not None or fold_root is False or block_v is not None or precision != "bf16x3"
            or not AUTO_HEAD)
+    if B == 1:
+        return "fused" if T <= 17 else ("head" if AUTO_HEAD_ONE and not two else "split")
     return "fold" if two else "head"
 
 

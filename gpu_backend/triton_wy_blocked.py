@@ -129,12 +129,19 @@ def _chunk_rows(i_b, c, T, BT: tl.constexpr):
 
 
 @triton.jit
-def _path_decay(mask, rows_a, ma, rows_b, mb, G_a, G_b, T, STRICT: tl.constexpr):
-    """D [BTa, BTb] = exp(G_t - G_s) where s (rows_b) is an ancestor-or-self (STRICT: a strict
-    ancestor) of t (rows_a) in the mask [B, T, T] (rows as flat b T + node); 0 elsewhere."""
-    anc = tl.load(mask + rows_a[:, None] * T + (rows_b % T)[None, :], mask=ma[:, None] & mb[None, :], other=0) != 0
+def _chunk_nodes(c, BT: tl.constexpr):
+    """Chunk c's draft nodes within their tree [BT] (int32: 1 + c BT ...; valid where _chunk_rows says)."""
+    return 1 + c * BT + tl.arange(0, BT)
+
+
+@triton.jit
+def _path_decay(mask_b, nodes_a, ma, nodes_b, mb, G_a, G_b, T, STRICT: tl.constexpr):
+    """D [BTa, BTb] = exp(G_t - G_s) where s (nodes_b) is an ancestor-or-self (STRICT: a strict ancestor) of t
+    (nodes_a) in the tree's mask [T, T] at mask_b (its sequence's, a 64-bit scalar base; the nodes' 32-bit offsets
+    from it: a flat row's modulo T in int64 took a division routine per entry); 0 elsewhere."""
+    anc = tl.load(mask_b + nodes_a[:, None] * T + nodes_b[None, :], mask=ma[:, None] & mb[None, :], other=0) != 0
     if STRICT:
-        anc = anc & (rows_a[:, None] != rows_b[None, :])
+        anc = anc & (nodes_a[:, None] != nodes_b[None, :])
     return tl.where(anc, tl.exp(tl.where(anc, G_a[:, None] - G_b[None, :], 0.0)), 0.0)
 
 
@@ -160,16 +167,19 @@ def _gdn_wy_blocked_diag_kernel(
     o_t, o_k = tl.arange(0, BT), tl.arange(0, BK)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     rows, mc = _chunk_rows(i_b, i_c, T, BT)
+    mask_b = mask + i_b.to(tl.int64) * T * T
+    nodes = _chunk_nodes(i_c, BT)
     G = tl.zeros([BT], dtype=tl.float32)  # mask-row sums of g over the chunks up to this one
     for j in range(0, i_c + 1):
         rows_j, mj = _chunk_rows(i_b, j, T, BT)
+        nodes_j = _chunk_nodes(j, BT)
         g_j, _ = h.gates(g, beta, rows_j * HV + i_hv, mj, neg_A, bias, FUSED, True)
-        anc = tl.load(mask + rows[:, None] * T + (rows_j % T)[None, :], mask=mc[:, None] & mj[None, :], other=0) != 0
+        anc = tl.load(mask_b + nodes[:, None] * T + nodes_j[None, :], mask=mc[:, None] & mj[None, :], other=0) != 0
         G += tl.sum(tl.where(anc, tl.where(mj, g_j, 0.0)[None, :], 0.0), 1)
     tl.store(Gs + i_bh.to(tl.int64) * NP + i_c * BT + o_t, G)
     b_k, rk = _raw_block(k, rows, mc, i_h, o_k, o_k < K, H, K, L2NORM)
     _, b_beta = h.gates(g, beta, rows * HV + i_hv, mc, neg_A, bias, FUSED, True)
-    D = _path_decay(mask, rows, mc, rows, mc, G, G, T, True)
+    D = _path_decay(mask_b, nodes, mc, nodes, mc, G, G, T, True)
     N = -tl.where(mc, b_beta, 0.0)[:, None] * D * _gram(b_k, b_k, rk, rk, RAW16, PRECISION)
     # (I - N)^-1 = (I + N)(I + N^2)(I + N^4)...: square, then multiply (the rounds paired as in
     # triton_wy_split's fold kernel measured no faster here, with 15 more registers: RESULTS.md)
@@ -203,6 +213,8 @@ def _gdn_wy_blocked_solve_kernel(
     gbase = i_bh.to(tl.int64) * NP
     vbase = i_bh.to(tl.int64) * NP * NP
     rows_i, mi = _chunk_rows(i_b, i_i, T, BT)
+    mask_b = mask + i_b.to(tl.int64) * T * T
+    nodes_i = _chunk_nodes(i_i, BT)
     G_i = tl.load(Gs + gbase + i_i * BT + o_t)
     if FOLD:
         b_q, rq = _raw_block(q, rows_i, mi, i_h, o_k, mk, H, K, L2NORM)
@@ -213,13 +225,15 @@ def _gdn_wy_blocked_solve_kernel(
         b_q, rq = _raw_block(q, rows_i, mi, i_h, o_k, mk, H, K, L2NORM)  # loaded again (cached): fewer live registers
         k_j, rk_j = _raw_block(k, rows_j, mj, i_h, o_k, mk, H, K, L2NORM)
         G_j = tl.load(Gs + gbase + j * BT + o_t)
-        X = _path_decay(mask, rows_i, mi, rows_j, mj, G_i, G_j, T, False) * _gram(b_q, k_j, rq, rk_j, RAW16,
+        nodes_j = _chunk_nodes(j, BT)
+        X = _path_decay(mask_b, nodes_i, mi, nodes_j, mj, G_i, G_j, T, False) * _gram(b_q, k_j, rq, rk_j, RAW16,
                                                                                  PRECISION) * scale
         for l in range(j + 1, i_i + 1):  # X -= Ve_il M_lj
             rows_l, ml = _chunk_rows(i_b, l, T, BT)
             k_l, rk_l = _raw_block(k, rows_l, ml, i_h, o_k, mk, H, K, L2NORM)
             G_l = tl.load(Gs + gbase + l * BT + o_t)
-            M = _path_decay(mask, rows_l, ml, rows_j, mj, G_l, G_j, T, False) * _gram(k_l, k_j, rk_l, rk_j, RAW16,
+            nodes_l = _chunk_nodes(l, BT)
+            M = _path_decay(mask_b, nodes_l, ml, nodes_j, mj, G_l, G_j, T, False) * _gram(k_l, k_j, rk_l, rk_j, RAW16,
                                                                                      PRECISION)
             Ve_il = tl.load(Ve + vbase + (i_i * BT + o_t[:, None]) * NP + l * BT + o_t[None, :])
             X -= tl.dot(Ve_il, M, input_precision=PRECISION)

@@ -472,8 +472,8 @@ FOLD_DEFAULTS = {"tf32x3": (32, (None, 168), False), "bf16x3": (64, (None, None)
 # with an illegal address under Triton 3.6 at 8 x 65: refused, see plan_wy_split)
 HEAD_BLOCK_V, HEAD_STAGES = 64, 1
 # Whether the head kernel asks L2 for its state columns before making the weights (compiled only), and whether it
-# runs a program per (head, V tile) instead of per head (each making the weights itself)
-HEAD_PREFETCH, HEAD_SPLIT_V = False, False
+# runs a program per (head, V tile) instead of per head, each making the weights itself (None: for one sequence)
+HEAD_PREFETCH, HEAD_SPLIT_V = False, None
 SOLVE_PREFETCH = False  # whether the split form's solve kernel asks L2 for the states its apply kernel reads
 MAXNREG = None  # a (per-head, per-V-tile) pair here overrides FOLD_DEFAULTS' caps (the benchmarks set it)
 
@@ -509,14 +509,15 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
         if head:
             BV = min(HEAD_BLOCK_V, max(16, C.next_pow2(V, 1)))
             prefetch = HEAD_PREFETCH and not C.interpreting() and BK >= 32 and BV >= 32
+            split_v = B == 1 if HEAD_SPLIT_V is None else HEAD_SPLIT_V
             kw = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, state=state,
                       state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
                       FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=exact, PRECISION=precision,
-                      STATE_VK=C.state_vk(state), PREFETCH=prefetch, SPLIT_V=HEAD_SPLIT_V, num_warps=solve_warps,
+                      STATE_VK=C.state_vk(state), PREFETCH=prefetch, SPLIT_V=split_v, num_warps=solve_warps,
                       num_stages=HEAD_STAGES)
             if caps[0]:
                 kw["maxnreg"] = caps[0]
-            grid = (B * HV, C.cdiv(V, BV)) if HEAD_SPLIT_V else (B * HV,)
+            grid = (B * HV, C.cdiv(V, BV)) if split_v else (B * HV,)
             return bind(_gdn_wy_fold_head_kernel, grid, kw), o
         return _plan_fold(qc, kc, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=state, idx=idx,
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
