@@ -6,7 +6,7 @@ commit beside them, against the memory and FLOP floors (ddsim.bench.bench); then
 against the float64 oracle.
 
     python benchmarks/bench_wy_blocked.py [--commit SHA] [--shapes 1x129,8x129,1x257,8x257] [--block-t 64,32]
-                                          [--precisions tf32x3] [--skip-chunked] [--skip-accuracy]
+                                          [--precisions tf32x3] [--skip-chunked] [--skip-table] [--skip-accuracy]
 """
 import argparse
 
@@ -26,7 +26,7 @@ from ddsim.bench.bench import (
 from ddsim.gpu_backend import _common
 from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
 
-SPLIT = [dict(block_v=bv, num_warps=nw, solve_warps=sw) for bv in (32, 16) for nw in (4, 8) for sw in (4, 8)]
+SPLIT = [dict(block_v=bv, num_warps=nw, solve_warps=sw) for bv in (64, 32, 16) for nw in (4, 8) for sw in (4, 8)]
 CHUNKED = [dict(block_v=bv, num_warps=nw) for bv, nw in ((32, 8), (32, 4), (16, 4))]
 PARTS = ("diag", "solve", "apply")
 
@@ -69,6 +69,8 @@ if __name__ == "__main__":
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--precisions", default="", help="dot precisions to time beside the default, e.g. tf32x3")
     ap.add_argument("--skip-chunked", action="store_true", help="leave out the one-kernel chunked form (slow)")
+    ap.add_argument("--skip-table", action="store_true",
+                    help="leave out the recurrent kernels' table (flattened, parent-indexed, commit)")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
     try:
@@ -93,9 +95,10 @@ if __name__ == "__main__":
     for B, T in shapes:
         rows += blocked_rows(B, T, bw, rate, progress, block_ts, not a.skip_chunked, precisions)
     print("\n".join(table_lines(rows)), flush=True)
-    table, _ = kernel_table(shapes=shapes, precisions=(), only=["leaky", "exact parent-indexed", "commit"],
-                            progress=progress)
-    print(table, flush=True)
+    if not a.skip_table:
+        table, _ = kernel_table(shapes=shapes, precisions=(), only=["leaky", "exact parent-indexed", "commit"],
+                                progress=progress)
+        print(table, flush=True)
     if not a.skip_accuracy:
         print(kernel_accuracy(T=129), flush=True)
         print(kernel_accuracy(B=1, T=257), flush=True)
