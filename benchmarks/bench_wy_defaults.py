@@ -6,13 +6,10 @@ median us (do_bench: each call alone, L2 flushed before it). With --layers N, th
 server's replayed verify runs it: N layers' inputs (states, q, k, v, gates, each set its own) verified back to
 back from one CUDA graph, us per launch (ddsim.bench.bench.graphed_us; 48 is Qwen3.6-27B's GDN layers).
 
-With --parts, each kernel of a multi-kernel default (bf16x3) also timed alone, in the order launched. With
---prefetch, the default (bf16x3) also with the committed state asked of L2 before it is needed (the head kernel
-before its weights, the split forms' first kernel for their apply kernel: triton_wy_split.HEAD_PREFETCH /
-SOLVE_PREFETCH, triton_wy_blocked.DIAG_PREFETCH), and whether its output is bit for bit the default's.
+With --parts, each kernel of a multi-kernel default (bf16x3) also timed alone, in the order launched.
 
     python benchmarks/bench_wy_defaults.py [--commit SHA] [--shapes 1x16,1x65,...] [--layers 48] [--head-off] [--parts]
-                                          [--prefetch] [--head-one]
+                                          [--head-one]
 """
 import argparse
 import time
@@ -31,7 +28,7 @@ from ddsim.bench.bench import (
     kernel_inputs,
     parse_shapes,
 )
-from ddsim.gpu_backend import _common, triton_gdn, triton_wy_blocked, triton_wy_split
+from ddsim.gpu_backend import _common, triton_gdn
 from ddsim.gpu_backend.triton_gdn import auto_design, plan_wy
 
 SHAPES = "1x16,1x65,8x65,32x65,1x129,8x129,1x257,8x257"
@@ -50,21 +47,6 @@ def graphed_layers(B, T, parents, n) -> float:
     return us
 
 
-class prefetching:
-    """Within: the WY kernels planned with every state prefetch on (module settings read at plan time)."""
-    FLAGS = ((triton_wy_split, "HEAD_PREFETCH"), (triton_wy_split, "SOLVE_PREFETCH"),
-             (triton_wy_blocked, "DIAG_PREFETCH"))
-
-    def __enter__(self):
-        self.old = [getattr(m, n) for m, n in self.FLAGS]
-        for m, n in self.FLAGS:
-            setattr(m, n, True)
-
-    def __exit__(self, *exc):
-        for (m, n), v in zip(self.FLAGS, self.old):
-            setattr(m, n, v)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
@@ -75,8 +57,6 @@ def main():
                          "and graphed")
     ap.add_argument("--parts", action="store_true",
                     help="also time each kernel of a multi-kernel default (bf16x3) alone, in launch order")
-    ap.add_argument("--prefetch", action="store_true",
-                    help="also time the default (bf16x3) with the committed state prefetched into L2")
     ap.add_argument("--head-one", action="store_true",
                     help="design auto takes the head form for one sequence past 17 nodes too (triton_gdn.AUTO_HEAD_ONE)")
     a = ap.parse_args()
@@ -92,7 +72,6 @@ def main():
           f"{triton.__version__} | commit {a.commit}")
     graphed = f" graphed, {a.layers} layers in turn, us |" if a.layers else ""
     parts = " each kernel alone (launch order), us |" if a.parts else ""
-    parts += " bf16x3, state prefetched, us (output the default's, bit for bit) |" if a.prefetch else ""
     off = (" bf16x3, head off, us |" + (" graphed, head off, us |" if a.layers else "")) if a.head_off else ""
     print("| B x T | design (auto) | bf16x3 (default) us | tf32x3 us | memory floor us | FLOP floor us: bf16x3 / tf32x3 "
           "| verify allocations MiB/layer (output + scratch) |" + graphed + off + parts)
@@ -118,15 +97,6 @@ def main():
             ks = getattr(launch, "parts", (launch,))
             alone = " " + " / ".join(
                 f"{triton.testing.do_bench(k, warmup=10, rep=50, return_mode='median') * 1e3:.1f}" for k in ks) + " |"
-            del launch, o
-        if a.prefetch:
-            launch, o = plan_wy(**common)
-            launch()
-            ref = o.clone()
-            with prefetching():
-                launch, o = plan_wy(**common)
-            us_p = triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median") * 1e3
-            alone += f" {us_p:.1f} ({'yes' if torch.equal(o, ref) else 'NO'}) |"
             del launch, o
         fl = kernel_flops(B, T)["wy"]
         layers = ""

@@ -11,9 +11,9 @@ us against 62.5 / 171.5 at 8 x 65 / 32 x 65). 32-wide V tiles faulted (an illega
     python benchmarks/bench_wy_head.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--caps 168,128] [--variants]
 
 --caps times only the default configuration and the same with each register cap (maxnreg): at 255 registers an
-SM holds two programs, at 168 three, at 128 four. --variants times only the default configuration with the state
-prefetched into L2 before the weights are made (HEAD_PREFETCH) and with a program per (head, V tile)
-(HEAD_SPLIT_V), each way.
+SM holds two programs, at 168 three, at 128 four. --variants times only the default configuration with a program per head and
+with one per (head, V tile) (HEAD_SPLIT_V). Measured with it and removed (results/2026-12-03-h200-bench-wy-head-
+variants-5951805.txt): the state prefetched into L2 before the weights are made, slower at 8 x 65 and 32 x 65.
 """
 import argparse
 import json
@@ -46,15 +46,15 @@ def timed(launch):
 def head_plan(common, c):
     """plan_wy's head design at configuration c (the module settings it reads at plan time, restored after)."""
     c = dict(c)
-    old = ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG, ws.HEAD_PREFETCH, ws.HEAD_SPLIT_V
+    old = ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG, ws.HEAD_SPLIT_V
     ws.HEAD_BLOCK_V, ws.HEAD_STAGES = c.pop("block_v"), c.pop("stages")
-    ws.HEAD_PREFETCH, ws.HEAD_SPLIT_V = c.pop("prefetch", False), c.pop("split_v", None)
+    ws.HEAD_SPLIT_V = c.pop("split_v", None)
     cap = c.pop("maxnreg")
     ws.MAXNREG = (cap, None) if cap else None
     try:
         return plan_wy(**common, mode="exact", design="head", **c)
     finally:
-        ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG, ws.HEAD_PREFETCH, ws.HEAD_SPLIT_V = old
+        ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG, ws.HEAD_SPLIT_V = old
 
 
 def two_kernel_rows(B, T):
@@ -112,7 +112,7 @@ if __name__ == "__main__":
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65")
     ap.add_argument("--caps", help="the default configuration and these register caps only (comma separated)")
-    ap.add_argument("--variants", action="store_true", help="the default configuration prefetching / split along V")
+    ap.add_argument("--variants", action="store_true", help="the default configuration per head / per (head, V tile)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
@@ -122,7 +122,7 @@ if __name__ == "__main__":
         ap.error(f"--caps {a.caps!r}: expected register counts, comma separated")
     configs = HEAD if caps is None else [dict(HEAD[0], maxnreg=cap) for cap in (None, *caps)]
     if a.variants:
-        configs = [dict(HEAD[0], prefetch=p, split_v=sv) for sv in (False, True) for p in (False, True)]
+        configs = [dict(HEAD[0], split_v=sv) for sv in (False, True)]
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_head: needs a CUDA device")
     if a.one:

@@ -154,16 +154,19 @@ def gdn_tree_verify_wy(*args, **kwargs):
 
 AUTO_HEAD = True  # whether design auto may take head (benchmarks turn it off to time the two-kernel forms in place)
 # whether design auto takes head for one sequence past 17 nodes too (a program per head and V tile:
-# triton_wy_split.HEAD_SPLIT_V), where it takes split otherwise
-AUTO_HEAD_ONE = False
+# triton_wy_split.HEAD_SPLIT_V) with bf16x3 products, where it took split before (RESULTS.md: 18.6 against 29.1 us
+# at 1 x 65 alone, 15.0 against 24.6 a layer in a graph of 48)
+AUTO_HEAD_ONE = True
 
 
 def auto_design(B: int, T: int, precision: str, *, pdl: bool = False, block_k: int | None = None,
                 fold_root: bool | None = None, block_v: int | None = None) -> str:
     """The form design "auto" launches for B trees of T nodes with ``precision`` products (plan_wy's rule; the
-    benchmarks' tables name it from here): "fused", "split", "fold" or "head" up to one block (the two-kernel
-    "fold" for a batch where an option only it takes is given, with products other than bf16x3, or with
-    AUTO_HEAD off); past one block "split, folded" or "split, unfolded" (triton_wy_blocked.auto_folds)."""
+    benchmarks' tables name it from here): "fused", "split", "fold" or "head" up to one block ("fused" for one
+    sequence up to 17 nodes; "head" with bf16x3 products, for one sequence split along V; where an option only the
+    two-kernel forms take is given, with other products, or with AUTO_HEAD (AUTO_HEAD_ONE for one sequence) off,
+    "fold" for a batch and "split" for one sequence); past one block "split, folded" or "split, unfolded"
+    (triton_wy_blocked.auto_folds)."""
     if T > WY_MAX_NODES:
         from ddsim.gpu_backend.triton_wy_blocked import auto_folds
         return "split, folded" if auto_folds(B, precision) else "split, unfolded"
@@ -185,11 +188,12 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     instead of four; "head": the folded weights (the root's step folded in) applied to every V tile by the
     program per head that made them, one kernel; "auto" takes what measured fastest on the H200
     (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (12.4 us at 1x16 with bf16x3
-    products, 16.2-17.3 with tf32x3; head 14.9), else split (head took 26.1 us against 29.2 alone at 1x65, but
-    the graphed 27B verify 0.3-0.4 ms longer in place: 48 layers); for a batch head with bf16x3 products (58.0 /
-    160.0 us at 8x65 / 32x65 now; 61.6 / 171.2 against fold's 71.3 / 220.5 when it was chosen), fold where pdl,
-    block_k, block_v or fold_root=False is given (options of the two-kernel forms only) or with other products
-    (head not measured). block_v
+    products, 16.2-17.3 with tf32x3; head 14.9), else head with bf16x3 products, a program per head and V tile
+    (18.6 us against split's 29.1 alone at 1x65, 15.0 against 24.6 a layer in a graph of 48; a program per head
+    had taken 26.1 alone but the graphed 27B verify 0.3-0.4 ms longer in place), split with other products; for
+    a batch head with bf16x3 products (58.0 / 160.0 us at 8x65 / 32x65 now; 61.6 / 171.2 against fold's 71.3 /
+    220.5 when it was chosen), fold where pdl, block_k, block_v or fold_root=False is given (options of the
+    two-kernel forms only) or with other products (head not measured). block_v
     / num_warps / solve_warps default to each design's sweep choice (triton_wy_split.FOLD_DEFAULTS for
     fold); precision: the input_precision of
     the products of fp32 operands (None: bf16x3 for 16-bit inputs, tf32x3 for fp32: _common.dot_precision;

@@ -99,29 +99,6 @@ def state_ptrs32(state, slot, i_hv, o_k, o_v, HV: tl.constexpr, K: tl.constexpr,
 
 
 @triton.jit
-def prefetch_l2(ptrs):
-    """Ask L2 for the lines holding ptrs (any shape) and go on: no registers wait for the data, so the loads that
-    need it later, after other work, find it in L2 instead of memory. PTX: compiled kernels only (the interpreter
-    runs none; callers gate it on a constexpr)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_state(state, slot, i_hv, v_lo, BK: tl.constexpr, BV: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                   V: tl.constexpr, VK: tl.constexpr):
-    """prefetch_l2 of columns [v_lo, v_lo + BV) of the state [K, V] at (slot, i_hv) (state_ptrs' layouts), one
-    pointer per 32 fp32 (128 bytes: a line) along the contiguous axis. BK, BV powers of two, at least 32."""
-    if VK:  # rows of K contiguous
-        o_k = tl.minimum(tl.arange(0, BK // 32) * 32, K - 1)
-        o_v = tl.minimum(v_lo + tl.arange(0, BV), V - 1)
-    else:
-        o_k = tl.minimum(tl.arange(0, BK), K - 1)
-        o_v = tl.minimum(v_lo + tl.arange(0, BV // 32) * 32, V - 1)
-    prefetch_l2(state_ptrs32(state, slot, i_hv, o_k, o_v, HV, K, V, VK))
-
-
-@triton.jit
 def source_state(snap, src, row, seq_row0, s0, i_h, o_k, o_v, mkv, H: tl.constexpr, K: tl.constexpr,
                  V: tl.constexpr):
     """The state a parent-indexed node starts from, [BK, BV]: its parent's from the per-node states snap

@@ -150,19 +150,12 @@ def _gdn_wy_blocked_diag_kernel(
     k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self
     Gs, Wd,  # out: [B * HV, NP] fp32 path log-decays, [B * HV, NC, BT, BT] fp32 (I - N_cc)^-1
-    state, state_idx,  # PREFETCH: the committed states the apply kernel reads, asked of L2 here
     T, NSTEP, NP, NC,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
-    V: tl.constexpr, STATE_VK: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
-    if PREFETCH:  # chunk 0's program asks L2 for its head's state (nothing here reads it: the apply kernel will)
-        if i_c == 0:
-            slot = tl.load(state_idx + i_b)
-            for vt in range(0, V, 32):
-                h.prefetch_state(state, slot, i_hv, vt, BK, 32, HV, K, V, STATE_VK)
     i_h = i_hv // (HV // H)
     o_t, o_k = tl.arange(0, BT), tl.arange(0, BK)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
@@ -297,10 +290,6 @@ def _gdn_wy_blocked_apply_kernel(
 CHUNKED_REFUSES = ("bf16x3",)
 
 
-# Whether the diag kernel asks L2 for the committed states the apply kernel reads (compiled only)
-DIAG_PREFETCH = False
-
-
 def auto_folds(B: int, precision: str) -> bool:
     """Whether the split form past one block folds when not told (fold=None): for a batch with tf32x3 products;
     with bf16x3 the unfolded form measured faster (RESULTS.md)."""
@@ -361,9 +350,7 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     # q, k stay 16-bit in the per-head kernels' products by k (as triton_wy_split's; not in the
     # interpreter, whose bf16 tl.dot multiplies raw bits)
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
-    prefetch = DIAG_PREFETCH and not C.interpreting() and BK >= 32 and V >= 32
-    diag = dict(k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, state=initial_state, state_idx=idx, T=T, NSTEP=nstep, NP=NP,
-                NC=NC, **shapes, RAW16=raw16, V=V, STATE_VK=C.state_vk(initial_state), PREFETCH=prefetch,
+    diag = dict(k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, T=T, NSTEP=nstep, NP=NP, NC=NC, **shapes, RAW16=raw16,
                 num_warps=solve_warps, **opts)
     solve = dict(q=qc, k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, Ve=Ve, Qe=Qe, T=T, scale=scale, NP=NP, NC=NC, **shapes,
                  RAW16=raw16, EXACT=_exact_mode(q, k, q, "bf16x3", C.interpreting()), FOLD=fold,

@@ -122,17 +122,11 @@ def _gdn_wy_solve_kernel(
     q, k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     W, P, Ad,  # out: [B, HV, BT, BT] x2 fp32, [B, HV, BT] fp32
-    state, state_idx,  # PREFETCH: the committed states the apply kernel reads, asked of L2 here
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
-    V: tl.constexpr, STATE_VK: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     i_bh = tl.program_id(0)
-    if PREFETCH:
-        slot = tl.load(state_idx + i_bh // HV)
-        for vt in range(0, V, 32):
-            h.prefetch_state(state, slot, i_bh % HV, vt, BK, 32, HV, K, V, STATE_VK)
     o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _solve_prologue(
         q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, PRECISION)
     Pm = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale
@@ -317,7 +311,7 @@ def _gdn_wy_fold_head_kernel(
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr,
-    PRECISION: tl.constexpr, STATE_VK: tl.constexpr, PREFETCH: tl.constexpr, SPLIT_V: tl.constexpr,
+    PRECISION: tl.constexpr, STATE_VK: tl.constexpr, SPLIT_V: tl.constexpr,
 ):
     # The folded form with the root's step folded in (fold_root) in one program per head: the weights stay in
     # the program (registers) and it applies them to each V tile of the committed state S itself,
@@ -325,17 +319,8 @@ def _gdn_wy_fold_head_kernel(
     # so no scratch is written and read back by a second grid, and there is one launch. (Passing the weights
     # through global memory inside the program measured slower: RESULTS.md.)
     # SPLIT_V: grid (B * HV, V / BV), each program makes the weights and applies them to its own V tile.
-    # PREFETCH: the program's state columns are asked of L2 first, so that their loads after the weights
-    # (which need none of them) wait on L2, not on memory.
     i_bh = tl.program_id(0)
     i_b, i_hv = i_bh // HV, i_bh % HV
-    if PREFETCH:
-        slot0 = tl.load(state_idx + i_b)
-        if SPLIT_V:
-            h.prefetch_state(state, slot0, i_hv, tl.program_id(1) * BV, BK, BV, HV, K, V, STATE_VK)
-        else:
-            for vt in range(0, V, BV):
-                h.prefetch_state(state, slot0, i_hv, vt, BK, BV, HV, K, V, STATE_VK)
     o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
                                                 BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True)
     slot = tl.load(state_idx + i_b)
@@ -471,10 +456,10 @@ FOLD_DEFAULTS = {"tf32x3": (32, (None, 168), False), "bf16x3": (64, (None, None)
 # H200 sweep's choice at 1 x 16 to 32 x 65 (benchmarks/bench_wy_head.py, RESULTS.md; 32-wide tiles faulted there
 # with an illegal address under Triton 3.6 at 8 x 65: refused, see plan_wy_split)
 HEAD_BLOCK_V, HEAD_STAGES = 64, 1
-# Whether the head kernel asks L2 for its state columns before making the weights (compiled only), and whether it
-# runs a program per (head, V tile) instead of per head, each making the weights itself (None: for one sequence)
-HEAD_PREFETCH, HEAD_SPLIT_V = False, None
-SOLVE_PREFETCH = False  # whether the split form's solve kernel asks L2 for the states its apply kernel reads
+# Whether the head kernel runs a program per (head, V tile) instead of per head, each making the weights itself
+# (None: for one sequence, where a program per head leaves most SMs idle: 18.6 against 26.7 us at 1 x 65 on the
+# H200, RESULTS.md; at 8 x 65 the two took the same time, at 32 x 65 the split 26% longer)
+HEAD_SPLIT_V = None
 MAXNREG = None  # a (per-head, per-V-tile) pair here overrides FOLD_DEFAULTS' caps (the benchmarks set it)
 
 
@@ -508,12 +493,11 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
         exact = _exact_mode(q, k, v, exact16, C.interpreting())
         if head:
             BV = min(HEAD_BLOCK_V, max(16, C.next_pow2(V, 1)))
-            prefetch = HEAD_PREFETCH and not C.interpreting() and BK >= 32 and BV >= 32
             split_v = B == 1 if HEAD_SPLIT_V is None else HEAD_SPLIT_V
             kw = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, state=state,
                       state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
                       FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=exact, PRECISION=precision,
-                      STATE_VK=C.state_vk(state), PREFETCH=prefetch, SPLIT_V=split_v, num_warps=solve_warps,
+                      STATE_VK=C.state_vk(state), SPLIT_V=split_v, num_warps=solve_warps,
                       num_stages=HEAD_STAGES)
             if caps[0]:
                 kw["maxnreg"] = caps[0]
@@ -527,10 +511,9 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     Wm = C.scratch((B, HV, BT, BT), torch.float32, v.device)
     Pm = C.scratch(Wm.shape, torch.float32, v.device)
     Ad = C.scratch((B, HV, BT), torch.float32, v.device)
-    solve = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, W=Wm, P=Pm, Ad=Ad, state=state,
-                 state_idx=idx, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused,
-                 L2NORM=use_qk_l2norm, RAW16=raw16, PRECISION=precision, V=V, STATE_VK=C.state_vk(state),
-                 PREFETCH=SOLVE_PREFETCH and not C.interpreting() and BK >= 32 and V >= 32, num_warps=solve_warps)
+    solve = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, W=Wm, P=Pm, Ad=Ad, T=T, scale=scale,
+                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
+                 PRECISION=precision, num_warps=solve_warps)
     apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, W=Wm, P=Pm, Ad=Ad, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
                  L2NORM=use_qk_l2norm, PRECISION=precision, STATE_VK=C.state_vk(state), num_warps=num_warps)

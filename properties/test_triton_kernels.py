@@ -431,7 +431,7 @@ def test_bf16_inputs_lose_no_more_than_the_rounding_of_the_output(design, T):
 def test_full_size_bf16_verify_at_the_defaults_loses_only_the_rounding(B, T):
     """The same bar at Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128: the constexprs the served kernels
     compile with; a miscompile can depend on them, as the chunked form's did on its chunk height), through
-    design "auto": fused at 1 x 17, split at 1 x 65, head (one program per head) at 2 x 65, past one block the
+    design "auto": fused at 1 x 17, head split along V at 1 x 65, head (one program per head) at 2 x 65, past one block the
     split form."""
     _assert_bf16_bar(B, T, seed=2, design="auto")  # kernel_inputs' default shape: the preset's
 
@@ -442,7 +442,8 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
     (bf16x3) one kernel, a program per head folding the root's step into the weights and applying them to
     64-wide V tiles, its loads unpipelined (one stage), no register cap, and past one block the split form is
     not folded; with fp32 inputs (tf32x3) the two-kernel fold, the root's step in the apply kernel, 32-wide
-    tiles capped at 168, and past one block folded. One sequence takes the split form either way; the two-kernel
+    tiles capped at 168, and past one block folded. One sequence takes the head form split along V (a program per
+    head and V tile) with bf16 inputs and the split form with fp32 ones; the two-kernel
     fold, asked for, keeps its bf16 defaults: the root folded in, 64-wide tiles, all of K in one chunk, no caps
     (triton_wy_split.FOLD_DEFAULTS, HEAD_BLOCK_V, HEAD_STAGES, RESULTS.md)."""
     from ddsim.bench.bench import ddtree_batch, kernel_inputs
@@ -465,7 +466,7 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
         if T == 65 and bf16:
             assert set(kws) == {"_gdn_wy_fold_head_kernel"}
             head = kws["_gdn_wy_fold_head_kernel"]
-            assert head["BV"] == 64 and head["num_stages"] == 1 and "maxnreg" not in head
+            assert head["BV"] == 64 and head["num_stages"] == 1 and "maxnreg" not in head and head["SPLIT_V"] is False
         elif T == 65:
             assert set(kws) == {"_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel"}
             apply = kws["_gdn_wy_fold_apply_kernel"]
@@ -473,7 +474,8 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
             assert kws["_gdn_wy_fold_kernel"]["ROOT"] is False and "maxnreg" not in kws["_gdn_wy_fold_kernel"]
         else:
             assert kws["_gdn_wy_blocked_solve_kernel"]["FOLD"] is (not bf16)
-    for B, design, want in ((1, "auto", {"_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel"}),
+    for B, design, want in ((1, "auto", {"_gdn_wy_fold_head_kernel"} if bf16 else
+                             {"_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel"}),
                             (2, "fold", {"_gdn_wy_fold_kernel", "_gdn_wy_fold_root_apply_kernel" if bf16 else
                                          "_gdn_wy_fold_apply_kernel"})):
         got.clear()
@@ -483,6 +485,8 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
                 initial_state=inp["initial_state"], poison=False, design=design)
         kws = dict(got)
         assert set(kws) == want, (B, design, set(kws))
+        if B == 1 and bf16:
+            assert kws["_gdn_wy_fold_head_kernel"]["SPLIT_V"] is True
         if design == "fold" and bf16:
             apply = kws["_gdn_wy_fold_root_apply_kernel"]
             assert apply["BV"] == 64 and apply["BKC"] == 128 and "maxnreg" not in apply
@@ -494,7 +498,8 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
     forms = {"fused": {"_gdn_wy_kernel"}, "split": {"_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel"},
              "head": {"_gdn_wy_fold_head_kernel"}, "fold": {"_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel"}}
     batch = "head" if bf16 else "fold"
-    for B, T, want in ((1, 17, "fused"), (1, 18, "split"), (1, 65, "split"), (2, 17, batch), (2, 65, batch),
+    one = "head" if bf16 else "split"
+    for B, T, want in ((1, 17, "fused"), (1, 18, one), (1, 65, one), (2, 17, batch), (2, 65, batch),
                        (1, 66, "split, unfolded"), (2, 66, "split, unfolded" if bf16 else "split, folded")):
         got.clear()
         _, parents = ddtree_batch(B, T)
