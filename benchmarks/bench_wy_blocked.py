@@ -6,7 +6,8 @@ commit beside them, against the memory and FLOP floors (ddsim.bench.bench); then
 against the float64 oracle.
 
     python benchmarks/bench_wy_blocked.py [--commit SHA] [--shapes 1x129,8x129,1x257,8x257] [--block-t 64,32]
-                                          [--precisions tf32x3] [--skip-chunked] [--skip-table] [--skip-accuracy]
+                                          [--precisions tf32x3] [--skip-chunked] [--skip-table]
+                                          [--block-v 64,32,16] [--skip-accuracy]
 """
 import argparse
 
@@ -26,7 +27,12 @@ from ddsim.bench.bench import (
 from ddsim.gpu_backend import _common
 from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
 
-SPLIT = [dict(block_v=bv, num_warps=nw, solve_warps=sw) for bv in (64, 32, 16) for nw in (4, 8) for sw in (4, 8)]
+
+def split_configs(block_vs=(64, 32, 16)):
+    return [dict(block_v=bv, num_warps=nw, solve_warps=sw) for bv in block_vs for nw in (4, 8) for sw in (4, 8)]
+
+
+SPLIT = split_configs()
 CHUNKED = [dict(block_v=bv, num_warps=nw) for bv, nw in ((32, 8), (32, 4), (16, 4))]
 PARTS = ("diag", "solve", "apply")
 
@@ -69,6 +75,7 @@ if __name__ == "__main__":
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--precisions", default="", help="dot precisions to time beside the default, e.g. tf32x3")
     ap.add_argument("--skip-chunked", action="store_true", help="leave out the one-kernel chunked form (slow)")
+    ap.add_argument("--block-v", default="64,32,16", help="the split form's V tiles to sweep")
     ap.add_argument("--skip-table", action="store_true",
                     help="leave out the recurrent kernels' table (flattened, parent-indexed, commit)")
     a = ap.parse_args()
@@ -81,6 +88,13 @@ if __name__ == "__main__":
     except ValueError:
         ap.error(f"--block-t {a.block_t!r} / --precisions {a.precisions!r}: expected integers and dot precisions "
                  f"({', '.join(_common.DOT_PRECISIONS)})")
+    try:
+        block_vs = tuple(int(x) for x in a.block_v.split(","))
+        if any(bv < 16 or bv & (bv - 1) for bv in block_vs):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--block-v {a.block_v!r}: expected powers of two >= 16, comma separated")
+    SPLIT[:] = split_configs(block_vs)
     if any(bt < 16 or bt & (bt - 1) for bt in block_ts):
         ap.error(f"--block-t {a.block_t!r}: expected powers of two >= 16")
     if not torch.cuda.is_available():
