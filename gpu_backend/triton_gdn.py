@@ -220,7 +220,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
         chunked = design == "fused"
         return plan_wy_blocked(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
                                use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
-                               dt_bias=dt_bias, precision=precision, poison=poison, block_v=min(block_v or 32, 32),
+                               dt_bias=dt_bias, precision=precision, poison=poison, block_v=None if block_v is None else min(block_v, 32),
                                num_warps=num_warps or (8 if chunked else 4), solve_warps=solve_warps,
                                design="chunked" if chunked else "split",
                                fold={"fold": True, "head": True, "split": False}.get(design))

@@ -296,9 +296,16 @@ def auto_folds(B: int, precision: str) -> bool:
     return B > 1 and precision != "bf16x3"
 
 
+def auto_block_v(B: int, precision: str, design: str = "split") -> int:
+    """The apply kernel's V tile when not told: 64 for the split form on a batch with bf16x3 products (on the H200
+    188.9 / 534.4 us at 8 x 129 / 8 x 257 against 209.2 / 586.3 with 32: RESULTS.md), else 32 (one sequence and
+    tf32x3 were not measured with 64)."""
+    return 64 if design == "split" and B > 1 and precision == "bf16x3" else 32
+
+
 def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                     use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
-                    dt_bias=None, block_t: int = 64, block_v: int = 32, num_warps: int = 4, solve_warps: int = 4,
+                    dt_bias=None, block_t: int = 64, block_v: int | None = None, num_warps: int = 4, solve_warps: int = 4,
                     precision: str | None = None, poison: bool | None = None, design: str = "split",
                     fold: bool | None = False, num_stages: int = 1):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). Any tree size.
@@ -309,7 +316,8 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     and 8% slower at one sequence). Scratch: B HV NP^2 fp32 for Ve (NP: the nodes rounded up to chunks;
     25 MB at 8 x 129). "chunked": the one kernel that walks the chunks in every V tile (num_warps 8
     was its choice). num_stages: Triton's software pipelining of the chunk loops (its default, 3,
-    asks for more shared memory than an H200 SM has in the solve kernel)."""
+    asks for more shared memory than an H200 SM has in the solve kernel). block_v: the apply kernel's V tile (None:
+    auto_block_v)."""
     if design not in ("split", "chunked"):
         raise ValueError(f"design: expected 'split' or 'chunked' past one block, got {design!r}")
     if output_states:
@@ -328,6 +336,8 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else checks.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
+    if block_v is None:
+        block_v = auto_block_v(B, precision, design)
     BT, BK, BV = block_t, max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))
     qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
     gates = dict(g=g_, beta=b_, A_log=al, dt_bias=db)

@@ -441,10 +441,10 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
     """What design "auto" launches for a batch, resolved as compiled (nothing launches): with bf16 inputs
     (bf16x3) one kernel, a program per head folding the root's step into the weights and applying them to
     64-wide V tiles, its loads unpipelined (one stage), no register cap, and past one block the split form is
-    not folded; with fp32 inputs (tf32x3) the two-kernel fold, the root's step in the apply kernel, 32-wide
-    tiles capped at 168, and past one block folded. One sequence takes the head form split along V (a program per
-    head and V tile) with bf16 inputs and the split form with fp32 ones; the two-kernel
-    fold, asked for, keeps its bf16 defaults: the root folded in, 64-wide tiles, all of K in one chunk, no caps
+    not folded and applies 64-wide V tiles (32 for one sequence); with fp32 inputs (tf32x3) the two-kernel fold,
+    the root's step in the apply kernel, 32-wide tiles capped at 168, and past one block folded. One sequence
+    takes the head form split along V (a program per head and V tile) with bf16 inputs and the split form with
+    fp32 ones; the two-kernel fold, asked for, keeps its bf16 defaults: the root folded in, 64-wide tiles, all of K in one chunk, no caps
     (triton_wy_split.FOLD_DEFAULTS, HEAD_BLOCK_V, HEAD_STAGES, RESULTS.md)."""
     from ddsim.bench.bench import ddtree_batch, kernel_inputs
     from ddsim.gpu_backend import triton_wy_blocked as wb
@@ -474,6 +474,7 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
             assert kws["_gdn_wy_fold_kernel"]["ROOT"] is False and "maxnreg" not in kws["_gdn_wy_fold_kernel"]
         else:
             assert kws["_gdn_wy_blocked_solve_kernel"]["FOLD"] is (not bf16)
+            assert kws["_gdn_wy_blocked_apply_kernel"]["BV"] == (64 if bf16 else 32)
     for B, design, want in ((1, "auto", {"_gdn_wy_fold_head_kernel"} if bf16 else
                              {"_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel"}),
                             (2, "fold", {"_gdn_wy_fold_kernel", "_gdn_wy_fold_root_apply_kernel" if bf16 else
@@ -510,6 +511,7 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
         assert name == want, (B, T, name)
         if name.startswith("split, "):
             assert kws["_gdn_wy_blocked_solve_kernel"]["FOLD"] is (name == "split, folded"), (B, T, name)
+            assert kws["_gdn_wy_blocked_apply_kernel"]["BV"] == (64 if bf16 and B > 1 else 32), (B, T, name)
         else:
             assert set(kws) == forms[name], (B, T, name, set(kws))
     assert [auto_design(2, 65, "bf16x3", **kw) for kw in ({}, dict(pdl=True), dict(block_k=64), dict(fold_root=False),
