@@ -10,12 +10,13 @@ The figures match the device's (bench_wy_fold.py prints the loaded kernels' regi
 Triton here is the device's: RESULTS.md's came from Triton 3.6, the H200's version, installed
 beside the project's own (pip install --no-deps --target DIR triton==3.6.0; PYTHONPATH=DIR).
 
-    python benchmarks/kernel_registers.py [--defaults-only] [--head-caps 168,128] [--lines 20]
+    python benchmarks/kernel_registers.py [--defaults-only] [--head-caps 168,128] [--lines 20] [--blocked]
 
 --head-caps: the head kernel at its defaults under each register cap too (two programs an SM at 255 registers,
 three at 168, four at 128: what a cap would buy in occupancy, against what it spills). --lines N: the head kernel's
 N source lines with the most machine instructions (nvdisasm's line table; what to cut first, beside Nsight Compute's
-stall samples on the device).
+stall samples on the device). --blocked: the three kernels of the split form past one block at their bf16 defaults
+for a batch (diag, solve, the apply's 64-wide tiles) instead, with --lines N each one's N lines.
 """
 import argparse
 import collections
@@ -32,6 +33,7 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from ddsim.gpu_backend import triton_wy_blocked as wb  # noqa: E402
 from ddsim.gpu_backend import triton_wy_split as ws  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -46,6 +48,28 @@ ROOT_APPLY = dict(v="*bf16", Qe="*fp32", Ve="*fp32", Cv="*fp32", Q0="*fp32", C0=
 APPLY = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", Qe="*fp32",
              Ve="*fp32", ready="*i32", state="*fp32", state_idx="*i32", o="*bf16", T="i32", scale="fp32")
 TILES = dict(N="*fp32", Y="*fp32", out="*fp32")
+B_DIAG = dict(k="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", mask="*i8", Gs="*fp32", Wd="*fp32",
+              T="i32", NSTEP="i32", NP="i32", NC="i32")
+B_SOLVE = dict(q="*bf16", k="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", mask="*i8", Gs="*fp32",
+               Wd="*fp32", Ve="*fp32", Qe="*fp32", T="i32", scale="fp32", NP="i32", NC="i32")
+B_APPLY = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", Gs="*fp32",
+               Ve="*fp32", Qe="*fp32", state="*fp32", state_idx="*i32", o="*bf16", T="i32", scale="fp32", NP="i32")
+
+
+def blocked(lines: int):
+    """The split form past one block at its bf16 defaults for a batch (64-row chunks, bf16x3, unfolded, 4 warps,
+    one stage; the apply's tile wb.auto_block_v): each kernel's usage, and its ``lines`` busiest source lines."""
+    sh = dict(H=16, HV=48, K=128, BT=64, BK=128, FUSED=False, L2NORM=True, PRECISION="bf16x3")
+    bv = wb.auto_block_v(8, "bf16x3")
+    for name, fn, sig, ce in (
+            ("diag", wb._gdn_wy_blocked_diag_kernel, B_DIAG, dict(sh, RAW16=True)),
+            ("solve", wb._gdn_wy_blocked_solve_kernel, B_SOLVE, dict(sh, RAW16=True, EXACT=2, FOLD=False)),
+            (f"apply ({bv}-wide tiles)", wb._gdn_wy_blocked_apply_kernel, B_APPLY,
+             dict(sh, V=128, BV=bv, STATE_VK=False, FOLD=False))):
+        print(f"{name} kernel past one block, bf16 defaults, 4 warps: " + usage(fn, sig, ce, 4, num_stages=1))
+        if lines:
+            for row in by_line(fn, sig, ce, 4, lines, num_stages=1):
+                print("  " + row)
 
 
 def cubin(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None, num_stages=None):
@@ -144,6 +168,7 @@ if __name__ == "__main__":
     ap.add_argument("--defaults-only", action="store_true", help="the bf16 defaults' kernels alone")
     ap.add_argument("--head-caps", default="", help="register caps to compile the head kernel under too (168,128)")
     ap.add_argument("--lines", type=int, default=0, help="the head kernel's N source lines with the most instructions")
+    ap.add_argument("--blocked", action="store_true", help="the split form's kernels past one block instead")
     a = ap.parse_args()
     defaults_only = a.defaults_only
     try:
@@ -151,6 +176,9 @@ if __name__ == "__main__":
     except ValueError:
         ap.error(f"--head-caps {a.head_caps!r}: expected register counts, comma separated")
     print(f"# Triton {triton.__version__}, compiled for sm_90 (no GPU); Qwen3.6-27B GDN shapes, bf16 inputs")
+    if a.blocked:
+        blocked(a.lines)
+        raise SystemExit(0)
     # what design "auto" launches for a batch of bf16 inputs (the head kernel: HEAD_BLOCK_V, HEAD_STAGES), then the
     # two kernels of design "fold" at its bf16 defaults (bf16x3 products, the root folded in: FOLD_DEFAULTS)
     head = dict(SHAPE, V=128, BV=ws.HEAD_BLOCK_V, PRECISION="bf16x3", RAW16=True, EXACT=2, STATE_VK=False,
