@@ -191,7 +191,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     products, 16.2-17.3 with tf32x3; head 14.9), else head with bf16x3 products, a program per head and V tile
     (18.6 us against split's 29.1 alone at 1x65, 15.0 against 24.6 a layer in a graph of 48; a program per head
     had taken 26.1 alone but the graphed 27B verify 0.3-0.4 ms longer in place), split with other products; for
-    a batch head with bf16x3 products (58.0 / 160.0 us at 8x65 / 32x65 now; 61.6 / 171.2 against fold's 71.3 /
+    a batch head with bf16x3 products (56.6 / 156.6 us at 8x65 / 32x65 now; 61.6 / 171.2 against fold's 71.3 /
     220.5 when it was chosen), fold where pdl, block_k, block_v or fold_root=False is given (options of the
     two-kernel forms only) or with other products (head not measured). block_v
     / num_warps / solve_warps default to each design's sweep choice (triton_wy_split.FOLD_DEFAULTS for
