@@ -454,7 +454,8 @@ def _gdn_wy_fold_root_apply_kernel(
 FOLD_DEFAULTS = {"tf32x3": (32, (None, 168), False), "bf16x3": (64, (None, None), True)}
 # The one-program folded form (head): its V tile and the stages Triton pipelines its V-tile loop's loads over, the
 # H200 sweep's choice at 1 x 16 to 32 x 65 (benchmarks/bench_wy_head.py, RESULTS.md; 32-wide tiles faulted there
-# with an illegal address under Triton 3.6 at 8 x 65: refused, see plan_wy_split)
+# with an illegal address under Triton 3.6 at 8 x 65, which compute-sanitizer places in a shared-memory read Triton
+# laid out for the product Ve V: refused, see plan_wy_split)
 HEAD_BLOCK_V, HEAD_STAGES = 64, 1
 # Whether the head kernel runs a program per (head, V tile) instead of per head, each making the weights itself
 # (None: for one sequence, where a program per head leaves most SMs idle: 18.6 against 26.7 us at 1 x 65 on the
