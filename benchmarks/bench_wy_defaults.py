@@ -9,7 +9,6 @@ back from one CUDA graph, us per launch (ddsim.bench.bench.graphed_us; 48 is Qwe
 With --parts, each kernel of a multi-kernel default (bf16x3) also timed alone, in the order launched.
 
     python benchmarks/bench_wy_defaults.py [--commit SHA] [--shapes 1x16,1x65,...] [--layers 48] [--head-off] [--parts]
-                                          [--head-one]
 """
 import argparse
 import time
@@ -57,10 +56,7 @@ def main():
                          "and graphed")
     ap.add_argument("--parts", action="store_true",
                     help="also time each kernel of a multi-kernel default (bf16x3) alone, in launch order")
-    ap.add_argument("--head-one", action="store_true",
-                    help="design auto takes the head form for one sequence past 17 nodes too (triton_gdn.AUTO_HEAD_ONE)")
     a = ap.parse_args()
-    head_one = triton_gdn.AUTO_HEAD_ONE = a.head_one or triton_gdn.AUTO_HEAD_ONE
     if a.layers < 0:
         ap.error(f"--layers: expected 0 or more, got {a.layers}")
     shapes = parse_shapes(ap, a.shapes)
@@ -111,7 +107,7 @@ def main():
                 if a.layers:
                     layers += f" {graphed_layers(B, T, parents, a.layers):.1f} |"
             finally:
-                triton_gdn.AUTO_HEAD, triton_gdn.AUTO_HEAD_ONE = True, head_one
+                triton_gdn.AUTO_HEAD = triton_gdn.AUTO_HEAD_ONE = True
         print(f"| {B} x {T} | {auto_design(B, T, 'bf16x3')} | {us['bf16x3']:.1f} | {us['tf32x3']:.1f} | "
               f"{kernel_bytes(B, T)['wy'] / bw * 1e6:.1f} | "
               + (" / ".join(f"{fl / rates[p] * 1e6:.1f}" for p in ("bf16x3", "tf32x3")) if rates["bf16x3"] else "–")

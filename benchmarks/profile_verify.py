@@ -184,10 +184,8 @@ def main():
     ap.add_argument("--skip-profile", action="store_true")
     ap.add_argument("--host-profile", action="store_true", help="cProfile the host's part of each graphed verify")
     ap.add_argument("--auto-head", default="on", choices=["on", "off", "both"],
-                    help="whether the GDN verify's design auto takes the one-program head form (triton_gdn.AUTO_HEAD); "
+                    help="whether the GDN verify's design auto takes the head form (triton_gdn.AUTO_HEAD, AUTO_HEAD_ONE); "
                          "both: each, one after the other in this run")
-    ap.add_argument("--head-one", action="store_true",
-                    help="with the head form on, one sequence past 17 nodes takes it too (triton_gdn.AUTO_HEAD_ONE)")
     ap.add_argument("--commit", default="?")
     a = ap.parse_args()
     glues = a.glues.split(",")
@@ -220,7 +218,7 @@ def main():
         runs = off if a.auto_head == "off" else runs + off
     for glue, poison, head in runs:
         triton_gdn.AUTO_HEAD = head
-        triton_gdn.AUTO_HEAD_ONE = head and a.head_one
+        triton_gdn.AUTO_HEAD_ONE = head
         model.glue = glue
         with poisoned(poison):
             graphed = GraphedModel(model)
