@@ -3,7 +3,13 @@ CPU audit of the micro-mamba2 preset (Mamba2, parallel and MLP-only blocks in Ne
 layout) with its exact gate verdict, lossless exact verification, and a leak table per family."""
 import json
 
+import pytest
+
 from tests.conftest import run_cli
+
+# (a whole audit and gate, 20 s of one core: `make test-slow`, to keep `make test` inside CI's six minutes; the
+# Mamba2 kernels' properties and the family's leak tables in the other audits stay in `make test`)
+pytestmark = pytest.mark.slow
 
 ARGS = ["--preset", "micro-mamba2", "--budget", "16,32", "--steps", "3", "--seed", "5"]
 
