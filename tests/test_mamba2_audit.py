@@ -8,7 +8,8 @@ import pytest
 from tests.conftest import run_cli
 
 # (a whole audit and gate, 20 s of one core: `make test-slow`, to keep `make test` inside CI's six minutes; the
-# Mamba2 kernels' properties and the family's leak tables in the other audits stay in `make test`)
+# Mamba2 kernels' properties and an audit's mamba2 leak tables, tests/test_checkpoints_mamba.py's Nemotron-H audit,
+# stay in `make test`; this exact gate verdict on a Mamba2 hybrid is asserted here only)
 pytestmark = pytest.mark.slow
 
 ARGS = ["--preset", "micro-mamba2", "--budget", "16,32", "--steps", "3", "--seed", "5"]
