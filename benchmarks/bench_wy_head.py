@@ -112,7 +112,8 @@ if __name__ == "__main__":
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65")
     ap.add_argument("--caps", help="the default configuration and these register caps only (comma separated)")
-    ap.add_argument("--variants", action="store_true", help="the default configuration per head / per (head, V tile)")
+    ap.add_argument("--variants", action="store_true",
+                    help="the default configuration per head / per (head, V tile) / the last wave's heads split")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
@@ -122,7 +123,7 @@ if __name__ == "__main__":
         ap.error(f"--caps {a.caps!r}: expected register counts, comma separated")
     configs = HEAD if caps is None else [dict(HEAD[0], maxnreg=cap) for cap in (None, *caps)]
     if a.variants:
-        configs = [dict(HEAD[0], split_v=sv) for sv in (False, True)]
+        configs = [dict(HEAD[0], split_v=sv) for sv in (False, True, None)]
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_head: needs a CUDA device")
     if a.one:

@@ -182,7 +182,7 @@ if __name__ == "__main__":
     # what design "auto" launches for a batch of bf16 inputs (the head kernel: HEAD_BLOCK_V, HEAD_STAGES), then the
     # two kernels of design "fold" at its bf16 defaults (bf16x3 products, the root folded in: FOLD_DEFAULTS)
     head = dict(SHAPE, V=128, BV=ws.HEAD_BLOCK_V, PRECISION="bf16x3", RAW16=True, EXACT=2, STATE_VK=False,
-                SPLIT_V=bool(ws.HEAD_SPLIT_V))
+                SPLIT_V=ws.HEAD_SPLIT_V is True)
     for cap in (None, *head_caps):
         print(f"head kernel at the bf16 defaults (bf16x3, {ws.HEAD_BLOCK_V}-wide tiles, {ws.HEAD_STAGES} stage), 4 warps"
               + (f", cap {cap}: " if cap else ": ") + usage(ws._gdn_wy_fold_head_kernel, HEAD, head, 4, cap,

@@ -318,15 +318,18 @@ def _gdn_wy_fold_head_kernel(
     #   O = Qe' S + Ve V + c v_0^T,   o_0 = S^T q_0' + c_0 v_0,
     # so no scratch is written and read back by a second grid, and there is one launch. (Passing the weights
     # through global memory inside the program measured slower: RESULTS.md.)
-    # SPLIT_V: grid (B * HV, V / BV), each program makes the weights and applies them to its own V tile (a tile
-    # called directly: one loop over runtime bounds for both forms compiled to more spills offline, 448 B against 96)
-    i_bh = tl.program_id(0)
+    # SPLIT_V: a program per (head, V tile) (grid B HV V / BV), each making the weights and applying them to its
+    # own V tile (a tile called directly: one loop over runtime bounds for both forms compiled to more spills
+    # offline, 448 B against 96)
+    pid = tl.program_id(0)
+    NT: tl.constexpr = (V + BV - 1) // BV
+    i_bh = pid // NT if SPLIT_V else pid
     i_b, i_hv = i_bh // HV, i_bh % HV
     o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
                                                 BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True)
     slot = tl.load(state_idx + i_b)
     if SPLIT_V:
-        _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, tl.program_id(1) * BV, T, o_t, o_k, HV, K, V, BV,
+        _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, (pid % NT) * BV, T, o_t, o_k, HV, K, V, BV,
                    EXACT, PRECISION, STATE_VK)
     else:
         for vt in range(0, V, BV):
@@ -458,10 +461,39 @@ FOLD_DEFAULTS = {"tf32x3": (32, (None, 168), False), "bf16x3": (64, (None, None)
 # with an illegal address under Triton 3.6 at 8 x 65, which compute-sanitizer places in a shared-memory read Triton
 # laid out for the product Ve V: refused, see plan_wy_split)
 HEAD_BLOCK_V, HEAD_STAGES = 64, 1
-# Whether the head kernel runs a program per (head, V tile) instead of per head, each making the weights itself
-# (None: for one sequence, where a program per head leaves most SMs idle: 18.6 against 26.7 us at 1 x 65 on the
-# H200, RESULTS.md; at 8 x 65 the two took the same time, at 32 x 65 the split 26% longer)
+# Whether the head kernel runs a program per (head, V tile), each making the weights itself, instead of a program
+# per head: None, _head_split's choice from the SMs; False, True. A program per head leaves most SMs idle for one
+# sequence (18.6 against 26.4 us at 1 x 65 on the H200) and two (21.2 against 27.3 at 2 x 65), while a batch split
+# took 37.4 against 31.2 at 4 x 65 and 26% longer at 32 x 65 (RESULTS.md).
 HEAD_SPLIT_V = None
+# Head programs an SM holds at once: the head kernel compiles to 255 registers at 4 warps (kernel_registers.py), two
+# programs' worth of the 64 K a Hopper or Blackwell SM has
+HEAD_PROGRAMS_PER_SM = 2
+
+
+def _head_split(heads: int, tiles: int, slots: int) -> bool:
+    """Whether the head kernel splits ``heads`` (sequence, value head) pairs into a program per V tile (``tiles``
+    of them): when the split programs fit in one wave of the ``slots`` the GPU holds at once. Past that, a split
+    head makes its weights once a tile for nothing: whole heads. (Splitting only the last, partial wave's heads,
+    in the same grid, measured 55.2 against 58.0 us at 8 x 65, within the spread between runs, and 168 B of
+    spills offline: not taken, RESULTS.md.)"""
+    return heads * tiles <= slots
+
+
+_SMS: dict = {}
+
+
+def _slots(device) -> int:
+    """Head programs ``device`` holds at once (HEAD_PROGRAMS_PER_SM a multiprocessor; Triton's interpreter: an
+    H200's 132, so that it plans what the device would)."""
+    if device.type != "cuda":
+        return 132 * HEAD_PROGRAMS_PER_SM
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SMS:
+        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SMS[i] * HEAD_PROGRAMS_PER_SM
+
+
 MAXNREG = None  # a (per-head, per-V-tile) pair here overrides FOLD_DEFAULTS' caps (the benchmarks set it)
 
 
@@ -495,16 +527,11 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
         exact = _exact_mode(q, k, v, exact16, C.interpreting())
         if head:
             BV = min(HEAD_BLOCK_V, max(16, C.next_pow2(V, 1)))
-            split_v = B == 1 if HEAD_SPLIT_V is None else HEAD_SPLIT_V
-            kw = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, state=state,
-                      state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                      FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=exact, PRECISION=precision,
-                      STATE_VK=C.state_vk(state), SPLIT_V=split_v, num_warps=solve_warps,
-                      num_stages=HEAD_STAGES)
-            if caps[0]:
-                kw["maxnreg"] = caps[0]
-            grid = (B * HV, C.cdiv(V, BV)) if split_v else (B * HV,)
-            return bind(_gdn_wy_fold_head_kernel, grid, kw), o
+            return _plan_head(dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
+                                   state=state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K,
+                                   V=V, BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
+                                   EXACT=exact, PRECISION=precision, STATE_VK=C.state_vk(state),
+                                   num_warps=solve_warps, num_stages=HEAD_STAGES), B * HV, caps[0], v.device), o
         return _plan_fold(qc, kc, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=state, idx=idx,
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
                           exact=exact, use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
@@ -521,6 +548,15 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
                  L2NORM=use_qk_l2norm, PRECISION=precision, STATE_VK=C.state_vk(state), num_warps=num_warps)
     return _in_order(bind(_gdn_wy_solve_kernel, (B * HV,), solve),
                      bind(_gdn_wy_apply_kernel, (C.cdiv(V, BV), B * HV), apply)), o
+
+
+def _plan_head(kw: dict, heads: int, cap, device):
+    """The head kernel's launch: a program per head, or per (head, V tile) (HEAD_SPLIT_V, _head_split)."""
+    tiles = C.cdiv(kw["V"], kw["BV"])
+    split = _head_split(heads, tiles, _slots(device)) if HEAD_SPLIT_V is None else bool(HEAD_SPLIT_V)
+    if cap:
+        kw["maxnreg"] = cap
+    return bind(_gdn_wy_fold_head_kernel, (heads * tiles if split else heads,), dict(kw, SPLIT_V=split))
 
 
 def _in_order(first, second):

@@ -259,8 +259,8 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
     """The two-kernel WY forms on trees of up to 40 nodes (a 64-row block, several doubling rounds); "fold-root"
     the folded form with the root's step folded into the weights, reading the committed state in block_k-row
     chunks of K; "head" the same weights applied by the program that made them (one kernel), a program per head
-    or per (head, V tile) (split_v; None: its default, per V tile for one sequence); the pool contiguous or
-    SGLang's seen through a transpose (vk)."""
+    or per (head, V tile) (split_v; None: its default, per V tile when the split programs fit in one wave); the
+    pool contiguous or SGLang's seen through a transpose (vk)."""
     from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
     args = _cast(inp, dtype)
     pool, slots = _pool(inp)
@@ -444,7 +444,9 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
     not folded and applies 64-wide V tiles (32 for one sequence); with fp32 inputs (tf32x3) the two-kernel fold,
     the root's step in the apply kernel, 32-wide tiles capped at 168, and past one block folded. One sequence
     takes the head form split along V (a program per head and V tile) with bf16 inputs and the split form with
-    fp32 ones; the two-kernel fold, asked for, keeps its bf16 defaults: the root folded in, 64-wide tiles, all of K in one chunk, no caps
+    fp32 ones, and so does a bf16 batch whose split programs fit in one wave (two sequences on an H200, not
+    four); the two-kernel fold, asked for, keeps its bf16 defaults: the root folded in, 64-wide tiles, all of K in
+    one chunk, no caps
     (triton_wy_split.FOLD_DEFAULTS, HEAD_BLOCK_V, HEAD_STAGES, RESULTS.md)."""
     from ddsim.bench.bench import ddtree_batch, kernel_inputs
     from ddsim.gpu_backend import triton_wy_blocked as wb
@@ -466,7 +468,8 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
         if T == 65 and bf16:
             assert set(kws) == {"_gdn_wy_fold_head_kernel"}
             head = kws["_gdn_wy_fold_head_kernel"]
-            assert head["BV"] == 64 and head["num_stages"] == 1 and "maxnreg" not in head and head["SPLIT_V"] is False
+            assert head["BV"] == 64 and head["num_stages"] == 1 and "maxnreg" not in head
+            assert head["SPLIT_V"] is True  # 8 heads, 16 programs: one wave split along V
         elif T == 65:
             assert set(kws) == {"_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel"}
             apply = kws["_gdn_wy_fold_apply_kernel"]
@@ -488,6 +491,16 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
         assert set(kws) == want, (B, design, set(kws))
         if B == 1 and bf16:
             assert kws["_gdn_wy_fold_head_kernel"]["SPLIT_V"] is True
+    if bf16:  # at Qwen3.6-27B's 48 value heads: 2 sequences' 192 programs split fit an H200's 264 slots, 4's 384 not
+        for B, split in ((2, True), (4, False)):
+            grids = []
+            monkeypatch.setattr(ws, "bind", lambda kernel, grid, kw: grids.append((grid, kw["SPLIT_V"])))
+            _, parents = ddtree_batch(B, 65)
+            inp = kernel_inputs(B, 65, dtype=dtype, device="cpu")
+            plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents,
+                    initial_state=inp["initial_state"], poison=False)
+            assert grids == [((B * 48 * 2,) if split else (B * 48,), split)], (B, grids)
+        monkeypatch.setattr(ws, "bind", lambda kernel, grid, kw: got.append((kernel.__name__, kw)))
         if design == "fold" and bf16:
             apply = kws["_gdn_wy_fold_root_apply_kernel"]
             assert apply["BV"] == 64 and apply["BKC"] == 128 and "maxnreg" not in apply

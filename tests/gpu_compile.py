@@ -9,7 +9,8 @@ with Triton's bundled ptxas.
 --arch: 90 (Hopper, sm_90a), 100 (datacenter Blackwell, sm_100a), 120 (consumer Blackwell, sm_120a).
 --set all (the default): every launch the GDN WY launchers make at Qwen3.6-27B GDN shapes for every design,
 one block (65 nodes: fused, split, fold, head) and past it (131 nodes: the chunked form and the split form,
-unfolded and folded), bf16 and fp32 inputs, design head for one sequence (split along V), and every other
+unfolded and folded), bf16 and fp32 inputs (design head at 2 x 65 split along V), design head for eight sequences
+(a program per head), and every other
 Triton kernel the public functions launch (recurrent GDN, the commits, the tree conv, Mamba2's recurrent, SSD
 and commit kernels) at the property suites' fixed examples. --set serving: what a server launches, the WY launchers' default design ("auto")
 at one and eight sequences of 17, 65 and 131 nodes in bf16, the two-kernel form auto takes for a batch when
@@ -221,8 +222,8 @@ if __name__ == "__main__":
                 for design in designs:
                     for kernel, kw in launches(2, T, dtype, design):
                         failed += not check(f"{T} nodes, {str(dtype)[6:]}, design {design}", kernel, kw)
-        for kernel, kw in launches(1, 65, torch.bfloat16, "head"):  # a program per head and V tile
-            failed += not check("1 x 65 nodes, bfloat16, design head", kernel, kw)
+        for kernel, kw in launches(8, 65, torch.bfloat16, "head"):  # a program per head (2 x 65 splits along V)
+            failed += not check("8 x 65 nodes, bfloat16, design head", kernel, kw)
     else:
         # design auto, and the two-kernel forms it takes when given their own options (pdl, block_v, ...)
         for B, T, design in ((1, 17, "auto"), (1, 65, "auto"), (8, 65, "auto"), (1, 131, "auto"), (8, 131, "auto"),

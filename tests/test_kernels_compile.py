@@ -44,7 +44,7 @@ def test_what_a_server_launches_compiles_for_blackwell(arch):
 
 def test_every_triton_kernel_compiles_for_sm90():
     ok = _compile("--arch", "90")
-    # WY: 6 + 6 one-block launches, 7 + 7 past one block (bf16, fp32), head for one sequence; the others: 30
+    # WY: 6 + 6 one-block launches, 7 + 7 past one block (bf16, fp32), head for eight sequences; the others: 30
     assert len(ok) == 57, ok
     for name in ("_gdn_wy_blocked_solve_kernel", "_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel",
                  "_gdn_wy_fold_root_apply_kernel", "_gdn_wy_fold_head_kernel", "_gdn_recurrent_kernel",
@@ -59,5 +59,5 @@ def test_every_triton_kernel_compiles_for_sm90():
     for dtype, prec in (("bfloat16", "bf16x3"), ("float32", "tf32x3")):
         wy = [line for line in ok if f", {dtype}, design" in line]
         chunked = [line for line in wy if line.startswith(f"ok   131 nodes, {dtype}, design fused")]
-        assert len(wy) == (14 if dtype == "bfloat16" else 13) and len(chunked) == 1, wy  # (bf16: head at 1 x 65)
+        assert len(wy) == (14 if dtype == "bfloat16" else 13) and len(chunked) == 1, wy  # (bf16: head at 8 x 65)
         assert all(f"({prec if line not in chunked else 'tf32x3'}, " in line for line in wy), wy
