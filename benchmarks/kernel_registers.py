@@ -10,13 +10,15 @@ The figures match the device's (bench_wy_fold.py prints the loaded kernels' regi
 Triton here is the device's: RESULTS.md's came from Triton 3.6, the H200's version, installed
 beside the project's own (pip install --no-deps --target DIR triton==3.6.0; PYTHONPATH=DIR).
 
-    python benchmarks/kernel_registers.py [--defaults-only] [--head-caps 168,128] [--lines 20] [--blocked]
+    python benchmarks/kernel_registers.py [--defaults-only] [--head-caps 168,128] [--lines 20] [--live 20] [--blocked]
 
 --head-caps: the head kernel at its defaults under each register cap too (two programs an SM at 255 registers,
 three at 168, four at 128: what a cap would buy in occupancy, against what it spills). --lines N: the head kernel's
 N source lines with the most machine instructions (nvdisasm's line table; what to cut first, beside Nsight Compute's
-stall samples on the device). --blocked: the three kernels of the split form past one block at their bf16 defaults
-for a batch (diag, solve, the apply's 64-wide tiles) instead, with --lines N each one's N lines.
+stall samples on the device). --live N: the head kernel's N source lines where the most registers are live at once
+(nvdisasm's life ranges): what a register cap would have to spill. --blocked: the three kernels of the split form
+past one block at their bf16 defaults for a batch (diag, solve, the apply's 64-wide tiles) instead, with --lines N
+each one's N lines.
 """
 import argparse
 import collections
@@ -130,6 +132,38 @@ def by_line(fn, signature: dict, constexprs: dict, num_warps: int, top: int, num
     return out
 
 
+def live(fn, signature: dict, constexprs: dict, num_warps: int, top: int, num_stages=None) -> list[str]:
+    """The ``top`` source lines of fn (compiled for sm_90) where the most registers are live at once, from
+    nvdisasm's life ranges, most first: where a register cap would have to spill. Compiled under a cap of 254:
+    nvdisasm reads no life ranges at 255 registers ("Invalid register count")."""
+    ck = cubin(fn, signature, constexprs, num_warps, 254, num_stages)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        lines = subprocess.run([NVDISASM, "-g", "-c", f.name], capture_output=True, text=True, check=True).stdout
+        ranges = subprocess.run([NVDISASM, "-c", "-lrm", "count", f.name], capture_output=True, text=True,
+                                check=True).stdout
+    at, where = {}, None
+    for line in lines.splitlines():  # each instruction's address -> its source line
+        m = re.search(r'File "([^"]+)", line (\d+)', line)
+        if m:
+            where = (m.group(1), int(m.group(2)))
+            continue
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/", line)
+        if m:
+            at[m.group(1)] = where
+    peak = collections.Counter()
+    for line in ranges.splitlines():  # the '# live' column after each instruction
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/.*?//\s*\|\s*(\d+)", line)
+        if m and at.get(m.group(1)):
+            w = at[m.group(1)]
+            peak[w] = max(peak[w], int(m.group(2)))
+    out = [f"registers live at once, at most: {max(peak.values(), default=0)}"]
+    for (path, n), c in peak.most_common(top):
+        out.append(f"{c:5d}  {os.path.basename(path)}:{n}  | {linecache.getline(path, n).strip()[:90]}")
+    return out
+
+
 @triton.jit
 def _tf32_hi(x):
     bits = x.to(tl.uint32, bitcast=True)
@@ -169,6 +203,8 @@ if __name__ == "__main__":
     ap.add_argument("--head-caps", default="", help="register caps to compile the head kernel under too (168,128)")
     ap.add_argument("--lines", type=int, default=0, help="the head kernel's N source lines with the most instructions")
     ap.add_argument("--blocked", action="store_true", help="the split form's kernels past one block instead")
+    ap.add_argument("--live", type=int, default=0,
+                    help="the head kernel's N source lines with the most registers live at once (cap 254)")
     a = ap.parse_args()
     defaults_only = a.defaults_only
     try:
@@ -187,6 +223,11 @@ if __name__ == "__main__":
         print(f"head kernel at the bf16 defaults (bf16x3, {ws.HEAD_BLOCK_V}-wide tiles, {ws.HEAD_STAGES} stage), 4 warps"
               + (f", cap {cap}: " if cap else ": ") + usage(ws._gdn_wy_fold_head_kernel, HEAD, head, 4, cap,
                                                             num_stages=ws.HEAD_STAGES))
+    if a.live:
+        print(f"the head kernel's {a.live} source lines with the most registers live at once (compiled under a cap of"
+              " 254):")
+        for row in live(ws._gdn_wy_fold_head_kernel, HEAD, head, 4, a.live, num_stages=ws.HEAD_STAGES):
+            print("  " + row)
     if a.lines:
         print(f"the head kernel's {a.lines} source lines with the most machine instructions (static counts):")
         for row in by_line(ws._gdn_wy_fold_head_kernel, HEAD, head, 4, a.lines, num_stages=ws.HEAD_STAGES):

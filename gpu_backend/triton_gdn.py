@@ -163,10 +163,10 @@ def auto_design(B: int, T: int, precision: str, *, pdl: bool = False, block_k: i
                 fold_root: bool | None = None, block_v: int | None = None) -> str:
     """The form design "auto" launches for B trees of T nodes with ``precision`` products (plan_wy's rule; the
     benchmarks' tables name it from here): "fused", "split", "fold" or "head" up to one block ("fused" for one
-    sequence up to 17 nodes; "head" with bf16x3 products, for one sequence split along V; where an option only the
-    two-kernel forms take is given, with other products, or with AUTO_HEAD (AUTO_HEAD_ONE for one sequence) off,
-    "fold" for a batch and "split" for one sequence); past one block "split, folded" or "split, unfolded"
-    (triton_wy_blocked.auto_folds)."""
+    sequence up to 17 nodes; "head" with bf16x3 products, split along V where the split programs fit in one wave,
+    triton_wy_split._head_split; where an option only the two-kernel forms take is given, with other products, or
+    with AUTO_HEAD (AUTO_HEAD_ONE for one sequence) off, "fold" for a batch and "split" for one sequence); past one
+    block "split, folded" or "split, unfolded" (triton_wy_blocked.auto_folds)."""
     if T > WY_MAX_NODES:
         from ddsim.gpu_backend.triton_wy_blocked import auto_folds
         return "split, folded" if auto_folds(B, precision) else "split, unfolded"
