@@ -11,9 +11,11 @@ us against 62.5 / 171.5 at 8 x 65 / 32 x 65). 32-wide V tiles faulted (an illega
     python benchmarks/bench_wy_head.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--caps 168,128] [--variants]
 
 --caps times only the default configuration and the same with each register cap (maxnreg): at 255 registers an
-SM holds two programs, at 168 three, at 128 four. --variants times only the default configuration with a program per head and
-with one per (head, V tile) (HEAD_SPLIT_V). Measured with it and removed (results/2026-12-03-h200-bench-wy-head-
-variants-5951805.txt): the state prefetched into L2 before the weights are made, slower at 8 x 65 and 32 x 65.
+SM holds two programs, at 168 three, at 128 four. --variants times only the default configuration with a program per
+head, with one per (head, V tile), and as design auto chooses between them (HEAD_SPLIT_V False, True, None).
+Measured with it and removed: the state prefetched into L2 before the weights are made, slower at 8 x 65 and 32 x 65
+(results/2026-12-03-h200-bench-wy-head-variants-5951805.txt); the last, partial wave's heads split in a second launch
+overlapped by programmatic dependent launch, 80.4 us at 8 x 65 against 56.5 (-tail-pdl-uncommitted.txt).
 """
 import argparse
 import json
@@ -113,7 +115,7 @@ if __name__ == "__main__":
     ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65")
     ap.add_argument("--caps", help="the default configuration and these register caps only (comma separated)")
     ap.add_argument("--variants", action="store_true",
-                    help="the default configuration per head / per (head, V tile) / the last wave's heads split")
+                    help="the default configuration per head / per (head, V tile) / as design auto chooses")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
