@@ -193,9 +193,11 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     had taken 26.1 alone but the graphed 27B verify 0.3-0.4 ms longer in place), split with other products; for
     a batch head with bf16x3 products (56.6 / 156.6 us at 8x65 / 32x65 now; 61.6 / 171.2 against fold's 71.3 /
     220.5 when it was chosen), fold where pdl, block_k, block_v or fold_root=False is given (options of the
-    two-kernel forms only) or with other products (head not measured). block_v
+    two-kernel forms only) or with other products (head not measured). A batch whose head programs split along V
+    fit in one wave of the GPU takes them so too (21.2 us at 2x65 against 27.1). block_v
     / num_warps / solve_warps default to each design's sweep choice (triton_wy_split.FOLD_DEFAULTS for
-    fold); precision: the input_precision of
+    fold; past one block a block_v given is capped at 64 for the split form with bf16x3 products, else 32, what
+    was compiled and measured there); precision: the input_precision of
     the products of fp32 operands (None: bf16x3 for 16-bit inputs, tf32x3 for fp32: _common.dot_precision;
     the products by raw 16-bit q, k are single exact MMAs whatever it is); exact16: how the fold kernels
     multiply by the raw 16-bit k and v ("bf16x3", the default, or "tf32x2"); pdl: launch the folded
@@ -218,9 +220,13 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
         # (which validates the inputs itself: once per call). "fused": the one-kernel chunked form; otherwise
         # the three-kernel split form, folded for "fold", unfolded for "split", and as "auto" its own choice
         chunked = design == "fused"
+        # a V tile asked for is capped at what was compiled and measured there: 64 for the split form with bf16x3
+        # products (its default for a batch), else 32
+        cap = 64 if not chunked and C.dot_precision(precision, q, k, v) == "bf16x3" else 32
         return plan_wy_blocked(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
                                use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
-                               dt_bias=dt_bias, precision=precision, poison=poison, block_v=None if block_v is None else min(block_v, 32),
+                               dt_bias=dt_bias, precision=precision, poison=poison,
+                               block_v=None if block_v is None else min(block_v, cap),
                                num_warps=num_warps or (8 if chunked else 4), solve_warps=solve_warps,
                                design="chunked" if chunked else "split",
                                fold={"fold": True, "head": True, "split": False}.get(design))

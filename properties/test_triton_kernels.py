@@ -478,6 +478,10 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
         else:
             assert kws["_gdn_wy_blocked_solve_kernel"]["FOLD"] is (not bf16)
             assert kws["_gdn_wy_blocked_apply_kernel"]["BV"] == (64 if bf16 else 32)
+            got.clear()  # a V tile asked for: 64 kept with bf16x3 products, capped at 32 with tf32x3
+            plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents,
+                    initial_state=inp["initial_state"], poison=False, block_v=64)
+            assert dict(got)["_gdn_wy_blocked_apply_kernel"]["BV"] == (64 if bf16 else 32)
     for B, design, want in ((1, "auto", {"_gdn_wy_fold_head_kernel"} if bf16 else
                              {"_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel"}),
                             (2, "fold", {"_gdn_wy_fold_kernel", "_gdn_wy_fold_root_apply_kernel" if bf16 else
