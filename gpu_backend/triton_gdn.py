@@ -194,7 +194,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     a batch head with bf16x3 products (56.6 / 156.6 us at 8x65 / 32x65 now; 61.6 / 171.2 against fold's 71.3 /
     220.5 when it was chosen), fold where pdl, block_k, block_v or fold_root=False is given (options of the
     two-kernel forms only) or with other products (head not measured). A batch whose head programs split along V
-    fit in one wave of the GPU takes them so too (21.2 us at 2x65 against 27.1). block_v
+    fit in one wave of the GPU takes them so too (22.0 us at 2x65 against 27.1). block_v
     / num_warps / solve_warps default to each design's sweep choice (triton_wy_split.FOLD_DEFAULTS for
     fold; past one block a block_v given is capped at 64 for the split form with bf16x3 products, else 32, what
     was compiled and measured there); precision: the input_precision of

@@ -463,8 +463,8 @@ FOLD_DEFAULTS = {"tf32x3": (32, (None, 168), False), "bf16x3": (64, (None, None)
 HEAD_BLOCK_V, HEAD_STAGES = 64, 1
 # Whether the head kernel runs a program per (head, V tile), each making the weights itself, instead of a program
 # per head: None, _head_split's choice from the SMs; False, True. A program per head leaves most SMs idle for one
-# sequence (18.6 against 26.4 us at 1 x 65 on the H200) and two (21.2 against 27.3 at 2 x 65), while a batch split
-# took 37.4 against 31.2 at 4 x 65 and 26% longer at 32 x 65 (RESULTS.md).
+# sequence (19.5 against 26.7 us at 1 x 65 on the H200) and two (22.0 against 27.1 at 2 x 65), while a batch split
+# took 38.2 against 31.8 at 4 x 65 and 26% longer at 32 x 65 (RESULTS.md).
 HEAD_SPLIT_V = None
 # Head programs an SM holds at once: the head kernel compiles to 255 registers at 4 warps (kernel_registers.py), two
 # programs' worth of the 64 K a Hopper or Blackwell SM has
@@ -475,8 +475,8 @@ def _head_split(heads: int, tiles: int, slots: int) -> bool:
     """Whether the head kernel splits ``heads`` (sequence, value head) pairs into a program per V tile (``tiles``
     of them): when the split programs fit in one wave of the ``slots`` the GPU holds at once. Past that, a split
     head makes its weights once a tile for nothing: whole heads. (Splitting only the last, partial wave's heads,
-    in the same grid, measured 55.2 against 58.0 us at 8 x 65, within the spread between runs, and 168 B of
-    spills offline: not taken, RESULTS.md.)"""
+    in the same grid, measured 55.2 against 58.0 us at 8 x 65, within the spread between runs, with more spills:
+    not taken, RESULTS.md.)"""
     return heads * tiles <= slots
 
 
