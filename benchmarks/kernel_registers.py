@@ -90,11 +90,7 @@ def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None, n
     """'R registers, S bytes of stack (spills), M bytes of shared memory, N instructions (C tensor-core)' of fn
     compiled for sm_90 (cubin); N counts the machine instructions cuobjdump lists, C those of them that are MMAs."""
     ck = cubin(fn, signature, constexprs, num_warps, maxnreg, num_stages)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(ck.asm["cubin"])
-        f.flush()
-        res = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    res, sass = on_cubin(ck, [CUOBJDUMP, "-res-usage"], [CUOBJDUMP, "-sass"])
     reg, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
     ins = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]+\*/", line)]
     mma = sum(1 for line in ins if re.search(r"\bH[G]?MMA\b", line))  # wgmma (HGMMA) or mma.sync (HMMA)
@@ -102,21 +98,34 @@ def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None, n
             f"{ck.metadata.shared} B shared, {len(ins)} instructions ({mma} tensor-core)")
 
 
-def by_line(fn, signature: dict, constexprs: dict, num_warps: int, top: int, num_stages=None) -> list[str]:
-    """The ``top`` source lines of fn (compiled for sm_90) with the most machine instructions, from nvdisasm's line
-    table: 'count  file:line  opcodes  source', most first, and the total. Static counts: a loop's body counts
-    once (the head kernel's V-tile loop runs V / BV times)."""
-    ck = cubin(fn, signature, constexprs, num_warps, num_stages=num_stages)
+def on_cubin(ck, *commands: list) -> list[str]:
+    """The output of each command (a tool and its flags) run on the compiled kernel ck's cubin, in order."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
         f.flush()
-        sass = subprocess.run([NVDISASM, "-g", "-c", f.name], capture_output=True, text=True, check=True).stdout
-    where, count, ops = None, collections.Counter(), collections.defaultdict(collections.Counter)
+        return [subprocess.run([*c, f.name], capture_output=True, text=True, check=True).stdout for c in commands]
+
+
+def source_lines(sass: str):
+    """(address, instruction line, (path, line) of its source) for each instruction of nvdisasm -g's output."""
+    where = None
     for line in sass.splitlines():
         m = re.search(r'File "([^"]+)", line (\d+)', line)
         if m:
             where = (m.group(1), int(m.group(2)))
             continue
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/", line)
+        if m:
+            yield m.group(1), line, where
+
+
+def by_line(fn, signature: dict, constexprs: dict, num_warps: int, top: int, num_stages=None) -> list[str]:
+    """The ``top`` source lines of fn (compiled for sm_90) with the most machine instructions, from nvdisasm's line
+    table: 'count  file:line  opcodes  source', most first, and the total. Static counts: a loop's body counts
+    once (the head kernel's V-tile loop runs V / BV times)."""
+    (sass,) = on_cubin(cubin(fn, signature, constexprs, num_warps, num_stages=num_stages), [NVDISASM, "-g", "-c"])
+    count, ops = collections.Counter(), collections.defaultdict(collections.Counter)
+    for _, line, where in source_lines(sass):
         m = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
         if m:
             count[where] += 1
@@ -136,22 +145,9 @@ def live(fn, signature: dict, constexprs: dict, num_warps: int, top: int, num_st
     """The ``top`` source lines of fn (compiled for sm_90) where the most registers are live at once, from
     nvdisasm's life ranges, most first: where a register cap would have to spill. Compiled under a cap of 254:
     nvdisasm reads no life ranges at 255 registers ("Invalid register count")."""
-    ck = cubin(fn, signature, constexprs, num_warps, 254, num_stages)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(ck.asm["cubin"])
-        f.flush()
-        lines = subprocess.run([NVDISASM, "-g", "-c", f.name], capture_output=True, text=True, check=True).stdout
-        ranges = subprocess.run([NVDISASM, "-c", "-lrm", "count", f.name], capture_output=True, text=True,
-                                check=True).stdout
-    at, where = {}, None
-    for line in lines.splitlines():  # each instruction's address -> its source line
-        m = re.search(r'File "([^"]+)", line (\d+)', line)
-        if m:
-            where = (m.group(1), int(m.group(2)))
-            continue
-        m = re.match(r"\s+/\*([0-9a-f]+)\*/", line)
-        if m:
-            at[m.group(1)] = where
+    lines, ranges = on_cubin(cubin(fn, signature, constexprs, num_warps, 254, num_stages), [NVDISASM, "-g", "-c"],
+                             [NVDISASM, "-c", "-lrm", "count"])
+    at = {address: where for address, _, where in source_lines(lines)}  # each instruction's source line
     peak = collections.Counter()
     for line in ranges.splitlines():  # the '# live' column after each instruction
         m = re.match(r"\s+/\*([0-9a-f]+)\*/.*?//\s*\|\s*(\d+)", line)
