@@ -216,13 +216,12 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     if exact16 not in ("bf16x3", "tf32x2"):
         raise ValueError(f"exact16: expected 'bf16x3' or 'tf32x2', got {exact16!r}")
     if q.dim() == 4 and q.shape[1] > WY_MAX_NODES:  # more draft nodes than one block: triton_wy_blocked
-        from ddsim.gpu_backend.triton_wy_blocked import plan_wy_blocked
+        from ddsim.gpu_backend.triton_wy_blocked import block_v_cap, plan_wy_blocked
         # (which validates the inputs itself: once per call). "fused": the one-kernel chunked form; otherwise
         # the three-kernel split form, folded for "fold", unfolded for "split", and as "auto" its own choice
         chunked = design == "fused"
-        # a V tile asked for is capped at what was compiled and measured there: 64 for the split form with bf16x3
-        # products (its default for a batch), else 32
-        cap = 64 if not chunked and C.dot_precision(precision, q, k, v) == "bf16x3" else 32
+        # a V tile asked for is capped at what was compiled and measured there
+        cap = block_v_cap(C.dot_precision(precision, q, k, v), "chunked" if chunked else "split")
         return plan_wy_blocked(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
                                use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
                                dt_bias=dt_bias, precision=precision, poison=poison,

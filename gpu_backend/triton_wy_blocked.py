@@ -296,11 +296,17 @@ def auto_folds(B: int, precision: str) -> bool:
     return B > 1 and precision != "bf16x3"
 
 
+def block_v_cap(precision: str, design: str = "split") -> int:
+    """The widest apply V tile compiled and measured past one block: 64 for the split form with bf16x3 products,
+    else 32 (tf32x3 and the chunked form were not measured with 64). plan_wy caps a block_v it is given here."""
+    return 64 if design == "split" and precision == "bf16x3" else 32
+
+
 def auto_block_v(B: int, precision: str, design: str = "split") -> int:
-    """The apply kernel's V tile when not told: 64 for the split form on a batch with bf16x3 products (on the H200
-    188.9 / 534.4 us at 8 x 129 / 8 x 257 against 209.2 / 586.3 with 32: RESULTS.md), else 32 (one sequence and
-    tf32x3 were not measured with 64)."""
-    return 64 if design == "split" and B > 1 and precision == "bf16x3" else 32
+    """The apply kernel's V tile when not told: block_v_cap's for a batch (64 with bf16x3 products on the H200:
+    188.9 / 534.4 us at 8 x 129 / 8 x 257 against 209.2 / 586.3 with 32: RESULTS.md), 32 for one sequence (64 was
+    not measured there)."""
+    return block_v_cap(precision, design) if B > 1 else 32
 
 
 def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
