@@ -21,7 +21,6 @@ import time
 
 import torch
 import triton
-import triton.testing
 
 from ddsim.bench.bench import (
     KERNEL_SHAPES,
@@ -31,16 +30,13 @@ from ddsim.bench.bench import (
     kernel_bytes,
     kernel_flops,
     kernel_inputs,
+    median_us,
     parse_shapes,
 )
 from ddsim.engines import fused_gates
 from ddsim.engines.sglang import _kernel
 from ddsim.errors import InputError
 from ddsim.gpu_backend import engine_api, fastcall
-
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3  # us
 
 
 def main():
@@ -119,7 +115,7 @@ def main():
         dd_verify()
         torch.cuda.synchronize()
         dd_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
-        t = {name: bench(fn) for name, fn in (("sg_exact", sg_exact), ("sg_commit", sg_commit),
+        t = {name: median_us(fn) for name, fn in (("sg_exact", sg_exact), ("sg_commit", sg_commit),
                                               ("dd_dropin", dd_dropin), ("dd_verify", dd_verify),
                                               ("dd_commit", dd_commit), ("sg_flat", sg_flat))}
         nb, fl = kernel_bytes(B, T), kernel_flops(B, T)

@@ -18,9 +18,8 @@ import time
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 
-from ddsim.bench.bench import graphed_us
+from ddsim.bench.bench import graphed_us, median_us
 
 
 @triton.jit
@@ -81,9 +80,9 @@ def main():
         for n in chains:
             cases.append((f"chain of {n} dependent loads", lambda n=n: _chain_kernel[(P,)](table, iout, n, SPAN=span)))
         for name, fn in cases:
-            us = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
+            us = median_us(fn)
             print(f"| {name} | {P} | {us:.1f} | {graphed_us([fn] * 48):.2f} |", flush=True)
-    print("do_bench: triton.testing.do_bench, median; graphed: ddsim.bench.bench.graphed_us")
+    print("do_bench: ddsim.bench.bench.median_us (triton.testing.do_bench, median); graphed: ddsim.bench.bench.graphed_us")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import time
 
 import torch
 import triton
-import triton.testing
 
 from ddsim.bench.bench import (
     copy_bandwidth,
@@ -25,6 +24,7 @@ from ddsim.bench.bench import (
     kernel_bytes,
     kernel_flops,
     kernel_inputs,
+    median_us,
     parse_shapes,
 )
 from ddsim.gpu_backend import _common, triton_gdn
@@ -85,14 +85,13 @@ def main():
             launch, o = plan_wy(**common, precision=None if prec == "bf16x3" else prec)
             if prec == "bf16x3":
                 mib = (torch.cuda.memory_allocated() - before) / 2**20
-            us[prec] = triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median") * 1e3
+            us[prec] = median_us(launch)
             del launch, o
         alone = ""
         if a.parts:
             launch, o = plan_wy(**common)
             ks = getattr(launch, "parts", (launch,))
-            alone = " " + " / ".join(
-                f"{triton.testing.do_bench(k, warmup=10, rep=50, return_mode='median') * 1e3:.1f}" for k in ks) + " |"
+            alone = " " + " / ".join(f"{median_us(k):.1f}" for k in ks) + " |"
             del launch, o
         fl = kernel_flops(B, T)["wy"]
         layers = ""
@@ -102,7 +101,7 @@ def main():
             triton_gdn.AUTO_HEAD = triton_gdn.AUTO_HEAD_ONE = False
             try:
                 launch, o = plan_wy(**common)
-                layers += f" {triton.testing.do_bench(launch, warmup=10, rep=50, return_mode='median') * 1e3:.1f} |"
+                layers += f" {median_us(launch):.1f} |"
                 del launch, o
                 if a.layers:
                     layers += f" {graphed_layers(B, T, parents, a.layers):.1f} |"

@@ -252,6 +252,12 @@ def _do_bench(launch) -> float:
     return triton.testing.do_bench(launch, warmup=10, rep=50, return_mode="median")
 
 
+def median_us(launch) -> float:
+    """The kernel tables' timer in us: do_bench's median over 50 ms after 10 ms of warm-up, each call alone with
+    the L2 flushed before it."""
+    return _do_bench(launch) * 1e3
+
+
 def timed_resources(launch) -> tuple[float, list[dict]]:
     """do_bench's median ms of ``launch``, and what each kernel it compiled holds (ddsim.gpu_backend.launch's
     cache: the kernel's name and constexprs key, registers, spilled words, shared memory bytes)."""
