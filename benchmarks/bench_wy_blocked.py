@@ -33,6 +33,17 @@ def split_configs(block_vs=(64, 32, 16)):
 
 
 SPLIT = split_configs()
+
+
+def tiles(ap, flag: str, text: str) -> tuple:
+    """The comma-separated powers of two >= 16 given to ``flag``; else argparse's one line and exit 2."""
+    try:
+        got = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        got = ()
+    if not got or any(n < 16 or n & (n - 1) for n in got):
+        ap.error(f"{flag} {text!r}: expected powers of two >= 16, comma separated")
+    return got
 CHUNKED = [dict(block_v=bv, num_warps=nw) for bv, nw in ((32, 8), (32, 4), (16, 4))]
 PARTS = ("diag", "solve", "apply")
 
@@ -80,23 +91,14 @@ if __name__ == "__main__":
                     help="leave out the recurrent kernels' table (flattened, parent-indexed, commit)")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
+    block_ts, block_vs = tiles(ap, "--block-t", a.block_t), tiles(ap, "--block-v", a.block_v)
     try:
-        block_ts = tuple(int(x) for x in a.block_t.split(","))
         precisions = tuple(p for p in a.precisions.split(",") if p)
         for p in precisions:
             _common.check_precision(p)
     except ValueError:
-        ap.error(f"--block-t {a.block_t!r} / --precisions {a.precisions!r}: expected integers and dot precisions "
-                 f"({', '.join(_common.DOT_PRECISIONS)})")
-    try:
-        block_vs = tuple(int(x) for x in a.block_v.split(","))
-        if any(bv < 16 or bv & (bv - 1) for bv in block_vs):
-            raise ValueError
-    except ValueError:
-        ap.error(f"--block-v {a.block_v!r}: expected powers of two >= 16, comma separated")
+        ap.error(f"--precisions {a.precisions!r}: expected dot precisions ({', '.join(_common.DOT_PRECISIONS)})")
     SPLIT[:] = split_configs(block_vs)
-    if any(bt < 16 or bt & (bt - 1) for bt in block_ts):
-        ap.error(f"--block-t {a.block_t!r}: expected powers of two >= 16")
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_blocked: needs a CUDA device")
     print(cuda_header(a.commit), flush=True)
