@@ -379,17 +379,21 @@ def _glue(glue: str, module: str = "triton_norms"):
     return _triton(module)
 
 
-def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None, glue: str = "torch"):
+def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None, prefix_rows=None,
+                   glue: str = "torch"):
     """Tree attention over a committed KV prefix: q [T, nh, hd]; k, v [T, nkv, hd] (rotated); prefix_k, prefix_v
     [P, nkv, hd]; ancestor_mask [T, T] bool (every prefix row attended) or [T, P + T] (a fixed-capacity prefix whose
-    unused rows are masked out) -> [T, nh, hd]. glue "torch": PyTorch's SDPA; "triton": one kernel
-    (triton_attention), the same fp32 sums in another order."""
+    unused rows are masked out); prefix_rows (None, or an integer tensor of one element on q's device, read there:
+    a fixed-capacity prefix's committed length): the prefix rows at or past it are not visible, and the kernel
+    reads none of them -> [T, nh, hd]. glue "torch": PyTorch's SDPA; "triton": one kernel (triton_attention), the
+    same fp32 sums in another order."""
     if glue == "torch":
         return torch_ops.tree_attention(q, k, v, prefix_k=prefix_k, prefix_v=prefix_v, ancestor_mask=ancestor_mask,
-                                        scale=scale)
+                                        scale=scale, prefix_rows=prefix_rows)
     with _on(q):
         return _glue(glue, "triton_attention").tree_attention_triton(q, k, v, prefix_k=prefix_k, prefix_v=prefix_v,
-                                                                     ancestor_mask=ancestor_mask, scale=scale)
+                                                                     ancestor_mask=ancestor_mask, scale=scale,
+                                                                     prefix_rows=prefix_rows)
 
 
 def rms_norm(x, weight, *, eps: float, residual=None, glue: str = "torch"):

@@ -551,3 +551,12 @@ def check_kda(q, k, v, g, beta, initial_state):
         if t.device != q.device:
             raise ValueError(f"{name}: on {t.device}, q is on {q.device}")
     return Bn, T, H, K, V
+
+
+def check_prefix_rows(prefix_rows) -> None:
+    """Tree attention's prefix_rows: None, or an integer tensor of one element (a device scalar: no host sync to read it)."""
+    if prefix_rows is not None and (not isinstance(prefix_rows, torch.Tensor) or prefix_rows.numel() != 1
+                                    or prefix_rows.dtype not in (torch.int32, torch.int64)):
+        got = (f"{prefix_rows.dtype} {tuple(prefix_rows.shape)}" if isinstance(prefix_rows, torch.Tensor)
+               else type(prefix_rows).__name__)
+        raise ValueError(f"prefix_rows: expected an int32 or int64 tensor of one element, got {got}")

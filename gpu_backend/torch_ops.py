@@ -21,6 +21,7 @@ from ddsim.gpu_backend.checks import (
     check_conv,
     check_gdn,
     check_parents,
+    check_prefix_rows,
     conv_sources,
     conv_table,
     gate_values,
@@ -176,13 +177,14 @@ def conv_tree_commit(x, *, parents, accepted, initial_window):
 
 
 # ---- attention ---------------------------------------------------------------------------------
-def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None):
+def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None, prefix_rows=None):
     """Tree attention over a committed KV prefix (PyTorch SDPA with a boolean mask).
 
     q: [T, nh, hd]; k, v: [T, nkv, hd] (already rotated); prefix_k, prefix_v: [P, nkv, hd];
     ancestor_mask: [T, T] bool (M[i, j]: j on root..i), every prefix row attended; or [T, P + T], the
     mask over prefix and tree together (a fixed-capacity prefix whose unused rows are masked out, as
-    ddsim.model.graphs keeps it). Returns [T, nh, hd].
+    ddsim.model.graphs keeps it); prefix_rows (None, or an integer tensor of one element): the prefix rows at
+    or past it are not visible either. Returns [T, nh, hd].
     """
     T, nh, hd = q.shape
     nkv, P = k.shape[1], prefix_k.shape[0]
@@ -195,6 +197,10 @@ def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None):
         mask = torch.cat([torch.ones(T, P, dtype=torch.bool, device=q.device), mask], dim=1)  # [T, P+T]
     elif tuple(mask.shape) != (T, P + T):
         raise ValueError(f"ancestor_mask: expected [T, T] or [T, P + T] = {(T, P + T)}, got {tuple(mask.shape)}")
+    check_prefix_rows(prefix_rows)
+    if prefix_rows is not None and P:  # on the device: no host sync
+        cols = torch.arange(P + T, device=q.device)
+        mask = mask & ((cols >= P) | (cols < prefix_rows.reshape(()).to(q.device)))
     out = F.scaled_dot_product_attention(q.transpose(0, 1), K, Vv, attn_mask=mask,
                                          scale=scale if scale is not None else 1.0 / math.sqrt(hd))
     return out.transpose(0, 1)

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ddsim.gpu_backend import _common as C
+from ddsim.gpu_backend import checks
 from ddsim.gpu_backend.launch import launch
 
 
@@ -46,13 +47,15 @@ def _attend_block(acc, m_i, l_i, qv, kp, vp, mp, cols, n, mr, k_stride, v_stride
 
 
 @triton.jit
-def _tree_attention_kernel(q, k, v, pk, pv, mask, out, T, P, G, HD, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1,
+def _tree_attention_kernel(q, k, v, pk, pv, mask, prows, out, T, P, G, HD, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1,
                            pk_s0, pk_s1, pv_s0, pv_s1, m_s0, o_s0, o_s1, scale,
-                           MASK_PREFIX: tl.constexpr, QK_PREC: tl.constexpr,
+                           MASK_PREFIX: tl.constexpr, PREFIX_ROWS: tl.constexpr, QK_PREC: tl.constexpr,
                            BT: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     # q [T, heads, HD], k, v [T, kv heads, HD], pk, pv [P, kv heads, HD] (last dims contiguous), mask [T, T] or,
     # with MASK_PREFIX, [T, P + T] (row stride m_s0, nonzero visible; without it every prefix row is visible);
-    # out [T, heads, HD]. Query head h reads key-value head h // G.
+    # out [T, heads, HD]. Query head h reads key-value head h // G. PREFIX_ROWS: prows [1] (integer, on the device)
+    # is how many prefix rows are read at all (clamped to [0, P]; the rows past it are not visible): a
+    # fixed-capacity prefix's committed length, so that its unused rows cost no loop steps.
     h = tl.program_id(0)
     kvh = h // G
     rows = tl.program_id(1) * BT + tl.arange(0, BT)
@@ -64,9 +67,12 @@ def _tree_attention_kernel(q, k, v, pk, pv, mask, out, T, P, G, HD, q_s0, q_s1, 
     m_i = tl.full([BT], -1e30, dtype=tl.float32)
     l_i = tl.zeros([BT], dtype=tl.float32)
     mrow = mask + rows[:, None].to(tl.int64) * m_s0
-    for start in range(0, P, BN):
+    n_pre = P
+    if PREFIX_ROWS:
+        n_pre = tl.minimum(tl.maximum(tl.load(prows).to(tl.int32), 0), P)
+    for start in range(0, n_pre, BN):
         cols = start + tl.arange(0, BN)
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, qv, pk + kvh * pk_s1, pv + kvh * pv_s1, mrow, cols, P, mr,
+        acc, m_i, l_i = _attend_block(acc, m_i, l_i, qv, pk + kvh * pk_s1, pv + kvh * pv_s1, mrow, cols, n_pre, mr,
                                       pk_s0, pv_s0, scale, dims, HD, MASK_PREFIX, QK_PREC)
     tree_mask = mrow
     if MASK_PREFIX:  # the tree's columns follow the prefix's
@@ -88,10 +94,13 @@ def _heads(x, name: str):
     return x
 
 
-def tree_attention_triton(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None):
+def tree_attention_triton(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None, prefix_rows=None):
     """Twin of torch_ops.tree_attention: q [T, nh, hd]; k, v [T, nkv, hd]; prefix_k, prefix_v [P, nkv, hd];
-    ancestor_mask [T, T] (every prefix row attended) or [T, P + T], bool; -> [T, nh, hd] in q's dtype."""
-    C.check_device(q, k, v, prefix_k, prefix_v, ancestor_mask)
+    ancestor_mask [T, T] (every prefix row attended) or [T, P + T], bool; prefix_rows (None, or an integer tensor of
+    one element on q's device): the prefix rows before it are the only ones read, the rest not visible (clamped to
+    [0, P]); -> [T, nh, hd] in q's dtype."""
+    checks.check_prefix_rows(prefix_rows)
+    C.check_device(q, k, v, prefix_k, prefix_v, ancestor_mask, prefix_rows)
     for name, x in (("q", q), ("k", k), ("v", v), ("prefix_k", prefix_k), ("prefix_v", prefix_v)):
         _heads(x, name)
     T, nh, hd = q.shape
@@ -113,10 +122,12 @@ def tree_attention_triton(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=N
     BD = max(16, C.next_pow2(hd))
     BN = 32 if BD <= 128 else 16
     launch(_tree_attention_kernel, (nh, C.cdiv(T, BT)), q=q, k=k, v=v, pk=prefix_k, pv=prefix_v,
-           mask=ancestor_mask.view(torch.uint8), out=out, T=T, P=P, G=nh // nkv, HD=hd, q_s0=q.stride(0),
+           mask=ancestor_mask.view(torch.uint8), prows=ancestor_mask if prefix_rows is None else prefix_rows,
+           out=out, T=T, P=P, G=nh // nkv, HD=hd, q_s0=q.stride(0),
            q_s1=q.stride(1), k_s0=k.stride(0), k_s1=k.stride(1), v_s0=v.stride(0), v_s1=v.stride(1),
            pk_s0=prefix_k.stride(0), pk_s1=prefix_k.stride(1), pv_s0=prefix_v.stride(0), pv_s1=prefix_v.stride(1),
            m_s0=ancestor_mask.stride(0), o_s0=out.stride(0), o_s1=out.stride(1),
            scale=float(scale) if scale is not None else 1.0 / math.sqrt(hd), MASK_PREFIX=mask_prefix,
-           QK_PREC="ieee" if q.dtype == torch.float32 else "tf32", BT=BT, BN=BN, BD=BD, num_warps=4)
+           PREFIX_ROWS=prefix_rows is not None, QK_PREC="ieee" if q.dtype == torch.float32 else "tf32", BT=BT, BN=BN,
+           BD=BD, num_warps=4)
     return out

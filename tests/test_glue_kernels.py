@@ -152,6 +152,32 @@ def test_tree_attention_equals_its_twin_over_prefix_and_ancestors(dtype, P):
         assert_rounding_twins(got, want, dtype, scale=want.float().abs())
 
 
+def test_tree_attention_reads_the_prefix_up_to_its_committed_length():
+    """A fixed-capacity prefix (70 rows, three 32-row blocks of the kernel) with its committed length as a device
+    scalar, as a graph keeps it: the kernel reads no row at or past it. Against the twin (which masks them out), and
+    bit for bit against the same kernel given the mask alone (the rows it skips were masked: nothing they add); the
+    length at a block's edge, inside one, 0, past the capacity and negative (clamped to [0, P])."""
+    gen = torch.Generator().manual_seed(11)
+    T, nh, nkv, hd, P = 21, 4, 2, 24, 70
+    q, k, v = (_rand(T, n, hd, dtype=torch.float32, scale=1.5, gen=gen) for n in (nh, nkv, nkv))
+    pk, pv = torch.randn(P, nkv, hd, generator=gen) * 1.5, torch.randn(P, nkv, hd, generator=gen)
+    anc = _tree_mask(T, gen)
+    for n in (32, 33, 63, 0, 70, 90, -3):
+        rows = torch.tensor(n)
+        seen = torch.arange(P) < max(0, min(n, P))
+        mask = torch.cat([seen.expand(T, P), anc], 1)
+        got = gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=mask, prefix_rows=rows, glue="triton")
+        assert torch.equal(got, gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=mask,
+                                                  glue="triton")), n
+        assert_close(f"tree attention, {n} prefix rows", got,
+                     gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=mask, prefix_rows=rows))
+        # the length alone hides the rows past it, in both (the mask leaving every prefix row visible)
+        full = torch.cat([torch.ones(T, P, dtype=torch.bool), anc], 1)
+        for glue in ("triton", "torch"):
+            assert_close(f"tree attention, {n} prefix rows, {glue}", gb.tree_attention(
+                q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=full, prefix_rows=rows, glue=glue), got)
+
+
 def test_tree_attention_refuses_in_one_line():
     q, kv, m = torch.zeros(3, 4, 8), torch.zeros(3, 2, 8), torch.ones(3, 3, dtype=torch.bool)
     pre = torch.zeros(2, 2, 8)
@@ -159,7 +185,10 @@ def test_tree_attention_refuses_in_one_line():
                        (dict(ancestor_mask=m.float()), "ancestor_mask"),
                        (dict(k=torch.zeros(3, 3, 8), v=torch.zeros(3, 3, 8)), "nkv"),
                        (dict(k=kv.half()), "q, k, v"),
-                       (dict(q=torch.zeros(8, 4, 3).transpose(0, 2)), "contiguous last dim")):
+                       (dict(q=torch.zeros(8, 4, 3).transpose(0, 2)), "contiguous last dim"),
+                       (dict(prefix_rows=2), "prefix_rows: expected an int32 or int64 tensor of one element, got int"),
+                       (dict(prefix_rows=torch.tensor([1, 2])), "prefix_rows"),
+                       (dict(prefix_rows=torch.tensor(1.0)), "prefix_rows")):
         args = {**dict(q=q, k=kv, v=kv, prefix_k=pre, prefix_v=pre, ancestor_mask=m), **bad}
         with pytest.raises(ValueError, match=match):
             gb.tree_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args, glue="triton")

@@ -49,7 +49,7 @@ import torch
 import ddsim.gpu_backend as gb
 from ddsim.errors import InputError
 from ddsim.gpu_backend import host_tables
-from ddsim.model.model import _LAYER_MODES, HybridModel, LayerOutputs, Rope, VerifyResult
+from ddsim.model.model import _LAYER_MODES, HybridModel, LayerOutputs, PrefixMask, Rope, VerifyResult
 from ddsim.model.state import ModelState
 from ddsim.trees.tree import Tree, chain
 
@@ -210,7 +210,8 @@ class AnyModePlan(StaticPlan):
 
 class _Prefix:
     """The KV prefix at a fixed capacity: per attention layer (K, V) [capacity, nkv, hd] in the
-    state's dtype, and the committed length as a device scalar (rows past it are masked out)."""
+    state's dtype, and the committed length as a device scalar (rows past it are masked out, and tree attention
+    reads none of them: PrefixMask)."""
 
     def __init__(self, model: HybridModel, capacity: int):
         cfg = model.cfg
@@ -426,7 +427,9 @@ class GraphedModel:
         """The whole pass from the fixed buffers into cap.logits [T, vocab] and cap.out."""
         m = self.model
         T, P = cap.T, cap.prefix.capacity
-        mask = torch.cat([(cap.prefix.rows < cap.prefix.length).expand(T, P), cap.mask], dim=1)  # [T, P + T]
+        # [T, P + T], and the committed length: attention reads no prefix row past it
+        mask = PrefixMask(torch.cat([(cap.prefix.rows < cap.prefix.length).expand(T, P), cap.mask], dim=1),
+                          cap.prefix.length)
         rope = Rope(cap.positions)  # built inside the graph: the RoPE tables of the refilled positions
         tables = lambda d: (cap.plan, rope, mask)  # noqa: E731 (one device: not placed)
         state = ModelState(0, cap.prefix.kv, self._ssm, self._conv)

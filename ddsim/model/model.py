@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +86,14 @@ class CommitInputs:
     x: torch.Tensor | None = None
     dt: torch.Tensor | None = None
     B: torch.Tensor | None = None
+
+
+class PrefixMask(NamedTuple):
+    """The attention mask of a tree over a fixed-capacity KV prefix and itself, ``mask`` [T, P + T] bool (the prefix's
+    unused rows masked out), with the committed length ``rows`` (an integer tensor of one element, on the device):
+    tree attention reads no prefix row at or past it (ddsim.model.graphs, whose prefix holds a power of two rows)."""
+    mask: torch.Tensor
+    rows: torch.Tensor
 
 
 @dataclass
@@ -507,10 +516,12 @@ class HybridModel:
         return F.linear(o, self.w[p + "attn.o"])
 
     def _attention(self, p, x, pos, mask, prefix):
-        """The tree's rows x [T, d] over the committed prefix and their ancestors -> (out [T, d], k, v)."""
+        """The tree's rows x [T, d] over the committed prefix and their ancestors -> (out [T, d], k, v); mask [T, T],
+        [T, P + T] or a PrefixMask."""
         cfg = self.cfg
         q, k, v = self._qkv(p, x, pos)
-        o = gb.tree_attention(q, k, v, prefix_k=prefix[0], prefix_v=prefix[1], ancestor_mask=mask,
+        mask, rows = mask if isinstance(mask, PrefixMask) else (mask, None)
+        o = gb.tree_attention(q, k, v, prefix_k=prefix[0], prefix_v=prefix[1], ancestor_mask=mask, prefix_rows=rows,
                               scale=cfg.attention_scale or None, glue=self.glue).reshape(x.shape[0], -1)
         return self._attend_out(p, x, o), k, v
 
