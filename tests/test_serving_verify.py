@@ -476,3 +476,43 @@ def test_a_long_prefill_leaves_no_graph_behind(monkeypatch):
     assert gm.captured() == []
     gm.prefill([6, 7], state=st2)
     assert [k[1] for k in gm.captured()] == [2]
+
+
+@pytest.mark.parametrize("preset", ["micro", "micro-mamba2", "tiny-jamba", "tiny-minimax", "tiny-zamba2", "micro-lfm2",
+                                    "tiny-kimi", "olmo"])
+def test_a_blocks_last_residual_add_left_to_the_next_norm_changes_no_bit(preset, monkeypatch):
+    """A serving verify leaves each block's last residual add (h + MLP) to the next block's input norm (one
+    kernel fewer a layer on a GPU): bit for bit the verify that adds it at once, through layers that take it
+    (GDN, Mamba2, attention blocks) and layers that add it first (MLP-only, Zamba2's hybrid, MiniMax's scaled
+    sums, OLMo's normed attention outputs), on PyTorch's ops and the Triton glue; the per-node verify never
+    defers. The KV rows and commit inputs too."""
+    import ddsim.gpu_backend as gb
+    cfg = (get_preset("tiny").replace(attn_post_norm=True) if preset == "olmo" else get_preset(preset))
+    w = init_weights(cfg, seed=0)
+    tree = TREES[0]
+    # the blocks whose last add is h + MLP, followed by a block that takes it in its input norm
+    plain = [k not in "zf" and not cfg.residual_from_norm and not (k == "a" and cfg.attn_post_norm)
+             for k in cfg.layer_pattern]
+    deferred = sum(plain[i] and plain[i + 1] and cfg.layer_mlp for i in range(cfg.num_layers - 1))
+    assert deferred > 0 or preset in ("micro-mamba2", "tiny-minimax", "tiny-zamba2")
+    norms = []
+    rms_norm = gb.rms_norm
+    monkeypatch.setattr(gb, "rms_norm", lambda *a, **kw: norms.append(kw.get("residual") is not None) or
+                        rms_norm(*a, **kw))
+    for glue in ("torch", "triton"):
+        m = HybridModel(cfg, w, glue=glue)
+        st, _ = m.prefill([1, 2, 3, 4, 5])
+        norms.clear()
+        got = m.verify(st, tree, keep_states=False)
+        with_add = sum(norms)
+        m.defer_residuals = False
+        norms.clear()
+        want = m.verify(st, tree, keep_states=False)
+        assert with_add - sum(norms) == deferred  # each such add made by a norm
+        assert torch.equal(got.logits, want.logits), glue
+        for a, b in zip(got.kv, want.kv):
+            assert (a is None) == (b is None) and (a is None or all(torch.equal(x, y) for x, y in zip(a, b)))
+        for a, b in zip(got.commit_inputs, want.commit_inputs):
+            assert (a is None) == (b is None)
+            assert a is None or all(torch.equal(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__
+                                    if getattr(a, f) is not None)

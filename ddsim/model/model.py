@@ -88,6 +88,16 @@ class CommitInputs:
     B: torch.Tensor | None = None
 
 
+class _Deferred(NamedTuple):
+    """A hidden state h + add [T, d] whose residual add is left to the next block's input norm (its residual
+    argument adds them, add + h, which is h + add bit for bit): a serving verify's kernel fewer a layer."""
+    h: torch.Tensor
+    add: torch.Tensor
+
+    def sum(self) -> torch.Tensor:
+        return self.h + self.add
+
+
 class PrefixMask(NamedTuple):
     """The attention mask of a tree over a fixed-capacity KV prefix and itself, ``mask`` [T, P + T] bool (the prefix's
     unused rows masked out), with the committed length ``rows`` (an integer tensor of one element, on the device):
@@ -158,6 +168,10 @@ class HybridModel:
     GDN layer's outputs in the recurrence modes it offers, so the logits, and every decision taken
     from them, are that kernel's. The per-node states kept for the leak metrics and the commit stay
     ddsim's own computation of the same mode (an engine kernel returns outputs only)."""
+
+    # whether a serving verify leaves each block's last residual add to the next block's input norm (run_layers);
+    # the same sums either way (the tests turn it off to compare)
+    defer_residuals = True
 
     def __init__(self, cfg: ModelConfig, weights: dict, *, dtype=torch.float32, device="cpu", backend=None,
                  engine=None, glue=None):
@@ -301,22 +315,26 @@ class HybridModel:
         ``out``. Returns h after the last one."""
         conv_mode, rec_mode = _LAYER_MODES[mode]
         x0 = h  # the embeddings, which Zamba2's hybrid layers read again
+        # without per-layer hidden states (a serving verify), on one device: a layer's last residual add is left to
+        # the next layer's input norm (_Deferred), one kernel fewer a layer
+        defer = self.defer_residuals and not out.keep_states and len(set(self.layer_devices)) == 1
         for i in layers:
             kind = self.cfg.layer_pattern[i]
-            h = h.to(self.layer_devices[i])  # a placed model hands the hidden state on (no copy otherwise)
-            parents, pos, mask = tables(h.device)
+            if not isinstance(h, _Deferred):
+                h = h.to(self.layer_devices[i])  # a placed model hands the hidden state on (no copy otherwise)
+            parents, pos, mask = tables(self.layer_devices[i])
             attend = lambda p, xn, i=i: self._attention(p, xn, pos, mask, state.kv[i])  # noqa: E731
             S0 = None if state.ssm[i] is None else state.ssm[i][None]
             win0 = None if state.conv[i] is None else state.conv[i][None]
-            with _current(h.device):  # Triton launches on the current CUDA device: make it this layer's
+            with _current(self.layer_devices[i]):  # Triton launches on the current CUDA device: make it this layer's
                 h, out.kv[i], S, win, cin = self._layer(i, kind, f"layers.{i}.", h, attend, S0, win0, parents,
-                                                        conv_mode, rec_mode, out.keep_states, x0=x0)
+                                                        conv_mode, rec_mode, out.keep_states, x0=x0, defer=defer)
             if out.keep_states:
                 out.ssm[i], out.conv[i] = (None, None) if S is None else (S[0], win[0])
                 out.hidden[i] = h.to(self.head_device)
             else:
                 out.commit_inputs[i] = cin
-        return h
+        return h.sum() if isinstance(h, _Deferred) else h
 
     def head(self, h) -> torch.Tensor:
         """The final norm and the LM head: h [T, d] -> logits [T, vocab] float32."""
@@ -331,16 +349,22 @@ class HybridModel:
             return VerifyResult(mode, logits, torch.stack(out.hidden), out.ssm, out.conv, out.kv)
         return VerifyResult(mode, logits, None, None, None, out.kv, out.commit_inputs)
 
-    def _layer(self, i, kind, p, h, attend, S0, win0, parents, conv_mode, rec_mode, keep_states=True, *, x0=None):
+    def _layer(self, i, kind, p, h, attend, S0, win0, parents, conv_mode, rec_mode, keep_states=True, *, x0=None,
+               defer=False):
         """Layer i on h [B*T, d] (B sequences of T nodes, row-major) -> (h after it, its new KV or None,
         per-node states [B, T, ...] and windows or None, its CommitInputs or None). attend(p, xn) ->
         (out, k, v) is the attention of these rows; S0, win0 [B, ...] each sequence's committed
         recurrent state and window (recurrent layers); x0 [B*T, d] the rows' embeddings (Zamba2's hybrid layers
         read them). The block: input norm, mixer, residual, post norm, MLP, residual; OLMo-Hybrid's attention blocks
         norm the outputs instead (attn_post_norm); MiniMax's take the normed input as the residual and scale each
-        sum (residual_from_norm); Zamba2's hybrid layer feeds its transformer block's output to the Mamba2 mixer."""
+        sum (residual_from_norm); Zamba2's hybrid layer feeds its transformer block's output to the Mamba2 mixer.
+        h may be a _Deferred (the last layer's residual add not yet made: this block's input norm makes it); with
+        ``defer`` this block may return one too (its own last add, where it is h + MLP)."""
         cfg, w = self.cfg, self.w
         r = cfg.residual_multiplier
+        plain = kind not in "zf" and not cfg.residual_from_norm and not (kind == "a" and cfg.attn_post_norm)
+        if isinstance(h, _Deferred) and not plain:
+            h = h.sum()
         mix = lambda x: self._mixer(kind, p, x, attend, S0, win0, parents, conv_mode, rec_mode, keep_states)  # noqa: E731
         if kind == "z":  # attention and its MLP on [h, x0] (2d), projected to t; then h + Mamba2(norm(h + t))
             a, k, v = attend(p, self._norm(torch.cat([h, x0.to(h.device)], -1), w[p + "input_norm"], cfg.rms_norm_eps))
@@ -362,12 +386,17 @@ class HybridModel:
             if cfg.layer_mlp:
                 h = h + r * self._norm(self._mlp(p, h, i), w[p + "post_norm"], cfg.rms_norm_eps)
             return h, nk, S, win, cin
-        out, nk, S, win, cin = mix(self._norm(h, w[p + "input_norm"], cfg.rms_norm_eps))
+        if isinstance(h, _Deferred):  # the last layer's residual add and this input norm in one
+            xn, h = self._norm(h.add, w[p + "input_norm"], cfg.rms_norm_eps, residual=h.h)
+        else:
+            xn = self._norm(h, w[p + "input_norm"], cfg.rms_norm_eps)
+        out, nk, S, win, cin = mix(xn)
         if not cfg.layer_mlp:
             return h + (out if r == 1.0 else r * out), nk, S, win, cin
         if r == 1.0:  # the residual add and the post norm in one (h + out is out + h, bit for bit)
             xn, h = self._norm(out, w[p + "post_norm"], cfg.rms_norm_eps, residual=h)
-            return h + self._mlp(p, xn, i), nk, S, win, cin
+            m = self._mlp(p, xn, i)
+            return (_Deferred(h, m) if defer else h + m), nk, S, win, cin
         h = h + r * out
         return h + r * self._mlp(p, self._norm(h, w[p + "post_norm"], cfg.rms_norm_eps), i), nk, S, win, cin
 
