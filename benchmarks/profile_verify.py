@@ -11,7 +11,13 @@ replayed from a CUDA graph); beside it every weight matrix read by a one-row GEM
 graphed) and the bytes over the H200's nominal 4.8 TB/s.
 
     python benchmarks/profile_verify.py [--budgets 16,64] [--glues triton,torch] [--top 25] [--skip-profile]
-                                        [--host-profile] [--auto-head on|off|both] [--commit SHA]
+                                        [--host-profile] [--auto-head on|off|both] [--variants] [--commit SHA]
+
+--variants first times the serving verify (the first glue) with the graph's savings added one at a time, in this
+run: none; tree attention reading the committed prefix rows only (graphs.ATTEND_COMMITTED_ROWS); each block's last
+residual add left to the next norm (HybridModel.defer_residuals); the projections of one input laid side by side
+(HybridModel.lay_projections, made once the others are timed: the model is built unlaid). The rest of the run is
+the model as made on CUDA (every saving on).
 """
 import gc
 import time
@@ -23,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from ddsim.bench.bench import event_median_ms, graphed_us
 from ddsim.cli import _budgets, _int_in, _Parser
 from ddsim.gpu_backend import GLUES, poisoned, triton_gdn
+from ddsim.model import graphs
 from ddsim.model.config import get_preset
 from ddsim.model.graphs import GraphedModel
 from ddsim.model.model import HybridModel
@@ -175,6 +182,35 @@ def host_phases(graphed, state, tree, repeats=20) -> None:
         print(f"    {label}: {xs[len(xs) // 2] * 1e6:.0f} us ({len(xs) // repeats} a verify)")
 
 
+def variants(model, state, trees, glue: str) -> None:
+    """The graphed serving verify (whole, and its graph alone) with the savings added one at a time (--variants);
+    leaves the model laid, every saving on."""
+    model.glue = glue
+    steps = [("none", dict(rows=False, defer=False, lay=False)),
+             ("+ attention reads the committed rows", dict(rows=True, defer=False, lay=False)),
+             ("+ residual adds left to the next norm", dict(rows=True, defer=True, lay=False)),
+             ("+ projections laid side by side", dict(rows=True, defer=True, lay=True))]
+    rows = []
+    for name, on in steps:
+        graphs.ATTEND_COMMITTED_ROWS, model.defer_residuals = on["rows"], on["defer"]
+        if on["lay"]:
+            print(f"laid {model.lay_projections()} groups of projections", flush=True)
+        graphed = GraphedModel(model)
+        for budget, tree in trees.items():
+            graphed.verify(state, tree)
+            ms = replay_ms(lambda g=graphed, t=tree: g.verify(state, t))
+            alone = graph_alone_ms(graphed, state, tree)
+            rows.append((name, budget, tree.size, ms, alone))
+            print(f"  {name}, budget {budget}: {ms:.2f} ms per verify, the graph alone {alone:.2f}", flush=True)
+        graphed = None
+        gc.collect()
+        torch.cuda.empty_cache()
+    print(f"\n| glue {glue}: savings | budget | nodes | graphed verify, ms | the graph alone, ms |\n|---|---|---|---|---|")
+    for name, budget, n, ms, alone in rows:
+        print(f"| {name} | {budget} | {n} | {ms:.2f} | {alone:.2f} |")
+    print(flush=True)
+
+
 def main():
     ap = _Parser(prog="profile_verify")  # bad input: one line, exit 2
     ap.add_argument("--budgets", type=_budgets, default=[16, 64])
@@ -186,6 +222,8 @@ def main():
     ap.add_argument("--auto-head", default="on", choices=["on", "off", "both"],
                     help="whether the GDN verify's design auto takes the head form (triton_gdn.AUTO_HEAD, AUTO_HEAD_ONE); "
                          "both: each, one after the other in this run")
+    ap.add_argument("--variants", action="store_true",
+                    help="first time the serving verify with the graph's savings added one at a time")
     ap.add_argument("--commit", default="?")
     a = ap.parse_args()
     glues = a.glues.split(",")
@@ -196,8 +234,10 @@ def main():
     cfg = get_preset(a.preset)
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"commit {a.commit} | {cfg.name}", flush=True)
+    HybridModel.lay_on_cuda = not a.variants  # --variants lays the projections once it has timed them unlaid
     model = HybridModel(cfg, init_weights(cfg, seed=0, dtype=torch.bfloat16, device="cuda"), device="cuda",
                         dtype=torch.bfloat16)
+    HybridModel.lay_on_cuda = True
     weight_bytes = sum(v.numel() * v.element_size() for v in model.w.values())
     gemv = weight_floor_ms(model)
     rate = streamed_read_tb_s(model)
@@ -211,6 +251,8 @@ def main():
     rows = []
     trees = {b: ddtree(torch.randn(8, cfg.vocab_size, generator=torch.Generator().manual_seed(b)) * 3.0, b,
                        root_token=prompt[-1]) for b in a.budgets}
+    if a.variants:
+        variants(model, state, trees, glues[0])
     # (glue, NaN-poisoned outputs): as a server runs it, and the first glue as the audit captures it (poisoned)
     runs = [(g, False, True) for g in glues] + [(glues[0], True, True)]
     if a.auto_head != "on":  # the same runs with design auto's two-kernel forms, in place or after

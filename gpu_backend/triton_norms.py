@@ -45,21 +45,23 @@ def _rms_norm_kernel(x, res, w, out, h_out, R, D, x_stride, res_stride, eps,
 
 
 @triton.jit
-def _rms_norm_rope_kernel(x, w, cos, sin, out, R, D, HN, ROT, x_stride, eps, BR: tl.constexpr, BD: tl.constexpr):
-    # rows [BR] of x [R, D] (R = n * HN heads of D): y = round(round(rms(x)) w), then its first ROT dims rotated at
-    # row r's position r // HN (cos, sin [n, ROT]; rotate-half): round(round(y cos) + round(y' sin)), y' the partner
-    # half (-y[j + ROT/2] for j < ROT/2, y[j - ROT/2] above)
+def _rms_norm_rope_kernel(x, w, cos, sin, out, R, D, HN, ROT, x_s0, x_s1, eps, BR: tl.constexpr, BD: tl.constexpr):
+    # rows [BR] of x [n, HN, D] (R = n * HN heads of D, row r at (r // HN) x_s0 + (r % HN) x_s1: a view of a wider
+    # projection is read in place): y = round(round(rms(x)) w), then its first ROT dims rotated at row r's position
+    # r // HN (cos, sin [n, ROT]; rotate-half): round(round(y cos) + round(y' sin)), y' the partner half
+    # (-y[j + ROT/2] for j < ROT/2, y[j - ROT/2] above); out [R, D] contiguous
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
     mr = rows < R
     m = mr[:, None] & (cols < D)[None, :]
     r64 = rows.to(tl.int64)[:, None]
-    xv = tl.load(x + r64 * x_stride + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    xr = x + (r64 // HN) * x_s0 + (r64 % HN) * x_s1
+    xv = tl.load(xr + cols[None, :], mask=m, other=0.0).to(tl.float32)
     s = tl.sqrt(tl.sum(xv * xv, 1) / D + eps)[:, None]
     half = ROT // 2
     pc = tl.where(cols < half, cols + half, cols - half)  # the partner column of a rotated one
     rot = (cols < ROT)[None, :]
-    xp = tl.load(x + r64 * x_stride + pc[None, :], mask=m & rot, other=0.0).to(tl.float32)
+    xp = tl.load(xr + pc[None, :], mask=m & rot, other=0.0).to(tl.float32)
     wv = tl.load(w + cols, mask=cols < D, other=0.0).to(tl.float32)
     wp = tl.load(w + pc, mask=cols < ROT, other=0.0).to(tl.float32)
     y = ((xv / s).to(x.dtype.element_ty).to(tl.float32) * wv[None, :]).to(out.dtype.element_ty).to(tl.float32)
@@ -92,11 +94,12 @@ def _gated_rms_norm_kernel(x, z, w, out, R, D, HD, x_stride, z_stride, eps, BR: 
 
 
 @triton.jit
-def _gated_act_kernel(gate, up, out, n, BLOCK: tl.constexpr, ACT: tl.constexpr):
-    # out = round(round(act(gate)) up), flat over n elements (both inputs contiguous)
+def _gated_act_kernel(gate, up, out, n, I, g_stride, BLOCK: tl.constexpr, ACT: tl.constexpr):
+    # out = round(round(act(gate)) up), flat over n elements of rows of I (up and out contiguous; gate's rows at
+    # g_stride: a view of a wider projection is read in place)
     o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = o < n
-    gv = tl.load(gate + o, mask=m, other=0.0).to(tl.float32)
+    gv = tl.load(gate + (o // I) * g_stride + o % I, mask=m, other=0.0).to(tl.float32)
     if ACT == 1:  # the exact (erf) GELU, F.gelu's default
         a = 0.5 * gv * (1.0 + tl.math.erf(gv * 0.7071067811865476))
     elif ACT == 2:  # a sigmoid gate (gated attention's output)
@@ -173,8 +176,9 @@ def rms_norm_triton(x, weight, *, eps: float, residual=None):
 
 
 def rms_norm_rope_triton(x, weight, cos, sin, *, eps: float):
-    """Twin of torch_ops.rms_norm_rope: x [n, heads, D] -> its heads normed (weight [D]) and their first ROT dims
-    rotated by cos, sin [n, ROT] (rotate-half), in x's dtype."""
+    """Twin of torch_ops.rms_norm_rope: x [n, heads, D] (the last dim contiguous; rows and heads read through their
+    strides) -> its heads normed (weight [D]) and their first ROT dims rotated by cos, sin [n, ROT] (rotate-half),
+    in x's dtype."""
     C.check_device(x, weight, cos, sin)
     n, HN, D = x.shape
     ROT = cos.shape[-1]
@@ -184,11 +188,12 @@ def rms_norm_rope_triton(x, weight, cos, sin, *, eps: float):
     if cos.shape != (n, ROT) or sin.shape != (n, ROT) or ROT % 2 or not 0 < ROT <= D:
         raise ValueError(f"cos, sin: expected [{n}, ROT] with ROT even and <= {D}, got {tuple(cos.shape)}, "
                          f"{tuple(sin.shape)}")
-    x2, xs = _rows(x, "x")
+    if x.stride(-1) != 1:
+        raise ValueError(f"x: the last dim must be contiguous, got strides {tuple(x.stride())}")
     out = C.alloc(x.shape, x.dtype, x.device)
     BR, BD = _block_rows(D)
-    launch(_rms_norm_rope_kernel, (C.cdiv(n * HN, BR),), x=x2, w=weight, cos=cos.contiguous(), sin=sin.contiguous(),
-           out=out, R=n * HN, D=D, HN=HN, ROT=ROT, x_stride=xs, eps=float(eps), BR=BR, BD=BD)
+    launch(_rms_norm_rope_kernel, (C.cdiv(n * HN, BR),), x=x, w=weight, cos=cos.contiguous(), sin=sin.contiguous(),
+           out=out, R=n * HN, D=D, HN=HN, ROT=ROT, x_s0=x.stride(0), x_s1=x.stride(1), eps=float(eps), BR=BR, BD=BD)
     return out
 
 
@@ -211,16 +216,20 @@ def gated_rms_norm_triton(x, weight, gate, *, eps: float):
 
 
 def gated_act_triton(gate, up, *, act: str):
-    """Twin of torch_ops.gated_act: act(gate) * up, both [..., I] contiguous, in gate's dtype."""
+    """Twin of torch_ops.gated_act: act(gate) * up, both [..., I], in gate's dtype (gate's rows read through their
+    stride where its last dim is contiguous: a view of a wider projection; otherwise copied)."""
     C.check_device(gate, up)
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"gate, up: expected one shape and dtype, got {tuple(gate.shape)} {gate.dtype}, "
                          f"{tuple(up.shape)} {up.dtype}")
-    g, u = gate.contiguous(), up.contiguous()
+    I = gate.shape[-1] if gate.dim() else 1
+    g = gate if gate.dim() >= 1 and gate.stride(-1) == 1 else gate.contiguous()
+    g = g.reshape(-1, I) if g.dim() != 2 else g  # a view where the rows take one stride, else a copy
+    u = up.contiguous()
     out = C.alloc(gate.shape, gate.dtype, gate.device)
-    n, BLOCK = g.numel(), 1024
-    launch(_gated_act_kernel, (C.cdiv(n, BLOCK),), gate=g, up=u, out=out, n=n, BLOCK=BLOCK,
-           ACT={"silu": 0, "gelu": 1, "sigmoid": 2}[act])
+    n, BLOCK = u.numel(), 1024
+    launch(_gated_act_kernel, (C.cdiv(n, BLOCK),), gate=g, up=u, out=out, n=n, I=max(I, 1), g_stride=g.stride(0),
+           BLOCK=BLOCK, ACT={"silu": 0, "gelu": 1, "sigmoid": 2}[act])
     return out
 
 

@@ -78,6 +78,11 @@ def test_the_per_head_norm_and_rope_in_one_kernel_equal_their_twin(dtype, rot):
     cos, sin = (torch.cat([f(ang), f(ang)], -1).to(dtype) for f in (torch.cos, torch.sin))
     got = gb.rms_norm_rope(x, w, cos, sin, eps=1e-6, glue="triton")
     assert_rounding_twins(got, gb.rms_norm_rope(x, w, cos, sin, eps=1e-6), dtype)
+    assert torch.equal(got, gb.rms_norm_rope(x.contiguous(), w, cos, sin, eps=1e-6, glue="triton"))
+    # every other head of a wider view (rows and heads each at their own stride), read in place
+    every = _rand(n, 2 * HN * D, dtype=dtype, scale=2.0, gen=gen).view(n, 2 * HN, D)[:, 1::2]
+    assert torch.equal(gb.rms_norm_rope(every, w, cos, sin, eps=1e-6, glue="triton"),
+                       gb.rms_norm_rope(every.contiguous(), w, cos, sin, eps=1e-6, glue="triton"))
     with pytest.raises(ValueError, match="cos, sin"):
         gb.rms_norm_rope(x, w, cos[:, :-1], sin[:, :-1], eps=1e-6, glue="triton")
 
@@ -91,8 +96,14 @@ def test_gated_act_equals_its_twin(act, dtype):
     gen = torch.Generator().manual_seed(4)
     g, u = _rand(7, 300, dtype=dtype, scale=4.0, gen=gen), _rand(7, 300, dtype=dtype, gen=gen)
     gelu = act == "gelu"
-    assert_rounding_twins(gb.gated_act(g, u, act=act, glue="triton"), gb.gated_act(g, u, act=act), dtype,
-                          atol=1e-5 if gelu else 1e-7, counted=g > -2 if gelu else None)
+    got = gb.gated_act(g, u, act=act, glue="triton")
+    assert_rounding_twins(got, gb.gated_act(g, u, act=act), dtype, atol=1e-5 if gelu else 1e-7,
+                          counted=g > -2 if gelu else None)
+    # the gate a column slice of a wider projection (as gated attention's), read in place: the same bits
+    wide = torch.cat([_rand(7, 40, dtype=dtype, gen=gen), g], 1)
+    assert torch.equal(gb.gated_act(wide[:, 40:], u, act=act, glue="triton"), got)
+    assert torch.equal(gb.gated_act(wide[:, 40:].reshape(7, 2, 150)[:, 1], u[:, 150:], act=act, glue="triton"),
+                       got[:, 150:])
 
 
 @pytest.mark.parametrize("beta_scale", [1.0, 2.0])
@@ -277,3 +288,52 @@ def test_the_conv_writes_its_channel_groups_apart_each_contiguous(backend, windo
         gb.tree_causal_conv1d(x, split=(40, 70, 21), **kw)
     with pytest.raises(ValueError, match="split: expected three"):  # either backend: the kernel writes three
         gb.tree_causal_conv1d(x, split=(60, 70), **kw)
+
+
+@pytest.mark.parametrize("preset", ["gated", "micro", "tiny-kimi", "micro-lfm2"])
+def test_projections_laid_side_by_side_make_one_gemm_and_the_same_verify(preset, monkeypatch):
+    """lay_projections (what a model on CUDA does when made): attention's q, k, v and output gate, and GDN's z, a,
+    b, each layer's as one weight (views of it, the caller's dict too, so none is held twice) and one GEMM, whose
+    column slices the norms, RoPE, gates, attention and gated activation read in place. The serving and per-node
+    verifies, the prefill and a batched decode equal the unlaid model's within fp32 rounding (the laid GEMM may sum
+    a column in another order), on both glues; MLA's attention (tiny-kimi) lays nothing."""
+    cfg = (get_preset("micro").replace(qk_norm=True, attn_output_gate=True, partial_rotary_factor=0.5)
+           if preset == "gated" else get_preset(preset))
+    w = init_weights(cfg, seed=1)
+    groups = {"attn": "kimi" not in preset, "gdn": True}
+    want_laid = sum(groups[g] and all(f"layers.{i}.{n}" in w for n in names[:2])
+                    for i in range(cfg.num_layers) for g, names in (("attn", ("attn.q", "attn.k")),
+                                                                    ("gdn", ("gdn.z", "gdn.a"))))
+    assert (want_laid == 0) == (preset == "tiny-kimi")
+    gemms = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **kw: gemms.append(1) or linear(*a, **kw))
+    tree = ddtree(torch.randn(3, cfg.vocab_size, generator=torch.Generator().manual_seed(0)) * 3, 8, root_token=5)
+    for glue in ("torch", "triton"):
+        ref = HybridModel(cfg, w, backend="torch", glue=glue)
+        shared = dict(w)
+        laid = HybridModel(cfg, shared, backend="torch", glue=glue)
+        assert laid.lay_projections(shared) == want_laid and laid.lay_projections(shared) == 0  # once
+        for k in laid.w:
+            assert torch.equal(laid.w[k], w[k]) and shared[k] is laid.w[k]
+        for (p, _), (fused, _) in laid._laid.items():  # the weights are views of the laid one
+            assert any(laid.w[k].data_ptr() == fused.data_ptr() for k in laid.w if k.startswith(p))
+        state, _ = ref.prefill([1, 2, 3, 4])
+        state2, logits2 = laid.prefill([1, 2, 3, 4])
+        torch.testing.assert_close(logits2, ref.prefill([1, 2, 3, 4])[1], rtol=1e-5, atol=1e-5)
+        for keep in (True, False):
+            gemms.clear()
+            a = ref.verify(state, tree, keep_states=keep)
+            n_ref = len(gemms)
+            gemms.clear()
+            b = laid.verify(state, tree, keep_states=keep)
+            assert n_ref - len(gemms) == sum(
+                {"attn": 2 + cfg.attn_output_gate, "gdn": 1 if glue == "triton" else 2}[g] for _, g in laid._laid)
+            torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)
+            for x, y in zip(b.kv, a.kv):
+                assert (x is None) == (y is None)
+                if x is not None:
+                    torch.testing.assert_close(x[0], y[0], rtol=1e-5, atol=1e-5)
+                    torch.testing.assert_close(x[1], y[1], rtol=1e-5, atol=1e-5)
+        got, _ = laid.decode_rows([state, state], [5, 6])
+        torch.testing.assert_close(got, ref.decode_rows([state, state], [5, 6])[0], rtol=1e-5, atol=1e-5)

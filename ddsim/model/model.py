@@ -88,6 +88,11 @@ class CommitInputs:
     B: torch.Tensor | None = None
 
 
+# A layer's projections of one input, laid side by side on CUDA (HybridModel.lay_projections), in this order; the
+# first two present, or the group is not laid (MLA's attention has none of attn.k, attn.v)
+LAID_GROUPS = (("attn", ("attn.q", "attn.k", "attn.v", "attn.gate")), ("gdn", ("gdn.z", "gdn.a", "gdn.b")))
+
+
 class _Deferred(NamedTuple):
     """A hidden state h + add [T, d] whose residual add is left to the next block's input norm (its residual
     argument adds them, add + h, which is h + add bit for bit): a serving verify's kernel fewer a layer."""
@@ -172,6 +177,9 @@ class HybridModel:
     # whether a serving verify leaves each block's last residual add to the next block's input norm (run_layers);
     # the same sums either way (the tests turn it off to compare)
     defer_residuals = True
+    # whether a model on one CUDA device lays the projections of one input side by side when it is made
+    # (lay_projections: one GEMM for several); the benchmarks turn it off to time both in one run
+    lay_on_cuda = True
 
     def __init__(self, cfg: ModelConfig, weights: dict, *, dtype=torch.float32, device="cpu", backend=None,
                  engine=None, glue=None):
@@ -198,6 +206,52 @@ class HybridModel:
             glue = ("triton" if self.device.type == "cuda" and backend != "torch" and dtype != torch.float64
                     else "torch")
         self.glue = gb.check_glue(glue)
+        self._laid: dict = {}  # (layer prefix, group) -> (the group's weights side by side [sum out, in], out sizes)
+        if self.lay_on_cuda and self.device.type == "cuda" and not placed:
+            self.lay_projections(weights)
+
+    def lay_projections(self, shared: dict | None = None) -> int:
+        """Lays each layer's projections of one input side by side in one allocation (LAID_GROUPS: attention's
+        q, k, v and output gate; GDN's z, a, b), so that one GEMM makes them all (the fewer, larger GEMMs read the
+        weights faster, and a graph launches fewer kernels); the model's weights become views of it, the same
+        values. Where ``shared`` (the caller's weights) holds the very tensor the model took, its entry becomes
+        the view too, so no weight is held twice. Placed models lay nothing. Returns how many groups were laid.
+        (On CUDA the model does this when made; a GEMM's output columns may round differently as part of a
+        wider GEMM, so a model compared bit for bit with an unlaid one must not be laid either.)"""
+        if is_placed(self.w):
+            return 0
+        n = 0
+        for i in range(self.cfg.num_layers):
+            p = f"layers.{i}."
+            for group, names in LAID_GROUPS:
+                keys = [p + name for name in names if p + name in self.w]
+                if (p, group) in self._laid or len(keys) < 2 or any(p + name not in self.w for name in names[:2]):
+                    continue
+                ws = [self.w[k] for k in keys]
+                if len({(w.dim(), w.shape[1:], w.dtype, w.device) for w in ws}) != 1 or ws[0].dim() != 2:
+                    continue
+                sizes = [w.shape[0] for w in ws]
+                laid = torch.cat(ws)
+                for k, old, view in zip(keys, ws, laid.split(sizes)):
+                    self.w[k] = view
+                    if shared is not None and shared.get(k) is old:
+                        shared[k] = view
+                self._laid[(p, group)] = (laid, sizes)
+                n += 1
+        if n and self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the replaced weights' memory back to the driver (free memory is read there)
+        return n
+
+    def _projections(self, p: str, group: str, x, names) -> list:
+        """x [n, d] times each of layer p's weights ``names`` -> [n, out] each: views of one GEMM's output where
+        the group is laid side by side (lay_projections; then ``names`` must be the laid ones, in order), else a
+        GEMM each."""
+        laid = self._laid.get((p, group))
+        if laid is None:
+            return [F.linear(x, self.w[p + name]) for name in names]
+        if len(laid[1]) != len(names):
+            raise RuntimeError(f"{p}{group}: {len(laid[1])} projections laid, {len(names)} asked for")
+        return list(F.linear(x, laid[0]).split(laid[1], -1))
 
     def _family_backend(self) -> str | None:
         """The backend of the ops with one Triton design (Mamba1, KDA, lightning): "torch" or "triton" as the model's GDN
@@ -485,15 +539,24 @@ class HybridModel:
         return out
 
     def _qkv(self, p, x, rope: Rope):
-        """x [n, d] -> q [n, nh, hd], k, v [n, nkv, hd]: the projections, with the q/k norms and RoPE
-        at rope's positions where the config has them."""
+        """x [n, d] -> q [n, nh, hd], k, v [n, nkv, hd] and the output gate's projection [n, nh hd] (None without
+        one): the projections (one GEMM where they are laid side by side), with the q/k norms and RoPE at rope's
+        positions where the config has them."""
         cfg, w = self.cfg, self.w
-        n = x.shape[0]
-        nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        n, nkv, hd = x.shape[0], cfg.num_key_value_heads, cfg.head_dim
         if cfg.mla_kv_lora_rank:
-            return self._mla_qkv(p, x, rope)
-        q = F.linear(x, w[p + "attn.q"])
-        k = F.linear(x, w[p + "attn.k"])
+            gate = F.linear(x, w[p + "attn.gate"]) if cfg.attn_output_gate else None
+            return (*self._mla_qkv(p, x, rope), gate)
+        names = ("attn.q", "attn.k", "attn.v") + (("attn.gate",) if cfg.attn_output_gate else ())
+        q, k, v, *gate = self._projections(p, "attn", x, names)
+        q, k = self._qk(p, q, k, rope)
+        return q, k, v.view(n, nkv, hd), gate[0] if gate else None
+
+    def _qk(self, p, q, k, rope: Rope):
+        """q [n, nh hd], k [n, nkv hd] (projected) -> q [n, nh, hd], k [n, nkv, hd], normed and rotated where the
+        config says."""
+        cfg, w = self.cfg, self.w
+        n, nh, nkv, hd = q.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         if cfg.qk_norm_all:  # one norm over all heads
             q = self._norm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
             k = self._norm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
@@ -502,14 +565,14 @@ class HybridModel:
             cos, sin = rope.tables(cfg.rope_theta, cfg.rotary_dim, q.dtype)
             q = gb.rms_norm_rope(q, w[p + "attn.q_norm"], cos[:, 0], sin[:, 0], eps=cfg.rms_norm_eps, glue=self.glue)
             k = gb.rms_norm_rope(k, w[p + "attn.k_norm"], cos[:, 0], sin[:, 0], eps=cfg.rms_norm_eps, glue=self.glue)
-            return q, k, F.linear(x, w[p + "attn.v"]).view(n, nkv, hd)
+            return q, k
         if cfg.qk_norm and not cfg.qk_norm_all:
             q = self._norm(q, w[p + "attn.q_norm"], cfg.rms_norm_eps)
             k = self._norm(k, w[p + "attn.k_norm"], cfg.rms_norm_eps)
         if cfg.use_rope:
             q = _rope(q, rope, cfg.rope_theta, cfg.rotary_dim)
             k = _rope(k, rope, cfg.rope_theta, cfg.rotary_dim)
-        return q, k, F.linear(x, w[p + "attn.v"]).view(n, nkv, hd)
+        return q, k
 
     def _mla_qkv(self, p, x, rope: Rope):
         """MLA's q [n, nh, hd], k, v [n, nh, hd]: q from x or its normed low-rank bottleneck; per head k = [k_nope,
@@ -535,24 +598,25 @@ class HybridModel:
         return (pad(torch.cat([q[..., :nope], q_rot], -1)), pad(torch.cat([kv[..., :nope], k_rot.expand(n, nh, rd)], -1)),
                 pad(kv[..., nope:]))
 
-    def _attend_out(self, p, x, o):
-        """The attention's output o [n, nh * hd] gated (where the config says) and projected: [n, d]."""
+    def _attend_out(self, p, o, gate):
+        """The attention's output o [n, nh * hd] gated by ``gate`` (its projection [n, nh hd], from _qkv; None: no
+        gate) and projected: [n, d]."""
         cfg = self.cfg
         if cfg.mla_kv_lora_rank and cfg.mla_v_head_dim < cfg.head_dim:  # MLA's values, unpadded
             o = o.view(o.shape[0], cfg.num_attention_heads, cfg.head_dim)[..., :cfg.mla_v_head_dim].reshape(o.shape[0], -1)
-        if self.cfg.attn_output_gate:  # sigmoid(gate) o: o sigmoid(gate), bit for bit
-            o = gb.gated_act(F.linear(x, self.w[p + "attn.gate"]), o, act="sigmoid", glue=self.glue)
+        if gate is not None:  # sigmoid(gate) o: o sigmoid(gate), bit for bit
+            o = gb.gated_act(gate, o, act="sigmoid", glue=self.glue)
         return F.linear(o, self.w[p + "attn.o"])
 
     def _attention(self, p, x, pos, mask, prefix):
         """The tree's rows x [T, d] over the committed prefix and their ancestors -> (out [T, d], k, v); mask [T, T],
         [T, P + T] or a PrefixMask."""
         cfg = self.cfg
-        q, k, v = self._qkv(p, x, pos)
+        q, k, v, gate = self._qkv(p, x, pos)
         mask, rows = mask if isinstance(mask, PrefixMask) else (mask, None)
         o = gb.tree_attention(q, k, v, prefix_k=prefix[0], prefix_v=prefix[1], ancestor_mask=mask, prefix_rows=rows,
                               scale=cfg.attention_scale or None, glue=self.glue).reshape(x.shape[0], -1)
-        return self._attend_out(p, x, o), k, v
+        return self._attend_out(p, o, gate), k, v
 
     def _gdn(self, p, x, parents, S0, win0, conv_mode, rec_mode, keep_states=True):
         """x [B*T, d] (B sequences of T nodes); S0 [B, HV, K, V], win0 [B, C, W-1] -> (out [B*T, d],
@@ -564,11 +628,14 @@ class HybridModel:
         H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         xin = F.linear(x, w[p + "gdn.qkv"]).view(B, T, -1)  # [B, T, C]
-        z = F.linear(x, w[p + "gdn.z"])  # [N, HV * V]
-        if self.glue == "triton":  # a and b from one GEMM [N, 2 HV], read in place by the gates kernel
+        if (p, "gdn") in self._laid:  # z, a, b from one GEMM [N, HV V + 2 HV], each read in place
+            z, a, b = self._projections(p, "gdn", x, ("gdn.z", "gdn.a", "gdn.b"))
+        elif self.glue == "triton":  # a and b from one GEMM [N, 2 HV], read in place by the gates kernel
+            z = F.linear(x, w[p + "gdn.z"])  # [N, HV * V]
             ab = F.linear(x, self._ab(p))
             a, b = ab[:, :HV], ab[:, HV:]
         else:
+            z = F.linear(x, w[p + "gdn.z"])
             a, b = F.linear(x, w[p + "gdn.a"]), F.linear(x, w[p + "gdn.b"])  # [N, HV] each
         g, beta = gb.gdn_gates(a, b, A=self._const(p + "gdn.A_log"), dt_bias=self._const(p + "gdn.dt_bias"),
                                beta_scale=cfg.gdn_beta_scale, glue=self.glue)  # [N, HV] float32 each
@@ -787,7 +854,7 @@ class HybridModel:
         seen [B, capacity] (bool: 0..pos) -> (out [B, d], k, v)."""
         cfg = self.cfg
         B, nh, nkv, hd = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q, k, v = self._qkv(p, x, rope)  # [B, nh | nkv, hd]
+        q, k, v, gate = self._qkv(p, x, rope)  # [B, nh | nkv, hd]
         K, V = kv
         K.index_put_((rows, pos), k.to(K.dtype))
         V.index_put_((rows, pos), v.to(V.dtype))
@@ -797,7 +864,7 @@ class HybridModel:
         o = F.scaled_dot_product_attention(q[:, :, None], Kq, Vq, attn_mask=seen[:, None, None, :],
                                            scale=cfg.attention_scale or 1.0 / math.sqrt(hd),
                                            enable_gqa=nh != nkv)  # [B, nh, 1, hd]
-        return self._attend_out(p, x, o.reshape(B, nh * hd)), k, v
+        return self._attend_out(p, o.reshape(B, nh * hd), gate), k, v
 
     def verify_rows(self, states: list, trees: list, *, mode: str = "exact") -> list[VerifyResult]:
         """The serving verify (``verify(..., keep_states=False)``) of B trees of the same size in one
@@ -871,7 +938,7 @@ class HybridModel:
         cfg = self.cfg
         B, T, P = seen.shape[0], seen.shape[1], seen.shape[2] - seen.shape[1]
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q, k, v = self._qkv(p, x, rope)  # [B*T, nh | nkv, hd]
+        q, k, v, gate = self._qkv(p, x, rope)  # [B*T, nh | nkv, hd]
         pad = torch.nn.utils.rnn.pad_sequence  # in the prefixes' dtype, converted once (not per row)
         Kp = pad([pk for pk, _ in prefixes] + [prefixes[0][0].new_zeros(P, nkv, hd)], batch_first=True)[:B].to(q.dtype)
         Vp = pad([pv for _, pv in prefixes] + [prefixes[0][1].new_zeros(P, nkv, hd)], batch_first=True)[:B].to(q.dtype)
@@ -881,7 +948,7 @@ class HybridModel:
         o = F.scaled_dot_product_attention(q.view(B, T, nh, hd).transpose(1, 2), K, Vv, attn_mask=seen[:, None],
                                            scale=cfg.attention_scale or 1.0 / math.sqrt(hd),
                                            enable_gqa=nh != nkv)  # [B, nh, T, hd]
-        return self._attend_out(p, x, o.transpose(1, 2).reshape(B * T, nh * hd)), k, v
+        return self._attend_out(p, o.transpose(1, 2).reshape(B * T, nh * hd), gate), k, v
 
     # ---- commit --------------------------------------------------------------------------------
     def commit(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int, *, replay=None) -> ModelState:
