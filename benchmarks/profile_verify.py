@@ -16,9 +16,8 @@ graphed) and the bytes over the H200's nominal 4.8 TB/s.
 --variants first times the serving verify (the first glue) with the graph's savings added one at a time, in this
 run: none; tree attention reading the committed prefix rows only (graphs.ATTEND_COMMITTED_ROWS); each block's last
 residual add left to the next norm (HybridModel.defer_residuals); the projections of one input laid side by side
-(HybridModel.lay_projections, made once the others are timed: the model is built unlaid); a step's tables refilled
-by one copy from a pinned mirror (graphs.STAGE_TABLES). The rest of the run is the model as made on CUDA (every
-saving on).
+(HybridModel.lay_projections, made once the others are timed: the model is built unlaid). The rest of the run is
+the model as made on CUDA (every saving on).
 """
 import gc
 import time
@@ -187,15 +186,13 @@ def variants(model, state, trees, glue: str) -> None:
     """The graphed serving verify (whole, and its graph alone) with the savings added one at a time (--variants);
     leaves the model laid, every saving on."""
     model.glue = glue
-    steps = [("none", dict(rows=False, defer=False, lay=False, stage=False)),
-             ("+ attention reads the committed rows", dict(rows=True, defer=False, lay=False, stage=False)),
-             ("+ residual adds left to the next norm", dict(rows=True, defer=True, lay=False, stage=False)),
-             ("+ projections laid side by side", dict(rows=True, defer=True, lay=True, stage=False)),
-             ("+ the tables refilled by one copy", dict(rows=True, defer=True, lay=True, stage=True))]
+    steps = [("none", dict(rows=False, defer=False, lay=False)),
+             ("+ attention reads the committed rows", dict(rows=True, defer=False, lay=False)),
+             ("+ residual adds left to the next norm", dict(rows=True, defer=True, lay=False)),
+             ("+ projections laid side by side", dict(rows=True, defer=True, lay=True))]
     rows = []
     for name, on in steps:
         graphs.ATTEND_COMMITTED_ROWS, model.defer_residuals = on["rows"], on["defer"]
-        graphs.STAGE_TABLES = on["stage"]
         if on["lay"]:
             print(f"laid {model.lay_projections()} groups of projections", flush=True)
         graphed = GraphedModel(model)

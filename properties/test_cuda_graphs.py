@@ -322,27 +322,3 @@ def test_graphs_capture_cublaslt_gemms_and_restore_the_callers_library(monkeypat
     finally:
         torch.backends.cuda.preferred_blas_library(before)
 
-
-
-def test_a_captured_verify_refills_its_tables_with_one_copy(monkeypatch):
-    """Once captured, a serving key's refilled buffers (the plan's tables, tokens, positions, mask) live in one device
-    allocation (graphs._Staged) and a verify fills them with one copy from a pinned mirror, none of its own; tree
-    after tree the replay equals the eager verify (a table left stale would give another tree's logits)."""
-    from ddsim.model import graphs
-    cfg = get_preset("tiny")
-    m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=torch.float32)
-    gm = GraphedModel(m)
-    st, _ = m.prefill([1, 2, 3, 4, 5])
-    gm.verify(st, TREES[0])
-    (cap,) = gm._keys.values()
-    bufs = [b for b, _ in cap.plan.buffers()] + [cap.tokens, cap.positions, cap.mask]
-    assert len(bufs) >= 6 and {b.untyped_storage().data_ptr() for b in bufs} == {
-        cap.staged.device.untyped_storage().data_ptr()}
-    own, flushes = [], []
-    copy_in, flush = graphs._copy_in, graphs._Staged.flush
-    monkeypatch.setattr(graphs, "_copy_in", lambda b, v: own.append(b) or copy_in(b, v))
-    monkeypatch.setattr(graphs._Staged, "flush", lambda self: flushes.append(1) or flush(self))
-    for step, t in enumerate(TREES[1:] + TREES):
-        b, a = gm.verify(st, t), m.verify(st, t, keep_states=False)
-        torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5, msg=lambda s: f"tree {step}: {s}")
-    assert own == [] and len(flushes) == len(TREES) * 2 - 1

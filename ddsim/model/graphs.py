@@ -71,9 +71,6 @@ def copies_per_replay(modes: int, max_copies: int | None) -> int:
     return -(-modes // groups)
 
 
-# whether a captured verify's refilled buffers share one device allocation with a pinned mirror, filled by one copy
-# a step (_Staged), or take a copy each (the benchmarks turn it off to time both in one run)
-STAGE_TABLES = True
 # whether a graph's tree attention reads only the committed rows of its fixed-capacity prefix (PrefixMask), not
 # every row up to the capacity (the benchmarks turn it off to time both in one run; the same outputs)
 ATTEND_COMMITTED_ROWS = True
@@ -104,10 +101,7 @@ class StaticPlan(gb.TreePlan):
         self._tree = self._tables = None  # the loaded tree's parents; its exact-mode tables (host_tables.one_tree)
         self._parents_host = None  # [1, T] int64 on the host: the loaded tree's parents
 
-    def load(self, tree: Tree, put=None) -> None:
-        """The tree's tables into the buffers: ``put(buffer, host value)`` for each (default: a copy each; a
-        captured key's _Staged writes them into one pinned mirror instead)."""
-        put = put or _copy_in
+    def load(self, tree: Tree) -> None:
         if tree.size != self.T:
             raise InputError(f"tree: {tree.size} nodes, this plan holds {self.T}")
         if int(tree.depths.max()) > self.max_depth:
@@ -121,23 +115,12 @@ class StaticPlan(gb.TreePlan):
             if key[0] == "anc" and wy_rounds(new[1]) != wy_rounds(self._cache[key][1]):
                 raise InputError(f"tree: depth {new[1]} needs {wy_rounds(new[1])} WY rounds, this plan was "
                                  f"captured for {wy_rounds(self._cache[key][1])}")
-        put(self.parents, self._parents_host)
+        self.parents.copy_(self._parents_host, non_blocking=True)
         for key, new in news.items():
             if key[0] == "anc":
-                put(self._cache[key][0], new[0])
+                self._cache[key][0].copy_(new[0], non_blocking=True)
             else:
-                put(self._cache[key], new)
-
-    def buffers(self) -> list:
-        """The device buffers ``load`` refills: [(buffer, rebind)], rebind(new) pointing the plan at a buffer that
-        replaces it (same shape and dtype, its values copied: _Staged)."""
-        out = [(self.parents, lambda t: setattr(self, "parents", t))]
-        for key, value in self._cache.items():
-            if key[0] == "anc":
-                out.append((value[0], lambda t, key=key: self._cache.__setitem__(key, (t, self._cache[key][1]))))
-            else:
-                out.append((value, lambda t, key=key: self._cache.__setitem__(key, t)))
-        return out
+                self._cache[key].copy_(new, non_blocking=True)
 
     def _exact_tables(self) -> tuple[np.ndarray, int, np.ndarray]:
         """The loaded tree's exact-mode tables, (int8 [T, T] ancestor-or-self mask, depth, int32 [T, max_depth + 1]
@@ -200,8 +183,7 @@ class AnyModePlan(StaticPlan):
         self.copies = copies
         self._src = self._conv_src = None  # host [1, T] the forest's recurrence and conv sources
 
-    def load(self, tree: Tree, modes=("exact",), put=None) -> None:
-        put = put or _copy_in
+    def load(self, tree: Tree, modes=("exact",)) -> None:
         modes = (modes,) if isinstance(modes, str) else tuple(modes)
         if len(modes) != self.copies:
             raise InputError(f"modes: {len(modes)} given, this plan holds {self.copies} copies of the tree")
@@ -219,9 +201,9 @@ class AnyModePlan(StaticPlan):
 
         self._host = host
         self._conv_src, self._src = forest(lambda m: _LAYER_MODES[m][0]), forest(lambda m: _LAYER_MODES[m][1])
-        put(self.parents, forest(lambda m: "exact"))  # the forest's own parents
+        self.parents.copy_(forest(lambda m: "exact"), non_blocking=True)  # the forest's own parents
         for key, value in self._cache.items():
-            put(value, self._host_value(key))
+            value.copy_(self._host_value(key), non_blocking=True)
 
     def _host_value(self, key):
         if key[0] == "src":
@@ -271,52 +253,6 @@ class _Epoch:
         return self.captured.epoch == self.epoch
 
 
-def _copy_in(buffer: torch.Tensor, value: torch.Tensor) -> None:
-    """A host value into its device buffer (a copy of its own)."""
-    buffer.copy_(value, non_blocking=True)
-
-
-class _Staged:
-    """The device buffers a captured verify refills from the host every step, moved into one device allocation
-    (each 16-byte aligned) with a pinned host mirror of it: a step writes every table into the mirror and makes one
-    copy, where a copy each from pageable memory costs the host a stream sync and a staging copy apiece (seven a
-    serving verify). The mirror is rewritten only once the last step's copy has read it (an event)."""
-
-    def __init__(self, buffers: list):
-        offsets, total = [], 0
-        for t, _ in buffers:
-            total = -(-total // 16) * 16
-            offsets.append(total)
-            total += t.numel() * t.element_size()
-        self.device = torch.empty(max(total, 16), dtype=torch.uint8, device=buffers[0][0].device)
-        self.host = torch.empty(self.device.shape, dtype=torch.uint8, pin_memory=True)
-        self._mirror = {}
-        for (t, rebind), o in zip(buffers, offsets):
-            n = t.numel() * t.element_size()
-            moved = self.device[o:o + n].view(t.dtype).view(t.shape)
-            moved.copy_(t)
-            self._mirror[moved.data_ptr()] = self.host[o:o + n].view(t.dtype).view(t.shape)
-            rebind(moved)
-        self.done = torch.cuda.Event()
-
-    def begin(self) -> None:
-        """Before a step writes the mirror: the last step's copy has read it."""
-        self.done.synchronize()
-
-    def put(self, buffer: torch.Tensor, value: torch.Tensor) -> None:
-        """value into buffer's place in the mirror (a buffer not staged: a copy of its own)."""
-        mirror = self._mirror.get(buffer.data_ptr())
-        if mirror is None or mirror.shape != buffer.shape:
-            _copy_in(buffer, value)
-        else:
-            mirror.copy_(value)
-
-    def flush(self) -> None:
-        """The mirror into the device buffer: one copy (queued on the current stream, before the replay)."""
-        self.device.copy_(self.host, non_blocking=True)
-        self.done.record()
-
-
 class _Captured:
     """One key: its plans (the tree's, and the batch order's for leaky sources), input buffers,
     graphs, static outputs and memory pool."""
@@ -338,7 +274,6 @@ class _Captured:
         self.positions = torch.zeros(T, dtype=torch.long, device=dev)
         self.mask = torch.zeros(T, T, dtype=torch.bool, device=dev)
         self.accepted = torch.zeros(1, dtype=torch.long, device=dev)
-        self.staged = None  # _Staged: the refilled buffers in one device buffer, once the verify is captured
         self.verify_graph = self.commit_graph = None
         self.logits = self.out = self.committed = self.hidden = None
         self.epoch = 0
@@ -351,30 +286,16 @@ class _Captured:
         """The tree (copied once per mode of ``modes``, side by side, with per-node states; else its one
         mode's) into the fixed buffers, and the state's KV prefix."""
         k = len(modes)
-        staged = self.staged
-        put = _copy_in if staged is None else staged.put
-        if staged is not None:
-            staged.begin()
         if self.keep_states:
-            self.plan.load(tree, modes, put=put)
+            self.plan.load(tree, modes)
         else:
-            self.plan.load(tree, put=put)
-        put(self.tokens, torch.from_numpy(np.tile(np.asarray(tree.tokens, dtype=np.int64), k)))
-        put(self.positions, torch.from_numpy(np.tile(tree.positions(state.pos), k)))
+            self.plan.load(tree)
+        self.tokens.copy_(torch.from_numpy(np.tile(np.asarray(tree.tokens, dtype=np.int64), k)), non_blocking=True)
+        self.positions.copy_(torch.from_numpy(np.tile(tree.positions(state.pos), k)), non_blocking=True)
         # [n, n] -> the copies' block diagonal [k n, k n]; one mode's is the plan's own, built in its load
         mask = tree.ancestor_mask if self.keep_states else self.plan.tree_mask()
-        put(self.mask, torch.from_numpy(mask if k == 1 else np.kron(np.eye(k, dtype=bool), mask)))
-        if staged is not None:
-            staged.flush()
+        self.mask.copy_(torch.from_numpy(mask if k == 1 else np.kron(np.eye(k, dtype=bool), mask)), non_blocking=True)
         self.prefix.load(state)
-
-    def stage(self) -> None:
-        """Moves the buffers a verify refills (the plan's tables, tokens, positions, mask) into one device buffer
-        with a pinned host mirror (_Staged): after the warm-up made the plan's tables, before the capture reads their
-        addresses. Tables made later (a commit's) keep their own copies."""
-        bufs = self.plan.buffers() + [(getattr(self, n), lambda t, n=n: setattr(self, n, t))
-                                      for n in ("tokens", "positions", "mask")]
-        self.staged = _Staged(bufs)
 
 
 class GraphedModel:
@@ -491,8 +412,7 @@ class GraphedModel:
             cap = self._keys[key] = _Captured(m, key, prefix, torch.cuda.graph_pool_handle() if self.capture else None)
         cap.load(tree, state, modes)
         self._load_state(state)
-        self._run(cap, "verify_graph", lambda: self._verify_body(cap), release=cap.release,
-                  prepare=cap.stage if STAGE_TABLES else None)
+        self._run(cap, "verify_graph", lambda: self._verify_body(cap), release=cap.release)
         cap.epoch += 1
         return cap
 
@@ -605,32 +525,29 @@ class GraphedModel:
             self._ssm[i].copy_(state.ssm[i], non_blocking=True)
             self._conv[i].copy_(state.conv[i], non_blocking=True)
 
-    def _run(self, cap, name: str, body, *, warmup=None, release=None, prepare=None) -> None:
+    def _run(self, cap, name: str, body, *, warmup=None, release=None) -> None:
         """Run ``body`` eagerly (capture=False), or capture it on first use into ``cap.<name>`` (from
         ``cap.pool``), after a warm-up that compiles the kernels and allocates the plans' tables
         (``warmup``, default ``body``: a body that is not idempotent warms up with a version that is),
         and replay it. ``release`` lets the warm-up's outputs go before the capture allocates its own (at
-        full size a verify with per-node states holds ~10 GB of them per tree copy); ``prepare`` runs between the
-        warm-up and the capture (_Captured.stage)."""
+        full size a verify with per-node states holds ~10 GB of them per tree copy)."""
         if not self.capture:
             body()
             return
         graph = getattr(cap, name)
         if graph is None:
             with capture_blas(self.blas):
-                graph = self._capture(cap, body, warmup, release, prepare)
+                graph = self._capture(cap, body, warmup, release)
             setattr(cap, name, graph)
         graph.replay()
 
-    def _capture(self, cap, body, warmup, release, prepare=None) -> "torch.cuda.CUDAGraph":
+    def _capture(self, cap, body, warmup, release) -> "torch.cuda.CUDAGraph":
         """``body`` warmed up on a side stream, then captured into a new graph from ``cap.pool``."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), _no_grad():
             (warmup or body)()
         torch.cuda.current_stream().wait_stream(side)
-        if prepare is not None:
-            prepare()
         if release is not None:  # the warm-up's outputs go before the capture makes its own
             release()
         torch.cuda.current_stream().synchronize()
