@@ -255,4 +255,6 @@ def run_full_audit(a, budgets):
 
 
 if __name__ == "__main__":
+    from ddsim.devices import audit_allocator
+    audit_allocator()  # before the first CUDA allocation
     main()

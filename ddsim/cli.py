@@ -180,8 +180,10 @@ def _write_report(report, out: Path, policy=None):
 
 
 def cmd_audit(a, console) -> int:
+    from ddsim.devices import audit_allocator
     from ddsim.measure.distributed import Shard
     from ddsim.reports.terminal import print_summary
+    audit_allocator()
     ac = _audit_config(a)
     out = Path(a.out)
     check_writable(out)

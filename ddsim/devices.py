@@ -2,6 +2,8 @@
 present, the index existing); for engine kernels on the CPU, Triton's interpreter set up first."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ddsim.errors import InputError
@@ -34,3 +36,11 @@ def prepare_engine_device(device: str) -> str:
     if device.startswith("cuda"):
         return str(resolve_device(device))
     raise InputError(f"--device: expected auto, cpu or cuda[:N], got {device!r}")
+
+
+def audit_allocator() -> None:
+    """PyTorch's CUDA allocator for an audit: expandable segments, unless PYTORCH_CUDA_ALLOC_CONF says otherwise (set
+    before the allocator's first use). A full-size audit holds the model, a tree's per-node states and the oracle's
+    batches within a few GiB of an H200's memory, and with fixed segments its oracle ran out with 23 GiB reserved
+    but unallocated (RESULTS.md, 2026-12-03)."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

@@ -233,3 +233,22 @@ def test_tree_command(tmp_path):
     _one_line_error(run_cli("tree", "--trace", trace, "--vocab", "20", "--step", "4"), "trace has 1 steps")
     _one_line_error(run_cli("tree", "--budget", "-2"), "budget")
     _one_line_error(run_cli("tree", "--format", "svg"), "--format")
+
+
+def test_an_audit_asks_for_expandable_cuda_segments_unless_told_otherwise(monkeypatch, tmp_path):
+    """`ddsim audit` sets PyTorch's CUDA allocator to expandable segments before its first allocation (a full-size
+    audit ran out with 23 GiB reserved but unallocated); a PYTORCH_CUDA_ALLOC_CONF of the user's is kept."""
+    import os
+
+    import ddsim.devices
+    from ddsim.cli import main
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    ddsim.devices.audit_allocator()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    ddsim.devices.audit_allocator()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+    calls = []
+    monkeypatch.setattr(ddsim.devices, "audit_allocator", lambda: calls.append(1))
+    assert main(["audit", "--steps", "0", "--out", str(tmp_path / "r")]) == 2  # bad input, after the allocator's
+    assert calls == [1]
