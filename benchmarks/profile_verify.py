@@ -234,10 +234,9 @@ def main():
     cfg = get_preset(a.preset)
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
           f"commit {a.commit} | {cfg.name}", flush=True)
-    HybridModel.lay_on_cuda = not a.variants  # --variants lays the projections once it has timed them unlaid
+    # --variants lays the projections once it has timed them unlaid
     model = HybridModel(cfg, init_weights(cfg, seed=0, dtype=torch.bfloat16, device="cuda"), device="cuda",
-                        dtype=torch.bfloat16)
-    HybridModel.lay_on_cuda = True
+                        dtype=torch.bfloat16, lay=not a.variants)
     weight_bytes = sum(v.numel() * v.element_size() for v in model.w.values())
     gemv = weight_floor_ms(model)
     rate = streamed_read_tb_s(model)

@@ -178,11 +178,11 @@ class HybridModel:
     # the same sums either way (the tests turn it off to compare)
     defer_residuals = True
     # whether a model on one CUDA device lays the projections of one input side by side when it is made
-    # (lay_projections: one GEMM for several); the benchmarks turn it off to time both in one run
+    # (lay_projections: one GEMM for several), unless its ``lay`` argument says
     lay_on_cuda = True
 
     def __init__(self, cfg: ModelConfig, weights: dict, *, dtype=torch.float32, device="cpu", backend=None,
-                 engine=None, glue=None):
+                 engine=None, glue=None, lay: bool | None = None):
         self.cfg = cfg
         self.backend = backend  # gpu_backend backend: None = triton on CUDA, torch elsewhere
         self.engine = engine
@@ -207,7 +207,7 @@ class HybridModel:
                     else "torch")
         self.glue = gb.check_glue(glue)
         self._laid: dict = {}  # (layer prefix, group) -> (the group's weights side by side [sum out, in], out sizes)
-        if self.lay_on_cuda and self.device.type == "cuda" and not placed:
+        if (self.lay_on_cuda if lay is None else lay) and self.device.type == "cuda" and not placed:
             self.lay_projections(weights)
 
     def lay_projections(self, shared: dict | None = None) -> int:
@@ -216,8 +216,9 @@ class HybridModel:
         weights faster, and a graph launches fewer kernels); the model's weights become views of it, the same
         values. Where ``shared`` (the caller's weights) holds the very tensor the model took, its entry becomes
         the view too, so no weight is held twice. Placed models lay nothing. Returns how many groups were laid.
-        (On CUDA the model does this when made; a GEMM's output columns may round differently as part of a
-        wider GEMM, so a model compared bit for bit with an unlaid one must not be laid either.)"""
+        (A model on one CUDA device does this when made, unless its ``lay`` is False; a GEMM's output columns may
+        round differently as part of a wider GEMM, so a model compared bit for bit with an unlaid one is made with
+        lay=False.)"""
         if is_placed(self.w):
             return 0
         n = 0
