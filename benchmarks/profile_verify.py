@@ -16,8 +16,9 @@ graphed) and the bytes over the H200's nominal 4.8 TB/s.
 --variants first times the serving verify (the first glue) with the graph's savings added one at a time, in this
 run: none; tree attention reading the committed prefix rows only (graphs.ATTEND_COMMITTED_ROWS); each block's last
 residual add left to the next norm (HybridModel.defer_residuals); the projections of one input laid side by side
-(HybridModel.lay_projections, made once the others are timed: the model is built unlaid). The rest of the run is
-the model as made on CUDA (every saving on).
+(HybridModel.lay_projections, made once the others are timed: the model is built unlaid); the tree's exact tables
+built in the graph from its parents (graphs.DEVICE_TABLES, off by default until timed). The rest of the run is the
+model as made on CUDA (the defaults).
 """
 import gc
 import time
@@ -186,13 +187,16 @@ def variants(model, state, trees, glue: str) -> None:
     """The graphed serving verify (whole, and its graph alone) with the savings added one at a time (--variants);
     leaves the model laid, every saving on."""
     model.glue = glue
-    steps = [("none", dict(rows=False, defer=False, lay=False)),
-             ("+ attention reads the committed rows", dict(rows=True, defer=False, lay=False)),
-             ("+ residual adds left to the next norm", dict(rows=True, defer=True, lay=False)),
-             ("+ projections laid side by side", dict(rows=True, defer=True, lay=True))]
+    steps = [("none", dict(rows=False, defer=False, lay=False, tables=False)),
+             ("+ attention reads the committed rows", dict(rows=True, defer=False, lay=False, tables=False)),
+             ("+ residual adds left to the next norm", dict(rows=True, defer=True, lay=False, tables=False)),
+             ("+ projections laid side by side", dict(rows=True, defer=True, lay=True, tables=False)),
+             ("+ tables built on the device", dict(rows=True, defer=True, lay=True, tables=True))]
     rows = []
+    default_tables = graphs.DEVICE_TABLES
     for name, on in steps:
         graphs.ATTEND_COMMITTED_ROWS, model.defer_residuals = on["rows"], on["defer"]
+        graphs.DEVICE_TABLES = on["tables"]
         if on["lay"]:
             print(f"laid {model.lay_projections()} groups of projections", flush=True)
         graphed = GraphedModel(model)
@@ -205,6 +209,7 @@ def variants(model, state, trees, glue: str) -> None:
         graphed = None
         gc.collect()
         torch.cuda.empty_cache()
+    graphs.DEVICE_TABLES = default_tables  # the rest of the run as the model is made
     print(f"\n| glue {glue}: savings | budget | nodes | graphed verify, ms | the graph alone, ms |\n|---|---|---|---|---|")
     for name, budget, n, ms, alone in rows:
         print(f"| {name} | {budget} | {n} | {ms:.2f} | {alone:.2f} |")

@@ -322,3 +322,26 @@ def test_graphs_capture_cublaslt_gemms_and_restore_the_callers_library(monkeypat
     finally:
         torch.backends.cuda.preferred_blas_library(before)
 
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-lfm2"])
+def test_replays_with_the_tables_built_on_the_device_equal_the_eager_serving_verify(preset, monkeypatch):
+    """graphs.DEVICE_TABLES: the captured verify builds its exact tables and attention mask from the copied parents,
+    and the captured commit its root paths (a table made after the verify's capture); tree after tree, each replay
+    and commit equals the eager serving verify's (a table left stale would give another tree's)."""
+    from ddsim.model import graphs
+    monkeypatch.setattr(graphs, "DEVICE_TABLES", True)
+    cfg = _config(preset)
+    m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda", dtype=torch.float32)
+    gm = GraphedModel(m)
+    st, _ = m.prefill([1, 2, 3, 4, 5])
+    tol = dict(rtol=1e-5, atol=1e-5)
+    for mode in ("exact", "leaky"):
+        for step, t in enumerate(TREES + TREES[:1]):
+            a, b = m.verify(st, t, mode=mode, keep_states=False), gm.verify(st, t, mode=mode)
+            torch.testing.assert_close(b.logits, a.logits, **tol, msg=lambda s: f"{mode} tree {step}: {s}")
+            sa, sb = m.commit(st, t, a, 6), gm.commit(st, t, b, 6)
+            for i in cfg.recurrent_layers:
+                torch.testing.assert_close(sb.ssm[i], sa.ssm[i], **tol)
+                torch.testing.assert_close(sb.conv[i], sa.conv[i], **tol)
+    assert all(c.device_tables for c in gm._keys.values())

@@ -39,6 +39,7 @@ from ddsim.gpu_backend import (  # noqa: E402
     triton_mamba1,
     triton_mamba2,
     triton_norms,
+    triton_tables,
     triton_wy_blocked,
     triton_wy_split,
 )
@@ -68,7 +69,7 @@ def _launch(kernel, grid, **kw):
 for _m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit, triton_mamba2, triton_kda, triton_mamba1,
            triton_lightning):
     _m.bind = _bind
-for _m in (triton_attention, triton_commit, triton_conv, triton_norms):
+for _m in (triton_attention, triton_commit, triton_conv, triton_norms, triton_tables):
     _m.launch = _launch
 _common.check_device = lambda *xs: None  # CPU tensors: nothing is launched
 
@@ -120,6 +121,15 @@ def other_calls():
                                                      **glue)),
         ("tree attention, prefix masked", lambda: gb.tree_attention(
             aq, akv, akv, prefix_k=apre, prefix_v=apre, ancestor_mask=torch.ones(17, 529, dtype=torch.bool), **glue)),
+        ("tree attention, the committed prefix rows", lambda: gb.tree_attention(
+            aq, akv, akv, prefix_k=apre, prefix_v=apre, ancestor_mask=torch.ones(17, 529, dtype=torch.bool),
+            prefix_rows=torch.tensor(31), **glue)),
+        ("tree tables on the device", lambda: triton_tables.tree_tables(
+            g["parents"][0], width=g["parents"].shape[1], src=torch.empty(g["parents"].shape[1], dtype=torch.int64),
+            anc=torch.empty(g["parents"].shape[1], g["parents"].shape[1], dtype=torch.int8),
+            mask=torch.empty(g["parents"].shape[1], g["parents"].shape[1], dtype=torch.bool),
+            paths=torch.empty(g["parents"].shape[1], g["parents"].shape[1], dtype=torch.int32),
+            conv=torch.empty(g["parents"].shape[1], 4, dtype=torch.int32))),
         ("rms norm after the residual add", lambda: gb.rms_norm(h, h[0], eps=1e-6, residual=h, **glue)),
         ("rms norm per head", lambda: gb.rms_norm(h.view(3, 20, 256), h[0, :256], eps=1e-6, **glue)),
         ("gated rms norm", lambda: gb.gated_rms_norm(o, o[0, 0], wide[:, :6144], eps=1e-6, **glue)),

@@ -110,3 +110,35 @@ def test_one_tree_tables_at_serving_shapes():
         for parents in ([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)],
                         [-1] + list(range(T - 1))):
             _assert_one_tree_equals_the_batch_builders(parents, T, 4)
+
+
+@given(parents=parent_batches(max_batch=1, max_nodes=70), W=st.integers(2, 6), spare=st.integers(0, 3),
+       which=st.sets(st.sampled_from(["src", "anc", "mask", "paths", "conv"]), min_size=1))
+def test_the_device_builder_writes_the_host_tables(parents, W, spare, which):
+    """gpu_backend.triton_tables (here in Triton's interpreter) against host_tables.one_tree and path_conv_sources,
+    integer for integer: any subset of the tables, paths wider than the tree is deep (spare columns), conv windows
+    longer than the paths; every output written over (they start as garbage)."""
+    pytest.importorskip("triton")
+    from ddsim.gpu_backend import triton_tables
+    par = parents[0]
+    mask, depth, paths = host_tables.one_tree(par.tolist(), int(checks.ancestor_mask(parents)[1]) + 1 + spare)
+    width = paths.shape[1]
+    want = dict(src=par.numpy(), anc=mask, mask=mask.view(bool), paths=paths,
+                conv=host_tables.path_conv_sources(paths, W))
+    out = {k: torch.full(want[k].shape, 7, dtype=torch.from_numpy(want[k]).dtype) for k in which}
+    triton_tables.tree_tables(par, width=width, **out)
+    for k, v in out.items():
+        assert np.array_equal(v.numpy(), want[k]), k
+
+
+def test_the_device_builder_refuses_a_table_of_another_shape_in_one_line():
+    pytest.importorskip("triton")
+    from ddsim.gpu_backend import triton_tables
+    par = torch.tensor([-1, 0, 1])
+    for bad, match in ((dict(anc=torch.zeros(3, 2, dtype=torch.int8)), "anc: expected"),
+                       (dict(paths=torch.zeros(3, 4, dtype=torch.int64)), "paths: expected"),
+                       (dict(mask=torch.zeros(3, 3, dtype=torch.int8)), "mask: expected")):
+        with pytest.raises(ValueError, match=match):
+            triton_tables.tree_tables(par, width=4, **bad)
+    with pytest.raises(ValueError, match="parents: expected int64"):
+        triton_tables.tree_tables(par.int(), width=4, src=torch.zeros(3, dtype=torch.int64))

@@ -17,7 +17,8 @@ OTHERS = ("_gdn_recurrent_kernel", "_gdn_commit_kernel", "_tree_conv_kernel", "_
           "_mamba2_recurrent_kernel", "_mamba2_ssd_kernel", "_mamba2_commit_kernel", "_kda_recurrent_kernel",
           "_kda_wy_kernel", "_kda_commit_kernel", "_mamba1_recurrent_kernel", "_mamba1_commit_kernel", "_lightning_recurrent_kernel",
           "_lightning_masked_kernel", "_lightning_commit_kernel", "_rms_norm_kernel", "_gated_rms_norm_kernel",
-          "_gated_act_kernel", "_gdn_gates_kernel", "_rms_norm_rope_kernel", "_tree_attention_kernel")
+          "_gated_act_kernel", "_gdn_gates_kernel", "_rms_norm_rope_kernel", "_tree_attention_kernel",
+          "_tree_tables_kernel")
 
 
 def _compile(*args) -> list[str]:
@@ -32,10 +33,10 @@ def _compile(*args) -> list[str]:
 @pytest.mark.parametrize("arch", [100, 120])
 def test_what_a_server_launches_compiles_for_blackwell(arch):
     """The WY launchers' default design at one and eight sequences of 17, 65 and 131 nodes (bf16), the two-kernel
-    forms auto takes when given their options (fold at 8 x 65, split at 1 x 65) and every other kernel: 43
+    forms auto takes when given their options (fold at 8 x 65, split at 1 x 65) and every other kernel: 45
     launches, each within the architecture's shared memory per block (sm_120a: 99 KiB)."""
     ok = _compile("--arch", str(arch), "--set", "serving")
-    assert len(ok) == 43, ok
+    assert len(ok) == 45, ok
     for name in ("_gdn_wy_kernel", "_gdn_wy_fold_head_kernel", "_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel",
                  "_gdn_wy_fold_kernel", "_gdn_wy_fold_root_apply_kernel", "_gdn_wy_blocked_diag_kernel",
                  "_gdn_wy_blocked_solve_kernel", "_gdn_wy_blocked_apply_kernel", *OTHERS):
@@ -44,15 +45,15 @@ def test_what_a_server_launches_compiles_for_blackwell(arch):
 
 def test_every_triton_kernel_compiles_for_sm90():
     ok = _compile("--arch", "90")
-    # WY: 6 + 6 one-block launches, 7 + 7 past one block (bf16, fp32), head for eight sequences; the others: 30
-    assert len(ok) == 57, ok
+    # WY: 6 + 6 one-block launches, 7 + 7 past one block (bf16, fp32), head for eight sequences; the others: 32
+    assert len(ok) == 59, ok
     for name in ("_gdn_wy_blocked_solve_kernel", "_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel",
                  "_gdn_wy_fold_root_apply_kernel", "_gdn_wy_fold_head_kernel", "_gdn_recurrent_kernel",
                  "_gdn_commit_kernel", "_tree_conv_kernel", "_conv_commit_kernel", "_mamba2_ssd_kernel", "_mamba2_commit_kernel",
                  "_kda_recurrent_kernel", "_kda_wy_kernel", "_kda_commit_kernel", "_mamba1_recurrent_kernel",
                  "_mamba1_commit_kernel", "_lightning_recurrent_kernel", "_lightning_masked_kernel",
                  "_lightning_commit_kernel", "_rms_norm_kernel", "_gated_rms_norm_kernel", "_gated_act_kernel",
-                 "_gdn_gates_kernel", "_rms_norm_rope_kernel", "_tree_attention_kernel"):
+                 "_gdn_gates_kernel", "_rms_norm_rope_kernel", "_tree_attention_kernel", "_tree_tables_kernel"):
         assert any(name in line for line in ok), name
     # the WY launchers' default dot precision: bf16x3 for bf16 inputs, tf32x3 for fp32 ones (issue #13's
     # bar), except the chunked form past one block (131 nodes, design fused), which stays at tf32x3

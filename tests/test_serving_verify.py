@@ -516,3 +516,38 @@ def test_a_blocks_last_residual_add_left_to_the_next_norm_changes_no_bit(preset,
             assert (a is None) == (b is None)
             assert a is None or all(torch.equal(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__
                                     if getattr(a, f) is not None)
+
+
+@pytest.mark.parametrize("preset", ["micro", "micro-lfm2"])
+def test_the_tables_built_on_the_device_give_the_host_tables_verify(preset, monkeypatch):
+    """graphs.DEVICE_TABLES: a serving key builds its exact tables (ancestor mask, root paths, conv sources) and the
+    attention mask in the graph from the copied parents (gpu_backend.triton_tables, here in Triton's interpreter,
+    uncaptured); tree after tree, in exact and leaky modes, the verify and the commit equal the host tables' bit for
+    bit, and a load copies no table but the parents."""
+    from ddsim.model import graphs
+    cfg, _, fast = _models(preset, backend="triton")
+    st, _ = fast.prefill([1, 2, 3, 4, 5])
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(graphs, "DEVICE_TABLES", on)
+        gm = GraphedModel(fast, capture=False)
+        out = []
+        for mode in ("exact", "leaky"):
+            for t in TREES + TREES[:1]:
+                r = gm.verify(st, t, mode=mode)
+                out.append(r.logits.clone())
+                c = gm.commit(st, t, r, 5)
+                out += [x.clone() for x in c.ssm if x is not None] + [x.clone() for x in c.conv if x is not None]
+        assert all(c.device_tables == on and c.plan.on_device == on for c in gm._keys.values())
+        results[on] = out
+        if on:  # a load builds no exact table on the host
+            cap = next(c for k, c in gm._keys.items() if k[0] == "exact")
+            monkeypatch.setattr(graphs.host_tables, "one_tree", lambda *a: pytest.fail("host tables built"))
+            cap.plan.load(TREES[1])
+            assert (("anc", "exact") in cap.plan._cache) == (preset == "micro")  # the WY kernels' (GDN's) mask
+            if preset == "micro":
+                with pytest.raises(InputError, match="WY rounds"):  # a star: depth 1, fewer rounds than the key's
+                    cap.plan.load(Tree([-1] + [0] * 7, list(range(8))))
+    assert len(results[True]) == len(results[False])
+    for a, b in zip(results[True], results[False]):
+        assert torch.equal(a, b)

@@ -49,6 +49,7 @@ import torch
 import ddsim.gpu_backend as gb
 from ddsim.errors import InputError
 from ddsim.gpu_backend import host_tables
+from ddsim.gpu_backend._common import interpreting
 from ddsim.model.model import _LAYER_MODES, HybridModel, LayerOutputs, PrefixMask, Rope, VerifyResult
 from ddsim.model.state import ModelState
 from ddsim.trees.tree import Tree, chain
@@ -74,6 +75,11 @@ def copies_per_replay(modes: int, max_copies: int | None) -> int:
 # whether a graph's tree attention reads only the committed rows of its fixed-capacity prefix (PrefixMask), not
 # every row up to the capacity (the benchmarks turn it off to time both in one run; the same outputs)
 ATTEND_COMMITTED_ROWS = True
+# whether a serving key's exact-mode tables (ancestor mask, root paths, conv sources, source parents, and the
+# attention's mask) are built on the device from the copied parents, in the graph (gpu_backend.triton_tables),
+# instead of on the host and copied in every step. Off: not yet timed on a GPU (profile_verify.py --variants times
+# it); its replays are tested (properties/test_cuda_graphs.py) and, uncaptured, on the CPU.
+DEVICE_TABLES = False
 
 
 def prefix_capacity(P: int) -> int:
@@ -100,6 +106,7 @@ class StaticPlan(gb.TreePlan):
         self._host = None
         self._tree = self._tables = None  # the loaded tree's parents; its exact-mode tables (host_tables.one_tree)
         self._parents_host = None  # [1, T] int64 on the host: the loaded tree's parents
+        self.on_device = False  # build_on_device fills the exact tables from the parents: load copies only those
 
     def load(self, tree: Tree) -> None:
         if tree.size != self.T:
@@ -110,6 +117,9 @@ class StaticPlan(gb.TreePlan):
         # built from them directly; a TreePlan on the host (the batch builders) only for another mode's tables
         self._tree, self._tables, self._host = tree.parents, None, None
         self._parents_host = torch.from_numpy(np.asarray(tree.parents, dtype=np.int64))[None]  # [1, T]
+        if self.on_device:
+            self._load_parents(tree)
+            return
         news = {key: self._host_value(key) for key in self._cache}  # every check before the first copy
         for key, new in news.items():
             if key[0] == "anc" and wy_rounds(new[1]) != wy_rounds(self._cache[key][1]):
@@ -121,6 +131,32 @@ class StaticPlan(gb.TreePlan):
                 self._cache[key][0].copy_(new[0], non_blocking=True)
             else:
                 self._cache[key].copy_(new, non_blocking=True)
+
+    def _load_parents(self, tree: Tree) -> None:
+        """load() with the exact tables built on the device (on_device): the WY rounds checked from the tree's depth,
+        the parents copied; the other modes' tables (the batch order's: the same for every tree of T nodes) kept."""
+        depth = int(tree.depths.max())
+        for key, value in self._cache.items():
+            if key == ("anc", "exact") and wy_rounds(depth) != wy_rounds(value[1]):
+                raise InputError(f"tree: depth {depth} needs {wy_rounds(depth)} WY rounds, this plan was "
+                                 f"captured for {wy_rounds(value[1])}")
+            if key[0] != "paths" and key[1] not in ("exact", "leaky"):
+                raise RuntimeError(f"StaticPlan: table {key} cannot be kept from tree to tree")
+        self.parents.copy_(self._parents_host, non_blocking=True)
+
+    def build_on_device(self, mask: torch.Tensor | None = None) -> None:
+        """The loaded tree's exact tables (those made so far) and ``mask`` [T, T] bool (its ancestor mask, for
+        attention) from the parents on the device (gpu_backend.triton_tables): what a captured graph starts with."""
+        from ddsim.gpu_backend import triton_tables
+        c = self._cache
+        exact_conv = [v for k, v in c.items() if k[0] == "conv" and k[1] == "exact"]
+        width = self.max_depth + 1
+        anc = c.get(("anc", "exact"))
+        triton_tables.tree_tables(self.parents[0], width=width, src=c.get(("src", "exact")),
+                                  anc=None if anc is None else anc[0], mask=mask, paths=c.get(("paths",)),
+                                  conv=exact_conv[0] if exact_conv else None)
+        for conv in exact_conv[1:]:  # another conv width: a launch of its own
+            triton_tables.tree_tables(self.parents[0], width=width, conv=conv)
 
     def _exact_tables(self) -> tuple[np.ndarray, int, np.ndarray]:
         """The loaded tree's exact-mode tables, (int8 [T, T] ancestor-or-self mask, depth, int32 [T, max_depth + 1]
@@ -274,6 +310,11 @@ class _Captured:
         self.positions = torch.zeros(T, dtype=torch.long, device=dev)
         self.mask = torch.zeros(T, T, dtype=torch.bool, device=dev)
         self.accepted = torch.zeros(1, dtype=torch.long, device=dev)
+        # the exact tables and the attention mask built in the graph from the parents (DEVICE_TABLES; a serving key
+        # on a device the Triton kernels run on)
+        triton = model.backend != "torch" if dev.type == "cuda" else model.backend == "triton" and interpreting()
+        self.device_tables = DEVICE_TABLES and not keep_states and triton
+        self.plan.on_device = self.device_tables
         self.verify_graph = self.commit_graph = None
         self.logits = self.out = self.committed = self.hidden = None
         self.epoch = 0
@@ -292,9 +333,12 @@ class _Captured:
             self.plan.load(tree)
         self.tokens.copy_(torch.from_numpy(np.tile(np.asarray(tree.tokens, dtype=np.int64), k)), non_blocking=True)
         self.positions.copy_(torch.from_numpy(np.tile(tree.positions(state.pos), k)), non_blocking=True)
-        # [n, n] -> the copies' block diagonal [k n, k n]; one mode's is the plan's own, built in its load
-        mask = tree.ancestor_mask if self.keep_states else self.plan.tree_mask()
-        self.mask.copy_(torch.from_numpy(mask if k == 1 else np.kron(np.eye(k, dtype=bool), mask)), non_blocking=True)
+        # [n, n] -> the copies' block diagonal [k n, k n]; one mode's is the plan's own, built in its load (or in the
+        # graph from the parents: device_tables)
+        if not self.device_tables:
+            mask = tree.ancestor_mask if self.keep_states else self.plan.tree_mask()
+            self.mask.copy_(torch.from_numpy(mask if k == 1 else np.kron(np.eye(k, dtype=bool), mask)),
+                            non_blocking=True)
         self.prefix.load(state)
 
 
@@ -432,6 +476,8 @@ class GraphedModel:
         """The whole pass from the fixed buffers into cap.logits [T, vocab] and cap.out."""
         m = self.model
         T, P = cap.T, cap.prefix.capacity
+        if cap.device_tables:  # the tree's exact tables and attention mask from its parents, first
+            cap.plan.build_on_device(mask=cap.mask)
         # [T, P + T], and the committed length: attention reads no prefix row past it
         mask = torch.cat([(cap.prefix.rows < cap.prefix.length).expand(T, P), cap.mask], dim=1)
         if ATTEND_COMMITTED_ROWS:
@@ -464,6 +510,8 @@ class GraphedModel:
         return [None if s is None else s.clone() for s in ssm], [None if c is None else c.clone() for c in conv]
 
     def _commit_body(self, cap: _Captured) -> None:
+        if cap.device_tables:  # the tables a commit made after the verify's capture (the root paths) too
+            cap.plan.build_on_device()
         checked = gb.CheckedIndices(cap.accepted, cap.T)
         tables = lambda d: ({"exact": cap.plan, "leaky": cap.chain}, checked)  # noqa: E731
         state = ModelState(0, [None] * self.cfg.num_layers, self._ssm, self._conv)

@@ -1,0 +1,96 @@
+"""One tree's exact-mode index tables built on the device from its parents, in one kernel (twin:
+host_tables.one_tree and host_tables.path_conv_sources, which a graph's StaticPlan otherwise builds on the host and
+copies in every step): the ancestor-or-self mask (int8, and bool for attention), the root paths (root first, -1
+padded), the conv source table and the source parents. A captured verify then copies only the parents.
+
+One program walks every node up to the root twice, a block of nodes at a time: first to count its depth, then to
+write, at j steps up, its ancestor into the mask row, the path (column depth - j) and the conv table (lag j, column
+W - 1 - j; past the root the window's W - 1 - (j - depth)). The mask and paths are cleared first (a barrier between:
+one program, so the clearing stores land before the scattered ones).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ddsim.gpu_backend import _common as C
+from ddsim.gpu_backend.launch import launch
+
+
+@triton.jit
+def _tree_tables_kernel(parents, src, anc, mask, paths, conv, T, WIDTH, W,
+                        SRC: tl.constexpr, ANC: tl.constexpr, MASK: tl.constexpr, PATHS: tl.constexpr,
+                        CONV: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
+    # parents [T] int64 (-1 at the root; each parent an earlier node); src [T] int64; anc, mask [T, T] int8 / uint8;
+    # paths [T, WIDTH] int32; conv [T, W] int32. Each output is written only where its flag is set.
+    cols = tl.arange(0, BC)
+    for r0 in range(0, T, BN):  # clear the mask rows and the paths
+        rows = r0 + tl.arange(0, BN)
+        mr = rows < T
+        for c0 in range(0, T, BC):
+            m = mr[:, None] & (c0 + cols < T)[None, :]
+            off = rows[:, None] * T + c0 + cols[None, :]
+            if ANC:
+                tl.store(anc + off, tl.zeros([BN, BC], tl.int8), mask=m)
+            if MASK:
+                tl.store(mask + off, tl.zeros([BN, BC], tl.uint8), mask=m)
+        if PATHS:
+            for c0 in range(0, WIDTH, BC):
+                m = mr[:, None] & (c0 + cols < WIDTH)[None, :]
+                tl.store(paths + rows[:, None] * WIDTH + c0 + cols[None, :], tl.full([BN, BC], -1, tl.int32), mask=m)
+    tl.debug_barrier()
+    for r0 in range(0, T, BN):
+        t = r0 + tl.arange(0, BN)
+        mt = t < T
+        if SRC:
+            tl.store(src + t, tl.load(parents + t, mask=mt, other=-1), mask=mt)
+        depth = tl.zeros([BN], tl.int32)
+        cur = tl.where(mt, t, -1).to(tl.int64)
+        for _ in range(0, WIDTH):  # a path holds at most WIDTH nodes
+            cur = tl.load(parents + tl.maximum(cur, 0), mask=cur >= 0, other=-1)
+            depth += (cur >= 0).to(tl.int32)
+        cur = tl.where(mt, t, -1).to(tl.int64)
+        one = tl.full([BN], 1, tl.int8)
+        for j in range(0, WIDTH):
+            on = cur >= 0
+            if ANC:
+                tl.store(anc + t * T + cur, one, mask=on)
+            if MASK:
+                tl.store(mask + t * T + cur, one.to(tl.uint8), mask=on)
+            if PATHS:
+                tl.store(paths + t * WIDTH + (depth - j), cur.to(tl.int32), mask=on)
+            if CONV:
+                if j < W:
+                    v = tl.where(on, cur + (W - 1), (W - 1) - (j - depth)).to(tl.int32)
+                    tl.store(conv + t * W + (W - 1 - j), v, mask=mt)
+            cur = tl.load(parents + tl.maximum(cur, 0), mask=on, other=-1)
+        if CONV:  # lags past the last path node (W > WIDTH): the window's
+            for j in range(WIDTH, W):
+                tl.store(conv + t * W + (W - 1 - j), ((W - 1) - (j - depth)).to(tl.int32), mask=mt)
+
+
+def tree_tables(parents: torch.Tensor, *, width: int, src=None, anc=None, mask=None, paths=None, conv=None) -> None:
+    """Fills the tables given, on parents' device, from one tree's parents [T] (int64, validated: -1 at the root
+    only, each parent an earlier node; trees at most ``width`` - 1 deep): src [T] int64 (the parents), anc [T, T]
+    int8 and mask [T, T] bool (ancestor-or-self), paths [T, width] int32 (root first, -1 padded), conv [T, W] int32
+    (host_tables.path_conv_sources' table). No host sync: a CUDA graph captures it."""
+    T = parents.numel()
+    if parents.dtype != torch.int64 or T < 1 or width < 1:
+        raise ValueError(f"parents: expected int64 [T] and width >= 1, got {parents.dtype} {tuple(parents.shape)}, "
+                         f"{width}")
+    W = conv.numel() // T if conv is not None else 1
+    want = dict(src=(torch.int64, T), anc=(torch.int8, T * T), mask=(torch.bool, T * T), paths=(torch.int32, T * width),
+                conv=(torch.int32, T * W))
+    given = {k: v for k, v in dict(src=src, anc=anc, mask=mask, paths=paths, conv=conv).items() if v is not None}
+    for k, v in given.items():
+        if (v.dtype, v.numel()) != want[k] or not v.is_contiguous() or (k == "conv" and W < 1):
+            raise ValueError(f"{k}: expected a contiguous {want[k][0]} table of {want[k][1]} entries, got {v.dtype} "
+                             f"{tuple(v.shape)}")
+    C.check_device(parents, *given.values())
+    dummy = parents
+    launch(_tree_tables_kernel, (1,), parents=parents.reshape(-1), src=src if src is not None else dummy,
+           anc=anc if anc is not None else dummy, mask=mask.view(torch.uint8) if mask is not None else dummy,
+           paths=paths if paths is not None else dummy, conv=conv if conv is not None else dummy, T=T, WIDTH=width,
+           W=W, SRC=src is not None, ANC=anc is not None, MASK=mask is not None, PATHS=paths is not None,
+           CONV=conv is not None, BN=32, BC=32, num_warps=4)
