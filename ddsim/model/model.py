@@ -88,9 +88,10 @@ class CommitInputs:
     B: torch.Tensor | None = None
 
 
-# A layer's projections of one input, laid side by side on CUDA (HybridModel.lay_projections), in this order; the
-# first two present, or the group is not laid (MLA's attention has none of attn.k, attn.v)
-LAID_GROUPS = (("attn", ("attn.q", "attn.k", "attn.v", "attn.gate")), ("gdn", ("gdn.z", "gdn.a", "gdn.b")))
+# A layer's projections of one input, laid side by side on CUDA (HybridModel.lay_projections), in this order (the
+# ones the config uses: HybridModel._group); all of them present, or the group is not laid (MLA's attention has no
+# attn.k, attn.v)
+LAID_GROUPS = ("attn", "gdn")
 
 
 class _Deferred(NamedTuple):
@@ -224,9 +225,9 @@ class HybridModel:
         n = 0
         for i in range(self.cfg.num_layers):
             p = f"layers.{i}."
-            for group, names in LAID_GROUPS:
-                keys = [p + name for name in names if p + name in self.w]
-                if (p, group) in self._laid or len(keys) < 2 or any(p + name not in self.w for name in names[:2]):
+            for group in LAID_GROUPS:
+                keys = [p + name for name in self._group(group)]
+                if (p, group) in self._laid or not all(k in self.w for k in keys):
                     continue
                 ws = [self.w[k] for k in keys]
                 if len({(w.dim(), w.shape[1:], w.dtype, w.device) for w in ws}) != 1 or ws[0].dim() != 2:
@@ -243,15 +244,19 @@ class HybridModel:
             torch.cuda.empty_cache()  # the replaced weights' memory back to the driver (free memory is read there)
         return n
 
-    def _projections(self, p: str, group: str, x, names) -> list:
-        """x [n, d] times each of layer p's weights ``names`` -> [n, out] each: views of one GEMM's output where
-        the group is laid side by side (lay_projections; then ``names`` must be the laid ones, in order), else a
-        GEMM each."""
+    def _group(self, group: str) -> tuple:
+        """The weight names (after a layer's prefix) of a LAID_GROUPS group the config uses, in their laid order:
+        attention's q, k, v and (with attn_output_gate) its output gate; GDN's z, a, b."""
+        if group == "attn":
+            return ("attn.q", "attn.k", "attn.v") + (("attn.gate",) if self.cfg.attn_output_gate else ())
+        return ("gdn.z", "gdn.a", "gdn.b")
+
+    def _projections(self, p: str, group: str, x) -> list:
+        """x [n, d] times each of layer p's weights of ``group`` (_group's order) -> [n, out] each: views of one
+        GEMM's output where the group is laid side by side (lay_projections), else a GEMM each."""
         laid = self._laid.get((p, group))
         if laid is None:
-            return [F.linear(x, self.w[p + name]) for name in names]
-        if len(laid[1]) != len(names):
-            raise RuntimeError(f"{p}{group}: {len(laid[1])} projections laid, {len(names)} asked for")
+            return [F.linear(x, self.w[p + name]) for name in self._group(group)]
         return list(F.linear(x, laid[0]).split(laid[1], -1))
 
     def _family_backend(self) -> str | None:
@@ -548,8 +553,7 @@ class HybridModel:
         if cfg.mla_kv_lora_rank:
             gate = F.linear(x, w[p + "attn.gate"]) if cfg.attn_output_gate else None
             return (*self._mla_qkv(p, x, rope), gate)
-        names = ("attn.q", "attn.k", "attn.v") + (("attn.gate",) if cfg.attn_output_gate else ())
-        q, k, v, *gate = self._projections(p, "attn", x, names)
+        q, k, v, *gate = self._projections(p, "attn", x)
         q, k = self._qk(p, q, k, rope)
         return q, k, v.view(n, nkv, hd), gate[0] if gate else None
 
@@ -630,7 +634,7 @@ class HybridModel:
         K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         xin = F.linear(x, w[p + "gdn.qkv"]).view(B, T, -1)  # [B, T, C]
         if (p, "gdn") in self._laid:  # z, a, b from one GEMM [N, HV V + 2 HV], each read in place
-            z, a, b = self._projections(p, "gdn", x, ("gdn.z", "gdn.a", "gdn.b"))
+            z, a, b = self._projections(p, "gdn", x)
         elif self.glue == "triton":  # a and b from one GEMM [N, 2 HV], read in place by the gates kernel
             z = F.linear(x, w[p + "gdn.z"])  # [N, HV * V]
             ab = F.linear(x, self._ab(p))
