@@ -121,8 +121,9 @@ def tree_attention_triton(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=N
     BT = max(16, min(32, C.next_pow2(T)))
     BD = max(16, C.next_pow2(hd))
     BN = 32 if BD <= 128 else 16
+    mask8 = ancestor_mask.view(torch.uint8)
     launch(_tree_attention_kernel, (nh, C.cdiv(T, BT)), q=q, k=k, v=v, pk=prefix_k, pv=prefix_v,
-           mask=ancestor_mask.view(torch.uint8), prows=ancestor_mask.view(torch.uint8) if prefix_rows is None else prefix_rows,
+           mask=mask8, prows=mask8 if prefix_rows is None else prefix_rows,  # (an unused pointer without it)
            out=out, T=T, P=P, G=nh // nkv, HD=hd, q_s0=q.stride(0),
            q_s1=q.stride(1), k_s0=k.stride(0), k_s1=k.stride(1), v_s0=v.stride(0), v_s1=v.stride(1),
            pk_s0=prefix_k.stride(0), pk_s1=prefix_k.stride(1), pv_s0=prefix_v.stride(0), pv_s1=prefix_v.stride(1),
