@@ -59,7 +59,8 @@ def _tree_tables_kernel(parents, src, anc, mask, paths, conv, T, WIDTH, W,
             if MASK:
                 tl.store(mask + t * T + cur, one.to(tl.uint8), mask=on)
             if PATHS:
-                tl.store(paths + t * WIDTH + (depth - j), cur.to(tl.int32), mask=on)
+                tl.store(paths + t * WIDTH + (depth - j), cur.to(tl.int32), mask=on & (depth - j < WIDTH))  # (a
+                # deeper tree than the caller checked writes no other row)
             if CONV:
                 if j < W:
                     v = tl.where(on, cur + (W - 1), (W - 1) - (j - depth)).to(tl.int32)
