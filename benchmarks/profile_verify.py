@@ -185,7 +185,7 @@ def host_phases(graphed, state, tree, repeats=20) -> None:
 
 def variants(model, state, trees, glue: str) -> None:
     """The graphed serving verify (whole, and its graph alone) with the savings added one at a time (--variants);
-    leaves the model laid, every saving on."""
+    leaves the model laid and the other settings at their defaults."""
     model.glue = glue
     steps = [("none", dict(rows=False, defer=False, lay=False, tables=False)),
              ("+ attention reads the committed rows", dict(rows=True, defer=False, lay=False, tables=False)),
