@@ -3,10 +3,10 @@ host_tables.one_tree and host_tables.path_conv_sources, which a graph's StaticPl
 copies in every step): the ancestor-or-self mask (int8, and bool for attention), the root paths (root first, -1
 padded), the conv source table and the source parents. A captured verify then copies only the parents.
 
-One program walks every node up to the root twice, a block of nodes at a time: first to count its depth, then to
+A program per block of 32 nodes walks each of its nodes up to the root twice: first to count its depth, then to
 write, at j steps up, its ancestor into the mask row, the path (column depth - j) and the conv table (lag j, column
-W - 1 - j; past the root the window's W - 1 - (j - depth)). The mask and paths are cleared first (a barrier between:
-one program, so the clearing stores land before the scattered ones).
+W - 1 - j; past the root the window's W - 1 - (j - depth)). Every output row belongs to one node, so to one program,
+which clears its rows first (a barrier between: the clearing stores land before the scattered ones).
 """
 from __future__ import annotations
 
@@ -23,52 +23,50 @@ def _tree_tables_kernel(parents, src, anc, mask, paths, conv, T, WIDTH, W,
                         SRC: tl.constexpr, ANC: tl.constexpr, MASK: tl.constexpr, PATHS: tl.constexpr,
                         CONV: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
     # parents [T] int64 (-1 at the root; each parent an earlier node); src [T] int64; anc, mask [T, T] int8 / uint8;
-    # paths [T, WIDTH] int32; conv [T, W] int32. Each output is written only where its flag is set.
+    # paths [T, WIDTH] int32; conv [T, W] int32. Each output is written only where its flag is set. Program p owns
+    # nodes p BN .. p BN + BN - 1 and every output row of theirs: it clears its rows, then writes them (a barrier
+    # between: its own stores only, so no other program's order matters).
+    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    mt = t < T
     cols = tl.arange(0, BC)
-    for r0 in range(0, T, BN):  # clear the mask rows and the paths
-        rows = r0 + tl.arange(0, BN)
-        mr = rows < T
-        for c0 in range(0, T, BC):
-            m = mr[:, None] & (c0 + cols < T)[None, :]
-            off = rows[:, None] * T + c0 + cols[None, :]
-            if ANC:
-                tl.store(anc + off, tl.zeros([BN, BC], tl.int8), mask=m)
-            if MASK:
-                tl.store(mask + off, tl.zeros([BN, BC], tl.uint8), mask=m)
-        if PATHS:
-            for c0 in range(0, WIDTH, BC):
-                m = mr[:, None] & (c0 + cols < WIDTH)[None, :]
-                tl.store(paths + rows[:, None] * WIDTH + c0 + cols[None, :], tl.full([BN, BC], -1, tl.int32), mask=m)
+    for c0 in range(0, T, BC):  # clear the mask rows and the paths
+        m = mt[:, None] & (c0 + cols < T)[None, :]
+        off = t[:, None] * T + c0 + cols[None, :]
+        if ANC:
+            tl.store(anc + off, tl.zeros([BN, BC], tl.int8), mask=m)
+        if MASK:
+            tl.store(mask + off, tl.zeros([BN, BC], tl.uint8), mask=m)
+    if PATHS:
+        for c0 in range(0, WIDTH, BC):
+            m = mt[:, None] & (c0 + cols < WIDTH)[None, :]
+            tl.store(paths + t[:, None] * WIDTH + c0 + cols[None, :], tl.full([BN, BC], -1, tl.int32), mask=m)
     tl.debug_barrier()
-    for r0 in range(0, T, BN):
-        t = r0 + tl.arange(0, BN)
-        mt = t < T
-        if SRC:
-            tl.store(src + t, tl.load(parents + t, mask=mt, other=-1), mask=mt)
-        depth = tl.zeros([BN], tl.int32)
-        cur = tl.where(mt, t, -1).to(tl.int64)
-        for _ in range(0, WIDTH):  # a path holds at most WIDTH nodes
-            cur = tl.load(parents + tl.maximum(cur, 0), mask=cur >= 0, other=-1)
-            depth += (cur >= 0).to(tl.int32)
-        cur = tl.where(mt, t, -1).to(tl.int64)
-        one = tl.full([BN], 1, tl.int8)
-        for j in range(0, WIDTH):
-            on = cur >= 0
-            if ANC:
-                tl.store(anc + t * T + cur, one, mask=on)
-            if MASK:
-                tl.store(mask + t * T + cur, one.to(tl.uint8), mask=on)
-            if PATHS:
-                tl.store(paths + t * WIDTH + (depth - j), cur.to(tl.int32), mask=on & (depth - j < WIDTH))  # (a
-                # deeper tree than the caller checked writes no other row)
-            if CONV:
-                if j < W:
-                    v = tl.where(on, cur + (W - 1), (W - 1) - (j - depth)).to(tl.int32)
-                    tl.store(conv + t * W + (W - 1 - j), v, mask=mt)
-            cur = tl.load(parents + tl.maximum(cur, 0), mask=on, other=-1)
-        if CONV:  # lags past the last path node (W > WIDTH): the window's
-            for j in range(WIDTH, W):
-                tl.store(conv + t * W + (W - 1 - j), ((W - 1) - (j - depth)).to(tl.int32), mask=mt)
+    if SRC:
+        tl.store(src + t, tl.load(parents + t, mask=mt, other=-1), mask=mt)
+    depth = tl.zeros([BN], tl.int32)
+    cur = tl.where(mt, t, -1).to(tl.int64)
+    for _ in range(0, WIDTH):  # a path holds at most WIDTH nodes
+        cur = tl.load(parents + tl.maximum(cur, 0), mask=cur >= 0, other=-1)
+        depth += (cur >= 0).to(tl.int32)
+    cur = tl.where(mt, t, -1).to(tl.int64)
+    one = tl.full([BN], 1, tl.int8)
+    for j in range(0, WIDTH):
+        on = cur >= 0
+        if ANC:
+            tl.store(anc + t * T + cur, one, mask=on)
+        if MASK:
+            tl.store(mask + t * T + cur, one.to(tl.uint8), mask=on)
+        if PATHS:
+            tl.store(paths + t * WIDTH + (depth - j), cur.to(tl.int32), mask=on & (depth - j < WIDTH))  # (a
+            # deeper tree than the caller checked writes no other row)
+        if CONV:
+            if j < W:
+                v = tl.where(on, cur + (W - 1), (W - 1) - (j - depth)).to(tl.int32)
+                tl.store(conv + t * W + (W - 1 - j), v, mask=mt)
+        cur = tl.load(parents + tl.maximum(cur, 0), mask=on, other=-1)
+    if CONV:  # lags past the last path node (W > WIDTH): the window's
+        for j in range(WIDTH, W):
+            tl.store(conv + t * W + (W - 1 - j), ((W - 1) - (j - depth)).to(tl.int32), mask=mt)
 
 
 def tree_tables(parents: torch.Tensor, *, width: int, src=None, anc=None, mask=None, paths=None, conv=None) -> None:
@@ -90,8 +88,9 @@ def tree_tables(parents: torch.Tensor, *, width: int, src=None, anc=None, mask=N
                              f"{tuple(v.shape)}")
     C.check_device(parents, *given.values())
     dummy = parents
-    launch(_tree_tables_kernel, (1,), parents=parents.reshape(-1), src=src if src is not None else dummy,
+    BN = 32
+    launch(_tree_tables_kernel, (C.cdiv(T, BN),), parents=parents.reshape(-1), src=src if src is not None else dummy,
            anc=anc if anc is not None else dummy, mask=mask.view(torch.uint8) if mask is not None else dummy,
            paths=paths if paths is not None else dummy, conv=conv if conv is not None else dummy, T=T, WIDTH=width,
            W=W, SRC=src is not None, ANC=anc is not None, MASK=mask is not None, PATHS=paths is not None,
-           CONV=conv is not None, BN=32, BC=32, num_warps=4)
+           CONV=conv is not None, BN=BN, BC=32, num_warps=4)

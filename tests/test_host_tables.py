@@ -5,7 +5,7 @@ walked up its parents."""
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ddsim.gpu_backend import checks, host_tables
@@ -112,8 +112,13 @@ def test_one_tree_tables_at_serving_shapes():
             _assert_one_tree_equals_the_batch_builders(parents, T, 4)
 
 
+_SEEDED = torch.Generator().manual_seed(7)  # a random tree of 70 nodes: three programs' blocks of 32
+
+
 @given(parents=parent_batches(max_batch=1, max_nodes=70), W=st.integers(2, 6), spare=st.integers(0, 3),
        which=st.sets(st.sampled_from(["src", "anc", "mask", "paths", "conv"]), min_size=1))
+@example(parents=torch.tensor([[-1] + [int(torch.randint(0, i, (1,), generator=_SEEDED)) for i in range(1, 70)]]), W=4,
+         spare=1, which={"src", "anc", "mask", "paths", "conv"})
 def test_the_device_builder_writes_the_host_tables(parents, W, spare, which):
     """gpu_backend.triton_tables (here in Triton's interpreter) against host_tables.one_tree and path_conv_sources,
     integer for integer: any subset of the tables, paths wider than the tree is deep (spare columns), conv windows
