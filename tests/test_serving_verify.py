@@ -510,6 +510,13 @@ def test_a_blocks_last_residual_add_left_to_the_next_norm_changes_no_bit(preset,
         want = m.verify(st, tree, keep_states=False)
         assert with_add - sum(norms) == deferred  # each such add made by a norm
         assert torch.equal(got.logits, want.logits), glue
+        norms.clear()
+        m.verify(st, tree, keep_states=True)
+        m.defer_residuals = True
+        without = sum(norms)
+        norms.clear()
+        m.verify(st, tree, keep_states=True)  # the per-node verify keeps every hidden state: it defers none
+        assert sum(norms) == without
         for a, b in zip(got.kv, want.kv):
             assert (a is None) == (b is None) and (a is None or all(torch.equal(x, y) for x, y in zip(a, b)))
         for a, b in zip(got.commit_inputs, want.commit_inputs):
