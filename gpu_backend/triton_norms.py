@@ -222,13 +222,13 @@ def gated_act_triton(gate, up, *, act: str):
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"gate, up: expected one shape and dtype, got {tuple(gate.shape)} {gate.dtype}, "
                          f"{tuple(up.shape)} {up.dtype}")
-    I = gate.shape[-1] if gate.dim() else 1
-    g = gate if gate.dim() >= 1 and gate.stride(-1) == 1 else gate.contiguous()
-    g = g.reshape(-1, I) if g.dim() != 2 else g  # a view where the rows take one stride, else a copy
+    I = max(gate.shape[-1], 1) if gate.dim() else 1
+    # rows [R, I] at one stride (_rows: a view where they take one, else a copy); a strided last dim copied first
+    g, gs = _rows(gate if gate.dim() and gate.stride(-1) == 1 else gate.reshape(-1, I).contiguous(), "gate")
     u = up.contiguous()
     out = C.alloc(gate.shape, gate.dtype, gate.device)
     n, BLOCK = u.numel(), 1024
-    launch(_gated_act_kernel, (C.cdiv(n, BLOCK),), gate=g, up=u, out=out, n=n, I=max(I, 1), g_stride=g.stride(0),
+    launch(_gated_act_kernel, (C.cdiv(n, BLOCK),), gate=g, up=u, out=out, n=n, I=I, g_stride=gs,
            BLOCK=BLOCK, ACT={"silu": 0, "gelu": 1, "sigmoid": 2}[act])
     return out
 

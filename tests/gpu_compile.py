@@ -116,6 +116,7 @@ def other_calls():
     aq, akv = torch.randn(17, 24, 256, generator=gen).to(torch.bfloat16), torch.randn(17, 4, 256, generator=gen).to(torch.bfloat16)
     apre = torch.randn(512, 4, 256, generator=gen).to(torch.bfloat16)
     anc = torch.ones(17, 17, dtype=torch.bool).tril()
+    nt = g["parents"].shape[1]  # the tree tables' nodes (one tree of the GDN example)
     return [
         ("tree attention", lambda: gb.tree_attention(aq, akv, akv, prefix_k=apre, prefix_v=apre, ancestor_mask=anc,
                                                      **glue)),
@@ -125,11 +126,9 @@ def other_calls():
             aq, akv, akv, prefix_k=apre, prefix_v=apre, ancestor_mask=torch.ones(17, 529, dtype=torch.bool),
             prefix_rows=torch.tensor(31), **glue)),
         ("tree tables on the device", lambda: triton_tables.tree_tables(
-            g["parents"][0], width=g["parents"].shape[1], src=torch.empty(g["parents"].shape[1], dtype=torch.int64),
-            anc=torch.empty(g["parents"].shape[1], g["parents"].shape[1], dtype=torch.int8),
-            mask=torch.empty(g["parents"].shape[1], g["parents"].shape[1], dtype=torch.bool),
-            paths=torch.empty(g["parents"].shape[1], g["parents"].shape[1], dtype=torch.int32),
-            conv=torch.empty(g["parents"].shape[1], 4, dtype=torch.int32))),
+            g["parents"][0], width=nt, src=torch.empty(nt, dtype=torch.int64), anc=torch.empty(nt, nt, dtype=torch.int8),
+            mask=torch.empty(nt, nt, dtype=torch.bool), paths=torch.empty(nt, nt, dtype=torch.int32),
+            conv=torch.empty(nt, 4, dtype=torch.int32))),
         ("rms norm after the residual add", lambda: gb.rms_norm(h, h[0], eps=1e-6, residual=h, **glue)),
         ("rms norm per head", lambda: gb.rms_norm(h.view(3, 20, 256), h[0, :256], eps=1e-6, **glue)),
         ("gated rms norm", lambda: gb.gated_rms_norm(o, o[0, 0], wide[:, :6144], eps=1e-6, **glue)),

@@ -64,6 +64,14 @@ def wy_rounds(depth: int) -> int:
     return max(0, math.ceil(math.log2(max(depth, 1))))
 
 
+def _check_rounds(depth: int, captured: int) -> None:
+    """A tree of ``depth`` into a plan whose ancestor mask was first built at depth ``captured``: the same number of
+    WY rounds (the kernels are specialised on it), or one line."""
+    if wy_rounds(depth) != wy_rounds(captured):
+        raise InputError(f"tree: depth {depth} needs {wy_rounds(depth)} WY rounds, this plan was captured for "
+                         f"{wy_rounds(captured)}")
+
+
 def copies_per_replay(modes: int, max_copies: int | None) -> int:
     """The group size verify_modes replays ``modes`` modes in: as few groups as ``max_copies`` (None: no
     limit) allows, of one size (one key), as even as they can be: 4 modes at most 3 a replay go 2 + 2."""
@@ -122,9 +130,8 @@ class StaticPlan(gb.TreePlan):
             return
         news = {key: self._host_value(key) for key in self._cache}  # every check before the first copy
         for key, new in news.items():
-            if key[0] == "anc" and wy_rounds(new[1]) != wy_rounds(self._cache[key][1]):
-                raise InputError(f"tree: depth {new[1]} needs {wy_rounds(new[1])} WY rounds, this plan was "
-                                 f"captured for {wy_rounds(self._cache[key][1])}")
+            if key[0] == "anc":
+                _check_rounds(new[1], self._cache[key][1])
         self.parents.copy_(self._parents_host, non_blocking=True)
         for key, new in news.items():
             if key[0] == "anc":
@@ -137,9 +144,8 @@ class StaticPlan(gb.TreePlan):
         the parents copied; the other modes' tables (the batch order's: the same for every tree of T nodes) kept."""
         depth = int(tree.depths.max())
         for key, value in self._cache.items():
-            if key == ("anc", "exact") and wy_rounds(depth) != wy_rounds(value[1]):
-                raise InputError(f"tree: depth {depth} needs {wy_rounds(depth)} WY rounds, this plan was "
-                                 f"captured for {wy_rounds(value[1])}")
+            if key == ("anc", "exact"):
+                _check_rounds(depth, value[1])
             if key[0] != "paths" and key[1] not in ("exact", "leaky"):
                 raise RuntimeError(f"StaticPlan: table {key} cannot be kept from tree to tree")
         self.parents.copy_(self._parents_host, non_blocking=True)
