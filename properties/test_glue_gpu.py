@@ -81,7 +81,8 @@ def test_gdn_gates_from_a_strided_projection(rows):
 def test_tree_attention_at_full_width(T, dtype):
     """Qwen3.6-27B's attention (24 query heads over 4 key-value heads of 256) over a prefix of 700 rows and a
     chain's ancestor mask, the mask over the tree alone and over a fixed-capacity prefix with its last 200 rows
-    unused: the kernel against SDPA's fp32 math, within one rounding of the output."""
+    unused: the kernel against SDPA's fp32 math, within one rounding of the output; and with the committed length
+    (500) given, as a graph gives it, bit for bit the mask alone's."""
     gen = torch.Generator(device="cuda").manual_seed(T)
     q, k, v = (_rand(T, n, 256, gen=gen).to(dtype) for n in (24, 4, 4))
     pk, pv = (_rand(700, 4, 256, gen=gen).to(dtype) for _ in range(2))
@@ -94,6 +95,9 @@ def test_tree_attention_at_full_width(T, dtype):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         else:
             assert_rounding_twins(got, want, dtype, scale=want.float().abs())
+    rows = torch.tensor(500, device="cuda")
+    assert torch.equal(gb.tree_attention(q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=mask, prefix_rows=rows,
+                                         glue="triton"), got)
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-zamba2", "tiny-lfm2"])
