@@ -17,7 +17,7 @@ graphed) and the bytes over the H200's nominal 4.8 TB/s.
 run: none; tree attention reading the committed prefix rows only (graphs.ATTEND_COMMITTED_ROWS); each block's last
 residual add left to the next norm (HybridModel.defer_residuals); the projections of one input laid side by side
 (HybridModel.lay_projections, made once the others are timed: the model is built unlaid); the tree's exact tables
-built in the graph from its parents (graphs.DEVICE_TABLES, off by default until timed). The rest of the run is the
+built in the graph from its parents (graphs.DEVICE_TABLES). The rest of the run is the
 model as made on CUDA (the defaults).
 """
 import gc
