@@ -13,13 +13,13 @@ digest, references, chain, decision-only generations, the leaky generations in l
 oracle's share, its batch sizes and the memory after each batch, and the parts of a step), so a run
 cut off by the device's 10-minute limit still says how far it got. The audit at the size issue #10
 names (32 prompts x 16 steps, budgets 16 and 64) took 10.3 minutes on an H200 over two runs, then 569.5 s,
-557.5 s, 522.8 s and 474 s in one command with its report written (RESULTS.md).
+557.5 s, 522.8 s, 474 s and 431 s in one command with its report written (RESULTS.md).
 
     python benchmarks/audit_full_size.py [--budgets 16,64] [--prompts 3] [--steps 2] [--commit SHA] [--out DIR]
                                          [--skip-oracle-by-node] [--skip-timing] [--skip-audit] [--skip-digest]
                                          [--memory-history]
 
-The issue-sized audit (--prompts 32 --steps 16 --budgets 16,64 --skip-timing) took 474 s on an H200 at b9be12a
+The issue-sized audit (--prompts 32 --steps 16 --budgets 16,64 --skip-timing) took 431 s on an H200 at 72e8f64
 (RESULTS.md): within a 9-minute command. Split, it fits shorter ones: --budgets 16 (the digest,
 references, chain and budget 16's phases) and --budgets 64 --skip-digest.
 
