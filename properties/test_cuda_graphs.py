@@ -105,6 +105,34 @@ def test_several_modes_replayed_side_by_side_equal_the_eager_verify(preset, dtyp
     assert gm.captured() == [("any", 32, 4, 256, True)]
 
 
+@pytest.mark.parametrize("preset", ["tiny", "tiny-mamba2", "tiny-zamba2", "tiny-lfm2"])
+def test_states_held_as_slabs_replay_as_layer_by_layer(preset, monkeypatch):
+    """ddsim.model.slabs.GROUPED on: a captured commit copies its states out of the graph's buffers (the first
+    commit's state unchanged by the same key's next commit, which rewrites them), equal to the eager commit, and
+    the next verify from a committed state (its slabs copied in whole) equals the eager verify from it."""
+    from ddsim.model import slabs
+    monkeypatch.setattr(slabs, "GROUPED", True)
+    cfg = _config(preset)
+    m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda")
+    gm = GraphedModel(m)
+    st, _ = m.prefill([1, 2, 3, 4, 5])
+    tol = dict(rtol=1e-5, atol=1e-5)
+    first = gm.commit(st, TREES[0], gm.verify(st, TREES[0]), 7)
+    keep = [None if s is None else s.clone() for s in first.ssm]
+    gm.commit(st, TREES[1], gm.verify(st, TREES[1]), 5)  # the same key: its commit graph replayed again
+    eager = m.commit(st, TREES[0], m.verify(st, TREES[0], keep_states=False), 7)
+    for i in cfg.recurrent_layers:
+        assert torch.equal(first.ssm[i], keep[i]), i
+        torch.testing.assert_close(first.ssm[i], eager.ssm[i], **tol)
+        torch.testing.assert_close(first.conv[i], eager.conv[i], **tol)
+    for i in cfg.attention_layers:
+        for a, b in zip(first.kv[i], eager.kv[i]):
+            torch.testing.assert_close(a, b, **tol)
+    for t in TREES:
+        a, b = m.verify(first, t, keep_states=False), gm.verify(first, t)
+        torch.testing.assert_close(b.logits, a.logits, **tol)
+
+
 def test_a_stale_replay_result_is_refused():
     cfg = get_preset("tiny")
     m = HybridModel(cfg, init_weights(cfg, seed=0, device="cuda"), device="cuda")

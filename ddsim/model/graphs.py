@@ -50,6 +50,7 @@ import ddsim.gpu_backend as gb
 from ddsim.errors import InputError
 from ddsim.gpu_backend import host_tables
 from ddsim.gpu_backend._common import interpreting
+from ddsim.model import slabs
 from ddsim.model.model import _LAYER_MODES, HybridModel, LayerOutputs, PrefixMask, Rope, VerifyResult
 from ddsim.model.state import ModelState
 from ddsim.trees.tree import Tree, chain
@@ -264,12 +265,14 @@ class _Prefix:
     def __init__(self, model: HybridModel, capacity: int):
         cfg = model.cfg
         self.capacity = capacity
-        self.kv = [None] * cfg.num_layers
-        for i in cfg.attention_layers:
-            shape = (capacity, cfg.num_key_value_heads, cfg.head_dim)
-            d = model.layer_devices[i]
-            self.kv[i] = (torch.zeros(shape, dtype=model.state_dtype, device=d),
-                          torch.zeros(shape, dtype=model.state_dtype, device=d))
+        # each device's layers' K (and V) rows of one slab [layers, capacity, nkv, hd]: a state committed by
+        # HybridModel.commit holds its KV as such slabs, copied in with one launch each (slabs)
+        L, attn = cfg.num_layers, cfg.attention_layers
+        shape, d = (lambda i: (capacity, cfg.num_key_value_heads, cfg.head_dim)), (lambda i: model.layer_devices[i])
+        keys = slabs.zeros(L, attn, shape, dtype=model.state_dtype, device=d)
+        values = slabs.zeros(L, attn, shape, dtype=model.state_dtype, device=d)
+        self.kv = [None if k is None else (k, v) for k, v in zip(keys, values)]
+        self.groups = slabs.grouped(attn, lambda i: slabs.like(keys[i]))
         self.length = torch.zeros((), dtype=torch.long, device=model.device)
         self.rows = torch.arange(capacity, device=model.device)
         self.resident = None  # the state whose prefix the buffers hold (states are never written in place)
@@ -278,11 +281,16 @@ class _Prefix:
         if state is self.resident:
             return
         self.resident = state
-        for i, kv in enumerate(self.kv):
-            if kv is not None:
-                P = state.kv[i][0].shape[0]
-                kv[0][:P].copy_(state.kv[i][0], non_blocking=True)
-                kv[1][:P].copy_(state.kv[i][1], non_blocking=True)
+        for g in self.groups:
+            P = state.kv[g[0]][0].shape[0]
+            for side in (0, 1):
+                to = slabs.slab_of([self.kv[i][side] for i in g])  # [layers, capacity, nkv, hd]
+                frm = slabs.slab_of([state.kv[i][side] for i in g])  # [layers, P, nkv, hd], or None
+                if to is not None and frm is not None:
+                    to[:, :P].copy_(frm, non_blocking=True)
+                else:
+                    for i in g:
+                        self.kv[i][side][:P].copy_(state.kv[i][side], non_blocking=True)
         self.length.fill_(state.pos)
 
 
@@ -364,12 +372,10 @@ class GraphedModel:
         self._prefixes: dict = {}
         # committed recurrent states and windows at fixed addresses, shared by every key: each verify
         # and each commit copies its state in before it replays (replays run one after another)
-        L = cfg.num_layers
-        ssm, conv = [None] * L, [None] * L
-        for i in cfg.recurrent_layers:
-            ssm[i] = torch.zeros(cfg.state_shape(i), dtype=model.state_dtype, device=model.device)
-            conv[i] = torch.zeros(cfg.window_shape(i), dtype=model.state_dtype, device=model.device)
-        self._ssm, self._conv = ssm, conv
+        # (like layers rows of one slab: a state committed here, itself slabs, is copied in one launch a group)
+        L, rec, dt = cfg.num_layers, cfg.recurrent_layers, model.state_dtype
+        self._ssm = slabs.zeros(L, rec, cfg.state_shape, dtype=dt, device=lambda i: model.device)
+        self._conv = slabs.zeros(L, rec, cfg.window_shape, dtype=dt, device=lambda i: model.device)
         self._resident = None  # the state the buffers hold (states are never written in place)
         self._decode = None  # the decode key (ddsim.model.decode): its buffers and graph
         self.decode_graphs = True
@@ -513,8 +519,9 @@ class GraphedModel:
         cap.accepted.fill_(accepted)
         self._load_state(state)
         self._run(cap, "commit_graph", lambda: self._commit_body(cap))
-        ssm, conv = cap.committed
-        return [None if s is None else s.clone() for s in ssm], [None if c is None else c.clone() for c in conv]
+        ssm, conv = cap.committed  # slabs.pack's: one copy a group of like layers
+        L = self.cfg.num_layers
+        return slabs.unpack(ssm, L, copy=True), slabs.unpack(conv, L, copy=True)
 
     def _commit_body(self, cap: _Captured) -> None:
         if cap.device_tables:  # the tables a commit made after the verify's capture (the root paths) too
@@ -522,7 +529,10 @@ class GraphedModel:
         checked = gb.CheckedIndices(cap.accepted, cap.T)
         tables = lambda d: ({"exact": cap.plan, "leaky": cap.chain}, checked)  # noqa: E731
         state = ModelState(0, [None] * self.cfg.num_layers, self._ssm, self._conv)
-        cap.committed = self.model.replay_states(state, cap.mode, cap.out.commit_inputs, tables)
+        ssm, conv = self.model.replay_states(state, cap.mode, cap.out.commit_inputs, tables)
+        # like layers stacked in the graph (its own buffers; a layer alone is left where it is): _replay_from_graph
+        # copies each group out with one launch
+        cap.committed = slabs.pack(ssm), slabs.pack(conv)
 
     # ---- decode ----------------------------------------------------------------------------------
     def decoder(self, states: list, *, steps: int):
@@ -576,9 +586,8 @@ class GraphedModel:
         if state is self._resident:
             return
         self._resident = state
-        for i in self.cfg.recurrent_layers:
-            self._ssm[i].copy_(state.ssm[i], non_blocking=True)
-            self._conv[i].copy_(state.conv[i], non_blocking=True)
+        slabs.load(self._ssm, state.ssm)
+        slabs.load(self._conv, state.conv)
 
     def _run(self, cap, name: str, body, *, warmup=None, release=None) -> None:
         """Run ``body`` eagerly (capture=False), or capture it on first use into ``cap.<name>`` (from

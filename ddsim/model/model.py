@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import ddsim.gpu_backend as gb
 from ddsim.errors import InputError
 from ddsim.gpu_backend import torch_ops
+from ddsim.model import slabs
 from ddsim.model.config import ModelConfig
 from ddsim.model.placement import is_placed, layer_devices_of
 from ddsim.model.state import ModelState, empty_state
@@ -969,18 +970,29 @@ class HybridModel:
         path = tree.root_path(accepted)
         L = self.cfg.num_layers
         kv, ssm, conv = [None] * L, [None] * L, [None] * L
+        # the path's keys and values appended to the prefix's, like layers together: each group's new KV is one slab
+        # [layers, P + n, nkv, hd] (its layers' tensors views of it), made by one gather and one concatenation from
+        # the prefix's own slab where it is one (a state this commits), instead of three launches a layer
         on = {}  # the path's rows on each device, copied there once (a copy per layer stalls the host)
-        for i in self.cfg.attention_layers:
-            k, v = res.kv[i]
-            rows = on.get(k.device)
+        for g in slabs.grouped(self.cfg.attention_layers,
+                               lambda i: (slabs.like(res.kv[i][0]), slabs.like(state.kv[i][0]))):
+            d = res.kv[g[0]][0].device
+            rows = on.get(d)
             if rows is None:
-                rows = on[k.device] = torch.tensor(path, device=k.device)
-            kv[i] = (torch.cat([state.kv[i][0], k[rows].to(state.kv[i][0].dtype)]),
-                     torch.cat([state.kv[i][1], v[rows].to(state.kv[i][1].dtype)]))
-        if res.ssm is not None:
-            for i in self.cfg.recurrent_layers:
-                ssm[i] = res.ssm[i][accepted].clone()
-                conv[i] = res.conv[i][accepted].to(state.conv[i].dtype).clone()
+                rows = on[d] = torch.tensor(path, device=d)
+            sides = []
+            for side in (0, 1):
+                old = slabs.stacked([state.kv[i][side] for i in g])  # [A, P, nkv, hd]
+                new = slabs.stacked([res.kv[i][side] for i in g])[:, rows].to(old.dtype)  # [A, n, nkv, hd]
+                sides.append(torch.cat([old, new], 1).unbind(0))
+            for i, k, v in zip(g, *sides):
+                kv[i] = (k, v)
+        if res.ssm is not None:  # the accepted node's states, copied (a stack: one launch per group of like layers)
+            rec = self.cfg.recurrent_layers
+            ssm = slabs.unpack(slabs.pack([res.ssm[i][accepted] if i in rec else None for i in range(L)], copy=True),
+                               L, copy=False)
+            conv = slabs.unpack(slabs.pack([res.conv[i][accepted].to(state.conv[i].dtype) if i in rec else None
+                                            for i in range(L)], copy=True), L, copy=False)
         else:
             ssm, conv = (replay or self._commit_replay)(state, tree, res, accepted)
         return ModelState(state.pos + len(path), kv, ssm, conv)
@@ -1012,10 +1024,14 @@ class HybridModel:
         ssm, conv = self._replay(lambda i: (torch.stack([st.ssm[i] for st in states]),
                                             torch.stack([st.conv[i] for st in states])),
                                  batch.mode, batch.commit_inputs, _replay_tables(trees, accepted, batch.mode))
-        return [self.commit(st, t, r, a, replay=lambda *_, b=b, st=st: (  # copies: see decode_rows
-            [None if x is None else x[b].clone() for x in ssm],
-            [None if x is None else x[b].to(st.conv[i].dtype, copy=True) for i, x in enumerate(conv)]))
-            for b, (st, t, r, a) in enumerate(zip(states, trees, results, accepted))]
+        L = len(ssm)
+
+        def row(b: int, st: ModelState):  # row b's states, copied (see decode_rows): one stack a group of like layers
+            return (slabs.unpack(slabs.pack([None if x is None else x[b] for x in ssm], copy=True), L, copy=False),
+                    slabs.unpack(slabs.pack([None if x is None else x[b].to(st.conv[i].dtype)
+                                             for i, x in enumerate(conv)], copy=True), L, copy=False))
+        return [self.commit(st, t, r, a, replay=lambda *_, b=b, st=st: row(b, st))
+                for b, (st, t, r, a) in enumerate(zip(states, trees, results, accepted))]
 
     def _commit_replay(self, state: ModelState, tree: Tree, res: VerifyResult, accepted: int):
         """(ssm, conv) per layer after node ``accepted``, replayed along res.mode's source paths (the
