@@ -970,9 +970,9 @@ class HybridModel:
         path = tree.root_path(accepted)
         L = self.cfg.num_layers
         kv, ssm, conv = [None] * L, [None] * L, [None] * L
-        # the path's keys and values appended to the prefix's, like layers together: each group's new KV is one slab
-        # [layers, P + n, nkv, hd] (its layers' tensors views of it), made by one gather and one concatenation from
-        # the prefix's own slab where it is one (a state this commits), instead of three launches a layer
+        # the path's keys and values appended to the prefix's, like layers together (slabs.GROUPED; else layer by
+        # layer): each group's new KV is one slab [layers, P + n, nkv, hd] (its layers' tensors views of it), made by
+        # one gather and one concatenation from the prefix's own slab where it is one (a state this commits)
         on = {}  # the path's rows on each device, copied there once (a copy per layer stalls the host)
         for g in slabs.grouped(self.cfg.attention_layers,
                                lambda i: (slabs.like(res.kv[i][0]), slabs.like(state.kv[i][0]))):
