@@ -269,10 +269,9 @@ class _Prefix:
         # HybridModel.commit holds its KV as such slabs, copied in with one launch each (slabs)
         L, attn = cfg.num_layers, cfg.attention_layers
         shape, d = (lambda i: (capacity, cfg.num_key_value_heads, cfg.head_dim)), (lambda i: model.layer_devices[i])
-        keys = slabs.zeros(L, attn, shape, dtype=model.state_dtype, device=d)
-        values = slabs.zeros(L, attn, shape, dtype=model.state_dtype, device=d)
-        self.kv = [None if k is None else (k, v) for k, v in zip(keys, values)]
-        self.groups = slabs.grouped(attn, lambda i: slabs.like(keys[i]))
+        self.keys = slabs.zeros(L, attn, shape, dtype=model.state_dtype, device=d)
+        self.values = slabs.zeros(L, attn, shape, dtype=model.state_dtype, device=d)
+        self.kv = [None if k is None else (k, v) for k, v in zip(self.keys, self.values)]
         self.length = torch.zeros((), dtype=torch.long, device=model.device)
         self.rows = torch.arange(capacity, device=model.device)
         self.resident = None  # the state whose prefix the buffers hold (states are never written in place)
@@ -281,16 +280,8 @@ class _Prefix:
         if state is self.resident:
             return
         self.resident = state
-        for g in self.groups:
-            P = state.kv[g[0]][0].shape[0]
-            for side in (0, 1):
-                to = slabs.slab_of([self.kv[i][side] for i in g])  # [layers, capacity, nkv, hd]
-                frm = slabs.slab_of([state.kv[i][side] for i in g])  # [layers, P, nkv, hd], or None
-                if to is not None and frm is not None:
-                    to[:, :P].copy_(frm, non_blocking=True)
-                else:
-                    for i in g:
-                        self.kv[i][side][:P].copy_(state.kv[i][side], non_blocking=True)
+        for side, buffers in enumerate((self.keys, self.values)):  # the state's P rows: [P, nkv, hd] a layer
+            slabs.load(buffers, [None if kv is None else kv[side] for kv in state.kv], rows=state.pos)
         self.length.fill_(state.pos)
 
 

@@ -989,10 +989,8 @@ class HybridModel:
                 kv[i] = (k, v)
         if res.ssm is not None:  # the accepted node's states, copied (a stack: one launch per group of like layers)
             rec = self.cfg.recurrent_layers
-            ssm = slabs.unpack(slabs.pack([res.ssm[i][accepted] if i in rec else None for i in range(L)], copy=True),
-                               L, copy=False)
-            conv = slabs.unpack(slabs.pack([res.conv[i][accepted].to(state.conv[i].dtype) if i in rec else None
-                                            for i in range(L)], copy=True), L, copy=False)
+            ssm = slabs.copied([res.ssm[i][accepted] if i in rec else None for i in range(L)])
+            conv = slabs.copied([res.conv[i][accepted].to(state.conv[i].dtype) if i in rec else None for i in range(L)])
         else:
             ssm, conv = (replay or self._commit_replay)(state, tree, res, accepted)
         return ModelState(state.pos + len(path), kv, ssm, conv)
@@ -1024,12 +1022,9 @@ class HybridModel:
         ssm, conv = self._replay(lambda i: (torch.stack([st.ssm[i] for st in states]),
                                             torch.stack([st.conv[i] for st in states])),
                                  batch.mode, batch.commit_inputs, _replay_tables(trees, accepted, batch.mode))
-        L = len(ssm)
-
         def row(b: int, st: ModelState):  # row b's states, copied (see decode_rows): one stack a group of like layers
-            return (slabs.unpack(slabs.pack([None if x is None else x[b] for x in ssm], copy=True), L, copy=False),
-                    slabs.unpack(slabs.pack([None if x is None else x[b].to(st.conv[i].dtype)
-                                             for i, x in enumerate(conv)], copy=True), L, copy=False))
+            return (slabs.copied([None if x is None else x[b] for x in ssm]),
+                    slabs.copied([None if x is None else x[b].to(st.conv[i].dtype) for i, x in enumerate(conv)]))
         return [self.commit(st, t, r, a, replay=lambda *_, b=b, st=st: row(b, st))
                 for b, (st, t, r, a) in enumerate(zip(states, trees, results, accepted))]
 

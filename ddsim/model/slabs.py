@@ -72,17 +72,24 @@ def unpack(packed: list[tuple[list[int], torch.Tensor]], n: int, *, copy: bool) 
     return out
 
 
-def load(dst: list, src: list) -> None:
-    """Copy each layer of ``src`` into ``dst``'s tensor of that layer (the same shapes; None where neither has one):
-    one copy per group of ``dst`` slabs whose ``src`` layers are one slab too, else one per layer."""
+def copied(xs: list) -> list:
+    """The layers' tensors of ``xs`` (None where a layer has none) copied: like layers into one new slab each (one
+    stack a group), every layer a row of it."""
+    return unpack(pack(xs, copy=True), len(xs), copy=False)
+
+
+def load(dst: list, src: list, *, rows: int | None = None) -> None:
+    """Copy each layer of ``src`` into ``dst``'s tensor of that layer (its first ``rows`` rows; None: all of it; None
+    where dst has no tensor): one copy per group of ``dst`` slabs whose ``src`` layers are one slab too, else one per
+    layer."""
     layers = [i for i, x in enumerate(dst) if x is not None]
     for g in grouped(layers, lambda i: like(dst[i])):
         to, frm = slab_of([dst[i] for i in g]), slab_of([src[i] for i in g])
         if to is not None and frm is not None:
-            to.copy_(frm, non_blocking=True)
+            (to if rows is None else to[:, :rows]).copy_(frm, non_blocking=True)
         else:
             for i in g:
-                dst[i].copy_(src[i], non_blocking=True)
+                (dst[i] if rows is None else dst[i][:rows]).copy_(src[i], non_blocking=True)
 
 
 def zeros(n: int, layers, shape: Callable[[int], tuple], *, dtype, device: Callable[[int], torch.device]) -> list:
