@@ -636,13 +636,13 @@ class HybridModel:
         xin = F.linear(x, w[p + "gdn.qkv"]).view(B, T, -1)  # [B, T, C]
         if (p, "gdn") in self._laid:  # z, a, b from one GEMM [N, HV V + 2 HV], each read in place
             z, a, b = self._projections(p, "gdn", x)
-        elif self.glue == "triton":  # a and b from one GEMM [N, 2 HV], read in place by the gates kernel
-            z = F.linear(x, w[p + "gdn.z"])  # [N, HV * V]
-            ab = F.linear(x, self._ab(p))
-            a, b = ab[:, :HV], ab[:, HV:]
         else:
-            z = F.linear(x, w[p + "gdn.z"])
-            a, b = F.linear(x, w[p + "gdn.a"]), F.linear(x, w[p + "gdn.b"])  # [N, HV] each
+            z = F.linear(x, w[p + "gdn.z"])  # [N, HV * V]
+            if self.glue == "triton":  # a and b from one GEMM [N, 2 HV], read in place by the gates kernel
+                ab = F.linear(x, self._ab(p))
+                a, b = ab[:, :HV], ab[:, HV:]
+            else:
+                a, b = F.linear(x, w[p + "gdn.a"]), F.linear(x, w[p + "gdn.b"])  # [N, HV] each
         g, beta = gb.gdn_gates(a, b, A=self._const(p + "gdn.A_log"), dt_bias=self._const(p + "gdn.dt_bias"),
                                beta_scale=cfg.gdn_beta_scale, glue=self.glue)  # [N, HV] float32 each
         g, beta = g.view(B, T, HV), beta.view(B, T, HV)
