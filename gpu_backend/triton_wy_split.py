@@ -37,9 +37,9 @@ from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
 
 try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
-    from triton.language.extra.cuda import gdc_launch_dependents
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - older Triton: pdl is refused by plan_wy_split
-    gdc_launch_dependents = None
+    gdc_launch_dependents = gdc_wait = None
 
 
 @triton.jit
@@ -255,7 +255,7 @@ def _gdn_wy_fold_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     Qe, Ve,  # out: [B, HV, BT, BK] fp32 (the output's weights on S_r, or with ROOT on S), [B, HV, BT, BT] fp32 (on v)
     Cv, Q0, C0,  # out (ROOT): [B, HV, BT], [B, HV, BK], [B, HV] fp32: the weights of v_0 and of the root's o_0
-    ready,  # PDL: [B * HV] int32, zeroed before each launch, set to 1 once this head's Qe, Ve are written
+    ready,  # PDL 1: [B * HV] int32, zeroed before each launch, set to 1 once this head's Qe, Ve are written
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
@@ -273,7 +273,7 @@ def _gdn_wy_fold_kernel(
         tl.store(C0 + i_bh, c0)
     tl.store(Qe + (base + o_t[:, None]) * BK + o_k[None, :], Qm)
     tl.store(Ve + (base + o_t[:, None]) * BT + o_t[None, :], Vm)
-    if PDL:  # every thread's stores done (barrier), then published at GPU scope (release is cumulative)
+    if PDL == 1:  # every thread's stores done (barrier), then published at GPU scope (release is cumulative)
         tl.debug_barrier()
         tl.atomic_xchg(ready + i_bh, 1, sem="release", scope="gpu")
 
@@ -360,10 +360,13 @@ def _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k,
 
 @triton.jit
 def _wait_for_fold(ready, i_bh, PDL: tl.constexpr):
-    """PDL: spin until head i_bh's fold program has published its weights (its ready flag, acquired)."""
-    if PDL:
+    """PDL 1: spin until head i_bh's fold program has published its weights (its ready flag, acquired); PDL 2:
+    wait for the whole fold grid to finish, its writes visible (griddepcontrol.wait: no flags, no memset)."""
+    if PDL == 1:
         while tl.atomic_add(ready + i_bh, 0, sem="acquire", scope="gpu") == 0:
             pass
+    elif PDL == 2:
+        gdc_wait()
 
 
 @triton.jit
@@ -430,20 +433,36 @@ def _gdn_wy_fold_root_apply_kernel(
     slot = tl.load(state_idx + i_b)
     i_bh = i_b * HV + i_hv
     base = i_bh.to(tl.int64) * BT
-    _wait_for_fold(ready, i_bh, PDL)
-    Vm = _from_fold(Ve + (base + o_t[:, None]) * BT + o_t[None, :], PDL)
-    c = _from_fold(Cv + base + o_t, PDL)
-    c0 = _from_fold(C0 + i_bh, PDL)
-    acc = _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION)
-    o0 = c0 * v0
-    for kc in range(0, BK, BKC):
-        o_k = kc + tl.arange(0, BKC)
+    if BKC >= BK:
+        # all of K in one chunk: S [BK, BV] read before the wait, so that under PDL the state's read (the
+        # kernel's bytes) overlaps the fold grid's arithmetic; nothing read here is written by it
+        o_k = tl.arange(0, BK)
         S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=(o_k < K)[:, None] & mv[None, :],
                     other=0.0)
+        _wait_for_fold(ready, i_bh, PDL)
+        Vm = _from_fold(Ve + (base + o_t[:, None]) * BT + o_t[None, :], PDL)
+        c = _from_fold(Cv + base + o_t, PDL)
+        c0 = _from_fold(C0 + i_bh, PDL)
         Qc = _from_fold(Qe + (base + o_t[:, None]) * BK + o_k[None, :], PDL)
         q0 = _from_fold(Q0 + i_bh.to(tl.int64) * BK + o_k, PDL)
-        acc = tl.dot(Qc, S, acc, input_precision=PRECISION)
-        o0 += tl.sum(q0[:, None] * S, 0)
+        acc = tl.dot(Qc, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION),
+                     input_precision=PRECISION)
+        o0 = c0 * v0 + tl.sum(q0[:, None] * S, 0)
+    else:
+        _wait_for_fold(ready, i_bh, PDL)
+        Vm = _from_fold(Ve + (base + o_t[:, None]) * BT + o_t[None, :], PDL)
+        c = _from_fold(Cv + base + o_t, PDL)
+        c0 = _from_fold(C0 + i_bh, PDL)
+        acc = _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], EXACT, PRECISION)
+        o0 = c0 * v0
+        for kc in range(0, BK, BKC):
+            o_k = kc + tl.arange(0, BKC)
+            S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
+                        mask=(o_k < K)[:, None] & mv[None, :], other=0.0)
+            Qc = _from_fold(Qe + (base + o_t[:, None]) * BK + o_k[None, :], PDL)
+            q0 = _from_fold(Q0 + i_bh.to(tl.int64) * BK + o_k, PDL)
+            acc = tl.dot(Qc, S, acc, input_precision=PRECISION)
+            o0 += tl.sum(q0[:, None] * S, 0)
     _store_root_tile(o, acc, o0, r0, tile, o_v, mt, mv)
 
 
@@ -577,8 +596,8 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
         Cv, Q0, C0 = (C.scratch(shape, torch.float32, v.device) for shape in ((B, HV, BT), (B, HV, BK), (B, HV)))
     else:  # unused pointers
         Cv = Q0 = C0 = checks.constant("dummy", 1, v.device, torch.float32)
-    # the per-head ready flags (pdl only; otherwise an unused pointer: no allocation, no memset per call)
-    ready = (C.scratch((B * HV,), torch.int32, v.device) if pdl else
+    # the per-head ready flags (pdl 1 only; otherwise an unused pointer: no allocation, no memset per call)
+    ready = (C.scratch((B * HV,), torch.int32, v.device) if pdl == 1 else
              checks.constant("dummy", 1, v.device, torch.int32))
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, Cv=Cv, Q0=Q0, C0=C0,
                 ready=ready, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused,
@@ -599,7 +618,7 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
         if cap:
             kw["maxnreg"] = cap
     first = bind(_gdn_wy_fold_kernel, (B * HV,), fold)
-    if pdl:  # the flags are zeroed before every launch (a CUDA graph captures the memset too)
+    if pdl == 1:  # the flags are zeroed before every launch (a CUDA graph captures the memset too)
         fold_alone = first
 
         def first():
@@ -612,14 +631,20 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
     return launch, o
 
 
-def _pdl(asked: bool) -> bool:
-    """Whether the fold kernels use programmatic dependent launch: when asked, compiled (the
-    interpreter runs programs one after another) and on a GPU that has it (compute capability 9+)."""
+def _pdl(asked) -> int:
+    """The fold kernels' programmatic dependent launch (the kernels' PDL): 0 none; 1 (pdl True) each apply program
+    waits on its head's ready flag (zeroed by a memset before each launch); 2 (pdl "grid") each waits for the whole
+    fold grid (griddepcontrol.wait). 0 unless asked, compiled (the interpreter runs programs one after another) and
+    on a GPU that has it (compute capability 9+)."""
+    if asked not in (False, True, "grid"):
+        raise ValueError(f"pdl: expected False, True or 'grid', got {asked!r}")
     if not asked or C.interpreting():
-        return False
+        return 0
     if gdc_launch_dependents is None:
         raise ValueError("pdl: this Triton has no grid dependency control (triton.language.extra.cuda)")
-    return torch.cuda.get_device_capability()[0] >= 9
+    if torch.cuda.get_device_capability()[0] < 9:
+        return 0
+    return 2 if asked == "grid" else 1
 
 
 def _exact_mode(q, k, v, exact16: str, interpreting: bool) -> int:

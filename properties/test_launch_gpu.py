@@ -69,14 +69,16 @@ def test_a_new_specialization_goes_through_triton_again(monkeypatch):
     assert counts[1] >= 1 and counts[2] == 0, counts  # another T: through Triton; T = 9 again: direct
 
 
+@pytest.mark.parametrize("pdl", [True, "grid"])
 @pytest.mark.parametrize("fold_root", [True, False])
-@pytest.mark.parametrize("B,T", [(2, 33), (8, 65), (32, 65)])
-def test_programmatic_dependent_launch_gives_the_same_bits(B, T, fold_root):
-    """The folded WY form with its second kernel launched early (pdl=True) waits for its head's fold
-    program (a per-head ready flag, release/acquire): with the scratch between them poisoned (NaN)
-    before every call, a read before that program's writes would show as NaN; the outputs equal the
-    plain launch's bit for bit, call after call. Both second kernels: the root's step folded into the
-    weights (bf16's default) and taken per V tile."""
+@pytest.mark.parametrize("B,T", [(1, 17), (2, 33), (8, 65), (32, 65)])
+def test_programmatic_dependent_launch_gives_the_same_bits(B, T, fold_root, pdl):
+    """The folded WY form with its second kernel launched early waits for what the fold grid writes: its head's
+    fold program (pdl=True: a per-head ready flag, release/acquire) or the whole grid (pdl="grid":
+    griddepcontrol.wait), reading the committed state before it waits. With the scratch between them poisoned (NaN)
+    before every call, a read before the fold's writes would show as NaN; the outputs equal the plain launch's bit
+    for bit, call after call. Both second kernels: the root's step folded into the weights (bf16's default) and
+    taken per V tile; 16-wide V tiles for one sequence (the most apply programs)."""
     from ddsim.gpu_backend.triton_gdn import plan_wy
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
@@ -84,9 +86,9 @@ def test_programmatic_dependent_launch_gives_the_same_bits(B, T, fold_root):
     inp = kernel_inputs(B, T, device="cuda")
     qkv = {k: inp[k] for k in ("q", "k", "v", "g", "beta")}
     common = dict(parents=parents.cuda(), initial_state=inp["initial_state"], design="fold", poison=True,
-                  fold_root=fold_root)
+                  fold_root=fold_root, block_v=16 if B == 1 else None)
     plain, o_ref = plan_wy(**qkv, **common)
-    early, o = plan_wy(**qkv, **common, pdl=True)
+    early, o = plan_wy(**qkv, **common, pdl=pdl)
     plain()
     for _ in range(20):
         for t in early.scratch:
