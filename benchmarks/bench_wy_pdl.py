@@ -9,7 +9,11 @@ before each launch: pdl True), and with PDL waiting on the whole fold grid (grid
 SMs); each kernel alone; whether each PDL form gives the plain launch's bits; and design auto against the best PDL
 form as a server replays them, 48 layers' inputs back to back from one CUDA graph (us a layer).
 
-    python benchmarks/bench_wy_pdl.py [--commit SHA] [--shapes 1x16,1x65,2x65,8x65] [--layers 48]
+    python benchmarks/bench_wy_pdl.py [--commit SHA] [--shapes 1x16,1x65,2x65,8x65] [--layers 48] [--warps]
+
+--warps: instead, at each shape, the one-kernel form (design fused) over warps and V tiles, the fold kernel alone over
+its warps (solve_warps), and the PDL grid form over both kernels' warps and the V tile: does a smaller tree's
+dependent chain of small products run shorter in fewer warps (fewer threads to meet at each barrier)?
 """
 import argparse
 
@@ -48,11 +52,29 @@ def layer_plans(B, T, parents, n, **kw):
     return out
 
 
+def warps(B, T, common):
+    for nw in (2, 4, 8):
+        for bv in (32, 64, 128):
+            launch, _ = plan_wy(**common, design="fused", num_warps=nw, block_v=bv)
+            us, comp = resources(launch)
+            print(f"| {B} x {T} | fused | {bv} | {us:.1f} | | | {nw} warps | {comp} |", flush=True)
+    for sw in (1, 2, 4):
+        launch, _ = plan_wy(**common, design="fold", solve_warps=sw)
+        print(f"| {B} x {T} | fold kernel alone | | | {median_us(launch.parts[0]):.1f} | | {sw} warps | |", flush=True)
+    for sw in (1, 2, 4):
+        for nw in (2, 4):
+            for bv in (32, 64):
+                launch, _ = plan_wy(**common, design="fold", pdl="grid", solve_warps=sw, num_warps=nw, block_v=bv)
+                us, comp = resources(launch)
+                print(f"| {B} x {T} | fold, PDL grid | {bv} | {us:.1f} | | | {sw} / {nw} warps | {comp} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x65,2x65,8x65")
     ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--warps", action="store_true", help="the warps and V tiles sweep instead (module docstring)")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
     if a.layers < 0:
@@ -71,6 +93,10 @@ def main():
                       initial_state=inp["initial_state"], poison=False)
         launch, o = plan_wy(**common)
         us, comp = resources(launch)
+        if a.warps:
+            print(f"| {B} x {T} | auto ({auto_design(B, T, 'bf16x3')}) | | {us:.1f} | | | | {comp} |", flush=True)
+            warps(B, T, common)
+            continue
         launch()
         ref = o.clone()
         print(f"| {B} x {T} | auto ({auto_design(B, T, 'bf16x3')}) | | {us:.1f} | | | | {comp} |", flush=True)
