@@ -47,7 +47,8 @@ def main():
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     cfg = get_preset("qwen3.6-27b").replace(vocab_size=1024, hidden_size=256, intermediate_size=256,
                                             num_attention_heads=8)
-    model = HybridModel(cfg, init_weights(cfg, seed=0, dtype=torch.bfloat16 if cuda else torch.float32, device=dev))
+    model = HybridModel(cfg, init_weights(cfg, seed=0, device=dev), dtype=torch.bfloat16 if cuda else torch.float32,
+                        device=dev)
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name() if cuda else platform.processor() or 'cpu'} "
           f"| torch {torch.__version__} | commit {a.commit} | qwen3.6-27b layers and states, hidden 256")
     tree = ddtree(torch.randn(8, cfg.vocab_size, generator=torch.Generator().manual_seed(0)), a.budget, topk_cap=8)

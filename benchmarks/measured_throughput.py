@@ -3,7 +3,10 @@ DDTree budgets 15 and 64 with top-k cap 8, on one GPU, each mode's decoding step
 it (ddsim.measure.step_timing). Prints, per tree and mode, tokens per step (good and corrupted apart), the
 measured step and tokens per second, and writes the report.
 
-    python benchmarks/measured_throughput.py --commit SHA [--out DIR] [--prompts 3] [--steps 8]
+    python benchmarks/measured_throughput.py --commit SHA [--out DIR] [--prompts 3] [--steps 8] [--slabs on|off]
+
+--slabs: a step's state copies grouped into slabs of like layers (ddsim.model.slabs.GROUPED) or layer by layer;
+without it, the module's default.
 """
 import argparse
 import json
@@ -14,6 +17,7 @@ import torch
 
 from ddsim.measure.audit import run_audit
 from ddsim.measure.settings import AuditConfig
+from ddsim.model import slabs
 from ddsim.reports.json_report import dumps, stamp
 
 
@@ -26,10 +30,14 @@ def main():
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out", default="measured-throughput")
+    ap.add_argument("--slabs", choices=("on", "off"), default=None)
     a = ap.parse_args()
+    if a.slabs is not None:
+        slabs.GROUPED = a.slabs == 'on'
     budgets = [int(b) for b in a.budgets.split(",")]
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | commit "
-          f"{a.commit} | {a.preset}, budgets {budgets}, top-k cap {a.topk_cap}, {a.prompts} prompts x {a.steps} steps",
+          f"{a.commit} | {a.preset}, budgets {budgets}, top-k cap {a.topk_cap}, {a.prompts} prompts x {a.steps} steps | "
+          f"state copies {'in slabs' if slabs.GROUPED else 'layer by layer'}",
           flush=True)
     ac = AuditConfig.build(preset=a.preset, budgets=budgets, topk_cap=a.topk_cap, n_prompts=a.prompts, steps=a.steps,
                            device="cuda", measure_steps="on")
