@@ -1,6 +1,6 @@
 """States held as slabs (ddsim.model.slabs, GROUPED): a commit copies like layers together, one launch a group, and
 the copies in and out of a graphed model's buffers take a committed state's slabs whole. The same bits as the
-layer-by-layer copies (GROUPED off, the default until a GPU run times it), and no tensor shared with buffers a later
+layer-by-layer copies (GROUPED off), and no tensor shared with buffers a later
 replay rewrites."""
 import pytest
 import torch
