@@ -81,13 +81,17 @@ def _gdn_wy_kernel(
 ):
     # The root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
-    # the root, recurrently: S_r; then the draft nodes 1..T-1 as one block
-    i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
-        q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM,
-        STATE_VK)
-    b_q, b_k, b_v, b_g, b_beta = h.wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
-                                           H, HV, K, V, FUSED, L2NORM)
-    anc = tl.load(mask + rows[:, None] * T + 1 + o_t[None, :], mask=mt[:, None] & mt[None, :], other=0) != 0
+    # the root, recurrently: S_r; then the draft nodes 1..T-1 as one block. The ancestor mask is read with
+    # wy_tile's reads, after them (its layout conversion waits for it) and before any reduction
+    reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
+                       STATE_VK)
+    i_b, o_t = reads[0], reads[3]
+    mt = o_t < T - 1
+    anc = tl.load(mask + (i_b * T + 1 + o_t[:, None]).to(tl.int64) * T + 1 + o_t[None, :],
+                  mask=mt[:, None] & mt[None, :], other=0) != 0
+    i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, _, _, s0, mt, rows, b_q, b_k, b_v, b_g, b_beta = h.wy_values(
+        reads, o, scale, HV, V, FUSED, L2NORM)
+    b_v = b_v.to(tl.float32)
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path below the root
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
     strict = anc & (o_t[:, None] != o_t[None, :])

@@ -39,7 +39,15 @@ def load_rows(ptr, rows, head, cols, m, NH: tl.constexpr, D: tl.constexpr, L2NOR
     """fp32 values of ptr [B*T, NH, D] at (rows, head, cols): a vector (AXIS 0) for a scalar row,
     a block [R, C] (AXIS 1) for rows [R, 1] and cols [1, C]; with L2NORM each row is divided by
     its l2 norm."""
-    x = tl.load(ptr + (rows * NH + head) * D + cols, mask=m, other=0.0).to(tl.float32)
+    return normed(tl.load(ptr + (rows * NH + head) * D + cols, mask=m, other=0.0), L2NORM, AXIS)
+
+
+@triton.jit
+def normed(x, L2NORM: tl.constexpr, AXIS: tl.constexpr):
+    """load_rows' arithmetic on rows already loaded (in their own dtype): fp32, each row divided by its l2 norm
+    with L2NORM. Loading first and norming later lets a kernel issue all of its reads before the first reduction
+    (a reduction is a barrier, and a read issued after one waits a memory round trip of its own)."""
+    x = x.to(tl.float32)
     if L2NORM:
         x = x / tl.sqrt(tl.sum(x * x, axis=AXIS, keep_dims=True) + 1e-6)
     return x
@@ -62,12 +70,25 @@ def gates(g, beta, offs, m, neg_A, bias, FUSED: tl.constexpr, MASKED: tl.constex
     """(log-decay g, beta) at offs of the [B*T, HV] gate inputs (masked by m when MASKED). FUSED:
     g = -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b) from the raw projections a (in g),
     b (in beta)."""
+    raw_g, raw_b = raw_gates(g, beta, offs, m, MASKED)
+    return gate_values(raw_g, raw_b, neg_A, bias, FUSED)
+
+
+@triton.jit
+def raw_gates(g, beta, offs, m, MASKED: tl.constexpr):
+    """The gate inputs at offs, fp32, before gate_values (gates' reads alone)."""
     if MASKED:
         raw_g = tl.load(g + offs, mask=m, other=0.0).to(tl.float32)
         raw_b = tl.load(beta + offs, mask=m, other=0.0).to(tl.float32)
     else:
         raw_g = tl.load(g + offs).to(tl.float32)
         raw_b = tl.load(beta + offs).to(tl.float32)
+    return raw_g, raw_b
+
+
+@triton.jit
+def gate_values(raw_g, raw_b, neg_A, bias, FUSED: tl.constexpr):
+    """gates' arithmetic on raw_gates' values."""
     if FUSED:
         b_g = neg_A * softplus(raw_g + bias)
         b_beta = tl.sigmoid(raw_b)
@@ -143,13 +164,34 @@ def wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k
     """The root (node 0, every node's ancestor) of sequence i_b, recurrently: stores its output o_0
     [BV] and returns its state S_r [BK, BV], the state the draft nodes build on."""
     r0 = (i_b * T).to(tl.int64)
-    q0 = load_rows(q, r0, i_h, o_k, mk, H, K, L2NORM, 0)
-    k0 = load_rows(k, r0, i_h, o_k, mk, H, K, L2NORM, 0)
-    v0 = load_rows(v, r0, i_hv, o_v, mv, HV, V, False, 0)
-    g0, beta0 = gates(g, beta, r0 * HV + i_hv, 0, neg_A, bias, FUSED, False)
-    s0 = tl.load(state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK),
-                 mask=mk[:, None] & mv[None, :], other=0.0)
-    s0 = delta_step(s0, k0, v0, g0, beta0)
+    q0, k0, v0, raw_g0, raw_b0, s0 = root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v,
+                                                 mk, mv, H, HV, K, V, STATE_VK)
+    return root_step(q0, k0, v0, raw_g0, raw_b0, s0, o, r0, i_hv, scale, o_v, mv, neg_A, bias, HV, V, FUSED, L2NORM)
+
+
+@triton.jit
+def root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v, mk, mv, H: tl.constexpr,
+               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, STATE_VK: tl.constexpr):
+    """wy_root's reads, issued together (the state's after its pool slot's: two round trips in all): the root's
+    q, k [BK] and v [BV] rows in their own dtype, its raw gates, and the committed state tile [BK, BV]."""
+    slot = tl.load(state_idx + i_b)
+    q0 = tl.load(q + (r0 * H + i_h) * K + o_k, mask=mk, other=0.0)
+    k0 = tl.load(k + (r0 * H + i_h) * K + o_k, mask=mk, other=0.0)
+    v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0)
+    raw_g0, raw_b0 = raw_gates(g, beta, r0 * HV + i_hv, 0, False)
+    s0 = tl.load(state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
+                 other=0.0)
+    return q0, k0, v0, raw_g0, raw_b0, s0
+
+
+@triton.jit
+def root_step(q0, k0, v0, raw_g0, raw_b0, s0, o, r0, i_hv, scale, o_v, mv, neg_A, bias, HV: tl.constexpr,
+              V: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr):
+    """wy_root's arithmetic on root_reads' values: S_r, with o_0 stored."""
+    q0 = normed(q0, L2NORM, 0)
+    k0 = normed(k0, L2NORM, 0)
+    g0, beta0 = gate_values(raw_g0, raw_b0, neg_A, bias, FUSED)
+    s0 = delta_step(s0, k0, v0.to(tl.float32), g0, beta0)
     tl.store(o + (r0 * HV + i_hv) * V + o_v, tl.sum(s0 * (q0 * scale)[:, None], 0).to(o.dtype.element_ty), mask=mv)
     return s0
 
@@ -160,17 +202,49 @@ def wy_tile(q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H: 
             FUSED: tl.constexpr, L2NORM: tl.constexpr, STATE_VK: tl.constexpr):
     """What every per-V-tile WY kernel (grid (V tiles, B * HV)) starts from: its coordinates
     (sequence i_b, key head i_h, value head i_hv), the offsets o_t [BT], o_k [BK], o_v [BV] with
-    masks mk, mv, the gate parameters, the root's state S_r [BK, BV] (wy_root, which stores o_0),
-    and the draft rows: mask mt [BT] and rows [BT] (int64) of nodes 1..T-1."""
+    masks mk, mv, the root's state S_r [BK, BV] (wy_root's, which stores o_0), the draft rows: mask mt [BT] and
+    rows [BT] (int64) of nodes 1..T-1, and wy_rows' values of them (q, k [BT, BK] l2-normed, v [BT, BV] in v's own
+    dtype, g, beta [BT]; a kernel that uses none of them reads none: unused loads are dropped). wy_reads, then
+    wy_values: a kernel with reads of its own issues them between the two."""
+    reads = wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED, STATE_VK)
+    return wy_values(reads, o, scale, HV, V, FUSED, L2NORM)
+
+
+@triton.jit
+def wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H: tl.constexpr, HV: tl.constexpr,
+             K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+             FUSED: tl.constexpr, STATE_VK: tl.constexpr):
+    """wy_tile's reads, every one issued before any arithmetic that reduces (a reduction is a barrier, and a read
+    issued after one waits a memory round trip of its own): one round trip, and a second for the state behind its
+    pool slot, where reading the root, then the rows, took five in the one-kernel form at 1 x 16 (compiled for
+    sm_90). A tuple for wy_values."""
     i_v, i_b, i_hv, i_h = head_coords(H, HV)
     o_t = tl.arange(0, BT)
     o_k, o_v, mk, mv = kv_tile(i_v, K, V, BK, BV)
     neg_A, bias = gate_params(A_log, dt_bias, i_hv, FUSED)
-    s0 = wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
-                 H, HV, K, V, FUSED, L2NORM, STATE_VK)
+    r0 = (i_b * T).to(tl.int64)
     mt = o_t < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
-    return i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows
+    q0, k0, v0, raw_g0, raw_b0, s0 = root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v,
+                                                 mk, mv, H, HV, K, V, STATE_VK)
+    mqk = mt[:, None] & mk[None, :]
+    b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mqk, other=0.0)
+    b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mqk, other=0.0)
+    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
+    raw_g, raw_b = raw_gates(g, beta, rows * HV + i_hv, mt, True)
+    return (i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, r0, mt, rows, q0, k0, v0, raw_g0, raw_b0, s0, b_q,
+            b_k, b_v, raw_g, raw_b)
+
+
+@triton.jit
+def wy_values(reads, o, scale, HV: tl.constexpr, V: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr):
+    """wy_tile's values from wy_reads' tuple (the root's step taken, o_0 stored)."""
+    (i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, r0, mt, rows, q0, k0, v0, raw_g0, raw_b0, s0, b_q, b_k, b_v,
+     raw_g, raw_b) = reads
+    s0 = root_step(q0, k0, v0, raw_g0, raw_b0, s0, o, r0, i_hv, scale, o_v, mv, neg_A, bias, HV, V, FUSED, L2NORM)
+    b_g, b_beta = gate_values(raw_g, raw_b, neg_A, bias, FUSED)
+    return (i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows, normed(b_q, L2NORM, 1),
+            normed(b_k, L2NORM, 1), b_v, tl.where(mt, b_g, 0.0), tl.where(mt, b_beta, 0.0))
 
 
 @triton.jit

@@ -79,7 +79,17 @@ def _solve_prologue(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H: tl.constexp
     """What both per-head kernels start from, for the draft block of (sequence, value head) i_bh: the
     offsets o_t [BT], o_k [BK]; the raw q, k rows [BT, BK] (kept 16-bit: registers) and their l2 norms
     rq, rk [BT]; beta [BT]; the path log-decays G [BT]; D = A_t / A_j on ancestors-or-self and the
-    mask anc [BT, BT]; N = -L [BT, BT]."""
+    mask anc [BT, BT]; N = -L [BT, BT]. _prologue_reads, then _prologue_values: a kernel with reads of its own
+    issues them between the two."""
+    reads = _prologue_reads(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED)
+    return _prologue_values(reads, FUSED, L2NORM, RAW16, PRECISION)
+
+
+@triton.jit
+def _prologue_reads(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H: tl.constexpr, HV: tl.constexpr,
+                    K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr):
+    """_solve_prologue's reads, all issued before its first reduction (the norms' products: a barrier, after which a
+    read waits a memory round trip of its own; the gates and the mask were read after it, compiled for sm_90)."""
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     o_t = tl.arange(0, BT)
@@ -93,6 +103,19 @@ def _solve_prologue(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H: tl.constexp
     qk_tile = o_t[:, None] * (H * K) + o_k[None, :]
     b_k = tl.load(k + qk + qk_tile, mask=m2, other=0.0)
     b_q = tl.load(q + qk + qk_tile, mask=m2, other=0.0)
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+    gb = b0 * HV + i_hv
+    raw_g, raw_b = h.raw_gates(g + gb, beta + gb, o_t * HV, mt, True)
+    anc = tl.load(mask + b0 * T + 1 + (o_t[:, None] * T + o_t[None, :]), mask=mt[:, None] & mt[None, :], other=0) != 0
+    return o_t, o_k, mt, b_q, b_k, neg_A, bias, raw_g, raw_b, anc
+
+
+@triton.jit
+def _prologue_values(reads, FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    """_solve_prologue's values from _prologue_reads' tuple."""
+    o_t, o_k, mt, b_q, b_k, neg_A, bias, raw_g, raw_b, anc = reads
+    BT: tl.constexpr = o_t.shape[0]
     if L2NORM and RAW16:  # the squared norms from the diagonals of exact MMAs (fp32 sums of exact products, as
         # tl.sum's; K K^T is _gram's below, made once): no fp32 copy of the rows, no reduction across 128 columns
         eye = o_t[:, None] == o_t[None, :]
@@ -104,12 +127,9 @@ def _solve_prologue(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H: tl.constexp
     else:
         rk = tl.full([BT], 1.0, tl.float32)
         rq = tl.full([BT], 1.0, tl.float32)
-    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
-    gb = b0 * HV + i_hv
-    b_g, b_beta = h.gates(g + gb, beta + gb, o_t * HV, mt, neg_A, bias, FUSED, True)
+    b_g, b_beta = h.gate_values(raw_g, raw_b, neg_A, bias, FUSED)
     b_g = tl.where(mt, b_g, 0.0)
     b_beta = tl.where(mt, b_beta, 0.0)
-    anc = tl.load(mask + b0 * T + 1 + (o_t[:, None] * T + o_t[None, :]), mask=mt[:, None] & mt[None, :], other=0) != 0
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path below the root
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
     strict = anc & (o_t[:, None] != o_t[None, :])
@@ -150,11 +170,10 @@ def _gdn_wy_apply_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
 ):
-    i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
+    i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, _, _, s0, mt, rows, b_q, b_k, b_v, _, b_beta = h.wy_tile(
         q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM,
         STATE_VK)
-    b_q, b_k, b_v, _, b_beta = h.wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
-                                         H, HV, K, V, FUSED, L2NORM)
+    b_v = b_v.to(tl.float32)
     i_bh = i_b * HV + i_hv
     base = i_bh.to(tl.int64) * BT * BT
     Wm = tl.load(W + base + o_t[:, None] * BT + o_t[None, :])
@@ -212,8 +231,18 @@ def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H:
     # state) folded in too, so that the per-V-tile kernel multiplies S itself and takes no recurrent step:
     #   Qe S_r = Qe' S + c v_0^T,   Qe' = a (Qe - c k_0^T),   c = beta_0 Qe k_0,
     #   o_0 = S_r^T q_0 scale = S^T q_0' + c_0 v_0,   q_0' = a (q_0 scale - c_0 k_0),   c_0 = beta_0 k_0.q_0 scale
-    o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _solve_prologue(
-        q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, PRECISION)
+    # every read first, before the first reduction: one memory round trip (read after the doubling chain, the
+    # root's took three more, compiled for sm_90); the root's before the block's, as a barrier (the ancestor mask's
+    # layout conversion) follows the block's last read at once
+    if ROOT:
+        i_b, i_hv = i_bh // HV, i_bh % HV
+        r0 = (i_b * T).to(tl.int64)
+        o_k0 = tl.arange(0, BK)
+        raw_q0 = tl.load(q + (r0 * H + i_hv // (HV // H)) * K + o_k0, mask=o_k0 < K, other=0.0)
+        raw_k0 = tl.load(k + (r0 * H + i_hv // (HV // H)) * K + o_k0, mask=o_k0 < K, other=0.0)
+        raw_g0, raw_b0 = h.raw_gates(g, beta, r0 * HV + i_hv, 0, False)
+    reads = _prologue_reads(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED)
+    o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _prologue_values(reads, FUSED, L2NORM, RAW16, PRECISION)
     A = tl.exp(G)
     Y = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale  # P
     # Y = P (I + N)(I + N^2)(I + N^4)... = P W. A round's two products read the same N, so they issue
@@ -230,12 +259,10 @@ def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H:
     Qm = _dot_exact_rhs(-Z, b_k, (A * scale / rq)[:, None] * b_q.to(tl.float32), 3 if EXACT == 2 else EXACT,
                         PRECISION)
     if ROOT:
-        i_b, i_hv = i_bh // HV, i_bh % HV
-        r0 = (i_b * T).to(tl.int64)
-        q0 = h.load_rows(q, r0, i_hv // (HV // H), o_k, o_k < K, H, K, L2NORM, 0)  # [BK] fp32
-        k0 = h.load_rows(k, r0, i_hv // (HV // H), o_k, o_k < K, H, K, L2NORM, 0)
-        neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
-        g0, beta0 = h.gates(g, beta, r0 * HV + i_hv, 0, neg_A, bias, FUSED, False)
+        q0 = h.normed(raw_q0, L2NORM, 0)  # [BK] fp32
+        k0 = h.normed(raw_k0, L2NORM, 0)
+        neg_A, bias = reads[5], reads[6]
+        g0, beta0 = h.gate_values(raw_g0, raw_b0, neg_A, bias, FUSED)
         a0 = tl.exp(g0)
         c = beta0 * tl.sum(Qm * k0[None, :], 1)  # [BT]
         Qm = a0 * (Qm - c[:, None] * k0[None, :])
@@ -325,9 +352,9 @@ def _gdn_wy_fold_head_kernel(
     NT: tl.constexpr = (V + BV - 1) // BV
     i_bh = pid // NT if SPLIT_V else pid
     i_b, i_hv = i_bh // HV, i_bh % HV
+    slot = tl.load(state_idx + i_b)  # read with the weights' reads (after them, the state's read waited two trips)
     o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
                                                 BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True)
-    slot = tl.load(state_idx + i_b)
     if SPLIT_V:
         _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, (pid % NT) * BV, T, o_t, o_k, HV, K, V, BV,
                    EXACT, PRECISION, STATE_VK)
@@ -394,11 +421,9 @@ def _gdn_wy_fold_apply_kernel(
     # the whole fold grid: the heads the fold's first wave finished are applied while its last wave
     # runs. (No deadlock: every fold program is resident or done before any program here starts.)
     # Everything before the wait overlaps the fold kernel: nothing there reads what it writes.
-    i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows = h.wy_tile(
+    i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows, _, _, b_v, _, _ = h.wy_tile(
         q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM,
-        STATE_VK)
-    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :],
-                  other=0.0)  # [BT, BV] in v's dtype
+        STATE_VK)  # b_v [BT, BV] in v's dtype
     i_bh = i_b * HV + i_hv
     base = i_bh.to(tl.int64) * BT
     _wait_for_fold(ready, i_bh, PDL)

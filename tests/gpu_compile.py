@@ -4,7 +4,7 @@ exit 1 if any fails. Triton's interpreter runs kernels without compiling them, s
 not compile (a loop variable that changes type, shared memory past the SM's); this catches that on a CPU,
 with Triton's bundled ptxas.
 
-    python tests/gpu_compile.py [--arch 90|100|120] [--set all|serving]
+    python tests/gpu_compile.py [--arch 90|100|120] [--set all|serving|reads]
 
 --arch: 90 (Hopper, sm_90a), 100 (datacenter Blackwell, sm_100a), 120 (consumer Blackwell, sm_120a).
 --set all (the default): every launch the GDN WY launchers make at Qwen3.6-27B GDN shapes for every design,
@@ -14,7 +14,10 @@ unfolded and folded), bf16 and fp32 inputs (design head at 2 x 65 split along V)
 Triton kernel the public functions launch (recurrent GDN, the commits, the tree conv, Mamba2's recurrent, SSD
 and commit kernels) at the property suites' fixed examples. --set serving: what a server launches, the WY launchers' default design ("auto")
 at one and eight sequences of 17, 65 and 131 nodes in bf16, the two-kernel form auto takes for a batch when
-given its options (fold at 8 x 65) and for one sequence (split at 1 x 65), and the other kernels.
+given its options (fold at 8 x 65) and for one sequence (split at 1 x 65), and the other kernels. --set reads: the
+WY kernels a server launches up to one block (design auto at 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65), each with
+its global reads' rounds in the machine code: runs of loads that a barrier (BAR.SYNC) separates. A read issued after
+a barrier waits a memory round trip of its own; a kernel whose reads all precede its first barrier takes one.
 """
 import os
 import sys
@@ -201,16 +204,34 @@ def compile_for(kernel, kw):
             sig[p.name] = "fp32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params) if sig[p.name][0] == "*"}
     opts = {k: kw[k] for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
-    ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
-                        target=GPUTarget("cuda", ARCH, 32), options=opts)
-    return ck.metadata.shared
+    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", ARCH, 32), options=opts)
+
+
+def read_rounds(ck) -> int:
+    """Runs of global loads (LDG) in the compiled kernel's machine code that a barrier (BAR.SYNC) separates, in
+    code order (a loop's body counted once): the memory round trips a program waits at the least."""
+    import subprocess
+    import tempfile
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    rounds, barrier = 0, True
+    for line in sass.splitlines():
+        if " BAR.SYNC" in line:
+            barrier = True
+        elif " LDG" in line and barrier:
+            rounds, barrier = rounds + 1, False
+    return rounds
 
 
 def check(what, kernel, kw) -> bool:
     """Compile; print one line; False on failure (every kernel is tried)."""
     what = f"{what}: {kernel.__name__}"
     try:
-        shared = compile_for(kernel, kw)
+        shared = compile_for(kernel, kw).metadata.shared
         if shared > SHARED_PER_BLOCK:
             raise RuntimeError(f"{shared} B of shared memory, more than sm_{ARCH}'s {SHARED_PER_BLOCK}")
         prec = f"{kw['PRECISION']}, " if "PRECISION" in kw else ""  # the dot precision the launcher chose
@@ -222,9 +243,15 @@ def check(what, kernel, kw) -> bool:
 
 
 if __name__ == "__main__":
-    if ARCH not in (90, 100, 120) or SET not in ("all", "serving"):
-        sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving]")
+    if ARCH not in (90, 100, 120) or SET not in ("all", "serving", "reads"):
+        sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving|reads]")
     failed = 0
+    if SET == "reads":
+        for B, T, design in ((1, 17, "auto"), (1, 65, "auto"), (8, 65, "auto"), (8, 65, "fold")):
+            for kernel, kw in launches(B, T, torch.bfloat16, design):
+                print(f"reads {B} x {T}, design {design}: {kernel.__name__} {read_rounds(compile_for(kernel, kw))}",
+                      flush=True)
+        sys.exit(0)
     if SET == "all":
         for T, designs in ((65, ("fused", "split", "fold", "head")), (131, ("fused", "split", "fold"))):
             for dtype in (torch.bfloat16, torch.float32):

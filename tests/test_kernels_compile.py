@@ -21,13 +21,13 @@ OTHERS = ("_gdn_recurrent_kernel", "_gdn_commit_kernel", "_tree_conv_kernel", "_
           "_tree_tables_kernel")
 
 
-def _compile(*args) -> list[str]:
+def _compile(*args, prefix: str = "ok ") -> list[str]:
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
                        cwd=SCRIPT.parent.parent, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    return [line for line in r.stdout.splitlines() if line.startswith("ok ")]
+    return [line for line in r.stdout.splitlines() if line.startswith(prefix)]
 
 
 @pytest.mark.parametrize("arch", [100, 120])
@@ -62,3 +62,19 @@ def test_every_triton_kernel_compiles_for_sm90():
         chunked = [line for line in wy if line.startswith(f"ok   131 nodes, {dtype}, design fused")]
         assert len(wy) == (14 if dtype == "bfloat16" else 13) and len(chunked) == 1, wy  # (bf16: head at 8 x 65)
         assert all(f"({prec if line not in chunked else 'tf32x3'}, " in line for line in wy), wy
+
+
+def test_the_wy_kernels_issue_their_reads_together():
+    """The WY kernels a server launches up to one block issue their global reads before their first barrier, so a
+    program waits one memory round trip for its inputs, not one per reduction between reads (the one-kernel form
+    at 1 x 17 took five, the head kernel eight, the fold kernel five, compiled for sm_90, before a read-first
+    order). The head kernel's V tile (its v, then its state) adds two: three in all."""
+    got = {}
+    for line in _compile("--set", "reads", prefix="reads "):
+        what, n = line.rsplit(" ", 1)
+        got[what.removeprefix("reads ")] = int(n)
+    assert got == {"1 x 17, design auto: _gdn_wy_kernel": 1,
+                   "1 x 65, design auto: _gdn_wy_fold_head_kernel": 3,
+                   "8 x 65, design auto: _gdn_wy_fold_head_kernel": 3,
+                   "8 x 65, design fold: _gdn_wy_fold_kernel": 1,
+                   "8 x 65, design fold: _gdn_wy_fold_root_apply_kernel": 3}, got
