@@ -94,12 +94,14 @@ def _gated_rms_norm_kernel(x, z, w, out, R, D, HD, x_stride, z_stride, eps, BR: 
 
 
 @triton.jit
-def _gated_act_kernel(gate, up, out, n, I, g_stride, BLOCK: tl.constexpr, ACT: tl.constexpr):
-    # out = round(round(act(gate)) up), flat over n elements of rows of I (up and out contiguous; gate's rows at
-    # g_stride: a view of a wider projection is read in place)
-    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = o < n
-    gv = tl.load(gate + (o // I) * g_stride + o % I, mask=m, other=0.0).to(tl.float32)
+def _gated_act_kernel(gate, up, out, I, g_stride, BLOCK: tl.constexpr, ACT: tl.constexpr):
+    # out = round(round(act(gate)) up) over rows of I (up and out contiguous; gate's rows at g_stride: a view of a
+    # wider projection is read in place). Grid (rows, column blocks): a row's base is one 64-bit product a program,
+    # where a flat index split into row and column took a 64-bit division an element
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = c < I
+    gv = tl.load(gate + row * g_stride + c, mask=m, other=0.0).to(tl.float32)
     if ACT == 1:  # the exact (erf) GELU, F.gelu's default
         a = 0.5 * gv * (1.0 + tl.math.erf(gv * 0.7071067811865476))
     elif ACT == 2:  # a sigmoid gate (gated attention's output)
@@ -107,6 +109,7 @@ def _gated_act_kernel(gate, up, out, n, I, g_stride, BLOCK: tl.constexpr, ACT: t
     else:
         a = gv * tl.sigmoid(gv)
     a = a.to(out.dtype.element_ty).to(tl.float32)
+    o = row * I + c
     tl.store(out + o, (a * tl.load(up + o, mask=m, other=0.0).to(tl.float32)).to(out.dtype.element_ty), mask=m)
 
 
@@ -227,9 +230,10 @@ def gated_act_triton(gate, up, *, act: str):
     g, gs = _rows(gate if gate.dim() and gate.stride(-1) == 1 else gate.reshape(-1, I).contiguous(), "gate")
     u = up.contiguous()
     out = C.alloc(gate.shape, gate.dtype, gate.device)
-    n, BLOCK = u.numel(), 1024
-    launch(_gated_act_kernel, (C.cdiv(n, BLOCK),), gate=g, up=u, out=out, n=n, I=I, g_stride=gs,
-           BLOCK=BLOCK, ACT={"silu": 0, "gelu": 1, "sigmoid": 2}[act])
+    R, BLOCK = u.numel() // I, min(1024, C.next_pow2(I))
+    if R:
+        launch(_gated_act_kernel, (R, C.cdiv(I, BLOCK)), gate=g, up=u, out=out, I=I, g_stride=gs, BLOCK=BLOCK,
+               ACT={"silu": 0, "gelu": 1, "sigmoid": 2}[act])
     return out
 
 

@@ -104,6 +104,12 @@ def test_gated_act_equals_its_twin(act, dtype):
     assert torch.equal(gb.gated_act(wide[:, 40:], u, act=act, glue="triton"), got)
     assert torch.equal(gb.gated_act(wide[:, 40:].reshape(7, 2, 150)[:, 1], u[:, 150:], act=act, glue="triton"),
                        got[:, 150:])
+    # rows wider than a program's block of columns (1024): each row in three programs, the last one part-masked
+    g3, u3 = _rand(3, 2500, dtype=dtype, scale=4.0, gen=gen), _rand(3, 2500, dtype=dtype, gen=gen)
+    got3 = gb.gated_act(g3, u3, act=act, glue="triton")
+    assert_rounding_twins(got3, gb.gated_act(g3, u3, act=act), dtype, atol=1e-5 if gelu else 1e-7,
+                          counted=g3 > -2 if gelu else None)
+    assert torch.equal(got3[1], gb.gated_act(g3[1:2], u3[1:2], act=act, glue="triton")[0])
 
 
 @pytest.mark.parametrize("beta_scale", [1.0, 2.0])
