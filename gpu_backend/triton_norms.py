@@ -55,7 +55,8 @@ def _rms_norm_rope_kernel(x, w, cos, sin, out, R, D, HN, ROT, x_s0, x_s1, eps, B
     mr = rows < R
     m = mr[:, None] & (cols < D)[None, :]
     r64 = rows.to(tl.int64)[:, None]
-    xr = x + (r64 // HN) * x_s0 + (r64 % HN) * x_s1
+    # a row's (token, head) by 32-bit division (rows < R < 2^31), the addresses in 64 bits
+    xr = x + (rows // HN).to(tl.int64)[:, None] * x_s0 + (rows % HN).to(tl.int64)[:, None] * x_s1
     xv = tl.load(xr + cols[None, :], mask=m, other=0.0).to(tl.float32)
     s = tl.sqrt(tl.sum(xv * xv, 1) / D + eps)[:, None]
     half = ROT // 2
@@ -87,7 +88,7 @@ def _gated_rms_norm_kernel(x, z, w, out, R, D, HD, x_stride, z_stride, eps, BR: 
     y = y.to(out.dtype.element_ty).to(tl.float32)
     wv = tl.load(w + cols, mask=cols < D, other=0.0).to(tl.float32)
     y = (y * wv[None, :]).to(out.dtype.element_ty).to(tl.float32)
-    zo = (r64 // HD) * z_stride + (r64 % HD) * D + cols[None, :]
+    zo = (rows // HD).to(tl.int64)[:, None] * z_stride + (rows % HD).to(tl.int64)[:, None] * D + cols[None, :]
     zv = tl.load(z + zo, mask=m, other=0.0).to(tl.float32)
     s = (zv * tl.sigmoid(zv)).to(out.dtype.element_ty).to(tl.float32)
     tl.store(out + r64 * D + cols[None, :], (y * s).to(out.dtype.element_ty), mask=m)
