@@ -163,7 +163,7 @@ AUTO_HEAD = True  # whether design auto may take head (benchmarks turn it off to
 AUTO_HEAD_ONE = True
 
 
-def auto_design(B: int, T: int, precision: str, *, pdl: bool = False, block_k: int | None = None,
+def auto_design(B: int, T: int, precision: str, *, pdl: bool | str = False, block_k: int | None = None,
                 fold_root: bool | None = None, block_v: int | None = None) -> str:
     """The form design "auto" launches for B trees of T nodes with ``precision`` products (plan_wy's rule; the
     benchmarks' tables name it from here): "fused", "split", "fold" or "head" up to one block ("fused" for one
@@ -185,7 +185,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
             use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
             A_log=None, dt_bias=None, block_v: int | None = None, num_warps: int | None = None,
             precision: str | None = None, poison: bool | None = None, design: str = "auto", solve_warps: int = 4,
-            exact16: str = "bf16x3", pdl: bool = False, fold_root: bool | None = None, block_k: int | None = None):
+            exact16: str = "bf16x3", pdl: bool | str = False, fold_root: bool | None = None,
+            block_k: int | None = None):
     """Validate, build the ancestor mask and allocate once; returns (launch, o). design "fused": one
     kernel; "split": the value-independent half once per head (triton_wy_split); "fold": the same with
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
@@ -205,7 +206,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     the products of fp32 operands (None: bf16x3 for 16-bit inputs, tf32x3 for fp32: _common.dot_precision;
     the products by raw 16-bit q, k are single exact MMAs whatever it is); exact16: how the fold kernels
     multiply by the raw 16-bit k and v ("bf16x3", the default, or "tf32x2"); pdl: launch the folded
-    form's second kernel with programmatic dependent launch (Hopper or later; ignored by the others);
+    form's second kernel with programmatic dependent launch (Hopper or later; ignored by the others), its programs
+    waiting on their head's ready flag (True) or for the whole first grid ("grid": no flags to zero);
     fold_root / block_k: whether the folded form folds the root's recurrent step into its weights too, so
     that its second kernel multiplies the committed state directly (None: triton_wy_split.FOLD_DEFAULTS,
     yes for bf16x3 products), and that kernel's K chunk (None: all of K).

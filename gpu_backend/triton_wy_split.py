@@ -548,7 +548,8 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four. pdl (fold
     only; compiled kernels on Hopper or later): the apply kernel is launched with programmatic
-    dependent launch and runs its root step and loads while the fold kernel finishes. fold_root (fold only;
+    dependent launch and runs its root step and loads while the fold kernel finishes, each program waiting on its
+    head's ready flag (True) or for the whole fold grid ("grid"; _pdl). fold_root (fold only;
     None: FOLD_DEFAULTS' choice for the precision): the fold kernel folds the root's step in too (ROOT), and
     the per-V-tile kernel (_gdn_wy_fold_root_apply_kernel) multiplies the committed state itself, in
     block_k-row chunks of K (None: all of K). head (fold only): one program per head computes the weights with the
