@@ -531,5 +531,10 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
             assert kws["_gdn_wy_blocked_apply_kernel"]["BV"] == (64 if bf16 and B > 1 else 32), (B, T, name)
         else:
             assert set(kws) == forms[name], (B, T, name, set(kws))
-    assert [auto_design(2, 65, "bf16x3", **kw) for kw in ({}, dict(pdl=True), dict(block_k=64), dict(fold_root=False),
-                                                           dict(block_v=32))] == ["head"] + ["fold"] * 4
+    assert [auto_design(2, 65, "bf16x3", **kw) for kw in ({}, dict(pdl=True), dict(pdl="grid"), dict(block_k=64),
+                                                           dict(fold_root=False), dict(block_v=32))] == ["head"] + ["fold"] * 5
+    # pdl takes False, True or "grid" (in the interpreter, whose programs run one after another, either is off)
+    inp = kernel_inputs(1, 17, device="cpu")
+    with pytest.raises(ValueError, match="pdl: expected False, True or 'grid', got 'flags'"):
+        plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=ddtree_batch(1, 17)[1],
+                initial_state=inp["initial_state"], design="fold", pdl="flags")
