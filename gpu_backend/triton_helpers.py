@@ -2,8 +2,11 @@
 row loads with the in-kernel q/k l2-norm, the gates (given, or fused from a, b, A_log, dt_bias),
 the committed state of a pool slot, a parent-indexed node's source state and a chunk of a node's root path (also
 KDA's and lightning attention's), one gated delta-rule step, and the pieces the WY kernels start
-from: the root's recurrent step, a block of draft rows, and the whole per-V-tile prologue (wy_tile). Reference: the per-node step of
-oracle.gdn (float64), which the property suites compare every kernel against.
+from: the root's recurrent step, a block of draft rows, and the whole per-V-tile prologue (wy_tile). Loads and
+arithmetic come apart where a kernel should issue all of its reads before its first reduction (normed, raw_gates /
+gate_values, root_reads / root_step, wy_reads / wy_values): Triton puts a barrier at each reduction, and a read
+issued after one waits a memory round trip of its own. Reference: the per-node step of oracle.gdn (float64), which
+the property suites compare every kernel against.
 """
 from __future__ import annotations
 
