@@ -85,7 +85,7 @@ def _gdn_wy_kernel(
     # wy_tile's reads, after them (its layout conversion waits for it) and before any reduction
     reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
                        STATE_VK)
-    i_b, o_t = reads[0], reads[3]
+    i_b, o_t = reads[0], reads[3]  # wy_reads' sequence and node offsets
     mt = o_t < T - 1
     anc = tl.load(mask + (i_b * T + 1 + o_t[:, None]).to(tl.int64) * T + 1 + o_t[None, :],
                   mask=mt[:, None] & mt[None, :], other=0) != 0

@@ -42,7 +42,13 @@ def load_rows(ptr, rows, head, cols, m, NH: tl.constexpr, D: tl.constexpr, L2NOR
     """fp32 values of ptr [B*T, NH, D] at (rows, head, cols): a vector (AXIS 0) for a scalar row,
     a block [R, C] (AXIS 1) for rows [R, 1] and cols [1, C]; with L2NORM each row is divided by
     its l2 norm."""
-    return normed(tl.load(ptr + (rows * NH + head) * D + cols, mask=m, other=0.0), L2NORM, AXIS)
+    return normed(raw_rows(ptr, rows, head, cols, m, NH, D), L2NORM, AXIS)
+
+
+@triton.jit
+def raw_rows(ptr, rows, head, cols, m, NH: tl.constexpr, D: tl.constexpr):
+    """load_rows' read alone: ptr [B*T, NH, D] at (rows, head, cols) in its own dtype (no conversion, no norm)."""
+    return tl.load(ptr + (rows * NH + head) * D + cols, mask=m, other=0.0)
 
 
 @triton.jit
@@ -178,9 +184,9 @@ def root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v,
     """wy_root's reads, issued together (the state's after its pool slot's: two round trips in all): the root's
     q, k [BK] and v [BV] rows in their own dtype, its raw gates, and the committed state tile [BK, BV]."""
     slot = tl.load(state_idx + i_b)
-    q0 = tl.load(q + (r0 * H + i_h) * K + o_k, mask=mk, other=0.0)
-    k0 = tl.load(k + (r0 * H + i_h) * K + o_k, mask=mk, other=0.0)
-    v0 = tl.load(v + (r0 * HV + i_hv) * V + o_v, mask=mv, other=0.0)
+    q0 = raw_rows(q, r0, i_h, o_k, mk, H, K)
+    k0 = raw_rows(k, r0, i_h, o_k, mk, H, K)
+    v0 = raw_rows(v, r0, i_hv, o_v, mv, HV, V)
     raw_g0, raw_b0 = raw_gates(g, beta, r0 * HV + i_hv, 0, False)
     s0 = tl.load(state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
                  other=0.0)
@@ -231,9 +237,9 @@ def wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H: tl.conste
     q0, k0, v0, raw_g0, raw_b0, s0 = root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v,
                                                  mk, mv, H, HV, K, V, STATE_VK)
     mqk = mt[:, None] & mk[None, :]
-    b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mqk, other=0.0)
-    b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mqk, other=0.0)
-    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
+    b_q = raw_rows(q, rows[:, None], i_h, o_k[None, :], mqk, H, K)
+    b_k = raw_rows(k, rows[:, None], i_h, o_k[None, :], mqk, H, K)
+    b_v = raw_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V)
     raw_g, raw_b = raw_gates(g, beta, rows * HV + i_hv, mt, True)
     return (i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, r0, mt, rows, q0, k0, v0, raw_g0, raw_b0, s0, b_q,
             b_k, b_v, raw_g, raw_b)

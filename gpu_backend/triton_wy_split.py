@@ -43,16 +43,10 @@ except ImportError:  # pragma: no cover - older Triton: pdl is refused by plan_w
 
 
 @triton.jit
-def _raw_rows(ptr, rows, head, cols, m, NH: tl.constexpr, D: tl.constexpr):
-    """Rows [R, C] of ptr [B*T, NH, D] in their own dtype (no conversion, no norm)."""
-    return tl.load(ptr + (rows * NH + head) * D + cols, mask=m, other=0.0)
-
-
-@triton.jit
 def _raw_block(ptr, rows, m, head, o_k, mk, NH: tl.constexpr, D: tl.constexpr, L2NORM: tl.constexpr):
     """Rows [BT, BK] of q or k [B*T, NH, D] in their own dtype (16-bit inputs stay 16-bit: one exact
     MMA per product, half the shared memory) and their l2 norms [BT] (ones without L2NORM)."""
-    x = _raw_rows(ptr, rows[:, None], head, o_k[None, :], m[:, None] & mk[None, :], NH, D)
+    x = h.raw_rows(ptr, rows[:, None], head, o_k[None, :], m[:, None] & mk[None, :], NH, D)
     if L2NORM:
         r = tl.sqrt(tl.sum(x.to(tl.float32) * x.to(tl.float32), 1) + 1e-6)
     else:
@@ -238,8 +232,8 @@ def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H:
         i_b, i_hv = i_bh // HV, i_bh % HV
         r0 = (i_b * T).to(tl.int64)
         o_k0 = tl.arange(0, BK)
-        raw_q0 = tl.load(q + (r0 * H + i_hv // (HV // H)) * K + o_k0, mask=o_k0 < K, other=0.0)
-        raw_k0 = tl.load(k + (r0 * H + i_hv // (HV // H)) * K + o_k0, mask=o_k0 < K, other=0.0)
+        raw_q0 = h.raw_rows(q, r0, i_hv // (HV // H), o_k0, o_k0 < K, H, K)
+        raw_k0 = h.raw_rows(k, r0, i_hv // (HV // H), o_k0, o_k0 < K, H, K)
         raw_g0, raw_b0 = h.raw_gates(g, beta, r0 * HV + i_hv, 0, False)
     reads = _prologue_reads(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED)
     o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _prologue_values(reads, FUSED, L2NORM, RAW16, PRECISION)
@@ -261,7 +255,7 @@ def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H:
     if ROOT:
         q0 = h.normed(raw_q0, L2NORM, 0)  # [BK] fp32
         k0 = h.normed(raw_k0, L2NORM, 0)
-        neg_A, bias = reads[5], reads[6]
+        neg_A, bias = reads[5], reads[6]  # _prologue_reads' gate parameters (read once, with the block's)
         g0, beta0 = h.gate_values(raw_g0, raw_b0, neg_A, bias, FUSED)
         a0 = tl.exp(g0)
         c = beta0 * tl.sum(Qm * k0[None, :], 1)  # [BT]
