@@ -4,7 +4,7 @@ before (tf32x3), and the memory the verify allocates per layer call (its output 
 W / P / Qe / Ve / G buffers; nothing per node). Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees,
 median us (do_bench: each call alone, L2 flushed before it). With --layers N, the default precision also as a
 server's replayed verify runs it: N layers' inputs (states, q, k, v, gates, each set its own) verified back to
-back from one CUDA graph, us per launch (ddsim.bench.bench.graphed_us; 48 is Qwen3.6-27B's GDN layers).
+back from one CUDA graph, us per launch (ddsim.bench.bench.graphed_layers_us; 48 is Qwen3.6-27B's GDN layers).
 
 With --parts, each kernel of a multi-kernel default (bf16x3) also timed alone, in the order launched.
 
@@ -20,7 +20,7 @@ from ddsim.bench.bench import (
     copy_bandwidth,
     ddtree_batch,
     fp32_tensor_rate,
-    graphed_us,
+    graphed_layers_us,
     kernel_bytes,
     kernel_flops,
     kernel_inputs,
@@ -31,19 +31,6 @@ from ddsim.gpu_backend import _common, triton_gdn
 from ddsim.gpu_backend.triton_gdn import auto_design, plan_wy
 
 SHAPES = "1x16,1x65,8x65,32x65,1x129,8x129,1x257,8x257"
-
-
-def graphed_layers(B, T, parents, n) -> float:
-    """us per launch of n layers' verifies (each its own inputs, seeded apart; one plan each) from one CUDA graph."""
-    plans = []
-    for i in range(n):
-        li = kernel_inputs(B, T, device="cuda", seed=1 + i)
-        plans.append(plan_wy(**{k: li[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
-                             initial_state=li["initial_state"], poison=False))
-    us = graphed_us([launch for launch, _ in plans])
-    del plans
-    torch.cuda.empty_cache()
-    return us
 
 
 def main():
@@ -96,7 +83,7 @@ def main():
         fl = kernel_flops(B, T)["wy"]
         layers = ""
         if a.layers:
-            layers = f" {graphed_layers(B, T, parents, a.layers):.1f} |"
+            layers = f" {graphed_layers_us(B, T, parents, a.layers):.1f} |"
         if a.head_off:
             triton_gdn.AUTO_HEAD = triton_gdn.AUTO_HEAD_ONE = False
             try:
@@ -104,7 +91,7 @@ def main():
                 layers += f" {median_us(launch):.1f} |"
                 del launch, o
                 if a.layers:
-                    layers += f" {graphed_layers(B, T, parents, a.layers):.1f} |"
+                    layers += f" {graphed_layers_us(B, T, parents, a.layers):.1f} |"
             finally:
                 triton_gdn.AUTO_HEAD = triton_gdn.AUTO_HEAD_ONE = True
         print(f"| {B} x {T} | {auto_design(B, T, 'bf16x3')} | {us['bf16x3']:.1f} | {us['tf32x3']:.1f} | "

@@ -23,7 +23,7 @@ from ddsim.bench.bench import (
     copy_bandwidth,
     cuda_header,
     ddtree_batch,
-    graphed_us,
+    graphed_layers_us,
     kernel_bytes,
     kernel_inputs,
     median_us,
@@ -39,17 +39,6 @@ TILES = (16, 32, 64)
 def resources(launch) -> tuple[float, str]:
     ms, kernels = timed_resources(launch)
     return ms * 1e3, "; ".join(f"{c['name']} {c['regs']} regs {c['spills']} spilled" for c in kernels)
-
-
-def layer_plans(B, T, parents, n, **kw):
-    """n layers' launches (each its own inputs, seeded apart)."""
-    out = []
-    for i in range(n):
-        li = kernel_inputs(B, T, device="cuda", seed=1 + i)
-        launch, _ = plan_wy(**{k: li[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
-                            initial_state=li["initial_state"], poison=False, **kw)
-        out.append(launch)
-    return out
 
 
 def warps(B, T, common):
@@ -122,10 +111,8 @@ def main():
                 del launch, o
         print(f"| {B} x {T} | memory floor | | {kernel_bytes(B, T)['wy'] / bw * 1e6:.1f} | | | | |")
         if a.layers and best:
-            auto_us = graphed_us(layer_plans(B, T, parents, a.layers))
-            torch.cuda.empty_cache()
-            pdl_us = graphed_us(layer_plans(B, T, parents, a.layers, design="fold", pdl=best[1], block_v=best[2]))
-            torch.cuda.empty_cache()
+            auto_us = graphed_layers_us(B, T, parents, a.layers)
+            pdl_us = graphed_layers_us(B, T, parents, a.layers, design="fold", pdl=best[1], block_v=best[2])
             print(f"| {B} x {T} | graphed, {a.layers} layers in turn, us a layer: auto {auto_us:.1f}, fold PDL "
                   f"{best[1]} V tile {best[2]} {pdl_us:.1f} | | | | | | |", flush=True)
     print("kernels alone (the launch plan_wy returns), median us of do_bench (each call alone, L2 flushed before it); "

@@ -226,6 +226,21 @@ def graphed_us(launches: list, *, repeats: int = 20) -> float:
     return us
 
 
+def graphed_layers_us(B: int, T: int, parents, n: int, **plan_kw) -> float:
+    """graphed_us of n layers' exact WY verifies at B x T (each layer its own inputs, seeded apart; one plan_wy each,
+    with ``plan_kw``), as a server's replayed verify runs a model's GDN layers."""
+    from ddsim.gpu_backend.triton_gdn import plan_wy
+    plans = []
+    for i in range(n):
+        li = kernel_inputs(B, T, device="cuda", seed=1 + i)
+        plans.append(plan_wy(**{k: li[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
+                             initial_state=li["initial_state"], poison=False, **plan_kw))
+    us = graphed_us([launch for launch, _ in plans])
+    del plans
+    torch.cuda.empty_cache()
+    return us
+
+
 def event_median_ms(fn, *, repeats: int = 20) -> float:
     """Median milliseconds of fn() between two CUDA events (the device idle before each call): a graph's replay
     alone, without the host's work around it."""
