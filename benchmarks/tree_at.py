@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 # where each installed subpackage lives in the repository (pyproject.toml's [tool.setuptools.package-dir])
@@ -28,17 +29,23 @@ def main():
     except subprocess.CalledProcessError as e:
         print(f"tree_at: commit {commit!r}: {e.stderr.decode().strip()}", file=sys.stderr)
         sys.exit(2)
-    if out.exists():
-        shutil.rmtree(out)
+    if out.exists() and not out.is_dir():
+        print(f"tree_at: {out}: exists and is not a directory", file=sys.stderr)
+        sys.exit(2)
+    # laid out beside DIR, then put in its place: an interrupted run leaves DIR as it was
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.resolve().parent))
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         for m in tar.getmembers():
             top, _, rest = m.name.partition("/")
             if not m.isfile() or rest.startswith("models/"):
                 continue
             dest = next(k for k, v in PACKAGES.items() if v == top)
-            path = out / dest / rest
+            path = tmp / dest / rest
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(tar.extractfile(m).read())
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
     print(f"{commit}: ddsim in {out}")
 
 
