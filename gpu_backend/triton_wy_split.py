@@ -332,7 +332,7 @@ def _gdn_wy_fold_head_kernel(
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr,
-    PRECISION: tl.constexpr, STATE_VK: tl.constexpr, SPLIT_V: tl.constexpr,
+    PRECISION: tl.constexpr, STATE_VK: tl.constexpr, SPLIT_V: tl.constexpr, TILE_READS: tl.constexpr,
 ):
     # The folded form with the root's step folded in (fold_root) in one program per head: the weights stay in
     # the program (registers) and it applies them to each V tile of the committed state S itself,
@@ -341,7 +341,7 @@ def _gdn_wy_fold_head_kernel(
     # through global memory inside the program measured slower: RESULTS.md.)
     # SPLIT_V: a program per (head, V tile) (grid B HV V / BV), each making the weights and applying them to its
     # own V tile (a tile called directly: one loop over runtime bounds for both forms compiled to more spills
-    # offline, 448 B against 96)
+    # offline, 448 B against 96). TILE_READS: each V tile's reads in one round (_head_tile; HEAD_TILE_READS)
     pid = tl.program_id(0)
     NT: tl.constexpr = (V + BV - 1) // BV
     i_bh = pid // NT if SPLIT_V else pid
@@ -351,19 +351,23 @@ def _gdn_wy_fold_head_kernel(
                                                 BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True)
     if SPLIT_V:
         _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, (pid % NT) * BV, T, o_t, o_k, HV, K, V, BV,
-                   EXACT, PRECISION, STATE_VK)
+                   EXACT, PRECISION, STATE_VK, TILE_READS)
     else:
         for vt in range(0, V, BV):
             _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k, HV, K, V, BV, EXACT,
-                       PRECISION, STATE_VK)
+                       PRECISION, STATE_VK, TILE_READS)
 
 
 @triton.jit
 def _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k, HV: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, BV: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-               STATE_VK: tl.constexpr):
+               STATE_VK: tl.constexpr, TILE_READS: tl.constexpr):
     """The head kernel's V tile at columns vt..vt+BV: O = Qe' S + Ve V + c v_0^T and o_0 = S^T q_0' + c_0 v_0,
-    stored (the addresses made here, 32-bit past scalar bases: _draft_tile)."""
+    stored (the addresses made here, 32-bit past scalar bases: _draft_tile). The product Ve V first: Triton moves
+    v into shared memory for it (a barrier) as soon as v arrives, and the state's read follows, a round trip of its
+    own. TILE_READS: Qe' S first, o_0 stored before either product, so that v, v_0 and the state are read in one
+    round (compiled for sm_90 at 8 x 65: the head kernel's rounds 3 -> 2, with 32 B spilled where it spilled none;
+    a program per V tile spilled more, so the launch takes it for a program per head only; HEAD_TILE_READS)."""
     mt = o_t < T - 1
     mk = o_k < K
     o_v = vt + tl.arange(0, BV)
@@ -374,9 +378,17 @@ def _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k,
                 other=0.0)  # [BK, BV]
     # Ve V with Ve in two bf16 parts (EXACT 3) where bf16x3 would take three: Qe' S beside it is Triton's
     # bf16x3, about 2^-16, and the output bf16; one MMA and a third of Ve's registers fewer a tile
-    acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], 3 if EXACT == 2 else EXACT, PRECISION),
-                 input_precision=PRECISION)  # [BT, BV]
-    _store_root_tile(o, acc, c0 * v0 + tl.sum(q0[:, None] * S, 0), r0, tile, o_v, mt, mv)
+    ex: tl.constexpr = 3 if EXACT == 2 else EXACT
+    if TILE_READS:
+        o0 = c0 * v0 + tl.sum(q0[:, None] * S, 0)  # [BV]
+        tl.store(o + r0 + o_v, o0.to(o.dtype.element_ty), mask=mv)
+        acc = _dot_exact_rhs(Vm, b_v, tl.dot(Qm, S, c[:, None] * v0[None, :], input_precision=PRECISION), ex,
+                             PRECISION)  # [BT, BV]
+        tl.store(o + r0 + tile, acc.to(o.dtype.element_ty), mask=mt[:, None] & mv[None, :])
+    else:
+        acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], ex, PRECISION),
+                     input_precision=PRECISION)  # [BT, BV]
+        _store_root_tile(o, acc, c0 * v0 + tl.sum(q0[:, None] * S, 0), r0, tile, o_v, mt, mv)
 
 
 @triton.jit
@@ -504,6 +516,10 @@ HEAD_BLOCK_V, HEAD_STAGES = 64, 1
 # sequence (19.5 against 26.7 us at 1 x 65 on the H200) and two (22.0 against 27.1 at 2 x 65), while a batch split
 # took 38.2 against 31.8 at 4 x 65 and 26% longer at 32 x 65 (RESULTS.md).
 HEAD_SPLIT_V = None
+# Whether a program per head reads each V tile's v, root row and state in one round instead of two (_head_tile's
+# TILE_READS): compiled for sm_90, one round trip fewer a tile and 32 B spilled; not yet timed on a GPU, so off
+# (bench_wy_head.py --variants times both)
+HEAD_TILE_READS = False
 # Head programs an SM holds at once: the head kernel compiles to 255 registers at 4 warps (kernel_registers.py), two
 # programs' worth of the 64 K a Hopper or Blackwell SM has
 HEAD_PROGRAMS_PER_SM = 2
@@ -595,7 +611,8 @@ def _plan_head(kw: dict, heads: int, cap, device):
     split = _head_split(heads, tiles, _slots(device)) if HEAD_SPLIT_V is None else bool(HEAD_SPLIT_V)
     if cap:
         kw["maxnreg"] = cap
-    return bind(_gdn_wy_fold_head_kernel, (heads * tiles if split else heads,), dict(kw, SPLIT_V=split))
+    return bind(_gdn_wy_fold_head_kernel, (heads * tiles if split else heads,),
+                dict(kw, SPLIT_V=split, TILE_READS=HEAD_TILE_READS and not split))
 
 
 def _in_order(first, second):
