@@ -46,7 +46,7 @@ SHAPE = dict(H=16, HV=48, K=128, BT=64, BK=128, FUSED=False, L2NORM=True, PRECIS
 FOLD = dict(q="*bf16", k="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", mask="*i8", Qe="*fp32",
             Ve="*fp32", Cv="*fp32", Q0="*fp32", C0="*fp32", ready="*i32", T="i32", scale="fp32", NSTEP="i32")
 HEAD = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", mask="*i8",
-            state="*fp32", state_idx="*i32", o="*bf16", T="i32", scale="fp32", NSTEP="i32")
+            state="*fp32", state_idx="*i32", o="*bf16", T="i32", scale="fp32", NSTEP="i32", NWHOLE="i32")
 ROOT_APPLY = dict(v="*bf16", Qe="*fp32", Ve="*fp32", Cv="*fp32", Q0="*fp32", C0="*fp32", ready="*i32", state="*fp32",
               state_idx="*i32", o="*bf16", T="i32")
 APPLY = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", Qe="*fp32",
@@ -217,7 +217,7 @@ if __name__ == "__main__":
     # what design "auto" launches for a batch of bf16 inputs (the head kernel: HEAD_BLOCK_V, HEAD_STAGES), then the
     # two kernels of design "fold" at its bf16 defaults (bf16x3 products, the root folded in: FOLD_DEFAULTS)
     head = dict(SHAPE, V=128, BV=ws.HEAD_BLOCK_V, PRECISION="bf16x3", RAW16=True, EXACT=2, STATE_VK=False,
-                SPLIT_V=ws.HEAD_SPLIT_V is True)
+                SPLIT_V=ws.HEAD_SPLIT_V is True, MIXED=False)
     head["TILE_READS"] = (a.tile_reads or ws.HEAD_TILE_READS) and not head["SPLIT_V"]  # as _plan_head takes it
     for cap in (None, *head_caps):
         print(f"head kernel at the bf16 defaults (bf16x3, {ws.HEAD_BLOCK_V}-wide tiles, {ws.HEAD_STAGES} stage"

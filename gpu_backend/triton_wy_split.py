@@ -330,9 +330,11 @@ def _gdn_wy_fold_head_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     state, state_idx, o,
     T, scale, NSTEP,
+    NWHOLE,  # MIXED: the heads with a program of their own (the first NWHOLE); the rest take a program a V tile
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr,
     PRECISION: tl.constexpr, STATE_VK: tl.constexpr, SPLIT_V: tl.constexpr, TILE_READS: tl.constexpr,
+    MIXED: tl.constexpr,
 ):
     # The folded form with the root's step folded in (fold_root) in one program per head: the weights stay in
     # the program (registers) and it applies them to each V tile of the committed state S itself,
@@ -341,15 +343,28 @@ def _gdn_wy_fold_head_kernel(
     # through global memory inside the program measured slower: RESULTS.md.)
     # SPLIT_V: a program per (head, V tile) (grid B HV V / BV), each making the weights and applying them to its
     # own V tile (a tile called directly: one loop over runtime bounds for both forms compiled to more spills
-    # offline, 448 B against 96). TILE_READS: each V tile's reads in one round (_head_tile; HEAD_TILE_READS)
+    # offline, 448 B against 96). TILE_READS: each V tile's reads in one round (_head_tile; HEAD_TILE_READS).
+    # MIXED: the first NWHOLE programs a head each, then a program per (head, V tile) for the rest, one loop over
+    # runtime bounds (HEAD_MIXED: compiled for sm_90 at 8 x 65, 4 spill instructions; 448 B before the reads were
+    # issued first)
     pid = tl.program_id(0)
     NT: tl.constexpr = (V + BV - 1) // BV
-    i_bh = pid // NT if SPLIT_V else pid
+    if MIXED:
+        tail = pid >= NWHOLE
+        i_bh = tl.where(tail, NWHOLE + (pid - NWHOLE) // NT, pid)
+        t0 = tl.where(tail, ((pid - NWHOLE) % NT) * BV, 0)  # the program's V columns t0..t1
+        t1 = tl.where(tail, t0 + BV, V)
+    else:
+        i_bh = pid // NT if SPLIT_V else pid
     i_b, i_hv = i_bh // HV, i_bh % HV
     slot = tl.load(state_idx + i_b)  # read with the weights' reads (after them, the state's read waited two trips)
     o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
                                                 BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True)
-    if SPLIT_V:
+    if MIXED:
+        for vt in range(t0, t1, BV):
+            _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k, HV, K, V, BV, EXACT,
+                       PRECISION, STATE_VK, TILE_READS)
+    elif SPLIT_V:
         _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, (pid % NT) * BV, T, o_t, o_k, HV, K, V, BV,
                    EXACT, PRECISION, STATE_VK, TILE_READS)
     else:
@@ -367,7 +382,8 @@ def _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k,
     v into shared memory for it (a barrier) as soon as v arrives, and the state's read follows, a round trip of its
     own. TILE_READS: Qe' S first, o_0 stored before either product, so that v, v_0 and the state are read in one
     round (compiled for sm_90 at 8 x 65: the head kernel's rounds 3 -> 2, with 32 B spilled where it spilled none;
-    a program per V tile spilled more, so the launch takes it for a program per head only; HEAD_TILE_READS)."""
+    a program per V tile spilled more, so the launch takes it for a program per head only, or with MIXED;
+    HEAD_TILE_READS)."""
     mt = o_t < T - 1
     mk = o_k < K
     o_v = vt + tl.arange(0, BV)
@@ -520,6 +536,11 @@ HEAD_SPLIT_V = None
 # TILE_READS): compiled for sm_90, one round trip fewer a tile and 32 B spilled; not yet timed on a GPU, so off
 # (bench_wy_head.py --variants times both)
 HEAD_TILE_READS = False
+# Whether a batch whose heads design auto leaves whole (_head_split) splits its last, partial wave's heads along V
+# when their programs fit in one wave (_head_mixed), in the same grid: 55.2 against 58.0 us at 8 x 65 before the
+# reads were issued first, with 42 words spilled where it now compiles to 4 spill instructions; not yet timed
+# since, so off (bench_wy_head.py --variants times it)
+HEAD_MIXED = False
 # Head programs an SM holds at once: the head kernel compiles to 255 registers at 4 warps (kernel_registers.py), two
 # programs' worth of the 64 K a Hopper or Blackwell SM has
 HEAD_PROGRAMS_PER_SM = 2
@@ -532,6 +553,14 @@ def _head_split(heads: int, tiles: int, slots: int) -> bool:
     in the same grid, measured 55.2 against 58.0 us at 8 x 65, within the spread between runs, with more spills:
     not taken, RESULTS.md.)"""
     return heads * tiles <= slots
+
+
+def _head_mixed(heads: int, tiles: int, slots: int) -> int:
+    """How many of ``heads`` keep a program of their own when the last, partial wave's heads are split along V
+    (HEAD_MIXED): all but that wave's, when their ``tiles`` programs a head fit in one wave of the ``slots``; else
+    all (splitting them would add a wave)."""
+    tail = heads % slots
+    return heads - tail if tail * tiles <= slots else heads
 
 
 _SMS: dict = {}
@@ -606,13 +635,18 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
 
 
 def _plan_head(kw: dict, heads: int, cap, device):
-    """The head kernel's launch: a program per head, or per (head, V tile) (HEAD_SPLIT_V, _head_split)."""
-    tiles = C.cdiv(kw["V"], kw["BV"])
-    split = _head_split(heads, tiles, _slots(device)) if HEAD_SPLIT_V is None else bool(HEAD_SPLIT_V)
+    """The head kernel's launch: a program per head, or per (head, V tile) (HEAD_SPLIT_V, _head_split), or with
+    HEAD_MIXED the last, partial wave's heads a program per V tile (_head_mixed)."""
+    tiles, slots = C.cdiv(kw["V"], kw["BV"]), _slots(device)
+    split = _head_split(heads, tiles, slots) if HEAD_SPLIT_V is None else bool(HEAD_SPLIT_V)
     if cap:
         kw["maxnreg"] = cap
+    whole = _head_mixed(heads, tiles, slots) if HEAD_MIXED and HEAD_SPLIT_V is None and not split else heads
+    if whole < heads:  # the first `whole` heads a program each, then a program per (head, V tile)
+        return bind(_gdn_wy_fold_head_kernel, (whole + (heads - whole) * tiles,),
+                    dict(kw, NWHOLE=whole, SPLIT_V=False, TILE_READS=HEAD_TILE_READS, MIXED=True))
     return bind(_gdn_wy_fold_head_kernel, (heads * tiles if split else heads,),
-                dict(kw, SPLIT_V=split, TILE_READS=HEAD_TILE_READS and not split))
+                dict(kw, NWHOLE=0, SPLIT_V=split, TILE_READS=HEAD_TILE_READS and not split, MIXED=False))
 
 
 def _in_order(first, second):

@@ -283,6 +283,42 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
     assert torch.equal(pool, before)
 
 
+@pytest.mark.parametrize("mode, dtype, tile_reads", [("exact", torch.float16, False), ("leaky", torch.float32, True)])
+def test_the_head_kernels_mixed_grid_matches_oracle(mode, dtype, tile_reads, monkeypatch):
+    """HEAD_MIXED: the heads of whole waves a program each, the last, partial wave's a program per V tile, in one
+    grid. 4 heads on 3 slots (three 16-wide V tiles a head): 3 whole, then the fourth in 3 programs. The output
+    equals the oracle's, and a program per head's bit for bit (the same arithmetic a tile)."""
+    from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
+    inp = _long_example(T=40, V=40)
+    args = _cast(inp, dtype)
+    pool, slots = _pool(inp)
+    before = pool.clone()
+    monkeypatch.setattr(ws, "HEAD_BLOCK_V", 16)
+    monkeypatch.setattr(ws, "HEAD_TILE_READS", tile_reads)
+    monkeypatch.setattr(ws, "_slots", lambda device: 3)
+    grids, bind = [], ws.bind
+    monkeypatch.setattr(ws, "bind", lambda kernel, grid, kw: grids.append((grid, kw["NWHOLE"], kw["MIXED"])) or
+                        bind(kernel, grid, kw))
+    outs = {}
+    for mixed in (False, True):
+        monkeypatch.setattr(ws, "HEAD_MIXED", mixed)
+        outs[mixed] = gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), initial_state=pool,
+                                         state_indices=slots, mode=mode, design="head")
+    assert grids == [((4,), 0, False), ((6,), 3, True)], grids
+    ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
+    assert_close(f"o (head, mixed grid, {mode})", outs[True], ref, dtype=dtype, slack=5)
+    assert torch.equal(outs[True], outs[False])
+    assert torch.equal(pool, before)
+
+
+def test_the_mixed_grid_splits_only_a_last_wave_that_fits_one_wave():
+    """_head_mixed: the heads that keep a program each. Qwen3.6-27B's 48 value heads, two V tiles, an H200's 264
+    slots: 4 and 32 sequences keep every head whole (4: one partial wave of 192, split it would take 384 programs;
+    32: the last wave's 216 heads would take 432), 6 and 8 split the last wave's 24 and 120 heads."""
+    assert [ws._head_mixed(B * 48, 2, 264) for B in (4, 6, 8, 32)] == [192, 264, 264, 1536]
+    assert ws._head_mixed(264, 2, 264) == 264 and ws._head_mixed(265, 2, 264) == 264
+
+
 @settings(max_examples=12)
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]),
        st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split", "triton-wy-fold", "triton-wy-head",

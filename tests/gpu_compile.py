@@ -16,7 +16,7 @@ and commit kernels) at the property suites' fixed examples. --set serving: what 
 at one and eight sequences of 17, 65 and 131 nodes in bf16, the two-kernel form auto takes for a batch when
 given its options (fold at 8 x 65) and for one sequence (split at 1 x 65), and the other kernels. --set reads: the
 WY kernels a server launches up to one block (design auto at 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, and auto at
-8 x 65 with triton_wy_split.HEAD_TILE_READS on), each with
+8 x 65 with triton_wy_split.HEAD_TILE_READS on, then HEAD_MIXED too), each with
 its global reads' rounds in the machine code: runs of loads that a barrier (BAR.SYNC) separates. A read issued after
 a barrier waits a memory round trip of its own; a kernel whose reads all precede its first barrier takes one.
 """
@@ -255,6 +255,10 @@ if __name__ == "__main__":
         triton_wy_split.HEAD_TILE_READS = True  # the option: a program per head reads a V tile in one round
         for kernel, kw in launches(8, 65, torch.bfloat16, "auto"):
             print(f"reads 8 x 65, design auto, HEAD_TILE_READS: {kernel.__name__} "
+                  f"{read_rounds(compile_for(kernel, kw))}", flush=True)
+        triton_wy_split.HEAD_MIXED = True  # and the last wave's heads split along V in the same grid
+        for kernel, kw in launches(8, 65, torch.bfloat16, "auto"):
+            print(f"reads 8 x 65, design auto, HEAD_TILE_READS and HEAD_MIXED: {kernel.__name__} "
                   f"{read_rounds(compile_for(kernel, kw))}", flush=True)
         sys.exit(0)
     if SET == "all":
