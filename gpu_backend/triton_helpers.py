@@ -236,34 +236,47 @@ def wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H: tl.conste
     rows = (i_b * T + 1 + o_t).to(tl.int64)
     q0, k0, v0, raw_g0, raw_b0, s0 = root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v,
                                                  mk, mv, H, HV, K, V, STATE_VK)
-    mqk = mt[:, None] & mk[None, :]
-    b_q = raw_rows(q, rows[:, None], i_h, o_k[None, :], mqk, H, K)
-    b_k = raw_rows(k, rows[:, None], i_h, o_k[None, :], mqk, H, K)
-    b_v = raw_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V)
-    raw_g, raw_b = raw_gates(g, beta, rows * HV + i_hv, mt, True)
-    return (i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, r0, mt, rows, q0, k0, v0, raw_g0, raw_b0, s0, b_q,
-            b_k, b_v, raw_g, raw_b)
+    return (i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, r0, mt, rows, q0, k0, v0, raw_g0, raw_b0, s0,
+            draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V))
 
 
 @triton.jit
 def wy_values(reads, o, scale, HV: tl.constexpr, V: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr):
     """wy_tile's values from wy_reads' tuple (the root's step taken, o_0 stored)."""
-    (i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, r0, mt, rows, q0, k0, v0, raw_g0, raw_b0, s0, b_q, b_k, b_v,
-     raw_g, raw_b) = reads
+    i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, r0, mt, rows, q0, k0, v0, raw_g0, raw_b0, s0, draft = reads
     s0 = root_step(q0, k0, v0, raw_g0, raw_b0, s0, o, r0, i_hv, scale, o_v, mv, neg_A, bias, HV, V, FUSED, L2NORM)
-    b_g, b_beta = gate_values(raw_g, raw_b, neg_A, bias, FUSED)
-    return (i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows, normed(b_q, L2NORM, 1),
-            normed(b_k, L2NORM, 1), b_v, tl.where(mt, b_g, 0.0), tl.where(mt, b_beta, 0.0))
+    b_q, b_k, b_v, b_g, b_beta = draft_values(draft, mt, neg_A, bias, FUSED, L2NORM)
+    return i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows, b_q, b_k, b_v, b_g, b_beta
 
 
 @triton.jit
 def wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, FUSED: tl.constexpr,
             L2NORM: tl.constexpr):
-    """A block of draft rows (rows [BT], valid where mt): q, k [BT, BK] (l2-normed), v [BT, BV] and
-    the gates g, beta [BT] (0 on padding rows)."""
-    b_q = load_rows(q, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
-    b_k = load_rows(k, rows[:, None], i_h, o_k[None, :], mt[:, None] & mk[None, :], H, K, L2NORM, 1)
-    b_v = load_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V, False, 1)
-    b_g, b_beta = gates(g, beta, rows * HV + i_hv, mt, neg_A, bias, FUSED, True)
-    return b_q, b_k, b_v, tl.where(mt, b_g, 0.0), tl.where(mt, b_beta, 0.0)
+    """A block of draft rows (rows [BT], valid where mt): q, k [BT, BK] (l2-normed), v [BT, BV] (fp32) and
+    the gates g, beta [BT] (0 on padding rows). draft_reads, then draft_values."""
+    b_q, b_k, b_v, b_g, b_beta = draft_values(
+        draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V), mt, neg_A, bias, FUSED,
+        L2NORM)
+    return b_q, b_k, b_v.to(tl.float32), b_g, b_beta
+
+
+@triton.jit
+def draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H: tl.constexpr, HV: tl.constexpr,
+                K: tl.constexpr, V: tl.constexpr):
+    """wy_rows' reads alone: q, k [BT, BK] and v [BT, BV] of the draft rows in their own dtype, and their raw
+    gates [BT]. A tuple for draft_values."""
+    mqk = mt[:, None] & mk[None, :]
+    b_q = raw_rows(q, rows[:, None], i_h, o_k[None, :], mqk, H, K)
+    b_k = raw_rows(k, rows[:, None], i_h, o_k[None, :], mqk, H, K)
+    b_v = raw_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V)
+    raw_g, raw_b = raw_gates(g, beta, rows * HV + i_hv, mt, True)
+    return b_q, b_k, b_v, raw_g, raw_b
+
+
+@triton.jit
+def draft_values(reads, mt, neg_A, bias, FUSED: tl.constexpr, L2NORM: tl.constexpr):
+    """wy_rows' arithmetic on draft_reads' tuple: q, k l2-normed (fp32), v as read, g, beta (0 on padding rows)."""
+    b_q, b_k, b_v, raw_g, raw_b = reads
+    b_g, b_beta = gate_values(raw_g, raw_b, neg_A, bias, FUSED)
+    return normed(b_q, L2NORM, 1), normed(b_k, L2NORM, 1), b_v, tl.where(mt, b_g, 0.0), tl.where(mt, b_beta, 0.0)
