@@ -248,18 +248,17 @@ if __name__ == "__main__":
         sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving|reads]")
     failed = 0
     if SET == "reads":
-        for B, T, design in ((1, 17, "auto"), (1, 65, "auto"), (8, 65, "auto"), (8, 65, "fold")):
+        # the head kernel's options, each turned on after the ones before it: a program per head reads a V tile in
+        # one round (HEAD_TILE_READS), then the last wave's heads split along V in the same grid (HEAD_MIXED)
+        for B, T, design, option in ((1, 17, "auto", None), (1, 65, "auto", None), (8, 65, "auto", None),
+                                     (8, 65, "fold", None), (8, 65, "auto", "HEAD_TILE_READS"),
+                                     (8, 65, "auto", "HEAD_MIXED")):
+            if option:
+                setattr(triton_wy_split, option, True)
+            on = "".join(f", {o}" for o in ("HEAD_TILE_READS", "HEAD_MIXED") if getattr(triton_wy_split, o))
             for kernel, kw in launches(B, T, torch.bfloat16, design):
-                print(f"reads {B} x {T}, design {design}: {kernel.__name__} {read_rounds(compile_for(kernel, kw))}",
-                      flush=True)
-        triton_wy_split.HEAD_TILE_READS = True  # the option: a program per head reads a V tile in one round
-        for kernel, kw in launches(8, 65, torch.bfloat16, "auto"):
-            print(f"reads 8 x 65, design auto, HEAD_TILE_READS: {kernel.__name__} "
-                  f"{read_rounds(compile_for(kernel, kw))}", flush=True)
-        triton_wy_split.HEAD_MIXED = True  # and the last wave's heads split along V in the same grid
-        for kernel, kw in launches(8, 65, torch.bfloat16, "auto"):
-            print(f"reads 8 x 65, design auto, HEAD_TILE_READS and HEAD_MIXED: {kernel.__name__} "
-                  f"{read_rounds(compile_for(kernel, kw))}", flush=True)
+                print(f"reads {B} x {T}, design {design}{on}: {kernel.__name__} "
+                      f"{read_rounds(compile_for(kernel, kw))}", flush=True)
         sys.exit(0)
     if SET == "all":
         for T, designs in ((65, ("fused", "split", "fold", "head")), (131, ("fused", "split", "fold"))):

@@ -78,6 +78,6 @@ def test_the_wy_kernels_issue_their_reads_together():
                    "1 x 65, design auto: _gdn_wy_fold_head_kernel": 3,
                    "8 x 65, design auto: _gdn_wy_fold_head_kernel": 3,
                    "8 x 65, design auto, HEAD_TILE_READS: _gdn_wy_fold_head_kernel": 2,
-                   "8 x 65, design auto, HEAD_TILE_READS and HEAD_MIXED: _gdn_wy_fold_head_kernel": 2,
+                   "8 x 65, design auto, HEAD_TILE_READS, HEAD_MIXED: _gdn_wy_fold_head_kernel": 2,
                    "8 x 65, design fold: _gdn_wy_fold_kernel": 1,
                    "8 x 65, design fold: _gdn_wy_fold_root_apply_kernel": 3}, got
