@@ -345,7 +345,7 @@ def _gdn_wy_fold_head_kernel(
     # own V tile (a tile called directly: one loop over runtime bounds for both forms compiled to more spills
     # offline, 448 B against 96). TILE_READS: each V tile's reads in one round (_head_tile; HEAD_TILE_READS).
     # MIXED: the first NWHOLE programs a head each, then a program per (head, V tile) for the rest, one loop over
-    # runtime bounds (HEAD_MIXED: compiled for sm_90 at 8 x 65, 4 spill instructions; 448 B before the reads were
+    # runtime bounds (HEAD_MIXED: compiled for sm_90 at 8 x 65, 8 B spilled; 448 B before the reads were
     # issued first)
     pid = tl.program_id(0)
     NT: tl.constexpr = (V + BV - 1) // BV
@@ -538,7 +538,7 @@ HEAD_SPLIT_V = None
 HEAD_TILE_READS = False
 # Whether a batch whose heads design auto leaves whole (_head_split) splits its last, partial wave's heads along V
 # when their programs fit in one wave (_head_mixed), in the same grid: 55.2 against 58.0 us at 8 x 65 before the
-# reads were issued first, with 42 words spilled where it now compiles to 4 spill instructions; not yet timed
+# reads were issued first, with 42 words spilled where it now compiles to 2 (8 B); not yet timed
 # since, so off (bench_wy_head.py --variants times it)
 HEAD_MIXED = False
 # Head programs an SM holds at once: the head kernel compiles to 255 registers at 4 warps (kernel_registers.py), two
