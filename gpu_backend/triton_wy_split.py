@@ -533,14 +533,14 @@ HEAD_BLOCK_V, HEAD_STAGES = 64, 1
 # took 38.2 against 31.8 at 4 x 65 and 26% longer at 32 x 65 (RESULTS.md).
 HEAD_SPLIT_V = None
 # Whether a program per head reads each V tile's v, root row and state in one round instead of two (_head_tile's
-# TILE_READS): compiled for sm_90, one round trip fewer a tile and 32 B spilled; not yet timed on a GPU, so off
-# (bench_wy_head.py --variants times both)
+# TILE_READS): compiled for sm_90, one round trip fewer a tile and 32 B spilled; timed on the H200 no faster (8 x 65
+# 55.6 against 54.1 us a program per head, 46.5 against 46.7 with HEAD_MIXED; RESULTS.md), so off
 HEAD_TILE_READS = False
 # Whether a batch whose heads design auto leaves whole (_head_split) splits its last, partial wave's heads along V
-# when their programs fit in one wave (_head_mixed), in the same grid: 55.2 against 58.0 us at 8 x 65 before the
-# reads were issued first, with 42 words spilled where it now compiles to 2 (8 B); not yet timed
-# since, so off (bench_wy_head.py --variants times it)
-HEAD_MIXED = False
+# when their programs fit in one wave (_head_mixed), in the same grid: 46.7 against 53.6 us at 8 x 65 on the H200
+# (RESULTS.md; 8 B spilled). Shapes it does not split (1 x 65 splits every head, 32 x 65's last wave would
+# take two) launch as before
+HEAD_MIXED = True
 # Head programs an SM holds at once: the head kernel compiles to 255 registers at 4 warps (kernel_registers.py), two
 # programs' worth of the 64 K a Hopper or Blackwell SM has
 HEAD_PROGRAMS_PER_SM = 2
@@ -549,9 +549,8 @@ HEAD_PROGRAMS_PER_SM = 2
 def _head_split(heads: int, tiles: int, slots: int) -> bool:
     """Whether the head kernel splits ``heads`` (sequence, value head) pairs into a program per V tile (``tiles``
     of them): when the split programs fit in one wave of the ``slots`` the GPU holds at once. Past that, a split
-    head makes its weights once a tile for nothing: whole heads. (Splitting only the last, partial wave's heads,
-    in the same grid, measured 55.2 against 58.0 us at 8 x 65, within the spread between runs, with more spills:
-    not taken, RESULTS.md.)"""
+    head makes its weights once a tile for nothing: whole heads, but for the last, partial wave's (HEAD_MIXED,
+    _head_mixed)."""
     return heads * tiles <= slots
 
 

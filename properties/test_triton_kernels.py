@@ -485,8 +485,8 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
     the root's step in the apply kernel, 32-wide tiles capped at 168, and past one block folded. One sequence
     takes the head form split along V (a program per head and V tile) with bf16 inputs and the split form with
     fp32 ones, and so does a bf16 batch whose split programs fit in one wave (two sequences on an H200, not
-    four); the two-kernel fold, asked for, keeps its bf16 defaults: the root folded in, 64-wide tiles, all of K in
-    one chunk, no caps
+    four), while eight split only their last, partial wave's heads (HEAD_MIXED); the two-kernel fold, asked for,
+    keeps its bf16 defaults: the root folded in, 64-wide tiles, all of K in one chunk, no caps
     (triton_wy_split.FOLD_DEFAULTS, HEAD_BLOCK_V, HEAD_STAGES, RESULTS.md)."""
     from ddsim.bench.bench import ddtree_batch, kernel_inputs
     from ddsim.gpu_backend import triton_wy_blocked as wb
@@ -535,15 +535,17 @@ def test_the_wy_defaults_follow_the_dot_precision(monkeypatch, dtype):
         assert set(kws) == want, (B, design, set(kws))
         if B == 1 and bf16:
             assert kws["_gdn_wy_fold_head_kernel"]["SPLIT_V"] is True
-    if bf16:  # at Qwen3.6-27B's 48 value heads: 2 sequences' 192 programs split fit an H200's 264 slots, 4's 384 not
-        for B, split in ((2, True), (4, False)):
+    if bf16:  # at Qwen3.6-27B's 48 value heads: 2 sequences' 192 programs split fit an H200's 264 slots, 4's 384
+        # not; 8 sequences' 384 heads fill one wave whole (264) and split the last wave's 120 in 240 (HEAD_MIXED)
+        for B, want in ((2, ((192,), True, 0)), (4, ((192,), False, 0)), (8, ((504,), False, 264))):
             grids = []
-            monkeypatch.setattr(ws, "bind", lambda kernel, grid, kw: grids.append((grid, kw["SPLIT_V"])))
+            monkeypatch.setattr(ws, "bind", lambda kernel, grid, kw: grids.append((grid, kw["SPLIT_V"],
+                                                                                   kw["NWHOLE"])))
             _, parents = ddtree_batch(B, 65)
             inp = kernel_inputs(B, 65, dtype=dtype, device="cpu")
             plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                     initial_state=inp["initial_state"], poison=False)
-            assert grids == [((B * 48 * 2,) if split else (B * 48,), split)], (B, grids)
+            assert grids == [want], (B, grids)
         monkeypatch.setattr(ws, "bind", lambda kernel, grid, kw: got.append((kernel.__name__, kw)))
         if design == "fold" and bf16:
             apply = kws["_gdn_wy_fold_root_apply_kernel"]

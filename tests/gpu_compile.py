@@ -10,13 +10,13 @@ with Triton's bundled ptxas.
 --set all (the default): every launch the GDN WY launchers make at Qwen3.6-27B GDN shapes for every design,
 one block (65 nodes: fused, split, fold, head) and past it (131 nodes: the chunked form and the split form,
 unfolded and folded), bf16 and fp32 inputs (design head at 2 x 65 split along V), design head for eight sequences
-(a program per head), and every other
+(whole heads, the last wave's split along V: HEAD_MIXED), and every other
 Triton kernel the public functions launch (recurrent GDN, the commits, the tree conv, Mamba2's recurrent, SSD
 and commit kernels) at the property suites' fixed examples. --set serving: what a server launches, the WY launchers' default design ("auto")
 at one and eight sequences of 17, 65 and 131 nodes in bf16, the two-kernel form auto takes for a batch when
 given its options (fold at 8 x 65) and for one sequence (split at 1 x 65), and the other kernels. --set reads: the
 WY kernels a server launches up to one block (design auto at 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, and auto at
-8 x 65 with triton_wy_split.HEAD_TILE_READS on, then HEAD_MIXED too), each with
+8 x 65 with triton_wy_split.HEAD_MIXED off, then with HEAD_TILE_READS on), each with
 its global reads' rounds in the machine code: runs of loads that a barrier (BAR.SYNC) separates. A read issued after
 a barrier waits a memory round trip of its own; a kernel whose reads all precede its first barrier takes one.
 """
@@ -248,17 +248,20 @@ if __name__ == "__main__":
         sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving|reads]")
     failed = 0
     if SET == "reads":
-        # the head kernel's options, each turned on after the ones before it: a program per head reads a V tile in
-        # one round (HEAD_TILE_READS), then the last wave's heads split along V in the same grid (HEAD_MIXED)
+        # the defaults, then the head kernel's options one at a time: a program per head for every head (HEAD_MIXED
+        # off), each V tile read in one round (HEAD_TILE_READS on)
         for B, T, design, option in ((1, 17, "auto", None), (1, 65, "auto", None), (8, 65, "auto", None),
-                                     (8, 65, "fold", None), (8, 65, "auto", "HEAD_TILE_READS"),
-                                     (8, 65, "auto", "HEAD_MIXED")):
+                                     (8, 65, "fold", None), (8, 65, "auto", ("HEAD_MIXED", False)),
+                                     (8, 65, "auto", ("HEAD_TILE_READS", True))):
+            old = option and getattr(triton_wy_split, option[0])
             if option:
-                setattr(triton_wy_split, option, True)
-            on = "".join(f", {o}" for o in ("HEAD_TILE_READS", "HEAD_MIXED") if getattr(triton_wy_split, o))
+                setattr(triton_wy_split, *option)
+            on = f", {option[0]}={option[1]}" if option else ""
             for kernel, kw in launches(B, T, torch.bfloat16, design):
                 print(f"reads {B} x {T}, design {design}{on}: {kernel.__name__} "
                       f"{read_rounds(compile_for(kernel, kw))}", flush=True)
+            if option:
+                setattr(triton_wy_split, option[0], old)
         sys.exit(0)
     if SET == "all":
         for T, designs in ((65, ("fused", "split", "fold", "head")), (131, ("fused", "split", "fold"))):
@@ -266,7 +269,7 @@ if __name__ == "__main__":
                 for design in designs:
                     for kernel, kw in launches(2, T, dtype, design):
                         failed += not check(f"{T} nodes, {str(dtype)[6:]}, design {design}", kernel, kw)
-        for kernel, kw in launches(8, 65, torch.bfloat16, "head"):  # a program per head (2 x 65 splits along V)
+        for kernel, kw in launches(8, 65, torch.bfloat16, "head"):  # whole heads, the last wave split (HEAD_MIXED)
             failed += not check("8 x 65 nodes, bfloat16, design head", kernel, kw)
     else:
         # design auto, and the two-kernel forms it takes when given their own options (pdl, block_v, ...)
