@@ -78,27 +78,55 @@ def _gdn_wy_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
+    ROOT: tl.constexpr = 0,
 ):
-    # The root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
+    # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
-    # the root, recurrently: S_r; then the draft nodes 1..T-1 as one block. The ancestor mask is read with
-    # wy_tile's reads, after them (its layout conversion waits for it) and before any reduction
-    reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
-                       STATE_VK)
-    i_b, o_t = reads[0], reads[3]  # wy_reads' sequence and node offsets
-    mt = o_t < T - 1
-    anc = tl.load(mask + (i_b * T + 1 + o_t[:, None]).to(tl.int64) * T + 1 + o_t[None, :],
-                  mask=mt[:, None] & mt[None, :], other=0) != 0
-    i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, _, _, s0, mt, rows, b_q, b_k, b_v, b_g, b_beta = h.wy_values(
-        reads, o, scale, HV, V, FUSED, L2NORM)
+    # ROOT 1 and 2 (T <= BT, FUSED_ROOT): the root is row 0 of the block, on top of the committed state S0, so no
+    # recurrent step and no reduction precede the products. 1: the solve's doubling steps count the root
+    # (NSTEP covers chains one node longer); 2: the root's column of L is eliminated first (U += -L[:, 0] u_0, a
+    # rank-one update), so NSTEP is the draft nodes' as for ROOT 0.
+    if ROOT == 0:
+        # the ancestor mask is read with wy_tile's reads, after them (its layout conversion waits for it) and
+        # before any reduction
+        reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
+                           STATE_VK)
+        i_b, o_t = reads[0], reads[3]  # wy_reads' sequence and node offsets
+        mt = o_t < T - 1
+        anc = tl.load(mask + (i_b * T + 1 + o_t[:, None]).to(tl.int64) * T + 1 + o_t[None, :],
+                      mask=mt[:, None] & mt[None, :], other=0) != 0
+        i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, _, _, s0, mt, rows, b_q, b_k, b_v, b_g, b_beta = h.wy_values(
+            reads, o, scale, HV, V, FUSED, L2NORM)
+    else:
+        i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
+        o_t = tl.arange(0, BT)
+        o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
+        neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+        mt = o_t < T
+        rows = (i_b * T + o_t).to(tl.int64)
+        slot = tl.load(state_idx + i_b)
+        # the rows, then the state, then the mask: Triton moves the state into shared memory for the products as
+        # soon as it is read (a barrier), and the mask's read follows it (two rounds, compiled for sm_90; the mask
+        # before the state puts the state behind its layout conversion)
+        draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
+        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
+                     other=0.0)
+        anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
+                      mask=mt[:, None] & mt[None, :], other=0) != 0
+        b_q, b_k, b_v, b_g, b_beta = h.draft_values(draft, mt, neg_A, bias, FUSED, L2NORM)
     b_v = b_v.to(tl.float32)
-    G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path below the root
+    G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path (below the root for ROOT 0)
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
     strict = anc & (o_t[:, None] != o_t[None, :])
     KK = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
     NL = tl.where(strict, -b_beta[:, None] * D * KK, 0.0)  # -L
     A = tl.exp(G)
     U = b_beta[:, None] * (b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION))  # right-hand side
+    if ROOT == 2:  # row 0 of U is the root's u_0 (L's row 0 is empty); take its column of -L out: U += NL[:, 0] u_0
+        first = o_t == 0
+        u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
+        U = U + tl.sum(tl.where(first[None, :], NL, 0.0), 1)[:, None] * u0[None, :]
+        NL = tl.where(first[None, :], 0.0, NL)
     for _ in range(0, NSTEP):  # U <- (I + N) U, N <- N @ N : U = sum_n (-L)^n RHS
         U = U + tl.dot(NL, U, input_precision=PRECISION)
         NL = tl.dot(NL, NL, input_precision=PRECISION)
@@ -107,6 +135,12 @@ def _gdn_wy_kernel(
     b_o = A[:, None] * tl.dot(b_qs, s0, input_precision=PRECISION) + tl.dot(P, U, input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
+
+
+# Whether the one-kernel form puts the root in its block where the whole tree fits one (T <= BT: 16 nodes in a 16-row
+# block, where the root's own step takes a reduction before the products): 0, the root's recurrent step first;
+# 1 or 2, _gdn_wy_kernel's ROOT (the root's column eliminated first: 2). Not yet timed on a GPU, so 0.
+FUSED_ROOT = 0
 
 
 WY_MAX_NODES = 65  # the root + one block of at most 64 draft nodes (a 128-row block exceeds shared memory in
@@ -254,9 +288,12 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     block_v, num_warps = block_v or 64, num_warps or 8
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK, BV = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))
+    root = FUSED_ROOT if T <= BT else 0
+    if root == 1:  # the root's chain is one node longer: powers of -L up to the depth
+        nstep = math.ceil(math.log2(depth + 1))
     grid = (C.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
-              STATE_VK=C.state_vk(initial_state), num_warps=num_warps)
+              STATE_VK=C.state_vk(initial_state), ROOT=root, num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

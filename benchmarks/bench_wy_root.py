@@ -1,0 +1,74 @@
+"""The one-kernel WY form with the root in its block (triton_gdn.FUSED_ROOT) beside its root-first default, where the
+whole tree fits one block: kernels alone (do_bench, L2 flushed before each call) and graphed (N layers' inputs back
+to back from one CUDA graph, us a layer), 4 and 8 warps, Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees. Each
+row's output against the root-first form's (max |difference|) and against the float64 oracle rounded to bf16 (the
+share of entries that differ: ddsim.bench.bench.off_rounded).
+
+    python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48]
+"""
+import argparse
+import time
+
+import torch
+import triton
+
+from ddsim import oracle
+from ddsim.bench.bench import (
+    ddtree_batch,
+    graphed_layers_us,
+    kernel_inputs,
+    off_rounded,
+    parse_shapes,
+    timed_resources,
+)
+from ddsim.gpu_backend import triton_gdn
+from ddsim.gpu_backend.triton_gdn import plan_wy
+
+ROOTS = {0: "root first (default)", 1: "root in the block, its chain counted", 2: "root in the block, eliminated"}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="?")
+    ap.add_argument("--shapes", default="1x16,1x9,2x16")
+    ap.add_argument("--layers", type=int, default=48)
+    a = ap.parse_args()
+    shapes = parse_shapes(ap, a.shapes)
+    if a.layers < 1:
+        ap.error(f"--layers: expected 1 or more, got {a.layers}")
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_wy_root: needs a CUDA device")
+    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
+          f"{triton.__version__} | commit {a.commit}")
+    print(f"| B x T | form | warps | us | graphed, {a.layers} layers, us a layer | max abs diff to root first | "
+          "off the rounded oracle | registers |")
+    print("|---|---|---|---|---|---|---|---|")
+    old = triton_gdn.FUSED_ROOT
+    try:
+        for B, T in shapes:
+            _, parents = ddtree_batch(B, T)
+            inp = kernel_inputs(B, T, device="cuda")
+            common = dict(q=inp["q"], k=inp["k"], v=inp["v"], g=inp["g"], beta=inp["beta"],
+                          parents=parents.to("cuda"), initial_state=inp["initial_state"], poison=False)
+            ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
+                                         initial_state=inp["initial_state"].cpu())
+            first = None
+            for root, name in ROOTS.items():
+                triton_gdn.FUSED_ROOT = root
+                for warps in (4, 8):
+                    launch, o = plan_wy(**common, design="fused", num_warps=warps)
+                    ms, kernels = timed_resources(launch)
+                    launch()
+                    torch.cuda.synchronize()
+                    first = o.clone() if first is None else first
+                    graphed = graphed_layers_us(B, T, parents, a.layers, design="fused", num_warps=warps)
+                    regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
+                    print(f"| {B} x {T} | {name} | {warps} | {ms * 1e3:.1f} | {graphed:.1f} | "
+                          f"{(o.float() - first.float()).abs().max().item():.2e} | {off_rounded(o, ref):.4f} | "
+                          f"{regs} |", flush=True)
+    finally:
+        triton_gdn.FUSED_ROOT = old
+
+
+if __name__ == "__main__":
+    main()
