@@ -105,21 +105,22 @@ def _gdn_wy_kernel(
         mt = o_t < T
         rows = (i_b * T + o_t).to(tl.int64)
         slot = tl.load(state_idx + i_b)
-        # the rows, then the state, then the mask: Triton moves the state into shared memory for the products as
-        # soon as it is read (a barrier), and the mask's read follows it (two rounds, compiled for sm_90; the mask
-        # before the state puts the state behind its layout conversion)
+        # the state last: Triton moves it into shared memory for the products as soon as it is read (a barrier),
+        # and a read after it would wait a round trip of its own
         draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
-        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
-                     other=0.0)
         anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
+        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
+                     other=0.0)
         b_q, b_k, b_v, b_g, b_beta = h.draft_values(draft, mt, neg_A, bias, FUSED, L2NORM)
     b_v = b_v.to(tl.float32)
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path (below the root for ROOT 0)
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
-    strict = anc & (o_t[:, None] != o_t[None, :])
     KK = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
-    NL = tl.where(strict, -b_beta[:, None] * D * KK, 0.0)  # -L
+    if ROOT == 0:
+        NL = tl.where(anc & (o_t[:, None] != o_t[None, :]), -b_beta[:, None] * D * KK, 0.0)  # -L
+    else:  # through D (0 off the ancestors): the mask stays in the layout it was read in (no conversion waits for it)
+        NL = tl.where(o_t[:, None] != o_t[None, :], -b_beta[:, None] * D * KK, 0.0)
     A = tl.exp(G)
     U = b_beta[:, None] * (b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION))  # right-hand side
     if ROOT == 2:  # row 0 of U is the root's u_0 (L's row 0 is empty); take its column of -L out: U += NL[:, 0] u_0
@@ -131,7 +132,10 @@ def _gdn_wy_kernel(
         U = U + tl.dot(NL, U, input_precision=PRECISION)
         NL = tl.dot(NL, NL, input_precision=PRECISION)
     b_qs = b_q * scale
-    P = tl.where(anc, D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION), 0.0)
+    if ROOT == 0:
+        P = tl.where(anc, D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION), 0.0)
+    else:
+        P = D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION)
     b_o = A[:, None] * tl.dot(b_qs, s0, input_precision=PRECISION) + tl.dot(P, U, input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
