@@ -1,10 +1,12 @@
 """The one-kernel WY form with the root in its block (triton_gdn.FUSED_ROOT) beside its root-first default, where the
 whole tree fits one block: kernels alone (do_bench, L2 flushed before each call) and graphed (N layers' inputs back
-to back from one CUDA graph, us a layer), 4 and 8 warps, Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees. Each
-row's output against the root-first form's (max |difference|) and against the float64 oracle rounded to bf16 (the
+to back from one CUDA graph, us a layer) over warps and V tiles, Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees
+(past 16 nodes the root cannot join the block: those shapes time the root-first form alone). Each
+row's output against the shape's first row's (max |difference|) and against the float64 oracle rounded to bf16 (the
 share of entries that differ: ddsim.bench.bench.off_rounded).
 
-    python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48]
+    python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2]
+                                       [--warps 4,8] [--block-v 64]
 """
 import argparse
 import time
@@ -32,17 +34,29 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x9,2x16")
     ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--roots", default="0,1,2")
+    ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--block-v", default="64")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
+    lists = {}
+    for name, text, ok in (("--roots", a.roots, {0, 1, 2}), ("--warps", a.warps, {1, 2, 4, 8, 16}),
+                           ("--block-v", a.block_v, {16, 32, 64, 128})):
+        try:
+            lists[name] = [int(x) for x in text.split(",")]
+        except ValueError:
+            lists[name] = []
+        if not lists[name] or not set(lists[name]) <= ok:
+            ap.error(f"{name} {text!r}: expected a comma-separated list from {sorted(ok)}")
     if a.layers < 1:
         ap.error(f"--layers: expected 1 or more, got {a.layers}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_root: needs a CUDA device")
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | commit {a.commit}")
-    print(f"| B x T | form | warps | us | graphed, {a.layers} layers, us a layer | max abs diff to root first | "
+    print(f"| B x T | form | warps | V tile | us | graphed, {a.layers} layers, us a layer | max abs diff to the first row | "
           "off the rounded oracle | registers |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     old = triton_gdn.FUSED_ROOT
     try:
         for B, T in shapes:
@@ -53,19 +67,23 @@ def main():
             ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                          initial_state=inp["initial_state"].cpu())
             first = None
-            for root, name in ROOTS.items():
+            for root in lists["--roots"]:
+                if root and T > triton_gdn.C.next_pow2(T - 1):
+                    continue
                 triton_gdn.FUSED_ROOT = root
-                for warps in (4, 8):
-                    launch, o = plan_wy(**common, design="fused", num_warps=warps)
-                    ms, kernels = timed_resources(launch)
-                    launch()
-                    torch.cuda.synchronize()
-                    first = o.clone() if first is None else first
-                    graphed = graphed_layers_us(B, T, parents, a.layers, design="fused", num_warps=warps)
-                    regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
-                    print(f"| {B} x {T} | {name} | {warps} | {ms * 1e3:.1f} | {graphed:.1f} | "
-                          f"{(o.float() - first.float()).abs().max().item():.2e} | {off_rounded(o, ref):.4f} | "
-                          f"{regs} |", flush=True)
+                for warps in lists["--warps"]:
+                    for bv in lists["--block-v"]:
+                        kw = dict(design="fused", num_warps=warps, block_v=bv)
+                        launch, o = plan_wy(**common, **kw)
+                        ms, kernels = timed_resources(launch)
+                        launch()
+                        torch.cuda.synchronize()
+                        first = o.clone() if first is None else first
+                        graphed = graphed_layers_us(B, T, parents, a.layers, **kw)
+                        regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
+                        print(f"| {B} x {T} | {ROOTS[root]} | {warps} | {bv} | {ms * 1e3:.1f} | {graphed:.1f} | "
+                              f"{(o.float() - first.float()).abs().max().item():.2e} | {off_rounded(o, ref):.4f} | "
+                              f"{regs} |", flush=True)
     finally:
         triton_gdn.FUSED_ROOT = old
 
