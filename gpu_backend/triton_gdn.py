@@ -117,10 +117,8 @@ def _gdn_wy_kernel(
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path (below the root for ROOT 0)
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
     KK = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
-    if ROOT == 0:
-        NL = tl.where(anc & (o_t[:, None] != o_t[None, :]), -b_beta[:, None] * D * KK, 0.0)  # -L
-    else:  # through D (0 off the ancestors): the mask stays in the layout it was read in (no conversion waits for it)
-        NL = tl.where(o_t[:, None] != o_t[None, :], -b_beta[:, None] * D * KK, 0.0)
+    # -L through D (0 off the ancestors): the mask stays in the layout it was read in (no conversion waits for it)
+    NL = tl.where(o_t[:, None] != o_t[None, :], -b_beta[:, None] * D * KK, 0.0)
     A = tl.exp(G)
     U = b_beta[:, None] * (b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION))  # right-hand side
     if ROOT == 2:  # row 0 of U is the root's u_0 (L's row 0 is empty); take its column of -L out: U += NL[:, 0] u_0
@@ -132,10 +130,7 @@ def _gdn_wy_kernel(
         U = U + tl.dot(NL, U, input_precision=PRECISION)
         NL = tl.dot(NL, NL, input_precision=PRECISION)
     b_qs = b_q * scale
-    if ROOT == 0:
-        P = tl.where(anc, D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION), 0.0)
-    else:
-        P = D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION)
+    P = D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION)
     b_o = A[:, None] * tl.dot(b_qs, s0, input_precision=PRECISION) + tl.dot(P, U, input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
