@@ -8,9 +8,11 @@ launches back to back (as a server's replayed verify runs them), for:
     chain    each program makes N dependent loads (pointer chasing in a table of its own): N round trips.
 
 at the grids the WY kernels launch (96: 1 x 16's fused form; 384: a batch of 8's heads; 1536: 32's; 6144: the
-past-one-block apply at 8 x 257). Median us.
+past-one-block apply at 8 x 257). Median us. --split: the state kernel also reads one sequence's 48 states (3 MB)
+in narrower tiles, 128 x 32 over 192 programs and 128 x 16 over 384, and with 4 warps instead of Triton's 4...8
+default (what a one-kernel form over 32- or 16-wide V tiles would read).
 
-    python benchmarks/bench_launch_floor.py [--commit SHA] [--grids 96,384,1536,6144] [--chain 1,4,16]
+    python benchmarks/bench_launch_floor.py [--commit SHA] [--grids 96,384,1536,6144] [--chain 1,4,16] [--split]
 """
 import argparse
 import time
@@ -52,6 +54,7 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--grids", default="96,384,1536,6144")
     ap.add_argument("--chain", default="1,4,16")
+    ap.add_argument("--split", action="store_true", help="also one sequence's states in 64-, 32- and 16-wide tiles")
     a = ap.parse_args()
     try:
         grids = [int(x) for x in a.grids.split(",")]
@@ -82,6 +85,16 @@ def main():
         for name, fn in cases:
             us = median_us(fn)
             print(f"| {name} | {P} | {us:.1f} | {graphed_us([fn] * 48):.2f} |", flush=True)
+    if a.split:  # one sequence's 48 value heads, 128 x 128 fp32 each, read in tiles of BV columns
+        state = torch.randn(48 * 128 * 128, device="cuda")
+        for bv in (64, 32, 16):
+            P = 48 * 128 // bv
+            out = torch.empty(P, device="cuda", dtype=torch.float32)
+            for warps in (4, 8):
+                fn = (lambda P=P, bv=bv, warps=warps, out=out:
+                      _state_kernel[(P,)](state, out, K=128, BV=bv, num_warps=warps))
+                print(f"| state (one 128 x {bv} fp32 tile, {warps} warps) | {P} | {median_us(fn):.1f} | "
+                      f"{graphed_us([fn] * 48):.2f} |", flush=True)
     print("do_bench: ddsim.bench.bench.median_us (triton.testing.do_bench, median); graphed: ddsim.bench.bench.graphed_us")
 
 
