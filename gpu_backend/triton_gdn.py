@@ -136,10 +136,13 @@ def _gdn_wy_kernel(
              mask=mt[:, None] & mv[None, :])
 
 
-# Whether the one-kernel form puts the root in its block where the whole tree fits one (T <= BT: 16 nodes in a 16-row
-# block, where the root's own step takes a reduction before the products): 0, the root's recurrent step first;
-# 1 or 2, _gdn_wy_kernel's ROOT (the root's column eliminated first: 2). Not yet timed on a GPU, so 0.
-FUSED_ROOT = 0
+# Whether the one-kernel form puts the root in its block where the whole tree fits one (T <= BT: up to 16 nodes in a
+# 16-row block, where the root's own step takes a reduction before the products): 0, the root's recurrent step first;
+# 1 or 2, _gdn_wy_kernel's ROOT. On the H200 at 1 x 16 (RESULTS.md, bench_wy_root.py): 2 (the root's column
+# eliminated first) 9.7 us alone and 6.0 a layer in a graph of 48, against 9.9 / 6.6 root first (4 warps) and 11.4 /
+# 7.5 root first at 8 warps, the default before; 1 (the solve one doubling step longer at DDTree's depth 2) 10.9 / 6.7.
+# The one-kernel form over a 16-row block takes 4 warps (root first: 9.9 against 11.4 us at 1 x 16), larger blocks 8.
+FUSED_ROOT = 2
 
 
 WY_MAX_NODES = 65  # the root + one block of at most 64 draft nodes (a 128-row block exceeds shared memory in
@@ -225,11 +228,12 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
     instead of four; "head": the folded weights (the root's step folded in) applied to every V tile by the
     program per head that made them, one kernel; "auto" takes what measured fastest on the H200
-    (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (12.4 us at 1x16 with bf16x3
-    products, 16.2-17.3 with tf32x3; head 14.9), else head with bf16x3 products, a program per head and V tile
+    (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (9.7 us at 1x16 with bf16x3
+    products, the root in the block and 4 warps: FUSED_ROOT; head 10.8-14.9), else head with bf16x3 products, a program per head and V tile
     (18.6 us against split's 29.1 alone at 1x65, 15.0 against 24.6 a layer in a graph of 48; a program per head
     had taken 26.1 alone but the graphed 27B verify 0.3-0.4 ms longer in place), split with other products; for
-    a batch head with bf16x3 products (56.6 / 156.6 us at 8x65 / 32x65 now; 61.6 / 171.2 against fold's 71.3 /
+    a batch head with bf16x3 products (47.3 / 147.3 us at 8x65 / 32x65 now, the last wave's heads split along
+    V at 8x65: triton_wy_split.HEAD_MIXED; 61.6 / 171.2 against fold's 71.3 /
     220.5 when it was chosen), fold where pdl, block_k, block_v or fold_root=False is given (options of the
     two-kernel forms only) or with other products (head not measured). A batch whose head programs split along V
     fit in one wave of the GPU takes them so too (22.0 us at 2x65 against 27.1). block_v
@@ -284,9 +288,10 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
                              precision=precision, poison=poison, block_v=block_v, num_warps=num_warps,
                              solve_warps=solve_warps, fold=design in ("fold", "head"), exact16=exact16, pdl=pdl,
                              fold_root=fold_root, block_k=block_k, head=design == "head")
-    block_v, num_warps = block_v or 64, num_warps or 8
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
-    BT, BK, BV = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))
+    BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
+    block_v, num_warps = block_v or 64, num_warps or (4 if BT == 16 else 8)  # (FUSED_ROOT's note)
+    BV = min(block_v, max(16, C.next_pow2(V, 1)))
     root = FUSED_ROOT if T <= BT else 0
     if root == 1:  # the root's chain is one node longer: powers of -L up to the depth
         nstep = math.ceil(math.log2(depth + 1))

@@ -13,9 +13,10 @@ unfolded and folded), bf16 and fp32 inputs (design head at 2 x 65 split along V)
 (whole heads, the last wave's split along V: HEAD_MIXED), and every other
 Triton kernel the public functions launch (recurrent GDN, the commits, the tree conv, Mamba2's recurrent, SSD
 and commit kernels) at the property suites' fixed examples. --set serving: what a server launches, the WY launchers' default design ("auto")
-at one and eight sequences of 17, 65 and 131 nodes in bf16, the two-kernel form auto takes for a batch when
+at one sequence of 16 nodes (the root in the block) and one and eight of 17, 65 and 131 nodes in bf16, the two-kernel form auto takes for a batch when
 given its options (fold at 8 x 65) and for one sequence (split at 1 x 65), and the other kernels. --set reads: the
-WY kernels a server launches up to one block (design auto at 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, and auto at
+WY kernels a server launches up to one block (design auto at 1 x 16 (the root in the block), 1 x 17, 1 x 65 and
+8 x 65, fold at 8 x 65, and auto at
 8 x 65 with triton_wy_split.HEAD_MIXED off, then with HEAD_TILE_READS on), each with
 its global reads' rounds in the machine code: runs of loads that a barrier (BAR.SYNC) separates. A read issued after
 a barrier waits a memory round trip of its own; a kernel whose reads all precede its first barrier takes one.
@@ -250,7 +251,8 @@ if __name__ == "__main__":
     if SET == "reads":
         # the defaults, then the head kernel's options one at a time: a program per head for every head (HEAD_MIXED
         # off), each V tile read in one round (HEAD_TILE_READS on)
-        for B, T, design, option in ((1, 17, "auto", None), (1, 65, "auto", None), (8, 65, "auto", None),
+        for B, T, design, option in ((1, 16, "auto", None), (1, 17, "auto", None), (1, 65, "auto", None),
+                                     (8, 65, "auto", None),
                                      (8, 65, "fold", None), (8, 65, "auto", ("HEAD_MIXED", False)),
                                      (8, 65, "auto", ("HEAD_TILE_READS", True))):
             old = option and getattr(triton_wy_split, option[0])
@@ -273,8 +275,8 @@ if __name__ == "__main__":
             failed += not check("8 x 65 nodes, bfloat16, design head", kernel, kw)
     else:
         # design auto, and the two-kernel forms it takes when given their own options (pdl, block_v, ...)
-        for B, T, design in ((1, 17, "auto"), (1, 65, "auto"), (8, 65, "auto"), (1, 131, "auto"), (8, 131, "auto"),
-                             (8, 65, "fold"), (1, 65, "split")):
+        for B, T, design in ((1, 16, "auto"), (1, 17, "auto"), (1, 65, "auto"), (8, 65, "auto"), (1, 131, "auto"),
+                             (8, 131, "auto"), (8, 65, "fold"), (1, 65, "split")):
             for kernel, kw in launches(B, T, torch.bfloat16, design):
                 failed += not check(f"{B} x {T} nodes, bfloat16, design {design}", kernel, kw)
     for name, call in other_calls():
