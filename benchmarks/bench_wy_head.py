@@ -12,12 +12,13 @@ us against 62.5 / 171.5 at 8 x 65 / 32 x 65). 32-wide V tiles faulted (an illega
 
 --caps times only the default configuration and the same with each register cap (maxnreg): at 255 registers an
 SM holds two programs, at 168 three, at 128 four. --variants times only the default configuration with a program per
-head, with one per (head, V tile), and as design auto chooses between them (HEAD_SPLIT_V False, True, None), then a
-program per head and auto's choice with each V tile's reads in one round (HEAD_TILE_READS), then auto's choice with
-the last, partial wave's heads split along V (HEAD_MIXED), without and with HEAD_TILE_READS.
+head, with one per (head, V tile), and as design auto chooses between them (HEAD_SPLIT_V False, True, None), each
+without the last, partial wave's heads split along V, then auto's choice with it (HEAD_MIXED, the default).
 Measured with it and removed: the state prefetched into L2 before the weights are made, slower at 8 x 65 and 32 x 65
 (results/2026-12-03-h200-bench-wy-head-variants-5951805.txt); the last, partial wave's heads split in a second launch
-overlapped by programmatic dependent launch, 80.4 us at 8 x 65 against 56.5 (-tail-pdl-uncommitted.txt).
+overlapped by programmatic dependent launch, 80.4 us at 8 x 65 against 56.5 (-tail-pdl-uncommitted.txt); each V
+tile's reads in one round (HEAD_TILE_READS), 55.6 against 54.1 us a program per head at 8 x 65
+(-variants-d4a9a5d.txt).
 """
 import argparse
 import json
@@ -50,17 +51,16 @@ def timed(launch):
 def head_plan(common, c):
     """plan_wy's head design at configuration c (the module settings it reads at plan time, restored after)."""
     c = dict(c)
-    old = ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG, ws.HEAD_SPLIT_V, ws.HEAD_TILE_READS, ws.HEAD_MIXED
+    old = ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG, ws.HEAD_SPLIT_V, ws.HEAD_MIXED
     ws.HEAD_BLOCK_V, ws.HEAD_STAGES = c.pop("block_v"), c.pop("stages")
     ws.HEAD_SPLIT_V = c.pop("split_v", None)
-    ws.HEAD_TILE_READS = c.pop("tile_reads", False)
     ws.HEAD_MIXED = c.pop("mixed", False)
     cap = c.pop("maxnreg")
     ws.MAXNREG = (cap, None) if cap else None
     try:
         return plan_wy(**common, mode="exact", design="head", **c)
     finally:
-        ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG, ws.HEAD_SPLIT_V, ws.HEAD_TILE_READS, ws.HEAD_MIXED = old
+        ws.HEAD_BLOCK_V, ws.HEAD_STAGES, ws.MAXNREG, ws.HEAD_SPLIT_V, ws.HEAD_MIXED = old
 
 
 def two_kernel_rows(B, T):
@@ -120,7 +120,7 @@ if __name__ == "__main__":
     ap.add_argument("--caps", help="the default configuration and these register caps only (comma separated)")
     ap.add_argument("--variants", action="store_true",
                     help="the default configuration per head / per (head, V tile) / as design auto chooses, and "
-                         "with HEAD_TILE_READS and HEAD_MIXED")
+                         "with HEAD_MIXED")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
@@ -130,9 +130,7 @@ if __name__ == "__main__":
         ap.error(f"--caps {a.caps!r}: expected register counts, comma separated")
     configs = HEAD if caps is None else [dict(HEAD[0], maxnreg=cap) for cap in (None, *caps)]
     if a.variants:
-        configs = ([dict(HEAD[0], split_v=sv) for sv in (False, True, None)]
-                   + [dict(HEAD[0], split_v=sv, tile_reads=True) for sv in (False, None)]
-                   + [dict(HEAD[0], split_v=None, mixed=True, tile_reads=tr) for tr in (False, True)])
+        configs = [dict(HEAD[0], split_v=sv) for sv in (False, True, None)] + [dict(HEAD[0], split_v=None, mixed=True)]
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_head: needs a CUDA device")
     if a.one:

@@ -11,7 +11,7 @@ Triton here is the device's: RESULTS.md's came from Triton 3.6, the H200's versi
 beside the project's own (pip install --no-deps --target DIR triton==3.6.0; PYTHONPATH=DIR).
 
     python benchmarks/kernel_registers.py [--defaults-only] [--head-caps 168,128] [--lines 20] [--live 20] [--blocked]
-                                          [--tile-reads] [--mixed | --whole]
+                                          [--mixed | --whole]
 
 --head-caps: the head kernel at its defaults under each register cap too (two programs an SM at 255 registers,
 three at 168, four at 128: what a cap would buy in occupancy, against what it spills). --lines N: the head kernel's
@@ -19,9 +19,8 @@ N source lines with the most machine instructions (nvdisasm's line table; what t
 stall samples on the device). --live N: the head kernel's N source lines where the most registers are live at once
 (nvdisasm's life ranges): what a register cap would have to spill. --blocked: the three kernels of the split form
 past one block at their bf16 defaults for a batch (diag, solve, the apply's 64-wide tiles) instead, with --lines N
-each one's N lines. --tile-reads: the head kernel (a program per head) with each V tile's reads in one round
-(triton_wy_split.HEAD_TILE_READS). --mixed: the head kernel's grid of whole heads then a program per (head, V tile)
-(HEAD_MIXED, the default since it was timed; --whole: without it).
+each one's N lines. --mixed: the head kernel's grid of whole heads then a program per (head, V tile)
+(triton_wy_split.HEAD_MIXED, the default since it was timed; --whole: without it).
 """
 import argparse
 import collections
@@ -202,7 +201,6 @@ if __name__ == "__main__":
     ap.add_argument("--head-caps", default="", help="register caps to compile the head kernel under too (168,128)")
     ap.add_argument("--lines", type=int, default=0, help="the head kernel's N source lines with the most instructions")
     ap.add_argument("--blocked", action="store_true", help="the split form's kernels past one block instead")
-    ap.add_argument("--tile-reads", action="store_true", help="the head kernel with HEAD_TILE_READS on")
     ap.add_argument("--mixed", action="store_true", help="the head kernel with HEAD_MIXED on (the default)")
     ap.add_argument("--whole", action="store_true", help="the head kernel with HEAD_MIXED off")
     ap.add_argument("--live", type=int, default=0,
@@ -221,11 +219,8 @@ if __name__ == "__main__":
     # two kernels of design "fold" at its bf16 defaults (bf16x3 products, the root folded in: FOLD_DEFAULTS)
     head = dict(SHAPE, V=128, BV=ws.HEAD_BLOCK_V, PRECISION="bf16x3", RAW16=True, EXACT=2, STATE_VK=False,
                 SPLIT_V=ws.HEAD_SPLIT_V is True, MIXED=(a.mixed or ws.HEAD_MIXED) and not a.whole)
-    # as _plan_head takes them (a mixed grid is a program per head's kernel with its tail split)
-    head["TILE_READS"] = (a.tile_reads or ws.HEAD_TILE_READS) and (head["MIXED"] or not head["SPLIT_V"])
     for cap in (None, *head_caps):
         print(f"head kernel at the bf16 defaults (bf16x3, {ws.HEAD_BLOCK_V}-wide tiles, {ws.HEAD_STAGES} stage"
-              f"{', tile reads in one round' if head['TILE_READS'] else ''}"
               f"{', mixed grid' if head['MIXED'] else ''}), 4 warps"
               + (f", cap {cap}: " if cap else ": ") + usage(ws._gdn_wy_fold_head_kernel, HEAD, head, 4, cap,
                                                             num_stages=ws.HEAD_STAGES))

@@ -333,8 +333,7 @@ def _gdn_wy_fold_head_kernel(
     NWHOLE,  # MIXED: the heads with a program of their own (the first NWHOLE); the rest take a program a V tile
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr,
-    PRECISION: tl.constexpr, STATE_VK: tl.constexpr, SPLIT_V: tl.constexpr, TILE_READS: tl.constexpr,
-    MIXED: tl.constexpr,
+    PRECISION: tl.constexpr, STATE_VK: tl.constexpr, SPLIT_V: tl.constexpr, MIXED: tl.constexpr,
 ):
     # The folded form with the root's step folded in (fold_root) in one program per head: the weights stay in
     # the program (registers) and it applies them to each V tile of the committed state S itself,
@@ -343,7 +342,7 @@ def _gdn_wy_fold_head_kernel(
     # through global memory inside the program measured slower: RESULTS.md.)
     # SPLIT_V: a program per (head, V tile) (grid B HV V / BV), each making the weights and applying them to its
     # own V tile (a tile called directly: one loop over runtime bounds for both forms compiled to more spills
-    # offline, 448 B against 96). TILE_READS: each V tile's reads in one round (_head_tile; HEAD_TILE_READS).
+    # offline, 448 B against 96).
     # MIXED: the first NWHOLE programs a head each, then a program per (head, V tile) for the rest, one loop over
     # runtime bounds (HEAD_MIXED: compiled for sm_90 at 8 x 65, 8 B spilled; 448 B before the reads were
     # issued first)
@@ -363,27 +362,25 @@ def _gdn_wy_fold_head_kernel(
     if MIXED:
         for vt in range(t0, t1, BV):
             _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k, HV, K, V, BV, EXACT,
-                       PRECISION, STATE_VK, TILE_READS)
+                       PRECISION, STATE_VK)
     elif SPLIT_V:
         _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, (pid % NT) * BV, T, o_t, o_k, HV, K, V, BV,
-                   EXACT, PRECISION, STATE_VK, TILE_READS)
+                   EXACT, PRECISION, STATE_VK)
     else:
         for vt in range(0, V, BV):
             _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k, HV, K, V, BV, EXACT,
-                       PRECISION, STATE_VK, TILE_READS)
+                       PRECISION, STATE_VK)
 
 
 @triton.jit
 def _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k, HV: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, BV: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-               STATE_VK: tl.constexpr, TILE_READS: tl.constexpr):
+               STATE_VK: tl.constexpr):
     """The head kernel's V tile at columns vt..vt+BV: O = Qe' S + Ve V + c v_0^T and o_0 = S^T q_0' + c_0 v_0,
     stored (the addresses made here, 32-bit past scalar bases: _draft_tile). The product Ve V first: Triton moves
     v into shared memory for it (a barrier) as soon as v arrives, and the state's read follows, a round trip of its
-    own. TILE_READS: Qe' S first, o_0 stored before either product, so that v, v_0 and the state are read in one
-    round (compiled for sm_90 at 8 x 65: the head kernel's rounds 3 -> 2, with 32 B spilled where it spilled none;
-    a program per V tile spilled more, so the launch takes it for a program per head only, or with MIXED;
-    HEAD_TILE_READS)."""
+    own. (Qe' S first, o_0 stored before either product, read v, v_0 and the state in one round, but spilled and
+    measured no faster on the H200: RESULTS.md.)"""
     mt = o_t < T - 1
     mk = o_k < K
     o_v = vt + tl.arange(0, BV)
@@ -394,17 +391,9 @@ def _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k,
                 other=0.0)  # [BK, BV]
     # Ve V with Ve in two bf16 parts (EXACT 3) where bf16x3 would take three: Qe' S beside it is Triton's
     # bf16x3, about 2^-16, and the output bf16; one MMA and a third of Ve's registers fewer a tile
-    ex: tl.constexpr = 3 if EXACT == 2 else EXACT
-    if TILE_READS:
-        o0 = c0 * v0 + tl.sum(q0[:, None] * S, 0)  # [BV]
-        tl.store(o + r0 + o_v, o0.to(o.dtype.element_ty), mask=mv)
-        acc = _dot_exact_rhs(Vm, b_v, tl.dot(Qm, S, c[:, None] * v0[None, :], input_precision=PRECISION), ex,
-                             PRECISION)  # [BT, BV]
-        tl.store(o + r0 + tile, acc.to(o.dtype.element_ty), mask=mt[:, None] & mv[None, :])
-    else:
-        acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], ex, PRECISION),
-                     input_precision=PRECISION)  # [BT, BV]
-        _store_root_tile(o, acc, c0 * v0 + tl.sum(q0[:, None] * S, 0), r0, tile, o_v, mt, mv)
+    acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], 3 if EXACT == 2 else EXACT, PRECISION),
+                 input_precision=PRECISION)  # [BT, BV]
+    _store_root_tile(o, acc, c0 * v0 + tl.sum(q0[:, None] * S, 0), r0, tile, o_v, mt, mv)
 
 
 @triton.jit
@@ -532,10 +521,6 @@ HEAD_BLOCK_V, HEAD_STAGES = 64, 1
 # sequence (19.5 against 26.7 us at 1 x 65 on the H200) and two (22.0 against 27.1 at 2 x 65), while a batch split
 # took 38.2 against 31.8 at 4 x 65 and 26% longer at 32 x 65 (RESULTS.md).
 HEAD_SPLIT_V = None
-# Whether a program per head reads each V tile's v, root row and state in one round instead of two (_head_tile's
-# TILE_READS): compiled for sm_90, one round trip fewer a tile and 32 B spilled; timed on the H200 no faster (8 x 65
-# 55.6 against 54.1 us a program per head, 46.5 against 46.7 with HEAD_MIXED; RESULTS.md), so off
-HEAD_TILE_READS = False
 # Whether a batch whose heads design auto leaves whole (_head_split) splits its last, partial wave's heads along V
 # when their programs fit in one wave (_head_mixed), in the same grid: 46.7 against 53.6 us at 8 x 65 on the H200
 # (RESULTS.md; 8 B spilled). Shapes it does not split (1 x 65 splits every head, 32 x 65's last wave would
@@ -643,9 +628,9 @@ def _plan_head(kw: dict, heads: int, cap, device):
     whole = _head_mixed(heads, tiles, slots) if HEAD_MIXED and HEAD_SPLIT_V is None and not split else heads
     if whole < heads:  # the first `whole` heads a program each, then a program per (head, V tile)
         return bind(_gdn_wy_fold_head_kernel, (whole + (heads - whole) * tiles,),
-                    dict(kw, NWHOLE=whole, SPLIT_V=False, TILE_READS=HEAD_TILE_READS, MIXED=True))
+                    dict(kw, NWHOLE=whole, SPLIT_V=False, MIXED=True))
     return bind(_gdn_wy_fold_head_kernel, (heads * tiles if split else heads,),
-                dict(kw, NWHOLE=0, SPLIT_V=split, TILE_READS=HEAD_TILE_READS and not split, MIXED=False))
+                dict(kw, NWHOLE=0, SPLIT_V=split, MIXED=False))
 
 
 def _in_order(first, second):

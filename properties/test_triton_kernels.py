@@ -275,26 +275,23 @@ def test_triton_commit_with_a_tree_plan_equals_raw_parents(inp, data):
 @given(gdn_inputs(max_nodes=40, ks=(3, 5, 24, 40)), st.sampled_from(["exact", "leaky"]),
        st.sampled_from([torch.float32, torch.float16]),
        st.sampled_from(["split", "fold", "fold-root", "head"]), st.sampled_from([16, None]), st.booleans(),
-       st.sampled_from([None, False, True]), st.booleans())
-@example(_long_example(T=40), "exact", torch.float32, "split", None, False, None, False)
-@example(_long_example(T=33), "leaky", torch.float16, "split", None, False, None, False)
-@example(_long_example(T=40), "exact", torch.float16, "fold", None, False, None, False)
-@example(_long_example(T=33), "leaky", torch.float32, "fold", None, True, None, False)
-@example(_long_example(T=40), "exact", torch.float16, "fold-root", 16, True, None, False)
-@example(_long_example(T=33), "leaky", torch.float32, "fold-root", None, False, None, False)
-@example(_long_example(T=40, V=40), "exact", torch.float16, "head", None, True, None, False)  # three 16-wide V tiles
-@example(_long_example(T=33, V=24), "leaky", torch.float32, "head", None, False, None, False)
-@example(_long_example(T=40, V=40), "exact", torch.float16, "head", None, True, True, False)  # a program per V tile
-@example(_long_example(T=33, V=24), "leaky", torch.float32, "head", None, False, False, False)  # one per head
-@example(_long_example(T=40, V=40), "exact", torch.float16, "head", None, True, False, True)  # tile reads in one round
-@example(_long_example(T=33, V=24), "leaky", torch.float32, "head", None, False, False, True)
-def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design, block_k, vk, split_v, tile_reads):
+       st.sampled_from([None, False, True]))
+@example(_long_example(T=40), "exact", torch.float32, "split", None, False, None)
+@example(_long_example(T=33), "leaky", torch.float16, "split", None, False, None)
+@example(_long_example(T=40), "exact", torch.float16, "fold", None, False, None)
+@example(_long_example(T=33), "leaky", torch.float32, "fold", None, True, None)
+@example(_long_example(T=40), "exact", torch.float16, "fold-root", 16, True, None)
+@example(_long_example(T=33), "leaky", torch.float32, "fold-root", None, False, None)
+@example(_long_example(T=40, V=40), "exact", torch.float16, "head", None, True, None)  # three 16-wide V tiles
+@example(_long_example(T=33, V=24), "leaky", torch.float32, "head", None, False, None)
+@example(_long_example(T=40, V=40), "exact", torch.float16, "head", None, True, True)  # a program per V tile
+@example(_long_example(T=33, V=24), "leaky", torch.float32, "head", None, False, False)  # one per head
+def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design, block_k, vk, split_v):
     """The two-kernel WY forms on trees of up to 40 nodes (a 64-row block, several doubling rounds); "fold-root"
     the folded form with the root's step folded into the weights, reading the committed state in block_k-row
     chunks of K; "head" the same weights applied by the program that made them (one kernel), a program per head
-    or per (head, V tile) (split_v; None: its default, per V tile when the split programs fit in one wave), a program
-    per head reading each V tile in one round or two (tile_reads: HEAD_TILE_READS); the pool contiguous or SGLang's
-    seen through a transpose (vk)."""
+    or per (head, V tile) (split_v; None: its default, per V tile when the split programs fit in one wave); the
+    pool contiguous or SGLang's seen through a transpose (vk)."""
     from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
     args = _cast(inp, dtype)
     pool, slots = _pool(inp)
@@ -306,7 +303,6 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
     with pytest.MonkeyPatch.context() as mp:  # head's V tile (it takes no block_v): several tiles a program
         mp.setattr(ws, "HEAD_BLOCK_V", 16)
         mp.setattr(ws, "HEAD_SPLIT_V", split_v)
-        mp.setattr(ws, "HEAD_TILE_READS", tile_reads)
         o = gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), initial_state=pool, state_indices=slots,
                                mode=mode, design=design.removesuffix("-root"), **tiles, **root)
     ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
@@ -314,8 +310,8 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
     assert torch.equal(pool, before)
 
 
-@pytest.mark.parametrize("mode, dtype, tile_reads", [("exact", torch.float16, False), ("leaky", torch.float32, True)])
-def test_the_head_kernels_mixed_grid_matches_oracle(mode, dtype, tile_reads, monkeypatch):
+@pytest.mark.parametrize("mode, dtype", [("exact", torch.float16), ("leaky", torch.float32)])
+def test_the_head_kernels_mixed_grid_matches_oracle(mode, dtype, monkeypatch):
     """HEAD_MIXED: the heads of whole waves a program each, the last, partial wave's a program per V tile, in one
     grid. 4 heads on 3 slots (three 16-wide V tiles a head): 3 whole, then the fourth in 3 programs. The output
     equals the oracle's, and a program per head's bit for bit (the same arithmetic a tile)."""
@@ -325,7 +321,6 @@ def test_the_head_kernels_mixed_grid_matches_oracle(mode, dtype, tile_reads, mon
     pool, slots = _pool(inp)
     before = pool.clone()
     monkeypatch.setattr(ws, "HEAD_BLOCK_V", 16)
-    monkeypatch.setattr(ws, "HEAD_TILE_READS", tile_reads)
     monkeypatch.setattr(ws, "_slots", lambda device: 3)
     grids, bind = [], ws.bind
     monkeypatch.setattr(ws, "bind", lambda kernel, grid, kw: grids.append((grid, kw["NWHOLE"], kw["MIXED"])) or

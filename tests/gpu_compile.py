@@ -17,7 +17,7 @@ launchers' default design ("auto") at one sequence of 16 nodes (the root in the 
 and 131 nodes in bf16, the two-kernel form auto takes for a batch when given its options (fold at 8 x 65) and
 for one sequence (split at 1 x 65), and the other kernels. --set reads: the WY kernels a server launches up to one
 block (design auto at 1 x 16 (the root in the block), 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, and auto at
-8 x 65 with triton_wy_split.HEAD_MIXED off, then with HEAD_TILE_READS on), each with its global reads' rounds in
+8 x 65 with triton_wy_split.HEAD_MIXED off), each with its global reads' rounds in
 the machine code: runs of loads that a barrier (BAR.SYNC) separates. A read issued after a barrier waits a memory
 round trip of its own; a kernel whose reads all precede its first barrier takes one.
 """
@@ -249,12 +249,10 @@ if __name__ == "__main__":
         sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving|reads]")
     failed = 0
     if SET == "reads":
-        # the defaults, then the head kernel's options one at a time: a program per head for every head (HEAD_MIXED
-        # off), each V tile read in one round (HEAD_TILE_READS on)
+        # the defaults, then the head kernel with a program per head for every head (HEAD_MIXED off)
         for B, T, design, option in ((1, 16, "auto", None), (1, 17, "auto", None), (1, 65, "auto", None),
-                                     (8, 65, "auto", None),
-                                     (8, 65, "fold", None), (8, 65, "auto", ("HEAD_MIXED", False)),
-                                     (8, 65, "auto", ("HEAD_TILE_READS", True))):
+                                     (8, 65, "auto", None), (8, 65, "fold", None),
+                                     (8, 65, "auto", ("HEAD_MIXED", False))):
             old = option and getattr(triton_wy_split, option[0])
             if option:
                 setattr(triton_wy_split, *option)

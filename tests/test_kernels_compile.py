@@ -70,7 +70,7 @@ def test_the_wy_kernels_issue_their_reads_together():
     program waits one memory round trip for its inputs, not one per reduction between reads (the one-kernel form
     at 1 x 17 took five, the head kernel eight, the fold kernel five, compiled for sm_90, before a read-first
     order). The head kernel's V tile (its v, then its state) adds two: three in all, in its mixed grid (HEAD_MIXED,
-    the default) and with a program per head; one with HEAD_TILE_READS (v and the state in one round): two."""
+    the default) and with a program per head."""
     got = {}
     for line in _compile("--set", "reads", prefix="reads "):
         what, n = line.rsplit(" ", 1)
@@ -80,6 +80,5 @@ def test_the_wy_kernels_issue_their_reads_together():
                    "1 x 65, design auto: _gdn_wy_fold_head_kernel": 3,
                    "8 x 65, design auto: _gdn_wy_fold_head_kernel": 3,
                    "8 x 65, design auto, HEAD_MIXED=False: _gdn_wy_fold_head_kernel": 3,
-                   "8 x 65, design auto, HEAD_TILE_READS=True: _gdn_wy_fold_head_kernel": 2,
                    "8 x 65, design fold: _gdn_wy_fold_kernel": 1,
                    "8 x 65, design fold: _gdn_wy_fold_root_apply_kernel": 3}, got
