@@ -493,12 +493,13 @@ def test_bf16_inputs_lose_no_more_than_the_rounding_of_the_output(design, T):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16x3 products run compiled only")
-@pytest.mark.parametrize("B,T", [(1, 17), (1, 65), (2, 65), (2, 129), (1, 257)])
+@pytest.mark.parametrize("B,T", [(1, 16), (1, 17), (1, 65), (2, 65), (8, 65), (2, 129), (1, 257)])
 def test_full_size_bf16_verify_at_the_defaults_loses_only_the_rounding(B, T):
     """The same bar at Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128: the constexprs the served kernels
     compile with; a miscompile can depend on them, as the chunked form's did on its chunk height), through
-    design "auto": fused at 1 x 17, head split along V at 1 x 65, head (one program per head) at 2 x 65, past one block the
-    split form."""
+    design "auto": fused at 1 x 16 (the root in the block) and 1 x 17 (the root first), head split along V at
+    1 x 65 and 2 x 65, head at 8 x 65 (whole heads, the last wave's split along V), past one block the split
+    form."""
     _assert_bf16_bar(B, T, seed=2, design="auto")  # kernel_inputs' default shape: the preset's
 
 
