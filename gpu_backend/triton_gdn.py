@@ -87,8 +87,7 @@ def _gdn_wy_kernel(
     # (NSTEP covers chains one node longer); 2: the root's column of L is eliminated first (U += -L[:, 0] u_0, a
     # rank-one update), so NSTEP is the draft nodes' as for ROOT 0.
     if ROOT == 0:
-        # the ancestor mask is read with wy_tile's reads, after them (its layout conversion waits for it) and
-        # before any reduction
+        # the ancestor mask is read with wy_tile's reads, after them and before any reduction
         reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
                            STATE_VK)
         i_b, o_t = reads[0], reads[3]  # wy_reads' sequence and node offsets
@@ -136,8 +135,9 @@ def _gdn_wy_kernel(
              mask=mt[:, None] & mv[None, :])
 
 
-# Whether the one-kernel form puts the root in its block where the whole tree fits one (T <= BT: up to 16 nodes in a
-# 16-row block, where the root's own step takes a reduction before the products): 0, the root's recurrent step first;
+# Whether the one-kernel form puts the root in its block where the whole tree fits one (T <= BT; design auto takes
+# the form for one sequence of up to 16 nodes, a 16-row block), where the root's own step takes a reduction before
+# the products: 0, the root's recurrent step first;
 # 1 or 2, _gdn_wy_kernel's ROOT. On the H200 at 1 x 16 (RESULTS.md, bench_wy_root.py): 2 (the root's column
 # eliminated first) 9.7 us alone and 6.0 a layer in a graph of 48, against 9.9 / 6.6 root first (4 warps) and 11.4 /
 # 7.5 root first at 8 warps, the default before; 1 (the solve one doubling step longer at DDTree's depth 2) 10.9 / 6.7.
