@@ -68,7 +68,7 @@ def main():
                                          initial_state=inp["initial_state"].cpu())
             first = None
             for root in lists["--roots"]:
-                if root and T > triton_gdn.C.next_pow2(T - 1):
+                if root and not triton_gdn.root_fits_block(T):
                     continue
                 triton_gdn.FUSED_ROOT = root
                 for warps in lists["--warps"]:

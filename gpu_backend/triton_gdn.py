@@ -145,6 +145,12 @@ def _gdn_wy_kernel(
 FUSED_ROOT = 2
 
 
+def root_fits_block(T: int) -> bool:
+    """Whether a tree of T nodes fits the one-kernel form's block of its T - 1 draft nodes with its root too (where
+    FUSED_ROOT applies): T - 1 is not a power of two of at least 16."""
+    return T <= C.next_pow2(T - 1)
+
+
 WY_MAX_NODES = 65  # the root + one block of at most 64 draft nodes (a 128-row block exceeds shared memory in
 # tf32x3); larger trees go to triton_wy_blocked (the same form over 64-row chunks, block back-substitution)
 
@@ -292,7 +298,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     block_v, num_warps = block_v or 64, num_warps or (4 if BT == 16 else 8)  # (FUSED_ROOT's note)
     BV = min(block_v, max(16, C.next_pow2(V, 1)))
-    root = FUSED_ROOT if T <= BT else 0
+    root = FUSED_ROOT if root_fits_block(T) else 0
     if root == 1:  # the root's chain is one node longer: powers of -L up to the depth
         nstep = math.ceil(math.log2(depth + 1))
     grid = (C.cdiv(V, BV), B * HV)

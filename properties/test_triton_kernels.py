@@ -105,8 +105,8 @@ def test_the_one_kernel_form_with_the_root_in_its_block_matches_oracle(inp, mode
         o = triton_gdn.gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), initial_state=pool,
                                           state_indices=slots, mode=mode, design="fused")
     ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
-    T = inp["q"].shape[1]
-    assert roots == [root if T <= max(16, 1 << (T - 2).bit_length()) else 0], (T, roots)
+    T = inp["q"].shape[1]  # at most 17 nodes here: a 16-row block, which the root joins up to 16
+    assert roots == [root if T <= 16 else 0], (T, roots)
     assert_close(f"o (fused, root {roots[0]}, {mode})", o, ref, dtype=dtype, slack=5)
     assert torch.equal(pool, before)
 
