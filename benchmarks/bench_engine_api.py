@@ -11,8 +11,13 @@ included), one GDN layer per call:
 (ddsim's calls take the step's trees, pool rows and accepted nodes planned once, as an engine would
 build them once per step for every layer: plan_tree, plan_slots, plan_accepted)
   sglang flattened    the hybrid-unsafe path, for reference
+  ddsim kernels alone the snapshot-free verify's kernels alone (the launch triton_gdn.plan_wy returns, its host work
+                      done once), the figure issue #36's bounds are set on, beside each bound
+Each call is timed by do_bench (CUDA events around it, the L2 flushed before it); the last columns give the device
+time of the kernels themselves of SGLang's exact verify and ddsim's kernels alone (torch.profiler's kernel records,
+without the launch latency do_bench's events take in).
 
-    python benchmarks/bench_engine_api.py [--commit SHA] [--shapes 1x16,...,8x129]
+    python benchmarks/bench_engine_api.py [--commit SHA] [--shapes 1x16,...,8x257]
         # needs CUDA and SGLang's kernel importable; trees above 65 nodes run ddsim's split WY form
 """
 import argparse
@@ -28,6 +33,7 @@ from ddsim.bench.bench import (
     ddtree_batch,
     fp32_tensor_rate,
     kernel_bytes,
+    kernel_device_us,
     kernel_flops,
     kernel_inputs,
     median_us,
@@ -37,12 +43,16 @@ from ddsim.engines import fused_gates
 from ddsim.engines.sglang import _kernel
 from ddsim.errors import InputError
 from ddsim.gpu_backend import engine_api, fastcall
+from ddsim.gpu_backend.triton_gdn import plan_wy
+
+# issue #36's bounds on the exact path's kernels alone (us, H200, bf16 inputs, Qwen3.6-27B GDN shapes)
+BOUNDS = {(1, 16): 8.0, (8, 65): 50.0, (32, 65): 150.0, (8, 129): 200.0, (8, 257): 600.0}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
-    ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in KERNEL_SHAPES) + ",1x129,8x129",
+    ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in KERNEL_SHAPES) + ",1x129,8x129,1x257,8x257",
                     help="sequences x nodes, comma-separated")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
@@ -63,8 +73,9 @@ def main():
           + "; the commit's floor: its slots' states read and written once")
     print("| B x T | sglang exact verify | + commit copy | ddsim drop-in (buffer) | ddsim snapshot-free verify | "
           "+ commit_accepted | sglang flattened | verify floor: bytes / FLOPs | commit floor | buffer MiB/layer | "
-          "ddsim snapshot-free verify: peak allocations MiB/layer (output + scratch) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "ddsim snapshot-free verify: peak allocations MiB/layer (output + scratch) | ddsim kernels alone | #36 bound | "
+          "kernels' device time: sglang exact / ddsim kernels alone |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     dev = "cuda"
     for B, T in shapes:
         trees, parents = ddtree_batch(B, T)
@@ -115,14 +126,22 @@ def main():
         dd_verify()
         torch.cuda.synchronize()
         dd_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
+        alone, _ = plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents.to(dev),
+                           initial_state=inp["initial_state"], poison=False)
         t = {name: median_us(fn) for name, fn in (("sg_exact", sg_exact), ("sg_commit", sg_commit),
                                               ("dd_dropin", dd_dropin), ("dd_verify", dd_verify),
-                                              ("dd_commit", dd_commit), ("sg_flat", sg_flat))}
+                                              ("dd_commit", dd_commit), ("sg_flat", sg_flat), ("dd_alone", alone))}
+        bound = BOUNDS.get((B, T))
+        verdict = "–" if bound is None else f"{bound:.0f} ({'met' if t['dd_alone'] <= bound else 'not met'})"
+        try:
+            device = f"{kernel_device_us(sg_exact):.1f} / {kernel_device_us(alone):.1f}"
+        except Exception as e:  # the profiler's records could not be told apart: said, not guessed
+            device = f"– ({type(e).__name__}: {e})"
         nb, fl = kernel_bytes(B, T), kernel_flops(B, T)
         floor = f"{nb['wy'] / bw * 1e6:.1f} / " + (f"{fl['wy'] / rate * 1e6:.1f}" if rate else "–")
         print(f"| {B} x {T} | {t['sg_exact']:.1f} | {t['sg_commit']:.1f} | {t['dd_dropin']:.1f} | {t['dd_verify']:.1f} | "
               f"{t['dd_commit']:.1f} | {t['sg_flat']:.1f} | {floor} | {nb['commit'] / bw * 1e6:.1f} | "
-              f"{buf.numel() * 4 / 2**20:.1f} | {dd_mib:.1f} |", flush=True)
+              f"{buf.numel() * 4 / 2**20:.1f} | {dd_mib:.1f} | {t['dd_alone']:.1f} | {verdict} | {device} |", flush=True)
         print(f"# after {B} x {T}, ddsim's replayed calls (gpu_backend.fastcall): {fastcall.stats()}", flush=True)
     print("times in microseconds per call, median of do_bench (CUDA events around the public call)")
 

@@ -273,6 +273,36 @@ def median_us(launch) -> float:
     return _do_bench(launch) * 1e3
 
 
+def kernel_device_us(fn, *, repeats: int = 30) -> float:
+    """Median over ``repeats`` calls of the device time of the kernels fn() launches, summed (each kernel's start
+    to end as CUPTI records it, through torch.profiler), each call after the L2 is flushed as do_bench flushes it:
+    the kernels' own time, without the launch latency and event gaps do_bench's events take in (an empty kernel
+    reads 3.6 us on do_bench's timer on an H200). A call's kernels are those between two flushes."""
+    from torch.profiler import ProfilerActivity, profile
+    flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            flush.zero_()
+            fn()
+        flush.zero_()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    first = kernels[0].name  # the first flush's kernel: every call's kernels lie between two of these
+    calls, cur = [], None
+    for e in kernels:
+        if e.name == first:
+            if cur is not None:
+                calls.append(cur)
+            cur = 0.0
+        elif cur is not None:
+            cur += e.time_range.elapsed_us()
+    if len(calls) != repeats or not all(c > 0 for c in calls):
+        raise RuntimeError(f"kernel_device_us: {len(calls)} calls' kernels told apart, {repeats} made")
+    return sorted(calls)[len(calls) // 2]
+
+
 def timed_resources(launch) -> tuple[float, list[dict]]:
     """do_bench's median ms of ``launch``, and what each kernel it compiled holds (ddsim.gpu_backend.launch's
     cache: the kernel's name and constexprs key, registers, spilled words, shared memory bytes)."""
