@@ -394,3 +394,23 @@ def test_a_kernel_that_hangs_on_a_serving_shape_fails(tmp_path):
     assert "did not return within 5 s" in r.stdout
     doc = json.loads(out.read_text())
     assert doc["holds"] is False and doc["hung"]["example"].startswith("ddtree budget 128 top-k 4 T=129")
+
+
+def test_a_module_functions_package_version_comes_from_the_package_when_its_metadata_is_missing(monkeypatch):
+    """A MODULE:FUNCTION kernel's report names its package's version: from the installed distribution, else the
+    package's own __version__ (ddsim run from a checkout on the path, where no metadata is installed)."""
+    import importlib.metadata
+
+    import ddsim
+    from ddsim import engines
+
+    impl = "ddsim.gpu_backend.engine_api:target_verify"
+    assert engines.load(impl, convention="sglang").version == ddsim.__version__
+
+    def no_metadata(dist):
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(importlib.metadata, "version", no_metadata)
+    kernel = engines.load(impl, convention="sglang")
+    assert (kernel.package, kernel.version) == ("ddsim", ddsim.__version__)
+    assert engines._version("no_such_distribution_here") is None

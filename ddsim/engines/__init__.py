@@ -154,17 +154,20 @@ def _source_of(fn) -> tuple[str | None, str | None]:
 
 
 def _version(dist: str) -> str | None:
-    """The installed distribution's version, else the package's own ``<dist>.version.__version__``
-    (a kernel module taken from a wheel without its metadata), else None."""
+    """The installed distribution's version, else the package's own ``<dist>.version.__version__`` or
+    ``<dist>.__version__`` (a kernel module taken from a wheel without its metadata, or a checkout on the path),
+    else None."""
     from importlib.metadata import PackageNotFoundError, version
     try:
         return version(dist)
     except PackageNotFoundError:
         pass
-    try:
-        return str(importlib.import_module(f"{dist}.version").__version__)
-    except (ImportError, AttributeError):
-        return None
+    for module in (f"{dist}.version", dist):
+        try:
+            return str(importlib.import_module(module).__version__)
+        except (ImportError, AttributeError):
+            continue
+    return None
 
 
 def _import_behind_installed(module: str):
