@@ -1,11 +1,13 @@
-"""The one-kernel WY form with the root in its block (triton_gdn.FUSED_ROOT) beside its root-first default, where the
-whole tree fits one block: kernels alone (do_bench, L2 flushed before each call) and graphed (N layers' inputs back
-to back from one CUDA graph, us a layer) over warps and V tiles, Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees
+"""The one-kernel WY form's places for the root (triton_gdn.FUSED_ROOT: its recurrent step first, or row 0 of the block,
+and there the solve before or after the state's products) side by side, where the whole tree fits one block: kernels
+alone (do_bench, L2 flushed before each call; and the kernel's own device time from the profiler,
+bench.kernel_device_us) and graphed (N layers' inputs back to back from one CUDA graph, us a layer) over warps and V
+tiles, Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees
 (past 16 nodes the root cannot join the block: those shapes time the root-first form alone). Each
 row's output against the shape's first row's (max |difference|) and against the float64 oracle rounded to bf16 (the
 share of entries that differ: ddsim.bench.bench.off_rounded).
 
-    python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2]
+    python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2,3]
                                        [--warps 4,8] [--block-v 64]
 """
 import argparse
@@ -18,6 +20,7 @@ from ddsim import oracle
 from ddsim.bench.bench import (
     ddtree_batch,
     graphed_layers_us,
+    kernel_device_us,
     kernel_inputs,
     off_rounded,
     parse_shapes,
@@ -26,7 +29,8 @@ from ddsim.bench.bench import (
 from ddsim.gpu_backend import triton_gdn
 from ddsim.gpu_backend.triton_gdn import plan_wy
 
-ROOTS = {0: "root first (default)", 1: "root in the block, its chain counted", 2: "root in the block, eliminated"}
+ROOTS = {0: "root first", 1: "root in the block, its chain counted", 2: "root in the block, eliminated (default)",
+         3: "root in the block, eliminated, the solve before the state"}
 
 
 def main():
@@ -34,13 +38,13 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x9,2x16")
     ap.add_argument("--layers", type=int, default=48)
-    ap.add_argument("--roots", default="0,1,2")
+    ap.add_argument("--roots", default="0,1,2,3")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--block-v", default="64")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
     lists = {}
-    for name, text, ok in (("--roots", a.roots, {0, 1, 2}), ("--warps", a.warps, {1, 2, 4, 8, 16}),
+    for name, text, ok in (("--roots", a.roots, {0, 1, 2, 3}), ("--warps", a.warps, {1, 2, 4, 8, 16}),
                            ("--block-v", a.block_v, {16, 32, 64, 128})):
         try:
             lists[name] = [int(x) for x in text.split(",")]
@@ -54,9 +58,9 @@ def main():
         raise SystemExit("bench_wy_root: needs a CUDA device")
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | commit {a.commit}")
-    print(f"| B x T | form | warps | V tile | us | graphed, {a.layers} layers, us a layer | max abs diff to the first row | "
-          "off the rounded oracle | registers |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| B x T | form | warps | V tile | us | device us | graphed, {a.layers} layers, us a layer | "
+          "max abs diff to the first row | off the rounded oracle | registers |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     old = triton_gdn.FUSED_ROOT
     try:
         for B, T in shapes:
@@ -76,12 +80,14 @@ def main():
                         kw = dict(design="fused", num_warps=warps, block_v=bv)
                         launch, o = plan_wy(**common, **kw)
                         ms, kernels = timed_resources(launch)
+                        device = kernel_device_us(launch)
                         launch()
                         torch.cuda.synchronize()
                         first = o.clone() if first is None else first
                         graphed = graphed_layers_us(B, T, parents, a.layers, **kw)
                         regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
-                        print(f"| {B} x {T} | {ROOTS[root]} | {warps} | {bv} | {ms * 1e3:.1f} | {graphed:.1f} | "
+                        print(f"| {B} x {T} | {ROOTS[root]} | {warps} | {bv} | {ms * 1e3:.1f} | {device:.1f} | "
+                              f"{graphed:.1f} | "
                               f"{(o.float() - first.float()).abs().max().item():.2e} | {off_rounded(o, ref):.4f} | "
                               f"{regs} |", flush=True)
     finally:

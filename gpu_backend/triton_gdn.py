@@ -85,7 +85,8 @@ def _gdn_wy_kernel(
     # ROOT 1 and 2 (T <= BT, FUSED_ROOT): the root is row 0 of the block, on top of the committed state S0, so no
     # recurrent step and no reduction precede the products. 1: the solve's doubling steps count the root
     # (NSTEP covers chains one node longer); 2: the root's column of L is eliminated first (U += -L[:, 0] u_0, a
-    # rank-one update), so NSTEP is the draft nodes' as for ROOT 0.
+    # rank-one update), so NSTEP is the draft nodes' as for ROOT 0. 3: as 2, with the solve made on -L alone (its
+    # inverse, not its right-hand side) before the state is used: the state's products come after the solve.
     if ROOT == 0:
         # the ancestor mask is read with wy_tile's reads, after them and before any reduction
         reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
@@ -119,18 +120,38 @@ def _gdn_wy_kernel(
     # -L through D (0 off the ancestors): the mask stays in the layout it was read in (no conversion waits for it)
     NL = tl.where(o_t[:, None] != o_t[None, :], -b_beta[:, None] * D * KK, 0.0)
     A = tl.exp(G)
-    U = b_beta[:, None] * (b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION))  # right-hand side
-    if ROOT == 2:  # row 0 of U is the root's u_0 (L's row 0 is empty); take its column of -L out: U += NL[:, 0] u_0
-        first = o_t == 0
-        u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
-        U = U + tl.sum(tl.where(first[None, :], NL, 0.0), 1)[:, None] * u0[None, :]
-        NL = tl.where(first[None, :], 0.0, NL)
-    for _ in range(0, NSTEP):  # U <- (I + N) U, N <- N @ N : U = sum_n (-L)^n RHS
-        U = U + tl.dot(NL, U, input_precision=PRECISION)
-        NL = tl.dot(NL, NL, input_precision=PRECISION)
     b_qs = b_q * scale
-    P = D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION)
-    b_o = A[:, None] * tl.dot(b_qs, s0, input_precision=PRECISION) + tl.dot(P, U, input_precision=PRECISION)
+    if ROOT == 3:
+        # the solve before the state: M = (I - L)^-1 from -L alone, P M with it, and the state's products last,
+        # so the state, read first, is waited for only after the solve. The root's column of -L is eliminated as
+        # for ROOT 2, as a factor: (I - L)^-1 = (I - L')^-1 (I + c e_0^T), c = -L[:, 0], L' = L without it.
+        first = o_t == 0
+        c = tl.sum(tl.where(first[None, :], NL, 0.0), 1)  # [BT]
+        NL = tl.where(first[None, :], 0.0, NL)
+        M = (o_t[:, None] == o_t[None, :]).to(tl.float32)
+        for _ in range(0, NSTEP):  # M <- (I + N) M, N <- N @ N : M = sum_n (-L')^n
+            M = M + tl.dot(NL, M, input_precision=PRECISION)
+            NL = tl.dot(NL, NL, input_precision=PRECISION)
+        M = M + tl.where(first[None, :], tl.sum(M * c[None, :], 1)[:, None], 0.0)  # M (I + c e_0^T)
+        PM = tl.dot(D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION), M, input_precision=PRECISION)
+        # s0 * 1 after the solve (x - x + 1: 1 for finite x, NaN after a NaN): Triton moves a read into shared
+        # memory as soon as it arrives, so the state's use must wait on the solve to come after it
+        late = tl.max(tl.max(PM, 1), 0)
+        s0 = s0 * (late - late + 1.0)
+        U = b_beta[:, None] * (b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION))  # right-hand side
+        b_o = A[:, None] * tl.dot(b_qs, s0, input_precision=PRECISION) + tl.dot(PM, U, input_precision=PRECISION)
+    else:
+        U = b_beta[:, None] * (b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION))  # right-hand side
+        if ROOT == 2:  # row 0 of U is the root's u_0 (L's row 0 is empty); take its column of -L out: U += NL[:, 0] u_0
+            first = o_t == 0
+            u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
+            U = U + tl.sum(tl.where(first[None, :], NL, 0.0), 1)[:, None] * u0[None, :]
+            NL = tl.where(first[None, :], 0.0, NL)
+        for _ in range(0, NSTEP):  # U <- (I + N) U, N <- N @ N : U = sum_n (-L)^n RHS
+            U = U + tl.dot(NL, U, input_precision=PRECISION)
+            NL = tl.dot(NL, NL, input_precision=PRECISION)
+        P = D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION)
+        b_o = A[:, None] * tl.dot(b_qs, s0, input_precision=PRECISION) + tl.dot(P, U, input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
 
@@ -142,6 +163,9 @@ def _gdn_wy_kernel(
 # eliminated first) 9.7 us alone and 6.0 a layer in a graph of 48, against 9.9 / 6.6 root first (4 warps) and 11.4 /
 # 7.5 root first at 8 warps, the default before; 1 (the solve one doubling step longer at DDTree's depth 2) 10.9 / 6.7.
 # The one-kernel form over a 16-row block takes 4 warps (root first: 9.9 against 11.4 us at 1 x 16), larger blocks 8.
+# 3 (the solve on -L alone, before the state is used) is not yet timed: compiled for sm_90 at 1 x 16 (4 warps, 64-wide
+# V tiles) the state's first use follows 36 of the kernel's MMAs, where 2 stores the state into shared memory before
+# its first barrier, so the solve waits for the state's read there (RESULTS.md).
 FUSED_ROOT = 2
 
 

@@ -16,8 +16,8 @@ and commit kernels) at the property suites' fixed examples. --set serving: what 
 launchers' default design ("auto") at one sequence of 16 nodes (the root in the block) and one and eight of 17, 65
 and 131 nodes in bf16, the two-kernel form auto takes for a batch when given its options (fold at 8 x 65) and
 for one sequence (split at 1 x 65), and the other kernels. --set reads: the WY kernels a server launches up to one
-block (design auto at 1 x 16 (the root in the block), 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, and auto at
-8 x 65 with triton_wy_split.HEAD_MIXED off), each with its global reads' rounds in
+block (design auto at 1 x 16 (the root in the block), 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, auto at 1 x 16
+with triton_gdn.FUSED_ROOT 3 and at 8 x 65 with triton_wy_split.HEAD_MIXED off), each with its global reads' rounds in
 the machine code: runs of loads that a barrier (BAR.SYNC) separates. A read issued after a barrier waits a memory
 round trip of its own; a kernel whose reads all precede its first barrier takes one.
 """
@@ -249,19 +249,21 @@ if __name__ == "__main__":
         sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving|reads]")
     failed = 0
     if SET == "reads":
-        # the defaults, then the head kernel with a program per head for every head (HEAD_MIXED off)
+        # the defaults, then the one-kernel form with its solve before the state (FUSED_ROOT 3) and the head kernel
+        # with a program per head for every head (HEAD_MIXED off)
         for B, T, design, option in ((1, 16, "auto", None), (1, 17, "auto", None), (1, 65, "auto", None),
                                      (8, 65, "auto", None), (8, 65, "fold", None),
-                                     (8, 65, "auto", ("HEAD_MIXED", False))):
-            old = option and getattr(triton_wy_split, option[0])
+                                     (1, 16, "auto", (triton_gdn, "FUSED_ROOT", 3)),
+                                     (8, 65, "auto", (triton_wy_split, "HEAD_MIXED", False))):
+            old = option and getattr(*option[:2])
             if option:
-                setattr(triton_wy_split, *option)
-            on = f", {option[0]}={option[1]}" if option else ""
+                setattr(*option)
+            on = f", {option[1]}={option[2]}" if option else ""
             for kernel, kw in launches(B, T, torch.bfloat16, design):
                 print(f"reads {B} x {T}, design {design}{on}: {kernel.__name__} "
                       f"{read_rounds(compile_for(kernel, kw))}", flush=True)
             if option:
-                setattr(triton_wy_split, option[0], old)
+                setattr(*option[:2], old)
         sys.exit(0)
     if SET == "all":
         for T, designs in ((65, ("fused", "split", "fold", "head")), (131, ("fused", "split", "fold"))):

@@ -76,6 +76,7 @@ def test_the_wy_kernels_issue_their_reads_together():
         what, n = line.rsplit(" ", 1)
         got[what.removeprefix("reads ")] = int(n)
     assert got == {"1 x 16, design auto: _gdn_wy_kernel": 1,  # the root in the block (FUSED_ROOT): state read last
+                   "1 x 16, design auto, FUSED_ROOT=3: _gdn_wy_kernel": 1,  # and used after the solve
                    "1 x 17, design auto: _gdn_wy_kernel": 1,
                    "1 x 65, design auto: _gdn_wy_fold_head_kernel": 3,
                    "8 x 65, design auto: _gdn_wy_fold_head_kernel": 3,
