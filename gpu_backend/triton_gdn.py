@@ -164,8 +164,8 @@ def _gdn_wy_kernel(
 # 7.5 root first at 8 warps, the default before; 1 (the solve one doubling step longer at DDTree's depth 2) 10.9 / 6.7.
 # The one-kernel form over a 16-row block takes 4 warps (root first: 9.9 against 11.4 us at 1 x 16), larger blocks 8.
 # 3 (the solve on -L alone, before the state is used) is not yet timed: compiled for sm_90 at 1 x 16 (4 warps, 64-wide
-# V tiles) the state's first use follows 36 of the kernel's MMAs, where 2 stores the state into shared memory before
-# its first barrier, so the solve waits for the state's read there (RESULTS.md).
+# V tiles) the state's first use follows 63 of the kernel's 165 MMAs and 21 of its 29 barriers, where 2 stores the
+# state into shared memory before its first barrier, so the solve waits for the state's read there (RESULTS.md).
 FUSED_ROOT = 2
 
 
