@@ -4,7 +4,7 @@ exit 1 if any fails. Triton's interpreter runs kernels without compiling them, s
 not compile (a loop variable that changes type, shared memory past the SM's); this catches that on a CPU,
 with Triton's bundled ptxas.
 
-    python tests/gpu_compile.py [--arch 90|100|120] [--set all|serving|reads]
+    python tests/gpu_compile.py [--arch 90|100|120] [--set all|serving|reads|first-use]
 
 --arch: 90 (Hopper, sm_90a), 100 (datacenter Blackwell, sm_100a), 120 (consumer Blackwell, sm_120a).
 --set all (the default): every launch the GDN WY launchers make at Qwen3.6-27B GDN shapes for every design,
@@ -15,11 +15,13 @@ Triton kernel the public functions launch (recurrent GDN, the commits, the tree 
 and commit kernels) at the property suites' fixed examples. --set serving: what a server launches, the WY
 launchers' default design ("auto") at one sequence of 16 nodes (the root in the block) and one and eight of 17, 65
 and 131 nodes in bf16, the two-kernel form auto takes for a batch when given its options (fold at 8 x 65) and
-for one sequence (split at 1 x 65), and the other kernels. --set reads: the WY kernels a server launches up to one
-block (design auto at 1 x 16 (the root in the block), 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, auto at 1 x 16
-with triton_gdn.FUSED_ROOT 3 and at 8 x 65 with triton_wy_split.HEAD_MIXED off), each with its global reads' rounds in
-the machine code: runs of loads that a barrier (BAR.SYNC) separates. A read issued after a barrier waits a memory
-round trip of its own; a kernel whose reads all precede its first barrier takes one.
+for one sequence (split at 1 x 65), and the other kernels. --set first-use: the one-kernel form at 1 x 16 with
+FUSED_ROOT 2 and 3, and where each of its 128-bit global reads is first used (barriers and MMAs before it).
+--set reads: the WY kernels a server launches up to one block (design auto at 1 x 16 (the root in the block),
+1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, auto at 1 x 16 with triton_gdn.FUSED_ROOT 3 and at 8 x 65 with
+triton_wy_split.HEAD_MIXED off), each with its global reads' rounds in the machine code: runs of loads that a
+barrier (BAR.SYNC) separates. A read issued after a barrier waits a memory round trip of its own; a kernel whose
+reads all precede its first barrier takes one.
 """
 import os
 import sys
@@ -213,6 +215,18 @@ def compile_for(kernel, kw):
 def read_rounds(ck) -> int:
     """Runs of global loads (LDG) in the compiled kernel's machine code that a barrier (BAR.SYNC) separates, in
     code order (a loop's body counted once): the memory round trips a program waits at the least."""
+    rounds, barrier = 0, True
+    for text in sass_instructions(ck):
+        if "BAR.SYNC" in text:
+            barrier = True
+        elif opcode(text).startswith("LDG") and barrier:
+            rounds, barrier = rounds + 1, False
+    return rounds
+
+
+def sass_instructions(ck) -> list[str]:
+    """The compiled kernel's machine instructions in code order (cuobjdump -sass, each without its encoding)."""
+    import re
     import subprocess
     import tempfile
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -220,13 +234,37 @@ def read_rounds(ck) -> int:
         f.write(ck.asm["cubin"])
         f.flush()
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    rounds, barrier = 0, True
-    for line in sass.splitlines():
-        if " BAR.SYNC" in line:
-            barrier = True
-        elif " LDG" in line and barrier:
-            rounds, barrier = rounds + 1, False
-    return rounds
+    return [m.group(1) for line in sass.splitlines() if (m := re.match(r"^\s+/\*[0-9a-f]+\*/\s+(.*?);", line))]
+
+
+def opcode(instruction: str) -> str:
+    """The instruction without its predicate (@P0, @!PT, @UP1 ...)."""
+    import re
+    return re.sub(r"^@!?U?P[T0-9]+\s+", "", instruction)
+
+
+def is_mma(instruction: str) -> bool:
+    return opcode(instruction).startswith(("HMMA", "HGMMA"))
+
+
+def first_uses(ins: list[str]) -> dict:
+    """{(barriers, MMAs before it): how many 128-bit global reads (LDG.E.128) are first used there}, "never" where
+    none is: a read first used before any barrier holds up what follows until it arrives."""
+    import collections
+    import re
+    got = collections.Counter()
+    for i, text in enumerate(ins):
+        m = re.search(r"LDG\.E\.128 R(\d+),", text)
+        if not m:
+            continue
+        regs = {f"R{int(m.group(1)) + j}" for j in range(4)}
+        where = "never"
+        for j in range(i + 1, len(ins)):
+            if "LDG" not in ins[j] and regs & set(re.findall(r"\bR\d+\b", ins[j])):
+                where = (sum("BAR.SYNC" in x for x in ins[:j]), sum(map(is_mma, ins[:j])))
+                break
+        got[where] += 1
+    return dict(got)
 
 
 def check(what, kernel, kw) -> bool:
@@ -245,9 +283,22 @@ def check(what, kernel, kw) -> bool:
 
 
 if __name__ == "__main__":
-    if ARCH not in (90, 100, 120) or SET not in ("all", "serving", "reads"):
-        sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving|reads]")
+    if ARCH not in (90, 100, 120) or SET not in ("all", "serving", "reads", "first-use"):
+        sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving|reads|first-use]")
     failed = 0
+    if SET == "first-use":
+        # the one-kernel form at 1 x 16 (4 warps, 64-wide V tiles) with the solve after the state (FUSED_ROOT 2) and
+        # before it (3): where its 128-bit reads (most of them the state's) are first used
+        old = triton_gdn.FUSED_ROOT
+        for root in (2, 3):
+            triton_gdn.FUSED_ROOT = root
+            (kernel, kw), = launches(1, 16, torch.bfloat16, "fused")
+            uses = first_uses(sass_instructions(compile_for(kernel, kw)))
+            print(f"first-use {kw['ROOT']}: " + "; ".join(f"{w[0]} {w[1]} {n}" for w, n in sorted(
+                (w, n) for w, n in uses.items() if w != "never")) + (f"; never {uses['never']}" if "never" in uses
+                                                                     else ""), flush=True)
+        triton_gdn.FUSED_ROOT = old
+        sys.exit(0)
     if SET == "reads":
         # the defaults, then the one-kernel form with its solve before the state (FUSED_ROOT 3) and the head kernel
         # with a program per head for every head (HEAD_MIXED off)

@@ -1,0 +1,94 @@
+"""When the one-kernel WY form first uses what it reads, compiled offline (no GPU): for each place of the root
+(triton_gdn.FUSED_ROOT) at one sequence of a few nodes, the kernel design "fused" launches compiled for sm_90 with
+Triton's bundled ptxas, and in its machine code, for every 128-bit global read (LDG.E.128: the state tile is most
+of them, 16 a thread at 4 warps and 64-wide V tiles), how many barriers (BAR.SYNC) and tensor-core MMAs (HMMA)
+come before the first instruction that uses its registers. A read first used before any barrier holds up
+everything after it until it arrives; one first used after the solve's MMAs lets the solve run while it is in
+flight. Also: instructions, barriers, MMAs, registers and stack (spills).
+
+    python benchmarks/first_use.py [--commit SHA] [--shape 1x16] [--roots 0,2,3] [--warps 4] [--block-v 64]
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from ddsim.bench.bench import parse_shapes  # noqa: E402
+from ddsim.gpu_backend import triton_gdn  # noqa: E402
+from tests import gpu_compile as G  # noqa: E402  (its launch capture and offline compile)
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def resources(ck) -> tuple[str, str]:
+    """(registers, stack bytes) of the compiled kernel, from cuobjdump's resource usage."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        res = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return re.search(r"REG:(\d+)", res).group(1), re.search(r"STACK:(\d+)", res).group(1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="?")
+    ap.add_argument("--shape", default="1x16")
+    ap.add_argument("--roots", default="0,2,3")
+    ap.add_argument("--warps", default="4")
+    ap.add_argument("--block-v", default="64")
+    a = ap.parse_args()
+    shapes = parse_shapes(ap, a.shape)
+    if len(shapes) != 1:
+        ap.error(f"--shape: expected one shape, got {a.shape!r}")
+    (B, T), = shapes
+    lists = {}
+    for name, text, ok in (("--roots", a.roots, {0, 1, 2, 3}), ("--warps", a.warps, {1, 2, 4, 8}),
+                           ("--block-v", a.block_v, {16, 32, 64, 128})):
+        try:
+            lists[name] = [int(x) for x in text.split(",")]
+        except ValueError:
+            ap.error(f"{name}: expected comma-separated integers, got {text!r}")
+        if not set(lists[name]) <= ok:
+            ap.error(f"{name}: expected values among {sorted(ok)}, got {text!r}")
+    print(f"# {time.strftime('%Y-%m-%d')} | compiled for sm_90 on the CPU | triton {triton.__version__} | "
+          f"commit {a.commit} | {B} x {T}, bf16 inputs, Qwen3.6-27B GDN shapes")
+    print("| FUSED_ROOT | warps | V tile | instructions | barriers | MMAs | registers | stack B | "
+          "128-bit reads by where first used: (barriers, MMAs before it) x count |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    old = triton_gdn.FUSED_ROOT
+    try:
+        for root in lists["--roots"]:
+            triton_gdn.FUSED_ROOT = root
+            for warps in lists["--warps"]:
+                for bv in lists["--block-v"]:
+                    G.GOT.clear()
+                    _, parents = G.ddtree_batch(B, T)
+                    inp = G.kernel_inputs(B, T, dtype=torch.bfloat16, device="cpu")
+                    triton_gdn.plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents,
+                                       initial_state=inp["initial_state"], design="fused", poison=False,
+                                       block_v=bv, num_warps=warps)
+                    (kernel, kw), = G.GOT
+                    ck = G.compile_for(kernel, kw)
+                    ins, (reg, stack) = G.sass_instructions(ck), resources(ck)
+                    found = G.first_uses(ins)
+                    order = sorted((w for w in found if w != "never")) + (["never"] if "never" in found else [])
+                    uses = ", ".join(f"{w} x {found[w]}" for w in order)
+                    print(f"| {kw['ROOT']} | {warps} | {bv} | {len(ins)} | {sum('BAR.SYNC' in x for x in ins)} | "
+                          f"{sum(map(G.is_mma, ins))} | {reg} | {stack} | "
+                          f"{uses} |", flush=True)
+    finally:
+        triton_gdn.FUSED_ROOT = old
+
+
+if __name__ == "__main__":
+    main()
