@@ -14,8 +14,9 @@ build them once per step for every layer: plan_tree, plan_slots, plan_accepted)
   ddsim kernels alone the snapshot-free verify's kernels alone (the launch triton_gdn.plan_wy returns, its host work
                       done once), the figure issue #36's bounds are set on, beside each bound
 Each call is timed by do_bench (CUDA events around it, the L2 flushed before it); the last columns give the device
-time of the kernels themselves of SGLang's exact verify and ddsim's kernels alone (torch.profiler's kernel records,
-without the launch latency do_bench's events take in).
+time of the kernels themselves of SGLang's exact verify, ddsim's snapshot-free verify (engine_api: its gates fused in
+the kernel) and ddsim's kernels alone (torch.profiler's kernel records, without the launch latency and the host's
+time that do_bench's events take in).
 
     python benchmarks/bench_engine_api.py [--commit SHA] [--shapes 1x16,...,8x257]
         # needs CUDA and SGLang's kernel importable; trees above 65 nodes run ddsim's split WY form
@@ -74,7 +75,7 @@ def main():
     print("| B x T | sglang exact verify | + commit copy | ddsim drop-in (buffer) | ddsim snapshot-free verify | "
           "+ commit_accepted | sglang flattened | verify floor: bytes / FLOPs | commit floor | buffer MiB/layer | "
           "ddsim snapshot-free verify: peak allocations MiB/layer (output + scratch) | ddsim kernels alone | #36 bound | "
-          "kernels' device time: sglang exact / ddsim kernels alone |")
+          "kernels' device time: sglang exact / ddsim snapshot-free verify / ddsim kernels alone |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     dev = "cuda"
     for B, T in shapes:
@@ -134,7 +135,7 @@ def main():
         bound = BOUNDS.get((B, T))
         verdict = "–" if bound is None else f"{bound:.0f} ({'met' if t['dd_alone'] <= bound else 'not met'})"
         try:
-            device = f"{kernel_device_us(sg_exact):.1f} / {kernel_device_us(alone):.1f}"
+            device = " / ".join(f"{kernel_device_us(fn):.1f}" for fn in (sg_exact, dd_verify, alone))
         except Exception as e:  # the profiler's records could not be told apart: said, not guessed
             device = f"– ({type(e).__name__}: {e})"
         nb, fl = kernel_bytes(B, T), kernel_flops(B, T)
