@@ -19,7 +19,9 @@ import triton
 from ddsim import oracle
 from ddsim.bench.bench import (
     ddtree_batch,
+    fused_root_sweep,
     graphed_layers_us,
+    int_list,
     kernel_device_us,
     kernel_inputs,
     off_rounded,
@@ -31,6 +33,7 @@ from ddsim.gpu_backend.triton_gdn import plan_wy
 
 ROOTS = {0: "root first", 1: "root in the block, its chain counted", 2: "root in the block, eliminated (default)",
          3: "root in the block, eliminated, the solve before the state"}
+WARPS, BLOCK_V = (1, 2, 4, 8, 16), (16, 32, 64, 128)
 
 
 def main():
@@ -43,15 +46,8 @@ def main():
     ap.add_argument("--block-v", default="64")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
-    lists = {}
-    for name, text, ok in (("--roots", a.roots, {0, 1, 2, 3}), ("--warps", a.warps, {1, 2, 4, 8, 16}),
-                           ("--block-v", a.block_v, {16, 32, 64, 128})):
-        try:
-            lists[name] = [int(x) for x in text.split(",")]
-        except ValueError:
-            lists[name] = []
-        if not lists[name] or not set(lists[name]) <= ok:
-            ap.error(f"{name} {text!r}: expected a comma-separated list from {sorted(ok)}")
+    roots, warp_counts, block_vs = (int_list(ap, "--roots", a.roots, ROOTS), int_list(ap, "--warps", a.warps, WARPS),
+                               int_list(ap, "--block-v", a.block_v, BLOCK_V))
     if a.layers < 1:
         ap.error(f"--layers: expected 1 or more, got {a.layers}")
     if not torch.cuda.is_available():
@@ -61,37 +57,29 @@ def main():
     print(f"| B x T | form | warps | V tile | us | device us | graphed, {a.layers} layers, us a layer | "
           "max abs diff to the first row | off the rounded oracle | registers |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    old = triton_gdn.FUSED_ROOT
-    try:
-        for B, T in shapes:
-            _, parents = ddtree_batch(B, T)
-            inp = kernel_inputs(B, T, device="cuda")
-            common = dict(q=inp["q"], k=inp["k"], v=inp["v"], g=inp["g"], beta=inp["beta"],
-                          parents=parents.to("cuda"), initial_state=inp["initial_state"], poison=False)
-            ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
-                                         initial_state=inp["initial_state"].cpu())
-            first = None
-            for root in lists["--roots"]:
-                if root and not triton_gdn.root_fits_block(T):
-                    continue
-                triton_gdn.FUSED_ROOT = root
-                for warps in lists["--warps"]:
-                    for bv in lists["--block-v"]:
-                        kw = dict(design="fused", num_warps=warps, block_v=bv)
-                        launch, o = plan_wy(**common, **kw)
-                        ms, kernels = timed_resources(launch)
-                        device = kernel_device_us(launch)
-                        launch()
-                        torch.cuda.synchronize()
-                        first = o.clone() if first is None else first
-                        graphed = graphed_layers_us(B, T, parents, a.layers, **kw)
-                        regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
-                        print(f"| {B} x {T} | {ROOTS[root]} | {warps} | {bv} | {ms * 1e3:.1f} | {device:.1f} | "
-                              f"{graphed:.1f} | "
-                              f"{(o.float() - first.float()).abs().max().item():.2e} | {off_rounded(o, ref):.4f} | "
-                              f"{regs} |", flush=True)
-    finally:
-        triton_gdn.FUSED_ROOT = old
+    for B, T in shapes:
+        _, parents = ddtree_batch(B, T)
+        inp = kernel_inputs(B, T, device="cuda")
+        common = dict(q=inp["q"], k=inp["k"], v=inp["v"], g=inp["g"], beta=inp["beta"],
+                      parents=parents.to("cuda"), initial_state=inp["initial_state"], poison=False)
+        ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
+                                     initial_state=inp["initial_state"].cpu())
+        first = None
+        for root, warps, bv in fused_root_sweep(roots, warp_counts, block_vs):
+            if root and not triton_gdn.root_fits_block(T):
+                continue
+            kw = dict(design="fused", num_warps=warps, block_v=bv)
+            launch, o = plan_wy(**common, **kw)
+            ms, kernels = timed_resources(launch)
+            device = kernel_device_us(launch)
+            launch()
+            torch.cuda.synchronize()
+            first = o.clone() if first is None else first
+            graphed = graphed_layers_us(B, T, parents, a.layers, **kw)
+            regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
+            print(f"| {B} x {T} | {ROOTS[root]} | {warps} | {bv} | {ms * 1e3:.1f} | {device:.1f} | {graphed:.1f} | "
+                  f"{(o.float() - first.float()).abs().max().item():.2e} | {off_rounded(o, ref):.4f} | {regs} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,7 @@ flight. Also: instructions, barriers, MMAs, registers and stack (spills).
 import argparse
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,20 +21,8 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from ddsim.bench.bench import parse_shapes  # noqa: E402
-from ddsim.gpu_backend import triton_gdn  # noqa: E402
-from tests import gpu_compile as G  # noqa: E402  (its launch capture and offline compile)
-
-CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-
-
-def resources(ck) -> tuple[str, str]:
-    """(registers, stack bytes) of the compiled kernel, from cuobjdump's resource usage."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(ck.asm["cubin"])
-        f.flush()
-        res = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return re.search(r"REG:(\d+)", res).group(1), re.search(r"STACK:(\d+)", res).group(1)
+from ddsim.bench.bench import fused_root_sweep, int_list, parse_shapes  # noqa: E402
+from tests import gpu_compile as G  # noqa: E402  (its launch capture, offline compile and machine-code reading)
 
 
 def main():
@@ -51,43 +37,24 @@ def main():
     if len(shapes) != 1:
         ap.error(f"--shape: expected one shape, got {a.shape!r}")
     (B, T), = shapes
-    lists = {}
-    for name, text, ok in (("--roots", a.roots, {0, 1, 2, 3}), ("--warps", a.warps, {1, 2, 4, 8}),
-                           ("--block-v", a.block_v, {16, 32, 64, 128})):
-        try:
-            lists[name] = [int(x) for x in text.split(",")]
-        except ValueError:
-            ap.error(f"{name}: expected comma-separated integers, got {text!r}")
-        if not set(lists[name]) <= ok:
-            ap.error(f"{name}: expected values among {sorted(ok)}, got {text!r}")
+    roots, warp_counts, block_vs = (int_list(ap, "--roots", a.roots, (0, 1, 2, 3)),
+                                    int_list(ap, "--warps", a.warps, (1, 2, 4, 8)),
+                                    int_list(ap, "--block-v", a.block_v, (16, 32, 64, 128)))
     print(f"# {time.strftime('%Y-%m-%d')} | compiled for sm_90 on the CPU | triton {triton.__version__} | "
           f"commit {a.commit} | {B} x {T}, bf16 inputs, Qwen3.6-27B GDN shapes")
     print("| FUSED_ROOT | warps | V tile | instructions | barriers | MMAs | registers | stack B | "
           "128-bit reads by where first used: (barriers, MMAs before it) x count |")
     print("|---|---|---|---|---|---|---|---|---|")
-    old = triton_gdn.FUSED_ROOT
-    try:
-        for root in lists["--roots"]:
-            triton_gdn.FUSED_ROOT = root
-            for warps in lists["--warps"]:
-                for bv in lists["--block-v"]:
-                    G.GOT.clear()
-                    _, parents = G.ddtree_batch(B, T)
-                    inp = G.kernel_inputs(B, T, dtype=torch.bfloat16, device="cpu")
-                    triton_gdn.plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents,
-                                       initial_state=inp["initial_state"], design="fused", poison=False,
-                                       block_v=bv, num_warps=warps)
-                    (kernel, kw), = G.GOT
-                    ck = G.compile_for(kernel, kw)
-                    ins, (reg, stack) = G.sass_instructions(ck), resources(ck)
-                    found = G.first_uses(ins)
-                    order = sorted((w for w in found if w != "never")) + (["never"] if "never" in found else [])
-                    uses = ", ".join(f"{w} x {found[w]}" for w in order)
-                    print(f"| {kw['ROOT']} | {warps} | {bv} | {len(ins)} | {sum('BAR.SYNC' in x for x in ins)} | "
-                          f"{sum(map(G.is_mma, ins))} | {reg} | {stack} | "
-                          f"{uses} |", flush=True)
-    finally:
-        triton_gdn.FUSED_ROOT = old
+    for _, warps, bv in fused_root_sweep(roots, warp_counts, block_vs):
+        (kernel, kw), = G.launches(B, T, torch.bfloat16, "fused", block_v=bv, num_warps=warps)
+        ck = G.compile_for(kernel, kw)
+        ins, res = G.sass_instructions(ck), G.cuobjdump(ck, "-res-usage")
+        reg, stack = re.search(r"REG:(\d+)", res).group(1), re.search(r"STACK:(\d+)", res).group(1)
+        found = G.first_uses(ins)
+        order = sorted(w for w in found if w != "never") + (["never"] if "never" in found else [])
+        print(f"| {kw['ROOT']} | {warps} | {bv} | {len(ins)} | {sum('BAR.SYNC' in x for x in ins)} | "
+              f"{sum(map(G.is_mma, ins))} | {reg} | {stack} | {', '.join(f'{w} x {found[w]}' for w in order)} |",
+              flush=True)
 
 
 if __name__ == "__main__":

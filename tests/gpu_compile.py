@@ -81,13 +81,13 @@ for _m in (triton_attention, triton_commit, triton_conv, triton_norms, triton_ta
 _common.check_device = lambda *xs: None  # CPU tensors: nothing is launched
 
 
-def launches(B, T, dtype, design):
-    """(kernel, keyword arguments) of each launch plan_wy would make."""
+def launches(B, T, dtype, design, **plan_kw):
+    """(kernel, keyword arguments) of each launch plan_wy would make (with ``plan_kw``: num_warps, block_v ...)."""
     GOT.clear()
     _, parents = ddtree_batch(B, T)
     inp = kernel_inputs(B, T, dtype=dtype, device="cpu")
     triton_gdn.plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents,
-                       initial_state=inp["initial_state"], design=design, poison=False)
+                       initial_state=inp["initial_state"], design=design, poison=False, **plan_kw)
     return list(GOT)
 
 
@@ -224,17 +224,22 @@ def read_rounds(ck) -> int:
     return rounds
 
 
-def sass_instructions(ck) -> list[str]:
-    """The compiled kernel's machine instructions in code order (cuobjdump -sass, each without its encoding)."""
-    import re
+def cuobjdump(ck, flag: str) -> str:
+    """What Triton's bundled cuobjdump prints with ``flag`` (-sass, -res-usage) for the compiled kernel's cubin."""
     import subprocess
     import tempfile
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
         f.flush()
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    return [m.group(1) for line in sass.splitlines() if (m := re.match(r"^\s+/\*[0-9a-f]+\*/\s+(.*?);", line))]
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def sass_instructions(ck) -> list[str]:
+    """The compiled kernel's machine instructions in code order (cuobjdump -sass, each without its encoding)."""
+    import re
+    return [m.group(1) for line in cuobjdump(ck, "-sass").splitlines()
+            if (m := re.match(r"^\s+/\*[0-9a-f]+\*/\s+(.*?);", line))]
 
 
 def opcode(instruction: str) -> str:

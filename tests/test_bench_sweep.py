@@ -79,3 +79,28 @@ def test_bench_shapes_parse_or_are_refused_with_one_line_and_exit_2(capsys):
             parse_shapes(ap, bad)
         assert e.value.code == 2
         assert f"--shapes {bad!r}" in capsys.readouterr().err
+
+
+def test_bench_integer_lists_parse_or_are_refused_with_one_line_and_exit_2(capsys):
+    import argparse
+
+    from ddsim.bench.bench import int_list
+    ap = argparse.ArgumentParser(prog="bench")
+    assert int_list(ap, "--warps", "4,8", (1, 2, 4, 8)) == [4, 8]
+    for bad in ("", "4,", "x", "3", "4,16"):
+        with pytest.raises(SystemExit) as e:
+            int_list(ap, "--warps", bad, (1, 2, 4, 8))
+        assert e.value.code == 2
+        assert f"--warps {bad!r}: expected a comma-separated list from [1, 2, 4, 8]" in capsys.readouterr().err
+
+
+def test_the_fused_root_sweep_sets_each_root_while_it_runs_and_restores_the_default():
+    from ddsim.bench.bench import fused_root_sweep
+    from ddsim.gpu_backend import triton_gdn
+    default = triton_gdn.FUSED_ROOT
+    seen = [(root, w, bv, triton_gdn.FUSED_ROOT) for root, w, bv in fused_root_sweep((0, 3), (4,), (32, 64))]
+    assert seen == [(0, 4, 32, 0), (0, 4, 64, 0), (3, 4, 32, 3), (3, 4, 64, 3)]
+    assert triton_gdn.FUSED_ROOT == default
+    for _ in fused_root_sweep((1,), (4,), (64,)):
+        break  # left early: restored when the sweep is closed
+    assert triton_gdn.FUSED_ROOT == default

@@ -83,6 +83,33 @@ def parse_shapes(ap, text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+def int_list(ap, name: str, text: str, allowed) -> list[int]:
+    """A bench's comma-separated option ``name`` (its text ``text``) as integers, each one of ``allowed``; anything
+    else, or nothing, is refused through ``ap.error`` (argparse's one line, exit 2) before any work."""
+    try:
+        got = [int(x) for x in text.split(",")]
+    except ValueError:
+        got = []
+    if not got or not set(got) <= set(allowed):
+        ap.error(f"{name} {text!r}: expected a comma-separated list from {sorted(allowed)}")
+    return got
+
+
+def fused_root_sweep(roots, warps, block_vs):
+    """(root, warps, block_v) over every combination, triton_gdn.FUSED_ROOT set to the root while its own run
+    (restored after): the one-kernel WY form's places for the root side by side."""
+    from ddsim.gpu_backend import triton_gdn
+    old = triton_gdn.FUSED_ROOT
+    try:
+        for root in roots:
+            triton_gdn.FUSED_ROOT = root
+            for w in warps:
+                for bv in block_vs:
+                    yield root, w, bv
+    finally:
+        triton_gdn.FUSED_ROOT = old
+
+
 def ddtree_batch(B: int, T: int, *, vocab: int = 1000, depth: int = 15, topk: int = 8, seed: int = 0):
     """B DDTree trees of T nodes (best-first, top-k cap 8, depth 15) from random draft logits."""
     gen = torch.Generator().manual_seed(seed)
