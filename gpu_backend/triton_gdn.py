@@ -85,8 +85,8 @@ def _gdn_wy_kernel(
     # ROOT 1 and 2 (T <= BT, FUSED_ROOT): the root is row 0 of the block, on top of the committed state S0, so no
     # recurrent step and no reduction precede the products. 1: the solve's doubling steps count the root
     # (NSTEP covers chains one node longer); 2: the root's column of L is eliminated first (U += -L[:, 0] u_0, a
-    # rank-one update), so NSTEP is the draft nodes' as for ROOT 0. 3: as 2, with the solve made on -L alone (its
-    # inverse, not its right-hand side) before the state is used: the state's products come after the solve.
+    # rank-one update), so NSTEP is the draft nodes' as for ROOT 0. 3: the inverse (I - L)^-1 (not the solve of a
+    # right-hand side) and the output's weights on S0 and V before the state is used: one product by it after.
     if ROOT == 0:
         # the ancestor mask is read with wy_tile's reads, after them and before any reduction
         reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
@@ -122,9 +122,11 @@ def _gdn_wy_kernel(
     A = tl.exp(G)
     b_qs = b_q * scale
     if ROOT == 3:
-        # the solve before the state: M = (I - L)^-1 from -L alone, P M with it, and the state's products last,
-        # so the state, read first, is waited for only after the solve. The root's column of -L is eliminated as
-        # for ROOT 2, as a factor: (I - L)^-1 = (I - L')^-1 (I + c e_0^T), c = -L[:, 0], L' = L without it.
+        # the whole value-independent half before the state, folded as triton_wy_split's fold kernel does, so that one
+        # product by the state follows its read: with M = (I - L)^-1 and W = (D o Qs K^T) M diag(beta),
+        #   O = diag(A) Qs S0 + W (V - diag(A) K S0) = Qe S0 + W V,   Qe = diag(A) Qs - W diag(A) K
+        # M is made from -L alone, the root's column eliminated as for ROOT 2 but as a factor:
+        # (I - L)^-1 = (I - L')^-1 (I + c e_0^T), c = -L[:, 0], L' = L without it (row 0 of (I - L')^-1 is e_0^T)
         first = o_t == 0
         c = tl.sum(tl.where(first[None, :], NL, 0.0), 1)  # [BT]
         NL = tl.where(first[None, :], 0.0, NL)
@@ -133,13 +135,15 @@ def _gdn_wy_kernel(
             M = M + tl.dot(NL, M, input_precision=PRECISION)
             NL = tl.dot(NL, NL, input_precision=PRECISION)
         M = M + tl.where(first[None, :], tl.sum(M * c[None, :], 1)[:, None], 0.0)  # M (I + c e_0^T)
-        PM = tl.dot(D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION), M, input_precision=PRECISION)
-        # s0 * 1 after the solve (x - x + 1: 1 for finite x, NaN after a NaN): Triton moves a read into shared
-        # memory as soon as it arrives, so the state's use must wait on the solve to come after it
-        late = tl.max(tl.max(PM, 1), 0)
+        W = tl.dot(D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION), M,
+                   input_precision=PRECISION) * b_beta[None, :]  # [BT, BT]
+        Qe = A[:, None] * b_qs - tl.dot(W * A[None, :], b_k, input_precision=PRECISION)  # [BT, BK]
+        WV = tl.dot(W, b_v, input_precision=PRECISION)  # [BT, BV]
+        # s0 * 1 once Qe is made (x - x + 1: 1 for finite x, NaN after a NaN): Triton moves a read into shared
+        # memory as soon as it arrives, so the state's use must wait on the fold to come after it
+        late = tl.max(tl.max(Qe, 1), 0)
         s0 = s0 * (late - late + 1.0)
-        U = b_beta[:, None] * (b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION))  # right-hand side
-        b_o = A[:, None] * tl.dot(b_qs, s0, input_precision=PRECISION) + tl.dot(PM, U, input_precision=PRECISION)
+        b_o = tl.dot(Qe, s0, input_precision=PRECISION) + WV
     else:
         U = b_beta[:, None] * (b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION))  # right-hand side
         if ROOT == 2:  # row 0 of U is the root's u_0 (L's row 0 is empty); take its column of -L out: U += NL[:, 0] u_0

@@ -95,8 +95,8 @@ def test_triton_gdn_verify_matches_oracle(inp, mode, backend, dtype):
 def test_the_one_kernel_form_with_the_root_in_its_block_matches_oracle(inp, mode, root, dtype):
     """triton_gdn.FUSED_ROOT: where the whole tree fits the one-kernel form's block (T <= 16 in a 16-row block), the
     root is its row 0 on the committed state, the solve counting the root's chain (1) or eliminating its column
-    first (2), or made on -L alone before the state is used (3); 0, and any tree whose draft nodes alone fill the
-    block, the root's recurrent step first. Equal to the oracle; the pool untouched."""
+    first (2), or folded into weights on the state and the values before the state is used (3); 0, and any tree
+    whose draft nodes alone fill the block, the root's recurrent step first. Equal to the oracle; the pool untouched."""
     from ddsim.gpu_backend import triton_gdn
     roots, bind = [], triton_gdn.bind
     args = _cast(inp, dtype)
