@@ -1,5 +1,6 @@
 """The one-kernel WY form's places for the root (triton_gdn.FUSED_ROOT: its recurrent step first, or row 0 of the block,
-and there the solve before or after the state's products) side by side, where the whole tree fits one block: kernels
+its chain counted or its column eliminated) and its products by q and k (triton_gdn.FUSED_RAW16: bf16 as read, or
+l2-normed in fp32 with bf16x3) side by side, where the whole tree fits one block: kernels
 alone (do_bench, L2 flushed before each call; and the kernel's own device time from the profiler,
 bench.kernel_device_us) and graphed (N layers' inputs back to back from one CUDA graph, us a layer) over warps and V
 tiles, Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees
@@ -7,8 +8,8 @@ tiles, Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees
 row's output against the shape's first row's (max |difference|) and against the float64 oracle rounded to bf16 (the
 share of entries that differ: ddsim.bench.bench.off_rounded).
 
-    python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2,3]
-                                       [--warps 4,8] [--block-v 64]
+    python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2]
+                                       [--raw16 1,0] [--warps 4,8] [--block-v 64]
 """
 import argparse
 import time
@@ -31,8 +32,8 @@ from ddsim.bench.bench import (
 from ddsim.gpu_backend import triton_gdn
 from ddsim.gpu_backend.triton_gdn import plan_wy
 
-ROOTS = {0: "root first", 1: "root in the block, its chain counted", 2: "root in the block, eliminated (default)",
-         3: "root in the block, eliminated, the solve before the state"}
+ROOTS = {0: "root first", 1: "root in the block, its chain counted", 2: "root in the block, eliminated (default)"}
+RAW16 = {1: "q, k as read (default)", 0: "q, k l2-normed, bf16x3"}
 WARPS, BLOCK_V = (1, 2, 4, 8, 16), (16, 32, 64, 128)
 
 
@@ -41,22 +42,25 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x9,2x16")
     ap.add_argument("--layers", type=int, default=48)
-    ap.add_argument("--roots", default="0,1,2,3")
+    ap.add_argument("--roots", default="0,1,2")
+    ap.add_argument("--raw16", default="1,0")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--block-v", default="64")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
-    roots, warp_counts, block_vs = (int_list(ap, "--roots", a.roots, ROOTS), int_list(ap, "--warps", a.warps, WARPS),
-                               int_list(ap, "--block-v", a.block_v, BLOCK_V))
+    roots, raw16s, warp_counts, block_vs = (int_list(ap, "--roots", a.roots, ROOTS),
+                                            int_list(ap, "--raw16", a.raw16, RAW16),
+                                            int_list(ap, "--warps", a.warps, WARPS),
+                                            int_list(ap, "--block-v", a.block_v, BLOCK_V))
     if a.layers < 1:
         ap.error(f"--layers: expected 1 or more, got {a.layers}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_root: needs a CUDA device")
     print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | commit {a.commit}")
-    print(f"| B x T | form | warps | V tile | us | device us | graphed, {a.layers} layers, us a layer | "
+    print(f"| B x T | form | products by q, k | warps | V tile | us | device us | graphed, {a.layers} layers, us a layer | "
           "max abs diff to the first row | off the rounded oracle | registers |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for B, T in shapes:
         _, parents = ddtree_batch(B, T)
         inp = kernel_inputs(B, T, device="cuda")
@@ -65,7 +69,7 @@ def main():
         ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                      initial_state=inp["initial_state"].cpu())
         first = None
-        for root, warps, bv in fused_root_sweep(roots, warp_counts, block_vs):
+        for root, raw16, warps, bv in fused_root_sweep(roots, warp_counts, block_vs, [bool(r) for r in raw16s]):
             if root and not triton_gdn.root_fits_block(T):
                 continue
             kw = dict(design="fused", num_warps=warps, block_v=bv)
@@ -77,7 +81,7 @@ def main():
             first = o.clone() if first is None else first
             graphed = graphed_layers_us(B, T, parents, a.layers, **kw)
             regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
-            print(f"| {B} x {T} | {ROOTS[root]} | {warps} | {bv} | {ms * 1e3:.1f} | {device:.1f} | {graphed:.1f} | "
+            print(f"| {B} x {T} | {ROOTS[root]} | {RAW16[int(raw16)]} | {warps} | {bv} | {ms * 1e3:.1f} | {device:.1f} | {graphed:.1f} | "
                   f"{(o.float() - first.float()).abs().max().item():.2e} | {off_rounded(o, ref):.4f} | {regs} |",
                   flush=True)
 

@@ -6,7 +6,7 @@ come before the first instruction that uses its registers. A read first used bef
 everything after it until it arrives; one first used after the solve's MMAs lets the solve run while it is in
 flight. Also: instructions, barriers, MMAs, registers and stack (spills).
 
-    python benchmarks/first_use.py [--commit SHA] [--shape 1x16] [--roots 0,2,3] [--warps 4] [--block-v 64]
+    python benchmarks/first_use.py [--commit SHA] [--shape 1x16] [--roots 0,2] [--raw16 1,0] [--warps 4] [--block-v 64]
 """
 import argparse
 import os
@@ -29,7 +29,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shape", default="1x16")
-    ap.add_argument("--roots", default="0,2,3")
+    ap.add_argument("--roots", default="0,2")
+    ap.add_argument("--raw16", default="1,0")
     ap.add_argument("--warps", default="4")
     ap.add_argument("--block-v", default="64")
     a = ap.parse_args()
@@ -37,22 +38,23 @@ def main():
     if len(shapes) != 1:
         ap.error(f"--shape: expected one shape, got {a.shape!r}")
     (B, T), = shapes
-    roots, warp_counts, block_vs = (int_list(ap, "--roots", a.roots, (0, 1, 2, 3)),
+    roots, raw16s, warp_counts, block_vs = (int_list(ap, "--roots", a.roots, (0, 1, 2)),
+                                            int_list(ap, "--raw16", a.raw16, (0, 1)),
                                     int_list(ap, "--warps", a.warps, (1, 2, 4, 8)),
                                     int_list(ap, "--block-v", a.block_v, (16, 32, 64, 128)))
     print(f"# {time.strftime('%Y-%m-%d')} | compiled for sm_90 on the CPU | triton {triton.__version__} | "
           f"commit {a.commit} | {B} x {T}, bf16 inputs, Qwen3.6-27B GDN shapes")
-    print("| FUSED_ROOT | warps | V tile | instructions | barriers | MMAs | registers | stack B | "
+    print("| FUSED_ROOT | FUSED_RAW16 | warps | V tile | instructions | barriers | MMAs | registers | stack B | "
           "128-bit reads by where first used: (barriers, MMAs before it) x count |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for _, warps, bv in fused_root_sweep(roots, warp_counts, block_vs):
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for _, _, warps, bv in fused_root_sweep(roots, warp_counts, block_vs, [bool(r) for r in raw16s]):
         (kernel, kw), = G.launches(B, T, torch.bfloat16, "fused", block_v=bv, num_warps=warps)
         ck = G.compile_for(kernel, kw)
         ins, res = G.sass_instructions(ck), G.cuobjdump(ck, "-res-usage")
         reg, stack = re.search(r"REG:(\d+)", res).group(1), re.search(r"STACK:(\d+)", res).group(1)
         found = G.first_uses(ins)
         order = sorted(w for w in found if w != "never") + (["never"] if "never" in found else [])
-        print(f"| {kw['ROOT']} | {warps} | {bv} | {len(ins)} | {sum('BAR.SYNC' in x for x in ins)} | "
+        print(f"| {kw['ROOT']} | {int(kw['RAW16'])} | {warps} | {bv} | {len(ins)} | {sum('BAR.SYNC' in x for x in ins)} | "
               f"{sum(map(G.is_mma, ins))} | {reg} | {stack} | {', '.join(f'{w} x {found[w]}' for w in order)} |",
               flush=True)
 

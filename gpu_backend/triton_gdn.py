@@ -78,15 +78,16 @@ def _gdn_wy_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
-    ROOT: tl.constexpr = 0,
+    ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
     # ROOT 1 and 2 (T <= BT, FUSED_ROOT): the root is row 0 of the block, on top of the committed state S0, so no
     # recurrent step and no reduction precede the products. 1: the solve's doubling steps count the root
     # (NSTEP covers chains one node longer); 2: the root's column of L is eliminated first (U += -L[:, 0] u_0, a
-    # rank-one update), so NSTEP is the draft nodes' as for ROOT 0. 3: the inverse (I - L)^-1 (not the solve of a
-    # right-hand side) and the output's weights on S0 and V before the state is used: one product by it after.
+    # rank-one update), so NSTEP is the draft nodes' as for ROOT 0.
+    # RAW16 (bf16 q and k, compiled: the interpreter's bf16 products are wrong): the products by q and k take them
+    # as read, their l2 norms applied to the products (plan_wy's note).
     if ROOT == 0:
         # the ancestor mask is read with wy_tile's reads, after them and before any reduction
         reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
@@ -97,6 +98,7 @@ def _gdn_wy_kernel(
                       mask=mt[:, None] & mt[None, :], other=0) != 0
         i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, _, _, s0, mt, rows, b_q, b_k, b_v, b_g, b_beta = h.wy_values(
             reads, o, scale, HV, V, FUSED, L2NORM)
+        draft = reads[-1]  # the draft rows as read (draft_reads')
     else:
         i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
         o_t = tl.arange(0, BT)
@@ -116,46 +118,51 @@ def _gdn_wy_kernel(
     b_v = b_v.to(tl.float32)
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path (below the root for ROOT 0)
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
-    KK = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+    if RAW16:
+        # q, k bf16 as read (draft_reads'), the l2 norms applied to the products' rows and columns: their products
+        # are exact (one MMA each, bf16x3 took three) and the state's take two (its bf16 head and remainder, about
+        # 2^-17 as bf16x3's); no fp32 copy of q and k goes through shared memory
+        q_raw, k_raw = draft[0], draft[1]  # [BT, BK] bf16
+        KK = tl.dot(k_raw, tl.trans(k_raw))  # [BT, BT] fp32
+        if L2NORM:  # the norms from the diagonals of exact products (fp32 sums, as tl.sum's), reduced in the products'
+            # own layout, along rows for rows and along columns for columns (a norm moved between layouts is a barrier)
+            eye = o_t[:, None] == o_t[None, :]
+            ik = 1.0 / tl.sqrt(tl.sum(tl.where(eye, KK, 0.0), 1) + 1e-6)
+            ik_col = 1.0 / tl.sqrt(tl.sum(tl.where(eye, KK, 0.0), 0) + 1e-6)
+            iq = scale / tl.sqrt(tl.sum(tl.where(eye, tl.dot(q_raw, tl.trans(q_raw)), 0.0), 1) + 1e-6)
+        else:
+            ik = tl.full([BT], 1.0, tl.float32)
+            ik_col = ik
+            iq = tl.full([BT], scale, tl.float32)
+        KK = KK * ik[:, None] * ik_col[None, :]
+        QK = tl.dot(q_raw, tl.trans(k_raw)) * iq[:, None] * ik_col[None, :]  # Qs K^T
+        s_hi = s0.to(tl.bfloat16)
+        s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
+        KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo)) * ik[:, None]  # K S0 [BT, BV]
+        QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo)) * iq[:, None]  # Qs S0
+    else:
+        b_qs = b_q * scale
+        KK = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+        QK = tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION)
+        KS = tl.dot(b_k, s0, input_precision=PRECISION)
+        QS = tl.dot(b_qs, s0, input_precision=PRECISION)
     # -L through D (0 off the ancestors): the mask stays in the layout it was read in (no conversion waits for it)
     NL = tl.where(o_t[:, None] != o_t[None, :], -b_beta[:, None] * D * KK, 0.0)
     A = tl.exp(G)
-    b_qs = b_q * scale
-    if ROOT == 3:
-        # the whole value-independent half before the state, folded as triton_wy_split's fold kernel does, so that one
-        # product by the state follows its read: with M = (I - L)^-1 and W = (D o Qs K^T) M diag(beta),
-        #   O = diag(A) Qs S0 + W (V - diag(A) K S0) = Qe S0 + W V,   Qe = diag(A) Qs - W diag(A) K
-        # M is made from -L alone, the root's column eliminated as for ROOT 2 but as a factor:
-        # (I - L)^-1 = (I - L')^-1 (I + c e_0^T), c = -L[:, 0], L' = L without it (row 0 of (I - L')^-1 is e_0^T)
+    U = b_beta[:, None] * (b_v - A[:, None] * KS)  # right-hand side
+    if ROOT == 2:  # row 0 of U is the root's u_0 (L's row 0 is empty); take its column of -L out: U += NL[:, 0] u_0
         first = o_t == 0
-        c = tl.sum(tl.where(first[None, :], NL, 0.0), 1)  # [BT]
+        u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
+        U = U + tl.sum(tl.where(first[None, :], NL, 0.0), 1)[:, None] * u0[None, :]
         NL = tl.where(first[None, :], 0.0, NL)
-        M = (o_t[:, None] == o_t[None, :]).to(tl.float32)
-        for _ in range(0, NSTEP):  # M <- (I + N) M, N <- N @ N : M = sum_n (-L')^n
-            M = M + tl.dot(NL, M, input_precision=PRECISION)
-            NL = tl.dot(NL, NL, input_precision=PRECISION)
-        M = M + tl.where(first[None, :], tl.sum(M * c[None, :], 1)[:, None], 0.0)  # M (I + c e_0^T)
-        W = tl.dot(D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION), M,
-                   input_precision=PRECISION) * b_beta[None, :]  # [BT, BT]
-        Qe = A[:, None] * b_qs - tl.dot(W * A[None, :], b_k, input_precision=PRECISION)  # [BT, BK]
-        WV = tl.dot(W, b_v, input_precision=PRECISION)  # [BT, BV]
-        # s0 * 1 once Qe is made (x - x + 1: 1 for finite x, NaN after a NaN): Triton moves a read into shared
-        # memory as soon as it arrives, so the state's use must wait on the fold to come after it
-        late = tl.max(tl.max(Qe, 1), 0)
-        s0 = s0 * (late - late + 1.0)
-        b_o = tl.dot(Qe, s0, input_precision=PRECISION) + WV
-    else:
-        U = b_beta[:, None] * (b_v - A[:, None] * tl.dot(b_k, s0, input_precision=PRECISION))  # right-hand side
-        if ROOT == 2:  # row 0 of U is the root's u_0 (L's row 0 is empty); take its column of -L out: U += NL[:, 0] u_0
-            first = o_t == 0
-            u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
-            U = U + tl.sum(tl.where(first[None, :], NL, 0.0), 1)[:, None] * u0[None, :]
-            NL = tl.where(first[None, :], 0.0, NL)
-        for _ in range(0, NSTEP):  # U <- (I + N) U, N <- N @ N : U = sum_n (-L)^n RHS
-            U = U + tl.dot(NL, U, input_precision=PRECISION)
-            NL = tl.dot(NL, NL, input_precision=PRECISION)
-        P = D * tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION)
-        b_o = A[:, None] * tl.dot(b_qs, s0, input_precision=PRECISION) + tl.dot(P, U, input_precision=PRECISION)
+    # U <- (I + N^(2^r)) U for r < NSTEP: U = sum_n (-L)^n RHS. The first step outside the loop, so that the last
+    # step squares nothing it does not use (N^(2^NSTEP) is 0)
+    if NSTEP > 0:
+        U = U + tl.dot(NL, U, input_precision=PRECISION)
+    for _ in range(1, NSTEP):
+        NL = tl.dot(NL, NL, input_precision=PRECISION)
+        U = U + tl.dot(NL, U, input_precision=PRECISION)
+    b_o = A[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
 
@@ -167,10 +174,13 @@ def _gdn_wy_kernel(
 # eliminated first) 9.7 us alone and 6.0 a layer in a graph of 48, against 9.9 / 6.6 root first (4 warps) and 11.4 /
 # 7.5 root first at 8 warps, the default before; 1 (the solve one doubling step longer at DDTree's depth 2) 10.9 / 6.7.
 # The one-kernel form over a 16-row block takes 4 warps (root first: 9.9 against 11.4 us at 1 x 16), larger blocks 8.
-# 3 (the solve on -L alone, before the state is used) is not yet timed: compiled for sm_90 at 1 x 16 (4 warps, 64-wide
-# V tiles) the state's first use follows 63 of the kernel's 165 MMAs and 21 of its 29 barriers, where 2 stores the
-# state into shared memory before its first barrier, so the solve waits for the state's read there (RESULTS.md).
+# A form 3 that used the state only after the value-independent half (the solve on -L alone, with or without the
+# output's weights folded) measured slower (6.9-7.6 us device time against 2's 6.1-6.4 at 1 x 16) and was removed: the
+# kernel does not wait on the state's read, it waits on its chain of products and barriers (RESULTS.md).
 FUSED_ROOT = 2
+# Whether the one-kernel form takes bf16 q and k as read into its products (RAW16; benchmarks turn it off to time
+# the l2-normed fp32 rows in bf16x3, the form before, in place)
+FUSED_RAW16 = True
 
 
 def root_fits_block(T: int) -> bool:
@@ -327,11 +337,12 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     block_v, num_warps = block_v or 64, num_warps or (4 if BT == 16 else 8)  # (FUSED_ROOT's note)
     BV = min(block_v, max(16, C.next_pow2(V, 1)))
     root = FUSED_ROOT if root_fits_block(T) else 0
+    raw16 = FUSED_RAW16 and q.dtype == k.dtype == torch.bfloat16 and not C.interpreting()
     if root == 1:  # the root's chain is one node longer: powers of -L up to the depth
         nstep = math.ceil(math.log2(depth + 1))
     grid = (C.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
-              STATE_VK=C.state_vk(initial_state), ROOT=root, num_warps=num_warps)
+              STATE_VK=C.state_vk(initial_state), ROOT=root, RAW16=raw16, num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

@@ -94,13 +94,17 @@ def test_bench_integer_lists_parse_or_are_refused_with_one_line_and_exit_2(capsy
         assert f"--warps {bad!r}: expected a comma-separated list from [1, 2, 4, 8]" in capsys.readouterr().err
 
 
-def test_the_fused_root_sweep_sets_each_root_while_it_runs_and_restores_the_default():
+def test_the_fused_root_sweep_sets_each_root_and_raw16_while_it_runs_and_restores_the_defaults():
     from ddsim.bench.bench import fused_root_sweep
     from ddsim.gpu_backend import triton_gdn
-    default = triton_gdn.FUSED_ROOT
-    seen = [(root, w, bv, triton_gdn.FUSED_ROOT) for root, w, bv in fused_root_sweep((0, 3), (4,), (32, 64))]
-    assert seen == [(0, 4, 32, 0), (0, 4, 64, 0), (3, 4, 32, 3), (3, 4, 64, 3)]
-    assert triton_gdn.FUSED_ROOT == default
-    for _ in fused_root_sweep((1,), (4,), (64,)):
+    default = triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16
+    seen = [(root, raw, w, bv, triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16)
+            for root, raw, w, bv in fused_root_sweep((0, 2), (4,), (32, 64), (True, False))]
+    assert seen == [(0, True, 4, 32, 0, True), (0, True, 4, 64, 0, True), (0, False, 4, 32, 0, False),
+                    (0, False, 4, 64, 0, False), (2, True, 4, 32, 2, True), (2, True, 4, 64, 2, True),
+                    (2, False, 4, 32, 2, False), (2, False, 4, 64, 2, False)]
+    assert (triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16) == default
+    assert [x[:2] for x in fused_root_sweep((1,), (4,), (64,))] == [(1, True)]  # raw16 as read unless told
+    for _ in fused_root_sweep((1,), (4,), (64,), (False,)):
         break  # left early: restored when the sweep is closed
-    assert triton_gdn.FUSED_ROOT == default
+    assert (triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16) == default

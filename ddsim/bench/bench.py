@@ -95,19 +95,21 @@ def int_list(ap, name: str, text: str, allowed) -> list[int]:
     return got
 
 
-def fused_root_sweep(roots, warps, block_vs):
-    """(root, warps, block_v) over every combination, triton_gdn.FUSED_ROOT set to the root while its own run
-    (restored after): the one-kernel WY form's places for the root side by side."""
+def fused_root_sweep(roots, warps, block_vs, raw16s=(True,)):
+    """(root, raw16, warps, block_v) over every combination, triton_gdn.FUSED_ROOT and FUSED_RAW16 set to the root
+    and raw16 while their own run (restored after): the one-kernel WY form's places for the root, and its products
+    by q and k as read or l2-normed, side by side."""
     from ddsim.gpu_backend import triton_gdn
-    old = triton_gdn.FUSED_ROOT
+    old = triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16
     try:
         for root in roots:
-            triton_gdn.FUSED_ROOT = root
-            for w in warps:
-                for bv in block_vs:
-                    yield root, w, bv
+            for raw16 in raw16s:
+                triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16 = root, raw16
+                for w in warps:
+                    for bv in block_vs:
+                        yield root, raw16, w, bv
     finally:
-        triton_gdn.FUSED_ROOT = old
+        triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16 = old
 
 
 def ddtree_batch(B: int, T: int, *, vocab: int = 1000, depth: int = 15, topk: int = 8, seed: int = 0):
