@@ -173,13 +173,17 @@ def _gdn_wy_kernel(
 # 1 or 2, _gdn_wy_kernel's ROOT. On the H200 at 1 x 16 (RESULTS.md, bench_wy_root.py): 2 (the root's column
 # eliminated first) 9.7 us alone and 6.0 a layer in a graph of 48, against 9.9 / 6.6 root first (4 warps) and 11.4 /
 # 7.5 root first at 8 warps, the default before; 1 (the solve one doubling step longer at DDTree's depth 2) 10.9 / 6.7.
-# The one-kernel form over a 16-row block takes 4 warps (root first: 9.9 against 11.4 us at 1 x 16), larger blocks 8.
+# The one-kernel form over a 16-row block with the root first takes 4 warps (root first: 9.9 against 11.4 us at
+# 1 x 16; 6.6 against 7.4 us device time at 1 x 17 with RAW16), with the root in it 8 (with RAW16 9.7 / 6.2 us device
+# time at 1 x 16 against 10.1 / 7.0 with 4), larger blocks 8.
 # A form 3 that used the state only after the value-independent half (the solve on -L alone, with or without the
 # output's weights folded) measured slower (6.9-7.6 us device time against 2's 6.1-6.4 at 1 x 16) and was removed: the
 # kernel does not wait on the state's read, it waits on its chain of products and barriers (RESULTS.md).
 FUSED_ROOT = 2
 # Whether the one-kernel form takes bf16 q and k as read into its products (RAW16; benchmarks turn it off to time
-# the l2-normed fp32 rows in bf16x3, the form before, in place)
+# the l2-normed fp32 rows in bf16x3, the form before, in place). On the H200 (RESULTS.md, bench_wy_root.py) it took
+# the same time within the runs' spread (1 x 16, root in the block, 8 warps: 9.7 / 6.2 us device time against 9.7 /
+# 6.0) and its bf16 outputs are nearer the oracle's: 0.26% of them off the float64 oracle rounded to bf16 against 0.42%.
 FUSED_RAW16 = True
 
 
@@ -334,9 +338,10 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
                              fold_root=fold_root, block_k=block_k, head=design == "head")
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
-    block_v, num_warps = block_v or 64, num_warps or (4 if BT == 16 else 8)  # (FUSED_ROOT's note)
-    BV = min(block_v, max(16, C.next_pow2(V, 1)))
     root = FUSED_ROOT if root_fits_block(T) else 0
+    # 4 warps for a 16-row block with the root first, 8 with the root in it and for larger blocks (FUSED_ROOT's note)
+    block_v, num_warps = block_v or 64, num_warps or (4 if BT == 16 and not root else 8)
+    BV = min(block_v, max(16, C.next_pow2(V, 1)))
     raw16 = FUSED_RAW16 and q.dtype == k.dtype == torch.bfloat16 and not C.interpreting()
     if root == 1:  # the root's chain is one node longer: powers of -L up to the depth
         nstep = math.ceil(math.log2(depth + 1))

@@ -4,7 +4,7 @@ exit 1 if any fails. Triton's interpreter runs kernels without compiling them, s
 not compile (a loop variable that changes type, shared memory past the SM's); this catches that on a CPU,
 with Triton's bundled ptxas.
 
-    python tests/gpu_compile.py [--arch 90|100|120] [--set all|serving|reads|first-use]
+    python tests/gpu_compile.py [--arch 90|100|120] [--set all|serving|reads]
 
 --arch: 90 (Hopper, sm_90a), 100 (datacenter Blackwell, sm_100a), 120 (consumer Blackwell, sm_120a).
 --set all (the default): every launch the GDN WY launchers make at Qwen3.6-27B GDN shapes for every design,
@@ -15,13 +15,11 @@ Triton kernel the public functions launch (recurrent GDN, the commits, the tree 
 and commit kernels) at the property suites' fixed examples. --set serving: what a server launches, the WY
 launchers' default design ("auto") at one sequence of 16 nodes (the root in the block) and one and eight of 17, 65
 and 131 nodes in bf16, the two-kernel form auto takes for a batch when given its options (fold at 8 x 65) and
-for one sequence (split at 1 x 65), and the other kernels. --set first-use: the one-kernel form at 1 x 16 with
-FUSED_ROOT 2 and 3, and where each of its 128-bit global reads is first used (barriers and MMAs before it).
---set reads: the WY kernels a server launches up to one block (design auto at 1 x 16 (the root in the block),
-1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, auto at 1 x 16 with triton_gdn.FUSED_ROOT 3 and at 8 x 65 with
-triton_wy_split.HEAD_MIXED off), each with its global reads' rounds in the machine code: runs of loads that a
-barrier (BAR.SYNC) separates. A read issued after a barrier waits a memory round trip of its own; a kernel whose
-reads all precede its first barrier takes one.
+for one sequence (split at 1 x 65), and the other kernels. --set reads: the WY kernels a server launches up to one
+block (design auto at 1 x 16 (the root in the block), 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, auto at 1 x 16
+with triton_gdn.FUSED_RAW16 off and at 8 x 65 with triton_wy_split.HEAD_MIXED off), each with its global reads'
+rounds in the machine code: runs of loads that a barrier (BAR.SYNC) separates. A read issued after a barrier waits
+a memory round trip of its own; a kernel whose reads all precede its first barrier takes one.
 """
 import os
 import sys
@@ -288,28 +286,15 @@ def check(what, kernel, kw) -> bool:
 
 
 if __name__ == "__main__":
-    if ARCH not in (90, 100, 120) or SET not in ("all", "serving", "reads", "first-use"):
-        sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving|reads|first-use]")
+    if ARCH not in (90, 100, 120) or SET not in ("all", "serving", "reads"):
+        sys.exit("usage: gpu_compile.py [--arch 90|100|120] [--set all|serving|reads]")
     failed = 0
-    if SET == "first-use":
-        # the one-kernel form at 1 x 16 (4 warps, 64-wide V tiles) with the solve after the state (FUSED_ROOT 2) and
-        # before it (3): where its 128-bit reads (most of them the state's) are first used
-        old = triton_gdn.FUSED_ROOT
-        for root in (2, 3):
-            triton_gdn.FUSED_ROOT = root
-            (kernel, kw), = launches(1, 16, torch.bfloat16, "fused")
-            uses = first_uses(sass_instructions(compile_for(kernel, kw)))
-            print(f"first-use {kw['ROOT']}: " + "; ".join(f"{w[0]} {w[1]} {n}" for w, n in sorted(
-                (w, n) for w, n in uses.items() if w != "never")) + (f"; never {uses['never']}" if "never" in uses
-                                                                     else ""), flush=True)
-        triton_gdn.FUSED_ROOT = old
-        sys.exit(0)
     if SET == "reads":
-        # the defaults, then the one-kernel form with its solve before the state (FUSED_ROOT 3) and the head kernel
+        # the defaults, then the one-kernel form with q, k l2-normed in fp32 (FUSED_RAW16 off) and the head kernel
         # with a program per head for every head (HEAD_MIXED off)
         for B, T, design, option in ((1, 16, "auto", None), (1, 17, "auto", None), (1, 65, "auto", None),
                                      (8, 65, "auto", None), (8, 65, "fold", None),
-                                     (1, 16, "auto", (triton_gdn, "FUSED_ROOT", 3)),
+                                     (1, 16, "auto", (triton_gdn, "FUSED_RAW16", False)),
                                      (8, 65, "auto", (triton_wy_split, "HEAD_MIXED", False))):
             old = option and getattr(*option[:2])
             if option:

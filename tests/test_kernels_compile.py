@@ -76,24 +76,10 @@ def test_the_wy_kernels_issue_their_reads_together():
         what, n = line.rsplit(" ", 1)
         got[what.removeprefix("reads ")] = int(n)
     assert got == {"1 x 16, design auto: _gdn_wy_kernel": 1,  # the root in the block (FUSED_ROOT): state read last
-                   "1 x 16, design auto, FUSED_ROOT=3: _gdn_wy_kernel": 1,  # and used after the solve
+                   "1 x 16, design auto, FUSED_RAW16=False: _gdn_wy_kernel": 1,  # q, k l2-normed in fp32
                    "1 x 17, design auto: _gdn_wy_kernel": 1,
                    "1 x 65, design auto: _gdn_wy_fold_head_kernel": 3,
                    "8 x 65, design auto: _gdn_wy_fold_head_kernel": 3,
                    "8 x 65, design auto, HEAD_MIXED=False: _gdn_wy_fold_head_kernel": 3,
                    "8 x 65, design fold: _gdn_wy_fold_kernel": 1,
                    "8 x 65, design fold: _gdn_wy_fold_root_apply_kernel": 3}, got
-
-
-def test_the_solve_first_form_uses_the_state_after_its_solve():
-    """FUSED_ROOT 3 makes the one-kernel form's solve before it uses the state, so the solve runs while the state's
-    read is in flight: compiled for sm_90 at 1 x 16 (4 warps, 64-wide V tiles: 16 of a thread's 128-bit reads are
-    its state tile's), FUSED_ROOT 2 uses at least 16 of its reads before its first barrier (Triton stores the state
-    into shared memory as it arrives), FUSED_ROOT 3 at least 16 after dozens of MMAs (its x - x + 1 not folded)."""
-    got = {}
-    for line in _compile("--set", "first-use", prefix="first-use "):
-        root, _, uses = line.removeprefix("first-use ").partition(": ")
-        got[int(root)] = [tuple(int(x) for x in use.split()) for use in uses.split("; ") if not use.startswith("never")]
-    assert set(got) == {2, 3}, got
-    assert sum(n for bars, mmas, n in got[2] if (bars, mmas) == (0, 0)) >= 16, got
-    assert sum(n for bars, mmas, n in got[3] if bars >= 1 and mmas >= 32) >= 16, got
