@@ -122,7 +122,12 @@ def _gdn_wy_kernel(
         # q, k bf16 as read (draft_reads'), the l2 norms applied to the products' rows and columns: their products
         # are exact (one MMA each, bf16x3 took three) and the state's take two (its bf16 head and remainder, about
         # 2^-17 as bf16x3's); no fp32 copy of q and k goes through shared memory
-        q_raw, k_raw = draft[0], draft[1]  # [BT, BK] bf16
+        # [BT, BK] bf16, each through a select placed after the kernel's last read: Triton stores a product's 16-bit
+        # operand into shared memory, and loads it back (a barrier), right where it is made, so q and k used as
+        # loaded put a barrier before the reads after them (three rounds of reads at 1 x 16 and 1 x 17, compiled
+        # for sm_90, where the select leaves one)
+        mqk = mt[:, None] & mk[None, :]
+        q_raw, k_raw = tl.where(mqk, draft[0], 0.0), tl.where(mqk, draft[1], 0.0)
         KK = tl.dot(k_raw, tl.trans(k_raw))  # [BT, BT] fp32
         if L2NORM:  # the norms from the diagonals of exact products (fp32 sums, as tl.sum's), reduced in the products'
             # own layout, along rows for rows and along columns for columns (a norm moved between layouts is a barrier)

@@ -70,7 +70,8 @@ def test_the_wy_kernels_issue_their_reads_together():
     program waits one memory round trip for its inputs, not one per reduction between reads (the one-kernel form
     at 1 x 17 took five, the head kernel eight, the fold kernel five, compiled for sm_90, before a read-first
     order). The head kernel's V tile (its v, then its state) adds two: three in all, in its mixed grid (HEAD_MIXED,
-    the default) and with a program per head."""
+    the default) and with a program per head. The one-kernel form takes one with q and k as read (FUSED_RAW16: three
+    at 1 x 16 and 1 x 17 without the select that places them after its last read) and with them l2-normed."""
     got = {}
     for line in _compile("--set", "reads", prefix="reads "):
         what, n = line.rsplit(" ", 1)
