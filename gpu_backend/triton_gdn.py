@@ -281,8 +281,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
     instead of four; "head": the folded weights (the root's step folded in) applied to every V tile by the
     program per head that made them, one kernel; "auto" takes what measured fastest on the H200
-    (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (9.7 us at 1x16 with bf16x3
-    products, the root in the block and 4 warps: FUSED_ROOT; head 10.8-14.9), else head with bf16x3 products, a program per head and V tile
+    (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (9.2 us at 1x16, the root in the
+    block, 8 warps and bf16 q, k into the products as read: FUSED_ROOT, FUSED_RAW16; head 10.8-14.9), else head with bf16x3 products, a program per head and V tile
     (18.6 us against split's 29.1 alone at 1x65, 15.0 against 24.6 a layer in a graph of 48; a program per head
     had taken 26.1 alone but the graphed 27B verify 0.3-0.4 ms longer in place), split with other products; for
     a batch head with bf16x3 products (47.3 / 147.3 us at 8x65 / 32x65 now, the last wave's heads split along
