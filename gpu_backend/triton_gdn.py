@@ -119,13 +119,13 @@ def _gdn_wy_kernel(
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path (below the root for ROOT 0)
     D = tl.where(anc, tl.exp(G[:, None] - G[None, :]), 0.0)  # A_t / A_j on ancestors-or-self
     if RAW16:
-        # q, k bf16 as read (draft_reads'), the l2 norms applied to the products' rows and columns: their products
-        # are exact (one MMA each, bf16x3 took three) and the state's take two (its bf16 head and remainder, about
-        # 2^-17 as bf16x3's); no fp32 copy of q and k goes through shared memory
-        # [BT, BK] bf16, each through a select placed after the kernel's last read: Triton stores a product's 16-bit
-        # operand into shared memory, and loads it back (a barrier), right where it is made, so q and k used as
-        # loaded put a barrier before the reads after them (three rounds of reads at 1 x 16 and 1 x 17, compiled
-        # for sm_90, where the select leaves one)
+        # q, k [BT, BK] bf16 as read (draft_reads'), the l2 norms applied to the products' rows and columns: their
+        # products are exact (one MMA each, bf16x3 took three) and the state's take two (its bf16 head and remainder,
+        # about 2^-17 as bf16x3's); no fp32 copy of q and k goes through shared memory. Each passes through a select
+        # (an identity: the reads are masked alike) placed after the kernel's last read: Triton stores a product's
+        # 16-bit operand into shared memory, and loads it back (a barrier), right where the operand is made, so q and
+        # k used as loaded put a barrier before the reads after them (three rounds of reads at 1 x 16 and 1 x 17,
+        # compiled for sm_90, where the select leaves one)
         mqk = mt[:, None] & mk[None, :]
         q_raw, k_raw = tl.where(mqk, draft[0], 0.0), tl.where(mqk, draft[1], 0.0)
         KK = tl.dot(k_raw, tl.trans(k_raw))  # [BT, BT] fp32
@@ -282,7 +282,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     instead of four; "head": the folded weights (the root's step folded in) applied to every V tile by the
     program per head that made them, one kernel; "auto" takes what measured fastest on the H200
     (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (9.2 us at 1x16, the root in the
-    block, 8 warps and bf16 q, k into the products as read: FUSED_ROOT, FUSED_RAW16; head 10.8-14.9), else head with bf16x3 products, a program per head and V tile
+    block, 8 warps and bf16 q, k into the products as read: FUSED_ROOT, FUSED_RAW16; head 10.8-14.9), else head
+    with bf16x3 products, a program per head and V tile
     (18.6 us against split's 29.1 alone at 1x65, 15.0 against 24.6 a layer in a graph of 48; a program per head
     had taken 26.1 alone but the graphed 27B verify 0.3-0.4 ms longer in place), split with other products; for
     a batch head with bf16x3 products (47.3 / 147.3 us at 8x65 / 32x65 now, the last wave's heads split along
