@@ -1,10 +1,13 @@
 """When the one-kernel WY form first uses what it reads, compiled offline (no GPU): for each place of the root
-(triton_gdn.FUSED_ROOT) at one sequence of a few nodes, the kernel design "fused" launches compiled for sm_90 with
+(triton_gdn.FUSED_ROOT) and each way of its products by q and k (triton_gdn.FUSED_RAW16: bf16 as read, or l2-normed
+in fp32) at one sequence of a few nodes, the kernel design "fused" launches compiled for sm_90 with
 Triton's bundled ptxas, and in its machine code, for every 128-bit global read (LDG.E.128: the state tile is most
 of them, 16 a thread at 4 warps and 64-wide V tiles), how many barriers (BAR.SYNC) and tensor-core MMAs (HMMA)
 come before the first instruction that uses its registers. A read first used before any barrier holds up
 everything after it until it arrives; one first used after the solve's MMAs lets the solve run while it is in
-flight. Also: instructions, barriers, MMAs, registers and stack (spills).
+flight (forms that did so measured slower on the H200: RESULTS.md). Also: instructions, barriers, MMAs, registers
+and stack (spills). The kernel is compiled with NSTEP as a runtime value (its doubling loop present), where the JIT
+specializes NSTEP = 1 (DDTree's trees at 16 nodes) into a constant.
 
     python benchmarks/first_use.py [--commit SHA] [--shape 1x16] [--roots 0,2] [--raw16 1,0] [--warps 4] [--block-v 64]
 """
