@@ -19,10 +19,11 @@ import triton
 
 from ddsim import oracle
 from ddsim.bench.bench import (
+    add_fused_sweep_options,
     ddtree_batch,
     fused_root_sweep,
+    fused_sweep_options,
     graphed_layers_us,
-    int_list,
     kernel_device_us,
     kernel_inputs,
     off_rounded,
@@ -34,7 +35,6 @@ from ddsim.gpu_backend.triton_gdn import plan_wy
 
 ROOTS = {0: "root first", 1: "root in the block, its chain counted", 2: "root in the block, eliminated (default)"}
 RAW16 = {1: "q, k as read (default)", 0: "q, k l2-normed, bf16x3"}
-WARPS, BLOCK_V = (1, 2, 4, 8, 16), (16, 32, 64, 128)
 
 
 def main():
@@ -42,16 +42,10 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x9,2x16")
     ap.add_argument("--layers", type=int, default=48)
-    ap.add_argument("--roots", default="0,1,2")
-    ap.add_argument("--raw16", default="1,0")
-    ap.add_argument("--warps", default="4,8")
-    ap.add_argument("--block-v", default="64")
+    add_fused_sweep_options(ap, roots="0,1,2", raw16="1,0", warps="4,8", block_v="64")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
-    roots, raw16s, warp_counts, block_vs = (int_list(ap, "--roots", a.roots, ROOTS),
-                                            int_list(ap, "--raw16", a.raw16, RAW16),
-                                            int_list(ap, "--warps", a.warps, WARPS),
-                                            int_list(ap, "--block-v", a.block_v, BLOCK_V))
+    sweep = fused_sweep_options(ap, a)
     if a.layers < 1:
         ap.error(f"--layers: expected 1 or more, got {a.layers}")
     if not torch.cuda.is_available():
@@ -69,7 +63,7 @@ def main():
         ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                      initial_state=inp["initial_state"].cpu())
         first = None
-        for root, raw16, warps, bv in fused_root_sweep(roots, warp_counts, block_vs, [bool(r) for r in raw16s]):
+        for root, raw16, warps, bv in fused_root_sweep(*sweep):
             if root and not triton_gdn.root_fits_block(T):
                 continue
             kw = dict(design="fused", num_warps=warps, block_v=bv)

@@ -24,7 +24,12 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from ddsim.bench.bench import fused_root_sweep, int_list, parse_shapes  # noqa: E402
+from ddsim.bench.bench import (  # noqa: E402
+    add_fused_sweep_options,
+    fused_root_sweep,
+    fused_sweep_options,
+    parse_shapes,
+)
 from tests import gpu_compile as G  # noqa: E402  (its launch capture, offline compile and machine-code reading)
 
 
@@ -32,25 +37,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shape", default="1x16")
-    ap.add_argument("--roots", default="0,2")
-    ap.add_argument("--raw16", default="1,0")
-    ap.add_argument("--warps", default="4")
-    ap.add_argument("--block-v", default="64")
+    add_fused_sweep_options(ap, roots="0,2", raw16="1,0", warps="4", block_v="64")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shape)
     if len(shapes) != 1:
         ap.error(f"--shape: expected one shape, got {a.shape!r}")
     (B, T), = shapes
-    roots, raw16s, warp_counts, block_vs = (int_list(ap, "--roots", a.roots, (0, 1, 2)),
-                                            int_list(ap, "--raw16", a.raw16, (0, 1)),
-                                    int_list(ap, "--warps", a.warps, (1, 2, 4, 8)),
-                                    int_list(ap, "--block-v", a.block_v, (16, 32, 64, 128)))
+    sweep = fused_sweep_options(ap, a)
     print(f"# {time.strftime('%Y-%m-%d')} | compiled for sm_90 on the CPU | triton {triton.__version__} | "
           f"commit {a.commit} | {B} x {T}, bf16 inputs, Qwen3.6-27B GDN shapes")
     print("| FUSED_ROOT | FUSED_RAW16 | warps | V tile | instructions | barriers | MMAs | registers | stack B | "
           "128-bit reads by where first used: (barriers, MMAs before it) x count |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for _, _, warps, bv in fused_root_sweep(roots, warp_counts, block_vs, [bool(r) for r in raw16s]):
+    for _, _, warps, bv in fused_root_sweep(*sweep):
         (kernel, kw), = G.launches(B, T, torch.bfloat16, "fused", block_v=bv, num_warps=warps)
         ck = G.compile_for(kernel, kw)
         ins, res = G.sass_instructions(ck), G.cuobjdump(ck, "-res-usage")

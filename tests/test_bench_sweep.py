@@ -94,6 +94,23 @@ def test_bench_integer_lists_parse_or_are_refused_with_one_line_and_exit_2(capsy
         assert f"--warps {bad!r}: expected a comma-separated list from [1, 2, 4, 8]" in capsys.readouterr().err
 
 
+def test_the_fused_sweep_options_parse_in_the_sweeps_order_or_are_refused_with_one_line_and_exit_2(capsys):
+    import argparse
+
+    from ddsim.bench.bench import add_fused_sweep_options, fused_sweep_options
+    ap = argparse.ArgumentParser(prog="bench")
+    add_fused_sweep_options(ap, roots="0,2", raw16="1,0", warps="4", block_v="64")
+    assert fused_sweep_options(ap, ap.parse_args([])) == ([0, 2], [4], [64], [True, False])
+    assert fused_sweep_options(ap, ap.parse_args(["--roots", "1", "--raw16", "0", "--warps", "8,16",
+                                                  "--block-v", "32"])) == ([1], [8, 16], [32], [False])
+    for option, bad, allowed in (("--roots", "3", "[0, 1, 2]"), ("--raw16", "2", "[0, 1]"),
+                                 ("--warps", "32", "[1, 2, 4, 8, 16]"), ("--block-v", "", "[16, 32, 64, 128]")):
+        with pytest.raises(SystemExit) as e:
+            fused_sweep_options(ap, ap.parse_args([option, bad]))
+        assert e.value.code == 2
+        assert f"{option} {bad!r}: expected a comma-separated list from {allowed}" in capsys.readouterr().err
+
+
 def test_the_fused_root_sweep_sets_each_root_and_raw16_while_it_runs_and_restores_the_defaults():
     from ddsim.bench.bench import fused_root_sweep
     from ddsim.gpu_backend import triton_gdn

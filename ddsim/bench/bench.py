@@ -95,6 +95,25 @@ def int_list(ap, name: str, text: str, allowed) -> list[int]:
     return got
 
 
+# The one-kernel WY form's sweep options (bench_wy_root.py, first_use.py) and the values each may take: the root's
+# place (triton_gdn.FUSED_ROOT), q and k as read or l2-normed (FUSED_RAW16, 1 / 0), warps and V tiles
+FUSED_SWEEP = {"--roots": (0, 1, 2), "--raw16": (0, 1), "--warps": (1, 2, 4, 8, 16), "--block-v": (16, 32, 64, 128)}
+
+
+def add_fused_sweep_options(ap, *, roots: str, raw16: str, warps: str, block_v: str):
+    """FUSED_SWEEP's options on ``ap``, each a comma-separated list with the default given."""
+    for name, default in zip(FUSED_SWEEP, (roots, raw16, warps, block_v)):
+        ap.add_argument(name, default=default, help=f"comma-separated, from {list(FUSED_SWEEP[name])}")
+
+
+def fused_sweep_options(ap, a) -> tuple[list[int], list[int], list[int], list[bool]]:
+    """(roots, warps, block_vs, raw16s) from add_fused_sweep_options' parsed options ``a``, in fused_root_sweep's
+    order; a value outside FUSED_SWEEP's refused through ``ap.error`` (int_list) before any work."""
+    roots, raw16, warps, block_v = (int_list(ap, name, getattr(a, name[2:].replace("-", "_")), allowed)
+                                    for name, allowed in FUSED_SWEEP.items())
+    return roots, warps, block_v, [bool(r) for r in raw16]
+
+
 def fused_root_sweep(roots, warps, block_vs, raw16s=(True,)):
     """(root, raw16, warps, block_v) over every combination, triton_gdn.FUSED_ROOT and FUSED_RAW16 set to the root
     and raw16 while their own run (restored after): the one-kernel WY form's places for the root, and its products
