@@ -27,8 +27,6 @@ import collections
 import linecache
 import os
 import re
-import subprocess
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
 
@@ -37,11 +35,11 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from ddsim.bench.bench import on_cubin, triton_tool  # noqa: E402
 from ddsim.gpu_backend import triton_wy_blocked as wb  # noqa: E402
 from ddsim.gpu_backend import triton_wy_split as ws  # noqa: E402
 
-CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+CUOBJDUMP, NVDISASM = triton_tool("cuobjdump"), triton_tool("nvdisasm")
 SHAPE = dict(H=16, HV=48, K=128, BT=64, BK=128, FUSED=False, L2NORM=True, PRECISION="tf32x3")  # Qwen3.6-27B GDN
 FOLD = dict(q="*bf16", k="*bf16", g="*fp32", beta="*fp32", A_log="*fp32", dt_bias="*fp32", mask="*i8", Qe="*fp32",
             Ve="*fp32", Cv="*fp32", Q0="*fp32", C0="*fp32", ready="*i32", T="i32", scale="fp32", NSTEP="i32")
@@ -98,14 +96,6 @@ def usage(fn, signature: dict, constexprs: dict, num_warps: int, maxnreg=None, n
     mma = sum(1 for line in ins if re.search(r"\bH[G]?MMA\b", line))  # wgmma (HGMMA) or mma.sync (HMMA)
     return (f"{reg.group(1) if reg else '?'} registers, {stack.group(1) if stack else '?'} B stack (spills), "
             f"{ck.metadata.shared} B shared, {len(ins)} instructions ({mma} tensor-core)")
-
-
-def on_cubin(ck, *commands: list) -> list[str]:
-    """The output of each command (a tool and its flags) run on the compiled kernel ck's cubin, in order."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(ck.asm["cubin"])
-        f.flush()
-        return [subprocess.run([*c, f.name], capture_output=True, text=True, check=True).stdout for c in commands]
 
 
 def source_lines(sass: str):

@@ -32,7 +32,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 import ddsim.gpu_backend as gb  # noqa: E402
-from ddsim.bench.bench import ddtree_batch, kernel_inputs  # noqa: E402
+from ddsim.bench.bench import ddtree_batch, kernel_inputs, on_cubin, triton_tool  # noqa: E402
 from ddsim.gpu_backend import (  # noqa: E402
     _common,
     triton_attention,
@@ -224,13 +224,7 @@ def read_rounds(ck) -> int:
 
 def cuobjdump(ck, flag: str) -> str:
     """What Triton's bundled cuobjdump prints with ``flag`` (-sass, -res-usage) for the compiled kernel's cubin."""
-    import subprocess
-    import tempfile
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(ck.asm["cubin"])
-        f.flush()
-        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+    return on_cubin(ck, [triton_tool("cuobjdump"), flag])[0]
 
 
 def sass_instructions(ck) -> list[str]:

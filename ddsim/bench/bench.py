@@ -83,6 +83,24 @@ def parse_shapes(ap, text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+def triton_tool(name: str) -> str:
+    """The path of one of the NVIDIA tools Triton bundles (cuobjdump, nvdisasm, ptxas): they read a compiled
+    kernel's cubin on a machine without a GPU."""
+    import os
+
+    import triton
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def on_cubin(ck, *commands: list) -> list[str]:
+    """The output of each command (a tool and its flags) run on Triton's compiled kernel ck's cubin, in order."""
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        return [subprocess.run([*c, f.name], capture_output=True, text=True, check=True).stdout for c in commands]
+
+
 def int_list(ap, name: str, text: str, allowed) -> list[int]:
     """A bench's comma-separated option ``name`` (its text ``text``) as integers, each one of ``allowed``; anything
     else, or nothing, is refused through ``ap.error`` (argparse's one line, exit 2) before any work."""
