@@ -78,7 +78,7 @@ def _gdn_wy_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
-    ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False,
+    ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -141,25 +141,34 @@ def _gdn_wy_kernel(
             iq = tl.full([BT], scale, tl.float32)
         KK = KK * ik[:, None] * ik_col[None, :]
         QK = tl.dot(q_raw, tl.trans(k_raw)) * iq[:, None] * ik_col[None, :]  # Qs K^T
+    else:
+        b_qs = b_q * scale
+        KK = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+        QK = tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION)
+    # -L through D (0 off the ancestors): the mask stays in the layout it was read in (no conversion waits for it)
+    NL = tl.where(o_t[:, None] != o_t[None, :], -b_beta[:, None] * D * KK, 0.0)
+    A = tl.exp(G)
+    if ROOT == 2:  # row 0 of U will be the root's u_0 (L's row 0 is empty); its column of -L, c, is taken out of the
+        # solve and applied to U first: U += c u_0
+        first = o_t == 0
+        c = tl.sum(tl.where(first[None, :], NL, 0.0), 1)  # [BT]
+        NL = tl.where(first[None, :], 0.0, NL)
+        if HOLD:  # s0 * 1 once c is made (x - x + 1: 1 for finite x, NaN after a NaN; c's rows lie in every warp, so
+            # its sum takes no barrier): Triton moves the state into shared memory as soon as it is read (a barrier
+            # that waits for it), so without a use that waits on c the value-independent half waits for the state
+            s0 = s0 * (tl.sum(c - c, 0) + 1.0)
+    if RAW16:
         s_hi = s0.to(tl.bfloat16)
         s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
         KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo)) * ik[:, None]  # K S0 [BT, BV]
         QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo)) * iq[:, None]  # Qs S0
     else:
-        b_qs = b_q * scale
-        KK = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
-        QK = tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION)
         KS = tl.dot(b_k, s0, input_precision=PRECISION)
         QS = tl.dot(b_qs, s0, input_precision=PRECISION)
-    # -L through D (0 off the ancestors): the mask stays in the layout it was read in (no conversion waits for it)
-    NL = tl.where(o_t[:, None] != o_t[None, :], -b_beta[:, None] * D * KK, 0.0)
-    A = tl.exp(G)
     U = b_beta[:, None] * (b_v - A[:, None] * KS)  # right-hand side
-    if ROOT == 2:  # row 0 of U is the root's u_0 (L's row 0 is empty); take its column of -L out: U += NL[:, 0] u_0
-        first = o_t == 0
+    if ROOT == 2:
         u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
-        U = U + tl.sum(tl.where(first[None, :], NL, 0.0), 1)[:, None] * u0[None, :]
-        NL = tl.where(first[None, :], 0.0, NL)
+        U = U + c[:, None] * u0[None, :]
     # U <- (I + N^(2^r)) U for r < NSTEP: U = sum_n (-L)^n RHS. The first step outside the loop, so that the last
     # step squares nothing it does not use (N^(2^NSTEP) is 0)
     if NSTEP > 0:
@@ -190,6 +199,11 @@ FUSED_ROOT = 2
 # the same time within the runs' spread (1 x 16, root in the block, 8 warps: 9.7 / 6.2 us device time against 9.7 /
 # 6.0) and its bf16 outputs are nearer the oracle's: 0.26% of them off the float64 oracle rounded to bf16 against 0.42%.
 FUSED_RAW16 = True
+# Whether the one-kernel form with the root in its block (FUSED_ROOT 2) holds its state's use until the value-independent
+# half is made (HOLD), so that the state's read overlaps it rather than holding it up. Compiled for sm_90 at 1 x 16
+# (8 warps, 64-wide V tiles) the same 28 barriers and 62 MMAs, every read issued first, the state first used after
+# 18-19 barriers and 16 MMAs where without it before the first barrier; 177 registers against 144
+FUSED_HOLD = True
 
 
 def root_fits_block(T: int) -> bool:
@@ -355,5 +369,6 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
-              STATE_VK=C.state_vk(initial_state), ROOT=root, RAW16=raw16, num_warps=num_warps)
+              STATE_VK=C.state_vk(initial_state), ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
+              num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o
