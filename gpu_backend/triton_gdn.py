@@ -202,7 +202,10 @@ FUSED_RAW16 = True
 # Whether the one-kernel form with the root in its block (FUSED_ROOT 2) holds its state's use until the value-independent
 # half is made (HOLD), so that the state's read overlaps it rather than holding it up. Compiled for sm_90 at 1 x 16
 # (8 warps, 64-wide V tiles) the same 28 barriers and 62 MMAs, every read issued first, the state first used after
-# 18-19 barriers and 16 MMAs where without it before the first barrier; 177 registers against 144
+# 18-19 barriers and 16 MMAs where without it before the first barrier; 177 registers against 144. On the H200
+# (RESULTS.md, bench_wy_root.py --hold 0,1) 0.1-0.4 us less device time in each of the six pairs timed, 0.2-0.7 us
+# less alone in five (1 x 16, 8 warps, 64-wide: 8.6 / 5.8 against 8.9 / 6.0 us, and 8.2 / 5.8 against 8.4 / 6.0 in
+# a second command; 1 x 9: 8.7 / 5.8 against 9.3 / 5.9), the outputs bit-equal; graphed within the spread
 FUSED_HOLD = True
 
 
@@ -296,7 +299,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     instead of four; "head": the folded weights (the root's step folded in) applied to every V tile by the
     program per head that made them, one kernel; "auto" takes what measured fastest on the H200
     (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (9.2 us at 1x16, the root in the
-    block, 8 warps and bf16 q, k into the products as read: FUSED_ROOT, FUSED_RAW16; head 10.8-14.9), else head
+    block, 8 warps, bf16 q, k into the products as read and the state's use held behind the value-independent half:
+    FUSED_ROOT, FUSED_RAW16, FUSED_HOLD; head 10.8-14.9), else head
     with bf16x3 products, a program per head and V tile
     (18.6 us against split's 29.1 alone at 1x65, 15.0 against 24.6 a layer in a graph of 48; a program per head
     had taken 26.1 alone but the graphed 27B verify 0.3-0.4 ms longer in place), split with other products; for
