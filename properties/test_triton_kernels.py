@@ -129,7 +129,8 @@ def test_the_one_kernel_form_with_the_root_in_its_block_matches_oracle(inp, mode
 def test_the_one_kernel_form_takes_bf16_q_and_k_as_read_where_compiled():
     """plan_wy's choice for the one-kernel form (nothing launched): compiled, bf16 q and k go into its products as
     read (RAW16) unless FUSED_RAW16 is off; other dtypes, and the interpreter (whose bf16 products are wrong), take
-    them l2-normed in fp32. 8 warps with the root in the 16-row block (T <= 16), 4 with the root first (T = 17)."""
+    them l2-normed in fp32. 8 warps with the root in the 16-row block (T <= 16), its state's use held (FUSED_HOLD),
+    4 with the root first (T = 17), where nothing is held."""
     from ddsim.gpu_backend import triton_gdn
     for T, root, warps in ((16, 2, 8), (17, 0, 4)):
         inp = _long_example(T=T)
@@ -145,8 +146,8 @@ def test_the_one_kernel_form_takes_bf16_q_and_k_as_read_where_compiled():
                 triton_gdn.plan_wy(**{n: inp[n].to(dtype) if n in "qkv" else inp[n] for n in ("q", "k", "v", "g",
                                                                                               "beta")},
                                    parents=inp["parents"], initial_state=inp["initial_state"], design="fused")
-            assert [(kw["ROOT"], kw["RAW16"], kw["num_warps"]) for kw in got] == [(root, want, warps)], (T, dtype,
-                                                                                                      switch, compiled)
+            assert [(kw["ROOT"], kw["RAW16"], kw["num_warps"], kw["HOLD"]) for kw in got] == [
+                (root, want, warps, root == 2)], (T, dtype, switch, compiled)
 
 
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]))

@@ -125,3 +125,17 @@ def test_the_fused_root_sweep_sets_each_root_and_raw16_while_it_runs_and_restore
     for _ in fused_root_sweep((1,), (4,), (64,), (False,)):
         break  # left early: restored when the sweep is closed
     assert (triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16) == default
+
+
+def test_bench_wy_root_refuses_a_hold_it_does_not_know_before_any_work():
+    """bench_wy_root.py --hold takes 0 and 1 (triton_gdn.FUSED_HOLD off / on): anything else is one line and exit 2,
+    said before its CUDA check (so here, on a machine without a GPU)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_wy_root.py"
+    for bad in ("2", "0,x", ""):
+        r = subprocess.run([sys.executable, str(script), "--hold", bad], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (bad, r.stderr)
+        assert r.stderr.strip().splitlines()[-1].endswith(f"--hold {bad!r}: expected a comma-separated list from [0, 1]")
+        assert "needs a CUDA device" not in r.stderr
