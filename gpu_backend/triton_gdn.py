@@ -205,7 +205,7 @@ FUSED_RAW16 = True
 # 18-19 barriers and 16 MMAs where without it before the first barrier; 177 registers against 144. On the H200
 # (RESULTS.md, bench_wy_root.py --hold 0,1) 0.1-0.4 us less device time in each of the six pairs timed, 0.2-0.7 us
 # less alone in five (1 x 16, 8 warps, 64-wide: 8.6 / 5.8 against 8.9 / 6.0 us, and 8.2 / 5.8 against 8.4 / 6.0 in
-# a second command; 1 x 9: 8.7 / 5.8 against 9.3 / 5.9), the outputs bit-equal; graphed within the spread
+# a second invocation; 1 x 9: 8.7 / 5.8 against 9.3 / 5.9), the outputs bit-equal; graphed within the spread
 FUSED_HOLD = True
 
 
