@@ -6,11 +6,11 @@ bench.kernel_device_us) and graphed (N layers' inputs back to back from one CUDA
 tiles, Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees
 (past 16 nodes the root cannot join the block: those shapes time the root-first form alone). Each
 row's output against the shape's first row's (max |difference|) and against the float64 oracle rounded to bf16 (the
-share of entries that differ: ddsim.bench.bench.off_rounded). --hold 0,1 times the root-in-the-block form (2) with
-its state's use held behind the value-independent half (triton_gdn.FUSED_HOLD) beside it.
+share of entries that differ: ddsim.bench.bench.off_rounded). --hold 1,0 times the root-in-the-block form (2) with
+its state's use held behind the value-independent half (triton_gdn.FUSED_HOLD, the default) and without it.
 
     python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2]
-                                       [--raw16 1,0] [--warps 4,8] [--block-v 64] [--hold 0]
+                                       [--raw16 1,0] [--warps 4,8] [--block-v 64] [--hold 1]
 """
 import argparse
 import time
@@ -25,7 +25,6 @@ from ddsim.bench.bench import (
     fused_root_sweep,
     fused_sweep_options,
     graphed_layers_us,
-    int_list,
     kernel_device_us,
     kernel_inputs,
     off_rounded,
@@ -37,6 +36,7 @@ from ddsim.gpu_backend.triton_gdn import plan_wy
 
 ROOTS = {0: "root first", 1: "root in the block, its chain counted", 2: "root in the block, eliminated (default)"}
 RAW16 = {1: "q, k as read (default)", 0: "q, k l2-normed, bf16x3"}
+HOLD = {1: "the state held (default)", 0: "the state not held"}
 
 
 def main():
@@ -45,11 +45,9 @@ def main():
     ap.add_argument("--shapes", default="1x16,1x9,2x16")
     ap.add_argument("--layers", type=int, default=48)
     add_fused_sweep_options(ap, roots="0,1,2", raw16="1,0", warps="4,8", block_v="64")
-    ap.add_argument("--hold", default="0", help="comma-separated, from [0, 1]: FUSED_HOLD, for the root's form 2")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
     sweep = fused_sweep_options(ap, a)
-    holds = int_list(ap, "--hold", a.hold, (0, 1))
     if a.layers < 1:
         ap.error(f"--layers: expected 1 or more, got {a.layers}")
     if not torch.cuda.is_available():
@@ -67,29 +65,22 @@ def main():
         ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                      initial_state=inp["initial_state"].cpu())
         first = None
-        for root, raw16, warps, bv in fused_root_sweep(*sweep):
+        for root, raw16, hold, warps, bv in fused_root_sweep(*sweep):
             if root and not triton_gdn.root_fits_block(T):
                 continue
-            for hold in holds:
-                if hold and root != 2:
-                    continue
-                kw = dict(design="fused", num_warps=warps, block_v=bv)
-                held, triton_gdn.FUSED_HOLD = triton_gdn.FUSED_HOLD, bool(hold)
-                try:
-                    launch, o = plan_wy(**common, **kw)
-                    ms, kernels = timed_resources(launch)
-                    device = kernel_device_us(launch)
-                    launch()
-                    torch.cuda.synchronize()
-                    graphed = graphed_layers_us(B, T, parents, a.layers, **kw)
-                finally:
-                    triton_gdn.FUSED_HOLD = held
-                first = o.clone() if first is None else first
-                regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
-                form = ROOTS[root] + (", the state held" if hold else "")
-                print(f"| {B} x {T} | {form} | {RAW16[int(raw16)]} | {warps} | {bv} | {ms * 1e3:.1f} | {device:.1f} | "
-                      f"{graphed:.1f} | {(o.float() - first.float()).abs().max().item():.2e} | "
-                      f"{off_rounded(o, ref):.4f} | {regs} |", flush=True)
+            kw = dict(design="fused", num_warps=warps, block_v=bv)
+            launch, o = plan_wy(**common, **kw)
+            ms, kernels = timed_resources(launch)
+            device = kernel_device_us(launch)
+            launch()
+            torch.cuda.synchronize()
+            first = o.clone() if first is None else first
+            graphed = graphed_layers_us(B, T, parents, a.layers, **kw)
+            regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
+            form = ROOTS[root] + (f", {HOLD[int(hold)]}" if root == 2 else "")
+            print(f"| {B} x {T} | {form} | {RAW16[int(raw16)]} | {warps} | {bv} | {ms * 1e3:.1f} | {device:.1f} | "
+                  f"{graphed:.1f} | {(o.float() - first.float()).abs().max().item():.2e} | "
+                  f"{off_rounded(o, ref):.4f} | {regs} |", flush=True)
 
 
 if __name__ == "__main__":

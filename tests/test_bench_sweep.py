@@ -100,36 +100,43 @@ def test_the_fused_sweep_options_parse_in_the_sweeps_order_or_are_refused_with_o
     from ddsim.bench.bench import add_fused_sweep_options, fused_sweep_options
     ap = argparse.ArgumentParser(prog="bench")
     add_fused_sweep_options(ap, roots="0,2", raw16="1,0", warps="4", block_v="64")
-    assert fused_sweep_options(ap, ap.parse_args([])) == ([0, 2], [4], [64], [True, False])
+    assert fused_sweep_options(ap, ap.parse_args([])) == ([0, 2], [4], [64], [True, False], [True])
     assert fused_sweep_options(ap, ap.parse_args(["--roots", "1", "--raw16", "0", "--warps", "8,16",
-                                                  "--block-v", "32"])) == ([1], [8, 16], [32], [False])
+                                                  "--block-v", "32", "--hold", "1,0"])) == ([1], [8, 16], [32],
+                                                                                          [False], [True, False])
     for option, bad, allowed in (("--roots", "3", "[0, 1, 2]"), ("--raw16", "2", "[0, 1]"),
-                                 ("--warps", "32", "[1, 2, 4, 8, 16]"), ("--block-v", "", "[16, 32, 64, 128]")):
+                                 ("--warps", "32", "[1, 2, 4, 8, 16]"), ("--block-v", "", "[16, 32, 64, 128]"),
+                                 ("--hold", "2", "[0, 1]")):
         with pytest.raises(SystemExit) as e:
             fused_sweep_options(ap, ap.parse_args([option, bad]))
         assert e.value.code == 2
         assert f"{option} {bad!r}: expected a comma-separated list from {allowed}" in capsys.readouterr().err
 
 
-def test_the_fused_root_sweep_sets_each_root_and_raw16_while_it_runs_and_restores_the_defaults():
+def test_the_fused_root_sweep_sets_each_root_raw16_and_hold_while_it_runs_and_restores_the_defaults():
     from ddsim.bench.bench import fused_root_sweep
     from ddsim.gpu_backend import triton_gdn
-    default = triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16
+    default = triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16, triton_gdn.FUSED_HOLD
     seen = [(root, raw, w, bv, triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16)
-            for root, raw, w, bv in fused_root_sweep((0, 2), (4,), (32, 64), (True, False))]
+            for root, raw, _, w, bv in fused_root_sweep((0, 2), (4,), (32, 64), (True, False))]
     assert seen == [(0, True, 4, 32, 0, True), (0, True, 4, 64, 0, True), (0, False, 4, 32, 0, False),
                     (0, False, 4, 64, 0, False), (2, True, 4, 32, 2, True), (2, True, 4, 64, 2, True),
                     (2, False, 4, 32, 2, False), (2, False, 4, 64, 2, False)]
-    assert (triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16) == default
-    assert [x[:2] for x in fused_root_sweep((1,), (4,), (64,))] == [(1, True)]  # raw16 as read unless told
+    assert (triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16, triton_gdn.FUSED_HOLD) == default
+    assert [x[:3] for x in fused_root_sweep((1,), (4,), (64,))] == [(1, True, False)]  # raw16 as read unless told
+    # the hold is swept for the root's place 2 only (plan_wy holds nothing elsewhere), held unless told
+    held = [(root, hold, triton_gdn.FUSED_HOLD) for root, _, hold, _, _ in fused_root_sweep((0, 2), (4,), (64,),
+                                                                                           holds=(True, False))]
+    assert held == [(0, False, False), (2, True, True), (2, False, False)]
+    assert [x[2] for x in fused_root_sweep((2,), (4,), (64,))] == [True]
     for _ in fused_root_sweep((1,), (4,), (64,), (False,)):
         break  # left early: restored when the sweep is closed
-    assert (triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16) == default
+    assert (triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16, triton_gdn.FUSED_HOLD) == default
 
 
 def test_bench_wy_root_refuses_a_hold_it_does_not_know_before_any_work():
-    """bench_wy_root.py --hold takes 0 and 1 (triton_gdn.FUSED_HOLD off / on): anything else is one line and exit 2,
-    said before its CUDA check (so here, on a machine without a GPU)."""
+    """bench_wy_root.py --hold (FUSED_SWEEP's) takes 0 and 1 (triton_gdn.FUSED_HOLD off / on): anything else is one
+    line and exit 2, said before its CUDA check (so here, on a machine without a GPU)."""
     import subprocess
     import sys
     from pathlib import Path

@@ -114,39 +114,43 @@ def int_list(ap, name: str, text: str, allowed) -> list[int]:
 
 
 # The one-kernel WY form's sweep options (bench_wy_root.py, first_use.py) and the values each may take: the root's
-# place (triton_gdn.FUSED_ROOT), q and k as read or l2-normed (FUSED_RAW16, 1 / 0), warps and V tiles
-FUSED_SWEEP = {"--roots": (0, 1, 2), "--raw16": (0, 1), "--warps": (1, 2, 4, 8, 16), "--block-v": (16, 32, 64, 128)}
+# place (triton_gdn.FUSED_ROOT), q and k as read or l2-normed (FUSED_RAW16, 1 / 0), warps, V tiles, and the state's
+# use held behind the value-independent half or not (FUSED_HOLD, 1 / 0: the root's place 2 only)
+FUSED_SWEEP = {"--roots": (0, 1, 2), "--raw16": (0, 1), "--warps": (1, 2, 4, 8, 16), "--block-v": (16, 32, 64, 128),
+               "--hold": (0, 1)}
 
 
-def add_fused_sweep_options(ap, *, roots: str, raw16: str, warps: str, block_v: str):
+def add_fused_sweep_options(ap, *, roots: str, raw16: str, warps: str, block_v: str, hold: str = "1"):
     """FUSED_SWEEP's options on ``ap``, each a comma-separated list with the default given."""
-    for name, default in zip(FUSED_SWEEP, (roots, raw16, warps, block_v)):
+    for name, default in zip(FUSED_SWEEP, (roots, raw16, warps, block_v, hold)):
         ap.add_argument(name, default=default, help=f"comma-separated, from {list(FUSED_SWEEP[name])}")
 
 
-def fused_sweep_options(ap, a) -> tuple[list[int], list[int], list[int], list[bool]]:
-    """(roots, warps, block_vs, raw16s) from add_fused_sweep_options' parsed options ``a``, in fused_root_sweep's
-    order; a value outside FUSED_SWEEP's refused through ``ap.error`` (int_list) before any work."""
-    roots, raw16, warps, block_v = (int_list(ap, name, getattr(a, name[2:].replace("-", "_")), allowed)
-                                    for name, allowed in FUSED_SWEEP.items())
-    return roots, warps, block_v, [bool(r) for r in raw16]
+def fused_sweep_options(ap, a) -> tuple[list[int], list[int], list[int], list[bool], list[bool]]:
+    """(roots, warps, block_vs, raw16s, holds) from add_fused_sweep_options' parsed options ``a``, in
+    fused_root_sweep's order; a value outside FUSED_SWEEP's refused through ``ap.error`` (int_list) before any work."""
+    roots, raw16, warps, block_v, hold = (int_list(ap, name, getattr(a, name[2:].replace("-", "_")), allowed)
+                                          for name, allowed in FUSED_SWEEP.items())
+    return roots, warps, block_v, [bool(r) for r in raw16], [bool(h) for h in hold]
 
 
-def fused_root_sweep(roots, warps, block_vs, raw16s=(True,)):
-    """(root, raw16, warps, block_v) over every combination, triton_gdn.FUSED_ROOT and FUSED_RAW16 set to the root
-    and raw16 while their own run (restored after): the one-kernel WY form's places for the root, and its products
-    by q and k as read or l2-normed, side by side."""
+def fused_root_sweep(roots, warps, block_vs, raw16s=(True,), holds=(True,)):
+    """(root, raw16, hold, warps, block_v) over every combination, triton_gdn.FUSED_ROOT, FUSED_RAW16 and FUSED_HOLD
+    set to the root, raw16 and hold while their own run (restored after): the one-kernel WY form's places for the
+    root, its products by q and k as read or l2-normed, and its state's use held or not, side by side. The hold
+    applies to the root's place 2 only (plan_wy's HOLD): the other places are swept once, with hold False."""
     from ddsim.gpu_backend import triton_gdn
-    old = triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16
+    old = triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16, triton_gdn.FUSED_HOLD
     try:
         for root in roots:
             for raw16 in raw16s:
-                triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16 = root, raw16
-                for w in warps:
-                    for bv in block_vs:
-                        yield root, raw16, w, bv
+                for hold in (holds if root == 2 else (False,)):
+                    triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16, triton_gdn.FUSED_HOLD = root, raw16, hold
+                    for w in warps:
+                        for bv in block_vs:
+                            yield root, raw16, hold, w, bv
     finally:
-        triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16 = old
+        triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16, triton_gdn.FUSED_HOLD = old
 
 
 def ddtree_batch(B: int, T: int, *, vocab: int = 1000, depth: int = 15, topk: int = 8, seed: int = 0):
