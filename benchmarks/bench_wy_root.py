@@ -7,7 +7,7 @@ tiles, Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees
 (past 16 nodes the root cannot join the block: those shapes time the root-first form alone). Each
 row's output against the shape's first row's (max |difference|) and against the float64 oracle rounded to bf16 (the
 share of entries that differ: ddsim.bench.bench.off_rounded). --hold 1,0 times the root-in-the-block form (2) with
-its state's use held behind the value-independent half (triton_gdn.FUSED_HOLD, the default) and without it.
+its state's use held behind its state-free products (triton_gdn.FUSED_HOLD, the default) and without it.
 
     python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2]
                                        [--raw16 1,0] [--warps 4,8] [--block-v 64] [--hold 1]

@@ -1,6 +1,6 @@
 """When the one-kernel WY form first uses what it reads, compiled offline (no GPU): for each place of the root
 (triton_gdn.FUSED_ROOT), each way of its products by q and k (triton_gdn.FUSED_RAW16: bf16 as read, or l2-normed
-in fp32) and, with the root's place 2, its state's use held behind the value-independent half or not
+in fp32) and, with the root's place 2, its state's use held behind its state-free products or not
 (triton_gdn.FUSED_HOLD) at one sequence of a few nodes, the kernel design "fused" launches compiled for sm_90 with
 Triton's bundled ptxas, and in its machine code, for every 128-bit global read (LDG.E.128: the state tile is most
 of them, 16 a thread at 4 warps and 64-wide V tiles), how many barriers (BAR.SYNC) and tensor-core MMAs (HMMA)

@@ -155,7 +155,7 @@ def _gdn_wy_kernel(
         NL = tl.where(first[None, :], 0.0, NL)
         if HOLD:  # s0 * 1 once c is made (x - x + 1: 1 for finite x, NaN after a NaN; c's rows lie in every warp, so
             # its sum takes no barrier): Triton moves the state into shared memory as soon as it is read (a barrier
-            # that waits for it), so without a use that waits on c the value-independent half waits for the state
+            # that waits for it), so without a use that waits on c the state-free products wait for the state
             s0 = s0 * (tl.sum(c - c, 0) + 1.0)
     if RAW16:
         s_hi = s0.to(tl.bfloat16)
@@ -191,16 +191,18 @@ def _gdn_wy_kernel(
 # 1 x 16; 6.6 against 7.4 us device time at 1 x 17 with RAW16), with the root in it 8 (with RAW16 9.7 / 6.2 us device
 # time at 1 x 16 against 10.1 / 7.0 with 4), larger blocks 8.
 # A form 3 that used the state only after the value-independent half (the solve on -L alone, with or without the
-# output's weights folded) measured slower (6.9-7.6 us device time against 2's 6.1-6.4 at 1 x 16) and was removed: the
-# kernel does not wait on the state's read, it waits on its chain of products and barriers (RESULTS.md).
+# output's weights folded) measured slower (6.9-7.6 us device time against 2's 6.1-6.4 at 1 x 16) and was removed: its
+# longer chain of products and barriers cost more than the state's read it hid (FUSED_HOLD, which hides the read
+# behind the state-free products alone, gains 0.1-0.4 us; RESULTS.md).
 FUSED_ROOT = 2
 # Whether the one-kernel form takes bf16 q and k as read into its products (RAW16; benchmarks turn it off to time
 # the l2-normed fp32 rows in bf16x3, the form before, in place). On the H200 (RESULTS.md, bench_wy_root.py) it took
 # the same time within the runs' spread (1 x 16, root in the block, 8 warps: 9.7 / 6.2 us device time against 9.7 /
 # 6.0) and its bf16 outputs are nearer the oracle's: 0.26% of them off the float64 oracle rounded to bf16 against 0.42%.
 FUSED_RAW16 = True
-# Whether the one-kernel form with the root in its block (FUSED_ROOT 2) holds its state's use until the value-independent
-# half is made (HOLD), so that the state's read overlaps it rather than holding it up. Compiled for sm_90 at 1 x 16
+# Whether the one-kernel form with the root in its block (FUSED_ROOT 2) holds its state's use until its state-free
+# products (-L, the root's column, the norms, Q K^T) are made (HOLD), so that the state's read overlaps them rather
+# than holding them up; the solve, on the right-hand side the state makes, follows as before. Compiled for sm_90 at 1 x 16
 # (8 warps, 64-wide V tiles) the same 28 barriers and 62 MMAs, every read issued first, the state first used after
 # 18-19 barriers and 16 MMAs where without it before the first barrier; 177 registers against 144. On the H200
 # (RESULTS.md, bench_wy_root.py --hold 0,1) 0.1-0.4 us less device time in each of the six pairs timed, 0.2-0.7 us
@@ -299,7 +301,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     instead of four; "head": the folded weights (the root's step folded in) applied to every V tile by the
     program per head that made them, one kernel; "auto" takes what measured fastest on the H200
     (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (9.2 us at 1x16, the root in the
-    block, 8 warps, bf16 q, k into the products as read and the state's use held behind the value-independent half:
+    block, 8 warps, bf16 q, k into the products as read and the state's use held behind its state-free products:
     FUSED_ROOT, FUSED_RAW16, FUSED_HOLD; head 10.8-14.9), else head
     with bf16x3 products, a program per head and V tile
     (18.6 us against split's 29.1 alone at 1x65, 15.0 against 24.6 a layer in a graph of 48; a program per head

@@ -95,14 +95,14 @@ def test_triton_gdn_verify_matches_oracle(inp, mode, backend, dtype):
 @example(_long_example(T=17), "leaky", 0, torch.float32, True, False)
 @example(_long_example(T=16), "exact", 2, torch.bfloat16, False, False)  # compiled: q, k l2-normed in fp32 (bf16x3)
 @example(_long_example(T=17), "leaky", 0, torch.bfloat16, False, False)
-@example(_long_example(T=16), "exact", 2, torch.bfloat16, True, True)  # the state held behind the value-independent half
+@example(_long_example(T=16), "exact", 2, torch.bfloat16, True, True)  # the state held behind the state-free products
 @example(_long_example(T=6, V=40), "leaky", 2, torch.float32, True, True)  # held, three V tiles
 def test_the_one_kernel_form_with_the_root_in_its_block_matches_oracle(inp, mode, root, dtype, raw16, hold):
     """triton_gdn.FUSED_ROOT: where the whole tree fits the one-kernel form's block (T <= 16 in a 16-row block), the
     root is its row 0 on the committed state, the solve counting the root's chain (1) or eliminating its column
     first (2); 0, and any tree whose draft nodes alone fill the block, the root's recurrent step first. Compiled,
     bf16 q and k go into its products as read (FUSED_RAW16), or l2-normed in fp32 with it off; with the root's column
-    eliminated, the state's use held behind the value-independent half or not (FUSED_HOLD). Equal to the oracle;
+    eliminated, the state's use held behind its state-free products or not (FUSED_HOLD). Equal to the oracle;
     the pool untouched."""
     from ddsim.gpu_backend import triton_gdn
     roots, bind = [], triton_gdn.bind

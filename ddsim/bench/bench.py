@@ -115,7 +115,7 @@ def int_list(ap, name: str, text: str, allowed) -> list[int]:
 
 # The one-kernel WY form's sweep options (bench_wy_root.py, first_use.py) and the values each may take: the root's
 # place (triton_gdn.FUSED_ROOT), q and k as read or l2-normed (FUSED_RAW16, 1 / 0), warps, V tiles, and the state's
-# use held behind the value-independent half or not (FUSED_HOLD, 1 / 0: the root's place 2 only)
+# use held behind its state-free products or not (FUSED_HOLD, 1 / 0: the root's place 2 only)
 FUSED_SWEEP = {"--roots": (0, 1, 2), "--raw16": (0, 1), "--warps": (1, 2, 4, 8, 16), "--block-v": (16, 32, 64, 128),
                "--hold": (0, 1)}
 
