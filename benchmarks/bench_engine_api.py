@@ -23,14 +23,13 @@ time that do_bench's events take in).
 """
 import argparse
 import sys
-import time
 
 import torch
-import triton
 
 from ddsim.bench.bench import (
     KERNEL_SHAPES,
     copy_bandwidth,
+    cuda_header,
     ddtree_batch,
     fp32_tensor_rate,
     kernel_bytes,
@@ -64,8 +63,7 @@ def main():
     except InputError as e:  # SGLang's kernel not importable: one line, before any work
         print(f"bench_engine_api: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
-          f"{triton.__version__} | commit {a.commit} | SGLang kernel {where}")
+    print(cuda_header(a.commit) + f" | SGLang kernel {where}")
     bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda", "bf16x3")  # bf16 inputs' default
     print(f"# floors: the snapshot-free verify's least bytes (inputs, output, committed states) over the measured copy "
           f"bandwidth {bw / 1e9:.0f} GB/s, and the WY form's least FLOPs over "

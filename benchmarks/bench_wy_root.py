@@ -13,14 +13,13 @@ its state's use held behind its state-free products (triton_gdn.FUSED_HOLD, the 
                                        [--raw16 1,0] [--warps 4,8] [--block-v 64] [--hold 1]
 """
 import argparse
-import time
 
 import torch
-import triton
 
 from ddsim import oracle
 from ddsim.bench.bench import (
     add_fused_sweep_options,
+    cuda_header,
     ddtree_batch,
     fused_root_sweep,
     fused_sweep_options,
@@ -52,8 +51,7 @@ def main():
         ap.error(f"--layers: expected 1 or more, got {a.layers}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_root: needs a CUDA device")
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
-          f"{triton.__version__} | commit {a.commit}")
+    print(cuda_header(a.commit))
     print(f"| B x T | form | products by q, k | warps | V tile | us | device us | graphed, {a.layers} layers, us a layer | "
           "max abs diff to the first row | off the rounded oracle | registers |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -7,12 +7,11 @@ oracle beside the max |difference| between the grids.
     python benchmarks/repro_head_mixed_bits.py [--commit SHA]   # needs CUDA
 """
 import argparse
-import time
 
 import torch
-import triton
 
 from ddsim import oracle
+from ddsim.bench.bench import cuda_header
 from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
 from ddsim.properties.test_triton_kernels import _cast, _dev, _long_example, _pool
@@ -30,8 +29,7 @@ def main():
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("repro_head_mixed_bits: needs a CUDA device")
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
-          f"{triton.__version__} | commit {a.commit}")
+    print(cuda_header(a.commit))
     ws.HEAD_BLOCK_V, ws._slots = 16, (lambda device: 3)
     inp = _long_example(T=40, V=40)
     print("| mode | dtype | precision | repeats (whole / mixed) | max abs error to the oracle: whole / mixed | "
