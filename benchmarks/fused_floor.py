@@ -15,7 +15,8 @@ root's column out, K S0, the right-hand side, the solve's U and the output, per 
 program's start: the median and the slowest program, after a flush and warm (the traced copy's own time beside,
 its stores are not free).
 
-    python benchmarks/fused_floor.py [--commit SHA] [--shapes 1x16,1x9]
+    python benchmarks/fused_floor.py [--commit SHA] [--shapes 1x16,1x9] [--rownorm 0,1] [--floor 1]
+        # --rownorm: the form with triton_gdn.FUSED_ROWNORM off / on (timed and traced); --floor 0: the form alone
 """
 import argparse
 import importlib.util
@@ -30,6 +31,7 @@ import triton.language as tl
 from ddsim.bench.bench import (
     cuda_header,
     ddtree_batch,
+    int_list,
     kernel_device_us,
     kernel_inputs,
     median_us,
@@ -105,15 +107,16 @@ def row(name: str, fn) -> str:
     return f"| {name} | " + " | ".join(f"{c:.2f}" for c in cells) + " |"
 
 
-# the traced copy: probes inserted after these lines of _gdn_wy_kernel's source (the root in the block, raw16)
-PROBES = (("KK", "        KK = KK * ik[:, None] * ik_col[None, :]\n", "KK", "BT", "BT"),
-          ("QK", "        QK = tl.dot(q_raw, tl.trans(k_raw)) * iq[:, None] * ik_col[None, :]  # Qs K^T\n", "QK", "BT",
-           "BT"),
-          ("-L, root's column out", "        NL = tl.where(first[None, :], 0.0, NL)\n", "NL", "BT", "BT"),
-          ("K S0, Q S0", "        QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo)) * iq[:, None]  # Qs S0\n", "KS + QS", "BT",
-           "BV"),
-          ("right-hand side", "        U = U + c[:, None] * u0[None, :]\n", "U", "BT", "BV"),
-          ("solve", "    b_o = A[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)\n", "U", "BT", "BV"))
+# the traced copy: a probe (name, where, line of _gdn_wy_kernel's source, value stamped, its rows, its columns) goes
+# before or after its line (the root in the block, q and k as read; either way of the rows' norms)
+PROBES = (("K K^T, Q K^T", "after", "    # -L through D (0 off the ancestors): the mask stays in the layout it was read in "
+           "(no conversion waits for it)\n", "QK", "BT", "BT"),
+          ("-L, root's column out", "after", "        NL = tl.where(first[None, :], 0.0, NL)\n", "NL", "BT", "BT"),
+          ("K S0, Q S0", "before", "    U = b_beta[:, None] * (b_v - A_k[:, None] * KS)  # right-hand side\n", "KS + QS",
+           "BT", "BV"),
+          ("right-hand side", "after", "        U = U + c[:, None] * u0[None, :]\n", "U", "BT", "BV"),
+          ("solve", "before", "    b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)\n", "U", "BT",
+           "BV"))
 SLOTS = 1024  # trace entries per probe and program (a [BT, BV] tile at most)
 HELPERS = '''
 import triton
@@ -153,9 +156,10 @@ def traced_kernel():
     n = len(PROBES) + 1
     edits = [("    state, state_idx, o,\n", "    state, state_idx, o, trace,\n"),
              ("    if ROOT == 0:\n", f"    _probe0(trace, {n})\n    if ROOT == 0:\n")]
-    for j, (_, line, expr, r, c) in enumerate(PROBES, 1):
+    for j, (_, where, line, expr, r, c) in enumerate(PROBES, 1):
         indent = line[:len(line) - len(line.lstrip())]
-        edits.append((line, line + f"{indent}_probe(trace, {expr}, {j}, {n}, {r}, {c})\n"))
+        probe = f"{indent}_probe(trace, {expr}, {j}, {n}, {r}, {c})\n"
+        edits.append(("\n" + line, "\n" + (line + probe if where == "after" else probe + line)))
     for old, new in edits:
         if src.count(old) != 1:
             raise SystemExit(f"fused_floor: _gdn_wy_kernel's source no longer has {old.strip()!r} once")
@@ -169,15 +173,15 @@ def traced_kernel():
     return mod._gdn_wy_kernel
 
 
-def trace_rows(B: int, T: int, kernel, grid, kw, *, repeats: int = 30) -> list[str]:
+def trace_rows(name: str, kernel, grid, kw, *, repeats: int = 30) -> list[str]:
     """PROBES' cycles after each program's start: medians over the calls of the median program and the slowest."""
     n = len(PROBES) + 1
     programs = grid[0] * grid[1]
     trace = torch.zeros(programs * n * SLOTS, dtype=torch.int32, device="cuda")
     launch = bind(kernel, grid, dict(kw, trace=trace))
-    rows = [f"# {B} x {T}, the traced copy itself (columns as above): {row('traced', launch)}"]
+    rows = [f"# {name}, the traced copy itself (columns as above): {row('traced', launch)}"]
     BT, BV = kw["BT"], kw["BV"]
-    sizes = [1] + [{"BT": BT, "BV": BV}[r] * {"BT": BT, "BV": BV}[c] for _, _, _, r, c in PROBES]
+    sizes = [1] + [{"BT": BT, "BV": BV}[r] * {"BT": BT, "BV": BV}[c] for *_, r, c in PROBES]
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
     for cold in (True, False):
         runs = []
@@ -193,23 +197,41 @@ def trace_rows(B: int, T: int, kernel, grid, kw, *, repeats: int = 30) -> list[s
         runs = torch.stack(runs)  # [repeats, programs, probes]
         med = runs.median(1).values.median(0).values
         slow = runs.max(1).values.median(0).values
-        for j, (name, *_rest) in enumerate(PROBES):
-            rows.append(f"| {B} x {T}, {'flushed' if cold else 'warm'}: {name} | {med[j]:.0f} | {slow[j]:.0f} |")
+        for j, (probe, *_) in enumerate(PROBES):
+            rows.append(f"| {name}, {'flushed' if cold else 'warm'}: {probe} | {med[j]:.0f} | {slow[j]:.0f} |")
     return rows
+
+
+def captured_launch(plan, inp) -> tuple[tuple, dict]:
+    """(grid, keyword arguments) of the kernel launch plan(inp) binds (triton_gdn.bind's, caught on the way)."""
+    import ddsim.gpu_backend.triton_gdn as G
+    captured = {}
+    real = G.bind
+    G.bind = lambda kernel, grid, kw: captured.update(grid=grid, kw=kw) or real(kernel, grid, kw)
+    try:
+        plan(inp)
+    finally:
+        G.bind = real
+    return captured["grid"], captured["kw"]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x9")
+    ap.add_argument("--rownorm", default="0", help="the form's FUSED_ROWNORM, comma-separated, from [0, 1]")
+    ap.add_argument("--floor", default="1", choices=("0", "1"), help="1: the reads, empty and scattered rows too")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
+    rownorms = [bool(x) for x in int_list(ap, "--rownorm", a.rownorm, (0, 1))]
     if not torch.cuda.is_available():
         raise SystemExit("fused_floor: needs a CUDA device")
+    from ddsim.gpu_backend import triton_gdn
     print(cuda_header(a.commit))
     print("| B x T, launch | do_bench us (flushed) | device us (flushed) | device us (warm) | events us (warm) |")
     print("|---|---|---|---|---|")
     traces = []
+    default = triton_gdn.FUSED_ROWNORM
     for B, T in shapes:
         _, parents = ddtree_batch(B, T)
         inp = kernel_inputs(B, T, device="cuda")
@@ -218,35 +240,34 @@ def main():
             return plan_wy(**{n: x[n] for n in NAMES}, parents=parents.to("cuda"), initial_state=x["initial_state"],
                            poison=False)
 
-        form, _ = plan(inp)
-        print(row(f"{B} x {T}, the form", form), flush=True)
-        captured = {}
-        import ddsim.gpu_backend.triton_gdn as G
-        real = G.bind
-        G.bind = lambda kernel, grid, kw: captured.update(grid=grid, kw=kw) or real(kernel, grid, kw)
         try:
-            plan(inp)
+            for rownorm in rownorms:
+                triton_gdn.FUSED_ROWNORM = rownorm
+                name = f"{B} x {T}, the form" + (", rows' norms from the rows as read" if rownorm else "")
+                form, _ = plan(inp)
+                print(row(name, form), flush=True)
+                grid, kw = captured_launch(plan, inp)
+                traces.append((name, grid, kw))
+                if a.floor == "1" and rownorm == rownorms[0]:
+                    base = {n: kw[n] for n in ("q", "k", "v", "g", "beta", "mask", "state", "state_idx", "o", "H", "HV",
+                                               "K", "V", "BT", "BK", "BV", "num_warps")}
+                    for slot in (True, False):
+                        print(row(f"{B} x {T}, reads" + ("" if slot else ", no slot"),
+                                  bind(_reads_kernel, grid, dict(base, T=T, SLOT=slot))), flush=True)
+                    print(row(f"{B} x {T}, empty", bind(_empty_kernel, grid, dict(o=kw["o"],
+                                                                                  num_warps=kw["num_warps"]))),
+                          flush=True)
+                    far, keep = scattered(inp)
+                    print(row(f"{name}, inputs scattered", plan(far)[0]), flush=True)
+                    del keep
+                    print(row(f"{name} again", form), flush=True)
         finally:
-            G.bind = real
-        kw, grid = captured["kw"], captured["grid"]
-        base = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], state=kw["state"],
-                    state_idx=kw["state_idx"], o=kw["o"], T=T, H=kw["H"], HV=kw["HV"], K=kw["K"], V=kw["V"],
-                    BT=kw["BT"], BK=kw["BK"], BV=kw["BV"], num_warps=kw["num_warps"])
-        for slot in (True, False):
-            print(row(f"{B} x {T}, reads" + ("" if slot else ", no slot"),
-                      bind(_reads_kernel, grid, dict(base, SLOT=slot))), flush=True)
-        print(row(f"{B} x {T}, empty", bind(_empty_kernel, grid, dict(o=kw["o"], num_warps=kw["num_warps"]))),
-              flush=True)
-        far, keep = scattered(inp)
-        print(row(f"{B} x {T}, the form, inputs scattered", plan(far)[0]), flush=True)
-        del keep
-        print(row(f"{B} x {T}, the form again", form), flush=True)
-        traces.append((B, T, grid, kw))
-    print("\n| B x T, when, made | cycles after the program's start: median program | slowest program |")
+            triton_gdn.FUSED_ROWNORM = default
+    print("\n| launch, when, made | cycles after the program's start: median program | slowest program |")
     print("|---|---|---|")
     kernel = traced_kernel()
-    for B, T, grid, kw in traces:
-        for line in trace_rows(B, T, kernel, grid, kw):
+    for name, grid, kw in traces:
+        for line in trace_rows(name, kernel, grid, kw):
             print(line, flush=True)
 
 

@@ -78,7 +78,7 @@ def _gdn_wy_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
-    ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False,
+    ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -132,22 +132,37 @@ def _gdn_wy_kernel(
         if L2NORM:  # the norms from the diagonals of exact products (fp32 sums, as tl.sum's), reduced in the products'
             # own layout, along rows for rows and along columns for columns (a norm moved between layouts is a barrier)
             eye = o_t[:, None] == o_t[None, :]
-            ik = 1.0 / tl.sqrt(tl.sum(tl.where(eye, KK, 0.0), 1) + 1e-6)
             ik_col = 1.0 / tl.sqrt(tl.sum(tl.where(eye, KK, 0.0), 0) + 1e-6)
-            iq = scale / tl.sqrt(tl.sum(tl.where(eye, tl.dot(q_raw, tl.trans(q_raw)), 0.0), 1) + 1e-6)
+            if ROWNORM:  # the rows' norms summed from the rows as read, in their own layout
+                k32, q32 = k_raw.to(tl.float32), q_raw.to(tl.float32)
+                ik = 1.0 / tl.sqrt(tl.sum(k32 * k32, 1) + 1e-6)
+                iq = scale / tl.sqrt(tl.sum(q32 * q32, 1) + 1e-6)
+            else:
+                ik = 1.0 / tl.sqrt(tl.sum(tl.where(eye, KK, 0.0), 1) + 1e-6)
+                iq = scale / tl.sqrt(tl.sum(tl.where(eye, tl.dot(q_raw, tl.trans(q_raw)), 0.0), 1) + 1e-6)
         else:
             ik = tl.full([BT], 1.0, tl.float32)
             ik_col = ik
             iq = tl.full([BT], scale, tl.float32)
-        KK = KK * ik[:, None] * ik_col[None, :]
-        QK = tl.dot(q_raw, tl.trans(k_raw)) * iq[:, None] * ik_col[None, :]  # Qs K^T
+        if ROWNORM:  # the rows' norms left out of the products: applied through beta, A and the output's rows
+            KK = KK * ik_col[None, :]
+            QK = tl.dot(q_raw, tl.trans(k_raw)) * ik_col[None, :]  # K^T's columns normed, Q's rows not
+        else:
+            KK = KK * ik[:, None] * ik_col[None, :]
+            QK = tl.dot(q_raw, tl.trans(k_raw)) * iq[:, None] * ik_col[None, :]  # Qs K^T
     else:
         b_qs = b_q * scale
         KK = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
         QK = tl.dot(b_qs, tl.trans(b_k), input_precision=PRECISION)
     # -L through D (0 off the ancestors): the mask stays in the layout it was read in (no conversion waits for it)
-    NL = tl.where(o_t[:, None] != o_t[None, :], -b_beta[:, None] * D * KK, 0.0)
     A = tl.exp(G)
+    if RAW16 and ROWNORM:  # the rows' norms in -L's rows, in U's row factor and in the output's (through D's rows)
+        NL = tl.where(o_t[:, None] != o_t[None, :], -(b_beta * ik)[:, None] * D * KK, 0.0)
+        A_k, A_q = A * ik, A * iq
+        D = D * iq[:, None]
+    else:
+        NL = tl.where(o_t[:, None] != o_t[None, :], -b_beta[:, None] * D * KK, 0.0)
+        A_k, A_q = A, A
     if ROOT == 2:  # row 0 of U will be the root's u_0 (L's row 0 is empty); its column of -L, c, is taken out of the
         # solve and applied to U first: U += c u_0
         first = o_t == 0
@@ -160,12 +175,16 @@ def _gdn_wy_kernel(
     if RAW16:
         s_hi = s0.to(tl.bfloat16)
         s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
-        KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo)) * ik[:, None]  # K S0 [BT, BV]
-        QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo)) * iq[:, None]  # Qs S0
+        if ROWNORM:  # K S0 and Q S0 by the raw rows, their norms in U's and the output's row factors
+            KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo))
+            QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo))
+        else:
+            KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo)) * ik[:, None]  # K S0 [BT, BV]
+            QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo)) * iq[:, None]  # Qs S0
     else:
         KS = tl.dot(b_k, s0, input_precision=PRECISION)
         QS = tl.dot(b_qs, s0, input_precision=PRECISION)
-    U = b_beta[:, None] * (b_v - A[:, None] * KS)  # right-hand side
+    U = b_beta[:, None] * (b_v - A_k[:, None] * KS)  # right-hand side
     if ROOT == 2:
         u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
         U = U + c[:, None] * u0[None, :]
@@ -176,7 +195,7 @@ def _gdn_wy_kernel(
     for _ in range(1, NSTEP):
         NL = tl.dot(NL, NL, input_precision=PRECISION)
         U = U + tl.dot(NL, U, input_precision=PRECISION)
-    b_o = A[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)
+    b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
 
@@ -209,6 +228,7 @@ FUSED_RAW16 = True
 # less alone in five (1 x 16, 8 warps, 64-wide: 8.6 / 5.8 against 8.9 / 6.0 us, and 8.2 / 5.8 against 8.4 / 6.0 in
 # a second invocation; 1 x 9: 8.7 / 5.8 against 9.3 / 5.9), the outputs bit-equal; graphed within the spread
 FUSED_HOLD = True
+FUSED_ROWNORM = False
 
 
 def root_fits_block(T: int) -> bool:
@@ -376,5 +396,6 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=C.state_vk(initial_state), ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
+              ROWNORM=FUSED_ROWNORM and raw16,
               num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

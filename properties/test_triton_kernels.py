@@ -83,26 +83,31 @@ def test_triton_gdn_verify_matches_oracle(inp, mode, backend, dtype):
 
 @settings(max_examples=12)
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]), st.sampled_from([0, 1, 2]),
-       st.sampled_from(DTYPES), st.booleans(), st.booleans())
-@example(_long_example(T=16), "exact", 1, torch.float32, True, False)  # a chain of 11 below a two-level tree: 16 rows, 4 doublings
-@example(_long_example(T=16), "exact", 1, torch.bfloat16, True, False)
-@example(_long_example(T=16), "leaky", 1, torch.float32, True, False)
-@example(_long_example(T=6, V=40), "leaky", 1, torch.float16, True, False)
-@example(_long_example(T=16), "exact", 2, torch.bfloat16, True, False)
-@example(_long_example(T=16), "leaky", 2, torch.float16, True, False)
-@example(_long_example(T=6, V=40), "exact", 2, torch.float32, True, False)  # three V tiles
-@example(_long_example(T=17), "exact", 2, torch.bfloat16, True, False)  # 16 draft nodes fill the block: the root first
-@example(_long_example(T=17), "leaky", 0, torch.float32, True, False)
-@example(_long_example(T=16), "exact", 2, torch.bfloat16, False, False)  # compiled: q, k l2-normed in fp32 (bf16x3)
-@example(_long_example(T=17), "leaky", 0, torch.bfloat16, False, False)
-@example(_long_example(T=16), "exact", 2, torch.bfloat16, True, True)  # the state held behind the state-free products
-@example(_long_example(T=6, V=40), "leaky", 2, torch.float32, True, True)  # held, three V tiles
-def test_the_one_kernel_form_with_the_root_in_its_block_matches_oracle(inp, mode, root, dtype, raw16, hold):
+       st.sampled_from(DTYPES), st.booleans(), st.booleans(), st.booleans())
+@example(_long_example(T=16), "exact", 1, torch.float32, True, False, False)  # a chain of 11 below a two-level tree: 16 rows, 4 doublings
+@example(_long_example(T=16), "exact", 1, torch.bfloat16, True, False, False)
+@example(_long_example(T=16), "leaky", 1, torch.float32, True, False, False)
+@example(_long_example(T=6, V=40), "leaky", 1, torch.float16, True, False, False)
+@example(_long_example(T=16), "exact", 2, torch.bfloat16, True, False, False)
+@example(_long_example(T=16), "leaky", 2, torch.float16, True, False, False)
+@example(_long_example(T=6, V=40), "exact", 2, torch.float32, True, False, False)  # three V tiles
+@example(_long_example(T=17), "exact", 2, torch.bfloat16, True, False, False)  # 16 draft nodes fill the block: the root first
+@example(_long_example(T=17), "leaky", 0, torch.float32, True, False, False)
+@example(_long_example(T=16), "exact", 2, torch.bfloat16, False, False, False)  # compiled: q, k l2-normed in fp32 (bf16x3)
+@example(_long_example(T=17), "leaky", 0, torch.bfloat16, False, False, False)
+@example(_long_example(T=16), "exact", 2, torch.bfloat16, True, True, False)  # the state held behind the state-free products
+@example(_long_example(T=6, V=40), "leaky", 2, torch.float32, True, True, False)  # held, three V tiles
+@example(_long_example(T=16), "exact", 2, torch.bfloat16, True, True, True)  # the rows' norms from the rows as read
+@example(_long_example(T=16), "leaky", 1, torch.bfloat16, True, False, True)
+@example(_long_example(T=17), "exact", 0, torch.bfloat16, True, False, True)  # the root first, its norms too
+@example(_long_example(T=6, V=40), "exact", 2, torch.bfloat16, True, True, True)  # three V tiles
+def test_the_one_kernel_form_with_the_root_in_its_block_matches_oracle(inp, mode, root, dtype, raw16, hold, rownorm):
     """triton_gdn.FUSED_ROOT: where the whole tree fits the one-kernel form's block (T <= 16 in a 16-row block), the
     root is its row 0 on the committed state, the solve counting the root's chain (1) or eliminating its column
     first (2); 0, and any tree whose draft nodes alone fill the block, the root's recurrent step first. Compiled,
     bf16 q and k go into its products as read (FUSED_RAW16), or l2-normed in fp32 with it off; with the root's column
-    eliminated, the state's use held behind its state-free products or not (FUSED_HOLD). Equal to the oracle;
+    eliminated, the state's use held behind its state-free products or not (FUSED_HOLD); with q and k as read, the
+    rows' norms summed from the rows as read or from the products' diagonals (FUSED_ROWNORM). Equal to the oracle;
     the pool untouched."""
     from ddsim.gpu_backend import triton_gdn
     roots, bind = [], triton_gdn.bind
@@ -113,16 +118,18 @@ def test_the_one_kernel_form_with_the_root_in_its_block_matches_oracle(inp, mode
         mp.setattr(triton_gdn, "FUSED_ROOT", root)
         mp.setattr(triton_gdn, "FUSED_RAW16", raw16)
         mp.setattr(triton_gdn, "FUSED_HOLD", hold)
-        mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw: roots.append((kw["ROOT"], kw["RAW16"], kw["HOLD"])) or bind(
-            kernel, grid, kw))
+        mp.setattr(triton_gdn, "FUSED_ROWNORM", rownorm)
+        mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw: roots.append(
+            (kw["ROOT"], kw["RAW16"], kw["HOLD"], kw["ROWNORM"])) or bind(kernel, grid, kw))
         o = triton_gdn.gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), initial_state=pool,
                                           state_indices=slots, mode=mode, design="fused")
     ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
     T = inp["q"].shape[1]  # at most 17 nodes here: a 16-row block, which the root joins up to 16
     raw = raw16 and dtype == torch.bfloat16 and not C.interpreting()  # (the interpreter's bf16 products are wrong)
     placed = root if T <= 16 else 0
-    assert roots == [(placed, raw, hold and placed == 2)], (T, roots)
-    assert_close(f"o (fused, root {placed}, raw16 {raw}, held {roots[0][2]}, {mode})", o, ref, dtype=dtype, slack=5)
+    assert roots == [(placed, raw, hold and placed == 2, rownorm and raw)], (T, roots)
+    assert_close(f"o (fused, root {placed}, raw16 {raw}, held {roots[0][2]}, rows' norms as read {roots[0][3]}, "
+                 f"{mode})", o, ref, dtype=dtype, slack=5)
     assert torch.equal(pool, before)
 
 
@@ -146,8 +153,8 @@ def test_the_one_kernel_form_takes_bf16_q_and_k_as_read_where_compiled():
                 triton_gdn.plan_wy(**{n: inp[n].to(dtype) if n in "qkv" else inp[n] for n in ("q", "k", "v", "g",
                                                                                               "beta")},
                                    parents=inp["parents"], initial_state=inp["initial_state"], design="fused")
-            assert [(kw["ROOT"], kw["RAW16"], kw["num_warps"], kw["HOLD"]) for kw in got] == [
-                (root, want, warps, root == 2)], (T, dtype, switch, compiled)
+            assert [(kw["ROOT"], kw["RAW16"], kw["num_warps"], kw["HOLD"], kw["ROWNORM"]) for kw in got] == [
+                (root, want, warps, root == 2, want and triton_gdn.FUSED_ROWNORM)], (T, dtype, switch, compiled)
 
 
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]))

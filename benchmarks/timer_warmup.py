@@ -1,0 +1,115 @@
+"""The kernel tables' timer (bench.median_us: do_bench, 10 ms of warm-up, the L2 flushed before each call) on one
+launch, call after call from the process's start, and again after the device idles: whether its first readings carry
+the device's ramp from idle, beside the SM clock nvidia-smi samples every 20 ms (where it runs) and the kernels' own
+device time. Phases, each after the one before:
+
+  start          readings back to back once the launch is compiled
+  idle           after a pause of --idle seconds (the device idle, as while a bench compiles its next kernel)
+  idle, warm-up  after the same pause, do_bench with --warmup-ms of warm-up calls instead of 10
+  idle, spun     after the same pause, --spin-ms of the launch back to back first, then bench.median_us
+
+    python benchmarks/timer_warmup.py [--commit SHA] [--shape 1x16] [--idle 3] [--warmup-ms 250] [--spin-ms 500]
+        # the launch: design auto's, as the kernel table's "ddsim kernels alone"
+"""
+import argparse
+import datetime
+import shutil
+import subprocess
+import tempfile
+import time
+
+import torch
+
+from ddsim.bench.bench import cuda_header, ddtree_batch, kernel_device_us, kernel_inputs, median_us, parse_shapes
+from ddsim.gpu_backend.triton_gdn import plan_wy
+
+
+def sm_clocks(log: str, start: float, end: float) -> str:
+    """The SM clocks (MHz) nvidia-smi sampled between the wall-clock times start and end: 'min-max (n)'."""
+    got = []
+    for line in log.splitlines():
+        try:
+            stamp, sm = (x.strip() for x in line.split(",")[:2])
+            when = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            mhz = int(sm.split()[0])
+        except (ValueError, IndexError):
+            continue
+        if start <= when <= end:
+            got.append(mhz)
+    return f"{min(got)}-{max(got)} ({len(got)})" if got else "–"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="?")
+    ap.add_argument("--shape", default="1x16")
+    ap.add_argument("--idle", type=float, default=3.0)
+    ap.add_argument("--warmup-ms", type=int, default=250)
+    ap.add_argument("--spin-ms", type=int, default=500)
+    a = ap.parse_args()
+    shapes = parse_shapes(ap, a.shape)
+    if len(shapes) != 1:
+        ap.error(f"--shape: expected one shape, got {a.shape!r}")
+    if a.idle < 0 or a.warmup_ms < 1 or a.spin_ms < 1:
+        ap.error("--idle: expected 0 or more seconds; --warmup-ms, --spin-ms: 1 or more")
+    if not torch.cuda.is_available():
+        raise SystemExit("timer_warmup: needs a CUDA device")
+    (B, T), = shapes
+    print(cuda_header(a.commit) + f" | {B} x {T}, design auto, Qwen3.6-27B GDN shapes, bf16 inputs")
+    log = tempfile.NamedTemporaryFile("w+", suffix=".csv")
+    smi = None
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm", "--format=csv,noheader", "-lms", "20"],
+                               stdout=log, stderr=subprocess.DEVNULL)
+    _, parents = ddtree_batch(B, T)
+    inp = kernel_inputs(B, T, device="cuda")
+    launch, _ = plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents.to("cuda"),
+                        initial_state=inp["initial_state"], poison=False)
+    launch()
+    torch.cuda.synchronize()
+    rows = []
+
+    def reading(phase: str, timer):
+        start = time.time()
+        us = timer()
+        rows.append((phase, time.time() - t0, us, start, time.time()))
+
+    def do_bench_warm():
+        import triton.testing
+        return triton.testing.do_bench(launch, warmup=a.warmup_ms, rep=50, return_mode="median") * 1e3
+
+    def spin():
+        end = time.time() + a.spin_ms / 1e3
+        while time.time() < end:
+            for _ in range(100):
+                launch()
+            torch.cuda.synchronize()
+
+    t0 = time.time()
+    for _ in range(12):
+        reading("start", lambda: median_us(launch))
+    time.sleep(a.idle)
+    for _ in range(6):
+        reading(f"after {a.idle:g} s idle", lambda: median_us(launch))
+    time.sleep(a.idle)
+    for _ in range(6):
+        reading(f"after {a.idle:g} s idle, do_bench warm-up {a.warmup_ms} ms", do_bench_warm)
+    time.sleep(a.idle)
+    spin()
+    for _ in range(6):
+        reading(f"after {a.idle:g} s idle, {a.spin_ms} ms of calls first", lambda: median_us(launch))
+    device = kernel_device_us(launch)
+    if smi is not None:
+        smi.terminate()
+        smi.wait()
+    log.seek(0)
+    text = log.read()
+    print("| phase | s since the first reading | do_bench us | SM clock MHz while it ran (samples) |")
+    print("|---|---|---|---|")
+    for phase, since, us, start, end in rows:
+        print(f"| {phase} | {since:.2f} | {us:.2f} | {sm_clocks(text, start, end)} |")
+    print(f"# the launch's device time after the phases (bench.kernel_device_us): {device:.2f} us")
+
+
+if __name__ == "__main__":
+    main()
