@@ -9,10 +9,12 @@ row's output against the shape's first row's (max |difference|) and against the 
 share of entries that differ: ddsim.bench.bench.off_rounded). --hold 1,0 times the root-in-the-block form (2) with
 its state's use held behind its state-free products (triton_gdn.FUSED_HOLD, the default) and without it; --rownorm
 0,1 times the forms with q and k as read with the rows' norms from the products' diagonals and summed from the rows as
-read (triton_gdn.FUSED_ROWNORM).
+read (triton_gdn.FUSED_ROWNORM); --chains 0,1 with the state's products by its head and remainder accumulated in
+one chain of MMAs or two (triton_gdn.FUSED_CHAINS).
 
     python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2]
                                        [--raw16 1,0] [--warps 4,8] [--block-v 64] [--hold 1] [--rownorm 0]
+                                       [--chains 0]
 """
 import argparse
 
@@ -39,6 +41,7 @@ ROOTS = {0: "root first", 1: "root in the block, its chain counted", 2: "root in
 RAW16 = {1: "q, k as read (default)", 0: "q, k l2-normed, bf16x3"}
 HOLD = {1: "the state held (default)", 0: "the state not held"}
 ROWNORM = {1: ", rows' norms from the rows as read", 0: ""}
+CHAINS = {1: ", the state's products in two chains", 0: ""}
 
 
 def main():
@@ -66,7 +69,7 @@ def main():
         ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                      initial_state=inp["initial_state"].cpu())
         first = None
-        for root, raw16, hold, rownorm, warps, bv in fused_root_sweep(**sweep):
+        for root, raw16, hold, rownorm, chains, warps, bv in fused_root_sweep(**sweep):
             if root and not triton_gdn.root_fits_block(T):
                 continue
             kw = dict(design="fused", num_warps=warps, block_v=bv)
@@ -79,7 +82,8 @@ def main():
             graphed = graphed_layers_us(B, T, parents, a.layers, **kw)
             regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
             form = ROOTS[root] + (f", {HOLD[int(hold)]}" if root == 2 else "")
-            print(f"| {B} x {T} | {form} | {RAW16[int(raw16)]}{ROWNORM[int(rownorm)]} | {warps} | {bv} | {ms * 1e3:.1f} | {device:.1f} | "
+            products = RAW16[int(raw16)] + ROWNORM[int(rownorm)] + CHAINS[int(chains)]
+            print(f"| {B} x {T} | {form} | {products} | {warps} | {bv} | {ms * 1e3:.1f} | {device:.1f} | "
                   f"{graphed:.1f} | {(o.float() - first.float()).abs().max().item():.2e} | "
                   f"{off_rounded(o, ref):.4f} | {regs} |", flush=True)
 

@@ -8,6 +8,10 @@ device time. Phases, each after the one before:
   idle, warm-up  after the same pause, do_bench with --warmup-ms of warm-up calls instead of 10
   idle, spun     after the same pause, --spin-ms of the launch back to back first, then bench.median_us
 
+then every sample of one do_bench call (CUDA events' resolution shows in them) for each way of the one-kernel form
+with q and k as read (triton_gdn.FUSED_ROWNORM, FUSED_CHAINS): its median, mean, the mean of its middle 80%, the most
+common values, beside the form's device time.
+
     python benchmarks/timer_warmup.py [--commit SHA] [--shape 1x16] [--idle 3] [--warmup-ms 250] [--spin-ms 500]
         # the launch: design auto's, as the kernel table's "ddsim kernels alone"
 """
@@ -99,6 +103,21 @@ def main():
     for _ in range(6):
         reading(f"after {a.idle:g} s idle, {a.spin_ms} ms of calls first", lambda: median_us(launch))
     device = kernel_device_us(launch)
+    forms = []  # every sample of one do_bench per form of the one-kernel kernel: the timer's resolution shows
+    from ddsim.gpu_backend import triton_gdn
+    old = triton_gdn.FUSED_ROWNORM, triton_gdn.FUSED_CHAINS
+    try:
+        for rownorm, chains in ((False, False), (True, False), (False, True), (True, True)):
+            triton_gdn.FUSED_ROWNORM, triton_gdn.FUSED_CHAINS = rownorm, chains
+            form, _ = plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents.to("cuda"),
+                              initial_state=inp["initial_state"], poison=False)
+            form()
+            import triton.testing
+            samples = sorted(x * 1e3 for x in triton.testing.do_bench(form, warmup=10, rep=50, return_mode="all"))
+            forms.append((f"FUSED_ROWNORM {int(rownorm)}, FUSED_CHAINS {int(chains)}", samples,
+                          kernel_device_us(form)))
+    finally:
+        triton_gdn.FUSED_ROWNORM, triton_gdn.FUSED_CHAINS = old
     if smi is not None:
         smi.terminate()
         smi.wait()
@@ -109,6 +128,18 @@ def main():
     for phase, since, us, start, end in rows:
         print(f"| {phase} | {since:.2f} | {us:.2f} | {sm_clocks(text, start, end)} |")
     print(f"# the launch's device time after the phases (bench.kernel_device_us): {device:.2f} us")
+    print("\n| form | samples | median us | mean us | mean of the middle 80% us | most common values us (share) | "
+          "device us |")
+    print("|---|---|---|---|---|---|---|")
+    for name, xs, dev in forms:
+        n = len(xs)
+        middle = xs[n // 10: n - n // 10]
+        values = {}
+        for x in xs:
+            values[round(x, 2)] = values.get(round(x, 2), 0) + 1
+        common = ", ".join(f"{v:.2f} ({c / n:.0%})" for v, c in sorted(values.items(), key=lambda kv: -kv[1])[:4])
+        print(f"| {name} | {n} | {xs[n // 2]:.2f} | {sum(xs) / n:.2f} | {sum(middle) / len(middle):.2f} | {common} | "
+              f"{dev:.2f} |")
 
 
 if __name__ == "__main__":

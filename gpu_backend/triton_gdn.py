@@ -70,6 +70,13 @@ def _gdn_recurrent_kernel(
 
 
 @triton.jit
+def _apart(x):
+    # x itself, through an identity Triton cannot see into: a sum of two products' results would otherwise be folded
+    # into one product accumulating onto the other (one chain of MMAs where two can run side by side)
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _gdn_wy_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self (chain mask for leaky)
@@ -79,6 +86,7 @@ def _gdn_wy_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
+    CHAINS: tl.constexpr = False,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -175,12 +183,15 @@ def _gdn_wy_kernel(
     if RAW16:
         s_hi = s0.to(tl.bfloat16)
         s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
-        if ROWNORM:  # K S0 and Q S0 by the raw rows, their norms in U's and the output's row factors
+        if CHAINS:  # the head's and the remainder's products accumulated apart (two chains of MMAs, not one)
+            KS = _apart(tl.dot(k_raw, s_hi)) + _apart(tl.dot(k_raw, s_lo))  # K S0 [BT, BV], its rows' norms not applied
+            QS = _apart(tl.dot(q_raw, s_hi)) + _apart(tl.dot(q_raw, s_lo))
+        else:
             KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo))
             QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo))
-        else:
-            KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo)) * ik[:, None]  # K S0 [BT, BV]
-            QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo)) * iq[:, None]  # Qs S0
+        if not ROWNORM:  # else the rows' norms are in U's and the output's row factors
+            KS = KS * ik[:, None]
+            QS = QS * iq[:, None]
     else:
         KS = tl.dot(b_k, s0, input_precision=PRECISION)
         QS = tl.dot(b_qs, s0, input_precision=PRECISION)
@@ -229,6 +240,7 @@ FUSED_RAW16 = True
 # a second invocation; 1 x 9: 8.7 / 5.8 against 9.3 / 5.9), the outputs bit-equal; graphed within the spread
 FUSED_HOLD = True
 FUSED_ROWNORM = False
+FUSED_CHAINS = False
 
 
 def root_fits_block(T: int) -> bool:
@@ -396,6 +408,6 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=C.state_vk(initial_state), ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
-              ROWNORM=FUSED_ROWNORM and raw16,
+              ROWNORM=FUSED_ROWNORM and raw16, CHAINS=FUSED_CHAINS and raw16,
               num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o
