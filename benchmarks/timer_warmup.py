@@ -8,7 +8,8 @@ device time. Phases, each after the one before:
   idle, warm-up  after the same pause, do_bench with --warmup-ms of warm-up calls instead of 10
   idle, spun     after the same pause, --spin-ms of the launch back to back first, then bench.median_us
 
-then every sample of one do_bench call (CUDA events' resolution shows in them) for each way of the one-kernel form
+then the same launch between CUDA events with the L2 flushed as do_bench flushes it (zeroing 256 MiB), by reading
+256 MiB, and not at all; then every sample of one do_bench call (CUDA events' resolution shows in them) for each way of the one-kernel form
 with q and k as read (triton_gdn.FUSED_ROWNORM, FUSED_CHAINS): its median, mean, the mean of its middle 80%, the most
 common values, beside the form's device time.
 
@@ -41,6 +42,22 @@ def sm_clocks(log: str, start: float, end: float) -> str:
         if start <= when <= end:
             got.append(mhz)
     return f"{min(got)}-{max(got)} ({len(got)})" if got else "–"
+
+
+def event_samples(fn, flush, *, repeats: int = 400) -> list[float]:
+    """Sorted us of fn() between two CUDA events, flush() before each (do_bench's loop with the flush given; a spin
+    kernel first so that the launches queue ahead)."""
+    fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    for a, b in ev:
+        torch.cuda._sleep(20_000)
+        flush()
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return sorted(a.elapsed_time(b) * 1e3 for a, b in ev)
 
 
 def main():
@@ -118,6 +135,11 @@ def main():
                           kernel_device_us(form)))
     finally:
         triton_gdn.FUSED_ROWNORM, triton_gdn.FUSED_CHAINS = old
+    # the flush itself: do_bench zeroes 256 MiB (the L2 left full of lines still to be written back); read instead, the
+    # L2 is left full of clean lines; none, warm
+    buf = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
+    flushes = {"zeroed (do_bench's)": buf.zero_, "read": lambda: buf.sum(), "none": lambda: None}
+    flushed = {name: event_samples(launch, f) for name, f in flushes.items()}
     if smi is not None:
         smi.terminate()
         smi.wait()
@@ -128,6 +150,12 @@ def main():
     for phase, since, us, start, end in rows:
         print(f"| {phase} | {since:.2f} | {us:.2f} | {sm_clocks(text, start, end)} |")
     print(f"# the launch's device time after the phases (bench.kernel_device_us): {device:.2f} us")
+    print("\n| flush before each call | median us | mean us | mean of the middle 80% us |")
+    print("|---|---|---|---|")
+    for name, xs in flushed.items():
+        n = len(xs)
+        middle = xs[n // 10: n - n // 10]
+        print(f"| {name} | {xs[n // 2]:.2f} | {sum(xs) / n:.2f} | {sum(middle) / len(middle):.2f} |")
     print("\n| form | samples | median us | mean us | mean of the middle 80% us | most common values us (share) | "
           "device us |")
     print("|---|---|---|---|---|---|---|")
