@@ -76,13 +76,14 @@ def _empty_kernel(o):
 
 
 def warm_events_us(fn, *, repeats: int = 200) -> float:
-    """Median us of fn() between CUDA events without a flush, a spin kernel before each start event so that the
-    launch is queued ahead of it."""
+    """Median us of fn() between CUDA events without a flush, a spin kernel of 400k cycles (about 200 us) before each
+    start event so that the launch is queued ahead of it (20k, 10 us, left the events timing the host's launch: 25-34
+    us at 538b70f)."""
     fn()
     torch.cuda.synchronize()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
     for a, b in ev:
-        torch.cuda._sleep(40_000)
+        torch.cuda._sleep(400_000)
         a.record()
         fn()
         b.record()

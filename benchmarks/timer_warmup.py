@@ -46,12 +46,13 @@ def sm_clocks(log: str, start: float, end: float) -> str:
 
 def event_samples(fn, flush, *, repeats: int = 400) -> list[float]:
     """Sorted us of fn() between two CUDA events, flush() before each (do_bench's loop with the flush given; a spin
-    kernel first so that the launches queue ahead)."""
+    kernel of 400k cycles, about 200 us, first so that the launches queue ahead: 20k left the unflushed calls timing
+    the host's launch, 34 us at f89c626)."""
     fn()
     torch.cuda.synchronize()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
     for a, b in ev:
-        torch.cuda._sleep(20_000)
+        torch.cuda._sleep(400_000)
         flush()
         a.record()
         fn()

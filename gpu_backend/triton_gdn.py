@@ -239,8 +239,23 @@ FUSED_RAW16 = True
 # less alone in five (1 x 16, 8 warps, 64-wide: 8.6 / 5.8 against 8.9 / 6.0 us, and 8.2 / 5.8 against 8.4 / 6.0 in
 # a second invocation; 1 x 9: 8.7 / 5.8 against 9.3 / 5.9), the outputs bit-equal; graphed within the spread
 FUSED_HOLD = True
+# Whether the one-kernel form with q and k as read (RAW16) sums its rows' norms of q and k from the rows as read, in
+# their load layout (a warp's own rows), and applies them through beta (-L's rows), A (U's and Q S0's row factors)
+# and D's rows (the output's products), where otherwise they come from the diagonals of K K^T and Q Q^T, two
+# cross-warp reductions and a product (ROWNORM; its columns' norms come from K K^T's diagonal either way). Compiled
+# for sm_90 at 1 x 16 (8 warps) 30 barriers and 60 MMAs against 32 and 68, the state first used after 14-15 barriers
+# against 18-19. On the H200 (RESULTS.md, bench_wy_root.py --rownorm) 5.7-5.8 us device time against 5.9 at 8 warps,
+# 5.2-5.3 at 4 warps in two runs but 6.0 in the kernel table's run with 4 warps (bench_engine_api.py --rownorm 1
+# --fused-warps 4); root first at 1 x 17 6.8 against 6.6: off, the gain not robust.
 FUSED_ROWNORM = False
+# Whether the one-kernel form with q and k as read accumulates its state's products by the state's bf16 head and
+# remainder apart, two chains of MMAs each as long as K's steps, where Triton folds their sum into one chain twice as
+# long (CHAINS; kept apart by an identity Triton cannot see into, _apart). On the H200 (bench_wy_root.py --chains)
+# 5.8 us device time against 5.9 at 1 x 16, 6.5 against 6.6 root first at 1 x 17: within the spread, off.
 FUSED_CHAINS = False
+# The one-kernel form's warps where plan_wy is given none (None: 4 for a 16-row block with the root first, else 8);
+# benchmarks set it (bench_engine_api.py --fused-warps).
+FUSED_WARPS = None
 
 
 def root_fits_block(T: int) -> bool:
@@ -398,7 +413,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     root = FUSED_ROOT if root_fits_block(T) else 0
     # 4 warps for a 16-row block with the root first, 8 with the root in it and for larger blocks (FUSED_ROOT's note)
-    block_v, num_warps = block_v or 64, num_warps or (4 if BT == 16 and not root else 8)
+    block_v, num_warps = block_v or 64, num_warps or FUSED_WARPS or (4 if BT == 16 and not root else 8)
     BV = min(block_v, max(16, C.next_pow2(V, 1)))
     raw16 = FUSED_RAW16 and q.dtype == k.dtype == torch.bfloat16 and not C.interpreting()
     if root == 1:  # the root's chain is one node longer: powers of -L up to the depth

@@ -164,6 +164,22 @@ def test_the_one_kernel_form_takes_bf16_q_and_k_as_read_where_compiled():
                 T, dtype, switch, compiled)
 
 
+def test_the_one_kernel_forms_warps_follow_fused_warps_where_none_are_given():
+    """plan_wy's warps for the one-kernel form (nothing launched): triton_gdn.FUSED_WARPS where set (benchmarks set
+    it), else 8 with the root in the 16-row block and 4 with it first; num_warps given wins over both."""
+    from ddsim.gpu_backend import triton_gdn
+    for T, rule in ((16, 8), (17, 4)):
+        inp = _long_example(T=T)
+        for fused_warps, asked, want in ((None, None, rule), (4, None, 4), (2, None, 2), (4, 8, 8)):
+            got = []
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(triton_gdn, "FUSED_WARPS", fused_warps)
+                mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw: got.append(kw["num_warps"]) or (lambda: None))
+                triton_gdn.plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=inp["parents"],
+                                   initial_state=inp["initial_state"], design="fused", num_warps=asked)
+            assert got == [want], (T, fused_warps, asked)
+
+
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]))
 @example(fixed_gdn_example(), "exact")
 def test_triton_recurrent_states_match_oracle(inp, mode):
