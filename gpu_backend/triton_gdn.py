@@ -347,7 +347,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
     instead of four; "head": the folded weights (the root's step folded in) applied to every V tile by the
     program per head that made them, one kernel; "auto" takes what measured fastest on the H200
-    (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (9.2 us at 1x16, the root in the
+    (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (9.0 us at 1x16, the root in the
     block, 8 warps, bf16 q, k into the products as read and the state's use held behind its state-free products:
     FUSED_ROOT, FUSED_RAW16, FUSED_HOLD; head 10.8-14.9), else head
     with bf16x3 products, a program per head and V tile
