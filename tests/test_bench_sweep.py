@@ -157,3 +157,19 @@ def test_bench_wy_root_refuses_a_hold_it_does_not_know_before_any_work():
         assert r.returncode == 2, (bad, r.stderr)
         assert r.stderr.strip().splitlines()[-1].endswith(f"--hold {bad!r}: expected a comma-separated list from [0, 1]")
         assert "needs a CUDA device" not in r.stderr
+
+
+def test_fused_floors_traced_copy_still_finds_each_probes_line_in_the_kernel():
+    """benchmarks/fused_floor.py traces a copy of _gdn_wy_kernel made by inserting probes before or after lines of its
+    source; an edit of the kernel that moves one of those lines would leave the script refusing to run on the GPU.
+    Here (no GPU: the copy is made and imported, not compiled) every probe's line is found once and the copy takes
+    the trace pointer."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fused_floor.py"
+    spec = importlib.util.spec_from_file_location("fused_floor", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    kernel = mod.traced_kernel()
+    names = list(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
+    assert names[names.index("o") + 1] == "trace"
