@@ -32,6 +32,7 @@ import time
 import torch
 
 from ddsim import oracle
+from ddsim.bench.bench import cuda_header
 from ddsim.model.config import get_preset
 from ddsim.model.graphs import GraphedModel
 from ddsim.model.model import HybridModel
@@ -74,8 +75,7 @@ def main():
         ap.error("--skip-digest: a report without its weights' digest is not written (leave --out out)")
     budgets = [int(b) for b in a.budgets.split(",")]
     cfg = get_preset("qwen3.6-27b")
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | commit {a.commit}",
-          flush=True)
+    print(cuda_header(a.commit), flush=True)
     if not a.skip_timing:
         run_timing(a, budgets, cfg)  # its model and weights are freed when it returns
         torch.cuda.empty_cache()

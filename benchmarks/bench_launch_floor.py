@@ -15,13 +15,12 @@ default (what a one-kernel form over 32- or 16-wide V tiles would read).
     python benchmarks/bench_launch_floor.py [--commit SHA] [--grids 96,384,1536,6144] [--chain 1,4,16] [--split]
 """
 import argparse
-import time
 
 import torch
 import triton
 import triton.language as tl
 
-from ddsim.bench.bench import graphed_us, median_us
+from ddsim.bench.bench import cuda_header, graphed_us, median_us
 
 
 @triton.jit
@@ -65,8 +64,7 @@ def main():
         ap.error(f"--grids {a.grids!r} / --chain {a.chain!r}: expected positive integers, comma separated")
     if not torch.cuda.is_available():
         raise SystemExit("bench_launch_floor: needs a CUDA device")
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
-          f"{triton.__version__} | commit {a.commit}")
+    print(cuda_header(a.commit))
     print("| kernel | programs | do_bench us (L2 flushed) | graphed us per launch (48 in one graph) |")
     print("|---|---|---|---|")
     span = 1024

@@ -16,12 +16,12 @@ from __future__ import annotations
 import itertools
 import platform
 import sys
-import time
 
 import torch
 import triton
 import triton.language as tl
 
+from ddsim.bench.bench import cuda_header
 from ddsim.cli import _budgets, _Parser
 
 
@@ -135,8 +135,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         raise SystemExit("bench_skinny_linear: needs a CUDA device")
     dev = torch.device("cuda")
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-          f"commit {args.commit} | {platform.node()}")
+    print(cuda_header(args.commit) + f" | {platform.node()}")
     if args.blas:
         torch.backends.cuda.preferred_blas_library(args.blas)
     totals = {}

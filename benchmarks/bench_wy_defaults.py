@@ -11,13 +11,12 @@ With --parts, each kernel of a multi-kernel default (bf16x3) also timed alone, i
     python benchmarks/bench_wy_defaults.py [--commit SHA] [--shapes 1x16,1x65,...] [--layers 48] [--head-off] [--parts]
 """
 import argparse
-import time
 
 import torch
-import triton
 
 from ddsim.bench.bench import (
     copy_bandwidth,
+    cuda_header,
     ddtree_batch,
     fp32_tensor_rate,
     graphed_layers_us,
@@ -51,8 +50,7 @@ def main():
         raise SystemExit("bench_wy_defaults: needs a CUDA device")
     bw = copy_bandwidth("cuda")
     rates = {p: fp32_tensor_rate("cuda", p) for p in ("bf16x3", "tf32x3")}
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
-          f"{triton.__version__} | commit {a.commit}")
+    print(cuda_header(a.commit))
     graphed = f" graphed, {a.layers} layers in turn, us |" if a.layers else ""
     parts = " each kernel alone (launch order), us |" if a.parts else ""
     off = (" bf16x3, head off, us |" + (" graphed, head off, us |" if a.layers else "")) if a.head_off else ""

@@ -25,7 +25,7 @@ import time
 import torch
 
 import ddsim.gpu_backend as gb
-from ddsim.bench.bench import ddtree_batch, kernel_inputs
+from ddsim.bench.bench import cuda_header, ddtree_batch, kernel_inputs
 from ddsim.gpu_backend import fastcall
 from ddsim.gpu_backend import launch as launches
 from ddsim.gpu_backend.triton_commit import plan_commit
@@ -48,7 +48,7 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--n", type=int, default=200)
     a = ap.parse_args()
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | commit {a.commit}")
+    print(cuda_header(a.commit))
     try:
         from ddsim.engines.sglang import _kernel
         sglang_fn = _kernel()[0]

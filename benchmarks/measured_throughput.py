@@ -13,8 +13,7 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
+from ddsim.bench.bench import cuda_header
 from ddsim.measure.audit import run_audit
 from ddsim.measure.settings import AuditConfig
 from ddsim.model import slabs
@@ -35,8 +34,7 @@ def main():
     if a.slabs is not None:
         slabs.GROUPED = a.slabs == 'on'
     budgets = [int(b) for b in a.budgets.split(",")]
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | commit "
-          f"{a.commit} | {a.preset}, budgets {budgets}, top-k cap {a.topk_cap}, {a.prompts} prompts x {a.steps} steps | "
+    print(cuda_header(a.commit) + f" | {a.preset}, budgets {budgets}, top-k cap {a.topk_cap}, {a.prompts} prompts x {a.steps} steps | "
           f"state copies {'in slabs' if slabs.GROUPED else 'layer by layer'}",
           flush=True)
     ac = AuditConfig.build(preset=a.preset, budgets=budgets, topk_cap=a.topk_cap, n_prompts=a.prompts, steps=a.steps,

@@ -20,6 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ddsim import oracle
+from ddsim.bench.bench import cuda_header
 from ddsim.model.config import get_preset
 from ddsim.model.model import HybridModel
 from ddsim.model.weights import init_weights
@@ -35,8 +36,7 @@ def main():
     ap.add_argument("--commit", default="?")
     a = ap.parse_args()
     cfg = get_preset("qwen3.6-27b")
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-          f"commit {a.commit}", flush=True)
+    print(cuda_header(a.commit), flush=True)
     w = init_weights(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
     model = HybridModel(cfg, w, device="cuda", dtype=torch.bfloat16)
 

@@ -15,7 +15,7 @@ import time
 import torch
 
 import ddsim.gpu_backend as gb
-from ddsim.bench.bench import ddtree_batch, kernel_inputs
+from ddsim.bench.bench import cuda_header, ddtree_batch, kernel_inputs
 
 
 def main():
@@ -24,7 +24,7 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--commit", default="?")
     a = ap.parse_args()
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | commit {a.commit}")
+    print(cuda_header(a.commit))
     B, T = 1, 17
     _, parents = ddtree_batch(B, T)
     inp = kernel_inputs(B, T)

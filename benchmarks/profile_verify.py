@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from ddsim.bench.bench import event_median_ms, graphed_us
+from ddsim.bench.bench import cuda_header, event_median_ms, graphed_us
 from ddsim.cli import _budgets, _int_in, _Parser
 from ddsim.gpu_backend import GLUES, poisoned, triton_gdn
 from ddsim.model import graphs
@@ -237,8 +237,7 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("profile_verify: needs a CUDA device")
     cfg = get_preset(a.preset)
-    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-          f"commit {a.commit} | {cfg.name}", flush=True)
+    print(cuda_header(a.commit) + f" | {cfg.name}", flush=True)
     # --variants lays the projections once it has timed them unlaid
     model = HybridModel(cfg, init_weights(cfg, seed=0, dtype=torch.bfloat16, device="cuda"), device="cuda",
                         dtype=torch.bfloat16, lay=not a.variants)
