@@ -18,9 +18,9 @@ time of the kernels themselves of SGLang's exact verify, ddsim's snapshot-free v
 the kernel) and ddsim's kernels alone (torch.profiler's kernel records, without the launch latency and the host's
 time that do_bench's events take in).
 
-    python benchmarks/bench_engine_api.py [--commit SHA] [--shapes 1x16,...,8x257] [--rownorm 0] [--fused-warps 0]
-        # needs CUDA and SGLang's kernel importable; trees above 65 nodes run ddsim's split WY form; --rownorm 1 and
-        # --fused-warps N set the one-kernel form's triton_gdn.FUSED_ROWNORM and FUSED_WARPS (0: plan_wy's rule)
+    python benchmarks/bench_engine_api.py [--commit SHA] [--shapes 1x16,...,8x257] [--rownorm 0|1] [--fused-warps N]
+        # needs CUDA and SGLang's kernel importable; trees above 65 nodes run ddsim's split WY form; --rownorm and
+        # --fused-warps set the one-kernel form's triton_gdn.FUSED_ROWNORM and FUSED_WARPS (unset: their defaults)
 """
 import argparse
 import sys
@@ -55,20 +55,23 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in KERNEL_SHAPES) + ",1x129,8x129,1x257,8x257",
                     help="sequences x nodes, comma-separated")
-    ap.add_argument("--rownorm", type=int, default=0, choices=(0, 1))
-    ap.add_argument("--fused-warps", type=int, default=0, choices=(0, 1, 2, 4, 8, 16))
+    ap.add_argument("--rownorm", type=int, choices=(0, 1), help="triton_gdn.FUSED_ROWNORM (unset: its default)")
+    ap.add_argument("--fused-warps", type=int, choices=(1, 2, 4, 8, 16), help="triton_gdn.FUSED_WARPS (unset: its default)")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
     if not torch.cuda.is_available():
         raise SystemExit("bench_engine_api: needs a CUDA device")
-    triton_gdn.FUSED_ROWNORM, triton_gdn.FUSED_WARPS = bool(a.rownorm), a.fused_warps or None
+    if a.rownorm is not None:
+        triton_gdn.FUSED_ROWNORM = bool(a.rownorm)
+    if a.fused_warps is not None:
+        triton_gdn.FUSED_WARPS = a.fused_warps
     try:
         sgl, where = _kernel()
     except InputError as e:  # SGLang's kernel not importable: one line, before any work
         print(f"bench_engine_api: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(cuda_header(a.commit) + f" | SGLang kernel {where}" + (
-        f" | FUSED_ROWNORM {a.rownorm}, FUSED_WARPS {a.fused_warps or None}" if a.rownorm or a.fused_warps else ""))
+    print(cuda_header(a.commit) + f" | SGLang kernel {where} | FUSED_ROWNORM {int(triton_gdn.FUSED_ROWNORM)}, "
+          f"FUSED_WARPS {triton_gdn.FUSED_WARPS}")
     bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda", "bf16x3")  # bf16 inputs' default
     print(f"# floors: the snapshot-free verify's least bytes (inputs, output, committed states) over the measured copy "
           f"bandwidth {bw / 1e9:.0f} GB/s, and the WY form's least FLOPs over "
