@@ -31,6 +31,7 @@ import triton.language as tl
 from ddsim.bench.bench import (
     cuda_header,
     ddtree_batch,
+    event_samples_us,
     int_list,
     kernel_device_us,
     kernel_inputs,
@@ -76,19 +77,8 @@ def _empty_kernel(o):
 
 
 def warm_events_us(fn, *, repeats: int = 200) -> float:
-    """Median us of fn() between CUDA events without a flush, a spin kernel of 400k cycles (about 200 us) before each
-    start event so that the launch is queued ahead of it (20k, 10 us, left the events timing the host's launch: 25-34
-    us at 538b70f)."""
-    fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    for a, b in ev:
-        torch.cuda._sleep(400_000)
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return sorted(a.elapsed_time(b) for a, b in ev)[repeats // 2] * 1e3
+    """Median us of fn() between CUDA events without a flush (bench.event_samples_us)."""
+    return event_samples_us(fn, repeats=repeats)[repeats // 2]
 
 
 def scattered(inp: dict) -> tuple[dict, list]:

@@ -22,10 +22,20 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 
 import torch
 
-from ddsim.bench.bench import cuda_header, ddtree_batch, kernel_device_us, kernel_inputs, median_us, parse_shapes
+from ddsim.bench.bench import (
+    cuda_header,
+    ddtree_batch,
+    event_samples_us,
+    fused_root_sweep,
+    kernel_device_us,
+    kernel_inputs,
+    median_us,
+    parse_shapes,
+)
 from ddsim.gpu_backend.triton_gdn import plan_wy
 
 
@@ -44,21 +54,11 @@ def sm_clocks(log: str, start: float, end: float) -> str:
     return f"{min(got)}-{max(got)} ({len(got)})" if got else "–"
 
 
-def event_samples(fn, flush, *, repeats: int = 400) -> list[float]:
-    """Sorted us of fn() between two CUDA events, flush() before each (do_bench's loop with the flush given; a spin
-    kernel of 400k cycles, about 200 us, first so that the launches queue ahead: 20k left the unflushed calls timing
-    the host's launch, 34 us at f89c626)."""
-    fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    for a, b in ev:
-        torch.cuda._sleep(400_000)
-        flush()
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return sorted(a.elapsed_time(b) * 1e3 for a, b in ev)
+def summary(xs: list[float]) -> str:
+    """'median | mean | mean of the middle 80%' of sorted samples xs (us), as the tables' cells."""
+    n = len(xs)
+    middle = xs[n // 10: n - n // 10]
+    return f"{xs[n // 2]:.2f} | {sum(xs) / n:.2f} | {sum(middle) / len(middle):.2f}"
 
 
 def main():
@@ -85,8 +85,11 @@ def main():
                                stdout=log, stderr=subprocess.DEVNULL)
     _, parents = ddtree_batch(B, T)
     inp = kernel_inputs(B, T, device="cuda")
-    launch, _ = plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents.to("cuda"),
-                        initial_state=inp["initial_state"], poison=False)
+    def plan():
+        return plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents.to("cuda"),
+                       initial_state=inp["initial_state"], poison=False)[0]
+
+    launch = plan()
     launch()
     torch.cuda.synchronize()
     rows = []
@@ -121,26 +124,21 @@ def main():
     for _ in range(6):
         reading(f"after {a.idle:g} s idle, {a.spin_ms} ms of calls first", lambda: median_us(launch))
     device = kernel_device_us(launch)
-    forms = []  # every sample of one do_bench per form of the one-kernel kernel: the timer's resolution shows
+    forms = []  # every sample of one do_bench per way of the one-kernel form with q and k as read
+    import triton.testing
+
     from ddsim.gpu_backend import triton_gdn
-    old = triton_gdn.FUSED_ROWNORM, triton_gdn.FUSED_CHAINS
-    try:
-        for rownorm, chains in ((False, False), (True, False), (False, True), (True, True)):
-            triton_gdn.FUSED_ROWNORM, triton_gdn.FUSED_CHAINS = rownorm, chains
-            form, _ = plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents.to("cuda"),
-                              initial_state=inp["initial_state"], poison=False)
-            form()
-            import triton.testing
-            samples = sorted(x * 1e3 for x in triton.testing.do_bench(form, warmup=10, rep=50, return_mode="all"))
-            forms.append((f"FUSED_ROWNORM {int(rownorm)}, FUSED_CHAINS {int(chains)}", samples,
-                          kernel_device_us(form)))
-    finally:
-        triton_gdn.FUSED_ROWNORM, triton_gdn.FUSED_CHAINS = old
+    for f in fused_root_sweep((triton_gdn.FUSED_ROOT,), (None,), (None,), holds=(triton_gdn.FUSED_HOLD,),
+                              rownorms=(False, True), chains=(False, True)):  # plan_wy's own warps and V tile
+        form = plan()
+        form()
+        samples = sorted(x * 1e3 for x in triton.testing.do_bench(form, warmup=10, rep=50, return_mode="all"))
+        forms.append((f"FUSED_ROWNORM {int(f.rownorm)}, FUSED_CHAINS {int(f.chains)}", samples, kernel_device_us(form)))
     # the flush itself: do_bench zeroes 256 MiB (the L2 left full of lines still to be written back); read instead, the
     # L2 is left full of clean lines; none, warm
     buf = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
-    flushes = {"zeroed (do_bench's)": buf.zero_, "read": lambda: buf.sum(), "none": lambda: None}
-    flushed = {name: event_samples(launch, f) for name, f in flushes.items()}
+    flushes = {"zeroed (do_bench's)": buf.zero_, "read": buf.sum, "none": None}
+    flushed = {name: event_samples_us(launch, flush=f) for name, f in flushes.items()}
     if smi is not None:
         smi.terminate()
         smi.wait()
@@ -154,21 +152,14 @@ def main():
     print("\n| flush before each call | median us | mean us | mean of the middle 80% us |")
     print("|---|---|---|---|")
     for name, xs in flushed.items():
-        n = len(xs)
-        middle = xs[n // 10: n - n // 10]
-        print(f"| {name} | {xs[n // 2]:.2f} | {sum(xs) / n:.2f} | {sum(middle) / len(middle):.2f} |")
+        print(f"| {name} | {summary(xs)} |")
     print("\n| form | samples | median us | mean us | mean of the middle 80% us | most common values us (share) | "
           "device us |")
     print("|---|---|---|---|---|---|---|")
     for name, xs, dev in forms:
-        n = len(xs)
-        middle = xs[n // 10: n - n // 10]
-        values = {}
-        for x in xs:
-            values[round(x, 2)] = values.get(round(x, 2), 0) + 1
-        common = ", ".join(f"{v:.2f} ({c / n:.0%})" for v, c in sorted(values.items(), key=lambda kv: -kv[1])[:4])
-        print(f"| {name} | {n} | {xs[n // 2]:.2f} | {sum(xs) / n:.2f} | {sum(middle) / len(middle):.2f} | {common} | "
-              f"{dev:.2f} |")
+        common = Counter(round(x, 2) for x in xs).most_common(4)
+        print(f"| {name} | {len(xs)} | {summary(xs)} | "
+              f"{', '.join(f'{v:.2f} ({c / len(xs):.0%})' for v, c in common)} | {dev:.2f} |")
 
 
 if __name__ == "__main__":

@@ -337,6 +337,24 @@ def graphed_layers_us(B: int, T: int, parents, n: int, **plan_kw) -> float:
     return us
 
 
+def event_samples_us(fn, *, flush=None, repeats: int = 400) -> list[float]:
+    """Sorted us of fn() between two CUDA events, flush() (when given) before each: do_bench's loop with the flush
+    given, a spin kernel of 400k cycles (about 200 us on an H200) first so that the launches queue ahead of the start
+    event (20k left unflushed calls timing the host's launch: 25-34 us, benchmarks/RESULTS.md)."""
+    fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    for a, b in ev:
+        torch.cuda._sleep(400_000)
+        if flush is not None:
+            flush()
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return sorted(a.elapsed_time(b) * 1e3 for a, b in ev)
+
+
 def event_median_ms(fn, *, repeats: int = 20) -> float:
     """Median milliseconds of fn() between two CUDA events (the device idle before each call): a graph's replay
     alone, without the host's work around it."""
