@@ -86,7 +86,7 @@ def _gdn_wy_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False,
+    CHAINS: tl.constexpr = False, SLOTS: tl.constexpr = True,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -94,12 +94,13 @@ def _gdn_wy_kernel(
     # recurrent step and no reduction precede the products. 1: the solve's doubling steps count the root
     # (NSTEP covers chains one node longer); 2: the root's column of L is eliminated first (U += -L[:, 0] u_0, a
     # rank-one update), so NSTEP is the draft nodes' as for ROOT 0.
+    # SLOTS: the state at the pool row state_idx[i_b]; without (no state_indices given), at row i_b (h.slot_of).
     # RAW16 (bf16 q and k, compiled: the interpreter's bf16 products are wrong): the products by q and k take them
     # as read, their l2 norms applied to the products (plan_wy's note).
     if ROOT == 0:
         # the ancestor mask is read with wy_tile's reads, after them and before any reduction
         reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
-                           STATE_VK)
+                           STATE_VK, SLOTS)
         i_b, o_t = reads[0], reads[3]  # wy_reads' sequence and node offsets
         mt = o_t < T - 1
         anc = tl.load(mask + (i_b * T + 1 + o_t[:, None]).to(tl.int64) * T + 1 + o_t[None, :],
@@ -114,7 +115,7 @@ def _gdn_wy_kernel(
         neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
         mt = o_t < T
         rows = (i_b * T + o_t).to(tl.int64)
-        slot = tl.load(state_idx + i_b)
+        slot = h.slot_of(state_idx, i_b, SLOTS)
         # the state last: Triton moves it into shared memory for the products as soon as it is read (a barrier),
         # and a read after it would wait a round trip of its own
         draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
@@ -423,6 +424,6 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=C.state_vk(initial_state), ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
-              ROWNORM=FUSED_ROWNORM and raw16, CHAINS=FUSED_CHAINS and raw16,
+              ROWNORM=FUSED_ROWNORM and raw16, CHAINS=FUSED_CHAINS and raw16, SLOTS=state_indices is not None,
               num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

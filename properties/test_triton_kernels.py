@@ -25,15 +25,16 @@ def _dev(x):
     return x.to(DEVICE) if isinstance(x, torch.Tensor) else x
 
 
-def _long_example(T=20, seed=3, V=6):
-    """T above one 16-row block: a two-level tree with siblings and a deep chain."""
+def _long_example(T=20, seed=3, V=6, B=1):
+    """T above one 16-row block: a two-level tree with siblings and a deep chain (the same tree for each of B
+    sequences, their values apart)."""
     parents = [-1] + [0, 0, 1, 2] + list(range(4, 4 + T - 5))
-    ts = [Tree(parents, list(range(T)))]
+    ts = [Tree(parents, list(range(T)))] * B
     gen = torch.Generator().manual_seed(seed)
-    B, H, HV, K = 1, 2, 4, 5
+    H, HV, K = 2, 4, 5
     return dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
                 v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen) * 0.2,
-                beta=torch.rand(B, T, HV, generator=gen), parents=torch.tensor([parents]),
+                beta=torch.rand(B, T, HV, generator=gen), parents=torch.tensor([parents] * B),
                 initial_state=torch.randn(B, HV, K, V, generator=gen), trees=ts)
 
 
@@ -137,6 +138,34 @@ def test_the_one_kernel_form_with_the_root_in_its_block_matches_oracle(inp, mode
     assert_close(f"o (fused, root {placed}, raw16 {raw}, held {roots[0][2]}, rows' norms as read {roots[0][3]}, "
                  f"two chains {roots[0][4]}, {mode})", o, ref, dtype=dtype, slack=5)
     assert torch.equal(pool, before)
+
+
+@settings(max_examples=8)
+@given(gdn_inputs(max_batch=3, max_nodes=6), st.sampled_from(["exact", "leaky"]), st.sampled_from([0, 2]),
+       st.sampled_from(DTYPES), st.booleans())
+@example(_long_example(T=16, B=3), "exact", 2, torch.bfloat16, False)  # the root in the block, states by sequence
+@example(_long_example(T=16, B=3), "leaky", 2, torch.float32, True)  # the same through a slot table
+@example(_long_example(T=17, B=3), "exact", 0, torch.bfloat16, False)  # the root first (its own reads)
+@example(_long_example(T=17, B=2), "exact", 0, torch.float32, True)
+def test_the_one_kernel_form_reads_states_given_by_sequence_without_a_table(inp, mode, root, dtype, pooled):
+    """plan_wy's SLOTS: with no state_indices the one-kernel form reads sequence b's state at row b of
+    initial_state (no slot table read first: h.slot_of), with them through the table; either way equal to the oracle,
+    the states untouched, with the root in the block or first."""
+    from ddsim.gpu_backend import triton_gdn
+    got, bind = [], triton_gdn.bind
+    args = _cast(inp, dtype)
+    states = dict(zip(("initial_state", "state_indices"), _pool(inp))) if pooled else dict(
+        initial_state=_dev(inp["initial_state"]))
+    before = states["initial_state"].clone()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(triton_gdn, "FUSED_ROOT", root)
+        mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw: got.append(kw["SLOTS"]) or bind(kernel, grid, kw))
+        o = triton_gdn.gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), **states, mode=mode, design="fused")
+    ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
+    assert got == [pooled]
+    assert_close(f"o (fused, root {root}, states {'through slots' if pooled else 'by sequence'}, {mode})", o, ref,
+                 dtype=dtype, slack=5)
+    assert torch.equal(states["initial_state"], before)
 
 
 def test_the_one_kernel_form_takes_bf16_q_and_k_as_read_where_compiled():
