@@ -12,23 +12,29 @@ included), one GDN layer per call:
 build them once per step for every layer: plan_tree, plan_slots, plan_accepted)
   sglang flattened    the hybrid-unsafe path, for reference
   ddsim kernels alone the snapshot-free verify's kernels alone (the launch triton_gdn.plan_wy returns, its host work
-                      done once), the figure issue #36's bounds are set on, beside each bound
+                      done once, the states given by sequence: no slot table), the figure issue #36's bounds are set
+                      on, beside each bound, as the median of --calls do_bench calls (their range beside it)
+  ... through slots   the same with the states in a pool of 2 B rows read through a slot table (state_indices), as a
+                      server's pool is: the state's read waits on its slot's
 Each call is timed by do_bench (CUDA events around it, the L2 flushed before it); the last columns give the device
 time of the kernels themselves of SGLang's exact verify, ddsim's snapshot-free verify (engine_api: its gates fused in
 the kernel) and ddsim's kernels alone (torch.profiler's kernel records, without the launch latency and the host's
 time that do_bench's events take in).
 
     python benchmarks/bench_engine_api.py [--commit SHA] [--shapes 1x16,...,8x257] [--rownorm 0|1] [--fused-warps N]
+                                          [--calls 5]
         # needs CUDA and SGLang's kernel importable; trees above 65 nodes run ddsim's split WY form; --rownorm and
         # --fused-warps set the one-kernel form's triton_gdn.FUSED_ROWNORM and FUSED_WARPS (unset: their defaults)
 """
 import argparse
+import statistics
 import sys
 
 import torch
 
 from ddsim.bench.bench import (
     KERNEL_SHAPES,
+    calls_cell,
     copy_bandwidth,
     cuda_header,
     ddtree_batch,
@@ -38,6 +44,7 @@ from ddsim.bench.bench import (
     kernel_flops,
     kernel_inputs,
     median_us,
+    median_us_calls,
     parse_shapes,
 )
 from ddsim.engines import fused_gates
@@ -57,8 +64,11 @@ def main():
                     help="sequences x nodes, comma-separated")
     ap.add_argument("--rownorm", type=int, choices=(0, 1), help="triton_gdn.FUSED_ROWNORM (unset: its default)")
     ap.add_argument("--fused-warps", type=int, choices=(1, 2, 4, 8, 16), help="triton_gdn.FUSED_WARPS (unset: its default)")
+    ap.add_argument("--calls", type=int, default=5, help="do_bench calls for the kernels alone (their median)")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
+    if a.calls < 1:
+        ap.error(f"--calls: expected 1 or more, got {a.calls}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_engine_api: needs a CUDA device")
     if a.rownorm is not None:
@@ -80,9 +90,10 @@ def main():
           + "; the commit's floor: its slots' states read and written once")
     print("| B x T | sglang exact verify | + commit copy | ddsim drop-in (buffer) | ddsim snapshot-free verify | "
           "+ commit_accepted | sglang flattened | verify floor: bytes / FLOPs | commit floor | buffer MiB/layer | "
-          "ddsim snapshot-free verify: peak allocations MiB/layer (output + scratch) | ddsim kernels alone | #36 bound | "
-          "kernels' device time: sglang exact / ddsim snapshot-free verify / ddsim kernels alone |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          f"ddsim snapshot-free verify: peak allocations MiB/layer (output + scratch) | ddsim kernels alone "
+          f"(median of {a.calls} do_bench calls, range) | #36 bound | ddsim kernels alone, the states through slots | "
+          "kernels' device time: sglang exact / ddsim snapshot-free verify / ddsim kernels alone / through slots |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     dev = "cuda"
     for B, T in shapes:
         trees, parents = ddtree_batch(B, T)
@@ -133,22 +144,28 @@ def main():
         dd_verify()
         torch.cuda.synchronize()
         dd_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
-        alone, _ = plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents.to(dev),
-                           initial_state=inp["initial_state"], poison=False)
+        qkvgb = {n: inp[n] for n in ("q", "k", "v", "g", "beta")}
+        alone, _ = plan_wy(**qkvgb, parents=parents.to(dev), initial_state=inp["initial_state"], poison=False)
+        kpool = torch.randn(N, HV, K, V, device=dev)  # the same states in every other row of a pool
+        kpool[slots.long()] = inp["initial_state"]
+        slotted, _ = plan_wy(**qkvgb, parents=parents.to(dev), initial_state=kpool, state_indices=slots, poison=False)
         t = {name: median_us(fn) for name, fn in (("sg_exact", sg_exact), ("sg_commit", sg_commit),
                                               ("dd_dropin", dd_dropin), ("dd_verify", dd_verify),
-                                              ("dd_commit", dd_commit), ("sg_flat", sg_flat), ("dd_alone", alone))}
+                                              ("dd_commit", dd_commit), ("sg_flat", sg_flat))}
+        calls = {name: median_us_calls(fn, a.calls) for name, fn in (("dd_alone", alone), ("dd_slotted", slotted))}
+        alone_us = statistics.median(calls["dd_alone"])
         bound = BOUNDS.get((B, T))
-        verdict = "–" if bound is None else f"{bound:.0f} ({'met' if t['dd_alone'] <= bound else 'not met'})"
+        verdict = "–" if bound is None else f"{bound:.0f} ({'met' if alone_us <= bound else 'not met'})"
         try:
-            device = " / ".join(f"{kernel_device_us(fn):.1f}" for fn in (sg_exact, dd_verify, alone))
+            device = " / ".join(f"{kernel_device_us(fn):.1f}" for fn in (sg_exact, dd_verify, alone, slotted))
         except Exception as e:  # the profiler's records could not be told apart: said, not guessed
             device = f"– ({type(e).__name__}: {e})"
         nb, fl = kernel_bytes(B, T), kernel_flops(B, T)
         floor = f"{nb['wy'] / bw * 1e6:.1f} / " + (f"{fl['wy'] / rate * 1e6:.1f}" if rate else "–")
         print(f"| {B} x {T} | {t['sg_exact']:.1f} | {t['sg_commit']:.1f} | {t['dd_dropin']:.1f} | {t['dd_verify']:.1f} | "
               f"{t['dd_commit']:.1f} | {t['sg_flat']:.1f} | {floor} | {nb['commit'] / bw * 1e6:.1f} | "
-              f"{buf.numel() * 4 / 2**20:.1f} | {dd_mib:.1f} | {t['dd_alone']:.1f} | {verdict} | {device} |", flush=True)
+              f"{buf.numel() * 4 / 2**20:.1f} | {dd_mib:.1f} | {calls_cell(calls['dd_alone'])} | {verdict} | "
+              f"{calls_cell(calls['dd_slotted'])} | {device} |", flush=True)
         print(f"# after {B} x {T}, ddsim's replayed calls (gpu_backend.fastcall): {fastcall.stats()}", flush=True)
     print("times in microseconds per call, median of do_bench (CUDA events around the public call)")
 

@@ -1,5 +1,6 @@
 """Where the one-kernel WY form's time goes at one sequence (Qwen3.6-27B GDN shapes, bf16 inputs, DDTree trees):
-beside the form itself (plan_wy's launch, design auto), on its grid and warps,
+beside the form itself (plan_wy's launch, design auto, the states given by sequence; and through a pool's slot table,
+as a server's pool is read), on its grid and warps,
 
   reads           its reads alone, as it makes them (q, k, v, the gates, the ancestor mask, the slot, then the state
                   at the slot), each folded into the output so that none is dropped: the reads its products sit on
@@ -55,10 +56,7 @@ def _reads_kernel(q, k, v, g, beta, mask, state, state_idx, o, T,
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     mt = o_t < T
     rows = (i_b * T + o_t).to(tl.int64)
-    if SLOT:
-        slot = tl.load(state_idx + i_b)
-    else:
-        slot = i_b
+    slot = h.slot_of(state_idx, i_b, SLOT)
     b_q, b_k, b_v, raw_g, raw_b = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
     anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                   mask=mt[:, None] & mt[None, :], other=0)
@@ -227,9 +225,13 @@ def main():
         _, parents = ddtree_batch(B, T)
         inp = kernel_inputs(B, T, device="cuda")
 
-        def plan(x):
-            return plan_wy(**{n: x[n] for n in NAMES}, parents=parents.to("cuda"), initial_state=x["initial_state"],
-                           poison=False)
+        def plan(x, **states):
+            return plan_wy(**{n: x[n] for n in NAMES}, parents=parents.to("cuda"),
+                           **(states or dict(initial_state=x["initial_state"])), poison=False)
+
+        slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device="cuda")
+        pool = torch.randn(2 * B, *inp["initial_state"].shape[1:], device="cuda")  # the states in every other row
+        pool[slots.long()] = inp["initial_state"]
 
         try:
             for rownorm in rownorms:
@@ -248,6 +250,8 @@ def main():
                     print(row(f"{B} x {T}, empty", bind(_empty_kernel, grid, dict(o=kw["o"],
                                                                                   num_warps=kw["num_warps"]))),
                           flush=True)
+                    print(row(f"{name}, the states through slots", plan(inp, initial_state=pool,
+                                                                              state_indices=slots)[0]), flush=True)
                     far, keep = scattered(inp)
                     print(row(f"{name}, inputs scattered", plan(far)[0]), flush=True)
                     del keep

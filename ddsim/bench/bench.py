@@ -322,15 +322,22 @@ def graphed_us(launches: list, *, repeats: int = 20) -> float:
     return us
 
 
-def graphed_layers_us(B: int, T: int, parents, n: int, **plan_kw) -> float:
+def graphed_layers_us(B: int, T: int, parents, n: int, *, slots: bool = False, **plan_kw) -> float:
     """graphed_us of n layers' exact WY verifies at B x T (each layer its own inputs, seeded apart; one plan_wy each,
-    with ``plan_kw``), as a server's replayed verify runs a model's GDN layers."""
+    with ``plan_kw``), as a server's replayed verify runs a model's GDN layers; slots: each layer's states in a pool
+    of 2 B rows, read through a slot table (every other row), as a server's pool is."""
     from ddsim.gpu_backend.triton_gdn import plan_wy
     plans = []
     for i in range(n):
         li = kernel_inputs(B, T, device="cuda", seed=1 + i)
+        states = dict(initial_state=li["initial_state"])
+        if slots:
+            idx = torch.arange(0, 2 * B, 2, dtype=torch.int32, device="cuda")
+            pool = torch.zeros(2 * B, *li["initial_state"].shape[1:], device="cuda")
+            pool[idx.long()] = li["initial_state"]
+            states = dict(initial_state=pool, state_indices=idx)
         plans.append(plan_wy(**{k: li[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
-                             initial_state=li["initial_state"], poison=False, **plan_kw))
+                             poison=False, **states, **plan_kw))
     us = graphed_us([launch for launch, _ in plans])
     del plans
     torch.cuda.empty_cache()
@@ -385,6 +392,22 @@ def median_us(launch) -> float:
     """The kernel tables' timer in us: do_bench's median over 50 ms after 10 ms of warm-up, each call alone with
     the L2 flushed before it."""
     return _do_bench(launch) * 1e3
+
+
+def median_us_calls(launch, calls: int) -> list[float]:
+    """median_us over ``calls`` do_bench calls, sorted: each call's median sits on one of two levels about 0.6 us
+    apart at 1 x 16 on an H200, in no order (benchmarks/RESULTS.md, timer_warmup.py), so one call's is a draw of
+    the two and the median of several is the figure to hold a bound to."""
+    if calls < 1:
+        raise ValueError(f"calls: expected 1 or more, got {calls}")
+    return sorted(median_us(launch) for _ in range(calls))
+
+
+def calls_cell(times: list[float]) -> str:
+    """A table cell for median_us_calls' sorted times: their median, and their range where there are several."""
+    import statistics
+    mid = statistics.median(times)
+    return f"{mid:.1f}" if len(times) == 1 else f"{mid:.1f} ({times[0]:.1f}-{times[-1]:.1f})"
 
 
 def kernel_device_us(fn, *, repeats: int = 30, flush: bool = True) -> float:
