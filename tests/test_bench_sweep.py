@@ -173,3 +173,33 @@ def test_fused_floors_traced_copy_still_finds_each_probes_line_in_the_kernel():
     kernel = mod.traced_kernel()
     names = list(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
     assert names[names.index("o") + 1] == "trace"
+
+
+def test_bench_wy_root_refuses_bad_slots_and_calls_before_any_work():
+    """bench_wy_root.py --slots takes 0 and 1 (the states by sequence / through a slot table) and --calls 1 or more:
+    anything else is one line and exit 2, said before its CUDA check."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_wy_root.py"
+    for args, want in ((["--slots", "2"], "--slots '2': expected a comma-separated list from [0, 1]"),
+                       (["--calls", "0"], "--calls: expected 1 or more, got 0")):
+        r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.strip().splitlines()[-1].endswith(want), r.stderr
+        assert "needs a CUDA device" not in r.stderr
+
+
+def test_several_do_bench_calls_give_their_median_and_range(monkeypatch):
+    """bench.median_us_calls: one median_us per call, sorted; calls_cell prints their median (of an even count, the
+    middle two's mean) with the range, or the one figure alone; no calls is refused."""
+    from ddsim.bench import bench
+    times = iter([9.4, 8.3, 8.9, 9.5, 8.4])
+    monkeypatch.setattr(bench, "median_us", lambda launch: next(times))
+    got = bench.median_us_calls(lambda: None, 5)
+    assert got == [8.3, 8.4, 8.9, 9.4, 9.5]
+    assert bench.calls_cell(got) == "8.9 (8.3-9.5)"
+    assert bench.calls_cell([8.3, 8.4, 9.4, 9.5]) == "8.9 (8.3-9.5)"
+    assert bench.calls_cell([9.04]) == "9.0"
+    with pytest.raises(ValueError, match="calls: expected 1 or more"):
+        bench.median_us_calls(lambda: None, 0)
