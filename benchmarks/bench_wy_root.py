@@ -12,11 +12,13 @@ its state's use held behind its state-free products (triton_gdn.FUSED_HOLD, the 
 read (triton_gdn.FUSED_ROWNORM); --chains 0,1 with the state's products by its head and remainder accumulated in
 one chain of MMAs or two (triton_gdn.FUSED_CHAINS); --slots 0,1 with the states given by sequence (no slot table,
 plan_wy's SLOTS off) and in a pool of 2 B rows read through a slot table (state_indices, as a server's pool is);
---calls N times each row alone as the median of N do_bench calls (their range beside it).
+--calls N times each row alone as the median of N do_bench calls (their range beside it); --rounds N runs the whole
+sweep N times in the one process, rows of the same form apart in time (a figure that moves between processes or
+allocations shows its spread here, round by round).
 
     python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2]
                                        [--raw16 1,0] [--warps 4,8] [--block-v 64] [--hold 1] [--rownorm 0]
-                                       [--chains 0] [--slots 0] [--calls 1]
+                                       [--chains 0] [--slots 0] [--calls 1] [--rounds 1]
 """
 import argparse
 
@@ -58,52 +60,60 @@ def main():
     add_fused_sweep_options(ap, roots="0,1,2", raw16="1,0", warps="4,8", block_v="64")
     ap.add_argument("--slots", default="0", help="comma-separated, from [0, 1]: the states through a slot table")
     ap.add_argument("--calls", type=int, default=1, help="do_bench calls a row's time alone is the median of")
+    ap.add_argument("--rounds", type=int, default=1, help="times the whole sweep runs, one after the other")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
     sweep = fused_sweep_options(ap, a)
     slot_ways = int_list(ap, "--slots", a.slots, (0, 1))
-    if a.calls < 1:
-        ap.error(f"--calls: expected 1 or more, got {a.calls}")
+    for name in ("calls", "rounds"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name}: expected 1 or more, got {getattr(a, name)}")
     if a.layers < 1:
         ap.error(f"--layers: expected 1 or more, got {a.layers}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_root: needs a CUDA device")
     print(cuda_header(a.commit))
-    print(f"| B x T | form | products by q, k | states | warps | V tile | us (median of {a.calls} do_bench calls, range) | "
+    print(f"| round | B x T | form | products by q, k | states | warps | V tile | us (median of {a.calls} do_bench calls, range) | "
           f"device us | graphed, {a.layers} layers, us a layer | max abs diff to the first row | off the rounded oracle | "
           "registers |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for B, T in shapes:
-        _, parents = ddtree_batch(B, T)
-        inp = kernel_inputs(B, T, device="cuda")
-        common = dict(q=inp["q"], k=inp["k"], v=inp["v"], g=inp["g"], beta=inp["beta"],
-                      parents=parents.to("cuda"), initial_state=inp["initial_state"], poison=False)
-        slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device="cuda")
-        pool = torch.randn(2 * B, *inp["initial_state"].shape[1:], device="cuda")  # the states in every other row
-        pool[slots.long()] = inp["initial_state"]
-        states = {0: dict(initial_state=inp["initial_state"]), 1: dict(initial_state=pool, state_indices=slots)}
-        ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
-                                     initial_state=inp["initial_state"].cpu())
-        first = None
-        for root, raw16, hold, rownorm, chains, warps, bv in fused_root_sweep(**sweep):
-            if root and not triton_gdn.root_fits_block(T):
-                continue
-            kw = dict(design="fused", num_warps=warps, block_v=bv)
-            for way in slot_ways:
-                launch, o = plan_wy(**dict(common, **states[way]), **kw)
-                _, kernels = timed_resources(launch)
-                alone = median_us_calls(launch, a.calls)
-                device = kernel_device_us(launch)
-                launch()
-                torch.cuda.synchronize()
-                first = o.clone() if first is None else first
-                graphed = graphed_layers_us(B, T, parents, a.layers, slots=bool(way), **kw)
-                regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
-                form = ROOTS[root] + (f", {HOLD[int(hold)]}" if root == 2 else "")
-                products = RAW16[int(raw16)] + ROWNORM[int(rownorm)] + CHAINS[int(chains)]
-                print(f"| {B} x {T} | {form} | {products} | {STATES[way]} | {warps} | {bv} | {calls_cell(alone)} | "
-                      f"{device:.1f} | {graphed:.1f} | {(o.float() - first.float()).abs().max().item():.2e} | "
-                      f"{off_rounded(o, ref):.4f} | {regs} |", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for rnd in range(1, a.rounds + 1):
+        for B, T in shapes:
+            bench_shape(B, T, a, sweep, slot_ways, rnd)
+
+
+def bench_shape(B: int, T: int, a, sweep: dict, slot_ways: list, rnd: int):
+    """The sweep's rows at B x T (one round)."""
+    _, parents = ddtree_batch(B, T)
+    inp = kernel_inputs(B, T, device="cuda")
+    common = dict(q=inp["q"], k=inp["k"], v=inp["v"], g=inp["g"], beta=inp["beta"],
+                  parents=parents.to("cuda"), initial_state=inp["initial_state"], poison=False)
+    slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device="cuda")
+    pool = torch.randn(2 * B, *inp["initial_state"].shape[1:], device="cuda")  # the states in every other row
+    pool[slots.long()] = inp["initial_state"]
+    states = {0: dict(initial_state=inp["initial_state"]), 1: dict(initial_state=pool, state_indices=slots)}
+    ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
+                                 initial_state=inp["initial_state"].cpu())
+    first = None
+    for root, raw16, hold, rownorm, chains, warps, bv in fused_root_sweep(**sweep):
+        if root and not triton_gdn.root_fits_block(T):
+            continue
+        kw = dict(design="fused", num_warps=warps, block_v=bv)
+        for way in slot_ways:
+            launch, o = plan_wy(**dict(common, **states[way]), **kw)
+            _, kernels = timed_resources(launch)
+            alone = median_us_calls(launch, a.calls)
+            device = kernel_device_us(launch)
+            launch()
+            torch.cuda.synchronize()
+            first = o.clone() if first is None else first
+            graphed = graphed_layers_us(B, T, parents, a.layers, slots=bool(way), **kw)
+            regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
+            form = ROOTS[root] + (f", {HOLD[int(hold)]}" if root == 2 else "")
+            products = RAW16[int(raw16)] + ROWNORM[int(rownorm)] + CHAINS[int(chains)]
+            print(f"| {rnd} | {B} x {T} | {form} | {products} | {STATES[way]} | {warps} | {bv} | {calls_cell(alone)} | "
+                  f"{device:.1f} | {graphed:.1f} | {(o.float() - first.float()).abs().max().item():.2e} | "
+                  f"{off_rounded(o, ref):.4f} | {regs} |", flush=True)
 
 
 if __name__ == "__main__":
