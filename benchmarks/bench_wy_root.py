@@ -12,14 +12,13 @@ its state's use held behind its state-free products (triton_gdn.FUSED_HOLD, the 
 read (triton_gdn.FUSED_ROWNORM); --chains 0,1 with the state's products by its head and remainder accumulated in
 one chain of MMAs or two (triton_gdn.FUSED_CHAINS); --slots 0,1 with the states given by sequence (no slot table,
 plan_wy's SLOTS off) and in a pool of 2 B rows read through a slot table (state_indices, as a server's pool is);
---trans 0,1 with the products by the state, the solve and the output transposed (triton_gdn.FUSED_TRANS);
 --calls N times each row alone as the median of N do_bench calls (their range beside it); --rounds N runs the whole
 sweep N times in the one process, rows of the same form apart in time (a figure that moves between processes or
 allocations shows its spread here, round by round).
 
     python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2]
                                        [--raw16 1,0] [--warps 4,8] [--block-v 64] [--hold 1] [--rownorm 0]
-                                       [--chains 0] [--slots 0] [--trans 0] [--calls 1] [--rounds 1]
+                                       [--chains 0] [--slots 0] [--calls 1] [--rounds 1]
 """
 import argparse
 
@@ -51,7 +50,6 @@ HOLD = {1: "the state held (default)", 0: "the state not held"}
 ROWNORM = {1: ", rows' norms from the rows as read", 0: ""}
 CHAINS = {1: ", the state's products in two chains", 0: ""}
 STATES = {0: "by sequence", 1: "through slots"}
-TRANS = {1: ", transposed (V as rows)", 0: ""}
 
 
 def main():
@@ -61,14 +59,12 @@ def main():
     ap.add_argument("--layers", type=int, default=48)
     add_fused_sweep_options(ap, roots="0,1,2", raw16="1,0", warps="4,8", block_v="64")
     ap.add_argument("--slots", default="0", help="comma-separated, from [0, 1]: the states through a slot table")
-    ap.add_argument("--trans", default="0", help="comma-separated, from [0, 1]: triton_gdn.FUSED_TRANS")
     ap.add_argument("--calls", type=int, default=1, help="do_bench calls a row's time alone is the median of")
     ap.add_argument("--rounds", type=int, default=1, help="times the whole sweep runs, one after the other")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
     sweep = fused_sweep_options(ap, a)
     slot_ways = int_list(ap, "--slots", a.slots, (0, 1))
-    a.trans = int_list(ap, "--trans", a.trans, (0, 1))
     for name in ("calls", "rounds"):
         if getattr(a, name) < 1:
             ap.error(f"--{name}: expected 1 or more, got {getattr(a, name)}")
@@ -103,22 +99,18 @@ def bench_shape(B: int, T: int, a, sweep: dict, slot_ways: list, rnd: int):
         if root and not triton_gdn.root_fits_block(T):
             continue
         kw = dict(design="fused", num_warps=warps, block_v=bv)
-        for way, trans in ((w, t) for t in a.trans for w in slot_ways):
-            default, triton_gdn.FUSED_TRANS = triton_gdn.FUSED_TRANS, bool(trans)
-            try:
-                launch, o = plan_wy(**dict(common, **states[way]), **kw)
-                graphed = graphed_layers_us(B, T, parents, a.layers, slots=bool(way), **kw)
-            finally:
-                triton_gdn.FUSED_TRANS = default
+        for way in slot_ways:
+            launch, o = plan_wy(**dict(common, **states[way]), **kw)
             _, kernels = timed_resources(launch)
             alone = median_us_calls(launch, a.calls)
             device = kernel_device_us(launch)
             launch()
             torch.cuda.synchronize()
             first = o.clone() if first is None else first
+            graphed = graphed_layers_us(B, T, parents, a.layers, slots=bool(way), **kw)
             regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
             form = ROOTS[root] + (f", {HOLD[int(hold)]}" if root == 2 else "")
-            products = RAW16[int(raw16)] + ROWNORM[int(rownorm)] + CHAINS[int(chains)] + TRANS[trans]
+            products = RAW16[int(raw16)] + ROWNORM[int(rownorm)] + CHAINS[int(chains)]
             print(f"| {rnd} | {B} x {T} | {form} | {products} | {STATES[way]} | {warps} | {bv} | {calls_cell(alone)} | "
                   f"{device:.1f} | {graphed:.1f} | {(o.float() - first.float()).abs().max().item():.2e} | "
                   f"{off_rounded(o, ref):.4f} | {regs} |", flush=True)

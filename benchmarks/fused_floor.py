@@ -101,10 +101,10 @@ def row(name: str, fn) -> str:
 PROBES = (("K K^T, Q K^T", "after", "    # -L through D (0 off the ancestors): the mask stays in the layout it was read in "
            "(no conversion waits for it)\n", "QK", "BT", "BT"),
           ("-L, root's column out", "after", "        NL = tl.where(first[None, :], 0.0, NL)\n", "NL", "BT", "BT"),
-          ("K S0, Q S0", "before", "        U = b_beta[:, None] * (b_v - A_k[:, None] * KS)  # right-hand side\n", "KS + QS",
+          ("K S0, Q S0", "before", "    U = b_beta[:, None] * (b_v - A_k[:, None] * KS)  # right-hand side\n", "KS + QS",
            "BT", "BV"),
-          ("right-hand side", "after", "            U = U + c[:, None] * u0[None, :]\n", "U", "BT", "BV"),
-          ("solve", "before", "        b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)\n", "U", "BT",
+          ("right-hand side", "after", "        U = U + c[:, None] * u0[None, :]\n", "U", "BT", "BV"),
+          ("solve", "before", "    b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)\n", "U", "BT",
            "BV"))
 SLOTS = 1024  # trace entries per probe and program (a [BT, BV] tile at most)
 HELPERS = '''

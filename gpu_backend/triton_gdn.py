@@ -86,7 +86,7 @@ def _gdn_wy_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False, SLOTS: tl.constexpr = True, TRANS: tl.constexpr = False,
+    CHAINS: tl.constexpr = False, SLOTS: tl.constexpr = True,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -95,7 +95,6 @@ def _gdn_wy_kernel(
     # (NSTEP covers chains one node longer); 2: the root's column of L is eliminated first (U += -L[:, 0] u_0, a
     # rank-one update), so NSTEP is the draft nodes' as for ROOT 0.
     # SLOTS: the state at the pool row state_idx[i_b]; without (no state_indices given), at row i_b (h.slot_of).
-    # TRANS: the products by the state and the solve transposed, V their rows (FUSED_TRANS).
     # RAW16 (bf16 q and k, compiled: the interpreter's bf16 products are wrong): the products by q and k take them
     # as read, their l2 norms applied to the products (plan_wy's note).
     if ROOT == 0:
@@ -182,64 +181,35 @@ def _gdn_wy_kernel(
             # its sum takes no barrier): Triton moves the state into shared memory as soon as it is read (a barrier
             # that waits for it), so without a use that waits on c the state-free products wait for the state
             s0 = s0 * (tl.sum(c - c, 0) + 1.0)
-    if TRANS:  # every product by the state with V as its rows (M = BV, a warpgroup's MMA where BT is 16 rows):
-        # (K S0)^T = S0^T K^T [BV, BT], U^T [BV, BT], the solve U^T <- U^T + U^T N^T, o^T = (Q S0)^T + U^T (D . QK)^T
-        NLT = tl.trans(NL)  # [BT, BT]: its squares are N^(2^r)'s transposes
-        DQKT = tl.trans(D * QK)
-        if RAW16:
-            s_hi = s0.to(tl.bfloat16)
-            s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
-            kt, qt = tl.trans(k_raw), tl.trans(q_raw)  # [BK, BT] bf16
-            KS = tl.dot(tl.trans(s_hi), kt, tl.dot(tl.trans(s_lo), kt))  # [BV, BT], the rows' norms not applied
-            QS = tl.dot(tl.trans(s_hi), qt, tl.dot(tl.trans(s_lo), qt))
-            if not ROWNORM:
-                KS = KS * ik[None, :]
-                QS = QS * iq[None, :]
+    if RAW16:
+        s_hi = s0.to(tl.bfloat16)
+        s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
+        if CHAINS:  # the head's and the remainder's products accumulated apart (two chains of MMAs, not one)
+            KS = _apart(tl.dot(k_raw, s_hi)) + _apart(tl.dot(k_raw, s_lo))  # K S0 [BT, BV], its rows' norms not applied
+            QS = _apart(tl.dot(q_raw, s_hi)) + _apart(tl.dot(q_raw, s_lo))
         else:
-            KS = tl.dot(tl.trans(s0), tl.trans(b_k), input_precision=PRECISION)
-            QS = tl.dot(tl.trans(s0), tl.trans(b_qs), input_precision=PRECISION)
-        U = b_beta[None, :] * (tl.trans(b_v) - A_k[None, :] * KS)  # right-hand side, transposed
-        if ROOT == 2:
-            u0 = tl.sum(tl.where(first[None, :], U, 0.0), 1)  # [BV]
-            U = U + u0[:, None] * c[None, :]
-        if NSTEP > 0:
-            U = U + tl.dot(U, NLT, input_precision=PRECISION)
-        for _ in range(1, NSTEP):
-            NLT = tl.dot(NLT, NLT, input_precision=PRECISION)
-            U = U + tl.dot(U, NLT, input_precision=PRECISION)
-        b_o = A_q[None, :] * QS + tl.dot(U, DQKT, input_precision=PRECISION)  # [BV, BT]
-        tl.store(o + (rows[None, :] * HV + i_hv) * V + o_v[:, None], b_o.to(o.dtype.element_ty),
-                 mask=mt[None, :] & mv[:, None])
+            KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo))
+            QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo))
+        if not ROWNORM:  # else the rows' norms are in U's and the output's row factors
+            KS = KS * ik[:, None]
+            QS = QS * iq[:, None]
     else:
-        if RAW16:
-            s_hi = s0.to(tl.bfloat16)
-            s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
-            if CHAINS:  # the head's and the remainder's products accumulated apart (two chains of MMAs, not one)
-                KS = _apart(tl.dot(k_raw, s_hi)) + _apart(tl.dot(k_raw, s_lo))  # K S0 [BT, BV], its rows' norms not applied
-                QS = _apart(tl.dot(q_raw, s_hi)) + _apart(tl.dot(q_raw, s_lo))
-            else:
-                KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo))
-                QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo))
-            if not ROWNORM:  # else the rows' norms are in U's and the output's row factors
-                KS = KS * ik[:, None]
-                QS = QS * iq[:, None]
-        else:
-            KS = tl.dot(b_k, s0, input_precision=PRECISION)
-            QS = tl.dot(b_qs, s0, input_precision=PRECISION)
-        U = b_beta[:, None] * (b_v - A_k[:, None] * KS)  # right-hand side
-        if ROOT == 2:
-            u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
-            U = U + c[:, None] * u0[None, :]
-        # U <- (I + N^(2^r)) U for r < NSTEP: U = sum_n (-L)^n RHS. The first step outside the loop, so that the last
-        # step squares nothing it does not use (N^(2^NSTEP) is 0)
-        if NSTEP > 0:
-            U = U + tl.dot(NL, U, input_precision=PRECISION)
-        for _ in range(1, NSTEP):
-            NL = tl.dot(NL, NL, input_precision=PRECISION)
-            U = U + tl.dot(NL, U, input_precision=PRECISION)
-        b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)
-        tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
-                 mask=mt[:, None] & mv[None, :])
+        KS = tl.dot(b_k, s0, input_precision=PRECISION)
+        QS = tl.dot(b_qs, s0, input_precision=PRECISION)
+    U = b_beta[:, None] * (b_v - A_k[:, None] * KS)  # right-hand side
+    if ROOT == 2:
+        u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
+        U = U + c[:, None] * u0[None, :]
+    # U <- (I + N^(2^r)) U for r < NSTEP: U = sum_n (-L)^n RHS. The first step outside the loop, so that the last
+    # step squares nothing it does not use (N^(2^NSTEP) is 0)
+    if NSTEP > 0:
+        U = U + tl.dot(NL, U, input_precision=PRECISION)
+    for _ in range(1, NSTEP):
+        NL = tl.dot(NL, NL, input_precision=PRECISION)
+        U = U + tl.dot(NL, U, input_precision=PRECISION)
+    b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)
+    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=mt[:, None] & mv[None, :])
 
 
 # Whether the one-kernel form puts the root in its block where the whole tree fits one (T <= BT; design auto takes
@@ -284,9 +254,6 @@ FUSED_ROWNORM = False
 # long (CHAINS; kept apart by an identity Triton cannot see into, _apart). On the H200 (bench_wy_root.py --chains)
 # 5.8 us device time against 5.9 at 1 x 16, 6.5 against 6.6 root first at 1 x 17: within the spread, off.
 FUSED_CHAINS = False
-# Whether the one-kernel form makes its products by the state, its solve and its output transposed, with V as their
-# rows (TRANS: a 64-wide V tile is a warpgroup's 64 rows, where BT is 16), the state's two chains not taken with it.
-FUSED_TRANS = False
 # The one-kernel form's warps where plan_wy is given none (None: 4 for a 16-row block with the root first, else 8);
 # benchmarks set it (bench_engine_api.py --fused-warps).
 FUSED_WARPS = None
@@ -457,7 +424,6 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=C.state_vk(initial_state), ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
-              ROWNORM=FUSED_ROWNORM and raw16, CHAINS=FUSED_CHAINS and raw16 and not FUSED_TRANS,
-              SLOTS=state_indices is not None, TRANS=FUSED_TRANS,
+              ROWNORM=FUSED_ROWNORM and raw16, CHAINS=FUSED_CHAINS and raw16, SLOTS=state_indices is not None,
               num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o
