@@ -12,10 +12,10 @@ included), one GDN layer per call:
 build them once per step for every layer: plan_tree, plan_slots, plan_accepted)
   sglang flattened    the hybrid-unsafe path, for reference
   ddsim kernels alone the snapshot-free verify's kernels alone (the launch triton_gdn.plan_wy returns, its host work
-                      done once, the states given by sequence: no slot table), the figure issue #36's bounds are set
+                      done once, the states given by sequence: no state_indices), the figure issue #36's bounds are set
                       on, beside each bound, as the median of --calls do_bench calls (their range beside it)
   ... through slots   the same with the states in a pool of 2 B rows read through a slot table (state_indices), as a
-                      server's pool is: the state's read waits on its slot's
+                      server's pool is
 Each call is timed by do_bench (CUDA events around it, the L2 flushed before it); the last columns give the device
 time of the kernels themselves of SGLang's exact verify, ddsim's snapshot-free verify (engine_api: its gates fused in
 the kernel) and ddsim's kernels alone (torch.profiler's kernel records, without the launch latency and the host's

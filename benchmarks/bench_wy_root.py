@@ -10,8 +10,8 @@ share of entries that differ: ddsim.bench.bench.off_rounded). --hold 1,0 times t
 its state's use held behind its state-free products (triton_gdn.FUSED_HOLD, the default) and without it; --rownorm
 0,1 times the forms with q and k as read with the rows' norms from the products' diagonals and summed from the rows as
 read (triton_gdn.FUSED_ROWNORM); --chains 0,1 with the state's products by its head and remainder accumulated in
-one chain of MMAs or two (triton_gdn.FUSED_CHAINS); --slots 0,1 with the states given by sequence (no slot table,
-plan_wy's SLOTS off) and in a pool of 2 B rows read through a slot table (state_indices, as a server's pool is);
+one chain of MMAs or two (triton_gdn.FUSED_CHAINS); --slots 0,1 with the states given by sequence (initial_state of B
+rows, no state_indices) and in a pool of 2 B rows read through a slot table (state_indices, as a server's pool is);
 --calls N times each row alone as the median of N do_bench calls (their range beside it); --rounds N runs the whole
 sweep N times in the one process, rows of the same form apart in time (a figure that moves between processes or
 allocations shows its spread here, round by round).

@@ -56,7 +56,10 @@ def _reads_kernel(q, k, v, g, beta, mask, state, state_idx, o, T,
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     mt = o_t < T
     rows = (i_b * T + o_t).to(tl.int64)
-    slot = h.slot_of(state_idx, i_b, SLOT)
+    if SLOT:
+        slot = tl.load(state_idx + i_b)
+    else:
+        slot = i_b
     b_q, b_k, b_v, raw_g, raw_b = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
     anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                   mask=mt[:, None] & mt[None, :], other=0)
@@ -208,7 +211,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x9")
-    ap.add_argument("--rownorm", default="0", help="the form's FUSED_ROWNORM, comma-separated, from [0, 1]")
+    ap.add_argument("--rownorm", default="1", help="the form's FUSED_ROWNORM, comma-separated, from [0, 1]")
     ap.add_argument("--floor", default="1", choices=("0", "1"), help="1: the reads, empty and scattered rows too")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)

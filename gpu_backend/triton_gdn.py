@@ -86,7 +86,7 @@ def _gdn_wy_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False, SLOTS: tl.constexpr = True,
+    CHAINS: tl.constexpr = False,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -94,13 +94,12 @@ def _gdn_wy_kernel(
     # recurrent step and no reduction precede the products. 1: the solve's doubling steps count the root
     # (NSTEP covers chains one node longer); 2: the root's column of L is eliminated first (U += -L[:, 0] u_0, a
     # rank-one update), so NSTEP is the draft nodes' as for ROOT 0.
-    # SLOTS: the state at the pool row state_idx[i_b]; without (no state_indices given), at row i_b (h.slot_of).
     # RAW16 (bf16 q and k, compiled: the interpreter's bf16 products are wrong): the products by q and k take them
     # as read, their l2 norms applied to the products (plan_wy's note).
     if ROOT == 0:
         # the ancestor mask is read with wy_tile's reads, after them and before any reduction
         reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
-                           STATE_VK, SLOTS)
+                           STATE_VK)
         i_b, o_t = reads[0], reads[3]  # wy_reads' sequence and node offsets
         mt = o_t < T - 1
         anc = tl.load(mask + (i_b * T + 1 + o_t[:, None]).to(tl.int64) * T + 1 + o_t[None, :],
@@ -115,7 +114,9 @@ def _gdn_wy_kernel(
         neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
         mt = o_t < T
         rows = (i_b * T + o_t).to(tl.int64)
-        slot = h.slot_of(state_idx, i_b, SLOTS)
+        slot = tl.load(state_idx + i_b)  # read through the table even where it is the identity (no state_indices):
+        # the state's read waits for it, so q and k, first used, arrive sooner (RESULTS.md: 5.3 us of device time
+        # against 5.5 with the state at row i_b, 1 x 16, 4 warps, the rows' norms as read)
         # the state last: Triton moves it into shared memory for the products as soon as it is read (a barrier),
         # and a read after it would wait a round trip of its own
         draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
@@ -219,8 +220,9 @@ def _gdn_wy_kernel(
 # eliminated first) 9.7 us alone and 6.0 a layer in a graph of 48, against 9.9 / 6.6 root first (4 warps) and 11.4 /
 # 7.5 root first at 8 warps, the default before; 1 (the solve one doubling step longer at DDTree's depth 2) 10.9 / 6.7.
 # The one-kernel form over a 16-row block with the root first takes 4 warps (root first: 9.9 against 11.4 us at
-# 1 x 16; 6.6 against 7.4 us device time at 1 x 17 with RAW16), with the root in it 8 (with RAW16 9.7 / 6.2 us device
-# time at 1 x 16 against 10.1 / 7.0 with 4), larger blocks 8.
+# 1 x 16; 6.6 against 7.4 us device time at 1 x 17 with RAW16), with the root in it 8 before its state's use was held
+# and its rows' norms taken as read (with RAW16 9.7 / 6.2 us device time at 1 x 16 against 10.1 / 7.0 with 4), 4 since
+# (FUSED_WARPS' note), larger blocks 8.
 # A form 3 that used the state only after the value-independent half (the solve on -L alone, with or without the
 # output's weights folded) measured slower (6.9-7.6 us device time against 2's 6.1-6.4 at 1 x 16) and was removed: its
 # longer chain of products and barriers cost more than the state's read it hid (FUSED_HOLD, which hides the read
@@ -245,17 +247,19 @@ FUSED_HOLD = True
 # and D's rows (the output's products), where otherwise they come from the diagonals of K K^T and Q Q^T, two
 # cross-warp reductions and a product (ROWNORM; its columns' norms come from K K^T's diagonal either way). Compiled
 # for sm_90 at 1 x 16 (8 warps) 30 barriers and 60 MMAs against 32 and 68, the state first used after 14-15 barriers
-# against 18-19. On the H200 (RESULTS.md, bench_wy_root.py --rownorm) 5.7-5.8 us device time against 5.9 at 8 warps,
-# 5.2-5.3 at 4 warps in two runs but 6.0 in the kernel table's run with 4 warps (bench_engine_api.py --rownorm 1
-# --fused-warps 4); root first at 1 x 17 6.8 against 6.6: off, the gain not robust.
-FUSED_ROWNORM = False
+# against 18-19. On the H200 (RESULTS.md, bench_wy_root.py --rownorm --rounds) at 1 x 16 with 4 warps 5.3 us of device
+# time against 5.8-5.9 in each of six rounds in one process and in the kernel table's script (5.2-5.6 against
+# 5.8-6.0), where at 8 warps 5.6-5.8 against 5.8 (one table run at f89c626 had read 6.0 at 4 warps); root first
+# (1 x 17) 6.5 against 6.4 (6.8 against 6.6 before): taken with the root in the block only.
+FUSED_ROWNORM = True
 # Whether the one-kernel form with q and k as read accumulates its state's products by the state's bf16 head and
 # remainder apart, two chains of MMAs each as long as K's steps, where Triton folds their sum into one chain twice as
 # long (CHAINS; kept apart by an identity Triton cannot see into, _apart). On the H200 (bench_wy_root.py --chains)
 # 5.8 us device time against 5.9 at 1 x 16, 6.5 against 6.6 root first at 1 x 17: within the spread, off.
 FUSED_CHAINS = False
-# The one-kernel form's warps where plan_wy is given none (None: 4 for a 16-row block with the root first, else 8);
-# benchmarks set it (bench_engine_api.py --fused-warps).
+# The one-kernel form's warps where plan_wy is given none (None: 4 for a 16-row block, 8 for larger ones); benchmarks
+# set it (bench_engine_api.py --fused-warps). With the root in the block and its rows' norms as read 4 warps took
+# 5.3 us of device time at 1 x 16 against 5.6-5.8 at 8; without the norms as read 5.8-5.9 either way (RESULTS.md).
 FUSED_WARPS = None
 
 
@@ -413,8 +417,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     root = FUSED_ROOT if root_fits_block(T) else 0
-    # 4 warps for a 16-row block with the root first, 8 with the root in it and for larger blocks (FUSED_ROOT's note)
-    block_v, num_warps = block_v or 64, num_warps or FUSED_WARPS or (4 if BT == 16 and not root else 8)
+    # 4 warps for a 16-row block, 8 for larger blocks (FUSED_WARPS' and FUSED_ROOT's notes)
+    block_v, num_warps = block_v or 64, num_warps or FUSED_WARPS or (4 if BT == 16 else 8)
     BV = min(block_v, max(16, C.next_pow2(V, 1)))
     raw16 = FUSED_RAW16 and q.dtype == k.dtype == torch.bfloat16 and not C.interpreting()
     if root == 1:  # the root's chain is one node longer: powers of -L up to the depth
@@ -424,6 +428,6 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=C.state_vk(initial_state), ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
-              ROWNORM=FUSED_ROWNORM and raw16, CHAINS=FUSED_CHAINS and raw16, SLOTS=state_indices is not None,
+              ROWNORM=FUSED_ROWNORM and raw16 and root != 0, CHAINS=FUSED_CHAINS and raw16,
               num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

@@ -179,24 +179,11 @@ def wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k
 
 
 @triton.jit
-def slot_of(state_idx, i_b, SLOTS: tl.constexpr):
-    """The pool row holding sequence i_b's state: state_idx's entry [B] int32 (SLOTS), else i_b itself (the states
-    laid by sequence, no table: the state's read then waits on no other read's value, one memory round trip where the
-    table's read makes two)."""
-    if SLOTS:
-        slot = tl.load(state_idx + i_b)
-    else:
-        slot = i_b
-    return slot
-
-
-@triton.jit
 def root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v, mk, mv, H: tl.constexpr,
-               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, STATE_VK: tl.constexpr, SLOTS: tl.constexpr = True):
-    """wy_root's reads, issued together (the state's after its pool slot's: two round trips in all, one without a
-    table, slot_of): the root's q, k [BK] and v [BV] rows in their own dtype, its raw gates, and the committed state
-    tile [BK, BV]."""
-    slot = slot_of(state_idx, i_b, SLOTS)
+               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, STATE_VK: tl.constexpr):
+    """wy_root's reads, issued together (the state's after its pool slot's: two round trips in all): the root's
+    q, k [BK] and v [BV] rows in their own dtype, its raw gates, and the committed state tile [BK, BV]."""
+    slot = tl.load(state_idx + i_b)
     q0 = raw_rows(q, r0, i_h, o_k, mk, H, K)
     k0 = raw_rows(k, r0, i_h, o_k, mk, H, K)
     v0 = raw_rows(v, r0, i_hv, o_v, mv, HV, V)
@@ -235,7 +222,7 @@ def wy_tile(q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H: 
 @triton.jit
 def wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H: tl.constexpr, HV: tl.constexpr,
              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-             FUSED: tl.constexpr, STATE_VK: tl.constexpr, SLOTS: tl.constexpr = True):
+             FUSED: tl.constexpr, STATE_VK: tl.constexpr):
     """wy_tile's reads, every one issued before any arithmetic that reduces (a reduction is a barrier, and a read
     issued after one waits a memory round trip of its own): one round trip, and a second for the state behind its
     pool slot, where reading the root, then the rows, took five in the one-kernel form at 1 x 16 (compiled for
@@ -248,7 +235,7 @@ def wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H: tl.conste
     mt = o_t < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
     q0, k0, v0, raw_g0, raw_b0, s0 = root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v,
-                                                 mk, mv, H, HV, K, V, STATE_VK, SLOTS)
+                                                 mk, mv, H, HV, K, V, STATE_VK)
     return (i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, r0, mt, rows, q0, k0, v0, raw_g0, raw_b0, s0,
             draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V))
 

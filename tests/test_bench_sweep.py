@@ -101,7 +101,7 @@ def test_the_fused_sweep_options_parse_in_the_sweeps_order_or_are_refused_with_o
     ap = argparse.ArgumentParser(prog="bench")
     add_fused_sweep_options(ap, roots="0,2", raw16="1,0", warps="4", block_v="64")
     assert fused_sweep_options(ap, ap.parse_args([])) == dict(roots=[0, 2], warps=[4], block_vs=[64],
-                                                              raw16s=[True, False], holds=[True], rownorms=[False],
+                                                              raw16s=[True, False], holds=[True], rownorms=[True],
                                                               chains=[False])
     assert fused_sweep_options(ap, ap.parse_args(["--roots", "1", "--raw16", "0", "--warps", "8,16", "--block-v", "32",
                                                   "--hold", "1,0", "--rownorm", "1,0", "--chains", "1"])) == dict(
@@ -128,15 +128,17 @@ def test_the_fused_root_sweep_sets_each_root_raw16_hold_and_rownorm_while_it_run
                     (0, False, 4, 64, 0, False), (2, True, 4, 32, 2, True), (2, True, 4, 64, 2, True),
                     (2, False, 4, 32, 2, False), (2, False, 4, 64, 2, False)]
     assert tuple(getattr(triton_gdn, f) for f in flags) == default
-    assert [x[:5] for x in fused_root_sweep((1,), (4,), (64,))] == [(1, True, False, False, False)]  # raw16 alone
+    assert [x[:5] for x in fused_root_sweep((1,), (4,), (64,))] == [(1, True, False, True, False)]  # the defaults
     # the hold is swept for the root's place 2 only (plan_wy holds nothing elsewhere), held unless told
     held = [(f.root, f.hold, triton_gdn.FUSED_HOLD) for f in fused_root_sweep((0, 2), (4,), (64,), holds=(True, False))]
     assert held == [(0, False, False), (2, True, True), (2, False, False)]
     assert [f.hold for f in fused_root_sweep((2,), (4,), (64,))] == [True]
-    # the rows' norms are swept with q and k as read only (plan_wy's ROWNORM needs RAW16), set while each runs
-    normed = [(f.raw16, f.rownorm, triton_gdn.FUSED_ROWNORM)
-              for f in fused_root_sweep((2,), (4,), (64,), (True, False), rownorms=(False, True))]
-    assert normed == [(True, False, False), (True, True, True), (False, False, False)]
+    # the rows' norms are swept with q and k as read and the root in the block only (plan_wy's ROWNORM needs RAW16
+    # and takes the norms as read nowhere else), set while each runs
+    normed = [(f.root, f.raw16, f.rownorm, triton_gdn.FUSED_ROWNORM)
+              for f in fused_root_sweep((0, 2), (4,), (64,), (True, False), rownorms=(False, True))]
+    assert normed == [(0, True, False, False), (0, False, False, False), (2, True, False, False), (2, True, True, True),
+                      (2, False, False, False)]
     chained = [(f.raw16, f.chains, triton_gdn.FUSED_CHAINS)
                for f in fused_root_sweep((0,), (4,), (64,), (True, False), chains=(True, False))]
     assert chained == [(True, True, True), (True, False, False), (False, False, False)]

@@ -117,7 +117,8 @@ def int_list(ap, name: str, text: str, allowed) -> list[int]:
 # The one-kernel WY form's sweep options (bench_wy_root.py, first_use.py) and the values each may take: the root's
 # place (triton_gdn.FUSED_ROOT), q and k as read or l2-normed (FUSED_RAW16, 1 / 0), warps, V tiles, the state's use
 # held behind its state-free products or not (FUSED_HOLD, 1 / 0: the root's place 2 only), the rows' norms of q and k
-# summed from the rows as read or from the products' diagonals (FUSED_ROWNORM, 1 / 0: q and k as read only), and the
+# summed from the rows as read or from the products' diagonals (FUSED_ROWNORM, 1 / 0: q and k as read with the root in
+# the block only), and the
 # state's products by its head and remainder accumulated apart or in one chain (FUSED_CHAINS, 1 / 0: likewise)
 FUSED_SWEEP = {"--roots": (0, 1, 2), "--raw16": (0, 1), "--warps": (1, 2, 4, 8, 16), "--block-v": (16, 32, 64, 128),
                "--hold": (0, 1), "--rownorm": (0, 1), "--chains": (0, 1)}
@@ -135,7 +136,7 @@ class FusedForm(NamedTuple):
 
 
 def add_fused_sweep_options(ap, *, roots: str, raw16: str, warps: str, block_v: str, hold: str = "1",
-                            rownorm: str = "0", chains: str = "0"):
+                            rownorm: str = "1", chains: str = "0"):
     """FUSED_SWEEP's options on ``ap``, each a comma-separated list with the default given."""
     for name, default in zip(FUSED_SWEEP, (roots, raw16, warps, block_v, hold, rownorm, chains)):
         ap.add_argument(name, default=default, help=f"comma-separated, from {list(FUSED_SWEEP[name])}")
@@ -154,20 +155,20 @@ def fused_sweep_options(ap, a) -> dict:
 _FLAGS = ("FUSED_ROOT", "FUSED_RAW16", "FUSED_HOLD", "FUSED_ROWNORM", "FUSED_CHAINS")
 
 
-def fused_root_sweep(roots, warps, block_vs, raw16s=(True,), holds=(True,), rownorms=(False,), chains=(False,)):
+def fused_root_sweep(roots, warps, block_vs, raw16s=(True,), holds=(True,), rownorms=(True,), chains=(False,)):
     """FusedForm over every combination, triton_gdn.FUSED_ROOT, FUSED_RAW16, FUSED_HOLD, FUSED_ROWNORM and
     FUSED_CHAINS set to the form's while it runs (restored after): the one-kernel WY form's places for the root, its
     products by q and k as read or l2-normed, its state's use held or not, its rows' norms from the rows as read or
     not and its state's products in two chains or one, side by side. The hold applies to the root's place 2 only
-    (plan_wy's HOLD), the rows' norms and the chains to q and k as read only (ROWNORM, CHAINS): elsewhere each is
-    swept once, False."""
+    (plan_wy's HOLD), the rows' norms to q and k as read with the root in the block (ROWNORM) and the chains to q and k
+    as read (CHAINS): elsewhere each is swept once, False."""
     from ddsim.gpu_backend import triton_gdn
     old = tuple(getattr(triton_gdn, f) for f in _FLAGS)
     try:
         for root in roots:
             for raw16 in raw16s:
                 for hold in (holds if root == 2 else (False,)):
-                    for rownorm in (rownorms if raw16 else (False,)):
+                    for rownorm in (rownorms if raw16 and root else (False,)):
                         for chain in (chains if raw16 else (False,)):
                             for f, value in zip(_FLAGS, (root, raw16, hold, rownorm, chain)):
                                 setattr(triton_gdn, f, value)
