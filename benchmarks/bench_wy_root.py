@@ -17,7 +17,7 @@ sweep N times in the one process, rows of the same form apart in time (a figure 
 allocations shows its spread here, round by round).
 
     python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2]
-                                       [--raw16 1,0] [--warps 4,8] [--block-v 64] [--hold 1] [--rownorm 0]
+                                       [--raw16 1,0] [--warps 4,8] [--block-v 64] [--hold 1] [--rownorm 1]
                                        [--chains 0] [--slots 0] [--calls 1] [--rounds 1]
 """
 import argparse

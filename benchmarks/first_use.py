@@ -14,7 +14,7 @@ and stack (spills). The kernel is compiled with NSTEP as a runtime value (its do
 specializes NSTEP = 1 (DDTree's trees at 16 nodes) into a constant.
 
     python benchmarks/first_use.py [--commit SHA] [--shape 1x16] [--roots 0,2] [--raw16 1,0] [--warps 4] [--block-v 64]
-                                   [--hold 1] [--rownorm 0] [--chains 0]
+                                   [--hold 1] [--rownorm 1] [--chains 0]
 """
 import argparse
 import os
