@@ -248,9 +248,10 @@ FUSED_HOLD = True
 # cross-warp reductions and a product (ROWNORM; its columns' norms come from K K^T's diagonal either way). Compiled
 # for sm_90 at 1 x 16 (8 warps) 30 barriers and 60 MMAs against 32 and 68, the state first used after 14-15 barriers
 # against 18-19. On the H200 (RESULTS.md, bench_wy_root.py --rownorm --rounds) at 1 x 16 with 4 warps 5.3 us of device
-# time against 5.8-5.9 in each of six rounds in one process and in the kernel table's script (5.2-5.6 against
-# 5.8-6.0), where at 8 warps 5.6-5.8 against 5.8 (one table run at f89c626 had read 6.0 at 4 warps); root first
-# (1 x 17) 6.5 against 6.4 (6.8 against 6.6 before): taken with the root in the block only.
+# time through a pool's slots and 5.5-5.6 by sequence, against 5.8-6.0 with the diagonals' norms, in each of three
+# rounds in one process, and 5.2-5.6 against 5.8-6.0 in the kernel table's script; at 8 warps 5.6-5.8 against 5.8
+# (one table run at f89c626 had read 6.0 at 4 warps); root first (1 x 17) 6.5 against 6.4 (6.8 against 6.6 before):
+# taken with the root in the block only.
 FUSED_ROWNORM = True
 # Whether the one-kernel form with q and k as read accumulates its state's products by the state's bf16 head and
 # remainder apart, two chains of MMAs each as long as K's steps, where Triton folds their sum into one chain twice as

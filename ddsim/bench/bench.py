@@ -118,8 +118,8 @@ def int_list(ap, name: str, text: str, allowed) -> list[int]:
 # place (triton_gdn.FUSED_ROOT), q and k as read or l2-normed (FUSED_RAW16, 1 / 0), warps, V tiles, the state's use
 # held behind its state-free products or not (FUSED_HOLD, 1 / 0: the root's place 2 only), the rows' norms of q and k
 # summed from the rows as read or from the products' diagonals (FUSED_ROWNORM, 1 / 0: q and k as read with the root in
-# the block only), and the
-# state's products by its head and remainder accumulated apart or in one chain (FUSED_CHAINS, 1 / 0: likewise)
+# the block only), and the state's products by its head and remainder accumulated apart or in one chain (FUSED_CHAINS,
+# 1 / 0: q and k as read only)
 FUSED_SWEEP = {"--roots": (0, 1, 2), "--raw16": (0, 1), "--warps": (1, 2, 4, 8, 16), "--block-v": (16, 32, 64, 128),
                "--hold": (0, 1), "--rownorm": (0, 1), "--chains": (0, 1)}
 
