@@ -6,6 +6,7 @@ as a server's pool is read), on its grid and warps,
                   at the slot), each folded into the output so that none is dropped: the reads its products sit on
   reads, no slot  the same with the state at the sequence's own row (no read waits on another's value)
   empty           a kernel that reads and writes nothing: the timer's own cost for a launch on this grid
+  stores only     a kernel that stores the form's output tiles and reads nothing: what the stores add to it
 
 each on do_bench's timer (the L2 flushed before each call), the profiler's device time with the L2 flushed and
 without (warm: the calls apart by a 4-byte zero alone), and CUDA events around each call without the flush (a spin
@@ -75,6 +76,17 @@ def _reads_kernel(q, k, v, g, beta, mask, state, state_idx, o, T,
 @triton.jit
 def _empty_kernel(o):
     pass
+
+
+@triton.jit
+def _stores_kernel(o, T, H: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+    # the form's output tile [BT, BV] stored (zeros), nothing read: what its stores add after the flush
+    i_v, i_b, i_hv, _ = h.head_coords(H, HV)
+    o_t = tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    rows = (i_b * T + o_t).to(tl.int64)
+    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], tl.zeros([BT, BV], o.dtype.element_ty),
+             mask=(o_t < T)[:, None] & (o_v < V)[None, :])
 
 
 def warm_events_us(fn, *, repeats: int = 200) -> float:
@@ -253,6 +265,8 @@ def main():
                     print(row(f"{B} x {T}, empty", bind(_empty_kernel, grid, dict(o=kw["o"],
                                                                                   num_warps=kw["num_warps"]))),
                           flush=True)
+                    stores = {n: kw[n] for n in ("o", "H", "HV", "V", "BT", "BV", "num_warps")}
+                    print(row(f"{B} x {T}, stores only", bind(_stores_kernel, grid, dict(stores, T=T))), flush=True)
                     print(row(f"{name}, the states through slots", plan(inp, initial_state=pool,
                                                                               state_indices=slots)[0]), flush=True)
                     far, keep = scattered(inp)

@@ -8,12 +8,16 @@ device time. Phases, each after the one before:
   idle, warm-up  after the same pause, do_bench with --warmup-ms of warm-up calls instead of 10
   idle, spun     after the same pause, --spin-ms of the launch back to back first, then bench.median_us
 
+then placements: the launch planned anew --placements times, each plan's output allocated past a filler of a further
+1 MiB + 64 KiB, three readings each (whether the two levels follow where the output lies); each reading names where
+do_bench's 256 MiB flush buffer lay (MiB from the first reading's), whether the levels follow that;
 then the same launch between CUDA events with the L2 flushed as do_bench flushes it (zeroing 256 MiB), by reading
 256 MiB, and not at all; then every sample of one do_bench call (CUDA events' resolution shows in them) for each way of the one-kernel form
 with q and k as read (triton_gdn.FUSED_ROWNORM, FUSED_CHAINS): its median, mean, the mean of its middle 80%, the most
 common values, beside the form's device time.
 
     python benchmarks/timer_warmup.py [--commit SHA] [--shape 1x16] [--idle 3] [--warmup-ms 250] [--spin-ms 500]
+                                      [--placements 8]
         # the launch: design auto's, as the kernel table's "ddsim kernels alone"
 """
 import argparse
@@ -61,6 +65,23 @@ def summary(xs: list[float]) -> str:
     return f"{xs[n // 2]:.2f} | {sum(xs) / n:.2f} | {sum(middle) / len(middle):.2f}"
 
 
+def watch_flush_buffer():
+    """Wrap Triton's driver's get_empty_cache_for_benchmark (the buffer do_bench zeroes before each call) so that the
+    address of the last one handed out can be read: returns a function giving it (None before any)."""
+    import triton
+    driver = triton.runtime.driver.active
+    got = {"at": None}
+    make = driver.get_empty_cache_for_benchmark
+
+    def watched():
+        buf = make()
+        got["at"] = buf.data_ptr()
+        return buf
+
+    driver.get_empty_cache_for_benchmark = watched
+    return lambda: got["at"]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
@@ -68,12 +89,13 @@ def main():
     ap.add_argument("--idle", type=float, default=3.0)
     ap.add_argument("--warmup-ms", type=int, default=250)
     ap.add_argument("--spin-ms", type=int, default=500)
+    ap.add_argument("--placements", type=int, default=8)
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shape)
     if len(shapes) != 1:
         ap.error(f"--shape: expected one shape, got {a.shape!r}")
-    if a.idle < 0 or a.warmup_ms < 1 or a.spin_ms < 1:
-        ap.error("--idle: expected 0 or more seconds; --warmup-ms, --spin-ms: 1 or more")
+    if a.idle < 0 or a.warmup_ms < 1 or a.spin_ms < 1 or a.placements < 0:
+        ap.error("--idle: expected 0 or more seconds; --warmup-ms, --spin-ms: 1 or more; --placements: 0 or more")
     if not torch.cuda.is_available():
         raise SystemExit("timer_warmup: needs a CUDA device")
     (B, T), = shapes
@@ -93,11 +115,12 @@ def main():
     launch()
     torch.cuda.synchronize()
     rows = []
+    flush_at = watch_flush_buffer()
 
     def reading(phase: str, timer):
         start = time.time()
         us = timer()
-        rows.append((phase, time.time() - t0, us, start, time.time()))
+        rows.append((phase, time.time() - t0, us, start, time.time(), flush_at()))
 
     def do_bench_warm():
         import triton.testing
@@ -124,6 +147,16 @@ def main():
     for _ in range(6):
         reading(f"after {a.idle:g} s idle, {a.spin_ms} ms of calls first", lambda: median_us(launch))
     device = kernel_device_us(launch)
+    keep = []
+    for i in range(a.placements):  # the output past a filler a further 1 MiB + 64 KiB long each time
+        keep.append(torch.empty((i + 1) * (2**20 + 2**16), dtype=torch.uint8, device="cuda"))
+        placed, o = plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents.to("cuda"),
+                            initial_state=inp["initial_state"], poison=False)
+        keep.append(o)
+        placed()
+        for _ in range(3):
+            reading(f"placement {i + 1}, the output at {o.data_ptr() % 2**30 / 2**20:.3f} MiB mod 1 GiB",
+                    lambda: median_us(placed))
     forms = []  # every sample of one do_bench per way of the one-kernel form with q and k as read
     import triton.testing
 
@@ -144,10 +177,13 @@ def main():
         smi.wait()
     log.seek(0)
     text = log.read()
-    print("| phase | s since the first reading | do_bench us | SM clock MHz while it ran (samples) |")
-    print("|---|---|---|---|")
-    for phase, since, us, start, end in rows:
-        print(f"| {phase} | {since:.2f} | {us:.2f} | {sm_clocks(text, start, end)} |")
+    print("| phase | s since the first reading | do_bench us | SM clock MHz while it ran (samples) | "
+          "do_bench's flush buffer at, MiB from the first reading's |")
+    print("|---|---|---|---|---|")
+    first = rows[0][5]
+    for phase, since, us, start, end, at in rows:
+        where = "–" if at is None or first is None else f"{(at - first) / 2**20:+.0f}"
+        print(f"| {phase} | {since:.2f} | {us:.2f} | {sm_clocks(text, start, end)} | {where} |")
     print(f"# the launch's device time after the phases (bench.kernel_device_us): {device:.2f} us")
     print("\n| flush before each call | median us | mean us | mean of the middle 80% us |")
     print("|---|---|---|---|")

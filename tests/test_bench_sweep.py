@@ -205,3 +205,39 @@ def test_several_do_bench_calls_give_their_median_and_range(monkeypatch):
     assert bench.calls_cell([9.04]) == "9.0"
     with pytest.raises(ValueError, match="calls: expected 1 or more"):
         bench.median_us_calls(lambda: None, 0)
+
+
+def test_timer_warmups_watch_reads_where_do_bench_put_its_flush_buffer():
+    """benchmarks/timer_warmup.py's watch_flush_buffer wraps the active Triton driver's get_empty_cache_for_benchmark
+    (what do_bench calls for its 256 MiB flush buffer) and reads back the address of the last buffer handed out; here
+    with a stand-in driver (no GPU)."""
+    import importlib.util
+    from pathlib import Path
+
+    import triton
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "timer_warmup.py"
+    spec = importlib.util.spec_from_file_location("timer_warmup", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    class Driver:
+        def __init__(self):
+            self.made = []
+
+        def get_empty_cache_for_benchmark(self):
+            self.made.append(torch.empty(4 + len(self.made)))
+            return self.made[-1]
+
+    config = triton.runtime.driver
+    before = config._active
+    fake = Driver()
+    config.set_active(fake)
+    try:
+        at = mod.watch_flush_buffer()
+        assert at() is None
+        first = triton.runtime.driver.active.get_empty_cache_for_benchmark()
+        assert at() == first.data_ptr()
+        second = triton.runtime.driver.active.get_empty_cache_for_benchmark()
+        assert at() == second.data_ptr() and len(fake.made) == 2
+    finally:
+        config._active = before
