@@ -46,6 +46,7 @@ from ddsim.bench.bench import (
     median_us,
     median_us_calls,
     parse_shapes,
+    slotted_pool,
 )
 from ddsim.engines import fused_gates
 from ddsim.engines.sglang import _kernel
@@ -146,9 +147,8 @@ def main():
         dd_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
         qkvgb = {n: inp[n] for n in ("q", "k", "v", "g", "beta")}
         alone, _ = plan_wy(**qkvgb, parents=parents.to(dev), initial_state=inp["initial_state"], poison=False)
-        kpool = torch.randn(N, HV, K, V, device=dev)  # the same states in every other row of a pool
-        kpool[slots.long()] = inp["initial_state"]
-        slotted, _ = plan_wy(**qkvgb, parents=parents.to(dev), initial_state=kpool, state_indices=slots, poison=False)
+        kpool, kslots = slotted_pool(inp["initial_state"])  # the same states in every other row of a pool
+        slotted, _ = plan_wy(**qkvgb, parents=parents.to(dev), initial_state=kpool, state_indices=kslots, poison=False)
         t = {name: median_us(fn) for name, fn in (("sg_exact", sg_exact), ("sg_commit", sg_commit),
                                               ("dd_dropin", dd_dropin), ("dd_verify", dd_verify),
                                               ("dd_commit", dd_commit), ("sg_flat", sg_flat))}

@@ -39,6 +39,7 @@ from ddsim.bench.bench import (
     median_us_calls,
     off_rounded,
     parse_shapes,
+    slotted_pool,
     timed_resources,
 )
 from ddsim.gpu_backend import triton_gdn
@@ -88,9 +89,7 @@ def bench_shape(B: int, T: int, a, sweep: dict, slot_ways: list, rnd: int):
     inp = kernel_inputs(B, T, device="cuda")
     common = dict(q=inp["q"], k=inp["k"], v=inp["v"], g=inp["g"], beta=inp["beta"],
                   parents=parents.to("cuda"), initial_state=inp["initial_state"], poison=False)
-    slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device="cuda")
-    pool = torch.randn(2 * B, *inp["initial_state"].shape[1:], device="cuda")  # the states in every other row
-    pool[slots.long()] = inp["initial_state"]
+    pool, slots = slotted_pool(inp["initial_state"])
     states = {0: dict(initial_state=inp["initial_state"]), 1: dict(initial_state=pool, state_indices=slots)}
     ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())

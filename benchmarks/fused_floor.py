@@ -39,6 +39,7 @@ from ddsim.bench.bench import (
     kernel_inputs,
     median_us,
     parse_shapes,
+    slotted_pool,
 )
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
@@ -244,9 +245,7 @@ def main():
             return plan_wy(**{n: x[n] for n in NAMES}, parents=parents.to("cuda"),
                            **(states or dict(initial_state=x["initial_state"])), poison=False)
 
-        slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device="cuda")
-        pool = torch.randn(2 * B, *inp["initial_state"].shape[1:], device="cuda")  # the states in every other row
-        pool[slots.long()] = inp["initial_state"]
+        pool, slots = slotted_pool(inp["initial_state"])
 
         try:
             for rownorm in rownorms:

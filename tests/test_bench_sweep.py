@@ -241,3 +241,15 @@ def test_timer_warmups_watch_reads_where_do_bench_put_its_flush_buffer():
         assert at() == second.data_ptr() and len(fake.made) == 2
     finally:
         config._active = before
+
+
+def test_a_slotted_pool_holds_each_state_at_its_slot_and_others_between():
+    """bench.slotted_pool: B states in a pool of 2 B rows at slots 0, 2, 4 ... (int32, on the states' device), the
+    rows between random (not a copy of a state, so that a kernel reading a row it was not given shows it)."""
+    from ddsim.bench.bench import slotted_pool
+    states = torch.randn(3, 2, 4, 5)
+    pool, slots = slotted_pool(states)
+    assert pool.shape == (6, 2, 4, 5) and pool.dtype == states.dtype
+    assert slots.dtype == torch.int32 and slots.tolist() == [0, 2, 4]
+    assert torch.equal(pool[slots.long()], states)
+    assert all(not torch.equal(pool[r], states[b]) for r in (1, 3, 5) for b in range(3))

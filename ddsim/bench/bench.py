@@ -323,6 +323,17 @@ def graphed_us(launches: list, *, repeats: int = 20) -> float:
     return us
 
 
+def slotted_pool(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pool, slots): a pool of 2 B rows [2 B, ...] fp32 holding the B committed states [B, ...] at every other row
+    (random values between, so that a kernel reading a row it was not given shows it) and the slots [B] int32 of them,
+    as a server's pool is read through state_indices."""
+    B = states.shape[0]
+    slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=states.device)
+    pool = torch.randn(2 * B, *states.shape[1:], dtype=states.dtype, device=states.device)
+    pool[slots.long()] = states
+    return pool, slots
+
+
 def graphed_layers_us(B: int, T: int, parents, n: int, *, slots: bool = False, **plan_kw) -> float:
     """graphed_us of n layers' exact WY verifies at B x T (each layer its own inputs, seeded apart; one plan_wy each,
     with ``plan_kw``), as a server's replayed verify runs a model's GDN layers; slots: each layer's states in a pool
@@ -333,10 +344,7 @@ def graphed_layers_us(B: int, T: int, parents, n: int, *, slots: bool = False, *
         li = kernel_inputs(B, T, device="cuda", seed=1 + i)
         states = dict(initial_state=li["initial_state"])
         if slots:
-            idx = torch.arange(0, 2 * B, 2, dtype=torch.int32, device="cuda")
-            pool = torch.zeros(2 * B, *li["initial_state"].shape[1:], device="cuda")
-            pool[idx.long()] = li["initial_state"]
-            states = dict(initial_state=pool, state_indices=idx)
+            states = dict(zip(("initial_state", "state_indices"), slotted_pool(li["initial_state"])))
         plans.append(plan_wy(**{k: li[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
                              poison=False, **states, **plan_kw))
     us = graphed_us([launch for launch, _ in plans])
