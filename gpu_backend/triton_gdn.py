@@ -261,6 +261,9 @@ FUSED_CHAINS = False
 # The one-kernel form's warps where plan_wy is given none (None: 4 for a 16-row block, 8 for larger ones); benchmarks
 # set it (bench_engine_api.py --fused-warps). With the root in the block and its rows' norms as read 4 warps took
 # 5.3 us of device time at 1 x 16 against 5.6-5.8 at 8; without the norms as read 5.8-5.9 either way (RESULTS.md).
+# Through engine_api (a pool in SGLang's layout, the gates fused) the form took 5.8 us at 8 warps with the norms from
+# the diagonals against 6.2 at 4 and 6.3 at 4 with the norms as read, in four runs: with the root in the block a pool
+# in that layout keeps 8 warps and the diagonals' norms (plan_wy).
 FUSED_WARPS = None
 
 
@@ -419,8 +422,12 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     root = FUSED_ROOT if root_fits_block(T) else 0
+    vk = C.state_vk(initial_state)
+    # with the root in the block, a pool in SGLang's layout (vk) keeps the form's defaults of before the rows' norms as
+    # read: 8 warps, the norms from the diagonals (FUSED_WARPS' note)
+    sglang_layout = root != 0 and vk
     # 4 warps for a 16-row block, 8 for larger blocks (FUSED_WARPS' and FUSED_ROOT's notes)
-    block_v, num_warps = block_v or 64, num_warps or FUSED_WARPS or (4 if BT == 16 else 8)
+    block_v, num_warps = block_v or 64, num_warps or FUSED_WARPS or (4 if BT == 16 and not sglang_layout else 8)
     BV = min(block_v, max(16, C.next_pow2(V, 1)))
     raw16 = FUSED_RAW16 and q.dtype == k.dtype == torch.bfloat16 and not C.interpreting()
     if root == 1:  # the root's chain is one node longer: powers of -L up to the depth
@@ -429,7 +436,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
-              STATE_VK=C.state_vk(initial_state), ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
-              ROWNORM=FUSED_ROWNORM and raw16 and root != 0, CHAINS=FUSED_CHAINS and raw16,
+              STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
+              ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
               num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

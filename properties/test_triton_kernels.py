@@ -170,7 +170,8 @@ def test_the_one_kernel_form_takes_bf16_q_and_k_as_read_where_compiled():
     read (RAW16) unless FUSED_RAW16 is off; other dtypes, and the interpreter (whose bf16 products are wrong), take
     them l2-normed in fp32. 4 warps for the 16-row block; with the root in it (T <= 16) its state's use held
     (FUSED_HOLD) and its rows' norms taken from the rows as read (FUSED_ROWNORM), neither with the root first (T = 17);
-    the state's products in one chain (FUSED_CHAINS off): the defaults, pinned here."""
+    the state's products in one chain (FUSED_CHAINS off): the defaults, pinned here. A pool in SGLang's layout with
+    the root in the block takes 8 warps and the norms from the products' diagonals."""
     from ddsim.gpu_backend import triton_gdn
     for T, root, warps in ((16, 2, 4), (17, 0, 4)):
         inp = _long_example(T=T)
@@ -188,6 +189,19 @@ def test_the_one_kernel_form_takes_bf16_q_and_k_as_read_where_compiled():
                                    parents=inp["parents"], initial_state=inp["initial_state"], design="fused")
             assert [(kw["ROOT"], kw["RAW16"], kw["num_warps"], kw["HOLD"], kw["ROWNORM"], kw["CHAINS"]) for kw in got] == [
                 (root, want, warps, root == 2, want and root == 2, False)], (T, dtype, switch, compiled)
+        # a pool in SGLang's layout (the transpose of a contiguous [N, HV, V, K] pool): with the root in the block, 8
+        # warps and the rows' norms from the products' diagonals; root first as any pool
+        got = []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(C, "interpreting", lambda: False)
+            mp.setattr(C, "check_device", lambda *xs: None)
+            mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw: got.append(kw) or (lambda: None))
+            triton_gdn.plan_wy(**{n: inp[n].to(torch.bfloat16) if n in "qkv" else inp[n] for n in ("q", "k", "v", "g",
+                                                                                                   "beta")},
+                               parents=inp["parents"], design="fused",
+                               initial_state=inp["initial_state"].transpose(-1, -2).contiguous().transpose(-1, -2))
+        assert [(kw["ROOT"], kw["RAW16"], kw["num_warps"], kw["HOLD"], kw["ROWNORM"], kw["STATE_VK"]) for kw in got] == [
+            (root, True, 8 if root else 4, root == 2, False, True)], T
 
 
 def test_the_one_kernel_forms_warps_follow_fused_warps_where_none_are_given():
