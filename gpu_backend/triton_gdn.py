@@ -358,8 +358,9 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     program per head that made them, one kernel; "auto" takes what measured fastest on the H200
     (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (9.0 us at 1x16, 5.4 of device time,
     the root in the block, 4 warps, bf16 q, k into the products as read, their rows' norms from the rows as read and
-    the state's use held behind its state-free products: FUSED_ROOT, FUSED_RAW16, FUSED_ROWNORM, FUSED_HOLD; head
-    10.8-14.9), else head
+    the state's use held behind its state-free products: FUSED_ROOT, FUSED_RAW16, FUSED_ROWNORM, FUSED_HOLD; 8 warps
+    and the norms from the products' diagonals with a pool in SGLang's layout, 5.8 us of device time through engine_api
+    against 6.3; head 10.8-14.9), else head
     with bf16x3 products, a program per head and V tile
     (18.6 us against split's 29.1 alone at 1x65, 15.0 against 24.6 a layer in a graph of 48; a program per head
     had taken 26.1 alone but the graphed 27B verify 0.3-0.4 ms longer in place), split with other products; for
