@@ -2,11 +2,35 @@
 a stand-in timer: the best configuration per case, a configuration that fails skipped and said so, a
 case with none left dropped, floors and bandwidths from the byte counts; and one real Mamba2 plan
 launched through it in Triton's interpreter (the wiring the CUDA tables use)."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from ddsim.bench.bench import sweep, table_lines
 from ddsim.bench.bench_mamba2 import mamba2_bytes, mamba2_inputs
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _benchmark(name: str):
+    """benchmarks/<name>.py imported as a module (nothing of it run but its definitions)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _refused_before_any_work(script: str, args: list, want: str):
+    """benchmarks/<script> with ``args``: exit 2, its last line of stderr ending with ``want``, said before its CUDA
+    check (so here, on a machine without a GPU)."""
+    r = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, (args, r.stderr)
+    assert r.stderr.strip().splitlines()[-1].endswith(want), r.stderr
+    assert "needs a CUDA device" not in r.stderr
 
 
 def test_sweep_picks_the_best_configuration_and_skips_failures(capsys):
@@ -150,15 +174,9 @@ def test_the_fused_root_sweep_sets_each_root_raw16_hold_and_rownorm_while_it_run
 def test_bench_wy_root_refuses_a_hold_it_does_not_know_before_any_work():
     """bench_wy_root.py --hold (FUSED_SWEEP's) takes 0 and 1 (triton_gdn.FUSED_HOLD off / on): anything else is one
     line and exit 2, said before its CUDA check (so here, on a machine without a GPU)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_wy_root.py"
     for bad in ("2", "0,x", ""):
-        r = subprocess.run([sys.executable, str(script), "--hold", bad], capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2, (bad, r.stderr)
-        assert r.stderr.strip().splitlines()[-1].endswith(f"--hold {bad!r}: expected a comma-separated list from [0, 1]")
-        assert "needs a CUDA device" not in r.stderr
+        _refused_before_any_work("bench_wy_root.py", ["--hold", bad],
+                                 f"--hold {bad!r}: expected a comma-separated list from [0, 1]")
 
 
 def test_fused_floors_traced_copy_still_finds_each_probes_line_in_the_kernel():
@@ -166,13 +184,7 @@ def test_fused_floors_traced_copy_still_finds_each_probes_line_in_the_kernel():
     source; an edit of the kernel that moves one of those lines would leave the script refusing to run on the GPU.
     Here (no GPU: the copy is made and imported, not compiled) every probe's line is found once and the copy takes
     the trace pointer."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fused_floor.py"
-    spec = importlib.util.spec_from_file_location("fused_floor", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    kernel = mod.traced_kernel()
+    kernel = _benchmark("fused_floor").traced_kernel()
     names = list(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
     assert names[names.index("o") + 1] == "trace"
 
@@ -180,16 +192,9 @@ def test_fused_floors_traced_copy_still_finds_each_probes_line_in_the_kernel():
 def test_bench_wy_root_refuses_bad_slots_and_calls_before_any_work():
     """bench_wy_root.py --slots takes 0 and 1 (the states by sequence / through a slot table) and --calls 1 or more:
     anything else is one line and exit 2, said before its CUDA check."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_wy_root.py"
     for args, want in ((["--slots", "2"], "--slots '2': expected a comma-separated list from [0, 1]"),
                        (["--calls", "0"], "--calls: expected 1 or more, got 0")):
-        r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2, (args, r.stderr)
-        assert r.stderr.strip().splitlines()[-1].endswith(want), r.stderr
-        assert "needs a CUDA device" not in r.stderr
+        _refused_before_any_work("bench_wy_root.py", args, want)
 
 
 def test_several_do_bench_calls_give_their_median_and_range(monkeypatch):
@@ -211,14 +216,8 @@ def test_timer_warmups_watch_reads_where_do_bench_put_its_flush_buffer():
     """benchmarks/timer_warmup.py's watch_flush_buffer wraps the active Triton driver's get_empty_cache_for_benchmark
     (what do_bench calls for its 256 MiB flush buffer) and reads back the address of the last buffer handed out; here
     with a stand-in driver (no GPU)."""
-    import importlib.util
-    from pathlib import Path
-
     import triton
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "timer_warmup.py"
-    spec = importlib.util.spec_from_file_location("timer_warmup", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark("timer_warmup")
 
     class Driver:
         def __init__(self):
