@@ -252,3 +252,10 @@ def test_a_slotted_pool_holds_each_state_at_its_slot_and_others_between():
     assert slots.dtype == torch.int32 and slots.tolist() == [0, 2, 4]
     assert torch.equal(pool[slots.long()], states)
     assert all(not torch.equal(pool[r], states[b]) for r in (1, 3, 5) for b in range(3))
+
+
+def test_the_kernel_table_and_the_timer_probe_refuse_bad_counts_before_any_work():
+    """bench_engine_api.py --calls and timer_warmup.py --placements: a count out of range is one line and exit 2,
+    said before the CUDA check."""
+    _refused_before_any_work("bench_engine_api.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")
+    _refused_before_any_work("timer_warmup.py", ["--placements", "-1"], "--placements: 0 or more")
