@@ -10,10 +10,7 @@ share of entries that differ: ddsim.bench.bench.off_rounded). --hold 1,0 times t
 its state's use held behind its state-free products (triton_gdn.FUSED_HOLD, the default) and without it; --rownorm
 0,1 times the forms with q and k as read with the rows' norms from the products' diagonals and summed from the rows as
 read (triton_gdn.FUSED_ROWNORM); --chains 0,1 with the state's products by its head and remainder accumulated in
-one chain of MMAs or two (triton_gdn.FUSED_CHAINS); --fence 0,1 with its reads before a barrier and the slot's
-and the state's after it, or the slot read first (triton_gdn.FUSED_FENCE); --split 0,1 with the state split into
-its bf16 head and remainder by conversions or by its bits (triton_gdn.FUSED_SPLIT); --slots 0,1 with the states
-given by sequence (initial_state of B
+one chain of MMAs or two (triton_gdn.FUSED_CHAINS); --slots 0,1 with the states given by sequence (initial_state of B
 rows, no state_indices) and in a pool of 2 B rows read through a slot table (state_indices, as a server's pool is);
 --calls N times each row alone as the median of N do_bench calls (their range beside it); --rounds N runs the whole
 sweep N times in the one process, rows of the same form apart in time (a figure that moves between processes or
@@ -21,7 +18,7 @@ allocations shows its spread here, round by round).
 
     python benchmarks/bench_wy_root.py [--commit SHA] [--shapes 1x16,1x9,2x16] [--layers 48] [--roots 0,1,2]
                                        [--raw16 1,0] [--warps 4,8] [--block-v 64] [--hold 1] [--rownorm 1]
-                                       [--chains 0] [--fence 0] [--split 0] [--slots 0] [--calls 1] [--rounds 1]
+                                       [--chains 0] [--slots 0] [--calls 1] [--rounds 1]
 """
 import argparse
 
@@ -53,8 +50,6 @@ RAW16 = {1: "q, k as read (default)", 0: "q, k l2-normed, bf16x3"}
 HOLD = {1: "the state held (default)", 0: "the state not held"}
 ROWNORM = {1: ", rows' norms from the rows as read", 0: ""}
 CHAINS = {1: ", the state's products in two chains", 0: ""}
-FENCE = {1: ", the reads fenced from the slot's and the state's", 0: ""}
-SPLIT = {1: ", the state split by its bits", 0: ""}
 STATES = {0: "by sequence", 1: "through slots"}
 
 
@@ -99,7 +94,7 @@ def bench_shape(B: int, T: int, a, sweep: dict, slot_ways: list, rnd: int):
     ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
     first = None
-    for root, raw16, hold, rownorm, chains, fence, split, warps, bv in fused_root_sweep(**sweep):
+    for root, raw16, hold, rownorm, chains, warps, bv in fused_root_sweep(**sweep):
         if root and not triton_gdn.root_fits_block(T):
             continue
         kw = dict(design="fused", num_warps=warps, block_v=bv)
@@ -114,7 +109,7 @@ def bench_shape(B: int, T: int, a, sweep: dict, slot_ways: list, rnd: int):
             graphed = graphed_layers_us(B, T, parents, a.layers, slots=bool(way), **kw)
             regs = "; ".join(f"{c['regs']} regs, {c['spills']} spilled" for c in kernels)
             form = ROOTS[root] + (f", {HOLD[int(hold)]}" if root == 2 else "")
-            products = RAW16[int(raw16)] + ROWNORM[int(rownorm)] + CHAINS[int(chains)] + FENCE[int(fence)] + SPLIT[int(split)]
+            products = RAW16[int(raw16)] + ROWNORM[int(rownorm)] + CHAINS[int(chains)]
             print(f"| {rnd} | {B} x {T} | {form} | {products} | {STATES[way]} | {warps} | {bv} | {calls_cell(alone)} | "
                   f"{device:.1f} | {graphed:.1f} | {(o.float() - first.float()).abs().max().item():.2e} | "
                   f"{off_rounded(o, ref):.4f} | {regs} |", flush=True)

@@ -51,10 +51,9 @@ def main():
     sweep = fused_sweep_options(ap, a)
     print(f"# {time.strftime('%Y-%m-%d')} | compiled for sm_90 on the CPU | triton {triton.__version__} | "
           f"commit {a.commit} | {B} x {T}, bf16 inputs, Qwen3.6-27B GDN shapes")
-    print("| FUSED_ROOT | FUSED_RAW16 | FUSED_HOLD | FUSED_ROWNORM | FUSED_CHAINS | FUSED_FENCE | warps | V tile | "
-          "instructions | "
+    print("| FUSED_ROOT | FUSED_RAW16 | FUSED_HOLD | FUSED_ROWNORM | FUSED_CHAINS | warps | V tile | instructions | "
           "barriers | MMAs | registers | stack B | 128-bit reads by where first used: (barriers, MMAs before it) x count |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for *_, warps, bv in fused_root_sweep(**sweep):
         (kernel, kw), = G.launches(B, T, torch.bfloat16, "fused", block_v=bv, num_warps=warps)
         ck = G.compile_for(kernel, kw)
@@ -62,7 +61,7 @@ def main():
         reg, stack = re.search(r"REG:(\d+)", res).group(1), re.search(r"STACK:(\d+)", res).group(1)
         found = G.first_uses(ins)
         order = sorted(w for w in found if w != "never") + (["never"] if "never" in found else [])
-        flags = " | ".join(str(int(kw[f])) for f in ("ROOT", "RAW16", "HOLD", "ROWNORM", "CHAINS", "FENCE"))
+        flags = " | ".join(str(int(kw[f])) for f in ("ROOT", "RAW16", "HOLD", "ROWNORM", "CHAINS"))
         print(f"| {flags} | {warps} | {bv} | {len(ins)} | "
               f"{sum('BAR.SYNC' in x for x in ins)} | {sum(map(G.is_mma, ins))} | {reg} | {stack} | "
               f"{', '.join(f'{w} x {found[w]}' for w in order)} |", flush=True)

@@ -86,7 +86,7 @@ def _gdn_wy_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False, FENCE: tl.constexpr = False, SPLIT: tl.constexpr = False,
+    CHAINS: tl.constexpr = False,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -114,20 +114,14 @@ def _gdn_wy_kernel(
         neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
         mt = o_t < T
         rows = (i_b * T + o_t).to(tl.int64)
-        if not FENCE:
-            slot = tl.load(state_idx + i_b)  # read through the table even where it is the identity (no
-            # state_indices): the state's read waits for it, so q and k, first used, arrive sooner (RESULTS.md: 5.3 us
-            # of device time against 5.5 with the state at row i_b, 1 x 16, 4 warps, the rows' norms as read)
+        slot = tl.load(state_idx + i_b)  # read through the table even where it is the identity (no state_indices):
+        # the state's read waits for it, so q and k, first used, arrive sooner (RESULTS.md: 5.3 us of device time
+        # against 5.5 with the state at row i_b, 1 x 16, 4 warps, the rows' norms as read)
         # the state last: Triton moves it into shared memory for the products as soon as it is read (a barrier),
         # and a read after it would wait a round trip of its own
         draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
         anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
-        if FENCE:  # a barrier between the reads and the slot's, which ptxas does not move a read across: every read
-            # but the state's is issued before anything waits on one (without it ptxas puts the first uses of the
-            # mask, the gates and the slot among the reads, and the reads after them wait a round trip for those)
-            tl.debug_barrier()
-            slot = tl.load(state_idx + i_b)
         s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
                      other=0.0)
         b_q, b_k, b_v, b_g, b_beta = h.draft_values(draft, mt, neg_A, bias, FUSED, L2NORM)
@@ -187,22 +181,10 @@ def _gdn_wy_kernel(
         if HOLD:  # s0 * 1 once c is made (x - x + 1: 1 for finite x, NaN after a NaN; c's rows lie in every warp, so
             # its sum takes no barrier): Triton moves the state into shared memory as soon as it is read (a barrier
             # that waits for it), so without a use that waits on c the state-free products wait for the state
-            if SPLIT and RAW16:
-                held = tl.sum(c - c, 0).to(tl.uint32)
-            else:
-                s0 = s0 * (tl.sum(c - c, 0) + 1.0)
+            s0 = s0 * (tl.sum(c - c, 0) + 1.0)
     if RAW16:
-        if SPLIT:
-            if HOLD:
-                top = (s0.to(tl.uint32, bitcast=True) + (held + 0x8000)) >> 16
-            else:
-                top = (s0.to(tl.uint32, bitcast=True) + 0x8000) >> 16
-            s_hi = top.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-            rest = s0 - (top << 16).to(tl.float32, bitcast=True)
-            s_lo = (rest.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        else:
-            s_hi = s0.to(tl.bfloat16)
-            s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
+        s_hi = s0.to(tl.bfloat16)
+        s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
         if CHAINS:  # the head's and the remainder's products accumulated apart (two chains of MMAs, not one)
             KS = _apart(tl.dot(k_raw, s_hi)) + _apart(tl.dot(k_raw, s_lo))  # K S0 [BT, BV], its rows' norms not applied
             QS = _apart(tl.dot(q_raw, s_hi)) + _apart(tl.dot(q_raw, s_lo))
@@ -276,19 +258,6 @@ FUSED_ROWNORM = True
 # long (CHAINS; kept apart by an identity Triton cannot see into, _apart). On the H200 (bench_wy_root.py --chains)
 # 5.8 us device time against 5.9 at 1 x 16, 6.5 against 6.6 root first at 1 x 17: within the spread, off.
 FUSED_CHAINS = False
-# Whether the one-kernel form with the root in its block reads q, k, v, the gates and the ancestor mask, then passes a
-# barrier, then reads the slot and the state at it (FENCE), where without it the slot is read first. ptxas does not
-# move a read across the barrier, so each of these reads is issued before anything waits on one: compiled for sm_90
-# at 1 x 16 (4 warps, 64-wide V tiles) 13 reads before any wait and the state's 16 after the slot's, where without it
-# ptxas puts the first uses of the mask, the gates and the slot among the reads and 7 more wait a round trip for them
-# (q's and k's second halves among them); one barrier more (31).
-FUSED_FENCE = False
-# Whether the one-kernel form with q and k as read splits its state into its bf16 head and remainder by the bits
-# (SPLIT): the head the state's top 16 bits rounded by an integer add, the remainder's its top 16 bits, where
-# otherwise by two conversions each way (F2F, whose results a scoreboard waits on); with the state's use held, the
-# hold folded into that add. Compiled for sm_90 at 1 x 16 (4 warps): 1920 instructions against 1984, 40 F2F
-# against 104.
-FUSED_SPLIT = False
 # The one-kernel form's warps where plan_wy is given none (None: 4 for a 16-row block, 8 for larger ones); benchmarks
 # set it (bench_engine_api.py --fused-warps). With the root in the block and its rows' norms as read 4 warps took
 # 5.3 us of device time at 1 x 16 against 5.6-5.8 at 8; without the norms as read 5.8-5.9 either way (RESULTS.md).
@@ -470,5 +439,5 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
-              FENCE=FUSED_FENCE and root != 0, SPLIT=FUSED_SPLIT and raw16, num_warps=num_warps)
+              num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

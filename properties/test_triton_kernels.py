@@ -165,38 +165,6 @@ def test_the_one_kernel_form_reads_states_given_by_sequence_or_through_a_pools_s
     assert torch.equal(states["initial_state"], before)
 
 
-@settings(max_examples=6)
-@given(gdn_inputs(max_batch=3, max_nodes=6), st.sampled_from(["exact", "leaky"]), st.sampled_from([1, 2]),
-       st.sampled_from(DTYPES), st.booleans())
-@example(_long_example(T=16, B=3), "exact", 2, torch.bfloat16, True)  # the root in the block, through slots
-@example(_long_example(T=16), "leaky", 1, torch.float32, False)
-@example(_long_example(T=17), "exact", 2, torch.bfloat16, True)  # the root first: nothing fenced
-def test_the_one_kernel_forms_reads_fenced_from_the_slots_and_states_give_the_same_bits(inp, mode, root, dtype,
-                                                                                      pooled):
-    """triton_gdn.FUSED_FENCE: with the root in the block, the form's reads before a barrier and the slot's and the
-    state's after it. Only the order of the reads moves, so the outputs are bit-equal to the form without it, and
-    equal to the oracle; the states untouched. plan_wy passes the fence with the root in the block only."""
-    from ddsim.gpu_backend import triton_gdn
-    args = _cast(inp, dtype)
-    states = dict(zip(("initial_state", "state_indices"), _pool(inp))) if pooled else dict(
-        initial_state=_dev(inp["initial_state"]))
-    before = states["initial_state"].clone()
-    outs, fences, bind = [], [], triton_gdn.bind
-    for fence in (False, True):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(triton_gdn, "FUSED_ROOT", root)
-            mp.setattr(triton_gdn, "FUSED_FENCE", fence)
-            mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw: fences.append(kw["FENCE"]) or bind(kernel, grid, kw))
-            outs.append(triton_gdn.gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), **states, mode=mode,
-                                                      design="fused"))
-    T = inp["q"].shape[1]
-    assert fences == [False, T <= 16], (T, fences)
-    ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode)
-    assert_close(f"o (fused, root {root if T <= 16 else 0}, reads fenced, {mode})", outs[1], ref, dtype=dtype, slack=5)
-    assert torch.equal(outs[0], outs[1])
-    assert torch.equal(states["initial_state"], before)
-
-
 def test_the_one_kernel_form_takes_bf16_q_and_k_as_read_where_compiled():
     """plan_wy's choice for the one-kernel form (nothing launched): compiled, bf16 q and k go into its products as
     read (RAW16) unless FUSED_RAW16 is off; other dtypes, and the interpreter (whose bf16 products are wrong), take

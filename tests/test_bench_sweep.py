@@ -126,17 +126,15 @@ def test_the_fused_sweep_options_parse_in_the_sweeps_order_or_are_refused_with_o
     add_fused_sweep_options(ap, roots="0,2", raw16="1,0", warps="4", block_v="64")
     assert fused_sweep_options(ap, ap.parse_args([])) == dict(roots=[0, 2], warps=[4], block_vs=[64],
                                                               raw16s=[True, False], holds=[True], rownorms=[True],
-                                                              chains=[False], fences=[False], splits=[False])
+                                                              chains=[False])
     assert fused_sweep_options(ap, ap.parse_args(["--roots", "1", "--raw16", "0", "--warps", "8,16", "--block-v", "32",
-                                                  "--hold", "1,0", "--rownorm", "1,0", "--chains", "1",
-                                                  "--fence", "1,0", "--split", "1"])) == dict(
+                                                  "--hold", "1,0", "--rownorm", "1,0", "--chains", "1"])) == dict(
         roots=[1], warps=[8, 16], block_vs=[32], raw16s=[False], holds=[True, False], rownorms=[True, False],
-        chains=[True], fences=[True, False], splits=[True])
+        chains=[True])
     for option, bad, allowed in (("--roots", "3", "[0, 1, 2]"), ("--raw16", "2", "[0, 1]"),
                                  ("--warps", "32", "[1, 2, 4, 8, 16]"), ("--block-v", "", "[16, 32, 64, 128]"),
                                  ("--hold", "2", "[0, 1]"), ("--rownorm", "x", "[0, 1]"),
-                                 ("--chains", "3", "[0, 1]"), ("--fence", "2", "[0, 1]"),
-                                 ("--split", "-1", "[0, 1]")):
+                                 ("--chains", "3", "[0, 1]")):
         with pytest.raises(SystemExit) as e:
             fused_sweep_options(ap, ap.parse_args([option, bad]))
         assert e.value.code == 2
@@ -146,7 +144,7 @@ def test_the_fused_sweep_options_parse_in_the_sweeps_order_or_are_refused_with_o
 def test_the_fused_root_sweep_sets_each_root_raw16_hold_and_rownorm_while_it_runs_and_restores_the_defaults():
     from ddsim.bench.bench import fused_root_sweep
     from ddsim.gpu_backend import triton_gdn
-    flags = ("FUSED_ROOT", "FUSED_RAW16", "FUSED_HOLD", "FUSED_ROWNORM", "FUSED_CHAINS", "FUSED_FENCE", "FUSED_SPLIT")
+    flags = ("FUSED_ROOT", "FUSED_RAW16", "FUSED_HOLD", "FUSED_ROWNORM", "FUSED_CHAINS")
     default = tuple(getattr(triton_gdn, f) for f in flags)
     seen = [(root, raw, w, bv, triton_gdn.FUSED_ROOT, triton_gdn.FUSED_RAW16)
             for root, raw, *_, w, bv in fused_root_sweep((0, 2), (4,), (32, 64), (True, False))]
@@ -154,7 +152,7 @@ def test_the_fused_root_sweep_sets_each_root_raw16_hold_and_rownorm_while_it_run
                     (0, False, 4, 64, 0, False), (2, True, 4, 32, 2, True), (2, True, 4, 64, 2, True),
                     (2, False, 4, 32, 2, False), (2, False, 4, 64, 2, False)]
     assert tuple(getattr(triton_gdn, f) for f in flags) == default
-    assert [x[:6] for x in fused_root_sweep((1,), (4,), (64,))] == [(1, True, False, True, False, False)]  # the defaults
+    assert [x[:5] for x in fused_root_sweep((1,), (4,), (64,))] == [(1, True, False, True, False)]  # the defaults
     # the hold is swept for the root's place 2 only (plan_wy holds nothing elsewhere), held unless told
     held = [(f.root, f.hold, triton_gdn.FUSED_HOLD) for f in fused_root_sweep((0, 2), (4,), (64,), holds=(True, False))]
     assert held == [(0, False, False), (2, True, True), (2, False, False)]
@@ -168,15 +166,7 @@ def test_the_fused_root_sweep_sets_each_root_raw16_hold_and_rownorm_while_it_run
     chained = [(f.raw16, f.chains, triton_gdn.FUSED_CHAINS)
                for f in fused_root_sweep((0,), (4,), (64,), (True, False), chains=(True, False))]
     assert chained == [(True, True, True), (True, False, False), (False, False, False)]
-    # the fence is swept with the root in the block only (plan_wy's FENCE), set while each runs
-    fenced = [(f.root, f.fence, triton_gdn.FUSED_FENCE) for f in fused_root_sweep((0, 2), (4,), (64,), fences=(True, False))]
-    assert fenced == [(0, False, False), (2, True, True), (2, False, False)]
-    # the split is swept with q and k as read only (plan_wy's SPLIT), set while each runs
-    split = [(f.raw16, f.split, triton_gdn.FUSED_SPLIT)
-             for f in fused_root_sweep((2,), (4,), (64,), (True, False), splits=(True, False))]
-    assert split == [(True, True, True), (True, False, False), (False, False, False)]
-    for _ in fused_root_sweep((1,), (4,), (64,), (True,), rownorms=(True,), chains=(True,), fences=(True,),
-                              splits=(True,)):
+    for _ in fused_root_sweep((1,), (4,), (64,), (True,), rownorms=(True,), chains=(True,)):
         break  # left early: restored when the sweep is closed
     assert tuple(getattr(triton_gdn, f) for f in flags) == default
 

@@ -118,12 +118,10 @@ def int_list(ap, name: str, text: str, allowed) -> list[int]:
 # place (triton_gdn.FUSED_ROOT), q and k as read or l2-normed (FUSED_RAW16, 1 / 0), warps, V tiles, the state's use
 # held behind its state-free products or not (FUSED_HOLD, 1 / 0: the root's place 2 only), the rows' norms of q and k
 # summed from the rows as read or from the products' diagonals (FUSED_ROWNORM, 1 / 0: q and k as read with the root in
-# the block only), the state's products by its head and remainder accumulated apart or in one chain (FUSED_CHAINS,
-# 1 / 0: q and k as read only), and the reads before a barrier and the slot's and the state's after it or not
-# (FUSED_FENCE, 1 / 0: the root in the block only), and the state split into its bf16 head and remainder by the bits
-# or by conversions (FUSED_SPLIT, 1 / 0: q and k as read only)
+# the block only), and the state's products by its head and remainder accumulated apart or in one chain (FUSED_CHAINS,
+# 1 / 0: q and k as read only)
 FUSED_SWEEP = {"--roots": (0, 1, 2), "--raw16": (0, 1), "--warps": (1, 2, 4, 8, 16), "--block-v": (16, 32, 64, 128),
-               "--hold": (0, 1), "--rownorm": (0, 1), "--chains": (0, 1), "--fence": (0, 1), "--split": (0, 1)}
+               "--hold": (0, 1), "--rownorm": (0, 1), "--chains": (0, 1)}
 
 
 class FusedForm(NamedTuple):
@@ -133,43 +131,37 @@ class FusedForm(NamedTuple):
     hold: bool
     rownorm: bool
     chains: bool
-    fence: bool
-    split: bool
     warps: int
     block_v: int
 
 
 def add_fused_sweep_options(ap, *, roots: str, raw16: str, warps: str, block_v: str, hold: str = "1",
-                            rownorm: str = "1", chains: str = "0", fence: str = "0", split: str = "0"):
+                            rownorm: str = "1", chains: str = "0"):
     """FUSED_SWEEP's options on ``ap``, each a comma-separated list with the default given."""
-    for name, default in zip(FUSED_SWEEP, (roots, raw16, warps, block_v, hold, rownorm, chains, fence, split)):
+    for name, default in zip(FUSED_SWEEP, (roots, raw16, warps, block_v, hold, rownorm, chains)):
         ap.add_argument(name, default=default, help=f"comma-separated, from {list(FUSED_SWEEP[name])}")
 
 
 def fused_sweep_options(ap, a) -> dict:
-    """fused_root_sweep's keyword arguments (roots, warps, block_vs, raw16s, holds, rownorms, chains, fences,
-    splits) from
+    """fused_root_sweep's keyword arguments (roots, warps, block_vs, raw16s, holds, rownorms, chains) from
     add_fused_sweep_options' parsed options ``a``; a value outside FUSED_SWEEP's refused through ``ap.error``
     (int_list) before any work."""
-    roots, raw16, warps, block_v, hold, rownorm, chains, fence, split = (
+    roots, raw16, warps, block_v, hold, rownorm, chains = (
         int_list(ap, name, getattr(a, name[2:].replace("-", "_")), allowed) for name, allowed in FUSED_SWEEP.items())
     return dict(roots=roots, warps=warps, block_vs=block_v, raw16s=[bool(r) for r in raw16],
-                holds=[bool(h) for h in hold], rownorms=[bool(r) for r in rownorm], chains=[bool(c) for c in chains],
-                fences=[bool(f) for f in fence], splits=[bool(x) for x in split])
+                holds=[bool(h) for h in hold], rownorms=[bool(r) for r in rownorm], chains=[bool(c) for c in chains])
 
 
-_FLAGS = ("FUSED_ROOT", "FUSED_RAW16", "FUSED_HOLD", "FUSED_ROWNORM", "FUSED_CHAINS", "FUSED_FENCE", "FUSED_SPLIT")
+_FLAGS = ("FUSED_ROOT", "FUSED_RAW16", "FUSED_HOLD", "FUSED_ROWNORM", "FUSED_CHAINS")
 
 
-def fused_root_sweep(roots, warps, block_vs, raw16s=(True,), holds=(True,), rownorms=(True,), chains=(False,),
-                     fences=(False,), splits=(False,)):
-    """FusedForm over every combination, triton_gdn.FUSED_ROOT, FUSED_RAW16, FUSED_HOLD, FUSED_ROWNORM,
-    FUSED_CHAINS and FUSED_FENCE set to the form's while it runs (restored after): the one-kernel WY form's places for
-    the root, its products by q and k as read or l2-normed, its state's use held or not, its rows' norms from the rows
-    as read or not, its state's products in two chains or one and its reads fenced from the state's or not, side by
-    side. The hold applies to the root's place 2 only (plan_wy's HOLD), the rows' norms to q and k as read with the
-    root in the block (ROWNORM), the chains to q and k as read (CHAINS) and the fence to the root in the block
-    (FENCE): elsewhere each is swept once, False."""
+def fused_root_sweep(roots, warps, block_vs, raw16s=(True,), holds=(True,), rownorms=(True,), chains=(False,)):
+    """FusedForm over every combination, triton_gdn.FUSED_ROOT, FUSED_RAW16, FUSED_HOLD, FUSED_ROWNORM and
+    FUSED_CHAINS set to the form's while it runs (restored after): the one-kernel WY form's places for the root, its
+    products by q and k as read or l2-normed, its state's use held or not, its rows' norms from the rows as read or
+    not and its state's products in two chains or one, side by side. The hold applies to the root's place 2 only
+    (plan_wy's HOLD), the rows' norms to q and k as read with the root in the block (ROWNORM) and the chains to q and k
+    as read (CHAINS): elsewhere each is swept once, False."""
     from ddsim.gpu_backend import triton_gdn
     old = tuple(getattr(triton_gdn, f) for f in _FLAGS)
     try:
@@ -178,13 +170,11 @@ def fused_root_sweep(roots, warps, block_vs, raw16s=(True,), holds=(True,), rown
                 for hold in (holds if root == 2 else (False,)):
                     for rownorm in (rownorms if raw16 and root else (False,)):
                         for chain in (chains if raw16 else (False,)):
-                            for fence in (fences if root else (False,)):
-                                for split in (splits if raw16 else (False,)):
-                                    for f, value in zip(_FLAGS, (root, raw16, hold, rownorm, chain, fence, split)):
-                                        setattr(triton_gdn, f, value)
-                                    for w in warps:
-                                        for bv in block_vs:
-                                            yield FusedForm(root, raw16, hold, rownorm, chain, fence, split, w, bv)
+                            for f, value in zip(_FLAGS, (root, raw16, hold, rownorm, chain)):
+                                setattr(triton_gdn, f, value)
+                            for w in warps:
+                                for bv in block_vs:
+                                    yield FusedForm(root, raw16, hold, rownorm, chain, w, bv)
     finally:
         for f, value in zip(_FLAGS, old):
             setattr(triton_gdn, f, value)
