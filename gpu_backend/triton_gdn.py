@@ -118,7 +118,9 @@ def _gdn_wy_kernel(
         # the state's read waits for it, so q and k, first used, arrive sooner (RESULTS.md: 5.3 us of device time
         # against 5.5 with the state at row i_b, 1 x 16, 4 warps, the rows' norms as read)
         # the state last: Triton moves it into shared memory for the products as soon as it is read (a barrier),
-        # and a read after it would wait a round trip of its own
+        # and a read after it would wait a round trip of its own. ptxas puts the first uses of the mask, the gates and
+        # the slot among these reads, so some reads wait a round trip for them; a barrier after the reads (the slot's
+        # and the state's after it) sends 13 of them before any wait, but took 0.5 us more device time (RESULTS.md)
         draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
         anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
@@ -183,6 +185,8 @@ def _gdn_wy_kernel(
             # that waits for it), so without a use that waits on c the state-free products wait for the state
             s0 = s0 * (tl.sum(c - c, 0) + 1.0)
     if RAW16:
+        # the head and remainder by conversions: split by the bits instead (top 16 bits, an integer add rounding the
+        # head) it took the same device time at 1 x 16 with outputs further from the oracle (RESULTS.md)
         s_hi = s0.to(tl.bfloat16)
         s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
         if CHAINS:  # the head's and the remainder's products accumulated apart (two chains of MMAs, not one)
@@ -240,7 +244,8 @@ FUSED_RAW16 = True
 # 18-19 barriers and 16 MMAs where without it before the first barrier; 177 registers against 144. On the H200
 # (RESULTS.md, bench_wy_root.py --hold 0,1) 0.1-0.4 us less device time in each of the six pairs timed, 0.2-0.7 us
 # less alone in five (1 x 16, 8 warps, 64-wide: 8.6 / 5.8 against 8.9 / 6.0 us, and 8.2 / 5.8 against 8.4 / 6.0 in
-# a second invocation; 1 x 9: 8.7 / 5.8 against 9.3 / 5.9), the outputs bit-equal; graphed within the spread
+# a second invocation; 1 x 9: 8.7 / 5.8 against 9.3 / 5.9), the outputs bit-equal; graphed within the spread. At 4
+# warps with the rows' norms as read (the defaults since 872d4a0) 5.2-5.3 us of device time at 1 x 16 against 5.8-5.9.
 FUSED_HOLD = True
 # Whether the one-kernel form with q and k as read (RAW16) sums its rows' norms of q and k from the rows as read, in
 # their load layout (a warp's own rows), and applies them through beta (-L's rows), A (U's and Q S0's row factors)
