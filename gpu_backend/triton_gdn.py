@@ -185,8 +185,9 @@ def _gdn_wy_kernel(
             # that waits for it), so without a use that waits on c the state-free products wait for the state
             s0 = s0 * (tl.sum(c - c, 0) + 1.0)
     if RAW16:
-        # the head and remainder by conversions: split by the bits instead (top 16 bits, an integer add rounding the
-        # head) it took the same device time at 1 x 16 with outputs further from the oracle (RESULTS.md)
+        # the head and remainder made by conversions. Split by the bits instead (the top 16 bits, an integer add
+        # rounding the head), it took the same device time at 1 x 16 and its outputs lay further from the oracle
+        # (RESULTS.md)
         s_hi = s0.to(tl.bfloat16)
         s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
         if CHAINS:  # the head's and the remainder's products accumulated apart (two chains of MMAs, not one)

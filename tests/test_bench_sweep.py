@@ -262,6 +262,8 @@ def test_the_kernel_table_and_the_timer_probe_refuse_bad_counts_before_any_work(
 
 
 def test_the_carveout_probe_refuses_a_carveout_out_of_range_and_a_bad_count_before_any_work():
+    """timer_carveout.py: a carveout outside -1..100, a call count below 1 and more than one shape are each one line
+    and exit 2, said before the CUDA check."""
     _refused_before_any_work("timer_carveout.py", ["--carveouts=-1,101"], "each -1 (none) or a percent from 0 to 100")
     _refused_before_any_work("timer_carveout.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")
     _refused_before_any_work("timer_carveout.py", ["--shape", "1x16,1x9"], "expected one shape")
