@@ -34,6 +34,7 @@ import torch
 
 from ddsim.bench.bench import (
     KERNEL_SHAPES,
+    at_least_one,
     calls_cell,
     copy_bandwidth,
     cuda_header,
@@ -68,8 +69,7 @@ def main():
     ap.add_argument("--calls", type=int, default=5, help="do_bench calls for the kernels alone (their median)")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
-    if a.calls < 1:
-        ap.error(f"--calls: expected 1 or more, got {a.calls}")
+    at_least_one(ap, a, "calls")
     if not torch.cuda.is_available():
         raise SystemExit("bench_engine_api: needs a CUDA device")
     if a.rownorm is not None:

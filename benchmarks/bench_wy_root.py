@@ -27,6 +27,7 @@ import torch
 from ddsim import oracle
 from ddsim.bench.bench import (
     add_fused_sweep_options,
+    at_least_one,
     calls_cell,
     cuda_header,
     ddtree_batch,
@@ -66,11 +67,7 @@ def main():
     shapes = parse_shapes(ap, a.shapes)
     sweep = fused_sweep_options(ap, a)
     slot_ways = int_list(ap, "--slots", a.slots, (0, 1))
-    for name in ("calls", "rounds"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name}: expected 1 or more, got {getattr(a, name)}")
-    if a.layers < 1:
-        ap.error(f"--layers: expected 1 or more, got {a.layers}")
+    at_least_one(ap, a, "calls", "rounds", "layers")
     if not torch.cuda.is_available():
         raise SystemExit("bench_wy_root: needs a CUDA device")
     print(cuda_header(a.commit))

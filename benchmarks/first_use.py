@@ -33,7 +33,7 @@ from ddsim.bench.bench import (  # noqa: E402
     add_fused_sweep_options,
     fused_root_sweep,
     fused_sweep_options,
-    parse_shapes,
+    parse_shape,
 )
 from tests import gpu_compile as G  # noqa: E402  (its launch capture, offline compile and machine-code reading)
 
@@ -44,10 +44,7 @@ def main():
     ap.add_argument("--shape", default="1x16")
     add_fused_sweep_options(ap, roots="0,2", raw16="1,0", warps="4", block_v="64")
     a = ap.parse_args()
-    shapes = parse_shapes(ap, a.shape)
-    if len(shapes) != 1:
-        ap.error(f"--shape: expected one shape, got {a.shape!r}")
-    (B, T), = shapes
+    B, T = parse_shape(ap, a.shape)
     sweep = fused_sweep_options(ap, a)
     print(f"# {time.strftime('%Y-%m-%d')} | compiled for sm_90 on the CPU | triton {triton.__version__} | "
           f"commit {a.commit} | {B} x {T}, bf16 inputs, Qwen3.6-27B GDN shapes")

@@ -20,31 +20,26 @@ import argparse
 import ctypes
 
 import torch
-import triton
-from fused_floor import captured_launch  # benchmarks/, the script's own folder
+from fused_floor import _empty_kernel, captured_launch  # benchmarks/, the script's own folder
 
 from ddsim.bench.bench import (
+    at_least_one,
     calls_cell,
+    compiled_during,
     cuda_header,
     ddtree_batch,
     kernel_device_us,
     kernel_inputs,
     median_us_calls,
-    parse_shapes,
+    parse_shape,
     slotted_pool,
 )
-from ddsim.gpu_backend import launch as L
 from ddsim.gpu_backend.launch import bind
 from ddsim.gpu_backend.triton_gdn import plan_wy
 
 NAMES = ("q", "k", "v", "g", "beta")
 MAX_DYNAMIC_SHARED = 8  # CUfunction_attribute: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-
-
-@triton.jit
-def _empty_kernel(o):
-    pass
 
 
 def set_attribute(ck, attribute: int, value: int) -> None:
@@ -58,11 +53,8 @@ def set_attribute(ck, attribute: int, value: int) -> None:
 def compiled(launch, same=None):
     """The compiled kernel launch() runs (launch.py's cache), once launch has run; ``same`` where it compiled none
     (a specialization already compiled: the states by sequence and through slots share one)."""
-    before = dict(L._COMPILED)
-    launch()
-    launch()
-    torch.cuda.synchronize()
-    new = [ck for key, ck in L._COMPILED.items() if key not in before]
+    _, new = compiled_during(lambda: (launch(), launch(), torch.cuda.synchronize()))
+    new = [ck for _, ck in new]
     if len(new) > 1 or (not new and same is None):
         raise SystemExit(f"timer_carveout: expected the launch to compile one kernel, it compiled {len(new)}")
     return new[0] if new else same
@@ -80,18 +72,14 @@ def main():
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--carveouts", default="-1,0,25,100")
     a = ap.parse_args()
-    shapes = parse_shapes(ap, a.shape)
-    if len(shapes) != 1:
-        ap.error(f"--shape {a.shape!r}: expected one shape")
-    (B, T), = shapes
+    B, T = parse_shape(ap, a.shape)
     try:
         carveouts = [int(x) for x in a.carveouts.split(",")]
     except ValueError:
         ap.error(f"--carveouts {a.carveouts!r}: expected comma-separated integers")
     if any(not -1 <= p <= 100 for p in carveouts):
         ap.error(f"--carveouts {a.carveouts!r}: each -1 (none) or a percent from 0 to 100")
-    if a.calls < 1:
-        ap.error(f"--calls: expected 1 or more, got {a.calls}")
+    at_least_one(ap, a, "calls")
     if not torch.cuda.is_available():
         raise SystemExit("timer_carveout: needs a CUDA device")
     print(cuda_header(a.commit))

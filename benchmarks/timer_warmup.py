@@ -38,7 +38,7 @@ from ddsim.bench.bench import (
     kernel_device_us,
     kernel_inputs,
     median_us,
-    parse_shapes,
+    parse_shape,
 )
 from ddsim.gpu_backend.triton_gdn import plan_wy
 
@@ -91,14 +91,11 @@ def main():
     ap.add_argument("--spin-ms", type=int, default=500)
     ap.add_argument("--placements", type=int, default=8)
     a = ap.parse_args()
-    shapes = parse_shapes(ap, a.shape)
-    if len(shapes) != 1:
-        ap.error(f"--shape: expected one shape, got {a.shape!r}")
+    B, T = parse_shape(ap, a.shape)
     if a.idle < 0 or a.warmup_ms < 1 or a.spin_ms < 1 or a.placements < 0:
         ap.error("--idle: expected 0 or more seconds; --warmup-ms, --spin-ms: 1 or more; --placements: 0 or more")
     if not torch.cuda.is_available():
         raise SystemExit("timer_warmup: needs a CUDA device")
-    (B, T), = shapes
     print(cuda_header(a.commit) + f" | {B} x {T}, design auto, Qwen3.6-27B GDN shapes, bf16 inputs")
     log = tempfile.NamedTemporaryFile("w+", suffix=".csv")
     smi = None

@@ -103,6 +103,30 @@ def test_bench_shapes_parse_or_are_refused_with_one_line_and_exit_2(capsys):
             parse_shapes(ap, bad)
         assert e.value.code == 2
         assert f"--shapes {bad!r}" in capsys.readouterr().err
+    # one shape (--shape): parse_shapes' refusals, and several shapes
+    from ddsim.bench.bench import parse_shape
+    assert parse_shape(ap, "1x16") == (1, 16)
+    for bad, said in (("1x16,1x9", "--shape '1x16,1x9': expected one shape"), ("8x1", "--shapes '8x1'")):
+        with pytest.raises(SystemExit) as e:
+            parse_shape(ap, bad)
+        assert e.value.code == 2
+        assert said in capsys.readouterr().err
+
+
+def test_bench_counts_below_one_are_refused_with_one_line_and_exit_2(capsys):
+    import argparse
+
+    from ddsim.bench.bench import at_least_one
+    ap = argparse.ArgumentParser(prog="bench")
+    at_least_one(ap, argparse.Namespace(calls=1, rounds=7), "calls", "rounds")  # nothing said
+    assert capsys.readouterr().err == ""
+    for ns, said in ((argparse.Namespace(calls=0, rounds=1), "--calls: expected 1 or more, got 0"),
+                     (argparse.Namespace(calls=3, rounds=-2), "--rounds: expected 1 or more, got -2"),
+                     (argparse.Namespace(calls=3, rounds=1, fused_warps=0), "--fused-warps: expected 1 or more, got 0")):
+        with pytest.raises(SystemExit) as e:
+            at_least_one(ap, ns, *vars(ns))
+        assert e.value.code == 2
+        assert said in capsys.readouterr().err
 
 
 def test_bench_integer_lists_parse_or_are_refused_with_one_line_and_exit_2(capsys):
@@ -267,3 +291,5 @@ def test_the_carveout_probe_refuses_a_carveout_out_of_range_and_a_bad_count_befo
     _refused_before_any_work("timer_carveout.py", ["--carveouts=-1,101"], "each -1 (none) or a percent from 0 to 100")
     _refused_before_any_work("timer_carveout.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")
     _refused_before_any_work("timer_carveout.py", ["--shape", "1x16,1x9"], "expected one shape")
+    _refused_before_any_work("timer_warmup.py", ["--shape", "1x16,1x9"], "expected one shape")
+    _refused_before_any_work("bench_wy_root.py", ["--layers", "0"], "--layers: expected 1 or more, got 0")

@@ -84,6 +84,23 @@ def parse_shapes(ap, text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+def parse_shape(ap, text: str) -> tuple[int, int]:
+    """A bench's --shape "BxT", one shape, as (B, T); anything else (parse_shapes' refusals, or several shapes) is
+    refused through ``ap.error`` before any work."""
+    shapes = parse_shapes(ap, text)
+    if len(shapes) != 1:
+        ap.error(f"--shape {text!r}: expected one shape")
+    return shapes[0]
+
+
+def at_least_one(ap, a, *names: str) -> None:
+    """Refuse, through ``ap.error`` before any work, any of the parsed options ``names`` (attribute names of ``a``,
+    counts such as calls, rounds, layers) below 1."""
+    for name in names:
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: expected 1 or more, got {getattr(a, name)}")
+
+
 def triton_tool(name: str) -> str:
     """The path of one of the NVIDIA tools Triton bundles (cuobjdump, nvdisasm, ptxas): they read a compiled
     kernel's cubin on a machine without a GPU."""
@@ -451,15 +468,22 @@ def kernel_device_us(fn, *, repeats: int = 30, flush: bool = True) -> float:
     return sorted(calls)[len(calls) // 2]
 
 
+def compiled_during(fn):
+    """(fn's result, [(key, compiled kernel)] that ddsim.gpu_backend.launch's cache took while fn ran, by key)."""
+    from ddsim.gpu_backend import launch as L
+    before = set(L._COMPILED)
+    result = fn()
+    return result, sorted(((k, L._COMPILED[k]) for k in set(L._COMPILED) - before), key=lambda x: str(x[0]))
+
+
 def timed_resources(launch) -> tuple[float, list[dict]]:
     """do_bench's median ms of ``launch``, and what each kernel it compiled holds (ddsim.gpu_backend.launch's
     cache: the kernel's name and constexprs key, registers, spilled words, shared memory bytes)."""
     from ddsim.gpu_backend import launch as L
-    before = set(L._COMPILED)
-    ms = _do_bench(launch)
+    ms, new = compiled_during(lambda: _do_bench(launch))
     kernels = [dict(name=L._PARAMS[key[0]][3].__name__, config=key[2], regs=getattr(ck, "n_regs", "?"),
                     spills=getattr(ck, "n_spills", "?"), shared=getattr(ck.metadata, "shared", "?"))
-               for key, ck in sorted(((k, L._COMPILED[k]) for k in set(L._COMPILED) - before), key=lambda x: str(x[0]))]
+               for key, ck in new]
     return ms, kernels
 
 
