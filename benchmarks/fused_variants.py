@@ -5,14 +5,11 @@ the L2 flushed before each call) and the device time (bench.kernel_device_us, th
 against the default's (entries that differ, max |difference|) and the share of entries off the float64 oracle
 rounded to bf16 (bench.off_rounded).
 
-Variants (triton_gdn._gdn_wy_kernel's LATE, PTR32 and TF32 at the commit the figures name; the transposed kernel is
-this script's own):
-- late 1 / 2 / 3: the state's read issued only once the rows' norms (1), K K^T's column norms (2) or -L's root column
-  (3) are made (its address waits on a zero made from them), where by default it goes out when the slot arrives
-- ptr32: the state read unmasked, a 64-bit base plus 32-bit offsets (h.state_ptrs32): 56 fewer instructions
-- ptr32+tf32: and the state's products in tf32, its head the top 19 bits and its remainder (no conversions)
-- transposed (wgmma) / transposed (mma.sync): the form on the transposes, V as rows, so that the state is the products'
-  first operand (M = 64); 4 warps make them wgmma's, DISABLE_MMA_V3=1 while compiling mma.sync's
+Variants: the form on its transposes, V as rows, so that the state is the products' first operand (M = 64): with
+4 warps Triton makes them wgmma's (transposed (wgmma)); DISABLE_MMA_V3=1 while compiling keeps them mma.sync's
+(transposed (mma.sync)). At 98ad0a4 the kernel also took, as constexprs, its state's read issued only once the rows'
+norms, K K^T's column norms or -L's root column were made (late 1 / 2 / 3), the state read unmasked by 32-bit offsets
+(ptr32) and with that its products in tf32 (ptr32+tf32); all slower, they were removed after (RESULTS.md).
 
     python benchmarks/fused_variants.py [--commit SHA] [--calls 5] [--rounds 3]
 """
@@ -118,8 +115,6 @@ def _transposed_kernel(
 
 TRANSPOSED_ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "mask", "state", "state_idx", "o", "T", "scale",
                    "NSTEP", "H", "HV", "K", "V", "BT", "BK", "BV", "FUSED", "PRECISION", "STATE_VK", "num_warps")
-VARIANTS = {"late 1": dict(LATE=1), "late 2": dict(LATE=2), "late 3": dict(LATE=3), "ptr32": dict(PTR32=True),
-            "ptr32+tf32": dict(PTR32=True, TF32=True)}
 
 
 def default_launch(B: int, T: int):
@@ -158,9 +153,6 @@ def main():
     ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
     forms = {"default": (default, o)}
-    for name, over in VARIANTS.items():
-        kk = dict(kw, **over, o=torch.full_like(o, float("nan")))
-        forms[name] = (bind(triton_gdn._gdn_wy_kernel, grid, kk), kk["o"])
     for name, mma2 in (("transposed (wgmma)", False), ("transposed (mma.sync)", True)):
         kk = {n: kw[n] for n in TRANSPOSED_ARGS}
         kk.update(o=torch.full_like(o, float("nan")), UP=False, HOLD=True, MMA2=mma2)

@@ -77,14 +77,6 @@ def _apart(x):
 
 
 @triton.jit
-def _late_state(state, slot, zero, i_hv, o_k, o_v, mk, mv, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                VK: tl.constexpr):
-    # the state read once zero (+0.0 for finite values) is made: its address waits for it
-    late = tl.where(zero.to(tl.int32, bitcast=True) < 0, 0, slot)
-    return tl.load(h.state_ptrs(state, late, i_hv, o_k, o_v, HV, K, V, VK), mask=mk[:, None] & mv[None, :], other=0.0)
-
-
-@triton.jit
 def _gdn_wy_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self (chain mask for leaky)
@@ -95,10 +87,6 @@ def _gdn_wy_kernel(
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
     CHAINS: tl.constexpr = False,
-    # variants of the root-in-the-block form measured and not taken (benchmarks/fused_variants.py): TF32 the state's
-    # products in tf32 (its head the top 19 bits, its remainder), PTR32 the state read unmasked by 32-bit offsets,
-    # LATE 1-3 the state's read issued once the rows' norms, K K^T's column norms or -L's root column are made
-    TF32: tl.constexpr = False, PTR32: tl.constexpr = False, LATE: tl.constexpr = 0,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -132,18 +120,16 @@ def _gdn_wy_kernel(
         # the state last: Triton moves it into shared memory for the products as soon as it is read (a barrier),
         # and a read after it would wait a round trip of its own. ptxas puts the first uses of the mask, the gates and
         # the slot among these reads, so some reads wait a round trip for them; a barrier after the reads (the slot's
-        # and the state's after it) sends 13 of them before any wait, but took 0.5 us more device time (RESULTS.md)
+        # and the state's after it) sends 13 of them before any wait, but took 0.5 us more device time (RESULTS.md).
+        # Where the state's read goes out is close to the best of those measured (benchmarks/fused_variants.py at
+        # 98ad0a4, device time at 1 x 16 against 5.2 us): issued once the rows' norms, K K^T's column norms or -L's
+        # root column were made 6.1-6.2; unmasked by 32-bit offsets (56 fewer instructions, issued sooner) 5.7-5.8;
+        # the whole form on its transposes (the state the products' first operand) 5.6-5.8
         draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
         anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
-        if LATE == 0:
-            if PTR32:
-                s0 = tl.load(h.state_ptrs32(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK))
-            else:
-                s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
-                             mask=mk[:, None] & mv[None, :], other=0.0)
-        else:
-            s0 = None
+        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
+                     other=0.0)
         b_q, b_k, b_v, b_g, b_beta = h.draft_values(draft, mt, neg_A, bias, FUSED, L2NORM)
     b_v = b_v.to(tl.float32)
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path (below the root for ROOT 0)
@@ -163,15 +149,10 @@ def _gdn_wy_kernel(
             # own layout, along rows for rows and along columns for columns (a norm moved between layouts is a barrier)
             eye = o_t[:, None] == o_t[None, :]
             ik_col = 1.0 / tl.sqrt(tl.sum(tl.where(eye, KK, 0.0), 0) + 1e-6)
-            if LATE == 2:
-                s0 = _late_state(state, slot, tl.sum(ik_col - ik_col, 0), i_hv, o_k, o_v, mk, mv, HV, K, V, STATE_VK)
             if ROWNORM:  # the rows' norms summed from the rows as read, in their own layout
                 k32, q32 = k_raw.to(tl.float32), q_raw.to(tl.float32)
                 ik = 1.0 / tl.sqrt(tl.sum(k32 * k32, 1) + 1e-6)
                 iq = scale / tl.sqrt(tl.sum(q32 * q32, 1) + 1e-6)
-                if LATE == 1:
-                    s0 = _late_state(state, slot, tl.sum(ik - ik, 0) + tl.sum(iq - iq, 0), i_hv, o_k, o_v, mk, mv,
-                                     HV, K, V, STATE_VK)
             else:
                 ik = 1.0 / tl.sqrt(tl.sum(tl.where(eye, KK, 0.0), 1) + 1e-6)
                 iq = scale / tl.sqrt(tl.sum(tl.where(eye, tl.dot(q_raw, tl.trans(q_raw)), 0.0), 1) + 1e-6)
@@ -203,8 +184,6 @@ def _gdn_wy_kernel(
         first = o_t == 0
         c = tl.sum(tl.where(first[None, :], NL, 0.0), 1)  # [BT]
         NL = tl.where(first[None, :], 0.0, NL)
-        if LATE == 3:
-            s0 = _late_state(state, slot, tl.sum(c - c, 0), i_hv, o_k, o_v, mk, mv, HV, K, V, STATE_VK)
         if HOLD:  # s0 * 1 once c is made (x - x + 1: 1 for finite x, NaN after a NaN; c's rows lie in every warp, so
             # its sum takes no barrier): Triton moves the state into shared memory as soon as it is read (a barrier
             # that waits for it), so without a use that waits on c the state-free products wait for the state
@@ -212,19 +191,12 @@ def _gdn_wy_kernel(
     if RAW16:
         # the head and remainder made by conversions. Split by the bits instead (the top 16 bits, an integer add
         # rounding the head), it took the same device time at 1 x 16 and its outputs lay further from the oracle
-        # (RESULTS.md)
-        if TF32:
-            s_hi = (s0.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-            s_lo = s0 - s_hi
-            k32, q32 = k_raw.to(tl.float32), q_raw.to(tl.float32)
-            KS = tl.dot(k32, s_hi, tl.dot(k32, s_lo, input_precision="tf32"), input_precision="tf32")
-            QS = tl.dot(q32, s_hi, tl.dot(q32, s_lo, input_precision="tf32"), input_precision="tf32")
-        else:
-            s_hi = s0.to(tl.bfloat16)
-            s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
-        if TF32:
-            pass
-        elif CHAINS:  # the head's and the remainder's products accumulated apart (two chains of MMAs, not one)
+        # (RESULTS.md). In tf32 (the head the top 19 bits, no conversions) 0.05% of outputs were off the rounded
+        # oracle against 0.26%, but it took 6.2 us against 5.2 (twice the MMAs, its operands read from shared memory
+        # without ldmatrix: benchmarks/fused_variants.py at 98ad0a4)
+        s_hi = s0.to(tl.bfloat16)
+        s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
+        if CHAINS:  # the head's and the remainder's products accumulated apart (two chains of MMAs, not one)
             KS = _apart(tl.dot(k_raw, s_hi)) + _apart(tl.dot(k_raw, s_lo))  # K S0 [BT, BV], its rows' norms not applied
             QS = _apart(tl.dot(q_raw, s_hi)) + _apart(tl.dot(q_raw, s_lo))
         else:
@@ -479,6 +451,5 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
-              TF32=False, PTR32=False, LATE=0,  # variants measured (benchmarks/fused_variants.py), not taken
               num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o
