@@ -116,6 +116,10 @@ def _transposed_kernel(
 TRANSPOSED_ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "mask", "state", "state_idx", "o", "T", "scale",
                    "NSTEP", "H", "HV", "K", "V", "BT", "BK", "BV", "FUSED", "PRECISION", "STATE_VK", "num_warps")
 
+# the kernel's own variants (triton_gdn._gdn_wy_kernel's constexprs, off by default)
+VARIANTS = {"fold": dict(FOLD=True), "fold, the state's use held on P": dict(FOLD=True, FOLD_HOLD=True),
+            "fold, the state's use not held": dict(FOLD=True, HOLD=False)}
+
 
 def default_launch(B: int, T: int):
     """(launch, o, the default kernel's grid and keyword arguments, inputs, parents) of plan_wy's auto design."""
@@ -153,6 +157,9 @@ def main():
     ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
     forms = {"default": (default, o)}
+    for name, over in VARIANTS.items():
+        kk = dict(kw, **over, o=torch.full_like(o, float("nan")))
+        forms[name] = (bind(triton_gdn._gdn_wy_kernel, grid, kk), kk["o"])
     for name, mma2 in (("transposed (wgmma)", False), ("transposed (mma.sync)", True)):
         kk = {n: kw[n] for n in TRANSPOSED_ARGS}
         kk.update(o=torch.full_like(o, float("nan")), UP=False, HOLD=True, MMA2=mma2)
