@@ -9,7 +9,9 @@ Variants: the form on its transposes, V as rows, so that the state is the produc
 4 warps Triton makes them wgmma's (transposed (wgmma)); DISABLE_MMA_V3=1 while compiling keeps them mma.sync's
 (transposed (mma.sync)). At 98ad0a4 the kernel also took, as constexprs, its state's read issued only once the rows'
 norms, K K^T's column norms or -L's root column were made (late 1 / 2 / 3), the state read unmasked by 32-bit offsets
-(ptr32) and with that its products in tf32 (ptr32+tf32); all slower, they were removed after (RESULTS.md).
+(ptr32) and with that its products in tf32 (ptr32+tf32); at 0cfc0d2 the form with its value-independent half folded
+into the output's weights (fold: O = P S0 + Y, one product after the state arrives), its state's use held on -L's root
+column, on P, or not held. All slower; they were removed after (RESULTS.md).
 
     python benchmarks/fused_variants.py [--commit SHA] [--calls 5] [--rounds 3]
 """
@@ -116,9 +118,9 @@ def _transposed_kernel(
 TRANSPOSED_ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "mask", "state", "state_idx", "o", "T", "scale",
                    "NSTEP", "H", "HV", "K", "V", "BT", "BK", "BV", "FUSED", "PRECISION", "STATE_VK", "num_warps")
 
-# the kernel's own variants (triton_gdn._gdn_wy_kernel's constexprs, off by default)
-VARIANTS = {"fold": dict(FOLD=True), "fold, the state's use held on P": dict(FOLD=True, FOLD_HOLD=True),
-            "fold, the state's use not held": dict(FOLD=True, HOLD=False)}
+# the kernel's own variants (triton_gdn._gdn_wy_kernel's constexprs, off by default): {row name: constexprs}. Those
+# timed at 98ad0a4 and 0cfc0d2 are gone from the kernel (the module's docstring)
+VARIANTS: dict = {}
 
 
 def default_launch(B: int, T: int):

@@ -86,7 +86,7 @@ def _gdn_wy_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False, FOLD: tl.constexpr = False, FOLD_HOLD: tl.constexpr = False,
+    CHAINS: tl.constexpr = False,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -188,61 +188,38 @@ def _gdn_wy_kernel(
             # its sum takes no barrier): Triton moves the state into shared memory as soon as it is read (a barrier
             # that waits for it), so without a use that waits on c the state-free products wait for the state
             s0 = s0 * (tl.sum(c - c, 0) + 1.0)
-    if FOLD:
-        # the value-independent half folded into the output's weights before the state is used (ROOT 2): with
-        # X = (D o Q K^T) prod_r (I + N^(2^r)) and W = X (I + c e_0^T), O = P S0 + Y, where
-        # P = diag(a_q) Q - W diag(beta a_k) K [BT, BK] and Y = W diag(beta) V [BT, BV]: after the state's arrival one
-        # product (P S0) where the form above makes Q S0 and K S0, the right-hand side, the solve and W's product
-        X = D * QK
-        NLp = NL
-        if NSTEP > 0:
-            X = X + tl.dot(X, NLp, input_precision=PRECISION)
-        for _ in range(1, NSTEP):
-            NLp = tl.dot(NLp, NLp, input_precision=PRECISION)
-            X = X + tl.dot(X, NLp, input_precision=PRECISION)
-        W = X + tl.where(first[None, :], tl.sum(X * c[None, :], 1)[:, None], 0.0)  # X (I + c e_0^T)
-        if RAW16:
-            q_op, k_op = q_raw.to(tl.float32), k_raw.to(tl.float32)
+    if RAW16:
+        # the head and remainder made by conversions. Split by the bits instead (the top 16 bits, an integer add
+        # rounding the head), it took the same device time at 1 x 16 and its outputs lay further from the oracle
+        # (RESULTS.md). In tf32 (the head the top 19 bits, no conversions) 0.05% of outputs were off the rounded
+        # oracle against 0.26%, but it took 6.2 us against 5.2 (twice the MMAs, its operands read from shared memory
+        # without ldmatrix: benchmarks/fused_variants.py at 98ad0a4)
+        s_hi = s0.to(tl.bfloat16)
+        s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
+        if CHAINS:  # the head's and the remainder's products accumulated apart (two chains of MMAs, not one)
+            KS = _apart(tl.dot(k_raw, s_hi)) + _apart(tl.dot(k_raw, s_lo))  # K S0 [BT, BV], its rows' norms not applied
+            QS = _apart(tl.dot(q_raw, s_hi)) + _apart(tl.dot(q_raw, s_lo))
         else:
-            q_op, k_op = b_qs, b_k
-        P = A_q[:, None] * q_op - tl.dot(W * (b_beta * A_k)[None, :], k_op, input_precision=PRECISION)
-        Y = tl.dot(W * b_beta[None, :], b_v, input_precision=PRECISION)
-        if FOLD_HOLD:  # the state's use held until P is made (its zero: a sum over P's rows and columns)
-            s0 = s0 * (tl.sum(tl.sum(P - P, 1), 0) + 1.0)
-        b_o = tl.dot(P, s0, input_precision=PRECISION) + Y
+            KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo))
+            QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo))
+        if not ROWNORM:  # else the rows' norms are in U's and the output's row factors
+            KS = KS * ik[:, None]
+            QS = QS * iq[:, None]
     else:
-        if RAW16:
-            # the head and remainder made by conversions. Split by the bits instead (the top 16 bits, an integer add
-            # rounding the head), it took the same device time at 1 x 16 and its outputs lay further from the oracle
-            # (RESULTS.md). In tf32 (the head the top 19 bits, no conversions) 0.05% of outputs were off the rounded
-            # oracle against 0.26%, but it took 6.2 us against 5.2 (twice the MMAs, its operands read from shared memory
-            # without ldmatrix: benchmarks/fused_variants.py at 98ad0a4)
-            s_hi = s0.to(tl.bfloat16)
-            s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)
-            if CHAINS:  # the head's and the remainder's products accumulated apart (two chains of MMAs, not one)
-                KS = _apart(tl.dot(k_raw, s_hi)) + _apart(tl.dot(k_raw, s_lo))  # K S0 [BT, BV], its rows' norms not applied
-                QS = _apart(tl.dot(q_raw, s_hi)) + _apart(tl.dot(q_raw, s_lo))
-            else:
-                KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo))
-                QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo))
-            if not ROWNORM:  # else the rows' norms are in U's and the output's row factors
-                KS = KS * ik[:, None]
-                QS = QS * iq[:, None]
-        else:
-            KS = tl.dot(b_k, s0, input_precision=PRECISION)
-            QS = tl.dot(b_qs, s0, input_precision=PRECISION)
-        U = b_beta[:, None] * (b_v - A_k[:, None] * KS)  # right-hand side
-        if ROOT == 2:
-            u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
-            U = U + c[:, None] * u0[None, :]
-        # U <- (I + N^(2^r)) U for r < NSTEP: U = sum_n (-L)^n RHS. The first step outside the loop, so that the last
-        # step squares nothing it does not use (N^(2^NSTEP) is 0)
-        if NSTEP > 0:
-            U = U + tl.dot(NL, U, input_precision=PRECISION)
-        for _ in range(1, NSTEP):
-            NL = tl.dot(NL, NL, input_precision=PRECISION)
-            U = U + tl.dot(NL, U, input_precision=PRECISION)
-        b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)
+        KS = tl.dot(b_k, s0, input_precision=PRECISION)
+        QS = tl.dot(b_qs, s0, input_precision=PRECISION)
+    U = b_beta[:, None] * (b_v - A_k[:, None] * KS)  # right-hand side
+    if ROOT == 2:
+        u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
+        U = U + c[:, None] * u0[None, :]
+    # U <- (I + N^(2^r)) U for r < NSTEP: U = sum_n (-L)^n RHS. The first step outside the loop, so that the last
+    # step squares nothing it does not use (N^(2^NSTEP) is 0)
+    if NSTEP > 0:
+        U = U + tl.dot(NL, U, input_precision=PRECISION)
+    for _ in range(1, NSTEP):
+        NL = tl.dot(NL, NL, input_precision=PRECISION)
+        U = U + tl.dot(NL, U, input_precision=PRECISION)
+    b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
 
@@ -260,7 +237,11 @@ def _gdn_wy_kernel(
 # A form 3 that used the state only after the value-independent half (the solve on -L alone, with or without the
 # output's weights folded) measured slower (6.9-7.6 us device time against 2's 6.1-6.4 at 1 x 16) and was removed: its
 # longer chain of products and barriers cost more than the state's read it hid (FUSED_HOLD, which hides the read
-# behind the state-free products alone, gains 0.1-0.4 us; RESULTS.md).
+# behind the state-free products alone, gains 0.1-0.4 us; RESULTS.md). Measured again with the later defaults (q and
+# k as read, their rows' norms as read, 4 warps; benchmarks/fused_variants.py at 0cfc0d2), the form with the output's
+# weights folded (O = P S0 + Y, P = diag(a_q) Q - W diag(beta a_k) K, Y = W diag(beta) V) took 5.7-5.8 us of device time
+# with the state's use held until P was made, 6.7 held on -L's root column and 6.6 not held, against 5.2, and 0.41% of
+# its outputs were off the rounded oracle against 0.26%.
 FUSED_ROOT = 2
 # Whether the one-kernel form takes bf16 q and k as read into its products (RAW16; benchmarks turn it off to time
 # the l2-normed fp32 rows in bf16x3, the form before, in place). On the H200 (RESULTS.md, bench_wy_root.py) it took
@@ -293,8 +274,6 @@ FUSED_ROWNORM = True
 # long (CHAINS; kept apart by an identity Triton cannot see into, _apart). On the H200 (bench_wy_root.py --chains)
 # 5.8 us device time against 5.9 at 1 x 16, 6.5 against 6.6 root first at 1 x 17: within the spread, off.
 FUSED_CHAINS = False
-FUSED_FOLD = False
-FUSED_FOLD_HOLD = False
 # The one-kernel form's warps where plan_wy is given none (None: 4 for a 16-row block, 8 for larger ones); benchmarks
 # set it (bench_engine_api.py --fused-warps). With the root in the block and its rows' norms as read 4 warps took
 # 5.3 us of device time at 1 x 16 against 5.6-5.8 at 8; without the norms as read 5.8-5.9 either way (RESULTS.md).
@@ -476,6 +455,5 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
-              FOLD=FUSED_FOLD and root == 2, FOLD_HOLD=FUSED_FOLD_HOLD,
               num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o
