@@ -295,3 +295,34 @@ def test_the_carveout_probe_refuses_a_carveout_out_of_range_and_a_bad_count_befo
     _refused_before_any_work("bench_wy_root.py", ["--layers", "0"], "--layers: expected 1 or more, got 0")
     _refused_before_any_work("fused_variants.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")
     _refused_before_any_work("fused_variants.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
+
+
+@pytest.mark.parametrize("B, T", [(1, 16), (2, 11)])
+def test_the_transposed_form_fused_variants_times_matches_the_oracle(B, T):
+    """fused_variants.py's transposed kernel (the one-kernel form on the transposes, its state the products' first
+    operand), run by Triton's interpreter with fp32 operands (UP) on the launch plan_wy makes with the root in the
+    block: its output within fp32's tolerance of the float64 oracle, so the figures it is timed for are of a kernel
+    that computes the verify."""
+    from ddsim import oracle
+    from ddsim.bench.bench import ddtree_batch, kernel_inputs
+    from ddsim.gpu_backend import triton_gdn
+    from ddsim.measure.compare import assert_close
+
+    mod = _benchmark("fused_variants")
+    _, parents = ddtree_batch(B, T)
+    inp = kernel_inputs(B, T, dtype=torch.bfloat16, device="cpu")
+    got = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw: got.append((grid, dict(kw))) or (lambda: None))
+        triton_gdn.plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents,
+                           initial_state=inp["initial_state"], design="fused", poison=False)
+    (grid, kw), = got
+    assert kw["ROOT"] == 2
+    kk = {n: kw[n] for n in mod.TRANSPOSED_ARGS if n != "num_warps"}
+    # an fp32 output (Triton 3.6's interpreter truncates fp32 to bf16, where compiled code rounds to nearest), held
+    # to fp32's tolerance
+    kk.update(o=torch.full(kw["o"].shape, float("nan")), UP=True, HOLD=True)
+    mod._transposed_kernel[grid](**kk)
+    ref = oracle.gdn_tree_verify(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents,
+                                 initial_state=inp["initial_state"])
+    assert_close(f"transposed form {B} x {T}", kk["o"], ref, dtype=torch.float32)
