@@ -51,17 +51,14 @@ def _transposed_kernel(
     # S0^T [BV, BK] x K^T [BK, BT] (M = BV), so with 4 warps Triton makes them wgmma's with the state's bf16 head and
     # remainder as the register operand; U^T, the solve U^T (I + N^T) and O^T likewise, by columns of the nodes.
     # UP (the interpreter, whose bf16 products are wrong): fp32 operands
-    i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
-    o_t = tl.arange(0, BT)
-    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
-    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+    _, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords(A_log, dt_bias, H, HV, K, V, BT, BK, BV, FUSED)
     mt = o_t < T
     rows = (i_b * T + o_t).to(tl.int64)
     slot = tl.load(state_idx + i_b)
     mqk = mt[:, None] & mk[None, :]
-    q_raw = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mqk, other=0.0)  # [BT, BK]
-    k_raw = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=mqk, other=0.0)
-    vT = tl.load(v + (rows[None, :] * HV + i_hv) * V + o_v[:, None], mask=mv[:, None] & mt[None, :], other=0.0)  # [BV, BT]
+    q_raw = h.raw_rows(q, rows[:, None], i_h, o_k[None, :], mqk, H, K)  # [BT, BK]
+    k_raw = h.raw_rows(k, rows[:, None], i_h, o_k[None, :], mqk, H, K)
+    vT = h.raw_rows(v, rows[None, :], i_hv, o_v[:, None], mv[:, None] & mt[None, :], HV, V)  # [BV, BT]
     raw_g, raw_b = h.raw_gates(g, beta, rows * HV + i_hv, mt, True)
     anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                   mask=mt[:, None] & mt[None, :], other=0) != 0

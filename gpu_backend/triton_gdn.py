@@ -108,10 +108,8 @@ def _gdn_wy_kernel(
             reads, o, scale, HV, V, FUSED, L2NORM)
         draft = reads[-1]  # the draft rows as read (draft_reads')
     else:
-        i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
-        o_t = tl.arange(0, BT)
-        o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
-        neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+        _, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords(A_log, dt_bias, H, HV, K, V, BT, BK, BV,
+                                                                              FUSED)
         mt = o_t < T
         rows = (i_b * T + o_t).to(tl.int64)
         slot = tl.load(state_idx + i_b)  # read through the table even where it is the identity (no state_indices):

@@ -220,6 +220,18 @@ def wy_tile(q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H: 
 
 
 @triton.jit
+def block_coords(A_log, dt_bias, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FUSED: tl.constexpr):
+    """A WY block program's place: (V tile, sequence, value head, key head), the block's row offsets [BT], the key
+    and value offsets and masks (kv_tile's), and the fused gates' parameters of its value head (gate_params')."""
+    i_v, i_b, i_hv, i_h = head_coords(H, HV)
+    o_t = tl.arange(0, BT)
+    o_k, o_v, mk, mv = kv_tile(i_v, K, V, BK, BV)
+    neg_A, bias = gate_params(A_log, dt_bias, i_hv, FUSED)
+    return i_v, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias
+
+
+@triton.jit
 def wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H: tl.constexpr, HV: tl.constexpr,
              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
              FUSED: tl.constexpr, STATE_VK: tl.constexpr):
@@ -227,10 +239,7 @@ def wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H: tl.conste
     issued after one waits a memory round trip of its own): one round trip, and a second for the state behind its
     pool slot, where reading the root, then the rows, took five in the one-kernel form at 1 x 16 (compiled for
     sm_90). A tuple for wy_values."""
-    i_v, i_b, i_hv, i_h = head_coords(H, HV)
-    o_t = tl.arange(0, BT)
-    o_k, o_v, mk, mv = kv_tile(i_v, K, V, BK, BV)
-    neg_A, bias = gate_params(A_log, dt_bias, i_hv, FUSED)
+    _, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = block_coords(A_log, dt_bias, H, HV, K, V, BT, BK, BV, FUSED)
     r0 = (i_b * T).to(tl.int64)
     mt = o_t < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
