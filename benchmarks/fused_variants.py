@@ -26,6 +26,7 @@ import triton.language as tl
 from ddsim import oracle
 from ddsim.bench.bench import (
     at_least_one,
+    captured_launch,
     cuda_header,
     ddtree_batch,
     kernel_device_us,
@@ -115,24 +116,13 @@ def _transposed_kernel(
 TRANSPOSED_ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "mask", "state", "state_idx", "o", "T", "scale",
                    "NSTEP", "H", "HV", "K", "V", "BT", "BK", "BV", "FUSED", "PRECISION", "STATE_VK", "num_warps")
 
-# the kernel's own variants (triton_gdn._gdn_wy_kernel's constexprs, off by default): {row name: constexprs}. Those
-# timed at 98ad0a4 and 0cfc0d2 are gone from the kernel (the module's docstring)
-VARIANTS: dict = {}
-
-
 def default_launch(B: int, T: int):
     """(launch, o, the default kernel's grid and keyword arguments, inputs, parents) of plan_wy's auto design."""
-    got = []
-    bind_before = triton_gdn.bind
-    triton_gdn.bind = lambda kernel, grid, kw: (got.append((grid, dict(kw))), bind_before(kernel, grid, kw))[1]
-    try:
-        _, parents = ddtree_batch(B, T)
-        inp = kernel_inputs(B, T, dtype=torch.bfloat16, device="cuda")
-        launch, o = triton_gdn.plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(),
-                                       initial_state=inp["initial_state"], design="auto", poison=False)
-    finally:
-        triton_gdn.bind = bind_before
-    (grid, kw), = got
+    _, parents = ddtree_batch(B, T)
+    inp = kernel_inputs(B, T, dtype=torch.bfloat16, device="cuda")
+    (launch, o), grid, kw = captured_launch(lambda: triton_gdn.plan_wy(
+        **{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(), initial_state=inp["initial_state"],
+        design="auto", poison=False))
     return launch, o, grid, kw, inp, parents
 
 
@@ -156,9 +146,6 @@ def main():
     ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
     forms = {"default": (default, o)}
-    for name, over in VARIANTS.items():
-        kk = dict(kw, **over, o=torch.full_like(o, float("nan")))
-        forms[name] = (bind(triton_gdn._gdn_wy_kernel, grid, kk), kk["o"])
     for name, mma2 in (("transposed (wgmma)", False), ("transposed (mma.sync)", True)):
         kk = {n: kw[n] for n in TRANSPOSED_ARGS}
         kk.update(o=torch.full_like(o, float("nan")), UP=False, HOLD=True, MMA2=mma2)

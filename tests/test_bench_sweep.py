@@ -304,19 +304,16 @@ def test_the_transposed_form_fused_variants_times_matches_the_oracle(B, T):
     block: its output within fp32's tolerance of the float64 oracle, so the figures it is timed for are of a kernel
     that computes the verify."""
     from ddsim import oracle
-    from ddsim.bench.bench import ddtree_batch, kernel_inputs
+    from ddsim.bench.bench import captured_launch, ddtree_batch, kernel_inputs
     from ddsim.gpu_backend import triton_gdn
     from ddsim.measure.compare import assert_close
 
     mod = _benchmark("fused_variants")
     _, parents = ddtree_batch(B, T)
     inp = kernel_inputs(B, T, dtype=torch.bfloat16, device="cpu")
-    got = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw: got.append((grid, dict(kw))) or (lambda: None))
-        triton_gdn.plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents,
-                           initial_state=inp["initial_state"], design="fused", poison=False)
-    (grid, kw), = got
+    _, grid, kw = captured_launch(lambda: triton_gdn.plan_wy(
+        **{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents, initial_state=inp["initial_state"],
+        design="fused", poison=False))
     assert kw["ROOT"] == 2
     kk = {n: kw[n] for n in mod.TRANSPOSED_ARGS if n != "num_warps"}
     # an fp32 output (Triton 3.6's interpreter truncates fp32 to bf16, where compiled code rounds to nearest), held
@@ -326,3 +323,24 @@ def test_the_transposed_form_fused_variants_times_matches_the_oracle(B, T):
     ref = oracle.gdn_tree_verify(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"])
     assert_close(f"transposed form {B} x {T}", kk["o"], ref, dtype=torch.float32)
+
+
+def test_captured_launch_gives_the_one_launch_a_plan_binds_and_refuses_none_or_several():
+    """bench.captured_launch: plan_wy's result with the grid and keyword arguments of the launch it bound (bind as
+    before, restored after), and a RuntimeError where fn binds no launch or more than one."""
+    from ddsim.bench.bench import captured_launch, ddtree_batch, kernel_inputs
+    from ddsim.gpu_backend import triton_gdn
+
+    bind = triton_gdn.bind
+    _, parents = ddtree_batch(1, 16)
+    inp = kernel_inputs(1, 16, device="cpu")
+    (launch, o), grid, kw = captured_launch(lambda: triton_gdn.plan_wy(
+        **{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents, initial_state=inp["initial_state"],
+        design="fused", poison=False))
+    assert callable(launch) and kw["o"] is o and kw["T"] == 16 and grid == (2, 48)
+    assert triton_gdn.bind is bind
+    with pytest.raises(RuntimeError, match="0 launches bound"):
+        captured_launch(lambda: None)
+    with pytest.raises(RuntimeError, match="2 launches bound"):
+        captured_launch(lambda: (triton_gdn.bind(None, (1,), {}), triton_gdn.bind(None, (1,), {})))
+    assert triton_gdn.bind is bind

@@ -468,6 +468,23 @@ def kernel_device_us(fn, *, repeats: int = 30, flush: bool = True) -> float:
     return sorted(calls)[len(calls) // 2]
 
 
+def captured_launch(fn):
+    """(fn()'s result, grid, keyword arguments) of the one kernel launch fn plans through triton_gdn.bind (caught on
+    the way, bound as before): a benchmark's handle on the launch plan_wy makes, to time it beside variants of it."""
+    import ddsim.gpu_backend.triton_gdn as G
+    got = []
+    real = G.bind
+    G.bind = lambda kernel, grid, kw: got.append((grid, kw)) or real(kernel, grid, kw)
+    try:
+        result = fn()
+    finally:
+        G.bind = real
+    if len(got) != 1:
+        raise RuntimeError(f"captured_launch: {len(got)} launches bound through triton_gdn.bind, expected one")
+    (grid, kw), = got
+    return result, grid, kw
+
+
 def compiled_during(fn):
     """(fn's result, [(key, compiled kernel)] that ddsim.gpu_backend.launch's cache took while fn ran, by key)."""
     from ddsim.gpu_backend import launch as L
