@@ -293,6 +293,10 @@ def test_the_carveout_probe_refuses_a_carveout_out_of_range_and_a_bad_count_befo
     _refused_before_any_work("timer_carveout.py", ["--shape", "1x16,1x9"], "expected one shape")
     _refused_before_any_work("timer_warmup.py", ["--shape", "1x16,1x9"], "expected one shape")
     _refused_before_any_work("bench_wy_root.py", ["--layers", "0"], "--layers: expected 1 or more, got 0")
+
+
+def test_fused_variants_refuses_bad_counts_before_any_work():
+    """fused_variants.py --calls and --rounds below 1: one line and exit 2, said before the CUDA check."""
     _refused_before_any_work("fused_variants.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")
     _refused_before_any_work("fused_variants.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
 
