@@ -126,13 +126,29 @@ def default_launch(B: int, T: int):
     return launch, o, grid, kw, inp, parents
 
 
+def tma_descriptors(kw: dict, tma: int, B: int, T: int) -> dict:
+    """The default launch's arguments that _gdn_wy_kernel's TMA reads as tensor descriptors: the state pool
+    [N, HV, K, V] in [1, 1, BK, BV] blocks; with TMA 2 q and k [B, T, H * K] in [1, BT, BK] blocks too."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    state = kw["state"]
+    got = {"state": TensorDescriptor.from_tensor(state, [1, 1, kw["BK"], kw["BV"]])}
+    if tma == 2:
+        for n in ("q", "k"):
+            got[n] = TensorDescriptor.from_tensor(kw[n].view(B, T, -1), [1, kw["BT"], kw["BK"]])
+    return got
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", default="transposed,tma", help="comma-separated, from transposed, tma")
     a = ap.parse_args()
     at_least_one(ap, a, "calls", "rounds")
+    variants = a.variants.split(",")
+    if not variants or not set(variants) <= {"transposed", "tma"}:
+        ap.error(f"--variants {a.variants!r}: expected a comma-separated list from transposed, tma")
     if not torch.cuda.is_available():
         raise SystemExit("fused_variants: needs a CUDA device")
     print(cuda_header(a.commit), flush=True)
@@ -146,7 +162,10 @@ def main():
     ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
     forms = {"default": (default, o)}
-    for name, mma2 in (("transposed (wgmma)", False), ("transposed (mma.sync)", True)):
+    for name, tma in (("state by TMA", 1), ("state, q and k by TMA", 2)) if "tma" in variants else ():
+        kk = dict(kw, o=torch.full_like(o, float("nan")), TMA=tma, **tma_descriptors(kw, tma, B, T))
+        forms[name] = (bind(triton_gdn._gdn_wy_kernel, grid, kk), kk["o"])
+    for name, mma2 in (("transposed (wgmma)", False), ("transposed (mma.sync)", True)) if "transposed" in variants else ():
         kk = {n: kw[n] for n in TRANSPOSED_ARGS}
         kk.update(o=torch.full_like(o, float("nan")), UP=False, HOLD=True, MMA2=mma2)
         if mma2:
