@@ -130,6 +130,8 @@ def tma_descriptors(kw: dict, tma: int, B: int, T: int) -> dict:
     """The default launch's arguments that _gdn_wy_kernel's TMA reads as tensor descriptors: the state pool
     [N, HV, K, V] in [1, 1, BK, BV] blocks; with TMA 2 q and k [B, T, H * K] in [1, BT, BK] blocks too."""
     from triton.tools.tensor_descriptor import TensorDescriptor
+    if tma >= 3:  # the state prefetched (bulk_prefetch_l2), then read as by default
+        return {}
     state = kw["state"]
     got = {"state": TensorDescriptor.from_tensor(state, [1, 1, kw["BK"], kw["BV"]])}
     if tma == 2:
@@ -162,7 +164,8 @@ def main():
     ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
     forms = {"default": (default, o)}
-    for name, tma in (("state by TMA", 1), ("state, q and k by TMA", 2)) if "tma" in variants else ():
+    for name, tma in (("state by TMA", 1), ("state, q and k by TMA", 2), ("state prefetched in bulk, then read", 3),
+                      ("the head's state prefetched in two halves, then read", 4)) if "tma" in variants else ():
         kk = dict(kw, o=torch.full_like(o, float("nan")), TMA=tma, **tma_descriptors(kw, tma, B, T))
         forms[name] = (bind(triton_gdn._gdn_wy_kernel, grid, kk), kk["o"])
     for name, mma2 in (("transposed (wgmma)", False), ("transposed (mma.sync)", True)) if "transposed" in variants else ():

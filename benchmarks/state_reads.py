@@ -5,6 +5,8 @@ over K) so that no read is dropped.
 
   ldg         tl.load of the [BK, BV] tile (16-byte reads into registers: the form's own read)
   ldg .cg     the same, cached in L2 only
+  ldg, rows prefetched in bulk
+              the same after each row's 256 bytes are prefetched into L2 by cp.async.bulk.prefetch (64-wide only)
   tma host    a tensor descriptor made on the host (a kernel argument), the tile copied by the Tensor Memory
               Accelerator into shared memory, then into registers
   tma device  the same with the descriptor made in the kernel (tl.make_tensor_descriptor)
@@ -23,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ddsim.bench.bench import at_least_one, cuda_header, int_list, kernel_device_us, median_us
+from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
 
 HV, K, V = 48, 128, 128
@@ -31,10 +34,12 @@ POOL = 64  # the pool's rows; the sequence's slot is one of them
 
 @triton.jit
 def _ldg_kernel(state, state_idx, out, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                CG: tl.constexpr):
+                CG: tl.constexpr, PREFETCH: tl.constexpr):
     i_v, i_hv = tl.program_id(0), tl.program_id(1)
     slot = tl.load(state_idx)
     o_k, o_v = tl.arange(0, K), i_v * BV + tl.arange(0, BV)
+    if PREFETCH:  # each row's BV * 4 = 256 bytes (BV = 64)
+        h.bulk_prefetch_l2(state + ((slot * HV + i_hv) * K + o_k).to(tl.int64) * V + i_v * BV, 256)
     ptrs = state + ((slot * HV + i_hv) * K + o_k[:, None]).to(tl.int64) * V + o_v[None, :]
     if CG:
         s0 = tl.load(ptrs, cache_modifier=".cg")
@@ -68,8 +73,10 @@ def launches(pool: torch.Tensor, slot: torch.Tensor, out: torch.Tensor, bv: int)
     flat = pool.view(-1, V)  # [POOL * HV * K, V]
     common = dict(state_idx=slot, out=out, HV=HV, K=K, V=V, BV=bv, num_warps=4)
     return {
-        "ldg": bind(_ldg_kernel, grid, dict(common, state=pool, CG=False)),
-        "ldg .cg": bind(_ldg_kernel, grid, dict(common, state=pool, CG=True)),
+        "ldg": bind(_ldg_kernel, grid, dict(common, state=pool, CG=False, PREFETCH=False)),
+        "ldg .cg": bind(_ldg_kernel, grid, dict(common, state=pool, CG=True, PREFETCH=False)),
+        **({"ldg, rows prefetched in bulk": bind(_ldg_kernel, grid, dict(common, state=pool, CG=False, PREFETCH=True))}
+           if bv == 64 else {}),
         "tma host": bind(_tma_host_kernel, grid, dict(common, desc=TensorDescriptor.from_tensor(flat, [K, bv]))),
         "tma device": bind(_tma_device_kernel, grid, dict(common, state=flat, R=flat.shape[0])),
     }

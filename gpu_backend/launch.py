@@ -67,10 +67,17 @@ def key_of(kernel, kw: dict, device: int) -> tuple:
     if len(kw) != len(names) + len(options) - options.count(None):
         unknown = sorted(set(kw) - set(names) - set(_OPTIONS))
         raise TypeError(f"{kernel.__name__}: unknown arguments {unknown}")
-    T = torch.Tensor  # every tensor's dtype and alignment, a float's type, anything else by value
-    spec = tuple([(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, T) else (float if type(a) is float else a)
-                  for a in args])
+    T = torch.Tensor  # every tensor's dtype and alignment, a float's type, a tensor descriptor's (_desc_spec),
+    # anything else by value
+    spec = tuple([(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, T) else
+                  (float if type(a) is float else _desc_spec(a) if hasattr(a, "block_shape") else a) for a in args])
     return (id(kernel), device, options, spec), args
+
+
+def _desc_spec(d) -> tuple:
+    """What Triton specializes a host tensor descriptor (triton.tools.tensor_descriptor) on: its base's dtype, its
+    block's shape and its padding (its base, shape and strides are values the launcher encodes on each call)."""
+    return ("tensordesc", d.base.dtype, tuple(d.block_shape), d.padding)
 
 
 def bind(kernel, grid, kw: dict):

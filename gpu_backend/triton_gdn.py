@@ -131,9 +131,13 @@ def _gdn_wy_kernel(
             draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
         anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
-        if TMA > 0:  # benchmarks/fused_variants.py: the state a tensor descriptor over the pool [N, HV, K, V]
+        if TMA == 1 or TMA == 2:  # benchmarks/fused_variants.py: the state a tensor descriptor over the pool
             s0 = state.load([slot, i_hv, 0, i_v * BV]).reshape(BK, BV)
         else:
+            if TMA == 3:  # benchmarks/fused_variants.py: each of the tile's rows prefetched into L2 in bulk first
+                h.bulk_prefetch_l2(state + ((slot.to(tl.int64) * HV + i_hv) * K + o_k) * V + i_v * BV, BV * 4)
+            if TMA == 4:  # the same, the head's [K, V] (contiguous) in two 32 KiB halves, one to each V tile
+                h.bulk_prefetch_l2(state + ((slot.to(tl.int64) * HV + i_hv) * K + i_v * (K // 2)) * V, 32768)
             s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
                          mask=mk[:, None] & mv[None, :], other=0.0)
         b_q, b_k, b_v, b_g, b_beta = h.draft_values(draft, mt, neg_A, bias, FUSED, L2NORM)
