@@ -11,7 +11,9 @@ Variants: the form on its transposes, V as rows, so that the state is the produc
 norms, K K^T's column norms or -L's root column were made (late 1 / 2 / 3), the state read unmasked by 32-bit offsets
 (ptr32) and with that its products in tf32 (ptr32+tf32); at 0cfc0d2 the form with its value-independent half folded
 into the output's weights (fold: O = P S0 + Y, one product after the state arrives), its state's use held on -L's root
-column, on P, or not held. All slower; they were removed after (RESULTS.md).
+column, on P, or not held; at 6d83e0f (--variants tma) its state read by a tensor descriptor (TMA), with q and k, and
+its state prefetched into L2 in bulk (cp.async.bulk.prefetch: each of its tile's rows, or its head in two halves)
+before the read. All slower; they were removed after (RESULTS.md).
 
     python benchmarks/fused_variants.py [--commit SHA] [--calls 5] [--rounds 3]
 """
@@ -126,31 +128,13 @@ def default_launch(B: int, T: int):
     return launch, o, grid, kw, inp, parents
 
 
-def tma_descriptors(kw: dict, tma: int, B: int, T: int) -> dict:
-    """The default launch's arguments that _gdn_wy_kernel's TMA reads as tensor descriptors: the state pool
-    [N, HV, K, V] in [1, 1, BK, BV] blocks; with TMA 2 q and k [B, T, H * K] in [1, BT, BK] blocks too."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    if tma >= 3:  # the state prefetched (bulk_prefetch_l2), then read as by default
-        return {}
-    state = kw["state"]
-    got = {"state": TensorDescriptor.from_tensor(state, [1, 1, kw["BK"], kw["BV"]])}
-    if tma == 2:
-        for n in ("q", "k"):
-            got[n] = TensorDescriptor.from_tensor(kw[n].view(B, T, -1), [1, kw["BT"], kw["BK"]])
-    return got
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", default="transposed,tma", help="comma-separated, from transposed, tma")
     a = ap.parse_args()
     at_least_one(ap, a, "calls", "rounds")
-    variants = a.variants.split(",")
-    if not variants or not set(variants) <= {"transposed", "tma"}:
-        ap.error(f"--variants {a.variants!r}: expected a comma-separated list from transposed, tma")
     if not torch.cuda.is_available():
         raise SystemExit("fused_variants: needs a CUDA device")
     print(cuda_header(a.commit), flush=True)
@@ -164,11 +148,7 @@ def main():
     ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
     forms = {"default": (default, o)}
-    for name, tma in (("state by TMA", 1), ("state, q and k by TMA", 2), ("state prefetched in bulk, then read", 3),
-                      ("the head's state prefetched in two halves, then read", 4)) if "tma" in variants else ():
-        kk = dict(kw, o=torch.full_like(o, float("nan")), TMA=tma, **tma_descriptors(kw, tma, B, T))
-        forms[name] = (bind(triton_gdn._gdn_wy_kernel, grid, kk), kk["o"])
-    for name, mma2 in (("transposed (wgmma)", False), ("transposed (mma.sync)", True)) if "transposed" in variants else ():
+    for name, mma2 in (("transposed (wgmma)", False), ("transposed (mma.sync)", True)):
         kk = {n: kw[n] for n in TRANSPOSED_ARGS}
         kk.update(o=torch.full_like(o, float("nan")), UP=False, HOLD=True, MMA2=mma2)
         if mma2:

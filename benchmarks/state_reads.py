@@ -25,11 +25,18 @@ import triton
 import triton.language as tl
 
 from ddsim.bench.bench import at_least_one, cuda_header, int_list, kernel_device_us, median_us
-from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
 
 HV, K, V = 48, 128, 128
 POOL = 64  # the pool's rows; the sequence's slot is one of them
+
+
+@triton.jit
+def _bulk_prefetch_l2(rows):
+    # 256 bytes prefetched into L2 from each address in rows (16-byte aligned) by cp.async.bulk.prefetch, the copy
+    # engine's, which nothing waits for; compiled only (sm_90 and later: the interpreter runs no inline assembly)
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 256;\n mov.u32 $0, 0;", "=r,l", [rows],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -39,7 +46,7 @@ def _ldg_kernel(state, state_idx, out, HV: tl.constexpr, K: tl.constexpr, V: tl.
     slot = tl.load(state_idx)
     o_k, o_v = tl.arange(0, K), i_v * BV + tl.arange(0, BV)
     if PREFETCH:  # each row's BV * 4 = 256 bytes (BV = 64)
-        h.bulk_prefetch_l2(state + ((slot * HV + i_hv) * K + o_k).to(tl.int64) * V + i_v * BV, 256)
+        _bulk_prefetch_l2(state + ((slot * HV + i_hv) * K + o_k).to(tl.int64) * V + i_v * BV)
     ptrs = state + ((slot * HV + i_hv) * K + o_k[:, None]).to(tl.int64) * V + o_v[None, :]
     if CG:
         s0 = tl.load(ptrs, cache_modifier=".cg")

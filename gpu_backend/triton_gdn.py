@@ -86,7 +86,7 @@ def _gdn_wy_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False, TMA: tl.constexpr = 0,
+    CHAINS: tl.constexpr = False,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -108,8 +108,8 @@ def _gdn_wy_kernel(
             reads, o, scale, HV, V, FUSED, L2NORM)
         draft = reads[-1]  # the draft rows as read (draft_reads')
     else:
-        i_v, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords(A_log, dt_bias, H, HV, K, V, BT, BK,
-                                                                                BV, FUSED)
+        _, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords(A_log, dt_bias, H, HV, K, V, BT, BK, BV,
+                                                                              FUSED)
         mt = o_t < T
         rows = (i_b * T + o_t).to(tl.int64)
         slot = tl.load(state_idx + i_b)  # read through the table even where it is the identity (no state_indices):
@@ -122,24 +122,15 @@ def _gdn_wy_kernel(
         # Where the state's read goes out is close to the best of those measured (benchmarks/fused_variants.py at
         # 98ad0a4, device time at 1 x 16 against 5.2 us): issued once the rows' norms, K K^T's column norms or -L's
         # root column were made 6.1-6.2; unmasked by 32-bit offsets (56 fewer instructions, issued sooner) 5.7-5.8;
-        # the whole form on its transposes (the state the products' first operand) 5.6-5.8
-        if TMA == 2:  # benchmarks/fused_variants.py: q and k tensor descriptors over [B, T, H * K], blocks [1, BT, BK]
-            raw_g, raw_b = h.raw_gates(g, beta, rows * HV + i_hv, mt, True)
-            draft = (q.load([i_b, 0, i_h * K]).reshape(BT, BK), k.load([i_b, 0, i_h * K]).reshape(BT, BK),
-                     h.raw_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V), raw_g, raw_b)
-        else:
-            draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
+        # the whole form on its transposes (the state the products' first operand) 5.6-5.8. Read by a tensor descriptor
+        # (TMA: faster alone, 3.5 us against 4.3 for the state's read by itself, benchmarks/state_reads.py, but Triton
+        # waits for the copy where it is issued) 6.0-6.1, q and k so too 7.2; its rows, or its head in two halves,
+        # prefetched into L2 in bulk first 5.9 / 5.7-5.8 (fused_variants.py at 6d83e0f)
+        draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
         anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
-        if TMA == 1 or TMA == 2:  # benchmarks/fused_variants.py: the state a tensor descriptor over the pool
-            s0 = state.load([slot, i_hv, 0, i_v * BV]).reshape(BK, BV)
-        else:
-            if TMA == 3:  # benchmarks/fused_variants.py: each of the tile's rows prefetched into L2 in bulk first
-                h.bulk_prefetch_l2(state + ((slot.to(tl.int64) * HV + i_hv) * K + o_k) * V + i_v * BV, BV * 4)
-            if TMA == 4:  # the same, the head's [K, V] (contiguous) in two 32 KiB halves, one to each V tile
-                h.bulk_prefetch_l2(state + ((slot.to(tl.int64) * HV + i_hv) * K + i_v * (K // 2)) * V, 32768)
-            s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
-                         mask=mk[:, None] & mv[None, :], other=0.0)
+        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
+                     other=0.0)
         b_q, b_k, b_v, b_g, b_beta = h.draft_values(draft, mt, neg_A, bias, FUSED, L2NORM)
     b_v = b_v.to(tl.float32)
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path (below the root for ROOT 0)
@@ -465,5 +456,5 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
-              TMA=0, num_warps=num_warps)
+              num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

@@ -289,18 +289,3 @@ def draft_values(reads, mt, neg_A, bias, FUSED: tl.constexpr, L2NORM: tl.constex
     b_q, b_k, b_v, raw_g, raw_b = reads
     b_g, b_beta = gate_values(raw_g, raw_b, neg_A, bias, FUSED)
     return normed(b_q, L2NORM, 1), normed(b_k, L2NORM, 1), b_v, tl.where(mt, b_g, 0.0), tl.where(mt, b_beta, 0.0)
-
-
-
-@triton.jit
-def bulk_prefetch_l2(addrs, NBYTES: tl.constexpr):
-    """Prefetch NBYTES (256 or 32768) into L2 from each address in addrs (16-byte aligned): cp.async.bulk.prefetch,
-    the copy engine's, which nothing waits for. Compiled only (sm_90 and later): the interpreter runs no inline
-    assembly."""
-    tl.static_assert(NBYTES == 256 or NBYTES == 32768)
-    if NBYTES == 256:
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 256;\n mov.u32 $0, 0;", "=r,l", [addrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 32768;\n mov.u32 $0, 0;", "=r,l", [addrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)

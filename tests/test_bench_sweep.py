@@ -329,6 +329,37 @@ def test_the_transposed_form_fused_variants_times_matches_the_oracle(B, T):
     assert_close(f"transposed form {B} x {T}", kk["o"], ref, dtype=torch.float32)
 
 
+def test_state_reads_refuses_bad_options_before_any_work():
+    """state_reads.py --rounds below 1, a V tile it does not time: one line and exit 2, said before the CUDA check."""
+    _refused_before_any_work("state_reads.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
+    _refused_before_any_work("state_reads.py", ["--block-v", "48"],
+                             "--block-v '48': expected a comma-separated list from [16, 32, 64, 128]")
+
+
+@pytest.mark.parametrize("bv", [64, 32])
+def test_each_read_state_reads_times_reads_the_slots_state(monkeypatch, bv):
+    """state_reads.py's kernels, run by Triton's interpreter on a smaller pool (4 value heads): each program folds
+    the tile at the table's slot (not row 0, not its neighbour's) into its output row, every read but the bulk
+    prefetch (inline assembly, compiled only) checked, so what it times is a read of the state through the slot."""
+    import triton
+
+    mod = _benchmark("state_reads")
+    monkeypatch.setattr(mod, "HV", 4)
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
+    pool = torch.randn(3, 4, mod.K, mod.V, generator=torch.Generator().manual_seed(0))
+    slot = torch.tensor([2], dtype=torch.int32)
+    out = torch.empty(4, mod.V)
+    got = mod.launches(pool, slot, out, bv)
+    assert {"ldg", "ldg .cg", "tma host", "tma device"} <= set(got)
+    assert ("ldg, rows prefetched in bulk" in got) == (bv == 64)
+    for name, launch in got.items():
+        if "prefetched" in name:
+            continue
+        out.fill_(float("nan"))
+        launch()
+        torch.testing.assert_close(out, pool[2].sum(1), rtol=0, atol=1e-4, msg=name)
+
+
 def test_captured_launch_gives_the_one_launch_a_plan_binds_and_refuses_none_or_several():
     """bench.captured_launch: plan_wy's result with the grid and keyword arguments of the launch it bound (bind as
     before, restored after), and a RuntimeError where fn binds no launch or more than one."""

@@ -42,6 +42,23 @@ def test_the_key_separates_every_specialization():
     assert launch.key_of(_gdn_commit_kernel, _kw(), 1)[0] != base  # another device
 
 
+def test_a_tensor_descriptor_is_keyed_by_what_triton_specializes_it_on():
+    """A host tensor descriptor (triton.tools.tensor_descriptor, benchmarks/state_reads.py's) keys by its base's dtype,
+    its block's shape and its padding, which Triton compiles into the kernel; its base, shape and strides are values
+    the launcher encodes on each call, so another tensor of the same kind keeps the key."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def desc(t, block, padding="zero"):
+        return _kw(state=TensorDescriptor.from_tensor(t, block, padding))
+
+    base = launch.key_of(_gdn_commit_kernel, desc(torch.zeros(4, 16), [2, 16]), 0)[0]
+    assert launch.key_of(_gdn_commit_kernel, desc(torch.ones(8, 16), [2, 16]), 0)[0] == base
+    for what, kw in {"dtype": desc(torch.zeros(4, 16, dtype=torch.bfloat16), [2, 16]),
+                     "block": desc(torch.zeros(4, 16), [4, 16]),
+                     "padding": desc(torch.zeros(4, 16), [2, 16], "nan")}.items():
+        assert launch.key_of(_gdn_commit_kernel, kw, 0)[0] != base, what
+
+
 def test_unknown_or_missing_arguments_are_refused():
     with pytest.raises(TypeError, match="unknown arguments"):
         launch.key_of(_gdn_commit_kernel, _kw(bogus=1), 0)
