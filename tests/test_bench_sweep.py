@@ -329,6 +329,30 @@ def test_the_transposed_form_fused_variants_times_matches_the_oracle(B, T):
     assert_close(f"transposed form {B} x {T}", kk["o"], ref, dtype=torch.float32)
 
 
+def test_fused_ablations_cuts_each_find_their_lines_in_the_kernel():
+    """benchmarks/fused_ablation.py cuts parts out of a copy of _gdn_wy_kernel by replacing lines of its source: each
+    cut still finds each of its lines exactly once (else the script stops), and its copy is a Triton kernel with the
+    kernel's arguments, so the figures it records are of those cuts."""
+    import inspect
+
+    from ddsim.gpu_backend import triton_gdn
+
+    mod = _benchmark("fused_ablation")
+    src = inspect.getsource(triton_gdn._gdn_wy_kernel.fn)
+    for name, edits in mod.CUTS.items():
+        assert all(src.count(old) == 1 for old, _ in edits), name
+        kernel = mod.cut_kernel(name)
+        assert kernel.arg_names == triton_gdn._gdn_wy_kernel.arg_names, name
+        cut = inspect.getsource(kernel.fn)
+        assert all(new in cut and (old in new or old not in cut) for old, new in edits), name
+
+
+def test_fused_ablation_refuses_bad_counts_before_any_work():
+    """fused_ablation.py --calls and --rounds below 1: one line and exit 2, said before the CUDA check."""
+    _refused_before_any_work("fused_ablation.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")
+    _refused_before_any_work("fused_ablation.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
+
+
 def test_state_reads_refuses_bad_options_before_any_work():
     """state_reads.py --rounds below 1, a V tile it does not time: one line and exit 2, said before the CUDA check."""
     _refused_before_any_work("state_reads.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")

@@ -1,0 +1,114 @@
+"""What each part of the one-kernel WY form's chain costs at one sequence (1 x 16: the root in the block, q and k as
+read, their rows' norms from the rows as read, the state held; Qwen3.6-27B GDN shapes, bf16 inputs, a DDTree tree):
+copies of _gdn_wy_kernel with a part cut out, timed beside the form in one process, the rows interleaved round by
+round. A cut copy computes the wrong output: it is timed, never used. What a cut saves bounds what any faster way of
+making that part could save while the rest is made as now.
+
+  no remainder          the state's products by its bf16 head alone (its remainder neither made nor multiplied)
+  no state products     K S0 and Q S0 zero; the state still read, its column sums times zero added to the
+                        right-hand side so that the read is kept
+  no solve              the right-hand side used as U (no doubling steps)
+  no output product     the output A_q Q S0 alone, U times zero added so that U is still made
+  K side alone          no state products, no solve and no output product: the reads, the gates, K K^T, Q K^T, -L,
+                        the right-hand side from v and the store
+
+Each copy is the kernel's source with lines replaced, written to a temporary file (Triton reads a kernel's source from
+its file); a line it no longer finds once stops the script. Timer: bench.median_us_calls (the median of --calls do_bench
+calls, their range); device: bench.kernel_device_us after do_bench's flush and warm.
+
+    python benchmarks/fused_ablation.py [--commit SHA] [--calls 5] [--rounds 2]
+"""
+import argparse
+import importlib.util
+import inspect
+import os
+import statistics
+import tempfile
+
+import torch
+
+from ddsim.bench.bench import (
+    at_least_one,
+    captured_launch,
+    cuda_header,
+    ddtree_batch,
+    kernel_device_us,
+    kernel_inputs,
+    median_us_calls,
+)
+from ddsim.gpu_backend.launch import bind
+
+KS = "            KS = tl.dot(k_raw, s_hi, tl.dot(k_raw, s_lo))\n"
+QS = "            QS = tl.dot(q_raw, s_hi, tl.dot(q_raw, s_lo))\n"
+SOLVE = ("    if NSTEP > 0:\n        U = U + tl.dot(NL, U, input_precision=PRECISION)\n    for _ in range(1, NSTEP):\n"
+         "        NL = tl.dot(NL, NL, input_precision=PRECISION)\n        U = U + tl.dot(NL, U, input_precision=PRECISION)\n")
+OUT = "    b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)\n"
+RHS = "    U = b_beta[:, None] * (b_v - A_k[:, None] * KS)  # right-hand side\n"
+ZERO_KS = ("            KS = tl.zeros([BT, BV], tl.float32)\n            QS = tl.zeros([BT, BV], tl.float32)\n")
+KEEP_READ = RHS + "    U = U + tl.sum(s0, 0)[None, :] * 0.0  # the state's read kept\n"
+CUTS = {
+    "no remainder": [(KS, "            KS = tl.dot(k_raw, s_hi)\n"), (QS, "            QS = tl.dot(q_raw, s_hi)\n")],
+    "no state products": [(KS + QS, ZERO_KS), (RHS, KEEP_READ)],
+    "no solve": [(SOLVE, "")],
+    "no output product": [(OUT, "    b_o = A_q[:, None] * QS + U * 0.0\n")],
+    "K side alone": [(KS + QS, ZERO_KS), (RHS, KEEP_READ), (SOLVE, ""), (OUT, "    b_o = A_q[:, None] * QS + U * 0.0\n")],
+}
+
+
+def cut_kernel(name: str):
+    """_gdn_wy_kernel with CUTS[name]'s lines replaced, from a module written to a temporary file."""
+    from ddsim.gpu_backend import triton_gdn as G
+    src = inspect.getsource(G._gdn_wy_kernel.fn)
+    for old, new in CUTS[name]:
+        if src.count(old) != 1:
+            raise SystemExit(f"fused_ablation: _gdn_wy_kernel's source no longer has {old.strip()[:60]!r} once")
+        src = src.replace(old, new)
+    header = ("import triton\nimport triton.language as tl\nfrom ddsim.gpu_backend import triton_helpers as h\n"
+              "from ddsim.gpu_backend.triton_gdn import _apart\n\n\n")
+    path = os.path.join(tempfile.mkdtemp(prefix="ddsim_cut_"), "cut_gdn.py")
+    with open(path, "w") as f:
+        f.write(header + src)
+    spec = importlib.util.spec_from_file_location("cut_gdn", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._gdn_wy_kernel
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="?")
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    at_least_one(ap, a, "calls", "rounds")
+    if not torch.cuda.is_available():
+        raise SystemExit("fused_ablation: needs a CUDA device")
+    from ddsim.gpu_backend import triton_gdn
+    print(cuda_header(a.commit), flush=True)
+    B, T = 1, 16
+    _, parents = ddtree_batch(B, T)
+    inp = kernel_inputs(B, T, dtype=torch.bfloat16, device="cuda")
+    (default, o), grid, kw = captured_launch(lambda: triton_gdn.plan_wy(
+        **{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(), initial_state=inp["initial_state"],
+        design="auto", poison=False))
+    if kw.get("ROOT") != 2 or not kw.get("RAW16") or not kw.get("HOLD") or kw.get("CHAINS"):
+        raise SystemExit(f"fused_ablation: the default at {B} x {T} is not the form these cuts are of")
+    forms = {"the form": default}
+    for name in CUTS:
+        forms[name] = bind(cut_kernel(name), grid, dict(kw, o=torch.empty_like(o)))
+    for launch in forms.values():
+        launch()
+    torch.cuda.synchronize()
+    print(f"B x T {B} x {T}, {kw['num_warps']} warps, {kw['BV']}-wide V tiles, NSTEP {kw['NSTEP']}\n")
+    print("| round | form | timer us (median of calls, range) | device us, flushed (three) | device us, warm |")
+    print("|---|---|---|---|---|")
+    for rnd in range(a.rounds):
+        for name, launch in forms.items():
+            t = median_us_calls(launch, a.calls)
+            dev = [kernel_device_us(launch) for _ in range(3)]
+            print(f"| {rnd} | {name} | {statistics.median(t):.2f} ({t[0]:.2f}-{t[-1]:.2f}) | "
+                  f"{' '.join(f'{x:.2f}' for x in dev)} | {kernel_device_us(launch, flush=False):.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
