@@ -11,6 +11,8 @@ making that part could save while the rest is made as now.
   no output product     the output A_q Q S0 alone, U times zero added so that U is still made
   K side alone          no state products, no solve and no output product: the reads, the gates, K K^T, Q K^T, -L,
                         the right-hand side from v and the store
+  K side alone, no state read
+                        the same with the state (and its slot) not read
 
 Each copy is the kernel's source with lines replaced, written to a temporary file (Triton reads a kernel's source from
 its file); a line it no longer finds once stops the script. Timer: bench.median_us_calls (the median of --calls do_bench
@@ -44,6 +46,8 @@ SOLVE = ("    if NSTEP > 0:\n        U = U + tl.dot(NL, U, input_precision=PRECI
          "        NL = tl.dot(NL, NL, input_precision=PRECISION)\n        U = U + tl.dot(NL, U, input_precision=PRECISION)\n")
 OUT = "    b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)\n"
 RHS = "    U = b_beta[:, None] * (b_v - A_k[:, None] * KS)  # right-hand side\n"
+READ = ("        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],\n"
+        "                     other=0.0)\n")
 ZERO_KS = ("            KS = tl.zeros([BT, BV], tl.float32)\n            QS = tl.zeros([BT, BV], tl.float32)\n")
 KEEP_READ = RHS + "    U = U + tl.sum(s0, 0)[None, :] * 0.0  # the state's read kept\n"
 CUTS = {
@@ -52,6 +56,8 @@ CUTS = {
     "no solve": [(SOLVE, "")],
     "no output product": [(OUT, "    b_o = A_q[:, None] * QS + U * 0.0\n")],
     "K side alone": [(KS + QS, ZERO_KS), (RHS, KEEP_READ), (SOLVE, ""), (OUT, "    b_o = A_q[:, None] * QS + U * 0.0\n")],
+    "K side alone, no state read": [(KS + QS, ZERO_KS), (SOLVE, ""), (OUT, "    b_o = A_q[:, None] * QS + U * 0.0\n"),
+                                    (READ, "        s0 = tl.zeros([BK, BV], tl.float32)\n")],
 }
 
 
