@@ -13,7 +13,8 @@ norms, K K^T's column norms or -L's root column were made (late 1 / 2 / 3), the 
 into the output's weights (fold: O = P S0 + Y, one product after the state arrives), its state's use held on -L's root
 column, on P, or not held; at 6d83e0f (--variants tma) its state read by a tensor descriptor (TMA), with q and k, and
 its state prefetched into L2 in bulk (cp.async.bulk.prefetch: each of its tile's rows, or its head in two halves)
-before the read. All slower; they were removed after (RESULTS.md).
+before the read; at 575971a (--variants late) the head's state prefetched in bulk once its slot arrives and the tile
+read only once -L's root column, or K K^T's column norms, were made. None faster; they were removed after (RESULTS.md).
 
     python benchmarks/fused_variants.py [--commit SHA] [--calls 5] [--rounds 3]
 """
@@ -133,12 +134,8 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", default="transposed,late", help="comma-separated, from transposed, late")
     a = ap.parse_args()
     at_least_one(ap, a, "calls", "rounds")
-    variants = a.variants.split(",")
-    if not set(variants) <= {"transposed", "late"}:
-        ap.error(f"--variants {a.variants!r}: expected a comma-separated list from transposed, late")
     if not torch.cuda.is_available():
         raise SystemExit("fused_variants: needs a CUDA device")
     print(cuda_header(a.commit), flush=True)
@@ -152,12 +149,7 @@ def main():
     ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
     forms = {"default": (default, o)}
-    for name, late in (("the head's state prefetched in bulk, its tile read once -L's root column is made", 1),
-                       ("the head's state prefetched in bulk, its tile read once K K^T's column norms are made", 2)
-                       ) if "late" in variants else ():
-        kk = dict(kw, o=torch.full_like(o, float("nan")), LATE=late)
-        forms[name] = (bind(triton_gdn._gdn_wy_kernel, grid, kk), kk["o"])
-    for name, mma2 in (("transposed (wgmma)", False), ("transposed (mma.sync)", True)) if "transposed" in variants else ():
+    for name, mma2 in (("transposed (wgmma)", False), ("transposed (mma.sync)", True)):
         kk = {n: kw[n] for n in TRANSPOSED_ARGS}
         kk.update(o=torch.full_like(o, float("nan")), UP=False, HOLD=True, MMA2=mma2)
         if mma2:

@@ -77,13 +77,6 @@ def _apart(x):
 
 
 @triton.jit
-def _bulk_prefetch_l2(addrs):
-    # 32 KiB prefetched into L2 from each address in addrs by cp.async.bulk.prefetch (compiled only)
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 32768;\n mov.u32 $0, 0;", "=r,l", [addrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _gdn_wy_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self (chain mask for leaky)
@@ -93,7 +86,7 @@ def _gdn_wy_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False, LATE: tl.constexpr = 0,
+    CHAINS: tl.constexpr = False,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -115,8 +108,8 @@ def _gdn_wy_kernel(
             reads, o, scale, HV, V, FUSED, L2NORM)
         draft = reads[-1]  # the draft rows as read (draft_reads')
     else:
-        i_v, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords(A_log, dt_bias, H, HV, K, V, BT, BK,
-                                                                                BV, FUSED)
+        _, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords(A_log, dt_bias, H, HV, K, V, BT, BK, BV,
+                                                                              FUSED)
         mt = o_t < T
         rows = (i_b * T + o_t).to(tl.int64)
         slot = tl.load(state_idx + i_b)  # read through the table even where it is the identity (no state_indices):
@@ -132,17 +125,14 @@ def _gdn_wy_kernel(
         # the whole form on its transposes (the state the products' first operand) 5.6-5.8. Read by a tensor descriptor
         # (TMA: faster alone, 3.5 us against 4.3 for the state's read by itself, benchmarks/state_reads.py, but Triton
         # waits for the copy where it is issued) 6.0-6.1, q and k so too 7.2; its rows, or its head in two halves,
-        # prefetched into L2 in bulk first 5.9 / 5.7-5.8 (fused_variants.py at 6d83e0f)
+        # prefetched into L2 in bulk first 5.9 / 5.7-5.8 (fused_variants.py at 6d83e0f); the head prefetched in bulk
+        # once the slot arrives and the tile read once -L's root column is made 5.2-5.3, once K K^T's column norms are
+        # 5.8-5.9 (575971a)
         draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
         anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
-        if LATE > 0:  # benchmarks/fused_variants.py: the head's state prefetched into L2 in bulk now (two 32 KiB
-            # halves, one to each V tile), its tile read later (below)
-            _bulk_prefetch_l2(state + ((slot.to(tl.int64) * HV + i_hv) * K + i_v * (K // 2)) * V)
-            s0 = tl.zeros([BK, BV], tl.float32)
-        else:
-            s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
-                         mask=mk[:, None] & mv[None, :], other=0.0)
+        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
+                     other=0.0)
         b_q, b_k, b_v, b_g, b_beta = h.draft_values(draft, mt, neg_A, bias, FUSED, L2NORM)
     b_v = b_v.to(tl.float32)
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path (below the root for ROOT 0)
@@ -162,9 +152,6 @@ def _gdn_wy_kernel(
             # own layout, along rows for rows and along columns for columns (a norm moved between layouts is a barrier)
             eye = o_t[:, None] == o_t[None, :]
             ik_col = 1.0 / tl.sqrt(tl.sum(tl.where(eye, KK, 0.0), 0) + 1e-6)
-            if LATE == 2:  # the tile read once K K^T's column norms are made (its address waits on them)
-                s0 = tl.load(h.state_ptrs(state, slot + (tl.sum(ik_col - ik_col, 0) != 0).to(tl.int32), i_hv, o_k, o_v,
-                                          HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :], other=0.0)
             if ROWNORM:  # the rows' norms summed from the rows as read, in their own layout
                 k32, q32 = k_raw.to(tl.float32), q_raw.to(tl.float32)
                 ik = 1.0 / tl.sqrt(tl.sum(k32 * k32, 1) + 1e-6)
@@ -200,10 +187,7 @@ def _gdn_wy_kernel(
         first = o_t == 0
         c = tl.sum(tl.where(first[None, :], NL, 0.0), 1)  # [BT]
         NL = tl.where(first[None, :], 0.0, NL)
-        if LATE == 1:  # the tile read once -L's root column is made
-            s0 = tl.load(h.state_ptrs(state, slot + (tl.sum(c - c, 0) != 0).to(tl.int32), i_hv, o_k, o_v, HV, K, V,
-                                      STATE_VK), mask=mk[:, None] & mv[None, :], other=0.0)
-        if HOLD and LATE == 0:  # s0 * 1 once c is made (x - x + 1: 1 for finite x, NaN after a NaN; c's rows lie in every warp, so
+        if HOLD:  # s0 * 1 once c is made (x - x + 1: 1 for finite x, NaN after a NaN; c's rows lie in every warp, so
             # its sum takes no barrier): Triton moves the state into shared memory as soon as it is read (a barrier
             # that waits for it), so without a use that waits on c the state-free products wait for the state
             s0 = s0 * (tl.sum(c - c, 0) + 1.0)
@@ -474,5 +458,5 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
-              LATE=0, num_warps=num_warps)
+              num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o
