@@ -14,29 +14,24 @@ making that part could save while the rest is made as now.
   K side alone, no state read
                         the same with the state (and its slot) not read
 
-Each copy is the kernel's source with lines replaced, written to a temporary file (Triton reads a kernel's source from
-its file); a line it no longer finds once stops the script. Timer: bench.median_us_calls (the median of --calls do_bench
+Each copy is the kernel's source with lines replaced (bench.edited_kernel); a line it no longer finds once stops the
+script. Timer: bench.median_us_calls (the median of --calls do_bench
 calls, their range); device: bench.kernel_device_us after do_bench's flush and warm.
 
     python benchmarks/fused_ablation.py [--commit SHA] [--calls 5] [--rounds 2]
 """
 import argparse
-import importlib.util
-import inspect
-import os
 import statistics
-import tempfile
 
 import torch
 
 from ddsim.bench.bench import (
     at_least_one,
-    captured_launch,
     cuda_header,
-    ddtree_batch,
+    edited_kernel,
     kernel_device_us,
-    kernel_inputs,
     median_us_calls,
+    wy_default_launch,
 )
 from ddsim.gpu_backend.launch import bind
 
@@ -62,22 +57,11 @@ CUTS = {
 
 
 def cut_kernel(name: str):
-    """_gdn_wy_kernel with CUTS[name]'s lines replaced, from a module written to a temporary file."""
+    """_gdn_wy_kernel with CUTS[name]'s lines replaced (bench.edited_kernel)."""
     from ddsim.gpu_backend import triton_gdn as G
-    src = inspect.getsource(G._gdn_wy_kernel.fn)
-    for old, new in CUTS[name]:
-        if src.count(old) != 1:
-            raise SystemExit(f"fused_ablation: _gdn_wy_kernel's source no longer has {old.strip()[:60]!r} once")
-        src = src.replace(old, new)
     header = ("import triton\nimport triton.language as tl\nfrom ddsim.gpu_backend import triton_helpers as h\n"
               "from ddsim.gpu_backend.triton_gdn import _apart\n\n\n")
-    path = os.path.join(tempfile.mkdtemp(prefix="ddsim_cut_"), "cut_gdn.py")
-    with open(path, "w") as f:
-        f.write(header + src)
-    spec = importlib.util.spec_from_file_location("cut_gdn", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod._gdn_wy_kernel
+    return edited_kernel(G._gdn_wy_kernel, CUTS[name], header=header, who="fused_ablation")
 
 
 def main():
@@ -89,14 +73,9 @@ def main():
     at_least_one(ap, a, "calls", "rounds")
     if not torch.cuda.is_available():
         raise SystemExit("fused_ablation: needs a CUDA device")
-    from ddsim.gpu_backend import triton_gdn
     print(cuda_header(a.commit), flush=True)
     B, T = 1, 16
-    _, parents = ddtree_batch(B, T)
-    inp = kernel_inputs(B, T, dtype=torch.bfloat16, device="cuda")
-    (default, o), grid, kw = captured_launch(lambda: triton_gdn.plan_wy(
-        **{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(), initial_state=inp["initial_state"],
-        design="auto", poison=False))
+    default, o, grid, kw, _, _ = wy_default_launch(B, T)
     if kw.get("ROOT") != 2 or not kw.get("RAW16") or not kw.get("HOLD") or kw.get("CHAINS"):
         raise SystemExit(f"fused_ablation: the default at {B} x {T} is not the form these cuts are of")
     forms = {"the form": default}

@@ -21,10 +21,6 @@ its stores are not free).
         # --rownorm: the form with triton_gdn.FUSED_ROWNORM off / on (timed and traced); --floor 0: the form alone
 """
 import argparse
-import importlib.util
-import inspect
-import os
-import tempfile
 
 import torch
 import triton
@@ -34,6 +30,7 @@ from ddsim.bench.bench import (
     captured_launch,
     cuda_header,
     ddtree_batch,
+    edited_kernel,
     event_samples_us,
     int_list,
     kernel_device_us,
@@ -155,10 +152,8 @@ def _probe0(trace, NP: tl.constexpr):
 
 
 def traced_kernel():
-    """_gdn_wy_kernel with a trace pointer after o and PROBES' stamps, from a module written to a temporary file (Triton
-    reads a kernel's source from its file)."""
+    """_gdn_wy_kernel with a trace pointer after o and PROBES' stamps (bench.edited_kernel)."""
     from ddsim.gpu_backend import triton_gdn as G
-    src = inspect.getsource(G._gdn_wy_kernel.fn)
     n = len(PROBES) + 1
     edits = [("    state, state_idx, o,\n", "    state, state_idx, o, trace,\n"),
              ("    if ROOT == 0:\n", f"    _probe0(trace, {n})\n    if ROOT == 0:\n")]
@@ -166,17 +161,7 @@ def traced_kernel():
         indent = line[:len(line) - len(line.lstrip())]
         probe = f"{indent}_probe(trace, {expr}, {j}, {n}, {r}, {c})\n"
         edits.append(("\n" + line, "\n" + (line + probe if where == "after" else probe + line)))
-    for old, new in edits:
-        if src.count(old) != 1:
-            raise SystemExit(f"fused_floor: _gdn_wy_kernel's source no longer has {old.strip()!r} once")
-        src = src.replace(old, new)
-    path = os.path.join(tempfile.mkdtemp(prefix="ddsim_trace_"), "traced_gdn.py")
-    with open(path, "w") as f:
-        f.write(HELPERS + src)
-    spec = importlib.util.spec_from_file_location("traced_gdn", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod._gdn_wy_kernel
+    return edited_kernel(G._gdn_wy_kernel, edits, header=HELPERS, who="fused_floor")
 
 
 def trace_rows(name: str, kernel, grid, kw, *, repeats: int = 30) -> list[str]:

@@ -29,15 +29,12 @@ import triton.language as tl
 from ddsim import oracle
 from ddsim.bench.bench import (
     at_least_one,
-    captured_launch,
     cuda_header,
-    ddtree_batch,
     kernel_device_us,
-    kernel_inputs,
     median_us_calls,
     off_rounded,
+    wy_default_launch,
 )
-from ddsim.gpu_backend import triton_gdn
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
 
@@ -119,15 +116,6 @@ def _transposed_kernel(
 TRANSPOSED_ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "mask", "state", "state_idx", "o", "T", "scale",
                    "NSTEP", "H", "HV", "K", "V", "BT", "BK", "BV", "FUSED", "PRECISION", "STATE_VK", "num_warps")
 
-def default_launch(B: int, T: int):
-    """(launch, o, the default kernel's grid and keyword arguments, inputs, parents) of plan_wy's auto design."""
-    _, parents = ddtree_batch(B, T)
-    inp = kernel_inputs(B, T, dtype=torch.bfloat16, device="cuda")
-    (launch, o), grid, kw = captured_launch(lambda: triton_gdn.plan_wy(
-        **{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(), initial_state=inp["initial_state"],
-        design="auto", poison=False))
-    return launch, o, grid, kw, inp, parents
-
 
 def main():
     ap = argparse.ArgumentParser()
@@ -140,7 +128,7 @@ def main():
         raise SystemExit("fused_variants: needs a CUDA device")
     print(cuda_header(a.commit), flush=True)
     B, T = 1, 16
-    default, o, grid, kw, inp, parents = default_launch(B, T)
+    default, o, grid, kw, inp, parents = wy_default_launch(B, T)
     default()
     torch.cuda.synchronize()
     if kw.get("ROOT") != 2 or not kw.get("RAW16"):

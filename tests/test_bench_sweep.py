@@ -347,6 +347,19 @@ def test_fused_ablations_cuts_each_find_their_lines_in_the_kernel():
         assert all(new in cut and (old in new or old not in cut) for old, new in edits), name
 
 
+def test_edited_kernel_refuses_a_line_not_found_once():
+    """bench.edited_kernel, which fused_floor.py and fused_ablation.py build their copies with: an edit whose line the
+    kernel's source lacks, or holds twice, stops with the caller's name and the line, before anything is written."""
+    from ddsim.bench.bench import edited_kernel
+    from ddsim.gpu_backend import triton_gdn
+
+    header = "import triton\nimport triton.language as tl\nfrom ddsim.gpu_backend import triton_helpers as h\n\n\n"
+    with pytest.raises(SystemExit, match="probe: _gdn_wy_kernel's source no longer has 'no such line' once"):
+        edited_kernel(triton_gdn._gdn_wy_kernel, [("    no such line\n", "")], header=header, who="probe")
+    with pytest.raises(SystemExit, match="no longer has 'tl.constexpr' once"):  # many times, not once
+        edited_kernel(triton_gdn._gdn_wy_kernel, [("tl.constexpr", "int")], header=header, who="probe")
+
+
 def test_fused_ablation_refuses_bad_counts_before_any_work():
     """fused_ablation.py --calls and --rounds below 1: one line and exit 2, said before the CUDA check."""
     _refused_before_any_work("fused_ablation.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")

@@ -485,6 +485,43 @@ def captured_launch(fn):
     return result, grid, kw
 
 
+def wy_default_launch(B: int, T: int):
+    """(launch, o, grid, keyword arguments, inputs, parents) of plan_wy's launch at its auto design on
+    kernel_inputs(B, T) in bf16 on the GPU (captured_launch): the served launch a benchmark times its variants of
+    _gdn_wy_kernel beside."""
+    import ddsim.gpu_backend.triton_gdn as G
+    _, parents = ddtree_batch(B, T)
+    inp = kernel_inputs(B, T, dtype=torch.bfloat16, device="cuda")
+    (launch, o), grid, kw = captured_launch(lambda: G.plan_wy(
+        **{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(), initial_state=inp["initial_state"],
+        design="auto", poison=False))
+    return launch, o, grid, kw, inp, parents
+
+
+def edited_kernel(kernel, edits, *, header: str, who: str):
+    """``kernel`` (a @triton.jit function) with each (old, new) of ``edits`` replaced in its source, in order, each old
+    found exactly once (else SystemExit naming ``who`` and the line), imported from a module written to a temporary
+    file with ``header`` (its imports and helpers) before it: Triton reads a kernel's source from its file. A
+    benchmark's traced or cut copy of a served kernel, kept to the kernel's source as it is."""
+    import importlib.util
+    import inspect
+    import os
+    import tempfile
+    src = inspect.getsource(kernel.fn)
+    name = kernel.fn.__name__
+    for old, new in edits:
+        if src.count(old) != 1:
+            raise SystemExit(f"{who}: {name}'s source no longer has {old.strip()[:60]!r} once")
+        src = src.replace(old, new)
+    path = os.path.join(tempfile.mkdtemp(prefix="ddsim_edited_"), f"edited_{name}.py")
+    with open(path, "w") as f:
+        f.write(header + src)
+    spec = importlib.util.spec_from_file_location(f"edited_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, name)
+
+
 def compiled_during(fn):
     """(fn's result, [(key, compiled kernel)] that ddsim.gpu_backend.launch's cache took while fn ran, by key)."""
     from ddsim.gpu_backend import launch as L
