@@ -416,3 +416,84 @@ def test_captured_launch_gives_the_one_launch_a_plan_binds_and_refuses_none_or_s
     with pytest.raises(RuntimeError, match="2 launches bound"):
         captured_launch(lambda: (triton_gdn.bind(None, (1,), {}), triton_gdn.bind(None, (1,), {})))
     assert triton_gdn.bind is bind
+
+
+# The state's copy, its wait and its first use as Triton 3.6 writes them in the one-kernel form's TTGIR (names as
+# there, types shortened): what fused_tma_late.py's edits find and move
+_TMA_TTGIR = """\
+    %s0_140 = ttg.local_alloc : () -> !ttg.memdesc<128x64xf32, #shared1, #smem, mutable>
+    %s0_141 = ttg.local_alloc : () -> !ttg.memdesc<1xi64, #shared2, #smem, mutable>
+    ttng.async_tma_copy_global_to_local %state[%s0_139, %c0_i32, %o_v] %s0_140, %s0_141, %true : !tt.tensordesc
+    ttng.wait_barrier %s0_141, %c0_i32 : !ttg.memdesc<1xi64, #shared2, #smem, mutable>
+    ttng.inval_barrier %s0_141 : !ttg.memdesc<1xi64, #shared2, #smem, mutable>
+    %s0_142 = ttg.local_load %s0_140 : !ttg.memdesc<128x64xf32, #shared1, #smem, mutable> -> tensor<128x64xf32, #blocked3>
+    %KK_157 = tt.dot %11, %KK_156, %cst_22, inputPrecision = tf32 : tensor<16x128xbf16> -> tensor<16x16xf32, #mma>
+    %QK = tt.dot %16, %KK_156, %cst_22, inputPrecision = tf32 : tensor<16x128xbf16> -> tensor<16x16xf32, #mma>
+    %s0_211 = tt.splat %s0_210 : f32 -> tensor<128x64xf32, #blocked3>
+    %s0_212 = arith.mulf %s0_142, %s0_211 : tensor<128x64xf32, #blocked3>
+    %s_hi = arith.truncf %s0_212 : tensor<128x64xf32, #blocked3> to tensor<128x64xbf16, #blocked3>
+    %s_hi_213 = ttg.local_alloc %s_hi : (tensor<128x64xbf16, #blocked3>) -> !ttg.memdesc<128x64xbf16, #shared3, #smem>
+    %s_lo = arith.extf %s_hi : tensor<128x64xbf16, #blocked3> to tensor<128x64xf32, #blocked3>
+    %s_lo_214 = arith.subf %s0_212, %s_lo : tensor<128x64xf32, #blocked3>
+    %s_lo_215 = arith.truncf %s_lo_214 : tensor<128x64xf32, #blocked3> to tensor<128x64xbf16, #blocked3>
+    %s_lo_216 = ttg.local_alloc %s_lo_215 : (tensor<128x64xbf16, #blocked3>) -> !ttg.memdesc<128x64xbf16, #shared3, #smem>
+    %s_lo_217 = ttg.local_load %s_lo_216 : !ttg.memdesc<128x64xbf16, #shared3, #smem> -> tensor<128x64xbf16, #dot1>
+    %KS = tt.dot %11, %s_lo_217, %cst_21, inputPrecision = tf32 : tensor<16x128xbf16> -> tensor<16x64xf32, #mma>
+    %s_hi_218 = ttg.local_load %s_hi_213 : !ttg.memdesc<128x64xbf16, #shared3, #smem> -> tensor<128x64xbf16, #dot1>
+    %KS_219 = tt.dot %11, %s_hi_218, %KS, inputPrecision = tf32 : tensor<16x128xbf16> -> tensor<16x64xf32, #mma>
+    %QS = tt.dot %16, %s_lo_217, %cst_21, inputPrecision = tf32 : tensor<16x128xbf16> -> tensor<16x64xf32, #mma>
+    %QS_219 = tt.dot %16, %s_hi_218, %QS, inputPrecision = tf32 : tensor<16x128xbf16> -> tensor<16x64xf32, #mma>"""
+
+
+def _ops(ttgir: str) -> list[str]:
+    """Each line's op: its result's name and op, or the op alone."""
+    import re
+    return [re.sub(r"^\s*(?:(%[\w.]+) = )?([\w.]+).*$", lambda m: f"{m.group(1) or ''}={m.group(2)}", line)
+            for line in ttgir.split("\n")]
+
+
+def test_fused_tma_lates_edits_wait_for_the_copy_at_the_states_use_and_read_it_in_the_products_layout():
+    """benchmarks/fused_tma_late.py's TTGIR edits: the copy's wait, the barrier's invalidation and the tile's load
+    move to the tile's first use; read in the products' layout, the tile feeds the head and remainder directly (no
+    hold, no allocation and load back of either) and the products take them; split after Q K^T, the wait, load and
+    split follow that product. The copy itself never moves."""
+    mod = _benchmark("fused_tma_late")
+    late = mod.waited_at_use(_TMA_TTGIR)
+    assert _ops(late)[2:9] == ["=ttng.async_tma_copy_global_to_local", "%KK_157=tt.dot", "%QK=tt.dot",
+                               "%s0_211=tt.splat", "=ttng.wait_barrier", "=ttng.inval_barrier",
+                               "%s0_142=ttg.local_load"]
+    assert _ops(late)[9] == "%s0_212=arith.mulf"
+    op = mod.read_in_operand_layout(late)
+    assert "local_alloc %s_" not in op and "local_load %s_" not in op and "arith.mulf" not in op
+    assert f"-> tensor<128x64xf32, {mod.DOB}>" in op and "#blocked3>\n" not in op.split("ttg.local_load %s0_140")[1]
+    assert "%s_hi = arith.truncf %s0_142 :" in op and "%s_lo_214 = arith.subf %s0_142, %s_lo :" in op
+    assert "%KS = tt.dot %11, %s_lo_215, %cst_21" in op and "%KS_219 = tt.dot %11, %s_hi, %KS," in op
+    assert "%QS_219 = tt.dot %16, %s_hi, %QS," in op
+    early = mod.split_after(op, "Q K^T")
+    ops = _ops(early)
+    at = ops.index("%QK=tt.dot")
+    assert ops[at + 1:at + 8] == ["=ttng.wait_barrier", "=ttng.inval_barrier", "%s0_142=ttg.local_load",
+                                  "%s_hi=arith.truncf", "%s_lo=arith.extf", "%s_lo_214=arith.subf",
+                                  "%s_lo_215=arith.truncf"]
+    assert ops.index("=ttng.async_tma_copy_global_to_local") == 2
+    assert sorted(early.split("\n")) == sorted(op.split("\n"))  # moved, nothing lost
+
+
+def test_fused_tma_lates_edits_stop_where_the_ir_is_not_as_they_expect():
+    """An IR whose wait is not followed by the barrier's invalidation and the tile's load, or whose product to split
+    after comes after the state's use: the edit stops (SystemExit), nothing compiled from a half-edited IR."""
+    mod = _benchmark("fused_tma_late")
+    swapped = _TMA_TTGIR.replace("    ttng.inval_barrier %s0_141", "    %x = arith.addf %a, %b\n    ttng.inval_barrier")
+    with pytest.raises(SystemExit, match="not followed by its invalidation"):
+        mod.waited_at_use(swapped)
+    op = mod.read_in_operand_layout(mod.waited_at_use(_TMA_TTGIR))
+    late_qk = op.replace("    %QK = tt.dot", "    %QK_0 = tt.dot").replace("%QS_219 = tt.dot", "%QK = tt.dot")
+    with pytest.raises(SystemExit, match="Q K\\^T comes after the state's first use"):
+        mod.split_after(late_qk, "Q K^T")
+
+
+def test_fused_tma_late_refuses_bad_options_before_any_work():
+    """fused_tma_late.py --rounds below 1, a config it cannot launch: one line and exit 2, before the CUDA check."""
+    _refused_before_any_work("fused_tma_late.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
+    _refused_before_any_work("fused_tma_late.py", ["--configs", "4x64,3x32"],
+                             "--configs: '3x32' is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
