@@ -15,6 +15,7 @@ column, on P, or not held; at 6d83e0f (--variants tma) its state read by a tenso
 its state prefetched into L2 in bulk (cp.async.bulk.prefetch: each of its tile's rows, or its head in two halves)
 before the read; at 575971a (--variants late) the head's state prefetched in bulk once its slot arrives and the tile
 read only once -L's root column, or K K^T's column norms, were made. None faster; they were removed after (RESULTS.md).
+The state's copy waited for at its use, which Triton's language cannot state, is timed by fused_tma_late.py.
 
     python benchmarks/fused_variants.py [--commit SHA] [--calls 5] [--rounds 3]
 """

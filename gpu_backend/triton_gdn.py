@@ -127,7 +127,9 @@ def _gdn_wy_kernel(
         # waits for the copy where it is issued) 6.0-6.1, q and k so too 7.2; its rows, or its head in two halves,
         # prefetched into L2 in bulk first 5.9 / 5.7-5.8 (fused_variants.py at 6d83e0f); the head prefetched in bulk
         # once the slot arrives and the tile read once -L's root column is made 5.2-5.3, once K K^T's column norms are
-        # 5.8-5.9 (575971a)
+        # 5.8-5.9 (575971a). The descriptor's copy waited for at the state's use and read straight into the products'
+        # operand layout (no pass through registers and back), which Triton cannot state, took 5.0 with the kernel's
+        # TTGIR edited so (benchmarks/fused_tma_late.py at cc89f9a): a Gluon port could serve that 0.2 us
         draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
         anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
