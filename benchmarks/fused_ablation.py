@@ -21,7 +21,6 @@ calls, their range); device: bench.kernel_device_us after do_bench's flush and w
     python benchmarks/fused_ablation.py [--commit SHA] [--calls 5] [--rounds 2]
 """
 import argparse
-import statistics
 
 import torch
 
@@ -29,8 +28,7 @@ from ddsim.bench.bench import (
     at_least_one,
     cuda_header,
     edited_kernel,
-    kernel_device_us,
-    median_us_calls,
+    timing_rounds,
     wy_default_launch,
 )
 from ddsim.gpu_backend.launch import bind
@@ -84,15 +82,8 @@ def main():
     for launch in forms.values():
         launch()
     torch.cuda.synchronize()
-    print(f"B x T {B} x {T}, {kw['num_warps']} warps, {kw['BV']}-wide V tiles, NSTEP {kw['NSTEP']}\n")
-    print("| round | form | timer us (median of calls, range) | device us, flushed (three) | device us, warm |")
-    print("|---|---|---|---|---|")
-    for rnd in range(a.rounds):
-        for name, launch in forms.items():
-            t = median_us_calls(launch, a.calls)
-            dev = [kernel_device_us(launch) for _ in range(3)]
-            print(f"| {rnd} | {name} | {statistics.median(t):.2f} ({t[0]:.2f}-{t[-1]:.2f}) | "
-                  f"{' '.join(f'{x:.2f}' for x in dev)} | {kernel_device_us(launch, flush=False):.2f} |", flush=True)
+    print(f"B x T {B} x {T}, {kw['num_warps']} warps, {kw['BV']}-wide V tiles, NSTEP {kw['NSTEP']}")
+    timing_rounds(forms, rounds=a.rounds, calls=a.calls)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ compare here (the descriptor's encoding on the host is not in it).
 import argparse
 import os
 import re
-import statistics
 import tempfile
 
 import torch
@@ -35,7 +34,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ddsim.bench.bench import at_least_one, cuda_header, edited_kernel, kernel_device_us, median_us_calls, wy_default_launch
+from ddsim.bench.bench import at_least_one, cuda_header, edited_kernel, timing_rounds, wy_default_launch
 
 READ = ("        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],\n"
         "                     other=0.0)\n")
@@ -238,14 +237,7 @@ def main():
     forms = {}
     for warps, block_v in configs:
         forms.update(variants(1, 16, warps, block_v, target, d))
-    print("\n| round | form | timer us (median of calls, range) | device us, flushed (three) | device us, warm |")
-    print("|---|---|---|---|---|")
-    for rnd in range(a.rounds):
-        for name, launch in forms.items():
-            t = median_us_calls(launch, a.calls)
-            dev = [kernel_device_us(launch) for _ in range(3)]
-            print(f"| {rnd} | {name} | {statistics.median(t):.2f} ({t[0]:.2f}-{t[-1]:.2f}) | "
-                  f"{' '.join(f'{x:.2f}' for x in dev)} | {kernel_device_us(launch, flush=False):.2f} |", flush=True)
+    timing_rounds(forms, rounds=a.rounds, calls=a.calls)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ The state's copy waited for at its use, which Triton's language cannot state, is
 """
 import argparse
 import os
-import statistics
 
 import torch
 import triton
@@ -31,9 +30,8 @@ from ddsim import oracle
 from ddsim.bench.bench import (
     at_least_one,
     cuda_header,
-    kernel_device_us,
-    median_us_calls,
     off_rounded,
+    timing_rounds,
     wy_default_launch,
 )
 from ddsim.gpu_backend import triton_helpers as h
@@ -159,14 +157,7 @@ def main():
         diff = (out.float() - o.float()).abs()
         print(f"| {name} | {(out != o).float().mean().item():.4%} | {diff.max().item():.3g} | "
               f"{off_rounded(out, ref):.4f} |", flush=True)
-    print("\n| round | form | timer us (median of calls, range) | device us (three) |")
-    print("|---|---|---|---|")
-    for rnd in range(a.rounds):
-        for name, (launch, _) in forms.items():
-            t = median_us_calls(launch, a.calls)
-            dev = [kernel_device_us(launch) for _ in range(3)]
-            print(f"| {rnd} | {name} | {statistics.median(t):.2f} ({t[0]:.2f}-{t[-1]:.2f}) | "
-                  f"{' '.join(f'{x:.2f}' for x in dev)} |", flush=True)
+    timing_rounds({name: launch for name, (launch, _) in forms.items()}, rounds=a.rounds, calls=a.calls, warm=False)
 
 
 if __name__ == "__main__":

@@ -236,6 +236,30 @@ def test_several_do_bench_calls_give_their_median_and_range(monkeypatch):
         bench.median_us_calls(lambda: None, 0)
 
 
+def test_timing_rounds_interleave_the_forms_round_by_round_with_their_timer_and_device_times(monkeypatch, capsys):
+    """bench.timing_rounds, the variant benchmarks' table: every form in each round before the next round, its timer
+    cell the median of its calls with their range, three flushed device times and (with warm) one warm."""
+    from ddsim.bench import bench
+    order = []
+    monkeypatch.setattr(bench, "median_us_calls", lambda launch, calls: (order.append((launch(), calls)),
+                                                                          [8.1, 8.2, 8.6][:calls])[1])
+    dev = iter([5.2, 5.25, 5.3, 4.1, 5.0, 5.05, 5.1, 3.9] * 2)
+    monkeypatch.setattr(bench, "kernel_device_us", lambda launch, flush=True: next(dev))
+    bench.timing_rounds({"the form": lambda: "a", "a variant": lambda: "b"}, rounds=2, calls=3)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0] == "| round | form | timer us (median of calls, range) | device us, flushed (three) | device us, warm |"
+    assert rows[1:] == ["| 0 | the form | 8.20 (8.10-8.60) | 5.20 5.25 5.30 | 4.10 |",
+                        "| 0 | a variant | 8.20 (8.10-8.60) | 5.00 5.05 5.10 | 3.90 |",
+                        "| 1 | the form | 8.20 (8.10-8.60) | 5.20 5.25 5.30 | 4.10 |",
+                        "| 1 | a variant | 8.20 (8.10-8.60) | 5.00 5.05 5.10 | 3.90 |"]
+    assert order == [("a", 3), ("b", 3), ("a", 3), ("b", 3)]
+    dev = iter([5.2, 5.25, 5.3])
+    bench.timing_rounds({"the form": lambda: "a"}, rounds=1, calls=1, warm=False)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == ["| round | form | timer us (median of calls, range) | device us, flushed (three) |",
+                    "| 0 | the form | 8.10 (8.10-8.10) | 5.20 5.25 5.30 |"]
+
+
 def test_timer_warmups_watch_reads_where_do_bench_put_its_flush_buffer():
     """benchmarks/timer_warmup.py's watch_flush_buffer wraps the active Triton driver's get_empty_cache_for_benchmark
     (what do_bench calls for its 256 MiB flush buffer) and reads back the address of the last buffer handed out; here

@@ -429,6 +429,26 @@ def median_us_calls(launch, calls: int) -> list[float]:
     return sorted(median_us(launch) for _ in range(calls))
 
 
+def timing_rounds(forms: dict, *, rounds: int, calls: int, warm: bool = True) -> None:
+    """Each launch of ``forms`` ({name: launch}) timed ``rounds`` times over in this process, the rows interleaved
+    round by round (a figure that moves between rounds shows its spread): a markdown table on stdout of the timer
+    (median_us_calls: the median of ``calls`` do_bench calls, their range), three device times after do_bench's flush
+    (kernel_device_us) and, with ``warm``, one warm. The variant benchmarks' (fused_*.py) timing table."""
+    import statistics
+    print("\n| round | form | timer us (median of calls, range) | device us, flushed (three) |"
+          + (" device us, warm |" if warm else ""))
+    print("|---|---|---|---|" + ("---|" if warm else ""))
+    for rnd in range(rounds):
+        for name, launch in forms.items():
+            t = median_us_calls(launch, calls)
+            dev = [kernel_device_us(launch) for _ in range(3)]
+            row = (f"| {rnd} | {name} | {statistics.median(t):.2f} ({t[0]:.2f}-{t[-1]:.2f}) | "
+                   f"{' '.join(f'{x:.2f}' for x in dev)} |")
+            if warm:
+                row += f" {kernel_device_us(launch, flush=False):.2f} |"
+            print(row, flush=True)
+
+
 def calls_cell(times: list[float]) -> str:
     """A table cell for median_us_calls' sorted times: their median, and their range where there are several."""
     import statistics
