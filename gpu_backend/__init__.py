@@ -121,10 +121,18 @@ def _backend(x, backend, known=BACKENDS):
 
 def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                     use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None, A_log=None,
-                    dt_bias=None, backend=None):
+                    dt_bias=None, states_out=None, states_rows=None, backend=None):
     """q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] (or fused a, b [B, T, HV] with A_log,
     dt_bias [HV]); parents [B, T]; initial_state [B, HV, K, V] fp32 or a pool with state_indices [B].
-    Returns o [B, T, HV, V] and, with output_states, per-node states [B, T, HV, K, V]."""
+    Returns o [B, T, HV, V] and, with output_states, per-node states [B, T, HV, K, V]. With states_out,
+    an fp32 [N, TS >= T, HV, K, V] buffer (or the transpose of a contiguous [N, TS, HV, V, K] one,
+    SGLang's intermediate buffer), sequence b's node states are written into states_out[states_rows[b],
+    :T] (states_rows None: row b) and (o, states_out) returned; on the Triton backends the recurrent
+    kernel writes them there itself, reading each parent's back from it (no per-node allocation)."""
+    if states_out is not None or states_rows is not None:
+        return _verify_into(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
+                            use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
+                            dt_bias=dt_bias, states_out=states_out, states_rows=states_rows, backend=backend)
     if type(parents) is TreePlan and parents.fast_verify and _launch.DIRECT:  # a recorded signature: C++ serves it
         out = _FAST[0](parents.fast_verify, q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states,
                        state_indices, a, b, A_log, dt_bias, backend)
@@ -151,6 +159,27 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
                                lambda: fn(q, k, v, g, beta, **kw))
     with _on(q):
         return fn(q, k, v, g, beta, **kw)
+
+
+def _verify_into(q, k, v, g, beta, *, states_out, states_rows, backend, **kw):
+    """gdn_tree_verify with states_out: the recurrent Triton kernel writing into the buffer; the torch path (or a
+    Triton backend named other than recurrent, which keeps no node states) computing them, then copied in."""
+    if states_out is None:
+        raise ValueError("states_rows: given without states_out")
+    be = _backend(q, backend)
+    if be in ("triton", "triton-recurrent"):
+        with _on(q):
+            return _triton("triton_gdn").gdn_tree_verify_recurrent(q, k, v, g, beta, states_out=states_out,
+                                                                   states_rows=states_rows, **kw)
+    if be != "torch":
+        raise ValueError(f"states_out: backend {be!r} writes no per-node states; use 'triton' or 'torch'")
+    gates = checks.resolve_gates(g, beta, kw["a"], kw["b"], kw["A_log"], kw["dt_bias"])
+    B, T, _, HV, K, V = checks.check_inputs(q, k, v, *gates)
+    checks.node_states_vk(states_out, T, HV, K, V, q.device)
+    rows = checks.node_state_rows(states_out, states_rows, B).long()
+    o, states = torch_ops.gdn_tree_verify(q, k, v, g, beta, output_states=True, **kw)
+    states_out[rows, :T] = states.to(states_out.dtype)
+    return o, states_out
 
 
 def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, use_qk_l2norm=True,

@@ -28,21 +28,22 @@ class CheckedSlots:
         self.rows = self.indices.long()
 
 
-def checked_slots(state_indices, N: int, B: int, device) -> CheckedSlots:
+def checked_slots(state_indices, N: int, B: int, device, name: str = "state_indices") -> CheckedSlots:
     """Validate the pool rows state_indices [B] of a pool of N rows once: on the host when given host
-    values (no device sync), else with one sync."""
+    values (no device sync), else with one sync. ``name``: the argument the messages name."""
     if isinstance(state_indices, CheckedSlots):
         return state_indices
     if isinstance(state_indices, torch.Tensor) and (state_indices.dtype not in (torch.int32, torch.int64)
                                                     or state_indices.dim() != 1):
-        raise ValueError(f"state_indices: expected [B] integers, got {tuple(state_indices.shape)} {state_indices.dtype}")
+        raise ValueError(f"{name}: expected [B] integers, got {tuple(state_indices.shape)} {state_indices.dtype}")
     host = state_indices.tolist() if isinstance(state_indices, torch.Tensor) else list(state_indices)
     if len(host) != B or any(not isinstance(x, int) for x in host):
-        raise ValueError(f"state_indices: expected [B] = [{B}] integers, got {host}")
+        raise ValueError(f"{name}: expected [B] = [{B}] integers, got {host}")
+    noun = "slots" if name == "state_indices" else "rows"
     if any(not 0 <= x < N for x in host):
-        raise ValueError(f"state_indices: slots must lie in 0..{N - 1}, got {host}")
+        raise ValueError(f"{name}: {noun} must lie in 0..{N - 1}, got {host}")
     if len(set(host)) != B:
-        raise ValueError(f"state_indices: slots must be distinct, got {host}")
+        raise ValueError(f"{name}: {noun} must be distinct, got {host}")
     return CheckedSlots(torch.tensor(host, dtype=torch.int32, device=device), N)
 
 
@@ -313,6 +314,35 @@ def constant(kind: str, n: int, device, dtype=torch.float32) -> torch.Tensor:
     if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         _CONSTANTS[key] = value
     return value
+
+
+def node_state_rows(buf: torch.Tensor, rows, B: int) -> torch.Tensor:
+    """int32 [B] rows of a caller's node-state buffer buf [N, ...] that the batch's sequences take: rows [B],
+    distinct and in 0..N-1 (one host sync for device values), or None for rows 0..B-1 (then N must be B)."""
+    if rows is None:
+        if buf.shape[0] != B:
+            raise ValueError(f"states_out: {buf.shape[0]} rows for {B} sequences; pass states_rows")
+        return constant("slots", B, buf.device)
+    return checked_slots(torch.as_tensor(rows), buf.shape[0], B, buf.device, "states_rows").indices
+
+
+def node_states_vk(buf: torch.Tensor, T: int, HV: int, K: int, V: int, device) -> bool:
+    """The recurrent kernels' SNAP_VK of a caller's node-state buffer [N, TS, HV, K, V] (fp32, TS >= T, on device):
+    False when contiguous, True when it is the transpose of a contiguous [N, TS, HV, V, K] one (SGLang's
+    intermediate buffer, ``buf.transpose(-1, -2)``); anything else is refused."""
+    if not isinstance(buf, torch.Tensor) or buf.dim() != 5 or tuple(buf.shape[2:]) != (HV, K, V) or buf.shape[1] < T:
+        raise ValueError(f"states_out: expected [N, TS >= {T}, {HV}, {K}, {V}], got "
+                         f"{tuple(buf.shape) if isinstance(buf, torch.Tensor) else type(buf).__name__}")
+    if buf.dtype != torch.float32:
+        raise ValueError(f"states_out: expected float32 (the states the kernel reads back), got {buf.dtype}")
+    if buf.device != device:
+        raise ValueError(f"states_out: on {buf.device}, the inputs on {device}")
+    if buf.is_contiguous():
+        return False
+    if buf.transpose(-1, -2).is_contiguous():
+        return True
+    raise ValueError(f"states_out: expected a contiguous [N, TS, HV, K, V] buffer or the transpose of a contiguous "
+                     f"[N, TS, HV, V, K] one, got strides {tuple(buf.stride())}")
 
 
 def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tensor:

@@ -25,7 +25,9 @@ than half-honoured). Two ways to use it:
   - drop-in: pass SGLang's ``intermediate_states_buffer`` [*, >=T, HV, V, K] and
     ``intermediate_state_indices`` [B] as today, and every node's state is written there, exactly
     as SGLang's kernel does (the parent-indexed recurrence with per-node states), for the engine's
-    own commit to copy the accepted node's;
+    own commit to copy the accepted node's. An fp32 contiguous buffer is written by the kernel itself
+    and each parent's state read back from it; another dtype or layout takes the states made apart,
+    then copied in;
   - snapshot-free: pass no buffer; the tree-masked WY form verifies without per-node states, and
     after acceptance commit_accepted writes the state after root..accepted[b] into the sequence's
     slot, from the committed state and the accepted nodes alone.
@@ -123,15 +125,22 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     else:
         parents, mode = _parents(retrieve_parent_token, B, T), "exact"
     from ddsim import gpu_backend as gb
-    keep = intermediate_states_buffer is not None
-    out = gb.gdn_tree_verify(q, k, v, parents=parents, initial_state=s0, state_indices=slots, mode=mode, scale=scale,
-                             use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                             output_states=keep, backend=_backend(q))
-    o = out[0] if isinstance(out, tuple) else out
-    if keep:  # SGLang's layout: buffer[intermediate_state_indices[b], t] = node t's state [HV, V, K]
+    kw = dict(parents=parents, initial_state=s0, state_indices=slots, mode=mode, scale=scale,
+              use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias, backend=_backend(q))
+    buf = intermediate_states_buffer
+    if buf is None:
+        o = gb.gdn_tree_verify(q, k, v, **kw)
+    elif buf.dtype == torch.float32 and buf.dim() == 5 and buf.is_contiguous():
+        # SGLang's layout, buffer[intermediate_state_indices[b], t] = node t's state [HV, V, K]: the kernel writes
+        # each node's state there through the buffer's [N, TS, HV, K, V] transpose, and reads parents back from it
+        rows = None if intermediate_state_indices is None else torch.as_tensor(intermediate_state_indices,
+                                                                               device=q.device)
+        o, _ = gb.gdn_tree_verify(q, k, v, states_out=buf.transpose(-1, -2), states_rows=rows, **kw)
+    else:  # another dtype or layout: the states made apart, then copied in
+        o, states = gb.gdn_tree_verify(q, k, v, output_states=True, **kw)
         rows = torch.arange(B, device=q.device) if intermediate_state_indices is None else \
             torch.as_tensor(intermediate_state_indices, device=q.device).long()
-        intermediate_states_buffer[rows, :T] = out[1].transpose(-1, -2).to(intermediate_states_buffer.dtype)
+        buf[rows, :T] = states.transpose(-1, -2).to(buf.dtype)
     return o.reshape(1, B * T, *o.shape[2:]) if cu_seqlens is not None else o
 
 

@@ -40,14 +40,21 @@ def _gdn_recurrent_kernel(
     q, k, v, g, beta, A_log, dt_bias,  # [B,T,H,K] x2, [B,T,HV,V], [B,T,HV] x2 (or a, b), [HV] x2
     src,  # [B, T] int32: source node of each node's state (-1: the committed state)
     state, state_idx,  # pool [N, HV, K, V] fp32; [B] int32 slots
-    o, snap,  # [B, T, HV, V] out; [B, T, HV, K, V] fp32 per-node states (or a dummy)
-    T, scale,
+    o, snap,  # [B, T, HV, V] out; [B, T, HV, K, V] fp32 per-node states (or a dummy), or with ROWS the caller's
+    # [N, TS, HV, K, V] (with SNAP_VK the transpose of a contiguous [N, TS, HV, V, K]: SGLang's intermediate buffer)
+    snap_rows,  # [B] int32 with ROWS: sequence b's nodes at snap[snap_rows[b], :T]
+    T, TS, scale,  # TS: snap's nodes a row (T without ROWS)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     PARENT_INDEXED: tl.constexpr, STORE_STATES: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
     STATE_VK: tl.constexpr,  # the pool is the transpose of a contiguous [N, HV, V, K] one (h.state_ptrs)
+    ROWS: tl.constexpr = False, SNAP_VK: tl.constexpr = False,
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
+    if ROWS:
+        seq0 = tl.load(snap_rows + i_b) * TS  # the row of the sequence's first node in snap
+    else:
+        seq0 = i_b * T
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     mkv = mk[:, None] & mv[None, :]
     s0 = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mkv,
@@ -57,7 +64,7 @@ def _gdn_recurrent_kernel(
     for t in range(0, T):
         row = i_b * T + t  # int32 offsets inside the loop (the flattened kernel is latency-bound)
         if PARENT_INDEXED:  # the root reads the committed state
-            S = h.source_state(snap, src, row, i_b * T, s0, i_hv, o_k, o_v, mkv, HV, K, V)
+            S = h.source_state(snap, src, row, seq0, s0, i_hv, o_k, o_v, mkv, HV, K, V, SNAP_VK)
         b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, L2NORM, 0)
         b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
         b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
@@ -66,7 +73,7 @@ def _gdn_recurrent_kernel(
         b_o = tl.sum(S * (b_q * scale)[:, None], 0)
         tl.store(o + (row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
         if STORE_STATES:
-            h.store_state(snap, row, S, i_hv, o_k, o_v, mkv, HV, K, V, PARENT_INDEXED)
+            h.store_state(snap, seq0 + t, S, i_hv, o_k, o_v, mkv, HV, K, V, PARENT_INDEXED, SNAP_VK)
 
 
 @triton.jit
@@ -309,22 +316,40 @@ def gdn_tree_verify_recurrent(*args, **kwargs):
 
 def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                    use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
-                   A_log=None, dt_bias=None, block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
+                   A_log=None, dt_bias=None, states_out=None, states_rows=None, block_v: int = 32,
+                   num_warps: int = 4, poison: bool | None = None):
     """Validate and allocate once; returns (launch, result): launch() runs the kernel alone (what
-    the benchmarks time). poison=False skips the NaN fill of fresh outputs."""
+    the benchmarks time). poison=False skips the NaN fill of fresh outputs. states_out: the caller's
+    fp32 [N, TS, HV, K, V] (TS >= T; or the transpose of a contiguous [N, TS, HV, V, K], SGLang's
+    intermediate buffer) into which sequence b's node states go, at row states_rows[b] (distinct, in
+    0..N-1; None: row b, N == B), in place of a fresh [B, T, HV, K, V]: no other row or node is
+    written. The result is then (o, states_out)."""
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = C.prep_gdn(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     scale = K ** -0.5 if scale is None else float(scale)
     parent_indexed = mode == "exact"
+    rows = states_out is not None
+    if rows:
+        snap_vk = checks.node_states_vk(states_out, T, HV, K, V, q.device)
+        snap_rows = checks.node_state_rows(states_out, states_rows, B)
+        output_states = True
+    elif states_rows is not None:
+        raise ValueError("states_rows: given without states_out")
     store = output_states or parent_indexed
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
-    snap = C.alloc((B, T, HV, K, V), torch.float32, v.device, poison) if store else checks.constant("dummy", 1, v.device)
+    if rows:
+        snap = states_out
+    elif store:
+        snap = C.alloc((B, T, HV, K, V), torch.float32, v.device, poison)
+    else:
+        snap = checks.constant("dummy", 1, v.device)
     BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
     grid = (C.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db,
               src=src.to(torch.int32).contiguous(), state=initial_state, state_idx=idx, o=o, snap=snap,
-              T=T, scale=scale, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, PARENT_INDEXED=parent_indexed,
-              STORE_STATES=store, FUSED=fused, L2NORM=use_qk_l2norm, STATE_VK=C.state_vk(initial_state),
+              snap_rows=snap_rows if rows else idx, T=T, TS=states_out.shape[1] if rows else T, scale=scale, H=H,
+              HV=HV, K=K, V=V, BK=BK, BV=BV, PARENT_INDEXED=parent_indexed, STORE_STATES=store, FUSED=fused,
+              L2NORM=use_qk_l2norm, STATE_VK=C.state_vk(initial_state), ROWS=rows, SNAP_VK=rows and snap_vk,
               num_warps=num_warps)
     return bind(_gdn_recurrent_kernel, grid, kw), ((o, snap) if output_states else o)
 

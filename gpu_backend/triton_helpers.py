@@ -130,20 +130,22 @@ def state_ptrs32(state, slot, i_hv, o_k, o_v, HV: tl.constexpr, K: tl.constexpr,
 
 @triton.jit
 def source_state(snap, src, row, seq_row0, s0, i_h, o_k, o_v, mkv, H: tl.constexpr, K: tl.constexpr,
-                 V: tl.constexpr):
+                 V: tl.constexpr, VK: tl.constexpr):
     """The state a parent-indexed node starts from, [BK, BV]: its parent's from the per-node states snap
-    [B*T, H, K, V] (src[row] the parent, seq_row0 the sequence's first row), the committed s0 for the root."""
+    [R, H, K, V] (src[row] the parent, seq_row0 the row of the sequence's first node; with VK snap is the transpose of
+    a contiguous [R, H, V, K], as state_ptrs), the committed s0 for the root."""
     p = tl.load(src + row)
-    sp = tl.load(state_ptrs(snap, seq_row0 + tl.maximum(p, 0), i_h, o_k, o_v, H, K, V, False), mask=mkv, other=0.0)
+    sp = tl.load(state_ptrs(snap, seq_row0 + tl.maximum(p, 0), i_h, o_k, o_v, H, K, V, VK), mask=mkv, other=0.0)
     return tl.where(p >= 0, sp, s0)
 
 
 @triton.jit
 def store_state(snap, row, S, i_h, o_k, o_v, mkv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                PARENT_INDEXED: tl.constexpr):
-    """Node row's state S [BK, BV] into the per-node states snap [B*T, H, K, V] (source_state's other half); where
-    a later node starts from it (PARENT_INDEXED), a barrier: it may be read back through other threads."""
-    tl.store(state_ptrs(snap, row, i_h, o_k, o_v, H, K, V, False), S, mask=mkv)
+                PARENT_INDEXED: tl.constexpr, VK: tl.constexpr):
+    """Node row's state S [BK, BV] into the per-node states snap [R, H, K, V] (source_state's other half; VK as
+    there); where a later node starts from it (PARENT_INDEXED), a barrier: it may be read back through other
+    threads."""
+    tl.store(state_ptrs(snap, row, i_h, o_k, o_v, H, K, V, VK), S, mask=mkv)
     if PARENT_INDEXED:
         tl.debug_barrier()
 

@@ -55,7 +55,7 @@ def _lightning_recurrent_kernel(
     for t in range(0, T):
         row = i_b * T + t
         if PARENT_INDEXED:
-            S = h.source_state(snap, src, row, i_b * T, s0, i_h, o_k, o_v, mkv, H, K, V)
+            S = h.source_state(snap, src, row, i_b * T, s0, i_h, o_k, o_v, mkv, H, K, V, False)
         b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, False, 0)
         b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, False, 0)
         b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0)
@@ -63,7 +63,7 @@ def _lightning_recurrent_kernel(
         b_o = tl.sum(S * b_q[:, None], 0)
         tl.store(o + (row * H + i_h) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
         if STORE_STATES:
-            h.store_state(snap, row, S, i_h, o_k, o_v, mkv, H, K, V, PARENT_INDEXED)
+            h.store_state(snap, row, S, i_h, o_k, o_v, mkv, H, K, V, PARENT_INDEXED, False)
 
 
 @triton.jit

@@ -232,6 +232,38 @@ def test_triton_recurrent_states_match_oracle(inp, mode):
     assert_close("per-node states", states, ref, dtype=torch.float32, slack=5)
 
 
+@settings(max_examples=10)
+@given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]), st.booleans(), st.integers(0, 2),
+       st.integers(0, 10**6))
+@example(fixed_gdn_example(), "exact", True, 1, 7)
+@example(fixed_gdn_example(), "exact", False, 0, 3)
+def test_triton_recurrent_writes_node_states_into_a_callers_buffer_and_reads_parents_back_from_it(inp, mode, vk, extra,
+                                                                                                   seed):
+    """The recurrent kernel given states_out (SGLang's intermediate buffer as its [N, TS, HV, K, V] transpose with vk,
+    or contiguous) and states_rows: each node's state at its sequence's row, equal to the oracle's (in exact mode
+    each node starts from its parent's state read back from that buffer), the outputs the oracle's; every other row
+    and node slot of the buffer bit-identical."""
+    args = _cast(inp, torch.float32)
+    B, T = inp["parents"].shape
+    HV, K, V = inp["initial_state"].shape[1:]
+    gen = torch.Generator().manual_seed(seed)
+    N, TS = B + extra, T + extra
+    base = torch.randn((N, TS, HV, V, K) if vk else (N, TS, HV, K, V), generator=gen).to(DEVICE)
+    before = base.clone()
+    rows = torch.randperm(N, generator=gen)[:B]
+    buf = base.transpose(-1, -2) if vk else base
+    o, out = gb.gdn_tree_verify(**args, parents=_dev(inp["parents"]), initial_state=_dev(inp["initial_state"]),
+                                mode=mode, states_out=buf, states_rows=rows.to(DEVICE), backend="triton-recurrent")
+    ref_o, ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode,
+                                        output_states=True)
+    assert out is buf
+    assert_close("o (states into a buffer)", o, ref_o, dtype=torch.float32, slack=5)
+    assert_close("node states in the buffer", buf[rows.to(DEVICE), :T], ref, dtype=torch.float32, slack=5)
+    untouched = torch.ones(N, TS, dtype=torch.bool)
+    untouched[rows, :T] = False
+    assert torch.equal(base[untouched.to(DEVICE)], before[untouched.to(DEVICE)])
+
+
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split",
                                                  "triton-wy-fold", "triton-wy-head"]))
 @example(fixed_gdn_example(), "triton-wy-head")

@@ -84,6 +84,77 @@ def test_drop_in_fills_sglangs_intermediate_buffer_with_each_nodes_state():
     assert torch.isnan(buf[[1, 3]]).all()  # rows of no sequence stay as they were
 
 
+def test_drop_in_fills_a_bf16_buffer_through_a_copy_of_the_states():
+    """A buffer of another dtype than the states' (the kernel reads parents back from the buffer only in fp32): the
+    states are made apart and copied in, rounded to the buffer's dtype; rows of no sequence untouched."""
+    x, parents, pool, slots = _inputs(seed=2)
+    B, T = parents.shape
+    buf = torch.full((3, T + 1, 2, 3, 4), float("nan"), dtype=torch.bfloat16)
+    rows = torch.tensor([2, 0], dtype=torch.int32)
+    engine_api.target_verify(x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool, slots,
+                             retrieve_parent_token=parents.int(), intermediate_states_buffer=buf,
+                             intermediate_state_indices=rows)
+    gate, beta = _oracle_gates(x)
+    s0 = pool[slots.long()].transpose(-1, -2).double()
+    _, want = oracle.gdn_tree_verify(x["q"].double(), x["k"].double(), x["v"].double(), gate, beta, parents=parents,
+                                     initial_state=s0, mode="exact", output_states=True)
+    got = buf[rows.long(), :T].transpose(-1, -2).double()
+    torch.testing.assert_close(got, want.to(torch.bfloat16).double(), rtol=0, atol=0.02)
+    assert torch.isnan(buf[1]).all() and torch.isnan(buf[:, T]).all()
+
+
+def _states_out_case(seed=4, B=2, T=5, H=1, HV=2, K=3, V=4):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V), g=-torch.rand(B, T, HV, generator=g) * 0.3,
+                beta=torch.rand(B, T, HV, generator=g)), torch.tensor([[-1, 0, 0, 1, 2], [-1, 0, 1, 1, 0]])[:B, :T], \
+        r(B, HV, K, V)
+
+
+@pytest.mark.parametrize("vk", [False, True])
+def test_node_states_go_into_a_callers_buffer_at_its_rows_and_nowhere_else(vk):
+    """gdn_tree_verify(states_out=, states_rows=) on the torch path: each sequence's node states at its row's first
+    T nodes, equal to output_states'; every other row and node bit-identical; in [N, TS, HV, K, V] or as the
+    transpose of SGLang's [N, TS, HV, V, K]."""
+    import ddsim.gpu_backend as gb
+    args, parents, s0 = _states_out_case()
+    B, T = parents.shape
+    base = torch.randn(4, T + 2, 2, 4, 3) if vk else torch.randn(4, T + 2, 2, 3, 4)
+    before = base.clone()
+    buf = base.transpose(-1, -2) if vk else base
+    rows = torch.tensor([3, 1])
+    o, out = gb.gdn_tree_verify(**args, parents=parents, initial_state=s0, states_out=buf, states_rows=rows,
+                                backend="torch")
+    want_o, want = gb.gdn_tree_verify(**args, parents=parents, initial_state=s0, output_states=True, backend="torch")
+    assert out is buf and torch.equal(o, want_o)
+    assert torch.equal(buf[rows, :T], want)
+    untouched = torch.ones(4, T + 2, dtype=torch.bool)
+    untouched[rows, :T] = False
+    assert torch.equal(base[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton-recurrent"])
+@pytest.mark.parametrize("change, needle", [
+    (dict(states_out=torch.zeros(2, 5, 2, 3, 4, dtype=torch.float64)), "states_out: expected float32"),
+    (dict(states_out=torch.zeros(2, 4, 2, 3, 4)), "states_out: expected [N, TS >= 5, 2, 3, 4], got (2, 4, 2, 3, 4)"),
+    (dict(states_out=torch.zeros(2, 5, 3, 2, 4).transpose(2, 3)), "states_out: expected a contiguous"),
+    (dict(states_out=torch.zeros(3, 5, 2, 3, 4)), "states_out: 3 rows for 2 sequences; pass states_rows"),
+    (dict(states_out=torch.zeros(3, 5, 2, 3, 4), states_rows=[1, 1]), "states_rows: rows must be distinct"),
+    (dict(states_out=torch.zeros(3, 5, 2, 3, 4), states_rows=[0, 3]), "states_rows: rows must lie in 0..2"),
+    (dict(states_rows=[0, 1]), "states_rows: given without states_out"),
+])
+def test_a_node_state_buffer_it_cannot_write_is_refused_before_anything_is_written(backend, change, needle):
+    """One ValueError naming the argument and the problem, from either backend's checks; the buffer unchanged."""
+    import ddsim.gpu_backend as gb
+    args, parents, s0 = _states_out_case()
+    buf = change.get("states_out")
+    before = None if buf is None else buf.clone()
+    with pytest.raises(ValueError) as e:
+        gb.gdn_tree_verify(**args, parents=parents, initial_state=s0, backend=backend, **change)
+    assert str(e.value).startswith(needle), str(e.value)
+    assert buf is None or torch.equal(buf, before)
+
+
 @pytest.mark.parametrize("kw, needle", [
     (dict(disable_state_update=False), "never writes the pool"),
     (dict(softplus_beta=2.0), "softplus_beta"),
