@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from ddsim.gpu_backend.checks import check_inputs, constant, poisoning, pool_slots, source_parents
+from ddsim.gpu_backend.checks import check_inputs, constant, poisoning, pool_slots, source_parents, vk_layout
 from ddsim.gpu_backend.launch import recording
 
 MODES = ("exact", "leaky")
@@ -70,12 +70,8 @@ def state_vk(pool: torch.Tensor) -> bool:
     """The kernels' STATE_VK of a state pool [N, HV, K, V]: False when contiguous, True when it is the
     transpose of a contiguous [N, HV, V, K] pool (``sglang_pool.transpose(-1, -2)``: read and written
     in place, no copy); any other layout is refused."""
-    if pool.is_contiguous():
-        return False
-    if pool.transpose(-1, -2).is_contiguous():
-        return True
-    raise ValueError(f"initial_state: expected a contiguous [N, HV, K, V] pool or the transpose of a contiguous "
-                     f"[N, HV, V, K] one, got strides {tuple(pool.stride())}")
+    return vk_layout(pool, "initial_state", "a contiguous [N, HV, K, V] pool or the transpose of a contiguous "
+                                           "[N, HV, V, K] one")
 
 
 def window_slots(initial_window, state_indices, B: int) -> torch.Tensor:

@@ -337,12 +337,18 @@ def node_states_vk(buf: torch.Tensor, T: int, HV: int, K: int, V: int, device) -
         raise ValueError(f"states_out: expected float32 (the states the kernel reads back), got {buf.dtype}")
     if buf.device != device:
         raise ValueError(f"states_out: on {buf.device}, the inputs on {device}")
-    if buf.is_contiguous():
+    return vk_layout(buf, "states_out", "a contiguous [N, TS, HV, K, V] buffer or the transpose of a contiguous "
+                                        "[N, TS, HV, V, K] one")
+
+
+def vk_layout(t: torch.Tensor, name: str, expected: str) -> bool:
+    """Whether t [..., K, V] is the transpose of a contiguous [..., V, K] tensor (True) or contiguous itself
+    (False), the two layouts the kernels address states in; any other is refused, naming ``name`` and ``expected``."""
+    if t.is_contiguous():
         return False
-    if buf.transpose(-1, -2).is_contiguous():
+    if t.transpose(-1, -2).is_contiguous():
         return True
-    raise ValueError(f"states_out: expected a contiguous [N, TS, HV, K, V] buffer or the transpose of a contiguous "
-                     f"[N, TS, HV, V, K] one, got strides {tuple(buf.stride())}")
+    raise ValueError(f"{name}: expected {expected}, got strides {tuple(t.stride())}")
 
 
 def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tensor:

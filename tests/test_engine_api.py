@@ -144,9 +144,13 @@ def test_node_states_go_into_a_callers_buffer_at_its_rows_and_nowhere_else(vk):
     (dict(states_rows=[0, 1]), "states_rows: given without states_out"),
 ])
 def test_a_node_state_buffer_it_cannot_write_is_refused_before_anything_is_written(backend, change, needle):
-    """One ValueError naming the argument and the problem, from either backend's checks; the buffer unchanged."""
+    """One ValueError naming the argument and the problem, from either backend's checks; the buffer unchanged.
+    The Triton backend's inputs on the GPU where there is one (interpreted on the CPU otherwise)."""
     import ddsim.gpu_backend as gb
+    dev = "cuda" if backend != "torch" and torch.cuda.is_available() else "cpu"
     args, parents, s0 = _states_out_case()
+    args, parents, s0 = {n: x.to(dev) for n, x in args.items()}, parents.to(dev), s0.to(dev)
+    change = {n: x.to(dev) if isinstance(x, torch.Tensor) else x for n, x in change.items()}
     buf = change.get("states_out")
     before = None if buf is None else buf.clone()
     with pytest.raises(ValueError) as e:
