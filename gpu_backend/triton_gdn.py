@@ -308,7 +308,8 @@ WY_MAX_NODES = 65  # the root + one block of at most 64 draft nodes (a 128-row b
 def gdn_tree_verify_recurrent(*args, **kwargs):
     """Recurrent Triton path. mode "leaky" (flattened) or "exact" (parent-indexed: snapshots are
     written and read back). Returns o [B, T, HV, V] (v's dtype) and, with output_states, the per-node
-    states [B, T, HV, K, V] fp32."""
+    states [B, T, HV, K, V] fp32; with states_out (plan_recurrent's), (o, states_out) with the node
+    states written there."""
     launch, result = plan_recurrent(*args, **kwargs)
     launch()
     return result
