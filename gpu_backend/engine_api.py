@@ -135,7 +135,11 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
         # each node's state there through the buffer's [N, TS, HV, K, V] transpose, and reads parents back from it
         rows = None if intermediate_state_indices is None else torch.as_tensor(intermediate_state_indices,
                                                                                device=q.device)
-        o, _ = gb.gdn_tree_verify(q, k, v, states_out=buf.transpose(-1, -2), states_rows=rows, **kw)
+        try:
+            o, _ = gb.gdn_tree_verify(q, k, v, states_out=buf.transpose(-1, -2), states_rows=rows, **kw)
+        except ValueError as e:  # named as the caller named them (the buffer's shape as gdn_tree_verify sees it)
+            raise ValueError(str(e).replace("states_out", "intermediate_states_buffer (transposed)").replace(
+                "states_rows", "intermediate_state_indices")) from None
     else:  # another dtype or layout: the states made apart, then copied in
         o, states = gb.gdn_tree_verify(q, k, v, output_states=True, **kw)
         rows = torch.arange(B, device=q.device) if intermediate_state_indices is None else \

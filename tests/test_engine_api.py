@@ -159,6 +159,22 @@ def test_a_node_state_buffer_it_cannot_write_is_refused_before_anything_is_writt
     assert buf is None or torch.equal(buf, before)
 
 
+def test_the_drop_in_names_the_buffer_and_its_indices_as_sglang_does_when_it_refuses_them():
+    """A buffer too short for the tree, or repeated indices: one ValueError naming SGLang's argument; nothing
+    written."""
+    x, parents, pool, slots = _inputs(seed=3)
+    B, T = parents.shape
+    args = (x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool, slots)
+    short = torch.full((2, T - 1, 2, 3, 4), float("nan"))
+    with pytest.raises(ValueError, match=r"^intermediate_states_buffer \(transposed\): expected \[N, TS >= 6"):
+        engine_api.target_verify(*args, retrieve_parent_token=parents.int(), intermediate_states_buffer=short)
+    buf = torch.full((3, T, 2, 3, 4), float("nan"))
+    with pytest.raises(ValueError, match="^intermediate_state_indices: rows must be distinct"):
+        engine_api.target_verify(*args, retrieve_parent_token=parents.int(), intermediate_states_buffer=buf,
+                                 intermediate_state_indices=torch.tensor([1, 1]))
+    assert torch.isnan(short).all() and torch.isnan(buf).all()
+
+
 @pytest.mark.parametrize("kw, needle", [
     (dict(disable_state_update=False), "never writes the pool"),
     (dict(softplus_beta=2.0), "softplus_beta"),
