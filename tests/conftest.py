@@ -15,8 +15,10 @@ def run_cli(*args, cwd=None, timeout=600, pythonpath=None, fork=None):
     By default the process is a fork of this test worker running ``ddsim.cli.main`` (its own process,
     stdout, stderr, exit code, working directory and import path, without paying torch's import again:
     about a second a call over the suite's hundred-odd calls); ``fork=False`` or DDSIM_TEST_FORK=0 runs
-    ``python -m ddsim.cli`` in a fresh interpreter instead."""
+    ``python -m ddsim.cli`` in a fresh interpreter instead, and so does any call once this process has set CUDA up
+    (a forked child cannot use CUDA its parent initialized: on a GPU machine every check-kernel property failed)."""
     fork = os.environ.get("DDSIM_TEST_FORK", "1") != "0" if fork is None else fork
+    fork = fork and not _cuda_initialized()
     if not fork:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
         if pythonpath is not None:
@@ -24,6 +26,12 @@ def run_cli(*args, cwd=None, timeout=600, pythonpath=None, fork=None):
         return subprocess.run([sys.executable, "-m", "ddsim.cli", *map(str, args)], capture_output=True, text=True,
                               cwd=cwd, timeout=timeout, env=env)
     return _forked_cli([str(a) for a in args], cwd=cwd, timeout=timeout, pythonpath=pythonpath)
+
+
+def _cuda_initialized() -> bool:
+    """Whether this process has set CUDA up (torch imported and its CUDA context made)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
 
 
 def _forked_cli(args, *, cwd, timeout, pythonpath):

@@ -252,3 +252,22 @@ def test_an_audit_asks_for_expandable_cuda_segments_unless_told_otherwise(monkey
     monkeypatch.setattr(ddsim.devices, "audit_allocator", lambda: calls.append(1))
     assert main(["audit", "--steps", "0", "--out", str(tmp_path / "r")]) == 2  # bad input, after the allocator's
     assert calls == [1]
+
+
+def test_the_command_line_runs_in_a_fresh_interpreter_once_this_process_has_set_cuda_up(monkeypatch):
+    """tests.conftest.run_cli forks its worker by default; once CUDA is set up in the worker (a GPU machine, after a
+    kernel test) a fork could not use it, so the call runs `python -m ddsim.cli` in a fresh interpreter instead."""
+    import subprocess
+
+    import torch
+
+    from tests import conftest
+    calls = []
+    monkeypatch.setattr(conftest, "_forked_cli", lambda args, **kw: calls.append(("fork", args)))
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(("fresh", cmd[1:3])))
+    monkeypatch.delenv("DDSIM_TEST_FORK", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    conftest.run_cli("--help")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    conftest.run_cli("--help")
+    assert calls == [("fork", ["--help"]), ("fresh", ["-m", "ddsim.cli"])]
