@@ -53,6 +53,7 @@ def tma_kernel():
 
 
 def compile_ast(kern, kw, target):
+    """kern compiled for target with the default launch's arguments kw, its state a host tensor descriptor."""
     sig, consts = {}, {}
     for i, p in enumerate(kern.params):
         x = kw[p.name]
@@ -73,17 +74,25 @@ def compile_ast(kern, kw, target):
                           options={"num_warps": kw["num_warps"]})
 
 
+def first(lines: list, pred, what: str) -> int:
+    """The index of the first line pred holds for; where none does, the script stops naming what it looked for."""
+    at = next((i for i, line in enumerate(lines) if pred(line)), None)
+    if at is None:
+        raise SystemExit(f"fused_tma_late: the TTGIR has no {what}")
+    return at
+
+
 def waited_at_use(ttgir: str) -> str:
     """The TTGIR with the state copy's wait, its barrier's invalidation and the tile's local_load moved to right
     before the tile's first use."""
     lines = ttgir.split("\n")
-    w = next(i for i, line in enumerate(lines) if "ttng.wait_barrier" in line)
+    w = first(lines, lambda line: "ttng.wait_barrier" in line, "wait for the copy")
     moved = lines[w:w + 3]
     if "inval_barrier" not in moved[1] or "ttg.local_load" not in moved[2]:
         raise SystemExit("fused_tma_late: the copy's wait is not followed by its invalidation and the tile's load")
     tile = re.match(r"\s*(%[\w.]+) = ttg.local_load", moved[2]).group(1)
     rest = lines[:w] + lines[w + 3:]
-    use = next(i for i, line in enumerate(rest) if re.search(re.escape(tile) + r"\b", line))
+    use = first(rest, lambda line: re.search(re.escape(tile) + r"\b", line), f"use of {tile}")
     print(f"# moved the wait from line {w} to {use} (of {len(lines)}): {rest[use].strip()[:80]}")
     return "\n".join(rest[:use] + moved + rest[use:])
 
@@ -99,10 +108,10 @@ def read_in_operand_layout(ttgir: str) -> str:
     """waited_at_use's TTGIR with the state tile loaded from the copy's buffer in the products' operand layout: the
     hold's product dropped, the head and remainder made in that layout, their shared-memory round trip removed."""
     lines = ttgir.split("\n")
-    i = next(i for i, line in enumerate(lines) if "ttng.inval_barrier" in line) + 1
+    i = first(lines, lambda line: "ttng.inval_barrier" in line, "barrier invalidation") + 1
     tile = name_of(lines[i])
     lines[i] = re.sub(r"-> tensor<(\d+)x(\d+)xf32, #blocked\d*>", rf"-> tensor<\1x\2xf32, {DOB}>", lines[i])
-    m = next(j for j, line in enumerate(lines) if re.search(r"arith.mulf " + re.escape(tile) + ",", line))
+    m = first(lines, lambda line: re.search(r"arith.mulf " + re.escape(tile) + ",", line), f"hold's product of {tile}")
     held = name_of(lines.pop(m))
     out, loads = [], {}
     for line in lines:
@@ -133,14 +142,14 @@ def split_after(ttgir: str, anchor: str) -> str:
     moved to right after the first line matching ANCHORS[anchor] (sooner: the split's work can then fill the K side's
     stalls, the wait come before the state has arrived)."""
     lines = ttgir.split("\n")
-    w = next(i for i, line in enumerate(lines) if "ttng.wait_barrier" in line)
+    w = first(lines, lambda line: "ttng.wait_barrier" in line, "wait for the copy")
     end = w + 3
     while re.match(r"\s*%s_(hi|lo)\w* = arith\.(truncf|extf|subf)", lines[end]):
         end += 1
     if end - w != 7:
         raise SystemExit(f"fused_tma_late: expected the wait, its invalidation, the load and 4 split lines, got {end - w}")
     block, rest = lines[w:end], lines[:w] + lines[end:]
-    at = next(i for i, line in enumerate(rest) if re.match(ANCHORS[anchor], line))
+    at = first(rest, lambda line: re.match(ANCHORS[anchor], line), f"{anchor} product")
     if at >= w:
         raise SystemExit(f"fused_tma_late: {anchor} comes after the state's first use")
     return "\n".join(rest[:at + 1] + block + rest[at + 1:])

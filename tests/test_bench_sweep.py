@@ -514,6 +514,8 @@ def test_fused_tma_lates_edits_stop_where_the_ir_is_not_as_they_expect():
     late_qk = op.replace("    %QK = tt.dot", "    %QK_0 = tt.dot").replace("%QS_219 = tt.dot", "%QK = tt.dot")
     with pytest.raises(SystemExit, match="Q K\\^T comes after the state's first use"):
         mod.split_after(late_qk, "Q K^T")
+    with pytest.raises(SystemExit, match="the TTGIR has no wait for the copy"):
+        mod.waited_at_use(_TMA_TTGIR.replace("ttng.wait_barrier", "ttng.other_op"))
 
 
 def test_fused_tma_late_refuses_bad_options_before_any_work():
