@@ -127,7 +127,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     Returns o [B, T, HV, V] and, with output_states, per-node states [B, T, HV, K, V]. With states_out,
     an fp32 [N, TS >= T, HV, K, V] buffer (or the transpose of a contiguous [N, TS, HV, V, K] one,
     SGLang's intermediate buffer), sequence b's node states are written into states_out[states_rows[b],
-    :T] (states_rows None: row b) and (o, states_out) returned; on the Triton backends the recurrent
+    :T] (states_rows None: row b, N >= B) and (o, states_out) returned; on the Triton backends the recurrent
     kernel writes them there itself, reading each parent's back from it (no per-node allocation)."""
     if states_out is not None or states_rows is not None:
         return _verify_into(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,

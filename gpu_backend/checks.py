@@ -318,10 +318,18 @@ def constant(kind: str, n: int, device, dtype=torch.float32) -> torch.Tensor:
 
 def node_state_rows(buf: torch.Tensor, rows, B: int) -> torch.Tensor:
     """int32 [B] rows of a caller's node-state buffer buf [N, ...] that the batch's sequences take: rows [B],
-    distinct and in 0..N-1 (one host sync for device values), or None for rows 0..B-1 (then N must be B)."""
+    distinct and in 0..N-1 (one host sync for device values), CheckedSlots of an N-row buffer (validated before:
+    no sync, as under CUDA-graph capture), or None for rows 0..B-1 (sequence b at row b; then N must be B or
+    more)."""
+    if isinstance(rows, CheckedSlots):
+        idx = rows.indices
+        if rows.N != buf.shape[0] or tuple(idx.shape) != (B,) or idx.device != buf.device:
+            raise ValueError(f"states_rows: checked rows {tuple(idx.shape)} of a {rows.N}-row buffer on {idx.device}; "
+                             f"states_out has {buf.shape[0]} rows on {buf.device} for {B} sequences")
+        return idx
     if rows is None:
-        if buf.shape[0] != B:
-            raise ValueError(f"states_out: {buf.shape[0]} rows for {B} sequences; pass states_rows")
+        if buf.shape[0] < B:
+            raise ValueError(f"states_out: {buf.shape[0]} rows for {B} sequences (sequence b at row b)")
         return constant("slots", B, buf.device)
     return checked_slots(torch.as_tensor(rows), buf.shape[0], B, buf.device, "states_rows").indices
 

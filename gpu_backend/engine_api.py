@@ -17,7 +17,8 @@ an engine would, build once and pass to every layer (raw tensors are validated, 
 every call):
   - ``plan_tree(retrieve_parent_token)`` as retrieve_parent_token;
   - ``plan_slots(initial_state_source, initial_state_indices)`` as initial_state_indices (the pool
-    rows: distinct, in range);
+    rows: distinct, in range), and for the drop-in ``plan_slots(intermediate_states_buffer,
+    intermediate_state_indices)`` as intermediate_state_indices;
   - ``plan_accepted(tree_plan, accepted)`` as commit_accepted's accepted.
 
 target_verify reads the pool and never writes it (``disable_state_update=False`` is refused rather
@@ -133,8 +134,9 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     elif buf.dtype == torch.float32 and buf.dim() == 5 and buf.is_contiguous():
         # SGLang's layout, buffer[intermediate_state_indices[b], t] = node t's state [HV, V, K]: the kernel writes
         # each node's state there through the buffer's [N, TS, HV, K, V] transpose, and reads parents back from it
-        rows = None if intermediate_state_indices is None else torch.as_tensor(intermediate_state_indices,
-                                                                               device=q.device)
+        rows = intermediate_state_indices
+        if rows is not None and not isinstance(rows, checks.CheckedSlots):
+            rows = torch.as_tensor(rows, device=q.device)
         try:
             o, _ = gb.gdn_tree_verify(q, k, v, states_out=buf.transpose(-1, -2), states_rows=rows, **kw)
         except ValueError as e:  # named as the caller named them (the buffer's shape as gdn_tree_verify sees it)
@@ -142,8 +144,7 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
                 "states_rows", "intermediate_state_indices")) from None
     else:  # another dtype or layout: the states made apart, then copied in
         o, states = gb.gdn_tree_verify(q, k, v, output_states=True, **kw)
-        rows = torch.arange(B, device=q.device) if intermediate_state_indices is None else \
-            torch.as_tensor(intermediate_state_indices, device=q.device).long()
+        rows = checks.node_state_rows(buf, intermediate_state_indices, B).long()
         buf[rows, :T] = states.transpose(-1, -2).to(buf.dtype)
     return o.reshape(1, B * T, *o.shape[2:]) if cu_seqlens is not None else o
 

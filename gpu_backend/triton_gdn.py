@@ -323,7 +323,7 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     the benchmarks time). poison=False skips the NaN fill of fresh outputs. states_out: the caller's
     fp32 [N, TS, HV, K, V] (TS >= T; or the transpose of a contiguous [N, TS, HV, V, K], SGLang's
     intermediate buffer) into which sequence b's node states go, at row states_rows[b] (distinct, in
-    0..N-1; None: row b, N == B), in place of a fresh [B, T, HV, K, V]: no other row or node is
+    0..N-1; None: row b, N >= B), in place of a fresh [B, T, HV, K, V]: no other row or node is
     written. The result is then (o, states_out)."""
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = C.prep_gdn(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)

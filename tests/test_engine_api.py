@@ -138,7 +138,7 @@ def test_node_states_go_into_a_callers_buffer_at_its_rows_and_nowhere_else(vk):
     (dict(states_out=torch.zeros(2, 5, 2, 3, 4, dtype=torch.float64)), "states_out: expected float32"),
     (dict(states_out=torch.zeros(2, 4, 2, 3, 4)), "states_out: expected [N, TS >= 5, 2, 3, 4], got (2, 4, 2, 3, 4)"),
     (dict(states_out=torch.zeros(2, 5, 3, 2, 4).transpose(2, 3)), "states_out: expected a contiguous"),
-    (dict(states_out=torch.zeros(3, 5, 2, 3, 4)), "states_out: 3 rows for 2 sequences; pass states_rows"),
+    (dict(states_out=torch.zeros(1, 5, 2, 3, 4)), "states_out: 1 rows for 2 sequences (sequence b at row b)"),
     (dict(states_out=torch.zeros(3, 5, 2, 3, 4), states_rows=[1, 1]), "states_rows: rows must be distinct"),
     (dict(states_out=torch.zeros(3, 5, 2, 3, 4), states_rows=[0, 3]), "states_rows: rows must lie in 0..2"),
     (dict(states_rows=[0, 1]), "states_rows: given without states_out"),
@@ -157,6 +157,35 @@ def test_a_node_state_buffer_it_cannot_write_is_refused_before_anything_is_writt
         gb.gdn_tree_verify(**args, parents=parents, initial_state=s0, backend=backend, **change)
     assert str(e.value).startswith(needle), str(e.value)
     assert buf is None or torch.equal(buf, before)
+
+
+def test_the_drop_ins_buffer_rows_planned_once_none_or_raw_fill_the_same_rows(monkeypatch):
+    """intermediate_state_indices planned once per step (engine_api.plan_slots on the buffer) fill the buffer as the
+    raw indices do, with no validation in the call (none may run under CUDA-graph capture); without indices
+    sequence b takes row b of a buffer of more rows; planned rows of another buffer are refused."""
+    from ddsim.gpu_backend import checks
+    x, parents, pool, slots = _inputs(seed=4)
+    B, T = parents.shape
+    args = (x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool, slots)
+    raw = torch.full((4, T, 2, 3, 4), float("nan"))
+    engine_api.target_verify(*args, retrieve_parent_token=parents.int(), intermediate_states_buffer=raw,
+                             intermediate_state_indices=torch.tensor([2, 0]))
+    planned = torch.full_like(raw, float("nan"))
+    rows, pool_rows = engine_api.plan_slots(planned, torch.tensor([2, 0])), engine_api.plan_slots(pool, slots)
+
+    def no_validation(*a, **kw):
+        raise AssertionError("validated again in the call")
+    monkeypatch.setattr(checks, "checked_slots", no_validation)
+    engine_api.target_verify(*args[:-1], pool_rows, retrieve_parent_token=parents.int(),
+                             intermediate_states_buffer=planned, intermediate_state_indices=rows)
+    monkeypatch.undo()
+    assert torch.equal(planned.nan_to_num(7.0), raw.nan_to_num(7.0))
+    none = torch.full_like(raw, float("nan"))
+    engine_api.target_verify(*args, retrieve_parent_token=parents.int(), intermediate_states_buffer=none)
+    assert torch.equal(none[[0, 1]], raw[[2, 0]]) and torch.isnan(none[[2, 3]]).all()
+    with pytest.raises(ValueError, match="^intermediate_state_indices: checked rows \\(2,\\) of a 4-row buffer"):
+        engine_api.target_verify(*args, retrieve_parent_token=parents.int(),
+                                 intermediate_states_buffer=torch.zeros(3, T, 2, 3, 4), intermediate_state_indices=rows)
 
 
 def test_the_drop_in_names_the_buffer_and_its_indices_as_sglang_does_when_it_refuses_them():
