@@ -322,11 +322,7 @@ def node_state_rows(buf: torch.Tensor, rows, B: int) -> torch.Tensor:
     no sync, as under CUDA-graph capture), or None for rows 0..B-1 (sequence b at row b; then N must be B or
     more)."""
     if isinstance(rows, CheckedSlots):
-        idx = rows.indices
-        if rows.N != buf.shape[0] or tuple(idx.shape) != (B,) or idx.device != buf.device:
-            raise ValueError(f"states_rows: checked rows {tuple(idx.shape)} of a {rows.N}-row buffer on {idx.device}; "
-                             f"states_out has {buf.shape[0]} rows on {buf.device} for {B} sequences")
-        return idx
+        return planned_rows(rows, buf, B, "states_rows", "buffer", "states_out", "rows")
     if rows is None:
         if buf.shape[0] < B:
             raise ValueError(f"states_out: {buf.shape[0]} rows for {B} sequences (sequence b at row b)")
@@ -359,17 +355,25 @@ def vk_layout(t: torch.Tensor, name: str, expected: str) -> bool:
     raise ValueError(f"{name}: expected {expected}, got strides {tuple(t.stride())}")
 
 
+def planned_rows(checked: CheckedSlots, holder: torch.Tensor, B: int, index_name: str, kind: str, name: str,
+                 rows: str) -> torch.Tensor:
+    """checked's int32 [B] indices, validated before (checked_slots: no sync here), once they are seen to be of
+    holder [N, ...] (a pool or a buffer, ``kind``; ``name`` with N ``rows``) for B sequences on its device."""
+    idx = checked.indices
+    if checked.N != holder.shape[0] or tuple(idx.shape) != (B,) or idx.device != holder.device:
+        noun = "slots" if index_name == "state_indices" else "rows"
+        raise ValueError(f"{index_name}: checked {noun} {tuple(idx.shape)} of a {checked.N}-row {kind} on "
+                         f"{idx.device}; {name} has {holder.shape[0]} {rows} on {holder.device} for {B} sequences")
+    return idx
+
+
 def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tensor:
     """int32 [B] rows of pool [N, ...] holding the batch: its first B rows when state_indices is
     None (then N must be B), else state_indices [B], distinct and in 0..N-1 (checked_slots: one host
     sync), or CheckedSlots (validated before: only the pool size, shape and device here)."""
     N = pool.shape[0]
     if isinstance(state_indices, CheckedSlots):
-        idx = state_indices.indices
-        if state_indices.N != N or tuple(idx.shape) != (B,) or idx.device != pool.device:
-            raise ValueError(f"state_indices: checked slots {tuple(idx.shape)} of a {state_indices.N}-row pool on "
-                             f"{idx.device}; {name} has {N} {rows} on {pool.device} for {B} sequences")
-        return idx
+        return planned_rows(state_indices, pool, B, "state_indices", "pool", name, rows)
     if state_indices is None:
         if N != B:
             raise ValueError(f"{name}: {N} {rows} for {B} sequences; pass state_indices to address a pool")
