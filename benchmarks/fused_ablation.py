@@ -26,8 +26,9 @@ import torch
 
 from ddsim.bench.bench import (
     at_least_one,
-    cuda_header,
+    cuda_run,
     edited_kernel,
+    timing_options,
     timing_rounds,
     wy_default_launch,
 )
@@ -64,14 +65,10 @@ def cut_kernel(name: str):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--commit", default="?")
-    ap.add_argument("--calls", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=2)
+    timing_options(ap, rounds=2)
     a = ap.parse_args()
     at_least_one(ap, a, "calls", "rounds")
-    if not torch.cuda.is_available():
-        raise SystemExit("fused_ablation: needs a CUDA device")
-    print(cuda_header(a.commit), flush=True)
+    cuda_run("fused_ablation", a.commit)
     B, T = 1, 16
     default, o, grid, kw, _, _ = wy_default_launch(B, T)
     if kw.get("ROOT") != 2 or not kw.get("RAW16") or not kw.get("HOLD") or kw.get("CHAINS"):

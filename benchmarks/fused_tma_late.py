@@ -34,7 +34,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ddsim.bench.bench import at_least_one, cuda_header, edited_kernel, timing_rounds, wy_default_launch
+from ddsim.bench.bench import at_least_one, cuda_run, edited_kernel, timing_options, timing_rounds, wy_default_launch
 
 READ = ("        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],\n"
         "                     other=0.0)\n")
@@ -225,9 +225,7 @@ def variants(B: int, T: int, warps: int, block_v: int, target, d: str) -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--commit", default="?")
-    ap.add_argument("--calls", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=2)
+    timing_options(ap, rounds=2)
     ap.add_argument("--configs", default="4x64", help="comma-separated warps x V tile width, e.g. 4x64,2x32")
     a = ap.parse_args()
     at_least_one(ap, a, "calls", "rounds")
@@ -237,9 +235,7 @@ def main():
         if not m:
             ap.error(f"--configs: {c!r} is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
         configs.append((int(m.group(1)), int(m.group(2))))
-    if not torch.cuda.is_available():
-        raise SystemExit("fused_tma_late: needs a CUDA device")
-    print(cuda_header(a.commit), flush=True)
+    cuda_run("fused_tma_late", a.commit)
     cap = torch.cuda.get_device_capability()
     target = GPUTarget("cuda", cap[0] * 10 + cap[1], 32)
     d = tempfile.mkdtemp(prefix="ddsim_tma_late_")

@@ -29,8 +29,9 @@ import triton.language as tl
 from ddsim import oracle
 from ddsim.bench.bench import (
     at_least_one,
-    cuda_header,
+    cuda_run,
     off_rounded,
+    timing_options,
     timing_rounds,
     wy_default_launch,
 )
@@ -118,14 +119,10 @@ TRANSPOSED_ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "mask", "stat
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--commit", default="?")
-    ap.add_argument("--calls", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=3)
+    timing_options(ap, rounds=3)
     a = ap.parse_args()
     at_least_one(ap, a, "calls", "rounds")
-    if not torch.cuda.is_available():
-        raise SystemExit("fused_variants: needs a CUDA device")
-    print(cuda_header(a.commit), flush=True)
+    cuda_run("fused_variants", a.commit)
     B, T = 1, 16
     default, o, grid, kw, inp, parents = wy_default_launch(B, T)
     default()

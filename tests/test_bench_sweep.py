@@ -236,6 +236,22 @@ def test_several_do_bench_calls_give_their_median_and_range(monkeypatch):
         bench.median_us_calls(lambda: None, 0)
 
 
+def test_the_variant_benchmarks_options_and_their_cuda_check(monkeypatch):
+    """bench.timing_options: --commit, --calls 5 and --rounds as given; bench.cuda_run stops naming the script where
+    there is no CUDA device (here, on a machine without one)."""
+    import argparse
+
+    from ddsim.bench import bench
+    ap = argparse.ArgumentParser()
+    bench.timing_options(ap, rounds=3)
+    a = ap.parse_args([])
+    assert (a.commit, a.calls, a.rounds) == ("?", 5, 3)
+    assert ap.parse_args(["--calls", "7", "--rounds", "1", "--commit", "abc"]).calls == 7
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="^probe: needs a CUDA device$"):
+        bench.cuda_run("probe", "abc")
+
+
 def test_timing_rounds_interleave_the_forms_round_by_round_with_their_timer_and_device_times(monkeypatch, capsys):
     """bench.timing_rounds, the variant benchmarks' table: every form in each round before the next round, its timer
     cell the median of its calls with their range, three flushed device times and (with warm) one warm."""

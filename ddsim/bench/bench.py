@@ -429,6 +429,22 @@ def median_us_calls(launch, calls: int) -> list[float]:
     return sorted(median_us(launch) for _ in range(calls))
 
 
+def timing_options(ap, *, rounds: int) -> None:
+    """The variant benchmarks' (fused_*.py) options on ``ap``: --commit (stamped in the header), --calls (do_bench
+    calls a figure's median is taken over, 5) and --rounds (timing_rounds' rounds, ``rounds``)."""
+    ap.add_argument("--commit", default="?")
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=rounds)
+
+
+def cuda_run(who: str, commit: str) -> None:
+    """Stop (SystemExit naming ``who``) where there is no CUDA device, else print cuda_header: a GPU benchmark's start,
+    after its options are checked."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{who}: needs a CUDA device")
+    print(cuda_header(commit), flush=True)
+
+
 def timing_rounds(forms: dict, *, rounds: int, calls: int, warm: bool = True) -> None:
     """Each launch of ``forms`` ({name: launch}) timed ``rounds`` times over in this process, the rows interleaved
     round by round (a figure that moves between rounds shows its spread): a markdown table on stdout of the timer
