@@ -96,16 +96,16 @@ class TreePlan:
             return ancestor_mask(src)
         return self._cached(("anc", mode), build)
 
-    def root_paths(self) -> torch.Tensor:
-        """int32 [B, T, depth + 1]: each node's root path (its ancestors-or-self in the tree), root
-        first, -1 padded; a commit picks its accepted node's row with one gather, no host sync (on the host, host_tables'
-        twin)."""
+    def root_paths(self, mode: str = "exact") -> torch.Tensor:
+        """int32 [B, T, depth + 1]: each node's root path (its ancestors-or-self among ``mode``'s source parents: in
+        the tree for "exact", every earlier node for "leaky"), root first, -1 padded; a commit picks its accepted
+        node's row with one gather, no host sync (on the host, host_tables' twin)."""
         def build():
-            mask, depth = self.ancestors("exact")
+            mask, depth = self.ancestors(mode)
             if mask.device.type == "cpu":
                 return torch.from_numpy(host_tables.root_paths(mask.numpy(), depth))
             return root_paths_of(mask, depth)
-        return self._cached(("paths",), build)
+        return self._cached(("paths", mode), build)
 
 
 def root_paths_of(mask: torch.Tensor, depth: int) -> torch.Tensor:
@@ -124,12 +124,12 @@ def fp32_state(initial_state: torch.Tensor, kernel: str) -> None:
         raise ValueError(f"initial_state: the Triton {kernel} kernel keeps fp32 states, got {initial_state.dtype}")
 
 
-def root_paths(parents, B: int, T: int, device) -> torch.Tensor:
-    """int32 [B, T, DMAX] every node's root path (root first, the node last, -1 padded) from raw parents (checked)
-    or a TreePlan (cached)."""
+def root_paths(parents, B: int, T: int, device, mode: str = "exact") -> torch.Tensor:
+    """int32 [B, T, DMAX] every node's root path among ``mode``'s source parents (root first, the node last, -1
+    padded) from raw parents (checked) or a TreePlan (cached)."""
     plan = parents if isinstance(parents, TreePlan) else TreePlan(parents, device=device)
     check_parents(plan, B, T, device)
-    return plan.root_paths()
+    return plan.root_paths(mode)
 
 
 def source_parents(parents, B: int, T: int, device, mode: str) -> torch.Tensor:

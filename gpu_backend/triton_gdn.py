@@ -77,6 +77,54 @@ def _gdn_recurrent_kernel(
 
 
 @triton.jit
+def _gdn_paths_kernel(
+    q, k, v, g, beta, A_log, dt_bias,  # as _gdn_recurrent_kernel's
+    paths,  # [B, T, DMAX] int32: each node's source path (root first, the node last, -1 padded)
+    state, state_idx,  # pool [N, HV, K, V] fp32; [B] int32 slots
+    o, snap, snap_rows,  # as _gdn_recurrent_kernel's
+    T, TS, DMAX, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr,
+    STORE_STATES: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr, STATE_VK: tl.constexpr,
+    ROWS: tl.constexpr, SNAP_VK: tl.constexpr,
+):
+    """Grid (B * HV * T, V tiles): the program of node t of (sequence, value head) steps S [K, BV] from the
+    committed state along t's path in registers, _gdn_recurrent_kernel's steps in its order (the same bits), and
+    writes o_t and, with STORE_STATES, S_t; no state is read back, so no program waits on another."""
+    pid = tl.program_id(0)  # the nodes of one (sequence, head) are neighbours: their committed tile is read once
+    i_v = tl.program_id(1)
+    i_bh = pid // T
+    t = pid % T
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
+    mkv = mk[:, None] & mv[None, :]
+    S = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mkv,
+                other=0.0)
+    neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
+    path = paths + (i_b * T + t) * DMAX
+    o_d = tl.arange(0, BD)
+    steps = tl.sum((tl.load(path + o_d, mask=o_d < DMAX, other=-1) >= 0).to(tl.int32), 0)  # t's depth + 1
+    for d in range(0, steps):
+        row = i_b * T + tl.load(path + d)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
+        b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
+        b_g, b_beta = h.gates(g, beta, row * HV + i_hv, 0, neg_A, bias, FUSED, False)
+        S = h.delta_step(S, b_k, b_v, b_g, b_beta)
+    row = i_b * T + t
+    b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, L2NORM, 0)
+    b_o = tl.sum(S * (b_q * scale)[:, None], 0)
+    tl.store(o + (row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
+    if STORE_STATES:
+        if ROWS:
+            seq0 = tl.load(snap_rows + i_b) * TS
+        else:
+            seq0 = i_b * T
+        h.store_state(snap, seq0 + t, S, i_hv, o_k, o_v, mkv, HV, K, V, False, SNAP_VK)
+
+
+@triton.jit
 def _apart(x):
     # x itself, through an identity Triton cannot see into: a sum of two products' results would otherwise be folded
     # into one product accumulating onto the other (one chain of MMAs where two can run side by side)
@@ -318,9 +366,13 @@ def gdn_tree_verify_recurrent(*args, **kwargs):
 def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                    use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
                    A_log=None, dt_bias=None, states_out=None, states_rows=None, block_v: int = 32,
-                   num_warps: int = 4, poison: bool | None = None):
+                   num_warps: int = 4, poison: bool | None = None, design: str = "auto"):
     """Validate and allocate once; returns (launch, result): launch() runs the kernel alone (what
-    the benchmarks time). poison=False skips the NaN fill of fresh outputs. states_out: the caller's
+    the benchmarks time). poison=False skips the NaN fill of fresh outputs. design "serial": a program
+    per (sequence, head, V tile) steps over the nodes in index order (exact: each node's parent's state
+    read back from the per-node states, which are then always written); "paths": a program per node
+    steps along the node's root path from the committed state (_gdn_paths_kernel: the same steps, the same
+    bits, per-node states only where asked for); "auto": paths_design's choice. states_out: the caller's
     fp32 [N, TS, HV, K, V] (TS >= T; or the transpose of a contiguous [N, TS, HV, V, K], SGLang's
     intermediate buffer) into which sequence b's node states go, at row states_rows[b] (distinct, in
     0..N-1; None: row b, N >= B), in place of a fresh [B, T, HV, K, V]: no other row or node is
@@ -328,7 +380,10 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     B, T, H, HV, K, V, src, idx, (g_, b_, al, db, fused) = C.prep_gdn(
         q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, state_indices, mode)
     scale = K ** -0.5 if scale is None else float(scale)
-    parent_indexed = mode == "exact"
+    if design not in ("auto", "serial", "paths"):
+        raise ValueError(f"design: expected 'auto', 'serial' or 'paths', got {design!r}")
+    paths = design == "paths" or design == "auto" and paths_design(B, T, HV, mode)
+    parent_indexed = mode == "exact" and not paths
     rows = states_out is not None
     if rows:
         snap_vk = checks.node_states_vk(states_out, T, HV, K, V, q.device)
@@ -337,6 +392,8 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     elif states_rows is not None:
         raise ValueError("states_rows: given without states_out")
     store = output_states or parent_indexed
+    if paths and B * HV * T >= 2**31:
+        raise ValueError(f"design 'paths': {B} x {HV} x {T} programs exceed the grid")
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     if rows:
         snap = states_out
@@ -345,14 +402,24 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     else:
         snap = checks.constant("dummy", 1, v.device)
     BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
-    grid = (C.cdiv(V, BV), B * HV)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db,
-              src=src.to(torch.int32).contiguous(), state=initial_state, state_idx=idx, o=o, snap=snap,
-              snap_rows=snap_rows if rows else idx, T=T, TS=states_out.shape[1] if rows else T, scale=scale, H=H,
-              HV=HV, K=K, V=V, BK=BK, BV=BV, PARENT_INDEXED=parent_indexed, STORE_STATES=store, FUSED=fused,
-              L2NORM=use_qk_l2norm, STATE_VK=C.state_vk(initial_state), ROWS=rows, SNAP_VK=rows and snap_vk,
-              num_warps=num_warps)
-    return bind(_gdn_recurrent_kernel, grid, kw), ((o, snap) if output_states else o)
+              state=initial_state, state_idx=idx, o=o, snap=snap, snap_rows=snap_rows if rows else idx, T=T,
+              TS=states_out.shape[1] if rows else T, scale=scale, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
+              STORE_STATES=store, FUSED=fused, L2NORM=use_qk_l2norm, STATE_VK=C.state_vk(initial_state), ROWS=rows,
+              SNAP_VK=rows and snap_vk, num_warps=num_warps)
+    result = (o, snap) if output_states else o
+    if paths:
+        table = checks.root_paths(parents, B, T, q.device, mode)  # [B, T, DMAX]
+        kw.update(paths=table, DMAX=table.shape[2], BD=C.next_pow2(table.shape[2], 1))
+        return bind(_gdn_paths_kernel, (B * HV * T, C.cdiv(V, BV)), kw), result
+    kw.update(src=src.to(torch.int32).contiguous(), PARENT_INDEXED=parent_indexed)
+    return bind(_gdn_recurrent_kernel, (C.cdiv(V, BV), B * HV), kw), result
+
+
+def paths_design(B: int, T: int, HV: int, mode: str) -> bool:
+    """Whether plan_recurrent's design "auto" takes "paths" for B trees of T nodes over HV value heads in ``mode``:
+    exact mode (leaky's paths are every earlier node: T^2 / 2 steps)."""
+    return mode == "exact"
 
 
 def gdn_tree_verify_wy(*args, **kwargs):

@@ -1,0 +1,120 @@
+"""The exact verify that writes every node's state (the drop-in's work: SGLang's target verify with its intermediate
+buffer) at Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128, bf16 inputs, fp32 state pool in SGLang's layout), DDTree
+trees, side by side in one run on one GPU:
+
+  sglang exact      fused_sigmoid_gating_delta_rule_update with retrieve_parent_token, every node's state written to
+                    the intermediate buffer (SGLang's own kernel)
+  ddsim drop-in     engine_api.target_verify with the same buffer (plan_recurrent's design "auto"), the public call
+  serial            the recurrent kernel alone (plan_recurrent design "serial"): a program per (head, V tile) steps
+                    over the nodes in index order, each parent's state read back from the buffer
+  paths BV/W        the paths kernel alone (design "paths"): a program per (node, head, V tile) steps along the node's
+                    root path from the committed state in registers; V tiles of BV, W warps
+Beside them: the floor of writing the node states once (the buffer's bytes over the measured copy bandwidth), and
+the path steps the paths kernel makes per node (the mean root-path length). Timer: do_bench (CUDA events around
+the call, the L2 flushed before it: bench.median_us); device: the kernels' own time after the flush
+(bench.kernel_device_us). Before timing, each ddsim kernel's output and buffer are compared with the serial
+kernel's (bit for bit, printed).
+
+    python benchmarks/bench_node_states.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65,8x129,8x257]
+                                           [--paths 32/4,64/4,64/8]
+        # needs CUDA and SGLang's kernel importable
+"""
+import argparse
+import sys
+
+import torch
+
+from ddsim.bench.bench import copy_bandwidth, cuda_header, ddtree_batch, kernel_device_us, kernel_inputs, median_us, parse_shapes
+from ddsim.engines import fused_gates
+from ddsim.engines.sglang import _kernel
+from ddsim.errors import InputError
+from ddsim.gpu_backend import engine_api
+from ddsim.gpu_backend import triton_gdn as G
+
+
+def parse_paths(ap, text: str) -> list[tuple[int, int]]:
+    """--paths "BV/W,...": V tiles (16, 32, 64 or 128) and warps (1, 2, 4, 8) of the paths kernel's configurations."""
+    try:
+        out = [tuple(int(x) for x in s.split("/")) for s in text.split(",")]
+    except ValueError:
+        ap.error(f"--paths {text!r}: expected BV/W,BV/W,...")
+    for c in out:
+        if len(c) != 2 or c[0] not in (16, 32, 64, 128) or c[1] not in (1, 2, 4, 8):
+            ap.error(f"--paths {text!r}: expected BV in 16, 32, 64, 128 and W in 1, 2, 4, 8, got {c}")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="?")
+    ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65,8x129,8x257")
+    ap.add_argument("--paths", default="32/4,64/4,64/8")
+    a = ap.parse_args()
+    shapes, configs = parse_shapes(ap, a.shapes), parse_paths(ap, a.paths)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_node_states: needs a CUDA device")
+    try:
+        sgl, where = _kernel()
+    except InputError as e:
+        print(f"bench_node_states: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(cuda_header(a.commit) + f" | SGLang kernel {where}")
+    bw = copy_bandwidth("cuda")
+    print(f"# floor: the node states' bytes written once over the measured copy bandwidth {bw / 1e9:.0f} GB/s")
+    cols = ["sglang exact", "ddsim drop-in (design auto)", "serial"] + [f"paths {bv}/{w}" for bv, w in configs]
+    print("| B x T | mean path steps | write floor | " + " | ".join(cols)
+          + " | device: sglang / serial / " + " / ".join(f"paths {bv}/{w}" for bv, w in configs) + " | same bits |")
+    print("|---|---|---|" + "---|" * (len(cols) + 2))
+    dev = "cuda"
+    for B, T in shapes:
+        _, parents = ddtree_batch(B, T)
+        inp = kernel_inputs(B, T, device=dev)
+        HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]
+        a_, b_ = fused_gates(inp["g"], inp["beta"])
+        zeros = torch.zeros(HV, device=dev)
+        pool = torch.randn(2 * B, HV, V, K, device=dev)
+        slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=dev)
+        par = parents.to(dev).int().contiguous()
+        plan = engine_api.plan_tree(par)
+        pslots = engine_api.plan_slots(pool, slots)
+        rows = torch.arange(B, dtype=torch.int32, device=dev)
+        buf = torch.empty(B, T, HV, V, K, device=dev)
+        prows = engine_api.plan_slots(buf, rows)
+        q, k, v = inp["q"], inp["k"], inp["v"]
+        steps = float((plan.root_paths() >= 0).sum()) / (B * T)
+
+        def sg_exact():
+            sgl(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, use_qk_l2norm_in_kernel=True,
+                disable_state_update=True, intermediate_states_buffer=buf, intermediate_state_indices=rows,
+                cache_steps=T, retrieve_parent_token=par)
+
+        def dropin():
+            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, pslots, retrieve_parent_token=plan,
+                                     intermediate_states_buffer=buf, intermediate_state_indices=prows, cache_steps=T)
+
+        def alone(design, bv=32, w=4):
+            bufd = torch.full_like(buf, float("nan"))
+            launch, (o, _) = G.plan_recurrent(q, k, v, parents=plan, initial_state=pool.transpose(-1, -2),
+                                              state_indices=pslots, a=a_, b=b_, A_log=zeros, dt_bias=zeros,
+                                              states_out=bufd.transpose(-1, -2), states_rows=prows, design=design,
+                                              block_v=bv, num_warps=w, poison=True)
+            return launch, o, bufd
+
+        kernels = {"serial": alone("serial")} | {f"paths {bv}/{w}": alone("paths", bv, w) for bv, w in configs}
+        for launch, _, _ in kernels.values():
+            launch()
+        torch.cuda.synchronize()
+        _, o_ref, b_ref = kernels["serial"]
+        same = all(torch.equal(o, o_ref) and torch.equal(bd, b_ref) for _, o, bd in kernels.values())
+        auto = "paths" if G.paths_design(B, T, HV, "exact") else "serial"
+        t = [median_us(sg_exact), median_us(dropin)] + [median_us(launch) for launch, _, _ in kernels.values()]
+        d = [kernel_device_us(sg_exact)] + [kernel_device_us(launch) for launch, _, _ in kernels.values()]
+        floor = buf.numel() * 4 / bw * 1e6
+        print(f"| {B} x {T} | {steps:.1f} | {floor:.1f} | " + " | ".join(f"{x:.1f}" for x in t[:1]) + f" | {t[1]:.1f} "
+              f"({auto}) | " + " | ".join(f"{x:.1f}" for x in t[2:]) + " | " + " / ".join(f"{x:.1f}" for x in d)
+              + f" | {'yes' if same else 'NO'} |", flush=True)
+    print("times in microseconds per call (do_bench), device: the kernels' own time after the flush")
+
+
+if __name__ == "__main__":
+    main()
