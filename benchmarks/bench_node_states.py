@@ -9,7 +9,8 @@ trees, side by side in one run on one GPU:
                     over the nodes in index order, each parent's state read back from the buffer
   paths BV/W        the paths kernel alone (design "paths"): a program per (node, head, V tile) steps along the node's
                     root path from the committed state in registers; V tiles of BV, W warps
-Beside them: the floor of writing the node states once (the buffer's bytes over the measured copy bandwidth), and
+Beside them: the floor of writing the node states once (the buffer's bytes over the measured copy bandwidth), the
+buffer zeroed by torch (what writing those bytes alone takes), and
 the path steps the paths kernel makes per node (the mean root-path length). Timer: do_bench (CUDA events around
 the call, the L2 flushed before it: bench.median_us); device: the kernels' own time after the flush
 (bench.kernel_device_us). Before timing, each ddsim kernel's output and buffer are compared with the serial
@@ -62,9 +63,9 @@ def main():
     bw = copy_bandwidth("cuda")
     print(f"# floor: the node states' bytes written once over the measured copy bandwidth {bw / 1e9:.0f} GB/s")
     cols = ["sglang exact", "ddsim drop-in (design auto)", "serial"] + [f"paths {bv}/{w}" for bv, w in configs]
-    print("| B x T | mean path steps | write floor | " + " | ".join(cols)
+    print("| B x T | mean path steps | write floor | buffer zeroed | " + " | ".join(cols)
           + " | device: sglang / serial / " + " / ".join(f"paths {bv}/{w}" for bv, w in configs) + " | same bits |")
-    print("|---|---|---|" + "---|" * (len(cols) + 2))
+    print("|---|---|---|---|" + "---|" * (len(cols) + 2))
     dev = "cuda"
     for B, T in shapes:
         _, parents = ddtree_batch(B, T)
@@ -110,7 +111,8 @@ def main():
         t = [median_us(sg_exact), median_us(dropin)] + [median_us(launch) for launch, _, _ in kernels.values()]
         d = [kernel_device_us(sg_exact)] + [kernel_device_us(launch) for launch, _, _ in kernels.values()]
         floor = buf.numel() * 4 / bw * 1e6
-        print(f"| {B} x {T} | {steps:.1f} | {floor:.1f} | " + " | ".join(f"{x:.1f}" for x in t[:1]) + f" | {t[1]:.1f} "
+        zeroed = median_us(buf.zero_)
+        print(f"| {B} x {T} | {steps:.1f} | {floor:.1f} | {zeroed:.1f} | " + " | ".join(f"{x:.1f}" for x in t[:1]) + f" | {t[1]:.1f} "
               f"({auto}) | " + " | ".join(f"{x:.1f}" for x in t[2:]) + " | " + " / ".join(f"{x:.1f}" for x in d)
               + f" | {'yes' if same else 'NO'} |", flush=True)
     print("times in microseconds per call (do_bench), device: the kernels' own time after the flush")
