@@ -5,19 +5,20 @@ trees, side by side in one run on one GPU:
   sglang exact      fused_sigmoid_gating_delta_rule_update with retrieve_parent_token, every node's state written to
                     the intermediate buffer (SGLang's own kernel)
   ddsim drop-in     engine_api.target_verify with the same buffer (plan_recurrent's design "auto"), the public call
-  serial            the recurrent kernel alone (plan_recurrent design "serial"): a program per (head, V tile) steps
-                    over the nodes in index order, each parent's state read back from the buffer
+  serial BV/W       the recurrent kernel alone (plan_recurrent design "serial"): a program per (head, V tile) steps
+                    over the nodes in index order, each parent's state read back from the buffer; V tiles of BV,
+                    W warps (the first configuration is the reference of the bit-for-bit comparison)
   paths BV/W        the paths kernel alone (design "paths"): a program per (node, head, V tile) steps along the node's
                     root path from the committed state in registers; V tiles of BV, W warps
 Beside them: the floor of writing the node states once (the buffer's bytes over the measured copy bandwidth), the
 buffer zeroed by torch (what writing those bytes alone takes), and
 the path steps the paths kernel makes per node (the mean root-path length). Timer: do_bench (CUDA events around
 the call, the L2 flushed before it: bench.median_us); device: the kernels' own time after the flush
-(bench.kernel_device_us). Before timing, each ddsim kernel's output and buffer are compared with the serial
-kernel's (bit for bit, printed).
+(bench.kernel_device_us). Before timing, each ddsim kernel's output and buffer are compared with the first serial
+configuration's (bit for bit, printed).
 
     python benchmarks/bench_node_states.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65,8x129,8x257]
-                                           [--paths 32/4,64/4,64/8]
+                                           [--serial 32/4] [--paths 32/4,64/4,64/8]
         # needs CUDA and SGLang's kernel importable
 """
 import argparse
@@ -33,15 +34,16 @@ from ddsim.gpu_backend import engine_api
 from ddsim.gpu_backend import triton_gdn as G
 
 
-def parse_paths(ap, text: str) -> list[tuple[int, int]]:
-    """--paths "BV/W,...": V tiles (16, 32, 64 or 128) and warps (1, 2, 4, 8) of the paths kernel's configurations."""
+def parse_configs(ap, name: str, text: str) -> list[tuple[int, int]]:
+    """--serial / --paths "BV/W,...": V tiles (16, 32, 64 or 128) and warps (1, 2, 4, 8) of a kernel's
+    configurations, refused through ap.error (one line, exit 2) before any work."""
     try:
         out = [tuple(int(x) for x in s.split("/")) for s in text.split(",")]
     except ValueError:
-        ap.error(f"--paths {text!r}: expected BV/W,BV/W,...")
+        ap.error(f"--{name} {text!r}: expected BV/W,BV/W,...")
     for c in out:
         if len(c) != 2 or c[0] not in (16, 32, 64, 128) or c[1] not in (1, 2, 4, 8):
-            ap.error(f"--paths {text!r}: expected BV in 16, 32, 64, 128 and W in 1, 2, 4, 8, got {c}")
+            ap.error(f"--{name} {text!r}: expected BV in 16, 32, 64, 128 and W in 1, 2, 4, 8, got {c}")
     return out
 
 
@@ -49,9 +51,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65,8x129,8x257")
+    ap.add_argument("--serial", default="32/4")
     ap.add_argument("--paths", default="32/4,64/4,64/8")
     a = ap.parse_args()
-    shapes, configs = parse_shapes(ap, a.shapes), parse_paths(ap, a.paths)
+    shapes, serial, configs = parse_shapes(ap, a.shapes), parse_configs(ap, "serial", a.serial), parse_configs(
+        ap, "paths", a.paths)
     if not torch.cuda.is_available():
         raise SystemExit("bench_node_states: needs a CUDA device")
     try:
@@ -62,9 +66,10 @@ def main():
     print(cuda_header(a.commit) + f" | SGLang kernel {where}")
     bw = copy_bandwidth("cuda")
     print(f"# floor: the node states' bytes written once over the measured copy bandwidth {bw / 1e9:.0f} GB/s")
-    cols = ["sglang exact", "ddsim drop-in (design auto)", "serial"] + [f"paths {bv}/{w}" for bv, w in configs]
+    names = [f"serial {bv}/{w}" for bv, w in serial] + [f"paths {bv}/{w}" for bv, w in configs]
+    cols = ["sglang exact", "ddsim drop-in (design auto)"] + names
     print("| B x T | mean path steps | write floor | buffer zeroed | " + " | ".join(cols)
-          + " | device: sglang / serial / " + " / ".join(f"paths {bv}/{w}" for bv, w in configs) + " | same bits |")
+          + " | device: sglang / " + " / ".join(names) + " | same bits |")
     print("|---|---|---|---|" + "---|" * (len(cols) + 2))
     dev = "cuda"
     for B, T in shapes:
@@ -101,13 +106,14 @@ def main():
                                               block_v=bv, num_warps=w, poison=True)
             return launch, o, bufd
 
-        kernels = {"serial": alone("serial")} | {f"paths {bv}/{w}": alone("paths", bv, w) for bv, w in configs}
+        kernels = ({f"serial {bv}/{w}": alone("serial", bv, w) for bv, w in serial}
+                   | {f"paths {bv}/{w}": alone("paths", bv, w) for bv, w in configs})
         for launch, _, _ in kernels.values():
             launch()
         torch.cuda.synchronize()
-        _, o_ref, b_ref = kernels["serial"]
+        _, o_ref, b_ref = kernels[names[0]]
         same = all(torch.equal(o, o_ref) and torch.equal(bd, b_ref) for _, o, bd in kernels.values())
-        auto = "paths" if G.paths_design(B, T, HV, "exact") else "serial"
+        auto = "paths" if G.paths_design(B, HV, V, "exact") else "serial"
         t = [median_us(sg_exact), median_us(dropin)] + [median_us(launch) for launch, _, _ in kernels.values()]
         d = [kernel_device_us(sg_exact)] + [kernel_device_us(launch) for launch, _, _ in kernels.values()]
         floor = buf.numel() * 4 / bw * 1e6

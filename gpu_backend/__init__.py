@@ -83,6 +83,7 @@ def _triton(name: str):
 # state; never state_indices or accepted, whose raw values are checked on every call)
 _VERIFY_TENSORS = frozenset((0, 1, 2, 3, 4, 5, 11, 12, 13, 14))
 _COMMIT_TENSORS = frozenset((0, 1, 2, 3, 5, 9, 10, 11, 12))
+_STATES_TENSORS = frozenset((0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14))  # _verify_into's: the data, the state, states_out
 _FAST: list = [None]  # fastcall's C++ call, once its extension is built
 
 
@@ -98,13 +99,22 @@ def _recordable(parents, x) -> bool:
     return True
 
 
-def _unreplayable(recurrent: bool, *data) -> bool:
+def _serial(q, v, mode) -> bool:
+    """Whether the recurrent verify of these inputs runs its serial kernel (triton_gdn.paths_design's "auto"); inputs
+    of another shape count as serial (never recorded: the Python path refuses them in full)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == 4 and v.dim() == 4):
+        return True
+    return not _triton("triton_gdn").paths_design(q.shape[0], v.shape[2], v.shape[3], mode)
+
+
+def _unreplayable(serial: bool, *data) -> bool:
     """Calls whose launchers make a tensor per call, so that a recipe could never be kept, told apart
     before recording (a plan records a bounded number of calls: these would spend them): the recurrent
-    verify (it converts the plan's source table), and non-contiguous data (the launcher copies it; the
-    model's q, k, v come from the tree conv contiguous, split=). Counted among fastcall's refusals."""
-    if recurrent:
-        fastcall.skip("the recurrent verify (its launcher converts the plan's source table per call)")
+    verify's serial kernel (it converts the plan's source table; its paths kernel reads the plan's root paths
+    as cached), and non-contiguous data (the launcher copies it; the model's q, k, v come from the tree conv
+    contiguous, split=). Counted among fastcall's refusals."""
+    if serial:
+        fastcall.skip("the recurrent verify's serial kernel (its launcher converts the plan's source table per call)")
         return True
     if not all(x is None or x.is_contiguous() for x in data):
         fastcall.skip("non-contiguous data (the launcher copies it)")
@@ -130,6 +140,11 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     :T] (states_rows None: row b, N >= B) and (o, states_out) returned; on the Triton backends the recurrent
     kernel writes them there itself, reading each parent's back from it (no per-node allocation)."""
     if states_out is not None or states_rows is not None:
+        if type(parents) is TreePlan and parents.fast_states and _launch.DIRECT:  # a recorded signature
+            out = _FAST[0](parents.fast_states, q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm,
+                           state_indices, a, b, A_log, dt_bias, states_out, states_rows, backend)
+            if out is not None:
+                return out
         return _verify_into(q, k, v, g, beta, parents=parents, initial_state=initial_state, mode=mode, scale=scale,
                             use_qk_l2norm=use_qk_l2norm, state_indices=state_indices, a=a, b=b, A_log=A_log,
                             dt_bias=dt_bias, states_out=states_out, states_rows=states_rows, backend=backend)
@@ -152,7 +167,8 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         fn = triton_gdn.gdn_tree_verify_wy
         kw["design"] = {"triton-wy-split": "split", "triton-wy-fused": "fused", "triton-wy-fold": "fold",
                         "triton-wy-head": "head"}.get(be, "auto")
-    if _recordable(parents, q) and not _unreplayable(be == "triton-recurrent", q, k, v, g, beta, a, b, A_log, dt_bias):
+    serial = be == "triton-recurrent" and _serial(q, v, mode)
+    if _recordable(parents, q) and not _unreplayable(serial, q, k, v, g, beta, a, b, A_log, dt_bias):
         args = (q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states, state_indices, a, b, A_log,
                 dt_bias, backend)
         return fastcall.record(parents, "verify", args, _VERIFY_TENSORS, (parents, state_indices),
@@ -168,9 +184,18 @@ def _verify_into(q, k, v, g, beta, *, states_out, states_rows, backend, **kw):
         raise ValueError("states_rows: given without states_out")
     be = _backend(q, backend)
     if be in ("triton", "triton-recurrent"):
-        with _on(q):
+        def run():
             return _triton("triton_gdn").gdn_tree_verify_recurrent(q, k, v, g, beta, states_out=states_out,
                                                                    states_rows=states_rows, **kw)
+        plan, a, b, A_log, dt_bias = kw["parents"], kw["a"], kw["b"], kw["A_log"], kw["dt_bias"]
+        if _recordable(plan, q) and not _unreplayable(_serial(q, v, kw["mode"]), q, k, v, g, beta, a, b, A_log,
+                                                      dt_bias):
+            args = (q, k, v, g, beta, kw["initial_state"], kw["mode"], kw["scale"], kw["use_qk_l2norm"],
+                    kw["state_indices"], a, b, A_log, dt_bias, states_out, states_rows, backend)
+            return fastcall.record(plan, "states", args, _STATES_TENSORS, (plan, kw["state_indices"], states_rows),
+                                   run)
+        with _on(q):
+            return run()
     if be != "torch":
         raise ValueError(f"states_out: backend {be!r} writes no per-node states; use 'triton' or 'torch'")
     gates = checks.resolve_gates(g, beta, kw["a"], kw["b"], kw["A_log"], kw["dt_bias"])

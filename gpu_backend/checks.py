@@ -65,7 +65,8 @@ class TreePlan:
         # fastcall's recipes of the public calls made with this plan (CUDA only)
         self.fast_verify: list = []
         self.fast_commit: list = []
-        self.fast_tries = {"verify": 0, "commit": 0}
+        self.fast_states: list = []  # the verify with states_out (gdn_tree_verify's drop-in form)
+        self.fast_tries = {"verify": 0, "commit": 0, "states": 0}
 
     def _cached(self, key, build):
         if key not in self._cache:

@@ -365,14 +365,15 @@ def gdn_tree_verify_recurrent(*args, **kwargs):
 
 def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                    use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
-                   A_log=None, dt_bias=None, states_out=None, states_rows=None, block_v: int = 32,
+                   A_log=None, dt_bias=None, states_out=None, states_rows=None, block_v: int | None = None,
                    num_warps: int = 4, poison: bool | None = None, design: str = "auto"):
     """Validate and allocate once; returns (launch, result): launch() runs the kernel alone (what
     the benchmarks time). poison=False skips the NaN fill of fresh outputs. design "serial": a program
     per (sequence, head, V tile) steps over the nodes in index order (exact: each node's parent's state
     read back from the per-node states, which are then always written); "paths": a program per node
     steps along the node's root path from the committed state (_gdn_paths_kernel: the same steps, the same
-    bits, per-node states only where asked for); "auto": paths_design's choice. states_out: the caller's
+    bits, per-node states only where asked for); "auto": paths_design's choice. block_v: the V tile (None: 32
+    for serial, 64 for paths, the H200's best: benchmarks/bench_node_states.py). states_out: the caller's
     fp32 [N, TS, HV, K, V] (TS >= T; or the transpose of a contiguous [N, TS, HV, V, K], SGLang's
     intermediate buffer) into which sequence b's node states go, at row states_rows[b] (distinct, in
     0..N-1; None: row b, N >= B), in place of a fresh [B, T, HV, K, V]: no other row or node is
@@ -382,7 +383,7 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     scale = K ** -0.5 if scale is None else float(scale)
     if design not in ("auto", "serial", "paths"):
         raise ValueError(f"design: expected 'auto', 'serial' or 'paths', got {design!r}")
-    paths = design == "paths" or design == "auto" and paths_design(B, T, HV, mode)
+    paths = design == "paths" or design == "auto" and paths_design(B, HV, V, mode)
     parent_indexed = mode == "exact" and not paths
     rows = states_out is not None
     if rows:
@@ -401,7 +402,7 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
         snap = C.alloc((B, T, HV, K, V), torch.float32, v.device, poison)
     else:
         snap = checks.constant("dummy", 1, v.device)
-    BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
+    BK, BV = C.next_pow2(K, 1), min(block_v or (64 if paths else 32), C.next_pow2(V, 1))
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db,
               state=initial_state, state_idx=idx, o=o, snap=snap, snap_rows=snap_rows if rows else idx, T=T,
               TS=states_out.shape[1] if rows else T, scale=scale, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
@@ -416,10 +417,18 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     return bind(_gdn_recurrent_kernel, (C.cdiv(V, BV), B * HV), kw), result
 
 
-def paths_design(B: int, T: int, HV: int, mode: str) -> bool:
-    """Whether plan_recurrent's design "auto" takes "paths" for B trees of T nodes over HV value heads in ``mode``:
-    exact mode (leaky's paths are every earlier node: T^2 / 2 steps)."""
-    return mode == "exact"
+# design "auto" takes paths where the serial kernel would have at most this many programs (B * HV * V / 32): at
+# Qwen3.6-27B's GDN shapes on the H200 (benchmarks/RESULTS.md) paths was faster up to 4 sequences (30 against 46 us
+# of device time at 1 x 16, 116 against 183 at 1 x 65, 442 against 482 at 4 x 65), no faster at 8 x 16 and 4%
+# slower at 8 x 65 (880 against 839), where the serial kernel's programs fill the GPU
+PATHS_MAX_SERIAL_PROGRAMS = 768
+
+
+def paths_design(B: int, HV: int, V: int, mode: str) -> bool:
+    """Whether plan_recurrent's design "auto" takes "paths" for B trees over HV value heads of V columns in
+    ``mode``: in exact mode (leaky's paths are every earlier node: T^2 / 2 steps) where the serial kernel's programs
+    would not fill the GPU (PATHS_MAX_SERIAL_PROGRAMS)."""
+    return mode == "exact" and B * HV * C.cdiv(V, 32) <= PATHS_MAX_SERIAL_PROGRAMS
 
 
 def gdn_tree_verify_wy(*args, **kwargs):

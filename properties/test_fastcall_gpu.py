@@ -97,8 +97,10 @@ def test_replayed_calls_equal_the_python_path(inp, dtype, backend, mode, fused, 
     served = fastcall.stats()["served"]
     first = _verify(x1, plan, **kv)  # recorded
     second = _verify(x2, plan, **kv)  # replayed
-    # the recurrent launcher converts the plan's int64 source table per call: its calls are never replayed
-    replayed = backend != "triton-recurrent"
+    # the serial recurrent launcher converts the plan's int64 source table per call: its calls are never replayed
+    # (the paths kernel, design auto's in exact mode at these batches, reads the plan's cached root paths)
+    from ddsim.gpu_backend import triton_gdn
+    replayed = backend != "triton-recurrent" or triton_gdn.paths_design(B, x1["v"].shape[2], x1["v"].shape[3], mode)
     assert len(plan.fast_verify) == replayed and fastcall.stats()["served"] == served + replayed, fastcall.stats()
     ref_plan = gb.TreePlan(inp["parents"].cuda())
     _same(first, _python_path(lambda: _verify(x1, ref_plan, **kv)))
@@ -217,3 +219,35 @@ def test_one_tensor_as_two_arguments_is_replayed_for_the_same_tensor_only():
     o = verify(same, bias)
     assert fastcall.stats()["served"] == served + 1 and len(plan.fast_verify) == 2
     _same(o, _python_path(lambda: verify(same, bias, gb.TreePlan(plan.parents))))
+
+
+@pytest.mark.parametrize("vk", [True, False])
+def test_the_verify_into_a_callers_buffer_is_replayed_with_planned_rows_only(vk):
+    """The drop-in's verify (states_out, SGLang's intermediate buffer): with rows planned once, the second call of a
+    signature is served in C++ (the paths kernel) and leaves the buffer, every other row and node slot included, and
+    the outputs as the Python path does, bit for bit; raw rows (value-checked per call) are never replayed."""
+    from ddsim.gpu_backend import engine_api
+    plan, inp = _layer()
+    B, T = plan.B, plan.T
+    HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    base = torch.randn((B + 1, T + 2, HV, V, K) if vk else (B + 1, T + 2, HV, K, V), generator=gen, device="cuda")
+    raw = torch.tensor([2, 0], device="cuda")
+    rows = engine_api.plan_slots(base, raw)
+
+    def verify(x, buf, p=plan, r=rows):
+        return gb.gdn_tree_verify(**_qkv(x), parents=p, initial_state=inp["initial_state"],
+                                  states_out=buf.transpose(-1, -2) if vk else buf, states_rows=r)
+    served = fastcall.stats()["served"]
+    verify(inp, base.clone())  # recorded
+    x2 = _refill(_qkv(inp), 1)
+    got_buf, want_buf = base.clone(), base.clone()
+    o, out = verify(x2, got_buf)  # replayed
+    assert fastcall.stats()["served"] == served + 1 and len(plan.fast_states) == 1, fastcall.stats()
+    assert out.data_ptr() == got_buf.data_ptr()
+    want_o, _ = _python_path(lambda: verify(x2, want_buf, gb.TreePlan(plan.parents)))
+    _same(o, want_o)
+    assert torch.equal(got_buf, want_buf) and not torch.equal(got_buf, base)
+    for _ in range(fastcall.MAX_RECIPES + 1):
+        verify(x2, got_buf, r=raw)
+    assert len(plan.fast_states) == 1 and plan.fast_tries["states"] == 1  # raw rows: no recipe, no try spent

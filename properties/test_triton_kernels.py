@@ -1,6 +1,8 @@
 """Every Triton kernel against the oracle on hypothesis trees. Without a GPU they run under
 TRITON_INTERPRET=1 (set in the root conftest), so shapes stay small; outputs are NaN-poisoned by
 the launchers and state-pool slots outside the batch must stay bit-identical."""
+import contextlib
+
 import pytest
 import torch
 from hypothesis import example, given, settings
@@ -47,6 +49,19 @@ def _pool(inp, extra=3, seed=0):
     slots = torch.randperm(B + extra, generator=gen)[:B]
     pool[slots] = s0
     return pool.to(DEVICE), slots.to(DEVICE)
+
+
+@contextlib.contextmanager
+def _recurrent_design(design):
+    """The recurrent verify's kernel forced to ``design`` ("serial" or "paths"; leaky mode stays serial) through
+    design auto's rule (triton_gdn.PATHS_MAX_SERIAL_PROGRAMS), so the public calls take it."""
+    from ddsim.gpu_backend import triton_gdn
+    before = triton_gdn.PATHS_MAX_SERIAL_PROGRAMS
+    triton_gdn.PATHS_MAX_SERIAL_PROGRAMS = -1 if design == "serial" else 2**62
+    try:
+        yield
+    finally:
+        triton_gdn.PATHS_MAX_SERIAL_PROGRAMS = before
 
 
 def _cast(inp, dtype):
@@ -221,12 +236,14 @@ def test_the_one_kernel_forms_warps_follow_fused_warps_where_none_are_given():
             assert got == [want], (T, fused_warps, asked)
 
 
-@given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]))
-@example(fixed_gdn_example(), "exact")
-def test_triton_recurrent_states_match_oracle(inp, mode):
+@given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]), st.sampled_from(["serial", "paths"]))
+@example(fixed_gdn_example(), "exact", "serial")
+@example(fixed_gdn_example(), "exact", "paths")
+def test_triton_recurrent_states_match_oracle(inp, mode, design):
     args = _cast(inp, torch.float32)
-    o, states = gb.gdn_tree_verify(**args, parents=_dev(inp["parents"]), initial_state=_dev(inp["initial_state"]),
-                                   mode=mode, output_states=True, backend="triton-recurrent")
+    with _recurrent_design(design):
+        o, states = gb.gdn_tree_verify(**args, parents=_dev(inp["parents"]), initial_state=_dev(inp["initial_state"]),
+                                       mode=mode, output_states=True, backend="triton-recurrent")
     _, ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode,
                                     output_states=True)
     assert_close("per-node states", states, ref, dtype=torch.float32, slack=5)
@@ -234,15 +251,17 @@ def test_triton_recurrent_states_match_oracle(inp, mode):
 
 @settings(max_examples=10)
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]), st.booleans(), st.integers(0, 2),
-       st.integers(0, 10**6))
-@example(fixed_gdn_example(), "exact", True, 1, 7)
-@example(fixed_gdn_example(), "exact", False, 0, 3)
+       st.integers(0, 10**6), st.sampled_from(["serial", "paths"]))
+@example(fixed_gdn_example(), "exact", True, 1, 7, "serial")
+@example(fixed_gdn_example(), "exact", False, 0, 3, "serial")
+@example(fixed_gdn_example(), "exact", True, 1, 7, "paths")
+@example(fixed_gdn_example(), "exact", False, 2, 3, "paths")
 def test_triton_recurrent_writes_node_states_into_a_callers_buffer_and_reads_parents_back_from_it(inp, mode, vk, extra,
-                                                                                                   seed):
+                                                                                                   seed, design):
     """The recurrent kernel given states_out (SGLang's intermediate buffer as its [N, TS, HV, K, V] transpose with vk,
-    or contiguous) and states_rows: each node's state at its sequence's row, equal to the oracle's (in exact mode
-    each node starts from its parent's state read back from that buffer), the outputs the oracle's; every other row
-    and node slot of the buffer bit-identical."""
+    or contiguous) and states_rows: each node's state at its sequence's row, equal to the oracle's (serial, in exact
+    mode: each node starts from its parent's state read back from that buffer; paths: each node's program steps
+    along its root path), the outputs the oracle's; every other row and node slot of the buffer bit-identical."""
     args = _cast(inp, torch.float32)
     B, T = inp["parents"].shape
     HV, K, V = inp["initial_state"].shape[1:]
@@ -252,8 +271,9 @@ def test_triton_recurrent_writes_node_states_into_a_callers_buffer_and_reads_par
     before = base.clone()
     rows = torch.randperm(N, generator=gen)[:B]
     buf = base.transpose(-1, -2) if vk else base
-    o, out = gb.gdn_tree_verify(**args, parents=_dev(inp["parents"]), initial_state=_dev(inp["initial_state"]),
-                                mode=mode, states_out=buf, states_rows=rows.to(DEVICE), backend="triton-recurrent")
+    with _recurrent_design(design):
+        o, out = gb.gdn_tree_verify(**args, parents=_dev(inp["parents"]), initial_state=_dev(inp["initial_state"]),
+                                    mode=mode, states_out=buf, states_rows=rows.to(DEVICE), backend="triton-recurrent")
     ref_o, ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode=mode,
                                         output_states=True)
     assert out is buf
@@ -262,6 +282,61 @@ def test_triton_recurrent_writes_node_states_into_a_callers_buffer_and_reads_par
     untouched = torch.ones(N, TS, dtype=torch.bool)
     untouched[rows, :T] = False
     assert torch.equal(base[untouched.to(DEVICE)], before[untouched.to(DEVICE)])
+
+
+@settings(max_examples=10)
+@given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]), st.sampled_from(["none", "states", "buffer"]),
+       st.sampled_from([torch.float32, torch.bfloat16]), st.booleans())
+@example(fixed_gdn_example(), "exact", "buffer", torch.bfloat16, True)
+def test_the_paths_design_takes_the_serial_designs_steps(inp, mode, states, dtype, pooled):
+    """plan_recurrent's designs of the recurrent verify, a program per node stepping along its root path from the
+    committed state (paths) and a program per head stepping over the nodes with each parent's state read back
+    (serial), make the same steps in the same order: the same bits, outputs and node states (none, a new tensor, or
+    a caller's buffer in SGLang's layout), in both modes."""
+    from ddsim.gpu_backend import triton_gdn
+    args = _cast(inp, dtype)
+    B, T = inp["parents"].shape
+    HV, K, V = inp["initial_state"].shape[1:]
+    state = dict(initial_state=_dev(inp["initial_state"]))
+    if pooled:
+        pool, slots = _pool(inp)
+        state = dict(initial_state=pool, state_indices=slots)
+    got = {}
+    for design in ("serial", "paths"):
+        kw = {}
+        if states == "states":
+            kw = dict(output_states=True)
+        elif states == "buffer":
+            base = torch.full((B + 1, T + 1, HV, V, K), 7.0, device=DEVICE)
+            kw = dict(states_out=base.transpose(-1, -2), states_rows=torch.arange(B, 0, -1, device=DEVICE))
+        launch, result = triton_gdn.plan_recurrent(**args, parents=_dev(inp["parents"]), **state, mode=mode,
+                                                   design=design, **kw)
+        launch()
+        got[design] = (result if isinstance(result, tuple) else (result,)) + ((base,) if states == "buffer" else ())
+    for x, y in zip(got["serial"], got["paths"]):
+        assert torch.equal(x, y)
+
+
+def test_design_auto_takes_paths_in_exact_mode_where_the_serial_kernel_would_not_fill_the_gpu(monkeypatch):
+    from ddsim.gpu_backend import triton_gdn
+    assert triton_gdn.PATHS_MAX_SERIAL_PROGRAMS == 768
+    # Qwen3.6-27B: 48 value heads of 128 columns, 4 V tiles of 32 a head: 4 sequences fill 768 programs
+    assert [triton_gdn.paths_design(B, 48, 128, "exact") for B in (1, 4, 5, 8)] == [True, True, False, False]
+    assert not triton_gdn.paths_design(1, 48, 128, "leaky")
+    inp = fixed_gdn_example()
+    got = []
+    monkeypatch.setattr(triton_gdn, "bind", lambda kernel, grid, kw: got.append((kernel, grid, kw["BV"])))
+    for mode in ("exact", "leaky"):
+        triton_gdn.plan_recurrent(**_cast(inp, torch.float32), parents=inp["parents"],
+                                  initial_state=inp["initial_state"], mode=mode)
+    (k1, g1, bv1), (k2, g2, bv2) = got
+    B, T = inp["parents"].shape
+    HV, V = inp["v"].shape[2:]
+    assert k1 is triton_gdn._gdn_paths_kernel and g1 == (B * HV * T, C.cdiv(V, min(64, C.next_pow2(V, 1))))
+    assert k2 is triton_gdn._gdn_recurrent_kernel and bv2 == min(32, C.next_pow2(V, 1))
+    with pytest.raises(ValueError, match="design: expected"):
+        triton_gdn.plan_recurrent(**_cast(inp, torch.float32), parents=inp["parents"],
+                                  initial_state=inp["initial_state"], design="tree")
 
 
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split",

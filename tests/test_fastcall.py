@@ -190,7 +190,7 @@ def test_a_plan_records_a_bounded_number_of_calls_and_bad_input_is_no_try(ext):
     before = sum(fastcall.stats()["refused"].values())
     for _ in range(fastcall.MAX_RECIPES + 3):  # no launch: refused, and tried at most MAX_RECIPES times
         assert fastcall.record(plan, "verify", _args(), frozenset((0, 1)), (plan,), lambda: "ran") == "ran"
-    assert plan.fast_tries == {"verify": fastcall.MAX_RECIPES, "commit": 0}
+    assert plan.fast_tries == {"verify": fastcall.MAX_RECIPES, "commit": 0, "states": 0}
     assert sum(fastcall.stats()["refused"].values()) == before + fastcall.MAX_RECIPES
 
 
