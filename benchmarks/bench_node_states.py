@@ -19,7 +19,9 @@ configuration's: the last column gives each configuration's largest difference f
 tile or warp count sums the key rows in another order).
 
     python benchmarks/bench_node_states.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65,8x129,8x257]
-                                           [--serial 32/4] [--paths 32/4,64/4,64/8]
+                                           [--serial 16/1,32/4] [--paths 32/2,64/4] [--mode exact|leaky]
+        # --mode leaky: the flattened verify (SGLang's kernel without retrieve_parent_token, its buffer written);
+        # design auto then takes serial
         # needs CUDA and SGLang's kernel importable
 """
 import argparse
@@ -52,8 +54,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65,8x129,8x257")
-    ap.add_argument("--serial", default="32/4")
-    ap.add_argument("--paths", default="32/4,64/4,64/8")
+    ap.add_argument("--serial", default="16/1,32/4")
+    ap.add_argument("--paths", default="32/2,64/4")
+    ap.add_argument("--mode", choices=("exact", "leaky"), default="exact")
     a = ap.parse_args()
     shapes, serial, configs = parse_shapes(ap, a.shapes), parse_configs(ap, "serial", a.serial), parse_configs(
         ap, "paths", a.paths)
@@ -64,7 +67,8 @@ def main():
     except InputError as e:
         print(f"bench_node_states: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(cuda_header(a.commit) + f" | SGLang kernel {where}")
+    print(cuda_header(a.commit) + f" | SGLang kernel {where} | mode {a.mode}")
+    exact = a.mode == "exact"
     bw = copy_bandwidth("cuda")
     print(f"# floor: the node states' bytes written once over the measured copy bandwidth {bw / 1e9:.0f} GB/s")
     names = [f"serial {bv}/{w}" for bv, w in serial] + [f"paths {bv}/{w}" for bv, w in configs]
@@ -93,18 +97,19 @@ def main():
         def sg_exact():
             sgl(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, use_qk_l2norm_in_kernel=True,
                 disable_state_update=True, intermediate_states_buffer=buf, intermediate_state_indices=rows,
-                cache_steps=T, retrieve_parent_token=par)
+                cache_steps=T, retrieve_parent_token=par if exact else None)
 
         def dropin():
-            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, pslots, retrieve_parent_token=plan,
-                                     intermediate_states_buffer=buf, intermediate_state_indices=prows, cache_steps=T)
+            engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, pslots,
+                                     retrieve_parent_token=plan if exact else None, intermediate_states_buffer=buf,
+                                     intermediate_state_indices=prows, cache_steps=T)
 
         def alone(design, bv=32, w=4):
             bufd = torch.full_like(buf, float("nan"))
             launch, (o, _) = G.plan_recurrent(q, k, v, parents=plan, initial_state=pool.transpose(-1, -2),
                                               state_indices=pslots, a=a_, b=b_, A_log=zeros, dt_bias=zeros,
                                               states_out=bufd.transpose(-1, -2), states_rows=prows, design=design,
-                                              block_v=bv, num_warps=w, poison=True)
+                                              block_v=bv, num_warps=w, poison=True, mode=a.mode)
             return launch, o, bufd
 
         kernels = ({f"serial {bv}/{w}": alone("serial", bv, w) for bv, w in serial}
@@ -115,7 +120,7 @@ def main():
         _, o_ref, b_ref = kernels[names[0]]
         diff = [max(float((o.float() - o_ref.float()).abs().max()), float((bd - b_ref).abs().max()))
                 for _, o, bd in kernels.values()]
-        auto = "paths" if G.paths_design(B, HV, V, "exact") else "serial"
+        auto = "paths" if G.paths_design(B, HV, V, a.mode) else "serial"
         t = [median_us(sg_exact), median_us(dropin)] + [median_us(launch) for launch, _, _ in kernels.values()]
         d = [kernel_device_us(sg_exact)] + [kernel_device_us(launch) for launch, _, _ in kernels.values()]
         floor = buf.numel() * 4 / bw * 1e6

@@ -366,14 +366,15 @@ def gdn_tree_verify_recurrent(*args, **kwargs):
 def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact", scale=None,
                    use_qk_l2norm=True, output_states=False, state_indices=None, a=None, b=None,
                    A_log=None, dt_bias=None, states_out=None, states_rows=None, block_v: int | None = None,
-                   num_warps: int = 4, poison: bool | None = None, design: str = "auto"):
+                   num_warps: int | None = None, poison: bool | None = None, design: str = "auto"):
     """Validate and allocate once; returns (launch, result): launch() runs the kernel alone (what
     the benchmarks time). poison=False skips the NaN fill of fresh outputs. design "serial": a program
     per (sequence, head, V tile) steps over the nodes in index order (exact: each node's parent's state
     read back from the per-node states, which are then always written); "paths": a program per node
     steps along the node's root path from the committed state (_gdn_paths_kernel: the same steps, the same
-    bits, per-node states only where asked for); "auto": paths_design's choice. block_v: the V tile (None: 32
-    for serial, 64 for paths, the H200's best: benchmarks/bench_node_states.py). states_out: the caller's
+    bits at the same tile and warps, per-node states only where asked for); "auto": paths_design's choice.
+    block_v, num_warps: the V tile and the warps of a program (None: 16 and 1 for serial, 32 and 2 for paths, the
+    H200's best: benchmarks/bench_node_states.py, RESULTS.md). states_out: the caller's
     fp32 [N, TS, HV, K, V] (TS >= T; or the transpose of a contiguous [N, TS, HV, V, K], SGLang's
     intermediate buffer) into which sequence b's node states go, at row states_rows[b] (distinct, in
     0..N-1; None: row b, N >= B), in place of a fresh [B, T, HV, K, V]: no other row or node is
@@ -402,7 +403,8 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
         snap = C.alloc((B, T, HV, K, V), torch.float32, v.device, poison)
     else:
         snap = checks.constant("dummy", 1, v.device)
-    BK, BV = C.next_pow2(K, 1), min(block_v or (64 if paths else 32), C.next_pow2(V, 1))
+    BK, BV = C.next_pow2(K, 1), min(block_v or (32 if paths else 16), C.next_pow2(V, 1))
+    num_warps = num_warps or (2 if paths else 1)
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db,
               state=initial_state, state_idx=idx, o=o, snap=snap, snap_rows=snap_rows if rows else idx, T=T,
               TS=states_out.shape[1] if rows else T, scale=scale, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,

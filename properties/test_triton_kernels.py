@@ -325,15 +325,17 @@ def test_design_auto_takes_paths_in_exact_mode_where_the_serial_kernel_would_not
     assert not triton_gdn.paths_design(1, 48, 128, "leaky")
     inp = fixed_gdn_example()
     got = []
-    monkeypatch.setattr(triton_gdn, "bind", lambda kernel, grid, kw: got.append((kernel, grid, kw["BV"])))
+    monkeypatch.setattr(triton_gdn, "bind", lambda kernel, grid, kw: got.append((kernel, grid, kw["BV"],
+                                                                                 kw["num_warps"])))
     for mode in ("exact", "leaky"):
         triton_gdn.plan_recurrent(**_cast(inp, torch.float32), parents=inp["parents"],
                                   initial_state=inp["initial_state"], mode=mode)
-    (k1, g1, bv1), (k2, g2, bv2) = got
+    (k1, g1, _, w1), (k2, _, bv2, w2) = got
     B, T = inp["parents"].shape
     HV, V = inp["v"].shape[2:]
-    assert k1 is triton_gdn._gdn_paths_kernel and g1 == (B * HV * T, C.cdiv(V, min(64, C.next_pow2(V, 1))))
-    assert k2 is triton_gdn._gdn_recurrent_kernel and bv2 == min(32, C.next_pow2(V, 1))
+    assert k1 is triton_gdn._gdn_paths_kernel and g1 == (B * HV * T, C.cdiv(V, min(32, C.next_pow2(V, 1))))
+    assert k2 is triton_gdn._gdn_recurrent_kernel and bv2 == min(16, C.next_pow2(V, 1))
+    assert (w1, w2) == (2, 1)
     with pytest.raises(ValueError, match="design: expected"):
         triton_gdn.plan_recurrent(**_cast(inp, torch.float32), parents=inp["parents"],
                                   initial_state=inp["initial_state"], design="tree")
