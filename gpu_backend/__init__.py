@@ -99,23 +99,11 @@ def _recordable(parents, x) -> bool:
     return True
 
 
-def _serial(q, v, mode) -> bool:
-    """Whether the recurrent verify of these inputs runs its serial kernel (triton_gdn.paths_design's "auto"); inputs
-    of another shape count as serial (never recorded: the Python path refuses them in full)."""
-    if not (isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == 4 and v.dim() == 4):
-        return True
-    return not _triton("triton_gdn").paths_design(q.shape[0], v.shape[2], v.shape[3], mode)
-
-
-def _unreplayable(serial: bool, *data) -> bool:
+def _unreplayable(*data) -> bool:
     """Calls whose launchers make a tensor per call, so that a recipe could never be kept, told apart
-    before recording (a plan records a bounded number of calls: these would spend them): the recurrent
-    verify's serial kernel (it converts the plan's source table; its paths kernel reads the plan's root paths
-    as cached), and non-contiguous data (the launcher copies it; the model's q, k, v come from the tree conv
-    contiguous, split=). Counted among fastcall's refusals."""
-    if serial:
-        fastcall.skip("the recurrent verify's serial kernel (its launcher converts the plan's source table per call)")
-        return True
+    before recording (a plan records a bounded number of calls: these would spend them): non-contiguous data
+    (the launcher copies it; the model's q, k, v come from the tree conv contiguous, split=). Counted among
+    fastcall's refusals."""
     if not all(x is None or x.is_contiguous() for x in data):
         fastcall.skip("non-contiguous data (the launcher copies it)")
         return True
@@ -167,8 +155,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         fn = triton_gdn.gdn_tree_verify_wy
         kw["design"] = {"triton-wy-split": "split", "triton-wy-fused": "fused", "triton-wy-fold": "fold",
                         "triton-wy-head": "head"}.get(be, "auto")
-    serial = be == "triton-recurrent" and _serial(q, v, mode)
-    if _recordable(parents, q) and not _unreplayable(serial, q, k, v, g, beta, a, b, A_log, dt_bias):
+    if _recordable(parents, q) and not _unreplayable(q, k, v, g, beta, a, b, A_log, dt_bias):
         args = (q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states, state_indices, a, b, A_log,
                 dt_bias, backend)
         return fastcall.record(parents, "verify", args, _VERIFY_TENSORS, (parents, state_indices),
@@ -188,8 +175,7 @@ def _verify_into(q, k, v, g, beta, *, states_out, states_rows, backend, **kw):
             return _triton("triton_gdn").gdn_tree_verify_recurrent(q, k, v, g, beta, states_out=states_out,
                                                                    states_rows=states_rows, **kw)
         plan, a, b, A_log, dt_bias = kw["parents"], kw["a"], kw["b"], kw["A_log"], kw["dt_bias"]
-        if _recordable(plan, q) and not _unreplayable(_serial(q, v, kw["mode"]), q, k, v, g, beta, a, b, A_log,
-                                                      dt_bias):
+        if _recordable(plan, q) and not _unreplayable(q, k, v, g, beta, a, b, A_log, dt_bias):
             args = (q, k, v, g, beta, kw["initial_state"], kw["mode"], kw["scale"], kw["use_qk_l2norm"],
                     kw["state_indices"], a, b, A_log, dt_bias, states_out, states_rows, backend)
             return fastcall.record(plan, "states", args, _STATES_TENSORS, (plan, kw["state_indices"], states_rows),
@@ -230,7 +216,7 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
         return _triton("triton_commit").gdn_tree_commit_triton(
             k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
             state_indices=state_indices, inplace=inplace, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
-    if _recordable(parents, k) and not _unreplayable(False, k, v, g, beta, a, b, A_log, dt_bias):
+    if _recordable(parents, k) and not _unreplayable(k, v, g, beta, a, b, A_log, dt_bias):
         args = (k, v, g, beta, accepted, initial_state, use_qk_l2norm, state_indices, inplace, a, b, A_log, dt_bias,
                 backend)
         return fastcall.record(parents, "commit", args, _COMMIT_TENSORS, (parents, accepted, state_indices), run)

@@ -67,6 +67,9 @@ class TreePlan:
         self.fast_commit: list = []
         self.fast_states: list = []  # the verify with states_out (gdn_tree_verify's drop-in form)
         self.fast_tries = {"verify": 0, "commit": 0, "states": 0}
+        # whether root_paths serves the recurrent verify's paths kernel (ddsim.model.graphs.AnyModePlan's does not:
+        # its kernels run with another mode's sources in place of the tree's)
+        self.serves_paths = True
 
     def _cached(self, key, build):
         if key not in self._cache:
@@ -106,7 +109,7 @@ class TreePlan:
             if mask.device.type == "cpu":
                 return torch.from_numpy(host_tables.root_paths(mask.numpy(), depth))
             return root_paths_of(mask, depth)
-        return self._cached(("paths", mode), build)
+        return self._cached(("paths",) if mode == "exact" else ("paths", mode), build)
 
 
 def root_paths_of(mask: torch.Tensor, depth: int) -> torch.Tensor:

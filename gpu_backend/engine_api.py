@@ -86,6 +86,23 @@ def plan_accepted(tree: checks.TreePlan, accepted) -> checks.CheckedIndices:
     return checks.checked_accepted(accepted, tree.B, tree.T, tree.device)
 
 
+_CHAINS: dict = {}  # (B, T, device) -> the flattened recurrence's TreePlan
+MAX_CHAINS = 256  # plans kept; past that the cache starts over
+
+
+def chain_plan(B: int, T: int, device) -> checks.TreePlan:
+    """The flattened recurrence's parents (each node's predecessor) for B sequences of T nodes as a TreePlan, built
+    once per (B, T, device): a call without retrieve_parent_token then validates no tree (no host sync) and, on
+    CUDA, is replayed like a planned exact call."""
+    key = (B, T, str(torch.device(device)))
+    plan = _CHAINS.get(key)
+    if plan is None:
+        if len(_CHAINS) >= MAX_CHAINS:
+            _CHAINS.clear()
+        plan = _CHAINS[key] = checks.TreePlan(torch.arange(-1, T - 1, device=device).repeat(B, 1))
+    return plan
+
+
 def _parents(p, B, T):
     return p if isinstance(p, checks.TreePlan) else p.reshape(B, T).long()
 
@@ -122,7 +139,7 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     q, k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (q, k, v, a, b))
     s0, slots, _ = _state_view(initial_state_source, initial_state_indices, B)
     if retrieve_parent_token is None:
-        parents, mode = torch.arange(-1, T - 1, device=q.device).expand(B, T), "leaky"
+        parents, mode = chain_plan(B, T, q.device), "leaky"
     else:
         parents, mode = _parents(retrieve_parent_token, B, T), "exact"
     from ddsim import gpu_backend as gb

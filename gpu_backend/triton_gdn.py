@@ -38,12 +38,13 @@ from ddsim.gpu_backend.launch import bind
 @triton.jit
 def _gdn_recurrent_kernel(
     q, k, v, g, beta, A_log, dt_bias,  # [B,T,H,K] x2, [B,T,HV,V], [B,T,HV] x2 (or a, b), [HV] x2
-    src,  # [B, T] int32: source node of each node's state (-1: the committed state)
+    src,  # [B, T] int32 or int64, its nodes contiguous, sequence b's at src + b * SRC_B: each node's source of
+    # state (-1: the committed state)
     state, state_idx,  # pool [N, HV, K, V] fp32; [B] int32 slots
     o, snap,  # [B, T, HV, V] out; [B, T, HV, K, V] fp32 per-node states (or a dummy), or with ROWS the caller's
     # [N, TS, HV, K, V] (with SNAP_VK the transpose of a contiguous [N, TS, HV, V, K]: SGLang's intermediate buffer)
     snap_rows,  # [B] int32 with ROWS: sequence b's nodes at snap[snap_rows[b], :T]
-    T, TS, scale,  # TS: snap's nodes a row (T without ROWS)
+    T, TS, SRC_B, scale,  # TS: snap's nodes a row (T without ROWS); SRC_B: src's batch stride (0: one row for all)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     PARENT_INDEXED: tl.constexpr, STORE_STATES: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
@@ -64,7 +65,7 @@ def _gdn_recurrent_kernel(
     for t in range(0, T):
         row = i_b * T + t  # int32 offsets inside the loop (the flattened kernel is latency-bound)
         if PARENT_INDEXED:  # the root reads the committed state
-            S = h.source_state(snap, src, row, seq0, s0, i_hv, o_k, o_v, mkv, HV, K, V, SNAP_VK)
+            S = h.source_state(snap, src + i_b * SRC_B, t, seq0, s0, i_hv, o_k, o_v, mkv, HV, K, V, SNAP_VK)
         b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, L2NORM, 0)
         b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
         b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
@@ -384,7 +385,8 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     scale = K ** -0.5 if scale is None else float(scale)
     if design not in ("auto", "serial", "paths"):
         raise ValueError(f"design: expected 'auto', 'serial' or 'paths', got {design!r}")
-    paths = design == "paths" or design == "auto" and paths_design(B, HV, V, mode)
+    paths = design == "paths" or (design == "auto" and paths_design(B, HV, V, mode)
+                                  and getattr(parents, "serves_paths", True))
     parent_indexed = mode == "exact" and not paths
     rows = states_out is not None
     if rows:
@@ -415,7 +417,10 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
         table = checks.root_paths(parents, B, T, q.device, mode)  # [B, T, DMAX]
         kw.update(paths=table, DMAX=table.shape[2], BD=C.next_pow2(table.shape[2], 1))
         return bind(_gdn_paths_kernel, (B * HV * T, C.cdiv(V, BV)), kw), result
-    kw.update(src=src.to(torch.int32).contiguous(), PARENT_INDEXED=parent_indexed)
+    # the sources as the plan caches them (int64; leaky's one row for every sequence, batch stride 0): no table made
+    # per call, so a call on a TreePlan is replayed (fastcall)
+    src = src if src.stride(-1) == 1 else src.contiguous()
+    kw.update(src=src, SRC_B=src.stride(0), PARENT_INDEXED=parent_indexed)
     return bind(_gdn_recurrent_kernel, (C.cdiv(V, BV), B * HV), kw), result
 
 

@@ -183,6 +183,8 @@ class StaticPlan(gb.TreePlan):
     def _host_value(self, key):
         if key == ("src", "exact"):
             return self._parents_host
+        if key[0] == "paths" and key[1:]:  # another mode's root paths (the recurrent verify's paths kernel)
+            return gb.TreePlan(self._parents_host).root_paths(key[1])
         if key[0] != "paths" and key[1] != "exact":  # another mode's sources: the batch builders
             if self._host is None:
                 self._host = gb.TreePlan(self._parents_host)
@@ -226,6 +228,7 @@ class AnyModePlan(StaticPlan):
         super().__init__(T, device, T - 1)
         self.copies = copies
         self._src = self._conv_src = None  # host [1, T] the forest's recurrence and conv sources
+        self.serves_paths = False  # the recurrent verify runs its serial kernel on these sources
 
     def load(self, tree: Tree, modes=("exact",)) -> None:
         modes = (modes,) if isinstance(modes, str) else tuple(modes)
