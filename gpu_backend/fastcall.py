@@ -45,6 +45,7 @@ profiling through Triton's hooks.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import struct
 import threading
@@ -59,7 +60,10 @@ ENABLED = os.environ.get("DDSIM_FASTCALL", "1") != "0"
 CHECKED_TRITON = ("3.6",)
 
 
+@functools.lru_cache(maxsize=1)
 def _triton_minor() -> str | None:
+    """Triton's major.minor, read once a process: importlib.metadata's lookup takes about 0.5 ms, which every call
+    that records or is refused a recipe (raw indices on every call) would otherwise pay."""
     try:
         from importlib.metadata import version
         return ".".join(version("triton").split(".")[:2])
@@ -169,13 +173,15 @@ def record(plan, op: str, args: tuple, tensor_positions: frozenset, owners: tupl
     model's with views of its conv output, pays the recorder that many times a plan, then never).
     Returns run()'s result."""
     tries = plan.fast_tries
-    if tries[op] >= MAX_RECIPES or _OFF[0] or ext() is None or (
-            torch.cuda.is_available() and (not launcher_abi_checked() or torch.cuda.is_current_stream_capturing())):
+    if tries[op] >= MAX_RECIPES or _OFF[0]:
         return run()
     if any(isinstance(a, (torch.Tensor, list, tuple)) for i, a in enumerate(args) if i not in tensor_positions):
         # raw indices (accepted, state_indices), value-checked on every call: never replayed, and no try spent,
         # so the same plan's calls with checked indices are still recorded
         _refuse("raw indices, checked on every call")
+        return run()
+    if ext() is None or (torch.cuda.is_available() and (not launcher_abi_checked()
+                                                        or torch.cuda.is_current_stream_capturing())):
         return run()
     from ddsim.gpu_backend.launch import _RECORDING  # where launch.bind and _common.alloc look
     rec = _RecordingState()

@@ -247,3 +247,17 @@ def test_a_triton_whose_launcher_abi_was_not_checked_replays_nothing_on_a_gpu(ex
     assert "launcher ABI not checked" in fastcall.status()
     monkeypatch.setattr(fastcall, "_triton_minor", lambda: "3.6")
     assert fastcall.launcher_abi_checked()
+
+
+def test_the_triton_release_is_looked_up_once_a_process(monkeypatch):
+    """importlib.metadata's lookup takes about 0.5 ms: a call refused a recipe on every call (raw indices) must not
+    pay it each time."""
+    import importlib.metadata
+    calls = []
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: calls.append(name) or "3.6.0")
+    fastcall._triton_minor.cache_clear()
+    try:
+        assert [fastcall.launcher_abi_checked() for _ in range(3)] == [True] * 3
+        assert calls == ["triton"]
+    finally:
+        fastcall._triton_minor.cache_clear()
