@@ -15,10 +15,11 @@ def run_cli(*args, cwd=None, timeout=600, pythonpath=None, fork=None):
     By default the process is a fork of this test worker running ``ddsim.cli.main`` (its own process,
     stdout, stderr, exit code, working directory and import path, without paying torch's import again:
     about a second a call over the suite's hundred-odd calls); ``fork=False`` or DDSIM_TEST_FORK=0 runs
-    ``python -m ddsim.cli`` in a fresh interpreter instead, and so does any call once this process has set CUDA up
-    (a forked child cannot use CUDA its parent initialized: on a GPU machine every check-kernel property failed)."""
+    ``python -m ddsim.cli`` in a fresh interpreter instead, and so does every call on a machine with a CUDA device
+    (a forked child cannot use CUDA once its parent has set up the driver, which merely asking whether there is a
+    device does: on a GPU machine every check-kernel property failed, and the command line stopped in seconds)."""
     fork = os.environ.get("DDSIM_TEST_FORK", "1") != "0" if fork is None else fork
-    fork = fork and not _cuda_initialized()
+    fork = fork and not _cuda_present()
     if not fork:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
         if pythonpath is not None:
@@ -28,10 +29,11 @@ def run_cli(*args, cwd=None, timeout=600, pythonpath=None, fork=None):
     return _forked_cli([str(a) for a in args], cwd=cwd, timeout=timeout, pythonpath=pythonpath)
 
 
-def _cuda_initialized() -> bool:
-    """Whether this process has set CUDA up (torch imported and its CUDA context made)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_initialized()
+def _cuda_present() -> bool:
+    """Whether this process sees a CUDA device (asking sets the driver up in this process: a fork after it could not
+    use CUDA, so on such a machine the command line always runs in a fresh interpreter)."""
+    import torch
+    return torch.cuda.is_available()
 
 
 def _forked_cli(args, *, cwd, timeout, pythonpath):

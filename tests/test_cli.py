@@ -254,9 +254,9 @@ def test_an_audit_asks_for_expandable_cuda_segments_unless_told_otherwise(monkey
     assert calls == [1]
 
 
-def test_the_command_line_runs_in_a_fresh_interpreter_once_this_process_has_set_cuda_up(monkeypatch):
-    """tests.conftest.run_cli forks its worker by default; once CUDA is set up in the worker (a GPU machine, after a
-    kernel test) a fork could not use it, so the call runs `python -m ddsim.cli` in a fresh interpreter instead."""
+def test_the_command_line_runs_in_a_fresh_interpreter_on_a_machine_with_cuda(monkeypatch):
+    """tests.conftest.run_cli forks its worker by default; where there is a CUDA device (asking sets the driver up in
+    the worker, after which a fork could not use CUDA) the call runs `python -m ddsim.cli` in a fresh interpreter."""
     import subprocess
 
     import torch
@@ -266,8 +266,8 @@ def test_the_command_line_runs_in_a_fresh_interpreter_once_this_process_has_set_
     monkeypatch.setattr(conftest, "_forked_cli", lambda args, **kw: calls.append(("fork", args)))
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(("fresh", cmd[1:3])))
     monkeypatch.delenv("DDSIM_TEST_FORK", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     conftest.run_cli("--help")
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     conftest.run_cli("--help")
     assert calls == [("fork", ["--help"]), ("fresh", ["-m", "ddsim.cli"])]
