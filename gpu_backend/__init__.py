@@ -6,7 +6,8 @@ Backends, chosen by ``backend=`` (default: "triton" for CUDA tensors, "torch" ot
   triton            gdn_tree_verify: "triton-wy" unless per-node states are asked for, then
                     "triton-recurrent"
   triton-recurrent  leaky = flattened recurrence (per-node states optional);
-                    exact = parent-indexed recurrence over per-node snapshots
+                    exact = parent-indexed recurrence over per-node snapshots, or for a small batch
+                    (triton_gdn.paths_design) a program per node along its root path
   triton-wy         exact (or leaky) through the tree-masked WY form: no per-node states; up to 65
                     nodes in two kernels (the value-independent half once per head, then per V
                     tile), in one kernel for a single sequence of <= 17 nodes; over 64-row chunks
@@ -126,7 +127,8 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     an fp32 [N, TS >= T, HV, K, V] buffer (or the transpose of a contiguous [N, TS, HV, V, K] one,
     SGLang's intermediate buffer), sequence b's node states are written into states_out[states_rows[b],
     :T] (states_rows None: row b, N >= B) and (o, states_out) returned; on the Triton backends the recurrent
-    kernel writes them there itself, reading each parent's back from it (no per-node allocation)."""
+    kernels write them there themselves (no per-node allocation): the serial one reading each parent's back from
+    it, the paths one (small batches in exact mode) each node's from its root path."""
     if states_out is not None or states_rows is not None:
         if type(parents) is TreePlan and parents.fast_states and _launch.DIRECT:  # a recorded signature
             out = _FAST[0](parents.fast_states, q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm,

@@ -26,9 +26,10 @@ than half-honoured). Two ways to use it:
   - drop-in: pass SGLang's ``intermediate_states_buffer`` [*, >=T, HV, V, K] and
     ``intermediate_state_indices`` [B] as today, and every node's state is written there, exactly
     as SGLang's kernel does (the parent-indexed recurrence with per-node states), for the engine's
-    own commit to copy the accepted node's. An fp32 contiguous buffer is written by the kernel itself
-    and each parent's state read back from it; another dtype or layout takes the states made apart,
-    then copied in;
+    own commit to copy the accepted node's. An fp32 contiguous buffer is written by the kernels themselves (up to
+    four sequences at Qwen3.6-27B's shapes a program per node along its root path, else node by node, each
+    parent's state read back from the buffer); another dtype or layout takes the states made apart, then copied
+    in. Without retrieve_parent_token the flattened recurrence runs on a chain plan built once per batch shape;
   - snapshot-free: pass no buffer; the tree-masked WY form verifies without per-node states, and
     after acceptance commit_accepted writes the state after root..accepted[b] into the sequence's
     slot, from the committed state and the accepted nodes alone.
@@ -149,8 +150,8 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     if buf is None:
         o = gb.gdn_tree_verify(q, k, v, **kw)
     elif buf.dtype == torch.float32 and buf.dim() == 5 and buf.is_contiguous():
-        # SGLang's layout, buffer[intermediate_state_indices[b], t] = node t's state [HV, V, K]: the kernel writes
-        # each node's state there through the buffer's [N, TS, HV, K, V] transpose, and reads parents back from it
+        # SGLang's layout, buffer[intermediate_state_indices[b], t] = node t's state [HV, V, K]: the kernels write
+        # each node's state there through the buffer's [N, TS, HV, K, V] transpose
         rows = intermediate_state_indices
         if rows is not None and not isinstance(rows, checks.CheckedSlots):
             rows = torch.as_tensor(rows, device=q.device)

@@ -2,11 +2,14 @@
 
 Two designs (twin: oracle.gdn_tree_verify):
 
-recurrent   one program per (sequence, value head, V tile) keeps S [K, BV] in registers and steps
+recurrent   serial: one program per (sequence, value head, V tile) keeps S [K, BV] in registers and steps
             over the nodes in index order. mode "leaky": S carries from node i-1 (flattened, the
             hybrid-unsafe path), per-node states optional. mode "exact": parent-indexed, each node
             reloads its parent's state from the per-node snapshot buffer (the snapshot design
             serving stacks use for EAGLE top-k > 1), so snapshots are always written.
+            paths: one program per (node, value head, V tile) steps along the node's root path from the
+            committed state in registers (the same steps in the same order), per-node states optional;
+            design "auto" takes it in exact mode for small batches (plan_recurrent, paths_design).
 wy          the tree-masked WY form (derived in the README, Contracts): reads the committed state once, writes no
             per-node state. With G_t the sum of g over ancestors-or-self and A_t = exp(G_t):
               (I + L) U = diag(beta) (V - diag(A) K S0),  L[t, j] = beta_t (A_t / A_j) k_t.k_j, j strict ancestor
@@ -424,10 +427,10 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     return bind(_gdn_recurrent_kernel, (C.cdiv(V, BV), B * HV), kw), result
 
 
-# design "auto" takes paths where the serial kernel would have at most this many programs (B * HV * V / 32): at
-# Qwen3.6-27B's GDN shapes on the H200 (benchmarks/RESULTS.md) paths was faster up to 4 sequences (30 against 46 us
-# of device time at 1 x 16, 116 against 183 at 1 x 65, 442 against 482 at 4 x 65), no faster at 8 x 16 and 4%
-# slower at 8 x 65 (880 against 839), where the serial kernel's programs fill the GPU
+# design "auto" takes paths where the serial kernel would have at most this many programs of 32 columns
+# (B * HV * V / 32): at Qwen3.6-27B's GDN shapes on the H200 (benchmarks/RESULTS.md, both at their defaults, device
+# time) paths took 28 against 38 us at 1 x 16 and 108 against 148 at 1 x 65, within 6% either way at two to four
+# sequences, 14% more at 8 x 16 and 8 x 65 (194 against 170, 810 against 714), where the serial programs fill the GPU
 PATHS_MAX_SERIAL_PROGRAMS = 768
 
 
