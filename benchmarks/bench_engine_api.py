@@ -8,7 +8,7 @@ included), one GDN layer per call:
                       node's state from the buffer into the pool slot
   ddsim drop-in       engine_api.target_verify with the same buffer (same semantics)
   ddsim snapshot-free engine_api.target_verify (no buffer) + engine_api.commit_accepted
-(ddsim's calls take the step's trees, pool rows and accepted nodes planned once, as an engine would
+(ddsim's calls take the step's trees, pool rows, buffer rows and accepted nodes planned once, as an engine would
 build them once per step for every layer: plan_tree, plan_slots, plan_accepted)
   sglang flattened    the hybrid-unsafe path, for reference
   ddsim kernels alone the snapshot-free verify's kernels alone (the launch triton_gdn.plan_wy returns, its host work
@@ -110,6 +110,7 @@ def main():
         pslots = engine_api.plan_slots(pool, slots)  # likewise the pool rows and the accepted nodes
         rows = torch.arange(B, dtype=torch.int32, device=dev)
         buf = torch.empty(B, T, HV, V, K, device=dev)
+        prows = engine_api.plan_slots(buf, rows)  # the drop-in's buffer rows, planned once per step too
         acc = torch.tensor([int(t.depths.argmax()) for t in trees], device=dev)
         pacc = engine_api.plan_accepted(plan, acc)
         q, k, v = inp["q"], inp["k"], inp["v"]
@@ -128,7 +129,7 @@ def main():
 
         def dd_dropin():
             engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, pslots, retrieve_parent_token=plan,
-                                     intermediate_states_buffer=buf, intermediate_state_indices=rows, cache_steps=T)
+                                     intermediate_states_buffer=buf, intermediate_state_indices=prows, cache_steps=T)
 
         def dd_verify():
             engine_api.target_verify(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, pslots, retrieve_parent_token=plan)

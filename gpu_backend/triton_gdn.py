@@ -93,7 +93,8 @@ def _gdn_paths_kernel(
     ROWS: tl.constexpr, SNAP_VK: tl.constexpr,
 ):
     """Grid (B * HV * T, V tiles): the program of node t of (sequence, value head) steps S [K, BV] from the
-    committed state along t's path in registers, _gdn_recurrent_kernel's steps in its order (the same bits), and
+    committed state along t's path in registers, _gdn_recurrent_kernel's steps in its order (at the same tile and
+    warps the same bits), and
     writes o_t and, with STORE_STATES, S_t; no state is read back, so no program waits on another."""
     pid = tl.program_id(0)  # the nodes of one (sequence, head) are neighbours: their committed tile is read once
     i_v = tl.program_id(1)
