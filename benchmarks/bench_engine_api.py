@@ -38,18 +38,16 @@ from ddsim.bench.bench import (
     calls_cell,
     copy_bandwidth,
     cuda_header,
-    ddtree_batch,
     fp32_tensor_rate,
     kernel_bytes,
     kernel_device_us,
     kernel_flops,
-    kernel_inputs,
     median_us,
     median_us_calls,
     parse_shapes,
+    sglang_layer,
     slotted_pool,
 )
-from ddsim.engines import fused_gates
 from ddsim.engines.sglang import _kernel
 from ddsim.errors import InputError
 from ddsim.gpu_backend import engine_api, fastcall, triton_gdn
@@ -97,17 +95,10 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     dev = "cuda"
     for B, T in shapes:
-        trees, parents = ddtree_batch(B, T)
-        inp = kernel_inputs(B, T, device=dev)
+        # the step's tree and pool rows planned once, shared by every layer (as an engine would); likewise below the
+        # buffer rows and the accepted nodes
+        trees, parents, inp, a_, b_, zeros, pool, slots, par, plan, pslots = sglang_layer(B, T, device=dev)
         HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]
-        a_, b_ = fused_gates(inp["g"], inp["beta"])
-        zeros = torch.zeros(HV, device=dev)
-        N = 2 * B
-        pool = torch.randn(N, HV, V, K, device=dev)
-        slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=dev)
-        par = parents.to(dev).int().contiguous()
-        plan = engine_api.plan_tree(par)  # once per step, shared by every layer (as an engine would)
-        pslots = engine_api.plan_slots(pool, slots)  # likewise the pool rows and the accepted nodes
         rows = torch.arange(B, dtype=torch.int32, device=dev)
         buf = torch.empty(B, T, HV, V, K, device=dev)
         prows = engine_api.plan_slots(buf, rows)  # the drop-in's buffer rows, planned once per step too

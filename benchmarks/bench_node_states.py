@@ -29,8 +29,7 @@ import sys
 
 import torch
 
-from ddsim.bench.bench import copy_bandwidth, cuda_header, ddtree_batch, kernel_device_us, kernel_inputs, median_us, parse_shapes
-from ddsim.engines import fused_gates
+from ddsim.bench.bench import copy_bandwidth, cuda_header, kernel_device_us, median_us, parse_shapes, sglang_layer
 from ddsim.engines.sglang import _kernel
 from ddsim.errors import InputError
 from ddsim.gpu_backend import engine_api
@@ -78,16 +77,8 @@ def main():
     print("|---|---|---|---|" + "---|" * (len(cols) + 2))
     dev = "cuda"
     for B, T in shapes:
-        _, parents = ddtree_batch(B, T)
-        inp = kernel_inputs(B, T, device=dev)
+        _, _, inp, a_, b_, zeros, pool, slots, par, plan, pslots = sglang_layer(B, T, device=dev)
         HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]
-        a_, b_ = fused_gates(inp["g"], inp["beta"])
-        zeros = torch.zeros(HV, device=dev)
-        pool = torch.randn(2 * B, HV, V, K, device=dev)
-        slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=dev)
-        par = parents.to(dev).int().contiguous()
-        plan = engine_api.plan_tree(par)
-        pslots = engine_api.plan_slots(pool, slots)
         rows = torch.arange(B, dtype=torch.int32, device=dev)
         buf = torch.empty(B, T, HV, V, K, device=dev)
         prows = engine_api.plan_slots(buf, rows)

@@ -539,3 +539,17 @@ def test_fused_tma_late_refuses_bad_options_before_any_work():
     _refused_before_any_work("fused_tma_late.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
     _refused_before_any_work("fused_tma_late.py", ["--configs", "4x64,3x32"],
                              "--configs: '3x32' is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
+
+
+def test_the_engine_benchmarks_layer_is_sglangs_convention_with_the_steps_plans():
+    """bench.sglang_layer (bench_engine_api.py's and bench_node_states.py's setup): Qwen3.6-27B shapes, the pool in
+    SGLang's [N, HV, V, K] layout with the batch at every other row, and the plans built from those very tensors."""
+    from ddsim.bench.bench import sglang_layer
+    from ddsim.gpu_backend import checks
+    L = sglang_layer(2, 9, device="cpu")
+    HV, V, K = L.inp["v"].shape[2], L.inp["v"].shape[3], L.inp["q"].shape[3]
+    assert (HV, V, K) == (48, 128, 128) and L.parents.shape == (2, 9) and len(L.trees) == 2
+    assert L.pool.shape == (4, HV, V, K) and L.pool.dtype == torch.float32 and L.slots.tolist() == [0, 2]
+    assert L.a.shape == L.b.shape == (2, 9, HV) and torch.equal(L.zeros, torch.zeros(HV))
+    assert isinstance(L.plan, checks.TreePlan) and torch.equal(L.plan.parents, L.parents)
+    assert L.par.dtype == torch.int32 and L.pslots.indices.tolist() == [0, 2]

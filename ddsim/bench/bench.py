@@ -227,6 +227,37 @@ def kernel_inputs(B, T, *, H=BENCH_SHAPE["H"], HV=BENCH_SHAPE["HV"], K=BENCH_SHA
                 initial_state=torch.randn(B, HV, K, V, generator=gen).to(device))
 
 
+class SGLangLayer(NamedTuple):
+    """sglang_layer's inputs of one GDN layer's verify in SGLang's calling convention."""
+    trees: list  # B DDTree trees
+    parents: torch.Tensor  # [B, T] int64 on the host
+    inp: dict  # kernel_inputs
+    a: torch.Tensor  # [B, T, HV] and b: the fused gates' raw projections (ddsim.engines.fused_gates)
+    b: torch.Tensor
+    zeros: torch.Tensor  # [HV]: A_log and dt_bias
+    pool: torch.Tensor  # [2B, HV, V, K] fp32 (SGLang's layout), the batch at every other row
+    slots: torch.Tensor  # [B] int32
+    par: torch.Tensor  # parents on the device, int32
+    plan: object  # engine_api.plan_tree(par)
+    pslots: object  # engine_api.plan_slots(pool, slots)
+
+
+def sglang_layer(B: int, T: int, *, device="cuda") -> SGLangLayer:
+    """One GDN layer's verify inputs at Qwen3.6-27B shapes in SGLang's calling convention for B DDTree trees of T
+    nodes, and the step's plans an engine builds once for every layer (the engine benchmarks' setup)."""
+    from ddsim.engines import fused_gates
+    from ddsim.gpu_backend import engine_api
+    trees, parents = ddtree_batch(B, T)
+    inp = kernel_inputs(B, T, device=device)
+    HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]
+    a, b = fused_gates(inp["g"], inp["beta"])
+    pool = torch.randn(2 * B, HV, V, K, device=device)
+    slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=device)
+    par = parents.to(device).int().contiguous()
+    return SGLangLayer(trees, parents, inp, a, b, torch.zeros(HV, device=device), pool, slots, par,
+                       engine_api.plan_tree(par), engine_api.plan_slots(pool, slots))
+
+
 def kernel_bytes(B, T, *, H=BENCH_SHAPE["H"], HV=BENCH_SHAPE["HV"], K=BENCH_SHAPE["K"], V=BENCH_SHAPE["V"],
                  in_bytes=2):
     """Bytes each design must move at least: inputs + output + committed state (+ snapshots)."""
