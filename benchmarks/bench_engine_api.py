@@ -95,13 +95,10 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     dev = "cuda"
     for B, T in shapes:
-        # the step's tree and pool rows planned once, shared by every layer (as an engine would); likewise below the
-        # buffer rows and the accepted nodes
-        trees, parents, inp, a_, b_, zeros, pool, slots, par, plan, pslots = sglang_layer(B, T, device=dev)
-        HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]
-        rows = torch.arange(B, dtype=torch.int32, device=dev)
-        buf = torch.empty(B, T, HV, V, K, device=dev)
-        prows = engine_api.plan_slots(buf, rows)  # the drop-in's buffer rows, planned once per step too
+        # the step's tree, pool rows and buffer rows planned once, shared by every layer (as an engine would);
+        # likewise below the accepted nodes
+        trees, parents, inp, a_, b_, zeros, pool, slots, par, plan, pslots, buf, rows, prows = sglang_layer(
+            B, T, device=dev)
         acc = torch.tensor([int(t.depths.argmax()) for t in trees], device=dev)
         pacc = engine_api.plan_accepted(plan, acc)
         q, k, v = inp["q"], inp["k"], inp["v"]

@@ -77,11 +77,8 @@ def main():
     print("|---|---|---|---|" + "---|" * (len(cols) + 2))
     dev = "cuda"
     for B, T in shapes:
-        _, _, inp, a_, b_, zeros, pool, slots, par, plan, pslots = sglang_layer(B, T, device=dev)
-        HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]
-        rows = torch.arange(B, dtype=torch.int32, device=dev)
-        buf = torch.empty(B, T, HV, V, K, device=dev)
-        prows = engine_api.plan_slots(buf, rows)
+        _, _, inp, a_, b_, zeros, pool, slots, par, plan, pslots, buf, rows, prows = sglang_layer(B, T, device=dev)
+        HV, V = inp["v"].shape[2:]
         q, k, v = inp["q"], inp["k"], inp["v"]
         steps = float((plan.root_paths() >= 0).sum()) / (B * T)
 

@@ -553,3 +553,4 @@ def test_the_engine_benchmarks_layer_is_sglangs_convention_with_the_steps_plans(
     assert L.a.shape == L.b.shape == (2, 9, HV) and torch.equal(L.zeros, torch.zeros(HV))
     assert isinstance(L.plan, checks.TreePlan) and torch.equal(L.plan.parents, L.parents)
     assert L.par.dtype == torch.int32 and L.pslots.indices.tolist() == [0, 2]
+    assert L.buf.shape == (2, 9, HV, V, K) and L.buf.dtype == torch.float32 and L.prows.indices.tolist() == [0, 1]

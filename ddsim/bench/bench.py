@@ -240,6 +240,9 @@ class SGLangLayer(NamedTuple):
     par: torch.Tensor  # parents on the device, int32
     plan: object  # engine_api.plan_tree(par)
     pslots: object  # engine_api.plan_slots(pool, slots)
+    buf: torch.Tensor  # [B, T, HV, V, K] fp32, unfilled: SGLang's intermediate buffer, sequence b at row b
+    rows: torch.Tensor  # [B] int32: those rows
+    prows: object  # engine_api.plan_slots(buf, rows)
 
 
 def sglang_layer(B: int, T: int, *, device="cuda") -> SGLangLayer:
@@ -254,8 +257,11 @@ def sglang_layer(B: int, T: int, *, device="cuda") -> SGLangLayer:
     pool = torch.randn(2 * B, HV, V, K, device=device)
     slots = torch.arange(0, 2 * B, 2, dtype=torch.int32, device=device)
     par = parents.to(device).int().contiguous()
+    buf = torch.empty(B, T, HV, V, K, device=device)
+    rows = torch.arange(B, dtype=torch.int32, device=device)
     return SGLangLayer(trees, parents, inp, a, b, torch.zeros(HV, device=device), pool, slots, par,
-                       engine_api.plan_tree(par), engine_api.plan_slots(pool, slots))
+                       engine_api.plan_tree(par), engine_api.plan_slots(pool, slots), buf, rows,
+                       engine_api.plan_slots(buf, rows))
 
 
 def kernel_bytes(B, T, *, H=BENCH_SHAPE["H"], HV=BENCH_SHAPE["HV"], K=BENCH_SHAPE["K"], V=BENCH_SHAPE["V"],
