@@ -291,8 +291,9 @@ def test_triton_recurrent_writes_node_states_into_a_callers_buffer_and_reads_par
 def test_the_paths_design_takes_the_serial_designs_steps(inp, mode, states, dtype, pooled):
     """plan_recurrent's designs of the recurrent verify, a program per node stepping along its root path from the
     committed state (paths) and a program per head stepping over the nodes with each parent's state read back
-    (serial), make the same steps in the same order: the same bits, outputs and node states (none, a new tensor, or
-    a caller's buffer in SGLang's layout), in both modes."""
+    (serial), make the same steps in the same order: at the same V tile and warps (compiled, another layout sums the
+    key rows in another order) the same bits, outputs and node states (none, a new tensor, or a caller's buffer in
+    SGLang's layout), in both modes."""
     from ddsim.gpu_backend import triton_gdn
     args = _cast(inp, dtype)
     B, T = inp["parents"].shape
@@ -310,7 +311,7 @@ def test_the_paths_design_takes_the_serial_designs_steps(inp, mode, states, dtyp
             base = torch.full((B + 1, T + 1, HV, V, K), 7.0, device=DEVICE)
             kw = dict(states_out=base.transpose(-1, -2), states_rows=torch.arange(B, 0, -1, device=DEVICE))
         launch, result = triton_gdn.plan_recurrent(**args, parents=_dev(inp["parents"]), **state, mode=mode,
-                                                   design=design, **kw)
+                                                   design=design, block_v=32, num_warps=2, **kw)
         launch()
         got[design] = (result if isinstance(result, tuple) else (result,)) + ((base,) if states == "buffer" else ())
     for x, y in zip(got["serial"], got["paths"]):

@@ -122,6 +122,8 @@ def other_calls():
     apre = torch.randn(512, 4, 256, generator=gen).to(torch.bfloat16)
     anc = torch.ones(17, 17, dtype=torch.bool).tril()
     nt = g["parents"].shape[1]  # the tree tables' nodes (one tree of the GDN example)
+    HV, V, K = g["v"].shape[2], g["v"].shape[3], g["q"].shape[3]
+    snap = torch.empty(g["parents"].shape[0], nt, HV, V, K)  # SGLang's intermediate buffer [rows, T, HV, V, K]
     return [
         ("tree attention", lambda: gb.tree_attention(aq, akv, akv, prefix_k=apre, prefix_v=apre, ancestor_mask=anc,
                                                      **glue)),
@@ -148,6 +150,11 @@ def other_calls():
         ("gdn recurrent, leaky with states", lambda: gb.gdn_tree_verify(
             **qkv, parents=g["parents"], initial_state=g["initial_state"], mode="leaky", output_states=True,
             backend="triton-recurrent")),
+        ("gdn recurrent, exact, serial", lambda: triton_gdn.plan_recurrent(
+            **qkv, parents=g["parents"], initial_state=g["initial_state"], design="serial")[0]()),
+        ("gdn drop-in, node states into SGLang's buffer", lambda: gb.gdn_tree_verify(
+            **qkv, parents=g["parents"], initial_state=g["initial_state"], states_out=snap.transpose(-1, -2),
+            backend="triton")),
         ("gdn commit", lambda: gb.gdn_tree_commit(g["k"], g["v"], g["g"], g["beta"], parents=g["parents"], accepted=acc,
                                                   initial_state=g["initial_state"], backend="triton")),
         ("tree conv", lambda: gb.tree_causal_conv1d(c["x"], weight=c["weight"], parents=c["parents"],
