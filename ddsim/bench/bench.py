@@ -328,7 +328,7 @@ def kernel_table(*, device="cuda", shapes=KERNEL_SHAPES, precisions=("ieee", "tf
             "leaky+states": ("leaky+states", rec_cfgs, lambda c: plan_recurrent(
                 **qkv, **common, mode="leaky", output_states=True, **c)),
             "exact parent-indexed": ("parent-indexed", rec_cfgs, lambda c: plan_recurrent(
-                **qkv, **common, mode="exact", **c)),
+                **qkv, **common, mode="exact", design="serial", **c)),
         }
         for prec in precisions:
             cases[f"exact wy ({prec})"] = ("wy", wy_cfgs, (lambda c, p=prec: plan_wy(
