@@ -94,8 +94,8 @@ def _gdn_paths_kernel(
 ):
     """Grid (B * HV * T, V tiles): the program of node t of (sequence, value head) steps S [K, BV] from the
     committed state along t's path in registers, _gdn_recurrent_kernel's steps in its order (at the same tile and
-    warps the same bits), and
-    writes o_t and, with STORE_STATES, S_t; no state is read back, so no program waits on another."""
+    warps the same bits), and writes o_t and, with STORE_STATES, S_t; no state is read back, so no program waits on
+    another."""
     pid = tl.program_id(0)  # the nodes of one (sequence, head) are neighbours: their committed tile is read once
     i_v = tl.program_id(1)
     i_bh = pid // T
@@ -418,7 +418,9 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
               SNAP_VK=rows and snap_vk, num_warps=num_warps)
     result = (o, snap) if output_states else o
     if paths:
-        table = checks.root_paths(parents, B, T, q.device, mode)  # [B, T, DMAX]
+        # [B, T, DMAX]: a plan's cached table, else made from the sources prep_gdn checked (not validated again)
+        table = (parents.root_paths(mode) if isinstance(parents, checks.TreePlan)
+                 else checks.root_paths_of(*checks.ancestor_mask(src)))
         kw.update(paths=table, DMAX=table.shape[2], BD=C.next_pow2(table.shape[2], 1))
         return bind(_gdn_paths_kernel, (B * HV * T, C.cdiv(V, BV)), kw), result
     # the sources as the plan caches them (int64; leaky's one row for every sequence, batch stride 0): no table made
