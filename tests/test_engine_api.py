@@ -228,7 +228,15 @@ def test_the_drop_in_names_the_buffer_and_its_indices_as_sglang_does_when_it_ref
     with pytest.raises(ValueError, match="^intermediate_state_indices: rows must be distinct"):
         engine_api.target_verify(*args, retrieve_parent_token=parents.int(), intermediate_states_buffer=buf,
                                  intermediate_state_indices=torch.tensor([1, 1]))
+    # a buffer of another dtype (the states made apart, then copied in): its shape checked before the verify too
+    short16 = torch.full((2, T - 1, 2, 3, 4), float("nan"), dtype=torch.bfloat16)
+    wide16 = torch.full((2, T, 2, 4, 3), float("nan"), dtype=torch.bfloat16)  # V and K swapped
+    for bad in (short16, wide16):
+        with pytest.raises(ValueError, match=r"^intermediate_states_buffer \(transposed\): expected \[N, TS >= 6, "
+                                             r"2, 4, 3\]"):
+            engine_api.target_verify(*args, retrieve_parent_token=parents.int(), intermediate_states_buffer=bad)
     assert torch.isnan(short).all() and torch.isnan(buf).all()
+    assert torch.isnan(short16).all() and torch.isnan(wide16).all()
 
 
 @pytest.mark.parametrize("kw, needle", [
