@@ -32,46 +32,28 @@ import tempfile
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
-from ddsim.bench.bench import at_least_one, cuda_run, edited_kernel, timing_options, timing_rounds, wy_default_launch
+from ddsim.bench.bench import (
+    at_least_one,
+    compile_kernel,
+    cuda_run,
+    edited_kernel,
+    timing_options,
+    timing_rounds,
+    wy_default_launch,
+)
 
 READ = ("        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],\n"
         "                     other=0.0)\n")
 COORDS = "        _, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords("
 HEADER = ("import triton\nimport triton.language as tl\nfrom ddsim.gpu_backend import triton_helpers as h\n"
           "from ddsim.gpu_backend.triton_gdn import _apart\n\n\n")
-DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int8: "i8", torch.int32: "i32"}
-
-
 def tma_kernel():
     from ddsim.gpu_backend import triton_gdn as G
     return edited_kernel(G._gdn_wy_kernel, [
         (COORDS, "        i_v, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords("),
         (READ, "        s0 = state.load([slot * HV + i_hv, 0, i_v * BV]).reshape(BK, BV)\n")],
         header=HEADER, who="fused_tma_late")
-
-
-def compile_ast(kern, kw, target):
-    """kern compiled for target with the default launch's arguments kw, its state a host tensor descriptor."""
-    sig, consts = {}, {}
-    for i, p in enumerate(kern.params):
-        x = kw[p.name]
-        if p.is_constexpr:
-            sig[p.name], consts[(i,)] = "constexpr", x
-        elif p.name == "state":
-            sig[p.name] = f"tensordesc<fp32[1,{kw['BK']},{kw['BV']}]>"
-        elif isinstance(x, torch.Tensor):
-            sig[p.name] = "*" + DTYPE[x.dtype]
-        elif isinstance(x, bool):
-            sig[p.name] = "i1"
-        elif isinstance(x, int):
-            sig[p.name] = "i32"
-        else:
-            sig[p.name] = "fp32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kern.params) if sig[p.name][0] == "*"}
-    return triton.compile(ASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs), target=target,
-                          options={"num_warps": kw["num_warps"]})
 
 
 def first(lines: list, pred, what: str) -> int:
@@ -194,7 +176,8 @@ def variants(B: int, T: int, warps: int, block_v: int, target, d: str) -> dict:
     if kw.get("ROOT") != 2 or not kw.get("RAW16") or not kw.get("HOLD") or kw.get("STATE_VK"):
         raise SystemExit(f"fused_tma_late: the form at {B} x {T} is not the one this edits")
     kern = tma_kernel()
-    at_once = compile_ast(kern, kw, target)
+    # the state a host tensor descriptor
+    at_once = compile_kernel(kern, kw, target, types={"state": f"tensordesc<fp32[1,{kw['BK']},{kw['BV']}]>"})
     tag = f"{warps}w{block_v}"
     late = waited_at_use(at_once.asm["ttgir"])
     operand = read_in_operand_layout(late)

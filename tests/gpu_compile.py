@@ -27,12 +27,10 @@ import sys
 os.environ.pop("TRITON_INTERPRET", None)  # before Triton is imported: compile, do not interpret
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 import ddsim.gpu_backend as gb  # noqa: E402
-from ddsim.bench.bench import ddtree_batch, kernel_inputs, on_cubin, triton_tool  # noqa: E402
+from ddsim.bench.bench import compile_kernel, ddtree_batch, kernel_inputs, on_cubin, triton_tool  # noqa: E402
 from ddsim.gpu_backend import (  # noqa: E402
     _common,
     triton_attention,
@@ -50,8 +48,6 @@ from ddsim.gpu_backend import (  # noqa: E402
 )
 from ddsim.properties.strategies import fixed_conv_example, fixed_gdn_example, fixed_mamba2_example  # noqa: E402
 
-DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int8: "i8", torch.uint8: "u8", torch.int32: "i32",
-         torch.int64: "i64"}
 ARCH = int(sys.argv[sys.argv.index("--arch") + 1]) if "--arch" in sys.argv else 90
 SET = sys.argv[sys.argv.index("--set") + 1] if "--set" in sys.argv else "all"
 # the largest shared memory a block may take, in bytes: Hopper (H100, H200) and datacenter Blackwell (B200, GB200)
@@ -198,23 +194,8 @@ def other_calls():
 
 
 def compile_for(kernel, kw):
-    sig, consts = {}, {}
-    for i, p in enumerate(kernel.params):
-        x = kw[p.name]
-        if p.is_constexpr:
-            sig[p.name], consts[(i,)] = "constexpr", x
-        elif isinstance(x, torch.Tensor):
-            sig[p.name] = "*" + DTYPE[x.dtype]
-        elif isinstance(x, bool):
-            sig[p.name] = "i1"
-        elif isinstance(x, int):
-            sig[p.name] = "i32" if -2**31 <= x < 2**31 else "i64"
-        else:
-            sig[p.name] = "fp32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params) if sig[p.name][0] == "*"}
-    opts = {k: kw[k] for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
-    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", ARCH, 32), options=opts)
+    """kernel compiled for --arch with a launch's keyword arguments kw (bench.compile_kernel)."""
+    return compile_kernel(kernel, kw, GPUTarget("cuda", ARCH, 32))
 
 
 def read_rounds(ck) -> int:

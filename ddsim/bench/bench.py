@@ -119,6 +119,39 @@ def on_cubin(ck, *commands: list) -> list[str]:
         return [subprocess.run([*c, f.name], capture_output=True, text=True, check=True).stdout for c in commands]
 
 
+# Triton's name of each tensor dtype in a kernel signature
+TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int8: "i8",
+                 torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
+
+
+def compile_kernel(kernel, kw: dict, target, *, types: dict | None = None):
+    """``kernel`` (a @triton.jit function) compiled by Triton for ``target`` (a GPUTarget) with a launch's keyword
+    arguments ``kw`` (its constexprs, and num_warps / num_stages / maxnreg where given), without a GPU: each pointer
+    16-byte aligned, as torch allocates and the launcher specializes; ``types``: {parameter: Triton type} in place of
+    the type inferred from its value (a tensor descriptor, say). Triton's compiled kernel."""
+    import triton
+    from triton.compiler import ASTSource
+    sig, consts = {}, {}
+    for i, p in enumerate(kernel.params):
+        x = kw[p.name]
+        if p.is_constexpr:
+            sig[p.name], consts[(i,)] = "constexpr", x
+        elif types and p.name in types:
+            sig[p.name] = types[p.name]
+        elif isinstance(x, torch.Tensor):
+            sig[p.name] = "*" + TRITON_DTYPES[x.dtype]
+        elif isinstance(x, bool):
+            sig[p.name] = "i1"
+        elif isinstance(x, int):
+            sig[p.name] = "i32" if -2**31 <= x < 2**31 else "i64"
+        else:
+            sig[p.name] = "fp32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params) if sig[p.name][0] == "*"}
+    opts = {k: kw[k] for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
+    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs), target=target,
+                          options=opts)
+
+
 def int_list(ap, name: str, text: str, allowed) -> list[int]:
     """A bench's comma-separated option ``name`` (its text ``text``) as integers, each one of ``allowed``; anything
     else, or nothing, is refused through ``ap.error`` (argparse's one line, exit 2) before any work."""
