@@ -155,24 +155,11 @@ def swapped(ck, ir_ck):
     return out
 
 
-def served_launch(B: int, T: int, warps: int, block_v: int):
-    """(launch, o, grid, kw) of plan_wy's one-kernel form at B x T with ``warps`` and ``block_v`` (bench.
-    wy_default_launch's inputs; at 4 warps and 64-wide tiles the default launch itself)."""
-    import ddsim.gpu_backend.triton_gdn as G
-    from ddsim.bench.bench import captured_launch
-    default, o, grid, kw, inp, parents = wy_default_launch(B, T)
-    if (kw["num_warps"], kw["BV"]) == (warps, block_v):
-        return default, o, grid, kw
-    (launch, o), grid, kw = captured_launch(lambda: G.plan_wy(
-        **{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(), initial_state=inp["initial_state"],
-        design="fused", num_warps=warps, block_v=block_v, poison=False))
-    return launch, o, grid, kw
-
-
 def variants(B: int, T: int, warps: int, block_v: int, target, d: str) -> dict:
     """{name: launch} of the form at (warps, block_v) and its TMA variants, each output checked against the form's."""
     from triton.tools.tensor_descriptor import TensorDescriptor
-    default, o, grid, kw = served_launch(B, T, warps, block_v)
+    # the one-kernel form at (warps, block_v): at 4 warps and 64-wide tiles the default launch itself
+    default, o, grid, kw, _, _ = wy_default_launch(B, T, design="fused", num_warps=warps, block_v=block_v)
     if kw.get("ROOT") != 2 or not kw.get("RAW16") or not kw.get("HOLD") or kw.get("STATE_VK"):
         raise SystemExit(f"fused_tma_late: the form at {B} x {T} is not the one this edits")
     kern = tma_kernel()

@@ -591,16 +591,16 @@ def captured_launch(fn):
     return result, grid, kw
 
 
-def wy_default_launch(B: int, T: int):
-    """(launch, o, grid, keyword arguments, inputs, parents) of plan_wy's launch at its auto design on
-    kernel_inputs(B, T) in bf16 on the GPU (captured_launch): the served launch a benchmark times its variants of
-    _gdn_wy_kernel beside."""
+def wy_default_launch(B: int, T: int, **plan_kw):
+    """(launch, o, grid, keyword arguments, inputs, parents) of plan_wy's launch at its auto design (or as plan_kw
+    asks: design, num_warps, block_v ...) on kernel_inputs(B, T) in bf16 on the GPU (captured_launch): the served
+    launch a benchmark times its variants of _gdn_wy_kernel beside."""
     import ddsim.gpu_backend.triton_gdn as G
     _, parents = ddtree_batch(B, T)
     inp = kernel_inputs(B, T, dtype=torch.bfloat16, device="cuda")
     (launch, o), grid, kw = captured_launch(lambda: G.plan_wy(
         **{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents.cuda(), initial_state=inp["initial_state"],
-        design="auto", poison=False))
+        poison=False, **{"design": "auto", **plan_kw}))
     return launch, o, grid, kw, inp, parents
 
 
