@@ -167,8 +167,9 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
 
 
 def _verify_into(q, k, v, g, beta, *, states_out, states_rows, backend, **kw):
-    """gdn_tree_verify with states_out: the recurrent Triton kernel writing into the buffer; the torch path (or a
-    Triton backend named other than recurrent, which keeps no node states) computing them, then copied in."""
+    """gdn_tree_verify with states_out: the recurrent Triton kernels writing into the buffer (replayed on a TreePlan
+    with planned rows); the torch path computing them, then copied in; a Triton backend named other than recurrent
+    (which keeps no node states) refused."""
     if states_out is None:
         raise ValueError("states_rows: given without states_out")
     be = _backend(q, backend)
