@@ -585,3 +585,13 @@ def test_compile_kernel_types_a_launchs_arguments_as_the_launcher_does_and_takes
     first, second = r.stdout.splitlines()[-2:]
     assert first == ("{'x': '*fp32', 'n': 'i32', 'big': 'i64', 'flag': 'i1', 's': 'fp32', 'B': 'constexpr'} 2")
     assert second == ("{'x': '*fp32', 'n': 'i64', 'big': 'i64', 'flag': 'i1', 's': 'fp32', 'B': 'constexpr'}")
+
+
+def test_bench_node_states_refuses_bad_options_before_any_work():
+    """benchmarks/bench_node_states.py: a configuration it cannot launch, or a shape it cannot draw, is one line and
+    exit 2, before the CUDA check."""
+    _refused_before_any_work("bench_node_states.py", ["--serial", "32/3"],
+                             "--serial '32/3': expected BV in 16, 32, 64, 128 and W in 1, 2, 4, 8, got (32, 3)")
+    _refused_before_any_work("bench_node_states.py", ["--paths", "32-2"], "--paths '32-2': expected BV/W,BV/W,...")
+    _refused_before_any_work("bench_node_states.py", ["--shapes", "1x1"],
+                             "--shapes '1x1': expected BxT,BxT,... with B >= 1, T >= 2")
