@@ -334,22 +334,23 @@ def node_state_rows(buf: torch.Tensor, rows, B: int) -> torch.Tensor:
     return checked_slots(torch.as_tensor(rows), buf.shape[0], B, buf.device, "states_rows").indices
 
 
-def node_states_shape(buf, T: int, HV: int, K: int, V: int, name: str = "states_out") -> None:
-    """A caller's node-state buffer [N, TS >= T, HV, K, V] (any dtype, any layout), refused naming ``name``."""
+def node_states_shape(buf, T: int, HV: int, K: int, V: int, device, name: str = "states_out") -> None:
+    """A caller's node-state buffer [N, TS >= T, HV, K, V] (any dtype, any layout) on the inputs' device, refused
+    naming ``name``."""
     if not isinstance(buf, torch.Tensor) or buf.dim() != 5 or tuple(buf.shape[2:]) != (HV, K, V) or buf.shape[1] < T:
         raise ValueError(f"{name}: expected [N, TS >= {T}, {HV}, {K}, {V}], got "
                          f"{tuple(buf.shape) if isinstance(buf, torch.Tensor) else type(buf).__name__}")
+    if buf.device != torch.device(device):
+        raise ValueError(f"{name}: on {buf.device}, the inputs on {device}")
 
 
 def node_states_vk(buf: torch.Tensor, T: int, HV: int, K: int, V: int, device) -> bool:
     """The recurrent kernels' SNAP_VK of a caller's node-state buffer [N, TS, HV, K, V] (fp32, TS >= T, on device):
     False when contiguous, True when it is the transpose of a contiguous [N, TS, HV, V, K] one (SGLang's
     intermediate buffer, ``buf.transpose(-1, -2)``); anything else is refused."""
-    node_states_shape(buf, T, HV, K, V)
+    node_states_shape(buf, T, HV, K, V, device)
     if buf.dtype != torch.float32:
         raise ValueError(f"states_out: expected float32 (the states the kernel reads back), got {buf.dtype}")
-    if buf.device != device:
-        raise ValueError(f"states_out: on {buf.device}, the inputs on {device}")
     return vk_layout(buf, "states_out", "a contiguous [N, TS, HV, K, V] buffer or the transpose of a contiguous "
                                         "[N, TS, HV, V, K] one")
 

@@ -161,7 +161,7 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
             raise ValueError(str(e).replace("states_out", "intermediate_states_buffer (transposed)").replace(
                 "states_rows", "intermediate_state_indices")) from None
     else:  # another dtype or layout: the states made apart, then copied in (the buffer and its rows checked before)
-        checks.node_states_shape(buf.transpose(-1, -2), T, v.shape[2], q.shape[3], v.shape[3],
+        checks.node_states_shape(buf.transpose(-1, -2), T, v.shape[2], q.shape[3], v.shape[3], q.device,
                                  "intermediate_states_buffer (transposed)")
         rows = checks.node_state_rows(buf, intermediate_state_indices, B).long()
         o, states = gb.gdn_tree_verify(q, k, v, output_states=True, **kw)

@@ -235,6 +235,11 @@ def test_the_drop_in_names_the_buffer_and_its_indices_as_sglang_does_when_it_ref
         with pytest.raises(ValueError, match=r"^intermediate_states_buffer \(transposed\): expected \[N, TS >= 6, "
                                              r"2, 4, 3\]"):
             engine_api.target_verify(*args, retrieve_parent_token=parents.int(), intermediate_states_buffer=bad)
+    # a buffer on another device, in either path: refused before the verify, not by torch after it
+    for dtype in (torch.float32, torch.bfloat16):
+        elsewhere = torch.empty(2, T, 2, 3, 4, dtype=dtype, device="meta")
+        with pytest.raises(ValueError, match=r"^intermediate_states_buffer \(transposed\): on meta, the inputs on cpu"):
+            engine_api.target_verify(*args, retrieve_parent_token=parents.int(), intermediate_states_buffer=elsewhere)
     assert torch.isnan(short).all() and torch.isnan(buf).all()
     assert torch.isnan(short16).all() and torch.isnan(wide16).all()
 
