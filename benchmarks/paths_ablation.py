@@ -1,0 +1,135 @@
+"""What each part of the paths kernel (triton_gdn._gdn_paths_kernel, the drop-in's verify up to four sequences) costs,
+and whether a changed read or store order helps, at Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128, bf16 inputs, SGLang's
+fp32 pool and intermediate buffer), DDTree trees: copies of the kernel with lines replaced (bench.edited_kernel),
+timed beside the kernel and the serial kernel (design "serial", plan_recurrent's choice past four sequences) in one
+process, the rows interleaved round by round. A cut copy writes wrong states: it is timed, never used. A changed copy
+(no "cut" in its name) is checked against the kernel's output and buffer first (its largest difference printed).
+
+  no state store        the node's state not written (its output still made)
+  no steps              no step along the path: the committed tile read, the output made from it, the state stored
+  no committed read     the path stepped from zeros (the committed tile not read)
+  path from registers   (changed) the path's entries taken from the one vector read that counts its steps, not read
+                        again one by one inside the loop (one fewer round trip a step)
+  rows first            (changed) every step's k, v rows and gates read in one round before the first step, each step
+                        taking its row from registers
+  streaming stores      (changed) the state stored with the evict-first hint (.cs): the buffer's lines leave L2 first,
+                        the committed tiles stay
+  rows first + streaming stores
+
+Timer: bench.median_us_calls (the median of --calls do_bench calls, their range); device: bench.kernel_device_us after
+do_bench's flush. Beside them: the floor of writing the buffer's bytes once over the measured copy bandwidth.
+
+    python benchmarks/paths_ablation.py [--commit SHA] [--calls 3] [--rounds 2] [--shapes 1x65,8x65]
+"""
+import argparse
+
+import torch
+
+from ddsim.bench.bench import (
+    at_least_one,
+    copy_bandwidth,
+    cuda_run,
+    edited_kernel,
+    parse_shapes,
+    sglang_layer,
+    timing_options,
+    timing_rounds,
+)
+from ddsim.gpu_backend import triton_gdn as G
+from ddsim.gpu_backend.launch import bind
+
+STORE = "        h.store_state(snap, seq0 + t, S, i_hv, o_k, o_v, mkv, HV, K, V, False, SNAP_VK)\n"
+STREAM = ("        tl.store(h.state_ptrs(snap, seq0 + t, i_hv, o_k, o_v, HV, K, V, SNAP_VK), S, mask=mkv,\n"
+          "                 cache_modifier=\".cs\")\n")
+STEPS = "    steps = tl.sum((tl.load(path + o_d, mask=o_d < DMAX, other=-1) >= 0).to(tl.int32), 0)  # t's depth + 1\n"
+ENTRIES = ("    ent = tl.load(path + o_d, mask=o_d < DMAX, other=-1)\n"
+           "    steps = tl.sum((ent >= 0).to(tl.int32), 0)\n")
+READ = ("    S = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mkv,\n"
+        "                other=0.0)\n")
+PATH_ROW = "        row = i_b * T + tl.load(path + d)\n"
+LOOP = ("    for d in range(0, steps):\n"
+        "        row = i_b * T + tl.load(path + d)\n"
+        "        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)\n"
+        "        b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)\n"
+        "        b_g, b_beta = h.gates(g, beta, row * HV + i_hv, 0, neg_A, bias, FUSED, False)\n")
+ROWS_FIRST = ("    on = ent >= 0\n"
+              "    rws = i_b * T + tl.maximum(ent, 0)\n"
+              "    KK = h.load_rows(k, rws[:, None], i_h, o_k[None, :], on[:, None] & mk[None, :], H, K, L2NORM, 1)\n"
+              "    VV = h.load_rows(v, rws[:, None], i_hv, o_v[None, :], on[:, None] & mv[None, :], HV, V, False, 1)\n"
+              "    GG, BB = h.gates(g, beta, rws * HV + i_hv, on, neg_A, bias, FUSED, True)\n"
+              "    for d in range(0, steps):\n"
+              "        sel = o_d == d\n"
+              "        b_k = tl.sum(tl.where(sel[:, None], KK, 0.0), 0)\n"
+              "        b_v = tl.sum(tl.where(sel[:, None], VV, 0.0), 0)\n"
+              "        b_g = tl.sum(tl.where(sel, GG, 0.0), 0)\n"
+              "        b_beta = tl.sum(tl.where(sel, BB, 0.0), 0)\n")
+EDITS = {
+    "cut: no state store": [(STORE, "        pass\n")],
+    "cut: no steps": [(STEPS, "    steps = 0\n")],
+    "cut: no committed read": [(READ, "    S = tl.zeros([BK, BV], tl.float32)\n")],
+    "path from registers": [(STEPS, ENTRIES), (PATH_ROW, "        row = i_b * T + tl.sum(tl.where(o_d == d, ent, 0), 0)\n")],
+    "rows first": [(STEPS, ENTRIES), (LOOP, ROWS_FIRST)],
+    "streaming stores": [(STORE, STREAM)],
+    "rows first + streaming stores": [(STEPS, ENTRIES), (LOOP, ROWS_FIRST), (STORE, STREAM)],
+}
+HEADER = "import triton\nimport triton.language as tl\nfrom ddsim.gpu_backend import triton_helpers as h\n\n\n"
+
+
+def captured_launch(**plan_kw):
+    """plan_recurrent's (kernel, grid, kw) for plan_kw, as it binds them."""
+    seen = []
+    real = G.bind
+    G.bind = lambda kernel, grid, kw: seen.append((kernel, grid, kw)) or real(kernel, grid, kw)
+    try:
+        G.plan_recurrent(**plan_kw)
+    finally:
+        G.bind = real
+    return seen[-1]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    timing_options(ap, rounds=2)
+    ap.add_argument("--shapes", default="1x65,8x65")
+    a = ap.parse_args()
+    at_least_one(ap, a, "calls", "rounds")
+    shapes = parse_shapes(ap, a.shapes)
+    cuda_run("paths_ablation", a.commit)
+    bw = copy_bandwidth("cuda")
+    kernels = {name: edited_kernel(G._gdn_paths_kernel, edits, header=HEADER, who="paths_ablation")
+               for name, edits in EDITS.items()}
+    for B, T in shapes:
+        _, _, inp, a_, b_, zeros, pool, slots, par, plan, pslots, buf, rows, prows = sglang_layer(B, T)
+        base = dict(q=inp["q"], k=inp["k"], v=inp["v"], parents=plan, initial_state=pool.transpose(-1, -2),
+                    state_indices=pslots, a=a_, b=b_, A_log=zeros, dt_bias=zeros, mode="exact", poison=True)
+
+        def fresh(kw):  # its own output and buffer, NaN at first
+            bufd = torch.full_like(buf, float("nan"))
+            return dict(kw, o=torch.full_like(kw["o"], float("nan")), snap=bufd.transpose(-1, -2)), bufd
+
+        kernel, grid, kw = captured_launch(**base, design="paths", states_out=buf.transpose(-1, -2), states_rows=prows)
+        ref_kw, ref_buf = fresh(kw)
+        forms = {"the kernel (paths 32/2)": bind(kernel, grid, ref_kw)}
+        skernel, sgrid, skw = captured_launch(**base, design="serial", states_out=buf.transpose(-1, -2),
+                                              states_rows=prows)
+        forms["serial 16/1 (design auto past 4 sequences)"] = bind(skernel, sgrid, fresh(skw)[0])
+        outs = {}
+        for name, k in kernels.items():
+            kwn, bufn = fresh(kw)
+            forms[name] = bind(k, grid, kwn)
+            outs[name] = (kwn["o"], bufn)
+        for launch in forms.values():
+            launch()
+        torch.cuda.synchronize()
+        print(f"\n## {B} x {T}: mean path steps {float((plan.root_paths() >= 0).sum()) / (B * T):.1f}, write floor "
+              f"{buf.numel() * 4 / bw * 1e6:.1f} us (copy bandwidth {bw / 1e9:.0f} GB/s)")
+        for name, (o, bufn) in outs.items():
+            if not name.startswith("cut"):
+                d = max(float((o.float() - ref_kw["o"].float()).abs().max()), float((bufn - ref_buf).abs().max()))
+                finite = bool(torch.isfinite(o).all() and torch.isfinite(bufn).all())
+                print(f"# {name}: largest difference from the kernel {d:.1e}, all finite {finite}")
+        timing_rounds(forms, rounds=a.rounds, calls=a.calls, warm=False)
+
+
+if __name__ == "__main__":
+    main()
