@@ -72,6 +72,25 @@ EDITS = {
     "streaming stores": [(STORE, STREAM)],
     "rows first + streaming stores": [(STEPS, ENTRIES), (LOOP, ROWS_FIRST), (STORE, STREAM)],
 }
+# the committed tile's read with its offsets along K times a runtime 1: Triton cannot see them contiguous, so the
+# tile (and the steps' loop-carried S) lies in its default layout, a column of K to a thread, V across the threads
+# and the warps: each step's sum over K is a thread's own adds (no shuffles, no shared memory). SGLang's layout only
+IN_THREAD = ("    one = T // T\n"
+             "    S = tl.load(state + ((tl.load(state_idx + i_b).to(tl.int64) * HV + i_hv) * V + o_v[None, :]) * K\n"
+             "                + o_k[:, None] * one, mask=mkv, other=0.0)\n")
+S_READ = ("    s0 = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mkv,\n"
+          "                 other=0.0)\n")
+S_IN_THREAD = IN_THREAD.replace("    S = ", "    s0 = ")
+PARENT = "            S = h.source_state(snap, src + i_b * SRC_B, t, seq0, s0, i_hv, o_k, o_v, mkv, HV, K, V, SNAP_VK)\n"
+PARENT_IN_THREAD = (
+    "            p = tl.load(src + i_b * SRC_B + t)\n"
+    "            sp = tl.load(snap + (((seq0 + tl.maximum(p, 0)).to(tl.int64) * HV + i_hv) * V + o_v[None, :]) * K\n"
+    "                         + o_k[:, None] * one, mask=mkv, other=0.0)\n"
+    "            S = tl.where(p >= 0, sp, s0)\n")
+# changed forms past EDITS: (the kernel edited, its edits, the (V tile, warps) it runs at); the default layout puts 32
+# columns on a warp's threads and the warps along V where the tile has 32 columns a warp
+SERIAL_EDITS = {"serial, K in thread": ([(S_READ, S_IN_THREAD), (PARENT, PARENT_IN_THREAD)], [(32, 1), (64, 2)])}
+PATHS_CONFIGS = {"K in thread": ([(READ, IN_THREAD)], [(32, 1), (64, 2), (128, 4)])}
 HEADER = "import triton\nimport triton.language as tl\nfrom ddsim.gpu_backend import triton_helpers as h\n\n\n"
 
 
@@ -91,32 +110,47 @@ def main():
     ap = argparse.ArgumentParser()
     timing_options(ap, rounds=2)
     ap.add_argument("--shapes", default="1x65,8x65")
+    ap.add_argument("--only", default="", help="comma-separated parts of the forms' names to time (besides the "
+                                                "kernel and the serial kernel); all where empty")
     a = ap.parse_args()
     at_least_one(ap, a, "calls", "rounds")
     shapes = parse_shapes(ap, a.shapes)
+    only = [x for x in a.only.split(",") if x]
     cuda_run("paths_ablation", a.commit)
     bw = copy_bandwidth("cuda")
-    kernels = {name: edited_kernel(G._gdn_paths_kernel, edits, header=HEADER, who="paths_ablation")
-               for name, edits in EDITS.items()}
+    chosen = lambda name: not only or any(x in name for x in only)  # noqa: E731
+    # (name, design, the kernel edited or None, (V tile, warps) or None for the design's own)
+    forms_of = [(name, "paths", edited_kernel(G._gdn_paths_kernel, edits, header=HEADER, who="paths_ablation"), None)
+                for name, edits in EDITS.items() if chosen(name)]
+    for table, design, base_kernel in ((PATHS_CONFIGS, "paths", G._gdn_paths_kernel),
+                                       (SERIAL_EDITS, "serial", G._gdn_recurrent_kernel)):
+        for name, (edits, configs) in table.items():
+            if chosen(name):
+                kernel = edited_kernel(base_kernel, edits, header=HEADER, who="paths_ablation")
+                for bv, w in configs:
+                    forms_of += [(f"{design} {bv}/{w}", design, None, (bv, w)),
+                                 (f"{name} {bv}/{w}", design, kernel, (bv, w))]
     for B, T in shapes:
         _, _, inp, a_, b_, zeros, pool, slots, par, plan, pslots, buf, rows, prows = sglang_layer(B, T)
         base = dict(q=inp["q"], k=inp["k"], v=inp["v"], parents=plan, initial_state=pool.transpose(-1, -2),
-                    state_indices=pslots, a=a_, b=b_, A_log=zeros, dt_bias=zeros, mode="exact", poison=True)
+                    state_indices=pslots, a=a_, b=b_, A_log=zeros, dt_bias=zeros, mode="exact", poison=True,
+                    states_out=buf.transpose(-1, -2), states_rows=prows)
 
         def fresh(kw):  # its own output and buffer, NaN at first
             bufd = torch.full_like(buf, float("nan"))
             return dict(kw, o=torch.full_like(kw["o"], float("nan")), snap=bufd.transpose(-1, -2)), bufd
 
-        kernel, grid, kw = captured_launch(**base, design="paths", states_out=buf.transpose(-1, -2), states_rows=prows)
+        kernel, grid, kw = captured_launch(**base, design="paths")
         ref_kw, ref_buf = fresh(kw)
         forms = {"the kernel (paths 32/2)": bind(kernel, grid, ref_kw)}
-        skernel, sgrid, skw = captured_launch(**base, design="serial", states_out=buf.transpose(-1, -2),
-                                              states_rows=prows)
+        skernel, sgrid, skw = captured_launch(**base, design="serial")
         forms["serial 16/1 (design auto past 4 sequences)"] = bind(skernel, sgrid, fresh(skw)[0])
         outs = {}
-        for name, k in kernels.items():
-            kwn, bufn = fresh(kw)
-            forms[name] = bind(k, grid, kwn)
+        for name, design, edited, config in forms_of:
+            k0, g0, kw0 = (kernel, grid, kw) if config is None else captured_launch(
+                **base, design=design, block_v=config[0], num_warps=config[1])
+            kwn, bufn = fresh(kw0)
+            forms[name] = bind(edited or k0, g0, kwn)
             outs[name] = (kwn["o"], bufn)
         for launch in forms.values():
             launch()
