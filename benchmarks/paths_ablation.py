@@ -15,11 +15,17 @@ process, the rows interleaved round by round. A cut copy writes wrong states: it
   streaming stores      (changed) the state stored with the evict-first hint (.cs): the buffer's lines leave L2 first,
                         the committed tiles stay
   rows first + streaming stores
+  K in thread           (changed) the committed tile read with its offsets along K times a runtime 1, so that Triton
+                        lays the tile and the loop's state in its default layout: a column of K to a thread, each
+                        step's sum over K a thread's own adds; at V tiles and warps that put the warps along V, beside
+                        the kernel at the same ones (PATHS_CONFIGS); serial, K in thread: the same in the serial
+                        kernel, its parents' reads too (SERIAL_EDITS). SGLang's layout only
 
 Timer: bench.median_us_calls (the median of --calls do_bench calls, their range); device: bench.kernel_device_us after
 do_bench's flush. Beside them: the floor of writing the buffer's bytes once over the measured copy bandwidth.
 
-    python benchmarks/paths_ablation.py [--commit SHA] [--calls 3] [--rounds 2] [--shapes 1x65,8x65]
+    python benchmarks/paths_ablation.py [--commit SHA] [--calls 5] [--rounds 2] [--shapes 1x65,8x65]
+                                        [--only "K in thread,cut"]
 """
 import argparse
 
@@ -27,6 +33,7 @@ import torch
 
 from ddsim.bench.bench import (
     at_least_one,
+    captured_launch,
     copy_bandwidth,
     cuda_run,
     edited_kernel,
@@ -94,16 +101,10 @@ PATHS_CONFIGS = {"K in thread": ([(READ, IN_THREAD)], [(32, 1), (64, 2), (128, 4
 HEADER = "import triton\nimport triton.language as tl\nfrom ddsim.gpu_backend import triton_helpers as h\n\n\n"
 
 
-def captured_launch(**plan_kw):
-    """plan_recurrent's (kernel, grid, kw) for plan_kw, as it binds them."""
-    seen = []
-    real = G.bind
-    G.bind = lambda kernel, grid, kw: seen.append((kernel, grid, kw)) or real(kernel, grid, kw)
-    try:
-        G.plan_recurrent(**plan_kw)
-    finally:
-        G.bind = real
-    return seen[-1]
+def planned(**plan_kw):
+    """plan_recurrent's (kernel, grid, kw) for plan_kw, as it binds them (bench.captured_launch)."""
+    _, grid, kw = captured_launch(lambda: G.plan_recurrent(**plan_kw))
+    return G._gdn_paths_kernel if "paths" in kw else G._gdn_recurrent_kernel, grid, kw
 
 
 def main():
@@ -116,6 +117,10 @@ def main():
     at_least_one(ap, a, "calls", "rounds")
     shapes = parse_shapes(ap, a.shapes)
     only = [x for x in a.only.split(",") if x]
+    names = [*EDITS, *PATHS_CONFIGS, *SERIAL_EDITS]
+    for x in only:
+        if not any(x in name for name in names):
+            ap.error(f"--only {x!r}: no form's name has it (forms: {', '.join(names)})")
     cuda_run("paths_ablation", a.commit)
     bw = copy_bandwidth("cuda")
     chosen = lambda name: not only or any(x in name for x in only)  # noqa: E731
@@ -140,14 +145,14 @@ def main():
             bufd = torch.full_like(buf, float("nan"))
             return dict(kw, o=torch.full_like(kw["o"], float("nan")), snap=bufd.transpose(-1, -2)), bufd
 
-        kernel, grid, kw = captured_launch(**base, design="paths")
+        kernel, grid, kw = planned(**base, design="paths")
         ref_kw, ref_buf = fresh(kw)
         forms = {"the kernel (paths 32/2)": bind(kernel, grid, ref_kw)}
-        skernel, sgrid, skw = captured_launch(**base, design="serial")
+        skernel, sgrid, skw = planned(**base, design="serial")
         forms["serial 16/1 (design auto past 4 sequences)"] = bind(skernel, sgrid, fresh(skw)[0])
         outs = {}
         for name, design, edited, config in forms_of:
-            k0, g0, kw0 = (kernel, grid, kw) if config is None else captured_launch(
+            k0, g0, kw0 = (kernel, grid, kw) if config is None else planned(
                 **base, design=design, block_v=config[0], num_warps=config[1])
             kwn, bufn = fresh(kw0)
             forms[name] = bind(edited or k0, g0, kwn)

@@ -595,3 +595,62 @@ def test_bench_node_states_refuses_bad_options_before_any_work():
     _refused_before_any_work("bench_node_states.py", ["--paths", "32-2"], "--paths '32-2': expected BV/W,BV/W,...")
     _refused_before_any_work("bench_node_states.py", ["--shapes", "1x1"],
                              "--shapes '1x1': expected BxT,BxT,... with B >= 1, T >= 2")
+
+
+def test_paths_ablation_refuses_bad_options_before_any_work():
+    """benchmarks/paths_ablation.py: a count below 1, a shape it cannot draw, or an --only no form's name has, is one
+    line and exit 2, before the CUDA check."""
+    _refused_before_any_work("paths_ablation.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")
+    _refused_before_any_work("paths_ablation.py", ["--shapes", "1x1"],
+                             "--shapes '1x1': expected BxT,BxT,... with B >= 1, T >= 2")
+    _refused_before_any_work("paths_ablation.py", ["--only", "K in thread,no such form"],
+                             "--only 'no such form': no form's name has it (forms: cut: no state store, cut: no steps, "
+                             "cut: no committed read, path from registers, rows first, streaming stores, rows first + "
+                             "streaming stores, K in thread, serial, K in thread)")
+
+
+def test_paths_ablations_changed_forms_compute_the_kernels_output_and_its_cuts_find_their_lines():
+    """benchmarks/paths_ablation.py's copies of the paths and serial kernels, run by Triton's interpreter on a batch of
+    two trees into SGLang's buffer at rows of its own: each changed form (no "cut" in its name, at each of its V tiles
+    and warps) writes the kernel's outputs and node states and nothing else of the buffer, so the times it records
+    are of forms that do the drop-in's work; each cut is a copy with the kernel's arguments."""
+    from ddsim.bench.bench import edited_kernel
+    from ddsim.gpu_backend import engine_api
+    from ddsim.gpu_backend import triton_gdn as G
+    from ddsim.gpu_backend.launch import bind
+
+    mod = _benchmark("paths_ablation")
+    g = torch.Generator().manual_seed(5)
+    B, T, H, HV, K, V = 2, 7, 1, 2, 16, 32
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    plan = engine_api.plan_tree(torch.tensor([[-1, 0, 0, 1, 1, 2, 3], [-1, 0, 1, 0, 3, 3, 5]], dtype=torch.int32))
+    buf = torch.empty(3, T + 2, HV, V, K)  # SGLang's [rows, TS, HV, V, K], its rows 2 and 0 written
+    base = dict(q=r(B, T, H, K).bfloat16(), k=r(B, T, H, K).bfloat16(), v=r(B, T, HV, V).bfloat16(),
+                parents=plan, initial_state=r(4, HV, V, K).transpose(-1, -2), state_indices=torch.tensor([3, 1]),
+                a=r(B, T, HV), b=r(B, T, HV), A_log=r(HV) * 0.3, dt_bias=r(HV) * 0.3, mode="exact", poison=True,
+                states_out=buf.transpose(-1, -2), states_rows=torch.tensor([2, 0]))
+
+    def run(kernel, grid, kw):
+        out = torch.full_like(buf, float("nan"))
+        kw = dict(kw, o=torch.full_like(kw["o"], float("nan")), snap=out.transpose(-1, -2))
+        bind(kernel, grid, kw)()
+        return kw["o"], out
+
+    o_ref, buf_ref = run(*mod.planned(**base, design="paths"))
+    assert torch.isfinite(o_ref).all() and torch.isfinite(buf_ref[[2, 0], :T]).all()
+    assert torch.isnan(buf_ref[1]).all() and torch.isnan(buf_ref[:, T:]).all()
+    changed = [(name, "paths", edits, [None]) for name, edits in mod.EDITS.items()]
+    changed += [(name, "paths", edits, cfgs) for name, (edits, cfgs) in mod.PATHS_CONFIGS.items()]
+    changed += [(name, "serial", edits, cfgs) for name, (edits, cfgs) in mod.SERIAL_EDITS.items()]
+    for name, design, edits, configs in changed:
+        base_kernel = G._gdn_paths_kernel if design == "paths" else G._gdn_recurrent_kernel
+        kernel = edited_kernel(base_kernel, edits, header=mod.HEADER, who="test")
+        assert kernel.arg_names == base_kernel.arg_names, name
+        if name.startswith("cut"):
+            continue
+        for config in configs:
+            _, grid, kw = mod.planned(**base, design=design,
+                                      **({} if config is None else dict(block_v=config[0], num_warps=config[1])))
+            o, out = run(kernel, grid, kw)
+            torch.testing.assert_close(o, o_ref, rtol=0, atol=0, msg=f"{name} {config}")
+            assert torch.equal(out.nan_to_num(7.0), buf_ref.nan_to_num(7.0)), (name, config)
