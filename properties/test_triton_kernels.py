@@ -291,9 +291,10 @@ def test_triton_recurrent_writes_node_states_into_a_callers_buffer_and_reads_par
 def test_the_paths_design_takes_the_serial_designs_steps(inp, mode, states, dtype, pooled):
     """plan_recurrent's designs of the recurrent verify, a program per node stepping along its root path from the
     committed state (paths) and a program per head stepping over the nodes with each parent's state read back
-    (serial), make the same steps in the same order: at the same V tile and warps (compiled, another layout sums the
-    key rows in another order) the same bits, outputs and node states (none, a new tensor, or a caller's buffer in
-    SGLang's layout), in both modes."""
+    (serial), make the same steps in the same order: at the same V tile and one warp the same bits, outputs and node
+    states (none, a new tensor, or a caller's buffer and the committed states in SGLang's layout), in both modes.
+    Compiled, a kernel lays its state as its reads lie, and with two warps or more the two kernels' partial sums of
+    the key rows meet in another order (on the H200 they differed by up to a bf16 output's last bit, RESULTS.md)."""
     from ddsim.gpu_backend import triton_gdn
     args = _cast(inp, dtype)
     B, T = inp["parents"].shape
@@ -302,6 +303,10 @@ def test_the_paths_design_takes_the_serial_designs_steps(inp, mode, states, dtyp
     if pooled:
         pool, slots = _pool(inp)
         state = dict(initial_state=pool, state_indices=slots)
+    if states == "buffer":  # the committed states in the buffer's layout, SGLang's (the drop-in's case): compiled,
+        # a kernel lays its state as its reads lie, and the key rows' sums follow that layout
+        s0 = state["initial_state"]
+        state["initial_state"] = s0.transpose(-1, -2).contiguous().transpose(-1, -2)
     got = {}
     for design in ("serial", "paths"):
         kw = {}
@@ -311,7 +316,7 @@ def test_the_paths_design_takes_the_serial_designs_steps(inp, mode, states, dtyp
             base = torch.full((B + 1, T + 1, HV, V, K), 7.0, device=DEVICE)
             kw = dict(states_out=base.transpose(-1, -2), states_rows=torch.arange(B, 0, -1, device=DEVICE))
         launch, result = triton_gdn.plan_recurrent(**args, parents=_dev(inp["parents"]), **state, mode=mode,
-                                                   design=design, block_v=32, num_warps=2, **kw)
+                                                   design=design, block_v=32, num_warps=1, **kw)
         launch()
         got[design] = (result if isinstance(result, tuple) else (result,)) + ((base,) if states == "buffer" else ())
     for x, y in zip(got["serial"], got["paths"]):
@@ -329,8 +334,8 @@ def test_design_auto_takes_paths_in_exact_mode_where_the_serial_kernel_would_not
     monkeypatch.setattr(triton_gdn, "bind", lambda kernel, grid, kw: got.append((kernel, grid, kw["BV"],
                                                                                  kw["num_warps"])))
     for mode in ("exact", "leaky"):
-        triton_gdn.plan_recurrent(**_cast(inp, torch.float32), parents=inp["parents"],
-                                  initial_state=inp["initial_state"], mode=mode)
+        triton_gdn.plan_recurrent(**_cast(inp, torch.float32), parents=_dev(inp["parents"]),
+                                  initial_state=_dev(inp["initial_state"]), mode=mode)
     (k1, g1, _, w1), (k2, _, bv2, w2) = got
     B, T = inp["parents"].shape
     HV, V = inp["v"].shape[2:]
@@ -338,8 +343,8 @@ def test_design_auto_takes_paths_in_exact_mode_where_the_serial_kernel_would_not
     assert k2 is triton_gdn._gdn_recurrent_kernel and bv2 == min(16, C.next_pow2(V, 1))
     assert (w1, w2) == (2, 1)
     with pytest.raises(ValueError, match="design: expected"):
-        triton_gdn.plan_recurrent(**_cast(inp, torch.float32), parents=inp["parents"],
-                                  initial_state=inp["initial_state"], design="tree")
+        triton_gdn.plan_recurrent(**_cast(inp, torch.float32), parents=_dev(inp["parents"]),
+                                  initial_state=_dev(inp["initial_state"]), design="tree")
 
 
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["triton-recurrent", "triton-wy-fused", "triton-wy-split",
