@@ -93,8 +93,9 @@ def _gdn_paths_kernel(
     ROWS: tl.constexpr, SNAP_VK: tl.constexpr,
 ):
     """Grid (B * HV * T, V tiles): the program of node t of (sequence, value head) steps S [K, BV] from the
-    committed state along t's path in registers, _gdn_recurrent_kernel's steps in its order (at the same tile and
-    warps the same bits), and writes o_t and, with STORE_STATES, S_t; no state is read back, so no program waits on
+    committed state along t's path in registers, _gdn_recurrent_kernel's steps in its order (at one warp, its state
+    read as the serial kernel's is, the same bits; at more warps the key rows' partial sums may meet in another
+    order), and writes o_t and, with STORE_STATES, S_t; no state is read back, so no program waits on
     another."""
     pid = tl.program_id(0)  # the nodes of one (sequence, head) are neighbours: their committed tile is read once
     i_v = tl.program_id(1)
@@ -377,7 +378,7 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
     per (sequence, head, V tile) steps over the nodes in index order (exact: each node's parent's state
     read back from the per-node states, which are then always written); "paths": a program per node
     steps along the node's root path from the committed state (_gdn_paths_kernel: the same steps, the same
-    bits at the same tile and warps, per-node states only where asked for); "auto": paths_design's choice.
+    bits at one warp, per-node states only where asked for); "auto": paths_design's choice.
     block_v, num_warps: the V tile and the warps of a program (None: 16 and 1 for serial, 32 and 2 for paths, the
     H200's best: benchmarks/bench_node_states.py, RESULTS.md). states_out: the caller's
     fp32 [N, TS, HV, K, V] (TS >= T; or the transpose of a contiguous [N, TS, HV, V, K], SGLang's
