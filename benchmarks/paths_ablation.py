@@ -3,7 +3,8 @@ and whether a changed read or store order helps, at Qwen3.6-27B GDN shapes (H=16
 fp32 pool and intermediate buffer), DDTree trees: copies of the kernel with lines replaced (bench.edited_kernel),
 timed beside the kernel and the serial kernel (design "serial", plan_recurrent's choice past four sequences) in one
 process, the rows interleaved round by round. A cut copy writes wrong states: it is timed, never used. A changed copy
-(no "cut" in its name) is checked against the kernel's output and buffer first (its largest difference printed).
+(no "cut" in its name) is checked against the kernel's output and buffer first (its largest difference printed:
+0 where it makes the same steps in the same order).
 
   no state store        the node's state not written (its output still made)
   no steps              no step along the path: the committed tile read, the output made from it, the state stored
@@ -15,6 +16,14 @@ process, the rows interleaved round by round. A cut copy writes wrong states: it
   streaming stores      (changed) the state stored with the evict-first hint (.cs): the buffer's lines leave L2 first,
                         the committed tiles stay
   rows first + streaming stores
+  decay deferred        (changed) S kept divided by c, the product of the path's decays so far: a step makes two passes
+                        over the tile (the sum over K, the rank-one update by u / c) where delta_step makes three; S
+                        times c once after the last step (c taken into S where it falls below 1e-20)
+  root first, two kernels
+                        (changed) the serial kernel's first node alone (the root's output and state into the buffer),
+                        then the paths kernel over the other nodes, each stepping from the root's state read back
+                        from the buffer: each node's path one step shorter (the root's step made once, not by every
+                        node); "+ decay deferred": with the second kernel's decay deferred too
   K in thread           (changed) the committed tile read with its offsets along K times a runtime 1, so that Triton
                         lays the tile and the loop's state in its default layout: a column of K to a thread, each
                         step's sum over K a thread's own adds; at V tiles and warps that put the warps along V, beside
@@ -98,6 +107,36 @@ PARENT_IN_THREAD = (
 # columns on a warp's threads and the warps along V where the tile has 32 columns a warp
 SERIAL_EDITS = {"serial, K in thread": ([(S_READ, S_IN_THREAD), (PARENT, PARENT_IN_THREAD)], [(32, 1), (64, 2)])}
 PATHS_CONFIGS = {"K in thread": ([(READ, IN_THREAD)], [(32, 1), (64, 2), (128, 4)])}
+# the decay deferred: S kept as S_true / c with c the product of the path's decays so far, so that a step is two
+# passes over the tile (the sum over K, the rank-one update) where delta_step makes three (the decay too); S_true made
+# once after the last step; c taken into S where it falls below 1e-20 (so u / c stays finite, and a decay that
+# rounds to 0 zeroes S as delta_step's does)
+FOR = "    for d in range(0, steps):\n"
+STEP = "        S = h.delta_step(S, b_k, b_v, b_g, b_beta)\n    row = i_b * T + t\n"
+DEFERRED_STEP = ("        c = c * tl.exp(b_g)\n"
+                 "        if c < 1e-20:\n"
+                 "            S = S * c\n"
+                 "            c = tl.full([], 1.0, tl.float32)\n"
+                 "        u = b_beta * (b_v - c * tl.sum(S * b_k[:, None], 0))\n"
+                 "        S = S + b_k[:, None] * (u / c)[None, :]\n"
+                 "    S = S * c\n"
+                 "    row = i_b * T + t\n")
+C_INIT = "    c = tl.full([], 1.0, tl.float32)\n"
+EDITS["decay deferred"] = [(FOR, C_INIT + FOR), (STEP, DEFERRED_STEP)]
+# the root first, in two kernels: the serial kernel's first node alone (its output and state into the buffer), then
+# a program per other node steps along its path from the root's state read back from the buffer, not from the
+# committed state (a third of the paths kernel's steps are the root's, each node making it again)
+ROOT_SERIAL = [("    for t in range(0, T):\n", "    for t in range(0, 1):\n")]
+FROM_ROOT = [("    i_bh = pid // T\n    t = pid % T\n", "    i_bh = pid // (T - 1)\n    t = 1 + pid % (T - 1)\n"),
+             (READ, "    if ROWS:\n        r0 = tl.load(snap_rows + i_b) * TS\n    else:\n        r0 = i_b * T\n"
+                    "    S = tl.load(h.state_ptrs(snap, r0, i_hv, o_k, o_v, HV, K, V, SNAP_VK), mask=mkv, other=0.0)\n")]
+FROM_ROOT_FOR = "    for d in range(1, steps):\n"
+# (the root's kernel's edits, the others' kernel's edits): the second kernel's grid has T - 1 nodes a head
+TWO_KERNELS = {
+    "root first, two kernels": (ROOT_SERIAL, FROM_ROOT + [(FOR, FROM_ROOT_FOR)]),
+    "root first, two kernels + decay deferred": (ROOT_SERIAL, FROM_ROOT + [(FOR, C_INIT + FROM_ROOT_FOR),
+                                                                           (STEP, DEFERRED_STEP)]),
+}
 HEADER = "import triton\nimport triton.language as tl\nfrom ddsim.gpu_backend import triton_helpers as h\n\n\n"
 
 
@@ -105,6 +144,14 @@ def planned(**plan_kw):
     """plan_recurrent's (kernel, grid, kw) for plan_kw, as it binds them (bench.captured_launch)."""
     _, grid, kw = captured_launch(lambda: G.plan_recurrent(**plan_kw))
     return G._gdn_paths_kernel if "paths" in kw else G._gdn_recurrent_kernel, grid, kw
+
+
+def two_kernels(first, second):
+    """One form of two launches, in order."""
+    def launch():
+        first()
+        second()
+    return launch
 
 
 def main():
@@ -117,7 +164,7 @@ def main():
     at_least_one(ap, a, "calls", "rounds")
     shapes = parse_shapes(ap, a.shapes)
     only = [x for x in a.only.split(",") if x]
-    names = [*EDITS, *PATHS_CONFIGS, *SERIAL_EDITS]
+    names = [*EDITS, *PATHS_CONFIGS, *SERIAL_EDITS, *TWO_KERNELS]
     for x in only:
         if not any(x in name for name in names):
             ap.error(f"--only {x!r}: no form's name has it (forms: {', '.join(names)})")
@@ -135,6 +182,9 @@ def main():
                 for bv, w in configs:
                     forms_of += [(f"{design} {bv}/{w}", design, None, (bv, w)),
                                  (f"{name} {bv}/{w}", design, kernel, (bv, w))]
+    two = {name: (edited_kernel(G._gdn_recurrent_kernel, root, header=HEADER, who="paths_ablation"),
+                  edited_kernel(G._gdn_paths_kernel, rest, header=HEADER, who="paths_ablation"))
+           for name, (root, rest) in TWO_KERNELS.items() if chosen(name)}
     for B, T in shapes:
         _, _, inp, a_, b_, zeros, pool, slots, par, plan, pslots, buf, rows, prows = sglang_layer(B, T)
         base = dict(q=inp["q"], k=inp["k"], v=inp["v"], parents=plan, initial_state=pool.transpose(-1, -2),
@@ -156,6 +206,13 @@ def main():
                 **base, design=design, block_v=config[0], num_warps=config[1])
             kwn, bufn = fresh(kw0)
             forms[name] = bind(edited or k0, g0, kwn)
+            outs[name] = (kwn["o"], bufn)
+        if two:  # the root's kernel at the paths kernel's V tile and warps, into the same output and buffer
+            _, rgrid, rkw = planned(**base, design="serial", block_v=kw["BV"], num_warps=kw["num_warps"])
+        for name, (root_kernel, rest_kernel) in two.items():
+            kwn, bufn = fresh(kw)
+            forms[name] = two_kernels(bind(root_kernel, rgrid, dict(rkw, o=kwn["o"], snap=kwn["snap"])),
+                                      bind(rest_kernel, (B * kw["HV"] * (T - 1), grid[1]), kwn))
             outs[name] = (kwn["o"], bufn)
         for launch in forms.values():
             launch()
