@@ -146,11 +146,40 @@ def planned(**plan_kw):
     return G._gdn_paths_kernel if "paths" in kw else G._gdn_recurrent_kernel, grid, kw
 
 
-def two_kernels(first, second):
-    """One form of two launches, in order."""
+def edited_forms(chosen) -> list:
+    """The one-kernel forms whose names ``chosen`` takes: (name, design, its kernel, (V tile, warps) or None for the
+    paths kernel's own), each edited copy made once; beside each form of PATHS_CONFIGS and SERIAL_EDITS its design's
+    kernel at the same V tile and warps (its kernel None: the design's own)."""
+    forms = [(name, "paths", edited_kernel(G._gdn_paths_kernel, edits, header=HEADER, who="paths_ablation"), None)
+             for name, edits in EDITS.items() if chosen(name)]
+    for table, design, base_kernel in ((PATHS_CONFIGS, "paths", G._gdn_paths_kernel),
+                                       (SERIAL_EDITS, "serial", G._gdn_recurrent_kernel)):
+        for name, (edits, configs) in table.items():
+            if chosen(name):
+                kernel = edited_kernel(base_kernel, edits, header=HEADER, who="paths_ablation")
+                for bv, w in configs:
+                    forms += [(f"{design} {bv}/{w}", design, None, (bv, w)), (f"{name} {bv}/{w}", design, kernel, (bv, w))]
+    return forms
+
+
+def two_kernel_forms(chosen) -> dict:
+    """TWO_KERNELS' forms whose names ``chosen`` takes: {name: (the root's kernel, the others' kernel)}."""
+    return {name: (edited_kernel(G._gdn_recurrent_kernel, root, header=HEADER, who="paths_ablation"),
+                   edited_kernel(G._gdn_paths_kernel, rest, header=HEADER, who="paths_ablation"))
+            for name, (root, rest) in TWO_KERNELS.items() if chosen(name)}
+
+
+def root_first(root_kernel, rest_kernel, *, base: dict, kw: dict, grid) -> callable:
+    """A two-kernel form's launch into the paths launch kw's output and buffer (plan_recurrent's keywords ``base``,
+    its grid ``grid``): the root's kernel on the serial kernel's grid at kw's V tile and warps, then the others'
+    kernel over T - 1 nodes a head."""
+    _, rgrid, rkw = planned(**base, design="serial", block_v=kw["BV"], num_warps=kw["num_warps"])
+    root = bind(root_kernel, rgrid, dict(rkw, o=kw["o"], snap=kw["snap"]))
+    rest = bind(rest_kernel, (grid[0] // kw["T"] * (kw["T"] - 1), grid[1]), kw)
+
     def launch():
-        first()
-        second()
+        root()
+        rest()
     return launch
 
 
@@ -171,20 +200,7 @@ def main():
     cuda_run("paths_ablation", a.commit)
     bw = copy_bandwidth("cuda")
     chosen = lambda name: not only or any(x in name for x in only)  # noqa: E731
-    # (name, design, the kernel edited or None, (V tile, warps) or None for the design's own)
-    forms_of = [(name, "paths", edited_kernel(G._gdn_paths_kernel, edits, header=HEADER, who="paths_ablation"), None)
-                for name, edits in EDITS.items() if chosen(name)]
-    for table, design, base_kernel in ((PATHS_CONFIGS, "paths", G._gdn_paths_kernel),
-                                       (SERIAL_EDITS, "serial", G._gdn_recurrent_kernel)):
-        for name, (edits, configs) in table.items():
-            if chosen(name):
-                kernel = edited_kernel(base_kernel, edits, header=HEADER, who="paths_ablation")
-                for bv, w in configs:
-                    forms_of += [(f"{design} {bv}/{w}", design, None, (bv, w)),
-                                 (f"{name} {bv}/{w}", design, kernel, (bv, w))]
-    two = {name: (edited_kernel(G._gdn_recurrent_kernel, root, header=HEADER, who="paths_ablation"),
-                  edited_kernel(G._gdn_paths_kernel, rest, header=HEADER, who="paths_ablation"))
-           for name, (root, rest) in TWO_KERNELS.items() if chosen(name)}
+    forms_of, two = edited_forms(chosen), two_kernel_forms(chosen)
     for B, T in shapes:
         _, _, inp, a_, b_, zeros, pool, slots, par, plan, pslots, buf, rows, prows = sglang_layer(B, T)
         base = dict(q=inp["q"], k=inp["k"], v=inp["v"], parents=plan, initial_state=pool.transpose(-1, -2),
@@ -207,12 +223,9 @@ def main():
             kwn, bufn = fresh(kw0)
             forms[name] = bind(edited or k0, g0, kwn)
             outs[name] = (kwn["o"], bufn)
-        if two:  # the root's kernel at the paths kernel's V tile and warps, into the same output and buffer
-            _, rgrid, rkw = planned(**base, design="serial", block_v=kw["BV"], num_warps=kw["num_warps"])
         for name, (root_kernel, rest_kernel) in two.items():
             kwn, bufn = fresh(kw)
-            forms[name] = two_kernels(bind(root_kernel, rgrid, dict(rkw, o=kwn["o"], snap=kwn["snap"])),
-                                      bind(rest_kernel, (B * kw["HV"] * (T - 1), grid[1]), kwn))
+            forms[name] = root_first(root_kernel, rest_kernel, base=base, kw=kwn, grid=grid)
             outs[name] = (kwn["o"], bufn)
         for launch in forms.values():
             launch()

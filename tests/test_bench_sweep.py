@@ -616,7 +616,6 @@ def test_paths_ablations_changed_forms_compute_the_kernels_output_and_its_cuts_f
     and warps; the root first in two kernels) writes the kernel's outputs and node states and nothing else of the
     buffer (the same bits where it makes the same steps, within fp32's rounding where the decay is deferred), so the
     times it records are of forms that do the drop-in's work; each cut is a copy with the kernel's arguments."""
-    from ddsim.bench.bench import edited_kernel
     from ddsim.gpu_backend import engine_api
     from ddsim.gpu_backend import triton_gdn as G
     from ddsim.gpu_backend.launch import bind
@@ -638,33 +637,28 @@ def test_paths_ablations_changed_forms_compute_the_kernels_output_and_its_cuts_f
         bind(kernel, grid, kw)()
         return kw["o"], out
 
-    o_ref, buf_ref = run(*mod.planned(**base, design="paths"))
+    kernel, grid, kw = mod.planned(**base, design="paths")
+    o_ref, buf_ref = run(kernel, grid, kw)
     assert torch.isfinite(o_ref).all() and torch.isfinite(buf_ref[[2, 0], :T]).all()
     assert torch.isnan(buf_ref[1]).all() and torch.isnan(buf_ref[:, T:]).all()
-    changed = [(name, "paths", edits, [None]) for name, edits in mod.EDITS.items()]
-    changed += [(name, "paths", edits, cfgs) for name, (edits, cfgs) in mod.PATHS_CONFIGS.items()]
-    changed += [(name, "serial", edits, cfgs) for name, (edits, cfgs) in mod.SERIAL_EDITS.items()]
-    for name, design, edits, configs in changed:
+    every = lambda name: True  # noqa: E731
+    forms = mod.edited_forms(every)  # the script's own forms, as it times them
+    assert {name for name, *_ in forms} >= {*mod.EDITS, "K in thread 64/2", "serial, K in thread 32/1"}
+    for name, design, edited, config in forms:
         base_kernel = G._gdn_paths_kernel if design == "paths" else G._gdn_recurrent_kernel
-        kernel = edited_kernel(base_kernel, edits, header=mod.HEADER, who="test")
-        assert kernel.arg_names == base_kernel.arg_names, name
+        assert edited is None or edited.arg_names == base_kernel.arg_names, name
         if name.startswith("cut"):
             continue
-        for config in configs:
-            _, grid, kw = mod.planned(**base, design=design,
-                                      **({} if config is None else dict(block_v=config[0], num_warps=config[1])))
-            o, out = run(kernel, grid, kw)
-            _same(name, o, out, o_ref, buf_ref)
-    _, rgrid, rkw = mod.planned(**base, design="serial", block_v=32, num_warps=2)
-    for name, (root_edits, rest_edits) in mod.TWO_KERNELS.items():
-        root = edited_kernel(G._gdn_recurrent_kernel, root_edits, header=mod.HEADER, who="test")
-        rest = edited_kernel(G._gdn_paths_kernel, rest_edits, header=mod.HEADER, who="test")
-        _, grid, kw = mod.planned(**base, design="paths")
+        k0, g0, kw0 = (kernel, grid, kw) if config is None else mod.planned(
+            **base, design=design, block_v=config[0], num_warps=config[1])
+        _same(name, *run(edited or k0, g0, kw0), o_ref, buf_ref)
+    two = mod.two_kernel_forms(every)
+    assert set(two) == set(mod.TWO_KERNELS)
+    for name, (root, rest) in two.items():
         out = torch.full_like(buf, float("nan"))
-        kw = dict(kw, o=torch.full_like(kw["o"], float("nan")), snap=out.transpose(-1, -2))
-        mod.two_kernels(bind(root, rgrid, dict(rkw, o=kw["o"], snap=kw["snap"])),
-                        bind(rest, (B * HV * (T - 1), grid[1]), kw))()
-        _same(name, kw["o"], out, o_ref, buf_ref)
+        kwn = dict(kw, o=torch.full_like(kw["o"], float("nan")), snap=out.transpose(-1, -2))
+        mod.root_first(root, rest, base=base, kw=kwn, grid=grid)()
+        _same(name, kwn["o"], out, o_ref, buf_ref)
 
 
 def _same(name, o, out, o_ref, buf_ref):
