@@ -111,6 +111,17 @@ def _unreplayable(*data) -> bool:
     return False
 
 
+def _recorded_or_run(plan, data: tuple, op: str, args: tuple, tensors: frozenset, owners: tuple, run):
+    """run() of a public call on data (its first tensor the one whose device it runs on): through fastcall's
+    recorder (op's recipes of plan, args the call's arguments, tensors / owners as fastcall.record takes them) where
+    it can be replayed, else under that tensor's device."""
+    x = data[0]
+    if _recordable(plan, x) and not _unreplayable(*data):
+        return fastcall.record(plan, op, args, tensors, owners, run)
+    with _on(x):
+        return run()
+
+
 def _backend(x, backend, known=BACKENDS):
     b = backend or ("triton" if x.is_cuda else "torch")
     if b not in known:
@@ -157,13 +168,10 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         fn = triton_gdn.gdn_tree_verify_wy
         kw["design"] = {"triton-wy-split": "split", "triton-wy-fused": "fused", "triton-wy-fold": "fold",
                         "triton-wy-head": "head"}.get(be, "auto")
-    if _recordable(parents, q) and not _unreplayable(q, k, v, g, beta, a, b, A_log, dt_bias):
-        args = (q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states, state_indices, a, b, A_log,
-                dt_bias, backend)
-        return fastcall.record(parents, "verify", args, _VERIFY_TENSORS, (parents, state_indices),
-                               lambda: fn(q, k, v, g, beta, **kw))
-    with _on(q):
-        return fn(q, k, v, g, beta, **kw)
+    args = (q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states, state_indices, a, b, A_log,
+            dt_bias, backend)
+    return _recorded_or_run(parents, (q, k, v, g, beta, a, b, A_log, dt_bias), "verify", args, _VERIFY_TENSORS,
+                            (parents, state_indices), lambda: fn(q, k, v, g, beta, **kw))
 
 
 def _verify_into(q, k, v, g, beta, *, states_out, states_rows, backend, **kw):
@@ -178,13 +186,10 @@ def _verify_into(q, k, v, g, beta, *, states_out, states_rows, backend, **kw):
             return _triton("triton_gdn").gdn_tree_verify_recurrent(q, k, v, g, beta, states_out=states_out,
                                                                    states_rows=states_rows, **kw)
         plan, a, b, A_log, dt_bias = kw["parents"], kw["a"], kw["b"], kw["A_log"], kw["dt_bias"]
-        if _recordable(plan, q) and not _unreplayable(q, k, v, g, beta, a, b, A_log, dt_bias):
-            args = (q, k, v, g, beta, kw["initial_state"], kw["mode"], kw["scale"], kw["use_qk_l2norm"],
-                    kw["state_indices"], a, b, A_log, dt_bias, states_out, states_rows, backend)
-            return fastcall.record(plan, "states", args, _STATES_TENSORS, (plan, kw["state_indices"], states_rows),
-                                   run)
-        with _on(q):
-            return run()
+        args = (q, k, v, g, beta, kw["initial_state"], kw["mode"], kw["scale"], kw["use_qk_l2norm"],
+                kw["state_indices"], a, b, A_log, dt_bias, states_out, states_rows, backend)
+        return _recorded_or_run(plan, (q, k, v, g, beta, a, b, A_log, dt_bias), "states", args, _STATES_TENSORS,
+                                (plan, kw["state_indices"], states_rows), run)
     if be != "torch":
         raise ValueError(f"states_out: backend {be!r} writes no per-node states; use 'triton' or 'torch'")
     gates = checks.resolve_gates(g, beta, kw["a"], kw["b"], kw["A_log"], kw["dt_bias"])
@@ -219,12 +224,10 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
         return _triton("triton_commit").gdn_tree_commit_triton(
             k, v, g, beta, parents=parents, accepted=accepted, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
             state_indices=state_indices, inplace=inplace, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
-    if _recordable(parents, k) and not _unreplayable(k, v, g, beta, a, b, A_log, dt_bias):
-        args = (k, v, g, beta, accepted, initial_state, use_qk_l2norm, state_indices, inplace, a, b, A_log, dt_bias,
-                backend)
-        return fastcall.record(parents, "commit", args, _COMMIT_TENSORS, (parents, accepted, state_indices), run)
-    with _on(k):
-        return run()
+    args = (k, v, g, beta, accepted, initial_state, use_qk_l2norm, state_indices, inplace, a, b, A_log, dt_bias,
+            backend)
+    return _recorded_or_run(parents, (k, v, g, beta, a, b, A_log, dt_bias), "commit", args, _COMMIT_TENSORS,
+                            (parents, accepted, state_indices), run)
 
 
 def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="exact", activation="silu",
