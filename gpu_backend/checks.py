@@ -571,43 +571,53 @@ def mamba1_dt(dt, dt_bias, dt_softplus: bool, dtype) -> torch.Tensor:
     return F.softplus(d) if dt_softplus else d
 
 
-def check_lightning(q, k, v, decay, initial_state):
-    """Shapes, dtypes and devices of a lightning-attention layer's inputs: q, k [B, T, H, K], v [B, T, H, V],
-    decay [H], initial_state [B, H, K, V] -> (B, T, H, K, V)."""
-    if q.dim() != 4 or k.shape != q.shape:
+def _queries_and_keys(q, k):
+    """q and k [B, T, H, K] each, or k alone (q None: a commit) -> (B, T, H, K)."""
+    if q is None:
+        if k.dim() != 4:
+            raise ValueError(f"k: expected [B, T, H, K], got {tuple(k.shape)}")
+    elif q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q, k: expected [B, T, H, K] each, got {tuple(q.shape)} and {tuple(k.shape)}")
-    Bn, T, H, K = q.shape
+    return k.shape
+
+
+def _one_device(named):
+    """Every (name, tensor) of ``named`` floating and on the first's device."""
+    first, x = named[0]
+    for name, t in named:
+        if not t.is_floating_point():
+            raise ValueError(f"{name}: expected a floating dtype, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name}: on {t.device}, {first} is on {x.device}")
+
+
+def check_lightning(q, k, v, decay, initial_state):
+    """Shapes, dtypes and devices of a lightning-attention layer's inputs: q, k [B, T, H, K] (q None for a commit),
+    v [B, T, H, V], decay [H], initial_state [B, H, K, V] -> (B, T, H, K, V)."""
+    Bn, T, H, K = _queries_and_keys(q, k)
     if v.dim() != 4 or tuple(v.shape[:3]) != (Bn, T, H):
         raise ValueError(f"v: expected [B, T, H, V] with {(Bn, T, H)}, got {tuple(v.shape)}")
     V = v.shape[3]
     for name, t, want in (("decay", decay, (H,)), ("initial_state", initial_state, (Bn, H, K, V))):
         if t is None or tuple(t.shape) != want:
             raise ValueError(f"{name}: expected {list(want)}, got {None if t is None else tuple(t.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("decay", decay), ("initial_state", initial_state)):
-        if not t.is_floating_point():
-            raise ValueError(f"{name}: expected a floating dtype, got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name}: on {t.device}, q is on {q.device}")
+    _one_device([(n, t) for n, t in (("q", q), ("k", k), ("v", v), ("decay", decay), ("initial_state", initial_state))
+                 if t is not None])
     return Bn, T, H, K, V
 
 
 def check_kda(q, k, v, g, beta, initial_state):
-    """Shapes, dtypes and devices of a KDA layer's inputs: q, k [B, T, H, K], v [B, T, H, V], g [B, T, H, K],
-    beta [B, T, H], initial_state [B, H, K, V] -> (B, T, H, K, V)."""
-    if q.dim() != 4 or k.shape != q.shape:
-        raise ValueError(f"q, k: expected [B, T, H, K] each, got {tuple(q.shape)} and {tuple(k.shape)}")
-    Bn, T, H, K = q.shape
+    """Shapes, dtypes and devices of a KDA layer's inputs: q, k [B, T, H, K] (q None for a commit), v [B, T, H, V],
+    g [B, T, H, K], beta [B, T, H], initial_state [B, H, K, V] -> (B, T, H, K, V)."""
+    Bn, T, H, K = _queries_and_keys(q, k)
     if v.dim() != 4 or tuple(v.shape[:3]) != (Bn, T, H):
         raise ValueError(f"v: expected [B, T, H, V] with {(Bn, T, H)}, got {tuple(v.shape)}")
     V = v.shape[3]
     for name, t, want in (("g", g, (Bn, T, H, K)), ("beta", beta, (Bn, T, H)), ("initial_state", initial_state, (Bn, H, K, V))):
         if t is None or tuple(t.shape) != want:
             raise ValueError(f"{name}: expected {list(want)}, got {None if t is None else tuple(t.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
-        if not t.is_floating_point():
-            raise ValueError(f"{name}: expected a floating dtype, got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name}: on {t.device}, q is on {q.device}")
+    _one_device([(n, t) for n, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
+                                     ("initial_state", initial_state)) if t is not None])
     return Bn, T, H, K, V
 
 

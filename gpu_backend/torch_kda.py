@@ -43,7 +43,7 @@ def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", o
 
 def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state):
     """State after the accepted path root..accepted[b]: a new [B, H, K, V] tensor (input untouched)."""
-    Bn, T, H, K, V = check_kda(k, k, v, g, beta, initial_state)
+    Bn, T, H, K, V = check_kda(None, k, v, g, beta, initial_state)
     p = check_parents(parents, Bn, T, k.device)
     acc = check_accepted(accepted, Bn, T, k.device)
     out = initial_state.clone()

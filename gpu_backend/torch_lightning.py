@@ -32,7 +32,7 @@ def lightning_tree_verify(q, k, v, *, decay, parents, initial_state, mode="exact
 
 def lightning_tree_commit(k, v, *, decay, parents, accepted, initial_state):
     """State after the accepted path root..accepted[b]: a new [B, H, K, V] tensor (input untouched)."""
-    Bn, T, H, K, V = check_lightning(k, k, v, decay, initial_state)
+    Bn, T, H, K, V = check_lightning(None, k, v, decay, initial_state)
     p = check_parents(parents, Bn, T, k.device)
     acc = check_accepted(accepted, Bn, T, k.device)
     out = initial_state.clone()

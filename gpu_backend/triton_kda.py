@@ -139,13 +139,20 @@ def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", o
     return result
 
 
+def _check(q, k, v, g, beta, initial_state):
+    """The shapes (B, T, H, K, V), the state fp32, every tensor on one device that Triton can launch on."""
+    B, T, H, K, V = checks.check_kda(q, k, v, g, beta, initial_state)
+    checks.fp32_state(initial_state, "KDA")
+    C.check_device(k, q, v, g, beta, initial_state)
+    return B, T, H, K, V
+
+
 def plan_wy(q, k, v, g, beta, *, parents, initial_state, block_v: int = 128, block_d: int | None = None,
             num_warps: int = 4, poison: bool | None = None):
     """The exact verify in the WY form: validate, take the root paths (a TreePlan's cached table, else one built
     here) and allocate once; returns (launch, o). block_d: root-path positions read per chunk (default 8 for trees
     up to 8 deep, else 16; the H200 sweep's best at DDTree's depths of 3-5)."""
-    B, T, H, K, V = checks.check_kda(q, k, v, g, beta, initial_state)
-    checks.fp32_state(initial_state, "KDA")
+    B, T, H, K, V = _check(q, k, v, g, beta, initial_state)
     paths = checks.root_paths(parents, B, T, q.device)  # [B, T, DMAX]
     block_d = block_d or (8 if paths.shape[2] <= 8 else 16)
     o = C.alloc((B, T, H, V), v.dtype, v.device, poison)
@@ -161,8 +168,7 @@ def plan_recurrent(q, k, v, g, beta, *, parents, initial_state, mode="exact", ou
                    block_v: int = 32, num_warps: int = 4, poison: bool | None = None):
     """Validate and allocate once; returns (launch, result): launch() runs the kernel alone (what a benchmark
     times)."""
-    B, T, H, K, V = checks.check_kda(q, k, v, g, beta, initial_state)
-    checks.fp32_state(initial_state, "KDA")
+    B, T, H, K, V = _check(q, k, v, g, beta, initial_state)
     src = checks.source_parents(parents, B, T, q.device, mode)
     parent_indexed = mode == "exact"
     store = output_states or parent_indexed
@@ -214,8 +220,7 @@ def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, block_v:
 def plan_commit(k, v, g, beta, *, parents, accepted, initial_state, block_v: int = 32, num_warps: int = 4,
                 poison: bool | None = None):
     """Validate, build the paths and allocate once; returns (launch, out)."""
-    B, T, H, K, V = checks.check_kda(k, k, v, g, beta, initial_state)
-    checks.fp32_state(initial_state, "KDA")
+    B, T, H, K, V = _check(None, k, v, g, beta, initial_state)
     paths, rows = checked_accepted_paths(parents, accepted, B, T, k.device)
     out = C.alloc((B, H, K, V), torch.float32, k.device, poison)
     BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))

@@ -140,8 +140,10 @@ def plan_masked(q, k, v, *, decay, parents, initial_state, block_v: int = 32, bl
 
 
 def _check(q, k, v, decay, initial_state):
+    """The shapes (B, T, H, K, V), the state fp32, every tensor on one device that Triton can launch on."""
     B, T, H, K, V = checks.check_lightning(q, k, v, decay, initial_state)
     checks.fp32_state(initial_state, "lightning")
+    C.check_device(k, q, v, decay, initial_state)
     return B, T, H, K, V
 
 
@@ -197,7 +199,7 @@ def lightning_tree_commit(k, v, *, decay, parents, accepted, initial_state, bloc
 def plan_commit(k, v, *, decay, parents, accepted, initial_state, block_v: int = 32, num_warps: int = 4,
                 poison: bool | None = None):
     """Validate, build the paths and allocate once; returns (launch, out)."""
-    B, T, H, K, V = _check(k, k, v, decay, initial_state)
+    B, T, H, K, V = _check(None, k, v, decay, initial_state)
     paths, rows = checked_accepted_paths(parents, accepted, B, T, k.device)
     out = C.alloc((B, H, K, V), torch.float32, k.device, poison)
     BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))

@@ -5,6 +5,22 @@ import torch
 
 from ddsim.measure.compare import assert_close
 
+# Where the fast paths run: compiled on a GPU where there is one, else on the CPU (the Triton backends in Triton's
+# interpreter, `make test-slow`). The tests draw their examples on the CPU and the oracle runs there, in float64.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def on_device(x):
+    """x (a tensor, or a dict, tuple or list of tensors and other values) with its tensors on DEVICE (the same
+    tensors where they are there already)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(DEVICE)
+    if isinstance(x, dict):
+        return {k: on_device(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(on_device(v) for v in x)
+    return x
+
 
 def check_verify_against_oracle(fast, ref, args: dict, *, kw: dict, initial_state: torch.Tensor, mode: str,
                                 dtype: torch.dtype, backend: str, keep: bool) -> None:
@@ -13,20 +29,22 @@ def check_verify_against_oracle(fast, ref, args: dict, *, kw: dict, initial_stat
     per-node states (output_states=True) within float32's; the inputs ``args`` and the committed state
     bit-identical after the call. Without ``keep`` the outputs alone (a Triton kernel then writes per-node
     states only for exact's parents)."""
-    before = {k: v.clone() for k, v in args.items()}
-    S0 = initial_state.clone()
+    dev, dev_kw = on_device(args), on_device(kw)  # the fast path's inputs on DEVICE, the oracle's on the CPU
+    before = {k: v.clone() for k, v in dev.items()}
+    S0 = on_device(initial_state).clone()
     if not keep:
-        o = fast(**args, **kw, initial_state=S0, mode=mode, backend=backend)
+        o = fast(**dev, **dev_kw, initial_state=S0, mode=mode, backend=backend).cpu()
         ref_o = ref(**args, **kw, initial_state=initial_state, mode=mode)
         assert o.dtype == dtype and o.shape == ref_o.shape
         assert_close(f"o ({mode}, {backend})", o, ref_o, dtype=dtype, slack=5)
     else:
-        o, states = fast(**args, **kw, initial_state=S0, mode=mode, output_states=True, backend=backend)
+        o, states = fast(**dev, **dev_kw, initial_state=S0, mode=mode, output_states=True, backend=backend)
+        o, states = o.cpu(), states.cpu()
         ref_o, ref_states = ref(**args, **kw, initial_state=initial_state, mode=mode, output_states=True)
         assert o.dtype == dtype and o.shape == ref_o.shape and states.shape == ref_states.shape
         assert_close(f"o ({mode})", o, ref_o, dtype=dtype, slack=5)
         assert_close(f"per-node states ({mode})", states, ref_states, dtype=torch.float32, slack=5)
-    assert torch.equal(S0, initial_state) and all(torch.equal(args[k], v) for k, v in before.items())
+    assert torch.equal(S0.cpu(), initial_state) and all(torch.equal(dev[k], v) for k, v in before.items())
 
 
 def assert_rounding_twins(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, *, atol: float = 1e-7,

@@ -9,9 +9,8 @@ from hypothesis import strategies as st
 import ddsim.gpu_backend as gb
 from ddsim.model.config import get_preset
 from ddsim.oracle.model import _attention_core
+from ddsim.properties.kernel_checks import DEVICE
 from ddsim.properties.strategies import trees
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _oracle(q, k, v, pk, pv, tree, visible, scale):

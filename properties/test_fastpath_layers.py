@@ -6,10 +6,8 @@ from hypothesis import strategies as st
 import ddsim.gpu_backend as gb
 from ddsim import oracle
 from ddsim.measure.compare import assert_close
+from ddsim.properties.kernel_checks import DEVICE as TRITON_DEVICE  # compiled on a GPU, else interpreted
 from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs
-
-# the Triton backend compiled on a GPU when there is one, interpreted on the CPU otherwise
-TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _on(backend, inp):

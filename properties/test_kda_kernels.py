@@ -2,7 +2,7 @@
 states in both modes and every input dtype, the commit along the accepted path, inputs and the committed state
 bit-identical after every call, and the leak: on order-exact nodes the leaky path is the exact one, bit for bit.
 A per-channel decay must act per key row (a planted per-head decay is caught). Every backend: PyTorch, the Triton
-recurrent kernel and the WY form (in Triton's interpreter on the CPU); the WY form also on paths longer than its
+recurrent kernel and the WY form (compiled on a GPU, in Triton's interpreter on the CPU); the WY form also on paths longer than its
 chunk and under decays whose inverse overflows fp32."""
 import pytest
 import torch
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import ddsim.gpu_backend as gb
 from ddsim import oracle
 from ddsim.measure.compare import assert_close
-from ddsim.properties.kernel_checks import check_verify_against_oracle
+from ddsim.properties.kernel_checks import check_verify_against_oracle, on_device
 from ddsim.properties.strategies import kda_inputs
 
 
@@ -48,22 +48,23 @@ def test_kda_commit_is_the_accepted_nodes_state(inp, picks, backend):
     acc = [picks[i] % t.size for i, t in enumerate(inp["trees"])]
     args = _args(inp)
     kw = {k: args[k] for k in ("k", "v", "g", "beta")}
-    S0 = inp["initial_state"].clone()
-    out = gb.kda_tree_commit(**kw, parents=inp["parents"], accepted=acc, initial_state=S0, backend=backend)
+    dev, par, S0 = on_device(args), on_device(inp["parents"]), on_device(inp["initial_state"]).clone()
+    out = gb.kda_tree_commit(**{k: dev[k] for k in kw}, parents=par, accepted=acc, initial_state=S0,
+                             backend=backend).cpu()
     ref = oracle.kda_tree_commit(**kw, parents=inp["parents"], accepted=acc, initial_state=inp["initial_state"])
     assert_close("committed state", out, ref, dtype=torch.float32, slack=5)
-    assert torch.equal(S0, inp["initial_state"])
-    _, states = gb.kda_tree_verify(**args, parents=inp["parents"], initial_state=S0, output_states=True)
-    assert_close("commit = the accepted node's state", out, states[torch.arange(len(acc)), torch.tensor(acc)],
+    assert torch.equal(S0.cpu(), inp["initial_state"])
+    _, states = gb.kda_tree_verify(**dev, parents=par, initial_state=S0, output_states=True)
+    assert_close("commit = the accepted node's state", out, states.cpu()[torch.arange(len(acc)), torch.tensor(acc)],
                  dtype=torch.float32, slack=5)
 
 
 @pytest.mark.parametrize("backend", ["torch", SLOW("triton-recurrent")])  # one design, both modes: bit for bit
 @given(inp=kda_inputs(max_nodes=7))
 def test_kda_leaky_is_exact_where_the_layout_is(inp, backend):
-    args = _args(inp)
-    kw = dict(parents=inp["parents"], initial_state=inp["initial_state"], backend=backend)
-    exact, leaky = (gb.kda_tree_verify(**args, **kw, mode=m) for m in ("exact", "leaky"))
+    args = on_device(_args(inp))
+    kw = dict(parents=on_device(inp["parents"]), initial_state=on_device(inp["initial_state"]), backend=backend)
+    exact, leaky = (gb.kda_tree_verify(**args, **kw, mode=m).cpu() for m in ("exact", "leaky"))
     ox = torch.tensor([list(t.order_exact) for t in inp["trees"]])
     assert torch.equal(exact[ox], leaky[ox])
 
@@ -75,14 +76,15 @@ def test_the_decay_acts_per_key_channel(backend):
     S0 = torch.ones(1, 1, 2, 1)
     z = torch.zeros(1, 2, 1, 2)
     g = torch.log(torch.tensor([0.5, 0.9])).expand(1, 2, 1, 2).contiguous()
-    kw = dict(parents=torch.tensor([[-1, 0]]), initial_state=S0, output_states=True, backend=backend)
-    _, st_ = gb.kda_tree_verify(z, z, torch.zeros(1, 2, 1, 1), g, torch.zeros(1, 2, 1), **kw)
-    torch.testing.assert_close(st_[0, 1, 0, :, 0], torch.tensor([0.25, 0.81]))
+    kw = on_device(dict(parents=torch.tensor([[-1, 0]]), initial_state=S0, output_states=True, backend=backend))
+    _, st_ = gb.kda_tree_verify(*on_device((z, z, torch.zeros(1, 2, 1, 1), g, torch.zeros(1, 2, 1))), **kw)
+    torch.testing.assert_close(st_.cpu()[0, 1, 0, :, 0], torch.tensor([0.25, 0.81]))
     gen = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 3, 2, 3, generator=gen), torch.randn(1, 3, 2, 3, generator=gen), torch.randn(1, 3, 2, 4, generator=gen)
     g3, b3 = -torch.rand(1, 3, 2, 3, generator=gen), torch.rand(1, 3, 2, generator=gen)
-    kw = dict(parents=torch.tensor([[-1, 0, 0]]), initial_state=torch.randn(1, 2, 3, 4, generator=gen), output_states=True,
-              backend=backend)
+    kw = on_device(dict(parents=torch.tensor([[-1, 0, 0]]), initial_state=torch.randn(1, 2, 3, 4, generator=gen),
+                        output_states=True, backend=backend))
+    q, k, v, g3, b3 = on_device((q, k, v, g3, b3))
     _, ex = gb.kda_tree_verify(q, k, v, g3, b3, mode="exact", **kw)
     _, lk = gb.kda_tree_verify(q, k, v, g3, b3, mode="leaky", **kw)
     assert torch.equal(ex[:, :2], lk[:, :2]) and not torch.allclose(ex[:, 2], lk[:, 2])
@@ -102,8 +104,10 @@ def test_the_wy_form_reads_long_paths_in_chunks_and_never_overflows(T, BD):
     for scale in (0.1, 30.0):
         g = -torch.rand(1, T, H, K, generator=gen) * scale
         beta, S0 = torch.rand(1, T, H, generator=gen), torch.randn(1, H, K, V, generator=gen)
-        launch, o = triton_kda.plan_wy(q, k, v, g, beta, parents=parents, initial_state=S0, block_d=BD)
+        launch, o = triton_kda.plan_wy(*on_device((q, k, v, g, beta)), parents=on_device(parents),
+                                       initial_state=on_device(S0), block_d=BD)
         launch()
+        o = o.cpu()
         ref = oracle.kda_tree_verify(q, k, v, g, beta, parents=parents, initial_state=S0)
         assert torch.isfinite(o).all()
         assert_close(f"o (wy, decay scale {scale})", o, ref, dtype=torch.float32, slack=5)
@@ -121,6 +125,7 @@ def test_the_default_design_takes_the_wy_form_for_large_batches_without_states(B
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, 1, H, 2, generator=gen) for _ in range(3))
     g, beta = -torch.rand(B, 1, H, 2, generator=gen), torch.rand(B, 1, H, generator=gen)
-    triton_kda.kda_tree_verify(q, k, v, g, beta, parents=torch.tensor([[-1]] * B), mode=mode, output_states=keep,
-                               initial_state=torch.randn(B, H, 2, 2, generator=gen))
+    S0 = torch.randn(B, H, 2, 2, generator=gen)
+    triton_kda.kda_tree_verify(*on_device((q, k, v, g, beta)), parents=on_device(torch.tensor([[-1]] * B)), mode=mode,
+                               output_states=keep, initial_state=on_device(S0))
     assert took == [want]

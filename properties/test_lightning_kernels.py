@@ -2,8 +2,8 @@
 per-node states in both modes and every input dtype, the commit along the accepted path, inputs and the committed
 state bit-identical after every call, states NaN-poisoned before the loop writes them, and the leak: off the
 order-exact nodes the leaky path is the oracle's flattened recurrence, on them the exact one. Every backend: PyTorch,
-the Triton recurrent kernel and the masked form of the exact verify without states (in Triton's interpreter on the
-CPU); the masked form also on paths longer than its chunk."""
+the Triton recurrent kernel and the masked form of the exact verify without states (compiled on a GPU, in Triton's
+interpreter on the CPU); the masked form also on paths longer than its chunk."""
 import pytest
 import torch
 from hypothesis import given, settings
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import ddsim.gpu_backend as gb
 from ddsim import oracle
 from ddsim.measure.compare import assert_close
-from ddsim.properties.kernel_checks import check_verify_against_oracle
+from ddsim.properties.kernel_checks import check_verify_against_oracle, on_device
 from ddsim.properties.strategies import lightning_inputs
 
 
@@ -46,25 +46,23 @@ def test_lightning_verify_and_states_match_oracle(inp, mode, dtype, backend, kee
 def test_lightning_commit_is_the_accepted_nodes_state(inp, picks, backend):
     acc = [picks[i] % t.size for i, t in enumerate(inp["trees"])]
     args = _args(inp)
-    S0 = inp["initial_state"].clone()
-    out = gb.lightning_tree_commit(args["k"], args["v"], decay=inp["decay"], parents=inp["parents"], accepted=acc,
-                                   initial_state=S0, backend=backend)
+    dev, kw, S0 = on_device(args), on_device(dict(decay=inp["decay"], parents=inp["parents"])), on_device(inp["initial_state"]).clone()
+    out = gb.lightning_tree_commit(dev["k"], dev["v"], **kw, accepted=acc, initial_state=S0, backend=backend).cpu()
     ref = oracle.lightning_tree_commit(args["k"], args["v"], decay=inp["decay"], parents=inp["parents"], accepted=acc,
                                        initial_state=inp["initial_state"])
     assert_close("committed state", out, ref, dtype=torch.float32, slack=5)
-    assert torch.equal(S0, inp["initial_state"])
-    _, states = gb.lightning_tree_verify(**args, decay=inp["decay"], parents=inp["parents"], initial_state=S0,
-                                         output_states=True)
-    assert_close("commit = the accepted node's state", out, states[torch.arange(len(acc)), torch.tensor(acc)],
+    assert torch.equal(S0.cpu(), inp["initial_state"])
+    _, states = gb.lightning_tree_verify(**dev, **kw, initial_state=S0, output_states=True)
+    assert_close("commit = the accepted node's state", out, states.cpu()[torch.arange(len(acc)), torch.tensor(acc)],
                  dtype=torch.float32, slack=5)
 
 
 @pytest.mark.parametrize("backend", ["torch", SLOW("triton-recurrent")])  # one design, both modes: bit for bit
 @given(inp=lightning_inputs(max_nodes=7))
 def test_lightning_leaky_is_exact_where_the_layout_is(inp, backend):
-    args = _args(inp)
-    kw = dict(decay=inp["decay"], parents=inp["parents"], initial_state=inp["initial_state"], backend=backend)
-    exact, leaky = (gb.lightning_tree_verify(**args, **kw, mode=m) for m in ("exact", "leaky"))
+    args = on_device(_args(inp))
+    kw = dict(on_device(dict(decay=inp["decay"], parents=inp["parents"], initial_state=inp["initial_state"])), backend=backend)
+    exact, leaky = (gb.lightning_tree_verify(**args, **kw, mode=m).cpu() for m in ("exact", "leaky"))
     ox = torch.tensor([list(t.order_exact) for t in inp["trees"]])
     assert torch.equal(exact[ox], leaky[ox])
 
@@ -75,10 +73,11 @@ def test_a_sibling_inherits_its_elder_siblings_state_in_the_leaky_path(backend):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 3, 2, 3, generator=g) for _ in range(3))
     decay = torch.tensor([0.9, 0.5])
-    kw = dict(decay=decay, parents=torch.tensor([[-1, 0, 0]]), initial_state=torch.randn(1, 2, 3, 3, generator=g),
-              output_states=True, backend=backend)
-    _, ex = gb.lightning_tree_verify(q, k, v, mode="exact", **kw)
-    _, lk = gb.lightning_tree_verify(q, k, v, mode="leaky", **kw)
+    kw = on_device(dict(decay=decay, parents=torch.tensor([[-1, 0, 0]]), initial_state=torch.randn(1, 2, 3, 3, generator=g),
+                        output_states=True, backend=backend))
+    _, ex = gb.lightning_tree_verify(*on_device((q, k, v)), mode="exact", **kw)
+    _, lk = gb.lightning_tree_verify(*on_device((q, k, v)), mode="leaky", **kw)
+    ex, lk = ex.cpu(), lk.cpu()
     assert torch.equal(ex[:, :2], lk[:, :2]) and not torch.allclose(ex[:, 2], lk[:, 2])
     want = decay[:, None, None] * lk[0, 1] + torch.einsum("hk,hv->hkv", k[0, 2], v[0, 2])
     torch.testing.assert_close(lk[0, 2], want)
@@ -96,8 +95,10 @@ def test_the_masked_form_reads_long_paths_in_chunks(T, BD):
     parents = torch.tensor([list(range(-1, T - 1))])
     q, k, v = (torch.randn(1, T, H, d, generator=gen) for d in (K, K, V))
     decay, S0 = torch.tensor([0.01, 0.9, 1.0]), torch.randn(1, H, K, V, generator=gen)
-    launch, o = triton_lightning.plan_masked(q, k, v, decay=decay, parents=parents, initial_state=S0, block_d=BD)
+    launch, o = triton_lightning.plan_masked(*on_device((q, k, v)), decay=on_device(decay), parents=on_device(parents),
+                                             initial_state=on_device(S0), block_d=BD)
     launch()
+    o = o.cpu()
     ref = oracle.lightning_tree_verify(q, k, v, decay=decay, parents=parents, initial_state=S0)
     assert torch.isfinite(o).all()
     assert_close("o (masked)", o, ref, dtype=torch.float32, slack=5)

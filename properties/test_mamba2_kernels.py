@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 import ddsim.gpu_backend as gb
 from ddsim import oracle
 from ddsim.measure.compare import assert_close, compare
+from ddsim.properties.kernel_checks import DEVICE
 from ddsim.properties.strategies import fixed_mamba2_example, mamba2_inputs
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ["torch", "triton-recurrent", "triton-ssd"]
 TENSORS = ("x", "dt", "A", "B", "C", "D", "dt_bias")
 

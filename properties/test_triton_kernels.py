@@ -13,6 +13,7 @@ from ddsim import oracle
 from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.measure.compare import assert_close
+from ddsim.properties.kernel_checks import DEVICE
 from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs
 from ddsim.trees.tree import Tree
 
@@ -20,7 +21,6 @@ pytestmark = pytest.mark.slow  # `make test-slow`: the GDN and conv kernels in T
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # compiled on a GPU when there is one, interpreted on the CPU otherwise
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _dev(x):
