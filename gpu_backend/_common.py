@@ -10,6 +10,13 @@ from ddsim.gpu_backend.launch import recording
 
 MODES = ("exact", "leaky")
 
+# Launch options of the recurrent kernels whose two modes are one kernel compiled twice, parent-indexed for exact and
+# flattened for leaky (KDA, lightning attention, Mamba1): no product and add contracted into an FMA. Contracted,
+# ptxas fuses a product into another add in one compilation than in the other, and a leaky verify's order-exact
+# nodes, which make the exact verify's steps, differ from it in their last bits (Mamba1 at Jamba's shape on the H200:
+# 28% of the states, up to 3.8e-6; KDA at odd key widths; benchmarks/order_exact_bits.py).
+ONE_ARITHMETIC = dict(enable_fp_fusion=False)
+
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

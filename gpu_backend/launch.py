@@ -22,7 +22,7 @@ import torch
 
 _COMPILED: dict = {}  # key -> CompiledKernel
 _PARAMS: dict = {}  # kernel -> (argument names in order, compiled?, getter of the arguments)
-_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl", "enable_fp_fusion")
 DIRECT = True  # False: every launch through kernel[grid] (benchmarks compare the two)
 
 

@@ -179,7 +179,7 @@ def plan_recurrent(q, k, v, g, beta, *, parents, initial_state, mode="exact", ou
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.contiguous(), beta=beta.contiguous(),
               src=src.to(torch.int32).contiguous(), state=initial_state.contiguous(), o=o, snap=snap, T=T,
               scale=K ** -0.5, H=H, K=K, V=V, BK=BK, BV=BV, PARENT_INDEXED=parent_indexed, STORE_STATES=store,
-              num_warps=num_warps)
+              num_warps=num_warps, **C.ONE_ARITHMETIC)
     return bind(_kda_recurrent_kernel, grid, kw), ((o, snap) if output_states else o)
 
 

@@ -160,7 +160,8 @@ def plan_recurrent(q, k, v, *, decay, parents, initial_state, mode="exact", outp
     BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
     kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), decay=decay.contiguous(),
               src=src.to(torch.int32).contiguous(), state=initial_state.contiguous(), o=o, snap=snap, T=T, H=H, K=K,
-              V=V, BK=BK, BV=BV, PARENT_INDEXED=parent_indexed, STORE_STATES=store, num_warps=num_warps)
+              V=V, BK=BK, BV=BV, PARENT_INDEXED=parent_indexed, STORE_STATES=store, num_warps=num_warps,
+              **C.ONE_ARITHMETIC)
     return bind(_lightning_recurrent_kernel, (C.cdiv(V, BV), B * H), kw), ((o, snap) if output_states else o)
 
 

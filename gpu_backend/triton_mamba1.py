@@ -114,7 +114,7 @@ def plan_recurrent(x, dt, A, B, C_, *, D=None, dt_bias=None, dt_softplus=True, p
               D=dummy if D is None else D.contiguous(), dt_bias=dummy if dt_bias is None else dt_bias.contiguous(),
               src=src.to(torch.int32).contiguous(), state=initial_state.contiguous(), y=y, snap=snap, T=T, I=I, N=N,
               BI=BI, BN=BN, HAS_D=D is not None, HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus),
-              PARENT_INDEXED=parent_indexed, STORE_STATES=store, num_warps=num_warps)
+              PARENT_INDEXED=parent_indexed, STORE_STATES=store, num_warps=num_warps, **C.ONE_ARITHMETIC)
     return bind(_mamba1_recurrent_kernel, (C.cdiv(I, BI), Bn), kw), ((y, snap) if output_states else y)
 
 

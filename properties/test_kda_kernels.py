@@ -1,6 +1,7 @@
 """The Kimi Delta Attention (KDA) fast path against the float64 oracle on hypothesis trees: outputs and per-node
 states in both modes and every input dtype, the commit along the accepted path, inputs and the committed state
-bit-identical after every call, and the leak: on order-exact nodes the leaky path is the exact one, bit for bit.
+bit-identical after every call, and the leak: on order-exact nodes the leaky path is the exact one (bit for bit,
+compiled at KDA's serving widths; at the odd, narrow widths drawn here within an fp32 rounding compiled).
 A per-channel decay must act per key row (a planted per-head decay is caught). Every backend: PyTorch, the Triton
 recurrent kernel and the WY form (compiled on a GPU, in Triton's interpreter on the CPU); the WY form also on paths longer than its
 chunk and under decays whose inverse overflows fp32."""
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 import ddsim.gpu_backend as gb
 from ddsim import oracle
 from ddsim.measure.compare import assert_close
-from ddsim.properties.kernel_checks import check_verify_against_oracle, on_device
+from ddsim.properties.kernel_checks import DEVICE, check_verify_against_oracle, on_device
 from ddsim.properties.strategies import kda_inputs
 
 
@@ -59,14 +60,46 @@ def test_kda_commit_is_the_accepted_nodes_state(inp, picks, backend):
                  dtype=torch.float32, slack=5)
 
 
-@pytest.mark.parametrize("backend", ["torch", SLOW("triton-recurrent")])  # one design, both modes: bit for bit
+def _same_steps(exact, leaky, backend):
+    """exact's and leaky's results on nodes where both make the same steps: the same bits from PyTorch and in Triton's
+    interpreter. Compiled, the Triton kernel's two compilations (parent-indexed, flattened) may lay a tile of the odd,
+    narrow widths drawn here out apart and sum its rows in another order: within an fp32 rounding there (on the H200,
+    KDA at K = 3 differed by up to an ulp; at its serving widths the bits agree: the test below)."""
+    if backend == "torch" or DEVICE == "cpu":
+        assert torch.equal(exact, leaky)
+    else:
+        torch.testing.assert_close(leaky, exact, rtol=1e-6, atol=1e-6 * float(exact.abs().max()))
+
+
+@pytest.mark.parametrize("backend", ["torch", SLOW("triton-recurrent")])  # one design, both modes
 @given(inp=kda_inputs(max_nodes=7))
 def test_kda_leaky_is_exact_where_the_layout_is(inp, backend):
     args = on_device(_args(inp))
     kw = dict(parents=on_device(inp["parents"]), initial_state=on_device(inp["initial_state"]), backend=backend)
     exact, leaky = (gb.kda_tree_verify(**args, **kw, mode=m).cpu() for m in ("exact", "leaky"))
     ox = torch.tensor([list(t.order_exact) for t in inp["trees"]])
-    assert torch.equal(exact[ox], leaky[ox])
+    _same_steps(exact[ox], leaky[ox], backend)
+
+
+@pytest.mark.slow
+def test_kda_modes_make_the_same_bits_at_its_serving_widths():
+    """At Kimi Linear's head widths (K = V = 128), on DDTree trees of 16 nodes, the Triton recurrent kernel's leaky
+    verify gives the exact verify's bits on the order-exact nodes, outputs and per-node states, compiled as in the
+    interpreter (bf16 inputs, as a server's)."""
+    from ddsim.bench.bench import ddtree_batch
+    trees, parents = ddtree_batch(2, 16, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    B, T, H, K, V = 2, 16, 2, 128, 128
+    q, k, v = (torch.randn(B, T, H, d, generator=gen).to(torch.bfloat16) for d in (K, K, V))
+    g, beta = -torch.rand(B, T, H, K, generator=gen), torch.rand(B, T, H, generator=gen)
+    kw = on_device(dict(parents=parents, initial_state=torch.randn(B, H, K, V, generator=gen), output_states=True))
+    x = on_device((q, k, v, g, beta))
+    ex, lk = (gb.kda_tree_verify(*x, **kw, mode=m, backend="triton-recurrent") for m in ("exact", "leaky"))
+    ox = on_device(torch.tensor([list(t.order_exact) for t in trees]))
+    assert int(ox.sum()) > B and not bool(ox.all())  # chains past the roots, and nodes off them (where the modes part)
+    for a, b in zip(ex, lk):
+        assert torch.equal(a[ox], b[ox])
+        assert not torch.equal(a[~ox], b[~ox])
 
 
 @BACKENDS
@@ -87,7 +120,8 @@ def test_the_decay_acts_per_key_channel(backend):
     q, k, v, g3, b3 = on_device((q, k, v, g3, b3))
     _, ex = gb.kda_tree_verify(q, k, v, g3, b3, mode="exact", **kw)
     _, lk = gb.kda_tree_verify(q, k, v, g3, b3, mode="leaky", **kw)
-    assert torch.equal(ex[:, :2], lk[:, :2]) and not torch.allclose(ex[:, 2], lk[:, 2])
+    _same_steps(ex[:, :2].cpu(), lk[:, :2].cpu(), backend)
+    assert not torch.allclose(ex[:, 2], lk[:, 2])
 
 
 @pytest.mark.slow

@@ -252,15 +252,25 @@ def first_uses(ins: list[str]) -> dict:
     return dict(got)
 
 
+def contractible(ck) -> int:
+    """fp32 multiplies, adds and subtracts in the compiled kernel's PTX without a rounding mode (mul.f32, not
+    mul.rn.f32): ptxas may contract each into an FMA, as it sees fit in each compilation; none where the kernel was
+    compiled with enable_fp_fusion=False."""
+    import re
+    return len(re.findall(r"^\s*(?:@%p\d+\s+)?(?:mul|add|sub)\.f32\b", ck.asm["ptx"], re.M))
+
+
 def check(what, kernel, kw) -> bool:
-    """Compile; print one line; False on failure (every kernel is tried)."""
+    """Compile; print one line (its dot precision where the launcher chose one, its shared memory, its contractible
+    operations); False on failure (every kernel is tried)."""
     what = f"{what}: {kernel.__name__}"
     try:
-        shared = compile_for(kernel, kw).metadata.shared
+        ck = compile_for(kernel, kw)
+        shared = ck.metadata.shared
         if shared > SHARED_PER_BLOCK:
             raise RuntimeError(f"{shared} B of shared memory, more than sm_{ARCH}'s {SHARED_PER_BLOCK}")
         prec = f"{kw['PRECISION']}, " if "PRECISION" in kw else ""  # the dot precision the launcher chose
-        print(f"ok   {what} ({prec}{shared} B shared)", flush=True)
+        print(f"ok   {what} ({prec}{shared} B shared, {contractible(ck)} contractible)", flush=True)
         return True
     except Exception as e:
         print(f"FAIL {what}: {type(e).__name__}: {(str(e).splitlines() or [''])[-1][:300]}", flush=True)

@@ -64,6 +64,13 @@ def test_every_triton_kernel_compiles_for_sm90():
         chunked = [line for line in wy if line.startswith(f"ok   131 nodes, {dtype}, design fused")]
         assert len(wy) == (14 if dtype == "bfloat16" else 13) and len(chunked) == 1, wy  # (bf16: head at 8 x 65)
         assert all(f"({prec if line not in chunked else 'tf32x3'}, " in line for line in wy), wy
+    # the recurrent kernels whose two modes are one kernel compiled twice: nothing ptxas could contract in one
+    # compilation and not the other (gpu_backend._common.ONE_ARITHMETIC); the other kernels keep their contractions
+    one = [line for line in ok if any(n in line for n in ("_kda_recurrent_kernel", "_mamba1_recurrent_kernel",
+                                                           "_lightning_recurrent_kernel"))]
+    assert len(one) == 6 and all(line.endswith(" 0 contractible)") for line in one), one
+    # (a count that could not be 0 for all: the GDN recurrent kernel, compiled with contraction, has some)
+    assert not any(line.endswith(" 0 contractible)") for line in ok if "_gdn_recurrent_kernel" in line), ok
 
 
 def test_the_wy_kernels_issue_their_reads_together():

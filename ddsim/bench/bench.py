@@ -126,7 +126,7 @@ TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "
 
 def compile_kernel(kernel, kw: dict, target, *, types: dict | None = None):
     """``kernel`` (a @triton.jit function) compiled by Triton for ``target`` (a GPUTarget) with a launch's keyword
-    arguments ``kw`` (its constexprs, and num_warps / num_stages / maxnreg where given), without a GPU: each pointer
+    arguments ``kw`` (its constexprs, and num_warps / num_stages / maxnreg / enable_fp_fusion where given), without a GPU: each pointer
     16-byte aligned, as torch allocates and the launcher specializes; ``types``: {parameter: Triton type} in place of
     the type inferred from its value (a tensor descriptor, say). Triton's compiled kernel."""
     import triton
@@ -147,7 +147,7 @@ def compile_kernel(kernel, kw: dict, target, *, types: dict | None = None):
         else:
             sig[p.name] = "fp32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params) if sig[p.name][0] == "*"}
-    opts = {k: kw[k] for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
+    opts = {k: kw[k] for k in ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion") if k in kw}
     return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs), target=target,
                           options=opts)
 
