@@ -4,9 +4,10 @@ per-node states of both modes on DDTree trees (whose first nodes run a chain), r
 and at the family's serving shape. The two modes run one kernel compiled twice (parent-indexed for exact, flattened
 for leaky), so a node's arithmetic is the same in both, up to what ptxas contracts into FMAs in each compilation.
 KDA, lightning attention and Mamba1 compile theirs without contraction (gpu_backend._common.ONE_ARITHMETIC): each row
-gives the bits as launched and with contraction (the option off), and the median time of each mode's verify
-(bench.median_us, bf16 inputs, no per-node states) both ways. GDN for reference: its kernels keep their contractions
-(both columns alike), and its exact verify runs another kernel (the paths design), not a second compilation.
+gives the bits as launched and with contraction (the option off), and each mode's verify time both ways (the median
+of 5 bench.median_us calls and their range, bf16 inputs, no per-node states). GDN for reference: its kernels keep
+their contractions (both columns alike), and its exact verify runs another kernel (the paths design), not a second
+compilation.
 
     python benchmarks/order_exact_bits.py [--commit SHA] [--cases 30]
 """
@@ -15,7 +16,7 @@ import argparse
 import torch
 
 import ddsim.gpu_backend as gb
-from ddsim.bench.bench import cuda_run, ddtree_batch, median_us
+from ddsim.bench.bench import cuda_run, ddtree_batch, median_us_calls
 from ddsim.gpu_backend import _common as C
 
 
@@ -84,8 +85,11 @@ def _times(verify, inputs, shape, backend) -> str:
     x = {k: v.to(torch.bfloat16) if k in ("q", "k", "v", "x", "B", "C") else v for k, v in x.items()}
     _, parents = ddtree_batch(B, T)
     plan = gb.TreePlan(parents.cuda())
-    return ", ".join(f"{mode} {median_us(lambda: verify(**x, parents=plan, mode=mode, backend=backend)):.1f} us"
-                     for mode in ("exact", "leaky"))
+    cells = []
+    for mode in ("exact", "leaky"):
+        t = median_us_calls(lambda: verify(**x, parents=plan, mode=mode, backend=backend), 5)
+        cells.append(f"{mode} {t[2]:.1f} ({t[0]:.1f}-{t[-1]:.1f}) us")
+    return ", ".join(cells)
 
 
 def main() -> None:
