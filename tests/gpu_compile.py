@@ -260,9 +260,22 @@ def contractible(ck) -> int:
     return len(re.findall(r"^\s*(?:@%p\d+\s+)?(?:mul|add|sub)\.f32\b", ck.asm["ptx"], re.M))
 
 
+def reductions(ck) -> str:
+    """A fingerprint (8 hex digits) of the layouts the compiled kernel's reductions take their operands in, in code
+    order (Triton's TTGIR): a reduction's order of adds follows its operand's layout, so two compilations of one
+    kernel with the same fingerprint (and nothing contractible) sum alike."""
+    import hashlib
+    import re
+    ttgir = ck.asm["ttgir"]
+    defs = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*)$", ttgir, re.M))
+    ops = re.findall(r'"tt\.reduce"\(%[\w]+\) <\{axis = (\d+) : i32\}>.*?\}\) : \(tensor<([^,>]*), (#\w+)>', ttgir, re.S)
+    text = ";".join(f"{axis}:{shape}:{defs.get(layout, layout)}" for axis, shape, layout in ops)
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
 def check(what, kernel, kw) -> bool:
-    """Compile; print one line (its dot precision where the launcher chose one, its shared memory, its contractible
-    operations); False on failure (every kernel is tried)."""
+    """Compile; print one line (its dot precision where the launcher chose one, its shared memory, its reductions'
+    layouts, its contractible operations); False on failure (every kernel is tried)."""
     what = f"{what}: {kernel.__name__}"
     try:
         ck = compile_for(kernel, kw)
@@ -270,7 +283,8 @@ def check(what, kernel, kw) -> bool:
         if shared > SHARED_PER_BLOCK:
             raise RuntimeError(f"{shared} B of shared memory, more than sm_{ARCH}'s {SHARED_PER_BLOCK}")
         prec = f"{kw['PRECISION']}, " if "PRECISION" in kw else ""  # the dot precision the launcher chose
-        print(f"ok   {what} ({prec}{shared} B shared, {contractible(ck)} contractible)", flush=True)
+        print(f"ok   {what} ({prec}{shared} B shared, reductions {reductions(ck)}, {contractible(ck)} contractible)",
+              flush=True)
         return True
     except Exception as e:
         print(f"FAIL {what}: {type(e).__name__}: {(str(e).splitlines() or [''])[-1][:300]}", flush=True)

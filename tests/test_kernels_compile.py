@@ -5,6 +5,7 @@ TRITON_INTERPRET, with Triton's bundled ptxas): the interpreter, which runs the 
 compiles, so a kernel can pass them all and still fail on the device (d8862be did: a loop variable that
 changed type)."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,15 @@ def test_every_triton_kernel_compiles_for_sm90():
     assert len(one) == 6 and all(line.endswith(" 0 contractible)") for line in one), one
     # (a count that could not be 0 for all: the GDN recurrent kernel, compiled with contraction, has some)
     assert not any(line.endswith(" 0 contractible)") for line in ok if "_gdn_recurrent_kernel" in line), ok
+    # and at their serving widths (the fixed examples: KDA's and lightning's heads of 128, Jamba's 16-wide state) the
+    # two compilations sum in the same layouts, so the modes agree bit for bit on order-exact nodes (at KDA's K = 3
+    # they do not: benchmarks/RESULTS.md); the fingerprint tells layouts apart (GDN's paths and serial kernels)
+    for kernel in ("_kda_recurrent_kernel", "_mamba1_recurrent_kernel", "_lightning_recurrent_kernel"):
+        prints = {re.search(r"reductions (\w+),", line).group(1) for line in one if kernel in line}
+        assert len(prints) == 1, (kernel, one)
+    gdn = {re.search(r"reductions (\w+),", line).group(1) for line in ok if "gdn recurrent, exact:" in line
+           or "gdn recurrent, leaky" in line}
+    assert len(gdn) == 2, ok
 
 
 def test_the_wy_kernels_issue_their_reads_together():
