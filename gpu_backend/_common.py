@@ -14,7 +14,8 @@ MODES = ("exact", "leaky")
 # flattened for leaky (KDA, lightning attention, Mamba1): no product and add contracted into an FMA. Contracted,
 # ptxas fuses a product into another add in one compilation than in the other, and a leaky verify's order-exact
 # nodes, which make the exact verify's steps, differ from it in their last bits (Mamba1 at Jamba's shape on the H200:
-# 28% of the states, up to 3.8e-6; KDA at odd key widths; benchmarks/order_exact_bits.py).
+# 28% of the states, up to 3.8e-6; benchmarks/order_exact_bits.py). A reduction laid out apart in the two parts them
+# too (KDA at K = 3): tests/test_kernels_compile.py holds both compilations to one layout at the serving widths.
 ONE_ARITHMETIC = dict(enable_fp_fusion=False)
 
 

@@ -1,6 +1,6 @@
 """Every family's Triton designs refuse inputs they cannot launch on, with one line, before anything runs: CPU
-tensors outside Triton's interpreter (Triton itself would fail on a pointer it cannot read, or on the CPU in the
-interpreter run what a caller meant for the GPU), and inputs spread over two devices."""
+tensors outside Triton's interpreter (Triton itself fails at launch on a pointer it cannot read), and inputs spread
+over two devices."""
 import os
 
 import pytest

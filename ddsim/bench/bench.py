@@ -126,9 +126,9 @@ TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "
 
 def compile_kernel(kernel, kw: dict, target, *, types: dict | None = None):
     """``kernel`` (a @triton.jit function) compiled by Triton for ``target`` (a GPUTarget) with a launch's keyword
-    arguments ``kw`` (its constexprs, and num_warps / num_stages / maxnreg / enable_fp_fusion where given), without a GPU: each pointer
-    16-byte aligned, as torch allocates and the launcher specializes; ``types``: {parameter: Triton type} in place of
-    the type inferred from its value (a tensor descriptor, say). Triton's compiled kernel."""
+    arguments ``kw`` (its constexprs, and num_warps / num_stages / maxnreg / enable_fp_fusion where given), without a
+    GPU: each pointer 16-byte aligned, as torch allocates and the launcher specializes; ``types``: {parameter: Triton
+    type} in place of the type inferred from its value (a tensor descriptor, say). Triton's compiled kernel."""
     import triton
     from triton.compiler import ASTSource
     sig, consts = {}, {}
