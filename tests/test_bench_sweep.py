@@ -670,3 +670,7 @@ def _same(name, o, out, o_ref, buf_ref):
         torch.testing.assert_close(out.nan_to_num(7.0), buf_ref.nan_to_num(7.0), rtol=1e-5, atol=1e-5, msg=name)
     else:
         assert torch.equal(o, o_ref) and torch.equal(out.nan_to_num(7.0), buf_ref.nan_to_num(7.0)), name
+
+
+def test_order_exact_bits_refuses_a_count_below_one_before_any_work():
+    _refused_before_any_work("order_exact_bits.py", ["--cases", "0"], "--cases 0: expected at least 1")
