@@ -344,6 +344,11 @@ def test_a_refilled_static_plan_serves_a_fresh_plans_tables():
         assert paths.shape == (1, T, max_depth + 1) and torch.equal(paths[..., :want.shape[-1]], want)
         assert (paths[..., want.shape[-1]:] == -1).all()
     assert loaded >= 6  # the first tree's rounds came round again and again
+    # another mode's root paths (leaky's: every earlier node), from the loaded tree's host plan, on a branching tree
+    branching = [-1, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8]
+    other = StaticPlan(T, "cpu", max_depth=max_depth)
+    other.load(Tree(branching, list(range(T))))
+    assert torch.equal(other.root_paths("leaky"), TreePlan(torch.tensor([branching])).root_paths("leaky"))
 
 
 def test_prefix_capacity_is_a_power_of_two_of_at_least_256():

@@ -180,15 +180,19 @@ class StaticPlan(gb.TreePlan):
         captured verify's attention mask takes it too)."""
         return self._exact_tables()[0].view(bool)
 
+    def _host_plan(self) -> "gb.TreePlan":
+        """The loaded tree's parents as a host TreePlan (its other modes' tables), built once a load."""
+        if self._host is None:
+            self._host = gb.TreePlan(self._parents_host)
+        return self._host
+
     def _host_value(self, key):
         if key == ("src", "exact"):
             return self._parents_host
         if key[0] == "paths" and key[1:]:  # another mode's root paths (the recurrent verify's paths kernel)
-            return gb.TreePlan(self._parents_host).root_paths(key[1])
+            return self._host_plan().root_paths(key[1])
         if key[0] != "paths" and key[1] != "exact":  # another mode's sources: the batch builders
-            if self._host is None:
-                self._host = gb.TreePlan(self._parents_host)
-            h = self._host
+            h = self._host_plan()
             if key[0] == "src":
                 return h.src(key[1])
             return h.conv_table(key[1], key[2]) if key[0] == "conv" else h.ancestors(key[1])
