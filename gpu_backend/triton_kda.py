@@ -143,7 +143,7 @@ def _check(q, k, v, g, beta, initial_state):
     """The shapes (B, T, H, K, V), the state fp32, every tensor on one device that Triton can launch on."""
     B, T, H, K, V = checks.check_kda(q, k, v, g, beta, initial_state)
     checks.fp32_state(initial_state, "KDA")
-    C.check_device(k, q, v, g, beta, initial_state)
+    C.check_device(k)  # a device Triton launches on (check_kda put every tensor on k's)
     return B, T, H, K, V
 
 
