@@ -13,18 +13,14 @@ from ddsim import oracle
 from ddsim.gpu_backend import _common as C
 from ddsim.gpu_backend import triton_wy_split as ws
 from ddsim.measure.compare import assert_close
-from ddsim.properties.kernel_checks import DEVICE
+from ddsim.properties.kernel_checks import DEVICE, on_device
 from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs
 from ddsim.trees.tree import Tree
 
 pytestmark = pytest.mark.slow  # `make test-slow`: the GDN and conv kernels in Triton's interpreter
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-# compiled on a GPU when there is one, interpreted on the CPU otherwise
-
-
-def _dev(x):
-    return x.to(DEVICE) if isinstance(x, torch.Tensor) else x
+_dev = on_device  # the kernels' inputs where they run: compiled on a GPU when there is one, interpreted on the CPU
 
 
 def _long_example(T=20, seed=3, V=6, B=1):
