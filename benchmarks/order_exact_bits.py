@@ -20,28 +20,37 @@ from ddsim.bench.bench import cuda_run, ddtree_batch, median_us_calls
 from ddsim.gpu_backend import _common as C
 
 
+def _randn(gen, *shape):
+    return torch.randn(*shape, generator=gen, device="cuda")
+
+
+def _rand(gen, *shape):
+    return torch.rand(*shape, generator=gen, device="cuda")
+
+
+def _delta_rule(B, T, H, K, V, gen, *, g_per_key: bool):
+    """KDA's (a log decay per key channel) or GDN's (one per head) layer inputs."""
+    return dict(q=_randn(gen, B, T, H, K), k=_randn(gen, B, T, H, K), v=_randn(gen, B, T, H, V),
+                g=-_rand(gen, B, T, H, *((K,) if g_per_key else ())), beta=_rand(gen, B, T, H),
+                initial_state=_randn(gen, B, H, K, V))
+
+
 def _kda(B, T, H, K, V, gen):
-    r = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
-    return dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, H, V), g=-torch.rand(B, T, H, K, generator=gen, device="cuda"),
-                beta=torch.rand(B, T, H, generator=gen, device="cuda"), initial_state=r(B, H, K, V))
-
-
-def _lightning(B, T, H, K, V, gen):
-    r = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
-    return dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, H, V),
-                decay=torch.rand(H, generator=gen, device="cuda") * 0.5 + 0.5, initial_state=r(B, H, K, V))
-
-
-def _mamba1(B, T, I, N, _, gen):
-    r = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
-    return dict(x=r(B, T, I), dt=r(B, T, I), A=-torch.rand(I, N, generator=gen, device="cuda") - 0.1, B=r(B, T, N),
-                C=r(B, T, N), D=r(I), dt_bias=r(I), initial_state=r(B, I, N))
+    return _delta_rule(B, T, H, K, V, gen, g_per_key=True)
 
 
 def _gdn(B, T, H, K, V, gen):
-    r = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
-    return dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, H, V), g=-torch.rand(B, T, H, generator=gen, device="cuda"),
-                beta=torch.rand(B, T, H, generator=gen, device="cuda"), initial_state=r(B, H, K, V))
+    return _delta_rule(B, T, H, K, V, gen, g_per_key=False)
+
+
+def _lightning(B, T, H, K, V, gen):
+    return dict(q=_randn(gen, B, T, H, K), k=_randn(gen, B, T, H, K), v=_randn(gen, B, T, H, V),
+                decay=_rand(gen, H) * 0.5 + 0.5, initial_state=_randn(gen, B, H, K, V))
+
+
+def _mamba1(B, T, I, N, _, gen):
+    return dict(x=_randn(gen, B, T, I), dt=_randn(gen, B, T, I), A=-_rand(gen, I, N) - 0.1, B=_randn(gen, B, T, N),
+                C=_randn(gen, B, T, N), D=_randn(gen, I), dt_bias=_randn(gen, I), initial_state=_randn(gen, B, I, N))
 
 
 # family: (inputs, verify, its recurrent backend, shapes (B, T, heads or channels, K or N, V)): one of odd widths (where
