@@ -140,9 +140,10 @@ class Mamba2(Family):
 
     def inputs(self, B, T, d, gen):
         H, P, N, G = d["H"], d["P"], d["N"], d["G"]
-        pool = torch.full((2 * B + 3, H, P, N), float("nan"))  # the batch in shuffled slots, every other slot NaN
-        slots = torch.randperm(pool.shape[0], generator=gen)[:B]
-        slots[-1] = pool.shape[0] - 1  # the last slot
+        S = 2 * B + 3
+        pool = torch.full((S, H, P, N), float("nan"))  # the batch in shuffled slots, every other slot NaN
+        slots = torch.randperm(S - 1, generator=gen)[:B]
+        slots[int(torch.randint(B, (1,), generator=gen))] = S - 1  # one sequence in the last slot
         pool[slots] = _randn(gen, B, H, P, N)
         return dict(x=_randn(gen, B, T, H, P).to(BF16), dt=_randn(gen, B, T, H).to(BF16), A=-torch.exp(_rand(gen, H) * 2.7),
                     B=_randn(gen, B, T, G, N).to(BF16), C=_randn(gen, B, T, G, N).to(BF16), D=_randn(gen, H),
@@ -276,8 +277,8 @@ def check_commit(fam: Family, B: int, T: int, *, dims: str, seed: int = 0):
 
 # (B, T): the serving batches the kernel tables time, DDTree budgets 15, 16, 64, 128 and 256; leaky where its oracle
 # (which replays every earlier node for each node) stays within seconds
-EXACT_SHAPES = [(1, 16), (1, 17), (8, 65), (32, 65), (2, 129), (1, 257)]
-LEAKY_SHAPES = [(1, 16), (4, 65), (1, 129)]
+EXACT_SHAPES = [(1, 16), (1, 17), (8, 65), (32, 65), (2, 129), (32, 129), (1, 257)]
+LEAKY_SHAPES = [(1, 16), (4, 65), (1, 129), (1, 257)]
 SERVING = [pytest.param(f, id=f) for f in FAMILIES]
 
 
