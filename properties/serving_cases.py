@@ -1,4 +1,4 @@
-"""The recurrent families beyond GDN at their models' serving shapes (no tests here: properties/test_serving_shapes.py
+"""The recurrent families at their models' serving shapes (no tests here: properties/test_serving_shapes.py
 runs them, benchmarks/serving_shape_margins.py prints how far inside its bars each case lies): each family's shapes,
 inputs and calls, and the checks of a verify and a commit against the float64 oracle on sampled heads or channels.
 The bars and the sampling are described in the test file."""
@@ -37,8 +37,10 @@ def _rand(gen, *shape):
 class Family:
     """One family's shapes, inputs and calls. ``verify``/``commit`` name the op in ddsim.gpu_backend and its twin in
     ddsim.oracle (one signature); ``args``/``commit_args`` their positional tensors; ``unit_dim`` the dimension of
-    each input that holds the units (heads, or Mamba1's channels) the oracle samples; ``tile`` the kernels' tile
-    along the units (the sample brackets its first edge)."""
+    each input that holds the units (heads, or Mamba1's channels) the oracle samples; ``grouped`` the inputs indexed
+    by a unit's group along dimension 2 (GDN's key heads, Mamba2's B and C groups), ``groups`` the dims' key that
+    counts them; ``tile`` the kernels' tile along the units (the sample brackets its first edge); ``pooled``: the
+    committed states in a pool (``pool``, ``slots``: _pool), read through state_indices and committed in place."""
     name: str
     serving: dict
     small: dict
@@ -50,6 +52,8 @@ class Family:
     args: tuple
     commit_args: tuple
     unit_dim: dict
+    grouped: tuple = ()
+    groups = ""
     designs: tuple  # the verify backends: "triton" (the default's choice) first
     pooled = False
 
@@ -57,12 +61,54 @@ class Family:
         raise NotImplementedError
 
     def take(self, inp: dict, idx: torch.Tensor, d: dict) -> dict:
-        """The inputs of the units ``idx`` alone (the oracle's)."""
-        return {k: (v.index_select(self.unit_dim[k], idx) if k in self.unit_dim else v) for k, v in inp.items()}
+        """The inputs of the units ``idx`` alone (the oracle's), each sampled unit given its own group."""
+        group = idx // (d[self.units] // d[self.groups]) if self.grouped else None
+        out = {}
+        for k, v in inp.items():
+            if k in self.unit_dim:
+                out[k] = v.index_select(self.unit_dim[k], idx)
+            elif k in self.grouped:
+                out[k] = v.index_select(2, group)
+            elif k not in ("pool", "slots"):
+                out[k] = v
+        if self.pooled:
+            out["initial_state"] = inp["pool"][inp["slots"]].index_select(1, idx)
+        return out
 
     def state_of(self, inp: dict) -> dict:
         """The committed states as the fast path takes them."""
-        return dict(initial_state=inp["initial_state"])
+        if not self.pooled:
+            return dict(initial_state=inp["initial_state"])
+        pool, slots = inp["pool"], inp["slots"]
+        return dict(initial_state=pool, state_indices=checked_slots(slots, pool.shape[0], len(slots), pool.device))
+
+
+def _pool(B: int, shape: tuple, gen) -> dict:
+    """A pool of 2B + 3 states of ``shape``, the batch's in shuffled slots (one in the last), every other slot NaN."""
+    S = 2 * B + 3
+    pool = torch.full((S, *shape), float("nan"))
+    slots = torch.randperm(S - 1, generator=gen)[:B]
+    slots[int(torch.randint(B, (1,), generator=gen))] = S - 1
+    pool[slots] = _randn(gen, B, *shape)
+    return dict(pool=pool, slots=slots)
+
+
+class GDN(Family):
+    name, units, groups = "gdn", "HV", "H"
+    serving = dict(H=16, HV=48, K=128, V=128)  # Qwen3.6-27B
+    small = dict(H=2, HV=4, K=16, V=8)
+    verify, commit = "gdn_tree_verify", "gdn_tree_commit"
+    args, commit_args = ("q", "k", "v", "g", "beta"), ("k", "v", "g", "beta")
+    unit_dim = dict(v=2, g=2, beta=2)
+    grouped = ("q", "k")
+    designs = ("triton", "triton-recurrent", "triton-wy-fused", "triton-wy-split", "triton-wy-fold", "triton-wy-head")
+    pooled = True
+
+    def inputs(self, B, T, d, gen):
+        H, HV, K, V = d["H"], d["HV"], d["K"], d["V"]
+        return dict(q=_randn(gen, B, T, H, K).to(BF16), k=_randn(gen, B, T, H, K).to(BF16),
+                    v=_randn(gen, B, T, HV, V).to(BF16), g=-_rand(gen, B, T, HV) * 0.3, beta=_rand(gen, B, T, HV),
+                    **_pool(B, (HV, K, V), gen))
 
 
 class KDA(Family):
@@ -123,34 +169,18 @@ class Mamba2(Family):
     verify, commit = "mamba2_tree_verify", "mamba2_tree_commit"
     args, commit_args = ("x", "dt", "A", "B", "C"), ("x", "dt", "A", "B")
     unit_dim = dict(x=2, dt=2, A=0, D=0, dt_bias=0)
+    grouped, groups = ("B", "C"), "G"
     designs = ("triton", "triton-recurrent")
     pooled = True
 
     def inputs(self, B, T, d, gen):
         H, P, N, G = d["H"], d["P"], d["N"], d["G"]
-        S = 2 * B + 3
-        pool = torch.full((S, H, P, N), float("nan"))  # the batch in shuffled slots, every other slot NaN
-        slots = torch.randperm(S - 1, generator=gen)[:B]
-        slots[int(torch.randint(B, (1,), generator=gen))] = S - 1  # one sequence in the last slot
-        pool[slots] = _randn(gen, B, H, P, N)
         return dict(x=_randn(gen, B, T, H, P).to(BF16), dt=_randn(gen, B, T, H).to(BF16), A=-torch.exp(_rand(gen, H) * 2.7),
                     B=_randn(gen, B, T, G, N).to(BF16), C=_randn(gen, B, T, G, N).to(BF16), D=_randn(gen, H),
-                    dt_bias=_rand(gen, H) * 2.3 - 4.6, dt_limit=(0.001, float("inf")), pool=pool, slots=slots)
-
-    def take(self, inp, idx, d):
-        out = {k: v for k, v in inp.items() if k not in ("pool", "slots")}
-        out.update(super().take({k: inp[k] for k in self.unit_dim}, idx, d))
-        group = idx // (d["H"] // d["G"])  # each sampled head with its own group
-        out["B"], out["C"] = (inp[k].index_select(2, group) for k in ("B", "C"))
-        out["initial_state"] = inp["pool"][inp["slots"]].index_select(1, idx)
-        return out
-
-    def state_of(self, inp):
-        pool, slots = inp["pool"], inp["slots"]
-        return dict(initial_state=pool, state_indices=checked_slots(slots, pool.shape[0], len(slots), pool.device))
+                    dt_bias=_rand(gen, H) * 2.3 - 4.6, dt_limit=(0.001, float("inf")), **_pool(B, (H, P, N), gen))
 
 
-FAMILIES = {f.name: f for f in (KDA(), Lightning(), Mamba1(), Mamba2())}
+FAMILIES = {f.name: f for f in (GDN(), KDA(), Lightning(), Mamba1(), Mamba2())}
 
 
 def _sampled(fam: Family, d: dict, seed: int) -> torch.Tensor:
@@ -209,13 +239,20 @@ def check_verify(fam: Family, B: int, T: int, *, mode: str, backend: str, states
     (_assert_bf16_bar) and with ``states`` the per-node states' max error over its bound."""
     d, _, parents, inp, dev, plan = _case(fam, B, T, dims, seed)
     before = {k: _bits(v).clone() for k, v in dev.items() if torch.is_tensor(v)}
-    out = getattr(gb, fam.verify)(*(dev[k] for k in fam.args), **_extra(fam, dev), **fam.state_of(dev), parents=plan,
-                                  mode=mode, output_states=states, backend=backend)
-    o, st = out if states else (out, None)
+    def call():
+        out = getattr(gb, fam.verify)(*(dev[k] for k in fam.args), **_extra(fam, dev), **fam.state_of(dev),
+                                      parents=plan, mode=mode, output_states=states, backend=backend)
+        return out if states else (out, None)
+    o, st = call()
     for k, bits in before.items():
         assert torch.equal(_bits(dev[k]), bits), f"{k} written by the verify"
     assert bool(torch.isfinite(o).all()), "an output not written, or not finite"
     assert st is None or bool(torch.isfinite(st).all()), "a per-node state not written, or not finite"
+    # a second call on the same plan, as the model's next layer makes it (GDN's: served by fastcall on a GPU)
+    o2, st2 = call()
+    assert torch.equal(_bits(o2), _bits(o)) and (st is None or torch.equal(_bits(st2), _bits(st))), \
+        "a second call on one input differs"
+    del o2, st2
     idx = _sampled(fam, d, seed)
     part = fam.take(inp, idx, d)
     ref = getattr(oracle, fam.verify)(*(part[k] for k in fam.args), **_extra(fam, part),

@@ -1,18 +1,20 @@
-"""The recurrent families beyond GDN at their models' serving shapes, every dimension at once, compiled, against the
-float64 oracle: KDA at Kimi Linear's heads (H = 32, K = V = 128), lightning attention at MiniMax-Text-01's (H = 64,
-K = V = 128), Mamba1 at Jamba Mini 1.6's channels (I = 8192, N = 16) and Mamba2 at Nemotron-H-8B's heads (H = 128,
-P = 64, N = 128, G = 8; the committed states in a pool, read through shuffled slots), on DDTree trees of 16 to 257
-nodes in batches of 1 to 32, bf16 inputs and fp32 states. The property suites draw small shapes; a fault that needs a
-serving width, a grid of thousands of programs or a root path past one chunk shows here. (GDN's full-size tests are
-in test_triton_kernels.py.)
+"""The recurrent families at their models' serving shapes, every dimension at once, compiled, against the float64
+oracle: GDN at Qwen3.6-27B's heads (H = 16 key heads, HV = 48 value heads, K = V = 128), KDA at Kimi Linear's (H = 32,
+K = V = 128), lightning attention at MiniMax-Text-01's (H = 64, K = V = 128), Mamba1 at Jamba Mini 1.6's channels
+(I = 8192, N = 16) and Mamba2 at Nemotron-H-8B's heads (H = 128, P = 64, N = 128, G = 8); GDN's and Mamba2's committed
+states in a pool, read through shuffled slots and committed in place. DDTree trees of 16 to 257 nodes in batches of 1
+to 32, bf16 inputs and fp32 states. The property suites draw small shapes; a fault that needs a serving width, a grid
+of thousands of programs or a root path past one chunk shows here. (test_triton_kernels.py holds GDN's WY forms to
+the same bar at full size, through design "auto" and each design at two sequences.)
 
 Each call is a server's: the design the family's default takes for the batch (and each other design it can take), the
-tree as a TreePlan, outputs NaN-poisoned, so every output of every head is checked written and finite, and the inputs
-and committed states bit-identical after it. Heads (Mamba1: channels) never mix in these recurrences, so the oracle
-recomputes a fixed sample of them from the same inputs: the first and the last, both sides of the middle and of the
-kernels' first tile, and some drawn at random. Bars: a bf16 output within 1.01x the error of rounding the oracle to
-bf16, with at most OFF_ROUNDED_MAX of its entries off the rounded oracle (the bar GDN's kernels meet at full size);
-per-node and committed fp32 states within float32's tolerance.
+tree as a TreePlan, outputs NaN-poisoned, so every output of every head is checked written and finite; the inputs and
+the committed states bit-identical after it; a second call on the same input bit-identical (GDN's served by fastcall).
+Heads (Mamba1: channels) never mix in these recurrences, so the oracle recomputes a fixed sample of them from the same
+inputs: the first and the last, both sides of the middle and of the kernels' first tile, and some drawn at random
+(GDN's value heads each with its key head). Bars: a bf16 output within 1.01x the error of rounding the oracle to bf16,
+with at most 2% of its entries off the rounded oracle (serving_cases.OFF_ROUNDED_MAX); per-node and committed fp32
+states within 5x float32's tolerance.
 
 Without a GPU the same checks run at small shapes in Triton's interpreter (`make test-slow`); the serving shapes run
 on a GPU only (benchmarks/RESULTS.md records them on an H200)."""
