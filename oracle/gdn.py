@@ -25,9 +25,13 @@ def _step(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, be
 
 
 def _check(q, k, v, g, beta, initial_state):
-    if q.dim() != 4 or k.shape != q.shape:
+    """The shapes; q None for a commit, which takes none (its messages then name k alone)."""
+    if q is None:
+        if k.dim() != 4:
+            raise ValueError(f"k: expected [B, T, H, K], got {tuple(k.shape)}")
+    elif q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q, k: expected equal shapes [B, T, H, K], got {tuple(q.shape)} and {tuple(k.shape)}")
-    B, T, H, K = q.shape
+    B, T, H, K = k.shape
     if v.dim() != 4 or v.shape[:2] != (B, T):
         raise ValueError(f"v: expected [B, T, HV, V] with B={B}, T={T}, got {tuple(v.shape)}")
     HV, V = v.shape[2], v.shape[3]
@@ -81,7 +85,7 @@ def gdn_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, use_qk_l
     k: [B, T, H, K]; v: [B, T, HV, V]; g, beta: [B, T, HV]; parents: [B, T];
     accepted: [B] node index per sequence; initial_state: [B, HV, K, V]. Returns [B, HV, K, V] float64.
     """
-    B, T, H, HV, K, V = _check(k, k, v, g, beta, initial_state)
+    B, T, H, HV, K, V = _check(None, k, v, g, beta, initial_state)
     rows = parent_rows(parents, B, T)
     k, v, g, beta = (x.detach().to("cpu", F64) for x in (k, v, g, beta))
     out = initial_state.detach().to("cpu", F64).clone()

@@ -17,9 +17,13 @@ F64 = torch.float64
 
 
 def _check(q, k, v, g, beta, initial_state):
-    if q.dim() != 4 or k.shape != q.shape:
+    """The shapes; q None for a commit, which takes none (its messages then name k alone)."""
+    if q is None:
+        if k.dim() != 4:
+            raise ValueError(f"k: expected [B, T, H, K], got {tuple(k.shape)}")
+    elif q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q, k: expected [B, T, H, K] each, got {tuple(q.shape)} and {tuple(k.shape)}")
-    Bn, T, H, K = q.shape
+    Bn, T, H, K = k.shape
     if v.dim() != 4 or tuple(v.shape[:3]) != (Bn, T, H):
         raise ValueError(f"v: expected [B, T, H, V] with {(Bn, T, H)}, got {tuple(v.shape)}")
     V = v.shape[3]
@@ -72,7 +76,7 @@ def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", o
 
 def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state):
     """State after accepting the path root..accepted[b], recomputed along that path alone: [B, H, K, V] float64."""
-    Bn, T, H, K, V = _check(k, k, v, g, beta, initial_state)
+    Bn, T, H, K, V = _check(None, k, v, g, beta, initial_state)
     rows = parent_rows(parents, Bn, T)
     k, v, g, beta = (t.detach().to("cpu", F64) for t in (k, v, g, beta))
     k = _l2(k)

@@ -93,6 +93,17 @@ def test_gdn_bad_input(impl, change, msg):
         impl(**{k: args.pop(k) for k in ("q", "k", "v", "g", "beta")}, **args)
 
 
+@pytest.mark.parametrize("commit", [oracle.gdn_tree_commit, oracle.kda_tree_commit, oracle.lightning_tree_commit],
+                         ids=["gdn", "kda", "lightning"])
+def test_the_oracles_commits_name_k_alone(commit):
+    """A commit takes no q: a k of the wrong rank is named as k, not as "q, k"."""
+    k, v = torch.randn(1, 3, 4), torch.randn(1, 3, 1, 4)
+    kw = dict(decay=torch.ones(1)) if commit is oracle.lightning_tree_commit else \
+        dict(g=-torch.rand(1, 3, 1, 4) if commit is oracle.kda_tree_commit else -torch.rand(1, 3, 1), beta=torch.rand(1, 3, 1))
+    with pytest.raises(ValueError, match=r"^k: expected \[B, T, H, K\], got \(1, 3, 4\)$"):
+        commit(k=k, v=v, **kw, parents=torch.tensor([[-1, 0, 0]]), accepted=[2], initial_state=torch.zeros(1, 1, 4, 4))
+
+
 def test_torch_path_rejects_float_parents_and_int_inputs():
     args = _gdn_args()
     with pytest.raises(ValueError, match="parents: expected an integer"):
