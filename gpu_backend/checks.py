@@ -320,18 +320,19 @@ def constant(kind: str, n: int, device, dtype=torch.float32) -> torch.Tensor:
     return value
 
 
-def node_state_rows(buf: torch.Tensor, rows, B: int) -> torch.Tensor:
+def node_state_rows(buf: torch.Tensor, rows, B: int, *, buf_name: str = "states_out",
+                    rows_name: str = "states_rows") -> torch.Tensor:
     """int32 [B] rows of a caller's node-state buffer buf [N, ...] that the batch's sequences take: rows [B],
     distinct and in 0..N-1 (one host sync for device values), CheckedSlots of an N-row buffer (validated before:
     no sync, as under CUDA-graph capture), or None for rows 0..B-1 (sequence b at row b; then N must be B or
-    more)."""
+    more). Refusals name the buffer and the rows as the caller does (``buf_name``, ``rows_name``)."""
     if isinstance(rows, CheckedSlots):
-        return planned_rows(rows, buf, B, "states_rows", "buffer", "states_out", "rows")
+        return planned_rows(rows, buf, B, rows_name, "buffer", buf_name, "rows")
     if rows is None:
         if buf.shape[0] < B:
-            raise ValueError(f"states_out: {buf.shape[0]} rows for {B} sequences (sequence b at row b)")
+            raise ValueError(f"{buf_name}: {buf.shape[0]} rows for {B} sequences (sequence b at row b)")
         return constant("slots", B, buf.device)
-    return checked_slots(torch.as_tensor(rows), buf.shape[0], B, buf.device, "states_rows").indices
+    return checked_slots(torch.as_tensor(rows), buf.shape[0], B, buf.device, rows_name).indices
 
 
 def node_states_shape(buf, T: int, HV: int, K: int, V: int, device, name: str = "states_out") -> None:

@@ -163,7 +163,8 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     else:  # another dtype or layout: the states made apart, then copied in (the buffer and its rows checked before)
         checks.node_states_shape(buf.transpose(-1, -2), T, v.shape[2], q.shape[3], v.shape[3], q.device,
                                  "intermediate_states_buffer (transposed)")
-        rows = checks.node_state_rows(buf, intermediate_state_indices, B).long()
+        rows = checks.node_state_rows(buf, intermediate_state_indices, B, buf_name="intermediate_states_buffer",
+                                      rows_name="intermediate_state_indices").long()
         o, states = gb.gdn_tree_verify(q, k, v, output_states=True, **kw)
         buf[rows, :T] = states.transpose(-1, -2).to(buf.dtype)
     return o.reshape(1, B * T, *o.shape[2:]) if cu_seqlens is not None else o

@@ -228,7 +228,16 @@ def test_the_drop_in_names_the_buffer_and_its_indices_as_sglang_does_when_it_ref
     with pytest.raises(ValueError, match="^intermediate_state_indices: rows must be distinct"):
         engine_api.target_verify(*args, retrieve_parent_token=parents.int(), intermediate_states_buffer=buf,
                                  intermediate_state_indices=torch.tensor([1, 1]))
-    # a buffer of another dtype (the states made apart, then copied in): its shape checked before the verify too
+    # a buffer of another dtype (the states made apart, then copied in): its rows and shape checked before the verify
+    # too, named as SGLang names them
+    buf16 = torch.full((3, T, 2, 3, 4), float("nan"), dtype=torch.bfloat16)
+    for rows, want in ((torch.tensor([1, 1]), "^intermediate_state_indices: rows must be distinct"),
+                       (torch.tensor([0, 5]), r"^intermediate_state_indices: rows must lie in 0\.\.2"),
+                       (None, r"^intermediate_states_buffer: 1 rows for 2 sequences")):
+        with pytest.raises(ValueError, match=want):
+            engine_api.target_verify(*args, retrieve_parent_token=parents.int(), intermediate_state_indices=rows,
+                                     intermediate_states_buffer=buf16 if rows is not None else buf16[:1])
+    assert torch.isnan(buf16).all()
     short16 = torch.full((2, T - 1, 2, 3, 4), float("nan"), dtype=torch.bfloat16)
     wide16 = torch.full((2, T, 2, 4, 3), float("nan"), dtype=torch.bfloat16)  # V and K swapped
     for bad in (short16, wide16):
