@@ -73,7 +73,11 @@ class Family:
                 out[k] = v
         if self.pooled:
             out["initial_state"] = inp["pool"][inp["slots"]].index_select(1, idx)
-        return out
+        return self.to_oracle(out)
+
+    def to_oracle(self, part: dict) -> dict:
+        """The sampled inputs as the oracle takes them (where the fast path takes others)."""
+        return part
 
     def state_of(self, inp: dict) -> dict:
         """The committed states as the fast path takes them."""
@@ -109,6 +113,30 @@ class GDN(Family):
         return dict(q=_randn(gen, B, T, H, K).to(BF16), k=_randn(gen, B, T, H, K).to(BF16),
                     v=_randn(gen, B, T, HV, V).to(BF16), g=-_rand(gen, B, T, HV) * 0.3, beta=_rand(gen, B, T, HV),
                     **_pool(B, (HV, K, V), gen))
+
+
+class GDNGates(GDN):
+    """GDN with its gates fused into the kernels, as SGLang calls them (engine_api): the raw projections a, b (bf16)
+    with A_log and dt_bias [HV]; the oracle takes the gates they make, in float64 (g = -exp(A_log) softplus(a +
+    dt_bias), beta = sigmoid(b), as the model's layer makes them)."""
+    name = "gdn-gates"
+    args, commit_args = ("q", "k", "v"), ("k", "v")
+    unit_dim = dict(v=2, a=2, b=2, A_log=0, dt_bias=0)
+    designs = ("triton", "triton-recurrent")
+
+    def inputs(self, B, T, d, gen):
+        inp = super().inputs(B, T, d, gen)
+        del inp["g"], inp["beta"]
+        HV = d["HV"]
+        return dict(inp, a=_randn(gen, B, T, HV).to(BF16), b=_randn(gen, B, T, HV).to(BF16),
+                    A_log=torch.log(_rand(gen, HV) * 15 + 1), dt_bias=_rand(gen, HV) * 2.3 - 4.6)
+
+    def to_oracle(self, part):
+        out = {k: v for k, v in part.items() if k not in ("a", "b", "A_log", "dt_bias")}
+        a, b, A_log, dt_bias = (part[k].double() for k in ("a", "b", "A_log", "dt_bias"))
+        out["g"] = -torch.exp(A_log) * torch.nn.functional.softplus(a + dt_bias)
+        out["beta"] = torch.sigmoid(b)
+        return out
 
 
 class KDA(Family):
@@ -180,7 +208,7 @@ class Mamba2(Family):
                     dt_bias=_rand(gen, H) * 2.3 - 4.6, dt_limit=(0.001, float("inf")), **_pool(B, (H, P, N), gen))
 
 
-FAMILIES = {f.name: f for f in (GDN(), KDA(), Lightning(), Mamba1(), Mamba2())}
+FAMILIES = {f.name: f for f in (GDN(), GDNGates(), KDA(), Lightning(), Mamba1(), Mamba2())}
 
 
 def _sampled(fam: Family, d: dict, seed: int) -> torch.Tensor:
