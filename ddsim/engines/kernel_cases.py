@@ -14,7 +14,10 @@ Profiles:
            stars, deep and wide trees; K and V in {16, 32, 64, 128} and widths that are not powers of
            two; HV/H in {1, 2, 3, 4, 6, 8}; batches of 1, 3, 8 and 32; pools of 1024 slots with
            the batch shuffled, sparse, descending, above 255 and at the last slot; gates from fast
-           forgetting to long memory; bf16 / fp16 / fp32 inputs; bursts of repeated calls
+           forgetting to long memory; bf16 / fp16 / fp32 inputs; bursts of repeated calls; and a
+           model's layer with every dimension at once (GDN: Qwen3.6-27B's heads at 8 x 65 and 32 x 17;
+           the conv: its 10240 channels at 8 x 65; Mamba2: Nemotron-H-8B's, KDA: Kimi Linear's,
+           lightning: MiniMax's heads at 8 x 33), where an engine may pick another configuration
 
 The KDA examples (``--op kda``) follow the GDN ones with H heads of K = V dims (Kimi Linear's 32 x 128 among them)
 and a decay per key channel; the lightning-attention examples (``--op lightning``) likewise (MiniMax's 64 x 128
@@ -179,6 +182,11 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
     cases += [gdn_case(T=65, kind=("ddtree", 64, 8), B=8, K=128, V=128, burst=24, seed=seed + 99, dtype=dtype,
                        label="burst of 24 calls at 8 x 65, K = V = 128"),
               gdn_case(T=9, kind="random", B=2, burst=48, seed=seed + 98, dtype=dtype, label="burst of 48 calls")]
+    # every dimension at once, as a server's layer calls it (an engine may pick another configuration, or grid, only
+    # there): Qwen3.6-27B's heads (16 key heads, 48 value heads of 128) at 8 x 65 and 32 x 17
+    cases += [gdn_case(T=T, kind=("ddtree", T - 1, 8), B=B, H=16, ratio=3, K=128, V=128, pool_size=2 * B + 3,
+                       seed=seed + 110 + i, dtype=dtype, label=f"Qwen3.6-27B's layer at {B} x {T}, every dimension at once")
+              for i, (B, T) in enumerate(((8, 65), (32, 17)))]
     return cases
 
 
@@ -223,6 +231,9 @@ def conv_cases(profile: str, dtype=torch.float32, widths=(2, 3, 4, 5)) -> list[d
               for i, d in enumerate(other)]
     cases.append(conv_case(T=65, kind=("ddtree", 64, 8), B=8, C=2048, W=W, burst=24, seed=seed + 90, dtype=dtype,
                            label="burst of 24 calls at 8 x 65, C = 2048"))
+    # every dimension at once: Qwen3.6-27B's conv channels (q, k and v: 2 x 16 x 128 + 48 x 128) at 8 x 65
+    cases.append(conv_case(T=65, kind=("ddtree", 64, 8), B=8, C=10240, W=W, pool_size=19, seed=seed + 95, dtype=dtype,
+                           label="Qwen3.6-27B's conv at 8 x 65, every dimension at once"))
     return cases
 
 
@@ -277,6 +288,10 @@ def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
               for i, d in enumerate(other)]
     cases.append(mamba2_case(T=65, kind=("ddtree", 64, 8), B=8, ratio=8, P=64, N=128, burst=24, seed=seed + 90,
                              dtype=dtype, label="burst of 24 calls at 8 x 65"))
+    # every dimension at once (the tree at budget 32: the oracle replays each leaky node's batch-order history):
+    # Nemotron-H-8B's 128 heads in 8 groups, P = 64, N = 128, at 8 x 33
+    cases.append(mamba2_case(T=33, kind=("ddtree", 32, 8), B=8, G=8, ratio=16, P=64, N=128, pool_size=19,
+                             seed=seed + 95, dtype=dtype, label="Nemotron-H-8B's layer at 8 x 33, every dimension at once"))
     return cases
 
 
@@ -367,6 +382,9 @@ def _head_cases(case, profile: str, dtype, *, deep_heads: int, wide_heads: int) 
     cases += [case(T=65, kind=("ddtree", 64, 8), B=4, K=128, seed=seed + 80 + i, dtype=d) for i, d in enumerate(other)]
     cases.append(case(T=65, kind=("ddtree", 64, 8), B=8, K=128, burst=24, seed=seed + 90, dtype=dtype,
                       label="burst of 24 calls at 8 x 65, K = V = 128"))
+    # every dimension at once (the tree at budget 32, as Mamba2's): the model's heads at 8 x 33
+    cases.append(case(T=33, kind=("ddtree", 32, 8), B=8, H=wide_heads, K=128, pool_size=19, seed=seed + 95, dtype=dtype,
+                      label=f"{wide_heads} heads of 128 at 8 x 33, every dimension at once"))
     return cases
 
 
