@@ -82,6 +82,24 @@ def test_check_conv_and_mamba2_and_bad_profiles():
     assert ck.default_profile("cuda:0") == "serving" and ck.default_profile("cpu") == "quick"
 
 
+@pytest.mark.parametrize("op, want", [
+    ("gdn", [dict(batch=8, nodes=65, HV=48, **{"HV/H": 3}, K=128, V=128), dict(batch=32, nodes=17, HV=48, K=128, V=128)]),
+    ("kda", [dict(batch=8, nodes=33, H=32, K=128, V=128)]),
+    ("lightning", [dict(batch=8, nodes=33, H=64, K=128, V=128)]),
+    ("mamba2", [dict(batch=8, nodes=33, H=128, P=64, N=128, **{"H/G": 16})]),
+    ("conv", [dict(batch=8, nodes=65, C=10240)]),
+])
+def test_the_serving_profile_runs_a_models_layer_with_every_dimension_at_once(op, want):
+    """Each op's serving profile holds an example with every dimension at a model's serving size together (an
+    engine may choose another configuration or grid only there), and the coverage names its head count."""
+    from ddsim.engines import kernel_cases as kc
+    seen = [kc.describe(c) for c in kc.cases(op, "serving")]
+    for w in want:
+        assert any(all(d.get(k) == v for k, v in w.items()) for d in seen), (op, w)
+    assert not any(d["batch"] >= 8 and (d.get("HV") == 48 or d.get("H", 0) >= 32) for d in
+                   (kc.describe(c) for c in kc.cases(op, "quick"))), "the quick profile stays sized for the interpreter"
+
+
 def test_the_interpreters_cached_builtin_patching_patches_what_the_original_does():
     """ddsim.engines.triton_interpret.cache_builtin_names: for every module the interpreter patches at a launch,
     the cached version sets exactly the attributes the original sets, to wrappers of the same members, and the

@@ -417,12 +417,13 @@ def describe(inp: dict) -> dict:
         HV, V = inp["v"].shape[2:]
         g = inp["g"].double()
         out.update({"K": K, "V": V, "HV/H" if g.dim() == 3 else "H": HV // H if g.dim() == 3 else H,
+                    **({"HV": HV} if g.dim() == 3 else {}),
                     "g min": float(g.min()), "g max": float(g.max()),
                     "beta min": float(inp["beta"].min()), "beta max": float(inp["beta"].max())})
     elif "dt" in inp:
         H, P = inp["x"].shape[2:]
         G, N = inp["B"].shape[2:]
-        out.update({"H/G": H // G, "P": P, "N": N, "A min": float(inp["A"].min()), "A max": float(inp["A"].max())})
+        out.update({"H": H, "H/G": H // G, "P": P, "N": N, "A min": float(inp["A"].min()), "A max": float(inp["A"].max())})
     else:
         out.update({"C": int(inp["x"].shape[2]), "W": int(inp["weight"].shape[1])})
     out["calls"] = max(1, int(inp.get("burst", 2)))
