@@ -267,8 +267,10 @@ def check_verify(fam: Family, B: int, T: int, *, mode: str, backend: str, states
     (_assert_bf16_bar) and with ``states`` the per-node states' max error over its bound."""
     d, _, parents, inp, dev, plan = _case(fam, B, T, dims, seed)
     before = {k: _bits(v).clone() for k, v in dev.items() if torch.is_tensor(v)}
+    committed = fam.state_of(dev)  # one CheckedSlots for both calls, as a step's layers share it (fastcall matches it)
+
     def call():
-        out = getattr(gb, fam.verify)(*(dev[k] for k in fam.args), **_extra(fam, dev), **fam.state_of(dev),
+        out = getattr(gb, fam.verify)(*(dev[k] for k in fam.args), **_extra(fam, dev), **committed,
                                       parents=plan, mode=mode, output_states=states, backend=backend)
         return out if states else (out, None)
     o, st = call()
@@ -276,7 +278,8 @@ def check_verify(fam: Family, B: int, T: int, *, mode: str, backend: str, states
         assert torch.equal(_bits(dev[k]), bits), f"{k} written by the verify"
     assert bool(torch.isfinite(o).all()), "an output not written, or not finite"
     assert st is None or bool(torch.isfinite(st).all()), "a per-node state not written, or not finite"
-    # a second call on the same plan, as the model's next layer makes it (GDN's: served by fastcall on a GPU)
+    # a second call on the same plan and arguments, as a model's next layer makes it (on a GPU, GDN's replays the
+    # first's recipe through fastcall where its extension builds)
     o2, st2 = call()
     assert torch.equal(_bits(o2), _bits(o)) and (st is None or torch.equal(_bits(st2), _bits(st))), \
         "a second call on one input differs"
