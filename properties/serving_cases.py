@@ -278,8 +278,8 @@ def check_verify(fam: Family, B: int, T: int, *, mode: str, backend: str, states
         assert torch.equal(_bits(dev[k]), bits), f"{k} written by the verify"
     assert bool(torch.isfinite(o).all()), "an output not written, or not finite"
     assert st is None or bool(torch.isfinite(st).all()), "a per-node state not written, or not finite"
-    # a second call on the same plan and arguments, as a model's next layer makes it (on a GPU, GDN's replays the
-    # first's recipe through fastcall where its extension builds)
+    # a second call on the same plan and arguments, as a model's next layer makes it (on a GPU, GDN's is one fastcall
+    # can replay from the first's recipe, where its extension builds)
     o2, st2 = call()
     assert torch.equal(_bits(o2), _bits(o)) and (st is None or torch.equal(_bits(st2), _bits(st))), \
         "a second call on one input differs"

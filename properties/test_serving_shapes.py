@@ -10,8 +10,8 @@ the same bar at full size, through design "auto" and each design at two sequence
 
 Each call is a server's: the design the family's default takes for the batch (and each other design it can take), the
 tree as a TreePlan, outputs NaN-poisoned, so every output of every head is checked written and finite; the inputs and
-the committed states bit-identical after it; a second call on the same input bit-identical (GDN's replayed by
-fastcall where its extension builds).
+the committed states bit-identical after it; a second call on the same input bit-identical (the same plan, slots
+and arguments: for GDN, what fastcall replays where its extension builds; whether it did is not counted here).
 Heads (Mamba1: channels) never mix in these recurrences, so the oracle recomputes a fixed sample of them from the same
 inputs: the first and the last, both sides of the middle and of the kernels' first tile, and some drawn at random
 (GDN's value heads each with its key head). Bars: a bf16 output within 1.01x the error of rounding the oracle to bf16,
