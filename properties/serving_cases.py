@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import torch
 
 import ddsim.gpu_backend as gb
 from ddsim import oracle
 from ddsim.bench.bench import ddtree_batch
+from ddsim.engines.check_kernel import _bits
+from ddsim.engines.kernel_cases import _pool as pool_of
 from ddsim.gpu_backend.checks import TreePlan, checked_accepted, checked_slots
 from ddsim.measure.compare import assert_close, rel_error
 from ddsim.properties.kernel_checks import DEVICE, on_device
@@ -72,7 +75,7 @@ class Family:
             elif k not in ("pool", "slots"):
                 out[k] = v
         if self.pooled:
-            out["initial_state"] = inp["pool"][inp["slots"]].index_select(1, idx)
+            out["initial_state"] = inp["pool"][inp["slots"].long()].index_select(1, idx)
         return self.to_oracle(out)
 
     def to_oracle(self, part: dict) -> dict:
@@ -88,12 +91,10 @@ class Family:
 
 
 def _pool(B: int, shape: tuple, gen) -> dict:
-    """A pool of 2B + 3 states of ``shape``, the batch's in shuffled slots (one in the last), every other slot NaN."""
-    S = 2 * B + 3
-    pool = torch.full((S, *shape), float("nan"))
-    slots = torch.randperm(S - 1, generator=gen)[:B]
-    slots[int(torch.randint(B, (1,), generator=gen))] = S - 1
-    pool[slots] = _randn(gen, B, *shape)
+    """A pool of 2B + 3 states of ``shape``, the batch's in shuffled slots (one in the last), every other slot NaN
+    (check-kernel's pool of kind "last")."""
+    rng = np.random.default_rng(int(torch.randint(2 ** 31, (1,), generator=gen)))
+    pool, slots = pool_of(_randn(gen, B, *shape), "last", 2 * B + 3, rng)
     return dict(pool=pool, slots=slots)
 
 
@@ -222,11 +223,6 @@ def _sampled(fam: Family, d: dict, seed: int) -> torch.Tensor:
     return torch.tensor(sorted(fixed | set(rest)))
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """t's bytes, flat (NaNs compare as bits)."""
-    return t.contiguous().view(torch.uint8).reshape(-1)
-
-
 def _extra(fam: Family, inp: dict, *, commit: bool = False) -> dict:
     """The op's keyword tensors and options beside its positional ones and the states (a commit takes no q, C or D:
     it emits nothing)."""
@@ -253,6 +249,16 @@ def _assert_bf16_bar(name: str, o: torch.Tensor, ref: torch.Tensor) -> dict:
     return dict(err_over_cast=err / rounding, off=off)
 
 
+def _snapshot(dev: dict) -> dict:
+    """The bits of every tensor of a call's inputs (the committed states among them)."""
+    return {k: _bits(v).clone() for k, v in dev.items() if torch.is_tensor(v)}
+
+
+def _assert_unchanged(dev: dict, before: dict, call: str) -> None:
+    for k, bits in before.items():
+        assert torch.equal(_bits(dev[k]), bits), f"{k} written by the {call}"
+
+
 def _case(fam: Family, B: int, T: int, dims: str, seed: int):
     d = getattr(fam, dims)
     trees, parents = ddtree_batch(B, T, seed=seed)
@@ -266,7 +272,7 @@ def check_verify(fam: Family, B: int, T: int, *, mode: str, backend: str, states
     """One verify at [B, T] with dims "serving" or "small" against the oracle; returns the output's figures
     (_assert_bf16_bar) and with ``states`` the per-node states' max error over its bound."""
     d, _, parents, inp, dev, plan = _case(fam, B, T, dims, seed)
-    before = {k: _bits(v).clone() for k, v in dev.items() if torch.is_tensor(v)}
+    before = _snapshot(dev)
     committed = fam.state_of(dev)  # one CheckedSlots for both calls, as a step's layers share it (fastcall matches it)
 
     def call():
@@ -274,8 +280,7 @@ def check_verify(fam: Family, B: int, T: int, *, mode: str, backend: str, states
                                       parents=plan, mode=mode, output_states=states, backend=backend)
         return out if states else (out, None)
     o, st = call()
-    for k, bits in before.items():
-        assert torch.equal(_bits(dev[k]), bits), f"{k} written by the verify"
+    _assert_unchanged(dev, before, "verify")
     assert bool(torch.isfinite(o).all()), "an output not written, or not finite"
     assert st is None or bool(torch.isfinite(st).all()), "a per-node state not written, or not finite"
     # a second call on the same plan and arguments, as a model's next layer makes it (on a GPU, GDN's is one fastcall
@@ -301,13 +306,7 @@ def check_verify(fam: Family, B: int, T: int, *, mode: str, backend: str, states
 def _accepted(trees, T: int, seed: int) -> list[int]:
     """Each even sequence's deepest node (the longest path a step can accept), each odd one's a drawn node."""
     rng = random.Random(seed)
-    out = []
-    for b, t in enumerate(trees):
-        depth = [0] * T
-        for n in range(1, T):
-            depth[n] = depth[t.parents[n]] + 1
-        out.append(max(range(T), key=depth.__getitem__) if b % 2 == 0 else rng.randrange(T))
-    return out
+    return [int(np.argmax(t.depths)) if b % 2 == 0 else rng.randrange(T) for b, t in enumerate(trees)]
 
 
 def check_commit(fam: Family, B: int, T: int, *, dims: str, seed: int = 0) -> dict:
@@ -317,7 +316,7 @@ def check_commit(fam: Family, B: int, T: int, *, dims: str, seed: int = 0) -> di
     acc = _accepted(trees, T, seed)
     idx = _sampled(fam, d, seed)
     part = fam.take(inp, idx, d)  # copies, before a commit in place (on the CPU dev's tensors are inp's)
-    before = {k: _bits(v).clone() for k, v in dev.items() if torch.is_tensor(v)}
+    before = _snapshot(dev)
     states = fam.state_of(dev)
     new = getattr(gb, fam.commit)(*(dev[k] for k in fam.commit_args), **_extra(fam, dev, commit=True), **states,
                                   parents=plan, accepted=checked_accepted(acc, B, T, DEVICE),
@@ -327,14 +326,11 @@ def check_commit(fam: Family, B: int, T: int, *, dims: str, seed: int = 0) -> di
     if fam.pooled:  # written in place into the batch's slots; every other slot bit-identical
         pool, slots = dev["pool"], dev["slots"]
         others = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device)
-        others[slots] = False
+        others[slots.long()] = False
         assert new is pool
-        assert torch.equal(_bits(pool[others]), before["pool"].view(pool.shape[0], -1)[others].reshape(-1)), \
-            "a slot outside the batch written"
-        new = pool[slots]
-        before.pop("pool")
-    for k, bits in before.items():
-        assert torch.equal(_bits(dev[k]), bits), f"{k} written by the commit"
+        assert torch.equal(_bits(pool[others]), before.pop("pool")[others]), "a slot outside the batch written"
+        new = pool[slots.long()]
+    _assert_unchanged(dev, before, "commit")
     assert bool(torch.isfinite(new).all()), "a committed state not written, or not finite"
     c = assert_close(f"{fam.name} commit", new.index_select(1, idx.to(new.device)).cpu(), ref, dtype=torch.float32,
                      slack=STATE_SLACK)
