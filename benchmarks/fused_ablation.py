@@ -40,8 +40,8 @@ SOLVE = ("    if NSTEP > 0:\n        U = U + tl.dot(NL, U, input_precision=PRECI
          "        NL = tl.dot(NL, NL, input_precision=PRECISION)\n        U = U + tl.dot(NL, U, input_precision=PRECISION)\n")
 OUT = "    b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)\n"
 RHS = "    U = b_beta[:, None] * (b_v - A_k[:, None] * KS)  # right-hand side\n"
-READ = ("        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],\n"
-        "                     other=0.0)\n")
+READ = ("        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),\n"
+        "                     mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)  # a padded row: zero\n")
 ZERO_KS = ("            KS = tl.zeros([BT, BV], tl.float32)\n            QS = tl.zeros([BT, BV], tl.float32)\n")
 KEEP_READ = RHS + "    U = U + tl.sum(s0, 0)[None, :] * 0.0  # the state's read kept\n"
 CUTS = {

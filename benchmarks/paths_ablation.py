@@ -60,8 +60,8 @@ STREAM = ("        tl.store(h.state_ptrs(snap, seq0 + t, i_hv, o_k, o_v, HV, K, 
 STEPS = "    steps = tl.sum((tl.load(path + o_d, mask=o_d < DMAX, other=-1) >= 0).to(tl.int32), 0)  # t's depth + 1\n"
 ENTRIES = ("    ent = tl.load(path + o_d, mask=o_d < DMAX, other=-1)\n"
            "    steps = tl.sum((ent >= 0).to(tl.int32), 0)\n")
-READ = ("    S = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mkv,\n"
-        "                other=0.0)\n")
+READ = ("    S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),\n"
+        "                mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)\n")
 PATH_ROW = "        row = i_b * T + tl.load(path + d)\n"
 LOOP = ("    for d in range(0, steps):\n"
         "        row = i_b * T + tl.load(path + d)\n"
@@ -92,10 +92,10 @@ EDITS = {
 # tile (and the steps' loop-carried S) lies in its default layout, a column of K to a thread, V across the threads
 # and the warps: each step's sum over K is a thread's own adds (no shuffles, no shared memory). SGLang's layout only
 IN_THREAD = ("    one = T // T\n"
-             "    S = tl.load(state + ((tl.load(state_idx + i_b).to(tl.int64) * HV + i_hv) * V + o_v[None, :]) * K\n"
+             "    S = tl.load(state + ((slot.to(tl.int64) * HV + i_hv) * V + o_v[None, :]) * K\n"
              "                + o_k[:, None] * one, mask=mkv, other=0.0)\n")
-S_READ = ("    s0 = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mkv,\n"
-          "                 other=0.0)\n")
+S_READ = ("    s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),\n"
+          "                 mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)\n")
 S_IN_THREAD = IN_THREAD.replace("    S = ", "    s0 = ")
 PARENT = "            S = h.source_state(snap, src + i_b * SRC_B, t, seq0, s0, i_hv, o_k, o_v, mkv, HV, K, V, SNAP_VK)\n"
 PARENT_IN_THREAD = (

@@ -215,10 +215,11 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
     if be == "torch":
         g, beta = checks.resolve_gates(g, beta, a, b, A_log, dt_bias)
         new = torch_ops.gdn_tree_commit(k, v, g, beta, parents=parents, accepted=accepted,
-                                        initial_state=checks.resolve_state(initial_state, state_indices, k.shape[0]),
+                                        initial_state=checks.resolve_state(initial_state, state_indices, k.shape[0],
+                                                                           pads=True),
                                         use_qk_l2norm=use_qk_l2norm)
         if inplace:
-            return checks.write_slots(initial_state, state_indices, k.shape[0], new, "initial_state", "states")
+            return checks.write_slots(initial_state, state_indices, k.shape[0], new, "initial_state", "states", pads=True)
         return new
     def run():
         return _triton("triton_commit").gdn_tree_commit_triton(

@@ -71,7 +71,7 @@ def check_pool(initial_state, state_indices, B, HV, K, V):
         raise ValueError(f"initial_state: expected [N, HV, K, V] with HV, K, V = {(HV, K, V)}, got "
                          f"{tuple(initial_state.shape)}")
     state_vk(initial_state)  # contiguous, or SGLang's pool seen through a transpose
-    return pool_slots(initial_state, state_indices, B, "initial_state", "states")
+    return pool_slots(initial_state, state_indices, B, "initial_state", "states", pads=True)  # the GDN kernels
 
 
 def state_vk(pool: torch.Tensor) -> bool:

@@ -18,19 +18,25 @@ from ddsim.gpu_backend import host_tables
 MODES = ("exact", "leaky")
 
 
+PAD_SLOT = -1  # a padded row's slot (SGLang's PAD_SLOT_ID: a CUDA-graph batch padded to its captured size)
+
+
 class CheckedSlots:
     """A batch's pool rows [B] validated once (``checked_slots``: distinct, in 0..N-1) and passed as
     ``state_indices=`` to every layer's call, which then checks only the pool's row count, the shape
-    and the device: no per-layer host sync. ``indices`` is int32, ``rows`` the same as int64."""
+    and the device: no per-layer host sync. ``indices`` is int32, ``rows`` the same as int64. ``padded``: how many
+    rows are padding (PAD_SLOT), which only the GDN verify and commit take (engine_api)."""
 
-    def __init__(self, indices: torch.Tensor, N: int):
-        self.indices, self.N = indices.to(torch.int32).contiguous(), N
+    def __init__(self, indices: torch.Tensor, N: int, padded: int = 0):
+        self.indices, self.N, self.padded = indices.to(torch.int32).contiguous(), N, padded
         self.rows = self.indices.long()
 
 
-def checked_slots(state_indices, N: int, B: int, device, name: str = "state_indices") -> CheckedSlots:
+def checked_slots(state_indices, N: int, B: int, device, name: str = "state_indices", pad: bool = False
+                  ) -> CheckedSlots:
     """Validate the pool rows state_indices [B] of a pool of N rows once: on the host when given host
-    values (no device sync), else with one sync. ``name``: the argument the messages name."""
+    values (no device sync), else with one sync. ``name``: the argument the messages name. ``pad``: rows of
+    PAD_SLOT (-1) are padding, as an engine pads a CUDA-graph batch (the rest distinct, in 0..N-1)."""
     if isinstance(state_indices, CheckedSlots):
         return state_indices
     if isinstance(state_indices, torch.Tensor) and (state_indices.dtype not in (torch.int32, torch.int64)
@@ -39,12 +45,14 @@ def checked_slots(state_indices, N: int, B: int, device, name: str = "state_indi
     host = state_indices.tolist() if isinstance(state_indices, torch.Tensor) else list(state_indices)
     if len(host) != B or any(not isinstance(x, int) for x in host):
         raise ValueError(f"{name}: expected [B] = [{B}] integers, got {host}")
-    noun = "slots" if name == "state_indices" else "rows"
-    if any(not 0 <= x < N for x in host):
-        raise ValueError(f"{name}: {noun} must lie in 0..{N - 1}, got {host}")
-    if len(set(host)) != B:
+    noun = "slots" if name in ("state_indices", "initial_state_indices") else "rows"
+    real = [x for x in host if not (pad and x == PAD_SLOT)]
+    if any(not 0 <= x < N for x in real):
+        raise ValueError(f"{name}: {noun} must lie in 0..{N - 1}{f' (or {PAD_SLOT}: a padded row)' if pad else ''}, "
+                         f"got {host}")
+    if len(set(real)) != len(real):
         raise ValueError(f"{name}: {noun} must be distinct, got {host}")
-    return CheckedSlots(torch.tensor(host, dtype=torch.int32, device=device), N)
+    return CheckedSlots(torch.tensor(host, dtype=torch.int32, device=device), N, B - len(real))
 
 
 class TreePlan:
@@ -327,6 +335,8 @@ def node_state_rows(buf: torch.Tensor, rows, B: int, *, buf_name: str = "states_
     no sync, as under CUDA-graph capture), or None for rows 0..B-1 (sequence b at row b; then N must be B or
     more). Refusals name the buffer and the rows as the caller does (``buf_name``, ``rows_name``)."""
     if isinstance(rows, CheckedSlots):
+        if rows.padded:  # a padded row's node states would go to row -1
+            raise ValueError(f"{rows_name}: {rows.padded} padded rows (-1): every sequence's node states take a row")
         return planned_rows(rows, buf, B, rows_name, "buffer", buf_name, "rows")
     if rows is None:
         if buf.shape[0] < B:
@@ -378,12 +388,16 @@ def planned_rows(checked: CheckedSlots, holder: torch.Tensor, B: int, index_name
     return idx
 
 
-def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tensor:
+def pool_slots(pool, state_indices, B: int, name: str, rows: str, pads: bool = False) -> torch.Tensor:
     """int32 [B] rows of pool [N, ...] holding the batch: its first B rows when state_indices is
     None (then N must be B), else state_indices [B], distinct and in 0..N-1 (checked_slots: one host
-    sync), or CheckedSlots (validated before: only the pool size, shape and device here)."""
+    sync), or CheckedSlots (validated before: only the pool size, shape and device here). ``pads``: the caller's
+    kernels take padded rows (PAD_SLOT: CheckedSlots made with pad=True); elsewhere such slots are refused."""
     N = pool.shape[0]
     if isinstance(state_indices, CheckedSlots):
+        if state_indices.padded and not pads:
+            raise ValueError(f"state_indices: {state_indices.padded} padded rows (slot {PAD_SLOT}); only the GDN "
+                             "verify and commit take padded rows")
         return planned_rows(state_indices, pool, B, "state_indices", "pool", name, rows)
     if state_indices is None:
         if N != B:
@@ -392,12 +406,16 @@ def pool_slots(pool, state_indices, B: int, name: str, rows: str) -> torch.Tenso
     return checked_slots(torch.as_tensor(state_indices), N, B, pool.device).indices  # the same checks, one sync
 
 
-def resolve_state(initial_state, state_indices, B: int):
+def resolve_state(initial_state, state_indices, B: int, pads: bool = False):
     """The committed states of the batch: initial_state itself, or the pool slots state_indices
-    (checked as the Triton backend checks them)."""
+    (checked as the Triton backend checks them; with ``pads`` a padded row's state is zero, as the kernels read it)."""
     if state_indices is None:
         return initial_state
-    return initial_state[pool_slots(initial_state, state_indices, B, "initial_state", "states").long()]
+    idx = pool_slots(initial_state, state_indices, B, "initial_state", "states", pads).long()
+    if not getattr(state_indices, "padded", 0):
+        return initial_state[idx]
+    live = (idx >= 0).view(-1, *[1] * (initial_state.dim() - 1))
+    return torch.where(live, initial_state[idx.clamp(min=0)], 0.0)
 
 
 def resolve_window(initial_window, state_indices, B: int):
@@ -407,11 +425,12 @@ def resolve_window(initial_window, state_indices, B: int):
     return initial_window[pool_slots(initial_window, state_indices, B, "initial_window", "windows").long()]
 
 
-def write_slots(pool, state_indices, B: int, new: torch.Tensor, name: str, rows: str):
+def write_slots(pool, state_indices, B: int, new: torch.Tensor, name: str, rows: str, pads: bool = False):
     """In-place commit: ``new`` [B, ...] into pool's slots (its first B rows without state_indices);
-    returns the pool. Slots outside the batch are not touched."""
-    idx = pool_slots(pool, state_indices, B, name, rows).long()
-    pool[idx] = new.to(pool.dtype)
+    returns the pool. Slots outside the batch are not touched, nor, with ``pads``, any for a padded row."""
+    idx = pool_slots(pool, state_indices, B, name, rows, pads).long()
+    live = idx >= 0
+    pool[idx[live]] = new[live].to(pool.dtype)
     return pool
 
 

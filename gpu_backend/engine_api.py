@@ -75,10 +75,13 @@ def plan_tree(retrieve_parent_token) -> checks.TreePlan:
 
 def plan_slots(initial_state_source, initial_state_indices) -> checks.CheckedSlots:
     """The step's pool rows [B] validated once (one host sync for a device tensor, none for host
-    values): pass as ``initial_state_indices`` to every layer's target_verify and commit_accepted."""
+    values): pass as ``initial_state_indices`` to every layer's target_verify and commit_accepted. A row of slot
+    -1 is padding, as SGLang pads a CUDA-graph batch (PAD_SLOT_ID): its verify starts from a zero state, and no
+    pool slot is read or written for it."""
     idx = initial_state_indices
     B = len(idx) if not isinstance(idx, torch.Tensor) else (idx.shape[0] if idx.dim() == 1 else -1)
-    return checks.checked_slots(idx, initial_state_source.shape[0], B, initial_state_source.device)
+    return checks.checked_slots(idx, initial_state_source.shape[0], B, initial_state_source.device,
+                                "initial_state_indices", pad=True)
 
 
 def plan_accepted(tree: checks.TreePlan, accepted) -> checks.CheckedIndices:
@@ -117,13 +120,17 @@ def _check_gating(softplus_beta, softplus_threshold):
 def _state_view(pool, slots, B):
     """(initial_state, state_indices, rows) for ddsim's functions: SGLang's fp32 pool [N, HV, V, K]
     seen through a transpose as [N, HV, K, V] (read, and by the commit written, in place: no copy)
-    with the batch's rows as given (checked downstream: distinct, in range; or once by plan_slots),
-    rows None. A pool of another dtype: a float32 copy of the batch's rows, state_indices None, and
-    the checked rows int64 [B] (to write the commit back)."""
+    with the batch's rows checked (plan_slots: distinct, in range, -1 a padded row; once per step when the
+    caller passes the plan), rows None. A pool of another dtype: a float32 copy of the batch's rows (a padded row's
+    zero), state_indices None, and the checked rows int64 [B] (to write the commit back; -1 for a padded row)."""
+    if not isinstance(slots, checks.CheckedSlots):
+        slots = plan_slots(pool, slots)
     if pool.dtype == torch.float32 and pool.dim() == 4 and pool.is_contiguous():
         return pool.transpose(-1, -2), slots, None
-    idx = checks.pool_slots(pool, slots, B, "initial_state_source", "states").long()
-    return pool.index_select(0, idx).transpose(-1, -2).float().contiguous(), None, idx
+    idx = checks.pool_slots(pool, slots, B, "initial_state_source", "states", pads=True).long()
+    rows = pool.index_select(0, idx.clamp(min=0)).transpose(-1, -2).float()
+    live = (idx >= 0).view(-1, 1, 1, 1)
+    return torch.where(live, rows, 0.0).contiguous(), None, idx
 
 
 def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
@@ -183,6 +190,7 @@ def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_st
                              initial_state=s0, state_indices=slots, inplace=rows is None,
                              use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                              backend=_backend(k))
-    if rows is not None:  # a pool of another dtype: its batch rows were copied; write them back
-        pool.index_copy_(0, rows, new.transpose(-1, -2).to(pool.dtype))
+    if rows is not None:  # a pool of another dtype: its batch rows were copied; write them back (not a padded row's)
+        live = rows >= 0
+        pool.index_copy_(0, rows[live], new[live].transpose(-1, -2).to(pool.dtype))
     return pool

@@ -52,7 +52,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     dtype and, with output_states, the state after every node [B, T, HV, K, V] in the state dtype.
     """
     g, beta = resolve_gates(g, beta, a, b, A_log, dt_bias)
-    initial_state = resolve_state(initial_state, state_indices, q.shape[0])
+    initial_state = resolve_state(initial_state, state_indices, q.shape[0], pads=True)  # a padded row: a zero state
     B, T, H, HV, K, V = check_gdn(q, k, v, g, beta, initial_state)
     src = source_parents(parents, B, T, q.device, mode)  # [B, T]
     dt = initial_state.dtype

@@ -29,9 +29,9 @@ def _gdn_commit_kernel(
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
-    mkv = mk[:, None] & mv[None, :]
-    S = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mkv,
-                other=0.0)
+    slot, live = h.pool_slot(state_idx, i_b)  # a padded row (slot -1) starts from a zero state
+    S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
+                mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     path = paths + (i_b * TP + tl.load(acc + i_b)) * DMAX  # the accepted node's root path
     for d in range(0, DMAX):
@@ -41,7 +41,10 @@ def _gdn_commit_kernel(
         b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
         b_g, b_beta = h.gates(g, beta, row * HV + i_hv, 0, neg_A, bias, FUSED, False)
         S = tl.where(n >= 0, h.delta_step(S, b_k, b_v, b_g, b_beta), S)
-    tl.store(h.state_ptrs(out, tl.load(out_idx + i_b), i_hv, o_k, o_v, HV, K, V, OUT_VK), S, mask=mkv)
+    oslot, olive = h.pool_slot(out_idx, i_b)
+    # in place a padded row's slot is not written (out_idx is then the pool's slots)
+    tl.store(h.state_ptrs(out, oslot, i_hv, o_k, o_v, HV, K, V, OUT_VK), S,
+             mask=h.live_rows(o_k, K, olive)[:, None] & mv[None, :])
 
 
 def _paths(parents: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:

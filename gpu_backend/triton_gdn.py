@@ -61,8 +61,9 @@ def _gdn_recurrent_kernel(
         seq0 = i_b * T
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     mkv = mk[:, None] & mv[None, :]
-    s0 = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mkv,
-                 other=0.0)
+    slot, live = h.pool_slot(state_idx, i_b)  # a padded row (slot -1) starts from a zero state
+    s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
+                 mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)
     S = s0
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     for t in range(0, T):
@@ -106,8 +107,9 @@ def _gdn_paths_kernel(
     i_h = i_hv // (HV // H)
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     mkv = mk[:, None] & mv[None, :]
-    S = tl.load(h.state_ptrs(state, tl.load(state_idx + i_b), i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mkv,
-                other=0.0)
+    slot, live = h.pool_slot(state_idx, i_b)  # a padded row (slot -1) starts from a zero state
+    S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
+                mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     path = paths + (i_b * T + t) * DMAX
     o_d = tl.arange(0, BD)
@@ -173,7 +175,7 @@ def _gdn_wy_kernel(
                                                                               FUSED)
         mt = o_t < T
         rows = (i_b * T + o_t).to(tl.int64)
-        slot = tl.load(state_idx + i_b)  # read through the table even where it is the identity (no state_indices):
+        slot, live = h.pool_slot(state_idx, i_b)  # read through the table even where it is the identity (no state_indices):
         # the state's read waits for it, so q and k, first used, arrive sooner (RESULTS.md: 5.3 us of device time
         # against 5.5 with the state at row i_b, 1 x 16, 4 warps, the rows' norms as read)
         # the state last: Triton moves it into shared memory for the products as soon as it is read (a barrier),
@@ -194,8 +196,8 @@ def _gdn_wy_kernel(
         draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
         anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
-        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
-                     other=0.0)
+        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
+                     mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)  # a padded row: zero
         b_q, b_k, b_v, b_g, b_beta = h.draft_values(draft, mt, neg_A, bias, FUSED, L2NORM)
     b_v = b_v.to(tl.float32)
     G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)  # [BT] log-decay along each path (below the root for ROOT 0)

@@ -108,6 +108,23 @@ def gate_values(raw_g, raw_b, neg_A, bias, FUSED: tl.constexpr):
 
 
 @triton.jit
+def pool_slot(state_idx, i_b):
+    """(slot, live): sequence i_b's pool slot and whether it has one. An engine pads a CUDA-graph batch with slot -1
+    (SGLang's PAD_SLOT_ID): such a row reads a zero state (its loads masked off by ``live``, its address slot 0's)
+    and its commit writes nothing."""
+    slot = tl.load(state_idx + i_b)
+    return tl.maximum(slot, 0), slot >= 0
+
+
+@triton.jit
+def live_rows(o_k, K, live):
+    """[BK] bool: the state's key rows o_k to read, those below K, none for a padded row (``live`` False). Made by a
+    comparison with a block, not as ``block & scalar``, which Triton's interpreter turns into int64 (a mask its
+    loads refuse)."""
+    return o_k < tl.where(live, K, 0)
+
+
+@triton.jit
 def state_ptrs(state, slot, i_hv, o_k, o_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, VK: tl.constexpr):
     """Pointers [BK, BV] to the (K, V) entries of a state pool [N, HV, K, V] at (slot, i_hv): stored
     so (contiguous), or with VK as the transpose of a contiguous [N, HV, V, K] pool (SGLang's layout,
@@ -185,13 +202,13 @@ def root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v,
                HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, STATE_VK: tl.constexpr):
     """wy_root's reads, issued together (the state's after its pool slot's: two round trips in all): the root's
     q, k [BK] and v [BV] rows in their own dtype, its raw gates, and the committed state tile [BK, BV]."""
-    slot = tl.load(state_idx + i_b)
+    slot, live = pool_slot(state_idx, i_b)
     q0 = raw_rows(q, r0, i_h, o_k, mk, H, K)
     k0 = raw_rows(k, r0, i_h, o_k, mk, H, K)
     v0 = raw_rows(v, r0, i_hv, o_v, mv, HV, V)
     raw_g0, raw_b0 = raw_gates(g, beta, r0 * HV + i_hv, 0, False)
-    s0 = tl.load(state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
-                 other=0.0)
+    s0 = tl.load(state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
+                 mask=live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)
     return q0, k0, v0, raw_g0, raw_b0, s0
 
 

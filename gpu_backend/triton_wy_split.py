@@ -356,24 +356,25 @@ def _gdn_wy_fold_head_kernel(
     else:
         i_bh = pid // NT if SPLIT_V else pid
     i_b, i_hv = i_bh // HV, i_bh % HV
-    slot = tl.load(state_idx + i_b)  # read with the weights' reads (after them, the state's read waited two trips)
+    slot, live = h.pool_slot(state_idx, i_b)  # read with the weights' reads (after them, the state's read waited two
+    # trips); a padded row (slot -1) reads a zero state
     o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
                                                 BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True)
     if MIXED:
         for vt in range(t0, t1, BV):
-            _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k, HV, K, V, BV, EXACT,
+            _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, live, i_b, i_hv, vt, T, o_t, o_k, HV, K, V, BV, EXACT,
                        PRECISION, STATE_VK)
     elif SPLIT_V:
-        _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, (pid % NT) * BV, T, o_t, o_k, HV, K, V, BV,
+        _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, live, i_b, i_hv, (pid % NT) * BV, T, o_t, o_k, HV, K, V, BV,
                    EXACT, PRECISION, STATE_VK)
     else:
         for vt in range(0, V, BV):
-            _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k, HV, K, V, BV, EXACT,
+            _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, live, i_b, i_hv, vt, T, o_t, o_k, HV, K, V, BV, EXACT,
                        PRECISION, STATE_VK)
 
 
 @triton.jit
-def _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k, HV: tl.constexpr, K: tl.constexpr,
+def _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, live, i_b, i_hv, vt, T, o_t, o_k, HV: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, BV: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
                STATE_VK: tl.constexpr):
     """The head kernel's V tile at columns vt..vt+BV: O = Qe' S + Ve V + c v_0^T and o_0 = S^T q_0' + c_0 v_0,
@@ -382,13 +383,12 @@ def _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, i_b, i_hv, vt, T, o_t, o_k,
     own. (Qe' S first, o_0 stored before either product, read v, v_0 and the state in one round, but spilled and
     measured no faster on the H200: RESULTS.md.)"""
     mt = o_t < T - 1
-    mk = o_k < K
     o_v = vt + tl.arange(0, BV)
     mv = o_v < V
     r0, tile = _draft_tile(i_b, i_hv, T, o_t, o_v, HV, V)
     b_v, v0 = _root_tile_v(v, r0, tile, o_v, mt, mv)  # [BT, BV], [BV]
-    S = tl.load(h.state_ptrs32(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=mk[:, None] & mv[None, :],
-                other=0.0)  # [BK, BV]
+    S = tl.load(h.state_ptrs32(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
+                mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)  # [BK, BV]; a padded row's zero
     # Ve V with Ve in two bf16 parts (EXACT 3) where bf16x3 would take three: Qe' S beside it is Triton's
     # bf16x3, about 2^-16, and the output bf16; one MMA and a third of Ve's registers fewer a tile
     acc = tl.dot(Qm, S, _dot_exact_rhs(Vm, b_v, c[:, None] * v0[None, :], 3 if EXACT == 2 else EXACT, PRECISION),
@@ -466,15 +466,15 @@ def _gdn_wy_fold_root_apply_kernel(
     mt = o_t < T - 1
     r0, tile = _draft_tile(i_b, i_hv, T, o_t, o_v, HV, V)
     b_v, v0 = _root_tile_v(v, r0, tile, o_v, mt, mv)
-    slot = tl.load(state_idx + i_b)
+    slot, live = h.pool_slot(state_idx, i_b)  # a padded row (slot -1) reads a zero state
     i_bh = i_b * HV + i_hv
     base = i_bh.to(tl.int64) * BT
     if BKC >= BK:
         # all of K in one chunk: S [BK, BV] read before the wait, so that under PDL the state's read (the
         # kernel's bytes) overlaps the fold grid's arithmetic; nothing read here is written by it
         o_k = tl.arange(0, BK)
-        S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=(o_k < K)[:, None] & mv[None, :],
-                    other=0.0)
+        S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
+                    mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)
         _wait_for_fold(ready, i_bh, PDL)
         Vm = _from_fold(Ve + (base + o_t[:, None]) * BT + o_t[None, :], PDL)
         c = _from_fold(Cv + base + o_t, PDL)
@@ -494,7 +494,7 @@ def _gdn_wy_fold_root_apply_kernel(
         for kc in range(0, BK, BKC):
             o_k = kc + tl.arange(0, BKC)
             S = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
-                        mask=(o_k < K)[:, None] & mv[None, :], other=0.0)
+                        mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)
             Qc = _from_fold(Qe + (base + o_t[:, None]) * BK + o_k[None, :], PDL)
             q0 = _from_fold(Q0 + i_bh.to(tl.int64) * BK + o_k, PDL)
             acc = tl.dot(Qc, S, acc, input_precision=PRECISION)

@@ -74,8 +74,11 @@ class Family:
                 out[k] = v.index_select(2, group)
             elif k not in ("pool", "slots"):
                 out[k] = v
-        if self.pooled:
-            out["initial_state"] = inp["pool"][inp["slots"].long()].index_select(1, idx)
+        if self.pooled:  # a padded row (slot -1) starts from a zero state
+            slots = inp["slots"].long()
+            states = inp["pool"][slots.clamp(min=0)]
+            states[slots < 0] = 0.0
+            out["initial_state"] = states.index_select(1, idx)
         return self.to_oracle(out)
 
     def to_oracle(self, part: dict) -> dict:
@@ -87,14 +90,17 @@ class Family:
         if not self.pooled:
             return dict(initial_state=inp["initial_state"])
         pool, slots = inp["pool"], inp["slots"]
-        return dict(initial_state=pool, state_indices=checked_slots(slots, pool.shape[0], len(slots), pool.device))
+        return dict(initial_state=pool, state_indices=checked_slots(slots, pool.shape[0], len(slots), pool.device,
+                                                                    pad=self.padded))
+
+    padded = False  # the batch padded as a CUDA-graph replay pads it: its last rows slot -1 (_pool)
 
 
-def _pool(B: int, shape: tuple, gen) -> dict:
+def _pool(B: int, shape: tuple, gen, pad: int = 0) -> dict:
     """A pool of 2B + 3 states of ``shape``, the batch's in shuffled slots (one in the last), every other slot NaN
-    (check-kernel's pool of kind "last")."""
+    (check-kernel's pool of kind "last"); the last ``pad`` rows of the batch padding (slot -1, no state in the pool)."""
     rng = np.random.default_rng(int(torch.randint(2 ** 31, (1,), generator=gen)))
-    pool, slots = pool_of(_randn(gen, B, *shape), "last", 2 * B + 3, rng)
+    pool, slots = pool_of(_randn(gen, B, *shape), "last", 2 * B + 3, rng, pad)
     return dict(pool=pool, slots=slots)
 
 
@@ -111,9 +117,18 @@ class GDN(Family):
 
     def inputs(self, B, T, d, gen):
         H, HV, K, V = d["H"], d["HV"], d["K"], d["V"]
+        pad = B // 4 + 1 if self.padded and B > 1 else 0
         return dict(q=_randn(gen, B, T, H, K).to(BF16), k=_randn(gen, B, T, H, K).to(BF16),
                     v=_randn(gen, B, T, HV, V).to(BF16), g=-_rand(gen, B, T, HV) * 0.3, beta=_rand(gen, B, T, HV),
-                    **_pool(B, (HV, K, V), gen))
+                    **_pool(B, (HV, K, V), gen, pad))
+
+
+class GDNPadded(GDN):
+    """GDN in a batch padded as SGLang pads a CUDA-graph replay's (engine_api.plan_slots): its last B // 4 + 1 rows
+    slot -1 (PAD_SLOT_ID), no state of theirs in the pool. A padded row verifies and commits from a zero state (the
+    oracle's too), and no slot is read or written for it, through every design."""
+    name = "gdn-padded"
+    padded = True
 
 
 class GDNGates(GDN):
@@ -209,7 +224,7 @@ class Mamba2(Family):
                     dt_bias=_rand(gen, H) * 2.3 - 4.6, dt_limit=(0.001, float("inf")), **_pool(B, (H, P, N), gen))
 
 
-FAMILIES = {f.name: f for f in (GDN(), GDNGates(), KDA(), Lightning(), Mamba1(), Mamba2())}
+FAMILIES = {f.name: f for f in (GDN(), GDNGates(), GDNPadded(), KDA(), Lightning(), Mamba1(), Mamba2())}
 
 
 def _sampled(fam: Family, d: dict, seed: int) -> torch.Tensor:
@@ -323,13 +338,14 @@ def check_commit(fam: Family, B: int, T: int, *, dims: str, seed: int = 0) -> di
                                   **(dict(inplace=True) if fam.pooled else {}))
     ref = getattr(oracle, fam.commit)(*(part[k] for k in fam.commit_args), **_extra(fam, part, commit=True),
                                       initial_state=part["initial_state"], parents=parents, accepted=acc)
-    if fam.pooled:  # written in place into the batch's slots; every other slot bit-identical
-        pool, slots = dev["pool"], dev["slots"]
+    if fam.pooled:  # written in place into the batch's slots; every other slot bit-identical (a padded row has none)
+        pool, slots = dev["pool"], dev["slots"].long()
+        real = slots >= 0
         others = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device)
-        others[slots.long()] = False
+        others[slots[real]] = False
         assert new is pool
         assert torch.equal(_bits(pool[others]), before.pop("pool")[others]), "a slot outside the batch written"
-        new = pool[slots.long()]
+        new, ref = pool[slots[real]], ref[real.cpu()]
     _assert_unchanged(dev, before, "commit")
     assert bool(torch.isfinite(new).all()), "a committed state not written, or not finite"
     c = assert_close(f"{fam.name} commit", new.index_select(1, idx.to(new.device)).cpu(), ref, dtype=torch.float32,

@@ -329,7 +329,7 @@ def test_the_serving_shape_margins_refuse_a_family_they_do_not_know_and_print_a_
     """serving_shape_margins.py: a family outside ddsim.properties.serving_cases is one line and exit 2, said before
     the CUDA check; a row gives an output's error over the rounding's and its share off, a commit's states alone."""
     _refused_before_any_work("serving_shape_margins.py", ["--families", "kda,rwkv7"],
-                             "--families: expected some of gdn, gdn-gates, kda, lightning, mamba1, mamba2, got 'kda,rwkv7'")
+                             "--families: expected some of gdn, gdn-gates, gdn-padded, kda, lightning, mamba1, mamba2, got 'kda,rwkv7'")
     cells = _benchmark("serving_shape_margins")._cells
     assert cells(dict(err_over_cast=1.00012, off=0.0031)) == "1.0001 | 0.31% | "
     assert cells(dict(err_over_cast=1.0, off=0.0, states_over_bound=0.0123)) == "1.0000 | 0.00% | 0.012"

@@ -69,6 +69,8 @@ def test_sglang_target_verify_kernel_in_both_modes(tmp_path, mode, held):
                 pythonpath=ENGINES)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "(sglang 0.5.23)" in r.stdout and f"all {held} properties hold (quick profile" in r.stdout
+    # a padded batch among them (slot -1: SGLang's CUDA-graph padding), which its kernel skips
+    assert json.loads((tmp_path / "ce.json").read_text())["coverage"]["padded rows"] == [0, 2]
 
 
 def test_vllm_spec_decode_kernel_is_the_flattened_path(tmp_path):
@@ -125,6 +127,25 @@ def test_sglang_tree_conv_in_both_modes(tmp_path, mode, held):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "committed window = the flattened draft's window" in r.stdout and "causal_conv1d_triton.py" in r.stdout
     assert f"all {held} properties hold (quick profile" in r.stdout
+
+
+@pytest.mark.parametrize("kernel, failing, written", [
+    ("conv_pads_wrap_to_the_last_slot", "committed window = the flattened draft's window", [29, 39]),
+    ("conv_pads_by_address", "other pool slots untouched", [-1, 29, 39]),
+])
+def test_a_padded_row_that_writes_a_slot_is_caught(tmp_path, kernel, failing, written):
+    """SGLang pads a CUDA-graph batch with slot -1, and its tree conv rewrites each sequence's window slot: a conv
+    that takes -1 as Python does writes the pool's last slot (another sequence's), one that does not know the pad
+    id writes a slot's worth before the pool (check-kernel's guard slot). Each fails on the padded batch alone."""
+    out = tmp_path / "ce.json"
+    r = run_cli("check-kernel", "--impl", f"tests.planted_pads:{kernel}", "--convention", "sglang", "--op", "conv",
+                "--mode", "exact", "--max-examples", "3", "--out", out, pythonpath=ENGINES)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {failing}"]
+    ce = json.loads(out.read_text())["counterexamples"][0]
+    assert ce["example"] == "padded batch: 2 sequences and 2 padded rows (slot -1) at 4 x 9"
+    assert ce["pool"]["batch_slots"] == [29, 39, -1, -1] and ce["pool"]["written_slots"] == written
+    assert ("the slot's worth before and after the pool" in r.stdout) == (-1 in written)
 
 
 def test_a_planted_tree_conv_bug_and_a_missing_conv(tmp_path):

@@ -4,6 +4,7 @@ shrunk, the leaky mode's leak, a kernel that raises, conv and Mamba2, the profil
 tests/test_verdict_chain.py so that mutation testing of the property chain stays fast (each of these
 re-runs the quick profile)."""
 import pytest
+import torch
 
 from ddsim.engines import check_kernel as ck
 
@@ -129,3 +130,54 @@ def test_the_interpreters_cached_builtin_patching_patches_what_the_original_does
             scope.restore()
             assert attrs() == before
         assert seen[0] == seen[1] == seen[2] and seen[0]
+
+
+@pytest.mark.parametrize("op", ["gdn", "conv", "mamba2", "kda", "lightning"])
+@pytest.mark.parametrize("profile", ["quick", "serving"])
+def test_padded_batches_are_run_where_the_convention_pads(op, profile):
+    """A kernel whose convention pads a CUDA-graph batch (SGLang's, vLLM's) gets padded batches: the last rows slot
+    -1, no state of theirs in the pool, a real sequence in the pool's last slot (where Python's -1 lands); the
+    serving profile's in a pool of 1024 slots at a model's widths. Other conventions get none."""
+    from ddsim.engines import kernel_cases as kc
+    plain, padded = kc.cases(op, profile), kc.cases(op, profile, pads=True)
+    extra = padded[len(plain):]
+    assert [c["label"] for c in padded[:len(plain)]] == [c["label"] for c in plain]
+    assert len(extra) == (1 if profile == "quick" else 2)
+    assert not any(kc.describe(c)["padded rows"] for c in plain)
+    for c in extra:
+        slots, pool = c["slots"], c["pool"]
+        pad = int((slots < 0).sum())
+        assert pad and bool((slots[-pad:] == -1).all()) and bool((slots[:-pad] >= 0).all())
+        assert pool.shape[0] - 1 in slots.tolist()
+        real = slots[:-pad].long()
+        assert not torch.isnan(pool[real]).any() and int((~torch.isnan(pool)).flatten(1).all(-1).sum()) == len(real)
+        state = c.get("initial_state", c.get("initial_window"))
+        assert bool((state[-pad:] == 0).all())  # an engine computes a padded row from a zero state
+    if profile == "serving":
+        assert kc.describe(extra[0])["pool slots"] == 1024 and kc.describe(extra[0])["batch"] == 8
+
+
+def test_guard_slots_show_a_write_beside_the_pool_and_adapters_carry_it_back():
+    """check-kernel's pool sits between two guard slots in its storage: a write a slot's worth before it (slot -1
+    taken as an address offset) or after it is a write outside the pool; an adapter's guarded copy in the engine's
+    layout carries such a write to the caller's guards."""
+    from ddsim.engines import beside, guarded_like, reflect_writes
+    from ddsim.engines.check_kernel import _bits, _pool_writes
+    pool = guarded_like(torch.randn(5, 2, 3, 4))
+    before = _bits(pool).clone()
+    w = _pool_writes(pool, before, torch.tensor([1, 3, -1], dtype=torch.int32))
+    assert w == {"committed_untouched": True, "others_untouched": True, "written_slots": []}
+    for end, slot in ((0, -1), (1, 5)):
+        p = guarded_like(torch.randn(5, 2, 3, 4))
+        b = _bits(p).clone()
+        beside(p)[end].zero_()
+        w = _pool_writes(p, b, torch.tensor([1, 3, -1], dtype=torch.int32))
+        assert w == {"committed_untouched": True, "others_untouched": False, "written_slots": [slot]}
+    assert beside(torch.randn(5, 2, 3, 4)) is None  # a pool check-kernel did not make: no guards to read
+    caller = guarded_like(torch.randn(5, 2, 3, 4))
+    engine = guarded_like(caller.transpose(-1, -2))  # the engine's [N, ..., V, K] copy
+    b, theirs = engine.clone(), _bits(caller).clone()
+    beside(engine)[0].fill_(1.0)
+    reflect_writes(engine, b, caller)
+    assert torch.equal(beside(caller)[0], torch.ones(2, 3, 4)) and torch.equal(_bits(caller), theirs)
+    assert _pool_writes(caller, theirs, torch.tensor([0], dtype=torch.int32))["written_slots"] == [-1]

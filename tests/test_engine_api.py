@@ -21,6 +21,9 @@ def test_check_kernel_holds_in_sglangs_convention(tmp_path, mode, held):
     assert r.returncode == 0, r.stdout + r.stderr
     profile = "serving" if torch.cuda.is_available() else "quick"  # check_kernel.default_profile on its device
     assert f"all {held} properties hold ({profile} profile" in r.stdout, r.stdout
+    import json  # padded batches among the examples (SGLang's convention pads a CUDA-graph batch with slot -1)
+    assert json.loads((tmp_path / "ce.json").read_text())["coverage"]["padded rows"] == ([0, 2] if profile == "quick"
+                                                                                         else [0, 1, 3])
 
 
 def _inputs(seed=0, B=2, T=6, H=1, HV=2, K=4, V=3, N=5):
@@ -350,3 +353,76 @@ def test_trees_past_one_block_verify_and_commit_equal_the_oracle():
     want = oracle.gdn_tree_commit(x["k"].double(), x["v"].double(), gate, beta, parents=parents, accepted=accepted,
                                   initial_state=s0)
     torch.testing.assert_close(pool[slots.long()].transpose(-1, -2).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def _guarded(pool):
+    """pool inside storage with a slot of sentinel bits on each side (a write to slot -1 by address lands there)."""
+    backing = torch.full((pool.shape[0] + 2, *pool.shape[1:]), 1234.5, dtype=pool.dtype)
+    backing[1:-1] = pool
+    return backing, backing[1:-1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T, planned, backend", [(6, False, "triton"), (6, True, "triton"), (70, True, "triton"),
+                                                 (6, False, "torch"), (6, True, "torch")])
+def test_a_padded_batch_verifies_and_commits_its_sequences_and_no_slot_for_its_padding(dtype, T, planned, backend,
+                                                                                       monkeypatch):
+    """SGLang pads a CUDA-graph batch with slot -1 (PAD_SLOT_ID). Its real rows verify and commit as they would
+    alone; a padded row verifies from a zero state (as SGLang's kernel does), and no slot is read or written for it:
+    not slot N-1 (Python's -1, here another sequence's), not the slot's worth before the pool. Triton's kernels
+    (the WY form, and past 65 nodes its form over chunks) in the interpreter, and the torch path; the fp32 pool in
+    place, bf16 through a copy of its rows."""
+    from ddsim.bench.bench import ddtree_batch
+    monkeypatch.setattr(engine_api, "_backend", lambda x: backend)
+    _, parents = ddtree_batch(3, T - 1, vocab=60, depth=8, topk=4, seed=7)
+    B, T = parents.shape
+    x, _, pool, _ = _inputs(seed=6, B=B, T=T, N=6)
+    backing, pool = _guarded(pool.to(dtype))
+    slots = torch.tensor([5, 2, -1], dtype=torch.int32)  # the last row padded; slot 5 = N-1 is a real sequence's
+    idx = engine_api.plan_slots(pool, slots) if planned else slots
+    tree = engine_api.plan_tree(parents.int()) if planned else parents.int()
+    before = backing.clone()
+    args = (x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool, idx)
+    o = engine_api.target_verify(*args, retrieve_parent_token=tree)
+    assert torch.equal(backing, before)  # the verify reads the pool only
+    gate, beta = _oracle_gates(x)
+    s0 = before[1:-1][slots.clamp(min=0).long()].transpose(-1, -2).double()
+    s0[2] = 0.0  # the padded row: a zero state
+    ref = oracle.gdn_tree_verify(x["q"].double(), x["k"].double(), x["v"].double(), gate, beta, parents=parents,
+                                 initial_state=s0, mode="exact")
+    torch.testing.assert_close(o.double(), ref, rtol=1e-5, atol=1e-5)
+    accepted = torch.tensor([T - 1, 1, T - 2])
+    engine_api.commit_accepted(x["A_log"], x["a"], x["dt_bias"], x["k"], x["v"], x["b"], pool, idx,
+                               retrieve_parent_token=tree, accepted=engine_api.plan_accepted(tree, accepted)
+                               if planned else accepted)
+    want = oracle.gdn_tree_commit(x["k"].double(), x["v"].double(), gate, beta, parents=parents, accepted=accepted,
+                                  initial_state=s0)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(pool[[5, 2]].transpose(-1, -2).double(), want[:2], **tol)
+    untouched = [0, 1, 3, 4]  # every other slot of the pool, and both guard slots
+    assert torch.equal(pool[untouched], before[1:-1][untouched])
+    assert torch.equal(backing[0], before[0]) and torch.equal(backing[-1], before[-1])
+
+
+def test_padding_is_taken_only_where_a_kernel_handles_it():
+    """Slot -1 is padding for the GDN verify and commit through engine_api (plan_slots); a raw -1 to ddsim's own
+    functions, padded rows planned for another family's pool, and a padded row of the drop-in's node-state buffer
+    are refused."""
+    import ddsim.gpu_backend as gb
+    from ddsim.gpu_backend import checks
+    x, parents, pool, _ = _inputs(seed=8)
+    with pytest.raises(ValueError, match=r"state_indices: slots must lie in 0..4, got \[3, -1\]"):
+        gb.gdn_tree_verify(x["q"], x["k"], x["v"], a=x["a"], b=x["b"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                           parents=parents, initial_state=pool.transpose(-1, -2), state_indices=torch.tensor([3, -1]))
+    with pytest.raises(ValueError, match=r"initial_state_indices: slots must lie in 0..4 \(or -1: a padded row\)"):
+        engine_api.plan_slots(pool, [3, -2])
+    with pytest.raises(ValueError, match="initial_state_indices: slots must be distinct"):
+        engine_api.plan_slots(pool, [3, 3])
+    padded = engine_api.plan_slots(pool, [-1, -1])  # two padded rows are not a repeated slot
+    assert padded.padded == 2
+    m2 = torch.zeros(5, 2, 3, 4)
+    with pytest.raises(ValueError, match="only the GDN verify and commit take padded rows"):
+        checks.resolve_window(m2, padded, 2)
+    with pytest.raises(ValueError, match="intermediate_state_indices: 1 padded rows"):
+        checks.node_state_rows(torch.zeros(5, 6, 2, 4, 3), engine_api.plan_slots(pool, [3, -1]), 2,
+                               rows_name="intermediate_state_indices")

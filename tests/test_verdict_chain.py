@@ -167,8 +167,24 @@ def test_node_errors_are_inf_where_the_output_is_not_finite():
 
 def _result(o, ref_exact, ref_leaky=None, *, order_exact=(True, True, False), **kw):
     return {"o": o, "ref": {"exact": ref_exact, "leaky": ref_exact if ref_leaky is None else ref_leaky},
-            "order_exact": torch.tensor([list(order_exact)]), "dtype": torch.float32, "inputs_changed": [],
-            "repeatable": True, "committed_untouched": True, "others_untouched": True, **kw}
+            "order_exact": torch.tensor([list(order_exact)] * o.shape[0]), "dtype": torch.float32, "inputs_changed": [],
+            "repeatable": True, "committed_untouched": True, "others_untouched": True,
+            "real": torch.ones(o.shape[0], dtype=torch.bool), **kw}
+
+
+def test_a_padded_rows_output_is_the_engines_own_and_a_real_rows_is_not():
+    """A padded row (slot -1) verifies whatever its engine makes of it (SGLang: a zero state; vLLM: nothing
+    written): its output is left out of finiteness and of every comparison; the same fault on a real row fails."""
+    ref = torch.ones(2, 3, 1, 1)
+    bad = ref.clone()
+    bad[1] = float("nan")  # every node of the second row
+    pad = torch.tensor([True, False])
+    for mode in ("exact", "leaky"):
+        props = ck._properties(mode)
+        assert all(p(_result(bad, ref, real=pad)) for p in props.values())
+        assert [n for n, p in props.items() if not p(_result(bad, ref))] == [
+            "output finite", "exact on order-exact nodes",
+            "exact on every node" if mode == "exact" else "flattened semantics on every node"]
 
 
 def test_every_property_predicate_on_hand_built_results():

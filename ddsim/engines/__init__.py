@@ -98,6 +98,9 @@ class EngineKernel:
     lightning_modes: tuple[str, ...] = ("exact", "leaky")
     lightning_source: str | None = None
     lightning_source_sha256: str | None = None
+    # the ops ("gdn" for the verify) whose calling convention pads a CUDA-graph batch with slot -1 (SGLang's and
+    # vLLM's PAD_SLOT_ID): a padded row's state is neither read nor written, and check-kernel runs padded batches
+    pads: tuple[str, ...] = ()
 
     def check_op(self, op: str, mode: str) -> None:
         """``--op op --mode mode`` on this kernel (any op not in OPS: the GDN verify): one line naming the op it lacks
@@ -132,14 +135,52 @@ def fused_gates(g, beta):
     return a.contiguous(), torch.logit(beta.float().clamp(1e-7, 1 - 1e-7)).contiguous()
 
 
+# the bits check-kernel fills the slot before and the slot after a pool with (guarded_like), by element
+# size: a NaN in float32, and in both bf16 and fp16, that no arithmetic makes
+GUARD = {2: 0x7FA5, 4: 0x7FC5A5A5, 8: 0x7FF8A5A5A5A5A5A5}
+
+
+def beside(pool):
+    """(the slot before, the slot after) a contiguous pool [N, ...] in its storage: check-kernel's guard slots, which
+    a kernel that takes slot -1 as an address offset, or writes slot N, changes. None where the storage has no room
+    for them (a pool check-kernel did not make)."""
+    n = pool[0].numel()
+    off = pool.storage_offset()
+    if not pool.is_contiguous() or off < n or (off + (pool.shape[0] + 1) * n) * pool.element_size() > \
+            pool.untyped_storage().nbytes():
+        return None
+    full = pool.as_strided((pool.shape[0] + 2, *pool.shape[1:]), pool.stride(), off - n)
+    return full[0], full[-1]
+
+
+def guarded_like(pool):
+    """A contiguous copy of pool inside guard slots (GUARD's bits), for an adapter that hands its engine a copy in
+    the engine's layout: reflect_writes carries a write to its guards to the caller's."""
+    import torch
+    backing = torch.empty((pool.shape[0] + 2, *pool.shape[1:]), dtype=pool.dtype, device=pool.device)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[pool.element_size()]
+    backing[0].view(bits).fill_(GUARD[pool.element_size()])
+    backing[-1].view(bits).fill_(GUARD[pool.element_size()])
+    backing[1:-1] = pool
+    out = backing[1:-1]
+    out._ddsim_guarded = True  # reflect_writes reads its guards
+    return out
+
+
 def reflect_writes(engine_pool, before, state_pool) -> None:
     """Copy back into the caller's state_pool [N, HV, K, V] every slot the engine wrote in its own
     [N, HV, V, K] copy engine_pool (compared bitwise with ``before``, so NaN slots count as unchanged):
-    the caller's pool properties then check the engine's own writes."""
+    the caller's pool properties then check the engine's own writes. A copy made by guarded_like has its guard
+    slots' writes carried to the caller's guard slots (where it has them) the same way."""
     import torch  # here, not at import: the command line imports this module for its conventions
     wrote = (engine_pool.view(torch.int32) != before.view(torch.int32)).flatten(1).any(-1)  # [N]
     if wrote.any():
         state_pool[wrote] = engine_pool[wrote].transpose(-1, -2)
+    ends, theirs = beside(engine_pool), beside(state_pool)
+    if getattr(engine_pool, "_ddsim_guarded", False) and ends is not None and theirs is not None:
+        for end, their in zip(ends, theirs):
+            if (end.view(torch.int32) != GUARD[4]).any():
+                their.copy_(end.transpose(-1, -2))
 
 
 def _source_of(fn) -> tuple[str | None, str | None]:
@@ -241,4 +282,5 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
             as_op, op_modes = by_convention[convention]
             ops_kw.update({op: as_op(fn), f"{op}_name": impl, f"{op}_modes": op_modes, f"{op}_source": src,
                            f"{op}_source_sha256": digest})
-    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **ops_kw)
+    pads = {"sglang": ("gdn", "conv", "mamba2"), "vllm": ("gdn",)}.get(convention, ())
+    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **ops_kw, pads=pads)

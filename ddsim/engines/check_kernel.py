@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from ddsim.engines import guarded_like
 from ddsim.errors import InputError
 from ddsim.measure.compare import TOLERANCES
 
@@ -126,7 +127,7 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str) -> dict:
         args = {k: None if inp[k] is None else inp[k].to(device, copy=True) for k in names}
         args["parents"] = inp["parents"].to(device, copy=True)
         slots = inp["slots"].to(device, copy=True)
-        pool = inp["pool"].to(device, copy=True).contiguous()
+        pool = guarded_like(inp["pool"].to(device))  # a slot of guard bits on either side in its storage
         seen = {k: _bits(v).clone() for k, v in {**args, "slots": slots}.items() if v is not None}
         before = _bits(pool).clone()
         o = call(args, pool, slots)
@@ -165,6 +166,7 @@ class _Runner:
                                       parents=inp["parents"], initial_state=inp["initial_state"].double(), mode=m)
                     for m in (("exact", "leaky") if self.mode == "leaky" else ("exact",))}
         r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
+        r["real"] = inp["slots"] >= 0  # [B]: a padded row's (slot -1) output is the engine's own affair
         r["dtype"] = _input_dtype(inp)
         return r
 
@@ -173,24 +175,33 @@ class _Runner:
 
 
 def _pool_writes(pool: torch.Tensor, before: torch.Tensor, slots: torch.Tensor) -> dict:
-    """Which pool slots a call wrote (bitwise), split into the batch's and the others."""
+    """Which pool slots a call wrote (bitwise), split into the batch's (padded rows, slot -1, hold none) and the
+    others; a guard slot written (-1: the slot's worth before the pool, N: after it) counts among the others."""
+    from ddsim.engines import GUARD, beside
     changed = (_bits(pool) != before).flatten(1).any(-1).cpu()  # [N]
     in_batch = torch.zeros_like(changed)
-    in_batch[slots.long().cpu()] = True
-    return {"committed_untouched": not bool(changed[in_batch].any()), "others_untouched": not bool(changed[~in_batch].any()),
-            "written_slots": changed.nonzero().flatten().tolist()}
+    in_batch[slots.long().cpu()[slots.cpu() >= 0]] = True
+    written = changed.nonzero().flatten().tolist()
+    ends = beside(pool)
+    if ends is not None:
+        guard = GUARD[pool.element_size()]
+        hit = [bool((_bits(end) != guard).any()) for end in ends]
+        written = ([-1] if hit[0] else []) + written + ([pool.shape[0]] if hit[1] else [])
+    outside = any(w < 0 or w >= pool.shape[0] for w in written)
+    return {"committed_untouched": not bool(changed[in_batch].any()),
+            "others_untouched": not bool(changed[~in_batch].any()) and not outside, "written_slots": written}
 
 
 def _properties(mode: str, committed: tuple | None = None) -> dict:
     """name -> predicate(run result) that must hold on every input. ``committed`` replaces the
     committed-slot property for a kernel whose verify rewrites its slot by design: (name, predicate)."""
-    def close(r, m, nodes):
+    def close(r, m, nodes):  # nodes [B, T] of the sequences that are not padding
         err = _node_errors(r["o"], r["ref"][m])
-        return bool((err[nodes] <= _bound(r["ref"][m], r["dtype"])).all())
+        return bool((err[nodes & r["real"][:, None]] <= _bound(r["ref"][m], r["dtype"])).all())
 
     name, pred = committed or ("committed state untouched", lambda r: r["committed_untouched"])
     props = {
-        "output finite": lambda r: bool(torch.isfinite(r["o"]).all()),
+        "output finite": lambda r: bool(torch.isfinite(r["o"][r["real"]]).all()),
         "inputs untouched": lambda r: not r["inputs_changed"],
         "repeatable": lambda r: r["repeatable"],
         name: pred,
@@ -223,9 +234,11 @@ class _ConvRunner:
         # the window after the whole flattened draft: what a verify that rewrites its slot writes there
         flat = torch.cat([inp["initial_window"], inp["x"].transpose(1, 2).to(inp["initial_window"].dtype)], -1)
         flat = flat[..., flat.shape[-1] - W1:]
-        batch = r.pop("pool_after")[inp["slots"].long()]
-        r["slot_is_flattened_window"] = torch.equal(_bits(batch), _bits(flat))
+        real = inp["slots"] >= 0  # [B]: padded rows (slot -1) have no slot
+        batch = r.pop("pool_after")[inp["slots"][real].long()]
+        r["slot_is_flattened_window"] = torch.equal(_bits(batch), _bits(flat[real]))
         r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
+        r["real"] = real
         r["dtype"] = _input_dtype(inp)
         return r
 
@@ -253,7 +266,7 @@ def _describe(inp, r, prop: str, mode: str) -> dict:
     dtype = _input_dtype(inp)
     err = _node_errors(r["o"], r["ref"][ref_mode])
     bound = _bound(r["ref"][ref_mode], dtype)
-    bad = (err > bound).nonzero().tolist()
+    bad = ((err > bound) & r["real"][:, None]).nonzero().tolist()
     first = None
     if bad:
         b, n = bad[0]
@@ -292,8 +305,10 @@ def _where(ce: dict) -> str:
         return (f"{at}first wrong node {node['node']} of sequence {node['sequence']} (parents "
                 f"{_short(ce['trees'][node['sequence']]['parents'])}), error {node['max_abs_error']:.3g} > "
                 f"{node['bound']:.3g}")
+    n, written = ce["pool"]["slots"], ce["pool"]["written_slots"]
+    outside = f" (-1 and {n}: the slot's worth before and after the pool)" if any(w < 0 or w >= n for w in written) else ""
     return (f"{at}trees {_short([t['parents'] for t in ce['trees']])}, batch slots {_short(ce['pool']['batch_slots'])} of "
-            f"{ce['pool']['slots']}, slots written {_short(ce['pool']['written_slots'])}")
+            f"{n}, slots written {_short(written)}{outside}")
 
 
 def _short(x, limit: int = 160) -> str:
@@ -374,9 +389,10 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
 
     def leaks(r) -> bool:
         err = _node_errors(r["o"], r["ref"]["exact"])
-        return bool((err[~r["order_exact"]] > 10 * _bound(r["ref"]["exact"], r["dtype"])).any())
+        return bool((err[~r["order_exact"] & r["real"][:, None]] > 10 * _bound(r["ref"]["exact"], r["dtype"])).any())
 
-    explicit = kernel_cases.cases(op, profile, dtype, **extra)
+    # padded batches (slot -1) where the kernel's convention has padding: SGLang's and vLLM's
+    explicit = kernel_cases.cases(op, profile, dtype, pads=op in kernel.pads, **extra)
     import threading
     with poisoned():  # ddsim's own kernels (the ddsim adapter) NaN-fill their outputs here too
         for inp in explicit:

@@ -83,10 +83,18 @@ def _gates(kind: str, shape, gen: torch.Generator) -> tuple[torch.Tensor, torch.
     return g, beta
 
 
-def _pool(batch: torch.Tensor, kind: str, n: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+PAD_SLOT = -1  # an engine's slot id for a padded row (a CUDA-graph batch padded to its captured size)
+
+
+def _pool(batch: torch.Tensor, kind: str, n: int, rng: np.random.Generator, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(pool [n, ...] NaN but for the batch's rows, slots int32 [B]): "shuffled" random distinct slots,
     "sparse" spread over the pool, "descending", "high" (every id above 255), "last" (the last slot
-    among them)."""
+    among them). The last ``pad`` rows are padding, as SGLang pads a CUDA-graph batch: slot PAD_SLOT, no state
+    in the pool (their rows of ``batch`` are zeroed in place: an engine computes a padded row from a zero state)."""
+    if pad:
+        batch[batch.shape[0] - pad:] = 0
+        pool, slots = _pool(batch[:batch.shape[0] - pad], kind, n, rng)
+        return pool, torch.cat([slots, torch.full((pad,), PAD_SLOT, dtype=torch.int32)])
     B = batch.shape[0]
     if kind == "sparse":
         slots = [int(i * (n // B)) + int(rng.integers(0, max(1, n // B))) for i in range(B)]
@@ -128,12 +136,12 @@ def _label(kind) -> str:
 
 def gdn_case(*, T: int = 17, kind="random", B: int = 2, H: int = 1, ratio: int = 2, K: int = 16, V: int = 16,
              gates: str = "mixed", pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32,
-             burst: int = 2, seed: int = 0, label: str = "") -> dict:
+             burst: int = 2, seed: int = 0, label: str = "", pad: int = 0) -> dict:
     rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
     HV = H * ratio
     g, beta = _gates(gates, (B, T, HV), gen)
     state = rnd(B, HV, K, V).float()
-    p, slots = _pool(state, pool, pool_size or B + 3, rng)
+    p, slots = _pool(state, pool, pool_size or B + 3, rng, pad)
     return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, HV, V).to(dtype),
                 g=g.to(dtype), beta=beta.to(dtype), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
                 trees=ts, pool=p, slots=slots, burst=burst, tree=_label(kind),
@@ -192,10 +200,10 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
 
 def conv_case(*, T: int = 17, kind="random", B: int = 2, C: int = 8, W: int = 4, bias: bool = True,
               pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32, burst: int = 2, seed: int = 0,
-              label: str = "") -> dict:
+              label: str = "", pad: int = 0) -> dict:
     rng, gen, ts, T, _ = _draws(kind, T, B, seed)
     window = torch.randn(B, C, W - 1, generator=gen).to(dtype)
-    p, slots = _pool(window, pool, pool_size or B + 3, rng)
+    p, slots = _pool(window, pool, pool_size or B + 3, rng, pad)
     return dict(x=torch.randn(B, T, C, generator=gen).to(dtype), weight=torch.randn(C, W, generator=gen).to(dtype),
                 bias=torch.randn(C, generator=gen).to(dtype) if bias else None,
                 parents=torch.tensor([t.parents for t in ts]), initial_window=window, pool=p, slots=slots, trees=ts,
@@ -239,7 +247,7 @@ def conv_cases(profile: str, dtype=torch.float32, widths=(2, 3, 4, 5)) -> list[d
 
 def mamba2_case(*, T: int = 17, kind="random", B: int = 2, G: int = 1, ratio: int = 2, P: int = 8, N: int = 16,
                 decay: str = "mixed", pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32,
-                burst: int = 2, seed: int = 0, label: str = "") -> dict:
+                burst: int = 2, seed: int = 0, label: str = "", pad: int = 0) -> dict:
     """An engine's Mamba2 contract: softplus always, no dt limit; A < 0 ("fast": |A| up to 16 with large
     steps, "long": |A| near 1e-3, "mixed"); D and dt_bias given."""
     rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
@@ -248,7 +256,7 @@ def mamba2_case(*, T: int = 17, kind="random", B: int = 2, G: int = 1, ratio: in
     A = -(torch.rand(H, generator=gen, dtype=torch.float64) * scale + 1e-4)
     dt = rnd(B, T, H) + (3.0 if decay == "fast" else 0.0)
     state = rnd(B, H, P, N).float()
-    p, slots = _pool(state, pool, pool_size or B + 3, rng)
+    p, slots = _pool(state, pool, pool_size or B + 3, rng, pad)
     return dict(x=rnd(B, T, H, P).to(dtype), dt=dt.to(dtype), A=A.float(), B=rnd(B, T, G, N).to(dtype),
                 C=rnd(B, T, G, N).to(dtype), D=rnd(H).float(), dt_bias=rnd(H).float(), dt_softplus=True,
                 dt_limit=(0.0, float("inf")), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
@@ -297,14 +305,14 @@ def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
 
 def kda_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int = 16, memory: str = "mixed",
              pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32, burst: int = 2, seed: int = 0,
-             label: str = "") -> dict:
+             label: str = "", pad: int = 0) -> dict:
     """An engine's KDA contract: H heads of K = V dims, the log decay per key channel g [B, T, H, K] (from fast
     forgetting to long memory, as the GDN examples' gates), beta [B, T, H] with exact 0 and 1 among them."""
     rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
     g, _ = _gates(memory, (B, T, H, K), gen)
     _, beta = _gates(memory, (B, T, H), gen)
     state = rnd(B, H, K, K).float()
-    p, slots = _pool(state, pool, pool_size or B + 3, rng)
+    p, slots = _pool(state, pool, pool_size or B + 3, rng, pad)
     return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, H, K).to(dtype),
                 g=g.float(), beta=beta.float(), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
                 trees=ts, pool=p, slots=slots, burst=burst, tree=_label(kind),
@@ -329,12 +337,12 @@ def _decays(kind: str, H: int, gen: torch.Generator) -> torch.Tensor:
 
 def lightning_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int = 16, memory: str = "mixed",
                    pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32, burst: int = 2, seed: int = 0,
-                   label: str = "") -> dict:
+                   label: str = "", pad: int = 0) -> dict:
     """An engine's lightning-attention contract: H heads of K = V dims (q and k scaled down: the state is a running
     sum), a constant decay per head."""
     rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
     state = rnd(B, H, K, K).float()
-    p, slots = _pool(state, pool, pool_size or B + 3, rng)
+    p, slots = _pool(state, pool, pool_size or B + 3, rng, pad)
     s = K ** -0.5
     return dict(q=(rnd(B, T, H, K) * s).to(dtype), k=(rnd(B, T, H, K) * s).to(dtype), v=rnd(B, T, H, K).to(dtype),
                 decay=_decays(memory, H, gen), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
@@ -388,12 +396,43 @@ def _head_cases(case, profile: str, dtype, *, deep_heads: int, wide_heads: int) 
     return cases
 
 
-def cases(op: str, profile: str, dtype=torch.float32, **kw) -> list[dict]:
-    """The profile's explicit examples of ``op``. In the quick profile every example but the bursts is called once:
+def padded_cases(op: str, profile: str, dtype=torch.float32, widths=(2, 3, 4, 5)) -> list[dict]:
+    """Batches padded as a CUDA-graph replay pads them (SGLang: the last rows' slots PAD_SLOT): the real sequences
+    with one in the pool's last slot, so a kernel that takes -1 as the last slot (Python's indexing) reads or writes
+    a real sequence's state, and one that adds -1 times a slot's stride to the pool's address lands in the guard
+    slot check-kernel keeps before the pool. quick: 2 of 4 rows padded; serving: 3 of 8 in a pool of 1024 slots at
+    the widths models use, and a batch of one sequence padded to two."""
+    if profile == "quick":
+        shapes = [dict(T=9, kind=("ddtree", 8, 4), B=4, pad=2, pool_size=40, seed=20)]
+    else:
+        shapes = [dict(T=17, kind=("ddtree", 16, 8), B=8, pad=3, pool_size=1024, seed=120, wide=True),
+                  dict(T=65, kind=("ddtree", 64, 8), B=2, pad=1, pool_size=8, seed=121)]
+    out = []
+    for sh in shapes:
+        wide = sh.pop("wide", False)
+        label = (f"padded batch: {sh['B'] - sh['pad']} sequences and {sh['pad']} padded rows (slot {PAD_SLOT}) at "
+                 f"{sh['B']} x {sh['T']}")
+        common = dict(**sh, pool="last", dtype=dtype, label=label)
+        if op == "gdn":
+            out.append(gdn_case(**common, ratio=2, K=128 if wide else 32, V=128 if wide else 32))
+        elif op == "conv":
+            out.append(conv_case(**common, C=256 if wide else 16, W=4 if 4 in widths else max(widths)))
+        elif op == "mamba2":
+            out.append(mamba2_case(**common, P=64 if wide else 8, N=128 if wide else 16))
+        else:
+            out.append({"kda": kda_case, "lightning": lightning_case}[op](**common, K=128 if wide else 16))
+    return out
+
+
+def cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, **kw) -> list[dict]:
+    """The profile's explicit examples of ``op``, with padded batches (padded_cases) where the kernel's convention
+    takes padding (``pads``). In the quick profile every example but the bursts is called once:
     Triton's interpreter runs a launch's programs one after another, so a second call on the same input can
     differ only through the call count, and the burst examples' repeated calls check that."""
     out = {"gdn": gdn_cases, "conv": conv_cases, "mamba2": mamba2_cases, "kda": kda_cases,
            "lightning": lightning_cases}[op](profile, dtype, **kw)
+    if pads:
+        out += padded_cases(op, profile, dtype, **kw)
     if profile == "quick":
         for inp in out:
             if inp["burst"] == 2:  # the default: not a burst example
@@ -404,8 +443,9 @@ def cases(op: str, profile: str, dtype=torch.float32, **kw) -> list[dict]:
 def describe(inp: dict) -> dict:
     """The dimensions an example covers, for the coverage table."""
     trees = inp["trees"]
-    out = {"nodes": trees[0].size, "batch": len(trees), "pool slots": int(inp["pool"].shape[0]),
-           "largest slot id": int(inp["slots"].max()), "dtype": str(_first_input(inp).dtype).removeprefix("torch."),
+    out = {"nodes": trees[0].size, "batch": len(trees), "padded rows": int((inp["slots"] < 0).sum()),
+           "pool slots": int(inp["pool"].shape[0]), "largest slot id": int(inp["slots"].max()),
+           "dtype": str(_first_input(inp).dtype).removeprefix("torch."),
            "tree": inp.get("tree", "drawn"),
            "not order-exact nodes total": int(sum(int((~t.order_exact).sum()) for t in trees))}
     if "decay" in inp:  # lightning attention

@@ -49,12 +49,12 @@ def as_contract(fn, *, kda: bool = False):
         B, T = q.shape[:2]
         HV = v.shape[2]
         dev = q.device
-        from ddsim.engines import fused_gates, reflect_writes
+        from ddsim.engines import fused_gates, guarded_like, reflect_writes
         a, b = fused_gates(g, beta)  # elementwise: KDA's a is [B, T, H, K]
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
         dt_bias = torch.zeros(HV * q.shape[3], dtype=torch.float32, device=dev) if kda else zeros
         flags = {"is_kda": True} if kda else {}
-        pool = state_pool.transpose(-1, -2).contiguous()  # [N, HV, V, K], SGLang's layout
+        pool = guarded_like(state_pool.transpose(-1, -2))  # [N, HV, V, K], SGLang's layout, guard slots beside
         before = pool.clone()
         tree = {}
         if mode == "exact":  # per-node states, NaN until the kernel writes them
@@ -130,8 +130,9 @@ def adapter():
     if "is_kda" in inspect.signature(fn).parameters:  # its KDA mode (0.5.23)
         extra.update(kda=as_contract(fn, kda=True), kda_name="sglang.fused_sigmoid_gating_delta_rule_update (is_kda)",
                      kda_source=src, kda_source_sha256=digest)
+    # its CUDA-graph replays pad the batch with slot -1 (PAD_SLOT_ID) in every one of these kernels
     return EngineKernel("sglang.fused_sigmoid_gating_delta_rule_update", ("exact", "leaky"), as_contract(fn), "sglang",
-                        _version("sglang"), src, digest, **extra)
+                        _version("sglang"), src, digest, **extra, pads=("gdn", "conv", "mamba2", "kda"))
 
 
 # ---- tree causal conv ------------------------------------------------------------------------------

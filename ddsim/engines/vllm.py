@@ -70,4 +70,4 @@ def adapter():
     fn = _kernel()
     src, digest = _source_of(fn)
     return EngineKernel("vllm.fused_sigmoid_gating_delta_rule_update", ("leaky",), as_contract(fn), "vllm",
-                        _version("vllm"), src, digest)
+                        _version("vllm"), src, digest, pads=("gdn",))
