@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# On a GPU, all at once (independent runs; the float64 oracles keep CPU cores busy while the GPU idles): the whole
+# property suite compiled (the gdn-padded serving family among it), and check-kernel at the serving profile (bf16
+# inputs; padded batches among its examples where the convention pads) on SGLang's GDN (both modes), KDA, Mamba2
+# and conv (leaky: its exact conv hangs on the 257-node chain), vLLM's GDN, and ddsim's engine_api in SGLang's
+# convention (both modes). Each to its own file in DIR, a summary line each in DIR/summary.txt.
+#   bash benchmarks/padded_batches_gpu.sh DIR COMMIT [WORKERS] [MAX_EXAMPLES]
+set -u
+dir=$1 commit=$2 workers=${3:-8} n=${4:-20}
+mkdir -p "$dir"
+{ python3 -m pytest properties -q -p no:cacheprovider -n "$workers" >"$dir/properties.txt" 2>&1
+  echo "properties rc=$? $(tail -1 "$dir/properties.txt")" >"$dir/properties.rc"; } &
+api="ddsim.gpu_backend.engine_api:target_verify --convention sglang"
+for r in "sglang gdn exact" "sglang gdn leaky" "sglang kda exact" "sglang mamba2 exact" "sglang conv leaky" \
+         "vllm gdn leaky" "api gdn exact" "api gdn leaky"; do
+  read -r impl op mode <<<"$r"
+  if [ "$impl" = api ]; then args=$api; else args=$impl; fi
+  name="$impl-$op-$mode"
+  { start=$(date +%s)
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=1 timeout 560 python3 -m ddsim.cli check-kernel --impl $args --op "$op" --mode "$mode" \
+      --device cuda --dtype bfloat16 --max-examples "$n" --out "$dir/$name.json" >"$dir/$name.txt" 2>&1
+    echo "$name rc=$? $(( $(date +%s) - start )) s: $(tail -1 "$dir/$name.txt")" >"$dir/$name.rc"; } &
+done
+wait
+{ echo "# $(date +%F) | $(python3 -c 'import torch; print(torch.cuda.get_device_name())') | commit $commit"
+  cat "$dir"/*.rc; } >"$dir/summary.txt"
+cat "$dir/summary.txt"
