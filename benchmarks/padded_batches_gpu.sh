@@ -3,17 +3,22 @@
 # property suite compiled (the gdn-padded serving family among it), and check-kernel at the serving profile (bf16
 # inputs; padded batches among its examples where the convention pads) on SGLang's GDN (both modes), KDA, Mamba2
 # and conv (leaky: its exact conv hangs on the 257-node chain), vLLM's GDN, and ddsim's engine_api in SGLang's
-# convention (both modes). Each to its own file in DIR, a summary line each in DIR/summary.txt.
-#   bash benchmarks/padded_batches_gpu.sh DIR COMMIT [WORKERS] [MAX_EXAMPLES]
+# convention (both modes). Each to its own file in DIR, packed into DIR.tar.gz, a summary line each in
+# DIR.summary.txt. WORKERS 0 skips the property suite; RUNS ("impl:op:mode ...", impl "api" for engine_api) picks the
+# check-kernel runs.
+#   bash benchmarks/padded_batches_gpu.sh DIR COMMIT [WORKERS] [MAX_EXAMPLES] [RUNS]
 set -u
 dir=$1 commit=$2 workers=${3:-8} n=${4:-20}
+runs=${5:-"sglang:gdn:exact sglang:gdn:leaky sglang:kda:exact sglang:mamba2:exact sglang:conv:leaky vllm:gdn:leaky
+           api:gdn:exact api:gdn:leaky"}
 mkdir -p "$dir"
-{ python3 -m pytest properties -q -p no:cacheprovider -n "$workers" >"$dir/properties.txt" 2>&1
-  echo "properties rc=$? $(tail -1 "$dir/properties.txt")" >"$dir/properties.rc"; } &
+if [ "$workers" -gt 0 ]; then
+  { python3 -m pytest properties -q -p no:cacheprovider -n "$workers" >"$dir/properties.txt" 2>&1
+    echo "properties rc=$? $(tail -1 "$dir/properties.txt")" >"$dir/properties.rc"; } &
+fi
 api="ddsim.gpu_backend.engine_api:target_verify --convention sglang"
-for r in "sglang gdn exact" "sglang gdn leaky" "sglang kda exact" "sglang mamba2 exact" "sglang conv leaky" \
-         "vllm gdn leaky" "api gdn exact" "api gdn leaky"; do
-  read -r impl op mode <<<"$r"
+for r in $runs; do
+  IFS=: read -r impl op mode <<<"$r"
   if [ "$impl" = api ]; then args=$api; else args=$impl; fi
   name="$impl-$op-$mode"
   { start=$(date +%s)
@@ -24,5 +29,6 @@ for r in "sglang gdn exact" "sglang gdn leaky" "sglang kda exact" "sglang mamba2
 done
 wait
 { echo "# $(date +%F) | $(python3 -c 'import torch; print(torch.cuda.get_device_name())') | commit $commit"
-  cat "$dir"/*.rc; } >"$dir/summary.txt"
-cat "$dir/summary.txt"
+  cat "$dir"/*.rc; } >"$dir.summary.txt"
+tar -czf "$dir.tar.gz" -C "$(dirname "$dir")" "$(basename "$dir")" && rm -r "$dir"
+cat "$dir.summary.txt"

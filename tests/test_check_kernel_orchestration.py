@@ -181,3 +181,20 @@ def test_guard_slots_show_a_write_beside_the_pool_and_adapters_carry_it_back():
     reflect_writes(engine, b, caller)
     assert torch.equal(beside(caller)[0], torch.ones(2, 3, 4)) and torch.equal(_bits(caller), theirs)
     assert _pool_writes(caller, theirs, torch.tensor([0], dtype=torch.int32))["written_slots"] == [-1]
+
+
+def test_repeatable_leaves_a_padded_rows_output_aside():
+    """vLLM's kernel and SGLang's conv leave a padded row's output unwritten (memory as it was): calls may differ
+    there and still be repeatable; a real row that differs between calls is not."""
+    calls = iter(range(100))
+
+    def kernel(noisy_row):
+        def call(args, pool, slots):
+            o = torch.zeros(2, 3)
+            o[noisy_row] = float(next(calls))  # differs on every call
+            return o
+        return call
+    inp = {"burst": 3, "parents": torch.tensor([[-1, 0, 0]] * 2), "slots": torch.tensor([0, -1], dtype=torch.int32),
+           "pool": torch.zeros(2, 4), "x": torch.zeros(2, 3)}
+    assert ck._calls(kernel(1), inp, ("x",), "cpu")["repeatable"]
+    assert not ck._calls(kernel(0), inp, ("x",), "cpu")["repeatable"]
