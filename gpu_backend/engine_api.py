@@ -36,6 +36,8 @@ than half-honoured). Two ways to use it:
 SGLang's fp32 pool is neither copied nor transposed: the kernels read it (and commit_accepted writes
 the accepted state into it) through its [N, HV, K, V] transpose view; a pool of another dtype is
 gathered into a float32 copy of the batch's rows and written back.
+A padded batch (initial_state_indices -1 for the rows SGLang pads a CUDA-graph replay with, PAD_SLOT_ID) is taken as
+SGLang's kernel takes it: a padded row verifies from a zero state, and neither call reads or writes a pool slot for it.
 On CUDA (and in Triton's interpreter) Triton kernels run (the WY form; past 65 nodes, its form over
 64-row chunks); on the CPU otherwise, the torch path.
 """

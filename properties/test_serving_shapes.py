@@ -1,6 +1,7 @@
 """The recurrent families at their models' serving shapes, every dimension at once, compiled, against the float64
 oracle: GDN at Qwen3.6-27B's heads (H = 16 key heads, HV = 48 value heads, K = V = 128; also with its gates fused
-from the raw projections, as SGLang calls it), KDA at Kimi Linear's (H = 32,
+from the raw projections, as SGLang calls it, and in a batch padded as SGLang pads a CUDA-graph replay: slot -1, a
+zero state, no slot written), KDA at Kimi Linear's (H = 32,
 K = V = 128), lightning attention at MiniMax-Text-01's (H = 64, K = V = 128), Mamba1 at Jamba Mini 1.6's channels
 (I = 8192, N = 16) and Mamba2 at Nemotron-H-8B's heads (H = 128, P = 64, N = 128, G = 8); GDN's and Mamba2's committed
 states in a pool, read through shuffled slots and committed in place. DDTree trees of 16 to 257 nodes in batches of 1
@@ -11,7 +12,7 @@ the same bar at full size, through design "auto" and each design at two sequence
 Each call is a server's: the design the family's default takes for the batch (and each other design it can take), the
 tree as a TreePlan, outputs NaN-poisoned, so every output of every head is checked written and finite; the inputs and
 the committed states bit-identical after it; a second call on the same input bit-identical (the same plan, slots
-and arguments: for GDN, what fastcall replays where its extension builds; whether it did is not counted here).
+and arguments: for GDN, what fastcall replays where its extension builds; benchmarks/serving_shape_replays.py counts it).
 Heads (Mamba1: channels) never mix in these recurrences, so the oracle recomputes a fixed sample of them from the same
 inputs: the first and the last, both sides of the middle and of the kernels' first tile, and some drawn at random
 (GDN's value heads each with its key head). Bars: a bf16 output within 1.01x the error of rounding the oracle to bf16,

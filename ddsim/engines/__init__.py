@@ -12,7 +12,9 @@ The contract every adapter meets (shapes as in the README, Contracts: kernel int
 with q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] (g in log space), parents [B, T],
 state_pool [N, HV, K, V] float32 holding sequence b's committed state in slot slots[b] (slots [B]
 int32; a verify reads the pool, never writes it). ``mode`` is one of the adapter's ``modes``; an
-adapter refuses the others in one line.
+adapter refuses the others in one line. For the ops in the adapter's ``pads`` (conventions whose engines pad a
+CUDA-graph batch: SGLang's, vLLM's), slots[b] = -1 marks a padded row: no slot is written for it, and its output is
+the engine's own.
 
 An engine with a tree causal conv offers it as
     conv(x, *, weight, bias, parents, window_pool, slots, mode, activation) -> out [B, T, C]

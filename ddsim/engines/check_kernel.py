@@ -13,7 +13,11 @@ dimension, so it names what the kernel gets wrong). The coverage (trees, widths,
 batches, pools, dtypes, gate ranges, calls) is printed and written into the JSON.
 
 The committed states live in a state pool, as in a serving engine: each sequence in a shuffled slot,
-every other slot NaN (a kernel that reads a slot it was not given turns its outputs NaN).
+every other slot NaN (a kernel that reads a slot it was not given turns its outputs NaN), the pool between two guard
+slots in its storage (a write a slot's worth before or after it counts as a write to another slot: -1, N). Where the
+kernel's convention pads a CUDA-graph batch (EngineKernel.pads), padded batches run too: rows of slot -1, whose
+output is the engine's own (left out of finiteness, repeatability and the comparisons) and for which no slot may be
+written.
 
 Properties (mode "exact"):
   output finite           no NaN or Inf in any node's output

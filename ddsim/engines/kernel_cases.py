@@ -23,6 +23,8 @@ The KDA examples (``--op kda``) follow the GDN ones with H heads of K = V dims (
 and a decay per key channel; the lightning-attention examples (``--op lightning``) likewise (MiniMax's 64 x 128
 among them), a constant decay per head from fast to none.
 
+Both profiles add padded batches (padded_cases: the last rows slot -1) for a kernel whose convention pads.
+
 Each example is the dict the drawn strategies make (ddsim.properties.strategies) plus ``label`` (what
 it covers) and ``burst`` (how many calls on the same input must agree bit for bit: two by default, one in the
 quick profile but for its burst examples, see ``cases``). The recurrent
