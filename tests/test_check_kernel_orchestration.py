@@ -198,3 +198,61 @@ def test_repeatable_leaves_a_padded_rows_output_aside():
            "pool": torch.zeros(2, 4), "x": torch.zeros(2, 3)}
     assert ck._calls(kernel(1), inp, ("x",), "cpu")["repeatable"]
     assert not ck._calls(kernel(0), inp, ("x",), "cpu")["repeatable"]
+
+
+def test_the_guard_slots_are_found_only_where_check_kernel_made_them():
+    """engines.beside finds the two slots around a contiguous pool only where its storage holds them: not for a
+    pool at either end of its storage, nor for a transposed view; guarded_like keeps the pool's dtype (16-bit pools
+    too) and works for a pool of one slot."""
+    from ddsim.engines import GUARD, beside, guarded_like
+    from ddsim.engines.check_kernel import _bits
+    assert beside(torch.zeros(6, 2, 3)[1:]) is None  # a slot before it, none after
+    assert beside(torch.zeros(6, 2, 3)[:-1]) is None  # one after, none before
+    assert beside(guarded_like(torch.zeros(5, 2, 3)).transpose(-1, -2)) is None
+    one = guarded_like(torch.ones(1, 2, 3))
+    assert one.shape == (1, 2, 3) and all(bool((_bits(e) == GUARD[4]).all()) for e in beside(one))
+    half = guarded_like(torch.ones(4, 3, dtype=torch.float16))
+    assert half.dtype == torch.float16 and all(bool((_bits(e) == GUARD[2]).all()) for e in beside(half))
+    assert bool(torch.isnan(beside(half)[0]).all()) and bool(torch.isnan(beside(one)[1]).all())
+    double = guarded_like(torch.ones(2, 3, dtype=torch.float64))
+    assert all(bool((_bits(e) == GUARD[8]).all()) for e in beside(double))
+
+
+def test_an_adapters_copy_carries_its_slot_writes_back_and_its_guard_writes_only_when_guarded():
+    """reflect_writes: a slot the engine wrote in its [N, HV, V, K] copy goes back transposed into the caller's
+    [N, HV, K, V] pool, no other; a write to the copy's guard reaches the caller's guard only when the copy was made
+    by guarded_like (vLLM's copy has its null block and scratch slots beside the pool, which it may write)."""
+    from ddsim.engines import beside, guarded_like, reflect_writes
+    from ddsim.engines.check_kernel import _bits
+    caller = guarded_like(torch.randn(4, 2, 3, 5))
+    engine = guarded_like(caller.transpose(-1, -2))
+    theirs, before = _bits(caller).clone(), engine.clone()
+    engine[2] += 1.0
+    reflect_writes(engine, before, caller)
+    assert torch.equal(caller[2], engine[2].transpose(-1, -2))
+    assert torch.equal(_bits(caller)[[0, 1, 3]], theirs[[0, 1, 3]])
+    ends = [_bits(e).clone() for e in beside(caller)]
+    vpool = torch.zeros(6, 2, 5, 3)  # a copy beside which the engine keeps slots of its own
+    plain = vpool[1:5]
+    plain.copy_(caller.transpose(-1, -2))
+    b = plain.clone()
+    vpool[0] = 7.0
+    reflect_writes(plain, b, caller)
+    assert all(torch.equal(_bits(e), x) for e, x in zip(beside(caller), ends))
+
+
+def test_a_batch_slot_0_written_is_the_batchs_and_a_single_call_example_is_called_once():
+    """_pool_writes counts slot 0 as any other slot of the batch (a write there is the committed state's, not another
+    slot's); an example of one call (the quick profile's) calls the kernel once."""
+    from ddsim.engines import guarded_like
+    from ddsim.engines.check_kernel import _bits, _pool_writes
+    pool = guarded_like(torch.randn(4, 3))
+    before = _bits(pool).clone()
+    pool[0] += 1.0
+    assert _pool_writes(pool, before, torch.tensor([0, 2, -1], dtype=torch.int32)) == {
+        "committed_untouched": False, "others_untouched": True, "written_slots": [0]}
+    n = []
+    inp = {"burst": 1, "parents": torch.tensor([[-1, 0]]), "slots": torch.tensor([1], dtype=torch.int32),
+           "pool": torch.zeros(2, 4), "x": torch.zeros(1, 2)}
+    ck._calls(lambda a, p, s: n.append(1) or torch.zeros(1, 2), inp, ("x",), "cpu")
+    assert len(n) == 1
