@@ -55,7 +55,8 @@ def as_contract(fn):
         vpool = torch.cat([null, state_pool.transpose(-1, -2), scratch]).contiguous()  # [1 + N + B*T, HV, V, K]
         before = vpool[1:1 + N].clone()
         per_token = 1 + N + torch.arange(B * T, device=dev, dtype=torch.int32).view(B, T)
-        indices = torch.cat([per_token, (slots.to(dev, torch.int32) + 1)[:, None]], 1).contiguous()  # [B, T + 1]
+        # [B, T + 1]; a padded row's slot -1 becomes 0, vLLM's null block, which its kernel skips
+        indices = torch.cat([per_token, (slots.to(dev, torch.int32) + 1)[:, None]], 1).contiguous()
         accepted = torch.full((B,), T + 1, dtype=torch.int32, device=dev)
         o, _ = fn(zeros, a.contiguous(), b.contiguous(), zeros, q.contiguous(), k.contiguous(), v.contiguous(),
                   scale=scale, initial_state=vpool, inplace_final_state=True, ssm_state_indices=indices,
