@@ -300,3 +300,28 @@ def test_coverage_sums_totals_and_takes_range_ends():
                    "not order-exact nodes total": 9}
     assert ck._coverage([]) == {}
     assert ck._coverage([{"nodes": 5, "tree": "star"}]) == {"nodes": [5], "tree": ["star"]}
+
+
+def test_a_counterexample_names_the_node_its_property_is_about_and_a_slot_property_its_slots():
+    """The first wrong node of "exact on order-exact nodes" is an order-exact one (a leaky kernel's other nodes
+    differ from exact by design), of "output finite" a non-finite one; a property of the pool's slots (a conv's
+    committed window) is located by the slots written, not by an output that differs as the mode allows."""
+    from ddsim.engines import kernel_cases as kc
+    inp = kc.gdn_case(T=4, kind="star", B=2, K=2, V=2, seed=0)  # order-exact: nodes 0 and 1 of each sequence
+    ref = torch.zeros(2, 4, 2, 2, dtype=torch.float64)
+    o = ref.clone()
+    o[0, 2] = 1.0  # sequence 0's node 2: not order-exact (a leaky kernel's leak)
+    o[1, 1] = 1.0  # sequence 1's node 1: order-exact
+    o[1, 3] = float("nan")
+    r = {"o": o, "ref": {"exact": ref, "leaky": ref}, "order_exact": torch.tensor([list(t.order_exact)
+                                                                                   for t in inp["trees"]]),
+         "real": torch.ones(2, dtype=torch.bool), "dtype": torch.float32, "inputs_changed": [], "repeatable": True,
+         "written_slots": [3]}
+    ce = ck._describe(inp, r, "exact on order-exact nodes", "leaky")
+    assert (ce["first_wrong_node"]["sequence"], ce["first_wrong_node"]["node"]) == (1, 1)
+    assert (ck._describe(inp, r, "exact on every node", "exact")["first_wrong_node"]["node"]) == 2
+    fin = ck._describe(inp, r, "output finite", "leaky")["first_wrong_node"]
+    assert (fin["sequence"], fin["node"]) == (1, 3) and "first wrong node 3 of sequence 1" in ck._where(
+        {**ck._describe(inp, r, "output finite", "leaky"), "example": "drawn"})
+    window = ck._where(ck._describe(inp, r, "committed window = the flattened draft's window", "leaky"))
+    assert "slots written [3]" in window and "wrong node" not in window

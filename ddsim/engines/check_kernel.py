@@ -272,7 +272,9 @@ def _describe(inp, r, prop: str, mode: str) -> dict:
     dtype = _input_dtype(inp)
     err = _node_errors(r["o"], r["ref"][ref_mode])
     bound = _bound(r["ref"][ref_mode], dtype)
-    bad = ((err > bound) & r["real"][:, None]).nonzero().tolist()
+    nodes = r["real"][:, None] & (r["order_exact"] if prop == "exact on order-exact nodes" else True)
+    wrong = torch.isinf(err) if prop == "output finite" else err > bound  # the nodes the property is about
+    bad = (wrong & nodes).nonzero().tolist()
     first = None
     if bad:
         b, n = bad[0]
@@ -297,6 +299,12 @@ def _describe(inp, r, prop: str, mode: str) -> dict:
             "first_wrong_node": first}
 
 
+# the properties that compare outputs with a reference, whose counterexample is located by its first wrong node (the
+# others by the slots written)
+OUTPUT_PROPERTIES = ("output finite", "exact on order-exact nodes", "exact on every node",
+                     "flattened semantics on every node")
+
+
 def _where(ce: dict) -> str:
     """One line locating a counterexample for the terminal (or the error a serving example raised)."""
     at = "" if ce["example"] == "drawn" else f"serving example [{ce['example']}]: "
@@ -307,7 +315,7 @@ def _where(ce: dict) -> str:
         return f"{at}the kernel wrote its arguments {', '.join(ce['inputs_changed'])}"
     if ce["property"] == "repeatable":
         return f"{at}repeated calls on one input gave outputs that differ bit for bit"
-    if node and "untouched" not in ce["property"]:
+    if node and ce["property"] in OUTPUT_PROPERTIES:  # a property of the outputs: its first wrong node
         return (f"{at}first wrong node {node['node']} of sequence {node['sequence']} (parents "
                 f"{_short(ce['trees'][node['sequence']]['parents'])}), error {node['max_abs_error']:.3g} > "
                 f"{node['bound']:.3g}")
