@@ -59,6 +59,7 @@ class Family:
     groups = ""
     designs: tuple  # the verify backends: "triton" (the default's choice) first
     pooled = False
+    padded = False  # the batch padded as a CUDA-graph replay pads it: its last rows slot -1 (_pool)
 
     def inputs(self, B: int, T: int, d: dict, gen) -> dict:
         raise NotImplementedError
@@ -92,8 +93,6 @@ class Family:
         pool, slots = inp["pool"], inp["slots"]
         return dict(initial_state=pool, state_indices=checked_slots(slots, pool.shape[0], len(slots), pool.device,
                                                                     pad=self.padded))
-
-    padded = False  # the batch padded as a CUDA-graph replay pads it: its last rows slot -1 (_pool)
 
 
 def _pool(B: int, shape: tuple, gen, pad: int = 0) -> dict:

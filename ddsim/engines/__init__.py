@@ -142,6 +142,13 @@ def fused_gates(g, beta):
 GUARD = {2: 0x7FA5, 4: 0x7FC5A5A5, 8: 0x7FF8A5A5A5A5A5A5}
 
 
+def _bits(t):
+    """The tensor's bit pattern (so NaN slots compare equal to themselves): a view where t is contiguous."""
+    import torch
+    size = t.element_size()
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
+
+
 def beside(pool):
     """(the slot before, the slot after) a contiguous pool [N, ...] in its storage: check-kernel's guard slots, which
     a kernel that takes slot -1 as an address offset, or writes slot N, changes. None where the storage has no room
@@ -160,9 +167,8 @@ def guarded_like(pool):
     the engine's layout: reflect_writes carries a write to its guards to the caller's."""
     import torch
     backing = torch.empty((pool.shape[0] + 2, *pool.shape[1:]), dtype=pool.dtype, device=pool.device)
-    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[pool.element_size()]
-    backing[0].view(bits).fill_(GUARD[pool.element_size()])
-    backing[-1].view(bits).fill_(GUARD[pool.element_size()])
+    for end in (backing[0], backing[-1]):
+        _bits(end).fill_(GUARD[pool.element_size()])  # a view: the slot is contiguous
     backing[1:-1] = pool
     out = backing[1:-1]
     out._ddsim_guarded = True  # reflect_writes reads its guards
@@ -181,7 +187,7 @@ def reflect_writes(engine_pool, before, state_pool) -> None:
     ends, theirs = beside(engine_pool), beside(state_pool)
     if getattr(engine_pool, "_ddsim_guarded", False) and ends is not None and theirs is not None:
         for end, their in zip(ends, theirs):
-            if (end.view(torch.int32) != GUARD[4]).any():
+            if (_bits(end) != GUARD[end.element_size()]).any():
                 their.copy_(end.transpose(-1, -2))
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from ddsim.engines import guarded_like
+from ddsim.engines import GUARD, _bits, beside, guarded_like
 from ddsim.errors import InputError
 from ddsim.measure.compare import TOLERANCES
 
@@ -92,12 +92,6 @@ def _node_errors(o: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(o.double().cpu()).flatten(2).all(-1), err, torch.inf)
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bit pattern (so NaN slots compare equal to themselves)."""
-    size = t.element_size()
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
-
-
 def _input_digest(inp: dict) -> str:
     """A digest of everything an example holds (tensors by dtype, shape and bits; trees by parents and
     tokens; the rest by repr): equal digests, equal inputs."""
@@ -124,8 +118,8 @@ def _input_dtype(inp: dict) -> torch.dtype:
 def _calls(call, inp: dict, names: tuple[str, ...], device: str) -> dict:
     """Call the kernel ``inp['burst']`` times (two unless the example says; at least one), each on fresh copies of
     the inputs ``names`` (None kept), the index tables and the pool: the first call's output and pool writes,
-    which arguments any call changed, and whether every call's output is bit-identical to the first's (a padded
-    row's aside)."""
+    which arguments any call changed, whether every call's output is bit-identical to the first's (a padded
+    row's aside), and ``real`` [B], the rows that are not padding (slot -1), whose output is the engine's own."""
     outs, changed, writes = None, set(), None
     identical = True
     real = inp["slots"] >= 0  # [B]: the rows that are not padding (slot -1)
@@ -144,7 +138,7 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str) -> dict:
             writes["pool_after"] = pool.cpu()
         elif o.shape != outs.shape or o.dtype != outs.dtype or not torch.equal(_bits(o[real]), _bits(outs[real])):
             identical = False  # a padded row's output is the engine's own (vLLM's and SGLang's conv leave it unwritten)
-    return {"o": outs, **writes, "inputs_changed": sorted(changed), "repeatable": identical}
+    return {"o": outs, **writes, "inputs_changed": sorted(changed), "repeatable": identical, "real": real}
 
 
 class _Runner:
@@ -172,7 +166,6 @@ class _Runner:
                                       parents=inp["parents"], initial_state=inp["initial_state"].double(), mode=m)
                     for m in (("exact", "leaky") if self.mode == "leaky" else ("exact",))}
         r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
-        r["real"] = inp["slots"] >= 0  # [B]: a padded row's (slot -1) output is the engine's own affair
         r["dtype"] = _input_dtype(inp)
         return r
 
@@ -183,7 +176,6 @@ class _Runner:
 def _pool_writes(pool: torch.Tensor, before: torch.Tensor, slots: torch.Tensor) -> dict:
     """Which pool slots a call wrote (bitwise), split into the batch's (padded rows, slot -1, hold none) and the
     others; a guard slot written (-1: the slot's worth before the pool, N: after it) counts among the others."""
-    from ddsim.engines import GUARD, beside
     changed = (_bits(pool) != before).flatten(1).any(-1).cpu()  # [N]
     in_batch = torch.zeros_like(changed)
     in_batch[slots.long().cpu()[slots.cpu() >= 0]] = True
@@ -240,11 +232,10 @@ class _ConvRunner:
         # the window after the whole flattened draft: what a verify that rewrites its slot writes there
         flat = torch.cat([inp["initial_window"], inp["x"].transpose(1, 2).to(inp["initial_window"].dtype)], -1)
         flat = flat[..., flat.shape[-1] - W1:]
-        real = inp["slots"] >= 0  # [B]: padded rows (slot -1) have no slot
+        real = r["real"]  # padded rows (slot -1) have no slot
         batch = r.pop("pool_after")[inp["slots"][real].long()]
         r["slot_is_flattened_window"] = torch.equal(_bits(batch), _bits(flat[real]))
         r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
-        r["real"] = real
         r["dtype"] = _input_dtype(inp)
         return r
 

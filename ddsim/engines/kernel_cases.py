@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ddsim.gpu_backend.checks import PAD_SLOT  # a padded row's slot, as SGLang pads a CUDA-graph batch
 from ddsim.trees.tree import Tree
 
 PROFILES = ("quick", "serving")
@@ -83,9 +84,6 @@ def _gates(kind: str, shape, gen: torch.Generator) -> tuple[torch.Tensor, torch.
     flat[::7] = 0.0
     flat[3::7] = 1.0
     return g, beta
-
-
-PAD_SLOT = -1  # an engine's slot id for a padded row (a CUDA-graph batch padded to its captured size)
 
 
 def _pool(batch: torch.Tensor, kind: str, n: int, rng: np.random.Generator, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
