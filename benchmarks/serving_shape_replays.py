@@ -5,6 +5,7 @@ serving shapes, fastcall's counts (gpu_backend.fastcall.stats) before and after.
     python benchmarks/serving_shape_replays.py [--commit SHA]   # needs CUDA
 """
 import argparse
+import time
 
 import torch
 
@@ -17,7 +18,7 @@ def main():
         raise SystemExit("serving_shape_replays: needs CUDA")
     from ddsim.gpu_backend import fastcall
     from ddsim.properties.serving_cases import FAMILIES, check_verify
-    print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | commit {a.commit}")
+    print(f"# {time.strftime('%Y-%m-%d')} | {torch.cuda.get_device_name()} | torch {torch.__version__} | commit {a.commit}")
     print("| family | B x T | mode | fastcall: recorded / served / refused, after the call pair |")
     print("|---|---|---|---|")
     for name in ("gdn", "gdn-gates", "gdn-padded"):
