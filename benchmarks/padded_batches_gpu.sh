@@ -3,9 +3,10 @@
 # property suite compiled (the gdn-padded serving family among it), and check-kernel at the serving profile (bf16
 # inputs; padded batches among its examples where the convention pads) on SGLang's GDN (both modes), KDA, Mamba2
 # and conv (leaky: its exact conv hangs on the 257-node chain), vLLM's GDN, and ddsim's engine_api in SGLang's
-# convention (both modes). Each to its own file in DIR, packed into DIR.tar.gz, a summary line each in
-# DIR.summary.txt. WORKERS 0 skips the property suite; RUNS ("impl:op:mode ...", impl "api" for engine_api) picks the
-# check-kernel runs.
+# convention (both modes); node states are held to the oracle's where the kernel keeps them. Each to its own file in
+# DIR, packed into DIR.tar.gz, a summary line each in DIR.summary.txt. WORKERS 0 skips the property suite; RUNS
+# ("impl:op:mode ...", impl "api" for engine_api, "planted.NAME" for tests/planted_node_states.py's NAME in SGLang's
+# convention) picks the check-kernel runs.
 #   bash benchmarks/padded_batches_gpu.sh DIR COMMIT [WORKERS] [MAX_EXAMPLES] [RUNS]
 set -u
 dir=$1 commit=$2 workers=${3:-8} n=${4:-20}
@@ -19,7 +20,11 @@ fi
 api="ddsim.gpu_backend.engine_api:target_verify --convention sglang"
 for r in $runs; do
   IFS=: read -r impl op mode <<<"$r"
-  if [ "$impl" = api ]; then args=$api; else args=$impl; fi
+  case $impl in
+    api) args=$api ;;
+    planted.*) args="tests.planted_node_states:${impl#planted.} --convention sglang" ;;
+    *) args=$impl ;;
+  esac
   name="$impl-$op-$mode"
   { start=$(date +%s)
     # shellcheck disable=SC2086

@@ -58,10 +58,11 @@ def test_fla_refuses_exact_for_each_of_its_kernels_by_the_names_its_adapter_give
     fla.refuse_before_import("mamba2", "exact")  # an op fla lacks: the adapter's to refuse, once loaded
 
 
-@pytest.mark.parametrize("mode, held", [("exact", 7), ("leaky", 8)])
+@pytest.mark.parametrize("mode, held", [("exact", 9), ("leaky", 8)])
 def test_sglang_target_verify_kernel_in_both_modes(tmp_path, mode, held):
     """SGLang 0.5.23's fused_sigmoid_gating_delta_rule_update (its source from the wheel, in Triton's
-    interpreter): with retrieve_parent_token it is exact on every node, without it it is the
+    interpreter): with retrieve_parent_token it is exact on every node, and so is every node's state it keeps in
+    intermediate_states_buffer for its commit (at the rows and pitch it is given); without it it is the
     flattened path, and disable_state_update leaves the pool alone: it reads each sequence's own shuffled
     slot and writes none."""
     assert (ENGINES / "sglang" / "kernels").is_dir(), "SGLang's kernel is missing from .engines: `make test` fetches it"
@@ -70,7 +71,11 @@ def test_sglang_target_verify_kernel_in_both_modes(tmp_path, mode, held):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "(sglang 0.5.23)" in r.stdout and f"all {held} properties hold (quick profile" in r.stdout
     # a padded batch among them (slot -1: SGLang's CUDA-graph padding), which its kernel skips
-    assert json.loads((tmp_path / "ce.json").read_text())["coverage"]["padded rows"] == [0, 2]
+    cov = json.loads((tmp_path / "ce.json").read_text())["coverage"]
+    assert cov["padded rows"] == [0, 2]
+    if mode == "exact":  # its node states, at each buffer layout
+        assert cov["node-state layout"] == ["batch rows", "draft-budget pitch", "shuffled rows"]
+        assert "node states exact on every node" in r.stdout
 
 
 def test_vllm_spec_decode_kernel_is_the_flattened_path(tmp_path):
@@ -81,7 +86,9 @@ def test_vllm_spec_decode_kernel_is_the_flattened_path(tmp_path):
     r = run_cli("check-kernel", "--impl", "vllm", "--mode", "leaky", "--max-examples", "3", "--out", tmp_path / "ce.json",
                 pythonpath=ENGINES)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "(vllm 0.33.0)" in r.stdout and "all 8 properties hold (quick profile" in r.stdout
+    # its per-token states (where its next step starts, at the accepted token) are the flattened path's too
+    assert "(vllm 0.33.0)" in r.stdout and "all 10 properties hold (quick profile" in r.stdout
+    assert "node states flattened on every node" in r.stdout
     r = run_cli("check-kernel", "--impl", "vllm", "--mode", "exact", pythonpath=ENGINES)
     assert r.returncode == 2 and "--mode exact: vllm.fused_sigmoid_gating_delta_rule_update offers only leaky" in r.stderr
 
@@ -146,6 +153,51 @@ def test_a_padded_row_that_writes_a_slot_is_caught(tmp_path, kernel, failing, wr
     assert ce["example"] == "padded batch: 2 sequences and 2 padded rows (slot -1) at 4 x 9"
     assert ce["pool"]["batch_slots"] == [29, 39, -1, -1] and ce["pool"]["written_slots"] == written
     assert ("the slot's worth before and after the pool" in r.stdout) == (-1 in written)
+
+
+@pytest.mark.parametrize("kernel, failing", [
+    ("last_node_state_not_kept", ["node states exact on every node"]),
+    ("node_states_by_batch_index", ["node states exact on every node", "node-state buffer: other entries untouched"]),
+    ("pitch_taken_as_nodes", ["node states exact on every node", "node-state buffer: other entries untouched"]),
+    ("node_state_before_its_update", ["node states exact on every node"]),
+])
+def test_node_states_a_commit_would_copy_are_checked(tmp_path, kernel, failing):
+    """A verify whose outputs are right but whose kept node states (SGLang's intermediate_states_buffer, which its
+    commit copies into the pool) are not fails exactly the node-state properties, with the node or the buffer
+    entries named; every output property still holds."""
+    out = tmp_path / "ce.json"
+    r = run_cli("check-kernel", "--impl", f"tests.planted_node_states:{kernel}", "--convention", "sglang", "--mode",
+                "exact", "--max-examples", "5", "--out", out)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
+    ces = json.loads(out.read_text())["counterexamples"]
+    assert [c["property"] for c in ces] == failing
+    first = ces[0]["first_wrong_node"]
+    assert first["max_abs_error"] > first["bound"] and f"first wrong node state {first['node']} " in r.stdout
+    if kernel == "last_node_state_not_kept":  # never written: NaN, at a tree's last node
+        assert first["max_abs_error"] == float("inf") and first["node"] == len(ces[0]["trees"][0]["parents"]) - 1
+    if len(ces) > 1:  # the entries written outside the batch's rows, by (row, step)
+        nb = ces[1]["node_buffer"]
+        assert nb["written_outside"] and all(w[0] not in nb["batch_rows"] or w[1] >= ces[1]["shapes"]["T"]
+                                             for w in nb["written_outside"]), nb
+        assert f"written outside them (row, step) {nb['written_outside']}" in r.stdout
+
+
+def test_the_serving_profile_puts_node_states_past_two_to_the_31_elements():
+    """For each op whose engines keep node states, the serving profile has one buffer whose batch lies past 2^31
+    elements (a 32-bit offset wraps there), beside the three layouts; kernels without node states get none."""
+    from ddsim.engines import kernel_cases
+    for op in ("gdn", "kda", "mamba2"):
+        inps = kernel_cases.cases(op, "serving", nodes=True)
+        wide = [i for i in inps if i["node_layout"] == "past 2^31 elements"]
+        assert len(wide) == 1 and {i["node_layout"] for i in inps} == {*kernel_cases.NODE_LAYOUTS, "past 2^31 elements"}
+        M, P = wide[0]["node_buffer"]
+        per = wide[0]["initial_state"][0].numel()
+        assert int(wide[0]["node_rows"].min()) * P * per >= kernel_cases.INT32_OFFSETS and M * P * per < 2 ** 32, op
+        d = kernel_cases.describe(wide[0])
+        assert d["node-state buffer elements max"] == M * P * per
+    assert all("node_rows" not in i for i in kernel_cases.cases("gdn", "serving"))
+    assert all("node_rows" not in i for i in kernel_cases.cases("gdn", "quick", nodes=False))
 
 
 def test_a_planted_tree_conv_bug_and_a_missing_conv(tmp_path):
@@ -282,7 +334,7 @@ def test_serving_engines_in_the_whole_model_audit(tmp_path, small_report, engine
 
 
 # (bf16 and fp16 inputs: the quick profile's explicit examples, whatever --dtype says)
-@pytest.mark.parametrize("mode, held, dtype", [("exact", 7, "float32"), ("leaky", 8, "float32")])
+@pytest.mark.parametrize("mode, held, dtype", [("exact", 9, "float32"), ("leaky", 8, "float32")])
 def test_sglang_mamba2_selective_state_update_in_both_modes(tmp_path, mode, held, dtype):
     """SGLang 0.5.23's Mamba2 selective_state_update (from the wheel, in Triton's interpreter): with
     retrieve_parent_token and a per-node state buffer it is exact on every node, without them the
@@ -325,7 +377,7 @@ def test_kda_verifies_of_ddsim_sglang_and_fla_and_planted_kda_bugs(tmp_path):
         return run_cli("check-kernel", "--impl", impl, *extra, "--op", "kda", "--mode", mode, "--max-examples", "3",
                        "--out", tmp_path / out, pythonpath=ENGINES)
     # (ddsim's own KDA verify runs below behind the ddsim convention, wrapped by the planted kernels)
-    for impl, mode, held in (("sglang", "exact", 7), ("sglang", "leaky", 8), ("fla", "leaky", 8)):
+    for impl, mode, held in (("sglang", "exact", 9), ("sglang", "leaky", 8), ("fla", "leaky", 8)):
         r = run(impl, mode)
         assert r.returncode == 0 and f"all {held} properties hold (quick profile" in r.stdout, (impl, mode, r.stdout + r.stderr)
     assert "fla.fused_recurrent_kda (fla-core" in r.stdout

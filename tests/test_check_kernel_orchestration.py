@@ -256,3 +256,98 @@ def test_a_batch_slot_0_written_is_the_batchs_and_a_single_call_example_is_calle
            "pool": torch.zeros(2, 4), "x": torch.zeros(1, 2)}
     ck._calls(lambda a, p, s: n.append(1) or torch.zeros(1, 2), inp, ("x",), "cpu")
     assert len(n) == 1
+
+
+def _node_inp(B=3, T=4, rows=(4, 0, 2), M=5, P=6, slots=(1, 3, -1), burst=1):
+    return {"burst": burst, "parents": torch.tensor([[-1] + list(range(T - 1))] * B),
+            "slots": torch.tensor(slots, dtype=torch.int32), "pool": torch.zeros(4, 2, 3), "x": torch.zeros(B, T),
+            "node_rows": torch.tensor(rows, dtype=torch.int32), "node_buffer": (M, P)}
+
+
+def test_node_state_writes_are_read_by_row_and_step_with_the_guards():
+    """_node_writes: the batch's rows' first T steps are the node states; a write past T in a batch row, to another
+    row or to either guard row is outside ((row, step); -1 and M the guards); a padded row's whole row is the
+    engine's own; a drawn input (no layout) takes its rows reversed in one row and one step more."""
+    inp = _node_inp()
+    real = inp["slots"] >= 0
+    assert [t.tolist() if hasattr(t, "tolist") else t for t in ck._node_layout(inp)] == [[4, 0, 2], 5, 6]
+    assert [t.tolist() if hasattr(t, "tolist") else t for t in ck._node_layout({"parents": torch.zeros(3, 7)})] == [
+        [2, 1, 0], 4, 8]
+
+    def written(*entries, guard=None):
+        buf, rows = ck._node_buffer(inp, (2, 3), "cpu")
+        assert rows.tolist() == [4, 0, 2] and buf.shape == (5, 6, 2, 3) and bool(torch.isnan(buf).all())
+        for r, s in entries:
+            buf[r, s] = 1.0
+        if guard is not None:
+            from ddsim.engines import beside
+            beside(buf)[guard][0, 0, 0] = 0.0
+        return ck._node_writes(buf, inp, real)
+    w = written((4, 0), (0, 3), (2, 5))  # the batch's own (row 2 is the padded row's: any step)
+    assert w["node_others_untouched"] and w["node_written"] == [] and w["node_vals"].shape == (3, 4, 2, 3)
+    assert bool((w["node_vals"][0, 0] == 1).all()) and bool(torch.isnan(w["node_vals"][0, 1]).all())
+    assert written((4, 4))["node_written"] == [[4, 4]]  # past T in a batch row
+    assert written((1, 0), (3, 2))["node_written"] == [[1, 0], [3, 2]]  # rows no sequence has
+    assert written(guard=0)["node_written"] == [[-1, 0]] and written(guard=1)["node_written"] == [[5, 0]]
+    assert not written(guard=1)["node_others_untouched"]
+    assert len(written(*[(1, s) for s in range(6)], *[(3, s) for s in range(6)])["node_written"]) == 8  # the first 8
+
+
+def test_node_states_are_compared_with_the_oracles_and_repeated_calls_cover_them():
+    """The node-state property holds each real sequence's kept states within the dtype's bound of the oracle's (a
+    padded row's aside, an error at the bound holds, past it fails); repeatable covers the kept states of real rows;
+    the node rows are an index table the kernel must not write."""
+    props = ck._properties("exact", nodes=True)
+    assert list(props)[-2:] == ["node states exact on every node", "node-state buffer: other entries untouched"]
+    assert list(ck._properties("leaky", nodes=True))[-2] == "node states flattened on every node"
+    assert "node states exact on every node" not in ck._properties("exact")
+    ref = torch.ones(2, 3, 4, dtype=torch.float64)
+    bound = ck._bound(ref, torch.float32)
+    r = {"node_vals": ref.clone(), "ref_states": ref, "real": torch.tensor([True, False]),
+         "dtype": torch.float32, "node_others_untouched": True}
+    check = props["node states exact on every node"]
+    assert check(r)
+    r["node_vals"][1] = float("nan")  # the padded row's: the engine's own
+    assert check(r)
+    r["node_vals"][0, 2, 1] = 1.0 + bound
+    assert check(r)
+    r["node_vals"][0, 2, 1] = 1.0 + 2 * bound
+    assert not check(r)
+    r["node_vals"][0, 2, 1] = float("nan")
+    assert not check(r)
+    assert not props["node-state buffer: other entries untouched"]({**r, "node_others_untouched": False})
+
+    calls = iter(range(100))
+
+    def kernel(noisy_row, write_rows=False):
+        def call(args, pool, slots, node):
+            buf, rows = node
+            buf[rows.long(), :4] = 0.0
+            buf[rows[noisy_row].long(), 0] = float(next(calls))  # differs on every call
+            if write_rows:
+                rows[0] = rows[1]
+            return torch.zeros(3, 4)
+        return call
+    inp = _node_inp(burst=3)
+    out = ck._calls(kernel(2), inp, ("x",), "cpu", node_shape=(2, 3))
+    assert out["repeatable"] and out["node_others_untouched"] and not out["inputs_changed"]
+    assert not ck._calls(kernel(0), inp, ("x",), "cpu", node_shape=(2, 3))["repeatable"]
+    assert ck._calls(kernel(2, write_rows=True), inp, ("x",), "cpu", node_shape=(2, 3))["inputs_changed"] == ["node rows"]
+    assert "node_vals" not in ck._calls(lambda a, p, s: torch.zeros(3, 4), inp, ("x",), "cpu")
+
+
+def test_an_adapters_buffer_copy_carries_back_the_rows_it_wrote_and_its_guard_writes():
+    """reflect_rows: each row of the engine's guarded copy that now differs goes back into the caller's buffer
+    (transposed, or as it is), no other; a write to the copy's guard row reaches the caller's guard row."""
+    from ddsim.engines import beside, guarded_like, reflect_rows
+    from ddsim.engines.check_kernel import _bits
+    for transposed in (True, False):
+        caller = guarded_like(torch.full((4, 3, 2, 5), float("nan")))
+        engine = guarded_like(caller.transpose(-1, -2) if transposed else caller)
+        theirs = _bits(caller).clone()
+        engine[1, 2] = 1.0
+        beside(engine)[1].zero_()
+        reflect_rows(engine, caller, transposed=transposed)
+        back = engine[1].transpose(-1, -2) if transposed else engine[1]
+        assert torch.equal(_bits(caller[1]), _bits(back)) and torch.equal(_bits(caller)[[0, 2, 3]], theirs[[0, 2, 3]])
+        assert bool((beside(caller)[1] == 0).all()) and not bool((beside(caller)[0] == 0).any())

@@ -16,6 +16,14 @@ adapter refuses the others in one line. For the ops in the adapter's ``pads`` (c
 CUDA-graph batch: SGLang's, vLLM's), slots[b] = -1 marks a padded row: no slot is written for it, and its output is
 the engine's own.
 
+For the (op, mode) pairs in the adapter's ``node_states`` (an engine that keeps every node's state for its commit, as
+SGLang's exact verify fills ``intermediate_states_buffer``, from which its commit copies the accepted node's state, and
+vLLM's spec decode writes a state per token), the call also takes ``node_states=(buffer, rows)``: buffer [M, P, ...]
+float32, NaN, in ddsim's state layout of the op (GDN [HV, K, V], KDA [H, K, V], Mamba2 [H, P, N]), P >= T steps a
+row (its pitch: a buffer sized for the longest draft), and rows [B] int32, sequence b's row. The call writes node t's
+state (after node t, along its path for exact, in batch order for leaky) into buffer[rows[b], t] and nothing else
+in the buffer; a padded row's buffer row is the engine's own.
+
 An engine with a tree causal conv offers it as
     conv(x, *, weight, bias, parents, window_pool, slots, mode, activation) -> out [B, T, C]
 with x [B, T, C], weight [C, W], bias [C] or None, window_pool [N, C, W-1] (sequence b's committed
@@ -103,6 +111,9 @@ class EngineKernel:
     # the ops ("gdn" for the verify) whose calling convention pads a CUDA-graph batch with slot -1 (SGLang's and
     # vLLM's PAD_SLOT_ID): a padded row's state is neither read nor written, and check-kernel runs padded batches
     pads: tuple[str, ...] = ()
+    # the (op, mode) pairs whose call writes every node's state into a per-node state buffer (the contract's
+    # node_states): check-kernel gives one and holds each node's state to the oracle's
+    node_states: tuple[tuple[str, str], ...] = ()
 
     def check_op(self, op: str, mode: str) -> None:
         """``--op op --mode mode`` on this kernel (any op not in OPS: the GDN verify): one line naming the op it lacks
@@ -189,6 +200,23 @@ def reflect_writes(engine_pool, before, state_pool) -> None:
         for end, their in zip(ends, theirs):
             if (_bits(end) != GUARD[end.element_size()]).any():
                 their.copy_(end.transpose(-1, -2))
+
+
+def reflect_rows(engine_buf, caller_buf, *, transposed: bool = True) -> None:
+    """Copy back into the caller's buffer [M, ..., K, V] each row where the engine's guarded copy of it, engine_buf
+    [M, ..., V, K] (guarded_like; the same layout where not ``transposed``), now differs bitwise, and a write to
+    the copy's guard rows into the caller's (where it has them). Row by row, against the caller's buffer itself
+    (unchanged until now), so no second copy of a buffer of several GB is made."""
+    def back(t):
+        return t.transpose(-1, -2) if transposed else t
+    for i in range(engine_buf.shape[0]):
+        if not (_bits(engine_buf[i]) == _bits(back(caller_buf[i]))).all():
+            caller_buf[i] = back(engine_buf[i])
+    ends, theirs = beside(engine_buf), beside(caller_buf)
+    if ends is not None and theirs is not None:
+        for end, their in zip(ends, theirs):
+            if (_bits(end) != GUARD[end.element_size()]).any():
+                their.copy_(back(end))
 
 
 def _source_of(fn) -> tuple[str | None, str | None]:
@@ -291,4 +319,6 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
             ops_kw.update({op: as_op(fn), f"{op}_name": impl, f"{op}_modes": op_modes, f"{op}_source": src,
                            f"{op}_source_sha256": digest})
     pads = {"sglang": ("gdn", "conv", "mamba2"), "vllm": ("gdn",)}.get(convention, ())
-    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **ops_kw, pads=pads)
+    node_states = {"sglang": (("gdn", "exact"), ("mamba2", "exact")), "vllm": vllm.NODE_STATES}.get(convention, ())
+    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **ops_kw, pads=pads,
+                        node_states=node_states)

@@ -424,15 +424,69 @@ def padded_cases(op: str, profile: str, dtype=torch.float32, widths=(2, 3, 4, 5)
     return out
 
 
-def cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, **kw) -> list[dict]:
+# Where the per-node state buffer puts a sequence's node states, for a kernel that keeps them (SGLang's exact verify:
+# intermediate_states_buffer, rows intermediate_state_indices): the examples take these in turn. "batch rows": row b
+# for sequence b in a buffer of B rows of T steps (SGLang's indices, arange); "shuffled rows": distinct rows in any
+# order among 2 B + 3, each of T + 5 steps; "draft-budget pitch": rows of 65 steps whatever T is (a buffer sized for
+# the largest draft, SGLang's adaptive drafts keep that pitch in stride(0)), the rows descending
+NODE_LAYOUTS = ("batch rows", "shuffled rows", "draft-budget pitch")
+
+
+def node_layout(inp: dict, kind: str, seed: int) -> dict:
+    """The example's per-node state buffer layout of ``kind`` (NODE_LAYOUTS): node_rows [B] int32, node_buffer
+    (rows M, pitch P)."""
+    B, T = inp["parents"].shape
+    if kind == "batch rows":
+        rows, M, P = list(range(B)), B, T
+    elif kind == "shuffled rows":
+        M, P = 2 * B + 3, T + 5
+        rows = np.random.default_rng(seed).choice(M, B, replace=False).tolist()
+    else:
+        M, P = B + 2, max(T, 65)
+        rows = list(range(M - 1, M - 1 - B, -1))
+    return {"node_rows": torch.tensor(rows, dtype=torch.int32), "node_buffer": (M, P), "node_layout": kind}
+
+
+# elements at which a 32-bit signed offset wraps
+INT32_OFFSETS = 2 ** 31
+
+
+def wide_node_buffer(op: str, dtype=torch.float32) -> dict:
+    """A model's layer at 2 x 65 whose node states lie past 2^31 elements into their buffer (the batch in its last
+    two rows, 65 steps a row, as a server's buffer for 40-odd requests at budget 64 is): a kernel that computes the
+    buffer's offsets in 32-bit integers writes, and reads its parents' states, elsewhere. Several GB: serving profile
+    only (its buffer is allocated on the GPU)."""
+    common = dict(T=65, kind=("ddtree", 64, 8), B=2, pool_size=4, seed=130, dtype=dtype)
+    if op == "gdn":  # Qwen3.6-27B's heads
+        inp = gdn_case(**common, H=16, ratio=3, K=128, V=128)
+    elif op == "kda":  # Kimi Linear's
+        inp = kda_case(**common, H=32, K=128)
+    else:  # Nemotron-H-8B's
+        inp = mamba2_case(**common, G=8, ratio=16, P=64, N=128)
+    per_row = 65 * inp["initial_state"][0].numel()
+    M = -(-INT32_OFFSETS // per_row) + 2  # the last row starts past 2^31 elements
+    inp.update(node_rows=torch.tensor([M - 2, M - 1], dtype=torch.int32), node_buffer=(M, 65),
+               node_layout="past 2^31 elements",
+               label=f"node states past 2^31 elements: a model's layer at 2 x 65 in rows {M - 2}, {M - 1} of {M}")
+    return inp
+
+
+def cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, nodes: bool = False, **kw) -> list[dict]:
     """The profile's explicit examples of ``op``, with padded batches (padded_cases) where the kernel's convention
-    takes padding (``pads``). In the quick profile every example but the bursts is called once:
+    takes padding (``pads``), and for a kernel that keeps every node's state (``nodes``) each example's per-node state
+    buffer layout (NODE_LAYOUTS in turn) and, in the serving profile, a buffer whose node states lie past 2^31
+    elements (wide_node_buffer). In the quick profile every example but the bursts is called once:
     Triton's interpreter runs a launch's programs one after another, so a second call on the same input can
     differ only through the call count, and the burst examples' repeated calls check that."""
     out = {"gdn": gdn_cases, "conv": conv_cases, "mamba2": mamba2_cases, "kda": kda_cases,
            "lightning": lightning_cases}[op](profile, dtype, **kw)
     if pads:
         out += padded_cases(op, profile, dtype, **kw)
+    if nodes:
+        for i, inp in enumerate(out):
+            inp.update(node_layout(inp, NODE_LAYOUTS[i % len(NODE_LAYOUTS)], seed=1000 + i))
+        if profile == "serving" and op in ("gdn", "kda", "mamba2"):
+            out.append(wide_node_buffer(op, dtype))
     if profile == "quick":
         for inp in out:
             if inp["burst"] == 2:  # the default: not a burst example
@@ -467,6 +521,10 @@ def describe(inp: dict) -> dict:
     else:
         out.update({"C": int(inp["x"].shape[2]), "W": int(inp["weight"].shape[1])})
     out["calls"] = max(1, int(inp.get("burst", 2)))
+    if "node_buffer" in inp:  # a kernel that keeps every node's state: where its buffer puts them
+        M, P = inp["node_buffer"]
+        out.update({"node-state layout": inp["node_layout"], "node-state pitch past T max": P - trees[0].size,
+                    "node-state buffer elements max": M * P * inp["initial_state"][0].numel()})
     return out
 
 

@@ -44,28 +44,38 @@ def as_contract(fn, *, kda: bool = False):
     initial_state_source [N, HV, V, K], initial_state_indices [B], *, scale, use_qk_l2norm_in_kernel,
     disable_state_update, intermediate_states_buffer, intermediate_state_indices, cache_steps,
     retrieve_parent_token) -> o [1 or NK, B, T, HV, V]. With ``kda`` the same kernel's KDA mode (is_kda): the gate
-    per key channel, a [B, T, H, K] and dt_bias [H * K], the contract's ``kda`` (no scale argument)."""
-    def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale=None):
+    per key channel, a [B, T, H, K] and dt_bias [H * K], the contract's ``kda`` (no scale argument). In exact mode the
+    contract's ``node_states`` (buffer [M, P, HV, K, V], rows [B]) go to the kernel as intermediate_states_buffer (a
+    copy in SGLang's layout [M, P, HV, V, K] with guard rows beside it, its pitch P read from its stride) and
+    intermediate_state_indices = rows, and its writes are carried back; without them a buffer of B rows of T steps."""
+    def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale=None, node_states=None):
         B, T = q.shape[:2]
         HV = v.shape[2]
         dev = q.device
-        from ddsim.engines import fused_gates, guarded_like, reflect_writes
+        from ddsim.engines import fused_gates, guarded_like, reflect_rows, reflect_writes
         a, b = fused_gates(g, beta)  # elementwise: KDA's a is [B, T, H, K]
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
         dt_bias = torch.zeros(HV * q.shape[3], dtype=torch.float32, device=dev) if kda else zeros
         flags = {"is_kda": True} if kda else {}
         pool = guarded_like(state_pool.transpose(-1, -2))  # [N, HV, V, K], SGLang's layout, guard slots beside
         before = pool.clone()
-        tree = {}
+        tree, nodes = {}, None
         if mode == "exact":  # per-node states, NaN until the kernel writes them
-            tree = dict(intermediate_states_buffer=torch.full((B, T, HV, v.shape[3], q.shape[3]), float("nan"),
-                                                              device=dev),
-                        intermediate_state_indices=torch.arange(B, dtype=torch.int32, device=dev), cache_steps=T,
+            if node_states is None:
+                buf = torch.full((B, T, HV, v.shape[3], q.shape[3]), float("nan"), device=dev)
+                rows = torch.arange(B, dtype=torch.int32, device=dev)
+            else:
+                nodes, rows = node_states
+                buf = guarded_like(nodes.transpose(-1, -2))  # [M, P, HV, V, K], guard rows beside
+            tree = dict(intermediate_states_buffer=buf, intermediate_state_indices=rows.to(dev, torch.int32),
+                        cache_steps=buf.shape[1],
                         retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous())
         o = fn(zeros, a.contiguous(), dt_bias, 1.0, 20.0, q.contiguous(), k.contiguous(), v.contiguous(), b.contiguous(),
                pool, slots.to(device=dev, dtype=torch.int32), scale=scale, use_qk_l2norm_in_kernel=True,
                disable_state_update=True, **tree, **flags)
         reflect_writes(pool, before, state_pool)  # show the caller what the kernel wrote into the pool
+        if nodes is not None:
+            reflect_rows(tree["intermediate_states_buffer"], nodes)  # and into the node states
         return o[0] if o.dim() == 5 else o
     return verify
 
@@ -92,22 +102,34 @@ def as_mamba2_contract(fn):
     broadcast over P and N with stride 0 (SGLang's Mamba2 mixer does the same; the kernel then takes
     its one-scalar-per-head path). A missing D or dt_bias is passed as zeros (the launcher needs both:
     it reads their strides). exact: retrieve_parent_token = parents and a NaN-filled per-node state
-    buffer; leaky: neither. disable_state_update=True in both (a verify)."""
-    def mamba2(x, dt, A, B, C, *, D, dt_bias, parents, state_pool, slots, mode):
+    buffer; leaky: neither. disable_state_update=True in both (a verify). The contract's ``node_states`` (buffer
+    [M, P, H, P, N], rows [B]) go to the kernel as that buffer (a copy with guard rows beside it; cache_steps its
+    pitch) and intermediate_state_indices, and its writes are carried back."""
+    def mamba2(x, dt, A, B, C, *, D, dt_bias, parents, state_pool, slots, mode, node_states=None):
         Bn, T, H, P = x.shape
         N = B.shape[-1]
         dev = x.device
-        tree = {}
+        tree, nodes = {}, None
         if mode == "exact":
-            tree = dict(intermediate_states_buffer=torch.full((Bn, T, H, P, N), float("nan"), device=dev),
-                        cache_steps=T, retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous(),
-                        intermediate_state_indices=torch.arange(Bn, dtype=torch.int32, device=dev))
+            if node_states is None:
+                buf = torch.full((Bn, T, H, P, N), float("nan"), device=dev)
+                rows = torch.arange(Bn, dtype=torch.int32, device=dev)
+            else:
+                from ddsim.engines import guarded_like
+                nodes, rows = node_states
+                buf = guarded_like(nodes)
+            tree = dict(intermediate_states_buffer=buf, cache_steps=buf.shape[1],
+                        retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous(),
+                        intermediate_state_indices=rows.to(dev, torch.int32))
         out = torch.full_like(x, float("nan"))
         fn(state_pool, x.contiguous(), dt.float()[..., None].expand(Bn, T, H, P), A.float()[:, None, None].expand(H, P, N),
            B.contiguous(), C.contiguous(), D=(torch.zeros(H, device=dev) if D is None else D.float())[:, None].expand(H, P),
            dt_bias=(torch.zeros(H, device=dev) if dt_bias is None else dt_bias.float())[:, None].expand(H, P),
            dt_softplus=True,
            state_batch_indices=slots.to(device=dev, dtype=torch.int32), out=out, disable_state_update=True, **tree)
+        if nodes is not None:
+            from ddsim.engines import reflect_rows
+            reflect_rows(tree["intermediate_states_buffer"], nodes, transposed=False)
         return out
     return mamba2
 
@@ -132,7 +154,12 @@ def adapter():
                      kda_source=src, kda_source_sha256=digest)
     # its CUDA-graph replays pad the batch with slot -1 (PAD_SLOT_ID) in every one of these kernels
     return EngineKernel("sglang.fused_sigmoid_gating_delta_rule_update", ("exact", "leaky"), as_contract(fn), "sglang",
-                        _version("sglang"), src, digest, **extra, pads=("gdn", "conv", "mamba2", "kda"))
+                        _version("sglang"), src, digest, **extra, pads=("gdn", "conv", "mamba2", "kda"),
+                        node_states=NODE_STATES)
+
+
+# the exact verifies that fill intermediate_states_buffer, SGLang's commit's source
+NODE_STATES = (("gdn", "exact"), ("kda", "exact"), ("mamba2", "exact"))
 
 
 # ---- tree causal conv ------------------------------------------------------------------------------

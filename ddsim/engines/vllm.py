@@ -42,8 +42,11 @@ def _kernel():
 def as_contract(fn):
     """fn with vLLM's signature: (A_log, a, b, dt_bias, q, k, v, beta=, threshold=, scale=,
     initial_state= [S, HV, V, K], inplace_final_state=, cu_seqlens=, ssm_state_indices=,
-    num_accepted_tokens=, use_qk_l2norm_in_kernel=) -> (o, final_state)."""
-    def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
+    num_accepted_tokens=, use_qk_l2norm_in_kernel=) -> (o, final_state). Its per-token states (the states its next
+    step starts from, at the accepted token) lie in scratch slots after the pool; the contract's ``node_states``
+    (buffer [M, P, HV, K, V], rows [B]) receive them: buffer[rows[b], t] = token t's state (vLLM addresses its
+    per-token slots through the index table the adapter builds, so the buffer's rows are the adapter's to place)."""
+    def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale, node_states=None):
         B, T, HV, V = v.shape
         N, K = state_pool.shape[0], q.shape[3]
         dev = q.device
@@ -62,6 +65,9 @@ def as_contract(fn):
                   scale=scale, initial_state=vpool, inplace_final_state=True, ssm_state_indices=indices,
                   num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True)
         reflect_writes(vpool[1:1 + N], before, state_pool)
+        if node_states is not None:
+            nodes, rows = node_states
+            nodes[rows.long(), :T] = vpool[1 + N:].view(B, T, HV, V, K).transpose(-1, -2)
         return o[0] if o.dim() == 5 else o
     return verify
 
@@ -71,4 +77,8 @@ def adapter():
     fn = _kernel()
     src, digest = _source_of(fn)
     return EngineKernel("vllm.fused_sigmoid_gating_delta_rule_update", ("leaky",), as_contract(fn), "vllm",
-                        _version("vllm"), src, digest, pads=("gdn",))
+                        _version("vllm"), src, digest, pads=("gdn",), node_states=NODE_STATES)
+
+
+# its per-token states, which its next step reads at the accepted token
+NODE_STATES = (("gdn", "leaky"),)
