@@ -88,3 +88,14 @@ def node_offsets_in_32_bits(*args, intermediate_states_buffer=None, intermediate
             start = ((int(intermediate_state_indices[b]) * P + t) * per) % 2 ** 31
             flat[start:start + per] = states[b, t].flatten()
     return o
+
+
+def conv_windows_by_batch_index(x, conv_state, weight, bias=None, activation=None, *, intermediate_conv_window=None,
+                                intermediate_state_indices=None, **kw):
+    """SGLang 0.5.23's tree conv (its source under .engines) keeping each node's window (intermediate_conv_window,
+    which its commit restores the accepted node's window from) at row b, not at intermediate_state_indices[b]."""
+    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+    if intermediate_conv_window is not None:
+        intermediate_state_indices = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+    return causal_conv1d_update(x, conv_state, weight, bias, activation, intermediate_conv_window=intermediate_conv_window,
+                                intermediate_state_indices=intermediate_state_indices, **kw)

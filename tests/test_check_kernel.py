@@ -123,17 +123,19 @@ def test_planted_bugs_are_caught_with_the_first_wrong_node(tmp_path, kernel, fai
         assert f"slots written {pool['written_slots']}" in r.stdout
 
 
-@pytest.mark.parametrize("mode, held", [("exact", 7), ("leaky", 8)])
+@pytest.mark.parametrize("mode, held", [("exact", 9), ("leaky", 10)])
 def test_sglang_tree_conv_in_both_modes(tmp_path, mode, held):
     """SGLang 0.5.23's causal_conv1d_update: with retrieve_next_token/next_sibling (built from the
     parents) exact on every node, without them the flattened conv; it reads each sequence's own
     shuffled window slot and, by its design, rewrites that slot with the window after the whole
-    flattened draft (its commit restores the accepted node's window), and no other slot."""
+    flattened draft (its commit restores the accepted node's window from intermediate_conv_window, whose every
+    node's window is held to the oracle's too), and no other slot."""
     r = run_cli("check-kernel", "--impl", "sglang", "--op", "conv", "--mode", mode, "--max-examples", "3",
                 "--out", tmp_path / "ce.json", pythonpath=ENGINES)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "committed window = the flattened draft's window" in r.stdout and "causal_conv1d_triton.py" in r.stdout
     assert f"all {held} properties hold (quick profile" in r.stdout
+    assert f"node states {'exact' if mode == 'exact' else 'flattened'} on every node" in r.stdout
 
 
 @pytest.mark.parametrize("kernel, failing, written", [
@@ -155,19 +157,23 @@ def test_a_padded_row_that_writes_a_slot_is_caught(tmp_path, kernel, failing, wr
     assert ("the slot's worth before and after the pool" in r.stdout) == (-1 in written)
 
 
-@pytest.mark.parametrize("kernel, failing", [
-    ("last_node_state_not_kept", ["node states exact on every node"]),
-    ("node_states_by_batch_index", ["node states exact on every node", "node-state buffer: other entries untouched"]),
-    ("pitch_taken_as_nodes", ["node states exact on every node", "node-state buffer: other entries untouched"]),
-    ("node_state_before_its_update", ["node states exact on every node"]),
+BOTH = ["node states exact on every node", "node-state buffer: other entries untouched"]
+
+
+@pytest.mark.parametrize("kernel, op, failing", [
+    ("last_node_state_not_kept", "gdn", ["node states exact on every node"]),
+    ("node_states_by_batch_index", "gdn", BOTH),
+    ("pitch_taken_as_nodes", "gdn", BOTH),
+    ("node_state_before_its_update", "gdn", ["node states exact on every node"]),
+    ("conv_windows_by_batch_index", "conv", BOTH),
 ])
-def test_node_states_a_commit_would_copy_are_checked(tmp_path, kernel, failing):
+def test_node_states_a_commit_would_copy_are_checked(tmp_path, kernel, op, failing):
     """A verify whose outputs are right but whose kept node states (SGLang's intermediate_states_buffer, which its
-    commit copies into the pool) are not fails exactly the node-state properties, with the node or the buffer
-    entries named; every output property still holds."""
+    commit copies into the pool, and its conv's intermediate_conv_window) are not fails exactly the node-state
+    properties, with the node or the buffer entries named; every output property still holds."""
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", f"tests.planted_node_states:{kernel}", "--convention", "sglang", "--mode",
-                "exact", "--max-examples", "5", "--out", out)
+    r = run_cli("check-kernel", "--impl", f"tests.planted_node_states:{kernel}", "--convention", "sglang", "--op", op,
+                "--mode", "exact", "--max-examples", "5", "--out", out, pythonpath=ENGINES)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
     ces = json.loads(out.read_text())["counterexamples"]
@@ -196,6 +202,8 @@ def test_the_serving_profile_puts_node_states_past_two_to_the_31_elements():
         assert int(wide[0]["node_rows"].min()) * P * per >= kernel_cases.INT32_OFFSETS and M * P * per < 2 ** 32, op
         d = kernel_cases.describe(wide[0])
         assert d["node-state buffer elements max"] == M * P * per
+    # the conv keeps windows of C (W - 1) elements a node: a server's buffer of them stays far below 2^31
+    assert {i["node_layout"] for i in kernel_cases.cases("conv", "quick", nodes=True)} == set(kernel_cases.NODE_LAYOUTS)
     assert all("node_rows" not in i for i in kernel_cases.cases("gdn", "serving"))
     assert all("node_rows" not in i for i in kernel_cases.cases("gdn", "quick", nodes=False))
 

@@ -271,8 +271,8 @@ def test_node_state_writes_are_read_by_row_and_step_with_the_guards():
     inp = _node_inp()
     real = inp["slots"] >= 0
     assert [t.tolist() if hasattr(t, "tolist") else t for t in ck._node_layout(inp)] == [[4, 0, 2], 5, 6]
-    assert [t.tolist() if hasattr(t, "tolist") else t for t in ck._node_layout({"parents": torch.zeros(3, 7)})] == [
-        [2, 1, 0], 4, 8]
+    drawn = ck._node_layout({"parents": torch.zeros(3, 7)})
+    assert [drawn[0].tolist(), *drawn[1:]] == [[2, 1, 0], 4, 8] and drawn[0].dtype == torch.int32
 
     def written(*entries, guard=None):
         buf, rows = ck._node_buffer(inp, (2, 3), "cpu")
@@ -301,38 +301,44 @@ def test_node_states_are_compared_with_the_oracles_and_repeated_calls_cover_them
     assert list(props)[-2:] == ["node states exact on every node", "node-state buffer: other entries untouched"]
     assert list(ck._properties("leaky", nodes=True))[-2] == "node states flattened on every node"
     assert "node states exact on every node" not in ck._properties("exact")
-    ref = torch.ones(2, 3, 4, dtype=torch.float64)
-    bound = ck._bound(ref, torch.float32)
+    ref = torch.zeros(2, 3, 4, dtype=torch.float64)
+    bound = ck._bound(ref, torch.bfloat16)  # the input dtype's bound, not float32's
+    assert bound > ck._bound(ref, torch.float32)
     r = {"node_vals": ref.clone(), "ref_states": ref, "real": torch.tensor([True, False]),
-         "dtype": torch.float32, "node_others_untouched": True}
+         "dtype": torch.bfloat16, "node_others_untouched": True}
     check = props["node states exact on every node"]
     assert check(r)
     r["node_vals"][1] = float("nan")  # the padded row's: the engine's own
     assert check(r)
-    r["node_vals"][0, 2, 1] = 1.0 + bound
+    r["node_vals"][0, 2, 1] = bound  # an error at the bound holds
     assert check(r)
-    r["node_vals"][0, 2, 1] = 1.0 + 2 * bound
+    r["node_vals"][0, 2, 1] = 2 * bound
     assert not check(r)
     r["node_vals"][0, 2, 1] = float("nan")
     assert not check(r)
-    assert not props["node-state buffer: other entries untouched"]({**r, "node_others_untouched": False})
+    untouched = props["node-state buffer: other entries untouched"]
+    assert untouched(r) is True and untouched({**r, "node_others_untouched": False}) is False
 
     calls = iter(range(100))
 
     def kernel(noisy_row, write_rows=False):
         def call(args, pool, slots, node):
             buf, rows = node
-            buf[rows.long(), :4] = 0.0
+            buf[rows.long(), :4] = pool[slots.long().clamp(min=0), None]  # [B, T, 2, 3]: the pool's rows
             buf[rows[noisy_row].long(), 0] = float(next(calls))  # differs on every call
             if write_rows:
                 rows[0] = rows[1]
-            return torch.zeros(3, 4)
+            return args["x"].clone()
         return call
     inp = _node_inp(burst=3)
+    inp["pool"] = torch.arange(24.0).view(4, 2, 3)
     out = ck._calls(kernel(2), inp, ("x",), "cpu", node_shape=(2, 3))
     assert out["repeatable"] and out["node_others_untouched"] and not out["inputs_changed"]
-    assert not ck._calls(kernel(0), inp, ("x",), "cpu", node_shape=(2, 3))["repeatable"]
+    assert out["real"].tolist() == [True, True, False] and out["o"].shape == (3, 4)
+    assert torch.equal(out["node_vals"][1, 1], inp["pool"][3])  # the pool and slots the kernel was handed
+    assert ck._calls(kernel(0), inp, ("x",), "cpu", node_shape=(2, 3))["repeatable"] is False
     assert ck._calls(kernel(2, write_rows=True), inp, ("x",), "cpu", node_shape=(2, 3))["inputs_changed"] == ["node rows"]
+    assert inp["node_rows"].tolist() == [4, 0, 2]  # the kernel wrote its copy, not the example
     assert "node_vals" not in ck._calls(lambda a, p, s: torch.zeros(3, 4), inp, ("x",), "cpu")
 
 
@@ -345,9 +351,20 @@ def test_an_adapters_buffer_copy_carries_back_the_rows_it_wrote_and_its_guard_wr
         caller = guarded_like(torch.full((4, 3, 2, 5), float("nan")))
         engine = guarded_like(caller.transpose(-1, -2) if transposed else caller)
         theirs = _bits(caller).clone()
-        engine[1, 2] = 1.0
+        engine[3, 2] = 1.0  # the last row
         beside(engine)[1].zero_()
         reflect_rows(engine, caller, transposed=transposed)
-        back = engine[1].transpose(-1, -2) if transposed else engine[1]
-        assert torch.equal(_bits(caller[1]), _bits(back)) and torch.equal(_bits(caller)[[0, 2, 3]], theirs[[0, 2, 3]])
+        back = engine[3].transpose(-1, -2) if transposed else engine[3]
+        assert torch.equal(_bits(caller[3]), _bits(back)) and torch.equal(_bits(caller)[[0, 1, 2]], theirs[[0, 1, 2]])
         assert bool((beside(caller)[1] == 0).all()) and not bool((beside(caller)[0] == 0).any())
+    caller = guarded_like(torch.zeros(2, 3, 4, 5))
+    engine = guarded_like(caller.transpose(-1, -2))
+    engine[0] = 1.0
+    reflect_rows(engine, caller)  # transposed unless told
+    assert bool((caller[0] == 1).all())
+    plain = torch.zeros(2, 3, 4)  # a caller's buffer without guard rows: its rows come back, nothing else
+    engine = guarded_like(plain)
+    engine[1] = 2.0
+    beside(engine)[0].zero_()
+    reflect_rows(engine, plain, transposed=False)
+    assert bool((plain[1] == 2).all()) and bool((plain[0] == 0).all())

@@ -325,3 +325,105 @@ def test_a_counterexample_names_the_node_its_property_is_about_and_a_slot_proper
         {**ck._describe(inp, r, "output finite", "leaky"), "example": "drawn"})
     window = ck._where(ck._describe(inp, r, "committed window = the flattened draft's window", "leaky"))
     assert "slots written [3]" in window and "wrong node" not in window
+
+
+def test_the_op_and_dtype_of_an_example_come_from_its_inputs():
+    """_op_of tells lightning attention (a decay), KDA (a gate per key channel), GDN, Mamba2 (dt) and the conv apart;
+    _input_dtype reads q, else x; _short cuts a long repr to its limit with an ellipsis."""
+    from ddsim.engines import kernel_cases as kc
+    small = dict(T=3, kind="chain", B=1, seed=0)
+    ops = {"gdn": kc.gdn_case(**small, K=2, V=2), "kda": kc.kda_case(**small, K=2),
+           "lightning": kc.lightning_case(**small, K=2), "mamba2": kc.mamba2_case(**small, P=2, N=2),
+           "conv": kc.conv_case(**small, C=2, dtype=torch.bfloat16)}
+    assert {op: ck._op_of(inp) for op, inp in ops.items()} == {op: op for op in ops}
+    assert ck._input_dtype(ops["conv"]) == torch.bfloat16 and ck._input_dtype(ops["gdn"]) == torch.float32
+    assert ck._short("x" * 10, 10) == "x" * 10 and ck._short("x" * 11, 10) == "x" * 9 + "…"
+    assert ck._short(list(range(100))) == str(list(range(100)))[:159] + "…"
+
+
+def _node_state_run():
+    """A GDN example (2 sequences of 3 nodes, rows [3, 1] of 4, pitch 5) with node 2 of sequence 1 kept wrong, and
+    its run result with writes outside the batch's rows (row 0 step 0, and the guard row after the buffer)."""
+    from ddsim.engines import kernel_cases as kc
+    inp = kc.gdn_case(T=3, kind="chain", B=2, K=2, V=3, seed=0, label="two chains", dtype=torch.bfloat16)
+    inp.update(node_rows=torch.tensor([3, 1], dtype=torch.int32), node_buffer=(4, 5), node_layout="shuffled rows")
+    ref = torch.zeros(2, 3, 2, 3, dtype=torch.float64)
+    states = torch.zeros(2, 3, 2, 2, 3, dtype=torch.float64)
+    vals = states.clone()
+    vals[1, 2] = 0.5
+    vals[0, 1] = ck._bound(states, torch.bfloat16)  # at the bound: not wrong
+    r = {"o": ref.clone(), "ref": {"exact": ref, "leaky": ref}, "ref_states": states, "node_vals": vals,
+         "order_exact": torch.ones(2, 3, dtype=torch.bool), "real": torch.ones(2, dtype=torch.bool),
+         "dtype": torch.float32, "inputs_changed": ["node rows"], "repeatable": False, "written_slots": [],
+         "node_written": [[0, 0], [4, 0]], "node_others_untouched": False}
+    return inp, r
+
+
+def test_a_node_state_counterexample_names_its_node_and_the_buffer_entries_written():
+    """_describe's whole JSON for a node-state property (the kept states against the oracle's, the buffer's layout and
+    what was written outside it), and _where's line for it and for every other kind of property."""
+    inp, r = _node_state_run()
+    bound = ck._bound(r["ref_states"], torch.bfloat16)  # the input dtype's
+    ce = ck._describe(inp, r, "node states exact on every node", "exact")
+    assert ce == {"property": "node states exact on every node", "op": "gdn", "mode": "exact", "example": "two chains",
+                  "dtype": "bfloat16", "reference": "exact",
+                  "trees": [{"parents": [-1, 0, 1], "tokens": [0, 1, 2]}] * 2,
+                  "shapes": {"B": 2, "T": 3, "H": 1, "HV": 2, "K": 2, "V": 3},
+                  "pool": {"slots": 5, "batch_slots": inp["slots"].tolist(), "written_slots": []},
+                  "inputs_changed": ["node rows"], "repeatable": False,
+                  "first_wrong_node": {"sequence": 1, "node": 2, "max_abs_error": 0.5, "bound": bound,
+                                       "order_exact": True},
+                  "node_buffer": {"rows": 4, "pitch": 5, "batch_rows": [3, 1], "written_outside": [[0, 0], [4, 0]]}}
+    assert ck._where(ce) == (f"serving example [two chains]: first wrong node state 2 of sequence 1 (parents [-1, 0, 1]),"
+                             f" error 0.5 > {bound:.3g}")
+    assert ck._where({**ce, "example": "drawn"}).startswith("first wrong node state 2 of sequence 1")
+    unlabelled = {k: v for k, v in inp.items() if k != "label"}  # a drawn input
+    assert ck._describe(unlabelled, r, "node states exact on every node", "exact")["example"] == "drawn"
+    o = r["o"].clone()
+    o[0, 0, 1] = ck._bound(r["ref"]["exact"], torch.bfloat16)  # an output at its bound, and one past it
+    o[1, 1, 0] = 1.0
+    wrong = ck._describe(inp, {**r, "o": o}, "exact on every node", "exact")["first_wrong_node"]
+    assert (wrong["sequence"], wrong["node"], wrong["bound"]) == (1, 1, ck._bound(r["ref"]["exact"], torch.bfloat16))
+    flat = ck._describe(inp, r, "node states flattened on every node", "leaky")
+    assert flat["reference"] == "leaky" and flat["first_wrong_node"]["node"] == 2
+    out = ck._describe(inp, r, "exact on every node", "exact")  # the outputs are right: no wrong node
+    assert out["first_wrong_node"] is None and out["reference"] == "exact"
+    buf = ck._describe(inp, r, "node-state buffer: other entries untouched", "exact")
+    assert ck._where(buf) == ("serving example [two chains]: batch rows [3, 1] of 4 (pitch 5 steps, 3 nodes), written "
+                              "outside them (row, step) [[0, 0], [4, 0]] (rows -1 and 4: the guard rows)")
+    inside = {**buf, "node_buffer": {**buf["node_buffer"], "written_outside": [[0, 3]]}}
+    assert ck._where(inside).endswith("written outside them (row, step) [[0, 3]]")
+    before = {**buf, "node_buffer": {**buf["node_buffer"], "written_outside": [[-1, 0]]}}
+    assert ck._where(before).endswith("(rows -1 and 4: the guard rows)")
+    assert ck._where(ck._describe(inp, r, "inputs untouched", "exact")) == (
+        "serving example [two chains]: the kernel wrote its arguments node rows")
+    assert ck._where({**ck._describe(inp, {**r, "inputs_changed": ["q", "slots"]}, "inputs untouched", "exact"),
+                      "example": "drawn"}) == "the kernel wrote its arguments q, slots"
+    assert ck._where(ck._describe(inp, r, "repeatable", "exact")) == (
+        "serving example [two chains]: repeated calls on one input gave outputs that differ bit for bit")
+    assert ck._where({"property": "output finite", "example": "two chains", "error": "ValueError: no"}) == (
+        "serving example [two chains]: the kernel raised ValueError: no")
+    slots = ck._describe(inp, {**r, "written_slots": [-1, 2]}, "other pool slots untouched", "exact")
+    assert ck._where(slots) == (f"serving example [two chains]: trees [[-1, 0, 1], [-1, 0, 1]], batch slots "
+                                f"{inp['slots'].tolist()} of 5, slots written [-1, 2] (-1 and 5: the slot's worth "
+                                "before and after the pool)")
+    assert ck._where({**slots, "pool": {**slots["pool"], "written_slots": [0, 4]}}).endswith("slots written [0, 4]")
+    assert ck._where({**slots, "pool": {**slots["pool"], "written_slots": [5]}}).endswith(
+        "slots written [5] (-1 and 5: the slot's worth before and after the pool)")
+    assert "node_buffer" not in ck._describe(inp, {k: v for k, v in r.items() if k != "node_vals"}, "repeatable",
+                                             "exact")
+
+
+def test_the_shapes_of_a_counterexample_by_op():
+    """_describe's shapes: a Mamba2 example's heads, head dim, groups and state size; a conv's channels, width and
+    whether it has a bias."""
+    from ddsim.engines import kernel_cases as kc
+    m = kc.mamba2_case(T=3, kind="chain", B=1, G=2, ratio=3, P=4, N=5, seed=0)
+    c = kc.conv_case(T=3, kind="chain", B=2, C=6, W=3, bias=False, seed=0)
+    r = {"o": torch.zeros(1, 3, 6, 4), "ref": {"exact": torch.zeros(1, 3, 6, 4)}, "order_exact": torch.ones(1, 3, dtype=torch.bool),
+         "real": torch.ones(1, dtype=torch.bool), "inputs_changed": [], "repeatable": True, "written_slots": []}
+    assert ck._describe(m, r, "exact on every node", "exact")["shapes"] == {"B": 1, "T": 3, "H": 6, "P": 4, "G": 2, "N": 5}
+    rc = {**r, "o": torch.zeros(2, 3, 6), "ref": {"exact": torch.zeros(2, 3, 6)},
+          "order_exact": torch.ones(2, 3, dtype=torch.bool), "real": torch.ones(2, dtype=torch.bool)}
+    d = ck._describe(c, rc, "exact on every node", "exact")
+    assert d["shapes"] == {"B": 2, "T": 3, "C": 6, "W": 3, "bias": False} and d["op"] == "conv"

@@ -19,7 +19,8 @@ the engine's own.
 For the (op, mode) pairs in the adapter's ``node_states`` (an engine that keeps every node's state for its commit, as
 SGLang's exact verify fills ``intermediate_states_buffer``, from which its commit copies the accepted node's state, and
 vLLM's spec decode writes a state per token), the call also takes ``node_states=(buffer, rows)``: buffer [M, P, ...]
-float32, NaN, in ddsim's state layout of the op (GDN [HV, K, V], KDA [H, K, V], Mamba2 [H, P, N]), P >= T steps a
+float32 (the conv: its window pool's dtype), NaN, in ddsim's state layout of the op (GDN [HV, K, V], KDA
+[H, K, V], Mamba2 [H, P, N], the conv's window [C, W-1]), P >= T steps a
 row (its pitch: a buffer sized for the longest draft), and rows [B] int32, sequence b's row. The call writes node t's
 state (after node t, along its path for exact, in batch order for leaky) into buffer[rows[b], t] and nothing else
 in the buffer; a padded row's buffer row is the engine's own.
@@ -319,6 +320,7 @@ def load(impl: str, *, convention: str | None = None) -> EngineKernel:
             ops_kw.update({op: as_op(fn), f"{op}_name": impl, f"{op}_modes": op_modes, f"{op}_source": src,
                            f"{op}_source_sha256": digest})
     pads = {"sglang": ("gdn", "conv", "mamba2"), "vllm": ("gdn",)}.get(convention, ())
-    node_states = {"sglang": (("gdn", "exact"), ("mamba2", "exact")), "vllm": vllm.NODE_STATES}.get(convention, ())
+    node_states = {"sglang": (("gdn", "exact"), ("mamba2", "exact"), ("conv", "exact"), ("conv", "leaky")),
+                   "vllm": vllm.NODE_STATES}.get(convention, ())
     return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **ops_kw, pads=pads,
                         node_states=node_states)

@@ -133,14 +133,12 @@ def _node_layout(inp: dict) -> tuple[torch.Tensor, int, int]:
     return torch.arange(B - 1, -1, -1, dtype=torch.int32), B + 1, T + 1
 
 
-def _node_buffer(inp: dict, shape: tuple, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(buffer [M, P, *shape] float32 NaN between two guard rows in its storage, rows [B] int32) on the device."""
+def _node_buffer(inp: dict, shape: tuple, device: str, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer [M, P, *shape] of ``dtype``, NaN, between two guard rows in its storage, rows [B] int32) on the
+    device."""
     rows, M, P = _node_layout(inp)
-    return guarded_like(torch.full((M, P, *shape), float("nan"), device=device)), rows.to(device, copy=True)
-
-
-# the bits of the NaN a per-node state buffer starts with (torch.full's), by which unwritten entries are known
-_NAN_BITS = int(_bits(torch.full((1,), float("nan"))).item())
+    return (guarded_like(torch.full((M, P, *shape), float("nan"), device=device, dtype=dtype)),
+            rows.to(device, copy=True))
 
 
 def _node_writes(buf: torch.Tensor, inp: dict, real: torch.Tensor) -> dict:
@@ -154,7 +152,8 @@ def _node_writes(buf: torch.Tensor, inp: dict, real: torch.Tensor) -> dict:
     r = rows.long().to(buf.device)
     owned[r[real.to(buf.device)], :T] = True
     owned[r[~real.to(buf.device)]] = True
-    touched = (_bits(buf) != _NAN_BITS).flatten(2).any(-1)  # [M, P]
+    nan = _bits(torch.full((1,), float("nan"), dtype=buf.dtype)).item()  # torch.full's NaN: what the buffer began as
+    touched = (_bits(buf) != nan).flatten(2).any(-1)  # [M, P]
     outside = (touched & ~owned).nonzero().tolist()
     ends = beside(buf)
     guard = GUARD[buf.element_size()]
@@ -163,13 +162,14 @@ def _node_writes(buf: torch.Tensor, inp: dict, real: torch.Tensor) -> dict:
     return {"node_vals": buf[r, :T].cpu(), "node_others_untouched": not outside, "node_written": outside[:8]}
 
 
-def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tuple | None = None) -> dict:
+def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tuple | None = None,
+           node_dtype=torch.float32) -> dict:
     """Call the kernel ``inp['burst']`` times (two unless the example says; at least one), each on fresh copies of
     the inputs ``names`` (None kept), the index tables and the pool: the first call's output and pool writes,
     which arguments any call changed, whether every call's output is bit-identical to the first's (a padded
     row's aside), and ``real`` [B], the rows that are not padding (slot -1), whose output is the engine's own.
     With ``node_shape`` (a kernel that keeps every node's state) each call also gets a per-node state buffer of
-    that state shape (_node_layout), and its first call's writes there are returned (_node_writes); repeatable then
+    that state shape and ``node_dtype`` (_node_layout), and its first call's writes there are returned (_node_writes); repeatable then
     covers the batch's node states too."""
     outs, changed, writes, nodes = None, set(), None, {}
     identical = True
@@ -179,7 +179,7 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
         args["parents"] = inp["parents"].to(device, copy=True)
         slots = inp["slots"].to(device, copy=True)
         pool = guarded_like(inp["pool"].to(device))  # a slot of guard bits on either side in its storage
-        node = None if node_shape is None else _node_buffer(inp, node_shape, device)
+        node = None if node_shape is None else _node_buffer(inp, node_shape, device, node_dtype)
         tables = {"slots": slots, **({} if node is None else {"node rows": node[1]})}
         seen = {k: _bits(v).clone() for k, v in {**args, **tables}.items() if v is not None}
         before = _bits(pool).clone()
@@ -296,20 +296,31 @@ NODE_PROPERTIES = {"exact": "node states exact on every node", "leaky": "node st
 
 
 class _ConvRunner:
-    """The engine's tree causal conv, one mode, on one device, against the oracle's conv."""
+    """The engine's tree causal conv, one mode, on one device, against the oracle's conv; with ``node_states`` (an
+    engine that keeps every node's window for its commit, SGLang's intermediate_conv_window) each node's window too."""
 
-    def __init__(self, kernel, mode: str, device: str):
-        self.kernel, self.mode, self.device = kernel, mode, device
+    def __init__(self, kernel, mode: str, device: str, node_states: bool = False):
+        self.kernel, self.mode, self.device, self.node_states = kernel, mode, device, node_states
 
     def run(self, inp) -> dict:
         from ddsim import oracle
-        r = _calls(lambda a, pool, slots: self.kernel.conv(a["x"], weight=a["weight"], bias=a["bias"], parents=a["parents"],
-                                                           window_pool=pool, slots=slots, mode=self.mode, activation="silu"),
-                   inp, ("x", "weight", "bias"), self.device)
+
+        def call(a, pool, slots, node=None):
+            return self.kernel.conv(a["x"], weight=a["weight"], bias=a["bias"], parents=a["parents"], window_pool=pool,
+                                    slots=slots, mode=self.mode, activation="silu",
+                                    **({} if node is None else {"node_states": node}))
+        window = inp["initial_window"]
+        r = _calls(call, inp, ("x", "weight", "bias"), self.device,
+                   tuple(window.shape[1:]) if self.node_states else None, window.dtype)
         plain = dict(weight=inp["weight"].double(), bias=None if inp["bias"] is None else inp["bias"].double())
-        r["ref"] = {m: oracle.tree_causal_conv1d(inp["x"].double(), **plain, parents=inp["parents"],
-                                                 initial_window=inp["initial_window"].double(), mode=m)
-                    for m in ("exact", "leaky")}
+        r["ref"] = {}
+        for m in ("exact", "leaky"):
+            got = oracle.tree_causal_conv1d(inp["x"].double(), **plain, parents=inp["parents"],
+                                            initial_window=window.double(), mode=m,
+                                            output_windows=self.node_states and m == self.mode)
+            if self.node_states and m == self.mode:
+                got, r["ref_states"] = got  # [B, T, C, W-1] each node's window
+            r["ref"][m] = got
         W1 = inp["initial_window"].shape[-1]
         # the window after the whole flattened draft: what a verify that rewrites its slot writes there
         flat = torch.cat([inp["initial_window"], inp["x"].transpose(1, 2).to(inp["initial_window"].dtype)], -1)
@@ -326,7 +337,7 @@ class _ConvRunner:
             committed = ("committed window = the flattened draft's window", lambda r: r["slot_is_flattened_window"])
         else:
             committed = ("committed window untouched", lambda r: r["committed_untouched"])
-        return _properties(self.mode, committed)
+        return _properties(self.mode, committed, nodes=self.node_states)
 
 
 def _op_of(inp: dict) -> str:
@@ -465,7 +476,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     kernel.check_op(op, mode)
     nodes = (op, mode) in kernel.node_states  # it keeps every node's state: give it a buffer and check them
     if op == "conv":
-        runner = _ConvRunner(kernel, mode, device)
+        runner = _ConvRunner(kernel, mode, device, node_states=nodes)
         strategy = strategies.conv_pool_inputs(max_nodes=10, dtype=dtype, widths=kernel.conv_widths)
         extra = {"widths": kernel.conv_widths}
     elif op == "mamba2":

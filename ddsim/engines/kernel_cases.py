@@ -523,8 +523,9 @@ def describe(inp: dict) -> dict:
     out["calls"] = max(1, int(inp.get("burst", 2)))
     if "node_buffer" in inp:  # a kernel that keeps every node's state: where its buffer puts them
         M, P = inp["node_buffer"]
+        state = inp["initial_state"] if "initial_state" in inp else inp["initial_window"]
         out.update({"node-state layout": inp["node_layout"], "node-state pitch past T max": P - trees[0].size,
-                    "node-state buffer elements max": M * P * inp["initial_state"][0].numel()})
+                    "node-state buffer elements max": M * P * state[0].numel()})
     return out
 
 

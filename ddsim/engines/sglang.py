@@ -158,8 +158,9 @@ def adapter():
                         node_states=NODE_STATES)
 
 
-# the exact verifies that fill intermediate_states_buffer, SGLang's commit's source
-NODE_STATES = (("gdn", "exact"), ("kda", "exact"), ("mamba2", "exact"))
+# the exact verifies that fill intermediate_states_buffer and the conv that fills intermediate_conv_window (on a tree
+# and on the flattened draft): SGLang's commit's sources
+NODE_STATES = (("gdn", "exact"), ("kda", "exact"), ("mamba2", "exact"), ("conv", "exact"), ("conv", "leaky"))
 
 
 # ---- tree causal conv ------------------------------------------------------------------------------
@@ -203,15 +204,25 @@ def as_conv_contract(fn):
     retrieve_parent_token=) -> out [B, C, T]. Tree mode (retrieve_next_token/next_sibling given) is
     exact; without them the conv runs over the flattened draft (leaky). Either way the kernel rewrites
     the sequence's conv_state slot with the window after the whole flattened draft (SGLang's commit
-    then restores the accepted node's window from its intermediate windows)."""
-    def conv(x, *, weight, bias, parents, window_pool, slots, mode, activation):
+    then restores the accepted node's window from its intermediate windows). The contract's ``node_states`` (buffer
+    [M, P, C, W-1], rows [B]) go to the kernel as intermediate_conv_window (a copy with guard rows beside it, in
+    the same layout, [cache line, step, dim, win]) and intermediate_state_indices, and its writes are carried back."""
+    def conv(x, *, weight, bias, parents, window_pool, slots, mode, activation, node_states=None):
         dev = x.device
         tree = {}
         if mode == "exact":
             nxt, sib = next_token_and_sibling(parents.cpu())
             tree = dict(retrieve_next_token=nxt.to(dev), retrieve_next_sibling=sib.to(dev),
                         retrieve_parent_token=torch.full_like(nxt, -2).to(dev))
+        if node_states is not None:
+            from ddsim.engines import guarded_like
+            nodes, rows = node_states
+            tree.update(intermediate_conv_window=guarded_like(nodes),
+                        intermediate_state_indices=rows.to(device=dev, dtype=torch.int32))
         out = fn(x.transpose(1, 2).contiguous(), window_pool, weight.contiguous(), bias, activation,
                  conv_state_indices=slots.to(device=dev, dtype=torch.int32), **tree)
+        if node_states is not None:
+            from ddsim.engines import reflect_rows
+            reflect_rows(tree["intermediate_conv_window"], nodes, transposed=False)
         return out.transpose(1, 2)
     return conv
