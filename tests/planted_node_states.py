@@ -99,3 +99,15 @@ def conv_windows_by_batch_index(x, conv_state, weight, bias=None, activation=Non
         intermediate_state_indices = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     return causal_conv1d_update(x, conv_state, weight, bias, activation, intermediate_conv_window=intermediate_conv_window,
                                 intermediate_state_indices=intermediate_state_indices, **kw)
+
+
+def vllm_token_states_reversed(*args, ssm_state_indices=None, num_accepted_tokens=None, **kw):
+    """vLLM 0.33.0's spec-decode kernel (its source under .engines) with its per-token index table read back to front:
+    token t's state lands in token T - 1 - t's slot (a next step that starts from the accepted token's slot starts
+    from another token's state). Its outputs are right: it reads its committed state where it should."""
+    from vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating import fused_sigmoid_gating_delta_rule_update
+    idx = ssm_state_indices.clone()
+    T = idx.shape[1] - 1  # the last column is the committed slot, read at num_accepted_tokens - 1
+    idx[:, :T] = idx[:, :T].flip(1)
+    return fused_sigmoid_gating_delta_rule_update(*args, ssm_state_indices=idx, num_accepted_tokens=num_accepted_tokens,
+                                                  **kw)

@@ -166,14 +166,16 @@ BOTH = ["node states exact on every node", "node-state buffer: other entries unt
     ("pitch_taken_as_nodes", "gdn", BOTH),
     ("node_state_before_its_update", "gdn", ["node states exact on every node"]),
     ("conv_windows_by_batch_index", "conv", BOTH),
+    ("vllm_token_states_reversed", "gdn", ["node states flattened on every node"]),
 ])
 def test_node_states_a_commit_would_copy_are_checked(tmp_path, kernel, op, failing):
     """A verify whose outputs are right but whose kept node states (SGLang's intermediate_states_buffer, which its
-    commit copies into the pool, and its conv's intermediate_conv_window) are not fails exactly the node-state
-    properties, with the node or the buffer entries named; every output property still holds."""
+    commit copies into the pool, its conv's intermediate_conv_window, vLLM's per-token states) are not fails exactly
+    the node-state properties, with the node or the buffer entries named; every output property still holds."""
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", f"tests.planted_node_states:{kernel}", "--convention", "sglang", "--op", op,
-                "--mode", "exact", "--max-examples", "5", "--out", out, pythonpath=ENGINES)
+    convention, mode = ("vllm", "leaky") if kernel.startswith("vllm") else ("sglang", "exact")
+    r = run_cli("check-kernel", "--impl", f"tests.planted_node_states:{kernel}", "--convention", convention, "--op", op,
+                "--mode", mode, "--max-examples", "5", "--out", out, pythonpath=ENGINES)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
     ces = json.loads(out.read_text())["counterexamples"]

@@ -368,3 +368,29 @@ def test_an_adapters_buffer_copy_carries_back_the_rows_it_wrote_and_its_guard_wr
     beside(engine)[0].zero_()
     reflect_rows(engine, plain, transposed=False)
     assert bool((plain[1] == 2).all()) and bool((plain[0] == 0).all())
+    # a copy that guarded_like did not make (vLLM's: the buffer's entries after the pool's slots in one tensor): what
+    # lies beside it is the engine's, not a guard row
+    caller = guarded_like(torch.zeros(2, 3, 4))
+    vpool = torch.full((6, 3, 4), 5.0)
+    engine = vpool[2:4]
+    engine.copy_(caller)
+    reflect_rows(engine, caller, transposed=False)
+    from ddsim.engines import GUARD
+    assert all(bool((_bits(e) == GUARD[4]).all()) for e in beside(caller)) and bool((caller == 0).all())
+
+
+def test_a_windows_buffer_takes_its_pools_dtype():
+    """A conv's node windows lie in a buffer of its window pool's dtype (bf16 here): NaN in that dtype, whose bits
+    mark an entry unwritten, so an untouched bf16 buffer reads untouched and one write to another row is seen."""
+    inp = _node_inp()
+    real = inp["slots"] >= 0
+    buf, _ = ck._node_buffer(inp, (2, 3), "cpu", torch.bfloat16)
+    assert buf.dtype == torch.bfloat16 and bool(torch.isnan(buf).all())
+    assert ck._node_writes(buf, inp, real)["node_others_untouched"]
+    buf[1, 0] = 1.0
+    assert ck._node_writes(buf, inp, real)["node_written"] == [[1, 0]]
+
+    def kernel(args, pool, slots, node):
+        assert node[0].dtype == torch.bfloat16
+        return args["x"].clone()
+    assert ck._calls(kernel, inp, ("x",), "cpu", node_shape=(2, 3), node_dtype=torch.bfloat16)["node_others_untouched"]

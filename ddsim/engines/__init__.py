@@ -204,17 +204,17 @@ def reflect_writes(engine_pool, before, state_pool) -> None:
 
 
 def reflect_rows(engine_buf, caller_buf, *, transposed: bool = True) -> None:
-    """Copy back into the caller's buffer [M, ..., K, V] each row where the engine's guarded copy of it, engine_buf
-    [M, ..., V, K] (guarded_like; the same layout where not ``transposed``), now differs bitwise, and a write to
-    the copy's guard rows into the caller's (where it has them). Row by row, against the caller's buffer itself
-    (unchanged until now), so no second copy of a buffer of several GB is made."""
+    """Copy back into the caller's buffer [M, ..., K, V] each row where the engine's copy of it, engine_buf
+    [M, ..., V, K] (the same layout where not ``transposed``), now differs bitwise, and, where the copy was made by
+    guarded_like, a write to its guard rows into the caller's (where it has them). Row by row, against the caller's
+    buffer itself (unchanged until now), so no second copy of a buffer of several GB is made."""
     def back(t):
         return t.transpose(-1, -2) if transposed else t
     for i in range(engine_buf.shape[0]):
         if not (_bits(engine_buf[i]) == _bits(back(caller_buf[i]))).all():
             caller_buf[i] = back(engine_buf[i])
     ends, theirs = beside(engine_buf), beside(caller_buf)
-    if ends is not None and theirs is not None:
+    if getattr(engine_buf, "_ddsim_guarded", False) and ends is not None and theirs is not None:
         for end, their in zip(ends, theirs):
             if (_bits(end) != GUARD[end.element_size()]).any():
                 their.copy_(back(end))

@@ -43,9 +43,11 @@ def as_contract(fn):
     """fn with vLLM's signature: (A_log, a, b, dt_bias, q, k, v, beta=, threshold=, scale=,
     initial_state= [S, HV, V, K], inplace_final_state=, cu_seqlens=, ssm_state_indices=,
     num_accepted_tokens=, use_qk_l2norm_in_kernel=) -> (o, final_state). Its per-token states (the states its next
-    step starts from, at the accepted token) lie in scratch slots after the pool; the contract's ``node_states``
-    (buffer [M, P, HV, K, V], rows [B]) receive them: buffer[rows[b], t] = token t's state (vLLM addresses its
-    per-token slots through the index table the adapter builds, so the buffer's rows are the adapter's to place)."""
+    step starts from, at the accepted token) lie in slots after the pool, one per token, which ssm_state_indices
+    names: with the contract's ``node_states`` (buffer [M, P, HV, K, V], rows [B]) those slots are the buffer's
+    entries (token t of sequence b at buffer row rows[b], step t: slot 1 + N + rows[b] P + t of a pool that holds the
+    whole buffer after its N slots), so vLLM's own addressing puts them there, and its writes are carried back;
+    without them, B T scratch slots."""
     def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale, node_states=None):
         B, T, HV, V = v.shape
         N, K = state_pool.shape[0], q.shape[3]
@@ -54,10 +56,18 @@ def as_contract(fn):
         a, b = fused_gates(g, beta)
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
         null = torch.zeros(1, HV, V, K, device=dev)
-        scratch = torch.full((B * T, HV, V, K), float("nan"), device=dev)  # per-token states
-        vpool = torch.cat([null, state_pool.transpose(-1, -2), scratch]).contiguous()  # [1 + N + B*T, HV, V, K]
+        if node_states is None:
+            scratch = torch.full((B * T, HV, V, K), float("nan"), device=dev)  # per-token states
+            per_token = 1 + N + torch.arange(B * T, device=dev, dtype=torch.int32).view(B, T)
+        else:  # the buffer's entries as per-token slots: [M * P, HV, V, K]
+            nodes, rows = node_states
+            M, P = nodes.shape[:2]
+            scratch = nodes.transpose(-1, -2).reshape(M * P, HV, V, K)
+            per_token = (1 + N + rows.to(dev, torch.int32)[:, None] * P
+                         + torch.arange(T, device=dev, dtype=torch.int32)[None, :])
+        vpool = torch.cat([null, state_pool.transpose(-1, -2), scratch]).contiguous()  # [1 + N + slots, HV, V, K]
+        del scratch
         before = vpool[1:1 + N].clone()
-        per_token = 1 + N + torch.arange(B * T, device=dev, dtype=torch.int32).view(B, T)
         # [B, T + 1]; a padded row's slot -1 becomes 0, vLLM's null block, which its kernel skips
         indices = torch.cat([per_token, (slots.to(dev, torch.int32) + 1)[:, None]], 1).contiguous()
         accepted = torch.full((B,), T + 1, dtype=torch.int32, device=dev)
@@ -66,8 +76,8 @@ def as_contract(fn):
                   num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True)
         reflect_writes(vpool[1:1 + N], before, state_pool)
         if node_states is not None:
-            nodes, rows = node_states
-            nodes[rows.long(), :T] = vpool[1 + N:].view(B, T, HV, V, K).transpose(-1, -2)
+            from ddsim.engines import reflect_rows
+            reflect_rows(vpool[1 + N:].view(M, P, HV, V, K), nodes)
         return o[0] if o.dim() == 5 else o
     return verify
 
