@@ -36,8 +36,9 @@ Mode "leaky" (the flattened path) replaces the last by
 so a leaky kernel passes when the leak is identified and bounded: exact where the layout makes it
 exact, the flattened recurrence elsewhere.
 A kernel that keeps every node's state for its commit (EngineKernel.node_states: SGLang's exact verifies fill
-intermediate_states_buffer, vLLM's spec decode a state per token) gets a NaN per-node state buffer and a row per
-sequence on every call (kernel_cases.node_layout: shuffled rows, a pitch past T, offsets past 2^31 elements), and
+intermediate_states_buffer and its conv intermediate_conv_window, vLLM's spec decode a state per token) gets a NaN
+per-node state buffer and a row per sequence on every call (kernel_cases.node_layout: shuffled rows, a pitch past T,
+offsets past 2^31 elements; a conv's window [C, W-1] is its node state), and
   node states exact on every node      (exact) / node states flattened on every node (leaky): each node's kept
                                        state equals the oracle's state after it, what a commit copies into the pool
   node-state buffer: other entries untouched   every entry outside the batch's rows' first T steps (a padded row's

@@ -427,7 +427,7 @@ def padded_cases(op: str, profile: str, dtype=torch.float32, widths=(2, 3, 4, 5)
 # Where the per-node state buffer puts a sequence's node states, for a kernel that keeps them (SGLang's exact verify:
 # intermediate_states_buffer, rows intermediate_state_indices): the examples take these in turn. "batch rows": row b
 # for sequence b in a buffer of B rows of T steps (SGLang's indices, arange); "shuffled rows": distinct rows in any
-# order among 2 B + 3, each of T + 5 steps; "draft-budget pitch": rows of 65 steps whatever T is (a buffer sized for
+# order among 2 B + 3, each of T + 5 steps; "draft-budget pitch": rows of max(T, 65) steps (a buffer sized for
 # the largest draft, SGLang's adaptive drafts keep that pitch in stride(0)), the rows descending
 NODE_LAYOUTS = ("batch rows", "shuffled rows", "draft-budget pitch")
 

@@ -103,7 +103,7 @@ def as_mamba2_contract(fn):
     its one-scalar-per-head path). A missing D or dt_bias is passed as zeros (the launcher needs both:
     it reads their strides). exact: retrieve_parent_token = parents and a NaN-filled per-node state
     buffer; leaky: neither. disable_state_update=True in both (a verify). The contract's ``node_states`` (buffer
-    [M, P, H, P, N], rows [B]) go to the kernel as that buffer (a copy with guard rows beside it; cache_steps its
+    [M, steps, H, P, N], rows [B]) go to the kernel as that buffer (a copy with guard rows beside it; cache_steps its
     pitch) and intermediate_state_indices, and its writes are carried back."""
     def mamba2(x, dt, A, B, C, *, D, dt_bias, parents, state_pool, slots, mode, node_states=None):
         Bn, T, H, P = x.shape
