@@ -157,7 +157,7 @@ def test_a_padded_row_that_writes_a_slot_is_caught(tmp_path, kernel, failing, wr
     assert ("the slot's worth before and after the pool" in r.stdout) == (-1 in written)
 
 
-BOTH = ["node states exact on every node", "node-state buffer: other entries untouched"]
+BOTH = ["node states exact on every node", "other node-state entries untouched"]
 
 
 @pytest.mark.parametrize("kernel, op, failing", [

@@ -298,7 +298,7 @@ def test_node_states_are_compared_with_the_oracles_and_repeated_calls_cover_them
     padded row's aside, an error at the bound holds, past it fails); repeatable covers the kept states of real rows;
     the node rows are an index table the kernel must not write."""
     props = ck._properties("exact", nodes=True)
-    assert list(props)[-2:] == ["node states exact on every node", "node-state buffer: other entries untouched"]
+    assert list(props)[-2:] == ["node states exact on every node", "other node-state entries untouched"]
     assert list(ck._properties("leaky", nodes=True))[-2] == "node states flattened on every node"
     assert "node states exact on every node" not in ck._properties("exact")
     ref = torch.zeros(2, 3, 4, dtype=torch.float64)
@@ -316,7 +316,7 @@ def test_node_states_are_compared_with_the_oracles_and_repeated_calls_cover_them
     assert not check(r)
     r["node_vals"][0, 2, 1] = float("nan")
     assert not check(r)
-    untouched = props["node-state buffer: other entries untouched"]
+    untouched = props["other node-state entries untouched"]
     assert untouched(r) is True and untouched({**r, "node_others_untouched": False}) is False
 
     calls = iter(range(100))

@@ -388,7 +388,7 @@ def test_a_node_state_counterexample_names_its_node_and_the_buffer_entries_writt
     assert flat["reference"] == "leaky" and flat["first_wrong_node"]["node"] == 2
     out = ck._describe(inp, r, "exact on every node", "exact")  # the outputs are right: no wrong node
     assert out["first_wrong_node"] is None and out["reference"] == "exact"
-    buf = ck._describe(inp, r, "node-state buffer: other entries untouched", "exact")
+    buf = ck._describe(inp, r, "other node-state entries untouched", "exact")
     assert ck._where(buf) == ("serving example [two chains]: batch rows [3, 1] of 4 (pitch 5 steps, 3 nodes), written "
                               "outside them (row, step) [[0, 0], [4, 0]] (rows -1 and 4: the guard rows)")
     inside = {**buf, "node_buffer": {**buf["node_buffer"], "written_outside": [[0, 3]]}}

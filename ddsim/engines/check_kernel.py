@@ -41,7 +41,7 @@ per-node state buffer and a row per sequence on every call (kernel_cases.node_la
 offsets past 2^31 elements; a conv's window [C, W-1] is its node state), and
   node states exact on every node      (exact) / node states flattened on every node (leaky): each node's kept
                                        state equals the oracle's state after it, what a commit copies into the pool
-  node-state buffer: other entries untouched   every entry outside the batch's rows' first T steps (a padded row's
+  other node-state entries untouched   every entry outside the batch's rows' first T steps (a padded row's
                                        row aside), and the guard rows before and after the buffer, keep their bits
 """
 from __future__ import annotations
@@ -288,7 +288,7 @@ def _properties(mode: str, committed: tuple | None = None, nodes: bool = False) 
         props["flattened semantics on every node"] = lambda r: close(r, "leaky", torch.ones_like(r["order_exact"]))
     if nodes:
         props[NODE_PROPERTIES[mode]] = states_close
-        props["node-state buffer: other entries untouched"] = lambda r: r["node_others_untouched"]
+        props["other node-state entries untouched"] = lambda r: r["node_others_untouched"]
     return props
 
 
@@ -412,7 +412,7 @@ def _where(ce: dict) -> str:
         return (f"{at}first wrong {what} {node['node']} of sequence {node['sequence']} (parents "
                 f"{_short(ce['trees'][node['sequence']]['parents'])}), error {node['max_abs_error']:.3g} > "
                 f"{node['bound']:.3g}")
-    if ce["property"] == "node-state buffer: other entries untouched":
+    if ce["property"] == "other node-state entries untouched":
         nb = ce["node_buffer"]
         guards = any(w[0] < 0 or w[0] >= nb["rows"] for w in nb["written_outside"])
         return (f"{at}batch rows {_short(nb['batch_rows'])} of {nb['rows']} (pitch {nb['pitch']} steps, "
