@@ -17,11 +17,11 @@ CUDA-graph batch: SGLang's, vLLM's), slots[b] = -1 marks a padded row: no slot i
 the engine's own.
 
 For the (op, mode) pairs in the adapter's ``node_states`` (an engine that keeps every node's state for its commit, as
-SGLang's exact verify fills ``intermediate_states_buffer``, from which its commit copies the accepted node's state, and
-vLLM's spec decode writes a state per token), the call also takes ``node_states=(buffer, rows)``: buffer [M, P, ...]
-float32 (the conv: its window pool's dtype), NaN, in ddsim's state layout of the op (GDN [HV, K, V], KDA
-[H, K, V], Mamba2 [H, P, N], the conv's window [C, W-1]), P >= T steps a
-row (its pitch: a buffer sized for the longest draft), and rows [B] int32, sequence b's row. The call writes node t's
+SGLang's exact verify fills ``intermediate_states_buffer``, from which its commit copies the accepted node's state,
+its conv ``intermediate_conv_window``, and vLLM's spec decode writes a state per token), the call also takes
+``node_states=(buffer, rows)``: buffer [M, P, ...] float32 (the conv: its window pool's dtype), NaN, in ddsim's state
+layout of the op (GDN [HV, K, V], KDA [H, K, V], Mamba2 [H, P, N], the conv's window [C, W-1]), P >= T steps a row
+(its pitch: a buffer sized for the longest draft), and rows [B] int32, sequence b's row. The call writes node t's
 state (after node t, along its path for exact, in batch order for leaky) into buffer[rows[b], t] and nothing else
 in the buffer; a padded row's buffer row is the engine's own.
 
