@@ -176,9 +176,9 @@ def test_guard_slots_show_a_write_beside_the_pool_and_adapters_carry_it_back():
     assert beside(torch.randn(5, 2, 3, 4)) is None  # a pool check-kernel did not make: no guards to read
     caller = guarded_like(torch.randn(5, 2, 3, 4))
     engine = guarded_like(caller.transpose(-1, -2))  # the engine's [N, ..., V, K] copy
-    b, theirs = engine.clone(), _bits(caller).clone()
+    theirs = _bits(caller).clone()
     beside(engine)[0].fill_(1.0)
-    reflect_writes(engine, b, caller)
+    reflect_writes(engine, caller)
     assert torch.equal(beside(caller)[0], torch.ones(2, 3, 4)) and torch.equal(_bits(caller), theirs)
     assert _pool_writes(caller, theirs, torch.tensor([0], dtype=torch.int32))["written_slots"] == [-1]
 
@@ -226,18 +226,17 @@ def test_an_adapters_copy_carries_its_slot_writes_back_and_its_guard_writes_only
     from ddsim.engines.check_kernel import _bits
     caller = guarded_like(torch.randn(4, 2, 3, 5))
     engine = guarded_like(caller.transpose(-1, -2))
-    theirs, before = _bits(caller).clone(), engine.clone()
+    theirs = _bits(caller).clone()
     engine[2] += 1.0
-    reflect_writes(engine, before, caller)
+    reflect_writes(engine, caller)
     assert torch.equal(caller[2], engine[2].transpose(-1, -2))
     assert torch.equal(_bits(caller)[[0, 1, 3]], theirs[[0, 1, 3]])
     ends = [_bits(e).clone() for e in beside(caller)]
     vpool = torch.zeros(6, 2, 5, 3)  # a copy beside which the engine keeps slots of its own
     plain = vpool[1:5]
     plain.copy_(caller.transpose(-1, -2))
-    b = plain.clone()
     vpool[0] = 7.0
-    reflect_writes(plain, b, caller)
+    reflect_writes(plain, caller)
     assert all(torch.equal(_bits(e), x) for e, x in zip(beside(caller), ends))
 
 
@@ -344,31 +343,34 @@ def test_node_states_are_compared_with_the_oracles_and_repeated_calls_cover_them
     assert "node_vals" not in ck._calls(lambda a, p, s: torch.zeros(3, 4), inp, ("x",), "cpu")
 
 
-def test_an_adapters_buffer_copy_carries_back_the_rows_it_wrote_and_its_guard_writes():
-    """reflect_rows: each row of the engine's guarded copy that now differs goes back into the caller's buffer
-    (transposed, or as it is), no other; a write to the copy's guard row reaches the caller's guard row."""
-    from ddsim.engines import beside, guarded_like, reflect_rows
+def test_an_adapters_buffer_copy_carries_back_the_rows_it_wrote_and_its_guard_writes(monkeypatch):
+    """reflect_writes on a per-node state buffer: each row of the engine's guarded copy that now differs goes back
+    into the caller's buffer (transposed, or as it is), no other, whatever rows a chunk of the comparison holds; a
+    write to the copy's guard row reaches the caller's guard row."""
+    from ddsim import engines
+    from ddsim.engines import beside, guarded_like, reflect_writes
     from ddsim.engines.check_kernel import _bits
-    for transposed in (True, False):
+    for transposed, rows_a_chunk in ((True, 4), (False, 4), (True, 1), (False, 3)):
+        monkeypatch.setattr(engines, "REFLECT_CHUNK", rows_a_chunk * 3 * 2 * 5 * 4)  # bytes of that many rows
         caller = guarded_like(torch.full((4, 3, 2, 5), float("nan")))
         engine = guarded_like(caller.transpose(-1, -2) if transposed else caller)
         theirs = _bits(caller).clone()
         engine[3, 2] = 1.0  # the last row
         beside(engine)[1].zero_()
-        reflect_rows(engine, caller, transposed=transposed)
+        reflect_writes(engine, caller, transposed=transposed)
         back = engine[3].transpose(-1, -2) if transposed else engine[3]
         assert torch.equal(_bits(caller[3]), _bits(back)) and torch.equal(_bits(caller)[[0, 1, 2]], theirs[[0, 1, 2]])
         assert bool((beside(caller)[1] == 0).all()) and not bool((beside(caller)[0] == 0).any())
     caller = guarded_like(torch.zeros(2, 3, 4, 5))
     engine = guarded_like(caller.transpose(-1, -2))
     engine[0] = 1.0
-    reflect_rows(engine, caller)  # transposed unless told
+    reflect_writes(engine, caller)  # transposed unless told
     assert bool((caller[0] == 1).all())
     plain = torch.zeros(2, 3, 4)  # a caller's buffer without guard rows: its rows come back, nothing else
     engine = guarded_like(plain)
     engine[1] = 2.0
     beside(engine)[0].zero_()
-    reflect_rows(engine, plain, transposed=False)
+    reflect_writes(engine, plain, transposed=False)
     assert bool((plain[1] == 2).all()) and bool((plain[0] == 0).all())
     # a copy that guarded_like did not make (vLLM's: the buffer's entries after the pool's slots in one tensor): what
     # lies beside it is the engine's, not a guard row
@@ -376,7 +378,7 @@ def test_an_adapters_buffer_copy_carries_back_the_rows_it_wrote_and_its_guard_wr
     vpool = torch.full((6, 3, 4), 5.0)
     engine = vpool[2:4]
     engine.copy_(caller)
-    reflect_rows(engine, caller, transposed=False)
+    reflect_writes(engine, caller, transposed=False)
     from ddsim.engines import GUARD
     assert all(bool((_bits(e) == GUARD[4]).all()) for e in beside(caller)) and bool((caller == 0).all())
 

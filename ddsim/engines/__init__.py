@@ -187,34 +187,27 @@ def guarded_like(pool):
     return out
 
 
-def reflect_writes(engine_pool, before, state_pool) -> None:
-    """Copy back into the caller's state_pool [N, HV, K, V] every slot the engine wrote in its own
-    [N, HV, V, K] copy engine_pool (compared bitwise with ``before``, so NaN slots count as unchanged):
-    the caller's pool properties then check the engine's own writes. A copy made by guarded_like has its guard
-    slots' writes carried to the caller's guard slots (where it has them) the same way."""
-    import torch  # here, not at import: the command line imports this module for its conventions
-    wrote = (engine_pool.view(torch.int32) != before.view(torch.int32)).flatten(1).any(-1)  # [N]
-    if wrote.any():
-        state_pool[wrote] = engine_pool[wrote].transpose(-1, -2)
-    ends, theirs = beside(engine_pool), beside(state_pool)
-    if getattr(engine_pool, "_ddsim_guarded", False) and ends is not None and theirs is not None:
-        for end, their in zip(ends, theirs):
-            if (_bits(end) != GUARD[end.element_size()]).any():
-                their.copy_(end.transpose(-1, -2))
+# the most a reflect_writes comparison holds at once (bytes of each side): a buffer of several GB is compared in chunks
+REFLECT_CHUNK = 1 << 28
 
 
-def reflect_rows(engine_buf, caller_buf, *, transposed: bool = True) -> None:
-    """Copy back into the caller's buffer [M, ..., K, V] each row where the engine's copy of it, engine_buf
-    [M, ..., V, K] (the same layout where not ``transposed``), now differs bitwise, and, where the copy was made by
-    guarded_like, a write to its guard rows into the caller's (where it has them). Row by row, against the caller's
-    buffer itself (unchanged until now), so no second copy of a buffer of several GB is made."""
+def reflect_writes(engine_copy, caller, *, transposed: bool = True) -> None:
+    """Copy back into the caller's tensor [N, ..., K, V] (a state pool, a per-node state buffer) every slot or row the
+    engine wrote in its own copy of it, engine_copy [N, ..., V, K] (the same layout where not ``transposed``),
+    compared bitwise with the caller's (unchanged until now; NaN entries count as unchanged), in chunks of at most
+    REFLECT_CHUNK bytes, so no second copy of a buffer of several GB is made: the caller's properties then check the
+    engine's own writes. A copy made by guarded_like has its guard slots' writes carried to the caller's guard slots
+    (where it has them) the same way."""
     def back(t):
         return t.transpose(-1, -2) if transposed else t
-    for i in range(engine_buf.shape[0]):
-        if not (_bits(engine_buf[i]) == _bits(back(caller_buf[i]))).all():
-            caller_buf[i] = back(engine_buf[i])
-    ends, theirs = beside(engine_buf), beside(caller_buf)
-    if getattr(engine_buf, "_ddsim_guarded", False) and ends is not None and theirs is not None:
+    step = max(1, REFLECT_CHUNK // max(1, engine_copy[0].numel() * engine_copy.element_size()))
+    for i in range(0, engine_copy.shape[0], step):
+        mine, theirs = engine_copy[i:i + step], caller[i:i + step]
+        wrote = (_bits(mine) != _bits(back(theirs))).flatten(1).any(-1)  # [rows of the chunk]
+        if wrote.any():
+            theirs[wrote] = back(mine[wrote])
+    ends, theirs = beside(engine_copy), beside(caller)
+    if getattr(engine_copy, "_ddsim_guarded", False) and ends is not None and theirs is not None:
         for end, their in zip(ends, theirs):
             if (_bits(end) != GUARD[end.element_size()]).any():
                 their.copy_(back(end))

@@ -39,6 +39,17 @@ def _kernel():
                      "pip install sglang, or its wheel with --no-deps)")
 
 
+def _node_buffer(node_states, shape, dev, *, transposed: bool):
+    """(the per-node state buffer a kernel writes, its rows int32 on ``dev``): the contract's node_states (buffer, rows)
+    as a copy in the kernel's layout (its last two axes swapped where ``transposed``) between guard rows, whose writes
+    reflect_writes carries back; without them a NaN buffer of ``shape`` (B rows of T steps) at rows 0..B-1."""
+    if node_states is None:
+        return torch.full(shape, float("nan"), device=dev), torch.arange(shape[0], dtype=torch.int32, device=dev)
+    from ddsim.engines import guarded_like
+    nodes, rows = node_states
+    return guarded_like(nodes.transpose(-1, -2) if transposed else nodes), rows.to(device=dev, dtype=torch.int32)
+
+
 def as_contract(fn, *, kda: bool = False):
     """fn with SGLang's signature: (A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b,
     initial_state_source [N, HV, V, K], initial_state_indices [B], *, scale, use_qk_l2norm_in_kernel,
@@ -52,30 +63,23 @@ def as_contract(fn, *, kda: bool = False):
         B, T = q.shape[:2]
         HV = v.shape[2]
         dev = q.device
-        from ddsim.engines import fused_gates, guarded_like, reflect_rows, reflect_writes
+        from ddsim.engines import fused_gates, guarded_like, reflect_writes
         a, b = fused_gates(g, beta)  # elementwise: KDA's a is [B, T, H, K]
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
         dt_bias = torch.zeros(HV * q.shape[3], dtype=torch.float32, device=dev) if kda else zeros
         flags = {"is_kda": True} if kda else {}
         pool = guarded_like(state_pool.transpose(-1, -2))  # [N, HV, V, K], SGLang's layout, guard slots beside
-        before = pool.clone()
-        tree, nodes = {}, None
-        if mode == "exact":  # per-node states, NaN until the kernel writes them
-            if node_states is None:
-                buf = torch.full((B, T, HV, v.shape[3], q.shape[3]), float("nan"), device=dev)
-                rows = torch.arange(B, dtype=torch.int32, device=dev)
-            else:
-                nodes, rows = node_states
-                buf = guarded_like(nodes.transpose(-1, -2))  # [M, P, HV, V, K], guard rows beside
-            tree = dict(intermediate_states_buffer=buf, intermediate_state_indices=rows.to(dev, torch.int32),
-                        cache_steps=buf.shape[1],
+        tree = {}
+        if mode == "exact":  # per-node states [M, P, HV, V, K], NaN until the kernel writes them
+            buf, rows = _node_buffer(node_states, (B, T, HV, v.shape[3], q.shape[3]), dev, transposed=True)
+            tree = dict(intermediate_states_buffer=buf, intermediate_state_indices=rows, cache_steps=buf.shape[1],
                         retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous())
         o = fn(zeros, a.contiguous(), dt_bias, 1.0, 20.0, q.contiguous(), k.contiguous(), v.contiguous(), b.contiguous(),
                pool, slots.to(device=dev, dtype=torch.int32), scale=scale, use_qk_l2norm_in_kernel=True,
                disable_state_update=True, **tree, **flags)
-        reflect_writes(pool, before, state_pool)  # show the caller what the kernel wrote into the pool
-        if nodes is not None:
-            reflect_rows(tree["intermediate_states_buffer"], nodes)  # and into the node states
+        reflect_writes(pool, state_pool)  # show the caller what the kernel wrote into the pool
+        if mode == "exact" and node_states is not None:
+            reflect_writes(tree["intermediate_states_buffer"], node_states[0])  # and into the node states
         return o[0] if o.dim() == 5 else o
     return verify
 
@@ -109,27 +113,21 @@ def as_mamba2_contract(fn):
         Bn, T, H, P = x.shape
         N = B.shape[-1]
         dev = x.device
-        tree, nodes = {}, None
+        tree = {}
         if mode == "exact":
-            if node_states is None:
-                buf = torch.full((Bn, T, H, P, N), float("nan"), device=dev)
-                rows = torch.arange(Bn, dtype=torch.int32, device=dev)
-            else:
-                from ddsim.engines import guarded_like
-                nodes, rows = node_states
-                buf = guarded_like(nodes)
+            buf, rows = _node_buffer(node_states, (Bn, T, H, P, N), dev, transposed=False)
             tree = dict(intermediate_states_buffer=buf, cache_steps=buf.shape[1],
                         retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous(),
-                        intermediate_state_indices=rows.to(dev, torch.int32))
+                        intermediate_state_indices=rows)
         out = torch.full_like(x, float("nan"))
         fn(state_pool, x.contiguous(), dt.float()[..., None].expand(Bn, T, H, P), A.float()[:, None, None].expand(H, P, N),
            B.contiguous(), C.contiguous(), D=(torch.zeros(H, device=dev) if D is None else D.float())[:, None].expand(H, P),
            dt_bias=(torch.zeros(H, device=dev) if dt_bias is None else dt_bias.float())[:, None].expand(H, P),
            dt_softplus=True,
            state_batch_indices=slots.to(device=dev, dtype=torch.int32), out=out, disable_state_update=True, **tree)
-        if nodes is not None:
-            from ddsim.engines import reflect_rows
-            reflect_rows(tree["intermediate_states_buffer"], nodes, transposed=False)
+        if mode == "exact" and node_states is not None:
+            from ddsim.engines import reflect_writes
+            reflect_writes(tree["intermediate_states_buffer"], node_states[0], transposed=False)
         return out
     return mamba2
 
@@ -215,14 +213,12 @@ def as_conv_contract(fn):
             tree = dict(retrieve_next_token=nxt.to(dev), retrieve_next_sibling=sib.to(dev),
                         retrieve_parent_token=torch.full_like(nxt, -2).to(dev))
         if node_states is not None:
-            from ddsim.engines import guarded_like
-            nodes, rows = node_states
-            tree.update(intermediate_conv_window=guarded_like(nodes),
-                        intermediate_state_indices=rows.to(device=dev, dtype=torch.int32))
+            buf, rows = _node_buffer(node_states, None, dev, transposed=False)
+            tree.update(intermediate_conv_window=buf, intermediate_state_indices=rows)
         out = fn(x.transpose(1, 2).contiguous(), window_pool, weight.contiguous(), bias, activation,
                  conv_state_indices=slots.to(device=dev, dtype=torch.int32), **tree)
         if node_states is not None:
-            from ddsim.engines import reflect_rows
-            reflect_rows(tree["intermediate_conv_window"], nodes, transposed=False)
+            from ddsim.engines import reflect_writes
+            reflect_writes(tree["intermediate_conv_window"], node_states[0], transposed=False)
         return out.transpose(1, 2)
     return conv

@@ -67,17 +67,15 @@ def as_contract(fn):
                          + torch.arange(T, device=dev, dtype=torch.int32)[None, :])
         vpool = torch.cat([null, state_pool.transpose(-1, -2), scratch]).contiguous()  # [1 + N + slots, HV, V, K]
         del scratch
-        before = vpool[1:1 + N].clone()
         # [B, T + 1]; a padded row's slot -1 becomes 0, vLLM's null block, which its kernel skips
         indices = torch.cat([per_token, (slots.to(dev, torch.int32) + 1)[:, None]], 1).contiguous()
         accepted = torch.full((B,), T + 1, dtype=torch.int32, device=dev)
         o, _ = fn(zeros, a.contiguous(), b.contiguous(), zeros, q.contiguous(), k.contiguous(), v.contiguous(),
                   scale=scale, initial_state=vpool, inplace_final_state=True, ssm_state_indices=indices,
                   num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True)
-        reflect_writes(vpool[1:1 + N], before, state_pool)
+        reflect_writes(vpool[1:1 + N], state_pool)
         if node_states is not None:
-            from ddsim.engines import reflect_rows
-            reflect_rows(vpool[1 + N:].view(M, P, HV, V, K), nodes)
+            reflect_writes(vpool[1 + N:].view(M, P, HV, V, K), nodes)
         return o[0] if o.dim() == 5 else o
     return verify
 
