@@ -1,93 +1,84 @@
-"""GDN target verifies in SGLang's calling convention whose outputs are right but whose per-node states (the
-intermediate_states_buffer SGLang's commit copies the accepted node's state from) are not, for `ddsim check-kernel
---convention sglang` to catch (tests/test_check_kernel.py). Each wraps ddsim's drop-in (engine_api.target_verify, the
-same semantics as SGLang's kernel) and breaks one thing in how it keeps the node states. Before node states were
-checked, every one of them passed check-kernel: a verify's outputs never read a leaf's kept state."""
+"""Verifies whose outputs are right but whose kept per-node states are not, for `ddsim check-kernel` to catch
+(tests/test_check_kernel.py). In SGLang's calling convention: GDN verifies that wrap ddsim's drop-in
+(engine_api.target_verify, the same semantics as SGLang's kernel) and break one thing in how they keep the node states
+in intermediate_states_buffer (SGLang's commit copies the accepted node's state from there), one of them seen only
+past 2^31 elements (a GPU's serving profile), and SGLang's own tree conv keeping its windows at the wrong rows; in
+vLLM's, its own spec-decode kernel storing its per-token states out of order. Before node states were checked, every
+one of them passed check-kernel: a verify's outputs never read a leaf's kept state."""
+import functools
+
 import torch
 
 from ddsim.gpu_backend import engine_api
 
 
-def _verify_into_scratch(*args, intermediate_states_buffer, intermediate_state_indices, **kw):
-    """(o, states [B, T, HV, V, K]): the verify with its node states kept in a scratch buffer of its own."""
-    B, T = kw["retrieve_parent_token"].shape
-    scratch = torch.full((B, T, *intermediate_states_buffer.shape[2:]), float("nan"),
-                         device=intermediate_states_buffer.device)
-    o = engine_api.target_verify(*args, intermediate_states_buffer=scratch,
-                                 intermediate_state_indices=torch.arange(B, dtype=torch.int32, device=scratch.device),
-                                 **kw)
-    return o, scratch
+def _keeping(keep):
+    """A drop-in that verifies with its node states in a scratch buffer of its own (states [B, T, HV, V, K]), then
+    keeps them in the caller's intermediate_states_buffer as ``keep(buffer, rows, states, args, kw)`` does: the
+    fault. Without a buffer it is the drop-in itself."""
+    @functools.wraps(keep)
+    def verify(*args, intermediate_states_buffer=None, intermediate_state_indices=None, **kw):
+        if intermediate_states_buffer is None:
+            return engine_api.target_verify(*args, **kw)
+        B, T = kw["retrieve_parent_token"].shape
+        states = torch.full((B, T, *intermediate_states_buffer.shape[2:]), float("nan"),
+                            device=intermediate_states_buffer.device)
+        o = engine_api.target_verify(*args, intermediate_states_buffer=states,
+                                     intermediate_state_indices=torch.arange(B, dtype=torch.int32, device=states.device),
+                                     **kw)
+        keep(intermediate_states_buffer, intermediate_state_indices, states, args, kw)
+        return o
+    return verify
 
 
-def last_node_state_not_kept(*args, intermediate_states_buffer=None, intermediate_state_indices=None, **kw):
+@_keeping
+def last_node_state_not_kept(buffer, rows, states, args, kw):
     """The store loop stops one node short: the last node's state is never written (a commit that accepts it
     copies NaN into the pool)."""
-    if intermediate_states_buffer is None:
-        return engine_api.target_verify(*args, **kw)
-    o, states = _verify_into_scratch(*args, intermediate_states_buffer=intermediate_states_buffer,
-                                     intermediate_state_indices=intermediate_state_indices, **kw)
-    rows = intermediate_state_indices.long()
     T = states.shape[1]
-    intermediate_states_buffer[rows, :T - 1] = states[:, :T - 1]
-    return o
+    buffer[rows.long(), :T - 1] = states[:, :T - 1]
 
 
-def node_states_by_batch_index(*args, intermediate_states_buffer=None, intermediate_state_indices=None, **kw):
+@_keeping
+def node_states_by_batch_index(buffer, rows, states, args, kw):
     """intermediate_state_indices ignored: sequence b's node states go to row b, another request's row."""
-    if intermediate_states_buffer is None:
-        return engine_api.target_verify(*args, **kw)
-    o, states = _verify_into_scratch(*args, intermediate_states_buffer=intermediate_states_buffer,
-                                     intermediate_state_indices=intermediate_state_indices, **kw)
-    intermediate_states_buffer[:states.shape[0], :states.shape[1]] = states
-    return o
+    buffer[:states.shape[0], :states.shape[1]] = states
 
 
-def pitch_taken_as_nodes(*args, intermediate_states_buffer=None, intermediate_state_indices=None, **kw):
+@_keeping
+def pitch_taken_as_nodes(buffer, rows, states, args, kw):
     """The buffer's pitch taken as this step's node count T, not its stride (SGLang reads it from stride(0): a buffer
     sized for the largest draft keeps it when a step drafts fewer nodes): row r's step t lands at (r T + t) steps."""
-    if intermediate_states_buffer is None:
-        return engine_api.target_verify(*args, **kw)
-    o, states = _verify_into_scratch(*args, intermediate_states_buffer=intermediate_states_buffer,
-                                     intermediate_state_indices=intermediate_state_indices, **kw)
-    B, T = states.shape[:2]
-    flat = intermediate_states_buffer.view(-1, *states.shape[2:])  # [M * P, HV, V, K], a view: the writes land
-    at = (intermediate_state_indices.long()[:, None] * T + torch.arange(T, device=flat.device)).flatten()
+    T = states.shape[1]
+    flat = buffer.view(-1, *states.shape[2:])  # [M * P, HV, V, K], a view: the writes land
+    at = (rows.long()[:, None] * T + torch.arange(T, device=flat.device)).flatten()
     flat[at] = states.flatten(0, 1)
-    return o
 
 
-def node_state_before_its_update(*args, intermediate_states_buffer=None, intermediate_state_indices=None, **kw):
+@_keeping
+def node_state_before_its_update(buffer, rows, states, args, kw):
     """Each node keeps the state it started from (its parent's; the committed one for the root), not its own."""
-    if intermediate_states_buffer is None:
-        return engine_api.target_verify(*args, **kw)
-    o, states = _verify_into_scratch(*args, intermediate_states_buffer=intermediate_states_buffer,
-                                     intermediate_state_indices=intermediate_state_indices, **kw)
     pool, slots = args[9], args[10]
     parents = kw["retrieve_parent_token"].long()
     B, T = parents.shape
     live = (slots >= 0).view(-1, 1, 1, 1)
     committed = torch.where(live, pool[slots.long().clamp(min=0)], 0.0)  # [B, HV, V, K]
     before = torch.stack([committed if t == 0 else states[torch.arange(B), parents[:, t]] for t in range(T)], 1)
-    intermediate_states_buffer[intermediate_state_indices.long(), :T] = before
-    return o
+    buffer[rows.long(), :T] = before
 
 
-def node_offsets_in_32_bits(*args, intermediate_states_buffer=None, intermediate_state_indices=None, **kw):
+@_keeping
+def node_offsets_in_32_bits(buffer, rows, states, args, kw):
     """The buffer's element offsets ((row P + step) HV V K) computed in 32 bits, wrapping past 2^31: right wherever
     the buffer is smaller, and another row's states (and the right ones never written) past it."""
-    if intermediate_states_buffer is None:
-        return engine_api.target_verify(*args, **kw)
-    o, states = _verify_into_scratch(*args, intermediate_states_buffer=intermediate_states_buffer,
-                                     intermediate_state_indices=intermediate_state_indices, **kw)
     B, T = states.shape[:2]
     per = states[0, 0].numel()
-    flat = intermediate_states_buffer.view(-1)
-    P = intermediate_states_buffer.shape[1]
+    flat = buffer.view(-1)
+    P = buffer.shape[1]
     for b in range(B):
         for t in range(T):
-            start = ((int(intermediate_state_indices[b]) * P + t) * per) % 2 ** 31
+            start = ((int(rows[b]) * P + t) * per) % 2 ** 31
             flat[start:start + per] = states[b, t].flatten()
-    return o
 
 
 def conv_windows_by_batch_index(x, conv_state, weight, bias=None, activation=None, *, intermediate_conv_window=None,
