@@ -427,3 +427,18 @@ def test_the_shapes_of_a_counterexample_by_op():
           "order_exact": torch.ones(2, 3, dtype=torch.bool), "real": torch.ones(2, dtype=torch.bool)}
     d = ck._describe(c, rc, "exact on every node", "exact")
     assert d["shapes"] == {"B": 2, "T": 3, "C": 6, "W": 3, "bias": False} and d["op"] == "conv"
+
+
+def test_the_references_carry_node_states_in_the_kernels_own_mode_only():
+    """_references asks the oracle for every mode's outputs, and for the states after each node only in the kernel's
+    own mode and only where it keeps them."""
+    calls = []
+
+    def reference(m, states):
+        calls.append((m, states))
+        return (f"{m} out", f"{m} states") if states else f"{m} out"
+    assert ck._references(reference, ("exact", "leaky"), "leaky", True) == {
+        "ref": {"exact": "exact out", "leaky": "leaky out"}, "ref_states": "leaky states"}
+    assert calls == [("exact", False), ("leaky", True)]
+    assert ck._references(reference, ("exact", "leaky"), "exact", True)["ref_states"] == "exact states"
+    assert ck._references(reference, ("exact",), "exact", False) == {"ref": {"exact": "exact out"}}

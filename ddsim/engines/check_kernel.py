@@ -202,6 +202,19 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
     return {"o": outs, **writes, **nodes, "inputs_changed": sorted(changed), "repeatable": identical, "real": real}
 
 
+def _references(reference, modes: tuple, mode: str, node_states: bool) -> dict:
+    """{"ref": {m: the oracle's output in mode m} for ``modes``}, and "ref_states", the state after each node in the
+    kernel's own ``mode``, where it keeps them (``node_states``): ``reference(m, with_states)`` returns the output, or
+    (output, states) when asked for them."""
+    out = {"ref": {}}
+    for m in modes:
+        got = reference(m, node_states and m == mode)
+        if node_states and m == mode:
+            got, out["ref_states"] = got
+        out["ref"][m] = got
+    return out
+
+
 class _Runner:
     """One recurrence kernel (GDN, Mamba2, KDA, lightning attention), one mode, on one device: runs the kernel (on
     copies: a kernel that writes its inputs must not change what the oracle reads) and its oracle twin on an example.
@@ -228,14 +241,11 @@ class _Runner:
         # the references the mode's properties compare with: exact's always, the flattened one for a leaky kernel
         # (the oracle's leaky mode replays each node's whole batch-order history: the costlier at a model's shapes),
         # with the state after each node in the kernel's own mode where it keeps them
-        r["ref"] = {}
-        for m in ("exact", "leaky") if self.mode == "leaky" else ("exact",):
-            got = self.reference(*(plain[n] for n in self.positional), **{n: plain[n] for n in self.keywords},
-                                 parents=inp["parents"], initial_state=inp["initial_state"].double(), mode=m,
-                                 output_states=self.node_states and m == self.mode)
-            if self.node_states and m == self.mode:
-                got, r["ref_states"] = got
-            r["ref"][m] = got
+        r.update(_references(
+            lambda m, states: self.reference(*(plain[n] for n in self.positional), **{n: plain[n] for n in self.keywords},
+                                             parents=inp["parents"], initial_state=inp["initial_state"].double(), mode=m,
+                                             output_states=states),
+            ("exact", "leaky") if self.mode == "leaky" else ("exact",), self.mode, self.node_states))
         r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
         r["dtype"] = _input_dtype(inp)
         return r
@@ -314,14 +324,11 @@ class _ConvRunner:
         r = _calls(call, inp, ("x", "weight", "bias"), self.device,
                    tuple(window.shape[1:]) if self.node_states else None, window.dtype)
         plain = dict(weight=inp["weight"].double(), bias=None if inp["bias"] is None else inp["bias"].double())
-        r["ref"] = {}
-        for m in ("exact", "leaky"):
-            got = oracle.tree_causal_conv1d(inp["x"].double(), **plain, parents=inp["parents"],
-                                            initial_window=window.double(), mode=m,
-                                            output_windows=self.node_states and m == self.mode)
-            if self.node_states and m == self.mode:
-                got, r["ref_states"] = got  # [B, T, C, W-1] each node's window
-            r["ref"][m] = got
+        r.update(_references(  # a node's state is its window [C, W-1]
+            lambda m, windows: oracle.tree_causal_conv1d(inp["x"].double(), **plain, parents=inp["parents"],
+                                                         initial_window=window.double(), mode=m,
+                                                         output_windows=windows),
+            ("exact", "leaky"), self.mode, self.node_states))
         W1 = inp["initial_window"].shape[-1]
         # the window after the whole flattened draft: what a verify that rewrites its slot writes there
         flat = torch.cat([inp["initial_window"], inp["x"].transpose(1, 2).to(inp["initial_window"].dtype)], -1)
