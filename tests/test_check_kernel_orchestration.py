@@ -381,6 +381,11 @@ def test_an_adapters_buffer_copy_carries_back_the_rows_it_wrote_and_its_guard_wr
     reflect_writes(engine, caller, transposed=False)
     from ddsim.engines import GUARD
     assert all(bool((_bits(e) == GUARD[4]).all()) for e in beside(caller)) and bool((caller == 0).all())
+    one = torch.zeros(1, 2, 3)  # a pool of one slot: its chunk is sized by that slot
+    engine = guarded_like(one.transpose(-1, -2))
+    engine[0, 1, 0] = 4.0
+    reflect_writes(engine, one)
+    assert one[0, 0, 1] == 4.0 and int((one != 0).sum()) == 1
 
 
 def test_a_windows_buffer_takes_its_pools_dtype():
