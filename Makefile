@@ -17,7 +17,7 @@ export HYPOTHESIS_PROFILE ?= ci
 # machine, about 100 s with pip), else pip.
 INSTALL := $(VPY) tests/venv_setup.py $(VPY)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tests/engine_setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -c "import torch" 2>/dev/null || $(INSTALL) $(TORCH_PIN)
 	@# an older install of this project under the distribution name "ddsim" (or PyPI's unrelated

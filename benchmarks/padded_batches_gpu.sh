@@ -5,8 +5,10 @@
 # and conv (leaky: its exact conv hangs on the 257-node chain), vLLM's GDN, and ddsim's engine_api in SGLang's
 # convention (both modes); node states are held to the oracle's where the kernel keeps them. Each to its own file in
 # DIR, packed into DIR.tar.gz, a summary line each in DIR.summary.txt. WORKERS 0 skips the property suite; RUNS
-# ("impl:op:mode ...", impl "api" for engine_api, "planted.NAME" for tests/planted_node_states.py's NAME in SGLang's
-# convention) picks the check-kernel runs.
+# ("impl:op:mode ...", impl "api" for engine_api, "api.commit" for engine_api with SGLang's commit (its scatter) after
+# it, "planted.NAME" for tests/planted_node_states.py's NAME in SGLang's convention, "commit.NAME" for SGLang's
+# verify with tests/planted_commits.py's NAME as its commit) picks the check-kernel runs. SGLang's own verifies that
+# keep node states run its commit after them.
 #   bash benchmarks/padded_batches_gpu.sh DIR COMMIT [WORKERS] [MAX_EXAMPLES] [RUNS]
 set -u
 dir=$1 commit=$2 workers=${3:-8} n=${4:-20}
@@ -22,7 +24,9 @@ for r in $runs; do
   IFS=: read -r impl op mode <<<"$r"
   case $impl in
     api) args=$api ;;
+    api.commit) args="$api --commit sglang.kernels.ops.mamba.mamba_state_scatter_triton:fused_mamba_state_scatter_with_mask" ;;
     planted.*) args="tests.planted_node_states:${impl#planted.} --convention sglang" ;;
+    commit.*) args="sglang --commit tests.planted_commits:${impl#commit.}" ;;
     *) args=$impl ;;
   esac
   name="$impl-$op-$mode"

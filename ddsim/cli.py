@@ -512,6 +512,9 @@ def cmd_check_kernel(a, console) -> int:
     device = prepare_engine_device(a.device)
     kernel = _load_kernel(a)
     kernel.check_op(a.op, a.mode)
+    if a.commit and (a.op, a.mode) not in kernel.node_states:  # a commit given that would never run: refused
+        raise InputError(f"--commit {a.commit}: {kernel.name} keeps no node states in --op {a.op} --mode {a.mode}, so "
+                         "there is nothing for a commit to copy")
     out = Path(a.out)
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
     result = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op,
@@ -536,9 +539,15 @@ def cmd_check_kernel(a, console) -> int:
     console.print(cov)
     if digest:
         console.print(f"kernel source {source} sha256 {digest[:16]}…")
+    commits = kernel.commit is not None and a.op in kernel.commit_ops and (a.op, a.mode) in kernel.node_states
+    if commits and kernel.commit_source_sha256:
+        console.print(f"commit {kernel.commit_name}: source {kernel.commit_source} sha256 "
+                      f"{kernel.commit_source_sha256[:16]}…")
     write_result(result, out, kernel={"name": name, "package": kernel.package, "version": kernel.version,
                                       "source": source, "source_sha256": digest, "op": a.op, "mode": a.mode,
-                                      "dtype": a.dtype, "device": device, "max_examples": a.max_examples})
+                                      "dtype": a.dtype, "device": device, "max_examples": a.max_examples,
+                                      **({"commit": {"name": kernel.commit_name, "source": kernel.commit_source,
+                                                     "source_sha256": kernel.commit_source_sha256}} if commits else {})})
     failed = [r for r in result if not r.holds]
     if failed:
         for r in failed:
@@ -626,7 +635,7 @@ def _hung(out: Path, label: str, seconds: float) -> None:
 
 def _load_kernel(a):
     from ddsim.engines import load
-    return load(a.impl, convention=a.convention)
+    return load(a.impl, convention=a.convention, commit=getattr(a, "commit", None))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -690,6 +699,9 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--convention", choices=list(CONVENTIONS), default=None,
                     help="the calling convention of a MODULE:FUNCTION kernel")
     pk.add_argument("--mode", required=True, choices=["exact", "leaky"])
+    pk.add_argument("--commit", default=None, metavar="MODULE:FUNCTION",
+                    help="a commit in SGLang's convention (fused_mamba_state_scatter_with_mask's signature) in place of "
+                         "the kernel's own: run after every verify that keeps node states, the pool held to the oracle")
     pk.add_argument("--op", default="gdn", choices=["gdn", "conv", "mamba2", "kda", "lightning"],
                     help="gdn: the GDN recurrence (default); conv: the engine's tree causal conv; mamba2: its Mamba2 "
                          "tree verify (SSM); kda: its Kimi Delta Attention verify; lightning: its lightning-attention "

@@ -58,12 +58,13 @@ def test_fla_refuses_exact_for_each_of_its_kernels_by_the_names_its_adapter_give
     fla.refuse_before_import("mamba2", "exact")  # an op fla lacks: the adapter's to refuse, once loaded
 
 
-@pytest.mark.parametrize("mode, held", [("exact", 9), ("leaky", 8)])
+@pytest.mark.parametrize("mode, held", [("exact", 12), ("leaky", 8)])
 def test_sglang_target_verify_kernel_in_both_modes(tmp_path, mode, held):
     """SGLang 0.5.23's fused_sigmoid_gating_delta_rule_update (its source from the wheel, in Triton's
     interpreter): with retrieve_parent_token it is exact on every node, and so is every node's state it keeps in
-    intermediate_states_buffer for its commit (at the rows and pitch it is given); without it it is the
-    flattened path, and disable_state_update leaves the pool alone: it reads each sequence's own shuffled
+    intermediate_states_buffer for its commit (at the rows and pitch it is given), and its commit
+    (fused_mamba_state_scatter_with_mask) copies the accepted node's into every layer's pool slot; without it it is
+    the flattened path, and disable_state_update leaves the pool alone: it reads each sequence's own shuffled
     slot and writes none."""
     assert (ENGINES / "sglang" / "kernels").is_dir(), "SGLang's kernel is missing from .engines: `make test` fetches it"
     r = run_cli("check-kernel", "--impl", "sglang", "--mode", mode, "--max-examples", "3", "--out", tmp_path / "ce.json",
@@ -73,9 +74,10 @@ def test_sglang_target_verify_kernel_in_both_modes(tmp_path, mode, held):
     # a padded batch among them (slot -1: SGLang's CUDA-graph padding), which its kernel skips
     cov = json.loads((tmp_path / "ce.json").read_text())["coverage"]
     assert cov["padded rows"] == [0, 2]
-    if mode == "exact":  # its node states, at each buffer layout
+    if mode == "exact":  # its node states, at each buffer layout, and its commit of them
         assert cov["node-state layout"] == ["batch rows", "draft-budget pitch", "shuffled rows"]
-        assert "node states exact on every node" in r.stdout
+        assert "node states exact on every node" in r.stdout and "committed state exact at the accepted node" in r.stdout
+        assert cov["commit layers"] == [2] and "commit sglang.fused_mamba_state_scatter_with_mask" in r.stdout
 
 
 def test_vllm_spec_decode_kernel_is_the_flattened_path(tmp_path):
@@ -123,19 +125,24 @@ def test_planted_bugs_are_caught_with_the_first_wrong_node(tmp_path, kernel, fai
         assert f"slots written {pool['written_slots']}" in r.stdout
 
 
-@pytest.mark.parametrize("mode, held", [("exact", 9), ("leaky", 10)])
+@pytest.mark.parametrize("mode, held", [("exact", 12), ("leaky", 13)])
 def test_sglang_tree_conv_in_both_modes(tmp_path, mode, held):
     """SGLang 0.5.23's causal_conv1d_update: with retrieve_next_token/next_sibling (built from the
     parents) exact on every node, without them the flattened conv; it reads each sequence's own
     shuffled window slot and, by its design, rewrites that slot with the window after the whole
-    flattened draft (its commit restores the accepted node's window from intermediate_conv_window, whose every
-    node's window is held to the oracle's too), and no other slot."""
+    flattened draft (its commit, fused_conv_window_scatter_with_mask, restores the accepted node's window from
+    intermediate_conv_window, whose every node's window is held to the oracle's too, and the restored windows too),
+    and no other slot."""
     r = run_cli("check-kernel", "--impl", "sglang", "--op", "conv", "--mode", mode, "--max-examples", "3",
                 "--out", tmp_path / "ce.json", pythonpath=ENGINES)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "committed window = the flattened draft's window" in r.stdout and "causal_conv1d_triton.py" in r.stdout
     assert f"all {held} properties hold (quick profile" in r.stdout
     assert f"node states {'exact' if mode == 'exact' else 'flattened'} on every node" in r.stdout
+    assert f"committed state {'exact' if mode == 'exact' else 'flattened'} at the accepted node" in r.stdout
+    doc = json.loads((tmp_path / "ce.json").read_text())
+    assert doc["kernel"]["commit"]["source"].endswith("mamba_state_scatter_triton.py")
+    assert doc["coverage"]["commit layers"] == [2]
 
 
 @pytest.mark.parametrize("kernel, failing, written", [
@@ -191,6 +198,56 @@ def test_node_states_a_commit_would_copy_are_checked(tmp_path, kernel, op, faili
         assert f"written outside them (row, step) {nb['written_outside']}" in r.stdout
 
 
+COMMITTED = ["committed state exact at the accepted node", "committed state the kept node state bit for bit"]
+
+
+@pytest.mark.parametrize("commit, op, failing", [
+    ("rows_by_request_index", "gdn", COMMITTED),
+    ("the_next_node", "gdn", COMMITTED),
+    ("state_rounded_to_bf16", "gdn", COMMITTED),
+    ("no_step_is_a_step", "gdn", ["commit writes nothing else"]),
+    ("first_layer_only", "gdn", COMMITTED),
+    ("the_next_node", "mamba2", COMMITTED),
+    ("rows_by_request_index", "conv", COMMITTED),
+    ("offsets_in_32_bits", "gdn", []),  # right below 2^31 elements: on a GPU the serving profile's commit example
+])
+def test_a_commit_that_copies_the_kept_states_wrongly_is_caught(tmp_path, commit, op, failing):
+    """SGLang's verify (right) with a planted commit in its convention (--commit) in place of its own: each fails
+    exactly the commit properties it breaks, named by layer, sequence and accepted node, and every verify and
+    node-state property holds."""
+    out = tmp_path / "ce.json"
+    r = run_cli("check-kernel", "--impl", "sglang", "--commit", f"tests.planted_commits:{commit}", "--op", op,
+                "--mode", "exact", "--max-examples", "3", "--out", out, pythonpath=ENGINES)
+    assert r.returncode == (1 if failing else 0), r.stdout + r.stderr
+    assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
+    doc = json.loads(out.read_text())
+    assert doc["kernel"]["commit"]["name"] == f"tests.planted_commits:{commit}"
+    assert doc["kernel"]["commit"]["source"].endswith("planted_commits.py")
+    assert [p["name"] for p in doc["properties"]][-3:] == [*COMMITTED, "commit writes nothing else"]
+    ces = doc["counterexamples"]
+    if failing == COMMITTED:
+        first = ces[0]["commit"]["first_wrong"]
+        assert f"sequence {first['sequence']}'s committed state (accepted node {first['node']}, " in r.stdout
+        assert first["max_abs_error"] > first["bound"] and ces[0]["commit"]["layers"] >= 2
+        copy = ces[1]["commit"]["first_wrong"]
+        assert f"layer {copy['layer']} of " in r.stdout and copy["max_abs_difference"] > 0
+        if commit == "first_layer_only":
+            assert copy["layer"] == 1
+    if commit == "no_step_is_a_step":  # a sequence that accepted none had its slot written
+        c = ces[0]["commit"]
+        assert -1 in c["accepted"] and c["written"] and "written besides the committed slots" in r.stdout
+
+
+def test_a_commit_that_would_never_run_is_refused(tmp_path):
+    """--commit on a verify that keeps no node states (SGLang's flattened GDN) is refused before any work: a commit
+    never exercised is no verdict."""
+    r = run_cli("check-kernel", "--impl", "sglang", "--mode", "leaky", "--commit", "tests.planted_commits:the_next_node",
+                "--out", tmp_path / "x.json", pythonpath=ENGINES)
+    one_line_error(r, "--commit tests.planted_commits:the_next_node: sglang.fused_sigmoid_gating_delta_rule_update "
+                      "keeps no node states in --op gdn --mode leaky")
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_the_serving_profile_puts_node_states_past_two_to_the_31_elements():
     """For each op whose engines keep node states, the serving profile has one buffer whose batch lies past 2^31
     elements (a 32-bit offset wraps there), beside the three layouts; kernels without node states get none."""
@@ -204,6 +261,18 @@ def test_the_serving_profile_puts_node_states_past_two_to_the_31_elements():
         assert int(wide[0]["node_rows"].min()) * P * per >= kernel_cases.INT32_OFFSETS and M * P * per < 2 ** 32, op
         d = kernel_cases.describe(wide[0])
         assert d["node-state buffer elements max"] == M * P * per
+    # a kernel that commits them too: a model's every layer at once, the last layers' entries past 2^31 elements
+    for op in ("gdn", "kda", "mamba2"):
+        inps = kernel_cases.cases(op, "serving", nodes=True, commit=True)
+        wide = [i for i in inps if "commit_layers" in i]
+        assert len(wide) == 1 and wide[0]["commit_layers"] == kernel_cases.MODEL_LAYERS[op]
+        L, per, N = wide[0]["commit_layers"], wide[0]["initial_state"][0].numel(), wide[0]["pool"].shape[0]
+        M, P = wide[0]["node_buffer"]
+        assert (L - 1) * N * per >= kernel_cases.INT32_OFFSETS > (L - 1) * (N - 2) * per  # no larger than it needs
+        assert ((L - 1) * M + int(wide[0]["node_rows"].min())) * P * per >= kernel_cases.INT32_OFFSETS
+        assert kernel_cases.describe(wide[0], commit=True)["commit pool elements max"] == L * N * per
+        assert all("commit_layers" not in i for i in kernel_cases.cases(op, "serving", nodes=True))
+    assert all("commit_layers" not in i for i in kernel_cases.cases("conv", "quick", nodes=True, commit=True))
     # the conv keeps windows of C (W - 1) elements a node: a server's buffer of them stays far below 2^31
     assert {i["node_layout"] for i in kernel_cases.cases("conv", "quick", nodes=True)} == set(kernel_cases.NODE_LAYOUTS)
     assert all("node_rows" not in i for i in kernel_cases.cases("gdn", "serving"))
@@ -256,6 +325,11 @@ def test_a_kernel_that_never_leaks_is_not_the_flattened_path(tmp_path):
     (["--impl", "ddsim", "--mode", "exact", "--example-timeout", "-1"], "--example-timeout: expected a finite"),
     (["--impl", "ddsim", "--mode", "exact", "--example-timeout", "nan"], "--example-timeout: expected a finite"),
     (["--impl", "ddsim", "--mode", "exact", "--device", "cuda:3"], "--device"),
+    (["--impl", "ddsim", "--mode", "exact", "--commit", "tests.planted_commits:the_next_node"],
+     "--commit tests.planted_commits:the_next_node: ddsim keeps no node states for a commit to copy"),
+    (["--impl", "ddsim", "--mode", "exact", "--commit", "planted_commits"], "--commit planted_commits: expected "
+                                                                          "MODULE:FUNCTION"),
+    (["--impl", "ddsim", "--mode", "exact", "--commit", "no_such_module:f"], "--commit no_such_module:f: cannot import"),
 ])
 def test_check_kernel_bad_input(args, needle):
     one_line_error(run_cli("check-kernel", *args), needle)
@@ -344,11 +418,12 @@ def test_serving_engines_in_the_whole_model_audit(tmp_path, small_report, engine
 
 
 # (bf16 and fp16 inputs: the quick profile's explicit examples, whatever --dtype says)
-@pytest.mark.parametrize("mode, held, dtype", [("exact", 9, "float32"), ("leaky", 8, "float32")])
+@pytest.mark.parametrize("mode, held, dtype", [("exact", 12, "float32"), ("leaky", 8, "float32")])
 def test_sglang_mamba2_selective_state_update_in_both_modes(tmp_path, mode, held, dtype):
     """SGLang 0.5.23's Mamba2 selective_state_update (from the wheel, in Triton's interpreter): with
-    retrieve_parent_token and a per-node state buffer it is exact on every node, without them the
-    flattened path; disable_state_update leaves every pool slot alone."""
+    retrieve_parent_token and a per-node state buffer it is exact on every node, and its commit copies the accepted
+    node's state into every layer's slot; without them the flattened path; disable_state_update leaves every pool slot
+    alone."""
     assert (ENGINES / "sglang" / "kernels" / "ops" / "mamba" / "triton_ops").is_dir(), \
         "SGLang's Mamba2 kernel is missing from .engines: `make test` fetches it"
     r = run_cli("check-kernel", "--impl", "sglang", "--op", "mamba2", "--mode", mode, "--dtype", dtype,
@@ -387,7 +462,7 @@ def test_kda_verifies_of_ddsim_sglang_and_fla_and_planted_kda_bugs(tmp_path):
         return run_cli("check-kernel", "--impl", impl, *extra, "--op", "kda", "--mode", mode, "--max-examples", "3",
                        "--out", tmp_path / out, pythonpath=ENGINES)
     # (ddsim's own KDA verify runs below behind the ddsim convention, wrapped by the planted kernels)
-    for impl, mode, held in (("sglang", "exact", 9), ("sglang", "leaky", 8), ("fla", "leaky", 8)):
+    for impl, mode, held in (("sglang", "exact", 12), ("sglang", "leaky", 8), ("fla", "leaky", 8)):
         r = run(impl, mode)
         assert r.returncode == 0 and f"all {held} properties hold (quick profile" in r.stdout, (impl, mode, r.stdout + r.stderr)
     assert "fla.fused_recurrent_kda (fla-core" in r.stdout

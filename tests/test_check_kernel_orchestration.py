@@ -403,3 +403,179 @@ def test_a_windows_buffer_takes_its_pools_dtype():
         assert node[0].dtype == torch.bfloat16
         return args["x"].clone()
     assert ck._calls(kernel, inp, ("x",), "cpu", node_shape=(2, 3), node_dtype=torch.bfloat16)["node_others_untouched"]
+
+
+def _commit_inp():
+    """Three sequences (the last padded), node states kept in rows (4, 0, 2) of a 5 x 6 buffer, a pool of 4 slots."""
+    from ddsim.trees.tree import Tree
+    inp = _node_inp()
+    inp["trees"] = [Tree([-1, 0, 0, 1], [1, 2, 3, 4]), Tree([-1, 0, 1, 2], [1, 2, 3, 4]), Tree([-1, 0, 0, 0], [1, 2, 3, 4])]
+    inp["pool"] = torch.arange(24.0).view(4, 2, 3)
+    return inp
+
+
+def _kept(inp):
+    """A verify's kept buffer for _commit_inp: entry (row, step) holds 100 row + step (NaN outside the batch's rows)."""
+    buf, _ = ck._node_buffer(inp, (2, 3), "cpu")
+    for r in (4, 0, 2):
+        for t in range(4):
+            buf[r, t] = 100.0 * r + t
+    return buf
+
+
+def _copy_commit(*, pool, buffer, slots, rows, accepted):
+    """The contract's commit, plainly."""
+    for b in range(len(slots)):
+        if accepted[b] >= 0 and slots[b] >= 0:
+            pool[:, slots[b]] = buffer[:, rows[b], accepted[b]]
+
+
+def test_a_commits_nodes_and_layers_are_what_the_verify_kept_times_exact_factors():
+    """_accepted takes each sequence's deepest node, its root, its last node or none, by b % 4 (an example may say);
+    _layer_factor gives the last layer the kept values themselves and every other a power of two, negated, no two
+    neighbours alike, exact in fp32, bf16 and fp16 (in their normal range)."""
+    from ddsim.trees.tree import Tree
+    trees = [Tree([-1, 0, 1, 0, 3, 4], [0, 1, 2, 3, 4, 5])] * 6
+    assert ck._accepted({"trees": trees}).tolist() == [5, 0, 5, -1, 5, 0]
+    assert ck._accepted({"trees": [Tree([-1, 0, 1, 0], [0, 1, 2, 3])] * 3}).tolist() == [2, 0, 3]
+    assert ck._accepted({"trees": trees, "accepted": torch.tensor([1, 2], dtype=torch.int32)}).tolist() == [1, 2]
+    assert ck._accepted({"trees": trees}).dtype == torch.int32
+    assert [ck._layer_factor(l, 3) for l in range(3)] == [-0.25, -0.5, 1.0]
+    f = [ck._layer_factor(l, 48) for l in range(48)]
+    assert f[-1] == 1.0 and f[-2] == -0.5 and f[-9] == -2.0 ** -8 and f[-10] == -0.5 and f[0] == -2.0 ** -7
+    assert all(a != b for a, b in zip(f, f[1:]))
+    x = torch.tensor([1.2345678, -0.75, 7.0])
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        y = x.to(dtype)
+        assert all(torch.equal((y * v) / v, y) for v in f)  # exact: undone bit for bit
+
+
+def test_a_commit_is_run_on_every_layer_and_each_slot_read_back():
+    """_commit_writes: a right copy commits each sequence that accepted a node (not the padded one, not one that
+    accepted none) in every layer, the slot's value the kept entry times the layer's factor; nothing else written."""
+    inp = _commit_inp()
+    inp["accepted"] = torch.tensor([3, -1, 1], dtype=torch.int32)
+    w = ck._commit_writes(_copy_commit, _kept(inp), inp, "cpu")
+    assert w["commit_layers"] == 2 and w["commit_done"].tolist() == [True, False, False]
+    assert w["commit_others_untouched"] and w["commit_written"] == [] and w["commit_tables_written"] == []
+    assert w["commit_vals"].shape == (2, 3, 2, 3) and w["commit_kept"].shape == (2, 3, 2, 3)
+    assert bool((w["commit_vals"][1, 0] == 403.0).all()) and bool((w["commit_vals"][0, 0] == -201.5).all())
+    assert torch.equal(w["commit_vals"][:, 1], torch.stack([-0.5 * inp["pool"][3], inp["pool"][3]]))  # kept
+    assert torch.equal(w["commit_kept"][:, 0], w["commit_vals"][:, 0])
+    assert "commit_error" not in w and ck._commit_miscopied(w) == []
+    four = ck._commit_writes(_copy_commit, _kept(inp), {**inp, "commit_layers": 4}, "cpu")
+    assert four["commit_vals"].shape[0] == 4 and bool((four["commit_vals"][0, 0] == -403.0 / 8).all())
+
+
+def test_a_commits_stray_writes_are_found_by_layer_slot_row_and_step_with_the_guards():
+    """_commit_writes' stray writes: a pool slot no committing sequence holds (sequence 1 accepted none), by (layer,
+    slot); the kept states by (layer, row, step); the guards beside the layers' pool (0, -1) / (L-1, N) and beside
+    their buffer (0, -1, 0) / (L-1, M, 0); the index tables by name; the first 8; a commit that raises, its error."""
+    inp = _commit_inp()
+    inp["accepted"] = torch.tensor([3, -1, 1], dtype=torch.int32)
+
+    def commit(extra):
+        def run(*, pool, buffer, slots, rows, accepted):
+            _copy_commit(pool=pool, buffer=buffer, slots=slots, rows=rows, accepted=accepted)
+            extra(pool, buffer, slots, rows, accepted)
+        return run
+
+    def written(extra):
+        w = ck._commit_writes(commit(extra), _kept(inp), inp, "cpu")
+        return w["commit_written"], w["commit_tables_written"], w["commit_others_untouched"]
+    assert written(lambda p, b, s, r, a: None) == ([], [], True)
+
+    def stray(p, b, s, r, a):
+        p[1, 0] = 7.0  # a slot no sequence holds
+        p[0, 3] = 7.0  # sequence 1's slot in layer 0
+        b[1, 4, 5] = 7.0  # the kept states
+    assert written(stray) == ([[0, 3], [1, 0], [1, 4, 5]], [], False)
+    from ddsim.engines import beside
+    assert written(lambda p, b, s, r, a: beside(p.flatten(0, 1))[0].fill_(0.0))[0] == [[0, -1]]
+    assert written(lambda p, b, s, r, a: beside(p.flatten(0, 1))[1].fill_(0.0))[0] == [[1, 4]]
+    assert written(lambda p, b, s, r, a: beside(b.flatten(0, 1))[1].fill_(0.0))[0] == [[1, 5, 0]]
+    assert written(lambda p, b, s, r, a: a.fill_(0)) == ([], ["accepted"], False)
+    assert written(lambda p, b, s, r, a: r.fill_(0))[1] == ["rows"]
+    assert len(written(lambda p, b, s, r, a: b.fill_(1.0))[0]) == 8  # the first 8
+
+    def raises(**kw):
+        raise ValueError("only CUDA tensors")
+    w = ck._commit_writes(raises, _kept(inp), inp, "cpu")
+    assert w["commit_error"] == "ValueError: only CUDA tensors" and w["commit_done"].tolist() == [True, False, False]
+
+
+def test_the_commit_properties_hold_a_right_copy_and_fail_each_wrong_one():
+    """The three commit properties, their names and order after the node-state ones; the oracle's is held within the
+    input dtype's bound on the last layer (the verify's own states), the copy bit for bit on every layer; a commit that
+    raised fails all three; each counterexample names its layer, sequence and node, and its line says so."""
+    props = ck._properties("exact", nodes=True, commit=True)
+    names = list(props)[-3:]
+    assert names == ["committed state exact at the accepted node", "committed state the kept node state bit for bit",
+                     "commit writes nothing else"]
+    assert list(ck._properties("leaky", nodes=True, commit=True))[-3] == "committed state flattened at the accepted node"
+    assert names[0] not in ck._properties("exact", nodes=True) and not [n for n in names if ":" in n]
+    inp = _commit_inp()
+    inp["accepted"] = torch.tensor([3, 0, 1], dtype=torch.int32)
+    kept = _kept(inp)
+    ref = torch.full((3, 4, 2, 3), float("nan"), dtype=torch.float64)
+    for b, r in enumerate((4, 0, 2)):
+        for t in range(4):
+            ref[b, t] = 100.0 * r + t
+
+    def run(commit):
+        return {**ck._commit_writes(commit, kept, inp, "cpu"), "ref_states": ref, "dtype": torch.float32}
+    r = run(_copy_commit)
+    assert [props[n](r) for n in names] == [True, True, True]
+    bound = ck._bound(ref[:2], torch.float32)
+
+    def nudged(layer, by):
+        def commit(**kw):
+            _copy_commit(**kw)
+            kw["pool"][layer, 3] += by  # sequence 1's slot
+        return commit
+    assert [props[n](run(nudged(1, bound / 2))) for n in names] == [True, False, True]
+    off = run(nudged(1, 4 * bound))
+    assert [props[n](off) for n in names] == [False, False, True]
+    assert [props[n](run(nudged(0, 1.0))) for n in names] == [True, False, True]  # another layer: the copy's alone
+    ce = ck._describe_commit(off, names[0], torch.float32)
+    assert ce["first_wrong"] == {"sequence": 1, "node": 0, "max_abs_error": pytest.approx(4 * bound, rel=1e-6),
+                                 "bound": bound}
+    assert ce["layers"] == 2 and ce["accepted"] == [3, 0, 1]
+    ce = ck._describe_commit(run(nudged(0, 1.0)), names[1], torch.float32)
+    assert ce["first_wrong"] == {"layer": 0, "sequence": 1, "node": 0, "max_abs_difference": 1.0}
+
+    def unwritten(**kw):  # a NaN committed: its difference is inf, not NaN
+        _copy_commit(**kw)
+        kw["pool"][1, 3, 0, 0] = float("nan")
+    ce = ck._describe_commit(run(unwritten), names[1], torch.float32)
+    assert ce["first_wrong"] == {"layer": 1, "sequence": 1, "node": 0, "max_abs_difference": float("inf")}
+
+    def raises(**kw):
+        raise RuntimeError("no")
+    bad = run(raises)
+    assert [props[n](bad) for n in names] == [False, False, False]
+    assert ck._describe_commit(bad, names[2], torch.float32)["error"] == "RuntimeError: no"
+
+
+def test_a_commit_counterexamples_line():
+    base = {"example": "drawn", "property": "commit writes nothing else", "first_wrong_node": None,
+            "trees": [{"parents": [-1, 0]}, {"parents": [-1, 0, 0]}], "pool": {"slots": 4, "batch_slots": [1, 3]},
+            "node_buffer": {"rows": 5}}
+    c = {"layers": 2, "accepted": [1, -1], "first_wrong": None, "written": [[0, -1], [1, 2, 3]], "tables_written": []}
+    assert ck._where({**base, "commit": c}) == (
+        "nodes accepted [1, -1] (-1: none), slots [1, 3] of 4 in each of 2 layers; written besides the committed "
+        "slots: (layer, slot) and (layer, row, step) [[0, -1], [1, 2, 3]] (slot -1 or 4, row -1 or 5: the guards)")
+    c2 = {**c, "written": [[1, 2]], "tables_written": ["rows"]}
+    assert ck._where({**base, "example": "e", "commit": c2}) == (
+        "serving example [e]: nodes accepted [1, -1] (-1: none), slots [1, 3] of 4 in each of 2 layers; written "
+        "besides the committed slots: (layer, slot) and (layer, row, step) [[1, 2]], and its index tables rows")
+    wrong = {"sequence": 1, "node": 2, "max_abs_error": 0.5, "bound": 1e-5}
+    assert ck._where({**base, "property": "committed state exact at the accepted node",
+                      "commit": {**c, "first_wrong": wrong}}) == (
+        "sequence 1's committed state (accepted node 2, parents [-1, 0, 0], 2 layers) off the oracle's by 0.5 > 1e-05")
+    copy = {"layer": 0, "sequence": 0, "node": 1, "max_abs_difference": 0.25}
+    assert ck._where({**base, "property": "committed state the kept node state bit for bit",
+                      "commit": {**c, "first_wrong": copy}}) == (
+        "layer 0 of 2, sequence 0: its slot after the commit is not the kept state of its accepted node 1 (parents "
+        "[-1, 0]) bit for bit (max difference 0.25)")
+    assert ck._where({**base, "commit": {**c, "error": "ValueError: x"}}) == "the commit raised ValueError: x"

@@ -25,6 +25,16 @@ layout of the op (GDN [HV, K, V], KDA [H, K, V], Mamba2 [H, P, N], the conv's wi
 state (after node t, along its path for exact, in batch order for leaky) into buffer[rows[b], t] and nothing else
 in the buffer; a padded row's buffer row is the engine's own.
 
+An engine whose commit copies the accepted node's kept state into the pool (SGLang's fused_mamba_state_scatter_with_mask
+for the SSM states, fused_conv_window_scatter_with_mask for the conv's windows, after a verify) offers it as
+    commit(op, *, pool, buffer, slots, rows, accepted) -> None
+for each op in its ``commit_ops``, with every layer at once, as an engine commits: pool [L, N, *state] and buffer
+[L, M, P, *state] in the op's state layout and its pool's dtype (as node_states' buffer, a layer axis first), slots,
+rows [B] int32 as the verify's, accepted [B] int32 the index of sequence b's last accepted node (-1: nothing to
+commit, as SGLang marks a request that has none). For every layer l and every b with accepted[b] >= 0 and
+slots[b] >= 0 it copies buffer[l, rows[b], accepted[b]] into pool[l, slots[b]], bit for bit, and writes nothing else
+(the buffer is only read).
+
 An engine with a tree causal conv offers it as
     conv(x, *, weight, bias, parents, window_pool, slots, mode, activation) -> out [B, T, C]
 with x [B, T, C], weight [C, W], bias [C] or None, window_pool [N, C, W-1] (sequence b's committed
@@ -56,6 +66,9 @@ o_t = S_t^T q_t), state_pool [N, H, K, V] float32 (read, never written).
                                   path (per-token state slots; no tree: leaky only)
     load("pkg.module:function", convention="ddsim" | "sglang" | "vllm" | "fla")
                                   anything else with one of those calling conventions
+    load(..., commit="pkg.module:function")
+                                  the kernel with that commit in SGLang's convention (its
+                                  fused_mamba_state_scatter_with_mask signature) in place of its own
 """
 from __future__ import annotations
 
@@ -115,6 +128,13 @@ class EngineKernel:
     # the (op, mode) pairs whose call writes every node's state into a per-node state buffer (the contract's
     # node_states): check-kernel gives one and holds each node's state to the oracle's
     node_states: tuple[tuple[str, str], ...] = ()
+    # the commit that copies the accepted node's kept state into the pool (contract above), for the ops in commit_ops:
+    # check-kernel runs it after every verify that keeps node states and holds the pool to the oracle's
+    commit: Callable | None = None
+    commit_name: str | None = None
+    commit_ops: tuple[str, ...] = ()
+    commit_source: str | None = None
+    commit_source_sha256: str | None = None
 
     def check_op(self, op: str, mode: str) -> None:
         """``--op op --mode mode`` on this kernel (any op not in OPS: the GDN verify): one line naming the op it lacks
@@ -174,16 +194,23 @@ def beside(pool):
     return full[0], full[-1]
 
 
+def guarded_empty(shape: tuple, dtype, device):
+    """An uninitialised contiguous tensor of ``shape`` [N, ...] inside guard slots (GUARD's bits) in its storage: the
+    slot before and the slot after it (beside)."""
+    import torch
+    backing = torch.empty((shape[0] + 2, *shape[1:]), dtype=dtype, device=device)
+    for end in (backing[0], backing[-1]):
+        _bits(end).fill_(GUARD[backing.element_size()])  # a view: the slot is contiguous
+    out = backing[1:-1]
+    out._ddsim_guarded = True  # reflect_writes reads its guards
+    return out
+
+
 def guarded_like(pool):
     """A contiguous copy of pool inside guard slots (GUARD's bits), for an adapter that hands its engine a copy in
     the engine's layout: reflect_writes carries a write to its guards to the caller's."""
-    import torch
-    backing = torch.empty((pool.shape[0] + 2, *pool.shape[1:]), dtype=pool.dtype, device=pool.device)
-    for end in (backing[0], backing[-1]):
-        _bits(end).fill_(GUARD[pool.element_size()])  # a view: the slot is contiguous
-    backing[1:-1] = pool
-    out = backing[1:-1]
-    out._ddsim_guarded = True  # reflect_writes reads its guards
+    out = guarded_empty(tuple(pool.shape), pool.dtype, pool.device)
+    out.copy_(pool)
     return out
 
 
@@ -254,23 +281,43 @@ def _import_behind_installed(module: str):
         sys.path[:] = saved
 
 
-def import_function(impl: str):
+def import_function(impl: str, flag: str = "--impl"):
     """MODULE:FUNCTION -> the callable (imported with the working directory searched last); a module that
-    does not import, a missing name or something not callable is one InputError naming ``impl``."""
-    module, _, name = impl.partition(":")
+    does not import, a missing name or something not callable is one InputError naming ``flag`` and ``impl``."""
+    module, sep, name = impl.partition(":")
+    if not sep or not module or not name:
+        raise InputError(f"{flag} {impl}: expected MODULE:FUNCTION")
     try:
         fn = getattr(_import_behind_installed(module), name)
     except ModuleNotFoundError as e:
-        raise InputError(f"--impl {impl}: cannot import {e.name!r}") from None
+        raise InputError(f"{flag} {impl}: cannot import {e.name!r}") from None
     except AttributeError:
-        raise InputError(f"--impl {impl}: module {module!r} has no {name!r}") from None
+        raise InputError(f"{flag} {impl}: module {module!r} has no {name!r}") from None
     if not callable(fn):
-        raise InputError(f"--impl {impl}: {name!r} is not callable")
+        raise InputError(f"{flag} {impl}: {name!r} is not callable")
     return fn
 
 
-def load(impl: str, *, convention: str | None = None) -> EngineKernel:
-    """The adapter for ``impl``; a missing engine package is one InputError naming it."""
+def load(impl: str, *, convention: str | None = None, commit: str | None = None) -> EngineKernel:
+    """The adapter for ``impl``; a missing engine package is one InputError naming it. ``commit`` (MODULE:FUNCTION in
+    SGLang's convention, sglang.as_commit_contract) replaces the kernel's own commit, for every op whose node states
+    it keeps; a kernel that keeps none is refused in one line."""
+    kernel = _adapter(impl, convention)
+    if commit is None:
+        return kernel
+    from dataclasses import replace
+
+    from ddsim.engines import sglang
+    fn = import_function(commit, "--commit")
+    ops = tuple(dict.fromkeys(op for op, _ in kernel.node_states))
+    if not ops:
+        raise InputError(f"--commit {commit}: {kernel.name} keeps no node states for a commit to copy")
+    src, digest = _source_of(fn)
+    return replace(kernel, commit=sglang.as_commit_contract(fn), commit_name=commit, commit_ops=ops, commit_source=src,
+                   commit_source_sha256=digest)
+
+
+def _adapter(impl: str, convention: str | None) -> EngineKernel:
     if impl == "ddsim":
         from ddsim.engines import ddsim_kernels
         return ddsim_kernels.adapter()

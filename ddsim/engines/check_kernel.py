@@ -43,16 +43,25 @@ offsets past 2^31 elements; a conv's window [C, W-1] is its node state), and
                                        state equals the oracle's state after it, what a commit copies into the pool
   other node-state entries untouched   every entry outside the batch's rows' first T steps (a padded row's
                                        row aside), and the guard rows before and after the buffer, keep their bits
+A kernel that also commits them (EngineKernel.commit: SGLang's fused_mamba_state_scatter_with_mask and its conv
+windows' twin) has its commit run after the first call of every example, over L layers at once (_commit_writes: two,
+or a model's every layer past 2^31 elements in the serving profile), each sequence committing its deepest node, its
+root, its last node or none (_accepted), and
+  committed state exact at the accepted node  (exact) / ... flattened ... (leaky): the last layer's slot equals the
+                                       oracle's state after the accepted node
+  committed state the kept node state bit for bit   every layer's slot is the kept entry it copies
+  commit writes nothing else           no other slot, kept state, guard or index table is written
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ddsim.engines import GUARD, _bits, beside, guarded_like
+from ddsim.engines import GUARD, _bits, beside, guarded_empty, guarded_like
 from ddsim.errors import InputError
 from ddsim.measure.compare import TOLERANCES
 
@@ -163,15 +172,98 @@ def _node_writes(buf: torch.Tensor, inp: dict, real: torch.Tensor) -> dict:
     return {"node_vals": buf[r, :T].cpu(), "node_others_untouched": not outside, "node_written": outside[:8]}
 
 
+# the layers an example's commit copies at once, where the example does not say (kernel_cases.wide_commit: a model's)
+COMMIT_LAYERS = 2
+
+
+def _accepted(inp: dict) -> torch.Tensor:
+    """[B] int32: the node whose kept state sequence b's commit copies (-1: nothing to commit), the example's own
+    (``accepted``) or by b % 4: its deepest node (the longest path accepted), its root (the bonus token alone), its
+    last node, none."""
+    if "accepted" in inp:
+        return inp["accepted"]
+    picks = []
+    for b, tree in enumerate(inp["trees"]):
+        picks.append([int(tree.depths.argmax()), 0, tree.size - 1, -1][b % 4])
+    return torch.tensor(picks, dtype=torch.int32)
+
+
+def _layer_factor(l: int, L: int) -> float:
+    """What layer l of L holds of the verify's kept states (and of the example's pool): the last layer the values
+    themselves (held to the oracle's), the others the values times -2^-k (k = 1..8 in turn): no two neighbouring
+    layers alike, so a commit that reads or writes another layer's entry shows bit for bit. (Each layer is compared
+    with its own products, so a product that leaves a format's normal range, and is rounded, is still its own.)"""
+    k = (L - 1 - l) % 8
+    return 1.0 if l == L - 1 else -(2.0 ** -(k if k else 8))
+
+
+def _commit_writes(commit, kept: torch.Tensor, inp: dict, device: str) -> dict:
+    """Run the engine's commit (its op bound: commit(pool=, buffer=, slots=, rows=, accepted=)) on what its verify
+    kept, ``kept`` [M, P, *state] (the verify's per-node state buffer), over L layers (the example's commit_layers, else
+    COMMIT_LAYERS) side by side in one storage between two guard entries, as an engine's [L, N, ...] pools are: layer
+    l's buffer the kept states and its pool the example's, each times _layer_factor(l, L). Returns commit_vals
+    [L, B, *state] (each sequence's slot after the commit, on the CPU), commit_kept [L, B, *state] (the entry a copy
+    puts there), commit_done [B] (the sequences with something to commit: a node accepted and a slot), commit_accepted
+    [B], commit_layers, commit_others_untouched, commit_written (up to 8 entries written besides the committed
+    slots: (layer, slot) of the pool, then (layer, row, step) of the kept states; the guards are (0, -1) and
+    (L-1, N), (0, -1, 0) and (L-1, M, 0)) and commit_tables_written (the index tables it wrote, by name), or
+    commit_error where it raised."""
+    L = int(inp.get("commit_layers", COMMIT_LAYERS))
+    rows, M, P = _node_layout(inp)
+    slots, acc = inp["slots"], _accepted(inp)
+    pool0 = inp["pool"].to(device)  # [N, *state]
+    N, state = pool0.shape[0], tuple(pool0.shape[1:])
+    done = (acc >= 0) & (slots >= 0)
+    pool = guarded_empty((L * N, *state), pool0.dtype, device)
+    buf = guarded_empty((L * M, P, *state), kept.dtype, device)
+    for l in range(L):
+        f = _layer_factor(l, L)
+        pool[l * N:(l + 1) * N] = pool0 * f
+        buf[l * M:(l + 1) * M] = kept * f
+    tables = {"slots": slots.to(device, copy=True), "rows": rows.to(device, copy=True),
+              "accepted": acc.to(device, copy=True)}
+    try:
+        commit(pool=pool.view(L, N, *state), buffer=buf.view(L, M, P, *state), **tables)
+    except Exception as e:  # the commit properties fail with what it raised; the verify's stand
+        return {"commit_error": f"{type(e).__name__}: {_short(e, 300)}", "commit_layers": L, "commit_accepted": acc,
+                "commit_done": done}
+    written = []
+    mine = torch.zeros(N, dtype=torch.bool)
+    mine[slots[done].long()] = True
+    r, a = rows.long().to(device), acc.long().clamp(min=0).to(device)
+    vals, copies = [], []
+    for l in range(L):
+        f = _layer_factor(l, L)
+        layer = pool[l * N:(l + 1) * N]
+        changed = (_bits(layer) != _bits(pool0 * f)).flatten(1).any(-1).cpu() & ~mine
+        written += [[l, s] for s in changed.nonzero().flatten().tolist()]
+        vals.append(layer[slots.long().clamp(min=0).to(device)].cpu())
+        copies.append((kept[r, a] * f).cpu())
+    for l in range(L):  # the buffer is only read
+        f = _layer_factor(l, L)
+        changed = (_bits(buf[l * M:(l + 1) * M]) != _bits(kept * f)).flatten(2).any(-1)  # [M, P]
+        written += [[l, m, t] for m, t in changed.nonzero().tolist()]
+    # the guards: the slot before layer 0's first (0, -1) and after layer L-1's last (L-1, N); the buffer's rows alike
+    for t, before, after in ((pool, [0, -1], [L - 1, N]), (buf, [0, -1, 0], [L - 1, M, 0])):
+        ends, guard = beside(t), GUARD[t.element_size()]
+        written += [at for end, at in zip(ends, (before, after)) if bool((_bits(end) != guard).any())]
+    tables_written = [name for name, v in tables.items()
+                      if not torch.equal(v.cpu(), {"slots": slots, "rows": rows, "accepted": acc}[name])]
+    return {"commit_vals": torch.stack(vals), "commit_kept": torch.stack(copies), "commit_done": done,
+            "commit_accepted": acc, "commit_layers": L, "commit_others_untouched": not written and not tables_written,
+            "commit_written": written[:8], "commit_tables_written": tables_written}
+
+
 def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tuple | None = None,
-           node_dtype=torch.float32) -> dict:
+           node_dtype=torch.float32, commit=None) -> dict:
     """Call the kernel ``inp['burst']`` times (two unless the example says; at least one), each on fresh copies of
     the inputs ``names`` (None kept), the index tables and the pool: the first call's output and pool writes,
     which arguments any call changed, whether every call's output is bit-identical to the first's (a padded
     row's aside), and ``real`` [B], the rows that are not padding (slot -1), whose output is the engine's own.
     With ``node_shape`` (a kernel that keeps every node's state) each call also gets a per-node state buffer of
     that state shape and ``node_dtype`` (_node_layout), and its first call's writes there are returned (_node_writes); repeatable then
-    covers the batch's node states too."""
+    covers the batch's node states too. With ``commit`` (the engine's, its op bound) the first call's kept states are
+    then committed (_commit_writes)."""
     outs, changed, writes, nodes = None, set(), None, {}
     identical = True
     real = inp["slots"] >= 0  # [B]: the rows that are not padding (slot -1)
@@ -189,6 +281,8 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
         o = o.detach().cpu()
         if node is not None:
             got = _node_writes(node[0], inp, real)
+            if n == 0 and commit is not None:
+                got.update(_commit_writes(commit, node[0], inp, device))
             del node
         if n == 0:
             outs, writes = o.clone(), _pool_writes(pool, before, inp["slots"])
@@ -222,10 +316,11 @@ class _Runner:
     ``positional`` in order, then ``keywords``; ``extra`` the kernel's further keyword arguments."""
 
     def __init__(self, call, reference, positional: tuple, keywords: tuple, mode: str, device: str, extra=None,
-                 node_states: bool = False):
+                 node_states: bool = False, commit=None):
         self.call, self.reference, self.mode, self.device = call, reference, mode, device
         self.positional, self.keywords, self.extra = positional, keywords, extra or {}
         self.node_states = node_states  # the kernel keeps every node's state (the contract's node_states)
+        self.commit = commit  # and commits them with this (the contract's commit, its op bound), or None
 
     def run(self, inp) -> dict:
         names = self.positional + self.keywords
@@ -236,7 +331,8 @@ class _Runner:
                 kw["node_states"] = node
             return self.call(*(a[n] for n in self.positional), **kw, state_pool=pool, slots=slots, mode=self.mode,
                              **self.extra)
-        r = _calls(call, inp, names, self.device, tuple(inp["initial_state"].shape[1:]) if self.node_states else None)
+        r = _calls(call, inp, names, self.device, tuple(inp["initial_state"].shape[1:]) if self.node_states else None,
+                   commit=self.commit)
         plain = {k: None if inp[k] is None else inp[k].double() for k in names}
         # the references the mode's properties compare with: exact's always, the flattened one for a leaky kernel
         # (the oracle's leaky mode replays each node's whole batch-order history: the costlier at a model's shapes),
@@ -251,7 +347,7 @@ class _Runner:
         return r
 
     def properties(self) -> dict:
-        return _properties(self.mode, nodes=self.node_states)
+        return _properties(self.mode, nodes=self.node_states, commit=self.commit is not None)
 
 
 def _pool_writes(pool: torch.Tensor, before: torch.Tensor, slots: torch.Tensor) -> dict:
@@ -271,10 +367,11 @@ def _pool_writes(pool: torch.Tensor, before: torch.Tensor, slots: torch.Tensor) 
             "others_untouched": not bool(changed[~in_batch].any()) and not outside, "written_slots": written}
 
 
-def _properties(mode: str, committed: tuple | None = None, nodes: bool = False) -> dict:
+def _properties(mode: str, committed: tuple | None = None, nodes: bool = False, commit: bool = False) -> dict:
     """name -> predicate(run result) that must hold on every input. ``committed`` replaces the
     committed-slot property for a kernel whose verify rewrites its slot by design: (name, predicate). ``nodes``: the
-    kernel keeps every node's state (NODE_PROPERTIES hold them to the oracle's and the buffer's other rows)."""
+    kernel keeps every node's state (NODE_PROPERTIES hold them to the oracle's and the buffer's other rows);
+    ``commit``: and its commit copies them into the pool (COMMIT_PROPERTIES)."""
     def close(r, m, nodes):  # nodes [B, T] of the sequences that are not padding
         err = _node_errors(r["o"], r["ref"][m])
         return bool((err[nodes & r["real"][:, None]] <= _bound(r["ref"][m], r["dtype"])).all())
@@ -299,19 +396,50 @@ def _properties(mode: str, committed: tuple | None = None, nodes: bool = False) 
     if nodes:
         props[NODE_PROPERTIES[mode]] = states_close
         props["other node-state entries untouched"] = lambda r: r["node_others_untouched"]
+    if commit:
+        props[COMMIT_PROPERTIES[mode]] = lambda r: "commit_error" not in r and bool(
+            (_commit_errors(r) <= _bound(r["ref_states"], r["dtype"])).all())
+        props[COMMIT_COPY] = lambda r: "commit_error" not in r and not _commit_miscopied(r)
+        props[COMMIT_ELSEWHERE] = lambda r: "commit_error" not in r and r["commit_others_untouched"]
     return props
 
 
 # the property holding a kept node state to the oracle's, by mode: what an engine's commit copies into the pool
 NODE_PROPERTIES = {"exact": "node states exact on every node", "leaky": "node states flattened on every node"}
+# an engine's commit after the verify (EngineKernel.commit), by mode: the pool's state of each sequence that accepted a
+# node against the oracle's after that node (the last layer's, the verify's own states), every layer's against the
+# kept entry it copies, bit for bit, and nothing else written
+COMMIT_PROPERTIES = {"exact": "committed state exact at the accepted node",
+                     "leaky": "committed state flattened at the accepted node"}
+COMMIT_COPY = "committed state the kept node state bit for bit"
+COMMIT_ELSEWHERE = "commit writes nothing else"
+
+
+def _commit_errors(r: dict) -> torch.Tensor:
+    """[B] the max abs error of each committing sequence's slot after the commit (the last layer: the verify's own
+    states) against the oracle's state after its accepted node (inf where not finite; 0 for the sequences that commit
+    nothing)."""
+    done, acc = r["commit_done"], r["commit_accepted"].long().clamp(min=0)
+    ref = r["ref_states"][torch.arange(len(acc)), acc]  # [B, *state]
+    got = r["commit_vals"][-1]
+    err = (got.double() - ref.double()).abs().flatten(1).amax(-1)
+    err = torch.where(torch.isfinite(got.double()).flatten(1).all(-1), err, torch.inf)
+    return torch.where(done, err, 0.0)
+
+
+def _commit_miscopied(r: dict) -> list[list[int]]:
+    """(layer, sequence) pairs whose slot after the commit is not the kept entry it copies, bit for bit."""
+    differ = (_bits(r["commit_vals"]) != _bits(r["commit_kept"])).flatten(2).any(-1)  # [L, B]
+    return (differ & r["commit_done"][None, :]).nonzero().tolist()
 
 
 class _ConvRunner:
     """The engine's tree causal conv, one mode, on one device, against the oracle's conv; with ``node_states`` (an
     engine that keeps every node's window for its commit, SGLang's intermediate_conv_window) each node's window too."""
 
-    def __init__(self, kernel, mode: str, device: str, node_states: bool = False):
+    def __init__(self, kernel, mode: str, device: str, node_states: bool = False, commit=None):
         self.kernel, self.mode, self.device, self.node_states = kernel, mode, device, node_states
+        self.commit = commit
 
     def run(self, inp) -> dict:
         from ddsim import oracle
@@ -322,7 +450,7 @@ class _ConvRunner:
                                     **({} if node is None else {"node_states": node}))
         window = inp["initial_window"]
         r = _calls(call, inp, ("x", "weight", "bias"), self.device,
-                   tuple(window.shape[1:]) if self.node_states else None, window.dtype)
+                   tuple(window.shape[1:]) if self.node_states else None, window.dtype, commit=self.commit)
         plain = dict(weight=inp["weight"].double(), bias=None if inp["bias"] is None else inp["bias"].double())
         r.update(_references(  # a node's state is its window [C, W-1]
             lambda m, windows: oracle.tree_causal_conv1d(inp["x"].double(), **plain, parents=inp["parents"],
@@ -345,7 +473,7 @@ class _ConvRunner:
             committed = ("committed window = the flattened draft's window", lambda r: r["slot_is_flattened_window"])
         else:
             committed = ("committed window untouched", lambda r: r["committed_untouched"])
-        return _properties(self.mode, committed, nodes=self.node_states)
+        return _properties(self.mode, committed, nodes=self.node_states, commit=self.commit is not None)
 
 
 def _op_of(inp: dict) -> str:
@@ -395,6 +523,34 @@ def _describe(inp, r, prop: str, mode: str) -> dict:
         rows, M, P = _node_layout(inp)
         out["node_buffer"] = {"rows": M, "pitch": P, "batch_rows": rows.tolist(),
                               "written_outside": r["node_written"]}
+    if prop in (*COMMIT_PROPERTIES.values(), COMMIT_COPY, COMMIT_ELSEWHERE):
+        out["commit"] = _describe_commit(r, prop, dtype)
+    return out
+
+
+def _describe_commit(r: dict, prop: str, dtype: torch.dtype) -> dict:
+    """A commit property's counterexample: the layers, the nodes accepted, and the commit's error, its first sequence
+    off the oracle (the oracle property), its first (layer, sequence) not copied bit for bit (the copy's), or the
+    entries it wrote besides the committed slots (the last's)."""
+    acc = r["commit_accepted"].tolist()
+    out = {"layers": r["commit_layers"], "accepted": acc, "first_wrong": None}
+    if "commit_error" in r:
+        out["error"] = r["commit_error"]
+    elif prop == COMMIT_COPY:
+        bad = _commit_miscopied(r)
+        if bad:
+            l, b = bad[0]
+            d = (r["commit_vals"][l, b].double() - r["commit_kept"][l, b].double()).abs()
+            d = d.nan_to_num(nan=torch.inf).max().item()  # NaN on either side: inf
+            out["first_wrong"] = {"layer": l, "sequence": b, "node": acc[b], "max_abs_difference": d}
+    elif prop == COMMIT_ELSEWHERE:
+        out.update(written=r["commit_written"], tables_written=r["commit_tables_written"])
+    else:
+        err, bound = _commit_errors(r), _bound(r["ref_states"], dtype)
+        bad = (err > bound).nonzero().flatten().tolist()
+        if bad:
+            b = bad[0]
+            out["first_wrong"] = {"sequence": b, "node": acc[b], "max_abs_error": float(err[b]), "bound": bound}
     return out
 
 
@@ -409,6 +565,8 @@ def _where(ce: dict) -> str:
     at = "" if ce["example"] == "drawn" else f"serving example [{ce['example']}]: "
     if "error" in ce:
         return f"{at}the kernel raised {ce['error']}"
+    if "commit" in ce:
+        return at + _where_commit(ce)
     node = ce["first_wrong_node"]
     if ce["property"] == "inputs untouched":
         return f"{at}the kernel wrote its arguments {', '.join(ce['inputs_changed'])}"
@@ -429,6 +587,30 @@ def _where(ce: dict) -> str:
     outside = f" (-1 and {n}: the slot's worth before and after the pool)" if any(w < 0 or w >= n for w in written) else ""
     return (f"{at}trees {_short([t['parents'] for t in ce['trees']])}, batch slots {_short(ce['pool']['batch_slots'])} of "
             f"{n}, slots written {_short(written)}{outside}")
+
+
+def _where_commit(ce: dict) -> str:
+    """_where's line for a commit property."""
+    c = ce["commit"]
+    if "error" in c:
+        return f"the commit raised {c['error']}"
+    first, layers = c["first_wrong"], f"{c['layers']} layers"
+    if ce["property"] == COMMIT_ELSEWHERE:
+        N, M = ce["pool"]["slots"], ce["node_buffer"]["rows"]
+        guards = any(w[1] in ((-1, N) if len(w) == 2 else (-1, M)) for w in c["written"])
+        return (f"nodes accepted {_short(c['accepted'])} (-1: none), slots {_short(ce['pool']['batch_slots'])} of {N} "
+                f"in each of {layers}; written besides the committed slots: (layer, slot) and (layer, row, step) "
+                f"{_short(c['written'])}" + (f" (slot -1 or {N}, row -1 or {M}: the guards)" if guards else "")
+                + (f", and its index tables {', '.join(c['tables_written'])}" if c["tables_written"] else ""))
+    if first is None:  # not reached: a failing property names its first wrong entry
+        return f"nodes accepted {_short(c['accepted'])} over {layers}"
+    parents = _short(ce["trees"][first["sequence"]]["parents"])
+    if ce["property"] == COMMIT_COPY:
+        return (f"layer {first['layer']} of {c['layers']}, sequence {first['sequence']}: its slot after the commit is "
+                f"not the kept state of its accepted node {first['node']} (parents {parents}) bit for bit (max "
+                f"difference {first['max_abs_difference']:.3g})")
+    return (f"sequence {first['sequence']}'s committed state (accepted node {first['node']}, parents {parents}, "
+            f"{layers}) off the oracle's by {first['max_abs_error']:.3g} > {first['bound']:.3g}")
 
 
 def _short(x, limit: int = 160) -> str:
@@ -483,25 +665,29 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     extra = {}
     kernel.check_op(op, mode)
     nodes = (op, mode) in kernel.node_states  # it keeps every node's state: give it a buffer and check them
+    # and commits them: run its commit after the verify and check the pool
+    commit = None
+    if nodes and kernel.commit is not None and op in kernel.commit_ops:
+        commit = functools.partial(kernel.commit, op)
     if op == "conv":
-        runner = _ConvRunner(kernel, mode, device, node_states=nodes)
+        runner = _ConvRunner(kernel, mode, device, node_states=nodes, commit=commit)
         strategy = strategies.conv_pool_inputs(max_nodes=10, dtype=dtype, widths=kernel.conv_widths)
         extra = {"widths": kernel.conv_widths}
     elif op == "mamba2":
         runner = _Runner(kernel.mamba2, oracle.mamba2_tree_verify, ("x", "dt", "A", "B", "C"), ("D", "dt_bias"), mode,
-                         device, node_states=nodes)
+                         device, node_states=nodes, commit=commit)
         strategy = strategies.mamba2_inputs(max_nodes=10, dtype=dtype, engine=True)
     elif op == "kda":
         runner = _Runner(kernel.kda, oracle.kda_tree_verify, ("q", "k", "v", "g", "beta"), (), mode, device,
-                         node_states=nodes)
+                         node_states=nodes, commit=commit)
         strategy = strategies.kda_inputs(max_nodes=10, dtype=dtype, engine=True)
     elif op == "lightning":
         runner = _Runner(kernel.lightning, oracle.lightning_tree_verify, ("q", "k", "v"), ("decay",), mode, device,
-                         node_states=nodes)
+                         node_states=nodes, commit=commit)
         strategy = strategies.lightning_inputs(max_nodes=10, dtype=dtype, engine=True)
     else:
         runner = _Runner(kernel.verify, oracle.gdn_tree_verify, ("q", "k", "v", "g", "beta"), (), mode, device,
-                         extra={"scale": None}, node_states=nodes)
+                         extra={"scale": None}, node_states=nodes, commit=commit)
         strategy = strategies.gdn_pool_inputs(max_nodes=10, dtype=dtype)
     # no explain phase: find() reports only the shrunk input, and explaining it reruns the kernel many times over
     cfg = settings(max_examples=max_examples, database=None, derandomize=True, deadline=None,
@@ -516,11 +702,12 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
         return bool((err[~r["order_exact"] & r["real"][:, None]] > 10 * _bound(r["ref"]["exact"], r["dtype"])).any())
 
     # padded batches (slot -1) where the kernel's convention has padding: SGLang's and vLLM's
-    explicit = kernel_cases.cases(op, profile, dtype, pads=op in kernel.pads, nodes=nodes, **extra)
+    explicit = kernel_cases.cases(op, profile, dtype, pads=op in kernel.pads, nodes=nodes, commit=commit is not None,
+                                  **extra)
     import threading
     with poisoned():  # ddsim's own kernels (the ddsim adapter) NaN-fill their outputs here too
         for inp in explicit:
-            described.append(kernel_cases.describe(inp))
+            described.append(kernel_cases.describe(inp, commit is not None))
             watchdog = None
             if example_timeout is not None and on_hang is not None:
                 watchdog = threading.Timer(example_timeout, on_hang, (inp["label"], example_timeout))
@@ -550,7 +737,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     def run_drawn(inp):
         key = _input_digest(inp)
         if key not in ran:
-            drawn.append(kernel_cases.describe(inp))
+            drawn.append(kernel_cases.describe(inp, commit is not None))
             ran[key] = runner.run(inp)
         return ran[key]
 

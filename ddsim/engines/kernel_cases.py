@@ -471,11 +471,43 @@ def wide_node_buffer(op: str, dtype=torch.float32) -> dict:
     return inp
 
 
-def cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, nodes: bool = False, **kw) -> list[dict]:
+# a model's recurrent layers of each op, as its engine commits them at once: Qwen3.6-27B's 48 GDN layers (of 64),
+# Kimi Linear 48B's 20 KDA layers (of 27), Nemotron-H-8B's 24 Mamba2 layers (of 52)
+MODEL_LAYERS = {"gdn": 48, "kda": 20, "mamba2": 24}
+
+
+def wide_commit(op: str, dtype=torch.float32) -> dict:
+    """A step of 2 sequences at 17 nodes whose commit copies a model's every layer at once (MODEL_LAYERS, each at the
+    model's width): its pool [L, N, ...] and its kept states [L, M, 17, ...] sized so that the last layers' entries lie
+    past 2^31 elements, where a commit that computes its offsets in 32-bit integers copies from, and into, other
+    entries. About 20 GB: serving profile only (on the GPU)."""
+    common = dict(T=17, kind=("ddtree", 16, 8), B=2, seed=131, dtype=dtype)
+    L = MODEL_LAYERS[op]
+    if op == "gdn":  # Qwen3.6-27B's heads
+        per = 48 * 128 * 128
+        inp = gdn_case(**common, H=16, ratio=3, K=128, V=128, pool_size=-(-INT32_OFFSETS // ((L - 1) * per)) + 1)
+    elif op == "kda":  # Kimi Linear's
+        per = 32 * 128 * 128
+        inp = kda_case(**common, H=32, K=128, pool_size=-(-INT32_OFFSETS // ((L - 1) * per)) + 1)
+    else:  # Nemotron-H-8B's
+        per = 128 * 64 * 128
+        inp = mamba2_case(**common, G=8, ratio=16, P=64, N=128, pool_size=-(-INT32_OFFSETS // ((L - 1) * per)) + 1)
+    assert inp["initial_state"][0].numel() == per
+    M = -(-INT32_OFFSETS // ((L - 1) * 17 * per)) + 1  # the last layer's rows start past 2^31 elements
+    inp.update(node_rows=torch.tensor([M - 1, M - 2], dtype=torch.int32), node_buffer=(M, 17), node_layout="batch rows",
+               commit_layers=L,
+               label=f"a commit of {L} layers past 2^31 elements: pools of {inp['pool'].shape[0]} slots, kept states in "
+                     f"rows {M - 1}, {M - 2} of {M} at 2 x 17")
+    return inp
+
+
+def cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, nodes: bool = False, commit: bool = False,
+          **kw) -> list[dict]:
     """The profile's explicit examples of ``op``, with padded batches (padded_cases) where the kernel's convention
     takes padding (``pads``), and for a kernel that keeps every node's state (``nodes``) each example's per-node state
     buffer layout (NODE_LAYOUTS in turn) and, in the serving profile, a buffer whose node states lie past 2^31
-    elements (wide_node_buffer). In the quick profile every example but the bursts is called once:
+    elements (wide_node_buffer), and for one that commits them too (``commit``) a commit of a model's every layer past
+    2^31 elements (wide_commit). In the quick profile every example but the bursts is called once:
     Triton's interpreter runs a launch's programs one after another, so a second call on the same input can
     differ only through the call count, and the burst examples' repeated calls check that."""
     out = {"gdn": gdn_cases, "conv": conv_cases, "mamba2": mamba2_cases, "kda": kda_cases,
@@ -487,6 +519,8 @@ def cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, nodes:
             inp.update(node_layout(inp, NODE_LAYOUTS[i % len(NODE_LAYOUTS)], seed=1000 + i))
         if profile == "serving" and op in ("gdn", "kda", "mamba2"):
             out.append(wide_node_buffer(op, dtype))
+            if commit:
+                out.append(wide_commit(op, dtype))
     if profile == "quick":
         for inp in out:
             if inp["burst"] == 2:  # the default: not a burst example
@@ -494,8 +528,8 @@ def cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, nodes:
     return out
 
 
-def describe(inp: dict) -> dict:
-    """The dimensions an example covers, for the coverage table."""
+def describe(inp: dict, commit: bool = False) -> dict:
+    """The dimensions an example covers, for the coverage table (with ``commit``, its commit's layers and sizes)."""
     trees = inp["trees"]
     out = {"nodes": trees[0].size, "batch": len(trees), "padded rows": int((inp["slots"] < 0).sum()),
            "pool slots": int(inp["pool"].shape[0]), "largest slot id": int(inp["slots"].max()),
@@ -526,6 +560,10 @@ def describe(inp: dict) -> dict:
         state = inp["initial_state"] if "initial_state" in inp else inp["initial_window"]
         out.update({"node-state layout": inp["node_layout"], "node-state pitch past T max": P - trees[0].size,
                     "node-state buffer elements max": M * P * state[0].numel()})
+        if commit:  # and a commit copies them, every layer at once (check_kernel.COMMIT_LAYERS where not said)
+            L = int(inp.get("commit_layers", 2))
+            out.update({"commit layers": L, "commit pool elements max": L * inp["pool"].numel(),
+                        "commit buffer elements max": L * M * P * state[0].numel()})
     return out
 
 

@@ -150,6 +150,14 @@ def adapter():
     if "is_kda" in inspect.signature(fn).parameters:  # its KDA mode (0.5.23)
         extra.update(kda=as_contract(fn, kda=True), kda_name="sglang.fused_sigmoid_gating_delta_rule_update (is_kda)",
                      kda_source=src, kda_source_sha256=digest)
+    scatter = _commit_module()
+    if scatter is not None:  # its commit: the accepted node's kept state and conv window copied into the pool
+        ssrc, sdigest = _source_of(scatter.fused_mamba_state_scatter_with_mask)
+        extra.update(commit=as_commit_contract(scatter.fused_mamba_state_scatter_with_mask,
+                                               scatter.fused_conv_window_scatter_with_mask),
+                     commit_name="sglang.fused_mamba_state_scatter_with_mask (fused_conv_window_scatter_with_mask "
+                                 "for the conv)",
+                     commit_ops=COMMIT_OPS, commit_source=ssrc, commit_source_sha256=sdigest)
     # its CUDA-graph replays pad the batch with slot -1 (PAD_SLOT_ID) in every one of these kernels
     return EngineKernel("sglang.fused_sigmoid_gating_delta_rule_update", ("exact", "leaky"), as_contract(fn), "sglang",
                         _version("sglang"), src, digest, **extra, pads=("gdn", "conv", "mamba2", "kda"),
@@ -159,6 +167,47 @@ def adapter():
 # the exact verifies that fill intermediate_states_buffer and the conv that fills intermediate_conv_window (on a tree
 # and on the flattened draft): SGLang's commit's sources
 NODE_STATES = (("gdn", "exact"), ("kda", "exact"), ("mamba2", "exact"), ("conv", "exact"), ("conv", "leaky"))
+
+
+# ---- the commit after a verify ---------------------------------------------------------------------
+# where SGLang keeps the scatter its update_mamba_state_after_mtp_verify commits with (the SSM states of every layer
+# from intermediate_ssm, the conv windows from intermediate_conv_window)
+COMMIT_LOCATIONS = ("sglang.kernels.ops.mamba.mamba_state_scatter_triton",)  # 0.5.23
+COMMIT_OPS = ("gdn", "kda", "mamba2", "conv")
+
+
+def _commit_module():
+    for loc in COMMIT_LOCATIONS:
+        try:
+            return importlib.import_module(loc)
+        except ModuleNotFoundError:
+            continue
+    return None
+
+
+class _Interpreted(torch.Tensor):
+    """A CPU tensor that answers is_cuda: SGLang's scatter wrappers refuse any tensor that is not on CUDA (or XPU)
+    before they launch; on the CPU, where Triton's interpreter runs their kernels, the pool and the buffer are handed
+    over as views of this class, so the engine's own wrapper code computes the launch. Used for CPU tensors alone."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def as_commit_contract(state_fn, conv_fn=None):
+    """The contract's commit from fns with SGLang's fused_mamba_state_scatter_with_mask signature: (dst [L, N, *state],
+    src [L, M, P, *state], dst_indices_raw [B], step_indices_raw [B] (-1: skip), src_indices_raw [B]) copying
+    dst[l, dst_indices[b]] = src[l, src_indices[b], step_indices[b]]. ``conv_fn`` for the conv's windows
+    (fused_conv_window_scatter_with_mask, the same signature); None: state_fn for every op (a MODULE:FUNCTION commit).
+    The caller's pool and buffer are handed over as they are: a commit is a copy of whole entries, the same in SGLang's
+    state layout ([HV, V, K] for GDN) as in ddsim's."""
+    def commit(op, *, pool, buffer, slots, rows, accepted):
+        fn = conv_fn if op == "conv" and conv_fn is not None else state_fn
+        dst, src = (pool, buffer) if pool.is_cuda else (pool.as_subclass(_Interpreted), buffer.as_subclass(_Interpreted))
+        fn(dst, src, slots.to(device=pool.device, dtype=torch.int32), accepted.to(device=pool.device, dtype=torch.int32),
+           rows.to(device=pool.device, dtype=torch.int32))
+    return commit
 
 
 # ---- tree causal conv ------------------------------------------------------------------------------
