@@ -224,6 +224,8 @@ def _commit_writes(commit, kept: torch.Tensor, inp: dict, device: str) -> dict:
               "accepted": acc.to(device, copy=True)}
     try:
         commit(pool=pool.view(L, N, *state), buffer=buf.view(L, M, P, *state), **tables)
+        if pool.is_cuda:  # a fault of the commit's kernel is reported as the commit's (it ends the CUDA context)
+            torch.cuda.synchronize(pool.device)
     except Exception as e:  # the commit properties fail with what it raised; the verify's stand
         return {"commit_error": f"{type(e).__name__}: {_short(e, 300)}", "commit_layers": L, "commit_accepted": acc,
                 "commit_done": done}

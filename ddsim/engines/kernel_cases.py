@@ -465,8 +465,9 @@ def wide_node_buffer(op: str, dtype=torch.float32) -> dict:
         inp = mamba2_case(**common, G=8, ratio=16, P=64, N=128)
     per_row = 65 * inp["initial_state"][0].numel()
     M = -(-INT32_OFFSETS // per_row) + 2  # the last row starts past 2^31 elements
+    # its commit (where the kernel has one) copies this one layer: two would double a buffer of several GB
     inp.update(node_rows=torch.tensor([M - 2, M - 1], dtype=torch.int32), node_buffer=(M, 65),
-               node_layout="past 2^31 elements",
+               node_layout="past 2^31 elements", commit_layers=1,
                label=f"node states past 2^31 elements: a model's layer at 2 x 65 in rows {M - 2}, {M - 1} of {M}")
     return inp
 
