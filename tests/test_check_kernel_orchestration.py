@@ -579,3 +579,18 @@ def test_a_commit_counterexamples_line():
         "layer 0 of 2, sequence 0: its slot after the commit is not the kept state of its accepted node 1 (parents "
         "[-1, 0]) bit for bit (max difference 0.25)")
     assert ck._where({**base, "commit": {**c, "error": "ValueError: x"}}) == "the commit raised ValueError: x"
+
+
+def test_a_commit_that_ends_the_cuda_context_is_named_as_the_fault(monkeypatch):
+    """A commit whose error ended the device's CUDA context (a kernel fault: every later call raises) is raised as a
+    CommitFault naming the commit's error, so the example fails every property with that line; an error that leaves
+    the context (or any error on the CPU) is the commit's alone."""
+    e = ValueError("CUDA error: an illegal memory access was encountered")
+    assert ck._raise_if_context_lost(e, torch.device("cpu")) is None
+    monkeypatch.setattr(ck, "_context_lost", lambda device: False)
+    assert ck._raise_if_context_lost(e, torch.device("cuda", 0)) is None
+    monkeypatch.setattr(ck, "_context_lost", lambda device: True)
+    assert ck._raise_if_context_lost(e, torch.device("cpu")) is None
+    with pytest.raises(ck.CommitFault, match=r"^the commit faulted \(ValueError: CUDA error: an illegal memory access "
+                                             r"was encountered\), which ends the device's CUDA context"):
+        ck._raise_if_context_lost(e, torch.device("cuda", 0))

@@ -197,6 +197,28 @@ def _layer_factor(l: int, L: int) -> float:
     return 1.0 if l == L - 1 else -(2.0 ** -(k if k else 8))
 
 
+class CommitFault(RuntimeError):
+    """The commit faulted on the device and took the process's CUDA context with it: no property of the example (nor
+    of any after it) can be checked."""
+
+
+def _context_lost(device) -> bool:
+    """Whether the CUDA context of ``device`` is gone (a kernel fault ends it: every later call raises)."""
+    try:
+        torch.cuda.synchronize(device)
+        return False
+    except Exception:
+        return True
+
+
+def _raise_if_context_lost(e: Exception, device) -> None:
+    """Raise CommitFault, naming the commit's error ``e``, where ``e`` ended ``device``'s CUDA context (the example then
+    fails every property with that line, not with the next call's echo of the fault); else return."""
+    if torch.device(device).type == "cuda" and _context_lost(device):
+        raise CommitFault(f"the commit faulted ({type(e).__name__}: {_short(e, 200)}), which ends the device's CUDA "
+                          "context: nothing after it can be checked") from None
+
+
 def _commit_writes(commit, kept: torch.Tensor, inp: dict, device: str) -> dict:
     """Run the engine's commit (its op bound: commit(pool=, buffer=, slots=, rows=, accepted=)) on what its verify
     kept, ``kept`` [M, P, *state] (the verify's per-node state buffer), over L layers (the example's commit_layers, else
@@ -224,9 +246,10 @@ def _commit_writes(commit, kept: torch.Tensor, inp: dict, device: str) -> dict:
               "accepted": acc.to(device, copy=True)}
     try:
         commit(pool=pool.view(L, N, *state), buffer=buf.view(L, M, P, *state), **tables)
-        if pool.is_cuda:  # a fault of the commit's kernel is reported as the commit's (it ends the CUDA context)
+        if pool.is_cuda:  # a fault of the commit's kernel surfaces here, as the commit's
             torch.cuda.synchronize(pool.device)
     except Exception as e:  # the commit properties fail with what it raised; the verify's stand
+        _raise_if_context_lost(e, pool.device)
         return {"commit_error": f"{type(e).__name__}: {_short(e, 300)}", "commit_layers": L, "commit_accepted": acc,
                 "commit_done": done}
     written = []
