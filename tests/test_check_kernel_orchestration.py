@@ -65,6 +65,16 @@ def test_a_kernel_that_raises_fails_every_property(tmp_path, monkeypatch):
     assert res.properties[0].detail.startswith("serving example [ddtree budget 128 top-k 4 T=129") and \
         "the kernel raised ValueError: T > 64 not supported" in res.properties[0].detail
 
+    def refuses_all_but_16(q, k, v, g, beta, **kw):  # every drawn input too (at most 10 nodes)
+        if q.shape[1] != 17:
+            raise ValueError("T must be 17\n(one line on the terminal)")
+        return _load("ddsim").verify(q, k, v, g, beta, **kw)
+    res = ck.check(EngineKernel("refuses", ("exact",), refuses_all_but_16), mode="exact", max_examples=2)
+    detail = res.properties[0].detail  # the serving example's line first, then the drawn input's
+    assert detail.startswith("serving example [") and detail.endswith(
+        "the kernel raised ValueError: T must be 17 (one line on the terminal); then the kernel raised ValueError: T "
+        "must be 17 (one line on the terminal) on a drawn input")
+
 
 def test_check_conv_and_mamba2_and_bad_profiles():
     conv = ck.check(_load("ddsim"), mode="exact", max_examples=2, op="conv")

@@ -639,7 +639,8 @@ def _where_commit(ce: dict) -> str:
 
 
 def _short(x, limit: int = 160) -> str:
-    s = str(x)
+    """str(x) on one line (an error's several lines joined), cut to ``limit`` characters."""
+    s = " ".join(str(x).split())
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
@@ -778,9 +779,10 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
             else:  # only a serving shape reaches the bug: the explicit example is the counterexample
                 results.append(PropertyResult(name, False, _where(explicit_ce), explicit_ce))
             continue
-        except Exception as e:  # the kernel raised on a drawn input
-            results.append(PropertyResult(name, False, f"the kernel raised {type(e).__name__}: {_short(e, 300)} on a "
-                                                       "drawn input", explicit_ce))
+        except Exception as e:  # the kernel raised on a drawn input: after a serving example's failure, that comes first
+            drawn_line = f"the kernel raised {type(e).__name__}: {_short(e, 300)} on a drawn input"
+            results.append(PropertyResult(name, False, drawn_line if explicit_ce is None else
+                                          f"{_where(explicit_ce)}; then {drawn_line}", explicit_ce))
             continue
         ce = _describe(bad, runner.run(bad), name, mode)  # shrunk: the smallest tree that shows the bug
         if explicit_ce is not None:
