@@ -539,7 +539,7 @@ def cmd_check_kernel(a, console) -> int:
     console.print(cov)
     if digest:
         console.print(f"kernel source {source} sha256 {digest[:16]}…")
-    commits = kernel.commit is not None and a.op in kernel.commit_ops and (a.op, a.mode) in kernel.node_states
+    commits = kernel.commits(a.op, a.mode)
     if commits and kernel.commit_source_sha256:
         console.print(f"commit {kernel.commit_name}: source {kernel.commit_source} sha256 "
                       f"{kernel.commit_source_sha256[:16]}…")

@@ -604,3 +604,13 @@ def test_a_commit_that_ends_the_cuda_context_is_named_as_the_fault(monkeypatch):
     with pytest.raises(ck.CommitFault, match=r"^the commit faulted \(ValueError: CUDA error: an illegal memory access "
                                              r"was encountered\), which ends the device's CUDA context"):
         ck._raise_if_context_lost(e, torch.device("cuda", 0))
+
+
+def test_a_kernels_commit_runs_only_where_it_keeps_the_node_states_of_an_op_it_commits():
+    from ddsim.engines import EngineKernel
+    k = EngineKernel("k", ("exact", "leaky"), None, commit=_copy_commit, commit_ops=("gdn", "conv"),
+                     node_states=(("gdn", "exact"), ("conv", "leaky"), ("mamba2", "exact")))
+    assert k.commits("gdn", "exact") and k.commits("conv", "leaky")
+    assert not k.commits("gdn", "leaky") and not k.commits("mamba2", "exact") and not k.commits("conv", "exact")
+    assert not EngineKernel("k", ("exact",), None, commit_ops=("gdn",), node_states=(("gdn", "exact"),)).commits(
+        "gdn", "exact")  # no commit

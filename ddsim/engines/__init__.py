@@ -147,6 +147,11 @@ class EngineKernel:
             name, modes = self.name, self.modes
         refuse_mode(name, modes, mode)
 
+    def commits(self, op: str, mode: str) -> bool:
+        """Whether check-kernel runs this kernel's commit after its verify of ``op`` in ``mode``: it keeps the node states
+        there and has a commit for the op."""
+        return self.commit is not None and op in self.commit_ops and (op, mode) in self.node_states
+
     def provenance(self) -> dict:
         """What a report records about the kernel (ddsim.verdict.report_model.EngineRecord)."""
         return {"name": self.name, "modes": list(self.modes), "package": self.package, "version": self.version,

@@ -692,9 +692,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     kernel.check_op(op, mode)
     nodes = (op, mode) in kernel.node_states  # it keeps every node's state: give it a buffer and check them
     # and commits them: run its commit after the verify and check the pool
-    commit = None
-    if nodes and kernel.commit is not None and op in kernel.commit_ops:
-        commit = functools.partial(kernel.commit, op)
+    commit = functools.partial(kernel.commit, op) if kernel.commits(op, mode) else None
     if op == "conv":
         runner = _ConvRunner(kernel, mode, device, node_states=nodes, commit=commit)
         strategy = strategies.conv_pool_inputs(max_nodes=10, dtype=dtype, widths=kernel.conv_widths)
