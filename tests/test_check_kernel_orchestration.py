@@ -614,3 +614,130 @@ def test_a_kernels_commit_runs_only_where_it_keeps_the_node_states_of_an_op_it_c
     assert not k.commits("gdn", "leaky") and not k.commits("mamba2", "exact") and not k.commits("conv", "exact")
     assert not EngineKernel("k", ("exact",), None, commit_ops=("gdn",), node_states=(("gdn", "exact"),)).commits(
         "gdn", "exact")  # no commit
+
+
+def test_a_commit_runs_once_after_the_first_call_on_what_it_kept():
+    """_calls with a commit: it runs once, after the first of the example's calls, on the buffer that call kept (its
+    op bound by the caller), and its results join the run's."""
+    inp = _commit_inp()
+    inp["burst"] = 3
+    inp["accepted"] = torch.tensor([2, 1, -1], dtype=torch.int32)
+    seen = []
+
+    def kernel(args, pool, slots, node):
+        buf, rows = node
+        buf[rows.long(), :4] = 7.0 + len(seen)  # what this call keeps
+        return args["x"].clone()
+
+    def commit(**kw):
+        seen.append(kw["buffer"][1, 4, 2].clone())  # layer 1's (the kept values themselves) row 4, step 2
+        _copy_commit(**kw)
+    out = ck._calls(kernel, inp, ("x",), "cpu", node_shape=(2, 3), commit=commit)
+    assert len(seen) == 1 and bool((seen[0] == 7.0).all())
+    assert out["commit_done"].tolist() == [True, True, False] and out["commit_others_untouched"]
+    assert bool((out["commit_vals"][1, :2] == 7.0).all()) and bool((out["commit_vals"][0, :2] == -3.5).all())
+    assert "commit_vals" not in ck._calls(kernel, inp, ("x",), "cpu", node_shape=(2, 3))
+
+
+def test_a_commits_edges_slot_0_its_tables_the_buffers_first_guard_and_long_errors():
+    inp = _commit_inp()
+    inp["slots"] = torch.tensor([0, 3, -1], dtype=torch.int32)  # slot 0 is a slot
+    inp["accepted"] = torch.tensor([1, 2, 0], dtype=torch.int32)
+    w = ck._commit_writes(_copy_commit, _kept(inp), inp, "cpu")
+    assert w["commit_done"].tolist() == [True, True, False] and w["commit_others_untouched"]
+    assert bool((w["commit_vals"][1, 0] == 401.0).all())
+
+    def also(extra):
+        def run(**kw):
+            _copy_commit(**kw)
+            extra(kw)
+        return run
+    w = ck._commit_writes(also(lambda kw: kw["slots"].fill_(0)), _kept(inp), inp, "cpu")
+    assert w["commit_tables_written"] == ["slots"] and inp["slots"].tolist() == [0, 3, -1]  # its copy, not the example
+    from ddsim.engines import beside
+    w = ck._commit_writes(also(lambda kw: beside(kw["buffer"].flatten(0, 1))[0].fill_(0.0)), _kept(inp), inp, "cpu")
+    assert w["commit_written"] == [[0, -1, 0]]
+
+    def raises(**kw):
+        raise ValueError("x" * 400)
+    assert ck._commit_writes(raises, _kept(inp), inp, "cpu")["commit_error"] == "ValueError: " + "x" * 299 + "…"
+
+
+def test_a_commit_counterexample_in_the_json_and_its_edges():
+    """_describe of a commit property carries the commit's record (layers, nodes accepted, first wrong entry or the
+    entries written); the oracle's property holds at its bound (in the input dtype's) and reads the last layer (of
+    three here); a sequence that commits nothing may hold NaN in its slot."""
+    from ddsim.trees.tree import Tree
+    inp = _commit_inp()
+    inp["accepted"] = torch.tensor([3, -1, 1], dtype=torch.int32)
+    inp["pool"][3] = float("nan")  # sequence 1's slot: it commits nothing
+    inp.update(label="e", x=torch.zeros(3, 4, 2), weight=torch.zeros(2, 3), bias=None,  # a conv's example
+               trees=[Tree([-1, 0, 0, 1], [1, 2, 3, 4])] * 3, commit_layers=3)
+    kept = _kept(inp)
+    ref = torch.zeros(3, 4, 2, 3, dtype=torch.float64)
+    ref[0, 3] = 403.0
+    props = ck._properties("exact", nodes=True, commit=True)
+    oracle, copy, elsewhere = list(props)[-3:]
+
+    def run(commit, dtype=torch.float32):
+        return {**ck._commit_writes(commit, kept, inp, "cpu"), "ref_states": ref, "dtype": dtype, "o": torch.zeros(3, 4, 1),
+                "ref": {"exact": torch.zeros(3, 4, 1)}, "real": torch.tensor([True, True, False]),
+                "order_exact": torch.ones(3, 4, dtype=torch.bool), "written_slots": [], "inputs_changed": [],
+                "repeatable": True, "node_vals": ref.clone(), "node_written": []}
+    r = run(_copy_commit)
+    assert props[oracle](r) and props[copy](r) and props[elsewhere](r)
+    b32, b16 = ck._bound(ref, torch.float32), ck._bound(ref, torch.bfloat16)
+
+    def nudged(by, layer=2):
+        def commit(**kw):
+            _copy_commit(**kw)
+            kw["pool"][layer, 1] += by  # sequence 0's slot
+        return commit
+    ref[0, 3, 0, 0] = 403.0 - b32  # the committed 403 lies at the bound exactly
+    assert props[oracle](run(_copy_commit))
+    ref[0, 3, 0, 0] = 403.0
+    layer1 = run(nudged(1.0, layer=1))  # the last of three layers is the one held to the oracle; every one is copied
+    assert props[oracle](layer1) and not props[copy](layer1)
+    assert props[oracle](run(nudged(4.0), torch.bfloat16)) and not props[oracle](run(nudged(4.0)))
+    assert b32 < 4.0 < b16
+    off = run(nudged(4.0))
+    d = ck._describe(inp, off, oracle, "exact")
+    assert d["commit"] == {"layers": 3, "accepted": [3, -1, 1], "first_wrong": {
+        "sequence": 0, "node": 3, "max_abs_error": 4.0, "bound": b32}}
+    d = ck._describe(inp, run(nudged(2.0, layer=0)), copy, "exact")
+    assert d["commit"]["first_wrong"] == {"layer": 0, "sequence": 0, "node": 3, "max_abs_difference": 2.0}
+
+    def stray(**kw):
+        _copy_commit(**kw)
+        kw["pool"][0, 0] = 1.0
+    d = ck._describe(inp, run(stray), elsewhere, "exact")
+    assert d["commit"] == {"layers": 3, "accepted": [3, -1, 1], "first_wrong": None, "written": [[0, 0]],
+                           "tables_written": []}
+    assert ck._where(d).startswith("serving example [e]: nodes accepted [3, -1, 1] (-1: none), slots [1, 3, -1] of 4 "
+                                   "in each of 3 layers; written besides the committed slots")
+
+
+def test_a_commit_lines_guard_note_by_pool_slot_or_buffer_row():
+    base = {"example": "drawn", "property": "commit writes nothing else", "first_wrong_node": None,
+            "trees": [{"parents": [-1]}], "pool": {"slots": 4, "batch_slots": [1]}, "node_buffer": {"rows": 5}}
+
+    def line(written, tables=()):
+        c = {"layers": 2, "accepted": [0], "first_wrong": None, "written": written, "tables_written": list(tables)}
+        return ck._where({**base, "commit": c})
+    note = " (slot -1 or 4, row -1 or 5: the guards)"
+    assert line([[1, 4]]).endswith(note) and line([[0, 5, 0]]).endswith(note) and line([[0, -1, 0]]).endswith(note)
+    assert not line([[0, 4, 2]]).endswith(note) and not line([[1, 2]]).endswith(note)
+    assert line([], ("rows", "slots")).endswith(", and its index tables rows, slots")
+    none = {**base, "property": "committed state exact at the accepted node",
+            "commit": {"layers": 2, "accepted": [1, -1], "first_wrong": None}}
+    assert ck._where(none) == "nodes accepted [1, -1] over 2 layers"
+
+
+def test_the_context_check_asks_about_the_commits_device_and_cuts_its_error(monkeypatch):
+    asked = []
+    monkeypatch.setattr(ck, "_context_lost", lambda device: asked.append(device) or True)
+    with pytest.raises(ck.CommitFault) as e:
+        ck._raise_if_context_lost(ValueError("y" * 300), torch.device("cuda", 1))
+    assert asked == [torch.device("cuda", 1)]
+    assert str(e.value) == ("the commit faulted (ValueError: " + "y" * 199 + "…), which ends the device's CUDA context: "
+                            "nothing after it can be checked")
