@@ -741,3 +741,29 @@ def test_the_context_check_asks_about_the_commits_device_and_cuts_its_error(monk
     assert asked == [torch.device("cuda", 1)]
     assert str(e.value) == ("the commit faulted (ValueError: " + "y" * 199 + "…), which ends the device's CUDA context: "
                             "nothing after it can be checked")
+
+
+def test_a_committed_state_at_its_bound_holds_and_a_windows_commit_keeps_its_dtype():
+    """The oracle's commit property holds an error equal to the bound (and the counterexample names the first sequence
+    past it, in the input dtype's bound); a conv's bf16 windows are committed in bf16."""
+    inp = _commit_inp()
+    inp["accepted"] = torch.tensor([3, 2, 1], dtype=torch.int32)
+    kept = _kept(inp)
+    kept[4, 3] = 0.0  # sequence 0's accepted node: 0, so that an error can be the bound exactly
+    ref = torch.zeros(3, 4, 2, 3, dtype=torch.float64)
+    ref[1, 2] = 2.0
+    ref[2] = 403.0  # the padded row's: sets the bound's scale and is never compared
+    for dtype in (torch.float32, torch.bfloat16):
+        b = ck._bound(ref, dtype)
+        ref[0, 3, 0, 0] = -b
+        r = {**ck._commit_writes(_copy_commit, kept, inp, "cpu"), "ref_states": ref, "dtype": dtype}
+        props = ck._properties("exact", nodes=True, commit=True)
+        assert props["committed state exact at the accepted node"](r)  # sequence 0 at the bound exactly
+        ref[1, 2, 0, 0] = 2.0 + 2 * b
+        assert not props["committed state exact at the accepted node"](r)
+        first = ck._describe_commit(r, "committed state exact at the accepted node", dtype)["first_wrong"]
+        assert first["sequence"] == 1 and first["bound"] == b
+        ref[1, 2, 0, 0] = 2.0
+    windows = {**inp, "pool": inp["pool"].to(torch.bfloat16)}
+    w = ck._commit_writes(_copy_commit, kept.to(torch.bfloat16), windows, "cpu")
+    assert w["commit_vals"].dtype == w["commit_kept"].dtype == torch.bfloat16 and w["commit_others_untouched"]
