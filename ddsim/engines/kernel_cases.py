@@ -481,7 +481,7 @@ def wide_commit(op: str, dtype=torch.float32) -> dict:
     """A step of 2 sequences at 17 nodes whose commit copies a model's every layer at once (MODEL_LAYERS, each at the
     model's width): its pool [L, N, ...] and its kept states [L, M, 17, ...] sized so that the last layers' entries lie
     past 2^31 elements, where a commit that computes its offsets in 32-bit integers copies from, and into, other
-    entries. About 20 GB: serving profile only (on the GPU)."""
+    entries. About 22 GB: serving profile only (on the GPU)."""
     common = dict(T=17, kind=("ddtree", 16, 8), B=2, seed=131, dtype=dtype)
     L = MODEL_LAYERS[op]
     if op == "gdn":  # Qwen3.6-27B's heads
