@@ -543,6 +543,9 @@ def cmd_check_kernel(a, console) -> int:
     if commits and kernel.commit_source_sha256:
         console.print(f"commit {kernel.commit_name}: source {kernel.commit_source} sha256 "
                       f"{kernel.commit_source_sha256[:16]}…")
+    elif not commits and (a.op, a.mode) in kernel.node_states:  # its kept states checked, no commit of them: said
+        console.print(f"no commit checked: {name} offers none for its kept node states (--commit MODULE:FUNCTION "
+                      "checks one)")
     write_result(result, out, kernel={"name": name, "package": kernel.package, "version": kernel.version,
                                       "source": source, "source_sha256": digest, "op": a.op, "mode": a.mode,
                                       "dtype": a.dtype, "device": device, "max_examples": a.max_examples,

@@ -26,11 +26,27 @@ def _benchmark(name: str):
 
 def _refused_before_any_work(script: str, args: list, want: str):
     """benchmarks/<script> with ``args``: exit 2, its last line of stderr ending with ``want``, said before its CUDA
-    check (so here, on a machine without a GPU)."""
-    r = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2, (args, r.stderr)
-    assert r.stderr.strip().splitlines()[-1].endswith(want), r.stderr
-    assert "needs a CUDA device" not in r.stderr
+    check (so here, on a machine without a GPU). Its main() runs in this process, as `python benchmarks/<script>` would
+    run it (its argv, its stderr, its exit status), without a fresh interpreter's second of imports per call."""
+    import contextlib
+    import io
+    err, argv, path = io.StringIO(), sys.argv, list(sys.path)
+    sys.argv = [str(BENCHMARKS / script), *args]
+    sys.path.insert(0, str(BENCHMARKS))  # a script imports its siblings, as from its own folder
+    code = 0
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            _benchmark(script.removesuffix(".py")).main()
+    except SystemExit as e:  # as the interpreter exits: None 0, a number itself, anything else printed and 1
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int) and e.code is not None:
+            err.write(f"{e.code}\n")
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    stderr = err.getvalue()
+    assert code == 2, (args, stderr)
+    assert stderr.strip().splitlines()[-1].endswith(want), stderr
+    assert "needs a CUDA device" not in stderr
 
 
 def test_sweep_picks_the_best_configuration_and_skips_failures(capsys):

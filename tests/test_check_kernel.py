@@ -91,6 +91,8 @@ def test_vllm_spec_decode_kernel_is_the_flattened_path(tmp_path):
     # its per-token states (where its next step starts, at the accepted token) are the flattened path's too
     assert "(vllm 0.33.0)" in r.stdout and "all 10 properties hold (quick profile" in r.stdout
     assert "node states flattened on every node" in r.stdout
+    # its next step reads the accepted token's state in place: no commit kernel of its own, and the line says so
+    assert "no commit checked: vllm.fused_sigmoid_gating_delta_rule_update offers none" in " ".join(r.stdout.split())
     r = run_cli("check-kernel", "--impl", "vllm", "--mode", "exact", pythonpath=ENGINES)
     assert r.returncode == 2 and "--mode exact: vllm.fused_sigmoid_gating_delta_rule_update offers only leaky" in r.stderr
 
