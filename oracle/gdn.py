@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ddsim.oracle._paths import check_mode, history, parent_rows
+from ddsim.oracle._shapes import qk_shape, state_shape
 
 F64 = torch.float64
 
@@ -26,12 +27,7 @@ def _step(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, be
 
 def _check(q, k, v, g, beta, initial_state):
     """The shapes; q None for a commit, which takes none (its messages then name k alone)."""
-    if q is None:
-        if k.dim() != 4:
-            raise ValueError(f"k: expected [B, T, H, K], got {tuple(k.shape)}")
-    elif q.dim() != 4 or k.shape != q.shape:
-        raise ValueError(f"q, k: expected equal shapes [B, T, H, K], got {tuple(q.shape)} and {tuple(k.shape)}")
-    B, T, H, K = k.shape
+    B, T, H, K = qk_shape(q, k)
     if v.dim() != 4 or v.shape[:2] != (B, T):
         raise ValueError(f"v: expected [B, T, HV, V] with B={B}, T={T}, got {tuple(v.shape)}")
     HV, V = v.shape[2], v.shape[3]
@@ -40,8 +36,7 @@ def _check(q, k, v, g, beta, initial_state):
     for name, x in (("g", g), ("beta", beta)):
         if tuple(x.shape) != (B, T, HV):
             raise ValueError(f"{name}: expected [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
-    if tuple(initial_state.shape) != (B, HV, K, V):
-        raise ValueError(f"initial_state: expected [B, HV, K, V] = {(B, HV, K, V)}, got {tuple(initial_state.shape)}")
+    state_shape(initial_state, (B, HV, K, V), "B, HV, K, V")
     return B, T, H, HV, K, V
 
 

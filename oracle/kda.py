@@ -12,27 +12,20 @@ from __future__ import annotations
 import torch
 
 from ddsim.oracle._paths import check_mode, history, parent_rows
+from ddsim.oracle._shapes import head_values, qk_shape, state_shape
 
 F64 = torch.float64
 
 
 def _check(q, k, v, g, beta, initial_state):
     """The shapes; q None for a commit, which takes none (its messages then name k alone)."""
-    if q is None:
-        if k.dim() != 4:
-            raise ValueError(f"k: expected [B, T, H, K], got {tuple(k.shape)}")
-    elif q.dim() != 4 or k.shape != q.shape:
-        raise ValueError(f"q, k: expected [B, T, H, K] each, got {tuple(q.shape)} and {tuple(k.shape)}")
-    Bn, T, H, K = k.shape
-    if v.dim() != 4 or tuple(v.shape[:3]) != (Bn, T, H):
-        raise ValueError(f"v: expected [B, T, H, V] with {(Bn, T, H)}, got {tuple(v.shape)}")
-    V = v.shape[3]
+    Bn, T, H, K = qk_shape(q, k)
+    V = head_values(v, Bn, T, H)
     if tuple(g.shape) != (Bn, T, H, K):
         raise ValueError(f"g: expected [B, T, H, K] = {(Bn, T, H, K)}, got {tuple(g.shape)}")
     if tuple(beta.shape) != (Bn, T, H):
         raise ValueError(f"beta: expected [B, T, H] = {(Bn, T, H)}, got {tuple(beta.shape)}")
-    if tuple(initial_state.shape) != (Bn, H, K, V):
-        raise ValueError(f"initial_state: expected [B, H, K, V] = {(Bn, H, K, V)}, got {tuple(initial_state.shape)}")
+    state_shape(initial_state, (Bn, H, K, V), "B, H, K, V")
     return Bn, T, H, K, V
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ddsim.oracle._paths import check_mode, history, parent_rows
+from ddsim.oracle._shapes import state_shape
 
 F64 = torch.float64
 
@@ -30,8 +31,7 @@ def _check(x, dt, A, B, C, initial_state):
         raise ValueError(f"B: expected [B, T, N] = {(Bn, T, N)}, got {tuple(B.shape)}")
     if C is not None and C.shape != B.shape:
         raise ValueError(f"C: expected the shape of B {tuple(B.shape)}, got {tuple(C.shape)}")
-    if tuple(initial_state.shape) != (Bn, I, N):
-        raise ValueError(f"initial_state: expected [B, I, N] = {(Bn, I, N)}, got {tuple(initial_state.shape)}")
+    state_shape(initial_state, (Bn, I, N), "B, I, N")
     return Bn, T, I, N
 
 

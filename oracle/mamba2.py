@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ddsim.oracle._paths import check_mode, history, parent_rows
+from ddsim.oracle._shapes import state_shape
 
 F64 = torch.float64
 
@@ -34,8 +35,7 @@ def _check(x, dt, A, B, C, initial_state):
         raise ValueError(f"B: H={H} heads is not a multiple of G={G} groups")
     if C is not None and C.shape != B.shape:
         raise ValueError(f"C: expected the shape of B {tuple(B.shape)}, got {tuple(C.shape)}")
-    if tuple(initial_state.shape) != (Bn, H, P, N):
-        raise ValueError(f"initial_state: expected [B, H, P, N] = {(Bn, H, P, N)}, got {tuple(initial_state.shape)}")
+    state_shape(initial_state, (Bn, H, P, N), "B, H, P, N")
     return Bn, T, H, P, G, N
 
 
