@@ -638,7 +638,7 @@ def _hung(out: Path, label: str, seconds: float) -> None:
 
 def _load_kernel(a):
     from ddsim.engines import load
-    return load(a.impl, convention=a.convention, commit=getattr(a, "commit", None))
+    return load(a.impl, convention=a.convention, commit=a.commit)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -242,8 +242,8 @@ def _commit_writes(commit, kept: torch.Tensor, inp: dict, device: str) -> dict:
         f = _layer_factor(l, L)
         pool[l * N:(l + 1) * N] = pool0 * f
         buf[l * M:(l + 1) * M] = kept * f
-    tables = {"slots": slots.to(device, copy=True), "rows": rows.to(device, copy=True),
-              "accepted": acc.to(device, copy=True)}
+    given = {"slots": slots, "rows": rows, "accepted": acc}
+    tables = {name: t.to(device, copy=True) for name, t in given.items()}  # the commit's own copies
     try:
         commit(pool=pool.view(L, N, *state), buffer=buf.view(L, M, P, *state), **tables)
         if pool.is_cuda:  # a fault of the commit's kernel surfaces here, as the commit's
@@ -256,7 +256,7 @@ def _commit_writes(commit, kept: torch.Tensor, inp: dict, device: str) -> dict:
     mine = torch.zeros(N, dtype=torch.bool)
     mine[slots[done].long()] = True
     r, a = rows.long().to(device), acc.long().clamp(min=0).to(device)
-    vals, copies = [], []
+    vals, copies, stray = [], [], []
     for l in range(L):
         f = _layer_factor(l, L)
         layer = pool[l * N:(l + 1) * N]
@@ -264,16 +264,14 @@ def _commit_writes(commit, kept: torch.Tensor, inp: dict, device: str) -> dict:
         written += [[l, s] for s in changed.nonzero().flatten().tolist()]
         vals.append(layer[slots.long().clamp(min=0).to(device)].cpu())
         copies.append((kept[r, a] * f).cpu())
-    for l in range(L):  # the buffer is only read
-        f = _layer_factor(l, L)
-        changed = (_bits(buf[l * M:(l + 1) * M]) != _bits(kept * f)).flatten(2).any(-1)  # [M, P]
-        written += [[l, m, t] for m, t in changed.nonzero().tolist()]
+        changed = (_bits(buf[l * M:(l + 1) * M]) != _bits(kept * f)).flatten(2).any(-1)  # [M, P]: the buffer is only read
+        stray += [[l, m, t] for m, t in changed.nonzero().tolist()]
+    written += stray  # the pool's entries first, then the buffer's
     # the guards: the slot before layer 0's first (0, -1) and after layer L-1's last (L-1, N); the buffer's rows alike
     for t, before, after in ((pool, [0, -1], [L - 1, N]), (buf, [0, -1, 0], [L - 1, M, 0])):
         ends, guard = beside(t), GUARD[t.element_size()]
         written += [at for end, at in zip(ends, (before, after)) if bool((_bits(end) != guard).any())]
-    tables_written = [name for name, v in tables.items()
-                      if not torch.equal(v.cpu(), {"slots": slots, "rows": rows, "accepted": acc}[name])]
+    tables_written = [name for name, v in tables.items() if not torch.equal(v.cpu(), given[name])]
     return {"commit_vals": torch.stack(vals), "commit_kept": torch.stack(copies), "commit_done": done,
             "commit_accepted": acc, "commit_layers": L, "commit_others_untouched": not written and not tables_written,
             "commit_written": written[:8], "commit_tables_written": tables_written}
@@ -446,9 +444,7 @@ def _commit_errors(r: dict) -> torch.Tensor:
     nothing)."""
     done, acc = r["commit_done"], r["commit_accepted"].long().clamp(min=0)
     ref = r["ref_states"][torch.arange(len(acc)), acc]  # [B, *state]
-    got = r["commit_vals"][-1]
-    err = (got.double() - ref.double()).abs().flatten(1).amax(-1)
-    err = torch.where(torch.isfinite(got.double()).flatten(1).all(-1), err, torch.inf)
+    err = _node_errors(r["commit_vals"][-1][:, None], ref[:, None])[:, 0]  # each committed state as one node's
     return torch.where(done, err, 0.0)
 
 

@@ -451,18 +451,25 @@ def node_layout(inp: dict, kind: str, seed: int) -> dict:
 INT32_OFFSETS = 2 ** 31
 
 
+# a model's layer of each op, every width at once: Qwen3.6-27B's GDN heads (16 key and 48 value heads of 128), Kimi
+# Linear's KDA heads (32 of 128), Nemotron-H-8B's Mamba2 heads (128 in 8 groups, P = 64, N = 128); and the elements
+# of one of its states
+MODEL_WIDTHS = {"gdn": dict(H=16, ratio=3, K=128, V=128), "kda": dict(H=32, K=128),
+                "mamba2": dict(G=8, ratio=16, P=64, N=128)}
+MODEL_STATE = {"gdn": 48 * 128 * 128, "kda": 32 * 128 * 128, "mamba2": 128 * 64 * 128}
+
+
+def _model_layer(op: str, **kw) -> dict:
+    """The op's example (gdn_case, kda_case, mamba2_case with ``kw``) at its model's widths (MODEL_WIDTHS)."""
+    return {"gdn": gdn_case, "kda": kda_case, "mamba2": mamba2_case}[op](**kw, **MODEL_WIDTHS[op])
+
+
 def wide_node_buffer(op: str, dtype=torch.float32) -> dict:
     """A model's layer at 2 x 65 whose node states lie past 2^31 elements into their buffer (the batch in its last
     two rows, 65 steps a row, as a server's buffer for 40-odd requests at budget 64 is): a kernel that computes the
     buffer's offsets in 32-bit integers writes, and reads its parents' states, elsewhere. Several GB: serving profile
     only (its buffer is allocated on the GPU)."""
-    common = dict(T=65, kind=("ddtree", 64, 8), B=2, pool_size=4, seed=130, dtype=dtype)
-    if op == "gdn":  # Qwen3.6-27B's heads
-        inp = gdn_case(**common, H=16, ratio=3, K=128, V=128)
-    elif op == "kda":  # Kimi Linear's
-        inp = kda_case(**common, H=32, K=128)
-    else:  # Nemotron-H-8B's
-        inp = mamba2_case(**common, G=8, ratio=16, P=64, N=128)
+    inp = _model_layer(op, T=65, kind=("ddtree", 64, 8), B=2, pool_size=4, seed=130, dtype=dtype)
     per_row = 65 * inp["initial_state"][0].numel()
     M = -(-INT32_OFFSETS // per_row) + 2  # the last row starts past 2^31 elements
     # its commit (where the kernel has one) copies this one layer: two would double a buffer of several GB
@@ -482,23 +489,15 @@ def wide_commit(op: str, dtype=torch.float32) -> dict:
     model's width): its pool [L, N, ...] and its kept states [L, M, 17, ...] sized so that the last layers' entries lie
     past 2^31 elements, where a commit that computes its offsets in 32-bit integers copies from, and into, other
     entries. About 22 GB: serving profile only (on the GPU)."""
-    common = dict(T=17, kind=("ddtree", 16, 8), B=2, seed=131, dtype=dtype)
-    L = MODEL_LAYERS[op]
-    if op == "gdn":  # Qwen3.6-27B's heads
-        per = 48 * 128 * 128
-        inp = gdn_case(**common, H=16, ratio=3, K=128, V=128, pool_size=-(-INT32_OFFSETS // ((L - 1) * per)) + 1)
-    elif op == "kda":  # Kimi Linear's
-        per = 32 * 128 * 128
-        inp = kda_case(**common, H=32, K=128, pool_size=-(-INT32_OFFSETS // ((L - 1) * per)) + 1)
-    else:  # Nemotron-H-8B's
-        per = 128 * 64 * 128
-        inp = mamba2_case(**common, G=8, ratio=16, P=64, N=128, pool_size=-(-INT32_OFFSETS // ((L - 1) * per)) + 1)
+    L, per = MODEL_LAYERS[op], MODEL_STATE[op]
+    N = -(-INT32_OFFSETS // ((L - 1) * per)) + 1  # the last layer's slots start past 2^31 elements
+    inp = _model_layer(op, T=17, kind=("ddtree", 16, 8), B=2, seed=131, dtype=dtype, pool_size=N)
     assert inp["initial_state"][0].numel() == per
-    M = -(-INT32_OFFSETS // ((L - 1) * 17 * per)) + 1  # the last layer's rows start past 2^31 elements
+    M = -(-INT32_OFFSETS // ((L - 1) * 17 * per)) + 1  # and the last layer's rows
     inp.update(node_rows=torch.tensor([M - 1, M - 2], dtype=torch.int32), node_buffer=(M, 17), node_layout="batch rows",
                commit_layers=L,
-               label=f"a commit of {L} layers past 2^31 elements: pools of {inp['pool'].shape[0]} slots, kept states in "
-                     f"rows {M - 1}, {M - 2} of {M} at 2 x 17")
+               label=f"a commit of {L} layers past 2^31 elements: pools of {N} slots, kept states in rows {M - 1}, "
+                     f"{M - 2} of {M} at 2 x 17")
     return inp
 
 
