@@ -368,6 +368,7 @@ def test_fused_variants_refuses_bad_counts_before_any_work():
     _refused_before_any_work("fused_variants.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
 
 
+@pytest.mark.slow  # a benchmark's kernel in Triton's interpreter (13 s)
 @pytest.mark.parametrize("B, T", [(1, 16), (2, 11)])
 def test_the_transposed_form_fused_variants_times_matches_the_oracle(B, T):
     """fused_variants.py's transposed kernel (the one-kernel form on the transposes, its state the products' first
@@ -637,6 +638,7 @@ def test_paths_ablation_refuses_bad_options_before_any_work():
                              "kernels, root first, two kernels + decay deferred)")
 
 
+@pytest.mark.slow  # a benchmark's kernels in Triton's interpreter (16 s)
 def test_paths_ablations_changed_forms_compute_the_kernels_output_and_its_cuts_find_their_lines():
     """benchmarks/paths_ablation.py's copies of the paths and serial kernels, run by Triton's interpreter on a batch of
     two trees into SGLang's buffer at rows of its own: each changed form (no "cut" in its name, at each of its V tiles

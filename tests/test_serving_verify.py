@@ -530,7 +530,8 @@ def test_a_blocks_last_residual_add_left_to_the_next_norm_changes_no_bit(preset,
                                     if getattr(a, f) is not None)
 
 
-@pytest.mark.parametrize("preset", ["micro", "micro-lfm2"])
+# the GDN model's WY kernels in the interpreter take 20 s: slow; the LFM2 model's conv and attention tables stay here
+@pytest.mark.parametrize("preset", [pytest.param("micro", marks=pytest.mark.slow), "micro-lfm2"])
 def test_the_tables_built_on_the_device_give_the_host_tables_verify(preset, monkeypatch):
     """graphs.DEVICE_TABLES: a serving key builds its exact tables (ancestor mask, root paths, conv sources) and the
     attention mask in the graph from the copied parents (gpu_backend.triton_tables, here in Triton's interpreter,

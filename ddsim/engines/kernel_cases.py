@@ -192,7 +192,7 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
               gdn_case(T=9, kind="random", B=2, burst=48, seed=seed + 98, dtype=dtype, label="burst of 48 calls")]
     # every dimension at once, as a server's layer calls it (an engine may pick another configuration, or grid, only
     # there): Qwen3.6-27B's heads (16 key heads, 48 value heads of 128) at 8 x 65 and 32 x 17
-    cases += [gdn_case(T=T, kind=("ddtree", T - 1, 8), B=B, H=16, ratio=3, K=128, V=128, pool_size=2 * B + 3,
+    cases += [gdn_case(T=T, kind=("ddtree", T - 1, 8), B=B, pool_size=2 * B + 3, **MODEL_WIDTHS["gdn"],
                        seed=seed + 110 + i, dtype=dtype, label=f"Qwen3.6-27B's layer at {B} x {T}, every dimension at once")
               for i, (B, T) in enumerate(((8, 65), (32, 17)))]
     return cases
@@ -298,7 +298,7 @@ def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
                              dtype=dtype, label="burst of 24 calls at 8 x 65"))
     # every dimension at once (the tree at budget 32: the oracle replays each leaky node's batch-order history):
     # Nemotron-H-8B's 128 heads in 8 groups, P = 64, N = 128, at 8 x 33
-    cases.append(mamba2_case(T=33, kind=("ddtree", 32, 8), B=8, G=8, ratio=16, P=64, N=128, pool_size=19,
+    cases.append(mamba2_case(T=33, kind=("ddtree", 32, 8), B=8, pool_size=19, **MODEL_WIDTHS["mamba2"],
                              seed=seed + 95, dtype=dtype, label="Nemotron-H-8B's layer at 8 x 33, every dimension at once"))
     return cases
 
