@@ -537,6 +537,10 @@ def cmd_check_kernel(a, console) -> int:
     for dim, vals in result.coverage.items():
         cov.add_row(dim, ", ".join(map(str, vals)) if isinstance(vals, list) else f"{vals:.3g}")
     console.print(cov)
+    if result.lost_at is not None:  # nothing after a device fault ran: said, with what was left
+        left = f"the {len(result.unchecked)} serving examples after it and " if result.unchecked else ""
+        print(f"a fault at {result.lost_at} ended the device's CUDA context: {left}every drawn input after it not run "
+              f"(named in {out})")
     if digest:
         console.print(f"kernel source {source} sha256 {digest[:16]}…")
     commits = kernel.commits(a.op, a.mode)

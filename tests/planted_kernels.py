@@ -188,6 +188,26 @@ def hangs_past_128_nodes(q, k, v, g, beta, *, parents, initial_state, state_indi
                    mode=mode, scale=scale)
 
 
+class Fault:
+    """A planted device fault's state: once a kernel has faulted, every later call raises (a real fault ends the
+    process's CUDA context); tests stand ``lost`` in for check_kernel's context check."""
+    hit = False
+    ECHO = "CUDA error: an illegal memory access was encountered"
+
+    @classmethod
+    def lost(cls, device) -> bool:
+        return cls.hit
+
+
+def faults_past_64_nodes(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    """Right up to 64 nodes; past that an illegal address, and every call after it raises its echo."""
+    if Fault.hit or q.shape[1] > 64:
+        Fault.hit = True
+        raise RuntimeError(Fault.ECHO)
+    return _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices,
+                   mode=mode, scale=scale)
+
+
 # ---- KDA verifies (ddsim's kda_tree_verify signature), each wrong in one way --------------------------------
 
 def kda_decay_per_head(q, k, v, g, beta, *, parents, initial_state, mode="exact"):

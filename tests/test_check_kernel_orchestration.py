@@ -767,3 +767,110 @@ def test_a_committed_state_at_its_bound_holds_and_a_windows_commit_keeps_its_dty
     windows = {**inp, "pool": inp["pool"].to(torch.bfloat16)}
     w = ck._commit_writes(_copy_commit, kept.to(torch.bfloat16), windows, "cpu")
     assert w["commit_vals"].dtype == w["commit_kept"].dtype == torch.bfloat16 and w["commit_others_untouched"]
+
+
+
+def _faulting(monkeypatch):
+    """tests.planted_kernels' Fault, not yet hit, standing in for check_kernel's context check."""
+    from tests import planted_kernels
+    monkeypatch.setattr(planted_kernels.Fault, "hit", False)
+    monkeypatch.setattr(ck, "_device_lost", planted_kernels.Fault.lost)
+    return planted_kernels.Fault
+
+
+def _counted(kernel, calls: list):
+    """``kernel`` whose verify appends each call's node count to ``calls``."""
+    import dataclasses
+    return dataclasses.replace(kernel, verify=lambda *a, **kw: calls.append(a[0].shape[1]) or kernel.verify(*a, **kw))
+
+
+def test_after_a_fault_ends_the_context_nothing_runs_and_the_rest_is_named_unchecked(monkeypatch, tmp_path):
+    """A fault that ends the device's CUDA context (every later call raises its echo) fails every property with the
+    faulting example's line; the explicit examples after it are not run but listed, the coverage counts only those run,
+    no drawn input is searched (its raise would be the fault's echo, not the kernel's answer), and the JSON says
+    where the context ended and what was not run."""
+    import json
+
+    from ddsim.engines import kernel_cases
+    fault, calls = _faulting(monkeypatch), []
+    res = ck.check(_counted(_load("tests.planted_kernels:faults_past_64_nodes"), calls), mode="exact", max_examples=5)
+    cases = kernel_cases.cases("gdn", "quick", torch.float32)
+    labels = [c["label"] for c in cases]
+    at = next(i for i, c in enumerate(cases) if c["trees"][0].size == 129)
+    assert 0 < at < len(labels) - 1  # examples before and after the fault
+    assert res.lost_at == f"serving example [{labels[at]}]" and res.unchecked == labels[at + 1:]
+    assert res.examples == at + 1 and calls[-1] == 129 and 129 not in calls[:-1]  # nothing ran after the fault
+    assert res.coverage["tree"] == sorted({kernel_cases.describe(c)["tree"] for c in cases[:at + 1]})
+    assert res.coverage["nodes"] == sorted({c["trees"][0].size for c in cases[:at + 1]})
+    want = (f"{res.lost_at}: the kernel raised RuntimeError: {fault.ECHO}; no drawn input searched, nor the "
+            f"{len(labels) - at - 1} serving examples after it run: a fault at {res.lost_at} ended the device's CUDA "
+            "context")
+    assert [r.detail for r in res] == [want] * len(res.properties) == [want] * 7 and not any(r.holds for r in res)
+    assert all(r.counterexample["example"] == labels[at] for r in res)
+    out = tmp_path / "check.json"
+    ck.write_result(res, out, kernel={"name": "faults"})
+    doc = json.loads(out.read_text())
+    assert doc["context_lost_at"] == res.lost_at and doc["unchecked_examples"] == labels[at + 1:] and not doc["holds"]
+    assert doc["explicit_examples"] == at + 1
+    fault.hit = False  # a run without a fault says so in its JSON too
+    ck.write_result(ck.check(_load("ddsim"), mode="exact", max_examples=1), out, kernel={"name": "ddsim"})
+    doc = json.loads(out.read_text())
+    assert doc["context_lost_at"] is None and doc["unchecked_examples"] == [] and doc["holds"]
+
+
+def test_a_fault_on_a_drawn_input_stops_the_search_and_a_leak_unseen_before_a_fault_fails_as_not_searched(monkeypatch):
+    """Past the explicit examples: the property whose drawn input faulted says the kernel raised there, the ones after
+    it are not searched (said so, never run on the fault's echo). In leaky mode the leak seen on a serving example
+    before a fault holds; one never seen fails as not searched, not as "never differed"."""
+    import dataclasses
+
+    from ddsim.engines import kernel_cases
+    fault = _faulting(monkeypatch)
+    drawn = []
+    describe = kernel_cases.describe
+    monkeypatch.setattr(kernel_cases, "describe", lambda inp, commit=False: drawn.append("label" not in inp)
+                        or describe(inp, commit))
+    ddsim_kernel = _load("ddsim")
+
+    def faults_on_drawn_inputs(*a, **kw):
+        if fault.hit or drawn[-1]:
+            fault.hit = True
+            raise RuntimeError(fault.ECHO)
+        return ddsim_kernel.verify(*a, **kw)
+    res = ck.check(dataclasses.replace(ddsim_kernel, verify=faults_on_drawn_inputs), mode="exact", max_examples=3)
+    first, *rest = res.properties
+    assert res.lost_at == f"a drawn input of property {first.name!r}" and res.unchecked == [] and res.examples == 8
+    assert first.detail == f"the kernel raised RuntimeError: {fault.ECHO} on a drawn input" and len(rest) == 6
+    assert [r.detail for r in rest] == [f"no drawn input searched: a fault at {res.lost_at} ended the device's CUDA "
+                                        "context"] * 6 and not any(r.holds for r in res)
+    fault.hit = False
+    leaky = {r.name: r for r in ck.check(_load("tests.planted_kernels:faults_past_64_nodes"), mode="leaky",
+                                         max_examples=3)}
+    assert leaky["leaks off order-exact nodes"].holds and not leaky["flattened semantics on every node"].holds
+    fault.hit = True  # faults from the first call: no leak seen
+    leaky = ck.check(_load("tests.planted_kernels:faults_past_64_nodes"), mode="leaky", max_examples=3)
+    assert leaky.unchecked and leaky.properties[-1].name == "leaks off order-exact nodes"
+    assert leaky.properties[-1].detail == (f"no leak seen before the fault; no drawn input searched, nor the "
+                                           f"{len(leaky.unchecked)} serving examples after it run: a fault at "
+                                           f"{leaky.lost_at} ended the device's CUDA context")
+    assert not leaky.properties[-1].holds
+
+
+def test_the_command_line_says_where_the_context_ended_and_what_was_not_run(monkeypatch, capsys, tmp_path):
+    from ddsim import cli
+    fault = _faulting(monkeypatch)
+    out = tmp_path / "ck.json"
+    assert cli.main(["check-kernel", "--impl", "tests.planted_kernels:faults_past_64_nodes", "--convention", "ddsim",
+                     "--mode", "exact", "--max-examples", "2", "--out", str(out)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    at = next(line for line in lines if line.startswith("a fault at"))
+    assert fault.hit and at == ("a fault at serving example [ddtree budget 128 top-k 4 T=129 B=1 H=1 HV=1 K=16 V=16 "
+                                "gates mixed pool shuffled float32] ended the device's CUDA context: the 6 serving "
+                                f"examples after it and every drawn input after it not run (named in {out})")
+    assert lines[-1] == f"7 of 7 properties failed; counterexamples in {out}"
+    fault.hit = False  # a fault on a drawn input: no serving example left unrun
+    lost = ck.CheckResult([ck.PropertyResult("p", False, "x")], "quick", 8, {"nodes": [17]}, "a drawn input of property 'p'")
+    monkeypatch.setattr(ck, "check", lambda *a, **kw: lost)
+    assert cli.main(["check-kernel", "--impl", "ddsim", "--mode", "exact", "--max-examples", "2", "--out", str(out)]) == 1
+    assert ("a fault at a drawn input of property 'p' ended the device's CUDA context: every drawn input after it not "
+            f"run (named in {out})") in capsys.readouterr().out.splitlines()

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -80,6 +80,10 @@ class CheckResult:
     profile: str
     examples: int  # explicit examples run
     coverage: dict  # dimension -> sorted values seen (explicit and drawn examples)
+    # where a fault ended the device's CUDA context (an explicit example's label, or "a drawn input of <property>"),
+    # and the explicit examples never run after it: nothing after a fault can be checked in the process
+    lost_at: str | None = None
+    unchecked: list[str] = field(default_factory=list)
 
     def __iter__(self):  # the properties, as the older list result was read
         return iter(self.properties)
@@ -211,10 +215,15 @@ def _context_lost(device) -> bool:
         return True
 
 
+def _device_lost(device) -> bool:
+    """Whether ``device`` is a CUDA device whose context a fault has ended (never a CPU)."""
+    return torch.device(device).type == "cuda" and _context_lost(device)
+
+
 def _raise_if_context_lost(e: Exception, device) -> None:
     """Raise CommitFault, naming the commit's error ``e``, where ``e`` ended ``device``'s CUDA context (the example then
     fails every property with that line, not with the next call's echo of the fault); else return."""
-    if torch.device(device).type == "cuda" and _context_lost(device):
+    if _device_lost(device):
         raise CommitFault(f"the commit faulted ({type(e).__name__}: {_short(e, 200)}), which ends the device's CUDA "
                           "context: nothing after it can be checked") from None
 
@@ -725,8 +734,13 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     explicit = kernel_cases.cases(op, profile, dtype, pads=op in kernel.pads, nodes=nodes, commit=commit is not None,
                                   **extra)
     import threading
+    lost = None  # where a fault ended the device's CUDA context: every call after it raises, so nothing is run after
+    unchecked = []  # the explicit examples not run for that
     with poisoned():  # ddsim's own kernels (the ddsim adapter) NaN-fill their outputs here too
         for inp in explicit:
+            if lost is not None:
+                unchecked.append(inp["label"])
+                continue
             described.append(kernel_cases.describe(inp, commit is not None))
             watchdog = None
             if example_timeout is not None and on_hang is not None:
@@ -739,6 +753,8 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                 for name in props:
                     failed.setdefault(name, {"property": name, "example": inp["label"], "error": f"{type(e).__name__}: "
                                                                                                f"{_short(e, 300)}"})
+                if _device_lost(device):
+                    lost = f"serving example [{inp['label']}]"
                 continue
             finally:
                 if watchdog is not None:
@@ -761,8 +777,16 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
             ran[key] = runner.run(inp)
         return ran[key]
 
+    def not_searched() -> str:  # the line of a property whose drawn search a lost context prevents
+        after = f", nor the {len(unchecked)} serving examples after it run" if unchecked else ""
+        return f"no drawn input searched{after}: a fault at {lost} ended the device's CUDA context"
+
     for name, pred in props.items():
         explicit_ce = failed.get(name)
+        if lost is not None:  # every call would raise the fault's echo: not searched, and said so
+            results.append(PropertyResult(name, False, (f"{_where(explicit_ce)}; " if explicit_ce else "")
+                                          + not_searched(), explicit_ce))
+            continue
         try:
             with poisoned():
                 bad = find(strategy, lambda inp, pred=pred: not pred(run_drawn(inp)), settings=cfg)
@@ -775,6 +799,8 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
             continue
         except Exception as e:  # the kernel raised on a drawn input: after a serving example's failure, that comes first
             drawn_line = f"the kernel raised {type(e).__name__}: {_short(e, 300)} on a drawn input"
+            if _device_lost(device):
+                lost = f"a drawn input of property {name!r}"
             results.append(PropertyResult(name, False, drawn_line if explicit_ce is None else
                                           f"{_where(explicit_ce)}; then {drawn_line}", explicit_ce))
             continue
@@ -787,6 +813,9 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
         # the leak must be there: some non-order-exact node differs from the exact output
         if leak_seen is not None:
             results.append(PropertyResult("leaks off order-exact nodes", True, f"e.g. serving example [{leak_seen}]"))
+        elif lost is not None:
+            results.append(PropertyResult("leaks off order-exact nodes", False, "no leak seen before the fault; "
+                                          + not_searched()))
         else:
             try:
                 with poisoned():
@@ -796,7 +825,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
             except NoSuchExample:
                 results.append(PropertyResult("leaks off order-exact nodes", False,
                                               "never differed from exact verification: not the flattened path"))
-    return CheckResult(results, profile, len(explicit), _coverage(described + drawn))
+    return CheckResult(results, profile, len(explicit) - len(unchecked), _coverage(described + drawn), lost, unchecked)
 
 
 def write_result(result: CheckResult, path: Path, *, kernel: dict) -> None:
@@ -805,5 +834,6 @@ def write_result(result: CheckResult, path: Path, *, kernel: dict) -> None:
     failing = [r.counterexample for r in result.properties if r.counterexample is not None]
     doc = {"kernel": kernel, "profile": result.profile, "explicit_examples": result.examples,
            "properties": [{"name": r.name, "holds": r.holds, "detail": r.detail} for r in result.properties],
-           "holds": all(r.holds for r in result.properties), "coverage": result.coverage, "counterexamples": failing}
+           "holds": all(r.holds for r in result.properties), "coverage": result.coverage, "counterexamples": failing,
+           "context_lost_at": result.lost_at, "unchecked_examples": result.unchecked}
     write_atomic({path: json.dumps(doc, indent=1) + "\n"})
