@@ -208,6 +208,27 @@ def faults_past_64_nodes(q, k, v, g, beta, *, parents, initial_state, state_indi
                    mode=mode, scale=scale)
 
 
+def faults_on_the_device_past_64_nodes(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact",
+                                       scale=None):
+    """On a GPU, right up to 64 nodes; past that a store 2^40 bytes past q (an illegal address, which ends the
+    process's CUDA context). Elsewhere right everywhere."""
+    if q.is_cuda and q.shape[1] > 64:
+        _stray_store()[(1,)](q, 1 << 40)
+        torch.cuda.synchronize(q.device)
+    return _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices,
+                   mode=mode, scale=scale)
+
+
+def _stray_store():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def stray_store(ptr, offset):
+        tl.store(ptr + offset, 0.0)
+    return stray_store
+
+
 # ---- KDA verifies (ddsim's kda_tree_verify signature), each wrong in one way --------------------------------
 
 def kda_decay_per_head(q, k, v, g, beta, *, parents, initial_state, mode="exact"):

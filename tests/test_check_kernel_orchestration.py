@@ -874,3 +874,28 @@ def test_the_command_line_says_where_the_context_ended_and_what_was_not_run(monk
     assert cli.main(["check-kernel", "--impl", "ddsim", "--mode", "exact", "--max-examples", "2", "--out", str(out)]) == 1
     assert ("a fault at a drawn input of property 'p' ended the device's CUDA context: every drawn input after it not "
             f"run (named in {out})") in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a device fault needs a GPU")
+def test_a_real_device_fault_ends_the_run_and_names_what_was_not_run(tmp_path):
+    """On a GPU (the command line in a fresh interpreter: the fault ends its CUDA context): a verify that stores to an
+    illegal address on the 129-node example fails every property there, and the examples after it are named as not
+    run, in the terminal and the JSON."""
+    import json
+
+    from ddsim.engines import kernel_cases
+    from tests.conftest import run_cli
+    out = tmp_path / "ck.json"
+    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:faults_on_the_device_past_64_nodes", "--convention",
+                "ddsim", "--mode", "exact", "--device", "cuda", "--profile", "quick", "--max-examples", "2", "--out",
+                out)
+    assert r.returncode == 1, r.stderr
+    labels = [c["label"] for c in kernel_cases.cases("gdn", "quick", torch.float32)]
+    at = next(i for i, c in enumerate(kernel_cases.cases("gdn", "quick", torch.float32)) if c["trees"][0].size == 129)
+    doc = json.loads(out.read_text())
+    assert doc["context_lost_at"] == f"serving example [{labels[at]}]" and doc["unchecked_examples"] == labels[at + 1:]
+    assert not any(p["holds"] for p in doc["properties"]) and doc["explicit_examples"] == at + 1
+    assert all("illegal memory access" in p["detail"] and p["detail"].endswith("ended the device's CUDA context")
+               for p in doc["properties"])
+    assert (f"a fault at serving example [{labels[at]}] ended the device's CUDA context: the {len(labels) - at - 1} "
+            f"serving examples after it and every drawn input after it not run (named in {out})") in r.stdout
