@@ -861,7 +861,7 @@ def test_the_command_line_says_where_the_context_ended_and_what_was_not_run(monk
     fault = _faulting(monkeypatch)
     out = tmp_path / "ck.json"
     assert cli.main(["check-kernel", "--impl", "tests.planted_kernels:faults_past_64_nodes", "--convention", "ddsim",
-                     "--mode", "exact", "--max-examples", "2", "--out", str(out)]) == 1
+                     "--mode", "exact", "--device", "cpu", "--max-examples", "2", "--out", str(out)]) == 1
     lines = capsys.readouterr().out.splitlines()
     at = next(line for line in lines if line.startswith("a fault at"))
     assert fault.hit and at == ("a fault at serving example [ddtree budget 128 top-k 4 T=129 B=1 H=1 HV=1 K=16 V=16 "
@@ -871,7 +871,8 @@ def test_the_command_line_says_where_the_context_ended_and_what_was_not_run(monk
     fault.hit = False  # a fault on a drawn input: no serving example left unrun
     lost = ck.CheckResult([ck.PropertyResult("p", False, "x")], "quick", 8, {"nodes": [17]}, "a drawn input of property 'p'")
     monkeypatch.setattr(ck, "check", lambda *a, **kw: lost)
-    assert cli.main(["check-kernel", "--impl", "ddsim", "--mode", "exact", "--max-examples", "2", "--out", str(out)]) == 1
+    assert cli.main(["check-kernel", "--impl", "ddsim", "--mode", "exact", "--device", "cpu", "--max-examples", "2",
+                     "--out", str(out)]) == 1
     assert ("a fault at a drawn input of property 'p' ended the device's CUDA context: every drawn input after it not "
             f"run (named in {out})") in capsys.readouterr().out.splitlines()
 
