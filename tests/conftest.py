@@ -6,9 +6,6 @@ import sys
 import pytest
 
 FAST_AUDIT = ["--preset", "micro", "--budget", "4,8", "--steps", "3", "--seed", "5"]
-# the session's own TRITON_INTERPRET (the root conftest sets it without a GPU), before any test runs: a command line
-# run in process on the CPU sets it in os.environ for good, and a fresh interpreter must not inherit that on a GPU
-_TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET")
 
 
 def run_cli(*args, cwd=None, timeout=600, pythonpath=None, fork=None):
@@ -25,9 +22,6 @@ def run_cli(*args, cwd=None, timeout=600, pythonpath=None, fork=None):
     fork = fork and not _cuda_present()
     if not fork:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
-        env.pop("TRITON_INTERPRET", None)
-        if _TRITON_INTERPRET is not None:
-            env["TRITON_INTERPRET"] = _TRITON_INTERPRET
         if pythonpath is not None:
             env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
         return subprocess.run([sys.executable, "-m", "ddsim.cli", *map(str, args)], capture_output=True, text=True,

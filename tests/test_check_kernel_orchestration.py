@@ -859,6 +859,9 @@ def test_a_fault_on_a_drawn_input_stops_the_search_and_a_leak_unseen_before_a_fa
 def test_the_command_line_says_where_the_context_ended_and_what_was_not_run(monkeypatch, capsys, tmp_path):
     from ddsim import cli
     fault = _faulting(monkeypatch)
+    # --device cpu sets TRITON_INTERPRET in os.environ for good (as the command line must, before triton's import):
+    # set here, so that it is gone after this test on a GPU machine, where a later command line would inherit it
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     out = tmp_path / "ck.json"
     assert cli.main(["check-kernel", "--impl", "tests.planted_kernels:faults_past_64_nodes", "--convention", "ddsim",
                      "--mode", "exact", "--device", "cpu", "--max-examples", "2", "--out", str(out)]) == 1
