@@ -805,7 +805,8 @@ def test_after_a_fault_ends_the_context_nothing_runs_and_the_rest_is_named_unche
     want = (f"{res.lost_at}: the kernel raised RuntimeError: {fault.ECHO}; no drawn input searched, nor the "
             f"{len(labels) - at - 1} serving examples after it run: a fault at {res.lost_at} ended the device's CUDA "
             "context")
-    assert [r.detail for r in res] == [want] * len(res.properties) == [want] * 7 and not any(r.holds for r in res)
+    assert [r.detail for r in res] == [want] * len(res.properties) == [want] * 7
+    assert [r.holds for r in res] == [False] * 7 and res.profile == "quick"
     assert all(r.counterexample["example"] == labels[at] for r in res)
     out = tmp_path / "check.json"
     ck.write_result(res, out, kernel={"name": "faults"})
@@ -842,7 +843,7 @@ def test_a_fault_on_a_drawn_input_stops_the_search_and_a_leak_unseen_before_a_fa
     assert res.lost_at == f"a drawn input of property {first.name!r}" and res.unchecked == [] and res.examples == 8
     assert first.detail == f"the kernel raised RuntimeError: {fault.ECHO} on a drawn input" and len(rest) == 6
     assert [r.detail for r in rest] == [f"no drawn input searched: a fault at {res.lost_at} ended the device's CUDA "
-                                        "context"] * 6 and not any(r.holds for r in res)
+                                        "context"] * 6 and [r.holds for r in res] == [False] * 7
     fault.hit = False
     leaky = {r.name: r for r in ck.check(_load("tests.planted_kernels:faults_past_64_nodes"), mode="leaky",
                                          max_examples=3)}
@@ -853,7 +854,7 @@ def test_a_fault_on_a_drawn_input_stops_the_search_and_a_leak_unseen_before_a_fa
     assert leaky.properties[-1].detail == (f"no leak seen before the fault; no drawn input searched, nor the "
                                            f"{len(leaky.unchecked)} serving examples after it run: a fault at "
                                            f"{leaky.lost_at} ended the device's CUDA context")
-    assert not leaky.properties[-1].holds
+    assert leaky.properties[-1].holds is False
 
 
 def test_the_command_line_says_where_the_context_ended_and_what_was_not_run(monkeypatch, capsys, tmp_path):
