@@ -414,8 +414,13 @@ def resolve_state(initial_state, state_indices, B: int, pads: bool = False):
     idx = pool_slots(initial_state, state_indices, B, "initial_state", "states", pads).long()
     if not getattr(state_indices, "padded", 0):
         return initial_state[idx]
-    live = (idx >= 0).view(-1, *[1] * (initial_state.dim() - 1))
-    return torch.where(live, initial_state[idx.clamp(min=0)], 0.0)
+    return live_rows(initial_state, idx)
+
+
+def live_rows(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """pool's rows idx [B] (int64, checked), a padded row's (-1) zero: [B, *pool.shape[1:]]."""
+    live = (idx >= 0).view(-1, *[1] * (pool.dim() - 1))
+    return torch.where(live, pool.index_select(0, idx.clamp(min=0)), 0.0)
 
 
 def resolve_window(initial_window, state_indices, B: int):

@@ -130,9 +130,7 @@ def _state_view(pool, slots, B):
     if pool.dtype == torch.float32 and pool.dim() == 4 and pool.is_contiguous():
         return pool.transpose(-1, -2), slots, None
     idx = checks.pool_slots(pool, slots, B, "initial_state_source", "states", pads=True).long()
-    rows = pool.index_select(0, idx.clamp(min=0)).transpose(-1, -2).float()
-    live = (idx >= 0).view(-1, 1, 1, 1)
-    return torch.where(live, rows, 0.0).contiguous(), None, idx
+    return checks.live_rows(pool, idx).transpose(-1, -2).float().contiguous(), None, idx
 
 
 def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
