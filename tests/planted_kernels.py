@@ -210,7 +210,7 @@ def faults_past_64_nodes(q, k, v, g, beta, *, parents, initial_state, state_indi
 
 def faults_on_the_device_past_64_nodes(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact",
                                        scale=None):
-    """On a GPU, right up to 64 nodes; past that a store 2^40 bytes past q (an illegal address, which ends the
+    """On a GPU, right up to 64 nodes; past that a store 2^40 elements past q (an illegal address, which ends the
     process's CUDA context). Elsewhere right everywhere."""
     if q.is_cuda and q.shape[1] > 64:
         _stray_store()[(1,)](q, 1 << 40)
