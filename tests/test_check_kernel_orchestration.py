@@ -778,6 +778,13 @@ def _faulting(monkeypatch):
     return planted_kernels.Fault
 
 
+def _quick_gdn_past_64():
+    """The quick profile's GDN examples (float32) and the index of its 129-node one, where the planted faults strike."""
+    from ddsim.engines import kernel_cases
+    cases = kernel_cases.cases("gdn", "quick", torch.float32)
+    return cases, next(i for i, c in enumerate(cases) if c["trees"][0].size == 129)
+
+
 def _counted(kernel, calls: list):
     """``kernel`` whose verify appends each call's node count to ``calls``."""
     import dataclasses
@@ -794,9 +801,8 @@ def test_after_a_fault_ends_the_context_nothing_runs_and_the_rest_is_named_unche
     from ddsim.engines import kernel_cases
     fault, calls = _faulting(monkeypatch), []
     res = ck.check(_counted(_load("tests.planted_kernels:faults_past_64_nodes"), calls), mode="exact", max_examples=5)
-    cases = kernel_cases.cases("gdn", "quick", torch.float32)
+    cases, at = _quick_gdn_past_64()
     labels = [c["label"] for c in cases]
-    at = next(i for i, c in enumerate(cases) if c["trees"][0].size == 129)
     assert 0 < at < len(labels) - 1  # examples before and after the fault
     assert res.lost_at == f"serving example [{labels[at]}]" and res.unchecked == labels[at + 1:]
     assert res.examples == at + 1 and calls[-1] == 129 and 129 not in calls[:-1]  # nothing ran after the fault
@@ -888,15 +894,14 @@ def test_a_real_device_fault_ends_the_run_and_names_what_was_not_run(tmp_path):
     run, in the terminal and the JSON."""
     import json
 
-    from ddsim.engines import kernel_cases
     from tests.conftest import run_cli
     out = tmp_path / "ck.json"
     r = run_cli("check-kernel", "--impl", "tests.planted_kernels:faults_on_the_device_past_64_nodes", "--convention",
                 "ddsim", "--mode", "exact", "--device", "cuda", "--profile", "quick", "--max-examples", "2", "--out",
                 out)
     assert r.returncode == 1, r.stderr
-    labels = [c["label"] for c in kernel_cases.cases("gdn", "quick", torch.float32)]
-    at = next(i for i, c in enumerate(kernel_cases.cases("gdn", "quick", torch.float32)) if c["trees"][0].size == 129)
+    cases, at = _quick_gdn_past_64()
+    labels = [c["label"] for c in cases]
     doc = json.loads(out.read_text())
     assert doc["context_lost_at"] == f"serving example [{labels[at]}]" and doc["unchecked_examples"] == labels[at + 1:]
     assert not any(p["holds"] for p in doc["properties"]) and doc["explicit_examples"] == at + 1
