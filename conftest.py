@@ -24,6 +24,12 @@ load()
 configure()  # in-process tests run as the command line does: OMP_NUM_THREADS, else one thread
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``interpreter`` (Triton kernels on CPU tensors) are skipped where Triton compiles for a GPU."""
+    from tests.interpreter_mark import interpreting, skip_where_compiled
+    skip_where_compiled(items, interpreting=interpreting())
+
+
 @pytest.fixture(autouse=True)
 def _seeded_per_test(request):
     """Each test starts from global random state fixed by its own name, not by the tests that ran before it

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 DATA = Path(__file__).with_name("data")
-SETTINGS = dict(preset="micro", budgets=[24, 32], steps=4, seed=5)
+SETTINGS = dict(preset="micro", budgets=[24, 32], steps=4, seed=5, device="cpu")  # CPU audits wherever made
 KINDS = ("leak", "inert")
 
 

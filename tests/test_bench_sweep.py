@@ -85,6 +85,7 @@ def test_flop_floors_count_the_designs_arithmetic():
     assert "commit" not in f and "copy" not in f
 
 
+@pytest.mark.interpreter
 def test_a_real_mamba2_plan_runs_through_the_sweep():
     from ddsim.bench.bench import ddtree_batch
     from ddsim.gpu_backend.triton_mamba2 import plan_ssd
@@ -368,6 +369,7 @@ def test_fused_variants_refuses_bad_counts_before_any_work():
     _refused_before_any_work("fused_variants.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
 
 
+@pytest.mark.interpreter
 @pytest.mark.slow  # a benchmark's kernel in Triton's interpreter (13 s)
 @pytest.mark.parametrize("B, T", [(1, 16), (2, 11)])
 def test_the_transposed_form_fused_variants_times_matches_the_oracle(B, T):
@@ -441,6 +443,7 @@ def test_state_reads_refuses_bad_options_before_any_work():
                              "--block-v '48': expected a comma-separated list from [16, 32, 64, 128]")
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("bv", [64, 32])
 def test_each_read_state_reads_times_reads_the_slots_state(monkeypatch, bv):
     """state_reads.py's kernels, run by Triton's interpreter on a smaller pool (4 value heads): each program folds
@@ -465,6 +468,7 @@ def test_each_read_state_reads_times_reads_the_slots_state(monkeypatch, bv):
         torch.testing.assert_close(out, pool[2].sum(1), rtol=0, atol=1e-4, msg=name)
 
 
+@pytest.mark.interpreter
 def test_captured_launch_gives_the_one_launch_a_plan_binds_and_refuses_none_or_several():
     """bench.captured_launch: plan_wy's result with the grid and keyword arguments of the launch it bound (bind as
     before, restored after), and a RuntimeError where fn binds no launch or more than one."""
@@ -638,6 +642,7 @@ def test_paths_ablation_refuses_bad_options_before_any_work():
                              "kernels, root first, two kernels + decay deferred)")
 
 
+@pytest.mark.interpreter
 @pytest.mark.slow  # a benchmark's kernels in Triton's interpreter (16 s)
 def test_paths_ablations_changed_forms_compute_the_kernels_output_and_its_cuts_find_their_lines():
     """benchmarks/paths_ablation.py's copies of the paths and serial kernels, run by Triton's interpreter on a batch of

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import one_line_error, run_cli
+from tests.cli_runs import one_line_error, run_cli
 
 ENGINES = Path(__file__).resolve().parents[1] / ".engines"
 pytestmark = pytest.mark.slow  # `make test-slow` (kernels in Triton's interpreter at the quick profile's serving shapes)
@@ -343,7 +343,7 @@ def test_an_engine_kernel_in_the_whole_model_audit(tmp_path, report):
     """`--fast-path` runs an engine's kernel in every GDN layer: a kernel with a wrong gate sign makes
     the exact path's logits wrong, and the gate says so through the exact-path rules; the report
     names the kernel and the hash of its source."""
-    from tests.conftest import FAST_AUDIT
+    from tests.cli_runs import FAST_AUDIT
     out = tmp_path / "planted"
     r = run_cli("audit", *FAST_AUDIT, "--fast-path", "tests.planted_kernels:wrong_gate_sign", "--convention", "ddsim",
                 "--out", out)
@@ -370,7 +370,7 @@ def test_an_engine_kernel_in_the_whole_model_audit(tmp_path, report):
     (["--fast-path", "tests.planted_kernels:wrong_gate_sign"], "--convention: MODULE:FUNCTION needs"),
 ])
 def test_audit_fast_path_bad_input(tmp_path, args, needle):
-    from tests.conftest import FAST_AUDIT
+    from tests.cli_runs import FAST_AUDIT
     one_line_error(run_cli("audit", *FAST_AUDIT, *args, "--out", tmp_path / "o"), needle)
     assert not (tmp_path / "o").exists()
 

@@ -894,7 +894,7 @@ def test_a_real_device_fault_ends_the_run_and_names_what_was_not_run(tmp_path):
     run, in the terminal and the JSON."""
     import json
 
-    from tests.conftest import run_cli
+    from tests.cli_runs import run_cli
     out = tmp_path / "ck.json"
     r = run_cli("check-kernel", "--impl", "tests.planted_kernels:faults_on_the_device_past_64_nodes", "--convention",
                 "ddsim", "--mode", "exact", "--device", "cuda", "--profile", "quick", "--max-examples", "2", "--out",

@@ -14,7 +14,7 @@ from ddsim.sampling.cases import child_id, explicit_cases, fixed_tree, offsets, 
 from ddsim.sampling.law import first_token, length_tv, step_law, total_variation
 from ddsim.sampling.rules import RULES, children_table, draw_randoms
 from ddsim.sampling.stats import detectable_tv, l1_test
-from tests.conftest import one_line_error, run_cli
+from tests.cli_runs import one_line_error, run_cli
 
 QUICK = ["--draws", "30000", "--max-examples", "2"]
 

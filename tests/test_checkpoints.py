@@ -151,7 +151,7 @@ def _write_tokenizer(d, vocab_size):
 
 def test_audit_command_on_a_checkpoint_with_text_prompts(tmp_path_factory, tmp_path):
     """One architecture through the command line; the others share the path."""
-    from tests.conftest import run_cli
+    from tests.cli_runs import run_cli
     _, d, _ = _save("qwen3_next", tmp_path_factory)
     import shutil
     ck = tmp_path / "ck"
@@ -231,7 +231,7 @@ def test_float64_checkpoint_loads_and_audits(tmp_path_factory, tmp_path):
     float32), with the same logits as the float32 checkpoint."""
     import shutil
 
-    from tests.conftest import run_cli
+    from tests.cli_runs import run_cli
     _, d, _ = _save("qwen3_next", tmp_path_factory)
     f64 = tmp_path / "f64"
     shutil.copytree(d, f64)
@@ -265,7 +265,7 @@ def test_a_hostile_chat_template_runs_nothing(tmp_path_factory, tmp_path, templa
     Python internals or mutating its arguments is refused in one line (exit 2), and nothing runs."""
     import shutil
 
-    from tests.conftest import run_cli
+    from tests.cli_runs import run_cli
     _, d, _ = _save("qwen3_next", tmp_path_factory)
     ck = tmp_path / "ck"
     shutil.copytree(d, ck)

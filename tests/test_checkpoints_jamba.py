@@ -19,7 +19,7 @@ from tests.checkpoint_checks import (
     assert_unknown_tensor_refused,
     perturbed,
 )
-from tests.conftest import run_cli
+from tests.cli_runs import run_cli
 
 COMMON = dict(vocab_size=96, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
               max_position_embeddings=256, num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=2,

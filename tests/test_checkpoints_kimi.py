@@ -20,7 +20,7 @@ from tests.checkpoint_checks import (
     perturbed,
     with_config,
 )
-from tests.conftest import run_cli
+from tests.cli_runs import run_cli
 
 COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8,

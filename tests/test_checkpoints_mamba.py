@@ -115,7 +115,7 @@ def test_mamba_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint):
 def test_audit_command_on_a_nemotron_h_checkpoint(tmp_path_factory, tmp_path):
     """The audit, report and gate unchanged in use on a Mamba2 hybrid: exact verification stays
     lossless, the leak tables carry a mamba2 family row, and the per-layer rows name the kinds."""
-    from tests.conftest import run_cli
+    from tests.cli_runs import run_cli
     model = _hf_model("nemotron_h")
     ck = tmp_path / "nemotron"
     model.save_pretrained(ck)

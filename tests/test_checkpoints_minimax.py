@@ -11,7 +11,7 @@ import transformers  # a declared test dependency: a missing install must fail, 
 
 from ddsim.model.checkpoint import SUPPORTED, load_checkpoint
 from tests.checkpoint_checks import assert_config_refusals, assert_decode_matches, assert_leaks, assert_prefill_matches, perturbed
-from tests.conftest import run_cli
+from tests.cli_runs import run_cli
 
 COMMON = dict(vocab_size=96, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=16,
               num_hidden_layers=4, layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],

@@ -20,7 +20,7 @@ from tests.checkpoint_checks import (
     assert_unknown_tensor_refused,
     perturbed,
 )
-from tests.conftest import run_cli
+from tests.cli_runs import run_cli
 
 TYPES = ["mamba", "hybrid", "mamba", "hybrid", "hybrid"]  # hybrid layers 1, 3, 4 run blocks 0, 1, 0 (two blocks)
 COMMON = dict(vocab_size=96, hidden_size=32, num_attention_heads=4, num_key_value_heads=4, intermediate_size=48,

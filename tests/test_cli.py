@@ -6,8 +6,8 @@ import pytest
 
 from ddsim.reports import json_report
 from tests import report_fixtures
-from tests.conftest import FAST_AUDIT, run_cli
-from tests.conftest import one_line_error as _one_line_error
+from tests.cli_runs import FAST_AUDIT, run_cli
+from tests.cli_runs import one_line_error as _one_line_error
 
 DEFAULT_POLICY = "hybrid-unsafe"  # the built-in policy, ddsim/verdict/policies/hybrid-unsafe.toml
 
@@ -188,7 +188,7 @@ def test_gate_missing_and_malformed_files(tmp_path):
     (["--steps", "100000"], "--steps: Input should be less than or equal to 4096"),
     (["--topk-cap", "0"], "--topk-cap: Input should be greater than or equal to 1"),
     (["--seed", "-3"], "--seed: Input should be greater than or equal to 0"),
-    (["--preset", "qwen3.6-27b"], "--preset qwen3.6-27b: the audit needs about"),
+    (["--preset", "qwen3.6-27b", "--device", "cpu"], "--preset qwen3.6-27b: the audit needs about"),
 ])
 def test_audit_bad_options(tmp_path, args, needle):
     out = tmp_path / "out"
@@ -265,19 +265,19 @@ def test_an_audit_asks_for_expandable_cuda_segments_unless_told_otherwise(monkey
 
 
 def test_the_command_line_runs_in_a_fresh_interpreter_on_a_machine_with_cuda(monkeypatch):
-    """tests.conftest.run_cli forks its worker by default; where there is a CUDA device (asking sets the driver up in
+    """tests.cli_runs.run_cli forks its worker by default; where there is a CUDA device (asking sets the driver up in
     the worker, after which a fork could not use CUDA) the call runs `python -m ddsim.cli` in a fresh interpreter."""
     import subprocess
 
     import torch
 
-    from tests import conftest
+    from tests import cli_runs
     calls = []
-    monkeypatch.setattr(conftest, "_forked_cli", lambda args, **kw: calls.append(("fork", args)))
+    monkeypatch.setattr(cli_runs, "_forked_cli", lambda args, **kw: calls.append(("fork", args)))
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(("fresh", cmd[1:3])))
     monkeypatch.delenv("DDSIM_TEST_FORK", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    conftest.run_cli("--help")
+    cli_runs.run_cli("--help")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    conftest.run_cli("--help")
+    cli_runs.run_cli("--help")
     assert calls == [("fork", ["--help"]), ("fresh", ["-m", "ddsim.cli"])]

@@ -16,7 +16,7 @@ PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [7]]  # prefixes of different lengths: pa
 
 
 @pytest.mark.parametrize("preset,backend", [("micro", None), ("micro-mamba2", None), ("tiny", None),
-                                            ("micro", "triton")])
+                                            pytest.param("micro", "triton", marks=pytest.mark.interpreter)])
 def test_decode_rows_equals_one_node_verify_and_commit_per_row(preset, backend):
     cfg = get_preset(preset)
     m = HybridModel(cfg, init_weights(cfg, seed=0), backend=backend)
@@ -52,9 +52,10 @@ TREES = [Tree([-1, 0, 0, 1, 1], [5, 6, 7, 8, 9]), Tree([-1, 0, 1, 2, 0], [2, 3, 
 
 
 MODES = ["exact", "leaky", "leaky-state", "leaky-conv"]
+INTERPRETED = (pytest.mark.slow, pytest.mark.interpreter)  # the Triton kernels on CPU tensors, in the interpreter
 # every mode with PyTorch's ops; with the Triton kernels (the interpreter) on two presets: `make test-slow`'s
 ROWS_CASES = [*[(m, "tiny", None) for m in MODES],
-              *[pytest.param(m, p, "triton", marks=pytest.mark.slow) for p in ("micro", "micro-mamba2") for m in MODES]]
+              *[pytest.param(m, p, "triton", marks=INTERPRETED) for p in ("micro", "micro-mamba2") for m in MODES]]
 
 
 @pytest.mark.parametrize("mode,preset,backend", ROWS_CASES)
@@ -105,7 +106,7 @@ def _assert_states_close(got, want):
             assert_close(f"layer {i} values", a[1], b[1])
 
 
-@pytest.mark.parametrize("preset,backend", [pytest.param("micro", "triton", marks=pytest.mark.slow), ("micro-mamba2", None)])
+@pytest.mark.parametrize("preset,backend", [pytest.param("micro", "triton", marks=INTERPRETED), ("micro-mamba2", None)])
 @pytest.mark.parametrize("mode", ["exact", "leaky"])
 def test_commit_rows_replays_a_whole_pass_together(preset, backend, mode, monkeypatch):
     """commit_rows of a whole verify_rows pass replays every recurrent layer once for all its trees
@@ -220,7 +221,7 @@ def _one_node_step(m, st, root):
     return res.logits[0], m.commit(st, t, res, 0)
 
 
-@pytest.mark.parametrize("preset,backend", [("micro", None), pytest.param("micro-mamba2", "triton", marks=pytest.mark.slow),
+@pytest.mark.parametrize("preset,backend", [("micro", None), pytest.param("micro-mamba2", "triton", marks=INTERPRETED),
                                             ("tiny", None)])
 @pytest.mark.parametrize("graphed", [False, True])
 def test_a_decoder_runs_many_steps_from_rows_packed_once(preset, backend, graphed):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from ddsim import oracle
 from ddsim.gpu_backend import engine_api
-from tests.conftest import run_cli
+from tests.cli_runs import run_cli
 
 IMPL = "ddsim.gpu_backend.engine_api:target_verify"
 
@@ -365,8 +365,9 @@ def _guarded(pool):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T, planned, backend", [(6, False, "triton"), (6, True, "triton"), (70, True, "triton"),
-                                                 (6, False, "torch"), (6, True, "torch")])
+@pytest.mark.parametrize("T, planned, backend", [
+    *(pytest.param(T, planned, "triton", marks=pytest.mark.interpreter) for T, planned in ((6, False), (6, True), (70, True))),
+    (6, False, "torch"), (6, True, "torch")])
 def test_a_padded_batch_verifies_and_commits_its_sequences_and_no_slot_for_its_padding(dtype, T, planned, backend,
                                                                                        monkeypatch):
     """SGLang pads a CUDA-graph batch with slot -1 (PAD_SLOT_ID). Its real rows verify and commit as they would

@@ -13,7 +13,7 @@ import pytest
 from ddsim import cli
 from ddsim.verdict.gate import BUILTIN_POLICIES, load_policy, relaxations
 from tests import report_fixtures
-from tests.conftest import FAST_AUDIT, one_line_error, run_cli
+from tests.cli_runs import FAST_AUDIT, one_line_error, run_cli
 
 LEAK = report_fixtures.path("leak")
 LAX = "[policy]\nname = 'hybrid-unsafe'\n[rules]\nsilent_corruption_steps = 1e308\n"
@@ -172,7 +172,9 @@ def test_a_kernel_whose_source_changed_or_vanished_is_refused(tmp_path):
                            "--convention", "ddsim", "--no-recheck", cwd=tmp_path), "cannot import 'mykernel'")
 
 
-def test_the_recheck_refuses_what_is_not_at_hand(tmp_path, capsys):
+def test_the_recheck_refuses_what_is_not_at_hand(tmp_path, capsys, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, wherever the test runs
     d = json.loads(LEAK.read_text())
     d["environment"]["device"] = "cuda:0"
     d["config"]["device"] = "cuda"

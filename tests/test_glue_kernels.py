@@ -26,6 +26,7 @@ def _rand(*shape, dtype, scale=1.0, gen):
     return (torch.randn(*shape, generator=gen) * scale).to(dtype)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_rms_norm_with_and_without_the_residual_add_equals_its_twin(dtype):
     gen = torch.Generator().manual_seed(1)
@@ -40,6 +41,7 @@ def test_rms_norm_with_and_without_the_residual_add_equals_its_twin(dtype):
         assert torch.equal(a, b)
 
 
+@pytest.mark.interpreter
 def test_rms_norm_reads_strided_rows_and_heads_and_promotes_like_pytorch():
     gen = torch.Generator().manual_seed(2)
     wide = _rand(4, 3 * 32 + 7, dtype=torch.float16, gen=gen)
@@ -53,6 +55,7 @@ def test_rms_norm_reads_strided_rows_and_heads_and_promotes_like_pytorch():
     torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-7)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gated_rms_norm_equals_its_twin_on_a_strided_gate(dtype):
     gen = torch.Generator().manual_seed(3)
@@ -64,6 +67,7 @@ def test_gated_rms_norm_equals_its_twin_on_a_strided_gate(dtype):
     assert_rounding_twins(gb.gated_rms_norm(x, w, z, eps=1e-6, glue="triton"), gb.gated_rms_norm(x, w, z, eps=1e-6), dtype)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("rot", [16, 64])
 def test_the_per_head_norm_and_rope_in_one_kernel_equal_their_twin(dtype, rot):
@@ -87,6 +91,7 @@ def test_the_per_head_norm_and_rope_in_one_kernel_equal_their_twin(dtype, rot):
         gb.rms_norm_rope(x, w, cos[:, :-1], sin[:, :-1], eps=1e-6, glue="triton")
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("act", ["silu", "gelu", "sigmoid"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gated_act_equals_its_twin(act, dtype):
@@ -112,6 +117,7 @@ def test_gated_act_equals_its_twin(act, dtype):
     assert torch.equal(got3[1], gb.gated_act(g3[1:2], u3[1:2], act=act, glue="triton")[0])
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("beta_scale", [1.0, 2.0])
 def test_gdn_gates_equal_their_twin_over_softplus_whole_range(beta_scale):
     """a from -60 to 60: softplus's tail (where log(1 + e) alone loses the digits), its middle and its
@@ -136,6 +142,7 @@ def _tree_mask(T: int, gen) -> torch.Tensor:
     return torch.from_numpy(Tree(parent, list(range(T))).ancestor_mask)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("P", [0, 3, 37])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_tree_attention_equals_its_twin_over_prefix_and_ancestors(dtype, P):
@@ -169,6 +176,7 @@ def test_tree_attention_equals_its_twin_over_prefix_and_ancestors(dtype, P):
         assert_rounding_twins(got, want, dtype, scale=want.float().abs())
 
 
+@pytest.mark.interpreter
 def test_tree_attention_reads_the_prefix_up_to_its_committed_length():
     """A fixed-capacity prefix (70 rows, three 32-row blocks of the kernel) with its committed length as a device
     scalar, as a graph keeps it: the kernel reads no row at or past it. Against the twin (which masks them out), and
@@ -195,6 +203,7 @@ def test_tree_attention_reads_the_prefix_up_to_its_committed_length():
                 q, k, v, prefix_k=pk, prefix_v=pv, ancestor_mask=full, prefix_rows=rows, glue=glue), got)
 
 
+@pytest.mark.interpreter
 def test_tree_attention_refuses_in_one_line():
     q, kv, m = torch.zeros(3, 4, 8), torch.zeros(3, 2, 8), torch.ones(3, 3, dtype=torch.bool)
     pre = torch.zeros(2, 2, 8)
@@ -211,6 +220,7 @@ def test_tree_attention_refuses_in_one_line():
             gb.tree_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args, glue="triton")
 
 
+@pytest.mark.interpreter
 def test_glue_refuses_what_it_cannot_compute_in_one_line():
     x = torch.randn(4, 8)
     with pytest.raises(ValueError, match="last dim must be contiguous"):
@@ -225,6 +235,7 @@ def test_glue_refuses_what_it_cannot_compute_in_one_line():
         gb.rms_norm(x, torch.ones(8), eps=1e-6, glue="cuda")
 
 
+@pytest.mark.interpreter
 def test_the_model_on_the_triton_glue_equals_the_model_on_pytorchs():
     """A whole verify (norms, residual adds, GDN gates and gated norm, MLP activations) through the glue
     kernels against the same model on PyTorch's ops, the recurrences on PyTorch in both (fp32)."""
@@ -242,6 +253,7 @@ def test_the_model_on_the_triton_glue_equals_the_model_on_pytorchs():
         HybridModel(cfg, w, glue="cuda")
 
 
+@pytest.mark.interpreter
 def test_a_gated_attention_model_with_qk_norms_and_partial_rope_on_the_triton_glue():
     """Qwen3.5's attention features (per-head q/k norms and partial RoPE in one kernel each, the sigmoid-gated
     output) through the glue kernels against PyTorch's ops (fp32)."""
@@ -270,7 +282,7 @@ def test_the_residual_add_and_post_norm_fused_equal_the_two_steps():
     assert torch.equal(xn, F.rms_norm((h + out).float(), (32,), eps=1e-6).to(torch.bfloat16) * w)
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=pytest.mark.interpreter), "torch"])
 @pytest.mark.parametrize("windows", [False, True])
 def test_the_conv_writes_its_channel_groups_apart_each_contiguous(backend, windows):
     """split=(c1, c2, c3): GDN's q, k, v out of the tree conv as three tensors, from the Triton kernel each
@@ -296,6 +308,7 @@ def test_the_conv_writes_its_channel_groups_apart_each_contiguous(backend, windo
         gb.tree_causal_conv1d(x, split=(60, 70), **kw)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("preset", ["gated", "micro", "tiny-kimi", "micro-lfm2"])
 def test_projections_laid_side_by_side_make_one_gemm_and_the_same_verify(preset, monkeypatch):
     """lay_projections (what a model on CUDA does when made): attention's q, k, v and output gate, and GDN's z, a,

@@ -115,6 +115,7 @@ def test_one_tree_tables_at_serving_shapes():
 _SEEDED = torch.Generator().manual_seed(7)  # a random tree of 70 nodes: three programs' blocks of 32
 
 
+@pytest.mark.interpreter
 @given(parents=parent_batches(max_batch=1, max_nodes=70), W=st.integers(2, 6), spare=st.integers(0, 3),
        which=st.sets(st.sampled_from(["src", "anc", "mask", "paths", "conv"]), min_size=1))
 @example(parents=torch.tensor([[-1] + [int(torch.randint(0, i, (1,), generator=_SEEDED)) for i in range(1, 70)]]), W=4,

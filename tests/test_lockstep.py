@@ -54,6 +54,7 @@ def test_lockstep_generations_equal_each_alone_with_the_oracle_batched(monkeypat
                     np.testing.assert_allclose(sb.nodes[mode][key], va, rtol=1e-6, atol=1e-12, err_msg=f"{mode} {key}")
 
 
+@pytest.mark.interpreter
 @pytest.mark.slow  # the Triton kernels in the interpreter
 def test_lockstep_through_the_graph_machinery_with_states_equals_the_model():
     """The audit's leaky generations on a GPU: verifies with per-node states through ddsim.model.graphs (here

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.cli_runs import run_cli
 
 # (a whole audit and gate, 20 s of one core: `make test-slow`, to keep `make test` inside CI's six minutes; the
 # Mamba2 kernels' properties and an audit's mamba2 leak tables, tests/test_checkpoints_mamba.py's Nemotron-H audit,

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from ddsim.reports import json_report
-from tests.conftest import run_cli
+from tests.cli_runs import run_cli
 
-AUDIT = ["--preset", "micro", "--budget", "4,8", "--steps", "2", "--measure-steps", "on"]
+AUDIT = ["--preset", "micro", "--budget", "4,8", "--steps", "2", "--measure-steps", "on", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import one_line_error, run_cli
+from tests.cli_runs import one_line_error, run_cli
 from tests.emulated_engine import load_model, write_dump
 
 # per bug: the diagnosis of each of the 8 steps (2 requests x 4 steps)

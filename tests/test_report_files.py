@@ -13,7 +13,7 @@ import torch
 from ddsim import cli
 from ddsim.reports import json_report
 from tests import report_fixtures
-from tests.conftest import FAST_AUDIT
+from tests.cli_runs import FAST_AUDIT
 
 
 def _leftovers(d):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import one_line_error, run_cli
+from tests.cli_runs import one_line_error, run_cli
 
 STDLIB = ["--model", "stdlib", "--drafter-model", "stdlib", "--prompts", "stdlib", "--budget", "16", "--steps", "3",
           "--temperature", "0.8"]

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import one_line_error, run_cli
+from tests.cli_runs import one_line_error, run_cli
 from tests.emulated_engine import load_model, write_dump
 
 SAMPLER = {"rule": "sglang", "temperature": 0.9, "params": {"threshold_single": 1.0, "threshold_acc": 1.0}}

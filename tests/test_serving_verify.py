@@ -42,6 +42,7 @@ def test_the_trees_share_one_key():
     assert len({t.parents for t in TREES}) == 3
 
 
+@pytest.mark.interpreter
 @pytest.mark.slow  # the Triton kernels in the interpreter (the same machinery with PyTorch's ops: properties/test_model_fastpath.py)
 @pytest.mark.parametrize("preset", ["micro", "micro-mamba2", "micro-lfm2", "micro-kls"])
 def test_graph_machinery_with_triton_kernels_equals_the_serving_verify(preset):
@@ -70,6 +71,7 @@ def test_graph_machinery_with_triton_kernels_equals_the_serving_verify(preset):
     assert gm.captured() == [("exact", 8, 2, 256, False), ("leaky", 8, 3, 256, False)]
 
 
+@pytest.mark.interpreter
 @pytest.mark.slow  # the Triton kernels in the interpreter
 @pytest.mark.parametrize("preset", ["micro", "micro-mamba2", "micro-kls"])
 def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
@@ -144,6 +146,7 @@ def test_several_modes_verified_side_by_side_equal_each_verified_alone(preset, o
         gm.verify_modes(st, TREES[0], modes=("exact", "sloppy"))
 
 
+@pytest.mark.interpreter
 def test_modes_past_the_copies_limit_are_replayed_in_even_groups_as_asked():
     """GraphedModel.max_copies: four modes at most three a replay go as two replays of two (one key), the
     second run only when its first result is asked for, which makes the first group's results stale; each
@@ -219,6 +222,7 @@ def test_a_plan_for_several_modes_offsets_each_copys_sources_into_it():
         plan.load(Tree([-1, 0], [1, 2]), ("exact", "leaky", "leaky-conv"))
 
 
+@pytest.mark.interpreter
 def test_per_node_states_keep_one_graph_per_tree_size_whose_prefix_capacity_only_grows():
     """A prefix past the kept key's capacity replaces that key (its buffers go, its results are stale);
     a shorter prefix then runs in the larger key, its rows past the prefix masked out: the same states
@@ -448,6 +452,7 @@ def test_reference_decoding_through_the_graph_path_is_the_models():
     assert [key[1] for key in gm.captured()] == [7]  # the prompt's prefill (7 tokens before the root)
 
 
+@pytest.mark.interpreter
 def test_the_graphed_prefill_equals_the_models():
     """GraphedModel.prefill runs the chain through the serving verify and commit (uncaptured here):
     the committed state and the logits equal the model's own prefill within float32 rounding."""
@@ -466,6 +471,7 @@ def test_the_graphed_prefill_equals_the_models():
     assert gm.prefill([], state=a)[0] is a
 
 
+@pytest.mark.interpreter
 def test_a_long_prefill_leaves_no_graph_behind(monkeypatch):
     """A prefill longer than PREFILL_GRAPH_NODES (a long prompt, once per generation) runs the eager
     serving verify and commit: the same state, and no key (no graph, no memory pool) kept for it."""
@@ -483,6 +489,7 @@ def test_a_long_prefill_leaves_no_graph_behind(monkeypatch):
     assert [k[1] for k in gm.captured()] == [2]
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("preset", ["micro", "micro-mamba2", "tiny-jamba", "tiny-minimax", "tiny-zamba2", "micro-lfm2",
                                     "tiny-kimi", "olmo"])
 def test_a_blocks_last_residual_add_left_to_the_next_norm_changes_no_bit(preset, monkeypatch):
@@ -531,6 +538,7 @@ def test_a_blocks_last_residual_add_left_to_the_next_norm_changes_no_bit(preset,
 
 
 # the GDN model's WY kernels in the interpreter take 20 s: slow; the LFM2 model's conv and attention tables stay here
+@pytest.mark.interpreter
 @pytest.mark.parametrize("preset", [pytest.param("micro", marks=pytest.mark.slow), "micro-lfm2"])
 def test_the_tables_built_on_the_device_give_the_host_tables_verify(preset, monkeypatch):
     """graphs.DEVICE_TABLES: a serving key builds its exact tables (ancestor mask, root paths, conv sources) and the

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import one_line_error, run_cli
+from tests.cli_runs import one_line_error, run_cli
 
 MODELS = Path(__file__).resolve().parents[1] / "ddsim" / "models"
 TARGET, DRAFTER, PROMPTS = MODELS / "hybrid-stdlib", MODELS / "drafter-stdlib", MODELS / "prompts-stdlib.jsonl"
