@@ -105,6 +105,7 @@ def test_graph_machinery_keeping_per_node_states_equals_the_model(preset):
         node_metrics(TREES[0], first, ref_out, cfg)
 
 
+@pytest.mark.interpreter
 @pytest.mark.slow  # the Triton kernels in the interpreter
 @pytest.mark.parametrize("preset, order", [("micro", ("leaky", "exact", "leaky-state", "leaky-conv")),
                                            ("micro-mamba2", ("leaky-conv", "exact", "leaky", "leaky-state")),
