@@ -1,8 +1,8 @@
-"""The ``interpreter`` mark (tests/interpreter_mark.py): its tests run wherever Triton interprets, and are skipped,
+"""The ``interpreter`` mark (properties/interpreter_mark.py): its tests run wherever Triton interprets, and are skipped,
 saying why, only where Triton compiles for a GPU."""
 import pytest
 
-from tests.interpreter_mark import REASON, interpreting, skip_where_compiled
+from ddsim.properties.interpreter_mark import REASON, interpreting, skip_where_compiled
 
 
 class _Item:

@@ -39,3 +39,19 @@ def test_the_cpu_path_runs_without_triton(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "r" / "report.json").is_file() and "triton" not in r.stderr.lower()
+
+
+def test_the_property_suites_run_from_outside_the_checkout(tmp_path):
+    """docs/testing.md runs the property suites on a GPU from outside the checkout (`cd /tmp && python -m pytest
+    <checkout>/properties --import-mode=importlib`), where the checkout is not on the import path: the root conftest
+    and its collection hook import from the installed namespace only (a hook importing from tests/ stopped every
+    collection there)."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "properties" / "test_trees.py"), "--import-mode=importlib",
+                        "-p", "no:cacheprovider", "-q", "--co"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert " collected" in r.stdout.splitlines()[-1], r.stdout[-500:]

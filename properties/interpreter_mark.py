@@ -3,7 +3,8 @@ interpreter runs. Where Triton compiles for a GPU instead (a CUDA torch and TRIT
 could only fail on the tensors' device, so the root conftest skips it there, saying why; the GPU suites
 (properties/test_glue_gpu.py, test_cuda_graphs.py, test_triton_kernels.py and the others that need CUDA) hold most of
 the same kernels on the device. On a machine without a GPU (CI) the root conftest turns the interpreter on and every
-marked test runs."""
+marked test runs. It lives in the installed namespace (ddsim.properties), not in tests/: the root conftest imports it,
+and the GPU property suites run from outside the checkout, where tests/ is not importable."""
 from __future__ import annotations
 
 import pytest
