@@ -30,7 +30,11 @@ def prepare_engine_device(device: str) -> str:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
-        from ddsim.engines.triton_interpret import prepare
+        from ddsim.engines.triton_interpret import interpreter_turned_off, prepare
+        off = interpreter_turned_off()
+        if off is not None:  # the engine's kernels would be compiled for a GPU and fail on every CPU tensor
+            raise InputError(f"--device cpu: an engine's Triton kernels run on the CPU only in Triton's interpreter, and "
+                             f"TRITON_INTERPRET={off!r} turns it off (unset it, or set it to 1)")
         prepare()
         return "cpu"
     if device.startswith("cuda"):

@@ -1,6 +1,7 @@
 """The ``interpreter`` mark: a test that launches ddsim's Triton kernels on CPU tensors, which only Triton's
-interpreter runs. Where Triton compiles for a GPU instead (a CUDA torch and TRITON_INTERPRET unset), such a test
-could only fail on the tensors' device, so the root conftest skips it there, saying why; the GPU suites
+interpreter runs. Where Triton compiles for a GPU instead (a CUDA torch and TRITON_INTERPRET unset, as
+ddsim.engines.triton_interpret.interpreting reads it), such a test could only fail on the tensors' device, so the
+root conftest skips it there, saying why; the GPU suites
 (properties/test_glue_gpu.py, test_cuda_graphs.py, test_triton_kernels.py and the others that need CUDA) hold most of
 the same kernels on the device. On a machine without a GPU (CI) the root conftest turns the interpreter on and every
 marked test runs. It lives in the installed namespace (ddsim.properties), not in tests/: the root conftest imports it,
@@ -11,16 +12,6 @@ import pytest
 
 REASON = ("launches Triton kernels on CPU tensors, which only Triton's interpreter runs, and Triton compiles for the "
           "GPU here (TRITON_INTERPRET=1 runs it; the GPU suites hold the same kernels on the device)")
-
-
-def interpreting() -> bool:
-    """Whether Triton's kernels run in its interpreter in this process: TRITON_INTERPRET read by Triton's own
-    reader (its knobs'); without Triton nothing runs its kernels."""
-    try:
-        from triton._C.libtriton import getenv_bool
-    except ImportError:
-        return False
-    return bool(getenv_bool("TRITON_INTERPRET", False))
 
 
 def skip_where_compiled(items, *, interpreting: bool) -> int:

@@ -2,7 +2,9 @@
 saying why, only where Triton compiles for a GPU."""
 import pytest
 
-from ddsim.properties.interpreter_mark import REASON, interpreting, skip_where_compiled
+from ddsim.engines.triton_interpret import interpreting
+from ddsim.properties.interpreter_mark import REASON, skip_where_compiled
+from tests.cli_runs import FAST_AUDIT, one_line_error, run_cli
 
 
 class _Item:
@@ -50,3 +52,27 @@ def test_without_a_gpu_the_suite_interprets_so_no_marked_test_is_skipped(request
     skipped = [i.nodeid for i in request.session.items
                if i.get_closest_marker("interpreter") and i.get_closest_marker("skip")]
     assert skipped == []
+
+
+@pytest.mark.parametrize("value, off", [("0", "0"), ("no", "no"), ("1", None), ("yes", None), (None, None)])
+def test_the_interpreter_turned_off_is_named_by_its_value(monkeypatch, value, off):
+    from ddsim.engines.triton_interpret import interpreter_turned_off
+    if value is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert interpreter_turned_off() == off
+
+
+@pytest.mark.parametrize("args", [
+    ["check-kernel", "--impl", "ddsim", "--mode", "exact", "--device", "cpu"],
+    ["audit", *FAST_AUDIT, "--fast-path", "tests.planted_kernels:wrong_gate_sign", "--convention", "ddsim"],
+])
+def test_engine_kernels_on_the_cpu_with_the_interpreter_turned_off_are_refused_in_one_line(monkeypatch, tmp_path, args):
+    """--device cpu runs an engine's Triton kernels in Triton's interpreter; TRITON_INTERPRET=0 would have them
+    compiled for a GPU, and every property would fail on the CPU tensors: refused before any work, nothing written."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the command line's process inherits it
+    out = tmp_path / "out"
+    one_line_error(run_cli(*args, "--out", out / "x.json" if args[0] == "check-kernel" else out),
+                   "--device cpu", "TRITON_INTERPRET='0' turns it off")
+    assert not out.exists()
