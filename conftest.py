@@ -26,7 +26,7 @@ configure()  # in-process tests run as the command line does: OMP_NUM_THREADS, e
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``interpreter`` (Triton kernels on CPU tensors) are skipped where Triton compiles for a GPU."""
-    from ddsim.engines.triton_interpret import interpreting
+    from ddsim.gpu_backend._common import interpreting
     from ddsim.properties.interpreter_mark import skip_where_compiled
     skip_where_compiled(items, interpreting=interpreting())
 

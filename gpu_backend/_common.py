@@ -19,8 +19,15 @@ MODES = ("exact", "leaky")
 ONE_ARITHMETIC = dict(enable_fp_fusion=False)
 
 
+# the values of TRITON_INTERPRET that Triton reads as on (its knobs' boolean reader: any case, nothing stripped)
+_TRUE = frozenset(("1", "true", "on", "yes", "y"))
+
+
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether Triton runs its kernels in its interpreter in this process: TRITON_INTERPRET read as Triton reads it.
+    The one reader of the variable (the launchers, the device checks, the command line's --device cpu, the tests'
+    interpreter mark); it imports no Triton."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in _TRUE
 
 
 # input_precision of the WY kernels' products of fp32 operands. "bf16x3" (three bf16 MMAs of 8-bit head

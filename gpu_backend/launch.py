@@ -15,7 +15,6 @@ options, the kernel and the device. Under Triton's interpreter, or with a launch
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import torch
@@ -36,7 +35,9 @@ def _params(kernel):
         from operator import itemgetter
 
         from triton.runtime.jit import JITFunction
-        compiled = isinstance(kernel, JITFunction) and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+        from ddsim.gpu_backend._common import interpreting
+        compiled = isinstance(kernel, JITFunction) and not interpreting()
         names = tuple(getattr(kernel, "arg_names", ()))
         get = itemgetter(*names) if len(names) > 1 else (lambda kw: tuple(kw[n] for n in names))
         hit = _PARAMS[id(kernel)] = (names, compiled, get, kernel)  # the kernel kept: its id stays its own

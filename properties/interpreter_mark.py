@@ -1,6 +1,6 @@
 """The ``interpreter`` mark: a test that launches ddsim's Triton kernels on CPU tensors, which only Triton's
 interpreter runs. Where Triton compiles for a GPU instead (a CUDA torch and TRITON_INTERPRET unset, as
-ddsim.engines.triton_interpret.interpreting reads it), such a test could only fail on the tensors' device, so the
+ddsim.gpu_backend._common.interpreting reads it), such a test could only fail on the tensors' device, so the
 root conftest skips it there, saying why; the GPU suites
 (properties/test_glue_gpu.py, test_cuda_graphs.py, test_triton_kernels.py and the others that need CUDA) hold most of
 the same kernels on the device. On a machine without a GPU (CI) the root conftest turns the interpreter on and every

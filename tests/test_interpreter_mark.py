@@ -2,7 +2,7 @@
 saying why, only where Triton compiles for a GPU."""
 import pytest
 
-from ddsim.engines.triton_interpret import interpreting
+from ddsim.gpu_backend._common import interpreting
 from ddsim.properties.interpreter_mark import REASON, skip_where_compiled
 from tests.cli_runs import FAST_AUDIT, one_line_error, run_cli
 
@@ -40,6 +40,17 @@ def test_interpreting_reads_triton_interpret_as_triton_does(monkeypatch, value, 
     else:
         monkeypatch.setenv("TRITON_INTERPRET", value)
     assert interpreting() is on
+
+
+@pytest.mark.parametrize("value", ["1", "0", "true", "TRUE", "On", " on", "1 ", "yes", "Y", "2", "t", "off", ""])
+def test_interpreting_agrees_with_tritons_own_reader(monkeypatch, value):
+    """Where this Triton has its knobs' C++ reader, ddsim's reading of TRITON_INTERPRET is the same on every value."""
+    try:
+        from triton._C.libtriton import getenv_bool
+    except ImportError:
+        pytest.skip("this Triton has no getenv_bool")
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert interpreting() is bool(getenv_bool("TRITON_INTERPRET", False))
 
 
 def test_without_a_gpu_the_suite_interprets_so_no_marked_test_is_skipped(request):

@@ -68,25 +68,12 @@ def _first_config_when_interpreted() -> None:
     Autotuner._ddsim_first_config = True
 
 
-def _interpret_flag() -> bool | None:
-    """TRITON_INTERPRET as Triton reads it (its knobs' reader: 1, true, on, yes, y in any case); None without Triton."""
-    try:
-        from triton._C.libtriton import getenv_bool
-    except ImportError:
-        return None
-    return bool(getenv_bool("TRITON_INTERPRET", False))
-
-
-def interpreting() -> bool:
-    """Whether Triton runs its kernels in its interpreter in this process (False without Triton)."""
-    return bool(_interpret_flag())
-
-
 def interpreter_turned_off() -> str | None:
     """TRITON_INTERPRET's value where it is set and Triton reads it as off (its kernels then compile for a GPU and
-    refuse CPU tensors), else None (None without Triton too)."""
+    refuse CPU tensors), else None."""
+    from ddsim.gpu_backend._common import interpreting  # imports no Triton kernel: safe before prepare()
     value = os.environ.get("TRITON_INTERPRET")
-    return value if value is not None and _interpret_flag() is False else None
+    return value if value is not None and not interpreting() else None
 
 
 def prepare() -> None:
