@@ -769,7 +769,6 @@ def test_a_committed_state_at_its_bound_holds_and_a_windows_commit_keeps_its_dty
     assert w["commit_vals"].dtype == w["commit_kept"].dtype == torch.bfloat16 and w["commit_others_untouched"]
 
 
-
 def _faulting(monkeypatch):
     """tests.planted_kernels' Fault, not yet hit, standing in for check_kernel's context check."""
     from tests import planted_kernels
