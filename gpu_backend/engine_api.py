@@ -158,15 +158,16 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
         o = gb.gdn_tree_verify(q, k, v, **kw)
     elif buf.dtype == torch.float32 and buf.dim() == 5 and buf.is_contiguous():
         # SGLang's layout, buffer[intermediate_state_indices[b], t] = node t's state [HV, V, K]: the kernels write
-        # each node's state there through the buffer's [N, TS, HV, K, V] transpose
+        # each node's state there through the buffer's [N, TS, HV, K, V] transpose. The buffer and its rows are
+        # checked here, named as the caller names them; raw rows then go on as checked (no second host sync)
+        checks.node_states_shape(buf.transpose(-1, -2), T, v.shape[2], q.shape[3], v.shape[3], q.device,
+                                 "intermediate_states_buffer (transposed)")
         rows = intermediate_state_indices
+        idx = checks.node_state_rows(buf, rows, B, buf_name="intermediate_states_buffer",
+                                     rows_name="intermediate_state_indices")
         if rows is not None and not isinstance(rows, checks.CheckedSlots):
-            rows = torch.as_tensor(rows, device=q.device)
-        try:
-            o, _ = gb.gdn_tree_verify(q, k, v, states_out=buf.transpose(-1, -2), states_rows=rows, **kw)
-        except ValueError as e:  # named as the caller named them (the buffer's shape as gdn_tree_verify sees it)
-            raise ValueError(str(e).replace("states_out", "intermediate_states_buffer (transposed)").replace(
-                "states_rows", "intermediate_state_indices")) from None
+            rows = checks.CheckedSlots(idx, buf.shape[0])
+        o, _ = gb.gdn_tree_verify(q, k, v, states_out=buf.transpose(-1, -2), states_rows=rows, **kw)
     else:  # another dtype or layout: the states made apart, then copied in (the buffer and its rows checked before)
         checks.node_states_shape(buf.transpose(-1, -2), T, v.shape[2], q.shape[3], v.shape[3], q.device,
                                  "intermediate_states_buffer (transposed)")
