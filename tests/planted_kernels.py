@@ -199,6 +199,11 @@ class Fault:
         return cls.hit
 
 
+def refuses_every_call(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    """Raises on every input, serving or drawn (a kernel that cannot run here at all)."""
+    raise ValueError(f"no kernel for {tuple(q.shape)}")
+
+
 def faults_past_64_nodes(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
     """Right up to 64 nodes; past that an illegal address, and every call after it raises its echo."""
     if Fault.hit or q.shape[1] > 64:

@@ -317,6 +317,20 @@ def test_a_kernel_that_never_leaks_is_not_the_flattened_path(tmp_path):
     assert "FAILED leaks off order-exact nodes: never differed from exact verification" in r.stdout
 
 
+def test_a_leaky_kernel_that_raises_everywhere_fails_with_its_counterexamples_written(tmp_path):
+    """In leaky mode the leak's search runs a drawn input when no serving example showed the leak; a kernel that
+    raises there fails the leak too, in the table and the JSON (the command line once stopped on that raise with
+    exit 2 and no result written)."""
+    out = tmp_path / "ce.json"
+    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:refuses_every_call", "--convention", "ddsim",
+                "--mode", "leaky", "--max-examples", "2", "--out", out)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED leaks off order-exact nodes: no leak seen: the kernel raised ValueError: no kernel for" in r.stdout
+    got = json.loads(out.read_text())
+    assert [p["holds"] for p in got["properties"]] == [False] * 8, got["properties"]
+    assert got["properties"][-1]["name"] == "leaks off order-exact nodes"
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--impl", "nope", "--mode", "exact"], "--impl nope: expected ddsim, fla, sglang, vllm or MODULE:FUNCTION"),
     (["--impl", "no_such_module:f", "--convention", "ddsim", "--mode", "exact"], "cannot import 'no_such_module'"),

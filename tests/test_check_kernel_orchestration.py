@@ -862,6 +862,35 @@ def test_a_fault_on_a_drawn_input_stops_the_search_and_a_leak_unseen_before_a_fa
     assert leaky.properties[-1].holds is False
 
 
+def test_a_raise_in_the_leaks_search_fails_the_leak_and_a_fault_there_is_named(monkeypatch):
+    """In leaky mode, with no leak seen on a serving example, the leak is searched for on drawn inputs, after the
+    properties' searches. A kernel that raises there fails the leak ("no leak seen", never an exception out of
+    check), and a fault there is named as where the context ended."""
+    import dataclasses
+
+    import hypothesis
+    fault = _faulting(monkeypatch)
+    never_leaks = _load("tests.planted_kernels:exact_calling_itself_leaky")
+    find, searches = hypothesis.find, []
+
+    def counted_find(*a, **kw):
+        searches.append(1)
+        fault.hit = fault.hit or len(searches) == 8  # the leak's search, after the 7 properties'
+        return find(*a, **kw)
+    monkeypatch.setattr(hypothesis, "find", counted_find)
+
+    def faults_once_hit(*a, **kw):
+        if fault.hit:
+            raise RuntimeError(fault.ECHO)
+        return never_leaks.verify(*a, **kw)
+    res = ck.check(dataclasses.replace(never_leaks, verify=faults_once_hit), mode="leaky", max_examples=2)
+    assert len(searches) == 8 and len(res.properties) == 8 and res.unchecked == []
+    assert res.lost_at == "a drawn input of the leak's search"
+    leak = res.properties[-1]
+    assert leak.name == "leaks off order-exact nodes" and leak.holds is False
+    assert leak.detail == f"no leak seen: the kernel raised RuntimeError: {fault.ECHO} on a drawn input"
+
+
 def test_the_command_line_says_where_the_context_ended_and_what_was_not_run(monkeypatch, capsys, tmp_path):
     from ddsim import cli
     fault = _faulting(monkeypatch)
