@@ -87,3 +87,28 @@ def test_engine_kernels_on_the_cpu_with_the_interpreter_turned_off_are_refused_i
     one_line_error(run_cli(*args, "--out", out / "x.json" if args[0] == "check-kernel" else out),
                    "--device cpu", "TRITON_INTERPRET='0' turns it off")
     assert not out.exists()
+
+
+def test_check_kernels_lines_say_when_triton_compiled_an_engines_kernel_for_a_gpu_on_the_cpu(tmp_path):
+    """An in-process caller of check_kernel.check(device="cpu") who imported an engine's Triton kernels before
+    TRITON_INTERPRET=1 was set gets every property failing on Triton's own error (fail closed); the line then says
+    why. A kernel's own refusal, and any error on a GPU device, carry no such note."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a machine with a GPU: Triton raises another error there for a CPU tensor (tested where there is none)")
+    script = tmp_path / "compiled_on_cpu.py"
+    script.write_text(
+        "import torch\nimport triton\n\nfrom ddsim.engines.check_kernel import _raised\n\n\n@triton.jit\n"
+        "def noop(x):\n    pass\n\n\ntry:\n    noop[(1,)](torch.zeros(1))\nexcept Exception as e:\n"
+        "    print(_raised(e, 'cpu'))\n    print(_raised(e, 'cuda'))\n"
+        "print(_raised(ValueError('T > 64'), 'cpu'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 3, r.stdout + r.stderr
+    note = "(Triton compiled the kernel for a GPU: on the CPU an engine's Triton kernels run only in Triton's interpreter"
+    assert note in lines[0] and note not in lines[1] and lines[2] == "ValueError: T > 64"

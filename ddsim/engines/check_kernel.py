@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -643,6 +644,27 @@ def _where_commit(ce: dict) -> str:
             f"{layers}) off the oracle's by {first['max_abs_error']:.3g} > {first['bound']:.3g}")
 
 
+def _raised(e: Exception, device: str) -> str:
+    """A kernel's exception on one line; on the CPU, where Triton raised it compiling for a GPU (a caller that imported
+    the kernel before TRITON_INTERPRET=1 was set, which the command line sets first), what to do about it."""
+    line = f"{type(e).__name__}: {_short(e, 300)}"
+    if str(device) == "cpu" and _from_compiled_triton(e):
+        line += (" (Triton compiled the kernel for a GPU: on the CPU an engine's Triton kernels run only in Triton's "
+                 "interpreter, TRITON_INTERPRET=1 set before they are imported)")
+    return line
+
+
+def _from_compiled_triton(e: BaseException) -> bool:
+    """Whether e was raised inside Triton's runtime while Triton is not interpreting."""
+    import traceback
+
+    from ddsim.gpu_backend._common import interpreting
+    if interpreting():
+        return False
+    parts = (os.sep + "triton" + os.sep + "runtime" + os.sep, os.sep + "triton" + os.sep + "backends" + os.sep)
+    return any(any(p in f.filename for p in parts) for f in traceback.extract_tb(e.__traceback__))
+
+
 def _short(x, limit: int = 160) -> str:
     """str(x) on one line (an error's several lines joined), cut to ``limit`` characters."""
     s = " ".join(str(x).split())
@@ -751,8 +773,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                 r = runner.run(inp)
             except Exception as e:  # a kernel that refuses or crashes on a serving shape fails every property
                 for name in props:
-                    failed.setdefault(name, {"property": name, "example": inp["label"], "error": f"{type(e).__name__}: "
-                                                                                               f"{_short(e, 300)}"})
+                    failed.setdefault(name, {"property": name, "example": inp["label"], "error": _raised(e, device)})
                 if _device_lost(device):
                     lost = f"serving example [{inp['label']}]"
                 continue
@@ -798,7 +819,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                 results.append(PropertyResult(name, False, _where(explicit_ce), explicit_ce))
             continue
         except Exception as e:  # the kernel raised on a drawn input: after a serving example's failure, that comes first
-            drawn_line = f"the kernel raised {type(e).__name__}: {_short(e, 300)} on a drawn input"
+            drawn_line = f"the kernel raised {_raised(e, device)} on a drawn input"
             if _device_lost(device):
                 lost = f"a drawn input of property {name!r}"
             results.append(PropertyResult(name, False, drawn_line if explicit_ce is None else
@@ -829,7 +850,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                 if _device_lost(device):
                     lost = "a drawn input of the leak's search"
                 results.append(PropertyResult("leaks off order-exact nodes", False, f"no leak seen: the kernel raised "
-                                              f"{type(e).__name__}: {_short(e, 300)} on a drawn input"))
+                                              f"{_raised(e, device)} on a drawn input"))
     return CheckResult(results, profile, len(explicit) - len(unchecked), _coverage(described + drawn), lost, unchecked)
 
 
