@@ -124,14 +124,36 @@ def _audit_config(a):
 
 
 def _run_audit(ac, console, *, quiet=False):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from ddsim.measure.audit import run_audit, total_steps
-    n_prompts = _count_prompts(ac)
-    with Progress(TextColumn("audit"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                  disable=quiet, transient=True) as prog:
-        task = prog.add_task("audit", total=total_steps(ac, n_prompts))
-        return run_audit(ac, progress=lambda advance: prog.update(task, advance=advance))
+    bar = _StepBar(console, total_steps(ac, _count_prompts(ac)), quiet=quiet)
+    try:
+        return run_audit(ac, progress=bar.advance)
+    finally:
+        bar.stop()
+
+
+class _StepBar:
+    """The audit's progress bar on a terminal, started at its first step: the inputs are checked before that, and a
+    refusal leaves its one line alone (a bar started before them left a blank line there, as it did in a log)."""
+
+    def __init__(self, console, total: int, *, quiet: bool):
+        self.console, self.total, self.quiet = console, total, quiet or not console.is_terminal
+        self.prog = self.task = None
+
+    def advance(self, advance: int = 1) -> None:
+        if self.quiet:
+            return
+        if self.prog is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            self.prog = Progress(TextColumn("audit"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=self.console, transient=True)
+            self.prog.start()
+            self.task = self.prog.add_task("audit", total=self.total)
+        self.prog.update(self.task, advance=advance)
+
+    def stop(self) -> None:
+        if self.prog is not None:
+            self.prog.stop()
 
 
 def _count_prompts(ac) -> int:

@@ -94,10 +94,11 @@ def _forked_cli(args, *, cwd, timeout, pythonpath):
 
 
 def one_line_error(r, *needles):
-    """A bad-input refusal: exit 2, one line on stderr naming every needle, no traceback."""
+    """A bad-input refusal: exit 2, one line on stderr naming every needle, no traceback, nothing on stdout."""
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    lines = r.stderr.splitlines()
     assert len(lines) == 1, r.stderr
+    assert r.stdout == "", r.stdout
     assert "Traceback" not in r.stderr
     for n in needles:
         assert n in lines[0], lines[0]
