@@ -498,12 +498,21 @@ def draw_tree(tree, console) -> None:
 def cmd_bench(a, console) -> int:
     from ddsim.bench.bench import mode_table
     from ddsim.devices import resolve_device
+    from ddsim.errors import InputError
     dev = resolve_device(a.device)
+    # every option given is used, or refused: never silently ignored
+    if dev.type != "cuda" and a.op != "gdn":
+        raise InputError(f"--op {a.op}: a kernel table, on CUDA only; on the CPU bench times each verify mode of "
+                         "--preset's model (any family's preset)")
+    if dev.type == "cuda" and a.repeats is not None:
+        raise InputError("--repeats: the CPU's mode table only; on CUDA each kernel is timed by its own repeats")
+    if dev.type == "cuda" and a.op == "gdn" and a.preset is not None:
+        raise InputError(f"--preset {a.preset}: the GDN kernel table runs at Qwen3.6-27B's GDN shapes, whatever the "
+                         "preset (--op mamba2 takes a preset's SSM shape)")
     if dev.type == "cuda" and a.op == "mamba2":
         from ddsim.bench.bench_mamba2 import mamba2_kernel_accuracy, mamba2_kernel_table
-        from ddsim.errors import InputError
         from ddsim.model.config import get_preset
-        preset = a.preset if a.preset != "tiny" else "nemotron-h-8b"
+        preset = a.preset or "nemotron-h-8b"
         if not get_preset(preset).mamba_layers:
             raise InputError(f"--preset {preset}: has no Mamba2 layers to take the kernel shapes from")
         print(mamba2_kernel_table(preset=preset, device=str(dev))[0])
@@ -513,7 +522,7 @@ def cmd_bench(a, console) -> int:
         print(kernel_table(device=str(dev))[0])
         print(kernel_accuracy(device=str(dev)))
     else:
-        print(mode_table(preset=a.preset, repeats=a.repeats, device=str(dev)))
+        print(mode_table(preset=a.preset or "tiny", repeats=a.repeats or 5, device=str(dev)))
     return EXIT_OK
 
 
@@ -772,9 +781,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "rule runs")
     ps.add_argument("--out", default="check-sampler.json", help="the verdict and every test (JSON, written atomically)")
     pb = sub.add_parser("bench", help="CUDA: GDN kernel times against the memory floor; CPU: trees per second per mode")
-    pb.add_argument("--preset", default="tiny", metavar="NAME", help="model preset whose shapes the kernels take "
-                                                                     "(default: tiny)")
-    pb.add_argument("--repeats", type=int, default=5, help="CPU: timed repeats per mode (default: 5)")
+    pb.add_argument("--preset", default=None, metavar="NAME",
+                    help="CPU: the model whose verify modes are timed (default: tiny); CUDA with --op mamba2: the "
+                         "preset whose SSM shape the kernels take (default: nemotron-h-8b)")
+    pb.add_argument("--repeats", type=_int_in(1, 100000), default=None, metavar="N",
+                    help="CPU: timed repeats per mode (default: 5)")
     pb.add_argument("--op", choices=["gdn", "mamba2"], default="gdn",
                     help="CUDA: the GDN kernels (default) or the Mamba2 kernels at --preset's SSM shape "
                          "(default nemotron-h-8b)")

@@ -281,3 +281,31 @@ def test_the_command_line_runs_in_a_fresh_interpreter_on_a_machine_with_cuda(mon
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cli_runs.run_cli("--help")
     assert calls == [("fork", ["--help"]), ("fresh", ["-m", "ddsim.cli"])]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--repeats", "0"], "--repeats: expected an integer in 1..100000, got '0'"),
+    (["--repeats", "-3"], "--repeats: expected an integer in 1..100000, got '-3'"),
+    (["--op", "mamba2"], "--op mamba2: a kernel table, on CUDA only"),
+    (["--preset", "nope"], "unknown preset 'nope'"),
+])
+def test_bench_bad_options_on_the_cpu(args, needle):
+    """A count below one (it once printed negative trees per second) and an option the CPU's table would ignore."""
+    _one_line_error(run_cli("bench", "--device", "cpu", *args), needle)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--repeats", "3"], "--repeats: the CPU's mode table only"),
+    (["--preset", "qwen3.6-27b"], "--preset qwen3.6-27b: the GDN kernel table runs at Qwen3.6-27B's GDN shapes"),
+    (["--op", "mamba2", "--preset", "tiny"], "--preset tiny: has no Mamba2 layers"),
+])
+def test_bench_options_a_cuda_table_would_ignore_are_refused_before_any_work(monkeypatch, capsys, args, needle):
+    """On CUDA (faked here: every refusal comes before the device is used) an option the kernel tables do not take
+    is refused in one line, never ignored."""
+    import torch
+
+    from ddsim import cli, devices
+    monkeypatch.setattr(devices, "resolve_device", lambda name: torch.device("cuda"))
+    assert cli.main(["bench", "--device", "cuda", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and needle in err, err

@@ -4,6 +4,7 @@ from __future__ import annotations
 import platform
 import subprocess
 import time
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -24,6 +25,18 @@ def cuda_header(commit: str) -> str:
             f"triton {triton.__version__} | python {platform.python_version()} | commit {commit}")
 
 
+def _checkout() -> str:
+    """ddsim's version and the commit of the checkout it runs from (the package's own directory, wherever the command
+    is run; "commit ?" where that is not a git checkout)."""
+    import ddsim
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30,
+                                cwd=Path(ddsim.__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"ddsim {ddsim.__version__} | commit {commit or '?'}"
+
+
 def mode_table(*, preset: str = "tiny", repeats: int = 5, prefix: int = 64, device: str = "cpu",
                budgets=(16, 32, 64)) -> str:
     cfg = get_preset(preset)
@@ -32,9 +45,8 @@ def mode_table(*, preset: str = "tiny", repeats: int = 5, prefix: int = 64, devi
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, prefix).tolist()
     state, _ = m.prefill(prompt)
     ostate, _ = oracle.prefill(w, cfg, prompt)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [f"# {time.strftime('%Y-%m-%d')} | {platform.machine()} | device {device} | torch {torch.__version__} | "
-             f"threads {torch.get_num_threads()} | commit {commit or '?'} | preset {cfg.name}",
+             f"threads {torch.get_num_threads()} | {_checkout()} | preset {cfg.name}",
              "| budget | nodes | " + " | ".join(VERIFY_MODES) + " | oracle |",
              "|---|---|" + "---|" * (len(VERIFY_MODES) + 1)]
     for budget in budgets:
