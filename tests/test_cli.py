@@ -243,6 +243,10 @@ def test_tree_command(tmp_path):
     _one_line_error(run_cli("tree", "--trace", trace, "--vocab", "20", "--step", "4"), "trace has 1 steps")
     _one_line_error(run_cli("tree", "--budget", "-2"), "budget")
     _one_line_error(run_cli("tree", "--format", "svg"), "--format")
+    # zero never stands for a default (--vocab 0 drew a tree over 32 tokens, --budget 0 a root alone)
+    for option, value, want in (("--vocab", "0", ">= 1"), ("--budget", "0", "in 1..1024"), ("--depth", "0", ">= 1"),
+                                ("--topk-cap", "0", ">= 1"), ("--seed", "-1", ">= 0"), ("--budget", "1025", "in 1..1024")):
+        _one_line_error(run_cli("tree", option, value), f"argument {option}: expected an integer {want}, got '{value}'")
 
 
 def test_an_audit_asks_for_expandable_cuda_segments_unless_told_otherwise(monkeypatch, tmp_path):
