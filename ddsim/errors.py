@@ -17,5 +17,10 @@ class InputError(DDSimError):
     """Bad tensors, logits, files or options handed to a public function."""
 
 
+class NotInstalled(InputError):
+    """An engine package an adapter needs cannot be imported. Its message says which and how to install it;
+    ddsim.engines.load puts the option that asked for the engine (--impl, --fast-path) in front."""
+
+
 class MeasurementError(DDSimError):
     """A measurement came out non-finite (a fast path produced NaN or Inf): never summarised away."""

@@ -376,10 +376,10 @@ def test_an_engine_kernel_in_the_whole_model_audit(tmp_path, report):
     assert m.returncode == 2 and "--fast-path ddsim: the report does not match" in m.stderr
 
 
-
-
-@pytest.mark.parametrize("args, needle", [
-    (["--fast-path", "fla"], "--impl fla: the package fla-core is not installed"),
+@pytest.mark.parametrize("args, needle", [  # each refusal names --fast-path, the option given (it once said --impl)
+    (["--fast-path", "fla"], "--fast-path fla: the package fla-core is not installed"),
+    (["--fast-path", "nope"], "--fast-path nope: expected ddsim, fla, sglang, vllm or MODULE:FUNCTION"),
+    (["--fast-path", "no_such_module:f", "--convention", "ddsim"], "--fast-path no_such_module:f: cannot import"),
     (["--convention", "fla"], "--convention: only with a MODULE:FUNCTION --fast-path"),
     (["--fast-path", "tests.planted_kernels:wrong_gate_sign"], "--convention: MODULE:FUNCTION needs"),
 ])

@@ -79,7 +79,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ddsim.errors import InputError
+from ddsim.errors import InputError, NotInstalled
 
 CONVENTIONS = ("ddsim", "sglang", "vllm", "fla")
 # the ops an engine may offer beside its GDN verify (each its own fields below), as a refusal names them
@@ -303,11 +303,15 @@ def import_function(impl: str, flag: str = "--impl"):
     return fn
 
 
-def load(impl: str, *, convention: str | None = None, commit: str | None = None) -> EngineKernel:
-    """The adapter for ``impl``; a missing engine package is one InputError naming it. ``commit`` (MODULE:FUNCTION in
-    SGLang's convention, sglang.as_commit_contract) replaces the kernel's own commit, for every op whose node states
-    it keeps; a kernel that keeps none is refused in one line."""
-    kernel = _adapter(impl, convention)
+def load(impl: str, *, convention: str | None = None, commit: str | None = None, flag: str = "--impl") -> EngineKernel:
+    """The adapter for ``impl``; a missing engine package is one InputError naming it, after ``flag``, the option that
+    named the engine (check-kernel's --impl, an audit's --fast-path). ``commit`` (MODULE:FUNCTION in SGLang's
+    convention, sglang.as_commit_contract) replaces the kernel's own commit, for every op whose node states it keeps; a
+    kernel that keeps none is refused in one line."""
+    try:
+        kernel = _adapter(impl, convention, flag)
+    except NotInstalled as e:
+        raise InputError(f"{flag} {impl}: {e}") from None
     if commit is None:
         return kernel
     from dataclasses import replace
@@ -322,7 +326,7 @@ def load(impl: str, *, convention: str | None = None, commit: str | None = None)
                    commit_source_sha256=digest)
 
 
-def _adapter(impl: str, convention: str | None) -> EngineKernel:
+def _adapter(impl: str, convention: str | None, flag: str) -> EngineKernel:
     if impl == "ddsim":
         from ddsim.engines import ddsim_kernels
         return ddsim_kernels.adapter()
@@ -336,11 +340,11 @@ def _adapter(impl: str, convention: str | None) -> EngineKernel:
         from ddsim.engines import vllm
         return vllm.adapter()
     if ":" not in impl:
-        raise InputError(f"--impl {impl}: expected ddsim, fla, sglang, vllm or MODULE:FUNCTION")
+        raise InputError(f"{flag} {impl}: expected ddsim, fla, sglang, vllm or MODULE:FUNCTION")
     module = impl.partition(":")[0]
     if convention not in CONVENTIONS:
         raise InputError(f"--convention: MODULE:FUNCTION needs one of {', '.join(CONVENTIONS)}, got {convention!r}")
-    fn = import_function(impl)
+    fn = import_function(impl, flag)
     src, digest = _source_of(fn)
     top = module.split(".")[0]
     from ddsim.engines import ddsim_kernels, fla, sglang, vllm

@@ -10,7 +10,7 @@ fla takes one initial state per sequence and no pool indices, so the adapter gat
 slots from the pool (the slot handling checked is the adapter's, not fla's)."""
 from __future__ import annotations
 
-from ddsim.errors import InputError
+from ddsim.errors import NotInstalled
 
 # each op's kernel, and what it offers, known without importing fla-core (about 4 s): they take no tree
 NAMES = {"gdn": "fla.fused_recurrent_gated_delta_rule", "kda": "fla.fused_recurrent_kda",
@@ -80,7 +80,7 @@ def adapter():
             warnings.simplefilter("ignore")
             from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
     except ModuleNotFoundError as e:
-        raise InputError(f"--impl fla: the package fla-core is not installed (missing module {e.name!r}; "
+        raise NotInstalled(f"the package fla-core is not installed (missing module {e.name!r}; "
                          "pip install fla-core einops)") from None
     from ddsim.engines import EngineKernel, _source_of, _version
     src, digest = _source_of(fused_recurrent_gated_delta_rule)

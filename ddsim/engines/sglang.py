@@ -19,7 +19,7 @@ import inspect
 
 import torch
 
-from ddsim.errors import InputError
+from ddsim.errors import NotInstalled
 
 # where each supported SGLang release keeps the kernel, newest first
 LOCATIONS = (
@@ -35,7 +35,7 @@ def _kernel():
             return importlib.import_module(loc).fused_sigmoid_gating_delta_rule_update, loc
         except ModuleNotFoundError as e:
             missing = missing or e.name
-    raise InputError(f"--impl sglang: the package sglang is not installed (missing module {missing!r}; "
+    raise NotInstalled(f"the package sglang is not installed (missing module {missing!r}; "
                      "pip install sglang, or its wheel with --no-deps)")
 
 

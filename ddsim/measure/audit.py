@@ -214,7 +214,7 @@ def load_engine(ac: AuditConfig, device: torch.device):
     from ddsim.devices import prepare_engine_device
     from ddsim.engines import load
     prepare_engine_device(str(device))  # Triton kernels of an engine run in Triton's interpreter on the CPU
-    kernel = load(ac.fast_path, convention=ac.convention)
+    kernel = load(ac.fast_path, convention=ac.convention, flag="--fast-path")
     if not set(kernel.modes) & {"exact", "leaky"}:
         raise InputError(f"--fast-path {ac.fast_path}: offers no recurrence mode the audit runs")
     return kernel

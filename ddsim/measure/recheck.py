@@ -109,7 +109,7 @@ def check_engine_source(report, impl: str, convention: str | None) -> None:
         return
     if rec is None:
         raise InputError(f"--fast-path {impl}: the report audited ddsim's own kernels")
-    kernel = load(impl, convention=convention or report.config.convention)
+    kernel = load(impl, convention=convention or report.config.convention, flag="--fast-path")
     if kernel.source_sha256 is None or kernel.source_sha256 != rec.source_sha256:
         got = (kernel.source_sha256 or "no source")[:16]
         raise InputError(f"--fast-path {impl}: its source {kernel.source} (sha256 {got}) is not the kernel the report "
