@@ -606,8 +606,8 @@ def cmd_check_sampler(a, console) -> int:
     from ddsim.sampling.load import parse_params, resolve
     if not 1000 <= a.draws <= 10**8:
         raise InputError(f"--draws: expected 1000 to 1e8 draws per case, got {a.draws}")
-    if a.max_examples < 0:
-        raise InputError(f"--max-examples: expected >= 0, got {a.max_examples}")
+    if a.max_examples < 1:  # as check-kernel's: a verdict on the explicit cases alone is never given
+        raise InputError(f"--max-examples: expected >= 1, got {a.max_examples}")
     if not 0 < a.alpha <= 0.5:
         raise InputError(f"--alpha: expected a false-alarm rate in (0, 0.5], got {a.alpha}")
     device = a.device
@@ -774,7 +774,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="hypothesis-drawn cases besides the 9 explicit ones (default: 24)")
     ps.add_argument("--alpha", type=float, default=1e-6,
                     help="the false-alarm rate of the whole run (default: 1e-6)")
-    ps.add_argument("--seed", type=int, default=0, help="the random numbers' seed (default: 0)")
+    ps.add_argument("--seed", type=_int_in(0), default=0, help="the random numbers' seed (default: 0)")
     ps.add_argument("--device", default="auto", help="auto (default), cpu or cuda[:N]: where an SGLang-convention "
                                                      "rule runs")
     ps.add_argument("--out", default="check-sampler.json", help="the verdict and every test (JSON, written atomically)")

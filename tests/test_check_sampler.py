@@ -176,6 +176,9 @@ def test_the_statistical_test_keeps_its_false_alarm_rate_and_power():
     (["--impl", "sgl-kernel"], "--impl sgl-kernel: cannot import sgl_kernel"),
     (["--impl", "sglang", "--draws", "10"], "--draws: expected 1000 to 1e8 draws per case, got 10"),
     (["--impl", "sglang", "--alpha", "0"], "--alpha: expected a false-alarm rate in (0, 0.5], got 0.0"),
+    # no verdict on the explicit cases alone (0 once ran them and said "no evidence of loss"), no negative seed
+    (["--impl", "sglang", "--max-examples", "0"], "--max-examples: expected >= 1, got 0"),
+    (["--impl", "sglang", "--seed", "-1"], "argument --seed: expected an integer >= 0, got '-1'"),
 ])
 def test_check_sampler_bad_input(tmp_path, args, needle):
     one_line_error(run_cli("check-sampler", *args, "--out", tmp_path / "s.json"), needle)
