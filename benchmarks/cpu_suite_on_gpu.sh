@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On a GPU machine, under its CUDA torch: the CPU suite (tests/, its slow part too) as `make test` and
+# `make test-slow` run it, to see what it does where Triton compiles. Tests that launch Triton kernels on CPU tensors
+# skip themselves there, saying why (the `interpreter` mark, properties/interpreter_mark.py); the screenshot tests
+# need a browser and are left out. The engine packages (.engines) stay off the import path, as in `make test`.
+# The whole output to DIR/suite.txt; DIR/summary.txt: the header, the result line, every failure and error, and the
+# skips counted by reason.
+#   bash benchmarks/cpu_suite_on_gpu.sh DIR COMMIT [WORKERS]
+set -u
+dir=$1 commit=$2 workers=${3:-12}
+mkdir -p "$dir"
+start=$(date +%s)
+OMP_NUM_THREADS=1 timeout 540 python3 -m pytest tests -q -p no:cacheprovider -m "slow or not slow" -n "$workers" -rfEs \
+  --deselect tests/test_html_screenshot.py >"$dir/suite.txt" 2>&1
+rc=$?
+{ echo "# $(date +%F) | $(python3 -c 'import torch; print(torch.cuda.get_device_name())') | torch" \
+       "$(python3 -c 'import torch; print(torch.__version__)') | triton $(python3 -c 'import triton; print(triton.__version__)')" \
+       "| commit $commit"
+  echo "tests rc=$rc $(( $(date +%s) - start )) s: $(tail -1 "$dir/suite.txt")"
+  grep -E "^(FAILED|ERROR) " "$dir/suite.txt"
+  grep -E "^SKIPPED \[" "$dir/suite.txt" | sed -E 's/^SKIPPED \[([0-9]+)\] [^:]+:[0-9]+: /\1 /' |
+    awk '{n = $1; $1 = ""; count[$0] += n} END {for (r in count) print "skipped", count[r], "x" r}' | sort -k2 -nr
+} >"$dir/summary.txt"
+cat "$dir/summary.txt"
