@@ -171,6 +171,21 @@ def wrong_on_one_call_in_twenty(q, k, v, g, beta, *, parents, initial_state, sta
     return o * 1.01 if _CALLS[0] % 20 == 0 else o
 
 
+_SEEN: set = set()
+
+
+def wrong_once_per_input(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    """Wrong the first time it sees an input (by q's bits), right on every call after (a race that a re-run hides)."""
+    import hashlib
+    key = hashlib.sha256(q.detach().float().cpu().numpy().tobytes() + repr(tuple(q.shape)).encode()).hexdigest()
+    o = _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices, mode=mode,
+                scale=scale)
+    if key in _SEEN:
+        return o
+    _SEEN.add(key)
+    return o * 1.01 + 0.01
+
+
 def normalises_k_in_place(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
     """Right outputs, but k is l2-normalised in place: the caller's tensor is changed."""
     k.div_(torch.sqrt((k.float() ** 2).sum(-1, keepdim=True) + 1e-6).to(k.dtype))

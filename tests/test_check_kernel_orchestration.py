@@ -42,6 +42,18 @@ def test_check_shrinks_a_bug_drawn_inputs_reach_too():
     assert ce["shapes"]["T"] <= 4  # shrunk
 
 
+def test_a_drawn_counterexample_is_described_as_it_ran_not_as_a_rerun_gives_it():
+    """A kernel wrong only the first time it sees an input: the shrunk counterexample's line shows the wrong node of
+    the run that failed (a re-run, right, once described it with no wrong node at all)."""
+    from tests import planted_kernels
+    planted_kernels._SEEN.clear()  # every input unseen, whatever ran before in this process
+    res = {r.name: r for r in ck.check(_load("tests.planted_kernels:wrong_once_per_input"), mode="exact",
+                                       max_examples=5)}
+    every = res["exact on every node"]
+    assert not every.holds and every.counterexample["example"] == "drawn"
+    assert every.detail.startswith("first wrong node 0 of sequence 0 (parents [-1]), error "), every.detail
+
+
 def test_check_in_leaky_mode_needs_the_leak():
     res = {r.name: r for r in ck.check(_load("tests.planted_kernels:exact_calling_itself_leaky"), mode="leaky",
                                        max_examples=2)}

@@ -825,7 +825,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
             results.append(PropertyResult(name, False, drawn_line if explicit_ce is None else
                                           f"{_where(explicit_ce)}; then {drawn_line}", explicit_ce))
             continue
-        ce = _describe(bad, runner.run(bad), name, mode)  # shrunk: the smallest tree that shows the bug
+        ce = _describe(bad, run_drawn(bad), name, mode)  # shrunk: the smallest tree that shows the bug, as it ran there
         if explicit_ce is not None:
             ce["serving_example"] = explicit_ce["example"]
         results.append(PropertyResult(name, False, _where(ce) + (f" (also on serving example [{ce['serving_example']}])"
