@@ -186,6 +186,26 @@ def wrong_once_per_input(q, k, v, g, beta, *, parents, initial_state, state_indi
     return o * 1.01 + 0.01
 
 
+def output_with_an_extra_axis(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact",
+                              scale=None):
+    """The right values, returned as [1, B, T, HV, V]."""
+    return _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices,
+                   mode=mode, scale=scale).unsqueeze(0)
+
+
+def output_heads_flattened(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    """The right values, returned as [B, T, HV * V]."""
+    o = _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices, mode=mode,
+                scale=scale)
+    return o.reshape(*o.shape[:2], -1)
+
+
+def output_as_a_list(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    """The right values, returned as nested lists."""
+    return _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices,
+                   mode=mode, scale=scale).tolist()
+
+
 def normalises_k_in_place(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
     """Right outputs, but k is l2-normalised in place: the caller's tensor is changed."""
     k.div_(torch.sqrt((k.float() ** 2).sum(-1, keepdim=True) + 1e-6).to(k.dtype))

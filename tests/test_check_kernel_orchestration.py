@@ -88,6 +88,21 @@ def test_a_kernel_that_raises_fails_every_property(tmp_path, monkeypatch):
         "must be 17 (one line on the terminal) on a drawn input")
 
 
+@pytest.mark.parametrize("kernel, said", [
+    ("output_with_an_extra_axis", "an output of shape (1, 1, 17, 1, 128) where the contract's is (1, 17, 1, 128)"),
+    ("output_heads_flattened", "an output of shape (1, 17, 128) where the contract's is (1, 17, 1, 128)"),
+    ("output_as_a_list", "an output of list, not a floating-point tensor"),
+])
+def test_an_output_that_breaks_the_contract_fails_every_property(kernel, said):
+    """The right values in another shape or type: every property fails on the first serving example, named so (an
+    extra axis once raised out of check() on the comparison's mask)."""
+    res = ck.check(_load(f"tests.planted_kernels:{kernel}"), mode="exact", max_examples=2)
+    assert [r.holds for r in res] == [False] * 7
+    first = res.properties[0].detail
+    assert first.startswith("serving example [ddtree budget 16 top-k 8 T=17 B=1") and \
+        f"the kernel broke its contract: {said}" in first, first
+
+
 def test_check_conv_and_mamba2_and_bad_profiles():
     conv = ck.check(_load("ddsim"), mode="exact", max_examples=2, op="conv")
     assert all(r.holds for r in conv) and [r.name for r in conv][3] == "committed window untouched"

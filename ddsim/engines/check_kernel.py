@@ -311,6 +311,7 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
         before = _bits(pool).clone()
         o = call(args, pool, slots) if node is None else call(args, pool, slots, node)
         changed |= {k for k, v in {**args, **tables}.items() if v is not None and not torch.equal(_bits(v), seen[k])}
+        _checked_output(o)
         o = o.detach().cpu()
         if node is not None:
             got = _node_writes(node[0], inp, real)
@@ -375,6 +376,7 @@ class _Runner:
                                              parents=inp["parents"], initial_state=inp["initial_state"].double(), mode=m,
                                              output_states=states),
             ("exact", "leaky") if self.mode == "leaky" else ("exact",), self.mode, self.node_states))
+        _checked_output(r["o"], r["ref"]["exact"].shape)
         r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
         r["dtype"] = _input_dtype(inp)
         return r
@@ -488,6 +490,7 @@ class _ConvRunner:
                                                          initial_window=window.double(), mode=m,
                                                          output_windows=windows),
             ("exact", "leaky"), self.mode, self.node_states))
+        _checked_output(r["o"], r["ref"]["exact"].shape)
         W1 = inp["initial_window"].shape[-1]
         # the window after the whole flattened draft: what a verify that rewrites its slot writes there
         flat = torch.cat([inp["initial_window"], inp["x"].transpose(1, 2).to(inp["initial_window"].dtype)], -1)
@@ -595,7 +598,7 @@ def _where(ce: dict) -> str:
     """One line locating a counterexample for the terminal (or the error a serving example raised)."""
     at = "" if ce["example"] == "drawn" else f"serving example [{ce['example']}]: "
     if "error" in ce:
-        return f"{at}the kernel raised {ce['error']}"
+        return at + _failed(ce["error"])
     if "commit" in ce:
         return at + _where_commit(ce)
     node = ce["first_wrong_node"]
@@ -642,6 +645,28 @@ def _where_commit(ce: dict) -> str:
                 f"difference {first['max_abs_difference']:.3g})")
     return (f"sequence {first['sequence']}'s committed state (accepted node {first['node']}, parents {parents}, "
             f"{layers}) off the oracle's by {first['max_abs_error']:.3g} > {first['bound']:.3g}")
+
+
+class ContractError(Exception):
+    """What a kernel returned is not what its contract says: no tensor, not floating point, or another shape than the
+    oracle's output (a missing or extra axis once raised out of check() on the comparison's mask)."""
+
+
+def _checked_output(o, shape: tuple | None = None) -> None:
+    """ContractError unless o is a floating-point tensor (of ``shape``, the oracle's output's, where given)."""
+    if not isinstance(o, torch.Tensor) or not o.is_floating_point():
+        raise ContractError(f"an output of {type(o).__name__ if not isinstance(o, torch.Tensor) else o.dtype}, "
+                            "not a floating-point tensor")
+    if shape is not None and tuple(o.shape) != tuple(shape):
+        raise ContractError(f"an output of shape {tuple(o.shape)} where the contract's is {tuple(shape)}")
+
+
+def _failed(error: str) -> str:
+    """The line for a kernel's error (as _raised gives it): what it raised, or how its output broke the contract."""
+    prefix = ContractError.__name__ + ": "
+    if error.startswith(prefix):
+        return "the kernel broke its contract: " + error[len(prefix):]
+    return f"the kernel raised {error}"
 
 
 def _raised(e: Exception, device: str) -> str:
@@ -819,7 +844,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                 results.append(PropertyResult(name, False, _where(explicit_ce), explicit_ce))
             continue
         except Exception as e:  # the kernel raised on a drawn input: after a serving example's failure, that comes first
-            drawn_line = f"the kernel raised {_raised(e, device)} on a drawn input"
+            drawn_line = f"{_failed(_raised(e, device))} on a drawn input"
             if _device_lost(device):
                 lost = f"a drawn input of property {name!r}"
             results.append(PropertyResult(name, False, drawn_line if explicit_ce is None else
@@ -849,8 +874,8 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
             except Exception as e:  # the kernel raised on a drawn input: no leak seen, a failure like any other
                 if _device_lost(device):
                     lost = "a drawn input of the leak's search"
-                results.append(PropertyResult("leaks off order-exact nodes", False, f"no leak seen: the kernel raised "
-                                              f"{_raised(e, device)} on a drawn input"))
+                results.append(PropertyResult("leaks off order-exact nodes", False, f"no leak seen: "
+                                              f"{_failed(_raised(e, device))} on a drawn input"))
     return CheckResult(results, profile, len(explicit) - len(unchecked), _coverage(described + drawn), lost, unchecked)
 
 
