@@ -442,3 +442,41 @@ def test_the_references_carry_node_states_in_the_kernels_own_mode_only():
     assert calls == [("exact", False), ("leaky", True)]
     assert ck._references(reference, ("exact", "leaky"), "exact", True)["ref_states"] == "exact states"
     assert ck._references(reference, ("exact",), "exact", False) == {"ref": {"exact": "exact out"}}
+
+
+def test_a_kernels_output_is_held_to_the_contract_and_its_errors_worded():
+    """ContractError for anything but a floating-point tensor of the oracle's shape; the line says 'broke its
+    contract' for those and 'raised' for the kernel's own exceptions, cut at 300 characters."""
+    ck._checked_output(torch.zeros(2, 3, dtype=torch.bfloat16), (2, 3))
+    ck._checked_output(torch.zeros(2, 3))  # no shape: the type alone (before the oracle runs)
+    for o, shape, said in (([0.0], None, "an output of list, not a floating-point tensor"),
+                           (torch.zeros(2, 3, dtype=torch.int64), None, "an output of torch.int64, not a floating-point "
+                                                                        "tensor"),
+                           (torch.zeros(1, 2, 3), (2, 3), "an output of shape (1, 2, 3) where the contract's is (2, 3)")):
+        with pytest.raises(ck.ContractError) as e:
+            ck._checked_output(o, shape)
+        assert str(e.value) == said
+        assert ck._failed(ck._raised(e.value, "cpu")) == f"the kernel broke its contract: {said}"
+    assert ck._failed("ValueError: T > 64") == "the kernel raised ValueError: T > 64"
+    assert ck._raised(ValueError("x" * 400), "cuda") == "ValueError: " + "x" * 299 + "…"
+
+
+def test_an_error_raised_inside_tritons_runtime_on_the_cpu_says_the_kernel_was_compiled(monkeypatch):
+    """The note only for the CPU, only while Triton is not interpreting, only for an exception raised in Triton's
+    runtime or backends (a frame of that file name, made here without Triton)."""
+    def raised_in(filename):
+        try:
+            exec(compile("raise RuntimeError('0 active drivers')", filename, "exec"))
+        except RuntimeError as e:
+            return e
+    runtime, backend = raised_in("/x/triton/runtime/driver.py"), raised_in("/x/triton/backends/nvidia/driver.py")
+    elsewhere = raised_in("/x/sglang/kernels/ops.py")
+    note = " (Triton compiled the kernel for a GPU: on the CPU an engine's Triton kernels run only in Triton's " \
+           "interpreter, TRITON_INTERPRET=1 set before they are imported)"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert ck._raised(runtime, "cpu") == "RuntimeError: 0 active drivers" + note
+    assert ck._raised(backend, "cpu") == "RuntimeError: 0 active drivers" + note
+    for e, device in ((runtime, "cuda"), (runtime, "cuda:0"), (elsewhere, "cpu")):
+        assert ck._raised(e, device) == "RuntimeError: 0 active drivers"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert ck._raised(runtime, "cpu") == "RuntimeError: 0 active drivers"
