@@ -418,3 +418,37 @@ def test_typical_acceptance_where_the_entropy_term_binds():
     path, bonus = rl.typical(parents=t(par), tokens=t([tok]), target=P2[None],
                              randoms={"final": t([0.6], dtype=torch.float64)})
     assert path.tolist() == [[0, 2, 3]] and bonus.tolist() == [2]
+
+
+def test_a_rule_called_again_on_the_same_numbers_that_raises_or_answers_otherwise_fails_its_case():
+    """run_case calls the rule a second time on its first chunk's random numbers: a raise there fails the case with
+    the reason (it once went out of check-sampler as an internal error), and so does another answer or a malformed
+    one."""
+    from ddsim.sampling.cases import explicit_cases
+    from ddsim.sampling.check import Sampler
+    case = explicit_cases()[0]
+    calls = []
+
+    def second(kind):
+        def call(**kw):
+            calls.append(kind)
+            path, bonus = rl.eagle(**kw)
+            if len(calls) % 2:
+                return path, bonus
+            if kind == "raises":
+                raise RuntimeError("stale buffer")
+            if kind == "other":
+                return path, (bonus + 1) % case.vocab
+            return (path,)
+        return Sampler(kind, call, {"coins": "node", "final": "draw"}, "fixed")
+    said = {"raises": "the rule raised RuntimeError: stale buffer when called again on the same random numbers",
+            "other": "the same random numbers gave different outputs",
+            "malformed": "the same random numbers gave different outputs"}
+    for kind, want in said.items():
+        calls.clear()
+        r = ck.run_case(second(kind), case, draws=1000, alpha_per_test=1e-6)
+        assert r.failure == want and calls == [kind, kind], (kind, r.failure, calls)
+    calls.clear()
+    assert ck.run_case(Sampler("eagle", lambda **kw: calls.append(1) or rl.eagle(**kw), {"coins": "node",
+                                                                                         "final": "draw"}, "fixed"),
+                       case, draws=1000, alpha_per_test=1e-6).failure is None

@@ -172,9 +172,14 @@ def run_case(sampler: Sampler, case: SamplerCase, *, draws: int, alpha_per_test:
             if any(not torch.equal(a, b) for a, b in zip(before, after)):
                 res.failure = "the rule wrote into its inputs (tokens, distributions or random numbers)"
                 return res
-            again = sampler.call(parents=torch.tensor(parents), tokens=tokens, target=target, draft=draft,
-                                 randoms=randoms)
-            if not (torch.equal(again[0].long(), path) and torch.equal(again[1].long(), bonus)):
+            try:  # called again on the same numbers: a raise there fails the case too, as does another output
+                again = sampler.call(parents=torch.tensor(parents), tokens=tokens, target=target, draft=draft,
+                                     randoms=randoms)
+            except Exception as e:  # noqa: BLE001
+                res.failure = f"the rule raised {type(e).__name__}: {e} when called again on the same random numbers"
+                return res
+            if not (isinstance(again, (tuple, list)) and len(again) == 2 and _validate(*again, parents, R, D, V) is None
+                    and torch.equal(again[0].long(), path) and torch.equal(again[1].long(), bonus)):
                 res.failure = "the same random numbers gave different outputs"
                 return res
         _count(path, bonus, tokens, ids, counts, joint, target_tab, gen, V, off)
