@@ -22,5 +22,10 @@ class NotInstalled(InputError):
     ddsim.engines.load puts the option that asked for the engine (--impl, --fast-path) in front."""
 
 
+class EngineError(DDSimError):
+    """An engine's kernel (an audit's --fast-path) raised, or returned what its contract does not allow: the audit
+    stops, in one line naming the kernel, and writes no report."""
+
+
 class MeasurementError(DDSimError):
     """A measurement came out non-finite (a fast path produced NaN or Inf): never summarised away."""

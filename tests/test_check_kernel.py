@@ -389,6 +389,21 @@ def test_audit_fast_path_bad_input(tmp_path, args, needle):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("kernel, said", [
+    ("refuses_every_call", "the kernel raised ValueError: no kernel for (1, 15, 1, 8)"),
+    ("output_with_an_extra_axis", "the kernel returned shape (1, 1, 15, 2, 8) torch.float32 where the contract's output "
+                                  "is a floating-point [B, T, HV, V] = (1, 15, 2, 8)"),
+    ("output_as_a_list", "the kernel returned list where the contract's output is a floating-point [B, T, HV, V]"),
+])
+def test_an_audits_fast_path_that_raises_or_breaks_its_contract_stops_it_in_one_line(tmp_path, kernel, said):
+    """A --fast-path kernel that raises was an internal error; one returning the right values with an extra axis was
+    reshaped silently and read as right. Both stop the audit now, naming --fast-path, with nothing written."""
+    from tests.cli_runs import FAST_AUDIT
+    one_line_error(run_cli("audit", *FAST_AUDIT, "--fast-path", f"tests.planted_kernels:{kernel}", "--convention",
+                           "ddsim", "--out", tmp_path / "o"), f"--fast-path tests.planted_kernels:{kernel}: {said}")
+    assert not (tmp_path / "o").exists()
+
+
 # two 4-token prompts: an engine's kernel runs every prefill too, in Triton's interpreter, one token at a time
 SMALL_AUDIT = ["--preset", "micro", "--budget", "4", "--steps", "1", "--seed", "5", "--prompts",
                str(Path(__file__).with_name("data") / "prompts-short.jsonl")]

@@ -27,7 +27,7 @@ import torch
 from ddsim import oracle
 from ddsim.devices import resolve_device
 from ddsim.digest import file_digest
-from ddsim.errors import InputError
+from ddsim.errors import EngineError, InputError
 from ddsim.measure.aggregate import NodePool
 from ddsim.measure.metrics import summarize
 from ddsim.measure.settings import AuditConfig
@@ -217,7 +217,27 @@ def load_engine(ac: AuditConfig, device: torch.device):
     kernel = load(ac.fast_path, convention=ac.convention, flag="--fast-path")
     if not set(kernel.modes) & {"exact", "leaky"}:
         raise InputError(f"--fast-path {ac.fast_path}: offers no recurrence mode the audit runs")
-    return kernel
+    return held_to_contract(kernel, ac.fast_path)
+
+
+def held_to_contract(kernel, impl: str):
+    """``kernel`` whose verify the audit calls through a check: a raise, or an output other than a floating-point
+    tensor of v's shape [B, T, HV, V] (the contract's; one of the same size would reshape silently), is an EngineError
+    naming --fast-path, where a raise was an internal error and such an output was read as if it were right."""
+    import dataclasses
+    verify = kernel.verify
+
+    def checked(q, k, v, g, beta, **kw):
+        try:
+            o = verify(q, k, v, g, beta, **kw)
+        except Exception as e:  # a device fault included: the audit cannot go on either way
+            raise EngineError(f"--fast-path {impl}: the kernel raised {type(e).__name__}: {e}") from e
+        if not isinstance(o, torch.Tensor) or not o.is_floating_point() or tuple(o.shape) != tuple(v.shape):
+            got = f"shape {tuple(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
+            raise EngineError(f"--fast-path {impl}: the kernel returned {got} where the contract's output is a "
+                              f"floating-point [B, T, HV, V] = {tuple(v.shape)}")
+        return o
+    return dataclasses.replace(kernel, verify=checked)
 
 
 def run_audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None = None,
