@@ -446,16 +446,23 @@ def cmd_tree(a, console) -> int:
 
     from ddsim.errors import InputError
     from ddsim.trees.builders import ddtree
+    # every option given is used, or refused: the random logits' and the trace's options are not mixed
+    unused = [f for f, v in (("--seed", a.seed), ("--depth", a.depth)) if v is not None] if a.trace else \
+        (["--step"] if a.step is not None else [])
+    if unused:
+        raise InputError(f"{unused[0]}: " + ("not with --trace (the trace's drafts give the tree)" if a.trace else
+                                            "only with --trace (a step of the trace)"))
     if a.trace:
         from ddsim.sim.drafters import DraftContext, TraceDrafter
         if a.vocab is None:
             raise InputError("--vocab: needed with --trace (the trace's vocab_size)")
         d = TraceDrafter(a.trace, vocab_size=a.vocab)
-        logits = d.draft(DraftContext(step=a.step, tokens=[0]))
+        logits = d.draft(DraftContext(step=a.step or 0, tokens=[0]))
         cap = min(c for c in (a.topk_cap, d.max_rank) if c)
     else:
-        gen = torch.Generator().manual_seed(a.seed)
-        logits = torch.randn(a.depth, 32 if a.vocab is None else a.vocab, generator=gen, dtype=torch.float64) * 3.0
+        gen = torch.Generator().manual_seed(a.seed or 0)
+        logits = torch.randn(a.depth or 6, 32 if a.vocab is None else a.vocab, generator=gen,
+                             dtype=torch.float64) * 3.0
         cap = a.topk_cap
     tree = ddtree(logits, a.budget, cap)
     if a.format == "dot":
@@ -721,13 +728,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the dtype the engine computes in: picks the default policy's tolerance (default: float32)")
     pr.add_argument("--out", default="ddsim-replay", help="where report.json and report.html go")
     pt = sub.add_parser("tree", help="draw a DDTree with node order and order-exact nodes")
-    pt.add_argument("--seed", type=_int_in(0), default=0, help="seed of the random draft logits (default: 0)")
+    pt.add_argument("--seed", type=_int_in(0), default=None, help="seed of the random draft logits (default: 0)")
     pt.add_argument("--budget", type=_int_in(1, 1024), default=16, help="DDTree node budget (default: 16)")
     pt.add_argument("--topk-cap", type=_int_in(1), default=None, help="cap on per-depth top-k")
-    pt.add_argument("--depth", type=_int_in(1), default=6, help="drafter depth (default: 6)")
+    pt.add_argument("--depth", type=_int_in(1), default=None, help="drafter depth (default: 6)")
     pt.add_argument("--vocab", type=_int_in(1), default=None, help="vocabulary size (default 32; required with --trace)")
     pt.add_argument("--trace", metavar="FILE", help="build the tree from a drafter trace (JSONL) instead")
-    pt.add_argument("--step", type=_int_in(0), default=0, help="the trace's step to build (default: 0)")
+    pt.add_argument("--step", type=_int_in(0), default=None, help="the trace's step to build (default: 0)")
     pt.add_argument("--format", choices=["text", "dot"], default="text", help="text (default) or Graphviz dot")
     pk = sub.add_parser("check-kernel", help="the property suite against the oracle for an engine's GDN kernel, "
                                              "tree conv, Mamba2, KDA or lightning-attention verify")

@@ -247,6 +247,10 @@ def test_tree_command(tmp_path):
     for option, value, want in (("--vocab", "0", ">= 1"), ("--budget", "0", "in 1..1024"), ("--depth", "0", ">= 1"),
                                 ("--topk-cap", "0", ">= 1"), ("--seed", "-1", ">= 0"), ("--budget", "1025", "in 1..1024")):
         _one_line_error(run_cli("tree", option, value), f"argument {option}: expected an integer {want}, got '{value}'")
+    # and no option that would be ignored: the random logits' with a trace, a trace's step without one
+    _one_line_error(run_cli("tree", "--trace", trace, "--vocab", "20", "--depth", "3"), "--depth: not with --trace")
+    _one_line_error(run_cli("tree", "--trace", trace, "--vocab", "20", "--seed", "1"), "--seed: not with --trace")
+    _one_line_error(run_cli("tree", "--step", "2"), "--step: only with --trace")
 
 
 def test_an_audit_asks_for_expandable_cuda_segments_unless_told_otherwise(monkeypatch, tmp_path):
