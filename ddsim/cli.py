@@ -288,9 +288,12 @@ def cmd_gate(a, console) -> int:
     """The gate; with --json / --junit its verdict (or its error) is also written for CI systems."""
     from ddsim.errors import DDSimError
     from ddsim.reports import gate_files
-    if not a.report and (a.accept_other_version or not a.recheck):
+    if not a.report and (a.accept_other_version or not a.recheck or a.recheck_prompts is not None):
         from ddsim.errors import InputError
-        raise InputError("--accept-other-version, --no-recheck: only with --report")
+        raise InputError("--accept-other-version, --no-recheck, --recheck-prompts: only with --report")
+    if not a.recheck and a.recheck_prompts is not None:  # never ignored: the recheck it sizes does not run
+        from ddsim.errors import InputError
+        raise InputError("--recheck-prompts: not with --no-recheck")
     for opt, path in (("--json", a.json), ("--junit", a.junit)):
         if path:
             if Path(path).is_dir():
@@ -331,7 +334,7 @@ def _gate_report(a, console):
         v = None
         if a.recheck:
             from ddsim.measure.recheck import recheck
-            checked = recheck(report, prompts=a.recheck_prompts)
+            checked = recheck(report, prompts=a.recheck_prompts or 1)
             notes.append(checked.line())
             print(notes[-1])
             rerun = checked.rerun
@@ -706,8 +709,9 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--recheck", action=argparse.BooleanOptionalAction, default=True,
                     help="with --report: re-run a sample of the audit from the report's provenance and refuse a report "
                          "that does not reproduce (default: on; --no-recheck takes its figures on trust, and says so)")
-    pg.add_argument("--recheck-prompts", type=_int_in(1), default=1, metavar="N",
-                    help="prompts the recheck re-runs in every budget and mode (all of them: the whole audit)")
+    pg.add_argument("--recheck-prompts", type=_int_in(1), default=None, metavar="N",
+                    help="prompts the recheck re-runs in every budget and mode (default: 1; all of them: the whole "
+                         "audit)")
     pg.add_argument("--accept-other-version", action="store_true",
                     help="with --report: gate a report written by another ddsim version (refused otherwise)")
     pg.add_argument("--json", metavar="PATH", help="also write the verdict as JSON (every rule, the policy's sha256; "

@@ -163,6 +163,16 @@ def test_gate_rejects_bad_policies(tmp_path, audit_dir, policy_text, needle):
     _one_line_error(run_cli("gate", "--policy", p, "--report", audit_dir / "report.json"), needle)
 
 
+def test_gate_options_of_a_reports_recheck_are_refused_where_they_would_be_ignored():
+    """--no-recheck, --accept-other-version and --recheck-prompts act on a report the gate reads: without --report (the
+    gate runs the audit itself) each is refused, and so is a recheck's size with no recheck."""
+    for opt in (["--no-recheck"], ["--accept-other-version"], ["--recheck-prompts", "3"]):
+        _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, *FAST_AUDIT, *opt),
+                        "--accept-other-version, --no-recheck, --recheck-prompts: only with --report")
+    _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", "r.json", "--no-recheck",
+                            "--recheck-prompts", "3"), "--recheck-prompts: not with --no-recheck")
+
+
 def test_gate_missing_and_malformed_files(tmp_path):
     _one_line_error(run_cli("gate", "--policy", tmp_path / "none.toml", "--report", "x.json"), "none.toml", "cannot read")
     bad = tmp_path / "r.json"
