@@ -337,6 +337,8 @@ def test_a_leaky_kernel_that_raises_everywhere_fails_with_its_counterexamples_wr
     (["--impl", "tests.planted_kernels:nothing", "--convention", "ddsim", "--mode", "exact"], "has no 'nothing'"),
     (["--impl", "tests.planted_kernels:wrong_gate_sign", "--mode", "exact"], "--convention: MODULE:FUNCTION needs"),
     (["--impl", "vllm", "--mode", "leaky"], "--impl vllm: the package vllm is not installed"),
+    (["--impl", "ddsim", "--convention", "sglang", "--mode", "exact"],  # it was ignored
+     "--convention: only with a MODULE:FUNCTION --impl (ddsim's adapter has its own)"),
     (["--impl", "sglang", "--mode", "exact"], "--impl sglang: the package sglang is not installed"),
     (["--impl", "fla", "--mode", "leaky"], "--impl fla: the package fla-core is not installed"),
     (["--impl", "ddsim", "--mode", "exact", "--max-examples", "0"], "--max-examples: expected >= 1"),
@@ -381,6 +383,7 @@ def test_an_engine_kernel_in_the_whole_model_audit(tmp_path, report):
     (["--fast-path", "nope"], "--fast-path nope: expected ddsim, fla, sglang, vllm or MODULE:FUNCTION"),
     (["--fast-path", "no_such_module:f", "--convention", "ddsim"], "--fast-path no_such_module:f: cannot import"),
     (["--convention", "fla"], "--convention: only with a MODULE:FUNCTION --fast-path"),
+    (["--fast-path", "sglang", "--convention", "sglang"], "--convention: only with a MODULE:FUNCTION --fast-path (sglang"),
     (["--fast-path", "tests.planted_kernels:wrong_gate_sign"], "--convention: MODULE:FUNCTION needs"),
 ])
 def test_audit_fast_path_bad_input(tmp_path, args, needle):

@@ -327,6 +327,8 @@ def load(impl: str, *, convention: str | None = None, commit: str | None = None,
 
 
 def _adapter(impl: str, convention: str | None, flag: str) -> EngineKernel:
+    if impl in ("ddsim", "fla", "sglang", "vllm") and convention is not None:  # an adapter has its own: never ignored
+        raise InputError(f"--convention: only with a MODULE:FUNCTION {flag} ({impl}'s adapter has its own)")
     if impl == "ddsim":
         from ddsim.engines import ddsim_kernels
         return ddsim_kernels.adapter()
