@@ -235,8 +235,8 @@ class Fault:
 
 
 def refuses_every_call(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
-    """Raises on every input, serving or drawn (a kernel that cannot run here at all)."""
-    raise ValueError(f"no kernel for {tuple(q.shape)}")
+    """Raises on every input, serving or drawn (a kernel that cannot run here at all), in a message of two lines."""
+    raise ValueError(f"no kernel for {tuple(q.shape)}\n(a second line)")
 
 
 def faults_past_64_nodes(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):

@@ -393,7 +393,7 @@ def test_audit_fast_path_bad_input(tmp_path, args, needle):
 
 
 @pytest.mark.parametrize("kernel, said", [
-    ("refuses_every_call", "the kernel raised ValueError: no kernel for (1, 15, 1, 8)"),
+    ("refuses_every_call", "the kernel raised ValueError: no kernel for (1, 15, 1, 8) (a second line)"),
     ("output_with_an_extra_axis", "the kernel returned shape (1, 1, 15, 2, 8) torch.float32 where the contract's output "
                                   "is a floating-point [B, T, HV, V] = (1, 15, 2, 8)"),
     ("output_as_a_list", "the kernel returned list where the contract's output is a floating-point [B, T, HV, V]"),

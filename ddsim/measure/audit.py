@@ -231,7 +231,9 @@ def held_to_contract(kernel, impl: str):
         try:
             o = verify(q, k, v, g, beta, **kw)
         except Exception as e:  # a device fault included: the audit cannot go on either way
-            raise EngineError(f"--fast-path {impl}: the kernel raised {type(e).__name__}: {e}") from e
+            said = " ".join(str(e).split())  # one line, whatever the kernel's message spans
+            raise EngineError(f"--fast-path {impl}: the kernel raised {type(e).__name__}: "
+                              f"{said if len(said) <= 300 else said[:299] + '…'}") from e
         if not isinstance(o, torch.Tensor) or not o.is_floating_point() or tuple(o.shape) != tuple(v.shape):
             got = f"shape {tuple(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
             raise EngineError(f"--fast-path {impl}: the kernel returned {got} where the contract's output is a "
