@@ -316,6 +316,9 @@ def _gate_report(a, console):
     from ddsim.reports import gate_files, json_report
     from ddsim.reports import verdict as verdicts
     from ddsim.verdict.gate import leak_nodes, load_policy
+    if a.engine_dtype is not None:  # never ignored: an audit's report carries its own dtype
+        raise InputError("--engine-dtype: only with --dump (an audit's report records the dtype its fast path "
+                         "computed in)")
     policy = load_policy(a.policy)
     caveats, notes = [], []  # caveats end the verdict line; notes (the recheck) only go to --json
     rerun = None  # a whole recheck's own re-run of the audit
@@ -389,6 +392,7 @@ def _gate_dump(a, console):
     policy = load_policy(a.policy)
     if a.report or not a.model:
         raise InputError("--dump: needs --model DIR (the checkpoint the engine served) and no --report")
+    a.engine_dtype = a.engine_dtype or "float32"
     others = [o for o, v in _given_audit_options(a).items() if v is not None and o not in ("model", "device")]
     if others:
         raise InputError(f"--{others[0].replace('_', '-')}: not an option of a replay (--dump takes --model, --device)")
@@ -717,7 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--json", metavar="PATH", help="also write the verdict as JSON (every rule, the policy's sha256; "
                                                     "an error too), for CI systems")
     pg.add_argument("--junit", metavar="PATH", help="also write the verdict as JUnit XML (a test case per rule)")
-    pg.add_argument("--engine-dtype", choices=["float32", "bfloat16", "float16", "float64"], default="float32",
+    pg.add_argument("--engine-dtype", choices=["float32", "bfloat16", "float16", "float64"], default=None,
                     help="with --dump: the dtype the engine computes in, which picks the policy's replay tolerance "
                          "([replay.<dtype>]); a dump's own header can only tighten it (default: float32)")
     _add_audit_options(pg, defaults=False)

@@ -171,6 +171,9 @@ def test_gate_options_of_a_reports_recheck_are_refused_where_they_would_be_ignor
                         "--accept-other-version, --no-recheck, --recheck-prompts: only with --report")
     _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", "r.json", "--no-recheck",
                             "--recheck-prompts", "3"), "--recheck-prompts: not with --no-recheck")
+    for where in (["--report", "r.json", "--no-recheck"], FAST_AUDIT):  # and a replay's dtype with no replay
+        _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, *where, "--engine-dtype", "bfloat16"),
+                        "--engine-dtype: only with --dump")
 
 
 def test_gate_missing_and_malformed_files(tmp_path):
