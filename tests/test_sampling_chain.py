@@ -448,6 +448,10 @@ def test_a_rule_called_again_on_the_same_numbers_that_raises_or_answers_otherwis
         calls.clear()
         r = ck.run_case(second(kind), case, draws=1000, alpha_per_test=1e-6)
         assert r.failure == want and calls == [kind, kind], (kind, r.failure, calls)
+    # three outputs on the first call: named as what it is, not as a raise on unpacking them
+    three = Sampler("three", lambda **kw: (*rl.eagle(**kw), None), {"coins": "node", "final": "draw"}, "fixed")
+    assert ck.run_case(three, case, draws=1000, alpha_per_test=1e-6).failure == (
+        "the rule did not return two tensors (path, bonus)")
     calls.clear()
     assert ck.run_case(Sampler("eagle", lambda **kw: calls.append(1) or rl.eagle(**kw), {"coins": "node",
                                                                                          "final": "draw"}, "fixed"),

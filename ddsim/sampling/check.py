@@ -157,12 +157,13 @@ def run_case(sampler: Sampler, case: SamplerCase, *, draws: int, alpha_per_test:
         if done == 0:
             before = [x.clone() for x in (tokens, target, *( [draft] if draft is not None else []), *randoms.values())]
         try:
-            path, bonus = sampler.call(parents=torch.tensor(parents), tokens=tokens, target=target, draft=draft,
-                                       randoms=randoms)
+            out = sampler.call(parents=torch.tensor(parents), tokens=tokens, target=target, draft=draft,
+                               randoms=randoms)
         except Exception as e:  # noqa: BLE001 - a rule that raises fails its case, with the reason
             res.failure = f"the rule raised {type(e).__name__}: {e}"
             return res
-        bad = _validate(path, bonus, parents, R, D, V)
+        path, bonus = out if isinstance(out, (tuple, list)) and len(out) == 2 else (out, None)
+        bad = _validate(path, bonus, parents, R, D, V)  # (not two outputs: said as _validate says it)
         if bad:
             res.failure = bad
             return res
