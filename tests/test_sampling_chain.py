@@ -436,7 +436,7 @@ def test_a_rule_called_again_on_the_same_numbers_that_raises_or_answers_otherwis
             if len(calls) % 2:
                 return path, bonus
             if kind == "raises":
-                raise RuntimeError("stale buffer")
+                raise RuntimeError("stale\nbuffer")  # two lines, said on one
             if kind == "other":
                 return path, (bonus + 1) % case.vocab
             return (path,)

@@ -83,6 +83,11 @@ class SamplerResult:
         return max(self.cases, key=key)
 
 
+def _one_line(e: Exception) -> str:
+    """An exception's message on one line (a case's failure is one line of the verdict's table)."""
+    return " ".join(str(e).split())
+
+
 def _validate(path, bonus, parents, R, D, V) -> str | None:
     if not (isinstance(path, torch.Tensor) and isinstance(bonus, torch.Tensor)):
         return "the rule did not return two tensors (path, bonus)"
@@ -160,7 +165,7 @@ def run_case(sampler: Sampler, case: SamplerCase, *, draws: int, alpha_per_test:
             out = sampler.call(parents=torch.tensor(parents), tokens=tokens, target=target, draft=draft,
                                randoms=randoms)
         except Exception as e:  # noqa: BLE001 - a rule that raises fails its case, with the reason
-            res.failure = f"the rule raised {type(e).__name__}: {e}"
+            res.failure = f"the rule raised {type(e).__name__}: {_one_line(e)}"
             return res
         path, bonus = out if isinstance(out, (tuple, list)) and len(out) == 2 else (out, None)
         bad = _validate(path, bonus, parents, R, D, V)  # (not two outputs: said as _validate says it)
@@ -177,7 +182,8 @@ def run_case(sampler: Sampler, case: SamplerCase, *, draws: int, alpha_per_test:
                 again = sampler.call(parents=torch.tensor(parents), tokens=tokens, target=target, draft=draft,
                                      randoms=randoms)
             except Exception as e:  # noqa: BLE001
-                res.failure = f"the rule raised {type(e).__name__}: {e} when called again on the same random numbers"
+                res.failure = (f"the rule raised {type(e).__name__}: {_one_line(e)} when called again on the same "
+                               "random numbers")
                 return res
             if not (isinstance(again, (tuple, list)) and len(again) == 2 and _validate(*again, parents, R, D, V) is None
                     and torch.equal(again[0].long(), path) and torch.equal(again[1].long(), bonus)):
