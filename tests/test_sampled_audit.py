@@ -61,6 +61,9 @@ def test_the_recheck_reproduces_a_sampled_report(sampled):
 
 @pytest.mark.parametrize("args, needle", [
     (["--sampler", "sglang"], "--sampler sglang: a sampler decides at temperature > 0 only"),
+    # it once named the gumbel sampler, which temperature 0 does not run either
+    (["--sampler-param", "threshold_single=0.5"], "--sampler-param threshold_single: a sampler decides at temperature "
+                                                  "> 0 only"),
     (["--temperature", "1", "--sampler", "eagle", "--sampler-param", "threshold_acc=0.5"],
      "--sampler-param threshold_acc: not a parameter of the eagle sampler"),
     (["--temperature", "1", "--sampler", "sglang", "--sampler-param", "threshold_acc=2"],

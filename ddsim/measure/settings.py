@@ -67,6 +67,9 @@ class AuditConfig(BaseModel):
         if self.sampler is not None and self.temperature == 0:
             raise ValueError(f"--sampler {self.sampler}: a sampler decides at temperature > 0 only (--temperature 0 "
                              "accepts greedily)")
+        if self.sampler_params and self.temperature == 0:
+            raise ValueError(f"--sampler-param {next(iter(self.sampler_params))}: a sampler decides at temperature > 0 "
+                             "only (--temperature 0 accepts greedily)")
         known = SAMPLERS[self.sampler or "gumbel"]
         for k, v in self.sampler_params.items():
             if k not in known:
