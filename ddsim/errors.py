@@ -1,6 +1,13 @@
 """Error types. Every bad input raises a ``ValueError`` subclass whose message names the input."""
 
 
+def one_line(x, limit: int | None = None) -> str:
+    """str(x) on one line (a message's several lines joined), cut to ``limit`` characters where given: how an
+    exception that is not ddsim's is quoted in a line of a verdict or a refusal."""
+    s = " ".join(str(x).split())
+    return s if limit is None or len(s) <= limit else s[: limit - 1] + "…"
+
+
 class DDSimError(ValueError):
     """Base class for bad input to ddsim. The command line turns it into one line and exit 2."""
 

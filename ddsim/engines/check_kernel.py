@@ -63,7 +63,7 @@ from pathlib import Path
 import torch
 
 from ddsim.engines import GUARD, _bits, beside, guarded_empty, guarded_like
-from ddsim.errors import InputError
+from ddsim.errors import InputError, one_line
 from ddsim.measure.compare import TOLERANCES
 
 
@@ -691,9 +691,8 @@ def _from_compiled_triton(e: BaseException) -> bool:
 
 
 def _short(x, limit: int = 160) -> str:
-    """str(x) on one line (an error's several lines joined), cut to ``limit`` characters."""
-    s = " ".join(str(x).split())
-    return s if len(s) <= limit else s[: limit - 1] + "…"
+    """str(x) on one line, cut to ``limit`` characters (160 unless told: a counterexample's values)."""
+    return one_line(x, limit)
 
 
 OPS = ("gdn", "conv", "mamba2", "kda", "lightning")

@@ -27,7 +27,7 @@ import torch
 from ddsim import oracle
 from ddsim.devices import resolve_device
 from ddsim.digest import file_digest
-from ddsim.errors import EngineError, InputError
+from ddsim.errors import EngineError, InputError, one_line
 from ddsim.measure.aggregate import NodePool
 from ddsim.measure.metrics import summarize
 from ddsim.measure.settings import AuditConfig
@@ -231,9 +231,7 @@ def held_to_contract(kernel, impl: str):
         try:
             o = verify(q, k, v, g, beta, **kw)
         except Exception as e:  # a device fault included: the audit cannot go on either way
-            said = " ".join(str(e).split())  # one line, whatever the kernel's message spans
-            raise EngineError(f"--fast-path {impl}: the kernel raised {type(e).__name__}: "
-                              f"{said if len(said) <= 300 else said[:299] + '…'}") from e
+            raise EngineError(f"--fast-path {impl}: the kernel raised {type(e).__name__}: {one_line(e, 300)}") from e
         if not isinstance(o, torch.Tensor) or not o.is_floating_point() or tuple(o.shape) != tuple(v.shape):
             got = f"shape {tuple(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
             raise EngineError(f"--fast-path {impl}: the kernel returned {got} where the contract's output is a "

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ddsim.errors import one_line
 from ddsim.sampling.cases import SamplerCase, case_strategy, child_id, explicit_cases, fixed_tree, offsets, tables
 from ddsim.sampling.rules import children_table, draw_randoms, inverse_cdf
 from ddsim.sampling.stats import detectable_tv, l1_test
@@ -81,11 +82,6 @@ class SamplerResult:
             w = c.worst()
             return not c.holds, c.failure is not None, w["l1"] / w["threshold"] if w else 0.0
         return max(self.cases, key=key)
-
-
-def _one_line(e: Exception) -> str:
-    """An exception's message on one line (a case's failure is one line of the verdict's table)."""
-    return " ".join(str(e).split())
 
 
 def _validate(path, bonus, parents, R, D, V) -> str | None:
@@ -165,7 +161,7 @@ def run_case(sampler: Sampler, case: SamplerCase, *, draws: int, alpha_per_test:
             out = sampler.call(parents=torch.tensor(parents), tokens=tokens, target=target, draft=draft,
                                randoms=randoms)
         except Exception as e:  # noqa: BLE001 - a rule that raises fails its case, with the reason
-            res.failure = f"the rule raised {type(e).__name__}: {_one_line(e)}"
+            res.failure = f"the rule raised {type(e).__name__}: {one_line(e)}"
             return res
         path, bonus = out if isinstance(out, (tuple, list)) and len(out) == 2 else (out, None)
         bad = _validate(path, bonus, parents, R, D, V)  # (not two outputs: said as _validate says it)
@@ -182,7 +178,7 @@ def run_case(sampler: Sampler, case: SamplerCase, *, draws: int, alpha_per_test:
                 again = sampler.call(parents=torch.tensor(parents), tokens=tokens, target=target, draft=draft,
                                      randoms=randoms)
             except Exception as e:  # noqa: BLE001
-                res.failure = (f"the rule raised {type(e).__name__}: {_one_line(e)} when called again on the same "
+                res.failure = (f"the rule raised {type(e).__name__}: {one_line(e)} when called again on the same "
                                "random numbers")
                 return res
             if not (isinstance(again, (tuple, list)) and len(again) == 2 and _validate(*again, parents, R, D, V) is None
