@@ -447,14 +447,14 @@ def test_the_references_carry_node_states_in_the_kernels_own_mode_only():
 def test_a_kernels_output_is_held_to_the_contract_and_its_errors_worded():
     """ContractError for anything but a floating-point tensor of the oracle's shape; the line says 'broke its
     contract' for those and 'raised' for the kernel's own exceptions, cut at 300 characters."""
-    ck._checked_output(torch.zeros(2, 3, dtype=torch.bfloat16), (2, 3))
-    ck._checked_output(torch.zeros(2, 3))  # no shape: the type alone (before the oracle runs)
+    ck.checked_output(torch.zeros(2, 3, dtype=torch.bfloat16), (2, 3))
+    ck.checked_output(torch.zeros(2, 3))  # no shape: the type alone (before the oracle runs)
     for o, shape, said in (([0.0], None, "an output of list, not a floating-point tensor"),
                            (torch.zeros(2, 3, dtype=torch.int64), None, "an output of torch.int64, not a floating-point "
                                                                         "tensor"),
                            (torch.zeros(1, 2, 3), (2, 3), "an output of shape (1, 2, 3) where the contract's is (2, 3)")):
         with pytest.raises(ck.ContractError) as e:
-            ck._checked_output(o, shape)
+            ck.checked_output(o, shape)
         assert str(e.value) == said
         assert ck._failed(ck._raised(e.value, "cpu")) == f"the kernel broke its contract: {said}"
     assert ck._failed("ValueError: T > 64") == "the kernel raised ValueError: T > 64"

@@ -311,7 +311,7 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
         before = _bits(pool).clone()
         o = call(args, pool, slots) if node is None else call(args, pool, slots, node)
         changed |= {k for k, v in {**args, **tables}.items() if v is not None and not torch.equal(_bits(v), seen[k])}
-        _checked_output(o)
+        checked_output(o)
         o = o.detach().cpu()
         if node is not None:
             got = _node_writes(node[0], inp, real)
@@ -376,7 +376,7 @@ class _Runner:
                                              parents=inp["parents"], initial_state=inp["initial_state"].double(), mode=m,
                                              output_states=states),
             ("exact", "leaky") if self.mode == "leaky" else ("exact",), self.mode, self.node_states))
-        _checked_output(r["o"], r["ref"]["exact"].shape)
+        checked_output(r["o"], r["ref"]["exact"].shape)
         r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
         r["dtype"] = _input_dtype(inp)
         return r
@@ -490,7 +490,7 @@ class _ConvRunner:
                                                          initial_window=window.double(), mode=m,
                                                          output_windows=windows),
             ("exact", "leaky"), self.mode, self.node_states))
-        _checked_output(r["o"], r["ref"]["exact"].shape)
+        checked_output(r["o"], r["ref"]["exact"].shape)
         W1 = inp["initial_window"].shape[-1]
         # the window after the whole flattened draft: what a verify that rewrites its slot writes there
         flat = torch.cat([inp["initial_window"], inp["x"].transpose(1, 2).to(inp["initial_window"].dtype)], -1)
@@ -652,8 +652,9 @@ class ContractError(Exception):
     oracle's output (a missing or extra axis once raised out of check() on the comparison's mask)."""
 
 
-def _checked_output(o, shape: tuple | None = None) -> None:
-    """ContractError unless o is a floating-point tensor (of ``shape``, the oracle's output's, where given)."""
+def checked_output(o, shape: tuple | None = None) -> None:
+    """ContractError unless o is a floating-point tensor (of ``shape``, the oracle's output's, where given). The audit
+    holds an engine's --fast-path outputs to the same (ddsim.measure.audit.held_to_contract)."""
     if not isinstance(o, torch.Tensor) or not o.is_floating_point():
         raise ContractError(f"an output of {type(o).__name__ if not isinstance(o, torch.Tensor) else o.dtype}, "
                             "not a floating-point tensor")

@@ -222,9 +222,12 @@ def load_engine(ac: AuditConfig, device: torch.device):
 
 def held_to_contract(kernel, impl: str):
     """``kernel`` whose verify the audit calls through a check: a raise, or an output other than a floating-point
-    tensor of v's shape [B, T, HV, V] (the contract's; one of the same size would reshape silently), is an EngineError
-    naming --fast-path, where a raise was an internal error and such an output was read as if it were right."""
+    tensor of v's shape [B, T, HV, V] (the contract's, as check-kernel holds it; one of the same size would reshape
+    silently), is an EngineError naming --fast-path, where a raise was an internal error and such an output was read
+    as if it were right."""
     import dataclasses
+
+    from ddsim.engines.check_kernel import ContractError, checked_output
     verify = kernel.verify
 
     def checked(q, k, v, g, beta, **kw):
@@ -232,10 +235,10 @@ def held_to_contract(kernel, impl: str):
             o = verify(q, k, v, g, beta, **kw)
         except Exception as e:  # a device fault included: the audit cannot go on either way
             raise EngineError(f"--fast-path {impl}: the kernel raised {type(e).__name__}: {one_line(e, 300)}") from e
-        if not isinstance(o, torch.Tensor) or not o.is_floating_point() or tuple(o.shape) != tuple(v.shape):
-            got = f"shape {tuple(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
-            raise EngineError(f"--fast-path {impl}: the kernel returned {got} where the contract's output is a "
-                              f"floating-point [B, T, HV, V] = {tuple(v.shape)}")
+        try:
+            checked_output(o, v.shape)
+        except ContractError as e:
+            raise EngineError(f"--fast-path {impl}: the kernel broke its contract: {e}") from None
         return o
     return dataclasses.replace(kernel, verify=checked)
 
