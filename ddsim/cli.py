@@ -409,8 +409,9 @@ def _gate_dump(a, console):
     bad = [v for v in verdicts if not v.holds]
     for v in bad:
         print(v.line("replay"))
-    label = (f"gate {policy.name} (replay of {rep['summary']['steps']} engine verify steps; logits within KL "
-             f"{rep['noise_kl']:.3g} of the oracle's count as exact: the policy's tolerance for a {a.engine_dtype} engine"
+    label = (f"gate {policy.name} (replay of {rep['summary']['steps']} engine verify steps; logits within "
+             f"{replay.tolerance_words(rep['noise_kl'], rep['provenance']['logits'])} of the oracle's count as exact: the "
+             f"policy's tolerance for a {a.engine_dtype} engine"
              f"{', tightened by the dump' if rep['noise_kl'] < policy.noise_kl(a.engine_dtype) else ''})")
     if bad:
         print(f"{label}: {len(bad)} of {len(verdicts)} rules violated; keep hybrid-unsafe verification off")
@@ -443,8 +444,11 @@ def cmd_replay(a, console) -> int:
             print(f"step {r['step']} ({r['request']}): {r['diagnosis']}"
                   + (" — SILENT CORRUPTION" if r["silent_corruption"] else "") + f": {r['evidence']}")
     diag = ", ".join(f"{k} {v}" for k, v in s["diagnoses"].items() if v)
-    print(f"replayed {s['steps']} steps ({s['requests']} requests, {s['nodes']} nodes) within KL {rep['noise_kl']:.3g}: "
-          f"{diag}; silent corruption in {s['silent_corruption_steps']} steps; report in {out}")
+    rounding = (f" (and {s['rounding_divergence_steps']} steps where the engine's rounding turned a near-tie)"
+                if s["rounding_divergence_steps"] else "")
+    print(f"replayed {s['steps']} steps ({s['requests']} requests, {s['nodes']} nodes) within "
+          f"{replay.tolerance_words(rep['noise_kl'], rep['provenance']['logits'])}: {diag}; silent corruption in "
+          f"{s['silent_corruption_steps']} steps{rounding}; report in {out}")
     return EXIT_OK
 
 

@@ -55,10 +55,10 @@ def _tree(model, state, root: int, depth: int) -> Tree:
 
 class EmulatedEngine:
     def __init__(self, model, *, bug: str | None = None, depth: int = 3, dump_states: bool = False,
-                 sampler: dict | None = None):
+                 sampler: dict | None = None, topk: int | None = None):
         assert bug in BUGS, bug
         self.model, self.bug, self.depth, self.dump_states = model, bug, depth, dump_states
-        self.sampler = sampler
+        self.sampler, self.topk = sampler, topk
 
     def _sample(self, tree, logits, request: str, k: int):
         """(path, bonus, the random numbers to dump) under the engine's rule."""
@@ -118,8 +118,12 @@ class EmulatedEngine:
             if self.dump_states:  # the engine's committed recurrent state and conv window before the step
                 for i in m.cfg.recurrent_layers:
                     states[f"ssm.{i}"], states[f"conv.{i}"] = state.ssm[i], state.conv[i]
+            dumped = {"logits": res.logits}
+            if self.topk:  # the engine's k most likely tokens per node, most likely first, as log-probabilities
+                top = torch.log_softmax(res.logits.float(), -1).topk(self.topk, dim=-1)
+                dumped = {"topk": (top.indices, top.values)}
             writer.write_step(request=request, context=context, parents=tree.parents, tokens=tree.tokens,
-                              positions=[int(p) for p in tree.positions(len(context))], logits=res.logits,
+                              positions=[int(p) for p in tree.positions(len(context))], **dumped,
                               accepted=path, emitted=[tree.tokens[i] for i in path[1:]] + [bonus], states=states,
                               randoms=randoms)
             if self.bug in ("leak", "positions", "mask", "stale"):
@@ -138,10 +142,14 @@ class EmulatedEngine:
 
 
 def write_dump(path, model, *, bug=None, prompts=((3, 1, 4, 1, 5), (2, 7, 1, 8)), steps: int = 4,
-               dump_states: bool = False, sampler: dict | None = None) -> None:
+               dump_states: bool = False, sampler: dict | None = None, topk: int | None = None,
+               compute_dtype: str = "float32") -> None:
+    """``topk``: dump each node's k most likely tokens (logits "topk") in place of its full logits;
+    ``compute_dtype``: the dtype the header declares (the model's own is the caller's)."""
     with VerifyDumpWriter(path, vocab_size=model.cfg.vocab_size, engine={"name": f"emulated-{bug or 'clean'}"},
-                          acceptance=sampler or "greedy") as w:
-        eng = EmulatedEngine(model, bug=bug, dump_states=dump_states, sampler=sampler)
+                          acceptance=sampler or "greedy", logits="topk" if topk else "full", topk=topk,
+                          compute_dtype=compute_dtype) as w:
+        eng = EmulatedEngine(model, bug=bug, dump_states=dump_states, sampler=sampler, topk=topk)
         for r, prompt in enumerate(prompts):
             eng.serve(w, request=f"req-{r}", prompt=list(prompt), steps=steps)
 

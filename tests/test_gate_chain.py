@@ -807,15 +807,18 @@ def test_replay_rules_on_hand_built_summaries():
     and a dump with no step fails whatever the bounds."""
     from ddsim.verdict.gate import evaluate_replay, load_policy
     policy = load_policy("hybrid-unsafe")
-    rules = ("silent_corruption_steps", "diagnosed_steps", "top1_disagreements", "bonus_error_steps",
+    rules = ("silent_corruption_steps", "diagnosed_steps", "top1_disagreements_above_noise", "bonus_error_steps",
              "commit_error_steps", "positions_unexpected_steps")
     assert policy.replay == {r: 0.0 for r in rules}
     clean = {"steps": 3, **{r: 0 for r in rules}}
     v = evaluate_replay(policy, clean)
     assert [(x.rule, x.measured, x.bound, x.holds) for x in v] == [
         *[(r, 0.0, 0.0, True) for r in rules], ("replayed_steps", 3.0, 1.0, True)]
-    bad = evaluate_replay(policy, {**clean, "diagnosed_steps": 1, "top1_disagreements": 2})
-    assert [x.rule for x in bad if not x.holds] == ["diagnosed_steps", "top1_disagreements"]
+    bad = evaluate_replay(policy, {**clean, "diagnosed_steps": 1, "top1_disagreements_above_noise": 2})
+    assert [x.rule for x in bad if not x.holds] == ["diagnosed_steps", "top1_disagreements_above_noise"]
+    # disagreements within the noise, and steps whose divergence the engine's rounding explains, are not rules
+    assert all(x.holds for x in evaluate_replay(policy, {**clean, "top1_disagreements": 4,
+                                                          "rounding_divergence_steps": 2}))
     for r in rules:  # each step-level check is a rule of its own
         assert [x.rule for x in evaluate_replay(policy, {**clean, r: 1}) if not x.holds] == [r]
     assert [x.holds for x in evaluate_replay(policy, {**clean, "steps": 0})][-1] is False
@@ -831,9 +834,13 @@ def test_replay_table_of_a_policy_is_checked(tmp_path):
     from ddsim.verdict.gate import load_policy
     p = tmp_path / "p.toml"
     p.write_text('[rules]\nexact_kl_max = 1e-6\n[replay]\ndiagnosed_steps = 2\n')
-    assert load_policy(p).replay == {"silent_corruption_steps": 0.0, "diagnosed_steps": 2.0, "top1_disagreements": 0.0,
-                                     "bonus_error_steps": 0.0, "commit_error_steps": 0.0,
-                                     "positions_unexpected_steps": 0.0}
+    assert load_policy(p).replay == {"silent_corruption_steps": 0.0, "diagnosed_steps": 2.0,
+                                     "top1_disagreements_above_noise": 0.0, "bonus_error_steps": 0.0,
+                                     "commit_error_steps": 0.0, "positions_unexpected_steps": 0.0}
+    p.write_text('[rules]\nexact_kl_max = 1e-6\n[replay]\ntop1_disagreements = 0\n')  # the rule's name before
+    with pytest.raises(InputError, match="'top1_disagreements' in \\[replay\\] is retired \\(replaced by "
+                                         "top1_disagreements_above_noise"):
+        load_policy(p)
     p.write_text('[rules]\nexact_kl_max = 1e-6\n[replay]\nsilent = 2\n')
     with pytest.raises(InputError, match="unknown key 'silent' in \\[replay\\]"):
         load_policy(p)

@@ -96,7 +96,8 @@ def test_gate_on_a_dump(tmp_path, ckpt, dumps):
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps["leak"], "--model", ckpt, "--out", tmp_path / "g")
     assert g.returncode == 1, g.stdout + g.stderr
     violated = [l.split(":")[0] for l in g.stdout.splitlines() if l.startswith("VIOLATED")]
-    assert violated == ["VIOLATED silent_corruption_steps", "VIOLATED diagnosed_steps", "VIOLATED top1_disagreements"]
+    assert violated == ["VIOLATED silent_corruption_steps", "VIOLATED diagnosed_steps",
+                        "VIOLATED top1_disagreements_above_noise"]
     assert json.loads((tmp_path / "g" / "report.json").read_text())["summary"]["diagnoses"]["sibling leak"] == 8
     # a dump with no verify step approves nothing
     from ddsim.engines.dump import VerifyDumpWriter
@@ -153,6 +154,136 @@ def test_bad_dumps_get_one_line_and_exit_2(tmp_path, ckpt, dumps, edit, needle):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.fixture(scope="module")
+def topk_dumps(ckpt, tmp_path_factory):
+    """The same engines dumping each node's 4 most likely tokens (logits "topk") in place of full logits."""
+    model = load_model(ckpt)
+    root = tmp_path_factory.mktemp("topk")
+    for bug in EXPECTED:
+        write_dump(root / str(bug), model, bug=bug, topk=4)
+    return {bug: root / str(bug) for bug in EXPECTED}
+
+
+@pytest.mark.parametrize("bug", list(EXPECTED))
+def test_a_top_k_dump_names_each_planted_bug(ckpt, topk_dumps, bug):
+    """A top-k dump is judged by its log-probability errors, held to sqrt(2 KL) of the noise: the same diagnosis
+    of every step as the full logits give, the same silent corruption."""
+    from ddsim.engines import replay
+    rep = replay.run(ckpt, topk_dumps[bug])
+    assert [s["diagnosis"] for s in rep["steps"]] == EXPECTED[bug]
+    s = rep["summary"]
+    assert rep["provenance"]["logits"] == "topk" and s["kl_max"] is None
+    assert all(n["kl"] is None for st in rep["steps"] for n in st["nodes"])
+    if bug is None:
+        assert s["silent_corruption_steps"] == 0 and s["top1_disagreements"] == 0 and s["logprob_err_max"] < 1e-5
+    if bug in ("leak", "bonus"):
+        assert s["silent_corruption_steps"] > 0 and s["rounding_divergence_steps"] == 0
+
+
+def _topk_step0(t, **kw):
+    return {**t, **kw}
+
+
+def _rising(t):
+    lp = t["topk_logprobs"].clone()
+    lp[2] = lp[2].flip(0)
+    return _topk_step0(t, topk_logprobs=lp)
+
+
+def _twice(t):
+    ids = t["topk_ids"].clone()
+    ids[1, 3] = ids[1, 0]
+    return _topk_step0(t, topk_ids=ids)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (_twice, "step 0: node 1's topk_ids name a token twice"),
+    (_rising, "step 0: node 2's topk_logprobs rise along the row (most likely first expected)"),
+    # raw logits in place of log-probabilities: a probability mass past 1
+    (lambda t: _topk_step0(t, topk_logprobs=t["topk_logprobs"] + 3.0), "step 0: node 0's topk_logprobs hold a probability of"),
+    (lambda t: _topk_step0(t, topk_ids=t["topk_ids"].double()), "step 0: topk_ids are torch.float64, expected integers"),
+    (lambda t: _topk_step0(t, topk_logprobs=t["topk_logprobs"].long()), "step 0: topk_logprobs are torch.int64"),
+])
+def test_an_inconsistent_top_k_dump_gets_one_line_and_exit_2(tmp_path, ckpt, topk_dumps, edit, needle):
+    """The first of a top-k row is read as the engine's argmax: a row that is not its k most likely tokens, most
+    likely first, as log-probabilities, is refused before any replay."""
+    bad = _edit(topk_dumps[None], tmp_path / "bad", tensors=edit)
+    one_line_error(run_cli("replay", "--model", ckpt, "--dump", bad, "--out", tmp_path / "r"), needle)
+    assert not (tmp_path / "r").exists()
+
+
+def test_integer_logits_get_one_line_and_exit_2(tmp_path, ckpt, dumps):
+    bad = _edit(dumps[None], tmp_path / "bad", tensors=lambda t: {"logits": t["logits"].round().long()})
+    one_line_error(run_cli("replay", "--model", ckpt, "--dump", bad, "--out", tmp_path / "r"),
+                   "step 0: logits are torch.int64, expected floating point")
+
+
+# a prompt on which the tiny checkpoint's bf16 engine turns one near-tie in 5 steps, greedy and sampled
+NEAR_TIE_PROMPT = (21, 34, 47, 60, 73)
+
+
+@pytest.fixture(scope="module")
+def bf16_dumps(ckpt, tmp_path_factory):
+    """The clean engine computing in bfloat16 (the checkpoint's weights rounded, every product in bf16), greedy
+    and with SGLang's rule at temperature 0.7: its logits are within bf16's noise of the oracle's and it follows
+    its rule on them, but its rounding turns a near-tie."""
+    from ddsim.model.checkpoint import load_checkpoint
+    from ddsim.model.model import HybridModel
+    cfg, weights, _ = load_checkpoint(ckpt)
+    model = HybridModel(cfg, weights, dtype=torch.bfloat16)
+    root = tmp_path_factory.mktemp("bf16")
+    write_dump(root / "greedy", model, prompts=(NEAR_TIE_PROMPT,), steps=5, compute_dtype="bfloat16")
+    write_dump(root / "sampled", model, prompts=(NEAR_TIE_PROMPT,), steps=5, compute_dtype="bfloat16",
+               sampler={"rule": "sglang", "temperature": 0.7, "params": {}})
+    return {"greedy": root / "greedy", "sampled": root / "sampled"}
+
+
+@pytest.mark.parametrize("rule", ["greedy", "sampled"])
+def test_a_near_tie_a_bf16_engines_rounding_turns_is_not_silent_corruption(tmp_path, ckpt, bf16_dumps, rule):
+    """A right bf16 engine emits other than exact verification where its rounding turns a near-tie: at its
+    tolerance that is a rounding divergence, counted apart, and the gate holds; judged as a float32 engine its
+    logits are beyond the noise and the gate fails. (A sampled step there once failed the report's own check.)
+    The sampled engine's turned step is within float32's noise too: a random number that close to a boundary."""
+    from ddsim.engines import replay
+    rep = replay.run(ckpt, bf16_dumps[rule], tolerance=replay.default_tolerance(engine_dtype="bfloat16"))
+    s = rep["summary"]
+    assert s["rounding_divergence_steps"] == 1 and s["silent_corruption_steps"] == 0 and s["diagnosed_steps"] == 0
+    assert s["top1_disagreements_above_noise"] == 0 and s["bonus_error_steps"] == 0
+    step = next(st for st in rep["steps"] if st["rounding_divergence"])
+    assert step["engine_emitted"] != step["exact_emitted"] and not step["silent_corruption"]
+    if rule == "greedy":
+        assert s["top1_disagreements"] >= 1  # the turned argmax itself, within the noise
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", bf16_dumps[rule], "--model", ckpt,
+                "--engine-dtype", "bfloat16")
+    assert g.returncode == 0, g.stdout + g.stderr
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", bf16_dumps[rule], "--model", ckpt)
+    assert g.returncode == 1 and "VIOLATED diagnosed_steps" in g.stdout, g.stdout
+    if rule == "greedy":  # its turned step beyond float32's noise: the divergence is corruption again
+        assert "VIOLATED silent_corruption_steps: measured 1" in g.stdout, g.stdout
+    r = run_cli("replay", "--model", ckpt, "--dump", bf16_dumps[rule], "--engine-dtype", "bfloat16",
+                "--out", tmp_path / "r")
+    assert r.returncode == 0 and "silent corruption in 0 steps (and 1 steps where the engine's rounding turned a " \
+        "near-tie)" in r.stdout, r.stdout
+
+
+def test_a_divergence_off_the_engines_own_rule_stays_silent_corruption(tmp_path, ckpt, bf16_dumps):
+    """The bf16 engine's rounding step with its bonus replaced by another token: its logits are still within the
+    noise, but it no longer emits its own argmax, so the step is silent corruption (and a bonus error)."""
+    from ddsim.engines import replay
+    tol = replay.default_tolerance(engine_dtype="bfloat16")
+    step = next(st for st in replay.run(ckpt, bf16_dumps["greedy"], tolerance=tol)["steps"] if st["rounding_divergence"])
+    import shutil
+    bad = tmp_path / "bad"
+    shutil.copytree(bf16_dumps["greedy"], bad)
+    lines = (bad / "index.jsonl").read_text().splitlines()
+    rec = json.loads(lines[1 + step["step"]])
+    rec["emitted"][-1] = (rec["emitted"][-1] + 1) % 96
+    lines[1 + step["step"]] = json.dumps(rec)
+    (bad / "index.jsonl").write_text("\n".join(lines[:2 + step["step"]] + [json.dumps({"end": True, "steps": step["step"] + 1})]) + "\n")
+    s = replay.run(ckpt, bad, tolerance=tol)["summary"]
+    assert s["silent_corruption_steps"] == 1 and s["rounding_divergence_steps"] == 0 and s["bonus_error_steps"] == 1
+
+
 def test_the_tolerance_is_the_policys_and_a_dump_can_only_tighten_it(tmp_path, ckpt, dumps):
     """A dump declaring bf16 is judged at float32's KL unless the command line names a bf16 engine; a
     float32 dump stays at float32's even then. The verdict line prints the tolerance applied."""
@@ -198,6 +329,15 @@ def test_the_replay_report_is_typed_and_checked(tmp_path, ckpt, dumps):
                            (lambda d: next(s for s in d["steps"] if s["silent_corruption"]).update(
                                silent_corruption=False), "silent_corruption disagrees"),
                            (lambda d: d["steps"][0].update(diagnosis="fine"), "diagnosis"),
+                           # a silent step called the engine's rounding: the summary no longer adds up, and the
+                           # step's nodes are beyond the noise
+                           (lambda d: next(s for s in d["steps"] if s["silent_corruption"]).update(
+                               silent_corruption=False, rounding_divergence=True), "silent_corruption_steps is"),
+                           (lambda d: [next(s for s in d["steps"] if s["silent_corruption"]).update(
+                               silent_corruption=False, rounding_divergence=True),
+                               d["summary"].update(silent_corruption_steps=d["summary"]["silent_corruption_steps"] - 1,
+                                                   rounding_divergence_steps=1)], "a rounding divergence with logits"),
+                           (lambda d: d["steps"][0].update(rounding_divergence=True), "a rounding divergence where"),
                            (lambda d: d.update(extra=1), "extra")):
         bad = json.loads(json.dumps(data))
         tamper(bad)

@@ -35,12 +35,56 @@ def test_greedy_walk_follows_the_argmax_token_down_the_tree():
 
 
 def test_bonus_error_names_the_node_and_both_tokens():
-    top1 = torch.tensor([1, 3, 0, 5, 2, 6])
-    assert rv.bonus_error([1, 3, 5], [0, 1, 3], top1) is None
-    assert rv.bonus_error([1, 3, 4], [0, 1, 3], top1) == (
+    tops = [frozenset({t}) for t in (1, 3, 0, 5, 2, 6)]
+    assert rv.bonus_error([1, 3, 5], [0, 1, 3], tops) is None
+    assert rv.bonus_error([1, 3, 4], [0, 1, 3], tops) == (
         "the engine emitted bonus 4 at node 3, its own logits' argmax there is 5")
-    assert rv.bonus_error([1], [0], top1) is None
-    assert rv.bonus_error([2], [0], top1) is not None
+    assert rv.bonus_error([1], [0], tops) is None
+    assert rv.bonus_error([2], [0], tops) is not None
+    tied = [frozenset({1, 2}), *tops[1:]]  # a tie at the root: either token is the argmax
+    assert rv.bonus_error([2], [0], tied) is None and rv.bonus_error([1], [0], tied) is None
+    assert rv.bonus_error([0], [0], tied) == "the engine emitted bonus 0 at node 0, its own logits' argmax there is 1 or 2"
+
+
+def test_an_engines_argmax_keeps_its_ties():
+    x = torch.tensor([[0.0, 2.0, 2.0, 1.0], [3.0, 0.0, 0.0, 3.0], [0.0, 0.0, 0.0, 5.0]])
+    assert rv.top_sets(x) == [frozenset({1, 2}), frozenset({0, 3}), frozenset({3})]
+    ids = torch.tensor([[2, 1, 0], [3, 0, 1], [3, 2, 1]])
+    lp = torch.tensor([[-0.5, -0.5, -2.0], [-0.1, -3.0, -4.0], [-1.0, -1.0, -1.0]])
+    assert rv.top_sets(topk=(ids, lp)) == [frozenset({1, 2}), frozenset({3}), frozenset({1, 2, 3})]
+
+
+def test_a_step_follows_greedy_on_the_engines_own_logits():
+    """TREE: root 7; 1 and 2 under it; 3, 4 under 1; 5 under 3."""
+    tops = [frozenset({t}) for t in (1, 3, 0, 5, 2, 6)]
+    assert rv.follows_greedy(TREE, tops, [0, 1, 3, 5], [1, 3, 5, 6])
+    assert not rv.follows_greedy(TREE, tops, [0, 1, 3], [1, 3, 5])  # stopped where a child carries the bonus
+    assert not rv.follows_greedy(TREE, tops, [0, 1, 4], [1, 4, 2])  # node 4 is not node 1's argmax
+    assert not rv.follows_greedy(TREE, tops, [0, 1, 3, 5], [1, 3, 5, 0])  # a bonus that is not node 5's argmax
+    assert rv.follows_greedy(TREE, [frozenset({9}), *tops[1:]], [0], [9])  # no child carries the root's argmax
+    tied = [frozenset({1, 2}), frozenset({3, 4}), *tops[2:]]
+    assert rv.follows_greedy(TREE, tied, [0, 2], [2, 0]) and rv.follows_greedy(TREE, tied, [0, 1, 4], [1, 4, 2])
+    assert not rv.follows_greedy(TREE, tied, [0, 1], [1, 3])  # either tied token is carried by a child
+
+
+def test_a_divergence_is_rounding_only_within_noise_and_by_the_engines_rule():
+    judge = lambda **kw: rv.judge_emission(emitted=[1, 2], **{"exact": [1, 3], "follows_rule": True,  # noqa: E731
+                                                               "within_noise": True, **kw})
+    assert judge() == (False, True)
+    assert judge(within_noise=False) == (True, False)
+    assert judge(follows_rule=False) == (True, False)
+    assert judge(exact=[1, 2]) == (False, False) and judge(exact=[1, 2], within_noise=False) == (False, False)
+    assert judge(exact=[1, 2], follows_rule=False) == (False, False)
+
+
+def test_a_top_k_dump_is_held_to_the_log_probability_error_the_kl_allows():
+    assert rv.node_bound(1e-6, "full") == 1e-6 and rv.node_bound(0.08, "full") == 0.08
+    assert rv.node_bound(0.08, "topk") == pytest.approx(0.4) and rv.node_bound(2e-6, "topk") == pytest.approx(2e-3)
+    node = lambda kl, lp: NS(kl=kl, logprob_err=lp)  # noqa: E731
+    assert rv.node_within_noise(node(1e-6, 5.0), 1e-6) and not rv.node_within_noise(node(1.1e-6, 0.0), 1e-6)
+    assert rv.node_within_noise(node(None, 0.4), 0.08) and not rv.node_within_noise(node(None, 0.41), 0.08)
+    assert rv.tolerance_words(1e-6, "full") == "KL 1e-06"
+    assert rv.tolerance_words(0.08, "topk") == "KL 0.08 (top-k: log-probabilities within 0.4)"
 
 
 def _step(step, request, context, tokens, emitted):
@@ -120,21 +164,28 @@ def test_the_noise_bound_is_the_tighter_of_the_engines_and_the_dumps():
 
 def test_the_summary_counts_every_step_level_fault_apart():
     node = lambda kl, top1, lp=0.0, fast=0.0: NS(kl=kl, top1_agrees=top1, logprob_err=lp, fast_path_kl=fast)  # noqa: E731
-    recs = [NS(request="a", nodes=[node(0.0, True), node(0.2, False, 1.5, 1e-9)], silent_corruption=True,
-               diagnosis="sibling leak", positions_as_expected=True, bonus_ok=True, commit_ok=True),
-            NS(request="a", nodes=[node(None, True, 0.1)], silent_corruption=False, diagnosis="commit error",
-               positions_as_expected=False, bonus_ok=True, commit_ok=False),
-            NS(request="b", nodes=[node(0.01, False)], silent_corruption=True, diagnosis="bonus error",
-               positions_as_expected=True, bonus_ok=False, commit_ok=True),
-            NS(request="b", nodes=[node(0.0, True, 0.0, 2e-9)], silent_corruption=False, diagnosis="within noise",
-               positions_as_expected=True, bonus_ok=True, commit_ok=True)]
-    s = rv.summarize(recs)
-    assert s == {"steps": 4, "requests": 2, "nodes": 5, "silent_corruption_steps": 2, "diagnosed_steps": 3,
-                 "diagnoses": {"within noise": 1, "sibling leak": 1, "position error": 0, "mask error": 0,
+    step = lambda request, nodes, silent, diagnosis, **kw: NS(  # noqa: E731
+        request=request, nodes=nodes, silent_corruption=silent, diagnosis=diagnosis, **{
+            "positions_as_expected": True, "bonus_ok": True, "commit_ok": True, "rounding_divergence": False, **kw})
+    recs = [step("a", [node(0.0, True), node(0.2, False, 1.5, 1e-9)], True, "sibling leak"),
+            step("a", [node(None, True, 0.1)], False, "commit error", positions_as_expected=False, commit_ok=False),
+            step("b", [node(0.01, False)], True, "bonus error", bonus_ok=False),
+            step("b", [node(0.0, True, 0.0, 2e-9)], False, "within noise"),
+            # a near-tie turned within the noise: counted apart, and not above noise
+            step("c", [node(0.005, False), node(None, False, 0.1), node(None, False, 0.2)], False, "within noise",
+                 rounding_divergence=True)]
+    s = rv.summarize(recs, 0.01)
+    assert s == {"steps": 5, "requests": 3, "nodes": 8, "silent_corruption_steps": 2, "rounding_divergence_steps": 1,
+                 "diagnosed_steps": 3,
+                 "diagnoses": {"within noise": 2, "sibling leak": 1, "position error": 0, "mask error": 0,
                                "state drift": 0, "stale state": 0, "unexplained": 0, "bonus error": 1, "commit error": 1},
-                 "top1_disagreements": 2, "kl_max": 0.2, "logprob_err_max": 1.5, "fast_path_kl_max": 2e-9,
-                 "positions_unexpected_steps": 1, "bonus_error_steps": 1, "commit_error_steps": 1}
-    empty = rv.summarize([])
+                 "top1_disagreements": 5, "top1_disagreements_above_noise": 2, "kl_max": 0.2, "logprob_err_max": 1.5,
+                 "fast_path_kl_max": 2e-9, "positions_unexpected_steps": 1, "bonus_error_steps": 1,
+                 "commit_error_steps": 1}
+    # the bound decides which disagreements are above noise: at KL 0.02 the top-k error 0.2 is within sqrt(2 * 0.02)
+    assert rv.summarize(recs, 0.02)["top1_disagreements_above_noise"] == 1
+    assert rv.summarize(recs, 1e-3)["top1_disagreements_above_noise"] == 5
+    empty = rv.summarize([], 1e-6)
     assert empty["steps"] == 0 and empty["kl_max"] is None and empty["logprob_err_max"] is None
 
 

@@ -194,6 +194,37 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
     return Dump(root, header, steps)
 
 
+# the log of a top-k row's probability mass may pass 0 (a mass past 1) by this much, by the header's compute dtype
+# (the rounding of log-probabilities computed in it) and no more
+TOPK_MASS_SLACK = {"float32": 1e-3, "float64": 1e-3, "bfloat16": 0.1, "float16": 0.1}
+
+
+def _check_topk(path, where, ids, lp, V, dtype) -> None:
+    """A top-k step is read as the engine's k most likely tokens per node, most likely first: integer ids in the
+    vocabulary, no id twice in a row, float log-probabilities that never rise along a row (the first is read as
+    the engine's argmax), are <= 0 and hold a probability mass of at most 1 (TOPK_MASS_SLACK for the rounding of
+    the header's compute ``dtype``)."""
+    if ids.is_floating_point() or ids.dtype == torch.bool or ids.is_complex():
+        _fail(path, f"{where}: topk_ids are {ids.dtype}, expected integers")
+    if not lp.is_floating_point():
+        _fail(path, f"{where}: topk_logprobs are {lp.dtype}, expected floating point")
+    if not bool(((ids >= 0) & (ids < V)).all()):
+        _fail(path, f"{where}: topk_ids outside the vocabulary")
+    ids, lp = ids.long(), lp.double()
+    k = ids.shape[1]
+    if k > 1 and bool((ids.sort(-1).values.diff(dim=-1) == 0).any()):
+        node = int((ids.sort(-1).values.diff(dim=-1) == 0).any(-1).nonzero()[0])
+        _fail(path, f"{where}: node {node}'s topk_ids name a token twice")
+    if k > 1 and bool((lp.diff(dim=-1) > 0).any()):
+        node = int((lp.diff(dim=-1) > 0).any(-1).nonzero()[0])
+        _fail(path, f"{where}: node {node}'s topk_logprobs rise along the row (most likely first expected)")
+    mass, slack = lp.logsumexp(-1), TOPK_MASS_SLACK[dtype]
+    if bool((mass > slack).any()):
+        node = int((mass > slack).nonzero()[0])
+        _fail(path, f"{where}: node {node}'s topk_logprobs hold a probability of {float(mass[node].exp()):.4g} "
+                    "(log-probabilities of at most 1 in all expected)")
+
+
 def _check_acceptance(path, header) -> None:
     """'greedy', or a sampled rule ddsim can recompute: its name, a finite temperature > 0, known parameters."""
     acc = header.get("acceptance")
@@ -290,7 +321,9 @@ def _step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tre
     for name in want:
         if name.startswith("random.") and not bool(((tensors[name] >= 0) & (tensors[name] < 1)).all()):
             _fail(path, f"{where}: {name} has numbers outside [0, 1) (uniform random numbers expected)")
-    if "topk_ids" in tensors and not bool(((tensors["topk_ids"] >= 0) & (tensors["topk_ids"] < V)).all()):
-        _fail(path, f"{where}: topk_ids outside the vocabulary")
+    if header["logits"] == "full" and not tensors["logits"].is_floating_point():
+        _fail(path, f"{where}: logits are {tensors['logits'].dtype}, expected floating point")
+    if header["logits"] == "topk":
+        _check_topk(path, where, tensors["topk_ids"], tensors["topk_logprobs"], V, header["compute_dtype"])
     return DumpStep(rec["step"], rec["request"], rec["context"], rec["parents"], rec["tokens"], rec["positions"], acc,
                     rec["emitted"], rec["tensors"], tensors)

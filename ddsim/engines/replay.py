@@ -54,19 +54,23 @@ from ddsim.engines.replay_verdict import (
     bonus_error,
     default_tolerance,
     emitted_by_exact_greedy,
+    follows_greedy,
     greedy_walk,
     judge_continuity,
+    judge_emission,
+    node_bound,
     noise_bound,
     rule_error,
     sampled_walk,
     summarize,
     tolerance,
+    tolerance_words,
+    top_sets,
 )
 from ddsim.trees.tree import Tree
 
 __all__ = ["DIAGNOSES", "Replayer", "default_tolerance", "greedy_walk", "noise_bound", "prepare", "run", "summarize",
-           "tolerance",
-           "write"]
+           "tolerance", "tolerance_words", "write"]
 
 # a dumped committed state (ssm.L, conv.L) further than this from the oracle's, relative, is wrong
 # (the default policy's exact_state_rel_max per precision)
@@ -101,6 +105,9 @@ class StepRecord:
     exact_emitted: list[int] | None = None  # what exact greedy verification on the oracle's logits appends
     bonus_ok: bool = True  # the bonus is the argmax of the engine's own logits at its last accepted node
     commit_ok: bool = True  # the context and root continue the request's previous step
+    # the engine emitted other than exact verification, but ran its rule on logits within noise of the oracle's
+    # (a near-tie its rounding turned): not silent corruption (replay_verdict.judge_emission)
+    rounding_divergence: bool = False
 
 
 def _logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -157,12 +164,13 @@ class Replayer:
         noise = noise_bound(dump, self.tolerance)
         self.acceptance = dump.header["acceptance"]
         self.state_rel = STATE_REL[dump.header["compute_dtype"]]
-        records = [self._step(s, dump.header["logits"], noise) for s in dump.steps]
+        records = [self._step(s, dump.header["logits"], node_bound(noise, dump.header["logits"])) for s in dump.steps]
         _label_state_errors(records)
         judge_continuity(dump.steps, records)
         return records
 
     def _step(self, s: DumpStep, mode: str, noise: float) -> StepRecord:
+        """One step's record; ``noise``: the per-node bound (replay_verdict.node_bound) for the dump's logits."""
         from ddsim import oracle
         tree = Tree(s.parents, s.tokens)
         ost = self._oracle_state(s.request, s.context)
@@ -173,12 +181,12 @@ class Replayer:
         fast_kl = _engine_error(ref_lp, fast, "full")[1]
         eng = s.tensors["logits"] if mode == "full" else (s.tensors["topk_ids"], s.tensors["topk_logprobs"])
         lp_err, kl = _engine_error(ref_lp, eng, mode)
-        eng_top1 = eng.argmax(-1) if mode == "full" else eng[0][:, 0]
+        tops = top_sets(eng) if mode == "full" else top_sets(topk=eng)  # the engine's argmax per node, ties kept
         top2 = ref.double().topk(min(2, ref.shape[-1]), dim=-1).values
         margin = (top2[:, 0] - top2[:, -1]).cpu()
         oe = tree.order_exact
         nodes = [NodeRecord(i, bool(oe[i]), None if kl is None else float(kl[i]), float(lp_err[i]),
-                            bool(eng_top1[i] == ref[i].argmax()), float(margin[i]), float(fast_kl[i]))
+                            int(ref[i].argmax()) in tops[i], float(margin[i]), float(fast_kl[i]))
                  for i in range(tree.size)]
         acceptance = self.acceptance
         if acceptance == "greedy":
@@ -190,19 +198,22 @@ class Replayer:
         state_rel = _state_errors(s, ost)
         diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel)
         if acceptance == "greedy":
-            wrong_bonus = bonus_error(s.emitted, s.accepted, eng_top1)
-            silent = list(s.emitted) != exact_emitted
+            wrong_bonus = bonus_error(s.emitted, s.accepted, tops)
+            follows = follows_greedy(tree, tops, s.accepted, s.emitted)
         else:
             wrong_bonus = rule_error(list(s.emitted), sampled_walk(tree, eng, acceptance, s.tensors)[1],
                                      acceptance["rule"])
-            # a random number on a decision boundary moved by the engine's rounding is not corruption: the engine
-            # ran its rule and its logits are within noise of the oracle's
-            silent = list(s.emitted) != exact_emitted and not (wrong_bonus is None and diagnosis == "within noise")
+            follows = wrong_bonus is None
+        # a near-tie the engine's rounding turned (an argmax, a random number on a decision boundary) is not
+        # corruption where the engine ran its rule and its logits are within noise of the oracle's
+        silent, rounding = judge_emission(emitted=s.emitted, exact=exact_emitted, follows_rule=follows,
+                                          within_noise=diagnosis == "within noise")
         if wrong_bonus and diagnosis == "within noise":
             diagnosis, evidence = "bonus error", wrong_bonus
         return StepRecord(s.step, s.request, nodes, s.positions == expected_pos, list(s.accepted), exact_path,
                           silent, diagnosis, evidence,
-                          max(state_rel.values()) if state_rel else None, list(s.emitted), exact_emitted, wrong_bonus is None)
+                          max(state_rel.values()) if state_rel else None, list(s.emitted), exact_emitted,
+                          wrong_bonus is None, rounding_divergence=rounding)
 
     def _diagnose(self, s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel) -> tuple[str, str]:
         base = _score(_engine_error(ref_lp, eng, mode))
@@ -272,22 +283,25 @@ def _state_errors(s: DumpStep, ost) -> dict[str, float]:
 
 def _label_state_errors(records: list[StepRecord]) -> None:
     """The steps diagnosed with a wrong committed state: a request whose such steps grow in error step
-    after step drifts ("state drift"); otherwise they stay "stale state"."""
+    after step drifts ("state drift"); otherwise they stay "stale state". A step's error is its nodes' mean (KL,
+    or log-probability error for a top-k dump): its worst node follows the few tokens a top-k row reports too
+    closely to show the growth."""
     by_request: dict[str, list[StepRecord]] = {}
     for r in records:
         if r.diagnosis == "stale state":
             by_request.setdefault(r.request, []).append(r)
     for recs in by_request.values():
-        worst = [max(n.kl if n.kl is not None else n.logprob_err for n in r.nodes) for r in recs]
-        if len(recs) >= 2 and all(b > a for a, b in zip(worst, worst[1:])):
+        mean = [sum(n.kl if n.kl is not None else n.logprob_err for n in r.nodes) / len(r.nodes) for r in recs]
+        if len(recs) >= 2 and all(b > a for a, b in zip(mean, mean[1:])):
             for r in recs:
                 r.diagnosis = "state drift"
-                r.evidence += f"; growing across the request's steps ({', '.join(f'{x:.3g}' for x in worst)})"
+                r.evidence += (f"; growing across the request's steps (mean over nodes "
+                               f"{', '.join(f'{x:.3g}' for x in mean)})")
 
 
 # ---- the command: checks first, then the replay, then report.json / report.html --------------------
 REPORT_FORMAT = "ddsim-replay-report"
-REPORT_VERSION = 1
+REPORT_VERSION = 2
 
 
 def prepare(model_dir, dump_path, *, device="cpu"):
@@ -322,7 +336,7 @@ def run(model_dir, dump_path, *, device="cpu", tolerance: dict | None = None) ->
            "provenance": {"ddsim_version": ddsim.__version__, **meta, "engine": dump.header.get("engine", {}),
                           "compute_dtype": dump.header["compute_dtype"], "logits": dump.header["logits"],
                           "acceptance": dump.header["acceptance"]},
-           "noise_kl": noise, "summary": summarize(records), "steps": [asdict(r) for r in records]}
+           "noise_kl": noise, "summary": summarize(records, noise), "steps": [asdict(r) for r in records]}
     # validated through the typed model (a round trip through JSON, as a reader will see it)
     return json.loads(ReplayReport.model_validate_json(json.dumps(rep, allow_nan=False)).model_dump_json())
 
@@ -330,24 +344,34 @@ def run(model_dir, dump_path, *, device="cpu", tolerance: dict | None = None) ->
 def render_html(rep: dict) -> str:
     import html
     s = rep["summary"]
+    p = rep["provenance"]
+    full = p["logits"] == "full"  # a top-k dump has no KL: its nodes' figure is the log-probability error
+
+    def worst(r) -> float:
+        return max((n["kl"] if full else n["logprob_err"]) for n in r["nodes"])
+
+    def silent(r) -> str:
+        return "<b>yes</b>" if r["silent_corruption"] else ("rounding" if r["rounding_divergence"] else "no")
     rows = "".join(
         f"<tr><td>{r['step']}</td><td>{html.escape(r['request'])}</td><td>{len(r['nodes'])}</td>"
-        f"<td>{max((n['kl'] or 0.0) for n in r['nodes']):.3g}</td>"
+        f"<td>{worst(r):.3g}</td>"
         f"<td>{sum(n['top1_agrees'] for n in r['nodes'])}/{len(r['nodes'])}</td>"
         f"<td>{r['engine_accepted']}</td><td>{r['exact_accepted']}</td>"
-        f"<td>{'<b>yes</b>' if r['silent_corruption'] else 'no'}</td><td>{html.escape(r['diagnosis'])}</td>"
+        f"<td>{silent(r)}</td><td>{html.escape(r['diagnosis'])}</td>"
         f"<td>{html.escape(r['evidence'])}</td></tr>" for r in rep["steps"])
     diag = ", ".join(f"{k}: {v}" for k, v in s["diagnoses"].items() if v)
-    p = rep["provenance"]
     return ("<!doctype html><html><head><meta charset='utf-8'><title>ddsim replay</title><style>"
             "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
             "padding:3px 6px;font-size:13px}</style></head><body>"
             f"<h1>ddsim replay: {html.escape(str(p.get('engine', {}).get('name', 'engine')))}</h1>"
             f"<p>model {html.escape(p['model'])} (sha256 {p['weights_sha256'][:16]}…), dump {html.escape(p['dump'])}, "
-            f"{p['compute_dtype']} engine, {p['logits']} logits; noise bound KL {rep['noise_kl']:.3g}</p>"
+            f"{p['compute_dtype']} engine, {p['logits']} logits; noise bound "
+            f"{html.escape(tolerance_words(rep['noise_kl'], p['logits']))}</p>"
             f"<p>{s['steps']} steps of {s['requests']} requests, {s['nodes']} nodes; silent corruption in "
-            f"<b>{s['silent_corruption_steps']}</b> steps; diagnoses: {html.escape(diag)}; top-1 disagreements "
-            f"{s['top1_disagreements']}</p><table><tr><th>step</th><th>request</th><th>nodes</th><th>max KL</th>"
+            f"<b>{s['silent_corruption_steps']}</b> steps (and {s['rounding_divergence_steps']} where the engine's "
+            f"rounding turned a near-tie); diagnoses: {html.escape(diag)}; top-1 disagreements "
+            f"{s['top1_disagreements']} ({s['top1_disagreements_above_noise']} above noise)</p>"
+            f"<table><tr><th>step</th><th>request</th><th>nodes</th><th>{'max KL' if full else 'max log-prob error'}</th>"
             "<th>top-1 agree</th><th>engine accepted</th><th>exact accepts</th><th>silent corruption</th>"
             f"<th>diagnosis</th><th>evidence</th></tr>{rows}</table></body></html>\n")
 

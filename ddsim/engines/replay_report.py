@@ -1,7 +1,12 @@
-"""The typed model of a replay's report.json (format "ddsim-replay-report", version 1): what
+"""The typed model of a replay's report.json (format "ddsim-replay-report", version 2): what
 `ddsim replay` and `ddsim gate --dump` write. Strict like the audit's report model (no extra keys, no
-NaN/Inf), and self-consistent on load: the summary is recomputed from the steps, and a step's silent
-corruption from its two accepted paths. reports/replay-report.schema.json is generated from it.
+NaN/Inf), and self-consistent on load: the summary is recomputed from the steps and the noise bound, a step's
+silent corruption from its emitted tokens and its rounding divergence, and a rounding divergence only where
+every node's logits are within the noise. reports/replay-report.schema.json is generated from it.
+
+Version 2 (from version 1): a step's ``rounding_divergence``, and the summary's ``rounding_divergence_steps``
+and ``top1_disagreements_above_noise`` (a near-tie an engine's rounding turned is counted apart from silent
+corruption and from a top-1 disagreement above noise).
 """
 from __future__ import annotations
 
@@ -40,11 +45,16 @@ class StepFigures(_Strict):
     exact_emitted: Annotated[list[Count], Field(min_length=1)]
     bonus_ok: bool
     commit_ok: bool
+    rounding_divergence: bool  # emitted other than exact verification, by the engine's rule on logits within noise
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.silent_corruption != (self.engine_emitted != self.exact_emitted):
+        differs = self.engine_emitted != self.exact_emitted
+        if self.silent_corruption != (differs and not self.rounding_divergence):
             raise ValueError(f"step {self.step}: silent_corruption disagrees with the emitted tokens")
+        if self.rounding_divergence and not (differs and self.bonus_ok):
+            raise ValueError(f"step {self.step}: a rounding divergence where the engine emitted what exact verification "
+                             "does, or not by its own rule")
         if len(self.exact_emitted) != len(self.exact_accepted) or len(self.engine_emitted) != len(self.engine_accepted):
             raise ValueError(f"step {self.step}: emitted tokens are not one per accepted node after the root plus a bonus")
         if self.diagnosis == "commit error" and self.commit_ok:
@@ -59,9 +69,11 @@ class ReplaySummary(_Strict):
     requests: Count
     nodes: Count
     silent_corruption_steps: Count
+    rounding_divergence_steps: Count
     diagnosed_steps: Count
     diagnoses: dict[Diagnosis, Count]
     top1_disagreements: Count
+    top1_disagreements_above_noise: Count
     kl_max: NonNeg | None
     logprob_err_max: NonNeg | None
     fast_path_kl_max: NonNeg | None
@@ -84,7 +96,7 @@ class ReplayProvenance(_Strict):
 
 class ReplayReport(_Strict):
     format: Literal["ddsim-replay-report"]
-    version: Literal[1]
+    version: Literal[2]
     provenance: ReplayProvenance
     noise_kl: NonNeg
     summary: ReplaySummary
@@ -92,11 +104,14 @@ class ReplayReport(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self):
-        from ddsim.engines.replay_verdict import summarize
-        want = ReplaySummary(**summarize(self.steps))
+        from ddsim.engines.replay_verdict import node_within_noise, summarize
+        want = ReplaySummary(**summarize(self.steps, self.noise_kl))
         if self.summary != want:
             bad = next(k for k in ReplaySummary.model_fields if getattr(self.summary, k) != getattr(want, k))
             raise ValueError(f"summary.{bad} is {getattr(self.summary, bad)!r}, the steps give {getattr(want, bad)!r}")
         if [s.step for s in self.steps] != sorted(s.step for s in self.steps):
             raise ValueError("steps are not in step order")
+        for s in self.steps:
+            if s.rounding_divergence and not all(node_within_noise(n, self.noise_kl) for n in s.nodes):
+                raise ValueError(f"step {s.step}: a rounding divergence with logits beyond the noise")
         return self

@@ -309,7 +309,9 @@ REPLAY_RULES = {
                                 "steps where the engine accepted what exact verification would not"),
     "diagnosed_steps": (lambda s: s["diagnosed_steps"],
                         "steps whose engine logits are not within noise of the oracle's (any diagnosis)"),
-    "top1_disagreements": (lambda s: s["top1_disagreements"], "nodes whose engine argmax is not the oracle's"),
+    "top1_disagreements_above_noise": (lambda s: s["top1_disagreements_above_noise"],
+                                       "nodes whose engine argmax is not the oracle's and whose logits are not within "
+                                       "the noise of the oracle's"),
     "bonus_error_steps": (lambda s: s["bonus_error_steps"],
                           "steps whose bonus token is not the engine's own argmax at its last accepted node"),
     "commit_error_steps": (lambda s: s["commit_error_steps"],
@@ -332,9 +334,16 @@ def evaluate_replay(policy: Policy, summary: dict) -> list[Verdict]:
     return out
 
 
+# rules a policy may no longer name, and what took their place
+RETIRED = {"top1_disagreements": "replaced by top1_disagreements_above_noise: a node whose logits are within the noise "
+                                 "and whose near-tie the engine's rounding turned is not counted"}
+
+
 def _bounds(p: Path, table: dict, where: str, known: dict) -> dict:
     """{key: float bound} from a policy table, every key known and every bound finite and >= 0."""
     for k, v in table.items():
+        if k in RETIRED and k not in known:
+            raise InputError(f"{p}: {k!r} in [{where}] is retired ({RETIRED[k]})")
         if k not in known:
             raise InputError(f"{p}: unknown key {k!r} in [{where}] (known: {', '.join(sorted(known))})")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
