@@ -49,9 +49,9 @@ def test_bonus_error_names_the_node_and_both_tokens():
 def test_an_engines_argmax_keeps_its_ties():
     x = torch.tensor([[0.0, 2.0, 2.0, 1.0], [3.0, 0.0, 0.0, 3.0], [0.0, 0.0, 0.0, 5.0]])
     assert rv.top_sets(x) == [frozenset({1, 2}), frozenset({0, 3}), frozenset({3})]
-    ids = torch.tensor([[2, 1, 0], [3, 0, 1], [3, 2, 1]])
-    lp = torch.tensor([[-0.5, -0.5, -2.0], [-0.1, -3.0, -4.0], [-1.0, -1.0, -1.0]])
-    assert rv.top_sets(topk=(ids, lp)) == [frozenset({1, 2}), frozenset({3}), frozenset({1, 2, 3})]
+    ids = torch.tensor([[2, 1, 0], [3, 0, 1], [3, 2, 1], [4, 5, 6]])
+    lp = torch.tensor([[-0.5, -0.5, -2.0], [-0.1, -3.0, -4.0], [-1.0, -1.0, -1.0], [-0.2, -0.3, -0.4]])
+    assert rv.top_sets(topk=(ids, lp)) == [frozenset({1, 2}), frozenset({3}), frozenset({1, 2, 3}), frozenset({4})]
 
 
 def test_a_step_follows_greedy_on_the_engines_own_logits():
@@ -80,6 +80,8 @@ def test_a_divergence_is_rounding_only_within_noise_and_by_the_engines_rule():
 def test_a_top_k_dump_is_held_to_the_log_probability_error_the_kl_allows():
     assert rv.node_bound(1e-6, "full") == 1e-6 and rv.node_bound(0.08, "full") == 0.08
     assert rv.node_bound(0.08, "topk") == pytest.approx(0.4) and rv.node_bound(2e-6, "topk") == pytest.approx(2e-3)
+    with pytest.raises(KeyError):
+        rv.node_bound(1e-6, "logits")
     node = lambda kl, lp: NS(kl=kl, logprob_err=lp)  # noqa: E731
     assert rv.node_within_noise(node(1e-6, 5.0), 1e-6) and not rv.node_within_noise(node(1.1e-6, 0.0), 1e-6)
     assert rv.node_within_noise(node(None, 0.4), 0.08) and not rv.node_within_noise(node(None, 0.41), 0.08)

@@ -71,7 +71,7 @@ def node_bound(noise_kl: float, logits: str) -> float:
     for a top-k dump, whose figure is the largest log-probability error over the reported tokens, sqrt(2 KL): an
     error of at most e on every token gives a KL of at most about e^2 / 2 (second order), so a top-k dump is held
     to the log-probability error the KL tolerance allows."""
-    return noise_kl if logits == "full" else math.sqrt(2.0 * noise_kl)
+    return {"full": noise_kl, "topk": math.sqrt(2.0 * noise_kl)}[logits]
 
 
 def tolerance_words(noise_kl: float, logits: str) -> str:
