@@ -138,6 +138,9 @@ def _nan_logits(t):
     (dict(drop_end=True), "truncated: no end marker"),
     (dict(header={"version": 9}), "schema version 9 is not supported"),
     (dict(header={"vocab_size": 50}), "vocab_size 50 does not fit the checkpoint's 96"),
+    (dict(header={"engine": {"name": "x", "config": {"tp": 2}}}), "header engine: expected an object of names to"),
+    (dict(header={"engine": ["x"]}), "header engine: expected an object"),
+    (dict(header={"sampling": "greedy"}), "header key 'sampling' is not one of the format's"),
     (dict(step={"tokens": [500, 1, 2, 3, 4, 5, 6]}), "step 0: tokens token 500 is outside the vocabulary"),
     (dict(tensors=_nan_logits), "step 0: logits has non-finite values"),
     (dict(tensors=lambda t: {"logits": t["logits"][:, :10].contiguous()}), "step 0: logits has shape (7, 10)"),
@@ -302,6 +305,9 @@ def test_the_writer_refuses_to_overwrite_and_a_crash_leaves_a_truncated_dump(tmp
     from ddsim.engines.dump import VerifyDumpWriter, load_dump
     with pytest.raises(FileExistsError):
         VerifyDumpWriter(tmp_path, vocab_size=96)
+    with pytest.raises(ValueError, match="engine: expected a flat dict"):
+        VerifyDumpWriter(tmp_path / "nested", vocab_size=96, engine={"name": "x", "config": {"tp": 2}})
+    assert not (tmp_path / "nested").exists()
     with pytest.raises(RuntimeError):
         with VerifyDumpWriter(tmp_path / "d", vocab_size=96) as w:
             w.write_step(request="r", context=[1], parents=[-1], tokens=[2], positions=[1], accepted=[0], emitted=[3],

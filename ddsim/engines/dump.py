@@ -38,6 +38,7 @@ from ddsim.errors import InputError
 FORMAT = "ddsim-verify-dump"
 VERSION = 1
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16", "float64")
+HEADER_KEYS = {"format", "version", "vocab_size", "logits", "topk", "acceptance", "compute_dtype", "engine"}
 
 
 class VerifyDumpWriter:
@@ -59,6 +60,9 @@ class VerifyDumpWriter:
             raise ValueError("acceptance: 'greedy', or {'rule', 'temperature', 'params'} with full logits")
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype: expected one of {COMPUTE_DTYPES}")
+        if not all(isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool)))
+                   for k, v in (engine or {}).items()):
+            raise ValueError("engine: expected a flat dict of names to strings, numbers, booleans or None")
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=False)  # a dump is never written over anything
         (self.path / "steps").mkdir()
@@ -163,6 +167,13 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
         _fail(path, f"line 1: not a {FORMAT} header")
     if header.get("version") != VERSION:
         _fail(path, f"schema version {header.get('version')!r} is not supported (this ddsim reads version {VERSION})")
+    unknown = sorted(set(header) - HEADER_KEYS)
+    if unknown:
+        _fail(path, f"header key {unknown[0]!r} is not one of the format's ({', '.join(sorted(HEADER_KEYS))})")
+    engine = header.get("engine", {})
+    if not isinstance(engine, dict) or not all(
+            isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))) for k, v in engine.items()):
+        _fail(path, "header engine: expected an object of names to strings, numbers, booleans or null")
     V = header.get("vocab_size")
     if not isinstance(V, int) or V < 2:
         _fail(path, f"header vocab_size {V!r}: expected an integer >= 2")
