@@ -306,7 +306,8 @@ REPLAY_NOISE_KL = 1e-6
 # upper bounds on a replay of the engine's own verify steps (ddsim.engines.replay)
 REPLAY_RULES = {
     "silent_corruption_steps": (lambda s: s["silent_corruption_steps"],
-                                "steps where the engine accepted what exact verification would not"),
+                                "steps where the engine emitted what exact verification would not, beyond a near-tie "
+                                "its rounding turned"),
     "diagnosed_steps": (lambda s: s["diagnosed_steps"],
                         "steps whose engine logits are not within noise of the oracle's (any diagnosis)"),
     "top1_disagreements_above_noise": (lambda s: s["top1_disagreements_above_noise"],
