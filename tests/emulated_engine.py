@@ -10,6 +10,8 @@ Bugs (one per engine):
   leak          the flattened recurrence (hybrid-unsafe verification)
   positions     per-node RoPE positions ignored: context + node index (the dump still records the
                 intended positions, as an engine's position buffer would)
+  shift         every RoPE position one past the tree's (an off-by-one prefix length; the dump records
+                the intended positions)
   mask          node 3's ancestor set has node 2 blended in
   drift         noise added to the committed recurrent state, one more of its scale every step
                 (an approximate rollback that drifts)
@@ -32,7 +34,7 @@ from ddsim.engines.dump import VerifyDumpWriter
 from ddsim.engines.replay_verdict import greedy_walk
 from ddsim.trees.tree import Tree
 
-BUGS = (None, "leak", "positions", "mask", "drift", "stale", "bonus", "commit", "root", "rule", "coins")
+BUGS = (None, "leak", "positions", "shift", "mask", "drift", "stale", "bonus", "commit", "root", "rule", "coins")
 
 
 def _tree(model, state, root: int, depth: int) -> Tree:
@@ -95,6 +97,8 @@ class EmulatedEngine:
             kw = {}
             if self.bug == "positions":
                 kw["positions"] = [len(context) + i for i in range(T)]
+            if self.bug == "shift":
+                kw["positions"] = [int(p) + 1 for p in tree.positions(len(context))]
             if self.bug == "mask":
                 mask = tree.ancestor_mask.copy()
                 mask[3, 2] = True
@@ -126,7 +130,7 @@ class EmulatedEngine:
                               positions=[int(p) for p in tree.positions(len(context))], **dumped,
                               accepted=path, emitted=[tree.tokens[i] for i in path[1:]] + [bonus], states=states,
                               randoms=randoms)
-            if self.bug in ("leak", "positions", "mask", "stale"):
+            if self.bug in ("leak", "positions", "shift", "mask", "stale"):
                 res = m.verify(state, tree, mode="exact")  # the state stays right: the bug shows alone
             previous = state
             committed = path

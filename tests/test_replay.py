@@ -15,6 +15,7 @@ EXPECTED = {
     None: ["within noise"] * 8,
     "leak": ["sibling leak"] * 8,
     "positions": ["position error"] * 8,
+    "shift": ["position error"] * 8,
     "mask": ["mask error"] * 8,
     # the first step of each request starts from an exact prefill; then the drift grows
     "drift": ["within noise"] + ["state drift"] * 3 + ["within noise"] + ["state drift"] * 3,
@@ -64,6 +65,10 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
         bad = [st for st in rep["steps"] if st["diagnosis"] == "bonus error"]
         assert all(st["engine_accepted"] == st["exact_accepted"] and st["silent_corruption"] for st in bad)
         assert s["bonus_error_steps"] == 2 and "its own logits' argmax there is" in bad[0]["evidence"]
+    if bug in ("positions", "shift"):  # named by the hypothesis that reproduces it
+        ev = rep["steps"][0]["evidence"]
+        assert ev.startswith("positions context + node index (per-node positions ignored) reproduces"
+                             if bug == "positions" else "positions shifted by +1 reproduces"), ev
     if bug in ("commit", "root"):
         assert s["commit_error_steps"] == 2 and s["kl_max"] < 1e-9  # every logit right, the request broken
         ev = next(st["evidence"] for st in rep["steps"] if st["diagnosis"] == "commit error")

@@ -11,7 +11,8 @@ A step whose engine logits are not within the noise of the oracle's gets a diagn
 recomputation of the step with ddsim's fast path that reproduces the engine's logits within noise:
 
   sibling leak     the flattened (leaky) recurrence: errors only on nodes that are not order-exact
-  position error   RoPE positions ignored (context + node index) or shifted by a few tokens
+  position error   RoPE positions ignored (context + node index) or shifted by a few tokens (which moves the
+                   root's too: tried before a wrong root is put down to the state)
   mask error       one node's ancestor set with one node added (a sibling blended in) or removed
   state drift      the committed state wrong: the root node already wrong (no tree bug can do that),
                    or order-exact nodes wrong that no tree hypothesis reproduces; the error growing
@@ -233,13 +234,11 @@ class Replayer:
         def found(name, how, err):
             return name, f"{how} reproduces the engine within {err:.3g} (exact: {worst:.3g})"
 
-        wrong = (base > noise).nonzero().flatten().tolist()
-        if 0 not in wrong:  # the root is right: a tree-handling bug, not the state
-            if tree.size > 1:
-                err = fit(mode="leaky")
-                if err <= noise:
-                    return found("sibling leak", "the flattened recurrence", err)
-            T = tree.size
+        T = tree.size
+
+        def positions():
+            """A position error that reproduces the engine, or None: the dumped positions where they differ from
+            the tree's, per-node positions ignored, the tree's shifted (which moves the root's too)."""
             candidates = [("positions context + node index (per-node positions ignored)",
                            [len(s.context) + i for i in range(T)])]
             candidates += [(f"positions shifted by {d:+d}", [p + d for p in expected_pos]) for d in SHIFTS]
@@ -251,6 +250,16 @@ class Replayer:
                 err = fit(positions=pos)
                 if err <= noise:
                     return found("position error", how, err)
+            return None
+
+        wrong = (base > noise).nonzero().flatten().tolist()
+        if 0 not in wrong:  # the root is right: a tree-handling bug, not the state
+            if tree.size > 1:
+                err = fit(mode="leaky")
+                if err <= noise:
+                    return found("sibling leak", "the flattened recurrence", err)
+            if (hit := positions()) is not None:
+                return hit
             t = wrong[0]
             anc = tree.ancestor_mask
             for j in range(T):  # add a non-ancestor, or remove a strict ancestor, from node t's set
@@ -266,6 +275,8 @@ class Replayer:
                 return "unexplained", f"errors above noise on nodes {wrong[:8]}; no hypothesis reproduces them"
             return "stale state", (f"errors above noise on nodes {wrong[:8]}, order-exact ones among them, that no tree "
                                    "hypothesis reproduces: the committed state")
+        if (hit := positions()) is not None:  # the root wrong: every position shifted, or the state
+            return hit
         return "stale state", f"the root node is already wrong (discrepancy {float(base[0]):.3g}): the committed state"
 
 
