@@ -13,6 +13,9 @@ Bugs (one per engine):
   shift         every RoPE position one past the tree's (an off-by-one prefix length; the dump records
                 the intended positions)
   mask          node 3's ancestor set has node 2 blended in
+  causal        attention over the tree by a causal mask in batch order (every earlier node, siblings
+                included) in place of the tree's ancestor mask
+  flat          the whole tree flattened: the flattened recurrence and that causal attention
   drift         noise added to the committed recurrent state, one more of its scale every step
                 (an approximate rollback that drifts)
   stale         at step 2 the GDN state and conv window are the previous step's (a stale cache block)
@@ -34,7 +37,7 @@ from ddsim.engines.dump import VerifyDumpWriter
 from ddsim.engines.replay_verdict import greedy_walk
 from ddsim.trees.tree import Tree
 
-BUGS = (None, "leak", "positions", "shift", "mask", "drift", "stale", "bonus", "commit", "root", "rule", "coins")
+BUGS = (None, "leak", "positions", "shift", "mask", "causal", "flat", "drift", "stale", "bonus", "commit", "root", "rule", "coins")
 
 
 def _tree(model, state, root: int, depth: int) -> Tree:
@@ -103,7 +106,10 @@ class EmulatedEngine:
                 mask = tree.ancestor_mask.copy()
                 mask[3, 2] = True
                 kw["ancestor_mask"] = mask
-            res = m.verify(verify_state, tree, mode="leaky" if self.bug == "leak" else "exact", **kw)
+            if self.bug in ("causal", "flat"):
+                import numpy as np
+                kw["ancestor_mask"] = np.tril(np.ones((T, T), dtype=bool))
+            res = m.verify(verify_state, tree, mode="leaky" if self.bug in ("leak", "flat") else "exact", **kw)
             randoms = None
             if self.sampler:
                 path, bonus, randoms = self._sample(tree, res.logits, request, k)
@@ -130,7 +136,7 @@ class EmulatedEngine:
                               positions=[int(p) for p in tree.positions(len(context))], **dumped,
                               accepted=path, emitted=[tree.tokens[i] for i in path[1:]] + [bonus], states=states,
                               randoms=randoms)
-            if self.bug in ("leak", "positions", "shift", "mask", "stale"):
+            if self.bug in ("leak", "positions", "shift", "mask", "causal", "flat", "stale"):
                 res = m.verify(state, tree, mode="exact")  # the state stays right: the bug shows alone
             previous = state
             committed = path

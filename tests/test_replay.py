@@ -17,6 +17,8 @@ EXPECTED = {
     "positions": ["position error"] * 8,
     "shift": ["position error"] * 8,
     "mask": ["mask error"] * 8,
+    "causal": ["mask error"] * 8,
+    "flat": ["sibling leak"] * 8,
     # the first step of each request starts from an exact prefill; then the drift grows
     "drift": ["within noise"] + ["state drift"] * 3 + ["within noise"] + ["state drift"] * 3,
     # only step 2 of each request read the stale block
@@ -65,6 +67,11 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
         bad = [st for st in rep["steps"] if st["diagnosis"] == "bonus error"]
         assert all(st["engine_accepted"] == st["exact_accepted"] and st["silent_corruption"] for st in bad)
         assert s["bonus_error_steps"] == 2 and "its own logits' argmax there is" in bad[0]["evidence"]
+    if bug in ("causal", "flat"):  # a causal mask over the tree, with or without the flattened recurrence
+        assert rep["steps"][0]["evidence"].startswith(
+            "attention by a causal mask in batch order (in place of the tree's) reproduces" if bug == "causal" else
+            "the flattened recurrence and attention by a causal mask in batch order (the whole tree flattened) "
+            "reproduces"), rep["steps"][0]["evidence"]
     if bug in ("positions", "shift"):  # named by the hypothesis that reproduces it
         ev = rep["steps"][0]["evidence"]
         assert ev.startswith("positions context + node index (per-node positions ignored) reproduces"

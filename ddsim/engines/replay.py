@@ -10,10 +10,12 @@ an engine that accepted anything else corrupted the output silently.
 A step whose engine logits are not within the noise of the oracle's gets a diagnosis, each one a
 recomputation of the step with ddsim's fast path that reproduces the engine's logits within noise:
 
-  sibling leak     the flattened (leaky) recurrence: errors only on nodes that are not order-exact
+  sibling leak     the flattened (leaky) recurrence: errors only on nodes that are not order-exact; or the
+                   whole tree flattened (that recurrence and attention by a causal mask in batch order)
   position error   RoPE positions ignored (context + node index) or shifted by a few tokens (which moves the
                    root's too: tried before a wrong root is put down to the state)
-  mask error       one node's ancestor set with one node added (a sibling blended in) or removed
+  mask error       attention by a causal mask in batch order in place of the tree's, or one node's ancestor
+                   set with one node added (a sibling blended in) or removed
   state drift      the committed state wrong: the root node already wrong (no tree bug can do that),
                    or order-exact nodes wrong that no tree hypothesis reproduces; the error growing
                    across the request's steps (approximate rollback, a drifting recurrent state)
@@ -46,6 +48,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -258,6 +261,14 @@ class Replayer:
                 err = fit(mode="leaky")
                 if err <= noise:
                     return found("sibling leak", "the flattened recurrence", err)
+                causal = np.tril(np.ones((T, T), dtype=bool))  # every earlier node in batch order, siblings included
+                err = fit(ancestor_mask=causal)
+                if err <= noise:
+                    return found("mask error", "attention by a causal mask in batch order (in place of the tree's)", err)
+                err = fit(mode="leaky", ancestor_mask=causal)
+                if err <= noise:
+                    return found("sibling leak", "the flattened recurrence and attention by a causal mask in batch order "
+                                 "(the whole tree flattened)", err)
             if (hit := positions()) is not None:
                 return hit
             t = wrong[0]
