@@ -16,6 +16,8 @@ Bugs (one per engine):
   causal        attention over the tree by a causal mask in batch order (every earlier node, siblings
                 included) in place of the tree's ancestor mask
   flat          the whole tree flattened: the flattened recurrence and that causal attention
+  leak-state    the flattened recurrence in the state alone (the conv window by the tree)
+  leak-conv     the flattened conv window alone (the state by the tree)
   drift         noise added to the committed recurrent state, one more of its scale every step
                 (an approximate rollback that drifts)
   stale         at step 2 the GDN state and conv window are the previous step's (a stale cache block)
@@ -37,7 +39,8 @@ from ddsim.engines.dump import VerifyDumpWriter
 from ddsim.engines.replay_verdict import greedy_walk
 from ddsim.trees.tree import Tree
 
-BUGS = (None, "leak", "positions", "shift", "mask", "causal", "flat", "drift", "stale", "bonus", "commit", "root", "rule", "coins")
+BUGS = (None, "leak", "leak-state", "leak-conv", "positions", "shift", "mask", "causal", "flat", "drift", "stale", "bonus",
+        "commit", "root", "rule", "coins")
 
 
 def _tree(model, state, root: int, depth: int) -> Tree:
@@ -109,7 +112,8 @@ class EmulatedEngine:
             if self.bug in ("causal", "flat"):
                 import numpy as np
                 kw["ancestor_mask"] = np.tril(np.ones((T, T), dtype=bool))
-            res = m.verify(verify_state, tree, mode="leaky" if self.bug in ("leak", "flat") else "exact", **kw)
+            mode = {"leak": "leaky", "flat": "leaky", "leak-state": "leaky-state", "leak-conv": "leaky-conv"}
+            res = m.verify(verify_state, tree, mode=mode.get(self.bug, "exact"), **kw)
             randoms = None
             if self.sampler:
                 path, bonus, randoms = self._sample(tree, res.logits, request, k)
@@ -136,7 +140,7 @@ class EmulatedEngine:
                               positions=[int(p) for p in tree.positions(len(context))], **dumped,
                               accepted=path, emitted=[tree.tokens[i] for i in path[1:]] + [bonus], states=states,
                               randoms=randoms)
-            if self.bug in ("leak", "positions", "shift", "mask", "causal", "flat", "stale"):
+            if self.bug in ("leak", "leak-state", "leak-conv", "positions", "shift", "mask", "causal", "flat", "stale"):
                 res = m.verify(state, tree, mode="exact")  # the state stays right: the bug shows alone
             previous = state
             committed = path

@@ -14,6 +14,8 @@ from tests.emulated_engine import load_model, write_dump
 EXPECTED = {
     None: ["within noise"] * 8,
     "leak": ["sibling leak"] * 8,
+    "leak-state": ["sibling leak"] * 8,
+    "leak-conv": ["sibling leak"] * 8,
     "positions": ["position error"] * 8,
     "shift": ["position error"] * 8,
     "mask": ["mask error"] * 8,
@@ -67,6 +69,10 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
         bad = [st for st in rep["steps"] if st["diagnosis"] == "bonus error"]
         assert all(st["engine_accepted"] == st["exact_accepted"] and st["silent_corruption"] for st in bad)
         assert s["bonus_error_steps"] == 2 and "its own logits' argmax there is" in bad[0]["evidence"]
+    if bug in ("leak-state", "leak-conv"):  # one leak source alone, named as such
+        assert rep["steps"][0]["evidence"].startswith(
+            "the flattened recurrence in the state alone" if bug == "leak-state" else
+            "the flattened conv window alone"), rep["steps"][0]["evidence"]
     if bug in ("causal", "flat"):  # a causal mask over the tree, with or without the flattened recurrence
         assert rep["steps"][0]["evidence"].startswith(
             "attention by a causal mask in batch order (in place of the tree's) reproduces" if bug == "causal" else

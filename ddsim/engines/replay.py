@@ -10,7 +10,8 @@ an engine that accepted anything else corrupted the output silently.
 A step whose engine logits are not within the noise of the oracle's gets a diagnosis, each one a
 recomputation of the step with ddsim's fast path that reproduces the engine's logits within noise:
 
-  sibling leak     the flattened (leaky) recurrence: errors only on nodes that are not order-exact; or the
+  sibling leak     the flattened (leaky) recurrence, or its state or conv window alone (the audit's leaky,
+                   leaky-state and leaky-conv modes): errors only on nodes that are not order-exact; or the
                    whole tree flattened (that recurrence and attention by a causal mask in batch order)
   position error   RoPE positions ignored (context + node index) or shifted by a few tokens (which moves the
                    root's too: tried before a wrong root is put down to the state)
@@ -258,9 +259,13 @@ class Replayer:
         wrong = (base > noise).nonzero().flatten().tolist()
         if 0 not in wrong:  # the root is right: a tree-handling bug, not the state
             if tree.size > 1:
-                err = fit(mode="leaky")
-                if err <= noise:
-                    return found("sibling leak", "the flattened recurrence", err)
+                for leak, how in (("leaky", "the flattened recurrence"),
+                                  ("leaky-state", "the flattened recurrence in the state alone (the conv window by "
+                                                  "the tree)"),
+                                  ("leaky-conv", "the flattened conv window alone (the state by the tree)")):
+                    err = fit(mode=leak)
+                    if err <= noise:
+                        return found("sibling leak", how, err)
                 causal = np.tril(np.ones((T, T), dtype=bool))  # every earlier node in batch order, siblings included
                 err = fit(ancestor_mask=causal)
                 if err <= noise:
