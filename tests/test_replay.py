@@ -272,6 +272,16 @@ def test_a_near_tie_a_bf16_engines_rounding_turns_is_not_silent_corruption(tmp_p
     assert s["top1_disagreements_above_noise"] == 0 and s["bonus_error_steps"] == 0
     step = next(st for st in rep["steps"] if st["rounding_divergence"])
     assert step["engine_emitted"] != step["exact_emitted"] and not step["silent_corruption"]
+    # the evidence names where the walk left exact verification's, and the oracle's lead there
+    i = next(j for j, (a, b) in enumerate(zip(step["engine_emitted"], step["exact_emitted"])) if a != b)
+    at = step["exact_accepted"][i]
+    assert step["evidence"].endswith(
+        f"; a rounding divergence: token {step['engine_emitted'][i]} where exact verification emits "
+        f"{step['exact_emitted'][i]}, decided at node {at}, " + (
+            f"whose oracle top-1 lead is {step['nodes'][at]['oracle_margin']:.3g}" if rule == "greedy" else
+            "by a random number the engine's rounding put on the other side of a decision boundary")), step["evidence"]
+    if rule == "greedy":  # a near-tie: the lead is below bf16's spacing of these logits
+        assert step["nodes"][at]["oracle_margin"] < 0.01
     if rule == "greedy":
         assert s["top1_disagreements"] >= 1  # the turned argmax itself, within the noise
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", bf16_dumps[rule], "--model", ckpt,

@@ -215,6 +215,13 @@ class Replayer:
                                           within_noise=diagnosis == "within noise")
         if wrong_bonus and diagnosis == "within noise":
             diagnosis, evidence = "bonus error", wrong_bonus
+        if rounding:  # where the engine left exact verification's walk, and by how near a tie
+            i = next(j for j, (a, b) in enumerate(zip(s.emitted, exact_emitted)) if a != b)
+            at = exact_path[i]  # the node whose decision emitted token i
+            evidence += (f"; a rounding divergence: token {s.emitted[i]} where exact verification emits "
+                         f"{exact_emitted[i]}, decided at node {at}, " + (
+                             f"whose oracle top-1 lead is {float(margin[at]):.3g}" if acceptance == "greedy" else
+                             "by a random number the engine's rounding put on the other side of a decision boundary"))
         return StepRecord(s.step, s.request, nodes, s.positions == expected_pos, list(s.accepted), exact_path,
                           silent, diagnosis, evidence,
                           max(state_rel.values()) if state_rel else None, list(s.emitted), exact_emitted,
