@@ -22,6 +22,8 @@ Bugs (one per engine):
                 (an approximate rollback that drifts)
   stale         at step 2 the GDN state and conv window are the previous step's (a stale cache block)
   bonus         at step 1 the bonus emitted is the runner-up of the engine's own logits, not their argmax
+  accept        at step 1 the engine stops a node short of its own greedy walk and emits its argmax there as
+                the bonus (an acceptance test off by one node); it commits what it emitted
   commit        after step 1 the engine commits the rejected sibling of the last accepted node (its
                 logits and accepted path are right; the next step's context is not)
   root          at step 2 the root is not the previous bonus (a token dropped between steps)
@@ -40,7 +42,7 @@ from ddsim.engines.replay_verdict import greedy_walk
 from ddsim.trees.tree import Tree
 
 BUGS = (None, "leak", "leak-state", "leak-conv", "positions", "shift", "mask", "causal", "flat", "drift", "stale", "bonus",
-        "commit", "root", "rule", "coins")
+        "accept", "commit", "root", "rule", "coins")
 
 
 def _tree(model, state, root: int, depth: int) -> Tree:
@@ -122,6 +124,9 @@ class EmulatedEngine:
                 bonus = int(res.logits[path[-1]].argmax())
             if self.bug == "bonus" and k == 1:
                 bonus = int(res.logits[path[-1]].topk(2).indices[1])
+            if self.bug == "accept" and k == 1 and len(path) > 1:
+                path = path[:-1]
+                bonus = int(res.logits[path[-1]].argmax())
             if self.bug == "root" and k == 2:
                 root = (root + 1) % m.cfg.vocab_size
                 tree = Tree(tree.parents, [root, *tree.tokens[1:]])

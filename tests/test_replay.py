@@ -27,6 +27,8 @@ EXPECTED = {
     "stale": ["within noise"] * 2 + ["stale state"] + ["within noise"] * 3 + ["stale state", "within noise"],
     # step 1 of each request emits a bonus its own logits do not pick (and so the next root follows it)
     "bonus": ["within noise", "bonus error", "within noise", "within noise"] * 2,
+    # step 1 of each request stops a node short of the engine's own greedy walk
+    "accept": ["within noise", "acceptance error", "within noise", "within noise"] * 2,
     # after step 1 the rejected sibling is committed: step 2's context does not continue the request
     "commit": ["within noise", "within noise", "commit error", "within noise"] * 2,
     # step 2's root is not step 1's bonus
@@ -82,6 +84,12 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
         ev = rep["steps"][0]["evidence"]
         assert ev.startswith("positions context + node index (per-node positions ignored) reproduces"
                              if bug == "positions" else "positions shifted by +1 reproduces"), ev
+    if bug == "accept":  # every logit right, the bonus its own argmax, the path a node short: silent corruption
+        bad = [st for st in rep["steps"] if st["diagnosis"] == "acceptance error"]
+        assert all(st["silent_corruption"] and st["bonus_ok"] and st["engine_accepted"] == st["exact_accepted"][:-1]
+                   for st in bad) and s["kl_max"] < 1e-9
+        assert bad[0]["evidence"] == (f"the engine accepted {bad[0]['engine_accepted']}; greedy verification on its "
+                                      f"own logits accepts {bad[0]['exact_accepted']}")
     if bug in ("commit", "root"):
         assert s["commit_error_steps"] == 2 and s["kl_max"] < 1e-9  # every logit right, the request broken
         ev = next(st["evidence"] for st in rep["steps"] if st["diagnosis"] == "commit error")

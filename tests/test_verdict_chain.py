@@ -67,6 +67,19 @@ def test_a_step_follows_greedy_on_the_engines_own_logits():
     assert not rv.follows_greedy(TREE, tied, [0, 1], [1, 3])  # either tied token is carried by a child
 
 
+def test_an_acceptance_error_names_both_paths():
+    """TREE: root 7; 1 and 2 under it; 3, 4 under 1; 5 under 3."""
+    tops = [frozenset({t}) for t in (1, 3, 0, 5, 2, 6)]
+    assert rv.walk_tops(TREE, tops) == [0, 1, 3, 5]
+    assert rv.walk_tops(TREE, [frozenset({2, 1}), *tops[1:]]) == [0, 1, 3, 5]  # a tie: the first child carrying one
+    assert rv.acceptance_error(TREE, tops, [0, 1, 3, 5], [1, 3, 5, 6]) is None
+    assert rv.acceptance_error(TREE, tops, [0, 1, 3], [1, 3, 5]) == (
+        "the engine accepted [0, 1, 3]; greedy verification on its own logits accepts [0, 1, 3, 5]")
+    assert rv.acceptance_error(TREE, tops, [0, 1, 4], [1, 4, 2]) == (
+        "the engine accepted [0, 1, 4]; greedy verification on its own logits accepts [0, 1, 3, 5]")
+    assert rv.acceptance_error(TREE, tops, [0, 1, 3, 5], [1, 3, 5, 0]) is None  # the bonus alone: bonus_error's
+
+
 def test_a_divergence_is_rounding_only_within_noise_and_by_the_engines_rule():
     judge = lambda **kw: rv.judge_emission(emitted=[1, 2], **{"exact": [1, 3], "follows_rule": True,  # noqa: E731
                                                                "within_noise": True, **kw})
@@ -180,7 +193,8 @@ def test_the_summary_counts_every_step_level_fault_apart():
     assert s == {"steps": 5, "requests": 3, "nodes": 8, "silent_corruption_steps": 2, "rounding_divergence_steps": 1,
                  "diagnosed_steps": 3,
                  "diagnoses": {"within noise": 2, "sibling leak": 1, "position error": 0, "mask error": 0,
-                               "state drift": 0, "stale state": 0, "unexplained": 0, "bonus error": 1, "commit error": 1},
+                               "state drift": 0, "stale state": 0, "unexplained": 0, "bonus error": 1, "acceptance error": 0,
+                               "commit error": 1},
                  "top1_disagreements": 5, "top1_disagreements_above_noise": 2, "kl_max": 0.2, "logprob_err_max": 1.5,
                  "fast_path_kl_max": 2e-9, "positions_unexpected_steps": 1, "bonus_error_steps": 1,
                  "commit_error_steps": 1}

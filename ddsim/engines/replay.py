@@ -28,6 +28,9 @@ A step is judged whole, beyond its logits:
 
   bonus error      the emitted bonus token is not the argmax of the engine's own logits at the last
                    accepted node (the engine sampled or read the wrong row)
+  acceptance error (greedy) the accepted path is not greedy verification on the engine's own logits (its
+                   bonus their argmax all the same: an acceptance test off by a node, or a draft compared with
+                   the wrong row)
   commit error     within a request, the step's context is not the previous step's context plus its
                    root and the tokens it emitted before the bonus, or its root is not the previous
                    bonus (the engine committed a rejected sibling, dropped or repeated a token)
@@ -56,6 +59,7 @@ import torch.nn.functional as F
 from ddsim.engines.dump import Dump, DumpStep
 from ddsim.engines.replay_verdict import (
     DIAGNOSES,
+    acceptance_error,
     bonus_error,
     default_tolerance,
     emitted_by_exact_greedy,
@@ -202,8 +206,10 @@ class Replayer:
         expected_pos = [int(p) for p in tree.positions(len(s.context))]
         state_rel = _state_errors(s, ost)
         diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel)
+        wrong_accept = None
         if acceptance == "greedy":
             wrong_bonus = bonus_error(s.emitted, s.accepted, tops)
+            wrong_accept = acceptance_error(tree, tops, s.accepted, s.emitted)
             follows = follows_greedy(tree, tops, s.accepted, s.emitted)
         else:
             wrong_bonus = rule_error(list(s.emitted), sampled_walk(tree, eng, acceptance, s.tensors)[1],
@@ -215,6 +221,8 @@ class Replayer:
                                           within_noise=diagnosis == "within noise")
         if wrong_bonus and diagnosis == "within noise":
             diagnosis, evidence = "bonus error", wrong_bonus
+        elif wrong_accept and diagnosis == "within noise":
+            diagnosis, evidence = "acceptance error", wrong_accept
         if rounding:  # where the engine left exact verification's walk, and by how near a tie
             i = next(j for j, (a, b) in enumerate(zip(s.emitted, exact_emitted)) if a != b)
             at = exact_path[i]  # the node whose decision emitted token i

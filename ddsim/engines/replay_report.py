@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 from ddsim.verdict.report_model import Count, NonNeg, Sha256, _Strict
 
 Diagnosis = Literal["within noise", "sibling leak", "position error", "mask error", "state drift", "stale state",
-                    "unexplained", "bonus error", "commit error"]
+                    "unexplained", "bonus error", "acceptance error", "commit error"]
 
 
 class NodeFigures(_Strict):

@@ -11,7 +11,7 @@ import torch
 from ddsim.trees.tree import Tree
 
 DIAGNOSES = ("within noise", "sibling leak", "position error", "mask error", "state drift", "stale state",
-             "unexplained", "bonus error", "commit error")
+             "unexplained", "bonus error", "acceptance error", "commit error")
 
 
 def greedy_walk(tree: Tree, logits: torch.Tensor) -> list[int]:
@@ -52,6 +52,27 @@ def follows_greedy(tree: Tree, tops: list[frozenset[int]], accepted: list[int], 
         return False
     last, bonus = accepted[-1], emitted[-1]
     return bonus in tops[last] and all(tree.tokens[c] != bonus for c in tree.children[last])
+
+
+def walk_tops(tree: Tree, tops: list[frozenset[int]]) -> list[int]:
+    """Greedy verification's walk on an engine's own logits (``tops``: top_sets): from the root, the first child
+    whose token is an argmax of its parent's."""
+    path, node = [0], 0
+    while True:
+        nxt = [c for c in tree.children[node] if tree.tokens[c] in tops[node]]
+        if not nxt:
+            return path
+        node = nxt[0]
+        path.append(node)
+
+
+def acceptance_error(tree: Tree, tops: list[frozenset[int]], accepted: list[int], emitted: list[int]) -> str | None:
+    """Why a greedy step's accepted path is not greedy verification on the engine's own logits (None: it is, or the
+    bonus alone is off, which bonus_error names)."""
+    if follows_greedy(tree, tops, accepted, emitted) or emitted[-1] not in tops[accepted[-1]]:
+        return None
+    return (f"the engine accepted {list(accepted)}; greedy verification on its own logits accepts "
+            f"{walk_tops(tree, tops)}")
 
 
 def judge_emission(*, emitted: list[int], exact: list[int], follows_rule: bool, within_noise: bool) -> tuple[bool, bool]:
