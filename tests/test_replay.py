@@ -196,7 +196,7 @@ def topk_dumps(ckpt, tmp_path_factory):
 @pytest.mark.parametrize("bug", list(EXPECTED))
 def test_a_top_k_dump_names_each_planted_bug(ckpt, topk_dumps, bug):
     """A top-k dump is judged by its log-probability errors, held to sqrt(2 KL) of the noise: the same diagnosis
-    of every step as the full logits give, the same silent corruption."""
+    of every step as the full logits give."""
     from ddsim.engines import replay
     rep = replay.run(ckpt, topk_dumps[bug])
     assert [s["diagnosis"] for s in rep["steps"]] == EXPECTED[bug]
@@ -209,29 +209,30 @@ def test_a_top_k_dump_names_each_planted_bug(ckpt, topk_dumps, bug):
         assert s["silent_corruption_steps"] > 0 and s["rounding_divergence_steps"] == 0
 
 
-def _topk_step0(t, **kw):
+def _replaced(t, **kw):
+    """A step's tensors with some replaced."""
     return {**t, **kw}
 
 
 def _rising(t):
     lp = t["topk_logprobs"].clone()
     lp[2] = lp[2].flip(0)
-    return _topk_step0(t, topk_logprobs=lp)
+    return _replaced(t, topk_logprobs=lp)
 
 
 def _twice(t):
     ids = t["topk_ids"].clone()
     ids[1, 3] = ids[1, 0]
-    return _topk_step0(t, topk_ids=ids)
+    return _replaced(t, topk_ids=ids)
 
 
 @pytest.mark.parametrize("edit, needle", [
     (_twice, "step 0: node 1's topk_ids name a token twice"),
     (_rising, "step 0: node 2's topk_logprobs rise along the row (most likely first expected)"),
     # raw logits in place of log-probabilities: a probability mass past 1
-    (lambda t: _topk_step0(t, topk_logprobs=t["topk_logprobs"] + 3.0), "step 0: node 0's topk_logprobs hold a probability of"),
-    (lambda t: _topk_step0(t, topk_ids=t["topk_ids"].double()), "step 0: topk_ids are torch.float64, expected integers"),
-    (lambda t: _topk_step0(t, topk_logprobs=t["topk_logprobs"].long()), "step 0: topk_logprobs are torch.int64"),
+    (lambda t: _replaced(t, topk_logprobs=t["topk_logprobs"] + 3.0), "step 0: node 0's topk_logprobs hold a probability of"),
+    (lambda t: _replaced(t, topk_ids=t["topk_ids"].double()), "step 0: topk_ids are torch.float64, expected integers"),
+    (lambda t: _replaced(t, topk_logprobs=t["topk_logprobs"].long()), "step 0: topk_logprobs are torch.int64"),
 ])
 def test_an_inconsistent_top_k_dump_gets_one_line_and_exit_2(tmp_path, ckpt, topk_dumps, edit, needle):
     """The first of a top-k row is read as the engine's argmax: a row that is not its k most likely tokens, most
