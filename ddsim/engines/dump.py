@@ -41,6 +41,13 @@ COMPUTE_DTYPES = ("float32", "bfloat16", "float16", "float64")
 HEADER_KEYS = {"format", "version", "vocab_size", "logits", "topk", "acceptance", "compute_dtype", "engine"}
 
 
+def _flat(engine) -> bool:
+    """Whether a header's engine is what the replay report keeps of it: a dict of names to strings, numbers,
+    booleans or None."""
+    return isinstance(engine, dict) and all(
+        isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))) for k, v in engine.items())
+
+
 class VerifyDumpWriter:
     """What an engine calls at its verify step (greedy acceptance):
 
@@ -60,8 +67,7 @@ class VerifyDumpWriter:
             raise ValueError("acceptance: 'greedy', or {'rule', 'temperature', 'params'} with full logits")
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype: expected one of {COMPUTE_DTYPES}")
-        if not all(isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool)))
-                   for k, v in (engine or {}).items()):
+        if not _flat(engine or {}):
             raise ValueError("engine: expected a flat dict of names to strings, numbers, booleans or None")
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=False)  # a dump is never written over anything
@@ -170,9 +176,7 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
     unknown = sorted(set(header) - HEADER_KEYS)
     if unknown:
         _fail(path, f"header key {unknown[0]!r} is not one of the format's ({', '.join(sorted(HEADER_KEYS))})")
-    engine = header.get("engine", {})
-    if not isinstance(engine, dict) or not all(
-            isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))) for k, v in engine.items()):
+    if not _flat(header.get("engine", {})):
         _fail(path, "header engine: expected an object of names to strings, numbers, booleans or null")
     V = header.get("vocab_size")
     if not isinstance(V, int) or V < 2:
@@ -222,16 +226,17 @@ def _check_topk(path, where, ids, lp, V, dtype) -> None:
     if not bool(((ids >= 0) & (ids < V)).all()):
         _fail(path, f"{where}: topk_ids outside the vocabulary")
     ids, lp = ids.long(), lp.double()
-    k = ids.shape[1]
-    if k > 1 and bool((ids.sort(-1).values.diff(dim=-1) == 0).any()):
-        node = int((ids.sort(-1).values.diff(dim=-1) == 0).any(-1).nonzero()[0])
-        _fail(path, f"{where}: node {node}'s topk_ids name a token twice")
-    if k > 1 and bool((lp.diff(dim=-1) > 0).any()):
-        node = int((lp.diff(dim=-1) > 0).any(-1).nonzero()[0])
-        _fail(path, f"{where}: node {node}'s topk_logprobs rise along the row (most likely first expected)")
-    mass, slack = lp.logsumexp(-1), TOPK_MASS_SLACK[dtype]
-    if bool((mass > slack).any()):
-        node = int((mass > slack).nonzero()[0])
+    twice = (ids.sort(-1).values.diff(dim=-1) == 0).any(-1)  # [T] per node (none where k is 1)
+    if bool(twice.any()):
+        _fail(path, f"{where}: node {int(twice.nonzero()[0])}'s topk_ids name a token twice")
+    rising = (lp.diff(dim=-1) > 0).any(-1)
+    if bool(rising.any()):
+        _fail(path, f"{where}: node {int(rising.nonzero()[0])}'s topk_logprobs rise along the row (most likely first "
+                    "expected)")
+    mass = lp.logsumexp(-1)
+    over = mass > TOPK_MASS_SLACK[dtype]
+    if bool(over.any()):
+        node = int(over.nonzero()[0])
         _fail(path, f"{where}: node {node}'s topk_logprobs hold a probability of {float(mass[node].exp()):.4g} "
                     "(log-probabilities of at most 1 in all expected)")
 

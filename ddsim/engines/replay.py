@@ -63,7 +63,6 @@ from ddsim.engines.replay_verdict import (
     bonus_error,
     default_tolerance,
     emitted_by_exact_greedy,
-    follows_greedy,
     greedy_walk,
     judge_continuity,
     judge_emission,
@@ -207,10 +206,10 @@ class Replayer:
         state_rel = _state_errors(s, ost)
         diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel)
         wrong_accept = None
-        if acceptance == "greedy":
+        if acceptance == "greedy":  # greedy on its own logits: neither error (replay_verdict.follows_greedy)
             wrong_bonus = bonus_error(s.emitted, s.accepted, tops)
             wrong_accept = acceptance_error(tree, tops, s.accepted, s.emitted)
-            follows = follows_greedy(tree, tops, s.accepted, s.emitted)
+            follows = wrong_bonus is None and wrong_accept is None
         else:
             wrong_bonus = rule_error(list(s.emitted), sampled_walk(tree, eng, acceptance, s.tensors)[1],
                                      acceptance["rule"])

@@ -16,15 +16,7 @@ DIAGNOSES = ("within noise", "sibling leak", "position error", "mask error", "st
 
 def greedy_walk(tree: Tree, logits: torch.Tensor) -> list[int]:
     """Exact greedy verification: from the root, follow the child whose token is the argmax."""
-    children = tree.children
-    path, node = [0], 0
-    while True:
-        want = int(logits[node].argmax())
-        nxt = [c for c in children[node] if tree.tokens[c] == want]
-        if not nxt:
-            return path
-        node = nxt[0]
-        path.append(node)
+    return walk_tops(tree, [frozenset({int(t)}) for t in logits.argmax(-1)])
 
 
 def emitted_by_exact_greedy(tree: Tree, logits: torch.Tensor, path: list[int]) -> list[int]:
