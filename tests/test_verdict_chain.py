@@ -54,6 +54,26 @@ def test_an_engines_argmax_keeps_its_ties():
     assert rv.top_sets(topk=(ids, lp)) == [frozenset({1, 2}), frozenset({3}), frozenset({1, 2, 3}), frozenset({4})]
 
 
+def test_an_engines_argmax_and_walk_at_a_serving_shape():
+    """129 nodes over Qwen's 151936-token vocabulary, bf16-like ties planted at every fourth node: each node's set is
+    its tied maxima, and greedy's walk down a 128-deep chain of the argmax tokens takes every node."""
+    T, V = 129, 151936
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(T, V, generator=gen)
+    want = torch.randint(0, V, (T,), generator=gen)
+    logits[torch.arange(T), want] = 50.0
+    tied = torch.arange(0, T, 4)
+    logits[tied, (want[tied] + 1) % V] = 50.0
+    tops = rv.top_sets(logits)
+    assert tops == [frozenset({int(want[i])} | ({int(want[i] + 1) % V} if i % 4 == 0 else set())) for i in range(T)]
+    chain = Tree(list(range(-1, T - 1)), [0] + [int(want[i]) for i in range(T - 1)])  # node i+1 carries i's argmax
+    path = list(range(T))
+    assert rv.walk_tops(chain, tops) == path and rv.greedy_walk(chain, logits) == path
+    assert rv.follows_greedy(chain, tops, path, [int(t) for t in want[: T - 1]] + [int(want[T - 1])])
+    assert rv.acceptance_error(chain, tops, path[:64], [int(t) for t in want[:63]] + [int(want[63])]) == (
+        f"the engine accepted {path[:64]}; greedy verification on its own logits accepts {path}")
+
+
 def test_a_step_follows_greedy_on_the_engines_own_logits():
     """TREE: root 7; 1 and 2 under it; 3, 4 under 1; 5 under 3."""
     tops = [frozenset({t}) for t in (1, 3, 0, 5, 2, 6)]
