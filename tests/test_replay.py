@@ -359,6 +359,83 @@ def test_the_writer_refuses_to_overwrite_and_a_crash_leaves_a_truncated_dump(tmp
         load_dump(tmp_path / "d", vocab_size=96)
 
 
+def _good_step(**edit) -> dict:
+    """A valid three-node step of a 96-token vocabulary (the chain 0 -> 1 -> 2, nodes 0 and 1 accepted), edited."""
+    step = dict(request="r", context=[1, 2], parents=[-1, 0, 1], tokens=[5, 6, 7], positions=[2, 3, 4],
+                accepted=[0, 1], emitted=[6, 9], logits=torch.zeros(3, 96))
+    return {**step, **edit}
+
+
+def _topk_rows(ids=((5, 6), (6, 7), (7, 8)), lp=((-0.1, -2.5),) * 3):
+    return torch.tensor(ids), torch.tensor(lp)
+
+
+@pytest.mark.parametrize("kind, edit, needle", [
+    ("full", dict(logits=torch.zeros(3, 96, dtype=torch.int64)), "logits are torch.int64, expected floating point"),
+    ("full", dict(logits=torch.full((3, 96), float("nan"))), "logits has non-finite values"),
+    ("full", dict(logits=torch.zeros(3, 95)), "logits has shape (3, 95), expected (3, 96)"),
+    ("full", dict(logits=None), "a full-logits dump takes logits= and no topk="),
+    ("full", dict(accepted=[0, 2]), "accepted [0, 2] is not a root path of the tree"),
+    ("full", dict(emitted=[7, 9]), "emitted [7, 9] is not the accepted nodes' tokens after the root plus the bonus"),
+    ("full", dict(tokens=[5, 6, 96]), "tokens token 96 is outside the vocabulary (0..95)"),
+    ("full", dict(context=[1, 2.5]), "context must be integers"),
+    ("full", dict(parents=[-1, 0, 3]), "node 2: parent 3 is not an earlier node"),
+    ("full", dict(positions=[2, 3]), "parents, tokens and positions must be one per node (got 3, 3, 2)"),
+    ("full", dict(states={"ssm": torch.zeros(2, 2)}), "state 'ssm': expected 'ssm.L' or 'conv.L'"),
+    ("full", dict(states={"ssm.0": torch.full((2, 2), float("inf"))}), "ssm.0 has non-finite values"),
+    ("topk", dict(logits=None, topk=_topk_rows(ids=((5.0, 6.0),) * 3)), "topk_ids are torch.float32, expected integers"),
+    ("topk", dict(logits=None, topk=_topk_rows(ids=((5, 5), (6, 7), (7, 8)))), "node 0's topk_ids name a token twice"),
+    ("topk", dict(logits=None, topk=_topk_rows(lp=((-0.1, -2.5), (-2.5, -0.1), (-0.1, -2.5)))),
+     "node 1's topk_logprobs rise along the row"),
+    ("topk", dict(logits=None, topk=_topk_rows(lp=((-0.1, -0.2),) * 3)), "node 0's topk_logprobs hold a probability of"),
+    ("topk", dict(logits=None, topk=_topk_rows(ids=((5, 96), (6, 7), (7, 8)))), "topk_ids outside the vocabulary"),
+    ("topk", dict(logits=None, topk=_topk_rows(lp=((0, -1),) * 3)), "topk_logprobs are torch.int64, expected floating"),
+    ("sampled", dict(randoms={"coins": torch.rand(3), "final": torch.tensor([1.0])}),
+     "random.final has numbers outside [0, 1)"),
+    ("sampled", dict(randoms={"coins": torch.rand(2), "final": torch.tensor([0.5])}),
+     "random.coins has shape (2,), expected (3,)"),
+    ("sampled", dict(randoms=None), "tensor 'random.coins' is missing"),
+])
+def test_the_writer_refuses_a_step_the_reader_would_and_writes_nothing(tmp_path, kind, edit, needle):
+    """A step the reader would refuse is a ValueError at write_step, naming the step and the problem, before
+    anything is written: the engine finds its own fault where it made it, not at replay, and the dump it goes on
+    writing stays readable."""
+    from ddsim.engines.dump import VerifyDumpWriter, load_dump
+    header = {"full": {}, "topk": dict(logits="topk", topk=2),
+              "sampled": dict(acceptance={"rule": "sglang", "temperature": 1.0, "params": {}})}[kind]
+    good = _good_step() if kind == "full" else _good_step(logits=None, topk=_topk_rows()) if kind == "topk" else \
+        _good_step(randoms={"coins": torch.rand(3), "final": torch.tensor([0.5])})
+    with VerifyDumpWriter(tmp_path / "d", vocab_size=96, **header) as w:
+        w.write_step(**good)
+        lines = (tmp_path / "d" / "index.jsonl").read_text()
+        with pytest.raises(ValueError) as e:
+            w.write_step(**{**good, **edit})
+        assert str(e.value).startswith("write_step: step 1: ") and needle in str(e.value), str(e.value)
+        assert (tmp_path / "d" / "index.jsonl").read_text() == lines
+        assert sorted(f.name for f in (tmp_path / "d" / "steps").iterdir()) == ["000000.safetensors"]
+        w.write_step(**good)
+    assert len(load_dump(tmp_path / "d", vocab_size=96).steps) == 2
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(vocab_size=1), "vocab_size 1: expected an integer >= 2"),
+    (dict(vocab_size=96, logits="topk", topk=0), "topk 0: expected an integer in 1..96"),
+    (dict(vocab_size=96, logits="topk", topk=97), "topk 97: expected an integer in 1..96"),
+    (dict(vocab_size=96, acceptance={"rule": "nope", "temperature": 1.0, "params": {}}),
+     "acceptance rule 'nope': expected one of"),
+    (dict(vocab_size=96, acceptance={"rule": "sglang", "temperature": 0.0, "params": {}}),
+     "acceptance temperature 0.0: expected a finite number > 0"),
+    (dict(vocab_size=96, acceptance={"rule": "sglang", "temperature": 1.0, "params": {"x": 1}}),
+     "params x=1: not a parameter of sglang"),
+])
+def test_the_writer_refuses_a_header_the_reader_would(tmp_path, kw, needle):
+    from ddsim.engines.dump import VerifyDumpWriter
+    with pytest.raises(ValueError) as e:
+        VerifyDumpWriter(tmp_path / "d", **kw)
+    assert needle in str(e.value), str(e.value)
+    assert not (tmp_path / "d").exists()
+
+
 def test_the_replay_report_is_typed_and_checked(tmp_path, ckpt, dumps):
     """report.json validates against the generated schema, and a tampered summary or step is refused."""
     import jsonschema

@@ -63,8 +63,16 @@ class VerifyDumpWriter:
                  compute_dtype: str = "float32", engine: dict | None = None, acceptance="greedy"):
         if logits not in ("full", "topk") or (logits == "topk") != (topk is not None):
             raise ValueError("logits: 'full' without topk, or 'topk' with topk=k")
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+            raise ValueError(f"vocab_size {vocab_size!r}: expected an integer >= 2")
+        if logits == "topk" and (isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= vocab_size):
+            raise ValueError(f"topk {topk!r}: expected an integer in 1..{vocab_size}")
         if acceptance != "greedy" and (not isinstance(acceptance, dict) or logits != "full"):
             raise ValueError("acceptance: 'greedy', or {'rule', 'temperature', 'params'} with full logits")
+        try:  # the rule, its temperature and parameters, as the reader checks them
+            _check_acceptance(path, {"acceptance": acceptance, "logits": logits})
+        except InputError as e:
+            raise ValueError(f"acceptance: {e}") from None
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype: expected one of {COMPUTE_DTYPES}")
         if not _flat(engine or {}):
@@ -75,8 +83,9 @@ class VerifyDumpWriter:
         self.vocab_size, self.mode, self.topk = vocab_size, logits, topk
         self.steps = 0
         self._index = open(self.path / "index.jsonl", "w")
-        self._line({"format": FORMAT, "version": VERSION, "vocab_size": vocab_size, "logits": logits, "topk": topk,
-                    "acceptance": acceptance, "compute_dtype": compute_dtype, "engine": engine or {}})
+        self.header = {"format": FORMAT, "version": VERSION, "vocab_size": vocab_size, "logits": logits, "topk": topk,
+                       "acceptance": acceptance, "compute_dtype": compute_dtype, "engine": engine or {}}
+        self._line(self.header)
 
     def _line(self, obj: dict) -> None:
         self._index.write(json.dumps(obj, allow_nan=False) + "\n")
@@ -84,29 +93,53 @@ class VerifyDumpWriter:
 
     def write_step(self, *, request: str, context, parents, tokens, positions, accepted, emitted, logits=None,
                    topk=None, states: dict | None = None, randoms: dict | None = None) -> None:
+        """One verify step, checked as the reader will check it (check_step) before anything is written: a step
+        the reader would refuse is a ValueError here, naming the step, and leaves the dump as it was."""
         from safetensors.torch import save_file
+
+        def fail(msg):
+            raise ValueError(f"write_step: step {self.steps}: {msg}")
+
+        def ints(key, x):
+            vals = x.tolist() if hasattr(x, "tolist") else list(x)
+            if any(isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) for v in vals):
+                fail(f"{key} must be integers")
+            return [int(v) for v in vals]
+
+        def cpu(x):
+            return torch.as_tensor(x).detach().cpu()
+
+        def floats(t):  # float32 as the format keeps them; a tensor of another kind kept, for the check to refuse
+            return t.float().contiguous() if t.is_floating_point() else t.contiguous()
         tensors = {}
         if self.mode == "full":
-            tensors["logits"] = torch.as_tensor(logits).detach().float().cpu().contiguous()
+            if logits is None or topk is not None:
+                fail("a full-logits dump takes logits= and no topk=")
+            tensors["logits"] = floats(cpu(logits))
         else:
-            ids, lp = topk
-            tensors["topk_ids"] = torch.as_tensor(ids).detach().long().cpu().contiguous()
-            tensors["topk_logprobs"] = torch.as_tensor(lp).detach().float().cpu().contiguous()
+            if topk is None or logits is not None:
+                fail("a top-k dump takes topk=(ids, logprobs) and no logits=")
+            ids, lp = (cpu(t) for t in topk)
+            integer = not (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool)
+            tensors["topk_ids"] = ids.long().contiguous() if integer else ids.contiguous()
+            tensors["topk_logprobs"] = floats(lp)
         for k, v in (states or {}).items():
-            tensors[k] = torch.as_tensor(v).detach().float().cpu().contiguous()
+            if not _state_name(k):
+                fail(f"state {k!r}: expected 'ssm.L' or 'conv.L' for a layer L")
+            tensors[k] = floats(cpu(v))
         for k, v in (randoms or {}).items():  # as drawn: float64 stays float64; a step's one number as [1]
-            t = torch.as_tensor(v).detach().cpu()
+            t = cpu(v)
             tensors[f"random.{k}"] = (t.reshape(1) if t.ndim == 0 else t).contiguous()
         rel = f"steps/{self.steps:06d}.safetensors"
+        rec = {"step": self.steps, "request": str(request), "context": ints("context", context),
+               "parents": ints("parents", parents), "tokens": ints("tokens", tokens),
+               "positions": ints("positions", positions), "accepted": ints("accepted", accepted),
+               "emitted": ints("emitted", emitted), "tensors": rel}
+        check_step(rec, tensors, header=self.header, layers=None, max_positions=None, fail=fail)
         tmp = self.path / f"{rel}.tmp"
         save_file(tensors, str(tmp))
         os.replace(tmp, self.path / rel)
-
-        def ints(x):
-            return [int(t) for t in (x.tolist() if hasattr(x, "tolist") else x)]
-        self._line({"step": self.steps, "request": str(request), "context": ints(context), "parents": ints(parents),
-                    "tokens": ints(tokens), "positions": ints(positions), "accepted": ints(accepted),
-                    "emitted": ints(emitted), "tensors": rel})
+        self._line(rec)
         self.steps += 1
 
     def close(self) -> None:
@@ -160,7 +193,6 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
     from safetensors.torch import load_file
 
     from ddsim.jsonl import strict_loads
-    from ddsim.trees.tree import Tree
     root = Path(path)
     index = root / "index.jsonl"
     if not index.is_file():
@@ -201,7 +233,7 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
             if n != len(lines):
                 _fail(path, f"line {n}: the end marker is not the last line")
             break
-        steps.append(_step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tree, max_positions))
+        steps.append(_step(path, root, rec, n, header, layers, load_file, SafetensorError, max_positions))
     if end is None:
         _fail(path, "truncated: no end marker (the engine stopped mid-dump)")
     if end.get("steps") != len(steps):
@@ -214,31 +246,30 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
 TOPK_MASS_SLACK = {"float32": 1e-3, "float64": 1e-3, "bfloat16": 0.1, "float16": 0.1}
 
 
-def _check_topk(path, where, ids, lp, V, dtype) -> None:
+def _check_topk(fail, ids, lp, V, dtype) -> None:
     """A top-k step is read as the engine's k most likely tokens per node, most likely first: integer ids in the
     vocabulary, no id twice in a row, float log-probabilities that never rise along a row (the first is read as
     the engine's argmax), are <= 0 and hold a probability mass of at most 1 (TOPK_MASS_SLACK for the rounding of
     the header's compute ``dtype``)."""
     if ids.is_floating_point() or ids.dtype == torch.bool or ids.is_complex():
-        _fail(path, f"{where}: topk_ids are {ids.dtype}, expected integers")
+        fail(f"topk_ids are {ids.dtype}, expected integers")
     if not lp.is_floating_point():
-        _fail(path, f"{where}: topk_logprobs are {lp.dtype}, expected floating point")
+        fail(f"topk_logprobs are {lp.dtype}, expected floating point")
     if not bool(((ids >= 0) & (ids < V)).all()):
-        _fail(path, f"{where}: topk_ids outside the vocabulary")
+        fail("topk_ids outside the vocabulary")
     ids, lp = ids.long(), lp.double()
     twice = (ids.sort(-1).values.diff(dim=-1) == 0).any(-1)  # [T] per node (none where k is 1)
     if bool(twice.any()):
-        _fail(path, f"{where}: node {int(twice.nonzero()[0])}'s topk_ids name a token twice")
+        fail(f"node {int(twice.nonzero()[0])}'s topk_ids name a token twice")
     rising = (lp.diff(dim=-1) > 0).any(-1)
     if bool(rising.any()):
-        _fail(path, f"{where}: node {int(rising.nonzero()[0])}'s topk_logprobs rise along the row (most likely first "
-                    "expected)")
+        fail(f"node {int(rising.nonzero()[0])}'s topk_logprobs rise along the row (most likely first expected)")
     mass = lp.logsumexp(-1)
     over = mass > TOPK_MASS_SLACK[dtype]
     if bool(over.any()):
         node = int(over.nonzero()[0])
-        _fail(path, f"{where}: node {node}'s topk_logprobs hold a probability of {float(mass[node].exp()):.4g} "
-                    "(log-probabilities of at most 1 in all expected)")
+        fail(f"node {node}'s topk_logprobs hold a probability of {float(mass[node].exp()):.4g} "
+             "(log-probabilities of at most 1 in all expected)")
 
 
 def _check_acceptance(path, header) -> None:
@@ -274,72 +305,96 @@ def _random_shapes(header, T: int, D: int, V: int) -> dict:
     return {f"random.{k}": shape[kind] for k, kind in RULES[acc["rule"]].randoms.items()}
 
 
-def _step(path, root, rec, n, V, header, layers, load_file, SafetensorError, Tree, max_positions) -> DumpStep:
+def _step(path, root, rec, n, header, layers, load_file, SafetensorError, max_positions) -> DumpStep:
+    """One index line read: its keys and step number, its tensor file, then check_step."""
     where = f"step line {n}"
     keys = {"step", "request", "context", "parents", "tokens", "positions", "accepted", "emitted", "tensors"}
     if set(rec) != keys:
         _fail(path, f"{where}: keys {sorted(set(rec) ^ keys)} missing or unknown")
     if rec["step"] != n - 2:
         _fail(path, f"{where}: step {rec['step']!r}, expected {n - 2} (steps in file order from 0)")
-    for key in ("context", "parents", "tokens", "positions", "accepted", "emitted"):
-        if not isinstance(rec[key], list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in rec[key]):
-            _fail(path, f"{where}: {key} must be a list of integers")
-    where = f"step {rec['step']}"
-    if not isinstance(rec["request"], str) or not isinstance(rec["tensors"], str):
-        _fail(path, f"{where}: request and tensors must be strings")
-    T = len(rec["parents"])
-    if T == 0 or len(rec["tokens"]) != T or len(rec["positions"]) != T:
-        _fail(path, f"{where}: parents, tokens and positions must be one per node (got {T}, {len(rec['tokens'])}, "
-                    f"{len(rec['positions'])})")
-    try:
-        tree = Tree(rec["parents"], rec["tokens"])
-    except (ValueError, InputError) as e:
-        _fail(path, f"{where}: {e}")
-    for key in ("context", "tokens", "emitted"):
-        bad = [t for t in rec[key] if not 0 <= t < V]
-        if bad:
-            _fail(path, f"{where}: {key} token {bad[0]} is outside the vocabulary (0..{V - 1})")
-    limit = max_positions if max_positions is not None else 2**31
-    bad = [p for p in rec["positions"] if not 0 <= p < limit]
-    if bad:
-        _fail(path, f"{where}: position {bad[0]} is outside [0, {limit}) (the checkpoint's max positions)")
-    if len(rec["context"]) >= limit:
-        _fail(path, f"{where}: a context of {len(rec['context'])} tokens leaves no position below the checkpoint's {limit}")
-    acc = rec["accepted"]
-    if not acc or not 0 <= acc[-1] < T or acc != tree.root_path(acc[-1]):
-        _fail(path, f"{where}: accepted {acc} is not a root path of the tree")
-    if rec["emitted"][:-1] != [rec["tokens"][i] for i in acc[1:]] or len(rec["emitted"]) != len(acc):
-        _fail(path, f"{where}: emitted {rec['emitted']} is not the accepted nodes' tokens after the root plus the "
-                    "bonus token")
+
+    def fail(msg):
+        _fail(path, f"step {rec['step']}: {msg}")
+    if not isinstance(rec["tensors"], str):
+        fail("request and tensors must be strings")
     f = root / rec["tensors"]
     if not f.is_file() or root.resolve() not in f.resolve().parents:
-        _fail(path, f"{where}: tensor file {rec['tensors']!r} is missing")
+        fail(f"tensor file {rec['tensors']!r} is missing")
     try:
         tensors = load_file(str(f))
     except (SafetensorError, OSError, ValueError) as e:
-        _fail(path, f"{where}: tensor file {rec['tensors']!r} is unreadable ({e})")
+        fail(f"tensor file {rec['tensors']!r} is unreadable ({e})")
+    check_step(rec, tensors, header=header, layers=layers, max_positions=max_positions, fail=fail)
+    return DumpStep(rec["step"], rec["request"], rec["context"], rec["parents"], rec["tokens"], rec["positions"],
+                    rec["accepted"], rec["emitted"], rec["tensors"], tensors)
+
+
+def check_step(rec: dict, tensors: dict, *, header: dict, layers: dict | None, max_positions: int | None,
+               fail) -> None:
+    """Everything a step must be, read (load_dump) or about to be written (VerifyDumpWriter.write_step): a valid
+    tree; positions, tokens in the vocabulary, the accepted path a root path of the tree, the emitted tokens the
+    accepted nodes' after the root plus one; its tensors' names, shapes, dtypes, finite values, random numbers in
+    [0, 1), top-k rows (_check_topk). ``fail(msg)`` raises; ``layers``, ``max_positions``: the checkpoint's, or
+    None where unknown (the writer)."""
+    from ddsim.trees.tree import Tree
+    V = header["vocab_size"]
+    for key in ("context", "parents", "tokens", "positions", "accepted", "emitted"):
+        if not isinstance(rec[key], list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in rec[key]):
+            fail(f"{key} must be a list of integers")
+    if not isinstance(rec["request"], str) or not isinstance(rec["tensors"], str):
+        fail("request and tensors must be strings")
+    T = len(rec["parents"])
+    if T == 0 or len(rec["tokens"]) != T or len(rec["positions"]) != T:
+        fail(f"parents, tokens and positions must be one per node (got {T}, {len(rec['tokens'])}, "
+             f"{len(rec['positions'])})")
+    try:
+        tree = Tree(rec["parents"], rec["tokens"])
+    except (ValueError, InputError) as e:
+        fail(str(e))
+    for key in ("context", "tokens", "emitted"):
+        bad = [t for t in rec[key] if not 0 <= t < V]
+        if bad:
+            fail(f"{key} token {bad[0]} is outside the vocabulary (0..{V - 1})")
+    limit = max_positions if max_positions is not None else 2**31
+    bad = [p for p in rec["positions"] if not 0 <= p < limit]
+    if bad:
+        fail(f"position {bad[0]} is outside [0, {limit}) (the checkpoint's max positions)")
+    if len(rec["context"]) >= limit:
+        fail(f"a context of {len(rec['context'])} tokens leaves no position below the checkpoint's {limit}")
+    acc = rec["accepted"]
+    if not acc or not 0 <= acc[-1] < T or acc != tree.root_path(acc[-1]):
+        fail(f"accepted {acc} is not a root path of the tree")
+    if rec["emitted"][:-1] != [rec["tokens"][i] for i in acc[1:]] or len(rec["emitted"]) != len(acc):
+        fail(f"emitted {rec['emitted']} is not the accepted nodes' tokens after the root plus the bonus token")
     want = {"logits": (T, V)} if header["logits"] == "full" else {"topk_ids": (T, header["topk"]),
                                                                   "topk_logprobs": (T, header["topk"])}
     want.update(_random_shapes(header, T, int(max(tree.depths)), V))
     for name, shape in want.items():
         if name not in tensors:
-            _fail(path, f"{where}: tensor {name!r} is missing")
+            fail(f"tensor {name!r} is missing")
         if tuple(tensors[name].shape) != shape:
-            _fail(path, f"{where}: {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
+            fail(f"{name} has shape {tuple(tensors[name].shape)}, expected {shape}")
     extra = set(tensors) - set(want) - set(layers or {})
+    if layers is None:  # the writer, which knows no checkpoint: a state tensor by its name alone
+        extra = {k for k in extra if not _state_name(k)}
     if extra:
-        _fail(path, f"{where}: tensor {sorted(extra)[0]!r} does not fit the checkpoint")
+        fail(f"tensor {sorted(extra)[0]!r} does not fit the checkpoint")
     for name, t in tensors.items():
         if name in (layers or {}) and tuple(t.shape) != tuple(layers[name]):
-            _fail(path, f"{where}: {name} has shape {tuple(t.shape)}, expected {tuple(layers[name])}")
+            fail(f"{name} has shape {tuple(t.shape)}, expected {tuple(layers[name])}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            _fail(path, f"{where}: {name} has non-finite values")
+            fail(f"{name} has non-finite values")
     for name in want:
         if name.startswith("random.") and not bool(((tensors[name] >= 0) & (tensors[name] < 1)).all()):
-            _fail(path, f"{where}: {name} has numbers outside [0, 1) (uniform random numbers expected)")
+            fail(f"{name} has numbers outside [0, 1) (uniform random numbers expected)")
     if header["logits"] == "full" and not tensors["logits"].is_floating_point():
-        _fail(path, f"{where}: logits are {tensors['logits'].dtype}, expected floating point")
+        fail(f"logits are {tensors['logits'].dtype}, expected floating point")
     if header["logits"] == "topk":
-        _check_topk(path, where, tensors["topk_ids"], tensors["topk_logprobs"], V, header["compute_dtype"])
-    return DumpStep(rec["step"], rec["request"], rec["context"], rec["parents"], rec["tokens"], rec["positions"], acc,
-                    rec["emitted"], rec["tensors"], tensors)
+        _check_topk(fail, tensors["topk_ids"], tensors["topk_logprobs"], V, header["compute_dtype"])
+
+
+def _state_name(name: str) -> bool:
+    """Whether a tensor's name is a committed state's: "ssm.L" or "conv.L" for a layer L."""
+    kind, _, layer = name.partition(".")
+    return kind in ("ssm", "conv") and layer.isdigit()
