@@ -27,6 +27,12 @@ Bugs (one per engine):
   commit        after step 1 the engine commits the rejected sibling of the last accepted node (its
                 logits and accepted path are right; the next step's context is not)
   root          at step 2 the root is not the previous bonus (a token dropped between steps)
+  commit-state  every step commits the recurrent state and conv window at node len(path) - 1 (the accepted
+                path's length read as a batch index) in place of the last accepted node's; the KV is right
+  commit-kv     every step keeps the attention KV rows of nodes 0 .. len(path) - 1 in place of the accepted
+                path's; the recurrent state is right
+  commit-once   at step 1 alone the recurrent state and conv window are committed at node len(path) (that batch
+                index off by one)
 For the tree bugs and the stale read the engine commits from an exact verify, so each step shows
 the bug alone and the state stays right; drift corrupts the committed state itself.
 
@@ -42,7 +48,7 @@ from ddsim.engines.replay_verdict import greedy_walk
 from ddsim.trees.tree import Tree
 
 BUGS = (None, "leak", "leak-state", "leak-conv", "positions", "shift", "mask", "causal", "flat", "drift", "stale", "bonus",
-        "accept", "commit", "root", "rule", "coins")
+        "accept", "commit", "root", "commit-state", "commit-kv", "commit-once", "rule", "coins")
 
 
 def _tree(model, state, root: int, depth: int) -> Tree:
@@ -151,7 +157,16 @@ class EmulatedEngine:
             committed = path
             if self.bug == "commit" and k == 1 and len(path) > 1:  # the sibling after the last accepted node
                 committed = path[:-1] + [path[-1] + 1]
-            state = m.commit(state, tree, res, committed[-1])
+            new = m.commit(state, tree, res, committed[-1])
+            x = {"commit-state": len(path) - 1, "commit-once": len(path) if k == 1 else None}.get(self.bug)
+            if x is not None:  # the recurrent state and conv window of another node
+                for i in m.cfg.recurrent_layers:
+                    new.ssm[i], new.conv[i] = res.ssm[i][x].clone(), res.conv[i][x].clone()
+            if self.bug == "commit-kv":  # the KV rows of the first len(path) nodes in batch order
+                n = len(path)
+                new.kv = [None if kv is None else tuple(torch.cat([old, r[:n]]) for old, r in zip(kv, res.kv[i]))
+                          for i, kv in enumerate(state.kv)]
+            state = new
             if self.bug == "drift":  # an error that grows with every step: the state's own scale per step
                 gen = torch.Generator().manual_seed(k)
                 state.ssm = [None if s is None else s + (k + 1) * s.abs().mean() * torch.randn(

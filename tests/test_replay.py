@@ -33,6 +33,12 @@ EXPECTED = {
     "commit": ["within noise", "within noise", "commit error", "within noise"] * 2,
     # step 2's root is not step 1's bonus
     "root": ["within noise", "within noise", "commit error", "within noise"] * 2,
+    # every step commits the recurrent state of node len(path) - 1, or the KV rows of nodes 0 .. len(path) - 1: each
+    # later step of the request starts from the wrong state
+    "commit-state": (["within noise"] + ["state commit error"] * 3) * 2,
+    "commit-kv": (["within noise"] + ["state commit error"] * 3) * 2,
+    # step 1 alone commits node len(path)'s recurrent state; step 3 inherits it
+    "commit-once": ["within noise", "within noise", "state commit error", "state commit error"] * 2,
 }
 
 
@@ -95,6 +101,26 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
         ev = next(st["evidence"] for st in rep["steps"] if st["diagnosis"] == "commit error")
         assert ("is not step 1's context plus what that step committed" in ev if bug == "commit"
                 else "is not step 1's bonus" in ev), ev
+    if bug in ("commit-state", "commit-kv", "commit-once"):  # the context continues; the state committed does not
+        assert s["commit_error_steps"] == 0 and s["diagnoses"]["state commit error"] == 6 - 2 * (bug == "commit-once")
+        ev = [st["evidence"] for st in rep["steps"][:4]]
+        if bug == "commit-state":  # len(path) - 1 is also the last node's parent on this tree: both named
+            assert ev[1].startswith("step 0 committed the recurrent state and conv window of node 3 in place of node "
+                                    "5's (the accepted path's length read as a batch index or the last accepted node's "
+                                    "parent, an accept length off by one): reproduces the engine within"), ev[1]
+            assert ev[3].startswith("every step committed by the accepted path's length read as a batch index or the "
+                                    "last accepted node's parent, an accept length off by one (other than the accepted "
+                                    "path's at steps 0, 1, 2): reproduces"), ev[3]
+        elif bug == "commit-kv":
+            assert ev[1].startswith("step 0 committed the KV rows of nodes [0, 1, 2, 3] in place of the accepted path's "
+                                    "[0, 1, 3, 5] (the KV rows in batch order): reproduces"), ev[1]
+            assert ev[2].startswith("every step committed by the KV rows in batch order (other than the accepted "
+                                    "path's at steps 0, 1): reproduces"), ev[2]
+        else:
+            assert ev[2].startswith("step 1 committed the recurrent state and conv window of node 4 in place of node "
+                                    "5's (that batch index off by one): reproduces"), ev[2]
+            assert ev[3].startswith("step 1 committed the recurrent state and conv window of node 4 in place of node "
+                                    "5's (that batch index off by one), carried on, step 2 committed exactly: "), ev[3]
 
 
 def test_a_dumped_committed_state_is_checked_against_the_oracles(tmp_path, ckpt):

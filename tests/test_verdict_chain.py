@@ -213,8 +213,8 @@ def test_the_summary_counts_every_step_level_fault_apart():
     assert s == {"steps": 5, "requests": 3, "nodes": 8, "silent_corruption_steps": 2, "rounding_divergence_steps": 1,
                  "diagnosed_steps": 3,
                  "diagnoses": {"within noise": 2, "sibling leak": 1, "position error": 0, "mask error": 0,
-                               "state drift": 0, "stale state": 0, "unexplained": 0, "bonus error": 1, "acceptance error": 0,
-                               "commit error": 1},
+                               "state commit error": 0, "state drift": 0, "stale state": 0, "unexplained": 0,
+                               "bonus error": 1, "acceptance error": 0, "commit error": 1},
                  "top1_disagreements": 5, "top1_disagreements_above_noise": 2, "kl_max": 0.2, "logprob_err_max": 1.5,
                  "fast_path_kl_max": 2e-9, "positions_unexpected_steps": 1, "bonus_error_steps": 1,
                  "commit_error_steps": 1}

@@ -17,6 +17,10 @@ recomputation of the step with ddsim's fast path that reproduces the engine's lo
                    root's too: tried before a wrong root is put down to the state)
   mask error       attention by a causal mask in batch order in place of the tree's, or one node's ancestor
                    set with one node added (a sibling blended in) or removed
+  state commit error  the committed state wrong, and reproduced by a commit that took the recurrent state or
+                   the attention KV from the wrong nodes of the previous step's tree, at that step or at every
+                   step of the request (ddsim.engines.replay_commits: the path's length read as a batch index,
+                   off by one, the last node's parent, the KV rows in batch order)
   state drift      the committed state wrong: the root node already wrong (no tree bug can do that),
                    or order-exact nodes wrong that no tree hypothesis reproduces; the error growing
                    across the request's steps (approximate rollback, a drifting recurrent state)
@@ -57,6 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from ddsim.engines.dump import Dump, DumpStep
+from ddsim.engines.replay_commits import RequestCommits, hypotheses
 from ddsim.engines.replay_verdict import (
     DIAGNOSES,
     acceptance_error,
@@ -149,6 +154,7 @@ class Replayer:
         self.tolerance = tolerance or default_tolerance()
         self._oracle_ctx: dict[str, tuple[list[int], object]] = {}  # request -> (context, oracle state)
         self._fast_ctx: dict[str, tuple[list[int], object]] = {}
+        self._commits: dict[str, RequestCommits] = {}  # request -> its steps, for the commit hypotheses
 
     def _state(self, cache, request, context, prefill):
         """The committed state after ``context``, continued from the request's last one if it extends it."""
@@ -185,6 +191,9 @@ class Replayer:
         ref = oracle.verify_tree(self.weights, self.cfg, ost, s.parents, s.tokens, record_states=False).logits
         ref_lp = _logprobs(ref.cpu())
         fst = self._fast_state(s.request, s.context)
+        commits = self._commits.get(s.request)
+        if commits is None or commits.next_context != s.context:  # a new request, or one that does not continue
+            commits = self._commits[s.request] = RequestCommits(start=fst, next_context=list(s.context))
         fast = self.model.verify(fst, tree, mode="exact").logits.cpu()
         fast_kl = _engine_error(ref_lp, fast, "full")[1]
         eng = s.tensors["logits"] if mode == "full" else (s.tensors["topk_ids"], s.tensors["topk_logprobs"])
@@ -204,7 +213,10 @@ class Replayer:
             exact_path, exact_emitted = sampled_walk(tree, ref, acceptance, s.tensors)
         expected_pos = [int(p) for p in tree.positions(len(s.context))]
         state_rel = _state_errors(s, ost)
-        diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel)
+        diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel, commits)
+        commits.steps.append((s.step, tree, list(s.accepted)))
+        commits.last_exact = fst
+        commits.next_context = list(s.context) + [s.tokens[i] for i in s.accepted]
         wrong_accept = None
         if acceptance == "greedy":  # greedy on its own logits: neither error (replay_verdict.follows_greedy)
             wrong_bonus = bonus_error(s.emitted, s.accepted, tops)
@@ -234,23 +246,36 @@ class Replayer:
                           max(state_rel.values()) if state_rel else None, list(s.emitted), exact_emitted,
                           wrong_bonus is None, rounding_divergence=rounding)
 
-    def _diagnose(self, s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel) -> tuple[str, str]:
+    def _diagnose(self, s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel, commits) -> tuple[str, str]:
         base = _score(_engine_error(ref_lp, eng, mode))
         worst = float(base.max())
         if worst <= noise:
             return "within noise", f"max discrepancy {worst:.3g} <= noise {noise:.3g}"
-        off = {k: v for k, v in state_rel.items() if v > self.state_rel}
-        if off:  # the engine dumped its committed state, and it is not the oracle's
-            k = max(off, key=off.get)
-            return "stale state", (f"the dumped committed state {k} is {off[k]:.3g} (relative) from the oracle's "
-                                   f"(bound {self.state_rel:.3g}; {len(off)} tensors off): the committed state")
 
-        def fit(**kw) -> float:
-            logits = self.model.verify(fst, tree, **kw).logits.cpu()
+        def fit(state=fst, **kw) -> float:
+            logits = self.model.verify(state, tree, **kw).logits.cpu()
             return float(_score(_engine_error(_logprobs(logits), eng, mode)).max())
 
         def found(name, how, err):
             return name, f"{how} reproduces the engine within {err:.3g} (exact: {worst:.3g})"
+
+        def committed():
+            """A commit hypothesis (replay_commits) whose state reproduces the engine, or None; the state it found
+            is kept for the request's next step."""
+            for how, state, origin in hypotheses(self.model, commits):
+                err = fit(state)
+                if err <= noise:
+                    commits.diagnosed = (s.step, state, origin)
+                    return found("state commit error", how + ":", err)
+            return None
+
+        off = {k: v for k, v in state_rel.items() if v > self.state_rel}
+        if off:  # the engine dumped its committed state, and it is not the oracle's
+            if (hit := committed()) is not None:
+                return hit
+            k = max(off, key=off.get)
+            return "stale state", (f"the dumped committed state {k} is {off[k]:.3g} (relative) from the oracle's "
+                                   f"(bound {self.state_rel:.3g}; {len(off)} tensors off): the committed state")
 
         T = tree.size
 
@@ -307,6 +332,8 @@ class Replayer:
                                    "hypothesis reproduces: the committed state")
         if (hit := positions()) is not None:  # the root wrong: every position shifted, or the state
             return hit
+        if (hit := committed()) is not None:
+            return hit
         return "stale state", f"the root node is already wrong (discrepancy {float(base[0]):.3g}): the committed state"
 
 
@@ -342,7 +369,7 @@ def _label_state_errors(records: list[StepRecord]) -> None:
 
 # ---- the command: checks first, then the replay, then report.json / report.html --------------------
 REPORT_FORMAT = "ddsim-replay-report"
-REPORT_VERSION = 2
+REPORT_VERSION = 3
 
 
 def prepare(model_dir, dump_path, *, device="cpu"):

@@ -1,4 +1,4 @@
-"""The typed model of a replay's report.json (format "ddsim-replay-report", version 2): what
+"""The typed model of a replay's report.json (format "ddsim-replay-report", version 3): what
 `ddsim replay` and `ddsim gate --dump` write. Strict like the audit's report model (no extra keys, no
 NaN/Inf), and self-consistent on load: the summary is recomputed from the steps and the noise bound, a step's
 silent corruption from its emitted tokens and its rounding divergence, and a rounding divergence only where
@@ -7,6 +7,8 @@ every node's logits are within the noise. reports/replay-report.schema.json is g
 Version 2 (from version 1): a step's ``rounding_divergence``, and the summary's ``rounding_divergence_steps``
 and ``top1_disagreements_above_noise`` (a near-tie an engine's rounding turned is counted apart from silent
 corruption and from a top-1 disagreement above noise).
+Version 3 (from version 2): the diagnosis "state commit error" (the committed recurrent state or KV taken from
+the wrong nodes: ddsim.engines.replay_commits).
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from pydantic import Field, model_validator
 
 from ddsim.verdict.report_model import Count, NonNeg, Sha256, _Strict
 
-Diagnosis = Literal["within noise", "sibling leak", "position error", "mask error", "state drift", "stale state",
-                    "unexplained", "bonus error", "acceptance error", "commit error"]
+Diagnosis = Literal["within noise", "sibling leak", "position error", "mask error", "state commit error",
+                    "state drift", "stale state", "unexplained", "bonus error", "acceptance error", "commit error"]
 
 
 class NodeFigures(_Strict):
@@ -96,7 +98,7 @@ class ReplayProvenance(_Strict):
 
 class ReplayReport(_Strict):
     format: Literal["ddsim-replay-report"]
-    version: Literal[2]
+    version: Literal[3]
     provenance: ReplayProvenance
     noise_kl: NonNeg
     summary: ReplaySummary

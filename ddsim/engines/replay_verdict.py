@@ -10,8 +10,8 @@ import torch
 
 from ddsim.trees.tree import Tree
 
-DIAGNOSES = ("within noise", "sibling leak", "position error", "mask error", "state drift", "stale state",
-             "unexplained", "bonus error", "acceptance error", "commit error")
+DIAGNOSES = ("within noise", "sibling leak", "position error", "mask error", "state commit error", "state drift",
+             "stale state", "unexplained", "bonus error", "acceptance error", "commit error")
 
 
 def greedy_walk(tree: Tree, logits: torch.Tensor) -> list[int]:

@@ -1,0 +1,138 @@
+"""The replay's commit hypotheses: a hybrid engine commits its attention KV and its recurrent state by separate
+code (KV rows kept by slot, the recurrent state and conv window copied from one node's intermediate state), and
+either can take the wrong nodes. A step whose committed state is wrong (its root already off, or its dumped
+state) is recomputed from the state the engine would hold had it committed by one of these rules:
+
+  the accepted path's length read as a batch index   the recurrent state and conv window of node len(path) - 1
+  that batch index off by one                        node len(path) (the bonus counted as accepted)
+  the last accepted node's parent                    node path[-2] (an accept length off by one)
+  the KV rows in batch order                         the KV of nodes 0 .. len(path) - 1 in place of the path's
+  the tree committed as a chain                      both of the first and the fourth
+
+Each rule is tried at every step of the request so far (an engine that runs it every step compounds), at the
+previous step alone, and from the state diagnosed at the previous step (a wrong commit's state carried on).
+Rules that commit the same nodes give the same state and are tried, and named, together."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ddsim.model.state import ModelState
+from ddsim.trees.tree import Tree
+
+
+@dataclass(frozen=True)
+class CommitRule:
+    why: str  # what the engine reads wrongly, for the evidence
+    state_node: object = None  # (path, T) -> the node whose recurrent state is committed; None: the path's last
+    kv_in_batch_order: bool = False
+
+
+def _clip(x: int, T: int) -> int:
+    return max(0, min(x, T - 1))
+
+
+RULES = (
+    CommitRule("the accepted path's length read as a batch index", lambda path, T: _clip(len(path) - 1, T)),
+    CommitRule("that batch index off by one", lambda path, T: _clip(len(path), T)),
+    CommitRule("the last accepted node's parent, an accept length off by one", lambda path, T: path[max(len(path) - 2, 0)]),
+    CommitRule("the KV rows in batch order", None, True),
+    CommitRule("the tree committed as a chain", lambda path, T: _clip(len(path) - 1, T), True),
+)
+
+
+def what(rule: CommitRule, path: list[int], T: int) -> tuple[int, tuple[int, ...]]:
+    """What ``rule`` commits at a step: (the node whose recurrent state it keeps, the nodes whose KV rows it keeps)."""
+    node = rule.state_node(path, T) if rule.state_node else path[-1]
+    return node, tuple(range(len(path))) if rule.kv_in_batch_order else tuple(path)
+
+
+def words(commit: tuple[int, tuple[int, ...]], path: list[int]) -> str:
+    """A step's commit in words, beside the accepted path's."""
+    node, rows = commit
+    parts = []
+    if node != path[-1]:
+        parts.append(f"the recurrent state and conv window of node {node} in place of node {path[-1]}'s")
+    if list(rows) != list(path):
+        parts.append(f"the KV rows of nodes {list(rows)} in place of the accepted path's {list(path)}")
+    return " and ".join(parts)
+
+
+def commit_as(model, *, state: ModelState, tree: Tree, path: list[int], commit) -> ModelState:
+    """The state after a step committed ``commit`` (``what``) from ``state``, the state before the step: the exact
+    commit of the accepted ``path``, then its recurrent state and conv window or its new KV rows from other nodes."""
+    res = model.verify(state, tree, mode="exact")  # per-node states kept
+    out = model.commit(state, tree, res, path[-1])
+    node, rows = commit
+    kv, ssm, conv = list(out.kv), list(out.ssm), list(out.conv)
+    if node != path[-1]:
+        for i in model.cfg.recurrent_layers:
+            ssm[i] = res.ssm[i][node].clone()
+            conv[i] = res.conv[i][node].to(state.conv[i].dtype).clone()
+    if list(rows) != list(path):
+        for i in model.cfg.attention_layers:
+            kv[i] = tuple(torch.cat([state.kv[i][side], res.kv[i][side][torch.tensor(rows, device=res.kv[i][side].device)]
+                                     .to(state.kv[i][side].dtype)], 0) for side in (0, 1))
+    return ModelState(out.pos, kv, ssm, conv)
+
+
+@dataclass
+class RequestCommits:
+    """One request's steps since its last break in continuity, for the commit hypotheses: the exact state before
+    the first of them and before the last, each step's (step number, tree, accepted path), the context the next step
+    continues from, per rule the state after the first n steps committed by it (extended as asked), and the state
+    a commit hypothesis reproduced at the last step (with its evidence), if one did."""
+    start: ModelState
+    next_context: list
+    steps: list = field(default_factory=list)  # (step number, Tree, accepted path)
+    last_exact: ModelState | None = None
+    chains: dict = field(default_factory=dict)  # per-step commits (a tuple of what() per step) -> the state after
+    diagnosed: tuple | None = None  # (step number, the state before it, origin) of the last step, where one fitted
+
+    def chained(self, model, commits: tuple) -> ModelState:
+        """The state before the next step had step i committed ``commits[i]``, for every step so far."""
+        n, st = 0, self.start
+        for k in range(len(commits), 0, -1):  # from the longest prefix already computed
+            if commits[:k] in self.chains:
+                n, st = k, self.chains[commits[:k]]
+                break
+        for (_, tree, path), c in zip(self.steps[n:], commits[n:]):
+            st = commit_as(model, state=st, tree=tree, path=path, commit=c)
+        self.chains[commits] = st
+        return st
+
+
+def hypotheses(model, rec: RequestCommits):
+    """(how, state, origin) to try for the next step of ``rec``'s request, in order: each rule at every step so far
+    (where it differs from the exact commit at an earlier step too), at the previous step alone, and from the state
+    diagnosed at the previous step, with that step committed exactly or by each rule. ``origin``: the first wrong
+    commit's words, which a carried state keeps."""
+    if not rec.steps:
+        return
+    step, tree, path = rec.steps[-1]
+    T, exact = tree.size, (path[-1], tuple(path))
+    groups: dict = {}  # per-step commits -> the rules that give them
+    for rule in RULES:
+        groups.setdefault(tuple(what(rule, p, t.size) for _, t, p in rec.steps), []).append(rule)
+    for commits, rules in groups.items():
+        at = [k for (k, _, p), c in zip(rec.steps, commits) if c != (p[-1], tuple(p))]
+        if at and at != [step]:
+            how = (f"every step committed by {' or '.join(r.why for r in rules)} (other than the accepted path's at "
+                   f"steps {', '.join(map(str, at))})")
+            yield how, rec.chained(model, commits), how
+    once: dict = {}
+    for rule in RULES:
+        once.setdefault(what(rule, path, T), []).append(rule)
+    once.pop(exact, None)
+    for c, rules in once.items():
+        how = f"step {step} committed {words(c, path)} ({' or '.join(r.why for r in rules)})"
+        yield how, commit_as(model, state=rec.last_exact, tree=tree, path=path, commit=c), how
+    if rec.diagnosed is not None and rec.diagnosed[0] == step:
+        _, before, origin = rec.diagnosed
+        yield (f"{origin}, carried on, step {step} committed exactly",
+               commit_as(model, state=before, tree=tree, path=path, commit=exact), origin)
+        for c, rules in once.items():
+            yield (f"{origin}, carried on, and step {step} committed {words(c, path)} "
+                   f"({' or '.join(r.why for r in rules)})",
+                   commit_as(model, state=before, tree=tree, path=path, commit=c), origin)
