@@ -5,12 +5,15 @@
 # need a browser and are left out. The engine packages (.engines) stay off the import path, as in `make test`.
 # The whole output to DIR/suite.txt; DIR/summary.txt: the header, the result line, every failure and error, and the
 # skips counted by reason.
-#   bash benchmarks/cpu_suite_on_gpu.sh DIR COMMIT [WORKERS]
+#   [LIMIT=seconds] bash benchmarks/cpu_suite_on_gpu.sh DIR COMMIT [WORKERS]
 set -u
 dir=$1 commit=$2 workers=${3:-12}
 mkdir -p "$dir"
 start=$(date +%s)
-OMP_NUM_THREADS=1 timeout 540 python3 -m pytest tests -q -p no:cacheprovider -m "slow or not slow" -n "$workers" -rfEs \
+# no package registry there: pip fails at once instead of retrying. On the time limit pytest gets SIGINT and still
+# prints what ran; a test that runs past 200 s has its stack dumped (faulthandler).
+PIP_NO_INDEX=1 OMP_NUM_THREADS=1 timeout -s INT -k 20 ${LIMIT:-500} python3 -m pytest tests -q -p no:cacheprovider \
+  -p no:benchmark -m "slow or not slow" -n "$workers" -rfEs --durations=20 -o faulthandler_timeout=200 \
   --deselect tests/test_html_screenshot.py >"$dir/suite.txt" 2>&1
 rc=$?
 { echo "# $(date +%F) | $(python3 -c 'import torch; print(torch.cuda.get_device_name())') | torch" \
@@ -18,6 +21,7 @@ rc=$?
        "| commit $commit"
   echo "tests rc=$rc $(( $(date +%s) - start )) s: $(tail -1 "$dir/suite.txt")"
   grep -E "^(FAILED|ERROR) " "$dir/suite.txt"
+  sed -n '/slowest [0-9]* durations/,/^$/p' "$dir/suite.txt"
   grep -E "^SKIPPED \[" "$dir/suite.txt" | sed -E 's/^SKIPPED \[([0-9]+)\] [^:]+:[0-9]+: /\1 /' |
     awk '{n = $1; $1 = ""; count[$0] += n} END {for (r in count) print "skipped", count[r], "x" r}' | sort -k2 -nr
 } >"$dir/summary.txt"
