@@ -9,8 +9,10 @@ state) is recomputed from the state the engine would hold had it committed by on
   the KV rows in batch order                         the KV of nodes 0 .. len(path) - 1 in place of the path's
   the tree committed as a chain                      both of the first and the fourth
 
-Each rule is tried at every step of the request so far (an engine that runs it every step compounds), at the
-previous step alone, and from the state diagnosed at the previous step (a wrong commit's state carried on).
+Each rule is tried at the previous step alone, at every step of the request so far (an engine that runs it every
+step compounds), and from the state diagnosed at the previous step (a wrong commit's state carried on): the first
+that reproduces the engine is its diagnosis, so where the state forgets fast (a Mamba2 state can) the fewest
+wrong commits that do are named.
 Rules that commit the same nodes give the same state and are tried, and named, together."""
 from __future__ import annotations
 
@@ -104,30 +106,30 @@ class RequestCommits:
 
 
 def hypotheses(model, rec: RequestCommits):
-    """(how, state, origin) to try for the next step of ``rec``'s request, in order: each rule at every step so far
-    (where it differs from the exact commit at an earlier step too), at the previous step alone, and from the state
-    diagnosed at the previous step, with that step committed exactly or by each rule. ``origin``: the first wrong
-    commit's words, which a carried state keeps."""
+    """(how, state, origin) to try for the next step of ``rec``'s request, fewest wrong commits first: each rule at
+    the previous step alone; each rule at every step so far (where it differs from the exact commit at an earlier
+    step too); the state diagnosed at the previous step carried on, that step committed exactly, then by each rule.
+    ``origin``: the first wrong commit's words, which a carried state keeps."""
     if not rec.steps:
         return
     step, tree, path = rec.steps[-1]
     T, exact = tree.size, (path[-1], tuple(path))
-    groups: dict = {}  # per-step commits -> the rules that give them
-    for rule in RULES:
-        groups.setdefault(tuple(what(rule, p, t.size) for _, t, p in rec.steps), []).append(rule)
-    for commits, rules in groups.items():
-        at = [k for (k, _, p), c in zip(rec.steps, commits) if c != (p[-1], tuple(p))]
-        if at and at != [step]:
-            how = (f"every step committed by {' or '.join(r.why for r in rules)} (other than the accepted path's at "
-                   f"steps {', '.join(map(str, at))})")
-            yield how, rec.chained(model, commits), how
-    once: dict = {}
+    once: dict = {}  # the previous step's commit -> the rules that give it
     for rule in RULES:
         once.setdefault(what(rule, path, T), []).append(rule)
     once.pop(exact, None)
     for c, rules in once.items():
         how = f"step {step} committed {words(c, path)} ({' or '.join(r.why for r in rules)})"
         yield how, commit_as(model, state=rec.last_exact, tree=tree, path=path, commit=c), how
+    every: dict = {}  # per-step commits -> the rules that give them
+    for rule in RULES:
+        every.setdefault(tuple(what(rule, p, t.size) for _, t, p in rec.steps), []).append(rule)
+    for commits, rules in every.items():
+        at = [k for (k, _, p), c in zip(rec.steps, commits) if c != (p[-1], tuple(p))]
+        if at and at != [step]:
+            how = (f"every step committed by {' or '.join(r.why for r in rules)} (other than the accepted path's at "
+                   f"steps {', '.join(map(str, at))})")
+            yield how, rec.chained(model, commits), how
     if rec.diagnosed is not None and rec.diagnosed[0] == step:
         _, before, origin = rec.diagnosed
         yield (f"{origin}, carried on, step {step} committed exactly",
