@@ -12,7 +12,8 @@ Bugs (one per engine):
                 intended positions, as an engine's position buffer would)
   shift         every RoPE position one past the tree's (an off-by-one prefix length; the dump records
                 the intended positions)
-  mask          node 3's ancestor set has node 2 blended in
+  mask          the first node with an earlier node outside its ancestors has that node blended in (node 2
+                and node 1 on the greedy-plus-sibling tree)
   causal        attention over the tree by a causal mask in batch order (every earlier node, siblings
                 included) in place of the tree's ancestor mask
   flat          the whole tree flattened: the flattened recurrence and that causal attention
@@ -69,12 +70,33 @@ def _tree(model, state, root: int, depth: int) -> Tree:
     return Tree(parents, tokens)
 
 
+def _ddtree(model, state, root: int, *, depth: int, budget: int, topk_cap: int, seed: int) -> Tree:
+    """A DDTree of ``budget`` nodes under the root, drafted from the target's own greedy continuation: the logits at
+    each depth of that continuation with a tenth of their own scale of noise (so the draft's best token is not
+    always the target's and the accepted path leaves batch order), sharpened as a confident drafter's are."""
+    from ddsim.trees.builders import ddtree
+    rows, st, tok = [], state, root
+    for _ in range(depth):
+        t = Tree([-1], [tok])
+        res = model.verify(st, t, mode="exact")
+        st = model.commit(st, t, res, 0)
+        rows.append(res.logits[0].double())
+        tok = int(res.logits[0].argmax())
+    draft = torch.stack(rows)  # [depth, V]
+    gen = torch.Generator().manual_seed(seed)
+    scale = draft.std(-1, keepdim=True)
+    draft = draft + 0.1 * scale * torch.randn(draft.shape, generator=gen, dtype=draft.dtype)
+    return ddtree(draft * (4.0 / scale), budget, topk_cap, root_token=root)  # a confident drafter: deep trees
+
+
 class EmulatedEngine:
     def __init__(self, model, *, bug: str | None = None, depth: int = 3, dump_states: bool = False,
-                 sampler: dict | None = None, topk: int | None = None):
+                 sampler: dict | None = None, topk: int | None = None, ddtree: tuple[int, int] | None = None):
+        """``ddtree`` (budget, top-k cap): verify DDTree trees drafted from noised target logits (_ddtree) in place
+        of the greedy-plus-sibling trees."""
         assert bug in BUGS, bug
         self.model, self.bug, self.depth, self.dump_states = model, bug, depth, dump_states
-        self.sampler, self.topk = sampler, topk
+        self.sampler, self.topk, self.ddtree = sampler, topk, ddtree
 
     def _sample(self, tree, logits, request: str, k: int):
         """(path, bonus, the random numbers to dump) under the engine's rule."""
@@ -101,7 +123,12 @@ class EmulatedEngine:
         state, _ = m.prefill(context)
         previous = state
         for k in range(steps):
-            tree = _tree(m, state, root, self.depth)
+            if self.ddtree:
+                from ddsim.trees.seeds import derive_seed
+                tree = _ddtree(m, state, root, depth=self.depth, budget=self.ddtree[0], topk_cap=self.ddtree[1],
+                               seed=derive_seed(11, f"draft-{request}", k))
+            else:
+                tree = _tree(m, state, root, self.depth)
             T = tree.size
             verify_state = state
             if self.bug == "stale" and k == 2:
@@ -113,9 +140,10 @@ class EmulatedEngine:
                 kw["positions"] = [len(context) + i for i in range(T)]
             if self.bug == "shift":
                 kw["positions"] = [int(p) + 1 for p in tree.positions(len(context))]
-            if self.bug == "mask":
+            if self.bug == "mask":  # the first node with an earlier node outside its ancestors: that node blended in
                 mask = tree.ancestor_mask.copy()
-                mask[3, 2] = True
+                t, j = next((t, j) for t in range(T) for j in range(t) if not mask[t, j])
+                mask[t, j] = True
                 kw["ancestor_mask"] = mask
             if self.bug in ("causal", "flat"):
                 import numpy as np
@@ -177,13 +205,15 @@ class EmulatedEngine:
 
 def write_dump(path, model, *, bug=None, prompts=((3, 1, 4, 1, 5), (2, 7, 1, 8)), steps: int = 4,
                dump_states: bool = False, sampler: dict | None = None, topk: int | None = None,
-               compute_dtype: str = "float32") -> None:
+               compute_dtype: str = "float32", depth: int = 3, ddtree: tuple[int, int] | None = None) -> None:
     """``topk``: dump each node's k most likely tokens (logits "topk") in place of its full logits;
-    ``compute_dtype``: the dtype the header declares (the model's own is the caller's)."""
+    ``compute_dtype``: the dtype the header declares (the model's own is the caller's); ``depth``, ``ddtree``: the
+    trees (EmulatedEngine)."""
     with VerifyDumpWriter(path, vocab_size=model.cfg.vocab_size, engine={"name": f"emulated-{bug or 'clean'}"},
                           acceptance=sampler or "greedy", logits="topk" if topk else "full", topk=topk,
                           compute_dtype=compute_dtype) as w:
-        eng = EmulatedEngine(model, bug=bug, dump_states=dump_states, sampler=sampler, topk=topk)
+        eng = EmulatedEngine(model, bug=bug, dump_states=dump_states, sampler=sampler, topk=topk, depth=depth,
+                             ddtree=ddtree)
         for r, prompt in enumerate(prompts):
             eng.serve(w, request=f"req-{r}", prompt=list(prompt), steps=steps)
 

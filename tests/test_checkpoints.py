@@ -22,19 +22,21 @@ MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, share
 VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32)
 
 
-def _hf_model(arch: str):
+def _hf_model(arch: str, **text):
+    """A tiny random checkpoint of ``arch``; ``text``: its text config's fields in place of TEXT's."""
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
     from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig
     from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
+    text = {**TEXT, **text}
     torch.manual_seed(0)
     if arch == "qwen3_next":
-        cfg = Qwen3NextConfig(**TEXT, **MOE, decoder_sparse_step=2)  # MoE on every second layer, dense between
+        cfg = Qwen3NextConfig(**text, **MOE, decoder_sparse_step=2)  # MoE on every second layer, dense between
         model = transformers.AutoModelForCausalLM.from_config(cfg)
     elif arch == "qwen3_5":
-        model = transformers.AutoModelForImageTextToText.from_config(Qwen3_5Config(text_config=TEXT, vision_config=VISION))
+        model = transformers.AutoModelForImageTextToText.from_config(Qwen3_5Config(text_config=text, vision_config=VISION))
     else:
         model = transformers.AutoModelForImageTextToText.from_config(
-            Qwen3_5MoeConfig(text_config={**TEXT, **MOE}, vision_config=VISION))
+            Qwen3_5MoeConfig(text_config={**text, **MOE}, vision_config=VISION))
     with torch.no_grad():  # random, non-trivial weights everywhere (norms, gates, biases of the decay)
         for p in model.parameters():
             p.add_(torch.randn_like(p) * (0.3 if p.dim() == 1 else 0.02))
