@@ -1,0 +1,136 @@
+"""The replay's commit hypotheses (ddsim/engines/replay_commits.py) by value: what each rule commits, the words
+the evidence gives it, the state it leaves, the chain's memo, and the hypotheses in the order they are tried.
+In process, so that mutation testing reaches them (tests/MUTATION.md)."""
+import pytest
+import torch
+
+from ddsim.engines import replay_commits as rc
+from ddsim.trees.tree import Tree
+from tests.emulated_engine import load_model
+
+BATCH, OFF, PARENT, KV, CHAIN = rc.RULES
+PAIRS = Tree([-1, 0, 0, 1, 1, 3, 3], [5, 6, 7, 8, 9, 10, 11])  # node 1, 3, 5 the path, each with a sibling after it
+PATH = [0, 1, 3, 5]
+
+
+@pytest.mark.parametrize("path, T, want", [
+    # the path leaves batch order: each rule its own nodes (the batch index and the parent agree on node 3 here)
+    ([0, 1, 3, 5], 7, [(3, (0, 1, 3, 5)), (4, (0, 1, 3, 5)), (3, (0, 1, 3, 5)), (5, (0, 1, 2, 3)), (3, (0, 1, 2, 3))]),
+    ([0, 2, 6], 7, [(2, (0, 2, 6)), (3, (0, 2, 6)), (2, (0, 2, 6)), (6, (0, 1, 2)), (2, (0, 1, 2))]),
+    # nothing accepted: the root's state either way, but one past the batch index is node 1
+    ([0], 7, [(0, (0,)), (1, (0,)), (0, (0,)), (0, (0,)), (0, (0,))]),
+    # a chain accepted whole: one past the batch index is clipped to the last node
+    ([0, 1, 2, 3], 4, [(3, (0, 1, 2, 3)), (3, (0, 1, 2, 3)), (2, (0, 1, 2, 3)), (3, (0, 1, 2, 3)), (3, (0, 1, 2, 3))]),
+    ([0, 1, 2], 4, [(2, (0, 1, 2)), (3, (0, 1, 2)), (1, (0, 1, 2)), (2, (0, 1, 2)), (2, (0, 1, 2))]),
+])
+def test_what_each_rule_commits(path, T, want):
+    assert [rc.what(r, path, T) for r in rc.RULES] == want
+
+
+def test_the_words_of_a_commit():
+    assert rc.words((3, (0, 1, 3, 5)), PATH) == "the recurrent state and conv window of node 3 in place of node 5's"
+    assert rc.words((5, (0, 1, 2, 3)), PATH) == ("the KV rows of nodes [0, 1, 2, 3] in place of the accepted path's "
+                                                 "[0, 1, 3, 5]")
+    assert rc.words((3, (0, 1, 2, 3)), PATH) == (
+        "the recurrent state and conv window of node 3 in place of node 5's and the KV rows of nodes [0, 1, 2, 3] in "
+        "place of the accepted path's [0, 1, 3, 5]")
+    assert rc.words((5, (0, 1, 3, 5)), PATH) == ""
+
+
+@pytest.fixture(scope="module")
+def model(ckpt):
+    torch.manual_seed(0)
+    return load_model(ckpt)
+
+
+def _same(a, b) -> bool:
+    def eq(x, y):
+        return (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+    return a.pos == b.pos and all(eq(x, y) for x, y in zip(a.ssm, b.ssm)) and all(
+        eq(x, y) for x, y in zip(a.conv, b.conv)) and all(
+        (p is None and q is None) or (eq(p[0], q[0]) and eq(p[1], q[1])) for p, q in zip(a.kv, b.kv))
+
+
+def test_a_commit_as_the_rules_say(model):
+    """The exact commit is the model's own, bit for bit; a rule's takes its recurrent state and conv window, or its
+    new KV rows, from the nodes it names, and the rest from the exact commit."""
+    st = model.prefill([3, 1, 4])[0]
+    res = model.verify(st, PAIRS, mode="exact")
+    exact = model.commit(st, PAIRS, res, 5)
+    assert _same(rc.commit_as(model, state=st, tree=PAIRS, path=PATH, commit=(5, (0, 1, 3, 5))), exact)
+    by_node = rc.commit_as(model, state=st, tree=PAIRS, path=PATH, commit=(4, (0, 1, 3, 5)))
+    rec, att = model.cfg.recurrent_layers, model.cfg.attention_layers
+    assert rec and att and by_node.pos == exact.pos == st.pos + 4
+    for i in rec:
+        assert torch.equal(by_node.ssm[i], res.ssm[i][4]) and torch.equal(by_node.conv[i], res.conv[i][4])
+        assert not torch.equal(by_node.ssm[i], exact.ssm[i])
+    for i in att:
+        assert torch.equal(by_node.kv[i][0], exact.kv[i][0]) and torch.equal(by_node.kv[i][1], exact.kv[i][1])
+    by_rows = rc.commit_as(model, state=st, tree=PAIRS, path=PATH, commit=(5, (0, 1, 2, 3)))
+    for i in att:
+        for side in (0, 1):
+            assert torch.equal(by_rows.kv[i][side][:st.pos], st.kv[i][side])
+            assert torch.equal(by_rows.kv[i][side][st.pos:], res.kv[i][side][[0, 1, 2, 3]])
+    for i in rec:
+        assert torch.equal(by_rows.ssm[i], exact.ssm[i]) and torch.equal(by_rows.conv[i], exact.conv[i])
+
+
+def test_the_chain_commits_every_step_and_extends_its_longest_known_prefix(model, monkeypatch):
+    st = model.prefill([3, 1, 4])[0]
+    rec = rc.RequestCommits(start=st, next_context=[])
+    steps = [(0, PAIRS, PATH), (1, PAIRS, PATH), (2, PAIRS, [0, 2])]
+    commits = [(3, (0, 1, 3, 5)), (4, (0, 1, 3, 5)), (2, (0, 2))]
+    want = st
+    for (_, tree, path), c in zip(steps, commits):  # by hand
+        want = rc.commit_as(model, state=want, tree=tree, path=path, commit=c)
+    calls = []
+    real = rc.commit_as
+    monkeypatch.setattr(rc, "commit_as", lambda *a, **kw: calls.append(kw["commit"]) or real(*a, **kw))
+    rec.steps = steps[:2]
+    rec.chained(model, tuple(commits[:2]))
+    assert calls == commits[:2]
+    rec.steps = steps
+    assert _same(rec.chained(model, tuple(commits)), want)
+    assert calls == commits  # the first two steps from the memo, the third committed once
+    calls.clear()
+    assert _same(rec.chained(model, tuple(commits)), want) and calls == []
+
+
+def test_the_hypotheses_in_the_order_tried(model):
+    """The previous step alone, fewest wrong commits first, rules that commit the same nodes named together; then
+    every step; then the diagnosed state carried on. A rule that commits the accepted path at every step is no
+    hypothesis."""
+    st = model.prefill([3, 1, 4])[0]
+    rec = rc.RequestCommits(start=st, next_context=[], steps=[(0, PAIRS, [0]), (1, PAIRS, PATH)], last_exact=st)
+    hows = [h for h, _, _ in rc.hypotheses(model, rec)]
+    assert hows == [
+        "step 1 committed the recurrent state and conv window of node 3 in place of node 5's (the accepted path's "
+        "length read as a batch index or the last accepted node's parent, an accept length off by one)",
+        "step 1 committed the recurrent state and conv window of node 4 in place of node 5's (that batch index off by one)",
+        "step 1 committed the KV rows of nodes [0, 1, 2, 3] in place of the accepted path's [0, 1, 3, 5] (the KV rows "
+        "in batch order)",
+        "step 1 committed the recurrent state and conv window of node 3 in place of node 5's and the KV rows of nodes "
+        "[0, 1, 2, 3] in place of the accepted path's [0, 1, 3, 5] (the tree committed as a chain)",
+        # at step 0 (nothing accepted) only one past the batch index differs: the one rule tried at every step
+        "every step committed by that batch index off by one (other than the accepted path's at steps 0, 1)",
+    ]
+    rec.diagnosed = (1, st, "ORIGIN")
+    hows = [h for h, _, _ in rc.hypotheses(model, rec)]
+    assert hows[5:] == [
+        "ORIGIN, carried on, step 1 committed exactly",
+        "ORIGIN, carried on, and step 1 committed the recurrent state and conv window of node 3 in place of node 5's "
+        "(the accepted path's length read as a batch index or the last accepted node's parent, an accept length off by one)",
+        "ORIGIN, carried on, and step 1 committed the recurrent state and conv window of node 4 in place of node 5's "
+        "(that batch index off by one)",
+        "ORIGIN, carried on, and step 1 committed the KV rows of nodes [0, 1, 2, 3] in place of the accepted path's "
+        "[0, 1, 3, 5] (the KV rows in batch order)",
+        "ORIGIN, carried on, and step 1 committed the recurrent state and conv window of node 3 in place of node 5's and "
+        "the KV rows of nodes [0, 1, 2, 3] in place of the accepted path's [0, 1, 3, 5] (the tree committed as a chain)"]
+    assert all(o == "ORIGIN" for _, _, o in list(rc.hypotheses(model, rec))[5:])
+    rec.diagnosed = (0, st, "ORIGIN")  # diagnosed at an earlier step than the last: not carried
+    assert len(list(rc.hypotheses(model, rec))) == 5
+    # the states: the first is step 1 alone committed at node 3 from the exact state before it
+    (_, s0, o0), *_ = rc.hypotheses(model, rec)
+    assert _same(s0, rc.commit_as(model, state=st, tree=PAIRS, path=PATH, commit=(3, (0, 1, 3, 5)))) and o0.startswith(
+        "step 1 committed")
+    assert list(rc.hypotheses(model, rc.RequestCommits(start=st, next_context=[]))) == []
