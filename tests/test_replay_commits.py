@@ -86,9 +86,11 @@ def test_the_chain_commits_every_step_and_extends_its_longest_known_prefix(model
     calls = []
     real = rc.commit_as
     monkeypatch.setattr(rc, "commit_as", lambda *a, **kw: calls.append(kw["commit"]) or real(*a, **kw))
+    rec.steps = steps[:1]
+    rec.chained(model, tuple(commits[:1]))
     rec.steps = steps[:2]
     rec.chained(model, tuple(commits[:2]))
-    assert calls == commits[:2]
+    assert calls == commits[:2]  # the second from the first's memo
     rec.steps = steps
     assert _same(rec.chained(model, tuple(commits)), want)
     assert calls == commits  # the first two steps from the memo, the third committed once
@@ -134,3 +136,13 @@ def test_the_hypotheses_in_the_order_tried(model):
     assert _same(s0, rc.commit_as(model, state=st, tree=PAIRS, path=PATH, commit=(3, (0, 1, 3, 5)))) and o0.startswith(
         "step 1 committed")
     assert list(rc.hypotheses(model, rc.RequestCommits(start=st, next_context=[]))) == []
+    # nothing accepted at the last step: only one past the batch index commits other than the path there; rules that
+    # agree at every step are named together
+    rec = rc.RequestCommits(start=st, next_context=[], steps=[(0, PAIRS, PATH), (1, PAIRS, [0])], last_exact=st)
+    assert [h for h, _, _ in rc.hypotheses(model, rec)] == [
+        "step 1 committed the recurrent state and conv window of node 1 in place of node 0's (that batch index off by one)",
+        "every step committed by the accepted path's length read as a batch index or the last accepted node's parent, an "
+        "accept length off by one (other than the accepted path's at steps 0)",
+        "every step committed by that batch index off by one (other than the accepted path's at steps 0, 1)",
+        "every step committed by the KV rows in batch order (other than the accepted path's at steps 0)",
+        "every step committed by the tree committed as a chain (other than the accepted path's at steps 0)"]

@@ -64,18 +64,17 @@ def words(commit: tuple[int, tuple[int, ...]], path: list[int]) -> str:
 def commit_as(model, *, state: ModelState, tree: Tree, path: list[int], commit) -> ModelState:
     """The state after a step committed ``commit`` (``what``) from ``state``, the state before the step: the exact
     commit of the accepted ``path``, then its recurrent state and conv window or its new KV rows from other nodes."""
-    res = model.verify(state, tree, mode="exact")  # per-node states kept
+    res = model.verify(state, tree)  # exact, per-node states kept
     out = model.commit(state, tree, res, path[-1])
     node, rows = commit
     kv, ssm, conv = list(out.kv), list(out.ssm), list(out.conv)
-    if node != path[-1]:
+    if node != path[-1]:  # the replay's model keeps its states in its own dtype: no cast
         for i in model.cfg.recurrent_layers:
             ssm[i] = res.ssm[i][node].clone()
-            conv[i] = res.conv[i][node].to(state.conv[i].dtype).clone()
+            conv[i] = res.conv[i][node].clone()
     if list(rows) != list(path):
         for i in model.cfg.attention_layers:
-            kv[i] = tuple(torch.cat([state.kv[i][side], res.kv[i][side][torch.tensor(rows, device=res.kv[i][side].device)]
-                                     .to(state.kv[i][side].dtype)], 0) for side in (0, 1))
+            kv[i] = tuple(torch.cat([state.kv[i][side], res.kv[i][side][list(rows)]]) for side in (0, 1))
     return ModelState(out.pos, kv, ssm, conv)
 
 
