@@ -102,10 +102,10 @@ def test_check_kernels_lines_say_when_triton_compiled_an_engines_kernel_for_a_gp
         pytest.skip("a machine with a GPU: Triton raises another error there for a CPU tensor (tested where there is none)")
     script = tmp_path / "compiled_on_cpu.py"
     script.write_text(
-        "import torch\nimport triton\n\nfrom ddsim.engines.check_kernel import _raised\n\n\n@triton.jit\n"
+        "import torch\nimport triton\n\nfrom ddsim.engines.check_kernel import raised_line\n\n\n@triton.jit\n"
         "def noop(x):\n    pass\n\n\ntry:\n    noop[(1,)](torch.zeros(1))\nexcept Exception as e:\n"
-        "    print(_raised(e, 'cpu'))\n    print(_raised(e, 'cuda'))\n"
-        "print(_raised(ValueError('T > 64'), 'cpu'))\n")
+        "    print(raised_line(e, 'cpu'))\n    print(raised_line(e, 'cuda'))\n"
+        "print(raised_line(ValueError('T > 64'), 'cpu'))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     lines = r.stdout.splitlines()

@@ -543,9 +543,9 @@ def test_a_kernels_output_is_held_to_the_contract_and_its_errors_worded():
         with pytest.raises(ck.ContractError) as e:
             ck.checked_output(o, shape)
         assert str(e.value) == said
-        assert ck._failed(ck._raised(e.value, "cpu")) == f"the kernel broke its contract: {said}"
+        assert ck._failed(ck.raised_line(e.value, "cpu")) == f"the kernel broke its contract: {said}"
     assert ck._failed("ValueError: T > 64") == "the kernel raised ValueError: T > 64"
-    assert ck._raised(ValueError("x" * 400), "cuda") == "ValueError: " + "x" * 299 + "…"
+    assert ck.raised_line(ValueError("x" * 400), "cuda") == "ValueError: " + "x" * 299 + "…"
 
 
 def test_an_error_raised_inside_tritons_runtime_on_the_cpu_says_the_kernel_was_compiled(monkeypatch):
@@ -561,9 +561,9 @@ def test_an_error_raised_inside_tritons_runtime_on_the_cpu_says_the_kernel_was_c
     note = " (Triton compiled the kernel for a GPU: on the CPU an engine's Triton kernels run only in Triton's " \
            "interpreter, TRITON_INTERPRET=1 set before they are imported)"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert ck._raised(runtime, "cpu") == "RuntimeError: 0 active drivers" + note
-    assert ck._raised(backend, "cpu") == "RuntimeError: 0 active drivers" + note
+    assert ck.raised_line(runtime, "cpu") == "RuntimeError: 0 active drivers" + note
+    assert ck.raised_line(backend, "cpu") == "RuntimeError: 0 active drivers" + note
     for e, device in ((runtime, "cuda"), (runtime, "cuda:0"), (elsewhere, "cpu")):
-        assert ck._raised(e, device) == "RuntimeError: 0 active drivers"
+        assert ck.raised_line(e, device) == "RuntimeError: 0 active drivers"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert ck._raised(runtime, "cpu") == "RuntimeError: 0 active drivers"
+    assert ck.raised_line(runtime, "cpu") == "RuntimeError: 0 active drivers"

@@ -663,14 +663,14 @@ def checked_output(o, shape: tuple | None = None) -> None:
 
 
 def _failed(error: str) -> str:
-    """The line for a kernel's error (as _raised gives it): what it raised, or how its output broke the contract."""
+    """The line for a kernel's error (as raised_line gives it): what it raised, or how its output broke the contract."""
     prefix = ContractError.__name__ + ": "
     if error.startswith(prefix):
         return "the kernel broke its contract: " + error[len(prefix):]
     return f"the kernel raised {error}"
 
 
-def _raised(e: Exception, device: str) -> str:
+def raised_line(e: Exception, device: str) -> str:
     """A kernel's exception on one line; on the CPU, where Triton raised it compiling for a GPU (a caller that imported
     the kernel before TRITON_INTERPRET=1 was set, which the command line sets first), what to do about it."""
     line = f"{type(e).__name__}: {_short(e, 300)}"
@@ -798,7 +798,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                 r = runner.run(inp)
             except Exception as e:  # a kernel that refuses or crashes on a serving shape fails every property
                 for name in props:
-                    failed.setdefault(name, {"property": name, "example": inp["label"], "error": _raised(e, device)})
+                    failed.setdefault(name, {"property": name, "example": inp["label"], "error": raised_line(e, device)})
                 if _device_lost(device):
                     lost = f"serving example [{inp['label']}]"
                 continue
@@ -844,7 +844,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                 results.append(PropertyResult(name, False, _where(explicit_ce), explicit_ce))
             continue
         except Exception as e:  # the kernel raised on a drawn input: after a serving example's failure, that comes first
-            drawn_line = f"{_failed(_raised(e, device))} on a drawn input"
+            drawn_line = f"{_failed(raised_line(e, device))} on a drawn input"
             if _device_lost(device):
                 lost = f"a drawn input of property {name!r}"
             results.append(PropertyResult(name, False, drawn_line if explicit_ce is None else
@@ -875,7 +875,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                 if _device_lost(device):
                     lost = "a drawn input of the leak's search"
                 results.append(PropertyResult("leaks off order-exact nodes", False, f"no leak seen: "
-                                              f"{_failed(_raised(e, device))} on a drawn input"))
+                                              f"{_failed(raised_line(e, device))} on a drawn input"))
     return CheckResult(results, profile, len(explicit) - len(unchecked), _coverage(described + drawn), lost, unchecked)
 
 

@@ -27,7 +27,7 @@ import torch
 from ddsim import oracle
 from ddsim.devices import resolve_device
 from ddsim.digest import file_digest
-from ddsim.errors import EngineError, InputError, one_line
+from ddsim.errors import EngineError, InputError
 from ddsim.measure.aggregate import NodePool
 from ddsim.measure.metrics import summarize
 from ddsim.measure.settings import AuditConfig
@@ -227,14 +227,14 @@ def held_to_contract(kernel, impl: str):
     as if it were right."""
     import dataclasses
 
-    from ddsim.engines.check_kernel import ContractError, checked_output
+    from ddsim.engines.check_kernel import ContractError, checked_output, raised_line
     verify = kernel.verify
 
     def checked(q, k, v, g, beta, **kw):
         try:
             o = verify(q, k, v, g, beta, **kw)
         except Exception as e:  # a device fault included: the audit cannot go on either way
-            raise EngineError(f"--fast-path {impl}: the kernel raised {type(e).__name__}: {one_line(e, 300)}") from e
+            raise EngineError(f"--fast-path {impl}: the kernel raised {raised_line(e, str(v.device))}") from e
         try:
             checked_output(o, v.shape)
         except ContractError as e:
