@@ -13,8 +13,8 @@ start=$(date +%s)
 # no package registry there: pip, uv and the Hub fail at once instead of retrying. On the time limit pytest gets
 # SIGINT and still prints what ran; a test that runs past 200 s has its stack dumped (faulthandler).
 PIP_NO_INDEX=1 UV_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 timeout -s INT -k 20 ${LIMIT:-500} \
-  python3 -m pytest tests -q -p no:cacheprovider -p no:benchmark -m "slow or not slow" -n "$workers" -rfEs --durations=20 -o faulthandler_timeout=200 \
-  --deselect tests/test_html_screenshot.py >"$dir/suite.txt" 2>&1
+  python3 -m pytest tests -q -p no:cacheprovider -p no:benchmark -m "slow or not slow" -n "$workers" -rfEs \
+  --durations=20 -o faulthandler_timeout=200 --deselect tests/test_html_screenshot.py >"$dir/suite.txt" 2>&1
 rc=$?
 { echo "# $(date +%F) | $(python3 -c 'import torch; print(torch.cuda.get_device_name())') | torch" \
        "$(python3 -c 'import torch; print(torch.__version__)') | triton $(python3 -c 'import triton; print(triton.__version__)')" \
