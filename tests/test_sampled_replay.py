@@ -2,7 +2,7 @@
 at temperature 0.9 (0.02 for the leak) and dumps the random numbers it drew; the replay recomputes the rule on the oracle's
 distributions with those numbers. A clean engine passes; the flattened recurrence is a sibling leak that
 emits what the rule on exact distributions would not; an engine that accepts by another rule than it declares,
-or dumps other numbers than it drew, is named step by step."""
+or dumps other numbers than it drew, is named step by step, and so is one that commits the wrong node's state."""
 import json
 
 import pytest
@@ -19,9 +19,9 @@ def dumps(ckpt, tmp_path_factory):
     model = load_model(ckpt)
     root = tmp_path_factory.mktemp("sdumps")
     out = {}
-    for bug in (None, "leak", "rule", "coins"):
-        # the leak at a temperature where this random model accepts deep enough for the leak to matter
-        sampler = {**SAMPLER, "temperature": 0.02} if bug == "leak" else SAMPLER
+    for bug in (None, "leak", "rule", "coins", "commit-state"):
+        # the leak and the wrong commit at a temperature where this random model accepts deep enough for them to matter
+        sampler = {**SAMPLER, "temperature": 0.02} if bug in ("leak", "commit-state") else SAMPLER
         write_dump(root / str(bug), model, bug=bug, sampler=sampler, steps=6)
         out[bug] = root / str(bug)
     return out
@@ -48,6 +48,20 @@ def test_the_sampled_leak_is_diagnosed_and_corrupts_the_output(tmp_path, ckpt, d
     assert {st["diagnosis"] for st in rep["steps"]} == {"sibling leak"}
     assert rep["summary"]["silent_corruption_steps"] >= 1  # the rule on the leaked distributions emitted otherwise
     assert run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps["leak"], "--model", ckpt).returncode == 1
+
+
+def test_a_sampled_engines_wrong_commit_is_named(tmp_path, ckpt, dumps):
+    """The recurrent state committed at the path's length as a batch index, under sampling: each step after one whose
+    accepted path left batch order starts from the wrong state, and is named so (the commit hypotheses do not depend
+    on the acceptance rule)."""
+    rep = _replay(tmp_path, ckpt, dumps["commit-state"])
+    diagnoses = [st["diagnosis"] for st in rep["steps"]]
+    assert set(diagnoses) == {"within noise", "state commit error"} and diagnoses[0] == diagnoses[6] == "within noise"
+    for st in rep["steps"]:  # wrong exactly where an earlier step of the request left batch order
+        req = [p for p in rep["steps"] if p["request"] == st["request"] and p["step"] < st["step"]]
+        left = any(p["engine_accepted"] != list(range(len(p["engine_accepted"]))) for p in req)
+        assert (st["diagnosis"] == "state commit error") == left, (st["step"], st["evidence"])
+    assert run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps["commit-state"], "--model", ckpt).returncode == 1
 
 
 @pytest.mark.parametrize("bug, steps", [("rule", None), ("coins", [1, 7])])
