@@ -94,6 +94,7 @@ def test_the_chain_commits_every_step_and_extends_its_longest_known_prefix(model
     rec.steps = steps
     assert _same(rec.chained(model, tuple(commits)), want)
     assert calls == commits  # the first two steps from the memo, the third committed once
+    assert sorted(map(len, rec.chains)) == [2, 3]  # the one-step state freed: a long dump keeps two per rule
     calls.clear()
     assert _same(rec.chained(model, tuple(commits)), want) and calls == []
 

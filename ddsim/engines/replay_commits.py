@@ -101,6 +101,8 @@ class RequestCommits:
         for (_, tree, path), c in zip(self.steps[n:], commits[n:]):
             st = commit_as(model, state=st, tree=tree, path=path, commit=c)
         self.chains[commits] = st
+        for key in [k for k in self.chains if len(k) < len(commits) - 1]:  # states no later step extends: freed
+            del self.chains[key]
         return st
 
 
