@@ -405,6 +405,8 @@ def _topk_rows(ids=((5, 6), (6, 7), (7, 8)), lp=((-0.1, -2.5),) * 3):
     ("full", dict(emitted=[7, 9]), "emitted [7, 9] is not the accepted nodes' tokens after the root plus the bonus"),
     ("full", dict(tokens=[5, 6, 96]), "tokens token 96 is outside the vocabulary (0..95)"),
     ("full", dict(context=[1, 2.5]), "context must be integers"),
+    ("full", dict(positions=[2, 3, float("nan")]), "positions must be integers"),
+    ("full", dict(accepted=[0, True]), "accepted must be integers"),
     ("full", dict(parents=[-1, 0, 3]), "node 2: parent 3 is not an earlier node"),
     ("full", dict(positions=[2, 3]), "parents, tokens and positions must be one per node (got 3, 3, 2)"),
     ("full", dict(states={"ssm": torch.zeros(2, 2)}), "state 'ssm': expected 'ssm.L' or 'conv.L'"),
@@ -441,6 +443,20 @@ def test_the_writer_refuses_a_step_the_reader_would_and_writes_nothing(tmp_path,
         assert sorted(f.name for f in (tmp_path / "d" / "steps").iterdir()) == ["000000.safetensors"]
         w.write_step(**good)
     assert len(load_dump(tmp_path / "d", vocab_size=96).steps) == 2
+
+
+def test_the_writer_takes_numpy_and_tensor_integers(tmp_path):
+    """What an engine has at hand: a vocabulary size from numpy, token lists as tensors, positions as float-typed
+    whole numbers; written as the format's integers."""
+    import numpy as np
+
+    from ddsim.engines.dump import VerifyDumpWriter, load_dump
+    with VerifyDumpWriter(tmp_path / "d", vocab_size=np.int64(96), logits="topk", topk=np.int32(2)) as w:
+        w.write_step(**_good_step(logits=None, topk=_topk_rows(), context=torch.tensor([1, 2]),
+                                  positions=torch.tensor([2.0, 3.0, 4.0]), accepted=np.array([0, 1])))
+    d = load_dump(tmp_path / "d", vocab_size=96)
+    assert d.header["vocab_size"] == 96 and d.header["topk"] == 2
+    assert d.steps[0].context == [1, 2] and d.steps[0].positions == [2, 3, 4] and d.steps[0].accepted == [0, 1]
 
 
 @pytest.mark.parametrize("kw, needle", [

@@ -27,6 +27,7 @@ End marker: {"end": true, "steps": N}. A dump without it is truncated and refuse
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,10 +64,13 @@ class VerifyDumpWriter:
                  compute_dtype: str = "float32", engine: dict | None = None, acceptance="greedy"):
         if logits not in ("full", "topk") or (logits == "topk") != (topk is not None):
             raise ValueError("logits: 'full' without topk, or 'topk' with topk=k")
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) or vocab_size < 2:
             raise ValueError(f"vocab_size {vocab_size!r}: expected an integer >= 2")
-        if logits == "topk" and (isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= vocab_size):
-            raise ValueError(f"topk {topk!r}: expected an integer in 1..{vocab_size}")
+        vocab_size = int(vocab_size)
+        if logits == "topk":
+            if isinstance(topk, bool) or not isinstance(topk, numbers.Integral) or not 1 <= topk <= vocab_size:
+                raise ValueError(f"topk {topk!r}: expected an integer in 1..{vocab_size}")
+            topk = int(topk)
         if acceptance != "greedy" and (not isinstance(acceptance, dict) or logits != "full"):
             raise ValueError("acceptance: 'greedy', or {'rule', 'temperature', 'params'} with full logits")
         try:  # the rule, its temperature and parameters, as the reader checks them
@@ -102,7 +106,8 @@ class VerifyDumpWriter:
 
         def ints(key, x):
             vals = x.tolist() if hasattr(x, "tolist") else list(x)
-            if any(isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) for v in vals):
+            if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer()
+                       for v in vals):
                 fail(f"{key} must be integers")
             return [int(v) for v in vals]
 
