@@ -293,7 +293,7 @@ def test_a_planted_tree_conv_bug_and_a_missing_conv(tmp_path):
     ce = json.loads(out.read_text())["counterexamples"][-1]
     assert ce["op"] == "conv" and ce["first_wrong_node"]["node"] == 2, ce
     r = run_cli("check-kernel", "--impl", "ddsim", "--op", "conv", "--mode", "leaky", "--max-examples", "10",
-                "--out", out)
+                "--device", "cpu", "--out", out)  # the quick profile, the CPU's (a GPU's default is the serving one)
     assert r.returncode == 0 and "all 8 properties hold (quick profile" in r.stdout, r.stdout + r.stderr
     one_line_error(run_cli("check-kernel", "--impl", "fla", "--op", "conv", "--mode", "leaky", pythonpath=ENGINES),
                    "--op conv: fla.fused_recurrent_gated_delta_rule has no tree causal conv")
@@ -471,7 +471,7 @@ def test_sglang_mamba2_selective_state_update_in_both_modes(tmp_path, mode, held
 
 def test_ddsims_mamba2_kernel_passes_and_planted_mamba2_bugs_are_caught(tmp_path):
     r = run_cli("check-kernel", "--impl", "ddsim", "--op", "mamba2", "--mode", "exact", "--max-examples", "8",
-                "--out", tmp_path / "ce.json")
+                "--device", "cpu", "--out", tmp_path / "ce.json")  # the quick profile, the CPU's
     assert r.returncode == 0 and "all 7 properties hold (quick profile" in r.stdout, r.stdout + r.stderr
     for fn, failing in (("mamba2_parent_off_by_one", {"exact on order-exact nodes", "exact on every node"}),
                         ("mamba2_forgets_dt_bias", {"exact on order-exact nodes", "exact on every node"})):
