@@ -34,6 +34,8 @@ Bugs (one per engine):
                 path's; the recurrent state is right
   commit-once   at step 1 alone the recurrent state and conv window are committed at node len(path) (that batch
                 index off by one)
+  commit-norollback  the KV rows of every node of the tree stay in the cache after each step (the rejected ones
+                included, in batch order); positions still count the committed tokens
 For the tree bugs and the stale read the engine commits from an exact verify, so each step shows
 the bug alone and the state stays right; drift corrupts the committed state itself.
 
@@ -49,7 +51,7 @@ from ddsim.engines.replay_verdict import greedy_walk
 from ddsim.trees.tree import Tree
 
 BUGS = (None, "leak", "leak-state", "leak-conv", "positions", "shift", "mask", "causal", "flat", "drift", "stale", "bonus",
-        "accept", "commit", "root", "commit-state", "commit-kv", "commit-once", "rule", "coins")
+        "accept", "commit", "root", "commit-state", "commit-kv", "commit-once", "commit-norollback", "rule", "coins")
 
 
 def _tree(model, state, root: int, depth: int) -> Tree:
@@ -190,8 +192,8 @@ class EmulatedEngine:
             if x is not None:  # the recurrent state and conv window of another node
                 for i in m.cfg.recurrent_layers:
                     new.ssm[i], new.conv[i] = res.ssm[i][x].clone(), res.conv[i][x].clone()
-            if self.bug == "commit-kv":  # the KV rows of the first len(path) nodes in batch order
-                n = len(path)
+            if self.bug in ("commit-kv", "commit-norollback"):  # the first len(path) nodes' KV rows, or every node's
+                n = len(path) if self.bug == "commit-kv" else T
                 new.kv = [None if kv is None else tuple(torch.cat([old, r[:n]]) for old, r in zip(kv, res.kv[i]))
                           for i, kv in enumerate(state.kv)]
             state = new

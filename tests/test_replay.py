@@ -37,6 +37,8 @@ EXPECTED = {
     # later step of the request starts from the wrong state
     "commit-state": (["within noise"] + ["state commit error"] * 3) * 2,
     "commit-kv": (["within noise"] + ["state commit error"] * 3) * 2,
+    # the rejected nodes' KV never rolled back: every later step attends to them
+    "commit-norollback": (["within noise"] + ["state commit error"] * 3) * 2,
     # step 1 alone commits node len(path)'s recurrent state; step 3 inherits it
     "commit-once": ["within noise", "within noise", "state commit error", "state commit error"] * 2,
 }
@@ -101,7 +103,7 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
         ev = next(st["evidence"] for st in rep["steps"] if st["diagnosis"] == "commit error")
         assert ("is not step 1's context plus what that step committed" in ev if bug == "commit"
                 else "is not step 1's bonus" in ev), ev
-    if bug in ("commit-state", "commit-kv", "commit-once"):  # the context continues; the state committed does not
+    if bug in ("commit-state", "commit-kv", "commit-norollback", "commit-once"):  # the context continues, the state not
         assert s["commit_error_steps"] == 0 and s["diagnoses"]["state commit error"] == 6 - 2 * (bug == "commit-once")
         ev = [st["evidence"] for st in rep["steps"][:4]]
         if bug == "commit-state":  # len(path) - 1 is also the last node's parent on this tree: both named
@@ -110,6 +112,11 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
                                     "parent, an accept length off by one): reproduces the engine within"), ev[1]
             assert ev[3].startswith("every step committed by the accepted path's length read as a batch index or the "
                                     "last accepted node's parent, an accept length off by one (other than the accepted "
+                                    "path's at steps 0, 1, 2): reproduces"), ev[3]
+        elif bug == "commit-norollback":
+            assert ev[1].startswith("step 0 committed the KV rows of nodes 0..6 in place of the accepted path's "
+                                    "[0, 1, 3, 5] (the KV never rolled back): reproduces"), ev[1]
+            assert ev[3].startswith("every step committed by the KV never rolled back (other than the accepted "
                                     "path's at steps 0, 1, 2): reproduces"), ev[3]
         elif bug == "commit-kv":
             assert ev[1].startswith("step 0 committed the KV rows of nodes [0, 1, 2, 3] in place of the accepted path's "

@@ -8,20 +8,22 @@ from ddsim.engines import replay_commits as rc
 from ddsim.trees.tree import Tree
 from tests.emulated_engine import load_model
 
-BATCH, OFF, PARENT, KV, CHAIN = rc.RULES
 PAIRS = Tree([-1, 0, 0, 1, 1, 3, 3], [5, 6, 7, 8, 9, 10, 11])  # node 1, 3, 5 the path, each with a sibling after it
 PATH = [0, 1, 3, 5]
 
 
 @pytest.mark.parametrize("path, T, want", [
     # the path leaves batch order: each rule its own nodes (the batch index and the parent agree on node 3 here)
-    ([0, 1, 3, 5], 7, [(3, (0, 1, 3, 5)), (4, (0, 1, 3, 5)), (3, (0, 1, 3, 5)), (5, (0, 1, 2, 3)), (3, (0, 1, 2, 3))]),
-    ([0, 2, 6], 7, [(2, (0, 2, 6)), (3, (0, 2, 6)), (2, (0, 2, 6)), (6, (0, 1, 2)), (2, (0, 1, 2))]),
-    # nothing accepted: the root's state either way, but one past the batch index is node 1
-    ([0], 7, [(0, (0,)), (1, (0,)), (0, (0,)), (0, (0,)), (0, (0,))]),
-    # a chain accepted whole: one past the batch index is clipped to the last node
-    ([0, 1, 2, 3], 4, [(3, (0, 1, 2, 3)), (3, (0, 1, 2, 3)), (2, (0, 1, 2, 3)), (3, (0, 1, 2, 3)), (3, (0, 1, 2, 3))]),
-    ([0, 1, 2], 4, [(2, (0, 1, 2)), (3, (0, 1, 2)), (1, (0, 1, 2)), (2, (0, 1, 2)), (2, (0, 1, 2))]),
+    ([0, 1, 3, 5], 7, [(3, (0, 1, 3, 5)), (4, (0, 1, 3, 5)), (3, (0, 1, 3, 5)), (5, (0, 1, 2, 3)), (3, (0, 1, 2, 3)),
+                       (5, (0, 1, 2, 3, 4, 5, 6))]),
+    ([0, 2, 6], 7, [(2, (0, 2, 6)), (3, (0, 2, 6)), (2, (0, 2, 6)), (6, (0, 1, 2)), (2, (0, 1, 2)),
+                    (6, (0, 1, 2, 3, 4, 5, 6))]),
+    # nothing accepted: the root's state either way, but one past the batch index is node 1 (and no rollback keeps all)
+    ([0], 7, [(0, (0,)), (1, (0,)), (0, (0,)), (0, (0,)), (0, (0,)), (0, (0, 1, 2, 3, 4, 5, 6))]),
+    # a chain accepted whole: one past the batch index is clipped to the last node; no rollback is the exact commit
+    ([0, 1, 2, 3], 4, [(3, (0, 1, 2, 3)), (3, (0, 1, 2, 3)), (2, (0, 1, 2, 3)), (3, (0, 1, 2, 3)), (3, (0, 1, 2, 3)),
+                       (3, (0, 1, 2, 3))]),
+    ([0, 1, 2], 4, [(2, (0, 1, 2)), (3, (0, 1, 2)), (1, (0, 1, 2)), (2, (0, 1, 2)), (2, (0, 1, 2)), (2, (0, 1, 2, 3))]),
 ])
 def test_what_each_rule_commits(path, T, want):
     assert [rc.what(r, path, T) for r in rc.RULES] == want
@@ -35,6 +37,11 @@ def test_the_words_of_a_commit():
         "the recurrent state and conv window of node 3 in place of node 5's and the KV rows of nodes [0, 1, 2, 3] in "
         "place of the accepted path's [0, 1, 3, 5]")
     assert rc.words((5, (0, 1, 3, 5)), PATH) == ""
+    # the first n nodes past four as a range, others as a list
+    assert rc.words((5, (0, 1, 2, 3, 4, 5, 6)), PATH) == "the KV rows of nodes 0..6 in place of the accepted path's [0, 1, 3, 5]"
+    assert rc.words((5, (0, 1, 2, 3, 4)), PATH) == "the KV rows of nodes 0..4 in place of the accepted path's [0, 1, 3, 5]"
+    assert rc.words((5, (0, 1, 2, 4, 5)), PATH) == ("the KV rows of nodes [0, 1, 2, 4, 5] in place of the accepted "
+                                                    "path's [0, 1, 3, 5]")
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +121,15 @@ def test_the_hypotheses_in_the_order_tried(model):
         "in batch order)",
         "step 1 committed the recurrent state and conv window of node 3 in place of node 5's and the KV rows of nodes "
         "[0, 1, 2, 3] in place of the accepted path's [0, 1, 3, 5] (the tree committed as a chain)",
-        # at step 0 (nothing accepted) only one past the batch index differs: the one rule tried at every step
+        "step 1 committed the KV rows of nodes 0..6 in place of the accepted path's [0, 1, 3, 5] (the KV never rolled "
+        "back)",
+        # at step 0 (nothing accepted) only one past the batch index and no rollback differ: the rules tried at every step
         "every step committed by that batch index off by one (other than the accepted path's at steps 0, 1)",
+        "every step committed by the KV never rolled back (other than the accepted path's at steps 0, 1)",
     ]
     rec.diagnosed = (1, st, "ORIGIN")
     hows = [h for h, _, _ in rc.hypotheses(model, rec)]
-    assert hows[5:] == [
+    assert hows[7:] == [
         "ORIGIN, carried on, step 1 committed exactly",
         "ORIGIN, carried on, and step 1 committed the recurrent state and conv window of node 3 in place of node 5's "
         "(the accepted path's length read as a batch index or the last accepted node's parent, an accept length off by one)",
@@ -128,10 +138,12 @@ def test_the_hypotheses_in_the_order_tried(model):
         "ORIGIN, carried on, and step 1 committed the KV rows of nodes [0, 1, 2, 3] in place of the accepted path's "
         "[0, 1, 3, 5] (the KV rows in batch order)",
         "ORIGIN, carried on, and step 1 committed the recurrent state and conv window of node 3 in place of node 5's and "
-        "the KV rows of nodes [0, 1, 2, 3] in place of the accepted path's [0, 1, 3, 5] (the tree committed as a chain)"]
-    assert all(o == "ORIGIN" for _, _, o in list(rc.hypotheses(model, rec))[5:])
+        "the KV rows of nodes [0, 1, 2, 3] in place of the accepted path's [0, 1, 3, 5] (the tree committed as a chain)",
+        "ORIGIN, carried on, and step 1 committed the KV rows of nodes 0..6 in place of the accepted path's [0, 1, 3, 5] "
+        "(the KV never rolled back)"]
+    assert all(o == "ORIGIN" for _, _, o in list(rc.hypotheses(model, rec))[7:])
     rec.diagnosed = (0, st, "ORIGIN")  # diagnosed at an earlier step than the last: not carried
-    assert len(list(rc.hypotheses(model, rec))) == 5
+    assert len(list(rc.hypotheses(model, rec))) == 7
     # the states: the first is step 1 alone committed at node 3 from the exact state before it
     (_, s0, o0), *_ = rc.hypotheses(model, rec)
     assert _same(s0, rc.commit_as(model, state=st, tree=PAIRS, path=PATH, commit=(3, (0, 1, 3, 5)))) and o0.startswith(
@@ -142,8 +154,10 @@ def test_the_hypotheses_in_the_order_tried(model):
     rec = rc.RequestCommits(start=st, next_context=[], steps=[(0, PAIRS, PATH), (1, PAIRS, [0])], last_exact=st)
     assert [h for h, _, _ in rc.hypotheses(model, rec)] == [
         "step 1 committed the recurrent state and conv window of node 1 in place of node 0's (that batch index off by one)",
+        "step 1 committed the KV rows of nodes 0..6 in place of the accepted path's [0] (the KV never rolled back)",
         "every step committed by the accepted path's length read as a batch index or the last accepted node's parent, an "
         "accept length off by one (other than the accepted path's at steps 0)",
         "every step committed by that batch index off by one (other than the accepted path's at steps 0, 1)",
         "every step committed by the KV rows in batch order (other than the accepted path's at steps 0)",
-        "every step committed by the tree committed as a chain (other than the accepted path's at steps 0)"]
+        "every step committed by the tree committed as a chain (other than the accepted path's at steps 0)",
+        "every step committed by the KV never rolled back (other than the accepted path's at steps 0, 1)"]

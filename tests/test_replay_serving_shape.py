@@ -21,6 +21,7 @@ EXPECTED = {
     "stale": ["within noise", "within noise", "stale state", "within noise"],
     "commit-state": ["within noise"] + ["state commit error"] * 3,
     "commit-kv": ["within noise"] + ["state commit error"] * 3,
+    "commit-norollback": ["within noise"] + ["state commit error"] * 3,
     "commit-once": ["within noise", "within noise", "state commit error", "state commit error"],
 }
 
@@ -53,8 +54,8 @@ def test_replay_at_a_serving_shape_names_each_planted_bug(tmp_path, served, bug)
     if bug == "leak":  # at this size the leak changes what is accepted: silent corruption, and the gate fails
         assert rep["summary"]["silent_corruption_steps"] > 0
         assert all(n["kl"] < 1e-9 for s in steps for n in s["nodes"] if n["order_exact"])
-    if bug in ("commit-state", "commit-kv"):  # named as the rule that every step ran
-        assert all(s["evidence"].startswith("every step committed by " + (
-            "the accepted path's length read as a batch index" if bug == "commit-state" else
-            "the KV rows in batch order")) for s in steps[2:]), [s["evidence"] for s in steps]
+    if bug in ("commit-state", "commit-kv", "commit-norollback"):  # named as the rule that every step ran
+        assert all(s["evidence"].startswith("every step committed by " + {
+            "commit-state": "the accepted path's length read as a batch index", "commit-kv": "the KV rows in batch order",
+            "commit-norollback": "the KV never rolled back"}[bug]) for s in steps[2:]), [s["evidence"] for s in steps]
     assert json.loads(json.dumps(rep)) == rep  # the report as written

@@ -20,7 +20,7 @@ recomputation of the step with ddsim's fast path that reproduces the engine's lo
   state commit error  the committed state wrong, and reproduced by a commit that took the recurrent state or
                    the attention KV from the wrong nodes of the previous step's tree, at that step or at every
                    step of the request (ddsim.engines.replay_commits: the path's length read as a batch index,
-                   off by one, the last node's parent, the KV rows in batch order)
+                   off by one, the last node's parent, the KV rows in batch order, the KV never rolled back)
   state drift      the committed state wrong: the root node already wrong (no tree bug can do that),
                    or order-exact nodes wrong that no tree hypothesis reproduces; the error growing
                    across the request's steps (approximate rollback, a drifting recurrent state)

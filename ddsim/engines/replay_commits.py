@@ -8,6 +8,9 @@ state) is recomputed from the state the engine would hold had it committed by on
   the last accepted node's parent                    node path[-2] (an accept length off by one)
   the KV rows in batch order                         the KV of nodes 0 .. len(path) - 1 in place of the path's
   the tree committed as a chain                      both of the first and the fourth
+  the KV never rolled back                           the KV of every node of the tree kept, in batch order (the
+                                                     positions still the tokens' count: the rejected nodes' rows
+                                                     stay visible to every later step)
 
 Each rule is tried at the previous step alone, at every step of the request so far (an engine that runs it every
 step compounds), and from the state diagnosed at the previous step (a wrong commit's state carried on): the first
@@ -28,7 +31,7 @@ from ddsim.trees.tree import Tree
 class CommitRule:
     why: str  # what the engine reads wrongly, for the evidence
     state_node: object = None  # (path, T) -> the node whose recurrent state is committed; None: the path's last
-    kv_in_batch_order: bool = False
+    kv_rows: object = None  # (path, T) -> the nodes whose KV rows are kept, in order; None: the path's
 
 
 def _clip(x: int, T: int) -> int:
@@ -39,15 +42,17 @@ RULES = (
     CommitRule("the accepted path's length read as a batch index", lambda path, T: _clip(len(path) - 1, T)),
     CommitRule("that batch index off by one", lambda path, T: _clip(len(path), T)),
     CommitRule("the last accepted node's parent, an accept length off by one", lambda path, T: path[max(len(path) - 2, 0)]),
-    CommitRule("the KV rows in batch order", None, True),
-    CommitRule("the tree committed as a chain", lambda path, T: _clip(len(path) - 1, T), True),
+    CommitRule("the KV rows in batch order", None, lambda path, T: tuple(range(len(path)))),
+    CommitRule("the tree committed as a chain", lambda path, T: _clip(len(path) - 1, T),
+               lambda path, T: tuple(range(len(path)))),
+    CommitRule("the KV never rolled back", None, lambda path, T: tuple(range(T))),
 )
 
 
 def what(rule: CommitRule, path: list[int], T: int) -> tuple[int, tuple[int, ...]]:
     """What ``rule`` commits at a step: (the node whose recurrent state it keeps, the nodes whose KV rows it keeps)."""
     node = rule.state_node(path, T) if rule.state_node else path[-1]
-    return node, tuple(range(len(path))) if rule.kv_in_batch_order else tuple(path)
+    return node, rule.kv_rows(path, T) if rule.kv_rows else tuple(path)
 
 
 def words(commit: tuple[int, tuple[int, ...]], path: list[int]) -> str:
@@ -57,8 +62,13 @@ def words(commit: tuple[int, tuple[int, ...]], path: list[int]) -> str:
     if node != path[-1]:
         parts.append(f"the recurrent state and conv window of node {node} in place of node {path[-1]}'s")
     if list(rows) != list(path):
-        parts.append(f"the KV rows of nodes {list(rows)} in place of the accepted path's {list(path)}")
+        parts.append(f"the KV rows of nodes {_nodes(rows)} in place of the accepted path's {list(path)}")
     return " and ".join(parts)
+
+
+def _nodes(rows) -> str:
+    """Nodes in words: a list, or "0..n-1" for the first n nodes past four."""
+    return f"0..{len(rows) - 1}" if len(rows) > 4 and list(rows) == list(range(len(rows))) else str(list(rows))
 
 
 def commit_as(model, *, state: ModelState, tree: Tree, path: list[int], commit) -> ModelState:
