@@ -161,3 +161,17 @@ def test_the_hypotheses_in_the_order_tried(model):
         "every step committed by the KV rows in batch order (other than the accepted path's at steps 0)",
         "every step committed by the tree committed as a chain (other than the accepted path's at steps 0)",
         "every step committed by the KV never rolled back (other than the accepted path's at steps 0, 1)"]
+
+
+def test_the_previous_step_is_verified_once_per_state_it_is_tried_from(model, monkeypatch):
+    """Every rule's commit of the previous step alone comes from one verify of it, and every carried one from one
+    more: a serving-sized tree is verified twice, not once per rule."""
+    st = model.prefill([3, 1, 4])[0]
+    last, before = st.clone(), st.clone()
+    rec = rc.RequestCommits(start=st, next_context=[], steps=[(0, PAIRS, [0]), (1, PAIRS, PATH)], last_exact=last,
+                            diagnosed=(1, before, "ORIGIN"))
+    calls = []
+    real = model.verify
+    monkeypatch.setattr(model, "verify", lambda state, tree, **kw: calls.append(state) or real(state, tree, **kw))
+    assert len(list(rc.hypotheses(model, rec))) == 13  # 5 alone, 2 at every step, 6 carried on
+    assert sum(c is last for c in calls) == 1 and sum(c is before for c in calls) == 1

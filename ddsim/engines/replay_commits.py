@@ -71,10 +71,12 @@ def _nodes(rows) -> str:
     return f"0..{len(rows) - 1}" if len(rows) > 4 and list(rows) == list(range(len(rows))) else str(list(rows))
 
 
-def commit_as(model, *, state: ModelState, tree: Tree, path: list[int], commit) -> ModelState:
+def commit_as(model, *, state: ModelState, tree: Tree, path: list[int], commit, res=None) -> ModelState:
     """The state after a step committed ``commit`` (``what``) from ``state``, the state before the step: the exact
-    commit of the accepted ``path``, then its recurrent state and conv window or its new KV rows from other nodes."""
-    res = model.verify(state, tree)  # exact, per-node states kept
+    commit of the accepted ``path``, then its recurrent state and conv window or its new KV rows from other nodes.
+    ``res``: the step's exact verify from ``state`` (per-node states kept), where the caller has it already."""
+    if res is None:
+        res = model.verify(state, tree)
     out = model.commit(state, tree, res, path[-1])
     node, rows = commit
     kv, ssm, conv = list(out.kv), list(out.ssm), list(out.conv)
@@ -129,23 +131,29 @@ def hypotheses(model, rec: RequestCommits):
     for rule in RULES:
         once.setdefault(what(rule, path, T), []).append(rule)
     once.pop(exact, None)
+    if once:  # one verify of the previous step, every rule's commit taken from it
+        res = model.verify(rec.last_exact, tree)
     for c, rules in once.items():
-        how = f"step {step} committed {words(c, path)} ({' or '.join(r.why for r in rules)})"
-        yield how, commit_as(model, state=rec.last_exact, tree=tree, path=path, commit=c), how
+        how = f"step {step} committed {words(c, path)} ({_why(rules)})"
+        yield how, commit_as(model, state=rec.last_exact, tree=tree, path=path, commit=c, res=res), how
     every: dict = {}  # per-step commits -> the rules that give them
     for rule in RULES:
         every.setdefault(tuple(what(rule, p, t.size) for _, t, p in rec.steps), []).append(rule)
     for commits, rules in every.items():
         at = [k for (k, _, p), c in zip(rec.steps, commits) if c != (p[-1], tuple(p))]
         if at and at != [step]:
-            how = (f"every step committed by {' or '.join(r.why for r in rules)} (other than the accepted path's at "
-                   f"steps {', '.join(map(str, at))})")
+            how = f"every step committed by {_why(rules)} (other than the accepted path's at steps {', '.join(map(str, at))})"
             yield how, rec.chained(model, commits), how
     if rec.diagnosed is not None and rec.diagnosed[0] == step:
         _, before, origin = rec.diagnosed
+        res = model.verify(before, tree)  # the previous step from the state diagnosed there, shared likewise
         yield (f"{origin}, carried on, step {step} committed exactly",
-               commit_as(model, state=before, tree=tree, path=path, commit=exact), origin)
+               commit_as(model, state=before, tree=tree, path=path, commit=exact, res=res), origin)
         for c, rules in once.items():
-            yield (f"{origin}, carried on, and step {step} committed {words(c, path)} "
-                   f"({' or '.join(r.why for r in rules)})",
-                   commit_as(model, state=before, tree=tree, path=path, commit=c), origin)
+            yield (f"{origin}, carried on, and step {step} committed {words(c, path)} ({_why(rules)})",
+                   commit_as(model, state=before, tree=tree, path=path, commit=c, res=res), origin)
+
+
+def _why(rules) -> str:
+    """The rules that give one commit, in words."""
+    return " or ".join(r.why for r in rules)
