@@ -84,7 +84,6 @@ class VerifyDumpWriter:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=False)  # a dump is never written over anything
         (self.path / "steps").mkdir()
-        self.vocab_size, self.mode, self.topk = vocab_size, logits, topk
         self.steps = 0
         self._index = open(self.path / "index.jsonl", "w")
         self.header = {"format": FORMAT, "version": VERSION, "vocab_size": vocab_size, "logits": logits, "topk": topk,
@@ -117,7 +116,7 @@ class VerifyDumpWriter:
         def floats(t):  # float32 as the format keeps them; a tensor of another kind kept, for the check to refuse
             return t.float().contiguous() if t.is_floating_point() else t.contiguous()
         tensors = {}
-        if self.mode == "full":
+        if self.header["logits"] == "full":
             if logits is None or topk is not None:
                 fail("a full-logits dump takes logits= and no topk=")
             tensors["logits"] = floats(cpu(logits))

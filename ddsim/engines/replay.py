@@ -66,6 +66,7 @@ from ddsim.engines.replay_verdict import (
     DIAGNOSES,
     acceptance_error,
     bonus_error,
+    continued_context,
     default_tolerance,
     emitted_by_exact_greedy,
     greedy_walk,
@@ -216,7 +217,7 @@ class Replayer:
         diagnosis, evidence = self._diagnose(s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel, commits)
         commits.steps.append((s.step, tree, list(s.accepted)))
         commits.last_exact = fst
-        commits.next_context = list(s.context) + [s.tokens[i] for i in s.accepted]
+        commits.next_context = continued_context(s)
         wrong_accept = None
         if acceptance == "greedy":  # greedy on its own logits: neither error (replay_verdict.follows_greedy)
             wrong_bonus = bonus_error(s.emitted, s.accepted, tops)

@@ -152,6 +152,12 @@ def default_tolerance(noise_kl: float | None = None, engine_dtype: str = "float3
     return tolerance(load_policy(DEFAULT_POLICY), engine_dtype, noise_kl)
 
 
+def continued_context(step) -> list[int]:
+    """The context a request's next step must have: the step's context plus its root and the tokens it emitted
+    before the bonus (what it committed)."""
+    return step.context + [step.tokens[0]] + step.emitted[:-1]
+
+
 def judge_continuity(steps, records) -> None:
     """Within each request, step n continues step n-1: its context is the previous context plus the
     previous root and the tokens emitted before the bonus (the committed path), its root the previous
@@ -162,7 +168,7 @@ def judge_continuity(steps, records) -> None:
         last[s.request] = s
         if prev is None:
             continue
-        want = prev.context + [prev.tokens[0]] + prev.emitted[:-1]
+        want = continued_context(prev)
         problems = []
         if s.context != want:
             at = next((i for i, (a, b) in enumerate(zip(s.context, want)) if a != b), min(len(s.context), len(want)))
