@@ -54,15 +54,21 @@ BUGS = (None, "leak", "leak-state", "leak-conv", "positions", "shift", "mask", "
         "accept", "commit", "root", "commit-state", "commit-kv", "commit-once", "commit-norollback", "rule", "coins")
 
 
-def _tree(model, state, root: int, depth: int) -> Tree:
-    """Root, then per depth the greedy token and a sibling (the next token id that differs)."""
-    greedy, st, tok = [], state, root
+def _continuation(model, state, root: int, depth: int) -> torch.Tensor:
+    """The target's logits [depth, V] along its greedy continuation of ``root``, one token at a time."""
+    rows, st, tok = [], state, root
     for _ in range(depth):
         t = Tree([-1], [tok])
         res = model.verify(st, t, mode="exact")
         st = model.commit(st, t, res, 0)
+        rows.append(res.logits[0])
         tok = int(res.logits[0].argmax())
-        greedy.append(tok)
+    return torch.stack(rows)
+
+
+def _tree(model, state, root: int, depth: int) -> Tree:
+    """Root, then per depth the greedy token and a sibling (the next token id that differs)."""
+    greedy = [int(t) for t in _continuation(model, state, root, depth).argmax(-1)]
     parents, tokens = [-1], [root]
     prev = 0
     for g in greedy:
@@ -77,14 +83,7 @@ def _ddtree(model, state, root: int, *, depth: int, budget: int, topk_cap: int, 
     each depth of that continuation with a tenth of their own scale of noise (so the draft's best token is not
     always the target's and the accepted path leaves batch order), sharpened as a confident drafter's are."""
     from ddsim.trees.builders import ddtree
-    rows, st, tok = [], state, root
-    for _ in range(depth):
-        t = Tree([-1], [tok])
-        res = model.verify(st, t, mode="exact")
-        st = model.commit(st, t, res, 0)
-        rows.append(res.logits[0].double())
-        tok = int(res.logits[0].argmax())
-    draft = torch.stack(rows)  # [depth, V]
+    draft = _continuation(model, state, root, depth).double()  # [depth, V]
     gen = torch.Generator().manual_seed(seed)
     scale = draft.std(-1, keepdim=True)
     draft = draft + 0.1 * scale * torch.randn(draft.shape, generator=gen, dtype=draft.dtype)
