@@ -4,7 +4,8 @@
 # skip themselves there, saying why (the `interpreter` mark, properties/interpreter_mark.py); the screenshot tests
 # need a browser and are left out. The engine packages (.engines) stay off the import path, as in `make test`.
 # The whole output to DIR/suite.txt; DIR/summary.txt: the header, the result line, every failure and error, and the
-# skips counted by reason.
+# skips counted by reason. The checkpoint tests need transformers>=5.23 (pyproject's test extra): where the machine's
+# is older, install one first (its wheel and its dependencies' with --no-deps, ahead on PYTHONPATH).
 #   [LIMIT=seconds] bash benchmarks/cpu_suite_on_gpu.sh DIR COMMIT [WORKERS]
 set -u
 dir=$1 commit=$2 workers=${3:-12}
@@ -18,7 +19,7 @@ PIP_NO_INDEX=1 UV_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THRE
 rc=$?
 { echo "# $(date +%F) | $(python3 -c 'import torch; print(torch.cuda.get_device_name())') | torch" \
        "$(python3 -c 'import torch; print(torch.__version__)') | triton $(python3 -c 'import triton; print(triton.__version__)')" \
-       "| commit $commit"
+       "| transformers $(python3 -c 'import transformers; print(transformers.__version__)') | commit $commit"
   echo "tests rc=$rc $(( $(date +%s) - start )) s: $(tail -1 "$dir/suite.txt")"
   grep -E "^(FAILED|ERROR) " "$dir/suite.txt"
   sed -n '/slowest [0-9]* durations/,/^$/p' "$dir/suite.txt"
