@@ -56,15 +56,27 @@ def dumps(ckpt, tmp_path_factory):
 
 
 @pytest.mark.parametrize("bug", list(EXPECTED))
-def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
-    r = run_cli("replay", "--model", ckpt, "--dump", dumps[bug], "--out", tmp_path / "r")
-    assert r.returncode == 0, r.stderr
-    rep = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert (tmp_path / "r" / "report.html").is_file()
+def test_replay_names_each_planted_bug(ckpt, dumps, bug):
+    """In process, so that mutation testing's mutants reach it (the command line's own test is the next one)."""
+    from ddsim.engines import replay
+    from ddsim.engines.dump import load_dump
+    from ddsim.model.checkpoint import checkpoint_digest
+    from ddsim.trees.tree import Tree
+    rep = replay.run(ckpt, dumps[bug])
     assert [s["diagnosis"] for s in rep["steps"]] == EXPECTED[bug]
     s = rep["summary"]
     assert s["steps"] == 8 and s["requests"] == 2 and s["fast_path_kl_max"] < 1e-9
-    assert rep["provenance"]["engine"] == {"name": f"emulated-{bug or 'clean'}"}
+    p = rep["provenance"]
+    assert p["engine"] == {"name": f"emulated-{bug or 'clean'}"}
+    assert (p["model"], p["dump"], p["weights_sha256"]) == (str(ckpt), str(dumps[bug]), checkpoint_digest(ckpt))
+    dumped = load_dump(dumps[bug], vocab_size=96).steps
+    for st, d in zip(rep["steps"], dumped, strict=True):  # each node's flags and figures, node by node
+        assert [n["order_exact"] for n in st["nodes"]] == [bool(x) for x in Tree(d.parents, d.tokens).order_exact]
+        lp = torch.log_softmax(d.tensors["logits"].double(), -1)
+        for n in st["nodes"]:  # the engine's figures against its own logits: a node within noise is so in both
+            assert n["logprob_err"] < 1e-5 or n["kl"] > 1e-9, (st["step"], n)
+            top2 = lp[n["node"]].topk(2).values  # the oracle's lead, within the engine's noise where it is exact
+            assert n["kl"] > 1e-9 or abs(n["oracle_margin"] - float(top2[0] - top2[1])) < 1e-5, (st["step"], n)
     if bug is None:
         assert s["silent_corruption_steps"] == 0 and s["top1_disagreements"] == 0 and s["kl_max"] < 1e-9
         assert all(st["engine_accepted"] == st["exact_accepted"] for st in rep["steps"])
@@ -73,8 +85,9 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
         assert s["diagnosed_steps"] == sum(d != "within noise" for d in EXPECTED[bug])
     if bug == "leak":  # the leak reaches only nodes that are not order-exact, and here it changes what is accepted
         for st in rep["steps"]:
-            assert all(n["kl"] < 1e-9 for n in st["nodes"] if n["order_exact"])
-        assert s["silent_corruption_steps"] > 0 and "SILENT CORRUPTION" in r.stdout
+            assert all(n["kl"] < 1e-9 and n["logprob_err"] < 1e-5 for n in st["nodes"] if n["order_exact"])
+            assert any(n["kl"] > 1e-6 for n in st["nodes"] if not n["order_exact"])
+        assert s["silent_corruption_steps"] > 0
     if bug == "bonus":  # the accepted path is right, the emitted bonus is not: silent corruption all the same
         bad = [st for st in rep["steps"] if st["diagnosis"] == "bonus error"]
         assert all(st["engine_accepted"] == st["exact_accepted"] and st["silent_corruption"] for st in bad)
@@ -128,6 +141,22 @@ def test_replay_names_each_planted_bug(tmp_path, ckpt, dumps, bug):
                                     "5's (that batch index off by one): reproduces"), ev[2]
             assert ev[3].startswith("step 1 committed the recurrent state and conv window of node 4 in place of node "
                                     "5's (that batch index off by one), carried on, step 2 committed exactly: "), ev[3]
+
+
+@pytest.mark.parametrize("bug", [None, "leak"])
+def test_the_replay_command_reports_what_the_replay_finds(tmp_path, ckpt, dumps, bug):
+    """The command line's replay: exit 0, report.json with the diagnoses and counts of the in-process replay
+    (above), report.html beside it, and silent corruption named on stdout."""
+    from ddsim.engines import replay
+    r = run_cli("replay", "--model", ckpt, "--dump", dumps[bug], "--out", tmp_path / "r")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    here = replay.run(ckpt, dumps[bug])
+    assert [s["diagnosis"] for s in rep["steps"]] == [s["diagnosis"] for s in here["steps"]] == EXPECTED[bug]
+    counts = {k: v for k, v in here["summary"].items() if isinstance(v, int | dict)}
+    assert counts and {k: rep["summary"][k] for k in counts} == counts
+    assert (tmp_path / "r" / "report.html").is_file()
+    assert ("SILENT CORRUPTION" in r.stdout) == (bug == "leak"), r.stdout
 
 
 def test_a_dumped_committed_state_is_checked_against_the_oracles(tmp_path, ckpt):
@@ -211,9 +240,14 @@ def _nan_logits(t):
     (dict(step={"positions": [2**70] * 7}), f"step 0: position {2**70} is outside [0, "),
 ])
 def test_bad_dumps_get_one_line_and_exit_2(tmp_path, ckpt, dumps, edit, needle):
+    from ddsim.engines import replay
+    from ddsim.errors import InputError
     bad = _edit(dumps[None], tmp_path / "bad", **edit)
     one_line_error(run_cli("replay", "--model", ckpt, "--dump", bad, "--out", tmp_path / "r"), needle)
     assert not (tmp_path / "r").exists()
+    with pytest.raises(InputError) as e:  # in process too, where mutation testing's mutants reach the checks
+        replay.prepare(ckpt, bad)
+    assert needle in str(e.value)
 
 
 @pytest.fixture(scope="module")

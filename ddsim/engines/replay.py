@@ -25,7 +25,8 @@ recomputation of the step with ddsim's fast path that reproduces the engine's lo
                    or order-exact nodes wrong that no tree hypothesis reproduces; the error growing
                    across the request's steps (approximate rollback, a drifting recurrent state)
   stale state      the committed state wrong without growth (a stale recurrent block, e.g. a
-                   prefix-cache hit)
+                   prefix-cache hit); so too a dumped committed state off the oracle's where the step's
+                   logits are within noise (the engine's state, or its dump, is then not to be trusted)
   unexplained      none of the above reproduces the engine's logits
 
 A step is judged whole, beyond its logits:
@@ -250,7 +251,17 @@ class Replayer:
     def _diagnose(self, s, tree, fst, eng, mode, ref_lp, noise, expected_pos, state_rel, commits) -> tuple[str, str]:
         base = _score(_engine_error(ref_lp, eng, mode))
         worst = float(base.max())
+        off = {k: v for k, v in state_rel.items() if v > self.state_rel}
+
+        def state_off() -> str:
+            k = max(off, key=off.get)
+            return (f"the dumped committed state {k} is {off[k]:.3g} (relative) from the oracle's (bound "
+                    f"{self.state_rel:.3g}; {len(off)} tensors off)")
+
         if worst <= noise:
+            if off:  # the logits right and the dumped state not: the engine's state, or its dump, is not to be trusted
+                return "stale state", (f"{state_off()}, though the step's logits are within noise (max discrepancy "
+                                       f"{worst:.3g} <= noise {noise:.3g}): the committed state")
             return "within noise", f"max discrepancy {worst:.3g} <= noise {noise:.3g}"
 
         def fit(state=fst, **kw) -> float:
@@ -270,13 +281,10 @@ class Replayer:
                     return found("state commit error", how + ":", err)
             return None
 
-        off = {k: v for k, v in state_rel.items() if v > self.state_rel}
         if off:  # the engine dumped its committed state, and it is not the oracle's
             if (hit := committed()) is not None:
                 return hit
-            k = max(off, key=off.get)
-            return "stale state", (f"the dumped committed state {k} is {off[k]:.3g} (relative) from the oracle's "
-                                   f"(bound {self.state_rel:.3g}; {len(off)} tensors off): the committed state")
+            return "stale state", f"{state_off()}: the committed state"
 
         T = tree.size
 
