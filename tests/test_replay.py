@@ -276,6 +276,33 @@ def test_a_top_k_dump_names_each_planted_bug(ckpt, topk_dumps, bug):
         assert s["silent_corruption_steps"] > 0 and s["rounding_divergence_steps"] == 0
 
 
+@pytest.mark.parametrize("logits", ["full", "topk"])
+def test_the_html_report_says_what_the_json_says(ckpt, dumps, topk_dumps, logits):
+    """report.html, cell by cell against report.json: per step its worst node (KL, or the log-probability error of a
+    top-k dump), top-1 agreements, both accepted paths, silent corruption, diagnosis and evidence; the summary's
+    counts and the diagnoses that occur."""
+    import html
+    import re
+
+    from ddsim.engines import replay
+    rep = replay.run(ckpt, (dumps if logits == "full" else topk_dumps)["leak"])
+    page = replay.render_html(rep)
+    s, full = rep["summary"], logits == "full"
+    assert (f"{s['steps']} steps of {s['requests']} requests, {s['nodes']} nodes; silent corruption in "
+            f"<b>{s['silent_corruption_steps']}</b> steps (and 0 where") in page
+    assert f"; diagnoses: sibling leak: 8; top-1 disagreements {s['top1_disagreements']} (" in page
+    assert f"<th>{'max KL' if full else 'max log-prob error'}</th>" in page and f"{logits} logits" in page
+    rows = page.split("</th></tr>")[1].split("</table>")[0].split("<tr>")[1:]
+    assert len(rows) == len(rep["steps"]) == 8
+    for row, st in zip(rows, rep["steps"]):
+        worst = max(n["kl"] if full else n["logprob_err"] for n in st["nodes"])
+        assert re.findall(r"<td>(.*?)</td>", row) == [
+            str(st["step"]), st["request"], str(len(st["nodes"])), f"{worst:.3g}",
+            f"{sum(n['top1_agrees'] for n in st['nodes'])}/{len(st['nodes'])}", str(st["engine_accepted"]),
+            str(st["exact_accepted"]), "<b>yes</b>" if st["silent_corruption"] else "no", st["diagnosis"],
+            html.escape(st["evidence"])]
+
+
 def _replaced(t, **kw):
     """A step's tensors with some replaced."""
     return {**t, **kw}
@@ -348,6 +375,7 @@ def test_a_near_tie_a_bf16_engines_rounding_turns_is_not_silent_corruption(tmp_p
     assert s["top1_disagreements_above_noise"] == 0 and s["bonus_error_steps"] == 0
     step = next(st for st in rep["steps"] if st["rounding_divergence"])
     assert step["engine_emitted"] != step["exact_emitted"] and not step["silent_corruption"]
+    assert replay.render_html(rep).count("<td>rounding</td>") == 1  # report.html marks it apart
     # the evidence names where the walk left exact verification's, and the oracle's lead there
     i = next(j for j, (a, b) in enumerate(zip(step["engine_emitted"], step["exact_emitted"])) if a != b)
     at = step["exact_accepted"][i]
