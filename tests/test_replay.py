@@ -88,6 +88,14 @@ def test_replay_names_each_planted_bug(ckpt, dumps, bug):
             assert all(n["kl"] < 1e-9 and n["logprob_err"] < 1e-5 for n in st["nodes"] if n["order_exact"])
             assert any(n["kl"] > 1e-6 for n in st["nodes"] if not n["order_exact"])
         assert s["silent_corruption_steps"] > 0
+        assert all(st["evidence"].startswith("the flattened recurrence reproduces") for st in rep["steps"])
+    if bug == "mask":  # node 2 (the sibling of node 1) with node 1 blended in
+        assert rep["steps"][0]["evidence"].startswith("node 2's ancestor set with node 1 added reproduces"), \
+            rep["steps"][0]["evidence"]
+    if bug == "stale":  # the root already off, by its own discrepancy
+        st = rep["steps"][2]
+        assert st["evidence"] == (f"the root node is already wrong (discrepancy {st['nodes'][0]['kl']:.3g}): the "
+                                  "committed state"), st["evidence"]
     if bug == "bonus":  # the accepted path is right, the emitted bonus is not: silent corruption all the same
         bad = [st for st in rep["steps"] if st["diagnosis"] == "bonus error"]
         assert all(st["engine_accepted"] == st["exact_accepted"] and st["silent_corruption"] for st in bad)
@@ -238,6 +246,7 @@ def _nan_logits(t):
     (dict(step={"tensors": "steps/nope.safetensors"}), "tensor file 'steps/nope.safetensors' is missing"),
     (dict(step={"positions": [-1000000] * 7}), "step 0: position -1000000 is outside [0, "),
     (dict(step={"positions": [2**70] * 7}), f"step 0: position {2**70} is outside [0, "),
+    (dict(step={"positions": [256] * 7}), "step 0: position 256 is outside [0, 256) (the checkpoint's max positions)"),
 ])
 def test_bad_dumps_get_one_line_and_exit_2(tmp_path, ckpt, dumps, edit, needle):
     from ddsim.engines import replay
@@ -376,6 +385,7 @@ def test_a_near_tie_a_bf16_engines_rounding_turns_is_not_silent_corruption(tmp_p
     step = next(st for st in rep["steps"] if st["rounding_divergence"])
     assert step["engine_emitted"] != step["exact_emitted"] and not step["silent_corruption"]
     assert replay.render_html(rep).count("<td>rounding</td>") == 1  # report.html marks it apart
+    assert step["evidence"].startswith("max discrepancy "), step["evidence"]  # within noise, then the divergence
     # the evidence names where the walk left exact verification's, and the oracle's lead there
     i = next(j for j, (a, b) in enumerate(zip(step["engine_emitted"], step["exact_emitted"])) if a != b)
     at = step["exact_accepted"][i]

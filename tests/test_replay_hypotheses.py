@@ -84,6 +84,17 @@ def test_a_node_that_does_not_attend_to_the_root_is_a_mask_error(tmp_path, ckpt,
         evidence
 
 
+def test_a_node_that_attends_to_a_later_sibling_is_a_mask_error(tmp_path, ckpt, model):
+    """Node 1 with its sibling, node 2, in its ancestor set: a node after it in batch order, added."""
+    context, state, tree = _setup(model)
+    anc = tree.ancestor_mask.copy()
+    anc[1, 2] = True
+    logits = model.verify(state, tree, ancestor_mask=anc).logits
+    diagnosis, evidence = _one(_replay(ckpt, tmp_path / "d", [dict(context=context, tree=tree, logits=logits)]))
+    assert diagnosis == "mask error" and evidence.startswith("node 1's ancestor set with node 2 added reproduces"), \
+        evidence
+
+
 @pytest.mark.parametrize("first, diagnosis", [(2, "unexplained"), (1, "stale state")])
 def test_errors_no_hypothesis_reproduces(tmp_path, ckpt, model, first, diagnosis):
     """Noise on nodes first.. of an 11-node tree, the root right: where none of them is order-exact (only nodes 0
