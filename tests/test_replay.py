@@ -285,22 +285,28 @@ def test_a_top_k_dump_names_each_planted_bug(ckpt, topk_dumps, bug):
         assert s["silent_corruption_steps"] > 0 and s["rounding_divergence_steps"] == 0
 
 
-@pytest.mark.parametrize("logits", ["full", "topk"])
-def test_the_html_report_says_what_the_json_says(ckpt, dumps, topk_dumps, logits):
+@pytest.mark.parametrize("logits, bug", [("full", "leak"), ("topk", "drift")])
+def test_the_html_report_says_what_the_json_says(ckpt, dumps, topk_dumps, logits, bug):
     """report.html, cell by cell against report.json: per step its worst node (KL, or the log-probability error of a
-    top-k dump), top-1 agreements, both accepted paths, silent corruption, diagnosis and evidence; the summary's
-    counts and the diagnoses that occur."""
+    top-k dump), top-1 agreements, both accepted paths, silent corruption, diagnosis and evidence; the engine, the
+    checkpoint's digest, the summary's counts and the diagnoses that occur."""
     import html
     import re
 
     from ddsim.engines import replay
-    rep = replay.run(ckpt, (dumps if logits == "full" else topk_dumps)["leak"])
+    rep = replay.run(ckpt, (dumps if logits == "full" else topk_dumps)[bug])
     page = replay.render_html(rep)
     s, full = rep["summary"], logits == "full"
+    assert f"<h1>ddsim replay: emulated-{bug}</h1>" in page
+    assert f"(sha256 {rep['provenance']['weights_sha256'][:16]}…)" in page
     assert (f"{s['steps']} steps of {s['requests']} requests, {s['nodes']} nodes; silent corruption in "
             f"<b>{s['silent_corruption_steps']}</b> steps (and 0 where") in page
-    assert f"; diagnoses: sibling leak: 8; top-1 disagreements {s['top1_disagreements']} (" in page
-    assert f"<th>{'max KL' if full else 'max log-prob error'}</th>" in page and f"{logits} logits" in page
+    occur = {"leak": "sibling leak: 8", "drift": "within noise: 2, state drift: 6"}[bug]
+    assert f"; diagnoses: {occur}; top-1 disagreements {s['top1_disagreements']} (" in page
+    assert re.findall(r"<th>(.*?)</th>", page) == [
+        "step", "request", "nodes", "max KL" if full else "max log-prob error", "top-1 agree", "engine accepted",
+        "exact accepts", "silent corruption", "diagnosis", "evidence"]
+    assert f"{logits} logits" in page
     rows = page.split("</th></tr>")[1].split("</table>")[0].split("<tr>")[1:]
     assert len(rows) == len(rep["steps"]) == 8
     for row, st in zip(rows, rep["steps"]):
