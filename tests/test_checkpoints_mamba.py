@@ -90,8 +90,9 @@ def assert_reference_norms_each_group(arch: str, hf) -> None:
     if arch not in GROUPED_NORM:
         return
     norms = [m for m in hf.modules() if type(m).__name__.endswith("RMSNormGated")]
+    assert norms, f"transformers {transformers.__version__}'s {arch} has no module named *RMSNormGated to check"
     inner = MAMBA["mamba_n_heads"] * MAMBA["mamba_d_head"]
-    assert norms and all(getattr(m, "group_size", None) == inner // MAMBA["mamba_n_groups"] for m in norms), (
+    assert all(getattr(m, "group_size", None) == inner // MAMBA["mamba_n_groups"] for m in norms), (
         f"transformers {transformers.__version__} normalizes {arch}'s gated RMSNorm over its whole inner width, not "
         f"over each of its {MAMBA['mamba_n_groups']} groups as mamba_ssm and ddsim do (so does every transformers "
         f"before 5.23): the reference needs transformers>=5.23, pyproject's test extra")
