@@ -73,25 +73,16 @@ def test_a_shift_on_a_chain_is_found_past_the_tree_own_positions(tmp_path, ckpt,
     assert diagnosis == "position error" and evidence.startswith("positions shifted by -3 reproduces"), evidence
 
 
-def test_a_node_that_does_not_attend_to_the_root_is_a_mask_error(tmp_path, ckpt, model):
-    """The root right and node 1 wrong (its ancestor set without the root): a tree bug, named by the removal."""
+@pytest.mark.parametrize("j, kind", [(0, "removed"), (2, "added")])
+def test_one_node_off_in_a_nodes_ancestor_set_is_a_mask_error(tmp_path, ckpt, model, j, kind):
+    """The root right and node 1 wrong: its ancestor set without the root (removed), or with its sibling node 2, a
+    node after it in batch order (added). A tree bug, named by the node and how."""
     context, state, tree = _setup(model)
     anc = tree.ancestor_mask.copy()
-    anc[1, 0] = False
+    anc[1, j] = not anc[1, j]
     logits = model.verify(state, tree, ancestor_mask=anc).logits
     diagnosis, evidence = _one(_replay(ckpt, tmp_path / "d", [dict(context=context, tree=tree, logits=logits)]))
-    assert diagnosis == "mask error" and evidence.startswith("node 1's ancestor set with node 0 removed reproduces"), \
-        evidence
-
-
-def test_a_node_that_attends_to_a_later_sibling_is_a_mask_error(tmp_path, ckpt, model):
-    """Node 1 with its sibling, node 2, in its ancestor set: a node after it in batch order, added."""
-    context, state, tree = _setup(model)
-    anc = tree.ancestor_mask.copy()
-    anc[1, 2] = True
-    logits = model.verify(state, tree, ancestor_mask=anc).logits
-    diagnosis, evidence = _one(_replay(ckpt, tmp_path / "d", [dict(context=context, tree=tree, logits=logits)]))
-    assert diagnosis == "mask error" and evidence.startswith("node 1's ancestor set with node 2 added reproduces"), \
+    assert diagnosis == "mask error" and evidence.startswith(f"node 1's ancestor set with node {j} {kind} reproduces"), \
         evidence
 
 

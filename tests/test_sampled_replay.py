@@ -27,7 +27,7 @@ def dumps(ckpt, tmp_path_factory):
     return out
 
 
-def _replay(tmp_path, ckpt, dump):
+def _replay(ckpt, dump):
     """The replay's report, in process (where mutation testing's mutants reach it)."""
     from ddsim.engines import replay
     return replay.run(ckpt, dump)
@@ -37,7 +37,7 @@ def test_a_clean_sampled_engine_passes_replay_and_the_gate(tmp_path, ckpt, dumps
     r = run_cli("replay", "--model", ckpt, "--dump", dumps[None], "--out", tmp_path / "r")
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert [st["diagnosis"] for st in rep["steps"]] == [st["diagnosis"] for st in _replay(tmp_path, ckpt, dumps[None])["steps"]]
+    assert [st["diagnosis"] for st in rep["steps"]] == [st["diagnosis"] for st in _replay(ckpt, dumps[None])["steps"]]
     assert rep["provenance"]["acceptance"] == SAMPLER
     s = rep["summary"]
     assert s["steps"] == 12 and s["silent_corruption_steps"] == 0 and s["diagnosed_steps"] == 0
@@ -46,18 +46,18 @@ def test_a_clean_sampled_engine_passes_replay_and_the_gate(tmp_path, ckpt, dumps
     assert g.returncode == 0, g.stdout + g.stderr
 
 
-def test_the_sampled_leak_is_diagnosed_and_corrupts_the_output(tmp_path, ckpt, dumps):
-    rep = _replay(tmp_path, ckpt, dumps["leak"])
+def test_the_sampled_leak_is_diagnosed_and_corrupts_the_output(ckpt, dumps):
+    rep = _replay(ckpt, dumps["leak"])
     assert {st["diagnosis"] for st in rep["steps"]} == {"sibling leak"}
     assert rep["summary"]["silent_corruption_steps"] >= 1  # the rule on the leaked distributions emitted otherwise
     assert run_cli("gate", "--policy", "hybrid-unsafe", "--dump", dumps["leak"], "--model", ckpt).returncode == 1
 
 
-def test_a_sampled_engines_wrong_commit_is_named(tmp_path, ckpt, dumps):
+def test_a_sampled_engines_wrong_commit_is_named(ckpt, dumps):
     """The recurrent state committed at the path's length as a batch index, under sampling: each step after one whose
     accepted path left batch order starts from the wrong state, and is named so (the commit hypotheses do not depend
     on the acceptance rule)."""
-    rep = _replay(tmp_path, ckpt, dumps["commit-state"])
+    rep = _replay(ckpt, dumps["commit-state"])
     diagnoses = [st["diagnosis"] for st in rep["steps"]]
     assert set(diagnoses) == {"within noise", "state commit error"} and diagnoses[0] == diagnoses[6] == "within noise"
     for st in rep["steps"]:  # wrong exactly where an earlier step of the request left batch order
@@ -68,8 +68,8 @@ def test_a_sampled_engines_wrong_commit_is_named(tmp_path, ckpt, dumps):
 
 
 @pytest.mark.parametrize("bug, steps", [("rule", None), ("coins", [1, 7])])
-def test_an_engine_off_its_declared_rule_is_named(tmp_path, ckpt, dumps, bug, steps):
-    rep = _replay(tmp_path, ckpt, dumps[bug])
+def test_an_engine_off_its_declared_rule_is_named(ckpt, dumps, bug, steps):
+    rep = _replay(ckpt, dumps[bug])
     wrong = [st["step"] for st in rep["steps"] if st["diagnosis"] == "bonus error"]
     assert wrong and (steps is None or wrong == steps)
     assert all("its declared rule sglang on its own logits and random numbers emits" in st["evidence"]
