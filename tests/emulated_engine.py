@@ -22,6 +22,8 @@ Bugs (one per engine):
   drift         noise added to the committed recurrent state, one more of its scale every step
                 (an approximate rollback that drifts)
   stale         at step 2 the GDN state and conv window are the previous step's (a stale cache block)
+  dump-stale    at step 2 the dumped committed state (ssm.L, conv.L) is the previous step's while the verify reads
+                the right one (the dump reads a stale buffer): the logits are right, the dumped state is not
   bonus         at step 1 the bonus emitted is the runner-up of the engine's own logits, not their argmax
   accept        at step 1 the engine stops a node short of its own greedy walk and emits its argmax there as
                 the bonus (an acceptance test off by one node); it commits what it emitted
@@ -50,8 +52,9 @@ from ddsim.engines.dump import VerifyDumpWriter
 from ddsim.engines.replay_verdict import greedy_walk
 from ddsim.trees.tree import Tree
 
-BUGS = (None, "leak", "leak-state", "leak-conv", "positions", "shift", "mask", "causal", "flat", "drift", "stale", "bonus",
-        "accept", "commit", "root", "commit-state", "commit-kv", "commit-once", "commit-norollback", "rule", "coins")
+BUGS = (None, "leak", "leak-state", "leak-conv", "positions", "shift", "mask", "causal", "flat", "drift", "stale",
+        "dump-stale", "bonus", "accept", "commit", "root", "commit-state", "commit-kv", "commit-once",
+        "commit-norollback", "rule", "coins")
 
 
 def _continuation(model, state, root: int, depth: int) -> torch.Tensor:
@@ -170,8 +173,9 @@ class EmulatedEngine:
                 bonus = int(res.logits[path[-1]].argmax())
             states = {}
             if self.dump_states:  # the engine's committed recurrent state and conv window before the step
+                dumped_state = previous if self.bug == "dump-stale" and k == 2 else state
                 for i in m.cfg.recurrent_layers:
-                    states[f"ssm.{i}"], states[f"conv.{i}"] = state.ssm[i], state.conv[i]
+                    states[f"ssm.{i}"], states[f"conv.{i}"] = dumped_state.ssm[i], dumped_state.conv[i]
             dumped = {"logits": res.logits}
             if self.topk:  # the engine's k most likely tokens per node, most likely first, as log-probabilities
                 top = torch.log_softmax(res.logits.float(), -1).topk(self.topk, dim=-1)

@@ -59,3 +59,31 @@ def test_replay_at_a_serving_shape_names_each_planted_bug(tmp_path, served, bug)
             "commit-state": "the accepted path's length read as a batch index", "commit-kv": "the KV rows in batch order",
             "commit-norollback": "the KV never rolled back"}[bug]) for s in steps[2:]), [s["evidence"] for s in steps]
     assert json.loads(json.dumps(rep)) == rep  # the report as written
+
+
+@pytest.mark.parametrize("bug", [None, "dump-stale"])
+def test_a_dumped_committed_state_at_a_serving_shape(tmp_path, served, bug):
+    """The engine's committed recurrent state and conv window in the dump, at the same shape: a clean engine's are
+    within fp32 noise of the oracle's at every step. An engine whose dump at step 2 holds the previous step's state
+    while its verify reads the right one has logits within noise there, and the step is still stale state: the
+    gate refuses the dump."""
+    from ddsim.engines import replay
+    ckpt, model = served
+    write_dump(tmp_path / "dump", model, bug=bug, dump_states=True, prompts=((3, 1, 4, 1, 5),), steps=4, depth=8,
+               ddtree=(64, 8))
+    rep = replay.run(ckpt, tmp_path / "dump")
+    steps = rep["steps"]
+    rel = [s["state_rel_max"] for s in steps]
+    assert [len(s["nodes"]) for s in steps] == [65] * 4 and None not in rel
+    assert max(n["kl"] for s in steps for n in s["nodes"]) < 1e-9  # the logits within noise, the planted step too
+    if bug is None:
+        assert max(rel) < 1e-5 and [s["diagnosis"] for s in steps] == ["within noise"] * 4
+        return
+    assert [s["diagnosis"] for s in steps] == ["within noise", "within noise", "stale state", "within noise"]
+    assert max(rel[:2] + rel[3:]) < 1e-5 and rel[2] > 1e-2, rel
+    assert steps[2]["evidence"].startswith("the dumped committed state "), steps[2]["evidence"]
+    assert "though the step's logits are within noise" in steps[2]["evidence"], steps[2]["evidence"]
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", tmp_path / "dump", "--model", ckpt)
+    assert g.returncode == 1, g.stdout + g.stderr
+    assert [l.split(":")[0] for l in g.stdout.splitlines() if l.startswith("VIOLATED")] == \
+        ["VIOLATED diagnosed_steps"], g.stdout
