@@ -36,6 +36,8 @@ Bugs (one per engine):
                 path's; the recurrent state is right
   commit-once   at step 1 alone the recurrent state and conv window are committed at node len(path) (that batch
                 index off by one)
+  commit-node   every step commits the recurrent state and conv window of the tree's last node, T - 1, a
+                rejected sibling no commit rule of the replay names (found by its search); the KV is right
   commit-norollback  the KV rows of every node of the tree stay in the cache after each step (the rejected ones
                 included, in batch order); positions still count the committed tokens
 For the tree bugs and the stale read the engine commits from an exact verify, so each step shows
@@ -54,7 +56,7 @@ from ddsim.trees.tree import Tree
 
 BUGS = (None, "leak", "leak-state", "leak-conv", "positions", "shift", "mask", "causal", "flat", "drift", "stale",
         "dump-stale", "bonus", "accept", "commit", "root", "commit-state", "commit-kv", "commit-once",
-        "commit-norollback", "rule", "coins")
+        "commit-node", "commit-norollback", "rule", "coins")
 
 
 def _continuation(model, state, root: int, depth: int) -> torch.Tensor:
@@ -191,7 +193,8 @@ class EmulatedEngine:
             if self.bug == "commit" and k == 1 and len(path) > 1:  # the sibling after the last accepted node
                 committed = path[:-1] + [path[-1] + 1]
             new = m.commit(state, tree, res, committed[-1])
-            x = {"commit-state": len(path) - 1, "commit-once": len(path) if k == 1 else None}.get(self.bug)
+            x = {"commit-state": len(path) - 1, "commit-once": len(path) if k == 1 else None,
+                 "commit-node": T - 1}.get(self.bug)
             if x is not None:  # the recurrent state and conv window of another node
                 for i in m.cfg.recurrent_layers:
                     new.ssm[i], new.conv[i] = res.ssm[i][x].clone(), res.conv[i][x].clone()

@@ -41,6 +41,9 @@ EXPECTED = {
     "commit-norollback": (["within noise"] + ["state commit error"] * 3) * 2,
     # step 1 alone commits node len(path)'s recurrent state; step 3 inherits it
     "commit-once": ["within noise", "within noise", "state commit error", "state commit error"] * 2,
+    # every step commits the recurrent state of node 6, a rejected sibling no rule names: found by the search, then
+    # carried step by step
+    "commit-node": (["within noise"] + ["state commit error"] * 3) * 2,
 }
 
 
@@ -124,7 +127,8 @@ def test_replay_names_each_planted_bug(ckpt, dumps, bug):
         ev = next(st["evidence"] for st in rep["steps"] if st["diagnosis"] == "commit error")
         assert ("is not step 1's context plus what that step committed" in ev if bug == "commit"
                 else "is not step 1's bonus" in ev), ev
-    if bug in ("commit-state", "commit-kv", "commit-norollback", "commit-once"):  # the context continues, the state not
+    if bug in ("commit-state", "commit-kv", "commit-norollback", "commit-once", "commit-node"):  # the context
+        # continues, the state not
         assert s["commit_error_steps"] == 0 and s["diagnoses"]["state commit error"] == 6 - 2 * (bug == "commit-once")
         ev = [st["evidence"] for st in rep["steps"][:4]]
         if bug == "commit-state":  # len(path) - 1 is also the last node's parent on this tree: both named
@@ -144,6 +148,15 @@ def test_replay_names_each_planted_bug(ckpt, dumps, bug):
                                     "[0, 1, 3, 5] (the KV rows in batch order): reproduces"), ev[1]
             assert ev[2].startswith("every step committed by the KV rows in batch order (other than the accepted "
                                     "path's at steps 0, 1): reproduces"), ev[2]
+        elif bug == "commit-node":
+            assert ev[1].startswith("step 0 committed the recurrent state and conv window of node 6 in place of node "
+                                    "5's (a node no rule names, found by search): reproduces"), ev[1]
+            for k in (2, 3):
+                assert ev[k].startswith("step 0 committed the recurrent state and conv window of node 6 in place of "
+                                        "node 5's (a node no rule names, found by search), carried on, and step "
+                                        f"{k - 1} committed the recurrent state and conv window of node 6 in place of "
+                                        "node "), ev[k]
+                assert "(a node no rule names, found by search): reproduces" in ev[k], ev[k]
         else:
             assert ev[2].startswith("step 1 committed the recurrent state and conv window of node 4 in place of node "
                                     "5's (that batch index off by one): reproduces"), ev[2]

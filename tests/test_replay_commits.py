@@ -29,6 +29,17 @@ def test_what_each_rule_commits(path, T, want):
     assert [rc.what(r, path, T) for r in rc.RULES] == want
 
 
+@pytest.mark.parametrize("path, T, want", [
+    ([0, 1, 3, 5], 7, [0, 1, 2, 6]),  # the rules name 3 and 4, the path ends at 5
+    ([0, 2, 6], 7, [0, 1, 4, 5]),
+    ([0], 7, [2, 3, 4, 5, 6]),  # one past the batch index is node 1
+    ([0, 1, 2, 3], 4, [0, 1]),
+    ([0], 1, []),
+])
+def test_the_nodes_the_search_tries(path, T, want):
+    assert rc.unnamed(path, T) == want
+
+
 def test_the_words_of_a_commit():
     assert rc.words((3, (0, 1, 3, 5)), PATH) == "the recurrent state and conv window of node 3 in place of node 5's"
     assert rc.words((5, (0, 1, 2, 3)), PATH) == ("the KV rows of nodes [0, 1, 2, 3] in place of the accepted path's "
@@ -108,11 +119,11 @@ def test_the_chain_commits_every_step_and_extends_its_longest_known_prefix(model
 
 def test_the_hypotheses_in_the_order_tried(model):
     """The previous step alone, fewest wrong commits first, rules that commit the same nodes named together; then
-    every step; then the diagnosed state carried on. A rule that commits the accepted path at every step is no
-    hypothesis."""
+    every step; then the diagnosed state carried on; last, the search, from the exact state and then the carried one.
+    A rule that commits the accepted path at every step is no hypothesis."""
     st = model.prefill([3, 1, 4])[0]
     rec = rc.RequestCommits(start=st, next_context=[], steps=[(0, PAIRS, [0]), (1, PAIRS, PATH)], last_exact=st)
-    hows = [h for h, _, _ in rc.hypotheses(model, rec)]
+    hows_alone = hows = [h for h, _, _ in rc.hypotheses(model, rec)]
     assert hows == [
         "step 1 committed the recurrent state and conv window of node 3 in place of node 5's (the accepted path's "
         "length read as a batch index or the last accepted node's parent, an accept length off by one)",
@@ -126,10 +137,11 @@ def test_the_hypotheses_in_the_order_tried(model):
         # at step 0 (nothing accepted) only one past the batch index and no rollback differ: the rules tried at every step
         "every step committed by that batch index off by one (other than the accepted path's at steps 0, 1)",
         "every step committed by the KV never rolled back (other than the accepted path's at steps 0, 1)",
-    ]
+    ] + SEARCH
     rec.diagnosed = (1, st, "ORIGIN")
     hows = [h for h, _, _ in rc.hypotheses(model, rec)]
-    assert hows[7:] == [
+    assert hows[:7] + hows[13:17] == hows_alone
+    assert hows[7:13] == [
         "ORIGIN, carried on, step 1 committed exactly",
         "ORIGIN, carried on, and step 1 committed the recurrent state and conv window of node 3 in place of node 5's "
         "(the accepted path's length read as a batch index or the last accepted node's parent, an accept length off by one)",
@@ -141,13 +153,15 @@ def test_the_hypotheses_in_the_order_tried(model):
         "the KV rows of nodes [0, 1, 2, 3] in place of the accepted path's [0, 1, 3, 5] (the tree committed as a chain)",
         "ORIGIN, carried on, and step 1 committed the KV rows of nodes 0..6 in place of the accepted path's [0, 1, 3, 5] "
         "(the KV never rolled back)"]
-    assert all(o == "ORIGIN" for _, _, o in list(rc.hypotheses(model, rec))[7:])
+    assert hows[17:] == [f"ORIGIN, carried on, and {h}" for h in SEARCH]
+    assert [o for _, _, o in rc.hypotheses(model, rec)] == hows[:7] + ["ORIGIN"] * 6 + SEARCH + ["ORIGIN"] * 4
     rec.diagnosed = (0, st, "ORIGIN")  # diagnosed at an earlier step than the last: not carried
-    assert len(list(rc.hypotheses(model, rec))) == 7
+    assert [h for h, _, _ in rc.hypotheses(model, rec)] == hows_alone
     # the states: the first is step 1 alone committed at node 3 from the exact state before it
-    (_, s0, o0), *_ = rc.hypotheses(model, rec)
+    (_, s0, o0), *_, (_, s_last, _) = rc.hypotheses(model, rec)
     assert _same(s0, rc.commit_as(model, state=st, tree=PAIRS, path=PATH, commit=(3, (0, 1, 3, 5)))) and o0.startswith(
         "step 1 committed")
+    assert _same(s_last, rc.commit_as(model, state=st, tree=PAIRS, path=PATH, commit=(6, (0, 1, 3, 5))))  # searched
     assert list(rc.hypotheses(model, rc.RequestCommits(start=st, next_context=[]))) == []
     # nothing accepted at the last step: only one past the batch index commits other than the path there; rules that
     # agree at every step are named together
@@ -160,7 +174,14 @@ def test_the_hypotheses_in_the_order_tried(model):
         "every step committed by that batch index off by one (other than the accepted path's at steps 0, 1)",
         "every step committed by the KV rows in batch order (other than the accepted path's at steps 0)",
         "every step committed by the tree committed as a chain (other than the accepted path's at steps 0)",
-        "every step committed by the KV never rolled back (other than the accepted path's at steps 0, 1)"]
+        "every step committed by the KV never rolled back (other than the accepted path's at steps 0, 1)"] + [
+        f"step 1 committed the recurrent state and conv window of node {j} in place of node 0's (a node no rule names, "
+        "found by search)" for j in (2, 3, 4, 5, 6)]
+
+
+# the search after PATH on PAIRS: the nodes no rule names, the KV the path's
+SEARCH = [f"step 1 committed the recurrent state and conv window of node {j} in place of node 5's (a node no rule names, "
+          "found by search)" for j in (0, 1, 2, 6)]
 
 
 def test_the_previous_step_is_verified_once_per_state_it_is_tried_from(model, monkeypatch):
@@ -173,5 +194,5 @@ def test_the_previous_step_is_verified_once_per_state_it_is_tried_from(model, mo
     calls = []
     real = model.verify
     monkeypatch.setattr(model, "verify", lambda state, tree, **kw: calls.append(state) or real(state, tree, **kw))
-    assert len(list(rc.hypotheses(model, rec))) == 13  # 5 alone, 2 at every step, 6 carried on
+    assert len(list(rc.hypotheses(model, rec))) == 21  # 5 alone, 2 at every step, 6 carried on, 4 + 4 searched
     assert sum(c is last for c in calls) == 1 and sum(c is before for c in calls) == 1

@@ -16,7 +16,12 @@ Each rule is tried at the previous step alone, at every step of the request so f
 step compounds), and from the state diagnosed at the previous step (a wrong commit's state carried on): the first
 that reproduces the engine is its diagnosis, so where the state forgets fast (a Mamba2 state can) the fewest
 wrong commits that do are named.
-Rules that commit the same nodes give the same state and are tried, and named, together."""
+Rules that commit the same nodes give the same state and are tried, and named, together.
+
+Last, where no rule reproduces the engine, the recurrent state and conv window of every other node of the previous
+step's tree are tried (its KV the accepted path's), from the exact state and from the state diagnosed there: a wrong
+node no rule names, found by search, one verify each. An engine that commits such a node every step is followed
+step by step through the carried state."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -121,8 +126,9 @@ class RequestCommits:
 def hypotheses(model, rec: RequestCommits):
     """(how, state, origin) to try for the next step of ``rec``'s request, fewest wrong commits first: each rule at
     the previous step alone; each rule at every step so far (where it differs from the exact commit at an earlier
-    step too); the state diagnosed at the previous step carried on, that step committed exactly, then by each rule.
-    ``origin``: the first wrong commit's words, which a carried state keeps."""
+    step too); the state diagnosed at the previous step carried on, that step committed exactly, then by each rule;
+    last, the search (every node no rule names, from the exact state, then from the carried one). ``origin``: the
+    first wrong commit's words, which a carried state keeps."""
     if not rec.steps:
         return
     step, tree, path = rec.steps[-1]
@@ -131,7 +137,8 @@ def hypotheses(model, rec: RequestCommits):
     for rule in RULES:
         once.setdefault(what(rule, path, T), []).append(rule)
     once.pop(exact, None)
-    if once:  # one verify of the previous step, every rule's commit taken from it
+    searched = [(j, tuple(path)) for j in unnamed(path, T)]  # the search's commits: the KV the path's
+    if once or searched:  # one verify of the previous step, every rule's commit and the search's taken from it
         res = model.verify(rec.last_exact, tree)
     for c, rules in once.items():
         how = f"step {step} committed {words(c, path)} ({_why(rules)})"
@@ -144,14 +151,29 @@ def hypotheses(model, rec: RequestCommits):
         if at and at != [step]:
             how = f"every step committed by {_why(rules)} (other than the accepted path's at steps {', '.join(map(str, at))})"
             yield how, rec.chained(model, commits), how
-    if rec.diagnosed is not None and rec.diagnosed[0] == step:
+    carried = rec.diagnosed is not None and rec.diagnosed[0] == step
+    if carried:
         _, before, origin = rec.diagnosed
-        res = model.verify(before, tree)  # the previous step from the state diagnosed there, shared likewise
+        res_before = model.verify(before, tree)  # the previous step from the state diagnosed there, shared likewise
         yield (f"{origin}, carried on, step {step} committed exactly",
-               commit_as(model, state=before, tree=tree, path=path, commit=exact, res=res), origin)
+               commit_as(model, state=before, tree=tree, path=path, commit=exact, res=res_before), origin)
         for c, rules in once.items():
             yield (f"{origin}, carried on, and step {step} committed {words(c, path)} ({_why(rules)})",
-                   commit_as(model, state=before, tree=tree, path=path, commit=c, res=res), origin)
+                   commit_as(model, state=before, tree=tree, path=path, commit=c, res=res_before), origin)
+    for c in searched:  # last, the search: every node's recurrent state the rules do not name
+        how = f"step {step} committed {words(c, path)} (a node no rule names, found by search)"
+        yield how, commit_as(model, state=rec.last_exact, tree=tree, path=path, commit=c, res=res), how
+    if carried:
+        for c in searched:
+            yield (f"{origin}, carried on, and step {step} committed {words(c, path)} (a node no rule names, found "
+                   "by search)", commit_as(model, state=before, tree=tree, path=path, commit=c, res=res_before), origin)
+
+
+def unnamed(path: list[int], T: int) -> list[int]:
+    """The nodes of a tree of T nodes whose recurrent state no rule commits after the accepted ``path``, nor the
+    exact commit: the search's candidates, in batch order."""
+    named = {path[-1]} | {what(rule, path, T)[0] for rule in RULES}
+    return [j for j in range(T) if j not in named]
 
 
 def _why(rules) -> str:
