@@ -177,6 +177,11 @@ def test_the_hypotheses_in_the_order_tried(model):
         "every step committed by the KV never rolled back (other than the accepted path's at steps 0, 1)"] + [
         f"step 1 committed the recurrent state and conv window of node {j} in place of node 0's (a node no rule names, "
         "found by search)" for j in (2, 3, 4, 5, 6)]
+    # a chain of two accepted whole: the rules name every node, so nothing is searched; the parent is still tried
+    rec = rc.RequestCommits(start=st, next_context=[], steps=[(0, Tree([-1, 0], [5, 6]), [0, 1])], last_exact=st)
+    assert [h for h, _, _ in rc.hypotheses(model, rec)] == [
+        "step 0 committed the recurrent state and conv window of node 0 in place of node 1's (the last accepted node's "
+        "parent, an accept length off by one)"]
 
 
 # the search after PATH on PAIRS: the nodes no rule names, the KV the path's
