@@ -164,6 +164,21 @@ def test_replay_names_each_planted_bug(ckpt, dumps, bug):
                                     "5's (that batch index off by one), carried on, step 2 committed exactly: "), ev[3]
 
 
+def test_the_commit_search_runs_once_per_run_of_unreproduced_states(ckpt, dumps, monkeypatch):
+    """A drifting engine: each request's steps 1-3 have a wrong state no hypothesis reproduces. The search over
+    every node runs at step 1 alone (after step 0, whose state was right), not after a step whose state it could not
+    reproduce; a wrong node committed every step is searched at each step, each found."""
+    from ddsim.engines import replay, replay_commits
+    calls = []
+    real = replay_commits.unnamed
+    monkeypatch.setattr(replay_commits, "unnamed", lambda path, T: calls.append(T) or real(path, T))
+    assert [s["diagnosis"] for s in replay.run(ckpt, dumps["drift"])["steps"]] == EXPECTED["drift"]
+    assert calls == [7, 7]
+    calls.clear()
+    assert [s["diagnosis"] for s in replay.run(ckpt, dumps["commit-node"])["steps"]] == EXPECTED["commit-node"]
+    assert calls == [7] * 6
+
+
 @pytest.mark.parametrize("bug", [None, "leak"])
 def test_the_replay_command_reports_what_the_replay_finds(tmp_path, ckpt, dumps, bug):
     """The command line's replay: exit 0, report.json with the diagnoses and counts of the in-process replay

@@ -157,6 +157,10 @@ def test_the_hypotheses_in_the_order_tried(model):
     assert [o for _, _, o in rc.hypotheses(model, rec)] == hows[:7] + ["ORIGIN"] * 6 + SEARCH + ["ORIGIN"] * 4
     rec.diagnosed = (0, st, "ORIGIN")  # diagnosed at an earlier step than the last: not carried
     assert [h for h, _, _ in rc.hypotheses(model, rec)] == hows_alone
+    rec.unreproduced = 1  # the last step's wrong state reproduced by nothing: no search after it
+    assert [h for h, _, _ in rc.hypotheses(model, rec)] == hows_alone[:7]
+    rec.unreproduced = 0  # an earlier step's: searched
+    assert [h for h, _, _ in rc.hypotheses(model, rec)] == hows_alone
     # the states: the first is step 1 alone committed at node 3 from the exact state before it
     (_, s0, o0), *_, (_, s_last, _) = rc.hypotheses(model, rec)
     assert _same(s0, rc.commit_as(model, state=st, tree=PAIRS, path=PATH, commit=(3, (0, 1, 3, 5)))) and o0.startswith(

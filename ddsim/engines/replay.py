@@ -279,6 +279,7 @@ class Replayer:
                 if err <= noise:
                     commits.diagnosed = (s.step, state, origin)
                     return found("state commit error", how + ":", err)
+            commits.unreproduced = s.step  # the next step's hypotheses leave the search out (replay_commits)
             return None
 
         if off:  # the engine dumped its committed state, and it is not the oracle's

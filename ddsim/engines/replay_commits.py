@@ -21,7 +21,9 @@ Rules that commit the same nodes give the same state and are tried, and named, t
 Last, where no rule reproduces the engine, the recurrent state and conv window of every other node of the previous
 step's tree are tried (its KV the accepted path's), from the exact state and from the state diagnosed there: a wrong
 node no rule names, found by search, one verify each. An engine that commits such a node every step is followed
-step by step through the carried state."""
+step by step through the carried state. Where the previous step's own committed state was wrong and nothing
+reproduced it, the search is not run again: it assumes the exact state before that step, which that step put in
+doubt, and a drifting engine would pay a verify per node at every step of its dump."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -107,6 +109,7 @@ class RequestCommits:
     last_exact: ModelState | None = None
     chains: dict = field(default_factory=dict)  # per-step commits (a tuple of what() per step) -> the state after
     diagnosed: tuple | None = None  # (step number, the state before it, origin) of the last step, where one fitted
+    unreproduced: int | None = None  # the last step whose committed state was wrong and no hypothesis reproduced
 
     def chained(self, model, commits: tuple) -> ModelState:
         """The state before the next step had step i committed ``commits[i]``, for every step so far."""
@@ -137,7 +140,8 @@ def hypotheses(model, rec: RequestCommits):
     for rule in RULES:
         once.setdefault(what(rule, path, T), []).append(rule)
     once.pop(exact, None)
-    searched = [(j, tuple(path)) for j in unnamed(path, T)]  # the search's commits: the KV the path's
+    # the search's commits, the KV the path's; none after a step whose wrong state nothing reproduced
+    searched = [] if rec.unreproduced == step else [(j, tuple(path)) for j in unnamed(path, T)]
     if once or searched:  # one verify of the previous step, every rule's commit and the search's taken from it
         res = model.verify(rec.last_exact, tree)
     for c, rules in once.items():
