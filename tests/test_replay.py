@@ -179,6 +179,26 @@ def test_the_commit_search_runs_once_per_run_of_unreproduced_states(ckpt, dumps,
     assert calls == [7] * 6
 
 
+def test_commit_hypotheses_are_screened_by_their_root(ckpt, dumps, monkeypatch):
+    """Each commit hypothesis is verified on its root alone first, and the whole tree only where the root is within
+    the screen's margin: the same diagnoses and evidence as with no screen, in fewer verifies of the whole tree."""
+    from ddsim.engines import replay
+    from ddsim.model.model import HybridModel
+    real, margin = HybridModel.verify, replay.ROOT_SCREEN
+    for bug in ("commit-node", "drift", "commit-state"):
+        runs = []
+        for screen in (margin, float("inf")):
+            sizes = []
+            monkeypatch.setattr(replay, "ROOT_SCREEN", screen)
+            monkeypatch.setattr(HybridModel, "verify", lambda self, state, tree, *a, **kw: sizes.append(tree.size)
+                                or real(self, state, tree, *a, **kw))
+            rep = replay.run(ckpt, dumps[bug])
+            runs.append(([(s["diagnosis"], s["evidence"]) for s in rep["steps"]], sizes.count(7), sizes.count(1)))
+        (screened, whole, roots), (unscreened, whole_all, roots_all) = runs
+        assert screened == unscreened and roots == roots_all > 0, bug
+        assert whole < whole_all, (bug, whole, whole_all)
+
+
 @pytest.mark.parametrize("bug", [None, "leak"])
 def test_the_replay_command_reports_what_the_replay_finds(tmp_path, ckpt, dumps, bug):
     """The command line's replay: exit 0, report.json with the diagnoses and counts of the in-process replay

@@ -23,6 +23,7 @@ EXPECTED = {
     "commit-kv": ["within noise"] + ["state commit error"] * 3,
     "commit-norollback": ["within noise"] + ["state commit error"] * 3,
     "commit-once": ["within noise", "within noise", "state commit error", "state commit error"],
+    "commit-node": ["within noise"] + ["state commit error"] * 3,  # found by the search over 65 nodes, then carried
 }
 
 
@@ -58,6 +59,11 @@ def test_replay_at_a_serving_shape_names_each_planted_bug(tmp_path, served, bug)
         assert all(s["evidence"].startswith("every step committed by " + {
             "commit-state": "the accepted path's length read as a batch index", "commit-kv": "the KV rows in batch order",
             "commit-norollback": "the KV never rolled back"}[bug]) for s in steps[2:]), [s["evidence"] for s in steps]
+    if bug == "commit-node":  # node 64 among 65, found by the search, then followed step by step
+        assert steps[1]["evidence"].startswith("step 0 committed the recurrent state and conv window of node 64 in "
+                                               "place of node "), steps[1]["evidence"]
+        assert all("(a node no rule names, found by search): reproduces" in s["evidence"] for s in steps[1:])
+        assert all(", carried on, and step" in s["evidence"] for s in steps[2:]), [s["evidence"] for s in steps]
     assert json.loads(json.dumps(rep)) == rep  # the report as written
 
 

@@ -91,6 +91,10 @@ __all__ = ["DIAGNOSES", "Replayer", "default_tolerance", "greedy_walk", "noise_b
 # (the default policy's exact_state_rel_max per precision)
 STATE_REL = {"float32": 1e-4, "float64": 1e-4, "bfloat16": 5e-2, "float16": 5e-2}
 SHIFTS = (-3, -2, -1, 1, 2, 3)
+# A commit hypothesis is screened by its root alone first (one node's verify): one whose root is further than this
+# many noise bounds from the engine's cannot reproduce the step (the root is every node's ancestor). The margin keeps
+# a hypothesis whose root a one-node batch rounds otherwise than the whole tree's.
+ROOT_SCREEN = 4.0
 
 
 @dataclass
@@ -271,10 +275,20 @@ class Replayer:
         def found(name, how, err):
             return name, f"{how} reproduces the engine within {err:.3g} (exact: {worst:.3g})"
 
+        root = Tree([-1], [tree.tokens[0]])
+        eng_root = eng[:1] if mode == "full" else (eng[0][:1], eng[1][:1])
+
+        def root_off(state) -> bool:
+            """Whether the root alone, verified from ``state``, is past ROOT_SCREEN noise bounds from the engine's."""
+            logits = self.model.verify(state, root).logits.cpu()
+            return float(_score(_engine_error(_logprobs(logits), eng_root, mode))[0]) > ROOT_SCREEN * noise
+
         def committed():
             """A commit hypothesis (replay_commits) whose state reproduces the engine, or None; the state it found
-            is kept for the request's next step."""
+            is kept for the request's next step. Each is screened by its root first (ROOT_SCREEN)."""
             for how, state, origin in hypotheses(self.model, commits):
+                if root_off(state):
+                    continue
                 err = fit(state)
                 if err <= noise:
                     commits.diagnosed = (s.step, state, origin)
