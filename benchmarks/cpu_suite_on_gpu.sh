@@ -9,6 +9,11 @@
 #   [LIMIT=seconds] bash benchmarks/cpu_suite_on_gpu.sh DIR COMMIT [WORKERS]
 set -u
 dir=$1 commit=$2 workers=${3:-12}
+# the suite imports ddsim's other folders through the installed namespace (ddsim.properties, ddsim.oracle, ...): a
+# checkout that is not installed fails every test at collection, so say so first (python3 -m pip install --no-deps
+# --no-build-isolation -e .; a bare `pip` there may belong to another Python)
+python3 -c "import ddsim.properties, ddsim.oracle" 2>/dev/null ||
+  { echo "cpu_suite_on_gpu.sh: ddsim is not installed for $(command -v python3) (ddsim.properties does not import)"; exit 2; }
 mkdir -p "$dir"
 start=$(date +%s)
 # no package registry there: pip, uv and the Hub fail at once instead of retrying. On the time limit pytest gets
