@@ -159,6 +159,27 @@ def clamps_strong_decay(q, k, v, g, beta, *, parents, initial_state, state_indic
                    state_indices=state_indices, mode=mode, scale=scale)
 
 
+def _as_if_contiguous(t):
+    """t's elements read as a kernel that computes its offsets from t's shape reads them: from t's first element on,
+    row after row, as if t were contiguous."""
+    return torch.as_strided(t, t.shape, torch.empty(t.shape, device="meta").stride(), t.storage_offset())
+
+
+def strides_from_shapes(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    """Offsets from the shapes (token t of sequence b at (b T + t) H K): right on contiguous inputs, the wrong columns
+    on q, k, v split from one projection, as a server's layer passes them."""
+    return _verify(_as_if_contiguous(q), _as_if_contiguous(k), _as_if_contiguous(v), g, beta, parents=parents,
+                   initial_state=initial_state, state_indices=state_indices, mode=mode, scale=scale)
+
+
+def mamba2_strides_from_shapes(x, dt, A, B, C, *, D=None, dt_bias=None, parents, initial_state, state_indices=None,
+                               mode="exact"):
+    """A Mamba2 tree verify whose offsets come from its inputs' shapes: wrong on x, B, C split from one xBC."""
+    return gb.mamba2_tree_verify(_as_if_contiguous(x), dt, A, _as_if_contiguous(B), _as_if_contiguous(C), D=D,
+                                 dt_bias=dt_bias, parents=parents, initial_state=initial_state,
+                                 state_indices=state_indices, mode=mode, backend="torch")
+
+
 _CALLS = [0]
 
 

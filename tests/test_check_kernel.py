@@ -74,6 +74,7 @@ def test_sglang_target_verify_kernel_in_both_modes(tmp_path, mode, held):
     # a padded batch among them (slot -1: SGLang's CUDA-graph padding), which its kernel skips
     cov = json.loads((tmp_path / "ce.json").read_text())["coverage"]
     assert cov["padded rows"] == [0, 2]
+    assert cov["input layout"] == ["contiguous", "views of one projection"]  # q, k, v as SGLang's layer splits them
     if mode == "exact":  # its node states, at each buffer layout, and its commit of them
         assert cov["node-state layout"] == ["batch rows", "draft-budget pitch", "shuffled rows"]
         assert "node states exact on every node" in r.stdout and "committed state exact at the accepted node" in r.stdout
@@ -474,7 +475,8 @@ def test_ddsims_mamba2_kernel_passes_and_planted_mamba2_bugs_are_caught(tmp_path
                 "--device", "cpu", "--out", tmp_path / "ce.json")  # the quick profile, the CPU's
     assert r.returncode == 0 and "all 7 properties hold (quick profile" in r.stdout, r.stdout + r.stderr
     for fn, failing in (("mamba2_parent_off_by_one", {"exact on order-exact nodes", "exact on every node"}),
-                        ("mamba2_forgets_dt_bias", {"exact on order-exact nodes", "exact on every node"})):
+                        ("mamba2_forgets_dt_bias", {"exact on order-exact nodes", "exact on every node"}),
+                        ("mamba2_strides_from_shapes", {"exact on order-exact nodes", "exact on every node"})):
         out = tmp_path / f"{fn}.json"
         r = run_cli("check-kernel", "--impl", f"tests.planted_kernels:{fn}", "--convention", "ddsim", "--op", "mamba2",
                     "--mode", "exact", "--max-examples", "8", "--out", out)
@@ -484,6 +486,8 @@ def test_ddsims_mamba2_kernel_passes_and_planted_mamba2_bugs_are_caught(tmp_path
         assert all(c["op"] == "mamba2" and c["first_wrong_node"] is not None for c in ce)
         if fn == "mamba2_parent_off_by_one":  # the first wrong node sits below depth 1
             assert ce[0]["first_wrong_node"]["node"] >= 2
+        if fn == "mamba2_strides_from_shapes":  # only x, B, C split from one xBC reach it
+            assert ce[0]["example"].endswith("x B C views of one fused projection"), ce[0]
     r = run_cli("check-kernel", "--impl", "fla", "--op", "mamba2", "--mode", "leaky", pythonpath=ENGINES)
     one_line_error(r, "--op mamba2", "has no Mamba2 tree verify")
 
@@ -551,6 +555,8 @@ def test_lightning_attention_verifies_of_ddsim_and_fla_and_a_planted_bug(tmp_pat
     # the 20th call lands in the burst (repeatable), the 40th on a drawn input's first call (a wrong output)
     ("wrong_on_one_call_in_twenty", {"repeatable", "exact on order-exact nodes", "exact on every node"}, "burst of 24 calls"),
     ("normalises_k_in_place", {"inputs untouched"}, "K=128"),
+    # offsets from the shapes: right on contiguous inputs, the wrong columns where q, k, v are split from one projection
+    ("strides_from_shapes", {"exact on order-exact nodes", "exact on every node"}, "views of one fused projection"),
 ])
 def test_kernels_wrong_along_one_serving_dimension_are_caught_by_the_quick_profile(tmp_path, kernel, failing, example):
     """Each passed the small drawn examples alone (the second probe's 'all 5 properties hold'); the quick

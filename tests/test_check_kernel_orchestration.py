@@ -3,6 +3,7 @@ examples before the drawn ones, a serving-only bug reported by its example, a bu
 shrunk, the leaky mode's leak, a kernel that raises, conv and Mamba2, the profiles. Kept apart from
 tests/test_verdict_chain.py so that mutation testing of the property chain stays fast (each of these
 re-runs the quick profile)."""
+import numpy as np
 import pytest
 import torch
 
@@ -16,14 +17,15 @@ def _load(name):
 
 def test_check_holds_on_ddsims_kernel_with_its_coverage():
     res = ck.check(_load("ddsim"), mode="exact", max_examples=2)
-    assert res.profile == "quick" and res.examples == 8 and len(res.properties) == 7
+    assert res.profile == "quick" and res.examples == 9 and len(res.properties) == 7
     assert all(r.holds for r in res) and all(r.counterexample is None for r in res)
-    assert res.properties[-1].detail == "held on 8 serving examples (quick) and 2 drawn inputs"
+    assert res.properties[-1].detail == "held on 9 serving examples (quick) and 2 drawn inputs"
     cov = res.coverage
     assert max(cov["nodes"]) == 129 and max(cov["K"]) == 128 and max(cov["batch"]) == 8 and max(cov["HV/H"]) == 8
     assert cov["g min"] < -29 and cov["beta min"] == 0.0 and cov["beta max"] == 1.0 and max(cov["calls"]) == 24
     assert cov["dtype"] == ["bfloat16", "float16", "float32"] and "drawn" in cov["tree"]
     assert cov["not order-exact nodes total"] > 150
+    assert cov["input layout"] == ["contiguous", "views of one projection"]
 
 
 def test_check_reports_a_serving_only_bug_by_its_example():
@@ -121,10 +123,11 @@ def test_check_conv_and_mamba2_and_bad_profiles():
 
 
 @pytest.mark.parametrize("op, want", [
-    ("gdn", [dict(batch=8, nodes=65, HV=48, **{"HV/H": 3}, K=128, V=128), dict(batch=32, nodes=17, HV=48, K=128, V=128)]),
-    ("kda", [dict(batch=8, nodes=33, H=32, K=128, V=128)]),
-    ("lightning", [dict(batch=8, nodes=33, H=64, K=128, V=128)]),
-    ("mamba2", [dict(batch=8, nodes=33, H=128, P=64, N=128, **{"H/G": 16})]),
+    ("gdn", [dict(batch=8, nodes=65, HV=48, **{"HV/H": 3, "input layout": "views of one projection"}, K=128, V=128),
+             dict(batch=32, nodes=17, HV=48, K=128, V=128, **{"input layout": "views of one projection"})]),
+    ("kda", [dict(batch=8, nodes=33, H=32, K=128, V=128, **{"input layout": "views of one projection"})]),
+    ("lightning", [dict(batch=8, nodes=33, H=64, K=128, V=128, **{"input layout": "views of one projection"})]),
+    ("mamba2", [dict(batch=8, nodes=33, H=128, P=64, N=128, **{"H/G": 16, "input layout": "views of one projection"})]),
     ("conv", [dict(batch=8, nodes=65, C=10240)]),
 ])
 def test_the_serving_profile_runs_a_models_layer_with_every_dimension_at_once(op, want):
@@ -136,6 +139,79 @@ def test_the_serving_profile_runs_a_models_layer_with_every_dimension_at_once(op
         assert any(all(d.get(k) == v for k, v in w.items()) for d in seen), (op, w)
     assert not any(d["batch"] >= 8 and (d.get("HV") == 48 or d.get("H", 0) >= 32) for d in
                    (kc.describe(c) for c in kc.cases(op, "quick"))), "the quick profile stays sized for the interpreter"
+
+
+@pytest.mark.parametrize("op", ["gdn", "kda", "lightning", "mamba2"])
+def test_each_profile_hands_some_inputs_over_as_views_of_one_projection(op):
+    """Both profiles hold an example whose q, k, v (Mamba2: x, B, C) are split from one fused projection, as a
+    server's layer passes them (kernel_cases.SPLIT); split_views keeps the values, in one storage, in order, each
+    token's row strided by the projection's width."""
+    from ddsim.engines import kernel_cases as kc
+    for profile in kc.PROFILES:
+        split = [c for c in kc.cases(op, profile) if c.get("split")]
+        assert split and all(c["split"] == kc.SPLIT[op] for c in split), (op, profile)
+        assert all(c["label"].endswith(f"{' '.join(kc.SPLIT[op])} views of one fused projection") for c in split)
+    inp = split[-1]
+    views = kc.split_views({n: inp[n] for n in kc.SPLIT[op]})
+    widths = [inp[n][0, 0].numel() for n in kc.SPLIT[op]]
+    base = views[kc.SPLIT[op][0]].untyped_storage().data_ptr()
+    for at, (n, t) in zip(np.cumsum([0] + widths[:-1]), views.items()):
+        assert torch.equal(t, inp[n]) and t.shape == inp[n].shape and not t.is_contiguous()
+        assert t.untyped_storage().data_ptr() == base and t.storage_offset() == at
+        assert t.stride()[:2] == (inp[n].shape[1] * sum(widths), sum(widths))
+
+
+def test_check_kernel_calls_the_kernel_with_the_split_views_each_time():
+    """A split example reaches the kernel as views of one projection on every call of its burst (fresh ones each
+    time), and the oracle's inputs are the same values."""
+    import ddsim.gpu_backend as gb
+    from ddsim import oracle
+    from ddsim.engines import kernel_cases as kc
+    seen = []
+
+    def recorder(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
+        seen.append((q.stride(), k.stride(), v.stride(), q.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()))
+        return gb.gdn_tree_verify(q, k, v, g, beta, parents=parents, initial_state=state_pool, state_indices=slots,
+                                  mode=mode, scale=scale, backend="torch")
+    inp = next(c for c in kc.cases("gdn", "quick") if c.get("split"))
+    inp = {**inp, "burst": 3}
+    r = ck._Runner(recorder, oracle.gdn_tree_verify, ("q", "k", "v", "g", "beta"), (), "exact", "cpu",
+                   extra={"scale": None}).run(inp)
+    B, T, H, K = inp["q"].shape
+    W = 2 * H * K + inp["v"].shape[2] * inp["v"].shape[3]
+    assert len(seen) == 3 and all(s[0][:2] == s[1][:2] == s[2][:2] == (T * W, W) and s[3] for s in seen), seen
+    props = ck._properties("exact")
+    assert all(p(r) for p in props.values()), [n for n, p in props.items() if not p(r)]
+
+
+def test_sglangs_adapters_hand_its_kernels_the_layouts_its_layer_passes():
+    """SGLang's layer passes its GDN verify q, k, v split from mixed_qkv, and its tree conv mixed_qkv as a [B, C, T]
+    view of [B, T, C] rows: the adapters pass them on as they come, no copy (a copy would check the kernel on a
+    layout SGLang never hands it)."""
+    from ddsim.engines import kernel_cases as kc
+    from ddsim.engines import sglang
+    got = {}
+
+    def gdn(A_log, a, dt_bias, softplus_beta, threshold, q, k, v, b, pool, slots, **kw):
+        got.update(q=q, k=k, v=v)
+        return torch.zeros(1, *v.shape)
+
+    inp = next(c for c in kc.cases("gdn", "quick") if c.get("split"))
+    views = kc.split_views({n: inp[n] for n in "qkv"})
+    sglang.as_contract(gdn)(**views, g=inp["g"], beta=inp["beta"], parents=inp["parents"], state_pool=inp["pool"],
+                            slots=inp["slots"], mode="leaky")
+    assert all(got[n] is views[n] for n in "qkv")
+
+    def conv(x, window_pool, weight, bias, activation, **kw):
+        got["x"] = x
+        return torch.zeros_like(x)
+
+    c = kc.cases("conv", "quick")[0]
+    out = sglang.as_conv_contract(conv)(c["x"], weight=c["weight"], bias=c["bias"], parents=c["parents"],
+                                        window_pool=c["pool"], slots=c["slots"], mode="leaky", activation="silu")
+    B, T, C = c["x"].shape
+    assert got["x"].shape == (B, C, T) and got["x"].stride() == (T * C, 1, C)
+    assert got["x"].data_ptr() == c["x"].data_ptr() and out.shape == (B, T, C)
 
 
 def test_the_interpreters_cached_builtin_patching_patches_what_the_original_does():

@@ -17,7 +17,9 @@ every other slot NaN (a kernel that reads a slot it was not given turns its outp
 slots in its storage (a write a slot's worth before or after it counts as a write to another slot: -1, N). Where the
 kernel's convention pads a CUDA-graph batch (EngineKernel.pads), padded batches run too: rows of slot -1, whose
 output is the engine's own (left out of finiteness, repeatability and the comparisons) and for which no slot may be
-written.
+written. The inputs come contiguous, but in some explicit examples (kernel_cases.SPLIT) as a server's layer hands
+them over: q, k and v (Mamba2: x, B and C) views of one fused projection, each token's row strided by the
+projection's width, so a kernel that takes its inputs' strides from their shapes reads the wrong columns there.
 
 Properties (mode "exact"):
   output finite           no NaN or Inf in any node's output
@@ -63,6 +65,7 @@ from pathlib import Path
 import torch
 
 from ddsim.engines import GUARD, _bits, beside, guarded_empty, guarded_like
+from ddsim.engines.kernel_cases import split_views
 from ddsim.errors import InputError, one_line
 from ddsim.measure.compare import TOLERANCES
 
@@ -302,6 +305,8 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
     real = inp["slots"] >= 0  # [B]: the rows that are not padding (slot -1)
     for n in range(max(1, int(inp.get("burst", 2)))):
         args = {k: None if inp[k] is None else inp[k].to(device, copy=True) for k in names}
+        if inp.get("split"):  # as a server's layer hands them over: views of one fused projection
+            args.update(split_views({k: args[k] for k in inp["split"]}))
         args["parents"] = inp["parents"].to(device, copy=True)
         slots = inp["slots"].to(device, copy=True)
         pool = guarded_like(inp["pool"].to(device))  # a slot of guard bits on either side in its storage

@@ -8,7 +8,8 @@ Profiles:
            one batch of 8 in a pool of 300 slots (ids above 255), a batch of 3, the last slot of a
            pool, head ratios 4, 6 and 8, widths that are not powers of two, strong decay (g down to
            -30) and long memory (g up to -1e-4), beta at 0 and 1, 16-bit inputs, and a burst of 24
-           calls on one input
+           calls on one input, and one example whose q, k, v (Mamba2: x, B, C) are views of one fused
+           projection
   serving  (the CUDA default) every value: T in {1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 66, 127,
            128, 129, 257}, DDTree trees at budgets 15/16/64/128/256 with top-k caps 1-8, chains,
            stars, deep and wide trees; K and V in {16, 32, 64, 128} and widths that are not powers of
@@ -17,7 +18,9 @@ Profiles:
            forgetting to long memory; bf16 / fp16 / fp32 inputs; bursts of repeated calls; and a
            model's layer with every dimension at once (GDN: Qwen3.6-27B's heads at 8 x 65 and 32 x 17;
            the conv: its 10240 channels at 8 x 65; Mamba2: Nemotron-H-8B's, KDA: Kimi Linear's,
-           lightning: MiniMax's heads at 8 x 33), where an engine may pick another configuration
+           lightning: MiniMax's heads at 8 x 33), where an engine may pick another configuration; those
+           layers, and one small example, take q, k, v (Mamba2: x, B, C) as a server's layer hands them
+           over: views of one fused projection, every token's row strided by the projection's width
 
 The KDA examples (``--op kda``) follow the GDN ones with H heads of K = V dims (Kimi Linear's 32 x 128 among them)
 and a decay per key channel; the lightning-attention examples (``--op lightning``) likewise (MiniMax's 64 x 128
@@ -42,6 +45,32 @@ from ddsim.trees.tree import Tree
 PROFILES = ("quick", "serving")
 SERVING_NODES = (1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 66, 127, 128, 129, 257)
 SHAPES = ("chain", "star", "deep", "wide", "random")
+# the inputs a server's layer hands its verify as views of one fused projection, their columns side by side: SGLang
+# splits the tree conv's output mixed_qkv [tokens, 2 H K + HV V] into q, k and v (torch.split on the last axis) and
+# passes the views, a Mamba2 layer its xBC into x, B and C. Each view's token stride is the projection's width, not
+# its own: a kernel that computes its offsets from its shapes reads the other inputs' columns there
+SPLIT = {"gdn": ("q", "k", "v"), "kda": ("q", "k", "v"), "lightning": ("q", "k", "v"), "mamba2": ("x", "B", "C")}
+
+
+def split_views(ts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors ``ts`` (each [B, T, ...], one dtype and device) as views of one fused [B, T, sum of their widths]
+    tensor, in order: what SPLIT's examples hand a kernel (the values the same, the layout a server's)."""
+    first = next(iter(ts.values()))
+    fused = torch.cat([t.reshape(*first.shape[:2], -1) for t in ts.values()], -1)  # [B, T, W]
+    out, at = {}, 0
+    for name, t in ts.items():
+        width = t[0, 0].numel()
+        out[name] = fused[..., at:at + width].unflatten(-1, t.shape[2:])  # token stride W, not width
+        at += width
+    return out
+
+
+def _split(op: str, inp: dict) -> dict:
+    """The example with its SPLIT inputs handed over as views of one fused projection (check_kernel builds them on
+    every call), said in its label."""
+    names = SPLIT[op]
+    inp.update(split=names, label=f"{inp['label']}, {' '.join(names)} views of one fused projection")
+    return inp
 
 
 def tree(kind: str, T: int, rng: np.random.Generator) -> Tree:
@@ -163,7 +192,8 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
             gdn_case(T=9, kind="wide", B=3, ratio=1, gates="long", pool="descending", seed=6, dtype=dtype),
             gdn_case(T=5, kind="random", B=1, ratio=1, burst=24, seed=8, dtype=dtype, label="burst of 24 calls"),
         ] + [gdn_case(T=9, kind=("ddtree", 8, 4), B=1, ratio=6 - 4 * i, K=32, V=32, pool="sparse", pool_size=40,
-                      seed=9 + i, dtype=d) for i, d in enumerate(other)]
+                      seed=9 + i, dtype=d) for i, d in enumerate(other)] + [
+            _split("gdn", gdn_case(T=9, kind=("ddtree", 8, 4), B=2, ratio=3, K=32, V=16, seed=12, dtype=dtype))]
     assert profile == "serving", profile
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
@@ -192,9 +222,13 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
               gdn_case(T=9, kind="random", B=2, burst=48, seed=seed + 98, dtype=dtype, label="burst of 48 calls")]
     # every dimension at once, as a server's layer calls it (an engine may pick another configuration, or grid, only
     # there): Qwen3.6-27B's heads (16 key heads, 48 value heads of 128) at 8 x 65 and 32 x 17
-    cases += [gdn_case(T=T, kind=("ddtree", T - 1, 8), B=B, pool_size=2 * B + 3, **MODEL_WIDTHS["gdn"],
-                       seed=seed + 110 + i, dtype=dtype, label=f"Qwen3.6-27B's layer at {B} x {T}, every dimension at once")
+    # q, k and v as its layer hands them over: views of the conv's output (SPLIT), and once at small widths
+    cases += [_split("gdn", gdn_case(T=T, kind=("ddtree", T - 1, 8), B=B, pool_size=2 * B + 3, **MODEL_WIDTHS["gdn"],
+                                     seed=seed + 110 + i, dtype=dtype,
+                                     label=f"Qwen3.6-27B's layer at {B} x {T}, every dimension at once"))
               for i, (B, T) in enumerate(((8, 65), (32, 17)))]
+    cases.append(_split("gdn", gdn_case(T=33, kind=("ddtree", 32, 8), B=3, ratio=3, K=64, V=32, seed=seed + 115,
+                                        dtype=dtype)))
     return cases
 
 
@@ -276,7 +310,8 @@ def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
                             seed=4, dtype=dtype),
                 mamba2_case(T=9, kind="wide", B=3, G=1, ratio=1, pool="descending", seed=5, dtype=dtype),
                 mamba2_case(T=5, kind="random", B=1, ratio=1, burst=24, seed=6, dtype=dtype, label="burst of 24 calls")] + [
-            mamba2_case(T=9, kind=("ddtree", 8, 4), B=1, G=1, ratio=2, seed=7 + i, dtype=d) for i, d in enumerate(other)]
+            mamba2_case(T=9, kind=("ddtree", 8, 4), B=1, G=1, ratio=2, seed=7 + i, dtype=d) for i, d in enumerate(other)] + [
+            _split("mamba2", mamba2_case(T=9, kind=("ddtree", 8, 4), B=2, G=2, ratio=2, P=16, N=8, seed=12, dtype=dtype))]
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
         cases.append(mamba2_case(T=T, kind=SHAPES[i % len(SHAPES)], B=2, P=32, N=64, seed=seed + i, dtype=dtype))
@@ -298,8 +333,12 @@ def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
                              dtype=dtype, label="burst of 24 calls at 8 x 65"))
     # every dimension at once (the tree at budget 32: the oracle replays each leaky node's batch-order history):
     # Nemotron-H-8B's 128 heads in 8 groups, P = 64, N = 128, at 8 x 33
-    cases.append(mamba2_case(T=33, kind=("ddtree", 32, 8), B=8, pool_size=19, **MODEL_WIDTHS["mamba2"],
-                             seed=seed + 95, dtype=dtype, label="Nemotron-H-8B's layer at 8 x 33, every dimension at once"))
+    # x, B and C as its layer hands them over: views of the conv's output xBC (SPLIT), and once at small widths
+    cases.append(_split("mamba2", mamba2_case(T=33, kind=("ddtree", 32, 8), B=8, pool_size=19, **MODEL_WIDTHS["mamba2"],
+                                              seed=seed + 95, dtype=dtype,
+                                              label="Nemotron-H-8B's layer at 8 x 33, every dimension at once")))
+    cases.append(_split("mamba2", mamba2_case(T=33, kind=("ddtree", 32, 8), B=3, G=2, ratio=2, P=32, N=16,
+                                              seed=seed + 96, dtype=dtype)))
     return cases
 
 
@@ -322,7 +361,7 @@ def kda_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int = 16,
 
 def kda_cases(profile: str, dtype=torch.float32) -> list[dict]:
     """The explicit KDA examples of a profile: Kimi Linear's heads (K = V = 128, 32 of them) among them."""
-    return _head_cases(kda_case, profile, dtype, deep_heads=2, wide_heads=32)
+    return _head_cases(kda_case, "kda", profile, dtype, deep_heads=2, wide_heads=32)
 
 
 def _decays(kind: str, H: int, gen: torch.Generator) -> torch.Tensor:
@@ -353,13 +392,13 @@ def lightning_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int
 
 def lightning_cases(profile: str, dtype=torch.float32) -> list[dict]:
     """The explicit lightning-attention examples of a profile: MiniMax's heads (K = V = 128, 64 of them) among them."""
-    return _head_cases(lightning_case, profile, dtype, deep_heads=3, wide_heads=64)
+    return _head_cases(lightning_case, "lightning", profile, dtype, deep_heads=3, wide_heads=64)
 
 
-def _head_cases(case, profile: str, dtype, *, deep_heads: int, wide_heads: int) -> list[dict]:
+def _head_cases(case, op: str, profile: str, dtype, *, deep_heads: int, wide_heads: int) -> list[dict]:
     """The explicit examples of an op of H heads of K = V dims with a memory setting (KDA's gates, lightning
-    attention's decays): ``case`` builds one; the quick profile's deep tree has ``deep_heads`` heads, the serving
-    profile's widest example the model's ``wide_heads`` heads of 128."""
+    attention's decays): ``case`` builds one of ``op``; the quick profile's deep tree has ``deep_heads`` heads, the
+    serving profile's widest example the model's ``wide_heads`` heads of 128 (q, k, v split from one projection)."""
     other = [d for d in (torch.float32, torch.bfloat16, torch.float16) if d != dtype]
     if profile == "quick":  # sized for Triton's interpreter
         return [case(T=17, kind=("ddtree", 16, 8), B=1, H=1, K=128, seed=1, dtype=dtype),
@@ -370,7 +409,8 @@ def _head_cases(case, profile: str, dtype, *, deep_heads: int, wide_heads: int) 
                 case(T=9, kind="wide", B=3, H=1, pool="descending", seed=5, dtype=dtype),
                 case(T=5, kind="random", B=1, H=1, burst=24, seed=6, dtype=dtype, label="burst of 24 calls")] + [
             case(T=9, kind=("ddtree", 8, 4), B=1, H=2, K=32, pool="sparse", pool_size=40, seed=7 + i, dtype=d)
-            for i, d in enumerate(other)]
+            for i, d in enumerate(other)] + [_split(op, case(T=9, kind=("ddtree", 8, 4), B=2, H=2, K=16, seed=12,
+                                                             dtype=dtype))]
     assert profile == "serving", profile
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
@@ -391,8 +431,9 @@ def _head_cases(case, profile: str, dtype, *, deep_heads: int, wide_heads: int) 
     cases.append(case(T=65, kind=("ddtree", 64, 8), B=8, K=128, burst=24, seed=seed + 90, dtype=dtype,
                       label="burst of 24 calls at 8 x 65, K = V = 128"))
     # every dimension at once (the tree at budget 32, as Mamba2's): the model's heads at 8 x 33
-    cases.append(case(T=33, kind=("ddtree", 32, 8), B=8, H=wide_heads, K=128, pool_size=19, seed=seed + 95, dtype=dtype,
-                      label=f"{wide_heads} heads of 128 at 8 x 33, every dimension at once"))
+    cases.append(_split(op, case(T=33, kind=("ddtree", 32, 8), B=8, H=wide_heads, K=128, pool_size=19, seed=seed + 95,
+                                 dtype=dtype, label=f"{wide_heads} heads of 128 at 8 x 33, every dimension at once")))
+    cases.append(_split(op, case(T=33, kind=("ddtree", 32, 8), B=3, H=2, K=32, seed=seed + 96, dtype=dtype)))
     return cases
 
 
@@ -555,6 +596,8 @@ def describe(inp: dict, commit: bool = False) -> dict:
     else:
         out.update({"C": int(inp["x"].shape[2]), "W": int(inp["weight"].shape[1])})
     out["calls"] = max(1, int(inp.get("burst", 2)))
+    if "x" not in inp or "dt" in inp:  # the conv takes one input: its layout is its contract's
+        out["input layout"] = "views of one projection" if inp.get("split") else "contiguous"
     if "node_buffer" in inp:  # a kernel that keeps every node's state: where its buffer puts them
         M, P = inp["node_buffer"]
         state = inp["initial_state"] if "initial_state" in inp else inp["initial_window"]

@@ -58,7 +58,9 @@ def as_contract(fn, *, kda: bool = False):
     per key channel, a [B, T, H, K] and dt_bias [H * K], the contract's ``kda`` (no scale argument). In exact mode the
     contract's ``node_states`` (buffer [M, P, HV, K, V], rows [B]) go to the kernel as intermediate_states_buffer (a
     copy in SGLang's layout [M, P, HV, V, K] with guard rows beside it, its pitch P read from its stride) and
-    intermediate_state_indices = rows, and its writes are carried back; without them a buffer of B rows of T steps."""
+    intermediate_state_indices = rows, and its writes are carried back; without them a buffer of B rows of T steps.
+    q, k and v go to the kernel as the caller hands them over, as SGLang's layer passes its split of mixed_qkv (views
+    whose token stride is the projection's width: the kernel reads each one's stride)."""
     def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale=None, node_states=None):
         B, T = q.shape[:2]
         HV = v.shape[2]
@@ -74,8 +76,8 @@ def as_contract(fn, *, kda: bool = False):
             buf, rows = _node_buffer(node_states, (B, T, HV, v.shape[3], q.shape[3]), dev, transposed=True)
             tree = dict(intermediate_states_buffer=buf, intermediate_state_indices=rows, cache_steps=buf.shape[1],
                         retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous())
-        o = fn(zeros, a.contiguous(), dt_bias, 1.0, 20.0, q.contiguous(), k.contiguous(), v.contiguous(), b.contiguous(),
-               pool, slots.to(device=dev, dtype=torch.int32), scale=scale, use_qk_l2norm_in_kernel=True,
+        o = fn(zeros, a.contiguous(), dt_bias, 1.0, 20.0, q, k, v, b.contiguous(), pool,
+               slots.to(device=dev, dtype=torch.int32), scale=scale, use_qk_l2norm_in_kernel=True,
                disable_state_update=True, **tree, **flags)
         reflect_writes(pool, state_pool)  # show the caller what the kernel wrote into the pool
         if mode == "exact" and node_states is not None:
@@ -253,7 +255,9 @@ def as_conv_contract(fn):
     the sequence's conv_state slot with the window after the whole flattened draft (SGLang's commit
     then restores the accepted node's window from its intermediate windows). The contract's ``node_states`` (buffer
     [M, P, C, W-1], rows [B]) go to the kernel as intermediate_conv_window (a copy with guard rows beside it, in
-    the same layout, [cache line, step, dim, win]) and intermediate_state_indices, and its writes are carried back."""
+    the same layout, [cache line, step, dim, win]) and intermediate_state_indices, and its writes are carried back.
+    x goes to the kernel as SGLang's layer passes it, mixed_qkv.view(B, T, C).transpose(1, 2): a [B, C, T] view whose
+    channels are adjacent in memory."""
     def conv(x, *, weight, bias, parents, window_pool, slots, mode, activation, node_states=None):
         dev = x.device
         tree = {}
@@ -264,7 +268,7 @@ def as_conv_contract(fn):
         if node_states is not None:
             buf, rows = _node_buffer(node_states, None, dev, transposed=False)
             tree.update(intermediate_conv_window=buf, intermediate_state_indices=rows)
-        out = fn(x.transpose(1, 2).contiguous(), window_pool, weight.contiguous(), bias, activation,
+        out = fn(x.transpose(1, 2), window_pool, weight.contiguous(), bias, activation,
                  conv_state_indices=slots.to(device=dev, dtype=torch.int32), **tree)
         if node_states is not None:
             from ddsim.engines import reflect_writes
