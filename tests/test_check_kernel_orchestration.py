@@ -201,6 +201,12 @@ def test_sglangs_adapters_hand_its_kernels_the_layouts_its_layer_passes():
     sglang.as_contract(gdn)(**views, g=inp["g"], beta=inp["beta"], parents=inp["parents"], state_pool=inp["pool"],
                             slots=inp["slots"], mode="leaky")
     assert all(got[n] is views[n] for n in "qkv")
+    # a layout its kernel does not read (heads before tokens, as a model's attention may keep them) is copied
+    inp = kc.gdn_case(T=5, B=2, H=2, ratio=2, K=8, V=8)
+    heads_first = {n: inp[n].transpose(1, 2).contiguous().transpose(1, 2) for n in "qkv"}
+    sglang.as_contract(gdn)(**heads_first, g=inp["g"], beta=inp["beta"], parents=inp["parents"],
+                            state_pool=inp["pool"], slots=inp["slots"], mode="leaky")
+    assert all(got[n] is not heads_first[n] and got[n].is_contiguous() and torch.equal(got[n], inp[n]) for n in "qkv")
 
     def conv(x, window_pool, weight, bias, activation, **kw):
         got["x"] = x

@@ -50,6 +50,17 @@ def _node_buffer(node_states, shape, dev, *, transposed: bool):
     return guarded_like(nodes.transpose(-1, -2) if transposed else nodes), rows.to(device=dev, dtype=torch.int32)
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t [B, T, heads, dim] as SGLang's verify reads it: each token's heads side by side in one row (dim stride 1, head
+    stride dim) and the batch's rows one after another (batch stride T times the row's stride, which it takes from
+    t.stride(1)), as its layer's split of mixed_qkv is; t itself where it is laid out so, else a contiguous copy."""
+    B, T, heads, dim = t.shape
+    s = t.stride()
+    if s[3] == 1 and (heads == 1 or s[2] == dim) and (B == 1 or s[0] == T * s[1]):
+        return t
+    return t.contiguous()
+
+
 def as_contract(fn, *, kda: bool = False):
     """fn with SGLang's signature: (A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b,
     initial_state_source [N, HV, V, K], initial_state_indices [B], *, scale, use_qk_l2norm_in_kernel,
@@ -59,8 +70,8 @@ def as_contract(fn, *, kda: bool = False):
     contract's ``node_states`` (buffer [M, P, HV, K, V], rows [B]) go to the kernel as intermediate_states_buffer (a
     copy in SGLang's layout [M, P, HV, V, K] with guard rows beside it, its pitch P read from its stride) and
     intermediate_state_indices = rows, and its writes are carried back; without them a buffer of B rows of T steps.
-    q, k and v go to the kernel as the caller hands them over, as SGLang's layer passes its split of mixed_qkv (views
-    whose token stride is the projection's width: the kernel reads each one's stride)."""
+    q, k and v go to the kernel as SGLang's layer passes its split of mixed_qkv: views whose token stride is the
+    projection's width, passed as they come (the kernel reads that stride); any other layout is copied (_rows)."""
     def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale=None, node_states=None):
         B, T = q.shape[:2]
         HV = v.shape[2]
@@ -76,7 +87,7 @@ def as_contract(fn, *, kda: bool = False):
             buf, rows = _node_buffer(node_states, (B, T, HV, v.shape[3], q.shape[3]), dev, transposed=True)
             tree = dict(intermediate_states_buffer=buf, intermediate_state_indices=rows, cache_steps=buf.shape[1],
                         retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous())
-        o = fn(zeros, a.contiguous(), dt_bias, 1.0, 20.0, q, k, v, b.contiguous(), pool,
+        o = fn(zeros, a.contiguous(), dt_bias, 1.0, 20.0, _rows(q), _rows(k), _rows(v), b.contiguous(), pool,
                slots.to(device=dev, dtype=torch.int32), scale=scale, use_qk_l2norm_in_kernel=True,
                disable_state_update=True, **tree, **flags)
         reflect_writes(pool, state_pool)  # show the caller what the kernel wrote into the pool

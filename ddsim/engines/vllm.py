@@ -70,6 +70,7 @@ def as_contract(fn):
         # [B, T + 1]; a padded row's slot -1 becomes 0, vLLM's null block, which its kernel skips
         indices = torch.cat([per_token, (slots.to(dev, torch.int32) + 1)[:, None]], 1).contiguous()
         accepted = torch.full((B,), T + 1, dtype=torch.int32, device=dev)
+        # q, k, v contiguous, as vLLM's layer makes its split of mixed_qkv (rearrange_mixed_qkv) before the kernel
         o, _ = fn(zeros, a.contiguous(), b.contiguous(), zeros, q.contiguous(), k.contiguous(), v.contiguous(),
                   scale=scale, initial_state=vpool, inplace_final_state=True, ssm_state_indices=indices,
                   num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True)
