@@ -954,7 +954,7 @@ def test_a_fault_on_a_drawn_input_stops_the_search_and_a_leak_unseen_before_a_fa
         return ddsim_kernel.verify(*a, **kw)
     res = ck.check(dataclasses.replace(ddsim_kernel, verify=faults_on_drawn_inputs), mode="exact", max_examples=3)
     first, *rest = res.properties
-    assert res.lost_at == f"a drawn input of property {first.name!r}" and res.unchecked == [] and res.examples == 8
+    assert res.lost_at == f"a drawn input of property {first.name!r}" and res.unchecked == [] and res.examples == 9
     assert first.detail == f"the kernel raised RuntimeError: {fault.ECHO} on a drawn input" and len(rest) == 6
     assert [r.detail for r in rest] == [f"no drawn input searched: a fault at {res.lost_at} ended the device's CUDA "
                                         "context"] * 6 and [r.holds for r in res] == [False] * 7
@@ -1012,7 +1012,7 @@ def test_the_command_line_says_where_the_context_ended_and_what_was_not_run(monk
     lines = capsys.readouterr().out.splitlines()
     at = next(line for line in lines if line.startswith("a fault at"))
     assert fault.hit and at == ("a fault at serving example [ddtree budget 128 top-k 4 T=129 B=1 H=1 HV=1 K=16 V=16 "
-                                "gates mixed pool shuffled float32] ended the device's CUDA context: the 6 serving "
+                                "gates mixed pool shuffled float32] ended the device's CUDA context: the 7 serving "
                                 f"examples after it and every drawn input after it not run (named in {out})")
     assert lines[-1] == f"7 of 7 properties failed; counterexamples in {out}"
     fault.hit = False  # a fault on a drawn input: no serving example left unrun
