@@ -16,13 +16,17 @@ build them once per step for every layer: plan_tree, plan_slots, plan_accepted)
                       on, beside each bound, as the median of --calls do_bench calls (their range beside it)
   ... through slots   the same with the states in a pool of 2 B rows read through a slot table (state_indices), as a
                       server's pool is
+With --layout split every public call (SGLang's and ddsim's) takes q, k, v as SGLang's GDN layer hands them over:
+views of one [B, T, 2 H K + HV V] projection (torch.split of the tree conv's output mixed_qkv), each token's row
+strided by the projection's width; SGLang's kernel reads them in place, ddsim's launchers copy them first (the
+kernels-alone columns read the copies their launch bound once, so they leave the copies out).
 Each call is timed by do_bench (CUDA events around it, the L2 flushed before it); the last columns give the device
 time of the kernels themselves of SGLang's exact verify, ddsim's snapshot-free verify (engine_api: its gates fused in
 the kernel) and ddsim's kernels alone (torch.profiler's kernel records, without the launch latency and the host's
 time that do_bench's events take in).
 
     python benchmarks/bench_engine_api.py [--commit SHA] [--shapes 1x16,...,8x257] [--rownorm 0|1] [--fused-warps N]
-                                          [--calls 5]
+                                          [--calls 5] [--layout contiguous|split]
         # needs CUDA and SGLang's kernel importable; trees above 65 nodes run ddsim's split WY form; --rownorm and
         # --fused-warps set the one-kernel form's triton_gdn.FUSED_ROWNORM and FUSED_WARPS (unset: their defaults)
 """
@@ -48,6 +52,7 @@ from ddsim.bench.bench import (
     sglang_layer,
     slotted_pool,
 )
+from ddsim.engines.kernel_cases import split_views
 from ddsim.engines.sglang import _kernel
 from ddsim.errors import InputError
 from ddsim.gpu_backend import engine_api, fastcall, triton_gdn
@@ -65,6 +70,8 @@ def main():
     ap.add_argument("--rownorm", type=int, choices=(0, 1), help="triton_gdn.FUSED_ROWNORM (unset: its default)")
     ap.add_argument("--fused-warps", type=int, choices=(1, 2, 4, 8, 16), help="triton_gdn.FUSED_WARPS (unset: its default)")
     ap.add_argument("--calls", type=int, default=5, help="do_bench calls for the kernels alone (their median)")
+    ap.add_argument("--layout", choices=("contiguous", "split"), default="contiguous",
+                    help="q, k, v contiguous, or views of one fused projection as SGLang's layer passes them")
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
     at_least_one(ap, a, "calls")
@@ -80,7 +87,7 @@ def main():
         print(f"bench_engine_api: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     print(cuda_header(a.commit) + f" | SGLang kernel {where} | FUSED_ROWNORM {int(triton_gdn.FUSED_ROWNORM)}, "
-          f"FUSED_WARPS {triton_gdn.FUSED_WARPS}")
+          f"FUSED_WARPS {triton_gdn.FUSED_WARPS} | q, k, v {a.layout}")
     bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda", "bf16x3")  # bf16 inputs' default
     print(f"# floors: the snapshot-free verify's least bytes (inputs, output, committed states) over the measured copy "
           f"bandwidth {bw / 1e9:.0f} GB/s, and the WY form's least FLOPs over "
@@ -102,6 +109,8 @@ def main():
         acc = torch.tensor([int(t.depths.argmax()) for t in trees], device=dev)
         pacc = engine_api.plan_accepted(plan, acc)
         q, k, v = inp["q"], inp["k"], inp["v"]
+        if a.layout == "split":  # as SGLang's layer splits mixed_qkv: views, each row strided by the projection's width
+            q, k, v = split_views({"q": q, "k": k, "v": v}).values()
 
         def sg_exact():
             sgl(zeros, a_, zeros, 1.0, 20.0, q, k, v, b_, pool, slots, use_qk_l2norm_in_kernel=True,
