@@ -60,7 +60,8 @@ def _reads_kernel(q, k, v, g, beta, mask, state, state_idx, o, T,
         slot = tl.load(state_idx + i_b)
     else:
         slot = i_b
-    b_q, b_k, b_v, raw_g, raw_b = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
+    b_q, b_k, b_v, raw_g, raw_b = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V,
+                                                H * K, H * K, HV * V)
     anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                   mask=mt[:, None] & mt[None, :], other=0)
     s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, False), mask=mk[:, None] & mv[None, :],

@@ -57,9 +57,9 @@ def _transposed_kernel(
     rows = (i_b * T + o_t).to(tl.int64)
     slot = tl.load(state_idx + i_b)
     mqk = mt[:, None] & mk[None, :]
-    q_raw = h.raw_rows(q, rows[:, None], i_h, o_k[None, :], mqk, H, K)  # [BT, BK]
-    k_raw = h.raw_rows(k, rows[:, None], i_h, o_k[None, :], mqk, H, K)
-    vT = h.raw_rows(v, rows[None, :], i_hv, o_v[:, None], mv[:, None] & mt[None, :], HV, V)  # [BV, BT]
+    q_raw = h.raw_rows(q, rows[:, None], i_h, o_k[None, :], mqk, H, K, H * K)  # [BT, BK]
+    k_raw = h.raw_rows(k, rows[:, None], i_h, o_k[None, :], mqk, H, K, H * K)
+    vT = h.raw_rows(v, rows[None, :], i_hv, o_v[:, None], mv[:, None] & mt[None, :], HV, V, HV * V)  # [BV, BT]
     raw_g, raw_b = h.raw_gates(g, beta, rows * HV + i_hv, mt, True)
     anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                   mask=mt[:, None] & mt[None, :], other=0) != 0

@@ -49,7 +49,7 @@ import math
 
 import torch
 
-from ddsim.gpu_backend import checks, fastcall, torch_kda, torch_lightning, torch_mamba1, torch_mamba2, torch_ops
+from ddsim.gpu_backend import _common, checks, fastcall, torch_kda, torch_lightning, torch_mamba1, torch_mamba2, torch_ops
 from ddsim.gpu_backend import launch as _launch
 from ddsim.gpu_backend.checks import CheckedIndices, CheckedSlots, TreePlan, checked_accepted, checked_slots, poisoned, poisoning
 
@@ -100,23 +100,24 @@ def _recordable(parents, x) -> bool:
     return True
 
 
-def _unreplayable(*data) -> bool:
+def _unreplayable(*data, rows: int = 0) -> bool:
     """Calls whose launchers make a tensor per call, so that a recipe could never be kept, told apart
-    before recording (a plan records a bounded number of calls: these would spend them): non-contiguous data
-    (the launcher copies it; the model's q, k, v come from the tree conv contiguous, split=). Counted among
-    fastcall's refusals."""
-    if not all(x is None or x.is_contiguous() for x in data):
-        fastcall.skip("non-contiguous data (the launcher copies it)")
+    before recording (a plan records a bounded number of calls: these would spend them): data the launcher copies,
+    non-contiguous gates, or among the first ``rows`` (q, k, v: read by row stride, _common.rows_of) a layout other
+    than rows of heads side by side (a fused projection's views are read in place; the model's q, k, v come from
+    the tree conv contiguous, split=). Counted among fastcall's refusals."""
+    if not all(x is None or (_common.rows_of(x)[0] is x if i < rows else x.is_contiguous()) for i, x in enumerate(data)):
+        fastcall.skip("data the launcher copies (a layout its kernels do not read)")
         return True
     return False
 
 
-def _recorded_or_run(plan, data: tuple, op: str, args: tuple, tensors: frozenset, owners: tuple, run):
+def _recorded_or_run(plan, data: tuple, op: str, args: tuple, tensors: frozenset, owners: tuple, run, rows: int = 0):
     """run() of a public call on data (its first tensor the one whose device it runs on): through fastcall's
     recorder (op's recipes of plan, args the call's arguments, tensors / owners as fastcall.record takes them) where
     it can be replayed, else under that tensor's device."""
     x = data[0]
-    if _recordable(plan, x) and not _unreplayable(*data):
+    if _recordable(plan, x) and not _unreplayable(*data, rows=rows):
         return fastcall.record(plan, op, args, tensors, owners, run)
     with _on(x):
         return run()
@@ -171,7 +172,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     args = (q, k, v, g, beta, initial_state, mode, scale, use_qk_l2norm, output_states, state_indices, a, b, A_log,
             dt_bias, backend)
     return _recorded_or_run(parents, (q, k, v, g, beta, a, b, A_log, dt_bias), "verify", args, _VERIFY_TENSORS,
-                            (parents, state_indices), lambda: fn(q, k, v, g, beta, **kw))
+                            (parents, state_indices), lambda: fn(q, k, v, g, beta, **kw), rows=3)
 
 
 def _verify_into(q, k, v, g, beta, *, states_out, states_rows, backend, **kw):
@@ -189,7 +190,7 @@ def _verify_into(q, k, v, g, beta, *, states_out, states_rows, backend, **kw):
         args = (q, k, v, g, beta, kw["initial_state"], kw["mode"], kw["scale"], kw["use_qk_l2norm"],
                 kw["state_indices"], a, b, A_log, dt_bias, states_out, states_rows, backend)
         return _recorded_or_run(plan, (q, k, v, g, beta, a, b, A_log, dt_bias), "states", args, _STATES_TENSORS,
-                                (plan, kw["state_indices"], states_rows), run)
+                                (plan, kw["state_indices"], states_rows), run, rows=3)
     if be != "torch":
         raise ValueError(f"states_out: backend {be!r} writes no per-node states; use 'triton' or 'torch'")
     gates = checks.resolve_gates(g, beta, kw["a"], kw["b"], kw["A_log"], kw["dt_bias"])
@@ -228,7 +229,7 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
     args = (k, v, g, beta, accepted, initial_state, use_qk_l2norm, state_indices, inplace, a, b, A_log, dt_bias,
             backend)
     return _recorded_or_run(parents, (k, v, g, beta, a, b, A_log, dt_bias), "commit", args, _COMMIT_TENSORS,
-                            (parents, accepted, state_indices), run)
+                            (parents, accepted, state_indices), run, rows=2)
 
 
 def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="exact", activation="silu",

@@ -61,6 +61,27 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(t, its row stride in elements) for a kernel's q, k or v [B, T, heads, dim]: t itself where each token's heads
+    lie side by side in one row (dim stride 1, head stride dim) and the batch's rows one after another (batch stride
+    T rows), as a serving engine's split of its fused projection is (SGLang's q, k, v of mixed_qkv: each row strided
+    by the projection's width); else a contiguous copy (its row stride heads x dim). The kernels read row r of t at
+    r times the stride, a constexpr: a contiguous input compiles to the same code as before they took it."""
+    B, T, heads, dim = t.shape
+    s = t.stride()
+    rs = s[1] if T > 1 else (s[0] if B > 1 else heads * dim)
+    dense = (dim == 1 or s[3] == 1) and (heads == 1 or s[2] == dim) and (B == 1 or T == 1 or s[0] == T * s[1])
+    if dense and rs >= heads * dim:
+        return t, rs
+    return t.contiguous(), heads * dim
+
+
+def qkv_rows(q, k, v) -> dict:
+    """A GDN kernel's q, k, v and their row strides QS, KS, VS (rows_of), as keyword arguments."""
+    (q, qs), (k, ks), (v, vs) = rows_of(q), rows_of(k), rows_of(v)
+    return dict(q=q, k=k, v=v, QS=qs, KS=ks, VS=vs)
+
+
 def check_device(*tensors) -> None:
     dev = tensors[0].device
     if dev.type != "cuda" and not interpreting():

@@ -21,7 +21,7 @@ an argument of the call itself, a buffer the call allocated, a table the TreePla
 launchers' read-only constants, or the tensor of a CheckedSlots / CheckedIndices argument (matched by
 identity: validated once, immutable). A copy made for the call (a non-contiguous input made contiguous,
 a dtype conversion) is none of these, so such calls are never replayed (the public functions tell the
-known case apart before recording: non-contiguous data). One tensor passed as two
+known case apart before recording: data in a layout the kernels do not read, _common.rows_of). One tensor passed as two
 arguments (zeros as both A_log and dt_bias) is recorded with the alias: a replay requires one object in
 both places again, since the kernels read it through the first one's pointer. Raw ``state_indices`` or
 ``accepted`` (value-checked with a host sync on every call) are never replayed either. Nor are launches

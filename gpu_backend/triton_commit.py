@@ -26,6 +26,7 @@ def _gdn_commit_kernel(
     T, TP, DMAX,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, STATE_VK: tl.constexpr, OUT_VK: tl.constexpr,  # h.state_ptrs
+    KS: tl.constexpr, VS: tl.constexpr,  # k's and v's row strides (_common.rows_of)
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
@@ -37,8 +38,8 @@ def _gdn_commit_kernel(
     for d in range(0, DMAX):
         n = tl.load(path + d)
         row = (i_b * T + tl.maximum(n, 0)).to(tl.int64)
-        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
-        b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0, KS)
+        b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0, VS)
         b_g, b_beta = h.gates(g, beta, row * HV + i_hv, 0, neg_A, bias, FUSED, False)
         S = tl.where(n >= 0, h.delta_step(S, b_k, b_v, b_g, b_beta), S)
     oslot, olive = h.pool_slot(out_idx, i_b)
@@ -103,7 +104,8 @@ def plan_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state, us
         out = C.alloc((B, HV, K, V), torch.float32, k.device, poison)
         out_idx = checks.constant("slots", B, k.device)
     BK, BV = C.next_pow2(K, 1), min(block_v, C.next_pow2(V, 1))
-    kw = dict(k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, paths=paths, acc=rows,
+    (k, ks), (v, vs) = C.rows_of(k), C.rows_of(v)  # as given where their rows are, else contiguous copies
+    kw = dict(k=k, v=v, KS=ks, VS=vs, g=g_, beta=b_, A_log=al, dt_bias=db, paths=paths, acc=rows,
               state=initial_state, state_idx=idx, out=out, out_idx=out_idx, T=T, TP=paths.shape[1],
               DMAX=paths.shape[2], H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm,
               STATE_VK=C.state_vk(initial_state), OUT_VK=C.state_vk(out), num_warps=num_warps)

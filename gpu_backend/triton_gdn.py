@@ -52,6 +52,7 @@ def _gdn_recurrent_kernel(
     BK: tl.constexpr, BV: tl.constexpr,
     PARENT_INDEXED: tl.constexpr, STORE_STATES: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
     STATE_VK: tl.constexpr,  # the pool is the transpose of a contiguous [N, HV, V, K] one (h.state_ptrs)
+    QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
     ROWS: tl.constexpr = False, SNAP_VK: tl.constexpr = False,
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
@@ -70,9 +71,9 @@ def _gdn_recurrent_kernel(
         row = i_b * T + t  # int32 offsets inside the loop (the flattened kernel is latency-bound)
         if PARENT_INDEXED:  # the root reads the committed state
             S = h.source_state(snap, src + i_b * SRC_B, t, seq0, s0, i_hv, o_k, o_v, mkv, HV, K, V, SNAP_VK)
-        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, L2NORM, 0)
-        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
-        b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
+        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, L2NORM, 0, QS)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0, KS)
+        b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0, VS)
         b_g, b_beta = h.gates(g, beta, row * HV + i_hv, 0, neg_A, bias, FUSED, False)
         S = h.delta_step(S, b_k, b_v, b_g, b_beta)
         b_o = tl.sum(S * (b_q * scale)[:, None], 0)
@@ -92,6 +93,7 @@ def _gdn_paths_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr,
     STORE_STATES: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr, STATE_VK: tl.constexpr,
     ROWS: tl.constexpr, SNAP_VK: tl.constexpr,
+    QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
 ):
     """Grid (B * HV * T, V tiles): the program of node t of (sequence, value head) steps S [K, BV] from the
     committed state along t's path in registers, _gdn_recurrent_kernel's steps in its order (at one warp, its state
@@ -116,12 +118,12 @@ def _gdn_paths_kernel(
     steps = tl.sum((tl.load(path + o_d, mask=o_d < DMAX, other=-1) >= 0).to(tl.int32), 0)  # t's depth + 1
     for d in range(0, steps):
         row = i_b * T + tl.load(path + d)
-        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0)
-        b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0, KS)
+        b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0, VS)
         b_g, b_beta = h.gates(g, beta, row * HV + i_hv, 0, neg_A, bias, FUSED, False)
         S = h.delta_step(S, b_k, b_v, b_g, b_beta)
     row = i_b * T + t
-    b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, L2NORM, 0)
+    b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, L2NORM, 0, QS)
     b_o = tl.sum(S * (b_q * scale)[:, None], 0)
     tl.store(o + (row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
     if STORE_STATES:
@@ -148,6 +150,7 @@ def _gdn_wy_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
+    QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
     CHAINS: tl.constexpr = False,
 ):
@@ -162,7 +165,7 @@ def _gdn_wy_kernel(
     if ROOT == 0:
         # the ancestor mask is read with wy_tile's reads, after them and before any reduction
         reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
-                           STATE_VK)
+                           STATE_VK, QS, KS, VS)
         i_b, o_t = reads[0], reads[3]  # wy_reads' sequence and node offsets
         mt = o_t < T - 1
         anc = tl.load(mask + (i_b * T + 1 + o_t[:, None]).to(tl.int64) * T + 1 + o_t[None, :],
@@ -193,7 +196,7 @@ def _gdn_wy_kernel(
         # 5.8-5.9 (575971a). The descriptor's copy waited for at the state's use and read straight into the products'
         # operand layout (no pass through registers and back), which Triton cannot state, took 5.0 with the kernel's
         # TTGIR edited so (benchmarks/fused_tma_late.py at cc89f9a): a Gluon port could serve that 0.2 us
-        draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V)
+        draft = h.draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V, QS, KS, VS)
         anc = tl.load(mask + (i_b * T + o_t[:, None]).to(tl.int64) * T + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
         s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
@@ -414,7 +417,7 @@ def plan_recurrent(q, k, v, g=None, beta=None, *, parents, initial_state, mode="
         snap = checks.constant("dummy", 1, v.device)
     BK, BV = C.next_pow2(K, 1), min(block_v or (32 if paths else 16), C.next_pow2(V, 1))
     num_warps = num_warps or (2 if paths else 1)
-    kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db,
+    kw = dict(**C.qkv_rows(q, k, v), g=g_, beta=b_, A_log=al, dt_bias=db,
               state=initial_state, state_idx=idx, o=o, snap=snap, snap_rows=snap_rows if rows else idx, T=T,
               TS=states_out.shape[1] if rows else T, scale=scale, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
               STORE_STATES=store, FUSED=fused, L2NORM=use_qk_l2norm, STATE_VK=C.state_vk(initial_state), ROWS=rows,
@@ -573,7 +576,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     if root == 1:  # the root's chain is one node longer: powers of -L up to the depth
         nstep = math.ceil(math.log2(depth + 1))
     grid = (C.cdiv(V, BV), B * HV)
-    kw = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
+    kw = dict(**C.qkv_rows(q, k, v), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
               state=initial_state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, V=V,
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,

@@ -38,17 +38,21 @@ def kv_tile(i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.cons
 
 @triton.jit
 def load_rows(ptr, rows, head, cols, m, NH: tl.constexpr, D: tl.constexpr, L2NORM: tl.constexpr,
-              AXIS: tl.constexpr):
-    """fp32 values of ptr [B*T, NH, D] at (rows, head, cols): a vector (AXIS 0) for a scalar row,
-    a block [R, C] (AXIS 1) for rows [R, 1] and cols [1, C]; with L2NORM each row is divided by
-    its l2 norm."""
-    return normed(raw_rows(ptr, rows, head, cols, m, NH, D), L2NORM, AXIS)
+              AXIS: tl.constexpr, RS: tl.constexpr):
+    """fp32 values of ptr [B*T, NH, D] (row r at r * RS: _common.rows_of) at (rows, head, cols): a vector (AXIS 0) for
+    a scalar row, a block [R, C] (AXIS 1) for rows [R, 1] and cols [1, C]; with L2NORM each row is divided by its l2
+    norm."""
+    return normed(raw_rows(ptr, rows, head, cols, m, NH, D, RS), L2NORM, AXIS)
 
 
 @triton.jit
-def raw_rows(ptr, rows, head, cols, m, NH: tl.constexpr, D: tl.constexpr):
-    """load_rows' read alone: ptr [B*T, NH, D] at (rows, head, cols) in its own dtype (no conversion, no norm)."""
-    return tl.load(ptr + (rows * NH + head) * D + cols, mask=m, other=0.0)
+def raw_rows(ptr, rows, head, cols, m, NH: tl.constexpr, D: tl.constexpr, RS: tl.constexpr):
+    """load_rows' read alone: ptr [B*T, NH, D] at (rows, head, cols) in its own dtype (no conversion, no norm). Row r
+    lies at r * RS: NH * D where the rows are contiguous (the offset computed as it always was), wider where they are
+    views of a fused projection's rows (_common.rows_of)."""
+    if RS == NH * D:
+        return tl.load(ptr + (rows * NH + head) * D + cols, mask=m, other=0.0)
+    return tl.load(ptr + rows * RS + head * D + cols, mask=m, other=0.0)
 
 
 @triton.jit
@@ -188,24 +192,25 @@ def delta_step(S, b_k, b_v, b_g, b_beta):
 @triton.jit
 def wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, FUSED: tl.constexpr,
-            L2NORM: tl.constexpr, STATE_VK: tl.constexpr):
+            L2NORM: tl.constexpr, STATE_VK: tl.constexpr, QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr):
     """The root (node 0, every node's ancestor) of sequence i_b, recurrently: stores its output o_0
     [BV] and returns its state S_r [BK, BV], the state the draft nodes build on."""
     r0 = (i_b * T).to(tl.int64)
     q0, k0, v0, raw_g0, raw_b0, s0 = root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v,
-                                                 mk, mv, H, HV, K, V, STATE_VK)
+                                                 mk, mv, H, HV, K, V, STATE_VK, QS, KS, VS)
     return root_step(q0, k0, v0, raw_g0, raw_b0, s0, o, r0, i_hv, scale, o_v, mv, neg_A, bias, HV, V, FUSED, L2NORM)
 
 
 @triton.jit
 def root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v, mk, mv, H: tl.constexpr,
-               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, STATE_VK: tl.constexpr):
+               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, STATE_VK: tl.constexpr, QS: tl.constexpr,
+               KS: tl.constexpr, VS: tl.constexpr):
     """wy_root's reads, issued together (the state's after its pool slot's: two round trips in all): the root's
     q, k [BK] and v [BV] rows in their own dtype, its raw gates, and the committed state tile [BK, BV]."""
     slot, live = pool_slot(state_idx, i_b)
-    q0 = raw_rows(q, r0, i_h, o_k, mk, H, K)
-    k0 = raw_rows(k, r0, i_h, o_k, mk, H, K)
-    v0 = raw_rows(v, r0, i_hv, o_v, mv, HV, V)
+    q0 = raw_rows(q, r0, i_h, o_k, mk, H, K, QS)
+    k0 = raw_rows(k, r0, i_h, o_k, mk, H, K, KS)
+    v0 = raw_rows(v, r0, i_hv, o_v, mv, HV, V, VS)
     raw_g0, raw_b0 = raw_gates(g, beta, r0 * HV + i_hv, 0, False)
     s0 = tl.load(state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
                  mask=live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)
@@ -227,14 +232,16 @@ def root_step(q0, k0, v0, raw_g0, raw_b0, s0, o, r0, i_hv, scale, o_v, mv, neg_A
 @triton.jit
 def wy_tile(q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H: tl.constexpr, HV: tl.constexpr,
             K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-            FUSED: tl.constexpr, L2NORM: tl.constexpr, STATE_VK: tl.constexpr):
+            FUSED: tl.constexpr, L2NORM: tl.constexpr, STATE_VK: tl.constexpr, QS: tl.constexpr, KS: tl.constexpr,
+            VS: tl.constexpr):
     """What every per-V-tile WY kernel (grid (V tiles, B * HV)) starts from: its coordinates
     (sequence i_b, key head i_h, value head i_hv), the offsets o_t [BT], o_k [BK], o_v [BV] with
     masks mk, mv, the root's state S_r [BK, BV] (wy_root's, which stores o_0), the draft rows: mask mt [BT] and
     rows [BT] (int64) of nodes 1..T-1, and wy_rows' values of them (q, k [BT, BK] l2-normed, v [BT, BV] in v's own
     dtype, g, beta [BT]; a kernel that uses none of them reads none: unused loads are dropped). wy_reads, then
     wy_values: a kernel with reads of its own issues them between the two."""
-    reads = wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED, STATE_VK)
+    reads = wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED, STATE_VK,
+                     QS, KS, VS)
     return wy_values(reads, o, scale, HV, V, FUSED, L2NORM)
 
 
@@ -253,7 +260,7 @@ def block_coords(A_log, dt_bias, H: tl.constexpr, HV: tl.constexpr, K: tl.conste
 @triton.jit
 def wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H: tl.constexpr, HV: tl.constexpr,
              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-             FUSED: tl.constexpr, STATE_VK: tl.constexpr):
+             FUSED: tl.constexpr, STATE_VK: tl.constexpr, QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr):
     """wy_tile's reads, every one issued before any arithmetic that reduces (a reduction is a barrier, and a read
     issued after one waits a memory round trip of its own): one round trip, and a second for the state behind its
     pool slot, where reading the root, then the rows, took five in the one-kernel form at 1 x 16 (compiled for
@@ -263,9 +270,9 @@ def wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H: tl.conste
     mt = o_t < T - 1
     rows = (i_b * T + 1 + o_t).to(tl.int64)
     q0, k0, v0, raw_g0, raw_b0, s0 = root_reads(q, k, v, g, beta, state, state_idx, r0, i_b, i_h, i_hv, o_k, o_v,
-                                                 mk, mv, H, HV, K, V, STATE_VK)
+                                                 mk, mv, H, HV, K, V, STATE_VK, QS, KS, VS)
     return (i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, r0, mt, rows, q0, k0, v0, raw_g0, raw_b0, s0,
-            draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V))
+            draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V, QS, KS, VS))
 
 
 @triton.jit
@@ -280,24 +287,24 @@ def wy_values(reads, o, scale, HV: tl.constexpr, V: tl.constexpr, FUSED: tl.cons
 @triton.jit
 def wy_rows(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, FUSED: tl.constexpr,
-            L2NORM: tl.constexpr):
+            L2NORM: tl.constexpr, QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr):
     """A block of draft rows (rows [BT], valid where mt): q, k [BT, BK] (l2-normed), v [BT, BV] (fp32) and
     the gates g, beta [BT] (0 on padding rows). draft_reads, then draft_values."""
     b_q, b_k, b_v, b_g, b_beta = draft_values(
-        draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V), mt, neg_A, bias, FUSED,
-        L2NORM)
+        draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H, HV, K, V, QS, KS, VS), mt, neg_A, bias,
+        FUSED, L2NORM)
     return b_q, b_k, b_v.to(tl.float32), b_g, b_beta
 
 
 @triton.jit
 def draft_reads(q, k, v, g, beta, rows, mt, i_h, i_hv, o_k, o_v, mk, mv, H: tl.constexpr, HV: tl.constexpr,
-                K: tl.constexpr, V: tl.constexpr):
+                K: tl.constexpr, V: tl.constexpr, QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr):
     """wy_rows' reads alone: q, k [BT, BK] and v [BT, BV] of the draft rows in their own dtype, and their raw
     gates [BT]. A tuple for draft_values."""
     mqk = mt[:, None] & mk[None, :]
-    b_q = raw_rows(q, rows[:, None], i_h, o_k[None, :], mqk, H, K)
-    b_k = raw_rows(k, rows[:, None], i_h, o_k[None, :], mqk, H, K)
-    b_v = raw_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V)
+    b_q = raw_rows(q, rows[:, None], i_h, o_k[None, :], mqk, H, K, QS)
+    b_k = raw_rows(k, rows[:, None], i_h, o_k[None, :], mqk, H, K, KS)
+    b_v = raw_rows(v, rows[:, None], i_hv, o_v[None, :], mt[:, None] & mv[None, :], HV, V, VS)
     raw_g, raw_b = raw_gates(g, beta, rows * HV + i_hv, mt, True)
     return b_q, b_k, b_v, raw_g, raw_b
 

@@ -53,9 +53,9 @@ def _kda_recurrent_kernel(
         row = i_b * T + t
         if PARENT_INDEXED:
             S = h.source_state(snap, src, row, i_b * T, s0, i_h, o_k, o_v, mkv, H, K, V, False)
-        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, True, 0)
-        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, True, 0)
-        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0)
+        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, True, 0, H * K)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, True, 0, H * K)
+        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0, H * V)
         b_g = tl.load(g + (row * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)  # [BK]
         b_beta = tl.load(beta + row * H + i_h).to(tl.float32)
         S = h.delta_step(S, b_k, b_v, b_g[:, None], b_beta)  # the decay per key row
@@ -81,9 +81,9 @@ def _kda_wy_kernel(
     n_chunks = tl.cdiv(DMAX, BD)
     for t in range(0, T):
         row = i_b * T + t
-        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, True, 0) * scale  # [BK]
-        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, True, 0)
-        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0)  # [BV]
+        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, True, 0, H * K) * scale  # [BK]
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, True, 0, H * K)
+        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0, H * V)  # [BV]
         b_beta = tl.load(beta + row * H + i_h).to(tl.float32)
         acc_k = tl.zeros([BV], dtype=tl.float32)  # sum_j (k_t . k_j e_j) u_j over strict ancestors
         acc_q = tl.zeros([BV], dtype=tl.float32)  # sum_j (q_t . k_j e_j) u_j
@@ -96,7 +96,7 @@ def _kda_wy_kernel(
             tot = tl.sum(Ga, 0)
             after = run[None, :] + tot[None, :] - tl.cumsum(Ga, 0)  # [BD, BK] Gamma_t - Gamma_j (<= 0)
             run += tot
-            Ka = h.load_rows(k, arow[:, None], i_h, o_k[None, :], md, H, K, True, 1)  # [BD, BK] l2-normed
+            Ka = h.load_rows(k, arow[:, None], i_h, o_k[None, :], md, H, K, True, 1, H * K)  # [BD, BK] l2-normed
             KE = tl.where(strict[:, None] & mk[None, :], Ka * tl.exp(after), 0.0)
             Ua = tl.load(u_buf + (arow[:, None] * H + i_h) * V + o_v[None, :], mask=strict[:, None] & mv[None, :],
                          other=0.0)  # [BD, BV]
@@ -200,8 +200,8 @@ def _kda_commit_kernel(
     for d in range(0, DMAX):
         n = tl.load(path + d)
         row = (i_b * T + tl.maximum(n, 0)).to(tl.int64)
-        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, True, 0)
-        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, True, 0, H * K)
+        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0, H * V)
         b_g = tl.load(g + (row * H + i_h) * K + o_k, mask=mk, other=0.0).to(tl.float32)
         b_beta = tl.load(beta + row * H + i_h).to(tl.float32)
         S = tl.where(n >= 0, h.delta_step(S, b_k, b_v, b_g[:, None], b_beta), S)

@@ -56,9 +56,9 @@ def _lightning_recurrent_kernel(
         row = i_b * T + t
         if PARENT_INDEXED:
             S = h.source_state(snap, src, row, i_b * T, s0, i_h, o_k, o_v, mkv, H, K, V, False)
-        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, False, 0)
-        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, False, 0)
-        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0)
+        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, False, 0, H * K)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, False, 0, H * K)
+        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0, H * V)
         S = _lightning_step(S, b_k, b_v, lam)
         b_o = tl.sum(S * b_q[:, None], 0)
         tl.store(o + (row * H + i_h) * V + o_v, b_o.to(o.dtype.element_ty), mask=mv)
@@ -83,7 +83,7 @@ def _lightning_masked_kernel(
     n_chunks = tl.cdiv(DMAX, BD)
     for t in range(0, T):
         row = i_b * T + t
-        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, False, 0)  # [BK]
+        b_q = h.load_rows(q, row, i_h, o_k, mk, H, K, False, 0, H * K)  # [BK]
         acc = tl.zeros([BV], dtype=tl.float32)  # sum_j lambda^(d_t - d_j) (q_t . k_j) v_j
         run = 0.0  # path entries after the current chunk
         for c in range(0, n_chunks):
@@ -92,8 +92,8 @@ def _lightning_masked_kernel(
             after = run + cnt - tl.cumsum(valid.to(tl.float32), 0)  # [BD] d_t - d_j on the path
             run += cnt
             arow = i_b * T + tl.maximum(anc, 0)
-            Ka = h.load_rows(k, arow[:, None], i_h, o_k[None, :], valid[:, None] & mk[None, :], H, K, False, 1)
-            Va = h.load_rows(v, arow[:, None], i_h, o_v[None, :], valid[:, None] & mv[None, :], H, V, False, 1)
+            Ka = h.load_rows(k, arow[:, None], i_h, o_k[None, :], valid[:, None] & mk[None, :], H, K, False, 1, H * K)
+            Va = h.load_rows(v, arow[:, None], i_h, o_v[None, :], valid[:, None] & mv[None, :], H, V, False, 1, H * V)
             w = tl.where(valid, tl.exp(after * ln_lam) * tl.sum(Ka * b_q[None, :], 1), 0.0)  # [BD]
             acc += tl.sum(w[:, None] * Va, 0)
         b_o = tl.exp(run * ln_lam) * tl.sum(S0 * b_q[:, None], 0) + acc  # run = d_t + 1
@@ -182,8 +182,8 @@ def _lightning_commit_kernel(
     for d in range(0, DMAX):
         n = tl.load(path + d)
         row = (i_b * T + tl.maximum(n, 0)).to(tl.int64)
-        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, False, 0)
-        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0)
+        b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, False, 0, H * K)
+        b_v = h.load_rows(v, row, i_h, o_v, mv, H, V, False, 0, H * V)
         S = tl.where(n >= 0, _lightning_step(S, b_k, b_v, lam), S)
     tl.store(h.state_ptrs(out, i_b, i_h, o_k, o_v, H, K, V, False), S, mask=mkv)
 

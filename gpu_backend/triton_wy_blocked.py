@@ -57,6 +57,7 @@ def _gdn_wy_blocked_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
+    QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     o_t = tl.arange(0, BT)
@@ -64,7 +65,7 @@ def _gdn_wy_blocked_kernel(
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     # ---- the root, recurrently: S_r and o_0
     s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
-                   H, HV, K, V, FUSED, L2NORM, STATE_VK)
+                   H, HV, K, V, FUSED, L2NORM, STATE_VK, QS, KS, VS)
     n = T - 1  # draft nodes, at rows 1..T-1
     # ---- prologue: G per draft node, chunk by chunk (mask-row sums over the chunks up to its own)
     for c0 in range(0, n, BT):
@@ -86,7 +87,7 @@ def _gdn_wy_blocked_kernel(
         mc = rc < n
         rows = (i_b * T + 1 + rc).to(tl.int64)
         b_q, b_k, b_v, b_g, b_beta = h.wy_rows(q, k, v, g, beta, rows, mc, i_h, i_hv, o_k, o_v, mk, mv, neg_A, bias,
-                                               H, HV, K, V, FUSED, L2NORM)
+                                               H, HV, K, V, FUSED, L2NORM, QS, KS, VS)
         b_qs = b_q * scale
         G = tl.load(Gs + rows * HV + i_hv, mask=mc, other=0.0)
         A = tl.exp(G)
@@ -96,7 +97,7 @@ def _gdn_wy_blocked_kernel(
             rj = j0 + o_t
             mj = rj < n
             rows_j = (i_b * T + 1 + rj).to(tl.int64)
-            k_j = h.load_rows(k, rows_j[:, None], i_h, o_k[None, :], mj[:, None] & mk[None, :], H, K, L2NORM, 1)
+            k_j = h.load_rows(k, rows_j[:, None], i_h, o_k[None, :], mj[:, None] & mk[None, :], H, K, L2NORM, 1, KS)
             u_j = tl.load(Us + (rows_j[:, None] * HV + i_hv) * V + o_v[None, :], mask=mj[:, None] & mv[None, :],
                           other=0.0)
             G_j = tl.load(Gs + rows_j * HV + i_hv, mask=mj, other=0.0)
@@ -157,6 +158,7 @@ def _gdn_wy_blocked_diag_kernel(
     T, NSTEP, NP, NC,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
+    KS: tl.constexpr,  # k's row stride (_common.rows_of)
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -174,7 +176,7 @@ def _gdn_wy_blocked_diag_kernel(
         anc = tl.load(mask_b + nodes[:, None] * T + nodes_j[None, :], mask=mc[:, None] & mj[None, :], other=0) != 0
         G += tl.sum(tl.where(anc, tl.where(mj, g_j, 0.0)[None, :], 0.0), 1)
     tl.store(Gs + i_bh.to(tl.int64) * NP + i_c * BT + o_t, G)
-    b_k, rk = _raw_block(k, rows, mc, i_h, o_k, o_k < K, H, K, L2NORM)
+    b_k, rk = _raw_block(k, rows, mc, i_h, o_k, o_k < K, H, K, L2NORM, KS)
     _, b_beta = h.gates(g, beta, rows * HV + i_hv, mc, neg_A, bias, FUSED, True)
     D = _path_decay(mask_b, nodes, mc, nodes, mc, G, G, T, True)
     N = -tl.where(mc, b_beta, 0.0)[:, None] * D * _gram(b_k, b_k, rk, rk, RAW16, PRECISION)
@@ -198,6 +200,7 @@ def _gdn_wy_blocked_solve_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
     FOLD: tl.constexpr,
+    QS: tl.constexpr, KS: tl.constexpr,  # q's and k's row strides (_common.rows_of)
 ):
     # FOLD: Qe_i = diag(A_i) Q_i scale - sum_{j <= i} Ve_ij diag(A_j) K_j, so that the apply kernel's
     # O_i = Qe_i S_r + sum_{j <= i} Ve_ij V_j takes one product by S_r instead of i + 2
@@ -214,20 +217,20 @@ def _gdn_wy_blocked_solve_kernel(
     nodes_i = _chunk_nodes(i_i, BT)
     G_i = tl.load(Gs + gbase + i_i * BT + o_t)
     if FOLD:
-        b_q, rq = _raw_block(q, rows_i, mi, i_h, o_k, mk, H, K, L2NORM)
+        b_q, rq = _raw_block(q, rows_i, mi, i_h, o_k, mk, H, K, L2NORM, QS)
         Qacc = (tl.exp(G_i) * scale / rq)[:, None] * b_q.to(tl.float32)
     for jj in range(0, i_i + 1):  # right to left: Y_il for l > j is stored before chunk j needs it
         j = i_i - jj
         rows_j, mj = _chunk_rows(i_b, j, T, BT)
-        b_q, rq = _raw_block(q, rows_i, mi, i_h, o_k, mk, H, K, L2NORM)  # loaded again (cached): fewer live registers
-        k_j, rk_j = _raw_block(k, rows_j, mj, i_h, o_k, mk, H, K, L2NORM)
+        b_q, rq = _raw_block(q, rows_i, mi, i_h, o_k, mk, H, K, L2NORM, QS)  # loaded again (cached): fewer live registers
+        k_j, rk_j = _raw_block(k, rows_j, mj, i_h, o_k, mk, H, K, L2NORM, KS)
         G_j = tl.load(Gs + gbase + j * BT + o_t)
         nodes_j = _chunk_nodes(j, BT)
         X = _path_decay(mask_b, nodes_i, mi, nodes_j, mj, G_i, G_j, T, False) * _gram(b_q, k_j, rq, rk_j, RAW16,
                                                                                  PRECISION) * scale
         for l in range(j + 1, i_i + 1):  # X -= Ve_il M_lj
             rows_l, ml = _chunk_rows(i_b, l, T, BT)
-            k_l, rk_l = _raw_block(k, rows_l, ml, i_h, o_k, mk, H, K, L2NORM)
+            k_l, rk_l = _raw_block(k, rows_l, ml, i_h, o_k, mk, H, K, L2NORM, KS)
             G_l = tl.load(Gs + gbase + l * BT + o_t)
             nodes_l = _chunk_nodes(l, BT)
             M = _path_decay(mask_b, nodes_l, ml, nodes_j, mj, G_l, G_j, T, False) * _gram(k_l, k_j, rk_l, rk_j, RAW16,
@@ -254,6 +257,7 @@ def _gdn_wy_blocked_apply_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr, FOLD: tl.constexpr,
+    QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
     i_i = tl.program_id(2)
@@ -262,7 +266,7 @@ def _gdn_wy_blocked_apply_kernel(
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     # every chunk's program stores the root's output o_0 too: the same bits (same inputs, same code)
     s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
-                   H, HV, K, V, FUSED, L2NORM, STATE_VK)
+                   H, HV, K, V, FUSED, L2NORM, STATE_VK, QS, KS, VS)
     i_bh = i_b * HV + i_hv
     gbase = i_bh.to(tl.int64) * NP
     rows_i, mi = _chunk_rows(i_b, i_i, T, BT)
@@ -270,14 +274,14 @@ def _gdn_wy_blocked_apply_kernel(
         Qm = tl.load(Qe + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * BK + o_k[None, :])
         O = tl.dot(Qm, s0, input_precision=PRECISION)
     else:
-        b_q = h.load_rows(q, rows_i[:, None], i_h, o_k[None, :], mi[:, None] & mk[None, :], H, K, L2NORM, 1)
+        b_q = h.load_rows(q, rows_i[:, None], i_h, o_k[None, :], mi[:, None] & mk[None, :], H, K, L2NORM, 1, QS)
         A_i = tl.exp(tl.load(Gs + gbase + i_i * BT + o_t))
         O = A_i[:, None] * tl.dot(b_q * scale, s0, input_precision=PRECISION)
     for j in range(0, i_i + 1):
         rows_j, mj = _chunk_rows(i_b, j, T, BT)
-        R = h.load_rows(v, rows_j[:, None], i_hv, o_v[None, :], mj[:, None] & mv[None, :], HV, V, False, 1)
+        R = h.load_rows(v, rows_j[:, None], i_hv, o_v[None, :], mj[:, None] & mv[None, :], HV, V, False, 1, VS)
         if not FOLD:  # R_j = V_j - diag(A_j) K_j S_r [BT, BV]
-            k_j = h.load_rows(k, rows_j[:, None], i_h, o_k[None, :], mj[:, None] & mk[None, :], H, K, L2NORM, 1)
+            k_j = h.load_rows(k, rows_j[:, None], i_h, o_k[None, :], mj[:, None] & mk[None, :], H, K, L2NORM, 1, KS)
             A_j = tl.exp(tl.load(Gs + gbase + j * BT + o_t))
             R = R - A_j[:, None] * tl.dot(k_j, s0, input_precision=PRECISION)
         Ve_ij = tl.load(Ve + (i_bh.to(tl.int64) * NP + i_i * BT + o_t[:, None]) * NP + j * BT + o_t[None, :])
@@ -349,7 +353,9 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     if block_v is None:
         block_v = auto_block_v(B, precision, design)
     BT, BK, BV = block_t, max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))
-    qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
+    rows = C.qkv_rows(q, k, v)  # q, k, v as given where their rows are, else contiguous copies, and their row strides
+    qc, kc, vc = rows["q"], rows["k"], rows["v"]
+    QS, KS, VS = rows["QS"], rows["KS"], rows["VS"]
     gates = dict(g=g_, beta=b_, A_log=al, dt_bias=db)
     shapes = dict(H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision)
     if design == "chunked":
@@ -357,7 +363,7 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         Us = C.scratch((B, T, HV, V), torch.float32, v.device)
         kw = dict(q=qc, k=kc, v=vc, **gates, mask=mask, state=initial_state, state_idx=idx, o=o, Gs=Gs, Us=Us, T=T,
                   scale=scale, NSTEP=nstep, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state),
-                  num_warps=num_warps)
+                  QS=QS, KS=KS, VS=VS, num_warps=num_warps)
         return bind(_gdn_wy_blocked_kernel, (C.cdiv(V, BV), B * HV), kw), o
     NC = max(1, C.cdiv(T - 1, BT))  # chunks (one, empty, for a root alone: the apply stores o_0)
     NP = NC * BT
@@ -371,13 +377,13 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     # interpreter, whose bf16 tl.dot multiplies raw bits)
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
     diag = dict(k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, T=T, NSTEP=nstep, NP=NP, NC=NC, **shapes, RAW16=raw16,
-                num_warps=solve_warps, **opts)
+                KS=KS, num_warps=solve_warps, **opts)
     solve = dict(q=qc, k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, Ve=Ve, Qe=Qe, T=T, scale=scale, NP=NP, NC=NC, **shapes,
-                 RAW16=raw16, EXACT=_exact_mode(q, k, q, "bf16x3", C.interpreting()), FOLD=fold,
+                 RAW16=raw16, EXACT=_exact_mode(q, k, q, "bf16x3", C.interpreting()), FOLD=fold, QS=QS, KS=KS,
                  num_warps=solve_warps, **opts)
     apply = dict(q=qc, k=kc, v=vc, **gates, Gs=Gs, Ve=Ve, Qe=Qe, state=initial_state, state_idx=idx, o=o, T=T,
                  scale=scale, NP=NP, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state), FOLD=fold,
-                 num_warps=num_warps, **opts)
+                 QS=QS, KS=KS, VS=VS, num_warps=num_warps, **opts)
     parts = (bind(_gdn_wy_blocked_diag_kernel, (NC, B * HV), diag),
              bind(_gdn_wy_blocked_solve_kernel, (NC, B * HV), solve),
              bind(_gdn_wy_blocked_apply_kernel, (C.cdiv(V, BV), B * HV, NC), apply))

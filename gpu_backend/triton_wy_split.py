@@ -43,10 +43,11 @@ except ImportError:  # pragma: no cover - older Triton: pdl is refused by plan_w
 
 
 @triton.jit
-def _raw_block(ptr, rows, m, head, o_k, mk, NH: tl.constexpr, D: tl.constexpr, L2NORM: tl.constexpr):
-    """Rows [BT, BK] of q or k [B*T, NH, D] in their own dtype (16-bit inputs stay 16-bit: one exact
+def _raw_block(ptr, rows, m, head, o_k, mk, NH: tl.constexpr, D: tl.constexpr, L2NORM: tl.constexpr,
+               RS: tl.constexpr):
+    """Rows [BT, BK] of q or k [B*T, NH, D] (row r at r * RS) in their own dtype (16-bit inputs stay 16-bit: one exact
     MMA per product, half the shared memory) and their l2 norms [BT] (ones without L2NORM)."""
-    x = h.raw_rows(ptr, rows[:, None], head, o_k[None, :], m[:, None] & mk[None, :], NH, D)
+    x = h.raw_rows(ptr, rows[:, None], head, o_k[None, :], m[:, None] & mk[None, :], NH, D, RS)
     if L2NORM:
         r = tl.sqrt(tl.sum(x.to(tl.float32) * x.to(tl.float32), 1) + 1e-6)
     else:
@@ -69,19 +70,20 @@ def _gram(a, b, ra, rb, RAW16: tl.constexpr, PRECISION: tl.constexpr):
 @triton.jit
 def _solve_prologue(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
-                    RAW16: tl.constexpr, PRECISION: tl.constexpr):
+                    RAW16: tl.constexpr, PRECISION: tl.constexpr, QS: tl.constexpr, KS: tl.constexpr):
     """What both per-head kernels start from, for the draft block of (sequence, value head) i_bh: the
     offsets o_t [BT], o_k [BK]; the raw q, k rows [BT, BK] (kept 16-bit: registers) and their l2 norms
     rq, rk [BT]; beta [BT]; the path log-decays G [BT]; D = A_t / A_j on ancestors-or-self and the
     mask anc [BT, BT]; N = -L [BT, BT]. _prologue_reads, then _prologue_values: a kernel with reads of its own
     issues them between the two."""
-    reads = _prologue_reads(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED)
+    reads = _prologue_reads(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, QS, KS)
     return _prologue_values(reads, FUSED, L2NORM, RAW16, PRECISION)
 
 
 @triton.jit
 def _prologue_reads(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H: tl.constexpr, HV: tl.constexpr,
-                    K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr):
+                    K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr, QS: tl.constexpr,
+                    KS: tl.constexpr):
     """_solve_prologue's reads, all issued before its first reduction (the norms' products: a barrier, after which a
     read waits a memory round trip of its own; the gates and the mask were read after it, compiled for sm_90)."""
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -93,10 +95,14 @@ def _prologue_reads(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H: tl.constexp
     m2 = mt[:, None] & (o_k < K)[None, :]
     # both rows loaded before either norm (this order is the compiled kernel the H200 figures are of;
     # _raw_block's load-then-norm per operand compiles to more spills under a register cap)
-    qk = (b0 * H + i_h) * K
-    qk_tile = o_t[:, None] * (H * K) + o_k[None, :]
-    b_k = tl.load(k + qk + qk_tile, mask=m2, other=0.0)
-    b_q = tl.load(q + qk + qk_tile, mask=m2, other=0.0)
+    if QS == H * K and KS == H * K:  # contiguous rows (_common.rows_of): one set of offsets for both
+        qk = (b0 * H + i_h) * K
+        qk_tile = o_t[:, None] * (H * K) + o_k[None, :]
+        b_k = tl.load(k + qk + qk_tile, mask=m2, other=0.0)
+        b_q = tl.load(q + qk + qk_tile, mask=m2, other=0.0)
+    else:  # views of a fused projection's rows: each its own row stride
+        b_k = tl.load(k + b0 * KS + i_h * K + (o_t[:, None] * KS + o_k[None, :]), mask=m2, other=0.0)
+        b_q = tl.load(q + b0 * QS + i_h * K + (o_t[:, None] * QS + o_k[None, :]), mask=m2, other=0.0)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     gb = b0 * HV + i_hv
     raw_g, raw_b = h.raw_gates(g + gb, beta + gb, o_t * HV, mt, True)
@@ -139,10 +145,11 @@ def _gdn_wy_solve_kernel(
     T, scale, NSTEP,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
+    QS: tl.constexpr, KS: tl.constexpr,  # q's and k's row strides (_common.rows_of)
 ):
     i_bh = tl.program_id(0)
     o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _solve_prologue(
-        q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, PRECISION)
+        q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, PRECISION, QS, KS)
     Pm = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale
     base = i_bh.to(tl.int64) * BT * BT
     tl.store(P + base + o_t[:, None] * BT + o_t[None, :], Pm)
@@ -163,10 +170,11 @@ def _gdn_wy_apply_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
+    QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
 ):
     i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, _, _, s0, mt, rows, b_q, b_k, b_v, _, b_beta = h.wy_tile(
         q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM,
-        STATE_VK)
+        STATE_VK, QS, KS, VS)
     b_v = b_v.to(tl.float32)
     i_bh = i_b * HV + i_hv
     base = i_bh.to(tl.int64) * BT * BT
@@ -215,7 +223,8 @@ def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
 @triton.jit
 def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
-                  RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr, ROOT: tl.constexpr):
+                  RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr, ROOT: tl.constexpr,
+                  QS: tl.constexpr, KS: tl.constexpr):
     """The output's weights of head i_bh's draft block: (o_t [BT], o_k [BK], Qe [BT, BK], Ve [BT, BT], c [BT],
     q_0' [BK], c_0), with O = Qe S_r + Ve V, or with ROOT O = Qe' S + Ve V + c v_0^T and o_0 = S^T q_0' + c_0 v_0
     (S the committed state; without ROOT c, q_0', c_0 are zeros)."""
@@ -232,10 +241,10 @@ def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H:
         i_b, i_hv = i_bh // HV, i_bh % HV
         r0 = (i_b * T).to(tl.int64)
         o_k0 = tl.arange(0, BK)
-        raw_q0 = h.raw_rows(q, r0, i_hv // (HV // H), o_k0, o_k0 < K, H, K)
-        raw_k0 = h.raw_rows(k, r0, i_hv // (HV // H), o_k0, o_k0 < K, H, K)
+        raw_q0 = h.raw_rows(q, r0, i_hv // (HV // H), o_k0, o_k0 < K, H, K, QS)
+        raw_k0 = h.raw_rows(k, r0, i_hv // (HV // H), o_k0, o_k0 < K, H, K, KS)
         raw_g0, raw_b0 = h.raw_gates(g, beta, r0 * HV + i_hv, 0, False)
-    reads = _prologue_reads(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED)
+    reads = _prologue_reads(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, QS, KS)
     o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _prologue_values(reads, FUSED, L2NORM, RAW16, PRECISION)
     A = tl.exp(G)
     Y = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale  # P
@@ -281,12 +290,13 @@ def _gdn_wy_fold_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, ROOT: tl.constexpr,
+    QS: tl.constexpr, KS: tl.constexpr,  # q's and k's row strides (_common.rows_of)
 ):
     if PDL:  # the apply kernel may start its independent prologue now (it waits before reading Qe, Ve)
         gdc_launch_dependents()
     i_bh = tl.program_id(0)
     o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
-                                                BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, ROOT)
+                                                BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, ROOT, QS, KS)
     base = i_bh.to(tl.int64) * BT
     if ROOT:
         tl.store(Cv + base + o_t, c)
@@ -325,6 +335,15 @@ def _draft_tile(i_b, i_hv, T, o_t, o_v, HV: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
+def _v_tile(r0, tile, i_b, i_hv, T, o_t, o_v, HV: tl.constexpr, V: tl.constexpr, VS: tl.constexpr):
+    """_draft_tile's addresses (r0, tile: o's, and v's where its rows are contiguous) for v, whose row r lies at
+    r * VS (_common.rows_of): o's own where VS is HV * V, else made from VS."""
+    if VS == HV * V:
+        return r0, tile
+    return (i_b * T).to(tl.int64) * VS + i_hv * V, (o_t[:, None] + 1) * VS + o_v[None, :]
+
+
+@triton.jit
 def _gdn_wy_fold_head_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
@@ -334,6 +353,7 @@ def _gdn_wy_fold_head_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr,
     PRECISION: tl.constexpr, STATE_VK: tl.constexpr, SPLIT_V: tl.constexpr, MIXED: tl.constexpr,
+    QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
 ):
     # The folded form with the root's step folded in (fold_root) in one program per head: the weights stay in
     # the program (registers) and it applies them to each V tile of the committed state S itself,
@@ -359,24 +379,24 @@ def _gdn_wy_fold_head_kernel(
     slot, live = h.pool_slot(state_idx, i_b)  # read with the weights' reads (after them, the state's read waited two
     # trips); a padded row (slot -1) reads a zero state
     o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
-                                                BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True)
+                                                BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True, QS, KS)
     if MIXED:
         for vt in range(t0, t1, BV):
             _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, live, i_b, i_hv, vt, T, o_t, o_k, HV, K, V, BV, EXACT,
-                       PRECISION, STATE_VK)
+                       PRECISION, STATE_VK, VS)
     elif SPLIT_V:
         _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, live, i_b, i_hv, (pid % NT) * BV, T, o_t, o_k, HV, K, V, BV,
-                   EXACT, PRECISION, STATE_VK)
+                   EXACT, PRECISION, STATE_VK, VS)
     else:
         for vt in range(0, V, BV):
             _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, live, i_b, i_hv, vt, T, o_t, o_k, HV, K, V, BV, EXACT,
-                       PRECISION, STATE_VK)
+                       PRECISION, STATE_VK, VS)
 
 
 @triton.jit
 def _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, live, i_b, i_hv, vt, T, o_t, o_k, HV: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, BV: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
-               STATE_VK: tl.constexpr):
+               STATE_VK: tl.constexpr, VS: tl.constexpr):
     """The head kernel's V tile at columns vt..vt+BV: O = Qe' S + Ve V + c v_0^T and o_0 = S^T q_0' + c_0 v_0,
     stored (the addresses made here, 32-bit past scalar bases: _draft_tile). The product Ve V first: Triton moves
     v into shared memory for it (a barrier) as soon as v arrives, and the state's read follows, a round trip of its
@@ -386,7 +406,8 @@ def _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, live, i_b, i_hv, vt, T, o_t
     o_v = vt + tl.arange(0, BV)
     mv = o_v < V
     r0, tile = _draft_tile(i_b, i_hv, T, o_t, o_v, HV, V)
-    b_v, v0 = _root_tile_v(v, r0, tile, o_v, mt, mv)  # [BT, BV], [BV]
+    rv, tv = _v_tile(r0, tile, i_b, i_hv, T, o_t, o_v, HV, V, VS)
+    b_v, v0 = _root_tile_v(v, rv, tv, o_v, mt, mv)  # [BT, BV], [BV]
     S = tl.load(h.state_ptrs32(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),
                 mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)  # [BK, BV]; a padded row's zero
     # Ve V with Ve in two bf16 parts (EXACT 3) where bf16x3 would take three: Qe' S beside it is Triton's
@@ -426,6 +447,7 @@ def _gdn_wy_fold_apply_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, STATE_VK: tl.constexpr,
+    QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
 ):
     # Launched with programmatic dependent launch (PDL), this grid starts once every fold program has
     # started, and each program waits for its own head's fold program only (its ready flag), not for
@@ -434,7 +456,7 @@ def _gdn_wy_fold_apply_kernel(
     # Everything before the wait overlaps the fold kernel: nothing there reads what it writes.
     i_b, i_h, i_hv, o_t, o_k, o_v, mk, mv, neg_A, bias, s0, mt, rows, _, _, b_v, _, _ = h.wy_tile(
         q, k, v, g, beta, A_log, dt_bias, state, state_idx, o, T, scale, H, HV, K, V, BT, BK, BV, FUSED, L2NORM,
-        STATE_VK)  # b_v [BT, BV] in v's dtype
+        STATE_VK, QS, KS, VS)  # b_v [BT, BV] in v's dtype
     i_bh = i_b * HV + i_hv
     base = i_bh.to(tl.int64) * BT
     _wait_for_fold(ready, i_bh, PDL)
@@ -454,6 +476,7 @@ def _gdn_wy_fold_root_apply_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
     EXACT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr, STATE_VK: tl.constexpr,
+    VS: tl.constexpr,  # v's row stride (_common.rows_of)
 ):
     # The per-V-tile half with the root's step folded into the weights (the fold kernel's ROOT):
     #   O = Qe' S + Ve V + c v_0^T,   o_0 = S^T q_0' + c_0 v_0,
@@ -465,7 +488,8 @@ def _gdn_wy_fold_root_apply_kernel(
     mv = o_v < V
     mt = o_t < T - 1
     r0, tile = _draft_tile(i_b, i_hv, T, o_t, o_v, HV, V)
-    b_v, v0 = _root_tile_v(v, r0, tile, o_v, mt, mv)
+    rv, tv = _v_tile(r0, tile, i_b, i_hv, T, o_t, o_v, HV, V, VS)
+    b_v, v0 = _root_tile_v(v, rv, tv, o_v, mt, mv)
     slot, live = h.pool_slot(state_idx, i_b)  # a padded row (slot -1) reads a zero state
     i_bh = i_b * HV + i_hv
     base = i_bh.to(tl.int64) * BT
@@ -590,17 +614,19 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     BV = min(block_v or (fold_bv if fold else 32), max(16, C.next_pow2(V, 1)))
     # Triton's interpreter multiplies bf16 tiles as raw bits (fp16 is right): there bf16 takes the fp32 path
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
-    qc, kc = q.contiguous(), k.contiguous()
+    rows = C.qkv_rows(q, k, v)  # q, k, v as given where their rows are, else contiguous copies, and their row strides
+    qc, kc, vc = rows["q"], rows["k"], rows["v"]
+    qks, strides = dict(QS=rows["QS"], KS=rows["KS"]), dict(QS=rows["QS"], KS=rows["KS"], VS=rows["VS"])
     if fold:  # (head among them)
         exact = _exact_mode(q, k, v, exact16, C.interpreting())
         if head:
             BV = min(HEAD_BLOCK_V, max(16, C.next_pow2(V, 1)))
-            return _plan_head(dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask,
+            return _plan_head(dict(q=qc, k=kc, v=vc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, **strides,
                                    state=state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K,
                                    V=V, BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
                                    EXACT=exact, PRECISION=precision, STATE_VK=C.state_vk(state),
                                    num_warps=solve_warps, num_stages=HEAD_STAGES), B * HV, caps[0], v.device), o
-        return _plan_fold(qc, kc, v, g_, b_, al, db, fused=fused, mask=mask, nstep=nstep, state=state, idx=idx,
+        return _plan_fold(qc, kc, vc, g_, b_, al, db, strides=strides, fused=fused, mask=mask, nstep=nstep, state=state, idx=idx,
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
                           exact=exact, use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
                           solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps,
@@ -610,8 +636,8 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     Ad = C.scratch((B, HV, BT), torch.float32, v.device)
     solve = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, W=Wm, P=Pm, Ad=Ad, T=T, scale=scale,
                  NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
-                 PRECISION=precision, num_warps=solve_warps)
-    apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, W=Wm, P=Pm, Ad=Ad, state=state,
+                 PRECISION=precision, num_warps=solve_warps, **qks)
+    apply = dict(q=qc, k=kc, v=vc, **strides, g=g_, beta=b_, A_log=al, dt_bias=db, W=Wm, P=Pm, Ad=Ad, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
                  L2NORM=use_qk_l2norm, PRECISION=precision, STATE_VK=C.state_vk(state), num_warps=num_warps)
     return _in_order(bind(_gdn_wy_solve_kernel, (B * HV,), solve),
@@ -643,7 +669,7 @@ def _in_order(first, second):
     return launch
 
 
-def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
+def _plan_fold(qc, kc, v, g_, b_, al, db, *, strides, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
                raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, caps, root, BKC):
     Qe = C.scratch((B, HV, BT, BK), torch.float32, v.device)
     Ve = C.scratch((B, HV, BT, BT), torch.float32, v.device)
@@ -657,13 +683,13 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sca
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, Cv=Cv, Q0=Q0, C0=C0,
                 ready=ready, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused,
                 L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=exact, PRECISION=precision, PDL=pdl, ROOT=root,
-                num_warps=solve_warps)
+                num_warps=solve_warps, QS=strides["QS"], KS=strides["KS"])
     if root:
-        apply = dict(v=v.contiguous(), Qe=Qe, Ve=Ve, Cv=Cv, Q0=Q0, C0=C0, ready=ready, state=state, state_idx=idx, o=o,
+        apply = dict(v=v, VS=strides["VS"], Qe=Qe, Ve=Ve, Cv=Cv, Q0=Q0, C0=C0, ready=ready, state=state, state_idx=idx, o=o,
                      T=T, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, BKC=BKC, EXACT=exact, PRECISION=precision, PDL=pdl,
                      STATE_VK=C.state_vk(state), num_warps=num_warps)
     else:
-        apply = dict(q=qc, k=kc, v=v.contiguous(), g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, ready=ready,
+        apply = dict(q=qc, k=kc, v=v, **strides, g=g_, beta=b_, A_log=al, dt_bias=db, Qe=Qe, Ve=Ve, ready=ready,
                      state=state, state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
                      FUSED=fused, L2NORM=use_qk_l2norm, EXACT=exact, PRECISION=precision, PDL=pdl,
                      STATE_VK=C.state_vk(state), num_warps=num_warps)

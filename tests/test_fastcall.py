@@ -229,8 +229,15 @@ def test_calls_a_recipe_could_never_keep_are_told_apart_before_recording():
     before = fastcall.stats()["refused"]
     assert gb._unreplayable(q, q.transpose(1, 2))  # a non-contiguous input: the launcher copies it
     assert not gb._unreplayable(q, None, torch.zeros(3))
+    # q, k, v (the first `rows`) split from one projection are read in place by row stride: kept; in another layout
+    # (heads before tokens) copied: refused; so is a non-contiguous gate
+    fused = torch.randn(1, 3, 3 * 32)
+    q, k, v = (fused[..., i * 32:(i + 1) * 32].unflatten(-1, (2, 16)) for i in range(3))
+    assert not gb._unreplayable(q, k, v, torch.zeros(1, 3, 2), rows=3)
+    assert gb._unreplayable(q, k, v.transpose(1, 2).contiguous().transpose(1, 2), rows=3)
+    assert gb._unreplayable(q, k, v, torch.zeros(1, 2, 3).transpose(1, 2), rows=3)
     after = fastcall.stats()["refused"]
-    assert sum(after.values()) == sum(before.values()) + 1
+    assert sum(after.values()) == sum(before.values()) + 3
 
 
 def test_a_triton_whose_launcher_abi_was_not_checked_replays_nothing_on_a_gpu(ext, monkeypatch):

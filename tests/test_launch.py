@@ -17,7 +17,7 @@ def _kw(**over):
               state=torch.zeros(1, 2, 16, 16),
               state_idx=torch.zeros(1, dtype=torch.int32), out=torch.zeros(1, 2, 16, 16),
               out_idx=torch.zeros(1, dtype=torch.int32), T=2, TP=2, DMAX=2, H=1, HV=2, K=16, V=16, BK=16, BV=16,
-              FUSED=False, L2NORM=True, STATE_VK=False, OUT_VK=False, num_warps=4)
+              FUSED=False, L2NORM=True, STATE_VK=False, OUT_VK=False, KS=16, VS=32, num_warps=4)
     kw.update(over)
     return kw
 
@@ -35,6 +35,7 @@ def test_the_key_separates_every_specialization():
         "constexpr": _kw(BV=32),
         "bool constexpr": _kw(L2NORM=False),
         "state layout": _kw(STATE_VK=True),
+        "row stride": _kw(VS=48),  # v as views of a fused projection: a binary of its own, never the contiguous one
         "launch option": _kw(num_warps=8),
     }
     for what, kw in differs.items():
