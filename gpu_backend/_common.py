@@ -71,7 +71,7 @@ def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     s = t.stride()
     rs = s[1] if T > 1 else (s[0] if B > 1 else heads * dim)
     dense = (dim == 1 or s[3] == 1) and (heads == 1 or s[2] == dim) and (B == 1 or T == 1 or s[0] == T * s[1])
-    if dense and rs >= heads * dim:
+    if dense:  # element (r, h, d) then lies at r * rs + h * dim + d, the address the kernels read it at
         return t, rs
     return t.contiguous(), heads * dim
 

@@ -26,12 +26,23 @@ def test_rows_of_keeps_a_projections_rows_and_copies_any_other_layout():
     heads_first = inp["q"].transpose(1, 2).contiguous().transpose(1, 2)  # [B, T, H, K] with heads before tokens
     t, rs = C.rows_of(heads_first)
     assert t.is_contiguous() and torch.equal(t, inp["q"]) and rs == 16
-    one_token = split_views({n: inp[n][:, :1] for n in "qk"})["k"]  # T = 1: the batch stride is the row stride
+    # one token of each sequence (T = 1): the batch stride is the row stride, whatever the token axis's says
+    one_token = split_views({n: inp[n] for n in "qkv"})["k"][:, 0].unsqueeze(1)  # [B, 1, H, K]
+    assert one_token.stride(1) != one_token.stride(0)
     t, rs = C.rows_of(one_token)
-    assert t is one_token and rs == 2 * 16
+    assert t is one_token and rs == 5 * W
     gapped = inp["q"][:, :, :, :4]  # a dim stride of 1 but rows wider than their heads: not heads side by side
     t, rs = C.rows_of(gapped)
     assert t.is_contiguous() and rs == 8
+    # each sequence's rows at the start of a longer one's (a buffer sized for 7 tokens): not one row after another
+    padded = split_views({n: torch.cat([inp[n], inp[n][:, :2]], 1) for n in "qkv"})["v"][:, :5]
+    t, rs = C.rows_of(padded)
+    assert t.is_contiguous() and torch.equal(t, inp["v"]) and rs == 4 * 4
+    expanded = inp["k"][:1, :1].expand(1, 5, 2, 8)  # one sequence's one row for every token: read so in place too
+    t, rs = C.rows_of(expanded)
+    assert t is expanded and rs == 0
+    t, rs = C.rows_of(inp["k"][:, :1].expand(3, 5, 2, 8))  # three sequences: row b T + t is not at (b T + t) 0
+    assert t.is_contiguous() and rs == 16
 
 
 # (plan, its keyword arguments): every launch a GDN verify or commit makes, one block and past it
