@@ -15,6 +15,7 @@ from ddsim import oracle
 from ddsim.bench.bench import ddtree_batch
 from ddsim.engines.check_kernel import _bits
 from ddsim.engines.kernel_cases import _pool as pool_of
+from ddsim.engines.kernel_cases import split_views
 from ddsim.gpu_backend.checks import TreePlan, checked_accepted, checked_slots
 from ddsim.measure.compare import assert_close, rel_error
 from ddsim.properties.kernel_checks import DEVICE, on_device
@@ -60,6 +61,7 @@ class Family:
     designs: tuple  # the verify backends: "triton" (the default's choice) first
     pooled = False
     padded = False  # the batch padded as a CUDA-graph replay pads it: its last rows slot -1 (_pool)
+    split: tuple = ()  # the inputs handed over as views of one fused projection, made on the device (_case)
 
     def inputs(self, B: int, T: int, d: dict, gen) -> dict:
         raise NotImplementedError
@@ -133,8 +135,11 @@ class GDNPadded(GDN):
 class GDNGates(GDN):
     """GDN with its gates fused into the kernels, as SGLang calls them (engine_api): the raw projections a, b (bf16)
     with A_log and dt_bias [HV]; the oracle takes the gates they make, in float64 (g = -exp(A_log) softplus(a +
-    dt_bias), beta = sigmoid(b), as the model's layer makes them)."""
+    dt_bias), beta = sigmoid(b), as the model's layer makes them). q, k and v come as SGLang's layer hands them over
+    too: views of one fused projection, each token's row strided by its width (kernel_cases.split_views), which the
+    kernels read in place."""
     name = "gdn-gates"
+    split = ("q", "k", "v")
     args, commit_args = ("q", "k", "v"), ("k", "v")
     unit_dim = dict(v=2, a=2, b=2, A_log=0, dt_bias=0)
     designs = ("triton", "triton-recurrent")
@@ -278,6 +283,8 @@ def _case(fam: Family, B: int, T: int, dims: str, seed: int):
     trees, parents = ddtree_batch(B, T, seed=seed)
     inp = fam.inputs(B, T, d, torch.Generator().manual_seed(seed))
     dev = on_device(inp)
+    if fam.split:  # each view's own copy to the device would be contiguous: the views are made there
+        dev.update(split_views({n: dev[n] for n in fam.split}))
     return d, trees, parents, inp, dev, TreePlan(parents, device=DEVICE)
 
 

@@ -1,7 +1,7 @@
 """The recurrent families at their models' serving shapes, every dimension at once, compiled, against the float64
 oracle: GDN at Qwen3.6-27B's heads (H = 16 key heads, HV = 48 value heads, K = V = 128; also with its gates fused
-from the raw projections, as SGLang calls it, and in a batch padded as SGLang pads a CUDA-graph replay: slot -1, a
-zero state, no slot written), KDA at Kimi Linear's (H = 32,
+from the raw projections and q, k, v split from one fused projection, as SGLang calls it, and in a batch padded as
+SGLang pads a CUDA-graph replay: slot -1, a zero state, no slot written), KDA at Kimi Linear's (H = 32,
 K = V = 128), lightning attention at MiniMax-Text-01's (H = 64, K = V = 128), Mamba1 at Jamba Mini 1.6's channels
 (I = 8192, N = 16) and Mamba2 at Nemotron-H-8B's heads (H = 128, P = 64, N = 128, G = 8); GDN's and Mamba2's committed
 states in a pool, read through shuffled slots and committed in place. DDTree trees of 16 to 257 nodes in batches of 1
