@@ -21,7 +21,7 @@ def _verdict(r):
                                          ("leaky", "bfloat16")])
 def test_ddsims_own_kernel_passes(tmp_path, mode, dtype):
     r = run_cli("check-kernel", "--impl", "ddsim", "--mode", mode, "--dtype", dtype, "--max-examples", "25",
-                "--out", tmp_path / "ce.json")
+                "--device", "cpu", "--out", tmp_path / "ce.json")  # the quick profile, the CPU's
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"{dtype} inputs" in r.stdout
     assert f"all {7 if mode == 'exact' else 8} properties hold (quick profile: " in r.stdout
@@ -220,7 +220,7 @@ def test_a_commit_that_copies_the_kept_states_wrongly_is_caught(tmp_path, commit
     node-state property holds."""
     out = tmp_path / "ce.json"
     r = run_cli("check-kernel", "--impl", "sglang", "--commit", f"tests.planted_commits:{commit}", "--op", op,
-                "--mode", "exact", "--max-examples", "3", "--out", out, pythonpath=ENGINES)
+                "--mode", "exact", "--max-examples", "3", "--device", "cpu", "--out", out, pythonpath=ENGINES)
     assert r.returncode == (1 if failing else 0), r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
     doc = json.loads(out.read_text())
@@ -409,7 +409,9 @@ def test_an_audits_fast_path_that_raises_or_breaks_its_contract_stops_it_in_one_
 
 
 # two 4-token prompts: an engine's kernel runs every prefill too, in Triton's interpreter, one token at a time
-SMALL_AUDIT = ["--preset", "micro", "--budget", "4", "--steps", "1", "--seed", "5", "--prompts",
+# on the CPU wherever the suite runs: the engines' kernels in Triton's interpreter, compared bit for bit with ddsim's
+# own on the CPU (on a GPU their compiled kernels round otherwise: 2.8e-4 apart, RESULTS.md)
+SMALL_AUDIT = ["--preset", "micro", "--budget", "4", "--steps", "1", "--seed", "5", "--device", "cpu", "--prompts",
                str(Path(__file__).with_name("data") / "prompts-short.jsonl")]
 
 
@@ -464,7 +466,7 @@ def test_sglang_mamba2_selective_state_update_in_both_modes(tmp_path, mode, held
     assert (ENGINES / "sglang" / "kernels" / "ops" / "mamba" / "triton_ops").is_dir(), \
         "SGLang's Mamba2 kernel is missing from .engines: `make test` fetches it"
     r = run_cli("check-kernel", "--impl", "sglang", "--op", "mamba2", "--mode", mode, "--dtype", dtype,
-                "--max-examples", "3", "--out", tmp_path / "ce.json", pythonpath=ENGINES)
+                "--max-examples", "3", "--device", "cpu", "--out", tmp_path / "ce.json", pythonpath=ENGINES)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "sglang.selective_state_update (sglang 0.5.23)" in r.stdout
     assert f"all {held} properties hold (quick profile" in r.stdout
@@ -577,7 +579,8 @@ def test_kernels_wrong_along_one_serving_dimension_are_caught_by_the_quick_profi
 
 def test_the_coverage_and_verdicts_are_written_even_when_every_property_holds(tmp_path):
     out = tmp_path / "ck.json"
-    r = run_cli("check-kernel", "--impl", "ddsim", "--op", "conv", "--mode", "exact", "--max-examples", "3", "--out", out)
+    r = run_cli("check-kernel", "--impl", "ddsim", "--op", "conv", "--mode", "exact", "--max-examples", "3", "--device",
+                "cpu", "--out", out)
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(out.read_text())
     assert doc["holds"] and [p["name"] for p in doc["properties"]] == [
@@ -592,7 +595,7 @@ def test_a_kernel_that_hangs_on_a_serving_shape_fails(tmp_path):
     timeout, naming the example, rather than running forever."""
     out = tmp_path / "ck.json"
     r = run_cli("check-kernel", "--impl", "tests.planted_kernels:hangs_past_128_nodes", "--convention", "ddsim", "--mode",
-                "exact", "--max-examples", "2", "--example-timeout", "5", "--out", out, timeout=120)
+                "exact", "--max-examples", "2", "--example-timeout", "5", "--device", "cpu", "--out", out, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAILED every property: serving example [ddtree budget 128 top-k 4 T=129" in r.stdout
     assert "did not return within 5 s" in r.stdout
