@@ -106,7 +106,7 @@ def _unreplayable(*data, rows: int = 0) -> bool:
     non-contiguous gates, or among the first ``rows`` (q, k, v: read by row stride, _common.rows_of) a layout other
     than rows of heads side by side (a fused projection's views are read in place; the model's q, k, v come from
     the tree conv contiguous, split=). Counted among fastcall's refusals."""
-    if not all(x is None or (_common.rows_of(x)[0] is x if i < rows else x.is_contiguous()) for i, x in enumerate(data)):
+    if not all(x is None or (_common.row_stride(x) is not None if i < rows else x.is_contiguous()) for i, x in enumerate(data)):
         fastcall.skip("data the launcher copies (a layout its kernels do not read)")
         return True
     return False

@@ -61,19 +61,25 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(t, its row stride in elements) for a kernel's q, k or v [B, T, heads, dim]: t itself where each token's heads
-    lie side by side in one row (dim stride 1, head stride dim) and the batch's rows one after another (batch stride
-    T rows), as a serving engine's split of its fused projection is (SGLang's q, k, v of mixed_qkv: each row strided
-    by the projection's width); else a contiguous copy (its row stride heads x dim). The kernels read row r of t at
-    r times the stride, a constexpr: a contiguous input compiles to the same code as before they took it."""
+def row_stride(t: torch.Tensor) -> int | None:
+    """The row stride in elements at which the kernels read t [B, T, heads, dim] in place, or None where they cannot:
+    each token's heads must lie side by side in one row (dim stride 1, head stride dim) and the batch's rows one
+    after another (batch stride T rows), as a serving engine's split of its fused projection is (SGLang's q, k, v of
+    mixed_qkv: each row strided by the projection's width). Element (r, h, d) then lies at r * stride + h * dim + d,
+    the address the kernels read it at."""
     B, T, heads, dim = t.shape
     s = t.stride()
-    rs = s[1] if T > 1 else (s[0] if B > 1 else heads * dim)
-    dense = (dim == 1 or s[3] == 1) and (heads == 1 or s[2] == dim) and (B == 1 or T == 1 or s[0] == T * s[1])
-    if dense:  # element (r, h, d) then lies at r * rs + h * dim + d, the address the kernels read it at
-        return t, rs
-    return t.contiguous(), heads * dim
+    if (dim == 1 or s[3] == 1) and (heads == 1 or s[2] == dim) and (B == 1 or T == 1 or s[0] == T * s[1]):
+        return s[1] if T > 1 else (s[0] if B > 1 else heads * dim)
+    return None
+
+
+def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(t, its row stride) for a kernel's q, k or v [B, T, heads, dim]: t itself where the kernels read it in place
+    (row_stride), else a contiguous copy (its row stride heads x dim). The stride is a constexpr of the kernels: a
+    contiguous input compiles to the same code as before they took it."""
+    rs = row_stride(t)
+    return (t, rs) if rs is not None else (t.contiguous(), t.shape[2] * t.shape[3])
 
 
 def qkv_rows(q, k, v) -> dict:
