@@ -18,8 +18,8 @@ build them once per step for every layer: plan_tree, plan_slots, plan_accepted)
                       server's pool is
 With --layout split every public call (SGLang's and ddsim's) takes q, k, v as SGLang's GDN layer hands them over:
 views of one [B, T, 2 H K + HV V] projection (torch.split of the tree conv's output mixed_qkv), each token's row
-strided by the projection's width; SGLang's kernel reads them in place, ddsim's launchers copy them first (the
-kernels-alone columns read the copies their launch bound once, so they leave the copies out).
+strided by the projection's width; both engines' kernels read them in place (ddsim's by a row stride per input,
+_common.rows_of). The kernels-alone columns take the contiguous inputs in either layout.
 Each call is timed by do_bench (CUDA events around it, the L2 flushed before it); the last columns give the device
 time of the kernels themselves of SGLang's exact verify, ddsim's snapshot-free verify (engine_api: its gates fused in
 the kernel) and ddsim's kernels alone (torch.profiler's kernel records, without the launch latency and the host's
