@@ -185,9 +185,9 @@ def test_check_kernel_calls_the_kernel_with_the_split_views_each_time():
 
 
 def test_sglangs_adapters_hand_its_kernels_the_layouts_its_layer_passes():
-    """SGLang's layer passes its GDN verify q, k, v split from mixed_qkv, and its tree conv mixed_qkv as a [B, C, T]
-    view of [B, T, C] rows: the adapters pass them on as they come, no copy (a copy would check the kernel on a
-    layout SGLang never hands it)."""
+    """SGLang's layer passes its GDN verify q, k, v split from mixed_qkv, its Mamba2 verify x, B, C split from xBC,
+    and its tree conv mixed_qkv as a [B, C, T] view of [B, T, C] rows: the adapters pass them on as they come, no
+    copy (a copy would check the kernel on a layout SGLang never hands it)."""
     from ddsim.engines import kernel_cases as kc
     from ddsim.engines import sglang
     got = {}
@@ -211,6 +211,17 @@ def test_sglangs_adapters_hand_its_kernels_the_layouts_its_layer_passes():
     def conv(x, window_pool, weight, bias, activation, **kw):
         got["x"] = x
         return torch.zeros_like(x)
+
+    # its Mamba2 layer splits the conv's output xBC into x, B, C and its kernel reads every stride: passed as they come
+    def mamba2(state, x, dt, A, B, C, **kw):
+        got.update(x=x, B=B, C=C)
+
+    inp = next(c for c in kc.cases("mamba2", "quick") if c.get("split"))
+    views = kc.split_views({n: inp[n] for n in ("x", "B", "C")})
+    sglang.as_mamba2_contract(mamba2)(views["x"], inp["dt"], inp["A"], views["B"], views["C"], D=inp["D"],
+                                      dt_bias=inp["dt_bias"], parents=inp["parents"], state_pool=inp["pool"],
+                                      slots=inp["slots"], mode="leaky")
+    assert all(got[n] is views[n] for n in ("x", "B", "C"))
 
     c = kc.cases("conv", "quick")[0]
     out = sglang.as_conv_contract(conv)(c["x"], weight=c["weight"], bias=c["bias"], parents=c["parents"],

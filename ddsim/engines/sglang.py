@@ -115,7 +115,8 @@ def as_mamba2_contract(fn):
     """fn with SGLang's selective_state_update signature: (state [N, H, P, N], x [B, T, H, P],
     dt [B, T, H, P], A [H, P, N], B, C [B, T, G, N], D [H, P], z, dt_bias [H, P], dt_softplus,
     state_batch_indices [B], *, out, disable_state_update, intermediate_states_buffer, cache_steps,
-    retrieve_parent_token, intermediate_state_indices). dt, A, D and dt_bias are passed per head,
+    retrieve_parent_token, intermediate_state_indices). x, B and C are passed as they come (SGLang's Mamba2 layer
+    hands them over as views of its conv's output, split by torch.split). dt, A, D and dt_bias are passed per head,
     broadcast over P and N with stride 0 (SGLang's Mamba2 mixer does the same; the kernel then takes
     its one-scalar-per-head path). A missing D or dt_bias is passed as zeros (the launcher needs both:
     it reads their strides). exact: retrieve_parent_token = parents and a NaN-filled per-node state
@@ -133,8 +134,10 @@ def as_mamba2_contract(fn):
                         retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous(),
                         intermediate_state_indices=rows)
         out = torch.full_like(x, float("nan"))
-        fn(state_pool, x.contiguous(), dt.float()[..., None].expand(Bn, T, H, P), A.float()[:, None, None].expand(H, P, N),
-           B.contiguous(), C.contiguous(), D=(torch.zeros(H, device=dev) if D is None else D.float())[:, None].expand(H, P),
+        # x, B, C as they come: SGLang's layer passes them split from its conv's output xBC (views, each token's row
+        # strided by xBC's width) and its kernel reads every stride; a copy would check a layout it is never handed
+        fn(state_pool, x, dt.float()[..., None].expand(Bn, T, H, P), A.float()[:, None, None].expand(H, P, N),
+           B, C, D=(torch.zeros(H, device=dev) if D is None else D.float())[:, None].expand(H, P),
            dt_bias=(torch.zeros(H, device=dev) if dt_bias is None else dt_bias.float())[:, None].expand(H, P),
            dt_softplus=True,
            state_batch_indices=slots.to(device=dev, dtype=torch.int32), out=out, disable_state_update=True, **tree)
