@@ -22,7 +22,7 @@ def _keeping(keep):
             return engine_api.target_verify(*args, **kw)
         B, T = kw["retrieve_parent_token"].shape
         states = torch.full((B, T, *intermediate_states_buffer.shape[2:]), float("nan"),
-                            device=intermediate_states_buffer.device)
+                            device=intermediate_states_buffer.device, dtype=intermediate_states_buffer.dtype)
         o = engine_api.target_verify(*args, intermediate_states_buffer=states,
                                      intermediate_state_indices=torch.arange(B, dtype=torch.int32, device=states.device),
                                      **kw)
@@ -102,3 +102,16 @@ def vllm_token_states_reversed(*args, ssm_state_indices=None, num_accepted_token
     idx[:, :T] = idx[:, :T].flip(1)
     return fused_sigmoid_gating_delta_rule_update(*args, ssm_state_indices=idx, num_accepted_tokens=num_accepted_tokens,
                                                   **kw)
+
+
+def pool_at_float32_offsets(*args, **kw):
+    """ddsim's drop-in with its state pool addressed as if it held float32 states, whatever its dtype (a kernel that
+    computes a slot's byte offset with sizeof(float)): slot s of a 16-bit pool, a server's bf16 or fp16 state cache,
+    is read from the bytes where a float32 pool's slot s would lie, row 2 s (mod N) of it, another request's state.
+    Right on every float32 pool; before check-kernel drew 16-bit pools it passed."""
+    args = list(args)
+    pool, slots = args[9], args[10]  # initial_state_source [N, HV, V, K], initial_state_indices [B]
+    if pool.element_size() == 2:
+        s = slots.long()
+        args[10] = torch.where(s >= 0, (2 * s) % pool.shape[0], s).to(slots.dtype)
+    return engine_api.target_verify(*args, **kw)

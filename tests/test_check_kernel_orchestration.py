@@ -17,15 +17,16 @@ def _load(name):
 
 def test_check_holds_on_ddsims_kernel_with_its_coverage():
     res = ck.check(_load("ddsim"), mode="exact", max_examples=2)
-    assert res.profile == "quick" and res.examples == 9 and len(res.properties) == 7
+    assert res.profile == "quick" and res.examples == 11 and len(res.properties) == 7
     assert all(r.holds for r in res) and all(r.counterexample is None for r in res)
-    assert res.properties[-1].detail == "held on 9 serving examples (quick) and 2 drawn inputs"
+    assert res.properties[-1].detail == "held on 11 serving examples (quick) and 2 drawn inputs"
     cov = res.coverage
     assert max(cov["nodes"]) == 129 and max(cov["K"]) == 128 and max(cov["batch"]) == 8 and max(cov["HV/H"]) == 8
     assert cov["g min"] < -29 and cov["beta min"] == 0.0 and cov["beta max"] == 1.0 and max(cov["calls"]) == 24
     assert cov["dtype"] == ["bfloat16", "float16", "float32"] and "drawn" in cov["tree"]
     assert cov["not order-exact nodes total"] > 150
     assert cov["input layout"] == ["contiguous", "views of one projection"]
+    assert cov["state pool dtype"] == ["bfloat16", "float16", "float32"]  # a server's 16-bit state caches too
 
 
 def test_check_reports_a_serving_only_bug_by_its_example():
@@ -124,10 +125,14 @@ def test_check_conv_and_mamba2_and_bad_profiles():
 
 @pytest.mark.parametrize("op, want", [
     ("gdn", [dict(batch=8, nodes=65, HV=48, **{"HV/H": 3, "input layout": "views of one projection"}, K=128, V=128),
-             dict(batch=32, nodes=17, HV=48, K=128, V=128, **{"input layout": "views of one projection"})]),
-    ("kda", [dict(batch=8, nodes=33, H=32, K=128, V=128, **{"input layout": "views of one projection"})]),
-    ("lightning", [dict(batch=8, nodes=33, H=64, K=128, V=128, **{"input layout": "views of one projection"})]),
-    ("mamba2", [dict(batch=8, nodes=33, H=128, P=64, N=128, **{"H/G": 16, "input layout": "views of one projection"})]),
+             dict(batch=32, nodes=17, HV=48, K=128, V=128, **{"input layout": "views of one projection"}),
+             dict(batch=8, nodes=65, HV=48, **{"HV/H": 3, "state pool dtype": "bfloat16"}, K=128, V=128)]),
+    ("kda", [dict(batch=8, nodes=33, H=32, K=128, V=128, **{"input layout": "views of one projection"}),
+             dict(batch=8, nodes=33, H=32, K=128, V=128, **{"state pool dtype": "bfloat16"})]),
+    ("lightning", [dict(batch=8, nodes=33, H=64, K=128, V=128, **{"input layout": "views of one projection"}),
+                   dict(batch=8, nodes=33, H=64, K=128, V=128, **{"state pool dtype": "bfloat16"})]),
+    ("mamba2", [dict(batch=8, nodes=33, H=128, P=64, N=128, **{"H/G": 16, "input layout": "views of one projection"}),
+                dict(batch=8, nodes=33, H=128, P=64, N=128, **{"H/G": 16, "state pool dtype": "bfloat16"})]),
     ("conv", [dict(batch=8, nodes=65, C=10240)]),
 ])
 def test_the_serving_profile_runs_a_models_layer_with_every_dimension_at_once(op, want):
@@ -159,6 +164,81 @@ def test_each_profile_hands_some_inputs_over_as_views_of_one_projection(op):
         assert torch.equal(t, inp[n]) and t.shape == inp[n].shape and not t.is_contiguous()
         assert t.untyped_storage().data_ptr() == base and t.storage_offset() == at
         assert t.stride()[:2] == (inp[n].shape[1] * sum(widths), sum(widths))
+
+
+@pytest.mark.parametrize("op", ["gdn", "kda", "lightning", "mamba2"])
+def test_each_profile_holds_a_state_pool_in_each_16_bit_dtype(op):
+    """Both profiles hold examples whose state pool is a server's 16-bit state cache (kernel_cases.STATE_DTYPES), the
+    pool's values the oracle's initial states (rounded once, when drawn), said in the label; the other examples keep
+    float32 pools, and the conv its window pool in its input's dtype."""
+    from ddsim.engines import kernel_cases as kc
+    for profile in kc.PROFILES:
+        cases = kc.cases(op, profile)
+        got = sorted({str(c["pool"].dtype) for c in cases})
+        assert got == ["torch.bfloat16", "torch.float16", "torch.float32"], (op, profile, got)
+        for c in cases:
+            assert c["initial_state"].dtype == c["pool"].dtype
+            assert torch.equal(c["pool"][c["slots"].long()], c["initial_state"])
+            assert c["label"].endswith(f"state pool {str(c['pool'].dtype).removeprefix('torch.')}") == (
+                c["pool"].dtype != torch.float32), c["label"]
+    assert all(c["pool"].dtype == c["x"].dtype for c in kc.cases("conv", "quick"))
+
+
+def test_16_bit_state_pools_are_judged_at_their_rounding_and_reach_engines_in_their_dtype():
+    """An example's outputs and node states are held to the coarser of its inputs' and its state pool's tolerance (a
+    kernel keeps its node states in the pool's dtype: SGLang's exact verifies carry each node's state through them).
+    SGLang's and vLLM's adapters hand the kernel the pool, and allocate its node states, in the pool's dtype (a float32
+    copy would check a cache the server never keeps); ddsim's convention hands ddsim's verifies (float32 states) a
+    float32 copy of the pool and carries any write back."""
+    from ddsim.engines import ddsim_kernels, sglang, vllm
+    from ddsim.engines import kernel_cases as kc
+    c = next(c for c in kc.cases("gdn", "quick") if c["pool"].dtype == torch.bfloat16)
+    assert c["q"].dtype == torch.float32 and ck._judged_dtype(c) == torch.bfloat16
+    f16 = next(c for c in kc.cases("gdn", "quick", torch.bfloat16) if c["pool"].dtype == torch.float16)
+    assert ck._judged_dtype(f16) == torch.bfloat16  # bf16 inputs: theirs, the coarser
+    assert ck._judged_dtype(kc.cases("gdn", "quick")[0]) == torch.float32
+    seen = {}
+
+    def sglang_gdn(A_log, a, dt_bias, sb, th, q, k, v, b, pool, slots, **kw):
+        seen.update(pool=pool.dtype, buffer=kw["intermediate_states_buffer"].dtype)
+        return torch.zeros(1, *v.shape)
+
+    args = dict(g=c["g"], beta=c["beta"], parents=c["parents"], state_pool=c["pool"], slots=c["slots"])
+    sglang.as_contract(sglang_gdn)(c["q"], c["k"], c["v"], **args, mode="exact")
+    assert seen == {"pool": torch.bfloat16, "buffer": torch.bfloat16}
+
+    def vllm_gdn(A_log, a, b, dt_bias, q, k, v, initial_state, **kw):
+        seen.update(vllm=initial_state.dtype)
+        return torch.zeros(1, *v.shape), None
+
+    vllm.as_contract(vllm_gdn)(c["q"], c["k"], c["v"], **args, mode="leaky", scale=None)
+    assert seen["vllm"] == torch.bfloat16
+    pool = ddsim_kernels.fp32_pool(c["pool"])
+    assert pool.dtype == torch.float32 and torch.equal(pool[c["slots"].long()], c["initial_state"].float())
+    f32 = kc.cases("gdn", "quick")[0]["pool"]
+    assert ddsim_kernels.fp32_pool(f32) is f32
+    # a write into the copy comes back to the 16-bit pool in its dtype, and only the slots written
+    before = c["pool"].clone()
+    pool[3] = 2.0
+    ddsim_kernels.carry_back(pool, c["pool"])
+    assert torch.equal(c["pool"][3], torch.full_like(before[3], 2.0))
+    assert torch.equal(c["pool"][:3].view(torch.int16), before[:3].view(torch.int16))
+    assert torch.equal(c["pool"][4:].view(torch.int16), before[4:].view(torch.int16))
+
+
+def test_a_kernel_that_addresses_a_16_bit_pool_as_float32_is_caught_only_by_the_16_bit_pools(monkeypatch):
+    """A verify that computes a slot's offset in float32 units reads another request's state from a bf16 or fp16
+    pool: the 16-bit examples fail it, naming their pool; without them (every pool float32) it holds everything."""
+    from ddsim.engines import kernel_cases as kc
+    from ddsim.engines import load
+    kernel = load("tests.planted_node_states:pool_at_float32_offsets", convention="sglang")
+    res = ck.check(kernel, mode="exact", max_examples=1)
+    bad = [r for r in res if not r.holds]
+    assert {r.name for r in bad} == {"output finite", "exact on order-exact nodes", "exact on every node",
+                                     "node states exact on every node"}
+    assert all(r.counterexample["example"].endswith(("state pool bfloat16", "state pool float16")) for r in bad)
+    monkeypatch.setattr(kc, "STATE_DTYPES", ())
+    assert all(r.holds for r in ck.check(kernel, mode="exact", max_examples=1))
 
 
 def test_check_kernel_calls_the_kernel_with_the_split_views_each_time():
@@ -965,7 +1045,7 @@ def test_a_fault_on_a_drawn_input_stops_the_search_and_a_leak_unseen_before_a_fa
         return ddsim_kernel.verify(*a, **kw)
     res = ck.check(dataclasses.replace(ddsim_kernel, verify=faults_on_drawn_inputs), mode="exact", max_examples=3)
     first, *rest = res.properties
-    assert res.lost_at == f"a drawn input of property {first.name!r}" and res.unchecked == [] and res.examples == 9
+    assert res.lost_at == f"a drawn input of property {first.name!r}" and res.unchecked == [] and res.examples == 11
     assert first.detail == f"the kernel raised RuntimeError: {fault.ECHO} on a drawn input" and len(rest) == 6
     assert [r.detail for r in rest] == [f"no drawn input searched: a fault at {res.lost_at} ended the device's CUDA "
                                         "context"] * 6 and [r.holds for r in res] == [False] * 7
@@ -1023,7 +1103,7 @@ def test_the_command_line_says_where_the_context_ended_and_what_was_not_run(monk
     lines = capsys.readouterr().out.splitlines()
     at = next(line for line in lines if line.startswith("a fault at"))
     assert fault.hit and at == ("a fault at serving example [ddtree budget 128 top-k 4 T=129 B=1 H=1 HV=1 K=16 V=16 "
-                                "gates mixed pool shuffled float32] ended the device's CUDA context: the 7 serving "
+                                "gates mixed pool shuffled float32] ended the device's CUDA context: the 9 serving "
                                 f"examples after it and every drawn input after it not run (named in {out})")
     assert lines[-1] == f"7 of 7 properties failed; counterexamples in {out}"
     fault.hit = False  # a fault on a drawn input: no serving example left unrun

@@ -456,7 +456,7 @@ def test_a_node_state_counterexample_names_its_node_and_the_buffer_entries_writt
                   "dtype": "bfloat16", "reference": "exact",
                   "trees": [{"parents": [-1, 0, 1], "tokens": [0, 1, 2]}] * 2,
                   "shapes": {"B": 2, "T": 3, "H": 1, "HV": 2, "K": 2, "V": 3},
-                  "pool": {"slots": 5, "batch_slots": inp["slots"].tolist(), "written_slots": []},
+                  "pool": {"slots": 5, "batch_slots": inp["slots"].tolist(), "written_slots": [], "dtype": "float32"},
                   "inputs_changed": ["node rows"], "repeatable": False,
                   "first_wrong_node": {"sequence": 1, "node": 2, "max_abs_error": 0.5, "bound": bound,
                                        "order_exact": True},
@@ -499,6 +499,31 @@ def test_a_node_state_counterexample_names_its_node_and_the_buffer_entries_writt
         "slots written [5] (-1 and 5: the slot's worth before and after the pool)")
     assert "node_buffer" not in ck._describe(inp, {k: v for k, v in r.items() if k != "node_vals"}, "repeatable",
                                              "exact")
+
+
+def test_a_16_bit_state_pool_is_judged_at_the_coarser_of_its_rounding_and_the_inputs():
+    """_judged_dtype: an example's outputs and node states are held to its inputs' tolerance, or its state pool's where
+    that is coarser (a server's 16-bit cache); the conv's window pool is its input's. _describe's bound is the same,
+    its dtype the inputs', and its pool says its dtype."""
+    from ddsim.engines import kernel_cases as kc
+    f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+    for inputs, pool, judged in ((f32, bf16, bf16), (f32, f16, f16), (bf16, f16, bf16), (f16, f32, f16),
+                                 (f32, f32, f32), (f16, bf16, bf16)):
+        inp = kc.gdn_case(T=3, kind="chain", B=1, K=2, V=3, seed=0, dtype=inputs, state_dtype=pool)
+        assert (ck._input_dtype(inp), ck._judged_dtype(inp)) == (inputs, judged), (inputs, pool)
+    for op in (kc.mamba2_case, kc.kda_case, kc.lightning_case):
+        assert ck._judged_dtype(op(T=3, kind="chain", B=1, seed=0, state_dtype=f16)) == f16
+    assert ck._judged_dtype(kc.conv_case(T=3, kind="chain", B=1, seed=0, dtype=f16)) == f16
+    inp, r = _node_state_run()
+    inp = {**inp, **kc.gdn_case(T=3, kind="chain", B=2, K=2, V=3, seed=0, label="two chains", state_dtype=bf16)}
+    inp["label"] = "two chains"
+    ce = ck._describe(inp, r, "node states exact on every node", "exact")
+    assert ce["dtype"] == "float32" and ce["pool"]["dtype"] == "bfloat16"
+    assert ce["first_wrong_node"]["bound"] == ck._bound(r["ref_states"], bf16)
+    states = ck._properties("exact", nodes=True)["node states exact on every node"]
+    vals = r["ref_states"].clone()
+    vals[0, 1] = ck._bound(r["ref_states"], bf16)  # at the pool's bound, past the inputs'
+    assert states({**r, "node_vals": vals, "dtype": bf16}) and not states({**r, "node_vals": vals, "dtype": f32})
 
 
 def test_the_shapes_of_a_counterexample_by_op():

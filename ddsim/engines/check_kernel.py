@@ -136,8 +136,16 @@ def _input_digest(inp: dict) -> str:
 
 
 def _input_dtype(inp: dict) -> torch.dtype:
-    """The dtype an example's inputs were drawn in: its comparison tolerance."""
+    """The dtype an example's inputs were drawn in."""
     return (inp["q"] if "q" in inp else inp["x"]).dtype
+
+
+def _judged_dtype(inp: dict) -> torch.dtype:
+    """The dtype whose tolerance an example's outputs and states are held to: its inputs', or its state pool's where
+    that is coarser (a server's 16-bit state cache, kernel_cases.STATE_DTYPES: a kernel keeps its node states in the
+    pool's dtype, and may carry a branch's parent state through them)."""
+    dtypes = [_input_dtype(inp)] + ([inp["pool"].dtype] if "initial_state" in inp else [])
+    return max(dtypes, key=lambda d: TOLERANCES[d][1])
 
 
 def _node_layout(inp: dict) -> tuple[torch.Tensor, int, int]:
@@ -370,8 +378,9 @@ class _Runner:
                 kw["node_states"] = node
             return self.call(*(a[n] for n in self.positional), **kw, state_pool=pool, slots=slots, mode=self.mode,
                              **self.extra)
+        # the per-node state buffer in the pool's dtype, as a server allocates it beside its state cache
         r = _calls(call, inp, names, self.device, tuple(inp["initial_state"].shape[1:]) if self.node_states else None,
-                   commit=self.commit)
+                   inp["pool"].dtype, commit=self.commit)
         plain = {k: None if inp[k] is None else inp[k].double() for k in names}
         # the references the mode's properties compare with: exact's always, the flattened one for a leaky kernel
         # (the oracle's leaky mode replays each node's whole batch-order history: the costlier at a model's shapes),
@@ -383,7 +392,7 @@ class _Runner:
             ("exact", "leaky") if self.mode == "leaky" else ("exact",), self.mode, self.node_states))
         checked_output(r["o"], r["ref"]["exact"].shape)
         r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
-        r["dtype"] = _input_dtype(inp)
+        r["dtype"] = _judged_dtype(inp)
         return r
 
     def properties(self) -> dict:
@@ -528,7 +537,7 @@ def _describe(inp, r, prop: str, mode: str) -> dict:
     """The counterexample as JSON: the example's label (an explicit one) or "drawn", the trees (parents
     and tokens), shapes, and the first node whose output is wrong against the reference the property names."""
     ref_mode = "leaky" if "flattened" in prop else "exact"
-    dtype = _input_dtype(inp)
+    dtype = _judged_dtype(inp)  # the tolerance the properties held it to
     if prop in NODE_PROPERTIES.values():  # the kept node states against the oracle's
         err, bound = _node_errors(r["node_vals"], r["ref_states"]), _bound(r["ref_states"], dtype)
     else:
@@ -551,11 +560,12 @@ def _describe(inp, r, prop: str, mode: str) -> dict:
         B, T, C = inp["x"].shape
         shapes = {"B": B, "T": T, "C": C, "W": inp["weight"].shape[1], "bias": inp["bias"] is not None}
     out = {"property": prop, "op": _op_of(inp), "mode": mode,
-           "example": inp.get("label", "drawn"), "dtype": str(dtype).removeprefix("torch."), "reference": ref_mode,
+           "example": inp.get("label", "drawn"), "dtype": str(_input_dtype(inp)).removeprefix("torch."),
+           "reference": ref_mode,
            "trees": [{"parents": list(t.parents), "tokens": list(t.tokens)} for t in inp["trees"]],
            "shapes": shapes,
            "pool": {"slots": inp["pool"].shape[0], "batch_slots": inp["slots"].tolist(),
-                    "written_slots": r["written_slots"]},
+                    "written_slots": r["written_slots"], "dtype": str(inp["pool"].dtype).removeprefix("torch.")},
            "inputs_changed": r["inputs_changed"], "repeatable": r["repeatable"],
            "first_wrong_node": first}
     if "node_vals" in r:

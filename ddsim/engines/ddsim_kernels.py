@@ -4,12 +4,32 @@ convention for a kernel of anyone's that shares their signatures."""
 from __future__ import annotations
 
 
+def fp32_pool(state_pool):
+    """The pool to hand ddsim's verifies, which keep float32 states: a float32 (or float64) pool itself; a server's
+    16-bit state cache as a float32 copy (its values exactly), whose writes carry_back returns to it."""
+    import torch
+    return state_pool if state_pool.dtype in (torch.float32, torch.float64) else state_pool.float()
+
+
+def carry_back(pool, state_pool) -> None:
+    """The slots a verify wrote in fp32_pool's copy ``pool``, written back into ``state_pool`` in its dtype (nothing
+    where pool is state_pool itself)."""
+    if pool is state_pool:
+        return
+    import torch
+    was = state_pool.float()
+    changed = (pool.view(torch.int32) != was.view(torch.int32)).flatten(1).any(1).nonzero().flatten()
+    state_pool[changed] = pool[changed].to(state_pool.dtype)
+
+
 def as_contract(fn):
     """fn(q, k, v, g, beta, *, parents, initial_state, state_indices, mode, scale) -> o (or (o, ...)),
-    as gdn_tree_verify: initial_state is the pool [N, HV, K, V], state_indices [B] the batch's slots."""
+    as gdn_tree_verify: initial_state is the pool [N, HV, K, V] (a 16-bit pool: fp32_pool's copy), state_indices [B]
+    the batch's slots."""
     def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
-        out = fn(q, k, v, g, beta, parents=parents, initial_state=state_pool, state_indices=slots, mode=mode,
-                 scale=scale)
+        pool = fp32_pool(state_pool)
+        out = fn(q, k, v, g, beta, parents=parents, initial_state=pool, state_indices=slots, mode=mode, scale=scale)
+        carry_back(pool, state_pool)
         return out[0] if isinstance(out, tuple) else out
     return verify
 
@@ -25,28 +45,35 @@ def as_conv_contract(fn):
 
 def as_mamba2_contract(fn):
     """fn(x, dt, A, B, C, *, D, dt_bias, parents, initial_state, state_indices, mode) -> y, as
-    gpu_backend.mamba2_tree_verify: initial_state is the pool [N, H, P, N]."""
+    gpu_backend.mamba2_tree_verify: initial_state is the pool [N, H, P, N] (a 16-bit pool: fp32_pool's copy)."""
     def mamba2(x, dt, A, B, C, *, D, dt_bias, parents, state_pool, slots, mode):
-        out = fn(x, dt, A, B, C, D=D, dt_bias=dt_bias, parents=parents, initial_state=state_pool,
-                 state_indices=slots, mode=mode)
+        pool = fp32_pool(state_pool)
+        out = fn(x, dt, A, B, C, D=D, dt_bias=dt_bias, parents=parents, initial_state=pool, state_indices=slots,
+                 mode=mode)
+        carry_back(pool, state_pool)
         return out[0] if isinstance(out, tuple) else out
     return mamba2
 
 
 def as_kda_contract(fn):
     """fn(q, k, v, g, beta, *, parents, initial_state, mode) -> o, as gpu_backend.kda_tree_verify (a state per
-    sequence, no pool: the batch's slots are gathered from the pool, a copy)."""
+    sequence, no pool: the batch's slots are gathered from the pool, a copy, in float32 from a 16-bit pool)."""
     def kda(q, k, v, g, beta, *, parents, state_pool, slots, mode):
-        out = fn(q, k, v, g, beta, parents=parents, initial_state=state_pool.index_select(0, slots.long()), mode=mode)
+        out = fn(q, k, v, g, beta, parents=parents, initial_state=_gathered(state_pool, slots), mode=mode)
         return out[0] if isinstance(out, tuple) else out
     return kda
 
 
+def _gathered(state_pool, slots):
+    """The batch's states from the pool, a copy (in float32 from a 16-bit pool: its values exactly)."""
+    return fp32_pool(state_pool.index_select(0, slots.long()))
+
+
 def as_lightning_contract(fn):
     """fn(q, k, v, *, decay, parents, initial_state, mode) -> o, as gpu_backend.lightning_tree_verify (the batch's
-    slots gathered from the pool, a copy)."""
+    slots gathered from the pool, a copy, in float32 from a 16-bit pool)."""
     def lightning(q, k, v, *, decay, parents, state_pool, slots, mode):
-        out = fn(q, k, v, decay=decay, parents=parents, initial_state=state_pool.index_select(0, slots.long()), mode=mode)
+        out = fn(q, k, v, decay=decay, parents=parents, initial_state=_gathered(state_pool, slots), mode=mode)
         return out[0] if isinstance(out, tuple) else out
     return lightning
 

@@ -50,6 +50,11 @@ SHAPES = ("chain", "star", "deep", "wide", "random")
 # passes the views, a Mamba2 layer its xBC into x, B and C. Each view's token stride is the projection's width, not
 # its own: a kernel that computes its offsets from its shapes reads the other inputs' columns there
 SPLIT = {"gdn": ("q", "k", "v"), "kda": ("q", "k", "v"), "lightning": ("q", "k", "v"), "mamba2": ("x", "B", "C")}
+# the state pools servers keep in 16 bits: vLLM's mamba cache dtypes "auto" keep GDN, Mamba2 and lightning states
+# in the model's dtype (its MiniMax lightning states cannot be float32: MambaStateDtypeCalculator), SGLang's
+# SGLANG_MAMBA_SSM_DTYPE takes bfloat16, and its Mamba2 kernel stores float16 states. A kernel reads the pool's values
+# and writes its node states in the pool's dtype; each profile holds an example of each op with each
+STATE_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def split_views(ts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -163,19 +168,24 @@ def _label(kind) -> str:
     return f"ddtree budget {kind[1]} top-k {kind[2]}" if isinstance(kind, tuple) else kind
 
 
+def _pool_label(label: str, state_dtype) -> str:
+    """An example's label, saying its state pool's dtype where that is not float32."""
+    return label if state_dtype == torch.float32 else f"{label}, state pool {str(state_dtype).removeprefix('torch.')}"
+
+
 def gdn_case(*, T: int = 17, kind="random", B: int = 2, H: int = 1, ratio: int = 2, K: int = 16, V: int = 16,
              gates: str = "mixed", pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32,
-             burst: int = 2, seed: int = 0, label: str = "", pad: int = 0) -> dict:
+             burst: int = 2, seed: int = 0, label: str = "", pad: int = 0, state_dtype=torch.float32) -> dict:
     rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
     HV = H * ratio
     g, beta = _gates(gates, (B, T, HV), gen)
-    state = rnd(B, HV, K, V).float()
+    state = rnd(B, HV, K, V).to(state_dtype)
     p, slots = _pool(state, pool, pool_size or B + 3, rng, pad)
     return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, HV, V).to(dtype),
                 g=g.to(dtype), beta=beta.to(dtype), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
                 trees=ts, pool=p, slots=slots, burst=burst, tree=_label(kind),
-                label=label or f"{_label(kind)} T={T} B={B} H={H} HV={HV} K={K} V={V} gates {gates} pool {pool} "
-                               f"{str(dtype).removeprefix('torch.')}")
+                label=_pool_label(label or f"{_label(kind)} T={T} B={B} H={H} HV={HV} K={K} V={V} gates {gates} "
+                                           f"pool {pool} {str(dtype).removeprefix('torch.')}", state_dtype))
 
 
 def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
@@ -193,7 +203,9 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
             gdn_case(T=5, kind="random", B=1, ratio=1, burst=24, seed=8, dtype=dtype, label="burst of 24 calls"),
         ] + [gdn_case(T=9, kind=("ddtree", 8, 4), B=1, ratio=6 - 4 * i, K=32, V=32, pool="sparse", pool_size=40,
                       seed=9 + i, dtype=d) for i, d in enumerate(other)] + [
-            _split("gdn", gdn_case(T=9, kind=("ddtree", 8, 4), B=2, ratio=3, K=32, V=16, seed=12, dtype=dtype))]
+            _split("gdn", gdn_case(T=9, kind=("ddtree", 8, 4), B=2, ratio=3, K=32, V=16, seed=12, dtype=dtype))] + [
+            gdn_case(T=9, kind=("ddtree", 8, 4), B=2, ratio=2, K=32, V=32, pool="sparse", pool_size=40, seed=13 + i,
+                     dtype=dtype, state_dtype=sd) for i, sd in enumerate(STATE_DTYPES)]
     assert profile == "serving", profile
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
@@ -229,6 +241,11 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
               for i, (B, T) in enumerate(((8, 65), (32, 17)))]
     cases.append(_split("gdn", gdn_case(T=33, kind=("ddtree", 32, 8), B=3, ratio=3, K=64, V=32, seed=seed + 115,
                                         dtype=dtype)))
+    # the state pool in 16 bits (STATE_DTYPES): the model's layer in bf16, and once at small widths in fp16
+    cases += [gdn_case(T=65, kind=("ddtree", 64, 8), B=8, pool_size=19, **MODEL_WIDTHS["gdn"], seed=seed + 116,
+                       dtype=dtype, state_dtype=torch.bfloat16, label="Qwen3.6-27B's layer at 8 x 65"),
+              gdn_case(T=33, kind=("ddtree", 32, 8), B=3, ratio=3, K=64, V=32, pool="sparse", pool_size=40,
+                       seed=seed + 117, dtype=dtype, state_dtype=torch.float16)]
     return cases
 
 
@@ -281,7 +298,7 @@ def conv_cases(profile: str, dtype=torch.float32, widths=(2, 3, 4, 5)) -> list[d
 
 def mamba2_case(*, T: int = 17, kind="random", B: int = 2, G: int = 1, ratio: int = 2, P: int = 8, N: int = 16,
                 decay: str = "mixed", pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32,
-                burst: int = 2, seed: int = 0, label: str = "", pad: int = 0) -> dict:
+                burst: int = 2, seed: int = 0, label: str = "", pad: int = 0, state_dtype=torch.float32) -> dict:
     """An engine's Mamba2 contract: softplus always, no dt limit; A < 0 ("fast": |A| up to 16 with large
     steps, "long": |A| near 1e-3, "mixed"); D and dt_bias given."""
     rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
@@ -289,14 +306,14 @@ def mamba2_case(*, T: int = 17, kind="random", B: int = 2, G: int = 1, ratio: in
     scale = {"fast": 16.0, "long": 1e-3, "mixed": 4.0}[decay]
     A = -(torch.rand(H, generator=gen, dtype=torch.float64) * scale + 1e-4)
     dt = rnd(B, T, H) + (3.0 if decay == "fast" else 0.0)
-    state = rnd(B, H, P, N).float()
+    state = rnd(B, H, P, N).to(state_dtype)
     p, slots = _pool(state, pool, pool_size or B + 3, rng, pad)
     return dict(x=rnd(B, T, H, P).to(dtype), dt=dt.to(dtype), A=A.float(), B=rnd(B, T, G, N).to(dtype),
                 C=rnd(B, T, G, N).to(dtype), D=rnd(H).float(), dt_bias=rnd(H).float(), dt_softplus=True,
                 dt_limit=(0.0, float("inf")), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
                 pool=p, slots=slots, trees=ts, burst=burst, tree=_label(kind),
-                label=label or f"{_label(kind)} T={T} B={B} G={G} H={H} P={P} N={N} decay {decay} pool {pool} "
-                               f"{str(dtype).removeprefix('torch.')}")
+                label=_pool_label(label or f"{_label(kind)} T={T} B={B} G={G} H={H} P={P} N={N} decay {decay} "
+                                           f"pool {pool} {str(dtype).removeprefix('torch.')}", state_dtype))
 
 
 def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
@@ -311,7 +328,9 @@ def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
                 mamba2_case(T=9, kind="wide", B=3, G=1, ratio=1, pool="descending", seed=5, dtype=dtype),
                 mamba2_case(T=5, kind="random", B=1, ratio=1, burst=24, seed=6, dtype=dtype, label="burst of 24 calls")] + [
             mamba2_case(T=9, kind=("ddtree", 8, 4), B=1, G=1, ratio=2, seed=7 + i, dtype=d) for i, d in enumerate(other)] + [
-            _split("mamba2", mamba2_case(T=9, kind=("ddtree", 8, 4), B=2, G=2, ratio=2, P=16, N=8, seed=12, dtype=dtype))]
+            _split("mamba2", mamba2_case(T=9, kind=("ddtree", 8, 4), B=2, G=2, ratio=2, P=16, N=8, seed=12, dtype=dtype))] + [
+            mamba2_case(T=9, kind=("ddtree", 8, 4), B=2, G=1, ratio=2, P=16, N=32, pool="sparse", pool_size=40,
+                        seed=13 + i, dtype=dtype, state_dtype=sd) for i, sd in enumerate(STATE_DTYPES)]
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
         cases.append(mamba2_case(T=T, kind=SHAPES[i % len(SHAPES)], B=2, P=32, N=64, seed=seed + i, dtype=dtype))
@@ -339,24 +358,29 @@ def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
                                               label="Nemotron-H-8B's layer at 8 x 33, every dimension at once")))
     cases.append(_split("mamba2", mamba2_case(T=33, kind=("ddtree", 32, 8), B=3, G=2, ratio=2, P=32, N=16,
                                               seed=seed + 96, dtype=dtype)))
+    # the state pool in 16 bits (STATE_DTYPES): the model's layer in bf16, and once at small widths in fp16
+    cases += [mamba2_case(T=33, kind=("ddtree", 32, 8), B=8, pool_size=19, **MODEL_WIDTHS["mamba2"], seed=seed + 97,
+                          dtype=dtype, state_dtype=torch.bfloat16, label="Nemotron-H-8B's layer at 8 x 33"),
+              mamba2_case(T=33, kind=("ddtree", 32, 8), B=3, G=2, ratio=2, P=32, N=16, pool="sparse", pool_size=40,
+                          seed=seed + 98, dtype=dtype, state_dtype=torch.float16)]
     return cases
 
 
 def kda_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int = 16, memory: str = "mixed",
              pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32, burst: int = 2, seed: int = 0,
-             label: str = "", pad: int = 0) -> dict:
+             label: str = "", pad: int = 0, state_dtype=torch.float32) -> dict:
     """An engine's KDA contract: H heads of K = V dims, the log decay per key channel g [B, T, H, K] (from fast
     forgetting to long memory, as the GDN examples' gates), beta [B, T, H] with exact 0 and 1 among them."""
     rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
     g, _ = _gates(memory, (B, T, H, K), gen)
     _, beta = _gates(memory, (B, T, H), gen)
-    state = rnd(B, H, K, K).float()
+    state = rnd(B, H, K, K).to(state_dtype)
     p, slots = _pool(state, pool, pool_size or B + 3, rng, pad)
     return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, H, K).to(dtype),
                 g=g.float(), beta=beta.float(), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
                 trees=ts, pool=p, slots=slots, burst=burst, tree=_label(kind),
-                label=label or f"{_label(kind)} T={T} B={B} H={H} K=V={K} gates {memory} pool {pool} "
-                               f"{str(dtype).removeprefix('torch.')}")
+                label=_pool_label(label or f"{_label(kind)} T={T} B={B} H={H} K=V={K} gates {memory} pool {pool} "
+                                           f"{str(dtype).removeprefix('torch.')}", state_dtype))
 
 
 def kda_cases(profile: str, dtype=torch.float32) -> list[dict]:
@@ -376,18 +400,18 @@ def _decays(kind: str, H: int, gen: torch.Generator) -> torch.Tensor:
 
 def lightning_case(*, T: int = 17, kind="random", B: int = 2, H: int = 2, K: int = 16, memory: str = "mixed",
                    pool: str = "shuffled", pool_size: int | None = None, dtype=torch.float32, burst: int = 2, seed: int = 0,
-                   label: str = "", pad: int = 0) -> dict:
+                   label: str = "", pad: int = 0, state_dtype=torch.float32) -> dict:
     """An engine's lightning-attention contract: H heads of K = V dims (q and k scaled down: the state is a running
     sum), a constant decay per head."""
     rng, gen, ts, T, rnd = _draws(kind, T, B, seed)
-    state = rnd(B, H, K, K).float()
+    state = rnd(B, H, K, K).to(state_dtype)
     p, slots = _pool(state, pool, pool_size or B + 3, rng, pad)
     s = K ** -0.5
     return dict(q=(rnd(B, T, H, K) * s).to(dtype), k=(rnd(B, T, H, K) * s).to(dtype), v=rnd(B, T, H, K).to(dtype),
                 decay=_decays(memory, H, gen), parents=torch.tensor([t.parents for t in ts]), initial_state=state,
                 trees=ts, pool=p, slots=slots, burst=burst, tree=_label(kind),
-                label=label or f"{_label(kind)} T={T} B={B} H={H} K=V={K} decay {memory} pool {pool} "
-                               f"{str(dtype).removeprefix('torch.')}")
+                label=_pool_label(label or f"{_label(kind)} T={T} B={B} H={H} K=V={K} decay {memory} pool {pool} "
+                                           f"{str(dtype).removeprefix('torch.')}", state_dtype))
 
 
 def lightning_cases(profile: str, dtype=torch.float32) -> list[dict]:
@@ -410,7 +434,9 @@ def _head_cases(case, op: str, profile: str, dtype, *, deep_heads: int, wide_hea
                 case(T=5, kind="random", B=1, H=1, burst=24, seed=6, dtype=dtype, label="burst of 24 calls")] + [
             case(T=9, kind=("ddtree", 8, 4), B=1, H=2, K=32, pool="sparse", pool_size=40, seed=7 + i, dtype=d)
             for i, d in enumerate(other)] + [_split(op, case(T=9, kind=("ddtree", 8, 4), B=2, H=2, K=16, seed=12,
-                                                             dtype=dtype))]
+                                                             dtype=dtype))] + [
+            case(T=9, kind=("ddtree", 8, 4), B=2, H=2, K=16, pool="sparse", pool_size=40, seed=13 + i, dtype=dtype,
+                 state_dtype=sd) for i, sd in enumerate(STATE_DTYPES)]
     assert profile == "serving", profile
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
@@ -434,6 +460,11 @@ def _head_cases(case, op: str, profile: str, dtype, *, deep_heads: int, wide_hea
     cases.append(_split(op, case(T=33, kind=("ddtree", 32, 8), B=8, H=wide_heads, K=128, pool_size=19, seed=seed + 95,
                                  dtype=dtype, label=f"{wide_heads} heads of 128 at 8 x 33, every dimension at once")))
     cases.append(_split(op, case(T=33, kind=("ddtree", 32, 8), B=3, H=2, K=32, seed=seed + 96, dtype=dtype)))
+    # the state pool in 16 bits (STATE_DTYPES): the model's heads in bf16, and once at small widths in fp16
+    cases += [case(T=33, kind=("ddtree", 32, 8), B=8, H=wide_heads, K=128, pool_size=19, seed=seed + 97, dtype=dtype,
+                   state_dtype=torch.bfloat16, label=f"{wide_heads} heads of 128 at 8 x 33"),
+              case(T=33, kind=("ddtree", 32, 8), B=3, H=2, K=32, pool="sparse", pool_size=40, seed=seed + 98,
+                   dtype=dtype, state_dtype=torch.float16)]
     return cases
 
 
@@ -595,6 +626,8 @@ def describe(inp: dict, commit: bool = False) -> dict:
         out.update({"H": H, "H/G": H // G, "P": P, "N": N, "A min": float(inp["A"].min()), "A max": float(inp["A"].max())})
     else:
         out.update({"C": int(inp["x"].shape[2]), "W": int(inp["weight"].shape[1])})
+    if "initial_state" in inp:  # a recurrence's state pool (the conv's window pool is in its input's dtype)
+        out["state pool dtype"] = str(inp["pool"].dtype).removeprefix("torch.")
     out["calls"] = max(1, int(inp.get("burst", 2)))
     if "x" not in inp or "dt" in inp:  # the conv takes one input: its layout is its contract's
         out["input layout"] = "views of one projection" if inp.get("split") else "contiguous"

@@ -39,12 +39,14 @@ def _kernel():
                      "pip install sglang, or its wheel with --no-deps)")
 
 
-def _node_buffer(node_states, shape, dev, *, transposed: bool):
+def _node_buffer(node_states, shape, dev, *, transposed: bool, dtype=torch.float32):
     """(the per-node state buffer a kernel writes, its rows int32 on ``dev``): the contract's node_states (buffer, rows)
     as a copy in the kernel's layout (its last two axes swapped where ``transposed``) between guard rows, whose writes
-    reflect_writes carries back; without them a NaN buffer of ``shape`` (B rows of T steps) at rows 0..B-1."""
+    reflect_writes carries back; without them a NaN buffer of ``shape`` (B rows of T steps) at rows 0..B-1 in
+    ``dtype``, the state pool's (SGLang allocates its intermediate states in its SSM cache's dtype)."""
     if node_states is None:
-        return torch.full(shape, float("nan"), device=dev), torch.arange(shape[0], dtype=torch.int32, device=dev)
+        return (torch.full(shape, float("nan"), device=dev, dtype=dtype),
+                torch.arange(shape[0], dtype=torch.int32, device=dev))
     from ddsim.engines import guarded_like
     nodes, rows = node_states
     return guarded_like(nodes.transpose(-1, -2) if transposed else nodes), rows.to(device=dev, dtype=torch.int32)
@@ -84,7 +86,8 @@ def as_contract(fn, *, kda: bool = False):
         pool = guarded_like(state_pool.transpose(-1, -2))  # [N, HV, V, K], SGLang's layout, guard slots beside
         tree = {}
         if mode == "exact":  # per-node states [M, P, HV, V, K], NaN until the kernel writes them
-            buf, rows = _node_buffer(node_states, (B, T, HV, v.shape[3], q.shape[3]), dev, transposed=True)
+            buf, rows = _node_buffer(node_states, (B, T, HV, v.shape[3], q.shape[3]), dev, transposed=True,
+                                     dtype=state_pool.dtype)
             tree = dict(intermediate_states_buffer=buf, intermediate_state_indices=rows, cache_steps=buf.shape[1],
                         retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous())
         o = fn(zeros, a.contiguous(), dt_bias, 1.0, 20.0, _rows(q), _rows(k), _rows(v), b.contiguous(), pool,
@@ -129,7 +132,7 @@ def as_mamba2_contract(fn):
         dev = x.device
         tree = {}
         if mode == "exact":
-            buf, rows = _node_buffer(node_states, (Bn, T, H, P, N), dev, transposed=False)
+            buf, rows = _node_buffer(node_states, (Bn, T, H, P, N), dev, transposed=False, dtype=state_pool.dtype)
             tree = dict(intermediate_states_buffer=buf, cache_steps=buf.shape[1],
                         retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous(),
                         intermediate_state_indices=rows)

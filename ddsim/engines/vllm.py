@@ -55,9 +55,10 @@ def as_contract(fn):
         from ddsim.engines import fused_gates, reflect_writes
         a, b = fused_gates(g, beta)
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
-        null = torch.zeros(1, HV, V, K, device=dev)
+        # vLLM's per-token states share the pool, and its dtype (a 16-bit state cache: its mamba cache dtype "auto")
+        null = torch.zeros(1, HV, V, K, device=dev, dtype=state_pool.dtype)
         if node_states is None:
-            scratch = torch.full((B * T, HV, V, K), float("nan"), device=dev)  # per-token states
+            scratch = torch.full((B * T, HV, V, K), float("nan"), device=dev, dtype=state_pool.dtype)  # per-token states
             per_token = 1 + N + torch.arange(B * T, device=dev, dtype=torch.int32).view(B, T)
         else:  # the buffer's entries as per-token slots: [M * P, HV, V, K]
             nodes, rows = node_states
