@@ -216,7 +216,7 @@ def test_16_bit_state_pools_are_judged_at_their_rounding_and_reach_engines_in_th
     pool = ddsim_kernels.fp32_pool(c["pool"])
     assert pool.dtype == torch.float32 and torch.equal(pool[c["slots"].long()], c["initial_state"].float())
     f32 = kc.cases("gdn", "quick")[0]["pool"]
-    assert ddsim_kernels.fp32_pool(f32) is f32
+    assert ddsim_kernels.fp32_pool(f32) is f32 and ddsim_kernels.fp32_pool(f32.double()).dtype == torch.float64
     # a write into the copy comes back to the 16-bit pool in its dtype, and only the slots written
     before = c["pool"].clone()
     pool[3] = 2.0

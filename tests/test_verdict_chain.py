@@ -524,6 +524,17 @@ def test_a_16_bit_state_pool_is_judged_at_the_coarser_of_its_rounding_and_the_in
     vals = r["ref_states"].clone()
     vals[0, 1] = ck._bound(r["ref_states"], bf16)  # at the pool's bound, past the inputs'
     assert states({**r, "node_vals": vals, "dtype": bf16}) and not states({**r, "node_vals": vals, "dtype": f32})
+    # a commit's counterexample is judged so too: sequence 0's slot off the oracle's by the pool's bound
+    kept = r["ref_states"][:, 2].clone()[None]  # [L = 1, B, ...]: each sequence's state after node 2
+    kept[0, 0] += ck._bound(r["ref_states"], bf16)
+    c = {**r, "commit_vals": kept, "commit_kept": kept, "commit_accepted": torch.tensor([2, -1]),
+         "commit_done": torch.tensor([True, False]), "commit_layers": 1}
+    name = ck.COMMIT_PROPERTIES["exact"]
+    assert ck._describe(inp, c, name, "exact")["commit"] == ck._describe_commit(c, name, bf16)
+    assert ck._describe(inp, c, name, "exact")["commit"]["first_wrong"] is None  # at the bound: not wrong
+    assert ck._describe_commit(c, name, f32)["first_wrong"]["sequence"] == 0
+    copied = ck._describe(inp, {**c, "commit_kept": kept + 1.0}, ck.COMMIT_COPY, "exact")["commit"]["first_wrong"]
+    assert (copied["layer"], copied["sequence"], copied["node"]) == (0, 0, 2)
 
 
 def test_the_shapes_of_a_counterexample_by_op():
