@@ -115,3 +115,31 @@ def pool_at_float32_offsets(*args, **kw):
         s = slots.long()
         args[10] = torch.where(s >= 0, (2 * s) % pool.shape[0], s).to(slots.dtype)
     return engine_api.target_verify(*args, **kw)
+
+
+def slot_pitch_from_shape(*args, **kw):
+    """ddsim's drop-in with its pool's slot pitch taken from its shape (one entry of HV V K), not from its stride(0):
+    right on a pool whose slots lie one after another; on one layer of a slot-major pool (a server's unified pool,
+    which SGLang's kernel reads by stride(0)) slot s is read s entries on from slot 0, another layer's entry. Before
+    check-kernel drew slot-major pools it passed."""
+    args = list(args)
+    pool = args[9]  # initial_state_source [N, HV, V, K]
+    entry = pool[0].numel()
+    if pool.stride(0) != entry:
+        args[9] = pool.as_strided(tuple(pool.shape), (entry, *pool.stride()[1:]), pool.storage_offset())
+    return engine_api.target_verify(*args, **kw)
+
+
+def writes_its_slot_in_another_layer(*args, **kw):
+    """ddsim's drop-in that then writes each sequence's committed state into the next layer's entry of its slot (a
+    state update addressed by the layer's shape, not the pool's): on a pool of one layer it writes nothing; on one
+    layer of a slot-major pool it overwrites another layer's state, which the layer's own view never shows."""
+    from ddsim.engines import slot_major_whole
+    o = engine_api.target_verify(*args, **kw)
+    pool, slots = args[9], args[10]
+    whole = slot_major_whole(pool)
+    if whole is not None:
+        layer = (pool.storage_offset() % pool.stride(0)) // pool[0].numel()
+        live = slots[slots >= 0].long()
+        whole[live, (layer + 1) % whole.shape[1]] = pool[live]
+    return o

@@ -17,9 +17,9 @@ def _load(name):
 
 def test_check_holds_on_ddsims_kernel_with_its_coverage():
     res = ck.check(_load("ddsim"), mode="exact", max_examples=2)
-    assert res.profile == "quick" and res.examples == 11 and len(res.properties) == 7
+    assert res.profile == "quick" and res.examples == 12 and len(res.properties) == 7
     assert all(r.holds for r in res) and all(r.counterexample is None for r in res)
-    assert res.properties[-1].detail == "held on 11 serving examples (quick) and 2 drawn inputs"
+    assert res.properties[-1].detail == "held on 12 serving examples (quick) and 2 drawn inputs"
     cov = res.coverage
     assert max(cov["nodes"]) == 129 and max(cov["K"]) == 128 and max(cov["batch"]) == 8 and max(cov["HV/H"]) == 8
     assert cov["g min"] < -29 and cov["beta min"] == 0.0 and cov["beta max"] == 1.0 and max(cov["calls"]) == 24
@@ -27,6 +27,7 @@ def test_check_holds_on_ddsims_kernel_with_its_coverage():
     assert cov["not order-exact nodes total"] > 150
     assert cov["input layout"] == ["contiguous", "views of one projection"]
     assert cov["state pool dtype"] == ["bfloat16", "float16", "float32"]  # a server's 16-bit state caches too
+    assert cov["state pool layout"] == ["layer 2 of 4 slot-major", "one layer"]  # and its unified pool
 
 
 def test_check_reports_a_serving_only_bug_by_its_example():
@@ -239,6 +240,80 @@ def test_a_kernel_that_addresses_a_16_bit_pool_as_float32_is_caught_only_by_the_
     assert all(r.counterexample["example"].endswith(("state pool bfloat16", "state pool float16")) for r in bad)
     monkeypatch.setattr(kc, "STATE_DTYPES", ())
     assert all(r.holds for r in ck.check(kernel, mode="exact", max_examples=1))
+
+
+@pytest.mark.parametrize("op", ["gdn", "kda", "lightning", "mamba2"])
+def test_each_profile_holds_a_pool_that_is_one_layer_of_a_slot_major_pool(op):
+    """Both profiles hold examples whose pool is handed over as one layer of a slot-major pool (kernel_cases.SLOT_MAJOR:
+    each slot's entries of every layer side by side, as a server's unified pool keeps them), the model's layer among
+    the serving ones, said in the label and the coverage; the rest are pools of one layer."""
+    from ddsim.engines import kernel_cases as kc
+    for profile in kc.PROFILES:
+        cases = kc.cases(op, profile)
+        marked = [c for c in cases if "pool_layers" in c]
+        assert marked and all(c["pool_layers"] == kc.SLOT_MAJOR for c in marked), (op, profile)
+        assert all(c["label"].endswith("pool layer 2 of 4 slot-major") for c in marked)
+        layouts = {kc.describe(c)["state pool layout"] for c in cases}
+        assert layouts == {"one layer", "layer 2 of 4 slot-major"}, layouts
+    widest = max(marked, key=lambda c: c["pool"][0].numel())
+    assert widest["pool"][0].numel() == {"gdn": 48, "kda": 32, "lightning": 64, "mamba2": 128}[op] * 128 * (
+        64 if op == "mamba2" else 128)  # the model's layer
+
+
+def test_a_slot_major_pool_reaches_sglangs_kernel_as_it_lies_and_its_writes_anywhere_come_back():
+    """check-kernel builds the layer's pool as a view of a slot-major pool (slot_major_like: the other layers' entries
+    NaN, guard slots beside); SGLang's adapter hands its kernel its layout at the same slot pitch and place
+    (pitched_like: its kernel reads the pitch from stride(0)), and a write to the layer's entries, to another layer's
+    or to a guard slot comes back to the caller's pool (reflect_pitched), where _pool_writes sees it."""
+    from ddsim.engines import beside, sglang, slot_major_like, slot_major_whole
+    from ddsim.engines import kernel_cases as kc
+    c = next(c for c in kc.cases("gdn", "quick") if "pool_layers" in c)
+    pool = slot_major_like(c["pool"], *c["pool_layers"])
+    whole = slot_major_whole(pool)
+    N, E = c["pool"].shape[0], c["pool"][0].numel()
+    assert pool.stride(0) == 4 * E and whole.shape == (N, 4, *c["pool"].shape[1:])
+    assert torch.equal(ck._bits(pool), ck._bits(c["pool"]))  # NaN slots and all
+    assert torch.isnan(whole[:, [0, 1, 3]]).all() and slot_major_whole(c["pool"]) is None
+    before = ck._bits(whole).clone()
+    seen = {}
+
+    def kernel(A_log, a, dt_bias, sb, th, q, k, v, b, p, slots, **kw):
+        seen.update(stride=p.stride(), equal=torch.equal(ck._bits(p), ck._bits(c["pool"].transpose(-1, -2))))
+        mine = slot_major_whole(p)
+        mine[1, 3] = 1.0  # slot 1's entry of layer 3
+        p[4] = 2.0  # slot 4's own entry (layer 2)
+        mine.view(N, -1)[0, 0] = 0.0  # slot 0's layer-0 entry, its first element
+        beside(mine)[1].fill_(3.0)  # the guard slot after the whole pool
+        return torch.zeros(1, *v.shape)
+
+    sglang.as_contract(kernel)(c["q"], c["k"], c["v"], c["g"], c["beta"], parents=c["parents"], state_pool=pool,
+                               slots=c["slots"], mode="leaky")
+    HV, K, V = c["pool"].shape[1:]
+    assert seen == {"stride": (4 * E, V * K, K, 1), "equal": True}
+    w = ck._pool_writes(whole, before, c["slots"], 2)
+    assert w["written_slots"] == [0, 1, 4, N] and not w["others_untouched"]
+    assert w["committed_untouched"] == (4 not in c["slots"].tolist())
+    assert bool((whole[1, 3] == 1.0).all()) and bool((pool[4] == 2.0).all()) and whole[0, 0].flatten()[0] == 0.0
+
+
+def test_a_kernel_that_takes_the_slot_pitch_from_the_shape_is_caught_only_by_slot_major_pools(monkeypatch):
+    """A verify that reads slot s at s entries (not s times the pool's stride(0)) reads another layer's state, and one
+    that writes another layer's entry of its slot writes what the layer's own view never shows: the slot-major examples
+    fail each, naming their pool; with every pool one layer both hold everything."""
+    from ddsim.engines import kernel_cases as kc
+    from ddsim.engines import load
+    wants = {"slot_pitch_from_shape": {"output finite", "exact on order-exact nodes", "exact on every node",
+                                       "node states exact on every node"},
+             "writes_its_slot_in_another_layer": {"other pool slots untouched"}}
+    for name, want in wants.items():
+        kernel = load(f"tests.planted_node_states:{name}", convention="sglang")
+        bad = [r for r in ck.check(kernel, mode="exact", max_examples=1) if not r.holds]
+        assert {r.name for r in bad} == want, (name, [r.name for r in bad])
+        assert all(r.counterexample["example"].endswith("pool layer 2 of 4 slot-major") for r in bad)
+    monkeypatch.setattr(kc, "_slot_major", lambda inp: inp)
+    for name in wants:
+        kernel = load(f"tests.planted_node_states:{name}", convention="sglang")
+        assert all(r.holds for r in ck.check(kernel, mode="exact", max_examples=1)), name
 
 
 def test_check_kernel_calls_the_kernel_with_the_split_views_each_time():
@@ -1045,7 +1120,7 @@ def test_a_fault_on_a_drawn_input_stops_the_search_and_a_leak_unseen_before_a_fa
         return ddsim_kernel.verify(*a, **kw)
     res = ck.check(dataclasses.replace(ddsim_kernel, verify=faults_on_drawn_inputs), mode="exact", max_examples=3)
     first, *rest = res.properties
-    assert res.lost_at == f"a drawn input of property {first.name!r}" and res.unchecked == [] and res.examples == 11
+    assert res.lost_at == f"a drawn input of property {first.name!r}" and res.unchecked == [] and res.examples == 12
     assert first.detail == f"the kernel raised RuntimeError: {fault.ECHO} on a drawn input" and len(rest) == 6
     assert [r.detail for r in rest] == [f"no drawn input searched: a fault at {res.lost_at} ended the device's CUDA "
                                         "context"] * 6 and [r.holds for r in res] == [False] * 7
@@ -1103,7 +1178,7 @@ def test_the_command_line_says_where_the_context_ended_and_what_was_not_run(monk
     lines = capsys.readouterr().out.splitlines()
     at = next(line for line in lines if line.startswith("a fault at"))
     assert fault.hit and at == ("a fault at serving example [ddtree budget 128 top-k 4 T=129 B=1 H=1 HV=1 K=16 V=16 "
-                                "gates mixed pool shuffled float32] ended the device's CUDA context: the 9 serving "
+                                "gates mixed pool shuffled float32] ended the device's CUDA context: the 10 serving "
                                 f"examples after it and every drawn input after it not run (named in {out})")
     assert lines[-1] == f"7 of 7 properties failed; counterexamples in {out}"
     fault.hit = False  # a fault on a drawn input: no serving example left unrun

@@ -244,6 +244,28 @@ def test_bits_pools_and_bounds():
     assert w == {"committed_untouched": False, "others_untouched": False, "written_slots": [1, 4]}
     w = ck._pool_writes(pool, ck._bits(pool).clone(), torch.tensor([0], dtype=torch.int32))
     assert w == {"committed_untouched": True, "others_untouched": True, "written_slots": []}
+    # a whole slot-major pool [N, layers, ...] given its layer: the batch's entries there are the committed states,
+    # any other layer's entry (of the batch's slots too) another's
+    whole = torch.zeros(5, 3, 2)
+    before = ck._bits(whole).clone()
+    slots = torch.tensor([1, 3, -1], dtype=torch.int32)
+    assert ck._pool_writes(whole, before, slots, 1) == {"committed_untouched": True, "others_untouched": True,
+                                                        "written_slots": []}
+    whole[3, 1, 0] = 1.0  # the batch's own entry
+    assert ck._pool_writes(whole, before, slots, 1) == {"committed_untouched": False, "others_untouched": True,
+                                                        "written_slots": [3]}
+    whole[3, 1, 0] = 0.0
+    whole[1, 2, 1] = 1.0  # another layer's entry of a batch slot
+    assert ck._pool_writes(whole, before, slots, 1) == {"committed_untouched": True, "others_untouched": False,
+                                                        "written_slots": [1]}
+    whole[1, 2, 1] = 0.0
+    whole[4, 1, 1] = 1.0  # the layer's entry of a slot outside the batch
+    assert ck._pool_writes(whole, before, slots, 1) == {"committed_untouched": True, "others_untouched": False,
+                                                        "written_slots": [4]}
+    whole[4, 1, 1] = 0.0
+    whole[0, 0, 0] = 1.0  # another layer's entry of a slot outside the batch
+    assert ck._pool_writes(whole, before, slots, 1)["written_slots"] == [0]
+    assert ck._pool_writes(whole, before, slots, 0)["committed_untouched"]  # slot 0 is not the batch's
 
 
 def test_node_errors_are_inf_where_the_output_is_not_finite():

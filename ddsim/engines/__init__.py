@@ -219,6 +219,73 @@ def guarded_like(pool):
     return out
 
 
+def slot_major_like(pool, layer: int, layers: int):
+    """A copy of pool [N, ...] as layer ``layer`` of a slot-major pool of ``layers`` layers (a server's unified state
+    pool, SGLang's page-major one: each slot's entries of every layer side by side): its storage [N, layers, ...] inside
+    guard slots, the other layers' entries NaN, and the view [N, ...] returned, each slot ``layers`` entries after the
+    one before (its stride(0)). slot_major_whole gives the whole."""
+    whole = guarded_empty((pool.shape[0], layers, *pool.shape[1:]), pool.dtype, pool.device)
+    whole.fill_(float("nan"))
+    whole[:, layer] = pool
+    return whole[:, layer]
+
+
+def slot_major_whole(pool):
+    """The whole slot-major pool [N, layers, ...] that slot_major_like's view ``pool`` is a layer of (None where pool
+    is laid out otherwise: its slots one entry after another)."""
+    entry = pool[0].numel() if pool.shape[0] else 0
+    if pool.dim() < 2 or pool.shape[0] < 1 or pool.stride(0) == entry or pool.stride(0) % entry:
+        return None
+    layers = pool.stride(0) // entry
+    start = pool.storage_offset() - pool.storage_offset() % pool.stride(0)
+    return pool.as_strided((pool.shape[0], layers, *pool.shape[1:]),
+                           (pool.stride(0), entry, *pool.stride()[1:]), start)
+
+
+def pitched_like(engine_view, caller):
+    """engine_view (the caller's pool in an engine's own layout, e.g. its last two axes swapped) as a copy laid out as
+    the caller's is: where the caller's pool is a layer of a slot-major pool (slot_major_whole), the copy is one too,
+    at the same slot pitch and place in it, the other layers' entries copied, guard slots beside; else guarded_like.
+    reflect_pitched carries the engine's writes back."""
+    whole = slot_major_whole(caller)
+    if whole is None:
+        return guarded_like(engine_view)
+    N, layers = whole.shape[:2]
+    backing = guarded_empty(tuple(whole.shape), whole.dtype, whole.device)
+    backing.copy_(whole)
+    entry = caller[0].numel()
+    at = (caller.storage_offset() % caller.stride(0)) // entry  # the caller's layer
+    contiguous = [1]
+    for n in reversed(engine_view.shape[2:]):
+        contiguous.insert(0, contiguous[0] * n)
+    out = backing.as_strided(tuple(engine_view.shape), (caller.stride(0), *contiguous),
+                             backing.storage_offset() + at * entry)
+    out.copy_(engine_view)
+    out._ddsim_whole = backing  # reflect_pitched reads the other layers' entries through it
+    out._ddsim_layer = at
+    return out
+
+
+def reflect_pitched(engine_copy, caller, *, transposed: bool = True) -> None:
+    """reflect_writes for a copy pitched_like made: the caller's layer as reflect_writes carries it, and any write to
+    another layer's entries (bitwise, in the engine's copy of the whole) copied into the caller's whole pool."""
+    reflect_writes(engine_copy, caller, transposed=transposed)
+    backing = getattr(engine_copy, "_ddsim_whole", None)
+    if backing is None:
+        return
+    whole = slot_major_whole(caller)
+    others = [l for l in range(whole.shape[1]) if l != engine_copy._ddsim_layer]
+    for l in others:
+        wrote = (_bits(backing[:, l]) != _bits(whole[:, l])).flatten(1).any(-1)
+        if wrote.any():
+            whole[wrote, l] = backing[wrote, l]
+    ends, theirs = beside(backing), beside(whole)
+    if ends is not None and theirs is not None:
+        for end, their in zip(ends, theirs):
+            if (_bits(end) != GUARD[end.element_size()]).any():
+                their.copy_(end)
+
+
 # the most a reflect_writes comparison holds at once (bytes of each side): a buffer of several GB is compared in chunks
 REFLECT_CHUNK = 1 << 28
 

@@ -64,7 +64,7 @@ from pathlib import Path
 
 import torch
 
-from ddsim.engines import GUARD, _bits, beside, guarded_empty, guarded_like
+from ddsim.engines import GUARD, _bits, beside, guarded_empty, guarded_like, slot_major_like, slot_major_whole
 from ddsim.engines.kernel_cases import split_views
 from ddsim.errors import InputError, one_line
 from ddsim.measure.compare import TOLERANCES
@@ -317,11 +317,15 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
             args.update(split_views({k: args[k] for k in inp["split"]}))
         args["parents"] = inp["parents"].to(device, copy=True)
         slots = inp["slots"].to(device, copy=True)
-        pool = guarded_like(inp["pool"].to(device))  # a slot of guard bits on either side in its storage
+        if "pool_layers" in inp:  # one layer of a slot-major pool of several (a server's unified state pool)
+            pool = slot_major_like(inp["pool"].to(device), *inp["pool_layers"])
+        else:
+            pool = guarded_like(inp["pool"].to(device))  # a slot of guard bits on either side in its storage
         node = None if node_shape is None else _node_buffer(inp, node_shape, device, node_dtype)
         tables = {"slots": slots, **({} if node is None else {"node rows": node[1]})}
         seen = {k: _bits(v).clone() for k, v in {**args, **tables}.items() if v is not None}
-        before = _bits(pool).clone()
+        whole = slot_major_whole(pool)  # None but for a slot-major pool
+        before = _bits(pool if whole is None else whole).clone()
         o = call(args, pool, slots) if node is None else call(args, pool, slots, node)
         changed |= {k for k, v in {**args, **tables}.items() if v is not None and not torch.equal(_bits(v), seen[k])}
         checked_output(o)
@@ -332,7 +336,8 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
                 got.update(_commit_writes(commit, node[0], inp, device))
             del node
         if n == 0:
-            outs, writes = o.clone(), _pool_writes(pool, before, inp["slots"])
+            outs, writes = o.clone(), _pool_writes(pool if whole is None else whole, before, inp["slots"],
+                                                   None if whole is None else inp["pool_layers"][0])
             writes["pool_after"] = pool.cpu()
             if node_shape is not None:
                 nodes = got
@@ -399,13 +404,22 @@ class _Runner:
         return _properties(self.mode, nodes=self.node_states, commit=self.commit is not None)
 
 
-def _pool_writes(pool: torch.Tensor, before: torch.Tensor, slots: torch.Tensor) -> dict:
+def _pool_writes(pool: torch.Tensor, before: torch.Tensor, slots: torch.Tensor, layer: int | None = None) -> dict:
     """Which pool slots a call wrote (bitwise), split into the batch's (padded rows, slot -1, hold none) and the
-    others; a guard slot written (-1: the slot's worth before the pool, N: after it) counts among the others."""
-    changed = (_bits(pool) != before).flatten(1).any(-1).cpu()  # [N]
+    others; a guard slot written (-1: the slot's worth before the pool, N: after it) counts among the others. With
+    ``layer``, pool is a whole slot-major pool [N, layers, ...] whose layer ``layer`` the call was given: the batch's
+    entries there are its committed states, and an entry of any other layer written counts among the others."""
+    if layer is None:
+        changed = (_bits(pool) != before).flatten(1).any(-1).cpu()  # [N]
+        elsewhere = torch.zeros_like(changed)
+    else:
+        by_layer = (_bits(pool) != before).flatten(2).any(-1).cpu()  # [N, layers]
+        changed, elsewhere = by_layer[:, layer], by_layer.clone()
+        elsewhere[:, layer] = False
+        elsewhere = elsewhere.any(-1)  # [N]: an entry of another layer written
     in_batch = torch.zeros_like(changed)
     in_batch[slots.long().cpu()[slots.cpu() >= 0]] = True
-    written = changed.nonzero().flatten().tolist()
+    written = (changed | elsewhere).nonzero().flatten().tolist()
     ends = beside(pool)
     if ends is not None:
         guard = GUARD[pool.element_size()]
@@ -413,7 +427,8 @@ def _pool_writes(pool: torch.Tensor, before: torch.Tensor, slots: torch.Tensor) 
         written = ([-1] if hit[0] else []) + written + ([pool.shape[0]] if hit[1] else [])
     outside = any(w < 0 or w >= pool.shape[0] for w in written)
     return {"committed_untouched": not bool(changed[in_batch].any()),
-            "others_untouched": not bool(changed[~in_batch].any()) and not outside, "written_slots": written}
+            "others_untouched": not bool(changed[~in_batch].any()) and not bool(elsewhere.any()) and not outside,
+            "written_slots": written}
 
 
 def _properties(mode: str, committed: tuple | None = None, nodes: bool = False, commit: bool = False) -> dict:

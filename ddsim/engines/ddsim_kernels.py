@@ -5,27 +5,30 @@ from __future__ import annotations
 
 
 def fp32_pool(state_pool):
-    """The pool to hand ddsim's verifies, which keep float32 states: a float32 (or float64) pool itself; a server's
-    16-bit state cache as a float32 copy (its values exactly), whose writes carry_back returns to it."""
+    """The pool to hand ddsim's verifies, which keep float32 states in a pool whose slots lie one after another: a
+    float32 (or float64) pool so laid out itself; a server's 16-bit state cache, or one layer of a slot-major pool
+    (kernel_cases.SLOT_MAJOR), as a contiguous float32 copy (its values exactly), whose writes carry_back returns."""
     import torch
-    return state_pool if state_pool.dtype in (torch.float32, torch.float64) else state_pool.float()
+    keep = state_pool.dtype in (torch.float32, torch.float64)
+    if keep and state_pool.is_contiguous():
+        return state_pool
+    return (state_pool if keep else state_pool.float()).contiguous()
 
 
 def carry_back(pool, state_pool) -> None:
-    """The slots a verify wrote in fp32_pool's copy ``pool``, written back into ``state_pool`` in its dtype (nothing
-    where pool is state_pool itself)."""
+    """The slots a verify wrote in fp32_pool's copy ``pool``, written back into ``state_pool`` in its dtype and layout
+    (nothing where pool is state_pool itself)."""
     if pool is state_pool:
         return
-    import torch
-    was = state_pool.float()
-    changed = (pool.view(torch.int32) != was.view(torch.int32)).flatten(1).any(1).nonzero().flatten()
+    from ddsim.engines import _bits
+    changed = (_bits(pool) != _bits(state_pool.to(pool.dtype))).flatten(1).any(1).nonzero().flatten()
     state_pool[changed] = pool[changed].to(state_pool.dtype)
 
 
 def as_contract(fn):
     """fn(q, k, v, g, beta, *, parents, initial_state, state_indices, mode, scale) -> o (or (o, ...)),
-    as gdn_tree_verify: initial_state is the pool [N, HV, K, V] (a 16-bit pool: fp32_pool's copy), state_indices [B]
-    the batch's slots."""
+    as gdn_tree_verify: initial_state is the pool [N, HV, K, V] (a 16-bit or slot-major pool: fp32_pool's copy),
+    state_indices [B] the batch's slots."""
     def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
         pool = fp32_pool(state_pool)
         out = fn(q, k, v, g, beta, parents=parents, initial_state=pool, state_indices=slots, mode=mode, scale=scale)
@@ -45,7 +48,8 @@ def as_conv_contract(fn):
 
 def as_mamba2_contract(fn):
     """fn(x, dt, A, B, C, *, D, dt_bias, parents, initial_state, state_indices, mode) -> y, as
-    gpu_backend.mamba2_tree_verify: initial_state is the pool [N, H, P, N] (a 16-bit pool: fp32_pool's copy)."""
+    gpu_backend.mamba2_tree_verify: initial_state is the pool [N, H, P, N] (a 16-bit or slot-major pool: fp32_pool's
+    copy)."""
     def mamba2(x, dt, A, B, C, *, D, dt_bias, parents, state_pool, slots, mode):
         pool = fp32_pool(state_pool)
         out = fn(x, dt, A, B, C, D=D, dt_bias=dt_bias, parents=parents, initial_state=pool, state_indices=slots,

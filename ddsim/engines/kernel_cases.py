@@ -55,6 +55,19 @@ SPLIT = {"gdn": ("q", "k", "v"), "kda": ("q", "k", "v"), "lightning": ("q", "k",
 # SGLANG_MAMBA_SSM_DTYPE takes bfloat16, and its Mamba2 kernel stores float16 states. A kernel reads the pool's values
 # and writes its node states in the pool's dtype; each profile holds an example of each op with each
 STATE_DTYPES = (torch.bfloat16, torch.float16)
+# a server's unified state pool holds each slot's entries of every layer side by side (SGLang's page-major pool: its
+# kernels take a layer's slot pitch from the pool's stride(0), "an envelope-strided view"), so a layer's pool [N, ...]
+# is a view whose slots lie SLOT_MAJOR[1] entries apart: the examples _slot_major marks put theirs at layer
+# SLOT_MAJOR[0] of such a pool, the other layers' entries NaN. A kernel that takes the pitch from the shape reads them
+SLOT_MAJOR = (2, 4)
+
+
+def _slot_major(inp: dict) -> dict:
+    """The example with its pool handed over as one layer of a slot-major pool of several (check_kernel builds it on
+    every call), said in its label."""
+    layer, layers = SLOT_MAJOR
+    inp.update(pool_layers=SLOT_MAJOR, label=f"{inp['label']}, pool layer {layer} of {layers} slot-major")
+    return inp
 
 
 def split_views(ts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -205,7 +218,9 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
                       seed=9 + i, dtype=d) for i, d in enumerate(other)] + [
             _split("gdn", gdn_case(T=9, kind=("ddtree", 8, 4), B=2, ratio=3, K=32, V=16, seed=12, dtype=dtype))] + [
             gdn_case(T=9, kind=("ddtree", 8, 4), B=2, ratio=2, K=32, V=32, pool="sparse", pool_size=40, seed=13 + i,
-                     dtype=dtype, state_dtype=sd) for i, sd in enumerate(STATE_DTYPES)]
+                     dtype=dtype, state_dtype=sd) for i, sd in enumerate(STATE_DTYPES)] + [
+            _slot_major(gdn_case(T=9, kind=("ddtree", 8, 4), B=2, ratio=2, K=16, V=32, pool="last", pool_size=6,
+                                 seed=15, dtype=dtype))]
     assert profile == "serving", profile
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
@@ -246,6 +261,11 @@ def gdn_cases(profile: str, dtype=torch.float32) -> list[dict]:
                        dtype=dtype, state_dtype=torch.bfloat16, label="Qwen3.6-27B's layer at 8 x 65"),
               gdn_case(T=33, kind=("ddtree", 32, 8), B=3, ratio=3, K=64, V=32, pool="sparse", pool_size=40,
                        seed=seed + 117, dtype=dtype, state_dtype=torch.float16)]
+    # the pool one layer of a slot-major pool (SLOT_MAJOR): the model's layer, and once at small widths
+    cases += [_slot_major(gdn_case(T=17, kind=("ddtree", 16, 8), B=4, pool="last", pool_size=9, **MODEL_WIDTHS["gdn"],
+                                   seed=seed + 118, dtype=dtype, label="Qwen3.6-27B's layer at 4 x 17")),
+              _slot_major(gdn_case(T=33, kind=("ddtree", 32, 8), B=3, ratio=2, K=32, V=64, pool="sparse",
+                                   pool_size=40, seed=seed + 119, dtype=dtype))]
     return cases
 
 
@@ -330,7 +350,9 @@ def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
             mamba2_case(T=9, kind=("ddtree", 8, 4), B=1, G=1, ratio=2, seed=7 + i, dtype=d) for i, d in enumerate(other)] + [
             _split("mamba2", mamba2_case(T=9, kind=("ddtree", 8, 4), B=2, G=2, ratio=2, P=16, N=8, seed=12, dtype=dtype))] + [
             mamba2_case(T=9, kind=("ddtree", 8, 4), B=2, G=1, ratio=2, P=16, N=32, pool="sparse", pool_size=40,
-                        seed=13 + i, dtype=dtype, state_dtype=sd) for i, sd in enumerate(STATE_DTYPES)]
+                        seed=13 + i, dtype=dtype, state_dtype=sd) for i, sd in enumerate(STATE_DTYPES)] + [
+            _slot_major(mamba2_case(T=9, kind=("ddtree", 8, 4), B=2, G=1, ratio=2, P=8, N=16, pool="last",
+                                    pool_size=6, seed=15, dtype=dtype))]
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
         cases.append(mamba2_case(T=T, kind=SHAPES[i % len(SHAPES)], B=2, P=32, N=64, seed=seed + i, dtype=dtype))
@@ -363,6 +385,12 @@ def mamba2_cases(profile: str, dtype=torch.float32) -> list[dict]:
                           dtype=dtype, state_dtype=torch.bfloat16, label="Nemotron-H-8B's layer at 8 x 33"),
               mamba2_case(T=33, kind=("ddtree", 32, 8), B=3, G=2, ratio=2, P=32, N=16, pool="sparse", pool_size=40,
                           seed=seed + 98, dtype=dtype, state_dtype=torch.float16)]
+    # the pool one layer of a slot-major pool (SLOT_MAJOR): the model's layer, and once at small widths
+    cases += [_slot_major(mamba2_case(T=17, kind=("ddtree", 16, 8), B=4, pool="last", pool_size=9,
+                                      **MODEL_WIDTHS["mamba2"], seed=seed + 99, dtype=dtype,
+                                      label="Nemotron-H-8B's layer at 4 x 17")),
+              _slot_major(mamba2_case(T=33, kind=("ddtree", 32, 8), B=3, G=2, ratio=2, P=32, N=16, pool="sparse",
+                                      pool_size=40, seed=seed + 100, dtype=dtype))]
     return cases
 
 
@@ -436,7 +464,9 @@ def _head_cases(case, op: str, profile: str, dtype, *, deep_heads: int, wide_hea
             for i, d in enumerate(other)] + [_split(op, case(T=9, kind=("ddtree", 8, 4), B=2, H=2, K=16, seed=12,
                                                              dtype=dtype))] + [
             case(T=9, kind=("ddtree", 8, 4), B=2, H=2, K=16, pool="sparse", pool_size=40, seed=13 + i, dtype=dtype,
-                 state_dtype=sd) for i, sd in enumerate(STATE_DTYPES)]
+                 state_dtype=sd) for i, sd in enumerate(STATE_DTYPES)] + [
+            _slot_major(case(T=9, kind=("ddtree", 8, 4), B=2, H=2, K=16, pool="last", pool_size=6, seed=15,
+                             dtype=dtype))]
     assert profile == "serving", profile
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
@@ -465,6 +495,11 @@ def _head_cases(case, op: str, profile: str, dtype, *, deep_heads: int, wide_hea
                    state_dtype=torch.bfloat16, label=f"{wide_heads} heads of 128 at 8 x 33"),
               case(T=33, kind=("ddtree", 32, 8), B=3, H=2, K=32, pool="sparse", pool_size=40, seed=seed + 98,
                    dtype=dtype, state_dtype=torch.float16)]
+    # the pool one layer of a slot-major pool (SLOT_MAJOR): the model's heads, and once at small widths
+    cases += [_slot_major(case(T=17, kind=("ddtree", 16, 8), B=4, H=wide_heads, K=128, pool="last", pool_size=9,
+                               seed=seed + 99, dtype=dtype, label=f"{wide_heads} heads of 128 at 4 x 17")),
+              _slot_major(case(T=33, kind=("ddtree", 32, 8), B=3, H=2, K=32, pool="sparse", pool_size=40,
+                               seed=seed + 100, dtype=dtype))]
     return cases
 
 
@@ -628,6 +663,8 @@ def describe(inp: dict, commit: bool = False) -> dict:
         out.update({"C": int(inp["x"].shape[2]), "W": int(inp["weight"].shape[1])})
     if "initial_state" in inp:  # a recurrence's state pool (the conv's window pool is in its input's dtype)
         out["state pool dtype"] = str(inp["pool"].dtype).removeprefix("torch.")
+        out["state pool layout"] = (f"layer {inp['pool_layers'][0]} of {inp['pool_layers'][1]} slot-major"
+                                    if "pool_layers" in inp else "one layer")
     out["calls"] = max(1, int(inp.get("burst", 2)))
     if "x" not in inp or "dt" in inp:  # the conv takes one input: its layout is its contract's
         out["input layout"] = "views of one projection" if inp.get("split") else "contiguous"

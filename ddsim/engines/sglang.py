@@ -78,12 +78,14 @@ def as_contract(fn, *, kda: bool = False):
         B, T = q.shape[:2]
         HV = v.shape[2]
         dev = q.device
-        from ddsim.engines import fused_gates, guarded_like, reflect_writes
+        from ddsim.engines import fused_gates, pitched_like, reflect_pitched, reflect_writes
         a, b = fused_gates(g, beta)  # elementwise: KDA's a is [B, T, H, K]
         zeros = torch.zeros(HV, dtype=torch.float32, device=dev)
         dt_bias = torch.zeros(HV * q.shape[3], dtype=torch.float32, device=dev) if kda else zeros
         flags = {"is_kda": True} if kda else {}
-        pool = guarded_like(state_pool.transpose(-1, -2))  # [N, HV, V, K], SGLang's layout, guard slots beside
+        # [N, HV, V, K], SGLang's layout, guard slots beside; one layer of a slot-major pool stays one (its kernel
+        # takes the slot pitch from stride(0): "envelope-strided" pools)
+        pool = pitched_like(state_pool.transpose(-1, -2), state_pool)
         tree = {}
         if mode == "exact":  # per-node states [M, P, HV, V, K], NaN until the kernel writes them
             buf, rows = _node_buffer(node_states, (B, T, HV, v.shape[3], q.shape[3]), dev, transposed=True,
@@ -93,7 +95,7 @@ def as_contract(fn, *, kda: bool = False):
         o = fn(zeros, a.contiguous(), dt_bias, 1.0, 20.0, _rows(q), _rows(k), _rows(v), b.contiguous(), pool,
                slots.to(device=dev, dtype=torch.int32), scale=scale, use_qk_l2norm_in_kernel=True,
                disable_state_update=True, **tree, **flags)
-        reflect_writes(pool, state_pool)  # show the caller what the kernel wrote into the pool
+        reflect_pitched(pool, state_pool)  # show the caller what the kernel wrote into the pool
         if mode == "exact" and node_states is not None:
             reflect_writes(tree["intermediate_states_buffer"], node_states[0])  # and into the node states
         return o[0] if o.dim() == 5 else o
