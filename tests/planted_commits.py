@@ -52,7 +52,8 @@ def first_layer_only(dst, src, dst_indices, step_indices, src_indices=None):
 
 
 @triton.jit
-def _copy_in_32_bits(src, dst, dst_indices, steps, rows, ENTRY, SRC_LAYER, SRC_ROW, DST_LAYER, BLOCK: tl.constexpr):
+def _copy_in_32_bits(src, dst, dst_indices, steps, rows, ENTRY, SRC_LAYER, SRC_ROW, DST_LAYER, DST_SLOT,
+                     BLOCK: tl.constexpr):
     b = tl.program_id(0)
     layer = tl.program_id(1)  # int32, and so every offset below: it wraps past 2^31 elements
     step = tl.load(steps + b)
@@ -62,15 +63,27 @@ def _copy_in_32_bits(src, dst, dst_indices, steps, rows, ENTRY, SRC_LAYER, SRC_R
         o = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
         m = o < ENTRY
         x = tl.load(src + (layer * SRC_LAYER + row * SRC_ROW + step * ENTRY + o), mask=m)
-        tl.store(dst + (layer * DST_LAYER + slot * ENTRY + o), x, mask=m)
+        tl.store(dst + (layer * DST_LAYER + slot * DST_SLOT + o), x, mask=m)
 
 
 def offsets_in_32_bits(dst, src, dst_indices, step_indices, src_indices=None):
-    """The scatter with its offsets in 32-bit integers (layer * layer stride in int32): past 2^31 elements into the
-    pool or the kept states (a model's every layer at once, the serving profile's commit example, on a GPU) it copies
-    from, and into, other entries; below that it is right."""
+    """The scatter with its offsets in 32-bit integers (layer * layer stride in int32; the layer's and the slot's
+    strides read from dst, as SGLang's are): past 2^31 elements into the pool or the kept states (a model's every layer
+    at once, the serving profile's commit example, on a GPU) it copies from, and into, other entries; below that it is
+    right."""
     entry = dst[0, 0].numel()
     BLOCK = 1024
     _copy_in_32_bits[(step_indices.shape[0], dst.shape[0], triton.cdiv(entry, BLOCK))](
         src, dst, dst_indices.to(torch.int32), step_indices.to(torch.int32), src_indices.to(torch.int32), entry,
-        src.stride(0), src.stride(1), dst.stride(0), BLOCK=BLOCK)
+        src.stride(0), src.stride(1), dst.stride(0), dst.stride(1), BLOCK=BLOCK)
+
+
+def layers_one_after_another(dst, src, dst_indices, step_indices, src_indices=None):
+    """dst's layers taken to lie one after another (layer l's slot s at (l N + s) entries from its start), not where
+    its strides put them: right on such a pool; on one whose slots hold every layer's entry side by side (a server's
+    unified pool, whose layer and slot strides SGLang's scatter reads) the copies land in other slots' entries."""
+    L, N = dst.shape[:2]
+    entry = dst[0, 0].numel()
+    flat = dst.as_strided((L * N, *dst.shape[2:]), (entry, *dst.stride()[2:]), dst.storage_offset())
+    for l, slot, row, step in _copies(dst, src, dst_indices, step_indices, src_indices):
+        flat[l * N + slot] = src[l, row, step]

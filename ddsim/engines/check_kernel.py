@@ -243,7 +243,9 @@ def _raise_if_context_lost(e: Exception, device) -> None:
 def _commit_writes(commit, kept: torch.Tensor, inp: dict, device: str) -> dict:
     """Run the engine's commit (its op bound: commit(pool=, buffer=, slots=, rows=, accepted=)) on what its verify
     kept, ``kept`` [M, P, *state] (the verify's per-node state buffer), over L layers (the example's commit_layers, else
-    COMMIT_LAYERS) side by side in one storage between two guard entries, as an engine's [L, N, ...] pools are: layer
+    COMMIT_LAYERS) side by side in one storage between two guard entries, as an engine's [L, N, ...] pools are (each
+    slot's L entries side by side where the example's pool is one layer of a slot-major pool, kernel_cases.SLOT_MAJOR;
+    one layer's pool after another elsewhere): layer
     l's buffer the kept states and its pool the example's, each times _layer_factor(l, L). Returns commit_vals
     [L, B, *state] (each sequence's slot after the commit, on the CPU), commit_kept [L, B, *state] (the entry a copy
     puts there), commit_done [B] (the sequences with something to commit: a node accepted and a slot), commit_accepted
@@ -257,16 +259,21 @@ def _commit_writes(commit, kept: torch.Tensor, inp: dict, device: str) -> dict:
     pool0 = inp["pool"].to(device)  # [N, *state]
     N, state = pool0.shape[0], tuple(pool0.shape[1:])
     done = (acc >= 0) & (slots >= 0)
-    pool = guarded_empty((L * N, *state), pool0.dtype, device)
+    if "pool_layers" in inp:  # a slot-major pool, as the example's verify got: [L, N] over a storage [N, L]
+        pool = guarded_empty((N, L, *state), pool0.dtype, device)
+        pools = pool.transpose(0, 1)
+    else:  # one layer's pool after another
+        pool = guarded_empty((L * N, *state), pool0.dtype, device)
+        pools = pool.view(L, N, *state)
     buf = guarded_empty((L * M, P, *state), kept.dtype, device)
     for l in range(L):
         f = _layer_factor(l, L)
-        pool[l * N:(l + 1) * N] = pool0 * f
+        pools[l] = pool0 * f
         buf[l * M:(l + 1) * M] = kept * f
     given = {"slots": slots, "rows": rows, "accepted": acc}
     tables = {name: t.to(device, copy=True) for name, t in given.items()}  # the commit's own copies
     try:
-        commit(pool=pool.view(L, N, *state), buffer=buf.view(L, M, P, *state), **tables)
+        commit(pool=pools, buffer=buf.view(L, M, P, *state), **tables)
         if pool.is_cuda:  # a fault of the commit's kernel surfaces here, as the commit's
             torch.cuda.synchronize(pool.device)
     except Exception as e:  # the commit properties fail with what it raised; the verify's stand
@@ -280,7 +287,7 @@ def _commit_writes(commit, kept: torch.Tensor, inp: dict, device: str) -> dict:
     vals, copies, stray = [], [], []
     for l in range(L):
         f = _layer_factor(l, L)
-        layer = pool[l * N:(l + 1) * N]
+        layer = pools[l]
         changed = (_bits(layer) != _bits(pool0 * f)).flatten(1).any(-1).cpu() & ~mine
         written += [[l, s] for s in changed.nonzero().flatten().tolist()]
         vals.append(layer[slots.long().clamp(min=0).to(device)].cpu())
