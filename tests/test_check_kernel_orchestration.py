@@ -242,7 +242,7 @@ def test_a_kernel_that_addresses_a_16_bit_pool_as_float32_is_caught_only_by_the_
     assert all(r.holds for r in ck.check(kernel, mode="exact", max_examples=1))
 
 
-@pytest.mark.parametrize("op", ["gdn", "kda", "lightning", "mamba2"])
+@pytest.mark.parametrize("op", ["gdn", "kda", "lightning", "mamba2", "conv"])
 def test_each_profile_holds_a_pool_that_is_one_layer_of_a_slot_major_pool(op):
     """Both profiles hold examples whose pool is handed over as one layer of a slot-major pool (kernel_cases.SLOT_MAJOR:
     each slot's entries of every layer side by side, as a server's unified pool keeps them), the model's layer among
@@ -256,8 +256,8 @@ def test_each_profile_holds_a_pool_that_is_one_layer_of_a_slot_major_pool(op):
         layouts = {kc.describe(c)["state pool layout"] for c in cases}
         assert layouts == {"one layer", "layer 2 of 4 slot-major"}, layouts
     widest = max(marked, key=lambda c: c["pool"][0].numel())
-    assert widest["pool"][0].numel() == {"gdn": 48, "kda": 32, "lightning": 64, "mamba2": 128}[op] * 128 * (
-        64 if op == "mamba2" else 128)  # the model's layer
+    assert widest["pool"][0].numel() == {"gdn": 48 * 128 * 128, "kda": 32 * 128 * 128, "lightning": 64 * 128 * 128,
+                                         "mamba2": 128 * 64 * 128, "conv": 10240 * 3}[op]  # the model's layer
 
 
 def test_a_slot_major_pool_reaches_sglangs_kernel_as_it_lies_and_its_writes_anywhere_come_back():

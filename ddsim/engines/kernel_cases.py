@@ -293,6 +293,8 @@ def conv_cases(profile: str, dtype=torch.float32, widths=(2, 3, 4, 5)) -> list[d
         cases += [conv_case(T=9, kind="random", B=2, C=8, W=w, bias=w % 2 == 0, seed=5 + w, dtype=dtype)
                   for w in sorted(widths) if w != W]
         cases += [conv_case(T=9, kind=("ddtree", 8, 4), B=1, C=8, W=W, seed=10 + i, dtype=d) for i, d in enumerate(other)]
+        cases.append(_slot_major(conv_case(T=9, kind=("ddtree", 8, 4), B=2, C=16, W=W, pool="last", pool_size=6,
+                                           seed=15, dtype=dtype)))
         return cases
     cases, seed = [], 100
     for i, T in enumerate(SERVING_NODES):
@@ -313,6 +315,11 @@ def conv_cases(profile: str, dtype=torch.float32, widths=(2, 3, 4, 5)) -> list[d
     # every dimension at once: Qwen3.6-27B's conv channels (q, k and v: 2 x 16 x 128 + 48 x 128) at 8 x 65
     cases.append(conv_case(T=65, kind=("ddtree", 64, 8), B=8, C=10240, W=W, pool_size=19, seed=seed + 95, dtype=dtype,
                            label="Qwen3.6-27B's conv at 8 x 65, every dimension at once"))
+    # its window pool one layer of a slot-major pool (SLOT_MAJOR): the model's channels, and once at small widths
+    cases += [_slot_major(conv_case(T=17, kind=("ddtree", 16, 8), B=4, C=10240, W=W, pool="last", pool_size=9,
+                                    seed=seed + 96, dtype=dtype, label="Qwen3.6-27B's conv at 4 x 17")),
+              _slot_major(conv_case(T=33, kind=("ddtree", 32, 8), B=3, C=64, W=W, pool="sparse", pool_size=40,
+                                    seed=seed + 97, dtype=dtype))]
     return cases
 
 
@@ -663,8 +670,8 @@ def describe(inp: dict, commit: bool = False) -> dict:
         out.update({"C": int(inp["x"].shape[2]), "W": int(inp["weight"].shape[1])})
     if "initial_state" in inp:  # a recurrence's state pool (the conv's window pool is in its input's dtype)
         out["state pool dtype"] = str(inp["pool"].dtype).removeprefix("torch.")
-        out["state pool layout"] = (f"layer {inp['pool_layers'][0]} of {inp['pool_layers'][1]} slot-major"
-                                    if "pool_layers" in inp else "one layer")
+    out["state pool layout"] = (f"layer {inp['pool_layers'][0]} of {inp['pool_layers'][1]} slot-major"
+                                if "pool_layers" in inp else "one layer")
     out["calls"] = max(1, int(inp.get("burst", 2)))
     if "x" not in inp or "dt" in inp:  # the conv takes one input: its layout is its contract's
         out["input layout"] = "views of one projection" if inp.get("split") else "contiguous"
