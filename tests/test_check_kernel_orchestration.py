@@ -296,6 +296,40 @@ def test_a_slot_major_pool_reaches_sglangs_kernel_as_it_lies_and_its_writes_anyw
     assert bool((whole[1, 3] == 1.0).all()) and bool((pool[4] == 2.0).all()) and whole[0, 0].flatten()[0] == 0.0
 
 
+def test_vllms_adapter_hands_its_kernel_a_slot_major_pool_so_laid_out_and_carries_its_other_layer_writes_back():
+    """vLLM's kernel reads its pool's slot pitch from stride(0): the adapter's own pool (a null slot, the caller's,
+    the per-token ones) goes to it at the caller's pitch and layer. A write to another layer's entry beside a caller's
+    slot comes back to the caller's whole pool; one beside the adapter's own slots, which no property sees, raises."""
+    from ddsim.engines import kernel_cases as kc
+    from ddsim.engines import slot_major_like, slot_major_whole, vllm
+    c = next(c for c in kc.cases("gdn", "quick") if "pool_layers" in c)
+    pool = slot_major_like(c["pool"], *c["pool_layers"])
+    whole = slot_major_whole(pool)
+    N, E = c["pool"].shape[0], c["pool"][0].numel()
+    before = ck._bits(whole).clone()
+    seen = {}
+
+    def kernel(A_log, a, b, dt_bias, q, k, v, initial_state, stray=False, **kw):
+        seen.update(stride=initial_state.stride(0), slot=torch.equal(
+            ck._bits(initial_state[1 + 2]), ck._bits(c["pool"][2].transpose(-1, -2))))
+        mine = slot_major_whole(initial_state)
+        mine[1 + 3, 0] = 5.0  # layer 0's entry of the caller's slot 3
+        if seen.get("stray"):
+            mine[1 + N, 1] = 5.0  # layer 1's entry of the first per-token slot
+        return torch.zeros(1, *v.shape), None
+
+    contract = vllm.as_contract(kernel)
+    args = dict(parents=c["parents"], state_pool=pool, slots=c["slots"], mode="leaky", scale=None)
+    contract(c["q"], c["k"], c["v"], c["g"], c["beta"], **args)
+    assert seen == {"stride": 4 * E, "slot": True}
+    w = ck._pool_writes(whole, before, c["slots"], 2)
+    assert w["written_slots"] == [3] and not w["others_untouched"] and w["committed_untouched"]
+    assert bool((whole[3, 0] == 5.0).all())
+    seen["stray"] = True
+    with pytest.raises(RuntimeError, match="wrote layer 1's entry of a null or per-token slot, beside the layer 2"):
+        contract(c["q"], c["k"], c["v"], c["g"], c["beta"], **args)
+
+
 def test_a_kernel_that_takes_the_slot_pitch_from_the_shape_is_caught_only_by_slot_major_pools(monkeypatch):
     """A verify that reads slot s at s entries (not s times the pool's stride(0)) reads another layer's state, and one
     that writes another layer's entry of its slot writes what the layer's own view never shows: the slot-major examples

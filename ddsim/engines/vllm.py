@@ -47,7 +47,8 @@ def as_contract(fn):
     names: with the contract's ``node_states`` (buffer [M, P, HV, K, V], rows [B]) those slots are the buffer's
     entries (token t of sequence b at buffer row rows[b], step t: slot 1 + N + rows[b] P + t of a pool that holds the
     whole buffer after its N slots), so vLLM's own addressing puts them there, and its writes are carried back;
-    without them, B T scratch slots."""
+    without them, B T scratch slots. A pool that is one layer of a slot-major pool goes to the kernel so laid out
+    (_slot_major), its writes to any layer carried back."""
     def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale, node_states=None):
         B, T, HV, V = v.shape
         N, K = state_pool.shape[0], q.shape[3]
@@ -68,6 +69,7 @@ def as_contract(fn):
                          + torch.arange(T, device=dev, dtype=torch.int32)[None, :])
         vpool = torch.cat([null, state_pool.transpose(-1, -2), scratch]).contiguous()  # [1 + N + slots, HV, V, K]
         del scratch
+        vpool, whole, vwhole, at = _slot_major(vpool, state_pool)
         # [B, T + 1]; a padded row's slot -1 becomes 0, vLLM's null block, which its kernel skips
         indices = torch.cat([per_token, (slots.to(dev, torch.int32) + 1)[:, None]], 1).contiguous()
         accepted = torch.full((B,), T + 1, dtype=torch.int32, device=dev)
@@ -78,8 +80,49 @@ def as_contract(fn):
         reflect_writes(vpool[1:1 + N], state_pool)
         if node_states is not None:
             reflect_writes(vpool[1 + N:].view(M, P, HV, V, K), nodes)
+        if whole is not None:
+            _reflect_other_layers(vwhole, whole, at, N)
         return o[0] if o.dim() == 5 else o
     return verify
+
+
+def _slot_major(vpool, state_pool):
+    """(the pool to hand vLLM's kernel, the caller's whole slot-major pool, the adapter's, the layer): vpool itself
+    where the caller's pool is one layer's (None, None, None); where it is one layer of a slot-major pool
+    (engines.slot_major_whole; vLLM's kernel reads its pool's slot pitch from stride(0)), vpool laid out the same way,
+    every slot of it (the null slot and the per-token ones too) that many layers wide, the caller's other layers'
+    entries copied beside its own slots (NaN beside the others)."""
+    from ddsim.engines import slot_major_whole
+    whole = slot_major_whole(state_pool)
+    if whole is None:
+        return vpool, None, None, None
+    S, L, E = vpool.shape[0], whole.shape[1], vpool[0].numel()
+    at = (state_pool.storage_offset() % state_pool.stride(0)) // E
+    vwhole = torch.full((S, L, E), float("nan"), dtype=vpool.dtype, device=vpool.device)
+    vwhole[:, at] = vpool.flatten(1)
+    N = whole.shape[0]
+    for l in range(L):
+        if l != at:
+            vwhole[1:1 + N, l] = whole[:, l].reshape(N, E)  # as the caller lays it out: compared bitwise only
+    return vwhole[:, at].view(vpool.shape), whole, vwhole, at
+
+
+def _reflect_other_layers(vwhole, whole, at: int, N: int) -> None:
+    """The kernel's writes to another layer's entry carried back: beside the caller's slots into its whole pool (the
+    caller's properties then see them); beside the adapter's own slots (the null and per-token ones) refused, a raise,
+    since no property of the caller's sees those entries."""
+    from ddsim.engines import _bits
+    for l in range(vwhole.shape[1]):
+        if l == at:
+            continue
+        mine = vwhole[1:1 + N, l]
+        wrote = (_bits(mine) != _bits(whole[:, l].reshape(N, -1))).any(-1)
+        if wrote.any():
+            whole[wrote, l] = mine[wrote].view(-1, *whole.shape[2:])
+        rest = torch.cat([vwhole[:1, l], vwhole[1 + N:, l]])
+        if (_bits(rest) != _bits(torch.full_like(rest[:1], float("nan")))).any():
+            raise RuntimeError(f"vLLM's kernel wrote layer {l}'s entry of a null or per-token slot, beside the "
+                               f"layer {at} it was given")
 
 
 def adapter():
