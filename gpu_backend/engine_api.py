@@ -12,7 +12,8 @@ an engine can swap it in for ``fused_sigmoid_gating_delta_rule_update`` (and ``d
 Shapes as SGLang's: q, k [B, T, H, K] (or [1, B*T, H, K] with cu_seqlens of B equal segments),
 v [B, T, HV, V], a, b [B, T, HV], A_log, dt_bias [HV], the state pool initial_state_source
 [N, HV, V, K] float32 addressed by initial_state_indices [B], retrieve_parent_token [B, T] (the
-parent's index, -1 at the root; None: the flattened recurrence, the hybrid-unsafe path). Per step, as
+parent's index; the root's entry is not read: SGLang's tree conv, which fills the table, leaves 0 there; None: the
+flattened recurrence, the hybrid-unsafe path). Per step, as
 an engine would, build once and pass to every layer (raw tensors are validated, with host syncs, on
 every call):
   - ``plan_tree(retrieve_parent_token)`` as retrieve_parent_token;
@@ -72,7 +73,7 @@ def _batch_shape(q, cu_seqlens):
 def plan_tree(retrieve_parent_token) -> checks.TreePlan:
     """The step's trees validated once (host syncs here), their index tables cached: pass the plan as
     ``retrieve_parent_token`` to every layer's target_verify and commit_accepted of the step."""
-    return checks.TreePlan(retrieve_parent_token.long())
+    return checks.TreePlan(_rooted(retrieve_parent_token))
 
 
 def plan_slots(initial_state_source, initial_state_indices) -> checks.CheckedSlots:
@@ -110,7 +111,16 @@ def chain_plan(B: int, T: int, device) -> checks.TreePlan:
 
 
 def _parents(p, B, T):
-    return p if isinstance(p, checks.TreePlan) else p.reshape(B, T).long()
+    return p if isinstance(p, checks.TreePlan) else _rooted(p.reshape(B, T))
+
+
+def _rooted(table: torch.Tensor) -> torch.Tensor:
+    """retrieve_parent_token [B, T] as ddsim's parents int64: a copy with every root's entry -1. SGLang's tree conv
+    fills the table its verifies read and leaves the root's entry 0 (its verifies start the root from the committed
+    state and never read it), so the entry is not the parent's."""
+    parents = table.to(torch.int64, copy=True)
+    parents[:, 0] = -1
+    return parents
 
 
 def _check_gating(softplus_beta, softplus_threshold):

@@ -21,3 +21,18 @@ def conv_pads_by_address(x, conv_state, weight, bias=None, activation=None, *, c
     window is written a slot's worth before the pool."""
     return _sglang_conv()(x, conv_state, weight, bias, activation, conv_state_indices=conv_state_indices,
                           pad_slot_id=-2, **kw)
+
+
+def conv_parent_table_as_a_chain(x, conv_state, weight, bias=None, activation=None, *, retrieve_parent_token=None,
+                                 **kw):
+    """SGLang's conv, its outputs right, but the parent table it fills for the verifies (retrieve_parent_token) made
+    as a chain's, token t's parent t - 1, as SGLang's CPU fallback fills it: on a tree, each verify that reads it then
+    runs the draft flattened (the leak) in its exact mode, while the conv's own outputs and windows stay right. Before
+    check-kernel held the table to the tree's parents, it passed."""
+    out = _sglang_conv()(x, conv_state, weight, bias, activation, retrieve_parent_token=retrieve_parent_token, **kw)
+    if retrieve_parent_token is not None:
+        import torch
+        T = retrieve_parent_token.shape[1]
+        retrieve_parent_token[:, 1:] = torch.arange(T - 1, dtype=retrieve_parent_token.dtype,
+                                                    device=retrieve_parent_token.device)
+    return out

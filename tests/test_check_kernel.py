@@ -128,7 +128,7 @@ def test_planted_bugs_are_caught_with_the_first_wrong_node(tmp_path, kernel, fai
         assert f"slots written {pool['written_slots']}" in r.stdout
 
 
-@pytest.mark.parametrize("mode, held", [("exact", 12), ("leaky", 13)])
+@pytest.mark.parametrize("mode, held", [("exact", 13), ("leaky", 13)])
 def test_sglang_tree_conv_in_both_modes(tmp_path, mode, held):
     """SGLang 0.5.23's causal_conv1d_update: with retrieve_next_token/next_sibling (built from the
     parents) exact on every node, without them the flattened conv; it reads each sequence's own
@@ -143,6 +143,8 @@ def test_sglang_tree_conv_in_both_modes(tmp_path, mode, held):
     assert f"all {held} properties hold (quick profile" in r.stdout
     assert f"node states {'exact' if mode == 'exact' else 'flattened'} on every node" in r.stdout
     assert f"committed state {'exact' if mode == 'exact' else 'flattened'} at the accepted node" in r.stdout
+    # in exact mode it fills the parent table SGLang's verifies then read: held to the tree's parents
+    assert ("parent table the verify reads is the tree's" in r.stdout) == (mode == "exact")
     doc = json.loads((tmp_path / "ce.json").read_text())
     assert doc["kernel"]["commit"]["source"].endswith("mamba_state_scatter_triton.py")
     assert doc["coverage"]["commit layers"] == [2]
@@ -165,6 +167,22 @@ def test_a_padded_row_that_writes_a_slot_is_caught(tmp_path, kernel, failing, wr
     assert ce["example"] == "padded batch: 2 sequences and 2 padded rows (slot -1) at 4 x 9"
     assert ce["pool"]["batch_slots"] == [29, 39, -1, -1] and ce["pool"]["written_slots"] == written
     assert ("the slot's worth before and after the pool" in r.stdout) == (-1 in written)
+
+
+def test_a_conv_that_fills_the_verifys_parent_table_as_a_chain_is_caught(tmp_path):
+    """SGLang's verifies read the parent table its tree conv fills (retrieve_parent_token). A conv whose outputs and
+    windows are right but whose table is a chain's would make every exact verify after it run the draft flattened:
+    it fails that property alone, on a tree, naming the node, what it wrote and the tree's parent."""
+    out = tmp_path / "ce.json"
+    r = run_cli("check-kernel", "--impl", "tests.planted_pads:conv_parent_table_as_a_chain", "--convention", "sglang",
+                "--op", "conv", "--mode", "exact", "--max-examples", "3", "--out", out, pythonpath=ENGINES)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [
+        "FAILED parent table the verify reads is the tree's"]
+    ce = json.loads(out.read_text())["counterexamples"][0]
+    call, b, node, wrote, parent = ce["parent_table_wrong"][0]
+    assert wrote == node - 1 != parent == ce["trees"][b]["parents"][node]
+    assert f"node {node} of sequence {b} (parents " in r.stdout and f"given parent {wrote}, not {parent}" in r.stdout
 
 
 BOTH = ["node states exact on every node", "other node-state entries untouched"]

@@ -420,6 +420,44 @@ def test_sglangs_adapters_hand_its_kernels_the_layouts_its_layer_passes():
     assert got["x"].data_ptr() == c["x"].data_ptr() and out.shape == (B, T, C)
 
 
+def test_sglangs_verifies_get_the_parent_table_as_its_tree_conv_fills_it():
+    """In serving SGLang's GDN, KDA and Mamba2 verifies read the parent table its tree conv filled, whose root entries
+    are 0: the adapters hand them that table (a verify that read the root's entry as a parent would be caught here as
+    in serving), and the conv's adapter hands the conv the caller's table to fill."""
+    from ddsim.engines import kernel_cases as kc
+    from ddsim.engines import sglang
+    got = {}
+
+    def gdn(*a, retrieve_parent_token=None, intermediate_states_buffer=None, **kw):
+        got["gdn"] = retrieve_parent_token.clone()
+        return torch.zeros(1, *a[7].shape)
+
+    def mamba2(state, x, *a, retrieve_parent_token=None, **kw):
+        got["mamba2"] = retrieve_parent_token.clone()
+
+    c = next(c for c in kc.cases("gdn", "quick") if c["parents"].shape[0] > 1)
+    sglang.as_contract(gdn)(c["q"], c["k"], c["v"], c["g"], c["beta"], parents=c["parents"], state_pool=c["pool"],
+                            slots=c["slots"], mode="exact")
+    want = c["parents"].to(torch.int32)
+    want[:, 0] = 0
+    assert torch.equal(got["gdn"], want) and torch.equal(sglang.parent_table(c["parents"], "cpu"), want)
+    m = kc.cases("mamba2", "quick")[0]
+    sglang.as_mamba2_contract(mamba2)(m["x"], m["dt"], m["A"], m["B"], m["C"], D=m["D"], dt_bias=m["dt_bias"],
+                                      parents=m["parents"], state_pool=m["pool"], slots=m["slots"], mode="exact")
+    assert got["mamba2"][:, 0].eq(0).all() and torch.equal(got["mamba2"][:, 1:], m["parents"][:, 1:].int())
+
+    def conv(x, window_pool, weight, bias, activation, retrieve_parent_token=None, **kw):
+        got["conv"] = retrieve_parent_token
+        return torch.zeros_like(x)
+
+    v = kc.cases("conv", "quick")[0]
+    table = torch.full(tuple(v["parents"].shape), -7, dtype=torch.int32)
+    sglang.as_conv_contract(conv)(v["x"], weight=v["weight"], bias=v["bias"], parents=v["parents"],
+                                  window_pool=v["pool"], slots=v["slots"], mode="exact", activation="silu",
+                                  parents_out=table)
+    assert got["conv"] is table
+
+
 def test_the_interpreters_cached_builtin_patching_patches_what_the_original_does():
     """ddsim.engines.triton_interpret.cache_builtin_names: for every module the interpreter patches at a launch,
     the cached version sets exactly the attributes the original sets, to wrappers of the same members, and the

@@ -38,6 +38,28 @@ def _inputs(seed=0, B=2, T=6, H=1, HV=2, K=4, V=3, N=5):
                 v=r(B, T, HV, V), b=r(B, T, HV)), parents, pool, slots
 
 
+def test_the_table_sglangs_tree_conv_fills_is_read_as_its_parents():
+    """SGLang's tree conv fills retrieve_parent_token for its verifies and leaves each root's entry 0: the drop-in takes
+    that table (raw or planned) as the tree's parents, bit for bit the result with -1 there, and leaves it as given."""
+    x, parents, pool, slots = _inputs()
+    table = parents.int().clone()
+    table[:, 0] = 0
+    given = table.clone()
+    args = (x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool, slots)
+    want = engine_api.target_verify(*args, retrieve_parent_token=parents.int())
+    assert torch.equal(engine_api.target_verify(*args, retrieve_parent_token=table), want)
+    assert torch.equal(engine_api.target_verify(*args, retrieve_parent_token=engine_api.plan_tree(table)), want)
+    assert torch.equal(table, given)
+    acc = torch.tensor([3, 4], dtype=torch.int32)
+    outs = []
+    for t in (parents.int(), table):
+        p = pool.clone()
+        engine_api.commit_accepted(x["A_log"], x["a"], x["dt_bias"], x["k"], x["v"], x["b"], p, slots,
+                                   retrieve_parent_token=t, accepted=acc)
+        outs.append(p)
+    assert torch.equal(outs[0], outs[1])
+
+
 def _oracle_gates(x):
     gate = -torch.exp(x["A_log"].double()) * F.softplus(x["a"].double() + x["dt_bias"].double())
     return gate, torch.sigmoid(x["b"].double())

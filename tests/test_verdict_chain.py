@@ -625,3 +625,40 @@ def test_an_error_raised_inside_tritons_runtime_on_the_cpu_says_the_kernel_was_c
         assert ck.raised_line(e, device) == "RuntimeError: 0 active drivers"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert ck.raised_line(runtime, "cpu") == "RuntimeError: 0 active drivers"
+
+
+def test_a_convs_parent_table_is_held_to_the_trees_parents_but_at_its_root_and_padded_rows():
+    """A conv that fills its engine's parent table (EngineKernel.conv_parents: SGLang's) is held, in exact mode only,
+    to the tree's parents at every real sequence's nodes 1..T-1: the root's entry and a padded row's are the engine's
+    own. _parents_wrong lists (call, sequence, node, written, parent), at most 8; _where says the first."""
+    import types
+    parents = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2], [-1, 0, 0, 0]])
+    real = torch.tensor([True, True, False])
+    good = parents.to(torch.int32)
+    good[:, 0] = 5  # the root's entry: anything
+    good[2] = 99  # a padded row's: anything
+    assert ck._parents_wrong([good], parents, real) == []
+    bad, unwritten = good.clone(), good.clone()
+    bad[1, 3] = 1
+    unwritten[0, 2] = ck.PARENTS_UNWRITTEN
+    assert ck._parents_wrong([good, bad, unwritten], parents, real) == [[1, 1, 3, 1, 2], [2, 0, 2, -7, 0]]
+    chain = torch.zeros(2, 12, dtype=torch.int32)
+    assert len(ck._parents_wrong([chain], torch.full((2, 12), 3), torch.ones(2, dtype=torch.bool))) == 8
+    trees = [{"parents": [-1, 0, 0, 1]}, {"parents": [-1, 0, 1, 2]}]
+    ce = {"property": ck.PARENT_TABLE, "example": "x", "trees": trees, "first_wrong_node": None,
+          "parent_table_wrong": [[2, 0, 2, -7, 0]]}
+    assert ck._where(ce) == "serving example [x]: call 2: node 2 of sequence 0 (parents [-1, 0, 0, 1]) given parent " \
+                            "nothing, not 0"
+    ce["parent_table_wrong"] = [[0, 1, 3, 1, 2], [1, 0, 2, 3, 0]]
+    assert ck._where({**ce, "example": "drawn"}) == ("call 0: node 3 of sequence 1 (parents [-1, 0, 1, 2]) given "
+                                                     "parent 1, not 2")
+    for mode, has in (("exact", True), ("leaky", False)):
+        for fills in (True, False):
+            kernel = types.SimpleNamespace(conv_parents=fills, conv_writes_slot=None)
+            props = ck._ConvRunner(kernel, mode, "cpu").properties()
+            assert (ck.PARENT_TABLE in props) == (has and fills)
+            if has and fills:
+                names = list(props)
+                assert names[names.index("exact on every node") + 1] == ck.PARENT_TABLE
+                assert props[ck.PARENT_TABLE]({"parents_wrong": []})
+                assert not props[ck.PARENT_TABLE]({"parents_wrong": [[0, 0, 1, 0, 1]]})

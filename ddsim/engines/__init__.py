@@ -10,8 +10,10 @@ engine (the core never imports an engine; each adapter translates layouts and fl
 The contract every adapter meets (shapes as in the README, Contracts: kernel interface):
     verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale) -> o [B, T, HV, V]
 with q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] (g in log space), parents [B, T],
-state_pool [N, HV, K, V] float32 holding sequence b's committed state in slot slots[b] (slots [B]
-int32; a verify reads the pool, never writes it). ``mode`` is one of the adapter's ``modes``; an
+state_pool [N, HV, K, V] holding sequence b's committed state in slot slots[b] (slots [B]
+int32; a verify reads the pool, never writes it). The pool is float32, or a server's 16-bit state cache
+(kernel_cases.STATE_DTYPES), and may be one layer of a slot-major pool, its slots stride(0) apart
+(kernel_cases.SLOT_MAJOR); a per-node state buffer is in the pool's dtype. ``mode`` is one of the adapter's ``modes``; an
 adapter refuses the others in one line. For the ops in the adapter's ``pads`` (conventions whose engines pad a
 CUDA-graph batch: SGLang's, vLLM's), slots[b] = -1 marks a padded row: no slot is written for it, and its output is
 the engine's own.
@@ -38,22 +40,24 @@ slots[b] >= 0 it copies buffer[l, rows[b], accepted[b]] into pool[l, slots[b]], 
 An engine with a tree causal conv offers it as
     conv(x, *, weight, bias, parents, window_pool, slots, mode, activation) -> out [B, T, C]
 with x [B, T, C], weight [C, W], bias [C] or None, window_pool [N, C, W-1] (sequence b's committed
-window, oldest first, in slot slots[b]), activation "silu" or None.
+window, oldest first, in slot slots[b]), activation "silu" or None. A conv whose exact mode also fills the parent
+table its engine's verifies read (conv_parents: SGLang's) takes parents_out= [B, T] int32 and writes sequence b's
+node t's parent at [b, t] (the root's entry is its own).
 
 An engine with a Mamba2 tree verify (the SSM of a Nemotron-H / Falcon-H1 layer) offers it as
     mamba2(x, dt, A, B, C, *, D, dt_bias, parents, state_pool, slots, mode) -> y [B, T, H, P]
 with x [B, T, H, P], raw dt [B, T, H] (softplus(dt + dt_bias) is the step; no dt limit), A [H] < 0,
-B, C [B, T, G, N], D and dt_bias [H], state_pool [N, H, P, N] float32 (read, never written).
+B, C [B, T, G, N], D and dt_bias [H], state_pool [N, H, P, N] (read, never written).
 
 An engine with a Kimi Delta Attention (KDA) verify (Kimi Linear's recurrent layer) offers it as
     kda(q, k, v, g, beta, *, parents, state_pool, slots, mode) -> o [B, T, H, V]
 with q, k [B, T, H, K] (L2-normalised in the kernel, q scaled by K^-1/2), v [B, T, H, V], g [B, T, H, K] the log
-decay per key channel, beta [B, T, H], state_pool [N, H, K, V] float32 (read, never written).
+decay per key channel, beta [B, T, H], state_pool [N, H, K, V] (read, never written).
 
 An engine with a lightning-attention verify (MiniMax's linear attention with a constant decay per head) offers it as
     lightning(q, k, v, *, decay, parents, state_pool, slots, mode) -> o [B, T, H, V]
 with q, k [B, T, H, K] (no scale, no norm), v [B, T, H, V], decay [H] in (0, 1] (S_t = decay S_{t-1} + k_t v_t^T,
-o_t = S_t^T q_t), state_pool [N, H, K, V] float32 (read, never written).
+o_t = S_t^T q_t), state_pool [N, H, K, V] (read, never written).
 
     load("ddsim")                 ddsim's own fast path (exact and leaky)
     load("fla")                   flash-linear-attention's fused_recurrent_gated_delta_rule, and its
@@ -102,6 +106,10 @@ class EngineKernel:
     conv_modes: tuple[str, ...] = ("exact", "leaky")
     conv_widths: tuple[int, ...] = (2, 3, 4, 5)  # the kernel widths it supports
     conv_writes_slot: str | None = None  # None: reads the window pool only; "flattened window": rewrites the slot
+    # the conv's exact mode also writes the tree's parent table its engine's verifies then read (SGLang's
+    # causal_conv1d_update fills retrieve_parent_token from retrieve_next_token and retrieve_next_sibling): the
+    # contract's parents_out, which check-kernel holds to the tree's parents
+    conv_parents: bool = False
     conv_source: str | None = None
     conv_source_sha256: str | None = None
     # the engine's Mamba2 tree verify, where it has one (contract above)
@@ -424,7 +432,8 @@ def _adapter(impl: str, convention: str | None, flag: str) -> EngineKernel:
     conv = {"ddsim": ddsim_kernels.as_conv_contract, "sglang": sglang.as_conv_contract}.get(convention)
     conv_kw = {} if conv is None else dict(conv=conv(fn), conv_name=impl, conv_source=src, conv_source_sha256=digest,
                                            conv_widths=(2, 3, 4) if convention == "sglang" else (2, 3, 4, 5),
-                                           conv_writes_slot="flattened window" if convention == "sglang" else None)
+                                           conv_writes_slot="flattened window" if convention == "sglang" else None,
+                                           conv_parents=convention == "sglang")
     # and as a Mamba2 tree verify, a KDA verify and a lightning-attention verify (`check-kernel --op mamba2 / kda /
     # lightning`), in the conventions whose signature has one: (wrapper, modes) per convention (fla's take no tree)
     both, leaky = ("exact", "leaky"), ("leaky",)

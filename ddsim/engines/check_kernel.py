@@ -510,13 +510,24 @@ class _ConvRunner:
         self.kernel, self.mode, self.device, self.node_states = kernel, mode, device, node_states
         self.commit = commit
 
+    def tables(self) -> bool:
+        """Whether the conv's calls fill the parent table its engine's verifies read (EngineKernel.conv_parents)."""
+        return self.kernel.conv_parents and self.mode == "exact"
+
     def run(self, inp) -> dict:
         from ddsim import oracle
+        written = []  # each call's parent table, as the conv left it
 
         def call(a, pool, slots, node=None):
-            return self.kernel.conv(a["x"], weight=a["weight"], bias=a["bias"], parents=a["parents"], window_pool=pool,
-                                    slots=slots, mode=self.mode, activation="silu",
-                                    **({} if node is None else {"node_states": node}))
+            extra = {} if node is None else {"node_states": node}
+            if self.tables():  # a fresh table each call, PARENTS_UNWRITTEN until the conv fills it
+                extra["parents_out"] = torch.full(tuple(a["parents"].shape), PARENTS_UNWRITTEN, dtype=torch.int32,
+                                                  device=a["parents"].device)
+            o = self.kernel.conv(a["x"], weight=a["weight"], bias=a["bias"], parents=a["parents"], window_pool=pool,
+                                 slots=slots, mode=self.mode, activation="silu", **extra)
+            if self.tables():
+                written.append(extra["parents_out"].cpu())
+            return o
         window = inp["initial_window"]
         r = _calls(call, inp, ("x", "weight", "bias"), self.device,
                    tuple(window.shape[1:]) if self.node_states else None, window.dtype, commit=self.commit)
@@ -536,6 +547,8 @@ class _ConvRunner:
         r["slot_is_flattened_window"] = torch.equal(_bits(batch), _bits(flat[real]))
         r["order_exact"] = torch.tensor([list(t.order_exact) for t in inp["trees"]])
         r["dtype"] = _input_dtype(inp)
+        if self.tables():
+            r["parents_wrong"] = _parents_wrong(written, inp["parents"], real)
         return r
 
     def properties(self) -> dict:
@@ -543,7 +556,29 @@ class _ConvRunner:
             committed = ("committed window = the flattened draft's window", lambda r: r["slot_is_flattened_window"])
         else:
             committed = ("committed window untouched", lambda r: r["committed_untouched"])
-        return _properties(self.mode, committed, nodes=self.node_states, commit=self.commit is not None)
+        props = _properties(self.mode, committed, nodes=self.node_states, commit=self.commit is not None)
+        if self.tables():  # beside the outputs' properties, before the node states' and the commit's
+            at = list(props).index("exact on every node") + 1
+            items = list(props.items())
+            props = dict(items[:at] + [(PARENT_TABLE, lambda r: not r["parents_wrong"])] + items[at:])
+        return props
+
+
+# the property of a conv that fills its engine's parent table (EngineKernel.conv_parents), and what check-kernel's
+# table holds before the conv writes it (no parent index; SGLang's own sentinels are -1 and, unwritten, 0)
+PARENT_TABLE = "parent table the verify reads is the tree's"
+PARENTS_UNWRITTEN = -7
+
+
+def _parents_wrong(written: list, parents: torch.Tensor, real: torch.Tensor) -> list:
+    """Up to 8 [call, sequence, node, written, parent] where a call's parent table differs from the tree's parents:
+    every real sequence's nodes 1..T-1 (the root's entry is the engine's own: no verify reads it)."""
+    wrong = []
+    for n, table in enumerate(written):
+        off = (table[:, 1:] != parents[:, 1:].to(table.dtype)) & real[:, None]
+        for b, t in off.nonzero().tolist():
+            wrong.append([n, b, t + 1, int(table[b, t + 1]), int(parents[b, t + 1])])
+    return wrong[:8]
 
 
 def _op_of(inp: dict) -> str:
@@ -590,6 +625,8 @@ def _describe(inp, r, prop: str, mode: str) -> dict:
                     "written_slots": r["written_slots"], "dtype": str(inp["pool"].dtype).removeprefix("torch.")},
            "inputs_changed": r["inputs_changed"], "repeatable": r["repeatable"],
            "first_wrong_node": first}
+    if prop == PARENT_TABLE:
+        out["parent_table_wrong"] = r["parents_wrong"]
     if "node_vals" in r:
         rows, M, P = _node_layout(inp)
         out["node_buffer"] = {"rows": M, "pitch": P, "batch_rows": rows.tolist(),
@@ -641,6 +678,11 @@ def _where(ce: dict) -> str:
     node = ce["first_wrong_node"]
     if ce["property"] == "inputs untouched":
         return f"{at}the kernel wrote its arguments {', '.join(ce['inputs_changed'])}"
+    if ce["property"] == PARENT_TABLE:
+        n, b, t, w, p = ce["parent_table_wrong"][0]
+        got = "nothing" if w == PARENTS_UNWRITTEN else w
+        return (f"{at}call {n}: node {t} of sequence {b} (parents {_short(ce['trees'][b]['parents'])}) given parent "
+                f"{got}, not {p}")
     if ce["property"] == "repeatable":
         return f"{at}repeated calls on one input gave outputs that differ bit for bit"
     if node and ce["property"] in OUTPUT_PROPERTIES:  # a property of the outputs or node states: its first wrong node

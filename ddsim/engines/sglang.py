@@ -52,6 +52,15 @@ def _node_buffer(node_states, shape, dev, *, transposed: bool, dtype=torch.float
     return guarded_like(nodes.transpose(-1, -2) if transposed else nodes), rows.to(device=dev, dtype=torch.int32)
 
 
+def parent_table(parents, dev) -> torch.Tensor:
+    """retrieve_parent_token [B, T] int32 as SGLang's verifies read it in serving: the table its tree conv filled (the
+    tree's parents, the root's entry 0: the conv never sets it; the verifies start the root from the committed state
+    and do not read it)."""
+    table = torch.as_tensor(parents, device=dev).to(torch.int32).contiguous()
+    table[:, 0] = 0
+    return table
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """t [B, T, heads, dim] as SGLang's verify reads it: each token's heads side by side in one row (dim stride 1, head
     stride dim) and the batch's rows one after another (batch stride T times the row's stride, which it takes from
@@ -91,7 +100,7 @@ def as_contract(fn, *, kda: bool = False):
             buf, rows = _node_buffer(node_states, (B, T, HV, v.shape[3], q.shape[3]), dev, transposed=True,
                                      dtype=state_pool.dtype)
             tree = dict(intermediate_states_buffer=buf, intermediate_state_indices=rows, cache_steps=buf.shape[1],
-                        retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous())
+                        retrieve_parent_token=parent_table(parents, dev))
         o = fn(zeros, a.contiguous(), dt_bias, 1.0, 20.0, _rows(q), _rows(k), _rows(v), b.contiguous(), pool,
                slots.to(device=dev, dtype=torch.int32), scale=scale, use_qk_l2norm_in_kernel=True,
                disable_state_update=True, **tree, **flags)
@@ -136,7 +145,7 @@ def as_mamba2_contract(fn):
         if mode == "exact":
             buf, rows = _node_buffer(node_states, (Bn, T, H, P, N), dev, transposed=False, dtype=state_pool.dtype)
             tree = dict(intermediate_states_buffer=buf, cache_steps=buf.shape[1],
-                        retrieve_parent_token=torch.as_tensor(parents, device=dev).to(torch.int32).contiguous(),
+                        retrieve_parent_token=parent_table(parents, dev),
                         intermediate_state_indices=rows)
         out = torch.full_like(x, float("nan"))
         # x, B, C as they come: SGLang's layer passes them split from its conv's output xBC (views, each token's row
@@ -162,7 +171,8 @@ def adapter():
     if conv is not None:
         csrc, cdigest = _source_of(conv)
         extra = dict(conv=as_conv_contract(conv), conv_name="sglang.causal_conv1d_update", conv_widths=(2, 3, 4),
-                     conv_writes_slot="flattened window", conv_source=csrc, conv_source_sha256=cdigest)
+                     conv_writes_slot="flattened window", conv_parents=True, conv_source=csrc,
+                     conv_source_sha256=cdigest)
     m2 = _mamba2_kernel()
     if m2 is not None:
         msrc, mdigest = _source_of(m2)
@@ -275,15 +285,16 @@ def as_conv_contract(fn):
     then restores the accepted node's window from its intermediate windows). The contract's ``node_states`` (buffer
     [M, P, C, W-1], rows [B]) go to the kernel as intermediate_conv_window (a copy with guard rows beside it, in
     the same layout, [cache line, step, dim, win]) and intermediate_state_indices, and its writes are carried back.
-    x goes to the kernel as SGLang's layer passes it, mixed_qkv.view(B, T, C).transpose(1, 2): a [B, C, T] view whose
-    channels are adjacent in memory."""
-    def conv(x, *, weight, bias, parents, window_pool, slots, mode, activation, node_states=None):
+    In exact mode the kernel also fills retrieve_parent_token, the parent table SGLang's verifies then read: the
+    contract's parents_out [B, T] int32 where given. x goes to the kernel as SGLang's layer passes it,
+    mixed_qkv.view(B, T, C).transpose(1, 2): a [B, C, T] view whose channels are adjacent in memory."""
+    def conv(x, *, weight, bias, parents, window_pool, slots, mode, activation, node_states=None, parents_out=None):
         dev = x.device
         tree = {}
-        if mode == "exact":
+        if mode == "exact":  # the parent table it fills goes to the caller's parents_out where given
             nxt, sib = next_token_and_sibling(parents.cpu())
             tree = dict(retrieve_next_token=nxt.to(dev), retrieve_next_sibling=sib.to(dev),
-                        retrieve_parent_token=torch.full_like(nxt, -2).to(dev))
+                        retrieve_parent_token=torch.full_like(nxt, -2).to(dev) if parents_out is None else parents_out)
         if node_states is not None:
             buf, rows = _node_buffer(node_states, None, dev, transposed=False)
             tree.update(intermediate_conv_window=buf, intermediate_state_indices=rows)
