@@ -655,10 +655,11 @@ def test_a_convs_parent_table_is_held_to_the_trees_parents_but_at_its_root_and_p
     for mode, has in (("exact", True), ("leaky", False)):
         for fills in (True, False):
             kernel = types.SimpleNamespace(conv_parents=fills, conv_writes_slot=None)
-            props = ck._ConvRunner(kernel, mode, "cpu").properties()
+            props = ck._ConvRunner(kernel, mode, "cpu", node_states=True).properties()
             assert (ck.PARENT_TABLE in props) == (has and fills)
-            if has and fills:
+            if has and fills:  # beside the outputs' properties, before the node states'
                 names = list(props)
                 assert names[names.index("exact on every node") + 1] == ck.PARENT_TABLE
+                assert names[names.index(ck.PARENT_TABLE) + 1] == "node states exact on every node"
                 assert props[ck.PARENT_TABLE]({"parents_wrong": []})
                 assert not props[ck.PARENT_TABLE]({"parents_wrong": [[0, 0, 1, 0, 1]]})
