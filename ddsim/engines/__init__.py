@@ -240,7 +240,9 @@ def slot_major_like(pool, layer: int, layers: int):
 
 def slot_major_whole(pool):
     """The whole slot-major pool [N, layers, ...] that slot_major_like's view ``pool`` is a layer of (None where pool
-    is laid out otherwise: its slots one entry after another)."""
+    is laid out otherwise: its slots one entry after another). Read from the strides alone: any pool whose stride(0) is
+    a multiple of its entry reads so (a slice of every other slot too); check-kernel hands kernels only pools it
+    built."""
     entry = pool[0].numel() if pool.shape[0] else 0
     if pool.dim() < 2 or pool.shape[0] < 1 or pool.stride(0) == entry or pool.stride(0) % entry:
         return None
