@@ -134,12 +134,12 @@ def writes_its_slot_in_another_layer(*args, **kw):
     """ddsim's drop-in that then writes each sequence's committed state into the next layer's entry of its slot (a
     state update addressed by the layer's shape, not the pool's): on a pool of one layer it writes nothing; on one
     layer of a slot-major pool it overwrites another layer's state, which the layer's own view never shows."""
-    from ddsim.engines import slot_major_whole
+    from ddsim.engines import slot_major_layer, slot_major_whole
     o = engine_api.target_verify(*args, **kw)
     pool, slots = args[9], args[10]
     whole = slot_major_whole(pool)
     if whole is not None:
-        layer = (pool.storage_offset() % pool.stride(0)) // pool[0].numel()
+        layer = slot_major_layer(pool)
         live = slots[slots >= 0].long()
         whole[live, (layer + 1) % whole.shape[1]] = pool[live]
     return o

@@ -252,6 +252,25 @@ def slot_major_whole(pool):
                            (pool.stride(0), entry, *pool.stride()[1:]), start)
 
 
+def slot_major_layer(pool) -> int:
+    """The layer of its slot-major pool that ``pool`` is (slot_major_whole: its place within a slot's pitch)."""
+    return (pool.storage_offset() % pool.stride(0)) // pool[0].numel()
+
+
+def carry_other_layers(mine, whole, layer: int) -> None:
+    """Every entry of a layer other than ``layer`` that differs bitwise between an engine's copy ``mine`` [N, layers,
+    ...] (any entry shape of the same size) and the caller's slot-major pool ``whole`` [N, layers, ...], copied into
+    ``whole``: the caller's properties then see a write to another layer's state."""
+    N = whole.shape[0]
+    for l in range(whole.shape[1]):
+        if l == layer:
+            continue
+        theirs = mine[:, l].reshape(N, -1)
+        wrote = (_bits(theirs) != _bits(whole[:, l].reshape(N, -1))).any(-1)
+        if wrote.any():
+            whole[wrote, l] = theirs[wrote].view(-1, *whole.shape[2:])
+
+
 def pitched_like(engine_view, caller):
     """engine_view (the caller's pool in an engine's own layout, e.g. its last two axes swapped) as a copy laid out as
     the caller's is: where the caller's pool is a layer of a slot-major pool (slot_major_whole), the copy is one too,
@@ -263,16 +282,14 @@ def pitched_like(engine_view, caller):
     N, layers = whole.shape[:2]
     backing = guarded_empty(tuple(whole.shape), whole.dtype, whole.device)
     backing.copy_(whole)
-    entry = caller[0].numel()
-    at = (caller.storage_offset() % caller.stride(0)) // entry  # the caller's layer
+    entry, at = caller[0].numel(), slot_major_layer(caller)
     contiguous = [1]
     for n in reversed(engine_view.shape[2:]):
         contiguous.insert(0, contiguous[0] * n)
     out = backing.as_strided(tuple(engine_view.shape), (caller.stride(0), *contiguous),
                              backing.storage_offset() + at * entry)
     out.copy_(engine_view)
-    out._ddsim_whole = backing  # reflect_pitched reads the other layers' entries through it
-    out._ddsim_layer = at
+    out._ddsim_whole = backing  # reflect_pitched reads the other layers' entries through it (in the caller's layout)
     return out
 
 
@@ -284,11 +301,7 @@ def reflect_pitched(engine_copy, caller, *, transposed: bool = True) -> None:
     if backing is None:
         return
     whole = slot_major_whole(caller)
-    others = [l for l in range(whole.shape[1]) if l != engine_copy._ddsim_layer]
-    for l in others:
-        wrote = (_bits(backing[:, l]) != _bits(whole[:, l])).flatten(1).any(-1)
-        if wrote.any():
-            whole[wrote, l] = backing[wrote, l]
+    carry_other_layers(backing, whole, slot_major_layer(caller))
     ends, theirs = beside(backing), beside(whole)
     if ends is not None and theirs is not None:
         for end, their in zip(ends, theirs):

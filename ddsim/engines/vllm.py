@@ -92,12 +92,12 @@ def _slot_major(vpool, state_pool):
     (engines.slot_major_whole; vLLM's kernel reads its pool's slot pitch from stride(0)), vpool laid out the same way,
     every slot of it (the null slot and the per-token ones too) that many layers wide, the caller's other layers'
     entries copied beside its own slots (NaN beside the others)."""
-    from ddsim.engines import slot_major_whole
+    from ddsim.engines import slot_major_layer, slot_major_whole
     whole = slot_major_whole(state_pool)
     if whole is None:
         return vpool, None, None, None
     S, L, E = vpool.shape[0], whole.shape[1], vpool[0].numel()
-    at = (state_pool.storage_offset() % state_pool.stride(0)) // E
+    at = slot_major_layer(state_pool)
     vwhole = torch.full((S, L, E), float("nan"), dtype=vpool.dtype, device=vpool.device)
     vwhole[:, at] = vpool.flatten(1)
     N = whole.shape[0]
@@ -111,14 +111,11 @@ def _reflect_other_layers(vwhole, whole, at: int, N: int) -> None:
     """The kernel's writes to another layer's entry carried back: beside the caller's slots into its whole pool (the
     caller's properties then see them); beside the adapter's own slots (the null and per-token ones) refused, a raise,
     since no property of the caller's sees those entries."""
-    from ddsim.engines import _bits
+    from ddsim.engines import _bits, carry_other_layers
+    carry_other_layers(vwhole[1:1 + N], whole, at)
     for l in range(vwhole.shape[1]):
         if l == at:
             continue
-        mine = vwhole[1:1 + N, l]
-        wrote = (_bits(mine) != _bits(whole[:, l].reshape(N, -1))).any(-1)
-        if wrote.any():
-            whole[wrote, l] = mine[wrote].view(-1, *whole.shape[2:])
         rest = torch.cat([vwhole[:1, l], vwhole[1 + N:, l]])
         if (_bits(rest) != _bits(torch.full_like(rest[:1], float("nan")))).any():
             raise RuntimeError(f"vLLM's kernel wrote layer {l}'s entry of a null or per-token slot, beside the "
