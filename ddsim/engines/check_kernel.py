@@ -64,7 +64,7 @@ from pathlib import Path
 
 import torch
 
-from ddsim.engines import GUARD, _bits, beside, guarded_empty, guarded_like, slot_major_like, slot_major_whole
+from ddsim.engines import GUARD, _bits, beside, graphs, guarded_empty, guarded_like, slot_major_like, slot_major_whole
 from ddsim.engines.kernel_cases import split_views
 from ddsim.errors import InputError, one_line
 from ddsim.measure.compare import TOLERANCES
@@ -305,6 +305,23 @@ def _commit_writes(commit, kept: torch.Tensor, inp: dict, device: str) -> dict:
             "commit_written": written[:8], "commit_tables_written": tables_written}
 
 
+def _buffers(inp: dict, names: tuple[str, ...], device: str, node_shape: tuple | None, node_dtype) -> tuple:
+    """(args, pool, slots, node) for one call on ``inp``: fresh copies on the device of the inputs ``names`` (None kept;
+    views of one fused projection where the example says), the parents and slots, the pool (between guard slots, or
+    one layer of a slot-major pool) and, with ``node_shape``, a NaN per-node state buffer and its rows (else None)."""
+    args = {k: None if inp[k] is None else inp[k].to(device, copy=True) for k in names}
+    if inp.get("split"):  # as a server's layer hands them over: views of one fused projection
+        args.update(split_views({k: args[k] for k in inp["split"]}))
+    args["parents"] = inp["parents"].to(device, copy=True)
+    slots = inp["slots"].to(device, copy=True)
+    if "pool_layers" in inp:  # one layer of a slot-major pool of several (a server's unified state pool)
+        pool = slot_major_like(inp["pool"].to(device), *inp["pool_layers"])
+    else:
+        pool = guarded_like(inp["pool"].to(device))  # a slot of guard bits on either side in its storage
+    node = None if node_shape is None else _node_buffer(inp, node_shape, device, node_dtype)
+    return args, pool, slots, node
+
+
 def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tuple | None = None,
            node_dtype=torch.float32, commit=None) -> dict:
     """Call the kernel ``inp['burst']`` times (two unless the example says; at least one), each on fresh copies of
@@ -314,44 +331,48 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
     With ``node_shape`` (a kernel that keeps every node's state) each call also gets a per-node state buffer of
     that state shape and ``node_dtype`` (_node_layout), and its first call's writes there are returned (_node_writes); repeatable then
     covers the batch's node states too. With ``commit`` (the engine's, its op bound) the first call's kept states are
-    then committed (_commit_writes)."""
+    then committed (_commit_writes). A replayed example (``inp['replay']``, kernel_cases.replayed: another step of the
+    same shapes) first calls the kernel on that step, unjudged, and every call after it replays that step's engine
+    launches on their kept tensors with the example's values (graphs.launch; on CUDA a CUDA graph captured on it), as a
+    server's CUDA graph runs its verify."""
     outs, changed, writes, nodes = None, set(), None, {}
     identical = True
     real = inp["slots"] >= 0  # [B]: the rows that are not padding (slot -1)
-    for n in range(max(1, int(inp.get("burst", 2)))):
-        args = {k: None if inp[k] is None else inp[k].to(device, copy=True) for k in names}
-        if inp.get("split"):  # as a server's layer hands them over: views of one fused projection
-            args.update(split_views({k: args[k] for k in inp["split"]}))
-        args["parents"] = inp["parents"].to(device, copy=True)
-        slots = inp["slots"].to(device, copy=True)
-        if "pool_layers" in inp:  # one layer of a slot-major pool of several (a server's unified state pool)
-            pool = slot_major_like(inp["pool"].to(device), *inp["pool_layers"])
-        else:
-            pool = guarded_like(inp["pool"].to(device))  # a slot of guard bits on either side in its storage
-        node = None if node_shape is None else _node_buffer(inp, node_shape, device, node_dtype)
-        tables = {"slots": slots, **({} if node is None else {"node rows": node[1]})}
-        seen = {k: _bits(v).clone() for k, v in {**args, **tables}.items() if v is not None}
-        whole = slot_major_whole(pool)  # None but for a slot-major pool
-        before = _bits(pool if whole is None else whole).clone()
-        o = call(args, pool, slots) if node is None else call(args, pool, slots, node)
-        changed |= {k for k, v in {**args, **tables}.items() if v is not None and not torch.equal(_bits(v), seen[k])}
-        checked_output(o)
-        o = o.detach().cpu()
-        if node is not None:
-            got = _node_writes(node[0], inp, real)
-            if n == 0 and commit is not None:
-                got.update(_commit_writes(commit, node[0], inp, device))
-            del node
-        if n == 0:
-            outs, writes = o.clone(), _pool_writes(pool if whole is None else whole, before, inp["slots"],
-                                                   None if whole is None else inp["pool_layers"][0])
-            writes["pool_after"] = pool.cpu()
-            if node_shape is not None:
-                nodes = got
-        elif o.shape != outs.shape or o.dtype != outs.dtype or not torch.equal(_bits(o[real]), _bits(outs[real])):
-            identical = False  # a padded row's output is the engine's own (vLLM's and SGLang's conv leave it unwritten)
-        elif node_shape is not None and not torch.equal(_bits(got["node_vals"][real]), _bits(nodes["node_vals"][real])):
-            identical = False
+    replay = graphs.Replay(capture=str(device).startswith("cuda")) if "replay" in inp else None
+    with graphs.replaying(replay):
+        if replay is not None:  # the step the engine's launches are kept (captured) on: not judged
+            first, pool, slots, node = _buffers(inp["replay"], names, device, node_shape, node_dtype)
+            replay.begin()
+            call(first, pool, slots) if node is None else call(first, pool, slots, node)
+            replay.replayed()
+            del first, pool, slots, node
+        for n in range(max(1, int(inp.get("burst", 2)))):
+            args, pool, slots, node = _buffers(inp, names, device, node_shape, node_dtype)
+            tables = {"slots": slots, **({} if node is None else {"node rows": node[1]})}
+            seen = {k: _bits(v).clone() for k, v in {**args, **tables}.items() if v is not None}
+            whole = slot_major_whole(pool)  # None but for a slot-major pool
+            before = _bits(pool if whole is None else whole).clone()
+            if replay is not None:
+                replay.begin()
+            o = call(args, pool, slots) if node is None else call(args, pool, slots, node)
+            changed |= {k for k, v in {**args, **tables}.items() if v is not None and not torch.equal(_bits(v), seen[k])}
+            checked_output(o)
+            o = o.detach().cpu()
+            if node is not None:
+                got = _node_writes(node[0], inp, real)
+                if n == 0 and commit is not None:
+                    got.update(_commit_writes(commit, node[0], inp, device))
+                del node
+            if n == 0:
+                outs, writes = o.clone(), _pool_writes(pool if whole is None else whole, before, inp["slots"],
+                                                       None if whole is None else inp["pool_layers"][0])
+                writes["pool_after"] = pool.cpu()
+                if node_shape is not None:
+                    nodes = got
+            elif o.shape != outs.shape or o.dtype != outs.dtype or not torch.equal(_bits(o[real]), _bits(outs[real])):
+                identical = False  # a padded row's output is the engine's own (vLLM's and SGLang's conv leave it unwritten)
+            elif node_shape is not None and not torch.equal(_bits(got["node_vals"][real]), _bits(nodes["node_vals"][real])):
+                identical = False
     return {"o": outs, **writes, **nodes, "inputs_changed": sorted(changed), "repeatable": identical, "real": real}
 
 
@@ -538,6 +559,8 @@ class _ConvRunner:
                                                          output_windows=windows),
             ("exact", "leaky"), self.mode, self.node_states))
         checked_output(r["o"], r["ref"]["exact"].shape)
+        if "replay" in inp and written:  # the first call was the replayed example's other step, not judged
+            written.pop(0)
         W1 = inp["initial_window"].shape[-1]
         # the window after the whole flattened draft: what a verify that rewrites its slot writes there
         flat = torch.cat([inp["initial_window"], inp["x"].transpose(1, 2).to(inp["initial_window"].dtype)], -1)

@@ -3,6 +3,8 @@ mamba2_tree_verify, kda_tree_verify and lightning_tree_verify (Triton on CUDA, t
 convention for a kernel of anyone's that shares their signatures."""
 from __future__ import annotations
 
+from ddsim.engines.graphs import launch
+
 
 def fp32_pool(state_pool):
     """The pool to hand ddsim's verifies, which keep float32 states in a pool whose slots lie one after another: a
@@ -31,7 +33,7 @@ def as_contract(fn):
     state_indices [B] the batch's slots."""
     def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
         pool = fp32_pool(state_pool)
-        out = fn(q, k, v, g, beta, parents=parents, initial_state=pool, state_indices=slots, mode=mode, scale=scale)
+        out = launch(fn, q, k, v, g, beta, parents=parents, initial_state=pool, state_indices=slots, mode=mode, scale=scale)
         carry_back(pool, state_pool)
         return out[0] if isinstance(out, tuple) else out
     return verify
@@ -41,7 +43,7 @@ def as_conv_contract(fn):
     """fn(x, *, weight, bias, parents, initial_window, state_indices, mode, activation) -> out, as
     gpu_backend.tree_causal_conv1d: initial_window is the window pool [N, C, W-1]."""
     def conv(x, *, weight, bias, parents, window_pool, slots, mode, activation):
-        return fn(x, weight=weight, bias=bias, parents=parents, initial_window=window_pool, state_indices=slots,
+        return launch(fn, x, weight=weight, bias=bias, parents=parents, initial_window=window_pool, state_indices=slots,
                   mode=mode, activation=activation)
     return conv
 
@@ -52,7 +54,7 @@ def as_mamba2_contract(fn):
     copy)."""
     def mamba2(x, dt, A, B, C, *, D, dt_bias, parents, state_pool, slots, mode):
         pool = fp32_pool(state_pool)
-        out = fn(x, dt, A, B, C, D=D, dt_bias=dt_bias, parents=parents, initial_state=pool, state_indices=slots,
+        out = launch(fn, x, dt, A, B, C, D=D, dt_bias=dt_bias, parents=parents, initial_state=pool, state_indices=slots,
                  mode=mode)
         carry_back(pool, state_pool)
         return out[0] if isinstance(out, tuple) else out
@@ -63,7 +65,7 @@ def as_kda_contract(fn):
     """fn(q, k, v, g, beta, *, parents, initial_state, mode) -> o, as gpu_backend.kda_tree_verify (a state per
     sequence, no pool: the batch's slots are gathered from the pool, a copy, in float32 from a 16-bit pool)."""
     def kda(q, k, v, g, beta, *, parents, state_pool, slots, mode):
-        out = fn(q, k, v, g, beta, parents=parents, initial_state=_gathered(state_pool, slots), mode=mode)
+        out = launch(fn, q, k, v, g, beta, parents=parents, initial_state=_gathered(state_pool, slots), mode=mode)
         return out[0] if isinstance(out, tuple) else out
     return kda
 
@@ -77,7 +79,7 @@ def as_lightning_contract(fn):
     """fn(q, k, v, *, decay, parents, initial_state, mode) -> o, as gpu_backend.lightning_tree_verify (the batch's
     slots gathered from the pool, a copy, in float32 from a 16-bit pool)."""
     def lightning(q, k, v, *, decay, parents, state_pool, slots, mode):
-        out = fn(q, k, v, decay=decay, parents=parents, initial_state=_gathered(state_pool, slots), mode=mode)
+        out = launch(fn, q, k, v, decay=decay, parents=parents, initial_state=_gathered(state_pool, slots), mode=mode)
         return out[0] if isinstance(out, tuple) else out
     return lightning
 

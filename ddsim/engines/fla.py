@@ -10,6 +10,7 @@ fla takes one initial state per sequence and no pool indices, so the adapter gat
 slots from the pool (the slot handling checked is the adapter's, not fla's)."""
 from __future__ import annotations
 
+from ddsim.engines.graphs import launch
 from ddsim.errors import NotInstalled
 
 # each op's kernel, and what it offers, known without importing fla-core (about 4 s): they take no tree
@@ -31,7 +32,7 @@ def as_contract(fn):
     use_qk_l2norm_in_kernel=) -> (o, final_state)."""
     def verify(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
         initial_state = state_pool.index_select(0, slots.long())  # [B, HV, K, V], a copy
-        o, _ = fn(q.contiguous(), k.contiguous(), v.contiguous(), g=g.contiguous(), beta=beta.contiguous(),
+        o, _ = launch(fn, q.contiguous(), k.contiguous(), v.contiguous(), g=g.contiguous(), beta=beta.contiguous(),
                   scale=scale, initial_state=initial_state, output_final_state=False, use_qk_l2norm_in_kernel=True)
         return o
     return verify
@@ -42,7 +43,7 @@ def as_kda_contract(fn):
     -> (o, final_state): g is the log decay per key channel, beta after its sigmoid, the state [N, H, K, V]."""
     def kda(q, k, v, g, beta, *, parents, state_pool, slots, mode):
         initial_state = state_pool.index_select(0, slots.long())  # [B, H, K, V], a copy
-        o, _ = fn(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
+        o, _ = launch(fn, q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
                   initial_state=initial_state, output_final_state=False, use_qk_l2norm_in_kernel=True)
         return o
     return kda
@@ -55,7 +56,7 @@ def as_lightning_contract(fn):
     def lightning(q, k, v, *, decay, parents, state_pool, slots, mode):
         import torch
         initial_state = state_pool.index_select(0, slots.long())  # [B, H, K, V], a copy
-        o, _ = fn(q.contiguous(), k.contiguous(), v.contiguous(), g_gamma=torch.log(decay.float()), scale=1.0,
+        o, _ = launch(fn, q.contiguous(), k.contiguous(), v.contiguous(), g_gamma=torch.log(decay.float()), scale=1.0,
                   initial_state=initial_state, output_final_state=False)
         return o
     return lightning

@@ -36,6 +36,8 @@ and its comparison uses that dtype's tolerance.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -526,16 +528,45 @@ def padded_cases(op: str, profile: str, dtype=torch.float32, widths=(2, 3, 4, 5)
         wide = sh.pop("wide", False)
         label = (f"padded batch: {sh['B'] - sh['pad']} sequences and {sh['pad']} padded rows (slot {PAD_SLOT}) at "
                  f"{sh['B']} x {sh['T']}")
-        common = dict(**sh, pool="last", dtype=dtype, label=label)
-        if op == "gdn":
-            out.append(gdn_case(**common, ratio=2, K=128 if wide else 32, V=128 if wide else 32))
-        elif op == "conv":
-            out.append(conv_case(**common, C=256 if wide else 16, W=4 if 4 in widths else max(widths)))
-        elif op == "mamba2":
-            out.append(mamba2_case(**common, P=64 if wide else 8, N=128 if wide else 16))
-        else:
-            out.append({"kda": kda_case, "lightning": lightning_case}[op](**common, K=128 if wide else 16))
+        out.append(_op_case(op, wide, widths)(**sh, pool="last", dtype=dtype, label=label))
     return out
+
+
+def _op_case(op: str, wide: bool, widths=(2, 3, 4, 5)):
+    """The op's case function with its widths bound: a server's (wide) or small ones."""
+    if op == "gdn":
+        return functools.partial(gdn_case, ratio=2, K=128 if wide else 32, V=128 if wide else 32)
+    if op == "conv":
+        return functools.partial(conv_case, C=256 if wide else 16, W=4 if 4 in widths else max(widths))
+    if op == "mamba2":
+        return functools.partial(mamba2_case, P=64 if wide else 8, N=128 if wide else 16)
+    return functools.partial({"kda": kda_case, "lightning": lightning_case}[op], K=128 if wide else 16)
+
+
+def replayed(case, **kw) -> dict:
+    """``case(**kw)`` judged as a server's CUDA graph runs it (check_kernel._calls, graphs): the kernel is first
+    launched on another step, ``replay``, of the same shapes and layouts, and then on the example's values in that
+    step's tensors. The other step is a chain of the example's size (the example's trees branch), with other values,
+    other slots (descending) and no padded rows (a server captures its graph once, on a step of its own)."""
+    inp = case(**kw)
+    T = int(inp["parents"].shape[1])
+    other = {**kw, "T": T, "kind": "chain", "seed": kw.get("seed", 0) + 1000, "pool": "descending", "pad": 0,
+             "label": "the step the launch was kept on"}
+    inp["replay"] = case(**other)
+    inp["label"] += ", replayed on a chain step's launch"
+    return inp
+
+
+def replay_cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, widths=(2, 3, 4, 5)) -> list[dict]:
+    """The examples judged on a replayed launch (replayed): quick, one at small widths at 4 x 9 (2 rows padded where
+    the convention pads); serving, one at a server's widths at 8 x 17 in a pool of 1024 slots (3 rows padded where it
+    pads)."""
+    if profile == "quick":
+        sh = dict(T=9, kind="wide", B=4, pad=2 if pads else 0, pool_size=40, seed=40)
+    else:
+        sh = dict(T=17, kind=("ddtree", 16, 8), B=8, pad=3 if pads else 0, pool_size=1024, seed=140)
+    label = f"a step at {sh['B']} x {sh['T']}" + (f", {sh['pad']} rows padded" if sh["pad"] else "")
+    return [replayed(_op_case(op, profile == "serving", widths), **sh, pool="shuffled", dtype=dtype, label=label)]
 
 
 # Where the per-node state buffer puts a sequence's node states, for a kernel that keeps them (SGLang's exact verify:
@@ -628,9 +659,12 @@ def cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, nodes:
            "lightning": lightning_cases}[op](profile, dtype, **kw)
     if pads:
         out += padded_cases(op, profile, dtype, **kw)
+    out += replay_cases(op, profile, dtype, pads, **kw)
     if nodes:
         for i, inp in enumerate(out):
             inp.update(node_layout(inp, NODE_LAYOUTS[i % len(NODE_LAYOUTS)], seed=1000 + i))
+            if "replay" in inp:  # the other step's buffer laid out alike, its rows its own
+                inp["replay"].update(node_layout(inp["replay"], NODE_LAYOUTS[i % len(NODE_LAYOUTS)], seed=2000 + i))
         if profile == "serving" and op in ("gdn", "kda", "mamba2"):
             out.append(wide_node_buffer(op, dtype))
             if commit:
@@ -673,6 +707,7 @@ def describe(inp: dict, commit: bool = False) -> dict:
     out["state pool layout"] = (f"layer {inp['pool_layers'][0]} of {inp['pool_layers'][1]} slot-major"
                                 if "pool_layers" in inp else "one layer")
     out["calls"] = max(1, int(inp.get("burst", 2)))
+    out["engine launch"] = "replayed on another step's" if "replay" in inp else "fresh each call"
     if "x" not in inp or "dt" in inp:  # the conv takes one input: its layout is its contract's
         out["input layout"] = "views of one projection" if inp.get("split") else "contiguous"
     if "node_buffer" in inp:  # a kernel that keeps every node's state: where its buffer puts them

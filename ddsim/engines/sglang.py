@@ -19,6 +19,7 @@ import inspect
 
 import torch
 
+from ddsim.engines.graphs import launch
 from ddsim.errors import NotInstalled
 
 # where each supported SGLang release keeps the kernel, newest first
@@ -101,7 +102,7 @@ def as_contract(fn, *, kda: bool = False):
                                      dtype=state_pool.dtype)
             tree = dict(intermediate_states_buffer=buf, intermediate_state_indices=rows, cache_steps=buf.shape[1],
                         retrieve_parent_token=parent_table(parents, dev))
-        o = fn(zeros, a.contiguous(), dt_bias, 1.0, 20.0, _rows(q), _rows(k), _rows(v), b.contiguous(), pool,
+        o = launch(fn, zeros, a.contiguous(), dt_bias, 1.0, 20.0, _rows(q), _rows(k), _rows(v), b.contiguous(), pool,
                slots.to(device=dev, dtype=torch.int32), scale=scale, use_qk_l2norm_in_kernel=True,
                disable_state_update=True, **tree, **flags)
         reflect_pitched(pool, state_pool)  # show the caller what the kernel wrote into the pool
@@ -150,7 +151,7 @@ def as_mamba2_contract(fn):
         out = torch.full_like(x, float("nan"))
         # x, B, C as they come: SGLang's layer passes them split from its conv's output xBC (views, each token's row
         # strided by xBC's width) and its kernel reads every stride; a copy would check a layout it is never handed
-        fn(state_pool, x, dt.float()[..., None].expand(Bn, T, H, P), A.float()[:, None, None].expand(H, P, N),
+        launch(fn, state_pool, x, dt.float()[..., None].expand(Bn, T, H, P), A.float()[:, None, None].expand(H, P, N),
            B, C, D=(torch.zeros(H, device=dev) if D is None else D.float())[:, None].expand(H, P),
            dt_bias=(torch.zeros(H, device=dev) if dt_bias is None else dt_bias.float())[:, None].expand(H, P),
            dt_softplus=True,
@@ -298,7 +299,7 @@ def as_conv_contract(fn):
         if node_states is not None:
             buf, rows = _node_buffer(node_states, None, dev, transposed=False)
             tree.update(intermediate_conv_window=buf, intermediate_state_indices=rows)
-        out = fn(x.transpose(1, 2), window_pool, weight.contiguous(), bias, activation,
+        out = launch(fn, x.transpose(1, 2), window_pool, weight.contiguous(), bias, activation,
                  conv_state_indices=slots.to(device=dev, dtype=torch.int32), **tree)
         if node_states is not None:
             from ddsim.engines import reflect_writes

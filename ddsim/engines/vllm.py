@@ -19,6 +19,7 @@ import importlib
 
 import torch
 
+from ddsim.engines.graphs import launch
 from ddsim.errors import NotInstalled
 
 # where each supported vLLM release keeps the kernel, newest first
@@ -74,7 +75,7 @@ def as_contract(fn):
         indices = torch.cat([per_token, (slots.to(dev, torch.int32) + 1)[:, None]], 1).contiguous()
         accepted = torch.full((B,), T + 1, dtype=torch.int32, device=dev)
         # q, k, v contiguous, as vLLM's layer makes its split of mixed_qkv (rearrange_mixed_qkv) before the kernel
-        o, _ = fn(zeros, a.contiguous(), b.contiguous(), zeros, q.contiguous(), k.contiguous(), v.contiguous(),
+        o, _ = launch(fn, zeros, a.contiguous(), b.contiguous(), zeros, q.contiguous(), k.contiguous(), v.contiguous(),
                   scale=scale, initial_state=vpool, inplace_final_state=True, ssm_state_indices=indices,
                   num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True)
         reflect_writes(vpool[1:1 + N], state_pool)

@@ -1,0 +1,180 @@
+"""check-kernel's replayed examples: a kernel launched on one step and judged on the next step's values in that step's
+tensors, as a server's CUDA graph runs its verify (ddsim/engines/graphs.py, kernel_cases.replayed). On the CPU the
+kept launch is called again on its kept tensors; on CUDA it is captured in a CUDA graph and replayed."""
+import pytest
+import torch
+
+from ddsim.engines import check_kernel as ck
+from ddsim.engines import graphs
+from ddsim.engines import kernel_cases as kc
+
+
+def _step(values, extra=0.0):
+    """(a view of a guarded storage holding ``values``, its storage as a whole)."""
+    backing = torch.full((len(values) + 2,), -1.0)
+    backing[1:-1] = torch.tensor(values) + extra
+    return backing[1:-1], backing
+
+
+def test_a_replayed_launch_runs_on_the_first_steps_tensors_with_the_new_values_and_carries_everything_back():
+    seen = []
+
+    def kernel(x, table, *, scale):
+        seen.append((x, table, x.clone(), table.clone()))
+        x.as_strided((1,), (1,), x.storage_offset() - 1).fill_(7.0)  # the slot before x in its storage
+        table.add_(1)  # writes its own input
+        return x * scale
+
+    replay = graphs.Replay()
+    first_x, _ = _step([1.0, 2.0])
+    first_t = torch.tensor([0, 0], dtype=torch.int32)
+    with graphs.replaying(replay):
+        replay.begin()
+        assert torch.equal(graphs.launch(kernel, first_x, first_t, scale=2.0), torch.tensor([2.0, 4.0]))
+        replay.replayed()
+        x, backing = _step([5.0, 6.0])
+        t = torch.tensor([3, 4], dtype=torch.int32)
+        replay.begin()
+        out = graphs.launch(kernel, x, t, scale=2.0)
+    # the kernel got the first step's very tensors, holding this step's values
+    assert seen[1][0] is first_x and seen[1][1] is first_t
+    assert torch.equal(seen[1][2], torch.tensor([5.0, 6.0])) and torch.equal(seen[1][3], torch.tensor([3, 4], dtype=torch.int32))
+    assert torch.equal(out, torch.tensor([10.0, 12.0]))
+    # and what it wrote, its own input and a slot beside it in the storage, reaches this step's tensors
+    assert torch.equal(t, torch.tensor([4, 5], dtype=torch.int32)) and backing[0] == 7.0 and backing[-1] == -1.0
+    # outside replaying, launch is the plain call
+    assert graphs.launch(lambda a: a + 1, 1) == 2
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda x, t: ((x[:1], t), {"scale": 2.0}), "laid out"),
+    (lambda x, t: ((x, t.long()), {"scale": 2.0}), "laid out"),
+    (lambda x, t: ((x.clone(), t), {"scale": 2.0}), "laid out"),  # same shape, in a storage without the guards
+    (lambda x, t: ((x, t), {"scale": 3.0}), "keyword scale is 3.0, the first step's 2.0"),
+    (lambda x, t: ((x, t), {}), r"arguments \['argument 0', 'argument 1'\], the first step's"),
+])
+def test_a_replayed_step_laid_out_otherwise_than_the_kept_launch_is_refused(change, says):
+    replay = graphs.Replay()
+
+    def kernel(x, t, scale=2.0):
+        return x * scale
+
+    with graphs.replaying(replay):
+        replay.begin()
+        graphs.launch(kernel, _step([1.0, 2.0])[0], torch.tensor([0, 0], dtype=torch.int32), scale=2.0)
+        replay.replayed()
+        replay.begin()
+        args, kw = change(_step([3.0, 4.0])[0], torch.tensor([1, 1], dtype=torch.int32))
+        with pytest.raises(graphs.ReplayMismatch, match=says):
+            graphs.launch(kernel, *args, **kw)
+        replay.begin()
+        with pytest.raises(graphs.ReplayMismatch, match="calls"):  # another function at the kept launch
+            graphs.launch(lambda x, t, scale: x, _step([3.0, 4.0])[0], torch.tensor([1, 1], dtype=torch.int32), scale=2.0)
+        replay.begin()
+        graphs.launch(kernel, _step([3.0, 4.0])[0], torch.tensor([1, 1], dtype=torch.int32), scale=2.0)
+        with pytest.raises(graphs.ReplayMismatch, match="the first step made 1"):  # one launch more than kept
+            graphs.launch(kernel, _step([3.0, 4.0])[0], torch.tensor([1, 1], dtype=torch.int32), scale=2.0)
+
+
+def test_arguments_sharing_storages_otherwise_than_the_kept_launchs_are_refused():
+    replay = graphs.Replay()
+    with graphs.replaying(replay):
+        replay.begin()
+        graphs.launch(torch.add, torch.zeros(2), torch.ones(2))
+        replay.replayed()
+        replay.begin()
+        same = torch.zeros(2)
+        with pytest.raises(graphs.ReplayMismatch, match="argument 1 shares a storage otherwise"):
+            graphs.launch(torch.add, same, same)
+
+
+@pytest.mark.parametrize("op", ["gdn", "conv", "mamba2", "kda", "lightning"])
+@pytest.mark.parametrize("profile", ["quick", "serving"])
+def test_each_profile_replays_one_step_of_each_op_on_another_steps_launch(op, profile):
+    """One replayed example per op and profile: its other step has every tensor of the same shape and dtype, a chain
+    where the example's trees branch, other values and other slots, and no padded rows where the example has some
+    (where the convention pads); a kernel that keeps node states gets a buffer of one size in both, rows of their own."""
+    pads = op in ("gdn", "conv", "mamba2")
+    cases = kc.cases(op, profile, pads=pads, nodes=op != "lightning")
+    replayed = [c for c in cases if "replay" in c]
+    assert len(replayed) == 1
+    c = replayed[0]
+    o = c["replay"]
+    for k, v in c.items():
+        if isinstance(v, torch.Tensor):
+            assert o[k].shape == v.shape and o[k].dtype == v.dtype, k
+    assert all(list(t.parents) == list(range(-1, t.size - 1)) for t in o["trees"])
+    assert not all(list(t.parents) == list(range(-1, t.size - 1)) for t in c["trees"])
+    assert not torch.equal(o["slots"], c["slots"]) and not torch.equal(ck._bits(o["pool"]), ck._bits(c["pool"]))
+    assert int((o["slots"] < 0).sum()) == 0 and int((c["slots"] < 0).sum()) == {"quick": 2, "serving": 3}[profile] * pads
+    if op != "lightning":
+        assert o["node_buffer"] == c["node_buffer"] and o["node_layout"] == c["node_layout"]
+    B, T = c["parents"].shape
+    assert (B, T) == ((4, 9) if profile == "quick" else (8, 17))
+    assert c["label"].endswith("replayed on a chain step's launch")
+    assert kc.describe(c)["engine launch"] == "replayed on another step's"
+    assert all(kc.describe(x)["engine launch"] == "fresh each call" for x in cases if x is not c)
+
+
+def _failing(kernel, **kw):
+    return {r.name: r for r in ck.check(kernel, mode="exact", max_examples=2, **kw) if not r.holds}
+
+
+def test_a_kernel_that_keeps_its_tree_by_the_tensors_identity_fails_only_on_the_replayed_step(monkeypatch):
+    """A launcher that keeps the table it derives from the tree by the parents tensor's identity (fla's tensor_cache)
+    is right on every fresh call; replayed on a chain step's launch, as a server's CUDA graph runs it, it verifies the
+    branching tree as the chain: exact on the order-exact nodes, and wrong past them (the leak). Without the replayed
+    example it holds every property, as it did before them."""
+    from ddsim.engines import load
+    kernel = load("tests.planted_launches:tree_kept_by_tensor", convention="ddsim")
+    bad = _failing(kernel)
+    assert list(bad) == ["exact on every node"]
+    ce = bad["exact on every node"].counterexample
+    assert ce["example"] == "a step at 4 x 9, replayed on a chain step's launch" and ce["first_wrong_node"]["node"] == 4
+    monkeypatch.setattr(kc, "replay_cases", lambda *a, **k: [])
+    assert _failing(kernel) == {}
+
+
+def test_a_replayed_examples_first_step_is_not_judged_and_a_mismatch_fails_it():
+    """The step the launch is kept on is called first and not judged: a kernel wrong only on its first call holds; a
+    launch the replayed step cannot match (another launch count) fails every property on that example, naming it."""
+    import ddsim.gpu_backend as gb
+    from ddsim import oracle
+    calls = []
+
+    def first_wrong(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale):
+        calls.append(parents.clone())
+        o = graphs.launch(gb.gdn_tree_verify, q, k, v, g, beta, parents=parents, initial_state=state_pool,
+                          state_indices=slots, mode=mode, scale=scale, backend="torch")
+        return o * 2 if len(calls) == 1 else o
+
+    inp = next(c for c in kc.cases("gdn", "quick") if "replay" in c)
+    runner = ck._Runner(first_wrong, oracle.gdn_tree_verify, ("q", "k", "v", "g", "beta"), (), "exact", "cpu",
+                        extra={"scale": None})
+    r = runner.run(inp)
+    assert len(calls) == 2 and torch.equal(calls[0].cpu(), inp["replay"]["parents"])
+    assert all(p(r) for p in runner.properties().values())
+
+    def twice(q, k, v, g, beta, **kw):
+        n = 1 if not calls else 2
+        calls.append(None)
+        for _ in range(n):
+            o = first_wrong(q, k, v, g, beta, **kw)
+        return o
+    calls.clear()
+    with pytest.raises(graphs.ReplayMismatch, match="the first step made 1"):
+        ck._Runner(twice, oracle.gdn_tree_verify, ("q", "k", "v", "g", "beta"), (), "exact", "cpu",
+                   extra={"scale": None}).run(inp)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
+def test_a_kernel_that_reads_the_tree_on_the_host_cannot_be_captured():
+    """On a GPU the replayed example captures the launch in a CUDA graph: a launcher that reads a value on the host
+    (a sync) is refused there, and fails every property on that example, saying so; it holds everything else."""
+    from ddsim.engines import load
+    kernel = load("tests.planted_launches:sizes_its_launch_on_the_host", convention="ddsim")
+    res = ck.check(kernel, mode="exact", device="cuda", max_examples=2, profile="quick")
+    bad = [r for r in res if not r.holds]
+    assert bad and len(bad) == len(res.properties)
+    assert all("not capturable in a CUDA graph" in r.detail and "replayed on a chain step's launch" in r.detail
+               for r in bad)
