@@ -4,7 +4,8 @@ hold there, and the first failure's line. A run is "impl:op:mode"; impl is an ad
 "api" for ddsim's engine_api.target_verify in SGLang's convention, or "planted.NAME" for tests/planted_launches.py's
 NAME (in SGLang's convention for names starting sglang_, else ddsim's).
 
-    python benchmarks/graph_replay_gpu.py [--device cuda] [--profile serving] [--dtype bfloat16] RUN ...
+    python benchmarks/graph_replay_gpu.py [--device cuda] [--profile serving] [--dtype bfloat16] [--launch graph]
+        RUN ...
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import time
 ONE = r"""
 import json, sys, torch
 from ddsim.engines import check_kernel as ck, kernel_cases as kc, load
-impl, op, mode, device, profile, dtype = sys.argv[1:7]
+impl, op, mode, device, profile, dtype, launch = sys.argv[1:8]
 cases = kc.cases
 kc.cases = lambda *a, **k: [c for c in cases(*a, **k) if "replay" in c]
 if impl == "api":
@@ -27,7 +28,8 @@ elif impl.startswith("planted."):
     kernel = load(f"tests.planted_launches:{name}", convention="sglang" if name.startswith("sglang_") else "ddsim")
 else:
     kernel = load(impl)
-res = ck.check(kernel, mode=mode, device=device, max_examples=1, op=op, profile=profile, dtype=getattr(torch, dtype))
+res = ck.check(kernel, mode=mode, device=device, max_examples=1, op=op, profile=profile, dtype=getattr(torch, dtype),
+               launch=launch)
 print(json.dumps({"examples": res.examples, "coverage": res.coverage.get("engine launch"),
                   "properties": [[r.name, r.holds, r.detail] for r in res.properties]}))
 """
@@ -39,6 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", default="serving", choices=("quick", "serving"))
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--launch", default="graph", choices=("graph", "eager"))
     ap.add_argument("--timeout", type=float, default=240.0)
     a = ap.parse_args(argv)
     for run in a.runs:
@@ -46,11 +49,11 @@ def main(argv=None) -> int:
             ap.error(f"run {run!r}: expected impl:op:mode")
     import torch
     dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
-    print(f"# replayed examples, profile {a.profile}, inputs {a.dtype}, on {dev}")
+    print(f"# replayed examples, profile {a.profile}, inputs {a.dtype}, launch {a.launch}, on {dev}")
     for run in a.runs:
         start = time.time()
         try:
-            p = subprocess.run([sys.executable, "-c", ONE, *run.split(":"), a.device, a.profile, a.dtype],
+            p = subprocess.run([sys.executable, "-c", ONE, *run.split(":"), a.device, a.profile, a.dtype, a.launch],
                                capture_output=True, text=True, timeout=a.timeout)
         except subprocess.TimeoutExpired:
             print(f"{run}: did not finish within {a.timeout:.0f} s")

@@ -554,7 +554,7 @@ def cmd_check_kernel(a, console) -> int:
     from rich.table import Table
 
     from ddsim.devices import prepare_engine_device
-    from ddsim.engines.check_kernel import DTYPES, check, write_result
+    from ddsim.engines.check_kernel import DTYPES, check, default_launch, write_result
     from ddsim.errors import InputError
     if a.max_examples < 1:
         raise InputError(f"--max-examples: expected >= 1, got {a.max_examples}")
@@ -564,6 +564,8 @@ def cmd_check_kernel(a, console) -> int:
         from ddsim.engines import fla
         fla.refuse_before_import(a.op, a.mode)
     device = prepare_engine_device(a.device)
+    if a.launch == "graph" and not str(device).startswith("cuda"):  # a CUDA graph needs a CUDA device
+        raise InputError(f"--launch graph: needs a CUDA device, got --device {a.device} ({device}); the CPU replays eager")
     kernel = _load_kernel(a)
     kernel.check_op(a.op, a.mode)
     if a.commit and (a.op, a.mode) not in kernel.node_states:  # a commit given that would never run: refused
@@ -572,7 +574,8 @@ def cmd_check_kernel(a, console) -> int:
     out = Path(a.out)
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
     result = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op,
-                   profile=a.profile, example_timeout=a.example_timeout, on_hang=lambda label, s: _hung(out, label, s))
+                   profile=a.profile, example_timeout=a.example_timeout, on_hang=lambda label, s: _hung(out, label, s),
+                   launch=a.launch)
     name, source, digest = {"conv": (kernel.conv_name, kernel.conv_source, kernel.conv_source_sha256),
                             "mamba2": (kernel.mamba2_name, kernel.mamba2_source, kernel.mamba2_source_sha256),
                             "kda": (kernel.kda_name, kernel.kda_source, kernel.kda_source_sha256),
@@ -607,6 +610,7 @@ def cmd_check_kernel(a, console) -> int:
     write_result(result, out, kernel={"name": name, "package": kernel.package, "version": kernel.version,
                                       "source": source, "source_sha256": digest, "op": a.op, "mode": a.mode,
                                       "dtype": a.dtype, "device": device, "max_examples": a.max_examples,
+                                      "launch": a.launch or default_launch(device),
                                       **({"commit": {"name": kernel.commit_name, "source": kernel.commit_source,
                                                      "source_sha256": kernel.commit_source_sha256}} if commits else {})})
     failed = [r for r in result if not r.holds]
@@ -775,6 +779,10 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--profile", choices=["quick", "serving"], default=None,
                     help="the explicit serving examples: quick (default on the CPU, where Triton's interpreter is slow: "
                          "a few of each wide dimension) or serving (default on CUDA: every value)")
+    pk.add_argument("--launch", choices=["graph", "eager"], default=None,
+                    help="how the replayed examples replay the kernel's launch on another step's tensors: graph (default "
+                         "on CUDA) from a CUDA graph captured on that step, as a server that replays its verify from "
+                         "graphs runs it; eager (the CPU's) called again on those tensors, as a server without graphs")
     pk.add_argument("--example-timeout", type=float, default=900.0, metavar="S",
                     help="seconds a serving example may take before the kernel is judged hung: every property fails and "
                          "the command exits 1 (default: 900)")

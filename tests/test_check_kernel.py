@@ -151,18 +151,21 @@ def test_sglang_tree_conv_in_both_modes(tmp_path, mode, held):
 
 
 @pytest.mark.parametrize("kernel, failing, written", [
-    ("conv_pads_wrap_to_the_last_slot", "committed window = the flattened draft's window", [29, 39]),
-    ("conv_pads_by_address", "other pool slots untouched", [-1, 29, 39]),
+    # the replayed step's padded rows too, whose pool's last slot is no sequence's
+    ("conv_pads_wrap_to_the_last_slot", ["committed window = the flattened draft's window", "other pool slots untouched"],
+     [29, 39]),
+    ("conv_pads_by_address", ["other pool slots untouched"], [-1, 29, 39]),
 ])
 def test_a_padded_row_that_writes_a_slot_is_caught(tmp_path, kernel, failing, written):
     """SGLang pads a CUDA-graph batch with slot -1, and its tree conv rewrites each sequence's window slot: a conv
-    that takes -1 as Python does writes the pool's last slot (another sequence's), one that does not know the pad
-    id writes a slot's worth before the pool (check-kernel's guard slot). Each fails on the padded batch alone."""
+    that takes -1 as Python does writes the pool's last slot (another sequence's, or on the replayed step no
+    sequence's), one that does not know the pad id writes a slot's worth before the pool (check-kernel's guard slot).
+    Each fails first on the padded batch."""
     out = tmp_path / "ce.json"
     r = run_cli("check-kernel", "--impl", f"tests.planted_pads:{kernel}", "--convention", "sglang", "--op", "conv",
                 "--mode", "exact", "--max-examples", "3", "--out", out, pythonpath=ENGINES)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {failing}"]
+    assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {f}" for f in failing]
     ce = json.loads(out.read_text())["counterexamples"][0]
     assert ce["example"] == "padded batch: 2 sequences and 2 padded rows (slot -1) at 4 x 9"
     assert ce["pool"]["batch_slots"] == [29, 39, -1, -1] and ce["pool"]["written_slots"] == written
@@ -367,6 +370,9 @@ def test_a_leaky_kernel_that_raises_everywhere_fails_with_its_counterexamples_wr
     (["--impl", "ddsim", "--mode", "exact", "--example-timeout", "-1"], "--example-timeout: expected a finite"),
     (["--impl", "ddsim", "--mode", "exact", "--example-timeout", "nan"], "--example-timeout: expected a finite"),
     (["--impl", "ddsim", "--mode", "exact", "--device", "cuda:3"], "--device"),
+    (["--impl", "ddsim", "--mode", "exact", "--device", "cpu", "--launch", "graph"],
+     "--launch graph: needs a CUDA device, got --device cpu (cpu); the CPU replays eager"),
+    (["--impl", "ddsim", "--mode", "exact", "--launch", "captured"], "--launch: invalid choice"),
     (["--impl", "ddsim", "--mode", "exact", "--commit", "tests.planted_commits:the_next_node"],
      "--commit tests.planted_commits:the_next_node: ddsim keeps no node states for a commit to copy"),
     (["--impl", "ddsim", "--mode", "exact", "--commit", "planted_commits"], "--commit planted_commits: expected "
@@ -590,7 +596,8 @@ def test_kernels_wrong_along_one_serving_dimension_are_caught_by_the_quick_profi
     from tests import planted_kernels
     # the explicit examples' calls come first, then two calls a drawn input: start the count so that the 40th call
     # is a drawn input's first (its output wrong), whatever number of calls the explicit examples make
-    explicit = sum(max(1, c["burst"]) for c in kernel_cases.cases("gdn", "quick"))
+    explicit = sum(max(1, c["burst"]) + ("replay" in c) for c in kernel_cases.cases("gdn", "quick"))  # a replayed
+    # example's first step is a call more
     planted_kernels._CALLS[0] = (39 - explicit) % 2
     res = check(engines.load(f"tests.planted_kernels:{kernel}", convention="ddsim"), mode="exact", max_examples=5)
     assert {r.name for r in res if not r.holds} == failing, [(r.name, r.detail) for r in res]

@@ -323,7 +323,7 @@ def _buffers(inp: dict, names: tuple[str, ...], device: str, node_shape: tuple |
 
 
 def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tuple | None = None,
-           node_dtype=torch.float32, commit=None) -> dict:
+           node_dtype=torch.float32, commit=None, graph: bool = False) -> dict:
     """Call the kernel ``inp['burst']`` times (two unless the example says; at least one), each on fresh copies of
     the inputs ``names`` (None kept), the index tables and the pool: the first call's output and pool writes,
     which arguments any call changed, whether every call's output is bit-identical to the first's (a padded
@@ -333,12 +333,12 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
     covers the batch's node states too. With ``commit`` (the engine's, its op bound) the first call's kept states are
     then committed (_commit_writes). A replayed example (``inp['replay']``, kernel_cases.replayed: another step of the
     same shapes) first calls the kernel on that step, unjudged, and every call after it replays that step's engine
-    launches on their kept tensors with the example's values (graphs.launch; on CUDA a CUDA graph captured on it), as a
-    server's CUDA graph runs its verify."""
+    launches on their kept tensors with the example's values (graphs.launch; with ``graph``, on CUDA, a CUDA graph
+    captured on it), as a server's CUDA graph runs its verify."""
     outs, changed, writes, nodes = None, set(), None, {}
     identical = True
     real = inp["slots"] >= 0  # [B]: the rows that are not padding (slot -1)
-    replay = graphs.Replay(capture=str(device).startswith("cuda")) if "replay" in inp else None
+    replay = graphs.Replay(capture=graph) if "replay" in inp else None
     with graphs.replaying(replay):
         if replay is not None:  # the step the engine's launches are kept (captured) on: not judged
             first, pool, slots, node = _buffers(inp["replay"], names, device, node_shape, node_dtype)
@@ -396,8 +396,9 @@ class _Runner:
     ``positional`` in order, then ``keywords``; ``extra`` the kernel's further keyword arguments."""
 
     def __init__(self, call, reference, positional: tuple, keywords: tuple, mode: str, device: str, extra=None,
-                 node_states: bool = False, commit=None):
+                 node_states: bool = False, commit=None, graph: bool = False):
         self.call, self.reference, self.mode, self.device = call, reference, mode, device
+        self.graph = graph  # a replayed example's launch captured in a CUDA graph (_calls)
         self.positional, self.keywords, self.extra = positional, keywords, extra or {}
         self.node_states = node_states  # the kernel keeps every node's state (the contract's node_states)
         self.commit = commit  # and commits them with this (the contract's commit, its op bound), or None
@@ -413,7 +414,7 @@ class _Runner:
                              **self.extra)
         # the per-node state buffer in the pool's dtype, as a server allocates it beside its state cache
         r = _calls(call, inp, names, self.device, tuple(inp["initial_state"].shape[1:]) if self.node_states else None,
-                   inp["pool"].dtype, commit=self.commit)
+                   inp["pool"].dtype, commit=self.commit, graph=self.graph)
         plain = {k: None if inp[k] is None else inp[k].double() for k in names}
         # the references the mode's properties compare with: exact's always, the flattened one for a leaky kernel
         # (the oracle's leaky mode replays each node's whole batch-order history: the costlier at a model's shapes),
@@ -527,9 +528,9 @@ class _ConvRunner:
     """The engine's tree causal conv, one mode, on one device, against the oracle's conv; with ``node_states`` (an
     engine that keeps every node's window for its commit, SGLang's intermediate_conv_window) each node's window too."""
 
-    def __init__(self, kernel, mode: str, device: str, node_states: bool = False, commit=None):
+    def __init__(self, kernel, mode: str, device: str, node_states: bool = False, commit=None, graph: bool = False):
         self.kernel, self.mode, self.device, self.node_states = kernel, mode, device, node_states
-        self.commit = commit
+        self.commit, self.graph = commit, graph
 
     def tables(self) -> bool:
         """Whether the conv's calls fill the parent table its engine's verifies read (EngineKernel.conv_parents)."""
@@ -551,7 +552,8 @@ class _ConvRunner:
             return o
         window = inp["initial_window"]
         r = _calls(call, inp, ("x", "weight", "bias"), self.device,
-                   tuple(window.shape[1:]) if self.node_states else None, window.dtype, commit=self.commit)
+                   tuple(window.shape[1:]) if self.node_states else None, window.dtype, commit=self.commit,
+                   graph=self.graph)
         plain = dict(weight=inp["weight"].double(), bias=None if inp["bias"] is None else inp["bias"].double())
         r.update(_references(  # a node's state is its window [C, W-1]
             lambda m, windows: oracle.tree_causal_conv1d(inp["x"].double(), **plain, parents=inp["parents"],
@@ -805,6 +807,16 @@ def default_profile(device: str) -> str:
     return "serving" if str(device).startswith("cuda") else "quick"
 
 
+# how a replayed example's launch is replayed (check's ``launch``): "graph", captured in a CUDA graph and replayed, as a
+# server that replays its verify from CUDA graphs runs it (CUDA only; the default there); "eager", called again on the
+# kept tensors, as a server that runs its verify without graphs on static buffers does (the CPU's only)
+LAUNCHES = ("graph", "eager")
+
+
+def default_launch(device: str) -> str:
+    return "graph" if str(device).startswith("cuda") else "eager"
+
+
 def _coverage(described: list[dict]) -> dict:
     """dimension -> the values seen: sorted distinct values, or [min, max] for ranges."""
     out: dict = {}
@@ -822,7 +834,8 @@ def _coverage(described: list[dict]) -> dict:
 
 
 def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dtype: torch.dtype = torch.float32,
-          op: str = "gdn", profile: str | None = None, example_timeout: float | None = None, on_hang=None) -> CheckResult:
+          op: str = "gdn", profile: str | None = None, example_timeout: float | None = None, on_hang=None,
+          launch: str | None = None) -> CheckResult:
     """Check each property on the profile's explicit examples, then search it for a counterexample on
     drawn inputs; the results, with counterexamples (drawn ones shrunk), and the coverage. Inputs
     are drawn in ``dtype`` (recurrent states stay float32; the explicit examples add the other
@@ -841,6 +854,11 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     profile = profile or default_profile(device)
     if profile not in kernel_cases.PROFILES:
         raise InputError(f"--profile: expected one of {', '.join(kernel_cases.PROFILES)}, got {profile!r}")
+    launch = launch or default_launch(device)
+    if launch not in LAUNCHES or (launch == "graph" and not str(device).startswith("cuda")):
+        raise InputError(f"--launch: expected {' or '.join(LAUNCHES) if str(device).startswith('cuda') else 'eager'} "
+                         f"on {device}, got {launch!r}")
+    graph = launch == "graph"
     strategies = _strategies()
     extra = {}
     kernel.check_op(op, mode)
@@ -848,24 +866,24 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     # and commits them: run its commit after the verify and check the pool
     commit = functools.partial(kernel.commit, op) if kernel.commits(op, mode) else None
     if op == "conv":
-        runner = _ConvRunner(kernel, mode, device, node_states=nodes, commit=commit)
+        runner = _ConvRunner(kernel, mode, device, node_states=nodes, commit=commit, graph=graph)
         strategy = strategies.conv_pool_inputs(max_nodes=10, dtype=dtype, widths=kernel.conv_widths)
         extra = {"widths": kernel.conv_widths}
     elif op == "mamba2":
         runner = _Runner(kernel.mamba2, oracle.mamba2_tree_verify, ("x", "dt", "A", "B", "C"), ("D", "dt_bias"), mode,
-                         device, node_states=nodes, commit=commit)
+                         device, node_states=nodes, commit=commit, graph=graph)
         strategy = strategies.mamba2_inputs(max_nodes=10, dtype=dtype, engine=True)
     elif op == "kda":
         runner = _Runner(kernel.kda, oracle.kda_tree_verify, ("q", "k", "v", "g", "beta"), (), mode, device,
-                         node_states=nodes, commit=commit)
+                         node_states=nodes, commit=commit, graph=graph)
         strategy = strategies.kda_inputs(max_nodes=10, dtype=dtype, engine=True)
     elif op == "lightning":
         runner = _Runner(kernel.lightning, oracle.lightning_tree_verify, ("q", "k", "v"), ("decay",), mode, device,
-                         node_states=nodes, commit=commit)
+                         node_states=nodes, commit=commit, graph=graph)
         strategy = strategies.lightning_inputs(max_nodes=10, dtype=dtype, engine=True)
     else:
         runner = _Runner(kernel.verify, oracle.gdn_tree_verify, ("q", "k", "v", "g", "beta"), (), mode, device,
-                         extra={"scale": None}, node_states=nodes, commit=commit)
+                         extra={"scale": None}, node_states=nodes, commit=commit, graph=graph)
         strategy = strategies.gdn_pool_inputs(max_nodes=10, dtype=dtype)
     # no explain phase: find() reports only the shrunk input, and explaining it reruns the kernel many times over
     cfg = settings(max_examples=max_examples, database=None, derandomize=True, deadline=None,
@@ -891,6 +909,8 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                 unchecked.append(inp["label"])
                 continue
             described.append(kernel_cases.describe(inp, commit is not None))
+            if "replay" in inp:  # how the launch was replayed: from a CUDA graph, or called again on its tensors
+                described[-1]["engine launch"] += f" ({'CUDA graph' if graph else 'eager'})"
             watchdog = None
             if example_timeout is not None and on_hang is not None:
                 watchdog = threading.Timer(example_timeout, on_hang, (inp["label"], example_timeout))
