@@ -19,6 +19,8 @@ ONE = r"""
 import json, sys, torch
 from ddsim.engines import check_kernel as ck, kernel_cases as kc, load
 impl, op, mode, device, profile, dtype, launch = sys.argv[1:8]
+from ddsim.devices import prepare_engine_device
+device = prepare_engine_device(device)  # on the CPU: Triton's interpreter, as check-kernel's command line sets it up
 cases = kc.cases
 kc.cases = lambda *a, **k: [c for c in cases(*a, **k) if "replay" in c]
 if impl == "api":

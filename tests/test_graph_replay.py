@@ -112,6 +112,7 @@ def test_each_profile_replays_one_step_of_each_op_on_another_steps_launch(op, pr
     B, T = c["parents"].shape
     assert (B, T) == ((4, 9) if profile == "quick" else (8, 17))
     assert c["label"].endswith("replayed on a chain step's launch")
+    assert c.get("split") == o.get("split") == kc.SPLIT.get(op)  # a server's graph holds its layer's projection
     assert kc.describe(c)["engine launch"] == "replayed on another step's"
     assert all(kc.describe(x)["engine launch"] == "fresh each call" for x in cases if x is not c)
 
@@ -130,7 +131,8 @@ def test_a_kernel_that_keeps_its_tree_by_the_tensors_identity_fails_only_on_the_
     bad = _failing(kernel)
     assert list(bad) == ["exact on every node"]
     ce = bad["exact on every node"].counterexample
-    assert ce["example"] == "a step at 4 x 9, replayed on a chain step's launch" and ce["first_wrong_node"]["node"] == 4
+    assert ce["example"] == ("a step at 4 x 9, q k v views of one fused projection, replayed on a chain step's launch")
+    assert ce["first_wrong_node"]["node"] == 4
     monkeypatch.setattr(kc, "replay_cases", lambda *a, **k: [])
     assert _failing(kernel) == {}
 

@@ -543,16 +543,19 @@ def _op_case(op: str, wide: bool, widths=(2, 3, 4, 5)):
     return functools.partial({"kda": kda_case, "lightning": lightning_case}[op], K=128 if wide else 16)
 
 
-def replayed(case, **kw) -> dict:
+def replayed(case, op: str, **kw) -> dict:
     """``case(**kw)`` judged as a server's CUDA graph runs it (check_kernel._calls, graphs): the kernel is first
     launched on another step, ``replay``, of the same shapes and layouts, and then on the example's values in that
     step's tensors. The other step is a chain of the example's size (the example's trees branch), with other values,
-    other slots (descending) and no padded rows (a server captures its graph once, on a step of its own)."""
+    other slots (descending) and no padded rows (a server captures its graph once, on a step of its own). Both hand
+    their SPLIT inputs over as views of one fused projection, as a server's graph holds its layer's projection."""
     inp = case(**kw)
     T = int(inp["parents"].shape[1])
-    other = {**kw, "T": T, "kind": "chain", "seed": kw.get("seed", 0) + 1000, "pool": "descending", "pad": 0,
-             "label": "the step the launch was kept on"}
-    inp["replay"] = case(**other)
+    other = case(**{**kw, "T": T, "kind": "chain", "seed": kw.get("seed", 0) + 1000, "pool": "descending", "pad": 0,
+                    "label": "the step the launch was kept on"})
+    if op in SPLIT:
+        inp, other = _split(op, inp), _split(op, other)
+    inp["replay"] = other
     inp["label"] += ", replayed on a chain step's launch"
     return inp
 
@@ -566,7 +569,7 @@ def replay_cases(op: str, profile: str, dtype=torch.float32, pads: bool = False,
     else:
         sh = dict(T=17, kind=("ddtree", 16, 8), B=8, pad=3 if pads else 0, pool_size=1024, seed=140)
     label = f"a step at {sh['B']} x {sh['T']}" + (f", {sh['pad']} rows padded" if sh["pad"] else "")
-    return [replayed(_op_case(op, profile == "serving", widths), **sh, pool="shuffled", dtype=dtype, label=label)]
+    return [replayed(_op_case(op, profile == "serving", widths), op, **sh, pool="shuffled", dtype=dtype, label=label)]
 
 
 # Where the per-node state buffer puts a sequence's node states, for a kernel that keeps them (SGLang's exact verify:
