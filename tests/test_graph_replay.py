@@ -50,7 +50,8 @@ def test_a_replayed_launch_runs_on_the_first_steps_tensors_with_the_new_values_a
     (lambda x, t: ((x[:1], t), {"scale": 2.0}), "laid out"),
     (lambda x, t: ((x, t.long()), {"scale": 2.0}), "laid out"),
     (lambda x, t: ((x.clone(), t), {"scale": 2.0}), "laid out"),  # same shape, in a storage without the guards
-    (lambda x, t: ((x, t), {"scale": 3.0}), "keyword scale is 3.0, the first step's 2.0"),
+    (lambda x, t: ((x, t), {"scale": 3.0}), "^launch 1 of a replayed step: keyword scale is 3.0, the first step's 2.0 "
+                                            r"\(a captured launch keeps it\)$"),
     (lambda x, t: ((x, t), {}), r"arguments \['argument 0', 'argument 1'\], the first step's"),
 ])
 def test_a_replayed_step_laid_out_otherwise_than_the_kept_launch_is_refused(change, says):
@@ -76,6 +77,63 @@ def test_a_replayed_step_laid_out_otherwise_than_the_kept_launch_is_refused(chan
             graphs.launch(kernel, _step([3.0, 4.0])[0], torch.tensor([1, 1], dtype=torch.int32), scale=2.0)
 
 
+def test_nested_arguments_and_odd_sized_storages_are_replayed_whole():
+    """Tensors inside lists, tuples and dicts are kept and refilled like the others, a 16-bit storage of an odd number
+    of elements whole; a nested structure of another length, kind or keys cannot replay the launch."""
+    seen = []
+
+    def kernel(xs, opts, *, half):
+        seen.append((xs[0], opts["w"], half, xs[0].clone(), opts["w"].clone(), half.clone()))
+        xs[1].mul_(2)
+        return xs[0] + opts["w"] * opts["s"]
+
+    def step(v):
+        return ([torch.full((2,), v), torch.full((2,), v + 1)], {"w": torch.full((2,), v + 2), "s": 3.0},
+                torch.tensor([v, v + 1, v + 2], dtype=torch.bfloat16))  # 6 bytes: no whole float32
+    replay = graphs.Replay()
+    with graphs.replaying(replay):
+        replay.begin()
+        xs0, opts0, half0 = step(1.0)
+        graphs.launch(kernel, xs0, opts0, half=half0)
+        replay.replayed()
+        replay.begin()
+        xs, opts, half = step(10.0)
+        out = graphs.launch(kernel, xs, opts, half=half)
+        assert seen[1][0] is xs0[0] and seen[1][1] is opts0["w"] and seen[1][2] is half0
+        assert torch.equal(seen[1][3], xs[0]) and torch.equal(seen[1][4], opts["w"]) and torch.equal(seen[1][5], half)
+        assert torch.equal(out, torch.full((2,), 10.0 + 3 * 12.0)) and torch.equal(xs[1], torch.full((2,), 22.0))
+        for bad, says in [
+            (lambda: ([xs[0]], opts), r"arguments \['argument 0', 'argument 0\[0\]', 'argument 1'"),
+            (lambda: (tuple(xs), opts), "argument 0 is <class 'tuple'>, the first step's <class 'list'>"),
+            (lambda: (xs, {"w": opts["w"], "t": 3.0}), r"arguments \[.*\"argument 1\['t'\]\".*\], the first step's "
+                                                       r"\[.*\"argument 1\['s'\]\".*\]$"),
+            (lambda: (xs, {**opts, "s": torch.ones(1)}), r"argument 1\['s'\] is a Tensor, the first step's a float"),
+        ]:
+            replay.begin()
+            with pytest.raises(graphs.ReplayMismatch, match=f"^launch 1 of a replayed step: {says}"):
+                graphs.launch(kernel, *bad(), half=half)
+
+
+def test_a_replayed_steps_extra_launch_or_other_function_is_named():
+    replay = graphs.Replay()
+    x = torch.zeros(2)
+
+    def kernel(t):
+        return t + 1
+    with graphs.replaying(replay):
+        replay.begin()
+        graphs.launch(kernel, x)
+        replay.replayed()
+        replay.begin()
+        with pytest.raises(graphs.ReplayMismatch, match="^launch 1 of a replayed step calls <lambda>, the first step's "
+                                                         "called kernel$"):
+            graphs.launch(lambda t: t, x)
+        replay.begin()
+        graphs.launch(kernel, x)
+        with pytest.raises(graphs.ReplayMismatch, match="^launch 2 of a replayed step: the first step made 1$"):
+            graphs.launch(kernel, x)
+
+
 def test_arguments_sharing_storages_otherwise_than_the_kept_launchs_are_refused():
     replay = graphs.Replay()
     with graphs.replaying(replay):
@@ -84,7 +142,8 @@ def test_arguments_sharing_storages_otherwise_than_the_kept_launchs_are_refused(
         replay.replayed()
         replay.begin()
         same = torch.zeros(2)
-        with pytest.raises(graphs.ReplayMismatch, match="argument 1 shares a storage otherwise"):
+        with pytest.raises(graphs.ReplayMismatch, match="^launch 1 of a replayed step: argument 1 shares a storage "
+                                                         "otherwise than the first step's did$"):
             graphs.launch(torch.add, same, same)
 
 
@@ -180,3 +239,26 @@ def test_a_kernel_that_reads_the_tree_on_the_host_cannot_be_captured():
     assert bad and len(bad) == len(res.properties)
     assert all("not capturable in a CUDA graph" in r.detail and "replayed on a chain step's launch" in r.detail
                for r in bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
+def test_a_captured_launch_replays_the_new_values_and_returns_a_copy_of_its_output():
+    """On CUDA the first step's launch is run once and captured; a later step's values are copied into its tensors,
+    the graph replayed, its writes copied back, and its output returned as a copy (the next replay overwrites the
+    graph's own)."""
+    def kernel(x, t):
+        t.add_(1)
+        return x * 2
+    replay = graphs.Replay(capture=True)
+    with graphs.replaying(replay):
+        replay.begin()
+        first = graphs.launch(kernel, torch.ones(4, device="cuda"), torch.zeros(4, device="cuda"))
+        replay.replayed()
+        outs = []
+        for v in (3.0, 5.0):
+            replay.begin()
+            t = torch.full((4,), v, device="cuda")
+            outs.append((graphs.launch(kernel, torch.full((4,), v, device="cuda"), t), t))
+    assert replay.sites[0].graph is not None and torch.equal(first.cpu(), torch.full((4,), 2.0))
+    assert [o.cpu().tolist() for o, _ in outs] == [[6.0] * 4, [10.0] * 4]  # the first copy kept past the second replay
+    assert [t.cpu().tolist() for _, t in outs] == [[4.0] * 4, [6.0] * 4]

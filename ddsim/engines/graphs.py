@@ -41,11 +41,11 @@ def _leaves(args: tuple, kwargs: dict) -> list:
 
     def walk(name, x):
         if isinstance(x, (tuple, list)):
-            out.append((name, type(x)))
+            out.append((name, type(x)))  # its kind a leaf; its length and a dict's keys are in the names below
             for j, v in enumerate(x):
                 walk(f"{name}[{j}]", v)
         elif isinstance(x, dict):
-            out.append((name, tuple(sorted(map(str, x)))))
+            out.append((name, dict))
             for k in sorted(x, key=str):
                 walk(f"{name}[{k!r}]", x[k])
         else:
