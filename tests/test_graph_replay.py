@@ -115,14 +115,17 @@ def test_nested_arguments_and_odd_sized_storages_are_replayed_whole():
 
 
 def test_a_replayed_steps_extra_launch_or_other_function_is_named():
+    import functools
     replay = graphs.Replay()
     x = torch.zeros(2)
 
     def kernel(t):
         return t + 1
+    other = functools.partial(kernel)  # no __name__: named by its repr
     with graphs.replaying(replay):
         replay.begin()
         graphs.launch(kernel, x)
+        graphs.launch(other, x)  # two launches a step, replayed in their order
         replay.replayed()
         replay.begin()
         with pytest.raises(graphs.ReplayMismatch, match="^launch 1 of a replayed step calls <lambda>, the first step's "
@@ -130,8 +133,14 @@ def test_a_replayed_steps_extra_launch_or_other_function_is_named():
             graphs.launch(lambda t: t, x)
         replay.begin()
         graphs.launch(kernel, x)
-        with pytest.raises(graphs.ReplayMismatch, match="^launch 2 of a replayed step: the first step made 1$"):
+        with pytest.raises(graphs.ReplayMismatch, match="^launch 2 of a replayed step calls kernel, the first step's "
+                                                         "called functools.partial"):
             graphs.launch(kernel, x)
+        replay.begin()
+        graphs.launch(kernel, x)
+        assert torch.equal(graphs.launch(other, torch.ones(2)), torch.full((2,), 2.0))
+        with pytest.raises(graphs.ReplayMismatch, match="^launch 3 of a replayed step: the first step made 2$"):
+            graphs.launch(other, x)
 
 
 def test_arguments_sharing_storages_otherwise_than_the_kept_launchs_are_refused():
@@ -145,6 +154,15 @@ def test_arguments_sharing_storages_otherwise_than_the_kept_launchs_are_refused(
         with pytest.raises(graphs.ReplayMismatch, match="^launch 1 of a replayed step: argument 1 shares a storage "
                                                          "otherwise than the first step's did$"):
             graphs.launch(torch.add, same, same)
+    replay = graphs.Replay()  # and the other way round: kept in one storage, given in two
+    with graphs.replaying(replay):
+        replay.begin()
+        kept = torch.zeros(2)
+        graphs.launch(torch.add, kept, kept)
+        replay.replayed()
+        replay.begin()
+        with pytest.raises(graphs.ReplayMismatch, match="argument 1 shares a storage otherwise"):
+            graphs.launch(torch.add, torch.zeros(2), torch.ones(2))
 
 
 @pytest.mark.parametrize("op", ["gdn", "conv", "mamba2", "kda", "lightning"])
