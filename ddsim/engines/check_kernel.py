@@ -844,7 +844,9 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     the tree causal conv (kernel.conv), "mamba2" the Mamba2 tree verify (kernel.mamba2), "kda" the KDA verify
     (kernel.kda), "lightning" the lightning-attention verify (kernel.lightning).
     ``example_timeout``: seconds an explicit example may take; past it ``on_hang(label, seconds)`` is called
-    from a watchdog thread (a hung GPU kernel cannot be interrupted: the command line reports it and exits)."""
+    from a watchdog thread (a hung GPU kernel cannot be interrupted: the command line reports it and exits).
+    ``launch`` (LAUNCHES; default_launch on the device): how a replayed example (kernel_cases.replay_cases) replays
+    the engine launch kept on its other step, from a CUDA graph ("graph", CUDA only) or called again ("eager")."""
     from hypothesis import HealthCheck, Phase, find, settings
     from hypothesis.errors import NoSuchExample
 
