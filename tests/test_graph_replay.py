@@ -184,8 +184,9 @@ def test_each_profile_replays_one_step_of_each_op_on_another_steps_launch(op, pr
     assert not all(list(t.parents) == list(range(-1, t.size - 1)) for t in c["trees"])
     assert not torch.equal(o["slots"], c["slots"]) and not torch.equal(ck._bits(o["pool"]), ck._bits(c["pool"]))
     assert int((o["slots"] < 0).sum()) == 0 and int((c["slots"] < 0).sum()) == {"quick": 2, "serving": 3}[profile] * pads
-    if op != "lightning":
-        assert o["node_buffer"] == c["node_buffer"] and o["node_layout"] == c["node_layout"]
+    if op != "lightning":  # one buffer, each step's rows its own
+        assert o["node_buffer"] == c["node_buffer"] and o["node_layout"] == c["node_layout"] == "shuffled rows"
+        assert not torch.equal(o["node_rows"], c["node_rows"])
     B, T = c["parents"].shape
     assert (B, T) == ((4, 9) if profile == "quick" else (8, 17))
     assert c["label"].endswith("replayed on a chain step's launch")
@@ -244,6 +245,53 @@ def test_a_replayed_examples_first_step_is_not_judged_and_a_mismatch_fails_it():
     with pytest.raises(graphs.ReplayMismatch, match="the first step made 1"):
         ck._Runner(twice, oracle.gdn_tree_verify, ("q", "k", "v", "g", "beta"), (), "exact", "cpu",
                    extra={"scale": None}).run(inp)
+
+
+def test_a_kernel_that_keeps_node_states_is_judged_on_its_replayed_call_and_the_first_step_gets_its_own_buffer():
+    """A verify that writes every node's state into the buffer it is given: the replayed example's first step gets that
+    step's own buffer layout and rows (NaN, its pool, its slots), the judged call the example's, and every property,
+    the node states' too, holds on the judged call; a launcher that keeps the buffer's rows by the tensor's identity
+    writes the example's node states into the first step's rows, which the node-state properties see."""
+    import ddsim.gpu_backend as gb
+    from ddsim import oracle
+    seen = []
+
+    def verify(q, k, v, g, beta, *, parents, initial_state, state_indices, mode, scale, states_out, states_rows):
+        seen.append((states_out.shape, states_rows.clone(), state_indices.clone(), bool(torch.isnan(states_out).all())))
+        return gb.gdn_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state,
+                                  state_indices=state_indices, mode=mode, scale=scale, states_out=states_out,
+                                  states_rows=states_rows, backend="torch")[0]
+
+    def contract(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale, node_states):
+        return graphs.launch(verify, q, k, v, g, beta, parents=parents, initial_state=state_pool, state_indices=slots,
+                             mode=mode, scale=scale, states_out=node_states[0], states_rows=node_states[1])
+
+    inp = next(c for c in kc.cases("gdn", "quick", nodes=True) if "replay" in c)
+    runner = ck._Runner(contract, oracle.gdn_tree_verify, ("q", "k", "v", "g", "beta"), (), "exact", "cpu",
+                        extra={"scale": None}, node_states=True)
+    r = runner.run(inp)
+    assert [p for p, pred in runner.properties().items() if not pred(r)] == []
+    other = inp["replay"]
+    M, P = inp["node_buffer"]
+    assert [x[0][:2] for x in seen] == [(M, P), (M, P)] and all(x[3] for x in seen)
+    assert torch.equal(seen[0][1], other["node_rows"]) and torch.equal(seen[0][2], other["slots"])
+    assert torch.equal(seen[1][1], inp["node_rows"]) and torch.equal(seen[1][2], inp["slots"])
+    assert not torch.equal(other["node_rows"], inp["node_rows"])
+    kept = {}
+
+    def rows_kept(q, k, v, g, beta, *, states_rows, **kw):
+        kept.setdefault("rows", states_rows.clone())  # a launcher's table, kept from the first call
+        return verify(q, k, v, g, beta, states_rows=kept["rows"], **kw)
+
+    def contract_kept(q, k, v, g, beta, *, parents, state_pool, slots, mode, scale, node_states):
+        return graphs.launch(rows_kept, q, k, v, g, beta, parents=parents, initial_state=state_pool,
+                             state_indices=slots, mode=mode, scale=scale, states_out=node_states[0],
+                             states_rows=node_states[1])
+    runner = ck._Runner(contract_kept, oracle.gdn_tree_verify, ("q", "k", "v", "g", "beta"), (), "exact", "cpu",
+                        extra={"scale": None}, node_states=True)
+    r = runner.run(inp)
+    assert [p for p, pred in runner.properties().items() if not pred(r)] == [
+        "node states exact on every node", "other node-state entries untouched"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")

@@ -665,9 +665,11 @@ def cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, nodes:
     out += replay_cases(op, profile, dtype, pads, **kw)
     if nodes:
         for i, inp in enumerate(out):
-            inp.update(node_layout(inp, NODE_LAYOUTS[i % len(NODE_LAYOUTS)], seed=1000 + i))
-            if "replay" in inp:  # the other step's buffer laid out alike, its rows its own
-                inp["replay"].update(node_layout(inp["replay"], NODE_LAYOUTS[i % len(NODE_LAYOUTS)], seed=2000 + i))
+            # a replayed example's steps: one buffer, each step's requests at rows of their own (shuffled rows)
+            kind = "shuffled rows" if "replay" in inp else NODE_LAYOUTS[i % len(NODE_LAYOUTS)]
+            inp.update(node_layout(inp, kind, seed=1000 + i))
+            if "replay" in inp:
+                inp["replay"].update(node_layout(inp["replay"], kind, seed=2000 + i))
         if profile == "serving" and op in ("gdn", "kda", "mamba2"):
             out.append(wide_node_buffer(op, dtype))
             if commit:
