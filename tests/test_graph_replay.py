@@ -141,6 +141,9 @@ def test_a_replayed_steps_extra_launch_or_other_function_is_named():
         assert torch.equal(graphs.launch(other, torch.ones(2)), torch.full((2,), 2.0))
         with pytest.raises(graphs.ReplayMismatch, match="^launch 3 of a replayed step: the first step made 2$"):
             graphs.launch(other, x)
+        replay.begin()
+        with pytest.raises(graphs.ReplayMismatch, match="^launch 1 of a replayed step calls functools.partial"):
+            graphs.launch(other, x)
 
 
 def test_arguments_sharing_storages_otherwise_than_the_kept_launchs_are_refused():
