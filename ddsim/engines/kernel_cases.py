@@ -652,7 +652,7 @@ def wide_commit(op: str, dtype=torch.float32) -> dict:
 def cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, nodes: bool = False, commit: bool = False,
           **kw) -> list[dict]:
     """The profile's explicit examples of ``op``, with padded batches (padded_cases) where the kernel's convention
-    takes padding (``pads``), and for a kernel that keeps every node's state (``nodes``) each example's per-node state
+    takes padding (``pads``), a step replayed on another step's launch (replay_cases), and for a kernel that keeps every node's state (``nodes``) each example's per-node state
     buffer layout (NODE_LAYOUTS in turn) and, in the serving profile, a buffer whose node states lie past 2^31
     elements (wide_node_buffer), and for one that commits them too (``commit``) a commit of a model's every layer past
     2^31 elements (wide_commit). In the quick profile every example but the bursts is called once:
