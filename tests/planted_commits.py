@@ -87,3 +87,16 @@ def layers_one_after_another(dst, src, dst_indices, step_indices, src_indices=No
     flat = dst.as_strided((L * N, *dst.shape[2:]), (entry, *dst.stride()[2:]), dst.storage_offset())
     for l, slot, row, step in _copies(dst, src, dst_indices, step_indices, src_indices):
         flat[l * N + slot] = src[l, row, step]
+
+
+_KEPT: dict = {}
+
+
+def slots_kept_by_tensor(dst, src, dst_indices, step_indices, src_indices=None):
+    """A right copy whose launcher keeps the slots it writes by the dst_indices tensor's identity (fla's
+    tensor_cache): on fresh tensors right; replayed as a server replays its state update from a CUDA graph, the first
+    step's slots every step, so this step's accepted states land in that step's slots."""
+    if _KEPT.get("indices") is not dst_indices:
+        _KEPT.update(indices=dst_indices, slots=dst_indices.clone())
+    for l, slot, row, step in _copies(dst, src, _KEPT["slots"], step_indices, src_indices):
+        dst[l, slot] = src[l, row, step]

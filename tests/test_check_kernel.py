@@ -235,6 +235,9 @@ COMMITTED = ["committed state exact at the accepted node", "committed state the 
     ("rows_by_request_index", "conv", COMMITTED),
     ("offsets_in_32_bits", "gdn", []),  # right below 2^31 elements: on a GPU the serving profile's commit example
     ("layers_one_after_another", "gdn", [*COMMITTED, "commit writes nothing else"]),  # on a slot-major pool alone
+    # on the replayed step alone: the first step's slots written (a server replays its state update from a graph)
+    ("slots_kept_by_tensor", "gdn", [*COMMITTED, "commit writes nothing else"]),
+    ("slots_kept_by_tensor", "mamba2", [*COMMITTED, "commit writes nothing else"]),
 ])
 def test_a_commit_that_copies_the_kept_states_wrongly_is_caught(tmp_path, commit, op, failing):
     """SGLang's verify (right) with a planted commit in its convention (--commit) in place of its own: each fails
@@ -260,6 +263,8 @@ def test_a_commit_that_copies_the_kept_states_wrongly_is_caught(tmp_path, commit
             assert copy["layer"] == 1
     if commit == "layers_one_after_another":  # right where the layers lie one after another
         assert all(c["example"].endswith("pool layer 2 of 4 slot-major") for c in ces), [c["example"] for c in ces]
+    if commit == "slots_kept_by_tensor":  # right on fresh tensors
+        assert all(c["example"].endswith("replayed on a chain step's launch") for c in ces), [c["example"] for c in ces]
     if commit == "no_step_is_a_step":  # a sequence that accepted none had its slot written
         c = ces[0]["commit"]
         assert -1 in c["accepted"] and c["written"] and "written besides the committed slots" in r.stdout

@@ -334,7 +334,9 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
     then committed (_commit_writes). A replayed example (``inp['replay']``, kernel_cases.replayed: another step of the
     same shapes) first calls the kernel on that step, unjudged, and every call after it replays that step's engine
     launches on their kept tensors with the example's values (graphs.launch; with ``graph``, on CUDA, a CUDA graph
-    captured on it), as a server's CUDA graph runs its verify."""
+    captured on it), as a server's CUDA graph runs its verify; a commit after the verify is kept on that step and
+    replayed after the first judged call likewise (SGLang replays its state update after the verify from a graph of
+    its own)."""
     outs, changed, writes, nodes = None, set(), None, {}
     identical = True
     real = inp["slots"] >= 0  # [B]: the rows that are not padding (slot -1)
@@ -344,6 +346,8 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
             first, pool, slots, node = _buffers(inp["replay"], names, device, node_shape, node_dtype)
             replay.begin()
             call(first, pool, slots) if node is None else call(first, pool, slots, node)
+            if node is not None and commit is not None:  # and its commit, whose launch a server replays too
+                _commit_writes(commit, node[0], inp["replay"], device)
             replay.replayed()
             del first, pool, slots, node
         for n in range(max(1, int(inp.get("burst", 2)))):

@@ -652,10 +652,11 @@ def wide_commit(op: str, dtype=torch.float32) -> dict:
 def cases(op: str, profile: str, dtype=torch.float32, pads: bool = False, nodes: bool = False, commit: bool = False,
           **kw) -> list[dict]:
     """The profile's explicit examples of ``op``, with padded batches (padded_cases) where the kernel's convention
-    takes padding (``pads``), a step replayed on another step's launch (replay_cases), and for a kernel that keeps every node's state (``nodes``) each example's per-node state
-    buffer layout (NODE_LAYOUTS in turn) and, in the serving profile, a buffer whose node states lie past 2^31
-    elements (wide_node_buffer), and for one that commits them too (``commit``) a commit of a model's every layer past
-    2^31 elements (wide_commit). In the quick profile every example but the bursts is called once:
+    takes padding (``pads``), a step replayed on another step's launch (replay_cases), and for a kernel that keeps
+    every node's state (``nodes``) each example's per-node state buffer layout (NODE_LAYOUTS in turn; the replayed
+    step's shuffled rows) and, in the serving profile, a buffer whose node states lie past 2^31 elements
+    (wide_node_buffer), and for one that commits them too (``commit``) a commit of a model's every layer past 2^31
+    elements (wide_commit). In the quick profile every example but the bursts is called once:
     Triton's interpreter runs a launch's programs one after another, so a second call on the same input can
     differ only through the call count, and the burst examples' repeated calls check that."""
     out = {"gdn": gdn_cases, "conv": conv_cases, "mamba2": mamba2_cases, "kda": kda_cases,

@@ -237,8 +237,8 @@ def as_commit_contract(state_fn, conv_fn=None):
     def commit(op, *, pool, buffer, slots, rows, accepted):
         fn = conv_fn if op == "conv" and conv_fn is not None else state_fn
         dst, src = (pool, buffer) if pool.is_cuda else (pool.as_subclass(_Interpreted), buffer.as_subclass(_Interpreted))
-        fn(dst, src, slots.to(device=pool.device, dtype=torch.int32), accepted.to(device=pool.device, dtype=torch.int32),
-           rows.to(device=pool.device, dtype=torch.int32))
+        launch(fn, dst, src, slots.to(device=pool.device, dtype=torch.int32),
+               accepted.to(device=pool.device, dtype=torch.int32), rows.to(device=pool.device, dtype=torch.int32))
     return commit
 
 
