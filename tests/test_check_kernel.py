@@ -11,6 +11,10 @@ from tests.cli_runs import one_line_error, run_cli
 
 ENGINES = Path(__file__).resolve().parents[1] / ".engines"
 pytestmark = pytest.mark.slow  # `make test-slow` (kernels in Triton's interpreter at the quick profile's serving shapes)
+# the plants in ddsim's convention wrap ddsim's torch path, which reads on the host: on a GPU their replayed example
+# cannot be captured in a CUDA graph (tests/test_graph_replay.py holds that), so there they replay eager and each test
+# sees the bug it plants
+EAGER = ["--launch", "eager"]
 
 
 def _verdict(r):
@@ -108,7 +112,7 @@ def test_vllm_spec_decode_kernel_is_the_flattened_path(tmp_path):
 ])
 def test_planted_bugs_are_caught_with_the_first_wrong_node(tmp_path, kernel, failing, node):
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", f"tests.planted_kernels:{kernel}", "--convention", "ddsim", "--mode", "exact",
+    r = run_cli("check-kernel", "--impl", f"tests.planted_kernels:{kernel}", "--convention", "ddsim", *EAGER, "--mode", "exact",
                 "--max-examples", "15", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
@@ -315,7 +319,7 @@ def test_the_serving_profile_puts_node_states_past_two_to_the_31_elements():
 
 def test_a_planted_tree_conv_bug_and_a_missing_conv(tmp_path):
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:conv_skips_the_grandparent", "--convention", "ddsim",
+    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:conv_skips_the_grandparent", "--convention", "ddsim", *EAGER,
                 "--op", "conv", "--mode", "exact", "--max-examples", "15", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [
@@ -332,7 +336,7 @@ def test_a_planted_tree_conv_bug_and_a_missing_conv(tmp_path):
 def test_a_planted_bug_is_caught_in_bfloat16_too(tmp_path):
     """bf16 inputs widen the tolerance to bf16's, not enough to hide a wrong gate."""
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:wrong_gate_sign", "--convention", "ddsim", "--mode",
+    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:wrong_gate_sign", "--convention", "ddsim", *EAGER, "--mode",
                 "exact", "--dtype", "bfloat16", "--max-examples", "15", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     ce = json.loads(out.read_text())["counterexamples"][-1]  # exact on every node, shrunk to the root
@@ -340,7 +344,7 @@ def test_a_planted_bug_is_caught_in_bfloat16_too(tmp_path):
 
 
 def test_a_kernel_that_never_leaks_is_not_the_flattened_path(tmp_path):
-    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:exact_calling_itself_leaky", "--convention", "ddsim",
+    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:exact_calling_itself_leaky", "--convention", "ddsim", *EAGER,
                 "--mode", "leaky", "--max-examples", "20", "--out", tmp_path / "ce.json")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAILED flattened semantics on every node" in r.stdout
@@ -352,7 +356,7 @@ def test_a_leaky_kernel_that_raises_everywhere_fails_with_its_counterexamples_wr
     raises there fails the leak too, in the table and the JSON (the command line once stopped on that raise with
     exit 2 and no result written)."""
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:refuses_every_call", "--convention", "ddsim",
+    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:refuses_every_call", "--convention", "ddsim", *EAGER,
                 "--mode", "leaky", "--max-examples", "2", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAILED leaks off order-exact nodes: no leak seen: the kernel raised ValueError: no kernel for" in r.stdout
