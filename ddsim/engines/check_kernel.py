@@ -335,8 +335,8 @@ def _calls(call, inp: dict, names: tuple[str, ...], device: str, node_shape: tup
     same shapes) first calls the kernel on that step, unjudged, and every call after it replays that step's engine
     launches on their kept tensors with the example's values (graphs.launch; with ``graph``, on CUDA, a CUDA graph
     captured on it), as a server's CUDA graph runs its verify; a commit after the verify is kept on that step and
-    replayed after the first judged call likewise (SGLang replays its state update after the verify from a graph of
-    its own)."""
+    replayed after the first judged call likewise (SGLang's EAGLE worker can replay its state update after the verify
+    from a graph of its own)."""
     outs, changed, writes, nodes = None, set(), None, {}
     identical = True
     real = inp["slots"] >= 0  # [B]: the rows that are not padding (slot -1)
