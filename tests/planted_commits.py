@@ -7,6 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tests.planted_launches import kept_by_identity
+
 
 def _copies(dst, src, dst_indices, steps, rows, *, layers=None, skip_none=True):
     """(layer, slot, row, step) of each copy the contract asks for (all layers unless ``layers``)."""
@@ -89,14 +91,12 @@ def layers_one_after_another(dst, src, dst_indices, step_indices, src_indices=No
         flat[l * N + slot] = src[l, row, step]
 
 
-_KEPT: dict = {}
+_slots_kept = kept_by_identity()  # the slots, kept by the index tensor's identity
 
 
 def slots_kept_by_tensor(dst, src, dst_indices, step_indices, src_indices=None):
     """A right copy whose launcher keeps the slots it writes by the dst_indices tensor's identity (fla's
     tensor_cache): on fresh tensors right; replayed as a server replays its state update from a CUDA graph, the first
     step's slots every step, so this step's accepted states land in that step's slots."""
-    if _KEPT.get("indices") is not dst_indices:
-        _KEPT.update(indices=dst_indices, slots=dst_indices.clone())
-    for l, slot, row, step in _copies(dst, src, _KEPT["slots"], step_indices, src_indices):
+    for l, slot, row, step in _copies(dst, src, _slots_kept(dst_indices), step_indices, src_indices):
         dst[l, slot] = src[l, row, step]

@@ -6,21 +6,20 @@ step. check-kernel's replayed examples (kernel_cases.replayed) catch them; befor
 from tests.planted_kernels import _verify
 
 
-def _kept_by_identity(fn):
-    """fn with a single-entry cache keyed by its argument's identity, as fla's ``tensor_cache`` keeps its last result
-    (``a is b``): right for a new tensor, the first result again for the same tensor with new values."""
+def kept_by_identity():
+    """A launcher's table derived from a tensor (here its copy), kept in a single entry by the tensor's identity, as
+    fla's ``tensor_cache`` keeps its last result (``a is b``): right for a new tensor, the first copy again for the
+    same tensor with new values. Each call makes a cache of its own."""
     last = {}
 
     def kept(t):
         if last.get("arg") is not t:
-            last.update(arg=t, out=fn(t))
+            last.update(arg=t, out=t.clone())
         return last["out"]
     return kept
 
 
-@_kept_by_identity
-def _tree_table(parents):
-    return parents.clone()  # [B, T]: a launcher's table derived from the tree (SGLang's retrieve_* tables, a plan)
+_tree_table = kept_by_identity()  # [B, T]: a table derived from the tree (SGLang's retrieve_* tables, a plan)
 
 
 def tree_kept_by_tensor(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
@@ -36,9 +35,7 @@ def _sglang_verify():
     return _kernel()[0]
 
 
-@_kept_by_identity
-def _parent_table(table):
-    return table.clone()
+_parent_table = kept_by_identity()
 
 
 def sglang_parent_table_kept_by_tensor(*args, retrieve_parent_token=None, **kw):
