@@ -46,11 +46,32 @@ from __future__ import annotations
 
 import torch
 
-from ddsim.gpu_backend import _common, checks
+from ddsim.gpu_backend import _common, checks, device_checks
 
 
 def _backend(x: torch.Tensor) -> str:
     return "triton" if x.is_cuda or _common.interpreting() else "torch"
+
+
+def _captured(x: torch.Tensor) -> bool:
+    """Whether this call's inputs are checked on the device (device_checks): under CUDA-graph capture, on the Triton
+    backend (or forced, for the interpreter's tests)."""
+    return _backend(x) == "triton" and device_checks.capturing(x)
+
+
+class _Flags:
+    """The sequences [B] a device-checked call fails closed (device_checks.poisoned): the union of each check's."""
+
+    def __init__(self):
+        self.bad = None
+
+    def add(self, bad: torch.Tensor | None) -> None:
+        if bad is not None:
+            self.bad = bad if self.bad is None else self.bad | bad
+
+    def gates(self, *raw: torch.Tensor) -> tuple:
+        """The gates' inputs (a, b) as launched: NaN for every flagged sequence."""
+        return raw if self.bad is None else tuple(device_checks.poisoned(x, self.bad) for x in raw)
 
 
 def _unpack(x, cu_seqlens, B_T):
@@ -61,9 +82,21 @@ def _unpack(x, cu_seqlens, B_T):
     return x.reshape(B, T, *x.shape[2:])
 
 
-def _batch_shape(q, cu_seqlens):
+def _batch_shape(q, cu_seqlens, flags: _Flags | None = None, slots=None):
+    """(B, T). With cu_seqlens on q's device under capture (flags given), B is the slots' count and the segments are
+    checked on the device: every live sequence is flagged unless they are B segments of T. (Host offsets are read on the
+    host, as outside capture: no sync.)"""
     if cu_seqlens is None:
         return q.shape[0], q.shape[1]
+    if flags is not None and isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device == q.device:
+        B = slots.indices.shape[0] if isinstance(slots, checks.CheckedSlots) else len(slots)
+        if q.shape[0] != 1 or B < 1 or q.shape[1] % B or tuple(cu_seqlens.shape) != (B + 1,):
+            raise ValueError(f"cu_seqlens: expected q [1, B*T, H, K] and [B + 1] offsets for the B = {B} slots, got q "
+                             f"{tuple(q.shape)}, cu_seqlens {tuple(cu_seqlens.shape)}")
+        T = q.shape[1] // B
+        wrong = (cu_seqlens != torch.arange(B + 1, device=cu_seqlens.device) * T).any().expand(B)
+        flags.add(wrong & _live(slots, flags) if isinstance(slots, (torch.Tensor, checks.CheckedSlots)) else wrong)
+        return B, T
     lens = torch.diff(torch.as_tensor(cu_seqlens).cpu())
     if q.shape[0] != 1 or lens.numel() == 0 or not bool((lens == lens[0]).all()):
         raise ValueError("cu_seqlens: expected q [1, B*T, H, K] and B segments of one length T (one tree size)")
@@ -110,8 +143,32 @@ def chain_plan(B: int, T: int, device) -> checks.TreePlan:
     return plan
 
 
-def _parents(p, B, T):
-    return p if isinstance(p, checks.TreePlan) else _rooted(p.reshape(B, T))
+def _parents(p, B, T, x, flags: _Flags | None = None, live=None):
+    """The call's TreePlan (for inputs like x): as planned, else from the raw table. On the Triton backend a raw
+    table's tables are built on x's device (device_checks.DevicePlan, what a captured call runs, so that an engine's
+    warm-up compiles what its capture launches); outside capture (flags None) the table is validated on the host
+    first, refused in one line."""
+    if isinstance(p, checks.TreePlan):
+        return p
+    if _backend(x) == "torch":
+        return _rooted(p.reshape(B, T))
+    if flags is None:
+        plan_tree(p.reshape(B, T))
+    elif p.device != x.device:
+        raise ValueError(f"retrieve_parent_token: on {p.device} under CUDA-graph capture, the inputs on {x.device} "
+                         "(a replay would read the tree of the capture for ever)")
+    plan = device_checks.DevicePlan(p.reshape(B, T).to(x.device))
+    if flags is not None:
+        flags.add(plan.bad & live)
+    return plan
+
+
+def _chain(B, T, device, flags: _Flags | None):
+    """The flattened recurrence's plan: chain_plan's, cached; under capture built in the graph (nothing is cached
+    there, whose tensors a replay fills)."""
+    if flags is None:
+        return chain_plan(B, T, device)
+    return device_checks.DevicePlan(torch.arange(-1, T - 1, device=device).expand(B, T))
 
 
 def _rooted(table: torch.Tensor) -> torch.Tensor:
@@ -129,14 +186,26 @@ def _check_gating(softplus_beta, softplus_threshold):
                          f"got {softplus_beta}, {softplus_threshold}")
 
 
-def _state_view(pool, slots, B):
+def _live(slots, flags: _Flags | None) -> torch.Tensor | None:
+    """[B] bool on the slots' device: the rows that are not padding (slot -1), as the caller gave them (None outside
+    capture: flags None)."""
+    if flags is None:
+        return None
+    return (slots.indices if isinstance(slots, checks.CheckedSlots) else slots) != checks.PAD_SLOT
+
+
+def _state_view(pool, slots, B, flags: _Flags | None = None):
     """(initial_state, state_indices, rows) for ddsim's functions: SGLang's fp32 pool [N, HV, V, K]
     seen through a transpose as [N, HV, K, V] (read, and by the commit written, in place: no copy)
     with the batch's rows checked (plan_slots: distinct, in range, -1 a padded row; once per step when the
     caller passes the plan), rows None. A pool of another dtype: a float32 copy of the batch's rows (a padded row's
     zero), state_indices None, and the checked rows int64 [B] (to write the commit back; -1 for a padded row)."""
     if not isinstance(slots, checks.CheckedSlots):
-        slots = plan_slots(pool, slots)
+        if flags is not None:
+            slots, bad = device_checks.slots(slots, pool.shape[0], "initial_state_indices")
+            flags.add(bad)
+        else:
+            slots = plan_slots(pool, slots)
     if pool.dtype == torch.float32 and pool.dim() == 4 and pool.is_contiguous():
         return pool.transpose(-1, -2), slots, None
     idx = checks.pool_slots(pool, slots, B, "initial_state_source", "states", pads=True).long()
@@ -153,17 +222,25 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
         raise ValueError("disable_state_update=False: target_verify never writes the pool; call commit_accepted "
                          "with the accepted node")
     _check_gating(softplus_beta, softplus_threshold)
-    B, T = _batch_shape(q, cu_seqlens)
+    flags = _Flags() if _captured(q) else None
+    B, T = _batch_shape(q, cu_seqlens, flags, initial_state_indices)
     q, k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (q, k, v, a, b))
-    s0, slots, _ = _state_view(initial_state_source, initial_state_indices, B)
+    s0, slots, _ = _state_view(initial_state_source, initial_state_indices, B, flags)
     if retrieve_parent_token is None:
-        parents, mode = chain_plan(B, T, q.device), "leaky"
+        parents, mode = _chain(B, T, q.device, flags), "leaky"
     else:
-        parents, mode = _parents(retrieve_parent_token, B, T), "exact"
+        parents = _parents(retrieve_parent_token, B, T, q, flags, _live(initial_state_indices, flags))
+        mode = "exact"
+    buf = intermediate_states_buffer
+    rows = intermediate_state_indices
+    if flags is not None and buf is not None and isinstance(rows, torch.Tensor):
+        rows, bad = device_checks.rows(rows, buf.shape[0], "intermediate_state_indices")
+        flags.add(bad)
+    if flags is not None:
+        a, b = flags.gates(a, b)
     from ddsim import gpu_backend as gb
     kw = dict(parents=parents, initial_state=s0, state_indices=slots, mode=mode, scale=scale,
               use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias, backend=_backend(q))
-    buf = intermediate_states_buffer
     if buf is None:
         o = gb.gdn_tree_verify(q, k, v, **kw)
     elif buf.dtype == torch.float32 and buf.dim() == 5 and buf.is_contiguous():
@@ -172,7 +249,6 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
         # checked here, named as the caller names them; raw rows then go on as checked (no second host sync)
         checks.node_states_shape(buf.transpose(-1, -2), T, v.shape[2], q.shape[3], v.shape[3], q.device,
                                  "intermediate_states_buffer (transposed)")
-        rows = intermediate_state_indices
         idx = checks.node_state_rows(buf, rows, B, buf_name="intermediate_states_buffer",
                                      rows_name="intermediate_state_indices")
         if rows is not None and not isinstance(rows, checks.CheckedSlots):
@@ -181,7 +257,7 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     else:  # another dtype or layout: the states made apart, then copied in (the buffer and its rows checked before)
         checks.node_states_shape(buf.transpose(-1, -2), T, v.shape[2], q.shape[3], v.shape[3], q.device,
                                  "intermediate_states_buffer (transposed)")
-        rows = checks.node_state_rows(buf, intermediate_state_indices, B, buf_name="intermediate_states_buffer",
+        rows = checks.node_state_rows(buf, rows, B, buf_name="intermediate_states_buffer",
                                       rows_name="intermediate_state_indices").long()
         o, states = gb.gdn_tree_verify(q, k, v, output_states=True, **kw)
         buf[rows, :T] = states.transpose(-1, -2).to(buf.dtype)
@@ -192,12 +268,22 @@ def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_st
                     retrieve_parent_token, accepted, use_qk_l2norm_in_kernel=True, cu_seqlens=None):
     """Write the state after root..accepted[b] into sequence b's slot of the [N, HV, V, K] pool; no
     other slot is touched. Returns the pool."""
-    B, T = _batch_shape(k, cu_seqlens)
+    flags = _Flags() if _captured(k) else None
+    B, T = _batch_shape(k, cu_seqlens, flags, initial_state_indices)
     k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (k, v, a, b))
     pool = initial_state_source
-    s0, slots, rows = _state_view(pool, initial_state_indices, B)
+    s0, slots, rows = _state_view(pool, initial_state_indices, B, flags)
+    if flags is not None and rows is not None:
+        raise ValueError(f"initial_state_source: a {pool.dtype} pool's commit writes its rows back past a host read, "
+                         "which CUDA-graph capture cannot take; capture the commit on an fp32 pool")
+    parents = _parents(retrieve_parent_token, B, T, k, flags, _live(initial_state_indices, flags))
+    if flags is not None:
+        if isinstance(accepted, torch.Tensor):
+            accepted, bad = device_checks.accepted(accepted, B, T)
+            flags.add(bad & _live(initial_state_indices, flags))
+        a, b = flags.gates(a, b)
     from ddsim import gpu_backend as gb
-    new = gb.gdn_tree_commit(k, v, parents=_parents(retrieve_parent_token, B, T), accepted=accepted,
+    new = gb.gdn_tree_commit(k, v, parents=parents, accepted=accepted,
                              initial_state=s0, state_indices=slots, inplace=rows is None,
                              use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                              backend=_backend(k))

@@ -16,7 +16,8 @@ import triton.language as tl
 
 @triton.jit
 def softplus(x):
-    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    # a NaN stays NaN, as torch's softplus keeps it (the plain minimum would return 20: a finite gate)
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0, propagate_nan=tl.PropagateNan.ALL))))
 
 
 @triton.jit

@@ -46,7 +46,8 @@ def _dt_step(dt, dt_bias, offs, m, i_h, LO, HI, HAS_BIAS: tl.constexpr, SOFTPLUS
     if SOFTPLUS:
         d = h.softplus(d)
     if CLAMP:
-        d = tl.minimum(tl.maximum(d, LO), HI)
+        # a NaN stays NaN, as torch's clamp keeps it
+        d = tl.minimum(tl.maximum(d, LO, propagate_nan=tl.PropagateNan.ALL), HI, propagate_nan=tl.PropagateNan.ALL)
     return d
 
 

@@ -119,7 +119,7 @@ def _softplus(x, LIBDEVICE: tl.constexpr):
     """F.softplus (threshold 20): log1p(exp(x)) to fp32 precision, x past 20. Compiled: libdevice's log1pf (a
     plain log(1 + e) loses the digits of a small e, and the GPU's fast log is not accurate near 1); in the
     interpreter (which has no libdevice) log(u) e / (u - 1) with u = 1 + e, exact to rounding with numpy's log."""
-    e = tl.exp(tl.minimum(x, 20.0))
+    e = tl.exp(tl.minimum(x, 20.0, propagate_nan=tl.PropagateNan.ALL))  # a NaN stays NaN, as in torch
     if LIBDEVICE:
         lp = libdevice.log1p(e)
     else:

@@ -1,12 +1,16 @@
-"""One tree's exact-mode index tables built on the device from its parents, in one kernel (twin:
+"""Trees' exact-mode index tables built on the device from their parents, in one kernel (twin:
 host_tables.one_tree and host_tables.path_conv_sources, which a graph's StaticPlan otherwise builds on the host and
 copies in every step): the ancestor-or-self mask (int8, and bool for attention), the root paths (root first, -1
 padded), the conv source table and the source parents. A captured verify then copies only the parents.
 
-A program per block of 32 nodes walks each of its nodes up to the root twice: first to count its depth, then to
-write, at j steps up, its ancestor into the mask row, the path (column depth - j) and the conv table (lag j, column
-W - 1 - j; past the root the window's W - 1 - (j - depth)). Every output row belongs to one node, so to one program,
-which clears its rows first (a barrier between: the clearing stores land before the scattered ones).
+A program per block of 32 nodes of one tree walks each of its nodes up to the root twice: first to count its depth,
+then to write, at j steps up, its ancestor into the mask row, the path (column depth - j) and the conv table (lag j,
+column W - 1 - j; past the root the window's W - 1 - (j - depth)). Every output row belongs to one node, so to one
+program, which clears its rows first (a barrier between: the clearing stores land before the scattered ones).
+
+``checked_tables`` takes a batch of trees as an engine hands them over, unvalidated (a CUDA graph cannot stop to check
+them on the host): node 0 is each tree's root whatever its entry, and a node whose parent is not an earlier node is
+read as the previous node's child, so every walk ends at the root within the tree; the tree is flagged in ``bad``.
 """
 from __future__ import annotations
 
@@ -19,13 +23,32 @@ from ddsim.gpu_backend.launch import launch
 
 
 @triton.jit
-def _tree_tables_kernel(parents, src, anc, mask, paths, conv, T, WIDTH, W,
+def _parent(parents, cur, on, CHECK: tl.constexpr):
+    """[BN] int64: the parents of nodes cur (-1 where ``on`` is off). CHECK: as checked_tables reads an unvalidated
+    tree, node 0 the root whatever its entry, another node's parent outside 0..node-1 read as node - 1."""
+    p = tl.load(parents + tl.maximum(cur, 0), mask=on, other=-1).to(tl.int64)
+    if CHECK:
+        p = tl.where(on & (cur > 0), tl.where((p >= 0) & (p < cur), p, cur - 1), -1)
+    return p
+
+
+@triton.jit
+def _tree_tables_kernel(parents, src, anc, mask, paths, conv, bad, T, WIDTH, W,
                         SRC: tl.constexpr, ANC: tl.constexpr, MASK: tl.constexpr, PATHS: tl.constexpr,
-                        CONV: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
-    # parents [T] int64 (-1 at the root; each parent an earlier node); src [T] int64; anc, mask [T, T] int8 / uint8;
-    # paths [T, WIDTH] int32; conv [T, W] int32. Each output is written only where its flag is set. Program p owns
-    # nodes p BN .. p BN + BN - 1 and every output row of theirs: it clears its rows, then writes them (a barrier
-    # between: its own stores only, so no other program's order matters).
+                        CONV: tl.constexpr, CHECK: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
+    # Tree b = program_id(1) of a batch, each table's rows side by side: parents [B, T] (any integers; without CHECK
+    # int64, validated: -1 at the root, each parent an earlier node); src [B, T] int64; anc, mask [B, T, T] int8 /
+    # uint8; paths [B, T, WIDTH] int32; conv [B, T, W] int32; bad [B] int32 (CHECK: set to 1 for a tree with a node
+    # whose parent is not an earlier node; zeroed by the caller). Each output is written only where its flag is set.
+    # Program p owns nodes p BN .. p BN + BN - 1 of its tree and every output row of theirs: it clears its rows, then
+    # writes them (a barrier between: its own stores only, so no other program's order matters).
+    i_b = tl.program_id(1).to(tl.int64)
+    parents += i_b * T
+    src += i_b * T
+    anc += i_b * T * T
+    mask += i_b * T * T
+    paths += i_b * T * WIDTH
+    conv += i_b * T * W
     t = tl.program_id(0) * BN + tl.arange(0, BN)
     mt = t < T
     cols = tl.arange(0, BC)
@@ -41,12 +64,17 @@ def _tree_tables_kernel(parents, src, anc, mask, paths, conv, T, WIDTH, W,
             m = mt[:, None] & (c0 + cols < WIDTH)[None, :]
             tl.store(paths + t[:, None] * WIDTH + c0 + cols[None, :], tl.full([BN, BC], -1, tl.int32), mask=m)
     tl.debug_barrier()
+    own = _parent(parents, t.to(tl.int64), mt, CHECK)
+    if CHECK:  # this program's nodes whose entry is not an earlier node (the root's is not read)
+        raw = tl.load(parents + t, mask=mt & (t > 0), other=0).to(tl.int64)
+        wrong = mt & (t > 0) & ((raw < 0) | (raw >= t))
+        tl.store(bad + i_b + tl.zeros([BN], tl.int64), tl.full([BN], 1, tl.int32), mask=wrong)
     if SRC:
-        tl.store(src + t, tl.load(parents + t, mask=mt, other=-1), mask=mt)
+        tl.store(src + t, own, mask=mt)
     depth = tl.zeros([BN], tl.int32)
     cur = tl.where(mt, t, -1).to(tl.int64)
     for _ in range(0, WIDTH):  # a path holds at most WIDTH nodes
-        cur = tl.load(parents + tl.maximum(cur, 0), mask=cur >= 0, other=-1)
+        cur = _parent(parents, cur, cur >= 0, CHECK)
         depth += (cur >= 0).to(tl.int32)
     cur = tl.where(mt, t, -1).to(tl.int64)
     one = tl.full([BN], 1, tl.int8)
@@ -63,7 +91,7 @@ def _tree_tables_kernel(parents, src, anc, mask, paths, conv, T, WIDTH, W,
             if j < W:
                 v = tl.where(on, cur + (W - 1), (W - 1) - (j - depth)).to(tl.int32)
                 tl.store(conv + t * W + (W - 1 - j), v, mask=mt)
-        cur = tl.load(parents + tl.maximum(cur, 0), mask=on, other=-1)
+        cur = _parent(parents, cur, on, CHECK)
     if CONV:  # lags past the last path node (W > WIDTH): the window's
         for j in range(WIDTH, W):
             tl.store(conv + t * W + (W - 1 - j), ((W - 1) - (j - depth)).to(tl.int32), mask=mt)
@@ -87,10 +115,38 @@ def tree_tables(parents: torch.Tensor, *, width: int, src=None, anc=None, mask=N
             raise ValueError(f"{k}: expected a contiguous {want[k][0]} table of {want[k][1]} entries, got {v.dtype} "
                              f"{tuple(v.shape)}")
     C.check_device(parents, *given.values())
+    _launch(parents.reshape(1, T), width, W, src=src, anc=anc, mask=mask, paths=paths, conv=conv, bad=None)
+
+
+def _launch(parents, width: int, W: int, *, src, anc, mask, paths, conv, bad) -> None:
+    """The kernel over parents [B, T], its tables' flags from those given (bad given: CHECK)."""
+    B, T = parents.shape
     dummy = parents
     BN = 32
-    launch(_tree_tables_kernel, (C.cdiv(T, BN),), parents=parents.reshape(-1), src=src if src is not None else dummy,
+    launch(_tree_tables_kernel, (C.cdiv(T, BN), B), parents=parents, src=src if src is not None else dummy,
            anc=anc if anc is not None else dummy, mask=mask.view(torch.uint8) if mask is not None else dummy,
-           paths=paths if paths is not None else dummy, conv=conv if conv is not None else dummy, T=T, WIDTH=width,
-           W=W, SRC=src is not None, ANC=anc is not None, MASK=mask is not None, PATHS=paths is not None,
-           CONV=conv is not None, BN=BN, BC=32, num_warps=4)
+           paths=paths if paths is not None else dummy, conv=conv if conv is not None else dummy,
+           bad=bad if bad is not None else dummy, T=T, WIDTH=width, W=W, SRC=src is not None, ANC=anc is not None,
+           MASK=mask is not None, PATHS=paths is not None, CONV=conv is not None, CHECK=bad is not None, BN=BN, BC=32,
+           num_warps=4)
+
+
+def checked_tables(parents: torch.Tensor, *, src: torch.Tensor, anc: torch.Tensor, paths: torch.Tensor,
+                   bad: torch.Tensor) -> None:
+    """A batch of unvalidated trees' exact tables, with no host sync (a CUDA graph captures it): parents [B, T]
+    int32 or int64 as an engine hands them over (node 0 each tree's root, its entry not read) -> src [B, T] int64
+    (the parents read, -1 at the root), anc [B, T, T] int8 (ancestor-or-self), paths [B, T, T] int32 (root first, -1
+    padded: any tree of T nodes fits), and bad [B] int32, which the caller zeroes: 1 for a tree with a node whose
+    parent is not an earlier node. Such a node is read as the previous node's child, so the tables are a tree's and
+    every walk ends at the root; the caller fails that sequence closed."""
+    if parents.dim() != 2 or parents.dtype not in (torch.int32, torch.int64) or parents.shape[1] < 1:
+        raise ValueError(f"parents: expected int32 or int64 [B, T >= 1], got {parents.dtype} {tuple(parents.shape)}")
+    B, T = parents.shape
+    want = dict(src=(torch.int64, (B, T)), anc=(torch.int8, (B, T, T)), paths=(torch.int32, (B, T, T)),
+                bad=(torch.int32, (B,)))
+    for k, v in dict(src=src, anc=anc, paths=paths, bad=bad).items():
+        if (v.dtype, tuple(v.shape)) != want[k] or not v.is_contiguous():
+            raise ValueError(f"{k}: expected a contiguous {want[k][0]} {list(want[k][1])}, got {v.dtype} "
+                             f"{tuple(v.shape)}")
+    C.check_device(parents, src, anc, paths, bad)
+    _launch(parents.contiguous(), T, 1, src=src, anc=anc, mask=None, paths=paths, conv=None, bad=bad)

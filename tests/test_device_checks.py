@@ -1,0 +1,324 @@
+"""The drop-in's inputs checked on the device with no host read (gpu_backend.device_checks), so that a server can
+capture its verify and commit in a CUDA graph: a batch of trees' tables built by one kernel, as the host builds them;
+a device-checked call giving the host-checked call's bits and reading nothing on the host; a sequence with a tree,
+slot, buffer row, accepted node or segment it cannot trust failing closed (NaN outputs, node states and committed
+state), and nothing else changed; on a GPU, the calls captured in a CUDA graph and replayed on other steps' values."""
+import contextlib
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ddsim.gpu_backend import device_checks, engine_api, host_tables
+from tests.test_host_tables import parent_batches
+
+
+@pytest.mark.interpreter
+@given(parents=parent_batches(max_batch=3, max_nodes=40), data=st.data())
+def test_checked_tables_are_the_host_tables_of_the_tree_as_read(parents, data):
+    """triton_tables.checked_tables on trees as an engine hands them over: node 0's entry anything (SGLang leaves 0),
+    some nodes' parents not an earlier node. Its tables are the host's for the tree read with each such node under
+    the previous one, and exactly the trees with such a node are flagged."""
+    from ddsim.gpu_backend import triton_tables
+    B, T = parents.shape
+    raw, read = parents.clone(), parents.clone()
+    for b in range(B):
+        raw[b, 0] = data.draw(st.integers(-3, T + 3))  # not read
+        for i in data.draw(st.sets(st.integers(1, T - 1), max_size=3)) if T > 1 else ():
+            raw[b, i] = data.draw(st.one_of(st.integers(-9, -1), st.integers(i, T + 9)))
+            read[b, i] = i - 1
+    bad_want = [bool(((raw[b, 1:] < 0) | (raw[b, 1:] >= torch.arange(1, T))).any()) for b in range(B)]
+    dtype = data.draw(st.sampled_from([torch.int32, torch.int64]))
+    src = torch.full((B, T), 7, dtype=torch.int64)
+    anc = torch.full((B, T, T), 7, dtype=torch.int8)
+    paths = torch.full((B, T, T), 7, dtype=torch.int32)
+    bad = torch.zeros(B, dtype=torch.int32)
+    triton_tables.checked_tables(raw.to(dtype), src=src, anc=anc, paths=paths, bad=bad)
+    mask, depth = host_tables.ancestor_mask(read.numpy())
+    want_paths = np.full((B, T, T), -1, dtype=np.int32)
+    want_paths[:, :, :depth + 1] = host_tables.root_paths(mask, depth)
+    assert torch.equal(src, read) and np.array_equal(anc.numpy(), mask) and np.array_equal(paths.numpy(), want_paths)
+    assert bad.bool().tolist() == bad_want
+
+
+def test_checked_tables_refuse_a_table_of_another_shape_in_one_line():
+    pytest.importorskip("triton")
+    from ddsim.gpu_backend import triton_tables
+    par = torch.tensor([[-1, 0, 1]])
+    ok = dict(src=torch.zeros(1, 3, dtype=torch.int64), anc=torch.zeros(1, 3, 3, dtype=torch.int8),
+              paths=torch.zeros(1, 3, 3, dtype=torch.int32), bad=torch.zeros(1, dtype=torch.int32))
+    for name, wrong in (("anc", torch.zeros(1, 3, 2, dtype=torch.int8)), ("paths", torch.zeros(1, 3, 4, dtype=torch.int32)),
+                        ("bad", torch.zeros(1, dtype=torch.int64)), ("src", torch.zeros(3, dtype=torch.int64))):
+        with pytest.raises(ValueError, match=f"^{name}: expected a contiguous"):
+            triton_tables.checked_tables(par, **{**ok, name: wrong})
+    with pytest.raises(ValueError, match=r"^parents: expected int32 or int64 \[B, T >= 1\]"):
+        triton_tables.checked_tables(par.float(), **ok)
+
+
+def _case(seed=0, B=3, T=7, HV=2, K=4, V=3, N=6):
+    """Inputs in SGLang's convention: three sequences, the last a padded row (slot -1) whose tree is not one."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    parents = torch.tensor([[0, 0, 0, 1, 1, 2, 4], [0, 0, 1, 0, 3, 3, 5], [0, 5, 9, -4, 1, 0, 0]], dtype=torch.int32)
+    x = dict(A_log=r(HV) * 0.3, a=r(B, T, HV), dt_bias=r(HV) * 0.3, q=r(B, T, 1, K), k=r(B, T, 1, K),
+             v=r(B, T, HV, V), b=r(B, T, HV))
+    return x, parents, r(N, HV, V, K), torch.tensor([3, 1, -1], dtype=torch.int32)
+
+
+def _verify(x, parents, pool, slots, **kw):
+    return engine_api.target_verify(x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool,
+                                    slots, retrieve_parent_token=parents, **kw)
+
+
+def _commit(x, parents, pool, slots, accepted, **kw):
+    return engine_api.commit_accepted(x["A_log"], x["a"], x["dt_bias"], x["k"], x["v"], x["b"], pool, slots,
+                                      retrieve_parent_token=parents, accepted=accepted, **kw)
+
+
+_READS = ("tolist", "item", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
+
+
+@contextlib.contextmanager
+def _no_host_reads():
+    """Any of ddsim's fast-path modules reading a tensor's value on the host (what stops a CUDA graph's capture)
+    raises: a host read from its own Python, where the interpreter cannot see a device."""
+    import ddsim.gpu_backend as gb
+    root = os.path.dirname(gb.__file__)
+    real = {name: getattr(torch.Tensor, name) for name in _READS}
+
+    def reader(name):
+        def read(self, *a, **kw):
+            caller = sys._getframe(1).f_code.co_filename
+            if caller.startswith(root) and not os.path.basename(caller).startswith("triton_"):
+                raise AssertionError(f"host read ({name}) in {caller}")
+            return real[name](self, *a, **kw)
+        return read
+    try:
+        for name in _READS:
+            setattr(torch.Tensor, name, reader(name))
+        yield
+    finally:
+        for name, fn in real.items():
+            setattr(torch.Tensor, name, fn)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("form", ["snapshot-free", "drop-in", "flattened", "packed"])
+def test_a_device_checked_call_gives_the_host_checked_bits_and_reads_nothing_on_the_host(form):
+    """With device_checks.forced() (what capture takes) each form of the verify, and the commit, give the bits of
+    the same call checked on the host, reading no value on the host from ddsim's code."""
+    x, parents, pool, slots = _case()
+    parents[2] = torch.tensor([0, 0, 1, 2, 3, 4, 5])  # every tree valid: the host check passes
+    B, T = parents.shape
+    kw = {}
+    if form == "drop-in":
+        kw = dict(intermediate_states_buffer=torch.full((5, T, 2, 3, 4), float("nan")),
+                  intermediate_state_indices=torch.tensor([4, 0, 2]))
+    if form == "packed":
+        x = {n: t.reshape(1, B * T, *t.shape[2:]) if t.dim() > 1 else t for n, t in x.items()}
+        kw = dict(cu_seqlens=torch.arange(0, B * T + 1, T))
+    tree = None if form == "flattened" else parents
+    pool0 = pool.clone()
+    host = _verify(x, tree, pool, slots, **kw)
+    host_buf = kw.get("intermediate_states_buffer", torch.zeros(0)).clone()
+    if form == "drop-in":
+        kw["intermediate_states_buffer"].fill_(float("nan"))
+    with device_checks.forced(), _no_host_reads():
+        dev = _verify(x, tree, pool, slots, **kw)
+        if form == "snapshot-free":
+            _commit(x, parents, pool, slots, torch.tensor([6, 4, 3]))
+    assert torch.equal(dev, host) and torch.isfinite(dev).all()
+    if form == "drop-in":
+        assert torch.equal(kw["intermediate_states_buffer"].nan_to_num(7.0), host_buf.nan_to_num(7.0))
+    if form == "snapshot-free":
+        committed = pool.clone()
+        pool.copy_(pool0)
+        _commit(x, parents, pool, slots, torch.tensor([6, 4, 3]))
+        assert torch.equal(committed, pool)
+
+
+FAULTS = ["tree", "slot outside the pool", "slot shared", "row outside the buffer", "row shared", "segments",
+          "accepted outside the tree"]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_sequence_with_an_input_it_cannot_trust_fails_closed_and_nothing_else_changes(fault):
+    """Under device checks (capture) a sequence whose tree, slot, buffer row, packing or accepted node is wrong gets
+    NaN outputs, NaN node states and a NaN committed state; every other sequence gets its bits of a right call, the
+    padded row (whose tree is not one) is not flagged, and no other slot or buffer row changes."""
+    x, parents, pool, slots = _case(seed=1)
+    B, T = parents.shape
+    nan = float("nan")
+    rows = torch.tensor([4, 0, 2])
+    right = dict(buf=torch.full((5, T, 2, 3, 4), nan), pool=pool.clone())
+    with device_checks.forced():
+        o_right = _verify(x, parents, right["pool"], slots, intermediate_states_buffer=right["buf"],
+                          intermediate_state_indices=rows)
+        _commit(x, parents, right["pool"], slots, torch.tensor([6, 4, 3]))
+    flagged = {0: False, 1: True, 2: False}
+    tree, slots_f, rows_f, acc, xx, kw = parents.clone(), slots.clone(), rows.clone(), torch.tensor([6, 4, 3]), x, {}
+    if fault == "tree":
+        tree[1, 4] = 6  # a later node
+    elif fault == "slot outside the pool":
+        slots_f[1] = 6
+    elif fault == "slot shared":
+        slots_f[1], flagged[0] = 3, True
+    elif fault == "row outside the buffer":
+        rows_f[1] = 5  # clamped to row 4, sequence 0's: it reads NaN where they meet
+        flagged[0] = None
+    elif fault == "row shared":
+        rows_f[1], flagged[0] = 4, True
+    elif fault == "segments":
+        xx = {n: t.reshape(1, B * T, *t.shape[2:]) if t.dim() > 1 else t for n, t in x.items()}
+        kw = dict(cu_seqlens=torch.tensor([0, T, 2 * T + 1, 3 * T]))
+        flagged[0] = True
+    else:
+        acc[1] = T
+    buf, pool_f = torch.full((5, T, 2, 3, 4), nan), pool.clone()
+    with device_checks.forced():
+        o = _verify(xx, tree, pool_f, slots_f, intermediate_states_buffer=buf, intermediate_state_indices=rows_f,
+                    **kw).reshape(B, T, 2, 3)
+        _commit(xx, tree, pool_f, slots_f, acc, **kw)
+    verify_flags = flagged if fault != "accepted outside the tree" else {0: False, 1: False, 2: False}
+    for b, bad in verify_flags.items():
+        if bad:
+            assert torch.isnan(o[b]).all(), (b, o[b])
+        elif bad is False:
+            assert torch.equal(o[b], o_right[b]), b
+    if verify_flags[1]:  # its node states: NaN in the row it was given (clamped into the buffer)
+        assert torch.isnan(buf[min(int(rows_f[1]), 4)]).all()
+    if not verify_flags[1]:
+        assert torch.equal(buf[rows_f[1]], right["buf"][rows[1]])
+    assert torch.equal(buf[[1, 3]].nan_to_num(7.0), right["buf"][[1, 3]].nan_to_num(7.0))  # rows of no sequence
+    if verify_flags[0] is False:
+        assert torch.equal(buf[4], right["buf"][4]) and torch.equal(buf[2], right["buf"][2])
+    commit_flags = {"accepted outside the tree": {0: False, 1: True, 2: False}, "row outside the buffer": {0: False,
+                    1: False, 2: False}, "row shared": {0: False, 1: False, 2: False}}.get(fault, flagged)
+    live = {0: 3, 1: int(slots_f[1])}
+    for b, slot in live.items():
+        if not 0 <= slot < 6:
+            continue
+        if commit_flags[b] or (b == 0 and fault == "slot shared"):
+            assert torch.isnan(pool_f[slot]).all(), b
+        elif commit_flags[b] is False:
+            assert torch.equal(pool_f[slot], right["pool"][slot]), b
+    untouched = [s for s in range(6) if s not in live.values()]
+    assert torch.equal(pool_f[untouched], pool[untouched])
+
+
+@pytest.mark.interpreter
+def test_what_a_capture_cannot_take_is_refused_in_one_line():
+    """Under device checks: slots as a host list (a replay would read the capture's for ever), a tree on another
+    device, a bf16 pool's commit (written back past a host read)."""
+    x, parents, pool, slots = _case()
+    with device_checks.forced():
+        with pytest.raises(ValueError, match=r"^initial_state_indices: expected an integer tensor \[B\], got list"):
+            _verify(x, parents, pool, [3, 1, -1])
+        with pytest.raises(ValueError, match="^retrieve_parent_token: on meta under CUDA-graph capture"):
+            _verify(x, torch.empty(3, 7, dtype=torch.int32, device="meta"), pool, slots)
+        with pytest.raises(ValueError, match="^initial_state_source: a torch.bfloat16 pool's commit"):
+            _commit(x, parents, pool.bfloat16(), slots, torch.tensor([1, 1, 1]))
+
+
+def test_the_poison_reaches_every_output_and_state():
+    """device_checks.poisoned: a flagged sequence's gate input NaN, the others' as given."""
+    a = torch.randn(3, 4, 2)
+    p = device_checks.poisoned(a, torch.tensor([False, True, False]))
+    assert torch.isnan(p[1]).all() and torch.equal(p[[0, 2]], a[[0, 2]])
+
+
+def test_slots_rows_and_accepted_checked_on_the_device():
+    s, bad = device_checks.slots(torch.tensor([2, -1, 9, 2, 0]), 5, "initial_state_indices")
+    assert s.indices.tolist() == [2, -1, -1, 2, 0] and bad.tolist() == [True, False, True, True, False]
+    r, bad = device_checks.rows(torch.tensor([4, 7, 1, -2]), 5, "intermediate_state_indices")
+    assert r.indices.tolist() == [4, 4, 1, 0] and bad.tolist() == [False, True, False, True]
+    acc, bad = device_checks.accepted(torch.tensor([0, 7, -1, 6]), 4, 7)
+    assert acc.indices.tolist() == [0, 0, 0, 6] and bad.tolist() == [False, True, True, False]
+    with pytest.raises(ValueError, match=r"^accepted: expected an integer tensor \[B\] = \[3\]"):
+        device_checks.accepted(torch.tensor([0, 1]), 3, 7)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
+def test_the_drop_in_is_captured_in_a_cuda_graph_and_replays_other_steps():
+    """target_verify (snapshot-free and with SGLang's buffer) and commit_accepted captured once on one step's tensors,
+    then replayed on other trees, slots and values written into those tensors: each replay gives the eager call's
+    outputs, node states and committed states on that step's values (the same bits), and a step with a wrong tree
+    fails closed in the replay."""
+    dev = torch.device("cuda")
+    x, parents, pool, slots = _case(seed=3, T=7)
+    x = {n: t.to(dev).bfloat16() if n in ("q", "k", "v") else t.to(dev) for n, t in x.items()}
+    pool = pool.to(dev)
+    parents[2] = torch.tensor([0, 0, 1, 2, 3, 4, 5])
+    st_tree, st_slots = parents.to(dev), slots.to(dev)
+    st_acc, st_rows = torch.tensor([6, 4, 3], device=dev), torch.tensor([4, 0, 2], device=dev)
+    buf = torch.full((5, 7, 2, 3, 4), float("nan"), device=dev)
+
+    def step():
+        o1 = _verify(x, st_tree, pool, st_slots)
+        o2 = _verify(x, st_tree, pool, st_slots, intermediate_states_buffer=buf, intermediate_state_indices=st_rows)
+        _commit(x, st_tree, pool, st_slots, st_acc)
+        return o1, o2
+    pool0 = pool.clone()
+    step()  # warm-up: compiles what the capture launches
+    pool.copy_(pool0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    gen = torch.Generator().manual_seed(11)
+    for trial in range(3):
+        new_tree = torch.tensor([[0, 0, 1, 1, 0, 4, 2], [0, 0, 0, 0, 0, 0, 0], [0, 0, 1, 2, 3, 4, 5]], dtype=torch.int32)
+        if trial == 2:
+            new_tree[0, 5] = 5  # not an earlier node
+        new_slots = torch.tensor([[0, 5, -1], [2, 4, 1], [1, 3, 0]][trial], dtype=torch.int32)
+        for n in ("q", "k", "v", "a", "b"):
+            x[n].copy_(torch.randn(x[n].shape, generator=gen))
+        st_tree.copy_(new_tree)
+        st_slots.copy_(new_slots)
+        start = torch.randn(pool.shape, generator=gen).to(dev)
+        pool.copy_(start)
+        buf.fill_(float("nan"))
+        graph.replay()
+        got = [t.clone() for t in outs] + [buf.clone(), pool.clone()]
+        pool.copy_(start)
+        buf.fill_(float("nan"))
+        if trial < 2:
+            want = list(step()) + [buf, pool]
+            for g_, w in zip(got, want):
+                assert torch.equal(g_.nan_to_num(7.0), w.nan_to_num(7.0)), trial
+        else:
+            assert torch.isnan(got[0][0]).all() and torch.isnan(got[1][0]).all() and torch.isnan(got[3][0]).all()
+            assert torch.isnan(got[3][int(new_slots[0])]).all() and torch.isfinite(got[0][1]).all()
+
+
+@pytest.mark.interpreter
+def test_a_nan_gate_input_reaches_what_it_feeds_as_in_torch():
+    """A NaN in a gate's raw input (GDN's a, Mamba2's dt) gives NaN where torch's softplus and clamp give it, not a
+    finite gate: the node's output and its descendants' in the tree verify (the WY form's products carry it to other
+    nodes of the head too: never fewer), no other head's or sequence's, and the gates kernel's g. (Triton's minimum
+    drops a NaN unless told to keep it; the poisoning above relies on it.)"""
+    import ddsim.gpu_backend as gb
+    x, parents, pool, slots = _case(seed=5)
+    parents[2] = torch.tensor([0, 0, 1, 2, 3, 4, 5])
+    x["a"][0, 3, 1] = float("nan")  # node 3 of sequence 0, value head 1: node 3 and its child 6 (0, 0, 0, 1, 1, 2, 4)
+    o = _verify(x, parents, pool, slots)
+    nan = torch.isnan(o).any(-1)  # [B, T, HV]
+    assert nan[0, [3, 6], 1].all() and not nan[1:].any() and not nan[:, :, 0].any()
+    g, _ = gb.gdn_gates(x["a"].reshape(-1, 2), x["b"].reshape(-1, 2), A=-x["A_log"].exp(), dt_bias=x["dt_bias"],
+                        glue="triton")
+    assert torch.isnan(g).sum() == 1 and torch.isnan(g.reshape(3, 7, 2)[0, 3, 1])
+    gen = torch.Generator().manual_seed(2)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    Bn, T, H, P, G, N = 1, 5, 2, 4, 1, 8
+    dt = r(Bn, T, H)
+    dt[0, 2, 0] = float("nan")
+    tree = torch.tensor([[-1, 0, 1, 2, 0]])
+    for limit in ((0.0, float("inf")), (0.01, 5.0)):
+        y = gb.mamba2_tree_verify(r(Bn, T, H, P), dt, -r(H).exp(), r(Bn, T, G, N), r(Bn, T, G, N), dt_limit=limit,
+                                  parents=tree, initial_state=torch.zeros(Bn, H, P, N), backend="triton")
+        nan = torch.isnan(y).any(-1)
+        assert nan[0, :, 1].sum() == 0 and nan[0, :, 0].tolist() == [False, False, True, True, False], limit
