@@ -17,31 +17,18 @@ IMPL = "ddsim.gpu_backend.engine_api:target_verify"
 @pytest.mark.parametrize("mode, held", [("exact", 9), ("leaky", 8)])
 def test_check_kernel_holds_in_sglangs_convention(tmp_path, mode, held):
     """The drop-in holds every property in SGLang's convention; in exact mode that includes every node's state it
-    writes into intermediate_states_buffer (at the rows and pitch it is given), which SGLang's commit copies from."""
-    # its replayed example called again on the kept tensors: it validates each call's tree and slots on the host, so on
-    # a GPU its launch cannot be captured in a CUDA graph (the test below)
+    writes into intermediate_states_buffer (at the rows and pitch it is given), which SGLang's commit copies from. On a
+    GPU its replayed example is captured in a CUDA graph (check-kernel's default there), as a server captures its
+    verify: the drop-in checks its inputs on the device there (device_checks)."""
     r = run_cli("check-kernel", "--impl", IMPL, "--convention", "sglang", "--mode", mode, "--max-examples", "3",
-                "--launch", "eager", "--out", tmp_path / "ce.json")
+                "--out", tmp_path / "ce.json")
     assert r.returncode == 0, r.stdout + r.stderr
     profile = "serving" if torch.cuda.is_available() else "quick"  # check_kernel.default_profile on its device
     assert f"all {held} properties hold ({profile} profile" in r.stdout, r.stdout
     import json  # padded batches among the examples (SGLang's convention pads a CUDA-graph batch with slot -1)
-    assert json.loads((tmp_path / "ce.json").read_text())["coverage"]["padded rows"] == ([0, 2] if profile == "quick"
-                                                                                         else [0, 1, 3])
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
-def test_the_drop_in_cannot_be_captured_in_a_cuda_graph(tmp_path):
-    """A known limit, held here so that lifting it shows: the drop-in validates each call's tree and slots on the host
-    (and builds its tables there), so a server that replays its verify from CUDA graphs cannot capture it; check-kernel's
-    replayed example says so on every property, and nothing else fails."""
-    r = run_cli("check-kernel", "--impl", IMPL, "--convention", "sglang", "--mode", "exact", "--max-examples", "1",
-                "--profile", "quick", "--out", tmp_path / "ce.json")
-    assert r.returncode == 1, r.stdout + r.stderr
-    failed = [line for line in r.stdout.splitlines() if line.startswith("FAILED")]
-    assert len(failed) == 9 and all("not capturable in a CUDA graph" in line and "replayed on a chain step's launch" in
-                                    line for line in failed), failed
+    report = json.loads((tmp_path / "ce.json").read_text())
+    assert report["coverage"]["padded rows"] == ([0, 2] if profile == "quick" else [0, 1, 3])
+    assert report["launch"] == ("graph" if torch.cuda.is_available() else "eager")
 
 
 def _inputs(seed=0, B=2, T=6, H=1, HV=2, K=4, V=3, N=5):
