@@ -19,12 +19,18 @@ Nothing is read or written outside the tensors handed over:
   flagged and clamped into it: its sequence's NaN states land in a row of this step's scratch buffer, so a sequence
   whose row it is reads NaN where the two overlap, never another number. A row two sequences share is flagged in both.
 - ``accepted``: the accepted node [B] of each sequence; one outside 0..T-1 is flagged and read as the root.
+- ``segments``: packed inputs' offsets cu_seqlens [B + 1]; unless they are B segments of T, every sequence is flagged.
 
-A padded row (slot -1) is never flagged: its outputs are not used.
+A padded row (slot -1) is flagged only for its buffer row: its outputs are not used.
+
+``step`` runs every check of a call in one kernel (triton_checks.step_checks), with the tree's tables in one more
+(triton_tables.checked_tables); the torch functions here are its reference (``step_reference``), which the tests hold
+it to.
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
@@ -68,19 +74,39 @@ class DevicePlan(checks.TreePlan):
         src = torch.empty(self.B, self.T, dtype=torch.int64, device=dev)
         anc = torch.empty(self.B, self.T, self.T, dtype=torch.int8, device=dev)
         paths = torch.empty(self.B, self.T, self.T, dtype=torch.int32, device=dev)
-        bad = torch.zeros(self.B, dtype=torch.int32, device=dev)
-        triton_tables.checked_tables(parents, src=src, anc=anc, paths=paths, bad=bad)
-        self.parents, self.device, self.bad = src, src.device, bad.bool()
-        self._cache = {("src", "exact"): src, ("anc", "exact"): (anc, self.T - 1), ("paths",): paths}
+        self.bad_blocks = torch.empty(self.B, triton_tables.blocks(self.T), dtype=torch.int32, device=dev)
+        triton_tables.checked_tables(parents, src=src, anc=anc, paths=paths, bad=self.bad_blocks)
+        self._setup(src, {("src", "exact"): src, ("anc", "exact"): (anc, self.T - 1), ("paths",): paths})
+
+    def _setup(self, src, cache) -> None:
+        self.parents, self.device, self._cache = src, src.device, cache
         self.fast_verify, self.fast_commit, self.fast_states = [], [], []  # never recorded (fastcall's are TreePlan's)
         self.fast_tries = {"verify": 0, "commit": 0, "states": 0}
         self.serves_paths = True
 
+    @classmethod
+    def chain(cls, B: int, T: int, device) -> "DevicePlan":
+        """The flattened recurrence's plan (every node the previous one's child) for B sequences of T nodes, made on
+        the device with no kernel of the tables' (its tables are leaky mode's, TreePlan's; nothing to flag)."""
+        plan = cls.__new__(cls)
+        plan.B, plan.T = B, T
+        plan.bad_blocks = None
+        plan._setup(torch.arange(-1, T - 1, device=device).expand(B, T), {})
+        return plan
+
+    @property
+    def bad(self) -> torch.Tensor:
+        """[B] bool: the trees with a node whose parent is not an earlier node (torch; the step kernel reads the
+        blocks' flags itself)."""
+        if self.bad_blocks is None:
+            return torch.zeros(self.B, dtype=torch.bool, device=self.device)
+        return self.bad_blocks.bool().any(1)
+
     def ancestors(self, mode: str):
-        if mode == "exact":
+        if mode == "exact" and ("anc", "exact") in self._cache:
             return self._cache[("anc", "exact")]
-        checks.mode_parents(self.parents, mode)  # the mode's name checked
-        return self._cached(("anc", mode), lambda: (torch.ones(self.T, self.T, dtype=torch.int8, device=self.device)
+        checks.mode_parents(self.parents, mode)  # the mode's name checked; a chain's exact tables are leaky's
+        return self._cached(("anc", "leaky"), lambda: (torch.ones(self.T, self.T, dtype=torch.int8, device=self.device)
                                                     .tril().expand(self.B, -1, -1).contiguous(), self.T - 1))
 
     def conv_table(self, mode: str, W: int):
@@ -113,6 +139,11 @@ def accepted(indices: torch.Tensor, B: int, T: int) -> tuple[checks.CheckedIndic
     return checks.CheckedIndices(torch.where(inside, idx, 0), T), ~inside
 
 
+def segments(cu_seqlens: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """[B] bool: every sequence, unless the offsets cu_seqlens [B + 1] are B segments of T (on the device)."""
+    return (cu_seqlens.long() != torch.arange(B + 1, device=cu_seqlens.device) * T).any().expand(B)
+
+
 def poisoned(a: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     """a [B, T, HV] (the gates' input) with every flagged sequence's entries NaN: its decay is NaN, and with it every
     output and state the sequence has."""
@@ -133,3 +164,50 @@ def _shared(idx: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
     same = (idx[:, None] == idx[None, :]) & inside[:, None] & inside[None, :]
     same.fill_diagonal_(False)
     return same.any(1)
+
+
+@dataclass
+class Step:
+    """A call's inputs as launched after the device checks: the slots (CheckedSlots of the pool, -1 for padding and
+    for a slot outside it), the buffer's rows (CheckedSlots, clamped into it) and accepted nodes (CheckedIndices)
+    where given, the gates' inputs a, b [B, T, HV] (NaN for a flagged sequence), and bad [B] bool."""
+    slots: checks.CheckedSlots
+    rows: checks.CheckedSlots | None
+    accepted: checks.CheckedIndices | None
+    a: torch.Tensor
+    b: torch.Tensor
+    bad: torch.Tensor
+
+
+def step(*, a, b, slots, N: int, plan=None, rows=None, N_buf: int = 0, accepted=None, cu_seqlens=None) -> Step:
+    """Every check of a call on the device in one kernel (triton_checks.step_checks): slots [B] of a pool of N rows,
+    plan a DevicePlan (its trees' flags) or another TreePlan (validated before), rows [B] of a node-state buffer of
+    N_buf rows, accepted [B], cu_seqlens [B + 1]; a, b [B, T, HV] the gates' inputs."""
+    from ddsim.gpu_backend import triton_checks
+    B, T, _ = a.shape
+    tree_bad = plan.bad_blocks if isinstance(plan, DevicePlan) else None
+    s, r, acc, a2, b2, bad = triton_checks.step_checks(slots=slots, N=N, a=a, b=b, tree_bad=tree_bad, rows=rows,
+                                                       N_buf=N_buf, accepted=accepted, cu_seqlens=cu_seqlens)
+    return Step(checks.CheckedSlots(s, N, padded=B), None if r is None else checks.CheckedSlots(r, N_buf),
+                None if acc is None else checks.CheckedIndices(acc, T), a2, b2, bad.bool())
+
+
+def step_reference(*, a, b, slots, N: int, plan=None, rows=None, N_buf: int = 0, accepted=None, cu_seqlens=None
+                   ) -> Step:
+    """``step`` in torch, from the functions above: its reference."""
+    B, T, _ = a.shape
+    checked, bad = globals()["slots"](slots, N, "initial_state_indices")
+    live = slots.long() != checks.PAD_SLOT
+    if isinstance(plan, DevicePlan):
+        bad = bad | (plan.bad & live)
+    acc = None
+    if accepted is not None:
+        acc, wrong = globals()["accepted"](accepted, B, T)
+        bad = bad | (wrong & live)
+    if cu_seqlens is not None:
+        bad = bad | (segments(cu_seqlens, B, T) & live)
+    r = None
+    if rows is not None:
+        r, wrong = globals()["rows"](rows, N_buf, "intermediate_state_indices")
+        bad = bad | wrong
+    return Step(checked, r, acc, poisoned(a, bad).contiguous(), poisoned(b, bad).contiguous(), bad)

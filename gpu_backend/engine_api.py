@@ -59,19 +59,31 @@ def _captured(x: torch.Tensor) -> bool:
     return _backend(x) == "triton" and device_checks.capturing(x)
 
 
-class _Flags:
-    """The sequences [B] a device-checked call fails closed (device_checks.poisoned): the union of each check's."""
+def _captured_shape(q, cu_seqlens, slots) -> tuple[int, int]:
+    """(B, T) under capture, from shapes alone: packed inputs [1, B*T, ...] take B from the slots (their offsets are
+    checked on the device, device_checks.step)."""
+    if cu_seqlens is None:
+        return q.shape[0], q.shape[1]
+    idx = slots.indices if isinstance(slots, checks.CheckedSlots) else slots
+    B = idx.shape[0] if isinstance(idx, torch.Tensor) else len(idx)
+    if q.shape[0] != 1 or B < 1 or q.shape[1] % B or len(cu_seqlens) != B + 1:
+        raise ValueError(f"cu_seqlens: expected q [1, B*T, H, K] and [B + 1] offsets for the B = {B} slots, got q "
+                         f"{tuple(q.shape)}, {len(cu_seqlens)} offsets")
+    return B, q.shape[1] // B
 
-    def __init__(self):
-        self.bad = None
 
-    def add(self, bad: torch.Tensor | None) -> None:
-        if bad is not None:
-            self.bad = bad if self.bad is None else self.bad | bad
-
-    def gates(self, *raw: torch.Tensor) -> tuple:
-        """The gates' inputs (a, b) as launched: NaN for every flagged sequence."""
-        return raw if self.bad is None else tuple(device_checks.poisoned(x, self.bad) for x in raw)
+def _step(x, *, a, b, pool, slots, plan, cu_seqlens, rows=None, buf=None, accepted=None) -> device_checks.Step:
+    """Under capture: the step's raw inputs checked on the device in one launch (device_checks.step); refused in one
+    line where a replay could not see a step's values (host lists, tensors on another device)."""
+    idx = slots.indices if isinstance(slots, checks.CheckedSlots) else slots
+    for name, t in (("initial_state_indices", idx), ("intermediate_state_indices", rows), ("accepted", accepted),
+                    ("cu_seqlens", cu_seqlens)):
+        if t is not None and not (isinstance(t, torch.Tensor) and t.device == x.device):
+            raise ValueError(f"{name}: {'on ' + str(t.device) if isinstance(t, torch.Tensor) else type(t).__name__} "
+                             f"under CUDA-graph capture, the inputs on {x.device} (a replay would read the capture's "
+                             "values for ever): pass a tensor on the inputs' device")
+    return device_checks.step(a=a, b=b, slots=idx, N=pool.shape[0], plan=plan, rows=rows,
+                              N_buf=0 if buf is None else buf.shape[0], accepted=accepted, cu_seqlens=cu_seqlens)
 
 
 def _unpack(x, cu_seqlens, B_T):
@@ -82,21 +94,9 @@ def _unpack(x, cu_seqlens, B_T):
     return x.reshape(B, T, *x.shape[2:])
 
 
-def _batch_shape(q, cu_seqlens, flags: _Flags | None = None, slots=None):
-    """(B, T). With cu_seqlens on q's device under capture (flags given), B is the slots' count and the segments are
-    checked on the device: every live sequence is flagged unless they are B segments of T. (Host offsets are read on the
-    host, as outside capture: no sync.)"""
+def _batch_shape(q, cu_seqlens):
     if cu_seqlens is None:
         return q.shape[0], q.shape[1]
-    if flags is not None and isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device == q.device:
-        B = slots.indices.shape[0] if isinstance(slots, checks.CheckedSlots) else len(slots)
-        if q.shape[0] != 1 or B < 1 or q.shape[1] % B or tuple(cu_seqlens.shape) != (B + 1,):
-            raise ValueError(f"cu_seqlens: expected q [1, B*T, H, K] and [B + 1] offsets for the B = {B} slots, got q "
-                             f"{tuple(q.shape)}, cu_seqlens {tuple(cu_seqlens.shape)}")
-        T = q.shape[1] // B
-        wrong = (cu_seqlens != torch.arange(B + 1, device=cu_seqlens.device) * T).any().expand(B)
-        flags.add(wrong & _live(slots, flags) if isinstance(slots, (torch.Tensor, checks.CheckedSlots)) else wrong)
-        return B, T
     lens = torch.diff(torch.as_tensor(cu_seqlens).cpu())
     if q.shape[0] != 1 or lens.numel() == 0 or not bool((lens == lens[0]).all()):
         raise ValueError("cu_seqlens: expected q [1, B*T, H, K] and B segments of one length T (one tree size)")
@@ -143,32 +143,30 @@ def chain_plan(B: int, T: int, device) -> checks.TreePlan:
     return plan
 
 
-def _parents(p, B, T, x, flags: _Flags | None = None, live=None):
+def _parents(p, B, T, x, captured: bool = False):
     """The call's TreePlan (for inputs like x): as planned, else from the raw table. On the Triton backend a raw
     table's tables are built on x's device (device_checks.DevicePlan, what a captured call runs, so that an engine's
-    warm-up compiles what its capture launches); outside capture (flags None) the table is validated on the host
-    first, refused in one line."""
+    warm-up compiles what its capture launches); outside capture the table is validated on the host first, refused
+    in one line."""
     if isinstance(p, checks.TreePlan):
         return p
     if _backend(x) == "torch":
         return _rooted(p.reshape(B, T))
-    if flags is None:
+    if not captured:
         plan_tree(p.reshape(B, T))
+        p = p.to(x.device)
     elif p.device != x.device:
         raise ValueError(f"retrieve_parent_token: on {p.device} under CUDA-graph capture, the inputs on {x.device} "
-                         "(a replay would read the tree of the capture for ever)")
-    plan = device_checks.DevicePlan(p.reshape(B, T).to(x.device))
-    if flags is not None:
-        flags.add(plan.bad & live)
-    return plan
+                         "(a replay would read the capture's tree for ever)")
+    return device_checks.DevicePlan(p.reshape(B, T))
 
 
-def _chain(B, T, device, flags: _Flags | None):
+def _chain(B, T, device, captured: bool):
     """The flattened recurrence's plan: chain_plan's, cached; under capture built in the graph (nothing is cached
     there, whose tensors a replay fills)."""
-    if flags is None:
+    if not captured:
         return chain_plan(B, T, device)
-    return device_checks.DevicePlan(torch.arange(-1, T - 1, device=device).expand(B, T))
+    return device_checks.DevicePlan.chain(B, T, device)
 
 
 def _rooted(table: torch.Tensor) -> torch.Tensor:
@@ -186,26 +184,14 @@ def _check_gating(softplus_beta, softplus_threshold):
                          f"got {softplus_beta}, {softplus_threshold}")
 
 
-def _live(slots, flags: _Flags | None) -> torch.Tensor | None:
-    """[B] bool on the slots' device: the rows that are not padding (slot -1), as the caller gave them (None outside
-    capture: flags None)."""
-    if flags is None:
-        return None
-    return (slots.indices if isinstance(slots, checks.CheckedSlots) else slots) != checks.PAD_SLOT
-
-
-def _state_view(pool, slots, B, flags: _Flags | None = None):
+def _state_view(pool, slots, B):
     """(initial_state, state_indices, rows) for ddsim's functions: SGLang's fp32 pool [N, HV, V, K]
     seen through a transpose as [N, HV, K, V] (read, and by the commit written, in place: no copy)
     with the batch's rows checked (plan_slots: distinct, in range, -1 a padded row; once per step when the
     caller passes the plan), rows None. A pool of another dtype: a float32 copy of the batch's rows (a padded row's
     zero), state_indices None, and the checked rows int64 [B] (to write the commit back; -1 for a padded row)."""
     if not isinstance(slots, checks.CheckedSlots):
-        if flags is not None:
-            slots, bad = device_checks.slots(slots, pool.shape[0], "initial_state_indices")
-            flags.add(bad)
-        else:
-            slots = plan_slots(pool, slots)
+        slots = plan_slots(pool, slots)
     if pool.dtype == torch.float32 and pool.dim() == 4 and pool.is_contiguous():
         return pool.transpose(-1, -2), slots, None
     idx = checks.pool_slots(pool, slots, B, "initial_state_source", "states", pads=True).long()
@@ -222,22 +208,22 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
         raise ValueError("disable_state_update=False: target_verify never writes the pool; call commit_accepted "
                          "with the accepted node")
     _check_gating(softplus_beta, softplus_threshold)
-    flags = _Flags() if _captured(q) else None
-    B, T = _batch_shape(q, cu_seqlens, flags, initial_state_indices)
+    captured = _captured(q)
+    B, T = (_captured_shape if captured else _batch_shape)(q, cu_seqlens, *((initial_state_indices,) if captured else ()))
     q, k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (q, k, v, a, b))
-    s0, slots, _ = _state_view(initial_state_source, initial_state_indices, B, flags)
     if retrieve_parent_token is None:
-        parents, mode = _chain(B, T, q.device, flags), "leaky"
+        parents, mode = _chain(B, T, q.device, captured), "leaky"
     else:
-        parents = _parents(retrieve_parent_token, B, T, q, flags, _live(initial_state_indices, flags))
-        mode = "exact"
+        parents, mode = _parents(retrieve_parent_token, B, T, q, captured), "exact"
     buf = intermediate_states_buffer
     rows = intermediate_state_indices
-    if flags is not None and buf is not None and isinstance(rows, torch.Tensor):
-        rows, bad = device_checks.rows(rows, buf.shape[0], "intermediate_state_indices")
-        flags.add(bad)
-    if flags is not None:
-        a, b = flags.gates(a, b)
+    slots = initial_state_indices
+    if captured:
+        step = _step(q, a=a, b=b, pool=initial_state_source, slots=slots, plan=parents, cu_seqlens=cu_seqlens,
+                     rows=rows if buf is not None and not isinstance(rows, checks.CheckedSlots) else None, buf=buf)
+        a, b, slots = step.a, step.b, step.slots
+        rows = step.rows or rows
+    s0, slots, _ = _state_view(initial_state_source, slots, B)
     from ddsim import gpu_backend as gb
     kw = dict(parents=parents, initial_state=s0, state_indices=slots, mode=mode, scale=scale,
               use_qk_l2norm=use_qk_l2norm_in_kernel, a=a, b=b, A_log=A_log, dt_bias=dt_bias, backend=_backend(q))
@@ -268,20 +254,21 @@ def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_st
                     retrieve_parent_token, accepted, use_qk_l2norm_in_kernel=True, cu_seqlens=None):
     """Write the state after root..accepted[b] into sequence b's slot of the [N, HV, V, K] pool; no
     other slot is touched. Returns the pool."""
-    flags = _Flags() if _captured(k) else None
-    B, T = _batch_shape(k, cu_seqlens, flags, initial_state_indices)
+    captured = _captured(k)
+    B, T = (_captured_shape if captured else _batch_shape)(k, cu_seqlens, *((initial_state_indices,) if captured else ()))
     k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (k, v, a, b))
     pool = initial_state_source
-    s0, slots, rows = _state_view(pool, initial_state_indices, B, flags)
-    if flags is not None and rows is not None:
-        raise ValueError(f"initial_state_source: a {pool.dtype} pool's commit writes its rows back past a host read, "
-                         "which CUDA-graph capture cannot take; capture the commit on an fp32 pool")
-    parents = _parents(retrieve_parent_token, B, T, k, flags, _live(initial_state_indices, flags))
-    if flags is not None:
-        if isinstance(accepted, torch.Tensor):
-            accepted, bad = device_checks.accepted(accepted, B, T)
-            flags.add(bad & _live(initial_state_indices, flags))
-        a, b = flags.gates(a, b)
+    parents = _parents(retrieve_parent_token, B, T, k, captured)
+    slots = initial_state_indices
+    if captured:
+        if not (pool.dtype == torch.float32 and pool.dim() == 4 and pool.is_contiguous()):
+            raise ValueError(f"initial_state_source: a {pool.dtype} pool's commit writes its rows back past a host "
+                             "read, which CUDA-graph capture cannot take; capture the commit on an fp32 pool")
+        step = _step(k, a=a, b=b, pool=pool, slots=slots, plan=parents, cu_seqlens=cu_seqlens,
+                     accepted=None if isinstance(accepted, checks.CheckedIndices) else accepted)
+        a, b, slots = step.a, step.b, step.slots
+        accepted = step.accepted or accepted
+    s0, slots, rows = _state_view(pool, slots, B)
     from ddsim import gpu_backend as gb
     new = gb.gdn_tree_commit(k, v, parents=parents, accepted=accepted,
                              initial_state=s0, state_indices=slots, inplace=rows is None,

@@ -38,8 +38,9 @@ def _tree_tables_kernel(parents, src, anc, mask, paths, conv, bad, T, WIDTH, W,
                         CONV: tl.constexpr, CHECK: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
     # Tree b = program_id(1) of a batch, each table's rows side by side: parents [B, T] (any integers; without CHECK
     # int64, validated: -1 at the root, each parent an earlier node); src [B, T] int64; anc, mask [B, T, T] int8 /
-    # uint8; paths [B, T, WIDTH] int32; conv [B, T, W] int32; bad [B] int32 (CHECK: set to 1 for a tree with a node
-    # whose parent is not an earlier node; zeroed by the caller). Each output is written only where its flag is set.
+    # uint8; paths [B, T, WIDTH] int32; conv [B, T, W] int32; bad [B, programs along axis 0] int32 (CHECK: 1 where
+    # the program's nodes include one whose parent is not an earlier node, else 0). Each output is written only where
+    # its flag is set.
     # Program p owns nodes p BN .. p BN + BN - 1 of its tree and every output row of theirs: it clears its rows, then
     # writes them (a barrier between: its own stores only, so no other program's order matters).
     i_b = tl.program_id(1).to(tl.int64)
@@ -68,7 +69,7 @@ def _tree_tables_kernel(parents, src, anc, mask, paths, conv, bad, T, WIDTH, W,
     if CHECK:  # this program's nodes whose entry is not an earlier node (the root's is not read)
         raw = tl.load(parents + t, mask=mt & (t > 0), other=0).to(tl.int64)
         wrong = mt & (t > 0) & ((raw < 0) | (raw >= t))
-        tl.store(bad + i_b + tl.zeros([BN], tl.int64), tl.full([BN], 1, tl.int32), mask=wrong)
+        tl.store(bad + i_b * tl.num_programs(0) + tl.program_id(0), (tl.sum(wrong.to(tl.int32), 0) > 0).to(tl.int32))
     if SRC:
         tl.store(src + t, own, mask=mt)
     depth = tl.zeros([BN], tl.int32)
@@ -118,12 +119,19 @@ def tree_tables(parents: torch.Tensor, *, width: int, src=None, anc=None, mask=N
     _launch(parents.reshape(1, T), width, W, src=src, anc=anc, mask=mask, paths=paths, conv=conv, bad=None)
 
 
+BN = 32  # nodes a program
+
+
+def blocks(T: int) -> int:
+    """The programs over one tree of T nodes (checked_tables' flags a tree)."""
+    return C.cdiv(T, BN)
+
+
 def _launch(parents, width: int, W: int, *, src, anc, mask, paths, conv, bad) -> None:
     """The kernel over parents [B, T], its tables' flags from those given (bad given: CHECK)."""
     B, T = parents.shape
     dummy = parents
-    BN = 32
-    launch(_tree_tables_kernel, (C.cdiv(T, BN), B), parents=parents, src=src if src is not None else dummy,
+    launch(_tree_tables_kernel, (blocks(T), B), parents=parents, src=src if src is not None else dummy,
            anc=anc if anc is not None else dummy, mask=mask.view(torch.uint8) if mask is not None else dummy,
            paths=paths if paths is not None else dummy, conv=conv if conv is not None else dummy,
            bad=bad if bad is not None else dummy, T=T, WIDTH=width, W=W, SRC=src is not None, ANC=anc is not None,
@@ -136,14 +144,14 @@ def checked_tables(parents: torch.Tensor, *, src: torch.Tensor, anc: torch.Tenso
     """A batch of unvalidated trees' exact tables, with no host sync (a CUDA graph captures it): parents [B, T]
     int32 or int64 as an engine hands them over (node 0 each tree's root, its entry not read) -> src [B, T] int64
     (the parents read, -1 at the root), anc [B, T, T] int8 (ancestor-or-self), paths [B, T, T] int32 (root first, -1
-    padded: any tree of T nodes fits), and bad [B] int32, which the caller zeroes: 1 for a tree with a node whose
-    parent is not an earlier node. Such a node is read as the previous node's child, so the tables are a tree's and
-    every walk ends at the root; the caller fails that sequence closed."""
+    padded: any tree of T nodes fits), and bad [B, cdiv(T, 32)] int32 (its blocks of 32 nodes: 1 where one has a
+    parent that is not an earlier node, else 0; ``blocks(T)`` columns). Such a node is read as the previous node's
+    child, so the tables are a tree's and every walk ends at the root; the caller fails that sequence closed."""
     if parents.dim() != 2 or parents.dtype not in (torch.int32, torch.int64) or parents.shape[1] < 1:
         raise ValueError(f"parents: expected int32 or int64 [B, T >= 1], got {parents.dtype} {tuple(parents.shape)}")
     B, T = parents.shape
     want = dict(src=(torch.int64, (B, T)), anc=(torch.int8, (B, T, T)), paths=(torch.int32, (B, T, T)),
-                bad=(torch.int32, (B,)))
+                bad=(torch.int32, (B, blocks(T))))
     for k, v in dict(src=src, anc=anc, paths=paths, bad=bad).items():
         if (v.dtype, tuple(v.shape)) != want[k] or not v.is_contiguous():
             raise ValueError(f"{k}: expected a contiguous {want[k][0]} {list(want[k][1])}, got {v.dtype} "

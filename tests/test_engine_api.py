@@ -28,7 +28,7 @@ def test_check_kernel_holds_in_sglangs_convention(tmp_path, mode, held):
     import json  # padded batches among the examples (SGLang's convention pads a CUDA-graph batch with slot -1)
     report = json.loads((tmp_path / "ce.json").read_text())
     assert report["coverage"]["padded rows"] == ([0, 2] if profile == "quick" else [0, 1, 3])
-    assert report["launch"] == ("graph" if torch.cuda.is_available() else "eager")
+    assert report["kernel"]["launch"] == ("graph" if torch.cuda.is_available() else "eager")
 
 
 def _inputs(seed=0, B=2, T=6, H=1, HV=2, K=4, V=3, N=5):

@@ -1,0 +1,100 @@
+"""A step's checks on the device in one kernel (twin: device_checks' torch functions slots, rows, accepted, segments
+and poisoned, its reference): a captured verify or commit then adds two launches to its kernels', this one and the
+tree tables' (triton_tables.checked_tables), where the torch twins take some forty small ones.
+
+A program per sequence b: its slot checked against the pool and every other live slot, its buffer row against the
+buffer and every other row, its accepted node against the tree, the packing's offsets against B segments of T, its
+tree's flags (one per block of nodes the tables kernel checked) read; then its gates' inputs a, b [T, HV] copied out,
+NaN if any check failed (a padded row's, slot -1, only for its buffer row).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ddsim.gpu_backend import _common as C
+from ddsim.gpu_backend.launch import launch
+
+
+@triton.jit
+def _step_checks_kernel(slots, slots_out, N_POOL, tree_bad, NBLK, rows, rows_out, N_BUF, acc, acc_out, cu,
+                        a, a_out, b, b_out, bad_out, B, T, HV, A_SB, A_ST, A_SH, B_SB, B_ST, B_SH,
+                        TREE: tl.constexpr, ROWS: tl.constexpr, ACC: tl.constexpr, CU: tl.constexpr,
+                        BB: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr):
+    # slots [B] int32/int64 -> slots_out [B] int32 (outside the pool: -1); tree_bad [B, NBLK] int32; rows [B] ->
+    # rows_out [B] int32 (clamped into the buffer); acc [B] -> acc_out [B] int64 (outside the tree: 0); cu [B + 1];
+    # a, b [B, T, HV] (strided) -> a_out, b_out [B, T, HV] contiguous; bad_out [B] int32.
+    i = tl.program_id(0)
+    o = tl.arange(0, BB)
+    mo = (o < B) & (o != i)  # every other sequence
+    s = tl.load(slots + i).to(tl.int64)
+    live = s != -1
+    inside = (s >= 0) & (s < N_POOL)
+    others = tl.load(slots + o, mask=mo, other=-1).to(tl.int64)
+    shared = tl.sum(((others == s) & mo).to(tl.int32), 0) > 0
+    bad = live & ((~inside) | (inside & shared))
+    tl.store(slots_out + i, tl.where(inside, s, -1).to(tl.int32))
+    if TREE:
+        ob = tl.arange(0, BN)
+        flags = tl.load(tree_bad + i * NBLK + ob, mask=ob < NBLK, other=0)
+        bad = bad | (live & (tl.sum(flags, 0) > 0))
+    if ACC:
+        c = tl.load(acc + i).to(tl.int64)
+        ok = (c >= 0) & (c < T)
+        bad = bad | (live & ~ok)
+        tl.store(acc_out + i, tl.where(ok, c, 0))
+    if CU:
+        oc = tl.arange(0, BB)
+        mc = oc <= B
+        off = tl.load(cu + oc, mask=mc, other=0).to(tl.int64)
+        wrong = tl.sum(((off != oc.to(tl.int64) * T) & mc).to(tl.int32), 0) > 0
+        bad = bad | (live & wrong)
+    if ROWS:
+        r = tl.load(rows + i).to(tl.int64)
+        rin = (r >= 0) & (r < N_BUF)
+        rothers = tl.load(rows + o, mask=mo, other=-1).to(tl.int64)
+        rshared = tl.sum(((rothers == r) & mo).to(tl.int32), 0) > 0
+        bad = bad | (~rin) | (rin & rshared)
+        tl.store(rows_out + i, tl.minimum(tl.maximum(r, 0), N_BUF - 1).to(tl.int32))
+    tl.store(bad_out + i, bad.to(tl.int32))
+    h = tl.arange(0, BH)
+    mh = h < HV
+    i64 = i.to(tl.int64)
+    for t in range(0, T):
+        av = tl.load(a + i64 * A_SB + t * A_ST + h * A_SH, mask=mh)
+        bv = tl.load(b + i64 * B_SB + t * B_ST + h * B_SH, mask=mh)
+        out = (i64 * T + t) * HV + h
+        tl.store(a_out + out, tl.where(bad, float("nan"), av.to(tl.float32)).to(a_out.dtype.element_ty), mask=mh)
+        tl.store(b_out + out, tl.where(bad, float("nan"), bv.to(tl.float32)).to(b_out.dtype.element_ty), mask=mh)
+
+
+def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor, tree_bad: torch.Tensor | None = None,
+                rows: torch.Tensor | None = None, N_buf: int = 0, accepted: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None):
+    """(slots int32 [B], rows int32 [B] or None, accepted int64 [B] or None, a, b [B, T, HV] contiguous, bad int32
+    [B]) of a step's raw inputs, checked on the device in one launch (device_checks' torch functions are its twin):
+    slots [B] of a pool of N rows (-1 padding), a, b [B, T, HV] the gates' inputs, tree_bad [B, NBLK] int32 the tables
+    kernel's flags, rows [B] of a buffer of N_buf rows, accepted [B] node indices, cu_seqlens [B + 1] offsets."""
+    B, T, HV = a.shape
+    dev = a.device
+    tensors = [x for x in (slots, b, tree_bad, rows, accepted, cu_seqlens) if x is not None]
+    C.check_device(a, *tensors)
+    if tuple(b.shape) != (B, T, HV) or tuple(slots.shape) != (B,):
+        raise ValueError(f"step_checks: a {tuple(a.shape)}, b {tuple(b.shape)}, slots {tuple(slots.shape)}")
+    slots_out = torch.empty(B, dtype=torch.int32, device=dev)
+    rows_out = torch.empty(B, dtype=torch.int32, device=dev) if rows is not None else None
+    acc_out = torch.empty(B, dtype=torch.int64, device=dev) if accepted is not None else None
+    a_out, b_out = torch.empty(B, T, HV, dtype=a.dtype, device=dev), torch.empty(B, T, HV, dtype=b.dtype, device=dev)
+    bad = torch.empty(B, dtype=torch.int32, device=dev)
+    nblk = tree_bad.shape[1] if tree_bad is not None else 1
+    launch(_step_checks_kernel, (B,), slots=slots, slots_out=slots_out, N_POOL=N,
+           tree_bad=tree_bad if tree_bad is not None else bad, NBLK=nblk, rows=rows if rows is not None else slots,
+           rows_out=rows_out if rows is not None else slots_out, N_BUF=max(N_buf, 1),
+           acc=accepted if accepted is not None else slots, acc_out=acc_out if accepted is not None else bad,
+           cu=cu_seqlens if cu_seqlens is not None else slots, a=a, a_out=a_out, b=b, b_out=b_out, bad_out=bad, B=B,
+           T=T, HV=HV, A_SB=a.stride(0), A_ST=a.stride(1), A_SH=a.stride(2), B_SB=b.stride(0), B_ST=b.stride(1),
+           B_SH=b.stride(2), TREE=tree_bad is not None, ROWS=rows is not None, ACC=accepted is not None,
+           CU=cu_seqlens is not None, BB=C.next_pow2(B + 1, 2), BN=C.next_pow2(nblk, 1), BH=C.next_pow2(HV, 1),
+           num_warps=1)
+    return slots_out, rows_out, acc_out, a_out, b_out, bad
