@@ -21,7 +21,7 @@ from ddsim.gpu_backend.launch import launch
 def _step_checks_kernel(slots, slots_out, N_POOL, tree_bad, NBLK, rows, rows_out, N_BUF, acc, acc_out, cu,
                         a, a_out, b, b_out, bad_out, B, T, HV, A_SB, A_ST, A_SH, B_SB, B_ST, B_SH,
                         TREE: tl.constexpr, ROWS: tl.constexpr, ACC: tl.constexpr, CU: tl.constexpr,
-                        BB: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr):
+                        BB: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr):
     # slots [B] int32/int64 -> slots_out [B] int32 (outside the pool: -1); tree_bad [B, NBLK] int32; rows [B] ->
     # rows_out [B] int32 (clamped into the buffer); acc [B] -> acc_out [B] int64 (outside the tree: 0); cu [B + 1];
     # a, b [B, T, HV] (strided) -> a_out, b_out [B, T, HV] contiguous; bad_out [B] int32.
@@ -59,14 +59,16 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree_bad, NBLK, rows, rows_out
         tl.store(rows_out + i, tl.minimum(tl.maximum(r, 0), N_BUF - 1).to(tl.int32))
     tl.store(bad_out + i, bad.to(tl.int32))
     h = tl.arange(0, BH)
-    mh = h < HV
+    tt = tl.arange(0, BT)
     i64 = i.to(tl.int64)
-    for t in range(0, T):
-        av = tl.load(a + i64 * A_SB + t * A_ST + h * A_SH, mask=mh)
-        bv = tl.load(b + i64 * B_SB + t * B_ST + h * B_SH, mask=mh)
-        out = (i64 * T + t) * HV + h
-        tl.store(a_out + out, tl.where(bad, float("nan"), av.to(tl.float32)).to(a_out.dtype.element_ty), mask=mh)
-        tl.store(b_out + out, tl.where(bad, float("nan"), bv.to(tl.float32)).to(b_out.dtype.element_ty), mask=mh)
+    for t0 in range(0, T, BT):  # [BT, BH] tiles: a row's loads at once, not node by node
+        t = t0 + tt
+        m = (t < T)[:, None] & (h < HV)[None, :]
+        av = tl.load(a + i64 * A_SB + t[:, None] * A_ST + h[None, :] * A_SH, mask=m)
+        bv = tl.load(b + i64 * B_SB + t[:, None] * B_ST + h[None, :] * B_SH, mask=m)
+        out = (i64 * T + t[:, None]) * HV + h[None, :]
+        tl.store(a_out + out, tl.where(bad, float("nan"), av.to(tl.float32)).to(a_out.dtype.element_ty), mask=m)
+        tl.store(b_out + out, tl.where(bad, float("nan"), bv.to(tl.float32)).to(b_out.dtype.element_ty), mask=m)
 
 
 def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor, tree_bad: torch.Tensor | None = None,
@@ -96,5 +98,5 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
            T=T, HV=HV, A_SB=a.stride(0), A_ST=a.stride(1), A_SH=a.stride(2), B_SB=b.stride(0), B_ST=b.stride(1),
            B_SH=b.stride(2), TREE=tree_bad is not None, ROWS=rows is not None, ACC=accepted is not None,
            CU=cu_seqlens is not None, BB=C.next_pow2(B + 1, 2), BN=C.next_pow2(nblk, 1), BH=C.next_pow2(HV, 1),
-           num_warps=1)
+           BT=max(1, min(C.next_pow2(T, 1), 4096 // C.next_pow2(HV, 1))), num_warps=4)
     return slots_out, rows_out, acc_out, a_out, b_out, bad

@@ -293,7 +293,8 @@ def test_the_drop_in_is_captured_in_a_cuda_graph_and_replays_other_steps():
             for g_, w in zip(got, want):
                 assert torch.equal(g_.nan_to_num(7.0), w.nan_to_num(7.0)), trial
         else:
-            assert torch.isnan(got[0][0]).all() and torch.isnan(got[1][0]).all() and torch.isnan(got[3][0]).all()
+            # sequence 0's outputs, its node states (its buffer row, 4) and its committed state NaN; sequence 1's not
+            assert torch.isnan(got[0][0]).all() and torch.isnan(got[1][0]).all() and torch.isnan(got[2][4]).all()
             assert torch.isnan(got[3][int(new_slots[0])]).all() and torch.isfinite(got[0][1]).all()
 
 
@@ -331,7 +332,8 @@ def test_a_nan_gate_input_reaches_what_it_feeds_as_in_torch():
 def test_the_step_kernel_equals_its_torch_reference(data):
     """device_checks.step (one kernel, triton_checks) against step_reference (the torch functions), on drawn slots
     (padding, outside the pool, shared), buffer rows, accepted nodes, packing offsets and trees, a and b strided."""
-    B, T, HV, N = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 40)), data.draw(st.integers(1, 5)), 5
+    # 70 heads: tiles of 32 nodes (triton_checks.step_checks), so 40 nodes take two
+    B, T, HV, N = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 40)), data.draw(st.sampled_from([1, 2, 5, 70])), 5
     ints = lambda lo, hi: torch.tensor(data.draw(st.lists(st.integers(lo, hi), min_size=B, max_size=B)))  # noqa: E731
     parents = torch.tensor([[0] + [data.draw(st.integers(-2, T + 1)) for _ in range(1, T)] for _ in range(B)])
     plan = device_checks.DevicePlan(parents) if data.draw(st.booleans()) else None
