@@ -39,7 +39,9 @@ the accepted state into it) through its [N, HV, K, V] transpose view; a pool of 
 gathered into a float32 copy of the batch's rows and written back.
 A padded batch (initial_state_indices -1 for the rows SGLang pads a CUDA-graph replay with, PAD_SLOT_ID) is taken as
 SGLang's kernel takes it: a padded row verifies from a zero state, and neither call reads or writes a pool slot for it.
-On CUDA (and in Triton's interpreter) Triton kernels run (the WY form; past 65 nodes, its form over
+Under CUDA-graph capture (a server's captured verify) raw tensors are checked on the device instead, and a sequence
+with an input it cannot trust fails closed as NaN (gpu_backend/device_checks.py); outside capture they are checked on
+the host and refused in one line. On CUDA (and in Triton's interpreter) Triton kernels run (the WY form; past 65 nodes, its form over
 64-row chunks); on the CPU otherwise, the torch path.
 """
 from __future__ import annotations
