@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddsim.gpu_backend import device_checks, engine_api, host_tables
+from ddsim.gpu_backend import checks, device_checks, engine_api, host_tables
 from tests.test_host_tables import parent_batches
 
 
@@ -43,6 +43,32 @@ def test_checked_tables_are_the_host_tables_of_the_tree_as_read(parents, data):
     want_paths[:, :, :depth + 1] = host_tables.root_paths(mask, depth)
     assert torch.equal(src, read) and np.array_equal(anc.numpy(), mask) and np.array_equal(paths.numpy(), want_paths)
     assert bad.bool().any(1).tolist() == bad_want and set(bad.flatten().tolist()) <= {0, 1}
+
+
+@pytest.mark.interpreter
+@given(parents=parent_batches(max_batch=3, max_nodes=40))
+def test_a_device_plan_serves_the_tables_a_host_plan_serves_in_both_modes(parents):
+    """DevicePlan (and DevicePlan.chain for the flattened recurrence) against TreePlan on valid trees: the same source
+    parents, ancestor masks and root paths in exact and leaky mode (the root paths padded to T columns, the depth
+    reported as T - 1, the most T nodes reach); no conv tables; nothing flagged."""
+    B, T = parents.shape
+    host = checks.TreePlan(parents)
+    raw = parents.clone()
+    raw[:, 0] = 0  # SGLang's root entry
+    chain = torch.arange(-1, T - 1).expand(B, T)
+    for dev, hp in ((device_checks.DevicePlan(raw.int()), host), (device_checks.DevicePlan.chain(B, T, "cpu"),
+                                                                   checks.TreePlan(chain))):
+        assert not dev.bad.any()
+        for mode in checks.MODES:
+            assert torch.equal(dev.src(mode), hp.src(mode))
+            (m_dev, d_dev), (m_host, _) = dev.ancestors(mode), hp.ancestors(mode)
+            assert m_dev.dtype == torch.int8 and torch.equal(m_dev, m_host) and d_dev == T - 1
+            want = torch.full((B, T, T), -1, dtype=torch.int32)
+            paths = hp.root_paths(mode)
+            want[:, :, :paths.shape[2]] = paths
+            assert torch.equal(dev.root_paths(mode)[:, :, :T], want[:, :, :dev.root_paths(mode).shape[2]])
+        with pytest.raises(RuntimeError, match="no conv tables"):
+            dev.conv_table("exact", 4)
 
 
 def test_checked_tables_refuse_a_table_of_another_shape_in_one_line():
