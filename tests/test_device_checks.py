@@ -261,12 +261,26 @@ def test_the_poison_reaches_every_output_and_state():
 
 
 def test_slots_rows_and_accepted_checked_on_the_device():
-    s, bad = device_checks.slots(torch.tensor([2, -1, 9, 2, 0]), 5, "initial_state_indices")
-    assert s.indices.tolist() == [2, -1, -1, 2, 0] and bad.tolist() == [True, False, True, True, False]
-    r, bad = device_checks.rows(torch.tensor([4, 7, 1, -2]), 5, "intermediate_state_indices")
-    assert r.indices.tolist() == [4, 4, 1, 0] and bad.tolist() == [False, True, False, True]
+    """The torch twins at their bounds: the first and last slot, row and node inside, one past, -1 and below; what
+    they launch with (pool and buffer sizes, a count of padded rows) as the kernels take it."""
+    s, bad = device_checks.slots(torch.tensor([2, -1, 9, 2, 0, 4, 5, -2]), 5, "initial_state_indices")
+    assert s.indices.tolist() == [2, -1, -1, 2, 0, 4, -1, -1] and s.N == 5 and s.padded == 8
+    assert bad.tolist() == [True, False, True, True, False, False, True, True]
+    r, bad = device_checks.rows(torch.tensor([4, 7, 1, -2, 0, 5]), 5, "intermediate_state_indices")
+    assert r.indices.tolist() == [4, 4, 1, 0, 0, 4] and r.N == 5 and r.padded == 0
+    # rows 7 and 5 are outside (flagged, clamped to row 4, whose own sequence is not flagged: NaN may land in its
+    # states, never another number)
+    assert bad.tolist() == [False, True, False, True, False, True]
     acc, bad = device_checks.accepted(torch.tensor([0, 7, -1, 6]), 4, 7)
-    assert acc.indices.tolist() == [0, 0, 0, 6] and bad.tolist() == [False, True, True, False]
+    assert acc.indices.tolist() == [0, 0, 0, 6] and acc.T == 7 and bad.tolist() == [False, True, True, False]
+    p = device_checks.poisoned(torch.ones(2, 1, 1), torch.tensor([True, False]))
+    assert torch.isnan(p[0]).all() and p[1].item() == 1.0
+    with pytest.raises(ValueError, match=r"^rows_of_x: expected an integer tensor \[B\], got torch.float32 \(2,\)$"):
+        device_checks.rows(torch.zeros(2), 5, "rows_of_x")
+    with pytest.raises(ValueError, match=r"^slots_of_x: expected an integer tensor \[B\], got torch.int64 \(1, 2\)$"):
+        device_checks.slots(torch.zeros(1, 2, dtype=torch.long), 5, "slots_of_x")
+    with pytest.raises(ValueError, match=r"^slots_of_x: expected an integer tensor \[B\], got tuple$"):
+        device_checks.slots((1, 2), 5, "slots_of_x")
     with pytest.raises(ValueError, match=r"^accepted: expected an integer tensor \[B\] = \[3\]"):
         device_checks.accepted(torch.tensor([0, 1]), 3, 7)
 
@@ -360,14 +374,22 @@ def test_the_step_kernel_equals_its_torch_reference(data):
     (padding, outside the pool, shared), buffer rows, accepted nodes, packing offsets and trees, a and b strided."""
     # 70 heads: tiles of 32 nodes (triton_checks.step_checks), so 40 nodes take two
     B, T, HV, N = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 40)), data.draw(st.sampled_from([1, 2, 5, 70])), 5
-    ints = lambda lo, hi: torch.tensor(data.draw(st.lists(st.integers(lo, hi), min_size=B, max_size=B)))  # noqa: E731
-    parents = torch.tensor([[0] + [data.draw(st.integers(-2, T + 1)) for _ in range(1, T)] for _ in range(B)])
+    def ints(lo, hi, n_right):  # [B]: right values (distinct in 0..n_right-1 where they fit), at most one entry wrong
+        right = data.draw(st.permutations(range(max(n_right, B))))[:B]
+        out = [x % n_right for x in right] if n_right else [0] * B
+        if data.draw(st.booleans()):
+            out[data.draw(st.integers(0, B - 1))] = data.draw(st.integers(lo, hi))
+        return torch.tensor(out)
+    parents = torch.tensor([[0] + [data.draw(st.integers(0, i - 1)) for i in range(1, T)] for _ in range(B)])
+    if T > 1 and data.draw(st.booleans()):  # one node's parent not an earlier node
+        i = data.draw(st.integers(1, T - 1))
+        parents[data.draw(st.integers(0, B - 1)), i] = data.draw(st.one_of(st.integers(-2, -1), st.integers(i, T + 1)))
     plan = device_checks.DevicePlan(parents) if data.draw(st.booleans()) else None
-    kw = dict(slots=ints(-2, N + 1).to(data.draw(st.sampled_from([torch.int32, torch.int64]))), N=N, plan=plan)
+    kw = dict(slots=ints(-2, N + 1, N).to(data.draw(st.sampled_from([torch.int32, torch.int64]))), N=N, plan=plan)
     if data.draw(st.booleans()):
-        kw.update(rows=ints(-1, 6), N_buf=6)
+        kw.update(rows=ints(-1, 6, 6), N_buf=6)
     if data.draw(st.booleans()):
-        kw.update(accepted=ints(-1, T))
+        kw.update(accepted=ints(-1, T, T))
     if data.draw(st.booleans()):
         cu = torch.arange(B + 1) * T
         if data.draw(st.booleans()):
