@@ -454,3 +454,19 @@ def test_padding_is_taken_only_where_a_kernel_handles_it():
     with pytest.raises(ValueError, match="intermediate_state_indices: 1 padded rows"):
         checks.node_state_rows(torch.zeros(5, 6, 2, 4, 3), engine_api.plan_slots(pool, [3, -1]), 2,
                                rows_name="intermediate_state_indices")
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("mode, held", [("exact", 9), ("leaky", 8)])
+def test_check_kernel_holds_the_drop_in_on_its_device_checked_path(mode, held):
+    """Every call of the drop-in made as a captured call makes it (device_checks.forced(): its inputs checked on the
+    device, its tables built by the kernels a capture launches), in Triton's interpreter: check-kernel's quick profile
+    holds every property, its padded rows, 16-bit pools and replayed example among them. (On a GPU the replayed
+    example is captured for real: test_check_kernel_holds_in_sglangs_convention.)"""
+    from ddsim.engines import check_kernel as ck
+    from ddsim.engines import load
+    from ddsim.gpu_backend import device_checks
+    kernel = load(IMPL, convention="sglang")
+    with device_checks.forced():
+        res = ck.check(kernel, mode=mode, device="cpu", max_examples=2, profile="quick")
+    assert [r.name for r in res if not r.holds] == [] and len(res.properties) == held
