@@ -19,7 +19,8 @@ Nothing is read or written outside the tensors handed over:
   flagged and clamped into it: its sequence's NaN states land in a row of this step's scratch buffer, so a sequence
   whose row it is reads NaN where the two overlap, never another number. A row two sequences share is flagged in both.
 - ``accepted``: the accepted node [B] of each sequence; one outside 0..T-1 is flagged and read as the root.
-- ``segments``: packed inputs' offsets cu_seqlens [B + 1]; unless they are B segments of T, every sequence is flagged.
+- ``segments``: packed inputs' offsets cu_seqlens [B + 1]; unless they are B segments of T, every live sequence is
+  flagged.
 
 A padded row (slot -1) is flagged only for its buffer row: its outputs are not used.
 
