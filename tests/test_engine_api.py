@@ -457,6 +457,9 @@ def test_padding_is_taken_only_where_a_kernel_handles_it():
 
 
 @pytest.mark.interpreter
+# numpy's overflow in the interpreter: exp(G_i - G_j) for pairs off the ancestor mask (triton_wy_split's prologue), which
+# the tl.where beside it discards (traced on the drawn leaky examples)
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 @pytest.mark.parametrize("mode, held", [("exact", 9), ("leaky", 8)])
 def test_check_kernel_holds_the_drop_in_on_its_device_checked_path(mode, held):
     """Every call of the drop-in made as a captured call makes it (device_checks.forced(): its inputs checked on the
