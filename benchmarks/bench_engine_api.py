@@ -32,7 +32,6 @@ time that do_bench's events take in).
 """
 import argparse
 import statistics
-import sys
 
 import torch
 
@@ -50,11 +49,10 @@ from ddsim.bench.bench import (
     median_us_calls,
     parse_shapes,
     sglang_layer,
+    sglang_run,
     slotted_pool,
 )
 from ddsim.engines.kernel_cases import split_views
-from ddsim.engines.sglang import _kernel
-from ddsim.errors import InputError
 from ddsim.gpu_backend import engine_api, fastcall, triton_gdn
 from ddsim.gpu_backend.triton_gdn import plan_wy
 
@@ -75,17 +73,11 @@ def main():
     a = ap.parse_args()
     shapes = parse_shapes(ap, a.shapes)
     at_least_one(ap, a, "calls")
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_engine_api: needs a CUDA device")
     if a.rownorm is not None:
         triton_gdn.FUSED_ROWNORM = bool(a.rownorm)
     if a.fused_warps is not None:
         triton_gdn.FUSED_WARPS = a.fused_warps
-    try:
-        sgl, where = _kernel()
-    except InputError as e:  # SGLang's kernel not importable: one line, before any work
-        print(f"bench_engine_api: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    sgl, where = sglang_run("bench_engine_api")
     print(cuda_header(a.commit) + f" | SGLang kernel {where} | FUSED_ROWNORM {int(triton_gdn.FUSED_ROWNORM)}, "
           f"FUSED_WARPS {triton_gdn.FUSED_WARPS} | q, k, v {a.layout}")
     bw, rate = copy_bandwidth("cuda"), fp32_tensor_rate("cuda", "bf16x3")  # bf16 inputs' default

@@ -25,13 +25,18 @@ tile or warp count sums the key rows in another order).
         # needs CUDA and SGLang's kernel importable
 """
 import argparse
-import sys
 
 import torch
 
-from ddsim.bench.bench import copy_bandwidth, cuda_header, kernel_device_us, median_us, parse_shapes, sglang_layer
-from ddsim.engines.sglang import _kernel
-from ddsim.errors import InputError
+from ddsim.bench.bench import (
+    copy_bandwidth,
+    cuda_header,
+    kernel_device_us,
+    median_us,
+    parse_shapes,
+    sglang_layer,
+    sglang_run,
+)
 from ddsim.gpu_backend import engine_api
 from ddsim.gpu_backend import triton_gdn as G
 
@@ -59,13 +64,7 @@ def main():
     a = ap.parse_args()
     shapes, serial, configs = parse_shapes(ap, a.shapes), parse_configs(ap, "serial", a.serial), parse_configs(
         ap, "paths", a.paths)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_node_states: needs a CUDA device")
-    try:
-        sgl, where = _kernel()
-    except InputError as e:
-        print(f"bench_node_states: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    sgl, where = sglang_run("bench_node_states")
     print(cuda_header(a.commit) + f" | SGLang kernel {where} | mode {a.mode}")
     exact = a.mode == "exact"
     bw = copy_bandwidth("cuda")

@@ -21,18 +21,15 @@ SGLang's, so the graphs are seen to compute the verify, not only to take time.
         # buffers fit in --gib GiB
 """
 import argparse
-import sys
 
 import torch
 
-from ddsim.bench.bench import cuda_header, ddtree_batch, graphed_us, kernel_inputs, parse_shapes
+from ddsim.bench.bench import cuda_header, ddtree_batch, graphed_us, kernel_inputs, parse_shapes, sglang_run
 from ddsim.engines import fused_gates
-from ddsim.engines.sglang import _kernel
-from ddsim.errors import InputError
 from ddsim.gpu_backend import engine_api
 
 
-def _layer(B, T, par, seed):
+def _layer(B, T, seed):
     """One layer's inputs in SGLang's convention: q, k, v, a, b, the pool (2 B rows, the batch's every other one),
     its slots, the buffer [B, T, HV, V, K] and its rows, the accepted nodes."""
     inp = kernel_inputs(B, T, device="cuda", seed=seed)
@@ -54,13 +51,7 @@ def main():
     shapes = parse_shapes(ap, a.shapes)
     if a.layers < 1 or a.gib <= 0:
         ap.error("--layers and --gib must be positive")
-    if not torch.cuda.is_available():
-        raise SystemExit("drop_in_graphed: needs a CUDA device")
-    try:
-        sgl, where = _kernel()
-    except InputError as e:
-        print(f"drop_in_graphed: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    sgl, where = sglang_run("drop_in_graphed")
     print(cuda_header(a.commit) + f" | SGLang kernel {where}")
     print("| B x T | layers | sglang exact (buffer) | + commit copy | ddsim drop-in (buffer) | ddsim snapshot-free "
           "verify | + commit_accepted | sglang flattened | max abs diff from sglang exact: drop-in / snapshot-free / "
@@ -73,12 +64,13 @@ def main():
         acc = torch.tensor([int(t.depths.argmax()) for t in trees], device="cuda")
         per_layer = (3 * B + B * T) * 48 * 128 * 128 * 4
         n = max(1, min(a.layers, int(a.gib * 2**30 // per_layer)))
-        layers = [_layer(B, T, par, seed=1 + i) for i in range(n)]
+        layers = [_layer(B, T, seed=1 + i) for i in range(n)]
 
         def sg_exact(x):
-            sgl(x["zeros"], x["a"], x["zeros"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], x["pool"], x["slots"],
-                use_qk_l2norm_in_kernel=True, disable_state_update=True, intermediate_states_buffer=x["buf"],
-                intermediate_state_indices=x["rows"], cache_steps=T, retrieve_parent_token=par)
+            x["o_sgl"] = sgl(x["zeros"], x["a"], x["zeros"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], x["pool"],
+                             x["slots"], use_qk_l2norm_in_kernel=True, disable_state_update=True,
+                             intermediate_states_buffer=x["buf"], intermediate_state_indices=x["rows"], cache_steps=T,
+                             retrieve_parent_token=par)
 
         def sg_commit(x):
             x["pool"][x["slots"].long()] = x["buf"][x["rows"].long(), acc]
@@ -109,12 +101,9 @@ def main():
             for x, p in zip(layers, pools):  # the commits wrote the pools: each form starts from the same states
                 x["pool"].copy_(p)
         last = layers[-1]
-        sgl_o = sgl(last["zeros"], last["a"], last["zeros"], 1.0, 20.0, last["q"], last["k"], last["v"], last["b"],
-                    last["pool"], last["slots"], use_qk_l2norm_in_kernel=True, disable_state_update=True,
-                    intermediate_states_buffer=last["buf"], intermediate_state_indices=last["rows"], cache_steps=T,
-                    retrieve_parent_token=par)
-        sgl_states = last["buf"].clone()
-        dd_dropin(last)  # eager, after the graphs: the same calls' values to compare
+        sg_exact(last)  # eager, after the graphs: the same calls' values to compare
+        sgl_o, sgl_states = last["o_sgl"], last["buf"].clone()
+        dd_dropin(last)
         dd_verify(last)
         diff = " / ".join(f"{(o.float() - sgl_o.float()).abs().max().item():.2e}"
                           for o in (last["o_dropin"], last["o_free"]))

@@ -527,6 +527,23 @@ def cuda_run(who: str, commit: str) -> None:
     print(cuda_header(commit), flush=True)
 
 
+def sglang_run(who: str):
+    """(SGLang's target-verify kernel, where it was found) for a GPU benchmark beside SGLang, after its options are
+    checked: stop (SystemExit naming ``who``) where there is no CUDA device, and in one line, exit 2, where SGLang's
+    kernel cannot be imported, before any work."""
+    import sys
+
+    from ddsim.engines.sglang import _kernel
+    from ddsim.errors import InputError
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{who}: needs a CUDA device")
+    try:
+        return _kernel()
+    except InputError as e:
+        print(f"{who}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def timing_rounds(forms: dict, *, rounds: int, calls: int, warm: bool = True) -> None:
     """Each launch of ``forms`` ({name: launch}) timed ``rounds`` times over in this process, the rows interleaved
     round by round (a figure that moves between rounds shows its spread): a markdown table on stdout of the timer
