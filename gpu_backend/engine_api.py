@@ -61,19 +61,6 @@ def _captured(x: torch.Tensor) -> bool:
     return _backend(x) == "triton" and device_checks.capturing(x)
 
 
-def _captured_shape(q, cu_seqlens, slots) -> tuple[int, int]:
-    """(B, T) under capture, from shapes alone: packed inputs [1, B*T, ...] take B from the slots (their offsets are
-    checked on the device, device_checks.step)."""
-    if cu_seqlens is None:
-        return q.shape[0], q.shape[1]
-    idx = slots.indices if isinstance(slots, checks.CheckedSlots) else slots
-    B = idx.shape[0] if isinstance(idx, torch.Tensor) else len(idx)
-    if q.shape[0] != 1 or B < 1 or q.shape[1] % B or len(cu_seqlens) != B + 1:
-        raise ValueError(f"cu_seqlens: expected q [1, B*T, H, K] and [B + 1] offsets for the B = {B} slots, got q "
-                         f"{tuple(q.shape)}, {len(cu_seqlens)} offsets")
-    return B, q.shape[1] // B
-
-
 def _step(x, *, a, b, pool, slots, plan, cu_seqlens, rows=None, buf=None, accepted=None) -> device_checks.Step:
     """Under capture: the step's raw inputs checked on the device in one launch (device_checks.step); refused in one
     line where a replay could not see a step's values (host lists, tensors on another device)."""
@@ -96,9 +83,18 @@ def _unpack(x, cu_seqlens, B_T):
     return x.reshape(B, T, *x.shape[2:])
 
 
-def _batch_shape(q, cu_seqlens):
+def _batch_shape(q, cu_seqlens, slots=None, captured: bool = False):
+    """(B, T). Packed inputs [1, B*T, ...]: B and T from the host offsets; under capture from shapes alone, B being the
+    slots' count (the offsets are then checked on the device, device_checks.step)."""
     if cu_seqlens is None:
         return q.shape[0], q.shape[1]
+    if captured:
+        idx = slots.indices if isinstance(slots, checks.CheckedSlots) else slots
+        B = idx.shape[0] if isinstance(idx, torch.Tensor) else len(idx)
+        if q.shape[0] != 1 or B < 1 or q.shape[1] % B or len(cu_seqlens) != B + 1:
+            raise ValueError(f"cu_seqlens: expected q [1, B*T, H, K] and [B + 1] offsets for the B = {B} slots, got q "
+                             f"{tuple(q.shape)}, {len(cu_seqlens)} offsets")
+        return B, q.shape[1] // B
     lens = torch.diff(torch.as_tensor(cu_seqlens).cpu())
     if q.shape[0] != 1 or lens.numel() == 0 or not bool((lens == lens[0]).all()):
         raise ValueError("cu_seqlens: expected q [1, B*T, H, K] and B segments of one length T (one tree size)")
@@ -211,7 +207,7 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
                          "with the accepted node")
     _check_gating(softplus_beta, softplus_threshold)
     captured = _captured(q)
-    B, T = (_captured_shape if captured else _batch_shape)(q, cu_seqlens, *((initial_state_indices,) if captured else ()))
+    B, T = _batch_shape(q, cu_seqlens, initial_state_indices, captured)
     q, k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (q, k, v, a, b))
     if retrieve_parent_token is None:
         parents, mode = _chain(B, T, q.device, captured), "leaky"
@@ -257,7 +253,7 @@ def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_st
     """Write the state after root..accepted[b] into sequence b's slot of the [N, HV, V, K] pool; no
     other slot is touched. Returns the pool."""
     captured = _captured(k)
-    B, T = (_captured_shape if captured else _batch_shape)(k, cu_seqlens, *((initial_state_indices,) if captured else ()))
+    B, T = _batch_shape(k, cu_seqlens, initial_state_indices, captured)
     k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (k, v, a, b))
     pool = initial_state_source
     parents = _parents(retrieve_parent_token, B, T, k, captured)
