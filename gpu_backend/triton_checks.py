@@ -18,6 +18,15 @@ from ddsim.gpu_backend.launch import launch
 
 
 @triton.jit
+def _index(idx, i, o, mo, N):
+    """(sequence i's entry of idx [B] as int64, whether it lies in 0..N-1, whether another sequence (o where mo) has
+    the same entry): the slots' and the buffer rows' check."""
+    x = tl.load(idx + i).to(tl.int64)
+    others = tl.load(idx + o, mask=mo, other=-1).to(tl.int64)
+    return x, (x >= 0) & (x < N), tl.sum(((others == x) & mo).to(tl.int32), 0) > 0
+
+
+@triton.jit
 def _step_checks_kernel(slots, slots_out, N_POOL, tree_bad, NBLK, rows, rows_out, N_BUF, acc, acc_out, cu,
                         a, a_out, b, b_out, bad_out, B, T, HV, A_SB, A_ST, A_SH, B_SB, B_ST, B_SH,
                         TREE: tl.constexpr, ROWS: tl.constexpr, ACC: tl.constexpr, CU: tl.constexpr,
@@ -28,12 +37,9 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree_bad, NBLK, rows, rows_out
     i = tl.program_id(0)
     o = tl.arange(0, BB)
     mo = (o < B) & (o != i)  # every other sequence
-    s = tl.load(slots + i).to(tl.int64)
+    s, inside, shared = _index(slots, i, o, mo, N_POOL)
     live = s != -1
-    inside = (s >= 0) & (s < N_POOL)
-    others = tl.load(slots + o, mask=mo, other=-1).to(tl.int64)
-    shared = tl.sum(((others == s) & mo).to(tl.int32), 0) > 0
-    bad = live & ((~inside) | (inside & shared))
+    bad = live & (~inside | shared)
     tl.store(slots_out + i, tl.where(inside, s, -1).to(tl.int32))
     if TREE:
         ob = tl.arange(0, BN)
@@ -51,11 +57,8 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree_bad, NBLK, rows, rows_out
         wrong = tl.sum(((off != oc.to(tl.int64) * T) & mc).to(tl.int32), 0) > 0
         bad = bad | (live & wrong)
     if ROWS:
-        r = tl.load(rows + i).to(tl.int64)
-        rin = (r >= 0) & (r < N_BUF)
-        rothers = tl.load(rows + o, mask=mo, other=-1).to(tl.int64)
-        rshared = tl.sum(((rothers == r) & mo).to(tl.int32), 0) > 0
-        bad = bad | (~rin) | (rin & rshared)
+        r, rin, rshared = _index(rows, i, o, mo, N_BUF)
+        bad = bad | ~rin | rshared
         tl.store(rows_out + i, tl.minimum(tl.maximum(r, 0), N_BUF - 1).to(tl.int32))
     tl.store(bad_out + i, bad.to(tl.int32))
     h = tl.arange(0, BH)
