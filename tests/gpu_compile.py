@@ -34,6 +34,7 @@ from ddsim.bench.bench import compile_kernel, ddtree_batch, kernel_inputs, on_cu
 from ddsim.gpu_backend import (  # noqa: E402
     _common,
     triton_attention,
+    triton_checks,
     triton_commit,
     triton_conv,
     triton_gdn,
@@ -70,7 +71,7 @@ def _launch(kernel, grid, **kw):
 for _m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit, triton_mamba2, triton_kda, triton_mamba1,
            triton_lightning):
     _m.bind = _bind
-for _m in (triton_attention, triton_commit, triton_conv, triton_norms, triton_tables):
+for _m in (triton_attention, triton_checks, triton_commit, triton_conv, triton_norms, triton_tables):
     _m.launch = _launch
 _common.check_device = lambda *xs: None  # CPU tensors: nothing is launched
 
@@ -132,6 +133,16 @@ def other_calls():
             g["parents"][0], width=nt, src=torch.empty(nt, dtype=torch.int64), anc=torch.empty(nt, nt, dtype=torch.int8),
             mask=torch.empty(nt, nt, dtype=torch.bool), paths=torch.empty(nt, nt, dtype=torch.int32),
             conv=torch.empty(nt, 4, dtype=torch.int32))),
+        # a captured drop-in's two launches (gpu_backend/device_checks.py) at 8 x 65, Qwen3.6-27B's 48 value heads
+        ("trees' tables checked on the device", lambda: triton_tables.checked_tables(
+            torch.zeros(8, 65, dtype=torch.int32), src=torch.empty(8, 65, dtype=torch.int64),
+            anc=torch.empty(8, 65, 65, dtype=torch.int8), paths=torch.empty(8, 65, 65, dtype=torch.int32),
+            bad=torch.empty(8, triton_tables.blocks(65), dtype=torch.int32))),
+        ("a step's checks on the device", lambda: triton_checks.step_checks(
+            slots=torch.zeros(8, dtype=torch.int32), N=16, a=torch.zeros(8, 65, 48, dtype=torch.bfloat16),
+            b=torch.zeros(8, 65, 48, dtype=torch.bfloat16), tree_bad=torch.zeros(8, 3, dtype=torch.int32),
+            rows=torch.zeros(8, dtype=torch.int32), N_buf=8, accepted=torch.zeros(8, dtype=torch.int64),
+            cu_seqlens=torch.zeros(9, dtype=torch.int32))),
         ("rms norm after the residual add", lambda: gb.rms_norm(h, h[0], eps=1e-6, residual=h, **glue)),
         ("rms norm per head", lambda: gb.rms_norm(h.view(3, 20, 256), h[0, :256], eps=1e-6, **glue)),
         ("gated rms norm", lambda: gb.gated_rms_norm(o, o[0, 0], wide[:, :6144], eps=1e-6, **glue)),

@@ -19,7 +19,7 @@ OTHERS = ("_gdn_recurrent_kernel", "_gdn_paths_kernel", "_gdn_commit_kernel", "_
           "_kda_wy_kernel", "_kda_commit_kernel", "_mamba1_recurrent_kernel", "_mamba1_commit_kernel", "_lightning_recurrent_kernel",
           "_lightning_masked_kernel", "_lightning_commit_kernel", "_rms_norm_kernel", "_gated_rms_norm_kernel",
           "_gated_act_kernel", "_gdn_gates_kernel", "_rms_norm_rope_kernel", "_tree_attention_kernel",
-          "_tree_tables_kernel")
+          "_tree_tables_kernel", "_step_checks_kernel")
 
 
 def _compile(*args, prefix: str = "ok ") -> list[str]:
@@ -35,10 +35,10 @@ def _compile(*args, prefix: str = "ok ") -> list[str]:
 def test_what_a_server_launches_compiles_for_blackwell(arch):
     """The WY launchers' default design at one sequence of 16 nodes (the root in the block) and one and eight of 17,
     65 and 131 nodes (bf16), the two-kernel forms auto takes when given their options (fold at 8 x 65, split at
-    1 x 65) and every other kernel: 48 launches, each within the architecture's shared memory per block (sm_120a:
+    1 x 65) and every other kernel: 50 launches, each within the architecture's shared memory per block (sm_120a:
     99 KiB)."""
     ok = _compile("--arch", str(arch), "--set", "serving")
-    assert len(ok) == 48, ok
+    assert len(ok) == 50, ok
     for name in ("_gdn_wy_kernel", "_gdn_wy_fold_head_kernel", "_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel",
                  "_gdn_wy_fold_kernel", "_gdn_wy_fold_root_apply_kernel", "_gdn_wy_blocked_diag_kernel",
                  "_gdn_wy_blocked_solve_kernel", "_gdn_wy_blocked_apply_kernel", *OTHERS):
@@ -47,8 +47,8 @@ def test_what_a_server_launches_compiles_for_blackwell(arch):
 
 def test_every_triton_kernel_compiles_for_sm90():
     ok = _compile("--arch", "90")
-    # WY: 6 + 6 one-block launches, 7 + 7 past one block (bf16, fp32), head for eight sequences; the others: 34
-    assert len(ok) == 61, ok
+    # WY: 6 + 6 one-block launches, 7 + 7 past one block (bf16, fp32), head for eight sequences; the others: 36
+    assert len(ok) == 63, ok
     for name in ("_gdn_wy_blocked_solve_kernel", "_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel",
                  "_gdn_wy_fold_root_apply_kernel", "_gdn_wy_fold_head_kernel", "_gdn_recurrent_kernel",
                  "_gdn_paths_kernel",
@@ -56,7 +56,8 @@ def test_every_triton_kernel_compiles_for_sm90():
                  "_kda_recurrent_kernel", "_kda_wy_kernel", "_kda_commit_kernel", "_mamba1_recurrent_kernel",
                  "_mamba1_commit_kernel", "_lightning_recurrent_kernel", "_lightning_masked_kernel",
                  "_lightning_commit_kernel", "_rms_norm_kernel", "_gated_rms_norm_kernel", "_gated_act_kernel",
-                 "_gdn_gates_kernel", "_rms_norm_rope_kernel", "_tree_attention_kernel", "_tree_tables_kernel"):
+                 "_gdn_gates_kernel", "_rms_norm_rope_kernel", "_tree_attention_kernel", "_tree_tables_kernel",
+                 "_step_checks_kernel"):
         assert any(name in line for line in ok), name
     # the WY launchers' default dot precision: bf16x3 for bf16 inputs, tf32x3 for fp32 ones (issue #13's
     # bar), except the chunked form past one block (131 nodes, design fused), which stays at tf32x3
