@@ -406,3 +406,36 @@ def test_the_step_kernel_equals_its_torch_reference(data):
     for name in ("a", "b"):
         g, w = getattr(got, name), getattr(want, name)
         assert g.is_contiguous() and g.dtype == w.dtype and torch.equal(g.nan_to_num(7.0), w.nan_to_num(7.0))
+
+
+@pytest.mark.interpreter
+def test_past_one_block_a_device_checked_call_gives_the_host_checked_bits():
+    """Past 65 nodes (the WY form over chunks, the tables kernel over three blocks of 32 nodes): the device-checked
+    verify, drop-in and commit give the host-checked calls' bits, and a wrong parent in the third block fails its
+    sequence closed. (The gates' copy in several tiles: the step kernel's test, at 70 heads.)"""
+    from ddsim.bench.bench import ddtree_batch
+    _, parents = ddtree_batch(2, 70, vocab=60, depth=8, topk=4, seed=3)
+    (B, T), HV = parents.shape, 2
+    assert T > 65
+    g = torch.Generator().manual_seed(9)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    x = dict(A_log=r(HV) * 0.3, a=r(B, T, HV), dt_bias=r(HV) * 0.3, q=r(B, T, 1, 4), k=r(B, T, 1, 4),
+             v=r(B, T, HV, 3), b=r(B, T, HV))
+    pool, slots, tree = r(4, HV, 3, 4), torch.tensor([2, 0], dtype=torch.int32), parents.int()
+    tree[:, 0] = 0
+    acc = torch.tensor([T - 1, 40])
+    outs = []
+    for forced in (False, True):
+        buf, p = torch.full((2, T, HV, 3, 4), float("nan")), pool.clone()
+        with device_checks.forced() if forced else contextlib.nullcontext():
+            o = _verify(x, tree, p, slots)
+            o2 = _verify(x, tree, p, slots, intermediate_states_buffer=buf, intermediate_state_indices=torch.tensor([1, 0]))
+            _commit(x, tree, p, slots, acc)
+        outs.append((o, o2, buf, p))
+    for h, d in zip(*outs):
+        assert torch.equal(h.nan_to_num(7.0), d.nan_to_num(7.0))
+    bad = tree.clone()
+    bad[1, 66] = 67  # a later node, in the third block of 32
+    with device_checks.forced():
+        o = _verify(x, bad, pool.clone(), slots)
+    assert torch.isnan(o[1]).all() and torch.equal(o[0], outs[0][0][0])
