@@ -439,3 +439,69 @@ def test_past_one_block_a_device_checked_call_gives_the_host_checked_bits():
     with device_checks.forced():
         o = _verify(x, bad, pool.clone(), slots)
     assert torch.isnan(o[1]).all() and torch.equal(o[0], outs[0][0][0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
+def test_past_65_nodes_a_pool_past_64_rows_and_a_bf16_buffer_are_captured():
+    """Past 65 nodes (the chunked WY form, the tables kernel over three blocks), with slots past row 64 of an
+    80-row pool and node states into a bf16 buffer (the drop-in's copy into it, ``buf[rows, :T] = ...``, captured):
+    replays on other trees, slots and values give the eager host-checked calls' bits, and a wrong parent in the third
+    block of nodes fails that sequence closed in the replay and nothing else."""
+    from ddsim.bench.bench import ddtree_batch
+    dev = torch.device("cuda")
+    B, HV, K, V, N = 2, 4, 16, 8, 80
+    trees = []
+    for seed in (3, 4, 5):
+        _, p = ddtree_batch(B, 70, vocab=60, depth=8, topk=4, seed=seed)
+        p = p.int()
+        p[:, 0] = 0
+        trees.append(p)
+    T = trees[0].shape[1]
+    assert T > 65 and all(t.shape == (B, T) for t in trees)
+    gen = torch.Generator().manual_seed(5)
+    x = {n: torch.randn(*s, generator=gen).to(dev) for n, s in (
+        ("A_log", (HV,)), ("a", (B, T, HV)), ("dt_bias", (HV,)), ("q", (B, T, 1, K)), ("k", (B, T, 1, K)),
+        ("v", (B, T, HV, V)), ("b", (B, T, HV)))}
+    for n in ("q", "k", "v"):
+        x[n] = x[n].bfloat16()
+    pool = torch.randn(N, HV, V, K, generator=gen).to(dev)
+    st_tree, st_slots = trees[0].to(dev), torch.tensor([70, 3], dtype=torch.int32, device=dev)
+    st_acc, st_rows = torch.tensor([T - 1, 40], device=dev), torch.tensor([2, 0], device=dev)
+    buf = torch.full((3, T, HV, V, K), float("nan"), dtype=torch.bfloat16, device=dev)
+
+    def step():
+        o1 = _verify(x, st_tree, pool, st_slots)
+        o2 = _verify(x, st_tree, pool, st_slots, intermediate_states_buffer=buf, intermediate_state_indices=st_rows)
+        _commit(x, st_tree, pool, st_slots, st_acc)
+        return o1, o2
+    pool0 = pool.clone()
+    step()
+    pool.copy_(pool0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for trial, (tree, slots) in enumerate(((trees[1], [79, 64]), (trees[2], [5, 77]), (trees[1], [66, 70]))):
+        tree = tree.clone()
+        if trial == 2:
+            tree[1, 66] = 67  # a later node, in the third block of 32
+        for n in ("q", "k", "v", "a", "b"):
+            x[n].copy_(torch.randn(x[n].shape, generator=gen))
+        st_tree.copy_(tree)
+        st_slots.copy_(torch.tensor(slots))
+        start = torch.randn(pool.shape, generator=gen).to(dev)
+        pool.copy_(start)
+        buf.fill_(float("nan"))
+        graph.replay()
+        got = [t.clone() for t in outs] + [buf.clone(), pool.clone()]
+        pool.copy_(start)
+        buf.fill_(float("nan"))
+        if trial < 2:
+            want = list(step()) + [buf, pool]
+            for g_, w in zip(got, want):
+                assert torch.equal(g_.nan_to_num(7.0), w.nan_to_num(7.0)), trial
+            assert torch.isfinite(got[0]).all() and torch.isfinite(got[2][st_rows.long()]).all()
+        else:
+            # sequence 1's outputs, its node states (buffer row 0) and committed state (slot 70) NaN; sequence 0's not
+            assert torch.isnan(got[0][1]).all() and torch.isnan(got[1][1]).all() and torch.isnan(got[2][0]).all()
+            assert torch.isnan(got[3][70]).all() and torch.isfinite(got[0][0]).all()
+            assert torch.isfinite(got[2][2]).all() and torch.equal(got[3][:66], start[:66])

@@ -1,0 +1,99 @@
+"""Where a captured drop-in call's time goes: engine_api.target_verify (snapshot-free) and commit_accepted on SGLang's
+raw step tensors, n GDN layers in one CUDA graph (as drop_in_graphed.py), against the same calls given a plan made
+before the capture (plan_tree, plan_slots, plan_accepted: no device checks in the graph) and the kernels' own device
+time per layer, split by kernel (torch.profiler over graph replays), at Qwen3.6-27B GDN shapes.
+
+    python benchmarks/profile_captured.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--layers 48] [--gib 40]
+"""
+import argparse
+import collections
+
+import torch
+from drop_in_graphed import _layer
+
+from ddsim.bench.bench import cuda_run, ddtree_batch, event_median_ms, parse_shapes
+from ddsim.gpu_backend import engine_api
+
+
+def _graph(launches):
+    for launch in launches:
+        launch()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for launch in launches:
+            launch()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def _split(graph, n: int, replays: int = 10) -> dict:
+    """{kernel name: device us per layer} over ``replays`` replays of a graph of n layers."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    out = collections.Counter()
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            out[e.name[:60]] += e.time_range.elapsed_us() / (n * replays)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="?")
+    ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65", help="sequences x nodes, comma-separated")
+    ap.add_argument("--layers", type=int, default=48, help="GDN layers in one graph (at most)")
+    ap.add_argument("--gib", type=float, default=40.0, help="GiB the layers' pools and buffers may take")
+    a = ap.parse_args()
+    shapes = parse_shapes(ap, a.shapes)
+    if a.layers < 1 or a.gib <= 0:
+        ap.error("--layers and --gib must be positive")
+    cuda_run("profile_captured", a.commit)
+    for B, T in shapes:
+        trees, parents = ddtree_batch(B, T)
+        par = parents.cuda().int().contiguous()
+        par[:, 0] = 0
+        acc = torch.tensor([int(t.depths.argmax()) for t in trees], device="cuda")
+        per_layer = (3 * B + B * T) * 48 * 128 * 128 * 4
+        n = max(1, min(a.layers, int(a.gib * 2**30 // per_layer)))
+        layers = [_layer(B, T, seed=1 + i) for i in range(n)]
+        plan = engine_api.plan_tree(par)
+        slots = engine_api.plan_slots(layers[0]["pool"], layers[0]["slots"])
+        p_acc = engine_api.plan_accepted(plan, acc)
+
+        def verify(x, tree, s):
+            engine_api.target_verify(x["zeros"], x["a"], x["zeros"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"],
+                                     x["pool"], s, retrieve_parent_token=tree)
+
+        def commit(x, tree, s, c):
+            engine_api.commit_accepted(x["zeros"], x["a"], x["zeros"], x["k"], x["v"], x["b"], x["pool"], s,
+                                       retrieve_parent_token=tree, accepted=c)
+
+        forms = {"verify, raw tensors": lambda x: verify(x, par, x["slots"]),
+                 "verify, planned": lambda x: verify(x, plan, slots),
+                 "commit, raw tensors": lambda x: commit(x, par, x["slots"], acc),
+                 "commit, planned": lambda x: commit(x, plan, slots, p_acc)}
+        pools = [x["pool"].clone() for x in layers]
+        print(f"\n## {B} x {T}, {n} layers a graph: us per layer (graph replays, median of 20), and the kernels' "
+              "device time per layer (torch.profiler over 10 replays)\n")
+        print("| form | graphed us/layer | kernels' device us/layer | by kernel |")
+        print("|---|---|---|---|")
+        for name, fn in forms.items():
+            graph = _graph([(lambda x=x: fn(x)) for x in layers])
+            us = event_median_ms(graph.replay, repeats=20) * 1e3 / n
+            split = _split(graph, n)
+            by = ", ".join(f"{k} {v:.2f}" for k, v in split.most_common())
+            print(f"| {name} | {us:.1f} | {sum(split.values()):.1f} | {by} |", flush=True)
+            del graph
+            for x, p in zip(layers, pools):
+                x["pool"].copy_(p)
+        del layers, pools
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
