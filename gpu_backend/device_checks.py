@@ -70,13 +70,26 @@ class DevicePlan(checks.TreePlan):
         from ddsim.gpu_backend import triton_tables
         if parents.dim() != 2:
             raise ValueError(f"parents: expected [B, T], got {tuple(parents.shape)}")
-        self.B, self.T = parents.shape
+        B, T = parents.shape
         dev = parents.device
-        src = torch.empty(self.B, self.T, dtype=torch.int64, device=dev)
-        anc = torch.empty(self.B, self.T, self.T, dtype=torch.int8, device=dev)
-        paths = torch.empty(self.B, self.T, self.T, dtype=torch.int32, device=dev)
-        self.bad_blocks = torch.empty(self.B, triton_tables.blocks(self.T), dtype=torch.int32, device=dev)
-        triton_tables.checked_tables(parents, src=src, anc=anc, paths=paths, bad=self.bad_blocks)
+        src = torch.empty(B, T, dtype=torch.int64, device=dev)
+        anc = torch.empty(B, T, T, dtype=torch.int8, device=dev)
+        paths = torch.empty(B, T, T, dtype=torch.int32, device=dev)
+        bad = torch.empty(B, triton_tables.blocks(T), dtype=torch.int32, device=dev)
+        triton_tables.checked_tables(parents, src=src, anc=anc, paths=paths, bad=bad)
+        self._built(src, anc, paths, bad)
+
+    @classmethod
+    def of_tables(cls, src, anc, paths, bad) -> "DevicePlan":
+        """The plan of tables checked_tables' kernel (or the step kernel, ``step``) wrote: src [B, T] int64, anc
+        [B, T, T] int8, paths [B, T, T] int32, bad [B, blocks(T)] int32."""
+        plan = cls.__new__(cls)
+        plan._built(src, anc, paths, bad)
+        return plan
+
+    def _built(self, src, anc, paths, bad) -> None:
+        self.B, self.T = src.shape
+        self.bad_blocks = bad
         self._setup(src, {("src", "exact"): src, ("anc", "exact"): (anc, self.T - 1), ("paths",): paths})
 
     def _setup(self, src, cache) -> None:
@@ -169,9 +182,11 @@ def _shared(idx: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Step:
-    """A call's inputs as launched after the device checks: the slots (CheckedSlots of the pool, -1 for padding and
+    """A call's inputs as launched after the device checks: the plan (a DevicePlan of the tree's tables where the call
+    gave a tree as read, else the plan it gave), the slots (CheckedSlots of the pool, -1 for padding and
     for a slot outside it), the buffer's rows (CheckedSlots, clamped into it) and accepted nodes (CheckedIndices)
     where given, the gates' inputs a, b [B, T, HV] (NaN for a flagged sequence), and bad [B] bool."""
+    plan: checks.TreePlan | None
     slots: checks.CheckedSlots
     rows: checks.CheckedSlots | None
     accepted: checks.CheckedIndices | None
@@ -180,23 +195,31 @@ class Step:
     bad: torch.Tensor
 
 
-def step(*, a, b, slots, N: int, plan=None, rows=None, N_buf: int = 0, accepted=None, cu_seqlens=None) -> Step:
+def step(*, a, b, slots, N: int, tree=None, plan=None, rows=None, N_buf: int = 0, accepted=None, cu_seqlens=None
+         ) -> Step:
     """Every check of a call on the device in one kernel (triton_checks.step_checks): slots [B] of a pool of N rows,
-    plan a DevicePlan (its trees' flags) or another TreePlan (validated before), rows [B] of a node-state buffer of
-    N_buf rows, accepted [B], cu_seqlens [B + 1]; a, b [B, T, HV] the gates' inputs."""
+    tree [B, T] a batch of trees as an engine hands it over (their tables built in the same launch: Step.plan) or
+    else plan a TreePlan (validated before) or a DevicePlan (its trees' flags read), rows [B] of a node-state buffer
+    of N_buf rows, accepted [B], cu_seqlens [B + 1]; a, b [B, T, HV] the gates' inputs."""
     from ddsim.gpu_backend import triton_checks
     B, T, _ = a.shape
+    if tree is not None and plan is not None:
+        raise ValueError("step: a tree as read or a plan, not both")
     tree_bad = plan.bad_blocks if isinstance(plan, DevicePlan) else None
-    s, r, acc, a2, b2, bad = triton_checks.step_checks(slots=slots, N=N, a=a, b=b, tree_bad=tree_bad, rows=rows,
-                                                       N_buf=N_buf, accepted=accepted, cu_seqlens=cu_seqlens)
-    return Step(checks.CheckedSlots(s, N, padded=B), None if r is None else checks.CheckedSlots(r, N_buf),
+    s, r, acc, a2, b2, bad, tables = triton_checks.step_checks(
+        slots=slots, N=N, a=a, b=b, tree=tree, tree_bad=tree_bad, rows=rows, N_buf=N_buf, accepted=accepted,
+        cu_seqlens=cu_seqlens)
+    return Step(DevicePlan.of_tables(*tables) if tables is not None else plan, checks.CheckedSlots(s, N, padded=B),
+                None if r is None else checks.CheckedSlots(r, N_buf),
                 None if acc is None else checks.CheckedIndices(acc, T), a2, b2, bad.bool())
 
 
-def step_reference(*, a, b, slots, N: int, plan=None, rows=None, N_buf: int = 0, accepted=None, cu_seqlens=None
-                   ) -> Step:
-    """``step`` in torch, from the functions above: its reference."""
+def step_reference(*, a, b, slots, N: int, tree=None, plan=None, rows=None, N_buf: int = 0, accepted=None,
+                   cu_seqlens=None) -> Step:
+    """``step`` in torch, from the functions above (a tree's tables from checked_tables' kernel): its reference."""
     B, T, _ = a.shape
+    if tree is not None:
+        plan = DevicePlan(tree)
     checked, bad = globals()["slots"](slots, N, "initial_state_indices")
     live = slots.long() != checks.PAD_SLOT
     if isinstance(plan, DevicePlan):
@@ -211,4 +234,4 @@ def step_reference(*, a, b, slots, N: int, plan=None, rows=None, N_buf: int = 0,
     if rows is not None:
         r, wrong = globals()["rows"](rows, N_buf, "intermediate_state_indices")
         bad = bad | wrong
-    return Step(checked, r, acc, poisoned(a, bad).contiguous(), poisoned(b, bad).contiguous(), bad)
+    return Step(plan, checked, r, acc, poisoned(a, bad).contiguous(), poisoned(b, bad).contiguous(), bad)

@@ -61,18 +61,25 @@ def _captured(x: torch.Tensor) -> bool:
     return _backend(x) == "triton" and device_checks.capturing(x)
 
 
-def _step(x, *, a, b, pool, slots, plan, cu_seqlens, rows=None, buf=None, accepted=None) -> device_checks.Step:
-    """Under capture: the step's raw inputs checked on the device in one launch (device_checks.step); refused in one
-    line where a replay could not see a step's values (host lists, tensors on another device)."""
+def _step(x, *, a, b, pool, slots, tree, cu_seqlens, rows=None, buf=None, accepted=None) -> device_checks.Step:
+    """Under capture: the step's raw inputs checked on the device, and a raw tree's tables built, in one launch
+    (device_checks.step; tree a raw table, or the call's TreePlan); refused in one line where a replay could not see
+    a step's values (host lists, tensors on another device)."""
     idx = slots.indices if isinstance(slots, checks.CheckedSlots) else slots
+    raw = tree if not isinstance(tree, checks.TreePlan) else None
     for name, t in (("initial_state_indices", idx), ("intermediate_state_indices", rows), ("accepted", accepted),
-                    ("cu_seqlens", cu_seqlens)):
+                    ("cu_seqlens", cu_seqlens), ("retrieve_parent_token", raw)):
         if t is not None and not (isinstance(t, torch.Tensor) and t.device == x.device):
             raise ValueError(f"{name}: {'on ' + str(t.device) if isinstance(t, torch.Tensor) else type(t).__name__} "
                              f"under CUDA-graph capture, the inputs on {x.device} (a replay would read the capture's "
                              "values for ever): pass a tensor on the inputs' device")
-    return device_checks.step(a=a, b=b, slots=idx, N=pool.shape[0], plan=plan, rows=rows,
-                              N_buf=0 if buf is None else buf.shape[0], accepted=accepted, cu_seqlens=cu_seqlens)
+    B, T, _ = a.shape
+    if raw is not None and (raw.numel() != B * T or raw.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"retrieve_parent_token: expected int32 or int64 [{B}, {T}], got {raw.dtype} "
+                         f"{tuple(raw.shape)}")
+    return device_checks.step(a=a, b=b, slots=idx, N=pool.shape[0], tree=None if raw is None else raw.reshape(B, T),
+                              plan=tree if raw is None else None, rows=rows, N_buf=0 if buf is None else buf.shape[0],
+                              accepted=accepted, cu_seqlens=cu_seqlens)
 
 
 def _unpack(x, cu_seqlens, B_T):
@@ -142,21 +149,15 @@ def chain_plan(B: int, T: int, device) -> checks.TreePlan:
 
 
 def _parents(p, B, T, x, captured: bool = False):
-    """The call's TreePlan (for inputs like x): as planned, else from the raw table. On the Triton backend a raw
-    table's tables are built on x's device (device_checks.DevicePlan, what a captured call runs, so that an engine's
-    warm-up compiles what its capture launches); outside capture the table is validated on the host first, refused
-    in one line."""
-    if isinstance(p, checks.TreePlan):
+    """The call's TreePlan (for inputs like x): as planned, else from the raw table. Under capture the raw table
+    itself, whose tables the step's checks build (_step). Otherwise, on the Triton backend, the table is validated on
+    the host first (refused in one line), then its tables built on x's device (device_checks.DevicePlan)."""
+    if isinstance(p, checks.TreePlan) or captured:
         return p
     if _backend(x) == "torch":
         return _rooted(p.reshape(B, T))
-    if not captured:
-        plan_tree(p.reshape(B, T))
-        p = p.to(x.device)
-    elif p.device != x.device:
-        raise ValueError(f"retrieve_parent_token: on {p.device} under CUDA-graph capture, the inputs on {x.device} "
-                         "(a replay would read the capture's tree for ever)")
-    return device_checks.DevicePlan(p.reshape(B, T))
+    plan_tree(p.reshape(B, T))
+    return device_checks.DevicePlan(p.to(x.device).reshape(B, T))
 
 
 def _chain(B, T, device, captured: bool):
@@ -217,9 +218,9 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     rows = intermediate_state_indices
     slots = initial_state_indices
     if captured:
-        step = _step(q, a=a, b=b, pool=initial_state_source, slots=slots, plan=parents, cu_seqlens=cu_seqlens,
+        step = _step(q, a=a, b=b, pool=initial_state_source, slots=slots, tree=parents, cu_seqlens=cu_seqlens,
                      rows=rows if buf is not None and not isinstance(rows, checks.CheckedSlots) else None, buf=buf)
-        a, b, slots = step.a, step.b, step.slots
+        a, b, slots, parents = step.a, step.b, step.slots, step.plan
         rows = step.rows or rows
     s0, slots, _ = _state_view(initial_state_source, slots, B)
     from ddsim import gpu_backend as gb
@@ -262,9 +263,9 @@ def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_st
         if not (pool.dtype == torch.float32 and pool.dim() == 4 and pool.is_contiguous()):
             raise ValueError(f"initial_state_source: a {pool.dtype} pool's commit writes its rows back past a host "
                              "read, which CUDA-graph capture cannot take; capture the commit on an fp32 pool")
-        step = _step(k, a=a, b=b, pool=pool, slots=slots, plan=parents, cu_seqlens=cu_seqlens,
+        step = _step(k, a=a, b=b, pool=pool, slots=slots, tree=parents, cu_seqlens=cu_seqlens,
                      accepted=None if isinstance(accepted, checks.CheckedIndices) else accepted)
-        a, b, slots = step.a, step.b, step.slots
+        a, b, slots, parents = step.a, step.b, step.slots, step.plan
         accepted = step.accepted or accepted
     s0, slots, rows = _state_view(pool, slots, B)
     from ddsim import gpu_backend as gb

@@ -1,11 +1,14 @@
 """A step's checks on the device in one kernel (twin: device_checks' torch functions slots, rows, accepted, segments
-and poisoned, its reference): a captured verify or commit then adds two launches to its kernels', this one and the
-tree tables' (triton_tables.checked_tables), where the torch twins take some forty small ones.
+and poisoned, its reference, with triton_tables.checked_tables for the tree): a captured verify or commit then adds one
+launch to its kernels', where the torch twins take some forty small ones.
 
-A program per sequence b: its slot checked against the pool and every other live slot, its buffer row against the
-buffer and every other row, its accepted node against the tree, the packing's offsets against B segments of T, its
-tree's flags (one per block of nodes the tables kernel checked) read; then its gates' inputs a, b [T, HV] copied out,
-NaN if any check failed (a padded row's, slot -1, only for its buffer row).
+A program per block of 32 nodes of sequence b: its slot checked against the pool and every other live slot, its
+buffer row against the buffer and every other row, its accepted node against the tree, the packing's offsets against
+B segments of T, its tree (as an engine hands it over, unvalidated) read whole for a node whose parent is not an
+earlier node; then, for its block's nodes, the tree's tables written (triton_tables.block_tables, as checked_tables
+writes them) and its gates' inputs a, b [32, HV] copied out, NaN if any check failed (a padded row's, slot -1, only
+for its buffer row). Every program makes the sequence's checks itself, so none waits on another; the first writes
+them out.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ddsim.gpu_backend import _common as C
+from ddsim.gpu_backend import triton_tables
 from ddsim.gpu_backend.launch import launch
 
 
@@ -27,79 +31,110 @@ def _index(idx, i, o, mo, N):
 
 
 @triton.jit
-def _step_checks_kernel(slots, slots_out, N_POOL, tree_bad, NBLK, rows, rows_out, N_BUF, acc, acc_out, cu,
-                        a, a_out, b, b_out, bad_out, B, T, HV, A_SB, A_ST, A_SH, B_SB, B_ST, B_SH,
-                        TREE: tl.constexpr, ROWS: tl.constexpr, ACC: tl.constexpr, CU: tl.constexpr,
-                        BB: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr):
-    # slots [B] int32/int64 -> slots_out [B] int32 (outside the pool: -1); tree_bad [B, NBLK] int32; rows [B] ->
-    # rows_out [B] int32 (clamped into the buffer); acc [B] -> acc_out [B] int64 (outside the tree: 0); cu [B + 1];
-    # a, b [B, T, HV] (strided) -> a_out, b_out [B, T, HV] contiguous; bad_out [B] int32.
-    i = tl.program_id(0)
+def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_bad, rows, rows_out, N_BUF, acc, acc_out,
+                        cu, a, a_out, b, b_out, bad_out, B, T, HV, A_SB, A_ST, A_SH, B_SB, B_ST, B_SH,
+                        TREE: tl.constexpr, FLAGS: tl.constexpr, ROWS: tl.constexpr, ACC: tl.constexpr,
+                        CU: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr):
+    # slots [B] int32/int64 -> slots_out [B] int32 (outside the pool: -1); tree [B, T] int32/int64 (node 0 the root,
+    # its entry not read) -> src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, tree_bad [B, NP] int32 (as
+    # triton_tables.checked_tables writes them; FLAGS instead: tree_bad read, as checked_tables wrote it, and no tree);
+    # rows [B] -> rows_out [B] int32 (clamped into the buffer); acc [B] ->
+    # acc_out [B] int64 (outside the tree: 0); cu [B + 1]; a, b [B, T, HV] (strided) -> a_out, b_out [B, T, HV]
+    # contiguous; bad_out [B] int32. Program (p, i): nodes p BN .. p BN + BN - 1 of sequence i.
+    p = tl.program_id(0)
+    i = tl.program_id(1)
     o = tl.arange(0, BB)
     mo = (o < B) & (o != i)  # every other sequence
     s, inside, shared = _index(slots, i, o, mo, N_POOL)
     live = s != -1
     bad = live & (~inside | shared)
-    tl.store(slots_out + i, tl.where(inside, s, -1).to(tl.int32))
+    i64 = i.to(tl.int64)
+    t = p * BN + tl.arange(0, BN)
     if TREE:
-        ob = tl.arange(0, BN)
-        flags = tl.load(tree_bad + i * NBLK + ob, mask=ob < NBLK, other=0)
-        bad = bad | (live & (tl.sum(flags, 0) > 0))
+        wrong = triton_tables.wrong_parents(tree + i64 * T, t, t < T)
+        tl.store(tree_bad + i64 * tl.num_programs(0) + p, (tl.sum(wrong.to(tl.int32), 0) > 0).to(tl.int32))
+        for t0 in range(0, T, BN):  # the whole tree's (every program's own)
+            w = triton_tables.wrong_parents(tree + i64 * T, t0 + tl.arange(0, BN), t0 + tl.arange(0, BN) < T)
+            bad = bad | (live & (tl.sum(w.to(tl.int32), 0) > 0))
+        triton_tables.block_tables(tree + i64 * T, src + i64 * T, anc + i64 * T * T, anc, paths + i64 * T * T, anc,
+                                   t, T, T, 1, True, True, False, True, False, True, BN, 32)
+    if FLAGS:
+        NP = tl.num_programs(0)
+        for f0 in range(0, NP, BN):
+            of = f0 + tl.arange(0, BN)
+            flags = tl.load(tree_bad + i64 * NP + of, mask=of < NP, other=0)
+            bad = bad | (live & (tl.sum(flags, 0) > 0))
     if ACC:
         c = tl.load(acc + i).to(tl.int64)
         ok = (c >= 0) & (c < T)
         bad = bad | (live & ~ok)
-        tl.store(acc_out + i, tl.where(ok, c, 0))
     if CU:
         oc = tl.arange(0, BB)
         mc = oc <= B
         off = tl.load(cu + oc, mask=mc, other=0).to(tl.int64)
-        wrong = tl.sum(((off != oc.to(tl.int64) * T) & mc).to(tl.int32), 0) > 0
-        bad = bad | (live & wrong)
+        wrong_cu = tl.sum(((off != oc.to(tl.int64) * T) & mc).to(tl.int32), 0) > 0
+        bad = bad | (live & wrong_cu)
     if ROWS:
         r, rin, rshared = _index(rows, i, o, mo, N_BUF)
         bad = bad | ~rin | rshared
-        tl.store(rows_out + i, tl.minimum(tl.maximum(r, 0), N_BUF - 1).to(tl.int32))
-    tl.store(bad_out + i, bad.to(tl.int32))
+    if p == 0:
+        tl.store(slots_out + i, tl.where(inside, s, -1).to(tl.int32))
+        if ACC:
+            tl.store(acc_out + i, tl.where(ok, c, 0))
+        if ROWS:
+            tl.store(rows_out + i, tl.minimum(tl.maximum(r, 0), N_BUF - 1).to(tl.int32))
+        tl.store(bad_out + i, bad.to(tl.int32))
     h = tl.arange(0, BH)
     tt = tl.arange(0, BT)
-    i64 = i.to(tl.int64)
-    for t0 in range(0, T, BT):  # [BT, BH] tiles: a row's loads at once, not node by node
-        t = t0 + tt
-        m = (t < T)[:, None] & (h < HV)[None, :]
-        av = tl.load(a + i64 * A_SB + t[:, None] * A_ST + h[None, :] * A_SH, mask=m)
-        bv = tl.load(b + i64 * B_SB + t[:, None] * B_ST + h[None, :] * B_SH, mask=m)
-        out = (i64 * T + t[:, None]) * HV + h[None, :]
+    for t0 in range(0, BN, BT):  # [BT, BH] tiles of this block's nodes: a row's loads at once, not node by node
+        tn = p * BN + t0 + tt
+        m = (tn < T)[:, None] & (h < HV)[None, :]
+        av = tl.load(a + i64 * A_SB + tn[:, None] * A_ST + h[None, :] * A_SH, mask=m)
+        bv = tl.load(b + i64 * B_SB + tn[:, None] * B_ST + h[None, :] * B_SH, mask=m)
+        out = (i64 * T + tn[:, None]) * HV + h[None, :]
         tl.store(a_out + out, tl.where(bad, float("nan"), av.to(tl.float32)).to(a_out.dtype.element_ty), mask=m)
         tl.store(b_out + out, tl.where(bad, float("nan"), bv.to(tl.float32)).to(b_out.dtype.element_ty), mask=m)
 
 
-def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor, tree_bad: torch.Tensor | None = None,
-                rows: torch.Tensor | None = None, N_buf: int = 0, accepted: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None):
+def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor, tree: torch.Tensor | None = None,
+                tree_bad: torch.Tensor | None = None, rows: torch.Tensor | None = None, N_buf: int = 0,
+                accepted: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None):
     """(slots int32 [B], rows int32 [B] or None, accepted int64 [B] or None, a, b [B, T, HV] contiguous, bad int32
-    [B]) of a step's raw inputs, checked on the device in one launch (device_checks' torch functions are its twin):
-    slots [B] of a pool of N rows (-1 padding), a, b [B, T, HV] the gates' inputs, tree_bad [B, NBLK] int32 the tables
-    kernel's flags, rows [B] of a buffer of N_buf rows, accepted [B] node indices, cu_seqlens [B + 1] offsets."""
+    [B], tables) of a step's raw inputs, checked on the device in one launch (device_checks' torch functions are its
+    twin): slots [B] of a pool of N rows (-1 padding), a, b [B, T, HV] the gates' inputs, tree [B, T] int32 or int64
+    as an engine hands it over (node 0 each tree's root) or instead tree_bad [B, blocks(T)] int32 (checked_tables'
+    flags of trees whose tables are built), rows [B] of a buffer of N_buf rows, accepted [B] node indices,
+    cu_seqlens [B + 1] offsets. tables: None without a tree, else (src [B, T] int64, anc [B, T, T] int8,
+    paths [B, T, T] int32, bad [B, blocks(T)] int32), as triton_tables.checked_tables writes them."""
     B, T, HV = a.shape
     dev = a.device
-    tensors = [x for x in (slots, b, tree_bad, rows, accepted, cu_seqlens) if x is not None]
+    tensors = [x for x in (slots, b, tree, tree_bad, rows, accepted, cu_seqlens) if x is not None]
     C.check_device(a, *tensors)
-    if tuple(b.shape) != (B, T, HV) or tuple(slots.shape) != (B,):
-        raise ValueError(f"step_checks: a {tuple(a.shape)}, b {tuple(b.shape)}, slots {tuple(slots.shape)}")
+    if tuple(b.shape) != (B, T, HV) or tuple(slots.shape) != (B,) or (tree is not None and (
+            tuple(tree.shape) != (B, T) or tree.dtype not in (torch.int32, torch.int64))) or (tree_bad is not None and (
+            tree is not None or tree_bad.dtype != torch.int32 or tuple(tree_bad.shape) != (B, triton_tables.blocks(T)))):
+        got = "" if tree is None else f", tree {tree.dtype} {tuple(tree.shape)}"
+        got += "" if tree_bad is None else f", tree_bad {tree_bad.dtype} {tuple(tree_bad.shape)}"
+        raise ValueError(f"step_checks: a {tuple(a.shape)}, b {tuple(b.shape)}, slots {tuple(slots.shape)}{got}")
     slots_out = torch.empty(B, dtype=torch.int32, device=dev)
     rows_out = torch.empty(B, dtype=torch.int32, device=dev) if rows is not None else None
     acc_out = torch.empty(B, dtype=torch.int64, device=dev) if accepted is not None else None
     a_out, b_out = torch.empty(B, T, HV, dtype=a.dtype, device=dev), torch.empty(B, T, HV, dtype=b.dtype, device=dev)
     bad = torch.empty(B, dtype=torch.int32, device=dev)
-    nblk = tree_bad.shape[1] if tree_bad is not None else 1
-    launch(_step_checks_kernel, (B,), slots=slots, slots_out=slots_out, N_POOL=N,
-           tree_bad=tree_bad if tree_bad is not None else bad, NBLK=nblk, rows=rows if rows is not None else slots,
-           rows_out=rows_out if rows is not None else slots_out, N_BUF=max(N_buf, 1),
-           acc=accepted if accepted is not None else slots, acc_out=acc_out if accepted is not None else bad,
-           cu=cu_seqlens if cu_seqlens is not None else slots, a=a, a_out=a_out, b=b, b_out=b_out, bad_out=bad, B=B,
-           T=T, HV=HV, A_SB=a.stride(0), A_ST=a.stride(1), A_SH=a.stride(2), B_SB=b.stride(0), B_ST=b.stride(1),
-           B_SH=b.stride(2), TREE=tree_bad is not None, ROWS=rows is not None, ACC=accepted is not None,
-           CU=cu_seqlens is not None, BB=C.next_pow2(B + 1, 2), BN=C.next_pow2(nblk, 1), BH=C.next_pow2(HV, 1),
-           BT=max(1, min(C.next_pow2(T, 1), 4096 // C.next_pow2(HV, 1))), num_warps=4)
-    return slots_out, rows_out, acc_out, a_out, b_out, bad
+    NP = triton_tables.blocks(T)
+    tables = None
+    if tree is not None:
+        tables = (torch.empty(B, T, dtype=torch.int64, device=dev), torch.empty(B, T, T, dtype=torch.int8, device=dev),
+                  torch.empty(B, T, T, dtype=torch.int32, device=dev), torch.empty(B, NP, dtype=torch.int32, device=dev))
+    src, anc, paths, flags = tables if tables is not None else (bad, bad, bad, tree_bad if tree_bad is not None else bad)
+    BH = C.next_pow2(HV, 1)
+    launch(_step_checks_kernel, (NP, B), slots=slots, slots_out=slots_out, N_POOL=N,
+           tree=tree.contiguous() if tree is not None else slots, src=src, anc=anc, paths=paths, tree_bad=flags,
+           rows=rows if rows is not None else slots, rows_out=rows_out if rows is not None else slots_out,
+           N_BUF=max(N_buf, 1), acc=accepted if accepted is not None else slots,
+           acc_out=acc_out if accepted is not None else bad, cu=cu_seqlens if cu_seqlens is not None else slots, a=a,
+           a_out=a_out, b=b, b_out=b_out, bad_out=bad, B=B, T=T, HV=HV, A_SB=a.stride(0), A_ST=a.stride(1),
+           A_SH=a.stride(2), B_SB=b.stride(0), B_ST=b.stride(1), B_SH=b.stride(2), TREE=tree is not None,
+           FLAGS=tree_bad is not None, ROWS=rows is not None, ACC=accepted is not None, CU=cu_seqlens is not None,
+           BB=C.next_pow2(B + 1, 2), BN=triton_tables.BN, BH=BH, BT=max(1, min(triton_tables.BN, 4096 // BH)), num_warps=4)
+    return slots_out, rows_out, acc_out, a_out, b_out, bad, tables

@@ -33,24 +33,21 @@ def _parent(parents, cur, on, CHECK: tl.constexpr):
 
 
 @triton.jit
-def _tree_tables_kernel(parents, src, anc, mask, paths, conv, bad, T, WIDTH, W,
-                        SRC: tl.constexpr, ANC: tl.constexpr, MASK: tl.constexpr, PATHS: tl.constexpr,
-                        CONV: tl.constexpr, CHECK: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
-    # Tree b = program_id(1) of a batch, each table's rows side by side: parents [B, T] (any integers; without CHECK
-    # int64, validated: -1 at the root, each parent an earlier node); src [B, T] int64; anc, mask [B, T, T] int8 /
-    # uint8; paths [B, T, WIDTH] int32; conv [B, T, W] int32; bad [B, programs along axis 0] int32 (CHECK: 1 where
-    # the program's nodes include one whose parent is not an earlier node, else 0). Each output is written only where
-    # its flag is set.
-    # Program p owns nodes p BN .. p BN + BN - 1 of its tree and every output row of theirs: it clears its rows, then
-    # writes them (a barrier between: its own stores only, so no other program's order matters).
-    i_b = tl.program_id(1).to(tl.int64)
-    parents += i_b * T
-    src += i_b * T
-    anc += i_b * T * T
-    mask += i_b * T * T
-    paths += i_b * T * WIDTH
-    conv += i_b * T * W
-    t = tl.program_id(0) * BN + tl.arange(0, BN)
+def wrong_parents(parents, t, mt):
+    """[BN] bool: which of one tree's nodes t (where mt) have an entry that is not an earlier node (the root's, node
+    0, is not read): what checked_tables flags."""
+    raw = tl.load(parents + t, mask=mt & (t > 0), other=0).to(tl.int64)
+    return mt & (t > 0) & ((raw < 0) | (raw >= t))
+
+
+@triton.jit
+def block_tables(parents, src, anc, mask, paths, conv, t, T, WIDTH, W,
+                 SRC: tl.constexpr, ANC: tl.constexpr, MASK: tl.constexpr, PATHS: tl.constexpr, CONV: tl.constexpr,
+                 CHECK: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
+    """One tree's tables for its nodes t [BN] (those below T), every pointer at that tree's: parents [T]; src [T]
+    int64; anc, mask [T, T] int8 / uint8; paths [T, WIDTH] int32; conv [T, W] int32; each written where its flag is
+    set. The calling program owns these nodes' rows: it clears them, then writes them (a barrier between: its own
+    stores only, so no other program's order matters)."""
     mt = t < T
     cols = tl.arange(0, BC)
     for c0 in range(0, T, BC):  # clear the mask rows and the paths
@@ -65,13 +62,8 @@ def _tree_tables_kernel(parents, src, anc, mask, paths, conv, bad, T, WIDTH, W,
             m = mt[:, None] & (c0 + cols < WIDTH)[None, :]
             tl.store(paths + t[:, None] * WIDTH + c0 + cols[None, :], tl.full([BN, BC], -1, tl.int32), mask=m)
     tl.debug_barrier()
-    own = _parent(parents, t.to(tl.int64), mt, CHECK)
-    if CHECK:  # this program's nodes whose entry is not an earlier node (the root's is not read)
-        raw = tl.load(parents + t, mask=mt & (t > 0), other=0).to(tl.int64)
-        wrong = mt & (t > 0) & ((raw < 0) | (raw >= t))
-        tl.store(bad + i_b * tl.num_programs(0) + tl.program_id(0), (tl.sum(wrong.to(tl.int32), 0) > 0).to(tl.int32))
     if SRC:
-        tl.store(src + t, own, mask=mt)
+        tl.store(src + t, _parent(parents, t.to(tl.int64), mt, CHECK), mask=mt)
     depth = tl.zeros([BN], tl.int32)
     cur = tl.where(mt, t, -1).to(tl.int64)
     for _ in range(0, WIDTH):  # a path holds at most WIDTH nodes
@@ -96,6 +88,24 @@ def _tree_tables_kernel(parents, src, anc, mask, paths, conv, bad, T, WIDTH, W,
     if CONV:  # lags past the last path node (W > WIDTH): the window's
         for j in range(WIDTH, W):
             tl.store(conv + t * W + (W - 1 - j), ((W - 1) - (j - depth)).to(tl.int32), mask=mt)
+
+
+@triton.jit
+def _tree_tables_kernel(parents, src, anc, mask, paths, conv, bad, T, WIDTH, W,
+                        SRC: tl.constexpr, ANC: tl.constexpr, MASK: tl.constexpr, PATHS: tl.constexpr,
+                        CONV: tl.constexpr, CHECK: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
+    # Tree b = program_id(1) of a batch, each table's rows side by side: parents [B, T] (any integers; without CHECK
+    # int64, validated: -1 at the root, each parent an earlier node); src [B, T] int64; anc, mask [B, T, T] int8 /
+    # uint8; paths [B, T, WIDTH] int32; conv [B, T, W] int32; bad [B, programs along axis 0] int32 (CHECK: 1 where
+    # the program's nodes include one whose parent is not an earlier node, else 0). Program p owns nodes
+    # p BN .. p BN + BN - 1 of its tree (block_tables).
+    i_b = tl.program_id(1).to(tl.int64)
+    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    if CHECK:
+        wrong = wrong_parents(parents + i_b * T, t, t < T)
+        tl.store(bad + i_b * tl.num_programs(0) + tl.program_id(0), (tl.sum(wrong.to(tl.int32), 0) > 0).to(tl.int32))
+    block_tables(parents + i_b * T, src + i_b * T, anc + i_b * T * T, mask + i_b * T * T, paths + i_b * T * WIDTH,
+                 conv + i_b * T * W, t, T, WIDTH, W, SRC, ANC, MASK, PATHS, CONV, CHECK, BN, BC)
 
 
 def tree_tables(parents: torch.Tensor, *, width: int, src=None, anc=None, mask=None, paths=None, conv=None) -> None:

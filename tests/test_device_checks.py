@@ -247,6 +247,14 @@ def test_what_a_capture_cannot_take_is_refused_in_one_line():
             _verify(x, parents, pool, [3, 1, -1])
         with pytest.raises(ValueError, match="^retrieve_parent_token: on meta under CUDA-graph capture"):
             _verify(x, torch.empty(3, 7, dtype=torch.int32, device="meta"), pool, slots)
+        with pytest.raises(ValueError, match="^retrieve_parent_token: list under CUDA-graph capture"):
+            _verify(x, parents.tolist(), pool, slots)
+        with pytest.raises(ValueError, match=r"^retrieve_parent_token: expected int32 or int64 \[3, 7\], got "
+                                             r"torch.float32 \(3, 7\)"):
+            _verify(x, parents.float(), pool, slots)
+        with pytest.raises(ValueError, match=r"^retrieve_parent_token: expected int32 or int64 \[3, 7\], got "
+                                             r"torch.int32 \(3, 6\)"):
+            _commit(x, parents[:, :6], pool, slots, torch.tensor([1, 1, 1]))
         with pytest.raises(ValueError, match="^accepted: list under CUDA-graph capture"):
             _commit(x, parents, pool, slots, [1, 1, 1])
         with pytest.raises(ValueError, match="^initial_state_source: a torch.bfloat16 pool's commit"):
@@ -373,7 +381,9 @@ def test_the_step_kernel_equals_its_torch_reference(data):
     """device_checks.step (one kernel, triton_checks) against step_reference (the torch functions), on drawn slots
     (padding, outside the pool, shared), buffer rows, accepted nodes, packing offsets and trees, a and b strided."""
     # 70 heads: tiles of 32 nodes (triton_checks.step_checks), so 40 nodes take two
-    B, T, HV, N = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 40)), data.draw(st.sampled_from([1, 2, 5, 70])), 5
+    # past 32 nodes often (a second block: its program's tables, flags and copy)
+    B, T = data.draw(st.integers(1, 6)), data.draw(st.one_of(st.integers(1, 40), st.integers(33, 40)))
+    HV, N = data.draw(st.sampled_from([1, 2, 5, 70])), 5
     def ints(lo, hi, n_right):  # [B]: right values (distinct in 0..n_right-1 where they fit), at most one entry wrong
         right = data.draw(st.permutations(range(max(n_right, B))))[:B]
         out = [x % n_right for x in right] if n_right else [0] * B
@@ -382,10 +392,15 @@ def test_the_step_kernel_equals_its_torch_reference(data):
         return torch.tensor(out)
     parents = torch.tensor([[0] + [data.draw(st.integers(0, i - 1)) for i in range(1, T)] for _ in range(B)])
     if T > 1 and data.draw(st.booleans()):  # one node's parent not an earlier node
-        i = data.draw(st.integers(1, T - 1))
+        i = data.draw(st.one_of(st.integers(1, T - 1), st.just(T - 1)))
         parents[data.draw(st.integers(0, B - 1)), i] = data.draw(st.one_of(st.integers(-2, -1), st.integers(i, T + 1)))
-    plan = device_checks.DevicePlan(parents) if data.draw(st.booleans()) else None
-    kw = dict(slots=ints(-2, N + 1, N).to(data.draw(st.sampled_from([torch.int32, torch.int64]))), N=N, plan=plan)
+    given = data.draw(st.sampled_from(["tree", "plan", "none"]))  # a tree as read (its tables built in the launch),
+    # a DevicePlan (its flags read), or neither (a plan validated on the host)
+    kw = dict(slots=ints(-2, N + 1, N).to(data.draw(st.sampled_from([torch.int32, torch.int64]))), N=N)
+    if given == "tree":
+        kw.update(tree=parents.to(data.draw(st.sampled_from([torch.int32, torch.int64]))))
+    elif given == "plan":
+        kw.update(plan=device_checks.DevicePlan(parents))
     if data.draw(st.booleans()):
         kw.update(rows=ints(-1, 6, 6), N_buf=6)
     if data.draw(st.booleans()):
@@ -399,6 +414,14 @@ def test_the_step_kernel_equals_its_torch_reference(data):
     kw.update(a=wide[:, :, :HV], b=wide[:, :, HV + 1:].bfloat16())
     got, want = device_checks.step(**kw), device_checks.step_reference(**kw)
     assert torch.equal(got.bad, want.bad)
+    if given == "tree":  # the tables the launch built: checked_tables' (which the host's hold), flags and all
+        assert isinstance(got.plan, device_checks.DevicePlan)
+        assert torch.equal(got.plan.bad_blocks, want.plan.bad_blocks)
+        assert torch.equal(got.plan.parents, want.plan.parents)
+        assert torch.equal(got.plan.ancestors("exact")[0], want.plan.ancestors("exact")[0])
+        assert torch.equal(got.plan.root_paths(), want.plan.root_paths())
+    else:
+        assert got.plan is kw.get("plan")
     assert torch.equal(got.slots.indices, want.slots.indices)
     for name in ("rows", "accepted"):
         g, w = getattr(got, name), getattr(want, name)
@@ -505,3 +528,21 @@ def test_past_65_nodes_a_pool_past_64_rows_and_a_bf16_buffer_are_captured():
             assert torch.isnan(got[0][1]).all() and torch.isnan(got[1][1]).all() and torch.isnan(got[2][0]).all()
             assert torch.isnan(got[3][70]).all() and torch.isfinite(got[0][0]).all()
             assert torch.isfinite(got[2][2]).all() and torch.equal(got[3][:66], start[:66])
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("given", ["tree", "plan"])
+def test_every_block_of_nodes_sees_a_wrong_parent_in_another_block(given):
+    """At 70 nodes (three blocks of 32, a program each): a wrong parent in the third block flags its sequence in the
+    step kernel's every program, as a tree read in the launch and as a DevicePlan's flags, so every node's gates of
+    that sequence are NaN, and nothing of the other sequence's."""
+    T, HV = 70, 3
+    tree = torch.tensor([[0] + list(range(T - 1))] * 2)
+    tree[1, 66] = 68
+    a, b = torch.randn(2, T, HV), torch.randn(2, T, HV)
+    kw = dict(tree=tree) if given == "tree" else dict(plan=device_checks.DevicePlan(tree))
+    got = device_checks.step(a=a, b=b, slots=torch.tensor([0, 1]), N=2, **kw)
+    assert got.bad.tolist() == [False, True]
+    for name, x in (("a", a), ("b", b)):
+        out = getattr(got, name)
+        assert torch.isnan(out[1]).all() and torch.equal(out[0], x[0]), name
