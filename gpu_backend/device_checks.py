@@ -8,10 +8,11 @@ is checked on the device, and a sequence with an input it cannot trust fails clo
 Nothing is read or written outside the tensors handed over:
 
 - ``DevicePlan``: a batch of trees [B, T] as an engine hands them over (SGLang's retrieve_parent_token; node 0 each
-  tree's root, its entry not read). Its exact tables are built by one kernel (triton_tables.checked_tables); a node
-  whose parent is not an earlier node flags its tree, and is read as the previous node's child, so every walk stays
-  in the tree. Its depth is taken as T - 1, the most T nodes can have: the WY kernels' doubling rounds are then fixed
-  per T (the extra rounds multiply by a zero power of the solve's matrix: the same bits).
+  tree's root, its entry not read). Its exact tables are built by one kernel (triton_tables.checked_tables, or the
+  step's, ``step``); a node whose parent is not an earlier node flags its tree, and is read as the previous node's
+  child, so every walk stays in the tree. Its depth is taken as T - 1, the most T nodes can have: the WY kernels'
+  doubling rounds are then fixed per T (the extra rounds multiply by a zero power of the solve's matrix: the same
+  bits).
 - ``slots``: pool slots [B]; -1 is a padded row (SGLang's PAD_SLOT_ID), read as a zero state and never written. A
   slot outside the pool is flagged and read as padding (so neither read nor written); a slot two live rows share is
   flagged in both (a verify only reads it; the commit writes both sequences' NaN states there).
@@ -24,9 +25,9 @@ Nothing is read or written outside the tensors handed over:
 
 A padded row (slot -1) is flagged only for its buffer row: its outputs are not used.
 
-``step`` runs every check of a call in one kernel (triton_checks.step_checks), with the tree's tables in one more
-(triton_tables.checked_tables); the torch functions here are its reference (``step_reference``), which the tests hold
-it to.
+``step`` runs every check of a call and builds a raw tree's tables in one kernel (triton_checks.step_checks, its
+tables as triton_tables.checked_tables writes them); the torch functions here, with checked_tables for the tree, are
+its reference (``step_reference``), which the tests hold it to.
 """
 from __future__ import annotations
 

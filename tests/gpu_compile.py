@@ -133,16 +133,19 @@ def other_calls():
             g["parents"][0], width=nt, src=torch.empty(nt, dtype=torch.int64), anc=torch.empty(nt, nt, dtype=torch.int8),
             mask=torch.empty(nt, nt, dtype=torch.bool), paths=torch.empty(nt, nt, dtype=torch.int32),
             conv=torch.empty(nt, 4, dtype=torch.int32))),
-        # a captured drop-in's two launches (gpu_backend/device_checks.py) at 8 x 65, Qwen3.6-27B's 48 value heads
+        # the drop-in's device checks (gpu_backend/device_checks.py) at 8 x 65, Qwen3.6-27B's 48 value heads
         ("trees' tables checked on the device", lambda: triton_tables.checked_tables(
             torch.zeros(8, 65, dtype=torch.int32), src=torch.empty(8, 65, dtype=torch.int64),
             anc=torch.empty(8, 65, 65, dtype=torch.int8), paths=torch.empty(8, 65, 65, dtype=torch.int32),
             bad=torch.empty(8, triton_tables.blocks(65), dtype=torch.int32))),
-        ("a step's checks on the device", lambda: triton_checks.step_checks(
+        ("a step's checks and its tree's tables on the device", lambda: triton_checks.step_checks(
             slots=torch.zeros(8, dtype=torch.int32), N=16, a=torch.zeros(8, 65, 48, dtype=torch.bfloat16),
-            b=torch.zeros(8, 65, 48, dtype=torch.bfloat16), tree_bad=torch.zeros(8, 3, dtype=torch.int32),
+            b=torch.zeros(8, 65, 48, dtype=torch.bfloat16), tree=torch.zeros(8, 65, dtype=torch.int32),
             rows=torch.zeros(8, dtype=torch.int32), N_buf=8, accepted=torch.zeros(8, dtype=torch.int64),
             cu_seqlens=torch.zeros(9, dtype=torch.int32))),
+        ("a step's checks, its trees' flags read", lambda: triton_checks.step_checks(
+            slots=torch.zeros(8, dtype=torch.int32), N=16, a=torch.zeros(8, 65, 48, dtype=torch.bfloat16),
+            b=torch.zeros(8, 65, 48, dtype=torch.bfloat16), tree_bad=torch.zeros(8, 3, dtype=torch.int32))),
         ("rms norm after the residual add", lambda: gb.rms_norm(h, h[0], eps=1e-6, residual=h, **glue)),
         ("rms norm per head", lambda: gb.rms_norm(h.view(3, 20, 256), h[0, :256], eps=1e-6, **glue)),
         ("gated rms norm", lambda: gb.gated_rms_norm(o, o[0, 0], wide[:, :6144], eps=1e-6, **glue)),
