@@ -64,30 +64,40 @@ def block_tables(parents, src, anc, mask, paths, conv, t, T, WIDTH, W,
     tl.debug_barrier()
     if SRC:
         tl.store(src + t, _parent(parents, t.to(tl.int64), mt, CHECK), mask=mt)
-    depth = tl.zeros([BN], tl.int32)
-    cur = tl.where(mt, t, -1).to(tl.int64)
-    for _ in range(0, WIDTH):  # a path holds at most WIDTH nodes
-        cur = _parent(parents, cur, cur >= 0, CHECK)
-        depth += (cur >= 0).to(tl.int32)
+    # One walk up from every node at once, for as many steps as the block's deepest node takes (not WIDTH): step j
+    # reaches each node's ancestor j steps up, written into its mask row, its path leaf first (column j, turned
+    # root first below) and its conv window (lag j)
+    depth = tl.full([BN], -1, tl.int32)
     cur = tl.where(mt, t, -1).to(tl.int64)
     one = tl.full([BN], 1, tl.int8)
-    for j in range(0, WIDTH):
+    j = tl.zeros([BN], tl.int32)  # the step (every node's the same)
+    while (tl.max(j, 0) < WIDTH) & (tl.max(cur, 0) >= 0):  # (a deeper tree than the caller checked: WIDTH steps)
         on = cur >= 0
         if ANC:
             tl.store(anc + t * T + cur, one, mask=on)
         if MASK:
             tl.store(mask + t * T + cur, one.to(tl.uint8), mask=on)
         if PATHS:
-            tl.store(paths + t * WIDTH + (depth - j), cur.to(tl.int32), mask=on & (depth - j < WIDTH))  # (a
-            # deeper tree than the caller checked writes no other row)
+            tl.store(paths + t * WIDTH + j, cur.to(tl.int32), mask=on)
         if CONV:
-            if j < W:
-                v = tl.where(on, cur + (W - 1), (W - 1) - (j - depth)).to(tl.int32)
-                tl.store(conv + t * W + (W - 1 - j), v, mask=mt)
+            tl.store(conv + t * W + (W - 1 - j), (cur + (W - 1)).to(tl.int32), mask=on & (j < W))
+        depth += on.to(tl.int32)
         cur = _parent(parents, cur, on, CHECK)
-    if CONV:  # lags past the last path node (W > WIDTH): the window's
-        for j in range(WIDTH, W):
-            tl.store(conv + t * W + (W - 1 - j), ((W - 1) - (j - depth)).to(tl.int32), mask=mt)
+        j += 1
+    if PATHS:  # each path's first depth + 1 columns reversed in place: root first. Column c and depth - c (c the
+        # smaller) are one element's to swap, so no two elements touch one entry; the walk's stores land first
+        tl.debug_barrier()
+        for c0 in range(0, (tl.max(depth, 0) + 2) // 2, BC):
+            c = c0 + cols
+            d = depth[:, None] - c[None, :]
+            m = mt[:, None] & (c[None, :] < d)
+            lo = tl.load(paths + t[:, None] * WIDTH + c[None, :], mask=m)
+            hi = tl.load(paths + t[:, None] * WIDTH + d, mask=m)
+            tl.store(paths + t[:, None] * WIDTH + c[None, :], hi, mask=m)
+            tl.store(paths + t[:, None] * WIDTH + d, lo, mask=m)
+    if CONV:  # lags past the root: the window's own positions
+        for jj in range(0, W):
+            tl.store(conv + t * W + (W - 1 - jj), ((W - 1) - (jj - depth)).to(tl.int32), mask=mt & (jj > depth))
 
 
 @triton.jit
