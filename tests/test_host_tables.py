@@ -120,6 +120,8 @@ _SEEDED = torch.Generator().manual_seed(7)  # a random tree of 70 nodes: three p
        which=st.sets(st.sampled_from(["src", "anc", "mask", "paths", "conv"]), min_size=1))
 @example(parents=torch.tensor([[-1] + [int(torch.randint(0, i, (1,), generator=_SEEDED)) for i in range(1, 70)]]), W=4,
          spare=1, which={"src", "anc", "mask", "paths", "conv"})
+@example(parents=torch.tensor([[-1] + list(range(69))]), W=6, spare=0, which={"paths", "conv"})  # a chain: paths of
+# up to 70 nodes turned root first over three chunks of columns, the last block's walk 70 steps
 def test_the_device_builder_writes_the_host_tables(parents, W, spare, which):
     """gpu_backend.triton_tables (here in Triton's interpreter) against host_tables.one_tree and path_conv_sources,
     integer for integer: any subset of the tables, paths wider than the tree is deep (spare columns), conv windows
