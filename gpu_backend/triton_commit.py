@@ -35,13 +35,16 @@ def _gdn_commit_kernel(
                 mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
     path = paths + (i_b * TP + tl.load(acc + i_b)) * DMAX  # the accepted node's root path
-    for d in range(0, DMAX):
-        n = tl.load(path + d)
-        row = (i_b * T + tl.maximum(n, 0)).to(tl.int64)
+    d = tl.full((), 0, tl.int32)
+    n = tl.load(path)
+    while n >= 0:  # its nodes only, not the table's width (a DevicePlan's paths are T wide, whatever the depth)
+        row = (i_b * T + n).to(tl.int64)
         b_k = h.load_rows(k, row, i_h, o_k, mk, H, K, L2NORM, 0, KS)
         b_v = h.load_rows(v, row, i_hv, o_v, mv, HV, V, False, 0, VS)
         b_g, b_beta = h.gates(g, beta, row * HV + i_hv, 0, neg_A, bias, FUSED, False)
-        S = tl.where(n >= 0, h.delta_step(S, b_k, b_v, b_g, b_beta), S)
+        S = h.delta_step(S, b_k, b_v, b_g, b_beta)
+        d += 1
+        n = tl.load(path + d, mask=d < DMAX, other=-1)
     oslot, olive = h.pool_slot(out_idx, i_b)
     # in place a padded row's slot is not written (out_idx is then the pool's slots)
     tl.store(h.state_ptrs(out, oslot, i_hv, o_k, o_v, HV, K, V, OUT_VK), S,
