@@ -1,7 +1,8 @@
-"""Where a captured drop-in call's time goes: engine_api.target_verify (snapshot-free) and commit_accepted on SGLang's
-raw step tensors, n GDN layers in one CUDA graph (as drop_in_graphed.py), against the same calls given a plan made
-before the capture (plan_tree, plan_slots, plan_accepted: no device checks in the graph) and the kernels' own device
-time per layer, split by kernel (torch.profiler over graph replays), at Qwen3.6-27B GDN shapes.
+"""Where a captured drop-in call's time goes: engine_api.target_verify (snapshot-free, and with SGLang's buffer) and
+commit_accepted on SGLang's raw step tensors, n GDN layers in one CUDA graph (as drop_in_graphed.py), against the
+same calls given a plan made before the capture (plan_tree, plan_slots, plan_accepted: no device checks in the graph)
+and the kernels' own device time per layer, split by kernel (torch.profiler over graph replays), at Qwen3.6-27B GDN
+shapes.
 
     python benchmarks/profile_captured.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--layers 48] [--gib 40]
 """
@@ -65,9 +66,13 @@ def main():
         slots = engine_api.plan_slots(layers[0]["pool"], layers[0]["slots"])
         p_acc = engine_api.plan_accepted(plan, acc)
 
-        def verify(x, tree, s):
+        rows = engine_api.plan_slots(layers[0]["buf"], layers[0]["rows"])
+
+        def verify(x, tree, s, r=None):
             engine_api.target_verify(x["zeros"], x["a"], x["zeros"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"],
-                                     x["pool"], s, retrieve_parent_token=tree)
+                                     x["pool"], s, retrieve_parent_token=tree,
+                                     **({} if r is None else dict(intermediate_states_buffer=x["buf"],
+                                                                  intermediate_state_indices=r, cache_steps=T)))
 
         def commit(x, tree, s, c):
             engine_api.commit_accepted(x["zeros"], x["a"], x["zeros"], x["k"], x["v"], x["b"], x["pool"], s,
@@ -75,6 +80,8 @@ def main():
 
         forms = {"verify, raw tensors": lambda x: verify(x, par, x["slots"]),
                  "verify, planned": lambda x: verify(x, plan, slots),
+                 "drop-in (buffer), raw tensors": lambda x: verify(x, par, x["slots"], x["rows"]),
+                 "drop-in (buffer), planned": lambda x: verify(x, plan, slots, rows),
                  "commit, raw tensors": lambda x: commit(x, par, x["slots"], acc),
                  "commit, planned": lambda x: commit(x, plan, slots, p_acc)}
         pools = [x["pool"].clone() for x in layers]

@@ -41,8 +41,9 @@ A padded batch (initial_state_indices -1 for the rows SGLang pads a CUDA-graph r
 SGLang's kernel takes it: a padded row verifies from a zero state, and neither call reads or writes a pool slot for it.
 Under CUDA-graph capture (a server's captured verify) raw tensors are checked on the device instead, and a sequence
 with an input it cannot trust fails closed as NaN (gpu_backend/device_checks.py); outside capture they are checked on
-the host and refused in one line. On CUDA (and in Triton's interpreter) Triton kernels run (the WY form; past 65 nodes, its form over
-64-row chunks); on the CPU otherwise, the torch path.
+the host and refused in one line, then go through the same launch a capture makes (its checks then all pass), so
+that an engine's warm-up compiles every kernel its capture launches. On CUDA (and in Triton's interpreter) Triton
+kernels run (the WY form; past 65 nodes, its form over 64-row chunks); on the CPU otherwise, the torch path.
 """
 from __future__ import annotations
 
@@ -148,16 +149,45 @@ def chain_plan(B: int, T: int, device) -> checks.TreePlan:
     return plan
 
 
-def _parents(p, B, T, x, captured: bool = False):
-    """The call's TreePlan (for inputs like x): as planned, else from the raw table. Under capture the raw table
-    itself, whose tables the step's checks build (_step). Otherwise, on the Triton backend, the table is validated on
-    the host first (refused in one line), then its tables built on x's device (device_checks.DevicePlan)."""
-    if isinstance(p, checks.TreePlan) or captured:
+def _parents(p, B, T, x):
+    """The call's tree: as planned (a TreePlan), else on the Triton backend the raw table, whose tables the step's
+    launch builds (_step), or on the torch backend the table rooted."""
+    if isinstance(p, checks.TreePlan) or _backend(x) == "triton":
         return p
-    if _backend(x) == "torch":
-        return _rooted(p.reshape(B, T))
-    plan_tree(p.reshape(B, T))
-    return device_checks.DevicePlan(p.to(x.device).reshape(B, T))
+    return _rooted(torch.as_tensor(p).reshape(B, T))
+
+
+def _raw(*inputs) -> bool:
+    """Whether a call gives any of its step inputs raw (not planned: a tree, slots, rows or accepted nodes as an
+    engine hands them over; None for one it does not give). A Triton call with one checks them, and builds a raw
+    tree's tables, in the step's one launch (_step), under capture or not."""
+    planned = (checks.TreePlan, checks.CheckedSlots, checks.CheckedIndices)
+    return any(x is not None and not isinstance(x, planned) for x in inputs)
+
+
+def _host_checked(x, B, T, *, pool, slots, tree, cu_seqlens, rows=None, buf=None, accepted=None):
+    """Outside capture, a raw-input call's raw inputs validated on the host first (refused in one line, as before any
+    launch), then as tensors on x's device for the step's launch (_step), which a capture launches the same way: an
+    engine's warm-up compiles what its capture runs, and the checks' flags come out clear. (tree, slots, rows,
+    accepted, cu_seqlens)."""
+    dev = x.device
+    if tree is not None and not isinstance(tree, checks.TreePlan):
+        tree = torch.as_tensor(tree)
+        plan_tree(tree.reshape(B, T))
+        tree = tree.to(dev)
+    if not isinstance(slots, checks.CheckedSlots):
+        plan_slots(pool, slots)
+        slots = torch.as_tensor(slots).to(dev)
+    if rows is not None and not isinstance(rows, checks.CheckedSlots):
+        checks.node_state_rows(buf, rows, B, buf_name="intermediate_states_buffer",
+                               rows_name="intermediate_state_indices")
+        rows = torch.as_tensor(rows).to(dev)
+    if accepted is not None and not isinstance(accepted, checks.CheckedIndices):
+        checks.checked_accepted(accepted, B, T, dev)
+        accepted = torch.as_tensor(accepted).to(dev)
+    if cu_seqlens is not None:
+        cu_seqlens = torch.as_tensor(cu_seqlens).to(dev)
+    return tree, slots, rows, accepted, cu_seqlens
 
 
 def _chain(B, T, device, captured: bool):
@@ -210,16 +240,21 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     captured = _captured(q)
     B, T = _batch_shape(q, cu_seqlens, initial_state_indices, captured)
     q, k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (q, k, v, a, b))
+    buf = intermediate_states_buffer
+    rows = intermediate_state_indices if buf is not None else None
+    slots = initial_state_indices
+    if buf is not None:  # refused before any launch
+        checks.node_states_shape(buf.transpose(-1, -2) if isinstance(buf, torch.Tensor) else buf, T, v.shape[2],
+                                 q.shape[3], v.shape[3], q.device, "intermediate_states_buffer (transposed)")
     if retrieve_parent_token is None:
         parents, mode = _chain(B, T, q.device, captured), "leaky"
     else:
-        parents, mode = _parents(retrieve_parent_token, B, T, q, captured), "exact"
-    buf = intermediate_states_buffer
-    rows = intermediate_state_indices
-    slots = initial_state_indices
-    if captured:
-        step = _step(q, a=a, b=b, pool=initial_state_source, slots=slots, tree=parents, cu_seqlens=cu_seqlens,
-                     rows=rows if buf is not None and not isinstance(rows, checks.CheckedSlots) else None, buf=buf)
+        parents, mode = _parents(retrieve_parent_token, B, T, q), "exact"
+    if _backend(q) == "triton" and (captured or _raw(retrieve_parent_token, slots, rows)):
+        tree, slots, raw_rows, _, cu = (parents, slots, rows, None, cu_seqlens) if captured else _host_checked(
+            q, B, T, pool=initial_state_source, slots=slots, tree=parents, cu_seqlens=cu_seqlens, rows=rows, buf=buf)
+        step = _step(q, a=a, b=b, pool=initial_state_source, slots=slots, tree=tree, cu_seqlens=cu,
+                     rows=raw_rows if not isinstance(raw_rows, checks.CheckedSlots) else None, buf=buf)
         a, b, slots, parents = step.a, step.b, step.slots, step.plan
         rows = step.rows or rows
     s0, slots, _ = _state_view(initial_state_source, slots, B)
@@ -230,18 +265,14 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
         o = gb.gdn_tree_verify(q, k, v, **kw)
     elif buf.dtype == torch.float32 and buf.dim() == 5 and buf.is_contiguous():
         # SGLang's layout, buffer[intermediate_state_indices[b], t] = node t's state [HV, V, K]: the kernels write
-        # each node's state there through the buffer's [N, TS, HV, K, V] transpose. The buffer and its rows are
-        # checked here, named as the caller names them; raw rows then go on as checked (no second host sync)
-        checks.node_states_shape(buf.transpose(-1, -2), T, v.shape[2], q.shape[3], v.shape[3], q.device,
-                                 "intermediate_states_buffer (transposed)")
+        # each node's state there through the buffer's [N, TS, HV, K, V] transpose. Its rows are checked here (or by
+        # the step's launch), named as the caller names them; raw rows then go on as checked (no second host sync)
         idx = checks.node_state_rows(buf, rows, B, buf_name="intermediate_states_buffer",
                                      rows_name="intermediate_state_indices")
         if rows is not None and not isinstance(rows, checks.CheckedSlots):
             rows = checks.CheckedSlots(idx, buf.shape[0])
         o, _ = gb.gdn_tree_verify(q, k, v, states_out=buf.transpose(-1, -2), states_rows=rows, **kw)
     else:  # another dtype or layout: the states made apart, then copied in (the buffer and its rows checked before)
-        checks.node_states_shape(buf.transpose(-1, -2), T, v.shape[2], q.shape[3], v.shape[3], q.device,
-                                 "intermediate_states_buffer (transposed)")
         rows = checks.node_state_rows(buf, rows, B, buf_name="intermediate_states_buffer",
                                       rows_name="intermediate_state_indices").long()
         o, states = gb.gdn_tree_verify(q, k, v, output_states=True, **kw)
@@ -257,14 +288,16 @@ def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_st
     B, T = _batch_shape(k, cu_seqlens, initial_state_indices, captured)
     k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (k, v, a, b))
     pool = initial_state_source
-    parents = _parents(retrieve_parent_token, B, T, k, captured)
+    parents = _parents(retrieve_parent_token, B, T, k)
     slots = initial_state_indices
-    if captured:
-        if not (pool.dtype == torch.float32 and pool.dim() == 4 and pool.is_contiguous()):
-            raise ValueError(f"initial_state_source: a {pool.dtype} pool's commit writes its rows back past a host "
-                             "read, which CUDA-graph capture cannot take; capture the commit on an fp32 pool")
-        step = _step(k, a=a, b=b, pool=pool, slots=slots, tree=parents, cu_seqlens=cu_seqlens,
-                     accepted=None if isinstance(accepted, checks.CheckedIndices) else accepted)
+    if captured and not (pool.dtype == torch.float32 and pool.dim() == 4 and pool.is_contiguous()):
+        raise ValueError(f"initial_state_source: a {pool.dtype} pool's commit writes its rows back past a host "
+                         "read, which CUDA-graph capture cannot take; capture the commit on an fp32 pool")
+    if _backend(k) == "triton" and (captured or _raw(retrieve_parent_token, slots, accepted)):
+        tree, slots, _, acc, cu = (parents, slots, None, accepted, cu_seqlens) if captured else _host_checked(
+            k, B, T, pool=pool, slots=slots, tree=parents, cu_seqlens=cu_seqlens, accepted=accepted)
+        step = _step(k, a=a, b=b, pool=pool, slots=slots, tree=tree, cu_seqlens=cu,
+                     accepted=acc if not isinstance(acc, checks.CheckedIndices) else None)
         a, b, slots, parents = step.a, step.b, step.slots, step.plan
         accepted = step.accepted or accepted
     s0, slots, rows = _state_view(pool, slots, B)

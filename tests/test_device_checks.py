@@ -546,3 +546,37 @@ def test_every_block_of_nodes_sees_a_wrong_parent_in_another_block(given):
     for name, x in (("a", a), ("b", b)):
         out = getattr(got, name)
         assert torch.isnan(out[1]).all() and torch.equal(out[0], x[0]), name
+
+
+@pytest.mark.interpreter
+def test_an_eager_raw_call_launches_what_its_capture_launches():
+    """The drop-in's eager calls on raw tensors (an engine's warm-up before it captures) launch the kernels a
+    captured call launches, in the same order, each with the same specialization (its constexprs and its tensors'
+    dtypes), so that a capture compiles nothing: verify, drop-in, flattened verify and commit. (Triton's interpreter
+    sees every launch, whatever ddsim's launchers keep.)"""
+    import triton.runtime.interpreter as interpreter
+    x, parents, pool, slots = _case()
+    parents[2] = torch.tensor([0, 0, 1, 2, 3, 4, 5])
+    real = interpreter.GridExecutor.__call__
+    seen: list = []
+
+    def call(self, *args, **kw):
+        seen[-1].append((self.fn.__name__, sorted((k, v.dtype if isinstance(v, torch.Tensor) else v)
+                                                  for k, v in kw.items() if k.isupper() or isinstance(v, torch.Tensor))))
+        return real(self, *args, **kw)
+    interpreter.GridExecutor.__call__ = call
+    try:
+        for forced in (False, True):
+            seen.append([])
+            with device_checks.forced() if forced else contextlib.nullcontext():
+                _verify(x, parents, pool.clone(), slots)
+                _verify(x, parents, pool.clone(), slots, intermediate_states_buffer=torch.zeros(5, 7, 2, 3, 4),
+                        intermediate_state_indices=torch.tensor([4, 0, 2]))
+                engine_api.target_verify(x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"],
+                                         pool.clone(), slots)
+                _commit(x, parents, pool.clone(), slots, torch.tensor([6, 4, 3]))
+    finally:
+        interpreter.GridExecutor.__call__ = real
+    eager, captured = seen
+    assert [n for n, _ in eager].count("_step_checks_kernel") == 4, [n for n, _ in eager]
+    assert eager == captured
