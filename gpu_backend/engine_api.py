@@ -78,6 +78,10 @@ def _step(x, *, a, b, pool, slots, tree, cu_seqlens, rows=None, buf=None, accept
     if raw is not None and (raw.numel() != B * T or raw.dtype not in (torch.int32, torch.int64)):
         raise ValueError(f"retrieve_parent_token: expected int32 or int64 [{B}, {T}], got {raw.dtype} "
                          f"{tuple(raw.shape)}")
+    for name, t, n in (("initial_state_indices", idx, B), ("intermediate_state_indices", rows, B),
+                       ("accepted", accepted, B), ("cu_seqlens", cu_seqlens, B + 1)):
+        if t is not None and (tuple(t.shape) != (n,) or t.dtype not in (torch.int32, torch.int64)):
+            raise ValueError(f"{name}: expected int32 or int64 [{n}], got {t.dtype} {tuple(t.shape)}")
     return device_checks.step(a=a, b=b, slots=idx, N=pool.shape[0], tree=None if raw is None else raw.reshape(B, T),
                               plan=tree if raw is None else None, rows=rows, N_buf=0 if buf is None else buf.shape[0],
                               accepted=accepted, cu_seqlens=cu_seqlens)

@@ -108,14 +108,27 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
     paths [B, T, T] int32, bad [B, blocks(T)] int32), as triton_tables.checked_tables writes them."""
     B, T, HV = a.shape
     dev = a.device
+    # the index tensors as the kernel reads them, element i at offset i: a strided view (an engine's slots taken as
+    # every other entry of a wider table) copied first, or its program would read another sequence's entry
+    slots, tree, tree_bad, rows, accepted, cu_seqlens = (
+        x if x is None else x.contiguous() for x in (slots, tree, tree_bad, rows, accepted, cu_seqlens))
     tensors = [x for x in (slots, b, tree, tree_bad, rows, accepted, cu_seqlens) if x is not None]
     C.check_device(a, *tensors)
-    if tuple(b.shape) != (B, T, HV) or tuple(slots.shape) != (B,) or (tree is not None and (
-            tuple(tree.shape) != (B, T) or tree.dtype not in (torch.int32, torch.int64))) or (tree_bad is not None and (
-            tree is not None or tree_bad.dtype != torch.int32 or tuple(tree_bad.shape) != (B, triton_tables.blocks(T)))):
-        got = "" if tree is None else f", tree {tree.dtype} {tuple(tree.shape)}"
-        got += "" if tree_bad is None else f", tree_bad {tree_bad.dtype} {tuple(tree_bad.shape)}"
-        raise ValueError(f"step_checks: a {tuple(a.shape)}, b {tuple(b.shape)}, slots {tuple(slots.shape)}{got}")
+    if tuple(b.shape) != (B, T, HV):
+        raise ValueError(f"step_checks: a {tuple(a.shape)}, b {tuple(b.shape)}")
+    if tree is not None and tree_bad is not None:
+        raise ValueError("step_checks: a tree as read or its flags, not both")
+    # every index tensor's shape and dtype (the host's to check, a capture's too): one read past its end would be
+    # another tensor's memory taken as a sequence's slot, row, node or offset
+    for name, x, shape, dtypes in (("slots", slots, (B,), (torch.int32, torch.int64)),
+                                   ("tree", tree, (B, T), (torch.int32, torch.int64)),
+                                   ("tree_bad", tree_bad, (B, triton_tables.blocks(T)), (torch.int32,)),
+                                   ("rows", rows, (B,), (torch.int32, torch.int64)),
+                                   ("accepted", accepted, (B,), (torch.int32, torch.int64)),
+                                   ("cu_seqlens", cu_seqlens, (B + 1,), (torch.int32, torch.int64))):
+        if x is not None and (tuple(x.shape) != shape or x.dtype not in dtypes):
+            raise ValueError(f"step_checks: {name}: expected {' or '.join(str(d) for d in dtypes)} {list(shape)}, "
+                             f"got {x.dtype} {list(x.shape)}")
     slots_out = torch.empty(B, dtype=torch.int32, device=dev)
     rows_out = torch.empty(B, dtype=torch.int32, device=dev) if rows is not None else None
     acc_out = torch.empty(B, dtype=torch.int64, device=dev) if accepted is not None else None
@@ -129,7 +142,7 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
     src, anc, paths, flags = tables if tables is not None else (bad, bad, bad, tree_bad if tree_bad is not None else bad)
     BH = C.next_pow2(HV, 1)
     launch(_step_checks_kernel, (NP, B), slots=slots, slots_out=slots_out, N_POOL=N,
-           tree=tree.contiguous() if tree is not None else slots, src=src, anc=anc, paths=paths, tree_bad=flags,
+           tree=tree if tree is not None else slots, src=src, anc=anc, paths=paths, tree_bad=flags,
            rows=rows if rows is not None else slots, rows_out=rows_out if rows is not None else slots_out,
            N_BUF=max(N_buf, 1), acc=accepted if accepted is not None else slots,
            acc_out=acc_out if accepted is not None else bad, cu=cu_seqlens if cu_seqlens is not None else slots, a=a,

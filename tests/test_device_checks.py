@@ -240,7 +240,8 @@ def test_a_sequence_with_an_input_it_cannot_trust_fails_closed_and_nothing_else_
 @pytest.mark.interpreter
 def test_what_a_capture_cannot_take_is_refused_in_one_line():
     """Under device checks: slots as a host list (a replay would read the capture's for ever), a tree on another
-    device, a bf16 pool's commit (written back past a host read)."""
+    device, as a list, of another dtype or size, index tensors of another length or dtype, a bf16 pool's commit
+    (written back past a host read); and the step kernel's own refusals of such index tensors."""
     x, parents, pool, slots = _case()
     with device_checks.forced():
         with pytest.raises(ValueError, match=r"^initial_state_indices: list under CUDA-graph capture"):
@@ -257,8 +258,24 @@ def test_what_a_capture_cannot_take_is_refused_in_one_line():
             _commit(x, parents[:, :6], pool, slots, torch.tensor([1, 1, 1]))
         with pytest.raises(ValueError, match="^accepted: list under CUDA-graph capture"):
             _commit(x, parents, pool, slots, [1, 1, 1])
+        # an index tensor of another length or dtype: the kernel would read past it (another tensor's memory taken
+        # as a sequence's node or row) or take a float for an index
+        with pytest.raises(ValueError, match=r"^accepted: expected int32 or int64 \[3\], got torch.int64 \(2,\)"):
+            _commit(x, parents, pool, slots, torch.tensor([1, 1]))
+        with pytest.raises(ValueError, match=r"^intermediate_state_indices: expected int32 or int64 \[3\], got "
+                                             r"torch.float32 \(3,\)"):
+            _verify(x, parents, pool, slots, intermediate_states_buffer=torch.zeros(5, 7, 2, 3, 4),
+                    intermediate_state_indices=torch.tensor([4.0, 0.0, 2.0]))
+        with pytest.raises(ValueError, match=r"^initial_state_indices: expected int32 or int64 \[3\], got "
+                                             r"torch.float32 \(3,\)"):
+            _verify(x, parents, pool, slots.float())
         with pytest.raises(ValueError, match="^initial_state_source: a torch.bfloat16 pool's commit"):
             _commit(x, parents, pool.bfloat16(), slots, torch.tensor([1, 1, 1]))
+    a = torch.zeros(3, 7, 2)
+    for name, wrong in (("tree", torch.zeros(3, 6, dtype=torch.int32)), ("rows", torch.zeros(3, 1, dtype=torch.int32)),
+                        ("accepted", torch.zeros(2, dtype=torch.int64)), ("cu_seqlens", torch.zeros(3, dtype=torch.int32))):
+        with pytest.raises(ValueError, match=f"^step_checks: {name}: expected "):
+            device_checks.step(a=a, b=a, slots=slots, N=6, **{name: wrong}, **({"N_buf": 4} if name == "rows" else {}))
 
 
 def test_the_poison_reaches_every_output_and_state():
@@ -580,3 +597,43 @@ def test_an_eager_raw_call_launches_what_its_capture_launches():
     eager, captured = seen
     assert [n for n, _ in eager].count("_step_checks_kernel") == 4, [n for n, _ in eager]
     assert eager == captured
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """t's values as a strided view (every other entry of a wider tensor along its last dim), as an engine may hand
+    over its slots or its tree (a slice of a wider table)."""
+    wide = torch.full((*t.shape[:-1], 2 * t.shape[-1]), 99, dtype=t.dtype)
+    wide[..., ::2] = t
+    out = wide[..., ::2]
+    assert not out.is_contiguous() and torch.equal(out, t)
+    return out
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("which", ["slots", "tree", "rows", "accepted", "cu_seqlens"])
+def test_index_tensors_given_as_strided_views_are_read_as_their_values(which):
+    """The step kernel reads slots, a tree, buffer rows, accepted nodes and packing offsets given as strided views as
+    their values, not as the memory past them (another sequence's entry: a wrong slot read, not a NaN), in its torch
+    twin's bits; and the drop-in given strided slots and tree, eager and device-checked, gives the bits of
+    contiguous ones."""
+    B, T = 3, 7
+    x, parents, pool, slots = _case()
+    parents[2] = torch.tensor([0, 0, 1, 2, 3, 4, 5])
+    kw = dict(a=x["a"], b=x["b"], slots=slots, N=pool.shape[0], tree=parents, rows=torch.tensor([4, 0, 2]), N_buf=5,
+              accepted=torch.tensor([6, 4, 3]), cu_seqlens=torch.arange(B + 1) * T)
+    want = device_checks.step(**kw)
+    kw[which] = _strided(kw[which])
+    for got in (device_checks.step(**kw), device_checks.step_reference(**kw)):
+        assert torch.equal(got.bad, want.bad) and not got.bad[:2].any()
+        assert torch.equal(got.slots.indices, want.slots.indices)
+        assert torch.equal(got.rows.indices, want.rows.indices.to(got.rows.indices.dtype))
+        assert torch.equal(got.accepted.indices, want.accepted.indices)
+        assert torch.equal(got.plan.root_paths(), want.plan.root_paths())
+        assert torch.equal(got.a.nan_to_num(7.0), want.a.nan_to_num(7.0))
+    if which in ("slots", "tree"):
+        for forced in (False, True):
+            with device_checks.forced() if forced else contextlib.nullcontext():
+                o = _verify(x, parents, pool.clone(), slots)
+                o2 = _verify(x, _strided(parents) if which == "tree" else parents, pool.clone(),
+                             _strided(slots) if which == "slots" else slots)
+            assert torch.equal(o.nan_to_num(7.0), o2.nan_to_num(7.0)), forced
