@@ -93,7 +93,7 @@ def main():
             graph = _graph([(lambda x=x: fn(x)) for x in layers])
             us = event_median_ms(graph.replay, repeats=20) * 1e3 / n
             split = _split(graph, n)
-            by = ", ".join(f"{k} {v:.2f}" for k, v in split.most_common())
+            by = ", ".join(f"{k} {v:.2f}" for k, v in split.most_common()) or "(no kernel records from the replays)"
             print(f"| {name} | {us:.1f} | {sum(split.values()):.1f} | {by} |", flush=True)
             del graph
             for x, p in zip(layers, pools):
