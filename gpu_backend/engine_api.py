@@ -63,9 +63,10 @@ def _captured(x: torch.Tensor) -> bool:
 
 
 def _step(x, *, a, b, pool, slots, tree, cu_seqlens, rows=None, buf=None, accepted=None) -> device_checks.Step:
-    """Under capture: the step's raw inputs checked on the device, and a raw tree's tables built, in one launch
-    (device_checks.step; tree a raw table, or the call's TreePlan); refused in one line where a replay could not see
-    a step's values (host lists, tensors on another device)."""
+    """The step's raw inputs checked on the device, and a raw tree's tables built, in one launch (device_checks.step;
+    tree a raw table, or the call's TreePlan): under capture as given, outside it after _host_checked. Refused in one
+    line: what a replay could not see a step's values in (host lists, tensors on another device), and index tensors
+    of another length or dtype."""
     idx = slots.indices if isinstance(slots, checks.CheckedSlots) else slots
     raw = tree if not isinstance(tree, checks.TreePlan) else None
     for name, t in (("initial_state_indices", idx), ("intermediate_state_indices", rows), ("accepted", accepted),
