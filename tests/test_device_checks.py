@@ -569,8 +569,8 @@ def test_every_block_of_nodes_sees_a_wrong_parent_in_another_block(given):
 def test_an_eager_raw_call_launches_what_its_capture_launches():
     """The drop-in's eager calls on raw tensors (an engine's warm-up before it captures) launch the kernels a
     captured call launches, in the same order, each with the same specialization (its constexprs and its tensors'
-    dtypes), so that a capture compiles nothing: verify, drop-in, flattened verify and commit. (Triton's interpreter
-    sees every launch, whatever ddsim's launchers keep.)"""
+    dtypes), so that a capture compiles nothing: verify, drop-in, flattened verify, commit and packed verify.
+    (Triton's interpreter sees every launch, whatever ddsim's launchers keep.)"""
     import triton.runtime.interpreter as interpreter
     x, parents, pool, slots = _case()
     parents[2] = torch.tensor([0, 0, 1, 2, 3, 4, 5])
@@ -592,10 +592,12 @@ def test_an_eager_raw_call_launches_what_its_capture_launches():
                 engine_api.target_verify(x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"],
                                          pool.clone(), slots)
                 _commit(x, parents, pool.clone(), slots, torch.tensor([6, 4, 3]))
+                packed = {n: t.reshape(1, 21, *t.shape[2:]) if t.dim() > 1 else t for n, t in x.items()}
+                _verify(packed, parents, pool.clone(), slots, cu_seqlens=torch.arange(0, 22, 7))
     finally:
         interpreter.GridExecutor.__call__ = real
     eager, captured = seen
-    assert [n for n, _ in eager].count("_step_checks_kernel") == 4, [n for n, _ in eager]
+    assert [n for n, _ in eager].count("_step_checks_kernel") == 5, [n for n, _ in eager]
     assert eager == captured
 
 
@@ -637,3 +639,36 @@ def test_index_tensors_given_as_strided_views_are_read_as_their_values(which):
                 o2 = _verify(x, _strided(parents) if which == "tree" else parents, pool.clone(),
                              _strided(slots) if which == "slots" else slots)
             assert torch.equal(o.nan_to_num(7.0), o2.nan_to_num(7.0)), forced
+
+
+@pytest.mark.interpreter
+def test_an_eager_raw_call_refuses_in_one_line_before_any_launch():
+    """Outside capture the raw inputs a captured call would fail closed on are refused on the host, in one line naming
+    the argument, before any kernel is launched and with the pool untouched: a later node as a parent, a slot
+    outside the pool, a buffer row two sequences share, an accepted node outside the tree."""
+    import triton.runtime.interpreter as interpreter
+    x, parents, pool, slots = _case()
+    parents[2] = torch.tensor([0, 0, 1, 2, 3, 4, 5])
+    bad_tree = parents.clone()
+    bad_tree[1, 3] = 5
+    buf = torch.zeros(5, 7, 2, 3, 4)
+    cases = [
+        (r"^parents: sequence 1 node 3: parent 5 is not an earlier node", lambda p: _verify(x, bad_tree, p, slots)),
+        (r"^initial_state_indices: slots must lie in 0..5", lambda p: _verify(x, parents, p, torch.tensor([3, 9, -1]))),
+        (r"^intermediate_state_indices: rows must be distinct",
+         lambda p: _verify(x, parents, p, slots, intermediate_states_buffer=buf,
+                           intermediate_state_indices=torch.tensor([4, 0, 4]))),
+        (r"^accepted: expected \[B\] = \[3\] node indices in 0..6", lambda p: _commit(x, parents, p, slots,
+                                                                                    torch.tensor([6, 7, 0]))),
+    ]
+    real = interpreter.GridExecutor.__call__
+    launched = []
+    interpreter.GridExecutor.__call__ = lambda self, *a, **kw: launched.append(self.fn.__name__)
+    try:
+        for needle, call in cases:
+            p = pool.clone()
+            with pytest.raises(ValueError, match=needle):
+                call(p)
+            assert not launched and torch.equal(p, pool), needle
+    finally:
+        interpreter.GridExecutor.__call__ = real
