@@ -70,8 +70,8 @@ def block_tables(parents, src, anc, mask, paths, conv, t, T, WIDTH, W,
     depth = tl.full([BN], -1, tl.int32)
     cur = tl.where(mt, t, -1).to(tl.int64)
     one = tl.full([BN], 1, tl.int8)
-    j = tl.zeros([BN], tl.int32)  # the step (every node's the same)
-    while (tl.max(j, 0) < WIDTH) & (tl.max(cur, 0) >= 0):  # (a deeper tree than the caller checked: WIDTH steps)
+    j = tl.full((), 0, tl.int32)  # the step
+    while (j < WIDTH) & (tl.max(cur, 0) >= 0):  # (a deeper tree than the caller checked: WIDTH steps)
         on = cur >= 0
         if ANC:
             tl.store(anc + t * T + cur, one, mask=on)
@@ -80,7 +80,8 @@ def block_tables(parents, src, anc, mask, paths, conv, t, T, WIDTH, W,
         if PATHS:
             tl.store(paths + t * WIDTH + j, cur.to(tl.int32), mask=on)
         if CONV:
-            tl.store(conv + t * W + (W - 1 - j), (cur + (W - 1)).to(tl.int32), mask=on & (j < W))
+            tl.store(conv + t * W + (W - 1 - j), (cur + (W - 1)).to(tl.int32),
+                     mask=on & (tl.zeros([BN], tl.int32) + j < W))
         depth += on.to(tl.int32)
         cur = _parent(parents, cur, on, CHECK)
         j += 1
