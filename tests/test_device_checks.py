@@ -450,9 +450,10 @@ def test_the_step_kernel_equals_its_torch_reference(data):
 
 @pytest.mark.interpreter
 def test_past_one_block_a_device_checked_call_gives_the_host_checked_bits():
-    """Past 65 nodes (the WY form over chunks, the tables kernel over three blocks of 32 nodes): the device-checked
-    verify, drop-in and commit give the host-checked calls' bits, and a wrong parent in the third block fails its
-    sequence closed. (The gates' copy in several tiles: the step kernel's test, at 200 heads.)"""
+    """Past 65 nodes (the WY form over chunks, the tables kernel over three blocks of 32 nodes), slots past row 64 of
+    an 80-row pool: the device-checked verify, drop-in (into an fp32 buffer and a bf16 one) and commit give the
+    host-checked calls' bits, and a wrong parent in the third block fails its sequence closed. (The gates' copy in
+    several tiles: the step kernel's test, at 200 heads.)"""
     from ddsim.bench.bench import ddtree_batch
     _, parents = ddtree_batch(2, 70, vocab=60, depth=8, topk=4, seed=3)
     (B, T), HV = parents.shape, 2
@@ -461,19 +462,22 @@ def test_past_one_block_a_device_checked_call_gives_the_host_checked_bits():
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     x = dict(A_log=r(HV) * 0.3, a=r(B, T, HV), dt_bias=r(HV) * 0.3, q=r(B, T, 1, 4), k=r(B, T, 1, 4),
              v=r(B, T, HV, 3), b=r(B, T, HV))
-    pool, slots, tree = r(4, HV, 3, 4), torch.tensor([2, 0], dtype=torch.int32), parents.int()
+    pool, slots, tree = r(80, HV, 3, 4), torch.tensor([70, 3], dtype=torch.int32), parents.int()  # past row 64
     tree[:, 0] = 0
     acc = torch.tensor([T - 1, 40])
     outs = []
     for forced in (False, True):
         buf, p = torch.full((2, T, HV, 3, 4), float("nan")), pool.clone()
+        buf16 = torch.full((3, T, HV, 3, 4), float("nan"), dtype=torch.bfloat16)  # states made apart, copied in
         with device_checks.forced() if forced else contextlib.nullcontext():
             o = _verify(x, tree, p, slots)
             o2 = _verify(x, tree, p, slots, intermediate_states_buffer=buf, intermediate_state_indices=torch.tensor([1, 0]))
+            _verify(x, tree, p, slots, intermediate_states_buffer=buf16, intermediate_state_indices=torch.tensor([2, 0]))
             _commit(x, tree, p, slots, acc)
-        outs.append((o, o2, buf, p))
+        outs.append((o, o2, buf, buf16, p))
     for h, d in zip(*outs):
         assert torch.equal(h.nan_to_num(7.0), d.nan_to_num(7.0))
+    assert torch.isfinite(outs[1][3][[2, 0]]).all() and torch.isnan(outs[1][3][1]).all()  # the rows given, only
     bad = tree.clone()
     bad[1, 66] = 67  # a later node, in the third block of 32
     with device_checks.forced():
