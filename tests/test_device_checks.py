@@ -136,7 +136,8 @@ def _no_host_reads():
 @pytest.mark.parametrize("form", ["snapshot-free", "drop-in", "flattened", "packed"])
 def test_a_device_checked_call_gives_the_host_checked_bits_and_reads_nothing_on_the_host(form):
     """With device_checks.forced() (what capture takes) each form of the verify, and the commit, give the bits of
-    the same call checked on the host, reading no value on the host from ddsim's code."""
+    the same call planned on the host (plan_tree, plan_slots, plan_accepted: the host's tables, the tree's own depth,
+    no step kernel), reading no value on the host from ddsim's code."""
     x, parents, pool, slots = _case()
     parents[2] = torch.tensor([0, 0, 1, 2, 3, 4, 5])  # every tree valid: the host check passes
     B, T = parents.shape
@@ -149,7 +150,11 @@ def test_a_device_checked_call_gives_the_host_checked_bits_and_reads_nothing_on_
         kw = dict(cu_seqlens=torch.arange(0, B * T + 1, T))
     tree = None if form == "flattened" else parents
     pool0 = pool.clone()
-    host = _verify(x, tree, pool, slots, **kw)
+    planned = dict(kw, intermediate_state_indices=engine_api.plan_slots(kw["intermediate_states_buffer"],
+                                                                        kw["intermediate_state_indices"])
+                   ) if form == "drop-in" else kw
+    plan = engine_api.plan_tree(parents)
+    host = _verify(x, None if tree is None else plan, pool, engine_api.plan_slots(pool, slots), **planned)
     host_buf = kw.get("intermediate_states_buffer", torch.zeros(0)).clone()
     if form == "drop-in":
         kw["intermediate_states_buffer"].fill_(float("nan"))
@@ -163,7 +168,8 @@ def test_a_device_checked_call_gives_the_host_checked_bits_and_reads_nothing_on_
     if form == "snapshot-free":
         committed = pool.clone()
         pool.copy_(pool0)
-        _commit(x, parents, pool, slots, torch.tensor([6, 4, 3]))
+        _commit(x, plan, pool, engine_api.plan_slots(pool, slots),
+                engine_api.plan_accepted(plan, torch.tensor([6, 4, 3])))
         assert torch.equal(committed, pool)
 
 
@@ -451,9 +457,9 @@ def test_the_step_kernel_equals_its_torch_reference(data):
 @pytest.mark.interpreter
 def test_past_one_block_a_device_checked_call_gives_the_host_checked_bits():
     """Past 65 nodes (the WY form over chunks, the tables kernel over three blocks of 32 nodes), slots past row 64 of
-    an 80-row pool: the device-checked verify, drop-in (into an fp32 buffer and a bf16 one) and commit give the
-    host-checked calls' bits, and a wrong parent in the third block fails its sequence closed. (The gates' copy in
-    several tiles: the step kernel's test, at 200 heads.)"""
+    an 80-row pool: the device-checked verify, drop-in (into an fp32 buffer and a bf16 one) and commit give the bits
+    of the calls planned on the host, and a wrong parent in the third block fails its sequence closed. (The gates'
+    copy in several tiles: the step kernel's test, at 200 heads.)"""
     from ddsim.bench.bench import ddtree_batch
     _, parents = ddtree_batch(2, 70, vocab=60, depth=8, topk=4, seed=3)
     (B, T), HV = parents.shape, 2
@@ -466,14 +472,18 @@ def test_past_one_block_a_device_checked_call_gives_the_host_checked_bits():
     tree[:, 0] = 0
     acc = torch.tensor([T - 1, 40])
     outs = []
-    for forced in (False, True):
+    for forced in (False, True):  # planned on the host (the host's tables, no step kernel), then device-checked
         buf, p = torch.full((2, T, HV, 3, 4), float("nan")), pool.clone()
         buf16 = torch.full((3, T, HV, 3, 4), float("nan"), dtype=torch.bfloat16)  # states made apart, copied in
+        plan = engine_api.plan_tree(tree)
+        t_, s_, r1, r2, a_ = (tree, slots, torch.tensor([1, 0]), torch.tensor([2, 0]), acc) if forced else (
+            plan, engine_api.plan_slots(p, slots), engine_api.plan_slots(buf, [1, 0]), engine_api.plan_slots(buf16, [2, 0]),
+            engine_api.plan_accepted(plan, acc))
         with device_checks.forced() if forced else contextlib.nullcontext():
-            o = _verify(x, tree, p, slots)
-            o2 = _verify(x, tree, p, slots, intermediate_states_buffer=buf, intermediate_state_indices=torch.tensor([1, 0]))
-            _verify(x, tree, p, slots, intermediate_states_buffer=buf16, intermediate_state_indices=torch.tensor([2, 0]))
-            _commit(x, tree, p, slots, acc)
+            o = _verify(x, t_, p, s_)
+            o2 = _verify(x, t_, p, s_, intermediate_states_buffer=buf, intermediate_state_indices=r1)
+            _verify(x, t_, p, s_, intermediate_states_buffer=buf16, intermediate_state_indices=r2)
+            _commit(x, t_, p, s_, a_)
         outs.append((o, o2, buf, buf16, p))
     for h, d in zip(*outs):
         assert torch.equal(h.nan_to_num(7.0), d.nan_to_num(7.0))
