@@ -65,7 +65,8 @@ class DevicePlan(checks.TreePlan):
     inside a graph, since its tree changes from step to step. ``bad`` [B] bool: the trees with a node whose parent is
     not an earlier node (their tables are those of the tree with each such node under the previous one).
 
-    For the flattened recurrence (mode "leaky") its tables are every node's predecessor's, as TreePlan's are."""
+    For the flattened recurrence (mode "leaky") its tables are every node's predecessor's, as TreePlan's are; the
+    step kernel writes a batch of chains' by formula (``step(chain=True)``), a plan serving both modes."""
 
     def __init__(self, parents: torch.Tensor):
         from ddsim.gpu_backend import triton_tables
@@ -83,7 +84,8 @@ class DevicePlan(checks.TreePlan):
     @classmethod
     def of_tables(cls, src, anc, paths, bad) -> "DevicePlan":
         """The plan of tables checked_tables' kernel (or the step kernel, ``step``) wrote: src [B, T] int64, anc
-        [B, T, T] int8, paths [B, T, T] int32, bad [B, blocks(T)] int32."""
+        [B, T, T] int8, paths [B, T, T] int32, bad [B, blocks(T)] int32; bad None: a chain's tables (nothing to
+        flag), serving leaky mode as well."""
         plan = cls.__new__(cls)
         plan._built(src, anc, paths, bad)
         return plan
@@ -91,23 +93,16 @@ class DevicePlan(checks.TreePlan):
     def _built(self, src, anc, paths, bad) -> None:
         self.B, self.T = src.shape
         self.bad_blocks = bad
-        self._setup(src, {("src", "exact"): src, ("anc", "exact"): (anc, self.T - 1), ("paths",): paths})
+        cache = {("src", "exact"): src, ("anc", "exact"): (anc, self.T - 1), ("paths",): paths}
+        if bad is None:  # a chain's (the step kernel's, by formula): its tables are leaky mode's too
+            cache.update({("src", "leaky"): src, ("anc", "leaky"): (anc, self.T - 1), ("paths", "leaky"): paths})
+        self._setup(src, cache)
 
     def _setup(self, src, cache) -> None:
         self.parents, self.device, self._cache = src, src.device, cache
         self.fast_verify, self.fast_commit, self.fast_states = [], [], []  # never recorded (fastcall's are TreePlan's)
         self.fast_tries = {"verify": 0, "commit": 0, "states": 0}
         self.serves_paths = True
-
-    @classmethod
-    def chain(cls, B: int, T: int, device) -> "DevicePlan":
-        """The flattened recurrence's plan (every node the previous one's child) for B sequences of T nodes, made on
-        the device with no kernel of the tables' (its tables are leaky mode's, TreePlan's; nothing to flag)."""
-        plan = cls.__new__(cls)
-        plan.B, plan.T = B, T
-        plan.bad_blocks = None
-        plan._setup(torch.arange(-1, T - 1, device=device).expand(B, T), {})
-        return plan
 
     @property
     def bad(self) -> torch.Tensor:
@@ -196,31 +191,35 @@ class Step:
     bad: torch.Tensor
 
 
-def step(*, a, b, slots, N: int, tree=None, plan=None, rows=None, N_buf: int = 0, accepted=None, cu_seqlens=None
-         ) -> Step:
+def step(*, a, b, slots, N: int, tree=None, chain: bool = False, plan=None, rows=None, N_buf: int = 0,
+         accepted=None, cu_seqlens=None) -> Step:
     """Every check of a call on the device in one kernel (triton_checks.step_checks): slots [B] of a pool of N rows,
-    tree [B, T] a batch of trees as an engine hands it over (their tables built in the same launch: Step.plan) or
-    else plan a TreePlan (validated before) or a DevicePlan (its trees' flags read), rows [B] of a node-state buffer
-    of N_buf rows, accepted [B], cu_seqlens [B + 1]; a, b [B, T, HV] the gates' inputs."""
+    tree [B, T] a batch of trees as an engine hands it over (their tables built in the same launch: Step.plan), or
+    chain (the flattened recurrence's chains, their tables built in the launch), or else plan a TreePlan (validated
+    before) or a DevicePlan (its trees' flags read), rows [B] of a node-state buffer of N_buf rows, accepted [B],
+    cu_seqlens [B + 1]; a, b [B, T, HV] the gates' inputs."""
     from ddsim.gpu_backend import triton_checks
     B, T, _ = a.shape
-    if tree is not None and plan is not None:
-        raise ValueError("step: a tree as read or a plan, not both")
+    if (tree is not None) + bool(chain) + (plan is not None) > 1:
+        raise ValueError("step: one of a tree as read, a chain, or a plan")
     tree_bad = plan.bad_blocks if isinstance(plan, DevicePlan) else None
     s, r, acc, a2, b2, bad, tables = triton_checks.step_checks(
-        slots=slots, N=N, a=a, b=b, tree=tree, tree_bad=tree_bad, rows=rows, N_buf=N_buf, accepted=accepted,
-        cu_seqlens=cu_seqlens)
+        slots=slots, N=N, a=a, b=b, tree=tree, chain=chain, tree_bad=tree_bad, rows=rows, N_buf=N_buf,
+        accepted=accepted, cu_seqlens=cu_seqlens)
     return Step(DevicePlan.of_tables(*tables) if tables is not None else plan, checks.CheckedSlots(s, N, padded=B),
                 None if r is None else checks.CheckedSlots(r, N_buf),
                 None if acc is None else checks.CheckedIndices(acc, T), a2, b2, bad.bool())
 
 
-def step_reference(*, a, b, slots, N: int, tree=None, plan=None, rows=None, N_buf: int = 0, accepted=None,
-                   cu_seqlens=None) -> Step:
-    """``step`` in torch, from the functions above (a tree's tables from checked_tables' kernel): its reference."""
+def step_reference(*, a, b, slots, N: int, tree=None, chain: bool = False, plan=None, rows=None, N_buf: int = 0,
+                   accepted=None, cu_seqlens=None) -> Step:
+    """``step`` in torch, from the functions above (a tree's tables from checked_tables' kernel, a chain's a
+    TreePlan's): its reference."""
     B, T, _ = a.shape
     if tree is not None:
         plan = DevicePlan(tree)
+    if chain:
+        plan = checks.TreePlan(torch.arange(-1, T - 1, device=a.device).repeat(B, 1))
     checked, bad = globals()["slots"](slots, N, "initial_state_indices")
     live = slots.long() != checks.PAD_SLOT
     if isinstance(plan, DevicePlan):

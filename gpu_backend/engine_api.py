@@ -64,7 +64,8 @@ def _captured(x: torch.Tensor) -> bool:
 
 def _step(x, *, a, b, pool, slots, tree, cu_seqlens, rows=None, buf=None, accepted=None) -> device_checks.Step:
     """The step's raw inputs checked on the device, and a raw tree's tables built, in one launch (device_checks.step;
-    tree a raw table, or the call's TreePlan): under capture as given, outside it after _host_checked. Refused in one
+    tree a raw table, the call's TreePlan, or None for the flattened recurrence's chains, whose tables the launch
+    writes too): under capture as given, outside it after _host_checked. Refused in one
     line: what a replay could not see a step's values in (host lists, tensors on another device), and index tensors
     of another length or dtype."""
     idx = slots.indices if isinstance(slots, checks.CheckedSlots) else slots
@@ -84,8 +85,8 @@ def _step(x, *, a, b, pool, slots, tree, cu_seqlens, rows=None, buf=None, accept
         if t is not None and (tuple(t.shape) != (n,) or t.dtype not in (torch.int32, torch.int64)):
             raise ValueError(f"{name}: expected int32 or int64 [{n}], got {t.dtype} {tuple(t.shape)}")
     return device_checks.step(a=a, b=b, slots=idx, N=pool.shape[0], tree=None if raw is None else raw.reshape(B, T),
-                              plan=tree if raw is None else None, rows=rows, N_buf=0 if buf is None else buf.shape[0],
-                              accepted=accepted, cu_seqlens=cu_seqlens)
+                              chain=tree is None, plan=tree if isinstance(tree, checks.TreePlan) else None, rows=rows,
+                              N_buf=0 if buf is None else buf.shape[0], accepted=accepted, cu_seqlens=cu_seqlens)
 
 
 def _unpack(x, cu_seqlens, B_T):
@@ -195,14 +196,6 @@ def _host_checked(x, B, T, *, pool, slots, tree, cu_seqlens, rows=None, buf=None
     return tree, slots, rows, accepted, cu_seqlens
 
 
-def _chain(B, T, device, captured: bool):
-    """The flattened recurrence's plan: chain_plan's, cached; under capture built in the graph (nothing is cached
-    there, whose tensors a replay fills)."""
-    if not captured:
-        return chain_plan(B, T, device)
-    return device_checks.DevicePlan.chain(B, T, device)
-
-
 def _rooted(table: torch.Tensor) -> torch.Tensor:
     """retrieve_parent_token [B, T] as ddsim's parents int64: a copy with every root's entry -1. SGLang's tree conv
     fills the table its verifies read and leaves the root's entry 0 (its verifies start the root from the committed
@@ -251,11 +244,12 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     if buf is not None:  # refused before any launch
         checks.node_states_shape(buf.transpose(-1, -2) if isinstance(buf, torch.Tensor) else buf, T, v.shape[2],
                                  q.shape[3], v.shape[3], q.device, "intermediate_states_buffer (transposed)")
-    if retrieve_parent_token is None:
-        parents, mode = _chain(B, T, q.device, captured), "leaky"
+    on_device = _backend(q) == "triton" and (captured or _raw(retrieve_parent_token, slots, rows))
+    if retrieve_parent_token is None:  # the chains' tables: built in the step's launch on the device path
+        parents, mode = None if on_device else chain_plan(B, T, q.device), "leaky"
     else:
         parents, mode = _parents(retrieve_parent_token, B, T, q), "exact"
-    if _backend(q) == "triton" and (captured or _raw(retrieve_parent_token, slots, rows)):
+    if on_device:
         tree, slots, raw_rows, _, cu = (parents, slots, rows, None, cu_seqlens) if captured else _host_checked(
             q, B, T, pool=initial_state_source, slots=slots, tree=parents, cu_seqlens=cu_seqlens, rows=rows, buf=buf)
         step = _step(q, a=a, b=b, pool=initial_state_source, slots=slots, tree=tree, cu_seqlens=cu,

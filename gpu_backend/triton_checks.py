@@ -33,11 +33,13 @@ def _index(idx, i, o, mo, N):
 @triton.jit
 def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_bad, rows, rows_out, N_BUF, acc, acc_out,
                         cu, a, a_out, b, b_out, bad_out, B, T, HV, A_SB, A_ST, A_SH, B_SB, B_ST, B_SH,
-                        TREE: tl.constexpr, FLAGS: tl.constexpr, ROWS: tl.constexpr, ACC: tl.constexpr,
+                        TREE: tl.constexpr, CHAIN: tl.constexpr, FLAGS: tl.constexpr, ROWS: tl.constexpr,
+                        ACC: tl.constexpr,
                         CU: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr):
     # slots [B] int32/int64 -> slots_out [B] int32 (outside the pool: -1); tree [B, T] int32/int64 (node 0 the root,
     # its entry not read) -> src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, tree_bad [B, NP] int32 (as
-    # triton_tables.checked_tables writes them; FLAGS instead: tree_bad read, as checked_tables wrote it, and no tree);
+    # triton_tables.checked_tables writes them; CHAIN instead: a chain's src, anc and paths, by formula; FLAGS instead:
+    # tree_bad read, as checked_tables wrote it, and no tree);
     # rows [B] -> rows_out [B] int32 (clamped into the buffer); acc [B] ->
     # acc_out [B] int64 (outside the tree: 0); cu [B + 1]; a, b [B, T, HV] (strided) -> a_out, b_out [B, T, HV]
     # contiguous; bad_out [B] int32. Program (p, i): nodes p BN .. p BN + BN - 1 of sequence i.
@@ -58,6 +60,8 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_ba
             bad = bad | (live & (tl.sum(w.to(tl.int32), 0) > 0))
         triton_tables.block_tables(tree + i64 * T, src + i64 * T, anc + i64 * T * T, anc, paths + i64 * T * T, anc,
                                    t, T, T, 1, True, True, False, True, False, True, BN, 32)
+    if CHAIN:
+        triton_tables.chain_tables(src + i64 * T, anc + i64 * T * T, paths + i64 * T * T, t, T, BN, 32)
     if FLAGS:
         NP = tl.num_programs(0)
         for f0 in range(0, NP, BN):
@@ -97,15 +101,16 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_ba
 
 
 def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor, tree: torch.Tensor | None = None,
-                tree_bad: torch.Tensor | None = None, rows: torch.Tensor | None = None, N_buf: int = 0,
-                accepted: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None):
+                chain: bool = False, tree_bad: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+                N_buf: int = 0, accepted: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None):
     """(slots int32 [B], rows int32 [B] or None, accepted int64 [B] or None, a, b [B, T, HV] contiguous, bad int32
     [B], tables) of a step's raw inputs, checked on the device in one launch (device_checks' torch functions are its
     twin): slots [B] of a pool of N rows (-1 padding), a, b [B, T, HV] the gates' inputs, tree [B, T] int32 or int64
-    as an engine hands it over (node 0 each tree's root) or instead tree_bad [B, blocks(T)] int32 (checked_tables'
-    flags of trees whose tables are built), rows [B] of a buffer of N_buf rows, accepted [B] node indices,
-    cu_seqlens [B + 1] offsets. tables: None without a tree, else (src [B, T] int64, anc [B, T, T] int8,
-    paths [B, T, T] int32, bad [B, blocks(T)] int32), as triton_tables.checked_tables writes them."""
+    as an engine hands it over (node 0 each tree's root), or chain (the flattened recurrence's chains), or instead
+    tree_bad [B, blocks(T)] int32 (checked_tables' flags of trees whose tables are built), rows [B] of a buffer of
+    N_buf rows, accepted [B] node indices, cu_seqlens [B + 1] offsets. tables: None without a tree or chain, else
+    (src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, bad [B, blocks(T)] int32 or None for a chain), as
+    triton_tables.checked_tables writes them."""
     B, T, HV = a.shape
     dev = a.device
     # the index tensors as the kernel reads them, element i at offset i: a strided view (an engine's slots taken as
@@ -116,8 +121,8 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
     C.check_device(a, *tensors)
     if tuple(b.shape) != (B, T, HV):
         raise ValueError(f"step_checks: a {tuple(a.shape)}, b {tuple(b.shape)}")
-    if tree is not None and tree_bad is not None:
-        raise ValueError("step_checks: a tree as read or its flags, not both")
+    if (tree is not None) + chain + (tree_bad is not None) > 1:
+        raise ValueError("step_checks: one of a tree as read, a chain, or a tree's flags")
     # every index tensor's shape and dtype (the host's to check, a capture's too): one read past its end would be
     # another tensor's memory taken as a sequence's slot, row, node or offset
     for name, x, shape, dtypes in (("slots", slots, (B,), (torch.int32, torch.int64)),
@@ -136,10 +141,12 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
     bad = torch.empty(B, dtype=torch.int32, device=dev)
     NP = triton_tables.blocks(T)
     tables = None
-    if tree is not None:
+    if tree is not None or chain:
         tables = (torch.empty(B, T, dtype=torch.int64, device=dev), torch.empty(B, T, T, dtype=torch.int8, device=dev),
-                  torch.empty(B, T, T, dtype=torch.int32, device=dev), torch.empty(B, NP, dtype=torch.int32, device=dev))
-    src, anc, paths, flags = tables if tables is not None else (bad, bad, bad, tree_bad if tree_bad is not None else bad)
+                  torch.empty(B, T, T, dtype=torch.int32, device=dev),
+                  None if chain else torch.empty(B, NP, dtype=torch.int32, device=dev))
+    src, anc, paths, flags = tables if tables is not None else (bad, bad, bad, None)
+    flags = flags if flags is not None else tree_bad if tree_bad is not None else bad
     BH = C.next_pow2(HV, 1)
     launch(_step_checks_kernel, (NP, B), slots=slots, slots_out=slots_out, N_POOL=N,
            tree=tree if tree is not None else slots, src=src, anc=anc, paths=paths, tree_bad=flags,
@@ -148,6 +155,7 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
            acc_out=acc_out if accepted is not None else bad, cu=cu_seqlens if cu_seqlens is not None else slots, a=a,
            a_out=a_out, b=b, b_out=b_out, bad_out=bad, B=B, T=T, HV=HV, A_SB=a.stride(0), A_ST=a.stride(1),
            A_SH=a.stride(2), B_SB=b.stride(0), B_ST=b.stride(1), B_SH=b.stride(2), TREE=tree is not None,
-           FLAGS=tree_bad is not None, ROWS=rows is not None, ACC=accepted is not None, CU=cu_seqlens is not None,
-           BB=C.next_pow2(B + 1, 2), BN=triton_tables.BN, BH=BH, BT=max(1, min(triton_tables.BN, 4096 // BH)), num_warps=4)
+           CHAIN=bool(chain), FLAGS=tree_bad is not None, ROWS=rows is not None, ACC=accepted is not None,
+           CU=cu_seqlens is not None, BB=C.next_pow2(B + 1, 2), BN=triton_tables.BN, BH=BH,
+           BT=max(1, min(triton_tables.BN, 4096 // BH)), num_warps=4)
     return slots_out, rows_out, acc_out, a_out, b_out, bad, tables

@@ -102,6 +102,22 @@ def block_tables(parents, src, anc, mask, paths, conv, t, T, WIDTH, W,
 
 
 @triton.jit
+def chain_tables(src, anc, paths, t, T, BN: tl.constexpr, BC: tl.constexpr):
+    """A chain's tables (every node the previous one's child: the flattened recurrence's) for its nodes t [BN] (those
+    below T), by formula, every pointer at that chain's: src [T] int64 (t - 1), anc [T, T] int8 (c <= t), paths
+    [T, T] int32 (c where c <= t, else -1): what block_tables writes for the chain, without its walk."""
+    mt = t < T
+    tl.store(src + t, (t - 1).to(tl.int64), mask=mt)
+    cols = tl.arange(0, BC)
+    for c0 in range(0, T, BC):
+        c = c0 + cols
+        m = mt[:, None] & (c < T)[None, :]
+        on = c[None, :] <= t[:, None]
+        tl.store(anc + t[:, None] * T + c[None, :], on.to(tl.int8), mask=m)
+        tl.store(paths + t[:, None] * T + c[None, :], tl.where(on, c[None, :], -1).to(tl.int32), mask=m)
+
+
+@triton.jit
 def _tree_tables_kernel(parents, src, anc, mask, paths, conv, bad, T, WIDTH, W,
                         SRC: tl.constexpr, ANC: tl.constexpr, MASK: tl.constexpr, PATHS: tl.constexpr,
                         CONV: tl.constexpr, CHECK: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):

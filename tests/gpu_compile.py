@@ -143,6 +143,9 @@ def other_calls():
             b=torch.zeros(8, 65, 48, dtype=torch.bfloat16), tree=torch.zeros(8, 65, dtype=torch.int32),
             rows=torch.zeros(8, dtype=torch.int32), N_buf=8, accepted=torch.zeros(8, dtype=torch.int64),
             cu_seqlens=torch.zeros(9, dtype=torch.int32))),
+        ("a step's checks and its chains' tables (the flattened recurrence)", lambda: triton_checks.step_checks(
+            slots=torch.zeros(8, dtype=torch.int32), N=16, a=torch.zeros(8, 65, 48, dtype=torch.bfloat16),
+            b=torch.zeros(8, 65, 48, dtype=torch.bfloat16), chain=True, rows=torch.zeros(8, dtype=torch.int32), N_buf=8)),
         ("a step's checks, its trees' flags read", lambda: triton_checks.step_checks(
             slots=torch.zeros(8, dtype=torch.int32), N=16, a=torch.zeros(8, 65, 48, dtype=torch.bfloat16),
             b=torch.zeros(8, 65, 48, dtype=torch.bfloat16), tree_bad=torch.zeros(8, 3, dtype=torch.int32))),

@@ -48,16 +48,18 @@ def test_checked_tables_are_the_host_tables_of_the_tree_as_read(parents, data):
 @pytest.mark.interpreter
 @given(parents=parent_batches(max_batch=3, max_nodes=40))
 def test_a_device_plan_serves_the_tables_a_host_plan_serves_in_both_modes(parents):
-    """DevicePlan (and DevicePlan.chain for the flattened recurrence) against TreePlan on valid trees: the same source
-    parents, ancestor masks and root paths in exact and leaky mode (the root paths padded to T columns, the depth
-    reported as T - 1, the most T nodes reach); no conv tables; nothing flagged."""
+    """DevicePlan (the tables kernel's, and the step kernel's for a tree as read and for the flattened recurrence's
+    chains) against TreePlan on valid trees: the same source parents, ancestor masks and root paths in exact and
+    leaky mode (the root paths padded to T columns, the depth reported as T - 1, the most T nodes reach); no conv
+    tables; nothing flagged."""
     B, T = parents.shape
     host = checks.TreePlan(parents)
     raw = parents.clone()
     raw[:, 0] = 0  # SGLang's root entry
     chain = torch.arange(-1, T - 1).expand(B, T)
-    for dev, hp in ((device_checks.DevicePlan(raw.int()), host), (device_checks.DevicePlan.chain(B, T, "cpu"),
-                                                                   checks.TreePlan(chain))):
+    step = dict(a=torch.zeros(B, T, 1), b=torch.zeros(B, T, 1), slots=torch.arange(B), N=B)
+    for dev, hp in ((device_checks.DevicePlan(raw.int()), host), (device_checks.step(**step, tree=raw).plan, host),
+                    (device_checks.step(**step, chain=True).plan, checks.TreePlan(chain))):
         assert not dev.bad.any()
         for mode in checks.MODES:
             assert torch.equal(dev.src(mode), hp.src(mode))
@@ -417,11 +419,14 @@ def test_the_step_kernel_equals_its_torch_reference(data):
     if T > 1 and data.draw(st.booleans()):  # one node's parent not an earlier node
         i = data.draw(st.one_of(st.integers(1, T - 1), st.just(T - 1)))
         parents[data.draw(st.integers(0, B - 1)), i] = data.draw(st.one_of(st.integers(-2, -1), st.integers(i, T + 1)))
-    given = data.draw(st.sampled_from(["tree", "plan", "none"]))  # a tree as read (its tables built in the launch),
-    # a DevicePlan (its flags read), or neither (a plan validated on the host)
+    given = data.draw(st.sampled_from(["tree", "chain", "plan", "none"]))  # a tree as read (its tables built in the
+    # launch), the flattened recurrence's chains (theirs too), a DevicePlan (its flags read), or neither (a plan
+    # validated on the host)
     kw = dict(slots=ints(-2, N + 1, N).to(data.draw(st.sampled_from([torch.int32, torch.int64]))), N=N)
     if given == "tree":
         kw.update(tree=parents.to(data.draw(st.sampled_from([torch.int32, torch.int64]))))
+    elif given == "chain":
+        kw.update(chain=True)
     elif given == "plan":
         kw.update(plan=device_checks.DevicePlan(parents))
     if data.draw(st.booleans()):
@@ -443,6 +448,12 @@ def test_the_step_kernel_equals_its_torch_reference(data):
         assert torch.equal(got.plan.parents, want.plan.parents)
         assert torch.equal(got.plan.ancestors("exact")[0], want.plan.ancestors("exact")[0])
         assert torch.equal(got.plan.root_paths(), want.plan.root_paths())
+    elif given == "chain":  # by formula: the chains' TreePlan's tables, leaky mode's as exact's
+        assert got.plan.bad_blocks is None and not got.plan.bad.any()
+        for mode in checks.MODES:
+            assert torch.equal(got.plan.src(mode), want.plan.src(mode))
+            assert torch.equal(got.plan.ancestors(mode)[0], want.plan.ancestors(mode)[0])
+            assert torch.equal(got.plan.root_paths(mode), want.plan.root_paths(mode))
     else:
         assert got.plan is kw.get("plan")
     assert torch.equal(got.slots.indices, want.slots.indices)

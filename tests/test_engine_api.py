@@ -116,9 +116,10 @@ def test_drop_in_fills_sglangs_intermediate_buffer_with_each_nodes_state():
 
 
 def test_the_flattened_verify_builds_its_chain_plan_once_and_fills_the_buffer_as_the_oracle(monkeypatch):
-    """Without retrieve_parent_token (the hybrid-unsafe flattened path): the chain's TreePlan is built once per
-    (B, T, device) and reused (no tree validated per call); the outputs and every node's state in SGLang's buffer are
-    the oracle's leaky ones; rows of no sequence stay as they were."""
+    """Without retrieve_parent_token (the hybrid-unsafe flattened path): the outputs and every node's state in
+    SGLang's buffer are the oracle's leaky ones, rows of no sequence staying as they were, with raw slots and rows
+    (on the Triton backend the chains' tables written by the step's launch, nothing cached) and with planned ones
+    (the chain's TreePlan built once per (B, T, device) and reused: no tree validated per call)."""
     monkeypatch.setattr(engine_api, "_CHAINS", {})
     x, parents, pool, slots = _inputs(seed=2)
     B, T = parents.shape
@@ -126,14 +127,17 @@ def test_the_flattened_verify_builds_its_chain_plan_once_and_fills_the_buffer_as
     s0 = pool[slots.long()].transpose(-1, -2).double()
     ref_o, ref = oracle.gdn_tree_verify(x["q"].double(), x["k"].double(), x["v"].double(), gate, beta,
                                         parents=parents, initial_state=s0, mode="leaky", output_states=True)
-    for _ in range(2):
-        buf = torch.full((3, T, 2, 3, 4), float("nan"))
+    buf = torch.full((3, T, 2, 3, 4), float("nan"))
+    for s_, r_ in ((slots, torch.tensor([2, 0])), (engine_api.plan_slots(pool, slots), engine_api.plan_slots(buf, [2, 0])),
+                   (engine_api.plan_slots(pool, slots), engine_api.plan_slots(buf, [2, 0]))):
+        buf.fill_(float("nan"))
         o = engine_api.target_verify(x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool,
-                                     slots, intermediate_states_buffer=buf,
-                                     intermediate_state_indices=torch.tensor([2, 0]), cache_steps=T)
+                                     s_, intermediate_states_buffer=buf, intermediate_state_indices=r_, cache_steps=T)
         torch.testing.assert_close(o.double(), ref_o, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(buf[[2, 0]].transpose(-1, -2).double(), ref, rtol=1e-5, atol=1e-5)
         assert torch.isnan(buf[1]).all()
+        if s_ is slots and engine_api._backend(x["q"]) == "triton":
+            assert not engine_api._CHAINS
     (key, plan), = engine_api._CHAINS.items()
     assert key == (B, T, "cpu") and engine_api.chain_plan(B, T, "cpu") is plan
     assert plan.parents.tolist() == [list(range(-1, T - 1))] * B
