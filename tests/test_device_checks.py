@@ -71,6 +71,8 @@ def test_a_device_plan_serves_the_tables_a_host_plan_serves_in_both_modes(parent
             assert torch.equal(dev.root_paths(mode)[:, :, :T], want[:, :, :dev.root_paths(mode).shape[2]])
         with pytest.raises(RuntimeError, match="no conv tables"):
             dev.conv_table("exact", 4)
+        with pytest.raises(ValueError, match="^mode: expected one of"):
+            dev.ancestors("sideways")
 
 
 def test_checked_tables_refuse_a_table_of_another_shape_in_one_line():
