@@ -41,7 +41,9 @@ def _layer(B, T, seed):
                 buf=torch.empty(B, T, HV, V, K, device="cuda"), rows=torch.arange(B, dtype=torch.int32, device="cuda"))
 
 
-def main():
+def options():
+    """(options, shapes) of a graphed-layers benchmark (this one and profile_captured.py): --commit, --shapes, --layers,
+    --gib, checked (argparse's one line and exit 2 on a bad one)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65", help="sequences x nodes, comma-separated")
@@ -51,6 +53,24 @@ def main():
     shapes = parse_shapes(ap, a.shapes)
     if a.layers < 1 or a.gib <= 0:
         ap.error("--layers and --gib must be positive")
+    return a, shapes
+
+
+def step_layers(B: int, T: int, layers: int, gib: float):
+    """(par, acc, inputs) of one step at B x T: the DDTree trees as SGLang hands them over (int32 [B, T], the root's
+    entry 0 as its tree conv leaves it), each sequence's deepest node as accepted [B], and the inputs of as many
+    layers (at most ``layers``) as fit their pools and buffers in ``gib`` GiB (_layer)."""
+    trees, parents = ddtree_batch(B, T)
+    par = parents.cuda().int().contiguous()
+    par[:, 0] = 0
+    acc = torch.tensor([int(t.depths.argmax()) for t in trees], device="cuda")
+    per_layer = (3 * B + B * T) * 48 * 128 * 128 * 4
+    n = max(1, min(layers, int(gib * 2**30 // per_layer)))
+    return par, acc, [_layer(B, T, seed=1 + i) for i in range(n)]
+
+
+def main():
+    a, shapes = options()
     sgl, where = sglang_run("drop_in_graphed")
     print(cuda_header(a.commit) + f" | SGLang kernel {where}")
     print("| B x T | layers | sglang exact (buffer) | + commit copy | ddsim drop-in (buffer) | ddsim snapshot-free "
@@ -58,13 +78,8 @@ def main():
           "node states |")
     print("|---|---|---|---|---|---|---|---|---|")
     for B, T in shapes:
-        trees, parents = ddtree_batch(B, T)
-        par = parents.cuda().int().contiguous()
-        par[:, 0] = 0  # as SGLang's tree conv leaves the root's entry
-        acc = torch.tensor([int(t.depths.argmax()) for t in trees], device="cuda")
-        per_layer = (3 * B + B * T) * 48 * 128 * 128 * 4
-        n = max(1, min(a.layers, int(a.gib * 2**30 // per_layer)))
-        layers = [_layer(B, T, seed=1 + i) for i in range(n)]
+        par, acc, layers = step_layers(B, T, a.layers, a.gib)
+        n = len(layers)
 
         def sg_exact(x):
             x["o_sgl"] = sgl(x["zeros"], x["a"], x["zeros"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], x["pool"],

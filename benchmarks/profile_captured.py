@@ -6,27 +6,13 @@ own device time per layer, split by kernel (torch.profiler over graph replays), 
 
     python benchmarks/profile_captured.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--layers 48] [--gib 40]
 """
-import argparse
 import collections
 
 import torch
-from drop_in_graphed import _layer
+from drop_in_graphed import options, step_layers
 
-from ddsim.bench.bench import cuda_run, ddtree_batch, event_median_ms, parse_shapes
+from ddsim.bench.bench import cuda_run, event_median_ms, layers_graph
 from ddsim.gpu_backend import engine_api
-
-
-def _graph(launches):
-    for launch in launches:
-        launch()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for launch in launches:
-            launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
 
 
 def _split(graph, n: int, replays: int = 10) -> dict:
@@ -44,28 +30,14 @@ def _split(graph, n: int, replays: int = 10) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--commit", default="?")
-    ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65", help="sequences x nodes, comma-separated")
-    ap.add_argument("--layers", type=int, default=48, help="GDN layers in one graph (at most)")
-    ap.add_argument("--gib", type=float, default=40.0, help="GiB the layers' pools and buffers may take")
-    a = ap.parse_args()
-    shapes = parse_shapes(ap, a.shapes)
-    if a.layers < 1 or a.gib <= 0:
-        ap.error("--layers and --gib must be positive")
+    a, shapes = options()
     cuda_run("profile_captured", a.commit)
     for B, T in shapes:
-        trees, parents = ddtree_batch(B, T)
-        par = parents.cuda().int().contiguous()
-        par[:, 0] = 0
-        acc = torch.tensor([int(t.depths.argmax()) for t in trees], device="cuda")
-        per_layer = (3 * B + B * T) * 48 * 128 * 128 * 4
-        n = max(1, min(a.layers, int(a.gib * 2**30 // per_layer)))
-        layers = [_layer(B, T, seed=1 + i) for i in range(n)]
+        par, acc, layers = step_layers(B, T, a.layers, a.gib)
+        n = len(layers)
         plan = engine_api.plan_tree(par)
         slots = engine_api.plan_slots(layers[0]["pool"], layers[0]["slots"])
         p_acc = engine_api.plan_accepted(plan, acc)
-
         rows = engine_api.plan_slots(layers[0]["buf"], layers[0]["rows"])
 
         def verify(x, tree, s, r=None):
@@ -90,7 +62,7 @@ def main():
         print("| form | graphed us/layer | kernels' device us/layer | by kernel |")
         print("|---|---|---|---|")
         for name, fn in forms.items():
-            graph = _graph([(lambda x=x: fn(x)) for x in layers])
+            graph = layers_graph([(lambda x=x: fn(x)) for x in layers])
             us = event_median_ms(graph.replay, repeats=20) * 1e3 / n
             split = _split(graph, n)
             by = ", ".join(f"{k} {v:.2f}" for k, v in split.most_common()) or "(no kernel records from the replays)"

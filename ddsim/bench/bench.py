@@ -409,7 +409,16 @@ def graphed_us(launches: list, *, repeats: int = 20) -> float:
     back from one CUDA graph, as a server's replayed verify runs its kernels: no launch latency, and each launcher's
     inputs cold in L2 when all of them together exceed it (48 layers' states at Qwen3.6-27B size do from one
     sequence up), unlike do_bench, which times each call alone after flushing L2."""
-    for launch in launches:  # compiled, first-call work done, before the capture
+    graph = layers_graph(launches)
+    us = event_median_ms(graph.replay, repeats=repeats) * 1e3 / len(launches)
+    del graph
+    return us
+
+
+def layers_graph(launches: list) -> "torch.cuda.CUDAGraph":
+    """One CUDA graph of ``launches`` back to back (each called once first, so that compiling and first-call work
+    happen before the capture), replayed once: graphed_us's, and a profile's of the same graph."""
+    for launch in launches:
         launch()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -417,9 +426,7 @@ def graphed_us(launches: list, *, repeats: int = 20) -> float:
         for launch in launches:
             launch()
     graph.replay()
-    us = event_median_ms(graph.replay, repeats=repeats) * 1e3 / len(launches)
-    del graph
-    return us
+    return graph
 
 
 def slotted_pool(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
