@@ -72,12 +72,7 @@ class DevicePlan(checks.TreePlan):
         from ddsim.gpu_backend import triton_tables
         if parents.dim() != 2:
             raise ValueError(f"parents: expected [B, T], got {tuple(parents.shape)}")
-        B, T = parents.shape
-        dev = parents.device
-        src = torch.empty(B, T, dtype=torch.int64, device=dev)
-        anc = torch.empty(B, T, T, dtype=torch.int8, device=dev)
-        paths = torch.empty(B, T, T, dtype=torch.int32, device=dev)
-        bad = torch.empty(B, triton_tables.blocks(T), dtype=torch.int32, device=dev)
+        src, anc, paths, bad = triton_tables.batch_tables(*parents.shape, parents.device)
         triton_tables.checked_tables(parents, src=src, anc=anc, paths=paths, bad=bad)
         self._built(src, anc, paths, bad)
 
@@ -93,13 +88,10 @@ class DevicePlan(checks.TreePlan):
     def _built(self, src, anc, paths, bad) -> None:
         self.B, self.T = src.shape
         self.bad_blocks = bad
-        cache = {("src", "exact"): src, ("anc", "exact"): (anc, self.T - 1), ("paths",): paths}
+        self.parents, self.device = src, src.device
+        self._cache = {("src", "exact"): src, ("anc", "exact"): (anc, self.T - 1), ("paths",): paths}
         if bad is None:  # a chain's (the step kernel's, by formula): its tables are leaky mode's too
-            cache.update({("src", "leaky"): src, ("anc", "leaky"): (anc, self.T - 1), ("paths", "leaky"): paths})
-        self._setup(src, cache)
-
-    def _setup(self, src, cache) -> None:
-        self.parents, self.device, self._cache = src, src.device, cache
+            self._cache.update({("src", "leaky"): src, ("anc", "leaky"): (anc, self.T - 1), ("paths", "leaky"): paths})
         self.fast_verify, self.fast_commit, self.fast_states = [], [], []  # never recorded (fastcall's are TreePlan's)
         self.fast_tries = {"verify": 0, "commit": 0, "states": 0}
         self.serves_paths = True

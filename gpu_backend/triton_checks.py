@@ -140,11 +140,7 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
     a_out, b_out = torch.empty(B, T, HV, dtype=a.dtype, device=dev), torch.empty(B, T, HV, dtype=b.dtype, device=dev)
     bad = torch.empty(B, dtype=torch.int32, device=dev)
     NP = triton_tables.blocks(T)
-    tables = None
-    if tree is not None or chain:
-        tables = (torch.empty(B, T, dtype=torch.int64, device=dev), torch.empty(B, T, T, dtype=torch.int8, device=dev),
-                  torch.empty(B, T, T, dtype=torch.int32, device=dev),
-                  None if chain else torch.empty(B, NP, dtype=torch.int32, device=dev))
+    tables = triton_tables.batch_tables(B, T, dev, flags=not chain) if tree is not None or chain else None
     src, anc, paths, flags = tables if tables is not None else (bad, bad, bad, None)
     flags = flags if flags is not None else tree_bad if tree_bad is not None else bad
     BH = C.next_pow2(HV, 1)

@@ -176,6 +176,14 @@ def _launch(parents, width: int, W: int, *, src, anc, mask, paths, conv, bad) ->
            num_warps=4)
 
 
+def batch_tables(B: int, T: int, device, flags: bool = True) -> tuple:
+    """Fresh (src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, bad [B, blocks(T)] int32, or None without
+    ``flags``): the tables checked_tables, and the step kernel (triton_checks.step_checks), write."""
+    return (torch.empty(B, T, dtype=torch.int64, device=device), torch.empty(B, T, T, dtype=torch.int8, device=device),
+            torch.empty(B, T, T, dtype=torch.int32, device=device),
+            torch.empty(B, blocks(T), dtype=torch.int32, device=device) if flags else None)
+
+
 def checked_tables(parents: torch.Tensor, *, src: torch.Tensor, anc: torch.Tensor, paths: torch.Tensor,
                    bad: torch.Tensor) -> None:
     """A batch of unvalidated trees' exact tables, with no host sync (a CUDA graph captures it): parents [B, T]
