@@ -185,12 +185,13 @@ class Step:
 
 
 def step(*, a, b, slots, N: int, tree=None, chain: bool = False, plan=None, rows=None, N_buf: int = 0,
-         accepted=None, cu_seqlens=None) -> Step:
+         accepted=None, cu_seqlens=None, names: dict | None = None) -> Step:
     """Every check of a call on the device in one kernel (triton_checks.step_checks): slots [B] of a pool of N rows,
     tree [B, T] a batch of trees as an engine hands it over (their tables built in the same launch: Step.plan), or
     chain (the flattened recurrence's chains, their tables built in the launch), or else plan a TreePlan (validated
     before) or a DevicePlan (its trees' flags read), rows [B] of a node-state buffer of N_buf rows, accepted [B],
-    cu_seqlens [B + 1]; a, b [B, T, HV] the gates' inputs."""
+    cu_seqlens [B + 1]; a, b [B, T, HV] the gates' inputs; ``names``: the caller's names of these arguments, for
+    the refusals (triton_checks.step_checks)."""
     from ddsim.gpu_backend import triton_checks
     B, T, _ = a.shape
     if (tree is not None) + bool(chain) + (plan is not None) > 1:
@@ -198,7 +199,7 @@ def step(*, a, b, slots, N: int, tree=None, chain: bool = False, plan=None, rows
     tree_bad = plan.bad_blocks if isinstance(plan, DevicePlan) else None
     s, r, acc, a2, b2, bad, tables = triton_checks.step_checks(
         slots=slots, N=N, a=a, b=b, tree=tree, chain=chain, tree_bad=tree_bad, rows=rows, N_buf=N_buf,
-        accepted=accepted, cu_seqlens=cu_seqlens)
+        accepted=accepted, cu_seqlens=cu_seqlens, names=names)
     return Step(DevicePlan.of_tables(*tables) if tables is not None else plan, checks.CheckedSlots(s, N, padded=B),
                 None if r is None else checks.CheckedSlots(r, N_buf),
                 None if acc is None else checks.CheckedIndices(acc, T), a2, b2, bad.bool())

@@ -77,16 +77,17 @@ def _step(x, *, a, b, pool, slots, tree, cu_seqlens, rows=None, buf=None, accept
                              f"under CUDA-graph capture, the inputs on {x.device} (a replay would read the capture's "
                              "values for ever): pass a tensor on the inputs' device")
     B, T, _ = a.shape
-    if raw is not None and (raw.numel() != B * T or raw.dtype not in (torch.int32, torch.int64)):
-        raise ValueError(f"retrieve_parent_token: expected int32 or int64 [{B}, {T}], got {raw.dtype} "
-                         f"{tuple(raw.shape)}")
-    for name, t, n in (("initial_state_indices", idx, B), ("intermediate_state_indices", rows, B),
-                       ("accepted", accepted, B), ("cu_seqlens", cu_seqlens, B + 1)):
-        if t is not None and (tuple(t.shape) != (n,) or t.dtype not in (torch.int32, torch.int64)):
-            raise ValueError(f"{name}: expected int32 or int64 [{n}], got {t.dtype} {tuple(t.shape)}")
-    return device_checks.step(a=a, b=b, slots=idx, N=pool.shape[0], tree=None if raw is None else raw.reshape(B, T),
-                              chain=tree is None, plan=tree if isinstance(tree, checks.TreePlan) else None, rows=rows,
-                              N_buf=0 if buf is None else buf.shape[0], accepted=accepted, cu_seqlens=cu_seqlens)
+    if raw is not None and raw.numel() == B * T:
+        raw = raw.reshape(B, T)  # (a packed call's may come flat; another size is refused by the step's checks)
+    return device_checks.step(a=a, b=b, slots=idx, N=pool.shape[0], tree=raw, chain=tree is None,
+                              plan=tree if isinstance(tree, checks.TreePlan) else None, rows=rows,
+                              N_buf=0 if buf is None else buf.shape[0], accepted=accepted, cu_seqlens=cu_seqlens,
+                              names=_STEP_NAMES)
+
+
+# the step's arguments (device_checks.step) as SGLang's convention names them, for its refusals
+_STEP_NAMES = dict(slots="initial_state_indices", tree="retrieve_parent_token", rows="intermediate_state_indices",
+                   accepted="accepted", cu_seqlens="cu_seqlens")
 
 
 def _unpack(x, cu_seqlens, B_T):

@@ -102,7 +102,8 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_ba
 
 def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor, tree: torch.Tensor | None = None,
                 chain: bool = False, tree_bad: torch.Tensor | None = None, rows: torch.Tensor | None = None,
-                N_buf: int = 0, accepted: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None):
+                N_buf: int = 0, accepted: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+                names: dict | None = None):
     """(slots int32 [B], rows int32 [B] or None, accepted int64 [B] or None, a, b [B, T, HV] contiguous, bad int32
     [B], tables) of a step's raw inputs, checked on the device in one launch (device_checks' torch functions are its
     twin): slots [B] of a pool of N rows (-1 padding), a, b [B, T, HV] the gates' inputs, tree [B, T] int32 or int64
@@ -110,7 +111,8 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
     tree_bad [B, blocks(T)] int32 (checked_tables' flags of trees whose tables are built), rows [B] of a buffer of
     N_buf rows, accepted [B] node indices, cu_seqlens [B + 1] offsets. tables: None without a tree or chain, else
     (src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, bad [B, blocks(T)] int32 or None for a chain), as
-    triton_tables.checked_tables writes them."""
+    triton_tables.checked_tables writes them. An index tensor of another shape or dtype is refused in one line,
+    named as ``names`` maps these arguments' names (a caller's own), else as here."""
     B, T, HV = a.shape
     dev = a.device
     # the index tensors as the kernel reads them, element i at offset i: a strided view (an engine's slots taken as
@@ -132,8 +134,9 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
                                    ("accepted", accepted, (B,), (torch.int32, torch.int64)),
                                    ("cu_seqlens", cu_seqlens, (B + 1,), (torch.int32, torch.int64))):
         if x is not None and (tuple(x.shape) != shape or x.dtype not in dtypes):
-            raise ValueError(f"step_checks: {name}: expected {' or '.join(str(d) for d in dtypes)} {list(shape)}, "
-                             f"got {x.dtype} {list(x.shape)}")
+            kinds = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+            raise ValueError(f"{(names or {}).get(name, 'step_checks: ' + name)}: expected {kinds} {list(shape)}, "
+                             f"got {x.dtype} {tuple(x.shape)}")
     slots_out = torch.empty(B, dtype=torch.int32, device=dev)
     rows_out = torch.empty(B, dtype=torch.int32, device=dev) if rows is not None else None
     acc_out = torch.empty(B, dtype=torch.int64, device=dev) if accepted is not None else None
