@@ -7,6 +7,7 @@ states [B or N, HV, K, V]; conv x [B, T, C], weight [C, W], windows [B or N, C, 
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 
 import numpy as np
@@ -42,9 +43,10 @@ def checked_slots(state_indices, N: int, B: int, device, name: str = "state_indi
     if isinstance(state_indices, torch.Tensor) and (state_indices.dtype not in (torch.int32, torch.int64)
                                                     or state_indices.dim() != 1):
         raise ValueError(f"{name}: expected [B] integers, got {tuple(state_indices.shape)} {state_indices.dtype}")
-    host = state_indices.tolist() if isinstance(state_indices, torch.Tensor) else list(state_indices)
-    if len(host) != B or any(not isinstance(x, int) for x in host):
+    host = state_indices.tolist() if isinstance(state_indices, (torch.Tensor, np.ndarray)) else list(state_indices)
+    if len(host) != B or any(isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in host):
         raise ValueError(f"{name}: expected [B] = [{B}] integers, got {host}")
+    host = [int(x) for x in host]
     noun = "slots" if name in ("state_indices", "initial_state_indices") else "rows"
     real = [x for x in host if not (pad and x == PAD_SLOT)]
     if any(not 0 <= x < N for x in real):
@@ -201,8 +203,13 @@ def checked_accepted(accepted, B: int, T: int, device) -> CheckedIndices:
     else with one sync."""
     if isinstance(accepted, CheckedIndices):
         return CheckedIndices(check_accepted(accepted, B, T, device), T)
-    host = accepted.tolist() if isinstance(accepted, torch.Tensor) else accepted
-    host = [int(a) for a in (host if isinstance(host, (list, tuple)) else [host])]
+    if isinstance(accepted, torch.Tensor) and accepted.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"accepted: expected [B] = [{B}] integer node indices, got {accepted.dtype} {accepted.tolist()}")
+    host = accepted.tolist() if isinstance(accepted, (torch.Tensor, np.ndarray)) else accepted
+    host = list(host) if isinstance(host, (list, tuple)) else [host]
+    if any(isinstance(a, bool) or not isinstance(a, numbers.Integral) for a in host):  # 2.7 is not node 2
+        raise ValueError(f"accepted: expected [B] = [{B}] integer node indices, got {host}")
+    host = [int(a) for a in host]
     if len(host) != B or any(not 0 <= a < T for a in host):
         raise ValueError(f"accepted: expected [B] = [{B}] node indices in 0..{T - 1}, got {host}")
     return CheckedIndices(torch.tensor(host, dtype=torch.long, device=device), T)
@@ -217,7 +224,10 @@ def check_accepted(accepted, B: int, T: int, device) -> torch.Tensor:
             raise ValueError(f"accepted: checked indices {tuple(idx.shape)} for {accepted.T} nodes on {idx.device}; "
                              f"the inputs have [B] = [{B}], {T} nodes, on {device}")
         return idx
-    acc = torch.as_tensor(accepted, device=device).long().reshape(-1)
+    acc = torch.as_tensor(accepted, device=device)
+    if acc.dtype not in (torch.int32, torch.int64):  # a float or bool node index would be truncated to another node
+        raise ValueError(f"accepted: expected [B] = [{B}] integer node indices, got {acc.dtype} {acc.tolist()}")
+    acc = acc.long().reshape(-1).contiguous()  # a slice of a wider table, as a kernel reads it: [B], stride 1
     if acc.numel() != B or ((acc < 0) | (acc >= T)).any():
         raise ValueError(f"accepted: expected [B] = [{B}] node indices in 0..{T - 1}, got {acc.tolist()}")
     return acc

@@ -2,6 +2,7 @@
 interpreter: `check-kernel --convention sglang` holds every property (drop-in with SGLang's
 intermediate-state buffer, and flattened), the snapshot-free path equals the oracle, commit_accepted
 writes the oracle's state after the accepted path into the sequence's slot and nothing else."""
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -328,6 +329,10 @@ def test_slots_and_accepted_planned_once_per_step_give_the_same_state():
     for bad, needle in (([3, 3], "distinct"), ([3, 5], "0..4"), (torch.zeros(2, 1, dtype=torch.int32), "integers")):
         with pytest.raises(ValueError, match=needle):
             engine_api.plan_slots(pool, torch.as_tensor(bad, dtype=torch.int32))
+    for bad in ([1.0, 2.0], [True, 2], np.array([1.5, 2.0])):  # host values: a float or bool slot is not a slot
+        with pytest.raises(ValueError, match="integers"):
+            engine_api.plan_slots(pool, bad)
+    assert engine_api.plan_slots(pool, np.array([1, 2])).indices.tolist() == [1, 2]
     with pytest.raises(ValueError, match="5-row pool"):  # planned for another pool size
         engine_api.target_verify(*args[:-1], torch.zeros(7, *pool.shape[1:]), ps, retrieve_parent_token=tree)
     with pytest.raises(ValueError, match="checked slots"):  # planned for another batch

@@ -414,6 +414,34 @@ def test_checked_accepted_is_validated_once_and_then_only_its_shape():
         check_accepted(acc, 2, 8, torch.device("cpu"))
 
 
+def test_accepted_node_indices_are_integers_not_truncated():
+    """A float or bool accepted index is refused, not truncated to another node (2.7 is not node 2), in both checks;
+    numpy integers are integers; a strided accepted tensor comes back with stride 1, as a kernel reads it."""
+    import numpy as np
+
+    import ddsim.gpu_backend as gb
+    from ddsim.gpu_backend.checks import check_accepted
+    cpu = torch.device("cpu")
+    for bad in ([2.7], torch.tensor([2.7]), torch.tensor([True]), [True], 2.0):
+        with pytest.raises(ValueError, match="integer node indices"):
+            gb.checked_accepted(bad, 1, 8, "cpu")
+        with pytest.raises(ValueError, match="integer node indices"):
+            check_accepted(bad, 1, 8, cpu)
+    assert gb.checked_accepted(np.array([3, 1]), 2, 8, "cpu").indices.tolist() == [3, 1]
+    assert gb.checked_accepted([np.int32(3)], 1, 8, "cpu").indices.tolist() == [3]
+    wide = torch.tensor([[3, 9], [1, 9]])[:, 0]  # a column of a wider table: stride 2
+    got = check_accepted(wide, 2, 8, cpu)
+    assert got.tolist() == [3, 1] and got.is_contiguous()
+    # end to end: the public commit refuses it (it committed node 2's state before)
+    from ddsim.gpu_backend.torch_ops import gdn_tree_commit
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(1, 8, 1, 4, generator=g), torch.randn(1, 8, 1, 4, generator=g)
+    gate, beta = -torch.rand(1, 8, 1, generator=g), torch.rand(1, 8, 1, generator=g)
+    with pytest.raises(ValueError, match="integer node indices"):
+        gdn_tree_commit(k, v, gate, beta, parents=torch.arange(-1, 7)[None], accepted=torch.tensor([2.7]),
+                        initial_state=torch.zeros(1, 1, 4, 4))
+
+
 def test_tree_attention_takes_a_mask_over_prefix_and_tree():
     import ddsim.gpu_backend as gb
     g = torch.Generator().manual_seed(0)
