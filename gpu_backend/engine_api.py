@@ -110,9 +110,14 @@ def _batch_shape(q, cu_seqlens, slots=None, captured: bool = False):
             raise ValueError(f"cu_seqlens: expected q [1, B*T, H, K] and [B + 1] offsets for the B = {B} slots, got q "
                              f"{tuple(q.shape)}, {len(cu_seqlens)} offsets")
         return B, q.shape[1] // B
-    lens = torch.diff(torch.as_tensor(cu_seqlens).cpu())
-    if q.shape[0] != 1 or lens.numel() == 0 or not bool((lens == lens[0]).all()):
-        raise ValueError("cu_seqlens: expected q [1, B*T, H, K] and B segments of one length T (one tree size)")
+    cu = torch.as_tensor(cu_seqlens).cpu()
+    lens = torch.diff(cu) if cu.dim() == 1 else cu.new_zeros(0)
+    # the same offsets the device check holds a captured call to: 0, T, 2T, .. B*T = q's tokens, as integers
+    if (q.shape[0] != 1 or cu.dtype not in (torch.int32, torch.int64) or lens.numel() == 0 or int(cu[0]) != 0
+            or int(cu[-1]) != q.shape[1] or not bool((lens == lens[0]).all()) or int(lens[0]) < 1):
+        raise ValueError(f"cu_seqlens: expected q [1, B*T, H, K] and integer offsets 0, T, 2T, .., B*T = its "
+                         f"{q.shape[1] if q.dim() > 1 else '?'} tokens (B trees of one size T), got q {tuple(q.shape)}, "
+                         f"offsets {cu.tolist()}")
     return int(lens.numel()), int(lens[0])
 
 

@@ -87,6 +87,13 @@ def test_snapshot_free_verify_and_commit_equal_the_oracle():
                                       slots, retrieve_parent_token=parents.int(),
                                       cu_seqlens=torch.arange(0, B * T + 1, T))
     torch.testing.assert_close(packed.reshape(B, T, *packed.shape[2:]), o)
+    # offsets not 0, T, .., B*T of q's tokens (shifted, past q's end, as floats) are refused, as a captured call's
+    # device check flags them: before, shifted ones read the tokens from 0 as if they were the offsets' tokens
+    for cu in (torch.arange(0, B * T + 1, T) + 2, torch.arange(0, B * T + T + 1, T), torch.arange(0, B * T + 1, T) * 1.0):
+        with pytest.raises(ValueError, match="cu_seqlens: expected .* integer offsets"):
+            engine_api.target_verify(x["A_log"], x["a"].reshape(1, B * T, -1), x["dt_bias"], 1.0, 20.0,
+                                     *(x[n].reshape(1, B * T, *x[n].shape[2:]) for n in ("q", "k", "v", "b")), pool,
+                                     slots, retrieve_parent_token=parents.int(), cu_seqlens=cu)
     accepted = torch.tensor([4, 5])
     engine_api.commit_accepted(x["A_log"], x["a"], x["dt_bias"], x["k"], x["v"], x["b"], pool, slots,
                                retrieve_parent_token=parents.int(), accepted=accepted)
