@@ -414,6 +414,28 @@ def test_checked_accepted_is_validated_once_and_then_only_its_shape():
         check_accepted(acc, 2, 8, torch.device("cpu"))
 
 
+def test_accepted_node_indices_are_held_to_their_bounds_raw_and_planned():
+    """0 and T-1 are nodes, -1 and T are not, one per sequence, in both checks; a plan passed to the planner again is
+    the same plan, checked for its batch and tree size."""
+    import ddsim.gpu_backend as gb
+    from ddsim.gpu_backend.checks import CheckedIndices, check_accepted
+    cpu = torch.device("cpu")
+    for ok in ([0, 7], [7, 0]):
+        assert check_accepted(torch.tensor(ok), 2, 8, cpu).tolist() == ok
+        assert gb.checked_accepted(ok, 2, 8, "cpu").indices.tolist() == ok
+    for bad in ([-1, 3], [3, 8], [3], [3, 4, 5]):
+        with pytest.raises(ValueError, match=r"expected \[B\] = \[2\] node indices in 0\.\.7, got"):
+            check_accepted(torch.tensor(bad), 2, 8, cpu)
+        with pytest.raises(ValueError, match=r"expected \[B\] = \[2\] node indices in 0\.\.7, got"):
+            gb.checked_accepted(bad, 2, 8, "cpu")
+    plan = gb.checked_accepted([7, 0], 2, 8, "cpu")
+    again = gb.checked_accepted(plan, 2, 8, "cpu")
+    assert isinstance(again, CheckedIndices) and again.T == 8 and again.indices.tolist() == [7, 0]
+    for B, T in ((1, 8), (2, 9)):
+        with pytest.raises(ValueError, match="checked indices"):
+            gb.checked_accepted(plan, B, T, "cpu")
+
+
 def test_accepted_node_indices_are_integers_not_truncated():
     """A float or bool accepted index is refused, not truncated to another node (2.7 is not node 2), in both checks;
     numpy integers are integers; a strided accepted tensor comes back with stride 1, as a kernel reads it."""
