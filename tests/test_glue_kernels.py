@@ -218,6 +218,13 @@ def test_tree_attention_refuses_in_one_line():
         args = {**dict(q=q, k=kv, v=kv, prefix_k=pre, prefix_v=pre, ancestor_mask=m), **bad}
         with pytest.raises(ValueError, match=match):
             gb.tree_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args, glue="triton")
+    # the torch glue refuses the mask and prefix_rows alike: a float mask there was SDPA's additive mask (1.0 or 0.0
+    # added to the scores), so every node attended every other, a wrong output rather than a refusal
+    for bad in (dict(ancestor_mask=m.float()), dict(ancestor_mask=m.int()), dict(ancestor_mask=torch.ones(3, 4, dtype=torch.bool)),
+                dict(prefix_rows=torch.tensor(1.0))):
+        args = {**dict(prefix_k=pre, prefix_v=pre, ancestor_mask=m), **bad}
+        with pytest.raises(ValueError, match="ancestor_mask|prefix_rows"):
+            gb.tree_attention(q, kv, kv, **args, glue="torch")
 
 
 @pytest.mark.interpreter
