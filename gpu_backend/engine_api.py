@@ -206,6 +206,9 @@ def _rooted(table: torch.Tensor) -> torch.Tensor:
     """retrieve_parent_token [B, T] as ddsim's parents int64: a copy with every root's entry -1. SGLang's tree conv
     fills the table its verifies read and leaves the root's entry 0 (its verifies start the root from the committed
     state and never read it), so the entry is not the parent's."""
+    table = torch.as_tensor(table)
+    if table.dtype not in (torch.int32, torch.int64):  # a float table would be truncated to another tree
+        raise ValueError(f"retrieve_parent_token: expected int32 or int64 [B, T], got {table.dtype} {tuple(table.shape)}")
     parents = table.to(torch.int64, copy=True)
     parents[:, 0] = -1
     return parents

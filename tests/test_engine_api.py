@@ -336,6 +336,9 @@ def test_slots_and_accepted_planned_once_per_step_give_the_same_state():
     for bad, needle in (([3, 3], "distinct"), ([3, 5], "0..4"), (torch.zeros(2, 1, dtype=torch.int32), "integers")):
         with pytest.raises(ValueError, match=needle):
             engine_api.plan_slots(pool, torch.as_tensor(bad, dtype=torch.int32))
+    for bad in (parents.float() + 0.5, parents.bool(), parents.tolist()):  # a float tree was truncated to another
+        with pytest.raises(ValueError, match="retrieve_parent_token: expected int32 or int64"):
+            engine_api.plan_tree(bad if isinstance(bad, torch.Tensor) else torch.tensor(bad, dtype=torch.float64))
     for bad in ([1.0, 2.0], [True, 2], np.array([1.5, 2.0])):  # host values: a float or bool slot is not a slot
         with pytest.raises(ValueError, match="integers"):
             engine_api.plan_slots(pool, bad)
@@ -346,6 +349,23 @@ def test_slots_and_accepted_planned_once_per_step_give_the_same_state():
         engine_api.target_verify(*args, engine_api.plan_slots(pool, [3]), retrieve_parent_token=tree)
     with pytest.raises(ValueError, match="accepted"):
         engine_api.plan_accepted(tree, [4, 6])
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_float_tree_is_refused_by_either_backend_not_truncated(monkeypatch, backend):
+    """retrieve_parent_token as floats is refused in one line before any work, raw or planned, on either backend: the
+    torch backend's rooting had truncated it to an integer tree (0.5 -> 0), another tree than the one given."""
+    monkeypatch.setattr(engine_api, "_backend", lambda x: backend)
+    x, parents, pool, slots = _inputs()
+    before = pool.clone()
+    args = (x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool, slots)
+    for tree in (parents.float(), parents.float() + 0.5):
+        with pytest.raises(ValueError, match="retrieve_parent_token: expected int32 or int64"):
+            engine_api.target_verify(*args, retrieve_parent_token=tree)
+        with pytest.raises(ValueError, match="retrieve_parent_token: expected int32 or int64"):
+            engine_api.commit_accepted(x["A_log"], x["a"], x["dt_bias"], x["k"], x["v"], x["b"], pool, slots,
+                                       retrieve_parent_token=tree, accepted=torch.tensor([4, 5]))
+    assert torch.equal(pool, before)
 
 
 def test_an_fp32_pool_is_used_in_place_and_a_bf16_pool_through_a_copy_of_its_rows(monkeypatch):
