@@ -829,8 +829,10 @@ COMMANDS = {"audit": cmd_audit, "gate": cmd_gate, "tree": cmd_tree, "bench": cmd
             "check-sampler": cmd_check_sampler, "replay": cmd_replay}
 
 
-class Terminated(Exception):
-    """SIGTERM, raised in the main thread so that every ``finally`` runs (temporary files removed)."""
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that every ``finally`` runs (temporary files removed). A BaseException, as
+    KeyboardInterrupt is: a handler of a kernel's or an example's errors (``except Exception``) must not take it for
+    one and go on (check-kernel once recorded it as every property failing on the example it came in, and ran on)."""
 
 
 def _on_sigterm(signum, frame):

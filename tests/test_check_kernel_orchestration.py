@@ -94,6 +94,30 @@ def test_a_kernel_that_raises_fails_every_property(tmp_path, monkeypatch):
         "must be 17 (one line on the terminal) on a drawn input")
 
 
+@pytest.mark.parametrize("where", ["serving", "drawn"])
+def test_sigterm_in_a_kernel_call_ends_the_check_not_one_example(where):
+    """SIGTERM (cli.Terminated, raised by the handler in whatever the main thread is running) during a kernel's call is
+    not the kernel's error: the check stops there, and the command says "terminated" and writes no verdict. It was an
+    Exception, and the serving loop took it for the kernel raising on that example (every property failed on it) and
+    went on to the next examples."""
+    from ddsim import cli
+    from ddsim.engines import EngineKernel
+    calls = []
+
+    def killed(q, k, v, g, beta, **kw):
+        calls.append(q.shape[1])
+        if where == "serving" or q.shape[1] <= 10:  # drawn inputs have at most 10 nodes
+            raise cli.Terminated()
+        return _load("ddsim").verify(q, k, v, g, beta, **kw)
+    import ddsim.engines.kernel_cases as kc
+    with pytest.MonkeyPatch.context() as mp:
+        if where == "drawn":  # no serving example: the first drawn input is the one killed
+            mp.setattr(kc, "cases", lambda *a, **k: [])
+        with pytest.raises(cli.Terminated):
+            ck.check(EngineKernel("killed", ("exact",), killed), mode="exact", max_examples=2)
+    assert len(calls) == 1  # nothing run after it
+
+
 @pytest.mark.parametrize("kernel, said", [
     ("output_with_an_extra_axis", "an output of shape (1, 1, 17, 1, 128) where the contract's is (1, 17, 1, 128)"),
     ("output_heads_flattened", "an output of shape (1, 17, 128) where the contract's is (1, 17, 1, 128)"),

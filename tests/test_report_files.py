@@ -70,6 +70,31 @@ def test_sigterm_during_an_audit_exits_2_and_writes_nothing(tmp_path):
     assert not out.exists() or not any(out.iterdir())
 
 
+def test_sigterm_during_check_kernel_exits_2_and_writes_no_verdict(tmp_path):
+    """A check-kernel killed by a CI's time limit inside a kernel's call ends there, saying so, with no verdict file:
+    not a verdict of every property failing on the example the signal came in (which it had then written, after
+    running the rest)."""
+    out, called = tmp_path / "ck.json", tmp_path / "called"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DDSIM_TEST_CALLED": str(called)}
+    p = subprocess.Popen([sys.executable, "-m", "ddsim.cli", "check-kernel", "--impl",
+                          "tests.planted_kernels:stalls_once_called", "--convention", "ddsim", "--mode", "exact",
+                          "--device", "cpu", "--launch", "eager", "--max-examples", "2", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for _ in range(1200):  # until the kernel is first called (at most 2 minutes)
+            if called.exists() or p.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert called.exists(), p.communicate()[1]
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()  # a check that ran on past the signal (each call a minute) is not left behind
+    assert p.returncode == 2, err
+    assert err.strip().splitlines() == ["ddsim check-kernel: terminated"]
+    assert not out.exists()
+
+
 def test_internal_errors_are_one_line_unless_debug(monkeypatch, capsys, tmp_path):
     import ddsim.measure.audit
 
