@@ -314,7 +314,6 @@ def lightning_decays_after_the_update(q, k, v, *, decay, parents, initial_state,
                                     initial_state=initial_state, mode=mode)
 
 
-
 def stalls_once_called(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
     """A correct kernel that, called, touches the file DDSIM_TEST_CALLED names and waits a minute: a check-kernel
     inside a kernel's call, for a signal sent there (tests/test_report_files.py)."""
