@@ -5,10 +5,8 @@ import os
 
 import torch
 
-from ddsim.gpu_backend.checks import check_inputs, constant, poisoning, pool_slots, source_parents, vk_layout
+from ddsim.gpu_backend.checks import check_inputs, check_mode, constant, poisoning, pool_slots, source_parents, vk_layout
 from ddsim.gpu_backend.launch import recording
-
-MODES = ("exact", "leaky")
 
 # Launch options of the recurrent kernels whose two modes are one kernel compiled twice, parent-indexed for exact and
 # flattened for leaky (KDA, lightning attention, Mamba1): no product and add contracted into an FMA. Contracted,
@@ -175,8 +173,7 @@ def prep_gdn(q, k, v, g, beta, a, b, A_log, dt_bias, parents, initial_state, sta
     (B, T, H, HV, K, V, source parents, pool indices, gates)."""
     B, T, H, HV, K, V = check_gdn_args(q, k, v, g, beta, a, b)
     check_device(q, k, v, initial_state)
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    check_mode(mode)
     src = source_parents(parents, B, T, q.device, mode)
     idx = check_pool(initial_state, state_indices, B, HV, K, V)
     gates = gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, q.device)

@@ -233,9 +233,14 @@ def check_accepted(accepted, B: int, T: int, device) -> torch.Tensor:
     return acc
 
 
-def mode_parents(p: torch.Tensor, mode: str) -> torch.Tensor:
+def check_mode(mode: str) -> None:
+    """A verify mode's name, exact or leaky, refused in one line otherwise (every backend's message)."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+
+
+def mode_parents(p: torch.Tensor, mode: str) -> torch.Tensor:
+    check_mode(mode)
     if mode == "exact":
         return p
     T = p.shape[1]

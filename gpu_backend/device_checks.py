@@ -107,8 +107,7 @@ class DevicePlan(checks.TreePlan):
     def ancestors(self, mode: str):
         if mode == "exact" and ("anc", "exact") in self._cache:
             return self._cache[("anc", "exact")]
-        if mode not in checks.MODES:  # (named as mode_parents names it; no tensor made for it)
-            raise ValueError(f"mode: expected one of {checks.MODES}, got {mode!r}")
+        checks.check_mode(mode)  # (no tensor made for it, as mode_parents would)
         return self._cached(("anc", "leaky"), lambda: (torch.ones(self.T, self.T, dtype=torch.int8, device=self.device)
                                                     .tril().expand(self.B, -1, -1).contiguous(), self.T - 1))
 

@@ -280,8 +280,7 @@ def plan_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, dt_limit
         raise ValueError(f"precision: expected ieee, tf32 or tf32x3, got {precision!r}")
     (Bn, T, H, P, G, N), idx, common, dummy = _prep(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state,
                                                     state_indices)
-    if mode not in Cm.MODES:
-        raise ValueError(f"mode: expected one of {Cm.MODES}, got {mode!r}")
+    checks.check_mode(mode)
     if isinstance(parents, checks.TreePlan):
         checks.check_parents(parents, Bn, T, x.device)
         mask, _ = parents.ancestors(mode)
