@@ -668,3 +668,11 @@ def check_prefix_rows(prefix_rows) -> None:
         got = (f"{prefix_rows.dtype} {tuple(prefix_rows.shape)}" if isinstance(prefix_rows, torch.Tensor)
                else type(prefix_rows).__name__)
         raise ValueError(f"prefix_rows: expected an int32 or int64 tensor of one element, got {got}")
+
+def check_ancestor_mask(mask: torch.Tensor, T: int, P: int) -> None:
+    """Tree attention's ancestor_mask: bool [T, T] (every prefix row attended) or [T, P + T], refused in one line
+    otherwise. A float mask is not taken as 0/1: SDPA would add it to the scores, and every node would see every
+    other."""
+    if mask.dtype != torch.bool or tuple(mask.shape) not in ((T, T), (T, P + T)):
+        raise ValueError(f"ancestor_mask: expected bool [T, T] or [T, P + T] = {(T, P + T)}, got {mask.dtype} "
+                         f"{tuple(mask.shape)}")

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ddsim.gpu_backend.checks import (
     check_accepted,
+    check_ancestor_mask,
     check_conv,
     check_gdn,
     check_parents,
@@ -193,13 +194,9 @@ def tree_attention(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=None, pr
     K = K.repeat_interleave(nh // nkv, dim=0)  # [nh, P+T, hd]
     Vv = Vv.repeat_interleave(nh // nkv, dim=0)
     mask = torch.as_tensor(ancestor_mask, device=q.device)
-    if mask.dtype != torch.bool:  # SDPA would add a float mask to the scores: every node would see every other
-        raise ValueError(f"ancestor_mask: expected bool [T, T] or [T, P + T] = {(T, P + T)}, got {mask.dtype} "
-                         f"{tuple(mask.shape)}")
+    check_ancestor_mask(mask, T, P)
     if tuple(mask.shape) == (T, T) and P:
         mask = torch.cat([torch.ones(T, P, dtype=torch.bool, device=q.device), mask], dim=1)  # [T, P+T]
-    elif tuple(mask.shape) != (T, P + T):
-        raise ValueError(f"ancestor_mask: expected [T, T] or [T, P + T] = {(T, P + T)}, got {tuple(mask.shape)}")
     check_prefix_rows(prefix_rows)
     if prefix_rows is not None and P:  # on the device: no host sync
         cols = torch.arange(P + T, device=q.device)

@@ -112,10 +112,9 @@ def tree_attention_triton(q, k, v, *, prefix_k, prefix_v, ancestor_mask, scale=N
                          f"{tuple(prefix_v.shape)}")
     if k.dtype != q.dtype or v.dtype != q.dtype or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"q, k, v: expected one of float32, float16, bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if ancestor_mask.dtype != torch.bool or tuple(ancestor_mask.shape) not in ((T, T), (T, P + T)) or \
-            ancestor_mask.stride(-1) != 1:
-        raise ValueError(f"ancestor_mask: expected bool [T, T] or [T, P + T] = {(T, P + T)} with contiguous rows, got "
-                         f"{ancestor_mask.dtype} {tuple(ancestor_mask.shape)}")
+    checks.check_ancestor_mask(ancestor_mask, T, P)
+    if ancestor_mask.stride(-1) != 1:
+        raise ValueError(f"ancestor_mask: expected contiguous rows, got strides {tuple(ancestor_mask.stride())}")
     mask_prefix = tuple(ancestor_mask.shape) == (T, P + T) and P > 0
     out = C.alloc((T, nh, hd), q.dtype, q.device)
     BT = max(16, min(32, C.next_pow2(T)))

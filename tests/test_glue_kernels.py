@@ -209,6 +209,7 @@ def test_tree_attention_refuses_in_one_line():
     pre = torch.zeros(2, 2, 8)
     for bad, match in ((dict(ancestor_mask=torch.ones(3, 4, dtype=torch.bool)), "ancestor_mask"),
                        (dict(ancestor_mask=m.float()), "ancestor_mask"),
+                       (dict(ancestor_mask=torch.ones(3, 6, dtype=torch.bool)[:, ::2]), "ancestor_mask: expected contiguous rows"),
                        (dict(k=torch.zeros(3, 3, 8), v=torch.zeros(3, 3, 8)), "nkv"),
                        (dict(k=kv.half()), "q, k, v"),
                        (dict(q=torch.zeros(8, 4, 3).transpose(0, 2)), "contiguous last dim"),
