@@ -33,6 +33,12 @@ class CheckedSlots:
         self.rows = self.indices.long()
 
 
+def _integers(host: list) -> bool:
+    """Whether every host value is an integer (numpy's included), none a bool or a float: an index given as 2.7 or
+    True is refused, not truncated to another one."""
+    return all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in host)
+
+
 def checked_slots(state_indices, N: int, B: int, device, name: str = "state_indices", pad: bool = False
                   ) -> CheckedSlots:
     """Validate the pool rows state_indices [B] of a pool of N rows once: on the host when given host
@@ -44,7 +50,7 @@ def checked_slots(state_indices, N: int, B: int, device, name: str = "state_indi
                                                     or state_indices.dim() != 1):
         raise ValueError(f"{name}: expected [B] integers, got {tuple(state_indices.shape)} {state_indices.dtype}")
     host = state_indices.tolist() if isinstance(state_indices, (torch.Tensor, np.ndarray)) else list(state_indices)
-    if len(host) != B or any(isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in host):
+    if len(host) != B or not _integers(host):
         raise ValueError(f"{name}: expected [B] = [{B}] integers, got {host}")
     host = [int(x) for x in host]
     noun = "slots" if name in ("state_indices", "initial_state_indices") else "rows"
@@ -207,7 +213,7 @@ def checked_accepted(accepted, B: int, T: int, device) -> CheckedIndices:
         raise ValueError(f"accepted: expected [B] = [{B}] integer node indices, got {accepted.dtype} {accepted.tolist()}")
     host = accepted.tolist() if isinstance(accepted, (torch.Tensor, np.ndarray)) else accepted
     host = list(host) if isinstance(host, (list, tuple)) else [host]
-    if any(isinstance(a, bool) or not isinstance(a, numbers.Integral) for a in host):  # 2.7 is not node 2
+    if not _integers(host):  # 2.7 is not node 2
         raise ValueError(f"accepted: expected [B] = [{B}] integer node indices, got {host}")
     host = [int(a) for a in host]
     if len(host) != B or any(not 0 <= a < T for a in host):
@@ -668,6 +674,7 @@ def check_prefix_rows(prefix_rows) -> None:
         got = (f"{prefix_rows.dtype} {tuple(prefix_rows.shape)}" if isinstance(prefix_rows, torch.Tensor)
                else type(prefix_rows).__name__)
         raise ValueError(f"prefix_rows: expected an int32 or int64 tensor of one element, got {got}")
+
 
 def check_ancestor_mask(mask: torch.Tensor, T: int, P: int) -> None:
     """Tree attention's ancestor_mask: bool [T, T] (every prefix row attended) or [T, P + T], refused in one line
