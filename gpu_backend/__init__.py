@@ -193,8 +193,7 @@ def _verify_into(q, k, v, g, beta, *, states_out, states_rows, backend, **kw):
                                 (plan, kw["state_indices"], states_rows), run, rows=3)
     if be != "torch":
         raise ValueError(f"states_out: backend {be!r} writes no per-node states; use 'triton' or 'torch'")
-    gates = checks.resolve_gates(g, beta, kw["a"], kw["b"], kw["A_log"], kw["dt_bias"])
-    B, T, _, HV, K, V = checks.check_inputs(q, k, v, *gates)
+    B, T, _, HV, K, V = checks.check_gdn_args(q, k, v, g, beta, kw["a"], kw["b"])
     checks.node_states_vk(states_out, T, HV, K, V, q.device)
     rows = checks.node_state_rows(states_out, states_rows, B).long()
     o, states = torch_ops.gdn_tree_verify(q, k, v, g, beta, output_states=True, **kw)
@@ -214,6 +213,7 @@ def gdn_tree_commit(k, v, g=None, beta=None, *, parents, accepted, initial_state
             return out
     be = _backend(k, backend)
     if be == "torch":
+        checks.check_gdn_args(k, k, v, g, beta, a, b)
         g, beta = checks.resolve_gates(g, beta, a, b, A_log, dt_bias)
         new = torch_ops.gdn_tree_commit(k, v, g, beta, parents=parents, accepted=accepted,
                                         initial_state=checks.resolve_state(initial_state, state_indices, k.shape[0],

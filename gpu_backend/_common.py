@@ -5,7 +5,16 @@ import os
 
 import torch
 
-from ddsim.gpu_backend.checks import check_inputs, check_mode, constant, poisoning, pool_slots, source_parents, vk_layout
+from ddsim.gpu_backend.checks import (
+    check_fused_gates,
+    check_gdn_args,
+    check_mode,
+    constant,
+    poisoning,
+    pool_slots,
+    source_parents,
+    vk_layout,
+)
 from ddsim.gpu_backend.launch import recording
 
 # Launch options of the recurrent kernels whose two modes are one kernel compiled twice, parent-indexed for exact and
@@ -119,16 +128,6 @@ def window_slots(initial_window, state_indices, B: int) -> torch.Tensor:
     return pool_slots(initial_window, state_indices, B, "initial_window", "windows")
 
 
-def check_gdn_args(q, k, v, g, beta, a, b) -> tuple:
-    """Shapes of q, k, v and of the gates, given (g, beta) or to be fused from (a, b) ->
-    (B, T, H, HV, K, V)."""
-    if g is None and (a is None or b is None):
-        raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
-    if g is not None and beta is None:
-        raise ValueError("beta: required with g")
-    return check_inputs(q, k, v, a if g is None else g, b if g is None else beta)
-
-
 def gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, device):
     """Either (g, beta) or the fused (a, b, A_log, dt_bias) (after check_gdn_args); returns the four
     kernel tensors and FUSED."""
@@ -136,10 +135,7 @@ def gates_args(g, beta, a, b, A_log, dt_bias, B, T, HV, device):
     if fused:
         if any(x is None for x in (a, b, A_log, dt_bias)):
             raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
-        for name, x, shape in (("a", a, (B, T, HV)), ("b", b, (B, T, HV)), ("A_log", A_log, (HV,)),
-                               ("dt_bias", dt_bias, (HV,))):
-            if tuple(x.shape) != shape:
-                raise ValueError(f"{name}: expected {shape}, got {tuple(x.shape)}")
+        check_fused_gates(a, b, A_log, dt_bias)  # a's shape [B, T, HV] checked before (check_gdn_args)
         return a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous(), True
     dummy = constant("dummy", 1, device)
     return g.contiguous(), beta.contiguous(), dummy, dummy, False

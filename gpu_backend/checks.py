@@ -253,8 +253,10 @@ def mode_parents(p: torch.Tensor, mode: str) -> torch.Tensor:
     return (torch.arange(T, device=p.device) - 1).expand_as(p)
 
 
-def check_inputs(q, k, v, g, beta):
-    """Shapes and dtypes of q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] -> (B, T, H, HV, K, V)."""
+def check_inputs(q, k, v, g, beta, gates: tuple[str, str] = ("g", "beta")):
+    """Shapes and dtypes of q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] -> (B, T, H, HV, K, V). ``gates``:
+    the names g and beta are refused by (("a", "b"): the fused gates' raw inputs, which have their shape)."""
+    check_tensors(q=q, k=k, v=v, **dict(zip(gates, (g, beta))))
     if q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q, k: expected equal shapes [B, T, H, K], got {tuple(q.shape)} and {tuple(k.shape)}")
     B, T, H, K = q.shape
@@ -263,10 +265,10 @@ def check_inputs(q, k, v, g, beta):
     HV, V = v.shape[2], v.shape[3]
     if HV % H:
         raise ValueError(f"v: HV={HV} value heads is not a multiple of H={H} key heads")
-    for name, x in (("g", g), ("beta", beta)):
+    for name, x in zip(gates, (g, beta)):
         if tuple(x.shape) != (B, T, HV):
             raise ValueError(f"{name}: expected [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+    for name, x in (("q", q), ("k", k), ("v", v), *zip(gates, (g, beta))):
         if not x.is_floating_point():
             raise ValueError(f"{name}: expected a floating dtype, got {x.dtype}")
         if x.device != q.device:
@@ -288,8 +290,39 @@ def check_gdn(q, k, v, g, beta, initial_state):
     return dims
 
 
+def check_tensors(**named) -> None:
+    """Each named argument a torch.Tensor (an engine's entry point reads their shapes and devices before anything
+    else: a numpy array or a list would fail there as an AttributeError, not a refusal naming it)."""
+    for name, x in named.items():
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+
+
+def check_gdn_args(q, k, v, g, beta, a, b) -> tuple:
+    """Shapes of q, k, v and of the gates, given (g, beta) or to be fused from (a, b), each named as given ->
+    (B, T, H, HV, K, V). Both backends check this before they make the gates (resolve_gates, check_fused_gates)."""
+    if g is None and (a is None or b is None):
+        raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
+    if g is not None and beta is None:
+        raise ValueError("beta: required with g")
+    if g is None:
+        return check_inputs(q, k, v, a, b, ("a", "b"))
+    return check_inputs(q, k, v, g, beta)
+
+
+def check_fused_gates(a, b, A_log, dt_bias) -> None:
+    """The fused gates' inputs, a, b [B, T, HV] checked before (check_gdn_args): A_log, dt_bias [HV], and all four
+    floating, on a's device. One check for both backends: the torch path computes g from them, and an A_log of [1]
+    would broadcast there to every value head, which the kernels' per-head reads never do."""
+    check_tensors(a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if tuple(x.shape) != tuple(a.shape[-1:]):
+            raise ValueError(f"{name}: expected [HV] = {tuple(a.shape[-1:])}, got {tuple(x.shape)}")
+    _one_device([("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)])
+
+
 def resolve_gates(g, beta, a, b, A_log, dt_bias):
-    """(g, beta) as given, or fused from (a, b, A_log, dt_bias):
+    """(g, beta) as given, or fused from (a, b, A_log, dt_bias) (check_fused_gates):
     g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)."""
     if g is not None:
         if beta is None:
@@ -297,6 +330,7 @@ def resolve_gates(g, beta, a, b, A_log, dt_bias):
         return g, beta
     if any(x is None for x in (a, b, A_log, dt_bias)):
         raise ValueError("gates: pass g and beta, or all of a, b, A_log and dt_bias")
+    check_fused_gates(a, b, A_log, dt_bias)
     return gate_values(a, b, A=-torch.exp(A_log.float()), dt_bias=dt_bias)
 
 

@@ -90,12 +90,24 @@ _STEP_NAMES = dict(slots="initial_state_indices", tree="retrieve_parent_token", 
                    accepted="accepted", cu_seqlens="cu_seqlens")
 
 
-def _unpack(x, cu_seqlens, B_T):
-    """[1, B*T, ...] with cu_seqlens of equal segments -> [B, T, ...]; [B, T, ...] as given."""
+def _unpack(x, cu_seqlens, B_T, name: str):
+    """[1, B*T, ...] with cu_seqlens of equal segments -> [B, T, ...]; [B, T, ...] as given (its shape checked after,
+    check_gdn_args)."""
     if cu_seqlens is None:
         return x
     B, T = B_T
+    if tuple(x.shape[:2]) != (1, B * T) or x.dim() < 3:
+        raise ValueError(f"{name}: expected [1, B*T = {B * T}, ...] with cu_seqlens, got {tuple(x.shape)}")
     return x.reshape(B, T, *x.shape[2:])
+
+
+def _tree_table(p, B: int, T: int) -> torch.Tensor:
+    """A raw retrieve_parent_token as [B, T] (a packed call's may come flat), refused in one line if it holds another
+    number of entries."""
+    p = torch.as_tensor(p)
+    if p.numel() != B * T:
+        raise ValueError(f"retrieve_parent_token: expected [B, T] = [{B}, {T}], got {tuple(p.shape)}")
+    return p.reshape(B, T)
 
 
 def _batch_shape(q, cu_seqlens, slots=None, captured: bool = False):
@@ -164,9 +176,9 @@ def chain_plan(B: int, T: int, device) -> checks.TreePlan:
 def _parents(p, B, T, x):
     """The call's tree: as planned (a TreePlan), else on the Triton backend the raw table, whose tables the step's
     launch builds (_step), or on the torch backend the table rooted."""
-    if isinstance(p, checks.TreePlan) or _backend(x) == "triton":
+    if isinstance(p, checks.TreePlan) or _backend(x) == "triton":  # (a raw one checked by _host_checked or the step)
         return p
-    return _rooted(torch.as_tensor(p).reshape(B, T))
+    return _rooted(_tree_table(p, B, T))
 
 
 def _raw(*inputs) -> bool:
@@ -184,8 +196,8 @@ def _host_checked(x, B, T, *, pool, slots, tree, cu_seqlens, rows=None, buf=None
     accepted, cu_seqlens)."""
     dev = x.device
     if tree is not None and not isinstance(tree, checks.TreePlan):
-        tree = torch.as_tensor(tree)
-        plan_tree(tree.reshape(B, T))
+        tree = _tree_table(tree, B, T)
+        plan_tree(tree)
         tree = tree.to(dev)
     if not isinstance(slots, checks.CheckedSlots):
         plan_slots(pool, slots)
@@ -212,6 +224,38 @@ def _rooted(table: torch.Tensor) -> torch.Tensor:
     parents = table.to(torch.int64, copy=True)
     parents[:, 0] = -1
     return parents
+
+
+def _check_entry(first: str, **tensors) -> None:
+    """An entry point's tensor arguments, before anything reads them: each a torch.Tensor; ``first`` (q, or the
+    commit's k: what the batch's shape is read from) of rank 4; the state pool [N, HV, V, K]; the pool and the
+    node-state buffer of a floating dtype (an integer pool would be read through a float32 copy and the commit
+    written back truncated). The other shapes are checked once the batch's shape is known (_checked_shapes)."""
+    buf = tensors.pop("intermediate_states_buffer", None)  # the one that may be None (the snapshot-free verify)
+    checks.check_tensors(**tensors, **({} if buf is None else {"intermediate_states_buffer": buf}))
+    if tensors[first].dim() != 4:
+        raise ValueError(f"{first}: expected [B, T, H, K] (or [1, B*T, H, K] with cu_seqlens), "
+                         f"got {tuple(tensors[first].shape)}")
+    pool = tensors["initial_state_source"]
+    if pool.dim() != 4:
+        raise ValueError(f"initial_state_source: expected [N, HV, V, K], got {tuple(pool.shape)}")
+    for name, x in (("initial_state_source", pool), ("intermediate_states_buffer", buf)):
+        if x is not None and not x.is_floating_point():
+            raise ValueError(f"{name}: expected a floating-point pool, got {x.dtype}")
+
+
+def _checked_shapes(q, k, v, a, b, A_log, dt_bias, pool, slots) -> None:
+    """q, k, v, the fused gates' inputs [B, T, ...] (unpacked), the pool [N, HV, V, K] and raw slots [B], checked as
+    the kernels read them and named as SGLang names them, before any launch (the step's device checks take a and b
+    as given)."""
+    B, _, _, HV, K, V = checks.check_gdn_args(q, k, v, None, None, a, b)
+    checks.check_fused_gates(a, b, A_log, dt_bias)
+    if tuple(pool.shape[1:]) != (HV, V, K):
+        raise ValueError(f"initial_state_source: expected [N, HV, V, K] with HV, V, K = {(HV, V, K)}, got "
+                         f"{tuple(pool.shape)}")
+    if not isinstance(slots, checks.CheckedSlots) and isinstance(slots, torch.Tensor) and slots.dim() == 1 \
+            and slots.shape[0] != B:
+        raise ValueError(f"initial_state_indices: expected [B] = [{B}] slots, got {tuple(slots.shape)}")
 
 
 def _check_gating(softplus_beta, softplus_threshold):
@@ -243,10 +287,13 @@ def target_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v,
     if not disable_state_update:
         raise ValueError("disable_state_update=False: target_verify never writes the pool; call commit_accepted "
                          "with the accepted node")
+    _check_entry("q", A_log=A_log, a=a, dt_bias=dt_bias, q=q, k=k, v=v, b=b,
+                 initial_state_source=initial_state_source, intermediate_states_buffer=intermediate_states_buffer)
     _check_gating(softplus_beta, softplus_threshold)
     captured = _captured(q)
     B, T = _batch_shape(q, cu_seqlens, initial_state_indices, captured)
-    q, k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (q, k, v, a, b))
+    q, k, v, a, b = (_unpack(x, cu_seqlens, (B, T), n) for x, n in zip((q, k, v, a, b), "qkvab"))
+    _checked_shapes(q, k, v, a, b, A_log, dt_bias, initial_state_source, initial_state_indices)
     buf = intermediate_states_buffer
     rows = intermediate_state_indices if buf is not None else None
     slots = initial_state_indices
@@ -292,9 +339,11 @@ def commit_accepted(A_log, a, dt_bias, k, v, b, initial_state_source, initial_st
                     retrieve_parent_token, accepted, use_qk_l2norm_in_kernel=True, cu_seqlens=None):
     """Write the state after root..accepted[b] into sequence b's slot of the [N, HV, V, K] pool; no
     other slot is touched. Returns the pool."""
+    _check_entry("k", A_log=A_log, a=a, dt_bias=dt_bias, k=k, v=v, b=b, initial_state_source=initial_state_source)
     captured = _captured(k)
     B, T = _batch_shape(k, cu_seqlens, initial_state_indices, captured)
-    k, v, a, b = (_unpack(x, cu_seqlens, (B, T)) for x in (k, v, a, b))
+    k, v, a, b = (_unpack(x, cu_seqlens, (B, T), n) for x, n in zip((k, v, a, b), "kvab"))
+    _checked_shapes(k, k, v, a, b, A_log, dt_bias, initial_state_source, initial_state_indices)
     pool = initial_state_source
     parents = _parents(retrieve_parent_token, B, T, k)
     slots = initial_state_indices

@@ -21,6 +21,7 @@ from ddsim.gpu_backend.checks import (
     check_ancestor_mask,
     check_conv,
     check_gdn,
+    check_gdn_args,
     check_parents,
     check_prefix_rows,
     conv_sources,
@@ -52,6 +53,7 @@ def gdn_tree_verify(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     Gates from (g, beta) or fused from (a, b, A_log, dt_bias). Returns o [B, T, HV, V] in v's
     dtype and, with output_states, the state after every node [B, T, HV, K, V] in the state dtype.
     """
+    check_gdn_args(q, k, v, g, beta, a, b)  # the gates' inputs as given, before they are made (and broadcast)
     g, beta = resolve_gates(g, beta, a, b, A_log, dt_bias)
     initial_state = resolve_state(initial_state, state_indices, q.shape[0], pads=True)  # a padded row: a zero state
     B, T, H, HV, K, V = check_gdn(q, k, v, g, beta, initial_state)

@@ -368,6 +368,64 @@ def test_a_float_tree_is_refused_by_either_backend_not_truncated(monkeypatch, ba
     assert torch.equal(pool, before)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("arg, bad, needle", [
+    pytest.param("A_log", lambda t: t[:1], r"^A_log: expected \[HV\] = \(2,\), got \(1,\)$", id="A_log-one-head"),
+    pytest.param("dt_bias", lambda t: t[:1], r"^dt_bias: expected \[HV\] = \(2,\), got \(1,\)$", id="dt_bias-one-head"),
+    pytest.param("a", lambda t: t[..., :1], r"^a: expected \[B, T, HV\] = \(2, 6, 2\), got \(2, 6, 1\)$", id="a-one-head"),
+    pytest.param("b", lambda t: t[..., :1], r"^b: expected \[B, T, HV\] = \(2, 6, 2\), got \(2, 6, 1\)$", id="b-one-head"),
+    pytest.param("A_log", lambda t: t.round().long(), r"^A_log: expected a floating dtype, got torch.int64$", id="A_log-int"),
+    pytest.param("a", lambda t: t.round().int(), r"^a: expected a floating dtype, got torch.int32$", id="a-int"),
+    pytest.param("dt_bias", lambda t: t.numpy(), r"^dt_bias: expected a torch.Tensor, got ndarray$", id="dt_bias-numpy"),
+    pytest.param("k", lambda t: t.tolist(), r"^k: expected a torch.Tensor, got list$", id="k-list"),
+    pytest.param("pool", lambda t: t.round().long(),
+                 r"^initial_state_source: expected a floating-point pool, got torch.int64$", id="pool-int"),
+    pytest.param("pool", lambda t: t.transpose(-1, -2), r"^initial_state_source: expected \[N, HV, V, K\] with HV, V, K "
+                 r"= \(2, 3, 4\), got \(5, 2, 4, 3\)$", id="pool-transposed"),
+    pytest.param("pool", lambda t: t.flatten(), r"^initial_state_source: expected \[N, HV, V, K\], got \(120,\)$", id="pool-flat"),
+    pytest.param("slots", lambda t: t[:1], r"^initial_state_indices: expected \[B\] = \[2\] slots, got \(1,\)$", id="slots-short"),
+    pytest.param("parents", lambda t: t[:, :1], r"^retrieve_parent_token: expected \[B, T\] = \[2, 6\], got \(2, 1\)$", id="tree-short"),
+])
+def test_inputs_that_broadcast_truncate_or_crash_are_refused_by_name_before_any_work(monkeypatch, backend, arg, bad,
+                                                                                    needle):
+    """The torch backend made the gates from a, b, A_log and dt_bias as torch broadcasts: an A_log or dt_bias of [1],
+    or a and b of [B, T, 1], gave every value head one head's gate, and the verify and the commit ran on those numbers.
+    Integer gates and an integer pool were taken as values (the pool's commit written back truncated to integers); a
+    numpy array or a list failed deep inside as an AttributeError, a transposed pool or a short tree as torch's
+    reshape error. Each is refused in one line naming SGLang's argument, on either backend, before any launch (the
+    Triton backend is taken here on CPU tensors, where any launch would fail) and with the pool untouched."""
+    monkeypatch.setattr(engine_api, "_backend", lambda x: backend)
+    x, parents, pool, slots = _inputs()
+    given = dict(x, pool=pool, slots=slots, parents=parents.int())
+    given[arg] = bad(given[arg])
+    before = pool.clone()
+    g = given
+    with pytest.raises(ValueError, match=needle):
+        engine_api.target_verify(g["A_log"], g["a"], g["dt_bias"], 1.0, 20.0, g["q"], g["k"], g["v"], g["b"],
+                                 g["pool"], g["slots"], retrieve_parent_token=g["parents"])
+    with pytest.raises(ValueError, match=needle):
+        engine_api.commit_accepted(g["A_log"], g["a"], g["dt_bias"], g["k"], g["v"], g["b"], g["pool"], g["slots"],
+                                   retrieve_parent_token=g["parents"], accepted=torch.tensor([4, 5]))
+    assert torch.equal(pool, before)
+
+
+def test_packed_inputs_of_another_token_count_are_refused_by_name():
+    """With cu_seqlens every input is [1, B*T, ...]: one of another token count was reshaped by torch (a RuntimeError
+    naming no argument), now refused in one line naming it."""
+    x, parents, pool, slots = _inputs()
+    packed = {n: t.reshape(1, 12, *t.shape[2:]) for n, t in x.items() if n not in ("A_log", "dt_bias")}
+    cu = torch.tensor([0, 6, 12], dtype=torch.int32)
+    args = lambda p: (x["A_log"], p["a"], x["dt_bias"], 1.0, 20.0, p["q"], p["k"], p["v"], p["b"], pool, slots)  # noqa: E731
+    want = engine_api.target_verify(*args(packed), retrieve_parent_token=parents.int(), cu_seqlens=cu)
+    assert torch.equal(want.reshape(2, 6, *want.shape[2:]),
+                       engine_api.target_verify(*args(x), retrieve_parent_token=parents.int()))
+    for name in ("k", "v", "a", "b"):
+        short = dict(packed, **{name: packed[name][:, :11]})
+        with pytest.raises(ValueError, match=rf"^{name}: expected \[1, B\*T = 12, \.\.\.\] with cu_seqlens, got "
+                                             rf"\(1, 11, "):
+            engine_api.target_verify(*args(short), retrieve_parent_token=parents.int(), cu_seqlens=cu)
+
+
 def test_an_fp32_pool_is_used_in_place_and_a_bf16_pool_through_a_copy_of_its_rows(monkeypatch):
     """SGLang's fp32 pool is read and committed through a transposed view (no copy, other slots
     untouched); a bf16 pool (--mamba-ssm-dtype bfloat16) gives the results of an fp32 pool holding the
