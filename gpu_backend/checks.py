@@ -310,6 +310,11 @@ def check_gdn_args(q, k, v, g, beta, a, b) -> tuple:
     return check_inputs(q, k, v, g, beta)
 
 
+def check_given(**named) -> None:
+    """check_tensors over the arguments given (an optional one None is left to its own check)."""
+    check_tensors(**{name: x for name, x in named.items() if x is not None})
+
+
 def check_fused_gates(a, b, A_log, dt_bias) -> None:
     """The fused gates' inputs, a, b [B, T, HV] checked before (check_gdn_args): A_log, dt_bias [HV], and all four
     floating, on a's device. One check for both backends: the torch path computes g from them, and an A_log of [1]
@@ -520,30 +525,49 @@ def conv_sources(src: torch.Tensor, W: int) -> torch.Tensor:
     return torch.stack(cols[::-1], dim=-1)
 
 
-def check_conv(x, weight, initial_window, parents, mode, activation, *, pooled: bool):
-    """Shapes of x [B, T, C], weight [C, W] and the committed windows ([B, C, W-1], or a pool
-    [N, C, W-1] when pooled), the activation and the mode -> (B, T, C, W, source parents [B, T])."""
+def check_conv(x, weight, initial_window, parents, mode, activation, *, pooled: bool, bias=None):
+    """Shapes of x [B, T, C], weight [C, W], bias [C] or None and the committed windows ([B, C, W-1], or a pool
+    [N, C, W-1] when pooled), each floating and on x's device, the activation and the mode -> (B, T, C, W, source
+    parents [B, T]). A bias of [1] would be broadcast by torch and read past its end by the kernel."""
+    named = dict(x=x, weight=weight, initial_window=initial_window, **({} if bias is None else {"bias": bias}))
+    check_tensors(**named)
     if x.dim() != 3:
         raise ValueError(f"x: expected [B, T, C], got {tuple(x.shape)}")
     B, T, C = x.shape
     if weight.dim() != 2 or weight.shape[0] != C:
         raise ValueError(f"weight: expected [C, W] with C={C}, got {tuple(weight.shape)}")
     W = weight.shape[1]
+    if bias is not None and tuple(bias.shape) != (C,):
+        raise ValueError(f"bias: expected [C] = ({C},), got {tuple(bias.shape)}")
     lead = initial_window.shape[0] if pooled and initial_window.dim() == 3 else B
     if tuple(initial_window.shape) != (lead, C, W - 1):
         want = f"[N, C, W-1] = [N, {C}, {W - 1}]" if pooled else f"[B, C, W-1] = {(B, C, W - 1)}"
         raise ValueError(f"initial_window: expected {want}, got {tuple(initial_window.shape)}")
+    _one_device(list(named.items()))
     if activation not in ("silu", None):
         raise ValueError(f"activation: expected 'silu' or None, got {activation!r}")
     return B, T, C, W, source_parents(parents, B, T, x.device, mode)
 
 
+def check_conv_commit(x, initial_window, *, pooled: bool) -> tuple[int, int, int, int]:
+    """A conv commit's x [B, T, C] and committed windows ([B, C, W-1], or a pool [N, C, W-1] when pooled), floating,
+    on one device -> (B, T, C, W)."""
+    check_tensors(x=x, initial_window=initial_window)
+    if x.dim() != 3:
+        raise ValueError(f"x: expected [B, T, C], got {tuple(x.shape)}")
+    B, T, C = x.shape
+    if initial_window.dim() != 3 or initial_window.shape[1] != C or not (pooled or initial_window.shape[0] == B):
+        raise ValueError(f"initial_window: expected [{'N' if pooled else B}, C, W-1] with C={C}, "
+                         f"got {tuple(initial_window.shape)}")
+    _one_device([("x", x), ("initial_window", initial_window)])
+    return B, T, C, initial_window.shape[2] + 1
 
 
 # ---- Mamba2 ------------------------------------------------------------------------------------
 def check_mamba2(x, dt, A, B, C, D=None, dt_bias=None, dt_limit=(0.0, float("inf"))):
     """Shapes and dtypes of x [B, T, H, P], dt [B, T, H], A [H], B and C [B, T, G, N] (C may be None
     for a commit), D and dt_bias [H] or None, dt_limit (lo, hi) -> (B, T, H, P, G, N)."""
+    check_given(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias)
     if x.dim() != 4:
         raise ValueError(f"x: expected [B, T, H, P], got {tuple(x.shape)}")
     Bn, T, H, P = x.shape
@@ -577,6 +601,7 @@ def check_mamba2(x, dt, A, B, C, D=None, dt_bias=None, dt_limit=(0.0, float("inf
 
 def check_mamba2_state(initial_state, state_indices, Bn, H, P, N):
     """The committed SSM states: [B, H, P, N], or a pool [N_slots, H, P, N] with state_indices [B]."""
+    check_tensors(initial_state=initial_state)
     if initial_state.dim() != 4 or tuple(initial_state.shape[1:]) != (H, P, N):
         raise ValueError(f"initial_state: expected [B or slots, H, P, N] with H, P, N = {(H, P, N)}, got "
                          f"{tuple(initial_state.shape)}")
@@ -621,6 +646,7 @@ def check_mamba1(x, dt, A, B, C, D=None, dt_bias=None, initial_state=None):
     """Shapes, dtypes and devices of a Mamba1 selective scan's inputs: x [B, T, I], dt [B, T, I], A [I, N],
     B and C [B, T, N] (C may be None for a commit), D and dt_bias [I] or None, initial_state [B, I, N]
     -> (B, T, I, N)."""
+    check_given(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, initial_state=initial_state)
     if x.dim() != 3:
         raise ValueError(f"x: expected [B, T, I], got {tuple(x.shape)}")
     Bn, T, I = x.shape
@@ -653,6 +679,7 @@ def mamba1_dt(dt, dt_bias, dt_softplus: bool, dtype) -> torch.Tensor:
 
 def _queries_and_keys(q, k):
     """q and k [B, T, H, K] each, or k alone (q None: a commit) -> (B, T, H, K)."""
+    check_given(q=q, k=k)
     if q is None:
         if k.dim() != 4:
             raise ValueError(f"k: expected [B, T, H, K], got {tuple(k.shape)}")
@@ -674,6 +701,7 @@ def _one_device(named):
 def check_lightning(q, k, v, decay, initial_state):
     """Shapes, dtypes and devices of a lightning-attention layer's inputs: q, k [B, T, H, K] (q None for a commit),
     v [B, T, H, V], decay [H], initial_state [B, H, K, V] -> (B, T, H, K, V)."""
+    check_given(v=v, decay=decay, initial_state=initial_state)
     Bn, T, H, K = _queries_and_keys(q, k)
     if v.dim() != 4 or tuple(v.shape[:3]) != (Bn, T, H):
         raise ValueError(f"v: expected [B, T, H, V] with {(Bn, T, H)}, got {tuple(v.shape)}")
@@ -689,6 +717,7 @@ def check_lightning(q, k, v, decay, initial_state):
 def check_kda(q, k, v, g, beta, initial_state):
     """Shapes, dtypes and devices of a KDA layer's inputs: q, k [B, T, H, K] (q None for a commit), v [B, T, H, V],
     g [B, T, H, K], beta [B, T, H], initial_state [B, H, K, V] -> (B, T, H, K, V)."""
+    check_given(v=v, g=g, beta=beta, initial_state=initial_state)
     Bn, T, H, K = _queries_and_keys(q, k)
     if v.dim() != 4 or tuple(v.shape[:3]) != (Bn, T, H):
         raise ValueError(f"v: expected [B, T, H, V] with {(Bn, T, H)}, got {tuple(v.shape)}")

@@ -20,6 +20,7 @@ from ddsim.gpu_backend.checks import (
     check_accepted,
     check_ancestor_mask,
     check_conv,
+    check_conv_commit,
     check_gdn,
     check_gdn_args,
     check_parents,
@@ -155,7 +156,7 @@ def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="e
     """Depthwise causal conv over a tree. x: [B, T, C]; weight: [C, W]; bias: [C] or None;
     initial_window: [B, C, W-1] (oldest first). Returns out [B, T, C] and, with output_windows,
     the window after each node [B, T, C, W-1]."""
-    B, T, C, W, src = check_conv(x, weight, initial_window, parents, mode, activation, pooled=False)
+    B, T, C, W, src = check_conv(x, weight, initial_window, parents, mode, activation, pooled=False, bias=bias)
     idx = conv_table(parents, src, W, mode).long()  # [B, T, W]
     buf = torch.cat([initial_window.transpose(1, 2).to(x.dtype), x], dim=1)  # [B, W-1+T, C]
     gathered = buf[torch.arange(B, device=x.device)[:, None, None], idx]  # [B, T, W, C]
@@ -170,8 +171,7 @@ def tree_causal_conv1d(x, *, weight, bias=None, parents, initial_window, mode="e
 
 def conv_tree_commit(x, *, parents, accepted, initial_window):
     """Window after accepting root..accepted[b]. x: [B, T, C] -> [B, C, W-1]."""
-    B, T, C = x.shape
-    W = initial_window.shape[-1] + 1
+    B, T, C, W = check_conv_commit(x, initial_window, pooled=False)
     p = check_parents(parents, B, T, x.device)
     acc = check_accepted(accepted, B, T, x.device)
     idx = conv_sources(p, W)[torch.arange(B, device=x.device), acc]  # [B, W]

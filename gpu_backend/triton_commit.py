@@ -141,13 +141,10 @@ def _conv_commit_kernel(x, src, window, win_idx, out, out_idx, acc, T, C, W: tl.
 def conv_tree_commit_triton(x, *, parents, accepted, initial_window, state_indices=None, inplace=False,
                             block_c: int = 128):
     """Window after root..accepted[b]: x [B, T, C]; initial_window [B or N, C, W-1]."""
-    B, T, Cn = x.shape
-    W = initial_window.shape[-1] + 1
+    B, T, Cn, W = checks.check_conv_commit(x, initial_window, pooled=True)
     C.check_device(x, initial_window)
     p = checks.check_parents(parents, B, T, x.device)
     acc = checks.check_accepted(accepted, B, T, x.device)
-    if initial_window.dim() != 3 or initial_window.shape[1] != Cn:
-        raise ValueError(f"initial_window: expected [N, C, W-1] with C={Cn}, got {tuple(initial_window.shape)}")
     idx = C.window_slots(initial_window, state_indices, B)
     src = checks.conv_table(parents, p, W, "exact")  # a TreePlan's cached table: no per-layer rebuild
     if inplace:

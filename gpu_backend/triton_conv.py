@@ -56,8 +56,8 @@ def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, 
     [N, C, W-1] with state_indices [B]). Returns out [B, T, C] (x's dtype) and, with
     output_windows, each node's window after it [B, T, C, W-1]. split (c1, c2, c3), summing to C: out as
     its three channel groups [B, T, c_i], each contiguous (one buffer, the groups one after another)."""
+    B, T, Cn, W, src = checks.check_conv(x, weight, initial_window, parents, mode, activation, pooled=True, bias=bias)
     C.check_device(x, weight, initial_window)
-    B, T, Cn, W, src = checks.check_conv(x, weight, initial_window, parents, mode, activation, pooled=True)
     if W < 2:
         raise ValueError(f"weight: width {W} < 2 has no window")
     table = checks.conv_table(parents, src, W, mode)
@@ -69,7 +69,8 @@ def tree_causal_conv1d_triton(x, *, weight, bias=None, parents, initial_window, 
                else checks.constant("dummy", 1, x.device, x.dtype))
     BC = min(block_c, C.next_pow2(Cn, 1))
     launch(_tree_conv_kernel, (C.cdiv(Cn, BC), B * T),
-           x=x.contiguous(), weight=weight.contiguous(), bias=bias if bias is not None else weight, src=table,
+           x=x.contiguous(), weight=weight.contiguous(), bias=bias.contiguous() if bias is not None else weight,
+           src=table,
            window=initial_window.contiguous(), win_idx=idx, out=out, win_out=win_out, T=T, C=Cn,
            S1=s1, S2=s2, P1=ends[1], P2=ends[2], W=W, BC=BC,
            HAS_BIAS=bias is not None, SILU=activation == "silu", STORE_WIN=output_windows, SPLIT=split is not None)

@@ -122,6 +122,61 @@ def test_conv_bad_input():
         gb.conv_tree_commit(x, parents=[[-1, 0, 1]], accepted=[3], initial_window=torch.zeros(1, 4, 3))
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_conv_bias_is_held_to_its_channels_and_a_strided_one_read_as_its_values(backend):
+    """A bias of [1] was broadcast over the channels by the torch path and read past its end by the Triton kernel (other
+    memory taken as a channel's bias); a strided bias, a view of a wider parameter, was read by the kernel as if
+    contiguous (another entry's value). Now the first is refused in one line on either backend, and the second gives
+    the torch path's output; integer weights and a commit's windows of another batch are refused too."""
+    torch.manual_seed(0)
+    x, w, win, tree = torch.randn(2, 3, 4), torch.randn(4, 4), torch.randn(2, 4, 3), [[-1, 0, 0], [-1, 0, 1]]
+    wide = torch.randn(8)
+    want = oracle.tree_causal_conv1d(x.double(), weight=w.double(), bias=wide[::2].double(), parents=tree,
+                                     initial_window=win.double())
+    got = gb.tree_causal_conv1d(x, weight=w, bias=wide[::2], parents=tree, initial_window=win, backend=backend)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    for kw, needle in ((dict(bias=wide[:1]), r"^bias: expected \[C\] = \(4,\), got \(1,\)$"),
+                       (dict(bias=wide[:4].long()), r"^bias: expected a floating dtype, got torch.int64$"),
+                       (dict(weight=w.long()), r"^weight: expected a floating dtype, got torch.int64$"),
+                       (dict(bias=wide[:4].numpy()), r"^bias: expected a torch.Tensor, got ndarray$")):
+        with pytest.raises(ValueError, match=needle):
+            gb.tree_causal_conv1d(x, **{"weight": w, **kw}, parents=tree, initial_window=win, backend=backend)
+    with pytest.raises(ValueError, match=r"^initial_window: expected \[(2|N), C, W-1\] with C=4, got \(2, 5, 3\)$"):
+        gb.conv_tree_commit(x, parents=tree, accepted=[1, 2], initial_window=torch.zeros(2, 5, 3), backend=backend)
+    if backend == "torch":  # (the Triton commit reads a pool: its batch's rows are its slots' check)
+        with pytest.raises(ValueError, match=r"^initial_window: expected \[2, C, W-1\] with C=4, got \(1, 4, 3\)$"):
+            gb.conv_tree_commit(x, parents=tree, accepted=[1, 2], initial_window=win[:1], backend=backend)
+
+
+_Z = torch.zeros(1)
+
+
+@pytest.mark.parametrize("name, call", [
+    ("B", lambda a: gb.mamba2_tree_verify(_Z, _Z, _Z, a, _Z, parents=[[-1]], initial_state=_Z, backend="torch")),
+    ("dt", lambda a: gb.mamba2_tree_commit(_Z, a, _Z, _Z, parents=[[-1]], accepted=[0], initial_state=_Z,
+                                           backend="torch")),
+    ("A", lambda a: gb.mamba1_tree_verify(_Z, _Z, a, _Z, _Z, parents=[[-1]], initial_state=_Z, backend="torch")),
+    ("initial_state", lambda a: gb.mamba1_tree_commit(_Z, _Z, _Z, _Z, parents=[[-1]], accepted=[0], initial_state=a,
+                                                      backend="torch")),
+    ("decay", lambda a: gb.lightning_tree_verify(_Z, _Z, _Z, decay=a, parents=[[-1]], initial_state=_Z,
+                                                 backend="torch")),
+    ("k", lambda a: gb.lightning_tree_commit(a, _Z, decay=_Z, parents=[[-1]], accepted=[0], initial_state=_Z,
+                                             backend="torch")),
+    ("g", lambda a: gb.kda_tree_verify(_Z, _Z, _Z, a, _Z, parents=[[-1]], initial_state=_Z, backend="torch")),
+    ("v", lambda a: gb.gdn_tree_verify(_Z, _Z, a, _Z, _Z, parents=[[-1]], initial_state=_Z, backend="torch")),
+    ("weight", lambda a: gb.tree_causal_conv1d(_Z, weight=a, parents=[[-1]], initial_window=_Z, backend="torch")),
+    ("initial_window", lambda a: gb.conv_tree_commit(_Z, parents=[[-1]], accepted=[0], initial_window=a,
+                                                     backend="torch")),
+])
+def test_a_numpy_array_for_a_tensor_is_refused_by_name(name, call):
+    """Every family's entry points name a numpy array (or list) given for a tensor in one line; each failed deep
+    inside as an AttributeError ('numpy.ndarray' object has no attribute 'dim')."""
+    for given in (np.zeros(1), [0.0]):
+        with pytest.raises(ValueError, match=rf"^{name}: expected a torch.Tensor, got {type(given).__name__}$"):
+            call(given)
+
+
 def test_model_rejects_out_of_range_tokens_and_positions():
     cfg = get_preset("micro")
     m = HybridModel(cfg, init_weights(cfg, seed=0))
