@@ -575,7 +575,7 @@ def cmd_check_kernel(a, console) -> int:
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
     result = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op,
                    profile=a.profile, example_timeout=a.example_timeout, on_hang=lambda label, s: _hung(out, label, s),
-                   launch=a.launch)
+                   launch=a.launch, progress=(lambda line: print(line, file=sys.stderr, flush=True)) if a.progress else None)
     name, source, digest = {"conv": (kernel.conv_name, kernel.conv_source, kernel.conv_source_sha256),
                             "mamba2": (kernel.mamba2_name, kernel.mamba2_source, kernel.mamba2_source_sha256),
                             "kda": (kernel.kda_name, kernel.kda_source, kernel.kda_source_sha256),
@@ -789,6 +789,9 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                     help="q, k, v and gates drawn in this dtype (states float32); outputs compared within its tolerance "
                          "(the serving examples add the other dtypes)")
+    pk.add_argument("--progress", action="store_true",
+                    help="print each serving example's and each property's drawn search's wall time to stderr as it "
+                         "ends (where a long check spends its time; the verdicts are the same)")
     pk.add_argument("--out", default="check-kernel.json",
                     help="the verdicts, coverage and counterexamples (JSON, written atomically)")
     ps = sub.add_parser("check-sampler", help="a statistical losslessness test of a tree acceptance rule at "

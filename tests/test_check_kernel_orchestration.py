@@ -118,6 +118,19 @@ def test_sigterm_in_a_kernel_call_ends_the_check_not_one_example(where):
     assert len(calls) == 1  # nothing run after it
 
 
+def test_progress_names_every_serving_example_and_property_as_it_ends():
+    """check(progress=...) is told each serving example's and each property's drawn search's wall time as it ends (what
+    a long serving-profile check spends its time on); the verdicts are those of a check without it."""
+    lines = []
+    res = ck.check(_load("ddsim"), mode="exact", max_examples=2, op="conv", progress=lines.append)
+    assert all(r.holds for r in res)
+    serving = [ln for ln in lines if ln.startswith("serving example [")]
+    assert len(serving) == res.examples > 0 and all(ln.endswith(" s") for ln in serving), lines
+    searched = [ln.split("'")[1] for ln in lines if ln.startswith("property '")]
+    assert searched == [r.name for r in res.properties if r.name in searched] and len(searched) == len(set(searched))
+    assert len(lines) == len(serving) + len(searched) and lines[:len(serving)] == serving  # the examples first
+
+
 @pytest.mark.parametrize("kernel, said", [
     ("output_with_an_extra_axis", "an output of shape (1, 1, 17, 1, 128) where the contract's is (1, 17, 1, 128)"),
     ("output_heads_flattened", "an output of shape (1, 17, 128) where the contract's is (1, 17, 1, 128)"),

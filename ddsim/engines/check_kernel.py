@@ -59,6 +59,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -839,7 +840,7 @@ def _coverage(described: list[dict]) -> dict:
 
 def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dtype: torch.dtype = torch.float32,
           op: str = "gdn", profile: str | None = None, example_timeout: float | None = None, on_hang=None,
-          launch: str | None = None) -> CheckResult:
+          launch: str | None = None, progress=None) -> CheckResult:
     """Check each property on the profile's explicit examples, then search it for a counterexample on
     drawn inputs; the results, with counterexamples (drawn ones shrunk), and the coverage. Inputs
     are drawn in ``dtype`` (recurrent states stay float32; the explicit examples add the other
@@ -850,7 +851,9 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     ``example_timeout``: seconds an explicit example may take; past it ``on_hang(label, seconds)`` is called
     from a watchdog thread (a hung GPU kernel cannot be interrupted: the command line reports it and exits).
     ``launch`` (LAUNCHES; default_launch on the device): how a replayed example (kernel_cases.replay_cases) replays
-    the engine launch kept on its other step, from a CUDA graph ("graph", CUDA only) or called again ("eager")."""
+    the engine launch kept on its other step, from a CUDA graph ("graph", CUDA only) or called again ("eager").
+    ``progress`` (a callable taking a line, or None): told as each serving example and each property's drawn search
+    ends, with its wall time (what a long check spends its time on; nothing a verdict reads)."""
     from hypothesis import HealthCheck, Phase, find, settings
     from hypothesis.errors import NoSuchExample
 
@@ -922,6 +925,7 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
                 watchdog = threading.Timer(example_timeout, on_hang, (inp["label"], example_timeout))
                 watchdog.daemon = True
                 watchdog.start()
+            started = time.perf_counter()
             try:
                 r = runner.run(inp)
             except Exception as e:  # a kernel that refuses or crashes on a serving shape fails every property
@@ -933,6 +937,8 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
             finally:
                 if watchdog is not None:
                     watchdog.cancel()
+                if progress is not None:
+                    progress(f"serving example [{inp['label']}]: {time.perf_counter() - started:.1f} s")
             for name, pred in props.items():
                 if name not in failed and not pred(r):
                     failed[name] = _describe(inp, r, name, mode)
@@ -956,33 +962,38 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
         return f"no drawn input searched{after}: a fault at {lost} ended the device's CUDA context"
 
     for name, pred in props.items():
-        explicit_ce = failed.get(name)
-        if lost is not None:  # every call would raise the fault's echo: not searched, and said so
-            results.append(PropertyResult(name, False, (f"{_where(explicit_ce)}; " if explicit_ce else "")
-                                          + not_searched(), explicit_ce))
-            continue
+        started = time.perf_counter()
         try:
-            with poisoned():
-                bad = find(strategy, lambda inp, pred=pred: not pred(run_drawn(inp)), settings=cfg)
-        except NoSuchExample:
-            if explicit_ce is None:
-                results.append(PropertyResult(name, True, f"held on {len(explicit)} serving examples ({profile}) and "
-                                                          f"{max_examples} drawn inputs"))
-            else:  # only a serving shape reaches the bug: the explicit example is the counterexample
-                results.append(PropertyResult(name, False, _where(explicit_ce), explicit_ce))
-            continue
-        except Exception as e:  # the kernel raised on a drawn input: after a serving example's failure, that comes first
-            drawn_line = f"{_failed(raised_line(e, device))} on a drawn input"
-            if _device_lost(device):
-                lost = f"a drawn input of property {name!r}"
-            results.append(PropertyResult(name, False, drawn_line if explicit_ce is None else
-                                          f"{_where(explicit_ce)}; then {drawn_line}", explicit_ce))
-            continue
-        ce = _describe(bad, run_drawn(bad), name, mode)  # shrunk: the smallest tree that shows the bug, as it ran there
-        if explicit_ce is not None:
-            ce["serving_example"] = explicit_ce["example"]
-        results.append(PropertyResult(name, False, _where(ce) + (f" (also on serving example [{ce['serving_example']}])"
-                                                                 if explicit_ce is not None else ""), ce))
+            explicit_ce = failed.get(name)
+            if lost is not None:  # every call would raise the fault's echo: not searched, and said so
+                results.append(PropertyResult(name, False, (f"{_where(explicit_ce)}; " if explicit_ce else "")
+                                              + not_searched(), explicit_ce))
+                continue
+            try:
+                with poisoned():
+                    bad = find(strategy, lambda inp, pred=pred: not pred(run_drawn(inp)), settings=cfg)
+            except NoSuchExample:
+                if explicit_ce is None:
+                    results.append(PropertyResult(name, True, f"held on {len(explicit)} serving examples ({profile}) and "
+                                                              f"{max_examples} drawn inputs"))
+                else:  # only a serving shape reaches the bug: the explicit example is the counterexample
+                    results.append(PropertyResult(name, False, _where(explicit_ce), explicit_ce))
+                continue
+            except Exception as e:  # the kernel raised on a drawn input: after a serving example's failure, that comes first
+                drawn_line = f"{_failed(raised_line(e, device))} on a drawn input"
+                if _device_lost(device):
+                    lost = f"a drawn input of property {name!r}"
+                results.append(PropertyResult(name, False, drawn_line if explicit_ce is None else
+                                              f"{_where(explicit_ce)}; then {drawn_line}", explicit_ce))
+                continue
+            ce = _describe(bad, run_drawn(bad), name, mode)  # shrunk: the smallest tree that shows the bug, as it ran there
+            if explicit_ce is not None:
+                ce["serving_example"] = explicit_ce["example"]
+            results.append(PropertyResult(name, False, _where(ce) + (f" (also on serving example [{ce['serving_example']}])"
+                                                                     if explicit_ce is not None else ""), ce))
+        finally:
+            if progress is not None:
+                progress(f"property {name!r}: {len(ran)} drawn inputs run so far, {time.perf_counter() - started:.1f} s")
     if mode == "leaky":
         # the leak must be there: some non-order-exact node differs from the exact output
         if leak_seen is not None:
