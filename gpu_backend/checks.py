@@ -25,12 +25,12 @@ PAD_SLOT = -1  # a padded row's slot (SGLang's PAD_SLOT_ID: a CUDA-graph batch p
 class CheckedSlots:
     """A batch's pool rows [B] validated once (``checked_slots``: distinct, in 0..N-1) and passed as
     ``state_indices=`` to every layer's call, which then checks only the pool's row count, the shape
-    and the device: no per-layer host sync. ``indices`` is int32, ``rows`` the same as int64. ``padded``: how many
-    rows are padding (PAD_SLOT), which only the GDN verify and commit take (engine_api)."""
+    and the device: no per-layer host sync. ``indices`` is int32 (made so once: under capture a cast is one more
+    kernel in the graph, a layer). ``padded``: how many rows are padding (PAD_SLOT), which only the GDN verify and
+    commit take (engine_api)."""
 
     def __init__(self, indices: torch.Tensor, N: int, padded: int = 0):
         self.indices, self.N, self.padded = indices.to(torch.int32).contiguous(), N, padded
-        self.rows = self.indices.long()
 
 
 def _integers(host: list) -> bool:

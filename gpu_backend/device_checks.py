@@ -173,14 +173,20 @@ class Step:
     """A call's inputs as launched after the device checks: the plan (a DevicePlan of the tree's tables where the call
     gave a tree as read, else the plan it gave), the slots (CheckedSlots of the pool, -1 for padding and
     for a slot outside it), the buffer's rows (CheckedSlots, clamped into it) and accepted nodes (CheckedIndices)
-    where given, the gates' inputs a, b [B, T, HV] (NaN for a flagged sequence), and bad [B] bool."""
+    where given, the gates' inputs a, b [B, T, HV] (NaN for a flagged sequence), and the flags [B] (nonzero: a
+    sequence flagged; ``bad`` as bool, made when read: the call itself never reads it, and under capture a cast is
+    one more kernel in the graph)."""
     plan: checks.TreePlan | None
     slots: checks.CheckedSlots
     rows: checks.CheckedSlots | None
     accepted: checks.CheckedIndices | None
     a: torch.Tensor
     b: torch.Tensor
-    bad: torch.Tensor
+    flags: torch.Tensor
+
+    @property
+    def bad(self) -> torch.Tensor:
+        return self.flags.bool()
 
 
 def step(*, a, b, slots, N: int, tree=None, chain: bool = False, plan=None, rows=None, N_buf: int = 0,
@@ -201,7 +207,7 @@ def step(*, a, b, slots, N: int, tree=None, chain: bool = False, plan=None, rows
         accepted=accepted, cu_seqlens=cu_seqlens, names=names)
     return Step(DevicePlan.of_tables(*tables) if tables is not None else plan, checks.CheckedSlots(s, N, padded=B),
                 None if r is None else checks.CheckedSlots(r, N_buf),
-                None if acc is None else checks.CheckedIndices(acc, T), a2, b2, bad.bool())
+                None if acc is None else checks.CheckedIndices(acc, T), a2, b2, bad)
 
 
 def step_reference(*, a, b, slots, N: int, tree=None, chain: bool = False, plan=None, rows=None, N_buf: int = 0,
