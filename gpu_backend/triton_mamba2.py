@@ -226,7 +226,8 @@ def _prep(x, dt, A, B, C, D, dt_bias, dt_limit, initial_state, state_indices):
     Bn, T, H, P, G, N = checks.check_mamba2(x, dt, A, B, C, D, dt_bias, dt_limit)
     Cm.check_device(x, dt, A, B, C, initial_state)
     if initial_state.dtype != torch.float32 or not initial_state.is_contiguous():
-        raise ValueError(f"initial_state: expected a contiguous float32 pool, got {initial_state.dtype}")
+        layout = "" if initial_state.is_contiguous() else f"a non-contiguous (strides {initial_state.stride()}) "
+        raise ValueError(f"initial_state: expected a contiguous float32 pool, got {layout}{initial_state.dtype}")
     idx = checks.check_mamba2_state(initial_state, state_indices, Bn, H, P, N)
     lo, hi = (float(v) for v in dt_limit)
     dummy = checks.constant("dummy", 1, x.device)

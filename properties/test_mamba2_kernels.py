@@ -144,8 +144,12 @@ def test_mamba2_rejects_bad_input():
     with pytest.raises(ValueError, match="state_indices: slots must be distinct"):
         gb.mamba2_tree_verify(**args, parents=par, initial_state=inp["pool"].to(DEVICE),
                               state_indices=torch.tensor([1, 1], device=DEVICE), backend="triton-ssd")
-    with pytest.raises(ValueError, match="initial_state: expected a contiguous float32"):
+    with pytest.raises(ValueError, match="initial_state: expected a contiguous float32 pool, got torch.float64$"):
         gb.mamba2_tree_verify(**args, parents=par, initial_state=s0.double(), backend="triton-recurrent")
+    with pytest.raises(ValueError, match=r"initial_state: expected a contiguous float32 pool, got a non-contiguous "
+                                         r"\(strides .*\) torch.float32$"):  # (it had named the dtype alone)
+        gb.mamba2_tree_verify(**args, parents=par, initial_state=s0.transpose(-1, -2).contiguous().transpose(-1, -2),
+                              backend="triton-recurrent")
     with pytest.raises(ValueError, match="parents: sequence 0 node 2"):
         gb.mamba2_tree_verify(**args, parents=torch.tensor([[-1, 0, 5, 1, 1, 2], [-1, 0, 1, 0, 3, 3]], device=DEVICE),
                               initial_state=s0, backend="triton-ssd")
