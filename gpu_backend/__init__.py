@@ -66,8 +66,8 @@ def _on(x):
     """Triton launches on the current CUDA device: run a launcher under x's device (a guard: inputs on a
     GPU other than the current one, as in a model placed over several GPUs); nothing to do when x is
     on the current device already, or on the CPU."""
-    if not x.is_cuda or x.device.index == torch._C._cuda_getDevice():
-        return _SAME
+    if not getattr(x, "is_cuda", False) or x.device.index == torch._C._cuda_getDevice():  # (not a tensor: refused
+        return _SAME  # by the launcher's checks, by name)
     return torch.cuda.device(x.device)
 
 
@@ -124,7 +124,7 @@ def _recorded_or_run(plan, data: tuple, op: str, args: tuple, tensors: frozenset
 
 
 def _backend(x, backend, known=BACKENDS):
-    b = backend or ("triton" if x.is_cuda else "torch")
+    b = backend or ("triton" if getattr(x, "is_cuda", False) else "torch")  # (not a tensor: the checks name it)
     if b not in known:
         raise ValueError(f"backend: expected one of {known}, got {b!r}")
     return b
@@ -317,7 +317,7 @@ def _one_design(x, state, backend, allowed) -> str:
     """The backend of an op with the Triton designs ``allowed`` (Mamba1, KDA, lightning): ``backend`` checked, else
     Triton for CUDA tensors with fp32 states and PyTorch otherwise."""
     if backend is None:
-        return "triton" if x.is_cuda and state.dtype == torch.float32 else "torch"
+        return "triton" if getattr(x, "is_cuda", False) and getattr(state, "dtype", None) == torch.float32 else "torch"
     if backend not in allowed:
         raise ValueError(f"backend: expected one of {allowed}, got {backend!r}")
     return backend

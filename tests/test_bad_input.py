@@ -142,8 +142,27 @@ def test_a_conv_bias_is_held_to_its_channels_and_a_strided_one_read_as_its_value
                        (dict(bias=wide[:4].numpy()), r"^bias: expected a torch.Tensor, got ndarray$")):
         with pytest.raises(ValueError, match=needle):
             gb.tree_causal_conv1d(x, **{"weight": w, **kw}, parents=tree, initial_window=win, backend=backend)
+    want = r"\[N, C, W-1\] = \[N, 4, 3\]" if backend == "triton" else r"\[B, C, W-1\] = \(2, 4, 3\)"
+    for kw, needle in ((dict(x=x[0]), r"^x: expected \[B, T, C\], got \(3, 4\)$"),
+                       (dict(activation="relu"), r"^activation: expected 'silu' or None, got 'relu'$"),
+                       (dict(x=x.numpy()), r"^x: expected a torch.Tensor, got ndarray$"),
+                       (dict(initial_window=win.numpy()), r"^initial_window: expected a torch.Tensor, got ndarray$"),
+                       (dict(initial_window=win[..., :2]), rf"^initial_window: expected {want}, got \(2, 4, 2\)$")):
+        with pytest.raises(ValueError, match=needle):
+            gb.tree_causal_conv1d(**{"x": x, "weight": w, "parents": tree, "initial_window": win, **kw}, backend=backend)
     with pytest.raises(ValueError, match=r"^initial_window: expected \[(2|N), C, W-1\] with C=4, got \(2, 5, 3\)$"):
         gb.conv_tree_commit(x, parents=tree, accepted=[1, 2], initial_window=torch.zeros(2, 5, 3), backend=backend)
+    for bad, needle in ((x.numpy(), r"^x: expected a torch.Tensor, got ndarray$"),
+                        (x.long(), r"^x: expected a floating dtype, got torch.int64$"),
+                        (x[0], r"^x: expected \[B, T, C\], got \(3, 4\)$")):
+        with pytest.raises(ValueError, match=needle):
+            gb.conv_tree_commit(bad, parents=tree, accepted=[1, 2], initial_window=win, backend=backend)
+    if backend == "triton":  # a pool of other rows than the batch's, addressed by slots: its rows as given
+        pool = torch.randn(5, 4, 3)
+        got = gb.tree_causal_conv1d(x, weight=w, parents=tree, initial_window=pool, state_indices=torch.tensor([4, 1]),
+                                    backend=backend)
+        want = gb.tree_causal_conv1d(x, weight=w, parents=tree, initial_window=pool[[4, 1]], backend="torch")
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     if backend == "torch":  # (the Triton commit reads a pool: its batch's rows are its slots' check)
         with pytest.raises(ValueError, match=r"^initial_window: expected \[2, C, W-1\] with C=4, got \(1, 4, 3\)$"):
             gb.conv_tree_commit(x, parents=tree, accepted=[1, 2], initial_window=win[:1], backend=backend)
@@ -175,6 +194,17 @@ def test_a_numpy_array_for_a_tensor_is_refused_by_name(name, call):
     for given in (np.zeros(1), [0.0]):
         with pytest.raises(ValueError, match=rf"^{name}: expected a torch.Tensor, got {type(given).__name__}$"):
             call(given)
+
+
+def test_gdn_gates_given_in_half_are_refused_by_name():
+    """g without beta, or a without b, is refused in one line naming what is missing, on either backend's check."""
+    args = _gdn_args()
+    g, beta = args.pop("g"), args.pop("beta")
+    with pytest.raises(ValueError, match=r"^beta: required with g$"):
+        gb.gdn_tree_verify(**args, g=g, beta=None)
+    for half in (dict(a=g), dict(b=beta)):
+        with pytest.raises(ValueError, match=r"^gates: pass g and beta, or all of a, b, A_log and dt_bias$"):
+            gb.gdn_tree_verify(**args, **half, A_log=torch.zeros(2), dt_bias=torch.zeros(2))
 
 
 def test_model_rejects_out_of_range_tokens_and_positions():

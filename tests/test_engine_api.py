@@ -377,6 +377,11 @@ def test_a_float_tree_is_refused_by_either_backend_not_truncated(monkeypatch, ba
     pytest.param("A_log", lambda t: t.round().long(), r"^A_log: expected a floating dtype, got torch.int64$", id="A_log-int"),
     pytest.param("a", lambda t: t.round().int(), r"^a: expected a floating dtype, got torch.int32$", id="a-int"),
     pytest.param("dt_bias", lambda t: t.numpy(), r"^dt_bias: expected a torch.Tensor, got ndarray$", id="dt_bias-numpy"),
+    pytest.param("dt_bias", lambda t: t.round().int(), r"^dt_bias: expected a floating dtype, got torch.int32$",
+                 id="dt_bias-int"),
+    pytest.param("b", lambda t: t.bool(), r"^b: expected a floating dtype, got torch.bool$", id="b-bool"),
+    pytest.param("q", lambda t: t[:, :, 0], r"^q: expected \[B, T, H, K\] \(or \[1, B\*T, H, K\] with cu_seqlens\), "
+                 r"got \(2, 6, 4\)$", id="q-rank-3"),
     pytest.param("k", lambda t: t.tolist(), r"^k: expected a torch.Tensor, got list$", id="k-list"),
     pytest.param("pool", lambda t: t.round().long(),
                  r"^initial_state_source: expected a floating-point pool, got torch.int64$", id="pool-int"),
@@ -403,10 +408,24 @@ def test_inputs_that_broadcast_truncate_or_crash_are_refused_by_name_before_any_
     with pytest.raises(ValueError, match=needle):
         engine_api.target_verify(g["A_log"], g["a"], g["dt_bias"], 1.0, 20.0, g["q"], g["k"], g["v"], g["b"],
                                  g["pool"], g["slots"], retrieve_parent_token=g["parents"])
-    with pytest.raises(ValueError, match=needle):
-        engine_api.commit_accepted(g["A_log"], g["a"], g["dt_bias"], g["k"], g["v"], g["b"], g["pool"], g["slots"],
-                                   retrieve_parent_token=g["parents"], accepted=torch.tensor([4, 5]))
+    if arg != "q":  # (the commit takes no q)
+        with pytest.raises(ValueError, match=needle):
+            engine_api.commit_accepted(g["A_log"], g["a"], g["dt_bias"], g["k"], g["v"], g["b"], g["pool"],
+                                       g["slots"], retrieve_parent_token=g["parents"], accepted=torch.tensor([4, 5]))
     assert torch.equal(pool, before)
+
+
+@pytest.mark.parametrize("buf, needle", [
+    (np.zeros((4, 6, 2, 3, 4), dtype=np.float32), r"^intermediate_states_buffer: expected a torch.Tensor, got ndarray$"),
+    (torch.zeros(4, 6, 2, 3, 4, dtype=torch.int32),
+     r"^intermediate_states_buffer: expected a floating-point pool, got torch.int32$"),
+])
+def test_a_node_state_buffer_that_is_no_float_tensor_is_refused_before_any_work(buf, needle):
+    x, parents, pool, slots = _inputs()
+    with pytest.raises(ValueError, match=needle):
+        engine_api.target_verify(x["A_log"], x["a"], x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], pool, slots,
+                                 retrieve_parent_token=parents.int(), intermediate_states_buffer=buf,
+                                 intermediate_state_indices=torch.tensor([0, 1], dtype=torch.int32))
 
 
 def test_packed_inputs_of_another_token_count_are_refused_by_name():
