@@ -281,6 +281,10 @@ def _nan_logits(t):
 @pytest.mark.parametrize("edit, needle", [
     (dict(drop_end=True), "truncated: no end marker"),
     (dict(header={"version": 9}), "schema version 9 is not supported"),
+    (dict(header={"version": True}), "schema version True is not supported"),  # (True == 1 in Python: it was taken)
+    (dict(header={"version": 1.0}), "schema version 1.0 is not supported"),
+    (dict(step={"step": 0.0}), "step line 2: step 0.0, expected 0"),
+    (dict(step={"step": False}), "step line 2: step False, expected 0"),
     (dict(header={"vocab_size": 50}), "vocab_size 50 does not fit the checkpoint's 96"),
     (dict(header={"engine": {"name": "x", "config": {"tp": 2}}}), "header engine: expected an object of names to"),
     (dict(header={"engine": ["x"]}), "header engine: expected an object"),

@@ -207,7 +207,7 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
     header = strict_loads(lines[0], f"--dump {path}: index.jsonl line 1")
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         _fail(path, f"line 1: not a {FORMAT} header")
-    if header.get("version") != VERSION:
+    if type(header.get("version")) is not int or header["version"] != VERSION:  # (JSON's true and 1.0 equal 1)
         _fail(path, f"schema version {header.get('version')!r} is not supported (this ddsim reads version {VERSION})")
     unknown = sorted(set(header) - HEADER_KEYS)
     if unknown:
@@ -315,7 +315,7 @@ def _step(path, root, rec, n, header, layers, load_file, SafetensorError, max_po
     keys = {"step", "request", "context", "parents", "tokens", "positions", "accepted", "emitted", "tensors"}
     if set(rec) != keys:
         _fail(path, f"{where}: keys {sorted(set(rec) ^ keys)} missing or unknown")
-    if rec["step"] != n - 2:
+    if type(rec["step"]) is not int or rec["step"] != n - 2:  # (JSON's false and 0.0 equal 0)
         _fail(path, f"{where}: step {rec['step']!r}, expected {n - 2} (steps in file order from 0)")
 
     def fail(msg):
