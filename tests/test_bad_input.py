@@ -147,11 +147,20 @@ def test_a_conv_bias_is_held_to_its_channels_and_a_strided_one_read_as_its_value
                        (dict(activation="relu"), r"^activation: expected 'silu' or None, got 'relu'$"),
                        (dict(x=x.numpy()), r"^x: expected a torch.Tensor, got ndarray$"),
                        (dict(initial_window=win.numpy()), r"^initial_window: expected a torch.Tensor, got ndarray$"),
-                       (dict(initial_window=win[..., :2]), rf"^initial_window: expected {want}, got \(2, 4, 2\)$")):
+                       (dict(initial_window=win[..., :2]), rf"^initial_window: expected {want}, got \(2, 4, 2\)$"),
+                       *(() if backend == "triton" else  # (a pool of one row for two sequences: its slots' check)
+                         ((dict(initial_window=win[:1]), r"^initial_window: expected \[B, C, W-1\] = \(2, 4, 3\), "
+                                                         r"got \(1, 4, 3\)$"),))):
         with pytest.raises(ValueError, match=needle):
             gb.tree_causal_conv1d(**{"x": x, "weight": w, "parents": tree, "initial_window": win, **kw}, backend=backend)
-    with pytest.raises(ValueError, match=r"^initial_window: expected \[(2|N), C, W-1\] with C=4, got \(2, 5, 3\)$"):
+    lead = "N" if backend == "triton" else "2"  # (the Triton commit reads a pool, the torch one the batch's windows)
+    with pytest.raises(ValueError, match=rf"^initial_window: expected \[{lead}, C, W-1\] with C=4, got \(2, 5, 3\)$"):
         gb.conv_tree_commit(x, parents=tree, accepted=[1, 2], initial_window=torch.zeros(2, 5, 3), backend=backend)
+    with pytest.raises(ValueError, match=r"^initial_window: expected a floating dtype, got torch.int64$"):
+        gb.conv_tree_commit(x, parents=tree, accepted=[1, 2], initial_window=win.long(), backend=backend)
+    committed = gb.conv_tree_commit(x, parents=tree, accepted=[1, 2], initial_window=win, backend=backend)
+    assert torch.equal(committed.double(), oracle.conv_tree_commit(x.double(), parents=tree, accepted=[1, 2],
+                                                                   initial_window=win.double()))
     for bad, needle in ((x.numpy(), r"^x: expected a torch.Tensor, got ndarray$"),
                         (x.long(), r"^x: expected a floating dtype, got torch.int64$"),
                         (x[0], r"^x: expected \[B, T, C\], got \(3, 4\)$")):
@@ -205,6 +214,10 @@ def test_gdn_gates_given_in_half_are_refused_by_name():
     for half in (dict(a=g), dict(b=beta)):
         with pytest.raises(ValueError, match=r"^gates: pass g and beta, or all of a, b, A_log and dt_bias$"):
             gb.gdn_tree_verify(**args, **half, A_log=torch.zeros(2), dt_bias=torch.zeros(2))
+    fused = dict(a=g, b=beta, A_log=torch.zeros(2), dt_bias=torch.zeros(2))  # called directly, not through engine_api
+    for name, bad in (("A_log", np.zeros(2)), ("dt_bias", [0.0, 0.0])):
+        with pytest.raises(ValueError, match=rf"^{name}: expected a torch.Tensor, got {type(bad).__name__}$"):
+            gb.gdn_tree_verify(**args, **{**fused, name: bad})
 
 
 def test_model_rejects_out_of_range_tokens_and_positions():
