@@ -255,7 +255,7 @@ def mode_parents(p: torch.Tensor, mode: str) -> torch.Tensor:
 
 def check_inputs(q, k, v, g, beta, gates: tuple[str, str] = ("g", "beta")):
     """Shapes and dtypes of q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV] -> (B, T, H, HV, K, V). ``gates``:
-    the names g and beta are refused by (("a", "b"): the fused gates' raw inputs, which have their shape)."""
+    the names the refusals give g and beta (("a", "b") for the fused gates' raw inputs, which have their shape)."""
     check_tensors(q=q, k=k, v=v, **dict(zip(gates, (g, beta))))
     if q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q, k: expected equal shapes [B, T, H, K], got {tuple(q.shape)} and {tuple(k.shape)}")

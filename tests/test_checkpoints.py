@@ -3,6 +3,7 @@ supported architecture are built with transformers, saved (also sharded), loaded
 must give the same logits (prefill and step-by-step decode) and the same greedy continuation, from
 both the fast path and the oracle. transformers is a test dependency only."""
 import json
+import re
 
 import pytest
 import torch
@@ -205,6 +206,30 @@ def _edit_tensors(d, edit):
             idx["weight_map"] = {**{k: v for k, v in idx["weight_map"].items() if k in tensors or v != f.name},
                                  **{k: f.name for k in tensors}}
             index.write_text(json.dumps(idx))
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("hidden_size", 32.5, "text_config.hidden_size must be a whole number, got 32.5"),
+    ("num_attention_heads", True, "text_config.num_attention_heads must be a whole number, got true"),
+    ("linear_num_value_heads", 4.0, "text_config.linear_num_value_heads must be a whole number, got 4.0"),
+    ("rms_norm_eps", True, "text_config.rms_norm_eps must be a number, got true"),
+    ("rms_norm_eps", -1e-6, "rms_norm_eps: expected a finite number >= 0, got -1e-06"),
+    ("rope_theta", -10000.0, "rope_theta: expected a finite base > 0, got -10000.0"),
+])
+def test_a_config_field_of_the_wrong_kind_is_refused_not_truncated(tmp_path_factory, tmp_path, field, value, needle):
+    """The readers took config.json's numbers through int() and float(): hidden_size 32.5 was read as 32, true as 1
+    (JSON's true is Python's True, which int() and float() take as 1), and a negative epsilon or RoPE base went into
+    the model. Each is now one line naming the field."""
+    import shutil
+    _, d, _ = _save("qwen3_5", tmp_path_factory)
+    bad = tmp_path / "bad"
+    shutil.copytree(d, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    where = cfg["text_config"]["rope_parameters"] if field == "rope_theta" else cfg["text_config"]
+    where[field] = value
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=re.escape(needle)):
+        read_config(bad)
 
 
 def test_checkpoints_whose_tensors_and_config_disagree_are_refused(tmp_path_factory, tmp_path):

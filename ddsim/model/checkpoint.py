@@ -20,6 +20,7 @@ multimodal RoPE the plain partial RoPE.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from pathlib import Path
 
@@ -64,6 +65,40 @@ def _fields_of(where: Path):
         raise InputError(f"{where}: {e}") from None
 
 
+# the config fields every reader takes as whole numbers (its int(...) of them, or the ModelConfig field they fill):
+# a float there was truncated (hidden_size 32.5 read as 32) and a bool taken as 0 or 1 (JSON's true == 1)
+INTEGER_FIELDS = frozenset("""
+    attn_layer_offset attn_layer_period block_multiple_of conv_L_cache conv_kernel decoder_sparse_step
+    expert_layer_offset expert_layer_period first_k_dense_replace head_dim hidden_size intermediate_size kv_lora_rank
+    linear_conv_kernel_dim linear_key_head_dim linear_num_key_heads linear_num_value_heads linear_value_head_dim
+    mamba_d_conv mamba_d_head mamba_d_ssm mamba_d_state mamba_expand mamba_head_dim mamba_n_groups mamba_n_heads
+    mamba_ngroups mamba_num_heads max_position_embeddings moe_intermediate_size moe_shared_expert_intermediate_size
+    n_group n_groups n_mamba_heads n_routed_experts n_shared_experts num_attention_heads num_dense_layers num_experts
+    num_experts_per_tok num_heads num_hidden_layers num_key_value_heads num_local_experts q_lora_rank qk_nope_head_dim
+    qk_rope_head_dim shared_expert_intermediate_size shared_intermediate_size short_conv_kernel_size ssm_state_size
+    topk_group v_head_dim vocab_size""".split())
+
+
+# the fields the readers take as real numbers (their float(...) of them): a bool there was taken as 0.0 or 1.0
+REAL_FIELDS = frozenset("""
+    attention_in_multiplier attention_multiplier attention_out_multiplier embedding_multiplier key_multiplier
+    layer_norm_epsilon lm_head_multiplier logits_scaling norm_eps partial_rotary_factor residual_multiplier rms_norm_eps
+    rope_theta routed_scaling_factor ssm_in_multiplier ssm_out_multiplier time_step_min""".split())
+
+
+def _numbers(raw: dict, where: Path, prefix: str = "") -> None:
+    """Every INTEGER_FIELDS entry of a config.json (its nested tables too) a JSON integer, and every REAL_FIELDS
+    entry a JSON number, or null, or a string that its reader reads itself ("auto"): a float where a whole number
+    belongs, or a bool for either, is refused in one line naming the field."""
+    for k, v in raw.items():
+        if isinstance(v, dict):
+            _numbers(v, where, f"{prefix}{k}.")
+        elif k in INTEGER_FIELDS and isinstance(v, (bool, float)):
+            raise InputError(f"{where}: {prefix}{k} must be a whole number, got {json.dumps(v)}")
+        elif k in REAL_FIELDS and isinstance(v, bool):
+            raise InputError(f"{where}: {prefix}{k} must be a number, got {json.dumps(v)}")
+
+
 def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     """(ModelConfig, meta) from a checkpoint directory; meta has model_type, dtype, prefix."""
     d = Path(path)
@@ -72,6 +107,9 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     if not (d / "config.json").is_file():
         raise InputError(f"--model {d}: no config.json (not a Hugging Face checkpoint directory)")
     raw = read_json(d / "config.json", "config")
+    if not isinstance(raw, dict):
+        raise InputError(f"{d / 'config.json'}: expected a JSON object, got {type(raw).__name__}")
+    _numbers(raw, d / "config.json")
     mt = raw.get("model_type")
     if mt not in SUPPORTED:
         raise InputError(f"{d / 'config.json'}: unsupported architecture {mt!r} (supported: {', '.join(SUPPORTED)})")

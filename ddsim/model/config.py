@@ -263,7 +263,7 @@ class ModelConfig:
                   "max_position_embeddings", "mamba_num_heads", "mamba_head_dim", "mamba_state_size",
                   "mamba_n_groups", "mamba1_inner", "mamba1_dt_rank"):
             v = getattr(self, f)
-            need(isinstance(v, int) and v >= 1, f, f"expected a positive integer, got {v!r}")
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f, f"expected a positive integer, got {v!r}")
         need(len(self.layer_pattern) >= 1, "layer_pattern", "no layers")
         need(set(self.layer_pattern) <= set(LAYER_KINDS), "layer_pattern",
              f"only 'g' (gdn), 'a' (attention), 'm' (mamba2), 'p' (parallel attention + mamba2), 'f' (MLP), "
@@ -290,6 +290,10 @@ class ModelConfig:
         need("z" not in self.layer_pattern or not self.mla_kv_lora_rank, "mla_kv_lora_rank",
              "MLA attention in Zamba2's hybrid layers ('z') is not supported")
         need(self.moe_norm_eps >= 0, "moe_norm_eps", "must be >= 0")
+        need(math.isfinite(self.rms_norm_eps) and self.rms_norm_eps >= 0, "rms_norm_eps",
+             f"expected a finite number >= 0, got {self.rms_norm_eps!r}")
+        need(not self.use_rope or (math.isfinite(self.rope_theta) and self.rope_theta > 0), "rope_theta",
+             f"expected a finite base > 0, got {self.rope_theta!r}")
         need(0 < self.gdn_beta_scale <= 2, "gdn_beta_scale", f"expected (0, 2], got {self.gdn_beta_scale}")
         need(self.gdn_norm_eps >= 0, "gdn_norm_eps", "must be >= 0")
         need(not self.qk_norm_all or self.qk_norm, "qk_norm_all", "needs qk_norm")
