@@ -365,6 +365,17 @@ def test_a_shard_index_naming_files_outside_the_checkpoint_is_refused(tmp_path_f
         load_checkpoint(ck)
 
 
+@pytest.mark.parametrize("index", [[], {"weight_map": ["model-00001.safetensors"]}, {"weight_map": {"w": 3}}])
+def test_a_shard_index_of_another_shape_is_one_line(tmp_path_factory, tmp_path, index):
+    import shutil
+    _, d, _ = _save("qwen3_next", tmp_path_factory)  # the sharded one
+    ck = tmp_path / "ck"
+    shutil.copytree(d, ck)
+    (ck / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(InputError, match="weight_map must map tensor names to file names"):
+        load_checkpoint(ck)
+
+
 def test_a_symlinked_shard_leaving_the_checkpoint_is_refused(tmp_path_factory, tmp_path):
     import shutil
     _, d, _ = _save("qwen3_5", tmp_path_factory)  # one unsharded file

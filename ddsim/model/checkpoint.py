@@ -182,7 +182,8 @@ def _inside(d: Path, f: Path, where: str) -> Path:
 def _shards(d: Path) -> list[Path]:
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        wm = read_json(index, "shard index").get("weight_map", {})
+        raw = read_json(index, "shard index")
+        wm = raw.get("weight_map", {}) if isinstance(raw, dict) else None  # (a list had failed as an AttributeError)
         if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
             raise InputError(f"{index}: weight_map must map tensor names to file names")
         files = sorted(set(wm.values()))
