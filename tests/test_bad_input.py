@@ -1,4 +1,6 @@
 """Bad input gets a ValueError subclass naming the argument, never a wrong answer."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -218,6 +220,20 @@ def test_gdn_gates_given_in_half_are_refused_by_name():
     for name, bad in (("A_log", np.zeros(2)), ("dt_bias", [0.0, 0.0])):
         with pytest.raises(ValueError, match=rf"^{name}: expected a torch.Tensor, got {type(bad).__name__}$"):
             gb.gdn_tree_verify(**args, **{**fused, name: bad})
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('{"tokens": [3], "extra": 1}', "got the keys ['extra', 'tokens']"),
+    ('{"tokens": [3], "text": "a"}', "got the keys ['text', 'tokens']"),  # (the tokens won)
+    ('{"text": "a", "chta": true}', "got the keys ['chta', 'text']"),  # (dropped: the prompt went without its template)
+    ('{"text": "a", "chat": "false"}', "'chat' must be true or false, got 'false'"),  # (bool("false") is True)
+])
+def test_a_prompt_record_of_another_shape_is_one_line(tmp_path, line, needle):
+    from ddsim.model.prompts import load_prompts
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"tokens": [1, 2]}\n' + line + "\n")
+    with pytest.raises(InputError, match=re.escape("p.jsonl:2: ") + ".*" + re.escape(needle)):
+        load_prompts(p, 64)
 
 
 def test_model_rejects_out_of_range_tokens_and_positions():

@@ -128,13 +128,19 @@ def _check_tokens(toks, vocab, where):
 def load_prompts(path: str | Path, vocab: int, encoder: TextEncoder | None = None) -> list[list[int]]:
     out = []
     for where, rec in read_jsonl(path, "prompts"):
-        if isinstance(rec, dict) and "text" in rec and "tokens" not in rec:
+        if isinstance(rec, dict) and set(rec) not in ({"tokens"}, {"text"}, {"text", "chat"}):
+            # (a misspelt "chat" was dropped, and the prompt went without its template; with both, tokens won)
+            raise InputError(f'{where}: expected {{"tokens": [...]}} or {{"text": "...", "chat": true|false}}, got the '
+                             f"keys {sorted(rec)}")
+        if isinstance(rec, dict) and not isinstance(rec.get("chat", False), bool):  # ("false" is truthy)
+            raise InputError(f"{where}: 'chat' must be true or false, got {rec['chat']!r}")
+        if isinstance(rec, dict) and "text" in rec:
             if encoder is None:
                 raise InputError(f"{where}: text prompts need a tokenizer (a --model checkpoint with tokenizer.json); "
                                  "synthetic presets take {\"tokens\": [...]}")
             if not isinstance(rec["text"], str) or not rec["text"]:
                 raise InputError(f"{where}: 'text' must be a non-empty string")
-            out.append(_check_tokens(encoder.encode(rec["text"], chat=bool(rec.get("chat"))), vocab, where))
+            out.append(_check_tokens(encoder.encode(rec["text"], chat=rec.get("chat", False)), vocab, where))
             continue
         out.append(_check_tokens(rec.get("tokens") if isinstance(rec, dict) else None, vocab, where))
     if not out:
