@@ -43,6 +43,11 @@ def test_trace_replay_builds_the_listed_tree(tmp_path):
     ([_rec(0, [[[1, -0.1]]], vocab=1000)], r"trace.jsonl:1: vocab_size 1000 differs"),
     (["{not json"], r"trace.jsonl:1: malformed JSON"),
     ([_rec(3, [[[1, -0.1]]])], r"trace.jsonl:1: step 3 out of order"),
+    # JSON's false, true and 0.0 equal 0 and 1 in Python: a logprob false was taken as 0.0, a step 0.0 as step 0
+    ([_rec(0, [[[1, False]]])], r"trace.jsonl:1: depth 1: logprob False is not a finite log-probability"),
+    ([_rec(0.0, [[[1, -0.1]]])], r"trace.jsonl:1: 'step' must be an integer, got 0.0"),
+    ([_rec(False, [[[1, -0.1]]])], r"trace.jsonl:1: 'step' must be an integer, got False"),
+    ([_rec(0, [[[1, -0.1]]], vocab=float(CFG.vocab_size))], r"trace.jsonl:1: 'vocab_size' must be an integer, got"),
     ([], r"trace has no records"),
 ])
 def test_trace_bad_input_names_file_and_line(tmp_path, lines, msg):

@@ -137,6 +137,9 @@ class TraceDrafter:
         for where, rec in read_jsonl(self.path, "trace"):
             if not isinstance(rec, dict) or "depths" not in rec:
                 raise InputError(f"{where}: expected an object with 'depths'")
+            for key in ("vocab_size", "step"):  # JSON integers: true or 1.0 equals 1 in Python
+                if key in rec and (not isinstance(rec[key], int) or isinstance(rec[key], bool)):
+                    raise InputError(f"{where}: '{key}' must be an integer, got {rec[key]!r}")
             if rec.get("vocab_size", vocab_size) != vocab_size:
                 raise InputError(f"{where}: vocab_size {rec.get('vocab_size')} differs from the model's {vocab_size}")
             if rec.get("step", len(self.steps)) != len(self.steps):
@@ -164,7 +167,7 @@ class TraceDrafter:
                     tok, lp = c
                     if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
                         raise InputError(f"{where}: depth {d}: unknown token {tok!r} (vocab {vocab_size})")
-                    if not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 1e-6:
+                    if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 1e-6:
                         raise InputError(f"{where}: depth {d}: logprob {lp!r} is not a finite log-probability")
                     if tok in seen:
                         raise InputError(f"{where}: depth {d}: token {tok} listed twice")
