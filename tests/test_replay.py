@@ -3,6 +3,7 @@ serves a tiny transformers-built Qwen3.5 checkpoint and dumps its verify steps, 
 planted integration bug; the replay must pass the clean dump and name the right class for each bug,
 step by step. Bad dumps get one line and exit 2."""
 import json
+import re
 
 import pytest
 import torch
@@ -401,6 +402,17 @@ def test_an_inconsistent_top_k_dump_gets_one_line_and_exit_2(tmp_path, ckpt, top
     bad = _edit(topk_dumps[None], tmp_path / "bad", tensors=edit)
     one_line_error(run_cli("replay", "--model", ckpt, "--dump", bad, "--out", tmp_path / "r"), needle)
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("topk, needle", [(True, "header topk True: expected an integer in 1..96"),
+                                           (4.0, "header topk 4.0: expected an integer in 1..96")])
+def test_a_top_k_header_of_another_kind_is_refused(tmp_path, ckpt, topk_dumps, topk, needle):
+    """A top-k dump's k must be a JSON integer: true was read as k = 1 (Python's True == 1)."""
+    from ddsim.engines import replay
+    from ddsim.errors import InputError
+    bad = _edit(topk_dumps[None], tmp_path / "bad", header={"topk": topk})
+    with pytest.raises(InputError, match=re.escape(needle)):
+        replay.prepare(ckpt, bad)
 
 
 def test_integer_logits_get_one_line_and_exit_2(tmp_path, ckpt, dumps):

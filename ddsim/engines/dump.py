@@ -215,14 +215,14 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
     if not _flat(header.get("engine", {})):
         _fail(path, "header engine: expected an object of names to strings, numbers, booleans or null")
     V = header.get("vocab_size")
-    if not isinstance(V, int) or V < 2:
+    if not isinstance(V, int) or isinstance(V, bool) or V < 2:
         _fail(path, f"header vocab_size {V!r}: expected an integer >= 2")
     if vocab_size is not None and V != vocab_size:
         _fail(path, f"vocab_size {V} does not fit the checkpoint's {vocab_size}")
     if header.get("logits") not in ("full", "topk"):
         _fail(path, f"header logits {header.get('logits')!r}: expected 'full' or 'topk'")
     k = header.get("topk")
-    if header["logits"] == "topk" and not (isinstance(k, int) and 1 <= k <= V):
+    if header["logits"] == "topk" and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= V):  # (true == 1)
         _fail(path, f"header topk {k!r}: expected an integer in 1..{V}")
     _check_acceptance(path, header)
     if header.get("compute_dtype") not in COMPUTE_DTYPES:
