@@ -23,8 +23,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _budgets(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
+    try:  # an empty entry ("16,,64", "16,64,") is refused, not skipped: it is a budget mistyped
+        vals = [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not vals or any(v < 1 for v in vals):

@@ -189,6 +189,8 @@ def test_gate_missing_and_malformed_files(tmp_path):
     (["--preset", "nope"], "unknown preset 'nope'"),
     (["--budget", "0"], "--budget"),
     (["--budget", "4,x"], "--budget"),
+    (["--budget", "16,,32"], "--budget: expected comma-separated integers, got '16,,32'"),  # (the empty entry was
+    (["--budget", "16,32,"], "--budget: expected comma-separated integers, got '16,32,'"),  # skipped, the audit ran)
     (["--steps", "0"], "--steps"),
     (["--device", "cuda:7"], "--device"),
     (["--device", "tpu"], "--device"),
