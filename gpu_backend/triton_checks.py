@@ -122,7 +122,7 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
     tensors = [x for x in (slots, b, tree, tree_bad, rows, accepted, cu_seqlens) if x is not None]
     C.check_device(a, *tensors)
     if tuple(b.shape) != (B, T, HV):
-        raise ValueError(f"step_checks: a {tuple(a.shape)}, b {tuple(b.shape)}")
+        raise ValueError(f"step_checks: b: expected a's shape [B, T, HV] = {(B, T, HV)}, got {tuple(b.shape)}")
     if (tree is not None) + chain + (tree_bad is not None) > 1:
         raise ValueError("step_checks: one of a tree as read, a chain, or a tree's flags")
     # every index tensor's shape and dtype (the host's to check, a capture's too): one read past its end would be

@@ -282,6 +282,9 @@ def test_what_a_capture_cannot_take_is_refused_in_one_line():
         with pytest.raises(ValueError, match="^initial_state_source: a torch.bfloat16 pool's commit"):
             _commit(x, parents, pool.bfloat16(), slots, torch.tensor([1, 1, 1]))
     a = torch.zeros(3, 7, 2)
+    with pytest.raises(ValueError, match=r"^step_checks: b: expected a's shape \[B, T, HV\] = \(3, 7, 2\), got "
+                                         r"\(3, 7, 1\)$"):  # (it had named both shapes, not what was expected)
+        device_checks.step(a=a, b=a[..., :1], slots=slots, N=6)
     for name, wrong in (("tree", torch.zeros(3, 6, dtype=torch.int32)), ("rows", torch.zeros(3, 1, dtype=torch.int32)),
                         ("accepted", torch.zeros(2, dtype=torch.int64)), ("cu_seqlens", torch.zeros(3, dtype=torch.int32))):
         with pytest.raises(ValueError, match=f"^step_checks: {name}: expected "):
