@@ -232,7 +232,8 @@ def _check_entry(first: str, **tensors) -> None:
     node-state buffer of a floating dtype (an integer pool would be read through a float32 copy and the commit
     written back truncated). The other shapes are checked once the batch's shape is known (_checked_shapes)."""
     buf = tensors.pop("intermediate_states_buffer", None)  # the one that may be None (the snapshot-free verify)
-    checks.check_tensors(**tensors, **({} if buf is None else {"intermediate_states_buffer": buf}))
+    checks.check_tensors(**tensors)
+    checks.check_given(intermediate_states_buffer=buf)
     if tensors[first].dim() != 4:
         raise ValueError(f"{first}: expected [B, T, H, K] (or [1, B*T, H, K] with cu_seqlens), "
                          f"got {tuple(tensors[first].shape)}")
