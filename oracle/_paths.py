@@ -23,6 +23,16 @@ def history(parents: list[int], t: int, mode: str) -> list[int]:
     return path[::-1]
 
 
+def predecessor(parents: list[int], t: int, mode: str) -> int:
+    """The node whose kept state node t's state is one token on from: -1 for the committed state.
+
+    history(t) is history(predecessor(t)) followed by t in both modes, so a verify that steps each node once from its
+    predecessor's state makes the same float operations, in the same order, as replaying the node's whole history
+    from the committed state: the same bits, in O(T) steps a sequence where the replay takes O(T x depth) (exact)
+    and O(T^2) (leaky)."""
+    return t - 1 if mode == "leaky" else parents[t]
+
+
 def parent_rows(parents, B: int, T: int) -> list[list[int]]:
     """parents as B python lists of T ints, validated as trees in topological order."""
     rows = [[int(x) for x in parents[b]] for b in range(B)]

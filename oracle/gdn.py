@@ -1,6 +1,7 @@
 """Gated DeltaNet tree verification, the plain way: per node, per value head, run the delta rule
 token by token along the node's history (its root path for "exact", batch order for "leaky"),
-starting from the committed state. float64 throughout.
+starting from the committed state: each node one step from the state of the node before it in its history
+(`_paths.predecessor`), the same operations as replaying the history from scratch. float64 throughout.
 
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T (scale q_t)
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ddsim.oracle._paths import check_mode, history, parent_rows
+from ddsim.oracle._paths import check_mode, history, parent_rows, predecessor
 from ddsim.oracle._shapes import qk_shape, state_shape
 
 F64 = torch.float64
@@ -59,14 +60,15 @@ def gdn_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", s
     o = torch.zeros(B, T, HV, V, dtype=F64)
     states = torch.zeros(B, T, HV, K, V, dtype=F64) if output_states else None
     for b in range(B):
-        for t in range(T):
-            hist = history(rows[b], t, mode)
-            for j in range(HV):
-                hk = j // group
-                S = S0[b, j].clone()
-                for n in hist:
-                    kn = _l2norm(k[b, n, hk]) if use_qk_l2norm else k[b, n, hk]
-                    S = _step(S, kn, v[b, n, j], g[b, n, j], beta[b, n, j])
+        for j in range(HV):
+            hk = j // group
+            after = []  # after[n]: head j's state after node n [K, V]
+            for t in range(T):
+                p = predecessor(rows[b], t, mode)
+                S = S0[b, j].clone() if p < 0 else after[p]
+                kn = _l2norm(k[b, t, hk]) if use_qk_l2norm else k[b, t, hk]
+                S = _step(S, kn, v[b, t, j], g[b, t, j], beta[b, t, j])
+                after.append(S)
                 qt = _l2norm(q[b, t, hk]) if use_qk_l2norm else q[b, t, hk]
                 o[b, t, j] = S.T @ (scale * qt)
                 if states is not None:

@@ -1,6 +1,8 @@
 """Lightning attention (MiniMax's linear attention with a constant per-head decay) tree verification, the plain
 way: per node, per head, run the recurrence token by token along the node's history (its root path for "exact",
-batch order for "leaky"), starting from the committed state. float64 throughout.
+batch order for "leaky"), starting from the committed state: each node one step from the state of the node before
+it in its history (`_paths.predecessor`), the same operations as replaying the history from scratch. float64
+throughout.
 
 Per head h, with S [K, V] and lambda_h = exp(-slope_h):
     S_t = lambda_h S_{t-1} + k_t v_t^T
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ddsim.oracle._paths import check_mode, history, parent_rows
+from ddsim.oracle._paths import check_mode, history, parent_rows, predecessor
 from ddsim.oracle._shapes import head_values, qk_shape, state_shape
 
 F64 = torch.float64
@@ -41,12 +43,13 @@ def lightning_tree_verify(q, k, v, *, decay, parents, initial_state, mode="exact
     o = torch.zeros(Bn, T, H, V, dtype=F64)
     states = torch.zeros(Bn, T, H, K, V, dtype=F64) if output_states else None
     for b in range(Bn):
-        for t in range(T):
-            hist = history(rows[b], t, mode)
-            for h in range(H):
-                S = S0[b, h].clone()
-                for n in hist:
-                    S = lam[h] * S + torch.outer(k[b, n, h], v[b, n, h])
+        for h in range(H):
+            after = []  # after[n]: head h's state after node n [K, V]
+            for t in range(T):
+                p = predecessor(rows[b], t, mode)
+                S = S0[b, h].clone() if p < 0 else after[p]
+                S = lam[h] * S + torch.outer(k[b, t, h], v[b, t, h])
+                after.append(S)
                 o[b, t, h] = S.T @ q[b, t, h]
                 if states is not None:
                     states[b, t, h] = S

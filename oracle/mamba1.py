@@ -1,6 +1,7 @@
 """Mamba1 (selective scan, Jamba's mixer) tree verification, the plain way: per node, per channel, run the
 recurrence token by token along the node's history (its root path for "exact", batch order for "leaky"),
-starting from the committed state. float64 throughout.
+starting from the committed state: each node one step from the state of the node before it in its history
+(`_paths.predecessor`), the same operations as replaying the history from scratch. float64 throughout.
 
 Per channel c, with S [N] (the state of one channel; A [I, N] is per channel and state index):
     dt_t = softplus(dt_raw_t + dt_bias_c)                (softplus only when dt_softplus)
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ddsim.oracle._paths import check_mode, history, parent_rows
+from ddsim.oracle._paths import check_mode, history, parent_rows, predecessor
 from ddsim.oracle._shapes import state_shape
 
 F64 = torch.float64
@@ -61,11 +62,13 @@ def mamba1_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True
     y = torch.zeros(Bn, T, I, dtype=F64)
     states = torch.zeros(Bn, T, I, N, dtype=F64) if output_states else None
     for b in range(Bn):
+        after = []  # after[n]: the state after node n [I, N]
         for t in range(T):
-            S = S0[b].clone()  # [I, N]
-            for n in history(rows[b], t, mode):
-                for c in range(I):
-                    S[c] = torch.exp(d[b, n, c] * A[c]) * S[c] + d[b, n, c] * x[b, n, c] * B[b, n]
+            p = predecessor(rows[b], t, mode)
+            S = (S0[b] if p < 0 else after[p]).clone()  # [I, N], stepped channel by channel in place
+            for c in range(I):
+                S[c] = torch.exp(d[b, t, c] * A[c]) * S[c] + d[b, t, c] * x[b, t, c] * B[b, t]
+            after.append(S)
             for c in range(I):
                 y[b, t, c] = S[c] @ C[b, t] + (0.0 if Dv is None else Dv[c] * x[b, t, c])
             if states is not None:

@@ -1,6 +1,7 @@
 """Mamba2 (SSD) tree verification, the plain way: per node, per head, run the selective-state
 recurrence token by token along the node's history (its root path for "exact", batch order for
-"leaky"), starting from the committed state. float64 throughout.
+"leaky"), starting from the committed state: each node one step from the state of the node before it in its
+history (`_paths.predecessor`), the same operations as replaying the history from scratch. float64 throughout.
 
 Per head h (group g = h // (H / G)), with S [P, N]:
     dt_t = clamp(softplus(dt_raw_t + dt_bias_h), *dt_limit)      (softplus only when dt_softplus)
@@ -14,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ddsim.oracle._paths import check_mode, history, parent_rows
+from ddsim.oracle._paths import check_mode, history, parent_rows, predecessor
 from ddsim.oracle._shapes import state_shape
 
 F64 = torch.float64
@@ -72,13 +73,14 @@ def mamba2_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True
     y = torch.zeros(Bn, T, H, P, dtype=F64)
     states = torch.zeros(Bn, T, H, P, N, dtype=F64) if output_states else None
     for b in range(Bn):
-        for t in range(T):
-            hist = history(rows[b], t, mode)
-            for h in range(H):
-                g = h // heads_per_group
-                S = S0[b, h].clone()
-                for n in hist:
-                    S = torch.exp(d[b, n, h] * A[h]) * S + d[b, n, h] * torch.outer(x[b, n, h], B[b, n, g])
+        for h in range(H):
+            g = h // heads_per_group
+            after = []  # after[n]: head h's state after node n [P, N]
+            for t in range(T):
+                p = predecessor(rows[b], t, mode)
+                S = S0[b, h].clone() if p < 0 else after[p]
+                S = torch.exp(d[b, t, h] * A[h]) * S + d[b, t, h] * torch.outer(x[b, t, h], B[b, t, g])
+                after.append(S)
                 y[b, t, h] = S @ C[b, t, g]
                 if Dv is not None:
                     y[b, t, h] = y[b, t, h] + Dv[h] * x[b, t, h]

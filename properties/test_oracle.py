@@ -8,7 +8,20 @@ from hypothesis import strategies as st
 from ddsim import oracle
 from ddsim.model.config import get_preset
 from ddsim.model.weights import init_weights
-from ddsim.properties.strategies import conv_inputs, fixed_conv_example, fixed_gdn_example, gdn_inputs, model_configs, trees
+from ddsim.oracle.mamba1 import _dt as mamba1_dt
+from ddsim.oracle.mamba2 import _dt as mamba2_dt
+from ddsim.properties.strategies import (
+    conv_inputs,
+    fixed_conv_example,
+    fixed_gdn_example,
+    gdn_inputs,
+    kda_inputs,
+    lightning_inputs,
+    mamba1_inputs,
+    mamba2_inputs,
+    model_configs,
+    trees,
+)
 
 MICRO = get_preset("micro")
 MICRO_W = init_weights(MICRO, seed=1)
@@ -124,6 +137,42 @@ def test_oracle_gdn_leaky_equals_exact_on_order_exact_nodes(inp):
         # and where the layout differs, the leaky state really is different (the leak exists)
         if (~ex).any() and inp["beta"][b].abs().min() > 1e-3:
             assert not torch.equal(s_e[b, ~ex], s_l[b, ~ex])
+
+
+# per family: the verify, its strategy and the arguments that hold one row per node ([B, T, ...])
+RECURRENCES = {
+    "gdn": (oracle.gdn_tree_verify, gdn_inputs, ("q", "k", "v", "g", "beta")),
+    "mamba2": (oracle.mamba2_tree_verify, mamba2_inputs, ("x", "dt", "B", "C")),
+    "mamba1": (oracle.mamba1_tree_verify, mamba1_inputs, ("x", "dt", "B", "C")),
+    "kda": (oracle.kda_tree_verify, kda_inputs, ("q", "k", "v", "g", "beta")),
+    "lightning": (oracle.lightning_tree_verify, lightning_inputs, ("q", "k", "v")),
+}
+
+
+@pytest.mark.parametrize("family", list(RECURRENCES))
+@given(st.data())
+def test_oracle_node_is_its_history_verified_as_a_chain(family, data):
+    """A node's output and state are, bit for bit, the last node's of its history (root path for exact, nodes 0..t
+    for leaky) verified alone as a chain from the committed state: what each mode means, whatever way the oracle
+    walks the tree (it steps each node from its predecessor's kept state)."""
+    verify, inputs, per_node = RECURRENCES[family]
+    inp = data.draw(inputs(dtype=torch.float64, max_nodes=10))
+    mode = data.draw(st.sampled_from(["exact", "leaky"]))
+    if "dt_softplus" in inp:  # Mamba: dt discretised first (softplus's vector lanes round by position, not by value)
+        dt = (mamba2_dt(inp["dt"], inp["dt_bias"], inp["dt_softplus"], inp["dt_limit"]) if family == "mamba2"
+              else mamba1_dt(inp["dt"], inp["dt_bias"], inp["dt_softplus"]))
+        inp = {**inp, "dt": dt, "dt_bias": None, "dt_softplus": False}
+        inp.pop("dt_limit", None)
+    shared = {k: v for k, v in inp.items() if k not in (*per_node, "parents", "initial_state", "trees", "pool", "slots")}
+    out, states = verify(**{k: inp[k] for k in per_node}, **shared, parents=inp["parents"],
+                         initial_state=inp["initial_state"], mode=mode, output_states=True)
+    for b, tree in enumerate(inp["trees"]):
+        for t in range(tree.size):
+            hist = list(range(t + 1)) if mode == "leaky" else tree.root_path(t)
+            o1, s1 = verify(**{k: inp[k][b:b + 1, hist] for k in per_node}, **shared,
+                            parents=torch.arange(-1, len(hist) - 1)[None], initial_state=inp["initial_state"][b:b + 1],
+                            mode="exact", output_states=True)
+            assert torch.equal(out[b, t], o1[0, -1]) and torch.equal(states[b, t], s1[0, -1]), (b, t, hist)
 
 
 @given(conv_inputs(dtype=torch.float64))
