@@ -33,7 +33,7 @@ for r in $runs; do
   { start=$(date +%s)
     # shellcheck disable=SC2086
     OMP_NUM_THREADS=1 timeout 560 python3 -m ddsim.cli check-kernel --impl $args --op "$op" --mode "$mode" \
-      --device cuda --dtype bfloat16 --max-examples "$n" --out "$dir/$name.json" >"$dir/$name.txt" 2>&1
+      --device cuda --dtype bfloat16 --max-examples "$n" --progress --out "$dir/$name.json" >"$dir/$name.txt" 2>&1
     echo "$name rc=$? $(( $(date +%s) - start )) s: $(tail -1 "$dir/$name.txt")" >"$dir/$name.rc"; } &
 done
 wait
