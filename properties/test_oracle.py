@@ -175,6 +175,43 @@ def test_oracle_node_is_its_history_verified_as_a_chain(family, data):
             assert torch.equal(out[b, t], o1[0, -1]) and torch.equal(states[b, t], s1[0, -1]), (b, t, hist)
 
 
+@pytest.mark.parametrize("family", list(RECURRENCES))
+@given(st.data())
+def test_oracle_defaults_are_exact_mode_in_float64_and_its_readout_input_is_checked(family, data):
+    """Each family's verify at its defaults (mode, output_states, and Mamba's softplus on dt) is its exact mode, its
+    outputs and states float64 whatever the inputs' dtype; a read-out input (q, or Mamba's C) of another shape than
+    its keys' is refused in one line naming it."""
+    verify, inputs, _ = RECURRENCES[family]
+    inp = data.draw(inputs(max_nodes=6))  # float32 inputs
+    args = {k: v for k, v in inp.items() if k not in ("trees", "pool", "slots")}
+    o_exact, s_exact = verify(**args, mode="exact", output_states=True)
+    defaults = {k: v for k, v in args.items() if not (k == "dt_softplus" and v)}  # softplus left to its default
+    o = verify(**defaults)
+    assert isinstance(o, torch.Tensor) and o.dtype == s_exact.dtype == torch.float64
+    assert torch.equal(o, o_exact)
+    name = "q" if "q" in args else "C"
+    wrong = args[name][:, :, :1] if args[name].shape[2] > 1 else torch.cat([args[name]] * 2, 2)  # another head count
+    with pytest.raises(ValueError, match=f"^{name}(, k)?: expected"):
+        verify(**{**args, name: wrong})
+
+
+@given(gdn_inputs(dtype=torch.float64), st.sampled_from(["exact", "leaky"]))
+def test_oracle_gdn_scale_and_l2norm_are_what_they_say(inp, mode):
+    """GDN's scale multiplies the read-out (twice the scale, twice the output, bit for bit; K^-1/2 the default), and
+    use_qk_l2norm=False takes q and k as given (l2-normed beforehand, the same outputs and states)."""
+    args = dict(q=inp["q"], k=inp["k"], v=inp["v"], g=inp["g"], beta=inp["beta"], parents=inp["parents"],
+                initial_state=inp["initial_state"], mode=mode, output_states=True)
+    o, s = oracle.gdn_tree_verify(**args)
+    K = inp["q"].shape[-1]
+    o_half, _ = oracle.gdn_tree_verify(**args, scale=0.5 * K ** -0.5)
+    assert torch.equal(o, oracle.gdn_tree_verify(**args, scale=K ** -0.5)[0]) and torch.equal(o, 2 * o_half)
+    unit = lambda x: x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+    o_n, s_n = oracle.gdn_tree_verify(**{**args, "q": unit(inp["q"]), "k": unit(inp["k"])}, use_qk_l2norm=False)
+    assert torch.allclose(o_n, o, rtol=1e-12, atol=1e-12) and torch.allclose(s_n, s, rtol=1e-12, atol=1e-12)
+    o_raw, _ = oracle.gdn_tree_verify(**args, use_qk_l2norm=False)
+    assert not torch.allclose(o_raw, o, rtol=1e-6, atol=1e-6)  # (unnormed inputs drawn from randn: not unit rows)
+
+
 @given(conv_inputs(dtype=torch.float64))
 @example(fixed_conv_example(dtype=torch.float64))
 def test_oracle_conv_leaky_equals_exact_on_order_exact_nodes(inp):
