@@ -9,6 +9,7 @@
 # it, "planted.NAME" for tests/planted_node_states.py's NAME in SGLang's convention, "commit.NAME" for SGLang's
 # verify with tests/planted_commits.py's NAME as its commit) picks the check-kernel runs. SGLang's own verifies that
 # keep node states run its commit after them.
+# Each check-kernel run is stopped after CHECK_TIMEOUT seconds (560 unless set).
 #   bash benchmarks/padded_batches_gpu.sh DIR COMMIT [WORKERS] [MAX_EXAMPLES] [RUNS]
 set -u
 dir=$1 commit=$2 workers=${3:-8} n=${4:-20}
@@ -32,7 +33,7 @@ for r in $runs; do
   name="$impl-$op-$mode"
   { start=$(date +%s)
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS=1 timeout 560 python3 -m ddsim.cli check-kernel --impl $args --op "$op" --mode "$mode" \
+    OMP_NUM_THREADS=1 timeout "${CHECK_TIMEOUT:-560}" python3 -m ddsim.cli check-kernel --impl $args --op "$op" --mode "$mode" \
       --device cuda --dtype bfloat16 --max-examples "$n" --progress --out "$dir/$name.json" >"$dir/$name.txt" 2>&1
     echo "$name rc=$? $(( $(date +%s) - start )) s: $(tail -1 "$dir/$name.txt")" >"$dir/$name.rc"; } &
 done
