@@ -421,8 +421,7 @@ class _Runner:
         r = _calls(call, inp, names, self.device, tuple(inp["initial_state"].shape[1:]) if self.node_states else None,
                    inp["pool"].dtype, commit=self.commit, graph=self.graph)
         plain = {k: None if inp[k] is None else inp[k].double() for k in names}
-        # the references the mode's properties compare with: exact's always, the flattened one for a leaky kernel
-        # (the oracle's leaky mode replays each node's whole batch-order history: the costlier at a model's shapes),
+        # the references the mode's properties compare with: exact's always, the flattened one for a leaky kernel,
         # with the state after each node in the kernel's own mode where it keeps them
         r.update(_references(
             lambda m, states: self.reference(*(plain[n] for n in self.positional), **{n: plain[n] for n in self.keywords},
