@@ -287,7 +287,7 @@ def _gdn_wy_kernel(
         # its deepest row of the ancestor mask (ancestors-or-self in the block: the root's too for ROOT 1 and 2), the
         # longest chain the solve's powers of -L span: ceil(log2(d)) rounds, counted as the powers of two below d
         d = tl.max(tl.sum(anc.to(tl.int32), 1), 0) - (1 if ROOT == 2 else 0)
-        NSTEP = tl.sum(((1 << tl.arange(0, 8)) < d).to(tl.int32), 0)  # d <= 256
+        NSTEP = tl.sum(((tl.full([8], 1, tl.int32) << tl.arange(0, 8)) < d).to(tl.int32), 0)  # d <= 256
     # U <- (I + N^(2^r)) U for r < NSTEP: U = sum_n (-L)^n RHS. The first step outside the loop, so that the last
     # step squares nothing it does not use (N^(2^NSTEP) is 0)
     if NSTEP > 0:
