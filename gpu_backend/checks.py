@@ -70,10 +70,6 @@ class TreePlan:
     and passes it as ``parents=`` to every layer, so no layer re-validates or re-derives them (the
     validation's host syncs happen once per step, not once per layer)."""
 
-    # whether ancestors()'s depth is the trees' own (else a bound, as a plan built on the device takes T - 1: the
-    # one-kernel WY form then counts each sequence's doubling rounds from its ancestor mask)
-    depth_exact = True
-
     def __init__(self, parents, *, device=None):
         p = torch.as_tensor(parents, device=device)
         if p.dim() != 2:

@@ -11,8 +11,8 @@ Nothing is read or written outside the tensors handed over:
   tree's root, its entry not read). Its exact tables are built by one kernel (triton_tables.checked_tables, or the
   step's, ``step``); a node whose parent is not an earlier node flags its tree, and is read as the previous node's
   child, so every walk stays in the tree. Its depth is taken as T - 1, the most T nodes can have: the WY kernels'
-  doubling rounds are then bounded per T (the extra rounds multiply by a zero power of the solve's matrix: the same
-  bits), and the one-kernel form counts each sequence's own from its ancestor mask (``depth_exact`` False).
+  doubling rounds are then fixed per T (the extra rounds multiply by a zero power of the solve's matrix: the same
+  bits).
 - ``slots``: pool slots [B]; -1 is a padded row (SGLang's PAD_SLOT_ID), read as a zero state and never written. A
   slot outside the pool is flagged and read as padding (so neither read nor written); a slot two live rows share is
   flagged in both (a verify only reads it; the commit writes both sequences' NaN states there).
@@ -67,8 +67,6 @@ class DevicePlan(checks.TreePlan):
 
     For the flattened recurrence (mode "leaky") its tables are every node's predecessor's, as TreePlan's are; the
     step kernel writes a batch of chains' by formula (``step(chain=True)``), a plan serving both modes."""
-
-    depth_exact = False  # ancestors()'s depth is T - 1, the most T nodes can have
 
     def __init__(self, parents: torch.Tensor):
         from ddsim.gpu_backend import triton_tables

@@ -152,7 +152,7 @@ def _gdn_wy_kernel(
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False, DEPTH_FROM_MASK: tl.constexpr = False,
+    CHAINS: tl.constexpr = False,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -283,13 +283,10 @@ def _gdn_wy_kernel(
     if ROOT == 2:
         u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
         U = U + c[:, None] * u0[None, :]
-    if DEPTH_FROM_MASK:  # NSTEP a bound (a tree built on the device, under capture): the sequence's own rounds, from
-        # its deepest row of the ancestor mask (ancestors-or-self in the block: the root's too for ROOT 1 and 2), the
-        # longest chain the solve's powers of -L span: ceil(log2(d)) rounds, counted as the powers of two below d
-        d = tl.max(tl.sum(anc.to(tl.int32), 1), 0) - (1 if ROOT == 2 else 0)
-        NSTEP = tl.sum(((tl.full([8], 1, tl.int32) << tl.arange(0, 8)) < d).to(tl.int32), 0)  # d <= 256
     # U <- (I + N^(2^r)) U for r < NSTEP: U = sum_n (-L)^n RHS. The first step outside the loop, so that the last
-    # step squares nothing it does not use (N^(2^NSTEP) is 0)
+    # step squares nothing it does not use (N^(2^NSTEP) is 0). Under capture NSTEP is T - 1's (a DevicePlan's depth);
+    # counted here per sequence from the ancestor mask instead (its deepest row, a reduction before the loop) the
+    # form took 6.6 us of device time at 1 x 16 against 6.2 on an H100 (RESULTS.md, aed51b2): not kept
     if NSTEP > 0:
         U = U + tl.dot(NL, U, input_precision=PRECISION)
     for _ in range(1, NSTEP):
@@ -586,5 +583,5 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
-              DEPTH_FROM_MASK=isinstance(parents, checks.TreePlan) and not parents.depth_exact, num_warps=num_warps)
+              num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

@@ -343,12 +343,6 @@ if __name__ == "__main__":
                              (8, 131, "auto"), (8, 65, "fold"), (1, 65, "split")):
             for kernel, kw in launches(B, T, torch.bfloat16, design):
                 failed += not check(f"{B} x {T} nodes, bfloat16, design {design}", kernel, kw)
-    # the one-kernel form given a plan built on the device (under capture): its rounds counted from each sequence's
-    # ancestor mask, a loop of a trip count the kernel computes
-    for B, T in ((1, 16), (1, 17)):
-        for kernel, kw in launches(B, T, torch.bfloat16, "fused"):
-            failed += not check(f"{B} x {T} nodes, bfloat16, a device plan's rounds", kernel,
-                                {**kw, "DEPTH_FROM_MASK": True})
     for name, call in other_calls():
         GOT.clear()
         try:

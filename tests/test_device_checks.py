@@ -10,11 +10,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-from hypothesis import example, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ddsim.gpu_backend import checks, device_checks, engine_api, host_tables
-from ddsim.properties.strategies import gdn_inputs
 from tests.test_host_tables import parent_batches
 
 
@@ -703,40 +702,3 @@ def test_an_eager_raw_call_refuses_in_one_line_before_any_launch():
             assert not launched and torch.equal(p, pool), needle
     finally:
         interpreter.GridExecutor.__call__ = real
-
-
-def _rounds_example(T: int) -> dict:
-    """Two sequences under one root whose deepest node sits 3 (T = 6) or 4 (T = 7) below it: depths where one doubling
-    round fewer than the solve needs leaves a power of -L out (ceil(log2 d) drops with d - 1)."""
-    parents = [-1, 0, 0, 1, 2, 4, 5][:T]
-    gen = torch.Generator().manual_seed(T)
-    B, H, HV, K, V = 2, 1, 2, 4, 3
-    return dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
-                v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen) * 0.2,
-                beta=torch.rand(B, T, HV, generator=gen), parents=torch.tensor([parents, [-1] + list(range(T - 1))]),
-                initial_state=torch.randn(B, HV, K, V, generator=gen))
-
-
-@settings(max_examples=6, deadline=None)
-@given(inp=gdn_inputs(max_batch=3, max_nodes=17), mode=st.sampled_from(["exact", "leaky"]), root=st.sampled_from([0, 1, 2]))
-@example(inp=_rounds_example(6), mode="exact", root=2)
-@example(inp=_rounds_example(6), mode="exact", root=0)
-@example(inp=_rounds_example(7), mode="exact", root=1)
-def test_the_one_kernel_form_counts_a_device_plans_rounds_from_each_sequences_mask(inp, mode, root):
-    """A plan built on the device (as under capture) gives its trees' depth as T - 1, a bound; the one-kernel WY form
-    then counts each sequence's doubling rounds from its own ancestor mask (DEPTH_FROM_MASK), where a host plan's
-    are the batch's depth's. The same bits either way: a round short leaves a power of -L out, and the rounds past a
-    sequence's depth add a zero power."""
-    from ddsim.gpu_backend import triton_gdn
-    from ddsim.properties.kernel_checks import on_device
-    x = {n: on_device(inp[n]) for n in ("q", "k", "v", "g", "beta", "initial_state")}
-    parents = on_device(inp["parents"])
-    got, bind = {}, triton_gdn.bind
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(triton_gdn, "FUSED_ROOT", root)
-        for name, plan in (("device", device_checks.DevicePlan(parents.int())), ("host", checks.TreePlan(parents))):
-            mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw, name=name: got.setdefault(
-                name + " from mask", kw["DEPTH_FROM_MASK"]) is None or bind(kernel, grid, kw))
-            got[name] = triton_gdn.gdn_tree_verify_wy(**x, parents=plan, mode=mode, design="fused")
-    assert got["device from mask"] is True and got["host from mask"] is False
-    assert torch.equal(got["device"], got["host"]), (mode, root)
