@@ -72,6 +72,23 @@ def test_config_errors():
         ModelConfig.from_dict({**get_preset("micro").to_dict(), "bogus": 1})
 
 
+@pytest.mark.parametrize("field, value, msg", [
+    ("num_experts", True, "num_experts: expected an integer >= 0, got True"),
+    ("moe_intermediate_size", 2.0, "moe_intermediate_size: expected an integer >= 0"),
+    ("mla_kv_lora_rank", -1, "mla_kv_lora_rank: expected an integer >= 0"),
+    ("num_experts_per_tok", False, "num_experts_per_tok: expected an integer >= 0"),
+    ("decoder_sparse_step", 0, "decoder_sparse_step: expected a positive integer"),  # (i + 1) % 0 in is_moe_layer
+    ("moe_n_group", True, "moe_n_group: expected a positive integer"),
+    ("mlp_only_layers", (0, True), "mlp_only_layers: expected layer indices"),
+    ("mlp_only_layers", (-1,), "mlp_only_layers: expected layer indices"),
+])
+def test_a_config_built_in_code_refuses_a_bool_or_fraction_for_a_count(field, value, msg):
+    """The MoE and MLA sizes a config built in code gives (config.json's are refused before, checkpoint.INTEGER_FIELDS):
+    a bool, a fraction or a negative count is one line naming the field, as the dense sizes' are."""
+    with pytest.raises(ConfigError, match=msg):
+        get_preset("micro").replace(**{field: value})
+
+
 def _gdn_args(B=1, T=3, H=1, HV=2, K=4, V=4):
     return dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, HV, V),
                 g=-torch.rand(B, T, HV), beta=torch.rand(B, T, HV),

@@ -264,6 +264,16 @@ class ModelConfig:
                   "mamba_n_groups", "mamba1_inner", "mamba1_dt_rank"):
             v = getattr(self, f)
             need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f, f"expected a positive integer, got {v!r}")
+        for f in ("moe_n_group", "moe_topk_group", "decoder_sparse_step"):  # (read whether or not there are experts)
+            v = getattr(self, f)
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f, f"expected a positive integer, got {v!r}")
+        for f in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                  "mla_kv_lora_rank", "mla_q_lora_rank", "mla_qk_nope_head_dim", "mla_qk_rope_head_dim",
+                  "mla_v_head_dim"):  # 0: the part is absent
+            v = getattr(self, f)
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f, f"expected an integer >= 0, got {v!r}")
+        need(all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.mlp_only_layers),
+             "mlp_only_layers", f"expected layer indices (integers >= 0), got {self.mlp_only_layers!r}")
         need(len(self.layer_pattern) >= 1, "layer_pattern", "no layers")
         need(set(self.layer_pattern) <= set(LAYER_KINDS), "layer_pattern",
              f"only 'g' (gdn), 'a' (attention), 'm' (mamba2), 'p' (parallel attention + mamba2), 'f' (MLP), "
