@@ -38,6 +38,18 @@ def test_relabel_rejects_non_topological_order():
         t.relabel([0, 1, 1])
 
 
+@pytest.mark.parametrize("kw, msg", [(dict(budget=True), "budget: expected an integer >= 0, got True"),
+                                     (dict(budget=2.0), "budget: expected an integer >= 0"),
+                                     (dict(topk_cap=0), "topk_cap: expected None or an integer >= 1, got 0"),
+                                     (dict(topk_cap=True), "topk_cap: expected None or an integer >= 1"),
+                                     (dict(kind="chain", topk_cap=2.5), "topk_cap: expected None or an integer")])
+def test_a_tree_policy_refuses_a_bool_or_fraction_before_any_tree(kw, msg):
+    """TreePolicy built in code: True was taken as budget 1 (Python's bool is an int) and topk_cap 0 as no cap."""
+    from ddsim.sim.generate import TreePolicy
+    with pytest.raises(InputError, match=msg):
+        TreePolicy(**kw)
+
+
 def test_builder_bad_input():
     with pytest.raises(InputError, match="budget"):
         ddtree(torch.zeros(2, 3), -1)

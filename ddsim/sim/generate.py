@@ -53,8 +53,12 @@ class TreePolicy:
     def __post_init__(self):
         if self.kind not in ("ddtree", "chain"):
             raise InputError(f"tree policy: expected 'ddtree' or 'chain', got {self.kind!r}")
-        if self.kind == "ddtree" and (not isinstance(self.budget, int) or self.budget < 0):
+        if self.kind == "ddtree" and (isinstance(self.budget, bool) or not isinstance(self.budget, int)
+                                      or self.budget < 0):
             raise InputError(f"budget: expected an integer >= 0, got {self.budget!r}")
+        if self.topk_cap is not None and (isinstance(self.topk_cap, bool) or not isinstance(self.topk_cap, int)
+                                          or self.topk_cap < 1):
+            raise InputError(f"topk_cap: expected None or an integer >= 1, got {self.topk_cap!r}")
 
     def build(self, draft_logits: torch.Tensor, *, root_token: int, max_rank: int | None = None) -> Tree:
         if self.kind == "chain":
