@@ -1,8 +1,9 @@
 """Where a captured drop-in call's time goes: engine_api.target_verify (snapshot-free, and with SGLang's buffer) and
 commit_accepted on SGLang's raw step tensors, n GDN layers in one CUDA graph (as drop_in_graphed.py), against the
 same calls given a plan made before the capture (plan_tree, plan_slots, plan_accepted: the tables made on the host,
-so the step's launch in the graph only checks and copies; a fixed tree, as a static-tree engine's) and the kernels'
-own device time per layer, split by kernel (torch.profiler over graph replays), at Qwen3.6-27B GDN shapes.
+so the step's launch in the graph only checks and copies; a fixed tree, as a static-tree engine's), the verify with
+one of the two planned (the tree or the slots), and the kernels' own device time per layer, split by kernel
+(torch.profiler over graph replays), at Qwen3.6-27B GDN shapes.
 
     python benchmarks/profile_captured.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--layers 48] [--gib 40]
 """
@@ -52,6 +53,9 @@ def main():
 
         forms = {"verify, raw tensors": lambda x: verify(x, par, x["slots"]),
                  "verify, planned": lambda x: verify(x, plan, slots),
+                 # each half of the plan alone: which of the raw tree and the raw slots the raw call's time is in
+                 "verify, raw tree, planned slots": lambda x: verify(x, par, slots),
+                 "verify, planned tree, raw slots": lambda x: verify(x, plan, x["slots"]),
                  "drop-in (buffer), raw tensors": lambda x: verify(x, par, x["slots"], x["rows"]),
                  "drop-in (buffer), planned": lambda x: verify(x, plan, slots, rows),
                  "commit, raw tensors": lambda x: commit(x, par, x["slots"], acc),
