@@ -11,7 +11,7 @@ from ddsim.errors import ConfigError, InputError, TreeError
 from ddsim.model.config import ModelConfig, get_preset
 from ddsim.model.model import HybridModel
 from ddsim.model.weights import init_weights
-from ddsim.trees.builders import ddtree, random_tree
+from ddsim.trees.builders import ddtree, random_tree, static_tree
 from ddsim.trees.tree import Tree
 
 
@@ -36,6 +36,32 @@ def test_relabel_rejects_non_topological_order():
         t.relabel([0, 2, 1])
     with pytest.raises(TreeError, match="permutation"):
         t.relabel([0, 1, 1])
+
+
+@pytest.mark.parametrize("build, kw, msg", [
+    ("ddtree", dict(topk_cap=True), "topk_cap: expected an integer >= 1 or None, got True"),
+    ("ddtree", dict(root_token=True), "root_token: expected an integer >= 0, got True"),
+    ("ddtree", dict(root_token=-1), "root_token: expected an integer >= 0, got -1"),
+    ("ddtree", dict(budget=np.bool_(True)), "budget: expected an integer >= 0"),
+    ("static", dict(root_token=2.0), "root_token: expected an integer >= 0, got 2.0"),
+    ("random", dict(size=True), "size: expected an integer >= 1, got True"),
+    ("random", dict(size=3.0), "size: expected an integer >= 1, got 3.0"),
+    ("random", dict(vocab=True), "vocab: expected an integer >= 1, got True"),
+    ("random", dict(max_children=0), "max_children: expected an integer >= 1, got 0"),
+    ("random", dict(root_token=torch.tensor(True)), "root_token: expected an integer >= 0"),
+])
+def test_tree_builders_refuse_a_bool_or_fraction_for_a_count_or_token(build, kw, msg):
+    """ddtree, static_tree and random_tree took True as 1 (a budget, a cap, a size, a root token), a float size as a
+    TypeError, a negative root token as given and max_children 0 as no cap; each is one line naming it now. Integers
+    of numpy or 0-d integer tensors stay integers."""
+    x = torch.zeros(2, 3)
+    call = {"ddtree": lambda **k: ddtree(x, **{"budget": 3, **k}),
+            "static": lambda **k: static_tree([[0]], x, **k),
+            "random": lambda **k: random_tree(**{"size": 3, "vocab": 3, "rng": np.random.default_rng(0), **k})}[build]
+    with pytest.raises(InputError, match=msg):
+        call(**kw)
+    assert ddtree(x, torch.tensor(3), root_token=np.int32(5)).tokens[0] == 5
+    assert random_tree(np.int64(3), vocab=3, rng=np.random.default_rng(0), root_token=torch.tensor(2)).tokens[0] == 2
 
 
 @pytest.mark.parametrize("kw, msg", [(dict(budget=True), "budget: expected an integer >= 0, got True"),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from typing import Sequence
 
 import numpy as np
@@ -59,6 +60,22 @@ def _topk_logprobs(x: torch.Tensor, k: int, arithmetic: str) -> tuple[np.ndarray
     return lp, order.numpy()
 
 
+def _is_whole(v, lo: int) -> bool:
+    """Whether v is an integer of at least lo: anything with __index__ (Python's, numpy's, a 0-d integer tensor) but a
+    bool, which Python counts as 1 or 0."""
+    if isinstance(v, (bool, np.bool_)) or (isinstance(v, torch.Tensor) and v.dtype == torch.bool):
+        return False
+    try:
+        return operator.index(v) >= lo
+    except TypeError:
+        return False
+
+
+def _whole(name: str, v, lo: int) -> None:
+    if not _is_whole(v, lo):
+        raise InputError(f"{name}: expected an integer >= {lo}, got {v!r}")
+
+
 def ddtree(draft_logits, budget: int, topk_cap: int | None = None, *, root_token: int = 0,
            arithmetic: str = "published") -> Tree:
     """The published DDTree construction, node for node, ties included.
@@ -77,10 +94,10 @@ def ddtree(draft_logits, budget: int, topk_cap: int | None = None, *, root_token
     "float64": float64 log-probs and each sibling's score the parent's plus its own log-prob (the
     exact path sum).
     """
-    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
-        raise InputError(f"budget: expected an integer >= 0, got {budget!r}")
-    if topk_cap is not None and (not isinstance(topk_cap, (int, np.integer)) or topk_cap < 1):
+    _whole("budget", budget, 0)
+    if topk_cap is not None and not _is_whole(topk_cap, 1):
         raise InputError(f"topk_cap: expected an integer >= 1 or None, got {topk_cap!r}")
+    _whole("root_token", root_token, 0)
     if arithmetic not in ARITHMETICS:
         raise InputError(f"arithmetic: expected one of {ARITHMETICS}, got {arithmetic!r}")
     x = _check_logits(draft_logits)
@@ -134,6 +151,7 @@ def static_tree(choices: Sequence[Sequence[int]], draft_logits, *, root_token: i
     Nodes are laid out as Medusa does: sorted by (depth, rank path). Rank r at depth d takes the
     r-th best token of ``draft_logits[d-1]``. Every proper prefix of a choice must be a choice.
     """
+    _whole("root_token", root_token, 0)
     paths = sorted({tuple(int(r) for r in c) for c in choices}, key=lambda p: (len(p), p))
     if any(len(p) == 0 for p in paths):
         raise InputError("choices: an empty rank path (the root is implicit)")
@@ -163,8 +181,12 @@ def random_tree(size: int, *, vocab: int, rng: np.random.Generator, max_children
                 root_token: int | None = None) -> Tree:
     """A random tree of ``size`` nodes: each new node picks a uniformly random earlier parent
     (that still has room for a child and a fresh token)."""
-    if size < 1:
-        raise InputError(f"size: expected >= 1, got {size}")
+    _whole("size", size, 1)
+    _whole("vocab", vocab, 1)
+    if max_children is not None:
+        _whole("max_children", max_children, 1)
+    if root_token is not None:
+        _whole("root_token", root_token, 0)
     cap = min(vocab, max_children or vocab)
     parents = [-1]
     tokens = [int(rng.integers(vocab)) if root_token is None else int(root_token)]
