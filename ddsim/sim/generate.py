@@ -37,7 +37,7 @@ from ddsim.sim.acceptance import (
 from ddsim.sim.drafters import DraftContext, Drafter
 from ddsim.sim.memory import footprint
 from ddsim.sim.timing import timed
-from ddsim.trees.builders import ddtree
+from ddsim.trees.builders import ddtree, is_whole
 from ddsim.trees.modes import VERIFY_MODES
 from ddsim.trees.tree import Tree, chain
 
@@ -53,11 +53,9 @@ class TreePolicy:
     def __post_init__(self):
         if self.kind not in ("ddtree", "chain"):
             raise InputError(f"tree policy: expected 'ddtree' or 'chain', got {self.kind!r}")
-        if self.kind == "ddtree" and (isinstance(self.budget, bool) or not isinstance(self.budget, int)
-                                      or self.budget < 0):
+        if self.kind == "ddtree" and not is_whole(self.budget, 0):
             raise InputError(f"budget: expected an integer >= 0, got {self.budget!r}")
-        if self.topk_cap is not None and (isinstance(self.topk_cap, bool) or not isinstance(self.topk_cap, int)
-                                          or self.topk_cap < 1):
+        if self.topk_cap is not None and not is_whole(self.topk_cap, 1):
             raise InputError(f"topk_cap: expected None or an integer >= 1, got {self.topk_cap!r}")
 
     def build(self, draft_logits: torch.Tensor, *, root_token: int, max_rank: int | None = None) -> Tree:

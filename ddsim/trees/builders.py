@@ -60,7 +60,7 @@ def _topk_logprobs(x: torch.Tensor, k: int, arithmetic: str) -> tuple[np.ndarray
     return lp, order.numpy()
 
 
-def _is_whole(v, lo: int) -> bool:
+def is_whole(v, lo: int) -> bool:
     """Whether v is an integer of at least lo: anything with __index__ (Python's, numpy's, a 0-d integer tensor) but a
     bool, which Python counts as 1 or 0."""
     if isinstance(v, (bool, np.bool_)) or (isinstance(v, torch.Tensor) and v.dtype == torch.bool):
@@ -72,7 +72,7 @@ def _is_whole(v, lo: int) -> bool:
 
 
 def _whole(name: str, v, lo: int) -> None:
-    if not _is_whole(v, lo):
+    if not is_whole(v, lo):
         raise InputError(f"{name}: expected an integer >= {lo}, got {v!r}")
 
 
@@ -95,7 +95,7 @@ def ddtree(draft_logits, budget: int, topk_cap: int | None = None, *, root_token
     exact path sum).
     """
     _whole("budget", budget, 0)
-    if topk_cap is not None and not _is_whole(topk_cap, 1):
+    if topk_cap is not None and not is_whole(topk_cap, 1):
         raise InputError(f"topk_cap: expected an integer >= 1 or None, got {topk_cap!r}")
     _whole("root_token", root_token, 0)
     if arithmetic not in ARITHMETICS:
