@@ -257,22 +257,23 @@ class ModelConfig:
             if not cond:
                 raise ConfigError(f"{arg}: {why} (config {self.name!r})")
 
+        def whole(v, lo: int) -> bool:  # an int, not a bool (Python's True == 1)
+            return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
                   "linear_key_head_dim", "linear_value_head_dim", "conv_kernel_size",
                   "max_position_embeddings", "mamba_num_heads", "mamba_head_dim", "mamba_state_size",
-                  "mamba_n_groups", "mamba1_inner", "mamba1_dt_rank"):
+                  "mamba_n_groups", "mamba1_inner", "mamba1_dt_rank",
+                  "moe_n_group", "moe_topk_group", "decoder_sparse_step"):  # (the MoE ones read with no experts too)
             v = getattr(self, f)
-            need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f, f"expected a positive integer, got {v!r}")
-        for f in ("moe_n_group", "moe_topk_group", "decoder_sparse_step"):  # (read whether or not there are experts)
-            v = getattr(self, f)
-            need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f, f"expected a positive integer, got {v!r}")
+            need(whole(v, 1), f, f"expected a positive integer, got {v!r}")
         for f in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
                   "mla_kv_lora_rank", "mla_q_lora_rank", "mla_qk_nope_head_dim", "mla_qk_rope_head_dim",
                   "mla_v_head_dim"):  # 0: the part is absent
             v = getattr(self, f)
-            need(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f, f"expected an integer >= 0, got {v!r}")
-        need(all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.mlp_only_layers),
+            need(whole(v, 0), f, f"expected an integer >= 0, got {v!r}")
+        need(all(whole(i, 0) for i in self.mlp_only_layers),
              "mlp_only_layers", f"expected layer indices (integers >= 0), got {self.mlp_only_layers!r}")
         need(len(self.layer_pattern) >= 1, "layer_pattern", "no layers")
         need(set(self.layer_pattern) <= set(LAYER_KINDS), "layer_pattern",

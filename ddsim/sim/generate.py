@@ -37,7 +37,7 @@ from ddsim.sim.acceptance import (
 from ddsim.sim.drafters import DraftContext, Drafter
 from ddsim.sim.memory import footprint
 from ddsim.sim.timing import timed
-from ddsim.trees.builders import ddtree, is_whole
+from ddsim.trees.builders import check_whole, ddtree, is_whole
 from ddsim.trees.modes import VERIFY_MODES
 from ddsim.trees.tree import Tree, chain
 
@@ -53,8 +53,8 @@ class TreePolicy:
     def __post_init__(self):
         if self.kind not in ("ddtree", "chain"):
             raise InputError(f"tree policy: expected 'ddtree' or 'chain', got {self.kind!r}")
-        if self.kind == "ddtree" and not is_whole(self.budget, 0):
-            raise InputError(f"budget: expected an integer >= 0, got {self.budget!r}")
+        if self.kind == "ddtree":
+            check_whole("budget", self.budget, 0)
         if self.topk_cap is not None and not is_whole(self.topk_cap, 1):
             raise InputError(f"topk_cap: expected None or an integer >= 1, got {self.topk_cap!r}")
 

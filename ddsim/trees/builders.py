@@ -71,7 +71,8 @@ def is_whole(v, lo: int) -> bool:
         return False
 
 
-def _whole(name: str, v, lo: int) -> None:
+def check_whole(name: str, v, lo: int) -> None:
+    """is_whole, or an InputError naming ``name``."""
     if not is_whole(v, lo):
         raise InputError(f"{name}: expected an integer >= {lo}, got {v!r}")
 
@@ -94,10 +95,10 @@ def ddtree(draft_logits, budget: int, topk_cap: int | None = None, *, root_token
     "float64": float64 log-probs and each sibling's score the parent's plus its own log-prob (the
     exact path sum).
     """
-    _whole("budget", budget, 0)
+    check_whole("budget", budget, 0)
     if topk_cap is not None and not is_whole(topk_cap, 1):
         raise InputError(f"topk_cap: expected an integer >= 1 or None, got {topk_cap!r}")
-    _whole("root_token", root_token, 0)
+    check_whole("root_token", root_token, 0)
     if arithmetic not in ARITHMETICS:
         raise InputError(f"arithmetic: expected one of {ARITHMETICS}, got {arithmetic!r}")
     x = _check_logits(draft_logits)
@@ -151,7 +152,7 @@ def static_tree(choices: Sequence[Sequence[int]], draft_logits, *, root_token: i
     Nodes are laid out as Medusa does: sorted by (depth, rank path). Rank r at depth d takes the
     r-th best token of ``draft_logits[d-1]``. Every proper prefix of a choice must be a choice.
     """
-    _whole("root_token", root_token, 0)
+    check_whole("root_token", root_token, 0)
     paths = sorted({tuple(int(r) for r in c) for c in choices}, key=lambda p: (len(p), p))
     if any(len(p) == 0 for p in paths):
         raise InputError("choices: an empty rank path (the root is implicit)")
@@ -181,12 +182,12 @@ def random_tree(size: int, *, vocab: int, rng: np.random.Generator, max_children
                 root_token: int | None = None) -> Tree:
     """A random tree of ``size`` nodes: each new node picks a uniformly random earlier parent
     (that still has room for a child and a fresh token)."""
-    _whole("size", size, 1)
-    _whole("vocab", vocab, 1)
+    check_whole("size", size, 1)
+    check_whole("vocab", vocab, 1)
     if max_children is not None:
-        _whole("max_children", max_children, 1)
+        check_whole("max_children", max_children, 1)
     if root_token is not None:
-        _whole("root_token", root_token, 0)
+        check_whole("root_token", root_token, 0)
     cap = min(vocab, max_children or vocab)
     parents = [-1]
     tokens = [int(rng.integers(vocab)) if root_token is None else int(root_token)]
