@@ -41,10 +41,12 @@ def _layer(B, T, seed):
                 buf=torch.empty(B, T, HV, V, K, device="cuda"), rows=torch.arange(B, dtype=torch.int32, device="cuda"))
 
 
-def options():
+def options(extra=None):
     """(options, shapes) of a graphed-layers benchmark (this one and profile_captured.py): --commit, --shapes, --layers,
-    --gib, checked (argparse's one line and exit 2 on a bad one)."""
+    --gib, and what ``extra(ap)`` adds, checked (argparse's one line and exit 2 on a bad one)."""
     ap = argparse.ArgumentParser()
+    if extra is not None:
+        extra(ap)
     ap.add_argument("--commit", default="?")
     ap.add_argument("--shapes", default="1x16,1x65,8x65,32x65", help="sequences x nodes, comma-separated")
     ap.add_argument("--layers", type=int, default=48, help="GDN layers in one graph (at most)")

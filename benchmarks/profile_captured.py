@@ -3,10 +3,15 @@ commit_accepted on SGLang's raw step tensors, n GDN layers in one CUDA graph (as
 same calls given a plan made before the capture (plan_tree, plan_slots, plan_accepted: the tables made on the host,
 so the step's launch in the graph only checks and copies; a fixed tree, as a static-tree engine's), the verify with
 one of the two planned (the tree or the slots), and the kernels' own device time per layer, split by kernel
-(torch.profiler over graph replays), at Qwen3.6-27B GDN shapes.
+(torch.profiler over graph replays), at Qwen3.6-27B GDN shapes. --depths D,...: the planned verify again with its
+trees' depth taken as each D (at least the trees' own), so that the solve runs the doubling rounds of a deeper tree
+(a captured raw tree's plan takes T - 1): the extra rounds multiply by zero powers of the solve's matrix, the same
+bits, so these forms time the rounds alone.
 
     python benchmarks/profile_captured.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--layers 48] [--gib 40]
+                                          [--depths 3,5,9,15]
 """
+import argparse
 import collections
 
 import torch
@@ -30,8 +35,32 @@ def _split(graph, n: int, replays: int = 10) -> dict:
     return out
 
 
+def _depth_list(text: str) -> list[int]:
+    """--depths' value: integers >= 1, comma-separated (argparse's one line and exit 2 otherwise)."""
+    try:
+        depths = [int(d) for d in text.split(",") if d.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers D,D,...") from None
+    if any(d < 1 for d in depths):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected depths >= 1")
+    return depths
+
+
+def _depths(ap) -> None:
+    ap.add_argument("--depths", type=_depth_list, default=[], help="comma-separated depths to plan the verify's trees at")
+
+
+def deeper(plan, depth: int):
+    """plan (a TreePlan, its exact tables built) with its trees' depth taken as ``depth`` where that is deeper: the
+    solve's doubling rounds then a deeper tree's."""
+    mask, own = plan.ancestors("exact")
+    plan._cache[("anc", "exact")] = (mask, max(own, depth))
+    return plan
+
+
 def main():
-    a, shapes = options()
+    a, shapes = options(_depths)
+    depths = a.depths
     cuda_run("profile_captured", a.commit)
     for B, T in shapes:
         par, acc, layers = step_layers(B, T, a.layers, a.gib)
@@ -60,6 +89,10 @@ def main():
                  "drop-in (buffer), planned": lambda x: verify(x, plan, slots, rows),
                  "commit, raw tensors": lambda x: commit(x, par, x["slots"], acc),
                  "commit, planned": lambda x: commit(x, plan, slots, p_acc)}
+        own = plan.ancestors("exact")[1]
+        for d in depths:  # a fresh plan each (fastcall keeps its recipes on the plan)
+            forms[f"verify, planned, depth {max(own, d)} (the trees' {own})"] = (
+                lambda x, p=deeper(engine_api.plan_tree(par), d): verify(x, p, slots))
         pools = [x["pool"].clone() for x in layers]
         print(f"\n## {B} x {T}, {n} layers a graph: us per layer (graph replays, median of 20), and the kernels' "
               "device time per layer (torch.profiler over 10 replays)\n")
