@@ -116,6 +116,11 @@ class TreePlan:
             return ancestor_mask(src)
         return self._cached(("anc", mode), build)
 
+    def depth_table(self, mode: str):
+        """None: a host plan's depth is ``ancestors``' (its deepest tree's), which its kernels' launch takes; a
+        DevicePlan's (device_checks) is each tree's on the device."""
+        return None
+
     def root_paths(self, mode: str = "exact") -> torch.Tensor:
         """int32 [B, T, depth + 1]: each node's root path (its ancestors-or-self among ``mode``'s source parents: in
         the tree for "exact", every earlier node for "leaky"), root first, -1 padded; a commit picks its accepted

@@ -10,9 +10,10 @@ Nothing is read or written outside the tensors handed over:
 - ``DevicePlan``: a batch of trees [B, T] as an engine hands them over (SGLang's retrieve_parent_token; node 0 each
   tree's root, its entry not read). Its exact tables are built by one kernel (triton_tables.checked_tables, or the
   step's, ``step``); a node whose parent is not an earlier node flags its tree, and is read as the previous node's
-  child, so every walk stays in the tree. Its depth is taken as T - 1, the most T nodes can have: the WY kernels'
-  doubling rounds are then fixed per T (the extra rounds multiply by a zero power of the solve's matrix: the same
-  bits).
+  child, so every walk stays in the tree. The kernel writes each tree's depth too (per block of 32 nodes,
+  ``depth_table``): the WY kernels take each sequence's doubling rounds from it (triton_helpers.solve_rounds), where a
+  host plan's come from its deepest tree. Its depth as the host sees it is T - 1, the most T nodes can have (a bound:
+  the extra rounds multiply by a zero power of the solve's matrix, the same bits).
 - ``slots``: pool slots [B]; -1 is a padded row (SGLang's PAD_SLOT_ID), read as a zero state and never written. A
   slot outside the pool is flagged and read as padding (so neither read nor written); a slot two live rows share is
   flagged in both (a verify only reads it; the commit writes both sequences' NaN states there).
@@ -72,22 +73,22 @@ class DevicePlan(checks.TreePlan):
         from ddsim.gpu_backend import triton_tables
         if parents.dim() != 2:
             raise ValueError(f"parents: expected [B, T], got {tuple(parents.shape)}")
-        src, anc, paths, bad = triton_tables.batch_tables(*parents.shape, parents.device)
-        triton_tables.checked_tables(parents, src=src, anc=anc, paths=paths, bad=bad)
-        self._built(src, anc, paths, bad)
+        src, anc, paths, bad, depths = triton_tables.batch_tables(*parents.shape, parents.device)
+        triton_tables.checked_tables(parents, src=src, anc=anc, paths=paths, bad=bad, depths=depths)
+        self._built(src, anc, paths, bad, depths)
 
     @classmethod
-    def of_tables(cls, src, anc, paths, bad) -> "DevicePlan":
+    def of_tables(cls, src, anc, paths, bad, depths) -> "DevicePlan":
         """The plan of tables checked_tables' kernel (or the step kernel, ``step``) wrote: src [B, T] int64, anc
-        [B, T, T] int8, paths [B, T, T] int32, bad [B, blocks(T)] int32; bad None: a chain's tables (nothing to
-        flag), serving leaky mode as well."""
+        [B, T, T] int8, paths [B, T, T] int32, bad and depths [B, blocks(T)] int32; bad and depths None: a chain's
+        tables (nothing to flag, its depth T - 1), serving leaky mode as well."""
         plan = cls.__new__(cls)
-        plan._built(src, anc, paths, bad)
+        plan._built(src, anc, paths, bad, depths)
         return plan
 
-    def _built(self, src, anc, paths, bad) -> None:
+    def _built(self, src, anc, paths, bad, depths) -> None:
         self.B, self.T = src.shape
-        self.bad_blocks = bad
+        self.bad_blocks, self.depths = bad, depths
         self.parents, self.device = src, src.device
         self._cache = {("src", "exact"): src, ("anc", "exact"): (anc, self.T - 1), ("paths",): paths}
         if bad is None:  # a chain's (the step kernel's, by formula): its tables are leaky mode's too
@@ -103,6 +104,11 @@ class DevicePlan(checks.TreePlan):
         if self.bad_blocks is None:
             return torch.zeros(self.B, dtype=torch.bool, device=self.device)
         return self.bad_blocks.bool().any(1)
+
+    def depth_table(self, mode: str):
+        """int32 [B, blocks(T)] each tree's depth per block of 32 nodes, as the kernel wrote it, for mode "exact"
+        where the plan is a tree's; else None (a chain's depth is T - 1, ``ancestors``' bound)."""
+        return self.depths if mode == "exact" else None
 
     def ancestors(self, mode: str):
         if mode == "exact" and ("anc", "exact") in self._cache:

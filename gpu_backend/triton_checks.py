@@ -31,15 +31,15 @@ def _index(idx, i, o, mo, N):
 
 
 @triton.jit
-def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_bad, rows, rows_out, N_BUF, acc, acc_out,
-                        cu, a, a_out, b, b_out, bad_out, B, T, HV, A_SB, A_ST, A_SH, B_SB, B_ST, B_SH,
+def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_bad, depths, rows, rows_out, N_BUF, acc,
+                        acc_out, cu, a, a_out, b, b_out, bad_out, B, T, HV, A_SB, A_ST, A_SH, B_SB, B_ST, B_SH,
                         TREE: tl.constexpr, CHAIN: tl.constexpr, FLAGS: tl.constexpr, ROWS: tl.constexpr,
                         ACC: tl.constexpr,
                         CU: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr):
     # slots [B] int32/int64 -> slots_out [B] int32 (outside the pool: -1); tree [B, T] int32/int64 (node 0 the root,
-    # its entry not read) -> src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, tree_bad [B, NP] int32 (as
-    # triton_tables.checked_tables writes them; CHAIN instead: a chain's src, anc and paths, by formula; FLAGS instead:
-    # tree_bad read, as checked_tables wrote it, and no tree);
+    # its entry not read) -> src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, tree_bad [B, NP] int32,
+    # depths [B, NP] int32 (as triton_tables.checked_tables writes them; CHAIN instead: a chain's src, anc and paths,
+    # by formula; FLAGS instead: tree_bad read, as checked_tables wrote it, and no tree);
     # rows [B] -> rows_out [B] int32 (clamped into the buffer); acc [B] ->
     # acc_out [B] int64 (outside the tree: 0); cu [B + 1]; a, b [B, T, HV] (strided) -> a_out, b_out [B, T, HV]
     # contiguous; bad_out [B] int32. Program (p, i): nodes p BN .. p BN + BN - 1 of sequence i.
@@ -58,8 +58,9 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_ba
         for t0 in range(0, T, BN):  # the whole tree's (every program's own)
             w = triton_tables.wrong_parents(tree + i64 * T, t0 + tl.arange(0, BN), t0 + tl.arange(0, BN) < T)
             bad = bad | (live & (tl.sum(w.to(tl.int32), 0) > 0))
-        triton_tables.block_tables(tree + i64 * T, src + i64 * T, anc + i64 * T * T, anc, paths + i64 * T * T, anc,
-                                   t, T, T, 1, True, True, False, True, False, True, BN, 32)
+        depth = triton_tables.block_tables(tree + i64 * T, src + i64 * T, anc + i64 * T * T, anc, paths + i64 * T * T,
+                                           anc, t, T, T, 1, True, True, False, True, False, True, BN, 32)
+        tl.store(depths + i64 * tl.num_programs(0) + p, tl.max(depth, 0))
     if CHAIN:
         triton_tables.chain_tables(src + i64 * T, anc + i64 * T * T, paths + i64 * T * T, t, T, BN, 32)
     if FLAGS:
@@ -110,8 +111,8 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
     as an engine hands it over (node 0 each tree's root), or chain (the flattened recurrence's chains), or instead
     tree_bad [B, blocks(T)] int32 (checked_tables' flags of trees whose tables are built), rows [B] of a buffer of
     N_buf rows, accepted [B] node indices, cu_seqlens [B + 1] offsets. tables: None without a tree or chain, else
-    (src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, bad [B, blocks(T)] int32 or None for a chain), as
-    triton_tables.checked_tables writes them. An index tensor of another shape or dtype is refused in one line,
+    (src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, bad and depths [B, blocks(T)] int32, or None for
+    both for a chain), as triton_tables.checked_tables writes them. An index tensor of another shape or dtype is refused in one line,
     named as ``names`` maps these arguments' names (a caller's own), else as here."""
     B, T, HV = a.shape
     dev = a.device
@@ -144,11 +145,12 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
     bad = torch.empty(B, dtype=torch.int32, device=dev)
     NP = triton_tables.blocks(T)
     tables = triton_tables.batch_tables(B, T, dev, flags=not chain) if tree is not None or chain else None
-    src, anc, paths, flags = tables if tables is not None else (bad, bad, bad, None)
+    src, anc, paths, flags, depths = tables if tables is not None else (bad, bad, bad, None, None)
     flags = flags if flags is not None else tree_bad if tree_bad is not None else bad
     BH = C.next_pow2(HV, 1)
     launch(_step_checks_kernel, (NP, B), slots=slots, slots_out=slots_out, N_POOL=N,
            tree=tree if tree is not None else slots, src=src, anc=anc, paths=paths, tree_bad=flags,
+           depths=depths if depths is not None else bad,
            rows=rows if rows is not None else slots, rows_out=rows_out if rows is not None else slots_out,
            N_BUF=max(N_buf, 1), acc=accepted if accepted is not None else slots,
            acc_out=acc_out if accepted is not None else bad, cu=cu_seqlens if cu_seqlens is not None else slots, a=a,

@@ -147,12 +147,13 @@ def _gdn_wy_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self (chain mask for leaky)
     state, state_idx, o,
     T, scale, NSTEP,  # NSTEP = ceil(log2(max depth + 1)) doubling steps of the triangular solve
+    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block of 32 nodes (a device plan's): its own rounds
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False,
+    CHAINS: tl.constexpr = False, DEPTHS: tl.constexpr = False,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -167,6 +168,7 @@ def _gdn_wy_kernel(
         reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
                            STATE_VK, QS, KS, VS)
         i_b, o_t = reads[0], reads[3]  # wy_reads' sequence and node offsets
+        NSTEP = h.solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS, 0)
         mt = o_t < T - 1
         anc = tl.load(mask + (i_b * T + 1 + o_t[:, None]).to(tl.int64) * T + 1 + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
@@ -178,6 +180,7 @@ def _gdn_wy_kernel(
                                                                               FUSED)
         mt = o_t < T
         rows = (i_b * T + o_t).to(tl.int64)
+        NSTEP = h.solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS, 1 if ROOT == 1 else 0)  # read first (a scalar)
         slot, live = h.pool_slot(state_idx, i_b)  # read through the table even where it is the identity (no state_indices):
         # the state's read waits for it, so q and k, first used, arrive sooner (RESULTS.md: 5.3 us of device time
         # against 5.5 with the state at row i_b, 1 x 16, 4 warps, the rows' norms as read)
@@ -284,9 +287,10 @@ def _gdn_wy_kernel(
         u0 = tl.sum(tl.where(first[:, None], U, 0.0), 0)  # [BV]
         U = U + c[:, None] * u0[None, :]
     # U <- (I + N^(2^r)) U for r < NSTEP: U = sum_n (-L)^n RHS. The first step outside the loop, so that the last
-    # step squares nothing it does not use (N^(2^NSTEP) is 0). Under capture NSTEP is T - 1's (a DevicePlan's depth);
-    # counted here per sequence from the ancestor mask instead (its deepest row, a reduction before the loop) the
-    # form took 6.6 us of device time at 1 x 16 against 6.2 on an H100 (RESULTS.md, aed51b2): not kept
+    # step squares nothing it does not use (N^(2^NSTEP) is 0). Under capture (a DevicePlan) each sequence's own, from
+    # the depths the step kernel wrote (DEPTHS); T - 1's there took 6.6 us of device time at 1 x 16 against 5.1 at the
+    # trees' depth, 2 (H100, RESULTS.md, 751b45f). Counted from the ancestor mask instead (its deepest row, a
+    # reduction before the loop) the form took 6.6 us against 6.2 with T - 1's (aed51b2): not kept
     if NSTEP > 0:
         U = U + tl.dot(NL, U, input_precision=PRECISION)
     for _ in range(1, NSTEP):
@@ -354,6 +358,10 @@ FUSED_CHAINS = False
 # the diagonals against 6.2 at 4 and 6.3 at 4 with the norms as read, in four runs: with the root in the block a pool
 # in that layout keeps 8 warps and the diagonals' norms (plan_wy).
 FUSED_WARPS = None
+# Whether a device plan's WY solves (a captured call's tree, its tables built by the step kernel) take each sequence's
+# doubling rounds from the depths the kernel wrote (triton_helpers.solve_rounds), or the bound's, T - 1's: the same
+# bits (the extra rounds multiply by zero powers of the solve's matrix); benchmarks set it to time both.
+DEVICE_ROUNDS = True
 
 
 def root_fits_block(T: int) -> bool:
@@ -554,6 +562,10 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else checks.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
+    # a device plan's trees' own depths (its host depth is a bound): each sequence's rounds counted in the kernel
+    depths = parents.depth_table(mode) if isinstance(parents, checks.TreePlan) and DEVICE_ROUNDS else None
+    rounds = dict(depths=mask if depths is None else depths, NPD=1 if depths is None else depths.shape[1],
+                  DEPTHS=depths is not None)
     if design == "auto":
         design = auto_design(B, T, precision, pdl=pdl, block_k=block_k, fold_root=fold_root, block_v=block_v)
     if design in ("split", "fold", "head"):
@@ -563,7 +575,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
                              idx=idx, scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, use_qk_l2norm=use_qk_l2norm,
                              precision=precision, poison=poison, block_v=block_v, num_warps=num_warps,
                              solve_warps=solve_warps, fold=design in ("fold", "head"), exact16=exact16, pdl=pdl,
-                             fold_root=fold_root, block_k=block_k, head=design == "head")
+                             fold_root=fold_root, block_k=block_k, head=design == "head", rounds=rounds)
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     root = FUSED_ROOT if root_fits_block(T) else 0
@@ -583,5 +595,5 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
-              num_warps=num_warps)
+              **rounds, num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

@@ -122,6 +122,25 @@ def pool_slot(state_idx, i_b):
 
 
 @triton.jit
+def solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS: tl.constexpr, EXTRA: tl.constexpr):
+    """The doubling rounds of sequence i_b's triangular solve: NSTEP (the launch's, from the plan's deepest tree), or
+    with DEPTHS its own tree's, ceil(log2(d + EXTRA)), d the deepest of row i_b of depths [B, NPD] int32 (each block
+    of 32 nodes' deepest node, as a device plan's kernel wrote them: device_checks.DevicePlan.depth_table). Scalar
+    loads and no reduction: a reduction is a barrier, and one before the solve (the rounds counted from the ancestor
+    mask) took 0.3 us more device time than the bound's rounds at 1 x 16 (benchmarks/RESULTS.md)."""
+    n = NSTEP
+    if DEPTHS:
+        d = tl.load(depths + i_b * NPD)
+        for j in range(1, NPD):
+            d = tl.maximum(d, tl.load(depths + i_b * NPD + j))
+        d = d + EXTRA
+        n = d * 0
+        for r in tl.static_range(16):  # the powers of two below d: ceil(log2(d)) rounds, d < 2^16
+            n += (d > (1 << r)).to(tl.int32)
+    return n
+
+
+@triton.jit
 def live_rows(o_k, K, live):
     """[BK] bool: the state's key rows o_k to read, those below K, none for a padded row (``live`` False). Made by a
     comparison with a block, not as ``block & scalar``, which Triton's interpreter turns into int64 (a mask its

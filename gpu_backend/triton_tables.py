@@ -47,7 +47,8 @@ def block_tables(parents, src, anc, mask, paths, conv, t, T, WIDTH, W,
     """One tree's tables for its nodes t [BN] (those below T), every pointer at that tree's: parents [T]; src [T]
     int64; anc, mask [T, T] int8 / uint8; paths [T, WIDTH] int32; conv [T, W] int32; each written where its flag is
     set. The calling program owns these nodes' rows: it clears them, then writes them (a barrier between: its own
-    stores only, so no other program's order matters)."""
+    stores only, so no other program's order matters). Returns the nodes' depths [BN] int32 (the root's 0; -1 past
+    T)."""
     mt = t < T
     cols = tl.arange(0, BC)
     for c0 in range(0, T, BC):  # clear the mask rows and the paths
@@ -99,6 +100,7 @@ def block_tables(parents, src, anc, mask, paths, conv, t, T, WIDTH, W,
     if CONV:  # lags past the root: the window's own positions
         for jj in range(0, W):
             tl.store(conv + t * W + (W - 1 - jj), ((W - 1) - (jj - depth)).to(tl.int32), mask=mt & (jj > depth))
+    return depth
 
 
 @triton.jit
@@ -118,21 +120,26 @@ def chain_tables(src, anc, paths, t, T, BN: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def _tree_tables_kernel(parents, src, anc, mask, paths, conv, bad, T, WIDTH, W,
+def _tree_tables_kernel(parents, src, anc, mask, paths, conv, bad, depths, T, WIDTH, W,
                         SRC: tl.constexpr, ANC: tl.constexpr, MASK: tl.constexpr, PATHS: tl.constexpr,
-                        CONV: tl.constexpr, CHECK: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
+                        CONV: tl.constexpr, CHECK: tl.constexpr, DEPTHS: tl.constexpr, BN: tl.constexpr,
+                        BC: tl.constexpr):
     # Tree b = program_id(1) of a batch, each table's rows side by side: parents [B, T] (any integers; without CHECK
     # int64, validated: -1 at the root, each parent an earlier node); src [B, T] int64; anc, mask [B, T, T] int8 /
     # uint8; paths [B, T, WIDTH] int32; conv [B, T, W] int32; bad [B, programs along axis 0] int32 (CHECK: 1 where
-    # the program's nodes include one whose parent is not an earlier node, else 0). Program p owns nodes
-    # p BN .. p BN + BN - 1 of its tree (block_tables).
+    # the program's nodes include one whose parent is not an earlier node, else 0); depths [B, programs along axis 0]
+    # int32 (DEPTHS: the deepest of the program's nodes' depths). Program p owns nodes p BN .. p BN + BN - 1 of its
+    # tree (block_tables).
     i_b = tl.program_id(1).to(tl.int64)
     t = tl.program_id(0) * BN + tl.arange(0, BN)
     if CHECK:
         wrong = wrong_parents(parents + i_b * T, t, t < T)
         tl.store(bad + i_b * tl.num_programs(0) + tl.program_id(0), (tl.sum(wrong.to(tl.int32), 0) > 0).to(tl.int32))
-    block_tables(parents + i_b * T, src + i_b * T, anc + i_b * T * T, mask + i_b * T * T, paths + i_b * T * WIDTH,
-                 conv + i_b * T * W, t, T, WIDTH, W, SRC, ANC, MASK, PATHS, CONV, CHECK, BN, BC)
+    depth = block_tables(parents + i_b * T, src + i_b * T, anc + i_b * T * T, mask + i_b * T * T,
+                         paths + i_b * T * WIDTH, conv + i_b * T * W, t, T, WIDTH, W, SRC, ANC, MASK, PATHS, CONV,
+                         CHECK, BN, BC)
+    if DEPTHS:
+        tl.store(depths + i_b * tl.num_programs(0) + tl.program_id(0), tl.max(depth, 0))
 
 
 def tree_tables(parents: torch.Tensor, *, width: int, src=None, anc=None, mask=None, paths=None, conv=None) -> None:
@@ -164,42 +171,48 @@ def blocks(T: int) -> int:
     return C.cdiv(T, BN)
 
 
-def _launch(parents, width: int, W: int, *, src, anc, mask, paths, conv, bad) -> None:
+def _launch(parents, width: int, W: int, *, src, anc, mask, paths, conv, bad, depths=None) -> None:
     """The kernel over parents [B, T], its tables' flags from those given (bad given: CHECK)."""
     B, T = parents.shape
     dummy = parents
     launch(_tree_tables_kernel, (blocks(T), B), parents=parents, src=src if src is not None else dummy,
            anc=anc if anc is not None else dummy, mask=mask.view(torch.uint8) if mask is not None else dummy,
            paths=paths if paths is not None else dummy, conv=conv if conv is not None else dummy,
-           bad=bad if bad is not None else dummy, T=T, WIDTH=width, W=W, SRC=src is not None, ANC=anc is not None,
-           MASK=mask is not None, PATHS=paths is not None, CONV=conv is not None, CHECK=bad is not None, BN=BN, BC=32,
-           num_warps=4)
+           bad=bad if bad is not None else dummy, depths=depths if depths is not None else dummy, T=T, WIDTH=width,
+           W=W, SRC=src is not None, ANC=anc is not None, MASK=mask is not None, PATHS=paths is not None,
+           CONV=conv is not None, CHECK=bad is not None, DEPTHS=depths is not None, BN=BN, BC=32, num_warps=4)
 
 
 def batch_tables(B: int, T: int, device, flags: bool = True) -> tuple:
-    """Fresh (src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, bad [B, blocks(T)] int32, or None without
-    ``flags``): the tables checked_tables, and the step kernel (triton_checks.step_checks), write."""
+    """Fresh (src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, bad [B, blocks(T)] int32 and depths
+    [B, blocks(T)] int32, or None for both without ``flags``): the tables checked_tables, and the step kernel
+    (triton_checks.step_checks), write."""
+    def block_table():
+        return torch.empty(B, blocks(T), dtype=torch.int32, device=device) if flags else None
     return (torch.empty(B, T, dtype=torch.int64, device=device), torch.empty(B, T, T, dtype=torch.int8, device=device),
-            torch.empty(B, T, T, dtype=torch.int32, device=device),
-            torch.empty(B, blocks(T), dtype=torch.int32, device=device) if flags else None)
+            torch.empty(B, T, T, dtype=torch.int32, device=device), block_table(), block_table())
 
 
 def checked_tables(parents: torch.Tensor, *, src: torch.Tensor, anc: torch.Tensor, paths: torch.Tensor,
-                   bad: torch.Tensor) -> None:
+                   bad: torch.Tensor, depths: torch.Tensor | None = None) -> None:
     """A batch of unvalidated trees' exact tables, with no host sync (a CUDA graph captures it): parents [B, T]
     int32 or int64 as an engine hands them over (node 0 each tree's root, its entry not read) -> src [B, T] int64
     (the parents read, -1 at the root), anc [B, T, T] int8 (ancestor-or-self), paths [B, T, T] int32 (root first, -1
-    padded: any tree of T nodes fits), and bad [B, cdiv(T, 32)] int32 (its blocks of 32 nodes: 1 where one has a
-    parent that is not an earlier node, else 0; ``blocks(T)`` columns). Such a node is read as the previous node's
-    child, so the tables are a tree's and every walk ends at the root; the caller fails that sequence closed."""
+    padded: any tree of T nodes fits), bad [B, cdiv(T, 32)] int32 (its blocks of 32 nodes: 1 where one has a
+    parent that is not an earlier node, else 0; ``blocks(T)`` columns), and where given depths [B, cdiv(T, 32)] int32
+    (each block's deepest node's depth, the root's 0: the WY kernels' doubling rounds, triton_helpers.solve_rounds).
+    Such a node is read as the previous node's child, so the tables (the depths too) are a tree's and every walk ends
+    at the root; the caller fails that sequence closed."""
     if parents.dim() != 2 or parents.dtype not in (torch.int32, torch.int64) or parents.shape[1] < 1:
         raise ValueError(f"parents: expected int32 or int64 [B, T >= 1], got {parents.dtype} {tuple(parents.shape)}")
     B, T = parents.shape
     want = dict(src=(torch.int64, (B, T)), anc=(torch.int8, (B, T, T)), paths=(torch.int32, (B, T, T)),
-                bad=(torch.int32, (B, blocks(T))))
-    for k, v in dict(src=src, anc=anc, paths=paths, bad=bad).items():
+                bad=(torch.int32, (B, blocks(T))), depths=(torch.int32, (B, blocks(T))))
+    given = {k: v for k, v in dict(src=src, anc=anc, paths=paths, bad=bad, depths=depths).items()
+             if v is not None or k != "depths"}
+    for k, v in given.items():
         if (v.dtype, tuple(v.shape)) != want[k] or not v.is_contiguous():
             raise ValueError(f"{k}: expected a contiguous {want[k][0]} {list(want[k][1])}, got {v.dtype} "
                              f"{tuple(v.shape)}")
-    C.check_device(parents, src, anc, paths, bad)
-    _launch(parents.contiguous(), T, 1, src=src, anc=anc, mask=None, paths=paths, conv=None, bad=bad)
+    C.check_device(parents, *given.values())
+    _launch(parents.contiguous(), T, 1, src=src, anc=anc, mask=None, paths=paths, conv=None, bad=bad, depths=depths)

@@ -54,12 +54,15 @@ def _gdn_wy_blocked_kernel(
     state, state_idx, o,
     Gs, Us,  # scratch: [B, T, HV] fp32 path log-decays, [B, T, HV, V] fp32 WY vectors
     T, scale, NSTEP,
+    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.solve_rounds
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
+    DEPTHS: tl.constexpr = False,
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
+    NSTEP = h.solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS, 0)
     o_t = tl.arange(0, BT)
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
@@ -156,12 +159,15 @@ def _gdn_wy_blocked_diag_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self
     Gs, Wd,  # out: [B * HV, NP] fp32 path log-decays, [B * HV, NC, BT, BT] fp32 (I - N_cc)^-1
     T, NSTEP, NP, NC,
+    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.solve_rounds
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
     KS: tl.constexpr,  # k's row stride (_common.rows_of)
+    DEPTHS: tl.constexpr = False,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
+    NSTEP = h.solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS, 0)
     i_h = i_hv // (HV // H)
     o_t, o_k = tl.arange(0, BT), tl.arange(0, BK)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
@@ -349,6 +355,11 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else checks.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))
+    # a device plan's trees' own depths (its host depth is a bound): each sequence's rounds counted in the kernels
+    from ddsim.gpu_backend import triton_gdn  # (its switch, DEVICE_ROUNDS; triton_gdn imports this module)
+    depths = parents.depth_table(mode) if isinstance(parents, checks.TreePlan) and triton_gdn.DEVICE_ROUNDS else None
+    rounds = dict(depths=mask if depths is None else depths, NPD=1 if depths is None else depths.shape[1],
+                  DEPTHS=depths is not None)
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     if block_v is None:
         block_v = auto_block_v(B, precision, design)
@@ -362,7 +373,7 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
         Gs = C.scratch((B, T, HV), torch.float32, v.device)
         Us = C.scratch((B, T, HV, V), torch.float32, v.device)
         kw = dict(q=qc, k=kc, v=vc, **gates, mask=mask, state=initial_state, state_idx=idx, o=o, Gs=Gs, Us=Us, T=T,
-                  scale=scale, NSTEP=nstep, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state),
+                  scale=scale, NSTEP=nstep, **rounds, **shapes, V=V, BV=BV, STATE_VK=C.state_vk(initial_state),
                   QS=QS, KS=KS, VS=VS, num_warps=num_warps)
         return bind(_gdn_wy_blocked_kernel, (C.cdiv(V, BV), B * HV), kw), o
     NC = max(1, C.cdiv(T - 1, BT))  # chunks (one, empty, for a root alone: the apply stores o_0)
@@ -376,7 +387,7 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     # q, k stay 16-bit in the per-head kernels' products by k (as triton_wy_split's; not in the
     # interpreter, whose bf16 tl.dot multiplies raw bits)
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
-    diag = dict(k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, T=T, NSTEP=nstep, NP=NP, NC=NC, **shapes, RAW16=raw16,
+    diag = dict(k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, T=T, NSTEP=nstep, **rounds, NP=NP, NC=NC, **shapes, RAW16=raw16,
                 KS=KS, num_warps=solve_warps, **opts)
     solve = dict(q=qc, k=kc, **gates, mask=mask, Gs=Gs, Wd=Wd, Ve=Ve, Qe=Qe, T=T, scale=scale, NP=NP, NC=NC, **shapes,
                  RAW16=raw16, EXACT=_exact_mode(q, k, q, "bf16x3", C.interpreting()), FOLD=fold, QS=QS, KS=KS,

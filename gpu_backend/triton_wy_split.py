@@ -143,11 +143,14 @@ def _gdn_wy_solve_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     W, P, Ad,  # out: [B, HV, BT, BT] x2 fp32, [B, HV, BT] fp32
     T, scale, NSTEP,
+    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.solve_rounds
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr,  # q's and k's row strides (_common.rows_of)
+    DEPTHS: tl.constexpr = False,
 ):
     i_bh = tl.program_id(0)
+    NSTEP = h.solve_rounds(NSTEP, depths, i_bh // HV, NPD, DEPTHS, 0)
     o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _solve_prologue(
         q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, PRECISION, QS, KS)
     Pm = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale
@@ -287,14 +290,17 @@ def _gdn_wy_fold_kernel(
     Cv, Q0, C0,  # out (ROOT): [B, HV, BT], [B, HV, BK], [B, HV] fp32: the weights of v_0 and of the root's o_0
     ready,  # PDL 1: [B * HV] int32, zeroed before each launch, set to 1 once this head's Qe, Ve are written
     T, scale, NSTEP,
+    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.solve_rounds
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, ROOT: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr,  # q's and k's row strides (_common.rows_of)
+    DEPTHS: tl.constexpr = False,
 ):
     if PDL:  # the apply kernel may start its independent prologue now (it waits before reading Qe, Ve)
         gdc_launch_dependents()
     i_bh = tl.program_id(0)
+    NSTEP = h.solve_rounds(NSTEP, depths, i_bh // HV, NPD, DEPTHS, 0)
     o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
                                                 BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, ROOT, QS, KS)
     base = i_bh.to(tl.int64) * BT
@@ -349,11 +355,13 @@ def _gdn_wy_fold_head_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     state, state_idx, o,
     T, scale, NSTEP,
+    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.solve_rounds
     NWHOLE,  # MIXED: the heads with a program of their own (the first NWHOLE); the rest take a program a V tile
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr,
     PRECISION: tl.constexpr, STATE_VK: tl.constexpr, SPLIT_V: tl.constexpr, MIXED: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
+    DEPTHS: tl.constexpr = False,
 ):
     # The folded form with the root's step folded in (fold_root) in one program per head: the weights stay in
     # the program (registers) and it applies them to each V tile of the committed state S itself,
@@ -376,6 +384,7 @@ def _gdn_wy_fold_head_kernel(
     else:
         i_bh = pid // NT if SPLIT_V else pid
     i_b, i_hv = i_bh // HV, i_bh % HV
+    NSTEP = h.solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS, 0)
     slot, live = h.pool_slot(state_idx, i_b)  # read with the weights' reads (after them, the state's read waited two
     # trips); a padded row (slot -1) reads a zero state
     o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
@@ -590,7 +599,7 @@ MAXNREG = None  # a (per-head, per-V-tile) pair here overrides FOLD_DEFAULTS' ca
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
                   use_qk_l2norm, precision, poison, block_v=None, num_warps=4, solve_warps=4, fold=False,
-                  exact16="bf16x3", pdl=False, fold_root=None, block_k=None, head=False):
+                  exact16="bf16x3", pdl=False, fold_root=None, block_k=None, head=False, rounds=None):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four. pdl (fold
@@ -601,7 +610,9 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     the per-V-tile kernel (_gdn_wy_fold_root_apply_kernel) multiplies the committed state itself, in
     block_k-row chunks of K (None: all of K). head (fold only): one program per head computes the weights with the
     root folded in and applies them to every V tile itself (_gdn_wy_fold_head_kernel: one launch, no scratch);
-    it takes no pdl, fold_root=False, block_k or block_v (its V tile is HEAD_BLOCK_V)."""
+    it takes no pdl, fold_root=False, block_k or block_v (its V tile is HEAD_BLOCK_V). rounds: the solves' depths,
+    NPD and DEPTHS (triton_gdn.plan_wy's: each sequence's rounds from a device plan's depths), None: nstep's."""
+    rounds = rounds or dict(depths=mask, NPD=1, DEPTHS=False)
     if head and (not fold or pdl or fold_root is False or block_k is not None or block_v is not None):
         raise ValueError("head: the one-program folded form takes fold=True and no pdl, fold_root=False, block_k or "
                          "block_v")
@@ -624,19 +635,20 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
             return _plan_head(dict(q=qc, k=kc, v=vc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, **strides,
                                    state=state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K,
                                    V=V, BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
-                                   EXACT=exact, PRECISION=precision, STATE_VK=C.state_vk(state),
+                                   EXACT=exact, PRECISION=precision, STATE_VK=C.state_vk(state), **rounds,
                                    num_warps=solve_warps, num_stages=HEAD_STAGES), B * HV, caps[0], v.device), o
         return _plan_fold(qc, kc, vc, g_, b_, al, db, strides=strides, fused=fused, mask=mask, nstep=nstep, state=state, idx=idx,
                           scale=scale, T=T, B=B, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, raw16=raw16,
                           exact=exact, use_qk_l2norm=use_qk_l2norm, precision=precision, o=o, num_warps=num_warps,
                           solve_warps=solve_warps, pdl=_pdl(pdl), caps=caps,
-                          root=root if fold_root is None else bool(fold_root), BKC=min(block_k or BK, BK))
+                          root=root if fold_root is None else bool(fold_root), BKC=min(block_k or BK, BK),
+                          rounds=rounds)
     Wm = C.scratch((B, HV, BT, BT), torch.float32, v.device)
     Pm = C.scratch(Wm.shape, torch.float32, v.device)
     Ad = C.scratch((B, HV, BT), torch.float32, v.device)
     solve = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, W=Wm, P=Pm, Ad=Ad, T=T, scale=scale,
-                 NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
-                 PRECISION=precision, num_warps=solve_warps, **qks)
+                 NSTEP=nstep, **rounds, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused, L2NORM=use_qk_l2norm,
+                 RAW16=raw16, PRECISION=precision, num_warps=solve_warps, **qks)
     apply = dict(q=qc, k=kc, v=vc, **strides, g=g_, beta=b_, A_log=al, dt_bias=db, W=Wm, P=Pm, Ad=Ad, state=state,
                  state_idx=idx, o=o, T=T, scale=scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, FUSED=fused,
                  L2NORM=use_qk_l2norm, PRECISION=precision, STATE_VK=C.state_vk(state), num_warps=num_warps)
@@ -670,7 +682,7 @@ def _in_order(first, second):
 
 
 def _plan_fold(qc, kc, v, g_, b_, al, db, *, strides, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V, BT, BK, BV,
-               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, caps, root, BKC):
+               raw16, exact, use_qk_l2norm, precision, o, num_warps, solve_warps, pdl, caps, root, BKC, rounds):
     Qe = C.scratch((B, HV, BT, BK), torch.float32, v.device)
     Ve = C.scratch((B, HV, BT, BT), torch.float32, v.device)
     if root:
@@ -681,7 +693,7 @@ def _plan_fold(qc, kc, v, g_, b_, al, db, *, strides, fused, mask, nstep, state,
     ready = (C.scratch((B * HV,), torch.int32, v.device) if pdl == 1 else
              checks.constant("dummy", 1, v.device, torch.int32))
     fold = dict(q=qc, k=kc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, Qe=Qe, Ve=Ve, Cv=Cv, Q0=Q0, C0=C0,
-                ready=ready, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused,
+                ready=ready, T=T, scale=scale, NSTEP=nstep, **rounds, H=H, HV=HV, K=K, BT=BT, BK=BK, FUSED=fused,
                 L2NORM=use_qk_l2norm, RAW16=raw16, EXACT=exact, PRECISION=precision, PDL=pdl, ROOT=root,
                 num_warps=solve_warps, QS=strides["QS"], KS=strides["KS"])
     if root:

@@ -15,7 +15,8 @@ Triton kernel the public functions launch (recurrent GDN, the commits, the tree 
 and commit kernels) at the property suites' fixed examples. --set serving: what a server launches, the WY
 launchers' default design ("auto") at one sequence of 16 nodes (the root in the block) and one and eight of 17, 65
 and 131 nodes in bf16, the two-kernel form auto takes for a batch when given its options (fold at 8 x 65) and
-for one sequence (split at 1 x 65), and the other kernels. --set reads: the WY kernels a server launches up to one
+for one sequence (split at 1 x 65), six of these on a plan built on the device (a captured call's: the tables'
+kernel, then the WY kernels taking each sequence's doubling rounds from the depths it wrote), and the other kernels. --set reads: the WY kernels a server launches up to one
 block (design auto at 1 x 16 (the root in the block), 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, auto at 1 x 16
 with triton_gdn.FUSED_RAW16 off and at 8 x 65 with triton_wy_split.HEAD_MIXED off), each with its global reads'
 rounds in the machine code: runs of loads that a barrier (BAR.SYNC) separates. A read issued after a barrier waits
@@ -76,10 +77,15 @@ for _m in (triton_attention, triton_checks, triton_commit, triton_conv, triton_n
 _common.check_device = lambda *xs: None  # CPU tensors: nothing is launched
 
 
-def launches(B, T, dtype, design, **plan_kw):
-    """(kernel, keyword arguments) of each launch plan_wy would make (with ``plan_kw``: num_warps, block_v ...)."""
+def launches(B, T, dtype, design, device_plan=False, **plan_kw):
+    """(kernel, keyword arguments) of each launch plan_wy would make (with ``plan_kw``: num_warps, block_v ...);
+    device_plan: on a plan built on the device, as a captured call's (its tables' launch first, then the WY kernels
+    taking each sequence's rounds from its depths)."""
     GOT.clear()
     _, parents = ddtree_batch(B, T)
+    if device_plan:
+        from ddsim.gpu_backend import device_checks
+        parents = device_checks.DevicePlan(parents.int())
     inp = kernel_inputs(B, T, dtype=dtype, device="cpu")
     triton_gdn.plan_wy(**{k: inp[k] for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                        initial_state=inp["initial_state"], design=design, poison=False, **plan_kw)
@@ -137,7 +143,8 @@ def other_calls():
         ("trees' tables checked on the device", lambda: triton_tables.checked_tables(
             torch.zeros(8, 65, dtype=torch.int32), src=torch.empty(8, 65, dtype=torch.int64),
             anc=torch.empty(8, 65, 65, dtype=torch.int8), paths=torch.empty(8, 65, 65, dtype=torch.int32),
-            bad=torch.empty(8, triton_tables.blocks(65), dtype=torch.int32))),
+            bad=torch.empty(8, triton_tables.blocks(65), dtype=torch.int32),
+            depths=torch.empty(8, triton_tables.blocks(65), dtype=torch.int32))),
         ("a step's checks and its tree's tables on the device", lambda: triton_checks.step_checks(
             slots=torch.zeros(8, dtype=torch.int32), N=16, a=torch.zeros(8, 65, 48, dtype=torch.bfloat16),
             b=torch.zeros(8, 65, 48, dtype=torch.bfloat16), tree=torch.zeros(8, 65, dtype=torch.int32),
@@ -343,6 +350,12 @@ if __name__ == "__main__":
                              (8, 131, "auto"), (8, 65, "fold"), (1, 65, "split")):
             for kernel, kw in launches(B, T, torch.bfloat16, design):
                 failed += not check(f"{B} x {T} nodes, bfloat16, design {design}", kernel, kw)
+        # the same forms on a plan built on the device (a captured call's): each sequence's rounds from its depths
+        for B, T, design in ((1, 16, "auto"), (1, 17, "auto"), (8, 65, "auto"), (8, 131, "auto"), (8, 65, "fold"),
+                             (1, 65, "split")):
+            for kernel, kw in launches(B, T, torch.bfloat16, design, device_plan=True):
+                assert kw.get("DEPTHS", True), kernel.__name__  # (the tables' launch has no DEPTHS)
+                failed += not check(f"{B} x {T} nodes, bfloat16, design {design}, a device plan", kernel, kw)
     for name, call in other_calls():
         GOT.clear()
         try:

@@ -22,7 +22,8 @@ from tests.test_host_tables import parent_batches
 def test_checked_tables_are_the_host_tables_of_the_tree_as_read(parents, data):
     """triton_tables.checked_tables on trees as an engine hands them over: node 0's entry anything (SGLang leaves 0),
     some nodes' parents not an earlier node. Its tables are the host's for the tree read with each such node under
-    the previous one, and exactly the trees with such a node are flagged."""
+    the previous one (each block of 32 nodes' depth too, its deepest node's), and exactly the trees with such a node
+    are flagged."""
     from ddsim.gpu_backend import triton_tables
     B, T = parents.shape
     raw, read = parents.clone(), parents.clone()
@@ -37,7 +38,9 @@ def test_checked_tables_are_the_host_tables_of_the_tree_as_read(parents, data):
     anc = torch.full((B, T, T), 7, dtype=torch.int8)
     paths = torch.full((B, T, T), 7, dtype=torch.int32)
     bad = torch.full((B, triton_tables.blocks(T)), 7, dtype=torch.int32)  # a flag per block of 32 nodes
-    triton_tables.checked_tables(raw.to(dtype), src=src, anc=anc, paths=paths, bad=bad)
+    depths = torch.full_like(bad, 7)
+    triton_tables.checked_tables(raw.to(dtype), src=src, anc=anc, paths=paths, bad=bad, depths=depths)
+    assert torch.equal(depths, _block_depths(read))
     mask, depth = host_tables.ancestor_mask(read.numpy())
     want_paths = np.full((B, T, T), -1, dtype=np.int32)
     want_paths[:, :, :depth + 1] = host_tables.root_paths(mask, depth)
@@ -45,13 +48,27 @@ def test_checked_tables_are_the_host_tables_of_the_tree_as_read(parents, data):
     assert bad.bool().any(1).tolist() == bad_want and set(bad.flatten().tolist()) <= {0, 1}
 
 
+def _block_depths(parents: torch.Tensor) -> torch.Tensor:
+    """int32 [B, blocks(T)]: each block of 32 nodes' deepest node's depth (the root's 0) in valid trees parents [B, T]
+    (each node's depth its parent's plus one, in node order)."""
+    from ddsim.gpu_backend import triton_tables
+    B, T = parents.shape
+    depth = torch.zeros(B, T, dtype=torch.int32)
+    for t in range(1, T):
+        depth[:, t] = depth[torch.arange(B), parents[:, t]] + 1
+    out = torch.zeros(B, triton_tables.blocks(T), dtype=torch.int32)
+    for j in range(out.shape[1]):
+        out[:, j] = depth[:, 32 * j:32 * (j + 1)].amax(1)
+    return out
+
+
 @pytest.mark.interpreter
 @given(parents=parent_batches(max_batch=3, max_nodes=40))
 def test_a_device_plan_serves_the_tables_a_host_plan_serves_in_both_modes(parents):
     """DevicePlan (the tables kernel's, and the step kernel's for a tree as read and for the flattened recurrence's
     chains) against TreePlan on valid trees: the same source parents, ancestor masks and root paths in exact and
-    leaky mode (the root paths padded to T columns, the depth reported as T - 1, the most T nodes reach); no conv
-    tables; nothing flagged."""
+    leaky mode (the root paths padded to T columns, the depth reported as T - 1, the most T nodes reach, with each
+    tree's own per block for exact mode where it is a tree's); no conv tables; nothing flagged."""
     B, T = parents.shape
     host = checks.TreePlan(parents)
     raw = parents.clone()
@@ -69,6 +86,10 @@ def test_a_device_plan_serves_the_tables_a_host_plan_serves_in_both_modes(parent
             paths = hp.root_paths(mode)
             want[:, :, :paths.shape[2]] = paths
             assert torch.equal(dev.root_paths(mode)[:, :, :T], want[:, :, :dev.root_paths(mode).shape[2]])
+        tree_built = hp is host
+        assert dev.depth_table("leaky") is None and (dev.depth_table("exact") is None) is not tree_built
+        if tree_built:
+            assert torch.equal(dev.depth_table("exact"), _block_depths(parents))
         with pytest.raises(RuntimeError, match="no conv tables"):
             dev.conv_table("exact", 4)
         with pytest.raises(ValueError, match="^mode: expected one of"):
@@ -702,3 +723,66 @@ def test_an_eager_raw_call_refuses_in_one_line_before_any_launch():
             assert not launched and torch.equal(p, pool), needle
     finally:
         interpreter.GridExecutor.__call__ = real
+
+
+def _rounds_example(T: int) -> dict:
+    """Two sequences: a tree whose deepest node sits 3 (T = 6) or 4 (T = 7) below its root, and a chain (T - 1 deep,
+    the batch's depth): at the tree's depth one doubling round fewer than its solve needs leaves a power of -L out
+    (ceil(log2 d) drops with d - 1; ceil(log2 (d + 1)) where the root's chain counts, at T = 7)."""
+    parents = [-1, 0, 0, 1, 2, 4, 5][:T]
+    gen = torch.Generator().manual_seed(T)
+    B, H, HV, K, V = 2, 1, 2, 4, 3
+    return dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
+                v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen) * 0.2,
+                beta=torch.rand(B, T, HV, generator=gen), parents=torch.tensor([parents, [-1] + list(range(T - 1))]),
+                initial_state=torch.randn(B, HV, K, V, generator=gen))
+
+
+def _verify_form(x: dict, plan, design: str) -> torch.Tensor:
+    """The WY verify of inputs x on ``plan`` in one form: plan_wy's designs, or past one block's forms on any tree
+    (triton_wy_blocked, "chunked" its one kernel, "blocked" its split form) in 8-node chunks, one for a few nodes'
+    tree, so that its in-chunk solve spans the tree's deepest chain."""
+    from ddsim.gpu_backend import triton_gdn, triton_wy_blocked
+    if design in ("chunked", "blocked"):
+        run, o = triton_wy_blocked.plan_wy_blocked(**x, parents=plan, mode="exact", block_t=8, poison=True,
+                                                    design="chunked" if design == "chunked" else "split")
+        run()
+        return o
+    return triton_gdn.gdn_tree_verify_wy(**x, parents=plan, mode="exact", design=design)
+
+
+ROUNDS_FORMS = [("fused", 0, 6), ("fused", 1, 7), ("fused", 2, 6), ("split", None, 6), ("fold", None, 6),
+                ("head", None, 6), ("chunked", None, 6), ("blocked", None, 6)]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("design,root,T", ROUNDS_FORMS)
+def test_the_wy_forms_take_a_device_plans_rounds_from_each_trees_depth(design, root, T):
+    """A plan built on the device (as under capture) gives its trees' depth to the host as T - 1, a bound; every
+    one-block WY form then takes each sequence's doubling rounds from the depths the kernel wrote (DEPTHS), where a
+    host plan's are its deepest tree's. The same bits as the host plan's, the depths read; with the tree's depth one
+    less than it is, a round short, other bits (so the rounds are each sequence's, not a bound's)."""
+    from ddsim.gpu_backend import triton_gdn, triton_wy_blocked, triton_wy_split
+    from ddsim.properties.kernel_checks import on_device
+    inp = _rounds_example(T)
+    x = {n: on_device(inp[n]) for n in ("q", "k", "v", "g", "beta", "initial_state")}
+    parents = on_device(inp["parents"])
+    host = checks.TreePlan(parents)
+    device = device_checks.DevicePlan(parents.int())
+    short = device_checks.DevicePlan(parents.int())
+    short.depths = short.depths.clone()
+    short.depths[0] -= 1  # the tree's depth one less (the chain's unchanged)
+    got, seen, bind = {}, {}, triton_gdn.bind
+    with pytest.MonkeyPatch.context() as mp:
+        if root is not None:
+            mp.setattr(triton_gdn, "FUSED_ROOT", root)
+        for name, plan in (("device", device), ("host", host), ("short", short)):
+            mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw, name=name: seen.setdefault(
+                name, kw.get("DEPTHS")) is None or bind(kernel, grid, kw))
+            for module in (triton_wy_split, triton_wy_blocked):
+                mp.setattr(module, "bind", lambda kernel, grid, kw, name=name: seen.setdefault(
+                    name, kw.get("DEPTHS")) is None or bind(kernel, grid, kw))
+            got[name] = _verify_form(x, plan, design)
+    assert seen == {"device": True, "host": False, "short": True}, seen
+    assert torch.equal(got["device"], got["host"]) and torch.isfinite(got["host"]).all()
+    assert not torch.equal(got["short"][0], got["host"][0]) and torch.equal(got["short"][1], got["host"][1])

@@ -35,10 +35,12 @@ def _compile(*args, prefix: str = "ok ") -> list[str]:
 def test_what_a_server_launches_compiles_for_blackwell(arch):
     """The WY launchers' default design at one sequence of 16 nodes (the root in the block) and one and eight of 17,
     65 and 131 nodes (bf16), the two-kernel forms auto takes when given their options (fold at 8 x 65, split at
-    1 x 65) and every other kernel: 52 launches, each within the architecture's shared memory per block (sm_120a:
-    99 KiB)."""
+    1 x 65), six of these on a plan built on the device (a captured call's: its tables' kernel, then the WY kernels
+    taking each sequence's rounds from its depths) and every other kernel: 68 launches, each within the
+    architecture's shared memory per block (sm_120a: 99 KiB)."""
     ok = _compile("--arch", str(arch), "--set", "serving")
-    assert len(ok) == 52, ok
+    assert len(ok) == 68, ok
+    assert sum("a device plan" in line for line in ok) == 16, ok
     for name in ("_gdn_wy_kernel", "_gdn_wy_fold_head_kernel", "_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel",
                  "_gdn_wy_fold_kernel", "_gdn_wy_fold_root_apply_kernel", "_gdn_wy_blocked_diag_kernel",
                  "_gdn_wy_blocked_solve_kernel", "_gdn_wy_blocked_apply_kernel", *OTHERS):
