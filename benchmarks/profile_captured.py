@@ -6,10 +6,11 @@ one of the two planned (the tree or the slots), and the kernels' own device time
 (torch.profiler over graph replays), at Qwen3.6-27B GDN shapes. --depths D,...: the planned verify again with its
 trees' depth taken as each D (at least the trees' own), so that the solve runs the doubling rounds of a deeper tree
 (a captured raw tree's plan takes T - 1): the extra rounds multiply by zero powers of the solve's matrix, the same
-bits, so these forms time the rounds alone.
+bits, so these forms time the rounds alone. --bound-rounds: a captured raw tree's solves run the rounds of its bound,
+T - 1 (triton_gdn.DEVICE_ROUNDS off), as before each sequence's were read from the depths its tables' kernel writes.
 
     python benchmarks/profile_captured.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--layers 48] [--gib 40]
-                                          [--depths 3,5,9,15]
+                                          [--depths 3,5,9,15] [--bound-rounds]
 """
 import argparse
 import collections
@@ -18,7 +19,7 @@ import torch
 from drop_in_graphed import options, step_layers
 
 from ddsim.bench.bench import cuda_run, event_median_ms, layers_graph
-from ddsim.gpu_backend import engine_api
+from ddsim.gpu_backend import engine_api, triton_gdn
 
 
 def _split(graph, n: int, replays: int = 10) -> dict:
@@ -48,6 +49,7 @@ def _depth_list(text: str) -> list[int]:
 
 def _depths(ap) -> None:
     ap.add_argument("--depths", type=_depth_list, default=[], help="comma-separated depths to plan the verify's trees at")
+    ap.add_argument("--bound-rounds", action="store_true", help="a device plan's solves at T - 1's rounds")
 
 
 def deeper(plan, depth: int):
@@ -61,6 +63,8 @@ def deeper(plan, depth: int):
 def main():
     a, shapes = options(_depths)
     depths = a.depths
+    triton_gdn.DEVICE_ROUNDS = not a.bound_rounds
+    print(f"# a device plan's rounds: {'the bound, T - 1' if a.bound_rounds else 'each sequence its own'}")
     cuda_run("profile_captured", a.commit)
     for B, T in shapes:
         par, acc, layers = step_layers(B, T, a.layers, a.gib)
