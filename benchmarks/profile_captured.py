@@ -64,8 +64,8 @@ def main():
     a, shapes = options(_depths)
     depths = a.depths
     triton_gdn.DEVICE_ROUNDS = not a.bound_rounds
-    print(f"# a device plan's rounds: {'the bound, T - 1' if a.bound_rounds else 'each sequence its own'}")
     cuda_run("profile_captured", a.commit)
+    print(f"# a device plan's rounds: {'the bound, T - 1' if a.bound_rounds else 'each sequence its own'}")
     for B, T in shapes:
         par, acc, layers = step_layers(B, T, a.layers, a.gib)
         n = len(layers)
