@@ -153,7 +153,7 @@ def _gdn_wy_kernel(
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False, DEPTHS: tl.constexpr = False,
+    CHAINS: tl.constexpr = False, DEPTHS: tl.constexpr = False, UNROLL: tl.constexpr = 0,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -293,9 +293,15 @@ def _gdn_wy_kernel(
     # reduction before the loop) the form took 6.6 us against 6.2 with T - 1's (aed51b2): not kept
     if NSTEP > 0:
         U = U + tl.dot(NL, U, input_precision=PRECISION)
-    for _ in range(1, NSTEP):
-        NL = tl.dot(NL, NL, input_precision=PRECISION)
-        U = U + tl.dot(NL, U, input_precision=PRECISION)
+    if UNROLL > 0:  # (NSTEP read from the depths) the rounds unrolled, each taken where the sequence's count reaches it
+        for r in tl.static_range(1, UNROLL):
+            if r < NSTEP:
+                NL = tl.dot(NL, NL, input_precision=PRECISION)
+                U = U + tl.dot(NL, U, input_precision=PRECISION)
+    else:
+        for _ in range(1, NSTEP):
+            NL = tl.dot(NL, NL, input_precision=PRECISION)
+            U = U + tl.dot(NL, U, input_precision=PRECISION)
     b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
@@ -362,6 +368,9 @@ FUSED_WARPS = None
 # doubling rounds from the depths the kernel wrote (triton_helpers.solve_rounds), or the bound's, T - 1's: the same
 # bits (the extra rounds multiply by zero powers of the solve's matrix); benchmarks set it to time both.
 DEVICE_ROUNDS = True
+# Whether the one-kernel form unrolls the rounds a device plan's depths give (each behind a test of the sequence's
+# count, up to a BT-deep chain's), where the loop runs them to a bound read at run time.
+FUSED_UNROLL_ROUNDS = False
 
 
 def root_fits_block(T: int) -> bool:
@@ -595,5 +604,6 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
-              **rounds, num_warps=num_warps)
+              **rounds, UNROLL=math.ceil(math.log2(BT + 1)) if FUSED_UNROLL_ROUNDS and rounds["DEPTHS"] else 0,
+              num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o

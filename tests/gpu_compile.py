@@ -16,11 +16,12 @@ and commit kernels) at the property suites' fixed examples. --set serving: what 
 launchers' default design ("auto") at one sequence of 16 nodes (the root in the block) and one and eight of 17, 65
 and 131 nodes in bf16, the two-kernel form auto takes for a batch when given its options (fold at 8 x 65) and
 for one sequence (split at 1 x 65), six of these on a plan built on the device (a captured call's: the tables'
-kernel, then the WY kernels taking each sequence's doubling rounds from the depths it wrote), and the other kernels. --set reads: the WY kernels a server launches up to one
-block (design auto at 1 x 16 (the root in the block), 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, auto at 1 x 16
-with triton_gdn.FUSED_RAW16 off and at 8 x 65 with triton_wy_split.HEAD_MIXED off), each with its global reads'
-rounds in the machine code: runs of loads that a barrier (BAR.SYNC) separates. A read issued after a barrier waits
-a memory round trip of its own; a kernel whose reads all precede its first barrier takes one.
+kernel, then the WY kernels taking each sequence's doubling rounds from the depths it wrote), and the other
+kernels. --set reads: the WY kernels a server launches up to one block (design auto at 1 x 16 (the root in the
+block), 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, auto at 1 x 16 with triton_gdn.FUSED_RAW16 off and at 8 x 65 with
+triton_wy_split.HEAD_MIXED off), each with its global reads' rounds in the machine code: runs of loads that a
+barrier (BAR.SYNC) separates. A read issued after a barrier waits a memory round trip of its own; a kernel whose
+reads all precede its first barrier takes one.
 """
 import os
 import sys

@@ -740,11 +740,11 @@ def _rounds_example(T: int) -> dict:
 
 def _verify_form(x: dict, plan, design: str) -> torch.Tensor:
     """The WY verify of inputs x on ``plan`` in one form: plan_wy's designs, or past one block's forms on any tree
-    (triton_wy_blocked, "chunked" its one kernel, "blocked" its split form) in 8-node chunks, one for a few nodes'
+    (triton_wy_blocked, "chunked" its one kernel, "blocked" its split form) in 16-node chunks, one for a few nodes'
     tree, so that its in-chunk solve spans the tree's deepest chain."""
     from ddsim.gpu_backend import triton_gdn, triton_wy_blocked
     if design in ("chunked", "blocked"):
-        run, o = triton_wy_blocked.plan_wy_blocked(**x, parents=plan, mode="exact", block_t=8, poison=True,
+        run, o = triton_wy_blocked.plan_wy_blocked(**x, parents=plan, mode="exact", block_t=16, poison=True,
                                                     design="chunked" if design == "chunked" else "split")
         run()
         return o
@@ -755,13 +755,14 @@ ROUNDS_FORMS = [("fused", 0, 6), ("fused", 1, 7), ("fused", 2, 6), ("split", Non
                 ("head", None, 6), ("chunked", None, 6), ("blocked", None, 6)]
 
 
-@pytest.mark.interpreter
+@pytest.mark.parametrize("unrolled", [False, True])
 @pytest.mark.parametrize("design,root,T", ROUNDS_FORMS)
-def test_the_wy_forms_take_a_device_plans_rounds_from_each_trees_depth(design, root, T):
+def test_the_wy_forms_take_a_device_plans_rounds_from_each_trees_depth(design, root, T, unrolled):
     """A plan built on the device (as under capture) gives its trees' depth to the host as T - 1, a bound; every
     one-block WY form then takes each sequence's doubling rounds from the depths the kernel wrote (DEPTHS), where a
     host plan's are its deepest tree's. The same bits as the host plan's, the depths read; with the tree's depth one
-    less than it is, a round short, other bits (so the rounds are each sequence's, not a bound's)."""
+    less than it is, a round short, other bits (so the rounds are each sequence's, not a bound's). unrolled: the
+    one-kernel form's rounds unrolled (triton_gdn.FUSED_UNROLL_ROUNDS; the other forms as they are)."""
     from ddsim.gpu_backend import triton_gdn, triton_wy_blocked, triton_wy_split
     from ddsim.properties.kernel_checks import on_device
     inp = _rounds_example(T)
@@ -774,6 +775,7 @@ def test_the_wy_forms_take_a_device_plans_rounds_from_each_trees_depth(design, r
     short.depths[0] -= 1  # the tree's depth one less (the chain's unchanged)
     got, seen, bind = {}, {}, triton_gdn.bind
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(triton_gdn, "FUSED_UNROLL_ROUNDS", unrolled)
         if root is not None:
             mp.setattr(triton_gdn, "FUSED_ROOT", root)
         for name, plan in (("device", device), ("host", host), ("short", short)):
