@@ -147,13 +147,13 @@ def _gdn_wy_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self (chain mask for leaky)
     state, state_idx, o,
     T, scale, NSTEP,  # NSTEP = ceil(log2(max depth + 1)) doubling steps of the triangular solve
-    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block of 32 nodes (a device plan's): its own rounds
+    depths,  # DEPTHS: [B, NPD] int32 each tree's depth per block of 32 nodes (a device plan's): its own rounds
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False, DEPTHS: tl.constexpr = False, UNROLL: tl.constexpr = 0,
+    CHAINS: tl.constexpr = False, DEPTHS: tl.constexpr = False, NPD: tl.constexpr = 1, UNROLL: tl.constexpr = 0,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -168,7 +168,7 @@ def _gdn_wy_kernel(
         reads = h.wy_reads(q, k, v, g, beta, A_log, dt_bias, state, state_idx, T, H, HV, K, V, BT, BK, BV, FUSED,
                            STATE_VK, QS, KS, VS)
         i_b, o_t = reads[0], reads[3]  # wy_reads' sequence and node offsets
-        NSTEP = h.solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS, 0)
+        depth = h.tree_depth(depths, i_b, NPD, DEPTHS)
         mt = o_t < T - 1
         anc = tl.load(mask + (i_b * T + 1 + o_t[:, None]).to(tl.int64) * T + 1 + o_t[None, :],
                       mask=mt[:, None] & mt[None, :], other=0) != 0
@@ -180,7 +180,7 @@ def _gdn_wy_kernel(
                                                                               FUSED)
         mt = o_t < T
         rows = (i_b * T + o_t).to(tl.int64)
-        NSTEP = h.solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS, 1 if ROOT == 1 else 0)  # read first (a scalar)
+        depth = h.tree_depth(depths, i_b, NPD, DEPTHS)  # read first (a scalar)
         slot, live = h.pool_slot(state_idx, i_b)  # read through the table even where it is the identity (no state_indices):
         # the state's read waits for it, so q and k, first used, arrive sooner (RESULTS.md: 5.3 us of device time
         # against 5.5 with the state at row i_b, 1 x 16, 4 warps, the rows' norms as read)
@@ -288,9 +288,11 @@ def _gdn_wy_kernel(
         U = U + c[:, None] * u0[None, :]
     # U <- (I + N^(2^r)) U for r < NSTEP: U = sum_n (-L)^n RHS. The first step outside the loop, so that the last
     # step squares nothing it does not use (N^(2^NSTEP) is 0). Under capture (a DevicePlan) each sequence's own, from
-    # the depths the step kernel wrote (DEPTHS); T - 1's there took 6.6 us of device time at 1 x 16 against 5.1 at the
-    # trees' depth, 2 (H100, RESULTS.md, 751b45f). Counted from the ancestor mask instead (its deepest row, a
-    # reduction before the loop) the form took 6.6 us against 6.2 with T - 1's (aed51b2): not kept
+    # the depth the step kernel wrote (DEPTHS, read with the first reads); T - 1's there took 6.5 us of device time at
+    # 1 x 16 against 5.1 at the trees' depth, 2, and the depth read and counted at once 5.9 (H100, RESULTS.md, 9a22789;
+    # unrolled, UNROLL, 5.9 too). Counted from the ancestor mask instead (its deepest row, a reduction before the
+    # loop) the form took 6.6 us against 6.2 with T - 1's (aed51b2): not kept
+    NSTEP = h.solve_rounds(NSTEP, depth, DEPTHS, 1 if ROOT == 1 else 0)
     if NSTEP > 0:
         U = U + tl.dot(NL, U, input_precision=PRECISION)
     if UNROLL > 0:  # (NSTEP read from the depths) the rounds unrolled, each taken where the sequence's count reaches it

@@ -122,17 +122,28 @@ def pool_slot(state_idx, i_b):
 
 
 @triton.jit
-def solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS: tl.constexpr, EXTRA: tl.constexpr):
-    """The doubling rounds of sequence i_b's triangular solve: NSTEP (the launch's, from the plan's deepest tree), or
-    with DEPTHS its own tree's, ceil(log2(d + EXTRA)), d the deepest of row i_b of depths [B, NPD] int32 (each block
-    of 32 nodes' deepest node, as a device plan's kernel wrote them: device_checks.DevicePlan.depth_table). Scalar
-    loads and no reduction: a reduction is a barrier, and one before the solve (the rounds counted from the ancestor
-    mask) took 0.3 us more device time than the bound's rounds at 1 x 16 (benchmarks/RESULTS.md)."""
-    n = NSTEP
+def tree_depth(depths, i_b, NPD: tl.constexpr, DEPTHS: tl.constexpr):
+    """Sequence i_b's tree depth with DEPTHS: the deepest of row i_b of depths [B, NPD] int32 (each block of 32 nodes'
+    deepest node's, as a device plan's kernel wrote them: device_checks.DevicePlan.depth_table), its NPD scalar reads
+    unrolled (they go out together); else 0, nothing read. Read it with a kernel's first reads and count its rounds
+    (solve_rounds) where they start: a use right after the read waits a memory round trip before the reads after it
+    go out (0.8 us of device time at 1 x 16, H100, RESULTS.md)."""
+    d = 0
     if DEPTHS:
         d = tl.load(depths + i_b * NPD)
-        for j in range(1, NPD):
+        for j in tl.static_range(1, NPD):
             d = tl.maximum(d, tl.load(depths + i_b * NPD + j))
+    return d
+
+
+@triton.jit
+def solve_rounds(NSTEP, d, DEPTHS: tl.constexpr, EXTRA: tl.constexpr):
+    """The doubling rounds of a sequence's triangular solve: NSTEP (the launch's, from the plan's deepest tree), or
+    with DEPTHS its own tree's, ceil(log2(d + EXTRA)), d its depth (tree_depth's). No reduction: one before the
+    solve (the rounds counted from the ancestor mask) took 0.3 us more device time than a bound's rounds at 1 x 16
+    (benchmarks/RESULTS.md)."""
+    n = NSTEP
+    if DEPTHS:
         d = d + EXTRA
         n = d * 0
         for r in tl.static_range(16):  # the powers of two below d: ceil(log2(d)) rounds, d < 2^16

@@ -54,15 +54,15 @@ def _gdn_wy_blocked_kernel(
     state, state_idx, o,
     Gs, Us,  # scratch: [B, T, HV] fp32 path log-decays, [B, T, HV, V] fp32 WY vectors
     T, scale, NSTEP,
-    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.solve_rounds
+    depths,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.tree_depth
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
-    DEPTHS: tl.constexpr = False,
+    DEPTHS: tl.constexpr = False, NPD: tl.constexpr = 1,
 ):
     i_v, i_b, i_hv, i_h = h.head_coords(H, HV)
-    NSTEP = h.solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS, 0)
+    depth = h.tree_depth(depths, i_b, NPD, DEPTHS)
     o_t = tl.arange(0, BT)
     o_k, o_v, mk, mv = h.kv_tile(i_v, K, V, BK, BV)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
@@ -70,6 +70,7 @@ def _gdn_wy_blocked_kernel(
     s0 = h.wy_root(q, k, v, g, beta, state, state_idx, o, i_b, i_h, i_hv, T, scale, o_k, o_v, mk, mv, neg_A, bias,
                    H, HV, K, V, FUSED, L2NORM, STATE_VK, QS, KS, VS)
     n = T - 1  # draft nodes, at rows 1..T-1
+    NSTEP = h.solve_rounds(NSTEP, depth, DEPTHS, 0)
     # ---- prologue: G per draft node, chunk by chunk (mask-row sums over the chunks up to its own)
     for c0 in range(0, n, BT):
         rc = c0 + o_t
@@ -159,15 +160,15 @@ def _gdn_wy_blocked_diag_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self
     Gs, Wd,  # out: [B * HV, NP] fp32 path log-decays, [B * HV, NC, BT, BT] fp32 (I - N_cc)^-1
     T, NSTEP, NP, NC,
-    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.solve_rounds
+    depths,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.tree_depth
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
     KS: tl.constexpr,  # k's row stride (_common.rows_of)
-    DEPTHS: tl.constexpr = False,
+    DEPTHS: tl.constexpr = False, NPD: tl.constexpr = 1,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
-    NSTEP = h.solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS, 0)
+    depth = h.tree_depth(depths, i_b, NPD, DEPTHS)
     i_h = i_hv // (HV // H)
     o_t, o_k = tl.arange(0, BT), tl.arange(0, BK)
     neg_A, bias = h.gate_params(A_log, dt_bias, i_hv, FUSED)
@@ -189,6 +190,7 @@ def _gdn_wy_blocked_diag_kernel(
     # (I - N)^-1 = (I + N)(I + N^2)(I + N^4)...: square, then multiply (the rounds paired as in
     # triton_wy_split's fold kernel measured no faster here, with 15 more registers: RESULTS.md)
     X = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0) + N
+    NSTEP = h.solve_rounds(NSTEP, depth, DEPTHS, 0)
     for _r in range(1, NSTEP):
         N = tl.dot(N, N, input_precision=PRECISION)
         X = X + tl.dot(N, X, input_precision=PRECISION)

@@ -143,17 +143,18 @@ def _gdn_wy_solve_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     W, P, Ad,  # out: [B, HV, BT, BT] x2 fp32, [B, HV, BT] fp32
     T, scale, NSTEP,
-    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.solve_rounds
+    depths,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.tree_depth
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, PRECISION: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr,  # q's and k's row strides (_common.rows_of)
-    DEPTHS: tl.constexpr = False,
+    DEPTHS: tl.constexpr = False, NPD: tl.constexpr = 1,
 ):
     i_bh = tl.program_id(0)
-    NSTEP = h.solve_rounds(NSTEP, depths, i_bh // HV, NPD, DEPTHS, 0)
+    depth = h.tree_depth(depths, i_bh // HV, NPD, DEPTHS)
     o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N = _solve_prologue(
         q, k, g, beta, A_log, dt_bias, mask, i_bh, T, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, PRECISION, QS, KS)
     Pm = tl.where(anc, D * _gram(b_q, b_k, rq, rk, RAW16, PRECISION), 0.0) * scale
+    NSTEP = h.solve_rounds(NSTEP, depth, DEPTHS, 0)
     base = i_bh.to(tl.int64) * BT * BT
     tl.store(P + base + o_t[:, None] * BT + o_t[None, :], Pm)
     tl.store(Ad + i_bh.to(tl.int64) * BT + o_t, tl.exp(G))
@@ -224,13 +225,15 @@ def _dot_exact_rhs(a, b, acc, EXACT: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H: tl.constexpr, HV: tl.constexpr,
-                  K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr,
-                  RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr, ROOT: tl.constexpr,
+def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, depth, DEPTHS: tl.constexpr,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr,
+                  PRECISION: tl.constexpr, ROOT: tl.constexpr,
                   QS: tl.constexpr, KS: tl.constexpr):
     """The output's weights of head i_bh's draft block: (o_t [BT], o_k [BK], Qe [BT, BK], Ve [BT, BT], c [BT],
     q_0' [BK], c_0), with O = Qe S_r + Ve V, or with ROOT O = Qe' S + Ve V + c v_0^T and o_0 = S^T q_0' + c_0 v_0
-    (S the committed state; without ROOT c, q_0', c_0 are zeros)."""
+    (S the committed state; without ROOT c, q_0', c_0 are zeros). NSTEP doubling rounds, or with DEPTHS the sequence's
+    own from its tree's depth (h.tree_depth's, read by the caller with its first reads)."""
     # O = diag(A) Q S_r scale + P W diag(beta) (V - diag(A) K S_r) = Qe S_r + Ve V with Y = P W:
     #   Qe = diag(A scale / rq) Q_raw - Y diag(beta A / rk) K_raw,   Ve = Y diag(beta)
     # ROOT: the root's step S_r = a S + k_0 u^T, u = beta_0 (v_0 - a S^T k_0) (a = exp(g_0), S the committed
@@ -254,6 +257,7 @@ def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H:
     # Y = P (I + N)(I + N^2)(I + N^4)... = P W. A round's two products read the same N, so they issue
     # together: the chain is NSTEP products deep (squaring first, then multiplying, made it 2 NSTEP - 1
     # and measured slower: RESULTS.md)
+    NSTEP = h.solve_rounds(NSTEP, depth, DEPTHS, 0)
     for _ in range(1, NSTEP):
         N2 = tl.dot(N, N, input_precision=PRECISION)
         Y = tl.dot(Y, N, Y, input_precision=PRECISION)
@@ -290,19 +294,20 @@ def _gdn_wy_fold_kernel(
     Cv, Q0, C0,  # out (ROOT): [B, HV, BT], [B, HV, BK], [B, HV] fp32: the weights of v_0 and of the root's o_0
     ready,  # PDL 1: [B * HV] int32, zeroed before each launch, set to 1 once this head's Qe, Ve are written
     T, scale, NSTEP,
-    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.solve_rounds
+    depths,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.tree_depth
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, ROOT: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr,  # q's and k's row strides (_common.rows_of)
-    DEPTHS: tl.constexpr = False,
+    DEPTHS: tl.constexpr = False, NPD: tl.constexpr = 1,
 ):
     if PDL:  # the apply kernel may start its independent prologue now (it waits before reading Qe, Ve)
         gdc_launch_dependents()
     i_bh = tl.program_id(0)
-    NSTEP = h.solve_rounds(NSTEP, depths, i_bh // HV, NPD, DEPTHS, 0)
-    o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
-                                                BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, ROOT, QS, KS)
+    depth = h.tree_depth(depths, i_bh // HV, NPD, DEPTHS)
+    o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, depth,
+                                                DEPTHS, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, ROOT,
+                                                QS, KS)
     base = i_bh.to(tl.int64) * BT
     if ROOT:
         tl.store(Cv + base + o_t, c)
@@ -355,13 +360,13 @@ def _gdn_wy_fold_head_kernel(
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
     state, state_idx, o,
     T, scale, NSTEP,
-    depths, NPD,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.solve_rounds
+    depths,  # DEPTHS: [B, NPD] int32 each tree's depth per block (a device plan's): h.tree_depth
     NWHOLE,  # MIXED: the heads with a program of their own (the first NWHOLE); the rest take a program a V tile
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl.constexpr, EXACT: tl.constexpr,
     PRECISION: tl.constexpr, STATE_VK: tl.constexpr, SPLIT_V: tl.constexpr, MIXED: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
-    DEPTHS: tl.constexpr = False,
+    DEPTHS: tl.constexpr = False, NPD: tl.constexpr = 1,
 ):
     # The folded form with the root's step folded in (fold_root) in one program per head: the weights stay in
     # the program (registers) and it applies them to each V tile of the committed state S itself,
@@ -384,11 +389,12 @@ def _gdn_wy_fold_head_kernel(
     else:
         i_bh = pid // NT if SPLIT_V else pid
     i_b, i_hv = i_bh // HV, i_bh % HV
-    NSTEP = h.solve_rounds(NSTEP, depths, i_b, NPD, DEPTHS, 0)
+    depth = h.tree_depth(depths, i_b, NPD, DEPTHS)
     slot, live = h.pool_slot(state_idx, i_b)  # read with the weights' reads (after them, the state's read waited two
     # trips); a padded row (slot -1) reads a zero state
-    o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, H, HV, K,
-                                                BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True, QS, KS)
+    o_t, o_k, Qm, Vm, c, q0, c0 = _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, depth,
+                                                DEPTHS, H, HV, K, BT, BK, FUSED, L2NORM, RAW16, EXACT, PRECISION, True,
+                                                QS, KS)
     if MIXED:
         for vt in range(t0, t1, BV):
             _head_tile(v, state, o, Qm, Vm, c, q0, c0, slot, live, i_b, i_hv, vt, T, o_t, o_k, HV, K, V, BV, EXACT,
