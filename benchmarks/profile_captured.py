@@ -7,11 +7,10 @@ one of the two planned (the tree or the slots), and the kernels' own device time
 trees' depth taken as each D (at least the trees' own), so that the solve runs the doubling rounds of a deeper tree
 (a captured raw tree's plan takes T - 1): the extra rounds multiply by zero powers of the solve's matrix, the same
 bits, so these forms time the rounds alone. --bound-rounds: a captured raw tree's solves run the rounds of its bound,
-T - 1 (triton_gdn.DEVICE_ROUNDS off), as before each sequence's were read from the depths its tables' kernel writes;
---unrolled-rounds: the one-kernel form's read rounds unrolled (triton_gdn.FUSED_UNROLL_ROUNDS).
+T - 1 (triton_gdn.DEVICE_ROUNDS off), as before each sequence's were read from the depths its tables' kernel writes.
 
     python benchmarks/profile_captured.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--layers 48] [--gib 40]
-                                          [--depths 3,5,9,15] [--bound-rounds] [--unrolled-rounds]
+                                          [--depths 3,5,9,15] [--bound-rounds]
 """
 import argparse
 import collections
@@ -51,7 +50,6 @@ def _depth_list(text: str) -> list[int]:
 def _depths(ap) -> None:
     ap.add_argument("--depths", type=_depth_list, default=[], help="comma-separated depths to plan the verify's trees at")
     ap.add_argument("--bound-rounds", action="store_true", help="a device plan's solves at T - 1's rounds")
-    ap.add_argument("--unrolled-rounds", action="store_true", help="triton_gdn.FUSED_UNROLL_ROUNDS on")
 
 
 def deeper(plan, depth: int):
@@ -66,10 +64,8 @@ def main():
     a, shapes = options(_depths)
     depths = a.depths
     triton_gdn.DEVICE_ROUNDS = not a.bound_rounds
-    triton_gdn.FUSED_UNROLL_ROUNDS = a.unrolled_rounds
     cuda_run("profile_captured", a.commit)
-    print(f"# a device plan's rounds: {'the bound, T - 1' if a.bound_rounds else 'each sequence its own'}"
-          f"{', unrolled in the one-kernel form' if a.unrolled_rounds else ''}")
+    print(f"# a device plan's rounds: {'the bound, T - 1' if a.bound_rounds else 'each sequence its own'}")
     for B, T in shapes:
         par, acc, layers = step_layers(B, T, a.layers, a.gib)
         n = len(layers)

@@ -153,7 +153,7 @@ def _gdn_wy_kernel(
     FUSED: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, STATE_VK: tl.constexpr,
     QS: tl.constexpr, KS: tl.constexpr, VS: tl.constexpr,  # q's, k's, v's row strides (_common.rows_of)
     ROOT: tl.constexpr = 0, RAW16: tl.constexpr = False, HOLD: tl.constexpr = False, ROWNORM: tl.constexpr = False,
-    CHAINS: tl.constexpr = False, DEPTHS: tl.constexpr = False, NPD: tl.constexpr = 1, UNROLL: tl.constexpr = 0,
+    CHAINS: tl.constexpr = False, DEPTHS: tl.constexpr = False, NPD: tl.constexpr = 1,
 ):
     # ROOT 0: the root (node 0) is every node's ancestor: one recurrent step gives its state S_r, and the
     # draft nodes 1..T-1 (a forest under the root) form one block of BT >= T-1 rows on top of S_r.
@@ -288,22 +288,17 @@ def _gdn_wy_kernel(
         U = U + c[:, None] * u0[None, :]
     # U <- (I + N^(2^r)) U for r < NSTEP: U = sum_n (-L)^n RHS. The first step outside the loop, so that the last
     # step squares nothing it does not use (N^(2^NSTEP) is 0). Under capture (a DevicePlan) each sequence's own, from
-    # the depth the step kernel wrote (DEPTHS, read with the first reads); T - 1's there took 6.5 us of device time at
-    # 1 x 16 against 5.1 at the trees' depth, 2, and the depth read and counted at once 5.9 (H100, RESULTS.md, 9a22789;
-    # unrolled, UNROLL, 5.9 too). Counted from the ancestor mask instead (its deepest row, a reduction before the
-    # loop) the form took 6.6 us against 6.2 with T - 1's (aed51b2): not kept
+    # the depth the step kernel wrote (DEPTHS, read with the first reads, counted here): 5.5 us of device time at 1 x 16
+    # against 6.6 with T - 1's rounds and 5.2 planned at the trees' depth, 2 (H100, RESULTS.md, 90026bd); counted
+    # where it was read, 5.9; the rounds unrolled, each behind a test of the count, 5.5 as the loop (removed).
+    # Counted from the ancestor mask instead (its deepest row, a reduction before the loop) the form took 6.6 us
+    # against 6.2 with T - 1's (aed51b2): not kept
     NSTEP = h.solve_rounds(NSTEP, depth, DEPTHS, 1 if ROOT == 1 else 0)
     if NSTEP > 0:
         U = U + tl.dot(NL, U, input_precision=PRECISION)
-    if UNROLL > 0:  # (NSTEP read from the depths) the rounds unrolled, each taken where the sequence's count reaches it
-        for r in tl.static_range(1, UNROLL):
-            if r < NSTEP:
-                NL = tl.dot(NL, NL, input_precision=PRECISION)
-                U = U + tl.dot(NL, U, input_precision=PRECISION)
-    else:
-        for _ in range(1, NSTEP):
-            NL = tl.dot(NL, NL, input_precision=PRECISION)
-            U = U + tl.dot(NL, U, input_precision=PRECISION)
+    for _ in range(1, NSTEP):
+        NL = tl.dot(NL, NL, input_precision=PRECISION)
+        U = U + tl.dot(NL, U, input_precision=PRECISION)
     b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)
     tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=mt[:, None] & mv[None, :])
@@ -370,9 +365,6 @@ FUSED_WARPS = None
 # doubling rounds from the depths the kernel wrote (triton_helpers.solve_rounds), or the bound's, T - 1's: the same
 # bits (the extra rounds multiply by zero powers of the solve's matrix); benchmarks set it to time both.
 DEVICE_ROUNDS = True
-# Whether the one-kernel form unrolls the rounds a device plan's depths give (each behind a test of the sequence's
-# count, up to a BT-deep chain's), where the loop runs them to a bound read at run time.
-FUSED_UNROLL_ROUNDS = False
 
 
 def root_fits_block(T: int) -> bool:
@@ -606,6 +598,5 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, PRECISION=precision,
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
-              **rounds, UNROLL=math.ceil(math.log2(BT + 1)) if FUSED_UNROLL_ROUNDS and rounds["DEPTHS"] else 0,
-              num_warps=num_warps)
+              **rounds, num_warps=num_warps)
     return bind(_gdn_wy_kernel, grid, kw), o
