@@ -11,7 +11,7 @@ Nothing is read or written outside the tensors handed over:
   tree's root, its entry not read). Its exact tables are built by one kernel (triton_tables.checked_tables, or the
   step's, ``step``); a node whose parent is not an earlier node flags its tree, and is read as the previous node's
   child, so every walk stays in the tree. The kernel writes each tree's depth too (per block of 32 nodes,
-  ``depth_table``): the WY kernels take each sequence's doubling rounds from it (triton_helpers.solve_rounds), where a
+  ``depth_table``): the WY kernels take each sequence's doubling rounds from it (triton_helpers.tree_depth), where a
   host plan's come from its deepest tree. Its depth as the host sees it is T - 1, the most T nodes can have (a bound:
   the extra rounds multiply by a zero power of the solve's matrix, the same bits).
 - ``slots``: pool slots [B]; -1 is a padded row (SGLang's PAD_SLOT_ID), read as a zero state and never written. A

@@ -112,8 +112,8 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
     tree_bad [B, blocks(T)] int32 (checked_tables' flags of trees whose tables are built), rows [B] of a buffer of
     N_buf rows, accepted [B] node indices, cu_seqlens [B + 1] offsets. tables: None without a tree or chain, else
     (src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, bad and depths [B, blocks(T)] int32, or None for
-    both for a chain), as triton_tables.checked_tables writes them. An index tensor of another shape or dtype is refused in one line,
-    named as ``names`` maps these arguments' names (a caller's own), else as here."""
+    both for a chain), as triton_tables.checked_tables writes them. An index tensor of another shape or dtype is
+    refused in one line, named as ``names`` maps these arguments' names (a caller's own), else as here."""
     B, T, HV = a.shape
     dev = a.device
     # the index tensors as the kernel reads them, element i at offset i: a strided view (an engine's slots taken as

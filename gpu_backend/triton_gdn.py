@@ -367,6 +367,16 @@ FUSED_WARPS = None
 DEVICE_ROUNDS = True
 
 
+def device_rounds(parents, mode: str, dummy: torch.Tensor) -> dict:
+    """The WY kernels' depths, NPD and DEPTHS: a device plan's trees' own depths per block (its host depth is a bound,
+    T - 1), so that each sequence's rounds are counted in the kernel (DEVICE_ROUNDS); else none (``dummy`` an
+    unread pointer) and the launch's NSTEP."""
+    depths = parents.depth_table(mode) if isinstance(parents, checks.TreePlan) and DEVICE_ROUNDS else None
+    if depths is None:
+        return dict(depths=dummy, NPD=1, DEPTHS=False)
+    return dict(depths=depths, NPD=depths.shape[1], DEPTHS=True)
+
+
 def root_fits_block(T: int) -> bool:
     """Whether a tree of T nodes fits the one-kernel form's block of its T - 1 draft nodes with its root too (where
     FUSED_ROOT applies): T - 1 is not a power of two of at least 16."""
@@ -565,10 +575,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else checks.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))  # strict-ancestor chains below the root: depth - 1
-    # a device plan's trees' own depths (its host depth is a bound): each sequence's rounds counted in the kernel
-    depths = parents.depth_table(mode) if isinstance(parents, checks.TreePlan) and DEVICE_ROUNDS else None
-    rounds = dict(depths=mask if depths is None else depths, NPD=1 if depths is None else depths.shape[1],
-                  DEPTHS=depths is not None)
+    rounds = device_rounds(parents, mode, mask)
     if design == "auto":
         design = auto_design(B, T, precision, pdl=pdl, block_k=block_k, fold_root=fold_root, block_v=block_v)
     if design in ("split", "fold", "head"):

@@ -200,7 +200,7 @@ def checked_tables(parents: torch.Tensor, *, src: torch.Tensor, anc: torch.Tenso
     (the parents read, -1 at the root), anc [B, T, T] int8 (ancestor-or-self), paths [B, T, T] int32 (root first, -1
     padded: any tree of T nodes fits), bad [B, cdiv(T, 32)] int32 (its blocks of 32 nodes: 1 where one has a
     parent that is not an earlier node, else 0; ``blocks(T)`` columns), and where given depths [B, cdiv(T, 32)] int32
-    (each block's deepest node's depth, the root's 0: the WY kernels' doubling rounds, triton_helpers.solve_rounds).
+    (each block's deepest node's depth, the root's 0: the WY kernels' doubling rounds, triton_helpers.tree_depth).
     Such a node is read as the previous node's child, so the tables (the depths too) are a tree's and every walk ends
     at the root; the caller fails that sequence closed."""
     if parents.dim() != 2 or parents.dtype not in (torch.int32, torch.int64) or parents.shape[1] < 1:

@@ -357,11 +357,8 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     scale = K ** -0.5 if scale is None else float(scale)
     mask, depth = parents.ancestors(mode) if isinstance(parents, checks.TreePlan) else checks.ancestor_mask(src)
     nstep = max(0, math.ceil(math.log2(max(depth, 1))))
-    # a device plan's trees' own depths (its host depth is a bound): each sequence's rounds counted in the kernels
-    from ddsim.gpu_backend import triton_gdn  # (its switch, DEVICE_ROUNDS; triton_gdn imports this module)
-    depths = parents.depth_table(mode) if isinstance(parents, checks.TreePlan) and triton_gdn.DEVICE_ROUNDS else None
-    rounds = dict(depths=mask if depths is None else depths, NPD=1 if depths is None else depths.shape[1],
-                  DEPTHS=depths is not None)
+    from ddsim.gpu_backend.triton_gdn import device_rounds  # (triton_gdn imports this module)
+    rounds = device_rounds(parents, mode, mask)  # a device plan's: each sequence's rounds counted in the kernels
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     if block_v is None:
         block_v = auto_block_v(B, precision, design)

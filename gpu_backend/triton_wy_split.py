@@ -617,7 +617,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     block_k-row chunks of K (None: all of K). head (fold only): one program per head computes the weights with the
     root folded in and applies them to every V tile itself (_gdn_wy_fold_head_kernel: one launch, no scratch);
     it takes no pdl, fold_root=False, block_k or block_v (its V tile is HEAD_BLOCK_V). rounds: the solves' depths,
-    NPD and DEPTHS (triton_gdn.plan_wy's: each sequence's rounds from a device plan's depths), None: nstep's."""
+    NPD and DEPTHS (triton_gdn.device_rounds: each sequence's rounds from a device plan's depths), None: nstep's."""
     rounds = rounds or dict(depths=mask, NPD=1, DEPTHS=False)
     if head and (not fold or pdl or fold_root is False or block_k is not None or block_v is not None):
         raise ValueError("head: the one-program folded form takes fold=True and no pdl, fold_root=False, block_k or "
