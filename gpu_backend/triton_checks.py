@@ -101,6 +101,11 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_ba
         tl.store(b_out + out, tl.where(bad, float("nan"), bv.to(tl.float32)).to(b_out.dtype.element_ty), mask=m)
 
 
+# The step kernel's warps: one program per 32 nodes of a sequence, latency-bound (its tree walk takes a reduction a
+# step); benchmarks set it (profile_captured.py --step-warps).
+STEP_WARPS = 4
+
+
 def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor, tree: torch.Tensor | None = None,
                 chain: bool = False, tree_bad: torch.Tensor | None = None, rows: torch.Tensor | None = None,
                 N_buf: int = 0, accepted: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
@@ -158,5 +163,5 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
            A_SH=a.stride(2), B_SB=b.stride(0), B_ST=b.stride(1), B_SH=b.stride(2), TREE=tree is not None,
            CHAIN=bool(chain), FLAGS=tree_bad is not None, ROWS=rows is not None, ACC=accepted is not None,
            CU=cu_seqlens is not None, BB=C.next_pow2(B + 1, 2), BN=triton_tables.BN, BH=BH,
-           BT=max(1, min(triton_tables.BN, 4096 // BH)), num_warps=4)
+           BT=max(1, min(triton_tables.BN, 4096 // BH)), num_warps=STEP_WARPS)
     return slots_out, rows_out, acc_out, a_out, b_out, bad, tables
