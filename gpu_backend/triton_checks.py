@@ -102,8 +102,9 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_ba
 
 
 # The step kernel's warps: one program per 32 nodes of a sequence, latency-bound (its tree walk takes a reduction a
-# step); benchmarks set it (profile_captured.py --step-warps).
-STEP_WARPS = 4
+# step); benchmarks set it (profile_captured.py --step-warps). On an H100 (RESULTS.md, 30bcb07) building a raw
+# tree's tables, device us a launch at 1 x 16 / 8 x 65: 1 warp 5.3 / 9.9, 2 3.9, 4 3.6 / 5.0, 8 3.3 / 4.6.
+STEP_WARPS = 8
 
 
 def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor, tree: torch.Tensor | None = None,
