@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddsim.gpu_backend import checks, device_checks, engine_api, host_tables
+from ddsim.properties.strategies import gdn_inputs
 from tests.test_host_tables import parent_batches
 
 
@@ -785,3 +786,20 @@ def test_the_wy_forms_take_a_device_plans_rounds_from_each_trees_depth(design, r
     assert seen == {"device": True, "host": False, "short": True}, seen
     assert torch.equal(got["device"], got["host"]) and torch.isfinite(got["host"]).all()
     assert not torch.equal(got["short"][0], got["host"][0]) and torch.equal(got["short"][1], got["host"][1])
+
+
+@given(inp=gdn_inputs(max_batch=3, max_nodes=40), design=st.sampled_from(["fused", "split", "fold", "head", "blocked"]),
+       root=st.sampled_from([0, 1, 2]))
+def test_a_device_plans_rounds_give_a_host_plans_bits_on_drawn_trees(inp, design, root):
+    """On drawn batches of trees (each sequence its own depth, the batch's deepest one a host plan's rounds), every
+    WY form on a device plan (each sequence's rounds from its depth) gives the host plan's bits: a sequence's rounds
+    past its own depth add zero powers, and none falls short of it."""
+    from ddsim.gpu_backend import triton_gdn
+    from ddsim.properties.kernel_checks import on_device
+    x = {n: on_device(inp[n]) for n in ("q", "k", "v", "g", "beta", "initial_state")}
+    parents = on_device(inp["parents"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(triton_gdn, "FUSED_ROOT", root)
+        got = {name: _verify_form(x, plan, design) for name, plan in (
+            ("device", device_checks.DevicePlan(parents.int())), ("host", checks.TreePlan(parents)))}
+    assert torch.equal(got["device"], got["host"]), design
