@@ -758,10 +758,11 @@ ROUNDS_FORMS = [("fused", 0, 6), ("fused", 1, 7), ("fused", 2, 6), ("split", Non
 
 @pytest.mark.parametrize("design,root,T", ROUNDS_FORMS)
 def test_the_wy_forms_take_a_device_plans_rounds_from_each_trees_depth(design, root, T):
-    """A plan built on the device (as under capture) gives its trees' depth to the host as T - 1, a bound; every
-    one-block WY form then takes each sequence's doubling rounds from the depths the kernel wrote (DEPTHS), where a
-    host plan's are its deepest tree's. The same bits as the host plan's, the depths read; with the tree's depth one
-    less than it is, a round short, other bits (so the rounds are each sequence's, not a bound's)."""
+    """A plan built on the device (as under capture) gives its trees' depth to the host as T - 1, a bound; every WY
+    form (one block's, and past one block the chunked and split forms) then takes each sequence's doubling rounds
+    from the depths the kernel wrote (DEPTHS), where a host plan's are its deepest tree's. The same bits as the host
+    plan's, the depths read; with the tree's depth one less than it is, a round short, other bits (so the rounds are
+    each sequence's, not a bound's)."""
     from ddsim.gpu_backend import triton_gdn, triton_wy_blocked, triton_wy_split
     from ddsim.properties.kernel_checks import on_device
     inp = _rounds_example(T)
