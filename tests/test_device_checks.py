@@ -104,7 +104,9 @@ def test_checked_tables_refuse_a_table_of_another_shape_in_one_line():
     ok = dict(src=torch.zeros(1, 3, dtype=torch.int64), anc=torch.zeros(1, 3, 3, dtype=torch.int8),
               paths=torch.zeros(1, 3, 3, dtype=torch.int32), bad=torch.zeros(1, 1, dtype=torch.int32))
     for name, wrong in (("anc", torch.zeros(1, 3, 2, dtype=torch.int8)), ("paths", torch.zeros(1, 3, 4, dtype=torch.int32)),
-                        ("bad", torch.zeros(1, dtype=torch.int32)), ("src", torch.zeros(3, dtype=torch.int64))):
+                        ("bad", torch.zeros(1, dtype=torch.int32)), ("src", torch.zeros(3, dtype=torch.int64)),
+                        ("depths", torch.zeros(1, 1, dtype=torch.int64)), ("depths", torch.zeros(1, 2, dtype=torch.int32)),
+                        ("depths", torch.zeros(1, 1))):
         with pytest.raises(ValueError, match=f"^{name}: expected a contiguous"):
             triton_tables.checked_tables(par, **{**ok, name: wrong})
     with pytest.raises(ValueError, match=r"^parents: expected int32 or int64 \[B, T >= 1\]"):
