@@ -806,3 +806,31 @@ def test_a_device_plans_rounds_give_a_host_plans_bits_on_drawn_trees(inp, design
         got = {name: _verify_form(x, plan, design) for name, plan in (
             ("device", device_checks.DevicePlan(parents.int())), ("host", checks.TreePlan(parents)))}
     assert torch.equal(got["device"], got["host"]), design
+
+
+@pytest.mark.parametrize("design", ["chunked", "blocked"])
+def test_a_device_plans_rounds_take_the_deepest_block_of_a_tree(design):
+    """Past 32 nodes a tree's depth comes in a block of 32 each (four at 97 nodes). Here the deepest is the third:
+    31 nodes under the root, a chain of 49 from node 1, then 16 more under the root (blocks' depths 1, 33, 50, 1).
+    Each sequence's rounds from its deepest block give the host plan's bits; read from its first or its last block
+    alone (planted), other bits."""
+    from ddsim.gpu_backend import triton_tables
+    from ddsim.properties.kernel_checks import on_device
+    T = 97
+    tree = [-1] + [0] * 31 + [1] + list(range(32, 80)) + [0] * 16
+    gen = torch.Generator().manual_seed(97)
+    B, H, HV, K, V = 2, 1, 2, 4, 3
+    inp = dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
+               v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen) * 0.05,
+               beta=torch.rand(B, T, HV, generator=gen) * 0.5, initial_state=torch.randn(B, HV, K, V, generator=gen))
+    x = {n: on_device(t) for n, t in inp.items()}
+    parents = on_device(torch.tensor([tree, [-1] + [0] * (T - 1)]))
+    plans = {"device": device_checks.DevicePlan(parents.int()), "host": checks.TreePlan(parents)}
+    assert triton_tables.blocks(T) == 4 and plans["device"].depths.tolist() == [[1, 33, 50, 1], [1, 1, 1, 1]]
+    for name, block in (("first", 0), ("last", 3)):  # every block read as that one
+        plans[name] = device_checks.DevicePlan(parents.int())
+        plans[name].depths = plans[name].depths[:, block:block + 1].expand(B, 4).contiguous()
+    got = {name: _verify_form(x, plan, design) for name, plan in plans.items()}
+    assert torch.equal(got["device"], got["host"]) and torch.isfinite(got["host"]).all()
+    for name in ("first", "last"):
+        assert not torch.equal(got[name][0], got["host"][0]) and torch.equal(got[name][1], got["host"][1]), name
