@@ -605,7 +605,7 @@ MAXNREG = None  # a (per-head, per-V-tile) pair here overrides FOLD_DEFAULTS' ca
 
 def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, scale, T, B, H, HV, K, V,
                   use_qk_l2norm, precision, poison, block_v=None, num_warps=4, solve_warps=4, fold=False,
-                  exact16="bf16x3", pdl=False, fold_root=None, block_k=None, head=False, rounds=None):
+                  exact16="bf16x3", pdl=False, fold_root=None, block_k=None, head=False, rounds):
     """Launch plan of both kernels for checked inputs (called by triton_gdn.plan_wy): (launch, o).
     fold: the solve kernel folds W, P, the gates and K into the output's weights on S_r and on v
     (Qe [BT, K], Ve [BT, BT]), so the apply kernel does two products instead of four. pdl (fold
@@ -617,8 +617,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     block_k-row chunks of K (None: all of K). head (fold only): one program per head computes the weights with the
     root folded in and applies them to every V tile itself (_gdn_wy_fold_head_kernel: one launch, no scratch);
     it takes no pdl, fold_root=False, block_k or block_v (its V tile is HEAD_BLOCK_V). rounds: the solves' depths,
-    NPD and DEPTHS (triton_gdn.device_rounds: each sequence's rounds from a device plan's depths), None: nstep's."""
-    rounds = rounds or dict(depths=mask, NPD=1, DEPTHS=False)
+    NPD and DEPTHS (triton_gdn.device_rounds: each sequence's rounds from a device plan's depths, or nstep's)."""
     if head and (not fold or pdl or fold_root is False or block_k is not None or block_v is not None):
         raise ValueError("head: the one-program folded form takes fold=True and no pdl, fold_root=False, block_k or "
                          "block_v")

@@ -780,9 +780,7 @@ def test_the_wy_forms_take_a_device_plans_rounds_from_each_trees_depth(design, r
         if root is not None:
             mp.setattr(triton_gdn, "FUSED_ROOT", root)
         for name, plan in (("device", device), ("host", host), ("short", short)):
-            mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw, name=name: seen.setdefault(
-                name, kw.get("DEPTHS")) is None or bind(kernel, grid, kw))
-            for module in (triton_wy_split, triton_wy_blocked):
+            for module in (triton_gdn, triton_wy_split, triton_wy_blocked):  # each WY launcher's bind
                 mp.setattr(module, "bind", lambda kernel, grid, kw, name=name: seen.setdefault(
                     name, kw.get("DEPTHS")) is None or bind(kernel, grid, kw))
             got[name] = _verify_form(x, plan, design)
