@@ -35,14 +35,16 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_ba
                         acc_out, cu, a, a_out, b, b_out, bad_out, B, T, HV, A_SB, A_ST, A_SH, B_SB, B_ST, B_SH,
                         TREE: tl.constexpr, CHAIN: tl.constexpr, FLAGS: tl.constexpr, ROWS: tl.constexpr,
                         ACC: tl.constexpr,
-                        CU: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr):
+                        CU: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr,
+                        TP: tl.constexpr, LOG: tl.constexpr, BC: tl.constexpr):
     # slots [B] int32/int64 -> slots_out [B] int32 (outside the pool: -1); tree [B, T] int32/int64 (node 0 the root,
     # its entry not read) -> src [B, T] int64, anc [B, T, T] int8, paths [B, T, T] int32, tree_bad [B, NP] int32,
     # depths [B, NP] int32 (as triton_tables.checked_tables writes them; CHAIN instead: a chain's src, anc and paths,
     # by formula; FLAGS instead: tree_bad read, as checked_tables wrote it, and no tree);
     # rows [B] -> rows_out [B] int32 (clamped into the buffer); acc [B] ->
     # acc_out [B] int64 (outside the tree: 0); cu [B + 1]; a, b [B, T, HV] (strided) -> a_out, b_out [B, T, HV]
-    # contiguous; bad_out [B] int32. Program (p, i): nodes p BN .. p BN + BN - 1 of sequence i.
+    # contiguous; bad_out [B] int32. Program (p, i): nodes p BN .. p BN + BN - 1 of sequence i. TP = 2^LOG >= T: the
+    # tree in registers; BC: its walks' columns a chunk (triton_tables.walk_sizes).
     p = tl.program_id(0)
     i = tl.program_id(1)
     o = tl.arange(0, BB)
@@ -52,14 +54,15 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_ba
     bad = live & (~inside | shared)
     i64 = i.to(tl.int64)
     t = p * BN + tl.arange(0, BN)
-    if TREE:
-        wrong = triton_tables.wrong_parents(tree + i64 * T, t, t < T)
-        tl.store(tree_bad + i64 * tl.num_programs(0) + p, (tl.sum(wrong.to(tl.int32), 0) > 0).to(tl.int32))
-        for t0 in range(0, T, BN):  # the whole tree's (every program's own)
-            w = triton_tables.wrong_parents(tree + i64 * T, t0 + tl.arange(0, BN), t0 + tl.arange(0, BN) < T)
-            bad = bad | (live & (tl.sum(w.to(tl.int32), 0) > 0))
-        depth = triton_tables.block_tables(tree + i64 * T, src + i64 * T, anc + i64 * T * T, anc, paths + i64 * T * T,
-                                           anc, t, T, T, 1, True, True, False, True, False, True, BN, 32)
+    if TREE:  # the tree read once into registers: its flags (this block's and the whole tree's), walks and depths
+        raw, par = triton_tables.tree_vector(tree + i64 * T, T, True, TP)
+        wrong = triton_tables.wrong_entries(raw, T, TP)
+        mine = wrong & (tl.arange(0, TP) // BN == p)
+        tl.store(tree_bad + i64 * tl.num_programs(0) + p, (tl.sum(mine.to(tl.int32), 0) > 0).to(tl.int32))
+        bad = bad | (live & (tl.sum(wrong.to(tl.int32), 0) > 0))
+        depth = triton_tables.block_tables(par, triton_tables.tree_depths(par, LOG), src + i64 * T, anc + i64 * T * T,
+                                           anc, paths + i64 * T * T, anc, t, T, T, 1, True, True, False, True, False,
+                                           BN, BC)
         tl.store(depths + i64 * tl.num_programs(0) + p, tl.max(depth, 0))
     if CHAIN:
         triton_tables.chain_tables(src + i64 * T, anc + i64 * T * T, paths + i64 * T * T, t, T, BN, 32)
@@ -164,5 +167,5 @@ def step_checks(*, slots: torch.Tensor, N: int, a: torch.Tensor, b: torch.Tensor
            A_SH=a.stride(2), B_SB=b.stride(0), B_ST=b.stride(1), B_SH=b.stride(2), TREE=tree is not None,
            CHAIN=bool(chain), FLAGS=tree_bad is not None, ROWS=rows is not None, ACC=accepted is not None,
            CU=cu_seqlens is not None, BB=C.next_pow2(B + 1, 2), BN=triton_tables.BN, BH=BH,
-           BT=max(1, min(triton_tables.BN, 4096 // BH)), num_warps=STEP_WARPS)
+           BT=max(1, min(triton_tables.BN, 4096 // BH)), num_warps=STEP_WARPS, **triton_tables.walk_sizes(T, T))
     return slots_out, rows_out, acc_out, a_out, b_out, bad, tables

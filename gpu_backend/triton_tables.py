@@ -3,10 +3,12 @@ host_tables.one_tree and host_tables.path_conv_sources, which a graph's StaticPl
 copies in every step): the ancestor-or-self mask (int8, and bool for attention), the root paths (root first, -1
 padded), the conv source table and the source parents. A captured verify then copies only the parents.
 
-A program per block of 32 nodes of one tree walks each of its nodes up to the root twice: first to count its depth,
-then to write, at j steps up, its ancestor into the mask row, the path (column depth - j) and the conv table (lag j,
-column W - 1 - j; past the root the window's W - 1 - (j - depth)). Every output row belongs to one node, so to one
-program, which clears its rows first (a barrier between: the clearing stores land before the scattered ones).
+A program per block of 32 nodes of one tree reads the whole tree's parents once into registers, counts every
+node's depth by pointer jumping (log2 T rounds of register gathers), then walks its nodes up to the root at once,
+in registers: at j steps up, each node's ancestor sets its mask column, its path's column depth - j (root first)
+and its conv window's lag j (past the root the window's own positions). Each output row belongs to one node, so to
+one program, which writes the whole row (zeros and -1 padding too) in one store per chunk of columns: no clearing
+pass, no barrier between stores, no reversal read back from memory.
 
 ``checked_tables`` takes a batch of trees as an engine hands them over, unvalidated (a CUDA graph cannot stop to check
 them on the host): node 0 is each tree's root whatever its entry, and a node whose parent is not an earlier node is
@@ -23,83 +25,93 @@ from ddsim.gpu_backend.launch import launch
 
 
 @triton.jit
-def _parent(parents, cur, on, CHECK: tl.constexpr):
-    """[BN] int64: the parents of nodes cur (-1 where ``on`` is off). CHECK: as checked_tables reads an unvalidated
-    tree, node 0 the root whatever its entry, another node's parent outside 0..node-1 read as node - 1."""
-    p = tl.load(parents + tl.maximum(cur, 0), mask=on, other=-1).to(tl.int64)
+def tree_vector(parents, T, CHECK: tl.constexpr, TP: tl.constexpr):
+    """One tree's parents [T] (any integers), read once into registers: (raw [TP] int64, the entries as read, -1 at
+    the root and past T; par [TP] int32, the parents its tables follow: -1 at the root and past T; CHECK: as
+    checked_tables reads an unvalidated tree, node 0 the root whatever its entry, another node's parent outside
+    0..node-1 read as node - 1)."""
+    o = tl.arange(0, TP)
+    on = (o > 0) & (o < T)
+    raw = tl.load(parents + o, mask=on, other=-1).to(tl.int64)
     if CHECK:
-        p = tl.where(on & (cur > 0), tl.where((p >= 0) & (p < cur), p, cur - 1), -1)
-    return p
+        raw_par = tl.where(on, tl.where((raw >= 0) & (raw < o), raw, o - 1), -1)
+    else:
+        raw_par = raw
+    return raw, raw_par.to(tl.int32)
 
 
 @triton.jit
-def wrong_parents(parents, t, mt):
-    """[BN] bool: which of one tree's nodes t (where mt) have an entry that is not an earlier node (the root's, node
-    0, is not read): what checked_tables flags."""
-    raw = tl.load(parents + t, mask=mt & (t > 0), other=0).to(tl.int64)
-    return mt & (t > 0) & ((raw < 0) | (raw >= t))
+def wrong_entries(raw, T, TP: tl.constexpr):
+    """[TP] bool: which of one tree's entries raw (tree_vector's) are not an earlier node (the root's, node 0, is not
+    read): what checked_tables flags."""
+    o = tl.arange(0, TP)
+    return (o > 0) & (o < T) & ((raw < 0) | (raw >= o))
 
 
 @triton.jit
-def block_tables(parents, src, anc, mask, paths, conv, t, T, WIDTH, W,
+def _up(x, cur):
+    """[BN]: x [TP] at nodes cur (-1 where cur is): one step up a tree whose parents x is, in registers."""
+    return tl.where(cur >= 0, tl.gather(x, tl.minimum(tl.maximum(cur, 0), x.shape[0] - 1), 0), -1)
+
+
+@triton.jit
+def tree_depths(par, LOG: tl.constexpr):
+    """[TP] int32: every node's depth (the root's 0; 0 past T) of a tree whose parents par [TP] (tree_vector's) are,
+    by pointer jumping (LOG = log2(TP) rounds): after round r each node's jump is its ancestor 2^r steps up (-1 past
+    the root, its distance then the depth), so a tree of TP nodes ends with every jump -1."""
+    jump = par
+    dist = (par >= 0).to(tl.int32)
+    for _ in tl.static_range(LOG):
+        on = jump >= 0
+        at = tl.maximum(jump, 0)
+        dist = dist + tl.where(on, tl.gather(dist, at, 0), 0)
+        jump = tl.where(on, tl.gather(jump, at, 0), -1)
+    return dist
+
+
+@triton.jit
+def block_tables(par, depth_all, src, anc, mask, paths, conv, t, T, WIDTH, W,
                  SRC: tl.constexpr, ANC: tl.constexpr, MASK: tl.constexpr, PATHS: tl.constexpr, CONV: tl.constexpr,
-                 CHECK: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
-    """One tree's tables for its nodes t [BN] (those below T), every pointer at that tree's: parents [T]; src [T]
-    int64; anc, mask [T, T] int8 / uint8; paths [T, WIDTH] int32; conv [T, W] int32; each written where its flag is
-    set. The calling program owns these nodes' rows: it clears them, then writes them (a barrier between: its own
-    stores only, so no other program's order matters). Returns the nodes' depths [BN] int32 (the root's 0; -1 past
-    T)."""
+                 BN: tl.constexpr, BC: tl.constexpr):
+    """One tree's tables for its nodes t [BN] (those below T), from its parents par and depths depth_all [TP] in
+    registers (tree_vector, tree_depths), every pointer at that tree's: src [T] int64; anc, mask [T, T] int8 /
+    uint8; paths [T, WIDTH] int32; conv [T, W] int32; each written where its flag is set, every entry of the nodes'
+    rows (no clearing first). Returns the nodes' depths [BN] int32 (-1 past T).
+
+    A walk up from every node at once, in registers: step j reaches each node's ancestor j steps up, which sets
+    its mask column and its path's column depth - j (root first). Columns go BC at a time; a chunk's walk stops
+    where it can reach none of its columns (an ancestor's index, and depth, is below the node's)."""
     mt = t < T
-    cols = tl.arange(0, BC)
-    for c0 in range(0, T, BC):  # clear the mask rows and the paths
-        m = mt[:, None] & (c0 + cols < T)[None, :]
-        off = t[:, None] * T + c0 + cols[None, :]
-        if ANC:
-            tl.store(anc + off, tl.zeros([BN, BC], tl.int8), mask=m)
-        if MASK:
-            tl.store(mask + off, tl.zeros([BN, BC], tl.uint8), mask=m)
-    if PATHS:
-        for c0 in range(0, WIDTH, BC):
-            m = mt[:, None] & (c0 + cols < WIDTH)[None, :]
-            tl.store(paths + t[:, None] * WIDTH + c0 + cols[None, :], tl.full([BN, BC], -1, tl.int32), mask=m)
-    tl.debug_barrier()
+    depth = tl.where(mt, tl.gather(depth_all, tl.where(mt, t, 0), 0), -1)
     if SRC:
-        tl.store(src + t, _parent(parents, t.to(tl.int64), mt, CHECK), mask=mt)
-    # One walk up from every node at once, for as many steps as the block's deepest node takes (not WIDTH): step j
-    # reaches each node's ancestor j steps up, written into its mask row, its path leaf first (column j, turned
-    # root first below) and its conv window (lag j)
-    depth = tl.full([BN], -1, tl.int32)
-    cur = tl.where(mt, t, -1).to(tl.int64)
-    one = tl.full([BN], 1, tl.int8)
-    j = tl.full((), 0, tl.int32)  # the step
-    while (j < WIDTH) & (tl.max(cur, 0) >= 0):  # (a deeper tree than the caller checked: WIDTH steps)
-        on = cur >= 0
+        tl.store(src + t, _up(par, tl.where(mt, t, -1)).to(tl.int64), mask=mt)
+    start = tl.where(mt, t, -1)
+    d_max = tl.max(depth, 0)
+    t_max = tl.max(tl.where(mt, t, 0), 0)
+    cols = tl.arange(0, BC)
+    NC = tl.maximum(T if ANC or MASK else 0, WIDTH if PATHS else 0)
+    for c0 in range(0, NC, BC):
+        c = c0 + cols
+        on_anc = tl.zeros([BN, BC], tl.int1)
+        path = tl.full([BN, BC], -1, tl.int32)
+        cur = start
+        for j in range(0, tl.minimum(d_max, t_max - c0) + 1):  # (none where t_max < c0)
+            on_anc = on_anc | (c[None, :] == cur[:, None])
+            path = tl.where(c[None, :] == (depth - j)[:, None], cur[:, None], path)
+            cur = _up(par, cur)
+        off = t[:, None] * T + c[None, :]
+        m = mt[:, None] & (c < T)[None, :]
         if ANC:
-            tl.store(anc + t * T + cur, one, mask=on)
+            tl.store(anc + off, on_anc.to(tl.int8), mask=m)
         if MASK:
-            tl.store(mask + t * T + cur, one.to(tl.uint8), mask=on)
+            tl.store(mask + off, on_anc.to(tl.uint8), mask=m)
         if PATHS:
-            tl.store(paths + t * WIDTH + j, cur.to(tl.int32), mask=on)
-        if CONV:
-            tl.store(conv + t * W + (W - 1 - j), (cur + (W - 1)).to(tl.int32),
-                     mask=on & (tl.zeros([BN], tl.int32) + j < W))
-        depth += on.to(tl.int32)
-        cur = _parent(parents, cur, on, CHECK)
-        j += 1
-    if PATHS:  # each path's first depth + 1 columns reversed in place: root first. Column c and depth - c (c the
-        # smaller) are one element's to swap, so no two elements touch one entry; the walk's stores land first
-        tl.debug_barrier()
-        for c0 in range(0, (tl.max(depth, 0) + 2) // 2, BC):
-            c = c0 + cols
-            d = depth[:, None] - c[None, :]
-            m = mt[:, None] & (c[None, :] < d)
-            lo = tl.load(paths + t[:, None] * WIDTH + c[None, :], mask=m)
-            hi = tl.load(paths + t[:, None] * WIDTH + d, mask=m)
-            tl.store(paths + t[:, None] * WIDTH + c[None, :], hi, mask=m)
-            tl.store(paths + t[:, None] * WIDTH + d, lo, mask=m)
-    if CONV:  # lags past the root: the window's own positions
-        for jj in range(0, W):
-            tl.store(conv + t * W + (W - 1 - jj), ((W - 1) - (jj - depth)).to(tl.int32), mask=mt & (jj > depth))
+            tl.store(paths + t[:, None] * WIDTH + c[None, :], path, mask=mt[:, None] & (c < WIDTH)[None, :])
+    if CONV:  # lag j: the ancestor j steps up, past the root the window's own positions
+        cur = start
+        for j in range(0, W):
+            tl.store(conv + t * W + (W - 1 - j), tl.where(cur >= 0, cur + (W - 1), (W - 1) - (j - depth)), mask=mt)
+            cur = _up(par, cur)
     return depth
 
 
@@ -123,23 +135,25 @@ def chain_tables(src, anc, paths, t, T, BN: tl.constexpr, BC: tl.constexpr):
 def _tree_tables_kernel(parents, src, anc, mask, paths, conv, bad, depths, T, WIDTH, W,
                         SRC: tl.constexpr, ANC: tl.constexpr, MASK: tl.constexpr, PATHS: tl.constexpr,
                         CONV: tl.constexpr, CHECK: tl.constexpr, DEPTHS: tl.constexpr, BN: tl.constexpr,
-                        BC: tl.constexpr):
+                        BC: tl.constexpr, TP: tl.constexpr, LOG: tl.constexpr):
     # Tree b = program_id(1) of a batch, each table's rows side by side: parents [B, T] (any integers; without CHECK
     # int64, validated: -1 at the root, each parent an earlier node); src [B, T] int64; anc, mask [B, T, T] int8 /
     # uint8; paths [B, T, WIDTH] int32; conv [B, T, W] int32; bad [B, programs along axis 0] int32 (CHECK: 1 where
     # the program's nodes include one whose parent is not an earlier node, else 0); depths [B, programs along axis 0]
     # int32 (DEPTHS: the deepest of the program's nodes' depths). Program p owns nodes p BN .. p BN + BN - 1 of its
-    # tree (block_tables).
+    # tree (block_tables); TP = 2^LOG >= T, the tree in registers.
     i_b = tl.program_id(1).to(tl.int64)
-    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    p = tl.program_id(0)
+    t = p * BN + tl.arange(0, BN)
+    raw, par = tree_vector(parents + i_b * T, T, CHECK, TP)
     if CHECK:
-        wrong = wrong_parents(parents + i_b * T, t, t < T)
-        tl.store(bad + i_b * tl.num_programs(0) + tl.program_id(0), (tl.sum(wrong.to(tl.int32), 0) > 0).to(tl.int32))
-    depth = block_tables(parents + i_b * T, src + i_b * T, anc + i_b * T * T, mask + i_b * T * T,
+        wrong = wrong_entries(raw, T, TP) & (tl.arange(0, TP) // BN == p)
+        tl.store(bad + i_b * tl.num_programs(0) + p, (tl.sum(wrong.to(tl.int32), 0) > 0).to(tl.int32))
+    depth = block_tables(par, tree_depths(par, LOG), src + i_b * T, anc + i_b * T * T, mask + i_b * T * T,
                          paths + i_b * T * WIDTH, conv + i_b * T * W, t, T, WIDTH, W, SRC, ANC, MASK, PATHS, CONV,
-                         CHECK, BN, BC)
+                         BN, BC)
     if DEPTHS:
-        tl.store(depths + i_b * tl.num_programs(0) + tl.program_id(0), tl.max(depth, 0))
+        tl.store(depths + i_b * tl.num_programs(0) + p, tl.max(depth, 0))
 
 
 def tree_tables(parents: torch.Tensor, *, width: int, src=None, anc=None, mask=None, paths=None, conv=None) -> None:
@@ -180,7 +194,19 @@ def _launch(parents, width: int, W: int, *, src, anc, mask, paths, conv, bad, de
            paths=paths if paths is not None else dummy, conv=conv if conv is not None else dummy,
            bad=bad if bad is not None else dummy, depths=depths if depths is not None else dummy, T=T, WIDTH=width,
            W=W, SRC=src is not None, ANC=anc is not None, MASK=mask is not None, PATHS=paths is not None,
-           CONV=conv is not None, CHECK=bad is not None, DEPTHS=depths is not None, BN=BN, BC=32, num_warps=4)
+           CONV=conv is not None, CHECK=bad is not None, DEPTHS=depths is not None, BN=BN, num_warps=4,
+           **walk_sizes(T, width))
+
+
+# the most columns a walk's chunk takes: a [32, 128] int32 path chunk is 16 registers a thread at 8 warps
+MAX_CHUNK = 128
+
+
+def walk_sizes(T: int, width: int) -> dict:
+    """block_tables' sizes for trees of T nodes and paths ``width`` wide: TP = 2^LOG >= T (the tree in registers)
+    and BC, the columns of a chunk."""
+    TP = C.next_pow2(T, 1)
+    return dict(TP=TP, LOG=TP.bit_length() - 1, BC=min(C.next_pow2(max(T, width), 1), MAX_CHUNK))
 
 
 def batch_tables(B: int, T: int, device, flags: bool = True) -> tuple:

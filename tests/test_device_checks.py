@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ddsim.gpu_backend import checks, device_checks, engine_api, host_tables
@@ -61,6 +61,47 @@ def _block_depths(parents: torch.Tensor) -> torch.Tensor:
     for j in range(out.shape[1]):
         out[:, j] = depth[:, 32 * j:32 * (j + 1)].amax(1)
     return out
+
+
+@contextlib.contextmanager
+def _chunks(columns: int):
+    """triton_tables' walks over ``columns`` columns a chunk (MAX_CHUNK) while inside."""
+    from ddsim.gpu_backend import triton_tables
+    before, triton_tables.MAX_CHUNK = triton_tables.MAX_CHUNK, columns
+    try:
+        yield
+    finally:
+        triton_tables.MAX_CHUNK = before
+
+
+_GEN = torch.Generator().manual_seed(11)
+
+
+@pytest.mark.interpreter
+@given(parents=parent_batches(max_batch=2, max_nodes=40), columns=st.sampled_from([1, 8, 128]))
+@example(parents=torch.tensor([[-1] + [int(torch.randint(0, i, (1,), generator=_GEN)) for i in range(1, 200)],
+                               [-1] + list(range(199))]), columns=128)  # two chunks of 128 columns: a chain's last
+# block walks 200 steps in the first and 72 in the second
+def test_the_tables_walk_their_columns_a_chunk_at_a_time(parents, columns):
+    """The tables' walk (triton_tables.block_tables) covers a tree's columns MAX_CHUNK at a time, each chunk's walk
+    stopped where its columns are out of reach (an ancestor's index and depth are below its node's): with chunks of
+    1, 8 or 128 columns the tables kernel and the step kernel write the host's tables and each block's depth."""
+    from ddsim.gpu_backend import triton_tables
+    B, T = parents.shape
+    mask, depth = host_tables.ancestor_mask(parents.numpy())
+    want_paths = np.full((B, T, T), -1, dtype=np.int32)
+    want_paths[:, :, :depth + 1] = host_tables.root_paths(mask, depth)
+    raw = parents.clone()
+    raw[:, 0] = 0
+    with _chunks(columns):
+        plans = (device_checks.DevicePlan(raw), device_checks.step(a=torch.zeros(B, T, 1), b=torch.zeros(B, T, 1),
+                                                                   slots=torch.arange(B), N=B, tree=raw).plan)
+    for plan in plans:
+        assert not plan.bad.any() and torch.equal(plan.parents, parents)
+        assert np.array_equal(plan.ancestors("exact")[0].numpy(), mask)
+        assert np.array_equal(plan.root_paths().numpy(), want_paths)
+        assert torch.equal(plan.depth_table("exact"), _block_depths(parents))
+    assert triton_tables.MAX_CHUNK == 128
 
 
 @pytest.mark.interpreter
