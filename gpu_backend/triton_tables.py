@@ -57,15 +57,18 @@ def _up(x, cur):
 @triton.jit
 def tree_depths(par, LOG: tl.constexpr):
     """[TP] int32: every node's depth (the root's 0; 0 past T) of a tree whose parents par [TP] (tree_vector's) are,
-    by pointer jumping (LOG = log2(TP) rounds): after round r each node's jump is its ancestor 2^r steps up (-1 past
-    the root, its distance then the depth), so a tree of TP nodes ends with every jump -1."""
+    by pointer jumping: after round r each node's jump is its ancestor 2^r steps up (-1 past the root, its distance
+    then the depth). The rounds stop once every jump is -1: floor(log2(depth)) + 1 of them for a tree that deep (2 for
+    DDTree's trees of depth 2 or 3), LOG = log2(TP) at most (a chain of TP nodes)."""
     jump = par
     dist = (par >= 0).to(tl.int32)
-    for _ in tl.static_range(LOG):
+    r = tl.full((), 0, tl.int32)
+    while (r < LOG) & (tl.max(jump, 0) >= 0):
         on = jump >= 0
         at = tl.maximum(jump, 0)
         dist = dist + tl.where(on, tl.gather(dist, at, 0), 0)
         jump = tl.where(on, tl.gather(jump, at, 0), -1)
+        r += 1
     return dist
 
 
