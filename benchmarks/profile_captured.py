@@ -8,10 +8,12 @@ trees' depth taken as each D (at least the trees' own), so that the solve runs t
 (a captured raw tree's plan takes T - 1): the extra rounds multiply by zero powers of the solve's matrix, the same
 bits, so these forms time the rounds alone. --bound-rounds: a captured raw tree's solves run the rounds of its bound,
 T - 1 (triton_gdn.DEVICE_ROUNDS off), as before each sequence's were read from the depths its tables' kernel writes.
---step-warps: the step kernel's warps (the device checks' launch, triton_checks.STEP_WARPS).
+--step-warps: the step kernel's warps (the device checks' launch, triton_checks.STEP_WARPS). --walk-chunk: the most
+columns a chunk of its tables' walk takes (triton_tables.MAX_CHUNK).
 
     python benchmarks/profile_captured.py [--commit SHA] [--shapes 1x16,1x65,8x65,32x65] [--layers 48] [--gib 40]
                                           [--depths 3,5,9,15] [--bound-rounds] [--step-warps 1|2|4|8]
+                                          [--walk-chunk 16|32|64|128]
 """
 import argparse
 import collections
@@ -20,7 +22,7 @@ import torch
 from drop_in_graphed import options, step_layers
 
 from ddsim.bench.bench import cuda_run, event_median_ms, layers_graph
-from ddsim.gpu_backend import engine_api, triton_checks, triton_gdn
+from ddsim.gpu_backend import engine_api, triton_checks, triton_gdn, triton_tables
 
 
 def _split(graph, n: int, replays: int = 10) -> dict:
@@ -53,6 +55,9 @@ def _depths(ap) -> None:
     ap.add_argument("--bound-rounds", action="store_true", help="a device plan's solves at T - 1's rounds")
     ap.add_argument("--step-warps", type=int, choices=(1, 2, 4, 8), default=None,
                     help="the step kernel's warps (triton_checks.STEP_WARPS; unset: its default)")
+    ap.add_argument("--walk-chunk", type=int, choices=(16, 32, 64, 128), default=None,
+                    help="the columns a chunk of the tables' walk takes at most (triton_tables.MAX_CHUNK; unset: its "
+                         "default)")
 
 
 def deeper(plan, depth: int):
@@ -69,9 +74,12 @@ def main():
     triton_gdn.DEVICE_ROUNDS = not a.bound_rounds
     if a.step_warps is not None:
         triton_checks.STEP_WARPS = a.step_warps
+    if a.walk_chunk is not None:
+        triton_tables.MAX_CHUNK = a.walk_chunk
     cuda_run("profile_captured", a.commit)
     print(f"# a device plan's rounds: {'the bound, T - 1' if a.bound_rounds else 'each sequence its own'}; the step "
-          f"kernel's warps: {triton_checks.STEP_WARPS}")
+          f"kernel's warps: {triton_checks.STEP_WARPS}; the tables' walk: "
+          f"{triton_tables.MAX_CHUNK} columns a chunk at most")
     for B, T in shapes:
         par, acc, layers = step_layers(B, T, a.layers, a.gib)
         n = len(layers)
