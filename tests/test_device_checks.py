@@ -78,14 +78,15 @@ _GEN = torch.Generator().manual_seed(11)
 
 
 @pytest.mark.interpreter
-@given(parents=parent_batches(max_batch=2, max_nodes=40), columns=st.sampled_from([1, 8, 128]))
+@given(parents=parent_batches(max_batch=2, max_nodes=40), columns=st.sampled_from([1, 8, 32, 128]))
 @example(parents=torch.tensor([[-1] + [int(torch.randint(0, i, (1,), generator=_GEN)) for i in range(1, 200)],
                                [-1] + list(range(199))]), columns=128)  # two chunks of 128 columns: a chain's last
 # block walks 200 steps in the first and 72 in the second
+@example(parents=torch.tensor([[-1] + list(range(199)), [-1] + [0] * 199]), columns=32)  # the default's 7 chunks
 def test_the_tables_walk_their_columns_a_chunk_at_a_time(parents, columns):
     """The tables' walk (triton_tables.block_tables) covers a tree's columns MAX_CHUNK at a time, each chunk's walk
     stopped where its columns are out of reach (an ancestor's index and depth are below its node's): with chunks of
-    1, 8 or 128 columns the tables kernel and the step kernel write the host's tables and each block's depth."""
+    1, 8, 32 or 128 columns the tables kernel and the step kernel write the host's tables and each block's depth."""
     from ddsim.gpu_backend import triton_tables
     B, T = parents.shape
     mask, depth = host_tables.ancestor_mask(parents.numpy())
@@ -101,7 +102,7 @@ def test_the_tables_walk_their_columns_a_chunk_at_a_time(parents, columns):
         assert np.array_equal(plan.ancestors("exact")[0].numpy(), mask)
         assert np.array_equal(plan.root_paths().numpy(), want_paths)
         assert torch.equal(plan.depth_table("exact"), _block_depths(parents))
-    assert triton_tables.MAX_CHUNK == 128
+    assert triton_tables.MAX_CHUNK == 32
 
 
 @pytest.mark.interpreter
