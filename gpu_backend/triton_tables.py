@@ -4,11 +4,11 @@ copies in every step): the ancestor-or-self mask (int8, and bool for attention),
 padded), the conv source table and the source parents. A captured verify then copies only the parents.
 
 A program per block of 32 nodes of one tree reads the whole tree's parents once into registers, counts every
-node's depth by pointer jumping (log2 T rounds of register gathers), then walks its nodes up to the root at once,
-in registers: at j steps up, each node's ancestor sets its mask column, its path's column depth - j (root first)
-and its conv window's lag j (past the root the window's own positions). Each output row belongs to one node, so to
-one program, which writes the whole row (zeros and -1 padding too) in one store per chunk of columns: no clearing
-pass, no barrier between stores, no reversal read back from memory.
+node's depth by pointer jumping (register gathers, until every jump has passed the root), then walks its nodes up
+to the root at once, in registers: at j steps up, each node's ancestor sets its mask column, its path's column
+depth - j (root first) and its conv window's lag j (past the root the window's own positions). Each output row
+belongs to one node, so to one program, which writes the whole row (zeros and -1 padding too) in one store per chunk
+of columns: no clearing pass, no barrier between stores, no reversal read back from memory.
 
 ``checked_tables`` takes a batch of trees as an engine hands them over, unvalidated (a CUDA graph cannot stop to check
 them on the host): node 0 is each tree's root whatever its entry, and a node whose parent is not an earlier node is
@@ -35,8 +35,8 @@ def tree_vector(parents, T, CHECK: tl.constexpr, TP: tl.constexpr):
     raw = tl.load(parents + o, mask=on, other=-1).to(tl.int64)
     if CHECK:
         raw_par = tl.where(on, tl.where((raw >= 0) & (raw < o), raw, o - 1), -1)
-    else:
-        raw_par = raw
+    else:  # a validated tree's (a parent past the registers' TP would be a gather out of range: clamped)
+        raw_par = tl.minimum(raw, TP - 1)
     return raw, raw_par.to(tl.int32)
 
 
