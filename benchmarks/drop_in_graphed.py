@@ -31,12 +31,14 @@ from ddsim.gpu_backend import engine_api
 
 def _layer(B, T, seed):
     """One layer's inputs in SGLang's convention: q, k, v, a, b, the pool (2 B rows, the batch's every other one),
-    its slots, the buffer [B, T, HV, V, K] and its rows, the accepted nodes."""
+    its slots, the buffer [B, T, HV, V, K] and its rows, the accepted nodes. Each drawn from ``seed`` alone, so a
+    shape's inputs do not depend on the shapes run before it."""
     inp = kernel_inputs(B, T, device="cuda", seed=seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     a, b = fused_gates(inp["g"], inp["beta"])
     HV, V, K = inp["v"].shape[2], inp["v"].shape[3], inp["q"].shape[3]
     return dict(q=inp["q"], k=inp["k"], v=inp["v"], a=a, b=b, zeros=torch.zeros(HV, device="cuda"),
-                pool=torch.randn(2 * B, HV, V, K, device="cuda"),
+                pool=torch.randn(2 * B, HV, V, K, device="cuda", generator=gen),
                 slots=torch.arange(0, 2 * B, 2, dtype=torch.int32, device="cuda"),
                 buf=torch.empty(B, T, HV, V, K, device="cuda"), rows=torch.arange(B, dtype=torch.int32, device="cuda"))
 
