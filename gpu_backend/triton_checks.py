@@ -104,9 +104,11 @@ def _step_checks_kernel(slots, slots_out, N_POOL, tree, src, anc, paths, tree_ba
         tl.store(b_out + out, tl.where(bad, float("nan"), bv.to(tl.float32)).to(b_out.dtype.element_ty), mask=m)
 
 
-# The step kernel's warps: one program per 32 nodes of a sequence, latency-bound (its tree walk takes a reduction a
-# step); benchmarks set it (profile_captured.py --step-warps). On an H100 (RESULTS.md, 30bcb07) building a raw
-# tree's tables, device us a launch at 1 x 16 / 8 x 65: 1 warp 5.3 / 9.9, 2 3.9, 4 3.6 / 5.0, 8 3.3 / 4.6.
+# The step kernel's warps: one program per 32 nodes of a sequence, latency-bound; benchmarks set it
+# (profile_captured.py --step-warps). On an H100 (RESULTS.md) building a raw tree's tables, device us a launch at
+# 1 x 16: 1 warp 3.6, 2 2.7, 4 2.4, 8 2.5 with the walk in registers (bf5fc5c); at 8 x 65 4 warps 6.8 against 5.3 at
+# 8 (e885ff3, 128 columns a chunk). With the walk through memory (30bcb07): 1 warp 5.3 / 9.9 at 1 x 16 / 8 x 65, 2
+# 3.9, 4 3.6 / 5.0, 8 3.3 / 4.6.
 STEP_WARPS = 8
 
 
