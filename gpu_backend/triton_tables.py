@@ -4,7 +4,7 @@ copies in every step): the ancestor-or-self mask (int8, and bool for attention),
 padded), the conv source table and the source parents. A captured verify then copies only the parents.
 
 A program per block of 32 nodes of one tree reads the whole tree's parents once into registers, counts every
-node's depth by pointer jumping (register gathers, until every jump has passed the root), then walks its nodes up
+node's depth by pointer jumping (register gathers, until every jump is the root or past it), then walks its nodes up
 to the root at once, in registers: at j steps up, each node's ancestor sets its mask column, its path's column
 depth - j (root first) and its conv window's lag j (past the root the window's own positions). Each output row
 belongs to one node, so to one program, which writes the whole row (zeros and -1 padding too) in one store per chunk
@@ -57,13 +57,16 @@ def _up(x, cur):
 @triton.jit
 def tree_depths(par, LOG: tl.constexpr):
     """[TP] int32: every node's depth (the root's 0; 0 past T) of a tree whose parents par [TP] (tree_vector's) are,
-    by pointer jumping: after round r each node's jump is its ancestor 2^r steps up (-1 past the root, its distance
-    then the depth). The rounds stop once every jump is -1: floor(log2(depth)) + 1 of them for a tree that deep (2 for
-    DDTree's trees of depth 2 or 3), LOG = log2(TP) at most (a chain of TP nodes)."""
+    by pointer jumping: after round r each node's jump is its ancestor 2^r steps up (-1 past the root), its distance
+    the steps to it (the depth once the jump is the root or past it). The rounds stop once every jump is the root or
+    -1: ceil(log2(depth)) of them for a tree that deep (1 for DDTree's trees of depth 2, 2 for depth 3 or 4; a round
+    more, on a jump to the root, would add the root's distance, 0), LOG = log2(TP) at most (a chain of TP nodes).
+    Stopping at -1 instead took one round more at depth 2: the step kernel 2.64 us against 2.57 at 1 x 16 (H100,
+    RESULTS.md)."""
     jump = par
     dist = (par >= 0).to(tl.int32)
     r = tl.full((), 0, tl.int32)
-    while (r < LOG) & (tl.max(jump, 0) >= 0):
+    while (r < LOG) & (tl.max(jump, 0) > 0):
         on = jump >= 0
         at = tl.maximum(jump, 0)
         dist = dist + tl.where(on, tl.gather(dist, at, 0), 0)
