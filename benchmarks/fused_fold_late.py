@@ -1,0 +1,164 @@
+"""The one-kernel WY form at one sequence (1 x 16: the root in the block, q and k as read, their rows' norms from the
+rows as read) with its value-independent half folded into the output's weights and its state read only once those
+weights are made, beside the form, in one process, rows interleaved round by round (Qwen3.6-27B GDN shapes, bf16
+inputs, a DDTree tree).
+
+After do_bench's flush the form waits on its state's read (fused_ablation.py: 4.6 us of device time with its whole
+value side cut, 3.0 without the state's read, the form 5.2), and after the state arrives it still makes K S0 and
+Q S0, the right-hand side, the solve and the output's product. Folded (O = P S0 + Y, with X = (D o Q K^T)
+prod_r (I + N^(2^r)), W = X (I + c e_0^T), P = diag(a_q) Q - W diag(beta a_k) K [BT, BK], Y = W diag(beta) V
+[BT, BV]), one product is left after the state arrives. Folded with the state read at once and held in registers
+until P was made, the form took 5.7-5.8 us (0cfc0d2). Here the state is instead sent into L2 in bulk as soon as its
+slot arrives (cp.async.bulk.prefetch, each program half its head's rows) and its tile read only once the weights
+are made, so that no register holds it while the fold is made:
+
+  fold, no state                 the fold with the state neither prefetched nor read (P times zero): when the
+                                 fold's weights are made, and what its tail costs
+  fold, state held on P          the state read at once, its use held until P is made (0cfc0d2's FOLD_HOLD)
+  fold, read after P             the tile read once P is made, nothing prefetched
+  fold, prefetched, read after W the head prefetched into L2 once its slot arrives, the tile read once W is made
+  fold, prefetched, read after P the same, the tile read once P is made
+
+Products: X's doubling chain as the form's solve (bf16x3); W's products by K and V with W split into bf16 head and
+remainder (q, k and v are exact in bf16: two MMAs each); P S0 with P and the state split (three MMAs: head by head,
+head by remainder, remainder by head). Each copy is _gdn_wy_kernel's source with its value side replaced
+(bench.edited_kernel). Printed: each copy's output against the form's and the share of its entries off the float64
+oracle rounded to bf16 (bench.off_rounded), then the timing table (bench.timing_rounds).
+
+    python benchmarks/fused_fold_late.py [--commit SHA] [--calls 5] [--rounds 3]   # compiled only: needs CUDA
+"""
+import argparse
+import inspect
+
+import torch
+
+from ddsim import oracle
+from ddsim.bench.bench import (
+    at_least_one,
+    cuda_run,
+    edited_kernel,
+    off_rounded,
+    timing_options,
+    timing_rounds,
+    wy_default_launch,
+)
+from ddsim.gpu_backend.launch import bind
+
+HEADER = """import triton
+import triton.language as tl
+from ddsim.gpu_backend import triton_helpers as h
+from ddsim.gpu_backend.triton_gdn import _apart
+
+
+@triton.jit
+def _bulk_prefetch_l2(addr):
+    # 32 KiB into L2 from addr (cp.async.bulk.prefetch; compiled only)
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 32768;\\n mov.u32 $0, 0;", "=r,l", [addr],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _split_dot(w, x, acc):
+    # w [M, N] fp32 by x [N, P] bf16 (exact) onto acc: w's bf16 head and remainder, two MMAs
+    w_hi = w.to(tl.bfloat16)
+    return tl.dot(w_hi, x, tl.dot((w - w_hi.to(tl.float32)).to(tl.bfloat16), x, acc))
+
+
+"""
+COORDS = "        _, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords("
+READ = ("        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),\n"
+        "                     mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)  # a padded row: zero\n")
+VALUE_START = "    if RAW16:\n        # the head and remainder made by conversions"
+VALUE_END = "    b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)\n"
+PREFETCH = ("        _bulk_prefetch_l2(state + ((slot.to(tl.int64) * HV + i_hv) * K + i_v * (K // 2)) * V)\n"
+            "        s0 = tl.zeros([BK, BV], tl.float32)\n")
+NO_READ = "        s0 = tl.zeros([BK, BV], tl.float32)\n"
+
+
+def _late_read(after: str) -> str:
+    # the tile read at an address that waits on ``after`` (its zero: a sum over its rows and columns)
+    return (f"    s0 = tl.load(h.state_ptrs(state, slot + (tl.sum(tl.sum({after} - {after}, 1), 0) != 0).to(tl.int32), "
+            "i_hv, o_k, o_v, HV, K, V, STATE_VK),\n"
+            "                 mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)\n")
+
+
+def _fold(read_after_w: str = "", read_after_p: str = "", hold: bool = False) -> str:
+    """The value side folded (ROOT 2, RAW16, ROWNORM: D's rows carry q's norms, A_k and A_q the rows' norms)."""
+    return (
+        "    X = D * QK\n"
+        "    NSTEP = h.solve_rounds(NSTEP, depth, DEPTHS, 0)\n"
+        "    NLp = NL\n"
+        "    if NSTEP > 0:\n"
+        "        X = X + tl.dot(X, NLp, input_precision=PRECISION)\n"
+        "    for _ in range(1, NSTEP):\n"
+        "        NLp = tl.dot(NLp, NLp, input_precision=PRECISION)\n"
+        "        X = X + tl.dot(X, NLp, input_precision=PRECISION)\n"
+        "    W = X + tl.where(first[None, :], tl.sum(X * c[None, :], 1)[:, None], 0.0)  # X (I + c e_0^T)\n"
+        + read_after_w +
+        "    P = A_q[:, None] * q_raw.to(tl.float32) - _split_dot(W * (b_beta * A_k)[None, :], k_raw,\n"
+        "                                                        tl.zeros([BT, BK], tl.float32))\n"
+        "    Y = _split_dot(W * b_beta[None, :], b_v.to(tl.bfloat16), tl.zeros([BT, BV], tl.float32))\n"
+        + ("    s0 = s0 * (tl.sum(tl.sum(P - P, 1), 0) + 1.0)\n" if hold else "")
+        + read_after_p +
+        "    s_hi = s0.to(tl.bfloat16)\n"
+        "    s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)\n"
+        "    p_hi = P.to(tl.bfloat16)\n"
+        "    p_lo = (P - p_hi.to(tl.float32)).to(tl.bfloat16)\n"
+        "    b_o = tl.dot(p_hi, s_hi, tl.dot(p_hi, s_lo, tl.dot(p_lo, s_hi, Y)))\n")
+
+
+VARIANTS = {
+    "fold, no state": dict(read=NO_READ, fold=_fold()),
+    "fold, state held on P": dict(read=READ, fold=_fold(hold=True)),
+    "fold, read after P": dict(read=NO_READ, fold=_fold(read_after_p=_late_read("P"))),
+    "fold, prefetched, read after W": dict(read=PREFETCH, fold=_fold(read_after_w=_late_read("W"))),
+    "fold, prefetched, read after P": dict(read=PREFETCH, fold=_fold(read_after_p=_late_read("P"))),
+}
+
+
+def fold_kernel(name: str):
+    """_gdn_wy_kernel with its state's read and value side replaced as VARIANTS[name] says (bench.edited_kernel)."""
+    from ddsim.gpu_backend import triton_gdn as G
+    src = inspect.getsource(G._gdn_wy_kernel.fn)
+    if src.count(VALUE_START) != 1 or src.count(VALUE_END) != 1:
+        raise SystemExit("fused_fold_late: _gdn_wy_kernel's value side no longer starts and ends as this script reads it")
+    value = src[src.index(VALUE_START):src.index(VALUE_END) + len(VALUE_END)]
+    v = VARIANTS[name]
+    edits = [(COORDS, COORDS.replace("_, i_b", "i_v, i_b")), (READ, v["read"]), (value, v["fold"])]
+    return edited_kernel(G._gdn_wy_kernel, edits, header=HEADER, who="fused_fold_late")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    timing_options(ap, rounds=3)
+    a = ap.parse_args()
+    at_least_one(ap, a, "calls", "rounds")
+    cuda_run("fused_fold_late", a.commit)
+    B, T = 1, 16
+    default, o, grid, kw, inp, parents = wy_default_launch(B, T)
+    if (kw.get("ROOT") != 2 or not kw.get("RAW16") or not kw.get("ROWNORM") or kw.get("CHAINS") or kw.get("STATE_VK")
+            or kw.get("DEPTHS")):
+        raise SystemExit(f"fused_fold_late: the default at {B} x {T} is not the form these copies are of")
+    default()
+    torch.cuda.synchronize()
+    ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
+                                 initial_state=inp["initial_state"].cpu())
+    forms = {"the form": (default, o)}
+    for name in VARIANTS:
+        out = torch.full_like(o, float("nan"))
+        launch = bind(fold_kernel(name), grid, dict(kw, o=out))
+        launch()
+        torch.cuda.synchronize()
+        forms[name] = (launch, out)
+    print(f"B x T {B} x {T}, {kw['num_warps']} warps, {kw['BV']}-wide V tiles, NSTEP {kw['NSTEP']}\n")
+    print("| form | entries that differ from the form's | max abs difference | off the rounded oracle |")
+    print("|---|---|---|---|")
+    for name, (_, out) in forms.items():
+        diff = (out.float() - o.float()).abs()
+        print(f"| {name} | {(out != o).float().mean().item():.4%} | {diff.max().item():.3g} | "
+              f"{off_rounded(out, ref):.4%} |", flush=True)
+    timing_rounds({name: launch for name, (launch, _) in forms.items()}, rounds=a.rounds, calls=a.calls)
+
+
+if __name__ == "__main__":
+    main()
