@@ -1,40 +1,50 @@
 """The one-kernel WY form at one sequence (1 x 16: the root in the block, q and k as read, their rows' norms from the
-rows as read) with its value-independent half folded into the output's weights and its state read only once those
-weights are made, beside the form, in one process, rows interleaved round by round (Qwen3.6-27B GDN shapes, bf16
-inputs, a DDTree tree).
+rows as read) with its value-independent half folded into the output's weights, its state's read placed in several
+ways, beside the form, in one process, rows interleaved round by round (Qwen3.6-27B GDN shapes, bf16 inputs, a DDTree
+tree).
 
 After do_bench's flush the form waits on its state's read (fused_ablation.py: 4.6 us of device time with its whole
 value side cut, 3.0 without the state's read, the form 5.2), and after the state arrives it still makes K S0 and
 Q S0, the right-hand side, the solve and the output's product. Folded (O = P S0 + Y, with X = (D o Q K^T)
 prod_r (I + N^(2^r)), W = X (I + c e_0^T), P = diag(a_q) Q - W diag(beta a_k) K [BT, BK], Y = W diag(beta) V
-[BT, BV]), one product is left after the state arrives. Folded with the state read at once and held in registers
-until P was made, the form took 5.7-5.8 us (0cfc0d2). Here the state is instead sent into L2 in bulk as soon as its
-slot arrives (cp.async.bulk.prefetch, each program half its head's rows) and its tile read only once the weights
-are made, so that no register holds it while the fold is made:
+[BT, BV]), one product is left after the state arrives:
 
-  fold, no state                 the fold with the state neither prefetched nor read (P times zero): when the
-                                 fold's weights are made, and what its tail costs
-  fold, state held on P          the state read at once, its use held until P is made (0cfc0d2's FOLD_HOLD)
-  fold, read after P             the tile read once P is made, nothing prefetched
-  fold, prefetched, read after W the head prefetched into L2 once its slot arrives, the tile read once W is made
-  fold, prefetched, read after P the same, the tile read once P is made
+  fold, no state                 the fold with the state not read (P times zero): when the fold's weights are made,
+                                 and what its tail costs
+  fold, state held on P          the state read at once by 16-byte loads, its use held until P is made (as
+                                 0cfc0d2's FOLD_HOLD)
+  fold, TMA, waited at once      the state read by a host tensor descriptor (the copy engine) where the form reads
+                                 it, as Triton 3.6 compiles it: the copy waited for where it is issued
+  fold, TMA, waited at use       its TTGIR with the copy's wait moved to the state's first use, the hold on P
+                                 (fused_tma_late.waited_at_use), compiled from that IR: the order a Gluon port could
+                                 state; a measurement, not a servable kernel
+
+At 1e37fa5 the script also timed the tile read by 16-byte loads only once W or P were made, after the head was sent
+into L2 in bulk as soon as its slot arrived (cp.async.bulk.prefetch) or without that: 7.1-7.6 us of device time on
+an H100 against the form's 5.9 (RESULTS.md); those rows are gone.
 
 Products: X's doubling chain as the form's solve (bf16x3); W's products by K and V with W split into bf16 head and
 remainder (q, k and v are exact in bf16: two MMAs each); P S0 with P and the state split (three MMAs: head by head,
-head by remainder, remainder by head). Each copy is _gdn_wy_kernel's source with its value side replaced
-(bench.edited_kernel). Printed: each copy's output against the form's and the share of its entries off the float64
-oracle rounded to bf16 (bench.off_rounded), then the timing table (bench.timing_rounds).
+head by remainder, remainder by head). Each copy is _gdn_wy_kernel's source with its state's read and value side
+replaced (bench.edited_kernel); the TMA copies take the form's launch with HOLD off (so that their state's first use
+is the hold on P). Printed: each copy's output against the form's and the share of its entries off the float64
+oracle rounded to bf16 (bench.off_rounded), then the timing table (bench.timing_rounds; the TMA rows' timer takes in
+the descriptor's encoding on the host, their device time does not).
 
     python benchmarks/fused_fold_late.py [--commit SHA] [--calls 5] [--rounds 3]   # compiled only: needs CUDA
 """
 import argparse
 import inspect
+import tempfile
 
 import torch
+from fused_tma_late import compiled_ir, swapped, waited_at_use  # benchmarks/, the script's own folder
+from triton.backends.compiler import GPUTarget
 
 from ddsim import oracle
 from ddsim.bench.bench import (
     at_least_one,
+    compile_kernel,
     cuda_run,
     edited_kernel,
     off_rounded,
@@ -47,14 +57,6 @@ from ddsim.gpu_backend.launch import bind
 HEADER = """import triton
 import triton.language as tl
 from ddsim.gpu_backend import triton_helpers as h
-from ddsim.gpu_backend.triton_gdn import _apart
-
-
-@triton.jit
-def _bulk_prefetch_l2(addr):
-    # 32 KiB into L2 from addr (cp.async.bulk.prefetch; compiled only)
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 32768;\\n mov.u32 $0, 0;", "=r,l", [addr],
-                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -70,20 +72,13 @@ READ = ("        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V
         "                     mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)  # a padded row: zero\n")
 VALUE_START = "    if RAW16:\n        # the head and remainder made by conversions"
 VALUE_END = "    b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)\n"
-PREFETCH = ("        _bulk_prefetch_l2(state + ((slot.to(tl.int64) * HV + i_hv) * K + i_v * (K // 2)) * V)\n"
-            "        s0 = tl.zeros([BK, BV], tl.float32)\n")
 NO_READ = "        s0 = tl.zeros([BK, BV], tl.float32)\n"
+TMA_READ = "        s0 = state.load([slot * HV + i_hv, 0, i_v * BV]).reshape(BK, BV)\n"  # a host descriptor [1, BK, BV]
 
 
-def _late_read(after: str) -> str:
-    # the tile read at an address that waits on ``after`` (its zero: a sum over its rows and columns)
-    return (f"    s0 = tl.load(h.state_ptrs(state, slot + (tl.sum(tl.sum({after} - {after}, 1), 0) != 0).to(tl.int32), "
-            "i_hv, o_k, o_v, HV, K, V, STATE_VK),\n"
-            "                 mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)\n")
-
-
-def _fold(read_after_w: str = "", read_after_p: str = "", hold: bool = False) -> str:
-    """The value side folded (ROOT 2, RAW16, ROWNORM: D's rows carry q's norms, A_k and A_q the rows' norms)."""
+def _fold(hold: bool) -> str:
+    """The value side folded (ROOT 2, RAW16, ROWNORM: D's rows carry q's norms, A_k and A_q the rows' norms); with
+    ``hold`` the state's first use is its product by P's zero (a sum over P's rows and columns)."""
     return (
         "    X = D * QK\n"
         "    NSTEP = h.solve_rounds(NSTEP, depth, DEPTHS, 0)\n"
@@ -94,12 +89,10 @@ def _fold(read_after_w: str = "", read_after_p: str = "", hold: bool = False) ->
         "        NLp = tl.dot(NLp, NLp, input_precision=PRECISION)\n"
         "        X = X + tl.dot(X, NLp, input_precision=PRECISION)\n"
         "    W = X + tl.where(first[None, :], tl.sum(X * c[None, :], 1)[:, None], 0.0)  # X (I + c e_0^T)\n"
-        + read_after_w +
         "    P = A_q[:, None] * q_raw.to(tl.float32) - _split_dot(W * (b_beta * A_k)[None, :], k_raw,\n"
         "                                                        tl.zeros([BT, BK], tl.float32))\n"
         "    Y = _split_dot(W * b_beta[None, :], b_v.to(tl.bfloat16), tl.zeros([BT, BV], tl.float32))\n"
-        + ("    s0 = s0 * (tl.sum(tl.sum(P - P, 1), 0) + 1.0)\n" if hold else "")
-        + read_after_p +
+        + ("    s0 = s0 * (tl.sum(tl.sum(P - P, 1), 0) + 1.0)\n" if hold else "") +
         "    s_hi = s0.to(tl.bfloat16)\n"
         "    s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)\n"
         "    p_hi = P.to(tl.bfloat16)\n"
@@ -107,12 +100,10 @@ def _fold(read_after_w: str = "", read_after_p: str = "", hold: bool = False) ->
         "    b_o = tl.dot(p_hi, s_hi, tl.dot(p_hi, s_lo, tl.dot(p_lo, s_hi, Y)))\n")
 
 
-VARIANTS = {
-    "fold, no state": dict(read=NO_READ, fold=_fold()),
-    "fold, state held on P": dict(read=READ, fold=_fold(hold=True)),
-    "fold, read after P": dict(read=NO_READ, fold=_fold(read_after_p=_late_read("P"))),
-    "fold, prefetched, read after W": dict(read=PREFETCH, fold=_fold(read_after_w=_late_read("W"))),
-    "fold, prefetched, read after P": dict(read=PREFETCH, fold=_fold(read_after_p=_late_read("P"))),
+VARIANTS = {  # name: (the state's read, the value side)
+    "fold, no state": (NO_READ, _fold(hold=False)),
+    "fold, state held on P": (READ, _fold(hold=True)),
+    "fold, TMA": (TMA_READ, _fold(hold=True)),  # compiled as is (waited at once) and from its edited TTGIR
 }
 
 
@@ -123,9 +114,32 @@ def fold_kernel(name: str):
     if src.count(VALUE_START) != 1 or src.count(VALUE_END) != 1:
         raise SystemExit("fused_fold_late: _gdn_wy_kernel's value side no longer starts and ends as this script reads it")
     value = src[src.index(VALUE_START):src.index(VALUE_END) + len(VALUE_END)]
-    v = VARIANTS[name]
-    edits = [(COORDS, COORDS.replace("_, i_b", "i_v, i_b")), (READ, v["read"]), (value, v["fold"])]
+    read, fold = VARIANTS[name]
+    edits = [(COORDS, COORDS.replace("_, i_b", "i_v, i_b")), (READ, read), (value, fold)]
     return edited_kernel(G._gdn_wy_kernel, edits, header=HEADER, who="fused_fold_late")
+
+
+def tma_forms(grid, kw, o) -> dict:
+    """{name: (launch, output)} of the TMA fold, waited for at once (Triton's compile) and at its use (the TTGIR
+    edited): each a compiled kernel launched on a host tensor descriptor of the state."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    cap = torch.cuda.get_device_capability()
+    target = GPUTarget("cuda", cap[0] * 10 + cap[1], 32)
+    kern = fold_kernel("fold, TMA")
+    kw = dict(kw, HOLD=False)  # the hold on -L's root column off: the state's first use is the hold on P
+    BK, BV, state = kw["BK"], kw["BV"], kw["state"]
+    at_once = compile_kernel(kern, kw, target, types={"state": f"tensordesc<fp32[1,{BK},{BV}]>"})
+    late = swapped(at_once, compiled_ir(waited_at_use(at_once.asm["ttgir"]), tempfile.mkdtemp(prefix="ddsim_fold_"),
+                                        "fold_late", target))
+    desc = TensorDescriptor.from_tensor(state.view(-1, BK, state.shape[-1]), [1, BK, BV])
+    names = [p.name for p in kern.params]  # the launcher takes every parameter, constexprs too
+    g3 = tuple(grid) + (1,) * (3 - len(grid))
+    forms = {}
+    for name, ck in (("fold, TMA, waited at once", at_once), ("fold, TMA, waited at use", late)):
+        out = torch.full_like(o, float("nan"))
+        args = [desc if n == "state" else out if n == "o" else kw[n] for n in names]
+        forms[name] = ((lambda ck=ck, args=args: ck[g3](*args)), out)
+    return forms
 
 
 def main():
@@ -139,17 +153,16 @@ def main():
     if (kw.get("ROOT") != 2 or not kw.get("RAW16") or not kw.get("ROWNORM") or kw.get("CHAINS") or kw.get("STATE_VK")
             or kw.get("DEPTHS")):
         raise SystemExit(f"fused_fold_late: the default at {B} x {T} is not the form these copies are of")
-    default()
-    torch.cuda.synchronize()
     ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
     forms = {"the form": (default, o)}
-    for name in VARIANTS:
+    for name in ("fold, no state", "fold, state held on P"):
         out = torch.full_like(o, float("nan"))
-        launch = bind(fold_kernel(name), grid, dict(kw, o=out))
+        forms[name] = (bind(fold_kernel(name), grid, dict(kw, o=out)), out)
+    forms.update(tma_forms(grid, kw, o))
+    for launch, _ in forms.values():
         launch()
-        torch.cuda.synchronize()
-        forms[name] = (launch, out)
+    torch.cuda.synchronize()
     print(f"B x T {B} x {T}, {kw['num_warps']} warps, {kw['BV']}-wide V tiles, NSTEP {kw['NSTEP']}\n")
     print("| form | entries that differ from the form's | max abs difference | off the rounded oracle |")
     print("|---|---|---|---|")
