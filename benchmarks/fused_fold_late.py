@@ -12,10 +12,11 @@ prod_r (I + N^(2^r)), W = X (I + c e_0^T), P = diag(a_q) Q - W diag(beta a_k) K 
   fold, no state                 the fold with the state not read (P times zero): when the fold's weights are made,
                                  and what its tail costs
   fold, state held on P          the state read at once by 16-byte loads, its use held until P is made (as
-                                 0cfc0d2's FOLD_HOLD)
-  fold, TMA, waited at once      the state read by a host tensor descriptor (the copy engine) where the form reads
+                                 0cfc0d2's FOLD_HOLD), at each of --configs (warps x V tile width)
+  ..., four products             the same with P S0's remainder by remainder too: what the fold's error owes to it
+  fold, TMA, waited at once      (--tma) the state read by a host tensor descriptor (the copy engine) where the form reads
                                  it, as Triton 3.6 compiles it: the copy waited for where it is issued
-  fold, TMA, waited at use       its TTGIR with the copy's wait moved to the state's first use, the hold on P
+  fold, TMA, waited at use       (--tma) its TTGIR with the copy's wait moved to the state's first use, the hold on P
                                  (fused_tma_late.waited_at_use), compiled from that IR: the order a Gluon port could
                                  state; a measurement, not a servable kernel
 
@@ -31,10 +32,12 @@ is the hold on P). Printed: each copy's output against the form's and the share 
 oracle rounded to bf16 (bench.off_rounded), then the timing table (bench.timing_rounds; the TMA rows' timer takes in
 the descriptor's encoding on the host, their device time does not).
 
-    python benchmarks/fused_fold_late.py [--commit SHA] [--calls 5] [--rounds 3]   # compiled only: needs CUDA
+    python benchmarks/fused_fold_late.py [--commit SHA] [--calls 5] [--rounds 3] [--configs 4x64,2x32] [--tma]
+        # compiled only: needs CUDA
 """
 import argparse
 import inspect
+import re
 import tempfile
 
 import torch
@@ -76,9 +79,10 @@ NO_READ = "        s0 = tl.zeros([BK, BV], tl.float32)\n"
 TMA_READ = "        s0 = state.load([slot * HV + i_hv, 0, i_v * BV]).reshape(BK, BV)\n"  # a host descriptor [1, BK, BV]
 
 
-def _fold(hold: bool) -> str:
+def _fold(hold: bool, four: bool = False) -> str:
     """The value side folded (ROOT 2, RAW16, ROWNORM: D's rows carry q's norms, A_k and A_q the rows' norms); with
-    ``hold`` the state's first use is its product by P's zero (a sum over P's rows and columns)."""
+    ``hold`` the state's first use is its product by P's zero (a sum over P's rows and columns); with ``four`` P S0
+    takes the remainder by remainder too (four MMAs)."""
     return (
         "    X = D * QK\n"
         "    NSTEP = h.solve_rounds(NSTEP, depth, DEPTHS, 0)\n"
@@ -97,12 +101,14 @@ def _fold(hold: bool) -> str:
         "    s_lo = (s0 - s_hi.to(tl.float32)).to(tl.bfloat16)\n"
         "    p_hi = P.to(tl.bfloat16)\n"
         "    p_lo = (P - p_hi.to(tl.float32)).to(tl.bfloat16)\n"
+        + ("    Y = tl.dot(p_lo, s_lo, Y)\n" if four else "") +
         "    b_o = tl.dot(p_hi, s_hi, tl.dot(p_hi, s_lo, tl.dot(p_lo, s_hi, Y)))\n")
 
 
 VARIANTS = {  # name: (the state's read, the value side)
     "fold, no state": (NO_READ, _fold(hold=False)),
     "fold, state held on P": (READ, _fold(hold=True)),
+    "fold, state held on P, four products": (READ, _fold(hold=True, four=True)),
     "fold, TMA": (TMA_READ, _fold(hold=True)),  # compiled as is (waited at once) and from its edited TTGIR
 }
 
@@ -145,30 +151,46 @@ def tma_forms(grid, kw, o) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     timing_options(ap, rounds=3)
+    ap.add_argument("--configs", default="4x64", help="comma-separated warps x V tile width, e.g. 4x64,2x32 (the form "
+                    "and the fold held on P at each; the other rows at the first)")
+    ap.add_argument("--tma", action="store_true", help="also the fold read by TMA, waited for at once and at its use")
     a = ap.parse_args()
     at_least_one(ap, a, "calls", "rounds")
+    configs = []
+    for c in a.configs.split(","):
+        m = re.fullmatch(r"(1|2|4|8)x(16|32|64)", c.strip())
+        if not m:
+            ap.error(f"--configs: {c!r} is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
+        configs.append((int(m.group(1)), int(m.group(2))))
     cuda_run("fused_fold_late", a.commit)
     B, T = 1, 16
-    default, o, grid, kw, inp, parents = wy_default_launch(B, T)
-    if (kw.get("ROOT") != 2 or not kw.get("RAW16") or not kw.get("ROWNORM") or kw.get("CHAINS") or kw.get("STATE_VK")
-            or kw.get("DEPTHS")):
-        raise SystemExit(f"fused_fold_late: the default at {B} x {T} is not the form these copies are of")
-    ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
-                                 initial_state=inp["initial_state"].cpu())
-    forms = {"the form": (default, o)}
-    for name in ("fold, no state", "fold, state held on P"):
-        out = torch.full_like(o, float("nan"))
-        forms[name] = (bind(fold_kernel(name), grid, dict(kw, o=out)), out)
-    forms.update(tma_forms(grid, kw, o))
+    forms, ref = {}, None
+    for n, (warps, block_v) in enumerate(configs):
+        default, o, grid, kw, inp, parents = wy_default_launch(B, T, design="fused", num_warps=warps, block_v=block_v)
+        if (kw.get("ROOT") != 2 or not kw.get("RAW16") or not kw.get("ROWNORM") or kw.get("CHAINS")
+                or kw.get("STATE_VK") or kw.get("DEPTHS")):
+            raise SystemExit(f"fused_fold_late: the form at {B} x {T} is not the one these copies are of")
+        if ref is None:
+            ref = oracle.gdn_tree_verify(**{k: inp[k].cpu() for k in ("q", "k", "v", "g", "beta")}, parents=parents,
+                                         initial_state=inp["initial_state"].cpu())
+            base = o
+        tag = f"{warps} warps, {block_v} wide"
+        forms[f"{tag}: the form"] = (default, o)
+        names = ["fold, state held on P"] if n else list(VARIANTS)[:-1]
+        for name in names:
+            out = torch.full_like(o, float("nan"))
+            forms[f"{tag}: {name}"] = (bind(fold_kernel(name), grid, dict(kw, o=out)), out)
+        if a.tma and not n:
+            forms.update({f"{tag}: {k}": v for k, v in tma_forms(grid, kw, o).items()})
     for launch, _ in forms.values():
         launch()
     torch.cuda.synchronize()
-    print(f"B x T {B} x {T}, {kw['num_warps']} warps, {kw['BV']}-wide V tiles, NSTEP {kw['NSTEP']}\n")
-    print("| form | entries that differ from the form's | max abs difference | off the rounded oracle |")
+    print(f"B x T {B} x {T}, NSTEP {kw['NSTEP']}\n")
+    print("| form | entries that differ from the default form's | max abs difference | off the rounded oracle |")
     print("|---|---|---|---|")
     for name, (_, out) in forms.items():
-        diff = (out.float() - o.float()).abs()
-        print(f"| {name} | {(out != o).float().mean().item():.4%} | {diff.max().item():.3g} | "
+        diff = (out.float() - base.float()).abs()
+        print(f"| {name} | {(out != base).float().mean().item():.4%} | {diff.max().item():.3g} | "
               f"{off_rounded(out, ref):.4%} |", flush=True)
     timing_rounds({name: launch for name, (launch, _) in forms.items()}, rounds=a.rounds, calls=a.calls)
 
