@@ -321,7 +321,10 @@ def _gdn_wy_kernel(
 # k as read, their rows' norms as read, 4 warps; benchmarks/fused_variants.py at 0cfc0d2), the form with the output's
 # weights folded (O = P S0 + Y, P = diag(a_q) Q - W diag(beta a_k) K, Y = W diag(beta) V) took 5.7-5.8 us of device time
 # with the state's use held until P was made, 6.7 held on -L's root column and 6.6 not held, against 5.2, and 0.41% of
-# its outputs were off the rounded oracle against 0.26%.
+# its outputs were off the rounded oracle against 0.26%. On an H100 (benchmarks/fused_fold_late.py at 99dbc1d, its
+# products by k and v two MMAs each) the fold held on P took 5.57 against the form's 5.87 (5.66 and 0.33% off with P
+# S0's remainder by remainder), and with the state read only once P was made, prefetched into L2 or not, 7.1-7.6, by
+# TMA waited for at its use 6.1: not run on the H200, where #36's bound is measured, and not taken.
 FUSED_ROOT = 2
 # Whether the one-kernel form takes bf16 q and k as read into its products (RAW16; benchmarks turn it off to time
 # the l2-normed fp32 rows in bf16x3, the form before, in place). On the H200 (RESULTS.md, bench_wy_root.py) it took
