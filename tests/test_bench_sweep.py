@@ -417,6 +417,41 @@ def test_fused_ablations_cuts_each_find_their_lines_in_the_kernel():
         assert all(new in cut and (old in new or old not in cut) for old, new in edits), name
 
 
+def test_the_tma_and_fold_copies_each_find_their_lines_in_the_kernel(monkeypatch):
+    """benchmarks/fused_tma_late.py's copy (the state by a tensor descriptor) and each of fused_fold_late.py's (the
+    value side folded into the output's weights, the state read as each variant says) still find their lines in
+    _gdn_wy_kernel's source (else the script stops on the GPU), take the kernel's arguments, and hold what each
+    variant is named for: the fold's one product after the state, the hold on P where held, no read where none."""
+    import inspect
+
+    from ddsim.gpu_backend import triton_gdn
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # fused_fold_late imports its sibling, as from its own folder
+    tma = _benchmark("fused_tma_late").tma_kernel()
+    assert tma.arg_names == triton_gdn._gdn_wy_kernel.arg_names
+    assert "s0 = state.load([slot * HV + i_hv, 0, i_v * BV])" in inspect.getsource(tma.fn)
+    mod = _benchmark("fused_fold_late")
+    assert set(mod.VARIANTS) == {"fold, no state", "fold, state held on P", "fold, state held on P, four products",
+                                 "fold, TMA"}
+    for name in mod.VARIANTS:
+        kernel = mod.fold_kernel(name)
+        assert kernel.arg_names == triton_gdn._gdn_wy_kernel.arg_names, name
+        src = inspect.getsource(kernel.fn)
+        assert "b_o = tl.dot(p_hi, s_hi, tl.dot(p_hi, s_lo, tl.dot(p_lo, s_hi, Y)))" in src, name
+        assert "U = U + tl.dot(NL, U" not in src and "QS = tl.dot(q_raw, s_hi" not in src, name
+        assert ("s0 = s0 * (tl.sum(tl.sum(P - P, 1), 0) + 1.0)" in src) == ("held" in name or "TMA" in name), name
+        assert ("Y = tl.dot(p_lo, s_lo, Y)" in src) == ("four" in name), name
+        assert ("tl.load(h.state_ptrs(state, slot" in src) == ("held" in name), name
+        assert ("state.load(" in src) == ("TMA" in name), name
+
+
+def test_fused_fold_late_refuses_bad_options_before_any_work():
+    """fused_fold_late.py --configs not warps x width, --calls below 1: one line and exit 2, before the CUDA check."""
+    _refused_before_any_work("fused_fold_late.py", ["--configs", "4x64,3x64"],
+                             "--configs: '3x64' is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
+    _refused_before_any_work("fused_fold_late.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")
+
+
 def test_edited_kernel_refuses_a_line_not_found_once():
     """bench.edited_kernel, which fused_floor.py and fused_ablation.py build their copies with: an edit whose line the
     kernel's source lacks, or holds twice, stops with the caller's name and the line, before anything is written."""
