@@ -445,6 +445,24 @@ def test_the_tma_and_fold_copies_each_find_their_lines_in_the_kernel(monkeypatch
         assert ("state.load(" in src) == ("TMA" in name), name
 
 
+def test_paths_ablations_copies_each_find_their_lines_in_the_kernels():
+    """benchmarks/paths_ablation.py's copies of the paths and serial kernels (every form and two-kernel form it can
+    time) still find each of their lines once, and each takes its kernel's arguments."""
+    from ddsim.gpu_backend import triton_gdn
+
+    mod = _benchmark("paths_ablation")
+    forms = mod.edited_forms(lambda name: True)
+    edited = [(name, k) for name, _, k, _ in forms if k is not None]
+    assert len(edited) == len(mod.EDITS) + sum(len(c) for _, c in [*mod.PATHS_CONFIGS.values(), *mod.SERIAL_EDITS.values()])
+    base = {"paths": triton_gdn._gdn_paths_kernel, "serial": triton_gdn._gdn_recurrent_kernel}
+    for name, design, kernel, _ in forms:
+        if kernel is not None:
+            assert kernel.arg_names == base[design].arg_names, name
+    for name, (root, rest) in mod.two_kernel_forms(lambda name: True).items():
+        assert root.arg_names == triton_gdn._gdn_recurrent_kernel.arg_names, name
+        assert rest.arg_names == triton_gdn._gdn_paths_kernel.arg_names, name
+
+
 def test_fused_fold_late_refuses_bad_options_before_any_work():
     """fused_fold_late.py --configs not warps x width, --calls below 1: one line and exit 2, before the CUDA check."""
     _refused_before_any_work("fused_fold_late.py", ["--configs", "4x64,3x64"],
