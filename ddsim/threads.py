@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from ddsim.errors import InputError
+from ddsim.values import is_int
 
 DEFAULT_THREADS = 1
 
@@ -21,7 +22,7 @@ DEFAULT_THREADS = 1
 def wanted(threads: int | None) -> int:
     """The thread count to use: ``threads`` if given, else OMP_NUM_THREADS, else DEFAULT_THREADS."""
     if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
+        if not is_int(threads) or not 1 <= threads <= 1024:
             raise InputError(f"--threads: expected an integer in 1..1024, got {threads!r}")
         return threads
     env = os.environ.get("OMP_NUM_THREADS", "").strip()

@@ -27,7 +27,6 @@ End marker: {"end": true, "steps": N}. A dump without it is truncated and refuse
 from __future__ import annotations
 
 import json
-import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 import torch
 
 from ddsim.errors import InputError
+from ddsim.values import is_int, is_integral, is_real
 
 FORMAT = "ddsim-verify-dump"
 VERSION = 1
@@ -64,11 +64,11 @@ class VerifyDumpWriter:
                  compute_dtype: str = "float32", engine: dict | None = None, acceptance="greedy"):
         if logits not in ("full", "topk") or (logits == "topk") != (topk is not None):
             raise ValueError("logits: 'full' without topk, or 'topk' with topk=k")
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) or vocab_size < 2:
+        if not is_integral(vocab_size) or vocab_size < 2:
             raise ValueError(f"vocab_size {vocab_size!r}: expected an integer >= 2")
         vocab_size = int(vocab_size)
         if logits == "topk":
-            if isinstance(topk, bool) or not isinstance(topk, numbers.Integral) or not 1 <= topk <= vocab_size:
+            if not is_integral(topk) or not 1 <= topk <= vocab_size:
                 raise ValueError(f"topk {topk!r}: expected an integer in 1..{vocab_size}")
             topk = int(topk)
         if acceptance != "greedy" and (not isinstance(acceptance, dict) or logits != "full"):
@@ -105,8 +105,7 @@ class VerifyDumpWriter:
 
         def ints(key, x):
             vals = x.tolist() if hasattr(x, "tolist") else list(x)
-            if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer()
-                       for v in vals):
+            if not all(is_integral(v) or isinstance(v, float) and v.is_integer() for v in vals):
                 fail(f"{key} must be integers")
             return [int(v) for v in vals]
 
@@ -215,14 +214,14 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
     if not _flat(header.get("engine", {})):
         _fail(path, "header engine: expected an object of names to strings, numbers, booleans or null")
     V = header.get("vocab_size")
-    if not isinstance(V, int) or isinstance(V, bool) or V < 2:
+    if not is_int(V) or V < 2:
         _fail(path, f"header vocab_size {V!r}: expected an integer >= 2")
     if vocab_size is not None and V != vocab_size:
         _fail(path, f"vocab_size {V} does not fit the checkpoint's {vocab_size}")
     if header.get("logits") not in ("full", "topk"):
         _fail(path, f"header logits {header.get('logits')!r}: expected 'full' or 'topk'")
     k = header.get("topk")
-    if header["logits"] == "topk" and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= V):  # (true == 1)
+    if header["logits"] == "topk" and not (is_int(k) and 1 <= k <= V):
         _fail(path, f"header topk {k!r}: expected an integer in 1..{V}")
     _check_acceptance(path, header)
     if header.get("compute_dtype") not in COMPUTE_DTYPES:
@@ -287,13 +286,13 @@ def _check_acceptance(path, header) -> None:
     if acc["rule"] not in SAMPLERS:
         _fail(path, f"header acceptance rule {acc['rule']!r}: expected one of {', '.join(SAMPLERS)}")
     t = acc["temperature"]
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+    if not is_real(t) or not 0 < t < float("inf"):
         _fail(path, f"header acceptance temperature {t!r}: expected a finite number > 0")
     known = SAMPLERS[acc["rule"]]
     if not isinstance(acc["params"], dict):
         _fail(path, "header acceptance params: expected an object")
     for k, v in acc["params"].items():
-        if k not in known or isinstance(v, bool) or not isinstance(v, (int, float)) or not known[k][0] < v <= known[k][1]:
+        if k not in known or not is_real(v) or not known[k][0] < v <= known[k][1]:
             _fail(path, f"header acceptance params {k}={v!r}: not a parameter of {acc['rule']} in its range")
     if header.get("logits") != "full":
         _fail(path, "a sampled dump needs full logits (the rule reads whole distributions)")
@@ -344,7 +343,7 @@ def check_step(rec: dict, tensors: dict, *, header: dict, layers: dict | None, m
     from ddsim.trees.tree import Tree
     V = header["vocab_size"]
     for key in ("context", "parents", "tokens", "positions", "accepted", "emitted"):
-        if not isinstance(rec[key], list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in rec[key]):
+        if not isinstance(rec[key], list) or not all(is_int(x) for x in rec[key]):
             fail(f"{key} must be a list of integers")
     if not isinstance(rec["request"], str) or not isinstance(rec["tensors"], str):
         fail("request and tensors must be strings")

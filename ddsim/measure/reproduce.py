@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from ddsim.errors import InputError
+from ddsim.values import is_real
 
 ABS_FLOOR = 1e-9
 
@@ -21,7 +22,7 @@ class Tolerance:
     floors: dict[str, float]
 
     def close(self, a, b, where: str) -> bool:
-        if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        if not (is_real(a) and is_real(b)):
             return a == b
         if isinstance(a, int) and isinstance(b, int):
             return a == b
@@ -132,7 +133,7 @@ def bounded(got, want, tol: Tolerance, where: str = "") -> int:
                                  f"prompts reach (the report was not produced by this audit)")
             n += bounded(row, theirs[row[key]], tol, f"{where}[{key} {row[key]!r}]")
         return n
-    if isinstance(want, (int, float)) and not isinstance(want, bool) and isinstance(got, (int, float)):
+    if is_real(want) and isinstance(got, (int, float)):
         _at_most(got, want, where)  # a count (a row's key: equal, as matched)
         return 1
     if got != want:

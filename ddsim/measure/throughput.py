@@ -21,6 +21,7 @@ import numpy as np
 from ddsim.errors import InputError
 from ddsim.jsonl import read_json
 from ddsim.trees.modes import VERIFY_MODES
+from ddsim.values import is_real
 
 
 @dataclass
@@ -59,7 +60,7 @@ class CostModel:
             return InputError(f"{path}: not a cost file ({why})")
 
         def number(v, name, *, zero_ok=False):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+            if not is_real(v) or not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
                 raise bad(f"{name} must be a finite number {'>= 0' if zero_ok else '> 0'}, got {v!r}")
             return float(v)
 

@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 
 from ddsim.errors import ConfigError
+from ddsim.values import is_int
 
 LAYER_KINDS = "gampfcslkz"
 STATEFUL_KINDS = "gmpslkz"  # the kinds with a recurrent state beside any conv window (reports' state_rel)
@@ -257,8 +258,8 @@ class ModelConfig:
             if not cond:
                 raise ConfigError(f"{arg}: {why} (config {self.name!r})")
 
-        def whole(v, lo: int) -> bool:  # an int, not a bool (Python's True == 1)
-            return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+        def whole(v, lo: int) -> bool:
+            return is_int(v) and v >= lo
 
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",

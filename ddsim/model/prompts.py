@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ddsim.errors import InputError
 from ddsim.jsonl import read_json, read_jsonl
+from ddsim.values import is_int
 
 # Written for this project: one math, one code and one chat prompt.
 BUILTIN_PROMPTS = (
@@ -117,7 +118,7 @@ def render_chat_template(template: str, text: str, *, where: str, seconds: float
 
 
 def _check_tokens(toks, vocab, where):
-    if not isinstance(toks, list) or not toks or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+    if not isinstance(toks, list) or not toks or not all(is_int(t) for t in toks):
         raise InputError(f"{where}: expected {{\"tokens\": [non-empty list of token ids]}} or {{\"text\": ...}}")
     bad = [t for t in toks if not 0 <= t < vocab]
     if bad:

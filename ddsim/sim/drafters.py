@@ -40,6 +40,7 @@ import torch
 from ddsim.errors import InputError
 from ddsim.jsonl import read_jsonl
 from ddsim.trees.seeds import derive_seed
+from ddsim.values import is_int, is_real
 
 
 class Drafter(Protocol):
@@ -138,7 +139,7 @@ class TraceDrafter:
             if not isinstance(rec, dict) or "depths" not in rec:
                 raise InputError(f"{where}: expected an object with 'depths'")
             for key in ("vocab_size", "step"):  # JSON integers: true or 1.0 equals 1 in Python
-                if key in rec and (not isinstance(rec[key], int) or isinstance(rec[key], bool)):
+                if key in rec and not is_int(rec[key]):
                     raise InputError(f"{where}: '{key}' must be an integer, got {rec[key]!r}")
             if rec.get("vocab_size", vocab_size) != vocab_size:
                 raise InputError(f"{where}: vocab_size {rec.get('vocab_size')} differs from the model's {vocab_size}")
@@ -165,9 +166,9 @@ class TraceDrafter:
                     if not (isinstance(c, list) and len(c) == 2):
                         raise InputError(f"{where}: depth {d}: candidate {c!r} is not [token, logprob]")
                     tok, lp = c
-                    if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
+                    if not is_int(tok) or not 0 <= tok < vocab_size:
                         raise InputError(f"{where}: depth {d}: unknown token {tok!r} (vocab {vocab_size})")
-                    if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 1e-6:
+                    if not is_real(lp) or not math.isfinite(lp) or lp > 1e-6:
                         raise InputError(f"{where}: depth {d}: logprob {lp!r} is not a finite log-probability")
                     if tok in seen:
                         raise InputError(f"{where}: depth {d}: token {tok} listed twice")

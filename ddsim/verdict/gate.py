@@ -35,6 +35,7 @@ except ModuleNotFoundError:  # Python 3.10
 from ddsim.errors import InputError
 from ddsim.model.config import STATEFUL_KINDS
 from ddsim.trees.modes import LEAK_MODES
+from ddsim.values import is_real
 from ddsim.verdict.report_model import Report
 
 GATED_MODES = LEAK_MODES
@@ -347,7 +348,7 @@ def _bounds(p: Path, table: dict, where: str, known: dict) -> dict:
             raise InputError(f"{p}: {k!r} in [{where}] is retired ({RETIRED[k]})")
         if k not in known:
             raise InputError(f"{p}: unknown key {k!r} in [{where}] (known: {', '.join(sorted(known))})")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        if not is_real(v) or not math.isfinite(v) or v < 0:
             raise InputError(f"{p}: {k!r} in [{where}] needs a finite bound >= 0, got {v!r}")
     return {k: float(v) for k, v in table.items()}
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ddsim.measure.settings import AuditConfig
 from ddsim.model.config import FAMILIES, LAYER_KINDS, STATEFUL_KINDS, WINDOWED_KINDS
 from ddsim.trees.modes import VERIFY_MODES
+from ddsim.values import is_int
 
 SCHEMA_VERSION = 10  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
 # 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family;
@@ -445,8 +446,7 @@ class ModelRecord(_Strict):
         _need(isinstance(lp, str) and len(lp) >= 1 and set(lp) <= set(LAYER_KINDS), "model.config.layer_pattern",
               f"expected a non-empty string over {LAYER_KINDS!r}, got {lp!r}")
         v = self.config.get("vocab_size")
-        _need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "model.config.vocab_size",
-              f"expected a positive integer, got {v!r}")
+        _need(is_int(v) and v >= 1, "model.config.vocab_size", f"expected a positive integer, got {v!r}")
         return self
 
     @property
