@@ -37,7 +37,6 @@ the descriptor's encoding on the host, their device time does not).
 """
 import argparse
 import inspect
-import re
 import tempfile
 
 import torch
@@ -53,6 +52,7 @@ from ddsim.bench.bench import (
     off_rounded,
     timing_options,
     timing_rounds,
+    warps_widths,
     wy_default_launch,
 )
 from ddsim.gpu_backend.launch import bind
@@ -156,12 +156,7 @@ def main():
     ap.add_argument("--tma", action="store_true", help="also the fold read by TMA, waited for at once and at its use")
     a = ap.parse_args()
     at_least_one(ap, a, "calls", "rounds")
-    configs = []
-    for c in a.configs.split(","):
-        m = re.fullmatch(r"(1|2|4|8)x(16|32|64)", c.strip())
-        if not m:
-            ap.error(f"--configs: {c!r} is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
-        configs.append((int(m.group(1)), int(m.group(2))))
+    configs = warps_widths(ap, a.configs)
     cuda_run("fused_fold_late", a.commit)
     B, T = 1, 16
     forms, ref = {}, None

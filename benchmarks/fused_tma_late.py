@@ -40,6 +40,7 @@ from ddsim.bench.bench import (
     edited_kernel,
     timing_options,
     timing_rounds,
+    warps_widths,
     wy_default_launch,
 )
 
@@ -199,12 +200,7 @@ def main():
     ap.add_argument("--configs", default="4x64", help="comma-separated warps x V tile width, e.g. 4x64,2x32")
     a = ap.parse_args()
     at_least_one(ap, a, "calls", "rounds")
-    configs = []
-    for c in a.configs.split(","):
-        m = re.fullmatch(r"(1|2|4|8)x(16|32|64)", c.strip())
-        if not m:
-            ap.error(f"--configs: {c!r} is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
-        configs.append((int(m.group(1)), int(m.group(2))))
+    configs = warps_widths(ap, a.configs)
     cuda_run("fused_tma_late", a.commit)
     cap = torch.cuda.get_device_capability()
     target = GPUTarget("cuda", cap[0] * 10 + cap[1], 32)

@@ -464,9 +464,12 @@ def test_paths_ablations_copies_each_find_their_lines_in_the_kernels():
 
 
 def test_fused_fold_late_refuses_bad_options_before_any_work():
-    """fused_fold_late.py --configs not warps x width, --calls below 1: one line and exit 2, before the CUDA check."""
+    """fused_fold_late.py --configs not warps x width (bench.warps_widths, as fused_tma_late.py's), --calls below 1:
+    one line and exit 2, before the CUDA check."""
     _refused_before_any_work("fused_fold_late.py", ["--configs", "4x64,3x64"],
                              "--configs: '3x64' is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
+    _refused_before_any_work("fused_fold_late.py", ["--configs", "4x128"],
+                             "--configs: '4x128' is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
     _refused_before_any_work("fused_fold_late.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")
 
 

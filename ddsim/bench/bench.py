@@ -176,6 +176,19 @@ def int_list(ap, name: str, text: str, allowed) -> list[int]:
     return got
 
 
+def warps_widths(ap, text: str) -> list[tuple[int, int]]:
+    """A variant benchmark's --configs ("4x64,2x32": warps x V tile width) as (warps, width) pairs, warps 1, 2, 4 or 8
+    and width 16, 32 or 64; anything else refused through ``ap.error`` (argparse's one line, exit 2) before any work."""
+    import re
+    configs = []
+    for c in text.split(","):
+        m = re.fullmatch(r"(1|2|4|8)x(16|32|64)", c.strip())
+        if not m:
+            ap.error(f"--configs: {c!r} is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
+        configs.append((int(m.group(1)), int(m.group(2))))
+    return configs
+
+
 # The one-kernel WY form's sweep options (bench_wy_root.py, first_use.py) and the values each may take: the root's
 # place (triton_gdn.FUSED_ROOT), q and k as read or l2-normed (FUSED_RAW16, 1 / 0), warps, V tiles, the state's use
 # held behind its state-free products or not (FUSED_HOLD, 1 / 0: the root's place 2 only), the rows' norms of q and k
