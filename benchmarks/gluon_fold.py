@@ -1,0 +1,190 @@
+"""Whether a Gluon kernel could bring the one-kernel WY form at 1 x 16 under #36's bound: the form folded into its
+output's weights (fused_fold_late.py's fold: O = P S0 + Y), written in Gluon (Triton's lower-level language) so that
+its state is copied by the copy engine (TMA) into shared memory as soon as its slot arrives and waited for only where
+P S0 needs it, and read from there straight into the product's operand layout; Triton's language states neither
+(fused_tma_late.py measured the wait's place by editing the compiled IR). A measurement, not a served kernel: one
+sequence of 16 nodes (the root in the block, DDTree's tree), bf16 q, k, v as read, the gates given, a state pool
+in ddsim's layout read through its slot table, 4 warps, 64-wide V tiles, Qwen3.6-27B GDN shapes.
+
+Products: K K^T, Q K^T (exact: bf16 operands), the solve's doubling on 16 x 16 matrices and W's products by K and V
+(the fp32 side split into bf16 head and remainder), P S0 (P and the state split: three MMAs), all mma.sync
+(mma_v2). Printed: the output against the served form's and the share of entries off the float64 oracle rounded
+to bf16 (bench.off_rounded), then the timing table (bench.timing_rounds: the timer, three device times after
+do_bench's flush, one warm) beside the served form.
+
+    python benchmarks/gluon_fold.py [--commit SHA] [--calls 5] [--rounds 3]   # needs CUDA (sm_90 or later)
+"""
+import argparse
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+from ddsim import oracle
+from ddsim.bench.bench import at_least_one, cuda_run, off_rounded, timing_options, timing_rounds, wy_default_launch
+
+
+@gluon.jit
+def _split(x, layout: gl.constexpr):
+    # x fp32 as its bf16 head and remainder, each in ``layout``
+    hi = x.to(gl.bfloat16)
+    lo = (x - hi.to(gl.float32)).to(gl.bfloat16)
+    return gl.convert_layout(hi, layout), gl.convert_layout(lo, layout)
+
+
+@gluon.jit
+def _dot3(a, b, acc, A_OP: gl.constexpr, B_OP: gl.constexpr):
+    # acc + a b for fp32 a, b (bf16x3: head by head, head by remainder, remainder by head)
+    a_hi, a_lo = _split(a, A_OP)
+    b_hi, b_lo = _split(b, B_OP)
+    return mma_v2(a_hi, b_hi, mma_v2(a_hi, b_lo, mma_v2(a_lo, b_hi, acc)))
+
+
+@gluon.jit
+def _dot2(a, b16, acc, A_OP: gl.constexpr):
+    # acc + a b for fp32 a and bf16 b (exact): a's head and remainder, two MMAs
+    a_hi, a_lo = _split(a, A_OP)
+    return mma_v2(a_hi, b16, mma_v2(a_lo, b16, acc))
+
+
+@gluon.jit
+def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, NSTEP,
+                       H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                       BT: gl.constexpr, BV: gl.constexpr, num_warps: gl.constexpr):
+    # one sequence (i_b 0) of BT nodes, the root node 0; a program per (V tile, value head)
+    i_v = gl.program_id(0)
+    i_hv = gl.program_id(1)
+    i_h = i_hv // (HV // H)
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, num_warps], instr_shape=[16, 8])
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [BT] a value per row
+    COLS: gl.constexpr = gl.SliceLayout(0, MMA)  # [BT] / [BV] a value per column
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [BT, K] bf16 rows, 16 bytes a thread
+    LDT: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])  # [K, BT]: k^T read by columns
+
+    # the state's copy first: its slot, then the copy engine into shared memory, waited for where P S0 needs it
+    slot = gl.load(state_idx)
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    s_smem = gl.allocate_shared_memory(gl.float32, [K, BV], state_desc.layout)
+    mbarrier.expect(bar, state_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(state_desc, [(slot * HV + i_hv) * K, i_v * BV], bar, s_smem)
+
+    # q, k [BT, K] as read (k^T [K, BT] too), v [BT, BV], the gates and the ancestor-or-self mask [BT, BT]
+    r_ld = gl.arange(0, BT, layout=gl.SliceLayout(1, LD))
+    c_ld = gl.arange(0, K, layout=gl.SliceLayout(0, LD))
+    q_raw = gl.load(q + (r_ld[:, None] * H + i_h) * K + c_ld[None, :])
+    k_raw = gl.load(k + (r_ld[:, None] * H + i_h) * K + c_ld[None, :])
+    r_t = gl.arange(0, K, layout=gl.SliceLayout(1, LDT))
+    c_t = gl.arange(0, BT, layout=gl.SliceLayout(0, LDT))
+    k_t = gl.load(k + (c_t[None, :] * H + i_h) * K + r_t[:, None])
+    rows = gl.arange(0, BT, layout=ROWS)
+    cols = gl.arange(0, BT, layout=COLS)
+    o_v = i_v * BV + gl.arange(0, BV, layout=COLS)
+    b_v = gl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :])  # [BT, BV] bf16, MMA
+    g_col = gl.load(g + cols * HV + i_hv)
+    b_beta = gl.load(beta + rows * HV + i_hv)
+    beta_col = gl.load(beta + cols * HV + i_hv)
+    anc = gl.load(mask + rows[:, None] * BT + cols[None, :]) != 0
+
+    # gates along each path: G [BT], D [BT, BT] = A_t / A_j on ancestors-or-self
+    G = gl.sum(gl.where(anc, g_col[None, :], 0.0), 1)
+    G_col = gl.convert_layout(G, COLS)
+    D = gl.where(anc, gl.exp(G[:, None] - G_col[None, :]), 0.0)
+    A = gl.exp(G)
+
+    # K K^T, Q K^T (exact), the norms: columns' from K K^T's diagonal, rows' from the rows as read
+    zero_tt = gl.zeros([BT, BT], gl.float32, MMA)
+    kT_op = gl.convert_layout(k_t, B_OP)
+    KK = mma_v2(gl.convert_layout(k_raw, A_OP), kT_op, zero_tt)
+    QK = mma_v2(gl.convert_layout(q_raw, A_OP), kT_op, zero_tt)
+    eye = rows[:, None] == cols[None, :]
+    ik_col = 1.0 / gl.sqrt(gl.sum(gl.where(eye, KK, 0.0), 0) + 1e-6)
+    k32 = k_raw.to(gl.float32)
+    q32 = q_raw.to(gl.float32)
+    ik = gl.convert_layout(1.0 / gl.sqrt(gl.sum(k32 * k32, 1) + 1e-6), ROWS)
+    iq = gl.convert_layout(scale / gl.sqrt(gl.sum(q32 * q32, 1) + 1e-6), ROWS)
+    KK = KK * ik_col[None, :]
+    QK = QK * ik_col[None, :]
+
+    # -L through D, the root's column c taken out; the rows' norms in -L's rows, A_k, A_q and D's rows
+    NL = gl.where(rows[:, None] != cols[None, :], -(b_beta * ik)[:, None] * D * KK, 0.0)
+    A_k = A * ik
+    A_q = A * iq
+    D = D * iq[:, None]
+    first = cols == 0
+    c = gl.sum(gl.where(first[None, :], NL, 0.0), 1)  # [BT] rows
+    NL = gl.where(first[None, :], 0.0, NL)
+
+    # the fold: X = (D o Q K^T) prod_r (I + N^(2^r)), W = X (I + c e_0^T), P = diag(A_q) Q - W diag(beta A_k) K,
+    # Y = W diag(beta) V
+    X = D * QK
+    if NSTEP > 0:
+        X = _dot3(X, NL, X, A_OP, B_OP)
+    for _ in range(1, NSTEP):
+        NL = _dot3(NL, NL, zero_tt, A_OP, B_OP)
+        X = _dot3(X, NL, X, A_OP, B_OP)
+    c_col = gl.convert_layout(c, COLS)
+    W = X + gl.where(first[None, :], gl.sum(X * c_col[None, :], 1)[:, None], 0.0)
+    Ak_col = gl.convert_layout(A_k, COLS)
+    k_op = gl.convert_layout(k_raw, B_OP)  # [BT, K] as the right operand
+    Pk = _dot2(W * (beta_col * Ak_col)[None, :], k_op, gl.zeros([BT, K], gl.float32, MMA), A_OP)
+    P = A_q[:, None] * gl.convert_layout(q32, MMA) - Pk
+    Y = _dot2(W * beta_col[None, :], gl.convert_layout(b_v, B_OP), gl.zeros([BT, BV], gl.float32, MMA), A_OP)
+    p_hi, p_lo = _split(P, A_OP)
+
+    # the state: waited for here, read from the copy's shared memory straight into the product's operand layout
+    mbarrier.wait(bar, 0)
+    mbarrier.invalidate(bar)
+    s0 = s_smem.load(B_OP)  # [K, BV] fp32
+    s_hi = s0.to(gl.bfloat16)
+    s_lo = (s0 - s_hi.to(gl.float32)).to(gl.bfloat16)
+    b_o = mma_v2(p_hi, s_hi, mma_v2(p_hi, s_lo, mma_v2(p_lo, s_hi, Y)))
+    gl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(gl.bfloat16))
+
+
+def gluon_launch(kw: dict, o: torch.Tensor):
+    """The Gluon fold's launch on the served form's inputs (plan_wy's keyword arguments ``kw``) into ``o``."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    state, BV = kw["state"], kw["BV"]
+    K, V = state.shape[-2], state.shape[-1]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    desc = TensorDescriptor.from_tensor(state.view(-1, V), [K, BV], layout)
+    grid = (V // BV, kw["HV"])
+    args = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], state_desc=desc,
+                state_idx=kw["state_idx"], o=o, scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], HV=kw["HV"],
+                K=kw["K"], V=kw["V"], BT=kw["T"], BV=BV, num_warps=4)
+    return lambda: _gluon_fold_kernel[grid](**args)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    timing_options(ap, rounds=3)
+    a = ap.parse_args()
+    at_least_one(ap, a, "calls", "rounds")
+    cuda_run("gluon_fold", a.commit)
+    B, T = 1, 16
+    default, o, grid, kw, inp, parents = wy_default_launch(B, T)
+    if (kw.get("ROOT") != 2 or not kw.get("RAW16") or kw.get("FUSED") or kw.get("STATE_VK") or kw.get("DEPTHS")
+            or kw["BT"] != T or kw["BV"] != 64):
+        raise SystemExit(f"gluon_fold: the form at {B} x {T} is not the one this kernel is of")
+    ref = oracle.gdn_tree_verify(**{n: inp[n].cpu() for n in ("q", "k", "v", "g", "beta")}, parents=parents,
+                                 initial_state=inp["initial_state"].cpu())
+    out = torch.full_like(o, float("nan"))
+    forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (gluon_launch(kw, out), out)}
+    for launch, _ in forms.values():
+        launch()
+    torch.cuda.synchronize()
+    print("| form | entries that differ from the form's | max abs difference | off the rounded oracle | finite |")
+    print("|---|---|---|---|---|")
+    for name, (_, x) in forms.items():
+        print(f"| {name} | {(x != o).float().mean().item():.4%} | {(x.float() - o.float()).abs().max().item():.3g} | "
+              f"{off_rounded(x, ref):.4%} | {bool(torch.isfinite(x).all())} |", flush=True)
+    timing_rounds({name: launch for name, (launch, _) in forms.items()}, rounds=a.rounds, calls=a.calls)
+
+
+if __name__ == "__main__":
+    main()
