@@ -65,13 +65,9 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [BT, K] bf16 rows, 16 bytes a thread
     LDT: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])  # [K, BT]: k^T read by columns
 
-    # the state's copy first: its slot, then the copy engine into shared memory, waited for where P S0 needs it
+    # the slot read first; the state's copy is issued once the other reads have gone out (its address waits on the
+    # slot's arrival, and a read issued after it would wait as long)
     slot = gl.load(state_idx)
-    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(bar, count=1)
-    s_smem = gl.allocate_shared_memory(gl.float32, [K, BV], state_desc.layout)
-    mbarrier.expect(bar, state_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(state_desc, [(slot * HV + i_hv) * K, i_v * BV], bar, s_smem)
 
     # q, k [BT, K] as read (k^T [K, BT] too), v [BT, BV], the gates and the ancestor-or-self mask [BT, BT]
     r_ld = gl.arange(0, BT, layout=gl.SliceLayout(1, LD))
@@ -89,6 +85,13 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     b_beta = gl.load(beta + rows * HV + i_hv)
     beta_col = gl.load(beta + cols * HV + i_hv)
     anc = gl.load(mask + rows[:, None] * BT + cols[None, :]) != 0
+
+    # the state: the copy engine into shared memory, waited for where P S0 needs it
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    s_smem = gl.allocate_shared_memory(gl.float32, [K, BV], state_desc.layout)
+    mbarrier.expect(bar, state_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(state_desc, [(slot * HV + i_hv) * K, i_v * BV], bar, s_smem)
 
     # gates along each path: G [BT], D [BT, BT] = A_t / A_j on ancestors-or-self
     G = gl.sum(gl.where(anc, g_col[None, :], 0.0), 1)
