@@ -10,7 +10,8 @@ Products: K K^T, Q K^T (exact: bf16 operands), the solve's doubling on 16 x 16 m
 (the fp32 side split into bf16 head and remainder), P S0 (P and the state split: three MMAs), all mma.sync
 (mma_v2). Printed: the output against the served form's and the share of entries off the float64 oracle rounded
 to bf16 (bench.off_rounded), then the timing table (bench.timing_rounds: the timer, three device times after
-do_bench's flush, one warm) beside the served form.
+do_bench's flush, one warm) beside the served form, and the same kernel with its state never read (its product by
+zero: what its chain before the state takes).
 
     python benchmarks/gluon_fold.py [--commit SHA] [--calls 5] [--rounds 3]   # needs CUDA (sm_90 or later)
 """
@@ -52,7 +53,7 @@ def _dot2(a, b16, acc, A_OP: gl.constexpr):
 @gluon.jit
 def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, NSTEP,
                        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                       BT: gl.constexpr, BV: gl.constexpr, num_warps: gl.constexpr):
+                       BT: gl.constexpr, BV: gl.constexpr, READ: gl.constexpr, num_warps: gl.constexpr):
     # one sequence (i_b 0) of BT nodes, the root node 0; a program per (V tile, value head)
     i_v = gl.program_id(0)
     i_hv = gl.program_id(1)
@@ -86,12 +87,13 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     beta_col = gl.load(beta + cols * HV + i_hv)
     anc = gl.load(mask + rows[:, None] * BT + cols[None, :]) != 0
 
-    # the state: the copy engine into shared memory, waited for where P S0 needs it
+    # the state: the copy engine into shared memory, waited for where P S0 needs it (READ off: never read, zero)
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(bar, count=1)
     s_smem = gl.allocate_shared_memory(gl.float32, [K, BV], state_desc.layout)
-    mbarrier.expect(bar, state_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(state_desc, [(slot * HV + i_hv) * K, i_v * BV], bar, s_smem)
+    if READ:
+        mbarrier.init(bar, count=1)
+        mbarrier.expect(bar, state_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(state_desc, [(slot * HV + i_hv) * K, i_v * BV], bar, s_smem)
 
     # gates along each path: G [BT], D [BT, BT] = A_t / A_j on ancestors-or-self
     G = gl.sum(gl.where(anc, g_col[None, :], 0.0), 1)
@@ -140,17 +142,21 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     p_hi, p_lo = _split(P, A_OP)
 
     # the state: waited for here, read from the copy's shared memory straight into the product's operand layout
-    mbarrier.wait(bar, 0)
-    mbarrier.invalidate(bar)
-    s0 = s_smem.load(B_OP)  # [K, BV] fp32
+    if READ:
+        mbarrier.wait(bar, 0)
+        mbarrier.invalidate(bar)
+        s0 = s_smem.load(B_OP)  # [K, BV] fp32
+    else:
+        s0 = gl.zeros([K, BV], gl.float32, B_OP)
     s_hi = s0.to(gl.bfloat16)
     s_lo = (s0 - s_hi.to(gl.float32)).to(gl.bfloat16)
     b_o = mma_v2(p_hi, s_hi, mma_v2(p_hi, s_lo, mma_v2(p_lo, s_hi, Y)))
     gl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(gl.bfloat16))
 
 
-def gluon_launch(kw: dict, o: torch.Tensor):
-    """The Gluon fold's launch on the served form's inputs (plan_wy's keyword arguments ``kw``) into ``o``."""
+def gluon_launch(kw: dict, o: torch.Tensor, read: bool = True):
+    """The Gluon fold's launch on the served form's inputs (plan_wy's keyword arguments ``kw``) into ``o``; read
+    False: the state never read (its product by zero), what the chain before it takes."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     state, BV = kw["state"], kw["BV"]
     K, V = state.shape[-2], state.shape[-1]
@@ -159,7 +165,7 @@ def gluon_launch(kw: dict, o: torch.Tensor):
     grid = (V // BV, kw["HV"])
     args = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], state_desc=desc,
                 state_idx=kw["state_idx"], o=o, scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], HV=kw["HV"],
-                K=kw["K"], V=kw["V"], BT=kw["T"], BV=BV, num_warps=4)
+                K=kw["K"], V=kw["V"], BT=kw["T"], BV=BV, READ=read, num_warps=4)
     return lambda: _gluon_fold_kernel[grid](**args)
 
 
@@ -176,8 +182,9 @@ def main():
         raise SystemExit(f"gluon_fold: the form at {B} x {T} is not the one this kernel is of")
     ref = oracle.gdn_tree_verify(**{n: inp[n].cpu() for n in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
-    out = torch.full_like(o, float("nan"))
-    forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (gluon_launch(kw, out), out)}
+    out, cut = torch.full_like(o, float("nan")), torch.full_like(o, float("nan"))
+    forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (gluon_launch(kw, out), out),
+             "Gluon fold, the state not read": (gluon_launch(kw, cut, read=False), cut)}
     for launch, _ in forms.values():
         launch()
     torch.cuda.synchronize()
