@@ -10,8 +10,10 @@ Products: K K^T, Q K^T (exact: bf16 operands), the solve's doubling on 16 x 16 m
 (the fp32 side split into bf16 head and remainder), P S0 (P and the state split: three MMAs), all mma.sync
 (mma_v2). Printed: the output against the served form's and the share of entries off the float64 oracle rounded
 to bf16 (bench.off_rounded), then the timing table (bench.timing_rounds: the timer, three device times after
-do_bench's flush, one warm) beside the served form, and the same kernel with its state never read (its product by
-zero: what its chain before the state takes).
+do_bench's flush, one warm) beside the served form, the same kernel with its state never read (its product by zero:
+what its chain before the state takes), and with its state copied as two boxes of 128-byte rows into swizzled shared
+memory (one box of 256-byte rows, unswizzled, otherwise). The tile's two halves of V each take their own product and
+store.
 
     python benchmarks/gluon_fold.py [--commit SHA] [--calls 5] [--rounds 3]   # needs CUDA (sm_90 or later)
 """
@@ -51,9 +53,19 @@ def _dot2(a, b16, acc, A_OP: gl.constexpr):
 
 
 @gluon.jit
+def _tail(p_hi, p_lo, s0, Y, ptrs):
+    # P S0 + Y stored: the state's tile split into its bf16 head and remainder in the operand layout it was read in
+    s_hi = s0.to(gl.bfloat16)
+    s_lo = (s0 - s_hi.to(gl.float32)).to(gl.bfloat16)
+    b_o = mma_v2(p_hi, s_hi, mma_v2(p_hi, s_lo, mma_v2(p_lo, s_hi, Y)))
+    gl.store(ptrs, b_o.to(gl.bfloat16))
+
+
+@gluon.jit
 def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, NSTEP,
                        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                       BT: gl.constexpr, BV: gl.constexpr, READ: gl.constexpr, num_warps: gl.constexpr):
+                       BT: gl.constexpr, BV: gl.constexpr, READ: gl.constexpr, HALVES: gl.constexpr,
+                       num_warps: gl.constexpr):
     # one sequence (i_b 0) of BT nodes, the root node 0; a program per (V tile, value head)
     i_v = gl.program_id(0)
     i_hv = gl.program_id(1)
@@ -80,20 +92,34 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     k_t = gl.load(k + (c_t[None, :] * H + i_h) * K + r_t[:, None])
     rows = gl.arange(0, BT, layout=ROWS)
     cols = gl.arange(0, BT, layout=COLS)
-    o_v = i_v * BV + gl.arange(0, BV, layout=COLS)
-    b_v = gl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :])  # [BT, BV] bf16, MMA
+    HB: gl.constexpr = BV // 2
+    o_v0 = i_v * BV + gl.arange(0, HB, layout=COLS)  # the tile's halves of V, each its own product and store
+    o_v1 = o_v0 + HB
+    b_v0 = gl.load(v + (rows[:, None] * HV + i_hv) * V + o_v0[None, :])  # [BT, HB] bf16, MMA
+    b_v1 = gl.load(v + (rows[:, None] * HV + i_hv) * V + o_v1[None, :])
     g_col = gl.load(g + cols * HV + i_hv)
     b_beta = gl.load(beta + rows * HV + i_hv)
     beta_col = gl.load(beta + cols * HV + i_hv)
     anc = gl.load(mask + rows[:, None] * BT + cols[None, :]) != 0
 
     # the state: the copy engine into shared memory, waited for where P S0 needs it (READ off: never read, zero)
+    # (HALVES: the descriptor's box is half the tile's width, 128-byte rows, so that its shared layout can be
+    # swizzled; two copies)
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    s_smem = gl.allocate_shared_memory(gl.float32, [K, BV], state_desc.layout)
+    if HALVES:
+        s_smem = gl.allocate_shared_memory(gl.float32, [2, K, HB], state_desc.layout)
+    else:
+        s_smem = gl.allocate_shared_memory(gl.float32, [K, BV], state_desc.layout)
     if READ:
         mbarrier.init(bar, count=1)
-        mbarrier.expect(bar, state_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(state_desc, [(slot * HV + i_hv) * K, i_v * BV], bar, s_smem)
+        row = (slot * HV + i_hv) * K
+        if HALVES:
+            mbarrier.expect(bar, 2 * state_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(state_desc, [row, i_v * BV], bar, s_smem.index(0))
+            tma.async_copy_global_to_shared(state_desc, [row, i_v * BV + HB], bar, s_smem.index(1))
+        else:
+            mbarrier.expect(bar, state_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(state_desc, [row, i_v * BV], bar, s_smem)
 
     # gates along each path: G [BT], D [BT, BT] = A_t / A_j on ancestors-or-self
     G = gl.sum(gl.where(anc, g_col[None, :], 0.0), 1)
@@ -138,34 +164,41 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     k_op = gl.convert_layout(k_raw, B_OP)  # [BT, K] as the right operand
     Pk = _dot2(W * (beta_col * Ak_col)[None, :], k_op, gl.zeros([BT, K], gl.float32, MMA), A_OP)
     P = A_q[:, None] * gl.convert_layout(q32, MMA) - Pk
-    Y = _dot2(W * beta_col[None, :], gl.convert_layout(b_v, B_OP), gl.zeros([BT, BV], gl.float32, MMA), A_OP)
+    Wb = W * beta_col[None, :]
+    Y0 = _dot2(Wb, gl.convert_layout(b_v0, B_OP), gl.zeros([BT, HB], gl.float32, MMA), A_OP)
+    Y1 = _dot2(Wb, gl.convert_layout(b_v1, B_OP), gl.zeros([BT, HB], gl.float32, MMA), A_OP)
     p_hi, p_lo = _split(P, A_OP)
 
     # the state: waited for here, read from the copy's shared memory straight into the product's operand layout
     if READ:
         mbarrier.wait(bar, 0)
         mbarrier.invalidate(bar)
-        s0 = s_smem.load(B_OP)  # [K, BV] fp32
+        if HALVES:
+            s0 = s_smem.index(0).load(B_OP)  # [K, HB] fp32
+            s1 = s_smem.index(1).load(B_OP)
+        else:
+            s0 = s_smem.slice(0, HB, dim=1).load(B_OP)
+            s1 = s_smem.slice(HB, HB, dim=1).load(B_OP)
     else:
-        s0 = gl.zeros([K, BV], gl.float32, B_OP)
-    s_hi = s0.to(gl.bfloat16)
-    s_lo = (s0 - s_hi.to(gl.float32)).to(gl.bfloat16)
-    b_o = mma_v2(p_hi, s_hi, mma_v2(p_hi, s_lo, mma_v2(p_lo, s_hi, Y)))
-    gl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(gl.bfloat16))
+        s0 = gl.zeros([K, HB], gl.float32, B_OP)
+        s1 = s0
+    _tail(p_hi, p_lo, s0, Y0, o + (rows[:, None] * HV + i_hv) * V + o_v0[None, :])
+    _tail(p_hi, p_lo, s1, Y1, o + (rows[:, None] * HV + i_hv) * V + o_v1[None, :])
 
 
-def gluon_launch(kw: dict, o: torch.Tensor, read: bool = True):
+def gluon_launch(kw: dict, o: torch.Tensor, read: bool = True, halves: bool = False):
     """The Gluon fold's launch on the served form's inputs (plan_wy's keyword arguments ``kw``) into ``o``; read
-    False: the state never read (its product by zero), what the chain before it takes."""
+    False: the state never read (its product by zero), what the chain before it takes; halves: the state copied as
+    two boxes of 128-byte rows into swizzled shared memory, where otherwise one box of 256-byte rows, unswizzled."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     state, BV = kw["state"], kw["BV"]
     K, V = state.shape[-2], state.shape[-1]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    desc = TensorDescriptor.from_tensor(state.view(-1, V), [K, BV], layout)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128 if halves else 0, element_bitwidth=32, rank=2)
+    desc = TensorDescriptor.from_tensor(state.view(-1, V), [K, BV // 2 if halves else BV], layout)
     grid = (V // BV, kw["HV"])
     args = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], state_desc=desc,
                 state_idx=kw["state_idx"], o=o, scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], HV=kw["HV"],
-                K=kw["K"], V=kw["V"], BT=kw["T"], BV=BV, READ=read, num_warps=4)
+                K=kw["K"], V=kw["V"], BT=kw["T"], BV=BV, READ=read, HALVES=halves, num_warps=4)
     return lambda: _gluon_fold_kernel[grid](**args)
 
 
@@ -182,9 +215,10 @@ def main():
         raise SystemExit(f"gluon_fold: the form at {B} x {T} is not the one this kernel is of")
     ref = oracle.gdn_tree_verify(**{n: inp[n].cpu() for n in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
-    out, cut = torch.full_like(o, float("nan")), torch.full_like(o, float("nan"))
+    out, cut, half = (torch.full_like(o, float("nan")) for _ in range(3))
     forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (gluon_launch(kw, out), out),
-             "Gluon fold, the state not read": (gluon_launch(kw, cut, read=False), cut)}
+             "Gluon fold, the state not read": (gluon_launch(kw, cut, read=False), cut),
+             "Gluon fold, TMA in two swizzled halves": (gluon_launch(kw, half, halves=True), half)}
     for launch, _ in forms.values():
         launch()
     torch.cuda.synchronize()
