@@ -28,6 +28,16 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from ddsim import oracle
 from ddsim.bench.bench import at_least_one, cuda_run, off_rounded, timing_options, timing_rounds, wy_default_launch
 
+# The copy engine's load into shared memory: Triton 3.6's name (the GPUs' Triton), or its later one (3.9 renamed it)
+if hasattr(tma, "async_load"):
+    @gluon.jit
+    def _tma_load(desc, coord, bar, smem):
+        tma.async_load(desc, coord, bar, smem)
+else:
+    @gluon.jit
+    def _tma_load(desc, coord, bar, smem):
+        tma.async_copy_global_to_shared(desc, coord, bar, smem)
+
 
 @gluon.jit
 def _split(x, layout: gl.constexpr):
@@ -115,11 +125,11 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
         row = (slot * HV + i_hv) * K
         if HALVES:
             mbarrier.expect(bar, 2 * state_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(state_desc, [row, i_v * BV], bar, s_smem.index(0))
-            tma.async_copy_global_to_shared(state_desc, [row, i_v * BV + HB], bar, s_smem.index(1))
+            _tma_load(state_desc, [row, i_v * BV], bar, s_smem.index(0))
+            _tma_load(state_desc, [row, i_v * BV + HB], bar, s_smem.index(1))
         else:
             mbarrier.expect(bar, state_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(state_desc, [row, i_v * BV], bar, s_smem)
+            _tma_load(state_desc, [row, i_v * BV], bar, s_smem)
 
     # gates along each path: G [BT], D [BT, BT] = A_t / A_j on ancestors-or-self
     G = gl.sum(gl.where(anc, g_col[None, :], 0.0), 1)
@@ -200,6 +210,46 @@ def gluon_launch(kw: dict, o: torch.Tensor, read: bool = True, halves: bool = Fa
                 state_idx=kw["state_idx"], o=o, scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], HV=kw["HV"],
                 K=kw["K"], V=kw["V"], BT=kw["T"], BV=BV, READ=read, HALVES=halves, num_warps=4)
     return lambda: _gluon_fold_kernel[grid](**args)
+
+
+def offline_compile(arch: int, *, read: bool = True, halves: bool = False):
+    """The kernel compiled for sm_<arch> without a GPU (CPU tensors of the served form's launch at 1 x 16, the
+    launcher's signature; run without TRITON_INTERPRET): Triton's compiled kernel, its TTGIR in .asm["ttgir"]."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from ddsim.bench.bench import ddtree_batch, kernel_inputs
+    from ddsim.gpu_backend import _common, triton_gdn
+    got = []
+    bind, check, interpreting = triton_gdn.bind, _common.check_device, _common.interpreting
+    triton_gdn.bind = lambda kernel, grid, kw: got.append(dict(kw)) or (lambda: None)
+    _common.check_device, _common.interpreting = (lambda *xs: None), (lambda: False)
+    try:
+        _, parents = ddtree_batch(1, 16)
+        inp = kernel_inputs(1, 16, dtype=torch.bfloat16, device="cpu")
+        triton_gdn.plan_wy(**{n: inp[n] for n in ("q", "k", "v", "g", "beta")}, parents=parents,
+                           initial_state=inp["initial_state"], poison=False, design="auto")
+    finally:
+        triton_gdn.bind, _common.check_device, _common.interpreting = bind, check, interpreting
+    kw = got[-1]
+    state, BV = kw["state"], kw["BV"]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128 if halves else 0, element_bitwidth=32, rank=2)
+    desc = TensorDescriptor.from_tensor(state.view(-1, state.shape[-1]), [state.shape[-2], BV // 2 if halves else BV],
+                                        layout)
+    args = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], state_desc=desc,
+                state_idx=kw["state_idx"], o=kw["o"], scale=kw["scale"], NSTEP=kw["NSTEP"])
+    consts = dict(H=kw["H"], HV=kw["HV"], K=kw["K"], V=kw["V"], BT=kw["T"], BV=BV, READ=read, HALVES=halves,
+                  num_warps=4)
+    fn = _gluon_fold_kernel
+    sig = {p.name: "constexpr" if p.name in consts else mangle_type(args[p.name]) for p in fn.params}
+    src = GluonASTSource(fn=fn, signature=sig, constexprs={(i,): consts[p.name] for i, p in enumerate(fn.params)
+                                                           if p.name in consts},
+                         attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
+                                if sig[p.name].startswith("*")})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
 
 
 def main():

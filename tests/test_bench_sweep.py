@@ -3,6 +3,7 @@ a stand-in timer: the best configuration per case, a configuration that fails sk
 case with none left dropped, floors and bandwidths from the byte counts; and one real Mamba2 plan
 launched through it in Triton's interpreter (the wiring the CUDA tables use)."""
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -464,13 +465,42 @@ def test_paths_ablations_copies_each_find_their_lines_in_the_kernels():
 
 
 def test_fused_fold_late_refuses_bad_options_before_any_work():
-    """fused_fold_late.py --configs not warps x width (bench.warps_widths, as fused_tma_late.py's), --calls below 1:
-    one line and exit 2, before the CUDA check."""
+    """fused_fold_late.py --configs not warps x width (bench.warps_widths, as fused_tma_late.py's), --calls below 1,
+    and gluon_fold.py's --rounds below 1: one line and exit 2, before the CUDA check."""
     _refused_before_any_work("fused_fold_late.py", ["--configs", "4x64,3x64"],
                              "--configs: '3x64' is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
     _refused_before_any_work("fused_fold_late.py", ["--configs", "4x128"],
                              "--configs: '4x128' is not warps x width (warps 1, 2, 4, 8; width 16, 32, 64)")
     _refused_before_any_work("fused_fold_late.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")
+    _refused_before_any_work("gluon_fold.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
+
+
+def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_waited_for_after_them():
+    """benchmarks/gluon_fold.py's kernel (Gluon: Triton's interpreter cannot run it) compiled for sm_90 on the CPU, in
+    each form it times: the state's copy (TMA: one box, or two) goes out before any product and is waited for only
+    once every product but P S0's is made (six MMAs after the wait: three for each half of the tile's V); with the
+    state not read, no copy and no wait. So what it measures is that order, not Triton's wait where the copy is issued."""
+    pytest.importorskip("triton.backends.nvidia")
+    code = ("import gluon_fold as G\n"
+            "for read, halves in ((True, False), (False, False), (True, True)):\n"
+            "    ir = G.offline_compile(90, read=read, halves=halves).asm['ttgir'].split(chr(10))\n"
+            "    ops = [('copy' if 'async_tma_copy_global_to_local' in x else 'wait' if 'ttng.wait_barrier' in x else"
+            " 'dot') for x in ir if 'async_tma_copy_global_to_local' in x or 'ttng.wait_barrier' in x or"
+            " ' = tt.dot ' in x]\n"
+            "    print('ORDER', read, halves, ' '.join(ops))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=BENCHMARKS,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    order = {tuple(line.split()[1:3]): line.split()[3:] for line in r.stdout.splitlines() if line.startswith("ORDER")}
+    for (read, halves), ops in order.items():
+        if read == "False":
+            assert "copy" not in ops and "wait" not in ops and ops.count("dot") > 6, ops
+            continue
+        copies = 2 if halves == "True" else 1
+        assert ops[:copies] == ["copy"] * copies and ops.count("copy") == copies, ops
+        assert ops[-7:] == ["wait"] + ["dot"] * 6 and ops.count("wait") == 1, ops
+    assert len(order) == 3, r.stdout[-2000:]
 
 
 def test_edited_kernel_refuses_a_line_not_found_once():
