@@ -13,7 +13,8 @@ to bf16 (bench.off_rounded), then the timing table (bench.timing_rounds: the tim
 do_bench's flush, one warm) beside the served form, the same kernel with its state never read (its product by zero:
 what its chain before the state takes), and with its state copied as two boxes of 128-byte rows into swizzled shared
 memory (one box of 256-byte rows, unswizzled, otherwise). The tile's two halves of V each take their own product and
-store.
+store. Timed beside them: the state's copy alone in both forms (the slot, the copy, the wait, each column's sum
+stored), when the copy arrives.
 
     python benchmarks/gluon_fold.py [--commit SHA] [--calls 5] [--rounds 3]   # needs CUDA (sm_90 or later)
 """
@@ -196,29 +197,76 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     _tail(p_hi, p_lo, s1, Y1, o + (rows[:, None] * HV + i_hv) * V + o_v1[None, :])
 
 
+@gluon.jit
+def _gluon_copy_kernel(state_desc, state_idx, out, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                       BV: gl.constexpr, HALVES: gl.constexpr, num_warps: gl.constexpr):
+    # the fold's state copy alone, on its grid: the slot, the copy (one box, or two of half the width), the wait,
+    # each column's sum over K stored (so that nothing is dropped): when the copy arrives
+    i_v = gl.program_id(0)
+    i_hv = gl.program_id(1)
+    HB: gl.constexpr = BV // 2
+    LB: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [num_warps, 1], [0, 1])
+    slot = gl.load(state_idx)
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    row = (slot * HV + i_hv) * K
+    o_h = i_v * BV + gl.arange(0, HB, layout=gl.SliceLayout(0, LB))
+    if HALVES:
+        s_smem = gl.allocate_shared_memory(gl.float32, [2, K, HB], state_desc.layout)
+        mbarrier.expect(bar, 2 * state_desc.block_type.nbytes)
+        _tma_load(state_desc, [row, i_v * BV], bar, s_smem.index(0))
+        _tma_load(state_desc, [row, i_v * BV + HB], bar, s_smem.index(1))
+        mbarrier.wait(bar, 0)
+        gl.store(out + i_hv * V + o_h, gl.sum(s_smem.index(0).load(LB), 0))
+        gl.store(out + i_hv * V + o_h + HB, gl.sum(s_smem.index(1).load(LB), 0))
+    else:
+        s_smem = gl.allocate_shared_memory(gl.float32, [K, BV], state_desc.layout)
+        mbarrier.expect(bar, state_desc.block_type.nbytes)
+        _tma_load(state_desc, [row, i_v * BV], bar, s_smem)
+        mbarrier.wait(bar, 0)
+        gl.store(out + i_hv * V + o_h, gl.sum(s_smem.slice(0, HB, dim=1).load(LB), 0))
+        gl.store(out + i_hv * V + o_h + HB, gl.sum(s_smem.slice(HB, HB, dim=1).load(LB), 0))
+    mbarrier.invalidate(bar)
+
+
+def _state_desc(kw: dict, halves: bool):
+    """The state pool's host descriptor: boxes of the V tile's width, unswizzled (256-byte rows), or of half of it
+    into 128-byte swizzled shared memory."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    state, BV = kw["state"], kw["BV"]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128 if halves else 0, element_bitwidth=32, rank=2)
+    return TensorDescriptor.from_tensor(state.view(-1, state.shape[-1]), [state.shape[-2], BV // 2 if halves else BV],
+                                        layout)
+
+
+def copy_launch(kw: dict, out: torch.Tensor, halves: bool):
+    """_gluon_copy_kernel's launch on the form's state and grid into out [HV, V] fp32."""
+    args = dict(state_desc=_state_desc(kw, halves), state_idx=kw["state_idx"], out=out, HV=kw["HV"], K=kw["K"],
+                V=kw["V"], BV=kw["BV"], HALVES=halves, num_warps=4)
+    grid = (kw["V"] // kw["BV"], kw["HV"])
+    return lambda: _gluon_copy_kernel[grid](**args)
+
+
 def gluon_launch(kw: dict, o: torch.Tensor, read: bool = True, halves: bool = False):
     """The Gluon fold's launch on the served form's inputs (plan_wy's keyword arguments ``kw``) into ``o``; read
     False: the state never read (its product by zero), what the chain before it takes; halves: the state copied as
     two boxes of 128-byte rows into swizzled shared memory, where otherwise one box of 256-byte rows, unswizzled."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    state, BV = kw["state"], kw["BV"]
-    K, V = state.shape[-2], state.shape[-1]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128 if halves else 0, element_bitwidth=32, rank=2)
-    desc = TensorDescriptor.from_tensor(state.view(-1, V), [K, BV // 2 if halves else BV], layout)
-    grid = (V // BV, kw["HV"])
+    desc = _state_desc(kw, halves)
+    grid = (kw["V"] // kw["BV"], kw["HV"])
+    BV = kw["BV"]
     args = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], state_desc=desc,
                 state_idx=kw["state_idx"], o=o, scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], HV=kw["HV"],
                 K=kw["K"], V=kw["V"], BT=kw["T"], BV=BV, READ=read, HALVES=halves, num_warps=4)
     return lambda: _gluon_fold_kernel[grid](**args)
 
 
-def offline_compile(arch: int, *, read: bool = True, halves: bool = False):
-    """The kernel compiled for sm_<arch> without a GPU (CPU tensors of the served form's launch at 1 x 16, the
-    launcher's signature; run without TRITON_INTERPRET): Triton's compiled kernel, its TTGIR in .asm["ttgir"]."""
+def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy: bool = False):
+    """The fold's kernel (copy: the state's copy alone) compiled for sm_<arch> without a GPU (CPU tensors of the served
+    form's launch at 1 x 16, the launcher's signature; run without TRITON_INTERPRET): Triton's compiled kernel, its
+    TTGIR in .asm["ttgir"]."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.runtime.jit import mangle_type
 
     from ddsim.bench.bench import ddtree_batch, kernel_inputs
@@ -235,15 +283,16 @@ def offline_compile(arch: int, *, read: bool = True, halves: bool = False):
     finally:
         triton_gdn.bind, _common.check_device, _common.interpreting = bind, check, interpreting
     kw = got[-1]
-    state, BV = kw["state"], kw["BV"]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128 if halves else 0, element_bitwidth=32, rank=2)
-    desc = TensorDescriptor.from_tensor(state.view(-1, state.shape[-1]), [state.shape[-2], BV // 2 if halves else BV],
-                                        layout)
-    args = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], state_desc=desc,
-                state_idx=kw["state_idx"], o=kw["o"], scale=kw["scale"], NSTEP=kw["NSTEP"])
-    consts = dict(H=kw["H"], HV=kw["HV"], K=kw["K"], V=kw["V"], BT=kw["T"], BV=BV, READ=read, HALVES=halves,
-                  num_warps=4)
-    fn = _gluon_fold_kernel
+    desc = _state_desc(kw, halves)
+    if copy:
+        fn, args = _gluon_copy_kernel, dict(state_desc=desc, state_idx=kw["state_idx"], out=torch.empty(kw["HV"], kw["V"]))
+        consts = dict(HV=kw["HV"], K=kw["K"], V=kw["V"], BV=kw["BV"], HALVES=halves, num_warps=4)
+    else:
+        fn = _gluon_fold_kernel
+        args = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], state_desc=desc,
+                    state_idx=kw["state_idx"], o=kw["o"], scale=kw["scale"], NSTEP=kw["NSTEP"])
+        consts = dict(H=kw["H"], HV=kw["HV"], K=kw["K"], V=kw["V"], BT=kw["T"], BV=kw["BV"], READ=read, HALVES=halves,
+                      num_warps=4)
     sig = {p.name: "constexpr" if p.name in consts else mangle_type(args[p.name]) for p in fn.params}
     src = GluonASTSource(fn=fn, signature=sig, constexprs={(i,): consts[p.name] for i, p in enumerate(fn.params)
                                                            if p.name in consts},
@@ -269,6 +318,8 @@ def main():
     forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (gluon_launch(kw, out), out),
              "Gluon fold, the state not read": (gluon_launch(kw, cut, read=False), cut),
              "Gluon fold, TMA in two swizzled halves": (gluon_launch(kw, half, halves=True), half)}
+    copies = {f"the state's copy alone, {name}": copy_launch(kw, torch.empty(kw["HV"], kw["V"], device="cuda"), h)
+              for name, h in (("one box", False), ("two swizzled boxes", True))}
     for launch, _ in forms.values():
         launch()
     torch.cuda.synchronize()
@@ -277,7 +328,7 @@ def main():
     for name, (_, x) in forms.items():
         print(f"| {name} | {(x != o).float().mean().item():.4%} | {(x.float() - o.float()).abs().max().item():.3g} | "
               f"{off_rounded(x, ref):.4%} | {bool(torch.isfinite(x).all())} |", flush=True)
-    timing_rounds({name: launch for name, (launch, _) in forms.items()}, rounds=a.rounds, calls=a.calls)
+    timing_rounds({**{name: launch for name, (launch, _) in forms.items()}, **copies}, rounds=a.rounds, calls=a.calls)
 
 
 if __name__ == "__main__":

@@ -479,7 +479,8 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
     """benchmarks/gluon_fold.py's kernel (Gluon: Triton's interpreter cannot run it) compiled for sm_90 on the CPU, in
     each form it times: the state's copy (TMA: one box, or two) goes out before any product and is waited for only
     once every product but P S0's is made (six MMAs after the wait: three for each half of the tile's V); with the
-    state not read, no copy and no wait. So what it measures is that order, not Triton's wait where the copy is issued."""
+    state not read, no copy and no wait; the copy alone compiles too (one box or two, one wait). So what it measures is
+    that order, not Triton's wait where the copy is issued."""
     pytest.importorskip("triton.backends.nvidia")
     code = ("import gluon_fold as G\n"
             "for read, halves in ((True, False), (False, False), (True, True)):\n"
@@ -487,7 +488,10 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
             "    ops = [('copy' if 'async_tma_copy_global_to_local' in x else 'wait' if 'ttng.wait_barrier' in x else"
             " 'dot') for x in ir if 'async_tma_copy_global_to_local' in x or 'ttng.wait_barrier' in x or"
             " ' = tt.dot ' in x]\n"
-            "    print('ORDER', read, halves, ' '.join(ops))\n")
+            "    print('ORDER', read, halves, ' '.join(ops))\n"
+            "for halves in (False, True):\n"
+            "    ir = G.offline_compile(90, halves=halves, copy=True).asm['ttgir']\n"
+            "    print('COPY', halves, ir.count('async_tma_copy_global_to_local'), ir.count('ttng.wait_barrier'))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=BENCHMARKS,
                        timeout=600)
@@ -501,6 +505,8 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
         assert ops[:copies] == ["copy"] * copies and ops.count("copy") == copies, ops
         assert ops[-7:] == ["wait"] + ["dot"] * 6 and ops.count("wait") == 1, ops
     assert len(order) == 3, r.stdout[-2000:]
+    copies = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("COPY")]
+    assert copies == [["False", "1", "1"], ["True", "2", "1"]], r.stdout[-2000:]  # the copy alone: one box or two
 
 
 def test_edited_kernel_refuses_a_line_not_found_once():
