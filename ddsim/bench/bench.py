@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -179,7 +180,6 @@ def int_list(ap, name: str, text: str, allowed) -> list[int]:
 def warps_widths(ap, text: str) -> list[tuple[int, int]]:
     """A variant benchmark's --configs ("4x64,2x32": warps x V tile width) as (warps, width) pairs, warps 1, 2, 4 or 8
     and width 16, 32 or 64; anything else refused through ``ap.error`` (argparse's one line, exit 2) before any work."""
-    import re
     configs = []
     for c in text.split(","):
         m = re.fullmatch(r"(1|2|4|8)x(16|32|64)", c.strip())
