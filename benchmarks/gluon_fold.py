@@ -251,37 +251,38 @@ def _state_desc(kw: dict, halves: bool):
                                         layout)
 
 
-def copy_launch(kw: dict, out: torch.Tensor, halves: bool):
-    """_gluon_copy_kernel's launch on the form's state and grid into out [HV, V] fp32."""
-    args = dict(state_desc=_state_desc(kw, halves), state_idx=kw["state_idx"], out=out, HV=kw["HV"], K=kw["K"],
-                V=kw["V"], BV=kw["BV"], HALVES=halves, num_warps=4)
-    grid = (kw["V"] // kw["BV"], kw["HV"])
-    return lambda: _gluon_copy_kernel[grid](**args)
+def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool = False, copy: bool = False):
+    """(kernel, keyword arguments, grid) of the Gluon fold on the served form's inputs (plan_wy's keyword arguments
+    ``kw``) into ``out`` (o's shape); read False: the state never read (its product by zero), what the chain before it
+    takes; halves: the state copied as two boxes of 128-byte rows into swizzled shared memory, where otherwise one
+    box of 256-byte rows, unswizzled. copy: _gluon_copy_kernel instead, the state's copy alone, into out [HV, V]
+    fp32."""
+    args = dict(state_desc=_state_desc(kw, halves), state_idx=kw["state_idx"], HV=kw["HV"], K=kw["K"], V=kw["V"],
+                BV=kw["BV"], HALVES=halves, num_warps=4)
+    if copy:
+        fn = _gluon_copy_kernel
+        args.update(out=out)
+    else:
+        fn = _gluon_fold_kernel
+        args.update(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], o=out,
+                    scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], BT=kw["T"], READ=read)
+    return fn, args, (kw["V"] // kw["BV"], kw["HV"])
 
 
-def gluon_launch(kw: dict, o: torch.Tensor, read: bool = True, halves: bool = False):
-    """The Gluon fold's launch on the served form's inputs (plan_wy's keyword arguments ``kw``) into ``o``; read
-    False: the state never read (its product by zero), what the chain before it takes; halves: the state copied as
-    two boxes of 128-byte rows into swizzled shared memory, where otherwise one box of 256-byte rows, unswizzled."""
-    desc = _state_desc(kw, halves)
-    grid = (kw["V"] // kw["BV"], kw["HV"])
-    BV = kw["BV"]
-    args = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], state_desc=desc,
-                state_idx=kw["state_idx"], o=o, scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], HV=kw["HV"],
-                K=kw["K"], V=kw["V"], BT=kw["T"], BV=BV, READ=read, HALVES=halves, num_warps=4)
-    return lambda: _gluon_fold_kernel[grid](**args)
+def launch_of(kw: dict, out: torch.Tensor, **how):
+    """kernel_args' launch (``how``: read, halves, copy)."""
+    fn, args, grid = kernel_args(kw, out, **how)
+    return lambda: fn[grid](**args)
 
 
 def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy: bool = False):
     """The fold's kernel (copy: the state's copy alone) compiled for sm_<arch> without a GPU (CPU tensors of the served
     form's launch at 1 x 16, the launcher's signature; run without TRITON_INTERPRET): Triton's compiled kernel, its
     TTGIR in .asm["ttgir"]."""
-    import triton
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    from ddsim.bench.bench import ddtree_batch, kernel_inputs
+    from ddsim.bench.bench import compile_kernel, ddtree_batch, kernel_inputs
     from ddsim.gpu_backend import _common, triton_gdn
     got = []
     bind, check, interpreting = triton_gdn.bind, _common.check_device, _common.interpreting
@@ -295,22 +296,9 @@ def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy:
     finally:
         triton_gdn.bind, _common.check_device, _common.interpreting = bind, check, interpreting
     kw = got[-1]
-    desc = _state_desc(kw, halves)
-    if copy:
-        fn, args = _gluon_copy_kernel, dict(state_desc=desc, state_idx=kw["state_idx"], out=torch.empty(kw["HV"], kw["V"]))
-        consts = dict(HV=kw["HV"], K=kw["K"], V=kw["V"], BV=kw["BV"], HALVES=halves, num_warps=4)
-    else:
-        fn = _gluon_fold_kernel
-        args = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], state_desc=desc,
-                    state_idx=kw["state_idx"], o=kw["o"], scale=kw["scale"], NSTEP=kw["NSTEP"])
-        consts = dict(H=kw["H"], HV=kw["HV"], K=kw["K"], V=kw["V"], BT=kw["T"], BV=kw["BV"], READ=read, HALVES=halves,
-                      num_warps=4)
-    sig = {p.name: "constexpr" if p.name in consts else mangle_type(args[p.name]) for p in fn.params}
-    src = GluonASTSource(fn=fn, signature=sig, constexprs={(i,): consts[p.name] for i, p in enumerate(fn.params)
-                                                           if p.name in consts},
-                         attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
-                                if sig[p.name].startswith("*")})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+    out = torch.empty(kw["HV"], kw["V"]) if copy else kw["o"]
+    fn, args, _ = kernel_args(kw, out, read=read, halves=halves, copy=copy)
+    return compile_kernel(fn, args, GPUTarget("cuda", arch, 32), types={"state_desc": mangle_type(args["state_desc"])})
 
 
 def main():
@@ -327,10 +315,11 @@ def main():
     ref = oracle.gdn_tree_verify(**{n: inp[n].cpu() for n in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
     out, cut, half = (torch.full_like(o, float("nan")) for _ in range(3))
-    forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (gluon_launch(kw, out), out),
-             "Gluon fold, the state not read": (gluon_launch(kw, cut, read=False), cut),
-             "Gluon fold, TMA in two swizzled halves": (gluon_launch(kw, half, halves=True), half)}
-    copies = {f"the state's copy alone, {name}": copy_launch(kw, torch.empty(kw["HV"], kw["V"], device="cuda"), h)
+    forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (launch_of(kw, out), out),
+             "Gluon fold, the state not read": (launch_of(kw, cut, read=False), cut),
+             "Gluon fold, TMA in two swizzled halves": (launch_of(kw, half, halves=True), half)}
+    copies = {f"the state's copy alone, {name}": launch_of(kw, torch.empty(kw["HV"], kw["V"], device="cuda"),
+                                                           halves=h, copy=True)
               for name, h in (("one box", False), ("two swizzled boxes", True))}
     for launch, _ in forms.values():
         launch()

@@ -141,9 +141,12 @@ def compile_kernel(kernel, kw: dict, target, *, types: dict | None = None):
     """``kernel`` (a @triton.jit function) compiled by Triton for ``target`` (a GPUTarget) with a launch's keyword
     arguments ``kw`` (its constexprs, and num_warps / num_stages / maxnreg / enable_fp_fusion where given), without a
     GPU: each pointer 16-byte aligned, as torch allocates and the launcher specializes; ``types``: {parameter: Triton
-    type} in place of the type inferred from its value (a tensor descriptor, say). Triton's compiled kernel."""
+    type} in place of the type inferred from its value (a tensor descriptor, say). A Gluon kernel (@gluon.jit) compiles
+    from its own source class. Triton's compiled kernel."""
     import triton
     from triton.compiler import ASTSource
+    if getattr(kernel, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     sig, consts = {}, {}
     for i, p in enumerate(kernel.params):
         x = kw[p.name]
