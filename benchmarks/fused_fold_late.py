@@ -40,7 +40,17 @@ import inspect
 import tempfile
 
 import torch
-from fused_tma_late import compiled_ir, swapped, waited_at_use  # benchmarks/, the script's own folder
+from fused_tma_late import (  # benchmarks/, the script's own folder
+    COORDS,
+    COORDS_V,
+    READ,
+    TMA_READ,
+    compiled_ir,
+    desc_type,
+    descriptor_launches,
+    swapped,
+    waited_at_use,
+)
 from triton.backends.compiler import GPUTarget
 
 from ddsim import oracle
@@ -70,13 +80,9 @@ def _split_dot(w, x, acc):
 
 
 """
-COORDS = "        _, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords("
-READ = ("        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),\n"
-        "                     mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)  # a padded row: zero\n")
 VALUE_START = "    if RAW16:\n        # the head and remainder made by conversions"
 VALUE_END = "    b_o = A_q[:, None] * QS + tl.dot(D * QK, U, input_precision=PRECISION)\n"
 NO_READ = "        s0 = tl.zeros([BK, BV], tl.float32)\n"
-TMA_READ = "        s0 = state.load([slot * HV + i_hv, 0, i_v * BV]).reshape(BK, BV)\n"  # a host descriptor [1, BK, BV]
 
 
 def _fold(hold: bool, four: bool = False) -> str:
@@ -121,31 +127,22 @@ def fold_kernel(name: str):
         raise SystemExit("fused_fold_late: _gdn_wy_kernel's value side no longer starts and ends as this script reads it")
     value = src[src.index(VALUE_START):src.index(VALUE_END) + len(VALUE_END)]
     read, fold = VARIANTS[name]
-    edits = [(COORDS, COORDS.replace("_, i_b", "i_v, i_b")), (READ, read), (value, fold)]
+    edits = [(COORDS, COORDS_V), (READ, read), (value, fold)]
     return edited_kernel(G._gdn_wy_kernel, edits, header=HEADER, who="fused_fold_late")
 
 
 def tma_forms(grid, kw, o) -> dict:
     """{name: (launch, output)} of the TMA fold, waited for at once (Triton's compile) and at its use (the TTGIR
     edited): each a compiled kernel launched on a host tensor descriptor of the state."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
     cap = torch.cuda.get_device_capability()
     target = GPUTarget("cuda", cap[0] * 10 + cap[1], 32)
     kern = fold_kernel("fold, TMA")
     kw = dict(kw, HOLD=False)  # the hold on -L's root column off: the state's first use is the hold on P
-    BK, BV, state = kw["BK"], kw["BV"], kw["state"]
-    at_once = compile_kernel(kern, kw, target, types={"state": f"tensordesc<fp32[1,{BK},{BV}]>"})
+    at_once = compile_kernel(kern, kw, target, types={"state": desc_type(kw)})
     late = swapped(at_once, compiled_ir(waited_at_use(at_once.asm["ttgir"]), tempfile.mkdtemp(prefix="ddsim_fold_"),
                                         "fold_late", target))
-    desc = TensorDescriptor.from_tensor(state.view(-1, BK, state.shape[-1]), [1, BK, BV])
-    names = [p.name for p in kern.params]  # the launcher takes every parameter, constexprs too
-    g3 = tuple(grid) + (1,) * (3 - len(grid))
-    forms = {}
-    for name, ck in (("fold, TMA, waited at once", at_once), ("fold, TMA, waited at use", late)):
-        out = torch.full_like(o, float("nan"))
-        args = [desc if n == "state" else out if n == "o" else kw[n] for n in names]
-        forms[name] = ((lambda ck=ck, args=args: ck[g3](*args)), out)
-    return forms
+    return descriptor_launches(kern, {"fold, TMA, waited at once": at_once, "fold, TMA, waited at use": late}, kw,
+                               grid, o)
 
 
 def main():

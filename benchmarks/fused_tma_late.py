@@ -47,14 +47,39 @@ from ddsim.bench.bench import (
 READ = ("        s0 = tl.load(h.state_ptrs(state, slot, i_hv, o_k, o_v, HV, K, V, STATE_VK),\n"
         "                     mask=h.live_rows(o_k, K, live)[:, None] & mv[None, :], other=0.0)  # a padded row: zero\n")
 COORDS = "        _, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords("
+# the same, the V tile's index kept (a descriptor's read takes it)
+COORDS_V = COORDS.replace("_, i_b", "i_v, i_b")
+TMA_READ = "        s0 = state.load([slot * HV + i_hv, 0, i_v * BV]).reshape(BK, BV)\n"  # a host descriptor [1, BK, BV]
 HEADER = ("import triton\nimport triton.language as tl\nfrom ddsim.gpu_backend import triton_helpers as h\n"
           "from ddsim.gpu_backend.triton_gdn import _apart\n\n\n")
+
+
 def tma_kernel():
     from ddsim.gpu_backend import triton_gdn as G
-    return edited_kernel(G._gdn_wy_kernel, [
-        (COORDS, "        i_v, i_b, i_hv, i_h, o_t, o_k, o_v, mk, mv, neg_A, bias = h.block_coords("),
-        (READ, "        s0 = state.load([slot * HV + i_hv, 0, i_v * BV]).reshape(BK, BV)\n")],
-        header=HEADER, who="fused_tma_late")
+    return edited_kernel(G._gdn_wy_kernel, [(COORDS, COORDS_V), (READ, TMA_READ)], header=HEADER, who="fused_tma_late")
+
+
+def desc_type(kw: dict) -> str:
+    """The state's parameter type where a launch's keyword arguments ``kw`` take it by a host descriptor (TMA_READ's),
+    for bench.compile_kernel's ``types``."""
+    return f"tensordesc<fp32[1,{kw['BK']},{kw['BV']}]>"
+
+
+def descriptor_launches(kern, cks: dict, kw: dict, grid, o) -> dict:
+    """{name: (launch, output)} of each of ``cks`` ({name: compiled}, compiles of kern taking the state by a host
+    descriptor, desc_type's) on kw's inputs, each into a fresh NaN output shaped as o. The launcher takes every
+    parameter, constexprs too."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    state = kw["state"]
+    desc = TensorDescriptor.from_tensor(state.view(-1, kw["BK"], state.shape[-1]), [1, kw["BK"], kw["BV"]])
+    names = [p.name for p in kern.params]
+    g3 = tuple(grid) + (1,) * (3 - len(grid))
+    forms = {}
+    for name, ck in cks.items():
+        out = torch.full_like(o, float("nan"))
+        args = [desc if n == "state" else out if n == "o" else kw[n] for n in names]
+        forms[name] = ((lambda ck=ck, args=args: ck[g3](*args)), out)
+    return forms
 
 
 def first(lines: list, pred, what: str) -> int:
@@ -158,14 +183,13 @@ def swapped(ck, ir_ck):
 
 def variants(B: int, T: int, warps: int, block_v: int, target, d: str) -> dict:
     """{name: launch} of the form at (warps, block_v) and its TMA variants, each output checked against the form's."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
     # the one-kernel form at (warps, block_v): at 4 warps and 64-wide tiles the default launch itself
     default, o, grid, kw, _, _ = wy_default_launch(B, T, design="fused", num_warps=warps, block_v=block_v)
     if kw.get("ROOT") != 2 or not kw.get("RAW16") or not kw.get("HOLD") or kw.get("STATE_VK"):
         raise SystemExit(f"fused_tma_late: the form at {B} x {T} is not the one this edits")
     kern = tma_kernel()
     # the state a host tensor descriptor
-    at_once = compile_kernel(kern, kw, target, types={"state": f"tensordesc<fp32[1,{kw['BK']},{kw['BV']}]>"})
+    at_once = compile_kernel(kern, kw, target, types={"state": desc_type(kw)})
     tag = f"{warps}w{block_v}"
     late = waited_at_use(at_once.asm["ttgir"])
     operand = read_in_operand_layout(late)
@@ -174,16 +198,10 @@ def variants(B: int, T: int, warps: int, block_v: int, target, d: str) -> dict:
     for anchor in ANCHORS:
         cks[f"TMA, in the products' layout, split after {anchor}"] = swapped(
             at_once, compiled_ir(split_after(operand, anchor), d, tag + anchor[0], target))
-    state = kw["state"]
-    desc = TensorDescriptor.from_tensor(state.view(-1, kw["BK"], state.shape[-1]), [1, kw["BK"], kw["BV"]])
-    names = [p.name for p in kern.params]  # the launcher takes every parameter, constexprs too
-    g3 = tuple(grid) + (1,) * (3 - len(grid))
-    forms = {f"{warps} warps, {block_v} wide: the form": default}
-    outs = {}
-    for name, ck in cks.items():
-        out = outs[name] = torch.full_like(o, float("nan"))
-        args = [desc if n == "state" else out if n == "o" else kw[n] for n in names]
-        forms[f"{warps} warps, {block_v} wide: {name}"] = (lambda ck=ck, args=args: ck[g3](*args))
+    launches = descriptor_launches(kern, cks, kw, grid, o)
+    outs = {name: out for name, (_, out) in launches.items()}
+    forms = {f"{warps} warps, {block_v} wide: the form": default,
+             **{f"{warps} warps, {block_v} wide: {name}": launch for name, (launch, _) in launches.items()}}
     for launch in forms.values():
         launch()
     torch.cuda.synchronize()
