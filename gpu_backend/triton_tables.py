@@ -206,7 +206,8 @@ def _launch(parents, width: int, W: int, *, src, anc, mask, paths, conv, bad, de
 
 # the most columns a chunk of the walk takes (a walk step's work is the chunk's [32, BC] entries; a chunk's walk ends
 # where its columns are out of reach). The step kernel on a raw tree, device us a launch on an H200 (RESULTS.md, one
-# lease): 8 x 65 4.24-4.26 at 32 (64: 4.30, 16: 4.48, 128: 5.30), against 4.62-4.63 with the walk in memory before
+# lease): 8 x 65 4.24-4.26 at 32 (64: 4.30, 16: 4.48, 128: 5.30), against 4.62-4.63 with the walk in memory (before
+# 69cdf4d)
 MAX_CHUNK = 32
 
 
