@@ -168,7 +168,7 @@ def main():
             base = o
         tag = f"{warps} warps, {block_v} wide"
         forms[f"{tag}: the form"] = (default, o)
-        names = ["fold, state held on P"] if n else list(VARIANTS)[:-1]
+        names = ["fold, state held on P"] if n else [v for v in VARIANTS if v != "fold, TMA"]  # (TMA: --tma)
         for name in names:
             out = torch.full_like(o, float("nan"))
             forms[f"{tag}: {name}"] = (bind(fold_kernel(name), grid, dict(kw, o=out)), out)
