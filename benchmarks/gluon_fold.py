@@ -7,16 +7,16 @@ sequence of 16 nodes (the root in the block, DDTree's tree), bf16 q, k, v as rea
 in ddsim's layout read through its slot table, 4 warps, 64-wide V tiles, Qwen3.6-27B GDN shapes.
 
 Products: K K^T, Q K^T (exact: bf16 operands), the solve's doubling on 16 x 16 matrices and W's products by K and V
-(the fp32 side split into bf16 head and remainder), P S0 (P and the state split: three MMAs), all mma.sync (mma_v2).
-Each input is read straight into the layouts its uses take, and column vectors are summed by column, rather than
-moved between layouts (a move through shared memory is a barrier): compiled for sm_90, 37 barriers where 25f409f's
-kernel (the one measured at 6.5 us) had 73, the served Triton form 30. Printed: the output against the served form's
-and the share of entries off the float64 oracle rounded to bf16 (bench.off_rounded), then the timing table
-(bench.timing_rounds: the timer, three device times after do_bench's flush, one warm) beside the served form, the
-same kernel with its state never read (its product by zero: what its chain before the state takes), and with its
-state copied as two boxes of 128-byte rows into swizzled shared memory (one box of 256-byte rows, unswizzled,
-otherwise). The tile's two halves of V each take their own product and store. Timed beside them: the state's copy
-alone in both forms (the slot, the copy, the wait, each column's sum stored), when the copy arrives.
+(the fp32 side split into bf16 head and remainder), P S0 (P and the state split: three MMAs), all mma.sync
+(mma_v2). Printed: the output against the served form's and the share of entries off the float64 oracle rounded
+to bf16 (bench.off_rounded), then the timing table (bench.timing_rounds: the timer, three device times after
+do_bench's flush, one warm) beside the served form, the same kernel with its state never read (its product by zero:
+what its chain before the state takes), and with its state copied as two boxes of 128-byte rows into swizzled shared
+memory (one box of 256-byte rows, unswizzled, otherwise). The tile's two halves of V each take their own product and
+store. Timed beside them: the state's copy alone in both forms (the slot, the copy, the wait, each column's sum
+stored), when the copy arrives. Its inputs are read coalesced and each moved once into its uses' layouts: read
+straight into those layouts instead (8d415f8: 37 barriers compiled for sm_90 against 73), the chain took 1.8 us more
+on an H100 (RESULTS.md), and that revision was reverted.
 
     python benchmarks/gluon_fold.py [--commit SHA] [--calls 5] [--rounds 3]   # needs CUDA (sm_90 or later)
 """
@@ -44,10 +44,10 @@ else:
 
 @gluon.jit
 def _split(x, layout: gl.constexpr):
-    # x fp32 as its bf16 head and remainder, each in ``layout`` (x moved there once, split there)
-    x = gl.convert_layout(x, layout)
+    # x fp32 as its bf16 head and remainder, each in ``layout``
     hi = x.to(gl.bfloat16)
-    return hi, (x - hi.to(gl.float32)).to(gl.bfloat16)
+    lo = (x - hi.to(gl.float32)).to(gl.bfloat16)
+    return gl.convert_layout(hi, layout), gl.convert_layout(lo, layout)
 
 
 @gluon.jit
@@ -63,14 +63,6 @@ def _dot2(a, b16, acc, A_OP: gl.constexpr):
     # acc + a b for fp32 a and bf16 b (exact): a's head and remainder, two MMAs
     a_hi, a_lo = _split(a, A_OP)
     return mma_v2(a_hi, b16, mma_v2(a_lo, b16, acc))
-
-
-@gluon.jit
-def _rows(x, i_h, H: gl.constexpr, BT: gl.constexpr, K: gl.constexpr, layout: gl.constexpr):
-    # x's BT rows [BT, K] of head i_h (x [BT, H, K], contiguous), read straight into ``layout``
-    r = gl.arange(0, BT, layout=gl.SliceLayout(1, layout))
-    c = gl.arange(0, K, layout=gl.SliceLayout(0, layout))
-    return gl.load(x + (r[:, None] * H + i_h) * K + c[None, :])
 
 
 @gluon.jit
@@ -96,38 +88,32 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [BT] a value per row
     COLS: gl.constexpr = gl.SliceLayout(0, MMA)  # [BT] / [BV] a value per column
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [BT, K] bf16 rows, 16 bytes a thread
+    LDT: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])  # [K, BT]: k^T read by columns
 
     # the slot read first; the state's copy is issued once the other reads have gone out (its address waits on the
     # slot's arrival, and a read issued after it would wait as long)
     slot = gl.load(state_idx)
 
-    # q, k [BT, K] as read, each in the layouts its uses take (a read in place of a move between layouts, which
-    # costs a barrier): q and k as the left operand, k^T [K, BT] and k as the right one, q and k in the products'
-    # layout (their rows' norms, P's rows); v [BT, BV], the gates and the ancestor-or-self mask [BT, BT]
-    q_a = _rows(q, i_h, H, BT, K, A_OP)
-    k_a = _rows(k, i_h, H, BT, K, A_OP)
-    k_b = _rows(k, i_h, H, BT, K, B_OP)
-    q32 = _rows(q, i_h, H, BT, K, MMA).to(gl.float32)
-    k32 = _rows(k, i_h, H, BT, K, MMA).to(gl.float32)
-    r_t = gl.arange(0, K, layout=gl.SliceLayout(1, B_OP))
-    c_t = gl.arange(0, BT, layout=gl.SliceLayout(0, B_OP))
+    # q, k [BT, K] as read (k^T [K, BT] too), v [BT, BV], the gates and the ancestor-or-self mask [BT, BT]
+    r_ld = gl.arange(0, BT, layout=gl.SliceLayout(1, LD))
+    c_ld = gl.arange(0, K, layout=gl.SliceLayout(0, LD))
+    q_raw = gl.load(q + (r_ld[:, None] * H + i_h) * K + c_ld[None, :])
+    k_raw = gl.load(k + (r_ld[:, None] * H + i_h) * K + c_ld[None, :])
+    r_t = gl.arange(0, K, layout=gl.SliceLayout(1, LDT))
+    c_t = gl.arange(0, BT, layout=gl.SliceLayout(0, LDT))
     k_t = gl.load(k + (c_t[None, :] * H + i_h) * K + r_t[:, None])
     rows = gl.arange(0, BT, layout=ROWS)
     cols = gl.arange(0, BT, layout=COLS)
     HB: gl.constexpr = BV // 2
     o_v0 = i_v * BV + gl.arange(0, HB, layout=COLS)  # the tile's halves of V, each its own product and store
     o_v1 = o_v0 + HB
-    r_b = gl.arange(0, BT, layout=gl.SliceLayout(1, B_OP))
-    o_b = i_v * BV + gl.arange(0, HB, layout=gl.SliceLayout(0, B_OP))
-    b_v0 = gl.load(v + (r_b[:, None] * HV + i_hv) * V + o_b[None, :])  # [BT, HB] bf16, the right operand
-    b_v1 = gl.load(v + (r_b[:, None] * HV + i_hv) * V + o_b[None, :] + HB)
+    b_v0 = gl.load(v + (rows[:, None] * HV + i_hv) * V + o_v0[None, :])  # [BT, HB] bf16, MMA
+    b_v1 = gl.load(v + (rows[:, None] * HV + i_hv) * V + o_v1[None, :])
     g_col = gl.load(g + cols * HV + i_hv)
-    g_row = gl.load(g + rows * HV + i_hv)
     b_beta = gl.load(beta + rows * HV + i_hv)
     beta_col = gl.load(beta + cols * HV + i_hv)
     anc = gl.load(mask + rows[:, None] * BT + cols[None, :]) != 0
-    anc_t = gl.load(mask + cols[None, :] * BT + rows[:, None]) != 0  # its transpose: the path sums by column
-    kT32 = gl.load(k + (cols[None, :] * H + i_h) * K + gl.arange(0, K, layout=ROWS)[:, None]).to(gl.float32)  # k^T
 
     # the state: the copy engine into shared memory, waited for where P S0 needs it (READ off: never read, zero)
     # (HALVES: the descriptor's box is half the tile's width, 128-byte rows, so that its shared layout can be
@@ -150,23 +136,27 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
 
     # gates along each path: G [BT], D [BT, BT] = A_t / A_j on ancestors-or-self
     G = gl.sum(gl.where(anc, g_col[None, :], 0.0), 1)
-    G_col = gl.sum(gl.where(anc_t, g_row[:, None], 0.0), 0)  # G by column, summed so rather than moved
+    G_col = gl.convert_layout(G, COLS)
     D = gl.where(anc, gl.exp(G[:, None] - G_col[None, :]), 0.0)
     A = gl.exp(G)
 
     # K K^T, Q K^T (exact), the norms: columns' from K K^T's diagonal, rows' from the rows as read
     zero_tt = gl.zeros([BT, BT], gl.float32, MMA)
-    KK = mma_v2(k_a, k_t, zero_tt)
-    QK = mma_v2(q_a, k_t, zero_tt)
+    kT_op = gl.convert_layout(k_t, B_OP)
+    KK = mma_v2(gl.convert_layout(k_raw, A_OP), kT_op, zero_tt)
+    QK = mma_v2(gl.convert_layout(q_raw, A_OP), kT_op, zero_tt)
     eye = rows[:, None] == cols[None, :]
     ik_col = 1.0 / gl.sqrt(gl.sum(gl.where(eye, KK, 0.0), 0) + 1e-6)
-    ik = 1.0 / gl.sqrt(gl.sum(k32 * k32, 1) + 1e-6)
-    iq = scale / gl.sqrt(gl.sum(q32 * q32, 1) + 1e-6)
+    k32 = k_raw.to(gl.float32)
+    q32 = q_raw.to(gl.float32)
+    ik = gl.convert_layout(1.0 / gl.sqrt(gl.sum(k32 * k32, 1) + 1e-6), ROWS)
+    iq = gl.convert_layout(scale / gl.sqrt(gl.sum(q32 * q32, 1) + 1e-6), ROWS)
     KK = KK * ik_col[None, :]
     QK = QK * ik_col[None, :]
 
-    # -L through D, the root's column c taken out; the rows' norms in -L's rows, A_q, D's rows (and A_k, by column)
+    # -L through D, the root's column c taken out; the rows' norms in -L's rows, A_k, A_q and D's rows
     NL = gl.where(rows[:, None] != cols[None, :], -(b_beta * ik)[:, None] * D * KK, 0.0)
+    A_k = A * ik
     A_q = A * iq
     D = D * iq[:, None]
     first = cols == 0
@@ -183,13 +173,13 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
         X = _dot3(X, NL, X, A_OP, B_OP)
     c_col = gl.convert_layout(c, COLS)
     W = X + gl.where(first[None, :], gl.sum(X * c_col[None, :], 1)[:, None], 0.0)
-    Ak_col = gl.exp(G_col) / gl.sqrt(gl.sum(kT32 * kT32, 0) + 1e-6)  # A_k by column
-    Pk = _dot2(W * (beta_col * Ak_col)[None, :], k_b, gl.zeros([BT, K], gl.float32, MMA), A_OP)
-    P = A_q[:, None] * q32 - Pk
-    wb_hi, wb_lo = _split(W * beta_col[None, :], A_OP)
-    zero_th = gl.zeros([BT, HB], gl.float32, MMA)
-    Y0 = mma_v2(wb_hi, b_v0, mma_v2(wb_lo, b_v0, zero_th))
-    Y1 = mma_v2(wb_hi, b_v1, mma_v2(wb_lo, b_v1, zero_th))
+    Ak_col = gl.convert_layout(A_k, COLS)
+    k_op = gl.convert_layout(k_raw, B_OP)  # [BT, K] as the right operand
+    Pk = _dot2(W * (beta_col * Ak_col)[None, :], k_op, gl.zeros([BT, K], gl.float32, MMA), A_OP)
+    P = A_q[:, None] * gl.convert_layout(q32, MMA) - Pk
+    Wb = W * beta_col[None, :]
+    Y0 = _dot2(Wb, gl.convert_layout(b_v0, B_OP), gl.zeros([BT, HB], gl.float32, MMA), A_OP)
+    Y1 = _dot2(Wb, gl.convert_layout(b_v1, B_OP), gl.zeros([BT, HB], gl.float32, MMA), A_OP)
     p_hi, p_lo = _split(P, A_OP)
 
     # the state: waited for here, read from the copy's shared memory straight into the product's operand layout
