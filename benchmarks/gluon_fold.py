@@ -7,16 +7,17 @@ sequence of 16 nodes (the root in the block, DDTree's tree), bf16 q, k, v as rea
 in ddsim's layout read through its slot table, 4 warps, 64-wide V tiles, Qwen3.6-27B GDN shapes.
 
 Products: K K^T, Q K^T (exact: bf16 operands), the solve's doubling on 16 x 16 matrices and W's products by K and V
-(the fp32 side split into bf16 head and remainder), P S0 (P and the state split: three MMAs), all mma.sync
-(mma_v2). Printed: the output against the served form's and the share of entries off the float64 oracle rounded
-to bf16 (bench.off_rounded), then the timing table (bench.timing_rounds: the timer, three device times after
-do_bench's flush, one warm) beside the served form, the same kernel with its state never read (its product by zero:
-what its chain before the state takes), and with its state copied as two boxes of 128-byte rows into swizzled shared
-memory (one box of 256-byte rows, unswizzled, otherwise). The tile's two halves of V each take their own product and
-store. Timed beside them: the state's copy alone in both forms (the slot, the copy, the wait, each column's sum
-stored), when the copy arrives. Its inputs are read coalesced and each moved once into its uses' layouts: read
-straight into those layouts instead (8d415f8: 37 barriers compiled for sm_90 against 73), the chain took 1.8 us more
-on an H100 (RESULTS.md), and that revision was reverted.
+(the fp32 side split into bf16 head and remainder), P S0 (P and the state split: three MMAs), all mma.sync (mma_v2).
+Printed: the output against the served form's and the share of entries off the float64 oracle rounded to bf16
+(bench.off_rounded), then the timing table (bench.timing_rounds: the timer, three device times after do_bench's flush,
+one warm) beside the served form, the same kernel with its state never read (its product by zero: what its chain
+before the state takes), and with its state copied as two boxes of 128-byte rows into swizzled shared memory (one box
+of 256-byte rows, unswizzled, otherwise), and with P S0's three products accumulated in three chains (whether the time
+after the state arrives is their one chain, 3 K / 16 MMAs deep). The tile's two halves of V each take their own
+product and store. Timed beside them: the state's copy alone in both forms (the slot, the copy, the wait, each
+column's sum stored), when the copy arrives. Its inputs are read coalesced and each moved once into its uses' layouts:
+read straight into those layouts instead (8d415f8: 37 barriers compiled for sm_90 against 73), the chain took 1.8 us
+more on an H100 (RESULTS.md), and that revision was reverted.
 
     python benchmarks/gluon_fold.py [--commit SHA] [--calls 5] [--rounds 3]   # needs CUDA (sm_90 or later)
 """
@@ -66,11 +67,16 @@ def _dot2(a, b16, acc, A_OP: gl.constexpr):
 
 
 @gluon.jit
-def _tail(p_hi, p_lo, s0, Y, ptrs):
+def _tail(p_hi, p_lo, s0, Y, ptrs, CHAINS: gl.constexpr):
     # P S0 + Y stored: the state's tile split into its bf16 head and remainder in the operand layout it was read in
+    # (CHAINS: the three products accumulated apart and summed, three chains of K / 16 MMAs where one is 3 K / 16 deep)
     s_hi = s0.to(gl.bfloat16)
     s_lo = (s0 - s_hi.to(gl.float32)).to(gl.bfloat16)
-    b_o = mma_v2(p_hi, s_hi, mma_v2(p_hi, s_lo, mma_v2(p_lo, s_hi, Y)))
+    if CHAINS:
+        zero = gl.zeros_like(Y)
+        b_o = mma_v2(p_hi, s_hi, Y) + (mma_v2(p_hi, s_lo, zero) + mma_v2(p_lo, s_hi, zero))
+    else:
+        b_o = mma_v2(p_hi, s_hi, mma_v2(p_hi, s_lo, mma_v2(p_lo, s_hi, Y)))
     gl.store(ptrs, b_o.to(gl.bfloat16))
 
 
@@ -78,7 +84,7 @@ def _tail(p_hi, p_lo, s0, Y, ptrs):
 def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, NSTEP,
                        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                        BT: gl.constexpr, BV: gl.constexpr, READ: gl.constexpr, HALVES: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       CHAINS: gl.constexpr, num_warps: gl.constexpr):
     # one sequence (i_b 0) of BT nodes, the root node 0; a program per (V tile, value head)
     i_v = gl.program_id(0)
     i_hv = gl.program_id(1)
@@ -195,8 +201,8 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     else:
         s0 = gl.zeros([K, HB], gl.float32, B_OP)
         s1 = s0
-    _tail(p_hi, p_lo, s0, Y0, o + (rows[:, None] * HV + i_hv) * V + o_v0[None, :])
-    _tail(p_hi, p_lo, s1, Y1, o + (rows[:, None] * HV + i_hv) * V + o_v1[None, :])
+    _tail(p_hi, p_lo, s0, Y0, o + (rows[:, None] * HV + i_hv) * V + o_v0[None, :], CHAINS)
+    _tail(p_hi, p_lo, s1, Y1, o + (rows[:, None] * HV + i_hv) * V + o_v1[None, :], CHAINS)
 
 
 @gluon.jit
@@ -241,12 +247,13 @@ def _state_desc(kw: dict, halves: bool):
                                         layout)
 
 
-def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool = False, copy: bool = False):
+def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool = False, copy: bool = False,
+                chains: bool = False):
     """(kernel, keyword arguments, grid) of the Gluon fold on the served form's inputs (plan_wy's keyword arguments
     ``kw``) into ``out`` (o's shape); read False: the state never read (its product by zero), what the chain before it
     takes; halves: the state copied as two boxes of 128-byte rows into swizzled shared memory, where otherwise one
-    box of 256-byte rows, unswizzled. copy: _gluon_copy_kernel instead, the state's copy alone, into out [HV, V]
-    fp32."""
+    box of 256-byte rows, unswizzled; chains: P S0's three products accumulated apart (_tail's CHAINS). copy:
+    _gluon_copy_kernel instead, the state's copy alone, into out [HV, V] fp32."""
     args = dict(state_desc=_state_desc(kw, halves), state_idx=kw["state_idx"], HV=kw["HV"], K=kw["K"], V=kw["V"],
                 BV=kw["BV"], HALVES=halves, num_warps=4)
     if copy:
@@ -255,17 +262,17 @@ def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool 
     else:
         fn = _gluon_fold_kernel
         args.update(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], o=out,
-                    scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], BT=kw["T"], READ=read)
+                    scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], BT=kw["T"], READ=read, CHAINS=chains)
     return fn, args, (kw["V"] // kw["BV"], kw["HV"])
 
 
 def launch_of(kw: dict, out: torch.Tensor, **how):
-    """kernel_args' launch (``how``: read, halves, copy)."""
+    """kernel_args' launch (``how``: read, halves, copy, chains)."""
     fn, args, grid = kernel_args(kw, out, **how)
     return lambda: fn[grid](**args)
 
 
-def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy: bool = False):
+def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy: bool = False, chains: bool = False):
     """The fold's kernel (copy: the state's copy alone) compiled for sm_<arch> without a GPU (CPU tensors of the served
     form's launch at 1 x 16, the launcher's signature; run without TRITON_INTERPRET): Triton's compiled kernel, its
     TTGIR in .asm["ttgir"]."""
@@ -287,7 +294,7 @@ def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy:
         triton_gdn.bind, _common.check_device, _common.interpreting = bind, check, interpreting
     kw = got[-1]
     out = torch.empty(kw["HV"], kw["V"]) if copy else kw["o"]
-    fn, args, _ = kernel_args(kw, out, read=read, halves=halves, copy=copy)
+    fn, args, _ = kernel_args(kw, out, read=read, halves=halves, copy=copy, chains=chains)
     return compile_kernel(fn, args, GPUTarget("cuda", arch, 32), types={"state_desc": mangle_type(args["state_desc"])})
 
 
@@ -304,10 +311,11 @@ def main():
         raise SystemExit(f"gluon_fold: the form at {B} x {T} is not the one this kernel is of")
     ref = oracle.gdn_tree_verify(**{n: inp[n].cpu() for n in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
-    out, cut, half = (torch.full_like(o, float("nan")) for _ in range(3))
+    out, cut, half, apart = (torch.full_like(o, float("nan")) for _ in range(4))
     forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (launch_of(kw, out), out),
              "Gluon fold, the state not read": (launch_of(kw, cut, read=False), cut),
-             "Gluon fold, TMA in two swizzled halves": (launch_of(kw, half, halves=True), half)}
+             "Gluon fold, TMA in two swizzled halves": (launch_of(kw, half, halves=True), half),
+             "Gluon fold, P S0's products in three chains": (launch_of(kw, apart, chains=True), apart)}
     copies = {f"the state's copy alone, {name}": launch_of(kw, torch.empty(kw["HV"], kw["V"], device="cuda"),
                                                            halves=h, copy=True)
               for name, h in (("one box", False), ("two swizzled boxes", True))}
