@@ -268,11 +268,20 @@ def test_16_bit_state_pools_are_judged_at_their_rounding_and_reach_engines_in_th
     assert torch.equal(c["pool"][4:].view(torch.int16), before[4:].view(torch.int16))
 
 
+def _drop_in_on_torch(monkeypatch):
+    """The planted drop-ins (tests/planted_node_states.py wraps engine_api.target_verify) on ddsim's torch backend: the
+    pool's addressing under test is the wrapper's, and the same through either backend, where Triton's interpreter
+    took about a minute a check on the CPU."""
+    from ddsim.gpu_backend import engine_api
+    monkeypatch.setattr(engine_api, "_backend", lambda x: "torch")
+
+
 def test_a_kernel_that_addresses_a_16_bit_pool_as_float32_is_caught_only_by_the_16_bit_pools(monkeypatch):
     """A verify that computes a slot's offset in float32 units reads another request's state from a bf16 or fp16
     pool: the 16-bit examples fail it, naming their pool; without them (every pool float32) it holds everything."""
     from ddsim.engines import kernel_cases as kc
     from ddsim.engines import load
+    _drop_in_on_torch(monkeypatch)
     kernel = load("tests.planted_node_states:pool_at_float32_offsets", convention="sglang")
     res = ck.check(kernel, mode="exact", max_examples=1)
     bad = [r for r in res if not r.holds]
@@ -377,6 +386,7 @@ def test_a_kernel_that_takes_the_slot_pitch_from_the_shape_is_caught_only_by_slo
     fail each, naming their pool; with every pool one layer both hold everything."""
     from ddsim.engines import kernel_cases as kc
     from ddsim.engines import load
+    _drop_in_on_torch(monkeypatch)
     wants = {"slot_pitch_from_shape": {"output finite", "exact on order-exact nodes", "exact on every node",
                                        "node states exact on every node"},
              "writes_its_slot_in_another_layer": {"other pool slots untouched"}}
