@@ -479,9 +479,8 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
     """benchmarks/gluon_fold.py's kernel (Gluon: Triton's interpreter cannot run it) compiled for sm_90 on the CPU, in
     each form it times: the state's copy (TMA: one box, or two) goes out before any product and is waited for only
     once every product but P S0's is made (six MMAs after the wait: three for each half of the tile's V, in one chain
-    or in three); with the
-    state not read, no copy and no wait; the copy alone compiles too (one box or two, one wait). So what it measures is
-    that order, not Triton's wait where the copy is issued."""
+    or in three); with the state not read, no copy and no wait; the copy alone compiles too (one box or two, one
+    wait). So what it measures is that order, not Triton's wait where the copy is issued."""
     pytest.importorskip("triton.backends.nvidia")
     code = ("import gluon_fold as G\n"
             "for read, halves, chains in ((True, False, False), (False, False, False), (True, True, False),"
