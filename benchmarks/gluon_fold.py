@@ -13,11 +13,12 @@ Printed: the output against the served form's and the share of entries off the f
 one warm) beside the served form, the same kernel with its state never read (its product by zero: what its chain
 before the state takes), and with its state copied as two boxes of 128-byte rows into swizzled shared memory (one box
 of 256-byte rows, unswizzled, otherwise), and with P S0's three products accumulated in three chains (whether the time
-after the state arrives is their one chain, 3 K / 16 MMAs deep). The tile's two halves of V each take their own
-product and store. Timed beside them: the state's copy alone in both forms (the slot, the copy, the wait, each
-column's sum stored), when the copy arrives. Its inputs are read coalesced and each moved once into its uses' layouts:
-read straight into those layouts instead (8d415f8: 37 barriers compiled for sm_90 against 73), the chain took 1.8 us
-more on an H100 (RESULTS.md), and that revision was reverted.
+after the state arrives is their one chain, 3 K / 16 MMAs deep), and with its copy waited for but only eight of its
+rows read (P S0 by zero: when the copy lands in the fold). The tile's two halves of V each take their own product and
+store. Timed beside them: the state's copy alone in both forms (the slot, the copy, the wait, each column's sum
+stored), when the copy arrives. Its inputs are read coalesced and each moved once into its uses' layouts: read
+straight into those layouts instead (8d415f8: 37 barriers compiled for sm_90 against 73), the chain took 1.8 us more
+on an H100 (RESULTS.md), and that revision was reverted.
 
     python benchmarks/gluon_fold.py [--commit SHA] [--calls 5] [--rounds 3]   # needs CUDA (sm_90 or later)
 """
@@ -84,7 +85,7 @@ def _tail(p_hi, p_lo, s0, Y, ptrs, CHAINS: gl.constexpr):
 def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, NSTEP,
                        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                        BT: gl.constexpr, BV: gl.constexpr, READ: gl.constexpr, HALVES: gl.constexpr,
-                       CHAINS: gl.constexpr, num_warps: gl.constexpr):
+                       CHAINS: gl.constexpr, LOAD: gl.constexpr, num_warps: gl.constexpr):
     # one sequence (i_b 0) of BT nodes, the root node 0; a program per (V tile, value head)
     i_v = gl.program_id(0)
     i_hv = gl.program_id(1)
@@ -192,7 +193,16 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     if READ:
         mbarrier.wait(bar, 0)
         mbarrier.invalidate(bar)
-        if HALVES:
+        if not LOAD:  # when the copy lands: eight of its rows read and summed to a zero added to Y (which keeps its
+            # buffer live past the wait: a buffer nothing reads after it is reused while the copy writes it), P S0 by
+            # zero (one box only)
+            LB: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+            few = gl.sum(gl.sum(s_smem.slice(0, 8, dim=0).load(LB), 1), 0) * 0.0
+            Y0 = Y0 + few
+            Y1 = Y1 + few
+            s0 = gl.zeros([K, HB], gl.float32, B_OP)
+            s1 = s0
+        elif HALVES:
             s0 = s_smem.index(0).load(B_OP)  # [K, HB] fp32
             s1 = s_smem.index(1).load(B_OP)
         else:
@@ -248,11 +258,12 @@ def _state_desc(kw: dict, halves: bool):
 
 
 def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool = False, copy: bool = False,
-                chains: bool = False):
+                chains: bool = False, load: bool = True):
     """(kernel, keyword arguments, grid) of the Gluon fold on the served form's inputs (plan_wy's keyword arguments
     ``kw``) into ``out`` (o's shape); read False: the state never read (its product by zero), what the chain before it
     takes; halves: the state copied as two boxes of 128-byte rows into swizzled shared memory, where otherwise one
-    box of 256-byte rows, unswizzled; chains: P S0's three products accumulated apart (_tail's CHAINS). copy:
+    box of 256-byte rows, unswizzled; chains: P S0's three products accumulated apart (_tail's CHAINS); load False:
+    the copy waited for, eight of its rows read, P S0 by zero (LOAD). copy:
     _gluon_copy_kernel instead, the state's copy alone, into out [HV, V] fp32."""
     args = dict(state_desc=_state_desc(kw, halves), state_idx=kw["state_idx"], HV=kw["HV"], K=kw["K"], V=kw["V"],
                 BV=kw["BV"], HALVES=halves, num_warps=4)
@@ -262,17 +273,19 @@ def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool 
     else:
         fn = _gluon_fold_kernel
         args.update(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], o=out,
-                    scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], BT=kw["T"], READ=read, CHAINS=chains)
+                    scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], BT=kw["T"], READ=read, CHAINS=chains,
+                    LOAD=load)
     return fn, args, (kw["V"] // kw["BV"], kw["HV"])
 
 
 def launch_of(kw: dict, out: torch.Tensor, **how):
-    """kernel_args' launch (``how``: read, halves, copy, chains)."""
+    """kernel_args' launch (``how``: read, halves, copy, chains, load)."""
     fn, args, grid = kernel_args(kw, out, **how)
     return lambda: fn[grid](**args)
 
 
-def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy: bool = False, chains: bool = False):
+def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy: bool = False, chains: bool = False,
+                    load: bool = True):
     """The fold's kernel (copy: the state's copy alone) compiled for sm_<arch> without a GPU (CPU tensors of the served
     form's launch at 1 x 16, the launcher's signature; run without TRITON_INTERPRET): Triton's compiled kernel, its
     TTGIR in .asm["ttgir"]."""
@@ -294,7 +307,7 @@ def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy:
         triton_gdn.bind, _common.check_device, _common.interpreting = bind, check, interpreting
     kw = got[-1]
     out = torch.empty(kw["HV"], kw["V"]) if copy else kw["o"]
-    fn, args, _ = kernel_args(kw, out, read=read, halves=halves, copy=copy, chains=chains)
+    fn, args, _ = kernel_args(kw, out, read=read, halves=halves, copy=copy, chains=chains, load=load)
     return compile_kernel(fn, args, GPUTarget("cuda", arch, 32), types={"state_desc": mangle_type(args["state_desc"])})
 
 
@@ -311,11 +324,12 @@ def main():
         raise SystemExit(f"gluon_fold: the form at {B} x {T} is not the one this kernel is of")
     ref = oracle.gdn_tree_verify(**{n: inp[n].cpu() for n in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
-    out, cut, half, apart = (torch.full_like(o, float("nan")) for _ in range(4))
+    out, cut, half, apart, landed = (torch.full_like(o, float("nan")) for _ in range(5))
     forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (launch_of(kw, out), out),
              "Gluon fold, the state not read": (launch_of(kw, cut, read=False), cut),
              "Gluon fold, TMA in two swizzled halves": (launch_of(kw, half, halves=True), half),
-             "Gluon fold, P S0's products in three chains": (launch_of(kw, apart, chains=True), apart)}
+             "Gluon fold, P S0's products in three chains": (launch_of(kw, apart, chains=True), apart),
+             "Gluon fold, the copy waited for, 8 of its rows read": (launch_of(kw, landed, load=False), landed)}
     copies = {f"the state's copy alone, {name}": launch_of(kw, torch.empty(kw["HV"], kw["V"], device="cuda"),
                                                            halves=h, copy=True)
               for name, h in (("one box", False), ("two swizzled boxes", True))}
