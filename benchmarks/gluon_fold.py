@@ -14,8 +14,10 @@ one warm) beside the served form, the same kernel with its state never read (its
 before the state takes), and with its state copied as two boxes of 128-byte rows into swizzled shared memory (one box
 of 256-byte rows, unswizzled, otherwise), and with P S0's three products accumulated in three chains (whether the time
 after the state arrives is their one chain, 3 K / 16 MMAs deep), and with its copy waited for but only eight of its
-rows read (P S0 by zero: when the copy lands in the fold). The tile's two halves of V each take their own product and
-store. Timed beside them: the state's copy alone in both forms (the slot, the copy, the wait, each column's sum
+rows read (P S0 by zero: when the copy lands in the fold). And both again with the copy issued before any other read,
+at the sequence's own row (no slot: the state by sequence, as the kernel table's kernels alone hold it), a barrier
+after it so that ptxas cannot sink its issue below the reads. The tile's two halves of V each take their own product
+and store. Timed beside them: the state's copy alone in both forms (the slot, the copy, the wait, each column's sum
 stored), when the copy arrives. Its inputs are read coalesced and each moved once into its uses' layouts: read
 straight into those layouts instead (8d415f8: 37 barriers compiled for sm_90 against 73), the chain took 1.8 us more
 on an H100 (RESULTS.md), and that revision was reverted.
@@ -42,6 +44,17 @@ else:
     @gluon.jit
     def _tma_load(desc, coord, bar, smem):
         tma.async_copy_global_to_shared(desc, coord, bar, smem)
+
+
+# A barrier across the program's threads: Triton 3.6's name, or its later one (3.9 renamed it)
+if hasattr(gl, "barrier"):
+    @gluon.jit
+    def _thread_barrier():
+        gl.barrier()
+else:
+    @gluon.jit
+    def _thread_barrier():
+        gl.thread_barrier()
 
 
 @gluon.jit
@@ -85,7 +98,7 @@ def _tail(p_hi, p_lo, s0, Y, ptrs, CHAINS: gl.constexpr):
 def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, NSTEP,
                        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                        BT: gl.constexpr, BV: gl.constexpr, READ: gl.constexpr, HALVES: gl.constexpr,
-                       CHAINS: gl.constexpr, LOAD: gl.constexpr, num_warps: gl.constexpr):
+                       CHAINS: gl.constexpr, LOAD: gl.constexpr, FIRST: gl.constexpr, num_warps: gl.constexpr):
     # one sequence (i_b 0) of BT nodes, the root node 0; a program per (V tile, value head)
     i_v = gl.program_id(0)
     i_hv = gl.program_id(1)
@@ -97,6 +110,22 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     COLS: gl.constexpr = gl.SliceLayout(0, MMA)  # [BT] / [BV] a value per column
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [BT, K] bf16 rows, 16 bytes a thread
     LDT: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])  # [K, BT]: k^T read by columns
+    HB: gl.constexpr = BV // 2
+
+    # the state's buffer and its barrier (HALVES: the descriptor's box is half the tile's width, 128-byte rows, so
+    # that its shared layout can be swizzled; two copies)
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    if HALVES:
+        s_smem = gl.allocate_shared_memory(gl.float32, [2, K, HB], state_desc.layout)
+    else:
+        s_smem = gl.allocate_shared_memory(gl.float32, [K, BV], state_desc.layout)
+    if FIRST:  # the copy issued before any read, at the sequence's own row (no slot: the state by sequence, as the
+        # kernel table's kernels alone hold it; one box), then a barrier: without it ptxas sinks the copy's issue below
+        # the reads and the first use of the mask and gates, a round trip later (compiled for sm_90)
+        mbarrier.init(bar, count=1)
+        mbarrier.expect(bar, state_desc.block_type.nbytes)
+        _tma_load(state_desc, [i_hv * K, i_v * BV], bar, s_smem)
+        _thread_barrier()
 
     # the slot read first; the state's copy is issued once the other reads have gone out (its address waits on the
     # slot's arrival, and a read issued after it would wait as long)
@@ -112,7 +141,6 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     k_t = gl.load(k + (c_t[None, :] * H + i_h) * K + r_t[:, None])
     rows = gl.arange(0, BT, layout=ROWS)
     cols = gl.arange(0, BT, layout=COLS)
-    HB: gl.constexpr = BV // 2
     o_v0 = i_v * BV + gl.arange(0, HB, layout=COLS)  # the tile's halves of V, each its own product and store
     o_v1 = o_v0 + HB
     b_v0 = gl.load(v + (rows[:, None] * HV + i_hv) * V + o_v0[None, :])  # [BT, HB] bf16, MMA
@@ -123,14 +151,7 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     anc = gl.load(mask + rows[:, None] * BT + cols[None, :]) != 0
 
     # the state: the copy engine into shared memory, waited for where P S0 needs it (READ off: never read, zero)
-    # (HALVES: the descriptor's box is half the tile's width, 128-byte rows, so that its shared layout can be
-    # swizzled; two copies)
-    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    if HALVES:
-        s_smem = gl.allocate_shared_memory(gl.float32, [2, K, HB], state_desc.layout)
-    else:
-        s_smem = gl.allocate_shared_memory(gl.float32, [K, BV], state_desc.layout)
-    if READ:
+    if READ and not FIRST:
         mbarrier.init(bar, count=1)
         row = (slot * HV + i_hv) * K
         if HALVES:
@@ -258,12 +279,13 @@ def _state_desc(kw: dict, halves: bool):
 
 
 def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool = False, copy: bool = False,
-                chains: bool = False, load: bool = True):
+                chains: bool = False, load: bool = True, first: bool = False):
     """(kernel, keyword arguments, grid) of the Gluon fold on the served form's inputs (plan_wy's keyword arguments
     ``kw``) into ``out`` (o's shape); read False: the state never read (its product by zero), what the chain before it
     takes; halves: the state copied as two boxes of 128-byte rows into swizzled shared memory, where otherwise one
     box of 256-byte rows, unswizzled; chains: P S0's three products accumulated apart (_tail's CHAINS); load False:
-    the copy waited for, eight of its rows read, P S0 by zero (LOAD). copy:
+    the copy waited for, eight of its rows read, P S0 by zero (LOAD); first: the copy issued before any read, at the
+    sequence's own row, no slot (FIRST; the state by sequence, one sequence). copy:
     _gluon_copy_kernel instead, the state's copy alone, into out [HV, V] fp32."""
     args = dict(state_desc=_state_desc(kw, halves), state_idx=kw["state_idx"], HV=kw["HV"], K=kw["K"], V=kw["V"],
                 BV=kw["BV"], HALVES=halves, num_warps=4)
@@ -274,18 +296,18 @@ def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool 
         fn = _gluon_fold_kernel
         args.update(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], o=out,
                     scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], BT=kw["T"], READ=read, CHAINS=chains,
-                    LOAD=load)
+                    LOAD=load, FIRST=first)
     return fn, args, (kw["V"] // kw["BV"], kw["HV"])
 
 
 def launch_of(kw: dict, out: torch.Tensor, **how):
-    """kernel_args' launch (``how``: read, halves, copy, chains, load)."""
+    """kernel_args' launch (``how``: read, halves, copy, chains, load, first)."""
     fn, args, grid = kernel_args(kw, out, **how)
     return lambda: fn[grid](**args)
 
 
 def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy: bool = False, chains: bool = False,
-                    load: bool = True):
+                    load: bool = True, first: bool = False):
     """The fold's kernel (copy: the state's copy alone) compiled for sm_<arch> without a GPU (CPU tensors of the served
     form's launch at 1 x 16, the launcher's signature; run without TRITON_INTERPRET): Triton's compiled kernel, its
     TTGIR in .asm["ttgir"]."""
@@ -307,7 +329,7 @@ def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy:
         triton_gdn.bind, _common.check_device, _common.interpreting = bind, check, interpreting
     kw = got[-1]
     out = torch.empty(kw["HV"], kw["V"]) if copy else kw["o"]
-    fn, args, _ = kernel_args(kw, out, read=read, halves=halves, copy=copy, chains=chains, load=load)
+    fn, args, _ = kernel_args(kw, out, read=read, halves=halves, copy=copy, chains=chains, load=load, first=first)
     return compile_kernel(fn, args, GPUTarget("cuda", arch, 32), types={"state_desc": mangle_type(args["state_desc"])})
 
 
@@ -324,12 +346,14 @@ def main():
         raise SystemExit(f"gluon_fold: the form at {B} x {T} is not the one this kernel is of")
     ref = oracle.gdn_tree_verify(**{n: inp[n].cpu() for n in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
-    out, cut, half, apart, landed = (torch.full_like(o, float("nan")) for _ in range(5))
+    out, cut, half, apart, landed, first, first_landed = (torch.full_like(o, float("nan")) for _ in range(7))
     forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (launch_of(kw, out), out),
              "Gluon fold, the state not read": (launch_of(kw, cut, read=False), cut),
              "Gluon fold, TMA in two swizzled halves": (launch_of(kw, half, halves=True), half),
              "Gluon fold, P S0's products in three chains": (launch_of(kw, apart, chains=True), apart),
-             "Gluon fold, the copy waited for, 8 of its rows read": (launch_of(kw, landed, load=False), landed)}
+             "Gluon fold, the copy waited for, 8 of its rows read": (launch_of(kw, landed, load=False), landed),
+             "Gluon fold, the copy issued first, no slot": (launch_of(kw, first, first=True), first),
+             "the same, 8 of its rows read": (launch_of(kw, first_landed, first=True, load=False), first_landed)}
     copies = {f"the state's copy alone, {name}": launch_of(kw, torch.empty(kw["HV"], kw["V"], device="cuda"),
                                                            halves=h, copy=True)
               for name, h in (("one box", False), ("two swizzled boxes", True))}
