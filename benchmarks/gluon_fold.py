@@ -16,11 +16,14 @@ of 256-byte rows, unswizzled, otherwise), and with P S0's three products accumul
 after the state arrives is their one chain, 3 K / 16 MMAs deep), and with its copy waited for but only eight of its
 rows read (P S0 by zero: when the copy lands in the fold). And both again with the copy issued before any other read,
 at the sequence's own row (no slot: the state by sequence, as the kernel table's kernels alone hold it), a barrier
-after it so that ptxas cannot sink its issue below the reads. The tile's two halves of V each take their own product
-and store. Timed beside them: the state's copy alone in both forms (the slot, the copy, the wait, each column's sum
-stored), when the copy arrives. Its inputs are read coalesced and each moved once into its uses' layouts: read
-straight into those layouts instead (8d415f8: 37 barriers compiled for sm_90 against 73), the chain took 1.8 us more
-on an H100 (RESULTS.md), and that revision was reverted.
+after it so that ptxas cannot sink its issue below the reads. And the three again with two barriers among the reads
+(q, k, v's; beta's; the gates' and mask's), so that ptxas issues every read before the first use of any (without them
+it sums the path gates, which waits for them, before some of the reads, and those go out a round trip late, beside the
+state's copy). The tile's two halves of V each take their own product and store. Timed beside them: the state's copy
+alone in both forms (the slot, the copy, the wait, each column's sum stored), when the copy arrives. Its inputs are
+read coalesced and each moved once into its uses' layouts: read straight into those layouts instead (8d415f8: 37
+barriers compiled for sm_90 against 73), the chain took 1.8 us more on an H100 (RESULTS.md), and that revision was
+reverted.
 
     python benchmarks/gluon_fold.py [--commit SHA] [--calls 5] [--rounds 3]   # needs CUDA (sm_90 or later)
 """
@@ -98,7 +101,8 @@ def _tail(p_hi, p_lo, s0, Y, ptrs, CHAINS: gl.constexpr):
 def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, NSTEP,
                        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                        BT: gl.constexpr, BV: gl.constexpr, READ: gl.constexpr, HALVES: gl.constexpr,
-                       CHAINS: gl.constexpr, LOAD: gl.constexpr, FIRST: gl.constexpr, num_warps: gl.constexpr):
+                       CHAINS: gl.constexpr, LOAD: gl.constexpr, FIRST: gl.constexpr, FENCE: gl.constexpr,
+                       num_warps: gl.constexpr):
     # one sequence (i_b 0) of BT nodes, the root node 0; a program per (V tile, value head)
     i_v = gl.program_id(0)
     i_hv = gl.program_id(1)
@@ -145,9 +149,16 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     o_v1 = o_v0 + HB
     b_v0 = gl.load(v + (rows[:, None] * HV + i_hv) * V + o_v0[None, :])  # [BT, HB] bf16, MMA
     b_v1 = gl.load(v + (rows[:, None] * HV + i_hv) * V + o_v1[None, :])
-    g_col = gl.load(g + cols * HV + i_hv)
+    if FENCE:  # a barrier between q, k, v's reads and the gates' and mask's: without it ptxas puts the gates' first
+        # use (the path sums, which wait for them) before some of q, k, v's reads and gives those reads the gates'
+        # registers, so they go out a round trip late, beside the state's copy (compiled for sm_90); with it, q, k,
+        # v's reads cannot sink below it, and the gates' uses cannot rise above it
+        _thread_barrier()
     b_beta = gl.load(beta + rows * HV + i_hv)
     beta_col = gl.load(beta + cols * HV + i_hv)
+    if FENCE:  # and one between beta's reads and the gates' and mask's, whose first use waits for them
+        _thread_barrier()
+    g_col = gl.load(g + cols * HV + i_hv)
     anc = gl.load(mask + rows[:, None] * BT + cols[None, :]) != 0
 
     # the state: the copy engine into shared memory, waited for where P S0 needs it (READ off: never read, zero)
@@ -279,13 +290,14 @@ def _state_desc(kw: dict, halves: bool):
 
 
 def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool = False, copy: bool = False,
-                chains: bool = False, load: bool = True, first: bool = False):
+                chains: bool = False, load: bool = True, first: bool = False, fence: bool = False):
     """(kernel, keyword arguments, grid) of the Gluon fold on the served form's inputs (plan_wy's keyword arguments
     ``kw``) into ``out`` (o's shape); read False: the state never read (its product by zero), what the chain before it
     takes; halves: the state copied as two boxes of 128-byte rows into swizzled shared memory, where otherwise one
     box of 256-byte rows, unswizzled; chains: P S0's three products accumulated apart (_tail's CHAINS); load False:
     the copy waited for, eight of its rows read, P S0 by zero (LOAD); first: the copy issued before any read, at the
-    sequence's own row, no slot (FIRST; the state by sequence, one sequence). copy:
+    sequence's own row, no slot (FIRST; the state by sequence, one sequence); fence: two barriers among the reads so
+    that ptxas issues every read before any is used (FENCE). copy:
     _gluon_copy_kernel instead, the state's copy alone, into out [HV, V] fp32."""
     args = dict(state_desc=_state_desc(kw, halves), state_idx=kw["state_idx"], HV=kw["HV"], K=kw["K"], V=kw["V"],
                 BV=kw["BV"], HALVES=halves, num_warps=4)
@@ -296,7 +308,7 @@ def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool 
         fn = _gluon_fold_kernel
         args.update(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], o=out,
                     scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], BT=kw["T"], READ=read, CHAINS=chains,
-                    LOAD=load, FIRST=first)
+                    LOAD=load, FIRST=first, FENCE=fence)
     return fn, args, (kw["V"] // kw["BV"], kw["HV"])
 
 
@@ -307,7 +319,7 @@ def launch_of(kw: dict, out: torch.Tensor, **how):
 
 
 def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy: bool = False, chains: bool = False,
-                    load: bool = True, first: bool = False):
+                    load: bool = True, first: bool = False, fence: bool = False):
     """The fold's kernel (copy: the state's copy alone) compiled for sm_<arch> without a GPU (CPU tensors of the served
     form's launch at 1 x 16, the launcher's signature; run without TRITON_INTERPRET): Triton's compiled kernel, its
     TTGIR in .asm["ttgir"]."""
@@ -329,7 +341,8 @@ def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy:
         triton_gdn.bind, _common.check_device, _common.interpreting = bind, check, interpreting
     kw = got[-1]
     out = torch.empty(kw["HV"], kw["V"]) if copy else kw["o"]
-    fn, args, _ = kernel_args(kw, out, read=read, halves=halves, copy=copy, chains=chains, load=load, first=first)
+    fn, args, _ = kernel_args(kw, out, read=read, halves=halves, copy=copy, chains=chains, load=load, first=first,
+                              fence=fence)
     return compile_kernel(fn, args, GPUTarget("cuda", arch, 32), types={"state_desc": mangle_type(args["state_desc"])})
 
 
@@ -346,14 +359,18 @@ def main():
         raise SystemExit(f"gluon_fold: the form at {B} x {T} is not the one this kernel is of")
     ref = oracle.gdn_tree_verify(**{n: inp[n].cpu() for n in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
-    out, cut, half, apart, landed, first, first_landed = (torch.full_like(o, float("nan")) for _ in range(7))
+    out, cut, half, apart, landed, first, first_landed, fenced, fenced_cut, fenced_landed = (
+        torch.full_like(o, float("nan")) for _ in range(10))
     forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (launch_of(kw, out), out),
              "Gluon fold, the state not read": (launch_of(kw, cut, read=False), cut),
              "Gluon fold, TMA in two swizzled halves": (launch_of(kw, half, halves=True), half),
              "Gluon fold, P S0's products in three chains": (launch_of(kw, apart, chains=True), apart),
              "Gluon fold, the copy waited for, 8 of its rows read": (launch_of(kw, landed, load=False), landed),
              "Gluon fold, the copy issued first, no slot": (launch_of(kw, first, first=True), first),
-             "the same, 8 of its rows read": (launch_of(kw, first_landed, first=True, load=False), first_landed)}
+             "the same, 8 of its rows read": (launch_of(kw, first_landed, first=True, load=False), first_landed),
+             "Gluon fold, every read issued before any is used": (launch_of(kw, fenced, fence=True), fenced),
+             "the same, the state not read": (launch_of(kw, fenced_cut, fence=True, read=False), fenced_cut),
+             "the same, 8 of the copy's rows read": (launch_of(kw, fenced_landed, fence=True, load=False), fenced_landed)}
     copies = {f"the state's copy alone, {name}": launch_of(kw, torch.empty(kw["HV"], kw["V"], device="cuda"),
                                                            halves=h, copy=True)
               for name, h in (("one box", False), ("two swizzled boxes", True))}

@@ -479,20 +479,22 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
     """benchmarks/gluon_fold.py's kernel (Gluon: Triton's interpreter cannot run it) compiled for sm_90 on the CPU, in each
     form it times: the state's copy (TMA: one box, or two) goes out before any product and is waited for only once
     every product but P S0's is made (six MMAs after the wait: three for each half of the tile's V, in one chain or
-    in three, or by zero with eight of the copy's rows read after the wait; the copy issued first, with no slot,
-    too); with the state not read, no copy and no wait; the copy alone compiles too (one box or two, one wait). So
-    what it measures is that order, not Triton's wait where the copy is issued."""
+    in three, or by zero with eight of the copy's rows read after the wait; the copy issued first, with no slot, and
+    every read issued before any is used, too); with the state not read, no copy and no wait; the copy alone
+    compiles too (one box or two, one wait). So what it measures is that order, not Triton's wait where the copy is
+    issued."""
     pytest.importorskip("triton.backends.nvidia")
     code = ("import gluon_fold as G\n"
-            "for read, halves, chains, load, first in ((True, False, False, True, False), (False, False, False, True,"
-            " False), (True, True, False, True, False), (True, False, True, True, False), (True, False, False, False,"
-            " False), (True, False, False, True, True)):\n"
-            "    ck = G.offline_compile(90, read=read, halves=halves, chains=chains, load=load, first=first)\n"
+            "forms = [dict(), dict(read=False), dict(halves=True), dict(chains=True), dict(load=False),"
+            " dict(first=True), dict(fence=True)]\n"
+            "for form in forms:\n"
+            "    ck = G.offline_compile(90, **form)\n"
+            "    read, halves = form.get('read', True), form.get('halves', False)\n"
             "    ir = ck.asm['ttgir'].split(chr(10))\n"
             "    ops = [('copy' if 'async_tma_copy_global_to_local' in x else 'wait' if 'ttng.wait_barrier' in x else"
             " 'dot') for x in ir if 'async_tma_copy_global_to_local' in x or 'ttng.wait_barrier' in x or"
             " ' = tt.dot ' in x]\n"
-            "    print('ORDER', read, halves, chains, load, first, ' '.join(ops))\n"
+            "    print('ORDER', read, halves, '-'.join(sorted(form)) or 'default', ' '.join(ops))\n"
             "for halves in (False, True):\n"
             "    ir = G.offline_compile(90, halves=halves, copy=True).asm['ttgir']\n"
             "    print('COPY', halves, ir.count('async_tma_copy_global_to_local'), ir.count('ttng.wait_barrier'))\n")
@@ -500,15 +502,15 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=BENCHMARKS,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    order = {tuple(line.split()[1:6]): line.split()[6:] for line in r.stdout.splitlines() if line.startswith("ORDER")}
-    for (read, halves, _, _, _), ops in order.items():
+    order = {tuple(line.split()[1:4]): line.split()[4:] for line in r.stdout.splitlines() if line.startswith("ORDER")}
+    for (read, halves, _), ops in order.items():
         if read == "False":
             assert "copy" not in ops and "wait" not in ops and ops.count("dot") > 6, ops
             continue
         copies = 2 if halves == "True" else 1
         assert ops[:copies] == ["copy"] * copies and ops.count("copy") == copies, ops
         assert ops[-7:] == ["wait"] + ["dot"] * 6 and ops.count("wait") == 1, ops
-    assert len(order) == 6, r.stdout[-2000:]
+    assert len(order) == 7, r.stdout[-2000:]
     copies = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("COPY")]
     assert copies == [["False", "1", "1"], ["True", "2", "1"]], r.stdout[-2000:]  # the copy alone: one box or two
 
