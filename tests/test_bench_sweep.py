@@ -446,6 +446,38 @@ def test_the_tma_and_fold_copies_each_find_their_lines_in_the_kernel(monkeypatch
         assert ("state.load(" in src) == ("TMA" in name), name
 
 
+def test_the_fenced_copies_each_find_their_lines_in_the_kernel():
+    """benchmarks/fused_fence.py's copies of _gdn_wy_kernel (its draft rows' reads placed among barriers) still find
+    the draft reads' lines once (else the script stops on the GPU), take the kernel's arguments, read q, k, v, the mask
+    and the gates once each as the form does, and hold the barriers each is named for."""
+    import inspect
+
+    from ddsim.gpu_backend import triton_gdn
+
+    mod = _benchmark("fused_fence")
+    assert inspect.getsource(triton_gdn._gdn_wy_kernel.fn).count(mod.DRAFT) == 1
+    barriers = {"fenced": 2, "fenced, q k v only": 1, "fenced after every read": 1,
+                "gates first, fenced after every read": 1}
+    assert set(mod.FENCES) == set(barriers)
+    for name, edit in mod.FENCES.items():
+        kernel = mod.fenced_kernel(name)
+        assert kernel.arg_names == triton_gdn._gdn_wy_kernel.arg_names, name
+        src = inspect.getsource(kernel.fn)
+        assert "h.draft_reads(" not in src and src.count("draft = (f_q, f_k, f_v, raw_g, raw_b)") == 1, name
+        assert all(edit.count(r) == 1 for r in ("h.raw_rows(q,", "h.raw_rows(k,", "h.raw_rows(v,", "tl.load(mask",
+                                                "h.raw_gates(")), name
+        assert edit.count("tl.debug_barrier()") == barriers[name], name
+    fenced = mod.FENCES["fenced"]
+    assert fenced.index("h.raw_rows(v,") < fenced.index("tl.debug_barrier()") < fenced.index("tl.load(mask") < \
+        fenced.rindex("tl.debug_barrier()") < fenced.index("h.raw_gates(")
+
+
+def test_fused_fence_refuses_bad_counts_before_any_work():
+    """fused_fence.py --calls and --rounds below 1: one line and exit 2, said before the CUDA check."""
+    _refused_before_any_work("fused_fence.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")
+    _refused_before_any_work("fused_fence.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
+
+
 def test_paths_ablations_copies_each_find_their_lines_in_the_kernels():
     """benchmarks/paths_ablation.py's copies of the paths and serial kernels (every form and two-kernel form it can
     time) still find each of their lines once, and each takes its kernel's arguments."""
