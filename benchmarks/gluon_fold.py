@@ -359,8 +359,8 @@ def main():
         raise SystemExit(f"gluon_fold: the form at {B} x {T} is not the one this kernel is of")
     ref = oracle.gdn_tree_verify(**{n: inp[n].cpu() for n in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
-    out, cut, half, apart, landed, first, first_landed, fenced, fenced_cut, fenced_landed = (
-        torch.full_like(o, float("nan")) for _ in range(10))
+    out, cut, half, apart, landed, first, first_landed, fenced, fenced_cut, fenced_landed, f_chains, f_both = (
+        torch.full_like(o, float("nan")) for _ in range(12))
     forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (launch_of(kw, out), out),
              "Gluon fold, the state not read": (launch_of(kw, cut, read=False), cut),
              "Gluon fold, TMA in two swizzled halves": (launch_of(kw, half, halves=True), half),
@@ -370,7 +370,9 @@ def main():
              "the same, 8 of its rows read": (launch_of(kw, first_landed, first=True, load=False), first_landed),
              "Gluon fold, every read issued before any is used": (launch_of(kw, fenced, fence=True), fenced),
              "the same, the state not read": (launch_of(kw, fenced_cut, fence=True, read=False), fenced_cut),
-             "the same, 8 of the copy's rows read": (launch_of(kw, fenced_landed, fence=True, load=False), fenced_landed)}
+             "the same, 8 of the copy's rows read": (launch_of(kw, fenced_landed, fence=True, load=False), fenced_landed),
+             "the same, P S0 in three chains": (launch_of(kw, f_chains, fence=True, chains=True), f_chains),
+             "the same, two swizzled boxes too": (launch_of(kw, f_both, fence=True, chains=True, halves=True), f_both)}
     copies = {f"the state's copy alone, {name}": launch_of(kw, torch.empty(kw["HV"], kw["V"], device="cuda"),
                                                            halves=h, copy=True)
               for name, h in (("one box", False), ("two swizzled boxes", True))}
