@@ -149,10 +149,10 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     o_v1 = o_v0 + HB
     b_v0 = gl.load(v + (rows[:, None] * HV + i_hv) * V + o_v0[None, :])  # [BT, HB] bf16, MMA
     b_v1 = gl.load(v + (rows[:, None] * HV + i_hv) * V + o_v1[None, :])
-    if FENCE:  # a barrier between q, k, v's reads and the gates' and mask's: without it ptxas puts the gates' first
-        # use (the path sums, which wait for them) before some of q, k, v's reads and gives those reads the gates'
-        # registers, so they go out a round trip late, beside the state's copy (compiled for sm_90); with it, q, k,
-        # v's reads cannot sink below it, and the gates' uses cannot rise above it
+    if FENCE:  # a barrier after q, k, v's reads: without the two ptxas puts the gates' first use (the path sums,
+        # which wait for the gates and the mask) before some of q, k, v's reads and gives those reads the gates'
+        # registers, so they go out a round trip late, beside the state's copy (compiled for sm_90); a read cannot
+        # cross a barrier, and a use cannot rise above its read
         _thread_barrier()
     b_beta = gl.load(beta + rows * HV + i_hv)
     beta_col = gl.load(beta + cols * HV + i_hv)
