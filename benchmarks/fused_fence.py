@@ -58,13 +58,13 @@ def fenced_kernel(name: str):
     return edited_kernel(G._gdn_wy_kernel, [(DRAFT, FENCES[name])], header=header, who="fused_fence")
 
 
-def read_places(ins: list[str]) -> str:
-    """Where each global read (LDG) of compiled machine code ``ins`` lies and where the first instruction that waits for
-    a read lies: 'LDG@i' and 'use@j <- i' in code order, up to the last read."""
+def read_places(ops: list[str]) -> str:
+    """Where each global read (LDG) of compiled machine code ``ops`` (its instructions without their predicates,
+    gpu_compile.opcode's) lies and where the first instruction that waits for a read lies: 'LDG@i' and
+    'use@j <- i' in code order, up to the last read."""
     loaded, out = {}, []
-    last = max((i for i, x in enumerate(ins) if re.sub(r"^@!?U?P[T0-9]+\s+", "", x).startswith("LDG")), default=-1)
-    for i, x in enumerate(ins[:last + 1]):
-        op = re.sub(r"^@!?U?P[T0-9]+\s+", "", x)
+    last = max((i for i, op in enumerate(ops) if op.startswith("LDG")), default=-1)
+    for i, op in enumerate(ops[:last + 1]):
         name = op.split()[0] if op.split() else ""
         regs = [int(r) for r in re.findall(r"(?<![A-Z])R(\d+)\b", op)]
         if name.startswith("LDG"):
@@ -93,7 +93,8 @@ def sass():
     kernel, kw = gc.launches(1, 16, torch.bfloat16, "auto")[-1]
     forms = {"the form": kernel, **{name: fenced_kernel(name) for name in FENCES}}
     for name, kern in forms.items():
-        print(f"{name}: {read_places(gc.sass_instructions(gc.compile_for(kern, kw)))}", flush=True)
+        ops = [gc.opcode(x) for x in gc.sass_instructions(gc.compile_for(kern, kw))]
+        print(f"{name}: {read_places(ops)}", flush=True)
 
 
 def main():

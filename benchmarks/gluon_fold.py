@@ -312,17 +312,32 @@ def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool 
     return fn, args, (kw["V"] // kw["BV"], kw["HV"])
 
 
+FORMS = {  # each timed form of the fold: kernel_args' flags
+    "Gluon fold, TMA waited for at P S0": {},
+    "Gluon fold, the state not read": dict(read=False),
+    "Gluon fold, TMA in two swizzled halves": dict(halves=True),
+    "Gluon fold, P S0's products in three chains": dict(chains=True),
+    "Gluon fold, the copy waited for, 8 of its rows read": dict(load=False),
+    "Gluon fold, the copy issued first, no slot": dict(first=True),
+    "the same, 8 of its rows read": dict(first=True, load=False),
+    "Gluon fold, every read issued before any is used": dict(fence=True),
+    "the same, the state not read": dict(fence=True, read=False),
+    "the same, 8 of the copy's rows read": dict(fence=True, load=False),
+    "the same, P S0 in three chains": dict(fence=True, chains=True),
+    "the same, two swizzled boxes too": dict(fence=True, chains=True, halves=True),
+}
+
+
 def launch_of(kw: dict, out: torch.Tensor, **how):
     """kernel_args' launch (``how``: read, halves, copy, chains, load, first)."""
     fn, args, grid = kernel_args(kw, out, **how)
     return lambda: fn[grid](**args)
 
 
-def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy: bool = False, chains: bool = False,
-                    load: bool = True, first: bool = False, fence: bool = False):
-    """The fold's kernel (copy: the state's copy alone) compiled for sm_<arch> without a GPU (CPU tensors of the served
-    form's launch at 1 x 16, the launcher's signature; run without TRITON_INTERPRET): Triton's compiled kernel, its
-    TTGIR in .asm["ttgir"]."""
+def offline_compile(arch: int, **how):
+    """The fold's kernel in the form kernel_args' flags ``how`` say (copy: the state's copy alone) compiled for
+    sm_<arch> without a GPU (CPU tensors of the served form's launch at 1 x 16, the launcher's signature; run without
+    TRITON_INTERPRET): Triton's compiled kernel, its TTGIR in .asm["ttgir"]."""
     from triton.backends.compiler import GPUTarget
     from triton.runtime.jit import mangle_type
 
@@ -340,9 +355,8 @@ def offline_compile(arch: int, *, read: bool = True, halves: bool = False, copy:
     finally:
         triton_gdn.bind, _common.check_device, _common.interpreting = bind, check, interpreting
     kw = got[-1]
-    out = torch.empty(kw["HV"], kw["V"]) if copy else kw["o"]
-    fn, args, _ = kernel_args(kw, out, read=read, halves=halves, copy=copy, chains=chains, load=load, first=first,
-                              fence=fence)
+    out = torch.empty(kw["HV"], kw["V"]) if how.get("copy") else kw["o"]
+    fn, args, _ = kernel_args(kw, out, **how)
     return compile_kernel(fn, args, GPUTarget("cuda", arch, 32), types={"state_desc": mangle_type(args["state_desc"])})
 
 
@@ -359,20 +373,10 @@ def main():
         raise SystemExit(f"gluon_fold: the form at {B} x {T} is not the one this kernel is of")
     ref = oracle.gdn_tree_verify(**{n: inp[n].cpu() for n in ("q", "k", "v", "g", "beta")}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
-    out, cut, half, apart, landed, first, first_landed, fenced, fenced_cut, fenced_landed, f_chains, f_both = (
-        torch.full_like(o, float("nan")) for _ in range(12))
-    forms = {"the form": (default, o), "Gluon fold, TMA waited for at P S0": (launch_of(kw, out), out),
-             "Gluon fold, the state not read": (launch_of(kw, cut, read=False), cut),
-             "Gluon fold, TMA in two swizzled halves": (launch_of(kw, half, halves=True), half),
-             "Gluon fold, P S0's products in three chains": (launch_of(kw, apart, chains=True), apart),
-             "Gluon fold, the copy waited for, 8 of its rows read": (launch_of(kw, landed, load=False), landed),
-             "Gluon fold, the copy issued first, no slot": (launch_of(kw, first, first=True), first),
-             "the same, 8 of its rows read": (launch_of(kw, first_landed, first=True, load=False), first_landed),
-             "Gluon fold, every read issued before any is used": (launch_of(kw, fenced, fence=True), fenced),
-             "the same, the state not read": (launch_of(kw, fenced_cut, fence=True, read=False), fenced_cut),
-             "the same, 8 of the copy's rows read": (launch_of(kw, fenced_landed, fence=True, load=False), fenced_landed),
-             "the same, P S0 in three chains": (launch_of(kw, f_chains, fence=True, chains=True), f_chains),
-             "the same, two swizzled boxes too": (launch_of(kw, f_both, fence=True, chains=True, halves=True), f_both)}
+    forms = {"the form": (default, o)}
+    for name, how in FORMS.items():
+        x = torch.full_like(o, float("nan"))
+        forms[name] = (launch_of(kw, x, **how), x)
     copies = {f"the state's copy alone, {name}": launch_of(kw, torch.empty(kw["HV"], kw["V"], device="cuda"),
                                                            halves=h, copy=True)
               for name, h in (("one box", False), ("two swizzled boxes", True))}
