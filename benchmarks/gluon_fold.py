@@ -32,7 +32,7 @@ import argparse
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from ddsim import oracle
@@ -98,11 +98,11 @@ def _tail(p_hi, p_lo, s0, Y, ptrs, CHAINS: gl.constexpr):
 
 
 @gluon.jit
-def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, NSTEP,
+def _gluon_fold_kernel(q, k, v, g, beta, mask, state, state_desc, state_idx, o, scale, NSTEP,
                        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                        BT: gl.constexpr, BV: gl.constexpr, READ: gl.constexpr, HALVES: gl.constexpr,
                        CHAINS: gl.constexpr, LOAD: gl.constexpr, FIRST: gl.constexpr, FENCE: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       CPASYNC: gl.constexpr, num_warps: gl.constexpr):
     # one sequence (i_b 0) of BT nodes, the root node 0; a program per (V tile, value head)
     i_v = gl.program_id(0)
     i_hv = gl.program_id(1)
@@ -161,8 +161,16 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
     g_col = gl.load(g + cols * HV + i_hv)
     anc = gl.load(mask + rows[:, None] * BT + cols[None, :]) != 0
 
-    # the state: the copy engine into shared memory, waited for where P S0 needs it (READ off: never read, zero)
-    if READ and not FIRST:
+    # the state: the copy engine into shared memory, waited for where P S0 needs it (READ off: never read, zero);
+    # CPASYNC: each thread's 16-byte pieces of the tile copied into shared memory by cp.async (pointers, no descriptor:
+    # what a launch of plain tensors can state), waited for as the copy engine's is
+    if READ and CPASYNC:
+        CP: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [num_warps, 1], [1, 0])  # [K, BV] fp32, 16 bytes a thread
+        r_cp = gl.arange(0, K, layout=gl.SliceLayout(1, CP))
+        c_cp = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, CP))
+        async_copy.async_copy_global_to_shared(s_smem, state + ((slot * HV + i_hv) * K + r_cp[:, None]) * V + c_cp[None, :])
+        async_copy.commit_group()
+    elif READ and not FIRST:
         mbarrier.init(bar, count=1)
         row = (slot * HV + i_hv) * K
         if HALVES:
@@ -223,8 +231,12 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state_desc, state_idx, o, scale, 
 
     # the state: waited for here, read from the copy's shared memory straight into the product's operand layout
     if READ:
-        mbarrier.wait(bar, 0)
-        mbarrier.invalidate(bar)
+        if CPASYNC:  # each thread's own copies, then every thread's
+            async_copy.wait_group(0)
+            _thread_barrier()
+        else:
+            mbarrier.wait(bar, 0)
+            mbarrier.invalidate(bar)
         if not LOAD:  # when the copy lands: eight of its rows read and summed to a zero added to Y (which keeps its
             # buffer live past the wait: a buffer nothing reads after it is reused while the copy writes it), P S0 by
             # zero (one box only)
@@ -290,14 +302,16 @@ def _state_desc(kw: dict, halves: bool):
 
 
 def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool = False, copy: bool = False,
-                chains: bool = False, load: bool = True, first: bool = False, fence: bool = False):
+                chains: bool = False, load: bool = True, first: bool = False, fence: bool = False,
+                cpasync: bool = False):
     """(kernel, keyword arguments, grid) of the Gluon fold on the served form's inputs (plan_wy's keyword arguments
     ``kw``) into ``out`` (o's shape); read False: the state never read (its product by zero), what the chain before it
     takes; halves: the state copied as two boxes of 128-byte rows into swizzled shared memory, where otherwise one
     box of 256-byte rows, unswizzled; chains: P S0's three products accumulated apart (_tail's CHAINS); load False:
     the copy waited for, eight of its rows read, P S0 by zero (LOAD); first: the copy issued before any read, at the
     sequence's own row, no slot (FIRST; the state by sequence, one sequence); fence: two barriers among the reads so
-    that ptxas issues every read before any is used (FENCE). copy:
+    that ptxas issues every read before any is used (FENCE); cpasync: the state copied by cp.async instead of TMA (its
+    pointer, one box's shared layout; CPASYNC). copy:
     _gluon_copy_kernel instead, the state's copy alone, into out [HV, V] fp32."""
     args = dict(state_desc=_state_desc(kw, halves), state_idx=kw["state_idx"], HV=kw["HV"], K=kw["K"], V=kw["V"],
                 BV=kw["BV"], HALVES=halves, num_warps=4)
@@ -306,9 +320,9 @@ def kernel_args(kw: dict, out: torch.Tensor, *, read: bool = True, halves: bool 
         args.update(out=out)
     else:
         fn = _gluon_fold_kernel
-        args.update(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], o=out,
-                    scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], BT=kw["T"], READ=read, CHAINS=chains,
-                    LOAD=load, FIRST=first, FENCE=fence)
+        args.update(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"], mask=kw["mask"], state=kw["state"],
+                    o=out, scale=kw["scale"], NSTEP=kw["NSTEP"], H=kw["H"], BT=kw["T"], READ=read, CHAINS=chains,
+                    LOAD=load, FIRST=first, FENCE=fence, CPASYNC=cpasync)
     return fn, args, (kw["V"] // kw["BV"], kw["HV"])
 
 
@@ -325,6 +339,7 @@ FORMS = {  # each timed form of the fold: kernel_args' flags
     "the same, 8 of the copy's rows read": dict(fence=True, load=False),
     "the same, P S0 in three chains": dict(fence=True, chains=True),
     "the same, two swizzled boxes too": dict(fence=True, chains=True, halves=True),
+    "the same, the state by cp.async, one box's layout": dict(fence=True, chains=True, cpasync=True),
 }
 
 
