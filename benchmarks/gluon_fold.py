@@ -49,6 +49,17 @@ else:
         tma.async_copy_global_to_shared(desc, coord, bar, smem)
 
 
+# cp.async of a block of pointers into shared memory: Triton 3.6's name, or its later one (3.9 renamed it)
+if hasattr(async_copy, "async_load"):
+    @gluon.jit
+    def _cp_async(smem, ptrs):
+        async_copy.async_load(smem, ptrs)
+else:
+    @gluon.jit
+    def _cp_async(smem, ptrs):
+        async_copy.async_copy_global_to_shared(smem, ptrs)
+
+
 # A barrier across the program's threads: Triton 3.6's name, or its later one (3.9 renamed it)
 if hasattr(gl, "barrier"):
     @gluon.jit
@@ -168,7 +179,7 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state, state_desc, state_idx, o, 
         CP: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [num_warps, 1], [1, 0])  # [K, BV] fp32, 16 bytes a thread
         r_cp = gl.arange(0, K, layout=gl.SliceLayout(1, CP))
         c_cp = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, CP))
-        async_copy.async_copy_global_to_shared(s_smem, state + ((slot * HV + i_hv) * K + r_cp[:, None]) * V + c_cp[None, :])
+        _cp_async(s_smem, state + ((slot * HV + i_hv) * K + r_cp[:, None]) * V + c_cp[None, :])
         async_copy.commit_group()
     elif READ and not FIRST:
         mbarrier.init(bar, count=1)

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ddsim.gpu_backend import _common as C
-from ddsim.gpu_backend import checks
+from ddsim.gpu_backend import checks, gluon_gdn
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
 
@@ -366,6 +366,13 @@ FUSED_CHAINS = False
 # the diagonals against 6.2 at 4 and 6.3 at 4 with the norms as read, in four runs: with the root in the block a pool
 # in that layout keeps 8 warps and the diagonals' norms (plan_wy).
 FUSED_WARPS = None
+# Whether the one-kernel form's launch with the root in its block, bf16 inputs and at most 16 nodes is the Gluon fold
+# (gluon_gdn: its state copied by cp.async and waited for at its use, every read issued before any is used), where
+# the GPU compiles it, rather than _gdn_wy_kernel; benchmarks turn it off to time the Triton form in place. On an H100
+# at 1 x 16 (benchmarks/gluon_fold.py, RESULTS.md) 5.2 us of device time against the Triton form's 5.9, its outputs
+# 0.40% off the float64 oracle rounded to bf16 against 0.26%. GLUON_VK: with a pool in SGLang's layout too.
+FUSED_GLUON = True
+GLUON_VK = True
 # Whether a device plan's WY solves (a captured call's tree, its tables built by the step kernel) take each sequence's
 # doubling rounds from the depths the kernel wrote (triton_helpers.solve_rounds), or the bound's, T - 1's: the same
 # bits (the extra rounds multiply by zero powers of the solve's matrix); benchmarks set it to time both.
@@ -598,6 +605,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     # with the root in the block, a pool in SGLang's layout (vk) keeps the form's defaults of before the rows' norms as
     # read: 8 warps, the norms from the diagonals (FUSED_WARPS' note)
     sglang_layout = root != 0 and vk
+    asked_v, asked_warps = block_v, num_warps or FUSED_WARPS
     # 4 warps for a 16-row block, 8 for larger blocks (FUSED_WARPS' and FUSED_ROOT's notes)
     block_v, num_warps = block_v or 64, num_warps or FUSED_WARPS or (4 if BT == 16 and not sglang_layout else 8)
     BV = min(block_v, max(16, C.next_pow2(V, 1)))
@@ -611,4 +619,9 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
               **rounds, num_warps=num_warps)
+    if FUSED_GLUON and (GLUON_VK or not vk) and gluon_gdn.serves(
+            q=q, v=v, T=T, K=K, V=V, root=root, raw16=raw16, device_rounds=rounds["DEPTHS"], block_v=asked_v,
+            num_warps=asked_warps):
+        gkw, ggrid = gluon_gdn.kernel_args(kw)
+        return bind(gluon_gdn._gdn_fold_kernel, ggrid, gkw), o
     return bind(_gdn_wy_kernel, grid, kw), o
