@@ -156,7 +156,7 @@ if gluon is not None:
                          H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                          BT: gl.constexpr, BV: gl.constexpr, FUSED: gl.constexpr, L2NORM: gl.constexpr,
                          STATE_VK: gl.constexpr, QS: gl.constexpr, KS: gl.constexpr, VS: gl.constexpr,
-                         FULL: gl.constexpr, num_warps: gl.constexpr):
+                         FULL: gl.constexpr):
         # a program per (V tile, sequence x value head); the tree's nodes are rows 0..T-1 of a BT-row block, the root
         # row 0 on top of the committed state S0
         i_v = gl.program_id(0)
@@ -164,6 +164,7 @@ if gluon is not None:
         i_b = i_bh // HV
         i_hv = i_bh % HV
         i_h = i_hv // (HV // H)
+        num_warps: gl.constexpr = gl.num_warps()
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, num_warps],
                                                       instr_shape=[16, 8])
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)

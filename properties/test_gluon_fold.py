@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from ddsim import oracle
 from ddsim.gpu_backend import gluon_gdn, triton_gdn
+from ddsim.gpu_backend.checks import checked_slots
 from ddsim.measure.compare import assert_close
 from ddsim.properties.strategies import trees
 
@@ -67,7 +68,9 @@ def _layer(c: dict) -> tuple[dict, dict, torch.Tensor]:
     if c["split"]:  # views of one projection's rows, as SGLang's layer hands them over
         dev.update(split_views({n: dev[n] for n in ("q", "k", "v")}))
     given = pool.transpose(-1, -2).contiguous().cuda().transpose(-1, -2) if c["vk"] else pool.cuda()
-    kw = dict(dev, parents=c["parents"].cuda(), initial_state=given, state_indices=slots.cuda(), mode=c["mode"],
+    # slots checked as an engine's are (a padded row, -1, is taken only so: checks.checked_slots' pad)
+    checked = checked_slots(slots.cuda(), n, B, "cuda", pad=True)
+    kw = dict(dev, parents=c["parents"].cuda(), initial_state=given, state_indices=checked, mode=c["mode"],
               use_qk_l2norm=c["l2norm"])
     ref = dict(q=q.double(), k=k.double(), v=v.double(), **{n: x.double() for n, x in ref_gates.items()},
                parents=c["parents"], initial_state=states.double(), mode=c["mode"], use_qk_l2norm=c["l2norm"])
