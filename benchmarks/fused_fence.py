@@ -20,7 +20,6 @@ device: bench.kernel_device_us after do_bench's flush and warm.
     python benchmarks/fused_fence.py --sass                                    # on the CPU: the reads' places
 """
 import argparse
-import re
 import sys
 
 import torch
@@ -58,31 +57,6 @@ def fenced_kernel(name: str):
     return edited_kernel(G._gdn_wy_kernel, [(DRAFT, FENCES[name])], header=header, who="fused_fence")
 
 
-def read_places(ops: list[str]) -> str:
-    """Where each global read (LDG) of compiled machine code ``ops`` (its instructions without their predicates,
-    gpu_compile.opcode's) lies and where the first instruction that waits for a read lies: 'LDG@i' and
-    'use@j <- i' in code order, up to the last read."""
-    loaded, out = {}, []
-    last = max((i for i, op in enumerate(ops) if op.startswith("LDG")), default=-1)
-    for i, op in enumerate(ops[:last + 1]):
-        name = op.split()[0] if op.split() else ""
-        regs = [int(r) for r in re.findall(r"(?<![A-Z])R(\d+)\b", op)]
-        if name.startswith("LDG"):
-            for j in range(4 if ".128" in name else 2 if ".64" in name else 1):
-                loaded[regs[0] + j] = i
-            out.append(f"LDG@{i}")
-            continue
-        srcs, dst = (regs, None) if name.startswith(("ST", "RED", "ATOM")) else (regs[1:], regs[0] if regs else None)
-        hit = sorted({loaded[r] for r in srcs if r in loaded})
-        if hit:
-            out.append(f"use@{i} <- {','.join(map(str, hit))}")
-            for r in srcs:
-                loaded.pop(r, None)
-        if dst is not None:
-            loaded.pop(dst, None)
-    return " ".join(out)
-
-
 def sass():
     """Each form compiled for sm_90 on the CPU (the served launch at 1 x 16, tests/gpu_compile.py's launches): its
     reads' places."""
@@ -90,11 +64,14 @@ def sass():
     os.environ.pop("TRITON_INTERPRET", None)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     import gpu_compile as gc
+
+    from ddsim.gpu_backend import triton_gdn
+    triton_gdn.FUSED_GLUON = False  # the Triton form, which the copies edit
     kernel, kw = gc.launches(1, 16, torch.bfloat16, "auto")[-1]
     forms = {"the form": kernel, **{name: fenced_kernel(name) for name in FENCES}}
     for name, kern in forms.items():
         ops = [gc.opcode(x) for x in gc.sass_instructions(gc.compile_for(kern, kw))]
-        print(f"{name}: {read_places(ops)}", flush=True)
+        print(f"{name}: {gc.read_places(ops)}", flush=True)
 
 
 def main():

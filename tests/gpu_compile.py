@@ -35,6 +35,7 @@ import ddsim.gpu_backend as gb  # noqa: E402
 from ddsim.bench.bench import compile_kernel, ddtree_batch, kernel_inputs, on_cubin, triton_tool  # noqa: E402
 from ddsim.gpu_backend import (  # noqa: E402
     _common,
+    gluon_gdn,
     triton_attention,
     triton_checks,
     triton_commit,
@@ -253,6 +254,41 @@ def opcode(instruction: str) -> str:
     return re.sub(r"^@!?U?P[T0-9]+\s+", "", instruction)
 
 
+def read_places(ops: list[str]) -> str:
+    """Where each global read into registers (LDG; cp.async's LDGSTS, which writes shared memory, and its LDGDEPBAR
+    aside) of compiled machine code ``ops`` (its instructions without their predicates, opcode's) lies and where the
+    first instruction that waits for a read lies: 'LDG@i' and 'use@j <- i' in code order, up to the last read."""
+    import re
+    ops = [op for op in ops if not op.startswith(("LDGSTS", "LDGDEPBAR"))]
+    loaded, out = {}, []
+    last = max((i for i, op in enumerate(ops) if op.startswith("LDG")), default=-1)
+    for i, op in enumerate(ops[:last + 1]):
+        name = op.split()[0] if op.split() else ""
+        regs = [int(r) for r in re.findall(r"(?<![A-Z])R(\d+)\b", op)]
+        if name.startswith("LDG"):
+            for j in range(4 if ".128" in name else 2 if ".64" in name else 1):
+                loaded[regs[0] + j] = i
+            out.append(f"LDG@{i}")
+            continue
+        srcs, dst = (regs, None) if name.startswith(("ST", "RED", "ATOM")) else (regs[1:], regs[0] if regs else None)
+        hit = sorted({loaded[r] for r in srcs if r in loaded})
+        if hit:
+            out.append(f"use@{i} <- {','.join(map(str, hit))}")
+            for r in srcs:
+                loaded.pop(r, None)
+        if dst is not None:
+            loaded.pop(dst, None)
+    return " ".join(out)
+
+
+def late_reads(ck) -> int:
+    """The global reads into registers the compiled kernel issues after its first instruction that waits for one
+    (read_places): each goes out a memory round trip late at the least."""
+    places = read_places([opcode(x) for x in sass_instructions(ck)]).split()
+    first = next((i for i, p in enumerate(places) if p.startswith("use@")), len(places))
+    return sum(p.startswith("LDG@") for p in places[first:])
+
+
 def is_mma(instruction: str) -> bool:
     return opcode(instruction).startswith(("HMMA", "HGMMA"))
 
@@ -323,7 +359,8 @@ if __name__ == "__main__":
     if SET == "reads":
         # the defaults, then the one-kernel form with q, k l2-normed in fp32 (FUSED_RAW16 off) and the head kernel
         # with a program per head for every head (HEAD_MIXED off)
-        for B, T, design, option in ((1, 16, "auto", None), (1, 17, "auto", None), (1, 65, "auto", None),
+        for B, T, design, option in ((1, 16, "auto", None), (1, 16, "auto", (triton_gdn, "FUSED_GLUON", False)),
+                                     (1, 17, "auto", None), (1, 65, "auto", None),
                                      (8, 65, "auto", None), (8, 65, "fold", None),
                                      (1, 16, "auto", (triton_gdn, "FUSED_RAW16", False)),
                                      (8, 65, "auto", (triton_wy_split, "HEAD_MIXED", False))):
@@ -332,8 +369,10 @@ if __name__ == "__main__":
                 setattr(*option)
             on = f", {option[1]}={option[2]}" if option else ""
             for kernel, kw in launches(B, T, torch.bfloat16, design):
-                print(f"reads {B} x {T}, design {design}{on}: {kernel.__name__} "
-                      f"{read_rounds(compile_for(kernel, kw))}", flush=True)
+                ck = compile_for(kernel, kw)
+                print(f"reads {B} x {T}, design {design}{on}: {kernel.__name__} {read_rounds(ck)}", flush=True)
+                if kernel is gluon_gdn._gdn_fold_kernel:  # its barriers part its reads on purpose, no use between them
+                    print(f"late {B} x {T}, design {design}{on}: {kernel.__name__} {late_reads(ck)}", flush=True)
             if option:
                 setattr(*option[:2], old)
         sys.exit(0)
@@ -345,6 +384,9 @@ if __name__ == "__main__":
                         failed += not check(f"{T} nodes, {str(dtype)[6:]}, design {design}", kernel, kw)
         for kernel, kw in launches(8, 65, torch.bfloat16, "head"):  # whole heads, the last wave split (HEAD_MIXED)
             failed += not check("8 x 65 nodes, bfloat16, design head", kernel, kw)
+        for B, T in ((1, 16), (2, 9)):  # the Gluon fold (gluon_gdn): every node a row, and rows past the tree masked
+            for kernel, kw in launches(B, T, torch.bfloat16, "fused"):
+                failed += not check(f"{B} x {T} nodes, bfloat16, design fused", kernel, kw)
     else:
         # design auto, and the two-kernel forms it takes when given their own options (pdl, block_v, ...)
         for B, T, design in ((1, 16, "auto"), (1, 17, "auto"), (1, 65, "auto"), (8, 65, "auto"), (1, 131, "auto"),

@@ -512,7 +512,8 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
     form it times: the state's copy (TMA: one box, or two) goes out before any product and is waited for only once
     every product but P S0's is made (six MMAs after the wait: three for each half of the tile's V, in one chain or
     in three, or by zero with eight of the copy's rows read after the wait; the copy issued first, with no slot, and
-    every read issued before any is used, too); with the state not read, no copy and no wait; the copy alone
+    every read issued before any is used, too; the state copied by cp.async, its wait_group the wait); with the state
+    not read, no copy and no wait; the copy alone
     compiles too (one box or two, one wait). So what it measures is that order, not Triton's wait where the copy is
     issued."""
     pytest.importorskip("triton.backends.nvidia")
@@ -521,9 +522,10 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
             "    ck = G.offline_compile(90, **form)\n"
             "    read, halves = form.get('read', True), form.get('halves', False)\n"
             "    ir = ck.asm['ttgir'].split(chr(10))\n"
-            "    ops = [('copy' if 'async_tma_copy_global_to_local' in x else 'wait' if 'ttng.wait_barrier' in x else"
-            " 'dot') for x in ir if 'async_tma_copy_global_to_local' in x or 'ttng.wait_barrier' in x or"
-            " ' = tt.dot ' in x]\n"
+            "    copy, wait = ('ttg.async_copy_global_to_local', 'ttg.async_wait') if form.get('cpasync') else"
+            " ('async_tma_copy_global_to_local', 'ttng.wait_barrier')\n"
+            "    ops = [('copy' if copy in x else 'wait' if wait in x else 'dot') for x in ir if copy in x or wait in x"
+            " or ' = tt.dot ' in x]\n"
             "    print('ORDER', read, halves, i, ' '.join(ops))\n"
             "for halves in (False, True):\n"
             "    ir = G.offline_compile(90, halves=halves, copy=True).asm['ttgir']\n"
@@ -540,7 +542,7 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
         copies = 2 if halves == "True" else 1
         assert ops[:copies] == ["copy"] * copies and ops.count("copy") == copies, ops
         assert ops[-7:] == ["wait"] + ["dot"] * 6 and ops.count("wait") == 1, ops
-    assert len(order) == 12, r.stdout[-2000:]  # every timed form of gluon_fold.FORMS
+    assert len(order) == 13, r.stdout[-2000:]  # every timed form of gluon_fold.FORMS
     copies = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("COPY")]
     assert copies == [["False", "1", "1"], ["True", "2", "1"]], r.stdout[-2000:]  # the copy alone: one box or two
 

@@ -33,15 +33,16 @@ def _compile(*args, prefix: str = "ok ") -> list[str]:
 
 @pytest.mark.parametrize("arch", [100, 120])
 def test_what_a_server_launches_compiles_for_blackwell(arch):
-    """The WY launchers' default design at one sequence of 16 nodes (the root in the block) and one and eight of 17,
-    65 and 131 nodes (bf16), the two-kernel forms auto takes when given their options (fold at 8 x 65, split at
-    1 x 65), six of these on a plan built on the device (a captured call's: its tables' kernel, then the WY kernels
+    """The WY launchers' default design at one sequence of 16 nodes (the root in the block: the Gluon fold, gluon_gdn)
+    and one and eight of 17, 65 and 131 nodes (bf16), the two-kernel forms auto takes when given their options (fold
+    at 8 x 65, split at 1 x 65), six of these on a plan built on the device (a captured call's: its tables' kernel, then the WY kernels
     taking each sequence's rounds from its depths) and every other kernel: 68 launches, each within the
     architecture's shared memory per block (sm_120a: 99 KiB)."""
     ok = _compile("--arch", str(arch), "--set", "serving")
     assert len(ok) == 68, ok
     assert sum("a device plan" in line for line in ok) == 16, ok
-    for name in ("_gdn_wy_kernel", "_gdn_wy_fold_head_kernel", "_gdn_wy_solve_kernel", "_gdn_wy_apply_kernel",
+    for name in ("_gdn_fold_kernel", "_gdn_wy_kernel", "_gdn_wy_fold_head_kernel", "_gdn_wy_solve_kernel",
+                 "_gdn_wy_apply_kernel",
                  "_gdn_wy_fold_kernel", "_gdn_wy_fold_root_apply_kernel", "_gdn_wy_blocked_diag_kernel",
                  "_gdn_wy_blocked_solve_kernel", "_gdn_wy_blocked_apply_kernel", *OTHERS):
         assert any(name in line for line in ok), name
@@ -49,8 +50,10 @@ def test_what_a_server_launches_compiles_for_blackwell(arch):
 
 def test_every_triton_kernel_compiles_for_sm90():
     ok = _compile("--arch", "90")
-    # WY: 6 + 6 one-block launches, 7 + 7 past one block (bf16, fp32), head for eight sequences; the others: 38
-    assert len(ok) == 65, ok
+    # WY: 6 + 6 one-block launches, 7 + 7 past one block (bf16, fp32), head for eight sequences, the Gluon fold at
+    # 1 x 16 and 2 x 9 (design fused, bf16); the others: 38
+    assert len(ok) == 67, ok
+    assert sum("_gdn_fold_kernel" in line for line in ok) == 2, ok
     for name in ("_gdn_wy_blocked_solve_kernel", "_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel",
                  "_gdn_wy_fold_root_apply_kernel", "_gdn_wy_fold_head_kernel", "_gdn_recurrent_kernel",
                  "_gdn_paths_kernel",
@@ -64,7 +67,7 @@ def test_every_triton_kernel_compiles_for_sm90():
     # the WY launchers' default dot precision: bf16x3 for bf16 inputs, tf32x3 for fp32 ones (issue #13's
     # bar), except the chunked form past one block (131 nodes, design fused), which stays at tf32x3
     for dtype, prec in (("bfloat16", "bf16x3"), ("float32", "tf32x3")):
-        wy = [line for line in ok if f", {dtype}, design" in line]
+        wy = [line for line in ok if f", {dtype}, design" in line and "_gdn_fold_kernel" not in line]
         chunked = [line for line in wy if line.startswith(f"ok   131 nodes, {dtype}, design fused")]
         assert len(wy) == (14 if dtype == "bfloat16" else 13) and len(chunked) == 1, wy  # (bf16: head at 8 x 65)
         assert all(f"({prec if line not in chunked else 'tf32x3'}, " in line for line in wy), wy
@@ -94,10 +97,16 @@ def test_the_wy_kernels_issue_their_reads_together():
     the default) and with a program per head. The one-kernel form takes one with q and k as read (FUSED_RAW16: three
     at 1 x 16 and 1 x 17 without the select that places them after its last read) and with them l2-normed."""
     got = {}
-    for line in _compile("--set", "reads", prefix="reads "):
-        what, n = line.rsplit(" ", 1)
-        got[what.removeprefix("reads ")] = int(n)
-    assert got == {"1 x 16, design auto: _gdn_wy_kernel": 1,  # the root in the block (FUSED_ROOT): state read last
+    for line in _compile("--set", "reads", prefix=""):
+        if line.startswith(("reads ", "late ")):
+            what, n = line.rsplit(" ", 1)
+            got[what] = int(n)
+    # the Gluon fold (gluon_gdn) at 1 x 16: three runs of reads, parted by the two barriers that keep ptxas from
+    # putting a use among them, and no read after the first use (a barrier waits for no read: one round trip)
+    assert got.pop("reads 1 x 16, design auto: _gdn_fold_kernel") == 3, got
+    assert got.pop("late 1 x 16, design auto: _gdn_fold_kernel") == 0, got
+    got = {what.removeprefix("reads "): n for what, n in got.items()}
+    assert got == {"1 x 16, design auto, FUSED_GLUON=False: _gdn_wy_kernel": 1,  # the root in the block: state last
                    "1 x 16, design auto, FUSED_RAW16=False: _gdn_wy_kernel": 1,  # q, k l2-normed in fp32
                    "1 x 17, design auto: _gdn_wy_kernel": 1,
                    "1 x 65, design auto: _gdn_wy_fold_head_kernel": 3,

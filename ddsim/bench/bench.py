@@ -626,17 +626,20 @@ def kernel_device_us(fn, *, repeats: int = 30, flush: bool = True) -> float:
     return sorted(calls)[len(calls) // 2]
 
 
-def captured_launch(fn):
+def captured_launch(fn, *, gluon: bool = False):
     """(fn()'s result, grid, keyword arguments) of the one kernel launch fn plans through triton_gdn.bind (caught on
-    the way, bound as before): a benchmark's handle on the launch plan_wy makes, to time it beside variants of it."""
+    the way, bound as before): a benchmark's handle on the launch plan_wy makes, to time it beside variants of it.
+    gluon False: the one-kernel form's Triton kernel (_gdn_wy_kernel) where the Gluon fold would serve
+    (triton_gdn.FUSED_GLUON off while fn plans), the kernel the variant benchmarks edit."""
     import ddsim.gpu_backend.triton_gdn as G
     got = []
-    real = G.bind
+    real, served = G.bind, G.FUSED_GLUON
     G.bind = lambda kernel, grid, kw: got.append((grid, kw)) or real(kernel, grid, kw)
+    G.FUSED_GLUON = gluon and served
     try:
         result = fn()
     finally:
-        G.bind = real
+        G.bind, G.FUSED_GLUON = real, served
     if len(got) != 1:
         raise RuntimeError(f"captured_launch: {len(got)} launches bound through triton_gdn.bind, expected one")
     (grid, kw), = got
@@ -645,8 +648,8 @@ def captured_launch(fn):
 
 def wy_default_launch(B: int, T: int, **plan_kw):
     """(launch, o, grid, keyword arguments, inputs, parents) of plan_wy's launch at its auto design (or as plan_kw
-    asks: design, num_warps, block_v ...) on kernel_inputs(B, T) in bf16 on the GPU (captured_launch): the served
-    launch a benchmark times its variants of _gdn_wy_kernel beside."""
+    asks: design, num_warps, block_v ...) on kernel_inputs(B, T) in bf16 on the GPU (captured_launch): the Triton
+    form's launch a benchmark times its variants of _gdn_wy_kernel beside (the Gluon fold off, where it serves)."""
     import ddsim.gpu_backend.triton_gdn as G
     _, parents = ddtree_batch(B, T)
     inp = kernel_inputs(B, T, dtype=torch.bfloat16, device="cuda")
