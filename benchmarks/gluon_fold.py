@@ -19,7 +19,9 @@ at the sequence's own row (no slot: the state by sequence, as the kernel table's
 after it so that ptxas cannot sink its issue below the reads. And the three again with two barriers among the reads
 (q, k, v's; beta's; the gates' and mask's), so that ptxas issues every read before the first use of any (without them
 it sums the path gates, which waits for them, before some of the reads, and those go out a round trip late, beside the
-state's copy). The tile's two halves of V each take their own product and store. Timed beside them: the state's copy
+state's copy), and the fenced, chained form with its state copied by cp.async instead of TMA (pointers, no descriptor:
+what gpu_backend.gluon_gdn serves, since a launch of plain tensors is what fastcall replays and any GPU from Ampere
+on runs). The tile's two halves of V each take their own product and store. Timed beside them: the state's copy
 alone in both forms (the slot, the copy, the wait, each column's sum stored), when the copy arrives. Its inputs are
 read coalesced and each moved once into its uses' layouts: read straight into those layouts instead (8d415f8: 37
 barriers compiled for sm_90 against 73), the chain took 1.8 us more on an H100 (RESULTS.md), and that revision was
