@@ -8,9 +8,13 @@ bound, 8 us at 1 x 16, RESULTS.md). Two things Triton's language cannot state br
 under the Triton form on an H100 (benchmarks/gluon_fold.py):
   - the state's tile copied into shared memory asynchronously (cp.async) once its slot arrives, and waited for only
     where P S0 needs it, read from there straight into the product's operand layout;
-  - two barriers among the reads (q, k, v's; beta's; the gates' and the mask's), so that ptxas issues every read
-    before any is used (without them it sums the path gates before some reads, which then go out a round trip late,
-    beside the state's copy, and queue behind it).
+  - every read issued before any is used: without that ptxas sums the path gates, or the rows' norms, before some
+    reads, which then go out a round trip late, beside the state's copy, and queue behind it. Three barriers among
+    the reads (q, k, v's; beta's; the gates', the mask's and the gate parameters'; then the slot's) keep ptxas from
+    moving a read between groups, and every read's first use is tied to the slot's value, the last read (a zero made
+    from it added), so that no use can go before it. Compiled for sm_90, no read goes out after a use in any way the
+    kernel reads its inputs (tests/test_gluon_gdn.py; the two barriers alone, as benchmarks/gluon_fold.py has them,
+    left 4-7 late with fused gates or rows past the tree).
 P S0's three products accumulate in three chains, not one three times as deep.
 
 The fold (per value head and V tile; D [BT, BT] = A_t / A_j on ancestors-or-self, rows' norms as read, -L = N with
@@ -175,11 +179,6 @@ if gluon is not None:
         LDT: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])  # [K, BT]: k^T read by columns
         HB: gl.constexpr = BV // 2
 
-        # the slot first (the state's address waits for it); a padded sequence (-1) reads a zero state
-        slot_raw = gl.load(state_idx + i_b)
-        live = slot_raw >= 0
-        slot = gl.maximum(slot_raw, 0).to(gl.int64)
-
         # q, k [BT, K] as read (k^T [K, BT] too) and v [BT, BV] in the tile's two halves, rows past T zero
         r_ld = gl.arange(0, BT, layout=gl.SliceLayout(1, LD))
         c_ld = gl.arange(0, K, layout=gl.SliceLayout(0, LD))
@@ -202,20 +201,42 @@ if gluon is not None:
         m_v = mr[:, None] & (o_v0 < V)[None, :]
         b_v0 = _load(v + row_o[:, None] * VS + i_hv * V + o_v0[None, :], m_v, FULL)  # [BT, HB] bf16
         b_v1 = _load(v + row_o[:, None] * VS + i_hv * V + o_v1[None, :], m_v, FULL)
-        # a barrier after q, k, v's reads and one after beta's: without them ptxas puts the path gates' sums (which
-        # wait for the gates and the mask) before some of q, k, v's reads, and those go out a round trip late,
-        # beside the state's copy (compiled for sm_90); a read cannot cross a barrier, and a use cannot rise above
-        # its read (benchmarks/gluon_fold.py's FENCE)
+        # a barrier after q, k, v's reads, one after beta's and one before the slot's: without them ptxas puts the
+        # path gates' sums (which wait for the gates and the mask) before some of q, k, v's reads, and those go out a
+        # round trip late, beside the state's copy (compiled for sm_90); a read cannot cross a barrier
+        # (benchmarks/gluon_fold.py's FENCE)
         _thread_barrier()
         raw_b = _load(beta + row_o * HV + i_hv, mr, FULL).to(gl.float32)
         raw_b_col = _load(beta + col_o * HV + i_hv, mc, FULL).to(gl.float32)
         _thread_barrier()
         raw_g = _load(g + col_o * HV + i_hv, mc, FULL).to(gl.float32)
-        anc = _load(mask + row_o[:, None] * T + cols[None, :], mr[:, None] & mc[None, :], FULL) != 0
+        anc = _load(mask + row_o[:, None] * T + cols[None, :], mr[:, None] & mc[None, :], FULL)
         if FUSED:  # the value head's gate parameters, read last (read first, ptxas puts exp(A_log) among the reads):
             # g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)
             raw_A = gl.load(A_log + i_hv)
             bias = gl.load(dt_bias + i_hv).to(gl.float32)
+        # the slot last, behind a third barrier (the state's address waits for it; a padded sequence, -1, reads a
+        # zero state), and every read's first use tied to it by a zero made from it: no use can then go before the
+        # last read
+        _thread_barrier()
+        slot_raw = gl.load(state_idx + i_b)
+        live = slot_raw >= 0
+        slot = gl.maximum(slot_raw, 0).to(gl.int64)
+        zf = slot_raw.to(gl.float32)
+        zero = zf - zf
+        z16 = zero.to(gl.bfloat16)
+        q_raw = q_raw + z16
+        k_raw = k_raw + z16
+        k_t = k_t + z16
+        b_v0 = b_v0 + z16
+        b_v1 = b_v1 + z16
+        raw_b = raw_b + zero
+        raw_b_col = raw_b_col + zero
+        raw_g = raw_g + zero
+        anc = anc.to(gl.float32) + zero != 0
+        if FUSED:
+            raw_A = raw_A.to(gl.float32) + zero
+            bias = bias + zero
 
         # the state's tile [K, BV] copied into shared memory by cp.async (16 bytes a thread a copy, the pool's rows
         # contiguous in either layout), waited for where P S0 needs it
