@@ -29,8 +29,9 @@ off the rounded oracle against 0.26% at 1 x 16: tests/test_device_checks.py, pro
 What it takes (``serves``): B sequences of T <= 16 nodes (a 16-row block, the root row 0), bf16 q, k, v, K 64 or
 128 and V a multiple of 64, the gates given or fused (A_log, dt_bias), a state pool read through its slot table
 (a padded slot, -1, reads a zero state) contiguous or in SGLang's layout (STATE_VK), q, k, v rows strided as
-_common.rows_of gives them, with or without the l2 norms, exact or leaky (the mask). Not: a device plan's depths
-(a captured call counts each sequence's rounds: the Triton form), fp32 or fp16 inputs, other tiles or warps.
+_common.rows_of gives them, with or without the l2 norms, exact or leaky (the mask), the solve's rounds the plan's or,
+on a device plan (a captured call's), each sequence's own from its depth (DEPTHS). Not: fp32 or fp16 inputs, other
+tiles or warps.
 """
 from __future__ import annotations
 
@@ -59,15 +60,14 @@ def available() -> bool:
                                                                             hasattr(gl, "thread_barrier"))
 
 
-def serves(*, q: torch.Tensor, v: torch.Tensor, T: int, K: int, V: int, root: int, raw16: bool, device_rounds: bool,
+def serves(*, q: torch.Tensor, v: torch.Tensor, T: int, K: int, V: int, root: int, raw16: bool,
            block_v: int | None, num_warps: int | None) -> bool:
     """Whether the one-kernel form's launch (triton_gdn.plan_wy's, design "fused") is this kernel's: a block of 16
     rows with the root in it (root 2), bf16 q and k taken as read (raw16; triton_gdn.FUSED_RAW16), no device plan's
     rounds, no other V tile or warps asked for, K 64 or 128, V a multiple of 64, compiled (not Triton's interpreter)
     for a GPU of compute capability 8.0 or later (a CPU tensor: compiled for a target named elsewhere,
     tests/gpu_compile.py)."""
-    if not (available() and not C.interpreting() and root == 2 and raw16 and v.dtype == torch.bfloat16
-            and not device_rounds):
+    if not (available() and not C.interpreting() and root == 2 and raw16 and v.dtype == torch.bfloat16):
         return False
     if T > BT_GLUON or K not in (64, 128) or V % BV_GLUON or block_v not in (None, BV_GLUON):
         return False
@@ -80,7 +80,7 @@ def kernel_args(kw: dict) -> tuple[dict, tuple]:
     """(keyword arguments, grid) of the Gluon fold from the Triton form's (triton_gdn.plan_wy's kw: the same inputs,
     outputs and options)."""
     names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "mask", "state", "state_idx", "o", "T", "scale", "NSTEP",
-             "H", "HV", "K", "V", "FUSED", "L2NORM", "STATE_VK", "QS", "KS", "VS")
+             "depths", "H", "HV", "K", "V", "FUSED", "L2NORM", "STATE_VK", "QS", "KS", "VS", "DEPTHS", "NPD")
     args = {n: kw[n] for n in names}
     args.update(BT=BT_GLUON, BV=BV_GLUON, FULL=kw["T"] == BT_GLUON, num_warps=WARPS_GLUON)
     return args, (kw["V"] // BV_GLUON, kw["o"].shape[0] * kw["HV"])
@@ -157,10 +157,11 @@ if gluon is not None:
                          mask,  # [B, T, T] int8 ancestor-or-self (the chain mask for leaky)
                          state, state_idx, o,  # pool [N, HV, K, V] fp32 (or SGLang's [N, HV, V, K]), slots [B], o [B, T, HV, V]
                          T, scale, NSTEP,  # NSTEP = ceil(log2(depth)) doubling steps: the draft nodes' chains
+                         depths,  # DEPTHS: [B, NPD] int32 each tree's depth per block of 32 nodes (a device plan's)
                          H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                          BT: gl.constexpr, BV: gl.constexpr, FUSED: gl.constexpr, L2NORM: gl.constexpr,
                          STATE_VK: gl.constexpr, QS: gl.constexpr, KS: gl.constexpr, VS: gl.constexpr,
-                         FULL: gl.constexpr):
+                         FULL: gl.constexpr, DEPTHS: gl.constexpr, NPD: gl.constexpr):
         # a program per (V tile, sequence x value head); the tree's nodes are rows 0..T-1 of a BT-row block, the root
         # row 0 on top of the committed state S0
         i_v = gl.program_id(0)
@@ -215,6 +216,10 @@ if gluon is not None:
             # g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)
             raw_A = gl.load(A_log + i_hv)
             bias = gl.load(dt_bias + i_hv).to(gl.float32)
+        if DEPTHS:  # a device plan's tree (a captured call's): this sequence's own depth, its rounds counted below
+            depth = gl.load(depths + i_b * NPD)
+            for j in gl.static_range(1, NPD):
+                depth = gl.maximum(depth, gl.load(depths + i_b * NPD + j))
         # the slot last, behind a third barrier (the state's address waits for it; a padded sequence, -1, reads a
         # zero state), and every read's first use tied to it by a zero made from it: no use can then go before the
         # last read
@@ -237,6 +242,11 @@ if gluon is not None:
         if FUSED:
             raw_A = raw_A.to(gl.float32) + zero
             bias = bias + zero
+        if DEPTHS:  # ceil(log2(depth)) doubling rounds (triton_helpers.solve_rounds' count, the root in the block)
+            depth = (depth.to(gl.float32) + zero).to(gl.int32)
+            NSTEP = depth * 0
+            for r in gl.static_range(16):
+                NSTEP += (depth > (1 << r)).to(gl.int32)
 
         # the state's tile [K, BV] copied into shared memory by cp.async (16 bytes a thread a copy, the pool's rows
         # contiguous in either layout), waited for where P S0 needs it

@@ -368,7 +368,8 @@ FUSED_CHAINS = False
 FUSED_WARPS = None
 # Whether the one-kernel form's launch with the root in its block, bf16 inputs and at most 16 nodes is the Gluon fold
 # (gluon_gdn: its state copied by cp.async and waited for at its use, every read issued before any is used), where
-# the GPU compiles it, rather than _gdn_wy_kernel; benchmarks turn it off to time the Triton form in place. On an H100
+# the GPU compiles it, rather than _gdn_wy_kernel, on host and device plans; benchmarks turn it off to time the Triton
+# form in place. On an H100
 # at 1 x 16 (benchmarks/gluon_fold.py, RESULTS.md) 5.2 us of device time against the Triton form's 5.9, its outputs
 # 0.40% off the float64 oracle rounded to bf16 against 0.26%. GLUON_VK: with a pool in SGLang's layout too.
 FUSED_GLUON = True
@@ -620,8 +621,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
               **rounds, num_warps=num_warps)
     if FUSED_GLUON and (GLUON_VK or not vk) and gluon_gdn.serves(
-            q=q, v=v, T=T, K=K, V=V, root=root, raw16=raw16, device_rounds=rounds["DEPTHS"], block_v=asked_v,
-            num_warps=asked_warps):
+            q=q, v=v, T=T, K=K, V=V, root=root, raw16=raw16, block_v=asked_v, num_warps=asked_warps):
         gkw, ggrid = gluon_gdn.kernel_args(kw)
         return bind(gluon_gdn._gdn_fold_kernel, ggrid, gkw), o
     return bind(_gdn_wy_kernel, grid, kw), o

@@ -2,7 +2,8 @@
 inputs, compiled) against the float64 oracle on hypothesis trees, every way it reads its inputs: one to three
 sequences of 1 to 16 nodes, grouped heads, K and V of 64 and 128, the gates given or fused, a pool contiguous or in
 SGLang's layout read through shuffled slots (every other row NaN) with a padded sequence (slot -1: a zero state),
-q, k, v as views of one projection's rows, with and without the l2 norms, exact and leaky. Its output is
+q, k, v as views of one projection's rows, with and without the l2 norms, exact and leaky, on a host plan or a device
+plan (a captured call's: each sequence's rounds from its depth). Its output is
 NaN-poisoned by the launcher, the pool is left bit-identical, and the launch is the Gluon kernel's (not the Triton
 form's). At Qwen3.6-27B's shapes its bf16 output loses no more than the Triton form's bar (the rounding of the
 output), and a public call with a TreePlan is replayed from C++ with the same bits. GPU only: Gluon has no
@@ -33,7 +34,7 @@ def fold_cases(draw):
     return dict(B=B, T=T, H=H, HV=H * draw(st.sampled_from([1, 2])), K=draw(st.sampled_from([64, 128])),
                 V=draw(st.sampled_from([64, 128])), parents=torch.tensor(parents),
                 mode=draw(st.sampled_from(["exact", "leaky"])), fused=draw(st.booleans()), vk=draw(st.booleans()),
-                split=draw(st.booleans()), l2norm=draw(st.booleans()),
+                split=draw(st.booleans()), l2norm=draw(st.booleans()), device_plan=draw(st.booleans()),
                 pad=draw(st.integers(-1, B - 1)), seed=draw(st.integers(0, 2**31 - 1)))
 
 
@@ -70,7 +71,11 @@ def _layer(c: dict) -> tuple[dict, dict, torch.Tensor]:
     given = pool.transpose(-1, -2).contiguous().cuda().transpose(-1, -2) if c["vk"] else pool.cuda()
     # slots checked as an engine's are (a padded row, -1, is taken only so: checks.checked_slots' pad)
     checked = checked_slots(slots.cuda(), n, B, "cuda", pad=True)
-    kw = dict(dev, parents=c["parents"].cuda(), initial_state=given, state_indices=checked, mode=c["mode"],
+    parents = c["parents"].cuda()
+    if c["device_plan"]:  # a captured call's plan: each sequence's rounds from the depths its kernel wrote
+        from ddsim.gpu_backend.device_checks import DevicePlan
+        parents = DevicePlan(parents.int())
+    kw = dict(dev, parents=parents, initial_state=given, state_indices=checked, mode=c["mode"],
               use_qk_l2norm=c["l2norm"])
     ref = dict(q=q.double(), k=k.double(), v=v.double(), **{n: x.double() for n, x in ref_gates.items()},
                parents=c["parents"], initial_state=states.double(), mode=c["mode"], use_qk_l2norm=c["l2norm"])
@@ -95,7 +100,7 @@ def test_the_gluon_fold_matches_the_oracle_on_drawn_trees(c):
     assert got == [gluon_gdn._gdn_fold_kernel], got
     want = oracle.gdn_tree_verify(**ref)
     label = ", ".join(f"{n} {c[n]}" for n in ("B", "T", "H", "HV", "K", "V", "mode", "fused", "vk", "split", "l2norm",
-                                              "pad"))
+                                              "pad", "device_plan"))
     assert torch.isfinite(o).all(), label  # every entry written (the output is NaN-poisoned)
     assert_close(f"o (Gluon fold: {label})", o.cpu(), want, dtype=torch.bfloat16)
     assert torch.equal(pool.view(torch.int32), before.view(torch.int32))  # the pool, NaN rows too, bit for bit

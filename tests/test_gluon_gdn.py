@@ -41,21 +41,23 @@ def _bound(monkeypatch, B=1, T=16, *, dtype=torch.bfloat16, K=128, V=128, device
 
 
 def test_the_gluon_fold_serves_trees_of_up_to_16_nodes_with_bf16_inputs(monkeypatch):
-    """design auto at one sequence of 16 and of 9 nodes, design fused at three of 16, a pool in SGLang's layout:
-    the Gluon fold, over (V / 64, B x HV) programs of 4 warps, every row a node (FULL) only at 16, handed the Triton
-    form's own tensors and options."""
-    for B, T, design, vk in ((1, 16, "auto", False), (1, 9, "auto", False), (3, 16, "fused", False),
-                             (1, 16, "auto", True)):
-        (kernel, grid, kw), = _bound(monkeypatch, B, T, design=design, vk=vk)
+    """design auto at one sequence of 16 and of 9 nodes, design fused at three of 16, a pool in SGLang's layout, a
+    device plan (a captured call's: each sequence's rounds from its depths): the Gluon fold, over (V / 64, B x HV)
+    programs of 4 warps, every row a node (FULL) only at 16, handed the Triton form's own tensors and options."""
+    for B, T, design, vk, plan in ((1, 16, "auto", False, False), (1, 9, "auto", False, False),
+                                   (3, 16, "fused", False, False), (1, 16, "auto", True, False),
+                                   (2, 16, "fused", False, True)):
+        (kernel, grid, kw), = _bound(monkeypatch, B, T, design=design, vk=vk, device_plan=plan)
+        assert kw["DEPTHS"] == plan and (not plan or kw["depths"].dtype == torch.int32), kw
         assert kernel is gluon_gdn._gdn_fold_kernel, (B, T, design, vk)
         assert grid == (2, B * 48) and kw["num_warps"] == 4 and kw["BT"] == 16 and kw["BV"] == 64, (grid, kw)
         assert kw["FULL"] == (T == 16) and kw["STATE_VK"] == vk and kw["T"] == T and not kw["FUSED"], kw
         with monkeypatch.context() as mp:  # the same call with the fold off: the Triton form's arguments
             mp.setattr(triton_gdn, "FUSED_GLUON", False)
-            (tkernel, _, tkw), = _bound(mp, B, T, design=design, vk=vk)
+            (tkernel, _, tkw), = _bound(mp, B, T, design=design, vk=vk, device_plan=plan)
         assert tkernel is triton_gdn._gdn_wy_kernel and tkw["ROOT"] == 2
         shared = set(kw) & set(tkw) - {"num_warps"}
-        assert len(shared) == 26, sorted(shared)  # every argument the fold takes but FULL
+        assert len(shared) == 29, sorted(shared)  # every argument the fold takes but FULL
 
         def same(a, b):  # (o, allocated unfilled, by its layout alone)
             if isinstance(a, torch.Tensor):
@@ -66,12 +68,12 @@ def test_the_gluon_fold_serves_trees_of_up_to_16_nodes_with_bf16_inputs(monkeypa
 
 
 def test_the_triton_form_serves_what_the_gluon_fold_does_not(monkeypatch):
-    """The root first (17 nodes), fp16 or fp32 inputs, q and k not as read (FUSED_RAW16 off), a device plan's trees
-    (each sequence's rounds from its depths), another V tile or warps asked for (or FUSED_WARPS set), K or V the fold
+    """The root first (17 nodes), fp16 or fp32 inputs, q and k not as read (FUSED_RAW16 off), another V tile or warps
+    asked for (or FUSED_WARPS set), K or V the fold
     does not take, the fold off (FUSED_GLUON), SGLang's layout with GLUON_VK off, a Triton without Gluon, and
     Triton's interpreter: _gdn_wy_kernel."""
-    cases = [dict(T=17), dict(dtype=torch.float16), dict(dtype=torch.float32), dict(device_plan=True),
-             dict(block_v=32), dict(num_warps=8), dict(K=32), dict(V=96)]
+    cases = [dict(T=17), dict(dtype=torch.float16), dict(dtype=torch.float32), dict(block_v=32), dict(num_warps=8),
+             dict(K=32), dict(V=96)]
     for case in cases:
         (kernel, _, _), = _bound(monkeypatch, **case)
         assert kernel is triton_gdn._gdn_wy_kernel, case
@@ -86,7 +88,7 @@ def test_the_triton_form_serves_what_the_gluon_fold_does_not(monkeypatch):
         (kernel, _, _), = _bound(mp)
     assert kernel is triton_gdn._gdn_wy_kernel
     assert not gluon_gdn.serves(q=torch.empty(1, dtype=torch.bfloat16), v=torch.empty(1, dtype=torch.bfloat16), T=16,
-                                K=128, V=128, root=2, raw16=True, device_rounds=False, block_v=None, num_warps=None) \
+                                K=128, V=128, root=2, raw16=True, block_v=None, num_warps=None) \
         or not C.interpreting()  # under the interpreter (the CPU suite's default) never
 
 
@@ -102,6 +104,8 @@ CONFIGS = {  # how the fold reads its inputs: kernel arguments over the served l
     "rows past the tree masked": dict(FULL=False, T=9),
     "as engine_api's verify, rows past the tree masked": dict(FUSED=True, STATE_VK=True, QS=10240, KS=10240, VS=10240,
                                                               FULL=False, T=9),
+    "captured, a device plan's depths": dict(FUSED=True, STATE_VK=True, DEPTHS=True, NPD=1,
+                                             depths=torch.ones(1, 1, dtype=torch.int32)),
 }
 
 
