@@ -507,6 +507,15 @@ def test_fused_fold_late_refuses_bad_options_before_any_work():
     _refused_before_any_work("gluon_fold.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
 
 
+def test_gluon_served_refuses_shapes_design_auto_gives_another_form_before_any_work():
+    """gluon_served.py --shapes with a batch (design auto's head form) or a tree past 16 nodes (the root first), and
+    --rounds below 1: one line and exit 2, before the CUDA check."""
+    want = "--shapes: design auto takes the one-kernel form (the Gluon fold, or the Triton form) for one sequence of at most"
+    _refused_before_any_work("gluon_served.py", ["--shapes", "1x16,2x16"], want + " 16 nodes, got '1x16,2x16'")
+    _refused_before_any_work("gluon_served.py", ["--shapes", "1x17"], want + " 16 nodes, got '1x17'")
+    _refused_before_any_work("gluon_served.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
+
+
 def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_waited_for_after_them():
     """benchmarks/gluon_fold.py's kernel (Gluon: Triton's interpreter cannot run it) compiled for sm_90 on the CPU, in each
     form it times: the state's copy (TMA: one box, or two) goes out before any product and is waited for only once
