@@ -23,8 +23,9 @@ the root's column c taken out, ROOT 2 of the Triton form):
   P = diag(A_q) Q - W diag(beta A_k) K,  Y = W diag(beta) V,  O = P S0 + Y
 Products: K K^T and Q K^T exact (bf16 operands as read), the others' fp32 side split into bf16 head and remainder
 (bf16x3, or two MMAs against raw bf16 k, v), all mma.sync (mma_v2: Ampere's instruction, which Hopper and Blackwell
-run too). Its bf16 outputs lie as near the float64 oracle as the Triton form's, within the rounding (0.40% of entries
-off the rounded oracle against 0.26% at 1 x 16: tests/test_device_checks.py, properties/test_triton_kernels.py).
+run too). Its bf16 outputs hold the Triton form's bar at full size, at most 1.01x the error of rounding the float64
+oracle to bf16 (properties/test_gluon_fold.py); 0.40% of them are off the rounded oracle at 1 x 16, against the Triton
+form's 0.26% (RESULTS.md).
 
 What it takes (``serves``): B sequences of T <= 16 nodes (a 16-row block, the root row 0), bf16 q, k, v, K 64 or
 128 and V a multiple of 64, the gates given or fused (A_log, dt_bias), a state pool read through its slot table
@@ -63,8 +64,8 @@ def available() -> bool:
 def serves(*, q: torch.Tensor, v: torch.Tensor, T: int, K: int, V: int, root: int, raw16: bool,
            block_v: int | None, num_warps: int | None) -> bool:
     """Whether the one-kernel form's launch (triton_gdn.plan_wy's, design "fused") is this kernel's: a block of 16
-    rows with the root in it (root 2), bf16 q and k taken as read (raw16; triton_gdn.FUSED_RAW16), no device plan's
-    rounds, no other V tile or warps asked for, K 64 or 128, V a multiple of 64, compiled (not Triton's interpreter)
+    rows with the root in it (root 2), bf16 q, k (taken as read: raw16, triton_gdn.FUSED_RAW16) and v, no other V
+    tile or warps asked for, K 64 or 128, V a multiple of 64, compiled (not Triton's interpreter)
     for a GPU of compute capability 8.0 or later (a CPU tensor: compiled for a target named elsewhere,
     tests/gpu_compile.py)."""
     if not (available() and not C.interpreting() and root == 2 and raw16 and v.dtype == torch.bfloat16):
@@ -127,8 +128,7 @@ if gluon is not None:
 
     @gluon.jit
     def _load(ptrs, m, FULL: gl.constexpr):
-        # ptrs' values, those off m zero; FULL (every row a node: T == BT) unmasked. Masked, ptxas puts the first
-        # uses of q among the later reads (the gates' and the mask's), which then go out a round trip late
+        # ptrs' values, those off m zero; FULL (every row a node: T == BT) unmasked, without the masks' instructions
         if FULL:
             return gl.load(ptrs)
         return gl.load(ptrs, mask=m, other=0)
