@@ -369,9 +369,9 @@ FUSED_WARPS = None
 # Whether the one-kernel form's launch with the root in its block, bf16 inputs and at most 16 nodes is the Gluon fold
 # (gluon_gdn: its state copied by cp.async and waited for at its use, every read issued before any is used), where
 # the GPU compiles it, rather than _gdn_wy_kernel, on host and device plans; benchmarks turn it off to time the Triton
-# form in place. On an H100
-# at 1 x 16 (benchmarks/gluon_fold.py, RESULTS.md) 5.2 us of device time against the Triton form's 5.9, its outputs
-# 0.40% off the float64 oracle rounded to bf16 against 0.26%. GLUON_VK: with a pool in SGLang's layout too.
+# form in place. On an H100 at 1 x 16 (benchmarks/gluon_served.py, RESULTS.md) 5.1-5.2 us of device time against the
+# Triton form's 5.8-5.9, through engine_api 5.2-5.3 against 6.1-6.3, its outputs 0.40-0.45% off the float64 oracle
+# rounded to bf16 against 0.26%; not yet run on an H200. GLUON_VK: with a pool in SGLang's layout too.
 FUSED_GLUON = True
 GLUON_VK = True
 # Whether a device plan's WY solves (a captured call's tree, its tables built by the step kernel) take each sequence's
@@ -534,7 +534,8 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     W, P, the gates and K folded into the output's weights, so the per-V-tile kernel does two products
     instead of four; "head": the folded weights (the root's step folded in) applied to every V tile by the
     program per head that made them, one kernel; "auto" takes what measured fastest on the H200
-    (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (9.0 us at 1x16, 5.4 of device time,
+    (benchmarks/RESULTS.md, bf16 inputs): for one sequence fused up to 17 nodes (up to 16, with bf16 inputs where the
+    GPU compiles it, the Gluon fold: gluon_gdn, FUSED_GLUON; the Triton form's figures follow: 9.0 us at 1x16, 5.4 of device time,
     the root in the block, 4 warps, bf16 q, k into the products as read, their rows' norms from the rows as read and
     the state's use held behind its state-free products: FUSED_ROOT, FUSED_RAW16, FUSED_ROWNORM, FUSED_HOLD; 8 warps
     and the norms from the products' diagonals with a pool in SGLang's layout, 5.8 us of device time through engine_api
