@@ -10,18 +10,21 @@ with Triton's bundled ptxas.
 --set all (the default): every launch the GDN WY launchers make at Qwen3.6-27B GDN shapes for every design,
 one block (65 nodes: fused, split, fold, head) and past it (131 nodes: the chunked form and the split form,
 unfolded and folded), bf16 and fp32 inputs (design head at 2 x 65 split along V), design head for eight sequences
-(whole heads, the last wave's split along V: HEAD_MIXED), and every other
-Triton kernel the public functions launch (recurrent GDN, the commits, the tree conv, Mamba2's recurrent, SSD
-and commit kernels) at the property suites' fixed examples. --set serving: what a server launches, the WY
-launchers' default design ("auto") at one sequence of 16 nodes (the root in the block) and one and eight of 17, 65
-and 131 nodes in bf16, the two-kernel form auto takes for a batch when given its options (fold at 8 x 65) and
-for one sequence (split at 1 x 65), six of these on a plan built on the device (a captured call's: the tables'
-kernel, then the WY kernels taking each sequence's doubling rounds from the depths it wrote), and the other
-kernels. --set reads: the WY kernels a server launches up to one block (design auto at 1 x 16 (the root in the
-block), 1 x 17, 1 x 65 and 8 x 65, fold at 8 x 65, auto at 1 x 16 with triton_gdn.FUSED_RAW16 off and at 8 x 65 with
+(whole heads, the last wave's split along V: HEAD_MIXED), the Gluon fold (gluon_gdn) at 1 x 16 and 2 x 9 (design
+fused), and every other Triton kernel the public functions launch (recurrent GDN, the commits, the tree conv,
+Mamba2's recurrent, SSD and commit kernels) at the property suites' fixed examples. --set serving: what a server
+launches, the WY launchers' default design ("auto") at one sequence of 16 nodes (the root in the block: the Gluon
+fold) and one and eight of 17, 65 and 131 nodes in bf16, the two-kernel form auto takes for a batch when given its
+options (fold at 8 x 65) and for one sequence (split at 1 x 65), six of these on a plan built on the device (a
+captured call's: the tables' kernel, then the WY kernels taking each sequence's doubling rounds from the depths it
+wrote), and the other kernels. --set reads: the WY kernels a server launches up to one block (design auto at
+1 x 16 (the root in the block: the Gluon fold, and the Triton form with triton_gdn.FUSED_GLUON off), 1 x 17, 1 x 65
+and 8 x 65, fold at 8 x 65, auto at 1 x 16 with triton_gdn.FUSED_RAW16 off and at 8 x 65 with
 triton_wy_split.HEAD_MIXED off), each with its global reads' rounds in the machine code: runs of loads that a
 barrier (BAR.SYNC) separates. A read issued after a barrier waits a memory round trip of its own; a kernel whose
-reads all precede its first barrier takes one.
+reads all precede its first barrier takes one. The Gluon fold parts its reads by barriers on purpose, so its line
+says too how many reads go out after the first instruction that waits for one ("late": none where every read goes
+out in one round trip).
 """
 import os
 import sys
