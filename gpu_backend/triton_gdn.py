@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ddsim.gpu_backend import _common as C
-from ddsim.gpu_backend import checks, gluon_gdn
+from ddsim.gpu_backend import checks
 from ddsim.gpu_backend import triton_helpers as h
 from ddsim.gpu_backend.launch import bind
 
@@ -621,8 +621,10 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
               STATE_VK=vk, ROOT=root, RAW16=raw16, HOLD=FUSED_HOLD and root == 2,
               ROWNORM=FUSED_ROWNORM and raw16 and root != 0 and not vk, CHAINS=FUSED_CHAINS and raw16,
               **rounds, num_warps=num_warps)
-    if FUSED_GLUON and (GLUON_VK or not vk) and gluon_gdn.serves(
-            q=q, v=v, T=T, K=K, V=V, root=root, raw16=raw16, block_v=asked_v, num_warps=asked_warps):
-        gkw, ggrid = gluon_gdn.kernel_args(kw)
-        return bind(gluon_gdn._gdn_fold_kernel, ggrid, gkw), o
+    if FUSED_GLUON and raw16 and (GLUON_VK or not vk):  # (raw16: compiled, not interpreted; Gluon imported here, not
+        # by every CPU run: 0.1 s)
+        from ddsim.gpu_backend import gluon_gdn
+        if gluon_gdn.serves(q=q, v=v, T=T, K=K, V=V, root=root, raw16=raw16, block_v=asked_v, num_warps=asked_warps):
+            gkw, ggrid = gluon_gdn.kernel_args(kw)
+            return bind(gluon_gdn._gdn_fold_kernel, ggrid, gkw), o
     return bind(_gdn_wy_kernel, grid, kw), o
