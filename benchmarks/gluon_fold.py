@@ -39,6 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from ddsim import oracle
 from ddsim.bench.bench import at_least_one, cuda_run, off_rounded, timing_options, timing_rounds, wy_default_launch
+from ddsim.gpu_backend.gluon_gdn import _cp_async, _fold, _thread_barrier  # the served kernel's pieces
 
 # The copy engine's load into shared memory: Triton 3.6's name (the GPUs' Triton), or its later one (3.9 renamed it)
 if hasattr(tma, "async_load"):
@@ -49,51 +50,6 @@ else:
     @gluon.jit
     def _tma_load(desc, coord, bar, smem):
         tma.async_copy_global_to_shared(desc, coord, bar, smem)
-
-
-# cp.async of a block of pointers into shared memory: Triton 3.6's name, or its later one (3.9 renamed it)
-if hasattr(async_copy, "async_load"):
-    @gluon.jit
-    def _cp_async(smem, ptrs):
-        async_copy.async_load(smem, ptrs)
-else:
-    @gluon.jit
-    def _cp_async(smem, ptrs):
-        async_copy.async_copy_global_to_shared(smem, ptrs)
-
-
-# A barrier across the program's threads: Triton 3.6's name, or its later one (3.9 renamed it)
-if hasattr(gl, "barrier"):
-    @gluon.jit
-    def _thread_barrier():
-        gl.barrier()
-else:
-    @gluon.jit
-    def _thread_barrier():
-        gl.thread_barrier()
-
-
-@gluon.jit
-def _split(x, layout: gl.constexpr):
-    # x fp32 as its bf16 head and remainder, each in ``layout``
-    hi = x.to(gl.bfloat16)
-    lo = (x - hi.to(gl.float32)).to(gl.bfloat16)
-    return gl.convert_layout(hi, layout), gl.convert_layout(lo, layout)
-
-
-@gluon.jit
-def _dot3(a, b, acc, A_OP: gl.constexpr, B_OP: gl.constexpr):
-    # acc + a b for fp32 a, b (bf16x3: head by head, head by remainder, remainder by head)
-    a_hi, a_lo = _split(a, A_OP)
-    b_hi, b_lo = _split(b, B_OP)
-    return mma_v2(a_hi, b_hi, mma_v2(a_hi, b_lo, mma_v2(a_lo, b_hi, acc)))
-
-
-@gluon.jit
-def _dot2(a, b16, acc, A_OP: gl.constexpr):
-    # acc + a b for fp32 a and bf16 b (exact): a's head and remainder, two MMAs
-    a_hi, a_lo = _split(a, A_OP)
-    return mma_v2(a_hi, b16, mma_v2(a_lo, b16, acc))
 
 
 @gluon.jit
@@ -181,7 +137,7 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state, state_desc, state_idx, o, 
         CP: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [num_warps, 1], [1, 0])  # [K, BV] fp32, 16 bytes a thread
         r_cp = gl.arange(0, K, layout=gl.SliceLayout(1, CP))
         c_cp = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, CP))
-        _cp_async(s_smem, state + ((slot * HV + i_hv) * K + r_cp[:, None]) * V + c_cp[None, :])
+        _cp_async(s_smem, state + ((slot * HV + i_hv) * K + r_cp[:, None]) * V + c_cp[None, :], None)
         async_copy.commit_group()
     elif READ and not FIRST:
         mbarrier.init(bar, count=1)
@@ -194,53 +150,9 @@ def _gluon_fold_kernel(q, k, v, g, beta, mask, state, state_desc, state_idx, o, 
             mbarrier.expect(bar, state_desc.block_type.nbytes)
             _tma_load(state_desc, [row, i_v * BV], bar, s_smem)
 
-    # gates along each path: G [BT], D [BT, BT] = A_t / A_j on ancestors-or-self
-    G = gl.sum(gl.where(anc, g_col[None, :], 0.0), 1)
-    G_col = gl.convert_layout(G, COLS)
-    D = gl.where(anc, gl.exp(G[:, None] - G_col[None, :]), 0.0)
-    A = gl.exp(G)
-
-    # K K^T, Q K^T (exact), the norms: columns' from K K^T's diagonal, rows' from the rows as read
-    zero_tt = gl.zeros([BT, BT], gl.float32, MMA)
-    kT_op = gl.convert_layout(k_t, B_OP)
-    KK = mma_v2(gl.convert_layout(k_raw, A_OP), kT_op, zero_tt)
-    QK = mma_v2(gl.convert_layout(q_raw, A_OP), kT_op, zero_tt)
-    eye = rows[:, None] == cols[None, :]
-    ik_col = 1.0 / gl.sqrt(gl.sum(gl.where(eye, KK, 0.0), 0) + 1e-6)
-    k32 = k_raw.to(gl.float32)
-    q32 = q_raw.to(gl.float32)
-    ik = gl.convert_layout(1.0 / gl.sqrt(gl.sum(k32 * k32, 1) + 1e-6), ROWS)
-    iq = gl.convert_layout(scale / gl.sqrt(gl.sum(q32 * q32, 1) + 1e-6), ROWS)
-    KK = KK * ik_col[None, :]
-    QK = QK * ik_col[None, :]
-
-    # -L through D, the root's column c taken out; the rows' norms in -L's rows, A_k, A_q and D's rows
-    NL = gl.where(rows[:, None] != cols[None, :], -(b_beta * ik)[:, None] * D * KK, 0.0)
-    A_k = A * ik
-    A_q = A * iq
-    D = D * iq[:, None]
-    first = cols == 0
-    c = gl.sum(gl.where(first[None, :], NL, 0.0), 1)  # [BT] rows
-    NL = gl.where(first[None, :], 0.0, NL)
-
-    # the fold: X = (D o Q K^T) prod_r (I + N^(2^r)), W = X (I + c e_0^T), P = diag(A_q) Q - W diag(beta A_k) K,
-    # Y = W diag(beta) V
-    X = D * QK
-    if NSTEP > 0:
-        X = _dot3(X, NL, X, A_OP, B_OP)
-    for _ in range(1, NSTEP):
-        NL = _dot3(NL, NL, zero_tt, A_OP, B_OP)
-        X = _dot3(X, NL, X, A_OP, B_OP)
-    c_col = gl.convert_layout(c, COLS)
-    W = X + gl.where(first[None, :], gl.sum(X * c_col[None, :], 1)[:, None], 0.0)
-    Ak_col = gl.convert_layout(A_k, COLS)
-    k_op = gl.convert_layout(k_raw, B_OP)  # [BT, K] as the right operand
-    Pk = _dot2(W * (beta_col * Ak_col)[None, :], k_op, gl.zeros([BT, K], gl.float32, MMA), A_OP)
-    P = A_q[:, None] * gl.convert_layout(q32, MMA) - Pk
-    Wb = W * beta_col[None, :]
-    Y0 = _dot2(Wb, gl.convert_layout(b_v0, B_OP), gl.zeros([BT, HB], gl.float32, MMA), A_OP)
-    Y1 = _dot2(Wb, gl.convert_layout(b_v1, B_OP), gl.zeros([BT, HB], gl.float32, MMA), A_OP)
-    p_hi, p_lo = _split(P, A_OP)
+    # the fold's weights on the rows as read, the l2 norms applied (gluon_gdn._fold, the served kernel's)
+    p_hi, p_lo, Y0, Y1 = _fold(q_raw, k_raw, k_t, b_v0, b_v1, b_beta, beta_col, g_col, anc, scale, NSTEP, True, BT, K,
+                               HB, MMA, A_OP, B_OP)
 
     # the state: waited for here, read from the copy's shared memory straight into the product's operand layout
     if READ:

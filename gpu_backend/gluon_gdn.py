@@ -153,6 +153,71 @@ if gluon is not None:
         return gl.where(x != x, x, gl.where(x > 20.0, x, gl.log(1.0 + gl.exp(gl.minimum(x, 20.0)))))
 
     @gluon.jit
+    def _fold(q_raw, k_raw, k_t, b_v0, b_v1, b_beta, beta_col, g_col, anc, scale, NSTEP, L2NORM: gl.constexpr,
+              BT: gl.constexpr, K: gl.constexpr, HB: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr,
+              B_OP: gl.constexpr):
+        # (P's bf16 head and remainder in A_OP, Y's two halves [BT, HB] in MMA) of the fold on one value head's rows:
+        # q, k [BT, K] bf16 as read (k^T [K, BT] too), v's halves [BT, HB] bf16, beta by rows and by columns, g by
+        # columns, the ancestor-or-self mask [BT, BT], the root row 0 (the served kernel's and
+        # benchmarks/gluon_fold.py's)
+        ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
+        COLS: gl.constexpr = gl.SliceLayout(0, MMA)
+        rows = gl.arange(0, BT, layout=ROWS)
+        cols = gl.arange(0, BT, layout=COLS)
+        # gates along each path: G [BT], D [BT, BT] = A_t / A_j on ancestors-or-self
+        G = gl.sum(gl.where(anc, g_col[None, :], 0.0), 1)
+        G_col = gl.convert_layout(G, COLS)
+        D = gl.where(anc, gl.exp(G[:, None] - G_col[None, :]), 0.0)
+        A = gl.exp(G)
+
+        # K K^T, Q K^T (exact); the norms: columns' from K K^T's diagonal, rows' from the rows as read
+        zero_tt = gl.zeros([BT, BT], gl.float32, MMA)
+        kT_op = gl.convert_layout(k_t, B_OP)
+        KK = mma_v2(gl.convert_layout(k_raw, A_OP), kT_op, zero_tt)
+        QK = mma_v2(gl.convert_layout(q_raw, A_OP), kT_op, zero_tt)
+        q32 = q_raw.to(gl.float32)
+        if L2NORM:
+            eye = rows[:, None] == cols[None, :]
+            ik_col = 1.0 / gl.sqrt(gl.sum(gl.where(eye, KK, 0.0), 0) + 1e-6)
+            k32 = k_raw.to(gl.float32)
+            ik = gl.convert_layout(1.0 / gl.sqrt(gl.sum(k32 * k32, 1) + 1e-6), ROWS)
+            iq = gl.convert_layout(scale / gl.sqrt(gl.sum(q32 * q32, 1) + 1e-6), ROWS)
+            KK = KK * ik_col[None, :]
+            QK = QK * ik_col[None, :]
+        else:
+            ik = gl.full([BT], 1.0, gl.float32, ROWS)
+            iq = gl.full([BT], 1.0, gl.float32, ROWS) * scale
+
+        # -L through D, the root's column c taken out; the rows' norms in -L's rows, A_k, A_q and D's rows
+        NL = gl.where(rows[:, None] != cols[None, :], -(b_beta * ik)[:, None] * D * KK, 0.0)
+        A_k = A * ik
+        A_q = A * iq
+        D = D * iq[:, None]
+        first = cols == 0
+        c = gl.sum(gl.where(first[None, :], NL, 0.0), 1)  # [BT] rows
+        NL = gl.where(first[None, :], 0.0, NL)
+
+        # the fold: X = (D o Q K^T) prod_r (I + N^(2^r)), W = X (I + c e_0^T), P = diag(A_q) Q - W diag(beta A_k) K,
+        # Y = W diag(beta) V (the first doubling step outside the loop: the last squares nothing it does not use)
+        X = D * QK
+        if NSTEP > 0:
+            X = _dot3(X, NL, X, A_OP, B_OP)
+        for _ in range(1, NSTEP):
+            NL = _dot3(NL, NL, zero_tt, A_OP, B_OP)
+            X = _dot3(X, NL, X, A_OP, B_OP)
+        c_col = gl.convert_layout(c, COLS)
+        W = X + gl.where(first[None, :], gl.sum(X * c_col[None, :], 1)[:, None], 0.0)
+        Ak_col = gl.convert_layout(A_k, COLS)
+        k_op = gl.convert_layout(k_raw, B_OP)  # [BT, K] as the right operand
+        Pk = _dot2(W * (beta_col * Ak_col)[None, :], k_op, gl.zeros([BT, K], gl.float32, MMA), A_OP)
+        P = A_q[:, None] * gl.convert_layout(q32, MMA) - Pk
+        Wb = W * beta_col[None, :]
+        Y0 = _dot2(Wb, gl.convert_layout(b_v0, B_OP), gl.zeros([BT, HB], gl.float32, MMA), A_OP)
+        Y1 = _dot2(Wb, gl.convert_layout(b_v1, B_OP), gl.zeros([BT, HB], gl.float32, MMA), A_OP)
+        p_hi, p_lo = _split(P, A_OP)
+        return p_hi, p_lo, Y0, Y1
+
+    @gluon.jit
     def _gdn_fold_kernel(q, k, v, g, beta, A_log, dt_bias,
                          mask,  # [B, T, T] int8 ancestor-or-self (the chain mask for leaky)
                          state, state_idx, o,  # pool [N, HV, K, V] fp32 (or SGLang's [N, HV, V, K]), slots [B], o [B, T, HV, V]
@@ -277,56 +342,8 @@ if gluon is not None:
             b_beta = raw_b
             beta_col = raw_b_col
             g_col = raw_g
-        G = gl.sum(gl.where(anc, g_col[None, :], 0.0), 1)
-        G_col = gl.convert_layout(G, COLS)
-        D = gl.where(anc, gl.exp(G[:, None] - G_col[None, :]), 0.0)
-        A = gl.exp(G)
-
-        # K K^T, Q K^T (exact); the norms: columns' from K K^T's diagonal, rows' from the rows as read
-        zero_tt = gl.zeros([BT, BT], gl.float32, MMA)
-        kT_op = gl.convert_layout(k_t, B_OP)
-        KK = mma_v2(gl.convert_layout(k_raw, A_OP), kT_op, zero_tt)
-        QK = mma_v2(gl.convert_layout(q_raw, A_OP), kT_op, zero_tt)
-        q32 = q_raw.to(gl.float32)
-        if L2NORM:
-            eye = rows[:, None] == cols[None, :]
-            ik_col = 1.0 / gl.sqrt(gl.sum(gl.where(eye, KK, 0.0), 0) + 1e-6)
-            k32 = k_raw.to(gl.float32)
-            ik = gl.convert_layout(1.0 / gl.sqrt(gl.sum(k32 * k32, 1) + 1e-6), ROWS)
-            iq = gl.convert_layout(scale / gl.sqrt(gl.sum(q32 * q32, 1) + 1e-6), ROWS)
-            KK = KK * ik_col[None, :]
-            QK = QK * ik_col[None, :]
-        else:
-            ik = gl.full([BT], 1.0, gl.float32, ROWS)
-            iq = gl.full([BT], 1.0, gl.float32, ROWS) * scale
-
-        # -L through D, the root's column c taken out; the rows' norms in -L's rows, A_k, A_q and D's rows
-        NL = gl.where(rows[:, None] != cols[None, :], -(b_beta * ik)[:, None] * D * KK, 0.0)
-        A_k = A * ik
-        A_q = A * iq
-        D = D * iq[:, None]
-        first = cols == 0
-        c = gl.sum(gl.where(first[None, :], NL, 0.0), 1)  # [BT] rows
-        NL = gl.where(first[None, :], 0.0, NL)
-
-        # the fold: X = (D o Q K^T) prod_r (I + N^(2^r)), W = X (I + c e_0^T), P = diag(A_q) Q - W diag(beta A_k) K,
-        # Y = W diag(beta) V (the first doubling step outside the loop: the last squares nothing it does not use)
-        X = D * QK
-        if NSTEP > 0:
-            X = _dot3(X, NL, X, A_OP, B_OP)
-        for _ in range(1, NSTEP):
-            NL = _dot3(NL, NL, zero_tt, A_OP, B_OP)
-            X = _dot3(X, NL, X, A_OP, B_OP)
-        c_col = gl.convert_layout(c, COLS)
-        W = X + gl.where(first[None, :], gl.sum(X * c_col[None, :], 1)[:, None], 0.0)
-        Ak_col = gl.convert_layout(A_k, COLS)
-        k_op = gl.convert_layout(k_raw, B_OP)  # [BT, K] as the right operand
-        Pk = _dot2(W * (beta_col * Ak_col)[None, :], k_op, gl.zeros([BT, K], gl.float32, MMA), A_OP)
-        P = A_q[:, None] * gl.convert_layout(q32, MMA) - Pk
-        Wb = W * beta_col[None, :]
-        Y0 = _dot2(Wb, gl.convert_layout(b_v0, B_OP), gl.zeros([BT, HB], gl.float32, MMA), A_OP)
-        Y1 = _dot2(Wb, gl.convert_layout(b_v1, B_OP), gl.zeros([BT, HB], gl.float32, MMA), A_OP)
-        p_hi, p_lo = _split(P, A_OP)
+        p_hi, p_lo, Y0, Y1 = _fold(q_raw, k_raw, k_t, b_v0, b_v1, b_beta, beta_col, g_col, anc, scale, NSTEP, L2NORM,
+                                   BT, K, HB, MMA, A_OP, B_OP)
 
         # the state: this thread's copies, then every thread's; read from shared memory into the operand layout
         async_copy.wait_group(0)
