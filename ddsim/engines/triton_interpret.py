@@ -13,6 +13,13 @@ Two interpreter defects are worked around here; compiled kernels on a GPU never 
 And one missing piece: an autotuned kernel times its configurations on a GPU driver the interpreter lacks;
 interpreted, it runs its first configuration.
 
+And one check: a compiled kernel that reads or writes past its tensors faults on a GPU, or reads a neighbour's
+memory and goes on, while the interpreter reads or writes host memory wherever its pointers point. ``check_bounds``
+makes every interpreted load and store fail where a lane it does not mask off points outside every tensor the launch
+was given (its storage: a view may reach the rest of its storage, as on a GPU), naming the kernel, the access and the
+nearest argument; the root conftest installs it for every test run in the interpreter, and ``prepare`` for
+the command line's (check-kernel's engine kernels on the CPU).
+
 And one cost: at every launch the interpreter re-patches triton.language's builtins, listing each module's
 members with inspect.getmembers (a third of an engine kernel's interpreted time). ``cache_builtin_names``
 lists them once per module; each launch still patches exactly the members that are builtins at that moment.
@@ -20,6 +27,7 @@ lists them once per module; each launch still patches exactly the members that a
 from __future__ import annotations
 
 import os
+import threading
 
 
 def cache_builtin_names() -> bool:
@@ -51,6 +59,102 @@ def cache_builtin_names() -> bool:
     return True
 
 
+class OutOfBounds(RuntimeError):
+    """An interpreted kernel's load or store with a lane, not masked off, outside every tensor it was given."""
+
+
+_LAUNCH = threading.local()  # .fn, .ranges: the running launch's kernel name and its arguments' (name, lo, hi) bytes
+
+
+def _arguments(self, args_hst, kwargs_hst) -> None:
+    """The byte ranges [lo, hi) of one launch's tensor arguments' storages (a host tensor descriptor's base's; a
+    tuple's members'), kept as the running launch's."""
+    ranges = []
+
+    def add(name, a):
+        if isinstance(a, tuple):
+            for i, x in enumerate(a):
+                add(f"{name}[{i}]", x)
+            return
+        if hasattr(a, "block_shape") and hasattr(a, "base"):
+            a = a.base
+        if hasattr(a, "untyped_storage"):
+            st = a.untyped_storage()
+            ranges.append((name, st.data_ptr(), st.data_ptr() + st.nbytes()))
+    for name, a in zip(self.arg_names, args_hst):
+        add(name, a)
+    for name, a in kwargs_hst.items():
+        add(name, a)
+    _LAUNCH.fn, _LAUNCH.ranges = getattr(self.fn, "__name__", "kernel"), ranges
+
+
+def _check_access(what: str, ptrs, mask, width: int) -> None:
+    """Raise OutOfBounds where a lane of ``ptrs`` (a TensorHandle of addresses) that ``mask`` keeps reads or writes
+    ``width`` bytes outside every argument of the running launch."""
+    import numpy as np
+    ranges = getattr(_LAUNCH, "ranges", None)
+    if ranges is None:  # a builder call outside a launch: nothing to hold it to
+        return
+    p = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data.astype(np.bool_), ptrs.data.shape)]
+    p = np.asarray(p, dtype=np.uint64).ravel()
+    if p.size == 0:
+        return
+    inside = np.zeros(p.shape, dtype=np.bool_)
+    for _, lo, hi in ranges:
+        inside |= (p >= lo) & (p + width <= hi)
+    if inside.all():
+        return
+    out = int(p[~inside][0])
+    name, lo, hi = min(ranges, key=lambda r: min(abs(out - r[1]), abs(out - r[2])), default=("none", out, out))
+    where = f"{out - lo} bytes from the start of {name}'s storage of {hi - lo} bytes" if ranges else "no tensor given"
+    raise OutOfBounds(f"kernel {_LAUNCH.fn}: a {what} of {width} bytes outside every tensor argument in "
+                      f"{int((~inside).sum())} of {p.size} lanes, the first {where}")
+
+
+def check_bounds() -> bool:
+    """Hold every interpreted launch's masked-in loads and stores to its tensor arguments' storages (OutOfBounds
+    otherwise). True when installed (on Triton versions whose interpreter keeps a launch's host arguments in
+    GridExecutor._init_args_hst and its memory accesses in InterpreterBuilder.create_masked_load / _store, which
+    this was written against); False where those are missing, and nothing changed."""
+    import inspect
+
+    import numpy as np
+    from triton.runtime import interpreter
+    grid, builder = interpreter.GridExecutor, interpreter.InterpreterBuilder
+    if getattr(builder, "_ddsim_bounds", False):
+        return True
+    if not all(hasattr(x, n) for x, n in ((grid, "_init_args_hst"), (builder, "create_masked_load"),
+                                          (builder, "create_masked_store"), (interpreter, "_get_np_dtype"))) or \
+            list(inspect.signature(grid._init_args_hst).parameters) != ["self", "args_dev", "kwargs"]:
+        return False
+    init, load, store = grid._init_args_hst, builder.create_masked_load, builder.create_masked_store
+
+    def _init_args_hst(self, args_dev, kwargs):
+        args_hst, kwargs_hst = init(self, args_dev, kwargs)
+        _arguments(self, args_hst, kwargs_hst)
+        return args_hst, kwargs_hst
+
+    def create_masked_load(self, ptrs, mask, *rest, **kw):  # (a descriptor's load names its policies)
+        width = np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
+        _check_access("load", ptrs, mask, width)
+        return load(self, ptrs, mask, *rest, **kw)
+
+    def create_masked_store(self, ptrs, value, mask, *rest, **kw):
+        _check_access("store", ptrs, mask, value.data.dtype.itemsize)
+        return store(self, ptrs, value, mask, *rest, **kw)
+
+    grid._init_args_hst = _init_args_hst
+    builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
+    builder._ddsim_bounds = True
+    return True
+
+
+def bounds_checked() -> bool:
+    """Whether check_bounds is installed in this process."""
+    from triton.runtime import interpreter
+    return bool(getattr(interpreter.InterpreterBuilder, "_ddsim_bounds", False))
+
+
 def _first_config_when_interpreted() -> None:
     """An autotuned kernel (fla's common fused recurrence is one) times its configurations on a GPU driver the
     interpreter does not have: interpreted, it runs its first configuration (the configurations differ only in
@@ -80,6 +184,7 @@ def prepare() -> None:
     """Set TRITON_INTERPRET=1 (before triton is imported) and apply the fixes once."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
     cache_builtin_names()
+    check_bounds()  # an engine's kernel that reads or writes past its tensors fails its check, as on a GPU it may fault
     import contextlib
 
     import numpy as np
@@ -103,11 +208,11 @@ def prepare() -> None:
 
     # the builder's trailing arguments (cache and eviction policies, volatility) differ between
     # Triton versions (3.6 passes one more than 3.9): passed on as they come
-    def create_masked_load(self, ptrs, mask, *rest):
-        return load(self, ptrs, as_bool(mask), *rest)
+    def create_masked_load(self, ptrs, mask, *rest, **kw):
+        return load(self, ptrs, as_bool(mask), *rest, **kw)
 
-    def create_masked_store(self, ptrs, value, mask, *rest):
-        return store(self, ptrs, value, as_bool(mask), *rest)
+    def create_masked_store(self, ptrs, value, mask, *rest, **kw):
+        return store(self, ptrs, value, as_bool(mask), *rest, **kw)
 
     builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
 
