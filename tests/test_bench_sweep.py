@@ -516,6 +516,11 @@ def test_gluon_served_refuses_shapes_design_auto_gives_another_form_before_any_w
     _refused_before_any_work("gluon_served.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
 
 
+def test_wy_fault_probe_refuses_a_count_of_configurations_it_does_not_have_before_any_work():
+    _refused_before_any_work("wy_fault_probe.py", ["--first", "0"], "--first 0: expected 1 to 75")
+    _refused_before_any_work("wy_fault_probe.py", ["--first", "76"], "--first 76: expected 1 to 75")
+
+
 def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_waited_for_after_them():
     """benchmarks/gluon_fold.py's kernel (Gluon: Triton's interpreter cannot run it) compiled for sm_90 on the CPU, in each
     form it times: the state's copy (TMA: one box, or two) goes out before any product and is waited for only once
