@@ -831,8 +831,21 @@ def test_the_wy_forms_take_a_device_plans_rounds_from_each_trees_depth(design, r
     assert not torch.equal(got["short"][0], got["host"][0]) and torch.equal(got["short"][1], got["host"][1])
 
 
+def _chains_example(T: int) -> dict:
+    """Two chains of T nodes, fp32, H = 1, HV = 3, K = V = 4: at T = 37 with design fused and the root in the block (a
+    64-row block over two blocks of depths) the draw on which the drawn-tree test below faulted on an H100 (seed 6,
+    RESULTS.md 2026-12-06; interpreted, every access inside its tensors)."""
+    gen = torch.Generator().manual_seed(T)
+    B, H, HV, K, V = 2, 1, 3, 4, 4
+    return dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
+                v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen),
+                beta=torch.rand(B, T, HV, generator=gen), parents=torch.tensor([[-1] + list(range(T - 1))] * B),
+                initial_state=torch.randn(B, HV, K, V, generator=gen))
+
+
 @given(inp=gdn_inputs(max_batch=3, max_nodes=40), design=st.sampled_from(["fused", "split", "fold", "head", "blocked"]),
        root=st.sampled_from([0, 1, 2]))
+@example(inp=_chains_example(37), design="fused", root=1)
 def test_a_device_plans_rounds_give_a_host_plans_bits_on_drawn_trees(inp, design, root):
     """On drawn batches of trees (each sequence its own depth, the batch's deepest one a host plan's rounds), every
     WY form on a device plan (each sequence's rounds from its depth) gives the host plan's bits: a sequence's rounds
