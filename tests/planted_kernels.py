@@ -290,6 +290,30 @@ def _stray_store():
     return stray_store
 
 
+def reads_one_past_the_output(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact",
+                              scale=None):
+    """Right outputs, passed through a Triton copy whose load takes one entry past the output's end (its value never
+    stored): compiled, a read of a neighbour's memory that a GPU may let by; interpreted, held to the launch's tensors
+    (ddsim.engines.triton_interpret.check_bounds), an error."""
+    o = _verify(q, k, v, g, beta, parents=parents, initial_state=initial_state, state_indices=state_indices,
+                mode=mode, scale=scale).contiguous()
+    out = torch.empty_like(o)
+    n = o.numel()
+    _copy_one_past()[(1,)](o, out, n, BLOCK=1 << n.bit_length())
+    return out
+
+
+def _copy_one_past():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def copy_one_past(x, y, n, BLOCK: tl.constexpr):
+        o = tl.arange(0, BLOCK)
+        tl.store(y + o, tl.load(x + o, mask=o <= n), mask=o < n)
+    return copy_one_past
+
+
 # ---- KDA verifies (ddsim's kda_tree_verify signature), each wrong in one way --------------------------------
 
 def kda_decay_per_head(q, k, v, g, beta, *, parents, initial_state, mode="exact"):

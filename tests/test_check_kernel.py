@@ -365,6 +365,21 @@ def test_a_leaky_kernel_that_raises_everywhere_fails_with_its_counterexamples_wr
     assert got["properties"][-1]["name"] == "leaks off order-exact nodes"
 
 
+def test_a_kernel_that_reads_past_its_tensors_fails_every_property_in_the_interpreter(tmp_path):
+    """A kernel with right outputs whose Triton copy reads one entry past its input (its value never stored): the
+    interpreter, every access held to the launch's tensors (check_bounds, which the command line installs), raises
+    on every call, so every property fails, naming the kernel's read and how far past which tensor it lies. Unheld,
+    it read host memory and passed."""
+    out = tmp_path / "ce.json"
+    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:reads_one_past_the_output", "--convention", "ddsim",
+                *EAGER, "--mode", "exact", "--max-examples", "2", "--out", out)
+    assert r.returncode == 1, r.stdout + r.stderr
+    got = json.loads(out.read_text())
+    assert [p["holds"] for p in got["properties"]] == [False] * 7, got["properties"]
+    assert ('OutOfBounds("kernel copy_one_past: a load of 4 bytes outside every tensor argument in 1 of 2177 lanes, '
+            "the first 8704 bytes from the start of x's storage of 8704 bytes\")") in r.stdout, r.stdout
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--impl", "nope", "--mode", "exact"], "--impl nope: expected ddsim, fla, sglang, vllm or MODULE:FUNCTION"),
     (["--impl", "no_such_module:f", "--convention", "ddsim", "--mode", "exact"], "cannot import 'no_such_module'"),
