@@ -517,8 +517,8 @@ def test_gluon_served_refuses_shapes_design_auto_gives_another_form_before_any_w
 
 
 def test_wy_fault_probe_refuses_a_count_of_configurations_it_does_not_have_before_any_work():
-    _refused_before_any_work("wy_fault_probe.py", ["--first", "0"], "--first 0: expected 1 to 75")
-    _refused_before_any_work("wy_fault_probe.py", ["--first", "76"], "--first 76: expected 1 to 75")
+    _refused_before_any_work("wy_fault_probe.py", ["--first", "0"], "--first 0: expected 1 to 91")
+    _refused_before_any_work("wy_fault_probe.py", ["--first", "92"], "--first 92: expected 1 to 91")
 
 
 def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_waited_for_after_them():
