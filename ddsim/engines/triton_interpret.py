@@ -29,6 +29,8 @@ from __future__ import annotations
 import os
 import threading
 
+import numpy as np
+
 
 def cache_builtin_names() -> bool:
     """Make the interpreter's per-launch patching of builtins list each module's builtin names once (Triton
@@ -91,7 +93,6 @@ def _arguments(self, args_hst, kwargs_hst) -> None:
 def _check_access(what: str, ptrs, mask, width: int) -> None:
     """Raise OutOfBounds where a lane of ``ptrs`` (a TensorHandle of addresses) that ``mask`` keeps reads or writes
     ``width`` bytes outside every argument of the running launch."""
-    import numpy as np
     ranges = getattr(_LAUNCH, "ranges", None)
     if ranges is None:  # a builder call outside a launch: nothing to hold it to
         return
@@ -105,8 +106,10 @@ def _check_access(what: str, ptrs, mask, width: int) -> None:
     if inside.all():
         return
     out = int(p[~inside][0])
-    name, lo, hi = min(ranges, key=lambda r: min(abs(out - r[1]), abs(out - r[2])), default=("none", out, out))
-    where = f"{out - lo} bytes from the start of {name}'s storage of {hi - lo} bytes" if ranges else "no tensor given"
+    where = "no tensor given"
+    if ranges:
+        name, lo, hi = min(ranges, key=lambda r: min(abs(out - r[1]), abs(out - r[2])))
+        where = f"{out - lo} bytes from the start of {name}'s storage of {hi - lo} bytes"
     raise OutOfBounds(f"kernel {_LAUNCH.fn}: a {what} of {width} bytes outside every tensor argument in "
                       f"{int((~inside).sum())} of {p.size} lanes, the first {where}")
 
@@ -118,7 +121,6 @@ def check_bounds() -> bool:
     this was written against); False where those are missing, and nothing changed."""
     import inspect
 
-    import numpy as np
     from triton.runtime import interpreter
     grid, builder = interpreter.GridExecutor, interpreter.InterpreterBuilder
     if getattr(builder, "_ddsim_bounds", False):
@@ -187,7 +189,6 @@ def prepare() -> None:
     check_bounds()  # an engine's kernel that reads or writes past its tensors fails its check, as on a GPU it may fault
     import contextlib
 
-    import numpy as np
     import torch
     from triton.runtime import interpreter
 
