@@ -8,44 +8,67 @@ interpreter, every access held to its tensors (ddsim.engines.triton_interpret.ch
 
 A line per configuration: (T, FUSED_ROOT, plan, dtype, DEVICE_ROUNDS, K, V), the child's exit status, "ok" with whether
 the output is finite and equal to the host plan's, or the error's last line. The first two that fault run again
-under compute-sanitizer's memcheck where the machine has it (its first 40 lines).
+under compute-sanitizer's memcheck where the machine has it (its first 40 lines). --mma, on the CPU: each launch
+compiled for sm_90, its MMA layouts (the 64-row block's products are wgmma, some of N = 8 over 8 warps at 16-wide V
+tiles, where a serving shape's are N = 32: a lead for the fault, which the V tiles of 32 and 64 here test).
 
     python benchmarks/wy_fault_probe.py [--commit SHA] [--first N]   # needs CUDA
+    python benchmarks/wy_fault_probe.py --mma [--first N]           # no GPU
 """
 import argparse
 import glob
 import itertools
+import os
+import re
 import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-CHILD = r'''
-import sys, torch
-from ddsim.gpu_backend import triton_gdn, checks, device_checks
-T, root, plan, dt, rounds, K, V = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1",
-                                   int(sys.argv[6]), int(sys.argv[7]))
-B, H, HV = 2, 1, 3
-gen = torch.Generator().manual_seed(0)
-x = dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
-         v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen),
-         beta=torch.rand(B, T, HV, generator=gen), initial_state=torch.randn(B, HV, K, V, generator=gen))
-x = {n: (t.to(getattr(torch, dt)) if n in ("q", "k", "v") else t).cuda() for n, t in x.items()}
-parents = torch.tensor([[-1] + list(range(T - 1))] * B).cuda()
-triton_gdn.FUSED_ROOT, triton_gdn.DEVICE_ROUNDS = root, rounds
-p = device_checks.DevicePlan(parents.int()) if plan == "device" else checks.TreePlan(parents)
-o = triton_gdn.gdn_tree_verify_wy(**x, parents=p, mode="exact", design="fused")
-torch.cuda.synchronize()
-ref = triton_gdn.gdn_tree_verify_wy(**x, parents=checks.TreePlan(parents), mode="exact", design="fused")
-torch.cuda.synchronize()
-print("ok", torch.isfinite(o).all().item(), torch.equal(o, ref))
-'''
+HERE = os.path.dirname(os.path.abspath(__file__))
+# a configuration's process: this file's child() on its arguments
+CHILD = f"import sys; sys.path.insert(0, {HERE!r}); import wy_fault_probe; wy_fault_probe.child(sys.argv[1:])"
+
+
+def case(T: int, dtype: str, K: int, V: int, device: str) -> tuple:
+    """(the verify's inputs, parents [B, T]) of one configuration: two chains of T nodes, B=2, H=1, HV=3, q, k, v in
+    ``dtype``, on ``device``."""
+    import torch
+    B, H, HV = 2, 1, 3
+    gen = torch.Generator().manual_seed(0)
+    x = dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
+             v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen),
+             beta=torch.rand(B, T, HV, generator=gen), initial_state=torch.randn(B, HV, K, V, generator=gen))
+    x = {n: (t.to(getattr(torch, dtype)) if n in ("q", "k", "v") else t).to(device) for n, t in x.items()}
+    return x, torch.tensor([[-1] + list(range(T - 1))] * B, device=device)
+
+
+def plan_of(name: str, parents):
+    from ddsim.gpu_backend import checks, device_checks
+    return device_checks.DevicePlan(parents.int()) if name == "device" else checks.TreePlan(parents)
+
+
+def child(argv: list[str]) -> None:
+    """One configuration (T, root, plan, dtype, rounds, K, V) on the GPU: its output finite, and equal to the host
+    plan's."""
+    import torch
+
+    from ddsim.gpu_backend import triton_gdn
+    T, root, plan, dt, rounds, K, V = (int(argv[0]), int(argv[1]), argv[2], argv[3], argv[4] == "1", int(argv[5]),
+                                       int(argv[6]))
+    x, parents = case(T, dt, K, V, "cuda")
+    triton_gdn.FUSED_ROOT, triton_gdn.DEVICE_ROUNDS = root, rounds
+    o = triton_gdn.gdn_tree_verify_wy(**x, parents=plan_of(plan, parents), mode="exact", design="fused")
+    torch.cuda.synchronize()
+    ref = triton_gdn.gdn_tree_verify_wy(**x, parents=plan_of("host", parents), mode="exact", design="fused")
+    torch.cuda.synchronize()
+    print("ok", torch.isfinite(o).all().item(), torch.equal(o, ref))
+
 
 CONFIGS = (list(itertools.product([17, 33, 37, 48, 64, 65], [0, 1, 2], ["device", "host"], ["float32", "bfloat16"],
                                   [1], [4], [4]))
            + list(itertools.product([37], [1], ["device"], ["float32"], [0], [4, 16, 128], [4]))
-           # V tiles of 32 and 64: compiled for sm_90 (Triton 3.6), the 64-row block's products at 16-wide tiles are
-           # wgmma of N = 8 over 8 warps ([8, 1]), at 32-wide N = 16; a serving shape's (V = 128) N = 32
+           # V tiles of 32 and 64 (--mma: the 64-row block's products' N at 16-wide tiles 8, at 32-wide 16)
            + list(itertools.product([37, 64], [1, 2], ["device", "host"], ["float32"], [1], [4], [32, 64])))
 
 
@@ -56,13 +79,43 @@ def one(cfg):
     return cfg, r.returncode, last, err
 
 
+def mma(configs) -> None:
+    """Each configuration's WY launch compiled for sm_90 on the CPU (tests/gpu_compile.py's capture, Triton's bundled
+    ptxas): its block, warps and V tile, and its products' MMA layouts (instrShape: wgmma's three numbers M, N, K
+    per warp, mma.sync's two)."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    import gpu_compile as gc
+    import triton
+
+    from ddsim.gpu_backend import triton_gdn
+    print(f"# sm_90, triton {triton.__version__}", flush=True)
+    seen = set()
+    for T, root, plan, dt, _, K, V in configs:  # (the rounds change no layout)
+        if (T, root, plan, dt, K, V) in seen:
+            continue
+        seen.add((T, root, plan, dt, K, V))
+        x, parents = case(T, dt, K, V, "cpu")
+        triton_gdn.FUSED_ROOT = root
+        gc.GOT.clear()
+        triton_gdn.plan_wy(**x, parents=plan_of(plan, parents), mode="exact", design="fused")
+        kernel, kw = gc.GOT[-1]
+        ttgir = gc.compile_for(kernel, kw).asm["ttgir"]
+        layouts = sorted(set(re.findall(r"warpsPerCTA = \[\d+, \d+\], instrShape = \[[\d, ]+\]", ttgir)))
+        print((T, root, plan, dt, K, V), f"BT {kw['BT']} warps {kw['num_warps']} BV {kw['BV']}:", "; ".join(layouts),
+              flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--first", type=int, default=len(CONFIGS), help="run the first N configurations only")
+    ap.add_argument("--mma", action="store_true", help="print each launch's MMA layouts compiled for sm_90 (no GPU)")
     a = ap.parse_args()
     if not 1 <= a.first <= len(CONFIGS):
         ap.error(f"--first {a.first}: expected 1 to {len(CONFIGS)}")
+    if a.mma:
+        return mma(CONFIGS[:a.first])
     import torch
     if not torch.cuda.is_available():
         sys.exit("wy_fault_probe.py: needs a CUDA GPU (it runs compiled kernels)")
