@@ -49,27 +49,41 @@ def plan_of(name: str, parents):
 
 
 def child(argv: list[str]) -> None:
-    """One configuration (T, root, plan, dtype, rounds, K, V) on the GPU: its output finite, and equal to the host
-    plan's."""
+    """One configuration (T, root, plan, dtype, rounds, K, V, design, least V tile at 64 rows) on the GPU: its output
+    finite, equal to the host plan's, and its largest distance from the serial kernel's (no products: a reference
+    the fault cannot reach) over the serial output's largest entry."""
     import torch
 
-    from ddsim.gpu_backend import triton_gdn
-    T, root, plan, dt, rounds, K, V = (int(argv[0]), int(argv[1]), argv[2], argv[3], argv[4] == "1", int(argv[5]),
-                                       int(argv[6]))
+    from ddsim.gpu_backend import _common, triton_gdn
+    T, root, plan, dt, rounds, K, V, design, least = (int(argv[0]), int(argv[1]), argv[2], argv[3], argv[4] == "1",
+                                                      int(argv[5]), int(argv[6]), argv[7], int(argv[8]))
     x, parents = case(T, dt, K, V, "cuda")
-    triton_gdn.FUSED_ROOT, triton_gdn.DEVICE_ROUNDS = root, rounds
-    o = triton_gdn.gdn_tree_verify_wy(**x, parents=plan_of(plan, parents), mode="exact", design="fused")
+    triton_gdn.FUSED_ROOT, triton_gdn.DEVICE_ROUNDS, _common.MIN_V_TILE_64 = root, rounds, least
+    o = triton_gdn.gdn_tree_verify_wy(**x, parents=plan_of(plan, parents), mode="exact", design=design)
     torch.cuda.synchronize()
-    ref = triton_gdn.gdn_tree_verify_wy(**x, parents=plan_of("host", parents), mode="exact", design="fused")
+    ref = triton_gdn.gdn_tree_verify_wy(**x, parents=plan_of("host", parents), mode="exact", design=design)
+    serial = triton_gdn.gdn_tree_verify_recurrent(**x, parents=parents, mode="exact").float()
     torch.cuda.synchronize()
-    print("ok", torch.isfinite(o).all().item(), torch.equal(o, ref))
+    dev = ((o.float() - serial).abs().max() / serial.abs().max()).item()
+    print("ok", torch.isfinite(o).all().item(), torch.equal(o, ref), f"{dev:.1e}")
 
 
-CONFIGS = (list(itertools.product([17, 33, 37, 48, 64, 65], [0, 1, 2], ["device", "host"], ["float32", "bfloat16"],
-                                  [1], [4], [4]))
-           + list(itertools.product([37], [1], ["device"], ["float32"], [0], [4, 16, 128], [4]))
-           # V tiles of 32 and 64 (--mma: the 64-row block's products' N at 16-wide tiles 8, at 32-wide 16)
-           + list(itertools.product([37, 64], [1, 2], ["device", "host"], ["float32"], [1], [4], [32, 64])))
+# (T, FUSED_ROOT, plan, dtype, DEVICE_ROUNDS, K, V, design, MIN_V_TILE_64). The first 91: the one-kernel form's
+# launches around the drawn-tree test's fault, with the 32-wide least tile at 64 rows (the fix); then four of them
+# that faulted with 16 (the fault, reproduced); then the two- and three-kernel forms (split, fold, head at 37 and 65
+# nodes) and past one block (100 nodes: the chunked form as "fused", the split form as "auto"), each with 16 and 32
+_FUSED = (list(itertools.product([17, 33, 37, 48, 64, 65], [0, 1, 2], ["device", "host"], ["float32", "bfloat16"],
+                                 [1], [4], [4]))
+          + list(itertools.product([37], [1], ["device"], ["float32"], [0], [4, 16, 128], [4]))
+          # V tiles of 32 and 64 (--mma: the 64-row block's products' N at 16-wide tiles 8, at 32-wide 16)
+          + list(itertools.product([37, 64], [1, 2], ["device", "host"], ["float32"], [1], [4], [32, 64])))
+CONFIGS = ([(*c, "fused", 32) for c in _FUSED]
+           + [(37, 1, "device", "float32", 1, 4, 4, "fused", 16), (37, 1, "host", "bfloat16", 1, 4, 4, "fused", 16),
+              (48, 0, "host", "float32", 1, 4, 4, "fused", 16), (64, 0, "device", "float32", 1, 4, 4, "fused", 16)]
+           + list(itertools.product([37, 65], [2], ["host"], ["float32", "bfloat16"], [1], [4], [4],
+                                    ["split", "fold", "head"], [16, 32]))
+           + list(itertools.product([100], [2], ["host"], ["float32", "bfloat16"], [1], [4], [4], ["fused", "auto"],
+                                    [16, 32])))
 
 
 def one(cfg):
@@ -91,18 +105,19 @@ def mma(configs) -> None:
     from ddsim.gpu_backend import triton_gdn
     print(f"# sm_90, triton {triton.__version__}", flush=True)
     seen = set()
-    for T, root, plan, dt, _, K, V in configs:  # (the rounds change no layout)
-        if (T, root, plan, dt, K, V) in seen:
+    from ddsim.gpu_backend import _common
+    for T, root, plan, dt, _, K, V, design, least in configs:  # (the rounds change no layout)
+        if (T, root, plan, dt, K, V, design, least) in seen:
             continue
-        seen.add((T, root, plan, dt, K, V))
+        seen.add((T, root, plan, dt, K, V, design, least))
         x, parents = case(T, dt, K, V, "cpu")
-        triton_gdn.FUSED_ROOT = root
+        triton_gdn.FUSED_ROOT, _common.MIN_V_TILE_64 = root, least
         gc.GOT.clear()
-        triton_gdn.plan_wy(**x, parents=plan_of(plan, parents), mode="exact", design="fused")
+        triton_gdn.plan_wy(**x, parents=plan_of(plan, parents), mode="exact", design=design)
         kernel, kw = gc.GOT[-1]
         ttgir = gc.compile_for(kernel, kw).asm["ttgir"]
         layouts = sorted(set(re.findall(r"warpsPerCTA = \[\d+, \d+\], instrShape = \[[\d, ]+\]", ttgir)))
-        print((T, root, plan, dt, K, V), f"BT {kw['BT']} warps {kw['num_warps']} BV {kw['BV']}:", "; ".join(layouts),
+        print((T, root, plan, dt, K, V, design, least), f"BT {kw['BT']} warps {kw['num_warps']} BV {kw['BV']}:", "; ".join(layouts),
               flush=True)
 
 

@@ -62,6 +62,21 @@ def next_pow2(n: int, lo: int = 16) -> int:
     return max(lo, 1 << max(0, int(n) - 1).bit_length())
 
 
+# The V tile's least width at a block of 64 rows or more. Compiled for sm_90 (Triton 3.6), a 64-row block over 8
+# warps at a 16-wide V tile takes wgmma of N = 8, and on an H100 such launches of _gdn_wy_kernel read 256 bytes past
+# shared memory (compute-sanitizer's memcheck: an illegal address, or with bf16 inputs NaN outputs), where the same
+# launches at 32- and 64-wide tiles (N = 16 and 32) ran clean (benchmarks/wy_fault_probe.py, RESULTS.md). Only a
+# V of at most 16, or a block_v of 16 asked for, drew it; benchmarks set it to 16 to reproduce the fault.
+MIN_V_TILE_64 = 32
+
+
+def v_tile(block_v: int, V: int, BT: int) -> int:
+    """A kernel's V tile: block_v, at most V's power of two but at least 16, and at least MIN_V_TILE_64 where the
+    block has BT >= 64 rows."""
+    bv = min(block_v, next_pow2(V))
+    return max(bv, MIN_V_TILE_64) if BT >= 64 else bv
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for launch grids. (Plain Python: triton.cdiv and triton.next_power_of_2 are
     constexpr functions whose calls cost microseconds of host time in a launcher.)"""

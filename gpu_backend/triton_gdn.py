@@ -610,7 +610,7 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     asked_v, asked_warps = block_v, num_warps or FUSED_WARPS
     # 4 warps for a 16-row block, 8 for larger blocks (FUSED_WARPS' and FUSED_ROOT's notes)
     block_v, num_warps = block_v or 64, num_warps or FUSED_WARPS or (4 if BT == 16 and not sglang_layout else 8)
-    BV = min(block_v, max(16, C.next_pow2(V, 1)))
+    BV = C.v_tile(block_v, V, BT)  # (at least 32 at a 64-row block: C.MIN_V_TILE_64)
     raw16 = FUSED_RAW16 and q.dtype == k.dtype == torch.bfloat16 and not C.interpreting()
     if root == 1:  # the root's chain is one node longer: powers of -L up to the depth
         nstep = math.ceil(math.log2(depth + 1))

@@ -362,7 +362,7 @@ def plan_wy_blocked(q, k, v, g=None, beta=None, *, parents, initial_state, mode=
     o = C.alloc((B, T, HV, V), v.dtype, v.device, poison)
     if block_v is None:
         block_v = auto_block_v(B, precision, design)
-    BT, BK, BV = block_t, max(16, C.next_pow2(K, 1)), min(block_v, max(16, C.next_pow2(V, 1)))
+    BT, BK, BV = block_t, max(16, C.next_pow2(K, 1)), C.v_tile(block_v, V, block_t)
     rows = C.qkv_rows(q, k, v)  # q, k, v as given where their rows are, else contiguous copies, and their row strides
     qc, kc, vc = rows["q"], rows["k"], rows["v"]
     QS, KS, VS = rows["QS"], rows["KS"], rows["VS"]

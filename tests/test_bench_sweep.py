@@ -517,24 +517,26 @@ def test_gluon_served_refuses_shapes_design_auto_gives_another_form_before_any_w
 
 
 def test_wy_fault_probe_refuses_a_count_of_configurations_it_does_not_have_before_any_work():
-    _refused_before_any_work("wy_fault_probe.py", ["--first", "0"], "--first 0: expected 1 to 91")
-    _refused_before_any_work("wy_fault_probe.py", ["--first", "92"], "--first 92: expected 1 to 91")
+    _refused_before_any_work("wy_fault_probe.py", ["--first", "0"], "--first 0: expected 1 to 127")
+    _refused_before_any_work("wy_fault_probe.py", ["--first", "128"], "--first 128: expected 1 to 127")
 
 
 @pytest.mark.slow  # Triton's compiler and ptxas (a few seconds)
-def test_wy_fault_probe_mma_prints_the_layouts_of_the_launch_that_faulted_and_of_its_wider_tile():
+def test_wy_fault_probe_mma_prints_the_layouts_of_the_launch_that_faulted_and_of_the_fixed_tiles():
     """wy_fault_probe.mma, compiled for sm_90 on the CPU: the faulting draw's launch (37 nodes, fp32, the root in the
-    block, a device plan: a 64-row block, 8 warps, 16-wide V tiles) takes wgmma with products of N = 8; with V = 64
-    (64-wide tiles, as a serving shape's) every product is N = 32. The lead RESULTS.md records."""
+    block, a device plan: a 64-row block, 8 warps) with the old least tile of 16 takes wgmma with products of N = 8;
+    as planned now (_common.MIN_V_TILE_64: a 32-wide tile) none is N = 8; with V = 64 every product is N = 32."""
     pytest.importorskip("triton.backends.nvidia")
     code = ("import wy_fault_probe as P\n"
-            "P.mma([(37, 1, 'device', 'float32', 1, 4, 4), (37, 1, 'device', 'float32', 1, 4, 64)])\n")
+            "P.mma([(37, 1, 'device', 'float32', 1, 4, 4, 'fused', 16), (37, 1, 'device', 'float32', 1, 4, 4, 'fused', 32),"
+            " (37, 1, 'device', 'float32', 1, 4, 64, 'fused', 32)])\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=BENCHMARKS,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    narrow, wide = [line for line in r.stdout.splitlines() if line.startswith("(37")]
+    narrow, fixed, wide = [line for line in r.stdout.splitlines() if line.startswith("(37")]
     assert "BT 64 warps 8 BV 16:" in narrow and "warpsPerCTA = [8, 1], instrShape = [16, 8, 8]" in narrow, narrow
+    assert "BT 64 warps 8 BV 32:" in fixed and "instrShape = [16, 8, 8]" not in fixed, fixed
     assert "BT 64 warps 8 BV 64:" in wide and "instrShape = [16, 32, 8]" in wide, wide
     assert "instrShape = [16, 8, 8]" not in wide and "instrShape = [16, 16, 8]" not in wide, wide
 
