@@ -1,0 +1,65 @@
+"""The WY launchers never launch a 16-wide V tile at a block of 64 rows or more (_common.MIN_V_TILE_64): compiled for
+sm_90 such a launch takes wgmma of N = 8, and on an H100 the one-kernel form's read 256 bytes past shared memory (an
+illegal address with fp32 inputs, NaN outputs with bf16: benchmarks/wy_fault_probe.py, RESULTS.md). Planned on the
+CPU, nothing launched: every design at 37 and 65 nodes (one block) and 100 (past it), V of 4 and 16, bf16 and fp32,
+a V tile asked for or not. With the old least width (16) planted the rule fails, so the test can."""
+import pytest
+import torch
+
+from ddsim.gpu_backend import _common, triton_gdn, triton_wy_blocked, triton_wy_split
+
+GOT: list[dict] = []
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """The keyword arguments of each launch the WY plans bind (nothing launched)."""
+    GOT.clear()
+
+    def bind(kernel, grid, kw):
+        GOT.append(dict(kw, kernel=kernel))
+        return lambda: None
+    for m in (triton_gdn, triton_wy_split, triton_wy_blocked):
+        monkeypatch.setattr(m, "bind", bind)
+    return GOT
+
+
+def _plan(T: int, V: int, dtype: torch.dtype, design: str, **kw) -> None:
+    B, H, HV, K = 1, 1, 2, 4
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(B, T, H, K, generator=gen).to(dtype) for _ in range(2))
+    v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
+    parents = torch.tensor([[-1] + list(range(T - 1))])
+    triton_gdn.plan_wy(q, k, v, -torch.rand(B, T, HV), torch.rand(B, T, HV), parents=parents,
+                       initial_state=torch.zeros(B, HV, K, V), design=design, poison=False, **kw)
+
+
+CASES = [(T, V, dtype, design) for T in (37, 65, 100) for V in (4, 16) for dtype in (torch.float32, torch.bfloat16)
+         for design in ("fused", "split", "fold", "head", "auto")]
+
+
+def _tiles(planned, T, V, dtype, design, **kw) -> list[tuple[int, int]]:
+    planned.clear()
+    _plan(T, V, dtype, design, **kw)
+    return [(g["BT"], g["BV"]) for g in planned if "BT" in g and "BV" in g]
+
+
+@pytest.mark.parametrize("T,V,dtype,design", CASES)
+def test_no_launch_takes_a_16_wide_v_tile_at_64_rows(planned, T, V, dtype, design):
+    tiles = _tiles(planned, T, V, dtype, design)
+    assert tiles, "no WY launch with a block and a V tile was planned"
+    assert any(bt >= 64 for bt, _ in tiles), tiles  # the rule is exercised: a 64-row block was planned
+    assert all(bv >= 32 for bt, bv in tiles if bt >= 64), tiles
+    assert all(bv == 16 for bt, bv in tiles if bt < 64), tiles  # smaller blocks keep V's own tile
+
+
+def test_a_16_wide_tile_asked_for_at_64_rows_is_widened_and_a_wider_one_kept(planned):
+    assert {bv for bt, bv in _tiles(planned, 37, 128, torch.float32, "fused", block_v=16) if bt >= 64} == {32}
+    assert {bv for bt, bv in _tiles(planned, 37, 128, torch.float32, "fused", block_v=64) if bt >= 64} == {64}
+    assert {bv for bt, bv in _tiles(planned, 17, 128, torch.float32, "fused", block_v=16)} == {16}
+
+
+def test_the_old_least_width_planted_breaks_the_rule(planned, monkeypatch):
+    monkeypatch.setattr(_common, "MIN_V_TILE_64", 16)
+    tiles = _tiles(planned, 37, 4, torch.float32, "fused")
+    assert (64, 16) in tiles, tiles
