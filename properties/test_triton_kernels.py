@@ -538,9 +538,9 @@ def test_triton_commit_with_a_tree_plan_equals_raw_parents(inp, data):
 @example(_long_example(T=33), "leaky", torch.float32, "fold", None, True, None)
 @example(_long_example(T=40), "exact", torch.float16, "fold-root", 16, True, None)
 @example(_long_example(T=33), "leaky", torch.float32, "fold-root", None, False, None)
-@example(_long_example(T=40, V=40), "exact", torch.float16, "head", None, True, None)  # three 16-wide V tiles
+@example(_long_example(T=40, V=80), "exact", torch.float16, "head", None, True, None)  # three V tiles (32 wide at 64 rows)
 @example(_long_example(T=33, V=24), "leaky", torch.float32, "head", None, False, None)
-@example(_long_example(T=40, V=40), "exact", torch.float16, "head", None, True, True)  # a program per V tile
+@example(_long_example(T=40, V=80), "exact", torch.float16, "head", None, True, True)  # a program per V tile
 @example(_long_example(T=33, V=24), "leaky", torch.float32, "head", None, False, False)  # one per head
 def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design, block_k, vk, split_v):
     """The two-kernel WY forms on trees of up to 40 nodes (a 64-row block, several doubling rounds); "fold-root"
@@ -571,17 +571,18 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
                                                                ("leaky", torch.float32, "ieee", True)])
 def test_the_head_kernels_mixed_grid_matches_oracle(mode, dtype, precision, same_bits, monkeypatch):
     """HEAD_MIXED: the heads of whole waves a program each, the last, partial wave's a program per V tile, in one
-    grid. 4 heads on 3 slots (three 16-wide V tiles a head): 3 whole, then the fourth in 3 programs. Both grids'
+    grid. 4 heads on 3 slots (three V tiles a head, 32 wide: the least at a 64-row block, _common.MIN_V_TILE_64): 3
+    whole, then the fourth in 3 programs. Both grids'
     outputs equal the oracle's, and each other's bit for bit (the same arithmetic a tile) but with fp32 inputs'
     default tf32x3 products: there Triton compiles the mixed grid's loop over runtime bounds to other bits (on an
     H200, up to 1.8e-7 apart, each 3.1e-7 off the float64 oracle; ieee and tf32 products, and bf16x3 for 16-bit
     inputs, the same bits: benchmarks/repro_head_mixed_bits.py)."""
     from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
-    inp = _long_example(T=40, V=40)
+    inp = _long_example(T=40, V=80)
     args = _cast(inp, dtype)
     pool, slots = _pool(inp)
     before = pool.clone()
-    monkeypatch.setattr(ws, "HEAD_BLOCK_V", 16)
+    monkeypatch.setattr(ws, "HEAD_BLOCK_V", 32)
     monkeypatch.setattr(ws, "_slots", lambda device: 3)
     grids, bind = [], ws.bind
     monkeypatch.setattr(ws, "bind", lambda kernel, grid, kw: grids.append((grid, kw["NWHOLE"], kw["MIXED"])) or
