@@ -64,9 +64,10 @@ def next_pow2(n: int, lo: int = 16) -> int:
 
 # The V tile's least width at a block of 64 rows or more. Compiled for sm_90 (Triton 3.6), a 64-row block over 8
 # warps at a 16-wide V tile takes wgmma of N = 8, and on an H100 such launches of _gdn_wy_kernel read 256 bytes past
-# shared memory (compute-sanitizer's memcheck: an illegal address, or with bf16 inputs NaN outputs), where the same
-# launches at 32- and 64-wide tiles (N = 16 and 32) ran clean (benchmarks/wy_fault_probe.py, RESULTS.md). Only a
-# V of at most 16, or a block_v of 16 asked for, drew it; benchmarks set it to 16 to reproduce the fault.
+# shared memory (compute-sanitizer's memcheck: an illegal address, or NaN outputs), where the same launches at 32-
+# and 64-wide tiles (N = 16 and 32) ran clean (benchmarks/wy_fault_probe.py, RESULTS.md). The split, fold, head and
+# blocked forms ran clean at 16 as well; their plans take the rule too, a precaution. Only a V of at most 16, or a
+# block_v of 16 asked for, drew it; benchmarks set it to 16 to reproduce the fault.
 MIN_V_TILE_64 = 32
 
 

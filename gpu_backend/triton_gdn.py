@@ -549,8 +549,9 @@ def plan_wy(q, k, v, g=None, beta=None, *, parents, initial_state, mode="exact",
     two-kernel forms only) or with other products (head not measured). A batch whose head programs split along V
     fit in one wave of the GPU takes them so too (22.0 us at 2x65 against 27.1). block_v
     / num_warps / solve_warps default to each design's sweep choice (triton_wy_split.FOLD_DEFAULTS for
-    fold; past one block a block_v given is capped at 64 for the split form with bf16x3 products, else 32, what
-    was compiled and measured there); precision: the input_precision of
+    fold; at a block of 64 rows or more a V tile is at least 32 wide, _common.MIN_V_TILE_64; past one block a
+    block_v given is capped at 64 for the split form with bf16x3 products, else 32, what was compiled and
+    measured there); precision: the input_precision of
     the products of fp32 operands (None: bf16x3 for 16-bit inputs, tf32x3 for fp32: _common.dot_precision;
     the products by raw 16-bit q, k are single exact MMAs whatever it is); exact16: how the fold kernels
     multiply by the raw 16-bit k and v ("bf16x3", the default, or "tf32x2"); pdl: launch the folded
