@@ -11,9 +11,12 @@ round by round; Qwen3.6-27B GDN shapes (H=16, HV=48, K=V=128), bf16 inputs, DDTr
 
 Printed first: each form's output against the float64 oracle (the share of entries off the oracle rounded to bf16,
 bench.off_rounded) and whether the two kernels' outputs are finite, then the timing table (bench.timing_rounds: the
-timer, the median of --calls do_bench calls, and three device times after do_bench's flush, one warm).
+timer, the median of --calls do_bench calls, and three device times after do_bench's flush, one warm). --layers N
+(N > 0) adds, each round, both kernels replayed from one CUDA graph of N layers' verifies (design auto, each layer its
+own inputs; the states by sequence and through slots; bench.graphed_layers_us, us a layer), as a server's replayed
+verify runs a model's GDN layers (Qwen3.6-27B has 48).
 
-    python benchmarks/gluon_served.py [--commit SHA] [--shapes 1x16,1x9] [--calls 5] [--rounds 2]  # needs CUDA
+    python benchmarks/gluon_served.py [--commit SHA] [--shapes 1x16,1x9] [--calls 5] [--rounds 2] [--layers 48]
 """
 import argparse
 
@@ -24,6 +27,7 @@ from ddsim.bench.bench import (
     at_least_one,
     cuda_run,
     ddtree_batch,
+    graphed_layers_us,
     kernel_inputs,
     off_rounded,
     parse_shapes,
@@ -75,8 +79,11 @@ def main():
     ap = argparse.ArgumentParser()
     timing_options(ap, rounds=2)
     ap.add_argument("--shapes", default="1x16,1x9")
+    ap.add_argument("--layers", type=int, default=0, help="layers of the graphed replay (0: none)")
     a = ap.parse_args()
     at_least_one(ap, a, "calls", "rounds")
+    if a.layers < 0:
+        ap.error(f"--layers: expected 0 (no graphed replay) or more, got {a.layers}")
     shapes = parse_shapes(ap, a.shapes)
     if any(T > 16 or B != 1 for B, T in shapes):  # (design auto takes the head form for a batch: 3bbaadd's 2 x 16
         # rows timed it under both names)
@@ -97,6 +104,28 @@ def main():
                       f"{bool(torch.isfinite(o).all())} |", flush=True)
                 launches[f"{B} x {T}, {name}, {kernel}"] = launch
     timing_rounds(launches, rounds=a.rounds, calls=a.calls)
+    if a.layers:
+        graphed(shapes, a.layers, a.rounds)
+
+
+def graphed(shapes, layers: int, rounds: int) -> None:
+    """Both kernels replayed from one CUDA graph of ``layers`` verifies at each shape, round by round."""
+    from ddsim.gpu_backend import triton_gdn
+    print(f"| round | shape | states | kernel | graphed, {layers} layers, us a layer |")
+    print("|---|---|---|---|---|")
+    before = triton_gdn.FUSED_GLUON
+    try:
+        for rnd in range(1, rounds + 1):
+            for B, T in shapes:
+                _, parents = ddtree_batch(B, T)
+                for slots in (False, True):
+                    for gluon in (True, False):
+                        triton_gdn.FUSED_GLUON = gluon
+                        us = graphed_layers_us(B, T, parents, layers, slots=slots)
+                        print(f"| {rnd} | {B} x {T} | {'through slots' if slots else 'by sequence'} | "
+                              f"{'Gluon fold' if gluon else 'Triton form'} | {us:.2f} |", flush=True)
+    finally:
+        triton_gdn.FUSED_GLUON = before
 
 
 if __name__ == "__main__":

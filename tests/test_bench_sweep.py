@@ -514,6 +514,7 @@ def test_gluon_served_refuses_shapes_design_auto_gives_another_form_before_any_w
     _refused_before_any_work("gluon_served.py", ["--shapes", "1x16,2x16"], want + " 16 nodes, got '1x16,2x16'")
     _refused_before_any_work("gluon_served.py", ["--shapes", "1x17"], want + " 16 nodes, got '1x17'")
     _refused_before_any_work("gluon_served.py", ["--rounds", "0"], "--rounds: expected 1 or more, got 0")
+    _refused_before_any_work("gluon_served.py", ["--layers", "-1"], "--layers: expected 0 (no graphed replay) or more, got -1")
 
 
 def test_wy_fault_probe_refuses_a_count_of_configurations_it_does_not_have_before_any_work():
