@@ -115,7 +115,7 @@ def graphed(shapes, layers: int, rounds: int) -> None:
     print("|---|---|---|---|---|")
     before = triton_gdn.FUSED_GLUON
     try:
-        for rnd in range(1, rounds + 1):
+        for rnd in range(rounds):  # (numbered from 0, as timing_rounds' rows)
             for B, T in shapes:
                 _, parents = ddtree_batch(B, T)
                 for slots in (False, True):
