@@ -370,7 +370,8 @@ FUSED_WARPS = None
 # (gluon_gdn: its state copied by cp.async and waited for at its use, every read issued before any is used), where
 # the GPU compiles it, rather than _gdn_wy_kernel, on host and device plans; benchmarks turn it off to time the Triton
 # form in place. On an H100 at 1 x 16 (benchmarks/gluon_served.py, RESULTS.md) 5.1-5.2 us of device time against the
-# Triton form's 5.8-5.9, through engine_api 5.2-5.3 against 6.1-6.3, its outputs 0.40-0.45% off the float64 oracle
+# Triton form's 5.8-5.9, through engine_api 5.2-5.3 against 6.1-6.3, replayed from a graph of 48 layers 4.95-5.27 a
+# layer against 5.34-5.71, its outputs 0.40-0.45% off the float64 oracle
 # rounded to bf16 against 0.26%; not yet run on an H200. GLUON_VK: with a pool in SGLang's layout too.
 FUSED_GLUON = True
 GLUON_VK = True
