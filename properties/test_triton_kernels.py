@@ -93,6 +93,33 @@ def test_triton_gdn_verify_matches_oracle(inp, mode, backend, dtype):
     assert torch.equal(pool, before)  # verify never writes the committed state
 
 
+@pytest.mark.parametrize("root", [0, 1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T, V", [(37, 4), (40, 6)])
+def test_the_one_kernel_form_at_a_64_row_block_with_a_narrow_v_matches_oracle(T, V, dtype, root):
+    """The one-kernel form at 37-40 nodes (a 64-row block, 8 warps) with V of 4 or 6, each root placement: its V
+    tile 32 wide (_common.MIN_V_TILE_64). Compiled for sm_90 with a 16-wide tile this launch read past its shared
+    memory on an H100 (an illegal address with fp32 inputs, NaN outputs or the same fault with bf16: RESULTS.md,
+    benchmarks/wy_fault_probe.py); here, compiled on a GPU or interpreted, equal to the oracle, the pool
+    untouched."""
+    from ddsim.gpu_backend import triton_gdn
+    inp = _long_example(T=T, V=V, seed=T)
+    args = _cast(inp, dtype)
+    pool, slots = _pool(inp)
+    before = pool.clone()
+    tiles, bind = [], triton_gdn.bind
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(triton_gdn, "FUSED_ROOT", root)
+        mp.setattr(triton_gdn, "bind", lambda kernel, grid, kw: tiles.append((kw["BT"], kw["BV"])) or
+                   bind(kernel, grid, kw))
+        o = triton_gdn.gdn_tree_verify_wy(**args, parents=_dev(inp["parents"]), initial_state=pool,
+                                          state_indices=slots, mode="exact", design="fused")
+    assert tiles == [(64, 32)], tiles
+    ref = oracle.gdn_tree_verify(**args, parents=inp["parents"], initial_state=inp["initial_state"], mode="exact")
+    assert_close(f"o (fused, {T} nodes, V {V}, root {root})", o, ref, dtype=dtype, slack=5)
+    assert torch.equal(pool, before)
+
+
 @settings(max_examples=12)
 @given(gdn_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]), st.sampled_from([0, 1, 2]),
        st.sampled_from(DTYPES), st.booleans(), st.booleans(), st.booleans(),
