@@ -1,16 +1,21 @@
-"""Which one-kernel WY launches (triton_gdn's design "fused") fault on the GPU: each configuration in a process of its
-own (a CUDA fault is sticky: every later call in the process fails too), on two chains of T nodes (B=2, H=1, HV=3,
-K and V 4 unless given), a host plan (checks.TreePlan) or a device plan (device_checks.DevicePlan: the tables' kernel,
-then the WY kernel taking each sequence's rounds from the depths it wrote), the root in the block (FUSED_ROOT 1 or 2)
-or first (0), fp32 or bf16 inputs. tests/test_device_checks.py's drawn-tree test faulted with an illegal address on
-such launches (fp32, design fused, a device plan; at 37 nodes with the root in the block on an H100), while Triton's
-interpreter, every access held to its tensors (ddsim.engines.triton_interpret.check_bounds), found none.
+"""Which WY launches fault on the GPU: each configuration in a process of its own (a CUDA fault is sticky: every
+later call in the process fails too), on two chains of T nodes (B=2, H=1, HV=3, K and V 4 unless given), a host plan
+(checks.TreePlan) or a device plan (device_checks.DevicePlan: the tables' kernel, then the WY kernel taking each
+sequence's rounds from the depths it wrote), the root in the block (FUSED_ROOT 1 or 2) or first (0), fp32 or bf16
+inputs, a design, and the least V tile at a 64-row block (_common.MIN_V_TILE_64: 32, or 16 as before the fix).
+tests/test_device_checks.py's drawn-tree test faulted with an illegal address on the one-kernel form's launches (fp32,
+design fused, a device plan, 37 nodes, the root in the block, on an H100), while Triton's interpreter, every access
+held to its tensors (ddsim.engines.triton_interpret.check_bounds), found none. Run at a047ec3, this probe found the
+cause (RESULTS.md): at a 64-row block with a 16-wide V tile the compiled kernel read past its shared memory
+(memcheck), an illegal address or NaN outputs; 32- and 64-wide tiles ran clean. Its configurations now run the fix
+(32), four of the faulting launches with 16, and the other forms with both.
 
-A line per configuration: (T, FUSED_ROOT, plan, dtype, DEVICE_ROUNDS, K, V), the child's exit status, "ok" with whether
-the output is finite and equal to the host plan's, or the error's last line. The first two that fault run again
-under compute-sanitizer's memcheck where the machine has it (its first 40 lines). --mma, on the CPU: each launch
-compiled for sm_90, its MMA layouts (the 64-row block's products are wgmma, some of N = 8 over 8 warps at 16-wide V
-tiles, where a serving shape's are N = 32: a lead for the fault, which the V tiles of 32 and 64 here test).
+A line per configuration: (T, FUSED_ROOT, plan, dtype, DEVICE_ROUNDS, K, V, design, least tile), the child's exit
+status, then "ok" with whether the output is finite, whether it equals the host plan's, and its largest distance
+from the serial kernel's over that output's largest entry; or the error's last line. The first two that fault run
+again under compute-sanitizer's memcheck where the machine has it (its first 40 lines). --mma, on the CPU: each
+launch compiled for sm_90, its MMA layouts (at a 64-row block the products are wgmma: some of N = 8 over 8 warps at
+16-wide V tiles, N = 16 and 32 at 32-wide, N = 32 at 64-wide).
 
     python benchmarks/wy_fault_probe.py [--commit SHA] [--first N]   # needs CUDA
     python benchmarks/wy_fault_probe.py --mma [--first N]           # no GPU
@@ -102,10 +107,9 @@ def mma(configs) -> None:
     import gpu_compile as gc
     import triton
 
-    from ddsim.gpu_backend import triton_gdn
+    from ddsim.gpu_backend import _common, triton_gdn
     print(f"# sm_90, triton {triton.__version__}", flush=True)
     seen = set()
-    from ddsim.gpu_backend import _common
     for T, root, plan, dt, _, K, V, design, least in configs:  # (the rounds change no layout)
         if (T, root, plan, dt, K, V, design, least) in seen:
             continue

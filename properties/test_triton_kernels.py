@@ -99,7 +99,7 @@ def test_triton_gdn_verify_matches_oracle(inp, mode, backend, dtype):
 def test_the_one_kernel_form_at_a_64_row_block_with_a_narrow_v_matches_oracle(T, V, dtype, root):
     """The one-kernel form at 37-40 nodes (a 64-row block, 8 warps) with V of 4 or 6, each root placement: its V
     tile 32 wide (_common.MIN_V_TILE_64). Compiled for sm_90 with a 16-wide tile this launch read past its shared
-    memory on an H100 (an illegal address with fp32 inputs, NaN outputs or the same fault with bf16: RESULTS.md,
+    memory on an H100 (an illegal address, or NaN outputs: RESULTS.md,
     benchmarks/wy_fault_probe.py); here, compiled on a GPU or interpreted, equal to the oracle, the pool
     untouched."""
     from ddsim.gpu_backend import triton_gdn
@@ -599,11 +599,10 @@ def test_triton_wy_split_matches_oracle_on_larger_trees(inp, mode, dtype, design
 def test_the_head_kernels_mixed_grid_matches_oracle(mode, dtype, precision, same_bits, monkeypatch):
     """HEAD_MIXED: the heads of whole waves a program each, the last, partial wave's a program per V tile, in one
     grid. 4 heads on 3 slots (three V tiles a head, 32 wide: the least at a 64-row block, _common.MIN_V_TILE_64): 3
-    whole, then the fourth in 3 programs. Both grids'
-    outputs equal the oracle's, and each other's bit for bit (the same arithmetic a tile) but with fp32 inputs'
-    default tf32x3 products: there Triton compiles the mixed grid's loop over runtime bounds to other bits (on an
-    H200, up to 1.8e-7 apart, each 3.1e-7 off the float64 oracle; ieee and tf32 products, and bf16x3 for 16-bit
-    inputs, the same bits: benchmarks/repro_head_mixed_bits.py)."""
+    whole, then the fourth in 3 programs. Both grids' outputs equal the oracle's, and each other's bit for bit (the
+    same arithmetic a tile) but with fp32 inputs' default tf32x3 products: there Triton compiles the mixed grid's loop
+    over runtime bounds to other bits (on an H200, up to 1.8e-7 apart, each 3.1e-7 off the float64 oracle; ieee and
+    tf32 products, and bf16x3 for 16-bit inputs, the same bits: benchmarks/repro_head_mixed_bits.py)."""
     from ddsim.gpu_backend.triton_gdn import gdn_tree_verify_wy
     inp = _long_example(T=40, V=80)
     args = _cast(inp, dtype)

@@ -1,6 +1,6 @@
 """The WY launchers never launch a 16-wide V tile at a block of 64 rows or more (_common.MIN_V_TILE_64): compiled for
 sm_90 such a launch takes wgmma of N = 8, and on an H100 the one-kernel form's read 256 bytes past shared memory (an
-illegal address with fp32 inputs, NaN outputs with bf16: benchmarks/wy_fault_probe.py, RESULTS.md). Planned on the
+illegal address, or NaN outputs: benchmarks/wy_fault_probe.py, RESULTS.md). Planned on the
 CPU, nothing launched: every design at 37 and 65 nodes (one block) and 100 (past it), V of 4 and 16, bf16 and fp32,
 a V tile asked for or not. With the old least width (16) planted the rule fails, so the test can."""
 import pytest
