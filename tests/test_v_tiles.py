@@ -2,11 +2,12 @@
 sm_90 such a launch takes wgmma of N = 8, and on an H100 the one-kernel form's read 256 bytes past shared memory (an
 illegal address, or NaN outputs: benchmarks/wy_fault_probe.py, RESULTS.md). Planned on the
 CPU, nothing launched: every design at 37 and 65 nodes (one block) and 100 (past it), V of 4 and 16, bf16 and fp32,
-a V tile asked for or not. With the old least width (16) planted the rule fails, so the test can."""
+a V tile asked for or not; Mamba2's SSD kernel's P tile at a block of 64 rows asked for (block_i) too. With the old
+least width (16) planted the rule fails, so the test can."""
 import pytest
 import torch
 
-from ddsim.gpu_backend import _common, triton_gdn, triton_wy_blocked, triton_wy_split
+from ddsim.gpu_backend import _common, triton_gdn, triton_mamba2, triton_wy_blocked, triton_wy_split
 
 GOT: list[dict] = []
 
@@ -19,7 +20,7 @@ def planned(monkeypatch):
     def bind(kernel, grid, kw):
         GOT.append(dict(kw, kernel=kernel))
         return lambda: None
-    for m in (triton_gdn, triton_wy_split, triton_wy_blocked):
+    for m in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_mamba2):
         monkeypatch.setattr(m, "bind", bind)
     return GOT
 
@@ -63,3 +64,23 @@ def test_the_old_least_width_planted_breaks_the_rule(planned, monkeypatch):
     monkeypatch.setattr(_common, "MIN_V_TILE_64", 16)
     tiles = _tiles(planned, 37, 4, torch.float32, "fused")
     assert (64, 16) in tiles, tiles
+
+
+def _ssd_tiles(planned, block_i: int, P: int, **kw) -> list[tuple[int, int]]:
+    planned.clear()
+    Bn, T, H, G, N = 1, 40, 2, 1, 4
+    gen = torch.Generator().manual_seed(0)
+    triton_mamba2.plan_ssd(torch.randn(Bn, T, H, P, generator=gen), torch.rand(Bn, T, H, generator=gen),
+                           -torch.rand(H, generator=gen), torch.randn(Bn, T, G, N, generator=gen),
+                           torch.randn(Bn, T, G, N, generator=gen), parents=torch.tensor([[-1] + list(range(T - 1))]),
+                           initial_state=torch.zeros(Bn, H, P, N), block_i=block_i, poison=False, **kw)
+    return [(g["BI"], g["BP"]) for g in planned if "BP" in g]
+
+
+def test_mamba2_ssds_p_tile_is_at_least_32_at_64_rows_and_its_own_below(planned):
+    """Compiled for sm_90 at block_i 64 and 8 warps, a 16-wide P tile takes the N = 8 wgmma layouts of the faulting
+    GDN launch; 32-wide, N = 16 and 32. The default block_i, 32, compiles to mma.sync and keeps P's own tile."""
+    assert _ssd_tiles(planned, 64, 4, num_warps=8) == [(64, 32)]
+    assert _ssd_tiles(planned, 64, 64) == [(64, 64)]
+    assert _ssd_tiles(planned, 32, 4) == [(32, 16)]
+    assert _ssd_tiles(planned, 64, 4, block_p=16) == [(64, 32)]
