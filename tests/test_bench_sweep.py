@@ -25,6 +25,18 @@ def _benchmark(name: str):
     return mod
 
 
+def _compiled_on_the_cpu(code: str) -> str:
+    """The stdout of ``code`` run in benchmarks/ in a fresh interpreter without TRITON_INTERPRET (so Triton compiles
+    for the GPU there, on the CPU, with its bundled ptxas); skipped where Triton has no NVIDIA backend, failed where
+    the code exits non-zero."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=BENCHMARKS,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
 def _refused_before_any_work(script: str, args: list, want: str):
     """benchmarks/<script> with ``args``: exit 2, its last line of stderr ending with ``want``, said before its CUDA
     check (so here, on a machine without a GPU). Its main() runs in this process, as `python benchmarks/<script>` would
@@ -527,15 +539,10 @@ def test_wy_fault_probe_mma_prints_the_layouts_of_the_launch_that_faulted_and_of
     """wy_fault_probe.mma, compiled for sm_90 on the CPU: the faulting draw's launch (37 nodes, fp32, the root in the
     block, a device plan: a 64-row block, 8 warps) with the old least tile of 16 takes wgmma with products of N = 8;
     as planned now (_common.MIN_V_TILE_64: a 32-wide tile) none is N = 8; with V = 64 every product is N = 32."""
-    pytest.importorskip("triton.backends.nvidia")
     code = ("import wy_fault_probe as P\n"
             "P.mma([(37, 1, 'device', 'float32', 1, 4, 4, 'fused', 16), (37, 1, 'device', 'float32', 1, 4, 4, 'fused', 32),"
             " (37, 1, 'device', 'float32', 1, 4, 64, 'fused', 32)])\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=BENCHMARKS,
-                       timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    narrow, fixed, wide = [line for line in r.stdout.splitlines() if line.startswith("(37")]
+    narrow, fixed, wide = [line for line in _compiled_on_the_cpu(code).splitlines() if line.startswith("(37")]
     assert "BT 64 warps 8 BV 16:" in narrow and "warpsPerCTA = [8, 1], instrShape = [16, 8, 8]" in narrow, narrow
     assert "BT 64 warps 8 BV 32:" in fixed and "instrShape = [16, 8, 8]" not in fixed, fixed
     assert "BT 64 warps 8 BV 64:" in wide and "instrShape = [16, 32, 8]" in wide, wide
@@ -551,7 +558,6 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
     not read, no copy and no wait; the copy alone
     compiles too (one box or two, one wait). So what it measures is that order, not Triton's wait where the copy is
     issued."""
-    pytest.importorskip("triton.backends.nvidia")
     code = ("import gluon_fold as G\n"
             "for i, form in enumerate(G.FORMS.values()):\n"
             "    ck = G.offline_compile(90, **form)\n"
@@ -565,11 +571,8 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
             "for halves in (False, True):\n"
             "    ir = G.offline_compile(90, halves=halves, copy=True).asm['ttgir']\n"
             "    print('COPY', halves, ir.count('async_tma_copy_global_to_local'), ir.count('ttng.wait_barrier'))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=BENCHMARKS,
-                       timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    order = {tuple(line.split()[1:4]): line.split()[4:] for line in r.stdout.splitlines() if line.startswith("ORDER")}
+    out = _compiled_on_the_cpu(code)
+    order = {tuple(line.split()[1:4]): line.split()[4:] for line in out.splitlines() if line.startswith("ORDER")}
     for (read, halves, _), ops in order.items():
         if read == "False":
             assert "copy" not in ops and "wait" not in ops and ops.count("dot") > 6, ops
@@ -577,9 +580,9 @@ def test_the_gluon_fold_compiles_with_its_copy_issued_before_the_products_and_wa
         copies = 2 if halves == "True" else 1
         assert ops[:copies] == ["copy"] * copies and ops.count("copy") == copies, ops
         assert ops[-7:] == ["wait"] + ["dot"] * 6 and ops.count("wait") == 1, ops
-    assert len(order) == 13, r.stdout[-2000:]  # every timed form of gluon_fold.FORMS
-    copies = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("COPY")]
-    assert copies == [["False", "1", "1"], ["True", "2", "1"]], r.stdout[-2000:]  # the copy alone: one box or two
+    assert len(order) == 13, out[-2000:]  # every timed form of gluon_fold.FORMS
+    copies = [line.split()[1:] for line in out.splitlines() if line.startswith("COPY")]
+    assert copies == [["False", "1", "1"], ["True", "2", "1"]], out[-2000:]  # the copy alone: one box or two
 
 
 def test_edited_kernel_refuses_a_line_not_found_once():
