@@ -58,6 +58,29 @@ def test_mamba2_verify_matches_oracle(inp, mode, backend, dtype):
     assert torch.equal(pool.nan_to_num(), before.nan_to_num())  # verify never writes a state
 
 
+@pytest.mark.parametrize("num_warps", [4, 8])
+@pytest.mark.parametrize("mode", ["exact", "leaky"])
+def test_mamba2_ssd_at_a_64_row_block_matches_oracle(mode, num_warps):
+    """The SSD kernel asked for 64-row blocks (block_i; its default is 32) at 4 and 8 warps, P = 3: its P tile 32
+    wide (_common.MIN_V_TILE_64; 16 wide at 8 warps compiles for sm_90 to the N = 8 wgmma layouts of the GDN launch
+    that read past its shared memory). Equal to the oracle, the pool untouched."""
+    from ddsim.gpu_backend import triton_mamba2
+    inp = fixed_mamba2_example(T=40)
+    args = _args(inp)
+    pool, slots = inp["pool"].to(DEVICE), inp["slots"].to(DEVICE)
+    before = pool.clone()
+    tiles, bind = [], triton_mamba2.bind
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(triton_mamba2, "bind", lambda kernel, grid, kw: tiles.append(kw.get("BP")) or bind(kernel, grid, kw))
+        y = triton_mamba2.mamba2_tree_verify_ssd(**args, parents=inp["parents"].to(DEVICE), initial_state=pool,
+                                                 state_indices=slots, mode=mode, block_i=64, num_warps=num_warps)
+    assert 32 in tiles and 16 not in tiles, tiles
+    assert_close(f"y (ssd, block_i 64, {num_warps} warps, {mode})", y, _oracle(inp, args, mode), dtype=torch.float32,
+                 slack=5)
+    assert torch.equal(pool.isnan(), before.isnan())
+    assert torch.equal(pool.nan_to_num(), before.nan_to_num())
+
+
 @given(mamba2_inputs(max_nodes=6), st.sampled_from(["exact", "leaky"]), st.sampled_from(["torch", "triton-recurrent"]))
 @example(fixed_mamba2_example(), "exact", "triton-recurrent")
 def test_mamba2_per_node_states_match_oracle(inp, mode, backend):
