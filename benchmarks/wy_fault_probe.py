@@ -8,7 +8,9 @@ design fused, a device plan, 37 nodes, the root in the block, on an H100), while
 held to its tensors (ddsim.engines.triton_interpret.check_bounds), found none. Run at a047ec3, this probe found the
 cause (RESULTS.md): at a 64-row block with a 16-wide V tile the compiled kernel read past its shared memory
 (memcheck), an illegal address or NaN outputs; 32- and 64-wide tiles ran clean. Its configurations now run the fix
-(32), four of the faulting launches with 16, and the other forms with both.
+(32), four of the faulting launches with 16, and the other forms with both; and Mamba2's SSD kernel at a 64-row block
+and 8 warps (design "ssd": the properties' fixed example of T nodes, P = 3, its P tile at least 16 or 32 wide, against
+the recurrent kernel), which the same rule widens.
 
 A line per configuration: (T, FUSED_ROOT, plan, dtype, DEVICE_ROUNDS, K, V, design, least tile), the child's exit
 status, then "ok" with whether the output is finite, whether it equals the host plan's, and its largest distance
@@ -62,6 +64,8 @@ def child(argv: list[str]) -> None:
     from ddsim.gpu_backend import _common, triton_gdn
     T, root, plan, dt, rounds, K, V, design, least = (int(argv[0]), int(argv[1]), argv[2], argv[3], argv[4] == "1",
                                                       int(argv[5]), int(argv[6]), argv[7], int(argv[8]))
+    if design == "ssd":
+        return ssd_child(T, dt, least)
     x, parents = case(T, dt, K, V, "cuda")
     triton_gdn.FUSED_ROOT, triton_gdn.DEVICE_ROUNDS, _common.MIN_V_TILE_64 = root, rounds, least
     o = triton_gdn.gdn_tree_verify_wy(**x, parents=plan_of(plan, parents), mode="exact", design=design)
@@ -71,6 +75,27 @@ def child(argv: list[str]) -> None:
     torch.cuda.synchronize()
     dev = ((o.float() - serial).abs().max() / serial.abs().max()).item()
     print("ok", torch.isfinite(o).all().item(), torch.equal(o, ref), f"{dev:.1e}")
+
+
+def ssd_child(T: int, dt: str, least: int) -> None:
+    """Mamba2's SSD kernel at a 64-row block (block_i 64) and 8 warps on the properties' fixed example (P = 3, N = 5)
+    of T nodes, its P tile at least ``least`` wide: its output finite, and its largest distance from the recurrent
+    kernel's (no products) over that output's largest entry."""
+    import torch
+
+    from ddsim.gpu_backend import _common, triton_mamba2
+    from ddsim.gpu_backend import mamba2_tree_verify as verify
+    from ddsim.properties.strategies import fixed_mamba2_example
+    inp = fixed_mamba2_example(T=T, dtype=getattr(torch, dt))
+    x = {n: (inp[n].cuda() if isinstance(inp[n], torch.Tensor) else inp[n])
+         for n in ("x", "dt", "A", "B", "C", "D", "dt_bias", "dt_softplus", "dt_limit", "parents", "initial_state")}
+    _common.MIN_V_TILE_64 = least
+    y = triton_mamba2.mamba2_tree_verify_ssd(**x, mode="exact", block_i=64, num_warps=8)
+    torch.cuda.synchronize()
+    serial = verify(**x, mode="exact", backend="triton-recurrent").float()
+    torch.cuda.synchronize()
+    dev = ((y.float() - serial).abs().max() / serial.abs().max()).item()
+    print("ok", torch.isfinite(y).all().item(), "-", f"{dev:.1e}")
 
 
 # (T, FUSED_ROOT, plan, dtype, DEVICE_ROUNDS, K, V, design, MIN_V_TILE_64). The first 91: the one-kernel form's
@@ -88,7 +113,10 @@ CONFIGS = ([(*c, "fused", 32) for c in _FUSED]
            + list(itertools.product([37, 65], [2], ["host"], ["float32", "bfloat16"], [1], [4], [4],
                                     ["split", "fold", "head"], [16, 32]))
            + list(itertools.product([100], [2], ["host"], ["float32", "bfloat16"], [1], [4], [4], ["fused", "auto"],
-                                    [16, 32])))
+                                    [16, 32]))
+           # Mamba2's SSD kernel at block_i 64, 8 warps (only T, dtype and the least tile are read)
+           + [(T, 0, "host", dt, 1, 4, 4, "ssd", least)
+              for T, dt, least in itertools.product([40, 64, 65], ["float32", "bfloat16"], [16, 32])])
 
 
 def one(cfg):
@@ -111,7 +139,7 @@ def mma(configs) -> None:
     print(f"# sm_90, triton {triton.__version__}", flush=True)
     seen = set()
     for T, root, plan, dt, _, K, V, design, least in configs:  # (the rounds change no layout)
-        if (T, root, plan, dt, K, V, design, least) in seen:
+        if design == "ssd" or (T, root, plan, dt, K, V, design, least) in seen:
             continue
         seen.add((T, root, plan, dt, K, V, design, least))
         x, parents = case(T, dt, K, V, "cpu")

@@ -530,8 +530,8 @@ def test_gluon_served_refuses_shapes_design_auto_gives_another_form_before_any_w
 
 
 def test_wy_fault_probe_refuses_a_count_of_configurations_it_does_not_have_before_any_work():
-    _refused_before_any_work("wy_fault_probe.py", ["--first", "0"], "--first 0: expected 1 to 127")
-    _refused_before_any_work("wy_fault_probe.py", ["--first", "128"], "--first 128: expected 1 to 127")
+    _refused_before_any_work("wy_fault_probe.py", ["--first", "0"], "--first 0: expected 1 to 139")
+    _refused_before_any_work("wy_fault_probe.py", ["--first", "140"], "--first 140: expected 1 to 139")
 
 
 @pytest.mark.slow  # Triton's compiler and ptxas (a few seconds)
