@@ -19,7 +19,7 @@ again under compute-sanitizer's memcheck where the machine has it (its first 40 
 launch compiled for sm_90, its MMA layouts (at a 64-row block the products are wgmma: some of N = 8 over 8 warps at
 16-wide V tiles, N = 16 and 32 at 32-wide, N = 32 at 64-wide).
 
-    python benchmarks/wy_fault_probe.py [--commit SHA] [--first N]   # needs CUDA
+    python benchmarks/wy_fault_probe.py [--commit SHA] [--first N] [--design D]   # needs CUDA
     python benchmarks/wy_fault_probe.py --mma [--first N]           # no GPU
 """
 import argparse
@@ -158,18 +158,20 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--first", type=int, default=len(CONFIGS), help="run the first N configurations only")
     ap.add_argument("--mma", action="store_true", help="print each launch's MMA layouts compiled for sm_90 (no GPU)")
+    ap.add_argument("--design", choices=sorted({c[7] for c in CONFIGS}), help="run this design's configurations only")
     a = ap.parse_args()
     if not 1 <= a.first <= len(CONFIGS):
         ap.error(f"--first {a.first}: expected 1 to {len(CONFIGS)}")
+    configs = [c for c in CONFIGS[:a.first] if a.design in (None, c[7])]
     if a.mma:
-        return mma(CONFIGS[:a.first])
+        return mma(configs)
     import torch
     if not torch.cuda.is_available():
         sys.exit("wy_fault_probe.py: needs a CUDA GPU (it runs compiled kernels)")
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | commit {a.commit}", flush=True)
     faults = []
     with ThreadPoolExecutor(8) as ex:
-        for cfg, rc, last, err in ex.map(one, CONFIGS[:a.first]):
+        for cfg, rc, last, err in ex.map(one, configs):
             print(cfg, rc, last, *err, flush=True)
             if rc:
                 faults.append(cfg)
