@@ -69,7 +69,8 @@ def next_pow2(n: int, lo: int = 16) -> int:
 # blocked forms ran clean at 16 as well; their plans take the rule too, a precaution. Only a V of at most 16, or a
 # block_v of 16 asked for, drew it; benchmarks set it to 16 to reproduce the fault. Mamba2's SSD kernel takes it for
 # its P tile too: at block_i 64 and 8 warps a 16-wide tile compiles (sm_90, Triton 3.6) to the same N = 8 layouts
-# (its default block_i, 32, to mma.sync); not run on a GPU so.
+# (its default block_i, 32, to mma.sync), yet on an H100 it ran clean at 16 (wy_fault_probe.py --design ssd): there
+# too the rule is a precaution.
 MIN_V_TILE_64 = 32
 
 

@@ -291,7 +291,8 @@ def plan_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, dt_limit
     dtp = torch.empty(Bn, T, H, device=x.device, dtype=torch.float32)
     Gp = torch.empty(Bn, T, H, device=x.device, dtype=torch.float32)
     # (P's tile at least 32 wide at a 64-row block: _common.MIN_V_TILE_64; block_i 64 at 8 warps with a 16-wide tile
-    # compiles for sm_90 to the N = 8 wgmma layouts of the GDN launch that read past its shared memory, not run so)
+    # compiles for sm_90 to the N = 8 wgmma layouts of the GDN launch that read past its shared memory; this kernel
+    # ran clean so on an H100: a precaution)
     BI, BP, BN = block_i, Cm.v_tile(block_p, P, block_i), max(16, Cm.next_pow2(N, 1))
     pro = dict(dt=dt.contiguous(), A=common["A"], dt_bias=common["dt_bias"], mask=mask, dt_out=dtp, G_out=Gp, T=T,
                LO=common["LO"], HI=common["HI"], H=H, BI=BI, HAS_BIAS=common["HAS_BIAS"], SOFTPLUS=bool(dt_softplus),
