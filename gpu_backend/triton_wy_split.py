@@ -627,7 +627,7 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     BT, BK = C.next_pow2(T - 1), max(16, C.next_pow2(K, 1))
     fold_bv, caps, root = FOLD_DEFAULTS.get(precision, FOLD_DEFAULTS["tf32x3"])
     caps = caps if MAXNREG is None else MAXNREG
-    BV = C.v_tile(block_v or (fold_bv if fold else 32), V, BT)
+    BV = C.v_tile(HEAD_BLOCK_V if head else block_v or (fold_bv if fold else 32), V, BT)
     # Triton's interpreter multiplies bf16 tiles as raw bits (fp16 is right): there bf16 takes the fp32 path
     raw16 = k.dtype == q.dtype and (q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not C.interpreting()))
     rows = C.qkv_rows(q, k, v)  # q, k, v as given where their rows are, else contiguous copies, and their row strides
@@ -636,7 +636,6 @@ def plan_wy_split(q, k, v, g_, b_, al, db, *, fused, mask, nstep, state, idx, sc
     if fold:  # (head among them)
         exact = _exact_mode(q, k, v, exact16, C.interpreting())
         if head:
-            BV = C.v_tile(HEAD_BLOCK_V, V, BT)
             return _plan_head(dict(q=qc, k=kc, v=vc, g=g_, beta=b_, A_log=al, dt_bias=db, mask=mask, **strides,
                                    state=state, state_idx=idx, o=o, T=T, scale=scale, NSTEP=nstep, H=H, HV=HV, K=K,
                                    V=V, BT=BT, BK=BK, BV=BV, FUSED=fused, L2NORM=use_qk_l2norm, RAW16=raw16,
