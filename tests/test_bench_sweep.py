@@ -598,6 +598,35 @@ def test_edited_kernel_refuses_a_line_not_found_once():
         edited_kernel(triton_gdn._gdn_wy_kernel, [("tl.constexpr", "int")], header=header, who="probe")
 
 
+def test_edited_kernels_files_are_read_where_they_run_and_removed_when_the_process_exits(tmp_path):
+    """bench.edited_kernel writes each edited module into one temporary folder a process: two edits of one kernel in
+    two files (neither overwrites the other), both there while the process runs (Triton and its interpreter read a
+    kernel's source from its file when they first run it), and the folder gone once the process exits; a child
+    forked from it leaves it be. (Each edited_kernel call made its own folder and left it behind before: 30 a run of
+    `make test`.)"""
+    code = ("import os, sys\n"
+            "from ddsim.bench import bench\n"
+            "from ddsim.gpu_backend import triton_gdn\n"
+            "header = 'import triton\\nimport triton.language as tl\\nfrom ddsim.gpu_backend import triton_helpers as h\\n\\n\\n'\n"
+            "a = bench.edited_kernel(triton_gdn._gdn_wy_kernel, [('def _gdn_wy_kernel(', 'def _gdn_wy_kernel(  # edited')],\n"
+            "                        header=header, who='t')\n"
+            "b = bench.edited_kernel(triton_gdn._gdn_wy_kernel, [], header=header, who='t')\n"
+            "files = sorted(os.listdir(bench._edited_dir()))\n"
+            "assert len(files) == 2 and a.fn.__code__.co_filename != b.fn.__code__.co_filename, files\n"
+            "assert '# edited' in open(a.fn.__code__.co_filename).read()\n"
+            "if os.fork() == 0:\n"
+            "    sys.exit(0)  # the child runs the exit hooks it inherited\n"
+            "os.wait()\n"
+            "assert sorted(os.listdir(bench._edited_dir())) == files, 'the forked child removed its parent folder'\n"
+            "print(bench._edited_dir())\n")
+    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    folder = r.stdout.strip().splitlines()[-1]
+    assert folder.startswith(str(tmp_path)) and os.path.basename(folder).startswith("ddsim_edited_"), folder
+    assert not os.path.exists(folder) and os.listdir(tmp_path) == []
+
+
 def test_fused_ablation_refuses_bad_counts_before_any_work():
     """fused_ablation.py --calls and --rounds below 1: one line and exit 2, said before the CUDA check."""
     _refused_before_any_work("fused_ablation.py", ["--calls", "0"], "--calls: expected 1 or more, got 0")

@@ -18,7 +18,8 @@ ARGS = ["--preset", SETTINGS["preset"], "--budget", ",".join(map(str, SETTINGS["
 
 
 def _run(cmd, cwd):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # TMPDIR: torchrun's own log folder (torchelastic_*, which it leaves behind) in the test's folder, not /tmp
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(cwd)}
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -1,6 +1,7 @@
 """Verify-throughput benchmark of the pure-torch fast path and the oracle (trees per second)."""
 from __future__ import annotations
 
+import os
 import platform
 import re
 import subprocess
@@ -117,8 +118,6 @@ def at_least_one(ap, a, *names: str) -> None:
 def triton_tool(name: str) -> str:
     """The path of one of the NVIDIA tools Triton bundles (cuobjdump, nvdisasm, ptxas): they read a compiled
     kernel's cubin on a machine without a GPU."""
-    import os
-
     import triton
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
@@ -659,14 +658,36 @@ def wy_default_launch(B: int, T: int, **plan_kw):
     return launch, o, grid, kw, inp, parents
 
 
+_EDITED_DIR: dict[int, str] = {}  # process id -> that process's folder of edited kernels' modules
+
+
+def _remove_edited_dir(path: str, owner: int) -> None:
+    """At exit: the folder of edited modules, by the process that made it only (a forked child inherits the hook)."""
+    import shutil
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _edited_dir() -> str:
+    """This process's one temporary folder for edited_kernel's modules, removed when the process exits: Triton (its
+    interpreter too) reads a kernel's source from its file when it first runs it, so the files stay until then."""
+    import atexit
+    import tempfile
+    pid = os.getpid()
+    if pid not in _EDITED_DIR:
+        _EDITED_DIR[pid] = tempfile.mkdtemp(prefix="ddsim_edited_")
+        atexit.register(_remove_edited_dir, _EDITED_DIR[pid], pid)
+    return _EDITED_DIR[pid]
+
+
 def edited_kernel(kernel, edits, *, header: str, who: str):
     """``kernel`` (a @triton.jit function) with each (old, new) of ``edits`` replaced in its source, in order, each old
     found exactly once (else SystemExit naming ``who`` and the line), imported from a module written to a temporary
     file with ``header`` (its imports and helpers) before it: Triton reads a kernel's source from its file. A
-    benchmark's traced or cut copy of a served kernel, kept to the kernel's source as it is."""
+    benchmark's traced or cut copy of a served kernel, kept to the kernel's source as it is. The files live in one
+    folder a process (_edited_dir), removed when it exits."""
     import importlib.util
     import inspect
-    import os
     import tempfile
     src = inspect.getsource(kernel.fn)
     name = kernel.fn.__name__
@@ -674,8 +695,8 @@ def edited_kernel(kernel, edits, *, header: str, who: str):
         if src.count(old) != 1:
             raise SystemExit(f"{who}: {name}'s source no longer has {old.strip()[:60]!r} once")
         src = src.replace(old, new)
-    path = os.path.join(tempfile.mkdtemp(prefix="ddsim_edited_"), f"edited_{name}.py")
-    with open(path, "w") as f:
+    fd, path = tempfile.mkstemp(prefix=f"edited_{name}_", suffix=".py", dir=_edited_dir())
+    with os.fdopen(fd, "w") as f:
         f.write(header + src)
     spec = importlib.util.spec_from_file_location(f"edited_{name}", path)
     mod = importlib.util.module_from_spec(spec)
