@@ -529,9 +529,14 @@ def test_gluon_served_refuses_shapes_design_auto_gives_another_form_before_any_w
     _refused_before_any_work("gluon_served.py", ["--layers", "-1"], "--layers: expected 0 (no graphed replay) or more, got -1")
 
 
-def test_wy_fault_probe_refuses_a_count_of_configurations_it_does_not_have_before_any_work():
+def test_wy_fault_probe_refuses_a_count_or_a_selection_of_configurations_it_does_not_have_before_any_work():
     _refused_before_any_work("wy_fault_probe.py", ["--first", "0"], "--first 0: expected 1 to 139")
     _refused_before_any_work("wy_fault_probe.py", ["--first", "140"], "--first 140: expected 1 to 139")
+    # a selection that leaves nothing to run (the SSD configurations are the last 12; --mma compiles no SSD launch)
+    # would print an empty listing and "faults 0"
+    _refused_before_any_work("wy_fault_probe.py", ["--first", "50", "--design", "ssd"],
+                             "--first 50 --design ssd: no configuration to run")
+    _refused_before_any_work("wy_fault_probe.py", ["--mma", "--design", "ssd"], "--first 139 --design ssd --mma: no configuration to run")
 
 
 @pytest.mark.slow  # Triton's compiler and ptxas (a few seconds)
