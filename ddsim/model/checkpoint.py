@@ -43,6 +43,7 @@ from ddsim.model.checkpoint_olmo import OlmoMapper, read_olmo_config
 from ddsim.model.checkpoint_zamba import ARCHS as ZAMBA_ARCHS
 from ddsim.model.checkpoint_zamba import Zamba2Mapper, read_zamba2_config
 from ddsim.model.config import ModelConfig
+from ddsim.model.config_checks import check_layer_types, check_silu
 from ddsim.model.weights import weight_shapes
 
 SUPPORTED = (("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text") + MAMBA_ARCHS + LFM2_ARCHS
@@ -126,19 +127,14 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
                 "path": str(d)}
         return cfg, ({**meta, "raw": raw} if mt in MAMBA_ARCHS + ZAMBA_ARCHS else meta)
     text = raw.get("text_config", raw) if mt in ("qwen3_5", "qwen3_5_moe") else raw
-    if text.get("hidden_act", "silu") != "silu":
-        raise InputError(f"{d / 'config.json'}: hidden_act {text.get('hidden_act')!r} is not supported (silu only)")
+    check_silu(text, d / "config.json")
     if text.get("attention_bias", False):
         raise InputError(f"{d / 'config.json'}: attention_bias=true is not supported")
     n = text.get("num_hidden_layers")
     types = text.get("layer_types") or [
         "full_attention" if (i + 1) % text.get("full_attention_interval", 4) == 0 else "linear_attention"
         for i in range(n or 0)]
-    if n is not None and len(types) != n:
-        raise InputError(f"{d / 'config.json'}: {len(types)} layer_types for {n} layers")
-    bad = [t for t in types if t not in ("linear_attention", "full_attention")]
-    if bad:
-        raise InputError(f"{d / 'config.json'}: unknown layer type {bad[0]!r}")
+    check_layer_types(types, n=n, allowed=("linear_attention", "full_attention"), where=d / "config.json")
     rope = text.get("rope_parameters") or {}
     theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
     prf = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
+from ddsim.model.config_checks import check_silu
 
 ARCHS = ("jamba",)
 
@@ -35,8 +36,7 @@ def read_jamba_config(raw: dict, d: Path) -> ModelConfig:
     where = d / "config.json"
     if raw.get("mamba_proj_bias"):
         raise InputError(f"{where}: mamba_proj_bias=true is not supported")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise InputError(f"{where}: hidden_act {raw.get('hidden_act')!r} is not supported (silu only)")
+    check_silu(raw, where)
     n, hidden = int(raw["num_hidden_layers"]), int(raw["hidden_size"])
     ap, ao = int(raw.get("attn_layer_period", 8)), int(raw.get("attn_layer_offset", 4))
     ep, eo = int(raw.get("expert_layer_period", 2)), int(raw.get("expert_layer_offset", 1))

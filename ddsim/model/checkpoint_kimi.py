@@ -29,6 +29,7 @@ import torch
 
 from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
+from ddsim.model.config_checks import check_layer_types, check_silu
 
 ARCHS = ("kimi_linear",)
 
@@ -47,8 +48,7 @@ def read_kimi_config(raw: dict, d: Path) -> ModelConfig:
     where = d / "config.json"
     if raw.get("attention_bias"):
         raise InputError(f"{where}: attention_bias=true is not supported")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise InputError(f"{where}: hidden_act {raw.get('hidden_act')!r} is not supported (silu only)")
+    check_silu(raw, where)
     n = int(raw["num_hidden_layers"])
     lin = raw.get("linear_attn_config") or {}
     types = raw.get("layer_types")
@@ -57,9 +57,7 @@ def read_kimi_config(raw: dict, d: Path) -> ModelConfig:
         types = ["linear_attention" if i + 1 in kda else "full_attention" for i in range(n)]
     if types is None or len(types) != n:
         raise InputError(f"{where}: layer_types (or linear_attn_config) must name {n} layers")
-    bad = [t for t in types if t not in ("linear_attention", "full_attention")]
-    if bad:
-        raise InputError(f"{where}: unknown layer type {bad[0]!r}")
+    check_layer_types(types, n=None, allowed=("linear_attention", "full_attention"), where=where)
     mlp_types = raw.get("mlp_layer_types") or ["dense" if i < int(raw.get("first_k_dense_replace", 1)) else "sparse"
                                                for i in range(n)]
     H = int(lin.get("num_heads", raw.get("linear_num_heads", 32)))

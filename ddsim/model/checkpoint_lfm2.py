@@ -29,6 +29,7 @@ import torch
 
 from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
+from ddsim.model.config_checks import check_layer_types
 
 ARCHS = ("lfm2", "lfm2_moe")
 
@@ -58,11 +59,7 @@ def read_lfm2_config(raw: dict, d: Path) -> ModelConfig:
     if types is None:
         attn = set(raw.get("full_attn_idxs") if raw.get("full_attn_idxs") is not None else range(n))
         types = ["full_attention" if i in attn else "conv" for i in range(n)]
-    if len(types) != n:
-        raise InputError(f"{where}: {len(types)} layer_types for {n} layers")
-    bad = [t for t in types if t not in ("full_attention", "conv")]
-    if bad:
-        raise InputError(f"{where}: unknown layer type {bad[0]!r}")
+    check_layer_types(types, n=n, allowed=("full_attention", "conv"), where=where)
     rope = raw.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default":
         raise InputError(f"{where}: rope_type {rope['rope_type']!r} is not supported (the default RoPE only)")

@@ -24,6 +24,7 @@ import torch
 
 from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
+from ddsim.model.config_checks import check_layer_types, check_silu
 
 ARCHS = ("minimax",)
 _DERIVED = ("self_attn.query_decay", "self_attn.key_decay", "self_attn.diagonal_decay")  # from slope_rate
@@ -35,15 +36,10 @@ def read_minimax_config(raw: dict, d: Path) -> ModelConfig:
     where = d / "config.json"
     if raw.get("sliding_window") is not None:
         raise InputError(f"{where}: sliding_window={raw['sliding_window']} is not supported (full attention only)")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise InputError(f"{where}: hidden_act {raw.get('hidden_act')!r} is not supported (silu only)")
+    check_silu(raw, where)
     n = int(raw["num_hidden_layers"])
     types = raw.get("layer_types") or []
-    if len(types) != n:
-        raise InputError(f"{where}: {len(types)} layer_types for {n} layers")
-    bad = [t for t in types if t not in ("linear_attention", "full_attention")]
-    if bad:
-        raise InputError(f"{where}: unknown layer type {bad[0]!r}")
+    check_layer_types(types, n=n, allowed=("linear_attention", "full_attention"), where=where)
     rope = raw.get("rope_parameters") or {"rope_theta": raw.get("rope_theta", 1_000_000.0)}
     if rope.get("rope_type", "default") != "default":
         raise InputError(f"{where}: rope_type {rope['rope_type']!r} is not supported (the default RoPE only)")

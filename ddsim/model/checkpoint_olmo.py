@@ -25,6 +25,7 @@ import torch
 
 from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
+from ddsim.model.config_checks import check_layer_types, check_silu
 
 ARCHS = ("olmo_hybrid",)
 
@@ -35,15 +36,10 @@ def read_olmo_config(raw: dict, d: Path) -> ModelConfig:
     where = d / "config.json"
     if raw.get("attention_bias"):
         raise InputError(f"{where}: attention_bias=true is not supported")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise InputError(f"{where}: hidden_act {raw.get('hidden_act')!r} is not supported (silu only)")
+    check_silu(raw, where)
     n = int(raw["num_hidden_layers"])
     types = raw.get("layer_types") or []
-    if len(types) != n:
-        raise InputError(f"{where}: {len(types)} layer_types for {n} layers")
-    bad = [t for t in types if t not in ("linear_attention", "full_attention")]
-    if bad:
-        raise InputError(f"{where}: unknown layer type {bad[0]!r}")
+    check_layer_types(types, n=n, allowed=("linear_attention", "full_attention"), where=where)
     rope = raw.get("rope_parameters")
     if rope is None:  # transformers fills in its default RoPE (a legacy rope_theta, else 10000)
         rope = {"rope_theta": raw.get("rope_theta", 10000.0)}

@@ -32,6 +32,7 @@ import torch
 
 from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
+from ddsim.model.config_checks import check_layer_types
 
 ARCHS = ("zamba2",)
 _MAMBA, _HYBRID = ("mamba", "linear_attention", "m"), ("hybrid", "g")
@@ -60,9 +61,7 @@ def read_zamba2_config(raw: dict, d: Path) -> ModelConfig:
     if not isinstance(types, list) or len(types) != n:
         raise InputError(f"{where}: layers_block_type lists {len(types) if isinstance(types, list) else types!r} "
                          f"layers for {n}")
-    bad = [t for t in types if t not in _MAMBA + _HYBRID]
-    if bad:
-        raise InputError(f"{where}: unknown layer type {bad[0]!r}")
+    check_layer_types(types, n=None, allowed=_MAMBA + _HYBRID, where=where)
     H, expand = int(raw.get("n_mamba_heads", 8)), int(raw.get("mamba_expand", 2))
     if (expand * hidden) % H:
         raise InputError(f"{where}: mamba_expand * hidden_size = {expand * hidden} is not a multiple of n_mamba_heads={H}")
