@@ -85,7 +85,7 @@ def test_the_mamba1_state_leaks_on_a_tree_and_exact_verification_does_not(checkp
 def test_jamba_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint):
     arch, d, _ = checkpoint
     if arch != "jamba_moe":
-        return
+        pytest.skip("checked on jamba_moe alone")
     assert_config_refusals(d, tmp_path, (
         ("mamba_proj_bias", True, "mamba_proj_bias=true is not supported"),
         ("hidden_act", "gelu", "hidden_act 'gelu' is not supported"),
@@ -98,7 +98,7 @@ def test_audit_command_on_a_jamba_checkpoint(tmp_path, checkpoint):
     state and a window error."""
     arch, d, _ = checkpoint
     if arch != "jamba_moe":
-        return
+        pytest.skip("checked on jamba_moe alone")
     out = tmp_path / "audit"
     r = run_cli("audit", "--model", d, "--budget", "16", "--steps", "4", "--seed", "2", "--out", out)
     assert r.returncode in (0, 1), r.stderr

@@ -103,7 +103,7 @@ def test_the_mamba2_state_leaks_on_a_tree_and_exact_verification_does_not(checkp
 def test_zamba2_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint):
     arch, d, _ = checkpoint
     if arch != "zamba2":
-        return
+        pytest.skip("checked on zamba2 alone")
     assert_config_refusals(d, tmp_path, (
         ("add_bias_linear", True, "add_bias_linear=true is not supported"),
         ("hidden_act", "silu", "hidden_act 'silu' is not supported"),
@@ -123,7 +123,7 @@ def test_a_shared_block_missing_or_with_an_adapter_nobody_runs_is_refused(tmp_pa
     from safetensors.torch import load_file, save_file
     arch, d, _ = checkpoint
     if arch != "zamba2_plain":
-        return
+        pytest.skip("checked on zamba2_plain alone")
     import shutil
     for name, edit, needle in (
             ("missing", lambda t: {k: v for k, v in t.items() if ".layers.1.shared_transformer." not in k},
@@ -143,7 +143,7 @@ def test_audit_command_on_a_zamba2_checkpoint(tmp_path, checkpoint):
     layers, each with a state and a window error."""
     arch, d, _ = checkpoint
     if arch != "zamba2":
-        return
+        pytest.skip("checked on zamba2 alone")
     out = tmp_path / "audit"
     r = run_cli("audit", "--model", d, "--budget", "16", "--steps", "4", "--seed", "2", "--out", out)
     assert r.returncode in (0, 1), r.stderr
