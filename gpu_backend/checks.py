@@ -157,6 +157,16 @@ def root_paths(parents, B: int, T: int, device, mode: str = "exact") -> torch.Te
     return plan.root_paths(mode)
 
 
+def path_to(parents: torch.Tensor, node: int) -> list[int]:
+    """The nodes from the root to ``node``, root first, up one sequence's checked parents ([T]): the path a commit
+    replays (the torch fast paths' host walk)."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = int(parents[node])
+    return path[::-1]
+
+
 def source_parents(parents, B: int, T: int, device, mode: str) -> torch.Tensor:
     """[B, T] source parents of ``mode`` from raw parents (checked) or a TreePlan (cached)."""
     if isinstance(parents, TreePlan):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ddsim.gpu_backend.checks import check_accepted, check_kda, check_parents, source_parents
+from ddsim.gpu_backend.checks import check_accepted, check_kda, check_parents, path_to, source_parents
 
 
 def _l2(x):
@@ -50,10 +50,6 @@ def kda_tree_commit(k, v, g, beta, *, parents, accepted, initial_state):
     f = out.dtype
     kf, vf, gf, bf = _l2(k.to(f)), v.to(f), g.to(f), beta.to(f)
     for b in range(Bn):
-        path, n = [], int(acc[b])
-        while n >= 0:
-            path.append(n)
-            n = int(p[b, n])
-        for n in reversed(path):
+        for n in path_to(p[b], int(acc[b])):
             out[b] = _step(out[b], kf[b, n], vf[b, n], gf[b, n], bf[b, n])
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ddsim.gpu_backend.checks import check_accepted, check_lightning, check_parents, source_parents
+from ddsim.gpu_backend.checks import check_accepted, check_lightning, check_parents, path_to, source_parents
 
 
 def lightning_tree_verify(q, k, v, *, decay, parents, initial_state, mode="exact", output_states=False):
@@ -40,10 +40,6 @@ def lightning_tree_commit(k, v, *, decay, parents, accepted, initial_state):
     lam = decay.to(f)[:, None, None]
     kf, vf = k.to(f), v.to(f)
     for b in range(Bn):
-        path, n = [], int(acc[b])
-        while n >= 0:
-            path.append(n)
-            n = int(p[b, n])
-        for n in reversed(path):
+        for n in path_to(p[b], int(acc[b])):
             out[b] = lam * out[b] + torch.einsum("hk,hv->hkv", kf[b, n], vf[b, n])
     return out

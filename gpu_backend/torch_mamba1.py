@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ddsim.gpu_backend.checks import check_accepted, check_mamba1, check_parents, mamba1_dt, source_parents
+from ddsim.gpu_backend.checks import check_accepted, check_mamba1, check_parents, mamba1_dt, path_to, source_parents
 
 
 def mamba1_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, parents, initial_state,
@@ -44,10 +44,6 @@ def mamba1_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, parents, 
     d = mamba1_dt(dt, dt_bias, dt_softplus, f)
     xs, Bf, Af = x.to(f), B.to(f), A.to(f)
     for b in range(Bn):
-        path, n = [], int(acc[b])
-        while n >= 0:
-            path.append(n)
-            n = int(p[b, n])
-        for n in reversed(path):
+        for n in path_to(p[b], int(acc[b])):
             out[b] = torch.exp(d[b, n, :, None] * Af) * out[b] + (d[b, n] * xs[b, n])[:, None] * Bf[b, n][None, :]
     return out

@@ -14,6 +14,7 @@ from ddsim.gpu_backend.checks import (
     check_mamba2_state,
     check_parents,
     mamba2_dt,
+    path_to,
     source_parents,
 )
 
@@ -64,11 +65,7 @@ def mamba2_tree_commit(x, dt, A, B, *, dt_bias=None, dt_softplus=True, dt_limit=
     d = mamba2_dt(dt, dt_bias, dt_softplus, dt_limit, f)
     xs, Bh = x.to(f), _heads(B.to(f), H)
     for b in range(Bn):
-        path, n = [], int(acc[b])
-        while n >= 0:
-            path.append(n)
-            n = int(p[b, n])
-        for n in reversed(path):
+        for n in path_to(p[b], int(acc[b])):
             out[b] = (torch.exp(d[b, n] * A.to(f))[:, None, None] * out[b]
                       + (d[b, n, :, None] * xs[b, n])[..., None] * Bh[b, n, :, None, :])
     return out

@@ -28,6 +28,7 @@ from ddsim.gpu_backend.checks import (
     conv_sources,
     conv_table,
     gate_values,
+    path_to,
     resolve_gates,
     resolve_state,
     source_parents,
@@ -137,12 +138,8 @@ def gdn_tree_commit(k, v, g, beta, *, parents, accepted, initial_state, use_qk_l
     ke = _prep_qk(k, HV, use_qk_l2norm, dt)
     out = initial_state.clone()
     for b in range(B):
-        path, n = [], int(acc[b])
-        while n >= 0:
-            path.append(n)
-            n = int(p[b, n])
         S = out[b]
-        for n in reversed(path):
+        for n in path_to(p[b], int(acc[b])):
             S = torch.exp(g[b, n].to(dt))[:, None, None] * S
             u = beta[b, n].to(dt)[:, None] * (v[b, n].to(dt) - torch.einsum("hk,hkv->hv", ke[b, n], S))
             S = S + ke[b, n][..., None] * u[:, None, :]
