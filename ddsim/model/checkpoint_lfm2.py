@@ -29,7 +29,7 @@ import torch
 
 from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
-from ddsim.model.config_checks import check_layer_types
+from ddsim.model.config_checks import check_default_rope, check_layer_types
 
 ARCHS = ("lfm2", "lfm2_moe")
 
@@ -61,8 +61,7 @@ def read_lfm2_config(raw: dict, d: Path) -> ModelConfig:
         types = ["full_attention" if i in attn else "conv" for i in range(n)]
     check_layer_types(types, n=n, allowed=("full_attention", "conv"), where=where)
     rope = raw.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") != "default":
-        raise InputError(f"{where}: rope_type {rope['rope_type']!r} is not supported (the default RoPE only)")
+    check_default_rope(rope, where=where)
     theta = float(rope.get("rope_theta", raw.get("rope_theta", 1_000_000.0)))
     nh = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])

@@ -24,7 +24,7 @@ import torch
 
 from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
-from ddsim.model.config_checks import check_layer_types, check_silu
+from ddsim.model.config_checks import check_default_rope, check_layer_types, check_silu
 
 ARCHS = ("minimax",)
 _DERIVED = ("self_attn.query_decay", "self_attn.key_decay", "self_attn.diagonal_decay")  # from slope_rate
@@ -41,8 +41,7 @@ def read_minimax_config(raw: dict, d: Path) -> ModelConfig:
     types = raw.get("layer_types") or []
     check_layer_types(types, n=n, allowed=("linear_attention", "full_attention"), where=where)
     rope = raw.get("rope_parameters") or {"rope_theta": raw.get("rope_theta", 1_000_000.0)}
-    if rope.get("rope_type", "default") != "default":
-        raise InputError(f"{where}: rope_type {rope['rope_type']!r} is not supported (the default RoPE only)")
+    check_default_rope(rope, where=where)
     hidden, nh = int(raw["hidden_size"]), int(raw["num_attention_heads"])
     ff = int(raw["intermediate_size"])
     factor = {k: float(raw.get(f"{k}_factor", 1.0)) for k in ("full_attn_alpha", "full_attn_beta", "linear_attn_alpha",

@@ -25,7 +25,7 @@ import torch
 
 from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
-from ddsim.model.config_checks import check_layer_types, check_silu
+from ddsim.model.config_checks import check_default_rope, check_layer_types, check_silu
 
 ARCHS = ("olmo_hybrid",)
 
@@ -43,8 +43,7 @@ def read_olmo_config(raw: dict, d: Path) -> ModelConfig:
     rope = raw.get("rope_parameters")
     if rope is None:  # transformers fills in its default RoPE (a legacy rope_theta, else 10000)
         rope = {"rope_theta": raw.get("rope_theta", 10000.0)}
-    if rope.get("rope_type", "default") != "default":
-        raise InputError(f"{where}: rope_type {rope['rope_type']!r} is not supported (the default RoPE or none)")
+    check_default_rope(rope, where=where, none_allowed=True)
     theta = rope.get("rope_theta")  # null: no positional encoding (NoPE)
     hidden, nh = int(raw["hidden_size"]), int(raw["num_attention_heads"])
     return ModelConfig(

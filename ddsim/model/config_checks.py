@@ -22,3 +22,13 @@ def check_layer_types(types: list, *, n: int | None, allowed: tuple[str, ...], w
     bad = [t for t in types if t not in allowed]
     if bad:
         raise InputError(f"{where}: unknown layer type {bad[0]!r}")
+
+
+def check_default_rope(rope: dict, *, where: Path, none_allowed: bool = False) -> None:
+    """rope (a config's rope_parameters, or what a reader makes of its legacy fields) asks for the default RoPE
+    (rope_type absent or "default"), the only one ddsim's attention computes; none_allowed: the reader also takes a
+    model without positional encoding, and the refusal says so."""
+    kind = rope.get("rope_type", "default")
+    if kind != "default":
+        takes = "the default RoPE or none" if none_allowed else "the default RoPE only"
+        raise InputError(f"{where}: rope_type {kind!r} is not supported ({takes})")
