@@ -109,6 +109,7 @@ CONFIGS = {  # how the fold reads its inputs: kernel arguments over the served l
 }
 
 
+@pytest.mark.slow  # every way compiled for three targets: 16 s of the 2-core machine, as the other kernels' compiles
 def test_the_gluon_fold_compiles_for_hopper_and_blackwell():
     """Each way of CONFIGS compiled for sm_90a, sm_100a and sm_120a (a subprocess without TRITON_INTERPRET):
     within the target's shared memory a block (34 KiB: the state's [K, 64] fp32 tile and the layouts' scratch), the
