@@ -2,6 +2,7 @@
 the same logits as transformers (prefill, and every decode step from the committed state), from the fast path and
 the oracle, and the same greedy continuation; the leak on one tree per verify mode; refusals of what ddsim does not
 run. One definition each, so every architecture is held to the same bounds."""
+import dataclasses
 import json
 import re
 import shutil
@@ -127,6 +128,14 @@ def assert_config_refusals(d, tmp_path, cases) -> None:
         with pytest.raises(InputError, match=re.escape(needle)) as e:
             read_config(with_config(d, tmp_path / field, **{field: DELETE if value is None else value}))
         assert str(e.value).count("config.json") == 1, str(e.value)
+
+
+def assert_config_read_alike(d, tmp_path, field, value) -> None:
+    """The config edited so (as with_config) gives the model config.json gave before, but for its name and notes
+    (which name the directory)."""
+    edited = with_config(d, tmp_path / f"alike_{field}", **{field: value})
+    want = read_config(d)[0]
+    assert read_config(edited)[0] == dataclasses.replace(want, name=edited.name, notes=want.notes.replace(str(d), str(edited)))
 
 
 def assert_unknown_tensor_refused(d, tmp_path, name: str, needle: str) -> None:

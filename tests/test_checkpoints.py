@@ -2,6 +2,7 @@
 supported architecture are built with transformers, saved (also sharded), loaded with ddsim, and
 must give the same logits (prefill and step-by-step decode) and the same greedy continuation, from
 both the fast path and the oracle. transformers is a test dependency only."""
+import dataclasses
 import json
 import re
 
@@ -230,6 +231,35 @@ def test_a_config_field_of_the_wrong_kind_is_refused_not_truncated(tmp_path_fact
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(InputError, match=re.escape(needle)):
         read_config(bad)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 1e4,
+                         "partial_rotary_factor": 0.25}, "rope_parameters.rope_type 'yarn' is not supported (the default RoPE only)"),
+    ("rope_scaling", {"type": "linear", "factor": 2.0}, "rope_scaling.rope_type 'linear' is not supported (the default RoPE only)"),
+    ("rope_scaling", "yarn", 'rope_scaling must be an object or null, got "yarn"'),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True}, None),  # Qwen3.5's own form
+])
+def test_a_rope_scaling_is_refused_rather_than_read_as_the_default_rope(checkpoint, tmp_path, field, value, needle):
+    """A YaRN, linear or other scaled RoPE, named in rope_parameters or the older rope_scaling (transformers reads
+    both), was read as the default RoPE: the audit would have run another attention than the checkpoint's. Each is
+    refused in one line naming the field; the default RoPE, Qwen3.5's interleaved sections among it (on text, where
+    the three positions are one, the same rotation), is read."""
+    import shutil
+    arch, d, _ = checkpoint
+    bad = tmp_path / "edited"
+    shutil.copytree(d, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (cfg["text_config"] if arch != "qwen3_next" else cfg)[field] = value
+    (bad / "config.json").write_text(json.dumps(cfg))
+    if needle is None:
+        want = read_config(d)[0]
+        assert read_config(bad)[0] == dataclasses.replace(want, name=bad.name, notes=want.notes.replace(str(d), str(bad)))
+    else:
+        with pytest.raises(InputError, match=re.escape(needle)) as e:
+            read_config(bad)
+        assert str(e.value).count("config.json") == 1, str(e.value)
 
 
 def test_checkpoints_whose_tensors_and_config_disagree_are_refused(tmp_path_factory, tmp_path):

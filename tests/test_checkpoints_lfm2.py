@@ -95,7 +95,7 @@ def test_lfm2_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint):
          "unknown layer type 'mamba'"),
         ("num_attention_heads", None, "missing field 'num_attention_heads'"),
         ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0},
-         "rope_type 'yarn' is not supported (the default RoPE only)")))
+         "rope_parameters.rope_type 'yarn' is not supported (the default RoPE only)")))
     assert_unknown_tensor_refused(d, tmp_path, "model.layers.0.conv.mystery", "conv.mystery.*refused rather than ignored")
 
 

@@ -11,6 +11,7 @@ import transformers  # a declared test dependency: a missing install must fail, 
 
 from ddsim.model.checkpoint import SUPPORTED, load_checkpoint
 from tests.checkpoint_checks import (
+    assert_config_read_alike,
     assert_config_refusals,
     assert_decode_matches,
     assert_prefill_matches,
@@ -128,8 +129,21 @@ def test_mamba_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint):
         ("mamba_n_heads", None, "missing field 'mamba_n_heads'"),
         ("mamba_proj_bias", True, "mamba_proj_bias=true is not supported"),
         ("layer_types", ["mamba", "moe", "attention", "mamba"], "routed-expert blocks"),
-        ("mamba_d_head", 7, "mamba_n_heads * mamba_d_head = 28")))
+        ("mamba_d_head", 7, "mamba_n_heads * mamba_d_head = 28"),
+        ("rope_scaling", {"rope_type": "yarn", "factor": 2.0},
+         "rope_scaling.rope_type 'yarn' is not supported (the default RoPE only)"),
+        ("rope_parameters", [10000.0], "rope_parameters must be an object or null, got [10000.0]")))
     assert_unknown_tensor_refused(d, tmp_path, "model.layers.0.mamba.mystery", "mamba.mystery.*refused rather than ignored")
+
+
+def test_a_model_without_rope_reads_past_a_rope_scaling_but_not_a_malformed_one(tmp_path, checkpoint):
+    """Nemotron-H has no positional encoding: a RoPE scaling in its config names nothing it runs and is read past,
+    where a model with RoPE refuses it (above); a RoPE table that is not one is refused all the same."""
+    arch, d, _ = checkpoint
+    if arch != "nemotron_h":
+        pytest.skip("checked on nemotron_h alone")
+    assert_config_read_alike(d, tmp_path, "rope_scaling", {"rope_type": "yarn", "factor": 2.0})
+    assert_config_refusals(d, tmp_path, (("rope_parameters", "yarn", 'rope_parameters must be an object or null, got "yarn"'),))
 
 
 def test_audit_command_on_a_nemotron_h_checkpoint(tmp_path_factory, tmp_path):

@@ -83,7 +83,7 @@ def test_minimax_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint
          "unknown layer type 'mamba'"),
         ("num_attention_heads", None, "missing field 'num_attention_heads'"),
         ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0},
-         "rope_type 'yarn' is not supported (the default RoPE only)")))
+         "rope_parameters.rope_type 'yarn' is not supported (the default RoPE only)")))
 
 
 def test_audit_command_on_a_minimax_checkpoint(tmp_path, checkpoint):

@@ -87,7 +87,9 @@ def test_olmo_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint):
         ("attention_bias", True, "attention_bias=true is not supported"),
         ("layer_types", ["linear_attention"] * 3, "3 layer_types for 4 layers"),
         ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0},
-         "rope_type 'yarn' is not supported (the default RoPE or none)"),
+         "rope_parameters.rope_type 'yarn' is not supported (the default RoPE or none)"),
+        ("rope_scaling", {"type": "linear", "factor": 2.0},
+         "rope_scaling.rope_type 'linear' is not supported (the default RoPE or none)"),
         ("linear_num_key_heads", None, "missing field 'linear_num_key_heads'")))
     # rope_parameters null is transformers' default RoPE when it loads the checkpoint, not NoPE
     cfg, _ = read_config(with_config(d, tmp_path / "null_rope", rope_parameters=None))

@@ -13,6 +13,7 @@ import transformers  # a declared test dependency: a missing install must fail, 
 from ddsim.errors import InputError
 from ddsim.model.checkpoint import SUPPORTED, load_checkpoint
 from tests.checkpoint_checks import (
+    assert_config_read_alike,
     assert_config_refusals,
     assert_decode_matches,
     assert_leaks,
@@ -111,10 +112,21 @@ def test_zamba2_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint)
         ("rms_norm_eps", 1e-6, "rms_norm_eps=1e-06 is not supported"),
         ("num_key_value_heads", 2, "attention adapters with num_key_value_heads=2"),
         ("layers_block_type", ["mamba", "hybrid", "mamba", "shared"], "lists 4 layers for 5"),
-        ("hidden_size", None, "missing field 'hidden_size'")))
+        ("hidden_size", None, "missing field 'hidden_size'"),
+        ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+         "rope_parameters.rope_type 'dynamic' is not supported (the default RoPE only)")))
     assert_unknown_tensor_refused(d, tmp_path, "model.layers.0.mamba.mystery", "mamba.mystery.*refused rather than ignored")
     assert_unknown_tensor_refused(d, tmp_path / "2", "model.layers.1.shared_transformer.self_attn.mystery",
                                   "shared_transformer.self_attn.mystery.*refused rather than ignored")
+
+
+def test_without_use_mem_rope_a_rope_scaling_is_read_past(tmp_path, checkpoint):
+    """Without use_mem_rope the shared block has no positional encoding: a RoPE scaling names nothing it runs and
+    is read past (with it, refused: above)."""
+    arch, d, _ = checkpoint
+    if arch != "zamba2_plain":
+        pytest.skip("checked on zamba2_plain alone")
+    assert_config_read_alike(d, tmp_path, "rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
 
 
 def test_a_shared_block_missing_or_with_an_adapter_nobody_runs_is_refused(tmp_path, checkpoint):

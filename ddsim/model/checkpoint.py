@@ -43,7 +43,7 @@ from ddsim.model.checkpoint_olmo import OlmoMapper, read_olmo_config
 from ddsim.model.checkpoint_zamba import ARCHS as ZAMBA_ARCHS
 from ddsim.model.checkpoint_zamba import Zamba2Mapper, read_zamba2_config
 from ddsim.model.config import ModelConfig
-from ddsim.model.config_checks import check_layer_types, check_silu
+from ddsim.model.config_checks import check_default_rope, check_layer_types, check_silu
 from ddsim.model.weights import weight_shapes
 
 SUPPORTED = (("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text") + MAMBA_ARCHS + LFM2_ARCHS
@@ -135,6 +135,7 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
         "full_attention" if (i + 1) % text.get("full_attention_interval", 4) == 0 else "linear_attention"
         for i in range(n or 0)]
     check_layer_types(types, n=n, allowed=("linear_attention", "full_attention"), where=d / "config.json")
+    check_default_rope(text, where=d / "config.json")
     rope = text.get("rope_parameters") or {}
     theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
     prf = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))

@@ -60,8 +60,8 @@ def read_lfm2_config(raw: dict, d: Path) -> ModelConfig:
         attn = set(raw.get("full_attn_idxs") if raw.get("full_attn_idxs") is not None else range(n))
         types = ["full_attention" if i in attn else "conv" for i in range(n)]
     check_layer_types(types, n=n, allowed=("full_attention", "conv"), where=where)
+    check_default_rope(raw, where=where)
     rope = raw.get("rope_parameters") or {}
-    check_default_rope(rope, where=where)
     theta = float(rope.get("rope_theta", raw.get("rope_theta", 1_000_000.0)))
     nh = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])

@@ -33,6 +33,7 @@ import torch
 
 from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
+from ddsim.model.config_checks import check_default_rope, rope_parameters
 
 ARCHS = ("nemotron_h", "bamba", "granitemoehybrid", "falcon_h1")
 PREFIXES = ("model.", "backbone.")  # Nemotron-H checkpoints name the decoder "backbone"
@@ -89,7 +90,7 @@ def read_mamba_config(raw: dict, d: Path) -> ModelConfig:
                                              for c in raw.get("hybrid_override_pattern", "")]
     nh = int(raw["num_attention_heads"])
     head_dim = int(raw.get("head_dim") or raw["hidden_size"] // nh)
-    rope = raw.get("rope_parameters") or {}
+    rope = rope_parameters(raw, where=where)
     if mt == "nemotron_h":
         H, P, N = raw["mamba_num_heads"], raw["mamba_head_dim"], raw["ssm_state_size"]
         G, W, bias = raw["n_groups"], raw["conv_kernel"], raw.get("use_conv_bias", True)
@@ -111,6 +112,8 @@ def read_mamba_config(raw: dict, d: Path) -> ModelConfig:
     if mt == "falcon_h1":
         norm = ("gated-before" if raw.get("mamba_norm_before_gate", True) else "gated") if raw.get("mamba_rms_norm") else "gate"
     use_rope = mt in ("bamba", "falcon_h1") or (mt == "granitemoehybrid" and raw.get("position_embedding_type") == "rope")
+    if use_rope:
+        check_default_rope(raw, where=where)
     extra = {}
     if mt == "granitemoehybrid":
         extra = dict(embedding_multiplier=float(raw.get("embedding_multiplier", 1.0)),

@@ -40,8 +40,8 @@ def read_minimax_config(raw: dict, d: Path) -> ModelConfig:
     n = int(raw["num_hidden_layers"])
     types = raw.get("layer_types") or []
     check_layer_types(types, n=n, allowed=("linear_attention", "full_attention"), where=where)
+    check_default_rope(raw, where=where)
     rope = raw.get("rope_parameters") or {"rope_theta": raw.get("rope_theta", 1_000_000.0)}
-    check_default_rope(rope, where=where)
     hidden, nh = int(raw["hidden_size"]), int(raw["num_attention_heads"])
     ff = int(raw["intermediate_size"])
     factor = {k: float(raw.get(f"{k}_factor", 1.0)) for k in ("full_attn_alpha", "full_attn_beta", "linear_attn_alpha",

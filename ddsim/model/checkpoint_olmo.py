@@ -40,10 +40,10 @@ def read_olmo_config(raw: dict, d: Path) -> ModelConfig:
     n = int(raw["num_hidden_layers"])
     types = raw.get("layer_types") or []
     check_layer_types(types, n=n, allowed=("linear_attention", "full_attention"), where=where)
+    check_default_rope(raw, where=where, none_allowed=True)
     rope = raw.get("rope_parameters")
     if rope is None:  # transformers fills in its default RoPE (a legacy rope_theta, else 10000)
         rope = {"rope_theta": raw.get("rope_theta", 10000.0)}
-    check_default_rope(rope, where=where, none_allowed=True)
     theta = rope.get("rope_theta")  # null: no positional encoding (NoPE)
     hidden, nh = int(raw["hidden_size"]), int(raw["num_attention_heads"])
     return ModelConfig(

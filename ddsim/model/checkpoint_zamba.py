@@ -32,7 +32,7 @@ import torch
 
 from ddsim.errors import InputError
 from ddsim.model.config import ModelConfig
-from ddsim.model.config_checks import check_layer_types
+from ddsim.model.config_checks import check_default_rope, check_layer_types, rope_parameters
 
 ARCHS = ("zamba2",)
 _MAMBA, _HYBRID = ("mamba", "linear_attention", "m"), ("hybrid", "g")
@@ -66,7 +66,9 @@ def read_zamba2_config(raw: dict, d: Path) -> ModelConfig:
     if (expand * hidden) % H:
         raise InputError(f"{where}: mamba_expand * hidden_size = {expand * hidden} is not a multiple of n_mamba_heads={H}")
     hd = 2 * hidden // nh
-    rope = raw.get("rope_parameters") or {}
+    rope = rope_parameters(raw, where=where)
+    if raw.get("use_mem_rope", False):
+        check_default_rope(raw, where=where)
     return ModelConfig(
         name=d.name, architecture="zamba2", vocab_size=int(raw["vocab_size"]), hidden_size=hidden,
         layer_pattern="".join("z" if t in _HYBRID else "m" for t in types),

@@ -3,6 +3,7 @@ fields before it builds a ModelConfig: each raises InputError naming the file an
 every architecture."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ddsim.errors import InputError
@@ -24,11 +25,30 @@ def check_layer_types(types: list, *, n: int | None, allowed: tuple[str, ...], w
         raise InputError(f"{where}: unknown layer type {bad[0]!r}")
 
 
-def check_default_rope(rope: dict, *, where: Path, none_allowed: bool = False) -> None:
-    """rope (a config's rope_parameters, or what a reader makes of its legacy fields) asks for the default RoPE
-    (rope_type absent or "default"), the only one ddsim's attention computes; none_allowed: the reader also takes a
-    model without positional encoding, and the refusal says so."""
-    kind = rope.get("rope_type", "default")
-    if kind != "default":
-        takes = "the default RoPE or none" if none_allowed else "the default RoPE only"
-        raise InputError(f"{where}: rope_type {kind!r} is not supported ({takes})")
+
+# where a config names its RoPE: transformers reads rope_parameters, and the older rope_scaling (with a legacy
+# "type" for "rope_type") as the same table
+ROPE_FIELDS = ("rope_parameters", "rope_scaling")
+
+
+def rope_parameters(raw: dict, *, where: Path) -> dict:
+    """raw's rope_parameters ({} where absent or null), each of ROPE_FIELDS first checked to be an object or null (a
+    string or a list there is refused in one line, where a reader's .get of it would raise an AttributeError)."""
+    for field in ROPE_FIELDS:
+        if raw.get(field) is not None and not isinstance(raw[field], dict):
+            raise InputError(f"{where}: {field} must be an object or null, got {json.dumps(raw[field])}")
+    return raw.get("rope_parameters") or {}
+
+
+def check_default_rope(raw: dict, *, where: Path, none_allowed: bool = False) -> None:
+    """raw (a config's fields, or its text_config's) asks for the default RoPE, the only one ddsim's attention
+    computes: each of ROPE_FIELDS null, or naming no type but "default" (a yarn, linear, dynamic, llama3 or longrope
+    scaling would be read as the default and the audit would run another model). For the readers whose model uses
+    RoPE; none_allowed: the reader also takes a model without positional encoding, and the refusal says so."""
+    rope_parameters(raw, where=where)
+    for field in ROPE_FIELDS:
+        rope = raw.get(field) or {}
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            takes = "the default RoPE or none" if none_allowed else "the default RoPE only"
+            raise InputError(f"{where}: {field}.rope_type {kind!r} is not supported ({takes})")
