@@ -262,6 +262,31 @@ def test_a_rope_scaling_is_refused_rather_than_read_as_the_default_rope(checkpoi
         assert str(e.value).count("config.json") == 1, str(e.value)
 
 
+@pytest.mark.parametrize("rope", [
+    {"rope_parameters": {"rope_type": "default", "rope_theta": 5e4}},  # no fraction named
+    {"rope_parameters": None, "rope_theta": 5e4},  # the older form: the base beside the other fields
+    {"rope_parameters": None, "rope_theta": 5e4, "partial_rotary_factor": 0.5},
+])
+def test_the_rope_is_read_as_transformers_reads_it(checkpoint, tmp_path, rope):
+    """RoPE's base and the fraction of each head it turns, from the config's forms, as transformers reads them: where
+    no field named a fraction ddsim turned the whole head, and transformers (Qwen3-Next's and Qwen3.5's default) a
+    quarter."""
+    import shutil
+    arch, d, _ = checkpoint
+    edited = tmp_path / "edited"
+    shutil.copytree(d, edited)
+    cfg = json.loads((edited / "config.json").read_text())
+    text = cfg["text_config"] if arch != "qwen3_next" else cfg
+    text.update(rope)
+    if text["rope_parameters"] is None:
+        del text["rope_parameters"]
+    (edited / "config.json").write_text(json.dumps(cfg))
+    want = transformers.AutoConfig.from_pretrained(edited).get_text_config().rope_parameters
+    got = read_config(edited)[0]
+    assert (got.rope_theta, got.partial_rotary_factor) == (want["rope_theta"], want["partial_rotary_factor"])
+    assert got.partial_rotary_factor == rope.get("partial_rotary_factor", 0.25)
+
+
 def test_checkpoints_whose_tensors_and_config_disagree_are_refused(tmp_path_factory, tmp_path):
     """A config that lists fewer layers than the weights hold, or a tensor ddsim does not read: the
     audit would run another model than the checkpoint, so it refuses instead of dropping them."""

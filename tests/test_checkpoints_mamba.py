@@ -9,14 +9,16 @@ import pytest
 import torch
 import transformers  # a declared test dependency: a missing install must fail, not skip
 
-from ddsim.model.checkpoint import SUPPORTED, load_checkpoint
+from ddsim.model.checkpoint import SUPPORTED, load_checkpoint, read_config
 from tests.checkpoint_checks import (
+    DELETE,
     assert_config_read_alike,
     assert_config_refusals,
     assert_decode_matches,
     assert_prefill_matches,
     assert_unknown_tensor_refused,
     perturbed,
+    with_config,
 )
 
 COMMON = dict(vocab_size=96, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
@@ -134,6 +136,38 @@ def test_mamba_checkpoints_refuse_what_ddsim_does_not_run(tmp_path, checkpoint):
          "rope_scaling.rope_type 'yarn' is not supported (the default RoPE only)"),
         ("rope_parameters", [10000.0], "rope_parameters must be an object or null, got [10000.0]")))
     assert_unknown_tensor_refused(d, tmp_path, "model.layers.0.mamba.mystery", "mamba.mystery.*refused rather than ignored")
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_parameters": {"rope_type": "default", "rope_theta": 5e4}},  # no fraction named
+    {"rope_parameters": DELETE, "rope_theta": 5e4},  # the older form
+    {"rope_parameters": {"rope_type": "default", "rope_theta": 5e4, "partial_rotary_factor": 0.25}},
+])
+def test_bambas_rope_is_read_as_transformers_reads_it(tmp_path, checkpoint, rope):
+    """Bamba's RoPE base and the fraction of each head it turns, as transformers reads them: where rope_parameters
+    named no fraction ddsim turned the whole head, and transformers half."""
+    arch, d, _ = checkpoint
+    if arch != "bamba":
+        pytest.skip("checked on bamba alone")
+    edited = with_config(d, tmp_path / "edited", **rope)
+    want = transformers.AutoConfig.from_pretrained(edited).rope_parameters
+    got = read_config(edited)[0]
+    assert (got.rope_theta, got.partial_rotary_factor) == (want["rope_theta"], want["partial_rotary_factor"])
+    named = rope["rope_parameters"] if isinstance(rope["rope_parameters"], dict) else {}
+    assert got.partial_rotary_factor == named.get("partial_rotary_factor", 0.5)
+
+
+def test_falcon_h1_refuses_a_fraction_of_the_head_its_attention_would_not_turn(tmp_path, checkpoint):
+    """Falcon-H1's attention (and Granite's) turns the whole head whatever partial_rotary_factor says: a fraction
+    other than 1, in rope_parameters or beside the other fields, is refused rather than run one way or the other."""
+    arch, d, _ = checkpoint
+    if arch != "falcon_h1":
+        pytest.skip("checked on falcon_h1 alone")
+    assert_config_refusals(d, tmp_path, (
+        ("rope_parameters", {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+         "a partial_rotary_factor other than 1 is not supported for falcon_h1"),
+        ("partial_rotary_factor", 0.5, "a partial_rotary_factor other than 1 is not supported for falcon_h1")))
+    assert_config_read_alike(d, tmp_path, "partial_rotary_factor", 1.0)
 
 
 def test_a_model_without_rope_reads_past_a_rope_scaling_but_not_a_malformed_one(tmp_path, checkpoint):

@@ -138,7 +138,8 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     check_default_rope(text, where=d / "config.json")
     rope = text.get("rope_parameters") or {}
     theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
-    prf = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
+    # transformers' Qwen3-Next and Qwen3.5 configs turn a quarter of each head when neither field names a fraction
+    prf = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
     dtype_name = str(text.get("dtype") or raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
     if dtype_name not in _DTYPES:
         raise InputError(f"{d / 'config.json'}: unsupported dtype {dtype_name!r}")

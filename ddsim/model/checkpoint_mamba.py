@@ -114,6 +114,13 @@ def read_mamba_config(raw: dict, d: Path) -> ModelConfig:
     use_rope = mt in ("bamba", "falcon_h1") or (mt == "granitemoehybrid" and raw.get("position_embedding_type") == "rope")
     if use_rope:
         check_default_rope(raw, where=where)
+    # the fraction of each head RoPE turns, as transformers runs it: Bamba's half unless rope_parameters names
+    # another (a top-level partial_rotary_factor is not read); Falcon-H1's and Granite's attention turns the whole
+    # head whatever the config says, so another fraction there is refused rather than run as either
+    prf = rope.get("partial_rotary_factor", 0.5 if mt == "bamba" else 1.0)
+    if use_rope and mt != "bamba" and float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise InputError(f"{where}: a partial_rotary_factor other than 1 is not supported for {mt} (its attention "
+                         "turns the whole head)")
     extra = {}
     if mt == "granitemoehybrid":
         extra = dict(embedding_multiplier=float(raw.get("embedding_multiplier", 1.0)),
@@ -148,7 +155,7 @@ def read_mamba_config(raw: dict, d: Path) -> ModelConfig:
         layer_pattern=pattern, intermediate_size=int(inter or 1), num_attention_heads=nh,
         num_key_value_heads=int(raw.get("num_key_value_heads") or nh), head_dim=head_dim,
         rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
-        partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
+        partial_rotary_factor=float(prf),
         conv_kernel_size=int(W), rms_norm_eps=float(eps),
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
         mamba_num_heads=int(H), mamba_head_dim=int(P), mamba_state_size=int(N), mamba_n_groups=int(G),
