@@ -44,6 +44,7 @@ from ddsim.model.checkpoint_zamba import ARCHS as ZAMBA_ARCHS
 from ddsim.model.checkpoint_zamba import Zamba2Mapper, read_zamba2_config
 from ddsim.model.config import ModelConfig
 from ddsim.model.config_checks import check_default_rope, check_layer_types, check_silu
+from ddsim.model.config_defaults import with_defaults
 from ddsim.model.weights import weight_shapes
 
 SUPPORTED = (("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text") + MAMBA_ARCHS + LFM2_ARCHS
@@ -114,6 +115,7 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
     mt = raw.get("model_type")
     if mt not in SUPPORTED:
         raise InputError(f"{d / 'config.json'}: unsupported architecture {mt!r} (supported: {', '.join(SUPPORTED)})")
+    raw = with_defaults(raw, mt)  # what transformers' saved difference leaves out, as transformers reads it
     readers = {**dict.fromkeys(MAMBA_ARCHS, read_mamba_config), **dict.fromkeys(LFM2_ARCHS, read_lfm2_config),
                "jamba": read_jamba_config, "olmo_hybrid": read_olmo_config, "minimax": read_minimax_config,
                "kimi_linear": read_kimi_config, "zamba2": read_zamba2_config}
@@ -126,11 +128,13 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
         meta = {"model_type": mt, "dtype": _DTYPES[dtype_name], "prefix": "backbone." if mt == "nemotron_h" else "model.",
                 "path": str(d)}
         return cfg, ({**meta, "raw": raw} if mt in MAMBA_ARCHS + ZAMBA_ARCHS else meta)
-    text = raw.get("text_config", raw) if mt in ("qwen3_5", "qwen3_5_moe") else raw
+    text = with_defaults(raw.get("text_config", raw), f"{mt}_text") if mt in ("qwen3_5", "qwen3_5_moe") else raw
     check_silu(text, d / "config.json")
     if text.get("attention_bias", False):
         raise InputError(f"{d / 'config.json'}: attention_bias=true is not supported")
     n = text.get("num_hidden_layers")
+    if n is None:
+        raise InputError(f"{d / 'config.json'}: missing field 'num_hidden_layers'")
     types = text.get("layer_types") or [
         "full_attention" if (i + 1) % text.get("full_attention_interval", 4) == 0 else "linear_attention"
         for i in range(n or 0)]

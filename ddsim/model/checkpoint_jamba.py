@@ -40,6 +40,9 @@ def read_jamba_config(raw: dict, d: Path) -> ModelConfig:
     n, hidden = int(raw["num_hidden_layers"]), int(raw["hidden_size"])
     ap, ao = int(raw.get("attn_layer_period", 8)), int(raw.get("attn_layer_offset", 4))
     ep, eo = int(raw.get("expert_layer_period", 2)), int(raw.get("expert_layer_offset", 1))
+    for what, period, offset in (("attn", ap, ao), ("expert", ep, eo)):  # as transformers' JambaConfig refuses them
+        if not 0 <= offset < period:
+            raise InputError(f"{where}: {what}_layer_offset={offset} must be at least 0 and below {what}_layer_period={period}")
     E = int(raw.get("num_experts", 16))
     pattern = "".join("a" if i % ap == ao else "s" for i in range(n))
     moe_layers = [i for i in range(n) if E > 1 and i % ep == eo]

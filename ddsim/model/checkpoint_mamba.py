@@ -49,6 +49,8 @@ def _number(v) -> float:
 
 def _layer_kinds(mt: str, raw: dict, where: Path) -> str:
     n = raw.get("num_hidden_layers")
+    if n is None and mt != "nemotron_h":  # transformers counts Nemotron-H's layers from its pattern; the others' count is given
+        raise InputError(f"{where}: missing field 'num_hidden_layers'")
     if mt == "falcon_h1":
         return "p" * int(n or 0)
     if mt == "nemotron_h":
