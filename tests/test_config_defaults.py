@@ -83,3 +83,45 @@ def test_each_field_left_out_is_read_as_transformers_reads_it(tmp_path, name, sa
             wrong.append(f"without {field}: (ddsim, transformers) {diff}")
     assert not wrong, f"{name}:\n" + "\n".join(wrong)
     assert _read(tmp_path / "None-sparse") is not None, "the config as saved is refused"
+
+
+# the fields the Mamba2 and Zamba2 mappers read from the config as they place the tensors (multipliers folded into
+# the weights, the shared blocks): not in the ModelConfig, so compared on the weights
+MAPPER_FIELDS = ("attention_in_multiplier", "key_multiplier", "attention_out_multiplier", "mlp_multipliers",
+                 "ssm_multipliers", "ssm_in_multiplier", "ssm_out_multiplier", "num_mem_blocks",
+                 "use_shared_attention_adapter")
+
+
+@pytest.mark.parametrize("module, arch", [("mamba", "falcon_h1"), ("zamba2", "zamba2")])
+def test_each_field_a_mapper_reads_left_out_gives_transformers_weights(tmp_path, module, arch):
+    """Each field a mapper reads from the config (Falcon-H1's nine multipliers, Zamba2's shared blocks), left out of
+    a saved checkpoint: ddsim's weights equal those it reads with transformers' completion of the config."""
+    import shutil
+
+    import torch
+
+    from ddsim.model.checkpoint import load_checkpoint
+    m = importlib.import_module(f"tests.test_checkpoints_{module}")
+    saved_dir = tmp_path / "saved"
+    m._hf_model(arch).save_pretrained(saved_dir)
+    saved = json.loads((saved_dir / "config.json").read_text())
+    fields = [f for f in MAPPER_FIELDS if f in saved]
+    compared = []
+    for field in fields:
+        sparse, full = tmp_path / f"{field}-sparse", tmp_path / f"{field}-full"
+        shutil.copytree(saved_dir, sparse)
+        shutil.copytree(saved_dir, full)
+        (sparse / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != field}))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            completed = transformers.AutoConfig.from_pretrained(sparse)
+        (full / "config.json").write_text(completed.to_json_string(use_diff=False))
+        try:
+            got = load_checkpoint(sparse)[1]
+        except InputError:  # refused (the adapters' tensors with no use_shared_attention_adapter, say): not guessed
+            continue
+        want = load_checkpoint(full)[1]
+        compared.append(field)
+        assert got.keys() == want.keys(), field
+        assert all(torch.equal(got[k], want[k]) for k in got), f"without {field}: the weights differ"
+    assert compared, f"every field of {fields} left out was refused: nothing was compared"
