@@ -25,7 +25,6 @@ def check_layer_types(types: list, *, n: int | None, allowed: tuple[str, ...], w
         raise InputError(f"{where}: unknown layer type {bad[0]!r}")
 
 
-
 # where a config names its RoPE: transformers reads rope_parameters, and the older rope_scaling (with a legacy
 # "type" for "rope_type") as the same table
 ROPE_FIELDS = ("rope_parameters", "rope_scaling")

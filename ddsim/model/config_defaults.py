@@ -7,9 +7,9 @@ ran another model than the checkpoint (a silent eps or scale) or refused a valid
 ``model_type``, the defaults of transformers' config class (5.x) for every field a ddsim reader takes with a default
 where that class's default differs from the reader's own; ``tests/test_config_defaults.py`` drops each field of every
 test checkpoint's config in turn and holds ddsim's reading to its reading of transformers' own completion of it (or to
-a refusal), so a default that drifts from transformers' fails there. A field ddsim needs and finds missing is still
-refused where no class default applies (``vocab_size``, the head counts, the layer types): defaults fill gaps, they
-do not stand in for a model's shape.
+a refusal), so a default that drifts from transformers' fails there. The table fills only the gaps the readers filled
+before with values of their own (and Nemotron-H's activation, which they refused as silu): a field a reader refuses
+when missing (``vocab_size``, ``num_attention_heads``, the layer count and types) is refused still.
 """
 from __future__ import annotations
 
