@@ -137,13 +137,12 @@ def read_config(path: str | Path) -> tuple[ModelConfig, dict]:
         raise InputError(f"{d / 'config.json'}: missing field 'num_hidden_layers'")
     types = text.get("layer_types") or [
         "full_attention" if (i + 1) % text.get("full_attention_interval", 4) == 0 else "linear_attention"
-        for i in range(n or 0)]
+        for i in range(n)]
     check_layer_types(types, n=n, allowed=("linear_attention", "full_attention"), where=d / "config.json")
     check_default_rope(text, where=d / "config.json")
     rope = text.get("rope_parameters") or {}
     theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
-    # transformers' Qwen3-Next and Qwen3.5 configs turn a quarter of each head when neither field names a fraction
-    prf = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+    prf = rope.get("partial_rotary_factor", text.get("partial_rotary_factor"))  # DEFAULTS: a quarter where neither names one
     dtype_name = str(text.get("dtype") or raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").replace("torch.", "")
     if dtype_name not in _DTYPES:
         raise InputError(f"{d / 'config.json'}: unsupported dtype {dtype_name!r}")

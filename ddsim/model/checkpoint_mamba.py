@@ -52,14 +52,14 @@ def _layer_kinds(mt: str, raw: dict, where: Path) -> str:
     if n is None and mt != "nemotron_h":  # transformers counts Nemotron-H's layers from its pattern; the others' count is given
         raise InputError(f"{where}: missing field 'num_hidden_layers'")
     if mt == "falcon_h1":
-        return "p" * int(n or 0)
+        return "p" * int(n)
     if mt == "nemotron_h":
         types = raw.get("layers_block_type")
         if types is None and raw.get("hybrid_override_pattern"):
             types = [{"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}.get(c, c) for c in raw["hybrid_override_pattern"]]
     elif mt == "bamba" and raw.get("layer_types") is None and "attn_layer_indices" in raw:
         idx = set(raw.get("attn_layer_indices") or [])
-        types = ["attention" if i in idx else "mamba" for i in range(int(n or 0))]
+        types = ["attention" if i in idx else "mamba" for i in range(int(n))]
     else:
         types = raw.get("layer_types") or raw.get("layers_block_type")
     if not types:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 DEFAULTS: dict[str, dict] = {
     "qwen3_next": dict(head_dim=256, intermediate_size=5632, max_position_embeddings=32768, num_experts=512,
-                       num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512),
-    "qwen3_5_text": dict(head_dim=256, intermediate_size=12288, max_position_embeddings=32768),
+                       num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                       partial_rotary_factor=0.25),
+    "qwen3_5_text": dict(head_dim=256, intermediate_size=12288, max_position_embeddings=32768, partial_rotary_factor=0.25),
     "qwen3_5_moe_text": dict(head_dim=256, max_position_embeddings=32768, num_experts=256, num_experts_per_tok=8,
-                             moe_intermediate_size=512, shared_expert_intermediate_size=512),
+                             moe_intermediate_size=512, shared_expert_intermediate_size=512, partial_rotary_factor=0.25),
     "jamba": dict(num_key_value_heads=8),
     "kimi_linear": dict(routed_scaling_factor=2.446, v_head_dim=128),
     "nemotron_h": dict(head_dim=128, intermediate_size=21504, num_key_value_heads=8, time_step_min=0.001,
