@@ -19,6 +19,7 @@ verify runs a model's GDN layers (Qwen3.6-27B has 48).
     python benchmarks/gluon_served.py [--commit SHA] [--shapes 1x16,1x9] [--calls 5] [--rounds 2] [--layers 48]
 """
 import argparse
+from unittest import mock
 
 import torch
 
@@ -50,9 +51,7 @@ def forms_at(B: int, T: int, gluon: bool) -> dict:
     kpool, kslots = slotted_pool(inp["initial_state"])
     lay = sglang_layer(B, T)
     q, k, v = split_views({"q": lay.inp["q"], "k": lay.inp["k"], "v": lay.inp["v"]}).values()
-    before = triton_gdn.FUSED_GLUON
-    triton_gdn.FUSED_GLUON = gluon
-    try:
+    with mock.patch.object(triton_gdn, "FUSED_GLUON", gluon):  # restored however the planning ends
         alone, o_alone = triton_gdn.plan_wy(**qkvgb, parents=parents.cuda(), initial_state=inp["initial_state"],
                                             poison=True)
         slotted, o_slotted = triton_gdn.plan_wy(**qkvgb, parents=parents.cuda(), initial_state=kpool,
@@ -63,8 +62,6 @@ def forms_at(B: int, T: int, gluon: bool) -> dict:
             out["o"] = engine_api.target_verify(lay.zeros, lay.a, lay.zeros, 1.0, 20.0, q, k, v, lay.b, lay.pool,
                                                 lay.pslots, retrieve_parent_token=lay.plan)
         engine()  # planned (and recorded for replay) under this setting
-    finally:
-        triton_gdn.FUSED_GLUON = before
     ref = oracle.gdn_tree_verify(**{n: x.cpu() for n, x in qkvgb.items()}, parents=parents,
                                  initial_state=inp["initial_state"].cpu())
     # the engine's gates as its kernel makes them from a and b (A_log = dt_bias = 0)
@@ -113,19 +110,15 @@ def graphed(shapes, layers: int, rounds: int) -> None:
     from ddsim.gpu_backend import triton_gdn
     print(f"| round | shape | states | kernel | graphed, {layers} layers, us a layer |")
     print("|---|---|---|---|---|")
-    before = triton_gdn.FUSED_GLUON
-    try:
-        for rnd in range(rounds):  # (numbered from 0, as timing_rounds' rows)
-            for B, T in shapes:
-                _, parents = ddtree_batch(B, T)
-                for slots in (False, True):
-                    for gluon in (True, False):
-                        triton_gdn.FUSED_GLUON = gluon
+    for rnd in range(rounds):  # (numbered from 0, as timing_rounds' rows)
+        for B, T in shapes:
+            _, parents = ddtree_batch(B, T)
+            for slots in (False, True):
+                for gluon in (True, False):
+                    with mock.patch.object(triton_gdn, "FUSED_GLUON", gluon):
                         us = graphed_layers_us(B, T, parents, layers, slots=slots)
-                        print(f"| {rnd} | {B} x {T} | {'through slots' if slots else 'by sequence'} | "
-                              f"{'Gluon fold' if gluon else 'Triton form'} | {us:.2f} |", flush=True)
-    finally:
-        triton_gdn.FUSED_GLUON = before
+                    print(f"| {rnd} | {B} x {T} | {'through slots' if slots else 'by sequence'} | "
+                          f"{'Gluon fold' if gluon else 'Triton form'} | {us:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
