@@ -136,6 +136,11 @@ def model_configs(draw) -> ModelConfig:
     return ModelConfig(**kw)
 
 
+def _normal(gen: torch.Generator):
+    """rnd(*shape): standard normal float64 draws from ``gen`` (the strategies' tensors, seeded by a drawn integer)."""
+    return lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+
 def _trees_of_size(draw, B: int, T: int) -> list[Tree]:
     """B drawn trees of exactly T nodes each (a chain where a shape cannot reach T)."""
     ts = [draw(trees(min_size=T, max_size=T)) for _ in range(B)]
@@ -167,10 +172,7 @@ def gdn_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.floa
     seed = draw(st.integers(0, 2**31 - 1))
     memory = draw(st.sampled_from(["fast", "long"]))
     gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*s):
-        return torch.randn(*s, generator=gen, dtype=torch.float64)
-
+    rnd = _normal(gen)
     g = -torch.rand(B, T, HV, generator=gen, dtype=torch.float64) * (2.0 if memory == "fast" else 0.05)
     return dict(
         q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, HV, V).to(dtype),
@@ -205,10 +207,7 @@ def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.f
     ts = _trees_of_size(draw, B, T)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     memory = draw(st.sampled_from(["fast", "long"]))
-
-    def rnd(*s):
-        return torch.randn(*s, generator=gen, dtype=torch.float64)
-
+    rnd = _normal(gen)
     A = -torch.rand(H, generator=gen, dtype=torch.float64) * (4.0 if memory == "fast" else 0.1) - 1e-3
     state = rnd(B, H, P, N).float()
     pool, slots = _pooled(draw, state)
@@ -234,10 +233,7 @@ def mamba1_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.f
     ts = _trees_of_size(draw, B, T)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     memory = draw(st.sampled_from(["fast", "long"]))
-
-    def rnd(*s):
-        return torch.randn(*s, generator=gen, dtype=torch.float64)
-
+    rnd = _normal(gen)
     A = -torch.rand(I, N, generator=gen, dtype=torch.float64) * (8.0 if memory == "fast" else 0.1) - 1e-3
     softplus = draw(st.sampled_from([True, True, False]))
     dt = rnd(B, T, I) if softplus else rnd(B, T, I).abs()  # taken as given, dt is a step: >= 0 (decays)
@@ -261,10 +257,7 @@ def lightning_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torc
     T = draw(st.integers(1, max_nodes))
     ts = _trees_of_size(draw, B, T)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-
-    def rnd(*s):
-        return torch.randn(*s, generator=gen, dtype=torch.float64)
-
+    rnd = _normal(gen)
     memory = draw(st.sampled_from(["fast", "long", "none"]))
     slope = torch.rand(H, generator=gen, dtype=torch.float64) * {"fast": 2.0, "long": 0.05, "none": 0.0}[memory]
     out = dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, H, V).to(dtype),
@@ -288,10 +281,7 @@ def kda_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.floa
     T = draw(st.integers(1, max_nodes))
     ts = _trees_of_size(draw, B, T)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-
-    def rnd(*s):
-        return torch.randn(*s, generator=gen, dtype=torch.float64)
-
+    rnd = _normal(gen)
     scale = {"fast": 3.0, "long": 0.02, "none": 0.0}[draw(st.sampled_from(["fast", "long", "none"]))]
     g = -torch.rand(B, T, H, K, generator=gen, dtype=torch.float64) * scale
     # beta up to 2 (negative eigenvalues) for ddsim's ops; an engine's contract takes a sigmoid's beta in (0, 1)
@@ -315,10 +305,7 @@ def fixed_mamba2_example(*, dtype=torch.float32, seed: int = 7, T: int = 6, grow
     ts = [Tree(row, list(range(T))) for row in pa]
     gen = torch.Generator().manual_seed(seed)
     B, H, G, P, N = 2, 4, 2, 3, 5
-
-    def rnd(*s):
-        return torch.randn(*s, generator=gen, dtype=torch.float64)
-
+    rnd = _normal(gen)
     state = rnd(B, H, P, N).float()
     pool = torch.full((B + 2, H, P, N), float("nan"))
     slots = [3, 0]
@@ -370,10 +357,7 @@ def fixed_gdn_example(*, dtype=torch.float32, seed: int = 7) -> dict:
     ts = [Tree([-1, 0, 0, 1, 1, 2], [5, 1, 2, 3, 4, 3]), Tree([-1, 0, 1, 0, 3, 3], [0, 1, 2, 3, 4, 5])]
     gen = torch.Generator().manual_seed(seed)
     B, T, H, HV, K, V = 2, 6, 1, 3, 3, 5
-
-    def rnd(*s):
-        return torch.randn(*s, generator=gen, dtype=torch.float64)
-
+    rnd = _normal(gen)
     return dict(q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, HV, V).to(dtype),
                 g=(-torch.rand(B, T, HV, generator=gen, dtype=torch.float64) * 0.3).to(dtype),
                 beta=torch.rand(B, T, HV, generator=gen, dtype=torch.float64).to(dtype),
