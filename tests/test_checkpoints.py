@@ -26,8 +26,8 @@ VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hi
 
 def _hf_model(arch: str, **text):
     """A tiny random checkpoint of ``arch``; ``text``: its text config's fields in place of TEXT's."""
-    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
-    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwen3_5TextConfig
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig, Qwen3_5MoeTextConfig
     from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
     text = {**TEXT, **text}
     torch.manual_seed(0)
@@ -36,6 +36,10 @@ def _hf_model(arch: str, **text):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
     elif arch == "qwen3_5":
         model = transformers.AutoModelForImageTextToText.from_config(Qwen3_5Config(text_config=text, vision_config=VISION))
+    elif arch == "qwen3_5_text":  # the language model saved alone (as ddsim's shipped hybrid and drafter are)
+        model = transformers.AutoModelForCausalLM.from_config(Qwen3_5TextConfig(**text))
+    elif arch == "qwen3_5_moe_text":
+        model = transformers.AutoModelForCausalLM.from_config(Qwen3_5MoeTextConfig(**text, **MOE))
     else:
         model = transformers.AutoModelForImageTextToText.from_config(
             Qwen3_5MoeConfig(text_config={**text, **MOE}, vision_config=VISION))
@@ -53,13 +57,13 @@ def _save(arch, tmp_path_factory):
     return arch, d, model
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5", "qwen3_5_moe"])
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"])
 def checkpoint(request, tmp_path_factory):
     return _save(request.param, tmp_path_factory)
 
 
 def test_supported_architectures_listed():
-    assert {"qwen3_next", "qwen3_5", "qwen3_5_moe"} <= set(SUPPORTED)
+    assert {"qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"} <= set(SUPPORTED)
 
 
 def test_prefill_logits_match_transformers(checkpoint):
@@ -251,7 +255,7 @@ def test_a_rope_scaling_is_refused_rather_than_read_as_the_default_rope(checkpoi
     bad = tmp_path / "edited"
     shutil.copytree(d, bad)
     cfg = json.loads((bad / "config.json").read_text())
-    (cfg["text_config"] if arch != "qwen3_next" else cfg)[field] = value
+    cfg.get("text_config", cfg)[field] = value
     (bad / "config.json").write_text(json.dumps(cfg))
     if needle is None:
         want = read_config(d)[0]
@@ -276,7 +280,7 @@ def test_the_rope_is_read_as_transformers_reads_it(checkpoint, tmp_path, rope):
     edited = tmp_path / "edited"
     shutil.copytree(d, edited)
     cfg = json.loads((edited / "config.json").read_text())
-    text = cfg["text_config"] if arch != "qwen3_next" else cfg
+    text = cfg.get("text_config", cfg)
     text.update(rope)
     if text["rope_parameters"] is None:
         del text["rope_parameters"]
