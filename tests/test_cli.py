@@ -244,6 +244,40 @@ def test_audit_with_prompts_and_trace(tmp_path):
     assert sorted(rep["provenance"]["inputs_sha256"]) == ["prompts", "trace"]
 
 
+def test_audit_with_a_cost_file_models_from_it_and_binds_it(tmp_path):
+    """--cost FILE: the modelled throughput takes the file's figures (its verify table, its leaky factor), --wide shows
+    them, the report records the file's digest, and the gate refuses the report once the file changed, or with
+    another file named."""
+    from ddsim.digest import file_digest
+    cost = tmp_path / "c.json"
+    cost.write_text(json.dumps({"ar_step_us": 100, "verify_us": {"1": 100, "65": 900}, "draft_us": 10,
+                                "mode_factor": {"leaky": 0.5}}))
+    r = run_cli("audit", *FAST_AUDIT, "--cost", cost, "--wide", "--out", tmp_path / "o")
+    assert r.returncode == 0, r.stderr
+    assert "modelled" in r.stdout and f"from the cost model ({cost})" in r.stdout.replace("\n", "")
+    rep = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert rep["config"]["cost_file"] == str(cost) and rep["provenance"]["inputs_sha256"] == {"cost": file_digest(cost)}
+    model = rep["throughput"]["cost_model"]
+    assert model["table"] == [[1, 1.0], [65, 9.0]] and model["draft_cost"] == pytest.approx(0.1)
+    assert model["mode_factor"] == {"leaky": 0.5}
+    rows = {(row["budget"], row["mode"]): row for row in rep["throughput"]["rows"]}
+    for b in (4, 8):  # the same nodes: leaky's verify at half exact's cost (each step's draft cost added to both)
+        ex, lk = rows[(b, "exact")], rows[(b, "leaky")]
+        assert lk["step_cost"] - 0.1 == pytest.approx((ex["step_cost"] - 0.1) / 2)
+        assert rows[(b, "leaky-state")]["step_cost"] == ex["step_cost"]
+    g = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", tmp_path / "o" / "report.json")
+    # the file as audited: the recheck re-runs prompts of the audit (violated: the micro preset at these budgets never
+    # exercises the leak)
+    assert g.returncode == 1 and g.stdout.startswith("recheck: prompts"), g.stdout + g.stderr
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"ar_step_us": 100, "verify_us": {"1": 50}}))
+    _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", tmp_path / "o" / "report.json",
+                            "--cost", other), f"--cost {other}: the report does not match (it records cost sha256")
+    cost.write_text(json.dumps({"ar_step_us": 100, "verify_us": {"1": 100, "65": 900}, "draft_us": 10}))
+    _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", tmp_path / "o" / "report.json"),
+                    f"the --cost file {cost} is not the one audited")
+
+
 def test_tree_command(tmp_path):
     r = run_cli("tree", "--seed", "3", "--budget", "10")
     assert r.returncode == 0, r.stderr
