@@ -517,6 +517,23 @@ def test_the_tolerance_is_the_policys_and_a_dump_can_only_tighten_it(tmp_path, c
     assert g.returncode == 0 and "KL 1e-06" in g.stdout and "bfloat16 engine, tightened by the dump" in g.stdout, g.stdout
 
 
+def test_replay_noise_kl_on_the_command_line_sets_the_tolerance_a_dump_can_only_tighten(tmp_path, ckpt, dumps):
+    """replay --noise-kl X judges at KL X where the dump's declared dtype allows it (a bf16 dump: up to 5e-2), at
+    the dump's bound where X is looser; a value that is not a finite number >= 0 is one line, before any work."""
+    bf16 = _edit(dumps["leak"], tmp_path / "bf16", header={"compute_dtype": "bfloat16"})
+    for given, applied in (("1e-3", 1e-3), ("0", 0.0), ("0.5", 5e-2)):
+        out = tmp_path / f"r{given}"
+        r = run_cli("replay", "--model", ckpt, "--dump", bf16, "--noise-kl", given, "--out", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert json.loads((out / "report.json").read_text())["noise_kl"] == applied
+        assert f"KL {applied:.3g}" in r.stdout, r.stdout
+    for bad in ("nan", "-1", "inf"):
+        out = tmp_path / f"bad{bad}"
+        one_line_error(run_cli("replay", "--model", ckpt, "--dump", bf16, "--noise-kl", bad, "--out", out),
+                       "--noise-kl: expected a finite value >= 0, got")
+        assert not out.exists()
+
+
 def test_the_writer_refuses_to_overwrite_and_a_crash_leaves_a_truncated_dump(tmp_path, ckpt):
     from ddsim.engines.dump import VerifyDumpWriter, load_dump
     with pytest.raises(FileExistsError):
