@@ -3,6 +3,7 @@
 would take it for its own GDN backend), and kernels with planted bugs are caught, each with its
 shrunk counterexample naming the first wrong node."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,20 @@ def _verdict(r):
 @pytest.mark.parametrize("mode, dtype", [("exact", "float32"), ("leaky", "float32"), ("exact", "bfloat16"),
                                          ("leaky", "bfloat16")])
 def test_ddsims_own_kernel_passes(tmp_path, mode, dtype):
+    progress = ["--progress"] if dtype == "float32" else []  # (the same verdicts with it: asserted below either way)
     r = run_cli("check-kernel", "--impl", "ddsim", "--mode", mode, "--dtype", dtype, "--max-examples", "25",
-                "--device", "cpu", "--out", tmp_path / "ce.json")  # the quick profile, the CPU's
+                "--device", "cpu", "--out", tmp_path / "ce.json", *progress)  # the quick profile, the CPU's
     assert r.returncode == 0, r.stdout + r.stderr
+    told = r.stderr.splitlines()
+    if progress:  # each serving example's and each property's wall time, on stderr as each ends
+        assert told and all(re.fullmatch(r"serving example \[.+\]: \d+\.\d s|"
+                                         r"property '.+': \d+ drawn inputs run so far, \d+\.\d s", line)
+                            for line in told), r.stderr
+        assert any(line.startswith("serving example [") for line in told), r.stderr
+        # every property with a drawn search (leaky's eighth, leaks off order-exact nodes, is judged on what they ran)
+        assert len({line.split("'")[1] for line in told if line.startswith("property '")}) == 7
+    else:
+        assert not told, r.stderr
     assert f"{dtype} inputs" in r.stdout
     assert f"all {7 if mode == 'exact' else 8} properties hold (quick profile: " in r.stdout
     doc = json.loads((tmp_path / "ce.json").read_text())
