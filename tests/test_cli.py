@@ -278,6 +278,25 @@ def test_audit_with_a_cost_file_models_from_it_and_binds_it(tmp_path):
                     f"the --cost file {cost} is not the one audited")
 
 
+def test_the_thread_count_is_the_one_asked_for_and_recorded(tmp_path, monkeypatch):
+    """--threads N (else OMP_NUM_THREADS) is the count the audit runs with and records in report.json; a count out of
+    range, or an OMP_NUM_THREADS that is not a positive integer, is one line before any work, nothing written."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    for extra, want in ((["--threads", "2"], 2), ([], 3)):
+        out = tmp_path / f"o{want}"
+        r = run_cli("audit", "--preset", "micro", "--budget", "4", "--steps", "1", *extra, "--out", out)
+        assert r.returncode == 0, r.stderr
+        assert json.loads((out / "report.json").read_text())["environment"]["threads"] == want
+    for bad in ("0", "1025", "x"):
+        _one_line_error(run_cli("audit", *FAST_AUDIT, "--threads", bad, "--out", tmp_path / "bad"),
+                        f"argument --threads: expected an integer in 1..1024, got '{bad}'")
+    for env in ("abc", "0", "-2"):
+        monkeypatch.setenv("OMP_NUM_THREADS", env)
+        _one_line_error(run_cli("audit", *FAST_AUDIT, "--out", tmp_path / "bad"),
+                        f"OMP_NUM_THREADS={env!r}: expected a positive integer")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_tree_command(tmp_path):
     r = run_cli("tree", "--seed", "3", "--budget", "10")
     assert r.returncode == 0, r.stderr
