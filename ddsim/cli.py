@@ -336,8 +336,10 @@ def _gate_report(a, console):
             check_engine_source(report, given["fast_path"], given.get("convention"))
         v = None
         if a.recheck:
-            from ddsim.measure.recheck import recheck
-            checked = recheck(report, prompts=a.recheck_prompts or 1)
+            from ddsim.measure.recheck import FILE_FIELDS, recheck
+            # a file option given names where that input is here (its digest matched the report's above)
+            at = {AUDIT_FIELDS[o]: v for o, v in given.items() if AUDIT_FIELDS[o] in FILE_FIELDS}
+            checked = recheck(report, prompts=a.recheck_prompts or 1, at=at)
             notes.append(checked.line())
             print(notes[-1])
             rerun = checked.rerun

@@ -251,6 +251,49 @@ def test_the_recheck_refuses_a_checkpoint_or_input_file_that_changed_or_went(tmp
                    f"cannot recheck: the audited checkpoint {ck} is not here")
 
 
+def test_a_report_made_elsewhere_rechecks_with_its_inputs_named_where_they_are_here(tmp_path):
+    """A report audited in one directory (relative paths: a checkpoint, a drafter checkpoint, a prompts file, a cost
+    file) and gated from another, its inputs copied there under other names: the recheck refuses in one line naming
+    the option that says where each input is; with the options given, it reads them there (each bound by its digest
+    first) and the verdict is the one given where the audit ran, by a partial recheck and by a whole one. A named
+    file of other content is refused before any work."""
+    import shutil
+
+    from ddsim.cli import SHIPPED
+    models = Path(cli.__file__).with_name("models")
+    gpu, ci = tmp_path / "gpu", tmp_path / "ci"
+    gpu.mkdir()
+    shutil.copytree(models / SHIPPED["model"], gpu / "ck")
+    shutil.copytree(models / SHIPPED["drafter_model"], gpu / "dr")
+    (gpu / "p.jsonl").write_text('{"tokens": [5, 6, 7, 8]}\n{"tokens": [9, 10, 11]}\n')
+    (gpu / "c.json").write_text(json.dumps({"ar_step_us": 100, "verify_us": {"1": 100, "9": 300}, "draft_us": 10}))
+    files = ["--model", "ck", "--drafter-model", "dr", "--prompts", "p.jsonl", "--cost", "c.json"]
+    a = run_cli("audit", *files, "--budget", "8", "--steps", "1", "--out", "out", cwd=gpu)
+    assert a.returncode == 0, a.stderr
+    rep = gpu / "out" / "report.json"
+    here = run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, cwd=gpu)
+    assert here.returncode == 1 and here.stdout.startswith("recheck: prompts ["), here.stdout + here.stderr
+    verdict = here.stdout.splitlines()[1:]
+    shutil.copytree(gpu, ci / "inputs")
+    for old, new in (("ck", "ck2"), ("dr", "dr2"), ("p.jsonl", "p2.jsonl"), ("c.json", "c2.json")):
+        (ci / "inputs" / old).rename(ci / "inputs" / new)
+    moved = ["--model", "inputs/ck2", "--drafter-model", "inputs/dr2/", "--prompts", "inputs/p2.jsonl",
+             "--cost", "inputs/c2.json"]
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, cwd=ci),
+                   "cannot recheck: the audited checkpoint ck is not here; --model DIR names where it is here")
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, *moved[:2], cwd=ci),
+                   "cannot recheck: the audited drafter dr is not here; --drafter-model DIR names where it is here")
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, *moved[:6], cwd=ci),
+                   "cannot recheck: the audited --cost file c.json is not here; --cost FILE names where it is here")
+    for extra, first in (((), "recheck: prompts ["), (("--recheck-prompts", "2"), "recheck: the whole audit re-run")):
+        g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, *moved, *extra, cwd=ci)
+        assert g.returncode == 1 and g.stdout.startswith(first), g.stdout + g.stderr
+        assert g.stdout.splitlines()[1:] == verdict
+    (ci / "inputs" / "p2.jsonl").write_text('{"tokens": [5, 6, 7, 8]}\n')
+    one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, *moved, cwd=ci),
+                   "--prompts inputs/p2.jsonl: the report does not match")
+
+
 def test_a_whole_recheck_holds_the_verdict_to_its_own_rerun_too(monkeypatch, capsys):
     """A whole recheck re-runs the audit: its figures reproduce the report's within tolerance, and the verdict
     must hold on both. A report that passes (the no-leak fixture) whose re-run breaks a rule (planted: the
@@ -262,7 +305,7 @@ def test_a_whole_recheck_holds_the_verdict_to_its_own_rerun_too(monkeypatch, cap
     inert_path = report_fixtures.path("inert")
     inert, leaking = json_report.load(inert_path), json_report.load(LEAK)
     for rerun, code_want in ((inert, 0), (leaking, 1), (None, 0)):
-        monkeypatch.setattr(rc, "recheck", lambda report, prompts, r=rerun: rc.RecheckResult(
+        monkeypatch.setattr(rc, "recheck", lambda report, prompts, at, r=rerun: rc.RecheckResult(
             [0, 1], r is not None, 1, r))
         code, out, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", inert_path)
         assert code == code_want, out + err

@@ -12,6 +12,12 @@ the whole audit and compares every figure the gate reads, leak tables included; 
 verdict to the re-run's figures as well as the report's (a figure within the tolerance of a rule's bound
 may pass on one and not the other: the verdict fails if either does).
 
+The audit's files are found where the report records them (relative to the current directory, as the audit
+named them), or where the gate's own options name them (``--model``, ``--drafter-model``, ``--prompts``,
+``--trace``, ``--cost``: a report gated from another directory or on another machine, or a checkpoint moved): the
+gate has checked each such file against the report's digest before the recheck starts, and the re-run's figures
+are compared with the paths the report records put back, so a file is bound by its content, not by its name.
+
 The recheck runs with the torch thread count the report's environment records (a float32 reduction's
 order, and so its last bits, follow it). Token sequences, accepted lengths and decisions compare
 exactly; floats within the report's precision (ddsim.measure.compare's tolerance for its fast-path dtype,
@@ -56,40 +62,68 @@ def sample(report, k: int) -> list[int]:
     return sorted(order[:min(k, n)])
 
 
-def audit_config(report):
+# the audit's inputs read from files, by AuditConfig field, with their options: the recheck reads each where the
+# report records it, or where the gate's option of that name says it is here
+FILE_FIELDS = {"model_path": "--model", "drafter_model": "--drafter-model", "prompts_file": "--prompts",
+               "trace": "--trace", "cost_file": "--cost"}
+
+
+def _located(report, at: dict[str, str] | None) -> dict[str, str]:
+    """{field: path} for the files the report's audit read that a gate option names elsewhere (only those)."""
+    at = dict(at or {})
+    unknown = set(at) - set(FILE_FIELDS)
+    if unknown:
+        raise ValueError(f"not file inputs of an audit: {sorted(unknown)}")
+    return {f: p for f, p in at.items() if getattr(report.config, f) is not None}
+
+
+def audit_config(report, at: dict[str, str] | None = None):
     """The AuditConfig the report records (its drafter record aside), on the device it ran on (an 'auto'
-    audit re-runs where it resolved, not wherever 'auto' resolves here)."""
+    audit re-runs where it resolved, not wherever 'auto' resolves here), its files read from ``at``'s paths
+    ({field: path}, FILE_FIELDS) where given."""
     from ddsim.measure.settings import AuditConfig
     cfg = report.config.model_dump()
     cfg.pop("drafter")
     if cfg["device"] == "auto":
         cfg["device"] = report.environment.device
+    cfg.update(_located(report, at))
     return AuditConfig(**cfg)
 
 
-def check_at_hand(report) -> None:
-    """Everything the audit read is here and is what the report records; else one InputError saying
-    what is missing (``--no-recheck`` skips the recheck, and the verdict then says so)."""
+def check_at_hand(report, at: dict[str, str] | None = None) -> None:
+    """Everything the audit read is here (where the report records it, or at ``at``'s path) and is what the
+    report records; else one InputError saying what is missing (``--no-recheck`` skips the recheck, and the
+    verdict then says so)."""
     import torch
 
     from ddsim.digest import file_digest
     cfg, prov = report.config, report.provenance
+    paths = {f: getattr(cfg, f) for f in FILE_FIELDS} | _located(report, at)
     hint = " (--no-recheck gates the report unchecked, and says so)"
+
+    def missing(field, what):
+        where = ("" if field in (at or {}) else
+                 f"; {FILE_FIELDS[field]} {'DIR' if field in ('model_path', 'drafter_model') else 'FILE'} names "
+                 "where it is here")
+        return InputError(f"--report: cannot recheck: the audited {what} {paths[field]} is not here{where}{hint}")
+
     from ddsim.model.checkpoint import checkpoint_digest
-    for what, path, want in (("checkpoint", cfg.model_path, prov.weights_sha256),
-                             ("drafter", cfg.drafter_model, getattr(cfg.drafter, "sha256", None))):
+    for what, field, want in (("checkpoint", "model_path", prov.weights_sha256),
+                              ("drafter", "drafter_model", getattr(cfg.drafter, "sha256", None))):
+        path = paths[field]
         if path is None:
             continue
         if not Path(path).is_dir():
-            raise InputError(f"--report: cannot recheck: the audited {what} {path} is not here{hint}")
+            raise missing(field, what)
         if checkpoint_digest(path) != want:
             raise InputError(f"--report: the {what} at {path} is not the one audited (the sha256 of its config and "
                              f"weights differs){hint}")
-    for opt, path in (("prompts", cfg.prompts_file), ("trace", cfg.trace), ("cost", cfg.cost_file)):
+    for opt, field in (("prompts", "prompts_file"), ("trace", "trace"), ("cost", "cost_file")):
+        path = paths[field]
         if path is None:
             continue
         if not Path(path).is_file():
-            raise InputError(f"--report: cannot recheck: the audited --{opt} file {path} is not here{hint}")
+            raise missing(field, f"--{opt} file")
         if file_digest(path) != prov.inputs_sha256.get(opt):
             raise InputError(f"--report: the --{opt} file {path} is not the one audited (sha256 differs){hint}")
     device = report.environment.device
@@ -116,35 +150,63 @@ def check_engine_source(report, impl: str, convention: str | None) -> None:
                          f"audited (sha256 {(rec.source_sha256 or 'none')[:16]})")
 
 
-def recheck(report, *, prompts: int = 1) -> RecheckResult:
-    """Re-run ``prompts`` of the report's prompts (all of them: the whole audit) and compare."""
+def recheck(report, *, prompts: int = 1, at: dict[str, str] | None = None) -> RecheckResult:
+    """Re-run ``prompts`` of the report's prompts (all of them: the whole audit) and compare; the audit's
+    files read where the report records them, or at ``at``'s paths ({field: path}, FILE_FIELDS)."""
     import torch
 
-    check_at_hand(report)
+    check_at_hand(report, at)
     threads = torch.get_num_threads()
     torch.set_num_threads(report.environment.threads)
     try:
-        return _recheck(report, prompts)
+        return _recheck(report, prompts, _located(report, at))
     finally:
         torch.set_num_threads(threads)
 
 
-def _recheck(report, prompts: int) -> RecheckResult:
+def _as_recorded(d, report, moved: dict[str, str]):
+    """A re-run's report dict (or part of it) with the paths the report records put back wherever ``moved``
+    read a file elsewhere: every string that is a moved path (as given or normalized), or a checkpoint's
+    source ('checkpoint PATH'), becomes the report's, and so does the model's name (its directory's). The
+    files themselves were held to the report's digests before the re-run (check_at_hand), so only their
+    names may differ; any other difference still fails."""
+    swap = {}
+    for field, here in moved.items():
+        recorded = getattr(report.config, field)
+        for new, old in ((here, recorded), (str(Path(here)), str(Path(recorded)))):
+            swap[new] = old
+            swap[f"checkpoint {new}"] = f"checkpoint {old}"
+
+    def put_back(x):
+        if isinstance(x, dict):
+            return {k: put_back(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [put_back(v) for v in x]
+        return swap.get(x, x) if isinstance(x, str) else x
+
+    d = put_back(d) if swap else d
+    config = d.get("model", {}).get("config", {}) if isinstance(d, dict) else {}
+    if "model_path" in moved and config.get("name") == Path(moved["model_path"]).name:
+        config["name"] = Path(report.config.model_path).name  # a checkpoint's model is named after its directory
+    return d
+
+
+def _recheck(report, prompts: int, moved: dict[str, str]) -> RecheckResult:
     from ddsim.measure.audit import run_audit
-    ac = audit_config(report)
+    ac = audit_config(report, moved)
     tol = tolerance(report.precision.fast_path)
     chosen = sample(report, prompts)
     if len(chosen) == len(report.prompts):
         from ddsim.reports.json_report import comparable
         rerun = run_audit(ac)
-        again = comparable(rerun)
+        again = _as_recorded(comparable(rerun), report, moved)
         again["provenance"]["ddsim_version"] = report.provenance.ddsim_version
         again["config"]["device"] = report.config.device  # the device 'auto' resolved to, as above
         n = compare(again, comparable(report), tol)
         return RecheckResult(chosen, True, n, rerun)
     got = run_audit(ac, prompt_subset=chosen)
     # the version was checked (or its difference accepted) before the recheck
-    mine = {**got["provenance"], "ddsim_version": report.provenance.ddsim_version}
+    mine = _as_recorded({**got["provenance"], "ddsim_version": report.provenance.ddsim_version}, report, moved)
     n = compare(mine, report.provenance.model_dump(mode="json"), tol, "provenance")
     for i in chosen:
         rec, p = got["prompts"][i], report.prompts[i]
