@@ -242,6 +242,16 @@ def test_audit_with_prompts_and_trace(tmp_path):
     rep = json.loads((tmp_path / "o" / "report.json").read_text())
     assert rep["config"]["drafter"]["kind"] == "trace" and len(rep["prompts"]) == 1
     assert sorted(rep["provenance"]["inputs_sha256"]) == ["prompts", "trace"]
+    # the trace moved: the gate's recheck refuses, naming the option that says where it is; named, the whole audit
+    # (one prompt) re-runs from it and reproduces the report (its drafter record's path put back)
+    moved = tmp_path / "moved" / "t2.jsonl"
+    moved.parent.mkdir()
+    trace.rename(moved)
+    report = tmp_path / "o" / "report.json"
+    _one_line_error(run_cli("gate", "--policy", DEFAULT_POLICY, "--report", report),
+                    f"the audited --trace file {trace} is not here; --trace FILE names where it is here")
+    g = run_cli("gate", "--policy", DEFAULT_POLICY, "--report", report, "--trace", moved)
+    assert g.returncode == 1 and g.stdout.startswith("recheck: the whole audit re-run"), g.stdout + g.stderr
 
 
 def test_audit_with_a_cost_file_models_from_it_and_binds_it(tmp_path):
