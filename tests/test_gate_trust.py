@@ -292,6 +292,14 @@ def test_a_report_made_elsewhere_rechecks_with_its_inputs_named_where_they_are_h
     (ci / "inputs" / "p2.jsonl").write_text('{"tokens": [5, 6, 7, 8]}\n')
     one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, *moved, cwd=ci),
                    "--prompts inputs/p2.jsonl: the report does not match")
+    # the recheck holds a file named elsewhere to the report's digest itself, not only the command line before it
+    from ddsim.errors import InputError
+    from ddsim.measure.recheck import check_at_hand
+    from ddsim.reports import json_report
+    at = {field: str(ci / value) for field, value in
+          zip(("model_path", "drafter_model", "prompts_file", "cost_file"), moved[1::2])}
+    with pytest.raises(InputError, match="the --prompts file .*p2.jsonl is not the one audited"):
+        check_at_hand(json_report.load(rep), at)
 
 
 def test_a_whole_recheck_holds_the_verdict_to_its_own_rerun_too(monkeypatch, capsys):
