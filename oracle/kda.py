@@ -37,7 +37,7 @@ def _l2(x):
 def _step(S, k, v, g, beta):
     """One token of one head: S [K, V], k [K] (normalised), v [V], g [K], beta a scalar -> S_t."""
     S = torch.exp(g)[:, None] * S
-    return S + beta * torch.outer(k, v - S.T @ k)
+    return S + beta * torch.outer(k, v - (S * k[:, None]).sum(0))
 
 
 def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", output_states=False):
@@ -63,7 +63,7 @@ def kda_tree_verify(q, k, v, g, beta, *, parents, initial_state, mode="exact", o
                 S = S0[b, h].clone() if p < 0 else after[p]
                 S = _step(S, k[b, t, h], v[b, t, h], g[b, t, h], beta[b, t, h])
                 after.append(S)
-                o[b, t, h] = S.T @ q[b, t, h]
+                o[b, t, h] = (S * q[b, t, h][:, None]).sum(0)
                 if states is not None:
                     states[b, t, h] = S
     return (o, states) if output_states else o

@@ -50,7 +50,7 @@ def lightning_tree_verify(q, k, v, *, decay, parents, initial_state, mode="exact
                 S = S0[b, h].clone() if p < 0 else after[p]
                 S = lam[h] * S + torch.outer(k[b, t, h], v[b, t, h])
                 after.append(S)
-                o[b, t, h] = S.T @ q[b, t, h]
+                o[b, t, h] = (S * q[b, t, h][:, None]).sum(0)
                 if states is not None:
                     states[b, t, h] = S
     return (o, states) if output_states else o

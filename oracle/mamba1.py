@@ -11,9 +11,9 @@ Per channel c, with S [N] (the state of one channel; A [I, N] is per channel and
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ddsim.oracle._paths import check_mode, history, parent_rows, predecessor
+from ddsim.oracle._rounding import softplus_by_node
 from ddsim.oracle._shapes import state_shape
 
 F64 = torch.float64
@@ -41,7 +41,7 @@ def _dt(dt, dt_bias, dt_softplus):
     d = dt.detach().to("cpu", F64)
     if dt_bias is not None:
         d = d + dt_bias.detach().to("cpu", F64)
-    return F.softplus(d) if dt_softplus else d
+    return softplus_by_node(d) if dt_softplus else d  # a node's step the same bits in any batch
 
 
 def mamba1_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True, parents, initial_state,
@@ -70,7 +70,7 @@ def mamba1_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True
                 S[c] = torch.exp(d[b, t, c] * A[c]) * S[c] + d[b, t, c] * x[b, t, c] * B[b, t]
             after.append(S)
             for c in range(I):
-                y[b, t, c] = S[c] @ C[b, t] + (0.0 if Dv is None else Dv[c] * x[b, t, c])
+                y[b, t, c] = (S[c] * C[b, t]).sum() + (0.0 if Dv is None else Dv[c] * x[b, t, c])
             if states is not None:
                 states[b, t] = S
     return (y, states) if output_states else y

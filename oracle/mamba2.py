@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from ddsim.oracle._paths import check_mode, history, parent_rows, predecessor
+from ddsim.oracle._rounding import softplus_by_node
 from ddsim.oracle._shapes import state_shape
 
 F64 = torch.float64
@@ -46,7 +46,7 @@ def _dt(dt, dt_bias, dt_softplus, dt_limit):
     if dt_bias is not None:
         d = d + dt_bias.detach().to("cpu", F64)
     if dt_softplus:
-        d = F.softplus(d)
+        d = softplus_by_node(d)  # a node's step the same bits in any batch
     lo, hi = dt_limit
     if lo > 0.0 or hi < math.inf:
         d = d.clamp(min=lo, max=hi)
@@ -81,7 +81,7 @@ def mamba2_tree_verify(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=True
                 S = S0[b, h].clone() if p < 0 else after[p]
                 S = torch.exp(d[b, t, h] * A[h]) * S + d[b, t, h] * torch.outer(x[b, t, h], B[b, t, g])
                 after.append(S)
-                y[b, t, h] = S @ C[b, t, g]
+                y[b, t, h] = (S * C[b, t, g]).sum(-1)
                 if Dv is not None:
                     y[b, t, h] = y[b, t, h] + Dv[h] * x[b, t, h]
                 if states is not None:

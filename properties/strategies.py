@@ -193,16 +193,18 @@ def gdn_pool_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch
 
 
 @st.composite
-def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32, engine: bool = False):
+def mamba2_inputs(draw, *, max_batch: int = 2, max_nodes: int = 8, dtype=torch.float32, engine: bool = False,
+                  ns=(2, 3, 5, 8)):
     """Layer inputs for mamba2_tree_verify: a tree per sequence (same T), x [B, T, H, P],
     raw dt [B, T, H], A [H] < 0, grouped B, C [B, T, G, N], D and dt_bias [H] (or None), dt limits,
     and the committed states in a pool (N = B + 1..3 slots, the batch in shuffled slots, every other
-    slot NaN). ``engine``: what an engine's Mamba2 contract takes (softplus always, no dt limit)."""
+    slot NaN). ``engine``: what an engine's Mamba2 contract takes (softplus always, no dt limit); the state width N
+    drawn from ``ns``."""
     B = draw(st.integers(1, max_batch))
     G = draw(st.integers(1, 2))
     H = G * draw(st.integers(1, 3))
     P = draw(st.sampled_from([2, 3, 4, 6]))
-    N = draw(st.sampled_from([2, 3, 5, 8]))
+    N = draw(st.sampled_from(list(ns)))
     T = draw(st.integers(1, max_nodes))
     ts = _trees_of_size(draw, B, T)
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
