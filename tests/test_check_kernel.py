@@ -16,6 +16,9 @@ pytestmark = pytest.mark.slow  # `make test-slow` (kernels in Triton's interpret
 # cannot be captured in a CUDA graph (tests/test_graph_replay.py holds that), so there they replay eager and each test
 # sees the bug it plants
 EAGER = ["--launch", "eager"]
+# the CPU and its quick profile wherever the suite runs (on a GPU machine --device auto would take the serving
+# profile on the GPU, which these expectations are not about: the GPU suites check that)
+CPU = ["--device", "cpu"]
 
 
 def _verdict(r):
@@ -52,13 +55,13 @@ def test_ddsims_own_kernel_passes(tmp_path, mode, dtype):
 def test_fla_passes_as_the_flattened_path_and_refuses_exact(tmp_path):
     # a test dependency: missing must fail, not skip
     assert (ENGINES / "fla").is_dir(), "fla-core is missing from .engines: `make test` installs it"
-    r = run_cli("check-kernel", "--impl", "fla", "--mode", "leaky", "--max-examples", "3", "--out", tmp_path / "ce.json",
+    r = run_cli("check-kernel", *CPU, "--impl", "fla", "--mode", "leaky", "--max-examples", "3", "--out", tmp_path / "ce.json",
                 pythonpath=ENGINES)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "fla-core 0.6.0" in r.stdout and "leaks off order-exact nodes" in r.stdout
     assert "all 8 properties hold (quick profile" in r.stdout
     # refused before fla-core is imported (about 4 s): the same line where it cannot be imported at all
-    r = run_cli("check-kernel", "--impl", "fla", "--mode", "exact")
+    r = run_cli("check-kernel", *CPU, "--impl", "fla", "--mode", "exact")
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "ddsim check-kernel: error: --mode exact: fla.fused_recurrent_gated_delta_rule offers only leaky (it takes "
         "no tree: on a tree it is the flattened path)"]
@@ -83,7 +86,7 @@ def test_sglang_target_verify_kernel_in_both_modes(tmp_path, mode, held):
     the flattened path, and disable_state_update leaves the pool alone: it reads each sequence's own shuffled
     slot and writes none."""
     assert (ENGINES / "sglang" / "kernels").is_dir(), "SGLang's kernel is missing from .engines: `make test` fetches it"
-    r = run_cli("check-kernel", "--impl", "sglang", "--mode", mode, "--max-examples", "3", "--out", tmp_path / "ce.json",
+    r = run_cli("check-kernel", *CPU, "--impl", "sglang", "--mode", mode, "--max-examples", "3", "--out", tmp_path / "ce.json",
                 pythonpath=ENGINES)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "(sglang 0.5.23)" in r.stdout and f"all {held} properties hold (quick profile" in r.stdout
@@ -102,7 +105,7 @@ def test_vllm_spec_decode_kernel_is_the_flattened_path(tmp_path):
     slots, the committed slot read through ssm_state_indices and num_accepted_tokens): on a tree it is
     the flattened path, it reads the slot it is given and writes only the per-token slots."""
     assert (ENGINES / "vllm" / "third_party").is_dir(), "vLLM's kernel is missing from .engines: `make test` fetches it"
-    r = run_cli("check-kernel", "--impl", "vllm", "--mode", "leaky", "--max-examples", "3", "--out", tmp_path / "ce.json",
+    r = run_cli("check-kernel", *CPU, "--impl", "vllm", "--mode", "leaky", "--max-examples", "3", "--out", tmp_path / "ce.json",
                 pythonpath=ENGINES)
     assert r.returncode == 0, r.stdout + r.stderr
     # its per-token states (where its next step starts, at the accepted token) are the flattened path's too
@@ -110,7 +113,7 @@ def test_vllm_spec_decode_kernel_is_the_flattened_path(tmp_path):
     assert "node states flattened on every node" in r.stdout
     # its next step reads the accepted token's state in place: no commit kernel of its own, and the line says so
     assert "no commit checked: vllm.fused_sigmoid_gating_delta_rule_update offers none" in " ".join(r.stdout.split())
-    r = run_cli("check-kernel", "--impl", "vllm", "--mode", "exact", pythonpath=ENGINES)
+    r = run_cli("check-kernel", *CPU, "--impl", "vllm", "--mode", "exact", pythonpath=ENGINES)
     assert r.returncode == 2 and "--mode exact: vllm.fused_sigmoid_gating_delta_rule_update offers only leaky" in r.stderr
 
 
@@ -124,7 +127,7 @@ def test_vllm_spec_decode_kernel_is_the_flattened_path(tmp_path):
 ])
 def test_planted_bugs_are_caught_with_the_first_wrong_node(tmp_path, kernel, failing, node):
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", f"tests.planted_kernels:{kernel}", "--convention", "ddsim", *EAGER, "--mode", "exact",
+    r = run_cli("check-kernel", *CPU, "--impl", f"tests.planted_kernels:{kernel}", "--convention", "ddsim", *EAGER, "--mode", "exact",
                 "--max-examples", "15", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
@@ -152,7 +155,7 @@ def test_sglang_tree_conv_in_both_modes(tmp_path, mode, held):
     flattened draft (its commit, fused_conv_window_scatter_with_mask, restores the accepted node's window from
     intermediate_conv_window, whose every node's window is held to the oracle's too, and the restored windows too),
     and no other slot."""
-    r = run_cli("check-kernel", "--impl", "sglang", "--op", "conv", "--mode", mode, "--max-examples", "3",
+    r = run_cli("check-kernel", *CPU, "--impl", "sglang", "--op", "conv", "--mode", mode, "--max-examples", "3",
                 "--out", tmp_path / "ce.json", pythonpath=ENGINES)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "committed window = the flattened draft's window" in r.stdout and "causal_conv1d_triton.py" in r.stdout
@@ -178,7 +181,7 @@ def test_a_padded_row_that_writes_a_slot_is_caught(tmp_path, kernel, failing, wr
     sequence's), one that does not know the pad id writes a slot's worth before the pool (check-kernel's guard slot).
     Each fails first on the padded batch."""
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", f"tests.planted_pads:{kernel}", "--convention", "sglang", "--op", "conv",
+    r = run_cli("check-kernel", *CPU, "--impl", f"tests.planted_pads:{kernel}", "--convention", "sglang", "--op", "conv",
                 "--mode", "exact", "--max-examples", "3", "--out", out, pythonpath=ENGINES)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {f}" for f in failing]
@@ -193,7 +196,7 @@ def test_a_conv_that_fills_the_verifys_parent_table_as_a_chain_is_caught(tmp_pat
     windows are right but whose table is a chain's would make every exact verify after it run the draft flattened:
     it fails that property alone, on a tree, naming the node, what it wrote and the tree's parent."""
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", "tests.planted_pads:conv_parent_table_as_a_chain", "--convention", "sglang",
+    r = run_cli("check-kernel", *CPU, "--impl", "tests.planted_pads:conv_parent_table_as_a_chain", "--convention", "sglang",
                 "--op", "conv", "--mode", "exact", "--max-examples", "3", "--out", out, pythonpath=ENGINES)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [
@@ -221,7 +224,7 @@ def test_node_states_a_commit_would_copy_are_checked(tmp_path, kernel, op, faili
     the node-state properties, with the node or the buffer entries named; every output property still holds."""
     out = tmp_path / "ce.json"
     convention, mode = ("vllm", "leaky") if kernel.startswith("vllm") else ("sglang", "exact")
-    r = run_cli("check-kernel", "--impl", f"tests.planted_node_states:{kernel}", "--convention", convention, "--op", op,
+    r = run_cli("check-kernel", *CPU, "--impl", f"tests.planted_node_states:{kernel}", "--convention", convention, "--op", op,
                 "--mode", mode, "--max-examples", "5", "--out", out, pythonpath=ENGINES)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
@@ -289,7 +292,7 @@ def test_a_commit_that_copies_the_kept_states_wrongly_is_caught(tmp_path, commit
 def test_a_commit_that_would_never_run_is_refused(tmp_path):
     """--commit on a verify that keeps no node states (SGLang's flattened GDN) is refused before any work: a commit
     never exercised is no verdict."""
-    r = run_cli("check-kernel", "--impl", "sglang", "--mode", "leaky", "--commit", "tests.planted_commits:the_next_node",
+    r = run_cli("check-kernel", *CPU, "--impl", "sglang", "--mode", "leaky", "--commit", "tests.planted_commits:the_next_node",
                 "--out", tmp_path / "x.json", pythonpath=ENGINES)
     one_line_error(r, "--commit tests.planted_commits:the_next_node: sglang.fused_sigmoid_gating_delta_rule_update "
                       "keeps no node states in --op gdn --mode leaky")
@@ -331,7 +334,7 @@ def test_the_serving_profile_puts_node_states_past_two_to_the_31_elements():
 
 def test_a_planted_tree_conv_bug_and_a_missing_conv(tmp_path):
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:conv_skips_the_grandparent", "--convention", "ddsim", *EAGER,
+    r = run_cli("check-kernel", *CPU, "--impl", "tests.planted_kernels:conv_skips_the_grandparent", "--convention", "ddsim", *EAGER,
                 "--op", "conv", "--mode", "exact", "--max-examples", "15", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [
@@ -341,14 +344,14 @@ def test_a_planted_tree_conv_bug_and_a_missing_conv(tmp_path):
     r = run_cli("check-kernel", "--impl", "ddsim", "--op", "conv", "--mode", "leaky", "--max-examples", "10",
                 "--device", "cpu", "--out", out)  # the quick profile, the CPU's (a GPU's default is the serving one)
     assert r.returncode == 0 and "all 8 properties hold (quick profile" in r.stdout, r.stdout + r.stderr
-    one_line_error(run_cli("check-kernel", "--impl", "fla", "--op", "conv", "--mode", "leaky", pythonpath=ENGINES),
+    one_line_error(run_cli("check-kernel", *CPU, "--impl", "fla", "--op", "conv", "--mode", "leaky", pythonpath=ENGINES),
                    "--op conv: fla.fused_recurrent_gated_delta_rule has no tree causal conv")
 
 
 def test_a_planted_bug_is_caught_in_bfloat16_too(tmp_path):
     """bf16 inputs widen the tolerance to bf16's, not enough to hide a wrong gate."""
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:wrong_gate_sign", "--convention", "ddsim", *EAGER, "--mode",
+    r = run_cli("check-kernel", *CPU, "--impl", "tests.planted_kernels:wrong_gate_sign", "--convention", "ddsim", *EAGER, "--mode",
                 "exact", "--dtype", "bfloat16", "--max-examples", "15", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     ce = json.loads(out.read_text())["counterexamples"][-1]  # exact on every node, shrunk to the root
@@ -356,7 +359,7 @@ def test_a_planted_bug_is_caught_in_bfloat16_too(tmp_path):
 
 
 def test_a_kernel_that_never_leaks_is_not_the_flattened_path(tmp_path):
-    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:exact_calling_itself_leaky", "--convention", "ddsim", *EAGER,
+    r = run_cli("check-kernel", *CPU, "--impl", "tests.planted_kernels:exact_calling_itself_leaky", "--convention", "ddsim", *EAGER,
                 "--mode", "leaky", "--max-examples", "20", "--out", tmp_path / "ce.json")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAILED flattened semantics on every node" in r.stdout
@@ -368,7 +371,7 @@ def test_a_leaky_kernel_that_raises_everywhere_fails_with_its_counterexamples_wr
     raises there fails the leak too, in the table and the JSON (the command line once stopped on that raise with
     exit 2 and no result written)."""
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:refuses_every_call", "--convention", "ddsim", *EAGER,
+    r = run_cli("check-kernel", *CPU, "--impl", "tests.planted_kernels:refuses_every_call", "--convention", "ddsim", *EAGER,
                 "--mode", "leaky", "--max-examples", "2", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAILED leaks off order-exact nodes: no leak seen: the kernel raised ValueError: no kernel for" in r.stdout
@@ -384,7 +387,7 @@ def test_a_kernel_that_reads_past_its_tensors_fails_every_property_in_the_interp
     on every call, so every property fails, naming the kernel's read and how far past which tensor it lies. Unheld,
     it read host memory and passed."""
     out = tmp_path / "ce.json"
-    r = run_cli("check-kernel", "--impl", "tests.planted_kernels:reads_one_past_the_output", "--convention", "ddsim",
+    r = run_cli("check-kernel", *CPU, "--impl", "tests.planted_kernels:reads_one_past_the_output", "--convention", "ddsim",
                 *EAGER, "--mode", "exact", "--max-examples", "2", "--out", out)
     assert r.returncode == 1, r.stdout + r.stderr
     got = json.loads(out.read_text())
@@ -544,7 +547,7 @@ def test_ddsims_mamba2_kernel_passes_and_planted_mamba2_bugs_are_caught(tmp_path
                         ("mamba2_forgets_dt_bias", {"exact on order-exact nodes", "exact on every node"}),
                         ("mamba2_strides_from_shapes", {"exact on order-exact nodes", "exact on every node"})):
         out = tmp_path / f"{fn}.json"
-        r = run_cli("check-kernel", "--impl", f"tests.planted_kernels:{fn}", "--convention", "ddsim", "--op", "mamba2",
+        r = run_cli("check-kernel", *CPU, "--impl", f"tests.planted_kernels:{fn}", "--convention", "ddsim", "--op", "mamba2",
                     "--mode", "exact", "--max-examples", "8", "--out", out)
         assert r.returncode == 1, r.stdout + r.stderr
         assert {l.split(":")[0].removeprefix("FAILED ") for l in r.stdout.splitlines() if l.startswith("FAILED")} == failing
@@ -554,7 +557,7 @@ def test_ddsims_mamba2_kernel_passes_and_planted_mamba2_bugs_are_caught(tmp_path
             assert ce[0]["first_wrong_node"]["node"] >= 2
         if fn == "mamba2_strides_from_shapes":  # only x, B, C split from one xBC reach it
             assert ce[0]["example"].endswith("x B C views of one fused projection"), ce[0]
-    r = run_cli("check-kernel", "--impl", "fla", "--op", "mamba2", "--mode", "leaky", pythonpath=ENGINES)
+    r = run_cli("check-kernel", *CPU, "--impl", "fla", "--op", "mamba2", "--mode", "leaky", pythonpath=ENGINES)
     one_line_error(r, "--op mamba2", "has no Mamba2 tree verify")
 
 
@@ -565,7 +568,7 @@ def test_kda_verifies_of_ddsim_sglang_and_fla_and_planted_kda_bugs(tmp_path):
     fused_recurrent_kda is the flattened path (exact refused in one line); planted KDA bugs fail the properties they
     break, the one wrong only at Kimi Linear's K = V = 128 on that serving example."""
     def run(impl, mode, *extra, out="ce.json"):
-        return run_cli("check-kernel", "--impl", impl, *extra, "--op", "kda", "--mode", mode, "--max-examples", "3",
+        return run_cli("check-kernel", *CPU, "--impl", impl, *extra, "--op", "kda", "--mode", mode, "--max-examples", "3",
                        "--out", tmp_path / out, pythonpath=ENGINES)
     # (ddsim's own KDA verify runs below behind the ddsim convention, wrapped by the planted kernels)
     for impl, mode, held in (("sglang", "exact", 12), ("sglang", "leaky", 8), ("fla", "leaky", 8)):
@@ -595,7 +598,7 @@ def test_lightning_attention_verifies_of_ddsim_and_fla_and_a_planted_bug(tmp_pat
     lightning_attn runs, autotuned: its first configuration in the interpreter) is the flattened path (exact
     refused in one line); an engine without one says so; a decay applied after the update is caught."""
     def run(impl, mode, *extra, out="cl.json"):
-        return run_cli("check-kernel", "--impl", impl, *extra, "--op", "lightning", "--mode", mode, "--max-examples", "3",
+        return run_cli("check-kernel", *CPU, "--impl", impl, *extra, "--op", "lightning", "--mode", mode, "--max-examples", "3",
                        "--out", tmp_path / out, pythonpath=ENGINES)
     r = run("fla", "leaky")  # (ddsim's own lightning verify runs below, wrapped by the planted kernel)
     assert r.returncode == 0 and "all 8 properties hold (quick profile" in r.stdout, r.stdout + r.stderr

@@ -43,10 +43,12 @@ def _bound(monkeypatch, B=1, T=16, *, dtype=torch.bfloat16, K=128, V=128, device
 def test_the_gluon_fold_serves_trees_of_up_to_16_nodes_with_bf16_inputs(monkeypatch):
     """design auto at one sequence of 16 and of 9 nodes, design fused at three of 16, a pool in SGLang's layout, a
     device plan (a captured call's: each sequence's rounds from its depths): the Gluon fold, over (V / 64, B x HV)
-    programs of 4 warps, every row a node (FULL) only at 16, handed the Triton form's own tensors and options."""
-    for B, T, design, vk, plan in ((1, 16, "auto", False, False), (1, 9, "auto", False, False),
-                                   (3, 16, "fused", False, False), (1, 16, "auto", True, False),
-                                   (2, 16, "fused", False, True)):
+    programs of 4 warps, every row a node (FULL) only at 16, handed the Triton form's own tensors and options. (The
+    device plan's tables are built by Triton kernels on the CPU tensors here: in the interpreter only, so where Triton
+    compiles for a GPU that case is left to properties/test_gluon_fold.py, which draws device plans there.)"""
+    cases = [(1, 16, "auto", False, False), (1, 9, "auto", False, False), (3, 16, "fused", False, False),
+             (1, 16, "auto", True, False)] + ([(2, 16, "fused", False, True)] if C.interpreting() else [])
+    for B, T, design, vk, plan in cases:
         (kernel, grid, kw), = _bound(monkeypatch, B, T, design=design, vk=vk, device_plan=plan)
         assert kw["DEPTHS"] == plan and (not plan or kw["depths"].dtype == torch.int32), kw
         assert kernel is gluon_gdn._gdn_fold_kernel, (B, T, design, vk)
