@@ -185,8 +185,9 @@ def _as_recorded(d, report, moved: dict[str, str]):
         return swap.get(x, x) if isinstance(x, str) else x
 
     d = put_back(d) if swap else d
-    config = d.get("model", {}).get("config", {}) if isinstance(d, dict) else {}
-    if "model_path" in moved and config.get("name") == Path(moved["model_path"]).name:
+    model = d.get("model") if isinstance(d, dict) else None
+    config = model.get("config") if isinstance(model, dict) else None
+    if "model_path" in moved and isinstance(config, dict) and config.get("name") == Path(moved["model_path"]).name:
         config["name"] = Path(report.config.model_path).name  # a checkpoint's model is named after its directory
     return d
 
