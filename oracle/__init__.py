@@ -8,7 +8,7 @@ Layer-level twins of the gpu_backend kernels (same keyword-only signatures, READ
   tree_causal_conv1d, conv_tree_commit
 Model level: decode_step, prefill, verify_tree, verify_trees (several prompts' trees at once)
 A layer oracle's product with a row of its inputs (C . S, S^T q, S^T k) is an elementwise product summed by torch,
-never BLAS's dot or gemv: MKL rounds those by their operands' addresses (AVX-512: a third of 3-element dots differ
+never BLAS's dot or gemv: MKL rounds those by their operands' addresses (AVX-512: nearly a third of 3-element dots differ
 in the last bit when the vector sits one element further on), so a sequence's outputs would depend on its row in
 the batch, and a node would not equal its history verified alone bit for bit (properties/test_oracle.py).
 (default_dtype: float64 on the CPU, float32 on a GPU; takes_bf16_products: whether a float32 oracle takes its
