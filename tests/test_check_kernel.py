@@ -13,8 +13,8 @@ from tests.cli_runs import one_line_error, run_cli
 ENGINES = Path(__file__).resolve().parents[1] / ".engines"
 pytestmark = pytest.mark.slow  # `make test-slow` (kernels in Triton's interpreter at the quick profile's serving shapes)
 # the plants in ddsim's convention wrap ddsim's torch path, which reads on the host: on a GPU their replayed example
-# cannot be captured in a CUDA graph (tests/test_graph_replay.py holds that), so there they replay eager and each test
-# sees the bug it plants
+# cannot be captured in a CUDA graph (tests/test_graph_replay.py holds that), so were they run there they would replay
+# eager and each test see the bug it plants (on the CPU, where these calls run, every replay is eager)
 EAGER = ["--launch", "eager"]
 # the CPU and its quick profile wherever the suite runs (on a GPU machine --device auto would take the serving
 # profile on the GPU, which these expectations are not about: the GPU suites check that)
