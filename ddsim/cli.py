@@ -338,7 +338,7 @@ def _gate_report(a, console):
         if a.recheck:
             from ddsim.measure.recheck import FILE_FIELDS, recheck
             # a file option given names where that input is here (its digest matched the report's above)
-            at = {AUDIT_FIELDS[o]: v for o, v in given.items() if AUDIT_FIELDS[o] in FILE_FIELDS}
+            at = {AUDIT_FIELDS[o]: path for o, path in given.items() if AUDIT_FIELDS[o] in FILE_FIELDS}
             checked = recheck(report, prompts=a.recheck_prompts or 1, at=at)
             notes.append(checked.line())
             print(notes[-1])
