@@ -147,6 +147,14 @@ RECURRENCES = {
 }
 
 
+def _verified(verify, per_node, inp, mode):
+    """(the arguments every node shares, the batched verify's outputs, its states after each node) of inputs ``inp``."""
+    shared = {k: v for k, v in inp.items() if k not in (*per_node, "parents", "initial_state", "trees", "pool", "slots")}
+    out, states = verify(**{k: inp[k] for k in per_node}, **shared, parents=inp["parents"],
+                         initial_state=inp["initial_state"], mode=mode, output_states=True)
+    return shared, out, states
+
+
 @pytest.mark.parametrize("family", list(RECURRENCES))
 @given(st.data())
 def test_oracle_node_is_its_history_verified_as_a_chain(family, data):
@@ -157,9 +165,7 @@ def test_oracle_node_is_its_history_verified_as_a_chain(family, data):
     verify, inputs, per_node = RECURRENCES[family]
     inp = data.draw(inputs(dtype=torch.float64, max_nodes=10))
     mode = data.draw(st.sampled_from(["exact", "leaky"]))
-    shared = {k: v for k, v in inp.items() if k not in (*per_node, "parents", "initial_state", "trees", "pool", "slots")}
-    out, states = verify(**{k: inp[k] for k in per_node}, **shared, parents=inp["parents"],
-                         initial_state=inp["initial_state"], mode=mode, output_states=True)
+    shared, out, states = _verified(verify, per_node, inp, mode)
     for b, tree in enumerate(inp["trees"]):
         for t in range(tree.size):
             hist = list(range(t + 1)) if mode == "leaky" else tree.root_path(t)
@@ -188,9 +194,7 @@ def test_oracle_rounds_alike_wherever_a_sequence_sits(family, data):
     # Mamba2's state width as models have it (16-128): MKL's gemv rounds by address from 16 columns, not at 2-8
     inp = data.draw(inputs(dtype=torch.float64, max_nodes=6, **({"ns": (16, 64)} if family == "mamba2" else {})))
     mode = data.draw(st.sampled_from(["exact", "leaky"]))
-    shared = {k: v for k, v in inp.items() if k not in (*per_node, "parents", "initial_state", "trees", "pool", "slots")}
-    out, states = verify(**{k: inp[k] for k in per_node}, **shared, parents=inp["parents"],
-                         initial_state=inp["initial_state"], mode=mode, output_states=True)
+    shared, out, states = _verified(verify, per_node, inp, mode)
     for b in range(len(inp["trees"])):
         for off in range(8):
             row = {k: _elsewhere(inp[k][b:b + 1], off) for k in (*per_node, "parents", "initial_state")}

@@ -30,7 +30,7 @@ def _verdict(r):
 def test_ddsims_own_kernel_passes(tmp_path, mode, dtype):
     progress = ["--progress"] if dtype == "float32" else []  # (the same verdicts with it: asserted below either way)
     r = run_cli("check-kernel", "--impl", "ddsim", "--mode", mode, "--dtype", dtype, "--max-examples", "25",
-                "--device", "cpu", "--out", tmp_path / "ce.json", *progress)  # the quick profile, the CPU's
+                *CPU, "--out", tmp_path / "ce.json", *progress)  # the quick profile, the CPU's
     assert r.returncode == 0, r.stdout + r.stderr
     told = r.stderr.splitlines()
     if progress:  # each serving example's and each property's wall time, on stderr as each ends
@@ -264,7 +264,7 @@ def test_a_commit_that_copies_the_kept_states_wrongly_is_caught(tmp_path, commit
     node-state property holds."""
     out = tmp_path / "ce.json"
     r = run_cli("check-kernel", "--impl", "sglang", "--commit", f"tests.planted_commits:{commit}", "--op", op,
-                "--mode", "exact", "--max-examples", "3", "--device", "cpu", "--out", out, pythonpath=ENGINES)
+                "--mode", "exact", "--max-examples", "3", *CPU, "--out", out, pythonpath=ENGINES)
     assert r.returncode == (1 if failing else 0), r.stdout + r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
     doc = json.loads(out.read_text())
@@ -342,7 +342,7 @@ def test_a_planted_tree_conv_bug_and_a_missing_conv(tmp_path):
     ce = json.loads(out.read_text())["counterexamples"][-1]
     assert ce["op"] == "conv" and ce["first_wrong_node"]["node"] == 2, ce
     r = run_cli("check-kernel", "--impl", "ddsim", "--op", "conv", "--mode", "leaky", "--max-examples", "10",
-                "--device", "cpu", "--out", out)  # the quick profile, the CPU's (a GPU's default is the serving one)
+                *CPU, "--out", out)  # the quick profile, the CPU's (a GPU's default is the serving one)
     assert r.returncode == 0 and "all 8 properties hold (quick profile" in r.stdout, r.stdout + r.stderr
     one_line_error(run_cli("check-kernel", *CPU, "--impl", "fla", "--op", "conv", "--mode", "leaky", pythonpath=ENGINES),
                    "--op conv: fla.fused_recurrent_gated_delta_rule has no tree causal conv")
@@ -533,7 +533,7 @@ def test_sglang_mamba2_selective_state_update_in_both_modes(tmp_path, mode, held
     assert (ENGINES / "sglang" / "kernels" / "ops" / "mamba" / "triton_ops").is_dir(), \
         "SGLang's Mamba2 kernel is missing from .engines: `make test` fetches it"
     r = run_cli("check-kernel", "--impl", "sglang", "--op", "mamba2", "--mode", mode, "--dtype", dtype,
-                "--max-examples", "3", "--device", "cpu", "--out", tmp_path / "ce.json", pythonpath=ENGINES)
+                "--max-examples", "3", *CPU, "--out", tmp_path / "ce.json", pythonpath=ENGINES)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "sglang.selective_state_update (sglang 0.5.23)" in r.stdout
     assert f"all {held} properties hold (quick profile" in r.stdout
@@ -541,7 +541,7 @@ def test_sglang_mamba2_selective_state_update_in_both_modes(tmp_path, mode, held
 
 def test_ddsims_mamba2_kernel_passes_and_planted_mamba2_bugs_are_caught(tmp_path):
     r = run_cli("check-kernel", "--impl", "ddsim", "--op", "mamba2", "--mode", "exact", "--max-examples", "8",
-                "--device", "cpu", "--out", tmp_path / "ce.json")  # the quick profile, the CPU's
+                *CPU, "--out", tmp_path / "ce.json")  # the quick profile, the CPU's
     assert r.returncode == 0 and "all 7 properties hold (quick profile" in r.stdout, r.stdout + r.stderr
     for fn, failing in (("mamba2_parent_off_by_one", {"exact on order-exact nodes", "exact on every node"}),
                         ("mamba2_forgets_dt_bias", {"exact on order-exact nodes", "exact on every node"}),
@@ -663,7 +663,7 @@ def test_a_kernel_that_hangs_on_a_serving_shape_fails(tmp_path):
     timeout, naming the example, rather than running forever."""
     out = tmp_path / "ck.json"
     r = run_cli("check-kernel", "--impl", "tests.planted_kernels:hangs_past_128_nodes", "--convention", "ddsim", "--mode",
-                "exact", "--max-examples", "2", "--example-timeout", "5", "--device", "cpu", "--out", out, timeout=120)
+                "exact", "--max-examples", "2", "--example-timeout", "5", *CPU, "--out", out, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAILED every property: serving example [ddtree budget 128 top-k 4 T=129" in r.stdout
     assert "did not return within 5 s" in r.stdout
