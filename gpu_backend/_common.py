@@ -25,6 +25,15 @@ from ddsim.gpu_backend.launch import recording
 # too (KDA at K = 3): tests/test_kernels_compile.py holds both compilations to one layout at the serving widths.
 ONE_ARITHMETIC = dict(enable_fp_fusion=False)
 
+# The WY kernels' doubling rounds (NSTEP) compiled as a value, not a constant. Triton's launcher compiles an int
+# argument equal to 1 as the constant 1 (and one divisible by 16, 0 among them, with that hint): a host plan of one
+# round (DDTree's 1 x 16 with the root in the block, any tree of depth 2) got a kernel without the solve's loop, whose
+# products and adds ptxas contracts otherwise than in the kernel a device plan gets (rounds read on the device, the
+# launch's NSTEP a bound): compiled for sm_90 at an 8-node star, 48 FFMA and 68 FADD against 28 and 128. Its outputs
+# differed in their last bits from a captured call's on the same tree (H100, RESULTS.md 2026-12-07); every plan now
+# gets one compilation per kernel (tests/test_kernels_compile.py compiles both as the launcher does).
+ROUNDS_AS_VALUE = dict(do_not_specialize=["NSTEP"])
+
 
 # the values of TRITON_INTERPRET that Triton reads as on (its knobs' boolean reader: any case, nothing stripped)
 _TRUE = frozenset(("1", "true", "on", "yes", "y"))

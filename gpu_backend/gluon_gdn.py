@@ -217,7 +217,7 @@ if gluon is not None:
         p_hi, p_lo = _split(P, A_OP)
         return p_hi, p_lo, Y0, Y1
 
-    @gluon.jit
+    @gluon.jit(**C.ROUNDS_AS_VALUE)
     def _gdn_fold_kernel(q, k, v, g, beta, A_log, dt_bias,
                          mask,  # [B, T, T] int8 ancestor-or-self (the chain mask for leaky)
                          state, state_idx, o,  # pool [N, HV, K, V] fp32 (or SGLang's [N, HV, V, K]), slots [B], o [B, T, HV, V]

@@ -141,7 +141,7 @@ def _apart(x):
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
 
-@triton.jit
+@triton.jit(**C.ROUNDS_AS_VALUE)
 def _gdn_wy_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self (chain mask for leaky)

@@ -47,7 +47,7 @@ from ddsim.gpu_backend.launch import bind
 from ddsim.gpu_backend.triton_wy_split import _dot_exact_rhs, _exact_mode, _gram, _raw_block
 
 
-@triton.jit
+@triton.jit(**C.ROUNDS_AS_VALUE)
 def _gdn_wy_blocked_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self (chain mask for leaky)
@@ -154,7 +154,7 @@ def _path_decay(mask_b, nodes_a, ma, nodes_b, mb, G_a, G_b, T, STRICT: tl.conste
     return tl.where(anc, tl.exp(tl.where(anc, G_a[:, None] - G_b[None, :], 0.0)), 0.0)
 
 
-@triton.jit
+@triton.jit(**C.ROUNDS_AS_VALUE)
 def _gdn_wy_blocked_diag_kernel(
     k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self

@@ -137,7 +137,7 @@ def _prologue_values(reads, FUSED: tl.constexpr, L2NORM: tl.constexpr, RAW16: tl
     return o_t, o_k, b_q, b_k, rq, rk, b_beta, G, D, anc, N
 
 
-@triton.jit
+@triton.jit(**C.ROUNDS_AS_VALUE)
 def _gdn_wy_solve_kernel(
     q, k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
@@ -286,7 +286,7 @@ def _fold_weights(q, k, g, beta, A_log, dt_bias, mask, i_bh, T, scale, NSTEP, de
     return o_t, o_k, Qm, Y * b_beta[None, :], c, q0, c0
 
 
-@triton.jit
+@triton.jit(**C.ROUNDS_AS_VALUE)
 def _gdn_wy_fold_kernel(
     q, k, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents
@@ -354,7 +354,7 @@ def _v_tile(r0, tile, i_b, i_hv, T, o_t, o_v, HV: tl.constexpr, V: tl.constexpr,
     return (i_b * T).to(tl.int64) * VS + i_hv * V, (o_t[:, None] + 1) * VS + o_v[None, :]
 
 
-@triton.jit
+@triton.jit(**C.ROUNDS_AS_VALUE)
 def _gdn_wy_fold_head_kernel(
     q, k, v, g, beta, A_log, dt_bias,
     mask,  # [B, T, T] int8 ancestor-or-self of the mode's source parents

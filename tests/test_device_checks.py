@@ -831,6 +831,61 @@ def test_the_wy_forms_take_a_device_plans_rounds_from_each_trees_depth(design, r
     assert not torch.equal(got["short"][0], got["host"][0]) and torch.equal(got["short"][1], got["host"][1])
 
 
+SPECIALIZED_FORMS = [("fused", 0), ("fused", 1), ("fused", 2), ("split", None), ("fold", None), ("head", None),
+                     ("chunked", None), ("blocked", None), ("gluon", 2)]
+
+
+@pytest.mark.parametrize("design,root", SPECIALIZED_FORMS)
+def test_a_host_plan_is_compiled_as_a_device_plan_whatever_its_rounds(design, root):
+    """Triton's launcher compiles an int argument equal to 1 as a constant, and one divisible by 16 (0 among them)
+    with that hint. A host plan's rounds are its deepest tree's, a device plan's launch a bound (each sequence's read
+    on the device): on a star (0 rounds, 1 with the root in the block, FUSED_ROOT 1), a tree of depth 2 (1, or 2) and
+    a chain, every WY kernel (and the Gluon fold) is specialized alike on both plans, as the launcher would compile it
+    for an sm_90 GPU (bench.launch_specialization), but for DEPTHS. With NSTEP specialized, the host plan's one round
+    compiled to other contractions and its outputs differed in their last bits from a captured call's (an H100,
+    benchmarks/RESULTS.md 2026-12-07); _common.ROUNDS_AS_VALUE."""
+    pytest.importorskip("triton.backends.nvidia")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.jit import JITFunction
+
+    from ddsim.bench.bench import launch_specialization
+    from ddsim.gpu_backend import gluon_gdn, triton_gdn, triton_wy_blocked, triton_wy_split
+    target = GPUTarget("cuda", 90, 32)
+    T, K = (16, 128) if design == "gluon" else (8, 4)
+    dtype = torch.bfloat16 if design == "gluon" else torch.float32
+    gen = torch.Generator().manual_seed(0)
+    x = dict(q=torch.randn(1, T, 1, K, generator=gen).to(dtype), k=torch.randn(1, T, 1, K, generator=gen).to(dtype),
+             v=torch.randn(1, T, 1, K, generator=gen).to(dtype), g=-torch.rand(1, T, 1, generator=gen),
+             beta=torch.rand(1, T, 1, generator=gen), initial_state=torch.randn(1, 1, K, K, generator=gen))
+    trees = {"star": [-1] + [0] * (T - 1), "depth 2": [-1, 0] + [1] * (T - 2), "chain": [-1] + list(range(T - 1))}
+    seen, rounds = [], set()
+    with pytest.MonkeyPatch.context() as mp:
+        if root is not None:
+            mp.setattr(triton_gdn, "FUSED_ROOT", root)
+        for module in (triton_gdn, triton_wy_split, triton_wy_blocked):
+            mp.setattr(module, "bind", lambda kernel, grid, kw: seen.append((kernel, dict(kw))) or (lambda: None))
+        for tree, parents in trees.items():
+            parents = torch.tensor([parents])
+            got = {}
+            for name, plan in (("host", checks.TreePlan(parents)), ("device", device_checks.DevicePlan(parents.int()))):
+                seen.clear()
+                _verify_form(x, plan, "fused" if design == "gluon" else design)
+                kernel, kw = next((k, kw) for k, kw in seen if "DEPTHS" in kw)
+                if design == "gluon":
+                    kernel, kw = gluon_gdn._gdn_fold_kernel, gluon_gdn.kernel_args(kw)[0]
+                if not isinstance(kernel, JITFunction):  # Triton's interpreter: the kernel as compiled
+                    kernel = JITFunction(kernel.fn, **kernel.kwargs)
+                sig, consts, attrs = launch_specialization(kernel, kw, target)
+                at = {p.name: (i,) for i, p in enumerate(kernel.params)}
+                assert consts.pop(at["DEPTHS"]) is (name == "device")
+                attrs.pop(at["depths"], None)  # the depths' pointer, read only with DEPTHS (a host plan's a stand-in)
+                assert sig.pop("depths") == ("*i32" if name == "device" else "*i8")
+                rounds.add(kw["NSTEP"]) if name == "host" else None
+                got[name] = sig, consts, attrs
+            assert got["device"] == got["host"], (tree, kernel.__name__)
+    assert {0, 1} <= rounds or (root == 1 and {1, 2} <= rounds), rounds  # the launcher's two specializations drawn
+
+
 def _chains_example(T: int) -> dict:
     """Two chains of T nodes, fp32, H = 1, HV = 3, K = V = 4: at T = 37 with design fused and the root in the block (a
     64-row block over two blocks of depths) the draw on which the drawn-tree test below faulted on an H100 (seed 6,

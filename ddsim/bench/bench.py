@@ -138,33 +138,43 @@ TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "
 
 def compile_kernel(kernel, kw: dict, target, *, types: dict | None = None):
     """``kernel`` (a @triton.jit function) compiled by Triton for ``target`` (a GPUTarget) with a launch's keyword
-    arguments ``kw`` (its constexprs, and num_warps / num_stages / maxnreg / enable_fp_fusion where given), without a
-    GPU: each pointer 16-byte aligned, as torch allocates and the launcher specializes; ``types``: {parameter: Triton
-    type} in place of the type inferred from its value (a tensor descriptor, say). A Gluon kernel (@gluon.jit) compiles
-    from its own source class. Triton's compiled kernel."""
+    arguments ``kw`` (its arguments, and num_warps / num_stages / maxnreg / enable_fp_fusion where given), without a
+    GPU, specialized as Triton's launcher specializes that launch (launch_specialization): an int argument equal to 1
+    compiled as a constant, ints and pointers divisible by 16 so hinted, unless the kernel's do_not_specialize names
+    them; ``types``: {parameter: Triton type} in place of the launcher's type (a tensor descriptor, say), no hint. A
+    Gluon kernel (@gluon.jit) compiles from its own source class. Triton's compiled kernel."""
     import triton
     from triton.compiler import ASTSource
     if getattr(kernel, "is_gluon", lambda: False)():
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
-    sig, consts = {}, {}
-    for i, p in enumerate(kernel.params):
-        x = kw[p.name]
-        if p.is_constexpr:
-            sig[p.name], consts[(i,)] = "constexpr", x
-        elif types and p.name in types:
-            sig[p.name] = types[p.name]
-        elif isinstance(x, torch.Tensor):
-            sig[p.name] = "*" + TRITON_DTYPES[x.dtype]
-        elif isinstance(x, bool):
-            sig[p.name] = "i1"
-        elif isinstance(x, int):
-            sig[p.name] = "i32" if -2**31 <= x < 2**31 else "i64"
-        else:
-            sig[p.name] = "fp32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params) if sig[p.name][0] == "*"}
+    sig, consts, attrs = launch_specialization(kernel, kw, target, types=types)
     opts = {k: kw[k] for k in ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion") if k in kw}
     return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs), target=target,
                           options=opts)
+
+
+def launch_specialization(kernel, kw: dict, target, *, types: dict | None = None) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attributes) under which Triton's launcher compiles ``kernel`` for ``target`` with the
+    arguments ``kw``: the kernel's own binder (triton.runtime.jit's, as JITFunction.run makes it), so each argument is
+    typed and specialized as on a GPU (an int equal to 1 a constant, divisibility by 16 a hint, do_not_specialize
+    honoured); CPU tensors stand for the GPU's (torch aligns both to 16 bytes or more). ``types`` overrides a
+    parameter's type (no hint)."""
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    _, spec, _ = binder(**{p.name: kw[p.name] for p in kernel.params})
+    sig, consts, attrs = {}, {}, {}
+    for i, (p, (ty, hint)) in enumerate(zip(kernel.params, spec)):
+        if types and p.name in types and not p.is_constexpr:
+            sig[p.name] = types[p.name]
+            continue
+        sig[p.name] = ty
+        if ty == "constexpr":
+            consts[(i,)] = kw[p.name]
+        elif isinstance(hint, str) and hint:
+            attrs[(i,)] = backend.parse_attr(hint)
+    return sig, consts, attrs
 
 
 def int_list(ap, name: str, text: str, allowed) -> list[int]:
