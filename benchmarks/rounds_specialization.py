@@ -62,8 +62,8 @@ def one_round_tree(gen: torch.Generator, T: int, star: bool) -> list[int]:
     return [-1] + [0] * tops + [1 + int(torch.randint(0, tops, (1,), generator=gen)) for _ in range(T - 1 - tops)]
 
 
-def inputs(gen: torch.Generator, T: int, K: int, V: int, dtype, star: bool) -> dict:
-    B, H, HV = 2, 1, 2
+def inputs(gen: torch.Generator, B: int, T: int, K: int, V: int, dtype, star: bool) -> dict:
+    H, HV = 1, 2
     x = dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
              v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen) * 0.3,
              beta=torch.rand(B, T, HV, generator=gen), initial_state=torch.randn(B, HV, K, V, generator=gen))
@@ -81,20 +81,20 @@ def verify(x: dict, plan, design: str) -> torch.Tensor:
     return triton_gdn.gdn_tree_verify_wy(**x, parents=plan, mode="exact", design=design).clone()
 
 
-# (label, design, FUSED_ROOT, dtype, K = V, T)
-FORMS = [("fused, root 0, fp32", "fused", 0, torch.float32, 16, 12),
-         ("fused, root 1, fp32", "fused", 1, torch.float32, 16, 12),
-         ("fused, root 2, fp32", "fused", 2, torch.float32, 16, 12),
-         ("fused, root 1, bf16", "fused", 1, torch.bfloat16, 16, 12),
-         ("fused, root 2, bf16", "fused", 2, torch.bfloat16, 16, 12),
-         ("split, fp32", "split", 0, torch.float32, 16, 12),
-         ("fold, fp32", "fold", 0, torch.float32, 16, 12),
-         ("head, fp32", "head", 0, torch.float32, 16, 12),
-         ("chunked, fp32", "chunked", 0, torch.float32, 16, 12),
-         ("blocked, fp32", "blocked", 0, torch.float32, 16, 12)]
+# (label, design, FUSED_ROOT, dtype, K = V, T, B)
+FORMS = [("fused, root 0, fp32", "fused", 0, torch.float32, 16, 12, 2),
+         ("fused, root 1, fp32", "fused", 1, torch.float32, 16, 12, 2),
+         ("fused, root 2, fp32", "fused", 2, torch.float32, 16, 12, 2),
+         ("fused, root 1, bf16", "fused", 1, torch.bfloat16, 16, 12, 2),
+         ("fused, root 2, bf16", "fused", 2, torch.bfloat16, 16, 12, 2),
+         ("split, fp32", "split", 0, torch.float32, 16, 12, 2),
+         ("fold, fp32", "fold", 0, torch.float32, 16, 12, 2),
+         ("head, fp32", "head", 0, torch.float32, 16, 12, 2),
+         ("chunked, fp32", "chunked", 0, torch.float32, 16, 12, 2),
+         ("blocked, fp32", "blocked", 0, torch.float32, 16, 12, 2)]
 
 
-def bits_row(label, design, root, dtype, KV, T, trials: int) -> str:
+def bits_row(label, design, root, dtype, KV, T, B, trials: int) -> str:
     old = triton_gdn.FUSED_ROOT
     triton_gdn.FUSED_ROOT = root
     try:
@@ -104,14 +104,14 @@ def bits_row(label, design, root, dtype, KV, T, trials: int) -> str:
             gen = torch.Generator().manual_seed(0)
             differ = 0
             for _ in range(trials):
-                x, parents = inputs(gen, T, KV, KV, dtype, star=root == 1)
+                x, parents = inputs(gen, B, T, KV, KV, dtype, star=root == 1)
                 host = checks.TreePlan(parents)
                 got = {name: verify(x, plan, design) for name, plan in (
                     ("host", host), ("device", device_checks.DevicePlan(parents.int())))}
                 assert torch.isfinite(got["host"]).all(), label
                 differ += not torch.equal(got["host"], got["device"])
             cells.append(f"{differ} / {trials}")
-        return f"| {label} | {T} | {KV} | {launched()} | {' | '.join(cells)} |"
+        return f"| {label} | {B} x {T} | {KV} | {launched()} | {' | '.join(cells)} |"
     finally:
         triton_gdn.FUSED_ROOT = old
         specialize_rounds(False)
@@ -128,11 +128,11 @@ def main():
         ap.error("needs CUDA")
     print(cuda_header(a.commit))
     print(f"\n## bits: host plan (one round) against device plan, trees with differing bits of {a.trials}")
-    print("| form | T | K = V | kernel | NSTEP specialized (Triton's default) | NSTEP a value (shipped) |")
+    print("| form | B x T | K = V | kernel | NSTEP specialized (Triton's default) | NSTEP a value (shipped) |")
     print("|---|---|---|---|---|---|")
     forms = list(FORMS)
     if gluon_gdn.available():
-        forms.append(("Gluon fold (auto, root 2), bf16", "auto", 2, torch.bfloat16, 128, 16))
+        forms.append(("Gluon fold (fused, root 2), bf16", "fused", 2, torch.bfloat16, 128, 16, 1))
     for form in forms:
         print(bits_row(*form, a.trials), flush=True)
 

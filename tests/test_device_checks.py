@@ -850,6 +850,7 @@ def test_a_host_plan_is_compiled_as_a_device_plan_whatever_its_rounds(design, ro
 
     from ddsim.bench.bench import launch_specialization
     from ddsim.gpu_backend import gluon_gdn, triton_gdn, triton_wy_blocked, triton_wy_split
+    from ddsim.properties.kernel_checks import on_device
     target = GPUTarget("cuda", 90, 32)
     T, K = (16, 128) if design == "gluon" else (8, 4)
     dtype = torch.bfloat16 if design == "gluon" else torch.float32
@@ -857,6 +858,7 @@ def test_a_host_plan_is_compiled_as_a_device_plan_whatever_its_rounds(design, ro
     x = dict(q=torch.randn(1, T, 1, K, generator=gen).to(dtype), k=torch.randn(1, T, 1, K, generator=gen).to(dtype),
              v=torch.randn(1, T, 1, K, generator=gen).to(dtype), g=-torch.rand(1, T, 1, generator=gen),
              beta=torch.rand(1, T, 1, generator=gen), initial_state=torch.randn(1, 1, K, K, generator=gen))
+    x = {n: on_device(t) for n, t in x.items()}
     trees = {"star": [-1] + [0] * (T - 1), "depth 2": [-1, 0] + [1] * (T - 2), "chain": [-1] + list(range(T - 1))}
     seen, rounds = [], set()
     with pytest.MonkeyPatch.context() as mp:
@@ -865,7 +867,7 @@ def test_a_host_plan_is_compiled_as_a_device_plan_whatever_its_rounds(design, ro
         for module in (triton_gdn, triton_wy_split, triton_wy_blocked):
             mp.setattr(module, "bind", lambda kernel, grid, kw: seen.append((kernel, dict(kw))) or (lambda: None))
         for tree, parents in trees.items():
-            parents = torch.tensor([parents])
+            parents = on_device(torch.tensor([parents]))
             got = {}
             for name, plan in (("host", checks.TreePlan(parents)), ("device", device_checks.DevicePlan(parents.int()))):
                 seen.clear()
@@ -898,9 +900,24 @@ def _chains_example(T: int) -> dict:
                 initial_state=torch.randn(B, HV, K, V, generator=gen))
 
 
+def _one_round_example() -> dict:
+    """Two trees of depth 2 (12 nodes, fp32, HV = 2, K = V = 16): one doubling round on a host plan, on which the
+    forms compiled with NSTEP a constant gave other bits than on a device plan on every such draw (an H100,
+    benchmarks/rounds_specialization.py, RESULTS.md 2026-12-07)."""
+    gen = torch.Generator().manual_seed(12)
+    B, T, H, HV, K, V = 2, 12, 1, 2, 16, 16
+    return dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
+                v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen) * 0.3,
+                beta=torch.rand(B, T, HV, generator=gen),
+                parents=torch.tensor([[-1, 0, 0, 0, 1, 1, 2, 3, 3, 1, 2, 0], [-1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]]),
+                initial_state=torch.randn(B, HV, K, V, generator=gen))
+
+
 @given(inp=gdn_inputs(max_batch=3, max_nodes=40), design=st.sampled_from(["fused", "split", "fold", "head", "blocked"]),
        root=st.sampled_from([0, 1, 2]))
 @example(inp=_chains_example(37), design="fused", root=1)
+@example(inp=_one_round_example(), design="fused", root=0)
+@example(inp=_one_round_example(), design="head", root=0)
 def test_a_device_plans_rounds_give_a_host_plans_bits_on_drawn_trees(inp, design, root):
     """On drawn batches of trees (each sequence its own depth, the batch's deepest one a host plan's rounds), every
     WY form on a device plan (each sequence's rounds from its depth) gives the host plan's bits: a sequence's rounds
