@@ -793,8 +793,11 @@ def test_the_engine_benchmarks_layer_is_sglangs_convention_with_the_steps_plans(
 
 @pytest.mark.slow  # Triton's compiler and ptxas (a second or two)
 def test_compile_kernel_types_a_launchs_arguments_as_the_launcher_does_and_takes_overrides(tmp_path):
-    """bench.compile_kernel (tests/gpu_compile.py's and fused_tma_late.py's offline compile): tensors as pointers of
-    their dtype, ints by their range, constexprs bound, num_warps taken; ``types`` in place of the inferred type."""
+    """bench.compile_kernel (tests/gpu_compile.py's and fused_tma_late.py's offline compile) specializes a launch as
+    Triton's launcher does (its kernel's own binder): tensors as pointers of their dtype, ints by their range, an int
+    equal to 1 a constant unless the kernel's do_not_specialize names it, bools as u1, constexprs bound, num_warps
+    taken; ``types`` in place of the launcher's type. Typed by hand (before), an int 1 was an i32: an offline compile
+    was not the kernel a launch of one doubling round ran (_common.ROUNDS_AS_VALUE)."""
     pytest.importorskip("triton.backends.nvidia")
     import os
     script = (
@@ -802,24 +805,31 @@ def test_compile_kernel_types_a_launchs_arguments_as_the_launcher_does_and_takes
         "import torch, triton, triton.language as tl\n"
         "from triton.backends.compiler import GPUTarget\n"
         "from ddsim.bench.bench import compile_kernel\n"
-        "@triton.jit\n"
-        "def k(x, n, big, flag, s, B: tl.constexpr):\n"
-        "    tl.store(x + tl.arange(0, B), tl.zeros([B], tl.float32) + s + n + big + flag)\n"
-        "kw = dict(x=torch.zeros(4), n=3, big=2**40, flag=True, s=0.5, B=4, num_warps=2)\n"
+        "def body(x, n, one, big, flag, s, B: tl.constexpr):\n"
+        "    tl.store(x + tl.arange(0, B), tl.zeros([B], tl.float32) + s + n + one + big + flag)\n"
+        "k = triton.jit(body)\n"
+        "k_value = triton.jit(body, do_not_specialize=['one'])\n"
+        "kw = dict(x=torch.zeros(4), n=3, one=1, big=2**40, flag=True, s=0.5, B=4, num_warps=2)\n"
         "t = GPUTarget('cuda', 90, 32)\n"
         "a = compile_kernel(k, kw, t)\n"
         "b = compile_kernel(k, kw, t, types={'n': 'i64'})\n"
+        "c = compile_kernel(k_value, kw, t)\n"
         "print(dict(a.src.signature), a.metadata.num_warps)\n"
-        "print(dict(b.src.signature))\n")
+        "print(dict(b.src.signature))\n"
+        "print(dict(c.src.signature))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     path = tmp_path / "compile_one.py"  # Triton reads a kernel's source from its file
     path.write_text(script)
     r = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=300,
                        cwd=Path(__file__).parent.parent)
     assert r.returncode == 0, r.stderr[-3000:]
-    first, second = r.stdout.splitlines()[-2:]
-    assert first == ("{'x': '*fp32', 'n': 'i32', 'big': 'i64', 'flag': 'i1', 's': 'fp32', 'B': 'constexpr'} 2")
-    assert second == ("{'x': '*fp32', 'n': 'i64', 'big': 'i64', 'flag': 'i1', 's': 'fp32', 'B': 'constexpr'}")
+    first, second, third = r.stdout.splitlines()[-3:]
+    assert first == ("{'x': '*fp32', 'n': 'i32', 'one': 'constexpr', 'big': 'i64', 'flag': 'u1', 's': 'fp32', "
+                     "'B': 'constexpr'} 2")
+    assert second == ("{'x': '*fp32', 'n': 'i64', 'one': 'constexpr', 'big': 'i64', 'flag': 'u1', 's': 'fp32', "
+                      "'B': 'constexpr'}")
+    assert third == ("{'x': '*fp32', 'n': 'i32', 'one': 'i32', 'big': 'i64', 'flag': 'u1', 's': 'fp32', "
+                     "'B': 'constexpr'}")
 
 
 def test_bench_node_states_refuses_bad_options_before_any_work():
