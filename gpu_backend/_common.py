@@ -30,8 +30,8 @@ ONE_ARITHMETIC = dict(enable_fp_fusion=False)
 # round (DDTree's 1 x 16 with the root in the block, any tree of depth 2) got a kernel without the solve's loop, whose
 # products and adds ptxas contracts otherwise than in the kernel a device plan gets (rounds read on the device, the
 # launch's NSTEP a bound): compiled for sm_90 at an 8-node star, 48 FFMA and 68 FADD against 28 and 128. Its outputs
-# differed in their last bits from a captured call's on the same tree (H100, RESULTS.md 2026-12-07); every plan now
-# gets one compilation per kernel (tests/test_kernels_compile.py compiles both as the launcher does).
+# differed in their last bits from a captured call's on the same tree (H100, RESULTS.md 2026-12-07). Every plan now
+# gets one compilation per kernel (tests/test_device_checks.py specializes both plans' launches as the launcher does).
 ROUNDS_AS_VALUE = dict(do_not_specialize=["NSTEP"])
 
 
