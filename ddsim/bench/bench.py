@@ -693,7 +693,8 @@ def _edited_dir() -> str:
 def edited_kernel(kernel, edits, *, header: str, who: str):
     """``kernel`` (a @triton.jit function) with each (old, new) of ``edits`` replaced in its source, in order, each old
     found exactly once (else SystemExit naming ``who`` and the line), imported from a module written to a temporary
-    file with ``header`` (its imports and helpers) before it: Triton reads a kernel's source from its file. A
+    file with ``header`` (its imports and helpers) before it: Triton reads a kernel's source from its file. The module
+    starts from the kernel's own module's names (its decorator's options, its helpers), which the header's replace. A
     benchmark's traced or cut copy of a served kernel, kept to the kernel's source as it is. The files live in one
     folder a process (_edited_dir), removed when it exits."""
     import importlib.util
@@ -710,6 +711,7 @@ def edited_kernel(kernel, edits, *, header: str, who: str):
         f.write(header + src)
     spec = importlib.util.spec_from_file_location(f"edited_{name}", path)
     mod = importlib.util.module_from_spec(spec)
+    mod.__dict__.update({k: v for k, v in kernel.fn.__globals__.items() if not k.startswith("__")})
     spec.loader.exec_module(mod)
     return getattr(mod, name)
 
