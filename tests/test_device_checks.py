@@ -831,6 +831,21 @@ def test_the_wy_forms_take_a_device_plans_rounds_from_each_trees_depth(design, r
     assert not torch.equal(got["short"][0], got["host"][0]) and torch.equal(got["short"][1], got["host"][1])
 
 
+def _as_launched(kernel, kw: dict) -> tuple[dict, dict, dict]:
+    """(types, constants, hints) by parameter name under which Triton's launcher would compile ``kernel`` for an sm_90
+    GPU with the launch's arguments ``kw`` (bench.launch_specialization); under Triton's interpreter the kernel as it
+    would be compiled (its own decorator's options)."""
+    pytest.importorskip("triton.backends.nvidia")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.jit import JITFunction
+
+    from ddsim.bench.bench import launch_specialization
+    jit = kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn, **kernel.kwargs)
+    sig, consts, attrs = launch_specialization(jit, kw, GPUTarget("cuda", 90, 32))
+    names = [p.name for p in jit.params]
+    return sig, {names[i[0]]: v for i, v in consts.items()}, {names[i[0]]: a for i, a in attrs.items()}
+
+
 SPECIALIZED_FORMS = [("fused", 0), ("fused", 1), ("fused", 2), ("split", None), ("fold", None), ("head", None),
                      ("chunked", None), ("blocked", None), ("gluon", 2)]
 
@@ -844,14 +859,8 @@ def test_a_host_plan_is_compiled_as_a_device_plan_whatever_its_rounds(design, ro
     for an sm_90 GPU (bench.launch_specialization), but for DEPTHS. With NSTEP specialized, the host plan's one round
     compiled to other contractions and its outputs differed in their last bits from a captured call's (an H100,
     benchmarks/RESULTS.md 2026-12-07); _common.ROUNDS_AS_VALUE."""
-    pytest.importorskip("triton.backends.nvidia")
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.jit import JITFunction
-
-    from ddsim.bench.bench import launch_specialization
     from ddsim.gpu_backend import gluon_gdn, triton_gdn, triton_wy_blocked, triton_wy_split
     from ddsim.properties.kernel_checks import on_device
-    target = GPUTarget("cuda", 90, 32)
     T, K = (16, 128) if design == "gluon" else (8, 4)
     dtype = torch.bfloat16 if design == "gluon" else torch.float32
     gen = torch.Generator().manual_seed(0)
@@ -875,18 +884,86 @@ def test_a_host_plan_is_compiled_as_a_device_plan_whatever_its_rounds(design, ro
                 kernel, kw = next((k, kw) for k, kw in seen if "DEPTHS" in kw)
                 if design == "gluon" and kernel is not gluon_gdn._gdn_fold_kernel:  # interpreted: the Triton form's
                     kernel, kw = gluon_gdn._gdn_fold_kernel, gluon_gdn.kernel_args(kw)[0]
-                if not isinstance(kernel, JITFunction):  # Triton's interpreter: the kernel as compiled
-                    kernel = JITFunction(kernel.fn, **kernel.kwargs)
-                sig, consts, attrs = launch_specialization(kernel, kw, target)
-                at = {p.name: (i,) for i, p in enumerate(kernel.params)}
-                assert consts.pop(at["DEPTHS"]) is (name == "device")
-                attrs.pop(at["depths"], None)  # the depths' pointer, read only with DEPTHS (a host plan's a stand-in)
+                sig, consts, attrs = _as_launched(kernel, kw)
+                assert consts.pop("DEPTHS") is (name == "device")
+                attrs.pop("depths", None)  # the depths' pointer, read only with DEPTHS (a host plan's a stand-in)
                 assert sig.pop("depths") == ("*i32" if name == "device" else "*i8")
                 if name == "host":
                     rounds.add(kw["NSTEP"])
                 got[name] = sig, consts, attrs
             assert got["device"] == got["host"], (tree, kernel.__name__)
     assert {0, 1} <= rounds or (root == 1 and {1, 2} <= rounds), rounds  # the launcher's two specializations drawn
+
+
+# What a captured call may launch otherwise than the same call planned on the host, by kernel: the WY kernels read
+# each sequence's rounds on the device (DEPTHS, its pointer a host plan's stand-in); the paths kernel's path table is T
+# wide under capture, the tree's depth + 1 on the host (BD, DMAX: how far a node's path is counted, integer work)
+CAPTURE_ONLY = {"DEPTHS", "depths"}
+CAPTURE_PATHS = {"BD", "DMAX"}
+
+
+@pytest.mark.parametrize("form", ["snapshot-free", "drop-in"])
+def test_a_captured_call_compiles_the_kernels_a_host_planned_call_compiles(form):
+    """Every kernel the drop-in launches both planned on the host (plan_tree, plan_slots, plan_accepted) and
+    device-checked (what capture takes), verify and commit, on a star, a tree of depth 2 and a chain, is specialized
+    alike, as Triton's launcher would compile it for an sm_90 GPU (bench.launch_specialization), but for what a
+    device plan reads on the device (CAPTURE_ONLY, CAPTURE_PATHS): no argument equal to 1, or divisible by 16, on one
+    plan alone makes another kernel there (the WY kernels' rounds did: _common.ROUNDS_AS_VALUE)."""
+    from ddsim.gpu_backend import launch as L
+    from ddsim.gpu_backend import triton_checks, triton_commit, triton_gdn, triton_tables, triton_wy_blocked, triton_wy_split
+    from ddsim.properties.kernel_checks import on_device
+    seen = []
+
+    def record(kernel, grid, kw):
+        seen.append((kernel, dict(kw)))
+        return L.bind(kernel, grid, kw)
+
+    def specs() -> dict:
+        out: dict = {}
+        for kernel, kw in seen:
+            out.setdefault(kernel.__name__, []).append(_as_launched(kernel, kw))
+        return out
+    x, _, pool, slots = _case()
+    x, pool, slots = ({n: on_device(t) for n, t in x.items()}, on_device(pool), on_device(slots))
+    T, compared = 7, set()
+    trees = {"star": [0] * T, "depth 2": [0, 0, 1, 1, 1, 1, 1], "chain": [0] + list(range(T - 1))}
+    with pytest.MonkeyPatch.context() as mp:
+        for module in (triton_gdn, triton_wy_split, triton_wy_blocked, triton_commit):
+            mp.setattr(module, "bind", record)
+        for module in (triton_checks, triton_commit, triton_tables):
+            mp.setattr(module, "launch", lambda kernel, grid, **kw: record(kernel, grid, kw)())
+        for tree, row in trees.items():
+            parents = on_device(torch.tensor([row] * 3, dtype=torch.int32))
+            accepted = on_device(torch.tensor([T - 1, 2, 0]))
+            kw = {}
+            if form == "drop-in":
+                kw = dict(intermediate_states_buffer=on_device(torch.zeros(5, T, 2, 3, 4)),
+                          intermediate_state_indices=on_device(torch.tensor([4, 0, 2])))
+            plan = engine_api.plan_tree(parents)
+            planned = dict(kw, intermediate_state_indices=engine_api.plan_slots(
+                kw["intermediate_states_buffer"], kw["intermediate_state_indices"])) if kw else {}
+            got = {}
+            for name in ("host", "captured"):
+                seen.clear()
+                if name == "host":
+                    pslots = engine_api.plan_slots(pool, slots)
+                    _verify(x, plan, pool.clone(), pslots, **planned)
+                    _commit(x, plan, pool.clone(), pslots, engine_api.plan_accepted(plan, accepted))
+                else:
+                    with device_checks.forced():
+                        _verify(x, parents, pool.clone(), slots, **kw)
+                        _commit(x, parents, pool.clone(), slots, accepted)
+                got[name] = specs()
+            for kernel, launches in got["host"].items():
+                assert len(got["captured"].get(kernel, [])) == len(launches), (tree, kernel)
+                skip = CAPTURE_ONLY | (CAPTURE_PATHS if kernel == "_gdn_paths_kernel" else set())
+                for host, captured in zip(launches, got["captured"][kernel]):
+                    for h, c in zip(host, captured):
+                        assert {n: v for n, v in h.items() if n not in skip} == \
+                            {n: v for n, v in c.items() if n not in skip}, (tree, kernel)
+                compared.add(kernel)
+    assert compared == ({"_gdn_wy_fold_kernel", "_gdn_wy_fold_apply_kernel", "_gdn_commit_kernel"}
+                        if form == "snapshot-free" else {"_gdn_paths_kernel", "_gdn_commit_kernel"}), compared
 
 
 def _chains_example(T: int) -> dict:
