@@ -1,6 +1,6 @@
 """The WY kernels' doubling rounds (NSTEP) as a value (_common.ROUNDS_AS_VALUE, as shipped) against Triton's default,
-which compiles an int argument equal to 1 as a constant: a host plan of one round then gets another compilation than
-a device plan (a captured call's, its rounds read on the device from its depths, the launch's NSTEP a bound), one
+which compiles an int argument equal to 1 as a constant, so that a host plan of one round gets another compilation
+than a device plan (a captured call's, its rounds read on the device from its depths, the launch's NSTEP a bound);
 side by side in one run on one GPU:
 
   bits  trees on which a host plan takes one round (a star under FUSED_ROOT 1, a tree of depth 2 otherwise), drawn
@@ -62,7 +62,8 @@ def one_round_tree(gen: torch.Generator, T: int, star: bool) -> list[int]:
     return [-1] + [0] * tops + [1 + int(torch.randint(0, tops, (1,), generator=gen)) for _ in range(T - 1 - tops)]
 
 
-def inputs(gen: torch.Generator, B: int, T: int, K: int, V: int, dtype, star: bool) -> dict:
+def inputs(gen: torch.Generator, B: int, T: int, K: int, V: int, dtype, star: bool) -> tuple[dict, torch.Tensor]:
+    """(the verify's inputs on the GPU, q, k, v in dtype, H = 1, HV = 2; parents [B, T] of one_round_tree's trees)."""
     H, HV = 1, 2
     x = dict(q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
              v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen) * 0.3,
@@ -73,6 +74,7 @@ def inputs(gen: torch.Generator, B: int, T: int, K: int, V: int, dtype, star: bo
 
 
 def verify(x: dict, plan, design: str) -> torch.Tensor:
+    """The exact WY verify's outputs of inputs x on plan in one form (tests/test_device_checks.py's _verify_form)."""
     if design in ("chunked", "blocked"):
         run, o = triton_wy_blocked.plan_wy_blocked(**x, parents=plan, mode="exact", block_t=16, poison=True,
                                                     design="chunked" if design == "chunked" else "split")

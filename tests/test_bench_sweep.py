@@ -529,6 +529,12 @@ def test_gluon_served_refuses_shapes_design_auto_gives_another_form_before_any_w
     _refused_before_any_work("gluon_served.py", ["--layers", "-1"], "--layers: expected 0 (no graphed replay) or more, got -1")
 
 
+def test_rounds_specialization_refuses_counts_below_one_before_any_work():
+    """rounds_specialization.py --trials or --calls below 1: one line and exit 2, before the CUDA check."""
+    _refused_before_any_work("rounds_specialization.py", ["--trials", "0"], "--trials: expected 1 or more, got 0")
+    _refused_before_any_work("rounds_specialization.py", ["--calls", "-2"], "--calls: expected 1 or more, got -2")
+
+
 def test_wy_fault_probe_refuses_a_count_or_a_selection_of_configurations_it_does_not_have_before_any_work():
     _refused_before_any_work("wy_fault_probe.py", ["--first", "0"], "--first 0: expected 1 to 139")
     _refused_before_any_work("wy_fault_probe.py", ["--first", "140"], "--first 140: expected 1 to 139")
