@@ -3,6 +3,8 @@ inputs, and what ``gate --report`` checks a named checkpoint or file against. No
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from pathlib import Path
 
 from ddsim.errors import InputError
@@ -24,10 +26,38 @@ def file_digest(path: str | Path) -> str:
     return h.hexdigest()
 
 
+# files_digest's results in this process, by what each file's inode says of it: `gate --report R --model DIR` digests a
+# checkpoint (50 GB at full size) to match it to the report, again to check it before the recheck, and a third time
+# in the re-run audit; the second and third are looked up while no file has changed since. A write changes a file's
+# ctime, which no caller can set back (os.utime sets mtime and atime, and moves ctime to now), so a file written since
+# has another key; a digest is kept only where every file's ctime was 2 s older than the read's start (a write within
+# the timestamps' granularity of the read could otherwise leave the key unchanged: git's "racily clean" case).
+_DIGESTS: dict[tuple, str] = {}
+_SETTLED_NS = 2_000_000_000
+
+
+def _stat_key(p: Path) -> tuple:
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+    return (str(p.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def files_digest(paths) -> str:
-    """sha256 over several files, each as its name then its bytes, in the order given."""
+    """sha256 over several files, each as its name then its bytes, in the order given (looked up where this process
+    read the same files, unchanged, before: _DIGESTS)."""
+    paths = [Path(p) for p in paths]
+    started = time.time_ns()
+    key = tuple((p.name, _stat_key(p)) for p in paths)
+    if key in _DIGESTS:
+        return _DIGESTS[key]
     h = hashlib.sha256()
-    for p in map(Path, paths):
+    for p in paths:
         h.update(f"{p.name}\0".encode())
         _update(h, p)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    settled = all(k[-1] < started - _SETTLED_NS for _, k in key)
+    if settled and key == tuple((p.name, _stat_key(p)) for p in paths):  # unchanged while read
+        _DIGESTS[key] = digest
+    return digest
