@@ -11,10 +11,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Without a GPU the Triton kernels run in Triton's interpreter (set before triton is imported).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    try:  # the interpreter lists triton.language's builtins once, not at every launch, and holds every load and
-        # store to the launch's tensors (ddsim.engines.triton_interpret)
-        from ddsim.engines.triton_interpret import cache_builtin_names, check_bounds
+    try:  # the interpreter lists triton.language's builtins once, not at every launch, patches them once a launch,
+        # not again at each helper's call, and holds every load and store to the launch's tensors
+        # (ddsim.engines.triton_interpret)
+        from ddsim.engines.triton_interpret import cache_builtin_names, check_bounds, patch_once_per_launch
         cache_builtin_names()
+        patch_once_per_launch()
         # a Triton whose interpreter the check no longer fits fails the run here, rather than run unchecked
         assert check_bounds(), "ddsim.engines.triton_interpret.check_bounds: this Triton's interpreter has changed"
     except ImportError:  # no Triton on this platform: the CPU path runs without it

@@ -540,6 +540,70 @@ def test_the_interpreters_cached_builtin_patching_patches_what_the_original_does
         assert seen[0] == seen[1] == seen[2] and seen[0]
 
 
+def test_a_helpers_call_inside_a_launch_patches_only_what_the_launch_has_not():
+    """ddsim.engines.triton_interpret.patch_once_per_launch: a launch patches triton.language as Triton does and its
+    scope restores it; inside it, a helper naming only the modules the launch patched patches nothing, one naming
+    another language module patches as Triton does; after the restore the next call is a launch again."""
+    import triton.language as tl
+    from triton.language import core
+    from triton.runtime import interpreter
+
+    from ddsim.engines import triton_interpret
+    assert triton_interpret.patch_once_per_launch() and interpreter._patch_lang._ddsim_once
+
+    def fn(**names):  # a function whose module names ``names`` (a kernel's or a helper's globals)
+        exec("def f():\n    pass", names)
+        return names["f"]
+    kernel, helper, core_helper = fn(tl=tl), fn(tl=tl, torch=torch), fn(tl=tl, core=core)
+    before = {k: v for k, v in vars(tl).items() if not k.startswith("__")}
+    launch = interpreter._patch_lang(kernel)
+    try:
+        assert launch._changes and vars(tl)["dot"] is not before["dot"]
+        assert interpreter._patch_lang(helper)._changes == []
+        assert interpreter._patch_lang(kernel)._changes == []
+        assert interpreter._patch_lang(core_helper)._changes  # triton.language.core: not patched by the launch
+        assert interpreter._patch_lang(core_helper)._changes == []  # (now it is)
+    finally:
+        launch.restore()
+    assert {k: v for k, v in vars(tl).items() if not k.startswith("__")} == before
+    assert triton_interpret._PATCHED.langs is None
+    again = interpreter._patch_lang(helper)
+    try:
+        assert again._changes
+    finally:
+        again.restore()
+
+
+@pytest.mark.interpreter
+def test_an_interpreted_kernel_calling_helpers_patches_the_language_once(monkeypatch):
+    """A launch of ddsim's path kernel (its helpers called at every step of a node's path) lists triton.language's
+    builtins once, not again at each helper's call, and gives the bits Triton's own patching gives."""
+    from triton.runtime import interpreter
+
+    from ddsim.gpu_backend import triton_gdn
+    torch.manual_seed(0)
+    T, H, K, V = 5, 2, 4, 4
+    args = dict(q=torch.randn(1, T, H, K), k=torch.randn(1, T, H, K), v=torch.randn(1, T, H, V),
+                g=-torch.rand(1, T, H), beta=torch.rand(1, T, H), parents=torch.tensor([[-1, 0, 1, 1, 0]]),
+                initial_state=torch.randn(1, H, K, V), mode="exact", design="paths", output_states=True)
+    listed, launches = [], []
+    patch_builtin, run = interpreter._patch_builtin, interpreter.GridExecutor.__call__
+    monkeypatch.setattr(interpreter, "_patch_builtin", lambda pkg, *a: (listed.append(pkg), patch_builtin(pkg, *a)))
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", lambda *a, **kw: (launches.append(1), run(*a, **kw)))
+    once = triton_gdn.gdn_tree_verify_recurrent(**args)
+    per_call, launched = len(listed), len(launches)
+    monkeypatch.setattr(interpreter, "_patch_lang", interpreter._patch_lang._ddsim_original)
+    tritons = triton_gdn.gdn_tree_verify_recurrent(**args)
+    # a launch lists triton.language, its tensor, math and descriptors (4); the first helper naming
+    # triton.language.core (tl.sum's module) patches every language module it names as Triton does (up to 6 more);
+    # Triton's own patching lists them again at every helper's call
+    assert launched == len(launches) - launched > 0
+    names = " ".join(getattr(p, "__name__", str(p)) for p in listed[:per_call])
+    assert 0 < per_call <= 10 * launched and len(listed) - per_call > 50 * per_call, (launched, names, len(listed))
+    for a, b in zip(once, tritons):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("op", ["gdn", "conv", "mamba2", "kda", "lightning"])
 @pytest.mark.parametrize("profile", ["quick", "serving"])
 def test_padded_batches_are_run_where_the_convention_pads(op, profile):

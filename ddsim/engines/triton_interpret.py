@@ -23,6 +23,10 @@ the command line's (check-kernel's engine kernels on the CPU).
 And one cost: at every launch the interpreter re-patches triton.language's builtins, listing each module's
 members with inspect.getmembers (a third of an engine kernel's interpreted time). ``cache_builtin_names``
 lists them once per module; each launch still patches exactly the members that are builtins at that moment.
+It patches them again at every call of a @triton.jit helper inside the kernel, though the launch has patched the
+same modules already and restores them when it ends (a fifth of ddsim's drop-in's interpreted time, its path kernel
+calling its helpers at every step): ``patch_once_per_launch`` skips a helper's patching where the running launch
+patched every language module the helper's globals name, and patches as before where it did not.
 """
 from __future__ import annotations
 
@@ -58,6 +62,49 @@ def cache_builtin_names() -> bool:
                 interpreter._patch_attr(pkg, name, member, builder, scope)
     _patch_builtin._ddsim_cached = True
     interpreter._patch_builtin = _patch_builtin
+    return True
+
+
+_PATCHED = threading.local()  # .langs: ids of the language modules the running launch patched (None: no launch)
+
+
+def patch_once_per_launch() -> bool:
+    """Make a @triton.jit helper's call inside an interpreted kernel skip the interpreter's re-patching of
+    triton.language where the running launch has patched every language module (triton.language, its core) the
+    helper's globals name; the launch's own patching, its restore at the end, and a helper naming another module
+    are as before. Triton versions whose launch calls ``_patch_lang(fn)`` and restores the scope it returns, which
+    this was written against; others are left alone. True when installed."""
+    import inspect
+
+    from triton.runtime import interpreter
+    original = interpreter._patch_lang
+    if getattr(original, "_ddsim_once", False):
+        return True
+    if list(inspect.signature(original).parameters) != ["fn"] or not hasattr(interpreter, "_LangPatchScope"):
+        return False
+    import triton.language as tl
+
+    def langs(fn):  # as the original finds them
+        return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+
+    def _patch_lang(fn):
+        mine, active = langs(fn), getattr(_PATCHED, "langs", None)
+        if active is not None:  # a helper's call inside a launch (its scope is never restored, as in Triton's)
+            if mine <= active:
+                return interpreter._LangPatchScope()
+            _PATCHED.langs = active | mine
+            return original(fn)
+        scope = original(fn)  # a launch: it restores the scope when the grid has run, or failed
+        _PATCHED.langs = mine
+        restore = scope.restore
+
+        def restore_and_end():
+            _PATCHED.langs = None
+            restore()
+        scope.restore = restore_and_end
+        return scope
+    _patch_lang._ddsim_once, _patch_lang._ddsim_original = True, original
+    interpreter._patch_lang = _patch_lang
     return True
 
 
@@ -186,6 +233,7 @@ def prepare() -> None:
     """Set TRITON_INTERPRET=1 (before triton is imported) and apply the fixes once."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
     cache_builtin_names()
+    patch_once_per_launch()
     check_bounds()  # an engine's kernel that reads or writes past its tensors fails its check, as on a GPU it may fault
     import contextlib
 
