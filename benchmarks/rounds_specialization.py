@@ -25,6 +25,7 @@ from ddsim.bench.bench import (
     kernel_device_us,
     kernel_inputs,
     median_us_calls,
+    wy_form_output,
 )
 from ddsim.gpu_backend import checks, device_checks, gluon_gdn, triton_gdn, triton_wy_blocked, triton_wy_split
 
@@ -73,16 +74,6 @@ def inputs(gen: torch.Generator, B: int, T: int, K: int, V: int, dtype, star: bo
     return x, parents
 
 
-def verify(x: dict, plan, design: str) -> torch.Tensor:
-    """The exact WY verify's outputs of inputs x on plan in one form (tests/test_device_checks.py's _verify_form)."""
-    if design in ("chunked", "blocked"):
-        run, o = triton_wy_blocked.plan_wy_blocked(**x, parents=plan, mode="exact", block_t=16, poison=True,
-                                                    design="chunked" if design == "chunked" else "split")
-        run()
-        return o.clone()
-    return triton_gdn.gdn_tree_verify_wy(**x, parents=plan, mode="exact", design=design).clone()
-
-
 # (label, design, FUSED_ROOT, dtype, K = V, T, B)
 FORMS = [("fused, root 0, fp32", "fused", 0, torch.float32, 16, 12, 2),
          ("fused, root 1, fp32", "fused", 1, torch.float32, 16, 12, 2),
@@ -108,7 +99,7 @@ def bits_row(label, design, root, dtype, KV, T, B, trials: int) -> str:
             for _ in range(trials):
                 x, parents = inputs(gen, B, T, KV, KV, dtype, star=root == 1)
                 host = checks.TreePlan(parents)
-                got = {name: verify(x, plan, design) for name, plan in (
+                got = {name: wy_form_output(x, plan, design) for name, plan in (
                     ("host", host), ("device", device_checks.DevicePlan(parents.int())))}
                 assert torch.isfinite(got["host"]).all(), label
                 differ += not torch.equal(got["host"], got["device"])

@@ -13,6 +13,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from ddsim.bench.bench import wy_form_output
 from ddsim.gpu_backend import checks, device_checks, engine_api, host_tables
 from ddsim.properties.strategies import gdn_inputs
 from tests.test_host_tables import parent_batches
@@ -783,19 +784,6 @@ def _rounds_example(T: int) -> dict:
                 initial_state=torch.randn(B, HV, K, V, generator=gen))
 
 
-def _verify_form(x: dict, plan, design: str) -> torch.Tensor:
-    """The WY verify of inputs x on ``plan`` in one form: plan_wy's designs, or past one block's forms on any tree
-    (triton_wy_blocked, "chunked" its one kernel, "blocked" its split form) in 16-node chunks, one for a few nodes'
-    tree, so that its in-chunk solve spans the tree's deepest chain."""
-    from ddsim.gpu_backend import triton_gdn, triton_wy_blocked
-    if design in ("chunked", "blocked"):
-        run, o = triton_wy_blocked.plan_wy_blocked(**x, parents=plan, mode="exact", block_t=16, poison=True,
-                                                    design="chunked" if design == "chunked" else "split")
-        run()
-        return o
-    return triton_gdn.gdn_tree_verify_wy(**x, parents=plan, mode="exact", design=design)
-
-
 ROUNDS_FORMS = [("fused", 0, 6), ("fused", 1, 7), ("fused", 2, 6), ("split", None, 6), ("fold", None, 6),
                 ("head", None, 6), ("chunked", None, 6), ("blocked", None, 6)]
 
@@ -825,7 +813,7 @@ def test_the_wy_forms_take_a_device_plans_rounds_from_each_trees_depth(design, r
             for module in (triton_gdn, triton_wy_split, triton_wy_blocked):  # each WY launcher's bind
                 mp.setattr(module, "bind", lambda kernel, grid, kw, name=name: seen.setdefault(
                     name, kw.get("DEPTHS")) is None or bind(kernel, grid, kw))
-            got[name] = _verify_form(x, plan, design)
+            got[name] = wy_form_output(x, plan, design)
     assert seen == {"device": True, "host": False, "short": True}, seen
     assert torch.equal(got["device"], got["host"]) and torch.isfinite(got["host"]).all()
     assert not torch.equal(got["short"][0], got["host"][0]) and torch.equal(got["short"][1], got["host"][1])
@@ -880,7 +868,7 @@ def test_a_host_plan_is_compiled_as_a_device_plan_whatever_its_rounds(design, ro
             got = {}
             for name, plan in (("host", checks.TreePlan(parents)), ("device", device_checks.DevicePlan(parents.int()))):
                 seen.clear()
-                _verify_form(x, plan, "fused" if design == "gluon" else design)
+                wy_form_output(x, plan, "fused" if design == "gluon" else design)
                 kernel, kw = next((k, kw) for k, kw in seen if "DEPTHS" in kw)
                 if design == "gluon" and kernel is not gluon_gdn._gdn_fold_kernel:  # interpreted: the Triton form's
                     kernel, kw = gluon_gdn._gdn_fold_kernel, gluon_gdn.kernel_args(kw)[0]
@@ -1008,7 +996,7 @@ def test_a_device_plans_rounds_give_a_host_plans_bits_on_drawn_trees(inp, design
     parents = on_device(inp["parents"])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(triton_gdn, "FUSED_ROOT", root)
-        got = {name: _verify_form(x, plan, design) for name, plan in (
+        got = {name: wy_form_output(x, plan, design) for name, plan in (
             ("device", device_checks.DevicePlan(parents.int())), ("host", checks.TreePlan(parents)))}
     assert torch.equal(got["device"], got["host"]), design
 
@@ -1035,7 +1023,7 @@ def test_a_device_plans_rounds_take_the_deepest_block_of_a_tree(design):
     for name, block in (("first", 0), ("last", 3)):  # every block read as that one
         plans[name] = device_checks.DevicePlan(parents.int())
         plans[name].depths = plans[name].depths[:, block:block + 1].expand(B, 4).contiguous()
-    got = {name: _verify_form(x, plan, design) for name, plan in plans.items()}
+    got = {name: wy_form_output(x, plan, design) for name, plan in plans.items()}
     assert torch.equal(got["device"], got["host"]) and torch.isfinite(got["host"]).all()
     for name in ("first", "last"):
         assert not torch.equal(got[name][0], got["host"][0]) and torch.equal(got[name][1], got["host"][1]), name

@@ -668,6 +668,20 @@ def wy_default_launch(B: int, T: int, **plan_kw):
     return launch, o, grid, kw, inp, parents
 
 
+def wy_form_output(x: dict, plan, design: str) -> torch.Tensor:
+    """The exact WY verify's output of inputs x (q, k, v, g, beta, initial_state) on ``plan`` in one form: plan_wy's
+    designs (fused, split, fold, head ...), or past one block's forms on any tree (triton_wy_blocked: "chunked" its one
+    kernel, "blocked" its split form) in 16-node chunks, so that a few nodes' tree is one chunk whose in-chunk solve
+    spans its deepest chain. A fresh tensor (the blocked forms' output is their plan's)."""
+    from ddsim.gpu_backend import triton_gdn, triton_wy_blocked
+    if design in ("chunked", "blocked"):
+        run, o = triton_wy_blocked.plan_wy_blocked(**x, parents=plan, mode="exact", block_t=16, poison=True,
+                                                    design="chunked" if design == "chunked" else "split")
+        run()
+        return o.clone()
+    return triton_gdn.gdn_tree_verify_wy(**x, parents=plan, mode="exact", design=design)
+
+
 _EDITED_DIR: dict[int, str] = {}  # process id -> that process's folder of edited kernels' modules
 
 
