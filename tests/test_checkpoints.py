@@ -157,9 +157,9 @@ def _write_tokenizer(d, vocab_size):
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
 
 
-def test_audit_command_on_a_checkpoint_with_text_prompts(tmp_path_factory, tmp_path):
+def test_audit_command_on_a_checkpoint_with_text_prompts(tmp_path_factory, tmp_path, monkeypatch):
     """One architecture through the command line; the others share the path."""
-    from tests.cli_runs import run_cli
+    from tests.cli_runs import _cuda_present, run_cli
     _, d, _ = _save("qwen3_next", tmp_path_factory)
     import shutil
     ck = tmp_path / "ck"
@@ -177,9 +177,21 @@ def test_audit_command_on_a_checkpoint_with_text_prompts(tmp_path_factory, tmp_p
     assert rep["model"]["config"]["architecture"] == "qwen3_next" and rep["model"]["source"] == f"checkpoint {ck}"
     from ddsim.model.checkpoint import checkpoint_digest
     assert rep["provenance"]["weights_sha256"] == checkpoint_digest(ck)
-    # the gate checks a report against the checkpoint it names, by content
+    # the gate checks a report against the checkpoint it names, by content; the match, the recheck's check and the
+    # re-run audit take one digest of it (ddsim.digest: read once, looked up while unchanged; a forked command line
+    # inherits the counting and, so that files just written count as settled, the settling time)
+    from ddsim import digest
+    reads, update = tmp_path / "reads", digest._update
+    monkeypatch.setattr(digest, "_SETTLED_NS", -10**12)
+    monkeypatch.setattr(digest, "_DIGESTS", {})  # (this process's digest above may be kept: the files settled since)
+    monkeypatch.setattr(digest, "_update", lambda h, p: (open(reads, "a").write(f"{p.name}\n"), update(h, p)))
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", out / "report.json", "--model", ck)
     assert g.returncode == 1, g.stdout + g.stderr  # matches (and budget 4 barely exercises the leak)
+    if not _cuda_present():  # (where the command line runs in a fresh interpreter, nothing is counted)
+        read = reads.read_text().split()
+        files = sorted(["config.json", *(f.name for f in ck.glob("*.safetensors"))])
+        assert len(files) == 3 and sorted(f for f in read if f in files) == files, read  # (two shards)
+    monkeypatch.undo()
     other = tmp_path / "other"
     shutil.copytree(ck, other)
     cfgj = json.loads((other / "config.json").read_text())
