@@ -390,6 +390,41 @@ def test_slots_rows_and_accepted_checked_on_the_device():
         device_checks.accepted(torch.tensor([0, 1]), 3, 7)
 
 
+def _captured_step(x, pool, buf, *, tree, slots, accepted, rows, gen):
+    """The drop-in's step captured once in a CUDA graph on the step's tensors (x's, pool, buf, tree [B, T],
+    slots [B], accepted [B], rows [B], all on the GPU): target_verify snapshot-free and into buf's rows, then
+    commit_accepted. Returns trial(new_tree, new_slots, eager): writes the tree, the slots, fresh q, k, v, a, b and a
+    fresh pool (from ``gen``) into those tensors, replays the graph, and returns (got, want, start): the replay's two
+    outputs, buffer and pool; with ``eager`` the same step run eagerly on the same values (else None); the pool the
+    two started from."""
+    def step():
+        o1 = _verify(x, tree, pool, slots)
+        o2 = _verify(x, tree, pool, slots, intermediate_states_buffer=buf, intermediate_state_indices=rows)
+        _commit(x, tree, pool, slots, accepted)
+        return o1, o2
+    pool0 = pool.clone()
+    step()  # warm-up: compiles what the capture launches
+    pool.copy_(pool0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+
+    def trial(new_tree, new_slots, eager: bool):
+        for n in ("q", "k", "v", "a", "b"):
+            x[n].copy_(torch.randn(x[n].shape, generator=gen))
+        tree.copy_(new_tree)
+        slots.copy_(torch.as_tensor(new_slots, dtype=torch.int32))
+        start = torch.randn(pool.shape, generator=gen).to(pool.device)
+        pool.copy_(start)
+        buf.fill_(float("nan"))
+        graph.replay()
+        got = [t.clone() for t in outs] + [buf.clone(), pool.clone()]
+        pool.copy_(start)
+        buf.fill_(float("nan"))
+        return got, (list(step()) + [buf, pool] if eager else None), start
+    return trial
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
 def test_the_drop_in_is_captured_in_a_cuda_graph_and_replays_other_steps():
     """target_verify (snapshot-free and with SGLang's buffer) and commit_accepted captured once on one step's tensors,
@@ -404,37 +439,15 @@ def test_the_drop_in_is_captured_in_a_cuda_graph_and_replays_other_steps():
     st_tree, st_slots = parents.to(dev), slots.to(dev)
     st_acc, st_rows = torch.tensor([6, 4, 3], device=dev), torch.tensor([4, 0, 2], device=dev)
     buf = torch.full((5, 7, 2, 3, 4), float("nan"), device=dev)
-
-    def step():
-        o1 = _verify(x, st_tree, pool, st_slots)
-        o2 = _verify(x, st_tree, pool, st_slots, intermediate_states_buffer=buf, intermediate_state_indices=st_rows)
-        _commit(x, st_tree, pool, st_slots, st_acc)
-        return o1, o2
-    pool0 = pool.clone()
-    step()  # warm-up: compiles what the capture launches
-    pool.copy_(pool0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
-    gen = torch.Generator().manual_seed(11)
+    replay = _captured_step(x, pool, buf, tree=st_tree, slots=st_slots, accepted=st_acc, rows=st_rows,
+                            gen=torch.Generator().manual_seed(11))
     for trial in range(3):
         new_tree = torch.tensor([[0, 0, 1, 1, 0, 4, 2], [0, 0, 0, 0, 0, 0, 0], [0, 0, 1, 2, 3, 4, 5]], dtype=torch.int32)
         if trial == 2:
             new_tree[0, 5] = 5  # not an earlier node
-        new_slots = torch.tensor([[0, 5, -1], [2, 4, 1], [1, 3, 0]][trial], dtype=torch.int32)
-        for n in ("q", "k", "v", "a", "b"):
-            x[n].copy_(torch.randn(x[n].shape, generator=gen))
-        st_tree.copy_(new_tree)
-        st_slots.copy_(new_slots)
-        start = torch.randn(pool.shape, generator=gen).to(dev)
-        pool.copy_(start)
-        buf.fill_(float("nan"))
-        graph.replay()
-        got = [t.clone() for t in outs] + [buf.clone(), pool.clone()]
-        pool.copy_(start)
-        buf.fill_(float("nan"))
+        new_slots = [[0, 5, -1], [2, 4, 1], [1, 3, 0]][trial]
+        got, want, _ = replay(new_tree, new_slots, eager=trial < 2)
         if trial < 2:
-            want = list(step()) + [buf, pool]
             for g_, w in zip(got, want):
                 assert torch.equal(g_.nan_to_num(7.0), w.nan_to_num(7.0)), trial
         else:
@@ -605,35 +618,13 @@ def test_past_65_nodes_a_pool_past_64_rows_and_a_bf16_buffer_are_captured():
     st_tree, st_slots = trees[0].to(dev), torch.tensor([70, 3], dtype=torch.int32, device=dev)
     st_acc, st_rows = torch.tensor([T - 1, 40], device=dev), torch.tensor([2, 0], device=dev)
     buf = torch.full((3, T, HV, V, K), float("nan"), dtype=torch.bfloat16, device=dev)
-
-    def step():
-        o1 = _verify(x, st_tree, pool, st_slots)
-        o2 = _verify(x, st_tree, pool, st_slots, intermediate_states_buffer=buf, intermediate_state_indices=st_rows)
-        _commit(x, st_tree, pool, st_slots, st_acc)
-        return o1, o2
-    pool0 = pool.clone()
-    step()
-    pool.copy_(pool0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
+    replay = _captured_step(x, pool, buf, tree=st_tree, slots=st_slots, accepted=st_acc, rows=st_rows, gen=gen)
     for trial, (tree, slots) in enumerate(((trees[1], [79, 64]), (trees[2], [5, 77]), (trees[1], [66, 70]))):
         tree = tree.clone()
         if trial == 2:
             tree[1, 66] = 67  # a later node, in the third block of 32
-        for n in ("q", "k", "v", "a", "b"):
-            x[n].copy_(torch.randn(x[n].shape, generator=gen))
-        st_tree.copy_(tree)
-        st_slots.copy_(torch.tensor(slots))
-        start = torch.randn(pool.shape, generator=gen).to(dev)
-        pool.copy_(start)
-        buf.fill_(float("nan"))
-        graph.replay()
-        got = [t.clone() for t in outs] + [buf.clone(), pool.clone()]
-        pool.copy_(start)
-        buf.fill_(float("nan"))
+        got, want, start = replay(tree, slots, eager=trial < 2)
         if trial < 2:
-            want = list(step()) + [buf, pool]
             for g_, w in zip(got, want):
                 assert torch.equal(g_.nan_to_num(7.0), w.nan_to_num(7.0)), trial
             assert torch.isfinite(got[0]).all() and torch.isfinite(got[2][st_rows.long()]).all()
