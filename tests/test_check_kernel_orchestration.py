@@ -543,7 +543,7 @@ def test_the_interpreters_cached_builtin_patching_patches_what_the_original_does
 def test_a_helpers_call_inside_a_launch_patches_only_what_the_launch_has_not():
     """ddsim.engines.triton_interpret.patch_once_per_launch: a launch patches triton.language as Triton does and its
     scope restores it; inside it, a helper naming only the modules the launch patched patches nothing, one naming
-    another language module patches as Triton does; after the restore the next call is a launch again."""
+    another language module patches as Triton does; outside a launch every call patches as Triton's does."""
     import triton.language as tl
     from triton.language import core
     from triton.runtime import interpreter
@@ -556,22 +556,24 @@ def test_a_helpers_call_inside_a_launch_patches_only_what_the_launch_has_not():
         return names["f"]
     kernel, helper, core_helper = fn(tl=tl), fn(tl=tl, torch=torch), fn(tl=tl, core=core)
     before = {k: v for k, v in vars(tl).items() if not k.startswith("__")}
-    launch = interpreter._patch_lang(kernel)
-    try:
-        assert launch._changes and vars(tl)["dot"] is not before["dot"]
-        assert interpreter._patch_lang(helper)._changes == []
-        assert interpreter._patch_lang(kernel)._changes == []
-        assert interpreter._patch_lang(core_helper)._changes  # triton.language.core: not patched by the launch
-        assert interpreter._patch_lang(core_helper)._changes == []  # (now it is)
-    finally:
-        launch.restore()
+    with triton_interpret.launching():  # as GridExecutor's call runs under patch_once_per_launch
+        launch = interpreter._patch_lang(kernel)
+        try:
+            assert launch._changes and vars(tl)["dot"] is not before["dot"]
+            assert interpreter._patch_lang(helper)._changes == []
+            assert interpreter._patch_lang(kernel)._changes == []
+            assert interpreter._patch_lang(core_helper)._changes  # triton.language.core: not patched by the launch
+            assert interpreter._patch_lang(core_helper)._changes == []  # (now it is)
+        finally:
+            launch.restore()
     assert {k: v for k, v in vars(tl).items() if not k.startswith("__")} == before
     assert triton_interpret._PATCHED.langs is None
-    again = interpreter._patch_lang(helper)
-    try:
-        assert again._changes
-    finally:
-        again.restore()
+    for _ in range(2):  # outside a launch (a helper called from Python): each call patches, and marks nothing
+        outside = interpreter._patch_lang(helper)
+        try:
+            assert outside._changes and triton_interpret._PATCHED.langs is None
+        finally:
+            outside.restore()
 
 
 @pytest.mark.interpreter

@@ -30,6 +30,7 @@ patched every language module the helper's globals name, and patches as before w
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -65,19 +66,20 @@ def cache_builtin_names() -> bool:
     return True
 
 
-_PATCHED = threading.local()  # .langs: ids of the language modules the running launch patched (None: no launch)
+_PATCHED = threading.local()  # .langs: ids of the language modules the running launch patched (None: none yet, or
+# no launch running); .launching: a launch (GridExecutor's call) is running
 
 
 def patch_once_per_launch() -> bool:
     """Make a @triton.jit helper's call inside an interpreted kernel skip the interpreter's re-patching of
     triton.language where the running launch has patched every language module (triton.language, its core) the
-    helper's globals name; the launch's own patching, its restore at the end, and a helper naming another module
-    are as before. Triton versions whose launch calls ``_patch_lang(fn)`` and restores the scope it returns, which
-    this was written against; others are left alone. True when installed."""
+    helper's globals name; the launch's own patching and its restore at the end, a helper naming another module, and
+    any call outside a launch are as before. Triton versions whose GridExecutor's call patches by ``_patch_lang(fn)``,
+    which this was written against; others are left alone. True when installed."""
     import inspect
 
     from triton.runtime import interpreter
-    original = interpreter._patch_lang
+    original, run = interpreter._patch_lang, interpreter.GridExecutor.__call__
     if getattr(original, "_ddsim_once", False):
         return True
     if list(inspect.signature(original).parameters) != ["fn"] or not hasattr(interpreter, "_LangPatchScope"):
@@ -88,24 +90,35 @@ def patch_once_per_launch() -> bool:
         return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
 
     def _patch_lang(fn):
-        mine, active = langs(fn), getattr(_PATCHED, "langs", None)
-        if active is not None:  # a helper's call inside a launch (its scope is never restored, as in Triton's)
-            if mine <= active:
-                return interpreter._LangPatchScope()
-            _PATCHED.langs = active | mine
-            return original(fn)
-        scope = original(fn)  # a launch: it restores the scope when the grid has run, or failed
-        _PATCHED.langs = mine
-        restore = scope.restore
+        active = getattr(_PATCHED, "langs", None)
+        if active is None:  # a launch's own patching (restored when its grid has run, or failed), or outside one
+            scope = original(fn)
+            if getattr(_PATCHED, "launching", False):
+                _PATCHED.langs = langs(fn)
+            return scope
+        mine = langs(fn)  # a helper's call inside a launch (its scope is never restored, as in Triton's)
+        if mine <= active:
+            return interpreter._LangPatchScope()
+        _PATCHED.langs = active | mine
+        return original(fn)
 
-        def restore_and_end():
-            _PATCHED.langs = None
-            restore()
-        scope.restore = restore_and_end
-        return scope
+    def __call__(self, *args, **kwargs):
+        with launching():
+            return run(self, *args, **kwargs)
     _patch_lang._ddsim_once, _patch_lang._ddsim_original = True, original
     interpreter._patch_lang = _patch_lang
+    interpreter.GridExecutor.__call__ = __call__
     return True
+
+
+@contextlib.contextmanager
+def launching():
+    """While a launch runs (patch_once_per_launch's GridExecutor call): the first patching is the launch's."""
+    _PATCHED.launching, _PATCHED.langs = True, None
+    try:
+        yield
+    finally:
+        _PATCHED.launching, _PATCHED.langs = False, None
 
 
 class OutOfBounds(RuntimeError):
@@ -235,8 +248,6 @@ def prepare() -> None:
     cache_builtin_names()
     patch_once_per_launch()
     check_bounds()  # an engine's kernel that reads or writes past its tensors fails its check, as on a GPU it may fault
-    import contextlib
-
     import torch
     from triton.runtime import interpreter
 
