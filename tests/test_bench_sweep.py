@@ -4,9 +4,11 @@ case with none left dropped, floors and bandwidths from the byte counts; and one
 launched through it in Triton's interpreter (the wiring the CUDA tables use)."""
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -836,6 +838,26 @@ def test_compile_kernel_types_a_launchs_arguments_as_the_launcher_does_and_takes
                       "'B': 'constexpr'}")
     assert third == ("{'x': '*fp32', 'n': 'i32', 'one': 'i32', 'big': 'i64', 'flag': 'u1', 's': 'fp32', "
                      "'B': 'constexpr'}")
+
+
+def test_an_offline_compile_on_a_triton_whose_launcher_binds_otherwise_says_so(monkeypatch):
+    """bench.launch_specialization leans on Triton's launcher binder (3.6-3.9): where a Triton lacks it, or its binder
+    returns another shape, the offline compile stops with one line naming the Triton version, not a traceback deep
+    in Triton or a compile specialized wrongly."""
+    import triton
+    import triton.compiler
+    import triton.runtime.jit as jit
+
+    from ddsim.bench.bench import launch_specialization
+    monkeypatch.setattr(triton.compiler, "make_backend", lambda target: None)
+    want = rf"^bench.launch_specialization: Triton {re.escape(triton.__version__)}'s launcher binds a launch otherwise"
+    monkeypatch.setattr(jit, "create_function_from_signature", lambda *a: (lambda **kw: ("key", [("i32", None)])))
+    kernel = SimpleNamespace(signature=None, params=[SimpleNamespace(name="n")])
+    with pytest.raises(RuntimeError, match=want):
+        launch_specialization(kernel, {"n": 3}, None)
+    monkeypatch.delattr(jit, "create_function_from_signature")
+    with pytest.raises(RuntimeError, match=want):
+        launch_specialization(kernel, {"n": 3}, None)
 
 
 def test_bench_node_states_refuses_bad_options_before_any_work():

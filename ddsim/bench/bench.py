@@ -159,11 +159,21 @@ def launch_specialization(kernel, kw: dict, target, *, types: dict | None = None
     typed and specialized as on a GPU (an int equal to 1 a constant, divisibility by 16 a hint, do_not_specialize
     honoured); CPU tensors stand for the GPU's (torch aligns both to 16 bytes or more). ``types`` overrides a
     parameter's type (no hint)."""
-    from triton.compiler import make_backend
-    from triton.runtime.jit import create_function_from_signature
+    import triton
+    unlike = (f"bench.launch_specialization: Triton {triton.__version__}'s launcher binds a launch otherwise than the "
+              "3.6-3.9 this was written against (triton.runtime.jit.create_function_from_signature, "
+              "triton.compiler.make_backend)")
+    try:
+        from triton.compiler import make_backend
+        from triton.runtime.jit import create_function_from_signature
+    except ImportError:
+        raise RuntimeError(unlike) from None
     backend = make_backend(target)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    _, spec, _ = binder(**{p.name: kw[p.name] for p in kernel.params})
+    bound = binder(**{p.name: kw[p.name] for p in kernel.params})
+    if not (isinstance(bound, tuple) and len(bound) == 3 and len(bound[1]) == len(kernel.params)):
+        raise RuntimeError(unlike)
+    spec = bound[1]
     sig, consts, attrs = {}, {}, {}
     for i, (p, (ty, hint)) in enumerate(zip(kernel.params, spec)):
         if types and p.name in types and not p.is_constexpr:
