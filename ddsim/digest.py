@@ -10,13 +10,18 @@ from pathlib import Path
 from ddsim.errors import InputError
 
 
+def _unreadable(path: Path, e: OSError) -> InputError:
+    """The one line naming a file that cannot be read (or stat'ed) and why."""
+    return InputError(f"{path}: cannot read ({e.strerror or e})")
+
+
 def _update(h, path: Path) -> None:
     try:
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 24), b""):
                 h.update(chunk)
     except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise _unreadable(path, e) from None
 
 
 def file_digest(path: str | Path) -> str:
@@ -40,7 +45,7 @@ def _stat_key(p: Path) -> tuple:
     try:
         st = os.stat(p)
     except OSError as e:
-        raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+        raise _unreadable(p, e) from None
     return (str(p.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
