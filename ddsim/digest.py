@@ -2,6 +2,8 @@
 inputs, and what ``gate --report`` checks a named checkpoint or file against. No torch here."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import os
 import time
@@ -66,3 +68,40 @@ def files_digest(paths) -> str:
     if settled and key == tuple((p.name, _stat_key(p)) for p in paths):  # unchanged while read
         _DIGESTS[key] = digest
     return digest
+
+
+# The bytes an audit parsed, by file: `ddsim.jsonl.read_text` notes the sha256 of each input file's bytes as it reads
+# them (prompts, trace, cost file), so the report's inputs_sha256 names the bytes the audit ran on, not a second read
+# of the same path (which a file replaced meanwhile would answer with other bytes). Noted only inside `reading()`.
+_READS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ddsim_reads", default=None)
+
+
+@contextlib.contextmanager
+def reading():
+    """Within it, each file read through ddsim.jsonl is noted: {resolved path: sha256 of the bytes read}."""
+    reads: dict[str, str] = {}
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
+
+
+def note_read(path: Path, data: bytes) -> None:
+    """Note that ``data`` was read from ``path`` (inside `reading()`; nothing otherwise). A file read twice with other
+    bytes is an InputError: what the reads parsed is not one file's content."""
+    reads = _READS.get()
+    if reads is None:
+        return
+    key, digest = str(Path(path).resolve()), hashlib.sha256(data).hexdigest()
+    if reads.setdefault(key, digest) != digest:
+        raise InputError(f"{path}: changed while it was read (two reads gave other bytes)")
+
+
+def read_digest(reads: dict, path: str | Path) -> str:
+    """The sha256 of the bytes of ``path`` noted in ``reads`` (from `reading()`); a file not read there is an
+    internal error, not a second read's digest."""
+    key = str(Path(path).resolve())
+    if key not in reads:
+        raise RuntimeError(f"{path}: no read of it was noted (its digest would not be of what was parsed)")
+    return reads[key]

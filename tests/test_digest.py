@@ -1,5 +1,7 @@
-"""ddsim.digest's files_digest: a checkpoint's digest looked up where this process read the same files unchanged,
-and read again wherever a file may have changed (a write, a rename over it, a file written too recently to tell)."""
+"""ddsim.digest: a checkpoint's digest looked up where this process read the same files unchanged, and read again
+wherever a file may have changed (a write, a rename over it, a file written too recently to tell); an audit's input
+files digested as the bytes it parsed (reading, note_read)."""
+import hashlib
 import os
 
 import pytest
@@ -75,3 +77,53 @@ def test_the_digest_is_the_names_and_bytes_in_order(tmp_path, reads):
 def test_a_missing_file_is_one_line_naming_it(tmp_path, reads):
     with pytest.raises(InputError, match=r"nothere: cannot read"):
         digest.files_digest([tmp_path / "nothere"])
+
+
+def test_a_file_read_twice_with_other_bytes_inside_an_audits_reading_is_refused(tmp_path):
+    """Inside reading() each read through ddsim.jsonl is noted by its bytes; a second read that gives other bytes is
+    one line naming the file. Outside it nothing is noted and a changed file is simply read."""
+    from ddsim.jsonl import read_text
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"tokens": [1]}\n')
+    with digest.reading() as noted:
+        read_text(f, "prompts")
+        read_text(tmp_path / "." / "p.jsonl", "prompts")  # the same file by another spelling, the same bytes
+        assert noted == {str(f.resolve()): hashlib.sha256(b'{"tokens": [1]}\n').hexdigest()}
+        f.write_text('{"tokens": [2]}\n')
+        with pytest.raises(InputError, match=r"p\.jsonl: changed while it was read \(two reads gave other bytes\)"):
+            read_text(f, "prompts")
+    assert read_text(f, "prompts") == '{"tokens": [2]}\n'
+    with pytest.raises(RuntimeError, match="no read of it was noted"):
+        digest.read_digest(noted, tmp_path / "other.jsonl")
+
+
+def test_an_audits_input_digests_are_of_the_bytes_it_parsed_not_of_the_files_later(tmp_path, monkeypatch):
+    """The prompts and cost files replaced after the audit read them (as a file can be in an audit's minutes): the
+    report's inputs_sha256 names the bytes the audit ran on. A second audit in the same process then reads the new
+    files and digests them, each audit noting its own reads."""
+    from ddsim.measure import audit
+    from ddsim.measure.settings import AuditConfig
+    prompts, cost = tmp_path / "p.jsonl", tmp_path / "c.json"
+    old_p, new_p = b'{"tokens": [5, 6, 7, 8]}\n', b'{"tokens": [9, 10, 11]}\n'
+    old_c, new_c = b'{"ar_step_us": 100, "verify_us": {"1": 100, "65": 200}}', b'{"ar_step_us": 90, "verify_us": {"1": 90}}'
+    prompts.write_bytes(old_p)
+    cost.write_bytes(old_c)
+    real = audit.audit_prompts
+
+    def then_replaced(*a, **kw):
+        out = real(*a, **kw)
+        prompts.write_bytes(new_p)
+        cost.write_bytes(new_c)
+        return out
+
+    monkeypatch.setattr(audit, "audit_prompts", then_replaced)
+    ac = AuditConfig(preset="micro", budgets=[4], steps=1, prompts_file=str(prompts), cost_file=str(cost),
+                     device="cpu")
+    sha = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
+    first = audit.run_audit(ac)
+    assert first.prompts[0].tokens == [5, 6, 7, 8]
+    assert first.provenance.inputs_sha256 == {"prompts": sha(old_p), "cost": sha(old_c)}
+    monkeypatch.setattr(audit, "audit_prompts", real)
+    second = audit.run_audit(ac)
+    assert second.prompts[0].tokens == [9, 10, 11]
+    assert second.provenance.inputs_sha256 == {"prompts": sha(new_p), "cost": sha(new_c)}
