@@ -43,20 +43,27 @@ _DIGESTS: dict[tuple, str] = {}
 _SETTLED_NS = 2_000_000_000
 
 
+def _raw_key(p: Path) -> tuple:
+    """(resolved path, device, inode, size, mtime, ctime); OSError as stat raises it."""
+    st = os.stat(p)
+    return (str(p.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _stat_key(p: Path) -> tuple:
     try:
-        st = os.stat(p)
+        return _raw_key(p)
     except OSError as e:
         raise _unreadable(p, e) from None
-    return (str(p.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def files_digest(paths) -> str:
     """sha256 over several files, each as its name then its bytes, in the order given (looked up where this process
-    read the same files, unchanged, before: _DIGESTS)."""
+    read the same files, unchanged, before: _DIGESTS). Inside `reading()`, a file the audit opened that has changed
+    since, before or during this read, is an InputError."""
     paths = [Path(p) for p in paths]
     started = time.time_ns()
     key = tuple((p.name, _stat_key(p)) for p in paths)
+    _unchanged_since_opened(paths, [k for _, k in key])  # (inside an audit: what it loaded is what is digested)
     if key in _DIGESTS:
         return _DIGESTS[key]
     h = hashlib.sha256()
@@ -64,22 +71,34 @@ def files_digest(paths) -> str:
         h.update(f"{p.name}\0".encode())
         _update(h, p)
     digest = h.hexdigest()
-    settled = all(k[-1] < started - _SETTLED_NS for _, k in key)
-    if settled and key == tuple((p.name, _stat_key(p)) for p in paths):  # unchanged while read
+    after = tuple((p.name, _stat_key(p)) for p in paths)
+    _unchanged_since_opened(paths, [k for _, k in after])
+    if all(k[-1] < started - _SETTLED_NS for _, k in key) and key == after:  # settled, and unchanged while read
         _DIGESTS[key] = digest
     return digest
 
 
-# The bytes an audit parsed, by file: `ddsim.jsonl.read_text` notes the sha256 of each input file's bytes as it reads
-# them (prompts, trace, cost file), so the report's inputs_sha256 names the bytes the audit ran on, not a second read
-# of the same path (which a file replaced meanwhile would answer with other bytes). Noted only inside `reading()`.
-_READS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ddsim_reads", default=None)
+# What an audit read, by file: `ddsim.jsonl.read_text` notes the sha256 of each file's bytes as it reads them (prompts,
+# trace, cost file, a checkpoint's config), so the report's inputs_sha256 names the bytes the audit ran on, not a second
+# read of the same path (which a file replaced meanwhile would answer with other bytes); and each file's stat (inode,
+# size, mtime, ctime) as it was opened, with a checkpoint's weight files (`note_opened`, read by safetensors), so the
+# weights' digest taken after the load refuses a file that changed since (a write moves ctime). Noted only inside
+# `reading()`.
+class Reads(dict):
+    """{resolved path: sha256 of the bytes read}; ``opened``: {resolved path: its stat key when first opened}."""
+
+    def __init__(self):
+        super().__init__()
+        self.opened: dict[str, tuple] = {}
+
+
+_READS: contextvars.ContextVar[Reads | None] = contextvars.ContextVar("ddsim_reads", default=None)
 
 
 @contextlib.contextmanager
 def reading():
-    """Within it, each file read through ddsim.jsonl is noted: {resolved path: sha256 of the bytes read}."""
-    reads: dict[str, str] = {}
+    """Within it, each file read through ddsim.jsonl, or opened with `note_opened`, is noted (Reads)."""
+    reads = Reads()
     token = _READS.set(reads)
     try:
         yield reads
@@ -87,15 +106,41 @@ def reading():
         _READS.reset(token)
 
 
-def note_read(path: Path, data: bytes) -> None:
-    """Note that ``data`` was read from ``path`` (inside `reading()`; nothing otherwise). A file read twice with other
-    bytes is an InputError: what the reads parsed is not one file's content."""
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes (OSError as open raises it); inside `reading()` its stat before the read and the bytes' sha256
+    are noted, and a file read before with other bytes, or opened before with another stat, is an InputError."""
     reads = _READS.get()
     if reads is None:
-        return
-    key, digest = str(Path(path).resolve()), hashlib.sha256(data).hexdigest()
+        return path.read_bytes()
+    key = _note_opened(reads, path, _raw_key(path))
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
     if reads.setdefault(key, digest) != digest:
         raise InputError(f"{path}: changed while it was read (two reads gave other bytes)")
+    return data
+
+
+def note_opened(path: Path) -> None:
+    """Inside `reading()`: note the file's stat as it is opened to be read (a checkpoint's weight files), or refuse
+    one opened before with another stat (called again once it is read: refuses a write during the read). Nothing
+    outside it."""
+    reads = _READS.get()
+    if reads is not None:
+        _note_opened(reads, path, _stat_key(path))
+
+
+def _note_opened(reads: Reads, path: Path, key: tuple) -> str:
+    if reads.opened.setdefault(key[0], key) != key:
+        raise InputError(f"{path}: changed while it was read (its inode, size or times are not those it was opened with)")
+    return key[0]
+
+
+def _unchanged_since_opened(paths: list[Path], keys: list[tuple]) -> None:
+    """Inside `reading()`: each of ``paths`` an audit opened has the stat it had then (keys: their stat keys now)."""
+    reads = _READS.get()
+    for p, key in zip(paths, keys) if reads is not None else ():
+        if reads.opened.get(key[0], key) != key:
+            raise InputError(f"{p}: changed since the audit read it (its inode, size or times moved)")
 
 
 def read_digest(reads: dict, path: str | Path) -> str:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from ddsim.digest import note_read
+from ddsim.digest import read_bytes
 from ddsim.errors import InputError
 
 
@@ -44,16 +44,13 @@ def strict_loads(text: str, where: str):
 
 
 def read_text(path: str | Path, what: str) -> str:
-    """The file's text (UTF-8, JSON's encoding), read once as bytes: inside `ddsim.digest.reading()` their sha256 is
-    noted, so a report's digest of an input is of the bytes parsed."""
+    """The file's text (UTF-8, JSON's encoding), read once as bytes: inside `ddsim.digest.reading()` their sha256 and
+    the file's stat are noted, so a report's digest of an input is of the bytes parsed."""
     p = Path(path)
     try:
-        data = p.read_bytes()
-        text = data.decode("utf-8")
+        return read_bytes(p).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"{p}: cannot read {what} ({getattr(e, 'strerror', None) or e})") from None
-    note_read(p, data)
-    return text
 
 
 def read_json(path: str | Path, what: str):

@@ -3,6 +3,7 @@ wherever a file may have changed (a write, a rename over it, a file written too 
 files digested as the bytes it parsed (reading, note_read)."""
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -79,9 +80,10 @@ def test_a_missing_file_is_one_line_naming_it(tmp_path, reads):
         digest.files_digest([tmp_path / "nothere"])
 
 
-def test_a_file_read_twice_with_other_bytes_inside_an_audits_reading_is_refused(tmp_path):
-    """Inside reading() each read through ddsim.jsonl is noted by its bytes; a second read that gives other bytes is
-    one line naming the file. Outside it nothing is noted and a changed file is simply read."""
+def test_a_file_read_twice_with_other_bytes_inside_an_audits_reading_is_refused(tmp_path, monkeypatch):
+    """Inside reading() each read through ddsim.jsonl is noted by its stat and its bytes; a second read after a write
+    is one line naming the file (by its stat; by its bytes where the stat did not move: a file system whose times are
+    coarser than the write, faked). Outside it nothing is noted and a changed file is simply read."""
     from ddsim.jsonl import read_text
     f = tmp_path / "p.jsonl"
     f.write_text('{"tokens": [1]}\n')
@@ -90,6 +92,10 @@ def test_a_file_read_twice_with_other_bytes_inside_an_audits_reading_is_refused(
         read_text(tmp_path / "." / "p.jsonl", "prompts")  # the same file by another spelling, the same bytes
         assert noted == {str(f.resolve()): hashlib.sha256(b'{"tokens": [1]}\n').hexdigest()}
         f.write_text('{"tokens": [2]}\n')
+        with pytest.raises(InputError, match=r"p\.jsonl: changed while it was read \(its inode, size or times are not"):
+            read_text(f, "prompts")
+        monkeypatch.setattr(digest, "_raw_key", lambda p: (str(p.resolve()), 0))
+        noted.opened.clear()
         with pytest.raises(InputError, match=r"p\.jsonl: changed while it was read \(two reads gave other bytes\)"):
             read_text(f, "prompts")
     assert read_text(f, "prompts") == '{"tokens": [2]}\n'
@@ -127,3 +133,78 @@ def test_an_audits_input_digests_are_of_the_bytes_it_parsed_not_of_the_files_lat
     second = audit.run_audit(ac)
     assert second.prompts[0].tokens == [9, 10, 11]
     assert second.provenance.inputs_sha256 == {"prompts": sha(new_p), "cost": sha(new_c)}
+
+
+def test_a_file_opened_twice_with_another_stat_inside_an_audits_reading_is_refused(tmp_path):
+    """note_opened (a checkpoint's weight file, before and after its tensors are read): a write in between, even of
+    the same bytes, moves its ctime and is one line naming the file; outside reading() nothing is noted."""
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"\x01" * 64)
+    with digest.reading() as noted:
+        digest.note_opened(f)
+        digest.note_opened(f)
+        assert list(noted.opened) == [str(f.resolve())] and not noted
+        f.write_bytes(b"\x01" * 64)
+        with pytest.raises(InputError, match=r"model\.safetensors: changed while it was read \(its inode, size or "
+                                             "times are not those it was opened with\\)"):
+            digest.note_opened(f)
+    digest.note_opened(f)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_a_checkpoint_file_written_after_the_audit_loaded_it_fails_its_digest(tmp_path, monkeypatch, name):
+    """A copy of the shipped hybrid, one file of it written again (its own bytes) after the audit loaded the model:
+    the weights' digest, taken from disk after the load, would not be of what ran; the audit stops with one line naming
+    the file (config.json at the digest's read of the config, the weights at the digest). The same audit with nothing
+    written passes that point (its digest, the copy's)."""
+    import shutil
+
+    from ddsim import cli
+    from ddsim.measure import audit
+    from ddsim.measure.settings import AuditConfig
+    from ddsim.model.checkpoint import checkpoint_digest
+    ck = tmp_path / "ck"
+    shutil.copytree(Path(cli.__file__).with_name("models") / cli.SHIPPED["model"], ck)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"tokens": [5, 6, 7, 8]}\n')
+    real, digests = audit.load_model, []
+
+    def then_written(*a, **kw):
+        out = real(*a, **kw)
+        (ck / name).write_bytes((ck / name).read_bytes())
+        return out
+
+    monkeypatch.setattr(audit, "weights_digest", lambda *a, r=audit.weights_digest: digests.append(r(*a)) or 1 / 0)
+    ac = AuditConfig(model_path=str(ck), budgets=[4], steps=1, prompts_file=str(prompts), device="cpu")
+    with pytest.raises(ZeroDivisionError):  # (stopped once the digest is taken)
+        audit.run_audit(ac)
+    assert digests == [checkpoint_digest(ck)]
+    monkeypatch.setattr(audit, "load_model", then_written)
+    with pytest.raises(InputError, match=rf"{name}: changed (since the audit read it|while it was read) \(its inode, "):
+        audit.run_audit(ac)
+
+
+def test_a_weight_file_written_while_the_audit_reads_its_tensors_is_refused(tmp_path, monkeypatch):
+    """The shipped hybrid's copy, its weight file written again (its own bytes) after the first tensor was read from
+    it: one line naming the file, before anything is built on a mix of two files."""
+    import shutil
+
+    from ddsim import cli
+    from ddsim.measure import audit
+    from ddsim.measure.settings import AuditConfig
+    from ddsim.model import checkpoint
+    ck = tmp_path / "ck"
+    shutil.copytree(Path(cli.__file__).with_name("models") / cli.SHIPPED["model"], ck)
+    real, calls = checkpoint._Mapper.__call__, []
+
+    def writes_once(self, key, t):
+        if not calls:
+            (ck / "model.safetensors").write_bytes((ck / "model.safetensors").read_bytes())
+        calls.append(key)
+        return real(self, key, t)
+
+    monkeypatch.setattr(checkpoint._Mapper, "__call__", writes_once)
+    ac = AuditConfig(model_path=str(ck), budgets=[4], steps=1, n_prompts=1, device="cpu")
+    with pytest.raises(InputError, match=r"model\.safetensors: changed while it was read \(its inode, size or times "):
+        audit.run_audit(ac)
+    assert len(calls) > 1

@@ -259,7 +259,7 @@ def run_audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | Non
     "provenance": ..., "leak": {budget: {mode: LeakTable pooled over these prompts' nodes}}}."""
     from ddsim.gpu_backend import poisoned
     with poisoned(), reading() as reads:
-        return _audit(reads, ac, progress=progress, shard=shard, timings=timings, prompt_subset=prompt_subset)
+        return _audit(ac, reads=reads, progress=progress, shard=shard, timings=timings, prompt_subset=prompt_subset)
 
 
 @dataclass
@@ -291,7 +291,7 @@ class _Run:
         return self.ac.steps * (self.drafter.depth + 1)
 
 
-def _audit(reads: dict, ac: AuditConfig, *, progress=None, shard=None, timings: dict | None = None,
+def _audit(ac: AuditConfig, *, reads: dict, progress=None, shard=None, timings: dict | None = None,
            prompt_subset: list[int] | None = None):
     """The audit's phases: inputs checked, model built, generations per prompt (this process's share),
     then the report assembled (rank 0). ``prompt_subset``: see run_audit. ``reads``: the bytes of each file the

@@ -366,6 +366,8 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
     ``layer_devices`` (ddsim.model.placement) each tensor goes straight to its layer's device."""
     from safetensors import SafetensorError, safe_open
 
+    from ddsim.digest import note_opened
+
     cfg, meta = read_config(path)
     meta["layer_devices"] = layer_devices
     d = Path(path)
@@ -390,6 +392,7 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
     for shard in _shards(d):
         try:
             on = "cpu" if dev.type == "cpu" or layer_devices is not None else str(dev)  # placed: to each layer's device from the host
+            note_opened(shard)  # (inside an audit: the weights' digest refuses a shard changed since)
             with safe_open(str(shard), framework="pt", device=on) as f:
                 for key in f.keys():
                     t = f.get_tensor(key)
@@ -397,6 +400,7 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
                         raise InputError(f"{key}: dtype {str(t.dtype).replace('torch.', '')} is not supported "
                                          "(bfloat16, float16, float32 or float64; quantised checkpoints are not)")
                     mapper(key, t)
+            note_opened(shard)  # unchanged while its tensors were read
         except SafetensorError as e:
             raise InputError(f"{shard}: truncated or not a safetensors file ({e})") from None
         except InputError as e:
