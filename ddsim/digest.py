@@ -58,7 +58,7 @@ def _stat_key(p: Path) -> tuple:
 
 def files_digest(paths) -> str:
     """sha256 over several files, each as its name then its bytes, in the order given (looked up where this process
-    read the same files, unchanged, before: _DIGESTS). Inside `reading()`, a file the audit opened that has changed
+    read the same files, unchanged, before: _DIGESTS). Inside `reading()`, a file opened there that has changed
     since, before or during this read, is an InputError."""
     paths = [Path(p) for p in paths]
     started = time.time_ns()
@@ -83,7 +83,8 @@ def files_digest(paths) -> str:
 # read of the same path (which a file replaced meanwhile would answer with other bytes); and each file's stat (inode,
 # size, mtime, ctime) as it was opened, with a checkpoint's weight files (`note_opened`, read by safetensors), so the
 # weights' digest taken after the load refuses a file that changed since (a write moves ctime). Noted only inside
-# `reading()`.
+# `reading()`: an audit (ddsim.measure.audit.run_audit) and a replay's inputs (ddsim.engines.replay.prepare: the
+# checkpoint and the dump, digested after they are read).
 class Reads(dict):
     """{resolved path: sha256 of the bytes read}; ``opened``: {resolved path: its stat key when first opened}."""
 
@@ -136,11 +137,11 @@ def _note_opened(reads: Reads, path: Path, key: tuple) -> str:
 
 
 def _unchanged_since_opened(paths: list[Path], keys: list[tuple]) -> None:
-    """Inside `reading()`: each of ``paths`` an audit opened has the stat it had then (keys: their stat keys now)."""
+    """Inside `reading()`: each of ``paths`` opened there has the stat it had then (keys: their stat keys now)."""
     reads = _READS.get()
     for p, key in zip(paths, keys) if reads is not None else ():
         if reads.opened.get(key[0], key) != key:
-            raise InputError(f"{p}: changed since the audit read it (its inode, size or times moved)")
+            raise InputError(f"{p}: changed since it was read (its inode, size or times moved)")
 
 
 def read_digest(reads: dict, path: str | Path) -> str:

@@ -180,7 +180,7 @@ def test_a_checkpoint_file_written_after_the_audit_loaded_it_fails_its_digest(tm
         audit.run_audit(ac)
     assert digests == [checkpoint_digest(ck)]
     monkeypatch.setattr(audit, "load_model", then_written)
-    with pytest.raises(InputError, match=rf"{name}: changed (since the audit read it|while it was read) \(its inode, "):
+    with pytest.raises(InputError, match=rf"{name}: changed (since it was read|while it was read) \(its inode, "):
         audit.run_audit(ac)
 
 

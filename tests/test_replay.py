@@ -4,6 +4,7 @@ planted integration bug; the replay must pass the clean dump and name the right 
 step by step. Bad dumps get one line and exit 2."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -707,3 +708,36 @@ def test_replay_of_a_mamba2_hybrid_names_each_planted_bug(tmp_path, mamba_ckpt, 
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
     assert [s["diagnosis"] for s in rep["steps"]] == MAMBA_EXPECTED[bug]
+
+
+@pytest.mark.parametrize("which, when, needle", [
+    ("index.jsonl", "after", "index.jsonl: changed since it was read"),
+    ("tensors", "after", ".safetensors: changed since it was read"),
+    ("tensors", "during", ".safetensors: changed while it was read"),
+])
+def test_a_dump_file_written_after_or_while_it_was_read_is_refused(tmp_path, ckpt, dumps, monkeypatch, which, when,
+                                                                   needle):
+    """A copy of a dump, one file of it written again (its own bytes) once the dump was read, before its digest, or
+    while safetensors read it: the replay's dump_sha256 would not be of what it replayed; one line naming the file."""
+    import shutil
+
+    import safetensors.torch
+
+    from ddsim.engines import dump as dump_mod
+    from ddsim.engines import replay
+    from ddsim.errors import InputError
+    d = tmp_path / "d"
+    shutil.copytree(dumps[None], d)
+    target = d / "index.jsonl" if which == "index.jsonl" else sorted((d / "steps").glob("*.safetensors"))[0]
+    rewrite = lambda: target.write_bytes(target.read_bytes())  # noqa: E731
+    if when == "after":
+        real = dump_mod.load_dump
+        monkeypatch.setattr(dump_mod, "load_dump", lambda *a, **kw: (real(*a, **kw), rewrite())[0])
+    else:
+        real_load = safetensors.torch.load_file
+        monkeypatch.setattr(safetensors.torch, "load_file",
+                            lambda f, *a, **kw: (real_load(f, *a, **kw), Path(f) == target and rewrite())[0])
+    with pytest.raises(InputError, match=re.escape(needle)):
+        replay.prepare(ckpt, d)
+    monkeypatch.undo()
+    assert replay.prepare(ckpt, d)[3]["dump"] == str(d)  # (nothing written since: read as before)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ddsim.digest import note_opened, read_bytes
 from ddsim.errors import InputError
 from ddsim.values import is_int, is_integral, is_real
 
@@ -200,7 +201,10 @@ def load_dump(path, *, vocab_size: int | None = None, layers: dict | None = None
     index = root / "index.jsonl"
     if not index.is_file():
         _fail(path, "no index.jsonl (not a verify-step dump)")
-    lines = index.read_text().splitlines()
+    try:
+        lines = read_bytes(index).decode("utf-8").splitlines()  # (noted inside a replay's reading(): ddsim.digest)
+    except (OSError, UnicodeDecodeError) as e:
+        _fail(path, f"index.jsonl is unreadable ({getattr(e, 'strerror', None) or e})")
     if not lines:
         _fail(path, "index.jsonl is empty")
     header = strict_loads(lines[0], f"--dump {path}: index.jsonl line 1")
@@ -324,10 +328,12 @@ def _step(path, root, rec, n, header, layers, load_file, SafetensorError, max_po
     f = root / rec["tensors"]
     if not f.is_file() or root.resolve() not in f.resolve().parents:
         fail(f"tensor file {rec['tensors']!r} is missing")
+    note_opened(f)  # (inside a replay: its digest refuses a file changed since, ddsim.digest)
     try:
         tensors = load_file(str(f))
     except (SafetensorError, OSError, ValueError) as e:
         fail(f"tensor file {rec['tensors']!r} is unreadable ({e})")
+    note_opened(f)  # unchanged while read
     check_step(rec, tensors, header=header, layers=layers, max_positions=max_positions, fail=fail)
     return DumpStep(rec["step"], rec["request"], rec["context"], rec["parents"], rec["tokens"], rec["positions"],
                     rec["accepted"], rec["emitted"], rec["tensors"], tensors)

@@ -397,19 +397,22 @@ REPORT_VERSION = 3
 
 
 def prepare(model_dir, dump_path, *, device="cpu"):
-    """Checkpoint and dump, both read and checked before any replay work: (cfg, weights, dump, meta)."""
+    """Checkpoint and dump, both read and checked before any replay work: (cfg, weights, dump, meta). Their digests
+    are taken from disk after the reads, inside ddsim.digest.reading(): a file written or replaced since it was
+    opened is an InputError, not a digest of other bytes than those replayed."""
+    from ddsim.digest import files_digest, reading
     from ddsim.engines.dump import load_dump
     from ddsim.model.checkpoint import checkpoint_digest, load_checkpoint
-    cfg, weights, _ = load_checkpoint(model_dir, device=device)
     from ddsim.model.state import empty_state
-    st = empty_state(cfg)  # the committed state's shapes, as the model keeps it
-    layers = {f"{kind}.{i}": tuple(t.shape) for kind, ts in (("ssm", st.ssm), ("conv", st.conv))
-              for i, t in enumerate(ts) if t is not None}
-    dump = load_dump(dump_path, vocab_size=cfg.vocab_size, layers=layers, max_positions=cfg.max_position_embeddings)
-    from ddsim.digest import files_digest
-    meta = {"model": str(model_dir), "weights_sha256": checkpoint_digest(model_dir),
-            "dump": str(dump_path), "dump_sha256": files_digest(
-                [dump.path / "index.jsonl", *(dump.path / s.tensors_file for s in dump.steps)])}
+    with reading():
+        cfg, weights, _ = load_checkpoint(model_dir, device=device)
+        st = empty_state(cfg)  # the committed state's shapes, as the model keeps it
+        layers = {f"{kind}.{i}": tuple(t.shape) for kind, ts in (("ssm", st.ssm), ("conv", st.conv))
+                  for i, t in enumerate(ts) if t is not None}
+        dump = load_dump(dump_path, vocab_size=cfg.vocab_size, layers=layers, max_positions=cfg.max_position_embeddings)
+        meta = {"model": str(model_dir), "weights_sha256": checkpoint_digest(model_dir),
+                "dump": str(dump_path), "dump_sha256": files_digest(
+                    [dump.path / "index.jsonl", *(dump.path / s.tensors_file for s in dump.steps)])}
     return cfg, weights, dump, meta
 
 
