@@ -741,3 +741,15 @@ def test_a_dump_file_written_after_or_while_it_was_read_is_refused(tmp_path, ckp
         replay.prepare(ckpt, d)
     monkeypatch.undo()
     assert replay.prepare(ckpt, d)[3]["dump"] == str(d)  # (nothing written since: read as before)
+
+
+def test_an_index_that_is_not_utf8_is_one_line(tmp_path, ckpt, dumps):
+    import shutil
+
+    from ddsim.engines import replay
+    from ddsim.errors import InputError
+    d = tmp_path / "d"
+    shutil.copytree(dumps[None], d)
+    (d / "index.jsonl").write_bytes(b"\xff" + (d / "index.jsonl").read_bytes())
+    with pytest.raises(InputError, match=r"--dump .*: index\.jsonl is unreadable \('utf-8' codec can't decode byte 0xff"):
+        replay.prepare(ckpt, d)
