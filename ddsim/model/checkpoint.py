@@ -390,9 +390,9 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
     else:
         mapper = _Mapper(cfg, meta, dev, out)
     for shard in _shards(d):
+        note_opened(shard)  # (inside an audit: the weights' digest refuses a shard changed since; ddsim.digest)
         try:
             on = "cpu" if dev.type == "cpu" or layer_devices is not None else str(dev)  # placed: to each layer's device from the host
-            note_opened(shard)  # (inside an audit: the weights' digest refuses a shard changed since)
             with safe_open(str(shard), framework="pt", device=on) as f:
                 for key in f.keys():
                     t = f.get_tensor(key)
@@ -400,13 +400,13 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
                         raise InputError(f"{key}: dtype {str(t.dtype).replace('torch.', '')} is not supported "
                                          "(bfloat16, float16, float32 or float64; quantised checkpoints are not)")
                     mapper(key, t)
-            note_opened(shard)  # unchanged while its tensors were read
         except SafetensorError as e:
             raise InputError(f"{shard}: truncated or not a safetensors file ({e})") from None
         except InputError as e:
             raise InputError(f"{shard}: {e}") from None
         except (RuntimeError, ValueError) as e:
             raise InputError(f"{shard}: tensor does not fit the config ({e})") from None
+        note_opened(shard)  # unchanged while its tensors were read
     if hasattr(mapper, "finish"):  # tensors a mapper held until every shard was read (Zamba2's shared blocks)
         try:
             mapper.finish()
