@@ -1,14 +1,17 @@
 """ddsim.digest: a checkpoint's digest looked up where this process read the same files unchanged, and read again
 wherever a file may have changed (a write, a rename over it, a file written too recently to tell); an audit's input
-files digested as the bytes it parsed (reading, note_read)."""
+files digested as the bytes it parsed, and the files it opened refused where they changed since (reading, read_bytes,
+note_opened)."""
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from ddsim import digest
 from ddsim.errors import InputError
+from tests.file_times import set_back
 
 
 @pytest.fixture
@@ -45,6 +48,7 @@ def test_a_file_written_since_is_read_again_even_with_its_times_set_back(tmp_pat
     paths = _files(tmp_path)
     first = digest.files_digest(paths)
     st = os.stat(paths[1])
+    time.sleep(0.05)  # (past a coarse clock's tick: its ctime, which no caller sets back, then moves; tests/file_times.py)
     paths[1].write_bytes(b"\x02" * 4096)  # the same size, and its mtime put back
     os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns))
     assert digest.files_digest(paths) != first
@@ -87,6 +91,7 @@ def test_a_file_read_twice_with_other_bytes_inside_an_audits_reading_is_refused(
     from ddsim.jsonl import read_text
     f = tmp_path / "p.jsonl"
     f.write_text('{"tokens": [1]}\n')
+    set_back(f)
     with digest.reading() as noted:
         read_text(f, "prompts")
         read_text(tmp_path / "." / "p.jsonl", "prompts")  # the same file by another spelling, the same bytes
@@ -140,6 +145,7 @@ def test_a_file_opened_twice_with_another_stat_inside_an_audits_reading_is_refus
     the same bytes, moves its ctime and is one line naming the file; outside reading() nothing is noted."""
     f = tmp_path / "model.safetensors"
     f.write_bytes(b"\x01" * 64)
+    set_back(f)
     with digest.reading() as noted:
         digest.note_opened(f)
         digest.note_opened(f)
@@ -165,6 +171,7 @@ def test_a_checkpoint_file_written_after_the_audit_loaded_it_fails_its_digest(tm
     from ddsim.model.checkpoint import checkpoint_digest
     ck = tmp_path / "ck"
     shutil.copytree(Path(cli.__file__).with_name("models") / cli.SHIPPED["model"], ck)
+    set_back(ck)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"tokens": [5, 6, 7, 8]}\n')
     real, digests = audit.load_model, []
@@ -195,6 +202,7 @@ def test_a_weight_file_written_while_the_audit_reads_its_tensors_is_refused(tmp_
     from ddsim.model import checkpoint
     ck = tmp_path / "ck"
     shutil.copytree(Path(cli.__file__).with_name("models") / cli.SHIPPED["model"], ck)
+    set_back(ck)
     real, calls = checkpoint._Mapper.__call__, []
 
     def writes_once(self, key, t):

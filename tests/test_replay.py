@@ -11,6 +11,7 @@ import torch
 
 from tests.cli_runs import one_line_error, run_cli
 from tests.emulated_engine import load_model, write_dump
+from tests.file_times import set_back
 
 # per bug: the diagnosis of each of the 8 steps (2 requests x 4 steps)
 EXPECTED = {
@@ -728,6 +729,7 @@ def test_a_dump_file_written_after_or_while_it_was_read_is_refused(tmp_path, ckp
     from ddsim.errors import InputError
     d = tmp_path / "d"
     shutil.copytree(dumps[None], d)
+    set_back(d)
     target = d / "index.jsonl" if which == "index.jsonl" else sorted((d / "steps").glob("*.safetensors"))[0]
     rewrite = lambda: target.write_bytes(target.read_bytes())  # noqa: E731
     if when == "after":
