@@ -82,7 +82,8 @@ def files_digest(paths) -> str:
 # trace, cost file, a checkpoint's config), so the report's inputs_sha256 names the bytes the audit ran on, not a second
 # read of the same path (which a file replaced meanwhile would answer with other bytes); and each file's stat (inode,
 # size, mtime, ctime) as it was opened, with a checkpoint's weight files (`note_opened`, read by safetensors), so the
-# weights' digest taken after the load refuses a file that changed since (a write moves ctime). Noted only inside
+# weights' digest taken after the load refuses a file that changed since (a write moves ctime, but for one within the
+# same tick of a coarse file clock as the file's previous write: tests/file_times.py). Noted only inside
 # `reading()`: an audit (ddsim.measure.audit.run_audit) and a replay's inputs (ddsim.engines.replay.prepare: the
 # checkpoint and the dump, digested after they are read).
 class Reads(dict):

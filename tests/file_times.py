@@ -1,6 +1,7 @@
 """Files' times set back for tests that write a file again and expect its stat to move. Linux stamps a write with a
-coarse clock (a tick of a few milliseconds) unless the kernel has multigrain timestamps (6.13 on): a file created and
-written again within one tick can keep its mtime and ctime, where a reader's check of the stat could not tell."""
+coarse clock (a tick of a few milliseconds) unless the kernel stamps it finely (multigrain timestamps, 6.13 on, on some
+file systems): a file created and written again within one tick can keep its mtime and ctime, where a reader's check of
+the stat could not tell."""
 import os
 from pathlib import Path
 
