@@ -12,11 +12,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     try:  # the interpreter lists triton.language's builtins once, not at every launch, patches them once a launch,
-        # not again at each helper's call, and holds every load and store to the launch's tensors
+        # not again at each helper's call, takes a one-element array's element as a Python int where numpy 2.4
+        # refuses Triton 3.6's int() of it, and holds every load and store to the launch's tensors
         # (ddsim.engines.triton_interpret)
-        from ddsim.engines.triton_interpret import cache_builtin_names, check_bounds, patch_once_per_launch
+        from ddsim.engines.triton_interpret import cache_builtin_names, check_bounds, index_one_element_arrays, patch_once_per_launch
         cache_builtin_names()
         patch_once_per_launch()
+        index_one_element_arrays()
         # a Triton whose interpreter the check no longer fits fails the run here, rather than run unchecked
         assert check_bounds(), "ddsim.engines.triton_interpret.check_bounds: this Triton's interpreter has changed"
     except ImportError:  # no Triton on this platform: the CPU path runs without it

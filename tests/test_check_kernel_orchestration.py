@@ -606,6 +606,45 @@ def test_an_interpreted_kernel_calling_helpers_patches_the_language_once(monkeyp
         assert torch.equal(a, b)
 
 
+@pytest.mark.interpreter
+def test_a_loaded_scalar_used_as_a_python_int_runs_where_numpy_refuses_int_of_a_one_element_array(monkeypatch):
+    """ddsim.engines.triton_interpret.index_one_element_arrays: Triton 3.6's interpreter gives int() a tensor's
+    one-element data array whole, which numpy 2.4 refuses (emulated here whatever the Triton and numpy: a kernel's
+    loop bound loaded from memory then fails every launch, as SGLang's kernels did under check-kernel on the CPU).
+    With the hook the same launch runs and sums the first n elements; the tensor's __index__ is Triton's own again
+    after the launch."""
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    from ddsim.engines import triton_interpret
+
+    @triton.jit
+    def first_n_summed(x_ptr, n_ptr, out_ptr):
+        n = tl.load(n_ptr)
+        acc = tl.zeros([1], dtype=tl.float32)
+        for i in range(n):  # (n's __index__)
+            acc += tl.load(x_ptr + i + tl.arange(0, 1))
+        tl.store(out_ptr + tl.arange(0, 1), acc)
+
+    def refused(self):  # numpy 2.4's int() of an array, as Triton 3.6's __index__ calls it
+        if self.handle.data.ndim:
+            raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+        return int(self.handle.data)
+
+    tritons = interpreter._patch_lang_tensor
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor",
+                        lambda tensor, scope: (tritons(tensor, scope), scope.set_attr(tensor, "__index__", refused)))
+    x, n, out = torch.arange(8, dtype=torch.float32), torch.tensor([5], dtype=torch.int32), torch.full((1,), -1.0)
+    before = tl.core.tensor.__dict__.get("__index__")
+    with pytest.raises(Exception, match="only 0-dimensional arrays can be converted"):
+        first_n_summed[(1,)](x, n, out)
+    assert triton_interpret.index_one_element_arrays() and interpreter._patch_lang_tensor._ddsim_index
+    first_n_summed[(1,)](x, n, out)
+    assert out.tolist() == [10.0]
+    assert tl.core.tensor.__dict__.get("__index__") is before
+
+
 @pytest.mark.parametrize("op", ["gdn", "conv", "mamba2", "kda", "lightning"])
 @pytest.mark.parametrize("profile", ["quick", "serving"])
 def test_padded_batches_are_run_where_the_convention_pads(op, profile):

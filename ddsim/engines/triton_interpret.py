@@ -27,12 +27,17 @@ It patches them again at every call of a @triton.jit helper inside the kernel, t
 same modules already and restores them when it ends (a fifth of ddsim's drop-in's interpreted time, its path kernel
 calling its helpers at every step): ``patch_once_per_launch`` skips a helper's patching where the running launch
 patched every language module the helper's globals name, and patches as before where it did not.
+
+And one incompatibility: Triton 3.6's interpreter converts a tensor used as a Python int with int() of its
+one-element data array, which numpy 2.4 refuses; ``index_one_element_arrays`` takes the element
+(triton-lang/triton#9171).
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
+import warnings
 
 import numpy as np
 
@@ -63,6 +68,46 @@ def cache_builtin_names() -> bool:
                 interpreter._patch_attr(pkg, name, member, builder, scope)
     _patch_builtin._ddsim_cached = True
     interpreter._patch_builtin = _patch_builtin
+    return True
+
+
+class _OneElement:
+    """A stand-in for an interpreted tensor whose data is a one-element array (what ``range(n)`` or an index hands
+    ``__index__`` for a scalar loaded in a kernel)."""
+
+    class handle:
+        data = np.array([3])
+
+
+def index_one_element_arrays() -> bool:
+    """Make the interpreter's ``tensor.__index__`` take the one element of a tensor's one-element data array where
+    Triton's own gives it to int() whole: numpy 2.4 refuses that conversion (TypeError: only 0-dimensional arrays can
+    be converted to Python scalars), so every launch of a kernel that uses a loaded scalar as a Python int (a loop
+    bound, an index) failed under Triton 3.6's interpreter (triton-lang/triton#9171, fixed upstream by the same
+    squeeze). Wraps ``_patch_lang_tensor(tensor, scope)``; at each launch, after Triton's patching, its ``__index__``
+    is tried on a one-element array and replaced only where it raises (a Triton with the fix, or a numpy before 2.4,
+    keeps its own). Triton versions whose patching goes through a scope (3.6 to 3.9); others are left alone. True
+    when installed."""
+    import inspect
+
+    from triton.runtime import interpreter
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if getattr(original, "_ddsim_index", False):
+        return True
+    if original is None or list(inspect.signature(original).parameters) != ["tensor", "scope"]:
+        return False
+
+    def _patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        try:
+            with warnings.catch_warnings():  # (numpy 1.25 to 2.3 warn where 2.4 raises)
+                warnings.simplefilter("error", DeprecationWarning)
+                tensor.__index__(_OneElement)
+        except (TypeError, DeprecationWarning):  # the scope restores Triton's own at the launch's end, then the original
+            scope.set_attr(tensor, "__index__",
+                           lambda self: int(self.handle.data.item()) if self.handle.data.size == 1 else int(self.handle.data))
+    _patch_lang_tensor._ddsim_index = True
+    interpreter._patch_lang_tensor = _patch_lang_tensor
     return True
 
 
@@ -247,6 +292,7 @@ def prepare() -> None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     cache_builtin_names()
     patch_once_per_launch()
+    index_one_element_arrays()
     check_bounds()  # an engine's kernel that reads or writes past its tensors fails its check, as on a GPU it may fault
     import torch
     from triton.runtime import interpreter
