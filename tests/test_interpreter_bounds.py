@@ -68,3 +68,27 @@ def test_a_tensor_descriptors_base_is_an_argument():
     x, y = torch.arange(16, dtype=torch.float32), torch.zeros(16)
     _tile[(1,)](TensorDescriptor.from_tensor(x, [16]), y)
     assert torch.equal(y, x)
+
+
+def test_a_mask_handed_over_as_a_numpy_array_is_read_as_one(monkeypatch):
+    """Triton 3.6's descriptor and block-pointer accesses hand the builder their mask as the numpy array itself (its
+    ``.data`` a raw buffer), later Tritons as a TensorHandle: the bounds check and the bool-mask fix read both."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    from ddsim.engines import triton_interpret as ti
+    buf = np.zeros(4, dtype=np.float32)
+    lo = buf.ctypes.data
+    monkeypatch.setattr(ti._LAUNCH, "ranges", [("x", lo, lo + 16)], raising=False)
+    monkeypatch.setattr(ti._LAUNCH, "fn", "k", raising=False)
+    ptrs = interpreter.TensorHandle(np.array([lo + 12, lo + 16], dtype=np.uint64), tl.pointer_type(tl.float32))
+    for as_given in (lambda m: m, lambda m: interpreter.TensorHandle(m, tl.int1)):
+        ti._check_access("load", ptrs, as_given(np.array([True, False])), 4)  # the lane past x masked off
+        with pytest.raises(ti.OutOfBounds, match="kernel k: a load of 4 bytes outside every tensor argument in 1 of 2"):
+            ti._check_access("load", ptrs, as_given(np.array([True, True])), 4)
+    ints = np.array([0, 3], dtype=np.int64)  # an int mask (scalar & block in the interpreter's numpy)
+    assert ti.as_bool_mask(ints).dtype == np.bool_ and ti.as_bool_mask(ints).tolist() == [False, True]
+    handle = ti.as_bool_mask(interpreter.TensorHandle(ints, tl.int64))
+    assert isinstance(handle, interpreter.TensorHandle) and handle.data.tolist() == [False, True]
+    bools = np.array([True, False])
+    assert ti.as_bool_mask(bools) is bools

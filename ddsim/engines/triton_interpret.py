@@ -195,13 +195,29 @@ def _arguments(self, args_hst, kwargs_hst) -> None:
     _LAUNCH.fn, _LAUNCH.ranges = getattr(self.fn, "__name__", "kernel"), ranges
 
 
+def _mask_data(mask) -> np.ndarray:
+    """A load's or store's mask as the builder is given it: a TensorHandle, or (Triton 3.6's descriptor and
+    block-pointer accesses) the numpy array itself, whose ``.data`` is its raw buffer."""
+    return mask if isinstance(mask, np.ndarray) else mask.data
+
+
+def as_bool_mask(mask):
+    """``mask`` with bool data, in the form it came in (a TensorHandle or a numpy array); a bool mask unchanged."""
+    from triton.runtime import interpreter
+    data = _mask_data(mask)
+    if data.dtype == np.bool_:
+        return mask
+    return data.astype(np.bool_) if isinstance(mask, np.ndarray) else interpreter.TensorHandle(data.astype(np.bool_),
+                                                                                              mask.dtype)
+
+
 def _check_access(what: str, ptrs, mask, width: int) -> None:
     """Raise OutOfBounds where a lane of ``ptrs`` (a TensorHandle of addresses) that ``mask`` keeps reads or writes
     ``width`` bytes outside every argument of the running launch."""
     ranges = getattr(_LAUNCH, "ranges", None)
     if ranges is None:  # a builder call outside a launch: nothing to hold it to
         return
-    p = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data.astype(np.bool_), ptrs.data.shape)]
+    p = ptrs.data if mask is None else ptrs.data[np.broadcast_to(_mask_data(mask).astype(np.bool_), ptrs.data.shape)]
     p = np.asarray(p, dtype=np.uint64).ravel()
     if p.size == 0:
         return
@@ -305,20 +321,15 @@ def prepare() -> None:
     if getattr(builder, "_ddsim_bool_masks", False):
         return
 
-    def as_bool(mask):
-        if mask.data.dtype == np.bool_:
-            return mask
-        return interpreter.TensorHandle(mask.data.astype(np.bool_), mask.dtype)
-
     load, store = builder.create_masked_load, builder.create_masked_store
 
     # the builder's trailing arguments (cache and eviction policies, volatility) differ between
     # Triton versions (3.6 passes one more than 3.9): passed on as they come
     def create_masked_load(self, ptrs, mask, *rest, **kw):
-        return load(self, ptrs, as_bool(mask), *rest, **kw)
+        return load(self, ptrs, as_bool_mask(mask), *rest, **kw)
 
     def create_masked_store(self, ptrs, value, mask, *rest, **kw):
-        return store(self, ptrs, value, as_bool(mask), *rest, **kw)
+        return store(self, ptrs, value, as_bool_mask(mask), *rest, **kw)
 
     builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
 
