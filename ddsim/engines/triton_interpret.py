@@ -5,7 +5,8 @@ Two interpreter defects are worked around here; compiled kernels on a GPU never 
 - A mask built as ``scalar_bool & block_bool`` (SGLang's causal_conv1d_update does this) comes out of
   the interpreter's numpy arithmetic as int64, and the interpreter's masked load and store refuse any
   mask that is not bool. Nonzero is true either way, so the masked load and store cast such a mask to
-  bool; a bool mask passes unchanged.
+  bool; a bool mask passes unchanged (a mask comes as a TensorHandle, or as the numpy array itself from Triton 3.6's
+  descriptor and block-pointer accesses: ``as_bool_mask`` and the bounds check read both).
 - The interpreter stores bfloat16 values as their uint16 bit patterns and does arithmetic on those
   integers (a bf16 ``x * w`` came out as 1e35). Arithmetic on bf16 operands is done here in float32
   and rounded back to bf16, as a GPU's bf16 instructions round; comparisons return their bools.
@@ -83,8 +84,8 @@ def index_one_element_arrays() -> bool:
     """Make the interpreter's ``tensor.__index__`` take the one element of a tensor's one-element data array where
     Triton's own gives it to int() whole: numpy 2.4 refuses that conversion (TypeError: only 0-dimensional arrays can
     be converted to Python scalars), so every launch of a kernel that uses a loaded scalar as a Python int (a loop
-    bound, an index) failed under Triton 3.6's interpreter (triton-lang/triton#9171, fixed upstream by the same
-    squeeze). Wraps ``_patch_lang_tensor(tensor, scope)``; at each launch, after Triton's patching, its ``__index__``
+    bound, an index) failed under Triton 3.6's interpreter (triton-lang/triton#9171, fixed upstream the same way:
+    the element taken). Wraps ``_patch_lang_tensor(tensor, scope)``; at each launch, after Triton's patching, its ``__index__``
     is tried on a one-element array and replaced only where it raises (a Triton with the fix, or a numpy before 2.4,
     keeps its own). Triton versions whose patching goes through a scope (3.6 to 3.9); others are left alone. True
     when installed."""
