@@ -81,7 +81,7 @@ def files_digest(paths) -> str:
 # What an audit read, by file: `ddsim.jsonl.read_text` notes the sha256 of each file's bytes as it reads them (prompts,
 # trace, cost file, a checkpoint's config), so the report's inputs_sha256 names the bytes the audit ran on, not a second
 # read of the same path (which a file replaced meanwhile would answer with other bytes); and each file's stat (inode,
-# size, mtime, ctime) as it was opened, with a checkpoint's weight files (`note_opened`, read by safetensors), so the
+# size, mtime, ctime) as it was opened, with a checkpoint's weight files (`held_while_read`: safetensors reads them), so the
 # weights' digest taken after the load refuses a file that changed since (a write moves ctime, but for one within the
 # same tick of a coarse file clock as the file's previous write: tests/file_times.py). Noted only inside
 # `reading()`: an audit (ddsim.measure.audit.run_audit) and a replay's inputs (ddsim.engines.replay.prepare: the
@@ -122,6 +122,15 @@ def read_bytes(path: Path) -> bytes:
     return data
 
 
+@contextlib.contextmanager
+def held_while_read(path: Path):
+    """Inside `reading()`: the file's stat noted as the block opens it and checked again once the block has read it
+    (note_opened at both ends: a write during the read is an InputError). Nothing outside it."""
+    note_opened(path)
+    yield
+    note_opened(path)
+
+
 def note_opened(path: Path) -> None:
     """Inside `reading()`: note the file's stat as it is opened to be read (a checkpoint's weight files), or refuse
     one opened before with another stat (called again once it is read: refuses a write during the read). Nothing
@@ -145,10 +154,10 @@ def _unchanged_since_opened(paths: list[Path], keys: list[tuple]) -> None:
             raise InputError(f"{p}: changed since it was read (its inode, size or times moved)")
 
 
-def read_digest(reads: dict, path: str | Path) -> str:
-    """The sha256 of the bytes of ``path`` noted in ``reads`` (from `reading()`); a file not read there is an
-    internal error, not a second read's digest."""
-    key = str(Path(path).resolve())
-    if key not in reads:
+def read_digest(path: str | Path) -> str:
+    """The sha256 of the bytes of ``path`` noted by the running `reading()`; a file not read there (or no reading()
+    running) is an internal error, not a second read's digest."""
+    reads, key = _READS.get(), str(Path(path).resolve())
+    if reads is None or key not in reads:
         raise RuntimeError(f"{path}: no read of it was noted (its digest would not be of what was parsed)")
     return reads[key]

@@ -103,9 +103,11 @@ def test_a_file_read_twice_with_other_bytes_inside_an_audits_reading_is_refused(
         noted.opened.clear()
         with pytest.raises(InputError, match=r"p\.jsonl: changed while it was read \(two reads gave other bytes\)"):
             read_text(f, "prompts")
+        with pytest.raises(RuntimeError, match="no read of it was noted"):
+            digest.read_digest(tmp_path / "other.jsonl")
     assert read_text(f, "prompts") == '{"tokens": [2]}\n'
-    with pytest.raises(RuntimeError, match="no read of it was noted"):
-        digest.read_digest(noted, tmp_path / "other.jsonl")
+    with pytest.raises(RuntimeError, match="no read of it was noted"):  # (no reading() running)
+        digest.read_digest(f)
 
 
 def test_an_audits_input_digests_are_of_the_bytes_it_parsed_not_of_the_files_later(tmp_path, monkeypatch):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ddsim.digest import note_opened, read_bytes
+from ddsim.digest import held_while_read, read_bytes
 from ddsim.errors import InputError
 from ddsim.values import is_int, is_integral, is_real
 
@@ -328,12 +328,11 @@ def _step(path, root, rec, n, header, layers, load_file, SafetensorError, max_po
     f = root / rec["tensors"]
     if not f.is_file() or root.resolve() not in f.resolve().parents:
         fail(f"tensor file {rec['tensors']!r} is missing")
-    note_opened(f)  # (inside a replay: its digest refuses a file changed since, ddsim.digest)
-    try:
-        tensors = load_file(str(f))
-    except (SafetensorError, OSError, ValueError) as e:
-        fail(f"tensor file {rec['tensors']!r} is unreadable ({e})")
-    note_opened(f)  # unchanged while read
+    with held_while_read(f):  # (inside a replay: its digest refuses a file changed since, ddsim.digest)
+        try:
+            tensors = load_file(str(f))
+        except (SafetensorError, OSError, ValueError) as e:
+            fail(f"tensor file {rec['tensors']!r} is unreadable ({e})")
     check_step(rec, tensors, header=header, layers=layers, max_positions=max_positions, fail=fail)
     return DumpStep(rec["step"], rec["request"], rec["context"], rec["parents"], rec["tokens"], rec["positions"],
                     rec["accepted"], rec["emitted"], rec["tensors"], tensors)

@@ -185,10 +185,10 @@ def weights_digest(ac: AuditConfig, weights: dict) -> str:
     return tensors_sha256(weights)
 
 
-def input_digests(ac: AuditConfig, reads: dict) -> dict:
-    """sha256 of each input file's bytes as the audit read and parsed them (``reads``: ddsim.digest.reading()'s),
-    not of a second read, which a file replaced since would answer with other bytes."""
-    return {k: read_digest(reads, v) for k, v in (("prompts", ac.prompts_file), ("trace", ac.trace),
+def input_digests(ac: AuditConfig) -> dict:
+    """sha256 of each input file's bytes as the audit read and parsed them (noted by run_audit's
+    ddsim.digest.reading()), not of a second read, which a file replaced since would answer with other bytes."""
+    return {k: read_digest(v) for k, v in (("prompts", ac.prompts_file), ("trace", ac.trace),
                                                   ("cost", ac.cost_file)) if v}
 
 
@@ -258,8 +258,8 @@ def run_audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | Non
     (ddsim.measure.recheck), {"prompts": {prompt index: its reference, margins and Generation records},
     "provenance": ..., "leak": {budget: {mode: LeakTable pooled over these prompts' nodes}}}."""
     from ddsim.gpu_backend import poisoned
-    with poisoned(), reading() as reads:
-        return _audit(ac, reads=reads, progress=progress, shard=shard, timings=timings, prompt_subset=prompt_subset)
+    with poisoned(), reading():
+        return _audit(ac, progress=progress, shard=shard, timings=timings, prompt_subset=prompt_subset)
 
 
 @dataclass
@@ -280,7 +280,6 @@ class _Run:
     prompts: list = None
     provenance: dict = None
     common: dict = None  # the generation options every mode shares
-    reads: dict = None  # {resolved path: sha256 of the bytes read} of every file read through ddsim.jsonl
 
     def phase(self, name: str):
         """Adds the block's wall seconds to timings[name] when timings are asked for."""
@@ -291,14 +290,12 @@ class _Run:
         return self.ac.steps * (self.drafter.depth + 1)
 
 
-def _audit(ac: AuditConfig, *, reads: dict, progress=None, shard=None, timings: dict | None = None,
+def _audit(ac: AuditConfig, *, progress=None, shard=None, timings: dict | None = None,
            prompt_subset: list[int] | None = None):
     """The audit's phases: inputs checked, model built, generations per prompt (this process's share),
-    then the report assembled (rank 0). ``prompt_subset``: see run_audit. ``reads``: the bytes of each file the
-    audit reads, noted as it reads them (ddsim.digest.reading())."""
+    then the report assembled (rank 0). ``prompt_subset``: see run_audit."""
     from ddsim.measure.distributed import Shard
     run = _checked_inputs(ac, shard or Shard.single(), timings)
-    run.reads = reads
     _build(run, progress)
     if prompt_subset is not None:
         bad = [i for i in prompt_subset if not 0 <= i < len(run.prompts)]
@@ -386,7 +383,7 @@ def _build(run: _Run, progress) -> None:
                       "source": f"checkpoint {ac.model_path}" if ac.model_path else f"preset {ac.preset}",
                       "weights_sha256": digest, "fast_path": fast_path_name(run.model, run.serving),
                       "engine": run.engine.provenance() if run.engine is not None else None,
-                      "inputs_sha256": input_digests(ac, run.reads)}
+                      "inputs_sha256": input_digests(ac)}
     tick = (lambda rec: progress(advance=1)) if progress else None
     run.common = dict(temperature=ac.temperature, seed=ac.seed, steps=ac.steps, on_step=tick, sampler=ac.sampler,
                       sampler_params=dict(ac.sampler_params))

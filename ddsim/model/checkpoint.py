@@ -366,7 +366,7 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
     ``layer_devices`` (ddsim.model.placement) each tensor goes straight to its layer's device."""
     from safetensors import SafetensorError, safe_open
 
-    from ddsim.digest import note_opened
+    from ddsim.digest import held_while_read
 
     cfg, meta = read_config(path)
     meta["layer_devices"] = layer_devices
@@ -390,23 +390,22 @@ def load_checkpoint(path: str | Path, *, device="cpu", layer_devices=None) -> tu
     else:
         mapper = _Mapper(cfg, meta, dev, out)
     for shard in _shards(d):
-        note_opened(shard)  # (inside an audit: the weights' digest refuses a shard changed since; ddsim.digest)
-        try:
-            on = "cpu" if dev.type == "cpu" or layer_devices is not None else str(dev)  # placed: to each layer's device from the host
-            with safe_open(str(shard), framework="pt", device=on) as f:
-                for key in f.keys():
-                    t = f.get_tensor(key)
-                    if (key.startswith(meta["prefix"]) or key == "lm_head.weight") and t.dtype not in _DTYPES.values():
-                        raise InputError(f"{key}: dtype {str(t.dtype).replace('torch.', '')} is not supported "
-                                         "(bfloat16, float16, float32 or float64; quantised checkpoints are not)")
-                    mapper(key, t)
-        except SafetensorError as e:
-            raise InputError(f"{shard}: truncated or not a safetensors file ({e})") from None
-        except InputError as e:
-            raise InputError(f"{shard}: {e}") from None
-        except (RuntimeError, ValueError) as e:
-            raise InputError(f"{shard}: tensor does not fit the config ({e})") from None
-        note_opened(shard)  # unchanged while its tensors were read
+        with held_while_read(shard):  # (inside an audit: the weights' digest refuses a shard changed since)
+            try:
+                on = "cpu" if dev.type == "cpu" or layer_devices is not None else str(dev)  # placed: to each layer's device from the host
+                with safe_open(str(shard), framework="pt", device=on) as f:
+                    for key in f.keys():
+                        t = f.get_tensor(key)
+                        if (key.startswith(meta["prefix"]) or key == "lm_head.weight") and t.dtype not in _DTYPES.values():
+                            raise InputError(f"{key}: dtype {str(t.dtype).replace('torch.', '')} is not supported "
+                                             "(bfloat16, float16, float32 or float64; quantised checkpoints are not)")
+                        mapper(key, t)
+            except SafetensorError as e:
+                raise InputError(f"{shard}: truncated or not a safetensors file ({e})") from None
+            except InputError as e:
+                raise InputError(f"{shard}: {e}") from None
+            except (RuntimeError, ValueError) as e:
+                raise InputError(f"{shard}: tensor does not fit the config ({e})") from None
     if hasattr(mapper, "finish"):  # tensors a mapper held until every shard was read (Zamba2's shared blocks)
         try:
             mapper.finish()
