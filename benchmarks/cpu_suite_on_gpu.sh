@@ -6,7 +6,8 @@
 # The whole output to DIR/suite.txt; DIR/summary.txt: the header, the result line, every failure and error, and the
 # skips counted by reason. The checkpoint tests need transformers>=5.23 (pyproject's test extra): where the machine's
 # is older, install one first (its wheel and its dependencies' with --no-deps, ahead on PYTHONPATH).
-#   [LIMIT=seconds] bash benchmarks/cpu_suite_on_gpu.sh DIR COMMIT [WORKERS]
+# MARK picks a part by pytest's -m (unset: both, "slow or not slow"; MARK=slow: what `make test-slow` runs).
+#   [LIMIT=seconds] [MARK=expr] bash benchmarks/cpu_suite_on_gpu.sh DIR COMMIT [WORKERS]
 set -u
 dir=$1 commit=$2 workers=${3:-12}
 # the suite imports ddsim's other folders through the installed namespace (ddsim.properties, ddsim.oracle, ...): a
@@ -19,12 +20,13 @@ start=$(date +%s)
 # no package registry there: pip, uv and the Hub fail at once instead of retrying. On the time limit pytest gets
 # SIGINT and still prints what ran; a test that runs past 200 s has its stack dumped (faulthandler).
 PIP_NO_INDEX=1 UV_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 timeout -s INT -k 20 ${LIMIT:-500} \
-  python3 -m pytest tests -q -p no:cacheprovider -p no:benchmark -m "slow or not slow" -n "$workers" -rfEs \
+  python3 -m pytest tests -q -p no:cacheprovider -p no:benchmark -m "${MARK:-slow or not slow}" -n "$workers" -rfEs \
   --durations=20 -o faulthandler_timeout=200 --deselect tests/test_html_screenshot.py >"$dir/suite.txt" 2>&1
 rc=$?
 { echo "# $(date +%F) | $(python3 -c 'import torch; print(torch.cuda.get_device_name())') | torch" \
        "$(python3 -c 'import torch; print(torch.__version__)') | triton $(python3 -c 'import triton; print(triton.__version__)')" \
-       "| transformers $(python3 -c 'import transformers; print(transformers.__version__)') | commit $commit"
+       "| transformers $(python3 -c 'import transformers; print(transformers.__version__)') | commit $commit" \
+       "| -m ${MARK:-slow or not slow}"
   echo "tests rc=$rc $(( $(date +%s) - start )) s: $(tail -1 "$dir/suite.txt")"
   grep -E "^(FAILED|ERROR) " "$dir/suite.txt"
   sed -n '/slowest [0-9]* durations/,/^$/p' "$dir/suite.txt"
