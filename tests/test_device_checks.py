@@ -78,6 +78,8 @@ def _chunks(columns: int):
 _GEN = torch.Generator().manual_seed(11)
 
 
+# slow: about 14 s of one core drawing trees in the interpreter; CI runs it in make test-slow
+@pytest.mark.slow
 @pytest.mark.interpreter
 @given(parents=parent_batches(max_batch=2, max_nodes=40), columns=st.sampled_from([1, 8, 32, 128]))
 @example(parents=torch.tensor([[-1] + [int(torch.randint(0, i, (1,), generator=_GEN)) for i in range(1, 200)],
@@ -550,6 +552,8 @@ def test_the_step_kernel_equals_its_torch_reference(data):
         assert g.is_contiguous() and g.dtype == w.dtype and torch.equal(g.nan_to_num(7.0), w.nan_to_num(7.0))
 
 
+# slow: the interpreter's longest here (about 30 s of one core on the 2-core machine); CI runs it in make test-slow
+@pytest.mark.slow
 @pytest.mark.interpreter
 def test_past_one_block_a_device_checked_call_gives_the_host_checked_bits():
     """Past 65 nodes (the WY form over chunks, the tables kernel over three blocks of 32 nodes), slots past row 64 of
@@ -972,6 +976,8 @@ def _one_round_example() -> dict:
                 initial_state=torch.randn(B, HV, K, V, generator=gen))
 
 
+# slow: about 13 s of one core drawing trees in the interpreter; CI runs it in make test-slow
+@pytest.mark.slow
 @given(inp=gdn_inputs(max_batch=3, max_nodes=40), design=st.sampled_from(["fused", "split", "fold", "head", "blocked"]),
        root=st.sampled_from([0, 1, 2]))
 @example(inp=_chains_example(37), design="fused", root=1)
@@ -992,7 +998,8 @@ def test_a_device_plans_rounds_give_a_host_plans_bits_on_drawn_trees(inp, design
     assert torch.equal(got["device"], got["host"]), design
 
 
-@pytest.mark.parametrize("design", ["chunked", "blocked"])
+# the blocked form at 97 nodes: about 10 s of one core in the interpreter, in make test-slow
+@pytest.mark.parametrize("design", ["chunked", pytest.param("blocked", marks=pytest.mark.slow)])
 def test_a_device_plans_rounds_take_the_deepest_block_of_a_tree(design):
     """Past 32 nodes a tree's depth comes in a block of 32 each (four at 97 nodes). Here the deepest is the third:
     31 nodes under the root, a chain of 49 from node 1, then 16 more under the root (blocks' depths 1, 33, 50, 1).
