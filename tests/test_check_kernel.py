@@ -436,6 +436,7 @@ def test_an_engine_kernel_in_the_whole_model_audit(tmp_path, report):
     engine = rep["provenance"]["engine"]
     assert engine["name"] == "tests.planted_kernels:wrong_gate_sign" and engine["modes"] == ["exact", "leaky"]
     assert len(engine["source_sha256"]) == 64 and engine["source"].endswith("tests/planted_kernels.py")
+    assert engine["sources"]["tests/planted_kernels.py"] == engine["source_sha256"]  # its own file among its package's
     assert rep["provenance"]["fast_path"].startswith("tests.planted_kernels:wrong_gate_sign (exact/leaky recurrences")
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", out / "report.json")
     assert g.returncode == 1
@@ -498,6 +499,8 @@ def test_fla_in_the_whole_model_audit_matches_ddsims_flattened_path(tmp_path, sm
     assert r.returncode == 0, r.stderr
     rep = json.loads((out / "report.json").read_text())
     assert rep["provenance"]["engine"]["package"] == "fla-core" and rep["provenance"]["engine"]["modes"] == ["leaky"]
+    # the files of fla its kernel's module reaches: its exp among them, beside the kernel's own file
+    assert {"fla/ops/gated_delta_rule/fused_recurrent.py", "fla/ops/utils/op.py"} <= set(rep["provenance"]["engine"]["sources"])
     assert [g["tokens"] for g in rep["generations"]] == [g["tokens"] for g in small_report["generations"]]
     leak = rep["budgets"][0]["leak"]["leaky"]["kl"]["order_exact"]["max"]
     assert leak < 1e-9  # fla is exact where the layout makes the flattened path exact
@@ -516,6 +519,7 @@ def test_serving_engines_in_the_whole_model_audit(tmp_path, small_report, engine
     rep = json.loads((out / "report.json").read_text())
     rec = rep["provenance"]["engine"]
     assert rec["package"] == package and rec["modes"] == modes and len(rec["source_sha256"]) == 64
+    assert rec["source_sha256"] in rec["sources"].values() and all(p.startswith(f"{package}/") for p in rec["sources"])
     assert [g["tokens"] for g in rep["generations"]] == [g["tokens"] for g in small_report["generations"]]
     kl = [b["leak"][m]["kl"][part]["max"] for b in rep["budgets"] for m in modes for part in ("order_exact", "other")
           if m == "exact" or part == "order_exact"]

@@ -172,6 +172,57 @@ def test_a_kernel_whose_source_changed_or_vanished_is_refused(tmp_path):
                            "--convention", "ddsim", "--no-recheck", cwd=tmp_path), "cannot import 'mykernel'")
 
 
+PACKAGED_KERNEL = '''import ddsim.gpu_backend as gb
+
+from kpkg.helpers import scale_of
+
+
+def verify(q, k, v, g, beta, *, parents, initial_state, state_indices=None, mode="exact", scale=None):
+    return gb.gdn_tree_verify(q, k, v, g, beta, parents=parents, initial_state=initial_state,
+                              state_indices=state_indices, mode=mode, scale=scale_of(scale), backend="torch")
+'''
+HELPERS = "def scale_of(scale):\n    return scale\n"
+
+
+def test_a_kernel_whose_package_changed_around_it_is_refused(tmp_path):
+    """The report binds the files the kernel's module reaches in its package, not only its own: a helper module
+    changed after the audit, a file newly reached, or a report that names a file no longer reached or none at all
+    is one line naming the file, with the recheck or without it."""
+    pkg = tmp_path / "kpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kernel.py").write_text(PACKAGED_KERNEL)
+    (pkg / "helpers.py").write_text(HELPERS)
+    r = run_cli("audit", *FAST_AUDIT, "--fast-path", "kpkg.kernel:verify", "--convention", "ddsim", "--out", "a",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rep = tmp_path / "a" / "report.json"
+    rec = json.loads(rep.read_text())["provenance"]["engine"]
+    assert sorted(rec["sources"]) == ["kpkg/helpers.py", "kpkg/kernel.py"]
+    assert rec["sources"]["kpkg/kernel.py"] == rec["source_sha256"]
+    g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, cwd=tmp_path)
+    assert g.returncode == 1 and g.stdout.startswith("recheck: "), g.stdout + g.stderr  # FAST_AUDIT: no leak exercised
+    opts = ["--fast-path", "kpkg.kernel:verify", "--convention", "ddsim", "--no-recheck"]
+
+    def refused(report, *what):
+        for extra in ([], opts):
+            one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", report, *extra, cwd=tmp_path),
+                           *what)
+    (pkg / "helpers.py").write_text(HELPERS + "# patched after the audit\n")
+    refused(rep, "--fast-path kpkg.kernel:verify: its package's file kpkg/helpers.py (sha256",
+            "is not the file the report audited")
+    (pkg / "extra.py").write_text("OFFSET = 0.0\n")
+    (pkg / "helpers.py").write_text("from kpkg.extra import OFFSET\n\n\n" + HELPERS)  # a file newly reached
+    refused(rep, "its package's file kpkg/extra.py is not among the files the report audited")
+    (pkg / "helpers.py").write_text(HELPERS)  # as audited again: the report's own records altered
+    for name, sources in (("gone", {**rec["sources"], "kpkg/gone.py": "0" * 64}), ("none", {})):
+        d = json.loads(rep.read_text())
+        d["provenance"]["engine"]["sources"] = sources
+        (tmp_path / f"{name}.json").write_text(json.dumps(d))
+    refused(tmp_path / "gone.json", "its package's file kpkg/gone.py is no longer reached from the kernel's module")
+    refused(tmp_path / "none.json", "--fast-path kpkg.kernel:verify: the report records no source files")
+
+
 def test_the_recheck_refuses_what_is_not_at_hand(tmp_path, capsys, monkeypatch):
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, wherever the test runs

@@ -100,6 +100,9 @@ class EngineKernel:
     version: str | None = None
     source: str | None = None  # the file the kernel lives in
     source_sha256: str | None = field(default=None)
+    # ((path, sha256), ...): the files of its package the kernel's code comes from, its own among them (its module's
+    # import statements followed, ddsim.engines.sources.kernel_sources); what a report binds the kernel by
+    sources: tuple[tuple[str, str], ...] = ()
     # the engine's tree causal conv, where it has one (contract below), and what its verify writes
     conv: Callable | None = None
     conv_name: str | None = None
@@ -163,7 +166,7 @@ class EngineKernel:
     def provenance(self) -> dict:
         """What a report records about the kernel (ddsim.verdict.report_model.EngineRecord)."""
         return {"name": self.name, "modes": list(self.modes), "package": self.package, "version": self.version,
-                "source": self.source, "source_sha256": self.source_sha256}
+                "source": self.source, "source_sha256": self.source_sha256, "sources": dict(self.sources)}
 
 
 def refuse_mode(name: str, modes: tuple, mode: str) -> None:
@@ -336,6 +339,7 @@ def reflect_writes(engine_copy, caller, *, transposed: bool = True) -> None:
 
 
 def _source_of(fn) -> tuple[str | None, str | None]:
+    """The file ``fn`` is defined in and its sha256 (None, None where it has none)."""
     try:
         path = inspect.getsourcefile(inspect.unwrap(fn))
     except TypeError:
@@ -440,6 +444,7 @@ def _adapter(impl: str, convention: str | None, flag: str) -> EngineKernel:
     src, digest = _source_of(fn)
     top = module.split(".")[0]
     from ddsim.engines import ddsim_kernels, fla, sglang, vllm
+    from ddsim.engines.sources import kernel_sources
     wrap, modes = {"ddsim": (ddsim_kernels.as_contract, ("exact", "leaky")),
                    "sglang": (sglang.as_contract, ("exact", "leaky")),
                    "vllm": (vllm.as_contract, ("leaky",)), "fla": (fla.as_contract, ("leaky",))}[convention]
@@ -464,5 +469,5 @@ def _adapter(impl: str, convention: str | None, flag: str) -> EngineKernel:
     pads = {"sglang": ("gdn", "conv", "mamba2"), "vllm": ("gdn",)}.get(convention, ())
     node_states = {"sglang": (("gdn", "exact"), ("mamba2", "exact"), ("conv", "exact"), ("conv", "leaky")),
                    "vllm": vllm.NODE_STATES}.get(convention, ())
-    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, **conv_kw, **ops_kw, pads=pads,
-                        node_states=node_states)
+    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, kernel_sources(fn), **conv_kw, **ops_kw,
+                        pads=pads, node_states=node_states)

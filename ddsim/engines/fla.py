@@ -84,6 +84,7 @@ def adapter():
         raise NotInstalled(f"the package fla-core is not installed (missing module {e.name!r}; "
                          "pip install fla-core einops)") from None
     from ddsim.engines import EngineKernel, _source_of, _version
+    from ddsim.engines.sources import kernel_sources
     src, digest = _source_of(fused_recurrent_gated_delta_rule)
     extra = {}
     # KDA and lightning attention's kernel (simple GLA): in fla-core releases that have them (--op kda or lightning
@@ -98,4 +99,4 @@ def adapter():
         extra.update(lightning=as_lightning_contract(gla), lightning_name=NAMES["lightning"],
                      lightning_modes=MODES, lightning_source=lsrc, lightning_source_sha256=ldigest)
     return EngineKernel(NAMES["gdn"], MODES, as_contract(fused_recurrent_gated_delta_rule),
-                        "fla-core", _version("fla-core"), src, digest, **extra)
+                        "fla-core", _version("fla-core"), src, digest, kernel_sources(fused_recurrent_gated_delta_rule), **extra)

@@ -165,6 +165,7 @@ def as_mamba2_contract(fn):
 
 def adapter():
     from ddsim.engines import EngineKernel, _source_of, _version
+    from ddsim.engines.sources import kernel_sources
     fn, _ = _kernel()
     src, digest = _source_of(fn)
     conv = _conv_kernel()
@@ -192,7 +193,7 @@ def adapter():
                      commit_ops=COMMIT_OPS, commit_source=ssrc, commit_source_sha256=sdigest)
     # its CUDA-graph replays pad the batch with slot -1 (PAD_SLOT_ID) in every one of these kernels
     return EngineKernel("sglang.fused_sigmoid_gating_delta_rule_update", ("exact", "leaky"), as_contract(fn), "sglang",
-                        _version("sglang"), src, digest, **extra, pads=("gdn", "conv", "mamba2", "kda"),
+                        _version("sglang"), src, digest, kernel_sources(fn), **extra, pads=("gdn", "conv", "mamba2", "kda"),
                         node_states=NODE_STATES)
 
 

@@ -148,6 +148,16 @@ def check_engine_source(report, impl: str, convention: str | None) -> None:
         got = (kernel.source_sha256 or "no source")[:16]
         raise InputError(f"--fast-path {impl}: its source {kernel.source} (sha256 {got}) is not the kernel the report "
                          f"audited (sha256 {(rec.source_sha256 or 'none')[:16]})")
+    here = dict(kernel.sources)
+    if not here or not rec.sources:  # nothing to hold the kernel's package to: not taken on trust
+        raise InputError(f"--fast-path {impl}: {'the report records' if not rec.sources else 'its module has'} no "
+                         "source files to hold the kernel's package to")
+    for path in sorted(set(here) | set(rec.sources)):
+        if here.get(path) != rec.sources.get(path):
+            what = ("is not among the files the report audited" if path not in rec.sources else
+                    "is no longer reached from the kernel's module" if path not in here else
+                    f"(sha256 {here[path][:16]}) is not the file the report audited (sha256 {rec.sources[path][:16]})")
+            raise InputError(f"--fast-path {impl}: its package's file {path} {what}")
 
 
 def recheck(report, *, prompts: int = 1, at: dict[str, str] | None = None) -> RecheckResult:

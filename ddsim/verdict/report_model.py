@@ -18,13 +18,14 @@ from ddsim.model.config import FAMILIES, LAYER_KINDS, STATEFUL_KINDS, WINDOWED_K
 from ddsim.trees.modes import VERIFY_MODES
 from ddsim.values import is_int
 
-SCHEMA_VERSION = 10  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
+SCHEMA_VERSION = 11  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
 # 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family;
 # 6: good and corrupted tokens per step; 7: the sampler at temperature > 0 and each step's exact law against exact's;
 # 8: short-conv layers ('c', LFM2) and the conv family, whose window is its whole state (no state_rel); Mamba1
 # layers ('s', Jamba) and the mamba1 family; lightning attention ('l', MiniMax), no conv (no conv_rel); Kimi Delta
 # Attention ('k', Kimi Linear) and the kda family; 9: Zamba2's hybrid layers ('z', attention then Mamba2; mamba2 family);
-# 10: precision.oracle_products (a full-size bf16 model's oracle takes its products in three bf16 parts)
+# 10: precision.oracle_products (a full-size bf16 model's oracle takes its products in three bf16 parts);
+# 11: provenance.engine.sources (the files an engine kernel's module reaches in its package, each one's sha256)
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -388,6 +389,8 @@ class EngineRecord(_Strict):
     version: str | None
     source: str | None  # the file the kernel lives in, and its sha256
     source_sha256: Sha256 | None
+    # every file its module reaches in its package (ddsim.engines.sources), by path from the package's directory
+    sources: dict[str, Sha256]
 
 
 class Provenance(_Strict):
@@ -558,7 +561,7 @@ class ReferenceFragility(_Strict):
 
 
 class Report(_Strict):
-    schema_version: Literal[10]
+    schema_version: Literal[11]
     generated_at: str | None  # the only field that differs between two runs of one seed; set by the writer
     config: ReportConfig
     provenance: Provenance

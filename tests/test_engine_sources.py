@@ -1,0 +1,122 @@
+"""ddsim.engines.sources: the files an engine kernel's code comes from in its package, which a report binds the kernel
+by. Followed: the modules of the package a taken file's import statements name where they run on import (module
+level, conditional, relative; a value imported from a module names that module); not followed: imports inside function
+bodies, modules outside the package. Read from the files: the same whatever else the process imported, and nothing
+imported to find them."""
+import sys
+import textwrap
+
+import pytest
+
+from ddsim.digest import file_digest
+from ddsim.engines.sources import kernel_sources, reached_modules
+
+PKG = "ddsim_sources_case"  # a package of the test's own, written under tmp_path
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """Write PKG's files ({relative path: text}) and import from them; PKG's modules are forgotten afterwards."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(files):
+        for rel, text in files.items():
+            p = tmp_path / PKG / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(textwrap.dedent(text))
+        return tmp_path / PKG
+    yield write
+    for name in [n for n in sys.modules if n == PKG or n.startswith(PKG + ".")]:
+        del sys.modules[name]
+
+
+FILES = {
+    "__init__.py": f"from {PKG}.reexported import shared\n",
+    "reexported.py": "def shared(x):\n    return x\n",
+    "helpers.py": f"""\
+        import json
+
+        import torch
+
+        from {PKG}.consts import OFFSET
+        from .rel import R
+
+        try:
+            from {PKG}.optional import missing
+        except ImportError:
+            missing = None
+
+
+        class Scaler:
+            def scale(self):
+                from {PKG} import lazy  # a function body's: not followed
+                return lazy.X
+
+
+        def scale_of(s):
+            return OFFSET + R + (1.0 if s is None else s)
+        """,
+    "consts.py": "OFFSET = 0.0\n",
+    "rel.py": "R = 0.0\n",
+    "tk.py": """\
+        import triton
+        import triton.language as tl
+
+
+        @triton.autotune(configs=[triton.Config({})], key=[])
+        @triton.jit
+        def kern(x):
+            pass
+        """,
+    "lazy.py": "X = 1\n",
+    "unrelated.py": "Y = 2\n",
+    "kernel.py": f"""\
+        import functools
+
+        import {PKG} as package_root
+        from {PKG} import helpers
+        from {PKG} import shared
+        from {PKG}.tk import kern
+
+
+        def lazily():
+            from {PKG} import lazy
+            return lazy.X
+
+
+        @functools.lru_cache
+        def verify(x):
+            return helpers.scale_of(shared(x)), kern, package_root
+        """,
+}
+
+
+def test_the_files_reached_from_the_kernels_module_and_no_others(package):
+    root = package(FILES)
+    import importlib
+    kernel = importlib.import_module(f"{PKG}.kernel")
+    want = {f"{PKG}/{f}" for f in ("kernel.py", "__init__.py", "helpers.py", "reexported.py", "tk.py", "consts.py",
+                                   "rel.py")}
+    got = dict(kernel_sources(kernel.verify))
+    assert set(got) == want, sorted(got)
+    assert got[f"{PKG}/helpers.py"] == file_digest(root / "helpers.py")
+    assert f"{PKG}.lazy" not in sys.modules  # nothing imported to find them
+    for extra in ("lazy", "unrelated"):  # imported in this process, named by no import that runs: not the kernel's
+        importlib.import_module(f"{PKG}.{extra}")
+    assert dict(kernel_sources(kernel.verify)) == got
+    assert list(reached_modules(f"{PKG}.kernel"))[0] == f"{PKG}.kernel"  # the kernel's own module first
+
+
+def test_a_helper_changed_changes_its_digest_alone(package):
+    root = package(FILES)
+    import importlib
+    kernel = importlib.import_module(f"{PKG}.kernel")
+    before = dict(kernel_sources(kernel.verify))
+    (root / "helpers.py").write_text(textwrap.dedent(FILES["helpers.py"]) + "# patched\n")
+    after = dict(kernel_sources(kernel.verify))
+    assert [p for p in before if before[p] != after[p]] == [f"{PKG}/helpers.py"]
+
+
+def test_a_function_without_a_module_file_has_no_sources():
+    assert kernel_sources(len) == ()  # builtins: no file
+    assert kernel_sources(lambda: 0) != ()  # this test module's own file, under its package (tests)
