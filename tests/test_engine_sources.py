@@ -69,14 +69,21 @@ FILES = {
             pass
         """,
     "lazy.py": "X = 1\n",
+    "runtime.py": "RUNTIME = 1\n",
     "unrelated.py": "Y = 2\n",
     "kernel.py": f"""\
         import functools
+        import typing
 
         import {PKG} as package_root
         from {PKG} import helpers
         from {PKG} import shared
         from {PKG}.tk import kern
+
+        if typing.TYPE_CHECKING:  # never run: not followed
+            from {PKG} import unrelated
+        else:
+            from {PKG}.runtime import RUNTIME
 
 
         def lazily():
@@ -96,7 +103,7 @@ def test_the_files_reached_from_the_kernels_module_and_no_others(package):
     import importlib
     kernel = importlib.import_module(f"{PKG}.kernel")
     want = {f"{PKG}/{f}" for f in ("kernel.py", "__init__.py", "helpers.py", "reexported.py", "tk.py", "consts.py",
-                                   "rel.py")}
+                                   "rel.py", "runtime.py")}
     got = dict(kernel_sources(kernel.verify))
     assert set(got) == want, sorted(got)
     assert got[f"{PKG}/helpers.py"] == file_digest(root / "helpers.py")

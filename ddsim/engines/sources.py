@@ -7,8 +7,9 @@ those changed. The files taken are the kernel's module's and, transitively, thos
 package that a taken file's import statements name when the file is run (its module body, class bodies and
 conditional imports included; a ``from M import name`` names M, and M.name where that is a module of its own). Read
 from the files, not from what the process has imported, so every process that imports the kernel names the same files,
-and nothing is imported to find them. Not followed: imports inside function bodies (made when called, if ever),
-modules named by string (importlib), a package's ``__init__`` that no import statement names (run on the way to a
+and nothing is imported to find them. Not followed: imports inside function bodies (made when called, if ever) or
+under ``if TYPE_CHECKING:`` (never made: transformers' ``__init__`` names every model there), modules named by string
+(importlib), a package's ``__init__`` that no import statement names (run on the way to a
 submodule, as Python does), compiled extension modules (no source to bind), modules outside the package (torch,
 triton: bound by their versions)."""
 import ast
@@ -29,6 +30,13 @@ class _RunImports(ast.NodeVisitor):
         pass
 
     visit_AsyncFunctionDef = visit_Lambda = visit_FunctionDef
+
+    def visit_If(self, node):  # noqa: N802
+        """`if TYPE_CHECKING:` imports never run (transformers' __init__ names every model there): its else only."""
+        test = node.test
+        name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else None
+        for child in (node.orelse if name == "TYPE_CHECKING" else [node.test, *node.body, *node.orelse]):
+            self.visit(child)
 
     def visit_Import(self, node):  # noqa: N802
         self.names.update(alias.name for alias in node.names)
