@@ -9,9 +9,9 @@ conditional imports included; a ``from M import name`` names M, and M.name where
 from the files, not from what the process has imported, so every process that imports the kernel names the same files,
 and nothing is imported to find them. Not followed: imports inside function bodies (made when called, if ever) or
 under ``if TYPE_CHECKING:`` (never made: transformers' ``__init__`` names every model there), modules named by string
-(importlib), a package's ``__init__`` that no import statement names (run on the way to a
-submodule, as Python does), compiled extension modules (no source to bind), modules outside the package (torch,
-triton: bound by their versions)."""
+(importlib), a package's ``__init__`` that no import statement names (run on the way to a submodule, as Python
+does), compiled extension modules (no source to bind), modules outside the package (torch, triton: bound by their
+versions)."""
 import ast
 import inspect
 import sys
@@ -21,7 +21,8 @@ from ddsim.digest import file_digest
 
 
 class _RunImports(ast.NodeVisitor):
-    """The modules a file's import statements name where they run on import: not inside function bodies."""
+    """The modules a file's import statements name where they run on import: not inside function bodies, nor under
+    ``if TYPE_CHECKING:``."""
 
     def __init__(self, package: str):
         self.package, self.names = package, set()
@@ -44,7 +45,7 @@ class _RunImports(ast.NodeVisitor):
     def visit_ImportFrom(self, node):  # noqa: N802
         if node.level:  # relative to the file's package: `from . import x` in a.b.c is a.b's x
             parts = self.package.split(".") if self.package else []
-            if node.level - 1 > len(parts) or not parts:
+            if node.level - 1 >= len(parts):
                 return  # beyond the top-level package: not importable
             base = parts[:len(parts) - (node.level - 1)]
             module = ".".join(base + ([node.module] if node.module else []))
