@@ -1,7 +1,7 @@
 """ddsim.engines.sources: the files an engine kernel's code comes from in its package, which a report binds the kernel
 by. Followed: the modules of the package a taken file's import statements name where they run on import (module
 level, conditional, relative; a value imported from a module names that module); not followed: imports inside function
-bodies, modules outside the package. Read from the files: the same whatever else the process imported, and nothing
+bodies or under TYPE_CHECKING, modules outside the package. Read from the files: the same whatever else the process imported, and nothing
 imported to find them."""
 import sys
 import textwrap
