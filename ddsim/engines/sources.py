@@ -36,7 +36,10 @@ class _RunImports(ast.NodeVisitor):
         """`if TYPE_CHECKING:` imports never run (transformers' __init__ names every model there): its else only."""
         test = node.test
         name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else None
-        for child in (node.orelse if name == "TYPE_CHECKING" else [node.test, *node.body, *node.orelse]):
+        if name != "TYPE_CHECKING":
+            self.generic_visit(node)
+            return
+        for child in node.orelse:
             self.visit(child)
 
     def visit_Import(self, node):  # noqa: N802
