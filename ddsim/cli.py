@@ -578,11 +578,11 @@ def cmd_check_kernel(a, console) -> int:
     result = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op,
                    profile=a.profile, example_timeout=a.example_timeout, on_hang=lambda label, s: _hung(out, label, s),
                    launch=a.launch, progress=(lambda line: print(line, file=sys.stderr, flush=True)) if a.progress else None)
-    name, source, digest = {"conv": (kernel.conv_name, kernel.conv_source, kernel.conv_source_sha256),
-                            "mamba2": (kernel.mamba2_name, kernel.mamba2_source, kernel.mamba2_source_sha256),
-                            "kda": (kernel.kda_name, kernel.kda_source, kernel.kda_source_sha256),
-                            "lightning": (kernel.lightning_name, kernel.lightning_source, kernel.lightning_source_sha256)}.get(
-        a.op, (kernel.name, kernel.source, kernel.source_sha256))
+    from ddsim.engines import OPS
+    op = a.op if a.op in OPS else None  # None: the GDN verify
+    name, source, digest, sources = ((getattr(kernel, f"{op}_name"), getattr(kernel, f"{op}_source"),
+                                      getattr(kernel, f"{op}_source_sha256"), getattr(kernel, f"{op}_sources"))
+                                     if op else (kernel.name, kernel.source, kernel.source_sha256, kernel.sources))
     t = Table(title=f"{name} ({kernel.package or '?'} {kernel.version or ''}) mode {a.mode}, {a.dtype} inputs, "
                     f"on {device} against the oracle, {result.profile} profile")
     for col in ("property", "verdict", "detail"):
@@ -600,8 +600,8 @@ def cmd_check_kernel(a, console) -> int:
         left = f"the {len(result.unchecked)} serving examples after it and " if result.unchecked else ""
         print(f"a fault at {result.lost_at} ended the device's CUDA context: {left}every drawn input after it not run "
               f"(named in {out})")
-    if digest:
-        console.print(f"kernel source {source} sha256 {digest[:16]}…")
+    if digest:  # and the files of its package its module reaches (the JSON names each with its sha256)
+        console.print(f"kernel source {source} sha256 {digest[:16]}… ({len(sources)} files of its package reached)")
     commits = kernel.commits(a.op, a.mode)
     if commits and kernel.commit_source_sha256:
         console.print(f"commit {kernel.commit_name}: source {kernel.commit_source} sha256 "
@@ -610,11 +610,13 @@ def cmd_check_kernel(a, console) -> int:
         console.print(f"no commit checked: {name} offers none for its kept node states (--commit MODULE:FUNCTION "
                       "checks one)")
     write_result(result, out, kernel={"name": name, "package": kernel.package, "version": kernel.version,
-                                      "source": source, "source_sha256": digest, "op": a.op, "mode": a.mode,
+                                      "source": source, "source_sha256": digest, "sources": dict(sources),
+                                      "op": a.op, "mode": a.mode,
                                       "dtype": a.dtype, "device": device, "max_examples": a.max_examples,
                                       "launch": a.launch or default_launch(device),
                                       **({"commit": {"name": kernel.commit_name, "source": kernel.commit_source,
-                                                     "source_sha256": kernel.commit_source_sha256}} if commits else {})})
+                                                     "source_sha256": kernel.commit_source_sha256,
+                                                     "sources": dict(kernel.commit_sources)}} if commits else {})})
     failed = [r for r in result if not r.holds]
     if failed:
         for r in failed:

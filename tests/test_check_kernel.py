@@ -21,6 +21,13 @@ EAGER = ["--launch", "eager"]
 CPU = ["--device", "cpu"]
 
 
+def bound_by(rec: dict, own: str) -> None:
+    """A check's JSON binds the kernel it checked (``rec``: its kernel, or its commit) by the files its module reaches
+    in its package, its own file ``own`` among them with the digest the JSON gives that file."""
+    mine = [p for p in rec["sources"] if p.endswith(own)]
+    assert rec["source"].endswith(own) and len(mine) == 1 and rec["sources"][mine[0]] == rec["source_sha256"], rec
+
+
 def _verdict(r):
     return [l for l in r.stdout.splitlines() if l.startswith("FAILED") or "properties" in l]
 
@@ -165,7 +172,8 @@ def test_sglang_tree_conv_in_both_modes(tmp_path, mode, held):
     # in exact mode it fills the parent table SGLang's verifies then read: held to the tree's parents
     assert ("parent table the verify reads is the tree's" in r.stdout) == (mode == "exact")
     doc = json.loads((tmp_path / "ce.json").read_text())
-    assert doc["kernel"]["commit"]["source"].endswith("mamba_state_scatter_triton.py")
+    bound_by(doc["kernel"], "causal_conv1d_triton.py")  # the conv's files, not its verify's
+    bound_by(doc["kernel"]["commit"], "mamba_state_scatter_triton.py")
     assert doc["coverage"]["commit layers"] == [2]
 
 
@@ -269,7 +277,7 @@ def test_a_commit_that_copies_the_kept_states_wrongly_is_caught(tmp_path, commit
     assert [l.split(":")[0] for l in r.stdout.splitlines() if l.startswith("FAILED")] == [f"FAILED {p}" for p in failing]
     doc = json.loads(out.read_text())
     assert doc["kernel"]["commit"]["name"] == f"tests.planted_commits:{commit}"
-    assert doc["kernel"]["commit"]["source"].endswith("planted_commits.py")
+    bound_by(doc["kernel"]["commit"], "planted_commits.py")
     assert [p["name"] for p in doc["properties"]][-3:] == [*COMMITTED, "commit writes nothing else"]
     ces = doc["counterexamples"]
     if failing == COMMITTED:
@@ -580,6 +588,7 @@ def test_kda_verifies_of_ddsim_sglang_and_fla_and_planted_kda_bugs(tmp_path):
         assert r.returncode == 0 and f"all {held} properties hold (quick profile" in r.stdout, (impl, mode, r.stdout + r.stderr)
     assert "fla.fused_recurrent_kda (fla-core" in r.stdout
     doc = json.loads((tmp_path / "ce.json").read_text())
+    bound_by(doc["kernel"], "kda/fused_recurrent.py")
     assert doc["kernel"]["op"] == "kda" and {"name": "leaks off order-exact nodes", "holds": True} in [
         {k: p[k] for k in ("name", "holds")} for p in doc["properties"]]
     assert doc["coverage"]["K"][-1] == 128 and doc["coverage"]["nodes"][-1] == 129
@@ -608,6 +617,7 @@ def test_lightning_attention_verifies_of_ddsim_and_fla_and_a_planted_bug(tmp_pat
     assert r.returncode == 0 and "all 8 properties hold (quick profile" in r.stdout, r.stdout + r.stderr
     doc = json.loads((tmp_path / "cl.json").read_text())
     assert doc["kernel"]["name"] == "fla.fused_recurrent_simple_gla" and doc["kernel"]["op"] == "lightning"
+    bound_by(doc["kernel"], "simple_gla/fused_recurrent.py")
     assert doc["coverage"]["K"][-1] == 128 and doc["coverage"]["decay max"] == 1.0
     one_line_error(run("fla", "exact"), "--mode exact", "fla.fused_recurrent_simple_gla offers only leaky")
     one_line_error(run("sglang", "exact"), "--op lightning", "has no lightning-attention verify")
@@ -659,6 +669,7 @@ def test_the_coverage_and_verdicts_are_written_even_when_every_property_holds(tm
         "output finite", "inputs untouched", "repeatable", "committed window untouched", "other pool slots untouched",
         "exact on order-exact nodes", "exact on every node"]
     assert doc["kernel"]["name"] == "ddsim.tree_causal_conv1d" and 1024 in doc["coverage"]["C"]
+    bound_by(doc["kernel"], "gpu_backend/__init__.py")
     assert "coverage: " in r.stdout and "largest slot id" in r.stdout
 
 

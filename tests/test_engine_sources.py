@@ -5,6 +5,7 @@ bodies or under TYPE_CHECKING, modules outside the package. Read from the files:
 imported to find them."""
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,23 @@ def test_a_helper_changed_changes_its_digest_alone(package):
 def test_a_function_without_a_module_file_has_no_sources():
     assert kernel_sources(len) == ()  # builtins: no file
     assert kernel_sources(lambda: 0) != ()  # this test module's own file, under its package (tests)
+
+
+ENGINES = Path(__file__).resolve().parents[1] / ".engines"  # the engines' releases make_engines installs
+
+
+@pytest.mark.parametrize("impl, ops", [
+    ("ddsim", ("", "conv", "mamba2", "kda", "lightning")), ("fla", ("", "kda", "lightning")),
+    ("sglang", ("", "conv", "mamba2", "kda", "commit")), ("vllm", ("",))])
+def test_every_op_of_an_adapter_is_bound_by_the_files_its_own_module_reaches(impl, ops, monkeypatch):
+    """What check-kernel's JSON binds each op by (its ``{op}_sources``): the op's own file with that file's digest, and
+    no op left with none: an op given another op's files (the GDN verify's, say) would name a file it is not in."""
+    monkeypatch.syspath_prepend(str(ENGINES))
+    from ddsim.engines import load
+    kernel = load(impl)
+    for op in ops:
+        pre = f"{op}_" if op else ""
+        source, digest = getattr(kernel, f"{pre}source"), getattr(kernel, f"{pre}source_sha256")
+        sources = dict(getattr(kernel, f"{pre}sources"))
+        own = [p for p in sources if Path(source).resolve().as_posix().endswith("/" + p)]
+        assert len(own) == 1 and sources[own[0]] == digest == file_digest(source), (impl, op or "gdn", sorted(sources))

@@ -115,24 +115,28 @@ class EngineKernel:
     conv_parents: bool = False
     conv_source: str | None = None
     conv_source_sha256: str | None = None
+    conv_sources: tuple[tuple[str, str], ...] = ()  # the files its module reaches, as sources
     # the engine's Mamba2 tree verify, where it has one (contract above)
     mamba2: Callable | None = None
     mamba2_name: str | None = None
     mamba2_modes: tuple[str, ...] = ("exact", "leaky")
     mamba2_source: str | None = None
     mamba2_source_sha256: str | None = None
+    mamba2_sources: tuple[tuple[str, str], ...] = ()  # the files its module reaches, as sources
     # the engine's KDA verify, where it has one (contract above)
     kda: Callable | None = None
     kda_name: str | None = None
     kda_modes: tuple[str, ...] = ("exact", "leaky")
     kda_source: str | None = None
     kda_source_sha256: str | None = None
+    kda_sources: tuple[tuple[str, str], ...] = ()  # the files its module reaches, as sources
     # the engine's lightning-attention verify, where it has one (contract above)
     lightning: Callable | None = None
     lightning_name: str | None = None
     lightning_modes: tuple[str, ...] = ("exact", "leaky")
     lightning_source: str | None = None
     lightning_source_sha256: str | None = None
+    lightning_sources: tuple[tuple[str, str], ...] = ()  # the files its module reaches, as sources
     # the ops ("gdn" for the verify) whose calling convention pads a CUDA-graph batch with slot -1 (SGLang's and
     # vLLM's PAD_SLOT_ID): a padded row's state is neither read nor written, and check-kernel runs padded batches
     pads: tuple[str, ...] = ()
@@ -146,6 +150,7 @@ class EngineKernel:
     commit_ops: tuple[str, ...] = ()
     commit_source: str | None = None
     commit_source_sha256: str | None = None
+    commit_sources: tuple[tuple[str, str], ...] = ()  # the files its module reaches, as sources
 
     def check_op(self, op: str, mode: str) -> None:
         """``--op op --mode mode`` on this kernel (any op not in OPS: the GDN verify): one line naming the op it lacks
@@ -415,9 +420,10 @@ def load(impl: str, *, convention: str | None = None, commit: str | None = None,
     ops = tuple(dict.fromkeys(op for op, _ in kernel.node_states))
     if not ops:
         raise InputError(f"--commit {commit}: {kernel.name} keeps no node states for a commit to copy")
+    from ddsim.engines.sources import kernel_sources
     src, digest = _source_of(fn)
     return replace(kernel, commit=sglang.as_commit_contract(fn), commit_name=commit, commit_ops=ops, commit_source=src,
-                   commit_source_sha256=digest)
+                   commit_source_sha256=digest, commit_sources=kernel_sources(fn))
 
 
 def _adapter(impl: str, convention: str | None, flag: str) -> EngineKernel:
@@ -450,7 +456,9 @@ def _adapter(impl: str, convention: str | None, flag: str) -> EngineKernel:
                    "vllm": (vllm.as_contract, ("leaky",)), "fla": (fla.as_contract, ("leaky",))}[convention]
     # the same function as a tree conv (`check-kernel --op conv`), in the conventions that have one
     conv = {"ddsim": ddsim_kernels.as_conv_contract, "sglang": sglang.as_conv_contract}.get(convention)
+    sources = kernel_sources(fn)
     conv_kw = {} if conv is None else dict(conv=conv(fn), conv_name=impl, conv_source=src, conv_source_sha256=digest,
+                                           conv_sources=sources,
                                            conv_widths=(2, 3, 4) if convention == "sglang" else (2, 3, 4, 5),
                                            conv_writes_slot="flattened window" if convention == "sglang" else None,
                                            conv_parents=convention == "sglang")
@@ -465,9 +473,9 @@ def _adapter(impl: str, convention: str | None, flag: str) -> EngineKernel:
         if convention in by_convention:
             as_op, op_modes = by_convention[convention]
             ops_kw.update({op: as_op(fn), f"{op}_name": impl, f"{op}_modes": op_modes, f"{op}_source": src,
-                           f"{op}_source_sha256": digest})
+                           f"{op}_source_sha256": digest, f"{op}_sources": sources})
     pads = {"sglang": ("gdn", "conv", "mamba2"), "vllm": ("gdn",)}.get(convention, ())
     node_states = {"sglang": (("gdn", "exact"), ("mamba2", "exact"), ("conv", "exact"), ("conv", "leaky")),
                    "vllm": vllm.NODE_STATES}.get(convention, ())
-    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, kernel_sources(fn), **conv_kw, **ops_kw,
+    return EngineKernel(impl, modes, wrap(fn), top, _version(top), src, digest, sources, **conv_kw, **ops_kw,
                         pads=pads, node_states=node_states)

@@ -93,10 +93,11 @@ def adapter():
     if kda is not None:
         ksrc, kdigest = _source_of(kda)
         extra.update(kda=as_kda_contract(kda), kda_name=NAMES["kda"], kda_modes=MODES,
-                     kda_source=ksrc, kda_source_sha256=kdigest)
+                     kda_source=ksrc, kda_source_sha256=kdigest, kda_sources=kernel_sources(kda))
     if gla is not None:
         lsrc, ldigest = _source_of(gla)
         extra.update(lightning=as_lightning_contract(gla), lightning_name=NAMES["lightning"],
-                     lightning_modes=MODES, lightning_source=lsrc, lightning_source_sha256=ldigest)
+                     lightning_modes=MODES, lightning_source=lsrc, lightning_source_sha256=ldigest,
+                     lightning_sources=kernel_sources(gla))
     return EngineKernel(NAMES["gdn"], MODES, as_contract(fused_recurrent_gated_delta_rule),
                         "fla-core", _version("fla-core"), src, digest, kernel_sources(fused_recurrent_gated_delta_rule), **extra)
