@@ -130,6 +130,31 @@ def test_a_function_without_a_module_file_has_no_sources():
     assert kernel_sources(lambda: 0) != ()  # this test module's own file, under its package (tests)
 
 
+def test_a_compiled_extension_named_by_an_import_is_bound_by_its_bytes(package):
+    """vLLM's custom ops come from ``import vllm._C`` (a .so in its package): that binary is among the files, by its
+    bytes; a .py of the same name beside it is not (Python loads the extension), and nothing is read inside it."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+    ext = f"_ops{EXTENSION_SUFFIXES[0]}"
+    root = package({"__init__.py": "", "_ops.py": "SHADOWED = 1\n", ext: "not an ELF file: import fails\n",
+                    "kernel.py": f"""\
+        try:
+            from {PKG} import _ops
+        except ImportError:
+            _ops = None
+
+
+        def verify(x):
+            return x
+        """})
+    import importlib
+    kernel = importlib.import_module(f"{PKG}.kernel")
+    got = dict(kernel_sources(kernel.verify))
+    assert set(got) == {f"{PKG}/kernel.py", f"{PKG}/__init__.py", f"{PKG}/{ext}"}, sorted(got)
+    assert got[f"{PKG}/{ext}"] == file_digest(root / ext)
+    (root / ext).write_bytes(b"another build\n")
+    assert dict(kernel_sources(kernel.verify))[f"{PKG}/{ext}"] == file_digest(root / ext) != got[f"{PKG}/{ext}"]
+
+
 ENGINES = Path(__file__).resolve().parents[1] / ".engines"  # the engines' releases make_engines installs
 
 

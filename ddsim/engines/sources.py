@@ -10,11 +10,13 @@ from the files, not from what the process has imported, so every process that im
 and nothing is imported to find them. Not followed: imports inside function bodies (made when called, if ever) or
 under ``if TYPE_CHECKING:`` (never made: transformers' ``__init__`` names every model there), modules named by string
 (importlib), a package's ``__init__`` that no import statement names (run on the way to a submodule, as Python
-does), compiled extension modules (no source to bind), modules outside the package (torch, triton: bound by their
-versions)."""
+does), modules outside the package (torch, triton: bound by their versions). A compiled extension module of the
+package that an import statement names (``import vllm._C``, which registers vLLM's custom ops) is taken as its binary
+(its digest binds it; nothing in it is followed)."""
 import ast
 import inspect
 import sys
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from ddsim.digest import file_digest
@@ -59,19 +61,19 @@ class _RunImports(ast.NodeVisitor):
 
 
 def _file_of(name: str, root: Path) -> Path | None:
-    """The source file of module ``name`` (a.b.c): c.py or c/__init__.py in the directories of its package a.b where
-    that is imported (its __path__: a package mapped to another directory, as an editable install maps ddsim's), else
-    under ``root`` (a/b/c.py or a/b/c/__init__.py), else the file the imported module has; None where it has no .py
-    source (a compiled extension, a namespace package, no such module)."""
+    """The file of module ``name`` (a.b.c): c.py, c/__init__.py or a compiled c (c.cpython-311-x86_64-linux-gnu.so,
+    c.abi3.so, ...) in the directories of its package a.b where that is imported (its __path__: a package mapped to
+    another directory, as an editable install maps ddsim's), else under ``root`` (a/b/c.py, ...), else the file the
+    imported module has; None where it has none (a namespace package, no such module)."""
     parent, _, leaf = name.rpartition(".")
     dirs = [Path(d) for d in getattr(sys.modules.get(parent), "__path__", None) or []] if parent else []
     dirs.append(root.joinpath(*name.split(".")[:-1]))
-    for d in dirs:
-        for p in (d / f"{leaf}.py", d / leaf / "__init__.py"):
+    for d in dirs:  # as Python's path finder looks: the package, then an extension, then a source file
+        for p in (d / leaf / "__init__.py", *(d / f"{leaf}{suffix}" for suffix in EXTENSION_SUFFIXES), d / f"{leaf}.py"):
             if p.is_file():
                 return p
     where = getattr(sys.modules.get(name), "__file__", None)
-    return Path(where) if where and where.endswith(".py") and Path(where).is_file() else None
+    return Path(where) if where and where.endswith((".py", *EXTENSION_SUFFIXES)) and Path(where).is_file() else None
 
 
 def _root(top: str) -> Path | None:
@@ -99,6 +101,8 @@ def reached_modules(module: str) -> dict[str, Path]:
         if path is None or name in found:
             continue
         found[name] = path
+        if path.suffix != ".py":  # a compiled extension: its digest binds it, its imports cannot be read
+            continue
         visitor = _RunImports(name if path.name == "__init__.py" else name.rpartition(".")[0])
         try:
             visitor.visit(ast.parse(path.read_bytes(), filename=str(path)))
