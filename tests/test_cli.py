@@ -14,7 +14,9 @@ DEFAULT_POLICY = "hybrid-unsafe"  # the built-in policy, ddsim/verdict/policies/
 
 def test_audit_writes_valid_report_and_html(audit_dir, report):
     typed = json_report.load(audit_dir / "report.json")  # validates fully, consistency included
-    assert typed.schema_version == 11 and report["schema_version"] == 11
+    assert typed.schema_version == 12 and report["schema_version"] == 12
+    import triton
+    assert typed.environment.triton == triton.__version__  # the Triton the kernels compile and interpret under
     assert typed.precision.oracle_products == "converted"
     # a CPU audit compares a float32 fast path with the float64 oracle
     assert report["precision"] == {"fast_path": "float32", "recurrent_state": "float32", "oracle": "float64",

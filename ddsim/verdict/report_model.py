@@ -18,14 +18,15 @@ from ddsim.model.config import FAMILIES, LAYER_KINDS, STATEFUL_KINDS, WINDOWED_K
 from ddsim.trees.modes import VERIFY_MODES
 from ddsim.values import is_int
 
-SCHEMA_VERSION = 11  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
+SCHEMA_VERSION = 12  # 3: typed model, provenance (engine kernel too), leak coverage, noise floor over all nodes;
 # 4: reference_fragility, a model drafter; 5: Mamba2 layer kinds, leak tables by recurrent family;
 # 6: good and corrupted tokens per step; 7: the sampler at temperature > 0 and each step's exact law against exact's;
 # 8: short-conv layers ('c', LFM2) and the conv family, whose window is its whole state (no state_rel); Mamba1
 # layers ('s', Jamba) and the mamba1 family; lightning attention ('l', MiniMax), no conv (no conv_rel); Kimi Delta
 # Attention ('k', Kimi Linear) and the kda family; 9: Zamba2's hybrid layers ('z', attention then Mamba2; mamba2 family);
 # 10: precision.oracle_products (a full-size bf16 model's oracle takes its products in three bf16 parts);
-# 11: provenance.engine.sources (the files an engine kernel's module reaches in its package, each one's sha256)
+# 11: provenance.engine.sources (the files an engine kernel's module reaches in its package, each one's sha256);
+# 12: environment.triton (the Triton that compiled or interpreted the kernels; None where none is installed)
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
@@ -372,6 +373,7 @@ class Environment(_Strict):
     python: str
     platform: str
     torch: str
+    triton: str | None  # the Triton release installed (its kernels' compiler and CPU interpreter); None: none
     numpy: str
     matplotlib: str
     pydantic: str
@@ -561,7 +563,7 @@ class ReferenceFragility(_Strict):
 
 
 class Report(_Strict):
-    schema_version: Literal[11]
+    schema_version: Literal[12]
     generated_at: str | None  # the only field that differs between two runs of one seed; set by the writer
     config: ReportConfig
     provenance: Provenance
