@@ -552,11 +552,13 @@ def cmd_bench(a, console) -> int:
 
 
 def cmd_check_kernel(a, console) -> int:
+    import torch
     from rich.markup import escape
     from rich.table import Table
 
     from ddsim.devices import prepare_engine_device
     from ddsim.engines.check_kernel import DTYPES, check, default_launch, write_result
+    from ddsim.environment import environment
     from ddsim.errors import InputError
     if a.max_examples < 1:
         raise InputError(f"--max-examples: expected >= 1, got {a.max_examples}")
@@ -616,7 +618,8 @@ def cmd_check_kernel(a, console) -> int:
                                       "launch": a.launch or default_launch(device),
                                       **({"commit": {"name": kernel.commit_name, "source": kernel.commit_source,
                                                      "source_sha256": kernel.commit_source_sha256,
-                                                     "sources": dict(kernel.commit_sources)}} if commits else {})})
+                                                     "sources": dict(kernel.commit_sources)}} if commits else {})},
+                 environment=environment(torch.device(device)))
     failed = [r for r in result if not r.holds]
     if failed:
         for r in failed:

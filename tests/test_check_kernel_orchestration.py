@@ -1318,12 +1318,13 @@ def test_after_a_fault_ends_the_context_nothing_runs_and_the_rest_is_named_unche
     assert [r.holds for r in res] == [False] * 7 and res.profile == "quick"
     assert all(r.counterexample["example"] == labels[at] for r in res)
     out = tmp_path / "check.json"
-    ck.write_result(res, out, kernel={"name": "faults"})
+    ck.write_result(res, out, kernel={"name": "faults"}, environment={"device": "cpu"})
     doc = json.loads(out.read_text())
     assert doc["context_lost_at"] == res.lost_at and doc["unchecked_examples"] == labels[at + 1:] and not doc["holds"]
     assert doc["explicit_examples"] == at + 1
     fault.hit = False  # a run without a fault says so in its JSON too
-    ck.write_result(ck.check(_load("ddsim"), mode="exact", max_examples=1), out, kernel={"name": "ddsim"})
+    ck.write_result(ck.check(_load("ddsim"), mode="exact", max_examples=1), out, kernel={"name": "ddsim"},
+                    environment={"device": "cpu"})
     doc = json.loads(out.read_text())
     assert doc["context_lost_at"] is None and doc["unchecked_examples"] == [] and doc["holds"]
 
@@ -1417,6 +1418,12 @@ def test_the_command_line_says_where_the_context_ended_and_what_was_not_run(monk
                      "--out", str(out)]) == 1
     assert ("a fault at a drawn input of property 'p' ended the device's CUDA context: every drawn input after it not "
             f"run (named in {out})") in capsys.readouterr().out.splitlines()
+    import json
+
+    import triton
+    doc = json.loads(out.read_text())  # the kernel by its files, and what it ran under
+    assert doc["environment"]["triton"] == triton.__version__ and doc["environment"]["device"] == "cpu"
+    assert doc["kernel"]["sources"]["gpu_backend/__init__.py"] == doc["kernel"]["source_sha256"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a device fault needs a GPU")

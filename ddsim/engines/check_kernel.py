@@ -1017,11 +1017,12 @@ def check(kernel, *, mode: str, device: str = "cpu", max_examples: int = 100, dt
     return CheckResult(results, profile, len(explicit) - len(unchecked), _coverage(described + drawn), lost, unchecked)
 
 
-def write_result(result: CheckResult, path: Path, *, kernel: dict) -> None:
-    """The check's JSON: the kernel, profile, every property's verdict, the counterexamples and the coverage."""
+def write_result(result: CheckResult, path: Path, *, kernel: dict, environment: dict) -> None:
+    """The check's JSON: the kernel, what it ran under (ddsim.environment), profile, every property's verdict, the
+    counterexamples and the coverage."""
     from ddsim.reports.json_report import write_atomic
     failing = [r.counterexample for r in result.properties if r.counterexample is not None]
-    doc = {"kernel": kernel, "profile": result.profile, "explicit_examples": result.examples,
+    doc = {"kernel": kernel, "environment": environment, "profile": result.profile, "explicit_examples": result.examples,
            "properties": [{"name": r.name, "holds": r.holds, "detail": r.detail} for r in result.properties],
            "holds": all(r.holds for r in result.properties), "coverage": result.coverage, "counterexamples": failing,
            "context_lost_at": result.lost_at, "unchecked_examples": result.unchecked}

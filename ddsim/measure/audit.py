@@ -15,11 +15,8 @@ reference's choice led by no more than that is counted apart, as possibly the ar
 from __future__ import annotations
 
 import gc
-import importlib.metadata
 import json
 import math
-import platform
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,31 +56,13 @@ from ddsim.verdict.report_model import (
 ALL_MODES = VERIFY_MODES
 
 
-def _triton_version() -> str | None:
-    """The Triton release the audit's kernels would run under: the imported module's, else the installed
-    distribution's (read without importing it), else None."""
-    mod = sys.modules.get("triton")
-    if mod is not None and isinstance(getattr(mod, "__version__", None), str):
-        return mod.__version__
-    try:
-        return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def environment(device: torch.device) -> dict:
+    """The report's environment: ddsim.environment's, with matplotlib's and pydantic's releases."""
     import matplotlib
     import pydantic
 
-    import ddsim
-    env = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
-           "triton": _triton_version(),
-           "numpy": np.__version__, "matplotlib": matplotlib.__version__, "pydantic": pydantic.__version__,
-           "ddsim": ddsim.__version__,
-           "device": str(device), "threads": torch.get_num_threads()}
-    if device.type == "cuda":
-        env["device_name"] = torch.cuda.get_device_name(device)
-    return env
+    from ddsim.environment import environment as common
+    return {**common(device), "matplotlib": matplotlib.__version__, "pydantic": pydantic.__version__}
 
 
 def precision(model: HybridModel, weights: dict) -> dict:
