@@ -74,6 +74,8 @@ def test_replay_names_each_planted_bug(ckpt, dumps, bug):
     assert s["steps"] == 8 and s["requests"] == 2 and s["fast_path_kl_max"] < 1e-9
     p = rep["provenance"]
     assert p["engine"] == {"name": f"emulated-{bug or 'clean'}"}
+    env = rep["environment"]  # what the reference ran under
+    assert (env["torch"], env["device"], env["ddsim"]) == (torch.__version__, "cpu", p["ddsim_version"])
     assert (p["model"], p["dump"], p["weights_sha256"]) == (str(ckpt), str(dumps[bug]), checkpoint_digest(ckpt))
     dumped = load_dump(dumps[bug], vocab_size=96).steps
     for st, d in zip(rep["steps"], dumped, strict=True):  # each node's flags and figures, node by node

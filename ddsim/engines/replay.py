@@ -393,7 +393,7 @@ def _label_state_errors(records: list[StepRecord]) -> None:
 
 # ---- the command: checks first, then the replay, then report.json / report.html --------------------
 REPORT_FORMAT = "ddsim-replay-report"
-REPORT_VERSION = 3
+REPORT_VERSION = 4
 
 
 def prepare(model_dir, dump_path, *, device="cpu"):
@@ -421,6 +421,7 @@ def run(model_dir, dump_path, *, device="cpu", tolerance: dict | None = None) ->
     from dataclasses import asdict
 
     import ddsim
+    from ddsim.environment import environment
     tolerance = tolerance or default_tolerance()
     cfg, weights, dump, meta = prepare(model_dir, dump_path, device=device)
     rp = Replayer(cfg, weights, device=device, tolerance=tolerance)
@@ -431,7 +432,8 @@ def run(model_dir, dump_path, *, device="cpu", tolerance: dict | None = None) ->
            "provenance": {"ddsim_version": ddsim.__version__, **meta, "engine": dump.header.get("engine", {}),
                           "compute_dtype": dump.header["compute_dtype"], "logits": dump.header["logits"],
                           "acceptance": dump.header["acceptance"]},
-           "noise_kl": noise, "summary": summarize(records, noise), "steps": [asdict(r) for r in records]}
+           "environment": environment(torch.device(device)), "noise_kl": noise, "summary": summarize(records, noise),
+           "steps": [asdict(r) for r in records]}
     # validated through the typed model (a round trip through JSON, as a reader will see it)
     return json.loads(ReplayReport.model_validate_json(json.dumps(rep, allow_nan=False)).model_dump_json())
 

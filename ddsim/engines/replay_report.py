@@ -1,4 +1,4 @@
-"""The typed model of a replay's report.json (format "ddsim-replay-report", version 3): what
+"""The typed model of a replay's report.json (format "ddsim-replay-report", version 4): what
 `ddsim replay` and `ddsim gate --dump` write. Strict like the audit's report model (no extra keys, no
 NaN/Inf), and self-consistent on load: the summary is recomputed from the steps and the noise bound, a step's
 silent corruption from its emitted tokens and its rounding divergence, and a rounding divergence only where
@@ -9,6 +9,7 @@ and ``top1_disagreements_above_noise`` (a near-tie an engine's rounding turned i
 corruption and from a top-1 disagreement above noise).
 Version 3 (from version 2): the diagnosis "state commit error" (the committed recurrent state or KV taken from
 the wrong nodes: ddsim.engines.replay_commits).
+Version 4 (from version 3): ``environment``, what the replay's reference ran under (ddsim.environment).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from ddsim.verdict.report_model import Count, NonNeg, Sha256, _Strict
+from ddsim.verdict.report_model import Count, NonNeg, Positive, Sha256, _Strict
 
 Diagnosis = Literal["within noise", "sibling leak", "position error", "mask error", "state commit error",
                     "state drift", "stale state", "unexplained", "bonus error", "acceptance error", "commit error"]
@@ -96,10 +97,24 @@ class ReplayProvenance(_Strict):
     acceptance: Literal["greedy"] | dict[str, str | float | dict[str, float]] = "greedy"  # the dump's rule
 
 
+class ReplayEnvironment(_Strict):
+    """What the replay's reference (ddsim's model and oracle) ran under: ddsim.environment."""
+    python: str
+    platform: str
+    torch: str
+    triton: str | None  # None: none installed
+    numpy: str
+    ddsim: str
+    device: str
+    threads: Positive
+    device_name: str | None = None  # on CUDA
+
+
 class ReplayReport(_Strict):
     format: Literal["ddsim-replay-report"]
-    version: Literal[3]
+    version: Literal[4]
     provenance: ReplayProvenance
+    environment: ReplayEnvironment
     noise_kl: NonNeg
     summary: ReplaySummary
     steps: list[StepFigures]
@@ -111,6 +126,9 @@ class ReplayReport(_Strict):
         if self.summary != want:
             bad = next(k for k in ReplaySummary.model_fields if getattr(self.summary, k) != getattr(want, k))
             raise ValueError(f"summary.{bad} is {getattr(self.summary, bad)!r}, the steps give {getattr(want, bad)!r}")
+        if self.environment.ddsim != self.provenance.ddsim_version:
+            raise ValueError(f"environment.ddsim is {self.environment.ddsim!r} but provenance.ddsim_version is "
+                             f"{self.provenance.ddsim_version!r}")
         if [s.step for s in self.steps] != sorted(s.step for s in self.steps):
             raise ValueError("steps are not in step order")
         for s in self.steps:
