@@ -263,17 +263,33 @@ def check_report_matches(report, given: dict) -> None:
                              "it audited something else")
 
 
-def check_version(report, accept: bool) -> str | None:
-    """A report written by another ddsim version is refused unless the caller accepts it explicitly; the
-    caveat the verdict then carries (None for a report of this version)."""
+def check_version(report, accept: bool) -> list[str]:
+    """A report written by another ddsim version, or of kernels Triton compiled (an engine's, or ddsim's own on a GPU)
+    under another torch or Triton release than this process has, is refused unless the caller accepts it explicitly:
+    the kernel gated here is then not the one audited. The caveats the verdict then carries (none for a report of
+    this version and releases)."""
+    import torch
+
+    from ddsim.environment import triton_version
     from ddsim.errors import InputError
+    caveats = []
     got = report.provenance.ddsim_version
-    if got == _version():
-        return None
-    if not accept:
-        raise InputError(f"--report: written by ddsim {got}, this is ddsim {_version()} (its figures and rules may "
-                         "mean something else here; --accept-other-version gates it anyway, and the verdict says so)")
-    return f"the report was written by ddsim {got} (accepted explicitly)"
+    if got != _version():
+        if not accept:
+            raise InputError(f"--report: written by ddsim {got}, this is ddsim {_version()} (its figures and rules may "
+                             "mean something else here; --accept-other-version gates it anyway, and the verdict says so)")
+        caveats.append(f"the report was written by ddsim {got} (accepted explicitly)")
+    env = report.environment
+    if report.provenance.engine is not None or env.device.startswith("cuda"):  # its verify compiled by these
+        for name, audited, here in (("torch", env.torch, torch.__version__), ("Triton", env.triton, triton_version())):
+            if audited == here:
+                continue
+            if not accept:
+                raise InputError(f"--report: its kernels ran under {name} {audited}, this is {name} {here} (the kernel "
+                                 "gated here is not the one audited; --accept-other-version gates it anyway, and the "
+                                 "verdict says so)")
+            caveats.append(f"the report's kernels ran under {name} {audited}, this is {here} (accepted explicitly)")
+    return caveats
 
 
 def _policy_lines(policy, relaxed: list[str]) -> list[str]:
@@ -326,9 +342,7 @@ def _gate_report(a, console):
         if a.out:
             raise InputError("--out: only with an audit the gate runs itself (not with --report)")
         report = json_report.load(a.report)
-        other_version = check_version(report, a.accept_other_version)
-        if other_version:
-            caveats.append(other_version)
+        caveats.extend(check_version(report, a.accept_other_version))
         given = _given_audit_options(a)
         check_report_matches(report, given)
         if "fast_path" in given and not a.recheck:  # (the recheck checks the report's kernel, the one given)
@@ -739,7 +753,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompts the recheck re-runs in every budget and mode (default: 1; all of them: the whole "
                          "audit)")
     pg.add_argument("--accept-other-version", action="store_true",
-                    help="with --report: gate a report written by another ddsim version (refused otherwise)")
+                    help="with --report: gate a report written by another ddsim version, or whose kernels ran under "
+                         "another torch or Triton release (refused otherwise)")
     pg.add_argument("--json", metavar="PATH", help="also write the verdict as JSON (every rule, the policy's sha256; "
                                                     "an error too), for CI systems")
     pg.add_argument("--junit", metavar="PATH", help="also write the verdict as JUnit XML (a test case per rule)")

@@ -163,6 +163,20 @@ def test_a_kernel_whose_source_changed_or_vanished_is_refused(tmp_path):
     rep = tmp_path / "a" / "report.json"
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, cwd=tmp_path)
     assert g.returncode == 1 and g.stdout.startswith("recheck: "), g.stdout + g.stderr  # FAST_AUDIT: no leak exercised
+    # its kernel ran under other torch or Triton releases (the interpreter's here): not the kernel gated here
+    for name, key in (("torch", "torch"), ("Triton", "triton")):
+        d = json.loads(rep.read_text())
+        here, d["environment"][key] = d["environment"][key], "0.0.1"
+        (tmp_path / f"{key}.json").write_text(json.dumps(d))
+        for extra in ([], ["--no-recheck"]):
+            one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", tmp_path / f"{key}.json", *extra,
+                                   cwd=tmp_path),
+                           f"--report: its kernels ran under {name} 0.0.1, this is {name} {here} (the kernel gated here "
+                           "is not the one audited; --accept-other-version")
+        g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", tmp_path / f"{key}.json", "--no-recheck",
+                    "--accept-other-version", cwd=tmp_path)
+        assert g.returncode == 1 and (f"the report's kernels ran under {name} 0.0.1, this is {here} (accepted "
+                                      "explicitly)") in g.stdout.splitlines()[-1], g.stdout + g.stderr
     (tmp_path / "mykernel.py").write_text(KERNEL + "# patched after the audit\n")
     for extra in ([], ["--fast-path", "mykernel:verify", "--convention", "ddsim", "--no-recheck"]):
         one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, *extra, cwd=tmp_path),
@@ -226,14 +240,20 @@ def test_a_kernel_whose_package_changed_around_it_is_refused(tmp_path):
 def test_the_recheck_refuses_what_is_not_at_hand(tmp_path, capsys, monkeypatch):
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, wherever the test runs
+    from ddsim.environment import triton_version
     d = json.loads(LEAK.read_text())
-    d["environment"]["device"] = "cuda:0"
+    d["environment"]["device"] = "cuda:0"  # (run under this torch and Triton: the releases a CUDA report is held to)
+    d["environment"]["torch"], d["environment"]["triton"] = torch.__version__, triton_version()
     d["config"]["device"] = "cuda"
     d["precision"]["oracle"] = "float32"
     p = tmp_path / "cuda.json"
     p.write_text(json.dumps(d))
     code, _, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", p)
     assert code == 2 and "cannot recheck a cuda:0 audit without a CUDA device" in err and "--no-recheck" in err
+    d["environment"]["triton"] = "0.0.1"  # ddsim's own kernels, compiled by another Triton: not the ones gated here
+    p.write_text(json.dumps(d))
+    code, _, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", p, "--no-recheck")
+    assert code == 2 and "--report: its kernels ran under Triton 0.0.1, this is Triton" in err, err
 
 
 def test_module_function_never_shadows_an_installed_package(tmp_path, monkeypatch):
