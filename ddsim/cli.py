@@ -267,10 +267,7 @@ def check_version(report, accept: bool) -> list[str]:
     """A report written by another ddsim version, or of kernels Triton compiled (an engine's, or ddsim's own on a GPU)
     under another torch or Triton release than this process has, is refused unless the caller accepts it explicitly:
     the kernel gated here is then not the one audited. The caveats the verdict then carries (none for a report of
-    this version and releases)."""
-    import torch
-
-    from ddsim.environment import triton_version
+    this version and releases). torch is imported only for such a report: the gate on another stays torch-free."""
     from ddsim.errors import InputError
     caveats = []
     got = report.provenance.ddsim_version
@@ -281,6 +278,9 @@ def check_version(report, accept: bool) -> list[str]:
         caveats.append(f"the report was written by ddsim {got} (accepted explicitly)")
     env = report.environment
     if report.provenance.engine is not None or env.device.startswith("cuda"):  # its verify compiled by these
+        import torch
+
+        from ddsim.environment import triton_version
         for name, audited, here in (("torch", env.torch, torch.__version__), ("Triton", env.triton, triton_version())):
             if audited == here:
                 continue
