@@ -591,6 +591,7 @@ def cmd_check_kernel(a, console) -> int:
                          "there is nothing for a commit to copy")
     out = Path(a.out)
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
+    env = environment(torch.device(device))  # before the check: a device fault ends the CUDA context its name needs
     result = check(kernel, mode=a.mode, device=device, max_examples=a.max_examples, dtype=DTYPES[a.dtype], op=a.op,
                    profile=a.profile, example_timeout=a.example_timeout, on_hang=lambda label, s: _hung(out, label, s),
                    launch=a.launch, progress=(lambda line: print(line, file=sys.stderr, flush=True)) if a.progress else None)
@@ -633,7 +634,7 @@ def cmd_check_kernel(a, console) -> int:
                                       **({"commit": {"name": kernel.commit_name, "source": kernel.commit_source,
                                                      "source_sha256": kernel.commit_source_sha256,
                                                      "sources": dict(kernel.commit_sources)}} if commits else {})},
-                 environment=environment(torch.device(device)))
+                 environment=env)
     failed = [r for r in result if not r.holds]
     if failed:
         for r in failed:
