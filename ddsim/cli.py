@@ -263,32 +263,41 @@ def check_report_matches(report, given: dict) -> None:
                              "it audited something else")
 
 
-def check_version(report, accept: bool) -> list[str]:
-    """A report written by another ddsim version, or of kernels Triton compiled (an engine's, or ddsim's own on a GPU)
-    under another torch or Triton release than this process has, is refused unless the caller accepts it explicitly:
-    the kernel gated here is then not the one audited. The caveats the verdict then carries (none for a report of
-    this version and releases). torch is imported only for such a report: the gate on another stays torch-free."""
+def check_version(report, accept: bool) -> str | None:
+    """A report written by another ddsim version is refused unless the caller accepts it explicitly; the
+    caveat the verdict then carries (None for a report of this version)."""
     from ddsim.errors import InputError
-    caveats = []
     got = report.provenance.ddsim_version
-    if got != _version():
-        if not accept:
-            raise InputError(f"--report: written by ddsim {got}, this is ddsim {_version()} (its figures and rules may "
-                             "mean something else here; --accept-other-version gates it anyway, and the verdict says so)")
-        caveats.append(f"the report was written by ddsim {got} (accepted explicitly)")
-    env = report.environment
-    if report.provenance.engine is not None or env.device.startswith("cuda"):  # its verify compiled by these
-        import torch
+    if got == _version():
+        return None
+    if not accept:
+        raise InputError(f"--report: written by ddsim {got}, this is ddsim {_version()} (its figures and rules may "
+                         "mean something else here; --accept-other-version gates it anyway, and the verdict says so)")
+    return f"the report was written by ddsim {got} (accepted explicitly)"
 
-        from ddsim.environment import triton_version
-        for name, audited, here in (("torch", env.torch, torch.__version__), ("Triton", env.triton, triton_version())):
-            if audited == here:
-                continue
-            if not accept:
-                raise InputError(f"--report: its kernels ran under {name} {audited}, this is {name} {here} (the kernel "
-                                 "gated here is not the one audited; --accept-other-version gates it anyway, and the "
-                                 "verdict says so)")
-            caveats.append(f"the report's kernels ran under {name} {audited}, this is {here} (accepted explicitly)")
+
+def check_releases(report, accept: bool) -> list[str]:
+    """Where the gate takes the report's kernels to be the ones here (the recheck re-runs them; --fast-path names
+    them): kernels Triton compiled or interpreted (an engine's, or ddsim's own on a GPU) under another torch or Triton
+    release than this process has are not the ones audited, and refused unless the caller accepts it explicitly. The
+    caveats the verdict then carries. torch is imported only for such a report (the gate on another stays
+    torch-free)."""
+    from ddsim.errors import InputError
+    env = report.environment
+    if report.provenance.engine is None and not env.device.startswith("cuda"):
+        return []  # ddsim's torch path on the CPU: the recheck's re-run holds it to its figures
+    import torch
+
+    from ddsim.environment import triton_version
+    caveats = []
+    for name, audited, here in (("torch", env.torch, torch.__version__), ("Triton", env.triton, triton_version())):
+        if audited == here:
+            continue
+        if not accept:
+            raise InputError(f"--report: its kernels ran under {name} {audited}, this is {name} {here} (the kernel "
+                             "gated here is not the one audited; --accept-other-version gates it anyway, and the "
+                             "verdict says so)")
+        caveats.append(f"the report's kernels ran under {name} {audited}, this is {here} (accepted explicitly)")
     return caveats
 
 
@@ -342,9 +351,13 @@ def _gate_report(a, console):
         if a.out:
             raise InputError("--out: only with an audit the gate runs itself (not with --report)")
         report = json_report.load(a.report)
-        caveats.extend(check_version(report, a.accept_other_version))
+        other_version = check_version(report, a.accept_other_version)
+        if other_version:
+            caveats.append(other_version)
         given = _given_audit_options(a)
         check_report_matches(report, given)
+        if a.recheck or "fast_path" in given:  # its kernels taken to be the ones here (else: on trust, said so)
+            caveats.extend(check_releases(report, a.accept_other_version))
         if "fast_path" in given and not a.recheck:  # (the recheck checks the report's kernel, the one given)
             from ddsim.measure.recheck import check_engine_source
             check_engine_source(report, given["fast_path"], given.get("convention"))

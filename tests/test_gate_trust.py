@@ -163,20 +163,24 @@ def test_a_kernel_whose_source_changed_or_vanished_is_refused(tmp_path):
     rep = tmp_path / "a" / "report.json"
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, cwd=tmp_path)
     assert g.returncode == 1 and g.stdout.startswith("recheck: "), g.stdout + g.stderr  # FAST_AUDIT: no leak exercised
-    # its kernel ran under other torch or Triton releases (the interpreter's here): not the kernel gated here
+    # its kernel ran under other torch or Triton releases (the interpreter's here): not the kernel gated here, where
+    # the gate takes it to be this one (the recheck re-runs it; --fast-path names it); without either, on trust
+    named = ["--fast-path", "mykernel:verify", "--convention", "ddsim", "--no-recheck"]
     for name, key in (("torch", "torch"), ("Triton", "triton")):
         d = json.loads(rep.read_text())
         here, d["environment"][key] = d["environment"][key], "0.0.1"
-        (tmp_path / f"{key}.json").write_text(json.dumps(d))
-        for extra in ([], ["--no-recheck"]):
-            one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", tmp_path / f"{key}.json", *extra,
-                                   cwd=tmp_path),
+        forged = tmp_path / f"{key}.json"
+        forged.write_text(json.dumps(d))
+        for extra in ([], named):
+            one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", forged, *extra, cwd=tmp_path),
                            f"--report: its kernels ran under {name} 0.0.1, this is {name} {here} (the kernel gated here "
                            "is not the one audited; --accept-other-version")
-        g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", tmp_path / f"{key}.json", "--no-recheck",
-                    "--accept-other-version", cwd=tmp_path)
+        g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", forged, *named, "--accept-other-version",
+                    cwd=tmp_path)
         assert g.returncode == 1 and (f"the report's kernels ran under {name} 0.0.1, this is {here} (accepted "
                                       "explicitly)") in g.stdout.splitlines()[-1], g.stdout + g.stderr
+        g = run_cli("gate", "--policy", "hybrid-unsafe", "--report", forged, "--no-recheck", cwd=tmp_path)
+        assert g.returncode == 1 and "taken on trust" in g.stdout.splitlines()[-1], g.stdout + g.stderr
     (tmp_path / "mykernel.py").write_text(KERNEL + "# patched after the audit\n")
     for extra in ([], ["--fast-path", "mykernel:verify", "--convention", "ddsim", "--no-recheck"]):
         one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", rep, *extra, cwd=tmp_path),
@@ -252,7 +256,7 @@ def test_the_recheck_refuses_what_is_not_at_hand(tmp_path, capsys, monkeypatch):
     assert code == 2 and "cannot recheck a cuda:0 audit without a CUDA device" in err and "--no-recheck" in err
     d["environment"]["triton"] = "0.0.1"  # ddsim's own kernels, compiled by another Triton: not the ones gated here
     p.write_text(json.dumps(d))
-    code, _, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", p, "--no-recheck")
+    code, _, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", p)
     assert code == 2 and "--report: its kernels ran under Triton 0.0.1, this is Triton" in err, err
 
 
