@@ -662,8 +662,10 @@ def cmd_check_kernel(a, console) -> int:
 def cmd_check_sampler(a, console) -> int:
     import json
 
+    import torch
     from rich.table import Table
 
+    from ddsim.environment import environment
     from ddsim.errors import InputError
     from ddsim.reports.json_report import write_atomic
     from ddsim.sampling.check import check, describe_failure, power_line
@@ -676,12 +678,12 @@ def cmd_check_sampler(a, console) -> int:
         raise InputError(f"--alpha: expected a false-alarm rate in (0, 0.5], got {a.alpha}")
     device = a.device
     if device == "auto":
-        import torch
         device = "cuda" if a.impl == "sgl-kernel" and torch.cuda.is_available() else "cpu"
     sampler, described = resolve(a.impl, convention=a.convention, params=parse_params(a.param), drafting=a.drafting,
                                  device=device)
     out = Path(a.out)
     check_writable(out.parent if str(out.parent) else Path("."), "--out")
+    env = environment(torch.device(device))  # what the rule ran under (before the check, as check-kernel's)
     result = check(sampler, draws=a.draws, max_examples=a.max_examples, alpha=a.alpha, seed=a.seed)
     t = Table(title=f"{a.impl} (drafting {sampler.drafting}): {len(result.cases)} cases x {a.draws} draws against "
                     f"autoregressive sampling from the target")
@@ -696,7 +698,8 @@ def cmd_check_sampler(a, console) -> int:
     console.print(t)
     print(f"false-alarm rate <= {a.alpha:g} per run ({result.alpha_per_test:.3g} per test); "
           + power_line(a.draws, result.alpha_per_test))
-    doc = {"sampler": described, "drafting": sampler.drafting, "draws_per_case": a.draws, "alpha": a.alpha,
+    doc = {"sampler": described, "environment": env, "drafting": sampler.drafting, "draws_per_case": a.draws,
+           "alpha": a.alpha,
            "alpha_per_test": result.alpha_per_test, "seed": a.seed, "max_examples": a.max_examples,
            "lossless": result.holds, "seconds": round(result.seconds, 1),
            "cases": [{"case": c.case.describe(), "parents": list(c.case.parents), "holds": c.holds,

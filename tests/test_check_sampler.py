@@ -28,6 +28,10 @@ def test_every_lossless_reference_holds(tmp_path, impl):
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["lossless"] and len(doc["cases"]) == 11 and all(c["holds"] for c in doc["cases"])
     assert "no evidence of loss: 11 cases x 30000 draws hold" in r.stdout
+    assert doc["environment"]["torch"] == torch.__version__ and doc["environment"]["device"] == "cpu"
+    if ":" in impl:  # a rule of one's own: bound by its file and the files of its package its module reaches
+        sampler = doc["sampler"]
+        assert sampler["sources"]["ddsim/sampling/sglang_convention.py"] == sampler["source_sha256"], sampler
 
 
 @pytest.mark.parametrize("impl, extra", [

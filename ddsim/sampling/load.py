@@ -69,6 +69,7 @@ def resolve(impl: str, *, convention: str | None = None, params: dict | None = N
     if convention not in CONVENTIONS:
         raise InputError(f"--convention: MODULE:FUNCTION needs one of {', '.join(CONVENTIONS)}, got {convention!r}")
     from ddsim.engines import _source_of, import_function
+    from ddsim.engines.sources import kernel_sources
     fn = import_function(impl)
     if convention == "sglang":
         return _sglang(fn, impl, params, drafting, device)
@@ -83,7 +84,8 @@ def resolve(impl: str, *, convention: str | None = None, params: dict | None = N
     if d not in DRAFTINGS:
         raise InputError(f"--impl {impl}: its .drafting {d!r} is not one of {', '.join(DRAFTINGS)}")
     return (Sampler(impl, call, dict(randoms), d, bool(getattr(fn, "uses_draft", False))),
-            {"impl": impl, "convention": "ddsim", "params": params, "source": src, "source_sha256": digest})
+            {"impl": impl, "convention": "ddsim", "params": params, "source": src, "source_sha256": digest,
+             "sources": dict(kernel_sources(fn))})
 
 
 def _sglang(fn, impl, params, drafting, device):
@@ -91,8 +93,9 @@ def _sglang(fn, impl, params, drafting, device):
     if drafting not in (None, "fixed"):
         raise InputError(f"--drafting {drafting}: SGLang's target-only rule takes a fixed tree (drafting fixed)")
     from ddsim.engines import _source_of
+    from ddsim.engines.sources import kernel_sources
     src, digest = _source_of(fn)
     return (Sampler(impl, sglang_convention.adapter(fn, device=device, **params), dict(sglang_convention.RANDOMS),
                     "fixed"),
             {"impl": impl, "convention": "sglang", "params": params, "device": device, "source": src,
-             "source_sha256": digest})
+             "source_sha256": digest, "sources": dict(kernel_sources(fn))})
