@@ -50,7 +50,11 @@ def test_every_planted_lossy_rule_is_caught(tmp_path, impl, extra):
     r = run_cli("check-sampler", "--impl", impl, *extra, *QUICK, "--out", tmp_path / "s.json")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "LOSSY:" in r.stdout and "worst case:" in r.stdout
-    assert not json.loads((tmp_path / "s.json").read_text())["lossless"]
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert not doc["lossless"]
+    if ":" in impl:  # in either convention, the rule's own file among the files it is bound by
+        own = impl.partition(":")[0].replace(".", "/") + ".py"
+        assert doc["sampler"]["sources"][own] == doc["sampler"]["source_sha256"], doc["sampler"]
 
 
 def _fixed(case):
