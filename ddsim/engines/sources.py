@@ -108,7 +108,8 @@ def reached_modules(module: str) -> dict[str, Path]:
             visitor.visit(ast.parse(path.read_bytes(), filename=str(path)))
         except (SyntaxError, ValueError):  # a file Python could not have run: the digest alone binds it
             continue
-        todo.extend(n for n in visitor.names if (n == top or n.startswith(top + ".")) and n not in found)
+        # in name order (a set's order is the process's hash seed's): the same walk, and the same dict, every run
+        todo.extend(sorted(n for n in visitor.names if (n == top or n.startswith(top + ".")) and n not in found))
     return found
 
 
