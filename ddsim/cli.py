@@ -699,8 +699,7 @@ def cmd_check_sampler(a, console) -> int:
     print(f"false-alarm rate <= {a.alpha:g} per run ({result.alpha_per_test:.3g} per test); "
           + power_line(a.draws, result.alpha_per_test))
     doc = {"sampler": described, "environment": env, "drafting": sampler.drafting, "draws_per_case": a.draws,
-           "alpha": a.alpha,
-           "alpha_per_test": result.alpha_per_test, "seed": a.seed, "max_examples": a.max_examples,
+           "alpha": a.alpha, "alpha_per_test": result.alpha_per_test, "seed": a.seed, "max_examples": a.max_examples,
            "lossless": result.holds, "seconds": round(result.seconds, 1),
            "cases": [{"case": c.case.describe(), "parents": list(c.case.parents), "holds": c.holds,
                       "failure": c.failure,
