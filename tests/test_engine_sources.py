@@ -251,6 +251,7 @@ def test_a_single_module_kernel_and_a_namespace_package_kernel(tmp_path, monkeyp
     aside = tmp_path / "aside" / "loaded_from_here.py"
     aside.parent.mkdir()
     aside.write_text("L = 1\n")
+    importlib.invalidate_caches()  # the files were written after the path's finders may have listed the directory
     try:
         flat = importlib.import_module("ddsim_flat_kernel")
         assert dict(kernel_sources(flat.verify)) == {"ddsim_flat_kernel.py": file_digest(tmp_path / "ddsim_flat_kernel.py")}
