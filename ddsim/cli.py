@@ -350,7 +350,12 @@ def _gate_report(a, console):
     if a.report:
         if a.out:
             raise InputError("--out: only with an audit the gate runs itself (not with --report)")
-        report = json_report.load(a.report)
+        import hashlib
+
+        from ddsim.jsonl import read_text
+        text = read_text(a.report, "report")  # read once: what is gated is what its sha256 names
+        report = json_report.loads(text, str(a.report))
+        report_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
         other_version = check_version(report, a.accept_other_version)
         if other_version:
             caveats.append(other_version)
@@ -378,6 +383,7 @@ def _gate_report(a, console):
             check_writable(Path(a.out))
         report = _run_audit(ac, console, quiet=True)
         report, v = _write_report(report, Path(a.out), policy) if a.out else (json_report.stamp(report), None)
+        report_sha256 = None  # the gate's own audit: no report file it was handed
     v = v or verdicts.of(report, policy)
     again = None if rerun is None else verdicts.of(rerun, policy)
     if again is not None and v.holds and not again.holds:
@@ -405,7 +411,7 @@ def _gate_report(a, console):
         print(f"{label}: {len(v.violated)} of {len(v.rules)} rules violated; keep hybrid-unsafe verification off{caveat}")
     return code, gate_files.document(exit_code=code, policy=policy, verdicts=v.rules, relaxed=v.relaxed,
                                      subject=report.provenance.source, notes=notes + caveats,
-                                     version=_version())
+                                     version=_version(), audited=gate_files.audited_report(report, report_sha256))
 
 
 def _version() -> str:
@@ -456,7 +462,7 @@ def _gate_dump(a, console):
     code = EXIT_VIOLATED if bad else EXIT_OK
     return code, gate_files.document(exit_code=code, policy=policy, verdicts=verdicts, relaxed=relaxed,
                                      subject=f"replay of {a.dump}", notes=notes,
-                                     version=_version())
+                                     version=_version(), audited=gate_files.audited_replay(rep))
 
 
 def _replay_device(device):

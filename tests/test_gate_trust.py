@@ -283,12 +283,19 @@ def test_gate_json_and_junit_carry_the_verdict_or_the_error(tmp_path, capsys):
     assert [r["rule"] for r in doc["rules"] if not r["holds"]] == [
         l.split(":")[0].removeprefix("VIOLATED ") for l in out.splitlines() if l.startswith("VIOLATED")]
     assert any("taken on trust" in n for n in doc["notes"])
+    from ddsim.digest import file_digest
+    rep = json.loads(LEAK.read_text())  # what was gated, by content: the report's bytes, the weights, the fast path
+    assert doc["version"] == 2 and doc["audited"] == {
+        "report_sha256": file_digest(LEAK), "subject": rep["provenance"]["source"],
+        "weights_sha256": rep["provenance"]["weights_sha256"], "fast_path": "ddsim-torch", "engine": None,
+        "environment": {k: rep["environment"].get(k) for k in ("torch", "triton", "device", "device_name")}}
     suite = ElementTree.parse(x).getroot()
     assert int(suite.get("tests")) == len(doc["rules"]) and int(suite.get("failures")) == 4
     code, _, err = _gate(capsys, "--policy", "hybrid-unsafe", "--report", tmp_path / "nope.json", "--json", j,
                          "--junit", x)
     doc = json.loads(j.read_text())
     assert code == 2 and doc["verdict"] == "error" and doc["exit_code"] == 2 and "cannot read report" in doc["error"]
+    assert doc["audited"] is None
     assert ElementTree.parse(x).getroot().get("errors") == "1"
     one_line_error(run_cli("gate", "--policy", "hybrid-unsafe", "--report", LEAK, "--json", tmp_path),
                    "--json", "is a directory")

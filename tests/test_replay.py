@@ -478,7 +478,11 @@ def test_a_near_tie_a_bf16_engines_rounding_turns_is_not_silent_corruption(tmp_p
     note = ("note: 1 steps emitted other tokens than exact verification where the engine's rounding turned a near-tie "
             "(every node within the noise, the engine following its own rule); not counted as silent corruption")
     assert note in g.stdout.splitlines() and g.stdout.splitlines()[-1].endswith("all 7 rules hold"), g.stdout
-    assert note[len("note: "):] in json.loads((tmp_path / "g.json").read_text())["notes"]
+    gated = json.loads((tmp_path / "g.json").read_text())
+    assert note[len("note: "):] in gated["notes"]
+    from ddsim.model.checkpoint import checkpoint_digest
+    assert gated["audited"]["weights_sha256"] == checkpoint_digest(ckpt)  # the replay gated, by content
+    assert gated["audited"]["dump"] == str(bf16_dumps[rule])
     g = run_cli("gate", "--policy", "hybrid-unsafe", "--dump", bf16_dumps[rule], "--model", ckpt)
     assert g.returncode == 1 and "VIOLATED diagnosed_steps" in g.stdout, g.stdout
     if rule == "greedy":  # its turned step beyond float32's noise: the divergence is corruption again
@@ -487,6 +491,8 @@ def test_a_near_tie_a_bf16_engines_rounding_turns_is_not_silent_corruption(tmp_p
                 "--out", tmp_path / "r")
     assert r.returncode == 0 and "silent corruption in 0 steps (and 1 steps where the engine's rounding turned a " \
         "near-tie)" in r.stdout, r.stdout
+    replayed = json.loads((tmp_path / "r" / "report.json").read_text())["provenance"]
+    assert gated["audited"]["dump_sha256"] == replayed["dump_sha256"]  # the gate's verdict names the dump replayed
 
 
 def test_a_divergence_off_the_engines_own_rule_stays_silent_corruption(tmp_path, ckpt, bf16_dumps):
