@@ -10,9 +10,10 @@ from the files, not from what the process has imported, so every process that im
 and nothing is imported to find them. Not followed: imports inside function bodies (made when called, if ever) or
 under ``if TYPE_CHECKING:`` (never made: transformers' ``__init__`` names every model there), modules named by string
 (importlib), a package's ``__init__`` that no import statement names (run on the way to a submodule, as Python
-does), modules outside the package (torch, triton: bound by their versions). A compiled extension module of the
-package that an import statement names (``import vllm._C``, which registers vLLM's custom ops) is taken as its binary
-(its digest binds it; nothing in it is followed)."""
+does; taking them would bind fla's GDN verify by 261 files instead of 9, ``fla/ops/__init__`` importing every op),
+modules outside the package (torch, triton: bound by their versions). A compiled extension module of the package
+that an import statement names (``import vllm._C``, which registers vLLM's custom ops) is taken as its binary (its
+digest binds it; nothing in it is followed)."""
 import ast
 import inspect
 import sys
