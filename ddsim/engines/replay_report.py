@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from ddsim.verdict.report_model import Count, NonNeg, Positive, Sha256, _Strict
+from ddsim.verdict.report_model import Count, NonNeg, RunEnvironment, Sha256, _Strict
 
 Diagnosis = Literal["within noise", "sibling leak", "position error", "mask error", "state commit error",
                     "state drift", "stale state", "unexplained", "bonus error", "acceptance error", "commit error"]
@@ -97,24 +97,11 @@ class ReplayProvenance(_Strict):
     acceptance: Literal["greedy"] | dict[str, str | float | dict[str, float]] = "greedy"  # the dump's rule
 
 
-class ReplayEnvironment(_Strict):
-    """What the replay's reference (ddsim's model and oracle) ran under: ddsim.environment."""
-    python: str
-    platform: str
-    torch: str
-    triton: str | None  # None: none installed
-    numpy: str
-    ddsim: str
-    device: str
-    threads: Positive
-    device_name: str | None = None  # on CUDA
-
-
 class ReplayReport(_Strict):
     format: Literal["ddsim-replay-report"]
     version: Literal[4]
     provenance: ReplayProvenance
-    environment: ReplayEnvironment
+    environment: RunEnvironment  # what the replay's reference (ddsim's model and oracle) ran under
     noise_kl: NonNeg
     summary: ReplaySummary
     steps: list[StepFigures]

@@ -369,18 +369,23 @@ class Precision(_Strict):
     oracle_products: Literal["converted", "bf16x3"]
 
 
-class Environment(_Strict):
+class RunEnvironment(_Strict):
+    """What a run ran under (ddsim.environment): a replay's report records this much."""
     python: str
     platform: str
     torch: str
     triton: str | None  # the Triton release installed (its kernels' compiler and CPU interpreter); None: none
     numpy: str
-    matplotlib: str
-    pydantic: str
     ddsim: str
     device: str
     threads: Positive
-    device_name: str | None = None
+    device_name: str | None = None  # on CUDA
+
+
+class Environment(RunEnvironment):
+    """An audit's: with the releases of the libraries its report and report.html are written with."""
+    matplotlib: str
+    pydantic: str
 
 
 class EngineRecord(_Strict):
