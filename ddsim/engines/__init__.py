@@ -355,6 +355,20 @@ def _source_of(fn) -> tuple[str | None, str | None]:
     return path, file_digest(path)
 
 
+def _bound(fn) -> tuple[str | None, str | None, tuple[tuple[str, str], ...]]:
+    """What binds the function ``fn``: its file, that file's sha256 (_source_of) and the files of its package its module
+    reaches with theirs (sources.kernel_sources); EngineKernel's source, source_sha256 and sources, in that order."""
+    from ddsim.engines.sources import kernel_sources
+    return (*_source_of(fn), kernel_sources(fn))
+
+
+def _op_source(op: str, fn) -> dict:
+    """The EngineKernel fields that bind ``op``'s function ``fn`` (_bound): ``{op}_source``, ``{op}_source_sha256`` and
+    ``{op}_sources``."""
+    src, digest, sources = _bound(fn)
+    return {f"{op}_source": src, f"{op}_source_sha256": digest, f"{op}_sources": sources}
+
+
 def _version(dist: str) -> str | None:
     """The installed distribution's version, else the package's own ``<dist>.version.__version__`` or
     ``<dist>.__version__`` (a kernel module taken from a wheel without its metadata, or a checkout on the path),
@@ -420,10 +434,8 @@ def load(impl: str, *, convention: str | None = None, commit: str | None = None,
     ops = tuple(dict.fromkeys(op for op, _ in kernel.node_states))
     if not ops:
         raise InputError(f"--commit {commit}: {kernel.name} keeps no node states for a commit to copy")
-    from ddsim.engines.sources import kernel_sources
-    src, digest = _source_of(fn)
-    return replace(kernel, commit=sglang.as_commit_contract(fn), commit_name=commit, commit_ops=ops, commit_source=src,
-                   commit_source_sha256=digest, commit_sources=kernel_sources(fn))
+    return replace(kernel, commit=sglang.as_commit_contract(fn), commit_name=commit, commit_ops=ops,
+                   **_op_source("commit", fn))
 
 
 def _adapter(impl: str, convention: str | None, flag: str) -> EngineKernel:
@@ -447,16 +459,14 @@ def _adapter(impl: str, convention: str | None, flag: str) -> EngineKernel:
     if convention not in CONVENTIONS:
         raise InputError(f"--convention: MODULE:FUNCTION needs one of {', '.join(CONVENTIONS)}, got {convention!r}")
     fn = import_function(impl, flag)
-    src, digest = _source_of(fn)
+    src, digest, sources = _bound(fn)
     top = module.split(".")[0]
     from ddsim.engines import ddsim_kernels, fla, sglang, vllm
-    from ddsim.engines.sources import kernel_sources
     wrap, modes = {"ddsim": (ddsim_kernels.as_contract, ("exact", "leaky")),
                    "sglang": (sglang.as_contract, ("exact", "leaky")),
                    "vllm": (vllm.as_contract, ("leaky",)), "fla": (fla.as_contract, ("leaky",))}[convention]
     # the same function as a tree conv (`check-kernel --op conv`), in the conventions that have one
     conv = {"ddsim": ddsim_kernels.as_conv_contract, "sglang": sglang.as_conv_contract}.get(convention)
-    sources = kernel_sources(fn)
     conv_kw = {} if conv is None else dict(conv=conv(fn), conv_name=impl, conv_source=src, conv_source_sha256=digest,
                                            conv_sources=sources,
                                            conv_widths=(2, 3, 4) if convention == "sglang" else (2, 3, 4, 5),

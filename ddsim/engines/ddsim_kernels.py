@@ -87,20 +87,14 @@ def as_lightning_contract(fn):
 def adapter():
     import ddsim
     import ddsim.gpu_backend as gb
-    from ddsim.engines import EngineKernel, _source_of
-    from ddsim.engines.sources import kernel_sources
-
-    def bound(op, fn):  # its file, that file's sha256 and the files of ddsim its module reaches, as an op's fields
-        src, digest = _source_of(fn)
-        return {f"{op}_source": src, f"{op}_source_sha256": digest, f"{op}_sources": kernel_sources(fn)}
-    src, digest = _source_of(gb.gdn_tree_verify)
+    from ddsim.engines import EngineKernel, _bound, _op_source
     return EngineKernel("ddsim", ("exact", "leaky"), as_contract(gb.gdn_tree_verify), "ddsim-spec", ddsim.__version__,
-                        src, digest, kernel_sources(gb.gdn_tree_verify),
+                        *_bound(gb.gdn_tree_verify),
                         conv=as_conv_contract(gb.tree_causal_conv1d), conv_name="ddsim.tree_causal_conv1d",
-                        **bound("conv", gb.tree_causal_conv1d),
+                        **_op_source("conv", gb.tree_causal_conv1d),
                         mamba2=as_mamba2_contract(gb.mamba2_tree_verify), mamba2_name="ddsim.mamba2_tree_verify",
-                        **bound("mamba2", gb.mamba2_tree_verify),
+                        **_op_source("mamba2", gb.mamba2_tree_verify),
                         kda=as_kda_contract(gb.kda_tree_verify), kda_name="ddsim.kda_tree_verify",
-                        **bound("kda", gb.kda_tree_verify),
+                        **_op_source("kda", gb.kda_tree_verify),
                         lightning=as_lightning_contract(gb.lightning_tree_verify),
-                        lightning_name="ddsim.lightning_tree_verify", **bound("lightning", gb.lightning_tree_verify))
+                        lightning_name="ddsim.lightning_tree_verify", **_op_source("lightning", gb.lightning_tree_verify))

@@ -83,21 +83,15 @@ def adapter():
     except ModuleNotFoundError as e:
         raise NotInstalled(f"the package fla-core is not installed (missing module {e.name!r}; "
                          "pip install fla-core einops)") from None
-    from ddsim.engines import EngineKernel, _source_of, _version
-    from ddsim.engines.sources import kernel_sources
-    src, digest = _source_of(fused_recurrent_gated_delta_rule)
+    from ddsim.engines import EngineKernel, _bound, _op_source, _version
     extra = {}
     # KDA and lightning attention's kernel (simple GLA): in fla-core releases that have them (--op kda or lightning
     # on one without says so in one line)
     kda, gla = _optional("fla.ops.kda", "fused_recurrent_kda"), _optional("fla.ops.simple_gla", "fused_recurrent_simple_gla")
     if kda is not None:
-        ksrc, kdigest = _source_of(kda)
-        extra.update(kda=as_kda_contract(kda), kda_name=NAMES["kda"], kda_modes=MODES,
-                     kda_source=ksrc, kda_source_sha256=kdigest, kda_sources=kernel_sources(kda))
+        extra.update(kda=as_kda_contract(kda), kda_name=NAMES["kda"], kda_modes=MODES, **_op_source("kda", kda))
     if gla is not None:
-        lsrc, ldigest = _source_of(gla)
-        extra.update(lightning=as_lightning_contract(gla), lightning_name=NAMES["lightning"],
-                     lightning_modes=MODES, lightning_source=lsrc, lightning_source_sha256=ldigest,
-                     lightning_sources=kernel_sources(gla))
+        extra.update(lightning=as_lightning_contract(gla), lightning_name=NAMES["lightning"], lightning_modes=MODES,
+                     **_op_source("lightning", gla))
     return EngineKernel(NAMES["gdn"], MODES, as_contract(fused_recurrent_gated_delta_rule),
-                        "fla-core", _version("fla-core"), src, digest, kernel_sources(fused_recurrent_gated_delta_rule), **extra)
+                        "fla-core", _version("fla-core"), *_bound(fused_recurrent_gated_delta_rule), **extra)

@@ -164,37 +164,31 @@ def as_mamba2_contract(fn):
 
 
 def adapter():
-    from ddsim.engines import EngineKernel, _source_of, _version
-    from ddsim.engines.sources import kernel_sources
+    from ddsim.engines import EngineKernel, _bound, _op_source, _version
     fn, _ = _kernel()
-    src, digest = _source_of(fn)
+    src, digest, sources = _bound(fn)  # the GDN verify's, and its KDA mode's (the same function)
     conv = _conv_kernel()
     extra = {}
     if conv is not None:
-        csrc, cdigest = _source_of(conv)
         extra = dict(conv=as_conv_contract(conv), conv_name="sglang.causal_conv1d_update", conv_widths=(2, 3, 4),
-                     conv_writes_slot="flattened window", conv_parents=True, conv_source=csrc,
-                     conv_source_sha256=cdigest, conv_sources=kernel_sources(conv))
+                     conv_writes_slot="flattened window", conv_parents=True, **_op_source("conv", conv))
     m2 = _mamba2_kernel()
     if m2 is not None:
-        msrc, mdigest = _source_of(m2)
-        extra.update(mamba2=as_mamba2_contract(m2), mamba2_name="sglang.selective_state_update", mamba2_source=msrc,
-                     mamba2_source_sha256=mdigest, mamba2_sources=kernel_sources(m2))
+        extra.update(mamba2=as_mamba2_contract(m2), mamba2_name="sglang.selective_state_update",
+                     **_op_source("mamba2", m2))
     if "is_kda" in inspect.signature(fn).parameters:  # its KDA mode (0.5.23)
         extra.update(kda=as_contract(fn, kda=True), kda_name="sglang.fused_sigmoid_gating_delta_rule_update (is_kda)",
-                     kda_source=src, kda_source_sha256=digest, kda_sources=kernel_sources(fn))
+                     kda_source=src, kda_source_sha256=digest, kda_sources=sources)
     scatter = _commit_module()
     if scatter is not None:  # its commit: the accepted node's kept state and conv window copied into the pool
-        ssrc, sdigest = _source_of(scatter.fused_mamba_state_scatter_with_mask)
         extra.update(commit=as_commit_contract(scatter.fused_mamba_state_scatter_with_mask,
                                                scatter.fused_conv_window_scatter_with_mask),
                      commit_name="sglang.fused_mamba_state_scatter_with_mask (fused_conv_window_scatter_with_mask "
                                  "for the conv)",
-                     commit_ops=COMMIT_OPS, commit_source=ssrc, commit_source_sha256=sdigest,
-                     commit_sources=kernel_sources(scatter.fused_mamba_state_scatter_with_mask))
+                     commit_ops=COMMIT_OPS, **_op_source("commit", scatter.fused_mamba_state_scatter_with_mask))
     # its CUDA-graph replays pad the batch with slot -1 (PAD_SLOT_ID) in every one of these kernels
     return EngineKernel("sglang.fused_sigmoid_gating_delta_rule_update", ("exact", "leaky"), as_contract(fn), "sglang",
-                        _version("sglang"), src, digest, kernel_sources(fn), **extra, pads=("gdn", "conv", "mamba2", "kda"),
+                        _version("sglang"), src, digest, sources, **extra, pads=("gdn", "conv", "mamba2", "kda"),
                         node_states=NODE_STATES)
 
 

@@ -124,12 +124,10 @@ def _reflect_other_layers(vwhole, whole, at: int, N: int) -> None:
 
 
 def adapter():
-    from ddsim.engines import EngineKernel, _source_of, _version
-    from ddsim.engines.sources import kernel_sources
+    from ddsim.engines import EngineKernel, _bound, _version
     fn = _kernel()
-    src, digest = _source_of(fn)
     return EngineKernel("vllm.fused_sigmoid_gating_delta_rule_update", ("leaky",), as_contract(fn), "vllm",
-                        _version("vllm"), src, digest, kernel_sources(fn), pads=("gdn",), node_states=NODE_STATES)
+                        _version("vllm"), *_bound(fn), pads=("gdn",), node_states=NODE_STATES)
 
 
 # its per-token states, which its next step reads at the accepted token

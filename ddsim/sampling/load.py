@@ -68,8 +68,7 @@ def resolve(impl: str, *, convention: str | None = None, params: dict | None = N
                          "or MODULE:FUNCTION")
     if convention not in CONVENTIONS:
         raise InputError(f"--convention: MODULE:FUNCTION needs one of {', '.join(CONVENTIONS)}, got {convention!r}")
-    from ddsim.engines import _source_of, import_function
-    from ddsim.engines.sources import kernel_sources
+    from ddsim.engines import _bound, import_function
     fn = import_function(impl)
     if convention == "sglang":
         return _sglang(fn, impl, params, drafting, device)
@@ -78,24 +77,23 @@ def resolve(impl: str, *, convention: str | None = None, params: dict | None = N
         raise InputError(f"--impl {impl}: its .randoms must map names to {', '.join(RANDOM_KINDS)}")
     accepted = set(inspect.signature(fn).parameters)
     _check_params(f"--impl {impl}", params, {k: None for k in accepted})
-    src, digest = _source_of(fn)
+    src, digest, sources = _bound(fn)
     call = functools.partial(fn, **params) if params else fn
     d = drafting or getattr(fn, "drafting", "fixed")
     if d not in DRAFTINGS:
         raise InputError(f"--impl {impl}: its .drafting {d!r} is not one of {', '.join(DRAFTINGS)}")
     return (Sampler(impl, call, dict(randoms), d, bool(getattr(fn, "uses_draft", False))),
             {"impl": impl, "convention": "ddsim", "params": params, "source": src, "source_sha256": digest,
-             "sources": dict(kernel_sources(fn))})
+             "sources": dict(sources)})
 
 
 def _sglang(fn, impl, params, drafting, device):
     _check_params(f"--impl {impl}", params, {"threshold_single": 1.0, "threshold_acc": 1.0})
     if drafting not in (None, "fixed"):
         raise InputError(f"--drafting {drafting}: SGLang's target-only rule takes a fixed tree (drafting fixed)")
-    from ddsim.engines import _source_of
-    from ddsim.engines.sources import kernel_sources
-    src, digest = _source_of(fn)
+    from ddsim.engines import _bound
+    src, digest, sources = _bound(fn)
     return (Sampler(impl, sglang_convention.adapter(fn, device=device, **params), dict(sglang_convention.RANDOMS),
                     "fixed"),
             {"impl": impl, "convention": "sglang", "params": params, "device": device, "source": src,
-             "source_sha256": digest, "sources": dict(kernel_sources(fn))})
+             "source_sha256": digest, "sources": dict(sources)})
